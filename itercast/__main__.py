@@ -1,0 +1,3 @@
+from itercast.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""The three inputs (model, plan, system), their presets, and the job that joins them."""

@@ -1,0 +1,211 @@
+"""A job = model + plan + system, loaded from presets, YAML and `section.field=value` overrides.
+
+Every check names the fields and their values; all problems are reported at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from itercast.config.model import ModelConfig
+from itercast.config.plan import PlanConfig
+from itercast.config.presets import preset
+from itercast.config.system import SystemConfig
+from itercast.errors import ConfigError, did_you_mean
+
+_SCHEMAS: dict[str, type[BaseModel]] = {"model": ModelConfig, "plan": PlanConfig, "system": SystemConfig}
+MAX_JOB_FILE_BYTES = 1 << 20  # a job file is a few hundred bytes; refuse anything huge
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated model, plan and system. `plan.data_parallel` is always resolved here."""
+
+    model: ModelConfig
+    plan: PlanConfig
+    system: SystemConfig
+
+    @classmethod
+    def from_dicts(
+        cls, model: dict[str, Any], plan: dict[str, Any], system: dict[str, Any], source: str = "<input>"
+    ) -> Job:
+        """Build from raw sections; a section may hold `preset: NAME` plus overrides."""
+        built = {
+            name: _parse(name, raw, source)
+            for name, raw in (("model", model), ("plan", plan), ("system", system))
+        }
+        return _cross_validate(built["model"], built["plan"], built["system"], source)
+
+    @classmethod
+    def from_presets(
+        cls, model: str, system: str, num_nodes: int = 1, plan: dict[str, Any] | None = None
+    ) -> Job:
+        return cls.from_dicts({"preset": model}, plan or {}, {"preset": system, "num_nodes": num_nodes})
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+             model: str | None = None, system: str | None = None) -> Job:
+        """The CLI path: an optional YAML job file, preset names, then `section.field=value` overrides."""
+        raw: dict[str, Any] = {"model": {}, "plan": {}, "system": {}}
+        source = str(path) if path else "<command line>"
+        if path is not None:
+            raw.update(read_job_file(Path(path)))
+        if model is not None:
+            raw["model"] = {"preset": model}
+        if system is not None:
+            raw["system"] = {**raw["system"], "preset": system}
+        for item in overrides:
+            apply_override(raw, item)
+        return cls.from_dicts(raw["model"], raw["plan"], raw["system"], source)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step on one data-parallel replica."""
+        p = self.plan
+        return p.global_batch_size // (p.micro_batch_size * p.data_parallel)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {s: getattr(self, s).model_dump(mode="json") for s in ("model", "plan", "system")}
+
+
+def read_job_file(path: Path) -> dict[str, Any]:
+    """Read a YAML job file with sections model / plan / system (safe loader, bounded size)."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such job file")
+    if path.stat().st_size > MAX_JOB_FILE_BYTES:
+        raise ConfigError(f"{path}: job file is {path.stat().st_size} bytes; expected < {MAX_JOB_FILE_BYTES}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} malformed YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with sections model, plan, system; got {type(data).__name__}")
+    unknown = [k for k in data if k not in _SCHEMAS]
+    if unknown:
+        raise ConfigError(f"{path}: unknown section `{unknown[0]}`{did_you_mean(unknown[0], _SCHEMAS)}")
+    out: dict[str, Any] = {}
+    for name, section in data.items():
+        if isinstance(section, str):
+            section = {"preset": section}
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: section `{name}`: expected a preset name or a mapping; got {section!r}")
+        out[name] = section
+    return out
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply `section.field[.sub]=value` to raw sections; the value is parsed as YAML (safe)."""
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) < 2 or parts[0] not in _SCHEMAS:
+        raise ConfigError(
+            f"--set {item!r}: expected SECTION.FIELD=VALUE with SECTION one of model, plan, system"
+        )
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    target = raw.setdefault(parts[0], {})
+    if isinstance(target, str):
+        target = raw[parts[0]] = {"preset": target}
+    for part in parts[1:-1]:
+        target = target.setdefault(part, {})
+    target[parts[-1]] = value
+
+
+def _parse(section: str, raw: dict[str, Any], source: str) -> BaseModel:
+    fields = dict(raw)
+    name = fields.pop("preset", None)
+    if name is not None:
+        fields = _merge(preset(section, name), fields)
+    try:
+        return _SCHEMAS[section].model_validate(fields)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation(exc, section, source)) from None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _format_validation(exc: ValidationError, section: str, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in (section, *err["loc"]))
+        if err["type"] == "extra_forbidden":
+            schema = _schema_at(_SCHEMAS[section], err["loc"][:-1])
+            hint = did_you_mean(str(err["loc"][-1]), schema.model_fields) if schema else ""
+            lines.append(f"{source}: unknown field `{loc}`{hint}")
+        elif err["type"] == "missing":
+            lines.append(f"{source}: missing field `{loc}`")
+        else:
+            lines.append(f"{source}: `{loc}`: {err['msg']}; got {err.get('input')!r}")
+    return "\n".join(lines)
+
+
+def _schema_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    for part in loc:
+        field = schema.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        schema = ann
+    return schema
+
+
+def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, source: str) -> Job:
+    """Checks that involve more than one section. Resolves plan.data_parallel."""
+    p, gpus = plan, system.num_gpus
+    problems: list[str] = []
+    inner = p.tensor_parallel * p.pipeline_parallel * p.context_parallel
+    dp = p.data_parallel if p.data_parallel is not None else max(gpus // inner, 1)
+    if dp * inner != gpus:
+        problems.append(
+            f"data_parallel({dp}) × tensor_parallel({p.tensor_parallel}) × pipeline_parallel"
+            f"({p.pipeline_parallel}) × context_parallel({p.context_parallel}) = {dp * inner} ≠ "
+            f"{gpus} GPUs (num_nodes({system.num_nodes}) × gpus_per_node({system.node.gpus_per_node}))"
+        )
+    gbs = p.global_batch_size if p.global_batch_size is not None else p.micro_batch_size * dp
+    checks = [("model.num_attention_heads", model.num_attention_heads, p.tensor_parallel)]
+    if model.kv_heads != model.num_attention_heads:
+        checks.append(("model.num_query_groups", model.kv_heads, p.tensor_parallel))
+    for what, value, div in (
+        *checks,
+        ("model.num_layers", model.num_layers, p.pipeline_parallel * p.virtual_pipeline),
+        ("model.seq_length", model.seq_length, p.context_parallel * (2 if p.context_parallel > 1 else 1)),
+        ("plan.global_batch_size", gbs, p.micro_batch_size * dp),
+    ):
+        if value % div:
+            by = {
+                "model.num_layers": f"pipeline_parallel({p.pipeline_parallel}) × virtual_pipeline({p.virtual_pipeline})",
+                "model.seq_length": f"2 × context_parallel({p.context_parallel})",
+                "plan.global_batch_size": f"micro_batch_size({p.micro_batch_size}) × data_parallel({dp})",
+            }.get(what, f"tensor_parallel({p.tensor_parallel})")
+            problems.append(f"{what}({value}) not divisible by {by}")
+    m = gbs // max(p.micro_batch_size * dp, 1)
+    if p.virtual_pipeline > 1 and p.schedule != "interleaved-1f1b":
+        problems.append(f"plan.virtual_pipeline({p.virtual_pipeline}) > 1 needs plan.schedule=interleaved-1f1b; got {p.schedule}")
+    if p.schedule == "interleaved-1f1b" and p.pipeline_parallel > 1 and m % p.pipeline_parallel:
+        problems.append(f"interleaved-1f1b: micro-batches per replica ({m}) not divisible by pipeline_parallel({p.pipeline_parallel})")
+    if p.sequence_parallel and p.tensor_parallel == 1:
+        problems.append("plan.sequence_parallel needs tensor_parallel > 1")
+    if p.expert_parallel != 1:
+        problems.append(f"plan.expert_parallel({p.expert_parallel}) needs a mixture-of-experts model; family {model.family} has none")
+    peak_key = "tf32" if p.dtype == "fp32" and "tf32" in system.gpu.peak_flops else p.dtype
+    if peak_key not in system.gpu.peak_flops:
+        problems.append(f"plan.dtype({p.dtype}) not supported by {system.gpu.name} (has {', '.join(system.gpu.peak_flops)})")
+    if p.zero_stage == 3 and p.pipeline_parallel > 1:
+        problems.append("plan.zero_stage(3) with pipeline_parallel > 1 is not supported (FSDP shards whole layers per step)")
+    if problems:
+        raise ConfigError("\n".join(f"{source}: {x}" for x in problems))
+    return Job(model, p.model_copy(update={"data_parallel": dp, "global_batch_size": gbs}), system)

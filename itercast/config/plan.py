@@ -1,0 +1,54 @@
+"""How training is parallelised: the canonical plan fields of DESIGN.md §2 (Megatron vocabulary)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Recompute = Literal["none", "selective", "full"]
+DType = Literal["fp32", "bf16", "fp16", "fp8"]
+
+#: Bytes of one element of each training dtype. fp8 training keeps bf16 activations and
+#: communication (NVIDIA Transformer Engine casts only GEMM inputs), so it moves 2 bytes.
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+
+
+class PlanConfig(BaseModel):
+    """Parallel sizes, batching, schedule, memory savers and overlap switches.
+
+    Rank order is Megatron's default (innermost first): tensor, context, data, pipeline.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_parallel: PositiveInt | None = Field(
+        None, description="Replicas; default: whatever is left of the GPUs after tp·pp·cp."
+    )
+    tensor_parallel: PositiveInt = 1
+    pipeline_parallel: PositiveInt = 1
+    context_parallel: PositiveInt = 1
+    expert_parallel: PositiveInt = 1
+    virtual_pipeline: PositiveInt = Field(1, description="Model chunks per pipeline rank (interleaving).")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism with tp > 1.")
+    micro_batch_size: PositiveInt = 1
+    global_batch_size: PositiveInt | None = Field(
+        None, description="Sequences per step; default micro_batch_size × data_parallel (1 micro-batch)."
+    )
+    schedule: Schedule = "1f1b"
+    recompute: Recompute = "none"
+    zero_stage: NonNegativeInt = Field(0, le=3, description="0: DDP; 1–2: distributed optimizer; 3: FSDP.")
+    dtype: DType = "bf16"
+    flash_attention: bool = Field(True, description="Fused attention: no s×s scores kept in memory.")
+    grad_bucket_size_params: PositiveInt = Field(
+        40_000_000, description="DP gradient bucket, in parameters (Megatron DDP default 40M)."
+    )
+    overlap_grad_reduce: bool = Field(True, description="Reduce gradients during the last backward.")
+    overlap_param_gather: bool = Field(
+        True, description="ZeRO 1–2: gather updated parameters during the next forward."
+    )
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]

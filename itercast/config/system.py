@@ -1,0 +1,73 @@
+"""The hardware: GPU, node and network specs, in seconds, bytes and FLOP/s (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+
+class GPUSpec(BaseModel):
+    """One accelerator. Peak FLOP/s are dense (no sparsity); a missing dtype is unsupported."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    peak_flops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8"], PositiveFloat]
+    hbm_bytes: PositiveFloat
+    hbm_bandwidth_bytes_per_s: PositiveFloat
+    l2_bytes: PositiveFloat
+    num_sms: PositiveInt
+    kernel_launch_overhead_s: NonNegativeFloat = Field(
+        5e-6, description="CPU time to launch one kernel (Lin et al. HiPC'22, T_launch ≈ 4–6 µs)."
+    )
+    reserved_bytes: NonNegativeFloat = Field(
+        2 * 1024**3,
+        description="Memory not available to tensors: CUDA context, cuBLAS/NCCL workspaces, "
+        "allocator fragmentation. An estimate, not a measurement.",
+    )
+
+
+class NodeSpec(BaseModel):
+    """GPUs in one host and the fabric between them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus_per_node: PositiveInt
+    intra_node_fabric: Literal["nvswitch", "nvlink-mesh", "pcie", "host"]
+    intra_node_bandwidth_bytes_per_s: PositiveFloat = Field(
+        description="Per GPU, one direction (e.g. NVLink4: 900 GB/s bidirectional → 450e9)."
+    )
+    intra_node_latency_s: NonNegativeFloat = 10e-6
+
+
+class NetworkSpec(BaseModel):
+    """Scale-out network between nodes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nics_per_node: PositiveInt
+    nic_bandwidth_bytes_per_s: PositiveFloat = Field(description="Per NIC, one direction.")
+    latency_s: NonNegativeFloat = 20e-6
+    topology: Literal["fat-tree", "rail-optimised"] = "rail-optimised"
+
+
+class SystemConfig(BaseModel):
+    """A cluster of identical nodes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "custom"
+    gpu: GPUSpec
+    node: NodeSpec
+    network: NetworkSpec
+    num_nodes: PositiveInt = 1
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.node.gpus_per_node
+
+    def nic_bandwidth_per_gpu_bytes_per_s(self) -> float:
+        """Scale-out bandwidth one GPU can drive when all GPUs of a node send at once."""
+        node_bw = self.network.nics_per_node * self.network.nic_bandwidth_bytes_per_s
+        return node_bw / self.node.gpus_per_node

@@ -1,0 +1,97 @@
+"""Analytic cost model: roofline with size-dependent efficiency curves fitted to public data.
+
+Accuracy (in-sample, see curves.json `fit_mean_abs_err`; held-out errors are issue #4's job):
+GEMM ~7% (H100 bf16), memory-bound 10–13%, intra-node collectives 8–11%, p2p 3–5%, inter-node
+all-reduce ~38% (Polaris, NCCL protocol switches the smooth curve cannot follow). Attention has no
+measurement here: it is a guess, labelled as such below.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from itercast.config.system import SystemConfig
+from itercast.costs.curves import Curve, curve, curves
+from itercast.hardware.topology import GroupPlacement
+
+#: Bus-bandwidth factors per rank (nccl-tests PERFORMANCE.md): bytes each rank moves per byte of
+#: the collective's full buffer.
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+}
+
+#: Fused attention relative to a GEMM of the same FLOPs. GUESS, not measured here (no attention
+#: microbenchmark in the shared data): FlashAttention-2 (Dao 2023) reports 50–73% of peak on A100
+#: where large GEMMs reach ~80%, hence ≈ 0.75.
+ATTENTION_VS_GEMM = 0.75
+
+
+class AnalyticCostModel:
+    """Seconds per op on one GPU of `system`, for training in `dtype`."""
+
+    def __init__(self, system: SystemConfig, dtype: str) -> None:
+        self.system = system
+        gpu = system.gpu
+        peak_key = dtype if dtype in gpu.peak_flops else ("tf32" if dtype == "fp32" else "fp32")
+        self.peak_flops = gpu.peak_flops.get(peak_key) or gpu.peak_flops["fp32"]
+        data = curves()
+        self.gemm_curve: Curve = curve(data["gemm"]["tf32" if dtype == "fp32" else "bf16"])
+        self.memory = {k: (v["floor_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
+        self.intra = data["collectives"]["intra_node"]
+        self.inter = data["collectives"]["inter_node"]
+        self.p2p = data["collectives"]["p2p"]
+
+    def gemm_s(self, flops: np.ndarray | float) -> np.ndarray:
+        """Dense matmul: FLOPs / (peak · eff(FLOPs))."""
+        f = np.asarray(flops, dtype=np.float64)
+        return np.where(f > 0, f / (self.peak_flops * self.gemm_curve(f)), 0.0)
+
+    def attention_s(self, flops: np.ndarray | float) -> np.ndarray:
+        """Fused (flash) attention of the given FLOPs. A guess: see ATTENTION_VS_GEMM."""
+        f = np.asarray(flops, dtype=np.float64)
+        return np.where(f > 0, f / (self.peak_flops * self.gemm_curve(f) * ATTENTION_VS_GEMM), 0.0)
+
+    def memory_s(self, kind: str, nbytes: np.ndarray | float) -> np.ndarray:
+        """Memory-bound kernel of `kind` (elementwise | norm | activation) moving `nbytes` of HBM."""
+        floor_s, c = self.memory[kind]
+        b = np.asarray(nbytes, dtype=np.float64)
+        return np.where(b > 0, floor_s + b / (self.system.gpu.hbm_bandwidth_bytes_per_s * c(b)), 0.0)
+
+    def collective_s(self, kind: str, nbytes: float, group: GroupPlacement) -> float:
+        """NCCL-style collective of a full buffer of `nbytes` over `group`.
+
+        One node: the group's NVLink/NVSwitch bandwidth per GPU. Several nodes: the ring is limited by
+        the slowest hop, min(intra-node bandwidth, per_node × NIC bandwidth per GPU) (a
+        hierarchical/rail approximation), with latency growing in log2(nodes) (tree-like, as NCCL
+        picks for small messages). Inter-node all-gather/reduce-scatter/all-to-all reuse the
+        inter-node all-reduce curve per bus byte (fitted data exists only for all-reduce).
+        """
+        n = group.size
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        bus = BUS_FACTOR[kind](n) * nbytes
+        node = self.system.node
+        if group.intra_node:
+            fit, bw = self.intra[kind], node.intra_node_bandwidth_bytes_per_s
+            alpha = fit["alpha0_s"]
+        else:
+            fit = self.inter.get(kind, self.inter["all_reduce"])
+            bw = min(node.intra_node_bandwidth_bytes_per_s,
+                     group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s())
+            alpha = fit["alpha0_s"] + fit["alpha_per_log2_nodes_s"] * math.log2(group.nodes)
+        return float(alpha + bus / (bw * curve(fit)(bus)))
+
+    def p2p_s(self, nbytes: float, cross_node: bool) -> float:
+        """Point-to-point send of `nbytes` (pipeline activations): vidur's H100 send_recv fits, in one
+        node on the NVLink bandwidth, across nodes on one GPU's share of the NICs."""
+        if nbytes <= 0:
+            return 0.0
+        fit = self.p2p["inter_node" if cross_node else "intra_node"]
+        bw = (self.system.nic_bandwidth_per_gpu_bytes_per_s() if cross_node
+              else self.system.node.intra_node_bandwidth_bytes_per_s)
+        return float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes)))

@@ -1,0 +1,38 @@
+"""Efficiency curves fitted once from public microbenchmarks (tools/fit_efficiency_curves.py).
+
+    eff(x) = e_max / (1 + exp(gamma · (log_half − ln x)))
+
+The numbers and their sources live in curves.json beside this file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A saturating efficiency curve in the size x (FLOPs or bytes)."""
+
+    e_max: float
+    log_half: float
+    gamma: float
+
+    def __call__(self, x: np.ndarray | float) -> np.ndarray:
+        x = np.maximum(np.asarray(x, dtype=np.float64), 1.0)
+        return self.e_max / (1.0 + np.exp(self.gamma * (self.log_half - np.log(x))))
+
+
+@cache
+def curves() -> dict[str, Any]:
+    return json.loads(resources.files(__package__).joinpath("curves.json").read_text())
+
+
+def curve(entry: dict[str, Any]) -> Curve:
+    return Curve(entry["e_max"], entry["log_half"], entry["gamma"])

@@ -1,0 +1,20 @@
+"""User-facing errors: each names the file, the field, what was expected and what was got."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ConfigError(ValueError):
+    """An input (config file, override, plan) is invalid. The message is one line per problem."""
+
+
+class DeadlockError(RuntimeError):
+    """The execution graph has a cycle: the tasks named in the message wait on each other."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ' — did you mean `x`?' for the closest choice, or '' when nothing is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" — did you mean `{close[0]}`?" if close else ""

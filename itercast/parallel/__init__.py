@@ -1,0 +1,1 @@
+"""Pipeline schedules and process-group layout."""

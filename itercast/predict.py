@@ -1,0 +1,83 @@
+"""`predict(job)`: time per iteration, its breakdown and critical path, memory and MFU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from itercast.config.job import Job
+from itercast.memory import MemoryEstimate, estimate_memory
+from itercast.sim.analysis import Breakdown, breakdown, critical_path
+from itercast.sim.engine import SimResult, simulate
+from itercast.workloads.transformer import TransformerStepBuilder
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One predicted training step. Times in seconds, memory in bytes, FLOPs as counts."""
+
+    job: Job
+    step_time_s: float
+    breakdown: Breakdown
+    memory: MemoryEstimate
+    model_flops_per_step: float
+    family_time_s: dict[str, float]
+    critical_path: list[dict[str, Any]]
+    sim: SimResult
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        return self.model_flops_per_step / self.step_time_s / self.job.system.num_gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation against the dense peak of the plan's dtype (PaLM, App. B)."""
+        gpu, dtype = self.job.system.gpu, self.job.plan.dtype
+        peak = gpu.peak_flops.get(dtype) or gpu.peak_flops.get("tf32") or gpu.peak_flops["fp32"]
+        return self.model_tflops_per_gpu * 1e12 / peak
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.job.plan.global_batch_size * self.job.model.seq_length / self.step_time_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_time_s": self.step_time_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu,
+            "tokens_per_s": self.tokens_per_s,
+            "memory_per_gpu_bytes": self.memory.total_bytes,
+            "oom": self.memory.oom,
+            "memory": self.memory.as_dict(),
+            "breakdown": self.breakdown.as_dict(),
+            "family_time_s": self.family_time_s,
+            "critical_path": self.critical_path,
+            "num_microbatches": self.job.num_microbatches,
+            "job": self.job.to_dict(),
+        }
+
+
+def predict(job: Job) -> Prediction:
+    """Build the step graph of `job`, simulate it and summarise."""
+    builder = TransformerStepBuilder(job)
+    sim = simulate(builder.build())
+    bd = breakdown(sim)
+    model_flops = job.model.flops_per_token() * job.plan.global_batch_size * job.model.seq_length
+    return Prediction(job, sim.step_time_s, bd, estimate_memory(job), model_flops,
+                      dict(sorted(builder.family_time_s[bd.rank].items())), summarise_path(sim), sim)
+
+
+def summarise_path(sim: SimResult) -> list[dict[str, Any]]:
+    """The critical path as runs of consecutive tasks of one family on one rank."""
+    g = sim.graph
+    runs: list[dict[str, Any]] = []
+    for t in critical_path(sim):
+        rank = int(g.resource_rank[g.resource[t]])
+        family = g.families[g.family[t]]
+        if runs and runs[-1]["rank"] == rank and runs[-1]["family"] == family:
+            runs[-1]["end_s"] = float(sim.end_s[t])
+            runs[-1]["tasks"] += 1
+        else:
+            runs.append({"rank": rank, "family": family, "start_s": float(sim.start_s[t]),
+                         "end_s": float(sim.end_s[t]), "tasks": 1})
+    return runs

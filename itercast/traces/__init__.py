@@ -1,0 +1,1 @@
+"""Outside trace formats: Chrome/Perfetto export (and, later, Kineto / execution-trace import)."""

@@ -1,0 +1,316 @@
+"""Build the ExecGraph of one training step of a transformer under a plan (DESIGN.md §3).
+
+One representative GPU per pipeline stage (graph rank = stage): its tensor-, context- and
+data-parallel peers behave alike and are not simulated (symmetry, DESIGN.md §3); collectives over
+those groups are timed for the whole group by the cost model. Per stage the resources are
+`host` (kernel launches), `compute` (kernels and the blocking TP/CP collectives on the compute
+stream), `dp_comm` (gradient and parameter collectives), `p2p_next` and `p2p_prev` (pipeline sends).
+
+Granularity: the consecutive kernels of one pass of one model chunk run back to back on the
+compute stream, so they are one task (exact for timing); a pass is split further only where other
+work hooks into it: gradient buckets in the last backward of each chunk (overlapped DP reduction),
+and single layers under ZeRO-3 (per-layer parameter gathers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from itercast.config.job import Job
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
+from itercast.hardware.topology import GroupPlacement, place_group, same_node
+from itercast.memory import stage_params
+from itercast.parallel.schedules import Pass, schedule
+from itercast.workloads import transformer_ops as ops_mod
+from itercast.workloads.transformer_ops import Op
+
+GRAD_NORM_BYTES = 4  # one fp32 scalar: the global gradient norm for clipping (Megatron clip_grad)
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """One pass of one unit (a layer, the embedding or the head) on one GPU."""
+
+    compute_s: float
+    comm_s: float  # blocking on the compute stream: TP collectives + exposed CP ring traffic
+    kernels: int
+    family_s: dict[str, float] = field(default_factory=dict)
+
+    def __add__(self, other: PassCost) -> PassCost:
+        fam = dict(self.family_s)
+        for k, v in other.family_s.items():
+            fam[k] = fam.get(k, 0.0) + v
+        return PassCost(self.compute_s + other.compute_s, self.comm_s + other.comm_s,
+                        self.kernels + other.kernels, fam)
+
+    def scaled(self, k: float) -> PassCost:
+        return PassCost(self.compute_s * k, self.comm_s * k, round(self.kernels * k),
+                        {f: v * k for f, v in self.family_s.items()})
+
+
+ZERO_COST = PassCost(0.0, 0.0, 0)
+
+
+@dataclass(frozen=True)
+class Groups:
+    tp: GroupPlacement
+    cp: GroupPlacement
+    grad: GroupPlacement  # data × context parallel: gradients and ZeRO shards
+    embedding: GroupPlacement  # first and last stage (tied embeddings)
+    model: GroupPlacement  # tensor × pipeline: global gradient norm
+    stage_cross_node: bool
+
+    @classmethod
+    def of(cls, job: Job) -> Groups:
+        p, gpn = job.plan, job.system.node.gpus_per_node
+        t, c, d, pp = p.tensor_parallel, p.context_parallel, p.data_parallel, p.pipeline_parallel
+        stage_stride = t * c * d
+        pipe = place_group(pp, stage_stride, gpn)
+        return cls(
+            tp=place_group(t, 1, gpn),
+            cp=place_group(c, t, gpn),
+            grad=place_group(d * c, t, gpn),
+            embedding=place_group(2, (pp - 1) * stage_stride, gpn),
+            model=GroupPlacement(t * pp, pipe.nodes, max(1, t * pp // pipe.nodes)),
+            stage_cross_node=not same_node(0, stage_stride, gpn),
+        )
+
+
+def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCost:
+    """Seconds of a list of ops run in order on one GPU."""
+    fam: dict[str, float] = {}
+    compute = comm = attention = cp_ring = 0.0
+    kernels = 0
+    for op in ops:
+        if op.family == "gemm":
+            sec = float(costs.gemm_s(op.amount))
+        elif op.family == "attention":
+            sec = float(costs.attention_s(op.amount))
+            attention += sec
+        elif op.family in ("elementwise", "norm", "activation"):
+            sec = float(costs.memory_s(op.family, op.amount))
+        elif op.family == "tp_comm":
+            sec = costs.collective_s(op.comm_kind, op.amount, groups.tp)
+            comm += sec
+            fam[f"tp_{op.comm_kind}"] = fam.get(f"tp_{op.comm_kind}", 0.0) + sec
+            kernels += 1
+            continue
+        else:  # cp_comm: ring steps overlap the attention kernel that consumes them
+            cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)
+            continue
+        compute += sec
+        fam[op.family] = fam.get(op.family, 0.0) + sec
+        kernels += 1
+    exposed_cp = max(0.0, cp_ring - attention)  # approximation: the ring hides behind attention
+    if exposed_cp:
+        fam["cp_p2p_exposed"] = exposed_cp
+    return PassCost(compute, comm + exposed_cp, kernels, fam)
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    layer_fwd: PassCost
+    layer_bwd: PassCost
+    embed_fwd: PassCost
+    embed_bwd: PassCost
+    head_fwd: PassCost
+    head_bwd: PassCost
+
+    @classmethod
+    def of(cls, job: Job, costs: AnalyticCostModel, groups: Groups) -> UnitCosts:
+        m, p = job.model, job.plan
+        emb, head = ops_mod.embedding_forward(m, p), ops_mod.head_forward(m, p)
+        return cls(
+            layer_fwd=pass_cost(ops_mod.layer_forward(m, p), costs, groups),
+            layer_bwd=pass_cost(ops_mod.layer_backward(m, p), costs, groups),
+            embed_fwd=pass_cost(emb, costs, groups),
+            embed_bwd=pass_cost(ops_mod.backward_of(emb), costs, groups),
+            head_fwd=pass_cost(head, costs, groups),
+            head_bwd=pass_cost(ops_mod.backward_of(head), costs, groups),
+        )
+
+
+class TransformerStepBuilder:
+    """Builds the graph; keeps the unit costs and groups for reporting."""
+
+    def __init__(self, job: Job, costs: AnalyticCostModel | None = None) -> None:
+        self.job = job
+        self.costs = costs or AnalyticCostModel(job.system, job.plan.dtype)
+        self.groups = Groups.of(job)
+        self.units = UnitCosts.of(job, self.costs, self.groups)
+        p = job.plan
+        self.layers_per_chunk = job.model.num_layers // (p.pipeline_parallel * p.virtual_pipeline)
+        m = job.model
+        p2p_bytes = p.micro_batch_size * m.seq_length / p.context_parallel * m.hidden_size * p.dtype_bytes
+        if p.sequence_parallel:
+            p2p_bytes /= p.tensor_parallel  # Megatron's scatter-gather optimisation of p2p tensors
+        self.p2p_s = self.costs.p2p_s(p2p_bytes, self.groups.stage_cross_node)
+        self.g = GraphBuilder()
+        self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
+        self._waits: list[tuple[tuple[bool, int, int], int]] = []  # (producer key, consumer task)
+        self._segment_cache: dict[tuple[int, int, bool, str], list[tuple[PassCost, float]]] = {}
+        self.family_time_s: list[dict[str, float]] = [{} for _ in range(p.pipeline_parallel)]
+
+    # -- units of one pass --------------------------------------------------------------------
+    def _pieces(self, stage: int, chunk: int, forward: bool) -> list[tuple[PassCost, float]]:
+        """(cost, parameters) of the units of one chunk pass, in execution order."""
+        p, u, m = self.job.plan, self.units, self.job.model
+        vs = chunk * p.pipeline_parallel + stage
+        last = vs == p.pipeline_parallel * p.virtual_pipeline - 1
+        layer_params = m.params_per_layer() / p.tensor_parallel
+        vocab_params = m.vocab_size * m.hidden_size / p.tensor_parallel
+        layer = (u.layer_fwd if forward else u.layer_bwd, layer_params)
+        units = [layer] * self.layers_per_chunk
+        if vs == 0:
+            units.insert(0, (u.embed_fwd if forward else u.embed_bwd, vocab_params))
+        if last:
+            units.append((u.head_fwd if forward else u.head_bwd, vocab_params if not m.tied or p.pipeline_parallel > 1 else 0.0))
+        return units if forward else units[::-1]
+
+    def _segments_of(self, stage: int, chunk: int, forward: bool, split: str) -> list[tuple[PassCost, float]]:
+        """Segments of one chunk pass (the same for every micro-batch, hence cached)."""
+        key = (stage, chunk, forward, split)
+        found = self._segment_cache.get(key)
+        if found is None:
+            found = self._segment_cache[key] = self._segments(self._pieces(stage, chunk, forward), split)
+        return found
+
+    def _segments(self, pieces: list[tuple[PassCost, float]], split: str) -> list[tuple[PassCost, float]]:
+        """Merge consecutive units: 'none' → one segment; 'layer' → one per unit; 'bucket' → DP buckets."""
+        if split == "layer":
+            return pieces
+        if split == "none":
+            total = ZERO_COST
+            for c, _ in pieces:
+                total = total + c
+            return [(total, sum(w for _, w in pieces))]
+        out, cost, params = [], ZERO_COST, 0.0
+        for c, w in pieces:
+            cost, params = cost + c, params + w
+            if params >= self.job.plan.grad_bucket_size_params:
+                out.append((cost, params))
+                cost, params = ZERO_COST, 0.0
+        if cost.kernels or params:
+            out.append((cost, params))
+        return out
+
+    def _run_segment(self, stage: int, name: str, cost: PassCost, deps: list[int]) -> tuple[int, int]:
+        """Launch on the host, then compute (+ blocking TP comm) on the stream; (first, last) task."""
+        g, gpu = self.g, self.job.system.gpu
+        host = g.task(f"launch.{name}", g.resource(stage, "host"), cost.kernels * gpu.kernel_launch_overhead_s,
+                      Category.HOST, "host_launch")
+        comp = g.resource(stage, "compute")
+        first = last = g.task(name, comp, cost.compute_s, Category.COMPUTE, "transformer", [host, *deps])
+        if cost.comm_s > 0:
+            last = g.task(f"{name}.tp_comm", comp, cost.comm_s, Category.COMMUNICATION, "tp_collective")
+        return first, last
+
+    # -- the step ------------------------------------------------------------------------------
+    def build(self) -> ExecGraph:
+        p = self.job.plan
+        tied_sync = self.g.new_collective() if self.job.model.tied and p.pipeline_parallel > 1 else -1
+        grad_norm = self.g.new_collective() if p.pipeline_parallel > 1 else -1
+        for stage in range(p.pipeline_parallel):
+            self._build_stage(stage, tied_sync, grad_norm)
+        for key, consumer in self._waits:
+            self.g.edge(self._sends[key], consumer)
+        return self.g.build()
+
+    def _build_stage(self, stage: int, tied_sync: int, grad_norm: int) -> None:
+        job, g, c = self.job, self.g, self.costs
+        p = job.plan
+        pp, v = p.pipeline_parallel, p.virtual_pipeline
+        passes = schedule(p.schedule, stage, pp, job.num_microbatches, v)
+        last_bwd = {ps.chunk: i for i, ps in enumerate(passes) if not ps.forward}
+        sync_dp = self.groups.grad.size > 1
+        dp_res = g.resource(stage, "dp_comm")
+        grad_kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
+        grad_bytes = 2 if p.dtype == "fp32" else 4  # fp32 gradients (see memory.py conventions)
+        w_bytes = 4 if p.dtype == "fp32" else 2
+        first_fwd_gathers: dict[int, list[int]] = {}
+        if p.zero_stage in (1, 2) and sync_dp and p.overlap_param_gather:
+            for chunk in range(v):  # last step's updated parameters, gathered during this forward
+                first_fwd_gathers[chunk] = [
+                    g.task(f"param_all_gather.c{chunk}", dp_res,
+                           c.collective_s("all_gather", w * w_bytes, self.groups.grad),
+                           Category.COMMUNICATION, "dp_all_gather")
+                    for _, w in self._segments_of(stage, chunk, True, "bucket")]
+        grad_tasks: list[int] = []
+        seen_first_fwd: set[int] = set()
+        previous: list[int] = []  # compute tasks of the last two segments (ZeRO-3 prefetch depth)
+        for i, ps in enumerate(passes):
+            deps: list[int] = []
+            if ps.forward and ps.chunk not in seen_first_fwd:
+                seen_first_fwd.add(ps.chunk)
+                deps += first_fwd_gathers.get(ps.chunk, [])
+            split = "layer" if p.zero_stage == 3 else (
+                "bucket" if (not ps.forward and i == last_bwd[ps.chunk] and sync_dp and p.overlap_grad_reduce) else "none")
+            segs = self._segments_of(stage, ps.chunk, ps.forward, split)
+            family_time = self.family_time_s[stage]
+            kind = "F" if ps.forward else "B"
+            for j, (cost, params) in enumerate(segs):
+                seg_deps = list(deps) if j == 0 else []
+                if p.zero_stage == 3 and sync_dp:
+                    gather = g.task(f"fsdp_all_gather.{kind}{ps.microbatch}.c{ps.chunk}.{j}", dp_res,
+                                    c.collective_s("all_gather", params * w_bytes, self.groups.grad),
+                                    Category.COMMUNICATION, "dp_all_gather", previous[-2:-1])
+                    seg_deps.append(gather)
+                first, last = self._run_segment(stage, f"{kind}{ps.microbatch}.c{ps.chunk}.{j}", cost, seg_deps)
+                for fam, sec in cost.family_s.items():
+                    family_time[fam] = family_time.get(fam, 0.0) + sec
+                if j == 0:
+                    self._receive(stage, ps, first)
+                previous.append(last)
+                if split in ("bucket", "layer") and not ps.forward and i == last_bwd[ps.chunk] and sync_dp:
+                    grad_tasks.append(g.task(f"grad_{grad_kind}.c{ps.chunk}.{j}", dp_res,
+                                             c.collective_s(grad_kind, params * grad_bytes, self.groups.grad),
+                                             Category.COMMUNICATION, f"dp_{grad_kind}", [last]))
+            self._send(stage, ps, previous[-1])
+        end_of_passes = previous[-1]
+        if sync_dp and not grad_tasks:  # no overlap: reduce all gradients after the last backward
+            grad_tasks.append(g.task(f"grad_{grad_kind}", dp_res,
+                                     c.collective_s(grad_kind, stage_params(job, stage) * grad_bytes, self.groups.grad),
+                                     Category.COMMUNICATION, f"dp_{grad_kind}", [end_of_passes]))
+        sync = [end_of_passes, *grad_tasks]
+        if tied_sync >= 0 and stage in (0, p.pipeline_parallel - 1):
+            vocab = job.model.vocab_size * job.model.hidden_size / p.tensor_parallel
+            sync.append(g.task("tied_embedding_all_reduce", dp_res,
+                               c.collective_s("all_reduce", vocab * grad_bytes, self.groups.embedding),
+                               Category.COMMUNICATION, "embedding_all_reduce", sync, collective=tied_sync))
+        comp = g.resource(stage, "compute")
+        if grad_norm >= 0:
+            sync = [g.task("grad_norm_all_reduce", comp,
+                           c.collective_s("all_reduce", GRAD_NORM_BYTES, self.groups.model),
+                           Category.COMMUNICATION, "grad_norm_all_reduce", sync, collective=grad_norm)]
+        shard = self.groups.grad.size if p.zero_stage >= 1 else 1
+        optimizer_bytes = stage_params(job, stage) / shard * (24 if p.dtype == "fp32" else 30)
+        opt = g.task("optimizer_step", comp, float(c.memory_s("elementwise", optimizer_bytes)),
+                     Category.COMPUTE, "optimizer", sync)
+        if p.zero_stage in (1, 2) and sync_dp and not p.overlap_param_gather:
+            g.task("param_all_gather", dp_res,
+                   c.collective_s("all_gather", stage_params(job, stage) * w_bytes, self.groups.grad),
+                   Category.COMMUNICATION, "dp_all_gather", [opt])
+
+    # -- pipeline p2p --------------------------------------------------------------------------
+    def _virtual(self, stage: int, chunk: int) -> int:
+        return chunk * self.job.plan.pipeline_parallel + stage
+
+    def _receive(self, stage: int, ps: Pass, consumer: int) -> None:
+        """This pass's first compute task waits for the matching send (the edge is added in build)."""
+        vs = self._virtual(stage, ps.chunk)
+        total = self.job.plan.pipeline_parallel * self.job.plan.virtual_pipeline
+        src = vs - 1 if ps.forward else vs + 1
+        if 0 <= src < total:
+            self._waits.append(((ps.forward, src, ps.microbatch), consumer))
+
+    def _send(self, stage: int, ps: Pass, after: int) -> None:
+        vs = self._virtual(stage, ps.chunk)
+        total = self.job.plan.pipeline_parallel * self.job.plan.virtual_pipeline
+        dst = vs + 1 if ps.forward else vs - 1
+        if not 0 <= dst < total:
+            return
+        res = self.g.resource(stage, "p2p_next" if ps.forward else "p2p_prev")
+        send = self.g.task(f"send_{'act' if ps.forward else 'grad'}.m{ps.microbatch}.c{ps.chunk}", res,
+                           self.p2p_s, Category.COMMUNICATION, "pp_p2p", [after])
+        self._sends[(ps.forward, vs, ps.microbatch)] = send
