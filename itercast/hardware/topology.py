@@ -26,6 +26,8 @@ def place_group(size: int, stride: int, gpus_per_node: int) -> GroupPlacement:
     """
     if size <= 1:
         return GroupPlacement(1, 1, 1)
+    if stride < 1:
+        raise ValueError(f"group stride must be ≥ 1; got {stride}")
     if stride >= gpus_per_node:
         return GroupPlacement(size, size, 1)
     per_node = max(1, min(size, gpus_per_node // stride))

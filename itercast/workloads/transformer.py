@@ -71,7 +71,7 @@ class Groups:
             tp=place_group(t, 1, gpn),
             cp=place_group(c, t, gpn),
             grad=place_group(d * c, t, gpn),
-            embedding=place_group(2, (pp - 1) * stage_stride, gpn),
+            embedding=place_group(2 if pp > 1 else 1, (pp - 1) * stage_stride, gpn),
             model=GroupPlacement(t * pp, pipe.nodes, max(1, t * pp // pipe.nodes)),
             stage_cross_node=not same_node(0, stage_stride, gpn),
         )

@@ -1,0 +1,43 @@
+"""Test helpers: a cost model that charges nothing, so tests can set durations by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from itercast.config.job import Job
+from itercast.workloads.transformer import PassCost, TransformerStepBuilder, UnitCosts
+
+
+class FreeCosts:
+    """Same interface as AnalyticCostModel; every op takes zero seconds."""
+
+    def gemm_s(self, flops):
+        return np.zeros_like(np.asarray(flops, dtype=float))
+
+    attention_s = gemm_s
+
+    def memory_s(self, kind, nbytes):
+        return np.zeros_like(np.asarray(nbytes, dtype=float))
+
+    def collective_s(self, kind, nbytes, group):
+        return 0.0
+
+    def p2p_s(self, nbytes, cross_node):
+        return 0.0
+
+
+def pipeline_builder(job: Job, fwd_s: float, bwd_s: float, p2p_s: float = 0.0) -> TransformerStepBuilder:
+    """A builder whose whole-stage forward takes fwd_s and backward bwd_s; nothing else costs time."""
+    b = TransformerStepBuilder(job, costs=FreeCosts())
+    layers = job.model.num_layers // job.plan.pipeline_parallel
+    zero = PassCost(0.0, 0.0, 0)
+    b.units = UnitCosts(PassCost(fwd_s / layers, 0.0, 0), PassCost(bwd_s / layers, 0.0, 0), zero, zero, zero, zero)
+    b.p2p_s = p2p_s
+    return b
+
+
+def tiny_job(**plan) -> Job:
+    """A small llama on one 8-GPU H100 node; plan fields as keyword arguments."""
+    model = {"family": "llama", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8,
+             "seq_length": 128, "vocab_size": 1000}
+    return Job.from_dicts(model, plan, {"preset": "dgx-h100"})

@@ -1,0 +1,76 @@
+"""End-to-end prediction, the JSON and Perfetto outputs, and the CLI's errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.config.job import Job
+from itercast.predict import predict
+from itercast.traces.perfetto import to_chrome_trace
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    job = Job.from_presets("gpt3-175b", "dgx-a100", 128, {"tensor_parallel": 8, "pipeline_parallel": 8,
+                                                          "global_batch_size": 1536, "sequence_parallel": True})
+    return predict(job)
+
+
+def test_breakdown_sums_to_step_time(gpt3):
+    assert gpt3.breakdown.total_s == pytest.approx(gpt3.step_time_s, rel=1e-12)
+
+
+def test_mfu_is_model_flops_over_time_and_peak(gpt3):
+    flops = gpt3.job.model.flops_per_token() * 1536 * 2048
+    assert gpt3.mfu == pytest.approx(flops / gpt3.step_time_s / 1024 / 312e12)
+
+
+def test_critical_path_is_contiguous_and_ends_at_the_step_end(gpt3):
+    path = gpt3.critical_path
+    assert path[0]["start_s"] <= 1e-3 and path[-1]["end_s"] == pytest.approx(gpt3.step_time_s)
+
+
+def test_single_gpu_step_is_the_sum_of_its_parts():
+    job = Job.from_dicts({"preset": "gpt3-1.3b"}, {"global_batch_size": 2},
+                         {"preset": "dgx-h100", "node": {"gpus_per_node": 1}})
+    r = predict(job)
+    g, sim = r.sim.graph, r.sim
+    compute = [t for t in range(g.num_tasks) if g.kinds[g.resource_kind[g.resource[t]]] == "compute"]
+    first_launch = sim.start_s[compute[0]]
+    assert r.step_time_s == pytest.approx(first_launch + g.duration_s[compute].sum())
+
+
+def test_trace_has_one_slice_per_task_in_microseconds(gpt3):
+    trace = to_chrome_trace(gpt3.sim)
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) == gpt3.sim.graph.num_tasks
+    last = max(slices, key=lambda e: e["ts"] + e["dur"])
+    assert (last["ts"] + last["dur"]) / 1e6 == pytest.approx(gpt3.step_time_s)
+
+
+def test_cli_json_has_the_promised_fields(tmp_path):
+    out = tmp_path / "t.json"
+    res = runner.invoke(app, ["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--set", "plan.tensor_parallel=2",
+                              "--set", "plan.global_batch_size=8", "--json", "--trace", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert {"step_time_s", "model_tflops_per_gpu", "mfu", "memory_per_gpu_bytes", "oom", "breakdown"} <= set(data)
+    assert json.loads(out.read_text())["traceEvents"]
+
+
+def test_cli_bad_input_is_one_line_exit_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    for args in (["predict", str(bad)],
+                 ["predict", "--model", "gpt3-175b", "--system", "dgx-a100", "--set", "model.num_layers=-1"],
+                 ["predict", "--model", "gpt3-175b", "--system", "dgx-a100", "--set", "plan.tensor_parallel=5"],
+                 ["predict", str(tmp_path / "missing.yaml")]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2, (args, res.output)
+        assert "Traceback" not in res.output and "error:" in res.output
