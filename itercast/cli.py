@@ -18,8 +18,12 @@ from itercast.errors import ConfigError, DeadlockError
 from itercast.predict import Prediction, predict
 from itercast.traces.perfetto import write_chrome_trace
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Forecast distributed deep-learning training before paying for the GPUs.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Forecast distributed deep-learning training before paying for the GPUs.",
+)
 console = Console()
 EXAMPLE = "gpt3-175b-a100.yaml"
 
@@ -74,13 +78,20 @@ def _print_prediction(r: Prediction, trace: Path | None) -> None:
         f"[bold]{job.model.name}[/] on {job.system.num_gpus}× {job.system.gpu.name} "
         f"({job.system.name}, {job.system.num_nodes} nodes) — dp {p.data_parallel} × tp {p.tensor_parallel} "
         f"× pp {p.pipeline_parallel} × cp {p.context_parallel}, {p.schedule}, {job.num_microbatches} micro-batches",
-        highlight=False)
+        highlight=False,
+    )
     head = Table(show_header=False, box=None)
     head.add_row("step time", f"{r.step_time_s:.3f} s")
-    head.add_row("throughput", f"{r.tokens_per_s:,.0f} tokens/s, {r.model_tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {r.mfu:.1%}")
+    head.add_row(
+        "throughput", f"{r.tokens_per_s:,.0f} tokens/s, {r.model_tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {r.mfu:.1%}"
+    )
     mem = r.memory
-    head.add_row("memory per GPU", f"{mem.total_bytes / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.0f} GiB"
-                 + (" [bold red]OOM[/]" if mem.oom else "") + f" (stage {mem.stage})")
+    head.add_row(
+        "memory per GPU",
+        f"{mem.total_bytes / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.0f} GiB"
+        + (" [bold red]OOM[/]" if mem.oom else "")
+        + f" (stage {mem.stage})",
+    )
     console.print(head)
     table = Table(title=f"breakdown (rank {r.breakdown.rank}, the last to finish)")
     table.add_column("part")
@@ -93,7 +104,12 @@ def _print_prediction(r: Prediction, trace: Path | None) -> None:
     mt = Table(title="memory per GPU (GiB)")
     for key in ("weights", "gradients", "optimizer", "activations", "reserved"):
         mt.add_column(key, justify="right")
-    mt.add_row(*(f"{getattr(mem, k + '_bytes') / 2**30:.2f}" for k in ("weights", "gradients", "optimizer", "activations", "reserved")))
+    mt.add_row(
+        *(
+            f"{getattr(mem, k + '_bytes') / 2**30:.2f}"
+            for k in ("weights", "gradients", "optimizer", "activations", "reserved")
+        )
+    )
     console.print(mt)
     if trace is not None:
         console.print(f"timeline written to {trace} (open in ui.perfetto.dev)")

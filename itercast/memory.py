@@ -5,8 +5,9 @@ Sources: ZeRO (Rajbhandari et al. SC'20) for the states by stage; Korthikanti et
 per token and layer 34·h + 5·a·s bytes in 16-bit training, divided by t where tensor/sequence
 parallelism shards them. We sum the same terms component by component so that GQA, SwiGLU and
 fused attention (no s×s scores kept) change them where they should.
-Conventions (Megatron-LM defaults): 16-bit weights; fp32 gradients (bf16 runs accumulate and
-reduce gradients in fp32); fp32 master weights + Adam m, v (12 bytes/param) unless training in fp32.
+Conventions (Megatron-LM defaults): 16-bit weights; gradients in plan.grad_reduce_dtype (fp32 by
+default: bf16 runs accumulate and reduce gradients in fp32); fp32 master weights + Adam m, v
+(12 bytes/param) unless training in fp32.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ class MemoryEstimate:
 
     @property
     def total_bytes(self) -> float:
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.reserved_bytes)
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.reserved_bytes
+        )
 
     @property
     def oom(self) -> bool:
@@ -75,7 +81,7 @@ def activation_bytes_per_token_layer(job: Job) -> float:
 def estimate_memory(job: Job) -> MemoryEstimate:
     m, p, gpu = job.model, job.plan, job.system.gpu
     shard = p.data_parallel * p.context_parallel  # Megatron's distributed optimizer shards over DP×CP
-    w_b, g_b, o_b = (4, 4, 8) if p.dtype == "fp32" else (2, 4, 12)
+    w_b, g_b, o_b = (4, 4, 8) if p.dtype == "fp32" else (2, p.grad_bytes, 12)
     tokens = p.micro_batch_size * m.seq_length / p.context_parallel
     per_layer = activation_bytes_per_token_layer(job) * tokens
     layers = m.num_layers / p.pipeline_parallel
@@ -87,8 +93,7 @@ def estimate_memory(job: Job) -> MemoryEstimate:
             weights += 2 * m.params_per_layer() / p.tensor_parallel * w_b
         grads = params * g_b / (shard if p.zero_stage >= 2 else 1)
         optim = params * o_b / (shard if p.zero_stage >= 1 else 1)
-        held = in_flight_microbatches(p.schedule, stage, p.pipeline_parallel, job.num_microbatches,
-                                      p.virtual_pipeline)
+        held = in_flight_microbatches(p.schedule, stage, p.pipeline_parallel, job.num_microbatches, p.virtual_pipeline)
         acts = layers * per_layer * held
         if p.recompute == "full":  # one layer's full activations live during its recomputation
             full = job.plan.model_copy(update={"recompute": "none"})

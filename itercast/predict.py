@@ -63,8 +63,16 @@ def predict(job: Job) -> Prediction:
     sim = simulate(builder.build())
     bd = breakdown(sim)
     model_flops = job.model.flops_per_token() * job.plan.global_batch_size * job.model.seq_length
-    return Prediction(job, sim.step_time_s, bd, estimate_memory(job), model_flops,
-                      dict(sorted(builder.family_time_s[bd.rank].items())), summarise_path(sim), sim)
+    return Prediction(
+        job,
+        sim.step_time_s,
+        bd,
+        estimate_memory(job),
+        model_flops,
+        dict(sorted(builder.family_time_s[bd.rank].items())),
+        summarise_path(sim),
+        sim,
+    )
 
 
 def summarise_path(sim: SimResult) -> list[dict[str, Any]]:
@@ -78,6 +86,13 @@ def summarise_path(sim: SimResult) -> list[dict[str, Any]]:
             runs[-1]["end_s"] = float(sim.end_s[t])
             runs[-1]["tasks"] += 1
         else:
-            runs.append({"rank": rank, "family": family, "start_s": float(sim.start_s[t]),
-                         "end_s": float(sim.end_s[t]), "tasks": 1})
+            runs.append(
+                {
+                    "rank": rank,
+                    "family": family,
+                    "start_s": float(sim.start_s[t]),
+                    "end_s": float(sim.end_s[t]),
+                    "tasks": 1,
+                }
+            )
     return runs

@@ -38,6 +38,12 @@ def pipeline_builder(job: Job, fwd_s: float, bwd_s: float, p2p_s: float = 0.0) -
 
 def tiny_job(**plan) -> Job:
     """A small llama on one 8-GPU H100 node; plan fields as keyword arguments."""
-    model = {"family": "llama", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8,
-             "seq_length": 128, "vocab_size": 1000}
+    model = {
+        "family": "llama",
+        "num_layers": 8,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "seq_length": 128,
+        "vocab_size": 1000,
+    }
     return Job.from_dicts(model, plan, {"preset": "dgx-h100"})

@@ -33,23 +33,40 @@ def test_llama3_8b_parameter_count_matches_meta():
 
 def test_yaml_and_python_give_identical_jobs(tmp_path):
     f = tmp_path / "job.yaml"
-    f.write_text("model: gpt3-175b\nsystem: {preset: dgx-a100, num_nodes: 128}\n"
-                 "plan: {tensor_parallel: 8, pipeline_parallel: 8, global_batch_size: 1536}\n")
+    f.write_text(
+        "model: gpt3-175b\nsystem: {preset: dgx-a100, num_nodes: 128}\n"
+        "plan: {tensor_parallel: 8, pipeline_parallel: 8, global_batch_size: 1536}\n"
+    )
     assert Job.load(f) == Job.from_presets("gpt3-175b", "dgx-a100", 128, PLAN)
 
 
 def test_overrides_reach_nested_fields_and_parse_values():
-    job = Job.load(model="gpt3-175b", system="dgx-a100",
-                   overrides=["system.num_nodes=128", "plan.tensor_parallel=8", "plan.pipeline_parallel=8",
-                              "plan.sequence_parallel=true", "system.gpu.hbm_bytes=4.0e+10", "model.num_layers=48"])
+    job = Job.load(
+        model="gpt3-175b",
+        system="dgx-a100",
+        overrides=[
+            "system.num_nodes=128",
+            "plan.tensor_parallel=8",
+            "plan.pipeline_parallel=8",
+            "plan.sequence_parallel=true",
+            "system.gpu.hbm_bytes=4.0e+10",
+            "model.num_layers=48",
+        ],
+    )
     assert (job.system.num_nodes, job.plan.sequence_parallel, job.system.gpu.hbm_bytes, job.model.num_layers) == (
-        128, True, 4.0e10, 48)
+        128,
+        True,
+        4.0e10,
+        48,
+    )
 
 
 def test_product_error_names_every_factor():
     with pytest.raises(ConfigError) as err:
         Job.from_presets("gpt3-175b", "dgx-a100", 64, {"data_parallel": 4, **PLAN})
-    assert "data_parallel(4) × tensor_parallel(8) × pipeline_parallel(8) × context_parallel(1) = 256 ≠ 512 GPUs" in str(err.value)
+    assert "data_parallel(4) × tensor_parallel(8) × pipeline_parallel(8) × context_parallel(1) = 256 ≠ 512 GPUs" in str(
+        err.value
+    )
 
 
 def test_indivisible_heads_are_reported_with_values():
@@ -93,6 +110,10 @@ def test_unsupported_dtype_on_the_gpu_is_rejected():
 
 def test_interleaving_needs_its_schedule_and_divisible_microbatches():
     with pytest.raises(ConfigError) as err:
-        Job.from_presets("gpt3-175b", "dgx-a100", 8, {"tensor_parallel": 8, "pipeline_parallel": 8,
-                                                      "virtual_pipeline": 2, "global_batch_size": 12})
+        Job.from_presets(
+            "gpt3-175b",
+            "dgx-a100",
+            8,
+            {"tensor_parallel": 8, "pipeline_parallel": 8, "virtual_pipeline": 2, "global_batch_size": 12},
+        )
     assert "needs plan.schedule=interleaved-1f1b" in str(err.value)

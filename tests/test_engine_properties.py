@@ -26,8 +26,15 @@ def random_graphs(draw):
             before = added  # members depend only on tasks added before the collective
             for rank in ranks:
                 deps = draw(st.lists(st.integers(0, before - 1), max_size=2))
-                b.task("coll", b.resource(rank, "comm"), dur, Category.COMMUNICATION, "all_reduce",
-                       deps=deps, collective=coll)
+                b.task(
+                    "coll",
+                    b.resource(rank, "comm"),
+                    dur,
+                    Category.COMMUNICATION,
+                    "all_reduce",
+                    deps=deps,
+                    collective=coll,
+                )
                 added += 1
         else:
             rank, kind = draw(st.integers(0, 2)), draw(st.sampled_from(["compute", "comm"]))

@@ -33,8 +33,9 @@ def test_full_recompute_keeps_only_the_layer_input():
 
 def test_zero_stages_shard_optimizer_then_gradients_then_weights():
     plan = {"tensor_parallel": 8, "global_batch_size": 64}
-    m = {z: estimate_memory(Job.from_presets("gpt3-13b", "dgx-a100", 8, {**plan, "zero_stage": z}))
-         for z in (0, 1, 2, 3)}
+    m = {
+        z: estimate_memory(Job.from_presets("gpt3-13b", "dgx-a100", 8, {**plan, "zero_stage": z})) for z in (0, 1, 2, 3)
+    }
     params = stage_params(Job.from_presets("gpt3-13b", "dgx-a100", 8, plan), 0)
     dp = 8
     assert m[0].weights_bytes == 2 * params and m[0].gradients_bytes == 4 * params
@@ -45,8 +46,12 @@ def test_zero_stages_shard_optimizer_then_gradients_then_weights():
 
 
 def test_one_f_one_b_first_stage_holds_the_most_activations():
-    job = Job.from_presets("gpt3-175b", "dgx-a100", 128, {"tensor_parallel": 8, "pipeline_parallel": 8,
-                                                          "global_batch_size": 1536, "sequence_parallel": True})
+    job = Job.from_presets(
+        "gpt3-175b",
+        "dgx-a100",
+        128,
+        {"tensor_parallel": 8, "pipeline_parallel": 8, "global_batch_size": 1536, "sequence_parallel": True},
+    )
     est = estimate_memory(job)
     per_layer = activation_bytes_per_token_layer(job) * 2048
     assert est.stage == 0

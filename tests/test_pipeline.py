@@ -42,8 +42,9 @@ def test_in_flight_microbatches_match_megatron():
     ],
 )
 def test_two_stage_pipeline_step_time(schedule_name, chunks, expected_s):
-    job = tiny_job(tensor_parallel=4, pipeline_parallel=2, virtual_pipeline=chunks,
-                   schedule=schedule_name, global_batch_size=4)
+    job = tiny_job(
+        tensor_parallel=4, pipeline_parallel=2, virtual_pipeline=chunks, schedule=schedule_name, global_batch_size=4
+    )
     assert simulate(pipeline_builder(job, 1.0, 2.0).build()).step_time_s == pytest.approx(expected_s, abs=1e-12)
 
 
@@ -60,7 +61,8 @@ def test_gpipe_pays_each_send_once_on_the_way_down_and_once_back():
 
 def test_four_stage_interleaving_shrinks_the_bubble_by_the_chunk_count():
     plain = tiny_job(tensor_parallel=2, pipeline_parallel=4, schedule="1f1b", global_batch_size=8)
-    inter = tiny_job(tensor_parallel=2, pipeline_parallel=4, virtual_pipeline=2,
-                     schedule="interleaved-1f1b", global_batch_size=8)
+    inter = tiny_job(
+        tensor_parallel=2, pipeline_parallel=4, virtual_pipeline=2, schedule="interleaved-1f1b", global_batch_size=8
+    )
     assert simulate(pipeline_builder(plain, 1.0, 2.0).build()).step_time_s == pytest.approx(8 * 3 + 3 * 3)
     assert simulate(pipeline_builder(inter, 1.0, 2.0).build()).step_time_s == pytest.approx(8 * 3 + 3 * 3 / 2)

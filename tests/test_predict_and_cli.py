@@ -17,8 +17,12 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def gpt3():
-    job = Job.from_presets("gpt3-175b", "dgx-a100", 128, {"tensor_parallel": 8, "pipeline_parallel": 8,
-                                                          "global_batch_size": 1536, "sequence_parallel": True})
+    job = Job.from_presets(
+        "gpt3-175b",
+        "dgx-a100",
+        128,
+        {"tensor_parallel": 8, "pipeline_parallel": 8, "global_batch_size": 1536, "sequence_parallel": True},
+    )
     return predict(job)
 
 
@@ -37,8 +41,9 @@ def test_critical_path_is_contiguous_and_ends_at_the_step_end(gpt3):
 
 
 def test_single_gpu_step_is_the_sum_of_its_parts():
-    job = Job.from_dicts({"preset": "gpt3-1.3b"}, {"global_batch_size": 2},
-                         {"preset": "dgx-h100", "node": {"gpus_per_node": 1}})
+    job = Job.from_dicts(
+        {"preset": "gpt3-1.3b"}, {"global_batch_size": 2}, {"preset": "dgx-h100", "node": {"gpus_per_node": 1}}
+    )
     r = predict(job)
     g, sim = r.sim.graph, r.sim
     compute = [t for t in range(g.num_tasks) if g.kinds[g.resource_kind[g.resource[t]]] == "compute"]
@@ -56,8 +61,23 @@ def test_trace_has_one_slice_per_task_in_microseconds(gpt3):
 
 def test_cli_json_has_the_promised_fields(tmp_path):
     out = tmp_path / "t.json"
-    res = runner.invoke(app, ["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--set", "plan.tensor_parallel=2",
-                              "--set", "plan.global_batch_size=8", "--json", "--trace", str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "predict",
+            "--model",
+            "llama3-8b",
+            "--system",
+            "dgx-h100",
+            "--set",
+            "plan.tensor_parallel=2",
+            "--set",
+            "plan.global_batch_size=8",
+            "--json",
+            "--trace",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert {"step_time_s", "model_tflops_per_gpu", "mfu", "memory_per_gpu_bytes", "oom", "breakdown"} <= set(data)
@@ -67,10 +87,12 @@ def test_cli_json_has_the_promised_fields(tmp_path):
 def test_cli_bad_input_is_one_line_exit_2_without_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
-    for args in (["predict", str(bad)],
-                 ["predict", "--model", "gpt3-175b", "--system", "dgx-a100", "--set", "model.num_layers=-1"],
-                 ["predict", "--model", "gpt3-175b", "--system", "dgx-a100", "--set", "plan.tensor_parallel=5"],
-                 ["predict", str(tmp_path / "missing.yaml")]):
+    for args in (
+        ["predict", str(bad)],
+        ["predict", "--model", "gpt3-175b", "--system", "dgx-a100", "--set", "model.num_layers=-1"],
+        ["predict", "--model", "gpt3-175b", "--system", "dgx-a100", "--set", "plan.tensor_parallel=5"],
+        ["predict", str(tmp_path / "missing.yaml")],
+    ):
         res = runner.invoke(app, args)
         assert res.exit_code == 2, (args, res.output)
         assert "Traceback" not in res.output and "error:" in res.output

@@ -14,9 +14,10 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   residual add, RMSNorm and SiLU·mul (bytes counted from the shapes).
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
   m nodes; intra-node curves on one 8×H100 node (B = 450 GB/s NVLink4 per GPU; see
-  fit_collectives), p2p on vidur's H100 send/recv, inter-node all-reduce on ALCF Polaris (4×A100 and 2 Slingshot-11 NICs per node: B = 4 × 12.5 GB/s per
-  node-local group; docs.alcf.anl.gov/polaris/hardware-overview). Only runs whose largest message
-  reached ≥ 20 GB/s bus bandwidth are kept: the other setups of that repository ran without the
+  fit_collectives), p2p on vidur's H100 send/recv, inter-node all-reduce on ALCF Polaris
+  (4×A100 and 2 Slingshot-11 NICs per node: B = 4 × 12.5 GB/s per node-local group;
+  docs.alcf.anl.gov/polaris/hardware-overview). Only runs whose largest message reached
+  ≥ 20 GB/s bus bandwidth are kept: the other setups of that repository ran without the
   Slingshot OFI plugin (≈ 3 GB/s) and describe a misconfigured cluster, not the network.
 """
 
@@ -32,9 +33,10 @@ import numpy as np
 from scipy.optimize import least_squares
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from itercast.data_paths import read_csv_rows, shared_data_dir  # noqa: E402
+from itercast.data_paths import read_csv_rows, shared_data_dir
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
+SMALL_BUS_BYTES = 1 << 20  # inter-node fits: latency regime below, bandwidth regime above
 H100_BF16_PEAK, H100_TF32_PEAK = 989.4e12, 494.7e12
 HBM = {"h100": 3350e9, "a100": 2039e9}
 from itercast.costs.analytic import BUS_FACTOR  # noqa: E402
@@ -65,9 +67,16 @@ def fit_gemm(data: Path) -> dict:
 
         fit = least_squares(resid, x0=[0.8, math.log(1e10), 1.0], bounds=([0.05, 10, 0.1], [1.2, 40, 4]))
         pred = flops / (peak * eff(flops, *fit.x))
-        out[key] = {"e_max": fit.x[0], "log_half": fit.x[1], "gamma": fit.x[2], "points": len(sel),
-                    "fit_mean_abs_err": mean_abs_err(pred, meas_t)}
-    out["source"] = "OpenXLA default_matmul_perf_table (sm_90 = H100), ROCm/xla@dc66032; see tools/fit_efficiency_curves.py"
+        out[key] = {
+            "e_max": fit.x[0],
+            "log_half": fit.x[1],
+            "gamma": fit.x[2],
+            "points": len(sel),
+            "fit_mean_abs_err": mean_abs_err(pred, meas_t),
+        }
+    out["source"] = (
+        "OpenXLA default_matmul_perf_table (sm_90 = H100), ROCm/xla@dc66032; see tools/fit_efficiency_curves.py"
+    )
     return out
 
 
@@ -79,25 +88,38 @@ def fit_memory(data: Path) -> dict:
             for r in read_csv_rows(data / "kernels" / "vidur" / f"compute__{gpu}__meta-llama__{model}__mlp.csv"):
                 tok, h, t = int(r["num_tokens"]), int(r["n_embd"]), int(r["num_tensor_parallel_workers"])
                 f = int(r["n_expanded_embd"])
-                for kind, op, nbytes in (("elementwise", "add", 3 * tok * h * 2),
-                                         ("norm", "input_layernorm", 2 * tok * h * 2),
-                                         ("activation", "mlp_act", 3 * tok * (f // t) * 2)):
+                for kind, op, nbytes in (
+                    ("elementwise", "add", 3 * tok * h * 2),
+                    ("norm", "input_layernorm", 2 * tok * h * 2),
+                    ("activation", "mlp_act", 3 * tok * (f // t) * 2),
+                ):
                     b, tm, bw = samples[kind]
                     b.append(nbytes)
                     tm.append(float(r[f"time_stats.{op}.median"]) * 1e-3)
                     bw.append(HBM[gpu])
-    out: dict = {"source": "microsoft/vidur@7d47513 compute__{a100,h100}__Llama-2-{7b,70b}-hf__mlp.csv "
-                           "(elementwise: add; norm: input_layernorm (RMSNorm); activation: mlp_act (SiLU·mul))"}
+    out: dict = {
+        "source": "microsoft/vidur@7d47513 compute__{a100,h100}__Llama-2-{7b,70b}-hf__mlp.csv "
+        "(elementwise: add; norm: input_layernorm (RMSNorm); activation: mlp_act (SiLU·mul))"
+    }
     for kind, (b_, t_, bw_) in samples.items():
         b, t, bw = np.array(b_, float), np.array(t_), np.array(bw_)
 
         def model(p, b=b, bw=bw):
             return p[0] * 1e-6 + b / (bw * eff(b, *p[1:]))
 
-        fit = least_squares(lambda p, t=t, model=model: np.log(model(p)) - np.log(t),
-                            x0=[2.0, 0.8, math.log(1e6), 1.0], bounds=([0, 0.05, 5, 0.2], [50, 1.2, 30, 4]))
-        out[kind] = {"floor_s": fit.x[0] * 1e-6, "e_max": fit.x[1], "log_half": fit.x[2], "gamma": fit.x[3],
-                     "points": len(b), "fit_mean_abs_err": mean_abs_err(model(fit.x), t)}
+        fit = least_squares(
+            lambda p, t=t, model=model: np.log(model(p)) - np.log(t),
+            x0=[2.0, 0.8, math.log(1e6), 1.0],
+            bounds=([0, 0.05, 5, 0.2], [50, 1.2, 30, 4]),
+        )
+        out[kind] = {
+            "floor_s": fit.x[0] * 1e-6,
+            "e_max": fit.x[1],
+            "log_half": fit.x[2],
+            "gamma": fit.x[3],
+            "points": len(b),
+            "fit_mean_abs_err": mean_abs_err(model(fit.x), t),
+        }
     return out
 
 
@@ -120,15 +142,24 @@ def _fit_collective(sizes, times_s, nodes, bw, fixed: dict | None = None) -> dic
         return out
 
     def model(q):
-        return (q["alpha0_s"] + q["alpha_per_log2_nodes_s"] * np.log2(np.maximum(m, 1))
-                + x / (bw * eff(x, q["e_max"], q["log_half"], q["gamma"])))
+        return (
+            q["alpha0_s"]
+            + q["alpha_per_log2_nodes_s"] * np.log2(np.maximum(m, 1))
+            + x / (bw * eff(x, q["e_max"], q["log_half"], q["gamma"]))
+        )
 
-    fit = least_squares(lambda v: np.log(model(params(v))) - np.log(t),
-                        x0=[x0[k] / scale.get(k, 1.0) for k in free],
-                        bounds=([lo[k] / scale.get(k, 1.0) for k in free], [hi[k] / scale.get(k, 1.0) for k in free]))
+    fit = least_squares(
+        lambda v: np.log(model(params(v))) - np.log(t),
+        x0=[x0[k] / scale.get(k, 1.0) for k in free],
+        bounds=([lo[k] / scale.get(k, 1.0) for k in free], [hi[k] / scale.get(k, 1.0) for k in free]),
+    )
     q = params(fit.x)
-    return {**q, "points": len(x), "size_range_bytes": [float(x.min()), float(x.max())],
-            "fit_mean_abs_err": mean_abs_err(model(q), t)}
+    return {
+        **q,
+        "points": len(x),
+        "size_range_bytes": [float(x.min()), float(x.max())],
+        "fit_mean_abs_err": mean_abs_err(model(q), t),
+    }
 
 
 def _nccl_tests_text(path: Path) -> list[tuple[float, float]]:
@@ -150,48 +181,99 @@ def fit_collectives(data: Path) -> dict:
     two nodes (one 400 Gb/s NIC each). Inter-node all-reduce: Polaris, see the module docstring.
     """
     intra: dict = {}
-    ar = [(s, t) for s, t in _nccl_tests_text(data / "collectives" / "dgxc_h100_1node_8gpu_allreduce_sample.txt") if s > 0]
-    intra["all_reduce"] = _fit_collective([s * 2 * 7 / 8 for s, _ in ar], [t * 1e-6 for _, t in ar], [1] * len(ar), 450e9)
+    ar = [
+        (s, t) for s, t in _nccl_tests_text(data / "collectives" / "dgxc_h100_1node_8gpu_allreduce_sample.txt") if s > 0
+    ]
+    intra["all_reduce"] = _fit_collective(
+        [s * 2 * 7 / 8 for s, _ in ar], [t * 1e-6 for _, t in ar], [1] * len(ar), 450e9
+    )
     ramp = {k: intra["all_reduce"][k] for k in ("alpha0_s", "log_half", "gamma")}
     rows = read_csv_rows(data / "collectives" / "nccl_tests_tidy.csv")
     for coll in ("all_gather", "reduce_scatter", "alltoall"):
-        sel = [r for r in rows if r["system"].startswith("H100 cluster01") and r["nodes"] == "1"
-               and r["gpus_per_node"] == "8" and r["collective"] == coll and float(r["size_B"]) > 0]
-        intra[coll] = _fit_collective([float(r["size_B"]) * BUS_FACTOR[coll](int(r["ranks"])) for r in sel],
-                                      [float(r["oop_time_us"]) * 1e-6 for r in sel], [1] * len(sel), 450e9, fixed=ramp)
+        sel = [
+            r
+            for r in rows
+            if r["system"].startswith("H100 cluster01")
+            and r["nodes"] == "1"
+            and r["gpus_per_node"] == "8"
+            and r["collective"] == coll
+            and float(r["size_B"]) > 0
+        ]
+        intra[coll] = _fit_collective(
+            [float(r["size_B"]) * BUS_FACTOR[coll](int(r["ranks"])) for r in sel],
+            [float(r["oop_time_us"]) * 1e-6 for r in sel],
+            [1] * len(sel),
+            450e9,
+            fixed=ramp,
+        )
     sr = read_csv_rows(data / "kernels" / "vidur" / "network__h100_dgx__send_recv.csv")
     p2p = {}
     for key, dpn, bw in (("intra_node", "2", 450e9), ("inter_node", "1", 50e9)):
         sel = [r for r in sr if r["devices_per_node"] == dpn]
-        p2p[key] = _fit_collective([float(r["size"]) for r in sel],
-                                   [float(r["time_stats.send_recv.median"]) * 1e-3 for r in sel],
-                                   [1 if dpn == "2" else 2] * len(sel), bw,
-                                   fixed={"alpha_per_log2_nodes_s": 0.0})
+        p2p[key] = _fit_collective(
+            [float(r["size"]) for r in sel],
+            [float(r["time_stats.send_recv.median"]) * 1e-3 for r in sel],
+            [1 if dpn == "2" else 2] * len(sel),
+            bw,
+            fixed={"alpha_per_log2_nodes_s": 0.0},
+        )
     top: dict[str, float] = defaultdict(float)  # source file -> bus bandwidth at its largest size
     for r in rows:
         if r["system"] == "ALCF Polaris":
             top[r["source_file"]] = max(top[r["source_file"]], float(r["oop_busbw_GBs"]))
     best: dict[tuple, float] = defaultdict(lambda: math.inf)
     for r in rows:
-        if (r["system"] == "ALCF Polaris" and r["collective"] == "all_reduce" and int(r["nodes"]) >= 2
-                and float(r["size_B"]) > 0 and top[r["source_file"]] >= 20.0):
+        if (
+            r["system"] == "ALCF Polaris"
+            and r["collective"] == "all_reduce"
+            and int(r["nodes"]) >= 2
+            and float(r["size_B"]) > 0
+            and top[r["source_file"]] >= 20.0
+        ):
             key = (int(r["nodes"]), int(r["ranks"]), float(r["size_B"]))
             best[key] = min(best[key], float(r["oop_time_us"]))
     keys = sorted(best)
-    inter = {"all_reduce": _fit_collective([s * BUS_FACTOR["all_reduce"](k) for _, k, s in keys],
-                                           [best[k] * 1e-6 for k in keys], [m for m, _, _ in keys], 4 * 12.5e9)}
-    return {"intra_node": intra, "inter_node": inter, "p2p": p2p,
-            "source": "nccl-tests: NVIDIA/dgxc-benchmarking@841f546 nccl/README.md (1 node 8×H100 all-reduce), "
-                      "xxrjun/nccl-tests-cluster@455de4f (1 node 8×H100), argonne-lcf/alcf-nccl-tests@385be33 "
-                      "(Polaris, 2..540 nodes × 4 A100); microsoft/vidur@7d47513 network__h100_dgx__send_recv.csv"}
+    x = [s * BUS_FACTOR["all_reduce"](k) for _, k, s in keys]
+    t = [best[k] * 1e-6 for k in keys]
+    m = [n for n, _, _ in keys]
+    # One smooth curve cannot follow NCCL's protocol/algorithm switches on Polaris (38% mean error
+    # over all sizes, 21% at >= 64 MB): fit a latency regime and a bandwidth regime separately.
+    small = [i for i, v in enumerate(x) if v < SMALL_BUS_BYTES]
+    large = [i for i, v in enumerate(x) if v >= SMALL_BUS_BYTES]
+    inter = {
+        "all_reduce": {
+            "regimes": [
+                {
+                    "max_bus_bytes": SMALL_BUS_BYTES,
+                    **_fit_collective([x[i] for i in small], [t[i] for i in small], [m[i] for i in small], 4 * 12.5e9),
+                },
+                {
+                    "max_bus_bytes": None,
+                    **_fit_collective([x[i] for i in large], [t[i] for i in large], [m[i] for i in large], 4 * 12.5e9),
+                },
+            ]
+        }
+    }
+    return {
+        "intra_node": intra,
+        "inter_node": inter,
+        "p2p": p2p,
+        "source": "nccl-tests: NVIDIA/dgxc-benchmarking@841f546 nccl/README.md (1 node 8×H100 all-reduce), "
+        "xxrjun/nccl-tests-cluster@455de4f (1 node 8×H100), argonne-lcf/alcf-nccl-tests@385be33 "
+        "(Polaris, 2..540 nodes × 4 A100); microsoft/vidur@7d47513 network__h100_dgx__send_recv.csv",
+    }
 
 
 def main() -> None:
     data = shared_data_dir()
     if data is None:
         sys.exit("no shared data: set ITERCAST_DATA or place ../shared/data beside the repo")
-    curves = {"gemm": fit_gemm(data), "memory": fit_memory(data), "collectives": fit_collectives(data),
-              "fitted_by": "tools/fit_efficiency_curves.py"}
+    curves = {
+        "gemm": fit_gemm(data),
+        "memory": fit_memory(data),
+        "collectives": fit_collectives(data),
+        "fitted_by": "tools/fit_efficiency_curves.py",
+    }
     OUT.write_text(json.dumps(curves, indent=1, sort_keys=True) + "\n")
     print(json.dumps(curves, indent=1, sort_keys=True))
 

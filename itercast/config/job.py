@@ -36,20 +36,22 @@ class Job:
     ) -> Job:
         """Build from raw sections; a section may hold `preset: NAME` plus overrides."""
         built = {
-            name: _parse(name, raw, source)
-            for name, raw in (("model", model), ("plan", plan), ("system", system))
+            name: _parse(name, raw, source) for name, raw in (("model", model), ("plan", plan), ("system", system))
         }
         return _cross_validate(built["model"], built["plan"], built["system"], source)
 
     @classmethod
-    def from_presets(
-        cls, model: str, system: str, num_nodes: int = 1, plan: dict[str, Any] | None = None
-    ) -> Job:
+    def from_presets(cls, model: str, system: str, num_nodes: int = 1, plan: dict[str, Any] | None = None) -> Job:
         return cls.from_dicts({"preset": model}, plan or {}, {"preset": system, "num_nodes": num_nodes})
 
     @classmethod
-    def load(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-             model: str | None = None, system: str | None = None) -> Job:
+    def load(
+        cls,
+        path: str | Path | None = None,
+        overrides: list[str] | tuple[str, ...] = (),
+        model: str | None = None,
+        system: str | None = None,
+    ) -> Job:
         """The CLI path: an optional YAML job file, preset names, then `section.field=value` overrides."""
         raw: dict[str, Any] = {"model": {}, "plan": {}, "system": {}}
         source = str(path) if path else "<command line>"
@@ -105,9 +107,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     key, sep, text = item.partition("=")
     parts = key.strip().split(".")
     if not sep or len(parts) < 2 or parts[0] not in _SCHEMAS:
-        raise ConfigError(
-            f"--set {item!r}: expected SECTION.FIELD=VALUE with SECTION one of model, plan, system"
-        )
+        raise ConfigError(f"--set {item!r}: expected SECTION.FIELD=VALUE with SECTION one of model, plan, system")
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
@@ -164,48 +164,82 @@ def _schema_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]
 
 
 def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, source: str) -> Job:
-    """Checks that involve more than one section. Resolves plan.data_parallel."""
+    """Checks that involve more than one section. Resolves data_parallel and global_batch_size."""
     p, gpus = plan, system.num_gpus
-    problems: list[str] = []
     inner = p.tensor_parallel * p.pipeline_parallel * p.context_parallel
     dp = p.data_parallel if p.data_parallel is not None else max(gpus // inner, 1)
+    gbs = p.global_batch_size if p.global_batch_size is not None else p.micro_batch_size * dp
+    problems: list[str] = []
     if dp * inner != gpus:
         problems.append(
             f"data_parallel({dp}) × tensor_parallel({p.tensor_parallel}) × pipeline_parallel"
             f"({p.pipeline_parallel}) × context_parallel({p.context_parallel}) = {dp * inner} ≠ "
             f"{gpus} GPUs (num_nodes({system.num_nodes}) × gpus_per_node({system.node.gpus_per_node}))"
         )
-    gbs = p.global_batch_size if p.global_batch_size is not None else p.micro_batch_size * dp
-    checks = [("model.num_attention_heads", model.num_attention_heads, p.tensor_parallel)]
-    if model.kv_heads != model.num_attention_heads:
-        checks.append(("model.num_query_groups", model.kv_heads, p.tensor_parallel))
-    for what, value, div in (
-        *checks,
-        ("model.num_layers", model.num_layers, p.pipeline_parallel * p.virtual_pipeline),
-        ("model.seq_length", model.seq_length, p.context_parallel * (2 if p.context_parallel > 1 else 1)),
-        ("plan.global_batch_size", gbs, p.micro_batch_size * dp),
-    ):
-        if value % div:
-            by = {
-                "model.num_layers": f"pipeline_parallel({p.pipeline_parallel}) × virtual_pipeline({p.virtual_pipeline})",
-                "model.seq_length": f"2 × context_parallel({p.context_parallel})",
-                "plan.global_batch_size": f"micro_batch_size({p.micro_batch_size}) × data_parallel({dp})",
-            }.get(what, f"tensor_parallel({p.tensor_parallel})")
-            problems.append(f"{what}({value}) not divisible by {by}")
-    m = gbs // max(p.micro_batch_size * dp, 1)
-    if p.virtual_pipeline > 1 and p.schedule != "interleaved-1f1b":
-        problems.append(f"plan.virtual_pipeline({p.virtual_pipeline}) > 1 needs plan.schedule=interleaved-1f1b; got {p.schedule}")
-    if p.schedule == "interleaved-1f1b" and p.pipeline_parallel > 1 and m % p.pipeline_parallel:
-        problems.append(f"interleaved-1f1b: micro-batches per replica ({m}) not divisible by pipeline_parallel({p.pipeline_parallel})")
-    if p.sequence_parallel and p.tensor_parallel == 1:
-        problems.append("plan.sequence_parallel needs tensor_parallel > 1")
-    if p.expert_parallel != 1:
-        problems.append(f"plan.expert_parallel({p.expert_parallel}) needs a mixture-of-experts model; family {model.family} has none")
-    peak_key = "tf32" if p.dtype == "fp32" and "tf32" in system.gpu.peak_flops else p.dtype
-    if peak_key not in system.gpu.peak_flops:
-        problems.append(f"plan.dtype({p.dtype}) not supported by {system.gpu.name} (has {', '.join(system.gpu.peak_flops)})")
-    if p.zero_stage == 3 and p.pipeline_parallel > 1:
-        problems.append("plan.zero_stage(3) with pipeline_parallel > 1 is not supported (FSDP shards whole layers per step)")
+    problems += _divisibility_problems(model, p, dp, gbs)
+    problems += _schedule_problems(p, gbs // max(p.micro_batch_size * dp, 1))
+    problems += _support_problems(model, p, system)
     if problems:
         raise ConfigError("\n".join(f"{source}: {x}" for x in problems))
     return Job(model, p.model_copy(update={"data_parallel": dp, "global_batch_size": gbs}), system)
+
+
+def _divisibility_problems(model: ModelConfig, p: PlanConfig, dp: int, gbs: int) -> list[str]:
+    tp = f"tensor_parallel({p.tensor_parallel})"
+    checks = [("model.num_attention_heads", model.num_attention_heads, p.tensor_parallel, tp)]
+    if model.kv_heads != model.num_attention_heads:
+        checks.append(("model.num_query_groups", model.kv_heads, p.tensor_parallel, tp))
+    checks += [
+        (
+            "model.num_layers",
+            model.num_layers,
+            p.pipeline_parallel * p.virtual_pipeline,
+            f"pipeline_parallel({p.pipeline_parallel}) × virtual_pipeline({p.virtual_pipeline})",
+        ),
+        (
+            "model.seq_length",
+            model.seq_length,
+            p.context_parallel * (2 if p.context_parallel > 1 else 1),
+            f"2 × context_parallel({p.context_parallel})",
+        ),
+        (
+            "plan.global_batch_size",
+            gbs,
+            p.micro_batch_size * dp,
+            f"micro_batch_size({p.micro_batch_size}) × data_parallel({dp})",
+        ),
+    ]
+    return [f"{what}({value}) not divisible by {by}" for what, value, div, by in checks if value % div]
+
+
+def _schedule_problems(p: PlanConfig, microbatches: int) -> list[str]:
+    problems = []
+    if p.virtual_pipeline > 1 and p.schedule != "interleaved-1f1b":
+        problems.append(
+            f"plan.virtual_pipeline({p.virtual_pipeline}) > 1 needs plan.schedule=interleaved-1f1b; got {p.schedule}"
+        )
+    if p.schedule == "interleaved-1f1b" and p.pipeline_parallel > 1 and microbatches % p.pipeline_parallel:
+        problems.append(
+            f"interleaved-1f1b: micro-batches per replica ({microbatches}) not divisible by "
+            f"pipeline_parallel({p.pipeline_parallel})"
+        )
+    if p.sequence_parallel and p.tensor_parallel == 1:
+        problems.append("plan.sequence_parallel needs tensor_parallel > 1")
+    if p.zero_stage == 3 and p.pipeline_parallel > 1:
+        problems.append("plan.zero_stage(3) with pipeline_parallel > 1 is not supported (FSDP shards whole layers)")
+    return problems
+
+
+def _support_problems(model: ModelConfig, p: PlanConfig, system: SystemConfig) -> list[str]:
+    problems = []
+    if p.expert_parallel != 1:
+        problems.append(
+            f"plan.expert_parallel({p.expert_parallel}) needs a mixture-of-experts model; "
+            f"family {model.family} has none"
+        )
+    peak_key = "tf32" if p.dtype == "fp32" and "tf32" in system.gpu.peak_flops else p.dtype
+    if peak_key not in system.gpu.peak_flops:
+        problems.append(
+            f"plan.dtype({p.dtype}) not supported by {system.gpu.name} (has {', '.join(system.gpu.peak_flops)})"
+        )
+    return problems

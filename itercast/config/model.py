@@ -25,9 +25,7 @@ class ModelConfig(BaseModel):
     num_layers: PositiveInt
     hidden_size: PositiveInt
     num_attention_heads: PositiveInt
-    ffn_hidden_size: PositiveInt | None = Field(
-        None, description="MLP inner width; default 4·hidden_size (gpt, bert)."
-    )
+    ffn_hidden_size: PositiveInt | None = Field(None, description="MLP inner width; default 4·hidden_size (gpt, bert).")
     num_query_groups: PositiveInt | None = Field(
         None, description="Key/value heads (GQA); default num_attention_heads (MHA)."
     )

@@ -44,11 +44,17 @@ class PlanConfig(BaseModel):
     grad_bucket_size_params: PositiveInt = Field(
         40_000_000, description="DP gradient bucket, in parameters (Megatron DDP default 40M)."
     )
-    overlap_grad_reduce: bool = Field(True, description="Reduce gradients during the last backward.")
-    overlap_param_gather: bool = Field(
-        True, description="ZeRO 1–2: gather updated parameters during the next forward."
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training)."
     )
+    overlap_grad_reduce: bool = Field(True, description="Reduce gradients during the last backward.")
+    overlap_param_gather: bool = Field(True, description="ZeRO 1–2: gather updated parameters during the next forward.")
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element in buffers and collectives (fp32 training: always 4)."""
+        return 4 if self.dtype == "fp32" or self.grad_reduce_dtype == "fp32" else 2

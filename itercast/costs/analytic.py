@@ -1,8 +1,9 @@
 """Analytic cost model: roofline with size-dependent efficiency curves fitted to public data.
 
 Accuracy (in-sample, see curves.json `fit_mean_abs_err`; held-out errors are issue #4's job):
-GEMM ~7% (H100 bf16), memory-bound 10–13%, intra-node collectives 8–11%, p2p 3–5%, inter-node
-all-reduce ~38% (Polaris, NCCL protocol switches the smooth curve cannot follow). Attention has no
+GEMM ~7% (H100 bf16), memory-bound 10–13%, intra-node collectives 8–11%, p2p 3–5%; inter-node
+all-reduce is piecewise (latency regime < 1 MiB, bandwidth regime above) because NCCL's protocol
+switches on Polaris defeat one smooth curve; see curves.json for each regime's error. Attention has no
 measurement here: it is a guess, labelled as such below.
 """
 
@@ -39,6 +40,9 @@ class AnalyticCostModel:
         gpu = system.gpu
         peak_key = dtype if dtype in gpu.peak_flops else ("tf32" if dtype == "fp32" else "fp32")
         self.peak_flops = gpu.peak_flops.get(peak_key) or gpu.peak_flops["fp32"]
+        # FP8 training (Transformer Engine) runs only the linear layers in FP8; fused attention
+        # stays in bf16 unless FP8 attention is switched on explicitly (TE docs, `fp8_dpa`).
+        self.attention_peak_flops = gpu.peak_flops.get("bf16", self.peak_flops) if dtype == "fp8" else self.peak_flops
         data = curves()
         self.gemm_curve: Curve = curve(data["gemm"]["tf32" if dtype == "fp32" else "bf16"])
         self.memory = {k: (v["floor_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
@@ -54,7 +58,7 @@ class AnalyticCostModel:
     def attention_s(self, flops: np.ndarray | float) -> np.ndarray:
         """Fused (flash) attention of the given FLOPs. A guess: see ATTENTION_VS_GEMM."""
         f = np.asarray(flops, dtype=np.float64)
-        return np.where(f > 0, f / (self.peak_flops * self.gemm_curve(f) * ATTENTION_VS_GEMM), 0.0)
+        return np.where(f > 0, f / (self.attention_peak_flops * self.gemm_curve(f) * ATTENTION_VS_GEMM), 0.0)
 
     def memory_s(self, kind: str, nbytes: np.ndarray | float) -> np.ndarray:
         """Memory-bound kernel of `kind` (elementwise | norm | activation) moving `nbytes` of HBM."""
@@ -80,9 +84,10 @@ class AnalyticCostModel:
             fit, bw = self.intra[kind], node.intra_node_bandwidth_bytes_per_s
             alpha = fit["alpha0_s"]
         else:
-            fit = self.inter.get(kind, self.inter["all_reduce"])
-            bw = min(node.intra_node_bandwidth_bytes_per_s,
-                     group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s())
+            fit = _regime(self.inter.get(kind, self.inter["all_reduce"]), bus)
+            bw = min(
+                node.intra_node_bandwidth_bytes_per_s, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s()
+            )
             alpha = fit["alpha0_s"] + fit["alpha_per_log2_nodes_s"] * math.log2(group.nodes)
         return float(alpha + bus / (bw * curve(fit)(bus)))
 
@@ -92,6 +97,17 @@ class AnalyticCostModel:
         if nbytes <= 0:
             return 0.0
         fit = self.p2p["inter_node" if cross_node else "intra_node"]
-        bw = (self.system.nic_bandwidth_per_gpu_bytes_per_s() if cross_node
-              else self.system.node.intra_node_bandwidth_bytes_per_s)
+        bw = (
+            self.system.nic_bandwidth_per_gpu_bytes_per_s()
+            if cross_node
+            else self.system.node.intra_node_bandwidth_bytes_per_s
+        )
         return float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes)))
+
+
+def _regime(entry: dict, bus_bytes: float) -> dict:
+    """A fit may be piecewise in size: the first regime whose `max_bus_bytes` covers the size."""
+    for regime in entry.get("regimes", [entry]):
+        if regime.get("max_bus_bytes") is None or bus_bytes < regime["max_bus_bytes"]:
+            return regime
+    return entry["regimes"][-1]

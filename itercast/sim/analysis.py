@@ -59,8 +59,11 @@ def breakdown(result: SimResult) -> Breakdown:
         s, e = float(result.start_s[t]), float(result.end_s[t])
         if s > prev_end:
             _charge_gap(result, int(result.binding[t]), s, prev_end, rank, buckets)
-        key = "compute_s" if g.category[t] == Category.COMPUTE else (
-            "exposed_comm_s" if g.category[t] == Category.COMMUNICATION else "host_overhead_s")
+        key = (
+            "compute_s"
+            if g.category[t] == Category.COMPUTE
+            else ("exposed_comm_s" if g.category[t] == Category.COMMUNICATION else "host_overhead_s")
+        )
         buckets[key] += e - s
         prev_end = e
     end = result.step_time_s
@@ -76,8 +79,15 @@ def _main_resource(result: SimResult, rank: int) -> int:
     return int(hits[0]) if hits.size else int(g.resource[result.final_task])
 
 
-def _charge_gap(result: SimResult, first: int, hi: float, lo: float, rank: int,
-                buckets: dict[str, float], include_first: bool = False) -> None:
+def _charge_gap(
+    result: SimResult,
+    first: int,
+    hi: float,
+    lo: float,
+    rank: int,
+    buckets: dict[str, float],
+    include_first: bool = False,
+) -> None:
     """Charge [lo, hi] to the chain of binding predecessors that ends at time hi."""
     g = result.graph
     cursor, t = hi, first

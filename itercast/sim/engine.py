@@ -62,7 +62,7 @@ def compile_graph(graph: ExecGraph) -> CompiledGraph:
         return graph._order  # type: ignore[return-value]
     n = graph.num_tasks
     incoming: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    for s, d, lat in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_latency_s.tolist()):
+    for s, d, lat in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_latency_s.tolist(), strict=False):
         incoming[d].append((s, lat))
     last_on: dict[int, int] = {}
     for t, r in enumerate(graph.resource.tolist()):
@@ -140,8 +140,9 @@ def simulate(graph: ExecGraph) -> SimResult:
     return SimResult(graph, np.asarray(start), np.asarray(end), np.asarray(binding, dtype=np.int64))
 
 
-def _describe_cycle(graph: ExecGraph, incoming: list[list[tuple[int, float]]], node_of: list[int],
-                    indeg: list[int]) -> str:
+def _describe_cycle(
+    graph: ExecGraph, incoming: list[list[tuple[int, float]]], node_of: list[int], indeg: list[int]
+) -> str:
     """Walk predecessors among unprocessed nodes until one repeats; name the tasks on that loop."""
     stuck = {node_of[t] for t in range(len(node_of)) if indeg[node_of[t]] > 0}
     preds: dict[int, int] = {}
@@ -156,7 +157,7 @@ def _describe_cycle(graph: ExecGraph, incoming: list[list[tuple[int, float]]], n
     while v not in seen:
         seen.append(v)
         v = preds[v]
-    loop = seen[seen.index(v):]
+    loop = seen[seen.index(v) :]
     labels = " → ".join(graph.task_label(t) for t in reversed(loop[:10]))
     more = f" (+{len(loop) - 10} more)" if len(loop) > 10 else ""
     return f"deadlock: {len(stuck)} tasks can never start; cycle: {labels}{more}"

@@ -21,15 +21,22 @@ def to_chrome_trace(sim: SimResult, max_flows: int = 20_000) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     for r in sorted(set(g.resource_rank.tolist())):
         events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
-    for res, (rank, kind) in enumerate(zip(g.resource_rank.tolist(), g.resource_kind.tolist())):
+    for res, (rank, kind) in enumerate(zip(g.resource_rank.tolist(), g.resource_kind.tolist(), strict=False)):
         events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": res, "args": {"name": g.kinds[kind]}})
     ranks, start, end = g.resource_rank[g.resource], sim.start_s * 1e6, sim.end_s * 1e6
     for t in range(g.num_tasks):
-        events.append({
-            "ph": "X", "name": g.names[g.name[t]], "cat": CATEGORY_NAMES[g.category[t]],
-            "pid": int(ranks[t]), "tid": int(g.resource[t]), "ts": float(start[t]),
-            "dur": float(end[t] - start[t]), "args": {"family": g.families[g.family[t]]},
-        })
+        events.append(
+            {
+                "ph": "X",
+                "name": g.names[g.name[t]],
+                "cat": CATEGORY_NAMES[g.category[t]],
+                "pid": int(ranks[t]),
+                "tid": int(g.resource[t]),
+                "ts": float(start[t]),
+                "dur": float(end[t] - start[t]),
+                "args": {"family": g.families[g.family[t]]},
+            }
+        )
     flows = 0
     for t, preds in enumerate(compile_graph(g).incoming):
         for s, _ in preds:
@@ -37,11 +44,15 @@ def to_chrome_trace(sim: SimResult, max_flows: int = 20_000) -> dict[str, Any]:
                 continue
             common = {"name": "dep", "cat": "dependency", "id": flows}
             events.append({**common, "ph": "s", "pid": int(ranks[s]), "tid": int(g.resource[s]), "ts": float(end[s])})
-            events.append({**common, "ph": "f", "bp": "e", "pid": int(ranks[t]), "tid": int(g.resource[t]),
-                           "ts": float(start[t])})
+            events.append(
+                {**common, "ph": "f", "bp": "e", "pid": int(ranks[t]), "tid": int(g.resource[t]), "ts": float(start[t])}
+            )
             flows += 1
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"generator": "itercast", "step_time_s": sim.step_time_s}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"generator": "itercast", "step_time_s": sim.step_time_s},
+    }
 
 
 def write_chrome_trace(sim: SimResult, path: str | Path) -> Path:

@@ -28,6 +28,29 @@ from itercast.workloads.transformer_ops import Op
 GRAD_NORM_BYTES = 4  # one fp32 scalar: the global gradient norm for clipping (Megatron clip_grad)
 
 
+def grad_collective(job: Job) -> str:
+    """DDP all-reduces gradients; ZeRO (distributed optimizer, FSDP) reduce-scatters them."""
+    return "all_reduce" if job.plan.zero_stage == 0 else "reduce_scatter"
+
+
+def weight_bytes(job: Job) -> int:
+    """Bytes per parameter as stored for compute (16-bit, or fp32 when training in fp32)."""
+    return 4 if job.plan.dtype == "fp32" else 2
+
+
+def optimizer_step_bytes(job: Job, params: float) -> float:
+    """HBM traffic of a fused Adam step over `params` local parameters: read param, grad, m, v
+    (fp32) and write param, m, v and the 16-bit copy: 30 bytes/param (24 when training in fp32)."""
+    return params * (24 if job.plan.dtype == "fp32" else 30)
+
+
+def p2p_message_bytes(job: Job) -> float:
+    """Activations (or their gradients) one pipeline stage sends per micro-batch."""
+    m, p = job.model, job.plan
+    nbytes = p.micro_batch_size * m.seq_length / p.context_parallel * m.hidden_size * p.dtype_bytes
+    return nbytes / p.tensor_parallel if p.sequence_parallel else nbytes  # Megatron scatter-gather
+
+
 @dataclass(frozen=True)
 class PassCost:
     """One pass of one unit (a layer, the embedding or the head) on one GPU."""
@@ -41,12 +64,12 @@ class PassCost:
         fam = dict(self.family_s)
         for k, v in other.family_s.items():
             fam[k] = fam.get(k, 0.0) + v
-        return PassCost(self.compute_s + other.compute_s, self.comm_s + other.comm_s,
-                        self.kernels + other.kernels, fam)
+        return PassCost(self.compute_s + other.compute_s, self.comm_s + other.comm_s, self.kernels + other.kernels, fam)
 
     def scaled(self, k: float) -> PassCost:
-        return PassCost(self.compute_s * k, self.comm_s * k, round(self.kernels * k),
-                        {f: v * k for f, v in self.family_s.items()})
+        return PassCost(
+            self.compute_s * k, self.comm_s * k, round(self.kernels * k), {f: v * k for f, v in self.family_s.items()}
+        )
 
 
 ZERO_COST = PassCost(0.0, 0.0, 0)
@@ -141,11 +164,7 @@ class TransformerStepBuilder:
         self.units = UnitCosts.of(job, self.costs, self.groups)
         p = job.plan
         self.layers_per_chunk = job.model.num_layers // (p.pipeline_parallel * p.virtual_pipeline)
-        m = job.model
-        p2p_bytes = p.micro_batch_size * m.seq_length / p.context_parallel * m.hidden_size * p.dtype_bytes
-        if p.sequence_parallel:
-            p2p_bytes /= p.tensor_parallel  # Megatron's scatter-gather optimisation of p2p tensors
-        self.p2p_s = self.costs.p2p_s(p2p_bytes, self.groups.stage_cross_node)
+        self.p2p_s = self.costs.p2p_s(p2p_message_bytes(job), self.groups.stage_cross_node)
         self.g = GraphBuilder()
         self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
         self._waits: list[tuple[tuple[bool, int, int], int]] = []  # (producer key, consumer task)
@@ -165,7 +184,9 @@ class TransformerStepBuilder:
         if vs == 0:
             units.insert(0, (u.embed_fwd if forward else u.embed_bwd, vocab_params))
         if last:
-            units.append((u.head_fwd if forward else u.head_bwd, vocab_params if not m.tied or p.pipeline_parallel > 1 else 0.0))
+            units.append(
+                (u.head_fwd if forward else u.head_bwd, vocab_params if not m.tied or p.pipeline_parallel > 1 else 0.0)
+            )
         return units if forward else units[::-1]
 
     def _segments_of(self, stage: int, chunk: int, forward: bool, split: str) -> list[tuple[PassCost, float]]:
@@ -198,8 +219,13 @@ class TransformerStepBuilder:
     def _run_segment(self, stage: int, name: str, cost: PassCost, deps: list[int]) -> tuple[int, int]:
         """Launch on the host, then compute (+ blocking TP comm) on the stream; (first, last) task."""
         g, gpu = self.g, self.job.system.gpu
-        host = g.task(f"launch.{name}", g.resource(stage, "host"), cost.kernels * gpu.kernel_launch_overhead_s,
-                      Category.HOST, "host_launch")
+        host = g.task(
+            f"launch.{name}",
+            g.resource(stage, "host"),
+            cost.kernels * gpu.kernel_launch_overhead_s,
+            Category.HOST,
+            "host_launch",
+        )
         comp = g.resource(stage, "compute")
         first = last = g.task(name, comp, cost.compute_s, Category.COMPUTE, "transformer", [host, *deps])
         if cost.comm_s > 0:
@@ -225,36 +251,50 @@ class TransformerStepBuilder:
         last_bwd = {ps.chunk: i for i, ps in enumerate(passes) if not ps.forward}
         sync_dp = self.groups.grad.size > 1
         dp_res = g.resource(stage, "dp_comm")
-        grad_kind = "all_reduce" if p.zero_stage == 0 else "reduce_scatter"
-        grad_bytes = 2 if p.dtype == "fp32" else 4  # fp32 gradients (see memory.py conventions)
-        w_bytes = 4 if p.dtype == "fp32" else 2
+        grad_kind = grad_collective(job)
+        grad_bytes = p.grad_bytes
+        w_bytes = weight_bytes(job)
         first_fwd_gathers: dict[int, list[int]] = {}
         if p.zero_stage in (1, 2) and sync_dp and p.overlap_param_gather:
             for chunk in range(v):  # last step's updated parameters, gathered during this forward
                 first_fwd_gathers[chunk] = [
-                    g.task(f"param_all_gather.c{chunk}", dp_res,
-                           c.collective_s("all_gather", w * w_bytes, self.groups.grad),
-                           Category.COMMUNICATION, "dp_all_gather")
-                    for _, w in self._segments_of(stage, chunk, True, "bucket")]
+                    g.task(
+                        f"param_all_gather.c{chunk}",
+                        dp_res,
+                        c.collective_s("all_gather", w * w_bytes, self.groups.grad),
+                        Category.COMMUNICATION,
+                        "dp_all_gather",
+                    )
+                    for _, w in self._segments_of(stage, chunk, True, "bucket")
+                ]
         grad_tasks: list[int] = []
         seen_first_fwd: set[int] = set()
         previous: list[int] = []  # compute tasks of the last two segments (ZeRO-3 prefetch depth)
         for i, ps in enumerate(passes):
-            deps: list[int] = []
+            gathers: list[int] = []  # one per bucket: each bucket's forward waits for its own
             if ps.forward and ps.chunk not in seen_first_fwd:
                 seen_first_fwd.add(ps.chunk)
-                deps += first_fwd_gathers.get(ps.chunk, [])
-            split = "layer" if p.zero_stage == 3 else (
-                "bucket" if (not ps.forward and i == last_bwd[ps.chunk] and sync_dp and p.overlap_grad_reduce) else "none")
+                gathers = first_fwd_gathers.get(ps.chunk, [])
+            if p.zero_stage == 3:
+                split = "layer"
+            elif gathers or (not ps.forward and i == last_bwd[ps.chunk] and sync_dp and p.overlap_grad_reduce):
+                split = "bucket"
+            else:
+                split = "none"
             segs = self._segments_of(stage, ps.chunk, ps.forward, split)
             family_time = self.family_time_s[stage]
             kind = "F" if ps.forward else "B"
             for j, (cost, params) in enumerate(segs):
-                seg_deps = list(deps) if j == 0 else []
+                seg_deps = [gathers[j]] if gathers else []
                 if p.zero_stage == 3 and sync_dp:
-                    gather = g.task(f"fsdp_all_gather.{kind}{ps.microbatch}.c{ps.chunk}.{j}", dp_res,
-                                    c.collective_s("all_gather", params * w_bytes, self.groups.grad),
-                                    Category.COMMUNICATION, "dp_all_gather", previous[-2:-1])
+                    gather = g.task(
+                        f"fsdp_all_gather.{kind}{ps.microbatch}.c{ps.chunk}.{j}",
+                        dp_res,
+                        c.collective_s("all_gather", params * w_bytes, self.groups.grad),
+                        Category.COMMUNICATION,
+                        "dp_all_gather",
+                        previous[-2:-1],
+                    )
                     seg_deps.append(gather)
                 first, last = self._run_segment(stage, f"{kind}{ps.microbatch}.c{ps.chunk}.{j}", cost, seg_deps)
                 for fam, sec in cost.family_s.items():
@@ -263,34 +303,75 @@ class TransformerStepBuilder:
                     self._receive(stage, ps, first)
                 previous.append(last)
                 if split in ("bucket", "layer") and not ps.forward and i == last_bwd[ps.chunk] and sync_dp:
-                    grad_tasks.append(g.task(f"grad_{grad_kind}.c{ps.chunk}.{j}", dp_res,
-                                             c.collective_s(grad_kind, params * grad_bytes, self.groups.grad),
-                                             Category.COMMUNICATION, f"dp_{grad_kind}", [last]))
+                    grad_tasks.append(
+                        g.task(
+                            f"grad_{grad_kind}.c{ps.chunk}.{j}",
+                            dp_res,
+                            c.collective_s(grad_kind, params * grad_bytes, self.groups.grad),
+                            Category.COMMUNICATION,
+                            f"dp_{grad_kind}",
+                            [last],
+                        )
+                    )
             self._send(stage, ps, previous[-1])
         end_of_passes = previous[-1]
         if sync_dp and not grad_tasks:  # no overlap: reduce all gradients after the last backward
-            grad_tasks.append(g.task(f"grad_{grad_kind}", dp_res,
-                                     c.collective_s(grad_kind, stage_params(job, stage) * grad_bytes, self.groups.grad),
-                                     Category.COMMUNICATION, f"dp_{grad_kind}", [end_of_passes]))
+            grad_tasks.append(
+                g.task(
+                    f"grad_{grad_kind}",
+                    dp_res,
+                    c.collective_s(grad_kind, stage_params(job, stage) * grad_bytes, self.groups.grad),
+                    Category.COMMUNICATION,
+                    f"dp_{grad_kind}",
+                    [end_of_passes],
+                )
+            )
         sync = [end_of_passes, *grad_tasks]
         if tied_sync >= 0 and stage in (0, p.pipeline_parallel - 1):
             vocab = job.model.vocab_size * job.model.hidden_size / p.tensor_parallel
-            sync.append(g.task("tied_embedding_all_reduce", dp_res,
-                               c.collective_s("all_reduce", vocab * grad_bytes, self.groups.embedding),
-                               Category.COMMUNICATION, "embedding_all_reduce", sync, collective=tied_sync))
+            sync.append(
+                g.task(
+                    "tied_embedding_all_reduce",
+                    dp_res,
+                    c.collective_s("all_reduce", vocab * grad_bytes, self.groups.embedding),
+                    Category.COMMUNICATION,
+                    "embedding_all_reduce",
+                    sync,
+                    collective=tied_sync,
+                )
+            )
         comp = g.resource(stage, "compute")
         if grad_norm >= 0:
-            sync = [g.task("grad_norm_all_reduce", comp,
-                           c.collective_s("all_reduce", GRAD_NORM_BYTES, self.groups.model),
-                           Category.COMMUNICATION, "grad_norm_all_reduce", sync, collective=grad_norm)]
+            sync = [
+                g.task(
+                    "grad_norm_all_reduce",
+                    comp,
+                    c.collective_s("all_reduce", GRAD_NORM_BYTES, self.groups.model),
+                    Category.COMMUNICATION,
+                    "grad_norm_all_reduce",
+                    sync,
+                    collective=grad_norm,
+                )
+            ]
         shard = self.groups.grad.size if p.zero_stage >= 1 else 1
-        optimizer_bytes = stage_params(job, stage) / shard * (24 if p.dtype == "fp32" else 30)
-        opt = g.task("optimizer_step", comp, float(c.memory_s("elementwise", optimizer_bytes)),
-                     Category.COMPUTE, "optimizer", sync)
+        optimizer_bytes = optimizer_step_bytes(job, stage_params(job, stage) / shard)
+        opt = g.task(
+            "optimizer_step",
+            comp,
+            float(c.memory_s("elementwise", optimizer_bytes)),
+            Category.COMPUTE,
+            "optimizer",
+            sync,
+        )
         if p.zero_stage in (1, 2) and sync_dp and not p.overlap_param_gather:
-            g.task("param_all_gather", dp_res,
-                   c.collective_s("all_gather", stage_params(job, stage) * w_bytes, self.groups.grad),
-                   Category.COMMUNICATION, "dp_all_gather", [opt])
+            g.task(
+                "param_all_gather",
+                dp_res,
+                c.collective_s("all_gather", stage_params(job, stage) * w_bytes, self.groups.grad),
+                Category.COMMUNICATION,
+                "dp_all_gather",
+                [opt],
+            )
 
     # -- pipeline p2p --------------------------------------------------------------------------
     def _virtual(self, stage: int, chunk: int) -> int:
@@ -311,6 +392,12 @@ class TransformerStepBuilder:
         if not 0 <= dst < total:
             return
         res = self.g.resource(stage, "p2p_next" if ps.forward else "p2p_prev")
-        send = self.g.task(f"send_{'act' if ps.forward else 'grad'}.m{ps.microbatch}.c{ps.chunk}", res,
-                           self.p2p_s, Category.COMMUNICATION, "pp_p2p", [after])
+        send = self.g.task(
+            f"send_{'act' if ps.forward else 'grad'}.m{ps.microbatch}.c{ps.chunk}",
+            res,
+            self.p2p_s,
+            Category.COMMUNICATION,
+            "pp_p2p",
+            [after],
+        )
         self._sends[(ps.forward, vs, ps.microbatch)] = send

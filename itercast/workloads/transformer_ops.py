@@ -54,8 +54,10 @@ def _tp_comm(name: str, nbytes: float, plan: PlanConfig) -> list[Op]:
     if plan.tensor_parallel == 1:
         return []
     if plan.sequence_parallel:
-        return [Op(f"{name}.all_gather", "tp_comm", nbytes, "all_gather"),
-                Op(f"{name}.reduce_scatter", "tp_comm", nbytes, "reduce_scatter")]
+        return [
+            Op(f"{name}.all_gather", "tp_comm", nbytes, "all_gather"),
+            Op(f"{name}.reduce_scatter", "tp_comm", nbytes, "reduce_scatter"),
+        ]
     return [Op(f"{name}.all_reduce", "tp_comm", nbytes, "all_reduce")]
 
 
@@ -80,9 +82,11 @@ def layer_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), Op("post_attn_norm", "norm", 2 * Tsp * h * e)]
     ops += _tp_comm("mlp_in", T * h * e, plan)[:1] if plan.sequence_parallel else []
     up = 2 if model.gated_mlp else 1
-    ops += [Op("mlp_up", "gemm", 2 * T * h * up * f / t),
-            Op("mlp_act", "activation", (3 if model.gated_mlp else 2) * T * f / t * e),
-            Op("mlp_down", "gemm", 2 * T * f * h / t)]
+    ops += [
+        Op("mlp_up", "gemm", 2 * T * h * up * f / t),
+        Op("mlp_act", "activation", (3 if model.gated_mlp else 2) * T * f / t * e),
+        Op("mlp_down", "gemm", 2 * T * f * h / t),
+    ]
     ops += _tp_comm("mlp_out", T * h * e, plan)[-1:]
     ops.append(Op("residual_2", "elementwise", 3 * Tsp * h * e))
     return ops
@@ -140,8 +144,10 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     h, e, v_loc = model.hidden_size, sh.e, model.vocab_size / plan.tensor_parallel
     ops = [Op("final_norm", "norm", 2 * sh.sp_tokens * h * e)]
     ops += _tp_comm("head_in", sh.tokens * h * e, plan)[:1] if plan.sequence_parallel else []
-    ops += [Op("logits", "gemm", 2 * sh.tokens * h * v_loc),
-            Op("cross_entropy", "elementwise", sh.tokens * v_loc * (e + 2 * 4))]
+    ops += [
+        Op("logits", "gemm", 2 * sh.tokens * h * v_loc),
+        Op("cross_entropy", "elementwise", sh.tokens * v_loc * (e + 2 * 4)),
+    ]
     if plan.tensor_parallel > 1:  # max and sum-exp across the vocab shards: tiny all-reduces
         ops.append(Op("cross_entropy.tp", "tp_comm", 2 * sh.tokens * 4, "all_reduce"))
     return ops

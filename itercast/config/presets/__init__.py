@@ -28,8 +28,7 @@ def preset(section: str, name: str) -> dict[str, Any]:
     table = _table(section)
     if name not in table:
         raise ConfigError(
-            f"{section}: unknown preset `{name}`{did_you_mean(name, table)} "
-            f"(known: {', '.join(sorted(table))})"
+            f"{section}: unknown preset `{name}`{did_you_mean(name, table)} (known: {', '.join(sorted(table))})"
         )
     return {"name": name, **_deep_copy(table[name])}
 

@@ -1,0 +1,1 @@
+"""Plan search: fast estimates over many plans (more arrives with the search issue)."""

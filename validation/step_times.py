@@ -1,0 +1,225 @@
+"""Predicted vs measured step time on every row of ../shared/data/step_times that itercast can express.
+
+    python validation/step_times.py            # reads $ITERCAST_DATA or ../shared/data
+
+Nothing here is fitted to these rows: the cost models come from microbenchmark tables only
+(tools/fit_efficiency_curves.py), so this is an independent check. Plans follow the published
+recipes' defaults where the row does not say (stated per source below); a row that needs a
+feature itercast lacks is listed as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.config.job import Job
+from itercast.data_paths import read_csv_rows, shared_data_dir
+from itercast.errors import ConfigError
+from itercast.predict import predict
+
+#: NeMo / Megatron-Core recipe defaults for LLM pre-training on H100 (not stated per row):
+#: sequence parallelism whenever tp > 1, distributed optimizer (ZeRO-1) with overlapped gradient
+#: reduction and parameter gathering, fused attention, no recomputation.
+RECIPE = {
+    "zero_stage": 1,
+    "overlap_grad_reduce": True,
+    "overlap_param_gather": True,
+    "flash_attention": True,
+    "recompute": "none",
+}
+
+DGXC_MODELS = {
+    "Llama 3.1 8b": "llama3-8b",
+    "Llama 3.1 70b": "llama3-70b",
+    "Llama 3.1 405b": "llama3-405b",
+    "Nemotron4 15b": "nemotron4-15b",
+    "Nemotron4 340b": "nemotron4-340b",
+    "NeMo Megatron": "gpt3-175b",
+}
+NEMO_MODELS = {
+    "GPT3-175B": "gpt3-175b",
+    "LLAMA2-7B": "llama2-7b",
+    "LLAMA2-13B": "llama2-13b",
+    "LLAMA2-70B": "llama2-70b",
+    "LLAMA3-8B": "llama3-8b",
+    "LLAMA3-70B": "llama3-70b",
+}
+
+
+@dataclass
+class Row:
+    source: str
+    label: str
+    gpus: int
+    measured_s: float
+    model: dict
+    plan: dict
+    predicted_s: float | None = None
+    skipped: str = ""
+
+
+def _plan(tp: int, pp: int, cp: int, vp: int, mbs: int, gbs: int, dtype: str) -> dict:
+    return {
+        **RECIPE,
+        "tensor_parallel": tp,
+        "pipeline_parallel": pp,
+        "context_parallel": cp,
+        "virtual_pipeline": vp,
+        "micro_batch_size": mbs,
+        "global_batch_size": gbs,
+        "sequence_parallel": tp > 1,
+        "dtype": dtype,
+        "schedule": "interleaved-1f1b" if vp > 1 else "1f1b",
+    }
+
+
+def dgxc_rows(data: Path) -> list[Row]:
+    """NVIDIA dgxc-benchmarking: rows whose model_config states TP/PP/CP/VP/MBS/GA."""
+    rows, seen = [], set()
+    for r in read_csv_rows(data / "step_times" / "dgxc_benchmarking_step_times.csv"):
+        cfg, name = r["model_config"], next((k for k in DGXC_MODELS if r["model_config"].startswith(k)), None)
+        knobs = dict(re.findall(r"(TP|PP|CP|VP|MBS|GA)=(\d+)", cfg))
+        if name is None or r["gpu_type"] != "H100" or "TP" not in knobs or "Finetuning" in cfg:
+            continue
+        key = (cfg.replace(" 24.09", "").replace(" 24.11", ""), r["gpus"], r["step_time_s"])
+        if key in seen:
+            continue
+        seen.add(key)
+        gpus = int(r["gpus"])
+        tp, pp, cp = int(knobs["TP"]), int(knobs["PP"]), int(knobs.get("CP", 1))
+        vp, mbs, ga = int(knobs.get("VP", 1)), int(knobs.get("MBS", 1)), int(knobs["GA"]) if "GA" in knobs else None
+        dp = gpus // (tp * pp * cp)
+        gbs = int(r["global_batch_size"]) if r["global_batch_size"] else (mbs * dp * ga if ga else None)
+        if gbs is None:
+            continue
+        seq = {"gpt3-175b": 2048}.get(DGXC_MODELS[name])
+        model = {"preset": DGXC_MODELS[name], **({"seq_length": seq} if seq else {})}
+        row = Row(
+            "dgxc-benchmarking",
+            f"{cfg} ×{gpus}",
+            gpus,
+            float(r["step_time_s"].replace(" ", "")),
+            model,
+            _plan(tp, pp, cp, vp, mbs, max(gbs, 1), "fp8" if "FP8" in cfg else "bf16"),
+        )
+        if dp * tp * pp * cp != gpus:
+            row.skipped = (
+                f"the named config needs a multiple of tp·pp·cp = {tp * pp * cp} GPUs; "
+                f"the source ran {gpus} with a config it does not state"
+            )
+        rows.append(row)
+    return rows
+
+
+def nemo_rows(data: Path) -> list[Row]:
+    """NeMo 24.07 performance summary (FP8, DGX H100); step time derived there from tokens/s."""
+    rows = []
+    for r in read_csv_rows(data / "step_times" / "nemo_24.07_dgx_h100_pretrain_perf.csv"):
+        preset = NEMO_MODELS.get(r["model"])
+        label = f"{r['model']} ×{r['GPUs']}"
+        plan = _plan(int(r["TP"]), int(r["PP"]), int(r["CP"]), int(r["VP"]), int(r["MBS"]), int(r["GBS"]), "fp8")
+        row = Row(
+            "nemo-24.07",
+            label,
+            int(r["GPUs"]),
+            float(r["step_time_s_derived"]),
+            {"preset": preset or "", "seq_length": int(r["seq_len"])},
+            plan,
+        )
+        if preset is None:
+            row.skipped = "architecture not published in the source (NeMo's own config)"
+        rows.append(row)
+    return rows
+
+
+def megatron_rows(data: Path) -> list[Row]:
+    """Megatron-Core weak scaling (GPT, vocab 131072, seq 4096); measured step time derived from
+    the reported TFLOP/s per GPU with Megatron's FLOP formula (identical to ours for GPT).
+    The source does not give the micro-batch size: 1 is assumed."""
+    rows = []
+    for r in read_csv_rows(data / "step_times" / "megatron_core_h100_weak_scaling.csv"):
+        h, layers, heads = int(r["hidden_size"]), int(r["layers"]), int(r["attention_heads"])
+        model = {
+            "family": "gpt",
+            "num_layers": layers,
+            "hidden_size": h,
+            "num_attention_heads": heads,
+            "seq_length": 4096,
+            "vocab_size": 131072,
+            "tie_embeddings": False,
+        }
+        gbs, gpus = int(r["global_batch_size"]), int(r["GPUs"])
+        plan = _plan(int(r["TP"]), int(r["PP"]), 1, 1, 1, gbs, "bf16")
+        flops = (
+            Job.from_dicts(model, {"tensor_parallel": 1}, {"preset": "dgx-h100"}).model.flops_per_token() * gbs * 4096
+        )
+        rows.append(
+            Row(
+                "megatron-core",
+                f"GPT {r['model_size']} ×{gpus}",
+                gpus,
+                flops / (float(r["TFLOPs_per_GPU"]) * 1e12 * gpus),
+                model,
+                plan,
+            )
+        )
+    return rows
+
+
+def llama3_rows(data: Path) -> list[Row]:
+    rows = []
+    for r in read_csv_rows(data / "step_times" / "llama3_405b_table4_mfu.csv"):
+        row = Row("llama3-405b", f"Llama 3 405B ×{r['GPUs']} seq {r['seq_len']}", int(r["GPUs"]), math.nan, {}, {})
+        row.skipped = (
+            "126 layers over pp 16 needs uneven stages (Llama 3 drops a layer from the first and last "
+            "stage) and FSDP with pipeline parallelism; neither is expressible yet"
+        )
+        rows.append(row)
+    return rows
+
+
+def run(rows: list[Row]) -> None:
+    for row in rows:
+        if row.skipped:
+            continue
+        try:
+            job = Job.from_dicts(row.model, row.plan, {"preset": "dgx-h100", "num_nodes": row.gpus // 8})
+            row.predicted_s = predict(job).step_time_s
+        except ConfigError as exc:
+            row.skipped = str(exc).splitlines()[0]
+
+
+def report(rows: list[Row]) -> None:
+    print(f"{'source':18} {'row':70} {'measured_s':>10} {'predicted_s':>11} {'error':>8}")
+    errors: dict[str, list[float]] = {}
+    for row in rows:
+        if row.predicted_s is None:
+            print(f"{row.source:18} {row.label[:70]:70} {'skipped':>10}  {row.skipped}")
+            continue
+        err = row.predicted_s / row.measured_s - 1
+        errors.setdefault(row.source, []).append(abs(err))
+        print(f"{row.source:18} {row.label[:70]:70} {row.measured_s:10.3f} {row.predicted_s:11.3f} {err:+8.1%}")
+    everything = [e for v in errors.values() for e in v]
+    for source, errs in [*errors.items(), ("ALL", everything)]:
+        geo = math.exp(sum(math.log(max(e, 1e-9)) for e in errs) / len(errs))
+        mean = sum(errs) / len(errs)
+        print(f"{source:18} rows {len(errs):3d}  geomean |error| {geo:6.1%}  mean |error| {mean:6.1%}")
+
+
+def main() -> None:
+    data = shared_data_dir()
+    if data is None:
+        print("no shared data (set ITERCAST_DATA or place ../shared/data beside the repo): nothing to validate")
+        return
+    rows = dgxc_rows(data) + nemo_rows(data) + megatron_rows(data) + llama3_rows(data)
+    run(rows)
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
