@@ -59,13 +59,13 @@ def test_more_work_never_shortens_a_step(graph, data):
 @given(random_graphs())
 def test_tasks_respect_dependencies_streams_and_rendezvous(graph):
     r = simulate(graph)
-    incoming = compile_graph(graph).incoming
+    compiled = compile_graph(graph)
     for t in range(graph.num_tasks):
-        for s, lat in incoming[t]:  # explicit edges and the previous task on the same stream
+        for s, lat in compiled.predecessors(t):  # explicit edges and the previous task on the same stream
             assert r.start_s[t] >= r.end_s[s] + lat - 1e-12
     for c in set(graph.collective.tolist()) - {-1}:
         members = np.flatnonzero(graph.collective == c)
-        ready = max((r.end_s[s] + lat for m in members for s, lat in incoming[m]), default=0.0)
+        ready = max((r.end_s[s] + lat for m in members for s, lat in compiled.predecessors(m)), default=0.0)
         assert np.all(r.start_s[members] == r.start_s[members[0]])  # start together
         assert r.start_s[members[0]] == ready  # … when the last member is ready, not later
 

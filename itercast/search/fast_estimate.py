@@ -58,15 +58,17 @@ class FastEstimator:
         self._units: dict[tuple, UnitCosts] = {}
         self._costs: dict[str, AnalyticCostModel] = {}
 
-    def jobs(self, plans: Sequence[dict[str, Any]]) -> tuple[list[Job], list[str]]:
-        """Validate plans; invalid ones give their error message instead of a job."""
-        jobs, errors = [], []
+    def jobs(self, plans: Sequence[dict[str, Any]]) -> tuple[list[Job | None], list[str]]:
+        """Validate plans. Aligned with `plans`: a job and "" where valid, None and every problem where not."""
+        jobs: list[Job | None] = []
+        errors: list[str] = []
         for plan in plans:
             try:
                 jobs.append(Job.from_dicts(self.model, plan, self.system))
                 errors.append("")
             except ConfigError as exc:
-                errors.append(str(exc).splitlines()[0])
+                jobs.append(None)
+                errors.append("; ".join(str(exc).splitlines()))
         return jobs, errors
 
     def step_time_s(self, jobs: Sequence[Job]) -> np.ndarray:

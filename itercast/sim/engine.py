@@ -29,13 +29,20 @@ from itercast.graph.execgraph import ExecGraph
 class CompiledGraph:
     """Structure of a graph prepared for evaluation (independent of durations).
 
-    order: node ids (a node = a task, or the first member of a collective) in topological order;
-    members[node]: its tasks; incoming[task]: (predecessor, latency) pairs incl. resource order.
+    order: node ids in topological order (a node is a task, or the first member of a collective);
+    members[node]: the tasks of a collective node; predecessors of task t (explicit edges and the
+    previous task on its resource) are in_src[in_ptr[t]:in_ptr[t+1]] with latencies in in_lat.
     """
 
     order: list[int]
     members: dict[int, list[int]]
-    incoming: list[list[tuple[int, float]]]
+    in_ptr: list[int]
+    in_src: list[int]
+    in_lat: list[float]
+
+    def predecessors(self, task: int) -> list[tuple[int, float]]:
+        lo, hi = self.in_ptr[task], self.in_ptr[task + 1]
+        return list(zip(self.in_src[lo:hi], self.in_lat[lo:hi], strict=True))
 
 
 @dataclass
@@ -61,49 +68,48 @@ def compile_graph(graph: ExecGraph) -> CompiledGraph:
     if graph._order is not None:
         return graph._order  # type: ignore[return-value]
     n = graph.num_tasks
-    incoming: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    for s, d, lat in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_latency_s.tolist(), strict=False):
-        incoming[d].append((s, lat))
-    last_on: dict[int, int] = {}
-    for t, r in enumerate(graph.resource.tolist()):
-        prev = last_on.get(r)
-        if prev is not None:
-            incoming[t].append((prev, 0.0))
-        last_on[r] = t
-    node_of = list(range(n))
+    by_res = np.argsort(graph.resource, kind="stable")
+    same = graph.resource[by_res[1:]] == graph.resource[by_res[:-1]]
+    src = np.concatenate([graph.edge_src, by_res[:-1][same]])
+    dst = np.concatenate([graph.edge_dst, by_res[1:][same]])
+    lat = np.concatenate([graph.edge_latency_s, np.zeros(int(same.sum()))])
+    node_of = np.arange(n)
+    coll = graph.collective
+    in_coll = np.flatnonzero(coll >= 0)
     members: dict[int, list[int]] = {}
-    first_of: dict[int, int] = {}
-    for t, c in enumerate(graph.collective.tolist()):
-        if c >= 0:
-            head = first_of.setdefault(c, t)
-            node_of[t] = head
-            members.setdefault(head, []).append(t)
-    succ: dict[int, list[int]] = {}
-    indeg = [0] * n
-    for t in range(n):
-        v = node_of[t]
-        for s, _ in incoming[t]:
-            u = node_of[s]
-            if u == v:
-                raise DeadlockError(
-                    f"deadlock: collective member {graph.task_label(t)} depends on "
-                    f"{graph.task_label(s)} of the same collective"
-                )
-            succ.setdefault(u, []).append(v)
-            indeg[v] += 1
-    heads = [t for t in range(n) if node_of[t] == t]
-    queue = deque(v for v in heads if indeg[v] == 0)
+    if in_coll.size:
+        ids, first = np.unique(coll[in_coll], return_index=True)
+        head_of = dict(zip(ids.tolist(), in_coll[first].tolist(), strict=True))
+        for t, c in zip(in_coll.tolist(), coll[in_coll].tolist(), strict=True):
+            node_of[t] = head_of[c]
+            members.setdefault(head_of[c], []).append(t)
+    u, v = node_of[src], node_of[dst]
+    loops = np.flatnonzero(u == v)
+    if loops.size:
+        k = int(loops[0])
+        raise DeadlockError(
+            f"deadlock: collective member {graph.task_label(int(dst[k]))} depends on "
+            f"{graph.task_label(int(src[k]))} of the same collective"
+        )
+    by_dst = np.argsort(dst, kind="stable")
+    in_ptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).tolist()
+    by_u = np.argsort(u, kind="stable")
+    out_ptr = np.concatenate([[0], np.cumsum(np.bincount(u, minlength=n))]).tolist()
+    out_v = v[by_u].tolist()
+    indeg = np.bincount(v, minlength=n).tolist()
+    heads = np.flatnonzero(node_of == np.arange(n)).tolist()
+    queue = deque(x for x in heads if indeg[x] == 0)
     order: list[int] = []
     while queue:
-        u = queue.popleft()
-        order.append(u)
-        for v in succ.get(u, ()):
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                queue.append(v)
+        x = queue.popleft()
+        order.append(x)
+        for y in out_v[out_ptr[x] : out_ptr[x + 1]]:
+            indeg[y] -= 1
+            if indeg[y] == 0:
+                queue.append(y)
+    compiled = CompiledGraph(order, members, in_ptr, src[by_dst].tolist(), lat[by_dst].tolist())
     if len(order) != len(heads):
-        raise DeadlockError(_describe_cycle(graph, incoming, node_of, indeg))
-    compiled = CompiledGraph(order, members, incoming)
+        raise DeadlockError(_describe_cycle(graph, compiled, node_of.tolist(), indeg))
     graph._order = compiled  # type: ignore[assignment]
     return compiled
 
@@ -118,38 +124,28 @@ def simulate(graph: ExecGraph) -> SimResult:
     start = [0.0] * n
     end = [0.0] * n
     binding = [-1] * n
-    incoming, members = compiled.incoming, compiled.members
+    ptr, in_src, in_lat, members = compiled.in_ptr, compiled.in_src, compiled.in_lat, compiled.members
     for v in compiled.order:
-        group = members.get(v)
-        if group is None:
-            best, arg = 0.0, -1
-            for s, lat in incoming[v]:
-                e = end[s] + lat
-                if e > best:
-                    best, arg = e, s
-            start[v], end[v], binding[v] = best, best + dur[v], arg
-            continue
+        group = members.get(v, (v,))
         best, arg = 0.0, -1
         for t in group:
-            for s, lat in incoming[t]:
-                e = end[s] + lat
+            for k in range(ptr[t], ptr[t + 1]):
+                e = end[in_src[k]] + in_lat[k]
                 if e > best:
-                    best, arg = e, s
+                    best, arg = e, in_src[k]
         for t in group:
             start[t], end[t], binding[t] = best, best + dur[t], arg
     return SimResult(graph, np.asarray(start), np.asarray(end), np.asarray(binding, dtype=np.int64))
 
 
-def _describe_cycle(
-    graph: ExecGraph, incoming: list[list[tuple[int, float]]], node_of: list[int], indeg: list[int]
-) -> str:
+def _describe_cycle(graph: ExecGraph, compiled: CompiledGraph, node_of: list[int], indeg: list[int]) -> str:
     """Walk predecessors among unprocessed nodes until one repeats; name the tasks on that loop."""
     stuck = {node_of[t] for t in range(len(node_of)) if indeg[node_of[t]] > 0}
     preds: dict[int, int] = {}
     for t in range(len(node_of)):
         v = node_of[t]
         if v in stuck:
-            for s, _ in incoming[t]:
+            for s, _ in compiled.predecessors(t):
                 if node_of[s] in stuck:
                     preds.setdefault(v, node_of[s])
     v = next(iter(stuck))

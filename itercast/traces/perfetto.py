@@ -38,8 +38,9 @@ def to_chrome_trace(sim: SimResult, max_flows: int = 20_000) -> dict[str, Any]:
             }
         )
     flows = 0
-    for t, preds in enumerate(compile_graph(g).incoming):
-        for s, _ in preds:
+    compiled = compile_graph(g)
+    for t in range(g.num_tasks):
+        for s, _ in compiled.predecessors(t):
             if g.resource[s] == g.resource[t] or flows >= max_flows:
                 continue
             common = {"name": "dep", "cat": "dependency", "id": flows}
