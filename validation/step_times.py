@@ -205,7 +205,11 @@ def report(rows: list[Row]) -> None:
         errors.setdefault(row.source, []).append(abs(err))
         print(f"{row.source:18} {row.label[:70]:70} {row.measured_s:10.3f} {row.predicted_s:11.3f} {err:+8.1%}")
     everything = [e for v in errors.values() for e in v]
-    for source, errs in [*errors.items(), ("ALL", everything)]:
+    by_dtype: dict[str, list[float]] = {}
+    for row in rows:
+        if row.predicted_s is not None:
+            by_dtype.setdefault(f"ALL {row.plan['dtype']}", []).append(abs(row.predicted_s / row.measured_s - 1))
+    for source, errs in [*errors.items(), *sorted(by_dtype.items()), ("ALL", everything)]:
         geo = math.exp(sum(math.log(max(e, 1e-9)) for e in errs) / len(errs))
         mean = sum(errs) / len(errs)
         print(f"{source:18} rows {len(errs):3d}  geomean |error| {geo:6.1%}  mean |error| {mean:6.1%}")
