@@ -47,3 +47,9 @@ def tiny_job(**plan) -> Job:
         "vocab_size": 1000,
     }
     return Job.from_dicts(model, plan, {"preset": "dgx-h100"})
+
+
+def gpt3_on_1024_a100() -> Job:
+    """GPT-3 175B on 128 DGX A100 nodes, tp 8 × pp 8 × dp 16, 1F1B, 96 micro-batches, sequence parallel."""
+    plan = {"tensor_parallel": 8, "pipeline_parallel": 8, "global_batch_size": 1536, "sequence_parallel": True}
+    return Job.from_presets("gpt3-175b", "dgx-a100", 128, plan)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import gpt3_on_1024_a100
 
 from itercast.config.job import Job
 from itercast.memory import activation_bytes_per_token_layer, estimate_memory, stage_params
@@ -46,12 +47,7 @@ def test_zero_stages_shard_optimizer_then_gradients_then_weights():
 
 
 def test_one_f_one_b_first_stage_holds_the_most_activations():
-    job = Job.from_presets(
-        "gpt3-175b",
-        "dgx-a100",
-        128,
-        {"tensor_parallel": 8, "pipeline_parallel": 8, "global_batch_size": 1536, "sequence_parallel": True},
-    )
+    job = gpt3_on_1024_a100()
     est = estimate_memory(job)
     per_layer = activation_bytes_per_token_layer(job) * 2048
     assert est.stage == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import gpt3_on_1024_a100
 from typer.testing import CliRunner
 
 from itercast.cli import app
@@ -17,12 +18,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def gpt3():
-    job = Job.from_presets(
-        "gpt3-175b",
-        "dgx-a100",
-        128,
-        {"tensor_parallel": 8, "pipeline_parallel": 8, "global_batch_size": 1536, "sequence_parallel": True},
-    )
+    job = gpt3_on_1024_a100()
     return predict(job)
 
 
