@@ -66,3 +66,24 @@ def test_four_stage_interleaving_shrinks_the_bubble_by_the_chunk_count():
     )
     assert simulate(pipeline_builder(plain, 1.0, 2.0).build()).step_time_s == pytest.approx(8 * 3 + 3 * 3)
     assert simulate(pipeline_builder(inter, 1.0, 2.0).build()).step_time_s == pytest.approx(8 * 3 + 3 * 3 / 2)
+
+
+def test_fsdp_gathers_each_unit_before_every_forward_and_backward():
+    # ZeRO-3, 8 GPUs of data parallelism, 2 micro-batches; a pass has 10 units (embedding, 8 layers,
+    # head), each preceded by its own parameter all-gather: 2 micro-batches × 2 passes × 10 = 40.
+    from itercast.workloads.transformer import TransformerStepBuilder
+
+    job = tiny_job(zero_stage=3, global_batch_size=16)
+    g = TransformerStepBuilder(job).build()
+    gathers = sum(1 for t in range(g.num_tasks) if g.names[g.name[t]].startswith("fsdp_all_gather"))
+    scatters = sum(1 for t in range(g.num_tasks) if g.names[g.name[t]].startswith("grad_reduce_scatter"))
+    assert (job.num_microbatches, gathers, scatters) == (2, 40, 10)  # gradients scattered once, per unit
+
+
+def test_recompute_full_costs_one_more_forward():
+    from itercast.predict import predict
+
+    base = predict(tiny_job(tensor_parallel=8, global_batch_size=4))
+    full = predict(tiny_job(tensor_parallel=8, global_batch_size=4, recompute="full"))
+    assert full.step_time_s > base.step_time_s
+    assert full.family_time_s["gemm"] == pytest.approx(base.family_time_s["gemm"] * 4 / 3, rel=0.05)
