@@ -146,6 +146,23 @@ class GraphBuilder:
         self._coll.append(collective)
         return tid
 
+    @property
+    def num_tasks(self) -> int:
+        return len(self._dur)
+
+    def duration(self, task: int) -> float:
+        return self._dur[task]
+
+    def set_duration(self, task: int, duration_s: float) -> None:
+        """Correct a task's duration after the fact (e.g. a synchronisation's own time, once its wait is known)."""
+        if duration_s < 0:
+            raise ValueError(f"task {task}: negative duration {duration_s}")
+        self._dur[task] = duration_s
+
+    def join_collective(self, task: int, collective: int) -> None:
+        """Make an existing task a member of `collective` (members matched after they were added)."""
+        self._coll[task] = collective
+
     def edge(self, src: int, dst: int, latency_s: float = 0.0) -> None:
         """An extra dependency between existing tasks."""
         n = len(self._dur)

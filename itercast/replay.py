@@ -1,0 +1,75 @@
+"""`replay(paths)`: import Kineto traces, rebuild the step graph, simulate it, compare with the measurement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from itercast.sim.analysis import Breakdown, breakdown
+from itercast.sim.engine import SimResult, simulate
+from itercast.traces.kineto import RankTrace, read_traces
+from itercast.traces.replay_graph import ReplayGraph, build_replay_graph
+
+
+@dataclass
+class StepReplay:
+    rank: int
+    step: int
+    measured_s: float
+    replayed_s: float
+
+    @property
+    def error(self) -> float:
+        return self.replayed_s / self.measured_s - 1 if self.measured_s > 0 else 0.0
+
+
+@dataclass
+class ReplayResult:
+    traces: list[RankTrace]
+    replay_graph: ReplayGraph
+    sim: SimResult
+    steps: list[StepReplay]
+    breakdown: Breakdown
+
+    def to_dict(self) -> dict[str, Any]:
+        ignored: dict[str, int] = {}
+        for t in self.traces:
+            for reason, n in t.ignored.items():
+                ignored[reason] = ignored.get(reason, 0) + n
+        return {
+            "steps": [
+                {
+                    "rank": s.rank,
+                    "step": s.step,
+                    "measured_s": s.measured_s,
+                    "replayed_s": s.replayed_s,
+                    "error": s.error,
+                }
+                for s in self.steps
+            ],
+            "replayed_span_s": self.sim.step_time_s,
+            "breakdown": self.breakdown.as_dict(),
+            "events": sum(t.num_events for t in self.traces),
+            "tasks": self.sim.graph.num_tasks,
+            "ignored_events": ignored,
+            "inferences": dict(self.replay_graph.notes),
+            "files": [t.path for t in self.traces],
+        }
+
+
+def replay(paths: list[str | Path], graph: ReplayGraph | None = None) -> ReplayResult:
+    """Replay traces (one file per rank, or directories of them). `graph` lets a what-if pass a changed graph."""
+    traces = read_traces(list(paths))
+    rg = graph or build_replay_graph(traces)
+    return replay_graph(traces, rg)
+
+
+def replay_graph(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
+    sim = simulate(rg.graph)
+    steps = []
+    for m in rg.steps:
+        start = float(sim.start_s[m.start_task])
+        end = float(sim.end_s[m.end_task] if m.end_is_task_end else sim.start_s[m.end_task])
+        steps.append(StepReplay(m.rank, m.step, m.measured_s, end - start))
+    return ReplayResult(traces, rg, sim, steps, breakdown(sim))

@@ -1,0 +1,237 @@
+"""Stream PyTorch profiler (Kineto) Chrome-trace JSON into compact per-rank columns.
+
+Reads `.json` or `.json.gz` with ijson (events one at a time: memory grows with the events kept,
+never with the file's text), interns names, and keeps what replay needs:
+- host runtime calls (cat cuda_runtime / cuda_driver): thread, name, start, duration, correlation;
+- GPU ops (cat kernel, gpu_memcpy, gpu_memset): stream, name, start, duration, correlation, and
+  NCCL metadata where present ("Collective name", "In msg nelems", "Out msg nelems", "Group size",
+  "dtype", "Process Group Ranks");
+- iteration marks (`ProfilerStep#N` annotations); `distributedInfo` (rank, world size).
+Everything else is counted by reason in `ignored` (nothing is dropped silently). Timestamps are µs
+in Kineto; absolute or relative to `baseTimeNanoseconds` (the offset is added). Stored in µs as
+read; the graph builder converts to seconds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import ijson
+import numpy as np
+
+from itercast.graph.execgraph import Interner
+
+HOST_CATEGORIES = {"cuda_runtime", "cuda_driver"}
+GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}
+STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
+NCCL_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Ranks")
+MAX_NAME_CHARS = 512  # longer names (templated kernels) are cut: interning cost stays bounded
+
+
+class TraceError(ValueError):
+    """A trace file is unreadable, malformed or truncated; the message names the file."""
+
+
+@dataclass
+class RankTrace:
+    """One rank's trace in columns. Times in µs."""
+
+    path: str
+    rank: int | None
+    world_size: int | None
+    names: list[str]
+    call_tid: np.ndarray
+    call_name: np.ndarray
+    call_ts_us: np.ndarray
+    call_dur_us: np.ndarray
+    call_corr: np.ndarray
+    op_stream: np.ndarray
+    op_kind: np.ndarray  # 0 kernel, 1 memcpy, 2 memset
+    op_name: np.ndarray
+    op_ts_us: np.ndarray
+    op_dur_us: np.ndarray
+    op_corr: np.ndarray
+    op_nccl: list[dict[str, Any] | None]
+    steps: list[tuple[int, int, float, float]]  # (step number, thread, start µs, duration µs)
+    ignored: Counter = field(default_factory=Counter)
+    num_events: int = 0
+
+    @property
+    def num_ops(self) -> int:
+        return int(self.op_ts_us.shape[0])
+
+
+@dataclass
+class _Columns:
+    names: Interner = field(default_factory=Interner)
+    calls: list[tuple[int, int, float, float, int]] = field(default_factory=list)
+    ops: list[tuple[int, int, int, float, float, int]] = field(default_factory=list)
+    nccl: list[dict[str, Any] | None] = field(default_factory=list)
+    steps: list[tuple[int, int, float, float]] = field(default_factory=list)
+    ignored: Counter = field(default_factory=Counter)
+    count: int = 0
+
+
+def read_kineto(path: str | Path) -> RankTrace:
+    """Read one Kineto trace file (`.json` or `.json.gz`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    cols = _Columns()
+    try:
+        with _open(path) as raw:
+            tap = _HeadTailReader(raw)
+            for event in ijson.items(tap, "traceEvents.item", use_float=True):
+                _take(event, cols)
+    except (ijson.JSONError, EOFError, OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: malformed or truncated trace after {cols.count} events ({exc})") from None
+    text = tap.edges()
+    if '"traceEvents"' not in text:
+        raise TraceError(f"{path}: not a Kineto trace (no `traceEvents` array)")
+    base_ns = _top_level_value(text, "baseTimeNanoseconds") or 0
+    info = _top_level_value(text, "distributedInfo") or {}
+    if not isinstance(info, dict) or not isinstance(base_ns, int | float):
+        raise TraceError(f"{path}: `distributedInfo` must be an object and `baseTimeNanoseconds` a number")
+    return _finish(path, cols, float(base_ns) / 1000.0, info)
+
+
+def _open(path: Path) -> BinaryIO:
+    with path.open("rb") as probe:
+        magic = probe.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")  # type: ignore[return-value]
+
+
+class _HeadTailReader:
+    """File wrapper that keeps the first and last EDGE_BYTES it hands out. Kineto's small top-level
+    keys (distributedInfo, baseTimeNanoseconds, …) lie before or after the huge traceEvents array,
+    so they are found there without a second pass or holding the file in memory."""
+
+    EDGE_BYTES = 1 << 18
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw, self.head, self.tail = raw, bytearray(), bytearray()
+        self.total = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        if len(self.head) < self.EDGE_BYTES:
+            self.head += data[: self.EDGE_BYTES - len(self.head)]
+        self.tail += data
+        del self.tail[: max(0, len(self.tail) - self.EDGE_BYTES)]
+        self.total += len(data)
+        return data
+
+    def edges(self) -> str:
+        if self.total <= 2 * self.EDGE_BYTES:  # small file: head and tail overlap; use the whole tail
+            return (bytes(self.head) if self.total <= self.EDGE_BYTES else bytes(self.tail)).decode("utf-8", "replace")
+        return (bytes(self.head) + b"\n" + bytes(self.tail)).decode("utf-8", "replace")
+
+
+def _top_level_value(text: str, key: str) -> Any:
+    """The JSON value after `"key":` in text, or None."""
+    m = re.search(rf'"{key}"\s*:\s*', text)
+    if not m:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(text, m.end())[0]
+    except json.JSONDecodeError:
+        return None
+
+
+def _take(e: dict[str, Any], c: _Columns) -> None:
+    c.count += 1
+    ph, cat = e.get("ph"), e.get("cat")
+    name = str(e.get("name", ""))[:MAX_NAME_CHARS]
+    if ph == "X" and cat in HOST_CATEGORIES:
+        args = e.get("args") or {}
+        c.calls.append(
+            (
+                int(e.get("tid", 0)),
+                c.names(name),
+                float(e["ts"]),
+                float(e.get("dur", 0.0)),
+                int(args.get("correlation", -1)),
+            )
+        )
+    elif ph == "X" and cat in GPU_CATEGORIES:
+        args = e.get("args") or {}
+        c.ops.append(
+            (
+                int(args.get("stream", e.get("tid", 0))),
+                GPU_CATEGORIES[cat],
+                c.names(name),
+                float(e["ts"]),
+                float(e.get("dur", 0.0)),
+                int(args.get("correlation", -1)),
+            )
+        )
+        meta = {k: args[k] for k in NCCL_KEYS if k in args} if "nccl" in name.lower() else None
+        c.nccl.append(meta)
+    elif ph == "X" and (m := STEP_NAME.fullmatch(name)) and cat in ("user_annotation", "cpu_op"):
+        c.steps.append((int(m.group(1)), int(e.get("tid", 0)), float(e["ts"]), float(e.get("dur", 0.0))))
+    elif ph in ("s", "f", "t"):
+        c.ignored["flow event (launch links come from correlation ids)"] += 1
+    elif ph == "M":
+        c.ignored["metadata"] += 1
+    elif ph == "X" and cat == "cpu_op":
+        c.ignored["cpu op (its time is inside the host gaps it spans)"] += 1
+    elif ph == "X" and cat in ("user_annotation", "gpu_user_annotation", "python_function"):
+        c.ignored[f"{cat} (annotation)"] += 1
+    else:
+        c.ignored[f"other ({ph}, {cat})"] += 1
+
+
+def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> RankTrace:
+    calls = np.array(c.calls, dtype=np.float64).reshape(-1, 5)
+    ops = np.array(c.ops, dtype=np.float64).reshape(-1, 6)
+    rank = info.get("rank")
+    world = info.get("world_size")
+    return RankTrace(
+        path=str(path),
+        rank=int(rank) if rank is not None else None,
+        world_size=int(world) if world is not None else None,
+        names=c.names.names,
+        call_tid=calls[:, 0].astype(np.int64),
+        call_name=calls[:, 1].astype(np.int32),
+        call_ts_us=calls[:, 2] + base_us,
+        call_dur_us=calls[:, 3],
+        call_corr=calls[:, 4].astype(np.int64),
+        op_stream=ops[:, 0].astype(np.int64),
+        op_kind=ops[:, 1].astype(np.int8),
+        op_name=ops[:, 2].astype(np.int32),
+        op_ts_us=ops[:, 3] + base_us,
+        op_dur_us=ops[:, 4],
+        op_corr=ops[:, 5].astype(np.int64),
+        op_nccl=c.nccl,
+        steps=[(n, tid, ts + base_us, dur) for n, tid, ts, dur in c.steps],
+        ignored=c.ignored,
+        num_events=c.count,
+    )
+
+
+def read_traces(paths: list[str | Path]) -> list[RankTrace]:
+    """Read a list of files or directories (every *.json / *.json.gz inside), one rank per file,
+    sorted by rank (files without `distributedInfo` keep their order)."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.name.endswith((".json", ".json.gz")))
+            if not found:
+                raise TraceError(f"{p}: directory holds no .json or .json.gz trace")
+            files += found
+        else:
+            files.append(p)
+    traces = [read_kineto(f) for f in files]
+    ranks = [t.rank for t in traces]
+    if len(traces) > 1 and None not in ranks:
+        if len(set(ranks)) != len(ranks):
+            raise TraceError(f"two traces claim the same rank: {sorted(ranks)}")
+        traces.sort(key=lambda t: t.rank)
+    return traces
