@@ -18,7 +18,6 @@ import gzip
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO

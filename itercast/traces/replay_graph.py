@@ -144,7 +144,7 @@ class _RankBuilder:
             cursor = max(cursor, cuts[ci][0])
             marks[(cuts[ci][1], cuts[ci][2])] = (last, True)
             ci += 1
-        self._record_steps(tid, marks)
+        self._record_steps(marks)
 
     def _gap(self, res: int, start_us: float, end_us: float, last: int | None) -> int:
         return self.b.task(
@@ -156,8 +156,8 @@ class _RankBuilder:
             [last] if last is not None else [],
         )
 
-    def _record_steps(self, tid: int, marks: dict) -> None:
-        for number, _, ts, dur in self.t.steps:
+    def _record_steps(self, marks: dict) -> None:
+        for number, _, _, dur in self.t.steps:
             start, end = marks.get((number, False)), marks.get((number, True))
             if start is None or end is None:
                 continue
