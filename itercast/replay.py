@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from itercast.sim.analysis import Breakdown, breakdown
 from itercast.sim.engine import SimResult, simulate
 from itercast.traces.kineto import RankTrace, read_traces
 from itercast.traces.replay_graph import ReplayGraph, build_replay_graph
+from itercast.traces.whatif import WhatIf, apply_whatif
 
 
 @dataclass
@@ -69,7 +71,15 @@ def replay_graph(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
     sim = simulate(rg.graph)
     steps = []
     for m in rg.steps:
-        start = float(sim.start_s[m.start_task])
+        start = float(sim.end_s[m.start_task] if m.start_is_task_end else sim.start_s[m.start_task])
         end = float(sim.end_s[m.end_task] if m.end_is_task_end else sim.start_s[m.end_task])
         steps.append(StepReplay(m.rank, m.step, m.measured_s, end - start))
     return ReplayResult(traces, rg, sim, steps, breakdown(sim))
+
+
+def replay_whatif(paths: list[str | Path], whatif: WhatIf) -> tuple[ReplayResult, ReplayResult, Counter]:
+    """Baseline replay and the replay under `whatif`, plus what changed."""
+    traces = read_traces(list(paths))
+    base = build_replay_graph(traces)
+    changed, counts = apply_whatif(base, whatif)
+    return replay_graph(traces, base), replay_graph(traces, changed), counts

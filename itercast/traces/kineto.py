@@ -90,7 +90,8 @@ def read_kineto(path: str | Path) -> RankTrace:
             for event in ijson.items(tap, "traceEvents.item", use_float=True):
                 _take(event, cols)
     except (ijson.JSONError, EOFError, OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: malformed or truncated trace after {cols.count} events ({exc})") from None
+        detail = " ".join(str(exc).split())  # ijson's messages span lines
+        raise TraceError(f"{path}: malformed or truncated trace after {cols.count} events ({detail})") from None
     text = tap.edges()
     if '"traceEvents"' not in text:
         raise TraceError(f"{path}: not a Kineto trace (no `traceEvents` array)")

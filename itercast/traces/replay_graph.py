@@ -38,12 +38,14 @@ KERNEL_BASE = re.compile(r"^[^(<]+")
 
 @dataclass
 class StepMark:
-    """Step `step` of `rank`: measured duration and the host tasks whose starts bound it."""
+    """Step `step` of `rank`: measured duration and the host tasks that bound it; each bound is the
+    task's start, or its end where the flag says so (cuts after a thread's last runtime call)."""
 
     rank: int
     step: int
     measured_s: float
     start_task: int
+    start_is_task_end: bool
     end_task: int
     end_is_task_end: bool
 
@@ -159,11 +161,8 @@ class _RankBuilder:
     def _record_steps(self, marks: dict) -> None:
         for number, _, _, dur in self.t.steps:
             start, end = marks.get((number, False)), marks.get((number, True))
-            if start is None or end is None:
-                continue
-            if start[1]:  # a start cut at the very end of the chain: nothing follows it
-                continue
-            self.steps.append(StepMark(self.rank, number, dur * 1e-6, start[0], end[0], end[1]))
+            if start is not None and end is not None:
+                self.steps.append(StepMark(self.rank, number, dur * 1e-6, *start, *end))
 
     # -- GPU --------------------------------------------------------------------------------
     def _gpu_ops(self) -> None:
@@ -176,7 +175,7 @@ class _RankBuilder:
         waits = self._wait_sources(launch)
         latencies = self._launch_latencies(order, launch, waits)
         median = float(np.median(latencies[latencies >= 0])) if (latencies >= 0).any() else DEFAULT_LAUNCH_LATENCY_US
-        self.notes["median launch latency µs (per rank, last)"] = round(median, 3)
+        self.notes[f"rank {self.rank} median launch latency µs"] = round(median, 3)
         for k in order.tolist():
             stream = int(t.op_stream[k])
             res = b.resource(self.rank, streams[stream])
@@ -318,7 +317,8 @@ def _match_collectives(
     """Rendezvous NCCL kernels across the loaded ranks: k-th issue of a collective on a group."""
     loaded = {t.rank if t.rank is not None else i for i, t in enumerate(traces)}
     if len(traces) < 2:
-        notes["NCCL kernels kept at measured time (peers not loaded)"] += len(nccl_meta)
+        if nccl_meta:
+            notes["NCCL kernels kept at measured time (peers not loaded)"] += len(nccl_meta)
         return
     seq: dict[tuple, dict[int, int]] = defaultdict(dict)
     counters: Counter = Counter()

@@ -1,0 +1,104 @@
+"""What-if changes to a replayed trace: scale or drop kernel classes, re-time NCCL collectives with
+the collective model of another system or another data-parallel world size (DESIGN.md §4, §7)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from itercast.config.job import Job
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.errors import ConfigError
+from itercast.hardware.topology import GroupPlacement
+from itercast.traces.replay_graph import ReplayGraph
+
+#: Kernel classes by name, first match wins (kept as data: add rules, not code).
+KERNEL_CLASSES: list[tuple[str, re.Pattern[str]]] = [
+    (name, re.compile(pattern, re.IGNORECASE))
+    for name, pattern in (
+        ("nccl", r"nccl"),
+        ("attention", r"flash|fmha|attention|sdpa"),
+        ("gemm", r"gemm|cutlass|cublas|xmma|matmul|wgmma|s884|h884|s1688|h1688|s16816|sm\d+_mma"),
+        ("conv", r"conv|cudnn|winograd|implicit_convolve|dgrad|wgrad"),
+        ("embedding", r"embedding|lookup|index_select|indexselect|gather|scatter"),
+        ("norm", r"norm|softmax"),
+        ("reduce", r"reduce|sum_kernel|mean"),
+        ("optimizer", r"adam|sgd|multi_tensor"),
+        ("elementwise", r"elementwise|vectorized|unrolled|pointwise|copy_kernel|fill"),
+    )
+]
+OP_FAMILY_CLASSES = {"memcpy": "memcpy", "memset": "memset"}
+NCCL_KINDS = {"allreduce": "all_reduce", "all_reduce": "all_reduce", "allgather": "all_gather",
+              "_allgather_base": "all_gather", "all_gather": "all_gather", "all_gather_into_tensor": "all_gather",
+              "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+              "reduce_scatter_tensor": "reduce_scatter", "alltoall": "alltoall", "all_to_all": "alltoall",
+              "alltoall_base": "alltoall"}
+DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2, "double": 8,
+               "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def kernel_class(name: str, family: str = "kernel") -> str:
+    if family in OP_FAMILY_CLASSES:
+        return OP_FAMILY_CLASSES[family]
+    return next((cls for cls, rx in KERNEL_CLASSES if rx.search(name)), "other")
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """scale: kernel class → factor (0 drops the class); system: a system preset whose collective
+    model re-times NCCL kernels; world_size: the data-parallel group size for that re-timing."""
+
+    scale: dict[str, float] = field(default_factory=dict)
+    system: str | None = None
+    world_size: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.scale and self.system is None and self.world_size is None
+
+
+def apply_whatif(rg: ReplayGraph, whatif: WhatIf) -> tuple[ReplayGraph, Counter]:
+    """A copy of the replay graph with changed GPU durations, and counts of what changed."""
+    g = rg.graph
+    durations = g.duration_s.copy()
+    changes: Counter = Counter()
+    known = {c for c, _ in KERNEL_CLASSES} | set(OP_FAMILY_CLASSES.values()) | {"other"}
+    unknown = set(whatif.scale) - known
+    if unknown:
+        raise ConfigError(f"what-if: unknown kernel class {sorted(unknown)}; known: {sorted(known)}")
+    if any(f < 0 for f in whatif.scale.values()):
+        raise ConfigError(f"what-if: scale factors must be ≥ 0; got {whatif.scale}")
+    gpu_tasks = sorted(set(rg.gpu_task.values()))
+    for task in gpu_tasks:
+        cls = kernel_class(g.names[g.name[task]], g.families[g.family[task]])
+        if cls in whatif.scale:
+            durations[task] *= whatif.scale[cls]
+            changes[f"scaled {cls}"] += 1
+    if whatif.system is not None or whatif.world_size is not None:
+        _retime_collectives(rg, whatif, durations, changes)
+    return ReplayGraph(g.with_durations(durations), rg.steps, rg.gpu_task, rg.nccl_meta, rg.notes), changes
+
+
+def _retime_collectives(rg: ReplayGraph, whatif: WhatIf, durations: np.ndarray, changes: Counter) -> None:
+    if whatif.system is None:
+        raise ConfigError("what-if: --world-size re-times collectives with a system's model; also give --system")
+    system = Job.from_presets("gpt3-1.3b", whatif.system).system  # any model: only the system is used
+    costs = AnalyticCostModel(system, "bf16")
+    gpn = system.node.gpus_per_node
+    for task, meta in rg.nccl_meta.items():
+        kind = NCCL_KINDS.get(str(meta.get("Collective name", "")).lower())
+        elems = meta.get("Out msg nelems" if kind == "all_gather" else "In msg nelems")
+        size = DTYPE_BYTES.get(str(meta.get("dtype", "")).lower())
+        if kind is None or elems is None or size is None:
+            changes["NCCL kernels kept (no collective/size metadata)"] += 1
+            continue
+        n = whatif.world_size or int(meta.get("Group size") or 0)
+        if n < 1:
+            changes["NCCL kernels kept (no group size)"] += 1
+            continue
+        group = GroupPlacement(n, -(-n // gpn), min(n, gpn))
+        durations[task] = costs.collective_s(kind, float(elems) * size, group)
+        changes[f"re-timed {kind} on {whatif.system}"] += 1
