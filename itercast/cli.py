@@ -69,13 +69,19 @@ def predict_cmd(
 
 @app.command("replay")
 def replay_cmd(
-    traces: Annotated[list[Path], typer.Argument(help="Kineto trace files (.json/.json.gz), one per rank, or directories.")],
+    traces: Annotated[
+        list[Path], typer.Argument(help="Kineto trace files (.json/.json.gz), one per rank, or directories.")
+    ],
     scale: Annotated[list[str] | None, typer.Option(help="What-if: CLASS=FACTOR, e.g. gemm=0.5 (repeatable).")] = None,
     drop: Annotated[list[str] | None, typer.Option(help="What-if: remove a kernel class (repeatable).")] = None,
     system: Annotated[str | None, typer.Option(help="What-if: re-time NCCL collectives on this system preset.")] = None,
-    world_size: Annotated[int | None, typer.Option(help="What-if: data-parallel group size for re-timed collectives.")] = None,
+    world_size: Annotated[
+        int | None, typer.Option(help="What-if: data-parallel group size for re-timed collectives.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
-    trace: Annotated[Path | None, typer.Option(help="Write the replayed (what-if) timeline as Chrome/Perfetto JSON.")] = None,
+    trace: Annotated[
+        Path | None, typer.Option(help="Write the replayed (what-if) timeline as Chrome/Perfetto JSON.")
+    ] = None,
 ) -> None:
     """Replay profiler traces: measured vs replayed time per step, and what-if changes."""
     try:
@@ -98,7 +104,7 @@ def replay_cmd(
 
 
 def _factor(item: str) -> tuple[str, float]:
-    name, sep, value = item.partition("=")
+    name, _, value = item.partition("=")
     try:
         return name.strip(), float(value)
     except ValueError:

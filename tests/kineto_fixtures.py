@@ -10,13 +10,20 @@ HOST = {"pid": 100, "tid": 100}
 
 
 def call(name: str, ts: float, dur: float, corr: int = -1) -> dict:
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, **HOST, "ts": ts, "dur": dur,
-            "args": {"correlation": corr}}
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, **HOST, "ts": ts, "dur": dur, "args": {"correlation": corr}}
 
 
 def kernel(name: str, ts: float, dur: float, corr: int, stream: int = 7, **meta) -> dict:
-    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
-            "args": {"correlation": corr, "stream": stream, **meta}}
+    return {
+        "ph": "X",
+        "cat": "kernel",
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr, "stream": stream, **meta},
+    }
 
 
 def step(n: int, ts: float, dur: float) -> dict:
@@ -35,5 +42,10 @@ def write(path: Path, events: list[dict], gz: bool = False, **top) -> Path:
 def gpu_bound_step() -> list[dict]:
     """One step [0, 100]: launch at 10 (5 µs) → GEMM 20–70 on stream 7; cudaDeviceSynchronize
     30–75 waits until 70 and then takes 5 µs; the CPU works until the step ends at 100."""
-    return [step(1, 0, 100), call("cudaLaunchKernel", 10, 5, corr=1), kernel("volta_sgemm_128x64", 20, 50, corr=1),
-            call("cudaDeviceSynchronize", 30, 45), {"ph": "X", "cat": "cpu_op", "name": "aten::mm", **HOST, "ts": 5, "dur": 4}]
+    return [
+        step(1, 0, 100),
+        call("cudaLaunchKernel", 10, 5, corr=1),
+        kernel("volta_sgemm_128x64", 20, 50, corr=1),
+        call("cudaDeviceSynchronize", 30, 45),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", **HOST, "ts": 5, "dur": 4},
+    ]

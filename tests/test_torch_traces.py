@@ -23,8 +23,9 @@ def free_port() -> int:
 
 def run_ranks(out: Path, world: int) -> None:
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKLOAD), str(out), str(r), str(world), str(port)])
-             for r in range(world)]
+    procs = [
+        subprocess.Popen([sys.executable, str(WORKLOAD), str(out), str(r), str(world), str(port)]) for r in range(world)
+    ]
     for p in procs:
         assert p.wait(timeout=180) == 0
 

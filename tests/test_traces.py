@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 from kineto_fixtures import call, gpu_bound_step, kernel, step, write
 
+from itercast.config.job import Job
+from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
+from itercast.hardware.topology import GroupPlacement
 from itercast.replay import replay, replay_whatif
 from itercast.traces.kineto import TraceError, read_kineto, read_traces
 from itercast.traces.whatif import WhatIf, kernel_class
@@ -37,10 +40,15 @@ def test_halving_the_gemm_shortens_the_synchronised_step(tmp_path):
 
 
 def test_inferred_stream_wait_moves_with_its_producer(tmp_path):
-    events = [step(1, 0, 200), call("cudaLaunchKernel", 10, 2, corr=1), kernel("conv_fwd", 12, 50, corr=1, stream=7),
-              call("cudaStreamWaitEvent", 20, 1), call("cudaLaunchKernel", 25, 2, corr=2),
-              kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 62, 10, corr=2, stream=9),
-              call("cudaDeviceSynchronize", 30, 45)]
+    events = [
+        step(1, 0, 200),
+        call("cudaLaunchKernel", 10, 2, corr=1),
+        kernel("conv_fwd", 12, 50, corr=1, stream=7),
+        call("cudaStreamWaitEvent", 20, 1),
+        call("cudaLaunchKernel", 25, 2, corr=2),
+        kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 62, 10, corr=2, stream=9),
+        call("cudaDeviceSynchronize", 30, 45),
+    ]
     base, half, _ = replay_whatif([write(tmp_path / "t.json", events)], WhatIf({"conv": 0.5}))
     g, sim = half.sim.graph, half.sim
     nccl = next(t for t in range(g.num_tasks) if g.names[g.name[t]].startswith("ncclKernel"))
@@ -49,29 +57,57 @@ def test_inferred_stream_wait_moves_with_its_producer(tmp_path):
 
 
 def test_two_rank_collective_waits_for_the_late_rank(tmp_path):
-    meta = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20, "Group size": 2,
-            "dtype": "Float", "Process Group Ranks": "[0, 1]"}
+    meta = {
+        "Collective name": "allreduce",
+        "In msg nelems": 1 << 20,
+        "Out msg nelems": 1 << 20,
+        "Group size": 2,
+        "dtype": "Float",
+        "Process Group Ranks": "[0, 1]",
+    }
     name = "ncclKernel_AllReduce_RING_LL_Sum_float"
-    r0 = [step(1, 0, 100), call("cudaLaunchKernel", 5, 2, corr=1), kernel(name, 10, 30, corr=1, **meta),
-          call("cudaDeviceSynchronize", 20, 25)]  # rank 0 waited 25 µs inside its kernel for rank 1
-    r1 = [step(1, 0, 100), call("cudaLaunchKernel", 30, 2, corr=1), kernel(name, 35, 5, corr=1, **meta),
-          call("cudaDeviceSynchronize", 38, 7)]
-    paths = [write(tmp_path / "r0.json", r0, distributedInfo={"rank": 0, "world_size": 2}),
-             write(tmp_path / "r1.json", r1, distributedInfo={"rank": 1, "world_size": 2})]
+    r0 = [
+        step(1, 0, 100),
+        call("cudaLaunchKernel", 5, 2, corr=1),
+        kernel(name, 10, 30, corr=1, **meta),
+        call("cudaDeviceSynchronize", 20, 25),
+    ]  # rank 0 waited 25 µs inside its kernel for rank 1
+    r1 = [
+        step(1, 0, 100),
+        call("cudaLaunchKernel", 30, 2, corr=1),
+        kernel(name, 35, 5, corr=1, **meta),
+        call("cudaDeviceSynchronize", 38, 7),
+    ]
+    paths = [
+        write(tmp_path / "r0.json", r0, distributedInfo={"rank": 0, "world_size": 2}),
+        write(tmp_path / "r1.json", r1, distributedInfo={"rank": 1, "world_size": 2}),
+    ]
     res = replay(paths)
     g, sim = res.sim.graph, res.sim
     members = [t for t in range(g.num_tasks) if g.names[g.name[t]] == name]
-    assert sim.start_s[members].tolist() == pytest.approx([35e-6, 35e-6]) and sim.end_s[members].tolist() == pytest.approx([40e-6, 40e-6])
+    assert sim.start_s[members].tolist() == pytest.approx([35e-6, 35e-6]) and sim.end_s[
+        members
+    ].tolist() == pytest.approx([40e-6, 40e-6])
     assert res.replay_graph.notes["NCCL collectives matched across ranks"] == 1
-    # re-timed on a DGX H100 (4 MiB all-reduce of 2 GPUs in one node) with the collective model:
+    # re-timed on a DGX H100 (4 MiB fp32 all-reduce of 2 GPUs in one node) with the collective model:
     _, moved, changes = replay_whatif(paths, WhatIf(system="dgx-h100"))
     assert changes["re-timed all_reduce on dgx-h100"] == 2
+    model = AnalyticCostModel(Job.from_presets("gpt3-1.3b", "dgx-h100").system, "bf16")
+    expected = model.collective_s("all_reduce", 4.0 * (1 << 20), GroupPlacement(2, 1, 2))
+    assert moved.sim.graph.duration_s[members].tolist() == pytest.approx([expected, expected])
 
 
 def test_kernel_classes():
-    assert [kernel_class(n) for n in ("volta_sgemm_128x64_nn", "ncclKernel_AllReduce", "cudnn::conv_fwd",
-                                      "void at::native::vectorized_elementwise_kernel<4>", "flash_fwd_kernel")] == [
-        "gemm", "nccl", "conv", "elementwise", "attention"]
+    assert [
+        kernel_class(n)
+        for n in (
+            "volta_sgemm_128x64_nn",
+            "ncclKernel_AllReduce",
+            "cudnn::conv_fwd",
+            "void at::native::vectorized_elementwise_kernel<4>",
+            "flash_fwd_kernel",
+        )
+    ] == ["gemm", "nccl", "conv", "elementwise", "attention"]
     assert kernel_class("Memcpy HtoD", "memcpy") == "memcpy"
 
 
@@ -83,11 +119,14 @@ def test_unknown_class_and_world_size_without_system_are_user_errors(tmp_path):
         replay_whatif([path], WhatIf(world_size=64))
 
 
-@pytest.mark.parametrize("text,match", [
-    ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', "malformed or truncated"),
-    ('{"schemaVersion": 1}', "not a Kineto trace"),
-    ("not json at all", "malformed or truncated"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ('{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', "malformed or truncated"),
+        ('{"schemaVersion": 1}', "not a Kineto trace"),
+        ("not json at all", "malformed or truncated"),
+    ],
+)
 def test_bad_files_name_the_file(tmp_path, text, match):
     bad = tmp_path / "bad.json"
     bad.write_text(text)
@@ -96,5 +135,5 @@ def test_bad_files_name_the_file(tmp_path, text, match):
 
 
 def test_directory_without_traces_is_an_error(tmp_path):
-    with pytest.raises(TraceError, match="holds no .json"):
+    with pytest.raises(TraceError, match=r"holds no \.json"):
         read_traces([tmp_path])

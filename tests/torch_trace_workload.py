@@ -31,8 +31,9 @@ def main(out_dir: str, rank: int, world: int, port: int) -> None:
     def save(prof: profile) -> None:
         prof.export_chrome_trace(str(Path(out_dir) / f"rank{rank}.json"))
 
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=4),
-                 on_trace_ready=save) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=4), on_trace_ready=save
+    ) as prof:
         for _ in range(5):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()

@@ -31,13 +31,38 @@ KERNEL_CLASSES: list[tuple[str, re.Pattern[str]]] = [
     )
 ]
 OP_FAMILY_CLASSES = {"memcpy": "memcpy", "memset": "memset"}
-NCCL_KINDS = {"allreduce": "all_reduce", "all_reduce": "all_reduce", "allgather": "all_gather",
-              "_allgather_base": "all_gather", "all_gather": "all_gather", "all_gather_into_tensor": "all_gather",
-              "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
-              "reduce_scatter_tensor": "reduce_scatter", "alltoall": "alltoall", "all_to_all": "alltoall",
-              "alltoall_base": "alltoall"}
-DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "bf16": 2, "double": 8,
-               "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1}
+NCCL_KINDS = {
+    "allreduce": "all_reduce",
+    "all_reduce": "all_reduce",
+    "allgather": "all_gather",
+    "_allgather_base": "all_gather",
+    "all_gather": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "alltoall": "alltoall",
+    "all_to_all": "alltoall",
+    "alltoall_base": "alltoall",
+}
+DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "double": 8,
+    "int": 4,
+    "int32": 4,
+    "long": 8,
+    "int64": 8,
+    "byte": 1,
+    "char": 1,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
 
 
 def kernel_class(name: str, family: str = "kernel") -> str:
