@@ -78,6 +78,10 @@ def replay_cmd(
     world_size: Annotated[
         int | None, typer.Option(help="What-if: data-parallel group size for re-timed collectives.")
     ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="What-if: re-time GEMMs (shapes from --et) on this system's GPU.")
+    ] = None,
+    et: Annotated[list[Path] | None, typer.Option(help="PyTorch execution trace per trace file, same order.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
     trace: Annotated[
         Path | None, typer.Option(help="Write the replayed (what-if) timeline as Chrome/Perfetto JSON.")
@@ -87,7 +91,7 @@ def replay_cmd(
     try:
         factors = dict(_factor(item) for item in scale or [])
         factors.update({cls: 0.0 for cls in drop or []})
-        base, changed, counts = replay_whatif(list(traces), WhatIf(factors, system, world_size))
+        base, changed, counts = replay_whatif(list(traces), WhatIf(factors, system, world_size, gpu), et or [])
     except (ConfigError, TraceError, DeadlockError) as exc:
         fail(str(exc).replace("\n", "\n  "))
     result = changed

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from itercast.errors import ConfigError
 from itercast.sim.analysis import Breakdown, breakdown
 from itercast.sim.engine import SimResult, simulate
+from itercast.traces.execution_trace import link, read_execution_trace
 from itercast.traces.kineto import RankTrace, read_traces
 from itercast.traces.replay_graph import ReplayGraph, build_replay_graph
-from itercast.traces.whatif import WhatIf, apply_whatif
+from itercast.traces.whatif import ET_DTYPES, WhatIf, apply_whatif, kernel_class, matmul_flops
 
 
 @dataclass
@@ -77,9 +79,35 @@ def replay_graph(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
     return ReplayResult(traces, rg, sim, steps, breakdown(sim))
 
 
-def replay_whatif(paths: list[str | Path], whatif: WhatIf) -> tuple[ReplayResult, ReplayResult, Counter]:
-    """Baseline replay and the replay under `whatif`, plus what changed."""
+def replay_whatif(
+    paths: list[str | Path],
+    whatif: WhatIf,
+    execution_traces: list[str | Path] = (),
+) -> tuple[ReplayResult, ReplayResult, Counter]:
+    """Baseline replay and the replay under `whatif`, plus what changed. Execution traces (one per
+    trace file, same order) give GEMM shapes for `whatif.gpu`."""
     traces = read_traces(list(paths))
     base = build_replay_graph(traces)
-    changed, counts = apply_whatif(base, whatif)
+    flops = gemm_shapes(traces, base, list(execution_traces)) if execution_traces else None
+    changed, counts = apply_whatif(base, whatif, flops)
     return replay_graph(traces, base), replay_graph(traces, changed), counts
+
+
+def gemm_shapes(traces: list[RankTrace], rg: ReplayGraph, et_paths: list[str | Path]) -> dict[int, tuple[float, str]]:
+    """GPU task → (FLOPs, dtype) for GEMM kernels launched by a matmul operator of a linked execution trace."""
+    if len(et_paths) != len(traces):
+        raise ConfigError(f"--et: give one execution trace per Kineto trace ({len(traces)}); got {len(et_paths)}")
+    out: dict[int, tuple[float, str]] = {}
+    for index, (trace, et_path) in enumerate(zip(traces, et_paths, strict=True)):
+        et = read_execution_trace(et_path)
+        tl = link(et, trace)
+        rank = trace.rank if trace.rank is not None else index
+        for op in range(trace.num_ops):
+            node = tl.node_of_gpu_op(et, op)
+            if node is None or kernel_class(trace.names[trace.op_name[op]]) != "gemm":
+                continue
+            flops = matmul_flops(node.name, node.input_shapes)
+            if flops:
+                dtype = ET_DTYPES.get(next((t for t in node.input_types if t.startswith("Tensor")), ""), "fp32")
+                out[rg.gpu_task[(rank, op)]] = (flops, dtype)
+    return out

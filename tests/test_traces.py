@@ -17,7 +17,7 @@ from itercast.traces.whatif import WhatIf, kernel_class
 def test_import_keeps_calls_ops_steps_and_counts_the_rest(tmp_path):
     t = read_kineto(write(tmp_path / "t.json", gpu_bound_step(), distributedInfo={"rank": 3, "world_size": 8}))
     assert (t.rank, t.world_size, len(t.call_ts_us), t.num_ops, t.steps) == (3, 8, 2, 1, [(1, 100, 0.0, 100.0)])
-    assert dict(t.ignored) == {"cpu op (its time is inside the host gaps it spans)": 1}
+    assert dict(t.ignored) == {} and t.names[t.cpu_name[0]] == "aten::mm" and t.cpu_rf_id.tolist() == [-1]
 
 
 def test_relative_timestamps_with_base_time_equal_absolute_ones(tmp_path):

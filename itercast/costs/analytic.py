@@ -44,21 +44,25 @@ class AnalyticCostModel:
         # stays in bf16 unless FP8 attention is switched on explicitly (TE docs, `fp8_dpa`).
         self.attention_peak_flops = gpu.peak_flops.get("bf16", self.peak_flops) if dtype == "fp8" else self.peak_flops
         data = curves()
-        self.gemm_curve: Curve = curve(data["gemm"]["tf32" if dtype == "fp32" else "bf16"])
+        gemm = data["gemm"]["tf32" if dtype == "fp32" else "bf16"]
+        self.gemm_curve: Curve = curve(gemm)
+        self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
         self.memory = {k: (v["floor_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
         self.intra = data["collectives"]["intra_node"]
         self.inter = data["collectives"]["inter_node"]
         self.p2p = data["collectives"]["p2p"]
 
     def gemm_s(self, flops: np.ndarray | float) -> np.ndarray:
-        """Dense matmul: FLOPs / (peak · eff(FLOPs))."""
+        """Dense matmul: latency + FLOPs / (peak · eff(FLOPs))."""
         f = np.asarray(flops, dtype=np.float64)
-        return np.where(f > 0, f / (self.peak_flops * self.gemm_curve(f)), 0.0)
+        return np.where(f > 0, self.gemm_alpha_s + f / (self.peak_flops * self.gemm_curve(f)), 0.0)
 
     def attention_s(self, flops: np.ndarray | float) -> np.ndarray:
         """Fused (flash) attention of the given FLOPs. A guess: see ATTENTION_VS_GEMM."""
         f = np.asarray(flops, dtype=np.float64)
-        return np.where(f > 0, f / (self.attention_peak_flops * self.gemm_curve(f) * ATTENTION_VS_GEMM), 0.0)
+        return np.where(
+            f > 0, self.gemm_alpha_s + f / (self.attention_peak_flops * self.gemm_curve(f) * ATTENTION_VS_GEMM), 0.0
+        )
 
     def memory_s(self, kind: str, nbytes: np.ndarray | float) -> np.ndarray:
         """Memory-bound kernel of `kind` (elementwise | norm | activation) moving `nbytes` of HBM."""

@@ -6,7 +6,8 @@ never with the file's text), interns names, and keeps what replay needs:
 - GPU ops (cat kernel, gpu_memcpy, gpu_memset): stream, name, start, duration, correlation, and
   NCCL metadata where present ("Collective name", "In msg nelems", "Out msg nelems", "Group size",
   "dtype", "Process Group Ranks");
-- iteration marks (`ProfilerStep#N` annotations); `distributedInfo` (rank, world size).
+- iteration marks (`ProfilerStep#N` annotations); `distributedInfo` (rank, world size);
+- CPU ops (thread, name, start, duration, record-function id, input dims) to link execution traces.
 Everything else is counted by reason in `ignored` (nothing is dropped silently). Timestamps are µs
 in Kineto; absolute or relative to `baseTimeNanoseconds` (the offset is added). Stored in µs as
 read; the graph builder converts to seconds.
@@ -59,6 +60,12 @@ class RankTrace:
     op_corr: np.ndarray
     op_nccl: list[dict[str, Any] | None]
     steps: list[tuple[int, int, float, float]]  # (step number, thread, start µs, duration µs)
+    cpu_tid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    cpu_name: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    cpu_ts_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cpu_dur_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cpu_rf_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # "Record function id", −1 if absent
+    cpu_input_dims: list[str] = field(default_factory=list)  # "Input Dims" as compact JSON (for checking links)
     ignored: Counter = field(default_factory=Counter)
     num_events: int = 0
 
@@ -74,6 +81,8 @@ class _Columns:
     ops: list[tuple[int, int, int, float, float, int]] = field(default_factory=list)
     nccl: list[dict[str, Any] | None] = field(default_factory=list)
     steps: list[tuple[int, int, float, float]] = field(default_factory=list)
+    cpu: list[tuple[int, int, float, float, int]] = field(default_factory=list)
+    cpu_dims: list[str] = field(default_factory=list)
     ignored: Counter = field(default_factory=Counter)
     count: int = 0
 
@@ -180,8 +189,19 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
         c.ignored["flow event (launch links come from correlation ids)"] += 1
     elif ph == "M":
         c.ignored["metadata"] += 1
-    elif ph == "X" and cat == "cpu_op":
-        c.ignored["cpu op (its time is inside the host gaps it spans)"] += 1
+    elif ph == "X" and cat == "cpu_op":  # kept for linking to execution traces; replay times host gaps
+        args = e.get("args") or {}
+        c.cpu.append(
+            (
+                int(e.get("tid", 0)),
+                c.names(name),
+                float(e["ts"]),
+                float(e.get("dur", 0.0)),
+                int(args.get("Record function id", -1)),
+            )
+        )
+        dims = args.get("Input Dims")
+        c.cpu_dims.append(json.dumps(dims, separators=(",", ":"))[:MAX_NAME_CHARS] if dims is not None else "")
     elif ph == "X" and cat in ("user_annotation", "gpu_user_annotation", "python_function"):
         c.ignored[f"{cat} (annotation)"] += 1
     else:
@@ -190,6 +210,7 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
 
 def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> RankTrace:
     calls = np.array(c.calls, dtype=np.float64).reshape(-1, 5)
+    cpu = np.array(c.cpu, dtype=np.float64).reshape(-1, 5)
     ops = np.array(c.ops, dtype=np.float64).reshape(-1, 6)
     rank = info.get("rank")
     world = info.get("world_size")
@@ -211,6 +232,12 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         op_corr=ops[:, 5].astype(np.int64),
         op_nccl=c.nccl,
         steps=[(n, tid, ts + base_us, dur) for n, tid, ts, dur in c.steps],
+        cpu_tid=cpu[:, 0].astype(np.int64),
+        cpu_name=cpu[:, 1].astype(np.int32),
+        cpu_ts_us=cpu[:, 2] + base_us,
+        cpu_dur_us=cpu[:, 3],
+        cpu_rf_id=cpu[:, 4].astype(np.int64),
+        cpu_input_dims=c.cpu_dims,
         ignored=c.ignored,
         num_events=c.count,
     )

@@ -74,19 +74,50 @@ def kernel_class(name: str, family: str = "kernel") -> str:
 @dataclass(frozen=True)
 class WhatIf:
     """scale: kernel class → factor (0 drops the class); system: a system preset whose collective
-    model re-times NCCL kernels; world_size: the data-parallel group size for that re-timing."""
+    model re-times NCCL kernels; world_size: the data-parallel group size for that re-timing;
+    gpu: a system preset whose GEMM model re-times GEMM kernels whose shapes an execution trace gives."""
 
     scale: dict[str, float] = field(default_factory=dict)
     system: str | None = None
     world_size: int | None = None
+    gpu: str | None = None
 
     @property
     def empty(self) -> bool:
-        return not self.scale and self.system is None and self.world_size is None
+        return not self.scale and self.system is None and self.world_size is None and self.gpu is None
 
 
-def apply_whatif(rg: ReplayGraph, whatif: WhatIf) -> tuple[ReplayGraph, Counter]:
-    """A copy of the replay graph with changed GPU durations, and counts of what changed."""
+def matmul_flops(name: str, shapes: list) -> float | None:
+    """FLOPs (2 per multiply-add) of a matmul operator from its input shapes, or None."""
+    t = [s for s in shapes if isinstance(s, list) and s and all(isinstance(x, int | float) for x in s)]
+    try:
+        if name == "aten::mm":
+            (m, k), (_, n) = t[0], t[1]
+        elif name == "aten::addmm":
+            (m, k), (_, n) = t[1], t[2]
+        elif name in ("aten::bmm", "aten::baddbmm"):
+            a, b_ = (t[1], t[2]) if name == "aten::baddbmm" else (t[0], t[1])
+            return 2.0 * a[0] * a[1] * a[2] * b_[2]
+        elif name == "aten::linear":
+            rows = float(np.prod(t[0][:-1]))
+            return 2.0 * rows * t[0][-1] * t[1][0]
+        else:
+            return None
+    except (IndexError, ValueError, TypeError):
+        return None
+    return 2.0 * m * k * n
+
+
+ET_DTYPES = {"Tensor(float)": "fp32", "Tensor(c10::Half)": "fp16", "Tensor(c10::BFloat16)": "bf16"}
+
+
+def apply_whatif(
+    rg: ReplayGraph,
+    whatif: WhatIf,
+    gemm_flops: dict[int, tuple[float, str]] | None = None,
+) -> tuple[ReplayGraph, Counter]:
+    """A copy of the replay graph with changed GPU durations, and counts of what changed.
+    gemm_flops: GPU task → (FLOPs, dtype) for GEMMs whose shapes an execution trace gave."""
     g = rg.graph
     durations = g.duration_s.copy()
     changes: Counter = Counter()
@@ -104,6 +135,8 @@ def apply_whatif(rg: ReplayGraph, whatif: WhatIf) -> tuple[ReplayGraph, Counter]
             changes[f"scaled {cls}"] += 1
     if whatif.system is not None or whatif.world_size is not None:
         _retime_collectives(rg, whatif, durations, changes)
+    if whatif.gpu is not None:
+        _retime_gemms(whatif.gpu, gemm_flops or {}, durations, changes)
     return ReplayGraph(g.with_durations(durations), rg.steps, rg.gpu_task, rg.nccl_meta, rg.notes), changes
 
 
@@ -127,3 +160,14 @@ def _retime_collectives(rg: ReplayGraph, whatif: WhatIf, durations: np.ndarray, 
         group = GroupPlacement(n, -(-n // gpn), min(n, gpn))
         durations[task] = costs.collective_s(kind, float(elems) * size, group)
         changes[f"re-timed {kind} on {whatif.system}"] += 1
+
+
+def _retime_gemms(gpu: str, gemm_flops: dict[int, tuple[float, str]], durations: np.ndarray, changes: Counter) -> None:
+    if not gemm_flops:
+        raise ConfigError("what-if: --gpu re-times GEMMs from their shapes; give the execution traces (--et)")
+    system = Job.from_presets("gpt3-1.3b", gpu).system
+    models: dict[str, AnalyticCostModel] = {}
+    for task, (flops, dtype) in gemm_flops.items():
+        model = models.setdefault(dtype, AnalyticCostModel(system, dtype))
+        durations[task] = float(model.gemm_s(flops))
+        changes[f"re-timed GEMMs from shapes on {gpu}"] += 1

@@ -1,0 +1,200 @@
+"""PyTorch Execution Trace (the JSON of `torch.profiler.ExecutionTraceObserver`): import, and link to Kineto.
+
+An execution trace has what Kineto lacks: every operator's input/output tensors (ids, shapes,
+types) and its parent, hence the data dependencies between operators; Kineto has the times and
+the GPU kernels. The link goes through CPU operators:
+- by record-function id (`rf_id` in the ET, "Record function id" in Kineto) when Kineto has distinct ids;
+- otherwise by name and order of issue (k-th `aten::mm` ↔ k-th `aten::mm`), checked against
+  Kineto's "Input Dims" where recorded; mismatches are counted, not hidden.
+A GPU op belongs to the innermost CPU operator around its launch call; through the link it gets
+the operator's shapes (e.g. the M, N, K of a GEMM).
+Schemas 1.0.x (fields on the node) and 1.1.x (`attrs` list) are read. MLCommons Chakra's protobuf
+form is not read here (its tools are not on PyPI): convert Chakra to this JSON first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ijson
+import numpy as np
+
+from itercast.traces.kineto import RankTrace, TraceError, _HeadTailReader, _open, _top_level_value
+
+
+@dataclass(frozen=True)
+class ETNode:
+    id: int
+    rf_id: int
+    parent: int
+    name: str
+    tid: int
+    input_shapes: list[Any]
+    output_shapes: list[Any]
+    input_types: list[str]
+    input_tensors: tuple[int, ...]
+    output_tensors: tuple[int, ...]
+
+
+@dataclass
+class ExecutionTrace:
+    path: str
+    schema: str
+    nodes: list[ETNode]
+
+    def node(self, node_id: int) -> ETNode | None:
+        if not hasattr(self, "_by_id"):
+            self._by_id = {n.id: n for n in self.nodes}
+        return self._by_id.get(node_id)
+
+    def data_edges(self) -> list[tuple[int, int]]:
+        """(producer, consumer) node ids: a node reads a tensor the other wrote last before it."""
+        writer: dict[int, int] = {}
+        edges = []
+        for node in sorted(self.nodes, key=lambda n: n.id):
+            for t in node.input_tensors:
+                if t in writer and writer[t] != node.id:
+                    edges.append((writer[t], node.id))
+            for t in node.output_tensors:
+                writer[t] = node.id
+        return edges
+
+
+def read_execution_trace(path: str | Path) -> ExecutionTrace:
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such execution trace")
+    nodes: list[ETNode] = []
+    try:
+        with _open(path) as raw:
+            tap = _HeadTailReader(raw)
+            nodes = [_node(n) for n in ijson.items(tap, "nodes.item", use_float=True)]
+    except (ijson.JSONError, EOFError, OSError, UnicodeDecodeError) as exc:
+        detail = " ".join(str(exc).split())
+        raise TraceError(
+            f"{path}: malformed or truncated execution trace after {len(nodes)} nodes ({detail})"
+        ) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(f"{path}: node {len(nodes)}: expected fields id, name and inputs/outputs ({exc})") from None
+    schema = _top_level_value(tap.edges(), "schema")
+    if schema is None:
+        raise TraceError(f"{path}: not a PyTorch execution trace (no `schema` and `nodes`)")
+    return ExecutionTrace(str(path), str(schema), nodes)
+
+
+def _node(n: dict[str, Any]) -> ETNode:
+    attrs = {a["name"]: a.get("value") for a in n.get("attrs", []) if isinstance(a, dict) and "name" in a}
+    inputs, outputs = n.get("inputs", []), n.get("outputs", [])
+    if isinstance(inputs, dict):  # schema 1.1: {"values": [...], "shapes": [...], "types": [...]}
+        in_shapes, out_shapes, in_types = inputs.get("shapes", []), outputs.get("shapes", []), inputs.get("types", [])
+        inputs, outputs = inputs.get("values", []), outputs.get("values", [])
+    else:
+        in_shapes, out_shapes = n.get("input_shapes", []), n.get("output_shapes", [])
+        in_types = n.get("input_types", [])
+    parent = n.get("parent", n.get("ctrl_deps", -1))  # 1.1.x calls the parent ctrl_deps
+    return ETNode(
+        int(n["id"]),
+        int(n.get("rf_id", attrs.get("rf_id", -1)) or -1),
+        int(parent),
+        str(n["name"]),
+        int(n.get("tid", attrs.get("tid", 0)) or 0),
+        in_shapes,
+        out_shapes,
+        [str(x) for x in in_types],
+        _tensor_ids(inputs),
+        _tensor_ids(outputs),
+    )
+
+
+def _tensor_ids(values: list[Any]) -> tuple[int, ...]:
+    """Tensor arguments are [tensor_id, storage_id, offset, numel, itemsize, device] (lists of them too)."""
+    out = []
+    for v in values:
+        if isinstance(v, list) and len(v) == 6 and isinstance(v[0], int | float) and isinstance(v[5], str):
+            out.append(int(v[0]))
+        elif isinstance(v, list):
+            out += _tensor_ids(v)
+    return tuple(out)
+
+
+@dataclass
+class TraceLink:
+    """ET node id ↔ Kineto CPU op index, and which CPU op launched each GPU op."""
+
+    method: str
+    node_of_cpu_op: dict[int, int]
+    cpu_op_of_gpu_op: dict[int, int]
+    stats: Counter = field(default_factory=Counter)
+
+    def node_of_gpu_op(self, et: ExecutionTrace, op: int) -> ETNode | None:
+        """The ET operator that launched GPU op `op`, if linked."""
+        cpu = self.cpu_op_of_gpu_op.get(op)
+        node = self.node_of_cpu_op.get(cpu) if cpu is not None else None
+        return et.node(node) if node is not None else None
+
+
+def link(et: ExecutionTrace, kineto: RankTrace) -> TraceLink:
+    names = kineto.names
+    rf = kineto.cpu_rf_id
+    stats: Counter = Counter()
+    distinct = rf.size and len(set(rf.tolist())) > 0.9 * rf.size and (rf >= 0).all()
+    node_of: dict[int, int] = {}
+    if distinct:
+        method = "record function id"
+        by_rf = {int(r): i for i, r in enumerate(rf.tolist())}
+        for n in et.nodes:
+            i = by_rf.get(n.rf_id)
+            if i is not None and names[kineto.cpu_name[i]] == n.name:
+                node_of[i] = n.id
+    else:
+        method = "name and order of issue"
+        et_by_name: dict[str, list[ETNode]] = defaultdict(list)
+        for n in sorted(et.nodes, key=lambda n: n.id):
+            et_by_name[n.name].append(n)
+        k_by_name: dict[str, list[int]] = defaultdict(list)
+        for i in np.argsort(kineto.cpu_ts_us, kind="stable").tolist():
+            k_by_name[names[kineto.cpu_name[i]]].append(i)
+        for name, ops in k_by_name.items():
+            for i, n in zip(ops, et_by_name.get(name, []), strict=False):
+                dims = _tensor_shapes(json.loads(kineto.cpu_input_dims[i] or "[]"))
+                if dims and _tensor_shapes(n.input_shapes) and dims != _tensor_shapes(n.input_shapes):
+                    stats["linked ops whose input shapes differ"] += 1
+                node_of[i] = n.id
+            stats["Kineto CPU ops without an ET node"] += max(0, len(ops) - len(et_by_name.get(name, [])))
+    stats["linked CPU ops"] = len(node_of)
+    stats["ET nodes"] = len(et.nodes)
+    launcher = _launching_cpu_ops(kineto)
+    stats["GPU ops with a linked CPU op"] = sum(1 for c in launcher.values() if c in node_of)
+    stats["GPU ops"] = kineto.num_ops
+    return TraceLink(method, node_of, launcher, stats)
+
+
+def _tensor_shapes(shapes: list[Any]) -> list[list[int]]:
+    """The tensor shapes among an op's argument shapes (non-empty int lists); the two formats write
+    scalars and int lists differently ([] vs [[]]), tensors alike."""
+    return [s for s in shapes if isinstance(s, list) and s and all(isinstance(x, int | float) for x in s)]
+
+
+def _launching_cpu_ops(t: RankTrace) -> dict[int, int]:
+    """GPU op index → the innermost CPU op (same thread) whose span holds its launch call."""
+    call_of = {int(c): i for i, c in enumerate(t.call_corr.tolist()) if c >= 0}
+    by_tid: dict[int, np.ndarray] = {}
+    for tid in set(t.cpu_tid.tolist()):
+        idx = np.flatnonzero(t.cpu_tid == tid)
+        by_tid[tid] = idx[np.argsort(t.cpu_ts_us[idx], kind="stable")]
+    out = {}
+    for k, corr in enumerate(t.op_corr.tolist()):
+        call = call_of.get(int(corr))
+        if call is None or int(t.call_tid[call]) not in by_tid:
+            continue
+        ops, ts = by_tid[int(t.call_tid[call])], t.call_ts_us[call]
+        j = int(np.searchsorted(t.cpu_ts_us[ops], ts, side="right")) - 1
+        while j >= 0 and t.cpu_ts_us[ops[j]] + t.cpu_dur_us[ops[j]] < ts:
+            j -= 1  # an earlier sibling that ended before the launch: keep looking for the enclosing op
+        if j >= 0:
+            out[k] = int(ops[j])
+    return out

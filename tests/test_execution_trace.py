@@ -1,0 +1,132 @@
+"""PyTorch execution traces: import, data dependencies, links to Kineto, GEMM shapes for what-ifs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kineto_fixtures import call, kernel, step, write
+
+from itercast.errors import ConfigError
+from itercast.replay import replay_whatif
+from itercast.traces.execution_trace import link, read_execution_trace
+from itercast.traces.kineto import TraceError, read_kineto
+from itercast.traces.whatif import WhatIf, matmul_flops
+
+
+def et_node(nid, name, rf_id, inputs, shapes, outputs, out_shapes, types=None):
+    return {
+        "id": nid,
+        "name": name,
+        "rf_id": rf_id,
+        "parent": 1,
+        "tid": 1,
+        "inputs": inputs,
+        "input_shapes": shapes,
+        "input_types": types or ["Tensor(float)"] * len(inputs),
+        "outputs": outputs,
+        "output_shapes": out_shapes,
+    }
+
+
+def tensor(tid, numel):
+    return [tid, tid, 0, numel, 4, "cuda:0"]
+
+
+def pair(tmp_path, rf_in_kineto: bool):
+    """An addmm (bias 256, [64,512]×[512,256]) then a relu reading its output."""
+    nodes = [
+        et_node(
+            2,
+            "aten::addmm",
+            10,
+            [tensor(1, 256), tensor(2, 64 * 512), tensor(3, 512 * 256)],
+            [[256], [64, 512], [512, 256]],
+            [tensor(4, 64 * 256)],
+            [[64, 256]],
+        ),
+        et_node(3, "aten::relu", 11, [tensor(4, 64 * 256)], [[64, 256]], [tensor(5, 64 * 256)], [[64, 256]]),
+    ]
+    et = tmp_path / "et.json"
+    et.write_text(json.dumps({"schema": "1.0.1", "pid": 1, "nodes": nodes}))
+
+    def cpu(name, ts, dur, rf):
+        args = {"Input Dims": [[256], [64, 512], [512, 256]] if name == "aten::addmm" else [[64, 256]]}
+        if rf_in_kineto:
+            args["Record function id"] = rf
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": dur, "args": args}
+
+    events = [
+        step(1, 0, 400),
+        cpu("aten::addmm", 10, 30, 10),
+        call("cudaLaunchKernel", 20, 5, corr=1),
+        kernel("ampere_sgemm_64x64_nn", 30, 200, corr=1),
+        cpu("aten::relu", 50, 20, 11),
+        call("cudaLaunchKernel", 55, 5, corr=2),
+        kernel("vectorized_elementwise_kernel", 230, 10, corr=2),
+        call("cudaDeviceSynchronize", 70, 171),
+    ]
+    return et, write(tmp_path / "k.json", events)
+
+
+@pytest.mark.parametrize("rf", [True, False])
+def test_link_by_record_function_id_or_by_order_gives_gemm_shapes(tmp_path, rf):
+    et_path, k_path = pair(tmp_path, rf)
+    et, k = read_execution_trace(et_path), read_kineto(k_path)
+    tl = link(et, k)
+    assert tl.method == ("record function id" if rf else "name and order of issue")
+    assert tl.stats["linked CPU ops"] == 2 and tl.stats["GPU ops with a linked CPU op"] == 2
+    node = tl.node_of_gpu_op(et, 0)
+    assert node.name == "aten::addmm" and matmul_flops(node.name, node.input_shapes) == 2 * 64 * 512 * 256
+    assert et.data_edges() == [(2, 3)]  # relu reads the tensor addmm wrote
+
+
+def test_gpu_what_if_retimes_the_gemm_from_its_shapes(tmp_path):
+    et_path, k_path = pair(tmp_path, True)
+    base, moved, changes = replay_whatif([k_path], WhatIf(gpu="dgx-h100"), [et_path])
+    from itercast.config.job import Job
+    from itercast.costs.analytic import AnalyticCostModel
+
+    model = AnalyticCostModel(Job.from_presets("gpt3-1.3b", "dgx-h100").system, "fp32")
+    gemm_s = float(model.gemm_s(2 * 64 * 512 * 256))
+    g = moved.sim.graph
+    task = next(t for t in range(g.num_tasks) if g.names[g.name[t]].startswith("ampere_sgemm"))
+    assert changes == {"re-timed GEMMs from shapes on dgx-h100": 1} and g.duration_s[task] == pytest.approx(gemm_s)
+    # By hand: the GEMM now ends at 30 + ~11 µs, so the ReLU kernel is bound by its own launch at 55 µs
+    # plus the trace's median launch latency (10 µs, the GEMM's): 65–75; the sync waits until 75, takes
+    # its own 1 µs, and the 159 µs of CPU work that followed it ends the step at 235 µs instead of 400.
+    assert gemm_s < 25e-6
+    assert (base.steps[0].replayed_s, moved.steps[0].replayed_s) == pytest.approx((400e-6, 235e-6), abs=1e-9)
+
+
+def test_gpu_what_if_needs_execution_traces(tmp_path):
+    _, k_path = pair(tmp_path, True)
+    with pytest.raises(ConfigError, match="give the execution traces"):
+        replay_whatif([k_path], WhatIf(gpu="dgx-h100"))
+
+
+def test_truncated_execution_trace_is_named(tmp_path):
+    bad = tmp_path / "et.json"
+    bad.write_text('{"schema": "1.0.1", "nodes": [{"id": 1, "name": "a"')
+    with pytest.raises(TraceError, match=r"et\.json: malformed or truncated execution trace"):
+        read_execution_trace(bad)
+
+
+def test_real_execution_trace_links_by_record_function_id(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    x = torch.randn(32, 64)
+    observer = ExecutionTraceObserver().register_callback(str(tmp_path / "et.json"))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        observer.start()
+        model(x).sum().backward()
+        observer.stop()
+    observer.unregister_callback()
+    prof.export_chrome_trace(str(tmp_path / "kineto.json"))
+    et, k = read_execution_trace(tmp_path / "et.json"), read_kineto(tmp_path / "kineto.json")
+    tl = link(et, k)
+    addmm = [n for n in et.nodes if n.name == "aten::addmm"]
+    assert tl.method == "record function id" and tl.stats["linked CPU ops"] >= 0.9 * len(k.cpu_ts_us)
+    assert matmul_flops("aten::addmm", addmm[0].input_shapes) == 2 * 32 * 64 * 128
