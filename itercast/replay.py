@@ -109,5 +109,5 @@ def gemm_shapes(traces: list[RankTrace], rg: ReplayGraph, et_paths: list[str | P
             flops = matmul_flops(node.name, node.input_shapes)
             if flops:
                 dtype = ET_DTYPES.get(next((t for t in node.input_types if t.startswith("Tensor")), ""), "fp32")
-                out[rg.gpu_task[(rank, op)]] = (flops, dtype)
+                out[int(rg.gpu_task[rank][op])] = (flops, dtype)
     return out

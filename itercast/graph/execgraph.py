@@ -10,9 +10,11 @@ start together.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 
@@ -83,6 +85,48 @@ class ExecGraph:
         return clone
 
 
+class _Columns:
+    """Columns filled a row at a time (Python lists, cheap per row) or a block at a time (numpy
+    arrays, cheap per element); joined once by `array()`."""
+
+    def __init__(self, dtypes: dict[str, type]) -> None:
+        self.dtypes = dtypes
+        self.rows: dict[str, list] = {k: [] for k in dtypes}
+        self.blocks: list[dict[str, np.ndarray]] = []
+        self.starts: list[int] = []  # first row of each block, rows kept in the order they came
+        self.size = 0
+
+    def flush(self) -> None:
+        first = next(iter(self.rows.values()))
+        if first:
+            count = len(first)
+            self.blocks.append({k: np.asarray(v, dtype=self.dtypes[k]) for k, v in self.rows.items()})
+            self.starts.append(self.size - count)
+            self.rows = {k: [] for k in self.dtypes}
+
+    def extend(self, count: int, **values: np.ndarray | float | int) -> int:
+        self.flush()
+        first = self.size
+        self.blocks.append(
+            {k: np.broadcast_to(np.asarray(values[k], dtype=self.dtypes[k]), (count,)).copy() for k in self.dtypes}
+        )
+        self.starts.append(first)
+        self.size += count
+        return first
+
+    def get(self, name: str, row: int) -> Any:
+        pending_start = self.size - len(self.rows[name])
+        if row >= pending_start:
+            return self.rows[name][row - pending_start]
+        block = bisect.bisect_right(self.starts, row) - 1
+        return self.blocks[block][name][row - self.starts[block]].item()
+
+    def array(self, name: str) -> np.ndarray:
+        self.flush()
+        parts = [b[name] for b in self.blocks]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtypes[name])
+
+
 class GraphBuilder:
     """Append-only builder. Dependencies must name tasks already added."""
 
@@ -91,15 +135,19 @@ class GraphBuilder:
         self._res: dict[tuple[int, int], int] = {}
         self._res_rank: list[int] = []
         self._res_kind: list[int] = []
-        self._dur: list[float] = []
-        self._resource: list[int] = []
-        self._cat: list[int] = []
-        self._fam: list[int] = []
-        self._name: list[int] = []
-        self._coll: list[int] = []
-        self._src: list[int] = []
-        self._dst: list[int] = []
-        self._lat: list[float] = []
+        self._tasks = _Columns(
+            {
+                "dur": np.float64,
+                "resource": np.int32,
+                "cat": np.int8,
+                "fam": np.int32,
+                "name": np.int32,
+                "coll": np.int64,
+            }
+        )
+        self._edges = _Columns({"src": np.int64, "dst": np.int64, "lat": np.float64})
+        self._dur_override: dict[int, float] = {}
+        self._coll_override: dict[int, int] = {}
         self._num_collectives = 0
 
     def resource(self, rank: int, kind: str) -> int:
@@ -131,58 +179,108 @@ class GraphBuilder:
         """Add a task after its dependencies (each with the same edge latency); return its id."""
         if duration_s < 0:
             raise ValueError(f"task {name}: negative duration {duration_s}")
-        tid = len(self._dur)
+        tasks, edges = self._tasks, self._edges
+        tid = tasks.size
+        rows = edges.rows
         for d in deps:
             if not 0 <= d < tid:
                 raise ValueError(f"task {name}: dependency {d} is not an existing task")
-            self._src.append(d)
-            self._dst.append(tid)
-            self._lat.append(latency_s)
-        self._dur.append(duration_s)
-        self._resource.append(resource)
-        self._cat.append(int(category))
-        self._fam.append(self._families(family))
-        self._name.append(self._names(name))
-        self._coll.append(collective)
+            rows["src"].append(d)
+            rows["dst"].append(tid)
+            rows["lat"].append(latency_s)
+            edges.size += 1
+        rows = tasks.rows
+        rows["dur"].append(duration_s)
+        rows["resource"].append(resource)
+        rows["cat"].append(int(category))
+        rows["fam"].append(self._families(family))
+        rows["name"].append(self._names(name))
+        rows["coll"].append(collective)
+        tasks.size += 1
         return tid
 
     @property
     def num_tasks(self) -> int:
-        return len(self._dur)
+        return self._tasks.size
+
+    def name_id(self, name: str) -> int:
+        return self._names(name)
+
+    def family_id(self, family: str) -> int:
+        return self._families(family)
 
     def duration(self, task: int) -> float:
-        return self._dur[task]
+        found = self._dur_override.get(task)
+        return found if found is not None else float(self._tasks.get("dur", task))
 
     def set_duration(self, task: int, duration_s: float) -> None:
         """Correct a task's duration after the fact (e.g. a synchronisation's own time, once its wait is known)."""
         if duration_s < 0:
             raise ValueError(f"task {task}: negative duration {duration_s}")
-        self._dur[task] = duration_s
+        self._dur_override[task] = duration_s
 
     def join_collective(self, task: int, collective: int) -> None:
         """Make an existing task a member of `collective` (members matched after they were added)."""
-        self._coll[task] = collective
+        self._coll_override[task] = collective
+
+    def add_tasks(
+        self,
+        name_ids: np.ndarray,
+        resource: np.ndarray,
+        duration_s: np.ndarray,
+        category: np.ndarray,
+        family_ids: np.ndarray,
+    ) -> int:
+        """Append many tasks at once (ids from name_id/family_id, resources from resource()); no edges.
+        Returns the id of the first. Tasks keep their order on each resource."""
+        if duration_s.size and float(np.min(duration_s)) < 0:
+            raise ValueError("add_tasks: negative duration")
+        return self._tasks.extend(
+            int(duration_s.shape[0]),
+            dur=duration_s,
+            resource=resource,
+            cat=category,
+            fam=family_ids,
+            name=name_ids,
+            coll=-1,
+        )
+
+    def add_edges(self, src: np.ndarray, dst: np.ndarray, latency_s: np.ndarray | float = 0.0) -> None:
+        """Append many dependencies between existing tasks."""
+        n = self._tasks.size
+        if src.size and (min(int(src.min()), int(dst.min())) < 0 or max(int(src.max()), int(dst.max())) >= n):
+            raise ValueError(f"add_edges: both ends must be existing tasks (0..{n - 1})")
+        self._edges.extend(int(src.shape[0]), src=src, dst=dst, lat=latency_s)
 
     def edge(self, src: int, dst: int, latency_s: float = 0.0) -> None:
         """An extra dependency between existing tasks."""
-        n = len(self._dur)
+        n = self._tasks.size
         if not (0 <= src < n and 0 <= dst < n):
             raise ValueError(f"edge {src}->{dst}: both ends must be existing tasks (0..{n - 1})")
-        self._src.append(src)
-        self._dst.append(dst)
-        self._lat.append(latency_s)
+        rows = self._edges.rows
+        rows["src"].append(src)
+        rows["dst"].append(dst)
+        rows["lat"].append(latency_s)
+        self._edges.size += 1
 
     def build(self) -> ExecGraph:
+        t, e = self._tasks, self._edges
+        duration = t.array("dur")
+        collective = t.array("coll")
+        if self._dur_override:
+            duration[list(self._dur_override)] = list(self._dur_override.values())
+        if self._coll_override:
+            collective[list(self._coll_override)] = list(self._coll_override.values())
         return ExecGraph(
-            duration_s=np.asarray(self._dur, dtype=np.float64),
-            resource=np.asarray(self._resource, dtype=np.int32),
-            category=np.asarray(self._cat, dtype=np.int8),
-            family=np.asarray(self._fam, dtype=np.int32),
-            name=np.asarray(self._name, dtype=np.int32),
-            collective=np.asarray(self._coll, dtype=np.int64),
-            edge_src=np.asarray(self._src, dtype=np.int64),
-            edge_dst=np.asarray(self._dst, dtype=np.int64),
-            edge_latency_s=np.asarray(self._lat, dtype=np.float64),
+            duration_s=duration,
+            resource=t.array("resource"),
+            category=t.array("cat"),
+            family=t.array("fam"),
+            name=t.array("name"),
+            collective=collective,
+            edge_src=e.array("src"),
+            edge_dst=e.array("dst"),
+            edge_latency_s=e.array("lat"),
             resource_rank=np.asarray(self._res_rank, dtype=np.int32),
             resource_kind=np.asarray(self._res_kind, dtype=np.int32),
             names=self._names.names,

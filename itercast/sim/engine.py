@@ -16,33 +16,34 @@ cycle in the contracted graph is a deadlock and is reported with the tasks on it
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from itercast.errors import DeadlockError
 from itercast.graph.execgraph import ExecGraph
+from itercast.sim.kernels import run_max_plus, run_topological_order
 
 
 @dataclass(frozen=True)
 class CompiledGraph:
-    """Structure of a graph prepared for evaluation (independent of durations).
+    """Structure of a graph prepared for evaluation (independent of durations), as flat arrays.
 
-    order: node ids in topological order (a node is a task, or the first member of a collective);
-    members[node]: the tasks of a collective node; predecessors of task t (explicit edges and the
-    previous task on its resource) are in_src[in_ptr[t]:in_ptr[t+1]] with latencies in in_lat.
+    order: node heads in topological order (a node is a task, or the first member of a collective);
+    the tasks of order[i] are grp_tasks[grp_ptr[i]:grp_ptr[i+1]]; predecessors of task t (explicit
+    edges and the previous task on its resource) are in_src[in_ptr[t]:in_ptr[t+1]], latencies in_lat.
     """
 
-    order: list[int]
-    members: dict[int, list[int]]
-    in_ptr: list[int]
-    in_src: list[int]
-    in_lat: list[float]
+    order: np.ndarray
+    grp_ptr: np.ndarray
+    grp_tasks: np.ndarray
+    in_ptr: np.ndarray
+    in_src: np.ndarray
+    in_lat: np.ndarray
 
     def predecessors(self, task: int) -> list[tuple[int, float]]:
-        lo, hi = self.in_ptr[task], self.in_ptr[task + 1]
-        return list(zip(self.in_src[lo:hi], self.in_lat[lo:hi], strict=True))
+        lo, hi = int(self.in_ptr[task]), int(self.in_ptr[task + 1])
+        return list(zip(self.in_src[lo:hi].tolist(), self.in_lat[lo:hi].tolist(), strict=True))
 
 
 @dataclass
@@ -70,19 +71,10 @@ def compile_graph(graph: ExecGraph) -> CompiledGraph:
     n = graph.num_tasks
     by_res = np.argsort(graph.resource, kind="stable")
     same = graph.resource[by_res[1:]] == graph.resource[by_res[:-1]]
-    src = np.concatenate([graph.edge_src, by_res[:-1][same]])
-    dst = np.concatenate([graph.edge_dst, by_res[1:][same]])
+    src = np.concatenate([graph.edge_src, by_res[:-1][same]]).astype(np.int64)
+    dst = np.concatenate([graph.edge_dst, by_res[1:][same]]).astype(np.int64)
     lat = np.concatenate([graph.edge_latency_s, np.zeros(int(same.sum()))])
-    node_of = np.arange(n)
-    coll = graph.collective
-    in_coll = np.flatnonzero(coll >= 0)
-    members: dict[int, list[int]] = {}
-    if in_coll.size:
-        ids, first = np.unique(coll[in_coll], return_index=True)
-        head_of = dict(zip(ids.tolist(), in_coll[first].tolist(), strict=True))
-        for t, c in zip(in_coll.tolist(), coll[in_coll].tolist(), strict=True):
-            node_of[t] = head_of[c]
-            members.setdefault(head_of[c], []).append(t)
+    node_of = _collective_heads(graph.collective)
     u, v = node_of[src], node_of[dst]
     loops = np.flatnonzero(u == v)
     if loops.size:
@@ -91,51 +83,49 @@ def compile_graph(graph: ExecGraph) -> CompiledGraph:
             f"deadlock: collective member {graph.task_label(int(dst[k]))} depends on "
             f"{graph.task_label(int(src[k]))} of the same collective"
         )
-    by_dst = np.argsort(dst, kind="stable")
-    in_ptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).tolist()
     by_u = np.argsort(u, kind="stable")
-    out_ptr = np.concatenate([[0], np.cumsum(np.bincount(u, minlength=n))]).tolist()
-    out_v = v[by_u].tolist()
-    indeg = np.bincount(v, minlength=n).tolist()
-    heads = np.flatnonzero(node_of == np.arange(n)).tolist()
-    queue = deque(x for x in heads if indeg[x] == 0)
-    order: list[int] = []
-    while queue:
-        x = queue.popleft()
-        order.append(x)
-        for y in out_v[out_ptr[x] : out_ptr[x + 1]]:
-            indeg[y] -= 1
-            if indeg[y] == 0:
-                queue.append(y)
-    compiled = CompiledGraph(order, members, in_ptr, src[by_dst].tolist(), lat[by_dst].tolist())
-    if len(order) != len(heads):
-        raise DeadlockError(_describe_cycle(graph, compiled, node_of.tolist(), indeg))
+    out_ptr = np.concatenate([[0], np.cumsum(np.bincount(u, minlength=n))]).astype(np.int64)
+    is_head = node_of == np.arange(n)
+    order, indeg = run_topological_order(n, is_head, out_ptr, v[by_u], np.bincount(v, minlength=n))
+    by_dst = np.argsort(dst, kind="stable")
+    in_ptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64)
+    if order.shape[0] != int(is_head.sum()):
+        partial = CompiledGraph(order, order, order, in_ptr, src[by_dst], lat[by_dst])
+        raise DeadlockError(_describe_cycle(graph, partial, node_of.tolist(), indeg.tolist()))
+    # members of each node, in the order of `order`
+    by_node = np.argsort(node_of, kind="stable")
+    counts = np.bincount(node_of, minlength=n)
+    first = np.concatenate([[0], np.cumsum(counts)])
+    grp_ptr = np.concatenate([[0], np.cumsum(counts[order])]).astype(np.int64)
+    lens = counts[order]
+    offsets = np.repeat(first[order] - grp_ptr[:-1], lens)  # gather each node's contiguous run of members
+    grp_tasks = by_node[offsets + np.arange(int(lens.sum()))]
+    compiled = CompiledGraph(order, grp_ptr, grp_tasks.astype(np.int64), in_ptr, src[by_dst], lat[by_dst])
     graph._order = compiled  # type: ignore[assignment]
     return compiled
+
+
+def _collective_heads(collective: np.ndarray) -> np.ndarray:
+    """node_of[t]: t itself, or the first task of t's collective."""
+    node_of = np.arange(collective.shape[0])
+    in_coll = np.flatnonzero(collective >= 0)
+    if in_coll.size:
+        ids, inverse = np.unique(collective[in_coll], return_inverse=True)
+        first = np.full(ids.shape[0], collective.shape[0])
+        np.minimum.at(first, inverse, in_coll)
+        node_of[in_coll] = first[inverse]
+    return node_of
 
 
 def simulate(graph: ExecGraph) -> SimResult:
     """Evaluate the step with scalar durations: start/end per task and the binding predecessor."""
     if graph.duration_s.ndim != 1:
         raise ValueError("simulate() takes scalar durations; sampled durations go to Monte Carlo")
-    compiled = compile_graph(graph)
-    dur = graph.duration_s.tolist()
-    n = len(dur)
-    start = [0.0] * n
-    end = [0.0] * n
-    binding = [-1] * n
-    ptr, in_src, in_lat, members = compiled.in_ptr, compiled.in_src, compiled.in_lat, compiled.members
-    for v in compiled.order:
-        group = members.get(v, (v,))
-        best, arg = 0.0, -1
-        for t in group:
-            for k in range(ptr[t], ptr[t + 1]):
-                e = end[in_src[k]] + in_lat[k]
-                if e > best:
-                    best, arg = e, in_src[k]
-        for t in group:
-            start[t], end[t], binding[t] = best, best + dur[t], arg
-    return SimResult(graph, np.asarray(start), np.asarray(end), np.asarray(binding, dtype=np.int64))
+    c = compile_graph(graph)
+    start, end, binding = run_max_plus(
+        c.order, c.grp_ptr, c.grp_tasks, c.in_ptr, c.in_src, c.in_lat, graph.duration_s.astype(np.float64)
+    )
+    return SimResult(graph, start, end, binding)
 
 
 def _describe_cycle(graph: ExecGraph, compiled: CompiledGraph, node_of: list[int], indeg: list[int]) -> str:

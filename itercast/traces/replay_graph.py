@@ -54,7 +54,7 @@ class StepMark:
 class ReplayGraph:
     graph: ExecGraph
     steps: list[StepMark]
-    gpu_task: dict[tuple[int, int], int]  # (rank, op index) -> task
+    gpu_task: dict[int, np.ndarray]  # rank -> task of each of its GPU ops (trace op order)
     nccl_meta: dict[int, dict]  # task -> NCCL metadata (with "group_ranks" when known)
     notes: Counter = field(default_factory=Counter)
 
@@ -63,7 +63,7 @@ def build_replay_graph(traces: list[RankTrace]) -> ReplayGraph:
     b = GraphBuilder()
     notes: Counter = Counter()
     steps: list[StepMark] = []
-    gpu_task: dict[tuple[int, int], int] = {}
+    gpu_task: dict[int, np.ndarray] = {}
     nccl_meta: dict[int, dict] = {}
     t0 = min((_first_us(t) for t in traces if _first_us(t) is not None), default=0.0)
     for index, trace in enumerate(traces):
@@ -94,8 +94,11 @@ class _RankBuilder:
         self.gpu_task, self.nccl_meta = gpu_task, nccl_meta
         self.t0 = t0_us  # one clock for all ranks: their measured offsets are kept
         self.clock: int | None = None  # a zero-length task at t0 on this rank, to anchor ops without a launch
-        self.call_task: dict[int, int] = {}  # call index -> task of the call
-        self.before_call: dict[int, int] = {}  # call index -> host task ending where the call starts
+        n_calls = t.call_ts_us.shape[0]
+        self.call_task = np.full(n_calls, -1, dtype=np.int64)  # call index -> task of the call
+        self.before_call = np.full(n_calls, -1, dtype=np.int64)  # call index -> host task ending where it starts
+        # trace name id -> graph name id
+        self.name_map = np.array([b.name_id(n) for n in t.names], dtype=np.int64) if t.names else np.zeros(0, np.int64)
 
     def build(self) -> None:
         self._host_chains()
@@ -107,56 +110,63 @@ class _RankBuilder:
         cuts: dict[int, list[tuple[float, int, bool]]] = defaultdict(list)  # tid -> (time, step, is_end)
         for number, tid, ts, dur in t.steps:
             cuts[tid] += [(ts, number, False), (ts + dur, number, True)]
-        tids = sorted(set(t.call_tid.tolist()) | set(cuts))
-        for tid in tids:
-            self._chain(tid, np.flatnonzero(t.call_tid == tid), sorted(cuts.get(tid, [])))
+        for tid in sorted(set(t.call_tid.tolist()) | set(cuts)):
+            calls = np.flatnonzero(t.call_tid == tid)
+            self._chain(tid, calls[np.argsort(t.call_ts_us[calls], kind="stable")], sorted(cuts.get(tid, [])))
 
     def _chain(self, tid: int, calls: np.ndarray, cuts: list[tuple[float, int, bool]]) -> None:
+        """One host thread: gap pieces and calls, built as arrays. Gap k runs from the cursor (the
+        latest end of earlier calls, or t0) to call k's start and is split at the step cuts inside it."""
         t, b = self.t, self.b
+        ts, end = t.call_ts_us[calls], t.call_ts_us[calls] + t.call_dur_us[calls]
+        n = calls.shape[0]
+        cursor = np.maximum.accumulate(np.concatenate([[self.t0], end]))  # cursor[k] before call k; [n] after all
+        cut_t = np.array([c[0] for c in cuts], dtype=np.float64)
+        group = np.searchsorted(ts, cut_t, side="left")  # cut j lies in gap group[j] (n: after the last call)
+        per_gap = np.bincount(group, minlength=n + 1)
+        # flat boundaries: for gap k (k < n): cursor_k, its cuts, ts_k; trailing: cursor_n, its cuts
+        bounds_per_gap = per_gap + 2
+        bounds_per_gap[n] -= 1
+        gstart = np.concatenate([[0], np.cumsum(bounds_per_gap)])
+        flat = np.empty(int(gstart[-1]))
+        flat[gstart[:-1]] = cursor
+        flat[gstart[1 : n + 1] - 1] = ts
+        cut_rank = np.arange(cut_t.shape[0]) - np.concatenate([[0], np.cumsum(per_gap)])[group]
+        flat[gstart[group] + 1 + cut_rank] = cut_t
+        run = np.maximum.accumulate(flat)  # a cut before the cursor is a zero-length piece (as time goes)
+        piece_dur = np.diff(run)
+        last_of_group = gstart[1:] - 1
+        keep = np.ones(piece_dur.shape[0], dtype=bool)
+        keep[last_of_group[:-1]] = False  # no piece from a group's last boundary into the next group
+        keep = keep[: piece_dur.shape[0]]
+        piece_dur = piece_dur[keep]
+        # interleave: pieces of gap 0, call 0, pieces of gap 1, call 1, …, trailing pieces
+        pieces = per_gap + 1
+        pieces[n] -= 1
+        call_pos = np.cumsum(pieces[:n]) + np.arange(n)
+        total = int(pieces.sum()) + n
+        is_call = np.zeros(total, dtype=bool)
+        is_call[call_pos] = True
+        dur_us = np.empty(total)
+        dur_us[~is_call] = piece_dur
+        dur_us[call_pos] = np.maximum(0.0, end - np.maximum(ts, cursor[:n]))
+        names = np.full(total, b.name_id("cpu"), dtype=np.int64)
+        names[call_pos] = self.name_map[t.call_name[calls]] if n else names[call_pos]
+        families = np.where(is_call, b.family_id("runtime"), b.family_id("host_gap"))
         res = b.resource(self.rank, f"host:{tid}")
-        calls = calls[np.argsort(t.call_ts_us[calls], kind="stable")]
-        starts = [float(t.call_ts_us[c]) for c in calls]
-        cursor = self.t0
-        last = None
+        first = b.add_tasks(names, np.full(total, res), dur_us * 1e-6, np.full(total, int(Category.HOST)), families)
+        self.call_task[calls] = first + call_pos
+        self.before_call[calls] = first + call_pos - 1
+        piece_pos = np.flatnonzero(~is_call)  # global position of each gap piece
+        piece_start = np.concatenate([[0], np.cumsum(pieces)])
         marks: dict[tuple[int, bool], tuple[int, bool]] = {}
-        ci = 0
-        for k, c in enumerate(calls.tolist()):
-            ts, dur = starts[k], float(t.call_dur_us[c])
-            while ci < len(cuts) and cuts[ci][0] <= ts:
-                last = self._gap(res, cursor, cuts[ci][0], last)
-                cursor = max(cursor, cuts[ci][0])
-                marks[(cuts[ci][1], cuts[ci][2])] = (b.num_tasks, False)  # the next task starts at the cut
-                ci += 1
-            last = self._gap(res, cursor, ts, last)
-            self.before_call[c] = last
-            end = ts + dur
-            start = max(ts, cursor)
-            last = b.task(
-                t.names[t.call_name[c]],
-                res,
-                max(0.0, end - start) * 1e-6,
-                Category.HOST,
-                "runtime",
-                [last] if last is not None else [],
-            )
-            self.call_task[c] = last
-            cursor = max(cursor, end)
-        while ci < len(cuts):  # cuts after the last call: a trailing gap ends exactly at the cut
-            last = self._gap(res, cursor, cuts[ci][0], last)
-            cursor = max(cursor, cuts[ci][0])
-            marks[(cuts[ci][1], cuts[ci][2])] = (last, True)
-            ci += 1
+        for j, (_, number, is_end) in enumerate(cuts):
+            g, r = int(group[j]), int(cut_rank[j])
+            if g < n:  # the piece after the cut starts at it
+                marks[(number, is_end)] = (first + int(piece_pos[piece_start[g] + r + 1]), False)
+            else:  # trailing: the piece ending at the cut
+                marks[(number, is_end)] = (first + int(piece_pos[piece_start[g] + r]), True)
         self._record_steps(marks)
-
-    def _gap(self, res: int, start_us: float, end_us: float, last: int | None) -> int:
-        return self.b.task(
-            "cpu",
-            res,
-            max(0.0, end_us - start_us) * 1e-6,
-            Category.HOST,
-            "host_gap",
-            [last] if last is not None else [],
-        )
 
     def _record_steps(self, marks: dict) -> None:
         for number, _, _, dur in self.t.steps:
@@ -169,73 +179,97 @@ class _RankBuilder:
         t, b = self.t, self.b
         if not t.num_ops:
             return
-        launch = self._launch_index()
-        streams = _stream_kinds(t)
-        order = np.lexsort((t.op_ts_us, t.op_stream))
-        waits = self._wait_sources(launch)
-        latencies = self._launch_latencies(order, launch, waits)
-        median = float(np.median(latencies[latencies >= 0])) if (latencies >= 0).any() else DEFAULT_LAUNCH_LATENCY_US
+        waits = self._wait_sources()
+        latencies = self._launch_latencies(waits)
+        measured = latencies[latencies >= 0]
+        median = float(np.median(measured)) if measured.size else DEFAULT_LAUNCH_LATENCY_US
         self.notes[f"rank {self.rank} median launch latency µs"] = round(median, 3)
-        for k in order.tolist():
-            stream = int(t.op_stream[k])
-            res = b.resource(self.rank, streams[stream])
-            deps, lat = [], median * 1e-6
-            call = launch.get(int(t.op_corr[k]))
-            if call is not None:
-                deps.append(self.before_call[call])
-                if latencies[k] >= 0:
-                    lat = latencies[k] * 1e-6
-            else:  # launched from a thread the trace does not show: pin to its measured start
-                deps.append(self._clock())
-                lat = max(0.0, float(t.op_ts_us[k]) - self.t0) * 1e-6
-                self.notes["GPU ops without a launch call (anchored at their measured start)"] += 1
-            name = t.names[t.op_name[k]]
-            nccl = "nccl" in name.lower()
-            cat = Category.COMMUNICATION if nccl else Category.COMPUTE
-            family = ("kernel", "memcpy", "memset")[t.op_kind[k]]
-            task = b.task(name, res, float(t.op_dur_us[k]) * 1e-6, cat, family, deps, latency_s=lat)
-            self.gpu_task[(self.rank, k)] = task
-            if nccl:
-                self.nccl_meta[task] = dict(t.op_nccl[k] or {})
+        order = np.lexsort((t.op_ts_us, t.op_stream))
+        kinds = _stream_kinds(t)
+        uniq = np.array(sorted(kinds), dtype=np.int64)
+        res_of = np.array([b.resource(self.rank, kinds[int(s_)]) for s_ in uniq], dtype=np.int64)
+        res = res_of[np.searchsorted(uniq, t.op_stream[order])]
+        names = self.name_map[t.op_name[order]]
+        nccl_names = np.array(["nccl" in n.lower() for n in t.names], dtype=bool)
+        nccl = nccl_names[t.op_name[order]]
+        fam_ids = np.array([b.family_id(f) for f in ("kernel", "memcpy", "memset")])
+        first = b.add_tasks(
+            names,
+            res,
+            t.op_dur_us[order] * 1e-6,
+            np.where(nccl, int(Category.COMMUNICATION), int(Category.COMPUTE)),
+            fam_ids[t.op_kind[order].astype(np.int64)],
+        )
+        task_of = np.empty(t.num_ops, dtype=np.int64)
+        task_of[order] = first + np.arange(order.shape[0])
+        call_of = self._call_of_ops()
+        has = call_of >= 0
+        lat_us = np.where(latencies >= 0, latencies, median)
+        b.add_edges(self.before_call[call_of[has]], task_of[has], lat_us[has] * 1e-6)
+        orphans = np.flatnonzero(~has)
+        if orphans.size:  # launched from a thread the trace does not show: pin to its measured start
+            b.add_edges(
+                np.full(orphans.shape[0], self._clock()),
+                task_of[orphans],
+                np.maximum(0.0, t.op_ts_us[orphans] - self.t0) * 1e-6,
+            )
+            self.notes["GPU ops without a launch call (anchored at their measured start)"] += int(orphans.shape[0])
+        self.gpu_task[self.rank] = task_of
+        for k in np.flatnonzero(nccl_names[t.op_name]).tolist():
+            self.nccl_meta[int(task_of[k])] = dict(t.op_nccl[k] or {})
         for k, sources in waits.items():  # every GPU task exists now: add the inferred waits
             for src in sources:
-                b.edge(self.gpu_task[(self.rank, src)], self.gpu_task[(self.rank, k)])
+                b.edge(int(task_of[src]), int(task_of[k]))
                 self.notes["cross-stream waits inferred (cudaStreamWaitEvent)"] += 1
-        self._sync_edges(launch)
+        self._sync_edges(task_of)
+
+    def _call_of_ops(self) -> np.ndarray:
+        """Launching call of each GPU op (by correlation id), −1 where the trace has none."""
+        if getattr(self, "_call_of", None) is None:
+            t = self.t
+            corr = t.call_corr
+            by_corr = np.argsort(corr, kind="stable")
+            pos = np.searchsorted(corr[by_corr], t.op_corr)
+            pos = np.minimum(pos, max(corr.shape[0] - 1, 0))
+            found = (corr.shape[0] > 0) & (t.op_corr >= 0)
+            found &= corr[by_corr][pos] == t.op_corr if corr.shape[0] else False
+            self._call_of = np.where(found, by_corr[pos] if corr.shape[0] else -1, -1).astype(np.int64)
+        return self._call_of
 
     def _clock(self) -> int:
         if self.clock is None:
             self.clock = self.b.task("clock", self.b.resource(self.rank, "clock"), 0.0, Category.HOST, "clock")
         return self.clock
 
-    def _launch_index(self) -> dict[int, int]:
+    def _launch_latencies(self, waits: dict[int, list[int]]) -> np.ndarray:
+        """Measured start − launch start for ops that nothing else held back (the stream was free and
+        no inferred wait ended later); −1 elsewhere."""
         t = self.t
-        ok = t.call_corr >= 0
-        return dict(zip(t.call_corr[ok].tolist(), np.flatnonzero(ok).tolist(), strict=True))
-
-    def _launch_latencies(self, order: np.ndarray, launch: dict[int, int], waits: dict[int, list[int]]) -> np.ndarray:
-        """Measured start − launch start for ops that nothing else held back; −1 elsewhere."""
-        t = self.t
-        lat = np.full(t.num_ops, -1.0)
-        prev_end: dict[int, float] = {}
         ends = t.op_ts_us + t.op_dur_us
-        for k in order.tolist():
-            stream = int(t.op_stream[k])
-            held = max([prev_end.get(stream, -np.inf), *(ends[s] for s in waits.get(k, ()))])
-            call = launch.get(int(t.op_corr[k]))
-            if call is not None and t.op_ts_us[k] - held > EPS_US:
-                lat[k] = max(0.0, float(t.op_ts_us[k] - t.call_ts_us[call]))
-            prev_end[stream] = float(ends[k])
+        order = np.lexsort((t.op_ts_us, t.op_stream))
+        held = np.full(t.num_ops, -np.inf)
+        same = t.op_stream[order[1:]] == t.op_stream[order[:-1]]
+        held[order[1:][same]] = ends[order[:-1][same]]
+        for k, sources in waits.items():
+            held[k] = max(held[k], max(ends[s] for s in sources))
+        call_of = self._call_of_ops()
+        launched = call_of >= 0
+        free = launched & (t.op_ts_us - held > EPS_US)
+        lat = np.full(t.num_ops, -1.0)
+        lat[free] = np.maximum(0.0, t.op_ts_us[free] - t.call_ts_us[call_of[free]])
         return lat
 
-    def _wait_sources(self, launch: dict[int, int]) -> dict[int, list[int]]:
+    def _wait_sources(self) -> dict[int, list[int]]:
         """For each cudaStreamWaitEvent: the next op its thread launches waits for the latest op
         launched before the call on another stream, when the measured times allow it. One sweep
         over calls in time order."""
         t = self.t
+        if WAIT_CALL not in t.names:
+            return {}
         ends = t.op_ts_us + t.op_dur_us
-        op_of_call = {c: k for k, c in ((k, launch.get(int(t.op_corr[k]))) for k in range(t.num_ops)) if c is not None}
-        wait_name = t.names.index(WAIT_CALL) if WAIT_CALL in t.names else -1
+        call_of = self._call_of_ops()
+        op_of_call = dict(zip(call_of[call_of >= 0].tolist(), np.flatnonzero(call_of >= 0).tolist(), strict=True))
+        wait_name = t.names.index(WAIT_CALL)
         order = np.argsort(t.call_ts_us, kind="stable").tolist()
         next_launch: dict[int, int] = {}  # call -> op launched next by the same thread
         pending: dict[int, list[int]] = defaultdict(list)  # thread -> waits still looking for a launch
@@ -264,21 +298,25 @@ class _RankBuilder:
                 self.notes["stream waits the measured times rule out"] += 1
         return out
 
-    def _sync_edges(self, launch: dict[int, int]) -> None:
+    def _sync_edges(self, task_of: np.ndarray) -> None:
         """Synchronising calls wait for the GPU op whose end they measurably waited for."""
         t = self.t
+        sync_names = [i for i, n in enumerate(t.names) if n in SYNC_CALLS]
+        syncs = np.flatnonzero(np.isin(t.call_name, sync_names)) if sync_names else np.zeros(0, np.int64)
+        if not syncs.size:
+            return
         ends = t.op_ts_us + t.op_dur_us
-        op_launch_ts = np.array(
-            [t.call_ts_us[launch[c]] if c in launch else t.op_ts_us[k] for k, c in enumerate(t.op_corr.tolist())]
-        )
-        for c in range(t.call_ts_us.shape[0]):
+        call_of = self._call_of_ops()
+        op_launch_ts = np.where(call_of >= 0, t.call_ts_us[np.maximum(call_of, 0)], t.op_ts_us)
+        by_launch = np.argsort(op_launch_ts, kind="stable")
+        for c in syncs.tolist():
             name = t.names[t.call_name[c]]
-            if name not in SYNC_CALLS:
-                continue
             ts, te = t.call_ts_us[c], t.call_ts_us[c] + t.call_dur_us[c]
-            before = np.flatnonzero((op_launch_ts <= ts) & (ends <= te + EPS_US))
             if name == "cudaMemcpy":
-                before = np.array([k for k in range(t.num_ops) if launch.get(int(t.op_corr[k])) == c], dtype=int)
+                before = np.flatnonzero(call_of == c)
+            else:
+                launched = by_launch[: int(np.searchsorted(op_launch_ts[by_launch], ts, side="right"))]
+                before = launched[ends[launched] <= te + EPS_US]
             if not before.size:
                 continue
             last_per_stream: dict[int, int] = {}
@@ -287,9 +325,9 @@ class _RankBuilder:
             waited = list(last_per_stream.values())
             if name != "cudaDeviceSynchronize":
                 waited = [max(waited, key=lambda k: ends[k])]
-            task = self.call_task[c]
+            task = int(self.call_task[c])
             for k in waited:
-                self.b.edge(self.gpu_task[(self.rank, k)], task)
+                self.b.edge(int(task_of[k]), task)
             binding = max(ends[k] for k in waited)
             if binding > ts:  # it waited: only the part after the GPU finished is the call's own time
                 self.b.set_duration(task, max(0.0, te - binding) * 1e-6)
@@ -303,12 +341,13 @@ def _first_us(t: RankTrace) -> float | None:
 
 def _stream_kinds(t: RankTrace) -> dict[int, str]:
     """The busiest non-NCCL stream is 'compute' (the breakdown's main stream); others by id."""
-    busy: dict[int, float] = defaultdict(float)
-    for k in range(t.num_ops):
-        if "nccl" not in t.names[t.op_name[k]].lower():
-            busy[int(t.op_stream[k])] += float(t.op_dur_us[k])
-    main = max(busy, key=busy.get) if busy else None
-    return {int(s): ("compute" if s == main else f"stream:{s}") for s in set(t.op_stream.tolist())}
+    streams = np.unique(t.op_stream)
+    nccl = np.array(["nccl" in n.lower() for n in t.names], dtype=bool)[t.op_name] if t.names else np.zeros(0, bool)
+    busy = np.bincount(
+        np.searchsorted(streams, t.op_stream), weights=np.where(nccl, 0.0, t.op_dur_us), minlength=streams.shape[0]
+    )
+    main = int(streams[np.argmax(busy)]) if busy.size and busy.max() > 0 else None
+    return {int(s): ("compute" if s == main else f"stream:{s}") for s in streams.tolist()}
 
 
 def _match_collectives(
@@ -325,7 +364,7 @@ def _match_collectives(
     for i, t in enumerate(traces):
         rank = t.rank if t.rank is not None else i
         for k in np.argsort(t.op_ts_us, kind="stable").tolist():
-            task = gpu_task.get((rank, k))
+            task = int(gpu_task[rank][k]) if rank in gpu_task else None
             if task is None or task not in nccl_meta:
                 continue
             meta = nccl_meta[task]

@@ -127,7 +127,7 @@ def apply_whatif(
         raise ConfigError(f"what-if: unknown kernel class {sorted(unknown)}; known: {sorted(known)}")
     if any(f < 0 for f in whatif.scale.values()):
         raise ConfigError(f"what-if: scale factors must be ≥ 0; got {whatif.scale}")
-    gpu_tasks = sorted(set(rg.gpu_task.values()))
+    gpu_tasks = sorted(set(np.concatenate(list(rg.gpu_task.values())).tolist())) if rg.gpu_task else []
     for task in gpu_tasks:
         cls = kernel_class(g.names[g.name[task]], g.families[g.family[task]])
         if cls in whatif.scale:
