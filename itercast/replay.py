@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from itercast.errors import ConfigError
+from itercast.predict import summarise_path
 from itercast.sim.analysis import Breakdown, breakdown
 from itercast.sim.engine import SimResult, simulate
 from itercast.traces.execution_trace import link, read_execution_trace
@@ -54,6 +55,7 @@ class ReplayResult:
             ],
             "replayed_span_s": self.sim.step_time_s,
             "breakdown": self.breakdown.as_dict(),
+            "critical_path": summarise_path(self.sim),
             "events": sum(t.num_events for t in self.traces),
             "tasks": self.sim.graph.num_tasks,
             "ignored_events": ignored,

@@ -20,6 +20,48 @@ def test_import_keeps_calls_ops_steps_and_counts_the_rest(tmp_path):
     assert dict(t.ignored) == {} and t.names[t.cpu_name[0]] == "aten::mm" and t.cpu_rf_id.tolist() == [-1]
 
 
+def test_events_not_used_are_counted_by_reason(tmp_path):
+    extra = [
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 1, "pid": 100, "tid": 100, "ts": 10},
+        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "python"}},
+        {"ph": "i", "name": "marker", "pid": 0, "tid": 0, "ts": 3},
+    ]
+    t = read_kineto(write(tmp_path / "t.json", gpu_bound_step() + extra))
+    assert dict(t.ignored) == {
+        "flow event (launch links come from correlation ids)": 1,
+        "metadata": 1,
+        "other (i, None)": 1,
+    }
+    assert t.num_events == len(gpu_bound_step()) + 3
+
+
+def test_replay_json_and_timeline_carry_rendezvous_and_critical_path(tmp_path):
+    from itercast.traces.perfetto import to_chrome_trace
+
+    meta = {
+        "Collective name": "allreduce",
+        "In msg nelems": 16,
+        "Out msg nelems": 16,
+        "Group size": 2,
+        "dtype": "Float",
+        "Process Group Ranks": "[0, 1]",
+    }
+    paths = []
+    for rank, start in ((0, 10), (1, 20)):
+        events = [
+            step(1, 0, 60),
+            call("cudaLaunchKernel", start - 5, 2, corr=1),
+            kernel("ncclKernel_AllReduce", start, 40 - start, corr=1, **meta),
+            call("cudaDeviceSynchronize", 30, 15),
+        ]
+        paths.append(write(tmp_path / f"r{rank}.json", events, distributedInfo={"rank": rank, "world_size": 2}))
+    res = replay(paths)
+    flows = [e for e in to_chrome_trace(res.sim)["traceEvents"] if e.get("cat") == "collective"]
+    assert len(flows) == 2 and {e["pid"] for e in flows} == {0, 1}  # one start, one finish: rank 0 → rank 1
+    out = res.to_dict()
+    assert out["critical_path"][-1]["end_s"] == pytest.approx(res.sim.step_time_s)
+
+
 def test_relative_timestamps_with_base_time_equal_absolute_ones(tmp_path):
     absolute = [dict(e, ts=e["ts"] + 5_000_000) for e in gpu_bound_step()]
     a = read_kineto(write(tmp_path / "a.json", absolute))

@@ -1,12 +1,13 @@
 """Export a simulated step as Chrome/Perfetto trace JSON (opens in ui.perfetto.dev).
 
 pid = rank, tid = resource (stream), complete events ('X') in µs, 'M' metadata naming processes
-and threads, and flow events ('s'/'f') for dependencies that cross resources (launches, p2p,
-collective rendezvous).
+and threads, and flow events ('s'/'f') for dependencies that cross resources (launches, p2p, waits) and
+between the members of each collective (rendezvous).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,20 @@ def to_chrome_trace(sim: SimResult, max_flows: int = 20_000) -> dict[str, Any]:
             events.append({**common, "ph": "s", "pid": int(ranks[s]), "tid": int(g.resource[s]), "ts": float(end[s])})
             events.append(
                 {**common, "ph": "f", "bp": "e", "pid": int(ranks[t]), "tid": int(g.resource[t]), "ts": float(start[t])}
+            )
+            flows += 1
+    members: dict[int, list[int]] = {}
+    for t, c in enumerate(g.collective.tolist()):
+        if c >= 0:
+            members.setdefault(c, []).append(t)
+    for group in members.values():  # rendezvous: link the members of each collective in a chain
+        for a, b in itertools.pairwise(group):
+            if flows >= max_flows:
+                break
+            common = {"name": "rendezvous", "cat": "collective", "id": flows}
+            events.append({**common, "ph": "s", "pid": int(ranks[a]), "tid": int(g.resource[a]), "ts": float(start[a])})
+            events.append(
+                {**common, "ph": "f", "bp": "e", "pid": int(ranks[b]), "tid": int(g.resource[b]), "ts": float(start[b])}
             )
             flows += 1
     return {
