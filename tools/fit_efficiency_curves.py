@@ -10,7 +10,7 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
 - GEMM: time = alpha + flops / (peak · eff(flops)); OpenXLA's measured H100 matmul table (sm_90),
   bf16 and f32 (XLA runs f32 as TF32). Its fp8 rows exceed H100's dense fp8 peak (2.59 vs 1.98
   PFLOP/s), so they are not used; fp8 reuses the bf16 curve.
-- Memory-bound: time = floor + bytes / (hbm_bw · eff(bytes)); vidur's A100 and H100 profiles of
+- Memory-bound: time = alpha + bytes / (hbm_bw · eff(bytes)); vidur's A100 and H100 profiles of
   residual add, RMSNorm and SiLU·mul (bytes counted from the shapes).
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
   m nodes; intra-node curves on one 8×H100 node (B = 450 GB/s NVLink4 per GPU; see
@@ -54,32 +54,36 @@ def mean_abs_err(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.mean(np.abs(pred / meas - 1)))
 
 
+def fit_latency_curve(x: np.ndarray, t: np.ndarray, rate: np.ndarray | float) -> dict:
+    """time = alpha + x / (rate · eff(x)), fitted on log time; x in FLOPs or bytes, rate the peak in
+    the same unit per second (a scalar, or one per point when the points come from several GPUs)."""
+
+    def model(p):
+        return p[0] * 1e-6 + x / (rate * eff(x, *p[1:]))
+
+    fit = least_squares(
+        lambda p: np.log(model(p)) - np.log(t),
+        x0=[3.0, 0.8, math.log(np.median(x)), 1.0],
+        bounds=([0, 0.05, 5, 0.1], [50, 1.2, 40, 4]),
+    )
+    return {
+        "alpha_s": fit.x[0] * 1e-6,
+        "e_max": fit.x[1],
+        "log_half": fit.x[2],
+        "gamma": fit.x[3],
+        "points": len(x),
+        "fit_mean_abs_err": mean_abs_err(model(fit.x), t),
+    }
+
+
 def fit_gemm(data: Path) -> dict:
-    """time = alpha + FLOPs / (peak · eff(FLOPs)): alpha is the kernel's fixed latency (absolute, the
-    same on a slower GPU), eff the throughput ramp relative to the peak."""
+    """alpha is the kernel's fixed latency (absolute: the same on a slower GPU), eff the throughput ramp."""
     rows = read_csv_rows(data / "kernels" / "xla_matmul_perf_table.csv")
     out: dict = {}
     for key, dtype, peak in (("bf16", "bf16xbf16->bf16", H100_BF16_PEAK), ("tf32", "f32xf32->f32", H100_TF32_PEAK)):
         sel = [r for r in rows if r["device"] == "sm_90" and r["dtype"] == dtype]
         flops = np.array([2.0 * int(r["b"]) * int(r["m"]) * int(r["n"]) * int(r["k"]) for r in sel])
-        meas_t = flops / np.array([float(r["flops_per_s"]) for r in sel])
-
-        def model(p, flops=flops, peak=peak):
-            return p[0] * 1e-6 + flops / (peak * eff(flops, *p[1:]))
-
-        fit = least_squares(
-            lambda p, model=model, meas_t=meas_t: np.log(model(p)) - np.log(meas_t),
-            x0=[3.0, 0.8, math.log(1e10), 1.0],
-            bounds=([0, 0.05, 10, 0.1], [50, 1.2, 40, 4]),
-        )
-        out[key] = {
-            "alpha_s": fit.x[0] * 1e-6,
-            "e_max": fit.x[1],
-            "log_half": fit.x[2],
-            "gamma": fit.x[3],
-            "points": len(sel),
-            "fit_mean_abs_err": mean_abs_err(model(fit.x), meas_t),
-        }
+        out[key] = fit_latency_curve(flops, flops / np.array([float(r["flops_per_s"]) for r in sel]), peak)
     out["source"] = (
         "OpenXLA default_matmul_perf_table (sm_90 = H100), ROCm/xla@dc66032; see tools/fit_efficiency_curves.py"
     )
@@ -108,24 +112,7 @@ def fit_memory(data: Path) -> dict:
         "(elementwise: add; norm: input_layernorm (RMSNorm); activation: mlp_act (SiLU·mul))"
     }
     for kind, (b_, t_, bw_) in samples.items():
-        b, t, bw = np.array(b_, float), np.array(t_), np.array(bw_)
-
-        def model(p, b=b, bw=bw):
-            return p[0] * 1e-6 + b / (bw * eff(b, *p[1:]))
-
-        fit = least_squares(
-            lambda p, t=t, model=model: np.log(model(p)) - np.log(t),
-            x0=[2.0, 0.8, math.log(1e6), 1.0],
-            bounds=([0, 0.05, 5, 0.2], [50, 1.2, 30, 4]),
-        )
-        out[kind] = {
-            "floor_s": fit.x[0] * 1e-6,
-            "e_max": fit.x[1],
-            "log_half": fit.x[2],
-            "gamma": fit.x[3],
-            "points": len(b),
-            "fit_mean_abs_err": mean_abs_err(model(fit.x), t),
-        }
+        out[kind] = fit_latency_curve(np.array(b_, float), np.array(t_), np.array(bw_))
     return out
 
 

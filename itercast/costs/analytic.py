@@ -47,7 +47,7 @@ class AnalyticCostModel:
         gemm = data["gemm"]["tf32" if dtype == "fp32" else "bf16"]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
-        self.memory = {k: (v["floor_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
+        self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
         self.intra = data["collectives"]["intra_node"]
         self.inter = data["collectives"]["inter_node"]
         self.p2p = data["collectives"]["p2p"]

@@ -38,32 +38,26 @@ def to_chrome_trace(sim: SimResult, max_flows: int = 20_000) -> dict[str, Any]:
                 "args": {"family": g.families[g.family[t]]},
             }
         )
-    flows = 0
+    links: list[tuple[str, str, int, float, int, float]] = []  # (name, category, from, at µs, to, at µs)
     compiled = compile_graph(g)
     for t in range(g.num_tasks):
-        for s, _ in compiled.predecessors(t):
-            if g.resource[s] == g.resource[t] or flows >= max_flows:
-                continue
-            common = {"name": "dep", "cat": "dependency", "id": flows}
-            events.append({**common, "ph": "s", "pid": int(ranks[s]), "tid": int(g.resource[s]), "ts": float(end[s])})
-            events.append(
-                {**common, "ph": "f", "bp": "e", "pid": int(ranks[t]), "tid": int(g.resource[t]), "ts": float(start[t])}
-            )
-            flows += 1
+        links += [
+            ("dep", "dependency", s, float(end[s]), t, float(start[t]))
+            for s, _ in compiled.predecessors(t)
+            if g.resource[s] != g.resource[t]
+        ]
     members: dict[int, list[int]] = {}
     for t, c in enumerate(g.collective.tolist()):
         if c >= 0:
             members.setdefault(c, []).append(t)
     for group in members.values():  # rendezvous: link the members of each collective in a chain
-        for a, b in itertools.pairwise(group):
-            if flows >= max_flows:
-                break
-            common = {"name": "rendezvous", "cat": "collective", "id": flows}
-            events.append({**common, "ph": "s", "pid": int(ranks[a]), "tid": int(g.resource[a]), "ts": float(start[a])})
-            events.append(
-                {**common, "ph": "f", "bp": "e", "pid": int(ranks[b]), "tid": int(g.resource[b]), "ts": float(start[b])}
-            )
-            flows += 1
+        links += [
+            ("rendezvous", "collective", a, float(start[a]), b, float(start[b])) for a, b in itertools.pairwise(group)
+        ]
+    for flow_id, (name, cat, a, ts_a, b, ts_b) in enumerate(links[:max_flows]):
+        common = {"name": name, "cat": cat, "id": flow_id}
+        events.append({**common, "ph": "s", "pid": int(ranks[a]), "tid": int(g.resource[a]), "ts": ts_a})
+        events.append({**common, "ph": "f", "bp": "e", "pid": int(ranks[b]), "tid": int(g.resource[b]), "ts": ts_b})
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
