@@ -38,23 +38,25 @@ def to_chrome_trace(sim: SimResult, max_flows: int = 20_000) -> dict[str, Any]:
                 "args": {"family": g.families[g.family[t]]},
             }
         )
-    links: list[tuple[str, str, int, float, int, float]] = []  # (name, category, from, at µs, to, at µs)
     compiled = compile_graph(g)
-    for t in range(g.num_tasks):
-        links += [
-            ("dep", "dependency", s, float(end[s]), t, float(start[t]))
-            for s, _ in compiled.predecessors(t)
-            if g.resource[s] != g.resource[t]
-        ]
     members: dict[int, list[int]] = {}
     for t, c in enumerate(g.collective.tolist()):
         if c >= 0:
             members.setdefault(c, []).append(t)
-    for group in members.values():  # rendezvous: link the members of each collective in a chain
-        links += [
-            ("rendezvous", "collective", a, float(start[a]), b, float(start[b])) for a, b in itertools.pairwise(group)
-        ]
-    for flow_id, (name, cat, a, ts_a, b, ts_b) in enumerate(links[:max_flows]):
+    links = itertools.chain(  # (name, category, from, at µs, to, at µs), produced lazily: only max_flows are kept
+        (
+            ("dep", "dependency", s, float(end[s]), t, float(start[t]))
+            for t in range(g.num_tasks)
+            for s, _ in compiled.predecessors(t)
+            if g.resource[s] != g.resource[t]
+        ),
+        (
+            ("rendezvous", "collective", a, float(start[a]), b, float(start[b]))  # members of a collective, chained
+            for group in members.values()
+            for a, b in itertools.pairwise(group)
+        ),
+    )
+    for flow_id, (name, cat, a, ts_a, b, ts_b) in enumerate(itertools.islice(links, max_flows)):
         common = {"name": name, "cat": cat, "id": flow_id}
         events.append({**common, "ph": "s", "pid": int(ranks[a]), "tid": int(g.resource[a]), "ts": ts_a})
         events.append({**common, "ph": "f", "bp": "e", "pid": int(ranks[b]), "tid": int(g.resource[b]), "ts": ts_b})
