@@ -43,18 +43,20 @@ def to_chrome_trace(sim: SimResult, max_flows: int = 20_000) -> dict[str, Any]:
     for t, c in enumerate(g.collective.tolist()):
         if c >= 0:
             members.setdefault(c, []).append(t)
-    links = itertools.chain(  # (name, category, from, at µs, to, at µs), produced lazily: only max_flows are kept
-        (
-            ("dep", "dependency", s, float(end[s]), t, float(start[t]))
-            for t in range(g.num_tasks)
-            for s, _ in compiled.predecessors(t)
-            if g.resource[s] != g.resource[t]
-        ),
-        (
-            ("rendezvous", "collective", a, float(start[a]), b, float(start[b]))  # members of a collective, chained
-            for group in members.values()
-            for a, b in itertools.pairwise(group)
-        ),
+    links = (
+        itertools.chain(  # (name, category, from, at µs, to, at µs), lazily, rendezvous first: only max_flows are kept
+            (
+                ("rendezvous", "collective", a, float(start[a]), b, float(start[b]))  # members of a collective, chained
+                for group in members.values()
+                for a, b in itertools.pairwise(group)
+            ),
+            (
+                ("dep", "dependency", s, float(end[s]), t, float(start[t]))
+                for t in range(g.num_tasks)
+                for s, _ in compiled.predecessors(t)
+                if g.resource[s] != g.resource[t]
+            ),
+        )
     )
     for flow_id, (name, cat, a, ts_a, b, ts_b) in enumerate(itertools.islice(links, max_flows)):
         common = {"name": name, "cat": cat, "id": flow_id}
