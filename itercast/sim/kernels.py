@@ -113,3 +113,59 @@ def run_max_plus(
     args = [a.tolist() for a in (order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat, dur)]
     max_plus(*args, start_l, end_l, bind_l)
     return np.asarray(start_l), np.asarray(end_l), np.asarray(bind_l, dtype=np.int64)
+
+
+def max_plus_samples(
+    order: Any, grp_ptr: Any, grp_tasks: Any, in_ptr: Any, in_src: Any, in_lat: Any, dur: Any, end: Any, ready: Any
+) -> None:
+    """`max_plus` for S samples at once: dur and end are (tasks, S); `ready` is scratch of length S.
+    A node's start is the element-wise max over its predecessors' ends (+ latency)."""
+    samples = dur.shape[1]
+    for i in range(len(order)):
+        for s in range(samples):
+            ready[s] = 0.0
+        for j in range(grp_ptr[i], grp_ptr[i + 1]):
+            t = grp_tasks[j]
+            for k in range(in_ptr[t], in_ptr[t + 1]):
+                src = in_src[k]
+                lat = in_lat[k]
+                for s in range(samples):
+                    e = end[src, s] + lat
+                    if e > ready[s]:
+                        ready[s] = e
+        for j in range(grp_ptr[i], grp_ptr[i + 1]):
+            t = grp_tasks[j]
+            for s in range(samples):
+                end[t, s] = ready[s] + dur[t, s]
+
+
+max_plus_samples_kernel = _compiled(max_plus_samples)
+
+
+def run_max_plus_samples(
+    order: np.ndarray,
+    grp_ptr: np.ndarray,
+    grp_tasks: np.ndarray,
+    in_ptr: np.ndarray,
+    in_src: np.ndarray,
+    in_lat: np.ndarray,
+    dur: np.ndarray,
+) -> np.ndarray:
+    """End times (tasks, S) for sampled durations (tasks, S)."""
+    end = np.zeros_like(dur)
+    ready = np.zeros(dur.shape[1])
+    if HAVE_NUMBA:
+        max_plus_samples_kernel(order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat, dur, end, ready)
+        return end
+    # Python path: vectorise over samples with numpy instead of a per-sample loop
+    in_ptr_l, in_src_l, in_lat_l = in_ptr.tolist(), in_src.tolist(), in_lat.tolist()
+    grp_l, tasks_l = grp_ptr.tolist(), grp_tasks.tolist()
+    for i in range(order.shape[0]):
+        r = np.zeros(dur.shape[1])
+        members = tasks_l[grp_l[i] : grp_l[i + 1]]
+        for t in members:
+            for k in range(in_ptr_l[t], in_ptr_l[t + 1]):
+                np.maximum(r, end[in_src_l[k]] + in_lat_l[k], out=r)
+        for t in members:
+            end[t] = r + dur[t]
+    return end

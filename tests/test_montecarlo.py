@@ -1,0 +1,119 @@
+"""Monte Carlo engine: exact at zero variance, shared collective draws, order statistics, seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from scipy import stats
+from test_engine_properties import random_graphs
+
+from itercast.graph.execgraph import Category, GraphBuilder
+from itercast.sim import kernels
+from itercast.sim.engine import compile_graph, simulate
+from itercast.sim.montecarlo import exponential_quantile, lognormal_quantile, max_of_k, simulate_samples
+
+
+def constant(graph):
+    return lambda rng, n: np.repeat(graph.duration_s[:, None], n, axis=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_graphs())
+def test_zero_variance_equals_the_deterministic_simulation(graph):
+    assert np.all(simulate_samples(graph, constant(graph), 5, block=2) == simulate(graph).step_time_s)
+
+
+def fork_join(k: int):
+    """k ranks each run one task, then meet in a zero-length collective."""
+    b = GraphBuilder()
+    coll = b.new_collective()
+    for r in range(k):
+        work = b.task("work", b.resource(r, "compute"), 1.0, Category.COMPUTE, "gemm")
+        b.task("barrier", b.resource(r, "compute"), 0.0, Category.COMMUNICATION, "all_reduce", [work], collective=coll)
+    return b.build()
+
+
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_max_of_k_exponentials_has_the_harmonic_mean(k):
+    # E[max of k i.i.d. Exp(1)] = H_k = 1 + 1/2 + … + 1/k; the step ends at that maximum.
+    g = fork_join(k)
+    work = g.category == Category.COMPUTE
+
+    def sample(rng, n):
+        d = np.zeros((g.num_tasks, n))
+        d[work] = rng.exponential(1.0, (int(work.sum()), n))
+        return d
+
+    steps = simulate_samples(g, sample, 40_000, seed=1)
+    harmonic = sum(1.0 / i for i in range(1, k + 1))
+    stderr = np.sqrt(sum(1.0 / i**2 for i in range(1, k + 1)) / 40_000)  # Var[max] = Σ 1/i²
+    assert abs(steps.mean() - harmonic) < 4 * stderr
+
+
+def test_a_collective_draws_one_duration_for_all_members():
+    g = fork_join(3)
+    coll = g.collective >= 0
+
+    def sample(rng, n):
+        d = np.ones((g.num_tasks, n))
+        d[coll] = rng.uniform(1, 2, (int(coll.sum()), n))  # different draws per member: the head's wins
+        return d
+
+    from itercast.sim.montecarlo import _collective_head_of
+
+    head = _collective_head_of(g)
+    assert len({int(head[t]) for t in np.flatnonzero(coll)}) == 1
+    steps = simulate_samples(g, sample, 200, seed=3)
+    first = sample(np.random.default_rng(3), 200)
+    assert np.allclose(steps, 1.0 + first[np.flatnonzero(coll)[0]])  # work (1) + the head member's draw
+
+
+@pytest.mark.parametrize("k", [2, 8, 64])
+def test_order_statistic_matches_brute_force_maximum(k):
+    rng = np.random.default_rng(7)
+    direct = max_of_k(exponential_quantile(1.0), k, rng.random(20_000))
+    brute = rng.exponential(1.0, (20_000, k)).max(axis=1)
+    assert stats.ks_2samp(direct, brute).statistic < 0.02  # ~ 1.5 × the 1% critical value for n = 20,000
+
+
+def test_lognormal_quantile_has_the_requested_mean_and_cv():
+    draws = lognormal_quantile(2.0, 0.1)(np.random.default_rng(0).random(200_000))
+    assert draws.mean() == pytest.approx(2.0, rel=2e-3) and draws.std() / draws.mean() == pytest.approx(0.1, rel=0.02)
+
+
+def test_same_seed_same_samples_other_seed_other_samples():
+    g = fork_join(4)
+
+    def sample(rng, n):
+        return rng.exponential(1.0, (g.num_tasks, n))
+
+    a, b, c = (simulate_samples(g, sample, 500, seed=s) for s in (5, 5, 6))
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_graphs())
+def test_compiled_and_numpy_sample_paths_agree(graph):
+    if not kernels.HAVE_NUMBA:
+        pytest.skip("numba not installed: only the numpy path exists")
+    c = compile_graph(graph)
+    dur = graph.duration_s[:, None] * np.random.default_rng(0).uniform(0.5, 1.5, (graph.num_tasks, 7))
+    fast = kernels.run_max_plus_samples(c.order, c.grp_ptr, c.grp_tasks, c.in_ptr, c.in_src, c.in_lat, dur)
+    kernels.HAVE_NUMBA = False
+    try:
+        slow = kernels.run_max_plus_samples(c.order, c.grp_ptr, c.grp_tasks, c.in_ptr, c.in_src, c.in_lat, dur)
+    finally:
+        kernels.HAVE_NUMBA = True
+    assert np.allclose(fast, slow, rtol=0, atol=1e-12)
+
+
+def test_lognormal_noise_sampler_mean_cv_and_order_statistic():
+    from itercast.sim.montecarlo import LogNormalNoise
+
+    noise = LogNormalNoise(np.array([2.0, 3.0, 1.0]), np.array([0.1, 0.0, 0.2]), np.array([1, 1, 16]))
+    d = noise(np.random.default_rng(0), 100_000)
+    assert d[0].mean() == pytest.approx(2.0, rel=3e-3) and d[0].std() / d[0].mean() == pytest.approx(0.1, rel=0.03)
+    assert np.all(d[1] == 3.0)  # no variation: constant
+    brute = lognormal_quantile(1.0, 0.2)(np.random.default_rng(1).random((100_000, 16))).max(axis=1)
+    assert stats.ks_2samp(d[2], brute).statistic < 0.01
