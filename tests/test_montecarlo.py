@@ -99,10 +99,10 @@ def test_compiled_and_numpy_sample_paths_agree(graph):
         pytest.skip("numba not installed: only the numpy path exists")
     c = compile_graph(graph)
     dur = graph.duration_s[:, None] * np.random.default_rng(0).uniform(0.5, 1.5, (graph.num_tasks, 7))
-    fast = kernels.run_max_plus_samples(c.order, c.grp_ptr, c.grp_tasks, c.in_ptr, c.in_src, c.in_lat, dur)
+    fast = kernels.run_max_plus_samples(c.arrays, dur)
     kernels.HAVE_NUMBA = False
     try:
-        slow = kernels.run_max_plus_samples(c.order, c.grp_ptr, c.grp_tasks, c.in_ptr, c.in_src, c.in_lat, dur)
+        slow = kernels.run_max_plus_samples(c.arrays, dur)
     finally:
         kernels.HAVE_NUMBA = True
     assert np.allclose(fast, slow, rtol=0, atol=1e-12)

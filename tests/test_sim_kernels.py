@@ -17,7 +17,7 @@ def test_compiled_and_python_max_plus_agree(graph):
     if not kernels.HAVE_NUMBA:
         pytest.skip("numba not installed: only the Python path exists")
     c = compile_graph(graph)
-    args = (c.order, c.grp_ptr, c.grp_tasks, c.in_ptr, c.in_src, c.in_lat, graph.duration_s)
+    args = (*c.arrays, graph.duration_s)
     n = graph.num_tasks
     fast = [np.zeros(n), np.zeros(n), np.full(n, -1, dtype=np.int64)]
     kernels.max_plus_kernel(*args, *fast)
@@ -25,3 +25,20 @@ def test_compiled_and_python_max_plus_agree(graph):
     kernels.max_plus(*[a.tolist() for a in args], *slow)
     for a, b in zip(fast, slow, strict=True):
         assert a.tolist() == b
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_graphs())
+def test_simulation_without_numba_gives_the_same_times(graph):
+    from itercast.sim.engine import simulate
+
+    fast = simulate(graph.with_durations(graph.duration_s.copy()))
+    saved = kernels.HAVE_NUMBA
+    kernels.HAVE_NUMBA = False
+    try:
+        fresh = graph.with_durations(graph.duration_s.copy())
+        fresh._order = None  # recompile on the Python path too
+        slow = simulate(fresh)
+    finally:
+        kernels.HAVE_NUMBA = saved
+    assert fast.start_s.tolist() == slow.start_s.tolist() and fast.binding.tolist() == slow.binding.tolist()

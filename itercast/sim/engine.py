@@ -41,6 +41,11 @@ class CompiledGraph:
     in_src: np.ndarray
     in_lat: np.ndarray
 
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The structure the kernels take: (order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat)."""
+        return self.order, self.grp_ptr, self.grp_tasks, self.in_ptr, self.in_src, self.in_lat
+
     def predecessors(self, task: int) -> list[tuple[int, float]]:
         lo, hi = int(self.in_ptr[task]), int(self.in_ptr[task + 1])
         return list(zip(self.in_src[lo:hi].tolist(), self.in_lat[lo:hi].tolist(), strict=True))
@@ -122,9 +127,7 @@ def simulate(graph: ExecGraph) -> SimResult:
     if graph.duration_s.ndim != 1:
         raise ValueError("simulate() takes scalar durations; sampled durations go to Monte Carlo")
     c = compile_graph(graph)
-    start, end, binding = run_max_plus(
-        c.order, c.grp_ptr, c.grp_tasks, c.in_ptr, c.in_src, c.in_lat, graph.duration_s.astype(np.float64)
-    )
+    start, end, binding = run_max_plus(c.arrays, graph.duration_s.astype(np.float64))
     return SimResult(graph, start, end, binding)
 
 

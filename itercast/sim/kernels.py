@@ -95,22 +95,19 @@ def run_topological_order(
     return np.asarray(out[:placed], dtype=np.int64), np.asarray(lists[3], dtype=np.int64)
 
 
-def run_max_plus(
-    order: np.ndarray,
-    grp_ptr: np.ndarray,
-    grp_tasks: np.ndarray,
-    in_ptr: np.ndarray,
-    in_src: np.ndarray,
-    in_lat: np.ndarray,
-    dur: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+#: a compiled graph's structure: (order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat); see engine.CompiledGraph
+Structure = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def run_max_plus(structure: Structure, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, binding) per task for scalar durations."""
     n = dur.shape[0]
     if HAVE_NUMBA:
         start, end, binding = np.zeros(n), np.zeros(n), np.full(n, -1, dtype=np.int64)
-        max_plus_kernel(order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat, dur, start, end, binding)
+        max_plus_kernel(*structure, dur, start, end, binding)
         return start, end, binding
     start_l, end_l, bind_l = [0.0] * n, [0.0] * n, [-1] * n
-    args = [a.tolist() for a in (order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat, dur)]
+    args = [a.tolist() for a in (*structure, dur)]
     max_plus(*args, start_l, end_l, bind_l)
     return np.asarray(start_l), np.asarray(end_l), np.asarray(bind_l, dtype=np.int64)
 
@@ -142,21 +139,14 @@ def max_plus_samples(
 max_plus_samples_kernel = _compiled(max_plus_samples)
 
 
-def run_max_plus_samples(
-    order: np.ndarray,
-    grp_ptr: np.ndarray,
-    grp_tasks: np.ndarray,
-    in_ptr: np.ndarray,
-    in_src: np.ndarray,
-    in_lat: np.ndarray,
-    dur: np.ndarray,
-) -> np.ndarray:
+def run_max_plus_samples(structure: Structure, dur: np.ndarray) -> np.ndarray:
     """End times (tasks, S) for sampled durations (tasks, S)."""
     end = np.zeros_like(dur)
     ready = np.zeros(dur.shape[1])
     if HAVE_NUMBA:
-        max_plus_samples_kernel(order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat, dur, end, ready)
+        max_plus_samples_kernel(*structure, dur, end, ready)
         return end
+    order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat = structure
     # Python path: vectorise over samples with numpy instead of a per-sample loop
     in_ptr_l, in_src_l, in_lat_l = in_ptr.tolist(), in_src.tolist(), in_lat.tolist()
     grp_l, tasks_l = grp_ptr.tolist(), grp_tasks.tolist()

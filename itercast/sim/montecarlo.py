@@ -42,7 +42,7 @@ def simulate_samples(graph: ExecGraph, sample: Sampler, samples: int, seed: int 
             raise ValueError(f"sampler returned {dur.shape}; expected ({graph.num_tasks}, {count})")
         if head is not None:
             dur = dur[head]  # every collective member takes its head member's draw
-        end = run_max_plus_samples(c.order, c.grp_ptr, c.grp_tasks, c.in_ptr, c.in_src, c.in_lat, dur)
+        end = run_max_plus_samples(c.arrays, dur)
         out[lo : lo + count] = end.max(axis=0)
     return out
 
