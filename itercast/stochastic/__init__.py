@@ -1,0 +1,1 @@
+"""Stochastic behaviour: failures and time-to-train (variability models arrive with issue #5)."""
