@@ -67,3 +67,14 @@ def test_gemm_time_is_flops_over_efficient_peak():
     expected = costs.gemm_alpha_s + flops / (989.4e12 * float(costs.gemm_curve(flops)))
     assert float(costs.gemm_s(flops)) == pytest.approx(expected)
     assert 0.6 < float(costs.gemm_curve(flops)) <= 0.83  # large GEMMs: ~80% of peak on H100
+
+
+def test_fp8_gemms_use_their_measured_curve_and_peak():
+    from itercast.costs.curves import curves
+
+    system = Job.from_presets("gpt3-175b", "dgx-h100").system
+    fp8, bf16 = AnalyticCostModel(system, "fp8"), AnalyticCostModel(system, "bf16")
+    assert fp8.gemm_curve.e_max == curves()["gemm"]["fp8"]["e_max"] and fp8.peak_flops == 1978.9e12
+    big = 2.0 * 16384**3
+    assert 1.2 < float(bf16.gemm_s(big) / fp8.gemm_s(big)) < 2.0  # faster than bf16, well short of 2×
+    assert fp8.attention_peak_flops == 989.4e12  # attention stays bf16 under FP8 training

@@ -9,7 +9,8 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
 
 - GEMM: time = alpha + flops / (peak · eff(flops)); OpenXLA's measured H100 matmul table (sm_90),
   bf16 and f32 (XLA runs f32 as TF32). Its fp8 rows exceed H100's dense fp8 peak (2.59 vs 1.98
-  PFLOP/s), so they are not used; fp8 reuses the bf16 curve.
+  PFLOP/s), so they are not used; fp8 comes from the cuBLASLt H100 FP8 table (9 shapes). The bf16
+  curve is checked (not fitted) against the same source's A100 fp16 GEMMs.
 - Memory-bound: time = alpha + bytes / (hbm_bw · eff(bytes)); vidur's A100 and H100 profiles of
   residual add, RMSNorm and SiLU·mul (bytes counted from the shapes).
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
@@ -37,7 +38,8 @@ from itercast.data_paths import read_csv_rows, shared_data_dir
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
 SMALL_BUS_BYTES = 1 << 20  # inter-node fits: latency regime below, bandwidth regime above
-H100_BF16_PEAK, H100_TF32_PEAK = 989.4e12, 494.7e12
+H100_BF16_PEAK, H100_TF32_PEAK, H100_FP8_PEAK = 989.4e12, 494.7e12, 1978.9e12  # dense, H100 SXM datasheet
+A100_BF16_PEAK = 312e12  # A100 datasheet, dense
 HBM = {"h100": 3350e9, "a100": 2039e9}
 from itercast.costs.analytic import BUS_FACTOR  # noqa: E402
 
@@ -54,23 +56,25 @@ def mean_abs_err(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.mean(np.abs(pred / meas - 1)))
 
 
-def fit_latency_curve(x: np.ndarray, t: np.ndarray, rate: np.ndarray | float) -> dict:
+def fit_latency_curve(x: np.ndarray, t: np.ndarray, rate: np.ndarray | float, alpha_s: float | None = None) -> dict:
     """time = alpha + x / (rate · eff(x)), fitted on log time; x in FLOPs or bytes, rate the peak in
-    the same unit per second (a scalar, or one per point when the points come from several GPUs)."""
+    the same unit per second (a scalar, or one per point when the points come from several GPUs).
+    `alpha_s` pins the latency when the points are too few to identify it."""
 
     def model(p):
-        return p[0] * 1e-6 + x / (rate * eff(x, *p[1:]))
+        a = alpha_s if alpha_s is not None else p[0] * 1e-6
+        return a + x / (rate * eff(x, *p[-3:]))
 
-    fit = least_squares(
-        lambda p: np.log(model(p)) - np.log(t),
-        x0=[3.0, 0.8, math.log(np.median(x)), 1.0],
-        bounds=([0, 0.05, 5, 0.1], [50, 1.2, 40, 4]),
-    )
+    lo, hi, x0 = [0.05, 5, 0.1], [1.2, 40, 4], [0.8, math.log(np.median(x)), 1.0]
+    if alpha_s is None:
+        lo, hi, x0 = [0, *lo], [50, *hi], [3.0, *x0]
+    fit = least_squares(lambda p: np.log(model(p)) - np.log(t), x0=x0, bounds=(lo, hi))
+    e_max, log_half, gamma = fit.x[-3:]
     return {
-        "alpha_s": fit.x[0] * 1e-6,
-        "e_max": fit.x[1],
-        "log_half": fit.x[2],
-        "gamma": fit.x[3],
+        "alpha_s": alpha_s if alpha_s is not None else fit.x[0] * 1e-6,
+        "e_max": e_max,
+        "log_half": log_half,
+        "gamma": gamma,
         "points": len(x),
         "fit_mean_abs_err": mean_abs_err(model(fit.x), t),
     }
@@ -84,8 +88,22 @@ def fit_gemm(data: Path) -> dict:
         sel = [r for r in rows if r["device"] == "sm_90" and r["dtype"] == dtype]
         flops = np.array([2.0 * int(r["b"]) * int(r["m"]) * int(r["n"]) * int(r["k"]) for r in sel])
         out[key] = fit_latency_curve(flops, flops / np.array([float(r["flops_per_s"]) for r in sel]), peak)
+    lt = read_csv_rows(data / "kernels" / "azure_ai_benchmarking_guide_gemm_cublaslt.csv")
+    fp8 = [r for r in lt if r["dtype"] == "fp8"]
+    flops = np.array([2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) for r in fp8])
+    times = flops / (np.array([float(r["TFLOPs"]) for r in fp8]) * 1e12)
+    out["fp8"] = fit_latency_curve(flops, times, H100_FP8_PEAK, alpha_s=out["bf16"]["alpha_s"])
+    # held-out check (not fitted): the bf16 curve, fitted on H100, predicting A100 fp16 cuBLASLt GEMMs
+    a100 = [r for r in lt if r["dtype"] == "fp16"]
+    flops = np.array([2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) for r in a100])
+    measured = flops / (np.array([float(r["TFLOPs"]) for r in a100]) * 1e12)
+    b = out["bf16"]
+    predicted = b["alpha_s"] + flops / (A100_BF16_PEAK * eff(flops, b["e_max"], b["log_half"], b["gamma"]))
+    out["bf16"]["check_a100_fp16_cublaslt_mean_abs_err"] = mean_abs_err(predicted, measured)
     out["source"] = (
-        "OpenXLA default_matmul_perf_table (sm_90 = H100), ROCm/xla@dc66032; see tools/fit_efficiency_curves.py"
+        "OpenXLA default_matmul_perf_table (sm_90 = H100), ROCm/xla@dc66032 (bf16, tf32); fp8: Azure "
+        "AI-benchmarking-guide cuBLASLt H100 table (fork samuel-bohman@26d18e9), latency pinned to bf16's; "
+        "see tools/fit_efficiency_curves.py"
     )
     return out
 

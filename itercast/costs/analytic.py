@@ -44,7 +44,7 @@ class AnalyticCostModel:
         # stays in bf16 unless FP8 attention is switched on explicitly (TE docs, `fp8_dpa`).
         self.attention_peak_flops = gpu.peak_flops.get("bf16", self.peak_flops) if dtype == "fp8" else self.peak_flops
         data = curves()
-        gemm = data["gemm"]["tf32" if dtype == "fp32" else "bf16"]
+        gemm = data["gemm"][{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
         self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
