@@ -142,7 +142,7 @@ def _print_prediction(r: Prediction, trace: Path | None) -> None:
     p = job.plan
     console.print(
         f"[bold]{job.model.name}[/] on {job.system.num_gpus}× {job.system.gpu.name} "
-        f"({job.system.name}, {job.system.num_nodes} nodes) — dp {p.data_parallel} × tp {p.tensor_parallel} "
+        f"({job.system.name}, {job.system.num_nodes} nodes) — dp {p.dp} × tp {p.tensor_parallel} "
         f"× pp {p.pipeline_parallel} × cp {p.context_parallel}, {p.schedule}, {job.num_microbatches} micro-batches",
         highlight=False,
     )

@@ -80,7 +80,7 @@ def activation_bytes_per_token_layer(job: Job) -> float:
 
 def estimate_memory(job: Job) -> MemoryEstimate:
     m, p, gpu = job.model, job.plan, job.system.gpu
-    shard = p.data_parallel * p.context_parallel  # Megatron's distributed optimizer shards over DP×CP
+    shard = p.dp * p.context_parallel  # Megatron's distributed optimizer shards over DP×CP
     w_b, g_b, o_b = (4, 4, 8) if p.dtype == "fp32" else (2, p.grad_bytes, 12)
     tokens = p.micro_batch_size * m.seq_length / p.context_parallel
     per_layer = activation_bytes_per_token_layer(job) * tokens

@@ -38,7 +38,7 @@ class Prediction:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.job.plan.global_batch_size * self.job.model.seq_length / self.step_time_s
+        return self.job.plan.gbs * self.job.model.seq_length / self.step_time_s
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,7 +62,7 @@ def predict(job: Job) -> Prediction:
     builder = TransformerStepBuilder(job)
     sim = simulate(builder.build())
     bd = breakdown(sim)
-    model_flops = job.model.flops_per_token() * job.plan.global_batch_size * job.model.seq_length
+    model_flops = job.model.flops_per_token() * job.plan.gbs * job.model.seq_length
     return Prediction(
         job,
         sim.step_time_s,

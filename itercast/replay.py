@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,9 +83,9 @@ def replay_graph(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
 
 
 def replay_whatif(
-    paths: list[str | Path],
+    paths: Sequence[str | Path],
     whatif: WhatIf,
-    execution_traces: list[str | Path] = (),
+    execution_traces: Sequence[str | Path] = (),
 ) -> tuple[ReplayResult, ReplayResult, Counter]:
     """Baseline replay and the replay under `whatif`, plus what changed. Execution traces (one per
     trace file, same order) give GEMM shapes for `whatif.gpu`."""
@@ -95,7 +96,9 @@ def replay_whatif(
     return replay_graph(traces, base), replay_graph(traces, changed), counts
 
 
-def gemm_shapes(traces: list[RankTrace], rg: ReplayGraph, et_paths: list[str | Path]) -> dict[int, tuple[float, str]]:
+def gemm_shapes(
+    traces: list[RankTrace], rg: ReplayGraph, et_paths: Sequence[str | Path]
+) -> dict[int, tuple[float, str]]:
     """GPU task → (FLOPs, dtype) for GEMM kernels launched by a matmul operator of a linked execution trace."""
     if len(et_paths) != len(traces):
         raise ConfigError(f"--et: give one execution trace per Kineto trace ({len(traces)}); got {len(et_paths)}")

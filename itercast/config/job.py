@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -35,10 +35,12 @@ class Job:
         cls, model: dict[str, Any], plan: dict[str, Any], system: dict[str, Any], source: str = "<input>"
     ) -> Job:
         """Build from raw sections; a section may hold `preset: NAME` plus overrides."""
-        built = {
-            name: _parse(name, raw, source) for name, raw in (("model", model), ("plan", plan), ("system", system))
-        }
-        return _cross_validate(built["model"], built["plan"], built["system"], source)
+        return _cross_validate(
+            cast(ModelConfig, _parse("model", model, source)),
+            cast(PlanConfig, _parse("plan", plan, source)),
+            cast(SystemConfig, _parse("system", system, source)),
+            source,
+        )
 
     @classmethod
     def from_presets(cls, model: str, system: str, num_nodes: int = 1, plan: dict[str, Any] | None = None) -> Job:
@@ -69,7 +71,7 @@ class Job:
     def num_microbatches(self) -> int:
         """Micro-batches per step on one data-parallel replica."""
         p = self.plan
-        return p.global_batch_size // (p.micro_batch_size * p.data_parallel)
+        return p.gbs // (p.micro_batch_size * p.dp)
 
     def to_dict(self) -> dict[str, Any]:
         return {s: getattr(self, s).model_dump(mode="json") for s in ("model", "plan", "system")}

@@ -51,6 +51,20 @@ class PlanConfig(BaseModel):
     overlap_param_gather: bool = Field(True, description="ZeRO 1–2: gather updated parameters during the next forward.")
 
     @property
+    def dp(self) -> int:
+        """data_parallel, resolved: a plan inside a Job always has it (the GPU count sets the default)."""
+        if self.data_parallel is None:
+            raise ValueError("plan.data_parallel is resolved when the plan joins a Job (Job.from_dicts)")
+        return self.data_parallel
+
+    @property
+    def gbs(self) -> int:
+        """global_batch_size, resolved like `dp`."""
+        if self.global_batch_size is None:
+            raise ValueError("plan.global_batch_size is resolved when the plan joins a Job (Job.from_dicts)")
+        return self.global_batch_size
+
+    @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 

@@ -89,10 +89,10 @@ def run_topological_order(
     if HAVE_NUMBA:
         placed = topological_order_kernel(n, is_head, out_ptr, out_v, indeg, order)
         return order[:placed], indeg
-    lists = [a.tolist() for a in (is_head, out_ptr, out_v, indeg)]
+    heads, ptr, succ, deg = (a.tolist() for a in (is_head, out_ptr, out_v, indeg))
     out = [0] * n
-    placed = topological_order(n, *lists, out)
-    return np.asarray(out[:placed], dtype=np.int64), np.asarray(lists[3], dtype=np.int64)
+    placed = topological_order(n, heads, ptr, succ, deg, out)
+    return np.asarray(out[:placed], dtype=np.int64), np.asarray(deg, dtype=np.int64)
 
 
 #: a compiled graph's structure: (order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat); see engine.CompiledGraph
@@ -107,8 +107,8 @@ def run_max_plus(structure: Structure, dur: np.ndarray) -> tuple[np.ndarray, np.
         max_plus_kernel(*structure, dur, start, end, binding)
         return start, end, binding
     start_l, end_l, bind_l = [0.0] * n, [0.0] * n, [-1] * n
-    args = [a.tolist() for a in (*structure, dur)]
-    max_plus(*args, start_l, end_l, bind_l)
+    order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat, dur_l = (a.tolist() for a in (*structure, dur))
+    max_plus(order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat, dur_l, start_l, end_l, bind_l)
     return np.asarray(start_l), np.asarray(end_l), np.asarray(bind_l, dtype=np.int64)
 
 

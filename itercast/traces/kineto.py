@@ -256,9 +256,9 @@ def read_traces(paths: list[str | Path]) -> list[RankTrace]:
         else:
             files.append(p)
     traces = [read_kineto(f) for f in files]
-    ranks = [t.rank for t in traces]
-    if len(traces) > 1 and None not in ranks:
+    ranks = [t.rank for t in traces if t.rank is not None]
+    if len(traces) > 1 and len(ranks) == len(traces):
         if len(set(ranks)) != len(ranks):
             raise TraceError(f"two traces claim the same rank: {sorted(ranks)}")
-        traces.sort(key=lambda t: t.rank)
+        traces.sort(key=lambda t: t.rank or 0)
     return traces

@@ -65,7 +65,7 @@ def build_replay_graph(traces: list[RankTrace]) -> ReplayGraph:
     steps: list[StepMark] = []
     gpu_task: dict[int, np.ndarray] = {}
     nccl_meta: dict[int, dict] = {}
-    t0 = min((_first_us(t) for t in traces if _first_us(t) is not None), default=0.0)
+    t0 = min((f for t in traces if (f := _first_us(t)) is not None), default=0.0)
     for index, trace in enumerate(traces):
         rank = trace.rank if trace.rank is not None else index
         _RankBuilder(b, trace, rank, t0, notes, steps, gpu_task, nccl_meta).build()
@@ -183,7 +183,7 @@ class _RankBuilder:
         latencies = self._launch_latencies(waits)
         measured = latencies[latencies >= 0]
         median = float(np.median(measured)) if measured.size else DEFAULT_LAUNCH_LATENCY_US
-        self.notes[f"rank {self.rank} median launch latency µs"] = round(median, 3)
+        self.notes[f"rank {self.rank} median launch latency ns"] = round(median * 1000)
         order = np.lexsort((t.op_ts_us, t.op_stream))
         kinds = _stream_kinds(t)
         uniq = np.array(sorted(kinds), dtype=np.int64)
@@ -369,11 +369,7 @@ def _match_collectives(
                 continue
             meta = nccl_meta[task]
             group = meta.get("Process Group Ranks")
-            key = (
-                (group, meta.get("Collective name"))
-                if group
-                else ("?", KERNEL_BASE.match(t.names[t.op_name[k]]).group(0))
-            )
+            key = (group, meta.get("Collective name")) if group else ("?", _kernel_base(t.names[t.op_name[k]]))
             counters[(rank, key)] += 1
             seq[(key, counters[(rank, key)])][rank] = task
     for (key, _), members in seq.items():
@@ -389,6 +385,12 @@ def _match_collectives(
             nccl_meta[task]["transfer_s"] = min(durations)
             nccl_meta[task]["method"] = "last_arrival"
         notes["NCCL collectives matched across ranks"] += 1
+
+
+def _kernel_base(name: str) -> str:
+    """A kernel's name without its argument list or template arguments."""
+    m = KERNEL_BASE.match(name)
+    return m.group(0) if m else name
 
 
 def _parse_ranks(text: str) -> list[int]:

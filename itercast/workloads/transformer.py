@@ -87,7 +87,7 @@ class Groups:
     @classmethod
     def of(cls, job: Job) -> Groups:
         p, gpn = job.plan, job.system.node.gpus_per_node
-        t, c, d, pp = p.tensor_parallel, p.context_parallel, p.data_parallel, p.pipeline_parallel
+        t, c, d, pp = p.tensor_parallel, p.context_parallel, p.dp, p.pipeline_parallel
         stage_stride = t * c * d
         pipe = place_group(pp, stage_stride, gpn)
         return cls(
