@@ -179,3 +179,38 @@ def test_bad_files_name_the_file(tmp_path, text, match):
 def test_directory_without_traces_is_an_error(tmp_path):
     with pytest.raises(TraceError, match=r"holds no \.json"):
         read_traces([tmp_path])
+
+
+def test_explicit_cuda_sync_wait_names_the_producer_the_heuristic_would_miss(tmp_path):
+    # conv on stream 8 (10–30) is recorded by cudaEventRecord (corr 5); a longer GEMM on stream 9 (12–60)
+    # is the latest-ending op, which the heuristic would pick. The cuda_sync record says stream 9's
+    # consumer (an NCCL kernel on stream 7) waits on stream 8.
+    sync = {
+        "ph": "X",
+        "cat": "cuda_sync",
+        "name": "Stream Wait Event",
+        "pid": 0,
+        "tid": 7,
+        "ts": 30,
+        "dur": 0,
+        "args": {"stream": 7, "wait_on_stream": 8, "wait_on_cuda_event_record_corr_id": 5, "correlation": 6},
+    }
+    events = [
+        step(1, 0, 200),
+        call("cudaLaunchKernel", 8, 1, corr=1),
+        kernel("conv_fwd", 10, 20, corr=1, stream=8),
+        call("cudaLaunchKernel", 11, 1, corr=2),
+        kernel("volta_sgemm", 12, 48, corr=2, stream=9),
+        call("cudaEventRecord", 14, 1, corr=5),
+        call("cudaStreamWaitEvent", 16, 1, corr=6),
+        call("cudaLaunchKernel", 18, 1, corr=7),
+        kernel("ncclKernel_AllReduce", 61, 5, corr=7, stream=7),
+        call("cudaDeviceSynchronize", 20, 47),
+        sync,
+    ]
+    res = replay([write(tmp_path / "t.json", events)])
+    g = res.sim.graph
+    name = {g.names[g.name[t]]: t for t in range(g.num_tasks)}
+    preds = {int(s) for s, d in zip(g.edge_src, g.edge_dst, strict=True) if d == name["ncclKernel_AllReduce"]}
+    assert name["conv_fwd"] in preds and name["volta_sgemm"] not in preds
+    assert res.replay_graph.notes["stream waits from cuda_sync records"] == 1

@@ -66,6 +66,9 @@ class RankTrace:
     cpu_dur_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     cpu_rf_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # "Record function id", −1 if absent
     cpu_input_dims: list[str] = field(default_factory=list)  # "Input Dims" as compact JSON (for checking links)
+    # explicit stream waits ("cuda_sync" Stream Wait Event, recorded with PyTorch's enable_cuda_sync_events):
+    # rows (waiting stream, producer stream, correlation of the cudaEventRecord, correlation of the wait call)
+    stream_waits: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))
     ignored: Counter = field(default_factory=Counter)
     num_events: int = 0
 
@@ -83,6 +86,7 @@ class _Columns:
     steps: list[tuple[int, int, float, float]] = field(default_factory=list)
     cpu: list[tuple[int, int, float, float, int]] = field(default_factory=list)
     cpu_dims: list[str] = field(default_factory=list)
+    waits: list[tuple[int, int, int, int]] = field(default_factory=list)
     ignored: Counter = field(default_factory=Counter)
     count: int = 0
 
@@ -185,6 +189,19 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
         c.nccl.append(meta)
     elif ph == "X" and (m := STEP_NAME.fullmatch(name)) and cat in ("user_annotation", "cpu_op"):
         c.steps.append((int(m.group(1)), int(e.get("tid", 0)), float(e["ts"]), float(e.get("dur", 0.0))))
+    elif ph == "X" and cat == "cuda_sync":
+        args = e.get("args") or {}
+        if name == "Stream Wait Event" and int(args.get("wait_on_stream", -1)) >= 0:
+            c.waits.append(
+                (
+                    int(args.get("stream", e.get("tid", -1))),
+                    int(args["wait_on_stream"]),
+                    int(args.get("wait_on_cuda_event_record_corr_id", -1)),
+                    int(args.get("correlation", -1)),
+                )
+            )
+        else:
+            c.ignored["cuda_sync without a producer stream (the runtime call is used)"] += 1
     elif ph in ("s", "f", "t"):
         c.ignored["flow event (launch links come from correlation ids)"] += 1
     elif ph == "M":
@@ -238,6 +255,7 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         cpu_dur_us=cpu[:, 3],
         cpu_rf_id=cpu[:, 4].astype(np.int64),
         cpu_input_dims=c.cpu_dims,
+        stream_waits=np.array(c.waits, dtype=np.int64).reshape(-1, 4),
         ignored=c.ignored,
         num_events=c.count,
     )

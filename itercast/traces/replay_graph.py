@@ -6,8 +6,10 @@ Per rank (graph rank = trace rank):
 - each GPU op sits on its stream and waits for its launch: an edge from the host task that ends where
   the launch call starts, with latency = measured start − launch start when the op was launch-bound,
   else the trace's median launch latency (so a what-if does not freeze queueing delays);
-- `cudaStreamWaitEvent` (no stream ids in Kineto): the next op the thread launches waits for the
-  latest op launched before the call on another stream, if the measured times allow it;
+- stream waits: exact where the trace has "cuda_sync" Stream Wait Event records (they name the producer
+  stream and the cudaEventRecord); otherwise inferred from `cudaStreamWaitEvent` (no stream ids in
+  Kineto): the next op the thread launches waits for the latest op launched before the call on
+  another stream, if the measured times allow it;
 - `cuda{Device,Stream,Event}Synchronize` and blocking `cudaMemcpy`: the call waits for the GPU op
   whose measured end it waited for; its own duration becomes the part after that end;
 - NCCL kernels are matched across the loaded ranks (process group + collective + order of issue,
@@ -217,10 +219,9 @@ class _RankBuilder:
         self.gpu_task[self.rank] = task_of
         for k in np.flatnonzero(nccl_names[t.op_name]).tolist():
             self.nccl_meta[int(task_of[k])] = dict(t.op_nccl[k] or {})
-        for k, sources in waits.items():  # every GPU task exists now: add the inferred waits
+        for k, sources in waits.items():  # every GPU task exists now: add the waits
             for src in sources:
                 b.edge(int(task_of[src]), int(task_of[k]))
-                self.notes["cross-stream waits inferred (cudaStreamWaitEvent)"] += 1
         self._sync_edges(task_of)
 
     def _call_of_ops(self) -> np.ndarray:
@@ -260,40 +261,60 @@ class _RankBuilder:
         return lat
 
     def _wait_sources(self) -> dict[int, list[int]]:
-        """For each cudaStreamWaitEvent: the next op its thread launches waits for the latest op
-        launched before the call on another stream, when the measured times allow it. One sweep
-        over calls in time order."""
+        """Producer ops each GPU op waits for on other streams. One sweep over calls in time order.
+
+        Explicit (a "Stream Wait Event" cuda_sync record names the producer stream and the
+        cudaEventRecord): the next op launched on the waiting stream waits for the last op launched on
+        the producer stream before that record. Otherwise (inferred from cudaStreamWaitEvent): the next
+        op the calling thread launches waits for the latest-ending op launched before the call on
+        another stream. Both only when the measured times allow it."""
         t = self.t
-        if WAIT_CALL not in t.names:
+        explicit = {int(w[3]): (int(w[0]), int(w[1]), int(w[2])) for w in t.stream_waits.tolist()}
+        records = {rec for _, _, rec in explicit.values()}
+        if WAIT_CALL not in t.names and not explicit:
             return {}
         ends = t.op_ts_us + t.op_dur_us
         call_of = self._call_of_ops()
         op_of_call = dict(zip(call_of[call_of >= 0].tolist(), np.flatnonzero(call_of >= 0).tolist(), strict=True))
-        wait_name = t.names.index(WAIT_CALL)
-        order = np.argsort(t.call_ts_us, kind="stable").tolist()
-        next_launch: dict[int, int] = {}  # call -> op launched next by the same thread
-        pending: dict[int, list[int]] = defaultdict(list)  # thread -> waits still looking for a launch
+        wait_name = t.names.index(WAIT_CALL) if WAIT_CALL in t.names else -1
+        next_launch: dict[int, int] = {}  # wait call -> the op it holds back
+        by_thread: dict[int, list[int]] = defaultdict(list)  # inferred waits still looking for a launch
+        by_stream: dict[int, list[int]] = defaultdict(list)  # explicit waits still looking for a launch
         last_per_stream: dict[int, int] = {}
-        found: list[tuple[int, dict[int, int]]] = []  # (wait call, streams' last ops at that moment)
-        for c in order:
-            tid = int(t.call_tid[c])
-            if int(t.call_name[c]) == wait_name:
-                pending[tid].append(c)
-                found.append((c, dict(last_per_stream)))
+        snapshot: dict[int, dict[int, int]] = {}  # record correlation -> streams' last ops at the record
+        found: list[tuple[int, dict[int, int], int | None]] = []  # (wait call, candidates, explicit producer stream)
+        for c in np.argsort(t.call_ts_us, kind="stable").tolist():
+            corr = int(t.call_corr[c])
+            if corr in records:
+                snapshot[corr] = dict(last_per_stream)
+            if corr in explicit:
+                stream, producer, rec = explicit[corr]
+                by_stream[stream].append(c)
+                found.append((c, snapshot.get(rec, {}), producer))
+            elif int(t.call_name[c]) == wait_name:
+                by_thread[int(t.call_tid[c])].append(c)
+                found.append((c, dict(last_per_stream), None))
             k = op_of_call.get(c)
             if k is not None:
-                for w in pending.pop(tid, []):
+                for w in by_thread.pop(int(t.call_tid[c]), []) + by_stream.pop(int(t.op_stream[k]), []):
                     next_launch[w] = k
                 last_per_stream[int(t.op_stream[k])] = k
         out: dict[int, list[int]] = defaultdict(list)
-        for w, last in found:
+        for w, last, producer in found:
             nxt = next_launch.get(w)
             if nxt is None:
-                self.notes["stream waits with no later launch on their thread"] += 1
+                self.notes["stream waits with no later launch"] += 1
                 continue
-            cands = [k for s, k in last.items() if s != t.op_stream[nxt] and ends[k] <= t.op_ts_us[nxt] + EPS_US]
+            if producer is not None:
+                cands = [last[producer]] if producer in last else []
+            else:
+                cands = [k for s_, k in last.items() if s_ != t.op_stream[nxt]]
+            cands = [k for k in cands if ends[k] <= t.op_ts_us[nxt] + EPS_US]
             if cands:
                 out[nxt].append(max(cands, key=lambda k: ends[k]))
+                self.notes[
+                    "stream waits from cuda_sync records" if producer is not None else "stream waits inferred"
+                ] += 1
             else:
                 self.notes["stream waits the measured times rule out"] += 1
         return out
