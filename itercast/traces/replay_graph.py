@@ -300,13 +300,13 @@ class _RankBuilder:
                     next_launch[w] = k
                 last_per_stream[int(t.op_stream[k])] = k
         out: dict[int, list[int]] = defaultdict(list)
-        for w, last, producer in found:
+        for w, last, named in found:
             nxt = next_launch.get(w)
             if nxt is None:
                 self.notes["stream waits with no later launch"] += 1
                 continue
-            if producer is not None:
-                cands = [last[producer]] if producer in last else []
+            if named is not None:
+                cands = [last[named]] if named in last else []
             else:
                 cands = [k for s_, k in last.items() if s_ != t.op_stream[nxt]]
             cands = [k for k in cands if ends[k] <= t.op_ts_us[nxt] + EPS_US]
