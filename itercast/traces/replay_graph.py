@@ -312,9 +312,7 @@ class _RankBuilder:
             cands = [k for k in cands if ends[k] <= t.op_ts_us[nxt] + EPS_US]
             if cands:
                 out[nxt].append(max(cands, key=lambda k: ends[k]))
-                self.notes[
-                    "stream waits from cuda_sync records" if producer is not None else "stream waits inferred"
-                ] += 1
+                self.notes["stream waits from cuda_sync records" if named is not None else "stream waits inferred"] += 1
             else:
                 self.notes["stream waits the measured times rule out"] += 1
         return out
