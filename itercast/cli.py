@@ -130,6 +130,62 @@ def _print_replay(base: ReplayResult, changed: ReplayResult, counts: dict) -> No
             console.print(f"[bold]{title}:[/] " + "; ".join(f"{k}: {v}" for k, v in items.items()), highlight=False)
 
 
+profile_app = typer.Typer(no_args_is_help=True, help="Measure kernels on this device, or import outside measurements.")
+app.add_typer(profile_app, name="profile")
+IMPORTERS = ("alpa", "nccl-tidy", "nccl-log", "xla-matmul")
+
+
+@profile_app.command("run")
+def profile_run_cmd(
+    db: Annotated[Path, typer.Option(help="Profiling database (SQLite; created if missing).")],
+    device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
+    quick: Annotated[bool, typer.Option(help="A small grid (seconds) instead of the full one.")] = False,
+    families: Annotated[
+        str, typer.Option(help="Comma-separated: gemm, elementwise, embedding.")
+    ] = "gemm,elementwise,embedding",
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per configuration.")] = 10,
+) -> None:
+    """Microbenchmark the local device into DB (resumes where a previous run stopped)."""
+    from itercast.profile.db import ProfileDB, ProfileError
+    from itercast.profile.microbench import run
+
+    try:
+        counts = run(ProfileDB(db), device, quick, tuple(f.strip() for f in families.split(",")), repeats=repeats)
+    except ProfileError as exc:
+        fail(str(exc))
+    console.print(f"{db}: {counts['measured']} configurations measured, {counts['already there']} already there")
+
+
+@profile_app.command("import")
+def profile_import_cmd(
+    kind: Annotated[str, typer.Argument(help=f"One of: {', '.join(IMPORTERS)}.")],
+    file: Annotated[Path, typer.Argument(help="The file to import.")],
+    db: Annotated[Path, typer.Option(help="Profiling database (SQLite; created if missing).")],
+    collective: Annotated[str, typer.Option(help="nccl-log: which collective the log measured.")] = "all_reduce",
+    nodes: Annotated[int, typer.Option(min=1, help="nccl-log: nodes the run spanned.")] = 1,
+    device_name: Annotated[str, typer.Option(help="nccl-log: a name for the machine.")] = "nccl-tests",
+) -> None:
+    """Import outside measurements (Alpa's database, nccl-tests, OpenXLA tables) into DB."""
+    from itercast.profile import importers
+    from itercast.profile.db import ProfileDB, ProfileError
+
+    if kind not in IMPORTERS:
+        fail(f"import kind {kind!r}: expected one of {', '.join(IMPORTERS)}")
+    try:
+        target = ProfileDB(db)
+        if kind == "nccl-log":
+            counts = importers.import_nccl_log(target, file, collective, nodes, device_name)
+        else:
+            counts = {
+                "alpa": importers.import_alpa,
+                "nccl-tidy": importers.import_nccl_tidy,
+                "xla-matmul": importers.import_xla_matmul,
+            }[kind](target, file)
+    except ProfileError as exc:
+        fail(str(exc))
+    console.print(f"{db}: " + "; ".join(f"{k}: {v}" for k, v in counts.items()), highlight=False)
+
+
 @app.command("presets")
 def presets_cmd() -> None:
     """List the model and system presets."""

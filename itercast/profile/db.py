@@ -1,0 +1,168 @@
+"""The profiling database: one SQLite file of kernel and collective timings (never pickle).
+
+Schema (version SCHEMA_VERSION; a file of another major version is refused with the reason):
+  meta(key, value)                      schema_version, created_by
+  devices(id, name, fingerprint)        fingerprint: JSON describing the machine that measured
+  measurements(id, device_id, family, op, dtype, size, group_size, nodes, time_s, time_std_s,
+               repeats, params, source)
+    family: gemm | attention | elementwise | norm | embedding | memcpy | collective | p2p | host
+    size: FLOPs (gemm, attention) or bytes (everything else); time_s: median seconds; time_std_s:
+    the spread of the repeats (0 when the source gives one number); params: JSON of the exact shape
+    or configuration; source: where the row came from (file, repository@commit, or 'measured').
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = "1.0"
+FAMILIES = ("gemm", "attention", "elementwise", "norm", "embedding", "memcpy", "collective", "p2p", "host")
+
+
+class ProfileError(ValueError):
+    """A profiling database or an input to it is unusable; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    family: str
+    op: str
+    size: float
+    time_s: float
+    dtype: str = ""
+    group_size: int = 1
+    nodes: int = 1
+    time_std_s: float = 0.0
+    repeats: int = 1
+    params: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def check(self) -> None:
+        if self.family not in FAMILIES:
+            raise ProfileError(f"measurement family {self.family!r}: expected one of {', '.join(FAMILIES)}")
+        if not (self.time_s > 0 and self.size >= 0 and self.group_size >= 1 and self.repeats >= 1):
+            raise ProfileError(
+                f"measurement {self.op} size {self.size}: expected time_s > 0, size ≥ 0, "
+                f"group_size ≥ 1, repeats ≥ 1; got {self.time_s}, {self.size}, {self.group_size}, "
+                f"{self.repeats}"
+            )
+
+
+class ProfileDB:
+    """Open (or create) a profiling database file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.conn = sqlite3.connect(self.path)
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self._init_schema()
+        except sqlite3.DatabaseError as exc:
+            raise ProfileError(f"{self.path}: not a profiling database ({exc})") from None
+
+    def _init_schema(self) -> None:
+        c = self.conn
+        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "meta" in tables:
+            row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            found = row[0] if row else "?"
+            if found.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+                raise ProfileError(
+                    f"{self.path}: schema version {found}; this itercast reads {SCHEMA_VERSION}.x "
+                    f"(re-import the sources, or use the itercast that wrote it)"
+                )
+            return
+        if tables:
+            raise ProfileError(f"{self.path}: an SQLite file, but not a profiling database (tables {sorted(tables)})")
+        c.executescript("""
+            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+            CREATE TABLE devices (id INTEGER PRIMARY KEY, name TEXT NOT NULL, fingerprint TEXT NOT NULL UNIQUE);
+            CREATE TABLE measurements (
+                id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES devices(id),
+                family TEXT NOT NULL, op TEXT NOT NULL, dtype TEXT NOT NULL, size REAL NOT NULL,
+                group_size INTEGER NOT NULL, nodes INTEGER NOT NULL, time_s REAL NOT NULL,
+                time_std_s REAL NOT NULL, repeats INTEGER NOT NULL, params TEXT NOT NULL, source TEXT NOT NULL);
+            CREATE INDEX by_family ON measurements (device_id, family, op);
+        """)
+        c.executemany(
+            "INSERT INTO meta VALUES (?, ?)", [("schema_version", SCHEMA_VERSION), ("created_by", "itercast")]
+        )
+        c.commit()
+
+    def device(self, name: str, fingerprint: dict[str, Any]) -> int:
+        """Id of the device with this fingerprint (created if new)."""
+        fp = json.dumps(fingerprint, sort_keys=True)
+        row = self.conn.execute("SELECT id FROM devices WHERE fingerprint=?", (fp,)).fetchone()
+        if row:
+            return int(row[0])
+        cur = self.conn.execute("INSERT INTO devices (name, fingerprint) VALUES (?, ?)", (name, fp))
+        self.conn.commit()
+        return int(cur.lastrowid or 0)
+
+    def devices(self) -> list[tuple[int, str, dict[str, Any]]]:
+        return [(i, n, json.loads(f)) for i, n, f in self.conn.execute("SELECT id, name, fingerprint FROM devices")]
+
+    def add(self, device_id: int, rows: Iterable[Measurement]) -> int:
+        """Insert measurements (all checked first: a bad row inserts nothing). Returns the count."""
+        rows = list(rows)
+        for r in rows:
+            r.check()
+        self.conn.executemany(
+            "INSERT INTO measurements (device_id, family, op, dtype, size, group_size, nodes, time_s, time_std_s, "
+            "repeats, params, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    device_id,
+                    r.family,
+                    r.op,
+                    r.dtype,
+                    float(r.size),
+                    int(r.group_size),
+                    int(r.nodes),
+                    float(r.time_s),
+                    float(r.time_std_s),
+                    int(r.repeats),
+                    json.dumps(r.params, sort_keys=True),
+                    r.source,
+                )
+                for r in rows
+            ],
+        )
+        self.conn.commit()
+        return len(rows)
+
+    def measurements(
+        self, device_id: int | None = None, family: str | None = None, op: str | None = None
+    ) -> Iterator[Measurement]:
+        sql = (
+            "SELECT family, op, size, time_s, dtype, group_size, nodes, time_std_s, repeats, params, source "
+            "FROM measurements WHERE 1=1"
+        )
+        args: list[Any] = []
+        for col, val in (("device_id", device_id), ("family", family), ("op", op)):
+            if val is not None:
+                sql += f" AND {col}=?"
+                args.append(val)
+        for row in self.conn.execute(sql + " ORDER BY id", args):
+            yield Measurement(*row[:9], params=json.loads(row[9]), source=row[10])
+
+    def arrays(self, **where: Any) -> dict[str, np.ndarray]:
+        """Columns of the selected rows as arrays (size, time_s, time_std_s, group_size, nodes)."""
+        rows = list(self.measurements(**where))
+        return {
+            k: np.array([getattr(r, k) for r in rows], dtype=float)
+            for k in ("size", "time_s", "time_std_s", "group_size", "nodes")
+        }
+
+    def count(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0])
+
+    def close(self) -> None:
+        self.conn.close()

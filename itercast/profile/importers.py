@@ -1,0 +1,203 @@
+"""Import outside measurements into a profiling database: nccl-tests logs, the tidy nccl-tests table,
+Alpa's profiling database (CSV form) and OpenXLA's matmul table. Each importer checks every row and
+reports what it skipped and why; a malformed file is refused with the file and line, nothing added."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from itercast.profile.db import Measurement, ProfileDB, ProfileError
+
+NCCL_OPS = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "alltoall": "alltoall",
+    "all_to_all": "alltoall",
+    "sendrecv": "sendrecv",
+}
+MAX_FILE_BYTES = 512 << 20
+
+
+def _rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """CSV rows (after leading '#' comments) with their line numbers; bounded file size."""
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise ProfileError(f"{path}: {path.stat().st_size} bytes; expected at most {MAX_FILE_BYTES}")
+    with path.open(newline="") as fh:
+        lines = [(i + 1, line) for i, line in enumerate(fh) if not line.startswith("#")]
+    reader = csv.DictReader(line for _, line in lines)
+    for (number, _), row in zip(lines[1:], reader, strict=False):
+        yield number, row
+
+
+def _field(path: Path, line: int, row: dict[str, str], name: str, kind: Callable[[str], float] = float) -> float:
+    try:
+        return kind(row[name])
+    except KeyError:
+        raise ProfileError(f"{path}: line {line}: missing column `{name}`") from None
+    except (TypeError, ValueError):
+        raise ProfileError(f"{path}: line {line}: `{name}` should be a number; got {row.get(name)!r}") from None
+
+
+def import_nccl_tidy(db: ProfileDB, path: Path) -> Counter:
+    """The tidy nccl-tests CSV (one row per message size and repeat); one device per system."""
+    counts: Counter = Counter()
+    batches: dict[str, list[Measurement]] = {}
+    for line, r in _rows(path):
+        op = NCCL_OPS.get(r.get("collective", ""))
+        size = _field(path, line, r, "size_B")
+        if op is None or size <= 0:
+            counts["skipped (unknown collective or empty message)"] += 1
+            continue
+        family = "p2p" if op == "sendrecv" else "collective"
+        batches.setdefault(r.get("system", "?"), []).append(
+            Measurement(
+                family,
+                op,
+                size,
+                _field(path, line, r, "oop_time_us") * 1e-6,
+                r.get("dtype", ""),
+                int(_field(path, line, r, "ranks", int)),
+                int(_field(path, line, r, "nodes", int)),
+                params={
+                    "setup": r.get("setup", ""),
+                    "nccl": r.get("nccl", ""),
+                    "gpus_per_node": r.get("gpus_per_node"),
+                },
+                source=f"{path.name}:{r.get('source_file', '')}",
+            )
+        )
+    for system, rows in batches.items():
+        counts["imported"] += db.add(db.device(system, {"source": path.name, "system": system}), rows)
+    return counts
+
+
+def import_nccl_log(db: ProfileDB, path: Path, collective: str, nodes: int, device: str) -> Counter:
+    """One nccl-tests stdout log (e.g. all_reduce_perf): size (B), count, type, redop, root, time (µs), …"""
+    op = NCCL_OPS.get(collective)
+    if op is None:
+        raise ProfileError(f"--collective {collective!r}: expected one of {', '.join(sorted(NCCL_OPS))}")
+    text = path.read_text(errors="replace") if path.is_file() else None
+    if text is None:
+        raise ProfileError(f"{path}: no such file")
+    ranks = len(re.findall(r"^#\s+Rank\s+\d+", text, flags=re.MULTILINE))
+    rows, counts = [], Counter()
+    for number, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if line.lstrip().startswith("#") or not parts or not parts[0].isdigit():
+            continue
+        if len(parts) < 8:
+            raise ProfileError(f"{path}: line {number}: expected ≥ 8 columns of an nccl-tests result; got {len(parts)}")
+        try:
+            size, time_us = float(parts[0]), float(parts[5])
+        except ValueError:
+            raise ProfileError(
+                f"{path}: line {number}: size and time should be numbers; got {parts[0]!r}, {parts[5]!r}"
+            ) from None
+        if size <= 0:
+            counts["skipped (empty message)"] += 1
+            continue
+        rows.append(
+            Measurement(
+                "p2p" if op == "sendrecv" else "collective",
+                op,
+                size,
+                time_us * 1e-6,
+                parts[2],
+                max(ranks, 1),
+                nodes,
+                source=path.name,
+            )
+        )
+    if not rows:
+        raise ProfileError(f"{path}: no nccl-tests result lines found")
+    counts["imported"] += db.add(db.device(device, {"source": path.name, "device": device}), rows)
+    return counts
+
+
+def import_alpa(db: ProfileDB, path: Path) -> Counter:
+    """Alpa's profiling database (CSV form): collectives over every group layout and square dots.
+    Rows whose time is not finite (Alpa could not profile them) are skipped and counted."""
+    rows, counts = [], Counter()
+    for line, r in _rows(path):
+        time_s = _field(path, line, r, "time_s")
+        if not math.isfinite(time_s) or time_s <= 0:
+            counts["skipped (not profiled: time inf or 0)"] += 1
+            continue
+        op, x = r.get("op", ""), _field(path, line, r, "x")
+        if op == "dot":
+            rows.append(
+                Measurement(
+                    "gemm",
+                    "dot",
+                    x,
+                    time_s,
+                    r.get("dtype", ""),
+                    source=path.name,
+                    params={"n": round((x / 2) ** (1 / 3))},
+                )
+            )
+            continue
+        size = _field(path, line, r, "bytes")
+        if size <= 0:
+            counts["skipped (empty message)"] += 1
+            continue
+        per_host = int(_field(path, line, r, "mesh_gpus_per_host", int))
+        try:
+            first = ast.literal_eval(r.get("replica_groups", "[]"))[0]
+        except (ValueError, SyntaxError, IndexError):
+            raise ProfileError(f"{path}: line {line}: `replica_groups` should be a list of lists of ranks") from None
+        rows.append(
+            Measurement(
+                "collective",
+                NCCL_OPS.get(op, op),
+                size,
+                time_s,
+                r.get("dtype", ""),
+                int(_field(path, line, r, "group_size", int)),
+                len({g // per_host for g in first}),
+                params={
+                    "mesh": [r.get("mesh_hosts"), per_host],
+                    "replica_groups": first,
+                    "n_groups": r.get("n_groups"),
+                },
+                source=path.name,
+            )
+        )
+    counts["imported"] += db.add(db.device("V100 p3.16xlarge (Alpa)", {"source": path.name}), rows)
+    return counts
+
+
+def import_xla_matmul(db: ProfileDB, path: Path) -> Counter:
+    """OpenXLA's measured matmul table: achieved FLOP/s per (b, m, n, k, dtype); one device per GPU."""
+    counts: Counter = Counter()
+    batches: dict[str, list[Measurement]] = {}
+    for line, r in _rows(path):
+        b, m, n, k = (int(_field(path, line, r, c, int)) for c in ("b", "m", "n", "k"))
+        flops = 2.0 * b * m * n * k
+        rate = _field(path, line, r, "flops_per_s")
+        if rate <= 0:
+            counts["skipped (no throughput)"] += 1
+            continue
+        batches.setdefault(r.get("device", "?"), []).append(
+            Measurement(
+                "gemm",
+                "matmul",
+                flops,
+                flops / rate,
+                r.get("dtype", ""),
+                params={"b": b, "m": m, "n": n, "k": k},
+                source=path.name,
+            )
+        )
+    for device, rows in batches.items():
+        counts["imported"] += db.add(db.device(device, {"source": path.name, "device": device}), rows)
+    return counts
