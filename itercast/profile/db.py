@@ -150,8 +150,10 @@ class ProfileDB:
             if val is not None:
                 sql += f" AND {col}=?"
                 args.append(val)
-        for row in self.conn.execute(sql + " ORDER BY id", args):
-            yield Measurement(*row[:9], params=json.loads(row[9]), source=row[10])
+        for family, op_, size, time_s, dtype, group, nodes, std, repeats, params, source in self.conn.execute(
+            sql + " ORDER BY id", args
+        ):
+            yield Measurement(family, op_, size, time_s, dtype, group, nodes, std, repeats, json.loads(params), source)
 
     def arrays(self, **where: Any) -> dict[str, np.ndarray]:
         """Columns of the selected rows as arrays (size, time_s, time_std_s, group_size, nodes)."""

@@ -89,7 +89,8 @@ def import_nccl_log(db: ProfileDB, path: Path, collective: str, nodes: int, devi
     if text is None:
         raise ProfileError(f"{path}: no such file")
     ranks = len(re.findall(r"^#\s+Rank\s+\d+", text, flags=re.MULTILINE))
-    rows, counts = [], Counter()
+    rows: list[Measurement] = []
+    counts: Counter = Counter()
     for number, line in enumerate(text.splitlines(), 1):
         parts = line.split()
         if line.lstrip().startswith("#") or not parts or not parts[0].isdigit():
@@ -126,7 +127,8 @@ def import_nccl_log(db: ProfileDB, path: Path, collective: str, nodes: int, devi
 def import_alpa(db: ProfileDB, path: Path) -> Counter:
     """Alpa's profiling database (CSV form): collectives over every group layout and square dots.
     Rows whose time is not finite (Alpa could not profile them) are skipped and counted."""
-    rows, counts = [], Counter()
+    rows: list[Measurement] = []
+    counts: Counter = Counter()
     for line, r in _rows(path):
         time_s = _field(path, line, r, "time_s")
         if not math.isfinite(time_s) or time_s <= 0:
