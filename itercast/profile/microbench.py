@@ -22,7 +22,7 @@ from rich.progress import Progress
 
 from itercast.profile.db import Measurement, ProfileDB, ProfileError
 
-QUICK = {
+QUICK: dict[str, list[Any]] = {
     "gemm": [64, 256, 1024],
     "elementwise": [1 << 14, 1 << 18, 1 << 22],
     "embedding_rows": [10_000],
@@ -30,7 +30,7 @@ QUICK = {
     "pooling": [1, 16],
     "distributions": ["uniform", "zipf"],
 }
-FULL = {
+FULL: dict[str, list[Any]] = {
     "gemm": [64, 128, 256, 512, 1024, 2048],
     "elementwise": [1 << k for k in range(12, 25, 2)],
     "embedding_rows": [10_000, 1_000_000],
