@@ -31,9 +31,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.costs.fitting import eff, fit_collective, fit_latency_curve, mean_abs_err
 from itercast.data_paths import read_csv_rows, shared_data_dir
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
@@ -42,42 +42,6 @@ H100_BF16_PEAK, H100_TF32_PEAK, H100_FP8_PEAK = 989.4e12, 494.7e12, 1978.9e12  #
 A100_BF16_PEAK = 312e12  # A100 datasheet, dense
 HBM = {"h100": 3350e9, "a100": 2039e9}
 from itercast.costs.analytic import BUS_FACTOR  # noqa: E402
-
-
-def eff(x: np.ndarray, e_max: float, log_half: float, gamma: float) -> np.ndarray:
-    return e_max / (1.0 + np.exp(gamma * (log_half - np.log(x))))
-
-
-def geomean_abs_err(pred: np.ndarray, meas: np.ndarray) -> float:
-    return float(np.exp(np.mean(np.log(np.abs(pred / meas - 1) + 1e-12))))
-
-
-def mean_abs_err(pred: np.ndarray, meas: np.ndarray) -> float:
-    return float(np.mean(np.abs(pred / meas - 1)))
-
-
-def fit_latency_curve(x: np.ndarray, t: np.ndarray, rate: np.ndarray | float, alpha_s: float | None = None) -> dict:
-    """time = alpha + x / (rate · eff(x)), fitted on log time; x in FLOPs or bytes, rate the peak in
-    the same unit per second (a scalar, or one per point when the points come from several GPUs).
-    `alpha_s` pins the latency when the points are too few to identify it."""
-
-    def model(p):
-        a = alpha_s if alpha_s is not None else p[0] * 1e-6
-        return a + x / (rate * eff(x, *p[-3:]))
-
-    lo, hi, x0 = [0.05, 5, 0.1], [1.2, 40, 4], [0.8, math.log(np.median(x)), 1.0]
-    if alpha_s is None:
-        lo, hi, x0 = [0, *lo], [50, *hi], [3.0, *x0]
-    fit = least_squares(lambda p: np.log(model(p)) - np.log(t), x0=x0, bounds=(lo, hi))
-    e_max, log_half, gamma = fit.x[-3:]
-    return {
-        "alpha_s": alpha_s if alpha_s is not None else fit.x[0] * 1e-6,
-        "e_max": e_max,
-        "log_half": log_half,
-        "gamma": gamma,
-        "points": len(x),
-        "fit_mean_abs_err": mean_abs_err(model(fit.x), t),
-    }
 
 
 def fit_gemm(data: Path) -> dict:
@@ -134,45 +98,6 @@ def fit_memory(data: Path) -> dict:
     return out
 
 
-def _fit_collective(sizes, times_s, nodes, bw, fixed: dict | None = None) -> dict:
-    """Fit alpha0, alpha per log2(nodes) and the eff curve; `fixed` pins some of them."""
-    x, t, m = np.array(sizes, float), np.array(times_s), np.array(nodes, float)
-    names = ["alpha0_s", "alpha_per_log2_nodes_s", "e_max", "log_half", "gamma"]
-    x0 = {"alpha0_s": 10e-6, "alpha_per_log2_nodes_s": 1e-6, "e_max": 0.8, "log_half": math.log(1e7), "gamma": 1.0}
-    lo = {"alpha0_s": 0, "alpha_per_log2_nodes_s": 0, "e_max": 0.05, "log_half": 5, "gamma": 0.2}
-    hi = {"alpha0_s": 500e-6, "alpha_per_log2_nodes_s": 200e-6, "e_max": 1.5, "log_half": 30, "gamma": 4}
-    fixed = dict(fixed or {})
-    if np.all(m == 1):
-        fixed.setdefault("alpha_per_log2_nodes_s", 0.0)
-    free = [k for k in names if k not in fixed]
-    scale = {"alpha0_s": 1e-6, "alpha_per_log2_nodes_s": 1e-6}
-
-    def params(v):
-        out = dict(fixed)
-        out.update({k: v[i] * scale.get(k, 1.0) for i, k in enumerate(free)})
-        return out
-
-    def model(q):
-        return (
-            q["alpha0_s"]
-            + q["alpha_per_log2_nodes_s"] * np.log2(np.maximum(m, 1))
-            + x / (bw * eff(x, q["e_max"], q["log_half"], q["gamma"]))
-        )
-
-    fit = least_squares(
-        lambda v: np.log(model(params(v))) - np.log(t),
-        x0=[x0[k] / scale.get(k, 1.0) for k in free],
-        bounds=([lo[k] / scale.get(k, 1.0) for k in free], [hi[k] / scale.get(k, 1.0) for k in free]),
-    )
-    q = params(fit.x)
-    return {
-        **q,
-        "points": len(x),
-        "size_range_bytes": [float(x.min()), float(x.max())],
-        "fit_mean_abs_err": mean_abs_err(model(q), t),
-    }
-
-
 def _nccl_tests_text(path: Path) -> list[tuple[float, float]]:
     """(bytes, out-of-place µs) rows of an nccl-tests stdout log."""
     rows = []
@@ -195,7 +120,7 @@ def fit_collectives(data: Path) -> dict:
     ar = [
         (s, t) for s, t in _nccl_tests_text(data / "collectives" / "dgxc_h100_1node_8gpu_allreduce_sample.txt") if s > 0
     ]
-    intra["all_reduce"] = _fit_collective(
+    intra["all_reduce"] = fit_collective(
         [s * 2 * 7 / 8 for s, _ in ar], [t * 1e-6 for _, t in ar], [1] * len(ar), 450e9
     )
     ramp = {k: intra["all_reduce"][k] for k in ("alpha0_s", "log_half", "gamma")}
@@ -210,7 +135,7 @@ def fit_collectives(data: Path) -> dict:
             and r["collective"] == coll
             and float(r["size_B"]) > 0
         ]
-        intra[coll] = _fit_collective(
+        intra[coll] = fit_collective(
             [float(r["size_B"]) * BUS_FACTOR[coll](int(r["ranks"])) for r in sel],
             [float(r["oop_time_us"]) * 1e-6 for r in sel],
             [1] * len(sel),
@@ -221,7 +146,7 @@ def fit_collectives(data: Path) -> dict:
     p2p = {}
     for key, dpn, bw in (("intra_node", "2", 450e9), ("inter_node", "1", 50e9)):
         sel = [r for r in sr if r["devices_per_node"] == dpn]
-        p2p[key] = _fit_collective(
+        p2p[key] = fit_collective(
             [float(r["size"]) for r in sel],
             [float(r["time_stats.send_recv.median"]) * 1e-3 for r in sel],
             [1 if dpn == "2" else 2] * len(sel),
@@ -256,11 +181,11 @@ def fit_collectives(data: Path) -> dict:
             "regimes": [
                 {
                     "max_bus_bytes": SMALL_BUS_BYTES,
-                    **_fit_collective([x[i] for i in small], [t[i] for i in small], [m[i] for i in small], 4 * 12.5e9),
+                    **fit_collective([x[i] for i in small], [t[i] for i in small], [m[i] for i in small], 4 * 12.5e9),
                 },
                 {
                     "max_bus_bytes": None,
-                    **_fit_collective([x[i] for i in large], [t[i] for i in large], [m[i] for i in large], 4 * 12.5e9),
+                    **fit_collective([x[i] for i in large], [t[i] for i in large], [m[i] for i in large], 4 * 12.5e9),
                 },
             ]
         }

@@ -77,6 +77,11 @@ class Job:
         return {s: getattr(self, s).model_dump(mode="json") for s in ("model", "plan", "system")}
 
 
+def load_system(name: str, **overrides: Any) -> SystemConfig:
+    """A system preset (with field overrides) on its own, without a model or plan."""
+    return cast(SystemConfig, _parse("system", {"preset": name, **overrides}, "<preset>"))
+
+
 def read_job_file(path: Path) -> dict[str, Any]:
     """Read a YAML job file with sections model / plan / system (safe loader, bounded size)."""
     if not path.is_file():

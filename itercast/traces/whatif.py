@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from itercast.config.job import Job
+from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
@@ -143,7 +143,7 @@ def apply_whatif(
 def _retime_collectives(rg: ReplayGraph, whatif: WhatIf, durations: np.ndarray, changes: Counter) -> None:
     if whatif.system is None:
         raise ConfigError("what-if: --world-size re-times collectives with a system's model; also give --system")
-    system = Job.from_presets("gpt3-1.3b", whatif.system).system  # any model: only the system is used
+    system = load_system(whatif.system)
     costs = AnalyticCostModel(system, "bf16")
     gpn = system.node.gpus_per_node
     for task, meta in rg.nccl_meta.items():
@@ -165,7 +165,7 @@ def _retime_collectives(rg: ReplayGraph, whatif: WhatIf, durations: np.ndarray, 
 def _retime_gemms(gpu: str, gemm_flops: dict[int, tuple[float, str]], durations: np.ndarray, changes: Counter) -> None:
     if not gemm_flops:
         raise ConfigError("what-if: --gpu re-times GEMMs from their shapes; give the execution traces (--et)")
-    system = Job.from_presets("gpt3-1.3b", gpu).system
+    system = load_system(gpu)
     models: dict[str, AnalyticCostModel] = {}
     for task, (flops, dtype) in gemm_flops.items():
         model = models.setdefault(dtype, AnalyticCostModel(system, dtype))
