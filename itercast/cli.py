@@ -12,8 +12,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from itercast.config.job import Job
+from itercast.config.job import Job, load_system
 from itercast.config.presets import preset_names
+from itercast.costs.calibrate import CalibrationError, load_calibration
 from itercast.errors import ConfigError, DeadlockError
 from itercast.predict import Prediction, predict
 from itercast.replay import ReplayResult, replay_whatif
@@ -46,6 +47,9 @@ def predict_cmd(
     example: Annotated[bool, typer.Option(help=f"Use the built-in example job ({EXAMPLE}).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
     trace: Annotated[Path | None, typer.Option(help="Write the predicted timeline as Chrome/Perfetto JSON.")] = None,
+    calibration: Annotated[
+        Path | None, typer.Option(help="Calibration file from `itercast calibrate` (else the built-in curves).")
+    ] = None,
 ) -> None:
     """Time per iteration, its breakdown and critical path, memory per GPU and MFU."""
     if example:
@@ -56,8 +60,8 @@ def predict_cmd(
         fail("need a job file, --example, or both --model and --system")
     try:
         job = Job.load(job_file, set_ or [], model=model, system=system)
-        result = predict(job)
-    except (ConfigError, DeadlockError) as exc:
+        result = predict(job, load_calibration(calibration) if calibration else None)
+    except (ConfigError, DeadlockError, CalibrationError) as exc:
         fail(str(exc).replace("\n", "\n  "))
     if trace is not None:
         write_chrome_trace(result.sim, trace)
@@ -184,6 +188,50 @@ def profile_import_cmd(
     except ProfileError as exc:
         fail(str(exc))
     console.print(f"{db}: " + "; ".join(f"{k}: {v}" for k, v in counts.items()), highlight=False)
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    db: Annotated[Path, typer.Argument(help="Profiling database (from `itercast profile`).")],
+    system: Annotated[str, typer.Option(help="System preset the measurements were taken on (its peaks).")],
+    out: Annotated[Path | None, typer.Option(help="Write the calibration file here.")] = None,
+    device: Annotated[int | None, typer.Option(help="Device id in the database (default: the only one).")] = None,
+    report: Annotated[
+        bool, typer.Option(help="Print held-out errors: calibrated vs analytic vs straight line.")
+    ] = False,
+) -> None:
+    """Refit the cost model's curves on a profiling database; check them on held-out rows."""
+    from itercast.costs import calibrate as cal
+    from itercast.profile.db import ProfileDB, ProfileError
+
+    try:
+        target, sys_cfg = ProfileDB(db), load_system(system)
+        ids = [i for i, _, _ in target.devices()]
+        if device is None and len(ids) != 1:
+            raise CalibrationError(f"{db}: {len(ids)} devices; choose one with --device ({ids})")
+        dev = device if device is not None else ids[0]
+        if dev not in ids:
+            raise CalibrationError(f"{db}: no device {dev} (have {ids})")
+        if out is not None:
+            doc = cal.calibrate(target, dev, sys_cfg)
+            cal.write_calibration(doc, out)
+            console.print(
+                f"wrote {out}: " + ", ".join(k for k in doc if k not in ("format", "version", "system", "device"))
+            )
+        if report:
+            _print_calibration_report(cal.report(target, dev, sys_cfg))
+    except (ProfileError, CalibrationError, ConfigError) as exc:
+        fail(str(exc))
+
+
+def _print_calibration_report(rows: list[dict]) -> None:
+    table = Table(title="held-out geomean |error| (5-fold); in brackets: the smallest quarter of sizes")
+    for col in ("family", "key", "rows", "calibrated", "analytic", "straight line"):
+        table.add_column(col, justify="right" if col not in ("family", "key") else "left")
+    for r in rows:
+        cells = [f"{r[m]:.1%} ({r[m + '_smallest_quarter']:.1%})" for m in ("calibrated", "analytic", "straight_line")]
+        table.add_row(r["family"], r["key"], str(r["rows"]), *cells)
+    console.print(table)
 
 
 @app.command("presets")

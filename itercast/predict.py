@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from itercast.config.job import Job
+from itercast.costs.analytic import AnalyticCostModel
 from itercast.memory import MemoryEstimate, estimate_memory
 from itercast.sim.analysis import Breakdown, breakdown, critical_path
 from itercast.sim.engine import SimResult, simulate
@@ -57,9 +58,10 @@ class Prediction:
         }
 
 
-def predict(job: Job) -> Prediction:
-    """Build the step graph of `job`, simulate it and summarise."""
-    builder = TransformerStepBuilder(job)
+def predict(job: Job, calibration: dict[str, Any] | None = None) -> Prediction:
+    """Build the step graph of `job`, simulate it and summarise. `calibration`: curves from
+    costs.calibrate.load_calibration (else the built-in ones)."""
+    builder = TransformerStepBuilder(job, AnalyticCostModel(job.system, job.plan.dtype, calibration))
     sim = simulate(builder.build())
     bd = breakdown(sim)
     model_flops = job.model.flops_per_token() * job.plan.gbs * job.model.seq_length

@@ -10,6 +10,7 @@ measurement here: it is a guess, labelled as such below.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,9 @@ ATTENTION_VS_GEMM = 0.75
 class AnalyticCostModel:
     """Seconds per op on one GPU of `system`, for training in `dtype`."""
 
-    def __init__(self, system: SystemConfig, dtype: str) -> None:
+    def __init__(self, system: SystemConfig, dtype: str, calibration: dict[str, Any] | None = None) -> None:
+        """`calibration`: curves in the schema of costs/curves.json (costs.calibrate.load_calibration);
+        the built-in curves when None."""
         self.system = system
         gpu = system.gpu
         peak_key = dtype if dtype in gpu.peak_flops else ("tf32" if dtype == "fp32" else "fp32")
@@ -43,7 +46,7 @@ class AnalyticCostModel:
         # FP8 training (Transformer Engine) runs only the linear layers in FP8; fused attention
         # stays in bf16 unless FP8 attention is switched on explicitly (TE docs, `fp8_dpa`).
         self.attention_peak_flops = gpu.peak_flops.get("bf16", self.peak_flops) if dtype == "fp8" else self.peak_flops
-        data = curves()
+        data = calibration if calibration is not None else curves()
         gemm = data["gemm"][{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak

@@ -1,0 +1,218 @@
+"""Calibrate the cost model's curves on a profiling database, and check them on held-out rows.
+
+A calibration file is JSON in the schema of the built-in costs/curves.json plus a header
+({"format": "itercast-calibration", "version": "1", "system": ..., "device": ...}); the cost model
+merges it over the built-in curves (`AnalyticCostModel(system, dtype, curves=...)`). Only the
+families the database covers are written. The curves are relative to the peaks of `system`, so
+calibrate with the system the measurements were taken on (e.g. cpu-host for this machine).
+
+`report` runs K-fold cross-validation per family: each fold is predicted by (a) the curve refitted
+on the other folds, (b) the uncalibrated analytic model, (c) a straight line t = a + b·size fitted
+on the other folds (the predictive model of pipeDejavu), as geomean |predicted/measured − 1|.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from itercast.config.system import SystemConfig
+from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
+from itercast.costs.curves import curve, curves
+from itercast.costs.fitting import eff, fit_collective, fit_latency_curve
+from itercast.hardware.topology import GroupPlacement
+from itercast.profile.db import Measurement, ProfileDB
+
+FORMAT, VERSION = "itercast-calibration", "1"
+#: a measured dtype (ours, Alpa's, OpenXLA's "bf16xbf16->bf16") → the plan dtype whose peak and curve apply
+PLAN_DTYPES = {
+    "fp32": "fp32",
+    "f32": "fp32",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "f16": "fp16",
+    "fp8": "fp8",
+    "f8e4m3fn": "fp8",
+    "f8e5m2": "fp8",
+}
+CURVE_KEYS = {"fp32": "tf32", "fp8": "fp8"}  # the cost model's choice of GEMM curve per plan dtype (bf16 otherwise)
+
+
+class CalibrationError(ValueError):
+    """A calibration file or request is unusable; the message says why."""
+
+
+def _plan_dtype(dtype: str) -> str:
+    return PLAN_DTYPES.get(dtype.split("x")[0].lower(), "bf16")
+
+
+def _groups(db: ProfileDB, device_id: int) -> dict[tuple[str, str], list[Measurement]]:
+    """Rows by (section, key): ('gemm', 'tf32'), ('memory', 'elementwise'), ('embedding', 'zipf'),
+    ('intra_node', 'all_reduce'), ('inter_node', 'all_reduce')."""
+    out: dict[tuple[str, str], list[Measurement]] = {}
+    for m in db.measurements(device_id=device_id):
+        if m.family == "gemm":
+            key = ("gemm", CURVE_KEYS.get(_plan_dtype(m.dtype), "bf16"))
+        elif m.family in ("elementwise", "norm"):
+            key = ("memory", m.family)
+        elif m.family == "embedding":
+            key = ("embedding", str(m.params.get("distribution", "uniform")))
+        elif m.family == "collective" and m.op in BUS_FACTOR:
+            key = ("intra_node" if m.nodes == 1 else "inter_node", m.op)
+        else:
+            continue
+        out.setdefault(key, []).append(m)
+    return out
+
+
+def _rate(section: str, key: str, rows: list[Measurement], system: SystemConfig) -> np.ndarray:
+    """The peak each row's curve is relative to (the same the cost model divides by)."""
+    if section == "gemm":  # each row against the peak of its own dtype, as the cost model divides
+        return np.array([AnalyticCostModel(system, _plan_dtype(m.dtype)).peak_flops for m in rows])
+    if section in ("memory", "embedding"):
+        return np.full(len(rows), system.gpu.hbm_bandwidth_bytes_per_s)
+    intra, nic = system.node.intra_node_bandwidth_bytes_per_s, system.nic_bandwidth_per_gpu_bytes_per_s()
+    return np.array([intra if m.nodes == 1 else min(intra, m.group_size / m.nodes * nic) for m in rows])
+
+
+def _x(section: str, key: str, rows: list[Measurement]) -> np.ndarray:
+    size = np.array([m.size for m in rows])
+    if section in ("intra_node", "inter_node"):
+        return size * np.array([BUS_FACTOR[key](m.group_size) for m in rows])
+    return size
+
+
+def _fit(section: str, x: np.ndarray, t: np.ndarray, rate: np.ndarray, nodes: np.ndarray) -> dict[str, Any]:
+    if section in ("intra_node", "inter_node"):
+        return fit_collective(x, t, nodes, rate)
+    return fit_latency_curve(x, t, rate)
+
+
+def _predict(section: str, fit: dict[str, Any], x: np.ndarray, rate: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    ramp = eff(x, fit["e_max"], fit["log_half"], fit["gamma"])
+    if section in ("intra_node", "inter_node"):
+        return fit["alpha0_s"] + fit["alpha_per_log2_nodes_s"] * np.log2(nodes) + x / (rate * ramp)
+    return fit["alpha_s"] + x / (rate * ramp)
+
+
+def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int = 8) -> dict[str, Any]:
+    """Refit every (family, key) with at least `min_rows` rows; returns the calibration document."""
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "system": system.name,
+        "device": dict(next((d for i, _, d in db.devices() if i == device_id), {})),
+    }
+    for (section, key), rows in sorted(_groups(db, device_id).items()):
+        if len(rows) < min_rows:
+            continue
+        t = np.array([m.time_s for m in rows])
+        nodes = np.array([m.nodes for m in rows], dtype=float)
+        fit = _fit(section, _x(section, key, rows), t, _rate(section, key, rows, system), nodes)
+        if section in ("intra_node", "inter_node"):
+            doc.setdefault("collectives", {}).setdefault(section, {})[key] = fit
+        else:
+            doc.setdefault(section, {})[key] = fit
+    return doc
+
+
+def report(db: ProfileDB, device_id: int, system: SystemConfig, folds: int = 5, seed: int = 0) -> list[dict[str, Any]]:
+    """Held-out geomean |error| per (family, key): calibrated curve, analytic model, straight line."""
+    out = []
+    rng = np.random.default_rng(seed)
+    for (section, key), rows in sorted(_groups(db, device_id).items()):
+        if len(rows) < 2 * folds:
+            continue
+        x, t = _x(section, key, rows), np.array([m.time_s for m in rows])
+        rate, nodes = _rate(section, key, rows, system), np.array([m.nodes for m in rows], dtype=float)
+        fold = rng.permutation(len(rows)) % folds
+        calibrated, line = np.empty(len(rows)), np.empty(len(rows))
+        for f in range(folds):
+            train, test = fold != f, fold == f
+            fit = _fit(section, x[train], t[train], rate[train], nodes[train])
+            calibrated[test] = _predict(section, fit, x[test], rate[test], nodes[test])
+            a, b = np.polynomial.polynomial.polyfit(x[train], t[train], 1)
+            line[test] = a + b * x[test]
+        analytic = _analytic(section, key, rows, system)
+        small = x <= np.quantile(x, 0.25)
+        out.append(
+            {
+                "family": section,
+                "key": key,
+                "rows": len(rows),
+                **{
+                    name: _geomean(pred, t)
+                    for name, pred in (("calibrated", calibrated), ("analytic", analytic), ("straight_line", line))
+                },
+                **{
+                    f"{name}_smallest_quarter": _geomean(pred[small], t[small])
+                    for name, pred in (("calibrated", calibrated), ("analytic", analytic), ("straight_line", line))
+                },
+            }
+        )
+    return out
+
+
+def _analytic(section: str, key: str, rows: list[Measurement], system: SystemConfig) -> np.ndarray:
+    model = AnalyticCostModel(system, "bf16")
+    one: Callable[[Measurement], float]
+    if section == "gemm":
+
+        def one(m: Measurement) -> float:
+            return float(AnalyticCostModel(system, _plan_dtype(m.dtype)).gemm_s(m.size))
+    elif section in ("memory", "embedding"):
+
+        def one(m: Measurement) -> float:
+            return float(model.memory_s(key if key in model.memory else "elementwise", m.size))
+    else:
+
+        def one(m: Measurement) -> float:
+            per_node = max(1, m.group_size // m.nodes)
+            return model.collective_s(key, m.size, GroupPlacement(m.group_size, m.nodes, per_node))
+
+    return np.array([one(m) for m in rows])
+
+
+def _geomean(pred: np.ndarray, meas: np.ndarray) -> float:
+    e = np.abs(np.maximum(pred, 1e-12) / meas - 1)
+    return float(np.exp(np.mean(np.log(e + 1e-12))))
+
+
+def write_calibration(doc: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_calibration(path: str | Path) -> dict[str, Any]:
+    """The built-in curves with a calibration file merged over them (checked: format and version)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CalibrationError(f"{path}: not readable as a calibration file ({exc})") from None
+    found = doc.get("format") if isinstance(doc, dict) else None
+    if found != FORMAT:
+        raise CalibrationError(f"{path}: not an itercast calibration file (format {found!r}, expected {FORMAT!r})")
+    if str(doc.get("version", "")).split(".")[0] != VERSION:
+        raise CalibrationError(
+            f"{path}: calibration version {doc.get('version')!r}; this itercast reads "
+            f"version {VERSION} — re-run `itercast calibrate` on the profiling database"
+        )
+    merged = json.loads(json.dumps(curves()))
+    for section in ("gemm", "memory", "embedding"):
+        merged.setdefault(section, {}).update(doc.get(section, {}))
+    for placement, fits in doc.get("collectives", {}).items():
+        merged["collectives"].setdefault(placement, {}).update(fits)
+    try:  # every entry must be a usable curve
+        for section in ("gemm", "memory"):
+            for entry in merged[section].values():
+                if isinstance(entry, dict):
+                    curve(entry)
+    except (KeyError, TypeError) as exc:
+        raise CalibrationError(f"{path}: a curve lacks its parameters ({exc})") from None
+    return merged
