@@ -4,8 +4,8 @@ reports what it skipped and why; a malformed file is refused with the file and l
 
 from __future__ import annotations
 
-import ast
 import csv
+import json
 import math
 import re
 from collections import Counter
@@ -154,8 +154,8 @@ def import_alpa(db: ProfileDB, path: Path) -> Counter:
             continue
         per_host = int(_field(path, line, r, "mesh_gpus_per_host", int))
         try:
-            first = ast.literal_eval(r.get("replica_groups", "[]"))[0]
-        except (ValueError, SyntaxError, IndexError):
+            first = json.loads(r.get("replica_groups", "[]"))[0]
+        except (ValueError, IndexError, TypeError):
             raise ProfileError(f"{path}: line {line}: `replica_groups` should be a list of lists of ranks") from None
         rows.append(
             Measurement(
