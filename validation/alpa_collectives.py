@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.config.job import load_system
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
-from itercast.costs.fitting import eff, fit_collective
+from itercast.costs.fitting import eff, fit_collective, geomean_abs_err
 from itercast.data_paths import shared_data_dir
 from itercast.hardware.topology import GroupPlacement
 from itercast.profile.db import ProfileDB
@@ -40,8 +40,7 @@ SMALL_BYTES = 1 << 20
 
 
 def errors(pred: np.ndarray, meas: np.ndarray) -> tuple[float, float]:
-    e = np.abs(pred / meas - 1)
-    return float(np.exp(np.mean(np.log(e + 1e-12)))), float(np.median(e))
+    return geomean_abs_err(pred, meas), float(np.median(np.abs(pred / meas - 1)))
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
 from itercast.costs.curves import curve, curves
-from itercast.costs.fitting import eff, fit_collective, fit_latency_curve
+from itercast.costs.fitting import eff, fit_collective, fit_latency_curve, geomean_abs_err
 from itercast.hardware.topology import GroupPlacement
 from itercast.profile.db import Measurement, ProfileDB
 
@@ -145,11 +145,11 @@ def report(db: ProfileDB, device_id: int, system: SystemConfig, folds: int = 5, 
                 "key": key,
                 "rows": len(rows),
                 **{
-                    name: _geomean(pred, t)
+                    name: geomean_abs_err(pred, t)
                     for name, pred in (("calibrated", calibrated), ("analytic", analytic), ("straight_line", line))
                 },
                 **{
-                    f"{name}_smallest_quarter": _geomean(pred[small], t[small])
+                    f"{name}_smallest_quarter": geomean_abs_err(pred[small], t[small])
                     for name, pred in (("calibrated", calibrated), ("analytic", analytic), ("straight_line", line))
                 },
             }
@@ -175,11 +175,6 @@ def _analytic(section: str, key: str, rows: list[Measurement], system: SystemCon
             return model.collective_s(key, m.size, GroupPlacement(m.group_size, m.nodes, per_node))
 
     return np.array([one(m) for m in rows])
-
-
-def _geomean(pred: np.ndarray, meas: np.ndarray) -> float:
-    e = np.abs(np.maximum(pred, 1e-12) / meas - 1)
-    return float(np.exp(np.mean(np.log(e + 1e-12))))
 
 
 def write_calibration(doc: dict[str, Any], path: str | Path) -> Path:

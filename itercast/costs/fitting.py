@@ -22,7 +22,9 @@ def eff(x: np.ndarray, e_max: float, log_half: float, gamma: float) -> np.ndarra
 
 
 def geomean_abs_err(pred: np.ndarray, meas: np.ndarray) -> float:
-    return float(np.exp(np.mean(np.log(np.abs(pred / meas - 1) + 1e-12))))
+    """Geometric mean of |predicted/measured − 1| (predictions floored at 1e-12 s, errors at 1e-12)."""
+    e = np.abs(np.maximum(pred, 1e-12) / meas - 1)
+    return float(np.exp(np.mean(np.log(e + 1e-12))))
 
 
 def mean_abs_err(pred: np.ndarray, meas: np.ndarray) -> float:
