@@ -1,4 +1,4 @@
-"""Command line: `itercast predict | presets` (more commands arrive with their issues)."""
+"""Command line: `itercast predict | replay | profile run|import | calibrate | presets`."""
 
 from __future__ import annotations
 
