@@ -57,3 +57,8 @@ def test_deadline_probability_and_goodput():
     assert r.quantiles_s["p50"] <= r.quantiles_s["p99"]
     loose = time_to_train(10.0, 100_000, 16_384, FailureModel(50_000 * HOUR_S, 300, 900), deadline_s=1e12)
     assert loose.deadline_probability == 1.0
+
+
+def test_a_run_shorter_than_an_interval_checkpoints_once():
+    rate = FM.job_failure_rate(8)
+    assert best_interval_s(3600.0, rate, FM) == 3600.0

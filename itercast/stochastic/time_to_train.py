@@ -60,9 +60,9 @@ def expected_time_s(work_s: float, interval_s: float, rate: float, fm: FailureMo
 
 def best_interval_s(work_s: float, rate: float, fm: FailureModel) -> float:
     """Checkpoint interval minimising the expected wall time."""
-    if rate == 0:
+    young = math.sqrt(2 * fm.checkpoint_s / rate) if rate > 0 else math.inf
+    if young >= work_s:  # the run is shorter than a checkpoint interval: one segment
         return work_s
-    young = math.sqrt(2 * fm.checkpoint_s / rate)
     res = optimize.minimize_scalar(
         lambda t: expected_time_s(work_s, t, rate, fm),
         bounds=(max(young / 100, 1e-3), min(work_s, young * 100)),

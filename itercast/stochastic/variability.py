@@ -1,0 +1,142 @@
+"""Variability of a predicted step: sources, how they combine on the step graph, and what they cost.
+
+Sources (coefficients of variation of log-normal factors with mean 1):
+- compute_cv: per-task, per-step noise of compute (temporal);
+- comm_cv: per-task, per-step noise of communication (heavier: network contention);
+- network_cv: one factor per step shared by all communication (a congested or quiet network);
+- gpu_cv: persistent per-GPU speed across the fleet (spatial: manufacturing, power, thermals).
+DEFAULTS are illustrative, not fitted: Llama 3 (arXiv 2407.21783 §3.3.4) reports 1–2% throughput
+variation; Sinha et al. (SC'22) 8% average same-SKU GPU variation (up to 22%); PRISM ~14% on GEMMs.
+Fit them to your measurements (stochastic.distributions) and pass your own.
+
+How they combine on the graph of one representative GPU per pipeline stage (approximations, stated):
+- a compute task stands for the tp·cp GPUs that meet at the next tensor-parallel collective: its noise
+  is the maximum of tp·cp draws, sampled directly (order statistics);
+- a stage runs at the pace of its slowest GPU: per step, one factor per stage, the maximum of its
+  dp·tp·cp GPUs' persistent factors (an upper bound: a slow GPU in one data-parallel replica only
+  delays that replica until the gradient reduction);
+- communication tasks draw comm noise × the step's network factor; host tasks do not vary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from scipy import special
+
+from itercast.config.job import Job
+from itercast.graph.execgraph import Category, ExecGraph
+from itercast.sim.engine import simulate
+from itercast.sim.montecarlo import simulate_samples
+from itercast.workloads.transformer import TransformerStepBuilder
+
+
+@dataclass(frozen=True)
+class VariabilityModel:
+    compute_cv: float = 0.02
+    comm_cv: float = 0.10
+    network_cv: float = 0.05
+    gpu_cv: float = 0.05
+
+    def halved(self, source: str) -> VariabilityModel:
+        return replace(self, **{source: getattr(self, source) / 2})
+
+
+SOURCES = ("compute_cv", "comm_cv", "network_cv", "gpu_cv")
+
+
+def _z_max(rng: np.random.Generator, k: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Standard-normal maximum of k draws per row (inverse CDF of U^(1/k)); plain normals where k = 1."""
+    z = rng.standard_normal(shape)
+    multi = np.flatnonzero(k > 1)
+    if multi.size:
+        z[multi] = special.ndtri(rng.random((multi.size, shape[1])) ** (1.0 / k[multi, None]))
+    return z
+
+
+def _lognormal(cv: float, z: np.ndarray) -> np.ndarray:
+    sigma = np.sqrt(np.log1p(cv * cv))
+    return np.exp(sigma * z - sigma * sigma / 2)
+
+
+class StepSampler:
+    """Sampled task durations (tasks × samples) of one step of `job` under `model`."""
+
+    def __init__(self, job: Job, graph: ExecGraph, model: VariabilityModel) -> None:
+        p = job.plan
+        self.base, self.model = graph.duration_s, model
+        self.compute = np.flatnonzero(graph.category == Category.COMPUTE)
+        self.comm = np.flatnonzero(graph.category == Category.COMMUNICATION)
+        ranks = graph.resource_rank[graph.resource]
+        self.stage_of_compute = ranks[self.compute]
+        self.stages = int(ranks.max()) + 1 if ranks.size else 1
+        self.k_task = np.full(self.compute.size, p.tensor_parallel * p.context_parallel)
+        self.gpus_per_stage = p.dp * p.tensor_parallel * p.context_parallel
+
+    def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        m = self.model
+        dur = np.repeat(self.base[:, None], n, axis=1)
+        if self.compute.size:
+            factor = np.ones((self.compute.size, n))
+            if m.compute_cv > 0:
+                factor *= _lognormal(m.compute_cv, _z_max(rng, self.k_task, (self.compute.size, n)))
+            if m.gpu_cv > 0:
+                k = np.full(self.stages, self.gpus_per_stage)
+                factor *= _lognormal(m.gpu_cv, _z_max(rng, k, (self.stages, n)))[self.stage_of_compute]
+            dur[self.compute] *= factor
+        if self.comm.size and (m.comm_cv > 0 or m.network_cv > 0):
+            noise = np.ones((self.comm.size, n))
+            if m.comm_cv > 0:
+                noise *= _lognormal(m.comm_cv, rng.standard_normal((self.comm.size, n)))
+            if m.network_cv > 0:
+                noise *= _lognormal(m.network_cv, rng.standard_normal((1, n)))
+            dur[self.comm] *= noise
+        return dur
+
+
+@dataclass(frozen=True)
+class StepDistribution:
+    deterministic_s: float
+    samples_s: np.ndarray
+
+    def quantiles(self) -> dict[str, float]:
+        qs = np.percentile(self.samples_s, [50, 90, 95, 99])
+        return {"p50_s": float(qs[0]), "p90_s": float(qs[1]), "p95_s": float(qs[2]), "p99_s": float(qs[3])}
+
+    def probability_within(self, t_s: float) -> float:
+        return float(np.mean(self.samples_s <= t_s))
+
+    @property
+    def slowdown(self) -> float:
+        """Mean sampled step over the deterministic one: what variability at this scale costs."""
+        return float(self.samples_s.mean() / self.deterministic_s)
+
+
+def step_distribution(job: Job, model: VariabilityModel, samples: int = 10_000, seed: int = 0) -> StepDistribution:
+    graph = TransformerStepBuilder(job).build()
+    return StepDistribution(
+        simulate(graph).step_time_s, simulate_samples(graph, StepSampler(job, graph, model), samples, seed)
+    )
+
+
+def attribution(job: Job, model: VariabilityModel, samples: int = 4_000, seed: int = 0) -> list[dict[str, Any]]:
+    """For each source: the p95 and the p50→p99 spread with that source's CV halved (same seed)."""
+    graph = TransformerStepBuilder(job).build()
+    base = simulate_samples(graph, StepSampler(job, graph, model), samples, seed)
+    b95, bspread = np.percentile(base, 95), np.percentile(base, 99) - np.percentile(base, 50)
+    out = []
+    for source in SOURCES:
+        if getattr(model, source) == 0:
+            continue
+        s = simulate_samples(graph, StepSampler(job, graph, model.halved(source)), samples, seed)
+        spread = np.percentile(s, 99) - np.percentile(s, 50)
+        out.append(
+            {
+                "source": source,
+                "p95_change": float(np.percentile(s, 95) / b95 - 1),
+                "spread_change": float(spread / bspread - 1) if bspread > 0 else 0.0,
+            }
+        )
+    return sorted(out, key=lambda r: r["p95_change"])

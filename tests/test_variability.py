@@ -1,0 +1,94 @@
+"""Variability on the step graph: exact without noise, order statistics per stage, attribution, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from helpers import tiny_job
+from scipy import stats
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.graph.execgraph import Category
+from itercast.stochastic.variability import StepSampler, VariabilityModel, attribution, step_distribution
+from itercast.workloads.transformer import TransformerStepBuilder
+
+
+def test_without_variability_every_quantile_is_the_deterministic_step():
+    d = step_distribution(
+        tiny_job(tensor_parallel=2, pipeline_parallel=2, global_batch_size=8), VariabilityModel(0, 0, 0, 0), 50
+    )
+    assert set(d.quantiles().values()) == {d.deterministic_s} and d.slowdown == 1.0
+
+
+def test_a_stage_runs_at_its_slowest_gpu():
+    # gpu_cv only: every compute task of a stage gets the same factor, the maximum of dp·tp·cp draws
+    job = tiny_job(tensor_parallel=2, pipeline_parallel=2, global_batch_size=8)  # dp = 2: 4 GPUs per stage
+    graph = TransformerStepBuilder(job).build()
+    sampler = StepSampler(job, graph, VariabilityModel(0, 0, 0, 0.1))
+    dur = sampler(np.random.default_rng(0), 20_000)
+    compute = np.flatnonzero((graph.category == Category.COMPUTE) & (graph.duration_s > 0))
+    ratio = dur[compute] / graph.duration_s[compute, None]
+    stage = graph.resource_rank[graph.resource[compute]]
+    first = compute[stage == 0]
+    assert np.allclose(ratio[stage == 0], ratio[stage == 0][0])  # one factor per stage and sample
+    sigma = np.sqrt(np.log1p(0.01))
+    brute = np.exp(sigma * np.random.default_rng(1).standard_normal((20_000, 4)) - sigma**2 / 2).max(axis=1)
+    assert stats.ks_2samp(ratio[np.flatnonzero(stage == 0)[0]], brute).statistic < 0.02
+    assert first.size and np.all(
+        dur[graph.category != Category.COMPUTE] == graph.duration_s[graph.category != Category.COMPUTE, None]
+    )
+
+
+def test_more_gpus_per_stage_make_the_step_slower_on_average():
+    from itercast.config.job import Job
+
+    model = {
+        "family": "llama",
+        "num_layers": 8,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "seq_length": 128,
+        "vocab_size": 1000,
+    }
+
+    def slowdown(nodes: int) -> float:  # tp 2, same 4 micro-batches per replica; 8 or 64 GPUs per stage
+        job = Job.from_dicts(
+            model, {"tensor_parallel": 2, "global_batch_size": 16 * nodes}, {"preset": "dgx-h100", "num_nodes": nodes}
+        )
+        return step_distribution(job, VariabilityModel(0, 0, 0, 0.05), 2000).slowdown
+
+    assert 1.0 < slowdown(1) < slowdown(8)
+
+
+def test_attribution_names_the_only_source_that_varies():
+    job = tiny_job(tensor_parallel=2, pipeline_parallel=2, global_batch_size=8)
+    rows = attribution(job, VariabilityModel(compute_cv=0.1, comm_cv=0, network_cv=0, gpu_cv=0), 2000)
+    assert [r["source"] for r in rows] == ["compute_cv"] and rows[0]["spread_change"] < -0.3
+
+
+def test_cli_json_has_quantiles_and_time_to_train():
+    res = CliRunner().invoke(
+        app,
+        [
+            "variability",
+            "--model",
+            "gpt3-1.3b",
+            "--system",
+            "dgx-h100",
+            "--samples",
+            "500",
+            "--steps",
+            "1000",
+            "--deadline-hours",
+            "100",
+            "--within-s",
+            "100",
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert {"p50_s", "p90_s", "p95_s", "p99_s", "attribution", "time_to_train", "p_within"} <= set(out)
+    assert out["p50_s"] <= out["p90_s"] <= out["p95_s"] <= out["p99_s"] and out["p_within"]["probability"] == 1.0
