@@ -252,9 +252,13 @@ def variability_cmd(
     checkpoint_s: Annotated[float, typer.Option(help="Time to write a checkpoint (s).")] = 300.0,
     restart_s: Annotated[float, typer.Option(help="Time from a failure to training again (s).")] = 900.0,
     deadline_hours: Annotated[float | None, typer.Option(help="Report P(training ends within this).")] = None,
+    slow_gpus: Annotated[
+        int | None, typer.Option(min=1, help="Place this many slow GPUs (best vs worst stages).")
+    ] = None,
+    slow_factor: Annotated[float, typer.Option(min=1.0, help="How much slower each slow GPU is.")] = 1.5,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
 ) -> None:
-    """Step-time distribution (Monte Carlo), what drives its spread, and time to train with failures."""
+    """Step-time distribution (Monte Carlo), what drives its spread, slow-GPU placement, time to train."""
     from itercast.stochastic import variability as var
     from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
 
@@ -279,6 +283,20 @@ def variability_cmd(
     }
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": dist.probability_within(within_s)}
+    if slow_gpus is not None:
+        from itercast.stochastic.placement import place_slow_gpus
+
+        pl = place_slow_gpus(job, slow_gpus, slow_factor)
+        out["placement"] = {
+            "slow_gpus": slow_gpus,
+            "slowdown": slow_factor,
+            "baseline_s": pl.baseline_s,
+            "best_stages": list(pl.best_stages),
+            "best_s": pl.best_s,
+            "worst_stages": list(pl.worst_stages),
+            "worst_s": pl.worst_s,
+            "worth": pl.worth,
+        }
     if steps is not None:
         ttt = time_to_train(
             out["mean_s"],
@@ -313,6 +331,14 @@ def variability_cmd(
             f"{t['expected_s'] / 86400:.2f} days expected, goodput {t['goodput']:.1%}, "
             f"checkpoint every {t['checkpoint_interval_s'] / 60:.0f} min"
             + (f", P(deadline) {t['deadline_probability']:.1%}" if t["deadline_probability"] is not None else ""),
+        )
+    if "placement" in out:
+        pl_out = out["placement"]
+        head.add_row(
+            f"{slow_gpus} GPUs {slow_factor}× slower",
+            f"best on stages {pl_out['best_stages']}: "
+            f"{pl_out['best_s']:.3f} s; worst on {pl_out['worst_stages']}: {pl_out['worst_s']:.3f} s "
+            f"(placement worth {pl_out['worth']:.3f}×)",
         )
     console.print(head)
     table = Table(title="what drives the spread: the source's CV halved")

@@ -85,10 +85,15 @@ def test_cli_json_has_quantiles_and_time_to_train():
             "100",
             "--within-s",
             "100",
+            "--slow-gpus",
+            "2",
+            "--slow-factor",
+            "1.5",
             "--json",
         ],
     )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
-    assert {"p50_s", "p90_s", "p95_s", "p99_s", "attribution", "time_to_train", "p_within"} <= set(out)
+    assert {"p50_s", "p90_s", "p95_s", "p99_s", "attribution", "time_to_train", "p_within", "placement"} <= set(out)
+    assert out["placement"]["worth"] >= 1.0
     assert out["p50_s"] <= out["p90_s"] <= out["p95_s"] <= out["p99_s"] and out["p_within"]["probability"] == 1.0
