@@ -256,6 +256,7 @@ def variability_cmd(
         int | None, typer.Option(min=1, help="Place this many slow GPUs (best vs worst stages).")
     ] = None,
     slow_factor: Annotated[float, typer.Option(min=1.0, help="How much slower each slow GPU is.")] = 1.5,
+    plot: Annotated[Path | None, typer.Option(help="Write the step-time CDF as PNG (needs matplotlib).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
 ) -> None:
     """Step-time distribution (Monte Carlo), what drives its spread, slow-GPU placement, time to train."""
@@ -283,6 +284,13 @@ def variability_cmd(
     }
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": dist.probability_within(within_s)}
+    if plot is not None:
+        from itercast.report.plots import step_cdf_png
+
+        try:
+            step_cdf_png(dist.samples_s, dist.deterministic_s, plot, f"{job.model.name} on {job.system.num_gpus} GPUs")
+        except ConfigError as exc:
+            fail(str(exc))
     if slow_gpus is not None:
         from itercast.stochastic.placement import place_slow_gpus
 

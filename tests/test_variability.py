@@ -97,3 +97,13 @@ def test_cli_json_has_quantiles_and_time_to_train():
     assert {"p50_s", "p90_s", "p95_s", "p99_s", "attribution", "time_to_train", "p_within", "placement"} <= set(out)
     assert out["placement"]["worth"] >= 1.0
     assert out["p50_s"] <= out["p90_s"] <= out["p95_s"] <= out["p99_s"] and out["p_within"]["probability"] == 1.0
+
+
+def test_cdf_plot_is_a_png(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    from itercast.report.plots import step_cdf_png
+
+    path = step_cdf_png(np.random.default_rng(0).normal(1.0, 0.01, 500), 0.98, tmp_path / "cdf.png", "t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
