@@ -1,0 +1,132 @@
+"""Command line: `itercast predict | replay | variability | profile run|import | calibrate | presets`.
+
+Commands live beside this file, one module per area; importing them registers them on `app`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from itercast.config.job import Job
+from itercast.config.presets import preset_names
+from itercast.costs.calibrate import CalibrationError, load_calibration
+from itercast.errors import ConfigError, DeadlockError
+from itercast.predict import Prediction, predict
+from itercast.traces.perfetto import write_chrome_trace
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Forecast distributed deep-learning training before paying for the GPUs.",
+)
+console = Console()
+EXAMPLE = "gpt3-175b-a100.yaml"
+
+
+def fail(message: str) -> NoReturn:
+    """A user error: the message on stderr, exit code 2, no traceback."""
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command("predict")
+def predict_cmd(
+    job_file: Annotated[Path | None, typer.Argument(help="YAML job file with sections model, plan, system.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model preset (see `itercast presets`).")] = None,
+    system: Annotated[str | None, typer.Option(help="System preset (see `itercast presets`).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (repeatable).")] = None,
+    example: Annotated[bool, typer.Option(help=f"Use the built-in example job ({EXAMPLE}).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
+    trace: Annotated[Path | None, typer.Option(help="Write the predicted timeline as Chrome/Perfetto JSON.")] = None,
+    calibration: Annotated[
+        Path | None, typer.Option(help="Calibration file from `itercast calibrate` (else the built-in curves).")
+    ] = None,
+) -> None:
+    """Time per iteration, its breakdown and critical path, memory per GPU and MFU."""
+    if example:
+        if job_file is not None:
+            fail("give either a job file or --example, not both")
+        job_file = Path(str(resources.files("itercast").joinpath("examples", EXAMPLE)))
+    if job_file is None and (model is None or system is None):
+        fail("need a job file, --example, or both --model and --system")
+    try:
+        job = Job.load(job_file, set_ or [], model=model, system=system)
+        result = predict(job, load_calibration(calibration) if calibration else None)
+    except (ConfigError, DeadlockError, CalibrationError) as exc:
+        fail(str(exc).replace("\n", "\n  "))
+    if trace is not None:
+        write_chrome_trace(result.sim, trace)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=1))
+    else:
+        _print_prediction(result, trace)
+
+
+@app.command("presets")
+def presets_cmd() -> None:
+    """List the model and system presets."""
+    for section in ("model", "system"):
+        console.print(f"[bold]{section}s:[/] " + ", ".join(preset_names(section)))
+
+
+def _print_prediction(r: Prediction, trace: Path | None) -> None:
+    job = r.job
+    p = job.plan
+    console.print(
+        f"[bold]{job.model.name}[/] on {job.system.num_gpus}× {job.system.gpu.name} "
+        f"({job.system.name}, {job.system.num_nodes} nodes) — dp {p.dp} × tp {p.tensor_parallel} "
+        f"× pp {p.pipeline_parallel} × cp {p.context_parallel}, {p.schedule}, {job.num_microbatches} micro-batches",
+        highlight=False,
+    )
+    head = Table(show_header=False, box=None)
+    head.add_row("step time", f"{r.step_time_s:.3f} s")
+    head.add_row(
+        "throughput", f"{r.tokens_per_s:,.0f} tokens/s, {r.model_tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {r.mfu:.1%}"
+    )
+    mem = r.memory
+    head.add_row(
+        "memory per GPU",
+        f"{mem.total_bytes / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.0f} GiB"
+        + (" [bold red]OOM[/]" if mem.oom else "")
+        + f" (stage {mem.stage})",
+    )
+    console.print(head)
+    table = Table(title=f"breakdown (rank {r.breakdown.rank}, the last to finish)")
+    table.add_column("part")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for key, value in r.breakdown.as_dict().items():
+        if key != "rank":
+            table.add_row(key.removesuffix("_s"), f"{value:.4f}", f"{value / r.step_time_s:.1%}")
+    console.print(table)
+    mt = Table(title="memory per GPU (GiB)")
+    for key in ("weights", "gradients", "optimizer", "activations", "reserved"):
+        mt.add_column(key, justify="right")
+    mt.add_row(
+        *(
+            f"{getattr(mem, k + '_bytes') / 2**30:.2f}"
+            for k in ("weights", "gradients", "optimizer", "activations", "reserved")
+        )
+    )
+    console.print(mt)
+    if trace is not None:
+        console.print(f"timeline written to {trace} (open in ui.perfetto.dev)")
+
+
+def main() -> None:  # pragma: no cover - console entry for `python -m itercast`
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+from itercast.cli import calibration_cmds, replay_cmds, variability_cmds  # noqa: E402,F401  (register commands)

@@ -1,0 +1,80 @@
+"""`itercast replay`: measured vs replayed steps of profiler traces, and what-ifs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from itercast.cli import app, console, fail
+from itercast.errors import ConfigError, DeadlockError
+from itercast.replay import ReplayResult, replay_whatif
+from itercast.traces.kineto import TraceError
+from itercast.traces.perfetto import write_chrome_trace
+from itercast.traces.whatif import WhatIf
+
+
+@app.command("replay")
+def replay_cmd(
+    traces: Annotated[
+        list[Path], typer.Argument(help="Kineto trace files (.json/.json.gz), one per rank, or directories.")
+    ],
+    scale: Annotated[list[str] | None, typer.Option(help="What-if: CLASS=FACTOR, e.g. gemm=0.5 (repeatable).")] = None,
+    drop: Annotated[list[str] | None, typer.Option(help="What-if: remove a kernel class (repeatable).")] = None,
+    system: Annotated[str | None, typer.Option(help="What-if: re-time NCCL collectives on this system preset.")] = None,
+    world_size: Annotated[
+        int | None, typer.Option(help="What-if: data-parallel group size for re-timed collectives.")
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="What-if: re-time GEMMs (shapes from --et) on this system's GPU.")
+    ] = None,
+    et: Annotated[list[Path] | None, typer.Option(help="PyTorch execution trace per trace file, same order.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
+    trace: Annotated[
+        Path | None, typer.Option(help="Write the replayed (what-if) timeline as Chrome/Perfetto JSON.")
+    ] = None,
+) -> None:
+    """Replay profiler traces: measured vs replayed time per step, and what-if changes."""
+    try:
+        factors = dict(_factor(item) for item in scale or [])
+        factors.update({cls: 0.0 for cls in drop or []})
+        base, changed, counts = replay_whatif(list(traces), WhatIf(factors, system, world_size, gpu), et or [])
+    except (ConfigError, TraceError, DeadlockError) as exc:
+        fail(str(exc).replace("\n", "\n  "))
+    result = changed
+    if trace is not None:
+        write_chrome_trace(result.sim, trace)
+    if as_json:
+        out = base.to_dict()
+        for row, new in zip(out["steps"], changed.steps, strict=True):
+            row["whatif_s"] = new.replayed_s
+        out["whatif_changes"] = dict(counts)
+        typer.echo(json.dumps(out, indent=1))
+    else:
+        _print_replay(base, changed, counts)
+
+
+def _factor(item: str) -> tuple[str, float]:
+    name, _, value = item.partition("=")
+    try:
+        return name.strip(), float(value)
+    except ValueError:
+        raise ConfigError(f"--scale {item!r}: expected CLASS=FACTOR, e.g. gemm=0.5") from None
+
+
+def _print_replay(base: ReplayResult, changed: ReplayResult, counts: dict) -> None:
+    d = base.to_dict()
+    console.print(f"{len(base.traces)} trace(s), {d['events']:,} events → {d['tasks']:,} tasks", highlight=False)
+    table = Table(title="steps: measured (ProfilerStep) vs replayed")
+    for col in ("rank", "step", "measured ms", "replayed ms", "error") + (("what-if ms",) if counts else ()):
+        table.add_column(col, justify="right")
+    for s, w in zip(base.steps, changed.steps, strict=True):
+        row = [str(s.rank), str(s.step), f"{s.measured_s * 1e3:.3f}", f"{s.replayed_s * 1e3:.3f}", f"{s.error:+.2%}"]
+        table.add_row(*row, *((f"{w.replayed_s * 1e3:.3f}",) if counts else ()))
+    console.print(table)
+    for title, items in (("what-if", counts), ("inferred", d["inferences"]), ("events not used", d["ignored_events"])):
+        if items:
+            console.print(f"[bold]{title}:[/] " + "; ".join(f"{k}: {v}" for k, v in items.items()), highlight=False)

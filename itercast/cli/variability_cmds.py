@@ -1,0 +1,137 @@
+"""`itercast variability`: step-time distribution, what drives it, slow GPUs, time to train."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from itercast.cli import app, console, fail
+from itercast.config.job import Job
+from itercast.errors import ConfigError, DeadlockError
+
+
+@app.command("variability")
+def variability_cmd(
+    job_file: Annotated[Path | None, typer.Argument(help="YAML job file with sections model, plan, system.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model preset.")] = None,
+    system: Annotated[str | None, typer.Option(help="System preset.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (repeatable).")] = None,
+    samples: Annotated[int, typer.Option(min=100, help="Monte Carlo samples of the step.")] = 10_000,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same answer).")] = 0,
+    compute_cv: Annotated[float, typer.Option(min=0, help="Per-task compute noise (CV).")] = 0.02,
+    comm_cv: Annotated[float, typer.Option(min=0, help="Per-task communication noise (CV).")] = 0.10,
+    network_cv: Annotated[float, typer.Option(min=0, help="Per-step shared network factor (CV).")] = 0.05,
+    gpu_cv: Annotated[float, typer.Option(min=0, help="Persistent per-GPU speed across the fleet (CV).")] = 0.05,
+    within_s: Annotated[float | None, typer.Option(help="Report P(step ≤ this many seconds).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Time to train this many steps, with failures.")] = None,
+    mtbf_hours: Annotated[float, typer.Option(help="Mean time between failures of one GPU (hours).")] = 50_000.0,
+    checkpoint_s: Annotated[float, typer.Option(help="Time to write a checkpoint (s).")] = 300.0,
+    restart_s: Annotated[float, typer.Option(help="Time from a failure to training again (s).")] = 900.0,
+    deadline_hours: Annotated[float | None, typer.Option(help="Report P(training ends within this).")] = None,
+    slow_gpus: Annotated[
+        int | None, typer.Option(min=1, help="Place this many slow GPUs (best vs worst stages).")
+    ] = None,
+    slow_factor: Annotated[float, typer.Option(min=1.0, help="How much slower each slow GPU is.")] = 1.5,
+    plot: Annotated[Path | None, typer.Option(help="Write the step-time CDF as PNG (needs matplotlib).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
+) -> None:
+    """Step-time distribution (Monte Carlo), what drives its spread, slow-GPU placement, time to train."""
+    from itercast.stochastic import variability as var
+    from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
+
+    if job_file is None and (model is None or system is None):
+        fail("need a job file, or both --model and --system")
+    try:
+        job = Job.load(job_file, set_ or [], model=model, system=system)
+        vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv)
+        dist = var.step_distribution(job, vm, samples, seed)
+        attribution = var.attribution(job, vm, min(samples, 4_000), seed)
+    except (ConfigError, DeadlockError) as exc:
+        fail(str(exc).replace("\n", "\n  "))
+    out: dict = {
+        **dist.quantiles(),
+        "deterministic_s": dist.deterministic_s,
+        "mean_s": float(dist.samples_s.mean()),
+        "slowdown": dist.slowdown,
+        "samples": samples,
+        "seed": seed,
+        "model": vm.__dict__,
+        "attribution": attribution,
+    }
+    if within_s is not None:
+        out["p_within"] = {"t_s": within_s, "probability": dist.probability_within(within_s)}
+    if plot is not None:
+        from itercast.report.plots import step_cdf_png
+
+        try:
+            step_cdf_png(dist.samples_s, dist.deterministic_s, plot, f"{job.model.name} on {job.system.num_gpus} GPUs")
+        except ConfigError as exc:
+            fail(str(exc))
+    if slow_gpus is not None:
+        from itercast.stochastic.placement import place_slow_gpus
+
+        pl = place_slow_gpus(job, slow_gpus, slow_factor)
+        out["placement"] = {
+            "slow_gpus": slow_gpus,
+            "slowdown": slow_factor,
+            "baseline_s": pl.baseline_s,
+            "best_stages": list(pl.best_stages),
+            "best_s": pl.best_s,
+            "worst_stages": list(pl.worst_stages),
+            "worst_s": pl.worst_s,
+            "worth": pl.worth,
+        }
+    if steps is not None:
+        ttt = time_to_train(
+            out["mean_s"],
+            steps,
+            job.system.num_gpus,
+            FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s),
+            deadline_s=deadline_hours * HOUR_S if deadline_hours else None,
+            seed=seed,
+        )
+        out["time_to_train"] = {
+            "work_s": ttt.work_s,
+            "expected_s": ttt.expected_s,
+            "goodput": ttt.goodput,
+            "checkpoint_interval_s": ttt.interval_s,
+            "young_interval_s": ttt.young_interval_s,
+            **ttt.quantiles_s,
+            "deadline_probability": ttt.deadline_probability,
+        }
+    if as_json:
+        typer.echo(json.dumps(out, indent=1))
+        return
+    head = Table(show_header=False, box=None)
+    head.add_row("step (deterministic)", f"{dist.deterministic_s:.3f} s")
+    head.add_row("step quantiles", "  ".join(f"{k[:3]} {out[k]:.3f} s" for k in ("p50_s", "p90_s", "p95_s", "p99_s")))
+    head.add_row("slowdown from variability", f"{dist.slowdown:.3f}× (mean over deterministic)")
+    if "p_within" in out:
+        head.add_row(f"P(step ≤ {within_s} s)", f"{out['p_within']['probability']:.1%}")
+    if "time_to_train" in out:
+        t = out["time_to_train"]
+        head.add_row(
+            "time to train",
+            f"{t['expected_s'] / 86400:.2f} days expected, goodput {t['goodput']:.1%}, "
+            f"checkpoint every {t['checkpoint_interval_s'] / 60:.0f} min"
+            + (f", P(deadline) {t['deadline_probability']:.1%}" if t["deadline_probability"] is not None else ""),
+        )
+    if "placement" in out:
+        pl_out = out["placement"]
+        head.add_row(
+            f"{slow_gpus} GPUs {slow_factor}× slower",
+            f"best on stages {pl_out['best_stages']}: "
+            f"{pl_out['best_s']:.3f} s; worst on {pl_out['worst_stages']}: {pl_out['worst_s']:.3f} s "
+            f"(placement worth {pl_out['worth']:.3f}×)",
+        )
+    console.print(head)
+    table = Table(title="what drives the spread: the source's CV halved")
+    for col in ("source", "p95 change", "p50→p99 spread change"):
+        table.add_column(col, justify="right" if col != "source" else "left")
+    for r in attribution:
+        table.add_row(r["source"], f"{r['p95_change']:+.2%}", f"{r['spread_change']:+.1%}")
+    console.print(table)
