@@ -32,6 +32,17 @@ console = Console()
 EXAMPLE = "gpt3-175b-a100.yaml"
 
 
+def resolve_job_file(job_file: Path | None, example: bool, model: str | None, system: str | None) -> Path | None:
+    """The job file to read: the given one, or the built-in example; fails if the job is underspecified."""
+    if example:
+        if job_file is not None:
+            fail("give either a job file or --example, not both")
+        return Path(str(resources.files("itercast").joinpath("examples", EXAMPLE)))
+    if job_file is None and (model is None or system is None):
+        fail("need a job file, --example, or both --model and --system")
+    return job_file
+
+
 def fail(message: str) -> NoReturn:
     """A user error: the message on stderr, exit code 2, no traceback."""
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
@@ -52,12 +63,7 @@ def predict_cmd(
     ] = None,
 ) -> None:
     """Time per iteration, its breakdown and critical path, memory per GPU and MFU."""
-    if example:
-        if job_file is not None:
-            fail("give either a job file or --example, not both")
-        job_file = Path(str(resources.files("itercast").joinpath("examples", EXAMPLE)))
-    if job_file is None and (model is None or system is None):
-        fail("need a job file, --example, or both --model and --system")
+    job_file = resolve_job_file(job_file, example, model, system)
     try:
         job = Job.load(job_file, set_ or [], model=model, system=system)
         result = predict(job, load_calibration(calibration) if calibration else None)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from itercast.cli import app, console, fail
+from itercast.cli import app, console, fail, resolve_job_file
 from itercast.config.job import Job
 from itercast.errors import ConfigError, DeadlockError
 
@@ -20,6 +20,7 @@ def variability_cmd(
     model: Annotated[str | None, typer.Option(help="Model preset.")] = None,
     system: Annotated[str | None, typer.Option(help="System preset.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (repeatable).")] = None,
+    example: Annotated[bool, typer.Option(help="Use the built-in example job.")] = False,
     samples: Annotated[int, typer.Option(min=100, help="Monte Carlo samples of the step.")] = 10_000,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same answer).")] = 0,
     compute_cv: Annotated[float, typer.Option(min=0, help="Per-task compute noise (CV).")] = 0.02,
@@ -43,8 +44,7 @@ def variability_cmd(
     from itercast.stochastic import variability as var
     from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
 
-    if job_file is None and (model is None or system is None):
-        fail("need a job file, or both --model and --system")
+    job_file = resolve_job_file(job_file, example, model, system)
     try:
         job = Job.load(job_file, set_ or [], model=model, system=system)
         vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv)
