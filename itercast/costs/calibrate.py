@@ -23,7 +23,7 @@ import numpy as np
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
 from itercast.costs.curves import curve, curves
-from itercast.costs.fitting import eff, fit_collective, fit_latency_curve, geomean_abs_err
+from itercast.costs.fitting import eff, fit_collective, fit_latency_curve, fit_lookup_linear, geomean_abs_err
 from itercast.hardware.topology import GroupPlacement
 from itercast.profile.db import Measurement, ProfileDB
 
@@ -51,7 +51,7 @@ def _plan_dtype(dtype: str) -> str:
 
 
 def _groups(db: ProfileDB, device_id: int) -> dict[tuple[str, str], list[Measurement]]:
-    """Rows by (section, key): ('gemm', 'tf32'), ('memory', 'elementwise'), ('embedding', 'zipf'),
+    """Rows by (section, key): ('gemm', 'tf32'), ('memory', 'elementwise'), ('embedding', 'lookup'),
     ('intra_node', 'all_reduce'), ('inter_node', 'all_reduce')."""
     out: dict[tuple[str, str], list[Measurement]] = {}
     for m in db.measurements(device_id=device_id):
@@ -60,7 +60,7 @@ def _groups(db: ProfileDB, device_id: int) -> dict[tuple[str, str], list[Measure
         elif m.family in ("elementwise", "norm"):
             key = ("memory", m.family)
         elif m.family == "embedding":
-            key = ("embedding", str(m.params.get("distribution", "uniform")))
+            key = ("embedding", "lookup")  # distributions pooled: their effect enters through the reuse feature
         elif m.family == "collective" and m.op in BUS_FACTOR:
             key = ("intra_node" if m.nodes == 1 else "inter_node", m.op)
         else:
@@ -80,22 +80,49 @@ def _rate(section: str, key: str, rows: list[Measurement], system: SystemConfig)
 
 
 def _x(section: str, key: str, rows: list[Measurement]) -> np.ndarray:
+    if section == "embedding":
+        return np.array([_gathered(m) for m in rows])
     size = np.array([m.size for m in rows])
     if section in ("intra_node", "inter_node"):
         return size * np.array([BUS_FACTOR[key](m.group_size) for m in rows])
     return size
 
 
-def _fit(section: str, x: np.ndarray, t: np.ndarray, rate: np.ndarray, nodes: np.ndarray) -> dict[str, Any]:
+def _aux(section: str, rows: list[Measurement], system: SystemConfig) -> np.ndarray:
+    """The second feature of a row: nodes (collectives), or for lookups the bytes of distinct rows of
+    tables larger than the cache (system.gpu.l2_bytes), which must come from memory."""
+    if section == "embedding":
+        return np.array(
+            [
+                _gathered(m)
+                * float(m.params.get("features", {}).get("unique_fraction", 1.0))
+                * (m.params.get("rows", 0) * m.params.get("dim", 0) * 4 > system.gpu.l2_bytes)
+                for m in rows
+            ]
+        )
+    return np.array([m.nodes for m in rows], dtype=float)
+
+
+def _gathered(m: Measurement) -> float:
+    """Bytes of every looked-up row (fp32), or the row's size when the shape is not recorded."""
+    p = m.params
+    return float(p["batch"] * p["pooling"] * p["dim"] * 4) if {"batch", "pooling", "dim"} <= set(p) else m.size
+
+
+def _fit(section: str, x: np.ndarray, t: np.ndarray, rate: np.ndarray, aux: np.ndarray) -> dict[str, Any]:
+    if section == "embedding":
+        return fit_lookup_linear(x, aux, t)
     if section in ("intra_node", "inter_node"):
-        return fit_collective(x, t, nodes, rate)
+        return fit_collective(x, t, aux, rate)
     return fit_latency_curve(x, t, rate)
 
 
-def _predict(section: str, fit: dict[str, Any], x: np.ndarray, rate: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+def _predict(section: str, fit: dict[str, Any], x: np.ndarray, rate: np.ndarray, aux: np.ndarray) -> np.ndarray:
+    if section == "embedding":
+        return fit["alpha_s"] + fit["s_per_gathered_byte"] * x + fit["s_per_missed_byte"] * aux
     ramp = eff(x, fit["e_max"], fit["log_half"], fit["gamma"])
     if section in ("intra_node", "inter_node"):
-        return fit["alpha0_s"] + fit["alpha_per_log2_nodes_s"] * np.log2(nodes) + x / (rate * ramp)
+        return fit["alpha0_s"] + fit["alpha_per_log2_nodes_s"] * np.log2(aux) + x / (rate * ramp)
     return fit["alpha_s"] + x / (rate * ramp)
 
 
@@ -111,8 +138,7 @@ def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int
         if len(rows) < min_rows:
             continue
         t = np.array([m.time_s for m in rows])
-        nodes = np.array([m.nodes for m in rows], dtype=float)
-        fit = _fit(section, _x(section, key, rows), t, _rate(section, key, rows, system), nodes)
+        fit = _fit(section, _x(section, key, rows), t, _rate(section, key, rows, system), _aux(section, rows, system))
         if section in ("intra_node", "inter_node"):
             doc.setdefault("collectives", {}).setdefault(section, {})[key] = fit
         else:
@@ -128,13 +154,13 @@ def report(db: ProfileDB, device_id: int, system: SystemConfig, folds: int = 5, 
         if len(rows) < 2 * folds:
             continue
         x, t = _x(section, key, rows), np.array([m.time_s for m in rows])
-        rate, nodes = _rate(section, key, rows, system), np.array([m.nodes for m in rows], dtype=float)
+        rate, aux = _rate(section, key, rows, system), _aux(section, rows, system)
         fold = rng.permutation(len(rows)) % folds
         calibrated, line = np.empty(len(rows)), np.empty(len(rows))
         for f in range(folds):
             train, test = fold != f, fold == f
-            fit = _fit(section, x[train], t[train], rate[train], nodes[train])
-            calibrated[test] = _predict(section, fit, x[test], rate[test], nodes[test])
+            fit = _fit(section, x[train], t[train], rate[train], aux[train])
+            calibrated[test] = _predict(section, fit, x[test], rate[test], aux[test])
             a, b = np.polynomial.polynomial.polyfit(x[train], t[train], 1)
             line[test] = a + b * x[test]
         analytic = _analytic(section, key, rows, system)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, nnls
 
 from itercast.costs.curves import Curve
 
@@ -97,4 +97,21 @@ def fit_collective(
         "points": len(x),
         "size_range_bytes": [float(x.min()), float(x.max())],
         "fit_mean_abs_err": mean_abs_err(model(q), t),
+    }
+
+
+def fit_lookup_linear(gathered_bytes: np.ndarray, missed_bytes: np.ndarray, t: np.ndarray) -> dict:
+    """Embedding lookups: t = alpha + a · gathered bytes + b · missed bytes, with non-negative
+    coefficients fitted for relative error (rows scaled by 1/t). Gathered bytes are every looked-up
+    row; missed bytes the distinct rows of a table larger than the cache (they come from memory,
+    repeated ones from cache). Coefficients are absolute (seconds per byte) for the measured device."""
+    design = np.column_stack([np.ones_like(t), gathered_bytes, missed_bytes])
+    coef, _ = nnls(design / t[:, None], np.ones(t.shape[0]))
+    pred = design @ coef
+    return {
+        "alpha_s": float(coef[0]),
+        "s_per_gathered_byte": float(coef[1]),
+        "s_per_missed_byte": float(coef[2]),
+        "points": int(t.shape[0]),
+        "fit_mean_abs_err": mean_abs_err(pred, t),
     }

@@ -40,6 +40,11 @@ FULL: dict[str, list[Any]] = {
 }
 
 
+def _config(params: dict[str, Any]) -> dict[str, Any]:
+    """The configuration part of stored params (what a resumed run compares), without measured features."""
+    return {k: v for k, v in params.items() if k != "features"}
+
+
 def fingerprint(device: str) -> dict[str, Any]:
     """What identifies the machine that measured (so results are never mixed across machines)."""
     import torch
@@ -78,19 +83,20 @@ def configs(grid: dict[str, list]) -> Iterator[tuple[str, str, dict[str, Any]]]:
         )
 
 
-def _prepare(family: str, params: dict[str, Any], device: str) -> tuple[Callable[[], Any], float]:
-    """A closure running one op, and its size (FLOPs or bytes moved)."""
+def _prepare(family: str, params: dict[str, Any], device: str) -> tuple[Callable[[], Any], float, dict[str, float]]:
+    """A closure running one op, its size (FLOPs or bytes moved) and features measured from its inputs
+    (for lookups: the fraction of distinct rows among the indices, which sets how much is re-read)."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     if family == "gemm":
         a = torch.randn(params["m"], params["k"], generator=gen).to(device)
         b = torch.randn(params["k"], params["n"], generator=gen).to(device)
-        return (lambda: a @ b), 2.0 * params["m"] * params["n"] * params["k"]
+        return (lambda: a @ b), 2.0 * params["m"] * params["n"] * params["k"], {}
     if family == "elementwise":
         x = torch.randn(params["elements"], generator=gen).to(device)
         y = torch.randn(params["elements"], generator=gen).to(device)
-        return (lambda: x + y), 3.0 * 4 * params["elements"]
+        return (lambda: x + y), 3.0 * 4 * params["elements"], {}
     bag = torch.nn.EmbeddingBag(params["rows"], params["dim"], mode="sum").to(device)
     count = params["batch"] * params["pooling"]
     if params["distribution"] == "zipf":  # skewed reuse: rank r drawn with probability ∝ 1/(r+1)^1.05
@@ -99,9 +105,10 @@ def _prepare(family: str, params: dict[str, Any], device: str) -> tuple[Callable
     else:
         idx = torch.randint(0, params["rows"], (count,), generator=gen)
     offsets = torch.arange(0, count, params["pooling"])
+    features = {"unique_fraction": idx.unique().numel() / count}
     idx, offsets = idx.to(device), offsets.to(device)
     with torch.no_grad():
-        return (lambda: bag(idx, offsets)), 4.0 * params["dim"] * (count + params["batch"])
+        return (lambda: bag(idx, offsets)), 4.0 * params["dim"] * (count + params["batch"]), features
 
 
 def _time(fn: Callable[[], Any], device: str, warmup: int, repeats: int) -> list[float]:
@@ -141,7 +148,7 @@ def run(
         raise ProfileError("itercast profile needs torch: pip install 'itercast[torch]' (CPU build 2.13.0)") from None
     fp = fingerprint(device)
     dev = db.device(fp.get("gpu") or fp.get("cpu") or device, fp)
-    done = {(m.family, m.op, json.dumps(m.params, sort_keys=True)) for m in db.measurements(device_id=dev)}
+    done = {(m.family, m.op, json.dumps(_config(m.params), sort_keys=True)) for m in db.measurements(device_id=dev)}
     todo = [
         c
         for c in configs(QUICK if quick else FULL)
@@ -150,8 +157,9 @@ def run(
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=len(todo))
         for family, op, params in todo:
-            fn, size = _prepare(family, params, device)
+            fn, size, features = _prepare(family, params, device)
             times = _time(fn, device, warmup, repeats)
+            params = {**params, "features": features} if features else params
             db.add(
                 dev,
                 [
