@@ -36,8 +36,8 @@ def pipeline_builder(job: Job, fwd_s: float, bwd_s: float, p2p_s: float = 0.0) -
     return b
 
 
-def tiny_job(**plan) -> Job:
-    """A small llama on one 8-GPU H100 node; plan fields as keyword arguments."""
+def tiny_job(num_nodes: int = 1, **plan) -> Job:
+    """A small llama on 8-GPU H100 nodes (one by default); plan fields as keyword arguments."""
     model = {
         "family": "llama",
         "num_layers": 8,
@@ -46,7 +46,7 @@ def tiny_job(**plan) -> Job:
         "seq_length": 128,
         "vocab_size": 1000,
     }
-    return Job.from_dicts(model, plan, {"preset": "dgx-h100"})
+    return Job.from_dicts(model, plan, {"preset": "dgx-h100", "num_nodes": num_nodes})
 
 
 def gpt3_on_1024_a100() -> Job:

@@ -42,21 +42,8 @@ def test_a_stage_runs_at_its_slowest_gpu():
 
 
 def test_more_gpus_per_stage_make_the_step_slower_on_average():
-    from itercast.config.job import Job
-
-    model = {
-        "family": "llama",
-        "num_layers": 8,
-        "hidden_size": 256,
-        "num_attention_heads": 8,
-        "seq_length": 128,
-        "vocab_size": 1000,
-    }
-
     def slowdown(nodes: int) -> float:  # tp 2, same 4 micro-batches per replica; 8 or 64 GPUs per stage
-        job = Job.from_dicts(
-            model, {"tensor_parallel": 2, "global_batch_size": 16 * nodes}, {"preset": "dgx-h100", "num_nodes": nodes}
-        )
+        job = tiny_job(num_nodes=nodes, tensor_parallel=2, global_batch_size=16 * nodes)
         return step_distribution(job, VariabilityModel(0, 0, 0, 0.05), 2000).slowdown
 
     assert 1.0 < slowdown(1) < slowdown(8)
