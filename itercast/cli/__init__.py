@@ -43,6 +43,15 @@ def resolve_job_file(job_file: Path | None, example: bool, model: str | None, sy
     return job_file
 
 
+# The job inputs every job-taking command accepts (predict, variability): one definition.
+JobFileArg = Annotated[Path | None, typer.Argument(help="YAML job file with sections model, plan, system.")]
+ModelOpt = Annotated[str | None, typer.Option(help="Model preset (see `itercast presets`).")]
+SystemOpt = Annotated[str | None, typer.Option(help="System preset (see `itercast presets`).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (repeatable).")]
+ExampleOpt = Annotated[bool, typer.Option(help=f"Use the built-in example job ({EXAMPLE}).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")]
+
+
 def fail(message: str) -> NoReturn:
     """A user error: the message on stderr, exit code 2, no traceback."""
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
@@ -51,12 +60,12 @@ def fail(message: str) -> NoReturn:
 
 @app.command("predict")
 def predict_cmd(
-    job_file: Annotated[Path | None, typer.Argument(help="YAML job file with sections model, plan, system.")] = None,
-    model: Annotated[str | None, typer.Option(help="Model preset (see `itercast presets`).")] = None,
-    system: Annotated[str | None, typer.Option(help="System preset (see `itercast presets`).")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (repeatable).")] = None,
-    example: Annotated[bool, typer.Option(help=f"Use the built-in example job ({EXAMPLE}).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
+    job_file: JobFileArg = None,
+    model: ModelOpt = None,
+    system: SystemOpt = None,
+    set_: SetOpt = None,
+    example: ExampleOpt = False,
+    as_json: JsonOpt = False,
     trace: Annotated[Path | None, typer.Option(help="Write the predicted timeline as Chrome/Perfetto JSON.")] = None,
     calibration: Annotated[
         Path | None, typer.Option(help="Calibration file from `itercast calibrate` (else the built-in curves).")

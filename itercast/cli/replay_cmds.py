@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from itercast.cli import app, console, fail
+from itercast.cli import JsonOpt, app, console, fail
 from itercast.errors import ConfigError, DeadlockError
 from itercast.replay import ReplayResult, replay_whatif
 from itercast.traces.kineto import TraceError
@@ -32,7 +32,7 @@ def replay_cmd(
         str | None, typer.Option(help="What-if: re-time GEMMs (shapes from --et) on this system's GPU.")
     ] = None,
     et: Annotated[list[Path] | None, typer.Option(help="PyTorch execution trace per trace file, same order.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
+    as_json: JsonOpt = False,
     trace: Annotated[
         Path | None, typer.Option(help="Write the replayed (what-if) timeline as Chrome/Perfetto JSON.")
     ] = None,

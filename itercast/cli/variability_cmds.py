@@ -9,18 +9,29 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from itercast.cli import app, console, fail, resolve_job_file
+from itercast.cli import (
+    ExampleOpt,
+    JobFileArg,
+    JsonOpt,
+    ModelOpt,
+    SetOpt,
+    SystemOpt,
+    app,
+    console,
+    fail,
+    resolve_job_file,
+)
 from itercast.config.job import Job
 from itercast.errors import ConfigError, DeadlockError
 
 
 @app.command("variability")
 def variability_cmd(
-    job_file: Annotated[Path | None, typer.Argument(help="YAML job file with sections model, plan, system.")] = None,
-    model: Annotated[str | None, typer.Option(help="Model preset.")] = None,
-    system: Annotated[str | None, typer.Option(help="System preset.")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (repeatable).")] = None,
-    example: Annotated[bool, typer.Option(help="Use the built-in example job.")] = False,
+    job_file: JobFileArg = None,
+    model: ModelOpt = None,
+    system: SystemOpt = None,
+    set_: SetOpt = None,
+    example: ExampleOpt = False,
     samples: Annotated[int, typer.Option(min=100, help="Monte Carlo samples of the step.")] = 10_000,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same answer).")] = 0,
     compute_cv: Annotated[float, typer.Option(min=0, help="Per-task compute noise (CV).")] = 0.02,
@@ -38,7 +49,7 @@ def variability_cmd(
     ] = None,
     slow_factor: Annotated[float, typer.Option(min=1.0, help="How much slower each slow GPU is.")] = 1.5,
     plot: Annotated[Path | None, typer.Option(help="Write the step-time CDF as PNG (needs matplotlib).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Step-time distribution (Monte Carlo), what drives its spread, slow-GPU placement, time to train."""
     from itercast.stochastic import variability as var
