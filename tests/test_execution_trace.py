@@ -112,6 +112,16 @@ def test_truncated_execution_trace_is_named(tmp_path):
         read_execution_trace(bad)
 
 
+@pytest.mark.parametrize("nodes", [10, 1_300, 3_000])  # 2 KB; 317 KB (one to two edge windows); 731 KB
+def test_schema_is_found_whatever_the_file_size(tmp_path, nodes):
+    path = tmp_path / "et.json"
+    body = [et_node(i, "aten::relu", i, [tensor(i, 8)], [[8]], [tensor(i + 1, 8)], [[8]]) for i in range(2, nodes + 2)]
+    path.write_text(json.dumps({"schema": "1.0.1", "nodes": body}))
+    assert nodes != 1_300 or 1 << 18 < path.stat().st_size < 1 << 19
+    et = read_execution_trace(path)
+    assert et.schema == "1.0.1" and len(et.nodes) == nodes
+
+
 def test_real_execution_trace_links_by_record_function_id(tmp_path):
     torch = pytest.importorskip("torch")
     from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile

@@ -24,8 +24,8 @@ def profile_run_cmd(
     device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
     quick: Annotated[bool, typer.Option(help="A small grid (seconds) instead of the full one.")] = False,
     families: Annotated[
-        str, typer.Option(help="Comma-separated: gemm, elementwise, embedding.")
-    ] = "gemm,elementwise,embedding",
+        str, typer.Option(help="Comma-separated: gemm, conv, attention, norm, elementwise, embedding, host.")
+    ] = "gemm,conv,attention,norm,elementwise,embedding,host",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per configuration.")] = 10,
 ) -> None:
     """Microbenchmark the local device into DB (resumes where a previous run stopped)."""
@@ -81,6 +81,7 @@ def calibrate_cmd(
 ) -> None:
     """Refit the cost model's curves on a profiling database; check them on held-out rows."""
     from itercast.costs import calibrate as cal
+    from itercast.costs.op_model import operator_report
     from itercast.profile.db import ProfileDB, ProfileError
 
     try:
@@ -99,6 +100,9 @@ def calibrate_cmd(
             )
         if report:
             _print_calibration_report(cal.report(target, dev, sys_cfg))
+            operators = operator_report(list(target.measurements(device_id=dev)))
+            if operators:
+                _print_operator_report(operators)
     except (ProfileError, CalibrationError, ConfigError) as exc:
         fail(str(exc))
 
@@ -110,4 +114,15 @@ def _print_calibration_report(rows: list[dict]) -> None:
     for r in rows:
         cells = [f"{r[m]:.1%} ({r[m + '_smallest_quarter']:.1%})" for m in ("calibrated", "analytic", "straight_line")]
         table.add_row(r["family"], r["key"], str(r["rows"]), *cells)
+    console.print(table)
+
+
+def _print_operator_report(rows: list[dict]) -> None:
+    table = Table(title="operator models, held-out geomean |error| (5-fold); in brackets: the smallest quarter")
+    for col in ("operator", "rows", "operator model", "size-only curve", "straight line"):
+        table.add_column(col, justify="left" if col == "operator" else "right", no_wrap=col == "operator")
+    for r in rows:
+        cells = [f"{r[m]:.1%} ({r[m + '_smallest_quarter']:.1%})" for m in ("model", "size_curve", "straight_line")]
+        name, family = r["operator"].removeprefix("aten::").rsplit(":", 1)
+        table.add_row(name if family in ("gemm", "memory") else f"{name} ({family})", str(r["rows"]), *cells)
     console.print(table)

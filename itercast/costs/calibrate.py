@@ -24,6 +24,7 @@ from itercast.config.system import SystemConfig
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
 from itercast.costs.curves import curve, curves
 from itercast.costs.fitting import eff, fit_collective, fit_latency_curve, fit_lookup_linear, geomean_abs_err
+from itercast.costs.op_model import fit_operator_models
 from itercast.hardware.topology import GroupPlacement
 from itercast.profile.db import Measurement, ProfileDB
 
@@ -59,7 +60,7 @@ def _groups(db: ProfileDB, device_id: int) -> dict[tuple[str, str], list[Measure
             key = ("gemm", CURVE_KEYS.get(_plan_dtype(m.dtype), "bf16"))
         elif m.family in ("elementwise", "norm"):
             key = ("memory", m.family)
-        elif m.family == "embedding":
+        elif m.family == "embedding" and m.op != "embedding_bag_bwd":
             key = ("embedding", "lookup")  # distributions pooled: their effect enters through the reuse feature
         elif m.family == "collective" and m.op in BUS_FACTOR:
             key = ("intra_node" if m.nodes == 1 else "inter_node", m.op)
@@ -143,6 +144,9 @@ def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int
             doc.setdefault("collectives", {}).setdefault(section, {})[key] = fit
         else:
             doc.setdefault(section, {})[key] = fit
+    operators = fit_operator_models(list(db.measurements(device_id=device_id)))
+    if operators["models"] or "host_s" in operators:
+        doc["operators"] = operators
     return doc
 
 
@@ -229,6 +233,8 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
         merged.setdefault(section, {}).update(doc.get(section, {}))
     for placement, fits in doc.get("collectives", {}).items():
         merged["collectives"].setdefault(placement, {}).update(fits)
+    if "operators" in doc:
+        merged["operators"] = doc["operators"]
     try:  # every entry must be a usable curve
         for section in ("gemm", "memory"):
             for entry in merged[section].values():

@@ -100,18 +100,22 @@ def fit_collective(
     }
 
 
-def fit_lookup_linear(gathered_bytes: np.ndarray, missed_bytes: np.ndarray, t: np.ndarray) -> dict:
-    """Embedding lookups: t = alpha + a · gathered bytes + b · missed bytes, with non-negative
-    coefficients fitted for relative error (rows scaled by 1/t). Gathered bytes are every looked-up
-    row; missed bytes the distinct rows of a table larger than the cache (they come from memory,
-    repeated ones from cache). Coefficients are absolute (seconds per byte) for the measured device."""
-    design = np.column_stack([np.ones_like(t), gathered_bytes, missed_bytes])
+def fit_nonneg_linear(columns: dict[str, np.ndarray], t: np.ndarray) -> dict:
+    """t = alpha + Σ c_i · column_i with non-negative coefficients, fitted for relative error (rows
+    scaled by 1/t). Returns alpha_s and s_per_<name> for every column (seconds per unit)."""
+    design = np.column_stack([np.ones_like(t), *columns.values()])
     coef, _ = nnls(design / t[:, None], np.ones(t.shape[0]))
-    pred = design @ coef
     return {
         "alpha_s": float(coef[0]),
-        "s_per_gathered_byte": float(coef[1]),
-        "s_per_missed_byte": float(coef[2]),
+        **{f"s_per_{name}": float(c) for name, c in zip(columns, coef[1:], strict=True)},
         "points": int(t.shape[0]),
-        "fit_mean_abs_err": mean_abs_err(pred, t),
+        "fit_mean_abs_err": mean_abs_err(design @ coef, t),
     }
+
+
+def fit_lookup_linear(gathered_bytes: np.ndarray, missed_bytes: np.ndarray, t: np.ndarray) -> dict:
+    """Embedding lookups: t = alpha + a · gathered bytes + b · missed bytes (non-negative). Gathered
+    bytes are every looked-up row; missed bytes the distinct rows of a table larger than the cache
+    (they come from memory, repeated ones from cache). Coefficients are absolute (seconds per byte)
+    for the measured device."""
+    return fit_nonneg_linear({"gathered_byte": gathered_bytes, "missed_byte": missed_bytes}, t)

@@ -5,8 +5,8 @@ Schema (version SCHEMA_VERSION; a file of another major version is refused with 
   devices(id, name, fingerprint)        fingerprint: JSON describing the machine that measured
   measurements(id, device_id, family, op, dtype, size, group_size, nodes, time_s, time_std_s,
                repeats, params, source)
-    family: gemm | attention | elementwise | norm | embedding | memcpy | collective | p2p | host
-    size: FLOPs (gemm, attention) or bytes (everything else); time_s: median seconds; time_std_s:
+    family: gemm | conv | attention | elementwise | norm | embedding | memcpy | collective | p2p | host
+    size: FLOPs (gemm, conv, attention) or bytes (everything else); time_s: median seconds; time_std_s:
     the spread of the repeats (0 when the source gives one number); params: JSON of the exact shape
     or configuration; source: where the row came from (file, repository@commit, or 'measured').
 """
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 SCHEMA_VERSION = "1.0"
-FAMILIES = ("gemm", "attention", "elementwise", "norm", "embedding", "memcpy", "collective", "p2p", "host")
+FAMILIES = ("gemm", "conv", "attention", "elementwise", "norm", "embedding", "memcpy", "collective", "p2p", "host")
 
 
 class ProfileError(ValueError):

@@ -1,8 +1,22 @@
 """Microbenchmarks on the local device (torch: CPU here, CUDA when present) into a profiling database.
 
-Families: GEMM over an (M, N, K) grid, elementwise add over sizes, and EmbeddingBag forward over
-rows × dim × pooling factor × index distribution (uniform, Zipf). Each configuration runs `warmup`
-times, then `repeats` timed runs; the median and the standard deviation are kept. A configuration
+Families (the grids are QUICK and FULL below):
+- gemm: aten::mm over (M, N, K) and the three layouts training uses (nn: x·W, nt: x·Wᵀ in the
+  forward, tn: gradient·x for the weight gradient); aten::bmm over (batch, M, N, K);
+- conv: aten::convolution and aten::convolution_backward (2-D, 3×3 and 1×1);
+- attention: fused scaled-dot-product attention forward and backward, causal and not;
+- norm: layer norm, batch norm, softmax and log-softmax, forward and backward;
+- elementwise: add (new output and in place), mul, gelu, relu, copy, sum and gelu backward over sizes;
+- embedding: EmbeddingBag forward and backward over rows × dim × pooling factor × index
+  distribution (uniform, Zipf 1.05), with the fraction of distinct rows among the indices measured;
+- host: small programs of tiny operators (Python calls, nested calls, autograd functions), whose
+  counts of each come from an execution trace of the program, to fit the per-call host overheads.
+Every row stores its operator call (name, shapes, types, strides, scalars; costs/aten_ops.OpCall),
+so a calibration prices a trace's operators from the same description.
+
+Each configuration runs `warmup` times, then between 3 and `repeats` timed runs (fewer once 0.5 s
+of timed runs have passed), each after caches are flushed (FLUSH_BYTES); the median and the
+standard deviation are kept. A configuration
 already in the database for this device fingerprint is skipped, so an interrupted run resumes.
 Timing: perf_counter on CPU; CUDA events with synchronisation on a GPU.
 """
@@ -14,35 +28,67 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from rich.progress import Progress
 
+from itercast.costs.aten_ops import OpCall
 from itercast.profile.db import Measurement, ProfileDB, ProfileError
 
+#: written before every timed run so that caches start cold (twice the 32 MiB L3 of the machine here;
+#: above the 50 MiB L2 of an H100): inside a training iteration an operator's inputs were written
+#: many operators earlier, so timing them hot in cache under-prices memory-bound operators 4–8×
+FLUSH_BYTES = 64 << 20
+FAMILIES = ("gemm", "conv", "attention", "norm", "elementwise", "embedding", "host")
 QUICK: dict[str, list[Any]] = {
     "gemm": [64, 256, 1024],
+    "layouts": ["nn"],
+    "bmm": [],
+    "conv": [(8, 16, 16, 16, 3)],
+    "attention": [(2, 64, 32)],
+    "norm_rows": [256],
+    "norm_cols": [256],
     "elementwise": [1 << 14, 1 << 18, 1 << 22],
     "embedding_rows": [10_000],
     "embedding_dims": [64],
     "pooling": [1, 16],
     "distributions": ["uniform", "zipf"],
+    "host": ["view", "tiny_add"],
 }
 FULL: dict[str, list[Any]] = {
     "gemm": [64, 128, 256, 512, 1024, 2048],
-    "elementwise": [1 << k for k in range(12, 25, 2)],
+    "layouts": ["nn", "nt", "tn"],
+    "bmm": [(b, m, n, k) for b in (8, 32) for m, n, k in itertools.product((32, 128, 512), repeat=3)],
+    # (batch, channels in, channels out, height = width, kernel)
+    "conv": [
+        (b, ci, co, hw, ks)
+        for b, ci, co, hw, ks in itertools.product((8, 32), (16, 64), (16, 64), (8, 32), (1, 3))
+        if not (b == 32 and hw == 32 and ci == co == 64)
+    ],
+    # (batch × heads, sequence, head dim)
+    "attention": [(bh, s, d) for bh in (8, 32) for s in (64, 128, 256, 512) for d in (32, 64)],
+    "norm_rows": [64, 256, 1024, 2048, 4096, 8192],
+    "norm_cols": [64, 256, 1024],
+    "elementwise": [1 << k for k in range(10, 25)],
     "embedding_rows": [10_000, 1_000_000],
     "embedding_dims": [32, 128],
     "pooling": [1, 8, 32, 128],
     "distributions": ["uniform", "zipf"],
+    "host": ["view", "transpose", "tiny_add", "tiny_chain_backward", "tiny_linear_backward"],
 }
+NORM_OPS = ("layer_norm", "batch_norm", "softmax", "log_softmax")
+ELEMENTWISE_OPS = ("add", "add_", "mul", "gelu", "relu", "copy", "sum", "gelu_backward")
+TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "c10::Half", "bfloat16": "c10::BFloat16"}
+TYPE_NAMES |= {"int64": "long int", "int32": "int", "bool": "bool"}
 
 
 def _config(params: dict[str, Any]) -> dict[str, Any]:
-    """The configuration part of stored params (what a resumed run compares), without measured features."""
-    return {k: v for k, v in params.items() if k != "features"}
+    """The configuration part of stored params (what a resumed run compares), without what was measured."""
+    return {k: v for k, v in params.items() if k not in ("features", "call", "counts")}
 
 
 def fingerprint(device: str) -> dict[str, Any]:
@@ -69,56 +115,284 @@ def fingerprint(device: str) -> dict[str, Any]:
 
 def configs(grid: dict[str, list]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(family, op, params) of every configuration of the grid."""
-    for m, n, k in itertools.product(grid["gemm"], repeat=3):
-        yield "gemm", "mm", {"m": m, "n": n, "k": k}
-    for size in grid["elementwise"]:
-        yield "elementwise", "add", {"elements": size}
-    for rows, dim, pool, dist in itertools.product(
-        grid["embedding_rows"], grid["embedding_dims"], grid["pooling"], grid["distributions"]
+    for (m, n, k), layout in itertools.product(itertools.product(grid["gemm"], repeat=3), grid["layouts"]):
+        yield "gemm", "mm", {"m": m, "n": n, "k": k, "layout": layout}
+    for b, m, n, k in grid["bmm"]:
+        yield "gemm", "bmm", {"batch": b, "m": m, "n": n, "k": k}
+    for (b, ci, co, hw, ks), direction in itertools.product(grid["conv"], ("fwd", "bwd")):
+        yield "conv", f"conv2d_{direction}", {"batch": b, "c_in": ci, "c_out": co, "hw": hw, "kernel": ks}
+    for (bh, s, d), causal, direction in itertools.product(grid["attention"], (False, True), ("fwd", "bwd")):
+        yield "attention", f"sdpa_{direction}", {"batch_heads": bh, "seq": s, "head_dim": d, "causal": causal}
+    for op, rows, cols, direction in itertools.product(NORM_OPS, grid["norm_rows"], grid["norm_cols"], ("fwd", "bwd")):
+        yield "norm", f"{op}_{direction}", {"rows": rows, "cols": cols}
+    for op, size in itertools.product(ELEMENTWISE_OPS, grid["elementwise"]):
+        yield "elementwise", op, {"elements": size}
+    for rows, dim, pool, dist, direction in itertools.product(
+        grid["embedding_rows"], grid["embedding_dims"], grid["pooling"], grid["distributions"], ("fwd", "bwd")
     ):
-        yield (
-            "embedding",
-            "embedding_bag_fwd",
-            {"rows": rows, "dim": dim, "pooling": pool, "distribution": dist, "batch": 512},
-        )
+        params = {"rows": rows, "dim": dim, "pooling": pool, "distribution": dist, "batch": 512}
+        yield "embedding", f"embedding_bag_{direction}", params
+    for program in grid["host"]:
+        yield "host", program, {"calls": 100}
 
 
-def _prepare(family: str, params: dict[str, Any], device: str) -> tuple[Callable[[], Any], float, dict[str, float]]:
-    """A closure running one op, its size (FLOPs or bytes moved) and features measured from its inputs
-    (for lookups: the fraction of distinct rows among the indices, which sets how much is re-read)."""
+def _describe(name: str, inputs: list[Any], outputs: list[Any], scalars: tuple[Any, ...] = ()) -> OpCall:
+    """The OpCall of an operator from its live input and output tensors (None for absent ones)."""
+    import torch
+
+    def kind(t: Any) -> str:
+        return f"Tensor({TYPE_NAMES.get(str(t.dtype).removeprefix('torch.'), 'float')})" if t is not None else "None"
+
+    def shape(t: Any) -> list[int]:
+        return list(t.shape) if isinstance(t, torch.Tensor) else []
+
+    return OpCall(
+        name,
+        [shape(t) for t in inputs],
+        [kind(t) for t in inputs],
+        [list(t.stride()) if isinstance(t, torch.Tensor) else [] for t in inputs],
+        [shape(t) for t in outputs],
+        [kind(t) for t in outputs],
+        scalars,
+    )
+
+
+Prepared = tuple[Callable[[], Any], OpCall | None, dict[str, Any]]
+
+
+def _prepare(family: str, op: str, params: dict[str, Any], device: str) -> Prepared:
+    """A closure running one configuration, its operator call, and what was measured of its inputs."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device)
+
     if family == "gemm":
-        a = torch.randn(params["m"], params["k"], generator=gen).to(device)
-        b = torch.randn(params["k"], params["n"], generator=gen).to(device)
-        return (lambda: a @ b), 2.0 * params["m"] * params["n"] * params["k"], {}
+        return _prepare_gemm(op, params, randn)
+    if family == "conv":
+        return _prepare_conv(op, params, randn)
+    if family == "attention":
+        return _prepare_attention(op, params, randn)
+    if family == "norm":
+        return _prepare_norm(op, params, randn)
     if family == "elementwise":
-        x = torch.randn(params["elements"], generator=gen).to(device)
-        y = torch.randn(params["elements"], generator=gen).to(device)
-        return (lambda: x + y), 3.0 * 4 * params["elements"], {}
-    bag = torch.nn.EmbeddingBag(params["rows"], params["dim"], mode="sum").to(device)
-    count = params["batch"] * params["pooling"]
-    if params["distribution"] == "zipf":  # skewed reuse: rank r drawn with probability ∝ 1/(r+1)^1.05
-        weights = 1.0 / torch.arange(1, params["rows"] + 1, dtype=torch.float64) ** 1.05
-        idx = torch.multinomial(weights, count, replacement=True, generator=gen)
-    else:
-        idx = torch.randint(0, params["rows"], (count,), generator=gen)
-    offsets = torch.arange(0, count, params["pooling"])
-    features = {"unique_fraction": idx.unique().numel() / count}
-    idx, offsets = idx.to(device), offsets.to(device)
-    with torch.no_grad():
-        return (lambda: bag(idx, offsets)), 4.0 * params["dim"] * (count + params["batch"]), features
+        return _prepare_elementwise(op, params, randn)
+    if family == "embedding":
+        return _prepare_embedding(op, params, gen, device)
+    return _prepare_host(op, params, randn)
 
 
-def _time(fn: Callable[[], Any], device: str, warmup: int, repeats: int) -> list[float]:
+def _prepare_gemm(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prepared:
     import torch
 
+    if op == "bmm":
+        a, b = randn(p["batch"], p["m"], p["k"]), randn(p["batch"], p["k"], p["n"])
+        return (lambda: torch.bmm(a, b)), _describe("aten::bmm", [a, b], [torch.bmm(a, b)]), {}
+    a = randn(p["k"], p["m"]).t() if p["layout"][0] == "t" else randn(p["m"], p["k"])
+    b = randn(p["n"], p["k"]).t() if p["layout"][1] == "t" else randn(p["k"], p["n"])
+    return (lambda: torch.mm(a, b)), _describe("aten::mm", [a, b], [torch.mm(a, b)]), {}
+
+
+def _prepare_conv(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prepared:
+    import torch
+
+    x, w = randn(p["batch"], p["c_in"], p["hw"], p["hw"]), randn(p["c_out"], p["c_in"], p["kernel"], p["kernel"])
+    pad = p["kernel"] // 2
+    args = ([1, 1], [pad, pad], [1, 1], False, [0, 0], 1)
+    y = torch.ops.aten.convolution(x, w, None, *args)
+    if op == "conv2d_fwd":
+        return (lambda: torch.ops.aten.convolution(x, w, None, *args)), _describe("aten::convolution", [x, w], [y]), {}
+    g = torch.randn_like(y)
+
+    def bwd() -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, None, *args, [True, True, False])
+
+    gi, gw, _ = bwd()
+    return bwd, _describe("aten::convolution_backward", [g, x, w], [gi, gw, None]), {}
+
+
+def _prepare_attention(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prepared:
+    import torch
+
+    shape = (1, p["batch_heads"], p["seq"], p["head_dim"])
+    q, k, v = randn(*shape), randn(*shape), randn(*shape)
+    causal = p["causal"]
+    fwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = fwd_op(q, k, v, 0.0, causal)
+    if op == "sdpa_fwd":
+        name = "aten::_scaled_dot_product_flash_attention_for_cpu"
+        return (
+            (lambda: fwd_op(q, k, v, 0.0, causal)),
+            _describe(name, [q, k, v], [out, lse], (None,) * 3 + (0.0, causal)),
+            {},
+        )
+    g = torch.randn_like(out)
+    bwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+    def bwd() -> Any:
+        return bwd_op(g, q, k, v, out, lse, 0.0, causal)
+
+    name = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+    return bwd, _describe(name, [g, q, k, v, out, lse], list(bwd()), (None,) * 6 + (0.0, causal)), {}
+
+
+def _prepare_norm(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prepared:
+    import torch
+
+    aten = torch.ops.aten
+    kind, direction = op.rsplit("_", 1)
+    rows, cols = p["rows"], p["cols"]
+    if kind == "layer_norm":
+        x, w, b = randn(rows, cols), randn(cols), randn(cols)
+        y, mean, rstd = aten.native_layer_norm(x, [cols], w, b, 1e-5)
+        if direction == "fwd":
+            call = _describe("aten::native_layer_norm", [x, None, w, b], [y, mean, rstd])
+            return (lambda: aten.native_layer_norm(x, [cols], w, b, 1e-5)), call, {}
+        g = torch.randn_like(y)
+        mask = [True, True, True]
+        outs = list(aten.native_layer_norm_backward(g, x, [cols], mean, rstd, w, b, mask))
+        call = _describe("aten::native_layer_norm_backward", [g, x, None, mean, rstd, w, b], outs)
+        return (lambda: aten.native_layer_norm_backward(g, x, [cols], mean, rstd, w, b, mask)), call, {}
+    if kind == "batch_norm":  # rows = batch·height·width, cols = channels (NCHW with H·W = rows/16)
+        x = randn(16, cols, rows // 16, 1)
+        w, b, rm, rv = randn(cols), randn(cols), torch.zeros(cols), torch.ones(cols)
+        y, sm, si = aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
+        if direction == "fwd":
+            call = _describe("aten::native_batch_norm", [x, w, b, rm, rv], [y, sm, si])
+            return (lambda: aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)), call, {}
+        g = torch.randn_like(y)
+
+        def bn_bwd() -> Any:
+            return aten.native_batch_norm_backward(g, x, w, rm, rv, sm, si, True, 1e-5, [True, True, True])
+
+        call = _describe("aten::native_batch_norm_backward", [g, x, w, rm, rv, sm, si], list(bn_bwd()))
+        return bn_bwd, call, {}
+    x = randn(rows, cols)
+    fwd = aten._softmax if kind == "softmax" else aten._log_softmax
+    y = fwd(x, -1, False)
+    if direction == "fwd":
+        return (lambda: fwd(x, -1, False)), _describe(f"aten::_{kind}", [x], [y]), {}
+    g = torch.randn_like(y)
+    bwd = aten._softmax_backward_data if kind == "softmax" else aten._log_softmax_backward_data
+    call = _describe(f"aten::_{kind}_backward_data", [g, y], [bwd(g, y, -1, torch.float32)])
+    return (lambda: bwd(g, y, -1, torch.float32)), call, {}
+
+
+def _prepare_elementwise(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prepared:
+    import torch
+
+    aten = torch.ops.aten
+    x, y = randn(p["elements"]), randn(p["elements"])
+    out = torch.empty_like(x)
+    fns: dict[str, tuple[str, Callable[[], Any], list[Any]]] = {
+        "add": ("aten::add", lambda: torch.add(x, y), [x, y]),
+        "add_": ("aten::add_", lambda: out.add_(y), [out, y]),
+        "mul": ("aten::mul", lambda: torch.mul(x, y), [x, y]),
+        "gelu": ("aten::gelu", lambda: torch.nn.functional.gelu(x), [x]),
+        "relu": ("aten::clamp_min", lambda: torch.clamp_min(x, 0.0), [x]),
+        "copy": ("aten::copy_", lambda: out.copy_(x), [out, x]),
+        "sum": ("aten::sum", lambda: torch.sum(x), [x]),
+        "gelu_backward": ("aten::gelu_backward", lambda: aten.gelu_backward(y, x), [y, x]),
+    }
+    name, fn, inputs = fns[op]
+    return fn, _describe(name, inputs, [fn()]), {}
+
+
+def _prepare_embedding(op: str, p: dict[str, Any], gen: Any, device: str) -> Prepared:
+    import torch
+
+    rows, dim, pool, batch = p["rows"], p["dim"], p["pooling"], p["batch"]
+    weight = torch.randn(rows, dim, generator=gen).to(device)
+    count = batch * pool
+    if p["distribution"] == "zipf":  # skewed reuse: rank r drawn with probability ∝ 1/(r+1)^1.05
+        weights = 1.0 / torch.arange(1, rows + 1, dtype=torch.float64) ** 1.05
+        idx = torch.multinomial(weights, count, replacement=True, generator=gen)
+    else:
+        idx = torch.randint(0, rows, (count,), generator=gen)
+    offsets = torch.arange(0, count, pool)
+    features = {"unique_fraction": idx.unique().numel() / count}
+    idx, offsets = idx.to(device), offsets.to(device)
+    aten = torch.ops.aten
+    outs = aten._embedding_bag(weight, idx, offsets, False, 0)  # mode 0: sum
+    if op == "embedding_bag_fwd":
+        call = _describe("aten::_embedding_bag", [weight, idx, offsets], list(outs))
+        return (lambda: aten._embedding_bag(weight, idx, offsets, False, 0)), call, features
+    out, offset2bag, bag_size, max_idx = outs
+    grad = torch.randn_like(out)
+
+    def bwd() -> Any:
+        return aten._embedding_bag_backward(
+            grad, idx, offsets, offset2bag, bag_size, max_idx, rows, False, 0, False, None
+        )
+
+    tensors = [grad, idx, offsets, offset2bag, bag_size, max_idx]
+    call = _describe("aten::_embedding_bag_backward", tensors, [bwd()], (None,) * 6 + (rows, False, 0, False))
+    return bwd, call, features
+
+
+def _prepare_host(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prepared:
+    """Programs of `calls` tiny operator calls; their host-node counts come from an execution trace."""
+    import torch
+
+    x, y, w = randn(4, 4), randn(4, 4), randn(4, 4).requires_grad_()
+    lin = torch.nn.Linear(4, 4)
+    calls = p["calls"]
+
+    def chain() -> None:
+        with torch.enable_grad():
+            z = w
+            for _ in range(calls // 10):
+                z = z * y
+            z.sum().backward()
+
+    def linear_chain() -> None:
+        with torch.enable_grad():
+            z = x
+            for _ in range(calls // 10):
+                z = lin(z)
+            z.sum().backward()
+
+    programs: dict[str, Callable[[], Any]] = {
+        "view": lambda: [x.view(16) for _ in range(calls)],
+        "transpose": lambda: [x.t() for _ in range(calls)],
+        "tiny_add": lambda: [x + y for _ in range(calls)],
+        "tiny_chain_backward": chain,
+        "tiny_linear_backward": linear_chain,
+    }
+    fn = programs[op]
+    return fn, None, {"counts": _host_counts(fn)}
+
+
+def _host_counts(fn: Callable[[], Any]) -> dict[str, int]:
+    """Host nodes of one run of `fn` by category, from an execution trace of it."""
+    from torch.profiler import ExecutionTraceObserver
+
+    from itercast.traces.execution_trace import read_execution_trace
+    from itercast.traces.iteration_model import host_counts
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "et.json"
+        observer = ExecutionTraceObserver()
+        observer.register_callback(str(path))
+        observer.start()
+        fn()
+        observer.stop()
+        observer.unregister_callback()
+        return host_counts(read_execution_trace(path))
+
+
+def _time(fn: Callable[[], Any], device: str, warmup: int, repeats: int, budget_s: float = 0.5) -> list[float]:
+    import torch
+
+    flush = torch.empty(FLUSH_BYTES // 4, device=device)
     with torch.no_grad():
         for _ in range(warmup):
             fn()
-        times = []
-        for _ in range(repeats):
+        times: list[float] = []
+        while len(times) < repeats and (len(times) < 3 or sum(times) < budget_s):
+            flush.fill_(len(times))  # cold caches, as for an operator inside an iteration
             if device.startswith("cuda"):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -137,15 +411,19 @@ def run(
     db: ProfileDB,
     device: str = "cpu",
     quick: bool = False,
-    families: tuple[str, ...] = ("gemm", "elementwise", "embedding"),
+    families: tuple[str, ...] = FAMILIES,
     warmup: int = 3,
     repeats: int = 10,
 ) -> dict[str, int]:
     """Measure every configuration not yet in the database for this device. Returns counts."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # quiets the trace observer's notices (read at import)
     try:
         import torch  # noqa: F401
     except ImportError:
         raise ProfileError("itercast profile needs torch: pip install 'itercast[torch]' (CPU build 2.13.0)") from None
+    unknown = set(families) - set(FAMILIES)
+    if unknown:
+        raise ProfileError(f"unknown families {sorted(unknown)}: expected some of {', '.join(FAMILIES)}")
     fp = fingerprint(device)
     dev = db.device(fp.get("gpu") or fp.get("cpu") or device, fp)
     done = {(m.family, m.op, json.dumps(_config(m.params), sort_keys=True)) for m in db.measurements(device_id=dev)}
@@ -157,24 +435,33 @@ def run(
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=len(todo))
         for family, op, params in todo:
-            fn, size, features = _prepare(family, params, device)
+            fn, call, measured = _prepare(family, op, params, device)
             times = _time(fn, device, warmup, repeats)
-            params = {**params, "features": features} if features else params
+            stored = {**params, **({"call": call.__dict__} if call else {})}
+            stored |= {"counts": measured["counts"]} if "counts" in measured else {}
+            stored |= {"features": measured} if measured and "counts" not in measured else {}
             db.add(
                 dev,
                 [
                     Measurement(
                         family,
                         op,
-                        size,
+                        _size(call, measured),
                         statistics.median(times),
                         "fp32",
                         time_std_s=statistics.pstdev(times),
-                        repeats=repeats,
-                        params=params,
+                        repeats=len(times),
+                        params=stored,
                         source="measured: itercast profile",
                     )
                 ],
             )
             bar.advance(task)
     return {"measured": len(todo), "already there": len(done)}
+
+
+def _size(call: OpCall | None, measured: dict[str, Any]) -> float:
+    """The row's size: FLOPs or bytes of its operator; for host programs, the number of host nodes."""
+    from itercast.costs.aten_ops import features
+
+    return features(call).size if call else float(sum(measured["counts"].values()))

@@ -38,6 +38,10 @@ class ETNode:
     input_types: list[str]
     input_tensors: tuple[int, ...]
     output_tensors: tuple[int, ...]
+    input_strides: list[Any] = field(default_factory=list)
+    output_types: list[str] = field(default_factory=list)
+    #: scalar arguments (int, float, bool, str) by position; None where the argument is not a scalar
+    input_scalars: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -89,12 +93,13 @@ def read_execution_trace(path: str | Path) -> ExecutionTrace:
 def _node(n: dict[str, Any]) -> ETNode:
     attrs = {a["name"]: a.get("value") for a in n.get("attrs", []) if isinstance(a, dict) and "name" in a}
     inputs, outputs = n.get("inputs", []), n.get("outputs", [])
-    if isinstance(inputs, dict):  # schema 1.1: {"values": [...], "shapes": [...], "types": [...]}
+    if isinstance(inputs, dict):  # schema 1.1: {"values": [...], "shapes": [...], "types": [...], "strides"}
         in_shapes, out_shapes, in_types = inputs.get("shapes", []), outputs.get("shapes", []), inputs.get("types", [])
+        in_strides, out_types = inputs.get("strides", []), outputs.get("types", [])
         inputs, outputs = inputs.get("values", []), outputs.get("values", [])
     else:
         in_shapes, out_shapes = n.get("input_shapes", []), n.get("output_shapes", [])
-        in_types = n.get("input_types", [])
+        in_types, out_types, in_strides = n.get("input_types", []), n.get("output_types", []), []
     parent = n.get("parent", n.get("ctrl_deps", -1))  # 1.1.x calls the parent ctrl_deps
     return ETNode(
         int(n["id"]),
@@ -107,6 +112,12 @@ def _node(n: dict[str, Any]) -> ETNode:
         [str(x) for x in in_types],
         _tensor_ids(inputs),
         _tensor_ids(outputs),
+        list(in_strides),
+        [str(x) for x in out_types],
+        tuple(
+            v if isinstance(v, int | float | bool | str) and not str(t).startswith("Tensor") else None
+            for v, t in zip(inputs, in_types, strict=False)
+        ),
     )
 
 

@@ -142,8 +142,8 @@ class _HeadTailReader:
         return data
 
     def edges(self) -> str:
-        if self.total <= 2 * self.EDGE_BYTES:  # small file: head and tail overlap; use the whole tail
-            return (bytes(self.head) if self.total <= self.EDGE_BYTES else bytes(self.tail)).decode("utf-8", "replace")
+        if self.total <= self.EDGE_BYTES:  # the whole file is in the head
+            return bytes(self.head).decode("utf-8", "replace")
         return (bytes(self.head) + b"\n" + bytes(self.tail)).decode("utf-8", "replace")
 
 

@@ -1,0 +1,244 @@
+"""What a PyTorch (aten) operator computes, from its argument shapes: the features cost models price.
+
+One description serves both sides, so that what a microbenchmark measured and what a trace asks for
+are described alike: `itercast profile` builds an `OpCall` from the tensors it times, and an
+execution-trace node (traces/execution_trace.ETNode) carries the same fields.
+
+Families (`features(call).family`):
+- gemm: aten::mm/addmm (one matrix product), aten::bmm/baddbmm (a batch of them); FLOPs 2·b·m·n·k
+  and the layout of each operand (transposed when its last dimension is not the contiguous one);
+- conv_fwd / conv_bwd: aten::convolution and aten::convolution_backward as implicit GEMMs,
+  m = N·H_out·W_out, n = C_out, k = C_in/groups·∏kernel; the backward does two such products
+  (input and weight gradients) when both are asked for;
+- attention_fwd / attention_bwd: fused scaled-dot-product attention, 4·b·h·s_q·s_kv·d FLOPs of the
+  full forward, with causal masking as a "layout" (whether masked blocks are skipped is the device's
+  business: the CPU kernel measured here is as slow causal as not); the backward is keyed by the same;
+- embedding_bag_fwd / embedding_bag_bwd: bytes of every looked-up row, and the table's bytes;
+- memory: everything else that moves data, by the bytes of its tensor inputs and outputs;
+- free: views and allocations, which move no data (only the host overhead of the call remains).
+Operators whose work is all in their children (aten::linear, aten::layer_norm, ...) are "composite".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: bytes per element of the type names execution traces write ("Tensor(float)" → "float")
+ITEMSIZE = {
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "long int": 8,
+    "int": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+}
+GEMM_OPS = {"aten::mm": 0, "aten::addmm": 1, "aten::bmm": 0, "aten::baddbmm": 1}  # name → index of mat1
+ATTENTION_FWD = {"aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention"}
+ATTENTION_BWD = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten::_scaled_dot_product_flash_attention_backward",
+}
+EMBEDDING_BAG_FWD = {"aten::_embedding_bag", "aten::_embedding_bag_forward_only"}
+EMBEDDING_BAG_BWD = {"aten::_embedding_bag_backward"}
+#: memory-bound operators priced whole (their children are part of what was measured)
+WHOLE_MEMORY_OPS = {
+    "aten::native_layer_norm",
+    "aten::native_layer_norm_backward",
+    "aten::native_batch_norm",
+    "aten::native_batch_norm_backward",
+    "aten::_softmax",
+    "aten::_softmax_backward_data",
+    "aten::_log_softmax",
+    "aten::_log_softmax_backward_data",
+    "aten::embedding_dense_backward",
+}
+#: operators that only make views or allocate (no data moved)
+FREE_OPS = {
+    "aten::view",
+    "aten::_unsafe_view",
+    "aten::reshape",
+    "aten::_reshape_alias",
+    "aten::as_strided",
+    "aten::t",
+    "aten::transpose",
+    "aten::permute",
+    "aten::expand",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::slice",
+    "aten::select",
+    "aten::split",
+    "aten::split_with_sizes",
+    "aten::unbind",
+    "aten::chunk",
+    "aten::narrow",
+    "aten::alias",
+    "aten::detach",
+    "aten::detach_",
+    "aten::resolve_conj",
+    "aten::resolve_neg",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::empty_like",
+    "aten::resize_",
+    "aten::set_",
+    "aten::lift_fresh",
+    "aten::_local_scalar_dense",
+    "aten::item",
+    "aten::is_nonzero",
+    "aten::size",
+    "aten::stride",
+    "aten::numel",
+}
+ROOT_NODE = "[pytorch|profiler|execution_trace|thread]"
+
+
+class OpArgs(Protocol):
+    """The fields of an operator call that pricing reads (ETNode and OpCall have them)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def input_shapes(self) -> list[Any]: ...
+    @property
+    def input_types(self) -> list[str]: ...
+    @property
+    def input_strides(self) -> list[Any]: ...
+    @property
+    def output_shapes(self) -> list[Any]: ...
+    @property
+    def output_types(self) -> list[str]: ...
+    @property
+    def input_scalars(self) -> tuple[Any, ...]: ...
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """An operator call described from live tensors (what `itercast profile` times)."""
+
+    name: str
+    input_shapes: list[Any]
+    input_types: list[str]
+    input_strides: list[Any] = field(default_factory=list)
+    output_shapes: list[Any] = field(default_factory=list)
+    output_types: list[str] = field(default_factory=list)
+    input_scalars: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class OpFeatures:
+    """family (see the module docstring); size: FLOPs or bytes; dims: what the family's model reads."""
+
+    family: str
+    size: float = 0.0
+    dims: dict[str, Any] = field(default_factory=dict)
+
+
+def itemsize(type_name: str) -> int:
+    """Bytes per element of "Tensor(float)"-style names (4 when the element type is not known)."""
+    inner = type_name[type_name.find("(") + 1 : type_name.rfind(")")] if "(" in type_name else type_name
+    return ITEMSIZE.get(inner, 4)
+
+
+def tensor_bytes(shapes: list[Any], types: list[str]) -> float:
+    """Bytes of every tensor among the arguments, lists of tensors included."""
+    total = 0.0
+    for shape, kind in zip(shapes, types, strict=False):
+        if kind.startswith("Tensor(") and _is_shape(shape):
+            total += math.prod(shape) * itemsize(kind)
+        elif kind.startswith("GenericList[Tensor") and isinstance(shape, list):
+            size = itemsize(kind[len("GenericList[") :].split(",")[0])
+            total += sum(math.prod(s) * size for s in shape if _is_shape(s))
+    return total
+
+
+def features(call: OpArgs) -> OpFeatures:
+    name, shapes = call.name, call.input_shapes
+    if name in GEMM_OPS:
+        return _gemm(call)
+    if name == "aten::convolution":
+        return _conv(shapes[0], shapes[1], call.output_shapes[0], "conv_fwd", 1)
+    if name == "aten::convolution_backward":
+        wanted = sum(1 for s in call.output_shapes[:2] if _is_shape(s) and s)  # grads asked for (input, weight)
+        return _conv(shapes[1], shapes[2], shapes[0], "conv_bwd", max(wanted, 1))
+    if name in ATTENTION_FWD or name in ATTENTION_BWD:
+        q, k = (shapes[0], shapes[1]) if name in ATTENTION_FWD else (shapes[1], shapes[2])
+        causal_at = 4 if name in ATTENTION_FWD else 7
+        causal = bool(call.input_scalars[causal_at]) if len(call.input_scalars) > causal_at else False
+        flops = 4.0 * math.prod(q[:-1]) * k[-2] * q[-1]
+        family = "attention_fwd" if name in ATTENTION_FWD else "attention_bwd"
+        dims = {"batch": math.prod(q[:-2]), "m": q[-2], "n": k[-2], "k": q[-1], "layout": "causal" if causal else "nn"}
+        return OpFeatures(family, flops, dims)
+    if name in EMBEDDING_BAG_FWD:
+        (rows, dim), lookups = shapes[0], math.prod(shapes[1])
+        size = itemsize(call.input_types[0])
+        return OpFeatures(
+            "embedding_bag_fwd",
+            lookups * dim * size,
+            {"rows": rows, "dim": dim, "lookups": lookups, "table_bytes": rows * dim * size},
+        )
+    if name in EMBEDDING_BAG_BWD:
+        grad, lookups = shapes[0], math.prod(shapes[1])
+        rows = call.input_scalars[6] if len(call.input_scalars) > 6 else None
+        if not isinstance(rows, int):
+            raise ValueError(f"{name}: expected the table's row count (num_weights) as argument 7")
+        size = itemsize(call.input_types[0])
+        return OpFeatures(
+            "embedding_bag_bwd",
+            lookups * grad[-1] * size,
+            {"rows": rows, "dim": grad[-1], "lookups": lookups, "table_bytes": rows * grad[-1] * size},
+        )
+    if name in FREE_OPS or not name.startswith("aten::"):
+        return OpFeatures("free")
+    moved = tensor_bytes(shapes, call.input_types) + tensor_bytes(call.output_shapes, call.output_types)
+    return OpFeatures("memory", moved)
+
+
+def _gemm(call: OpArgs) -> OpFeatures:
+    i = GEMM_OPS[call.name]
+    a, b = call.input_shapes[i], call.input_shapes[i + 1]
+    strides = call.input_strides[i : i + 2] if len(call.input_strides) >= i + 2 else [[], []]
+    layout = "".join(_transposed(s) for s in strides)
+    batch = a[0] if len(a) == 3 else 1
+    m, k, n = a[-2], a[-1], b[-1]
+    return OpFeatures("gemm", 2.0 * batch * m * n * k, {"batch": batch, "m": m, "n": n, "k": k, "layout": layout})
+
+
+def _transposed(stride: Any) -> str:
+    """'t' when the last two dimensions are stored column-major (stride of the last one is not 1)."""
+    return "t" if _is_shape(stride) and len(stride) >= 2 and stride[-1] != 1 and stride[-2] == 1 else "n"
+
+
+def _conv(x: list[int], w: list[int], out: list[int], family: str, products: int) -> OpFeatures:
+    groups = max(1, x[1] // w[1]) if w[1] else 1
+    m, n, k = out[0] * math.prod(out[2:]), w[0], w[1] * math.prod(w[2:])
+    return OpFeatures(family, 2.0 * m * n * k * products, {"m": m, "n": n, "k": k, "groups": groups})
+
+
+def _is_shape(s: Any) -> bool:
+    return isinstance(s, list) and all(isinstance(v, int) for v in s)
+
+
+def host_category(name: str, parent_name: str) -> str | None:
+    """How a trace node costs host time: 'python' (an operator called from Python), 'nested' (one
+    called by another operator or by autograd in C++), 'autograd' (one backward function run by the
+    engine), or None (the trace's thread root and user record-function scopes, which add nothing)."""
+    if name == ROOT_NODE:
+        return None
+    if name.startswith("autograd::engine::evaluate_function"):
+        return "autograd"
+    if not name.startswith("aten::"):
+        return "nested" if parent_name.startswith(("aten::", "autograd::")) or _is_backward(parent_name) else None
+    if parent_name.startswith("aten::") or parent_name.startswith("autograd::") or _is_backward(parent_name):
+        return "nested"
+    return "python"
+
+
+def _is_backward(name: str) -> bool:
+    return name.rstrip("0123456789").endswith("Backward")

@@ -1,0 +1,274 @@
+"""Per-operator cost models of one device, fitted on its profiling database (`itercast profile run`).
+
+They price the operators of a PyTorch execution trace (traces/iteration_model.py) from the
+features of costs/aten_ops.py. Forms (all fitted on log time, so relative errors count alike):
+- compute (gemm, conv_fwd/bwd, attention_fwd/bwd), shape-aware, per operator:
+      t = α + FLOPs / (R · s(m) · s(n) · s(k)) · f_layout,   s(d) = 1 / (1 + (h_d / d)^g)
+  R is the saturated rate, h_d the size of dimension d at which it reaches half of it, and f_layout
+  the cost of a transposed operand layout relative to "nn". Below the smallest size measured in a
+  dimension the ramp is held at that size (no extrapolation: (h/d)^g would explode for d = 1).
+  Why shapes: a model of FLOPs alone cannot tell a 64×4096×4096 product from a 1024³ one, and
+  skinny shapes run far below peak.
+- memory-bound operators, per operator name (else aten::add_ for in-place operators, aten::add for
+  the others), linear in bytes with a second slope beyond a cache size C (chosen by fit among
+  MEMORY_BREAKS_BYTES): t = α + a · bytes + b · max(0, bytes − C), a, b ≥ 0. Why not a saturating
+  curve: on a CPU the rate falls again once the data leave the caches (and once fresh outputs are
+  large enough to be mapped page by page), which a curve that only rises cannot follow;
+- embedding bags, linear with non-negative coefficients in: lookups (indices), gathered bytes
+  (every looked-up row) and, forward, the bytes of distinct rows of tables larger than a cache (the
+  cache size chosen by fit among CACHE_CANDIDATES_BYTES); backward, the table's bytes with a second
+  slope beyond a break (the dense gradient is zeroed and written whole, and a large one is mapped
+  afresh page by page; indices are sorted, hence the per-lookup term);
+- host: seconds per operator called from Python, per nested operator call, per autograd function
+  (non-negative least squares over the `host` programs, whose counts come from their traces).
+A measured call includes its own host overhead (one Python call and its nested calls): pricing
+subtracts it, and the iteration model adds the host cost of every call it really makes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares, nnls
+
+from itercast.costs.aten_ops import OpArgs, OpCall, OpFeatures, features
+from itercast.costs.fitting import eff, fit_latency_curve, fit_nonneg_linear, mean_abs_err
+from itercast.profile.db import Measurement
+
+COMPUTE = ("gemm", "conv_fwd", "conv_bwd", "attention_fwd", "attention_bwd")
+LAYOUTS = ("nt", "tn", "tt", "causal")  # operand layouts of GEMMs; causal masking of attention
+CACHE_CANDIDATES_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
+HOST = ("python", "nested", "autograd")
+FALLBACK_MEMORY_OPS = ("aten::add", "aten::add_")  # for new outputs, in place
+#: operators priced with the model of another that runs the same kernel (the bias copy of addmm is a child)
+SAME_KERNEL = {
+    "aten::addmm": "aten::mm",
+    "aten::baddbmm": "aten::bmm",
+    "aten::_embedding_bag_forward_only": "aten::_embedding_bag",
+}
+MEMORY_BREAKS_BYTES = (1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
+
+
+class OpModelError(ValueError):
+    """The calibration cannot price an operator; the message says which and why."""
+
+
+def row_features(m: Measurement) -> tuple[str, OpFeatures]:
+    """(operator name, features) of a microbenchmark row that stored its call."""
+    call = _call_of(m)
+    return call.name, features(call)
+
+
+def fit_shape_model(dims: list[dict[str, Any]], flops: np.ndarray, t: np.ndarray) -> dict[str, Any]:
+    """Fit t = α + F / (R·s(m)s(n)s(k)) · f_layout (module docstring) on log time."""
+    m, n, k = (np.array([float(d[x]) for d in dims]) for x in "mnk")
+    layout = [d.get("layout", "nn") for d in dims]
+    seen = [lay for lay in LAYOUTS if lay in layout]
+    onehot = np.array([[lay == s for s in seen] for lay in layout], dtype=float).reshape(len(dims), len(seen))
+
+    def model(p: np.ndarray) -> np.ndarray:
+        la, lr, lm, ln, lk, g = p[:6]
+        s = (1 + np.exp(g * (lm - np.log(m)))) * (1 + np.exp(g * (ln - np.log(n)))) * (1 + np.exp(g * (lk - np.log(k))))
+        return np.exp(la) + flops / np.exp(lr) * s * np.exp(onehot @ p[6:])
+
+    rate0 = float(np.max(flops / t))
+    x0 = [math.log(np.min(t) / 2), math.log(rate0), 3.0, 3.0, 3.0, 1.0] + [0.0] * len(seen)
+    lo = [math.log(1e-8), math.log(rate0 / 10), 0.0, 0.0, 0.0, 0.2] + [-1.6] * len(seen)
+    hi = [math.log(1e-2), math.log(rate0 * 20), 12.0, 12.0, 12.0, 4.0] + [1.6] * len(seen)
+    fit = least_squares(lambda p: np.log(model(p)) - np.log(t), x0=np.clip(x0, lo, hi), bounds=(lo, hi))
+    p = fit.x
+    return {
+        "form": "shape",
+        "alpha_s": float(math.exp(p[0])),
+        "rate_flops_per_s": float(math.exp(p[1])),
+        "half_m": float(math.exp(p[2])),
+        "half_n": float(math.exp(p[3])),
+        "half_k": float(math.exp(p[4])),
+        "gamma": float(p[5]),
+        "layout_factor": {"nn": 1.0, **{lay: float(math.exp(v)) for lay, v in zip(seen, p[6:], strict=True)}},
+        **{f"min_{name}": float(np.min(v)) for name, v in (("m", m), ("n", n), ("k", k))},
+        "points": len(t),
+        "fit_mean_abs_err": mean_abs_err(model(p), t),
+    }
+
+
+def shape_model_s(fit: dict[str, Any], f: OpFeatures) -> float:
+    d = f.dims
+    slow = 1.0
+    for dim in "mnk":
+        slow *= 1 + (fit[f"half_{dim}"] / max(float(d[dim]), fit.get(f"min_{dim}", 1.0))) ** fit["gamma"]
+    factor = fit["layout_factor"].get(d.get("layout", "nn"), 1.0)
+    return float(fit["alpha_s"] + f.size / fit["rate_flops_per_s"] * slow * factor)
+
+
+def lookup_columns(feats: list[OpFeatures], unique: np.ndarray, cache_bytes: float) -> dict[str, np.ndarray]:
+    """The linear model's columns for embedding-bag rows; `unique`: distinct-row fraction of each."""
+    cols = {
+        "lookup": np.array([float(f.dims["lookups"]) for f in feats]),
+        "gathered_byte": np.array([f.size for f in feats]),
+    }
+    table = np.array([float(f.dims["table_bytes"]) for f in feats])
+    if feats[0].family == "embedding_bag_bwd":  # beyond `cache_bytes` the zeroed gradient is mapped afresh
+        return cols | {"table_byte": table, "table_byte_beyond_break": np.maximum(table - cache_bytes, 0.0)}
+    return cols | {"missed_byte": cols["gathered_byte"] * unique * (table > cache_bytes)}
+
+
+def fit_operator_models(rows: list[Measurement]) -> dict[str, Any]:
+    """The `operators` section of a calibration: one model per measured operator, and host costs."""
+    by_op: dict[str, list[tuple[Measurement, OpFeatures]]] = {}
+    host_rows = []
+    for m in rows:
+        if m.family == "host" and "counts" in m.params:
+            host_rows.append(m)
+        elif "call" in m.params:
+            name, f = row_features(m)
+            key = f"{name}:{f.family}"
+            by_op.setdefault(key, []).append((m, f))
+    doc: dict[str, Any] = {"models": {}}
+    for key, pairs in sorted(by_op.items()):
+        if len(pairs) < 4:
+            continue
+        ms, feats = [p[0] for p in pairs], [p[1] for p in pairs]
+        doc["models"][key] = fit_one(ms, feats)
+    if host_rows:
+        counts = np.array([[float(m.params["counts"].get(c, 0)) for c in HOST] for m in host_rows])
+        t = np.array([m.time_s for m in host_rows])
+        coef, _ = nnls(counts / t[:, None], np.ones(len(t)))
+        doc["host_s"] = {c: float(v) for c, v in zip(HOST, coef, strict=True)}
+        doc["host_fit_mean_abs_err"] = mean_abs_err(counts @ coef, t)
+    return doc
+
+
+def fit_one(rows: list[Measurement], feats: list[OpFeatures]) -> dict[str, Any]:
+    """The model of one operator from its rows (form by family: module docstring)."""
+    t = np.array([m.time_s for m in rows])
+    family = feats[0].family
+    if family in COMPUTE:
+        return fit_shape_model([f.dims for f in feats], np.array([f.size for f in feats]), t)
+    if family.startswith("embedding_bag"):
+        best: dict[str, Any] = {}
+        unique = np.array([float(m.params.get("features", {}).get("unique_fraction", 1.0)) for m in rows])
+        for cache in CACHE_CANDIDATES_BYTES if family == "embedding_bag_fwd" else MEMORY_BREAKS_BYTES:
+            fit = fit_nonneg_linear(lookup_columns(feats, unique, cache), t)
+            if not best or fit["fit_mean_abs_err"] < best["fit_mean_abs_err"]:
+                best = {"form": "lookup", "cache_bytes": cache, **fit}
+        return best
+    x = np.array([f.size for f in feats])
+    best = {}
+    for brk in MEMORY_BREAKS_BYTES:
+        fit = fit_nonneg_linear({"byte": x, "byte_beyond_break": np.maximum(x - brk, 0.0)}, t)
+        if not best or fit["fit_mean_abs_err"] < best["fit_mean_abs_err"]:
+            best = {"form": "cache_linear", "break_bytes": brk, **fit}
+    return best
+
+
+def unique_fraction_uniform(rows: int, lookups: int) -> float:
+    """Expected fraction of distinct rows among `lookups` uniform draws from `rows` rows:
+    rows·(1 − (1 − 1/rows)^lookups) / lookups."""
+    if lookups <= 0 or rows <= 0:
+        return 1.0
+    return rows * -math.expm1(lookups * math.log1p(-1.0 / rows)) / lookups if rows > 1 else 1.0 / lookups
+
+
+class OperatorCostModel:
+    """Seconds of an operator call on the device the `operators` section was fitted on."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.models: dict[str, dict[str, Any]] = doc.get("models", {})
+        self.host_s: dict[str, float] = doc.get("host_s", dict.fromkeys(HOST, 0.0))
+        self._by_name: dict[str, dict[str, Any]] = {k.rsplit(":", 1)[0]: v for k, v in self.models.items()}
+
+    def measured_s(self, call: OpArgs, f: OpFeatures | None = None, unique_fraction: float | None = None) -> float:
+        """What a microbenchmark of this call alone would measure (its own host overhead included).
+        `unique_fraction`: distinct rows among an embedding bag's indices (uniform draws when None)."""
+        f = f or features(call)
+        if f.family == "free":
+            return 0.0
+        fit = self._by_name.get(call.name) or self._by_name.get(SAME_KERNEL.get(call.name, ""))
+        if f.family in COMPUTE:
+            if fit is None:
+                raise OpModelError(f"{call.name}: no model for this operator (profile family {f.family!r} first)")
+            return shape_model_s(fit, f)
+        if f.family.startswith("embedding_bag"):
+            if fit is None:
+                raise OpModelError(f"{call.name}: no model for this operator (profile family 'embedding' first)")
+            u = unique_fraction if unique_fraction is not None else unique_fraction_uniform(*_rows_lookups(f))
+            cols = lookup_columns([f], np.array([u]), fit["cache_bytes"])
+            return float(fit["alpha_s"] + sum(fit[f"s_per_{name}"] * col[0] for name, col in cols.items()))
+        fallback = FALLBACK_MEMORY_OPS[call.name.endswith("_")]
+        fit = fit or self._by_name.get(fallback)
+        if fit is None:
+            raise OpModelError(f"{call.name}: no model for it nor for {fallback} (profile 'elementwise' first)")
+        beyond = max(f.size - fit["break_bytes"], 0.0)
+        return float(fit["alpha_s"] + fit["s_per_byte"] * f.size + fit["s_per_byte_beyond_break"] * beyond)
+
+    def has_model(self, name: str) -> bool:
+        return name in self._by_name
+
+
+def _rows_lookups(f: OpFeatures) -> tuple[int, int]:
+    return int(f.dims["rows"]), int(f.dims["lookups"])
+
+
+def operator_report(rows: list[Measurement], folds: int = 5, seed: int = 0) -> list[dict[str, Any]]:
+    """Held-out geomean |error| per operator model (K-fold), next to a curve of size alone
+    (t = α + size / (rate · eff(size)), the form of the analytic model) and a straight line
+    t = a + b · size (pipeDejavu's predictive model), each refitted on the other folds."""
+    from itercast.costs.fitting import geomean_abs_err
+
+    by_op: dict[str, list[tuple[Measurement, OpFeatures]]] = {}
+    for m in rows:
+        if "call" in m.params:
+            name, f = row_features(m)
+            by_op.setdefault(f"{name}:{f.family}", []).append((m, f))
+    rng = np.random.default_rng(seed)
+    out = []
+    for key, pairs in sorted(by_op.items()):
+        if len(pairs) < 6:
+            continue
+        k_folds = min(folds, len(pairs) // 2)
+        ms, feats = [p[0] for p in pairs], [p[1] for p in pairs]
+        t = np.array([m.time_s for m in ms])
+        size = np.array([max(f.size, 1.0) for f in feats])
+        fold = rng.permutation(len(ms)) % k_folds
+        pred = {name: np.empty(len(ms)) for name in ("model", "size_curve", "straight_line")}
+        for k in range(k_folds):
+            train, test = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
+            fit = fit_one([ms[i] for i in train], [feats[i] for i in train])
+            model = OperatorCostModel({"models": {key: fit}})
+            for i in test:
+                pred["model"][i] = model.measured_s(
+                    _call_of(ms[i]), feats[i], ms[i].params.get("features", {}).get("unique_fraction")
+                )
+            rate = float(np.max(size[train] / t[train]))
+            c = fit_latency_curve(size[train], t[train], rate)
+            pred["size_curve"][test] = c["alpha_s"] + size[test] / (
+                rate * eff(size[test], c["e_max"], c["log_half"], c["gamma"])
+            )
+            a, b = np.polynomial.polynomial.polyfit(size[train], t[train], 1)
+            pred["straight_line"][test] = a + b * size[test]
+        small = size <= np.quantile(size, 0.25)
+        out.append(
+            {
+                "operator": key,
+                "rows": len(ms),
+                **{name: geomean_abs_err(p, t) for name, p in pred.items()},
+                **{f"{name}_smallest_quarter": geomean_abs_err(p[small], t[small]) for name, p in pred.items()},
+            }
+        )
+    return out
+
+
+def _call_of(m: Measurement) -> OpCall:
+    c = m.params["call"]
+    return OpCall(
+        str(c["name"]),
+        list(c["input_shapes"]),
+        [str(x) for x in c["input_types"]],
+        list(c.get("input_strides", [])),
+        list(c.get("output_shapes", [])),
+        [str(x) for x in c.get("output_types", [])],
+        tuple(c.get("input_scalars", ())),
+    )

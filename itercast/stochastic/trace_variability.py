@@ -1,0 +1,196 @@
+"""Variability fitted on traces with repeated iterations, and step-time distributions from them.
+
+Fitting (`fit_trace_variability`): a task of the replay graph (traces/replay_graph.py) recurs once
+per step: its key is (rank, task name, k-th occurrence of that name within the step). Over the
+steps where a key recurs, its duration divided by the key's median is a ratio r. Ratios are
+pooled per class: the kernel classes of traces/whatif.py (gemm, nccl, elementwise, ...) for GPU
+ops, "host" for host calls and gaps. Each step's ratios are split into
+- a step factor per class: the median ratio of that class in that step (what moves together in a
+  step: clock or power state, a network regime, host contention), and
+- residuals r / step factor (each task's own noise).
+Both stay empirical pools (no parametric form is imposed; `fit_best` can summarise them).
+
+Sampling (`trace_step_distribution`): every recurring task lasts its key's median × a step factor
+drawn per class and sample × a residual drawn per task and sample, both from the pools; tasks that
+do not recur keep their measured duration. All steps of the graph are simulated in one pass
+(sim/montecarlo.py's max-plus kernel), so rendezvous, streams and host chains shape the spread.
+Attribution: the same draws with one class's ratios pulled halfway to 1 (half its spread).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from itercast.sim.engine import compile_graph, simulate
+from itercast.sim.kernels import run_max_plus_samples
+from itercast.traces.replay_graph import ReplayGraph
+from itercast.traces.whatif import kernel_class
+
+MIN_STEPS = 2  # a key must recur in this many steps to give ratios
+
+
+@dataclass
+class TraceVariability:
+    """Per-class pools of step factors and residual ratios, and what each task samples from."""
+
+    classes: list[str]
+    step_factors: dict[str, np.ndarray]
+    residuals: dict[str, np.ndarray]
+    task_class: np.ndarray  # class index per task, −1: keeps its measured duration
+    base_s: np.ndarray  # the key's median duration per task (measured where it does not recur)
+    steps_used: int
+    notes: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per class: tasks, coefficient of variation of residuals and of step factors."""
+        out = {}
+        for i, c in enumerate(self.classes):
+            res, fac = self.residuals[c], self.step_factors[c]
+            out[c] = {
+                "tasks": int(np.sum(self.task_class == i)),
+                "residual_cv": float(np.std(res) / np.mean(res)) if res.size else 0.0,
+                "step_factor_cv": float(np.std(fac) / np.mean(fac)) if fac.size else 0.0,
+            }
+        return out
+
+
+def task_classes(rg: ReplayGraph) -> list[str]:
+    g = rg.graph
+    out = []
+    for t in range(g.num_tasks):
+        family = g.families[g.family[t]]
+        out.append("host" if family in ("runtime", "host_gap") else kernel_class(g.names[g.name[t]], family))
+    return out
+
+
+def _step_of_tasks(rg: ReplayGraph, start_s: np.ndarray) -> np.ndarray:
+    """Index of the step mark each task starts in (by the replayed start times, per rank), −1 outside."""
+    g = rg.graph
+    rank = g.resource_rank[g.resource]
+    out = np.full(g.num_tasks, -1)
+    for i, m in enumerate(rg.steps):
+        lo, hi = float(start_s[m.start_task]), float(start_s[m.end_task])
+        out[(rank == m.rank) & (start_s >= lo) & (start_s < hi)] = i
+    return out
+
+
+def fit_trace_variability(rg: ReplayGraph, fit_steps: list[int] | None = None) -> TraceVariability:
+    """Pools from the steps `fit_steps` (indices into rg.steps; all when None)."""
+    g = rg.graph
+    sim = simulate(g)
+    step = _step_of_tasks(rg, sim.start_s)
+    chosen = set(range(len(rg.steps)) if fit_steps is None else fit_steps)
+    cls_names = task_classes(rg)
+    classes = sorted(set(cls_names))
+    cls_index = {c: i for i, c in enumerate(classes)}
+    key_tasks: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    seen: dict[tuple[int, int], int] = defaultdict(int)
+    rank = g.resource_rank[g.resource]
+    for t in np.argsort(sim.start_s, kind="stable").tolist():
+        s = int(step[t])
+        if s < 0:
+            continue
+        occurrence = seen[(s, int(g.name[t]))]
+        seen[(s, int(g.name[t]))] += 1
+        key_tasks[(int(rank[t]), int(g.name[t]), occurrence)].append(t)
+    base = g.duration_s.copy()
+    task_class = np.full(g.num_tasks, -1)
+    ratios: dict[tuple[int, str], list[float]] = defaultdict(list)
+    ratio_of: dict[int, float] = {}
+    for tasks in key_tasks.values():
+        fit = [t for t in tasks if int(step[t]) in chosen and g.duration_s[t] > 0]
+        if len(fit) < MIN_STEPS:
+            continue
+        median = float(np.median(g.duration_s[fit]))
+        if median <= 0:
+            continue
+        base[tasks] = median
+        for t in tasks:
+            task_class[t] = cls_index[cls_names[t]]
+        for t in fit:
+            ratio_of[t] = float(g.duration_s[t]) / median
+            ratios[(int(step[t]), cls_names[t])].append(ratio_of[t])
+    step_factors: dict[str, list[float]] = defaultdict(list)
+    residuals: dict[str, list[float]] = defaultdict(list)
+    factor = {key: float(np.median(v)) for key, v in ratios.items()}
+    for (s, c), values in ratios.items():
+        step_factors[c].append(factor[(s, c)])
+        residuals[c] += [v / factor[(s, c)] for v in values]
+    return TraceVariability(
+        classes,
+        {c: np.array(step_factors.get(c, [1.0])) for c in classes},
+        {c: np.array(residuals.get(c, [1.0])) for c in classes},
+        task_class,
+        base,
+        len(chosen),
+        {"recurring tasks": int(np.sum(task_class >= 0)), "tasks kept as measured": int(np.sum(task_class < 0))},
+    )
+
+
+@dataclass
+class TraceStepSamples:
+    """Sampled durations (seconds) of every step mark: array (steps, samples)."""
+
+    step_s: np.ndarray
+
+    def pooled(self, steps: list[int] | None = None) -> np.ndarray:
+        rows = self.step_s if steps is None else self.step_s[steps]
+        return rows.ravel()
+
+
+def trace_step_distribution(
+    rg: ReplayGraph,
+    model: TraceVariability,
+    samples: int = 1000,
+    seed: int = 0,
+    shrink: dict[str, float] | None = None,
+    block: int = 256,
+) -> TraceStepSamples:
+    """Monte Carlo over the whole replay graph. `shrink`: class → factor on its ratios' distance from 1
+    (0.5 halves that class's spread), for attribution."""
+    if samples < 1:
+        raise ValueError(f"samples must be ≥ 1; got {samples}")
+    g = rg.graph
+    compiled = compile_graph(g)
+    rng = np.random.default_rng(seed)
+    varying = np.flatnonzero(model.task_class >= 0)
+    cls_of = model.task_class[varying]
+    out = np.empty((len(rg.steps), samples))
+    for lo in range(0, samples, block):
+        n = min(block, samples - lo)
+        mult = np.ones((g.num_tasks, n))
+        for i, c in enumerate(model.classes):
+            rows = varying[cls_of == i]
+            if not rows.size:
+                continue
+            k = (shrink or {}).get(c, 1.0)
+            fac = rng.choice(model.step_factors[c], size=n)
+            res = rng.choice(model.residuals[c], size=(rows.size, n))
+            mult[rows] = (1 + k * (fac[None, :] - 1)) * (1 + k * (res - 1))
+        dur = (
+            g.duration_s[:, None] * (model.task_class < 0)[:, None]
+            + model.base_s[:, None] * mult * (model.task_class >= 0)[:, None]
+        )
+        end = run_max_plus_samples(compiled.arrays, dur)
+        start = end - dur
+        for i, m in enumerate(rg.steps):
+            a = end[m.start_task] if m.start_is_task_end else start[m.start_task]
+            b = end[m.end_task] if m.end_is_task_end else start[m.end_task]
+            out[i, lo : lo + n] = b - a
+    return TraceStepSamples(out)
+
+
+def trace_attribution(
+    rg: ReplayGraph, model: TraceVariability, samples: int = 1000, seed: int = 0, quantile: float = 0.95
+) -> dict[str, float]:
+    """Relative change of the pooled step-time `quantile` when each class's spread is halved (same seed)."""
+    base = np.quantile(trace_step_distribution(rg, model, samples, seed).pooled(), quantile)
+    out = {}
+    for c in model.classes:
+        if np.any(model.task_class == model.classes.index(c)):
+            q = np.quantile(trace_step_distribution(rg, model, samples, seed, {c: 0.5}).pooled(), quantile)
+            out[c] = float(q / base - 1)
+    return out

@@ -1,0 +1,229 @@
+"""Operator features, operator cost models and the CPU iteration model, against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from itercast.costs.aten_ops import OpCall, features, host_category, tensor_bytes
+from itercast.costs.op_model import (
+    OperatorCostModel,
+    fit_operator_models,
+    fit_shape_model,
+    shape_model_s,
+    unique_fraction_uniform,
+)
+from itercast.profile.db import Measurement
+from itercast.traces.execution_trace import read_execution_trace
+from itercast.traces.iteration_model import host_counts, predict_iteration
+
+F = "Tensor(float)"
+
+
+def test_gemm_layout_comes_from_strides():
+    # x·Wᵀ as nn.Linear runs it: mat2 is W [256, 64] viewed transposed, strides (1, 64)
+    call = OpCall("aten::addmm", [[256], [32, 64], [64, 256]], [F] * 3, [[1], [64, 1], [1, 64]])
+    f = features(call)
+    assert f.family == "gemm" and f.size == 2 * 32 * 256 * 64
+    assert f.dims == {"batch": 1, "m": 32, "n": 256, "k": 64, "layout": "nt"}
+    bmm = features(OpCall("aten::bmm", [[8, 16, 32], [8, 32, 4]], [F] * 2, [[512, 32, 1], [128, 4, 1]]))
+    assert bmm.size == 2 * 8 * 16 * 4 * 32 and bmm.dims["layout"] == "nn"
+
+
+def test_convolution_is_an_implicit_gemm():
+    # 8×16×32×32 input, 32 filters 3×3, same padding: m = 8·32·32, n = 32, k = 16·9
+    fwd = features(OpCall("aten::convolution", [[8, 16, 32, 32], [32, 16, 3, 3]], [F] * 2, [], [[8, 32, 32, 32]]))
+    assert fwd.family == "conv_fwd" and fwd.size == 2 * (8 * 32 * 32) * 32 * (16 * 9)
+    # backward with only the weight gradient asked for (a first layer): one product, not two
+    shapes = [[8, 32, 32, 32], [8, 16, 32, 32], [32, 16, 3, 3]]
+    only_w = features(OpCall("aten::convolution_backward", shapes, [F] * 3, [], [[], [32, 16, 3, 3], []]))
+    both = features(OpCall("aten::convolution_backward", shapes, [F] * 3, [], [[8, 16, 32, 32], [32, 16, 3, 3], []]))
+    assert both.size == 2 * only_w.size == 2 * fwd.size
+
+
+def test_attention_lookup_and_memory_features():
+    q = [2, 4, 128, 64]
+    att = features(
+        OpCall(
+            "aten::_scaled_dot_product_flash_attention_for_cpu", [q, q, q], [F] * 3, [], [], [], (0, 0, 0, 0.0, True)
+        )
+    )
+    assert att.size == 4 * 2 * 4 * 128 * 128 * 64 and att.dims["layout"] == "causal"
+    args = [[512, 64], [10240], [512], [0], [512], [512]] + [[]] * 4
+    types = [F] + ["Tensor(long int)"] * 5 + ["Int", "Bool", "Int", "Bool"]
+    bwd = features(OpCall("aten::_embedding_bag_backward", args, types, [], [], [], (None,) * 6 + (300_000, False)))
+    assert bwd.dims == {"rows": 300_000, "dim": 64, "lookups": 10240, "table_bytes": 300_000 * 64 * 4}
+    # lists of tensors count whole; scalars and int lists do not
+    assert (
+        tensor_bytes(
+            [[[4, 4], [8]], [[], []], []], ["GenericList[Tensor(float),Tensor(float)]", "GenericList[Int,Int]", "Int"]
+        )
+        == 24 * 4
+    )
+    add = features(OpCall("aten::add", [[1024], [1024], []], [F, "Tensor(double)", "Int"], [], [[1024]], [F]))
+    assert add.family == "memory" and add.size == 1024 * (4 + 8 + 4)
+    assert features(OpCall("aten::view", [[4, 4], [[]]], [F, "GenericList[Int]"])).family == "free"
+
+
+def test_host_categories():
+    assert host_category("aten::linear", "[pytorch|profiler|execution_trace|thread]") == "python"
+    assert host_category("aten::addmm", "aten::linear") == "nested"
+    assert host_category("aten::mm", "MmBackward0") == "nested"
+    assert host_category("autograd::engine::evaluate_function: MmBackward0", "x") == "autograd"
+    assert host_category("aten::add_", "Optimizer.step#SGD.step") == "python"
+    assert host_category("Optimizer.step#SGD.step", "[pytorch|profiler|execution_trace|thread]") is None
+
+
+def test_shape_model_recovers_a_known_law():
+    rng = np.random.default_rng(0)
+    law = {
+        "alpha_s": 4e-6,
+        "rate_flops_per_s": 2e11,
+        "half_m": 40.0,
+        "half_n": 20.0,
+        "half_k": 80.0,
+        "gamma": 1.3,
+        "layout_factor": {"nn": 1.0, "nt": 1.2},
+    }
+    dims = [
+        {"m": int(m), "n": int(n), "k": int(k), "layout": lay}
+        for m, n, k, lay in zip(
+            *(2 ** rng.integers(4, 12, 60) for _ in range(3)), rng.choice(["nn", "nt"], 60), strict=True
+        )
+    ]
+    flops = np.array([2.0 * d["m"] * d["n"] * d["k"] for d in dims])
+    from itercast.costs.aten_ops import OpFeatures
+
+    t = np.array([shape_model_s(law, OpFeatures("gemm", fl, d)) for fl, d in zip(flops, dims, strict=True)])
+    fit = fit_shape_model(dims, flops, t)
+    assert fit["fit_mean_abs_err"] < 1e-3
+    assert fit["layout_factor"]["nt"] == pytest.approx(1.2, rel=1e-2)
+    assert fit["rate_flops_per_s"] == pytest.approx(2e11, rel=2e-2)
+
+
+def test_unique_fraction_of_uniform_draws():
+    assert unique_fraction_uniform(1, 10) == pytest.approx(0.1)  # one row: 1 distinct in 10
+    assert unique_fraction_uniform(1000, 1) == pytest.approx(1.0)
+    # 2 draws from 2 rows: expected distinct = 2·(1 − 1/4) = 1.5 of 2
+    assert unique_fraction_uniform(2, 2) == pytest.approx(0.75)
+
+
+def _row(name, shapes, types, t, strides=(), out=(), scalars=(), family="elementwise", **params):
+    call = OpCall(name, list(shapes), list(types), list(strides), list(out), [F] * len(out), tuple(scalars))
+    return Measurement(family, name, features(call).size, t, "fp32", params={**params, "call": call.__dict__})
+
+
+def test_memory_and_host_models_recover_their_laws():
+    # t = 2 µs + bytes / 10 GB/s up to 1 MiB, then 2 GB/s beyond it
+    rows = []
+    for k in range(10, 24):
+        n = 1 << k
+        nbytes = 3 * 4 * n
+        t = 2e-6 + nbytes * 1e-10 + max(nbytes - (1 << 20), 0) * 4e-10
+        rows.append(_row("aten::add", [[n], [n]], [F, F], t, out=[[n]], elements=n))
+    # host programs: 0.7 µs per Python call, 0.2 µs nested, 8 µs per autograd function
+    for counts in ({"python": 100}, {"python": 100, "nested": 200}, {"python": 13, "nested": 31, "autograd": 12}):
+        t = 0.7e-6 * counts.get("python", 0) + 0.2e-6 * counts.get("nested", 0) + 8e-6 * counts.get("autograd", 0)
+        rows.append(Measurement("host", "p", 1, t, params={"counts": counts}))
+    doc = fit_operator_models(rows)
+    fit = doc["models"]["aten::add:memory"]
+    assert fit["break_bytes"] == 1 << 20 and fit["s_per_byte_beyond_break"] == pytest.approx(4e-10, rel=1e-6)
+    assert doc["host_s"] == pytest.approx({"python": 0.7e-6, "nested": 0.2e-6, "autograd": 8e-6}, rel=1e-6)
+    model = OperatorCostModel(doc)
+    # an in-place op without its own model falls back to aten::add_, absent here: a clear error
+    with pytest.raises(ValueError, match=r"aten::mul_: no model for it nor for aten::add_"):
+        model.measured_s(OpCall("aten::mul_", [[8], [8]], [F, F]))
+    sub = OpCall("aten::sub", [[1 << 20], [1 << 20]], [F, F], [], [[1 << 20]], [F])  # priced as aten::add
+    # 12 MiB moved (3 tensors of 4 MiB): 11 MiB of them beyond the 1 MiB break
+    assert model.measured_s(sub) == pytest.approx(2e-6 + 12 * 2**20 * 1e-10 + 11 * 2**20 * 4e-10)
+
+
+def _et(tmp_path, nodes):
+    path = tmp_path / "et.json"
+    root = [{"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 1}]
+    root.append({"id": 2, "name": "[pytorch|profiler|execution_trace|thread]", "ctrl_deps": 1})
+    out = []
+    for nid, parent, name, shapes, types, strides, out_shapes in nodes:
+        out.append(
+            {
+                "id": nid,
+                "name": name,
+                "ctrl_deps": parent,
+                "inputs": {"values": [], "shapes": shapes, "types": types, "strides": strides},
+                "outputs": {"values": [], "shapes": out_shapes, "types": [F] * len(out_shapes), "strides": []},
+            }
+        )
+    path.write_text(json.dumps({"schema": "1.1.1-chakra.0.0.4", "nodes": root + out}))
+    return read_execution_trace(path)
+
+
+def test_iteration_is_host_plus_kernels_by_hand(tmp_path):
+    """linear → addmm (→ copy_ of the bias, as_strided) and a relu → clamp_min, then an autograd function."""
+    x, w, b = [32, 64], [64, 256], [256]
+    et = _et(
+        tmp_path,
+        [
+            (3, 2, "aten::linear", [x, [256, 64], b], [F] * 3, [], [[32, 256]]),
+            (4, 3, "aten::t", [[256, 64]], [F], [], [w]),
+            (5, 3, "aten::addmm", [b, x, w], [F] * 3, [[1], [64, 1], [1, 64]], [[32, 256]]),
+            (6, 5, "aten::copy_", [[32, 256], [32, 256]], [F, F], [], [[32, 256]]),
+            (7, 2, "aten::relu", [[32, 256]], [F], [], [[32, 256]]),
+            (8, 7, "aten::clamp_min", [[32, 256], []], [F, "Int"], [], [[32, 256]]),
+            (9, 2, "autograd::engine::evaluate_function: ReluBackward0", [], [], [], []),
+        ],
+    )
+    gemm = {
+        "alpha_s": 5e-6,
+        "rate_flops_per_s": 1e11,
+        "half_m": 1.0,
+        "half_n": 1.0,
+        "half_k": 1.0,
+        "gamma": 1.0,
+        "layout_factor": {"nn": 1.0, "nt": 2.0},
+    }
+    mem = {"alpha_s": 1e-6, "s_per_byte": 1e-10, "s_per_byte_beyond_break": 0.0, "break_bytes": 1 << 30}
+    host = {"python": 1e-6, "nested": 0.25e-6, "autograd": 10e-6}
+    models = {"aten::mm:gemm": gemm, "aten::add:memory": mem, "aten::add_:memory": mem}
+    model = OperatorCostModel({"models": models, "host_s": host})
+    pred = predict_iteration(et, model)
+    assert pred.calls_by_category == {"python": 2, "nested": 4, "autograd": 1}
+    assert host_counts(et) == {"python": 2, "nested": 4, "autograd": 1}
+    assert pred.host_s == pytest.approx(2e-6 + 4 * 0.25e-6 + 10e-6)
+    # addmm: its model less the host its microbenchmark carried (one Python call + 1 nested child)
+    flops = 2 * 32 * 256 * 64
+    slow = (1 + 1 / 32) * (1 + 1 / 256) * (1 + 1 / 64)
+    addmm = 5e-6 + flops / 1e11 * slow * 2.0 - (1e-6 + 0.25e-6)
+    # leaf: its bytes (self, src and the output: every tensor argument counts, as in the
+    # microbenchmark rows), less one Python call
+    copy = 1e-6 + 3 * 32 * 256 * 4 * 1e-10 - 1e-6
+    clamp = 1e-6 + 2 * 32 * 256 * 4 * 1e-10 - 1e-6
+    assert pred.kernel_s_by_family == pytest.approx({"gemm": addmm, "memory": copy + clamp})
+    assert pred.total_s == pytest.approx(pred.host_s + addmm + copy + clamp)
+
+
+def test_real_iteration_trace_counts_every_call(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    observer = torch.profiler.ExecutionTraceObserver()
+    observer.register_callback(str(tmp_path / "et.json"))
+    observer.start()
+    model(x).sum().backward()
+    opt.step()
+    observer.stop()
+    observer.unregister_callback()
+    et = read_execution_trace(tmp_path / "et.json")
+    gemm = {"alpha_s": 1e-6, "rate_flops_per_s": 1e10, "half_m": 1.0, "half_n": 1.0, "half_k": 1.0, "gamma": 1.0}
+    mem = {"alpha_s": 0.0, "s_per_byte": 1e-10, "s_per_byte_beyond_break": 0.0, "break_bytes": 1 << 30}
+    doc = {"models": {"aten::mm:gemm": gemm | {"layout_factor": {}}, "aten::add:memory": mem, "aten::add_:memory": mem}}
+    pred = predict_iteration(et, OperatorCostModel(doc | {"host_s": {"python": 0, "nested": 0, "autograd": 0}}))
+    assert dict(pred.calls_by_category) == host_counts(et)
+    # two forward addmm and, backward, mm for two weight gradients and one input gradient
+    gemms = [n for n in et.nodes if n.name in ("aten::addmm", "aten::mm")]
+    expected = sum(shape_model_s(doc["models"]["aten::mm:gemm"], features(n)) for n in gemms)
+    assert len(gemms) == 5 and pred.kernel_s_by_family["gemm"] == pytest.approx(expected)
+    assert math.isfinite(pred.total_s)

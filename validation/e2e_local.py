@@ -1,0 +1,241 @@
+"""Measured training iterations on this CPU versus predictions from calibrated operator models.
+
+For a small GPT, a DLRM-like model (eight embedding-bag tables, bottom and top MLPs, dot
+interaction) and a small CNN, at two batch sizes each:
+1. measure: the median of --iterations timed iterations (forward, backward, optimizer step) after
+   warm-up, with nothing else running; written to data/measured/e2e_cpu.csv with the command;
+2. predict: capture one iteration's execution trace (operators, shapes, parents; no times) and price
+   it with the operator models fitted on the profiling database (costs/op_model.py, through
+   traces/iteration_model.py). The measured iteration times are never used by the prediction, and
+   the database holds only the microbenchmark grid (`itercast profile run`), not these shapes.
+
+    python validation/e2e_local.py                       # predict; measures first if the CSV is missing
+    python validation/e2e_local.py --measure             # re-measure the iterations
+    python validation/e2e_local.py --db data/measured/cpu_profile.db
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from itercast.costs.op_model import OperatorCostModel, fit_operator_models
+from itercast.profile.db import ProfileDB
+from itercast.traces.execution_trace import read_execution_trace
+from itercast.traces.iteration_model import predict_iteration
+
+ROOT = Path(__file__).resolve().parents[1]
+CSV = ROOT / "data" / "measured" / "e2e_cpu.csv"
+COMMAND = "python validation/e2e_local.py --measure"
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: fused attention, GELU MLP."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (
+            z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, -1)
+        )
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(a)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 4096, d: int = 256, layers: int = 4, heads: int = 4, seq: int = 128) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        return self.head(self.ln(self.blocks(x)))
+
+
+def mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(sizes):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class DLRM(nn.Module):
+    """DLRM-like (Naumov et al. 2019): bottom MLP on dense features, embedding bags, pairwise dot
+    interaction, top MLP."""
+
+    def __init__(self, tables: list[int], dim: int = 64, dense: int = 13) -> None:
+        super().__init__()
+        self.bags = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for rows in tables)
+        self.bottom = mlp([dense, 512, 256, dim])
+        n = len(tables) + 1
+        self.pairs = torch.triu_indices(n, n, 1)
+        self.top = mlp([dim + n * (n - 1) // 2, 512, 256, 1])
+
+    def forward(self, dense: torch.Tensor, idx: list[torch.Tensor], offsets: torch.Tensor) -> torch.Tensor:
+        feats = torch.stack([self.bottom(dense)] + [bag(i, offsets) for bag, i in zip(self.bags, idx, strict=True)], 1)
+        dots = torch.bmm(feats, feats.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
+        return self.top(torch.cat([feats[:, 0], dots], 1)).squeeze(1)
+
+
+class CNN(nn.Module):
+    """Small ResNet-style network on 32×32 images: conv-BN-ReLU stages with stride-2 downsampling."""
+
+    def __init__(self, width: int = 32, classes: int = 10) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = 3
+        for c_out, stride in ((width, 1), (width, 1), (2 * width, 2), (2 * width, 1), (4 * width, 2), (4 * width, 1)):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+            c_in = c_out
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(c_in, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
+
+
+def workload(name: str, batch: int) -> Callable[[], None]:
+    """One training iteration of `name` at `batch` (seeded: same model and data every time)."""
+    torch.manual_seed(0)
+    if name == "gpt":
+        model: nn.Module = GPT()
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x, y = torch.randint(0, 4096, (batch, 128)), torch.randint(0, 4096, (batch, 128))
+
+        def loss() -> torch.Tensor:
+            return F.cross_entropy(model(x).view(-1, 4096), y.view(-1))
+    elif name == "dlrm":
+        tables = [100_000, 200_000, 500_000, 1_000_000, 50_000, 20_000, 10_000, 300_000]
+        model = DLRM(tables)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        pooling = 20
+        dense = torch.randn(batch, 13)
+        idx = [torch.randint(0, rows, (batch * pooling,)) for rows in tables]  # uniform: the model's default reuse
+        offsets = torch.arange(0, batch * pooling, pooling)
+        label = torch.randint(0, 2, (batch,)).float()
+
+        def loss() -> torch.Tensor:
+            return F.binary_cross_entropy_with_logits(model(dense, idx, offsets), label)
+    else:
+        model = CNN()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        img, label_c = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+        def loss() -> torch.Tensor:
+            return F.cross_entropy(model(img), label_c)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss().backward()
+        opt.step()
+
+    return step
+
+
+CASES = [("gpt", 4), ("gpt", 8), ("dlrm", 512), ("dlrm", 2048), ("cnn", 16), ("cnn", 64)]
+
+
+def measure(iterations: int) -> list[dict[str, object]]:
+    rows = []
+    for name, batch in CASES:
+        step = workload(name, batch)
+        for _ in range(5):
+            step()
+        times = []
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        q = statistics.quantiles(times, n=10)
+        rows.append(
+            {
+                "workload": name,
+                "batch": batch,
+                "iterations": iterations,
+                "median_s": statistics.median(times),
+                "p10_s": q[0],
+                "p90_s": q[-1],
+                "threads": torch.get_num_threads(),
+                "command": COMMAND,
+            }
+        )
+        print(f"measured {name} batch {batch}: {rows[-1]['median_s'] * 1e3:.2f} ms", file=sys.stderr)
+    return rows
+
+
+def trace(name: str, batch: int, path: Path) -> None:
+    """Execution trace of one iteration (after two warm-up iterations)."""
+    step = workload(name, batch)
+    step()
+    step()
+    observer = torch.profiler.ExecutionTraceObserver()
+    observer.register_callback(str(path))
+    observer.start()
+    step()
+    observer.stop()
+    observer.unregister_callback()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", default=str(ROOT / "data" / "measured" / "cpu_profile.db"))
+    ap.add_argument("--measure", action="store_true", help="re-measure the iterations into the CSV")
+    ap.add_argument("--iterations", type=int, default=30)
+    args = ap.parse_args()
+    if args.measure or not CSV.exists():
+        rows = measure(args.iterations)
+        with CSV.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    measured = {(r["workload"], int(r["batch"])): float(r["median_s"]) for r in csv.DictReader(CSV.open())}
+    db = ProfileDB(args.db)
+    device_id = db.devices()[-1][0]
+    model = OperatorCostModel(fit_operator_models(list(db.measurements(device_id=device_id))))
+    print(f"operator models fitted on {args.db} (device {device_id}); iterations from {CSV.relative_to(ROOT)}")
+    print(f"{'workload':9s} {'batch':>5s} {'measured ms':>12s} {'predicted ms':>13s} {'error':>7s}   breakdown")
+    errors = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, batch in CASES:
+            path = Path(tmp) / f"{name}_{batch}.json"
+            trace(name, batch, path)
+            pred = predict_iteration(read_execution_trace(path), model)
+            meas = measured[(name, batch)]
+            err = pred.total_s / meas - 1
+            errors.append(abs(err))
+            parts = {"host": pred.host_s, **pred.kernel_s_by_family}
+            split = ", ".join(
+                f"{k} {v / pred.total_s:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:5]
+            )
+            print(f"{name:9s} {batch:5d} {meas * 1e3:12.2f} {pred.total_s * 1e3:13.2f} {err:+7.1%}   {split}")
+    geo = math.exp(sum(math.log(e) for e in errors) / len(errors))
+    print(f"geomean |error| {geo:.1%} over {len(errors)} cases (mean {statistics.mean(errors):.1%})")
+
+
+if __name__ == "__main__":
+    main()
