@@ -49,12 +49,19 @@ def variability_cmd(
     ] = None,
     slow_factor: Annotated[float, typer.Option(min=1.0, help="How much slower each slow GPU is.")] = 1.5,
     plot: Annotated[Path | None, typer.Option(help="Write the step-time CDF as PNG (needs matplotlib).")] = None,
+    trace: Annotated[
+        list[Path] | None,
+        typer.Option(help="Kineto trace (file or directory; repeat for ranks): fit the spread on its repeated steps."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Step-time distribution (Monte Carlo), what drives its spread, slow-GPU placement, time to train."""
     from itercast.stochastic import variability as var
     from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
 
+    if trace:
+        _trace_variability(trace, samples, seed, within_s, as_json)
+        return
     job_file = resolve_job_file(job_file, example, model, system)
     try:
         job = Job.load(job_file, set_ or [], model=model, system=system)
@@ -145,4 +152,60 @@ def variability_cmd(
         table.add_column(col, justify="right" if col != "source" else "left")
     for r in attribution:
         table.add_row(r["source"], f"{r['p95_change']:+.2%}", f"{r['spread_change']:+.1%}")
+    console.print(table)
+
+
+def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: float | None, as_json: bool) -> None:
+    """Variability fitted on the traces' repeated steps (stochastic/trace_variability.py)."""
+    import numpy as np
+
+    from itercast.stochastic.trace_variability import (
+        fit_trace_variability,
+        trace_attribution,
+        trace_step_distribution,
+    )
+    from itercast.traces.kineto import TraceError, read_traces
+    from itercast.traces.replay_graph import build_replay_graph
+
+    try:
+        rg = build_replay_graph(read_traces(list(paths)))
+    except TraceError as exc:
+        fail(str(exc))
+    if len({(m.rank, m.step) for m in rg.steps}) < 2:
+        fail(f"{', '.join(map(str, paths))}: fewer than 2 profiled steps; variability needs repeated steps")
+    model = fit_trace_variability(rg)
+    sampled = trace_step_distribution(rg, model, samples, seed).pooled()
+    measured = np.array([m.measured_s for m in rg.steps])
+    qs = np.percentile(sampled, [50, 90, 95, 99])
+    out: dict = {
+        **{f"p{p}_s": float(q) for p, q in zip((50, 90, 95, 99), qs, strict=True)},
+        "mean_s": float(sampled.mean()),
+        "measured_steps_s": measured.tolist(),
+        "samples": samples,
+        "seed": seed,
+        "classes": model.summary(),
+        "attribution_p95_change_with_half_spread": trace_attribution(rg, model, min(samples, 2_000), seed),
+        "notes": model.notes,
+    }
+    if within_s is not None:
+        out["p_within"] = {"t_s": within_s, "probability": float(np.mean(sampled <= within_s))}
+    if as_json:
+        typer.echo(json.dumps(out, indent=1))
+        return
+    head = Table(show_header=False, box=None)
+    head.add_row("steps in the traces", f"{measured.size} (measured median {np.median(measured) * 1e3:.2f} ms)")
+    head.add_row(
+        "step quantiles", "  ".join(f"{k[:3]} {out[k] * 1e3:.2f} ms" for k in ("p50_s", "p90_s", "p95_s", "p99_s"))
+    )
+    if "p_within" in out:
+        head.add_row(f"P(step ≤ {within_s} s)", f"{out['p_within']['probability']:.1%}")
+    console.print(head)
+    table = Table(title="per class: spread fitted on the repeated steps, and p95 with half of it")
+    for col in ("class", "tasks", "residual CV", "step-factor CV", "p95 change"):
+        table.add_column(col, justify="right" if col != "class" else "left")
+    for c, row in out["classes"].items():
+        change = out["attribution_p95_change_with_half_spread"].get(c, 0.0)
+        table.add_row(
+            c, str(row["tasks"]), f"{row['residual_cv']:.1%}", f"{row['step_factor_cv']:.1%}", f"{change:+.2%}"
+        )
     console.print(table)

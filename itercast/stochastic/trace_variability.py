@@ -1,7 +1,7 @@
 """Variability fitted on traces with repeated iterations, and step-time distributions from them.
 
 Fitting (`fit_trace_variability`): a task of the replay graph (traces/replay_graph.py) recurs once
-per step: its key is (rank, task name, k-th occurrence of that name within the step). Over the
+per step: its key is (rank, task name, k-th non-empty occurrence of that name within the step). Over the
 steps where a key recurs, its duration divided by the key's median is a ratio r. Ratios are
 pooled per class: the kernel classes of traces/whatif.py (gemm, nccl, elementwise, ...) for GPU
 ops, "host" for host calls and gaps. Each step's ratios are split into
@@ -10,11 +10,16 @@ ops, "host" for host calls and gaps. Each step's ratios are split into
 - residuals r / step factor (each task's own noise).
 Both stay empirical pools (no parametric form is imposed; `fit_best` can summarise them).
 
-Sampling (`trace_step_distribution`): every recurring task lasts its key's median × a step factor
-drawn per class and sample × a residual drawn per task and sample, both from the pools; tasks that
-do not recur keep their measured duration. All steps of the graph are simulated in one pass
-(sim/montecarlo.py's max-plus kernel), so rendezvous, streams and host chains shape the spread.
-Attribution: the same draws with one class's ratios pulled halfway to 1 (half its spread).
+The pools summarise the spread per class (`summary`). Sampling (`trace_step_distribution`) is a
+bootstrap by class that keeps every duration at its own scale: per sample and class, one fitted
+step is drawn, and every recurring task of that class takes the duration its key had in that step
+(its median where the key missed that step); tasks that do not recur keep their measured
+duration. What moved together within a class in one step moves together in the sample, while the
+classes combine in ways no single step showed. (Drawing pooled ratios per task instead multiplies
+a host gap of microseconds by ratios seen on gaps that absorbed waits, and explodes.) All steps
+of the graph are simulated in one pass (sim/montecarlo.py's max-plus kernel), so rendezvous,
+streams and host chains shape the spread. Attribution: the same draws with one class's durations
+pulled halfway to their medians (half its spread).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class TraceVariability:
     task_class: np.ndarray  # class index per task, −1: keeps its measured duration
     base_s: np.ndarray  # the key's median duration per task (measured where it does not recur)
     steps_used: int
+    #: duration (s) of each task's key in each fitted step, (tasks, fitted steps); the median where missing
+    by_step_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     notes: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, dict[str, float]]:
@@ -66,13 +73,14 @@ def task_classes(rg: ReplayGraph) -> list[str]:
     return out
 
 
-def _step_of_tasks(rg: ReplayGraph, start_s: np.ndarray) -> np.ndarray:
-    """Index of the step mark each task starts in (by the replayed start times, per rank), −1 outside."""
+def _step_of_tasks(rg: ReplayGraph, start_s: np.ndarray, end_s: np.ndarray) -> np.ndarray:
+    """Index of the step mark each task starts in (by the replayed times, per rank), −1 outside."""
     g = rg.graph
     rank = g.resource_rank[g.resource]
     out = np.full(g.num_tasks, -1)
     for i, m in enumerate(rg.steps):
-        lo, hi = float(start_s[m.start_task]), float(start_s[m.end_task])
+        lo = float(end_s[m.start_task] if m.start_is_task_end else start_s[m.start_task])
+        hi = float(end_s[m.end_task] if m.end_is_task_end else start_s[m.end_task])
         out[(rank == m.rank) & (start_s >= lo) & (start_s < hi)] = i
     return out
 
@@ -81,7 +89,7 @@ def fit_trace_variability(rg: ReplayGraph, fit_steps: list[int] | None = None) -
     """Pools from the steps `fit_steps` (indices into rg.steps; all when None)."""
     g = rg.graph
     sim = simulate(g)
-    step = _step_of_tasks(rg, sim.start_s)
+    step = _step_of_tasks(rg, sim.start_s, sim.end_s)
     chosen = set(range(len(rg.steps)) if fit_steps is None else fit_steps)
     cls_names = task_classes(rg)
     classes = sorted(set(cls_names))
@@ -91,12 +99,15 @@ def fit_trace_variability(rg: ReplayGraph, fit_steps: list[int] | None = None) -
     rank = g.resource_rank[g.resource]
     for t in np.argsort(sim.start_s, kind="stable").tolist():
         s = int(step[t])
-        if s < 0:
+        if s < 0 or g.duration_s[t] <= 0:  # empty pieces (a gap cut at a step mark) need no key
             continue
         occurrence = seen[(s, int(g.name[t]))]
         seen[(s, int(g.name[t]))] += 1
         key_tasks[(int(rank[t]), int(g.name[t]), occurrence)].append(t)
     base = g.duration_s.copy()
+    fit_order = sorted(chosen)
+    column = {st: j for j, st in enumerate(fit_order)}
+    by_step = np.repeat(g.duration_s[:, None], len(fit_order), axis=1)
     task_class = np.full(g.num_tasks, -1)
     ratios: dict[tuple[int, str], list[float]] = defaultdict(list)
     ratio_of: dict[int, float] = {}
@@ -108,6 +119,10 @@ def fit_trace_variability(rg: ReplayGraph, fit_steps: list[int] | None = None) -
         if median <= 0:
             continue
         base[tasks] = median
+        row = np.full(len(fit_order), median)
+        for t in fit:
+            row[column[int(step[t])]] = g.duration_s[t]
+        by_step[tasks] = row
         for t in tasks:
             task_class[t] = cls_index[cls_names[t]]
         for t in fit:
@@ -126,6 +141,7 @@ def fit_trace_variability(rg: ReplayGraph, fit_steps: list[int] | None = None) -
         task_class,
         base,
         len(chosen),
+        by_step,
         {"recurring tasks": int(np.sum(task_class >= 0)), "tasks kept as measured": int(np.sum(task_class < 0))},
     )
 
@@ -156,24 +172,17 @@ def trace_step_distribution(
     g = rg.graph
     compiled = compile_graph(g)
     rng = np.random.default_rng(seed)
-    varying = np.flatnonzero(model.task_class >= 0)
-    cls_of = model.task_class[varying]
     out = np.empty((len(rg.steps), samples))
     for lo in range(0, samples, block):
         n = min(block, samples - lo)
-        mult = np.ones((g.num_tasks, n))
+        dur = np.repeat(g.duration_s[:, None], n, axis=1)
         for i, c in enumerate(model.classes):
-            rows = varying[cls_of == i]
-            if not rows.size:
-                continue
-            k = (shrink or {}).get(c, 1.0)
-            fac = rng.choice(model.step_factors[c], size=n)
-            res = rng.choice(model.residuals[c], size=(rows.size, n))
-            mult[rows] = (1 + k * (fac[None, :] - 1)) * (1 + k * (res - 1))
-        dur = (
-            g.duration_s[:, None] * (model.task_class < 0)[:, None]
-            + model.base_s[:, None] * mult * (model.task_class >= 0)[:, None]
-        )
+            pick = rng.integers(0, model.by_step_s.shape[1], size=n)  # one fitted step per sample
+            rows = np.flatnonzero(model.task_class == i)
+            if rows.size:
+                k = (shrink or {}).get(c, 1.0)
+                median = model.base_s[rows][:, None]
+                dur[rows] = median + k * (model.by_step_s[rows][:, pick] - median)
         end = run_max_plus_samples(compiled.arrays, dur)
         start = end - dur
         for i, m in enumerate(rg.steps):
