@@ -36,7 +36,7 @@ from typing import Any
 
 from rich.progress import Progress
 
-from itercast.costs.aten_ops import OpCall
+from itercast.costs.aten_ops import OpCall, features
 from itercast.profile.db import Measurement, ProfileDB, ProfileError
 
 #: written before every timed run so that caches start cold (twice the 32 MiB L3 of the machine here;
@@ -462,6 +462,4 @@ def run(
 
 def _size(call: OpCall | None, measured: dict[str, Any]) -> float:
     """The row's size: FLOPs or bytes of its operator; for host programs, the number of host nodes."""
-    from itercast.costs.aten_ops import features
-
     return features(call).size if call else float(sum(measured["counts"].values()))

@@ -152,9 +152,9 @@ class TraceStepSamples:
 
     step_s: np.ndarray
 
-    def pooled(self, steps: list[int] | None = None) -> np.ndarray:
-        rows = self.step_s if steps is None else self.step_s[steps]
-        return rows.ravel()
+    def pooled(self) -> np.ndarray:
+        """Every step's samples together."""
+        return self.step_s.ravel()
 
 
 def trace_step_distribution(
@@ -177,7 +177,8 @@ def trace_step_distribution(
         n = min(block, samples - lo)
         dur = np.repeat(g.duration_s[:, None], n, axis=1)
         for i, c in enumerate(model.classes):
-            pick = rng.integers(0, model.by_step_s.shape[1], size=n)  # one fitted step per sample
+            # one fitted step per sample, drawn for every class so that runs with a class shrunk share draws
+            pick = rng.integers(0, model.by_step_s.shape[1], size=n)
             rows = np.flatnonzero(model.task_class == i)
             if rows.size:
                 k = (shrink or {}).get(c, 1.0)
