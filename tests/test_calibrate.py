@@ -10,9 +10,10 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.config.job import Job, load_system
-from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
 from itercast.costs.calibrate import CalibrationError, calibrate, load_calibration, report, write_calibration
-from itercast.costs.fitting import eff
+from itercast.costs.fitting import collective_time_s, eff
+from itercast.hardware.topology import GroupPlacement
 from itercast.predict import predict
 from itercast.profile.db import Measurement, ProfileDB
 
@@ -92,3 +93,27 @@ def test_cli_calibrate_then_predict_with_it(synthetic_db):
     job = Job.load(model="gpt3-1.3b", system=SYSTEM, overrides=["model.num_layers=2"])
     assert calibrated == pytest.approx(predict(job, load_calibration(tmp / "cal.json")).step_time_s)
     assert calibrated != pytest.approx(base, rel=0.01)
+
+
+def test_inter_node_collectives_recover_a_layout_aware_law_through_the_cost_model(tmp_path):
+    """All-gathers over 2–8 ranks on 2–4 nodes that follow collective_time_s exactly (latency in
+    log2 nodes and log2 ranks, ramp on one ring step): calibrate recovers the law, and the cost
+    model prices a 16-rank group it never saw as the law does."""
+    law = {"alpha0_s": 30e-6, "alpha_per_log2_nodes_s": 60e-6, "alpha_per_log2_ranks_s": 20e-6}
+    law.update({"e_max": 0.8, "log_half": 11.0, "gamma": 0.9, "ramp_of": "step"})
+    system = load_system("v100-p3.16xlarge")
+    nic = system.nic_bandwidth_per_gpu_bytes_per_s()
+    db = ProfileDB(tmp_path / "p.db")
+    rows = []
+    for ranks, nodes in ((2, 2), (4, 2), (4, 4), (8, 2), (8, 4)):
+        for size in np.logspace(3, 9, 13):
+            bus = BUS_FACTOR["all_gather"](ranks) * size
+            t = collective_time_s(law, bus, nodes, ranks, ranks / nodes * nic)
+            rows.append(Measurement("collective", "all_gather", float(size), float(t), "f16", ranks, nodes))
+    db.add(db.device("synthetic", {}), rows)
+    doc = calibrate(db, 1, system)
+    fit = doc["collectives"]["inter_node"]["all_gather"]
+    assert fit["ramp_of"] == "step" and fit["fit_mean_abs_err"] < 1e-3
+    model = AnalyticCostModel(system, "fp16", load_calibration(write_calibration(doc, tmp_path / "cal.json")))
+    want = collective_time_s(law, BUS_FACTOR["all_gather"](16) * 2**24, 2, 16, 8 * nic)
+    assert model.collective_s("all_gather", 2**24, GroupPlacement(16, 2, 8)) == pytest.approx(float(want), rel=1e-3)

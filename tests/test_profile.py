@@ -131,3 +131,23 @@ def test_cli_import_and_bad_kind(tmp_path):
     assert res.exit_code == 0 and "imported: 2" in res.output
     res = runner.invoke(app, ["profile", "import", "nccl", str(csv), "--db", str(tmp_path / "p.db")])
     assert res.exit_code == 2 and "expected one of alpa" in res.output
+
+
+def test_alpa_import_drops_empty_shards_and_make_monotonic_points(tmp_path):
+    """An all-gather over 16 ranks: 8 elements leave every rank nothing; 32 elements at exactly
+    twice the time of 16 is make_monotonic's clamp (same bandwidth to 1e-6); 64 is measured."""
+    head = ALPA.splitlines()[0]
+    group = '"[[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]]"'
+    lines = [
+        f"default,2,8,all_gather,1,16,{group},f16,{x},num_elements,{2 * x},{t},1"
+        for x, t in ((8, 1.7e-05), (16, 5.0e-04), (32, 1.0e-03), (64, 1.1e-03))
+    ]
+    csv = tmp_path / "alpa.csv"
+    csv.write_text("\n".join([head, *lines]) + "\n")
+    db = ProfileDB(tmp_path / "p.db")
+    assert import_alpa(db, csv) == {
+        "imported": 2,
+        "skipped (empty message or per-rank shard)": 1,
+        "skipped (synthetic: make_monotonic clamp)": 1,
+    }
+    assert [m.size for m in db.measurements(family="collective")] == [32.0, 128.0]

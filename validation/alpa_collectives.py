@@ -2,21 +2,21 @@
 
     python validation/alpa_collectives.py            # reads $ITERCAST_DATA or ../shared/data
 
-Per collective, three models on the same held-out rows (groups of 16 and 32 GPUs over 2 and 4
-p3.16xlarge hosts), as geomean and median |predicted/measured − 1|, overall and for messages below
-1 MiB:
+The importer drops the rows Alpa did not measure: empty messages or per-rank shards, and the points
+its make_monotonic() wrote (the data's SOURCES.txt caveat; see import_alpa). Per collective, on the
+same held-out rows (groups of 16 and 32 GPUs over 2 and 4 p3.16xlarge hosts), as geomean and median
+|predicted/measured − 1|, overall and for messages below 1 MiB:
 - analytic: the uncalibrated model of the v100-p3.16xlarge preset (curves fitted on H100/Polaris);
-- calibrated: the same inter-node curve form refitted on this database's groups of ≤ 8 GPUs that span
-  hosts (itercast.costs.fitting);
+- calibrated: the inter-node curve refitted on this database's groups of ≤ 8 GPUs that span hosts
+  (itercast.costs.fitting.fit_collective with ranks: latency in log2 nodes and log2 ranks, the
+  bandwidth ramp on the bytes of one ring step);
 - straight line: t = a + b · bus_bytes / B on the same training rows, the form pipeDejavu used
   (R² = 1.00 on its training curves, yet 24% median error on small messages).
 B is the per-rank bandwidth of the group's placement: NVLink within a host; across hosts the host's
 one 25 Gb/s NIC shared by its 8 GPUs, all of which Alpa ran at once (its n_groups concurrent groups).
-First result (2026-11-22): held-out geomean |error| 22–25% (all-reduce, all-gather, reduce-scatter)
-and 46% (all-to-all) for the calibrated curve, against 44–100% for the analytic model and several
-hundred percent for the straight line. The calibrated curve still misses its own training rows by
-18–70%: one bandwidth per placement does not capture 2- vs 4-host groups with concurrent groups on
-one shared NIC, nor the hybrid cube-mesh inside a host. A layout-aware fit is the next step (issue #4).
+Printed first, the choice of the ramp's argument made on the training rows only: leave-one-layout-out
+geomean |error| over the ≤ 8-GPU layouts for the ramp on bus bytes, on NIC bytes (bus × groups
+sharing a NIC) and on one ring step's bytes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.config.job import load_system
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
-from itercast.costs.fitting import eff, fit_collective, geomean_abs_err
+from itercast.costs.fitting import collective_time_s, fit_collective, geomean_abs_err
 from itercast.data_paths import shared_data_dir
 from itercast.hardware.topology import GroupPlacement
 from itercast.profile.db import ProfileDB
@@ -43,6 +43,16 @@ def errors(pred: np.ndarray, meas: np.ndarray) -> tuple[float, float]:
     return geomean_abs_err(pred, meas), float(np.median(np.abs(pred / meas - 1)))
 
 
+def leave_one_layout_out(bus, t, nodes, ranks, bw, layout, ramp_of: str) -> float:
+    """Geomean |error| of each layout's rows predicted by the fit on the other layouts."""
+    pred = np.empty_like(t)
+    for lay in np.unique(layout):
+        out = layout == lay
+        fit = fit_collective(bus[~out], t[~out], nodes[~out], bw[~out], {"ramp_of": ramp_of}, ranks[~out], starts=8)
+        pred[out] = collective_time_s(fit, bus[out], nodes[out], ranks[out], bw[out])
+    return geomean_abs_err(pred, t)
+
+
 def main() -> None:
     data = shared_data_dir()
     if data is None:
@@ -51,6 +61,7 @@ def main() -> None:
     system = load_system("v100-p3.16xlarge")
     analytic = AnalyticCostModel(system, "fp16")
     intra, nic_per_gpu = system.node.intra_node_bandwidth_bytes_per_s, system.nic_bandwidth_per_gpu_bytes_per_s()
+    per_host = system.node.gpus_per_node
     with tempfile.TemporaryDirectory() as tmp:
         db = ProfileDB(Path(tmp) / "alpa.db")
         counts = import_alpa(db, data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv")
@@ -59,8 +70,8 @@ def main() -> None:
     print(f"{'collective':15} {'model':14} {'held-out geomean':>17} {'median':>8} {'<1 MiB geomean':>15} {'median':>8}")
     for op in ("all_reduce", "all_gather", "reduce_scatter", "alltoall"):
         sel = [r for r in rows if r.op == op and r.group_size > 1]
-        n = np.array([r.group_size for r in sel])
-        nodes = np.array([r.nodes for r in sel])
+        n = np.array([r.group_size for r in sel], dtype=float)
+        nodes = np.array([r.nodes for r in sel], dtype=float)
         size = np.array([r.size for r in sel])
         t = np.array([r.time_s for r in sel])
         bus = np.array([BUS_FACTOR[op](k) for k in n]) * size
@@ -68,12 +79,26 @@ def main() -> None:
         # the held-out groups all span hosts: fit the inter-node curve on the training groups that do
         # (the analytic model also keeps intra- and inter-node curves apart)
         train, test = (n <= 8) & (nodes > 1), n >= 16
-        fit = fit_collective(bus[train], t[train], nodes[train], bw[train])
-        calibrated = (
-            fit["alpha0_s"]
-            + fit["alpha_per_log2_nodes_s"] * np.log2(nodes)
-            + bus / (bw * eff(bus, fit["e_max"], fit["log_half"], fit["gamma"]))
+        layout = n * 100 + nodes
+        cv = {
+            ramp: leave_one_layout_out(bus[train], t[train], nodes[train], n[train], bw[train], layout[train], ramp)
+            for ramp in ("bus", "step")
+        }
+        # NIC bytes: bus × the groups sharing a host's NIC (per_host / ranks per host) = bus × NIC / bw;
+        # as the ramp's argument that is the bus ramp with bw folded in, fitted on scaled bytes
+        nic_scale = per_host * nic_per_gpu / bw
+        cv["nic"] = leave_one_layout_out(
+            bus[train] * nic_scale[train],
+            t[train],
+            nodes[train],
+            n[train],
+            bw[train] * nic_scale[train],
+            layout[train],
+            "bus",
         )
+        print(f"{op:15} ramp chosen on training layouts: " + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()))
+        fit = fit_collective(bus[train], t[train], nodes[train], bw[train], ranks=n[train], starts=8)
+        calibrated = collective_time_s(fit, bus, nodes, n, bw)
         a, b = np.polynomial.polynomial.polyfit((bus / bw)[train], t[train], 1)
         line = a + b * bus / bw
         plain = np.array(

@@ -9,13 +9,13 @@ measurement here: it is a guess, labelled as such below.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from itercast.config.system import SystemConfig
 from itercast.costs.curves import Curve, curve, curves
+from itercast.costs.fitting import collective_time_s
 from itercast.hardware.topology import GroupPlacement
 
 #: Bus-bandwidth factors per rank (nccl-tests PERFORMANCE.md): bytes each rank moves per byte of
@@ -89,14 +89,12 @@ class AnalyticCostModel:
         node = self.system.node
         if group.intra_node:
             fit, bw = self.intra[kind], node.intra_node_bandwidth_bytes_per_s
-            alpha = fit["alpha0_s"]
         else:
             fit = _regime(self.inter.get(kind, self.inter["all_reduce"]), bus)
             bw = min(
                 node.intra_node_bandwidth_bytes_per_s, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s()
             )
-            alpha = fit["alpha0_s"] + fit["alpha_per_log2_nodes_s"] * math.log2(group.nodes)
-        return float(alpha + bus / (bw * curve(fit)(bus)))
+        return float(collective_time_s(fit, bus, group.nodes, n, bw))
 
     def p2p_s(self, nbytes: float, cross_node: bool) -> float:
         """Point-to-point send of `nbytes` (pipeline activations): vidur's H100 send_recv fits, in one

@@ -23,7 +23,14 @@ import numpy as np
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
 from itercast.costs.curves import curve, curves
-from itercast.costs.fitting import eff, fit_collective, fit_latency_curve, fit_lookup_linear, geomean_abs_err
+from itercast.costs.fitting import (
+    collective_time_s,
+    eff,
+    fit_collective,
+    fit_latency_curve,
+    fit_lookup_linear,
+    geomean_abs_err,
+)
 from itercast.costs.op_model import fit_operator_models
 from itercast.hardware.topology import GroupPlacement
 from itercast.profile.db import Measurement, ProfileDB
@@ -90,8 +97,8 @@ def _x(section: str, key: str, rows: list[Measurement]) -> np.ndarray:
 
 
 def _aux(section: str, rows: list[Measurement], system: SystemConfig) -> np.ndarray:
-    """The second feature of a row: nodes (collectives), or for lookups the bytes of distinct rows of
-    tables larger than the cache (system.gpu.l2_bytes), which must come from memory."""
+    """The other features of a row: (nodes, ranks) for collectives, or for lookups the bytes of
+    distinct rows of tables larger than the cache (system.gpu.l2_bytes), which must come from memory."""
     if section == "embedding":
         return np.array(
             [
@@ -101,7 +108,7 @@ def _aux(section: str, rows: list[Measurement], system: SystemConfig) -> np.ndar
                 for m in rows
             ]
         )
-    return np.array([m.nodes for m in rows], dtype=float)
+    return np.array([(m.nodes, m.group_size) for m in rows], dtype=float)
 
 
 def _gathered(m: Measurement) -> float:
@@ -113,18 +120,19 @@ def _gathered(m: Measurement) -> float:
 def _fit(section: str, x: np.ndarray, t: np.ndarray, rate: np.ndarray, aux: np.ndarray) -> dict[str, Any]:
     if section == "embedding":
         return fit_lookup_linear(x, aux, t)
-    if section in ("intra_node", "inter_node"):
-        return fit_collective(x, t, aux, rate)
+    if section == "intra_node":
+        return fit_collective(x, t, aux[:, 0], rate)
+    if section == "inter_node":
+        return fit_collective(x, t, aux[:, 0], rate, ranks=aux[:, 1], starts=8)
     return fit_latency_curve(x, t, rate)
 
 
 def _predict(section: str, fit: dict[str, Any], x: np.ndarray, rate: np.ndarray, aux: np.ndarray) -> np.ndarray:
     if section == "embedding":
         return fit["alpha_s"] + fit["s_per_gathered_byte"] * x + fit["s_per_missed_byte"] * aux
-    ramp = eff(x, fit["e_max"], fit["log_half"], fit["gamma"])
     if section in ("intra_node", "inter_node"):
-        return fit["alpha0_s"] + fit["alpha_per_log2_nodes_s"] * np.log2(aux) + x / (rate * ramp)
-    return fit["alpha_s"] + x / (rate * ramp)
+        return collective_time_s(fit, x, aux[:, 0], aux[:, 1], rate)
+    return fit["alpha_s"] + x / (rate * eff(x, fit["e_max"], fit["log_half"], fit["gamma"]))
 
 
 def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int = 8) -> dict[str, Any]:

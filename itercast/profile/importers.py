@@ -22,6 +22,8 @@ NCCL_OPS = {
     "all_to_all": "alltoall",
     "sendrecv": "sendrecv",
 }
+#: collectives whose Alpa size x is split across the ranks (x < ranks leaves every rank nothing)
+SHARDED_OPS = ("all_gather", "reduce_scatter", "all_to_all")
 MAX_FILE_BYTES = 512 << 20
 
 
@@ -126,11 +128,21 @@ def import_nccl_log(db: ProfileDB, path: Path, collective: str, nodes: int, devi
 
 def import_alpa(db: ProfileDB, path: Path) -> Counter:
     """Alpa's profiling database (CSV form): collectives over every group layout and square dots.
-    Rows whose time is not finite (Alpa could not profile them) are skipped and counted."""
+
+    Skipped and counted: rows whose time is not finite (Alpa could not profile them); collectives
+    whose message, or per-rank shard (all-gather, reduce-scatter, all-to-all of fewer elements than
+    ranks), is empty; and the points Alpa's make_monotonic() wrote: a time equal to the previous
+    size's time scaled by the size ratio (bandwidth exactly equal to the previous point's, which no
+    measurement repeats to 1e-6), the caveat of the data's SOURCES.txt."""
     rows: list[Measurement] = []
     counts: Counter = Counter()
+    previous: dict[tuple[str, ...], tuple[float, float]] = {}  # series → (bytes, time_s) of its last row
     for line, r in _rows(path):
         time_s = _field(path, line, r, "time_s")
+        series = tuple(r.get(k, "") for k in ("mesh_hosts", "mesh_gpus_per_host", "op", "replica_groups", "dtype"))
+        last = previous.get(series)
+        if r.get("op") != "dot":
+            previous[series] = (_field(path, line, r, "bytes"), time_s)
         if not math.isfinite(time_s) or time_s <= 0:
             counts["skipped (not profiled: time inf or 0)"] += 1
             continue
@@ -148,9 +160,12 @@ def import_alpa(db: ProfileDB, path: Path) -> Counter:
                 )
             )
             continue
-        size = _field(path, line, r, "bytes")
-        if size <= 0:
-            counts["skipped (empty message)"] += 1
+        size, ranks = _field(path, line, r, "bytes"), int(_field(path, line, r, "group_size", int))
+        if size <= 0 or (op in SHARDED_OPS and x < ranks):
+            counts["skipped (empty message or per-rank shard)"] += 1
+            continue
+        if last is not None and 0 < last[0] < size and abs(time_s / last[1] - size / last[0]) < 1e-6 * size / last[0]:
+            counts["skipped (synthetic: make_monotonic clamp)"] += 1
             continue
         per_host = int(_field(path, line, r, "mesh_gpus_per_host", int))
         try:
@@ -164,7 +179,7 @@ def import_alpa(db: ProfileDB, path: Path) -> Counter:
                 size,
                 time_s,
                 r.get("dtype", ""),
-                int(_field(path, line, r, "group_size", int)),
+                ranks,
                 len({g // per_host for g in first}),
                 params={
                     "mesh": [r.get("mesh_hosts"), per_host],
