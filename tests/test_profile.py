@@ -151,3 +151,20 @@ def test_alpa_import_drops_empty_shards_and_make_monotonic_points(tmp_path):
         "skipped (synthetic: make_monotonic clamp)": 1,
     }
     assert [m.size for m in db.measurements(family="collective")] == [32.0, 128.0]
+
+
+def test_collectives_run_across_two_gloo_processes_and_resume(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from itercast.profile import microbench
+
+    monkeypatch.setitem(microbench.QUICK, "collective", {"sizes": [4096], "ranks": [2]})
+    db = ProfileDB(tmp_path / "p.db")
+    assert microbench.run(db, quick=True, families=("collective",), warmup=1, repeats=3) == {
+        "measured": 4,
+        "already there": 0,
+    }
+    rows = {m.op: m for m in db.measurements(family="collective")}
+    assert sorted(rows) == ["all_gather", "all_reduce", "alltoall", "reduce_scatter"]
+    assert all((m.size, m.group_size, m.nodes) == (4096.0, 2, 1) and 3 <= m.repeats <= 200 for m in rows.values())
+    assert all(m.time_s > 0 and m.params == {"ranks": 2, "bytes": 4096} for m in rows.values())
+    assert microbench.run(db, quick=True, families=("collective",), warmup=1, repeats=3)["measured"] == 0

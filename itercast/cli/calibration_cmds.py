@@ -24,8 +24,9 @@ def profile_run_cmd(
     device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
     quick: Annotated[bool, typer.Option(help="A small grid (seconds) instead of the full one.")] = False,
     families: Annotated[
-        str, typer.Option(help="Comma-separated: gemm, conv, attention, norm, elementwise, embedding, host.")
-    ] = "gemm,conv,attention,norm,elementwise,embedding,host",
+        str,
+        typer.Option(help="Comma-separated: gemm, conv, attention, norm, elementwise, embedding, host, collective."),
+    ] = "gemm,conv,attention,norm,elementwise,embedding,host,collective",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per configuration.")] = 10,
 ) -> None:
     """Microbenchmark the local device into DB (resumes where a previous run stopped)."""

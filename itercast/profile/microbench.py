@@ -10,7 +10,9 @@ Families (the grids are QUICK and FULL below):
 - embedding: EmbeddingBag forward and backward over rows × dim × pooling factor × index
   distribution (uniform, Zipf 1.05), with the fraction of distinct rows among the indices measured;
 - host: small programs of tiny operators (Python calls, nested calls, autograd functions), whose
-  counts of each come from an execution trace of the program, to fit the per-call host overheads.
+  counts of each come from an execution trace of the program, to fit the per-call host overheads;
+- collective: all-reduce, all-gather, reduce-scatter and all-to-all through torch.distributed across
+  local processes (profile/collective_bench.py: gloo on CPU, NCCL on CUDA).
 Every row stores its operator call (name, shapes, types, strides, scalars; costs/aten_ops.OpCall),
 so a calibration prices a trace's operators from the same description.
 
@@ -37,14 +39,15 @@ from typing import Any
 from rich.progress import Progress
 
 from itercast.costs.aten_ops import OpCall, features
+from itercast.profile import collective_bench
 from itercast.profile.db import Measurement, ProfileDB, ProfileError
 
 #: written before every timed run so that caches start cold (twice the 32 MiB L3 of the machine here;
 #: above the 50 MiB L2 of an H100): inside a training iteration an operator's inputs were written
 #: many operators earlier, so timing them hot in cache under-prices memory-bound operators 4–8×
 FLUSH_BYTES = 64 << 20
-FAMILIES = ("gemm", "conv", "attention", "norm", "elementwise", "embedding", "host")
-QUICK: dict[str, list[Any]] = {
+FAMILIES = ("gemm", "conv", "attention", "norm", "elementwise", "embedding", "host", "collective")
+QUICK: dict[str, Any] = {
     "gemm": [64, 256, 1024],
     "layouts": ["nn"],
     "bmm": [],
@@ -58,8 +61,9 @@ QUICK: dict[str, list[Any]] = {
     "pooling": [1, 16],
     "distributions": ["uniform", "zipf"],
     "host": ["view", "tiny_add"],
+    "collective": collective_bench.QUICK,
 }
-FULL: dict[str, list[Any]] = {
+FULL: dict[str, Any] = {
     "gemm": [64, 128, 256, 512, 1024, 2048],
     "layouts": ["nn", "nt", "tn"],
     "bmm": [(b, m, n, k) for b in (8, 32) for m, n, k in itertools.product((32, 128, 512), repeat=3)],
@@ -79,6 +83,7 @@ FULL: dict[str, list[Any]] = {
     "pooling": [1, 8, 32, 128],
     "distributions": ["uniform", "zipf"],
     "host": ["view", "transpose", "tiny_add", "tiny_chain_backward", "tiny_linear_backward"],
+    "collective": collective_bench.FULL,
 }
 NORM_OPS = ("layer_norm", "batch_norm", "softmax", "log_softmax")
 ELEMENTWISE_OPS = ("add", "add_", "mul", "gelu", "relu", "copy", "sum", "gelu_backward")
@@ -113,7 +118,7 @@ def fingerprint(device: str) -> dict[str, Any]:
     return fp
 
 
-def configs(grid: dict[str, list]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+def configs(grid: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(family, op, params) of every configuration of the grid."""
     for (m, n, k), layout in itertools.product(itertools.product(grid["gemm"], repeat=3), grid["layouts"]):
         yield "gemm", "mm", {"m": m, "n": n, "k": k, "layout": layout}
@@ -134,6 +139,7 @@ def configs(grid: dict[str, list]) -> Iterator[tuple[str, str, dict[str, Any]]]:
         yield "embedding", f"embedding_bag_{direction}", params
     for program in grid["host"]:
         yield "host", program, {"calls": 100}
+    yield from collective_bench.configs(grid["collective"])
 
 
 def _describe(name: str, inputs: list[Any], outputs: list[Any], scalars: tuple[Any, ...] = ()) -> OpCall:
@@ -432,32 +438,43 @@ def run(
         for c in configs(QUICK if quick else FULL)
         if c[0] in families and (c[0], c[1], json.dumps(c[2], sort_keys=True)) not in done
     ]
+    collectives = [(op, params) for family, op, params in todo if family == "collective"]
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=len(todo))
         for family, op, params in todo:
+            if family == "collective":
+                continue
             fn, call, measured = _prepare(family, op, params, device)
             times = _time(fn, device, warmup, repeats)
             stored = {**params, **({"call": call.__dict__} if call else {})}
             stored |= {"counts": measured["counts"]} if "counts" in measured else {}
             stored |= {"features": measured} if measured and "counts" not in measured else {}
-            db.add(
-                dev,
-                [
-                    Measurement(
-                        family,
-                        op,
-                        _size(call, measured),
-                        statistics.median(times),
-                        "fp32",
-                        time_std_s=statistics.pstdev(times),
-                        repeats=len(times),
-                        params=stored,
-                        source="measured: itercast profile",
-                    )
-                ],
-            )
+            db.add(dev, [_row(family, op, _size(call, measured), times, stored)])
             bar.advance(task)
+        if collectives:  # one group of processes per world size, stored at the end
+            bar.update(task, description=f"{len(collectives)} collectives (spawned processes)")
+            rows = collective_bench.measure(collectives, device, warmup, repeats)
+            db.add(dev, [_row("collective", op, p["bytes"], times, p, group_size=p["ranks"]) for op, p, times in rows])
+            bar.advance(task, len(collectives))
     return {"measured": len(todo), "already there": len(done)}
+
+
+def _row(
+    family: str, op: str, size: float, times: list[float], params: dict[str, Any], group_size: int = 1
+) -> Measurement:
+    """A measured configuration: median and standard deviation of its timed runs."""
+    return Measurement(
+        family,
+        op,
+        size,
+        statistics.median(times),
+        "fp32",
+        group_size,
+        time_std_s=statistics.pstdev(times),
+        repeats=len(times),
+        params=params,
+        source="measured: itercast profile",
+    )
 
 
 def _size(call: OpCall | None, measured: dict[str, Any]) -> float:
