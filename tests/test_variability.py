@@ -11,7 +11,14 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.graph.execgraph import Category
-from itercast.stochastic.variability import StepSampler, VariabilityModel, attribution, step_distribution
+from itercast.profile.db import Measurement, ProfileDB
+from itercast.stochastic.variability import (
+    StepSampler,
+    VariabilityModel,
+    attribution,
+    noise_from_profile,
+    step_distribution,
+)
 from itercast.workloads.transformer import TransformerStepBuilder
 
 
@@ -94,3 +101,21 @@ def test_cdf_plot_is_a_png(tmp_path):
 
     path = step_cdf_png(np.random.default_rng(0).normal(1.0, 0.01, 500), 0.98, tmp_path / "cdf.png", "t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_noise_from_a_profiling_database_is_the_median_cv_of_its_repeats(tmp_path):
+    db = ProfileDB(tmp_path / "p.db")
+    dev = db.device("synthetic", {})
+    rows = [Measurement("gemm", "mm", 1e6, 1.0, time_std_s=cv, repeats=5) for cv in (0.1, 0.2, 0.3)]
+    rows += [Measurement("conv", "conv2d_fwd", 1e6, 2.0, time_std_s=1.0, repeats=2)]  # too few repeats
+    rows += [Measurement("elementwise", "add", 1e6, 1.0, time_std_s=0.9, repeats=5)]  # not a compute family
+    rows += [Measurement("collective", "all_reduce", 1e6, 2.0, 2, time_std_s=1.0, repeats=10)]
+    db.add(dev, rows)
+    assert noise_from_profile(db.measurements()) == {"compute_cv": 0.2, "comm_cv": 0.5}
+    cli = ["variability", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--samples", "200", "--json"]
+    res = CliRunner().invoke(app, [*cli, "--noise-from-db", str(tmp_path / "p.db")])
+    assert res.exit_code == 0, res.output
+    model = json.loads(res.stdout)["model"]
+    assert (model["compute_cv"], model["comm_cv"], model["gpu_cv"]) == (0.2, 0.5, 0.05)
+    res = CliRunner().invoke(app, ["variability", "--example", "--noise-from-db", str(tmp_path / "none.db")])
+    assert res.exit_code != 0 and "no such profiling database" in res.output

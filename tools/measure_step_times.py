@@ -1,7 +1,7 @@
 """Measure per-iteration wall times of a small training loop on this machine (real variability data).
 
-    python tools/measure_step_times.py --ranks 1 --runs 5 --iterations 300 --out data/measured/cpu_mlp_1rank.csv
-    python tools/measure_step_times.py --ranks 2 --runs 5 --iterations 300 --out data/measured/cpu_mlp_2rank.csv
+    python tools/measure_step_times.py --ranks 1 --runs 10 --iterations 300 --out data/measured/cpu_mlp_1rank.csv
+    python tools/measure_step_times.py --ranks 2 --runs 10 --iterations 300 --out data/measured/cpu_mlp_2rank.csv
 
 Model: a 4-layer MLP (1024 wide, batch 64) with SGD; with 2 ranks, DistributedDataParallel over gloo
 on 127.0.0.1 (a real all-reduce each step). Each run is a fresh process set; the first 20 iterations

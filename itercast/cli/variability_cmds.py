@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +26,31 @@ from itercast.config.job import Job
 from itercast.errors import ConfigError, DeadlockError
 
 
+def _profile_noise(path: Path, quiet: bool) -> dict[str, float]:
+    """compute_cv and comm_cv from the repeats of the device with the most rows in a profiling DB."""
+    from itercast.profile.db import ProfileDB, ProfileError
+    from itercast.stochastic.variability import noise_from_profile
+
+    if not path.is_file():
+        fail(f"{path}: no such profiling database")
+    try:
+        db = ProfileDB(path)
+        devices = {i: name for i, name, _ in db.devices()}
+        counts = {i: sum(1 for _ in db.measurements(device_id=i)) for i in devices}
+        if not counts:
+            fail(f"{path}: the profiling database has no measurements")
+        device = max(counts, key=lambda i: counts[i])
+        noise = noise_from_profile(db.measurements(device_id=device))
+    except ProfileError as exc:
+        fail(str(exc))
+    if not noise:
+        fail(f"{path}: device {devices[device]!r} has no compute or collective rows with 3 or more repeats")
+    if not quiet:
+        found = ", ".join(f"{k} {v:.1%}" for k, v in noise.items())
+        console.print(f"noise from {path} (device {devices[device]!r}, repeats of each configuration): {found}")
+    return noise
+
+
 @app.command("variability")
 def variability_cmd(
     job_file: JobFileArg = None,
@@ -38,6 +64,10 @@ def variability_cmd(
     comm_cv: Annotated[float, typer.Option(min=0, help="Per-task communication noise (CV).")] = 0.10,
     network_cv: Annotated[float, typer.Option(min=0, help="Per-step shared network factor (CV).")] = 0.05,
     gpu_cv: Annotated[float, typer.Option(min=0, help="Persistent per-GPU speed across the fleet (CV).")] = 0.05,
+    noise_from_db: Annotated[
+        Path | None,
+        typer.Option(help="Profiling database: take compute and communication noise from its repeats."),
+    ] = None,
     within_s: Annotated[float | None, typer.Option(help="Report P(step ≤ this many seconds).")] = None,
     steps: Annotated[int | None, typer.Option(help="Time to train this many steps, with failures.")] = None,
     mtbf_hours: Annotated[float, typer.Option(help="Mean time between failures of one GPU (hours).")] = 50_000.0,
@@ -66,6 +96,8 @@ def variability_cmd(
     try:
         job = Job.load(job_file, set_ or [], model=model, system=system)
         vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv)
+        if noise_from_db is not None:
+            vm = replace(vm, **_profile_noise(noise_from_db, as_json))
         dist = var.step_distribution(job, vm, samples, seed)
         attribution = var.attribution(job, vm, min(samples, 4_000), seed)
     except (ConfigError, DeadlockError) as exc:

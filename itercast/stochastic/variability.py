@@ -7,7 +7,8 @@ Sources (coefficients of variation of log-normal factors with mean 1):
 - gpu_cv: persistent per-GPU speed across the fleet (spatial: manufacturing, power, thermals).
 DEFAULTS are illustrative, not fitted: Llama 3 (arXiv 2407.21783 §3.3.4) reports 1–2% throughput
 variation; Sinha et al. (SC'22) 8% average same-SKU GPU variation (up to 22%); PRISM ~14% on GEMMs.
-Fit them to your measurements (stochastic.distributions) and pass your own.
+Fit them to your measurements (stochastic.distributions) and pass your own, or take the per-task
+ones from a profiling database's repeats (noise_from_profile).
 
 How they combine on the graph of one representative GPU per pipeline stage (approximations, stated):
 - a compute task stands for the tp·cp GPUs that meet at the next tensor-parallel collective: its noise
@@ -20,6 +21,7 @@ How they combine on the graph of one representative GPU per pipeline stage (appr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +30,7 @@ from scipy import special
 
 from itercast.config.job import Job
 from itercast.graph.execgraph import Category, ExecGraph
+from itercast.profile.db import Measurement
 from itercast.sim.engine import simulate
 from itercast.sim.montecarlo import simulate_samples
 from itercast.workloads.transformer import TransformerStepBuilder
@@ -45,6 +48,22 @@ class VariabilityModel:
 
 
 SOURCES = ("compute_cv", "comm_cv", "network_cv", "gpu_cv")
+#: profiling-database families whose repeats measure compute noise
+COMPUTE_FAMILIES = ("gemm", "conv", "attention")
+
+
+def noise_from_profile(rows: Iterable[Measurement], min_repeats: int = 3) -> dict[str, float]:
+    """compute_cv and comm_cv from a profiling database's repeats: the median over configurations of
+    time_std_s / time_s, for compute (GEMM, convolution, attention) and collective rows with at least
+    `min_repeats` timed runs. This is the temporal, per-task part measured on one device (cold caches
+    included for compute, every rank's scheduling for collectives); network_cv and gpu_cv need a fleet.
+    A family without such rows is left out of the result."""
+    cvs: dict[str, list[float]] = {"compute_cv": [], "comm_cv": []}
+    for m in rows:
+        source = "compute_cv" if m.family in COMPUTE_FAMILIES else "comm_cv" if m.family == "collective" else None
+        if source and m.repeats >= min_repeats:
+            cvs[source].append(m.time_std_s / m.time_s)
+    return {source: float(np.median(v)) for source, v in cvs.items() if v}
 
 
 def _z_max(rng: np.random.Generator, k: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
