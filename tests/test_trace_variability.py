@@ -35,14 +35,15 @@ def test_pools_are_the_ratios_to_the_median(tmp_path):
 
 
 def test_no_spread_gives_the_median_step_by_hand(tmp_path):
-    """With every ratio pulled to 1, tasks take their medians: host 10 + 5 + 15 µs to the sync, the
-    GEMM 20–70 (launch at 10, measured latency 10), sync until 70 then 5 µs, gap to the step end
-    median(35, 25, 15) = 25: each step lasts 100 µs."""
+    """With every ratio pulled to 1, calls and kernels take their medians: host 10 + 5 + 15 µs to the
+    sync, the GEMM 20–70 (launch at 10, measured latency 10), sync until 70 then 5 µs; host gaps keep
+    their measured durations, so the gap to the step end is the step's own 35, 25, 15 µs: steps of
+    110, 100 and 90 µs."""
     rg = three_steps(tmp_path)
     model = fit_trace_variability(rg)
     none = {c: 0.0 for c in model.classes}
     steps = trace_step_distribution(rg, model, samples=50, seed=1, shrink=none).step_s
-    assert steps.shape == (3, 50) and np.allclose(steps, 100e-6)
+    assert steps.shape == (3, 50) and np.allclose(steps, np.array([110e-6, 100e-6, 90e-6])[:, None])
     # with the spread, the same seed reproduces; the GEMM's pool makes the steps vary
     a = trace_step_distribution(rg, model, samples=200, seed=3).pooled()
     b = trace_step_distribution(rg, model, samples=200, seed=3).pooled()
