@@ -56,6 +56,17 @@ def fit_latency_curve(x: np.ndarray, t: np.ndarray, rate: np.ndarray | float, al
     }
 
 
+#: parameters of the collective curve: (starting value, lower bound, upper bound)
+COLLECTIVE_PARAMS = {
+    "alpha0_s": (10e-6, 0.0, 500e-6),
+    "alpha_per_log2_nodes_s": (1e-6, 0.0, 300e-6),
+    "alpha_per_log2_ranks_s": (1e-6, 0.0, 100e-6),
+    "e_max": (0.8, 0.05, 1.5),
+    "log_half": (math.log(1e7), 5.0, 30.0),
+    "gamma": (1.0, 0.2, 4.0),
+}
+
+
 def collective_time_s(
     fit: dict,
     bus_bytes: np.ndarray | float,
@@ -97,38 +108,24 @@ def fit_collective(
     the ramp mimics the latency)."""
     x, t, m = np.array(sizes, float), np.array(times_s), np.array(nodes, float)
     k = np.array(ranks, float) if ranks is not None else np.full_like(x, 2.0)
-    names = ["alpha0_s", "alpha_per_log2_nodes_s", "alpha_per_log2_ranks_s", "e_max", "log_half", "gamma"]
-    x0 = {
-        "alpha0_s": 10e-6,
-        "alpha_per_log2_nodes_s": 1e-6,
-        "alpha_per_log2_ranks_s": 1e-6,
-        "e_max": 0.8,
-        "log_half": math.log(1e7),
-        "gamma": 1.0,
-    }
-    lo = {"alpha0_s": 0, "alpha_per_log2_nodes_s": 0, "alpha_per_log2_ranks_s": 0, "e_max": 0.05, "log_half": 5}
-    lo["gamma"] = 0.2
-    hi = {"alpha0_s": 500e-6, "alpha_per_log2_nodes_s": 300e-6, "alpha_per_log2_ranks_s": 100e-6, "e_max": 1.5}
-    hi.update({"log_half": 30, "gamma": 4})
     fixed = {"ramp_of": "step" if ranks is not None else "bus", **(fixed or {})}
     if np.all(m == 1):
         fixed.setdefault("alpha_per_log2_nodes_s", 0.0)
     if ranks is None:
         fixed.setdefault("alpha_per_log2_ranks_s", 0.0)
-    free = [n for n in names if n not in fixed]
-    scale = {n: 1e-6 for n in names if n.startswith("alpha")}
-    lo_v, hi_v = [lo[n] / scale.get(n, 1.0) for n in free], [hi[n] / scale.get(n, 1.0) for n in free]
+    free = [n for n in COLLECTIVE_PARAMS if n not in fixed]
+    scale = {n: 1e-6 if n.startswith("alpha") else 1.0 for n in free}  # latencies solved in µs
+    first, lo_v, hi_v = ([COLLECTIVE_PARAMS[n][j] / scale[n] for n in free] for j in range(3))
 
     def params(v):
         out = dict(fixed)
-        out.update({n: v[i] * scale.get(n, 1.0) for i, n in enumerate(free)})
+        out.update({n: v[i] * scale[n] for i, n in enumerate(free)})
         return out
 
     def residual(v):
         return np.log(collective_time_s(params(v), x, m, k, bw)) - np.log(t)
 
     rng = np.random.default_rng(0)
-    first = [x0[n] / scale.get(n, 1.0) for n in free]
     tries = [first] + [list(rng.uniform(lo_v, hi_v)) for _ in range(starts - 1)]
     fit = min((least_squares(residual, x0=v, bounds=(lo_v, hi_v)) for v in tries), key=lambda f: f.cost)
     q = params(fit.x)

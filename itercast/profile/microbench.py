@@ -441,9 +441,7 @@ def run(
     collectives = [(op, params) for family, op, params in todo if family == "collective"]
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=len(todo))
-        for family, op, params in todo:
-            if family == "collective":
-                continue
+        for family, op, params in (c for c in todo if c[0] != "collective"):
             fn, call, measured = _prepare(family, op, params, device)
             times = _time(fn, device, warmup, repeats)
             stored = {**params, **({"call": call.__dict__} if call else {})}
