@@ -15,7 +15,14 @@ from itercast.sim.engine import SimResult, simulate
 from itercast.traces.execution_trace import link, read_execution_trace
 from itercast.traces.kineto import RankTrace, read_traces
 from itercast.traces.replay_graph import ReplayGraph, build_replay_graph
-from itercast.traces.whatif import ET_DTYPES, WhatIf, apply_whatif, kernel_class, matmul_flops
+from itercast.traces.whatif import (
+    ET_DTYPES,
+    WhatIf,
+    apply_host_overheads,
+    apply_whatif,
+    kernel_class,
+    matmul_flops,
+)
 
 
 @dataclass
@@ -93,6 +100,9 @@ def replay_whatif(
     base = build_replay_graph(traces)
     flops = gemm_shapes(traces, base, list(execution_traces)) if execution_traces else None
     changed, counts = apply_whatif(base, whatif, flops)
+    if whatif.host is not None:
+        changed, host_counts = apply_host_overheads(changed, traces, whatif.host)
+        counts.update(host_counts)
     return replay_graph(traces, base), replay_graph(traces, changed), counts
 
 

@@ -9,8 +9,21 @@ from pathlib import Path
 HOST = {"pid": 100, "tid": 100}
 
 
-def call(name: str, ts: float, dur: float, corr: int = -1) -> dict:
-    return {"ph": "X", "cat": "cuda_runtime", "name": name, **HOST, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+def call(name: str, ts: float, dur: float, corr: int = -1, tid: int = 100) -> dict:
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": name,
+        **HOST,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": {"correlation": corr},
+    }
+
+
+def cpu_op(name: str, ts: float, dur: float, tid: int = 100) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, **HOST, "tid": tid, "ts": ts, "dur": dur}
 
 
 def kernel(name: str, ts: float, dur: float, corr: int, stream: int = 7, **meta) -> dict:

@@ -12,10 +12,17 @@ from itercast.cli import app, console, fail
 from itercast.config.job import load_system
 from itercast.costs.calibrate import CalibrationError
 from itercast.errors import ConfigError
+from itercast.traces.host_overheads import HostOverheads
 
 profile_app = typer.Typer(no_args_is_help=True, help="Measure kernels on this device, or import outside measurements.")
 app.add_typer(profile_app, name="profile")
 IMPORTERS = ("alpa", "nccl-tidy", "nccl-log", "xla-matmul")
+HOST_KINDS = (
+    ("t2_us", "T2 operator start to its first runtime call"),
+    ("t3_us", "T3 last runtime call to operator end"),
+    ("t5_us", "T5 between runtime calls of one operator"),
+    ("no_call_us", "T5 operator without runtime calls (whole)"),
+)
 
 
 @profile_app.command("run")
@@ -72,40 +79,80 @@ def profile_import_cmd(
 
 @app.command("calibrate")
 def calibrate_cmd(
-    db: Annotated[Path, typer.Argument(help="Profiling database (from `itercast profile`).")],
-    system: Annotated[str, typer.Option(help="System preset the measurements were taken on (its peaks).")],
+    db: Annotated[Path | None, typer.Argument(help="Profiling database (from `itercast profile`).")] = None,
+    system: Annotated[
+        str | None, typer.Option(help="System preset the database's measurements were taken on (its peaks).")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Write the calibration file here.")] = None,
     device: Annotated[int | None, typer.Option(help="Device id in the database (default: the only one).")] = None,
     report: Annotated[
         bool, typer.Option(help="Print held-out errors: calibrated vs analytic vs straight line.")
     ] = False,
+    host_trace: Annotated[
+        list[Path] | None,
+        typer.Option(help="Kineto trace (file or directory) to measure host overheads T1–T5 from (repeatable)."),
+    ] = None,
+    host_steps: Annotated[
+        str | None, typer.Option(help="Only these ProfilerStep numbers of the host traces, e.g. 3,4,5.")
+    ] = None,
 ) -> None:
-    """Refit the cost model's curves on a profiling database; check them on held-out rows."""
+    """Refit the cost model's curves on a profiling database and/or measure host overheads from
+    traces; write them as one calibration file; check the curves on held-out rows."""
     from itercast.costs import calibrate as cal
     from itercast.costs.op_model import operator_report
     from itercast.profile.db import ProfileDB, ProfileError
+    from itercast.traces.host_overheads import HostOverheadError, measure
+    from itercast.traces.kineto import TraceError, read_traces
 
     try:
-        target, sys_cfg = ProfileDB(db), load_system(system)
-        ids = [i for i, _, _ in target.devices()]
-        if device is None and len(ids) != 1:
-            raise CalibrationError(f"{db}: {len(ids)} devices; choose one with --device ({ids})")
-        dev = device if device is not None else ids[0]
-        if dev not in ids:
-            raise CalibrationError(f"{db}: no device {dev} (have {ids})")
+        steps = {int(x) for x in host_steps.split(",")} if host_steps else None
+    except ValueError:
+        fail(f"--host-steps: expected comma-separated step numbers, got {host_steps!r}")
+    try:
+        if db is None and not host_trace:
+            raise CalibrationError("give a profiling database, or --host-trace, or both")
+        doc: dict = {}
+        if db is not None:
+            if system is None:
+                raise CalibrationError(
+                    f"{db}: --system is required with a profiling database (the machine it measured)"
+                )
+            target, sys_cfg = ProfileDB(db), load_system(system)
+            ids = [i for i, _, _ in target.devices()]
+            if device is None and len(ids) != 1:
+                raise CalibrationError(f"{db}: {len(ids)} devices; choose one with --device ({ids})")
+            dev = device if device is not None else ids[0]
+            if dev not in ids:
+                raise CalibrationError(f"{db}: no device {dev} (have {ids})")
+            doc = cal.calibrate(target, dev, sys_cfg) if out is not None else {}
+            if report:
+                _print_calibration_report(cal.report(target, dev, sys_cfg))
+                operators = operator_report(list(target.measurements(device_id=dev)))
+                if operators:
+                    _print_operator_report(operators)
+        if host_trace:
+            overheads = measure(read_traces(list(host_trace)), steps)
+            _print_host_overheads(overheads)
+            doc = doc | cal.host_overheads_only(overheads)
         if out is not None:
-            doc = cal.calibrate(target, dev, sys_cfg)
             cal.write_calibration(doc, out)
             console.print(
                 f"wrote {out}: " + ", ".join(k for k in doc if k not in ("format", "version", "system", "device"))
             )
-        if report:
-            _print_calibration_report(cal.report(target, dev, sys_cfg))
-            operators = operator_report(list(target.measurements(device_id=dev)))
-            if operators:
-                _print_operator_report(operators)
-    except (ProfileError, CalibrationError, ConfigError) as exc:
+    except (ProfileError, CalibrationError, ConfigError, TraceError, HostOverheadError) as exc:
         fail(str(exc))
+
+
+def _print_host_overheads(o: HostOverheads) -> None:
+    table = Table(title="host overheads T1–T5 (mean µs; T2, T3, T5 over all operators, per name in the file)")
+    for col in ("type", "where", "mean µs", "samples"):
+        table.add_column(col, justify="right" if col in ("mean µs", "samples") else "left")
+    table.add_row("T1", "between two operators", f"{o.t1_us:.1f}", str(o.samples.get("t1", "")))
+    for kind, label in HOST_KINDS:
+        table.add_row(label[:2], label[3:], f"{o.pooled[kind]:.1f}", str(o.samples.get(kind.removesuffix("_us"), "")))
+    for name, us in sorted(o.t4_us.items(), key=lambda kv: -kv[1])[:8]:
+        table.add_row("T4", name, f"{us:.1f}", "")
+    console.print(table)
 
 
 def _print_calibration_report(rows: list[dict]) -> None:

@@ -10,8 +10,10 @@ import typer
 from rich.table import Table
 
 from itercast.cli import JsonOpt, app, console, fail
+from itercast.costs.calibrate import CalibrationError, load_calibration
 from itercast.errors import ConfigError, DeadlockError
 from itercast.replay import ReplayResult, replay_whatif
+from itercast.traces.host_overheads import HostOverheads
 from itercast.traces.kineto import TraceError
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.traces.whatif import WhatIf
@@ -32,6 +34,10 @@ def replay_cmd(
         str | None, typer.Option(help="What-if: re-time GEMMs (shapes from --et) on this system's GPU.")
     ] = None,
     et: Annotated[list[Path] | None, typer.Option(help="PyTorch execution trace per trace file, same order.")] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(help="What-if: host overheads T1–T5 from this calibration file (`calibrate --host-trace`)."),
+    ] = None,
     as_json: JsonOpt = False,
     trace: Annotated[
         Path | None, typer.Option(help="Write the replayed (what-if) timeline as Chrome/Perfetto JSON.")
@@ -41,8 +47,9 @@ def replay_cmd(
     try:
         factors = dict(_factor(item) for item in scale or [])
         factors.update({cls: 0.0 for cls in drop or []})
-        base, changed, counts = replay_whatif(list(traces), WhatIf(factors, system, world_size, gpu), et or [])
-    except (ConfigError, TraceError, DeadlockError) as exc:
+        host = _host_overheads(calibration) if calibration is not None else None
+        base, changed, counts = replay_whatif(list(traces), WhatIf(factors, system, world_size, gpu, host), et or [])
+    except (ConfigError, TraceError, DeadlockError, CalibrationError) as exc:
         fail(str(exc).replace("\n", "\n  "))
     result = changed
     if trace is not None:
@@ -55,6 +62,13 @@ def replay_cmd(
         typer.echo(json.dumps(out, indent=1))
     else:
         _print_replay(base, changed, counts)
+
+
+def _host_overheads(path: Path) -> HostOverheads:
+    doc = load_calibration(path)
+    if "host_overheads" not in doc:
+        raise CalibrationError(f"{path}: no host_overheads section (write one with `itercast calibrate --host-trace`)")
+    return HostOverheads.from_dict(doc["host_overheads"], f"{path}: host_overheads")
 
 
 def _factor(item: str) -> tuple[str, float]:

@@ -1,7 +1,8 @@
 """Calibrate the cost model's curves on a profiling database, and check them on held-out rows.
 
 A calibration file is JSON in the schema of the built-in costs/curves.json plus a header
-({"format": "itercast-calibration", "version": "1", "system": ..., "device": ...}); the cost model
+({"format": "itercast-calibration", "version": "1", "system": ..., "device": ...}), and optionally
+a "host_overheads" section (T1–T5 measured from Kineto traces, traces/host_overheads.py); the cost model
 merges it over the built-in curves (`AnalyticCostModel(system, dtype, curves=...)`). Only the
 families the database covers are written. The curves are relative to the peaks of `system`, so
 calibrate with the system the measurements were taken on (e.g. cpu-host for this machine).
@@ -34,6 +35,7 @@ from itercast.costs.fitting import (
 from itercast.costs.op_model import fit_operator_models
 from itercast.hardware.topology import GroupPlacement
 from itercast.profile.db import Measurement, ProfileDB
+from itercast.traces.host_overheads import HostOverheadError, HostOverheads
 
 FORMAT, VERSION = "itercast-calibration", "1"
 #: a measured dtype (ours, Alpa's, OpenXLA's "bf16xbf16->bf16") → the plan dtype whose peak and curve apply
@@ -133,6 +135,11 @@ def _predict(section: str, fit: dict[str, Any], x: np.ndarray, rate: np.ndarray,
     if section in ("intra_node", "inter_node"):
         return collective_time_s(fit, x, aux[:, 0], aux[:, 1], rate)
     return fit["alpha_s"] + x / (rate * eff(x, fit["e_max"], fit["log_half"], fit["gamma"]))
+
+
+def host_overheads_only(overheads: HostOverheads) -> dict[str, Any]:
+    """A calibration document holding only host overheads (no profiling database)."""
+    return {"format": FORMAT, "version": VERSION, "host_overheads": overheads.to_dict()}
 
 
 def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int = 8) -> dict[str, Any]:
@@ -243,6 +250,12 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
         merged["collectives"].setdefault(placement, {}).update(fits)
     if "operators" in doc:
         merged["operators"] = doc["operators"]
+    if "host_overheads" in doc:
+        try:
+            HostOverheads.from_dict(doc["host_overheads"])
+        except HostOverheadError as exc:
+            raise CalibrationError(f"{path}: {exc}") from None
+        merged["host_overheads"] = doc["host_overheads"]
     try:  # every entry must be a usable curve
         for section in ("gemm", "memory"):
             for entry in merged[section].values():

@@ -76,6 +76,25 @@ class RankTrace:
     def num_ops(self) -> int:
         return int(self.op_ts_us.shape[0])
 
+    def launch_calls(self) -> np.ndarray:
+        """The runtime call that launched each GPU op (by correlation id), −1 where the trace has none."""
+        corr = self.call_corr
+        if not corr.size:
+            return np.full(self.num_ops, -1, dtype=np.int64)
+        by_corr = np.argsort(corr, kind="stable")
+        pos = np.minimum(np.searchsorted(corr[by_corr], self.op_corr), corr.shape[0] - 1)
+        found = (self.op_corr >= 0) & (corr[by_corr][pos] == self.op_corr)
+        return np.where(found, by_corr[pos], -1).astype(np.int64)
+
+    def top_level_ops(self, tid: int) -> np.ndarray:
+        """CPU ops of thread `tid` that no other CPU op of that thread encloses, in time order
+        (indices into the cpu_* columns): the operators the thread dispatched one after another."""
+        own = np.flatnonzero(self.cpu_tid == tid)
+        own = own[np.lexsort((-self.cpu_dur_us[own], self.cpu_ts_us[own]))]  # parents before children
+        ends = self.cpu_ts_us[own] + self.cpu_dur_us[own]
+        reach = np.maximum.accumulate(np.concatenate([[-np.inf], ends[:-1]]))  # latest end before each op
+        return own[self.cpu_ts_us[own] >= reach]
+
 
 @dataclass
 class _Columns:

@@ -10,7 +10,8 @@ Per rank (graph rank = trace rank):
   stream and the cudaEventRecord); otherwise inferred from `cudaStreamWaitEvent` (no stream ids in
   Kineto): the next op the thread launches waits for the latest op launched before the call on
   another stream, if the measured times allow it;
-- `cuda{Device,Stream,Event}Synchronize` and blocking `cudaMemcpy`: the call waits for the GPU op
+- `cuda{Device,Stream,Event}Synchronize`, blocking `cudaMemcpy` and `cudaMemcpyAsync` to pageable host
+  memory (host_overheads.synchronising_calls): the call waits for the GPU op
   whose measured end it waited for; its own duration becomes the part after that end;
 - NCCL kernels are matched across the loaded ranks (process group + collective + order of issue,
   or kernel name + order when the trace has no NCCL metadata) into rendezvous collectives whose
@@ -29,11 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
+from itercast.traces.host_overheads import synchronising_calls, thread_ops, waiting_stretches
 from itercast.traces.kineto import RankTrace
 
 EPS_US = 1.0  # timestamps are µs; closer than this counts as "at the same time"
 DEFAULT_LAUNCH_LATENCY_US = 5.0
-SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
 WAIT_CALL = "cudaStreamWaitEvent"
 KERNEL_BASE = re.compile(r"^[^(<]+")
 
@@ -53,12 +54,30 @@ class StepMark:
 
 
 @dataclass
+class HostChain:
+    """One rank's host threads in the graph: the task of each runtime call (trace call order, −1
+    none), each gap piece with the call it precedes (−1: after its thread's last call), and the calls
+    whose gap ends in a wait for another thread (that piece holds only the part after the wait)."""
+
+    call_task: np.ndarray
+    piece_task: np.ndarray
+    piece_call: np.ndarray
+    waiting_calls: set[int]
+
+
+@dataclass
 class ReplayGraph:
     graph: ExecGraph
     steps: list[StepMark]
     gpu_task: dict[int, np.ndarray]  # rank -> task of each of its GPU ops (trace op order)
     nccl_meta: dict[int, dict]  # task -> NCCL metadata (with "group_ranks" when known)
     notes: Counter = field(default_factory=Counter)
+    host: dict[int, HostChain] = field(default_factory=dict)  # rank -> its host chains
+
+    def with_durations(self, duration_s: np.ndarray) -> ReplayGraph:
+        return ReplayGraph(
+            self.graph.with_durations(duration_s), self.steps, self.gpu_task, self.nccl_meta, self.notes, self.host
+        )
 
 
 def build_replay_graph(traces: list[RankTrace]) -> ReplayGraph:
@@ -67,17 +86,18 @@ def build_replay_graph(traces: list[RankTrace]) -> ReplayGraph:
     steps: list[StepMark] = []
     gpu_task: dict[int, np.ndarray] = {}
     nccl_meta: dict[int, dict] = {}
+    host: dict[int, HostChain] = {}
     t0 = min((f for t in traces if (f := _first_us(t)) is not None), default=0.0)
     for index, trace in enumerate(traces):
         rank = trace.rank if trace.rank is not None else index
-        _RankBuilder(b, trace, rank, t0, notes, steps, gpu_task, nccl_meta).build()
+        host[rank] = _RankBuilder(b, trace, rank, t0, notes, steps, gpu_task, nccl_meta).build()
     _match_collectives(b, traces, gpu_task, nccl_meta, notes)
     graph = b.build()
     durations = graph.duration_s.copy()
     for task, meta in nccl_meta.items():
         if "transfer_s" in meta:
             durations[task] = meta["transfer_s"]
-    return ReplayGraph(graph.with_durations(durations), steps, gpu_task, nccl_meta, notes)
+    return ReplayGraph(graph.with_durations(durations), steps, gpu_task, nccl_meta, notes, host)
 
 
 class _RankBuilder:
@@ -99,12 +119,18 @@ class _RankBuilder:
         n_calls = t.call_ts_us.shape[0]
         self.call_task = np.full(n_calls, -1, dtype=np.int64)  # call index -> task of the call
         self.before_call = np.full(n_calls, -1, dtype=np.int64)  # call index -> host task ending where it starts
+        self.call_of = t.launch_calls()  # GPU op -> its launching call (−1 none)
+        self.pieces: list[np.ndarray] = []  # rows (gap piece task, call index it precedes or −1)
+        self.waiting_calls: set[int] = set()
         # trace name id -> graph name id
         self.name_map = np.array([b.name_id(n) for n in t.names], dtype=np.int64) if t.names else np.zeros(0, np.int64)
 
-    def build(self) -> None:
+    def build(self) -> HostChain:
         self._host_chains()
+        self._thread_waits()
         self._gpu_ops()
+        pieces = np.concatenate(self.pieces) if self.pieces else np.zeros((0, 2), np.int64)
+        return HostChain(self.call_task, pieces[:, 0], pieces[:, 1], self.waiting_calls)
 
     # -- host -------------------------------------------------------------------------------
     def _host_chains(self) -> None:
@@ -160,6 +186,8 @@ class _RankBuilder:
         self.call_task[calls] = first + call_pos
         self.before_call[calls] = first + call_pos - 1
         piece_pos = np.flatnonzero(~is_call)  # global position of each gap piece
+        precedes = np.searchsorted(call_pos, piece_pos)  # k: the piece lies in gap k
+        self.pieces.append(np.column_stack([first + piece_pos, np.append(calls, -1)[precedes]]))
         piece_start = np.concatenate([[0], np.cumsum(pieces)])
         marks: dict[tuple[int, bool], tuple[int, bool]] = {}
         for j, (_, number, is_end) in enumerate(cuts):
@@ -169,6 +197,32 @@ class _RankBuilder:
             else:  # trailing: the piece ending at the cut
                 marks[(number, is_end)] = (first + int(piece_pos[piece_start[g] + r]), True)
         self._record_steps(marks)
+
+    def _thread_waits(self) -> None:
+        """A thread that sat idle while another thread ran its operators waited for that thread (the
+        main thread during backward, the autograd thread during forward; host_overheads.waiting_stretches).
+        The gap piece that ends at the waiting thread's next runtime call then depends on the other
+        thread's last runtime call inside the stretch, and its own time is the part after that call."""
+        t = self.t
+        threads = {int(tid): thread_ops(t, int(tid)) for tid in np.unique(t.cpu_tid)}
+        call_end = t.call_ts_us + t.call_dur_us
+        for a, stretches in waiting_stretches(list(threads.values())).items():
+            th = threads[a]
+            for waited, other in stretches:
+                idle_from, idle_to = th.end_us[waited], th.start_us[waited + 1]
+                b_calls = threads[other].calls[np.argsort(call_end[threads[other].calls], kind="stable")]
+                src = np.searchsorted(call_end[b_calls], idle_to + EPS_US, side="right") - 1
+                dst = np.searchsorted(t.call_ts_us[th.calls], idle_to - EPS_US, side="left")
+                ok = (src >= 0) & (dst < th.calls.shape[0])
+                ok[ok] &= call_end[b_calls[src[ok]]] > idle_from[ok]  # the other thread called inside it
+                for sc, dc in zip(src[ok].tolist(), dst[ok].tolist(), strict=True):
+                    call = int(th.calls[dc])
+                    piece = int(self.before_call[call])
+                    self.b.edge(int(self.call_task[b_calls[sc]]), piece)
+                    after = max(0.0, float(t.call_ts_us[call] - call_end[b_calls[sc]])) * 1e-6
+                    self.b.set_duration(piece, min(self.b.duration(piece), after))
+                    self.waiting_calls.add(call)
+                    self.notes["host threads waiting for another thread"] += 1
 
     def _record_steps(self, marks: dict) -> None:
         for number, _, _, dur in self.t.steps:
@@ -204,7 +258,7 @@ class _RankBuilder:
         )
         task_of = np.empty(t.num_ops, dtype=np.int64)
         task_of[order] = first + np.arange(order.shape[0])
-        call_of = self._call_of_ops()
+        call_of = self.call_of
         has = call_of >= 0
         lat_us = np.where(latencies >= 0, latencies, median)
         b.add_edges(self.before_call[call_of[has]], task_of[has], lat_us[has] * 1e-6)
@@ -224,19 +278,6 @@ class _RankBuilder:
                 b.edge(int(task_of[src]), int(task_of[k]))
         self._sync_edges(task_of)
 
-    def _call_of_ops(self) -> np.ndarray:
-        """Launching call of each GPU op (by correlation id), −1 where the trace has none."""
-        if getattr(self, "_call_of", None) is None:
-            t = self.t
-            corr = t.call_corr
-            by_corr = np.argsort(corr, kind="stable")
-            pos = np.searchsorted(corr[by_corr], t.op_corr)
-            pos = np.minimum(pos, max(corr.shape[0] - 1, 0))
-            found = (corr.shape[0] > 0) & (t.op_corr >= 0)
-            found &= corr[by_corr][pos] == t.op_corr if corr.shape[0] else False
-            self._call_of = np.where(found, by_corr[pos] if corr.shape[0] else -1, -1).astype(np.int64)
-        return self._call_of
-
     def _clock(self) -> int:
         if self.clock is None:
             self.clock = self.b.task("clock", self.b.resource(self.rank, "clock"), 0.0, Category.HOST, "clock")
@@ -253,7 +294,7 @@ class _RankBuilder:
         held[order[1:][same]] = ends[order[:-1][same]]
         for k, sources in waits.items():
             held[k] = max(held[k], max(ends[s] for s in sources))
-        call_of = self._call_of_ops()
+        call_of = self.call_of
         launched = call_of >= 0
         free = launched & (t.op_ts_us - held > EPS_US)
         lat = np.full(t.num_ops, -1.0)
@@ -274,7 +315,7 @@ class _RankBuilder:
         if WAIT_CALL not in t.names and not explicit:
             return {}
         ends = t.op_ts_us + t.op_dur_us
-        call_of = self._call_of_ops()
+        call_of = self.call_of
         op_of_call = dict(zip(call_of[call_of >= 0].tolist(), np.flatnonzero(call_of >= 0).tolist(), strict=True))
         wait_name = t.names.index(WAIT_CALL) if WAIT_CALL in t.names else -1
         next_launch: dict[int, int] = {}  # wait call -> the op it holds back
@@ -320,18 +361,17 @@ class _RankBuilder:
     def _sync_edges(self, task_of: np.ndarray) -> None:
         """Synchronising calls wait for the GPU op whose end they measurably waited for."""
         t = self.t
-        sync_names = [i for i, n in enumerate(t.names) if n in SYNC_CALLS]
-        syncs = np.flatnonzero(np.isin(t.call_name, sync_names)) if sync_names else np.zeros(0, np.int64)
+        call_of = self.call_of
+        syncs = np.flatnonzero(synchronising_calls(t, call_of))
         if not syncs.size:
             return
         ends = t.op_ts_us + t.op_dur_us
-        call_of = self._call_of_ops()
         op_launch_ts = np.where(call_of >= 0, t.call_ts_us[np.maximum(call_of, 0)], t.op_ts_us)
         by_launch = np.argsort(op_launch_ts, kind="stable")
         for c in syncs.tolist():
             name = t.names[t.call_name[c]]
             ts, te = t.call_ts_us[c], t.call_ts_us[c] + t.call_dur_us[c]
-            if name == "cudaMemcpy":
+            if name.startswith("cudaMemcpy"):  # a blocking copy waits for itself
                 before = np.flatnonzero(call_of == c)
             else:
                 launched = by_launch[: int(np.searchsorted(op_launch_ts[by_launch], ts, side="right"))]

@@ -13,6 +13,8 @@ from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
+from itercast.traces.host_overheads import HostOverheads, modelled_host_us, synchronising_calls, thread_ops
+from itercast.traces.kineto import RankTrace
 from itercast.traces.replay_graph import ReplayGraph
 
 #: Kernel classes by name, first match wins (kept as data: add rules, not code).
@@ -75,16 +77,24 @@ def kernel_class(name: str, family: str = "kernel") -> str:
 class WhatIf:
     """scale: kernel class → factor (0 drops the class); system: a system preset whose collective
     model re-times NCCL kernels; world_size: the data-parallel group size for that re-timing;
-    gpu: a system preset whose GEMM model re-times GEMM kernels whose shapes an execution trace gives."""
+    gpu: a system preset whose GEMM model re-times GEMM kernels whose shapes an execution trace gives;
+    host: host overheads T1–T5 that re-time the host chains (apply_host_overheads)."""
 
     scale: dict[str, float] = field(default_factory=dict)
     system: str | None = None
     world_size: int | None = None
     gpu: str | None = None
+    host: HostOverheads | None = None
 
     @property
     def empty(self) -> bool:
-        return not self.scale and self.system is None and self.world_size is None and self.gpu is None
+        return (
+            not self.scale
+            and self.system is None
+            and self.world_size is None
+            and self.gpu is None
+            and self.host is None
+        )
 
 
 def matmul_flops(name: str, shapes: list) -> float | None:
@@ -137,7 +147,7 @@ def apply_whatif(
         _retime_collectives(rg, whatif, durations, changes)
     if whatif.gpu is not None:
         _retime_gemms(whatif.gpu, gemm_flops or {}, durations, changes)
-    return ReplayGraph(g.with_durations(durations), rg.steps, rg.gpu_task, rg.nccl_meta, rg.notes), changes
+    return rg.with_durations(durations), changes
 
 
 def _retime_collectives(rg: ReplayGraph, whatif: WhatIf, durations: np.ndarray, changes: Counter) -> None:
@@ -171,3 +181,42 @@ def _retime_gemms(gpu: str, gemm_flops: dict[int, tuple[float, str]], durations:
         model = models.setdefault(dtype, AnalyticCostModel(system, dtype))
         durations[task] = float(model.gemm_s(flops))
         changes[f"re-timed GEMMs from shapes on {gpu}"] += 1
+
+
+def apply_host_overheads(
+    rg: ReplayGraph, traces: list[RankTrace], model: HostOverheads, ranks: set[int] | None = None
+) -> tuple[ReplayGraph, Counter]:
+    """A copy of the replay graph whose host chains (of `ranks`, default all) take their gaps and
+    runtime-call durations from the T1–T5 model instead of the measurement. A gap split at step
+    boundaries keeps its split in proportion; gaps ending in a wait for another thread keep their
+    measured remainder (the wait itself is an edge); what the model does not cover stays measured
+    (host_overheads.modelled_host_us). `traces` in the order the graph was built from."""
+    durations = rg.graph.duration_s.copy()
+    changes: Counter = Counter()
+    for index, t in enumerate(traces):
+        rank = t.rank if t.rank is not None else index
+        chain = rg.host.get(rank)
+        if chain is None or (ranks is not None and rank not in ranks):
+            continue
+        gap_of_call = np.full(t.call_ts_us.shape[0] + 1, np.nan)  # last slot: pieces after a thread's last call
+        sync = synchronising_calls(t, t.launch_calls())
+        for tid in np.unique(t.call_tid).tolist():
+            th = thread_ops(t, int(tid))
+            gap_us, dur_us = modelled_host_us(t, th, model, sync)
+            ok = np.isfinite(dur_us)
+            durations[chain.call_task[th.calls[ok]]] = dur_us[ok] * 1e-6
+            changes["runtime calls from T4"] += int(ok.sum())
+            gap_of_call[th.calls] = gap_us
+        if chain.waiting_calls:
+            gap_of_call[np.fromiter(chain.waiting_calls, np.int64)] = np.nan
+        target = gap_of_call[chain.piece_call]  # piece_call −1 reads the last slot (NaN)
+        modelled = np.isfinite(target)
+        calls, pieces = chain.piece_call[modelled], chain.piece_task[modelled]
+        slot = np.unique(calls, return_inverse=True)[1]
+        measured = np.bincount(slot, weights=durations[pieces])[slot]
+        count = np.bincount(slot)[slot]
+        share = np.where(measured > 0, durations[pieces] / np.where(measured > 0, measured, 1.0), 1.0 / count)
+        durations[pieces] = target[modelled] * 1e-6 * share
+        changes["host gaps from T1-T3, T5"] += int(np.unique(calls).shape[0])
+        changes["host gaps kept as measured"] += int(np.unique(chain.piece_call[~modelled]).shape[0])
+    return rg.with_durations(durations), changes

@@ -1,0 +1,255 @@
+"""Host overheads of GPU training, measured from Kineto traces: the five types T1–T5.
+
+Lin et al., "Building a Performance Model for Deep Learning Recommendation Model Training on GPUs"
+(HiPC 2022, arXiv:2201.07821), split the host time of an iteration by where it falls around the
+runtime calls of each top-level operator (an operator no other operator of its thread encloses):
+- T1: between two consecutive top-level operators of a thread (independent of their names);
+- T2: from an operator's start to its first runtime call (per operator name);
+- T3: from its last runtime call's end to its end (per operator name);
+- T4: the runtime call itself (per call name: cudaLaunchKernel, cudaMemcpyAsync, …);
+- T5: between consecutive runtime calls of one operator (per operator name); an operator that
+  makes no runtime call costs its whole duration (kept apart here as `no_call_us`).
+Differences from the paper, and why:
+- every runtime call counts (not only launches): the replay graph's host chain holds them all,
+  so the model prices exactly the chain it replaces;
+- T4 leaves out synchronising calls (their time is the GPU's: the replay graph makes them wait);
+- idle stretches in which another thread ran its operators (`waiting_stretches`: the main thread
+  during backward) are waits, not T1 (the paper drops gaps ≥ 200 µs as data loading instead).
+Every figure is the mean (µs) over its samples, so that sums over an iteration are preserved; names
+never seen fall back to the mean over all operators (the paper's "shared overheads").
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from itercast.traces.kineto import RankTrace
+
+SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
+# CUDA runtime API, "API synchronization behavior": an async copy from device to pageable host
+# memory returns only once the copy has completed. Kineto names such copies "Memcpy DtoH (Device -> Pageable)".
+PAGEABLE_DTOH = re.compile(r"DtoH.*Pageable")
+VERSION = 1
+KINDS = ("t2_us", "t3_us", "t5_us", "no_call_us")
+WAIT_COVERAGE = 0.5  # an idle stretch is a wait when another thread's operators fill at least this share
+
+
+class HostOverheadError(ValueError):
+    """A host-overhead document is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ThreadOps:
+    """One host thread: its top-level operators (µs), and its runtime calls in time order with the
+    position of the operator that encloses each (−1: outside every operator)."""
+
+    tid: int
+    start_us: np.ndarray
+    end_us: np.ndarray
+    name: np.ndarray  # trace name id of each operator
+    calls: np.ndarray  # indices into the trace's call columns
+    op_of_call: np.ndarray
+
+
+def thread_ops(t: RankTrace, tid: int) -> ThreadOps:
+    top = t.top_level_ops(tid)
+    start, end = t.cpu_ts_us[top], t.cpu_ts_us[top] + t.cpu_dur_us[top]
+    calls = np.flatnonzero(t.call_tid == tid)
+    calls = calls[np.argsort(t.call_ts_us[calls], kind="stable")]
+    pos = np.searchsorted(start, t.call_ts_us[calls], side="right") - 1
+    inside = pos >= 0
+    inside[inside] = t.call_ts_us[calls[inside]] < end[pos[inside]]
+    return ThreadOps(tid, start, end, t.cpu_name[top], calls, np.where(inside, pos, -1))
+
+
+def synchronising_calls(t: RankTrace, call_of_op: np.ndarray) -> np.ndarray:
+    """Mask over the trace's runtime calls that wait for the GPU: the SYNC_CALLS, and cudaMemcpyAsync
+    calls whose copy (GPU op launched by it, `call_of_op[k]` the call of op k or −1) is a pageable
+    device-to-host copy."""
+    sync = np.isin(t.call_name, [i for i, n in enumerate(t.names) if n in SYNC_CALLS])
+    pageable = np.array([bool(PAGEABLE_DTOH.search(n)) for n in t.names], dtype=bool)
+    if pageable.size and t.num_ops:
+        copies = np.flatnonzero(pageable[t.op_name] & (call_of_op >= 0))
+        sync[call_of_op[copies]] = True
+    return sync
+
+
+def busy_until(x_us: np.ndarray, start_us: np.ndarray, end_us: np.ndarray) -> np.ndarray:
+    """Time (µs) that disjoint sorted intervals [start, end) cover before each x."""
+    before = np.searchsorted(start_us, x_us, side="right")  # intervals that started by x
+    done = np.concatenate([[0.0], np.cumsum(end_us - start_us)])
+    last = np.maximum(before - 1, 0)
+    partial = np.where(before > 0, np.minimum(x_us, end_us[last]) - start_us[last], 0.0)
+    return done[last] + partial
+
+
+def waiting_stretches(threads: list[ThreadOps]) -> dict[int, list[tuple[np.ndarray, int]]]:
+    """tid → [(positions k of idle stretches between operator k and k+1 that were waits, other tid)]:
+    idle stretches that another thread's top-level operators covered at least WAIT_COVERAGE of."""
+    out: dict[int, list[tuple[np.ndarray, int]]] = defaultdict(list)
+    for a in threads:
+        idle_from, idle_to = a.end_us[:-1], a.start_us[1:]
+        for b in threads:
+            if b.tid == a.tid or not b.start_us.size:
+                continue
+            covered = busy_until(idle_to, b.start_us, b.end_us) - busy_until(idle_from, b.start_us, b.end_us)
+            waited = np.flatnonzero(covered >= WAIT_COVERAGE * (idle_to - idle_from))
+            if waited.size:
+                out[a.tid].append((waited, b.tid))
+    return out
+
+
+@dataclass
+class HostOverheads:
+    """Mean host overheads (µs): t1_us for every gap between operators; per operator name t2/t3/t5
+    and no_call; per runtime call name t4; `pooled` the means over all operators; `samples` counts."""
+
+    t1_us: float
+    t4_us: dict[str, float]
+    per_op: dict[str, dict[str, float]]
+    pooled: dict[str, float]
+    samples: dict[str, int] = field(default_factory=dict)
+
+    def op_us(self, kind: str, name: str) -> float:
+        return self.per_op.get(name, {}).get(kind, self.pooled[kind])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "t1_us": self.t1_us,
+            "t4_us": self.t4_us,
+            "per_op": self.per_op,
+            "pooled": self.pooled,
+            "samples": self.samples,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "host_overheads") -> HostOverheads:
+        if not isinstance(doc, dict):
+            raise HostOverheadError(f"{where}: expected an object, got {type(doc).__name__}")
+        if doc.get("version") != VERSION:
+            raise HostOverheadError(f"{where}.version: expected {VERSION}, got {doc.get('version')!r}")
+        try:
+            t1 = _number(doc["t1_us"], f"{where}.t1_us")
+            t4 = {str(k): _number(v, f"{where}.t4_us.{k}") for k, v in doc["t4_us"].items()}
+            pooled = {k: _number(doc["pooled"][k], f"{where}.pooled.{k}") for k in KINDS}
+            per_op = {
+                str(name): {str(k): _number(v, f"{where}.per_op.{name}.{k}") for k, v in kinds.items()}
+                for name, kinds in doc["per_op"].items()
+            }
+        except (KeyError, AttributeError, TypeError) as exc:
+            raise HostOverheadError(f"{where}: missing or malformed field ({exc})") from None
+        return cls(t1, t4, per_op, pooled, {str(k): int(v) for k, v in doc.get("samples", {}).items()})
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
+        raise HostOverheadError(f"{where}: expected a finite number ≥ 0 (µs), got {value!r}")
+    return float(value)
+
+
+def measure(traces: list[RankTrace], steps: set[int] | None = None) -> HostOverheads:
+    """T1–T5 from the operators that start inside the traces' `ProfilerStep` windows (the steps
+    numbered in `steps`, or all; the whole trace where it marks no step)."""
+    t1: list[np.ndarray] = []
+    t4: dict[str, list[np.ndarray]] = defaultdict(list)
+    per: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
+    for t in traces:
+        windows = [(ts, ts + dur) for number, _, ts, dur in t.steps if steps is None or number in steps]
+        if not t.steps:
+            windows = [(-np.inf, np.inf)]
+        threads = [thread_ops(t, int(tid)) for tid in np.unique(t.cpu_tid)]
+        waits = waiting_stretches(threads)
+        sync = synchronising_calls(t, t.launch_calls())
+        call_end = t.call_ts_us + t.call_dur_us
+        for th in threads:
+            chosen = np.zeros(th.start_us.shape[0], dtype=bool)
+            for lo, hi in windows:
+                chosen |= (th.start_us >= lo) & (th.start_us < hi)
+            gap_ok = chosen[1:] & chosen[:-1]
+            for waited, _ in waits.get(th.tid, []):
+                gap_ok[waited] = False
+            t1.append((th.start_us[1:] - th.end_us[:-1])[gap_ok])
+            inside = th.op_of_call >= 0
+            op, calls = th.op_of_call[inside], th.calls[inside]
+            keep = chosen[op]
+            op, calls = op[keep], calls[keep]
+            timed = calls[~sync[calls]]
+            for c in np.unique(t.call_name[timed]).tolist():
+                t4[t.names[c]].append(t.call_dur_us[timed[t.call_name[timed] == c]])
+            first = np.flatnonzero(np.concatenate([[True], op[1:] != op[:-1]])) if op.size else op
+            last = np.concatenate([first[1:] - 1, [op.size - 1]]) if op.size else op
+            names = [t.names[i] for i in th.name.tolist()]
+            for f, la in zip(first.tolist(), last.tolist(), strict=True):
+                o, name = int(op[f]), names[int(op[f])]
+                per[("t2_us", name)].append(np.array([t.call_ts_us[calls[f]] - th.start_us[o]]))
+                per[("t3_us", name)].append(np.array([th.end_us[o] - call_end[calls[la]]]))
+                if la > f:
+                    per[("t5_us", name)].append(t.call_ts_us[calls[f + 1 : la + 1]] - call_end[calls[f:la]])
+            silent = np.flatnonzero(chosen)
+            silent = silent[~np.isin(silent, op)]
+            for o in silent.tolist():
+                per[("no_call_us", names[o])].append(np.array([th.end_us[o] - th.start_us[o]]))
+    return _summarise(t1, t4, per)
+
+
+def _summarise(
+    t1: list[np.ndarray], t4: dict[str, list[np.ndarray]], per: dict[tuple[str, str], list[np.ndarray]]
+) -> HostOverheads:
+    def mean(parts: list[np.ndarray]) -> tuple[float, int]:
+        x = np.maximum(np.concatenate(parts), 0.0) if parts else np.zeros(0)  # clock jitter can give −0.x µs
+        return (float(x.mean()) if x.size else 0.0), int(x.size)
+
+    t1_us, n1 = mean(t1)
+    if n1 == 0:
+        raise HostOverheadError("no gap between two operators inside the chosen steps: nothing to measure")
+    per_op: dict[str, dict[str, float]] = defaultdict(dict)
+    for (kind, name), parts in per.items():
+        per_op[name][kind] = mean(parts)[0]
+    pooled, samples = {}, {"t1": n1}
+    for kind in KINDS:  # the typical operator: a median, not swayed by a few heavy ones (the optimizer's)
+        x = [x for (k, _), v in per.items() if k == kind for x in v]
+        pooled[kind] = float(np.median(np.maximum(np.concatenate(x), 0.0))) if x else 0.0
+        samples[kind.removesuffix("_us")] = mean(x)[1]
+    t4_us = {name: mean(parts)[0] for name, parts in t4.items()}
+    samples["t4"] = sum(int(np.concatenate(v).size) for v in t4.values())
+    return HostOverheads(t1_us, t4_us, dict(per_op), pooled, samples)
+
+
+def modelled_host_us(
+    t: RankTrace, th: ThreadOps, model: HostOverheads, sync: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each runtime call of a thread (in `th.calls` order): the modelled gap before it and its
+    modelled duration (µs); NaN where the model does not apply (keep the measurement): the gap
+    before the first call, gaps next to a call outside every operator, synchronising calls (`sync`,
+    a mask over the trace's calls from synchronising_calls)."""
+    n = th.calls.shape[0]
+    gap, dur = np.full(n, np.nan), np.full(n, np.nan)
+    names = [t.names[i] for i in th.name.tolist()]
+    call_names = [t.names[i] for i in t.call_name[th.calls].tolist()]
+    for k, name in enumerate(call_names):
+        if not sync[th.calls[k]] and name in model.t4_us:
+            dur[k] = model.t4_us[name]
+    # an operator between two calls makes none itself: T1 before it plus its whole time
+    between = np.array([model.t1_us + model.op_us("no_call_us", nm) for nm in names])
+    through = np.concatenate([[0.0], np.cumsum(between)])
+    op = th.op_of_call
+    for k in range(1, n):
+        prev, cur = int(op[k - 1]), int(op[k])
+        if prev < 0 or cur < 0:
+            continue
+        if prev == cur:
+            gap[k] = model.op_us("t5_us", names[cur])
+        else:
+            gap[k] = (
+                model.op_us("t3_us", names[prev])
+                + (through[cur] - through[prev + 1])
+                + model.t1_us
+                + model.op_us("t2_us", names[cur])
+            )
+    return gap, dur
