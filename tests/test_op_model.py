@@ -10,6 +10,7 @@ import pytest
 
 from itercast.costs.aten_ops import OpCall, features, host_category, tensor_bytes
 from itercast.costs.op_model import (
+    BOOST_MIN_ROWS,
     OperatorCostModel,
     fit_operator_models,
     fit_shape_model,
@@ -102,6 +103,31 @@ def test_shape_model_recovers_a_known_law():
     assert fit["fit_mean_abs_err"] < 1e-3
     assert fit["layout_factor"]["nt"] == pytest.approx(1.2, rel=1e-2)
     assert fit["rate_flops_per_s"] == pytest.approx(2e11, rel=2e-2)
+
+
+def test_boosted_trees_learn_what_the_curve_misses():
+    """A law the curve cannot express (a 1.5× slow-down for every n < 64, e.g. another kernel path):
+    with ≥ BOOST_MIN_ROWS rows the trees, evaluated from their JSON arrays, put it back."""
+    from itercast.costs.aten_ops import OpFeatures
+
+    rng = np.random.default_rng(1)
+    law = {"alpha_s": 1e-6, "rate_flops_per_s": 1e11, "half_m": 30.0, "half_n": 30.0, "half_k": 30.0, "gamma": 1.0}
+    law |= {"layout_factor": {"nn": 1.0}}
+    dims = [{"m": int(m), "n": int(n), "k": int(k)} for m, n, k in 2 ** rng.integers(3, 11, (BOOST_MIN_ROWS + 50, 3))]
+    flops = np.array([2.0 * d["m"] * d["n"] * d["k"] for d in dims])
+    bump = np.array([1.5 if d["n"] < 64 else 1.0 for d in dims])
+    t = np.array([shape_model_s(law, OpFeatures("gemm", f, d)) for f, d in zip(flops, dims, strict=True)]) * bump
+    boosted = fit_shape_model(dims, flops, t)
+    plain = fit_shape_model(dims[: BOOST_MIN_ROWS - 1], flops[: BOOST_MIN_ROWS - 1], t[: BOOST_MIN_ROWS - 1])
+    assert "boost" in boosted and "boost" not in plain
+    errs = [
+        abs(shape_model_s(boosted, OpFeatures("gemm", f, d)) / y - 1) for f, d, y in zip(flops, dims, t, strict=True)
+    ]
+    assert float(np.median(errs)) < 0.02  # the curve alone cannot place a step in n
+    for n, slow in ((32, 1.5), (512, 1.0)):
+        d = {"m": 256, "n": n, "k": 256}
+        f = OpFeatures("gemm", 2.0 * 256 * n * 256, d)
+        assert shape_model_s(boosted, f) == pytest.approx(shape_model_s(law, f) * slow, rel=0.05)
 
 
 def test_unique_fraction_of_uniform_draws():

@@ -9,6 +9,11 @@ features of costs/aten_ops.py. Forms (all fitted on log time, so relative errors
   dimension the ramp is held at that size (no extrapolation: (h/d)^g would explode for d = 1).
   Why shapes: a model of FLOPs alone cannot tell a 64×4096×4096 product from a 1024³ one, and
   skinny shapes run far below peak.
+  With at least BOOST_MIN_ROWS rows, gradient-boosted trees (scikit-learn) on log m, log n, log k
+  and the layout learn what the curve misses (the seed's learned GEMM model, here as a correction:
+  t = curve · exp(trees)); the trees are stored as arrays in the calibration's JSON. Why a
+  correction: the curve extrapolates sensibly beyond the grid, trees alone do not; why the row
+  floor: 30 rows of a convolution would teach the trees their noise.
 - memory-bound operators, per operator name (else aten::add_ for in-place operators, aten::add for
   the others), linear in bytes with a second slope beyond a cache size C (chosen by fit among
   MEMORY_BREAKS_BYTES): t = α + a · bytes + b · max(0, bytes − C), a, b ≥ 0. Why not a saturating
@@ -49,6 +54,10 @@ SAME_KERNEL = {
     "aten::_embedding_bag_forward_only": "aten::_embedding_bag",
 }
 MEMORY_BREAKS_BYTES = (1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
+BOOST_MIN_ROWS = 100
+#: scikit-learn GradientBoostingRegressor settings, fixed (not searched per database). Four settings
+#: were compared on the CPU database's mm rows (200-300 trees, depth 3-4, rate 0.05-0.1): 3.3-3.9%.
+BOOST = {"n_estimators": 200, "max_depth": 3, "learning_rate": 0.05, "min_samples_leaf": 10, "random_state": 0}
 
 
 class OpModelError(ValueError):
@@ -79,8 +88,10 @@ def fit_shape_model(dims: list[dict[str, Any]], flops: np.ndarray, t: np.ndarray
     hi = [math.log(1e-2), math.log(rate0 * 20), 12.0, 12.0, 12.0, 4.0] + [1.6] * len(seen)
     fit = least_squares(lambda p: np.log(model(p)) - np.log(t), x0=np.clip(x0, lo, hi), bounds=(lo, hi))
     p = fit.x
+    boost = _fit_boost(dims, np.log(t) - np.log(model(p))) if len(t) >= BOOST_MIN_ROWS else {}
     return {
         "form": "shape",
+        **boost,
         "alpha_s": float(math.exp(p[0])),
         "rate_flops_per_s": float(math.exp(p[1])),
         "half_m": float(math.exp(p[2])),
@@ -100,7 +111,46 @@ def shape_model_s(fit: dict[str, Any], f: OpFeatures) -> float:
     for dim in "mnk":
         slow *= 1 + (fit[f"half_{dim}"] / max(float(d[dim]), fit.get(f"min_{dim}", 1.0))) ** fit["gamma"]
     factor = fit["layout_factor"].get(d.get("layout", "nn"), 1.0)
-    return float(fit["alpha_s"] + f.size / fit["rate_flops_per_s"] * slow * factor)
+    curve_s = fit["alpha_s"] + f.size / fit["rate_flops_per_s"] * slow * factor
+    return float(curve_s * math.exp(_boost_log(fit["boost"], _shape_features(d)))) if "boost" in fit else float(curve_s)
+
+
+def _shape_features(d: dict[str, Any]) -> list[float]:
+    """log m, log n, log k and one column per layout in LAYOUTS."""
+    return [math.log(float(d[x])) for x in "mnk"] + [float(d.get("layout", "nn") == lay) for lay in LAYOUTS]
+
+
+def _fit_boost(dims: list[dict[str, Any]], log_residual: np.ndarray) -> dict[str, Any]:
+    """Boosted trees on the curve's log residuals, as arrays: per tree the split feature (−2: leaf),
+    threshold, children (−1: none) and leaf value; prediction = init + rate · Σ tree values."""
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    g = GradientBoostingRegressor(**BOOST).fit(np.array([_shape_features(d) for d in dims]), log_residual)
+    trees = []
+    for est in g.estimators_[:, 0]:
+        tr = est.tree_
+        trees.append(
+            {
+                "feature": tr.feature.tolist(),
+                "threshold": tr.threshold.tolist(),
+                "left": tr.children_left.tolist(),
+                "right": tr.children_right.tolist(),
+                "value": tr.value[:, 0, 0].tolist(),
+            }
+        )
+    init = float(g.init_.constant_[0][0])  # the default initial estimator: the residuals' mean
+    return {"boost": {"init": init, "learning_rate": BOOST["learning_rate"], "trees": trees}}
+
+
+def _boost_log(boost: dict[str, Any], x: list[float]) -> float:
+    """The trees' log correction at feature vector x (scikit-learn's rule: x[f] ≤ threshold goes left)."""
+    total = 0.0
+    for tree in boost["trees"]:
+        node = 0
+        while tree["left"][node] != -1:
+            node = tree["left"][node] if x[tree["feature"][node]] <= tree["threshold"][node] else tree["right"][node]
+        total += tree["value"][node]
+    return float(boost["init"] + boost["learning_rate"] * total)
 
 
 def lookup_columns(feats: list[OpFeatures], unique: np.ndarray, cache_bytes: float) -> dict[str, np.ndarray]:
