@@ -3,10 +3,11 @@
     python validation/variability_cpu.py
 
 Data: data/measured/cpu_mlp_{1,2}rank.csv (tools/measure_step_times.py: 10 runs × 300 iterations of a
-small MLP training loop, 1 process and 2 gloo DDP processes; rank 0's times; runs one after another).
-Two splits, nothing fitted on the predicted runs in either:
-- time-ordered: runs 0–4 fit, runs 5–9 are predicted (forecasting later runs: drift of the machine
-  over the minutes between them is not foreseeable from earlier runs);
+small MLP training loop, 1 process and 2 gloo DDP processes; rank 0's times; runs one after another)
+and cpu_mlp_{1,2}rank_20runs.csv (the same, 20 runs, measured on another day). Two splits, nothing
+fitted on the predicted runs in either:
+- time-ordered: the first half of the runs fit, the second half predicted (forecasting later runs:
+  drift of the machine over the minutes between them is not foreseeable from earlier runs);
 - interleaved: even runs fit, odd runs are predicted (the fitted runs span the same period as the
   predicted ones: the question "what will a run on this machine look like").
 
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.stochastic.distributions import fit_best
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "measured"
+FILES = ("cpu_mlp_1rank.csv", "cpu_mlp_2rank.csv", "cpu_mlp_1rank_20runs.csv", "cpu_mlp_2rank_20runs.csv")
 
 
 def runs(path: Path) -> dict[int, np.ndarray]:
@@ -58,7 +60,7 @@ def check(data: dict[int, np.ndarray], train: list[int], test: list[int], rng: n
 
 def main() -> None:
     rng = np.random.default_rng(0)
-    for name in ("cpu_mlp_1rank.csv", "cpu_mlp_2rank.csv"):
+    for name in FILES:
         data = runs(DATA / name)
         order = sorted(data)
         half = len(order) // 2
