@@ -2,8 +2,9 @@
 
 For a small GPT, a DLRM-like model (eight embedding-bag tables, bottom and top MLPs, dot
 interaction) and a small CNN, at two batch sizes each:
-1. measure: the median of --iterations timed iterations (forward, backward, optimizer step) after
-   warm-up, with nothing else running; written to data/measured/e2e_cpu.csv with the command;
+1. measure: the median of all timed iterations (forward, backward, optimizer step) over --rounds
+   rounds of --iterations per case, the cases interleaved (this VM's speed drifts over minutes),
+   with nothing else running; written to data/measured/e2e_cpu.csv with the command;
 2. predict: capture one iteration's execution trace (operators, shapes, parents; no times) and price
    it with the operator models fitted on the profiling database (costs/op_model.py, through
    traces/iteration_model.py). The measured iteration times are never used by the prediction, and
@@ -160,31 +161,44 @@ def workload(name: str, batch: int) -> Callable[[], None]:
 CASES = [("gpt", 4), ("gpt", 8), ("dlrm", 512), ("dlrm", 2048), ("cnn", 16), ("cnn", 64)]
 
 
-def measure(iterations: int) -> list[dict[str, object]]:
+def measure(iterations: int, rounds: int) -> list[dict[str, object]]:
+    """`rounds` rounds, each timing `iterations` iterations of every case after 3 warm-up ones, the
+    cases in a rotated order per round: this machine's speed drifts by 10-30% over minutes (two
+    back-to-back single rounds gave 61.6 and 81.7 ms for cnn batch 64), so every case is sampled
+    across the whole measurement rather than in one stretch of it."""
+    times: dict[tuple[str, int], list[float]] = {case: [] for case in CASES}
+    round_medians: dict[tuple[str, int], list[float]] = {case: [] for case in CASES}
+    for r in range(rounds):
+        for name, batch in CASES[r % len(CASES) :] + CASES[: r % len(CASES)]:
+            step = workload(name, batch)
+            for _ in range(3):
+                step()
+            these = []
+            for _ in range(iterations):
+                t0 = time.perf_counter()
+                step()
+                these.append(time.perf_counter() - t0)
+            times[(name, batch)] += these
+            round_medians[(name, batch)].append(statistics.median(these))
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
     rows = []
-    for name, batch in CASES:
-        step = workload(name, batch)
-        for _ in range(5):
-            step()
-        times = []
-        for _ in range(iterations):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        q = statistics.quantiles(times, n=10)
+    for (name, batch), all_times in times.items():
+        q = statistics.quantiles(all_times, n=10)
         rows.append(
             {
                 "workload": name,
                 "batch": batch,
-                "iterations": iterations,
-                "median_s": statistics.median(times),
+                "iterations": len(all_times),
+                "rounds": rounds,
+                "median_s": statistics.median(all_times),
                 "p10_s": q[0],
                 "p90_s": q[-1],
+                "round_median_min_s": min(round_medians[(name, batch)]),
+                "round_median_max_s": max(round_medians[(name, batch)]),
                 "threads": torch.get_num_threads(),
                 "command": COMMAND,
             }
         )
-        print(f"measured {name} batch {batch}: {rows[-1]['median_s'] * 1e3:.2f} ms", file=sys.stderr)
     return rows
 
 
@@ -205,10 +219,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default=str(ROOT / "data" / "measured" / "cpu_profile.db"))
     ap.add_argument("--measure", action="store_true", help="re-measure the iterations into the CSV")
-    ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--iterations", type=int, default=20, help="timed iterations per case and round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds over all cases (interleaved)")
     args = ap.parse_args()
     if args.measure or not CSV.exists():
-        rows = measure(args.iterations)
+        rows = measure(args.iterations, args.rounds)
         with CSV.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
             writer.writeheader()
