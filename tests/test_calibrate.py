@@ -117,3 +117,22 @@ def test_inter_node_collectives_recover_a_layout_aware_law_through_the_cost_mode
     model = AnalyticCostModel(system, "fp16", load_calibration(write_calibration(doc, tmp_path / "cal.json")))
     want = collective_time_s(law, BUS_FACTOR["all_gather"](16) * 2**24, 2, 16, 8 * nic)
     assert model.collective_s("all_gather", 2**24, GroupPlacement(16, 2, 8)) == pytest.approx(float(want), rel=1e-3)
+
+
+def test_intra_node_groups_of_several_sizes_get_their_rank_latency(tmp_path):
+    """All-reduces within one node over 2, 4 and 8 GPUs (as OpenXLA's tables hold) whose latency grows
+    with log2(ranks): calibration fits that term, so each group size is priced as the law does."""
+    law = {"alpha0_s": 8e-6, "alpha_per_log2_nodes_s": 0.0, "alpha_per_log2_ranks_s": 6e-6}
+    law.update({"e_max": 0.7, "log_half": 14.0, "gamma": 1.1, "ramp_of": "step"})
+    system = load_system("dgx-h100")
+    bw = system.node.intra_node_bandwidth_bytes_per_s
+    db = ProfileDB(tmp_path / "p.db")
+    rows = []
+    for ranks in (2, 4, 8):
+        for size in np.logspace(3, 9, 13):
+            t = collective_time_s(law, BUS_FACTOR["all_reduce"](ranks) * size, 1, ranks, bw)
+            rows.append(Measurement("collective", "all_reduce", float(size), float(t), "bf16", ranks, 1))
+    db.add(db.device("synthetic", {}), rows)
+    fit = calibrate(db, 1, system)["collectives"]["intra_node"]["all_reduce"]
+    assert fit["fit_mean_abs_err"] < 1e-3
+    assert fit["alpha_per_log2_ranks_s"] == pytest.approx(6e-6, rel=0.05)

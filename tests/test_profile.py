@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.profile.db import Measurement, ProfileDB, ProfileError
-from itercast.profile.importers import import_alpa, import_nccl_log, import_nccl_tidy
+from itercast.profile.importers import import_alpa, import_nccl_log, import_nccl_tidy, import_xla_collectives
 
 LOG = """# nThread 1 nGpus 1 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20
 #  Rank  0 Group  0 Pid 1 on host device  0 [0000:19:00] NVIDIA H100 80GB HBM3
@@ -104,6 +104,35 @@ def test_tidy_nccl_import_needs_its_columns(tmp_path):
     bad.write_text("system,collective,size_B\nX,all_reduce,1024\n")
     with pytest.raises(ProfileError, match="missing column `oop_time_us`"):
         import_nccl_tidy(ProfileDB(tmp_path / "p.db"), bad)
+
+
+XLA_HEADER = "device,opcode,element_type,dims,num_elements,num_replica_groups,num_devices_per_group,"
+XLA_HEADER += "replica_groups_explicit,throughput_Bps\n"
+
+
+def test_xla_collective_table_import(tmp_path):
+    table = tmp_path / "xla.csv"
+    table.write_text(
+        XLA_HEADER
+        + "sm_90,all-reduce,F32,65536,65536,1,8,0,4940892641\n"  # 256 KiB over 8 GPUs
+        + "sm_90,reduce-scatter,BF16,512,512,2,4,0,100000000\n"  # a 1 KiB shard of a 4 KiB input
+        + "sm_90,all-to-all,F32,1024,1024,2,4,0,155528554\n"
+        + "sm_90,collective-permute,F32,4194304,4194304,,,0,75804898766\n"
+    )
+    db = ProfileDB(tmp_path / "p.db")
+    counts = import_xla_collectives(db, table)
+    assert counts["imported"] == 2 and sum(n for k, n in counts.items() if k.startswith("skipped")) == 2
+    rows = {m.op: m for m in db.measurements(family="collective")}
+    ar, rs = rows["all_reduce"], rows["reduce_scatter"]
+    assert (ar.size, ar.group_size, ar.nodes, ar.dtype) == (262144, 8, 1, "f32")
+    assert ar.time_s == pytest.approx(262144 / 4940892641)  # XLA: bytes transferred / throughput
+    assert (rs.size, rs.group_size) == (4096, 4) and rs.time_s == pytest.approx(4096 / 1e8)
+    table.write_text(XLA_HEADER + "sm_90,all-gather,S4,64,64,1,8,0,1000\n")
+    with pytest.raises(ProfileError, match=r"xla.csv: line 2: `element_type` should be one of .*; got 'S4'"):
+        import_xla_collectives(ProfileDB(tmp_path / "q.db"), table)
+    table.write_text(XLA_HEADER.replace("throughput_Bps", "rate") + "sm_90,all-gather,F32,64,64,1,8,0,1000\n")
+    with pytest.raises(ProfileError, match="line 2: missing column `throughput_Bps`"):
+        import_xla_collectives(ProfileDB(tmp_path / "r.db"), table)
 
 
 def test_microbenchmarks_measure_once_and_resume(tmp_path):

@@ -16,7 +16,7 @@ from itercast.traces.host_overheads import HostOverheads
 
 profile_app = typer.Typer(no_args_is_help=True, help="Measure kernels on this device, or import outside measurements.")
 app.add_typer(profile_app, name="profile")
-IMPORTERS = ("alpa", "nccl-tidy", "nccl-log", "xla-matmul")
+IMPORTERS = ("alpa", "nccl-tidy", "nccl-log", "xla-matmul", "xla-collective")
 HOST_KINDS = (
     ("t2_us", "T2 operator start to its first runtime call"),
     ("t3_us", "T3 last runtime call to operator end"),
@@ -71,6 +71,7 @@ def profile_import_cmd(
                 "alpa": importers.import_alpa,
                 "nccl-tidy": importers.import_nccl_tidy,
                 "xla-matmul": importers.import_xla_matmul,
+                "xla-collective": importers.import_xla_collectives,
             }[kind](target, file)
     except ProfileError as exc:
         fail(str(exc))

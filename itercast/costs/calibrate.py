@@ -122,10 +122,10 @@ def _gathered(m: Measurement) -> float:
 def _fit(section: str, x: np.ndarray, t: np.ndarray, rate: np.ndarray, aux: np.ndarray) -> dict[str, Any]:
     if section == "embedding":
         return fit_lookup_linear(x, aux, t)
+    if section == "inter_node" or np.unique(aux[:, 1]).shape[0] > 1:  # groups of several sizes: their latency
+        return fit_collective(x, t, aux[:, 0], rate, ranks=aux[:, 1], starts=8)
     if section == "intra_node":
         return fit_collective(x, t, aux[:, 0], rate)
-    if section == "inter_node":
-        return fit_collective(x, t, aux[:, 0], rate, ranks=aux[:, 1], starts=8)
     return fit_latency_curve(x, t, rate)
 
 
