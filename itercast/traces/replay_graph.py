@@ -13,6 +13,9 @@ Per rank (graph rank = trace rank):
 - `cuda{Device,Stream,Event}Synchronize`, blocking `cudaMemcpy` and `cudaMemcpyAsync` to pageable host
   memory (host_overheads.synchronising_calls): the call waits for the GPU op
   whose measured end it waited for; its own duration becomes the part after that end;
+- host threads that sat idle while another thread ran its operators (the main thread during
+  backward, the autograd thread during forward) wait for that thread's last runtime call in the
+  stretch (_thread_waits), so a what-if that shortens one thread moves the other;
 - NCCL kernels are matched across the loaded ranks (process group + collective + order of issue,
   or kernel name + order when the trace has no NCCL metadata) into rendezvous collectives whose
   duration is the smallest member duration: the last member to arrive waits for nobody, so its
