@@ -17,11 +17,11 @@ from itercast.traces.host_overheads import HostOverheads
 profile_app = typer.Typer(no_args_is_help=True, help="Measure kernels on this device, or import outside measurements.")
 app.add_typer(profile_app, name="profile")
 IMPORTERS = ("alpa", "nccl-tidy", "nccl-log", "xla-matmul", "xla-collective")
-HOST_KINDS = (
-    ("t2_us", "T2 operator start to its first runtime call"),
-    ("t3_us", "T3 last runtime call to operator end"),
-    ("t5_us", "T5 between runtime calls of one operator"),
-    ("no_call_us", "T5 operator without runtime calls (whole)"),
+HOST_KINDS = (  # (field, type, where) of the per-operator host overheads
+    ("t2_us", "T2", "operator start to its first runtime call"),
+    ("t3_us", "T3", "last runtime call to operator end"),
+    ("t5_us", "T5", "between runtime calls of one operator"),
+    ("no_call_us", "T5", "operator without runtime calls (whole)"),
 )
 
 
@@ -149,8 +149,8 @@ def _print_host_overheads(o: HostOverheads) -> None:
     for col in ("type", "where", "mean µs", "samples"):
         table.add_column(col, justify="right" if col in ("mean µs", "samples") else "left")
     table.add_row("T1", "between two operators", f"{o.t1_us:.1f}", str(o.samples.get("t1", "")))
-    for kind, label in HOST_KINDS:
-        table.add_row(label[:2], label[3:], f"{o.pooled[kind]:.1f}", str(o.samples.get(kind.removesuffix("_us"), "")))
+    for kind, label, where in HOST_KINDS:
+        table.add_row(label, where, f"{o.pooled[kind]:.1f}", str(o.samples.get(kind.removesuffix("_us"), "")))
     for name, us in sorted(o.t4_us.items(), key=lambda kv: -kv[1])[:8]:
         table.add_row("T4", name, f"{us:.1f}", "")
     console.print(table)

@@ -212,11 +212,11 @@ def apply_host_overheads(
         target = gap_of_call[chain.piece_call]  # piece_call −1 reads the last slot (NaN)
         modelled = np.isfinite(target)
         calls, pieces = chain.piece_call[modelled], chain.piece_task[modelled]
-        slot = np.unique(calls, return_inverse=True)[1]
+        gaps, slot = np.unique(calls, return_inverse=True)
         measured = np.bincount(slot, weights=durations[pieces])[slot]
         count = np.bincount(slot)[slot]
         share = np.where(measured > 0, durations[pieces] / np.where(measured > 0, measured, 1.0), 1.0 / count)
         durations[pieces] = target[modelled] * 1e-6 * share
-        changes["host gaps from T1-T3, T5"] += int(np.unique(calls).shape[0])
+        changes["host gaps from T1-T3, T5"] += int(gaps.shape[0])
         changes["host gaps kept as measured"] += int(np.unique(chain.piece_call[~modelled]).shape[0])
     return rg.with_durations(durations), changes
