@@ -43,7 +43,6 @@ from itercast.traces.iteration_model import predict_iteration
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "data" / "measured" / "e2e_cpu.csv"
-COMMAND = "python validation/e2e_local.py --measure"
 
 
 class Block(nn.Module):
@@ -196,7 +195,7 @@ def measure(iterations: int, rounds: int) -> list[dict[str, object]]:
                 "round_median_min_s": min(round_medians[(name, batch)]),
                 "round_median_max_s": max(round_medians[(name, batch)]),
                 "threads": torch.get_num_threads(),
-                "command": COMMAND,
+                "command": " ".join(["python", "validation/e2e_local.py", *sys.argv[1:]]),
             }
         )
     return rows
@@ -221,18 +220,20 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true", help="re-measure the iterations into the CSV")
     ap.add_argument("--iterations", type=int, default=20, help="timed iterations per case and round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds over all cases (interleaved)")
+    ap.add_argument("--csv", default=str(CSV), help="measured iterations (read; written by --measure)")
     args = ap.parse_args()
-    if args.measure or not CSV.exists():
+    csv_path = Path(args.csv)
+    if args.measure or not csv_path.exists():
         rows = measure(args.iterations, args.rounds)
-        with CSV.open("w", newline="") as fh:
+        with csv_path.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
-    measured = {(r["workload"], int(r["batch"])): float(r["median_s"]) for r in csv.DictReader(CSV.open())}
+    measured = {(r["workload"], int(r["batch"])): float(r["median_s"]) for r in csv.DictReader(csv_path.open())}
     db = ProfileDB(args.db)
     device_id = db.devices()[-1][0]
     model = OperatorCostModel(fit_operator_models(list(db.measurements(device_id=device_id))))
-    print(f"operator models fitted on {args.db} (device {device_id}); iterations from {CSV.relative_to(ROOT)}")
+    print(f"operator models fitted on {args.db} (device {device_id}); iterations from {csv_path}")
     print(f"{'workload':9s} {'batch':>5s} {'measured ms':>12s} {'predicted ms':>13s} {'error':>7s}   breakdown")
     errors = []
     with tempfile.TemporaryDirectory() as tmp:
