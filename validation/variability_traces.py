@@ -65,31 +65,31 @@ def main() -> None:
         for held, mark in enumerate(rg.steps):
             fit = [j for j in range(len(rg.steps)) if j != held]
             model = fit_trace_variability(rg, fit)
-            draws = trace_step_distribution(rg, model, args.samples, args.seed)
-            forecasts["trace-fitted model"].append(draws.step_s[fit].ravel())
-            forecasts["other steps as measured"].append(step_s[fit])
+            forecast = trace_step_distribution(rg, model, args.samples, args.seed).step_s[fit].ravel()
+            others = step_s[fit]
+            forecasts["trace-fitted model"].append(forecast)
+            forecasts["other steps as measured"].append(others)
             value = float(mark.measured_s)
             measured.append(value)
-            row = [f"{path.name.removesuffix('.json.gz')[:34]:34} {mark.step:4d} {value * 1e3:9.2f}"]
-            q = np.quantile(forecasts["trace-fitted model"][-1], [0.05, 0.5, 0.95]) * 1e3
-            row.append(f"{q[0]:7.2f} {q[1]:7.2f} {q[2]:7.2f} {pit(forecasts['trace-fitted model'][-1], value):4.2f}")
-            others = step_s[fit] * 1e3
-            row.append(f"{others.min():7.2f} {others.max():7.2f} {pit(step_s[fit], value):4.2f}")
-            print(" | ".join(row))
+            q = np.quantile(forecast, [0.05, 0.5, 0.95]) * 1e3
+            print(
+                f"{path.name.removesuffix('.json.gz')[:34]:34} {mark.step:4d} {value * 1e3:9.2f} | "
+                f"{q[0]:7.2f} {q[1]:7.2f} {q[2]:7.2f} {pit(forecast, value):4.2f} | "
+                f"{others.min() * 1e3:7.2f} {others.max() * 1e3:7.2f} {pit(others, value):4.2f}"
+            )
     if not measured:
         print("no single-rank trace with at least three steps")
         return
     meas = np.array(measured)
     for name, dists in forecasts.items():
         pits = [pit(d, v) for d, v in zip(dists, meas, strict=True)]
-        lo_hi = [(np.quantile(d, 0.05), np.quantile(d, 0.95)) for d in dists]
-        if name == "other steps as measured":  # two to five values: their range
-            lo_hi = [(d.min(), d.max()) for d in dists]
+        baseline = name == "other steps as measured"  # two to five values: their range
+        lo_hi = [(d.min(), d.max()) if baseline else tuple(np.quantile(d, [0.05, 0.95])) for d in dists]
         inside = np.mean([lo <= v <= hi for (lo, hi), v in zip(lo_hi, meas, strict=True)])
         p50 = np.array([np.median(d) for d in dists])
         print(
             f"{name:24} held-out steps {meas.size}  PIT KS vs uniform {stats.kstest(pits, 'uniform').statistic:.1%}  "
-            f"inside {'min–max' if name.startswith('other') else 'p5–p95'} {inside:.0%}  "
+            f"inside {'min–max' if baseline else 'p5–p95'} {inside:.0%}  "
             f"p50 geomean |error| {geomean_abs_err(p50, meas):.2%}"
         )
 
