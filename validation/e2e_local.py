@@ -222,9 +222,9 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true", help="re-measure the iterations into the CSV")
     ap.add_argument("--iterations", type=int, default=20, help="timed iterations per case and round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds over all cases (interleaved)")
-    ap.add_argument("--csv", default=str(CSV), help="measured iterations (read; written by --measure)")
+    ap.add_argument("--csv", type=Path, default=CSV, help="measured iterations (read; written by --measure)")
     args = ap.parse_args()
-    csv_path = Path(args.csv)
+    csv_path: Path = args.csv
     if args.measure or not csv_path.exists():
         rows = measure(args.iterations, args.rounds)
         with csv_path.open("w", newline="") as fh:
