@@ -12,7 +12,7 @@ from itercast.cli import app
 from itercast.config.job import Job, load_system
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
 from itercast.costs.calibrate import CalibrationError, calibrate, load_calibration, report, write_calibration
-from itercast.costs.fitting import collective_time_s, eff
+from itercast.costs.fitting import collective_time_s, eff, fit_collective
 from itercast.hardware.topology import GroupPlacement
 from itercast.predict import predict
 from itercast.profile.db import Measurement, ProfileDB
@@ -113,10 +113,26 @@ def test_inter_node_collectives_recover_a_layout_aware_law_through_the_cost_mode
     db.add(db.device("synthetic", {}), rows)
     doc = calibrate(db, 1, system)
     fit = doc["collectives"]["inter_node"]["all_gather"]
-    assert fit["ramp_of"] == "step" and fit["fit_mean_abs_err"] < 1e-3
+    assert fit["ramp_of"] == "step" and fit["latency_of"] == "log2_ranks" and fit["fit_mean_abs_err"] < 1e-3
     model = AnalyticCostModel(system, "fp16", load_calibration(write_calibration(doc, tmp_path / "cal.json")))
     want = collective_time_s(law, BUS_FACTOR["all_gather"](16) * 2**24, 2, 16, 8 * nic)
     assert model.collective_s("all_gather", 2**24, GroupPlacement(16, 2, 8)) == pytest.approx(float(want), rel=1e-3)
+
+
+def test_a_latency_per_peer_is_told_from_one_in_log2_ranks_and_recovered():
+    """All-to-alls over 2–8 ranks whose latency is 40 µs + 90 µs per peer (as NCCL's ranks − 1
+    point-to-point exchanges): the log2(ranks) form fitted on 2 and 4 ranks misses 8 ranks, the
+    per-peer form does not, so fit_collective keeps it and recovers the law. (γ ≠ 1: at γ = 1 the
+    ramp on one ring step's bytes adds a per-peer term of its own, and the two trade off.)"""
+    law = {"alpha0_s": 40e-6, "alpha_per_peer_s": 90e-6, "e_max": 0.8, "log_half": 10.0, "gamma": 1.4}
+    law["ramp_of"] = "step"
+    ranks = np.repeat([2.0, 4.0, 8.0], 13)
+    size = np.tile(np.logspace(3, 9, 13), 3)
+    t = collective_time_s(law, size, 2, ranks, 1e9)
+    fit = fit_collective(size, t, np.full_like(size, 2.0), 1e9, ranks=ranks, starts=8)
+    assert fit["latency_of"] == "peers" and fit["alpha_per_log2_ranks_s"] == 0.0
+    assert fit["latency_choice_err"] < 1e-3
+    assert fit["alpha_per_peer_s"] == pytest.approx(90e-6, rel=0.02)
 
 
 def test_intra_node_groups_of_several_sizes_get_their_rank_latency(tmp_path):

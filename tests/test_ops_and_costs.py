@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from itercast.config.job import Job
-from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
+from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel, bus_bytes
 from itercast.hardware.topology import place_group
 from itercast.workloads.transformer_ops import layer_backward, layer_forward
 
@@ -49,6 +49,15 @@ def test_group_placement():
 def test_bus_factors_follow_nccl_tests():
     assert BUS_FACTOR["all_reduce"](8) == 2 * 7 / 8
     assert BUS_FACTOR["all_gather"](8) == BUS_FACTOR["reduce_scatter"](8) == 7 / 8
+
+
+def test_an_all_to_all_across_nodes_is_priced_by_the_bytes_through_the_nic():
+    """16 ranks on 2 nodes, 1 MB buffer each: every rank sends the 8/16 of it meant for the other
+    node off its node, so the node's 8 ranks push 4 MB through the NIC share that the cost model
+    divides by (per_node × NIC per GPU). Within a node: nccl-tests' (n − 1)/n."""
+    assert bus_bytes("alltoall", 1e6, 16, 2) == pytest.approx(4e6)
+    assert bus_bytes("alltoall", 1e6, 8, 1) == pytest.approx(7 / 8 * 1e6)
+    assert bus_bytes("all_gather", 1e6, 16, 2) == pytest.approx(15 / 16 * 1e6)
 
 
 def test_collectives_grow_with_size_and_slow_down_across_nodes():

@@ -176,10 +176,28 @@ def test_alpa_import_drops_empty_shards_and_make_monotonic_points(tmp_path):
     db = ProfileDB(tmp_path / "p.db")
     assert import_alpa(db, csv) == {
         "imported": 2,
-        "skipped (empty message or per-rank shard)": 1,
+        "skipped (empty message, shard or peer chunk)": 1,
         "skipped (synthetic: make_monotonic clamp)": 1,
     }
     assert [m.size for m in db.measurements(family="collective")] == [32.0, 128.0]
+
+
+def test_alpa_all_to_all_keeps_only_non_empty_peer_chunks_as_per_rank_buffers(tmp_path):
+    """An all-to-all over 8 ranks splits x/8 elements per rank 8 ways again: x = 32 leaves every
+    peer chunk empty (x < 64) and is dropped; x = 64 (1 element per peer) and 128 are kept, stored
+    as the per-rank buffer, bytes / 8."""
+    head = ALPA.splitlines()[0]
+    group = '"[[0, 2, 4, 6, 8, 10, 12, 14], [1, 3, 5, 7, 9, 11, 13, 15]]"'
+    lines = [
+        f"default,2,8,all_to_all,2,8,{group},f16,{x},num_elements,{2 * x},{t},1"
+        for x, t in ((32, 1.8e-05), (64, 6.3e-04), (128, 6.2e-04))
+    ]
+    csv = tmp_path / "alpa.csv"
+    csv.write_text("\n".join([head, *lines]) + "\n")
+    db = ProfileDB(tmp_path / "p.db")
+    assert import_alpa(db, csv) == {"imported": 2, "skipped (empty message, shard or peer chunk)": 1}
+    rows = list(db.measurements(family="collective"))
+    assert [(m.op, m.size, m.group_size, m.nodes) for m in rows] == [("alltoall", 16.0, 8, 2), ("alltoall", 32.0, 8, 2)]
 
 
 def test_collectives_run_across_two_gloo_processes_and_resume(tmp_path, monkeypatch):

@@ -2,21 +2,24 @@
 
     python validation/alpa_collectives.py            # reads $ITERCAST_DATA or ../shared/data
 
-The importer drops the rows Alpa did not measure: empty messages or per-rank shards, and the points
-its make_monotonic() wrote (the data's SOURCES.txt caveat; see import_alpa). Per collective, on the
+The importer drops the rows Alpa did not measure: empty messages, per-rank shards or all-to-all
+per-peer chunks, and the points its make_monotonic() wrote (the data's SOURCES.txt caveat; see
+import_alpa); it stores an all-to-all's per-rank buffer (Alpa's x/n). Per collective, on the
 same held-out rows (groups of 16 and 32 GPUs over 2 and 4 p3.16xlarge hosts), as geomean and median
 |predicted/measured − 1|, overall and for messages below 1 MiB:
 - analytic: the uncalibrated model of the v100-p3.16xlarge preset (curves fitted on H100/Polaris);
 - calibrated: the inter-node curve refitted on this database's groups of ≤ 8 GPUs that span hosts
-  (itercast.costs.fitting.fit_collective with ranks: latency in log2 nodes and log2 ranks, the
-  bandwidth ramp on the bytes of one ring step);
+  (itercast.costs.fitting.fit_collective with ranks: latency in log2 nodes and in log2 ranks or
+  per peer, and the bandwidth ramp);
 - straight line: t = a + b · bus_bytes / B on the same training rows, the form pipeDejavu used
   (R² = 1.00 on its training curves, yet 24% median error on small messages).
-B is the per-rank bandwidth of the group's placement: NVLink within a host; across hosts the host's
-one 25 Gb/s NIC shared by its 8 GPUs, all of which Alpa ran at once (its n_groups concurrent groups).
-Printed first, the choice of the ramp's argument made on the training rows only: leave-one-layout-out
-geomean |error| over the ≤ 8-GPU layouts for the ramp on bus bytes, on NIC bytes (bus × groups
-sharing a NIC) and on one ring step's bytes.
+bus_bytes is itercast.costs.analytic.bus_bytes (an all-to-all across hosts: the bytes through the
+NIC). B is the per-rank bandwidth of the group's placement: NVLink within a host; across hosts the
+host's one 25 Gb/s NIC shared by its 8 GPUs, all of which Alpa ran at once (its n_groups concurrent
+groups). Printed first, the choices made on the training rows only: the ramp's argument by
+leave-one-layout-out geomean |error| over the ≤ 8-GPU layouts (bus bytes, NIC bytes = bus × groups
+sharing a NIC, one ring step's bytes), the lower kept; then the latency's growth with the group,
+log2(ranks) or per peer, by predicting the groups of 8 from those of 2 and 4 (fit_collective).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.config.job import load_system
-from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
+from itercast.costs.analytic import AnalyticCostModel, bus_bytes
 from itercast.costs.fitting import collective_time_s, fit_collective, geomean_abs_err
 from itercast.data_paths import shared_data_dir
 from itercast.hardware.topology import GroupPlacement
@@ -74,7 +77,7 @@ def main() -> None:
         nodes = np.array([r.nodes for r in sel], dtype=float)
         size = np.array([r.size for r in sel])
         t = np.array([r.time_s for r in sel])
-        bus = np.array([BUS_FACTOR[op](k) for k in n]) * size
+        bus = np.array([bus_bytes(op, s, int(k), int(m)) for s, k, m in zip(size, n, nodes, strict=True)])
         bw = np.where(nodes == 1, intra, np.minimum(intra, n / nodes * nic_per_gpu))
         # the held-out groups all span hosts: fit the inter-node curve on the training groups that do
         # (the analytic model also keeps intra- and inter-node curves apart)
@@ -96,9 +99,25 @@ def main() -> None:
             layout[train],
             "bus",
         )
-        print(f"{op:15} ramp chosen on training layouts: " + ", ".join(f"{k} {v:.1%}" for k, v in cv.items()))
-        fit = fit_collective(bus[train], t[train], nodes[train], bw[train], ranks=n[train], starts=8)
-        calibrated = collective_time_s(fit, bus, nodes, n, bw)
+        ramp = min(cv, key=lambda name: cv[name])
+        # the NIC ramp is the bus ramp on bytes and bandwidth scaled by nic_scale
+        scale = nic_scale if ramp == "nic" else np.ones_like(bus)
+        fit = fit_collective(
+            bus[train] * scale[train],
+            t[train],
+            nodes[train],
+            bw[train] * scale[train],
+            {"ramp_of": "step" if ramp == "step" else "bus"},
+            ranks=n[train],
+            starts=8,
+        )
+        print(
+            f"{op:15} ramp chosen on training layouts: "
+            + ", ".join(f"{k} {v:.1%}" for k, v in cv.items())
+            + f" → {ramp}; "
+            f"latency in {fit['latency_of']} (predicting groups of 8 from 2 and 4: {fit['latency_choice_err']:.1%})"
+        )
+        calibrated = collective_time_s(fit, bus * scale, nodes, n, bw * scale)
         a, b = np.polynomial.polynomial.polyfit((bus / bw)[train], t[train], 1)
         line = a + b * bus / bw
         plain = np.array(

@@ -27,6 +27,19 @@ BUS_FACTOR = {
     "alltoall": lambda n: (n - 1) / n,
 }
 
+
+def bus_bytes(kind: str, nbytes: float | np.ndarray, ranks: int, nodes: int) -> float | np.ndarray:
+    """Bytes per rank that the collective's bandwidth term divides by the placement's bandwidth per
+    rank (NVLink within a node; per_node × NIC bandwidth per GPU across nodes): BUS_FACTOR × the
+    buffer, except an all-to-all across nodes, which is bound by each node's NIC rather than by a
+    ring: its ranks/nodes ranks each send (nodes − 1)/nodes of their `nbytes` buffer off the node,
+    so ranks/nodes × (nodes − 1)/nodes × nbytes. On Alpa's V100 database this makes 2 to 32 ranks
+    over 2 and 4 hosts reach the same NIC bandwidth at 1 GB (validation/alpa_collectives.py)."""
+    if kind == "alltoall" and nodes > 1:
+        return nbytes * ranks / nodes * (nodes - 1) / nodes
+    return nbytes * BUS_FACTOR[kind](ranks)
+
+
 #: Fused attention relative to a GEMM of the same FLOPs. GUESS, not measured here (no attention
 #: microbenchmark in the shared data): FlashAttention-2 (Dao 2023) reports 50–73% of peak on A100
 #: where large GEMMs reach ~80%, hence ≈ 0.75.
@@ -79,13 +92,14 @@ class AnalyticCostModel:
         One node: the group's NVLink/NVSwitch bandwidth per GPU. Several nodes: the ring is limited by
         the slowest hop, min(intra-node bandwidth, per_node × NIC bandwidth per GPU) (a
         hierarchical/rail approximation), with latency growing in log2(nodes) (tree-like, as NCCL
-        picks for small messages). Inter-node all-gather/reduce-scatter/all-to-all reuse the
-        inter-node all-reduce curve per bus byte (fitted data exists only for all-reduce).
+        picks for small messages); an all-to-all's bytes across nodes are those through the NIC
+        (bus_bytes). Inter-node all-gather/reduce-scatter/all-to-all reuse the inter-node
+        all-reduce curve per bus byte (fitted data exists only for all-reduce) unless calibrated.
         """
         n = group.size
         if n <= 1 or nbytes <= 0:
             return 0.0
-        bus = BUS_FACTOR[kind](n) * nbytes
+        bus = float(bus_bytes(kind, nbytes, n, group.nodes))
         node = self.system.node
         if group.intra_node:
             fit, bw = self.intra[kind], node.intra_node_bandwidth_bytes_per_s

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.system import SystemConfig
-from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
+from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel, bus_bytes
 from itercast.costs.curves import curve, curves
 from itercast.costs.fitting import (
     collective_time_s,
@@ -94,7 +94,7 @@ def _x(section: str, key: str, rows: list[Measurement]) -> np.ndarray:
         return np.array([_gathered(m) for m in rows])
     size = np.array([m.size for m in rows])
     if section in ("intra_node", "inter_node"):
-        return size * np.array([BUS_FACTOR[key](m.group_size) for m in rows])
+        return np.array([bus_bytes(key, m.size, m.group_size, m.nodes) for m in rows])
     return size
 
 

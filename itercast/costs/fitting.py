@@ -3,8 +3,10 @@
 Shared by tools/fit_efficiency_curves.py (the analytic model's curves) and calibration from a
 profiling database. Curve forms:
   latency curve     t = alpha + x / (rate · eff(x))                    (GEMM: x FLOPs; memory: x bytes)
-  collective curve  t = alpha0 + alpha1 · log2(nodes) + alpha2 · log2(ranks) + bus / (B · eff(r))
-                    (bus bytes per rank; r = bus, or bus / (ranks − 1), the bytes of one ring step)
+  collective curve  t = alpha0 + alpha1 · log2(nodes) + alpha2 · log2(ranks) + alpha3 · (ranks − 1)
+                        + bus / (B · eff(r))
+                    (bus bytes per rank; r = bus, or bus / (ranks − 1), the bytes of one ring step;
+                    one of alpha2, alpha3 is fitted, the other 0)
 with eff(x) = e_max / (1 + exp(gamma · (log_half − ln x))) (costs/curves.py).
 """
 
@@ -60,7 +62,8 @@ def fit_latency_curve(x: np.ndarray, t: np.ndarray, rate: np.ndarray | float, al
 COLLECTIVE_PARAMS = {
     "alpha0_s": (10e-6, 0.0, 500e-6),
     "alpha_per_log2_nodes_s": (1e-6, 0.0, 300e-6),
-    "alpha_per_log2_ranks_s": (1e-6, 0.0, 100e-6),
+    "alpha_per_log2_ranks_s": (1e-6, 0.0, 1e-3),
+    "alpha_per_peer_s": (1e-6, 0.0, 1e-3),
     "e_max": (0.8, 0.05, 1.5),
     "log_half": (math.log(1e7), 5.0, 30.0),
     "gamma": (1.0, 0.2, 4.0),
@@ -75,8 +78,8 @@ def collective_time_s(
     bw: np.ndarray | float,
 ) -> np.ndarray:
     """The collective curve in seconds: bus bytes per rank over a group of `ranks` on `nodes` nodes,
-    `bw` the placement's bandwidth per rank (bytes/s). Fits without `alpha_per_log2_ranks_s` or
-    `ramp_of` (every file before them) read as 0 and "bus"."""
+    `bw` the placement's bandwidth per rank (bytes/s). Fits without `alpha_per_log2_ranks_s`,
+    `alpha_per_peer_s` or `ramp_of` (every file before them) read as 0, 0 and "bus"."""
     x = np.asarray(bus_bytes, dtype=np.float64)
     k = np.maximum(np.asarray(ranks, dtype=np.float64), 2.0)
     ramp_x = x / (k - 1) if fit.get("ramp_of", "bus") == "step" else x
@@ -84,6 +87,7 @@ def collective_time_s(
         fit["alpha0_s"]
         + fit.get("alpha_per_log2_nodes_s", 0.0) * np.log2(np.maximum(nodes, 1))
         + fit.get("alpha_per_log2_ranks_s", 0.0) * np.log2(k)
+        + fit.get("alpha_per_peer_s", 0.0) * (k - 1)
         + x / (bw * eff(ramp_x, fit["e_max"], fit["log_half"], fit["gamma"]))
     )
 
@@ -100,12 +104,19 @@ def fit_collective(
     """Fit the collective curve (collective_time_s); `fixed` pins some parameters.
 
     Without `ranks`: alpha0, alpha per log2(nodes) and the eff curve of the bus bytes. With `ranks`
-    (groups of several sizes, as across nodes): also alpha per log2(ranks), and the ramp runs on
-    the bytes of one ring step, bus/(ranks − 1). On Alpa's V100 database this form won a
+    (groups of several sizes, as across nodes): also a latency that grows with the group, and the
+    ramp runs on the bytes of one ring step, bus/(ranks − 1). On Alpa's V100 database this ramp won a
     leave-one-layout-out cross-validation on the ≤ 8-GPU groups against the ramp on bus bytes
-    and on NIC bytes, for all four collectives (validation/alpa_collectives.py). `starts` > 1 adds
-    seeded random starting points and keeps the least-squares best (the fit has local minima where
-    the ramp mimics the latency)."""
+    and on NIC bytes, for all four collectives (validation/alpa_collectives.py).
+
+    The group's latency grows with log2(ranks) (tree-like) or with the ranks − 1 peers (NCCL's
+    all-to-all is ranks − 1 point-to-point exchanges). With three or more group sizes and neither
+    pinned in `fixed`, each form is fitted on the smaller groups and the one that better predicts
+    the largest group is refitted on all rows (`latency_of`: "log2_ranks" or "peers", and the
+    deciding geomean |error| `latency_choice_err`): the choice is made by the extrapolation that
+    calibration will be asked for. Otherwise log2(ranks). `starts` > 1 adds seeded random starting
+    points and keeps the least-squares best (the fit has local minima where the ramp mimics the
+    latency)."""
     x, t, m = np.array(sizes, float), np.array(times_s), np.array(nodes, float)
     k = np.array(ranks, float) if ranks is not None else np.full_like(x, 2.0)
     fixed = {"ramp_of": "step" if ranks is not None else "bus", **(fixed or {})}
@@ -113,6 +124,32 @@ def fit_collective(
         fixed.setdefault("alpha_per_log2_nodes_s", 0.0)
     if ranks is None:
         fixed.setdefault("alpha_per_log2_ranks_s", 0.0)
+        fixed.setdefault("alpha_per_peer_s", 0.0)
+    if {"alpha_per_log2_ranks_s", "alpha_per_peer_s"} & set(fixed):
+        return _fit_collective_form(x, t, m, k, bw, fixed, starts)
+    forms = {"log2_ranks": {"alpha_per_peer_s": 0.0}, "peers": {"alpha_per_log2_ranks_s": 0.0}}
+    if np.unique(k).shape[0] < 3:
+        return {
+            **_fit_collective_form(x, t, m, k, bw, {**fixed, **forms["log2_ranks"]}, starts),
+            "latency_of": "log2_ranks",
+        }
+    small, largest = k < k.max(), k == k.max()
+    bw_arr = np.broadcast_to(np.asarray(bw, float), x.shape)
+    choice_err = {}
+    for form, pins in forms.items():
+        f = _fit_collective_form(x[small], t[small], m[small], k[small], bw_arr[small], {**fixed, **pins}, starts)
+        choice_err[form] = geomean_abs_err(
+            collective_time_s(f, x[largest], m[largest], k[largest], bw_arr[largest]), t[largest]
+        )
+    form = min(choice_err, key=lambda name: choice_err[name])
+    fit = _fit_collective_form(x, t, m, k, bw, {**fixed, **forms[form]}, starts)
+    return {**fit, "latency_of": form, "latency_choice_err": choice_err[form]}
+
+
+def _fit_collective_form(
+    x: np.ndarray, t: np.ndarray, m: np.ndarray, k: np.ndarray, bw, fixed: dict, starts: int
+) -> dict:
+    """Least squares on log time of the collective curve's parameters not in `fixed`."""
     free = [n for n in COLLECTIVE_PARAMS if n not in fixed]
     scale = {n: 1e-6 if n.startswith("alpha") else 1.0 for n in free}  # latencies solved in µs
     first, lo_v, hi_v = ([COLLECTIVE_PARAMS[n][j] / scale[n] for n in free] for j in range(3))

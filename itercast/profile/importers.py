@@ -22,8 +22,10 @@ NCCL_OPS = {
     "all_to_all": "alltoall",
     "sendrecv": "sendrecv",
 }
-#: collectives whose Alpa size x is split across the ranks (x < ranks leaves every rank nothing)
-SHARDED_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+#: Alpa's size x is split into ranks**k pieces: all-gather and reduce-scatter one shard per rank;
+#: all-to-all's per-device operand (x/n) once more per peer (x/n²). x below that leaves every piece
+#: empty: an all-to-all over 16 ranks on 2 hosts runs in 17 µs up to x = 128 = n²/2, then ≥ 1 ms.
+SPLIT_POWER = {"all_gather": 1, "reduce_scatter": 1, "all_to_all": 2}
 MAX_FILE_BYTES = 512 << 20
 
 
@@ -130,10 +132,11 @@ def import_alpa(db: ProfileDB, path: Path) -> Counter:
     """Alpa's profiling database (CSV form): collectives over every group layout and square dots.
 
     Skipped and counted: rows whose time is not finite (Alpa could not profile them); collectives
-    whose message, or per-rank shard (all-gather, reduce-scatter, all-to-all of fewer elements than
-    ranks), is empty; and the points Alpa's make_monotonic() wrote: a time equal to the previous
-    size's time scaled by the size ratio (bandwidth exactly equal to the previous point's, which no
-    measurement repeats to 1e-6), the caveat of the data's SOURCES.txt."""
+    whose message, or per-rank shard (all-gather, reduce-scatter of fewer elements than ranks), or
+    per-peer chunk (all-to-all of fewer elements than ranks²) is empty; and the points Alpa's
+    make_monotonic() wrote: a time equal to the previous size's time scaled by the size ratio
+    (bandwidth exactly equal to the previous point's, which no measurement repeats to 1e-6), the
+    caveat of the data's SOURCES.txt. An all-to-all is stored with its per-rank buffer, x/n."""
     rows: list[Measurement] = []
     counts: Counter = Counter()
     previous: dict[tuple[str, ...], tuple[float, float]] = {}  # series → (bytes, time_s) of its last row
@@ -161,8 +164,8 @@ def import_alpa(db: ProfileDB, path: Path) -> Counter:
             )
             continue
         size, ranks = _field(path, line, r, "bytes"), int(_field(path, line, r, "group_size", int))
-        if size <= 0 or (op in SHARDED_OPS and x < ranks):
-            counts["skipped (empty message or per-rank shard)"] += 1
+        if size <= 0 or x < ranks ** SPLIT_POWER.get(op, 0):
+            counts["skipped (empty message, shard or peer chunk)"] += 1
             continue
         if last is not None and 0 < last[0] < size and abs(time_s / last[1] - size / last[0]) < 1e-6 * size / last[0]:
             counts["skipped (synthetic: make_monotonic clamp)"] += 1
@@ -176,7 +179,7 @@ def import_alpa(db: ProfileDB, path: Path) -> Counter:
             Measurement(
                 "collective",
                 NCCL_OPS.get(op, op),
-                size,
+                size / ranks if op == "all_to_all" else size,  # per-rank buffer, as nccl-tests and torch
                 time_s,
                 r.get("dtype", ""),
                 ranks,
