@@ -143,12 +143,12 @@ def _row(name, shapes, types, t, strides=(), out=(), scalars=(), family="element
 
 
 def test_memory_and_host_models_recover_their_laws():
-    # t = 2 µs + bytes / 10 GB/s up to 1 MiB, then 2 GB/s beyond it
+    # t = 2 µs + bytes / 10 GB/s for calls below 1 MiB, 2 GB/s from 1 MiB on (every byte of the call)
     rows = []
     for k in range(10, 24):
         n = 1 << k
         nbytes = 3 * 4 * n
-        t = 2e-6 + nbytes * 1e-10 + max(nbytes - (1 << 20), 0) * 4e-10
+        t = 2e-6 + nbytes * (1e-10 if nbytes < 1 << 20 else 5e-10)
         rows.append(_row("aten::add", [[n], [n]], [F, F], t, out=[[n]], elements=n))
     # host programs: 0.7 µs per Python call, 0.2 µs nested, 8 µs per autograd function
     for counts in ({"python": 100}, {"python": 100, "nested": 200}, {"python": 13, "nested": 31, "autograd": 12}):
@@ -156,15 +156,15 @@ def test_memory_and_host_models_recover_their_laws():
         rows.append(Measurement("host", "p", 1, t, params={"counts": counts}))
     doc = fit_operator_models(rows)
     fit = doc["models"]["aten::add:memory"]
-    assert fit["break_bytes"] == 1 << 20 and fit["s_per_byte_beyond_break"] == pytest.approx(4e-10, rel=1e-6)
+    assert fit["break_bytes"] == 1 << 20 and fit["s_per_byte_if_large"] == pytest.approx(4e-10, rel=1e-6)
     assert doc["host_s"] == pytest.approx({"python": 0.7e-6, "nested": 0.2e-6, "autograd": 8e-6}, rel=1e-6)
     model = OperatorCostModel(doc)
     # an in-place op without its own model falls back to aten::add_, absent here: a clear error
     with pytest.raises(ValueError, match=r"aten::mul_: no model for it nor for aten::add_"):
         model.measured_s(OpCall("aten::mul_", [[8], [8]], [F, F]))
     sub = OpCall("aten::sub", [[1 << 20], [1 << 20]], [F, F], [], [[1 << 20]], [F])  # priced as aten::add
-    # 12 MiB moved (3 tensors of 4 MiB): 11 MiB of them beyond the 1 MiB break
-    assert model.measured_s(sub) == pytest.approx(2e-6 + 12 * 2**20 * 1e-10 + 11 * 2**20 * 4e-10)
+    # 12 MiB moved (3 tensors of 4 MiB): a call beyond the 1 MiB break, every byte at 2 GB/s
+    assert model.measured_s(sub) == pytest.approx(2e-6 + 12 * 2**20 * 5e-10)
 
 
 def _et(tmp_path, nodes):
@@ -210,7 +210,7 @@ def test_iteration_is_host_plus_kernels_by_hand(tmp_path):
         "gamma": 1.0,
         "layout_factor": {"nn": 1.0, "nt": 2.0},
     }
-    mem = {"alpha_s": 1e-6, "s_per_byte": 1e-10, "s_per_byte_beyond_break": 0.0, "break_bytes": 1 << 30}
+    mem = {"alpha_s": 1e-6, "s_per_byte": 1e-10, "s_per_byte_if_large": 0.0, "break_bytes": 1 << 30}
     host = {"python": 1e-6, "nested": 0.25e-6, "autograd": 10e-6}
     models = {"aten::mm:gemm": gemm, "aten::add:memory": mem, "aten::add_:memory": mem}
     model = OperatorCostModel({"models": models, "host_s": host})
@@ -244,7 +244,7 @@ def test_real_iteration_trace_counts_every_call(tmp_path):
     observer.unregister_callback()
     et = read_execution_trace(tmp_path / "et.json")
     gemm = {"alpha_s": 1e-6, "rate_flops_per_s": 1e10, "half_m": 1.0, "half_n": 1.0, "half_k": 1.0, "gamma": 1.0}
-    mem = {"alpha_s": 0.0, "s_per_byte": 1e-10, "s_per_byte_beyond_break": 0.0, "break_bytes": 1 << 30}
+    mem = {"alpha_s": 0.0, "s_per_byte": 1e-10, "s_per_byte_if_large": 0.0, "break_bytes": 1 << 30}
     doc = {"models": {"aten::mm:gemm": gemm | {"layout_factor": {}}, "aten::add:memory": mem, "aten::add_:memory": mem}}
     pred = predict_iteration(et, OperatorCostModel(doc | {"host_s": {"python": 0, "nested": 0, "autograd": 0}}))
     assert dict(pred.calls_by_category) == host_counts(et)

@@ -15,15 +15,18 @@ features of costs/aten_ops.py. Forms (all fitted on log time, so relative errors
   correction: the curve extrapolates sensibly beyond the grid, trees alone do not; why the row
   floor: 30 rows of a convolution would teach the trees their noise.
 - memory-bound operators, per operator name (else aten::add_ for in-place operators, aten::add for
-  the others), linear in bytes with a second slope beyond a cache size C (chosen by fit among
-  MEMORY_BREAKS_BYTES): t = α + a · bytes + b · max(0, bytes − C), a, b ≥ 0. Why not a saturating
-  curve: on a CPU the rate falls again once the data leave the caches (and once fresh outputs are
-  large enough to be mapped page by page), which a curve that only rises cannot follow;
+  the others), linear in bytes with a higher rate for calls of at least C bytes (C chosen by fit
+  among MEMORY_BREAKS_BYTES): t = α + a · bytes + b · bytes · [bytes ≥ C], a, b ≥ 0. Why not a
+  saturating curve: on a CPU the rate falls again once the data leave the caches, and a fresh
+  output of 32 MiB or more (glibc's largest mmap threshold) is mapped afresh page by page on every
+  call, which a curve that only rises cannot follow. Why a step and not a hinge b · (bytes − C):
+  then every byte of the call streams from memory or is faulted in, not only those past C (on this
+  CPU, aten::add runs at 21 ps/B up to a 16 MiB output and 98 ps/B from 32 MiB on);
 - embedding bags, linear with non-negative coefficients in: lookups (indices), gathered bytes
   (every looked-up row) and, forward, the bytes of distinct rows of tables larger than a cache (the
-  cache size chosen by fit among CACHE_CANDIDATES_BYTES); backward, the table's bytes with a second
-  slope beyond a break (the dense gradient is zeroed and written whole, and a large one is mapped
-  afresh page by page; indices are sorted, hence the per-lookup term);
+  cache size chosen by fit among CACHE_CANDIDATES_BYTES); backward, the table's bytes, at a higher
+  rate for tables of at least a break (the dense gradient is zeroed and written whole, and a large
+  one is mapped afresh page by page, as above; indices are sorted, hence the per-lookup term);
 - host: seconds per operator called from Python, per nested operator call, per autograd function
   (non-negative least squares over the `host` programs, whose counts come from their traces).
 A measured call includes its own host overhead (one Python call and its nested calls): pricing
@@ -53,7 +56,7 @@ SAME_KERNEL = {
     "aten::baddbmm": "aten::bmm",
     "aten::_embedding_bag_forward_only": "aten::_embedding_bag",
 }
-MEMORY_BREAKS_BYTES = (1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
+MEMORY_BREAKS_BYTES = tuple(1 << k for k in range(18, 28))  # 256 KiB … 128 MiB
 BOOST_MIN_ROWS = 100
 #: scikit-learn GradientBoostingRegressor settings, fixed (not searched per database). Four settings
 #: were compared on the CPU database's mm rows (200-300 trees, depth 3-4, rate 0.05-0.1): 3.3-3.9%.
@@ -160,8 +163,8 @@ def lookup_columns(feats: list[OpFeatures], unique: np.ndarray, cache_bytes: flo
         "gathered_byte": np.array([f.size for f in feats]),
     }
     table = np.array([float(f.dims["table_bytes"]) for f in feats])
-    if feats[0].family == "embedding_bag_bwd":  # beyond `cache_bytes` the zeroed gradient is mapped afresh
-        return cols | {"table_byte": table, "table_byte_beyond_break": np.maximum(table - cache_bytes, 0.0)}
+    if feats[0].family == "embedding_bag_bwd":  # from `cache_bytes` on, the zeroed gradient is mapped afresh
+        return cols | {"table_byte": table, "table_byte_if_large": table * (table >= cache_bytes)}
     return cols | {"missed_byte": cols["gathered_byte"] * unique * (table > cache_bytes)}
 
 
@@ -208,7 +211,7 @@ def fit_one(rows: list[Measurement], feats: list[OpFeatures]) -> dict[str, Any]:
     x = np.array([f.size for f in feats])
     best = {}
     for brk in MEMORY_BREAKS_BYTES:
-        fit = fit_nonneg_linear({"byte": x, "byte_beyond_break": np.maximum(x - brk, 0.0)}, t)
+        fit = fit_nonneg_linear({"byte": x, "byte_if_large": x * (x >= brk)}, t)
         if not best or fit["fit_mean_abs_err"] < best["fit_mean_abs_err"]:
             best = {"form": "cache_linear", "break_bytes": brk, **fit}
     return best
@@ -251,8 +254,8 @@ class OperatorCostModel:
         fit = fit or self._by_name.get(fallback)
         if fit is None:
             raise OpModelError(f"{call.name}: no model for it nor for {fallback} (profile 'elementwise' first)")
-        beyond = max(f.size - fit["break_bytes"], 0.0)
-        return float(fit["alpha_s"] + fit["s_per_byte"] * f.size + fit["s_per_byte_beyond_break"] * beyond)
+        rate_s_per_byte = fit["s_per_byte"] + fit["s_per_byte_if_large"] * (f.size >= fit["break_bytes"])
+        return float(fit["alpha_s"] + rate_s_per_byte * f.size)
 
     def has_model(self, name: str) -> bool:
         return name in self._by_name
