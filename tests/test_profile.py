@@ -52,6 +52,25 @@ def test_a_bad_row_inserts_nothing(tmp_path):
     assert db.count() == 0
 
 
+def test_passes_of_a_configuration_read_as_their_median_with_the_total_spread(tmp_path):
+    """Three passes of one mm (10, 12 and 20 ms, each ±1 ms over 5 repeats) read as one row:
+    median 12 ms, spread sqrt(1 + var(10, 12, 20)) = sqrt(1 + 56/3) ms, 15 repeats; a row without
+    passes is read as stored, and passes=True gives the rows as stored."""
+    db = ProfileDB(tmp_path / "p.db")
+    dev = db.device("cpu", {})
+    one = [
+        Measurement("gemm", "mm", 2e9, t, "fp32", time_std_s=1e-3, repeats=5, params={"m": 1000, "pass": k})
+        for k, t in ((1, 0.010), (2, 0.020), (3, 0.012))
+    ]
+    plain = Measurement("gemm", "mm", 1e9, 0.004, "fp32", repeats=2, params={"m": 500})
+    db.add(dev, [one[0], plain, *one[1:]])
+    merged, alone = db.measurements()
+    assert (merged.time_s, merged.repeats, merged.params) == (0.012, 15, {"m": 1000, "passes": 3})
+    assert merged.time_std_s == pytest.approx(1e-3 * (1 + 56 / 3) ** 0.5)
+    assert alone == plain
+    assert list(db.measurements(passes=True)) == [one[0], plain, *one[1:]]
+
+
 def test_other_schema_versions_and_other_files_are_refused_with_the_reason(tmp_path):
     path = tmp_path / "p.db"
     ProfileDB(path).close()
@@ -150,6 +169,24 @@ def test_microbenchmarks_measure_once_and_resume(tmp_path):
     gemm = {tuple(m.params[k] for k in "mnk"): m for m in db.measurements(family="gemm")}
     assert gemm[(64, 64, 64)].size == 2 * 64**3 and gemm[(64, 64, 64)].repeats == 2
     assert all(m.time_s > 0 and m.time_std_s >= 0 for m in gemm.values())
+
+
+def test_microbenchmark_passes_each_store_a_row_and_resume(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from itercast.profile import microbench
+
+    monkeypatch.setitem(microbench.QUICK, "elementwise", [1024])
+    db = ProfileDB(tmp_path / "p.db")
+    ops = len(microbench.ELEMENTWISE_OPS)
+    first = microbench.run(db, quick=True, families=("elementwise",), warmup=1, repeats=2, passes=2)
+    assert first == {"measured": 2 * ops, "already there": 0}
+    assert sorted({m.params["pass"] for m in db.measurements(passes=True)}) == [1, 2]
+    merged = list(db.measurements())
+    assert len(merged) == ops and all(m.repeats == 4 and m.params["passes"] == 2 for m in merged)
+    again = microbench.run(db, quick=True, families=("elementwise",), warmup=1, repeats=2, passes=3)
+    assert again == {"measured": ops, "already there": 2 * ops}  # only the third pass is new
+    with pytest.raises(ProfileError, match="passes: expected 1 or more, got 0"):
+        microbench.run(db, quick=True, families=("elementwise",), passes=0)
 
 
 def test_cli_import_and_bad_kind(tmp_path):

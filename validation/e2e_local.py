@@ -13,7 +13,7 @@ interaction) and a small CNN, at two batch sizes each:
     python validation/e2e_local.py                       # predict; measures first if the CSV is missing
     python validation/e2e_local.py --measure             # re-measure the iterations
     python validation/e2e_local.py --db data/measured/cpu_profile.db
-    itercast profile run --db new.db --families gemm,conv,attention,norm,elementwise,embedding,host && \
+    itercast profile run --db new.db --passes 3 && \
         python validation/e2e_local.py --measure --csv new.csv --db new.db   # database and iterations back to back
 """
 

@@ -35,13 +35,17 @@ def profile_run_cmd(
         typer.Option(help="Comma-separated: gemm, conv, attention, norm, elementwise, embedding, host, collective."),
     ] = "gemm,conv,attention,norm,elementwise,embedding,host,collective",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per configuration.")] = 10,
+    passes: Annotated[
+        int, typer.Option(min=1, help="Measure the grid this many times, each pass shuffled; read as their median.")
+    ] = 1,
 ) -> None:
     """Microbenchmark the local device into DB (resumes where a previous run stopped)."""
     from itercast.profile.db import ProfileDB, ProfileError
     from itercast.profile.microbench import run
 
     try:
-        counts = run(ProfileDB(db), device, quick, tuple(f.strip() for f in families.split(",")), repeats=repeats)
+        chosen = tuple(f.strip() for f in families.split(","))
+        counts = run(ProfileDB(db), device, quick, chosen, repeats=repeats, passes=passes)
     except ProfileError as exc:
         fail(str(exc))
     console.print(f"{db}: {counts['measured']} configurations measured, {counts['already there']} already there")

@@ -9,6 +9,10 @@ Schema (version SCHEMA_VERSION; a file of another major version is refused with 
     size: FLOPs (gemm, conv, attention) or bytes (everything else); time_s: median seconds; time_std_s:
     the spread of the repeats (0 when the source gives one number); params: JSON of the exact shape
     or configuration; source: where the row came from (file, repository@commit, or 'measured').
+    A configuration measured in several passes (`itercast profile run --passes N`, minutes apart,
+    against a host whose speed drifts) has one row per pass, params["pass"] = 1 … N; `measurements`
+    reads them as one row: the median of the passes' times, the total spread (within and between
+    passes) and the summed repeats.
 """
 
 from __future__ import annotations
@@ -53,6 +57,27 @@ class Measurement:
                 f"group_size ≥ 1, repeats ≥ 1; got {self.time_s}, {self.size}, {self.group_size}, "
                 f"{self.repeats}"
             )
+
+
+def _merge_passes(passes: list[Measurement]) -> Measurement:
+    """One row for a configuration measured in several passes: the median of their times; as spread,
+    the square root of the mean within-pass variance plus the variance between the passes' times."""
+    times = np.array([m.time_s for m in passes])
+    within = np.mean([m.time_std_s**2 for m in passes])
+    first = passes[0]
+    return Measurement(
+        first.family,
+        first.op,
+        first.size,
+        float(np.median(times)),
+        first.dtype,
+        first.group_size,
+        first.nodes,
+        float(np.sqrt(within + times.var())),
+        sum(m.repeats for m in passes),
+        {k: v for k, v in first.params.items() if k != "pass"} | {"passes": len(passes)},
+        first.source,
+    )
 
 
 class ProfileDB:
@@ -139,8 +164,26 @@ class ProfileDB:
         return len(rows)
 
     def measurements(
-        self, device_id: int | None = None, family: str | None = None, op: str | None = None
+        self, device_id: int | None = None, family: str | None = None, op: str | None = None, passes: bool = False
     ) -> Iterator[Measurement]:
+        """The rows selected, in the order stored; a configuration's passes merged into one row (at the
+        place of its first pass) unless `passes` (then every pass as stored)."""
+        rows = self._rows(device_id, family, op)
+        if passes:
+            yield from rows
+            return
+        merged: dict[tuple[str, int | str], list[Measurement]] = {}  # in order of first appearance
+        for i, m in enumerate(rows):
+            if "pass" not in m.params:
+                merged["row", i] = [m]
+                continue
+            config = {k: v for k, v in m.params.items() if k != "pass"}
+            key = json.dumps([m.family, m.op, m.dtype, m.size, m.group_size, m.nodes, config], sort_keys=True)
+            merged.setdefault(("config", key), []).append(m)
+        for group in merged.values():
+            yield group[0] if len(group) == 1 else _merge_passes(group)
+
+    def _rows(self, device_id: int | None, family: str | None, op: str | None) -> Iterator[Measurement]:
         sql = (
             "SELECT family, op, size, time_s, dtype, group_size, nodes, time_std_s, repeats, params, source "
             "FROM measurements WHERE 1=1"

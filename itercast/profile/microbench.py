@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -36,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from itercast.costs.aten_ops import OpCall, features
 from itercast.profile import collective_bench
@@ -77,8 +78,8 @@ FULL: dict[str, Any] = {
     "attention": [(bh, s, d) for bh in (8, 32) for s in (64, 128, 256, 512) for d in (32, 64)],
     "norm_rows": [64, 256, 1024, 2048, 4096, 8192],
     "norm_cols": [64, 256, 1024],
-    "elementwise": [1 << k for k in range(10, 25)],
-    "embedding_rows": [10_000, 1_000_000],
+    "elementwise": [1 << k for k in range(10, 27)],  # up to 256 MiB per tensor (a 1M × 64 table)
+    "embedding_rows": [10_000, 100_000, 1_000_000],  # 100k × 32 / × 128: 12.8 / 51 MB, either side of 32 MiB
     "embedding_dims": [32, 128],
     "pooling": [1, 8, 32, 128],
     "distributions": ["uniform", "zipf"],
@@ -420,8 +421,15 @@ def run(
     families: tuple[str, ...] = FAMILIES,
     warmup: int = 3,
     repeats: int = 10,
+    passes: int = 1,
 ) -> dict[str, int]:
-    """Measure every configuration not yet in the database for this device. Returns counts."""
+    """Measure every configuration not yet in the database for this device. Returns counts.
+
+    Each pass runs in its own seeded shuffled order. passes > 1: the whole grid `passes` times, each
+    row stored as it is measured (params["pass"]), so that a host whose speed drifts over minutes
+    (this project's 2-core VM: most families of the grid measured 1.2–2.3× slower in one 3-minute
+    stretch than in another) is sampled across the whole run; the database reads each
+    configuration as the median of its passes (ProfileDB.measurements)."""
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # quiets the trace observer's notices (read at import)
     try:
         import torch  # noqa: F401
@@ -432,29 +440,47 @@ def run(
         raise ProfileError(f"unknown families {sorted(unknown)}: expected some of {', '.join(FAMILIES)}")
     fp = fingerprint(device)
     dev = db.device(fp.get("gpu") or fp.get("cpu") or device, fp)
-    done = {(m.family, m.op, json.dumps(_config(m.params), sort_keys=True)) for m in db.measurements(device_id=dev)}
-    todo = [
-        c
-        for c in configs(QUICK if quick else FULL)
-        if c[0] in families and (c[0], c[1], json.dumps(c[2], sort_keys=True)) not in done
-    ]
-    collectives = [(op, params) for family, op, params in todo if family == "collective"]
+    if passes < 1:
+        raise ProfileError(f"passes: expected 1 or more, got {passes}")
+    stored_rows = db.measurements(device_id=dev, passes=True)
+    done = {(m.family, m.op, json.dumps(_config(m.params), sort_keys=True)) for m in stored_rows}
+    grid = [c for c in configs(QUICK if quick else FULL) if c[0] in families]
+    if passes > 1:
+        grid = [(f, op, params | {"pass": k}) for k in range(1, passes + 1) for f, op, params in grid]
+    todo = [c for c in grid if (c[0], c[1], json.dumps(c[2], sort_keys=True)) not in done]
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=len(todo))
-        for family, op, params in (c for c in todo if c[0] != "collective"):
-            fn, call, measured = _prepare(family, op, params, device)
-            times = _time(fn, device, warmup, repeats)
-            stored = {**params, **({"call": call.__dict__} if call else {})}
-            stored |= {"counts": measured["counts"]} if "counts" in measured else {}
-            stored |= {"features": measured} if measured and "counts" not in measured else {}
-            db.add(dev, [_row(family, op, _size(call, measured), times, stored)])
-            bar.advance(task)
-        if collectives:  # one group of processes per world size, stored at the end
-            bar.update(task, description=f"{len(collectives)} collectives (spawned processes)")
-            rows = collective_bench.measure(collectives, device, warmup, repeats)
-            db.add(dev, [_row("collective", op, p["bytes"], times, p, group_size=p["ranks"]) for op, p, times in rows])
-            bar.advance(task, len(collectives))
+        for k in sorted({c[2].get("pass", 1) for c in todo}):
+            _measure_pass(db, dev, [c for c in todo if c[2].get("pass", 1) == k], device, warmup, repeats, bar, task)
     return {"measured": len(todo), "already there": len(done)}
+
+
+def _measure_pass(
+    db: ProfileDB,
+    dev: int,
+    todo: list[tuple[str, str, dict[str, Any]]],
+    device: str,
+    warmup: int,
+    repeats: int,
+    bar: Progress,
+    task: TaskID,
+) -> None:
+    """One pass: its configurations in a shuffled order seeded by the pass, then its collectives."""
+    random.Random(todo[0][2].get("pass", 0)).shuffle(todo)
+    collectives = [(op, params) for family, op, params in todo if family == "collective"]
+    for family, op, params in (c for c in todo if c[0] != "collective"):
+        fn, call, measured = _prepare(family, op, params, device)
+        times = _time(fn, device, warmup, repeats)
+        stored = {**params, **({"call": call.__dict__} if call else {})}
+        stored |= {"counts": measured["counts"]} if "counts" in measured else {}
+        stored |= {"features": measured} if measured and "counts" not in measured else {}
+        db.add(dev, [_row(family, op, _size(call, measured), times, stored)])
+        bar.advance(task)
+    if collectives:  # one group of processes per world size, stored at the end
+        bar.update(task, description=f"{len(collectives)} collectives (spawned processes)")
+        rows = collective_bench.measure(collectives, device, warmup, repeats)
+        db.add(dev, [_row("collective", op, p["bytes"], times, p, group_size=p["ranks"]) for op, p, times in rows])
+        bar.advance(task, len(collectives))
 
 
 def _row(
