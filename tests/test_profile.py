@@ -178,13 +178,14 @@ def test_microbenchmark_passes_each_store_a_row_and_resume(tmp_path, monkeypatch
     monkeypatch.setitem(microbench.QUICK, "elementwise", [1024])
     db = ProfileDB(tmp_path / "p.db")
     ops = len(microbench.ELEMENTWISE_OPS)
-    first = microbench.run(db, quick=True, families=("elementwise",), warmup=1, repeats=2, passes=2)
-    assert first == {"measured": 2 * ops, "already there": 0}
-    assert sorted({m.params["pass"] for m in db.measurements(passes=True)}) == [1, 2]
+    single = microbench.run(db, quick=True, families=("elementwise",), warmup=1, repeats=2)
+    assert single == {"measured": ops, "already there": 0}
+    more = microbench.run(db, quick=True, families=("elementwise",), warmup=1, repeats=2, passes=3)
+    assert more == {"measured": 2 * ops, "already there": ops}  # the single pass counts as pass 1
+    assert sorted({m.params.get("pass") for m in db.measurements(passes=True)}, key=str) == [2, 3, None]
     merged = list(db.measurements())
-    assert len(merged) == ops and all(m.repeats == 4 and m.params["passes"] == 2 for m in merged)
-    again = microbench.run(db, quick=True, families=("elementwise",), warmup=1, repeats=2, passes=3)
-    assert again == {"measured": ops, "already there": 2 * ops}  # only the third pass is new
+    assert len(merged) == ops and all(m.repeats == 6 and m.params["passes"] == 3 for m in merged)
+    assert microbench.run(db, quick=True, families=("elementwise",), passes=3)["measured"] == 0
     with pytest.raises(ProfileError, match="passes: expected 1 or more, got 0"):
         microbench.run(db, quick=True, families=("elementwise",), passes=0)
 

@@ -10,9 +10,10 @@ Schema (version SCHEMA_VERSION; a file of another major version is refused with 
     the spread of the repeats (0 when the source gives one number); params: JSON of the exact shape
     or configuration; source: where the row came from (file, repository@commit, or 'measured').
     A configuration measured in several passes (`itercast profile run --passes N`, minutes apart,
-    against a host whose speed drifts) has one row per pass, params["pass"] = 1 … N; `measurements`
-    reads them as one row: the median of the passes' times, the total spread (within and between
-    passes) and the summed repeats.
+    against a host whose speed drifts) has one row per pass, params["pass"] = 1 … N (a row without
+    it, from a single pass, counts as pass 1); `measurements` reads the passes of one configuration
+    as one row: the median of their times, the total spread (within and between them) and the
+    summed repeats.
 """
 
 from __future__ import annotations
@@ -172,16 +173,16 @@ class ProfileDB:
         if passes:
             yield from rows
             return
-        merged: dict[tuple[str, int | str], list[Measurement]] = {}  # in order of first appearance
-        for i, m in enumerate(rows):
-            if "pass" not in m.params:
-                merged["row", i] = [m]
-                continue
+        merged: dict[str, list[Measurement]] = {}  # configurations in order of first appearance
+        for m in rows:
             config = {k: v for k, v in m.params.items() if k != "pass"}
             key = json.dumps([m.family, m.op, m.dtype, m.size, m.group_size, m.nodes, config], sort_keys=True)
-            merged.setdefault(("config", key), []).append(m)
-        for group in merged.values():
-            yield group[0] if len(group) == 1 else _merge_passes(group)
+            merged.setdefault(key, []).append(m)
+        for group in merged.values():  # rows of the same fields that no pass produced stay apart
+            if any("pass" in m.params for m in group):
+                yield _merge_passes(group)
+            else:
+                yield from group
 
     def _rows(self, device_id: int | None, family: str | None, op: str | None) -> Iterator[Measurement]:
         sql = (

@@ -442,17 +442,21 @@ def run(
     dev = db.device(fp.get("gpu") or fp.get("cpu") or device, fp)
     if passes < 1:
         raise ProfileError(f"passes: expected 1 or more, got {passes}")
-    stored_rows = db.measurements(device_id=dev, passes=True)
-    done = {(m.family, m.op, json.dumps(_config(m.params), sort_keys=True)) for m in stored_rows}
+    done = {_pass_key(m.family, m.op, m.params) for m in db.measurements(device_id=dev, passes=True)}
     grid = [c for c in configs(QUICK if quick else FULL) if c[0] in families]
     if passes > 1:
         grid = [(f, op, params | {"pass": k}) for k in range(1, passes + 1) for f, op, params in grid]
-    todo = [c for c in grid if (c[0], c[1], json.dumps(c[2], sort_keys=True)) not in done]
+    todo = [c for c in grid if _pass_key(*c) not in done]
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=len(todo))
         for k in sorted({c[2].get("pass", 1) for c in todo}):
             _measure_pass(db, dev, [c for c in todo if c[2].get("pass", 1) == k], device, warmup, repeats, bar, task)
     return {"measured": len(todo), "already there": len(done)}
+
+
+def _pass_key(family: str, op: str, params: dict[str, Any]) -> tuple[str, str, str]:
+    """A configuration and its pass (a row of a single-pass run is pass 1), as resuming compares them."""
+    return family, op, json.dumps(_config(params) | {"pass": params.get("pass", 1)}, sort_keys=True)
 
 
 def _measure_pass(
