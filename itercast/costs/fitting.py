@@ -128,22 +128,17 @@ def fit_collective(
     if {"alpha_per_log2_ranks_s", "alpha_per_peer_s"} & set(fixed):
         return _fit_collective_form(x, t, m, k, bw, fixed, starts)
     forms = {"log2_ranks": {"alpha_per_peer_s": 0.0}, "peers": {"alpha_per_log2_ranks_s": 0.0}}
-    if np.unique(k).shape[0] < 3:
-        return {
-            **_fit_collective_form(x, t, m, k, bw, {**fixed, **forms["log2_ranks"]}, starts),
-            "latency_of": "log2_ranks",
-        }
-    small, largest = k < k.max(), k == k.max()
-    bw_arr = np.broadcast_to(np.asarray(bw, float), x.shape)
     choice_err = {}
-    for form, pins in forms.items():
-        f = _fit_collective_form(x[small], t[small], m[small], k[small], bw_arr[small], {**fixed, **pins}, starts)
-        choice_err[form] = geomean_abs_err(
-            collective_time_s(f, x[largest], m[largest], k[largest], bw_arr[largest]), t[largest]
-        )
-    form = min(choice_err, key=lambda name: choice_err[name])
+    if np.unique(k).shape[0] >= 3:
+        small, largest = k < k.max(), k == k.max()
+        bw_arr = np.broadcast_to(np.asarray(bw, float), x.shape)
+        for name, pins in forms.items():
+            f = _fit_collective_form(x[small], t[small], m[small], k[small], bw_arr[small], {**fixed, **pins}, starts)
+            pred = collective_time_s(f, x[largest], m[largest], k[largest], bw_arr[largest])
+            choice_err[name] = geomean_abs_err(pred, t[largest])
+    form = min(choice_err, key=lambda name: choice_err[name]) if choice_err else "log2_ranks"
     fit = _fit_collective_form(x, t, m, k, bw, {**fixed, **forms[form]}, starts)
-    return {**fit, "latency_of": form, "latency_choice_err": choice_err[form]}
+    return {**fit, "latency_of": form} | ({"latency_choice_err": choice_err[form]} if choice_err else {})
 
 
 def _fit_collective_form(

@@ -450,7 +450,8 @@ def run(
     with Progress(transient=True) as bar:
         task = bar.add_task("profiling", total=len(todo))
         for k in sorted({c[2].get("pass", 1) for c in todo}):
-            _measure_pass(db, dev, [c for c in todo if c[2].get("pass", 1) == k], device, warmup, repeats, bar, task)
+            this_pass = [c for c in todo if c[2].get("pass", 1) == k]
+            _measure_pass(db, dev, k, this_pass, device, warmup, repeats, bar, task)
     return {"measured": len(todo), "already there": len(done)}
 
 
@@ -462,6 +463,7 @@ def _pass_key(family: str, op: str, params: dict[str, Any]) -> tuple[str, str, s
 def _measure_pass(
     db: ProfileDB,
     dev: int,
+    pass_number: int,
     todo: list[tuple[str, str, dict[str, Any]]],
     device: str,
     warmup: int,
@@ -470,7 +472,7 @@ def _measure_pass(
     task: TaskID,
 ) -> None:
     """One pass: its configurations in a shuffled order seeded by the pass, then its collectives."""
-    random.Random(todo[0][2].get("pass", 0)).shuffle(todo)
+    random.Random(pass_number).shuffle(todo)
     collectives = [(op, params) for family, op, params in todo if family == "collective"]
     for family, op, params in (c for c in todo if c[0] != "collective"):
         fn, call, measured = _prepare(family, op, params, device)
