@@ -69,6 +69,57 @@ def test_attention_lookup_and_memory_features():
     assert features(OpCall("aten::view", [[4, 4], [[]]], [F, "GenericList[Int]"])).family == "free"
 
 
+def test_norms_are_priced_by_rows_and_reduction_length():
+    """A batch norm's rows are its channels (one block each), reducing over N·H·W; a layer norm's are
+    every position, reducing over the last dimension."""
+    x = [512, 32, 32, 32]
+    bn = features(OpCall("aten::cudnn_batch_norm", [x, [32]] + [[32]] * 3, [F] * 5, [], [x, [32], [32], [0]], [F] * 4))
+    assert bn.family == "norm" and bn.dims == {"m": 32, "n": 512 * 32 * 32, "k": 1}
+    assert bn.size == 4 * (2 * 512 * 32 * 32 * 32 + 6 * 32)  # x and y; weight, bias, running stats, saved stats
+    g = [8, 128, 256]
+    ln = features(OpCall("aten::native_layer_norm_backward", [g, g, [[]]], [F, F, "GenericList[Int]"], [], [g], [F]))
+    assert ln.dims == {"m": 8 * 128, "n": 256, "k": 1} and ln.size == 3 * 8 * 128 * 256 * 4
+
+
+def test_gpu_iteration_runs_host_and_device_on_two_clocks(tmp_path):
+    """Two Python calls whose issue times were measured (10 µs each): an mm of 100 µs, then an add of
+    5 µs; then .item() on a GPU tensor, which waits for the device; then an add issued after it.
+    Host: 10 → mm runs 10-110; 20 → add runs 110-115; the item (a 1 µs Python call, launching
+    nothing) waits from 21 until 115; the last add is issued at 125 and runs 125-130."""
+    mm_in = [[64, 64], [64, 64]]
+    et = _et(
+        tmp_path,
+        [
+            (3, 2, "aten::mm", mm_in, [F, F], [[64, 1], [64, 1]], [[64, 64]]),
+            (4, 2, "aten::add", [[64], [64]], [F, F], [], [[64]]),
+            (5, 2, "aten::_local_scalar_dense", [[]], [F], [], [[]]),
+            (6, 2, "aten::add", [[64], [64]], [F, F], [], [[64]]),
+        ],
+        devices={5: "cuda:0"},
+    )
+    gemm = {"alpha_s": 100e-6, "rate_flops_per_s": 1e30, "half_m": 1.0, "half_n": 1.0, "half_k": 1.0, "gamma": 1.0}
+    gemm["layout_factor"] = {"nn": 1.0}
+    mem = {"alpha_s": 5e-6, "s_per_byte": 0.0, "s_per_byte_if_large": 0.0, "break_bytes": 1 << 30}
+    doc = {
+        "models": {"aten::mm:gemm": gemm, "aten::add:memory": mem},
+        "host_s": {"python": 1e-6, "nested": 0.5e-6, "autograd": 0.0, "launch": 2e-6},
+        "host_issue_s": {"aten::mm": 10e-6, "aten::add": 10e-6},
+    }
+    pred = predict_iteration(et, OperatorCostModel(doc), gpu=True)
+    assert pred.total_s == pytest.approx(130e-6)
+    assert pred.host_s == pytest.approx(10e-6 + 10e-6 + 1e-6 + 10e-6)
+    assert pred.kernel_s_by_family == pytest.approx({"gemm": 100e-6, "memory": 10e-6})
+    # with 2 µs kernels the host leads: mm 10-12, add 20-22, the item waits from 21 to 22, the last
+    # add is issued at 32 and runs 32-34
+    fast = doc | {"models": {"aten::mm:gemm": gemm | {"alpha_s": 2e-6}, "aten::add:memory": mem | {"alpha_s": 2e-6}}}
+    assert predict_iteration(et, OperatorCostModel(fast), gpu=True).total_s == pytest.approx(34e-6)
+    # the same trace on a CPU: host costs (1 µs Python + 2 µs launch a call) and kernels add up, each
+    # priced call less the host cost its microbenchmark carried
+    cpu = predict_iteration(et, OperatorCostModel(doc))
+    assert cpu.host_s == pytest.approx(3 * 3e-6 + 1e-6)
+    assert cpu.total_s == pytest.approx(cpu.host_s + (100e-6 - 3e-6) + 2 * (5e-6 - 3e-6))
+
+
 def test_host_categories():
     assert host_category("aten::linear", "[pytorch|profiler|execution_trace|thread]") == "python"
     assert host_category("aten::addmm", "aten::linear") == "nested"
@@ -149,15 +200,19 @@ def test_memory_and_host_models_recover_their_laws():
         n = 1 << k
         nbytes = 3 * 4 * n
         t = 2e-6 + nbytes * (1e-10 if nbytes < 1 << 20 else 5e-10)
-        rows.append(_row("aten::add", [[n], [n]], [F, F], t, out=[[n]], elements=n))
+        rows.append(_row("aten::add", [[n], [n]], [F, F], t, out=[[n]], elements=n, host_issue_s=k * 1e-6))
     # host programs: 0.7 µs per Python call, 0.2 µs nested, 8 µs per autograd function
     for counts in ({"python": 100}, {"python": 100, "nested": 200}, {"python": 13, "nested": 31, "autograd": 12}):
         t = 0.7e-6 * counts.get("python", 0) + 0.2e-6 * counts.get("nested", 0) + 8e-6 * counts.get("autograd", 0)
         rows.append(Measurement("host", "p", 1, t, params={"counts": counts}))
     doc = fit_operator_models(rows)
     fit = doc["models"]["aten::add:memory"]
+    assert doc["host_issue_s"] == pytest.approx({"aten::add": 16.5e-6})  # the median of 10 … 23 µs
     assert fit["break_bytes"] == 1 << 20 and fit["s_per_byte_if_large"] == pytest.approx(4e-10, rel=1e-6)
-    assert doc["host_s"] == pytest.approx({"python": 0.7e-6, "nested": 0.2e-6, "autograd": 8e-6}, rel=1e-6)
+    # no program counted a launch: no launch cost is fitted
+    assert doc["host_s"] == pytest.approx(
+        {"python": 0.7e-6, "nested": 0.2e-6, "autograd": 8e-6, "launch": 0.0}, rel=1e-6
+    )
     model = OperatorCostModel(doc)
     # an in-place op without its own model falls back to aten::add_, absent here: a clear error
     with pytest.raises(ValueError, match=r"aten::mul_: no model for it nor for aten::add_"):
@@ -167,7 +222,9 @@ def test_memory_and_host_models_recover_their_laws():
     assert model.measured_s(sub) == pytest.approx(2e-6 + 12 * 2**20 * 5e-10)
 
 
-def _et(tmp_path, nodes):
+def _et(tmp_path, nodes, devices=None):
+    """An execution trace of `nodes` (id, parent, name, input shapes, types, strides, output shapes);
+    `devices`: node id → the device of its tensor inputs (else none recorded)."""
     path = tmp_path / "et.json"
     root = [{"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 1}]
     root.append({"id": 2, "name": "[pytorch|profiler|execution_trace|thread]", "ctrl_deps": 1})
@@ -178,7 +235,14 @@ def _et(tmp_path, nodes):
                 "id": nid,
                 "name": name,
                 "ctrl_deps": parent,
-                "inputs": {"values": [], "shapes": shapes, "types": types, "strides": strides},
+                "inputs": {
+                    "values": [[nid * 10 + i, 0, 0, 1, 4, devices[nid]] for i in range(len(shapes))]
+                    if devices and nid in devices
+                    else [],
+                    "shapes": shapes,
+                    "types": types,
+                    "strides": strides,
+                },
                 "outputs": {"values": [], "shapes": out_shapes, "types": [F] * len(out_shapes), "strides": []},
             }
         )
@@ -215,8 +279,10 @@ def test_iteration_is_host_plus_kernels_by_hand(tmp_path):
     models = {"aten::mm:gemm": gemm, "aten::add:memory": mem, "aten::add_:memory": mem}
     model = OperatorCostModel({"models": models, "host_s": host})
     pred = predict_iteration(et, model)
-    assert pred.calls_by_category == {"python": 2, "nested": 4, "autograd": 1}
-    assert host_counts(et) == {"python": 2, "nested": 4, "autograd": 1}
+    # launches: addmm (a GEMM), its bias copy_ and clamp_min (leaves that move data); not linear,
+    # relu (composites) nor t (a view)
+    assert pred.calls_by_category == {"python": 2, "nested": 4, "autograd": 1, "launch": 3}
+    assert host_counts(et) == {"python": 2, "nested": 4, "autograd": 1, "launch": 3}
     assert pred.host_s == pytest.approx(2e-6 + 4 * 0.25e-6 + 10e-6)
     # addmm: its model less the host its microbenchmark carried (one Python call + 1 nested child)
     flops = 2 * 32 * 256 * 64

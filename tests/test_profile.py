@@ -58,14 +58,16 @@ def test_passes_of_a_configuration_read_as_their_median_with_the_total_spread(tm
     passes is read as stored, and passes=True gives the rows as stored."""
     db = ProfileDB(tmp_path / "p.db")
     dev = db.device("cpu", {})
-    one = [
-        Measurement("gemm", "mm", 2e9, t, "fp32", time_std_s=1e-3, repeats=5, params={"m": 1000, "pass": k})
-        for k, t in ((1, 0.010), (2, 0.020), (3, 0.012))
+    one = [  # the host issue time each pass measured (on a GPU) differs too; its median is kept
+        Measurement(
+            "gemm", "mm", 2e9, t, "fp32", time_std_s=1e-3, repeats=5, params={"m": 1000, "pass": k, "host_issue_s": h}
+        )
+        for k, t, h in ((1, 0.010, 3e-5), (2, 0.020, 1e-5), (3, 0.012, 2e-5))
     ]
     plain = Measurement("gemm", "mm", 1e9, 0.004, "fp32", repeats=2, params={"m": 500})
     db.add(dev, [one[0], plain, *one[1:]])
     merged, alone = db.measurements()
-    assert (merged.time_s, merged.repeats, merged.params) == (0.012, 15, {"m": 1000, "passes": 3})
+    assert (merged.time_s, merged.repeats, merged.params) == (0.012, 15, {"m": 1000, "passes": 3, "host_issue_s": 2e-5})
     assert merged.time_std_s == pytest.approx(1e-3 * (1 + 56 / 3) ** 0.5)
     assert alone == plain
     assert list(db.measurements(passes=True)) == [one[0], plain, *one[1:]]

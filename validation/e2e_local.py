@@ -1,4 +1,4 @@
-"""Measured training iterations on this CPU versus predictions from calibrated operator models.
+"""Measured training iterations on this CPU (or a GPU) versus predictions from calibrated operator models.
 
 For a small GPT, a DLRM-like model (eight embedding-bag tables, bottom and top MLPs, dot
 interaction) and a small CNN, at two batch sizes each:
@@ -15,14 +15,26 @@ interaction) and a small CNN, at two batch sizes each:
     python validation/e2e_local.py --db data/measured/cpu_profile.db
     itercast profile run --db new.db --passes 3 && \
         python validation/e2e_local.py --measure --csv new.csv --db new.db   # database and iterations back to back
+
+On a GPU (--device cuda) the cases run at GPU-sized batches, each iteration is timed to the end of
+its device work (synchronised before and after), and the prediction prices kernels on the device
+timeline and host calls on the host's (traces/iteration_model.py, gpu=True), with a database measured
+on that GPU (`itercast profile run --device cuda`). --traces DIR keeps each case's execution trace
+and a Kineto trace of the same iteration (DIR/<case>.et.json.gz, DIR/<case>.kineto.json.gz) and
+reads them from there when present, so a GPU's iterations are predicted on any machine:
+
+    python validation/e2e_local.py --device cuda --measure --traces data/measured/h100_traces   # on the GPU
+    python validation/e2e_local.py --device cuda --traces data/measured/h100_traces             # anywhere
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -44,7 +56,12 @@ from itercast.traces.execution_trace import read_execution_trace
 from itercast.traces.iteration_model import predict_iteration
 
 ROOT = Path(__file__).resolve().parents[1]
-CSV = ROOT / "data" / "measured" / "e2e_cpu.csv"
+MEASURED = ROOT / "data" / "measured"
+#: per device: measured iterations, profiling database
+DEFAULTS = {
+    "cpu": (MEASURED / "e2e_cpu.csv", MEASURED / "cpu_profile.db"),
+    "cuda": (MEASURED / "e2e_h100.csv", MEASURED / "h100_profile.db"),
+}
 
 
 class Block(nn.Module):
@@ -75,7 +92,7 @@ class GPT(nn.Module):
         self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         return self.head(self.ln(self.blocks(x)))
 
 
@@ -95,7 +112,7 @@ class DLRM(nn.Module):
         self.bags = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for rows in tables)
         self.bottom = mlp([dense, 512, 256, dim])
         n = len(tables) + 1
-        self.pairs = torch.triu_indices(n, n, 1)
+        self.register_buffer("pairs", torch.triu_indices(n, n, 1))
         self.top = mlp([dim + n * (n - 1) // 2, 512, 256, 1])
 
     def forward(self, dense: torch.Tensor, idx: list[torch.Tensor], offsets: torch.Tensor) -> torch.Tensor:
@@ -121,9 +138,14 @@ class CNN(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
 
 
-def workload(name: str, batch: int) -> Callable[[], None]:
-    """One training iteration of `name` at `batch` (seeded: same model and data every time)."""
+def workload(name: str, batch: int, device: str = "cpu") -> Callable[[], None]:
+    """One training iteration of `name` at `batch` on `device` (seeded: same model and data every time)."""
     torch.manual_seed(0)
+    with torch.device(device):
+        return _workload(name, batch)
+
+
+def _workload(name: str, batch: int) -> Callable[[], None]:
     if name == "gpt":
         model: nn.Module = GPT()
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -159,25 +181,37 @@ def workload(name: str, batch: int) -> Callable[[], None]:
     return step
 
 
-CASES = [("gpt", 4), ("gpt", 8), ("dlrm", 512), ("dlrm", 2048), ("cnn", 16), ("cnn", 64)]
+CASES = {
+    "cpu": [("gpt", 4), ("gpt", 8), ("dlrm", 512), ("dlrm", 2048), ("cnn", 16), ("cnn", 64)],
+    # a host-bound and a device-bound batch of each (an H100 runs the small ones faster than it is fed)
+    "cuda": [("gpt", 8), ("gpt", 64), ("dlrm", 2048), ("dlrm", 16384), ("cnn", 64), ("cnn", 512)],
+}
 
 
-def measure(iterations: int, rounds: int) -> list[dict[str, object]]:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure(iterations: int, rounds: int, device: str = "cpu") -> list[dict[str, object]]:
     """`rounds` rounds, each timing `iterations` iterations of every case after 3 warm-up ones, the
     cases in a rotated order per round: this machine's speed drifts by 10-30% over minutes (two
     back-to-back single rounds gave 61.6 and 81.7 ms for cnn batch 64), so every case is sampled
     across the whole measurement rather than in one stretch of it."""
-    times: dict[tuple[str, int], list[float]] = {case: [] for case in CASES}
-    round_medians: dict[tuple[str, int], list[float]] = {case: [] for case in CASES}
+    cases = CASES["cuda" if device.startswith("cuda") else "cpu"]
+    times: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
+    round_medians: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
     for r in range(rounds):
-        for name, batch in CASES[r % len(CASES) :] + CASES[: r % len(CASES)]:
-            step = workload(name, batch)
+        for name, batch in cases[r % len(cases) :] + cases[: r % len(cases)]:
+            step = workload(name, batch, device)
             for _ in range(3):
                 step()
             these = []
             for _ in range(iterations):
+                _sync(device)
                 t0 = time.perf_counter()
                 step()
+                _sync(device)
                 these.append(time.perf_counter() - t0)
             times[(name, batch)] += these
             round_medians[(name, batch)].append(statistics.median(these))
@@ -197,60 +231,102 @@ def measure(iterations: int, rounds: int) -> list[dict[str, object]]:
                 "round_median_min_s": min(round_medians[(name, batch)]),
                 "round_median_max_s": max(round_medians[(name, batch)]),
                 "threads": torch.get_num_threads(),
+                "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
+                "torch": torch.__version__,
                 "command": " ".join(["python", "validation/e2e_local.py", *sys.argv[1:]]),
             }
         )
     return rows
 
 
-def trace(name: str, batch: int, path: Path) -> None:
-    """Execution trace of one iteration (after two warm-up iterations)."""
-    step = workload(name, batch)
+def trace(name: str, batch: int, device: str, et_path: Path, kineto_path: Path | None) -> None:
+    """Execution trace (gzip JSON) of one iteration after two warm-up iterations; with `kineto_path`,
+    a Kineto trace of the same iteration too."""
+    step = workload(name, batch, device)
     step()
     step()
-    observer = torch.profiler.ExecutionTraceObserver()
-    observer.register_callback(str(path))
-    observer.start()
-    step()
-    observer.stop()
-    observer.unregister_callback()
+    _sync(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "et.json"
+        observer = torch.profiler.ExecutionTraceObserver()
+        observer.register_callback(str(raw))
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        activities += [torch.profiler.ProfilerActivity.CUDA] if device.startswith("cuda") else []
+        observer.start()
+        if kineto_path is None:
+            step()
+        else:
+            with torch.profiler.profile(activities=activities) as prof:
+                step()
+                _sync(device)
+        observer.stop()
+        observer.unregister_callback()
+        _gzip(raw, et_path)
+        if kineto_path is not None:
+            prof.export_chrome_trace(str(Path(tmp) / "kineto.json"))
+            _gzip(Path(tmp) / "kineto.json", kineto_path)
+
+
+def _gzip(src: Path, dst: Path) -> None:
+    with src.open("rb") as fin, gzip.open(dst, "wb", compresslevel=9) as fout:
+        shutil.copyfileobj(fin, fout)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--db", default=str(ROOT / "data" / "measured" / "cpu_profile.db"))
+    ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda (default cpu)")
+    ap.add_argument("--db", type=Path, help="profiling database measured on the device (default by device)")
     ap.add_argument("--measure", action="store_true", help="re-measure the iterations into the CSV")
     ap.add_argument("--iterations", type=int, default=20, help="timed iterations per case and round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds over all cases (interleaved)")
-    ap.add_argument("--csv", type=Path, default=CSV, help="measured iterations (read; written by --measure)")
+    ap.add_argument("--csv", type=Path, help="measured iterations (read; written by --measure; default by device)")
+    ap.add_argument("--traces", type=Path, help="keep the traces here, and read them from here when present")
     args = ap.parse_args()
-    csv_path: Path = args.csv
+    device: str = args.device
+    gpu = device.startswith("cuda")
+    csv_path: Path = args.csv or DEFAULTS["cuda" if gpu else "cpu"][0]
+    db_path: Path = args.db or DEFAULTS["cuda" if gpu else "cpu"][1]
     if args.measure or not csv_path.exists():
-        rows = measure(args.iterations, args.rounds)
+        rows = measure(args.iterations, args.rounds, device)
         with csv_path.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
     measured = {(r["workload"], int(r["batch"])): float(r["median_s"]) for r in csv.DictReader(csv_path.open())}
-    db = ProfileDB(args.db)
+    cases = CASES["cuda" if gpu else "cpu"]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.traces or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, batch in cases:  # every trace first: they are kept even if pricing fails
+            path = folder / f"{name}_{batch}.et.json.gz"
+            if not path.exists():
+                trace(name, batch, device, path, folder / f"{name}_{batch}.kineto.json.gz" if args.traces else None)
+        report(cases, folder, measured, db_path, csv_path, gpu)
+
+
+def report(
+    cases: list[tuple[str, int]],
+    folder: Path,
+    measured: dict[tuple[str, int], float],
+    db_path: Path,
+    csv_path: Path,
+    gpu: bool,
+) -> None:
+    """Price every case's trace in `folder` and print it next to its measured time."""
+    db = ProfileDB(db_path)
     device_id = db.devices()[-1][0]
     model = OperatorCostModel(fit_operator_models(list(db.measurements(device_id=device_id))))
-    print(f"operator models fitted on {args.db} (device {device_id}); iterations from {csv_path}")
+    print(f"operator models fitted on {db_path} (device {device_id}); iterations from {csv_path}")
     print(f"{'workload':9s} {'batch':>5s} {'measured ms':>12s} {'predicted ms':>13s} {'error':>7s}   breakdown")
     errors = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, batch in CASES:
-            path = Path(tmp) / f"{name}_{batch}.json"
-            trace(name, batch, path)
-            pred = predict_iteration(read_execution_trace(path), model)
-            meas = measured[(name, batch)]
-            err = pred.total_s / meas - 1
-            errors.append(abs(err))
-            parts = {"host": pred.host_s, **pred.kernel_s_by_family}
-            split = ", ".join(
-                f"{k} {v / pred.total_s:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:5]
-            )
-            print(f"{name:9s} {batch:5d} {meas * 1e3:12.2f} {pred.total_s * 1e3:13.2f} {err:+7.1%}   {split}")
+    for name, batch in cases:
+        pred = predict_iteration(read_execution_trace(folder / f"{name}_{batch}.et.json.gz"), model, gpu=gpu)
+        meas = measured[(name, batch)]
+        err = pred.total_s / meas - 1
+        errors.append(abs(err))
+        parts = {"host": pred.host_s, **pred.kernel_s_by_family}
+        split = ", ".join(f"{k} {v / pred.total_s:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:5])
+        print(f"{name:9s} {batch:5d} {meas * 1e3:12.2f} {pred.total_s * 1e3:13.2f} {err:+7.1%}   {split}")
     geo = math.exp(sum(math.log(e) for e in errors) / len(errors))
     print(f"geomean |error| {geo:.1%} over {len(errors)} cases (mean {statistics.mean(errors):.1%})")
 

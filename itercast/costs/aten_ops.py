@@ -14,6 +14,11 @@ Families (`features(call).family`):
   full forward, with causal masking as a "layout" (whether masked blocks are skipped is the device's
   business: the CPU kernel measured here is as slow causal as not); the backward is keyed by the same;
 - embedding_bag_fwd / embedding_bag_bwd: bytes of every looked-up row, and the table's bytes;
+- norm: layer norm, batch norm (native and cuDNN) and (log-)softmax, forward and backward: the
+  bytes of their tensors, with the number of independent rows (channels, for a batch norm) as m
+  and the length each one reduces over as n; a GPU runs one block per row or channel, so a batch
+  norm of 32 channels streams at a third of the rate of one of 128 channels (H100: 260 vs 900 GB/s
+  for the backward of 100 MB);
 - memory: everything else that moves data, by the bytes of its tensor inputs and outputs;
 - free: views and allocations, which move no data (only the host overhead of the call remains).
 Operators whose work is all in their children (aten::linear, aten::layer_norm, ...) are "composite".
@@ -39,10 +44,16 @@ ITEMSIZE = {
     "bool": 1,
 }
 GEMM_OPS = {"aten::mm": 0, "aten::addmm": 1, "aten::bmm": 0, "aten::baddbmm": 1}  # name → index of mat1
-ATTENTION_FWD = {"aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention"}
+#: fused attention operators → index of is_causal among their arguments (schemas of torch 2.11-2.13)
+ATTENTION_FWD = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
+    "aten::_scaled_dot_product_flash_attention": 4,
+    "aten::_scaled_dot_product_efficient_attention": 6,
+}
 ATTENTION_BWD = {
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-    "aten::_scaled_dot_product_flash_attention_backward",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": 7,
+    "aten::_scaled_dot_product_flash_attention_backward": 11,
+    "aten::_scaled_dot_product_efficient_attention_backward": 11,
 }
 EMBEDDING_BAG_FWD = {"aten::_embedding_bag", "aten::_embedding_bag_forward_only"}
 EMBEDDING_BAG_BWD = {"aten::_embedding_bag_backward"}
@@ -52,11 +63,27 @@ WHOLE_MEMORY_OPS = {
     "aten::native_layer_norm_backward",
     "aten::native_batch_norm",
     "aten::native_batch_norm_backward",
+    "aten::cudnn_batch_norm",
+    "aten::cudnn_batch_norm_backward",
     "aten::_softmax",
     "aten::_softmax_backward_data",
     "aten::_log_softmax",
     "aten::_log_softmax_backward_data",
     "aten::embedding_dense_backward",
+}
+#: normalisations → index of their main input among the arguments, and whether it is channels-first
+#: (a batch norm reduces over every dimension but the second; the others over the last)
+NORM_OPS = {
+    "aten::native_layer_norm": (0, False),
+    "aten::native_layer_norm_backward": (1, False),
+    "aten::native_batch_norm": (0, True),
+    "aten::native_batch_norm_backward": (1, True),
+    "aten::cudnn_batch_norm": (0, True),
+    "aten::cudnn_batch_norm_backward": (0, True),
+    "aten::_softmax": (0, False),
+    "aten::_softmax_backward_data": (1, False),
+    "aten::_log_softmax": (0, False),
+    "aten::_log_softmax_backward_data": (1, False),
 }
 #: operators that only make views or allocate (no data moved)
 FREE_OPS = {
@@ -169,7 +196,7 @@ def features(call: OpArgs) -> OpFeatures:
         return _conv(shapes[1], shapes[2], shapes[0], "conv_bwd", max(wanted, 1))
     if name in ATTENTION_FWD or name in ATTENTION_BWD:
         q, k = (shapes[0], shapes[1]) if name in ATTENTION_FWD else (shapes[1], shapes[2])
-        causal_at = 4 if name in ATTENTION_FWD else 7
+        causal_at = ATTENTION_FWD.get(name) or ATTENTION_BWD[name]
         causal = bool(call.input_scalars[causal_at]) if len(call.input_scalars) > causal_at else False
         flops = 4.0 * math.prod(q[:-1]) * k[-2] * q[-1]
         family = "attention_fwd" if name in ATTENTION_FWD else "attention_bwd"
@@ -197,6 +224,10 @@ def features(call: OpArgs) -> OpFeatures:
     if name in FREE_OPS or not name.startswith("aten::"):
         return OpFeatures("free")
     moved = tensor_bytes(shapes, call.input_types) + tensor_bytes(call.output_shapes, call.output_types)
+    if name in NORM_OPS and _is_shape(shapes[NORM_OPS[name][0]]) and len(shapes[NORM_OPS[name][0]]) >= 2:
+        x, channels_first = shapes[NORM_OPS[name][0]], NORM_OPS[name][1]
+        rows, length = (x[1], math.prod(x) // max(x[1], 1)) if channels_first else (math.prod(x[:-1]), x[-1])
+        return OpFeatures("norm", moved, {"m": max(rows, 1), "n": max(length, 1), "k": 1})
     return OpFeatures("memory", moved)
 
 

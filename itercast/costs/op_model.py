@@ -2,7 +2,8 @@
 
 They price the operators of a PyTorch execution trace (traces/iteration_model.py) from the
 features of costs/aten_ops.py. Forms (all fitted on log time, so relative errors count alike):
-- compute (gemm, conv_fwd/bwd, attention_fwd/bwd), shape-aware, per operator:
+- compute (gemm, conv_fwd/bwd, attention_fwd/bwd) and norms (the same form with bytes for FLOPs:
+  costs/aten_ops.py), shape-aware, per operator:
       t = α + FLOPs / (R · s(m) · s(n) · s(k)) · f_layout,   s(d) = 1 / (1 + (h_d / d)^g)
   R is the saturated rate, h_d the size of dimension d at which it reaches half of it, and f_layout
   the cost of a transposed operand layout relative to "nn". Below the smallest size measured in a
@@ -28,9 +29,13 @@ features of costs/aten_ops.py. Forms (all fitted on log time, so relative errors
   rate for tables of at least a break (the dense gradient is zeroed and written whole, and a large
   one is mapped afresh page by page, as above; indices are sorted, hence the per-lookup term);
 - host: seconds per operator called from Python, per nested operator call, per autograd function
-  (non-negative least squares over the `host` programs, whose counts come from their traces).
+  and per launch of an operator's work (non-negative least squares over the `host` programs, whose
+  counts come from their traces; a database whose programs counted no launches fits none).
 A measured call includes its own host overhead (one Python call and its nested calls): pricing
-subtracts it, and the iteration model adds the host cost of every call it really makes.
+subtracts it, and the iteration model adds the host cost of every call it really makes. On a GPU the
+measured times are the device's alone, and each operator's host issue time (its rows' host_issue_s,
+profile/microbench._time) is kept as the median over its rows: launching a cuDNN convolution or a
+lookup's several kernels costs the host far more than a generic call.
 """
 
 from __future__ import annotations
@@ -45,10 +50,10 @@ from itercast.costs.aten_ops import OpArgs, OpCall, OpFeatures, features
 from itercast.costs.fitting import eff, fit_latency_curve, fit_nonneg_linear, mean_abs_err
 from itercast.profile.db import Measurement
 
-COMPUTE = ("gemm", "conv_fwd", "conv_bwd", "attention_fwd", "attention_bwd")
+COMPUTE = ("gemm", "conv_fwd", "conv_bwd", "attention_fwd", "attention_bwd", "norm")
 LAYOUTS = ("nt", "tn", "tt", "causal")  # operand layouts of GEMMs; causal masking of attention
 CACHE_CANDIDATES_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
-HOST = ("python", "nested", "autograd")
+HOST = ("python", "nested", "autograd", "launch")
 FALLBACK_MEMORY_OPS = ("aten::add", "aten::add_")  # for new outputs, in place
 #: operators priced with the model of another that runs the same kernel (the bias copy of addmm is a child)
 SAME_KERNEL = {
@@ -185,6 +190,13 @@ def fit_operator_models(rows: list[Measurement]) -> dict[str, Any]:
             continue
         ms, feats = [p[0] for p in pairs], [p[1] for p in pairs]
         doc["models"][key] = fit_one(ms, feats)
+    issue: dict[str, list[float]] = {}
+    for pairs in by_op.values():
+        for m, _ in pairs:
+            if "host_issue_s" in m.params:
+                issue.setdefault(_call_of(m).name, []).append(float(m.params["host_issue_s"]))
+    if issue:
+        doc["host_issue_s"] = {name: float(np.median(v)) for name, v in sorted(issue.items())}
     if host_rows:
         counts = np.array([[float(m.params["counts"].get(c, 0)) for c in HOST] for m in host_rows])
         t = np.array([m.time_s for m in host_rows])
@@ -232,6 +244,11 @@ class OperatorCostModel:
         self.models: dict[str, dict[str, Any]] = doc.get("models", {})
         self.host_s: dict[str, float] = doc.get("host_s", dict.fromkeys(HOST, 0.0))
         self._by_name: dict[str, dict[str, Any]] = {k.rsplit(":", 1)[0]: v for k, v in self.models.items()}
+        self._issue_s: dict[str, float] = doc.get("host_issue_s", {})
+
+    def issue_s(self, name: str) -> float | None:
+        """Host seconds to issue one call of `name` from Python on a GPU, where measured."""
+        return self._issue_s.get(name, self._issue_s.get(SAME_KERNEL.get(name, "")))
 
     def measured_s(self, call: OpArgs, f: OpFeatures | None = None, unique_fraction: float | None = None) -> float:
         """What a microbenchmark of this call alone would measure (its own host overhead included).

@@ -60,12 +60,18 @@ class Measurement:
             )
 
 
+#: params that a pass measured (differ from pass to pass): not part of a configuration's identity
+PASS_KEYS = ("pass", "host_issue_s")
+
+
 def _merge_passes(passes: list[Measurement]) -> Measurement:
-    """One row for a configuration measured in several passes: the median of their times; as spread,
-    the square root of the mean within-pass variance plus the variance between the passes' times."""
+    """One row for a configuration measured in several passes: the median of their times (and of
+    their host issue times, where measured); as spread, the square root of the mean within-pass
+    variance plus the variance between the passes' times."""
     times = np.array([m.time_s for m in passes])
     within = np.mean([m.time_std_s**2 for m in passes])
     first = passes[0]
+    issue = [m.params["host_issue_s"] for m in passes if "host_issue_s" in m.params]
     return Measurement(
         first.family,
         first.op,
@@ -76,7 +82,9 @@ def _merge_passes(passes: list[Measurement]) -> Measurement:
         first.nodes,
         float(np.sqrt(within + times.var())),
         sum(m.repeats for m in passes),
-        {k: v for k, v in first.params.items() if k != "pass"} | {"passes": len(passes)},
+        {k: v for k, v in first.params.items() if k not in PASS_KEYS}
+        | {"passes": len(passes)}
+        | ({"host_issue_s": float(np.median(issue))} if issue else {}),
         first.source,
     )
 
@@ -175,7 +183,7 @@ class ProfileDB:
             return
         merged: dict[str, list[Measurement]] = {}  # configurations in order of first appearance
         for m in rows:
-            config = {k: v for k, v in m.params.items() if k != "pass"}
+            config = {k: v for k, v in m.params.items() if k not in PASS_KEYS}
             key = json.dumps([m.family, m.op, m.dtype, m.size, m.group_size, m.nodes, config], sort_keys=True)
             merged.setdefault(key, []).append(m)
         for group in merged.values():  # rows of the same fields that no pass produced stay apart

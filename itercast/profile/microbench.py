@@ -47,6 +47,8 @@ from itercast.profile.db import Measurement, ProfileDB, ProfileError
 #: above the 50 MiB L2 of an H100): inside a training iteration an operator's inputs were written
 #: many operators earlier, so timing them hot in cache under-prices memory-bound operators 4–8×
 FLUSH_BYTES = 64 << 20
+#: GPU clock cycles of the spin queued before each timed GPU run (~0.5 ms at 1.98 GHz)
+GPU_HOLD_CYCLES = 1_000_000
 FAMILIES = ("gemm", "conv", "attention", "norm", "elementwise", "embedding", "host", "collective")
 QUICK: dict[str, Any] = {
     "gemm": [64, 256, 1024],
@@ -81,10 +83,33 @@ FULL: dict[str, Any] = {
     "elementwise": [1 << k for k in range(10, 27)],  # up to 256 MiB per tensor (a 1M × 64 table)
     "embedding_rows": [10_000, 100_000, 1_000_000],  # 100k × 32 / × 128: 12.8 / 51 MB, either side of 32 MiB
     "embedding_dims": [32, 128],
+    "embedding_batches": [512],
     "pooling": [1, 8, 32, 128],
     "distributions": ["uniform", "zipf"],
-    "host": ["view", "transpose", "tiny_add", "tiny_chain_backward", "tiny_linear_backward"],
+    "host": [
+        "view",
+        "transpose",
+        "tiny_add",
+        "tiny_chain_backward",
+        "tiny_view_backward",
+        "tiny_linear_backward",
+        "tiny_mlp_step",
+    ],
     "collective": collective_bench.FULL,
+}
+#: the full grid on a GPU: the same operators at sizes that fill one (an H100 runs an fp32 1024³
+#: product in ~0.1 ms and a 16 MiB add in ~15 µs, so FULL's sizes mostly time launch latency), and
+#: embedding bags also at a training batch of 8192 bags
+GPU: dict[str, Any] = FULL | {
+    "gemm": [64, 256, 1024, 2048, 4096, 8192],
+    "bmm": [(b, m, n, k) for b in (8, 64) for m, n, k in itertools.product((32, 128, 512, 2048), repeat=3)],
+    "conv": list(itertools.product((32, 512), (16, 64, 128), (16, 64, 128), (8, 16, 32), (1, 3))),
+    "attention": [(bh, s, d) for bh in (8, 32, 128) for s in (64, 128, 256, 512, 1024) for d in (32, 64)],
+    "norm_rows": [1 << k for k in range(6, 21, 2)],  # 64 … 1M rows
+    "norm_cols": [32, 128, 512, 4096],
+    "norm_max_elements": 1 << 28,
+    "elementwise": [1 << k for k in range(10, 29)],
+    "embedding_batches": [512, 8192],
 }
 NORM_OPS = ("layer_norm", "batch_norm", "softmax", "log_softmax")
 ELEMENTWISE_OPS = ("add", "add_", "mul", "gelu", "relu", "copy", "sum", "gelu_backward")
@@ -94,7 +119,7 @@ TYPE_NAMES |= {"int64": "long int", "int32": "int", "bool": "bool"}
 
 def _config(params: dict[str, Any]) -> dict[str, Any]:
     """The configuration part of stored params (what a resumed run compares), without what was measured."""
-    return {k: v for k, v in params.items() if k not in ("features", "call", "counts")}
+    return {k: v for k, v in params.items() if k not in ("features", "call", "counts", "host_issue_s")}
 
 
 def fingerprint(device: str) -> dict[str, Any]:
@@ -130,13 +155,19 @@ def configs(grid: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
     for (bh, s, d), causal, direction in itertools.product(grid["attention"], (False, True), ("fwd", "bwd")):
         yield "attention", f"sdpa_{direction}", {"batch_heads": bh, "seq": s, "head_dim": d, "causal": causal}
     for op, rows, cols, direction in itertools.product(NORM_OPS, grid["norm_rows"], grid["norm_cols"], ("fwd", "bwd")):
-        yield "norm", f"{op}_{direction}", {"rows": rows, "cols": cols}
+        if rows * cols <= grid.get("norm_max_elements", rows * cols):
+            yield "norm", f"{op}_{direction}", {"rows": rows, "cols": cols}
     for op, size in itertools.product(ELEMENTWISE_OPS, grid["elementwise"]):
         yield "elementwise", op, {"elements": size}
-    for rows, dim, pool, dist, direction in itertools.product(
-        grid["embedding_rows"], grid["embedding_dims"], grid["pooling"], grid["distributions"], ("fwd", "bwd")
+    for rows, dim, pool, dist, batch, direction in itertools.product(
+        grid["embedding_rows"],
+        grid["embedding_dims"],
+        grid["pooling"],
+        grid["distributions"],
+        grid.get("embedding_batches", [512]),
+        ("fwd", "bwd"),
     ):
-        params = {"rows": rows, "dim": dim, "pooling": pool, "distribution": dist, "batch": 512}
+        params = {"rows": rows, "dim": dim, "pooling": pool, "distribution": dist, "batch": batch}
         yield "embedding", f"embedding_bag_{direction}", params
     for program in grid["host"]:
         yield "host", program, {"calls": 100}
@@ -171,10 +202,10 @@ def _prepare(family: str, op: str, params: dict[str, Any], device: str) -> Prepa
     """A closure running one configuration, its operator call, and what was measured of its inputs."""
     import torch
 
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(device)
+        return torch.randn(*shape, generator=gen, device=device)
 
     if family == "gemm":
         return _prepare_gemm(op, params, randn)
@@ -187,7 +218,7 @@ def _prepare(family: str, op: str, params: dict[str, Any], device: str) -> Prepa
     if family == "elementwise":
         return _prepare_elementwise(op, params, randn)
     if family == "embedding":
-        return _prepare_embedding(op, params, gen, device)
+        return _prepare_embedding(op, params, randn, device)
     return _prepare_host(op, params, randn)
 
 
@@ -226,6 +257,8 @@ def _prepare_attention(op: str, p: dict[str, Any], randn: Callable[..., Any]) ->
     shape = (1, p["batch_heads"], p["seq"], p["head_dim"])
     q, k, v = randn(*shape), randn(*shape), randn(*shape)
     causal = p["causal"]
+    if q.is_cuda:
+        return _prepare_attention_cuda(op, q, k, v, causal)
     fwd_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out, lse = fwd_op(q, k, v, 0.0, causal)
     if op == "sdpa_fwd":
@@ -243,6 +276,30 @@ def _prepare_attention(op: str, p: dict[str, Any], randn: Callable[..., Any]) ->
 
     name = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
     return bwd, _describe(name, [g, q, k, v, out, lse], list(bwd()), (None,) * 6 + (0.0, causal)), {}
+
+
+def _prepare_attention_cuda(op: str, q: Any, k: Any, v: Any, causal: bool) -> Prepared:
+    """fp32 attention on a GPU: scaled_dot_product_attention runs the memory-efficient kernel (the
+    flash and cuDNN kernels take only 16-bit inputs)."""
+    import torch
+
+    aten = torch.ops.aten
+    name = "aten::_scaled_dot_product_efficient_attention"
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal)
+    if op == "sdpa_fwd":
+        call = _describe(name, [q, k, v, None], [out, lse, seed, offset], (None,) * 4 + (True, 0.0, causal))
+        return (lambda: aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal)), call, {}
+    g = torch.randn_like(out)
+    mask = [True, True, True, False]
+
+    def bwd() -> Any:
+        return aten._scaled_dot_product_efficient_attention_backward(
+            g, q, k, v, None, out, lse, seed, offset, 0.0, mask, causal
+        )
+
+    scalars = (None,) * 9 + (0.0, mask, causal)
+    call = _describe(f"{name}_backward", [g, q, k, v, None, out, lse, seed, offset], list(bwd()), scalars)
+    return bwd, call, {}
 
 
 def _prepare_norm(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prepared:
@@ -264,7 +321,9 @@ def _prepare_norm(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prep
         return (lambda: aten.native_layer_norm_backward(g, x, [cols], mean, rstd, w, b, mask)), call, {}
     if kind == "batch_norm":  # rows = batch·height·width, cols = channels (NCHW with H·W = rows/16)
         x = randn(16, cols, rows // 16, 1)
-        w, b, rm, rv = randn(cols), randn(cols), torch.zeros(cols), torch.ones(cols)
+        w, b, rm, rv = randn(cols), randn(cols), torch.zeros(cols, device=x.device), torch.ones(cols, device=x.device)
+        if x.is_cuda:
+            return _prepare_cudnn_batch_norm(direction, x, w, b, rm, rv)
         y, sm, si = aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
         if direction == "fwd":
             call = _describe("aten::native_batch_norm", [x, w, b, rm, rv], [y, sm, si])
@@ -287,6 +346,24 @@ def _prepare_norm(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prep
     return (lambda: bwd(g, y, -1, torch.float32)), call, {}
 
 
+def _prepare_cudnn_batch_norm(direction: str, x: Any, w: Any, b: Any, rm: Any, rv: Any) -> Prepared:
+    """Training batch norm on a GPU: nn.BatchNorm2d calls cuDNN's kernels there, not the native ones."""
+    import torch
+
+    aten = torch.ops.aten
+    y, sm, si, reserve = aten.cudnn_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
+    if direction == "fwd":
+        call = _describe("aten::cudnn_batch_norm", [x, w, b, rm, rv], [y, sm, si, reserve])
+        return (lambda: aten.cudnn_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)), call, {}
+    g = torch.randn_like(y)
+
+    def bwd() -> Any:
+        return aten.cudnn_batch_norm_backward(x, g, w, rm, rv, sm, si, 1e-5, reserve)
+
+    call = _describe("aten::cudnn_batch_norm_backward", [x, g, w, rm, rv, sm, si, reserve], list(bwd()))
+    return bwd, call, {}
+
+
 def _prepare_elementwise(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prepared:
     import torch
 
@@ -307,11 +384,12 @@ def _prepare_elementwise(op: str, p: dict[str, Any], randn: Callable[..., Any]) 
     return fn, _describe(name, inputs, [fn()]), {}
 
 
-def _prepare_embedding(op: str, p: dict[str, Any], gen: Any, device: str) -> Prepared:
+def _prepare_embedding(op: str, p: dict[str, Any], randn: Callable[..., Any], device: str) -> Prepared:
     import torch
 
     rows, dim, pool, batch = p["rows"], p["dim"], p["pooling"], p["batch"]
-    weight = torch.randn(rows, dim, generator=gen).to(device)
+    weight = randn(rows, dim)
+    gen = torch.Generator(device="cpu").manual_seed(0)  # indices drawn on the host: the same on every device
     count = batch * pool
     if p["distribution"] == "zipf":  # skewed reuse: rank r drawn with probability ∝ 1/(r+1)^1.05
         weights = 1.0 / torch.arange(1, rows + 1, dtype=torch.float64) ** 1.05
@@ -344,7 +422,7 @@ def _prepare_host(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prep
     import torch
 
     x, y, w = randn(4, 4), randn(4, 4), randn(4, 4).requires_grad_()
-    lin = torch.nn.Linear(4, 4)
+    lin = torch.nn.Linear(4, 4).to(x.device)
     calls = p["calls"]
 
     def chain() -> None:
@@ -354,6 +432,13 @@ def _prepare_host(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prep
                 z = z * y
             z.sum().backward()
 
+    def view_chain() -> None:  # autograd functions that launch nothing (ViewBackward0 runs a view)
+        with torch.enable_grad():
+            z = w
+            for _ in range(calls // 10):
+                z = z.view(16).view(4, 4)
+            z.sum().backward()
+
     def linear_chain() -> None:
         with torch.enable_grad():
             z = x
@@ -361,12 +446,24 @@ def _prepare_host(op: str, p: dict[str, Any], randn: Callable[..., Any]) -> Prep
                 z = lin(z)
             z.sum().backward()
 
+    layers = [m for _ in range(calls // 25) for m in (torch.nn.Linear(4, 4), torch.nn.ReLU())]
+    mlp = torch.nn.Sequential(*layers).to(x.device)
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.01, momentum=0.9)
+
+    def train_step() -> None:  # module calls, a loss, backward and an optimizer step: a training loop's Python
+        with torch.enable_grad():
+            opt.zero_grad(set_to_none=True)
+            mlp(x).sum().backward()
+            opt.step()
+
     programs: dict[str, Callable[[], Any]] = {
         "view": lambda: [x.view(16) for _ in range(calls)],
         "transpose": lambda: [x.t() for _ in range(calls)],
         "tiny_add": lambda: [x + y for _ in range(calls)],
         "tiny_chain_backward": chain,
+        "tiny_view_backward": view_chain,
         "tiny_linear_backward": linear_chain,
+        "tiny_mlp_step": train_step,
     }
     fn = programs[op]
     return fn, None, {"counts": _host_counts(fn)}
@@ -390,28 +487,49 @@ def _host_counts(fn: Callable[[], Any]) -> dict[str, int]:
         return host_counts(read_execution_trace(path))
 
 
-def _time(fn: Callable[[], Any], device: str, warmup: int, repeats: int, budget_s: float = 0.5) -> list[float]:
+def _time(
+    fn: Callable[[], Any], device: str, warmup: int, repeats: int, budget_s: float = 0.5, host: bool = False
+) -> tuple[list[float], list[float]]:
+    """Seconds of each timed run of `fn`, and on a GPU the host's issue time of each run that did not
+    wait for the device. On a GPU the times are the device's (CUDA events), with the stream held
+    busy by a GPU_HOLD_CYCLES spin while the host issues the call, so the host's issue time stays
+    out of them and is timed on its own (perf_counter around the call: the iteration model puts it
+    on the host's timeline); a call whose issue outlasted 90% of the spin waited for the device and
+    gives no issue time. `host`: wall-clock time to the end of the device's work instead (the host
+    programs, whose tiny kernels finish before the next is issued)."""
     import torch
 
+    cuda = device.startswith("cuda")
     flush = torch.empty(FLUSH_BYTES // 4, device=device)
+    issue: list[float] = []
     with torch.no_grad():
         for _ in range(warmup):
             fn()
         times: list[float] = []
         while len(times) < repeats and (len(times) < 3 or sum(times) < budget_s):
             flush.fill_(len(times))  # cold caches, as for an operator inside an iteration
-            if device.startswith("cuda"):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if cuda and not host:
+                hold, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+                hold.record()
+                torch.cuda._sleep(GPU_HOLD_CYCLES)
                 start.record()
+                t0 = time.perf_counter()
                 fn()
+                issue_s = time.perf_counter() - t0
                 end.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end) * 1e-3)
+                if issue_s < 0.9e-3 * hold.elapsed_time(start):
+                    issue.append(issue_s)
             else:
+                if cuda:
+                    torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 fn()
+                if cuda:
+                    torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
-    return times
+    return times, issue
 
 
 def run(
@@ -443,7 +561,7 @@ def run(
     if passes < 1:
         raise ProfileError(f"passes: expected 1 or more, got {passes}")
     done = {_pass_key(m.family, m.op, m.params) for m in db.measurements(device_id=dev, passes=True)}
-    grid = [c for c in configs(QUICK if quick else FULL) if c[0] in families]
+    grid = [c for c in configs(QUICK if quick else GPU if device.startswith("cuda") else FULL) if c[0] in families]
     if passes > 1:
         grid = [(f, op, params | {"pass": k}) for k in range(1, passes + 1) for f, op, params in grid]
     todo = [c for c in grid if _pass_key(*c) not in done]
@@ -476,8 +594,9 @@ def _measure_pass(
     collectives = [(op, params) for family, op, params in todo if family == "collective"]
     for family, op, params in (c for c in todo if c[0] != "collective"):
         fn, call, measured = _prepare(family, op, params, device)
-        times = _time(fn, device, warmup, repeats)
+        times, issue = _time(fn, device, warmup, repeats, host=family == "host")
         stored = {**params, **({"call": call.__dict__} if call else {})}
+        stored |= {"host_issue_s": statistics.median(issue)} if issue else {}
         stored |= {"counts": measured["counts"]} if "counts" in measured else {}
         stored |= {"features": measured} if measured and "counts" not in measured else {}
         db.add(dev, [_row(family, op, _size(call, measured), times, stored)])

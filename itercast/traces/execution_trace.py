@@ -42,6 +42,8 @@ class ETNode:
     output_types: list[str] = field(default_factory=list)
     #: scalar arguments (int, float, bool, str) by position; None where the argument is not a scalar
     input_scalars: tuple[Any, ...] = ()
+    #: device of each tensor input ("cpu", "cuda:0", ...), in the order of input_tensors
+    input_devices: tuple[str, ...] = ()
 
 
 @dataclass
@@ -118,17 +120,19 @@ def _node(n: dict[str, Any]) -> ETNode:
             v if isinstance(v, int | float | bool | str) and not str(t).startswith("Tensor") else None
             for v, t in zip(inputs, in_types, strict=False)
         ),
+        _tensor_ids(inputs, 5),
     )
 
 
-def _tensor_ids(values: list[Any]) -> tuple[int, ...]:
-    """Tensor arguments are [tensor_id, storage_id, offset, numel, itemsize, device] (lists of them too)."""
-    out = []
+def _tensor_ids(values: list[Any], field: int = 0) -> tuple[Any, ...]:
+    """Tensor arguments are [tensor_id, storage_id, offset, numel, itemsize, device] (lists of them
+    too): each one's `field` (0: the id, as an int; 5: the device)."""
+    out: list[Any] = []
     for v in values:
         if isinstance(v, list) and len(v) == 6 and isinstance(v[0], int | float) and isinstance(v[5], str):
-            out.append(int(v[0]))
+            out.append(int(v[0]) if field == 0 else v[field])
         elif isinstance(v, list):
-            out += _tensor_ids(v)
+            out += _tensor_ids(v, field)
     return tuple(out)
 
 
