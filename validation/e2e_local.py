@@ -24,7 +24,10 @@ and a Kineto trace of the same iteration (DIR/<case>.et.json.gz, DIR/<case>.kine
 reads them from there when present, so a GPU's iterations are predicted on any machine:
 
     python validation/e2e_local.py --device cuda --measure --traces data/measured/h100_traces   # on the GPU
-    python validation/e2e_local.py --device cuda --traces data/measured/h100_traces             # anywhere
+    python validation/e2e_local.py --device cuda     # anywhere: the H100's files in data/measured (default)
+
+With Kineto traces at hand it also prints each case's device busy time (kernels, copies, memsets)
+against the sum of its predicted kernel times.
 """
 
 from __future__ import annotations
@@ -54,13 +57,14 @@ from itercast.costs.op_model import OperatorCostModel, fit_operator_models
 from itercast.profile.db import ProfileDB
 from itercast.traces.execution_trace import read_execution_trace
 from itercast.traces.iteration_model import predict_iteration
+from itercast.traces.kineto import read_kineto
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "data" / "measured"
-#: per device: measured iterations, profiling database
+#: per device: measured iterations, profiling database, kept traces
 DEFAULTS = {
-    "cpu": (MEASURED / "e2e_cpu.csv", MEASURED / "cpu_profile.db"),
-    "cuda": (MEASURED / "e2e_h100.csv", MEASURED / "h100_profile.db"),
+    "cpu": (MEASURED / "e2e_cpu.csv", MEASURED / "cpu_profile.db", None),
+    "cuda": (MEASURED / "e2e_h100.csv", MEASURED / "h100_profile.db", MEASURED / "h100_traces"),
 }
 
 
@@ -284,8 +288,9 @@ def main() -> None:
     args = ap.parse_args()
     device: str = args.device
     gpu = device.startswith("cuda")
-    csv_path: Path = args.csv or DEFAULTS["cuda" if gpu else "cpu"][0]
-    db_path: Path = args.db or DEFAULTS["cuda" if gpu else "cpu"][1]
+    csv_default, db_default, traces_default = DEFAULTS["cuda" if gpu else "cpu"]
+    csv_path: Path = args.csv or csv_default
+    db_path: Path = args.db or db_default
     if args.measure or not csv_path.exists():
         rows = measure(args.iterations, args.rounds, device)
         with csv_path.open("w", newline="") as fh:
@@ -295,12 +300,18 @@ def main() -> None:
     measured = {(r["workload"], int(r["batch"])): float(r["median_s"]) for r in csv.DictReader(csv_path.open())}
     cases = CASES["cuda" if gpu else "cpu"]
     with tempfile.TemporaryDirectory() as tmp:
-        folder = args.traces or Path(tmp)
+        folder = args.traces or traces_default or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for name, batch in cases:  # every trace first: they are kept even if pricing fails
             path = folder / f"{name}_{batch}.et.json.gz"
             if not path.exists():
-                trace(name, batch, device, path, folder / f"{name}_{batch}.kineto.json.gz" if args.traces else None)
+                trace(
+                    name,
+                    batch,
+                    device,
+                    path,
+                    folder / f"{name}_{batch}.kineto.json.gz" if folder != Path(tmp) else None,
+                )
         report(cases, folder, measured, db_path, csv_path, gpu)
 
 
@@ -329,6 +340,27 @@ def report(
         print(f"{name:9s} {batch:5d} {meas * 1e3:12.2f} {pred.total_s * 1e3:13.2f} {err:+7.1%}   {split}")
     geo = math.exp(sum(math.log(e) for e in errors) / len(errors))
     print(f"geomean |error| {geo:.1%} over {len(errors)} cases (mean {statistics.mean(errors):.1%})")
+    if gpu:
+        device_time(cases, folder, model)
+
+
+def device_time(cases: list[tuple[str, int]], folder: Path, model: OperatorCostModel) -> None:
+    """The device's busy time alone: the kernels, copies and memsets of each case's Kineto trace
+    (profiling slows the host, not the kernels) next to the sum of the predicted kernel times."""
+    errors = []
+    print(f"\n{'workload':9s} {'batch':>5s} {'device ms (Kineto)':>19s} {'predicted ms':>13s} {'error':>7s}")
+    for name, batch in cases:
+        kineto = folder / f"{name}_{batch}.kineto.json.gz"
+        if not kineto.exists():
+            continue
+        busy_s = float(read_kineto(kineto).op_dur_us.sum()) * 1e-6
+        pred = predict_iteration(read_execution_trace(folder / f"{name}_{batch}.et.json.gz"), model, gpu=True)
+        kernels_s = sum(pred.kernel_s_by_family.values())
+        errors.append(abs(kernels_s / busy_s - 1))
+        print(f"{name:9s} {batch:5d} {busy_s * 1e3:19.2f} {kernels_s * 1e3:13.2f} {kernels_s / busy_s - 1:+7.1%}")
+    if errors:
+        geo = math.exp(sum(math.log(e) for e in errors) / len(errors))
+        print(f"device time: geomean |error| {geo:.1%} over {len(errors)} cases")
 
 
 if __name__ == "__main__":
