@@ -67,15 +67,15 @@ def test_calibration_file_round_trips_into_the_cost_model(synthetic_db):
 
 def test_other_versions_and_other_files_are_refused_with_the_reason(tmp_path):
     old = tmp_path / "old.json"
-    old.write_text(json.dumps({"format": "itercast-calibration", "version": "1"}))  # priced large calls otherwise
-    with pytest.raises(CalibrationError, match=r"calibration version '1'; this itercast reads version 2 — re-run"):
+    old.write_text(json.dumps({"format": "itercast-calibration", "version": "2"}))  # priced norms by bytes alone
+    with pytest.raises(CalibrationError, match=r"calibration version '2'; this itercast reads version 3 — re-run"):
         load_calibration(old)
     other = tmp_path / "other.json"
     other.write_text("{}")
     with pytest.raises(CalibrationError, match="not an itercast calibration file"):
         load_calibration(other)
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps({"format": "itercast-calibration", "version": "2", "gemm": {"bf16": {"e_max": 1}}}))
+    broken.write_text(json.dumps({"format": "itercast-calibration", "version": "3", "gemm": {"bf16": {"e_max": 1}}}))
     with pytest.raises(CalibrationError, match="a curve lacks its parameters"):
         load_calibration(broken)
 

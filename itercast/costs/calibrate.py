@@ -1,7 +1,7 @@
 """Calibrate the cost model's curves on a profiling database, and check them on held-out rows.
 
 A calibration file is JSON in the schema of the built-in costs/curves.json plus a header
-({"format": "itercast-calibration", "version": "2", "system": ..., "device": ...}), and optionally
+({"format": "itercast-calibration", "version": "3", "system": ..., "device": ...}), and optionally
 a "host_overheads" section (T1–T5 measured from Kineto traces, traces/host_overheads.py); the cost model
 merges it over the built-in curves (`AnalyticCostModel(system, dtype, curves=...)`). Only the
 families the database covers are written. The curves are relative to the peaks of `system`, so
@@ -37,10 +37,12 @@ from itercast.hardware.topology import GroupPlacement
 from itercast.profile.db import Measurement, ProfileDB
 from itercast.traces.host_overheads import HostOverheadError, HostOverheads
 
-#: version 2: memory-bound operators and embedding-bag backward price every byte of a call at or
-#: beyond their break at the higher rate (version 1: only the bytes past it); collectives may carry
-#: alpha_per_peer_s. A version-1 file is refused with the advice to re-run calibrate.
-FORMAT, VERSION = "itercast-calibration", "2"
+#: version 3: norms are shape models (operator family "norm"), embedding-bag backward has a term per
+#: byte of distinct rows, operators may carry host issue times (host_issue_s) and host costs a launch
+#: term. Version 2: memory-bound operators and embedding-bag backward price every byte of a call at
+#: or beyond their break at the higher rate (version 1: only the bytes past it); collectives may
+#: carry alpha_per_peer_s. An older file is refused with the advice to re-run calibrate.
+FORMAT, VERSION = "itercast-calibration", "3"
 #: a measured dtype (ours, Alpa's, OpenXLA's "bf16xbf16->bf16") → the plan dtype whose peak and curve apply
 PLAN_DTYPES = {
     "fp32": "fp32",
