@@ -10,8 +10,8 @@ after another on the host, so the iteration takes the sum of
 Operators measured whole (convolutions, attention, norms, lookups: everything but GEMMs, whose
 children such as a bias copy are priced on their own) stop the descent; composite operators
 (aten::linear, aten::layer_norm, ...) contribute only their host overhead and their children.
-Every operator that launches work (LAUNCHING: a priced operator, or a leaf that moves data) also
-costs one host "launch" (fitted where the host programs measured one: on a GPU, the launch call).
+Every operator that launches work (`launches`: an operator measured whole, or a leaf that moves
+data) also costs one host "launch" (fitted where the host programs measured one: on a GPU, the launch call).
 
 On a GPU (`gpu=True`; the calibration's kernel times are device times, profile/microbench._time)
 a priced operator whose host issue time was measured costs the host that time (less one Python call
@@ -94,6 +94,10 @@ def predict_iteration(
     clock = {"host": 0.0, "device": 0.0}
     busy = {"host": 0.0}
 
+    def spend_host(seconds: float) -> None:
+        clock["host"] += seconds
+        busy["host"] += seconds
+
     def own_host_s(node: ETNode) -> float:
         """Host time of a call and its subtree as its microbenchmark (a call from Python) paid it."""
         below = [node]
@@ -115,15 +119,12 @@ def predict_iteration(
         priced = f is not None and f.family != "free" and not composite
         issue_s = model.issue_s(node.name) if gpu and priced and not host_priced else None
         if issue_s is not None:
-            nested = host["nested"] - host["python"] if cat != "python" else 0.0
-            clock["host"] += max(issue_s + nested, 0.0)
-            busy["host"] += max(issue_s + nested, 0.0)
+            spend_host(max(issue_s + (host["nested"] - host["python"] if cat != "python" else 0.0), 0.0))
         for c in (cat, "launch" if node.name != ROOT_NODE and launches(node, node.id in children) else None):
             if c:
                 calls[c] += 1
                 if issue_s is None and not host_priced:
-                    clock["host"] += host[c]
-                    busy["host"] += host[c]
+                    spend_host(host[c])
         whole, kernel_s, family = priced_above, 0.0, ""
         if priced and f is not None:
             u = unique_fraction(node, f) if unique_fraction and f.family == "embedding_bag_fwd" else None
