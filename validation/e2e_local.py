@@ -300,7 +300,8 @@ def main() -> None:
     measured = {(r["workload"], int(r["batch"])): float(r["median_s"]) for r in csv.DictReader(csv_path.open())}
     cases = CASES["cuda" if gpu else "cpu"]
     with tempfile.TemporaryDirectory() as tmp:
-        folder = args.traces or traces_default or Path(tmp)
+        kept: Path | None = args.traces or traces_default
+        folder = kept or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for name, batch in cases:  # every trace first: they are kept even if pricing fails
             path = folder / f"{name}_{batch}.et.json.gz"
@@ -310,7 +311,7 @@ def main() -> None:
                     batch,
                     device,
                     path,
-                    folder / f"{name}_{batch}.kineto.json.gz" if folder != Path(tmp) else None,
+                    folder / f"{name}_{batch}.kineto.json.gz" if kept else None,
                 )
         report(cases, folder, measured, db_path, csv_path, gpu)
 
