@@ -48,14 +48,22 @@ class MemoryEstimate:
         return {**asdict(self), "total_bytes": self.total_bytes, "oom": self.oom}
 
 
+def embedding_unit_params(job: Job) -> float:
+    """Parameters of the embedding on one GPU: its vocab shard and the replicated position table."""
+    m = job.model
+    return m.vocab_size * m.hidden_size / job.plan.tensor_parallel + m.position_params()
+
+
 def stage_params(job: Job, stage: int) -> float:
-    """Parameters held by one GPU of pipeline stage `stage` (tensor-parallel shard, before ZeRO)."""
+    """Parameters held by one GPU of pipeline stage `stage` (tensor-parallel shard, before ZeRO):
+    its layers (norms and row-parallel biases whole on every rank), the embedding on the first
+    stage, the output layer on the last."""
     m, p = job.model, job.plan
     pp, t = p.pipeline_parallel, p.tensor_parallel
-    params = m.num_layers / pp * m.params_per_layer() / t
+    params = m.num_layers / pp * m.layer_params_per_rank(t)
     vocab = m.vocab_size * m.hidden_size / t
     if stage == 0:
-        params += vocab + (m.seq_length * m.hidden_size if m.family != "llama" else 0)
+        params += embedding_unit_params(job)
     if stage == pp - 1 and (not m.tied or pp > 1):  # untied head, or the tied copy on the last stage
         params += vocab
     return params
@@ -74,7 +82,9 @@ def activation_bytes_per_token_layer(job: Job) -> float:
     sharded = e * (a + 2 * g) * d + e * h  # q, k, v; projection input (= attention output)
     sharded += e * ((2 if m.gated_mlp else 1) * f + f)  # MLP up output(s) and activation output
     if not p.flash_attention and p.recompute != "selective":
-        sharded += 5 * a * m.seq_length  # scores, softmax, 1-byte dropout mask per key (eq. 1)
+        # per key: the softmax output and, with attention dropout, its 1-byte mask and output
+        # (eq. 1's 5·a·s in 16-bit training with dropout)
+        sharded += a * m.seq_length * (e + (0 if m.family == "llama" else 1 + e))
     return replicated / rep + sharded / t
 
 
@@ -90,7 +100,7 @@ def estimate_memory(job: Job) -> MemoryEstimate:
         params = stage_params(job, stage)
         weights = params * w_b / (shard if p.zero_stage >= 3 else 1)
         if p.zero_stage >= 3:  # gathered layers: the one computing and the one prefetched
-            weights += 2 * m.params_per_layer() / p.tensor_parallel * w_b
+            weights += 2 * m.layer_params_per_rank(p.tensor_parallel) * w_b
         grads = params * g_b / (shard if p.zero_stage >= 2 else 1)
         optim = params * o_b / (shard if p.zero_stage >= 1 else 1)
         held = in_flight_microbatches(p.schedule, stage, p.pipeline_parallel, job.num_microbatches, p.virtual_pipeline)

@@ -77,7 +77,8 @@ def test_fsdp_gathers_each_unit_before_every_forward_and_backward():
     g = TransformerStepBuilder(job).build()
     gathers = sum(1 for t in range(g.num_tasks) if g.names[g.name[t]].startswith("fsdp_all_gather"))
     scatters = sum(1 for t in range(g.num_tasks) if g.names[g.name[t]].startswith("grad_reduce_scatter"))
-    assert (job.num_microbatches, gathers, scatters) == (2, 40, 10)  # gradients scattered once, per unit
+    # sharded gradients leave after every micro-batch's backward, one reduce-scatter per unit
+    assert (job.num_microbatches, gathers, scatters) == (2, 40, 20)
 
 
 def test_recompute_full_costs_one_more_forward():

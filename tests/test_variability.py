@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from helpers import tiny_job
 from scipy import stats
 from typer.testing import CliRunner
@@ -26,7 +27,8 @@ def test_without_variability_every_quantile_is_the_deterministic_step():
     d = step_distribution(
         tiny_job(tensor_parallel=2, pipeline_parallel=2, global_batch_size=8), VariabilityModel(0, 0, 0, 0), 50
     )
-    assert set(d.quantiles().values()) == {d.deterministic_s} and d.slowdown == 1.0
+    assert set(d.quantiles().values()) == {d.deterministic_s}
+    assert d.slowdown == pytest.approx(1.0, rel=1e-12)  # a mean of equal floats: last-bit rounding
 
 
 def test_a_stage_runs_at_its_slowest_gpu():

@@ -230,6 +230,11 @@ def _schedule_problems(p: PlanConfig, microbatches: int) -> list[str]:
             f"interleaved-1f1b: micro-batches per replica ({microbatches}) not divisible by "
             f"pipeline_parallel({p.pipeline_parallel})"
         )
+    if p.context_parallel > 1 and not p.flash_attention:
+        problems.append(
+            f"plan.context_parallel({p.context_parallel}) needs plan.flash_attention=true "
+            "(ring attention runs inside the fused attention kernel)"
+        )
     if p.sequence_parallel and p.tensor_parallel == 1:
         problems.append("plan.sequence_parallel needs tensor_parallel > 1")
     if p.zero_stage == 3 and p.pipeline_parallel > 1:

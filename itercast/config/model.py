@@ -7,15 +7,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 TransformerFamily = Literal["gpt", "llama", "bert"]
+PositionEmbedding = Literal["learned", "rope"]
 
 
 class ModelConfig(BaseModel):
     """A decoder/encoder transformer. Sizes are counts; nothing here depends on the plan.
 
     Family conventions (what the family implies when a field is left out):
-    - gpt:   LayerNorm, GELU MLP with ffn = 4·hidden, learned positions, tied embeddings, causal.
-    - llama: RMSNorm, SwiGLU MLP (gate + up + down), RoPE, untied embeddings, causal, GQA.
-    - bert:  LayerNorm, GELU MLP, bidirectional (no causal mask), tied embeddings.
+    - gpt:   LayerNorm, GELU MLP with ffn = 4·hidden, learned positions, biases, tied embeddings, causal.
+    - llama: RMSNorm, SwiGLU MLP (gate + up + down), RoPE, no biases, untied embeddings, causal, GQA.
+    - bert:  LayerNorm, GELU MLP, learned positions, biases, bidirectional (no causal mask), tied embeddings.
+    `position_embedding` and `add_bias` override the family's choice (Nemotron-4: a gpt-style
+    LayerNorm model with RoPE and no biases, Parmar et al. 2024 §2).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -32,6 +35,10 @@ class ModelConfig(BaseModel):
     seq_length: PositiveInt = 2048
     vocab_size: PositiveInt = 50257
     tie_embeddings: bool | None = Field(None, description="Default: True for gpt/bert, False for llama.")
+    position_embedding: PositionEmbedding | None = Field(
+        None, description="learned (a seq_length × hidden table) or rope; default rope for llama, else learned."
+    )
+    add_bias: bool | None = Field(None, description="Biases in linear layers; default False for llama, else True.")
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -76,21 +83,48 @@ class ModelConfig(BaseModel):
     def tied(self) -> bool:
         return self.tie_embeddings if self.tie_embeddings is not None else self.family != "llama"
 
-    def params_per_layer(self) -> int:
-        """Weights and biases of one transformer layer (attention + MLP + two norms)."""
+    @property
+    def learned_positions(self) -> bool:
+        """A learned position table (gpt, bert), not rotary embeddings computed in each layer."""
+        default = "rope" if self.family == "llama" else "learned"
+        return (self.position_embedding or default) == "learned"
+
+    @property
+    def biases(self) -> bool:
+        return self.add_bias if self.add_bias is not None else self.family != "llama"
+
+    def layer_sharded_params(self) -> int:
+        """Parameters of one layer that tensor parallelism splits: the four weight matrices and the
+        biases of the column-parallel layers (QKV, MLP up), Megatron-LM's ColumnParallelLinear."""
         h, d = self.hidden_size, self.head_dim
         qkv = h * (self.num_attention_heads + 2 * self.kv_heads) * d
-        proj = h * h
         mlp = (3 if self.gated_mlp else 2) * h * self.ffn
-        norms = 2 * h if self.family == "llama" else 4 * h  # RMSNorm: weight; LayerNorm: w + b
-        biases = 0 if self.family == "llama" else (self.num_attention_heads + 2 * self.kv_heads) * d + h + self.ffn + h
-        return qkv + proj + mlp + norms + biases
+        column_biases = ((self.num_attention_heads + 2 * self.kv_heads) * d + self.ffn) if self.biases else 0
+        return qkv + h * h + mlp + column_biases
+
+    def layer_replicated_params(self) -> int:
+        """Parameters of one layer that every tensor-parallel rank holds whole: the two norms
+        (RMSNorm: weight; LayerNorm: weight + bias) and the row-parallel layers' output biases."""
+        h = self.hidden_size
+        norms = 2 * h if self.family == "llama" else 4 * h
+        return norms + (2 * h if self.biases else 0)
+
+    def layer_params_per_rank(self, tensor_parallel: int) -> float:
+        """Parameters of one layer on one tensor-parallel rank."""
+        return self.layer_sharded_params() / tensor_parallel + self.layer_replicated_params()
+
+    def params_per_layer(self) -> int:
+        """Weights and biases of one transformer layer (attention + MLP + two norms)."""
+        return self.layer_sharded_params() + self.layer_replicated_params()
+
+    def position_params(self) -> int:
+        """The learned position table (replicated across tensor-parallel ranks), or 0 with RoPE."""
+        return self.seq_length * self.hidden_size if self.learned_positions else 0
 
     def embedding_params(self) -> int:
-        """Input embedding (+ learned positions for gpt/bert) and, if untied, the output layer."""
+        """Input embedding (+ learned positions) and, if untied, the output layer."""
         emb = self.vocab_size * self.hidden_size
-        pos = self.seq_length * self.hidden_size if self.family != "llama" else 0
-        return emb + pos + (0 if self.tied else emb)
+        return emb + self.position_params() + (0 if self.tied else emb)
 
     def num_params(self) -> int:
         return self.num_layers * self.params_per_layer() + self.embedding_params() + 2 * self.hidden_size

@@ -17,7 +17,6 @@ class GPUSpec(BaseModel):
     hbm_bytes: PositiveFloat
     hbm_bandwidth_bytes_per_s: PositiveFloat
     l2_bytes: PositiveFloat
-    num_sms: PositiveInt
     kernel_launch_overhead_s: NonNegativeFloat = Field(
         5e-6, description="CPU time to launch one kernel (Lin et al. HiPC'22, T_launch ≈ 4–6 µs)."
     )
@@ -34,11 +33,12 @@ class NodeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gpus_per_node: PositiveInt
-    intra_node_fabric: Literal["nvswitch", "nvlink-mesh", "pcie", "host"]
     intra_node_bandwidth_bytes_per_s: PositiveFloat = Field(
         description="Per GPU, one direction (e.g. NVLink4: 900 GB/s bidirectional → 450e9)."
     )
-    intra_node_latency_s: NonNegativeFloat = 10e-6
+    intra_node_latency_s: NonNegativeFloat = Field(
+        2e-6, description="One NVLink/NVSwitch hop; an order-of-magnitude estimate. Floors collectives in a node."
+    )
 
 
 class NetworkSpec(BaseModel):
@@ -48,8 +48,9 @@ class NetworkSpec(BaseModel):
 
     nics_per_node: PositiveInt
     nic_bandwidth_bytes_per_s: PositiveFloat = Field(description="Per NIC, one direction.")
-    latency_s: NonNegativeFloat = 20e-6
-    topology: Literal["fat-tree", "rail-optimised"] = "rail-optimised"
+    latency_s: NonNegativeFloat = Field(
+        20e-6, description="One hop between nodes (NIC + switch). Floors collectives and sends across nodes."
+    )
 
 
 class SystemConfig(BaseModel):

@@ -108,7 +108,20 @@ class AnalyticCostModel:
             bw = min(
                 node.intra_node_bandwidth_bytes_per_s, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s()
             )
-        return float(collective_time_s(fit, bus, group.nodes, n, bw))
+        return max(float(collective_time_s(fit, bus, group.nodes, n, bw)), self.latency_floor_s(kind, group))
+
+    def latency_floor_s(self, kind: str, group: GroupPlacement) -> float:
+        """The least time a collective takes on the spec's hop latencies: ⌈log2⌉ hops within a node
+        and across nodes (NCCL's tree for all-reduce, PAT for all-gather / reduce-scatter), twice
+        for an all-reduce (reduce up, broadcast down); one round for an all-to-all, whose peers
+        exchange at once. The fitted curves carry the latency of the clusters they were measured
+        on; this floor is what makes a slower network than those slow small collectives down."""
+        if kind == "alltoall":
+            hops_intra, hops_inter = float(group.per_node > 1), float(group.nodes > 1)
+        else:
+            hops_intra, hops_inter = np.ceil(np.log2(group.per_node)), np.ceil(np.log2(group.nodes))
+        one_way = hops_intra * self.system.node.intra_node_latency_s + hops_inter * self.system.network.latency_s
+        return float(one_way * (2 if kind == "all_reduce" else 1))
 
     def p2p_s(self, nbytes: float, cross_node: bool) -> float:
         """Point-to-point send of `nbytes` (pipeline activations): vidur's H100 send_recv fits, in one
@@ -121,7 +134,8 @@ class AnalyticCostModel:
             if cross_node
             else self.system.node.intra_node_bandwidth_bytes_per_s
         )
-        return float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes)))
+        hop_s = self.system.network.latency_s if cross_node else self.system.node.intra_node_latency_s
+        return max(float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes))), hop_s)
 
 
 def _regime(entry: dict, bus_bytes: float) -> dict:

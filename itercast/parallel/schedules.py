@@ -31,9 +31,11 @@ def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[Pass]:
 
 
 def interleaved_one_f_one_b(stage: int, stages: int, microbatches: int, chunks: int) -> list[Pass]:
-    """Megatron-LM interleaved 1F1B (Narayanan et al. SC'21, schedules.py): needs microbatches % stages == 0."""
+    """Megatron-LM interleaved 1F1B (Narayanan et al. SC'21, schedules.py): needs microbatches % stages == 0.
+    With as many micro-batches as stages every forward runs first (Megatron's
+    `all_warmup_microbatches`: forward_backward_pipelining_with_interleaving)."""
     total = microbatches * chunks
-    warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+    warmup = total if microbatches == stages else min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
 
     def locate(k: int, forward: bool) -> Pass:
         chunk = (k // stages) % chunks

@@ -20,7 +20,7 @@ from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import GroupPlacement, place_group, same_node
-from itercast.memory import stage_params
+from itercast.memory import embedding_unit_params, stage_params
 from itercast.parallel.schedules import Pass, schedule
 from itercast.workloads import transformer_ops as ops_mod
 from itercast.workloads.transformer_ops import Op
@@ -39,9 +39,14 @@ def weight_bytes(job: Job) -> int:
 
 
 def optimizer_step_bytes(job: Job, params: float) -> float:
-    """HBM traffic of a fused Adam step over `params` local parameters: read param, grad, m, v
-    (fp32) and write param, m, v and the 16-bit copy: 30 bytes/param (24 when training in fp32)."""
-    return params * (24 if job.plan.dtype == "fp32" else 30)
+    """HBM traffic of a fused Adam step over `params` local parameters (apex/TE FusedAdam): read
+    the fp32 master weight, the gradient (plan.grad_bytes) and m, v; write the master weight and
+    m, v; with mixed precision also write the 16-bit copy the next forward uses. Training in fp32:
+    4 + 4 + 8 + 12 = 28 bytes/param; bf16 with fp32 gradients: 4 + 4 + 8 + 12 + 2 = 30."""
+    p = job.plan
+    read = 4 + p.grad_bytes + 8
+    write = 12 + (0 if p.dtype == "fp32" else weight_bytes(job))
+    return params * (read + write)
 
 
 def p2p_message_bytes(job: Job) -> float:
@@ -101,8 +106,10 @@ class Groups:
 
 
 def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCost:
-    """Seconds of a list of ops run in order on one GPU."""
+    """Seconds of a list of ops run in order on one GPU. A collective that `overlaps` a kernel
+    runs beside it (its own stream) and costs only what it takes beyond that kernel."""
     fam: dict[str, float] = {}
+    kernel_s: dict[str, float] = {}
     compute = comm = attention = cp_ring = 0.0
     kernels = 0
     for op in ops:
@@ -115,6 +122,8 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
             sec = float(costs.memory_s(op.family, op.amount))
         elif op.family == "tp_comm":
             sec = costs.collective_s(op.comm_kind, op.amount, groups.tp)
+            if op.overlaps:
+                sec = max(0.0, sec - kernel_s[op.overlaps])
             comm += sec
             fam[f"tp_{op.comm_kind}"] = fam.get(f"tp_{op.comm_kind}", 0.0) + sec
             kernels += 1
@@ -122,6 +131,7 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         else:  # cp_comm: ring steps overlap the attention kernel that consumes them
             cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)
             continue
+        kernel_s[op.name] = sec
         compute += sec
         fam[op.family] = fam.get(op.family, 0.0) + sec
         kernels += 1
@@ -148,9 +158,9 @@ class UnitCosts:
             layer_fwd=pass_cost(ops_mod.layer_forward(m, p), costs, groups),
             layer_bwd=pass_cost(ops_mod.layer_backward(m, p), costs, groups),
             embed_fwd=pass_cost(emb, costs, groups),
-            embed_bwd=pass_cost(ops_mod.backward_of(emb), costs, groups),
+            embed_bwd=pass_cost(ops_mod.backward_of(emb, p), costs, groups),
             head_fwd=pass_cost(head, costs, groups),
-            head_bwd=pass_cost(ops_mod.backward_of(head), costs, groups),
+            head_bwd=pass_cost(ops_mod.backward_of(head, p), costs, groups),
         )
 
 
@@ -177,12 +187,11 @@ class TransformerStepBuilder:
         p, u, m = self.job.plan, self.units, self.job.model
         vs = chunk * p.pipeline_parallel + stage
         last = vs == p.pipeline_parallel * p.virtual_pipeline - 1
-        layer_params = m.params_per_layer() / p.tensor_parallel
         vocab_params = m.vocab_size * m.hidden_size / p.tensor_parallel
-        layer = (u.layer_fwd if forward else u.layer_bwd, layer_params)
+        layer = (u.layer_fwd if forward else u.layer_bwd, m.layer_params_per_rank(p.tensor_parallel))
         units = [layer] * self.layers_per_chunk
         if vs == 0:
-            units.insert(0, (u.embed_fwd if forward else u.embed_bwd, vocab_params))
+            units.insert(0, (u.embed_fwd if forward else u.embed_bwd, embedding_unit_params(self.job)))
         if last:
             units.append(
                 (u.head_fwd if forward else u.head_bwd, vocab_params if not m.tied or p.pipeline_parallel > 1 else 0.0)
@@ -271,13 +280,16 @@ class TransformerStepBuilder:
         seen_first_fwd: set[int] = set()
         previous: list[int] = []  # compute tasks of the last two segments (ZeRO-3 prefetch depth)
         for i, ps in enumerate(passes):
+            # Gradients leave after the last backward of each chunk; with sharded gradients
+            # (ZeRO-2/3, FSDP) after every micro-batch's backward, as memory.py assumes.
+            reduce_now = not ps.forward and sync_dp and (p.zero_stage >= 2 or i == last_bwd[ps.chunk])
             gathers: list[int] = []  # one per bucket: each bucket's forward waits for its own
             if ps.forward and ps.chunk not in seen_first_fwd:
                 seen_first_fwd.add(ps.chunk)
                 gathers = first_fwd_gathers.get(ps.chunk, [])
             if p.zero_stage == 3:
                 split = "layer"
-            elif gathers or (not ps.forward and i == last_bwd[ps.chunk] and sync_dp and p.overlap_grad_reduce):
+            elif gathers or (reduce_now and p.overlap_grad_reduce):
                 split = "bucket"
             else:
                 split = "none"
@@ -302,11 +314,12 @@ class TransformerStepBuilder:
                 if j == 0:
                     self._receive(stage, ps, first)
                 previous.append(last)
-                if split in ("bucket", "layer") and not ps.forward and i == last_bwd[ps.chunk] and sync_dp:
+                if reduce_now and (split != "none" or p.zero_stage >= 2):
+                    # overlapped: on the DP stream; not overlapped (ZeRO-2 only): blocking the compute stream
                     grad_tasks.append(
                         g.task(
-                            f"grad_{grad_kind}.c{ps.chunk}.{j}",
-                            dp_res,
+                            f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}",
+                            dp_res if split != "none" else g.resource(stage, "compute"),
                             c.collective_s(grad_kind, params * grad_bytes, self.groups.grad),
                             Category.COMMUNICATION,
                             f"dp_{grad_kind}",

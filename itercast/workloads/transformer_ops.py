@@ -6,6 +6,18 @@ per rank, h = hidden, f = ffn, a heads, g key/value groups, d = h / a, e = bytes
 GEMM FLOPs are 2·m·n·k. Backward: every GEMM becomes two of the same FLOPs (data and weight
 gradients); fused attention's backward does 2.5× its forward FLOPs (5 matmuls instead of 2,
 FlashAttention-2); memory-bound ops move twice their forward bytes.
+
+Tensor parallelism is Megatron's f and g operators around each parallel region (Shoeybi et al.
+§3; Korthikanti et al. §4.2.2 with sequence parallelism). The f before a column-parallel GEMM
+(QKV, MLP up, logits) is an identity forward and an all-reduce of the input gradient backward,
+or with sequence parallelism an all-gather forward and, backward, a re-gather of the saved
+sharded input plus a reduce-scatter of the input gradient. The g after a row-parallel GEMM is an
+all-reduce forward and an identity backward, or a reduce-scatter forward and an all-gather
+backward. So with sequence parallelism one layer runs 2 all-gathers + 2 reduce-scatters forward
+and 4 all-gathers + 2 reduce-scatters backward (Korthikanti §4.2.2). Megatron-LM's
+LinearWithGradAccumulationAndAsyncCommunication issues the f's backward collectives
+asynchronously: the re-gather hides behind the data-gradient GEMM, the input-gradient reduction
+behind the weight-gradient GEMM (`Op.overlaps`).
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
 
 COMPUTE_FAMILIES = ("gemm", "attention", "elementwise", "norm", "activation")
+CORE_ATTENTION = "core_attention"  # name prefix of the ops that selective recompute re-runs
 
 
 @dataclass(frozen=True)
@@ -27,6 +40,9 @@ class Op:
     amount: float
     comm_kind: str = ""  # all_reduce | all_gather | reduce_scatter (tp_comm) | p2p (cp_comm)
     count: int = 1  # sequential repetitions (ring steps of context parallelism)
+    overlaps: str = ""  # a communication op: the name of the kernel it runs beside (exposed: the excess)
+    backward_comm: str = ""  # a forward tp_comm: the collective its backward runs ("" = identity)
+    f_bytes: float = 0.0  # a column-parallel GEMM: bytes of the f operator's collective before it
 
 
 @dataclass(frozen=True)
@@ -48,17 +64,41 @@ class Shapes:
         return cls(tokens, sp, s_loc, model.seq_length, plan.tensor_parallel, plan.dtype_bytes)
 
 
-def _tp_comm(name: str, nbytes: float, plan: PlanConfig) -> list[Op]:
-    """Megatron's f/g operators: an all-reduce, or with sequence parallelism an all-gather before
-    and a reduce-scatter after the parallel region (same bytes)."""
+def _f(name: str, nbytes: float, plan: PlanConfig) -> list[Op]:
+    """Megatron's f before a column-parallel GEMM: forward, an all-gather with sequence parallelism
+    (its backward runs with the GEMM's backward, `backward_of`), else nothing."""
+    if plan.tensor_parallel == 1 or not plan.sequence_parallel:
+        return []
+    return [Op(f"{name}.all_gather", "tp_comm", nbytes, "all_gather")]
+
+
+def _g(name: str, nbytes: float, plan: PlanConfig) -> list[Op]:
+    """Megatron's g after a row-parallel GEMM: all-reduce forward (identity backward), or with
+    sequence parallelism reduce-scatter forward, all-gather backward."""
     if plan.tensor_parallel == 1:
         return []
     if plan.sequence_parallel:
-        return [
-            Op(f"{name}.all_gather", "tp_comm", nbytes, "all_gather"),
-            Op(f"{name}.reduce_scatter", "tp_comm", nbytes, "reduce_scatter"),
-        ]
+        return [Op(f"{name}.reduce_scatter", "tp_comm", nbytes, "reduce_scatter", backward_comm="all_gather")]
     return [Op(f"{name}.all_reduce", "tp_comm", nbytes, "all_reduce")]
+
+
+def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+    """Attention scores and values: one fused kernel (FlashAttention: causal half of the FLOPs), or
+    unfused, two batched GEMMs over the full s×s scores with softmax (and dropout, where the family
+    has it) between them, each reading and writing the b·(a/t)·s² scores (Korthikanti §4.1)."""
+    a, d, t, e = model.num_attention_heads, model.head_dim, sh.t, sh.e
+    heads = plan.micro_batch_size * a / t
+    full_flops = 2.0 * heads * sh.seq_local * sh.seq_full * d  # one of QKᵀ or AV
+    if plan.flash_attention:
+        return [Op(CORE_ATTENTION, "attention", 2 * full_flops * (0.5 if model.causal else 1.0))]
+    scores = heads * sh.seq_local * sh.seq_full
+    ops = [
+        Op(f"{CORE_ATTENTION}.scores", "gemm", full_flops),
+        Op(f"{CORE_ATTENTION}.softmax", "norm", 2 * scores * e),
+    ]
+    if model.family != "llama":  # attention dropout: read, write, 1-byte mask
+        ops.append(Op(f"{CORE_ATTENTION}.dropout", "elementwise", scores * (2 * e + 1)))
+    return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", full_flops)]
 
 
 def layer_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
@@ -67,42 +107,46 @@ def layer_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     h, f, d, t, e = model.hidden_size, model.ffn, model.head_dim, sh.t, sh.e
     a, g = model.num_attention_heads, model.kv_heads
     T, Tsp = sh.tokens, sh.sp_tokens
-    causal = 0.5 if model.causal else 1.0
-    attn_flops = 4.0 * plan.micro_batch_size * (a / t) * sh.seq_local * sh.seq_full * d * causal
-    ops = [Op("input_norm", "norm", 2 * Tsp * h * e)]
-    ops += _tp_comm("attn_in", T * h * e, plan)[:1] if plan.sequence_parallel else []
-    ops += [Op("qkv", "gemm", 2 * T * h * (a + 2 * g) * d / t)]
-    if model.family == "llama":
+    ops = [Op("input_norm", "norm", 2 * Tsp * h * e), *_f("attn_in", T * h * e, plan)]
+    ops.append(Op("qkv", "gemm", 2 * T * h * (a + 2 * g) * d / t, f_bytes=T * h * e))
+    if not model.learned_positions:
         ops.append(Op("rope", "elementwise", 2 * T * (a + g) * d / t * e))
-    ops.append(Op("attention", "attention", attn_flops))
+    ops += _core_attention(model, plan, sh)
     if plan.context_parallel > 1:  # ring attention: K and V blocks pass around the CP ring
         ops.append(Op("cp_kv_exchange", "cp_comm", 2 * T * g * d / t * e, "p2p", plan.context_parallel - 1))
     ops.append(Op("attn_proj", "gemm", 2 * T * h * h / t))
-    ops += _tp_comm("attn_out", T * h * e, plan)[-1:]
+    ops += _g("attn_out", T * h * e, plan)
     ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), Op("post_attn_norm", "norm", 2 * Tsp * h * e)]
-    ops += _tp_comm("mlp_in", T * h * e, plan)[:1] if plan.sequence_parallel else []
+    ops += _f("mlp_in", T * h * e, plan)
     up = 2 if model.gated_mlp else 1
     ops += [
-        Op("mlp_up", "gemm", 2 * T * h * up * f / t),
+        Op("mlp_up", "gemm", 2 * T * h * up * f / t, f_bytes=T * h * e),
         Op("mlp_act", "activation", (3 if model.gated_mlp else 2) * T * f / t * e),
         Op("mlp_down", "gemm", 2 * T * f * h / t),
     ]
-    ops += _tp_comm("mlp_out", T * h * e, plan)[-1:]
+    ops += _g("mlp_out", T * h * e, plan)
     ops.append(Op("residual_2", "elementwise", 3 * Tsp * h * e))
     return ops
 
 
-def backward_of(forward: list[Op]) -> list[Op]:
-    """Backward ops for a forward list (reverse order). Collectives mirror: AG ↔ RS, AR stays."""
-    mirror = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "all_reduce"}
+def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
+    """Backward ops for a forward list (reverse order); the f and g operators' backward
+    collectives as the module docstring states."""
     out: list[Op] = []
     for op in reversed(forward):
         if op.family == "gemm":
-            out += [Op(f"{op.name}.dgrad", "gemm", op.amount), Op(f"{op.name}.wgrad", "gemm", op.amount)]
+            dgrad, wgrad = f"{op.name}.dgrad", f"{op.name}.wgrad"
+            out += [Op(dgrad, "gemm", op.amount), Op(wgrad, "gemm", op.amount)]
+            if op.f_bytes and plan.tensor_parallel > 1:
+                if plan.sequence_parallel:
+                    out.append(Op(f"{op.name}.regather", "tp_comm", op.f_bytes, "all_gather", overlaps=dgrad))
+                kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
+                out.append(Op(f"{op.name}.dgrad_{kind}", "tp_comm", op.f_bytes, kind, overlaps=wgrad))
         elif op.family == "attention":
             out.append(Op(f"{op.name}.bwd", "attention", 2.5 * op.amount))
         elif op.family == "tp_comm":
-            out.append(Op(f"{op.name}.bwd", "tp_comm", op.amount, mirror[op.comm_kind]))
+            if op.backward_comm:
+                out.append(Op(f"{op.name}.bwd", "tp_comm", op.amount, op.backward_comm))
         elif op.family == "cp_comm":  # K,V blocks and their gradients travel back
             out.append(Op(f"{op.name}.bwd", "cp_comm", 2 * op.amount, "p2p", op.count))
         else:
@@ -121,31 +165,28 @@ def layer_backward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     if plan.recompute == "full":
         recompute = [Op(f"recompute.{o.name}", o.family, o.amount, o.comm_kind, o.count) for o in fwd]
     elif plan.recompute == "selective" and not plan.flash_attention:
-        recompute = [Op("recompute.attention", o.family, o.amount) for o in fwd if o.family == "attention"]
-    return recompute + backward_of(fwd)
+        recompute = [Op(f"recompute.{o.name}", o.family, o.amount) for o in fwd if o.name.startswith(CORE_ATTENTION)]
+    return recompute + backward_of(fwd, plan)
 
 
 def embedding_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
-    """Vocab-parallel embedding lookup (+ learned positions for gpt/bert)."""
+    """Vocab-parallel embedding lookup (+ learned positions); its output leaves through a g operator."""
     sh = Shapes.of(model, plan)
     h, e = model.hidden_size, sh.e
     ops = [Op("embedding_lookup", "elementwise", 2 * sh.tokens * h * e)]
-    if model.family != "llama":
+    if model.learned_positions:
         ops.append(Op("position_add", "elementwise", 3 * sh.tokens * h * e))
-    if plan.tensor_parallel > 1:
-        kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
-        ops.append(Op("embedding.tp", "tp_comm", sh.tokens * h * e, kind))
-    return ops
+    return ops + _g("embedding.tp", sh.tokens * h * e, plan)
 
 
 def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
-    """Final norm, vocab-parallel logits GEMM and cross-entropy (fp32 softmax over V / t)."""
+    """Final norm, vocab-parallel logits GEMM (column-parallel, behind an f) and cross-entropy
+    (fp32 softmax over V / t)."""
     sh = Shapes.of(model, plan)
     h, e, v_loc = model.hidden_size, sh.e, model.vocab_size / plan.tensor_parallel
-    ops = [Op("final_norm", "norm", 2 * sh.sp_tokens * h * e)]
-    ops += _tp_comm("head_in", sh.tokens * h * e, plan)[:1] if plan.sequence_parallel else []
+    ops = [Op("final_norm", "norm", 2 * sh.sp_tokens * h * e), *_f("head_in", sh.tokens * h * e, plan)]
     ops += [
-        Op("logits", "gemm", 2 * sh.tokens * h * v_loc),
+        Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e),
         Op("cross_entropy", "elementwise", sh.tokens * v_loc * (e + 2 * 4)),
     ]
     if plan.tensor_parallel > 1:  # max and sum-exp across the vocab shards: tiny all-reduces
