@@ -8,14 +8,26 @@ fused attention (no s×s scores kept) change them where they should.
 Conventions (Megatron-LM defaults): 16-bit weights; gradients in plan.grad_reduce_dtype (fp32 by
 default: bf16 runs accumulate and reduce gradients in fp32); fp32 master weights + Adam m, v
 (12 bytes/param) unless training in fp32.
+
+One formula serves one job and a whole search: the functions take a PlanTable (numpy columns,
+search/plan_table.py) and `estimate_memory(job)` is the one-row case. The most loaded GPU is on the
+first stage (the embedding and the most activations in flight) or the last (the output layer and
+the logits); no middle stage holds more than the first, so those two are evaluated.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from itercast.config.job import Job
+from itercast.config.model import ModelConfig
+from itercast.config.system import SystemConfig
 from itercast.parallel.schedules import in_flight_microbatches
+from itercast.search.plan_table import RECOMPUTE, PlanTable
+
+_FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 
 
 @dataclass(frozen=True)
@@ -55,63 +67,94 @@ def embedding_unit_params(job: Job) -> float:
 
 
 def stage_params(job: Job, stage: int) -> float:
-    """Parameters held by one GPU of pipeline stage `stage` (tensor-parallel shard, before ZeRO):
-    its layers (norms and row-parallel biases whole on every rank), the embedding on the first
-    stage, the output layer on the last."""
-    m, p = job.model, job.plan
-    pp, t = p.pipeline_parallel, p.tensor_parallel
-    params = m.num_layers / pp * m.layer_params_per_rank(t)
-    vocab = m.vocab_size * m.hidden_size / t
-    if stage == 0:
-        params += embedding_unit_params(job)
-    if stage == pp - 1 and (not m.tied or pp > 1):  # untied head, or the tied copy on the last stage
-        params += vocab
-    return params
+    """Parameters held by one GPU of pipeline stage `stage` (tensor-parallel shard, before ZeRO)."""
+    p = job.plan
+    last = stage == p.pipeline_parallel - 1
+    return float(stage_param_columns(job.model, PlanTable.of_jobs([job]), stage == 0, last)[0])
+
+
+def stage_param_columns(m: ModelConfig, t: PlanTable, first: bool | np.ndarray, last: bool | np.ndarray) -> np.ndarray:
+    """Per row: its layers (norms and row-parallel biases whole on every tensor-parallel rank), the
+    embedding on the first stage, the output layer on the last (a tied one too when it is a copy)."""
+    tp, pp = t.cols["tp"], t.cols["pp"]
+    layer = m.layer_sharded_params() / tp + m.layer_replicated_params()
+    vocab = m.vocab_size * m.hidden_size / tp
+    params = m.num_layers / pp * layer
+    params = params + np.where(first, vocab + m.position_params(), 0.0)
+    return params + np.where(last & ((not m.tied) | (pp > 1)), vocab, 0.0)
 
 
 def activation_bytes_per_token_layer(job: Job) -> float:
     """Bytes one layer keeps per token of a micro-batch on one GPU for its backward pass."""
-    m, p = job.model, job.plan
-    h, f, d, t, e = m.hidden_size, m.ffn, m.head_dim, p.tensor_parallel, p.dtype_bytes
+    return float(_activation_bytes(job.model, PlanTable.of_jobs([job]))[0])
+
+
+def _activation_bytes(m: ModelConfig, t: PlanTable, recompute: np.ndarray | None = None) -> np.ndarray:
+    """Korthikanti et al. eq. 1-2 term by term, per token and layer, per row (`recompute` overrides
+    the table's)."""
+    h, f, d, e = m.hidden_size, m.ffn, m.head_dim, t.base.dtype_bytes
     a, g = m.num_attention_heads, m.kv_heads
-    rep = t if p.sequence_parallel else 1  # norms, dropout, residual: sharded only with SP
-    if p.recompute == "full":
-        return e * h / rep  # only the layer input is kept
+    tp = t.cols["tp"]
+    rc = t.cols["recompute"] if recompute is None else recompute
+    rep = np.where(t.cols["sp"] > 0, tp, 1)  # norms, dropout, residual: sharded only with SP
     dropout = 0 if m.family == "llama" else h  # 1-byte masks, two per layer
     replicated = 4 * e * h + 2 * dropout  # two norm inputs, QKV and MLP inputs, two dropout masks
     sharded = e * (a + 2 * g) * d + e * h  # q, k, v; projection input (= attention output)
     sharded += e * ((2 if m.gated_mlp else 1) * f + f)  # MLP up output(s) and activation output
-    if not p.flash_attention and p.recompute != "selective":
-        # per key: the softmax output and, with attention dropout, its 1-byte mask and output
-        # (eq. 1's 5·a·s in 16-bit training with dropout)
-        sharded += a * m.seq_length * (e + (0 if m.family == "llama" else 1 + e))
-    return replicated / rep + sharded / t
+    # unfused attention keeps, per key, the softmax output and, with attention dropout, its
+    # 1-byte mask and output (eq. 1's 5·a·s in 16-bit training with dropout)
+    scores = 0 if t.base.flash_attention else a * m.seq_length * (e + (0 if m.family == "llama" else 1 + e))
+    kept = replicated / rep + (sharded + np.where(rc == _SELECTIVE, 0, scores)) / tp
+    return np.where(rc == _FULL, e * h / rep, kept)  # full: only the layer input is kept
+
+
+def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[str, np.ndarray]:
+    """Bytes per GPU of every row's most loaded stage: weights, gradients, optimizer, activations,
+    reserved, total, and which stage (0 or pp − 1)."""
+    c, gpu, base = t.cols, system.gpu, t.base
+    shard = c["dp"] * c["cp"]  # Megatron's distributed optimizer shards over DP×CP
+    w_b, g_b, o_b = (4, 4, 8) if base.dtype == "fp32" else (2, base.grad_bytes, 12)
+    tokens = c["mbs"] * m.seq_length / c["cp"]
+    per_layer = _activation_bytes(m, t) * tokens
+    layers = m.num_layers / c["pp"]
+    zero = c["zero"]
+    best: dict[str, np.ndarray] = {}
+    for stage in ("first", "last"):
+        first, last = stage == "first", (stage == "last") | (c["pp"] == 1)
+        params = stage_param_columns(m, t, first or c["pp"] == 1, last)
+        weights = params * w_b / np.where(zero >= 3, shard, 1)
+        weights = weights + np.where(
+            zero >= 3, 2 * (m.layer_sharded_params() / c["tp"] + m.layer_replicated_params()) * w_b, 0
+        )
+        grads = params * g_b / np.where(zero >= 2, shard, 1)
+        optim = params * o_b / np.where(zero >= 1, shard, 1)
+        index = np.zeros_like(c["pp"]) if first else c["pp"] - 1
+        held = in_flight_microbatches(c["schedule"], index, c["pp"], t.microbatches, c["vp"])
+        acts = layers * per_layer * held
+        # full recompute: one layer's whole activations live while it is recomputed
+        acts = acts + np.where(c["recompute"] == _FULL, _activation_bytes(m, t, np.zeros_like(zero)) * tokens, 0)
+        acts = acts + np.where(last, tokens * m.vocab_size / c["tp"] * 4, 0)  # fp32 logits of one micro-batch
+        total = weights + grads + optim + acts + gpu.reserved_bytes
+        row = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": acts, "total": total}
+        row["stage"] = index
+        if not best:
+            best = row
+        else:
+            worse = total > best["total"]
+            best = {k: np.where(worse, v, best[k]) for k, v in row.items()}
+    return best
 
 
 def estimate_memory(job: Job) -> MemoryEstimate:
-    m, p, gpu = job.model, job.plan, job.system.gpu
-    shard = p.dp * p.context_parallel  # Megatron's distributed optimizer shards over DP×CP
-    w_b, g_b, o_b = (4, 4, 8) if p.dtype == "fp32" else (2, p.grad_bytes, 12)
-    tokens = p.micro_batch_size * m.seq_length / p.context_parallel
-    per_layer = activation_bytes_per_token_layer(job) * tokens
-    layers = m.num_layers / p.pipeline_parallel
-    best: MemoryEstimate | None = None
-    for stage in range(p.pipeline_parallel):
-        params = stage_params(job, stage)
-        weights = params * w_b / (shard if p.zero_stage >= 3 else 1)
-        if p.zero_stage >= 3:  # gathered layers: the one computing and the one prefetched
-            weights += 2 * m.layer_params_per_rank(p.tensor_parallel) * w_b
-        grads = params * g_b / (shard if p.zero_stage >= 2 else 1)
-        optim = params * o_b / (shard if p.zero_stage >= 1 else 1)
-        held = in_flight_microbatches(p.schedule, stage, p.pipeline_parallel, job.num_microbatches, p.virtual_pipeline)
-        acts = layers * per_layer * held
-        if p.recompute == "full":  # one layer's full activations live during its recomputation
-            full = job.plan.model_copy(update={"recompute": "none"})
-            acts += activation_bytes_per_token_layer(Job(m, full, job.system)) * tokens
-        if stage == p.pipeline_parallel - 1:  # fp32 logits/softmax of one micro-batch for the loss
-            acts += tokens * m.vocab_size / p.tensor_parallel * 4
-        est = MemoryEstimate(weights, grads, optim, acts, gpu.reserved_bytes, stage, gpu.hbm_bytes)
-        if best is None or est.total_bytes > best.total_bytes:
-            best = est
-    assert best is not None
-    return best
+    """Memory on the most loaded GPU of one job."""
+    col = memory_columns(job.model, job.system, PlanTable.of_jobs([job]))
+    gpu = job.system.gpu
+    return MemoryEstimate(
+        float(col["weights"][0]),
+        float(col["gradients"][0]),
+        float(col["optimizer"][0]),
+        float(col["activations"][0]),
+        gpu.reserved_bytes,
+        int(col["stage"][0]),
+        gpu.hbm_bytes,
+    )

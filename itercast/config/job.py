@@ -77,6 +77,11 @@ class Job:
         return {s: getattr(self, s).model_dump(mode="json") for s in ("model", "plan", "system")}
 
 
+def parse_section(section: str, raw: dict[str, Any], source: str = "<input>") -> BaseModel:
+    """One section (model | plan | system) on its own: `preset: NAME` plus overrides, validated."""
+    return _parse(section, raw, source)
+
+
 def load_system(name: str, **overrides: Any) -> SystemConfig:
     """A system preset (with field overrides) on its own, without a model or plan."""
     return cast(SystemConfig, _parse("system", {"preset": name, **overrides}, "<preset>"))

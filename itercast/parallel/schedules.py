@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")  # codes of the schedule column of a PlanTable
+
 
 class Pass(NamedTuple):
     forward: bool
@@ -59,14 +63,28 @@ def schedule(name: str, stage: int, stages: int, microbatches: int, chunks: int 
     raise ValueError(f"unknown schedule {name!r}; expected gpipe | 1f1b | interleaved-1f1b")
 
 
-def in_flight_microbatches(name: str, stage: int, stages: int, microbatches: int, chunks: int = 1) -> float:
+def in_flight_microbatches(
+    name: str | np.ndarray,
+    stage: int | np.ndarray,
+    stages: int | np.ndarray,
+    microbatches: int | np.ndarray,
+    chunks: int | np.ndarray = 1,
+) -> np.ndarray:
     """Peak number of forward passes whose activations are held, in units of one whole stage's layers.
 
-    Counted from the schedule itself: the maximum over time of (forwards done − backwards done),
-    each chunk pass weighing 1/chunks of the stage.
+    The maximum over time of (forwards done − backwards done) in `schedule`, in closed form (each
+    chunk pass weighs 1/chunks): GPipe holds every micro-batch; the 1F1B schedules hold their
+    warm-up forwards plus the one of the first steady pair. `name` is a schedule name or an array
+    of SCHEDULES codes; every argument broadcasts.
     """
-    held = peak = 0
-    for p in schedule(name, stage, stages, microbatches, chunks):
-        held += 1 if p.forward else -1
-        peak = max(peak, held)
-    return peak / chunks
+    code = np.asarray(SCHEDULES.index(name) if isinstance(name, str) else name)
+    s, p, m, v = (np.asarray(x, dtype=np.int64) for x in (stage, stages, microbatches, chunks))
+    v = np.where(code == SCHEDULES.index("interleaved-1f1b"), v, 1)
+    total = m * v
+    warmup = np.where(
+        code == SCHEDULES.index("interleaved-1f1b"),
+        np.where(m == p, total, np.minimum((p - s - 1) * 2 + (v - 1) * p, total)),
+        np.minimum(p - s - 1, m),
+    )
+    peak = np.where(warmup < total, warmup + 1, warmup)
+    return np.where(code == SCHEDULES.index("gpipe"), m, peak / v)

@@ -1,70 +1,80 @@
 """Closed-form step time for many plans at once: the fast path for search (DESIGN.md §3).
 
-Same cost models and the same per-layer ops as the graph simulation; what changes is how the
-step is assembled. Layer costs depend on only a few plan fields (tensor and context parallel,
-micro-batch, sequence parallel, recompute, dtype, flash) and are cached on them; the rest is
-numpy arithmetic over arrays of plans:
+Same cost models, the same per-layer ops and the same memory model as the graph simulation; what
+changes is how the step is assembled. Layer costs depend on a few plan fields (tensor and context
+parallel, micro-batch, sequence parallel, recompute) and are computed once per distinct value;
+data-parallel collectives once per distinct group and size; the rest is numpy over a PlanTable:
 
     stage time     S_s = v · (t_f + t_b) + embedding (first stage) + head (last stage)
     pipeline       M · max_s S_s + (p − 1) · mean_s S_s / v + 2 (p − 1) · t_p2p
                    (exact for uniform stages without sends: (M + p − 1)·t for 1F1B/GPipe,
                    M·t + (p − 1)·t/v for interleaved; Narayanan et al. SC'21 §2.2)
     exposed DP     max(G / n, G − W (n − 1) / n) for G seconds of gradient reduction in n buckets
-                   behind a last backward of W seconds (the graph's bucket pipeline, uniform buckets)
-    + exposed parameter gathers (ZeRO-1/2, same form, behind the first forward) + embedding and
+                   behind a last backward of W seconds (the graph's bucket pipeline, uniform buckets);
+                   ZeRO-2 reduces after every micro-batch: also the backlog M·G − window when the
+                   DP stream cannot keep up
+    ZeRO-3         per unit (embedding, layer, head) max(its compute, the next unit's gather, plus
+                   the previous unit's reduce-scatter in backward): FSDP's one-ahead prefetch
+    + exposed parameter gathers (ZeRO-1/2, same form as DP, behind the first forward) + embedding and
     gradient-norm all-reduces + optimizer + the first launch.
-Approximations: stages are treated as uniform but for the embedding and head, and sends cost the
-same on every hop. tests/test_fast_estimate.py bounds the disagreement with the graph simulation.
+Approximations: stages are uniform but for the embedding and head, and sends cost the same on
+every hop. tests/test_fast_estimate.py bounds the disagreement with the graph simulation.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from itercast.config.job import Job
+from itercast.config.job import Job, parse_section
+from itercast.config.model import ModelConfig
+from itercast.config.plan import PlanConfig
+from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
-from itercast.memory import stage_params
+from itercast.memory import memory_columns, stage_param_columns
+from itercast.parallel.schedules import SCHEDULES
+from itercast.search.plan_table import RECOMPUTE, PlanTable
 from itercast.workloads.transformer import (
     GRAD_NORM_BYTES,
     Groups,
     UnitCosts,
+    bucket_spans,
     grad_collective,
     optimizer_step_bytes,
     p2p_message_bytes,
+    unit_kinds,
+    unit_params,
     weight_bytes,
 )
 
-_LAYER_KEY = (
-    "tensor_parallel",
-    "context_parallel",
-    "micro_batch_size",
-    "sequence_parallel",
-    "recompute",
-    "dtype",
-    "flash_attention",
-)
+_LAYER_KEY = ("tp", "cp", "mbs", "sp", "recompute")
+_GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero", "mbs", "sp")
 
 
 class FastEstimator:
-    """Estimates for one model and system over many plans; caches layer costs across calls."""
+    """Estimates for one model and system over many plans; caches unit and group costs across calls."""
 
-    def __init__(self, model: dict[str, Any], system: dict[str, Any]) -> None:
-        self.model, self.system = model, system
-        self._units: dict[tuple, UnitCosts] = {}
+    def __init__(self, model: dict[str, Any] | ModelConfig, system: dict[str, Any] | SystemConfig) -> None:
+        """`model`, `system`: validated configs, or raw sections (`preset: NAME` plus overrides)."""
+        self.model = model if isinstance(model, ModelConfig) else cast(ModelConfig, parse_section("model", model))
+        self.system = (
+            system if isinstance(system, SystemConfig) else cast(SystemConfig, parse_section("system", system))
+        )
+        self._units: dict[tuple[int, ...], UnitCosts] = {}
+        self._groups: dict[tuple[int, ...], dict[str, float]] = {}
         self._costs: dict[str, AnalyticCostModel] = {}
 
+    # -- the list-of-plans interface (validation through Job) ------------------------------------
     def jobs(self, plans: Sequence[dict[str, Any]]) -> tuple[list[Job | None], list[str]]:
         """Validate plans. Aligned with `plans`: a job and "" where valid, None and every problem where not."""
         jobs: list[Job | None] = []
         errors: list[str] = []
         for plan in plans:
             try:
-                jobs.append(Job.from_dicts(self.model, plan, self.system))
+                jobs.append(Job.from_dicts(self.model.model_dump(), plan, self.system.model_dump()))
                 errors.append("")
             except ConfigError as exc:
                 jobs.append(None)
@@ -73,75 +83,177 @@ class FastEstimator:
 
     def step_time_s(self, jobs: Sequence[Job]) -> np.ndarray:
         """Predicted seconds per step for each job (same model and system)."""
-        cols = [self._features(job) for job in jobs]
-        f = {k: np.array([c[k] for c in cols], dtype=np.float64) for k in cols[0]}
-        p, v, M = f["pp"], f["vp"], f["microbatches"]
-        per_stage = v * (f["tf"] + f["tb"])
-        first, last = per_stage + f["embed"], per_stage + f["head"]
+        return self.evaluate(PlanTable.of_jobs(jobs))["step_time_s"]
+
+    # -- the array interface -------------------------------------------------------------------
+    def evaluate(self, table: PlanTable) -> dict[str, np.ndarray]:
+        """Step time, memory per GPU and whether it fits, for every row of a validated table."""
+        mem = memory_columns(self.model, self.system, table)
+        out = {f"memory_{k}_bytes": v for k, v in mem.items() if k != "stage"}
+        out["step_time_s"] = self._step_time_s(table)
+        out["memory_per_gpu_bytes"] = mem["total"]
+        out["fits"] = mem["total"] <= self.system.gpu.hbm_bytes
+        return out
+
+    def _step_time_s(self, t: PlanTable) -> np.ndarray:
+        c = t.cols
+        f = self._unit_columns(t)
+        g = self._group_columns(t)
+        p, v, M = c["pp"], c["vp"], t.microbatches
+        layers = self.model.num_layers / (p * v)
+        tf, tb = layers * f["lf"], layers * f["lb"]
+        embed, head = f["ef"] + f["eb"], f["hf"] + f["hb"]
+        per_stage = v * (tf + tb)
+        first, last = per_stage + embed, per_stage + head
         single = p == 1
-        slowest = np.where(single, per_stage + f["embed"] + f["head"], np.maximum(first, last))
+        slowest = np.where(single, per_stage + embed + head, np.maximum(first, last))
         mean = np.where(single, slowest, (per_stage * np.maximum(p - 2, 0) + first + last) / p)
-        pipeline = M * slowest + (p - 1) * mean / v + 2 * (p - 1) * f["p2p"]
-        exposed_grad = _exposed(f["grad"], f["buckets"], f["tb"] * v, f["overlap_grad"])
-        exposed_gather = _exposed(f["gather"], f["buckets"], f["tf"] * v, f["overlap_gather"])
-        return pipeline + exposed_grad + exposed_gather + f["tail"] + f["first_launch"]
+        pipeline = M * slowest + (p - 1) * mean / v + 2 * (p - 1) * g["p2p"]
+        zero, sync = c["zero"], g["grad_ranks"] > 1
+        buckets = g["buckets"]
+        grad, gather = g["grad"], g["gather"]
+        overlap_grad = c["overlap_grad"] > 0
+        last_bwd = np.where(overlap_grad, _exposed(grad, buckets, tb * v), g["grad_whole"])
+        # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP
+        # stream, whose window opens at the first stage's first backward: after p forwards and p − 1
+        # backwards down and up the pipeline (1F1B), after all M + p − 1 forwards (GPipe)
+        gpipe = c["schedule"] == SCHEDULES.index("gpipe")
+        first_bwd = np.where(gpipe, M + p - 1, p) * v * tf + (p - 1) * v * tb
+        backlog = M * grad - (pipeline - first_bwd)
+        zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), M * g["grad_whole"])
+        exposed_grad = np.where(zero == 2, zero2, last_bwd)
+        gathered = np.where(c["overlap_param"] > 0, _exposed(gather, buckets, tf * v), g["gather_whole"])
+        exposed_gather = np.where((zero == 1) | (zero == 2), gathered, 0.0)
+        fsdp = _fsdp_step(f, g, layers, M)
+        step = np.where((zero == 3) & sync, fsdp, pipeline + exposed_grad + exposed_gather)
+        kernels = layers * f["kernels_lf"] + f["kernels_ef"]
+        return step + g["tail"] + kernels * self.system.gpu.kernel_launch_overhead_s
 
-    def _features(self, job: Job) -> dict[str, float]:
-        p, m = job.plan, job.model
-        units = self._unit_costs(job)
-        costs = self._costs[p.dtype]
-        groups = Groups.of(job)
-        layers = m.num_layers / (p.pipeline_parallel * p.virtual_pipeline)
-        lf, lb = units.layer_fwd, units.layer_bwd
-        params = max(stage_params(job, s) for s in {0, p.pipeline_parallel - 1})
-        sync = groups.grad.size > 1
-        buckets = max(1.0, math.ceil(params / p.grad_bucket_size_params))
-        grad = (
-            costs.collective_s(grad_collective(job), params * p.grad_bytes / buckets, groups.grad) * buckets
-            if sync
-            else 0.0
-        )
-        gather = 0.0
-        if sync and p.zero_stage in (1, 2):
-            gather = costs.collective_s("all_gather", params * weight_bytes(job) / buckets, groups.grad) * buckets
-        shard = groups.grad.size if p.zero_stage >= 1 else 1
-        tail = float(costs.memory_s("elementwise", optimizer_step_bytes(job, params / shard)))
-        if p.pipeline_parallel > 1:
-            tail += costs.collective_s("all_reduce", GRAD_NORM_BYTES, groups.model)
-            if m.tied:
-                tail += costs.collective_s(
-                    "all_reduce", m.vocab_size * m.hidden_size / p.tensor_parallel * p.grad_bytes, groups.embedding
-                )
-        kernels = layers * lf.kernels + units.embed_fwd.kernels
-        return {
-            "pp": p.pipeline_parallel,
-            "vp": p.virtual_pipeline,
-            "microbatches": job.num_microbatches,
-            "tf": layers * (lf.compute_s + lf.comm_s),
-            "tb": layers * (lb.compute_s + lb.comm_s),
-            "embed": sum(u.compute_s + u.comm_s for u in (units.embed_fwd, units.embed_bwd)),
-            "head": sum(u.compute_s + u.comm_s for u in (units.head_fwd, units.head_bwd)),
-            "p2p": costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node) if p.pipeline_parallel > 1 else 0.0,
-            "grad": grad,
-            "gather": gather,
-            "buckets": buckets,
-            "overlap_grad": float(p.overlap_grad_reduce),
-            "overlap_gather": float(p.overlap_param_gather),
-            "tail": tail,
-            "first_launch": kernels * job.system.gpu.kernel_launch_overhead_s,
-        }
+    # -- per distinct value: unit costs and group costs ------------------------------------------
+    def _unit_columns(self, t: PlanTable) -> dict[str, np.ndarray]:
+        """Seconds of one pass of each unit (compute + blocking communication) and kernel counts."""
+        keys, inverse = _distinct(t, _LAYER_KEY)
+        rows: dict[str, list[float]] = {k: [] for k in ("lf", "lb", "ef", "eb", "hf", "hb", "kernels_lf", "kernels_ef")}
+        for key in keys:
+            u = self._unit_costs(t.base, key)
+            passes = (u.layer_fwd, u.layer_bwd, u.embed_fwd, u.embed_bwd, u.head_fwd, u.head_bwd)
+            for name, pc in zip(("lf", "lb", "ef", "eb", "hf", "hb"), passes, strict=True):
+                rows[name].append(pc.compute_s + pc.comm_s)
+            rows["kernels_lf"].append(u.layer_fwd.kernels)
+            rows["kernels_ef"].append(u.embed_fwd.kernels)
+        return {k: np.asarray(v, dtype=np.float64)[inverse] for k, v in rows.items()}
 
-    def _unit_costs(self, job: Job) -> UnitCosts:
-        p = job.plan
-        key = tuple(getattr(p, k) for k in _LAYER_KEY)
+    def _unit_costs(self, base: PlanConfig, key: tuple[int, ...]) -> UnitCosts:
         found = self._units.get(key)
         if found is None:
-            costs = self._costs.setdefault(p.dtype, AnalyticCostModel(job.system, p.dtype))
-            found = self._units[key] = UnitCosts.of(job, costs, Groups.of(job))
+            tp, cp, mbs, sp, rc = key
+            plan = base.model_copy(
+                update={
+                    "tensor_parallel": tp,
+                    "context_parallel": cp,
+                    "micro_batch_size": mbs,
+                    "sequence_parallel": bool(sp),
+                    "recompute": RECOMPUTE[rc],
+                    "data_parallel": 1,
+                    "global_batch_size": mbs,
+                }
+            )
+            job = Job(self.model, plan, self.system)
+            found = self._units[key] = UnitCosts.of(job, self._cost_model(base.dtype), Groups.of(job))
+        return found
+
+    def _cost_model(self, dtype: str) -> AnalyticCostModel:
+        return self._costs.setdefault(dtype, AnalyticCostModel(self.system, dtype))
+
+    def _group_columns(self, t: PlanTable) -> dict[str, np.ndarray]:
+        keys, inverse = _distinct(t, _GROUP_KEY)
+        rows = [self._group_costs(t.base, key) for key in keys]
+        return {k: np.asarray([r[k] for r in rows], dtype=np.float64)[inverse] for k in rows[0]}
+
+    def _group_costs(self, base: PlanConfig, key: tuple[int, ...]) -> dict[str, float]:
+        """DP, pipeline and tail costs of one (tp, cp, dp, pp, zero, mbs, sp): per whole stage."""
+        found = self._groups.get(key)
+        if found is not None:
+            return found
+        tp, cp, dp, pp, vp, zero, mbs, sp = key
+        plan = base.model_copy(
+            update={
+                "tensor_parallel": tp,
+                "context_parallel": cp,
+                "data_parallel": dp,
+                "pipeline_parallel": pp,
+                "virtual_pipeline": vp,
+                "zero_stage": zero,
+                "micro_batch_size": mbs,
+                "sequence_parallel": bool(sp),
+                "global_batch_size": mbs * dp,
+            }
+        )
+        job = Job(self.model, plan, self.system)
+        m, costs, groups = self.model, self._cost_model(base.dtype), Groups.of(job)
+        one = PlanTable.of_jobs([job])
+        stage = max({0, pp - 1}, key=lambda s: float(stage_param_columns(m, one, s == 0, s == pp - 1)[0]))
+        params = float(stage_param_columns(m, one, stage == 0, stage == pp - 1)[0])
+        kind, grad_bytes, w_bytes = grad_collective(job), plan.grad_bytes, weight_bytes(job)
+        sizes = unit_params(job)
+        buckets = []  # the graph's gradient buckets of the most loaded stage, every chunk
+        for chunk in range(vp):
+            per_unit = [sizes[k] for k in unit_kinds(job, stage, chunk)][::-1]
+            buckets += [sum(per_unit[a:b]) for a, b in bucket_spans(per_unit, base.grad_bucket_size_params)]
+        shard = groups.grad.size if zero >= 1 else 1
+        tail = float(costs.memory_s("elementwise", optimizer_step_bytes(job, params / shard)))
+        if pp > 1:
+            tail += costs.collective_s("all_reduce", GRAD_NORM_BYTES, groups.model)
+            if m.tied:
+                vocab = m.vocab_size * m.hidden_size / tp
+                tail += costs.collective_s("all_reduce", vocab * grad_bytes, groups.embedding)
+        found = {
+            "grad_ranks": float(groups.grad.size),
+            "buckets": float(len(buckets)),
+            "grad": sum(costs.collective_s(kind, b * grad_bytes, groups.grad) for b in buckets),
+            "gather": sum(costs.collective_s("all_gather", b * w_bytes, groups.grad) for b in buckets),
+            # without overlap the graph reduces (and gathers) the whole buffer at once
+            "grad_whole": costs.collective_s(kind, params * grad_bytes, groups.grad),
+            "gather_whole": costs.collective_s("all_gather", params * w_bytes, groups.grad),
+            "p2p": costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node) if pp > 1 else 0.0,
+            "tail": tail,
+        }
+        for name, w in sizes.items():  # ZeRO-3: per-unit gathers and reduce-scatters
+            found[f"ag_{name[0]}"] = costs.collective_s("all_gather", w * w_bytes, groups.grad)
+            found[f"rs_{name[0]}"] = costs.collective_s(kind, w * grad_bytes, groups.grad)
+        self._groups[key] = found
         return found
 
 
-def _exposed(total_s: np.ndarray, buckets: np.ndarray, window_s: np.ndarray, overlap: np.ndarray) -> np.ndarray:
-    """Communication of total_s in `buckets` pieces released uniformly over window_s (or after it)."""
-    hidden = np.maximum(total_s / buckets, total_s - window_s * (buckets - 1) / buckets)
-    return np.where(overlap > 0, hidden, total_s)
+def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], layers: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """ZeRO-3 with pipeline_parallel 1, in the graph's stream order. Each pass starts with its first
+    unit's gather exposed; a unit runs beside the next unit's gather, and in backward beside the
+    previous unit's reduce-scatter too (one DP stream); the embedding's reduce-scatter ends each
+    micro-batch, ahead of the next forward's first gather."""
+    c_l, c_e, c_h = f["lf"], f["ef"], f["hf"]
+    a_l, a_e, a_h = g["ag_l"], g["ag_e"], g["ag_h"]
+    fwd = a_e + np.maximum(c_e, a_l) + (layers - 1) * np.maximum(c_l, a_l) + np.maximum(c_l, a_h) + c_h
+    b_l, b_e, b_h = f["lb"], f["eb"], f["hb"]
+    r_l, r_e, r_h = g["rs_l"], g["rs_e"], g["rs_h"]
+    bwd = (
+        a_h
+        + np.maximum(b_h, a_l)
+        + np.maximum(b_l, r_h + a_l)
+        + np.maximum(layers - 2, 0) * np.maximum(b_l, r_l + a_l)
+        + np.maximum(b_l, r_l + a_e)
+        + np.maximum(b_e, r_l)
+        + r_e
+    )
+    return M * (fwd + bwd)
+
+
+def _distinct(t: PlanTable, columns: tuple[str, ...]) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """The distinct values of `columns` over the table's rows, and each row's index into them."""
+    stacked = np.stack([t.cols[c] for c in columns], axis=1)
+    keys, inverse = np.unique(stacked, axis=0, return_inverse=True)
+    return [tuple(int(x) for x in k) for k in keys], inverse.reshape(-1)
+
+
+def _exposed(total_s: np.ndarray, buckets: np.ndarray, window_s: np.ndarray) -> np.ndarray:
+    """Communication of total_s in `buckets` pieces released uniformly over window_s: what outlasts it."""
+    return np.maximum(total_s / buckets, total_s - window_s * (buckets - 1) / buckets)

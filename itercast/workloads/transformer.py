@@ -56,6 +56,41 @@ def p2p_message_bytes(job: Job) -> float:
     return nbytes / p.tensor_parallel if p.sequence_parallel else nbytes  # Megatron scatter-gather
 
 
+def unit_params(job: Job) -> dict[str, float]:
+    """Parameters of one GPU's share of each unit kind (the head's are the embedding's when tied
+    on a single stage: nothing more to hold, gather or reduce)."""
+    m, p = job.model, job.plan
+    vocab = m.vocab_size * m.hidden_size / p.tensor_parallel
+    head = vocab if not m.tied or p.pipeline_parallel > 1 else 0.0
+    return {"embed": embedding_unit_params(job), "layer": m.layer_params_per_rank(p.tensor_parallel), "head": head}
+
+
+def unit_kinds(job: Job, stage: int, chunk: int) -> list[str]:
+    """The units of one model chunk on one pipeline stage, in forward order."""
+    p = job.plan
+    vs = chunk * p.pipeline_parallel + stage
+    kinds = ["layer"] * (job.model.num_layers // (p.pipeline_parallel * p.virtual_pipeline))
+    if vs == 0:
+        kinds.insert(0, "embed")
+    if vs == p.pipeline_parallel * p.virtual_pipeline - 1:
+        kinds.append("head")
+    return kinds
+
+
+def bucket_spans(params: list[float], bucket_params: float) -> list[tuple[int, int]]:
+    """[start, end) of consecutive units merged into gradient buckets: a bucket closes once it holds
+    `bucket_params` parameters (Megatron DDP's bucket size); the units left over form the last."""
+    spans, start, held = [], 0, 0.0
+    for i, w in enumerate(params):
+        held += w
+        if held >= bucket_params:
+            spans.append((start, i + 1))
+            start, held = i + 1, 0.0
+    if start < len(params):
+        spans.append((start, len(params)))
+    return spans
+
+
 @dataclass(frozen=True)
 class PassCost:
     """One pass of one unit (a layer, the embedding or the head) on one GPU."""
@@ -173,7 +208,6 @@ class TransformerStepBuilder:
         self.groups = Groups.of(job)
         self.units = UnitCosts.of(job, self.costs, self.groups)
         p = job.plan
-        self.layers_per_chunk = job.model.num_layers // (p.pipeline_parallel * p.virtual_pipeline)
         self.p2p_s = self.costs.p2p_s(p2p_message_bytes(job), self.groups.stage_cross_node)
         self.g = GraphBuilder()
         self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
@@ -184,18 +218,13 @@ class TransformerStepBuilder:
     # -- units of one pass --------------------------------------------------------------------
     def _pieces(self, stage: int, chunk: int, forward: bool) -> list[tuple[PassCost, float]]:
         """(cost, parameters) of the units of one chunk pass, in execution order."""
-        p, u, m = self.job.plan, self.units, self.job.model
-        vs = chunk * p.pipeline_parallel + stage
-        last = vs == p.pipeline_parallel * p.virtual_pipeline - 1
-        vocab_params = m.vocab_size * m.hidden_size / p.tensor_parallel
-        layer = (u.layer_fwd if forward else u.layer_bwd, m.layer_params_per_rank(p.tensor_parallel))
-        units = [layer] * self.layers_per_chunk
-        if vs == 0:
-            units.insert(0, (u.embed_fwd if forward else u.embed_bwd, embedding_unit_params(self.job)))
-        if last:
-            units.append(
-                (u.head_fwd if forward else u.head_bwd, vocab_params if not m.tied or p.pipeline_parallel > 1 else 0.0)
-            )
+        u = self.units
+        kinds = unit_kinds(self.job, stage, chunk)
+        cost = {"embed": u.embed_fwd, "layer": u.layer_fwd, "head": u.head_fwd}
+        if not forward:
+            cost = {"embed": u.embed_bwd, "layer": u.layer_bwd, "head": u.head_bwd}
+        params = unit_params(self.job)
+        units = [(cost[k], params[k]) for k in kinds]
         return units if forward else units[::-1]
 
     def _segments_of(self, stage: int, chunk: int, forward: bool, split: str) -> list[tuple[PassCost, float]]:
@@ -215,14 +244,12 @@ class TransformerStepBuilder:
             for c, _ in pieces:
                 total = total + c
             return [(total, sum(w for _, w in pieces))]
-        out, cost, params = [], ZERO_COST, 0.0
-        for c, w in pieces:
-            cost, params = cost + c, params + w
-            if params >= self.job.plan.grad_bucket_size_params:
-                out.append((cost, params))
-                cost, params = ZERO_COST, 0.0
-        if cost.kernels or params:
-            out.append((cost, params))
+        out = []
+        for start, end in bucket_spans([w for _, w in pieces], self.job.plan.grad_bucket_size_params):
+            cost = ZERO_COST
+            for c, _ in pieces[start:end]:
+                cost = cost + c
+            out.append((cost, sum(w for _, w in pieces[start:end])))
         return out
 
     def _run_segment(self, stage: int, name: str, cost: PassCost, deps: list[int]) -> tuple[int, int]:
@@ -278,7 +305,7 @@ class TransformerStepBuilder:
                 ]
         grad_tasks: list[int] = []
         seen_first_fwd: set[int] = set()
-        previous: list[int] = []  # compute tasks of the last two segments (ZeRO-3 prefetch depth)
+        previous: list[int] = []  # the last compute task of each segment run so far
         for i, ps in enumerate(passes):
             # Gradients leave after the last backward of each chunk; with sharded gradients
             # (ZeRO-2/3, FSDP) after every micro-batch's backward, as memory.py assumes.
@@ -296,18 +323,17 @@ class TransformerStepBuilder:
             segs = self._segments_of(stage, ps.chunk, ps.forward, split)
             family_time = self.family_time_s[stage]
             kind = "F" if ps.forward else "B"
+            fsdp: dict[int, int] = {}  # ZeRO-3: segment -> its parameter all-gather
             for j, (cost, params) in enumerate(segs):
                 seg_deps = [gathers[j]] if gathers else []
                 if p.zero_stage == 3 and sync_dp:
-                    gather = g.task(
-                        f"fsdp_all_gather.{kind}{ps.microbatch}.c{ps.chunk}.{j}",
-                        dp_res,
-                        c.collective_s("all_gather", params * w_bytes, self.groups.grad),
-                        Category.COMMUNICATION,
-                        "dp_all_gather",
-                        previous[-2:-1],
-                    )
-                    seg_deps.append(gather)
+                    # FSDP's prefetch (BACKWARD_PRE): the next unit's gather is issued before this
+                    # unit runs, once the unit before it is done (two units gathered at most)
+                    for k in (j, j + 1):
+                        if k < len(segs) and k not in fsdp:
+                            name = f"fsdp_all_gather.{kind}{ps.microbatch}.c{ps.chunk}.{k}"
+                            fsdp[k] = self._gather(stage, name, segs[k][1], previous[-1:])
+                    seg_deps.append(fsdp[j])
                 first, last = self._run_segment(stage, f"{kind}{ps.microbatch}.c{ps.chunk}.{j}", cost, seg_deps)
                 for fam, sec in cost.family_s.items():
                     family_time[fam] = family_time.get(fam, 0.0) + sec
@@ -385,6 +411,13 @@ class TransformerStepBuilder:
                 "dp_all_gather",
                 [opt],
             )
+
+    def _gather(self, stage: int, name: str, params: float, deps: list[int]) -> int:
+        """A ZeRO-3 parameter all-gather of `params` on the stage's DP stream."""
+        seconds = self.costs.collective_s("all_gather", params * weight_bytes(self.job), self.groups.grad)
+        return self.g.task(
+            name, self.g.resource(stage, "dp_comm"), seconds, Category.COMMUNICATION, "dp_all_gather", deps
+        )
 
     # -- pipeline p2p --------------------------------------------------------------------------
     def _virtual(self, stage: int, chunk: int) -> int:

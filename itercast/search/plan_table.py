@@ -1,0 +1,95 @@
+"""Many plans of one model and system as numpy columns: what the fast path and the search work on.
+
+The columns are the plan fields a search varies; every other plan field (dtype, flash attention,
+gradient bucket and reduction dtype) is shared by the whole table and kept in `base`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from itercast.config.job import Job
+from itercast.config.plan import PlanConfig
+from itercast.parallel.schedules import SCHEDULES
+
+RECOMPUTE = ("none", "selective", "full")
+
+#: column -> the plan field it holds (codes index SCHEDULES / RECOMPUTE)
+COLUMNS = {
+    "tp": "tensor_parallel",
+    "pp": "pipeline_parallel",
+    "cp": "context_parallel",
+    "dp": "data_parallel",
+    "vp": "virtual_pipeline",
+    "mbs": "micro_batch_size",
+    "gbs": "global_batch_size",
+    "schedule": "schedule",
+    "zero": "zero_stage",
+    "recompute": "recompute",
+    "sp": "sequence_parallel",
+    "overlap_grad": "overlap_grad_reduce",
+    "overlap_param": "overlap_param_gather",
+}
+VARIED = set(COLUMNS.values())
+
+
+@dataclass(frozen=True)
+class PlanTable:
+    """Plans as int64 columns (one row a plan) plus the fields they share (`base`)."""
+
+    cols: dict[str, np.ndarray]
+    base: PlanConfig
+
+    def __len__(self) -> int:
+        return int(self.cols["tp"].shape[0])
+
+    @property
+    def microbatches(self) -> np.ndarray:
+        return self.cols["gbs"] // (self.cols["mbs"] * self.cols["dp"])
+
+    @property
+    def num_gpus(self) -> np.ndarray:
+        c = self.cols
+        return c["tp"] * c["pp"] * c["cp"] * c["dp"]
+
+    def take(self, rows: np.ndarray) -> PlanTable:
+        return PlanTable({k: v[rows] for k, v in self.cols.items()}, self.base)
+
+    def plan_fields(self, row: int) -> dict[str, Any]:
+        """Canonical plan fields of one row (the shared ones included)."""
+        out = self.base.model_dump(mode="json")
+        for col, name in COLUMNS.items():
+            value = int(self.cols[col][row])
+            if col == "schedule":
+                out[name] = SCHEDULES[value]
+            elif col == "recompute":
+                out[name] = RECOMPUTE[value]
+            elif col in ("sp", "overlap_grad", "overlap_param"):
+                out[name] = bool(value)
+            else:
+                out[name] = value
+        return out
+
+    @classmethod
+    def of_jobs(cls, jobs: Sequence[Job]) -> PlanTable:
+        """The table of validated jobs' plans; they must share the fields outside the columns."""
+        base = jobs[0].plan
+        shared = base.model_dump(exclude=VARIED)
+        for job in jobs[1:]:
+            if job.plan.model_dump(exclude=VARIED) != shared:
+                raise ValueError("plans of one table must share dtype, flash attention, bucket and reduce dtype")
+        cols: dict[str, list[int]] = {k: [] for k in COLUMNS}
+        for job in jobs:
+            p = job.plan
+            for col, name in COLUMNS.items():
+                value = getattr(p, name)
+                if col == "schedule":
+                    value = SCHEDULES.index(value)
+                elif col == "recompute":
+                    value = RECOMPUTE.index(value)
+                cols[col].append(int(value))
+        return cls({k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}, base)
