@@ -1,0 +1,187 @@
+"""Predictions computed by hand: each test pins one formula, so a one-line change to it fails here.
+
+With `linear_calibration()` every curve is flat at efficiency 1 and every latency 0: a GEMM takes
+FLOPs / peak, a memory-bound kernel bytes / HBM bandwidth, a collective bus bytes / link bandwidth.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import tiny_job
+
+from itercast.config.job import Job
+from itercast.costs.analytic import ATTENTION_VS_GEMM, AnalyticCostModel
+from itercast.memory import estimate_memory, stage_params
+from itercast.parallel.schedules import schedule
+from itercast.predict import predict
+from itercast.workloads.transformer import Groups, optimizer_step_bytes, pass_cost
+from itercast.workloads.transformer_ops import layer_backward, layer_forward
+
+PEAK, HBM, LINK = 1e12, 1e11, 1e10  # FLOP/s, bytes/s, bytes/s
+
+
+def flat(**extra: float) -> dict:
+    return {"alpha_s": 0.0, "alpha0_s": 0.0, "e_max": 2.0, "log_half": 1.0, "gamma": 0.0, **extra}
+
+
+def linear_calibration() -> dict:
+    """Curves in the schema of costs/curves.json, all efficiency 2 / (1 + e^0) = 1, no latency."""
+    kinds = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
+    return {
+        "gemm": {k: flat() for k in ("bf16", "tf32", "fp8")},
+        "memory": {k: flat() for k in ("elementwise", "norm", "activation")},
+        "collectives": {
+            "intra_node": {k: flat() for k in kinds},
+            "inter_node": {k: flat() for k in kinds},
+            "p2p": {"intra_node": flat(), "inter_node": flat()},
+        },
+    }
+
+
+SYSTEM = {
+    "gpu": {
+        "name": "linear",
+        "peak_flops": {"fp32": PEAK, "bf16": PEAK},
+        "hbm_bytes": 1e12,
+        "hbm_bandwidth_bytes_per_s": HBM,
+        "l2_bytes": 1,
+        "kernel_launch_overhead_s": 0.0,
+        "reserved_bytes": 0.0,
+    },
+    "node": {"gpus_per_node": 8, "intra_node_bandwidth_bytes_per_s": LINK, "intra_node_latency_s": 0.0},
+    "network": {"nics_per_node": 8, "nic_bandwidth_bytes_per_s": LINK, "latency_s": 0.0},
+}
+# one layer: h 64, 4 heads of 16, s 32, ffn 256, vocab 128; gpt: LayerNorm, learned positions, tied
+MODEL = {"family": "gpt", "num_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
+MODEL |= {"vocab_size": 128}
+
+
+def job(num_nodes: int = 1, **plan) -> Job:
+    """A job on `num_nodes` nodes each sized to the plan's tp · pp · cp · dp (dp 1 by default)."""
+    plan.setdefault("data_parallel", 1)
+    sizes = ("tensor_parallel", "pipeline_parallel", "context_parallel", "data_parallel")
+    gpus = 1
+    for field in sizes:
+        gpus *= plan.get(field, 1)
+    node = {**SYSTEM["node"], "gpus_per_node": gpus // num_nodes}
+    return Job.from_dicts(MODEL, plan, {**SYSTEM, "node": node, "num_nodes": num_nodes})
+
+
+def test_one_layer_on_one_gpu_step_time_by_hand():
+    j = job(data_parallel=1, tensor_parallel=1)
+    # Per token T = 32, e = 2 bytes. GEMM FLOPs forward: qkv 2·T·h·3h, proj 2·T·h², mlp 2·2·T·h·4h,
+    # logits 2·T·h·V; flash attention 4·a·s²·d / 2 (causal); backward: GEMMs ×2, attention ×2.5.
+    T, h, V = 32, 64, 128
+    gemm_fwd = 2 * T * h * 3 * h + 2 * T * h * h + 2 * 2 * T * h * 4 * h + 2 * T * h * V
+    attn_fwd = 4 * 4 * 32 * 32 * 16 / 2
+    flops = 3 * gemm_fwd + 3.5 * attn_fwd / ATTENTION_VS_GEMM  # fused attention: 0.75 of the GEMM rate
+    # Memory-bound bytes forward: 3 norms 2·T·h·e each, residuals 3·T·h·e ×2, GELU 2·T·4h·e,
+    # lookup 2·T·h·e, position add 3·T·h·e, cross-entropy T·V·(e + 8); backward moves twice as much.
+    mem_fwd = 3 * 2 * T * h * 2 + 2 * 3 * T * h * 2 + 2 * T * 4 * h * 2 + 2 * T * h * 2 + 3 * T * h * 2 + T * V * 10
+    # Adam: 30 bytes per parameter (fp32 master, grad, m, v read; master, m, v, bf16 copy written)
+    params = 12 * h * h + 13 * h + V * h + 32 * h  # layer weights + biases + norms, embedding, positions
+    seconds = flops / PEAK + 3 * mem_fwd / HBM + 30 * params / HBM
+    assert predict(j, linear_calibration()).step_time_s == pytest.approx(seconds, rel=1e-9)
+
+
+def test_adam_traffic_per_parameter():
+    assert optimizer_step_bytes(job(), 1) == 30  # bf16, fp32 gradients
+    assert optimizer_step_bytes(job(grad_reduce_dtype="bf16"), 1) == 28
+    assert optimizer_step_bytes(job(dtype="fp32"), 1) == 28  # param, grad, m, v read; param, m, v written
+
+
+def test_fused_attention_backward_is_two_and_a_half_forwards():
+    j = job()
+    fwd = {o.name: o.amount for o in layer_forward(j.model, j.plan)}
+    bwd = {o.name: o.amount for o in layer_backward(j.model, j.plan)}
+    assert bwd["core_attention.bwd"] == 2.5 * fwd["core_attention"]
+
+
+def test_unfused_attention_times_its_score_kernels():
+    j = job(flash_attention=False)
+    ops = {o.name: o for o in layer_forward(j.model, j.plan)}
+    scores = 4 * 32 * 32  # heads × s × s, no causal skipping when the scores are materialised
+    assert ops["core_attention.scores"].amount == ops["core_attention.values"].amount == 2 * scores * 16
+    assert ops["core_attention.softmax"].amount == 2 * scores * 2  # read and write, 2 bytes
+    assert ops["core_attention.dropout"].amount == scores * 5  # read, write, 1-byte mask
+    # selective recompute runs the three of them again before the backward
+    rec = [o.name for o in layer_backward(j.model, j.plan.model_copy(update={"recompute": "selective"}))]
+    assert rec[:4] == [f"recompute.core_attention.{k}" for k in ("scores", "softmax", "dropout", "values")]
+
+
+def test_full_recompute_reruns_the_whole_forward_not_only_gemms():
+    j = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True, recompute="full")
+    fwd = layer_forward(j.model, j.plan)
+    bwd = layer_backward(j.model, j.plan)
+    assert [(o.family, o.amount) for o in bwd[: len(fwd)]] == [(o.family, o.amount) for o in fwd]
+
+
+def test_sequence_parallel_backward_has_four_gathers_and_two_scatters():
+    # Korthikanti et al. §4.2.2: forward 2 AG + 2 RS; backward re-gathers the two saved inputs
+    j = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True)
+    kinds = [o.comm_kind for o in layer_backward(j.model, j.plan) if o.family == "tp_comm"]
+    assert sorted(kinds) == ["all_gather"] * 4 + ["reduce_scatter"] * 2
+
+
+def test_tensor_parallel_backward_collectives_hide_behind_their_gemms():
+    # Without SP: the g's backward is an identity; the f's all-reduce runs beside the weight-gradient
+    # GEMM (Megatron's async all-reduce), so only what outlasts that GEMM is exposed.
+    j = job(tensor_parallel=2, data_parallel=1)
+    costs = AnalyticCostModel(j.system, "bf16", linear_calibration())
+    bwd = layer_backward(j.model, j.plan)
+    assert [o.overlaps for o in bwd if o.family == "tp_comm"] == ["mlp_up.wgrad", "qkv.wgrad"]
+    T, h = 32, 64
+    all_reduce_s = 2 * (2 - 1) / 2 * T * h * 2 / LINK  # bus bytes over the link
+    wgrad_s = {"mlp_up": 2 * T * h * 4 * h / 2 / PEAK, "qkv": 2 * T * h * 3 * h / 2 / PEAK}
+    exposed = sum(max(0.0, all_reduce_s - w) for w in wgrad_s.values())
+    assert pass_cost(bwd, costs, Groups.of(j)).comm_s == pytest.approx(exposed)
+
+
+def test_context_parallel_ring_exposes_what_attention_does_not_hide():
+    j = job(context_parallel=2, data_parallel=1, num_nodes=1)
+    ops = {o.name: o for o in layer_forward(j.model, j.plan)}
+    ring = ops["cp_kv_exchange"]
+    assert (ring.count, ring.amount) == (1, 2 * 16 * 4 * 16 * 2)  # c − 1 steps of K and V: 2·T·g·d·e
+    costs = AnalyticCostModel(j.system, "bf16", linear_calibration())
+    attention_s = 4 * 4 * 16 * 32 * 16 / 2 / (PEAK * ATTENTION_VS_GEMM)  # local queries × all keys, causal half
+    exposed = max(0.0, ring.amount / LINK - attention_s)
+    cost = pass_cost(layer_forward(j.model, j.plan), costs, Groups.of(j))
+    assert cost.family_s.get("cp_p2p_exposed", 0.0) == pytest.approx(exposed)
+
+
+def test_last_stage_keeps_fp32_logits_of_one_microbatch():
+    j = job(pipeline_parallel=1, data_parallel=1)
+    est = estimate_memory(j)
+    none = estimate_memory(Job.from_dicts({**MODEL, "vocab_size": 1}, {"data_parallel": 1}, j.system.model_dump()))
+    # the logits term alone: T × V × 4 bytes (vocab 128 vs 1 changes nothing else in activations)
+    assert est.activations_bytes - none.activations_bytes == 32 * (128 - 1) * 4
+
+
+def test_norm_weights_and_positions_are_not_split_by_tensor_parallelism():
+    h, V, s = 64, 128, 32
+    t2 = job(tensor_parallel=2, data_parallel=1)
+    # layer: 12h² weights and 3h + 4h column biases split; 2 LayerNorms (4h) and 2 row biases (2h) whole
+    layer = (12 * h * h + 7 * h) / 2 + 6 * h
+    assert stage_params(t2, 0) == pytest.approx(layer + V * h / 2 + s * h)
+
+
+def test_interleaved_runs_every_forward_first_when_microbatches_equal_stages():
+    passes = schedule("interleaved-1f1b", 1, 2, 2, 2)  # Megatron's all_warmup_microbatches
+    assert [p.forward for p in passes] == [True] * 4 + [False] * 4
+
+
+def test_network_latency_floors_collectives_across_nodes():
+    slow = {**SYSTEM, "network": {**SYSTEM["network"], "latency_s": 1.0}}
+    j = Job.from_dicts(MODEL, {"data_parallel": 16}, {**slow, "num_nodes": 2})
+    costs = AnalyticCostModel(j.system, "bf16", linear_calibration())
+    g = Groups.of(j).grad  # 16 ranks on 2 nodes: 3 hops in a node (free here), 1 across
+    assert costs.collective_s("all_reduce", 1.0, g) == 2.0  # up and down the tree
+    assert costs.collective_s("all_gather", 1.0, g) == 1.0
+    base = predict(job(num_nodes=2, data_parallel=16), linear_calibration()).step_time_s
+    assert predict(j, linear_calibration()).step_time_s > base + 1.0
+
+
+def test_zero3_reduces_gradients_every_microbatch():
+    j = tiny_job(zero_stage=3, global_batch_size=32)  # 8-way DP, 4 micro-batches
+    names = [n for n in predict(j).sim.graph.names if n.startswith("grad_reduce_scatter.m")]
+    assert {n.split(".")[1] for n in names} == {"m0", "m1", "m2", "m3"}
