@@ -55,17 +55,8 @@ class Job:
         system: str | None = None,
     ) -> Job:
         """The CLI path: an optional YAML job file, preset names, then `section.field=value` overrides."""
-        raw: dict[str, Any] = {"model": {}, "plan": {}, "system": {}}
-        source = str(path) if path else "<command line>"
-        if path is not None:
-            raw.update(read_job_file(Path(path)))
-        if model is not None:
-            raw["model"] = {"preset": model}
-        if system is not None:
-            raw["system"] = {**raw["system"], "preset": system}
-        for item in overrides:
-            apply_override(raw, item)
-        return cls.from_dicts(raw["model"], raw["plan"], raw["system"], source)
+        raw = raw_sections(path, overrides, model, system)
+        return cls.from_dicts(raw["model"], raw["plan"], raw["system"], str(path) if path else "<command line>")
 
     @property
     def num_microbatches(self) -> int:
@@ -75,6 +66,25 @@ class Job:
 
     def to_dict(self) -> dict[str, Any]:
         return {s: getattr(self, s).model_dump(mode="json") for s in ("model", "plan", "system")}
+
+
+def raw_sections(
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    model: str | None = None,
+    system: str | None = None,
+) -> dict[str, Any]:
+    """Sections model / plan / system before validation: the job file, preset names, overrides."""
+    raw: dict[str, Any] = {"model": {}, "plan": {}, "system": {}}
+    if path is not None:
+        raw.update(read_job_file(Path(path)))
+    if model is not None:
+        raw["model"] = {"preset": model}
+    if system is not None:
+        raw["system"] = {**raw["system"], "preset": system}
+    for item in overrides:
+        apply_override(raw, item)
+    return raw
 
 
 def parse_section(section: str, raw: dict[str, Any], source: str = "<input>") -> BaseModel:

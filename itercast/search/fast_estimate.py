@@ -23,7 +23,8 @@ every hop. tests/test_fast_estimate.py bounds the disagreement with the graph si
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -34,9 +35,10 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
-from itercast.memory import memory_columns, stage_param_columns
+from itercast.hardware.topology import GroupPlacement
+from itercast.memory import memory_columns
 from itercast.parallel.schedules import SCHEDULES
-from itercast.search.plan_table import RECOMPUTE, PlanTable
+from itercast.search.plan_table import COLUMNS, RECOMPUTE, PlanTable
 from itercast.workloads.transformer import (
     GRAD_NORM_BYTES,
     Groups,
@@ -51,7 +53,8 @@ from itercast.workloads.transformer import (
 )
 
 _LAYER_KEY = ("tp", "cp", "mbs", "sp", "recompute")
-_GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero", "mbs", "sp")
+_GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero")
+_P2P_KEY = ("tp", "cp", "dp", "pp", "mbs", "sp")
 
 
 class FastEstimator:
@@ -66,6 +69,7 @@ class FastEstimator:
         self._units: dict[tuple[int, ...], UnitCosts] = {}
         self._groups: dict[tuple[int, ...], dict[str, float]] = {}
         self._costs: dict[str, AnalyticCostModel] = {}
+        self._collectives: dict[int, dict[tuple[str, float, GroupPlacement], float]] = {}
 
     # -- the list-of-plans interface (validation through Job) ------------------------------------
     def jobs(self, plans: Sequence[dict[str, Any]]) -> tuple[list[Job | None], list[str]]:
@@ -147,59 +151,66 @@ class FastEstimator:
         found = self._units.get(key)
         if found is None:
             tp, cp, mbs, sp, rc = key
-            plan = base.model_copy(
-                update={
-                    "tensor_parallel": tp,
-                    "context_parallel": cp,
-                    "micro_batch_size": mbs,
-                    "sequence_parallel": bool(sp),
-                    "recompute": RECOMPUTE[rc],
-                    "data_parallel": 1,
-                    "global_batch_size": mbs,
-                }
-            )
-            job = Job(self.model, plan, self.system)
+            job = self._job(base.model_copy(update={"recompute": RECOMPUTE[rc]}), tp=tp, cp=cp, mbs=mbs, sp=sp)
             found = self._units[key] = UnitCosts.of(job, self._cost_model(base.dtype), Groups.of(job))
         return found
 
     def _cost_model(self, dtype: str) -> AnalyticCostModel:
         return self._costs.setdefault(dtype, AnalyticCostModel(self.system, dtype))
 
+    def _collective_memo(self, costs: AnalyticCostModel) -> Callable[[str, float, GroupPlacement], float]:
+        """costs.collective_s, remembered: plans that differ elsewhere repeat the same collectives."""
+        memo = self._collectives.setdefault(id(costs), {})
+
+        def collective(kind: str, nbytes: float, group: GroupPlacement) -> float:
+            key = (kind, nbytes, group)
+            found = memo.get(key)
+            if found is None:
+                found = memo[key] = costs.collective_s(kind, nbytes, group)
+            return found
+
+        return collective
+
     def _group_columns(self, t: PlanTable) -> dict[str, np.ndarray]:
         keys, inverse = _distinct(t, _GROUP_KEY)
         rows = [self._group_costs(t.base, key) for key in keys]
-        return {k: np.asarray([r[k] for r in rows], dtype=np.float64)[inverse] for k in rows[0]}
+        out = {k: np.asarray([r[k] for r in rows], dtype=np.float64)[inverse] for k in rows[0]}
+        keys, inverse = _distinct(t, _P2P_KEY)
+        out["p2p"] = np.asarray([self._p2p_s(t.base, key) for key in keys], dtype=np.float64)[inverse]
+        return out
+
+    def _job(self, base: PlanConfig, **sizes: int) -> Job:
+        """A job of `base` with some plan fields set (unvalidated: the table's rows were validated)."""
+        fields = {COLUMNS[k]: (bool(v) if k == "sp" else v) for k, v in sizes.items()}
+        dp, mbs = fields.setdefault("data_parallel", 1), fields.setdefault("micro_batch_size", 1)
+        return Job(self.model, base.model_copy(update={**fields, "global_batch_size": mbs * dp}), self.system)
+
+    def _p2p_s(self, base: PlanConfig, key: tuple[int, ...]) -> float:
+        """One pipeline send of one micro-batch's activations; 0 without pipeline parallelism."""
+        tp, cp, dp, pp, mbs, sp = key
+        if pp == 1:
+            return 0.0
+        job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, mbs=mbs, sp=sp)
+        return self._cost_model(base.dtype).p2p_s(p2p_message_bytes(job), Groups.of(job).stage_cross_node)
 
     def _group_costs(self, base: PlanConfig, key: tuple[int, ...]) -> dict[str, float]:
-        """DP, pipeline and tail costs of one (tp, cp, dp, pp, zero, mbs, sp): per whole stage."""
+        """Data-parallel and tail costs of one (tp, cp, dp, pp, vp, zero), for the most loaded stage."""
         found = self._groups.get(key)
         if found is not None:
             return found
-        tp, cp, dp, pp, vp, zero, mbs, sp = key
-        plan = base.model_copy(
-            update={
-                "tensor_parallel": tp,
-                "context_parallel": cp,
-                "data_parallel": dp,
-                "pipeline_parallel": pp,
-                "virtual_pipeline": vp,
-                "zero_stage": zero,
-                "micro_batch_size": mbs,
-                "sequence_parallel": bool(sp),
-                "global_batch_size": mbs * dp,
-            }
-        )
-        job = Job(self.model, plan, self.system)
+        tp, cp, dp, pp, vp, zero = key
+        job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, vp=vp, zero=zero)
         m, costs, groups = self.model, self._cost_model(base.dtype), Groups.of(job)
-        one = PlanTable.of_jobs([job])
-        stage = max({0, pp - 1}, key=lambda s: float(stage_param_columns(m, one, s == 0, s == pp - 1)[0]))
-        params = float(stage_param_columns(m, one, stage == 0, stage == pp - 1)[0])
-        kind, grad_bytes, w_bytes = grad_collective(job), plan.grad_bytes, weight_bytes(job)
+        collective = self._collective_memo(costs)
         sizes = unit_params(job)
+        stage_units = {s: [[sizes[k] for k in unit_kinds(job, s, ch)] for ch in range(vp)] for s in {0, pp - 1}}
+        stage = max(stage_units, key=lambda s: sum(map(sum, stage_units[s])))
+        params = float(sum(map(sum, stage_units[stage])))  # = memory.stage_params
+        kind, grad_bytes, w_bytes = grad_collective(job), job.plan.grad_bytes, weight_bytes(job)
         buckets = []  # the graph's gradient buckets of the most loaded stage, every chunk
-        for chunk in range(vp):
-            per_unit = [sizes[k] for k in unit_kinds(job, stage, chunk)][::-1]
-            buckets += [sum(per_unit[a:b]) for a, b in bucket_spans(per_unit, base.grad_bucket_size_params)]
+        for per_unit in stage_units[stage]:
+            backward = per_unit[::-1]
+            buckets += [sum(backward[a:b]) for a, b in bucket_spans(backward, base.grad_bucket_size_params)]
         shard = groups.grad.size if zero >= 1 else 1
         tail = float(costs.memory_s("elementwise", optimizer_step_bytes(job, params / shard)))
         if pp > 1:
@@ -210,17 +221,16 @@ class FastEstimator:
         found = {
             "grad_ranks": float(groups.grad.size),
             "buckets": float(len(buckets)),
-            "grad": sum(costs.collective_s(kind, b * grad_bytes, groups.grad) for b in buckets),
-            "gather": sum(costs.collective_s("all_gather", b * w_bytes, groups.grad) for b in buckets),
+            "grad": sum(n * collective(kind, b * grad_bytes, groups.grad) for b, n in Counter(buckets).items()),
+            "gather": sum(n * collective("all_gather", b * w_bytes, groups.grad) for b, n in Counter(buckets).items()),
             # without overlap the graph reduces (and gathers) the whole buffer at once
-            "grad_whole": costs.collective_s(kind, params * grad_bytes, groups.grad),
-            "gather_whole": costs.collective_s("all_gather", params * w_bytes, groups.grad),
-            "p2p": costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node) if pp > 1 else 0.0,
+            "grad_whole": collective(kind, params * grad_bytes, groups.grad),
+            "gather_whole": collective("all_gather", params * w_bytes, groups.grad),
             "tail": tail,
         }
         for name, w in sizes.items():  # ZeRO-3: per-unit gathers and reduce-scatters
-            found[f"ag_{name[0]}"] = costs.collective_s("all_gather", w * w_bytes, groups.grad)
-            found[f"rs_{name[0]}"] = costs.collective_s(kind, w * grad_bytes, groups.grad)
+            found[f"ag_{name[0]}"] = collective("all_gather", w * w_bytes, groups.grad)
+            found[f"rs_{name[0]}"] = collective(kind, w * grad_bytes, groups.grad)
         self._groups[key] = found
         return found
 

@@ -1,0 +1,196 @@
+"""`itercast search`: the fastest plans that fit, over the whole plan space."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Annotated, Any, cast
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
+from itercast.cli import (
+    ExampleOpt,
+    JobFileArg,
+    JsonOpt,
+    ModelOpt,
+    SetOpt,
+    SystemOpt,
+    app,
+    console,
+    fail,
+    resolve_job_file,
+)
+from itercast.config.job import parse_section, raw_sections
+from itercast.config.model import ModelConfig
+from itercast.config.plan import PlanConfig
+from itercast.config.system import SystemConfig
+from itercast.errors import ConfigError
+from itercast.search.plan_search import Progress, SearchRequest, SearchResult, run_search
+from itercast.search.plan_space import SpaceOptions
+from itercast.search.plan_table import VARIED
+
+
+@app.command("search")
+def search_cmd(
+    job_file: JobFileArg = None,
+    model: ModelOpt = None,
+    system: SystemOpt = None,
+    set_: SetOpt = None,
+    example: ExampleOpt = False,
+    as_json: JsonOpt = False,
+    num_nodes_range: Annotated[
+        str | None, typer.Option(metavar="LO:HI", help="Search every node count in LO..HI (default: the system's).")
+    ] = None,
+    top: Annotated[int, typer.Option(min=1, max=1000, help="Plans re-scored by the graph simulation and shown.")] = 20,
+    max_memory_fraction: Annotated[
+        float, typer.Option(min=0.01, max=1.0, help="Share of each GPU's memory a plan may use.")
+    ] = 1.0,
+    include_oom: Annotated[bool, typer.Option(help="Rank plans that do not fit too.")] = False,
+    micro_batch_sizes: Annotated[str, typer.Option(metavar="N,N,…", help="Micro-batch sizes to try.")] = "1,2,4,8",
+    tp_across_nodes: Annotated[bool, typer.Option(help="Allow tensor parallelism across nodes.")] = False,
+    max_virtual_pipeline: Annotated[int, typer.Option(min=1, max=64, help="Largest interleaving.")] = 8,
+    max_context_parallel: Annotated[int, typer.Option(min=1, max=1024, help="Largest context parallel.")] = 8,
+    backend: Annotated[str, typer.Option(metavar="local|ray", help="Where node counts are searched.")] = "local",
+    workers: Annotated[
+        int, typer.Option(min=1, max=256, help="Local processes (default: the CPU count).")
+    ] = os.cpu_count() or 1,
+) -> None:
+    """Search data/tensor/pipeline/context parallel sizes, micro-batch, ZeRO, recompute, sequence
+    parallelism, schedule and interleaving, overlap switches (and with --num-nodes-range the GPU
+    count) for the fastest plans that fit. The job's plan gives the fields every plan shares (dtype,
+    global batch, …); `--set plan.FIELD=VALUE` fixes a searched field."""
+    job_file = resolve_job_file(job_file, example, model, system)
+    try:
+        options = SpaceOptions(
+            micro_batch_sizes=_sizes(micro_batch_sizes),
+            max_context_parallel=max_context_parallel,
+            max_virtual_pipeline=max_virtual_pipeline,
+            tp_across_nodes=tp_across_nodes,
+        )
+        raw = raw_sections(job_file, set_ or [], model, system)
+        request = _request(raw, set_ or [], num_nodes_range, options)
+        request = replace(request, max_memory_fraction=max_memory_fraction, top_k=top, include_oom=include_oom)
+        with _progress(len(request.node_counts), quiet=as_json) as report:
+            result = run_search(request, backend, workers, report)
+    except ConfigError as exc:
+        fail(str(exc).replace("\n", "\n  "))
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=1))
+    else:
+        _print(result, request)
+
+
+def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, options: SpaceOptions) -> SearchRequest:
+    """Model, system and the shared plan fields from the job; `--set plan.X` fixes a searched field."""
+    set_fields = {
+        item.partition("=")[0].strip().removeprefix("plan.") for item in overrides if item.startswith("plan.")
+    }
+    plan_raw = dict(raw["plan"])
+    fixed = {k: v for k, v in plan_raw.items() if k in set_fields and k in VARIED and k != "global_batch_size"}
+    shared = {k: v for k, v in plan_raw.items() if k not in VARIED or k == "global_batch_size"}
+    m = cast(ModelConfig, parse_section("model", raw["model"], "model"))
+    s = cast(SystemConfig, parse_section("system", raw["system"], "system"))
+    base = cast(PlanConfig, parse_section("plan", {**shared, **fixed}, "plan"))
+    if base.global_batch_size is None:
+        raise ConfigError("the search needs plan.global_batch_size: --set plan.global_batch_size=N")
+    return SearchRequest(m, s, base, _node_counts(nodes, s), replace(options, fixed=fixed))
+
+
+def _node_counts(text: str | None, system: SystemConfig) -> tuple[int, ...]:
+    if text is None:
+        return (system.num_nodes,)
+    lo, sep, hi = text.partition(":")
+    try:
+        low, high = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise ConfigError(f"--num-nodes-range: expected LO:HI (whole numbers); got {text!r}") from None
+    if not 1 <= low <= high <= 100_000:
+        raise ConfigError(f"--num-nodes-range: expected 1 ≤ LO ≤ HI ≤ 100000; got {text!r}")
+    return tuple(range(low, high + 1))
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise ConfigError(f"--micro-batch-sizes: expected whole numbers separated by commas; got {text!r}") from None
+    if not sizes or sizes[0] < 1 or sizes[-1] > 4096:
+        raise ConfigError(f"--micro-batch-sizes: expected sizes in 1..4096; got {text!r}")
+    return sizes
+
+
+@contextmanager
+def _progress(total: int, quiet: bool) -> Iterator[Progress | None]:
+    """A progress bar over node counts on stderr (none for one count or with --json)."""
+    if total == 1 or quiet:
+        yield None
+        return
+    columns = (TextColumn("searching node counts"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+    with RichProgress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("search", total=total)
+        yield lambda done, _total: bar.update(task, completed=done)
+
+
+def _print(result: SearchResult, request: SearchRequest) -> None:
+    m, s = request.model, request.system
+    console.print(
+        f"[bold]{m.name}[/] on {s.gpu.name} ({s.name}), global batch {request.base.global_batch_size}: "
+        f"{result.evaluated:,} plans generated, {result.valid:,} valid, {result.fitting:,} fit "
+        f"({result.seconds:.1f} s)",
+        highlight=False,
+    )
+    table = Table(
+        title=f"fastest {len(result.plans)}: graph simulation (fast path within {result.fast_vs_graph_max:.1%})",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for col in (
+        "#",
+        "GPUs",
+        "dp×tp×pp×cp",
+        "vp",
+        "mbs",
+        "sched",
+        "ZeRO",
+        "recomp",
+        "SP",
+        "ovl",
+        "s/step",
+        "MFU",
+        "GiB",
+    ):
+        table.add_column(col, justify="right", no_wrap=True)
+    for i, r in enumerate(result.plans, 1):
+        p = r["plan"]
+        sizes = f"{p['data_parallel']}×{p['tensor_parallel']}×{p['pipeline_parallel']}×{p['context_parallel']}"
+        table.add_row(
+            str(i),
+            str(r["num_gpus"]),
+            sizes,
+            str(p["virtual_pipeline"]),
+            str(p["micro_batch_size"]),
+            {"interleaved-1f1b": "i-1f1b"}.get(p["schedule"], p["schedule"]),
+            str(p["zero_stage"]),
+            p["recompute"],
+            "y" if p["sequence_parallel"] else "n",
+            ("g" if p["overlap_grad_reduce"] else "-") + ("p" if p["overlap_param_gather"] else "-"),
+            f"{r['step_time_s']:.3f}",
+            f"{r['mfu']:.1%}",
+            f"{r['memory_per_gpu_bytes'] / 2**30:.1f}" + ("" if r["fits"] else " OOM"),
+        )
+    console.print(table)
+    front = ", ".join(
+        f"{r['fast_step_time_s']:.3f} s @ {r['memory_per_gpu_bytes'] / 2**30:.0f} GiB" for r in result.pareto_memory[:8]
+    )
+    console.print(f"time × memory front (fast path): {front}", highlight=False)
+    if len(request.node_counts) > 1:
+        gpus = ", ".join(f"{r['num_gpus']} GPUs {r['fast_step_time_s']:.3f} s" for r in result.pareto_gpus[:12])
+        console.print(f"time × GPUs front (fast path): {gpus}", highlight=False)

@@ -1,0 +1,230 @@
+"""`itercast search`: the fastest plans that fit, over the whole plan space, in two speeds.
+
+1. Every GPU count of the request is one piece of work: enumerate its plans as columns
+   (plan_space.py), price them all with the closed form (fast_estimate.py: step time and memory),
+   keep the candidates: the fastest fitting plans and the Pareto fronts. Pieces run in a local
+   process pool, or on Ray (`backend="ray"`) when a sweep outgrows one machine.
+2. The best `top_k` candidates are re-scored by the graph simulation (`predict`), the reference,
+   and ranked by it; the result says how far the two speeds disagreed on them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from itercast.config.job import Job
+from itercast.config.model import ModelConfig
+from itercast.config.plan import PlanConfig
+from itercast.config.system import SystemConfig
+from itercast.errors import ConfigError
+from itercast.predict import predict
+from itercast.search.fast_estimate import FastEstimator
+from itercast.search.plan_space import SpaceCounts, SpaceOptions, enumerate_plans
+
+Progress = Callable[[int, int], None]  # (pieces done, pieces in all)
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One search: the model and system (its num_nodes is replaced by each searched count), the
+    shared plan fields with the global batch, what may vary, and how much memory a plan may use."""
+
+    model: ModelConfig
+    system: SystemConfig
+    base: PlanConfig
+    node_counts: tuple[int, ...]
+    options: SpaceOptions = field(default_factory=SpaceOptions)
+    max_memory_fraction: float = 1.0
+    top_k: int = 20
+    include_oom: bool = False
+
+
+@dataclass
+class Candidates:
+    """What one piece of work keeps: rows (plan fields + fast figures) and its counts."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    counts: SpaceCounts = field(default_factory=SpaceCounts)
+    valid: int = 0
+    fitting: int = 0
+    least_memory_bytes: float = float("inf")
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    plans: list[dict[str, Any]]  # re-scored by the graph, fastest first
+    pareto_memory: list[dict[str, Any]]  # fast figures: no faster plan needs less memory
+    pareto_gpus: list[dict[str, Any]]  # fast figures: the fastest plan per GPU count, if faster than fewer GPUs
+    evaluated: int
+    valid: int
+    fitting: int
+    seconds: float
+    fast_vs_graph_max: float  # max |fast / graph − 1| over the re-scored plans
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plans": self.plans,
+            "pareto_time_memory": self.pareto_memory,
+            "pareto_time_gpus": self.pareto_gpus,
+            "evaluated": self.evaluated,
+            "valid": self.valid,
+            "fitting": self.fitting,
+            "seconds": self.seconds,
+            "fast_vs_graph_max_rel": self.fast_vs_graph_max,
+        }
+
+
+def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
+    """Enumerate and price every plan on `num_nodes` nodes; keep the candidates."""
+    system = request.system.model_copy(update={"num_nodes": num_nodes})
+    table, counts = enumerate_plans(request.model, system, request.base, system.num_gpus, request.options)
+    out = Candidates(counts=counts, valid=len(table))
+    if not len(table):
+        return out
+    est = FastEstimator(request.model, system).evaluate(table)
+    mem, step = est["memory_per_gpu_bytes"], est["step_time_s"]
+    fits = mem <= request.max_memory_fraction * system.gpu.hbm_bytes
+    out.fitting, out.least_memory_bytes = int(fits.sum()), float(mem.min())
+    allowed = np.ones_like(fits) if request.include_oom else fits
+    order = np.argsort(np.where(allowed, step, np.inf), kind="stable")
+    keep = set(order[: min(request.top_k, int(allowed.sum()))].tolist())
+    keep |= set(_pareto(step[allowed], mem[allowed], np.flatnonzero(allowed)))
+    for row in sorted(keep):
+        out.rows.append(
+            {
+                "plan": table.plan_fields(row),
+                "num_nodes": num_nodes,
+                "num_gpus": system.num_gpus,
+                "fast_step_time_s": float(step[row]),
+                "memory_per_gpu_bytes": float(mem[row]),
+                "fits": bool(fits[row]),
+            }
+        )
+    return out
+
+
+def run_search(
+    request: SearchRequest, backend: str = "local", workers: int = 1, progress: Progress | None = None
+) -> SearchResult:
+    """Search every node count of the request; re-score the best by the graph simulation."""
+    start = time.perf_counter()
+    pieces = _run_pieces(request, backend, workers, progress)
+    counts, rows = SpaceCounts(), []
+    valid = fitting = 0
+    least = float("inf")
+    for piece in pieces:
+        counts.add(piece.counts)
+        rows += piece.rows
+        valid, fitting = valid + piece.valid, fitting + piece.fitting
+        least = min(least, piece.least_memory_bytes)
+    if not valid:
+        raise ConfigError(f"no valid plan: {_tightest(counts)}")
+    if not rows:
+        fraction = request.max_memory_fraction
+        raise ConfigError(
+            f"no plan fits: the least memory any of the {valid:,} valid plans needs is "
+            f"{least / 2**30:.1f} GiB per GPU, "
+            f"over the {fraction:.0%} of {request.system.gpu.hbm_bytes / 2**30:.0f} GiB allowed "
+            "(--max-memory-fraction); try more GPUs, a smaller global batch, recompute or ZeRO"
+        )
+    rows.sort(key=lambda r: r["fast_step_time_s"])
+    best = [_rescore(request, r) for r in rows[: request.top_k]]
+    best.sort(key=lambda r: r["step_time_s"])
+    gaps = [abs(r["fast_step_time_s"] / r["step_time_s"] - 1) for r in best]
+    fast_rows = [r for r in rows if r["fits"] or request.include_oom]
+    return SearchResult(
+        plans=best,
+        pareto_memory=[fast_rows[i] for i in _pareto_rows(fast_rows, "memory_per_gpu_bytes")],
+        pareto_gpus=[fast_rows[i] for i in _pareto_rows(fast_rows, "num_gpus")],
+        evaluated=counts.generated,
+        valid=valid,
+        fitting=fitting,
+        seconds=time.perf_counter() - start,
+        fast_vs_graph_max=max(gaps),
+    )
+
+
+def _run_pieces(request: SearchRequest, backend: str, workers: int, progress: Progress | None) -> list[Candidates]:
+    counts = request.node_counts
+    if backend == "ray":
+        return _run_on_ray(request, counts, progress)
+    if backend != "local":
+        raise ConfigError(f"--backend: expected local or ray; got {backend!r}")
+    if workers <= 1 or len(counts) == 1:
+        return list(_reporting((search_piece(request, n) for n in counts), len(counts), progress))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(_reporting(pool.map(search_piece, [request] * len(counts), counts), len(counts), progress))
+
+
+def _run_on_ray(request: SearchRequest, counts: tuple[int, ...], progress: Progress | None) -> list[Candidates]:
+    """Each node count a Ray task on the cluster `ray.init()` finds (a local one if none runs)."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--backend ray needs Ray: pip install 'itercast[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(log_to_driver=False)
+    remote = ray.remote(search_piece)
+    refs = [remote.remote(request, n) for n in counts]
+    results: dict[Any, Candidates] = {}
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        results[done[0]] = ray.get(done[0])
+        if progress:
+            progress(len(results), len(refs))
+    return [results[r] for r in refs]
+
+
+def _reporting(pieces: Iterable[Candidates], total: int, progress: Progress | None) -> Iterable[Candidates]:
+    for i, piece in enumerate(pieces, 1):
+        if progress:
+            progress(i, total)
+        yield piece
+
+
+def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
+    """The graph simulation's figures for one candidate (the same fields through Job validation)."""
+    system = request.system.model_copy(update={"num_nodes": row["num_nodes"]})
+    job = Job.from_dicts(request.model.model_dump(), row["plan"], system.model_dump())
+    r = predict(job)
+    return {
+        **row,
+        "step_time_s": r.step_time_s,
+        "tokens_per_s": r.tokens_per_s,
+        "mfu": r.mfu,
+        "model_tflops_per_gpu": r.model_tflops_per_gpu,
+        "memory_per_gpu_bytes": r.memory.total_bytes,
+        "breakdown": r.breakdown.as_dict(),
+    }
+
+
+def _pareto(time_s: np.ndarray, other: np.ndarray, rows: np.ndarray) -> list[int]:
+    """Rows on the front of (time, other): no row is both as fast and as small, and better in one."""
+    order = np.lexsort((other, time_s))
+    front, best = [], np.inf
+    for i in order:
+        if other[i] < best:
+            front.append(int(rows[i]))
+            best = other[i]
+    return front
+
+
+def _pareto_rows(rows: list[dict[str, Any]], key: str) -> list[int]:
+    time_s = np.array([r["fast_step_time_s"] for r in rows])
+    other = np.array([r[key] for r in rows], dtype=np.float64)
+    return _pareto(time_s, other, np.arange(len(rows)))
+
+
+def _tightest(counts: SpaceCounts) -> str:
+    """The rule that removed the last plans (the tightest constraint), and what each removed."""
+    removed = {k: v for k, v in counts.removed.items() if v}
+    last = next(reversed(removed)) if removed else "nothing generated"
+    detail = ", ".join(f"{k}: {v:,}" for k, v in removed.items())
+    return f"of {counts.generated:,} generated, the last were removed by '{last}' ({detail})"

@@ -1,0 +1,195 @@
+"""The space of plans for one model on a number of GPUs, enumerated as numpy columns (a PlanTable).
+
+Every combination of the varied fields is generated as arrays (no Python object per plan) and
+filtered with the same rules Job validation applies (config/job.py), vectorised; the search keeps
+what passes. A field fixed by the user (`fixed`) takes one value. Sizes follow Megatron-LM: tensor
+parallel within a node unless allowed across; virtual pipeline sizes that divide the layers of a
+stage; context parallel in powers of two dividing seq_length / 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from itercast.config.model import ModelConfig
+from itercast.config.plan import PlanConfig
+from itercast.config.system import SystemConfig
+from itercast.parallel.schedules import SCHEDULES
+from itercast.search.plan_table import COLUMNS, RECOMPUTE, PlanTable
+
+_INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """What the search may vary. `fixed`: plan field -> the one value it keeps."""
+
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    max_context_parallel: int = 8
+    max_virtual_pipeline: int = 8
+    tp_across_nodes: bool = False
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SpaceCounts:
+    """How many plans each rule removed, in the order the rules apply (for an empty space's message)."""
+
+    generated: int = 0
+    removed: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: SpaceCounts) -> None:
+        self.generated += other.generated
+        for k, v in other.removed.items():
+            self.removed[k] = self.removed.get(k, 0) + v
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _choices(name: str, default: list[int], fixed: dict[str, Any]) -> list[int]:
+    """The values of one column: the user's fixed value, or the defaults."""
+    if name not in fixed:
+        return default
+    value = fixed[name]
+    if name == "schedule":
+        return [SCHEDULES.index(value)]
+    if name == "recompute":
+        return [RECOMPUTE.index(value)]
+    return [int(value)]
+
+
+def enumerate_plans(
+    model: ModelConfig, system: SystemConfig, base: PlanConfig, num_gpus: int, options: SpaceOptions
+) -> tuple[PlanTable, SpaceCounts]:
+    """Every valid plan on `num_gpus` GPUs; `base` holds the shared fields and the global batch."""
+    fixed, gpn = options.fixed, system.node.gpus_per_node
+    gbs = base.global_batch_size
+    if gbs is None:
+        raise ValueError("the search needs plan.global_batch_size (e.g. --set plan.global_batch_size=1536)")
+    divisors = _divisors(num_gpus)
+    tp_max = num_gpus if options.tp_across_nodes else gpn
+    cp_values = [c for c in divisors if c <= options.max_context_parallel and c & (c - 1) == 0]
+    axes = {
+        "tp": _choices("tensor_parallel", [d for d in divisors if d <= tp_max], fixed),
+        "pp": _choices("pipeline_parallel", [d for d in divisors if model.num_layers % d == 0], fixed),
+        "cp": _choices("context_parallel", cp_values, fixed),
+        "vp": _choices("virtual_pipeline", list(range(1, options.max_virtual_pipeline + 1)), fixed),
+        "mbs": _choices("micro_batch_size", list(options.micro_batch_sizes), fixed),
+        "schedule": _choices("schedule", list(range(len(SCHEDULES))), fixed),
+        "zero": _choices("zero_stage", [0, 1, 2, 3], fixed),
+        "recompute": _choices("recompute", list(range(len(RECOMPUTE))), fixed),
+        "sp": _choices("sequence_parallel", [0, 1], fixed),
+        "overlap_grad": _choices("overlap_grad_reduce", [1, 0], fixed),
+        "overlap_param": _choices("overlap_param_gather", [1, 0], fixed),
+    }
+    counts = SpaceCounts(generated=int(np.prod([len(v) for v in axes.values()])))
+    pending = _rules(model, base, num_gpus, axes, fixed)
+    cols: dict[str, np.ndarray] = {"tp": np.asarray(axes["tp"], dtype=np.int64)}
+    for name in list(axes)[1:]:  # cross one axis in at a time; filter as soon as a rule can
+        values = np.asarray(axes[name], dtype=np.int64)
+        rows = cols["tp"].shape[0]
+        cols = {k: np.repeat(v, values.shape[0]) for k, v in cols.items()}
+        cols[name] = np.tile(values, rows)
+        if "dp" not in cols and {"tp", "pp", "cp"} <= set(cols):
+            cols["dp"] = num_gpus // (cols["tp"] * cols["pp"] * cols["cp"])
+        pending, cols = _apply(pending, cols, counts)
+    assert not pending, [rule for rule, _ in pending]  # every rule's columns exist by now
+    cols["gbs"] = np.full_like(cols["tp"], gbs)
+    return PlanTable({k: cols[k] for k in COLUMNS}, base), counts
+
+
+Rule = tuple[str, Callable[[dict[str, np.ndarray]], np.ndarray]]
+
+
+def _apply(
+    rules: list[Rule], cols: dict[str, np.ndarray], counts: SpaceCounts
+) -> tuple[list[Rule], dict[str, np.ndarray]]:
+    """Apply, in order, every rule whose columns exist; the rules still waiting and the rows kept."""
+    waiting = []
+    for rule, ok in rules:
+        try:
+            mask = np.broadcast_to(ok(cols), cols["tp"].shape)
+        except KeyError:  # a column it reads is not crossed in yet
+            waiting.append((rule, ok))
+            continue
+        assert mask.dtype == np.bool_, rule  # an integer array would index rows, not select them
+        counts.removed[rule] = counts.removed.get(rule, 0) + int((~mask).sum())
+        cols = {k: v[mask] for k, v in cols.items()}
+    return waiting, cols
+
+
+def _rules(
+    model: ModelConfig, base: PlanConfig, gpus: int, axes: dict[str, list[int]], fixed: dict[str, Any]
+) -> list[Rule]:
+    """Job validation's rules over columns, in order; then switches that would change nothing are
+    kept at their first value only (one plan, not two identical ones)."""
+    gbs = int(base.global_batch_size or 0)
+
+    def micro(c: dict[str, np.ndarray]) -> np.ndarray:
+        return gbs // (c["mbs"] * c["dp"])
+
+    def no_dp(c: dict[str, np.ndarray]) -> np.ndarray:
+        return c["dp"] * c["cp"] == 1
+
+    def schedule_ok(c: dict[str, np.ndarray]) -> np.ndarray:
+        ok = np.where(c["pp"] == 1, c["schedule"] == SCHEDULES.index("1f1b"), True)
+        ok &= (c["vp"] == 1) == (c["schedule"] != _INTERLEAVED)
+        return ok & ((c["schedule"] != _INTERLEAVED) | (micro(c) % c["pp"] == 0))
+
+    first = {k: v[0] for k, v in axes.items()}
+    want_dp = int(fixed.get("data_parallel") or 0)
+    # fused attention already recomputes inside its backward (transformer_ops.layer_backward)
+    same_recompute = base.flash_attention and RECOMPUTE.index("none") in axes["recompute"]
+    return [
+        ("GPU count not divisible by tp × pp × cp", lambda c: gpus % (c["tp"] * c["pp"] * c["cp"]) == 0),
+        (
+            "data_parallel differs from the fixed value",
+            lambda c: (want_dp == 0) | (c["dp"] == want_dp),
+        ),
+        (
+            "model.num_attention_heads / num_query_groups not divisible by tp",
+            lambda c: (model.num_attention_heads % c["tp"] == 0) & (model.kv_heads % c["tp"] == 0),
+        ),
+        ("model.num_layers not divisible by pp × vp", lambda c: model.num_layers % (c["pp"] * c["vp"]) == 0),
+        (
+            "model.seq_length not divisible by 2 × cp",
+            lambda c: (c["cp"] == 1) | (model.seq_length % (2 * c["cp"]) == 0),
+        ),
+        ("global_batch_size not divisible by mbs × dp", lambda c: gbs % (c["mbs"] * c["dp"]) == 0),
+        ("schedule: interleaving needs vp > 1 and micro-batches divisible by pp", schedule_ok),
+        ("sequence_parallel needs tp > 1", lambda c: (c["sp"] == 0) | (c["tp"] > 1)),
+        ("zero_stage 3 with pp > 1 is not supported", lambda c: (c["zero"] < 3) | (c["pp"] == 1)),
+        ("context_parallel needs flash attention", lambda c: (c["cp"] == 1) | base.flash_attention),
+        (
+            "same plan (param-gather overlap acts only with ZeRO 1-2)",
+            lambda c: (c["zero"] == 1) | (c["zero"] == 2) | (c["overlap_param"] == first["overlap_param"]),
+        ),
+        (
+            "same plan (selective recompute of fused attention recomputes nothing)",
+            lambda c: (c["recompute"] != RECOMPUTE.index("selective")) | (not same_recompute),
+        ),
+        (
+            "same plan (no data parallelism: nothing to reduce or shard)",
+            lambda c: ~no_dp(c) | ((c["overlap_grad"] == first["overlap_grad"]) & (c["zero"] == first["zero"])),
+        ),
+    ]
+
+
+def gpu_counts(system: SystemConfig, num_nodes_range: tuple[int, int] | None) -> list[int]:
+    """The GPU counts to search: the system's, or every whole number of nodes in the range."""
+    gpn = system.node.gpus_per_node
+    if num_nodes_range is None:
+        return [system.num_gpus]
+    lo, hi = num_nodes_range
+    return [n * gpn for n in range(lo, hi + 1)]
+
+
+def fixed_fields(plan: dict[str, Any]) -> dict[str, Any]:
+    """The varied plan fields a user fixed (`--set plan.X=…`)."""
+    return {k: v for k, v in plan.items() if k in set(COLUMNS.values()) and k != "global_batch_size"}
