@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,23 +197,39 @@ def run(rows: list[Row]) -> None:
 
 def report(rows: list[Row]) -> None:
     print(f"{'source':18} {'row':70} {'measured_s':>10} {'predicted_s':>11} {'error':>8}")
-    errors: dict[str, list[float]] = {}
     for row in rows:
         if row.predicted_s is None:
             print(f"{row.source:18} {row.label[:70]:70} {'skipped':>10}  {row.skipped}")
             continue
         err = row.predicted_s / row.measured_s - 1
-        errors.setdefault(row.source, []).append(abs(err))
         print(f"{row.source:18} {row.label[:70]:70} {row.measured_s:10.3f} {row.predicted_s:11.3f} {err:+8.1%}")
-    everything = [e for v in errors.values() for e in v]
-    by_dtype: dict[str, list[float]] = {}
+    configs = distinct_configs(rows)
+    print(
+        f"\nper distinct configuration ({len(configs)} of {sum(r.predicted_s is not None for r in rows)} rows; "
+        "a configuration measured several times counts once, at the median of its measurements):"
+    )
+    groups: dict[str, list[float]] = {}
+    for (source, dtype, _config), err in configs.items():
+        for key in (source, f"ALL {dtype}", "ALL"):
+            groups.setdefault(key, []).append(err)
+    for key, errs in sorted(groups.items(), key=lambda kv: (kv[0].startswith("ALL"), kv[0])):
+        geo = math.exp(sum(math.log(max(abs(e), 1e-9)) for e in errs) / len(errs))
+        mean = sum(abs(e) for e in errs) / len(errs)
+        worst = max(errs, key=abs)
+        print(f"{key:18} configs {len(errs):3d}  geomean |error| {geo:6.1%}  mean {mean:6.1%}  worst {worst:+7.1%}")
+
+
+def distinct_configs(rows: list[Row]) -> dict[tuple[str, str, str], float]:
+    """Signed error per distinct (source, model, GPUs, plan): the median measurement of its rows."""
+    measured: dict[tuple[str, str, str], list[float]] = {}
+    predicted: dict[tuple[str, str, str], float] = {}
     for row in rows:
-        if row.predicted_s is not None:
-            by_dtype.setdefault(f"ALL {row.plan['dtype']}", []).append(abs(row.predicted_s / row.measured_s - 1))
-    for source, errs in [*errors.items(), *sorted(by_dtype.items()), ("ALL", everything)]:
-        geo = math.exp(sum(math.log(max(e, 1e-9)) for e in errs) / len(errs))
-        mean = sum(errs) / len(errs)
-        print(f"{source:18} rows {len(errs):3d}  geomean |error| {geo:6.1%}  mean |error| {mean:6.1%}")
+        if row.predicted_s is None:
+            continue
+        key = (row.source, row.plan["dtype"], f"{row.model} {sorted(row.plan.items())} x{row.gpus}")
+        measured.setdefault(key, []).append(row.measured_s)
+        predicted[key] = row.predicted_s
+    return {k: predicted[k] / statistics.median(v) - 1 for k, v in measured.items()}
 
 
 def main() -> None:
