@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from itercast.errors import ConfigError
 from itercast.predict import summarise_path
 from itercast.sim.analysis import Breakdown, breakdown
@@ -24,6 +26,10 @@ from itercast.traces.whatif import (
     matmul_flops,
 )
 
+#: a step whose GPU is busy this share of its time or more is GPU-bound: the GPU never waits long
+#: for the host, so what-ifs on kernels move it; below it the host (or a sync) leaves the GPU idle
+GPU_BOUND_BUSY = 0.9
+
 
 @dataclass
 class StepReplay:
@@ -31,10 +37,15 @@ class StepReplay:
     step: int
     measured_s: float
     replayed_s: float
+    gpu_busy: float = 0.0  # share of the replayed step during which some GPU op of the rank ran
 
     @property
     def error(self) -> float:
         return self.replayed_s / self.measured_s - 1 if self.measured_s > 0 else 0.0
+
+    @property
+    def bound(self) -> str:
+        return "gpu" if self.gpu_busy >= GPU_BOUND_BUSY else "host"
 
 
 @dataclass
@@ -44,6 +55,7 @@ class ReplayResult:
     sim: SimResult
     steps: list[StepReplay]
     breakdown: Breakdown
+    span_gpu_busy: float  # share of the replayed span during which some GPU op ran (busiest rank)
 
     def to_dict(self) -> dict[str, Any]:
         ignored: dict[str, int] = {}
@@ -58,10 +70,13 @@ class ReplayResult:
                     "measured_s": s.measured_s,
                     "replayed_s": s.replayed_s,
                     "error": s.error,
+                    "gpu_busy": s.gpu_busy,
+                    "bound": s.bound,
                 }
                 for s in self.steps
             ],
             "replayed_span_s": self.sim.step_time_s,
+            "gpu_busy": self.span_gpu_busy,
             "breakdown": self.breakdown.as_dict(),
             "critical_path": summarise_path(self.sim),
             "events": sum(t.num_events for t in self.traces),
@@ -85,8 +100,23 @@ def replay_graph(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
     for m in rg.steps:
         start = float(sim.end_s[m.start_task] if m.start_is_task_end else sim.start_s[m.start_task])
         end = float(sim.end_s[m.end_task] if m.end_is_task_end else sim.start_s[m.end_task])
-        steps.append(StepReplay(m.rank, m.step, m.measured_s, end - start))
-    return ReplayResult(traces, rg, sim, steps, breakdown(sim))
+        busy = gpu_busy_share(sim, rg.gpu_task.get(m.rank, np.zeros(0, np.int64)), start, end)
+        steps.append(StepReplay(m.rank, m.step, m.measured_s, end - start, busy))
+    span = max((gpu_busy_share(sim, tasks, 0.0, sim.step_time_s) for tasks in rg.gpu_task.values()), default=0.0)
+    return ReplayResult(traces, rg, sim, steps, breakdown(sim), span)
+
+
+def gpu_busy_share(sim: SimResult, tasks: np.ndarray, start_s: float, end_s: float) -> float:
+    """Share of [start_s, end_s] covered by the union of the tasks' replayed intervals."""
+    if end_s <= start_s or not tasks.size:
+        return 0.0
+    lo = np.clip(sim.start_s[tasks], start_s, end_s)
+    hi = np.clip(sim.end_s[tasks], start_s, end_s)
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], np.maximum.accumulate(hi[order])
+    # a gap opens where an interval starts after every earlier one has ended
+    gaps = np.maximum(0.0, lo[1:] - hi[:-1]).sum() + (lo[0] - start_s) + (end_s - hi[-1])
+    return float(1.0 - gaps / (end_s - start_s))
 
 
 def replay_whatif(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kineto_fixtures import call, gpu_bound_step, kernel, step, write
+from kineto_fixtures import call, cpu_op, gpu_bound_step, kernel, step, write
 
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
@@ -214,3 +214,43 @@ def test_explicit_cuda_sync_wait_names_the_producer_the_heuristic_would_miss(tmp
     preds = {int(s) for s, d in zip(g.edge_src, g.edge_dst, strict=True) if d == name["ncclKernel_AllReduce"]}
     assert name["conv_fwd"] in preds and name["volta_sgemm"] not in preds
     assert res.replay_graph.notes["stream waits from cuda_sync records"] == 1
+
+
+def test_queued_kernels_keep_their_gaps_not_their_queueing_as_launch_latency(tmp_path):
+    # The host launches four GEMMs 2 µs apart (10, 12, 14, 16); the GPU runs them back to back,
+    # 100 µs each with 2 µs between kernels (20, 122, 224, 326); a sync waits for the last (ends
+    # 426) and takes 4 µs more; the CPU works 10 µs before the step ends at 440. Only the first
+    # launch found its stream idle: the launch latency is 20 − 10 = 10 µs. The others were queued:
+    # 110–310 µs after their launch is queueing, and taking it for latency froze the step.
+    events = [step(1, 0, 440), call("cudaDeviceSynchronize", 18, 412)]
+    for i in range(4):
+        events += [call("cudaLaunchKernel", 10 + 2 * i, 1, corr=i + 1)]
+        events += [kernel("sm90_xmma_gemm_bf16", 20 + 102 * i, 100, corr=i + 1)]
+    path = write(tmp_path / "queued.json", events)
+    base, half, _ = replay_whatif([path], WhatIf({"gemm": 0.5}))
+    assert base.steps[0].replayed_s == pytest.approx(440e-6)
+    assert base.replay_graph.notes["rank 0 median launch latency ns"] == 10_000
+    assert base.steps[0].gpu_busy == pytest.approx(400 / 440)  # 4 × 100 µs of 440: "host" below 90%
+    # halved: kernels at 20–70, 72–122, 124–174, 176–226; sync + 4 µs; CPU + 10 µs
+    assert half.steps[0].replayed_s == pytest.approx(240e-6)
+
+
+def test_collective_sizes_come_from_record_param_comms_around_the_launch(tmp_path):
+    comms = cpu_op("record_param_comms", 5, 20)
+    comms["args"] = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "dtype": "Float", "Group size": 8}
+    events = [step(1, 0, 100), comms, call("cudaLaunchKernel", 10, 5, corr=1)]
+    events += [kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 50, corr=1), call("cudaDeviceSynchronize", 30, 45)]
+    path = write(tmp_path / "nccl.json", events)
+    trace = read_traces([path])[0]
+    assert trace.op_nccl[0] == {
+        "Collective name": "allreduce",
+        "In msg nelems": 1 << 20,
+        "dtype": "Float",
+        "Group size": 8,
+    }
+    _, changed, counts = replay_whatif([path], WhatIf(system="dgx-h100"))
+    assert counts == {"re-timed all_reduce on dgx-h100": 1}
+    costs = AnalyticCostModel(Job.from_presets("gpt3-1.3b", "dgx-h100").system, "bf16")
+    all_reduce_s = costs.collective_s("all_reduce", 4 * (1 << 20), GroupPlacement(8, 1, 8))
+    # kernel from 20 µs; the sync's 5 µs after it; the CPU's 25 µs after the sync
+    assert changed.steps[0].replayed_s == pytest.approx(50e-6 + all_reduce_s)

@@ -12,7 +12,7 @@ from rich.table import Table
 from itercast.cli import JsonOpt, app, console, fail
 from itercast.costs.calibrate import CalibrationError, load_calibration
 from itercast.errors import ConfigError, DeadlockError
-from itercast.replay import ReplayResult, replay_whatif
+from itercast.replay import GPU_BOUND_BUSY, ReplayResult, replay_whatif
 from itercast.traces.host_overheads import HostOverheads
 from itercast.traces.kineto import TraceError
 from itercast.traces.perfetto import write_chrome_trace
@@ -83,12 +83,21 @@ def _print_replay(base: ReplayResult, changed: ReplayResult, counts: dict) -> No
     d = base.to_dict()
     console.print(f"{len(base.traces)} trace(s), {d['events']:,} events → {d['tasks']:,} tasks", highlight=False)
     table = Table(title="steps: measured (ProfilerStep) vs replayed")
-    for col in ("rank", "step", "measured ms", "replayed ms", "error") + (("what-if ms",) if counts else ()):
+    for col in ("rank", "step", "measured ms", "replayed ms", "error", "GPU busy") + (
+        ("what-if ms",) if counts else ()
+    ):
         table.add_column(col, justify="right")
     for s, w in zip(base.steps, changed.steps, strict=True):
         row = [str(s.rank), str(s.step), f"{s.measured_s * 1e3:.3f}", f"{s.replayed_s * 1e3:.3f}", f"{s.error:+.2%}"]
-        table.add_row(*row, *((f"{w.replayed_s * 1e3:.3f}",) if counts else ()))
+        table.add_row(*row, f"{s.gpu_busy:.0%}", *((f"{w.replayed_s * 1e3:.3f}",) if counts else ()))
     console.print(table)
+    busy = [s.gpu_busy for s in base.steps] or [base.span_gpu_busy]
+    if max(busy) < GPU_BOUND_BUSY:
+        console.print(
+            f"host-bound: the GPU is busy at most {max(busy):.0%} of a step, so what-ifs on GPU kernels move the "
+            "step little or not at all; host what-ifs (--calibration) and synchronisations decide it",
+            highlight=False,
+        )
     for title, items in (("what-if", counts), ("inferred", d["inferences"]), ("events not used", d["ignored_events"])):
         if items:
             console.print(f"[bold]{title}:[/] " + "; ".join(f"{k}: {v}" for k, v in items.items()), highlight=False)

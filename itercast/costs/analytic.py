@@ -25,7 +25,10 @@ BUS_FACTOR = {
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,  # nccl-tests: broadcast's bus bandwidth is its algorithm bandwidth
 }
+#: collectives without a fitted curve of their own use the curve of a like one (same ring pipelining)
+CURVE_OF = {"broadcast": "all_gather"}
 
 
 def bus_bytes(kind: str, nbytes: float | np.ndarray, ranks: int, nodes: int) -> float | np.ndarray:
@@ -101,10 +104,11 @@ class AnalyticCostModel:
             return 0.0
         bus = float(bus_bytes(kind, nbytes, n, group.nodes))
         node = self.system.node
+        curve_kind = kind if kind in self.intra else CURVE_OF.get(kind, kind)
         if group.intra_node:
-            fit, bw = self.intra[kind], node.intra_node_bandwidth_bytes_per_s
+            fit, bw = self.intra[curve_kind], node.intra_node_bandwidth_bytes_per_s
         else:
-            fit = _regime(self.inter.get(kind, self.inter["all_reduce"]), bus)
+            fit = _regime(self.inter.get(curve_kind, self.inter["all_reduce"]), bus)
             bw = min(
                 node.intra_node_bandwidth_bytes_per_s, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s()
             )

@@ -4,8 +4,10 @@ Reads `.json` or `.json.gz` with ijson (events one at a time: memory grows with 
 never with the file's text), interns names, and keeps what replay needs:
 - host runtime calls (cat cuda_runtime / cuda_driver): thread, name, start, duration, correlation;
 - GPU ops (cat kernel, gpu_memcpy, gpu_memset): stream, name, start, duration, correlation, and
-  NCCL metadata where present ("Collective name", "In msg nelems", "Out msg nelems", "Group size",
-  "dtype", "Process Group Ranks");
+  NCCL metadata ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
+  "Process Group Ranks"): on the kernel where PyTorch put it there, else taken from the
+  `record_param_comms` CPU op (or the `nccl:<collective>` annotation, which names only the
+  collective) around the kernel's launch call on the launching thread, as HolisticTraceAnalysis does;
 - iteration marks (`ProfilerStep#N` annotations); `distributedInfo` (rank, world size);
 - CPU ops (thread, name, start, duration, record-function id, input dims) to link execution traces.
 Everything else is counted by reason in `ignored` (nothing is dropped silently). Timestamps are µs
@@ -106,6 +108,7 @@ class _Columns:
     cpu: list[tuple[int, int, float, float, int]] = field(default_factory=list)
     cpu_dims: list[str] = field(default_factory=list)
     waits: list[tuple[int, int, int, int]] = field(default_factory=list)
+    comms: list[tuple[int, float, float, dict[str, Any]]] = field(default_factory=list)  # (tid, ts, dur, NCCL fields)
     ignored: Counter = field(default_factory=Counter)
     count: int = 0
 
@@ -225,8 +228,12 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
         c.ignored["flow event (launch links come from correlation ids)"] += 1
     elif ph == "M":
         c.ignored["metadata"] += 1
+    elif ph == "X" and cat == "user_annotation" and name.startswith("nccl:"):
+        c.comms.append((int(e.get("tid", 0)), float(e["ts"]), float(e.get("dur", 0.0)), {"Collective name": name[5:]}))
     elif ph == "X" and cat == "cpu_op":  # kept for linking to execution traces; replay times host gaps
         args = e.get("args") or {}
+        if name == "record_param_comms" and (meta := {k: args[k] for k in NCCL_KEYS if k in args}):
+            c.comms.append((int(e.get("tid", 0)), float(e["ts"]), float(e.get("dur", 0.0)), meta))
         c.cpu.append(
             (
                 int(e.get("tid", 0)),
@@ -266,7 +273,7 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         op_ts_us=ops[:, 3] + base_us,
         op_dur_us=ops[:, 4],
         op_corr=ops[:, 5].astype(np.int64),
-        op_nccl=c.nccl,
+        op_nccl=_nccl_metadata(c, calls, ops),
         steps=[(n, tid, ts + base_us, dur) for n, tid, ts, dur in c.steps],
         cpu_tid=cpu[:, 0].astype(np.int64),
         cpu_name=cpu[:, 1].astype(np.int32),
@@ -278,6 +285,25 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         ignored=c.ignored,
         num_events=c.count,
     )
+
+
+def _nccl_metadata(c: _Columns, calls: np.ndarray, ops: np.ndarray) -> list[dict[str, Any] | None]:
+    """Each NCCL kernel's fields: its own, completed by the communication records (record_param_comms,
+    nccl:<collective>) around its launch call on the launching thread, innermost last (it wins)."""
+    out = list(c.nccl)
+    if not c.comms:
+        return out
+    by_corr = {int(corr): (int(tid), ts) for tid, _, ts, _, corr in calls.tolist() if corr >= 0}
+    records = sorted(c.comms, key=lambda r: (r[1], -r[2]))  # outer before inner at the same start
+    for k, meta in enumerate(out):
+        launch = by_corr.get(int(ops[k, 5])) if meta is not None else None
+        if launch is None or all(key in meta for key in ("Collective name", "In msg nelems", "dtype")):
+            continue
+        tid, ts = launch
+        for r_tid, r_ts, r_dur, fields in records:
+            if r_tid == tid and r_ts <= ts <= r_ts + r_dur:
+                meta.update({key: v for key, v in fields.items() if key not in meta or key == "Collective name"})
+    return out
 
 
 def read_traces(paths: list[str | Path]) -> list[RankTrace]:

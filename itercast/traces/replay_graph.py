@@ -4,8 +4,11 @@ Per rank (graph rank = trace rank):
 - each host thread is a chain of tasks: the measured gaps between runtime calls (CPU op dispatch,
   Python, …) and the calls themselves; gaps are cut at `ProfilerStep` boundaries so steps can be timed;
 - each GPU op sits on its stream and waits for its launch: an edge from the host task that ends where
-  the launch call starts, with latency = measured start − launch start when the op was launch-bound,
-  else the trace's median launch latency (so a what-if does not freeze queueing delays);
+  the launch call starts, with latency = measured start − launch start when the op was launched onto
+  an idle stream, else the trace's median launch latency. An op launched while its stream was busy
+  was queued (GPU-bound work: the GPU runs behind the host): it also waits for what held it (the
+  previous op on its stream or a waited op) with the measured gap between them, so a kernel starts at
+  max(launch + latency, what held it + gap) and queueing is never taken for launch latency;
 - stream waits: exact where the trace has "cuda_sync" Stream Wait Event records (they name the producer
   stream and the cudaEventRecord); otherwise inferred from `cudaStreamWaitEvent` (no stream ids in
   Kineto): the next op the thread launches waits for the latest op launched before the call on
@@ -239,7 +242,7 @@ class _RankBuilder:
         if not t.num_ops:
             return
         waits = self._wait_sources()
-        latencies = self._launch_latencies(waits)
+        latencies, holder = self._launch_latencies(waits)
         measured = latencies[latencies >= 0]
         median = float(np.median(measured)) if measured.size else DEFAULT_LAUNCH_LATENCY_US
         self.notes[f"rank {self.rank} median launch latency ns"] = round(median * 1000)
@@ -279,6 +282,10 @@ class _RankBuilder:
         for k, sources in waits.items():  # every GPU task exists now: add the waits
             for src in sources:
                 b.edge(int(task_of[src]), int(task_of[k]))
+        queued = np.flatnonzero(holder >= 0)  # the measured gap after what held each queued op
+        gap_us = np.maximum(0.0, t.op_ts_us[queued] - (t.op_ts_us + t.op_dur_us)[holder[queued]])
+        b.add_edges(task_of[holder[queued]], task_of[queued], gap_us * 1e-6)
+        self.notes[f"rank {self.rank} GPU ops queued behind earlier work"] = int(queued.shape[0])
         self._sync_edges(task_of)
 
     def _clock(self) -> int:
@@ -286,23 +293,36 @@ class _RankBuilder:
             self.clock = self.b.task("clock", self.b.resource(self.rank, "clock"), 0.0, Category.HOST, "clock")
         return self.clock
 
-    def _launch_latencies(self, waits: dict[int, list[int]]) -> np.ndarray:
-        """Measured start − launch start for ops that nothing else held back (the stream was free and
-        no inferred wait ended later); −1 elsewhere."""
+    def _launch_latencies(self, waits: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Per op: the launch latency where it can be measured, −1 elsewhere; and what held a queued op.
+
+        A launch latency shows only where the op was launched onto an idle stream (its launch call
+        started after the previous op on the stream and every inferred wait had ended): measured start
+        − launch start. An op launched while its stream was still busy was queued (GPU-bound work runs
+        behind the host by up to hundreds of ms): its start − launch is queueing, not latency. It
+        started a measured gap after whatever held it (the previous op on its stream, or a waited op):
+        `holder` names that op (−1 where none), so the replay keeps the gap (the GPU's time between
+        back-to-back kernels) and lets the holder's what-if move it."""
         t = self.t
         ends = t.op_ts_us + t.op_dur_us
         order = np.lexsort((t.op_ts_us, t.op_stream))
         held = np.full(t.num_ops, -np.inf)
+        holder = np.full(t.num_ops, -1, dtype=np.int64)
         same = t.op_stream[order[1:]] == t.op_stream[order[:-1]]
         held[order[1:][same]] = ends[order[:-1][same]]
+        holder[order[1:][same]] = order[:-1][same]
         for k, sources in waits.items():
-            held[k] = max(held[k], max(ends[s] for s in sources))
+            src = max(sources, key=lambda s_: ends[s_])
+            if ends[src] > held[k]:
+                held[k], holder[k] = ends[src], src
         call_of = self.call_of
         launched = call_of >= 0
-        free = launched & (t.op_ts_us - held > EPS_US)
+        launch_ts = np.where(launched, t.call_ts_us[np.maximum(call_of, 0)], -np.inf)
+        idle = launched & (launch_ts >= held - EPS_US)
         lat = np.full(t.num_ops, -1.0)
-        lat[free] = np.maximum(0.0, t.op_ts_us[free] - t.call_ts_us[call_of[free]])
-        return lat
+        lat[idle] = np.maximum(0.0, t.op_ts_us[idle] - launch_ts[idle])
+        holder[idle] = -1
+        return lat, holder
 
     def _wait_sources(self) -> dict[int, list[int]]:
         """Producer ops each GPU op waits for on other streams. One sweep over calls in time order.

@@ -46,6 +46,7 @@ NCCL_KINDS = {
     "alltoall": "alltoall",
     "all_to_all": "alltoall",
     "alltoall_base": "alltoall",
+    "broadcast": "broadcast",
 }
 DTYPE_BYTES = {
     "float": 4,
