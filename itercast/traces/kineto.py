@@ -296,8 +296,10 @@ def _nccl_metadata(c: _Columns, calls: np.ndarray, ops: np.ndarray) -> list[dict
     by_corr = {int(corr): (int(tid), ts) for tid, _, ts, _, corr in calls.tolist() if corr >= 0}
     records = sorted(c.comms, key=lambda r: (r[1], -r[2]))  # outer before inner at the same start
     for k, meta in enumerate(out):
-        launch = by_corr.get(int(ops[k, 5])) if meta is not None else None
-        if launch is None or all(key in meta for key in ("Collective name", "In msg nelems", "dtype")):
+        if meta is None or all(key in meta for key in ("Collective name", "In msg nelems", "dtype")):
+            continue
+        launch = by_corr.get(int(ops[k, 5]))
+        if launch is None:
             continue
         tid, ts = launch
         for r_tid, r_ts, r_dur, fields in records:
