@@ -65,7 +65,7 @@ def test_a_collective_draws_one_duration_for_all_members():
     head = _collective_head_of(g)
     assert len({int(head[t]) for t in np.flatnonzero(coll)}) == 1
     steps = simulate_samples(g, sample, 200, seed=3)
-    first = sample(np.random.default_rng(3), 200)
+    first = sample(np.random.default_rng(np.random.SeedSequence(3).spawn(1)[0]), 200)  # block 0's generator
     assert np.allclose(steps, 1.0 + first[np.flatnonzero(coll)[0]])  # work (1) + the head member's draw
 
 
@@ -117,3 +117,14 @@ def test_lognormal_noise_sampler_mean_cv_and_order_statistic():
     assert np.all(d[1] == 3.0)  # no variation: constant
     brute = lognormal_quantile(1.0, 0.2)(np.random.default_rng(1).random((100_000, 16))).max(axis=1)
     assert stats.ks_2samp(d[2], brute).statistic < 0.01
+
+
+def test_samples_do_not_depend_on_how_many_threads_ran(monkeypatch):
+    g = fork_join(3)
+
+    def sample(rng, n):
+        return rng.uniform(1, 2, (g.num_tasks, n))
+
+    many = simulate_samples(g, sample, 300, seed=4, block=64)
+    monkeypatch.setattr("itercast.sim.montecarlo.os.cpu_count", lambda: 1)
+    assert np.array_equal(simulate_samples(g, sample, 300, seed=4, block=64), many)

@@ -14,7 +14,9 @@ i.i.d. and synchronised at that task (say so where it is used).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from scipy import special
@@ -28,22 +30,31 @@ Sampler = Callable[[np.random.Generator, int], np.ndarray]
 
 
 def simulate_samples(graph: ExecGraph, sample: Sampler, samples: int, seed: int = 0, block: int = 1024) -> np.ndarray:
-    """Step time of each of `samples` draws (seconds), reproducible for a given seed."""
+    """Step time of each of `samples` draws (seconds), reproducible for a given seed.
+
+    Blocks of `block` samples run on a thread pool (sampling is numpy ufuncs and the max-plus
+    kernel is compiled without the GIL); block i draws from child i of the seed's SeedSequence,
+    so the result does not depend on how many threads ran."""
     if samples < 1:
         raise ValueError(f"samples must be ≥ 1; got {samples}")
     c = compile_graph(graph)
-    rng = np.random.default_rng(seed)
     head = _collective_head_of(graph)
+    starts = list(range(0, samples, block))
+    seeds = np.random.SeedSequence(seed).spawn(len(starts))
     out = np.empty(samples)
-    for lo in range(0, samples, block):
+
+    def run(i: int) -> None:
+        lo = starts[i]
         count = min(block, samples - lo)
-        dur = np.asarray(sample(rng, count), dtype=np.float64)
+        dur = np.asarray(sample(np.random.default_rng(seeds[i]), count), dtype=np.float64)
         if dur.shape != (graph.num_tasks, count):
             raise ValueError(f"sampler returned {dur.shape}; expected ({graph.num_tasks}, {count})")
         if head is not None:
             dur = dur[head]  # every collective member takes its head member's draw
-        end = run_max_plus_samples(c.arrays, dur)
-        out[lo : lo + count] = end.max(axis=0)
+        out[lo : lo + count] = run_max_plus_samples(c.arrays, dur).max(axis=0)
+
+    with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
+        list(pool.map(run, range(len(starts))))
     return out
 
 

@@ -68,10 +68,12 @@ def noise_from_profile(rows: Iterable[Measurement], min_repeats: int = 3) -> dic
 
 def _z_max(rng: np.random.Generator, k: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """Standard-normal maximum of k draws per row (inverse CDF of U^(1/k)); plain normals where k = 1."""
+    multi = k > 1
+    if multi.all():
+        return special.ndtri(rng.random(shape) ** (1.0 / k[:, None]))
     z = rng.standard_normal(shape)
-    multi = np.flatnonzero(k > 1)
-    if multi.size:
-        z[multi] = special.ndtri(rng.random((multi.size, shape[1])) ** (1.0 / k[multi, None]))
+    if multi.any():
+        z[multi] = special.ndtri(rng.random((int(multi.sum()), shape[1])) ** (1.0 / k[multi, None]))
     return z
 
 
