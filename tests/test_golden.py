@@ -185,3 +185,19 @@ def test_zero3_reduces_gradients_every_microbatch():
     j = tiny_job(zero_stage=3, global_batch_size=32)  # 8-way DP, 4 micro-batches
     names = [n for n in predict(j).sim.graph.names if n.startswith("grad_reduce_scatter.m")]
     assert {n.split(".")[1] for n in names} == {"m0", "m1", "m2", "m3"}
+
+
+def test_a_built_graph_recosted_equals_one_built_with_those_costs():
+    # one graph per plan shape: re-pricing it (another calibration) needs no rebuild
+    from itercast.sim.engine import simulate
+    from itercast.workloads.transformer import TransformerStepBuilder
+
+    j = tiny_job(tensor_parallel=2, pipeline_parallel=2, global_batch_size=8, zero_stage=1)  # dp 2
+    linear = AnalyticCostModel(j.system, "bf16", linear_calibration())
+    builder = TransformerStepBuilder(j)  # built with the built-in curves
+    builder.build()
+    recosted = builder.recost(linear)
+    fresh = TransformerStepBuilder(j, linear).build()
+    assert recosted.num_tasks == fresh.num_tasks
+    assert list(recosted.duration_s) == list(fresh.duration_s)
+    assert simulate(recosted).step_time_s == predict(j, linear_calibration()).step_time_s

@@ -11,6 +11,12 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   bf16 and f32 (XLA runs f32 as TF32). Its fp8 rows exceed H100's dense fp8 peak (2.59 vs 1.98
   PFLOP/s), so they are not used; fp8 comes from the cuBLASLt H100 FP8 table (9 shapes). The bf16
   curve is checked (not fitted) against the same source's A100 fp16 GEMMs.
+  The fp8 rule, stated because the fp8 curve was first chosen in a session that had the step-time
+  table in view (issue #14): every curve is least squares on log time over ALL rows of its source,
+  nothing dropped; fp8 has one usable source, and its 9 shapes include a skinny GEMM (802816 × 192 ×
+  768: 0.34 of peak at 2.4e11 FLOPs) that pulls e_max to 0.615 where the square shapes reach 0.70.
+  A curve in FLOPs alone cannot tell a skinny GEMM from a square one; dropping the row would be a
+  choice made after seeing its effect on step times, so it stays (the bias is a known limitation).
 - Memory-bound: time = alpha + bytes / (hbm_bw · eff(bytes)); vidur's A100 and H100 profiles of
   residual add, RMSNorm and SiLU·mul (bytes counted from the shapes).
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for

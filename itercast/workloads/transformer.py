@@ -15,6 +15,9 @@ and single layers under ZeRO-3 (per-layer parameter gathers).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
@@ -113,6 +116,11 @@ class PassCost:
 
 
 ZERO_COST = PassCost(0.0, 0.0, 0)
+#: (stage, chunk, forward, split, segment index): one segment of one chunk pass
+SegmentKey = tuple[int, int, bool, str, int]
+#: how a task is priced: ("launch" | "compute" | "comm", SegmentKey), ("collective", kind, bytes,
+#: Groups field), ("memory", kind, bytes), ("p2p",)
+Recipe = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -214,6 +222,8 @@ class TransformerStepBuilder:
         self._waits: list[tuple[tuple[bool, int, int], int]] = []  # (producer key, consumer task)
         self._segment_cache: dict[tuple[int, int, bool, str], list[tuple[PassCost, float]]] = {}
         self.family_time_s: list[dict[str, float]] = [{} for _ in range(p.pipeline_parallel)]
+        self.recipes: list[Recipe] = []  # per task, how it is priced (task id = index)
+        self.graph: ExecGraph | None = None
 
     # -- units of one pass --------------------------------------------------------------------
     def _pieces(self, stage: int, chunk: int, forward: bool) -> list[tuple[PassCost, float]]:
@@ -252,21 +262,54 @@ class TransformerStepBuilder:
             out.append((cost, sum(w for _, w in pieces[start:end])))
         return out
 
-    def _run_segment(self, stage: int, name: str, cost: PassCost, deps: list[int]) -> tuple[int, int]:
-        """Launch on the host, then compute (+ blocking TP comm) on the stream; (first, last) task."""
-        g, gpu = self.g, self.job.system.gpu
-        host = g.task(
-            f"launch.{name}",
-            g.resource(stage, "host"),
-            cost.kernels * gpu.kernel_launch_overhead_s,
-            Category.HOST,
-            "host_launch",
-        )
+    def _run_segment(self, stage: int, name: str, key: SegmentKey, deps: list[int]) -> tuple[int, int]:
+        """Launch on the host, then compute (+ blocking TP/CP comm) on the stream; (first, last) task."""
+        g, p = self.g, self.job.plan
+        host = self._task(("launch", key), f"launch.{name}", g.resource(stage, "host"), Category.HOST, "host_launch")
         comp = g.resource(stage, "compute")
-        first = last = g.task(name, comp, cost.compute_s, Category.COMPUTE, "transformer", [host, *deps])
-        if cost.comm_s > 0:
-            last = g.task(f"{name}.tp_comm", comp, cost.comm_s, Category.COMMUNICATION, "tp_collective")
+        first = last = self._task(("compute", key), name, comp, Category.COMPUTE, "transformer", [host, *deps])
+        if p.tensor_parallel > 1 or p.context_parallel > 1:
+            last = self._task(("comm", key), f"{name}.tp_comm", comp, Category.COMMUNICATION, "tp_collective")
         return first, last
+
+    # -- costing: a pass over recipes, so a built graph can be re-costed -------------------------
+    def _task(
+        self,
+        recipe: Recipe,
+        name: str,
+        resource: int,
+        category: Category,
+        family: str,
+        deps: list[int] | tuple[int, ...] = (),
+        collective: int = -1,
+    ) -> int:
+        """A task whose duration comes from `recipe` (kept, so `recost` can price it again)."""
+        self.recipes.append(recipe)
+        return self.g.task(name, resource, self._seconds(recipe), category, family, deps, collective=collective)
+
+    def _seconds(self, recipe: Recipe) -> float:
+        """Seconds of one recipe under this builder's cost model."""
+        kind, *args = recipe
+        if kind in ("launch", "compute", "comm"):
+            stage, chunk, forward, split, j = args[0]
+            cost = self._segments_of(stage, chunk, forward, split)[j][0]
+            if kind == "launch":
+                return cost.kernels * self.job.system.gpu.kernel_launch_overhead_s
+            return cost.compute_s if kind == "compute" else cost.comm_s
+        if kind == "collective":
+            op, nbytes, group = args
+            return self.costs.collective_s(op, nbytes, getattr(self.groups, group))
+        if kind == "memory":
+            return float(self.costs.memory_s(args[0], args[1]))
+        return self.p2p_s  # "p2p"
+
+    def recost(self, costs: AnalyticCostModel) -> ExecGraph:
+        """The built graph with every duration priced again by `costs` (another calibration, a
+        re-score): same tasks and edges, no rebuild."""
+        if self.graph is None:
+            raise ValueError("recost needs a built graph: call build() first")
+        other = TransformerStepBuilder(self.job, costs)
+        return self.graph.with_durations(np.array([other._seconds(r) for r in self.recipes]))
 
     # -- the step ------------------------------------------------------------------------------
     def build(self) -> ExecGraph:
@@ -277,10 +320,11 @@ class TransformerStepBuilder:
             self._build_stage(stage, tied_sync, grad_norm)
         for key, consumer in self._waits:
             self.g.edge(self._sends[key], consumer)
-        return self.g.build()
+        self.graph = self.g.build()
+        return self.graph
 
     def _build_stage(self, stage: int, tied_sync: int, grad_norm: int) -> None:
-        job, g, c = self.job, self.g, self.costs
+        job, g = self.job, self.g
         p = job.plan
         pp, v = p.pipeline_parallel, p.virtual_pipeline
         passes = schedule(p.schedule, stage, pp, job.num_microbatches, v)
@@ -294,10 +338,10 @@ class TransformerStepBuilder:
         if p.zero_stage in (1, 2) and sync_dp and p.overlap_param_gather:
             for chunk in range(v):  # last step's updated parameters, gathered during this forward
                 first_fwd_gathers[chunk] = [
-                    g.task(
+                    self._task(
+                        ("collective", "all_gather", w * w_bytes, "grad"),
                         f"param_all_gather.c{chunk}",
                         dp_res,
-                        c.collective_s("all_gather", w * w_bytes, self.groups.grad),
                         Category.COMMUNICATION,
                         "dp_all_gather",
                     )
@@ -334,7 +378,8 @@ class TransformerStepBuilder:
                             name = f"fsdp_all_gather.{kind}{ps.microbatch}.c{ps.chunk}.{k}"
                             fsdp[k] = self._gather(stage, name, segs[k][1], previous[-1:])
                     seg_deps.append(fsdp[j])
-                first, last = self._run_segment(stage, f"{kind}{ps.microbatch}.c{ps.chunk}.{j}", cost, seg_deps)
+                key = (stage, ps.chunk, ps.forward, split, j)
+                first, last = self._run_segment(stage, f"{kind}{ps.microbatch}.c{ps.chunk}.{j}", key, seg_deps)
                 for fam, sec in cost.family_s.items():
                     family_time[fam] = family_time.get(fam, 0.0) + sec
                 if j == 0:
@@ -343,10 +388,10 @@ class TransformerStepBuilder:
                 if reduce_now and (split != "none" or p.zero_stage >= 2):
                     # overlapped: on the DP stream; not overlapped (ZeRO-2 only): blocking the compute stream
                     grad_tasks.append(
-                        g.task(
+                        self._task(
+                            ("collective", grad_kind, params * grad_bytes, "grad"),
                             f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}",
                             dp_res if split != "none" else g.resource(stage, "compute"),
-                            c.collective_s(grad_kind, params * grad_bytes, self.groups.grad),
                             Category.COMMUNICATION,
                             f"dp_{grad_kind}",
                             [last],
@@ -356,10 +401,10 @@ class TransformerStepBuilder:
         end_of_passes = previous[-1]
         if sync_dp and not grad_tasks:  # no overlap: reduce all gradients after the last backward
             grad_tasks.append(
-                g.task(
+                self._task(
+                    ("collective", grad_kind, stage_params(job, stage) * grad_bytes, "grad"),
                     f"grad_{grad_kind}",
                     dp_res,
-                    c.collective_s(grad_kind, stage_params(job, stage) * grad_bytes, self.groups.grad),
                     Category.COMMUNICATION,
                     f"dp_{grad_kind}",
                     [end_of_passes],
@@ -369,10 +414,10 @@ class TransformerStepBuilder:
         if tied_sync >= 0 and stage in (0, p.pipeline_parallel - 1):
             vocab = job.model.vocab_size * job.model.hidden_size / p.tensor_parallel
             sync.append(
-                g.task(
+                self._task(
+                    ("collective", "all_reduce", vocab * grad_bytes, "embedding"),
                     "tied_embedding_all_reduce",
                     dp_res,
-                    c.collective_s("all_reduce", vocab * grad_bytes, self.groups.embedding),
                     Category.COMMUNICATION,
                     "embedding_all_reduce",
                     sync,
@@ -382,10 +427,10 @@ class TransformerStepBuilder:
         comp = g.resource(stage, "compute")
         if grad_norm >= 0:
             sync = [
-                g.task(
+                self._task(
+                    ("collective", "all_reduce", GRAD_NORM_BYTES, "model"),
                     "grad_norm_all_reduce",
                     comp,
-                    c.collective_s("all_reduce", GRAD_NORM_BYTES, self.groups.model),
                     Category.COMMUNICATION,
                     "grad_norm_all_reduce",
                     sync,
@@ -394,19 +439,19 @@ class TransformerStepBuilder:
             ]
         shard = self.groups.grad.size if p.zero_stage >= 1 else 1
         optimizer_bytes = optimizer_step_bytes(job, stage_params(job, stage) / shard)
-        opt = g.task(
+        opt = self._task(
+            ("memory", "elementwise", optimizer_bytes),
             "optimizer_step",
             comp,
-            float(c.memory_s("elementwise", optimizer_bytes)),
             Category.COMPUTE,
             "optimizer",
             sync,
         )
         if p.zero_stage in (1, 2) and sync_dp and not p.overlap_param_gather:
-            g.task(
+            self._task(
+                ("collective", "all_gather", stage_params(job, stage) * w_bytes, "grad"),
                 "param_all_gather",
                 dp_res,
-                c.collective_s("all_gather", stage_params(job, stage) * w_bytes, self.groups.grad),
                 Category.COMMUNICATION,
                 "dp_all_gather",
                 [opt],
@@ -414,9 +459,9 @@ class TransformerStepBuilder:
 
     def _gather(self, stage: int, name: str, params: float, deps: list[int]) -> int:
         """A ZeRO-3 parameter all-gather of `params` on the stage's DP stream."""
-        seconds = self.costs.collective_s("all_gather", params * weight_bytes(self.job), self.groups.grad)
-        return self.g.task(
-            name, self.g.resource(stage, "dp_comm"), seconds, Category.COMMUNICATION, "dp_all_gather", deps
+        recipe: Recipe = ("collective", "all_gather", params * weight_bytes(self.job), "grad")
+        return self._task(
+            recipe, name, self.g.resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", deps
         )
 
     # -- pipeline p2p --------------------------------------------------------------------------
@@ -438,10 +483,10 @@ class TransformerStepBuilder:
         if not 0 <= dst < total:
             return
         res = self.g.resource(stage, "p2p_next" if ps.forward else "p2p_prev")
-        send = self.g.task(
+        send = self._task(
+            ("p2p",),
             f"send_{'act' if ps.forward else 'grad'}.m{ps.microbatch}.c{ps.chunk}",
             res,
-            self.p2p_s,
             Category.COMMUNICATION,
             "pp_p2p",
             [after],
