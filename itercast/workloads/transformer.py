@@ -223,6 +223,7 @@ class TransformerStepBuilder:
         self._segment_cache: dict[tuple[int, int, bool, str], list[tuple[PassCost, float]]] = {}
         self.family_time_s: list[dict[str, float]] = [{} for _ in range(p.pipeline_parallel)]
         self.recipes: list[Recipe] = []  # per task, how it is priced (task id = index)
+        self._priced: dict[Recipe, float] = {}
         self.graph: ExecGraph | None = None
 
     # -- units of one pass --------------------------------------------------------------------
@@ -285,7 +286,10 @@ class TransformerStepBuilder:
     ) -> int:
         """A task whose duration comes from `recipe` (kept, so `recost` can price it again)."""
         self.recipes.append(recipe)
-        return self.g.task(name, resource, self._seconds(recipe), category, family, deps, collective=collective)
+        seconds = self._priced.get(recipe)
+        if seconds is None:  # recipes repeat across micro-batches: price each once
+            seconds = self._priced[recipe] = self._seconds(recipe)
+        return self.g.task(name, resource, seconds, category, family, deps, collective=collective)
 
     def _seconds(self, recipe: Recipe) -> float:
         """Seconds of one recipe under this builder's cost model."""
@@ -309,7 +313,8 @@ class TransformerStepBuilder:
         if self.graph is None:
             raise ValueError("recost needs a built graph: call build() first")
         other = TransformerStepBuilder(self.job, costs)
-        return self.graph.with_durations(np.array([other._seconds(r) for r in self.recipes]))
+        priced = {r: other._seconds(r) for r in set(self.recipes)}
+        return self.graph.with_durations(np.array([priced[r] for r in self.recipes]))
 
     # -- the step ------------------------------------------------------------------------------
     def build(self) -> ExecGraph:
