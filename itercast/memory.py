@@ -23,6 +23,7 @@ import numpy as np
 
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
+from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.parallel.schedules import in_flight_microbatches
 from itercast.search.plan_table import RECOMPUTE, PlanTable
@@ -108,26 +109,41 @@ def _activation_bytes(m: ModelConfig, t: PlanTable, recompute: np.ndarray | None
     return np.where(rc == _FULL, e * h / rep, kept)  # full: only the layer input is kept
 
 
+def state_bytes_per_param(
+    base: PlanConfig, zero: np.ndarray | int, shard: np.ndarray | int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bytes per local parameter of weights, gradients and optimizer state on one GPU: 16-bit weights,
+    gradients in plan.grad_bytes, fp32 master + Adam m, v (fp32 training: 4, 4, 8), each divided by
+    the `shard` ranks from the ZeRO stage that shards it (3: weights, 2: gradients, 1: optimizer)."""
+    w_b, g_b, o_b = (4, 4, 8) if base.dtype == "fp32" else (2, base.grad_bytes, 12)
+    z = np.asarray(zero)
+    return (
+        w_b / np.where(z >= 3, shard, 1),
+        g_b / np.where(z >= 2, shard, 1),
+        o_b / np.where(z >= 1, shard, 1),
+    )
+
+
 def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[str, np.ndarray]:
     """Bytes per GPU of every row's most loaded stage: weights, gradients, optimizer, activations,
     reserved, total, and which stage (0 or pp − 1)."""
     c, gpu, base = t.cols, system.gpu, t.base
     shard = c["dp"] * c["cp"]  # Megatron's distributed optimizer shards over DP×CP
-    w_b, g_b, o_b = (4, 4, 8) if base.dtype == "fp32" else (2, base.grad_bytes, 12)
     tokens = c["mbs"] * m.seq_length / c["cp"]
     per_layer = _activation_bytes(m, t) * tokens
     layers = m.num_layers / c["pp"]
     zero = c["zero"]
+    w_b, g_b, o_b = state_bytes_per_param(base, zero, shard)
+    whole_w_b = state_bytes_per_param(base, 0, 1)[0]  # ZeRO-3's gathered layers are whole
     best: dict[str, np.ndarray] = {}
     for stage in ("first", "last"):
         first, last = stage == "first", (stage == "last") | (c["pp"] == 1)
         params = stage_param_columns(m, t, first or c["pp"] == 1, last)
-        weights = params * w_b / np.where(zero >= 3, shard, 1)
-        weights = weights + np.where(
-            zero >= 3, 2 * (m.layer_sharded_params() / c["tp"] + m.layer_replicated_params()) * w_b, 0
-        )
-        grads = params * g_b / np.where(zero >= 2, shard, 1)
-        optim = params * o_b / np.where(zero >= 1, shard, 1)
+        weights = params * w_b
+        gathered = 2 * (m.layer_sharded_params() / c["tp"] + m.layer_replicated_params()) * whole_w_b
+        weights = weights + np.where(zero >= 3, gathered, 0)
+        grads = params * g_b
+        optim = params * o_b
         index = np.zeros_like(c["pp"]) if first else c["pp"] - 1
         held = in_flight_microbatches(c["schedule"], index, c["pp"], t.microbatches, c["vp"])
         acts = layers * per_layer * held

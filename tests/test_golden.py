@@ -201,3 +201,12 @@ def test_a_built_graph_recosted_equals_one_built_with_those_costs():
     assert recosted.num_tasks == fresh.num_tasks
     assert list(recosted.duration_s) == list(fresh.duration_s)
     assert simulate(recosted).step_time_s == predict(j, linear_calibration()).step_time_s
+
+
+def test_zero3_weights_are_a_shard_plus_two_whole_gathered_layers():
+    j = job(data_parallel=4, zero_stage=3)
+    params = stage_params(j, 0)
+    layer = 12 * 64 * 64 + 13 * 64  # the one layer, whole on every rank (tp 1)
+    assert estimate_memory(j).weights_bytes == pytest.approx(params * 2 / 4 + 2 * layer * 2)
+    assert estimate_memory(j).gradients_bytes == pytest.approx(params * 4 / 4)  # fp32 gradients, sharded
+    assert estimate_memory(j).optimizer_bytes == pytest.approx(params * 12 / 4)

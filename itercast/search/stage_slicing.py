@@ -1,0 +1,243 @@
+"""Slicing L layers into k pipeline stages: exact dynamic programming and a softmax relaxation.
+
+A stage is a run of consecutive layers [b_s, b_{s+1}). Its time per micro-batch is the sum of its
+layers' forward + backward times plus the send of its last layer's activations to the next stage
+(none from the last stage). With m micro-batches the 1F1B / GPipe step is
+
+    step = (m − 1) · max_s T_s + Σ_s T_s                (Narayanan et al. SC'21 §2.2; Alpa eq. 2)
+
+A stage's memory (its layers' weights and optimizer state plus the activations of the
+micro-batches it holds in flight: k − s under 1F1B) must fit the device's limit.
+
+Exact: the step couples the bottleneck B = max_s T_s and the sum. For a fixed B the sum is
+minimised by a DP over (stages, last layer) with every stage ≤ B: O(k·L²), vectorised over the
+first layer. B* is one of the O(L²) stage-time values, and only those with (m − 1)·B + (the least
+sum any slicing has) ≤ the step at the least feasible bottleneck can win (Alpa's pruning), a
+handful when m is large. The least feasible bottleneck itself is found by bisection over the
+sorted stage times with the same DP. The naive search is O(k·L⁴).
+
+Relaxed: boundaries as k − 1 increasing real positions (softplus increments), layer i's share of
+stage s a difference of sigmoids at temperature τ, the max a log-sum-exp; minimised by L-BFGS from
+random starting boundaries, rounded, and priced exactly. Starts run in parallel processes.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+from scipy.optimize import minimize
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Per layer: forward + backward seconds per micro-batch, bytes of its output activations (sent
+    when a stage ends after it), bytes it needs resident, and bytes per micro-batch it holds in flight."""
+
+    time_s: np.ndarray
+    send_s: np.ndarray  # seconds to send layer i's output to the next stage (0: free)
+    static_bytes: np.ndarray
+    activation_bytes: np.ndarray
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.time_s.shape[0])
+
+    @classmethod
+    def of(
+        cls,
+        time_s: np.ndarray,
+        send_s: np.ndarray | None = None,
+        static_bytes: np.ndarray | None = None,
+        activation_bytes: np.ndarray | None = None,
+    ) -> LayerCosts:
+        t = np.asarray(time_s, dtype=np.float64)
+        zero = np.zeros_like(t)
+        return cls(
+            t,
+            zero if send_s is None else np.asarray(send_s, np.float64),
+            zero if static_bytes is None else np.asarray(static_bytes, np.float64),
+            zero if activation_bytes is None else np.asarray(activation_bytes, np.float64),
+        )
+
+
+@dataclass(frozen=True)
+class Slicing:
+    boundaries: list[int]  # first layer of each stage
+    stage_times_s: list[float]
+    step_time_s: float
+
+    @property
+    def bottleneck_s(self) -> float:
+        return max(self.stage_times_s)
+
+
+def evaluate(costs: LayerCosts, boundaries: list[int], microbatches: int) -> Slicing:
+    """Stage times and step time of one slicing (`boundaries` start with 0, strictly increasing)."""
+    ends = [*boundaries[1:], costs.num_layers]
+    times = []
+    for s, (a, b) in enumerate(zip(boundaries, ends, strict=True)):
+        send = costs.send_s[b - 1] if s < len(boundaries) - 1 else 0.0
+        times.append(float(costs.time_s[a:b].sum() + send))
+    return Slicing(list(boundaries), times, (microbatches - 1) * max(times) + sum(times))
+
+
+def _tables(costs: LayerCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """T[i, j]: time of a stage of layers i..j−1 that sends (j ≤ L; +inf where j ≤ i); static and
+    activation bytes of the same stage."""
+    L = costs.num_layers
+    c = np.concatenate([[0.0], np.cumsum(costs.time_s)])
+    cs = np.concatenate([[0.0], np.cumsum(costs.static_bytes)])
+    ca = np.concatenate([[0.0], np.cumsum(costs.activation_bytes)])
+    i, j = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+    valid = j > i
+    send = np.concatenate([[0.0], costs.send_s])[j]
+    T = np.where(valid, c[j] - c[i] + send, np.inf)
+    return T, np.where(valid, cs[j] - cs[i], np.inf), np.where(valid, ca[j] - ca[i], np.inf)
+
+
+def _dp(T: np.ndarray, fits: np.ndarray, last_T: np.ndarray, k: int, bound: float) -> tuple[float, list[int]] | None:
+    """Least Σ stage times with k stages, each ≤ bound and fitting; (sum, boundaries) or None.
+    T[i, j] includes the send after the stage; the last stage (ending at L) uses last_T[i] (no send).
+    fits[s] masks the (i, j) a stage s may span."""
+    L = T.shape[0] - 1
+    INF = np.inf
+    f = np.full(L + 1, INF)
+    f[0] = 0.0
+    back = np.zeros((k, L + 1), dtype=np.int64)
+    for s in range(k - 1):  # stages that send
+        cand = f[:, None] + np.where(fits[s] & (bound >= T), T, INF)
+        back[s] = np.argmin(cand, axis=0)
+        f = cand[back[s], np.arange(L + 1)]
+    ok = fits[k - 1][:, L] & (bound >= last_T)
+    total = np.where(ok, f + last_T, INF)
+    first = int(np.argmin(total))
+    if not np.isfinite(total[first]):
+        return None
+    bounds, j = [first], first
+    for s in range(k - 2, -1, -1):
+        j = int(back[s][j])
+        bounds.append(j)
+    return float(total[first]), bounds[::-1]
+
+
+def slice_exact(costs: LayerCosts, stages: int, microbatches: int, memory_bytes: float = math.inf) -> Slicing:
+    """The slicing into `stages` stages with the least step time (ties: the first found)."""
+    L = costs.num_layers
+    if not 1 <= stages <= L:
+        raise ValueError(f"stages must be in 1..{L} (the number of layers); got {stages}")
+    T, S, A = _tables(costs)
+    c = np.concatenate([[0.0], np.cumsum(costs.time_s)])
+    last_T = np.where(np.arange(L + 1) < L, c[L] - c, np.inf)  # last stage i..L−1, no send
+    # stage s holds the activations of stages − s micro-batches in flight (1F1B)
+    fits = np.stack([S + A * (stages - s) <= memory_bytes for s in range(stages)])
+    values = np.unique(np.concatenate([T[np.isfinite(T)], last_T[np.isfinite(last_T)]]))
+    lo, hi = 0, values.shape[0] - 1
+    if _dp(T, fits, last_T, stages, values[hi]) is None:
+        raise ValueError(f"no slicing into {stages} stages fits {memory_bytes:.3g} bytes per stage")
+    while lo < hi:  # least feasible bottleneck: feasibility is monotone in the bound
+        mid = (lo + hi) // 2
+        if _dp(T, fits, last_T, stages, values[mid]) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    best_step, best = math.inf, None
+    floor_sum = _dp(T, fits, last_T, stages, values[-1])
+    assert floor_sum is not None
+    for b in values[lo:]:  # Alpa's pruning: a larger bottleneck must pay for itself in the sum
+        if (microbatches - 1) * b + floor_sum[0] >= best_step:
+            break
+        found = _dp(T, fits, last_T, stages, b)
+        if found is not None:
+            sl = evaluate(costs, found[1], microbatches)
+            if sl.step_time_s < best_step:
+                best_step, best = sl.step_time_s, sl
+    assert best is not None
+    return best
+
+
+def slice_best_stages(costs: LayerCosts, microbatches: int, max_stages: int, memory_bytes: float = math.inf) -> Slicing:
+    """Over stage counts 1..max_stages, the slicing with the least step time."""
+    found = []
+    for k in range(1, min(max_stages, costs.num_layers) + 1):
+        try:
+            found.append(slice_exact(costs, k, microbatches, memory_bytes))
+        except ValueError:
+            continue
+    if not found:
+        raise ValueError(f"no slicing into 1..{max_stages} stages fits {memory_bytes:.3g} bytes per stage")
+    return min(found, key=lambda s: s.step_time_s)
+
+
+# -- the relaxation -----------------------------------------------------------------------------
+def _positions(x: np.ndarray, L: int) -> np.ndarray:
+    """k − 1 increasing boundary positions in (0, L) from unconstrained x (softplus increments,
+    one more increment of softplus(0) after the last boundary)."""
+    inc = np.logaddexp(0.0, x)
+    return np.cumsum(inc) / (inc.sum() + np.log(2.0)) * L
+
+
+def _relaxed_objective(x: np.ndarray, costs: LayerCosts, microbatches: int, tau: float) -> float:
+    """Smooth step time: layer i belongs to stage s by σ((i − b_s)/τ)·σ((b_{s+1} − i)/τ); the send
+    after stage s is the send of the layers around its upper boundary, Gaussian-weighted; the
+    bottleneck a log-sum-exp at temperature τ × the mean layer time."""
+    L = costs.num_layers
+    edges = np.concatenate([[-np.inf], _positions(x, L), [np.inf]])
+    centre = np.arange(L) + 0.5
+    share = special.expit((centre[None, :] - edges[:-1, None]) / tau) * special.expit(
+        (edges[1:, None] - centre[None, :]) / tau
+    )
+    stage = share @ costs.time_s
+    near = np.exp(-(((centre[None, :] + 0.5) - edges[1:-1, None]) ** 2) / (2 * tau * tau))
+    stage[:-1] += (near / near.sum(axis=1, keepdims=True)) @ costs.send_s
+    temperature = tau * float(costs.time_s.mean())
+    smooth_max = temperature * special.logsumexp(stage / temperature)
+    return float((microbatches - 1) * smooth_max + stage.sum())
+
+
+def _round(x: np.ndarray, L: int) -> list[int]:
+    """Boundaries (first layer of each stage) nearest the relaxed positions, strictly increasing;
+    [] where rounding cannot keep every stage non-empty."""
+    out = [0]
+    for c in np.clip(np.rint(_positions(x, L)).astype(int), 1, L - 1).tolist():
+        out.append(max(c, out[-1] + 1))
+    return out if out[-1] < L else []
+
+
+def _relaxed_start(args: tuple[LayerCosts, int, int, float, int]) -> Slicing | None:
+    """One start: L-BFGS (numerical gradients) from random boundaries, rounded, priced exactly."""
+    costs, stages, microbatches, tau, seed = args
+    x0 = np.random.default_rng(seed).normal(0.0, 1.0, stages - 1)
+    res = minimize(_relaxed_objective, x0, args=(costs, microbatches, tau), method="L-BFGS-B")
+    bounds = _round(res.x, costs.num_layers)
+    return evaluate(costs, bounds, microbatches) if len(bounds) == stages else None
+
+
+def slice_relaxed(
+    costs: LayerCosts,
+    stages: int,
+    microbatches: int,
+    starts: int = 16,
+    workers: int = 1,
+    tau: float = 0.5,
+    seed: int = 0,
+) -> Slicing:
+    """The best rounded solution of the relaxation over `starts` random starting points (start i
+    seeded seed + i; `workers` processes)."""
+    if not 1 <= stages <= costs.num_layers:
+        raise ValueError(f"stages must be in 1..{costs.num_layers} (the number of layers); got {stages}")
+    if stages == 1:
+        return evaluate(costs, [0], microbatches)
+    jobs = [(costs, stages, microbatches, tau, seed + i) for i in range(starts)]
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            found = list(pool.map(_relaxed_start, jobs))
+    else:
+        found = [_relaxed_start(j) for j in jobs]
+    valid = [f for f in found if f is not None]
+    if not valid:
+        raise ValueError("the relaxation found no valid slicing from any start")
+    return min(valid, key=lambda s: s.step_time_s)
