@@ -1,4 +1,4 @@
-"""Command line: `itercast predict | search | replay | variability | profile run|import | calibrate | presets`.
+"""Command line: `itercast predict | search | slice | replay | variability | profile run|import | calibrate | presets`.
 
 Commands live beside this file, one module per area; importing them registers them on `app`.
 """
@@ -144,4 +144,10 @@ def main() -> None:  # pragma: no cover - console entry for `python -m itercast`
         sys.exit(130)
 
 
-from itercast.cli import calibration_cmds, replay_cmds, search_cmds, variability_cmds  # noqa: E402,F401  (register)
+from itercast.cli import (  # noqa: E402,F401  (register the commands)
+    calibration_cmds,
+    replay_cmds,
+    search_cmds,
+    slice_cmds,
+    variability_cmds,
+)

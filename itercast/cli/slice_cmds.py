@@ -1,0 +1,166 @@
+"""`itercast slice`: the fastest slicing of layers into pipeline stages (exact, relaxed, or both)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from itercast.cli import (
+    ExampleOpt,
+    JobFileArg,
+    JsonOpt,
+    ModelOpt,
+    SetOpt,
+    SystemOpt,
+    app,
+    console,
+    fail,
+    resolve_job_file,
+)
+from itercast.config.job import Job
+from itercast.errors import ConfigError
+from itercast.search.layer_costs import job_layer_costs, read_layer_csv
+from itercast.search.stage_slicing import LayerCosts, Slicing, slice_best_stages, slice_exact, slice_relaxed
+
+
+@app.command("slice")
+def slice_cmd(
+    job_file: JobFileArg = None,
+    model: ModelOpt = None,
+    system: SystemOpt = None,
+    set_: SetOpt = None,
+    example: ExampleOpt = False,
+    as_json: JsonOpt = False,
+    layer_times: Annotated[
+        Path | None,
+        typer.Option(help="CSV with columns layer,time_s[,activation_bytes,memory_bytes] instead of a job."),
+    ] = None,
+    stages: Annotated[
+        str | None, typer.Option(metavar="K|auto", help="Stages (default: the plan's pipeline_parallel; CSV: auto).")
+    ] = None,
+    max_stages: Annotated[int, typer.Option(min=1, max=4096, help="Largest stage count --stages auto tries.")] = 64,
+    microbatches: Annotated[
+        int | None, typer.Option(min=1, max=10_000_000, help="Micro-batches per step (default: the job's; CSV: 1).")
+    ] = None,
+    memory_gib: Annotated[
+        float | None, typer.Option(min=0.0, help="Memory a stage may use (default: the GPU's, less its reserve).")
+    ] = None,
+    send_gbps: Annotated[
+        float, typer.Option(min=1e-6, help="CSV: link bandwidth for activation_bytes, GB/s (1e9 bytes/s).")
+    ] = 25.0,
+    method: Annotated[
+        str, typer.Option(metavar="exact|relaxed|both", help="Exact DP, the relaxation, or both.")
+    ] = "exact",
+    starts: Annotated[int, typer.Option(min=1, max=4096, help="Random starts of the relaxation.")] = 16,
+    workers: Annotated[
+        int, typer.Option(min=1, max=256, help="Processes for the relaxation's starts.")
+    ] = os.cpu_count() or 1,
+) -> None:
+    """Slice layers into pipeline stages for the least step time, (m − 1)·max + Σ stage times, with each
+    stage's send to the next and its memory; from the cost models of a job or a CSV of measured times."""
+    try:
+        costs, names, m, limit, default_k = _inputs(
+            job_file, example, model, system, set_ or [], layer_times, microbatches, send_gbps
+        )
+        if memory_gib is not None:
+            limit = memory_gib * 2**30
+        k = _stage_count(stages, default_k, costs)
+        if method not in ("exact", "relaxed", "both"):
+            raise ConfigError(f"--method: expected exact, relaxed or both; got {method!r}")
+        out: dict[str, Any] = {"layers": costs.num_layers, "microbatches": m, "memory_limit_bytes": limit}
+        if method in ("exact", "both"):
+            t0 = time.perf_counter()
+            exact = slice_exact(costs, k, m, limit) if k else slice_best_stages(costs, m, max_stages, limit)
+            out |= _as_dict(exact, time.perf_counter() - t0, names)
+        if method in ("relaxed", "both"):
+            t0 = time.perf_counter()
+            relaxed = slice_relaxed(costs, k or len(out.get("boundaries", [])) or 1, m, starts, workers)
+            found = _as_dict(relaxed, time.perf_counter() - t0, names) | {"starts": starts}
+            if method == "relaxed":
+                out |= found
+            else:
+                found["gap"] = relaxed.step_time_s / out["step_time_s"] - 1
+                out["relaxed"] = found
+    except (ConfigError, ValueError) as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(out, indent=1))
+    else:
+        _print(out)
+
+
+def _inputs(
+    job_file: Path | None,
+    example: bool,
+    model: str | None,
+    system: str | None,
+    overrides: list[str],
+    layer_times: Path | None,
+    microbatches: int | None,
+    send_gbps: float,
+) -> tuple[LayerCosts, list[str], int, float, int]:
+    """(costs, layer names, micro-batches, memory limit in bytes, default stages: 0 = auto) from a
+    CSV or a job (its pipeline_parallel)."""
+    if layer_times is not None:
+        if job_file or example or model or system or overrides:
+            raise ConfigError("give either --layer-times or a job (file, --example, --model/--system), not both")
+        costs, names = read_layer_csv(layer_times, send_gbps * 1e9)
+        return costs, names, microbatches or 1, math.inf, 0
+    job = Job.load(resolve_job_file(job_file, example, model, system), overrides, model=model, system=system)
+    costs, names = job_layer_costs(job)
+    gpu = job.system.gpu
+    m = microbatches or job.num_microbatches
+    return costs, names, m, gpu.hbm_bytes - gpu.reserved_bytes, job.plan.pipeline_parallel
+
+
+def _stage_count(text: str | None, default: int, costs: LayerCosts) -> int:
+    """Stages asked for; 0 means auto (every count up to --max-stages)."""
+    if text is None:
+        return default
+    if text == "auto":
+        return 0
+    try:
+        k = int(text)
+    except ValueError:
+        raise ConfigError(f"--stages: expected a whole number or auto; got {text!r}") from None
+    if not 1 <= k <= costs.num_layers:
+        raise ConfigError(f"--stages {k}: expected 1..{costs.num_layers} (one layer per stage at most)")
+    return k
+
+
+def _as_dict(s: Slicing, seconds: float, names: list[str]) -> dict[str, Any]:
+    return {
+        "stages": len(s.boundaries),
+        "boundaries": s.boundaries,
+        "first_layer_names": [names[b] for b in s.boundaries],
+        "stage_times_s": s.stage_times_s,
+        "bottleneck_s": s.bottleneck_s,
+        "step_time_s": s.step_time_s,
+        "seconds": seconds,
+    }
+
+
+def _print(out: dict[str, Any]) -> None:
+    table = Table(title=f"{out['layers']} layers, {out['microbatches']} micro-batches: {out['stages']} stages")
+    for col in ("stage", "first layer", "layers", "time per micro-batch ms"):
+        table.add_column(col, justify="right")
+    ends = [*out["boundaries"][1:], out["layers"]]
+    for s, (b, e, t) in enumerate(zip(out["boundaries"], ends, out["stage_times_s"], strict=True)):
+        table.add_row(str(s), out["first_layer_names"][s], str(e - b), f"{t * 1e3:.3f}")
+    console.print(table)
+    step, bottleneck_ms = out["step_time_s"], out["bottleneck_s"] * 1e3
+    console.print(f"step {step:.4f} s, bottleneck {bottleneck_ms:.3f} ms (found in {out['seconds'] * 1e3:.1f} ms)")
+    if "relaxed" in out:
+        r = out["relaxed"]
+        console.print(
+            f"relaxed ({r['starts']} starts, {r['seconds']:.2f} s): step {r['step_time_s']:.4f} s, "
+            f"gap {r['gap']:+.2%} to the exact optimum",
+            highlight=False,
+        )

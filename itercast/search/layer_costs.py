@@ -1,0 +1,115 @@
+"""Per-layer costs for stage slicing: from the cost models (a transformer job) or a CSV of measurements.
+
+From a job: the units are the embedding, the num_layers transformer layers and the head (logits and
+loss), priced by the same unit costs as `predict` (workloads/transformer.py) for the job's tensor /
+context parallel, micro-batch, sequence parallel and recompute; a send after a unit costs the
+pipeline p2p of one micro-batch's activations; a unit's resident bytes are its parameters' weights,
+gradients and optimizer state under the plan's ZeRO stage (memory.state_bytes_per_param), the head's
+also the fp32 logits of one micro-batch; a layer holds its activations per micro-batch in flight.
+
+From a CSV: columns `layer,time_s[,activation_bytes,memory_bytes]`; activation_bytes is what a stage
+ending at that layer sends (seconds = bytes / the link bandwidth given), memory_bytes what the layer
+needs resident.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+
+from itercast.config.job import Job
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.errors import ConfigError
+from itercast.memory import activation_bytes_per_token_layer, state_bytes_per_param
+from itercast.search.stage_slicing import LayerCosts
+from itercast.workloads.transformer import Groups, UnitCosts, p2p_message_bytes, unit_params
+
+MAX_CSV_BYTES = 16 << 20  # a layer table is a few KB; refuse anything huge
+REQUIRED, OPTIONAL = ("layer", "time_s"), ("activation_bytes", "memory_bytes")
+
+
+def job_layer_costs(job: Job) -> tuple[LayerCosts, list[str]]:
+    """Costs of the embedding, every layer and the head of `job`, and their names."""
+    m, p = job.model, job.plan
+    groups = Groups.of(job)
+    costs = AnalyticCostModel(job.system, p.dtype)
+    u = UnitCosts.of(job, costs, groups)
+    seconds = {
+        "embedding": u.embed_fwd.compute_s + u.embed_fwd.comm_s + u.embed_bwd.compute_s + u.embed_bwd.comm_s,
+        "layer": u.layer_fwd.compute_s + u.layer_fwd.comm_s + u.layer_bwd.compute_s + u.layer_bwd.comm_s,
+        "head": u.head_fwd.compute_s + u.head_fwd.comm_s + u.head_bwd.compute_s + u.head_bwd.comm_s,
+    }
+    w_b, g_b, o_b = state_bytes_per_param(p, p.zero_stage, p.dp * p.context_parallel)
+    per_param = float(w_b + g_b + o_b)
+    params = unit_params(job)
+    tokens = p.micro_batch_size * m.seq_length / p.context_parallel
+    kinds = ["embedding", *["layer"] * m.num_layers, "head"]
+    static = {
+        "embedding": params["embed"] * per_param,
+        "layer": params["layer"] * per_param,
+        "head": params["head"] * per_param + tokens * m.vocab_size / p.tensor_parallel * 4,  # fp32 logits
+    }
+    send = costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node)
+    activations = activation_bytes_per_token_layer(job) * tokens
+    out = LayerCosts.of(
+        np.array([seconds[k] for k in kinds]),
+        np.array([send] * (len(kinds) - 1) + [0.0]),
+        np.array([static[k] for k in kinds]),
+        np.array([activations if k == "layer" else 0.0 for k in kinds]),
+    )
+    names = ["embedding", *[f"layer {i}" for i in range(m.num_layers)], "head"]
+    return out, names
+
+
+def read_layer_csv(path: Path, send_bytes_per_s: float) -> tuple[LayerCosts, list[str]]:
+    """A layer table (see the module docstring); every error names the file, the line and the field."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such layer-times file")
+    if path.stat().st_size > MAX_CSV_BYTES:
+        raise ConfigError(f"{path}: {path.stat().st_size} bytes; expected < {MAX_CSV_BYTES}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    rows = list(csv.reader(io.StringIO(text)))
+    rows = [r for r in rows if r and not r[0].lstrip().startswith("#")]
+    if not rows:
+        raise ConfigError(f"{path}: empty; expected a header {','.join(REQUIRED)}[,{','.join(OPTIONAL)}]")
+    header = [h.strip() for h in rows[0]]
+    missing = [c for c in REQUIRED if c not in header]
+    unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
+    if missing or unknown:
+        raise ConfigError(
+            f"{path}: header {header}: missing {missing or 'nothing'}, unknown {unknown or 'nothing'}; "
+            f"expected {','.join(REQUIRED)}[,{','.join(OPTIONAL)}]"
+        )
+    values: dict[str, list[float]] = {c: [] for c in header if c != "layer"}
+    names = []
+    for line, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise ConfigError(f"{path}: line {line}: {len(row)} fields; the header has {len(header)}")
+        names.append(row[header.index("layer")].strip())
+        for col in values:
+            cell = row[header.index(col)].strip()
+            try:
+                number = float(cell)
+            except ValueError:
+                raise ConfigError(f"{path}: line {line}, field {col}: expected a number; got {cell!r}") from None
+            if not math.isfinite(number) or number < 0:
+                raise ConfigError(f"{path}: line {line}, field {col}: expected a finite number ≥ 0; got {cell!r}")
+            values[col].append(number)
+    if not names:
+        raise ConfigError(f"{path}: a header but no layers")
+    activation = np.array(values.get("activation_bytes", [0.0] * len(names)))
+    return (
+        LayerCosts.of(
+            np.array(values["time_s"]),
+            activation / send_bytes_per_s,
+            np.array(values.get("memory_bytes", [0.0] * len(names))),
+        ),
+        names,
+    )

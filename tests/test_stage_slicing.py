@@ -1,0 +1,121 @@
+"""Stage slicing: the exact DP equals brute force, hand-computed cases, the relaxation, `itercast slice`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from helpers import tiny_job
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.search.layer_costs import job_layer_costs
+from itercast.search.stage_slicing import LayerCosts, evaluate, slice_best_stages, slice_exact, slice_relaxed
+
+
+def brute_force(costs: LayerCosts, k: int, m: int, memory: float = np.inf) -> float:
+    best = np.inf
+    L = costs.num_layers
+    for cuts in itertools.combinations(range(1, L), k - 1):
+        b = [0, *cuts]
+        ends = [*b[1:], L]
+        fits = all(
+            costs.static_bytes[a:e].sum() + costs.activation_bytes[a:e].sum() * (k - s) <= memory
+            for s, (a, e) in enumerate(zip(b, ends, strict=True))
+        )
+        if fits:
+            best = min(best, evaluate(costs, b, m).step_time_s)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_exact_slicing_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    L = int(rng.integers(3, 10))
+    k, m = int(rng.integers(1, min(L, 5) + 1)), int(rng.choice([1, 2, 8, 64]))
+    costs = LayerCosts.of(rng.uniform(0.5, 3, L), rng.uniform(0, 1, L), rng.uniform(1, 3, L), rng.uniform(0, 1, L))
+    memory = float(rng.choice([np.inf, 12.0, 8.0]))
+    expected = brute_force(costs, k, m, memory)
+    if not np.isfinite(expected):
+        with pytest.raises(ValueError, match="no slicing"):
+            slice_exact(costs, k, m, memory)
+        return
+    assert slice_exact(costs, k, m, memory).step_time_s == pytest.approx(expected)
+
+
+def test_four_equal_layers_in_two_stages_by_hand():
+    # stages of 2 + 2 layers, 1 s each; the first sends for 0.5 s: times 2.5 and 2;
+    # step = (m − 1) · 2.5 + 4.5 = 9.5 for m = 3
+    s = slice_exact(LayerCosts.of(np.ones(4), np.full(4, 0.5)), 2, 3)
+    assert (s.boundaries, s.stage_times_s, s.step_time_s) == ([0, 2], [2.5, 2.0], 9.5)
+
+
+def test_a_costly_send_moves_the_boundary():
+    # sending after layer 1 costs 3 s, after layer 0 or 2 nothing: [0] | [1, 2, 3] or [0, 1, 2] | [3]
+    costs = LayerCosts.of(np.ones(4), np.array([0.0, 3.0, 0.0, 0.0]))
+    s = slice_exact(costs, 2, 1)
+    assert s.step_time_s == 4.0 and s.boundaries in ([0, 1], [0, 3])
+
+
+def test_memory_limit_forces_a_stage_off_the_heavy_layer():
+    # layer 0 needs 3 bytes: with 4 per stage it cannot share a stage with two more layers
+    costs = LayerCosts.of(np.ones(4), static_bytes=np.array([3.0, 1.0, 1.0, 1.0]))
+    assert slice_exact(costs, 2, 1, memory_bytes=4.0).boundaries == [0, 2]
+    assert slice_exact(costs, 2, 1, memory_bytes=3.0).boundaries == [0, 1]
+
+
+def test_auto_picks_the_stage_count_with_the_least_step():
+    # sends are free: more stages shorten the bottleneck; with 1 micro-batch they change nothing
+    costs = LayerCosts.of(np.ones(6))
+    assert len(slice_best_stages(costs, 64, 6).boundaries) == 6
+    assert slice_best_stages(costs, 1, 6).step_time_s == 6.0
+
+
+def test_relaxation_never_beats_the_exact_optimum_and_finds_it_on_even_layers():
+    rng = np.random.default_rng(3)
+    costs = LayerCosts.of(rng.uniform(1, 2, 24), rng.uniform(0, 0.2, 24))
+    exact = slice_exact(costs, 4, 16)
+    relaxed = slice_relaxed(costs, 4, 16, starts=4)
+    assert relaxed.step_time_s >= exact.step_time_s - 1e-12 and len(relaxed.boundaries) == 4
+    even = LayerCosts.of(np.ones(16))
+    assert slice_relaxed(even, 4, 8, starts=2).boundaries == [0, 4, 8, 12]
+
+
+def test_layer_costs_of_a_job_are_its_units():
+    job = tiny_job(tensor_parallel=2, global_batch_size=8)
+    costs, names = job_layer_costs(job)
+    assert names[0] == "embedding" and names[-1] == "head" and costs.num_layers == 8 + 2
+    assert costs.send_s[-1] == 0.0 and np.all(costs.send_s[:-1] > 0)
+    layer_params = job.model.layer_params_per_rank(2)
+    assert costs.static_bytes[1] == pytest.approx(layer_params * (2 + 4 + 12))  # bf16, fp32 grads, Adam
+
+
+def test_slice_cli_from_a_csv(tmp_path):
+    csv = tmp_path / "layers.csv"
+    csv.write_text("layer,time_s,activation_bytes\n" + "".join(f"l{i},1.0,0\n" for i in range(6)))
+    runner = CliRunner()
+    out = runner.invoke(app, ["slice", "--layer-times", str(csv), "--stages", "3", "--microbatches", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert data["boundaries"] == [0, 2, 4] and data["bottleneck_s"] == 2.0 and data["step_time_s"] == 12.0
+    both = runner.invoke(app, ["slice", "--layer-times", str(csv), "--stages", "3", "--method", "both", "--json"])
+    assert json.loads(both.stdout)["relaxed"]["gap"] >= 0
+
+
+@pytest.mark.parametrize(
+    "text,args,message",
+    [
+        ("layer,time_s\nl0,1\nl1,2\n", ["--stages", "3"], "--stages 3: expected 1..2"),
+        ("layer,time_s\nl0,1\nl1,-2\n", [], "line 3, field time_s: expected a finite number ≥ 0"),
+        ("layer,time_s\nl0,1\nl1\n", [], "line 3: 1 fields; the header has 2"),
+        ("layer,seconds\nl0,1\n", [], "missing ['time_s']"),
+        ("layer,time_s\nl0,nan\n", [], "expected a finite number"),
+    ],
+)
+def test_slice_cli_bad_input_is_one_line_and_exit_2(tmp_path, text, args, message):
+    csv = tmp_path / "bad.csv"
+    csv.write_text(text)
+    out = CliRunner().invoke(app, ["slice", "--layer-times", str(csv), *args])
+    assert out.exit_code == 2 and message in out.output
