@@ -6,6 +6,7 @@ Commands live beside this file, one module per area; importing them registers th
 from __future__ import annotations
 
 import json
+import math
 import sys
 from importlib import resources
 from pathlib import Path
@@ -52,6 +53,31 @@ ExampleOpt = Annotated[bool, typer.Option(help=f"Use the built-in example job ({
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")]
 
 
+def finite(low: float = -math.inf, high: float = math.inf, above: bool = False):
+    """A typer callback: the option's value must be a finite number in [low, high] (or above `low`
+    when `above`); click's own ranges let NaN through, and inf past an upper bound not given."""
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return value
+        if not math.isfinite(value) or value > high or value < low or (above and value == low):
+            bound = f"> {low:g}" if above else f"≥ {low:g}" if math.isfinite(low) else ""
+            upper = f" and ≤ {high:g}" if math.isfinite(high) else ""
+            raise typer.BadParameter(f"expected a finite number {bound}{upper}; got {value}")
+        return value
+
+    return check
+
+
+def echo_json(doc: object) -> None:
+    """Print a JSON document, strict: a NaN or infinity (which JSON lacks) is an error, not `NaN`."""
+    try:
+        text = json.dumps(doc, indent=1, allow_nan=False)
+    except ValueError as exc:
+        fail(f"the result holds a number JSON cannot carry ({exc}); please report this with the input")
+    typer.echo(text)
+
+
 def fail(message: str) -> NoReturn:
     """A user error: the message on stderr, exit code 2, no traceback."""
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
@@ -79,9 +105,12 @@ def predict_cmd(
     except (ConfigError, DeadlockError, CalibrationError) as exc:
         fail(str(exc).replace("\n", "\n  "))
     if trace is not None:
-        write_chrome_trace(result.sim, trace)
+        try:
+            write_chrome_trace(result.sim, trace, [job_file, calibration])
+        except ConfigError as exc:
+            fail(str(exc))
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=1))
+        echo_json(result.to_dict())
     else:
         _print_prediction(result, trace)
 

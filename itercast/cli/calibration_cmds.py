@@ -118,6 +118,8 @@ def calibrate_cmd(
             raise CalibrationError("give a profiling database, or --host-trace, or both")
         doc: dict = {}
         if db is not None:
+            if not db.is_file():  # opening a misspelt path would create an empty database
+                raise CalibrationError(f"{db}: no such profiling database")
             if system is None:
                 raise CalibrationError(
                     f"{db}: --system is required with a profiling database (the machine it measured)"
@@ -140,7 +142,7 @@ def calibrate_cmd(
             _print_host_overheads(overheads)
             doc = doc | cal.host_overheads_only(overheads)
         if out is not None:
-            cal.write_calibration(doc, out)
+            cal.write_calibration(doc, out, [db, *(host_trace or [])])
             console.print(
                 f"wrote {out}: " + ", ".join(k for k in doc if k not in ("format", "version", "system", "device"))
             )

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from itercast.cli import JsonOpt, app, console, fail
+from itercast.cli import JsonOpt, app, console, echo_json, fail
 from itercast.costs.calibrate import CalibrationError, load_calibration
 from itercast.errors import ConfigError, DeadlockError
 from itercast.replay import GPU_BOUND_BUSY, ReplayResult, replay_whatif
@@ -53,13 +53,16 @@ def replay_cmd(
         fail(str(exc).replace("\n", "\n  "))
     result = changed
     if trace is not None:
-        write_chrome_trace(result.sim, trace)
+        try:
+            write_chrome_trace(result.sim, trace, [*traces, *(et or []), calibration])
+        except ConfigError as exc:
+            fail(str(exc))
     if as_json:
         out = base.to_dict()
         for row, new in zip(out["steps"], changed.steps, strict=True):
             row["whatif_s"] = new.replayed_s
         out["whatif_changes"] = dict(counts)
-        typer.echo(json.dumps(out, indent=1))
+        echo_json(out)
     else:
         _print_replay(base, changed, counts)
 
@@ -74,9 +77,12 @@ def _host_overheads(path: Path) -> HostOverheads:
 def _factor(item: str) -> tuple[str, float]:
     name, _, value = item.partition("=")
     try:
-        return name.strip(), float(value)
+        factor = float(value)
     except ValueError:
         raise ConfigError(f"--scale {item!r}: expected CLASS=FACTOR, e.g. gemm=0.5") from None
+    if not math.isfinite(factor) or factor < 0:
+        raise ConfigError(f"--scale {item!r}: expected a finite factor ≥ 0; got {value}")
+    return name.strip(), factor
 
 
 def _print_replay(base: ReplayResult, changed: ReplayResult, counts: dict) -> None:

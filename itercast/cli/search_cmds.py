@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +24,9 @@ from itercast.cli import (
     SystemOpt,
     app,
     console,
+    echo_json,
     fail,
+    finite,
     resolve_job_file,
 )
 from itercast.config.job import parse_section, raw_sections
@@ -51,7 +52,7 @@ def search_cmd(
     ] = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Plans re-scored by the graph simulation and shown.")] = 20,
     max_memory_fraction: Annotated[
-        float, typer.Option(min=0.01, max=1.0, help="Share of each GPU's memory a plan may use.")
+        float, typer.Option(callback=finite(0.01, 1.0), help="Share of each GPU's memory a plan may use.")
     ] = 1.0,
     include_oom: Annotated[bool, typer.Option(help="Rank plans that do not fit too.")] = False,
     micro_batch_sizes: Annotated[str, typer.Option(metavar="N,N,…", help="Micro-batch sizes to try.")] = "1,2,4,8",
@@ -83,7 +84,7 @@ def search_cmd(
     except ConfigError as exc:
         fail(str(exc).replace("\n", "\n  "))
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=1))
+        echo_json(result.to_dict())
     else:
         _print(result, request)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -21,7 +20,9 @@ from itercast.cli import (
     SystemOpt,
     app,
     console,
+    echo_json,
     fail,
+    finite,
     resolve_job_file,
 )
 from itercast.config.job import Job
@@ -50,10 +51,14 @@ def slice_cmd(
         int | None, typer.Option(min=1, max=10_000_000, help="Micro-batches per step (default: the job's; CSV: 1).")
     ] = None,
     memory_gib: Annotated[
-        float | None, typer.Option(min=0.0, help="Memory a stage may use (default: the GPU's, less its reserve).")
+        float | None,
+        typer.Option(
+            callback=finite(0, above=True), help="Memory a stage may use (default: the GPU's, less its reserve)."
+        ),
     ] = None,
     send_gbps: Annotated[
-        float, typer.Option(min=1e-6, help="CSV: link bandwidth for activation_bytes, GB/s (1e9 bytes/s).")
+        float,
+        typer.Option(callback=finite(0, above=True), help="CSV: link bandwidth for activation_bytes, GB/s (1e9 B/s)."),
     ] = 25.0,
     method: Annotated[
         str, typer.Option(metavar="exact|relaxed|both", help="Exact DP, the relaxation, or both.")
@@ -74,7 +79,11 @@ def slice_cmd(
         k = _stage_count(stages, default_k, costs)
         if method not in ("exact", "relaxed", "both"):
             raise ConfigError(f"--method: expected exact, relaxed or both; got {method!r}")
-        out: dict[str, Any] = {"layers": costs.num_layers, "microbatches": m, "memory_limit_bytes": limit}
+        out: dict[str, Any] = {
+            "layers": costs.num_layers,
+            "microbatches": m,
+            "memory_limit_bytes": limit if math.isfinite(limit) else None,  # None: no limit
+        }
         if method in ("exact", "both"):
             t0 = time.perf_counter()
             exact = slice_exact(costs, k, m, limit) if k else slice_best_stages(costs, m, max_stages, limit)
@@ -91,7 +100,7 @@ def slice_cmd(
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     if as_json:
-        typer.echo(json.dumps(out, indent=1))
+        echo_json(out)
     else:
         _print(out)
 

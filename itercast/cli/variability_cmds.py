@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -19,7 +18,9 @@ from itercast.cli import (
     SystemOpt,
     app,
     console,
+    echo_json,
     fail,
+    finite,
     resolve_job_file,
 )
 from itercast.config.job import Job
@@ -58,26 +59,45 @@ def variability_cmd(
     system: SystemOpt = None,
     set_: SetOpt = None,
     example: ExampleOpt = False,
-    samples: Annotated[int, typer.Option(min=100, help="Monte Carlo samples of the step.")] = 10_000,
+    samples: Annotated[int, typer.Option(min=100, max=10_000_000, help="Monte Carlo samples of the step.")] = 10_000,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same answer).")] = 0,
-    compute_cv: Annotated[float, typer.Option(min=0, help="Per-task compute noise (CV).")] = 0.02,
-    comm_cv: Annotated[float, typer.Option(min=0, help="Per-task communication noise (CV).")] = 0.10,
-    network_cv: Annotated[float, typer.Option(min=0, help="Per-step shared network factor (CV).")] = 0.05,
-    gpu_cv: Annotated[float, typer.Option(min=0, help="Persistent per-GPU speed across the fleet (CV).")] = 0.05,
+    compute_cv: Annotated[float, typer.Option(callback=finite(0, 10), help="Per-task compute noise (CV).")] = 0.02,
+    comm_cv: Annotated[float, typer.Option(callback=finite(0, 10), help="Per-task communication noise (CV).")] = 0.10,
+    network_cv: Annotated[
+        float, typer.Option(callback=finite(0, 10), help="Per-step shared network factor (CV).")
+    ] = 0.05,
+    gpu_cv: Annotated[
+        float, typer.Option(callback=finite(0, 10), help="Persistent per-GPU speed across the fleet (CV).")
+    ] = 0.05,
     noise_from_db: Annotated[
         Path | None,
         typer.Option(help="Profiling database: take compute and communication noise from its repeats."),
     ] = None,
-    within_s: Annotated[float | None, typer.Option(help="Report P(step ≤ this many seconds).")] = None,
-    steps: Annotated[int | None, typer.Option(help="Time to train this many steps, with failures.")] = None,
-    mtbf_hours: Annotated[float, typer.Option(help="Mean time between failures of one GPU (hours).")] = 50_000.0,
-    checkpoint_s: Annotated[float, typer.Option(help="Time to write a checkpoint (s).")] = 300.0,
-    restart_s: Annotated[float, typer.Option(help="Time from a failure to training again (s).")] = 900.0,
-    deadline_hours: Annotated[float | None, typer.Option(help="Report P(training ends within this).")] = None,
+    within_s: Annotated[
+        float | None, typer.Option(callback=finite(0, above=True), help="Report P(step ≤ this many seconds).")
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option(min=1, max=10**12, help="Time to train this many steps, with failures.")
+    ] = None,
+    mtbf_hours: Annotated[
+        float, typer.Option(callback=finite(0, above=True), help="Mean time between failures of one GPU (hours).")
+    ] = 50_000.0,
+    checkpoint_s: Annotated[
+        float, typer.Option(callback=finite(0, above=True), help="Time to write a checkpoint (s).")
+    ] = 300.0,
+    restart_s: Annotated[
+        float, typer.Option(callback=finite(0), help="Time from a failure to training again (s).")
+    ] = 900.0,
+    deadline_hours: Annotated[
+        float | None,
+        typer.Option(callback=finite(0, above=True), help="Report P(training ends within this); needs --steps."),
+    ] = None,
     slow_gpus: Annotated[
         int | None, typer.Option(min=1, help="Place this many slow GPUs (best vs worst stages).")
     ] = None,
-    slow_factor: Annotated[float, typer.Option(min=1.0, help="How much slower each slow GPU is.")] = 1.5,
+    slow_factor: Annotated[
+        float, typer.Option(callback=finite(1, 1000), help="How much slower each slow GPU is.")
+    ] = 1.5,
     plot: Annotated[Path | None, typer.Option(help="Write the step-time CDF as PNG (needs matplotlib).")] = None,
     trace: Annotated[
         list[Path] | None,
@@ -93,8 +113,12 @@ def variability_cmd(
         _trace_variability(trace, samples, seed, within_s, as_json)
         return
     job_file = resolve_job_file(job_file, example, model, system)
+    if deadline_hours is not None and steps is None:
+        fail("--deadline-hours needs --steps: the deadline is for training that many steps")
     try:
         job = Job.load(job_file, set_ or [], model=model, system=system)
+        if slow_gpus is not None and slow_gpus > job.system.num_gpus:
+            raise ConfigError(f"--slow-gpus {slow_gpus}: the job has {job.system.num_gpus} GPUs")
         vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv)
         if noise_from_db is not None:
             vm = replace(vm, **_profile_noise(noise_from_db, as_json))
@@ -118,7 +142,8 @@ def variability_cmd(
         from itercast.report.plots import step_cdf_png
 
         try:
-            step_cdf_png(dist.samples_s, dist.deterministic_s, plot, f"{job.model.name} on {job.system.num_gpus} GPUs")
+            title = f"{job.model.name} on {job.system.num_gpus} GPUs"
+            step_cdf_png(dist.samples_s, dist.deterministic_s, plot, title, [job_file, noise_from_db])
         except ConfigError as exc:
             fail(str(exc))
     if slow_gpus is not None:
@@ -154,7 +179,7 @@ def variability_cmd(
             "deadline_probability": ttt.deadline_probability,
         }
     if as_json:
-        typer.echo(json.dumps(out, indent=1))
+        echo_json(out)
         return
     head = Table(show_header=False, box=None)
     head.add_row("step (deterministic)", f"{dist.deterministic_s:.3f} s")
@@ -222,7 +247,7 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": float(np.mean(sampled <= within_s))}
     if as_json:
-        typer.echo(json.dumps(out, indent=1))
+        echo_json(out)
         return
     head = Table(show_header=False, box=None)
     head.add_row("steps in the traces", f"{measured.size} (measured median {np.median(measured) * 1e3:.2f} ms)")

@@ -20,6 +20,8 @@ from itercast.errors import ConfigError, did_you_mean
 
 _SCHEMAS: dict[str, type[BaseModel]] = {"model": ModelConfig, "plan": PlanConfig, "system": SystemConfig}
 MAX_JOB_FILE_BYTES = 1 << 20  # a job file is a few hundred bytes; refuse anything huge
+MAX_YAML_DEPTH = 32  # a job nests 3 deep (system.gpu.peak_flops)
+MAX_PASSES = 1_000_000  # forward passes of one step's graph (its size): far above real jobs
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,22 @@ def load_system(name: str, **overrides: Any) -> SystemConfig:
     return cast(SystemConfig, _parse("system", {"preset": name, **overrides}, "<preset>"))
 
 
+def plain_yaml(text: str, where: str) -> Any:
+    """yaml.safe_load of text without aliases and nested at most MAX_YAML_DEPTH deep: an alias
+    lets 500 bytes expand to gigabytes (billion laughs), and a job is a few flat mappings."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            raise ConfigError(f"{where}: YAML aliases (*name) are not accepted; write the value out")
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise ConfigError(f"{where}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return yaml.safe_load(text)
+
+
 def read_job_file(path: Path) -> dict[str, Any]:
     """Read a YAML job file with sections model / plan / system (safe loader, bounded size)."""
     if not path.is_file():
@@ -104,7 +122,11 @@ def read_job_file(path: Path) -> dict[str, Any]:
     if path.stat().st_size > MAX_JOB_FILE_BYTES:
         raise ConfigError(f"{path}: job file is {path.stat().st_size} bytes; expected < {MAX_JOB_FILE_BYTES}")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        data = plain_yaml(text, str(path))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -131,7 +153,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     if not sep or len(parts) < 2 or parts[0] not in _SCHEMAS:
         raise ConfigError(f"--set {item!r}: expected SECTION.FIELD=VALUE with SECTION one of model, plan, system")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = plain_yaml(text, f"--set {key}") if text.strip() else None
     except yaml.YAMLError:
         value = text
     target = raw.setdefault(parts[0], {})
@@ -199,7 +221,14 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
             f"{gpus} GPUs (num_nodes({system.num_nodes}) × gpus_per_node({system.node.gpus_per_node}))"
         )
     problems += _divisibility_problems(model, p, dp, gbs)
-    problems += _schedule_problems(p, gbs // max(p.micro_batch_size * dp, 1))
+    micro = gbs // max(p.micro_batch_size * dp, 1)
+    passes = p.pipeline_parallel * p.virtual_pipeline * micro
+    if passes > MAX_PASSES:
+        problems.append(
+            f"pipeline_parallel({p.pipeline_parallel}) × virtual_pipeline({p.virtual_pipeline}) × micro-batches "
+            f"({micro}) = {passes:,} forward passes to simulate; expected ≤ {MAX_PASSES:,}"
+        )
+    problems += _schedule_problems(p, micro)
     problems += _support_problems(model, p, system)
     if problems:
         raise ConfigError("\n".join(f"{source}: {x}" for x in problems))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, Field, model_validator
+
+from itercast.config.strict import STRICT, Layers, Width
 
 TransformerFamily = Literal["gpt", "llama", "bert"]
 PositionEmbedding = Literal["learned", "rope"]
@@ -21,19 +23,19 @@ class ModelConfig(BaseModel):
     LayerNorm model with RoPE and no biases, Parmar et al. 2024 §2).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
     name: str = "custom"
     family: TransformerFamily = "gpt"
-    num_layers: PositiveInt
-    hidden_size: PositiveInt
-    num_attention_heads: PositiveInt
-    ffn_hidden_size: PositiveInt | None = Field(None, description="MLP inner width; default 4·hidden_size (gpt, bert).")
-    num_query_groups: PositiveInt | None = Field(
+    num_layers: Layers
+    hidden_size: Width
+    num_attention_heads: Width
+    ffn_hidden_size: Width | None = Field(None, description="MLP inner width; default 4·hidden_size (gpt, bert).")
+    num_query_groups: Width | None = Field(
         None, description="Key/value heads (GQA); default num_attention_heads (MHA)."
     )
-    seq_length: PositiveInt = 2048
-    vocab_size: PositiveInt = 50257
+    seq_length: Width = 2048
+    vocab_size: Width = 50257
     tie_embeddings: bool | None = Field(None, description="Default: True for gpt/bert, False for llama.")
     position_embedding: PositionEmbedding | None = Field(
         None, description="learned (a seq_length × hidden table) or rope; default rope for llama, else learned."

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, Field, NonNegativeInt
+
+from itercast.config.strict import STRICT, Batch, Ranks
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
@@ -21,19 +23,19 @@ class PlanConfig(BaseModel):
     Rank order is Megatron's default (innermost first): tensor, context, data, pipeline.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
-    data_parallel: PositiveInt | None = Field(
+    data_parallel: Ranks | None = Field(
         None, description="Replicas; default: whatever is left of the GPUs after tp·pp·cp."
     )
-    tensor_parallel: PositiveInt = 1
-    pipeline_parallel: PositiveInt = 1
-    context_parallel: PositiveInt = 1
-    expert_parallel: PositiveInt = 1
-    virtual_pipeline: PositiveInt = Field(1, description="Model chunks per pipeline rank (interleaving).")
+    tensor_parallel: Ranks = 1
+    pipeline_parallel: Ranks = 1
+    context_parallel: Ranks = 1
+    expert_parallel: Ranks = 1
+    virtual_pipeline: Ranks = Field(1, description="Model chunks per pipeline rank (interleaving).")
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism with tp > 1.")
-    micro_batch_size: PositiveInt = 1
-    global_batch_size: PositiveInt | None = Field(
+    micro_batch_size: Batch = 1
+    global_batch_size: Batch | None = Field(
         None, description="Sequences per step; default micro_batch_size × data_parallel (1 micro-batch)."
     )
     schedule: Schedule = "1f1b"
@@ -41,7 +43,7 @@ class PlanConfig(BaseModel):
     zero_stage: NonNegativeInt = Field(0, le=3, description="0: DDP; 1–2: distributed optimizer; 3: FSDP.")
     dtype: DType = "bf16"
     flash_attention: bool = Field(True, description="Fused attention: no s×s scores kept in memory.")
-    grad_bucket_size_params: PositiveInt = Field(
+    grad_bucket_size_params: Batch = Field(
         40_000_000, description="DP gradient bucket, in parameters (Megatron DDP default 40M)."
     )
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(

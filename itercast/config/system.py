@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat
+
+from itercast.config.strict import STRICT, Ranks
 
 
 class GPUSpec(BaseModel):
     """One accelerator. Peak FLOP/s are dense (no sparsity); a missing dtype is unsupported."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
     name: str
     peak_flops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8"], PositiveFloat]
@@ -30,9 +32,9 @@ class GPUSpec(BaseModel):
 class NodeSpec(BaseModel):
     """GPUs in one host and the fabric between them."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
-    gpus_per_node: PositiveInt
+    gpus_per_node: Ranks
     intra_node_bandwidth_bytes_per_s: PositiveFloat = Field(
         description="Per GPU, one direction (e.g. NVLink4: 900 GB/s bidirectional → 450e9)."
     )
@@ -44,9 +46,9 @@ class NodeSpec(BaseModel):
 class NetworkSpec(BaseModel):
     """Scale-out network between nodes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
-    nics_per_node: PositiveInt
+    nics_per_node: Ranks
     nic_bandwidth_bytes_per_s: PositiveFloat = Field(description="Per NIC, one direction.")
     latency_s: NonNegativeFloat = Field(
         20e-6, description="One hop between nodes (NIC + switch). Floors collectives and sends across nodes."
@@ -56,13 +58,13 @@ class NetworkSpec(BaseModel):
 class SystemConfig(BaseModel):
     """A cluster of identical nodes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
     name: str = "custom"
     gpu: GPUSpec
     node: NodeSpec
     network: NetworkSpec
-    num_nodes: PositiveInt = 1
+    num_nodes: Ranks = 1
 
     @property
     def num_gpus(self) -> int:

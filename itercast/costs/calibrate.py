@@ -15,7 +15,7 @@ on the other folds (the predictive model of pipeDejavu), as geomean |predicted/m
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from itercast.costs.fitting import (
 )
 from itercast.costs.op_model import fit_operator_models
 from itercast.hardware.topology import GroupPlacement
+from itercast.output_files import write_output
 from itercast.profile.db import Measurement, ProfileDB
 from itercast.traces.host_overheads import HostOverheadError, HostOverheads
 
@@ -227,10 +228,9 @@ def _analytic(section: str, key: str, rows: list[Measurement], system: SystemCon
     return np.array([one(m) for m in rows])
 
 
-def write_calibration(doc: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    return path
+def write_calibration(doc: dict[str, Any], path: str | Path, inputs: Iterable[str | Path | None] = ()) -> Path:
+    """The calibration as JSON (output_files.write_output: atomic, never onto an input)."""
+    return write_output(path, json.dumps(doc, indent=1, sort_keys=True) + "\n", inputs)
 
 
 def load_calibration(path: str | Path) -> dict[str, Any]:

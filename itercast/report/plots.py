@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from itercast.errors import ConfigError
+from itercast.output_files import write_output
 
 
-def step_cdf_png(samples_s: np.ndarray, deterministic_s: float, path: str | Path, title: str = "") -> Path:
+def step_cdf_png(
+    samples_s: np.ndarray,
+    deterministic_s: float,
+    path: str | Path,
+    title: str = "",
+    inputs: Iterable[str | Path | None] = (),
+) -> Path:
     """Empirical CDF of sampled step times, with the deterministic step and p50/p95/p99 marked."""
     try:
         import matplotlib
@@ -34,7 +43,7 @@ def step_cdf_png(samples_s: np.ndarray, deterministic_s: float, path: str | Path
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
-    return path
+    return write_output(path, png.getvalue(), inputs)

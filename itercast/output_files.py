@@ -1,0 +1,48 @@
+"""Writing output files safely: atomically, never onto an input, never through a symlink.
+
+Every file a command writes (`--trace`, `--out`, `--plot`) goes through `write_output`: the bytes
+land in a temporary file beside the target and replace it in one rename (a reader never sees half
+a file, an interrupted write leaves the old one), and the target may not be one of the command's
+inputs, a directory, a symlink, or in a directory that does not exist.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from itercast.errors import ConfigError
+
+
+def write_output(path: str | Path, data: bytes | str, inputs: Iterable[str | Path | None] = ()) -> Path:
+    """Write `data` to `path` atomically after the checks above; the error names the path."""
+    path = Path(path)
+    if path.is_symlink():
+        raise ConfigError(f"{path}: is a symbolic link; give the real path to write")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; expected a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"{path}: directory {parent} does not exist")
+    for source in inputs:
+        if source is not None and path.exists() and Path(source).exists() and path.samefile(source):
+            raise ConfigError(f"{path}: is an input of this command; write the output elsewhere")
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a written file gets the usual mode
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

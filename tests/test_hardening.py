@@ -1,0 +1,121 @@
+"""Hostile and careless input: one clear line and exit 2, never a traceback, a silent wrong answer
+or a clobbered file."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.config.job import Job
+from itercast.errors import ConfigError
+from itercast.output_files import write_output
+
+RUN = CliRunner()
+EXAMPLE = ["--model", "gpt3-1.3b", "--system", "dgx-h100"]
+
+
+@pytest.mark.parametrize(
+    "model,plan,system,message",
+    [
+        ({"num_layers": True}, {}, {}, "`model.num_layers`: Input should be a valid integer"),
+        ({"num_layers": 10**7}, {}, {}, "less than or equal to 100000"),
+        ({}, {"tensor_parallel": "8"}, {}, "`plan.tensor_parallel`: Input should be a valid integer"),
+        ({}, {}, {"num_nodes": 10**30}, "`system.num_nodes`"),
+        ({}, {}, {"gpu": {"hbm_bandwidth_bytes_per_s": math.inf}}, "Input should be a finite number"),
+        ({}, {}, {"network": {"latency_s": math.nan}}, "`system.network.latency_s`"),
+        ({}, {"global_batch_size": 10**8}, {}, "forward passes to simulate; expected ≤ 1,000,000"),
+    ],
+)
+def test_configs_refuse_wrong_types_non_finite_numbers_and_absurd_sizes(model, plan, system, message):
+    with pytest.raises(ConfigError, match=None) as err:
+        Job.from_dicts({"preset": "gpt3-1.3b", **model}, plan, {"preset": "dgx-h100", **system})
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("a: &a [1, 1, 1]\nb: [*a, *a]\nmodel: gpt3-1.3b\n", "YAML aliases"),
+        ("model: " + "[" * 100 + "]" * 100 + "\n", "nested deeper than 32"),
+    ],
+)
+def test_job_files_refuse_aliases_and_deep_nesting(tmp_path, text, message):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    out = RUN.invoke(app, ["predict", str(path)])
+    assert out.exit_code == 2 and message in out.output
+
+
+def test_a_job_file_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"model: gpt3-1.3b\n\xff\xfe")
+    out = RUN.invoke(app, ["predict", str(path)])
+    assert out.exit_code == 2 and "not UTF-8 text" in out.output
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--comm-cv", "inf"], "expected a finite number"),
+        (["--comm-cv", "nan"], "expected a finite number"),
+        (["--within-s", "nan"], "expected a finite number > 0"),
+        (["--steps", "10", "--mtbf-hours", "0"], "expected a finite number > 0"),
+        (["--steps", "-5"], "--steps"),
+        (["--samples", "1000000000"], "--samples"),
+        (["--deadline-hours", "5"], "--deadline-hours needs --steps"),
+        (["--slow-gpus", "100000"], "--slow-gpus 100000: the job has 8 GPUs"),
+    ],
+)
+def test_variability_options_are_checked(args, message):
+    out = RUN.invoke(app, ["variability", *EXAMPLE, "--samples", "200", *args])
+    assert out.exit_code == 2 and message in out.output
+
+
+def test_replay_scale_refuses_nan(tmp_path):
+    out = RUN.invoke(app, ["replay", str(tmp_path), "--scale", "gemm=nan"])
+    assert out.exit_code == 2 and "finite factor" in out.output
+
+
+def test_outputs_never_land_on_an_input_a_directory_a_symlink_or_nowhere(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: gpt3-1.3b\nsystem: dgx-h100\n")
+    before = job.read_text()
+    cases = {
+        str(job): "is an input of this command",
+        str(tmp_path): "is a directory",
+        str(tmp_path / "missing" / "t.json"): "does not exist",
+    }
+    link = tmp_path / "link.json"
+    link.symlink_to(job)
+    cases[str(link)] = "is a symbolic link"
+    for target, message in cases.items():
+        out = RUN.invoke(app, ["predict", str(job), "--trace", target])
+        assert out.exit_code == 2 and message in out.output, target
+    assert job.read_text() == before
+    assert RUN.invoke(app, ["predict", str(job), "--trace", str(tmp_path / "t.json")]).exit_code == 0
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+def test_write_output_replaces_whole_and_leaves_no_temporary_file(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+    write_output(target, "new")
+    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_calibrate_refuses_a_missing_database_instead_of_creating_one(tmp_path):
+    missing = tmp_path / "typo.db"
+    out = RUN.invoke(app, ["calibrate", str(missing), "--system", "cpu-host", "--out", str(tmp_path / "c.json")])
+    assert out.exit_code == 2 and "no such profiling database" in out.output and not missing.exists()
+
+
+def test_json_output_never_carries_nan(monkeypatch):
+    from itercast.predict import Prediction
+
+    monkeypatch.setattr(Prediction, "to_dict", lambda self: {"step_time_s": math.nan})
+    out = RUN.invoke(app, ["predict", *EXAMPLE, "--json"])
+    assert out.exit_code == 2 and "JSON cannot carry" in out.output
