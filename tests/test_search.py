@@ -171,3 +171,13 @@ def test_ray_backend_gives_the_local_answer():
     finally:
         ray.shutdown()
     assert [p["plan"] for p in on_ray.plans] == [p["plan"] for p in run_search(wide).plans]
+
+
+def test_a_range_of_global_batches_is_ranked_per_sequence():
+    request = small_request()
+    options = SpaceOptions(**{**OPTIONS.__dict__, "global_batch_sizes": (8, 32)})
+    result = run_search(SearchRequest(request.model, request.system, request.base, (1,), options, top_k=40))
+    per_sequence = [p["step_time_s"] / p["plan"]["global_batch_size"] for p in result.plans]
+    assert per_sequence == sorted(per_sequence)
+    assert {p["plan"]["global_batch_size"] for p in result.plans} <= {8, 32}
+    assert result.plans[0]["plan"]["global_batch_size"] == 32  # more micro-batches fill the pipeline

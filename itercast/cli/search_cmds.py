@@ -56,6 +56,10 @@ def search_cmd(
     ] = 1.0,
     include_oom: Annotated[bool, typer.Option(help="Rank plans that do not fit too.")] = False,
     micro_batch_sizes: Annotated[str, typer.Option(metavar="N,N,…", help="Micro-batch sizes to try.")] = "1,2,4,8",
+    global_batch_sizes: Annotated[
+        str | None,
+        typer.Option(metavar="N,N,…", help="Global batches to try (ranked per sequence); default the plan's."),
+    ] = None,
     tp_across_nodes: Annotated[bool, typer.Option(help="Allow tensor parallelism across nodes.")] = False,
     max_virtual_pipeline: Annotated[int, typer.Option(min=1, max=64, help="Largest interleaving.")] = 8,
     max_context_parallel: Annotated[int, typer.Option(min=1, max=1024, help="Largest context parallel.")] = 8,
@@ -71,7 +75,8 @@ def search_cmd(
     job_file = resolve_job_file(job_file, example, model, system)
     try:
         options = SpaceOptions(
-            micro_batch_sizes=_sizes(micro_batch_sizes),
+            micro_batch_sizes=_sizes(micro_batch_sizes, "--micro-batch-sizes"),
+            global_batch_sizes=_sizes(global_batch_sizes, "--global-batch-sizes") if global_batch_sizes else (),
             max_context_parallel=max_context_parallel,
             max_virtual_pipeline=max_virtual_pipeline,
             tp_across_nodes=tp_across_nodes,
@@ -100,8 +105,10 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     m = cast(ModelConfig, parse_section("model", raw["model"], "model"))
     s = cast(SystemConfig, parse_section("system", raw["system"], "system"))
     base = cast(PlanConfig, parse_section("plan", {**shared, **fixed}, "plan"))
-    if base.global_batch_size is None:
-        raise ConfigError("the search needs plan.global_batch_size: --set plan.global_batch_size=N")
+    if base.global_batch_size is None and not options.global_batch_sizes:
+        raise ConfigError(
+            "the search needs plan.global_batch_size (--set plan.global_batch_size=N) or --global-batch-sizes"
+        )
     return SearchRequest(m, s, base, _node_counts(nodes, s), replace(options, fixed=fixed))
 
 
@@ -118,13 +125,13 @@ def _node_counts(text: str | None, system: SystemConfig) -> tuple[int, ...]:
     return tuple(range(low, high + 1))
 
 
-def _sizes(text: str) -> tuple[int, ...]:
+def _sizes(text: str, option: str) -> tuple[int, ...]:
     try:
         sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError:
-        raise ConfigError(f"--micro-batch-sizes: expected whole numbers separated by commas; got {text!r}") from None
-    if not sizes or sizes[0] < 1 or sizes[-1] > 4096:
-        raise ConfigError(f"--micro-batch-sizes: expected sizes in 1..4096; got {text!r}")
+        raise ConfigError(f"{option}: expected whole numbers separated by commas; got {text!r}") from None
+    if not sizes or sizes[0] < 1 or sizes[-1] > 10_000_000:
+        raise ConfigError(f"{option}: expected sizes in 1..10000000; got {text!r}")
     return sizes
 
 
@@ -143,7 +150,8 @@ def _progress(total: int, quiet: bool) -> Iterator[Progress | None]:
 def _print(result: SearchResult, request: SearchRequest) -> None:
     m, s = request.model, request.system
     console.print(
-        f"[bold]{m.name}[/] on {s.gpu.name} ({s.name}), global batch {request.base.global_batch_size}: "
+        f"[bold]{m.name}[/] on {s.gpu.name} ({s.name}), global batch "
+        f"{', '.join(map(str, request.options.global_batch_sizes)) or request.base.global_batch_size}: "
         f"{result.evaluated:,} plans generated, {result.valid:,} valid, {result.fitting:,} fit "
         f"({result.seconds:.1f} s)",
         highlight=False,
@@ -158,6 +166,7 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
         "GPUs",
         "dp×tp×pp×cp",
         "vp",
+        "gbs",
         "mbs",
         "sched",
         "ZeRO",
@@ -165,6 +174,7 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
         "SP",
         "ovl",
         "s/step",
+        "tok/s",
         "MFU",
         "GiB",
     ):
@@ -177,6 +187,7 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
             str(r["num_gpus"]),
             sizes,
             str(p["virtual_pipeline"]),
+            str(p["global_batch_size"]),
             str(p["micro_batch_size"]),
             {"interleaved-1f1b": "i-1f1b"}.get(p["schedule"], p["schedule"]),
             str(p["zero_stage"]),
@@ -184,6 +195,7 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
             "y" if p["sequence_parallel"] else "n",
             ("g" if p["overlap_grad_reduce"] else "-") + ("p" if p["overlap_param_gather"] else "-"),
             f"{r['step_time_s']:.3f}",
+            f"{r['tokens_per_s']:,.0f}",
             f"{r['mfu']:.1%}",
             f"{r['memory_per_gpu_bytes'] / 2**30:.1f}" + ("" if r["fits"] else " OOM"),
         )

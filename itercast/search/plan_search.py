@@ -5,7 +5,8 @@
    keep the candidates: the fastest fitting plans and the Pareto fronts. Pieces run in a local
    process pool, or on Ray (`backend="ray"`) when a sweep outgrows one machine.
 2. The best `top_k` candidates are re-scored by the graph simulation (`predict`), the reference,
-   and ranked by it; the result says how far the two speeds disagreed on them.
+   and ranked by it; the result says how far the two speeds disagreed on them. With several global
+   batch sizes plans are ranked by seconds per sequence (step time / global batch), else by step.
 """
 
 from __future__ import annotations
@@ -89,12 +90,13 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
         return out
     est = FastEstimator(request.model, system).evaluate(table)
     mem, step = est["memory_per_gpu_bytes"], est["step_time_s"]
+    rank = step / table.cols["gbs"] if len(request.options.global_batch_sizes) > 1 else step
     fits = mem <= request.max_memory_fraction * system.gpu.hbm_bytes
     out.fitting, out.least_memory_bytes = int(fits.sum()), float(mem.min())
     allowed = np.ones_like(fits) if request.include_oom else fits
-    order = np.argsort(np.where(allowed, step, np.inf), kind="stable")
+    order = np.argsort(np.where(allowed, rank, np.inf), kind="stable")
     keep = set(order[: min(request.top_k, int(allowed.sum()))].tolist())
-    keep |= set(_pareto(step[allowed], mem[allowed], np.flatnonzero(allowed)))
+    keep |= set(_pareto(rank[allowed], mem[allowed], np.flatnonzero(allowed)))
     for row in sorted(keep):
         out.rows.append(
             {
@@ -102,6 +104,7 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
                 "num_nodes": num_nodes,
                 "num_gpus": system.num_gpus,
                 "fast_step_time_s": float(step[row]),
+                "fast_rank_s": float(rank[row]),  # step time, or per sequence when batches vary
                 "memory_per_gpu_bytes": float(mem[row]),
                 "fits": bool(fits[row]),
             }
@@ -133,9 +136,10 @@ def run_search(
             f"over the {fraction:.0%} of {request.system.gpu.hbm_bytes / 2**30:.0f} GiB allowed "
             "(--max-memory-fraction); try more GPUs, a smaller global batch, recompute or ZeRO"
         )
-    rows.sort(key=lambda r: r["fast_step_time_s"])
+    per_sequence = len(request.options.global_batch_sizes) > 1
+    rows.sort(key=lambda r: r["fast_rank_s"])
     best = [_rescore(request, r) for r in rows[: request.top_k]]
-    best.sort(key=lambda r: r["step_time_s"])
+    best.sort(key=lambda r: r["step_time_s"] / (r["plan"]["global_batch_size"] if per_sequence else 1))
     gaps = [abs(r["fast_step_time_s"] / r["step_time_s"] - 1) for r in best]
     fast_rows = [r for r in rows if r["fits"] or request.include_oom]
     return SearchResult(
@@ -217,7 +221,7 @@ def _pareto(time_s: np.ndarray, other: np.ndarray, rows: np.ndarray) -> list[int
 
 
 def _pareto_rows(rows: list[dict[str, Any]], key: str) -> list[int]:
-    time_s = np.array([r["fast_step_time_s"] for r in rows])
+    time_s = np.array([r["fast_rank_s"] for r in rows])
     other = np.array([r[key] for r in rows], dtype=np.float64)
     return _pareto(time_s, other, np.arange(len(rows)))
 

@@ -29,6 +29,7 @@ class SpaceOptions:
     """What the search may vary. `fixed`: plan field -> the one value it keeps."""
 
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    global_batch_sizes: tuple[int, ...] = ()  # empty: the base plan's global_batch_size
     max_context_parallel: int = 8
     max_virtual_pipeline: int = 8
     tp_across_nodes: bool = False
@@ -67,16 +68,18 @@ def _choices(name: str, default: list[int], fixed: dict[str, Any]) -> list[int]:
 def enumerate_plans(
     model: ModelConfig, system: SystemConfig, base: PlanConfig, num_gpus: int, options: SpaceOptions
 ) -> tuple[PlanTable, SpaceCounts]:
-    """Every valid plan on `num_gpus` GPUs; `base` holds the shared fields and the global batch."""
+    """Every valid plan on `num_gpus` GPUs; `base` holds the shared fields and the global batch
+    (unless options.global_batch_sizes lists several)."""
     fixed, gpn = options.fixed, system.node.gpus_per_node
-    gbs = base.global_batch_size
-    if gbs is None:
+    batches = list(options.global_batch_sizes) or ([base.global_batch_size] if base.global_batch_size else [])
+    if not batches:
         raise ValueError("the search needs plan.global_batch_size (e.g. --set plan.global_batch_size=1536)")
     divisors = _divisors(num_gpus)
     tp_max = num_gpus if options.tp_across_nodes else gpn
     cp_values = [c for c in divisors if c <= options.max_context_parallel and c & (c - 1) == 0]
     axes = {
         "tp": _choices("tensor_parallel", [d for d in divisors if d <= tp_max], fixed),
+        "gbs": batches,
         "pp": _choices("pipeline_parallel", [d for d in divisors if model.num_layers % d == 0], fixed),
         "cp": _choices("context_parallel", cp_values, fixed),
         "vp": _choices("virtual_pipeline", list(range(1, options.max_virtual_pipeline + 1)), fixed),
@@ -100,7 +103,6 @@ def enumerate_plans(
             cols["dp"] = num_gpus // (cols["tp"] * cols["pp"] * cols["cp"])
         pending, cols = _apply(pending, cols, counts)
     assert not pending, [rule for rule, _ in pending]  # every rule's columns exist by now
-    cols["gbs"] = np.full_like(cols["tp"], gbs)
     return PlanTable({k: cols[k] for k in COLUMNS}, base), counts
 
 
@@ -129,10 +131,9 @@ def _rules(
 ) -> list[Rule]:
     """Job validation's rules over columns, in order; then switches that would change nothing are
     kept at their first value only (one plan, not two identical ones)."""
-    gbs = int(base.global_batch_size or 0)
 
     def micro(c: dict[str, np.ndarray]) -> np.ndarray:
-        return gbs // (c["mbs"] * c["dp"])
+        return c["gbs"] // (c["mbs"] * c["dp"])
 
     def no_dp(c: dict[str, np.ndarray]) -> np.ndarray:
         return c["dp"] * c["cp"] == 1
@@ -161,7 +162,7 @@ def _rules(
             "model.seq_length not divisible by 2 × cp",
             lambda c: (c["cp"] == 1) | (model.seq_length % (2 * c["cp"]) == 0),
         ),
-        ("global_batch_size not divisible by mbs × dp", lambda c: gbs % (c["mbs"] * c["dp"]) == 0),
+        ("global_batch_size not divisible by mbs × dp", lambda c: c["gbs"] % (c["mbs"] * c["dp"]) == 0),
         ("schedule: interleaving needs vp > 1 and micro-batches divisible by pp", schedule_ok),
         ("sequence_parallel needs tp > 1", lambda c: (c["sp"] == 0) | (c["tp"] > 1)),
         ("zero_stage 3 with pp > 1 is not supported", lambda c: (c["zero"] < 3) | (c["pp"] == 1)),
