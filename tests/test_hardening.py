@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from itercast.cli import app
 from itercast.config.job import Job
 from itercast.errors import ConfigError
-from itercast.output_files import write_output
+from itercast.user_files import write_output
 
 RUN = CliRunner()
 EXAMPLE = ["--model", "gpt3-1.3b", "--system", "dgx-h100"]

@@ -17,6 +17,7 @@ from itercast.config.plan import PlanConfig
 from itercast.config.presets import preset
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError, did_you_mean
+from itercast.user_files import read_small_text
 
 _SCHEMAS: dict[str, type[BaseModel]] = {"model": ModelConfig, "plan": PlanConfig, "system": SystemConfig}
 MAX_JOB_FILE_BYTES = 1 << 20  # a job file is a few hundred bytes; refuse anything huge
@@ -117,14 +118,7 @@ def plain_yaml(text: str, where: str) -> Any:
 
 def read_job_file(path: Path) -> dict[str, Any]:
     """Read a YAML job file with sections model / plan / system (safe loader, bounded size)."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such job file")
-    if path.stat().st_size > MAX_JOB_FILE_BYTES:
-        raise ConfigError(f"{path}: job file is {path.stat().st_size} bytes; expected < {MAX_JOB_FILE_BYTES}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    text = read_small_text(path, "job file", MAX_JOB_FILE_BYTES)
     try:
         data = plain_yaml(text, str(path))
     except yaml.YAMLError as exc:

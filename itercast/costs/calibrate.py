@@ -34,9 +34,9 @@ from itercast.costs.fitting import (
 )
 from itercast.costs.op_model import fit_operator_models
 from itercast.hardware.topology import GroupPlacement
-from itercast.output_files import write_output
 from itercast.profile.db import Measurement, ProfileDB
 from itercast.traces.host_overheads import HostOverheadError, HostOverheads
+from itercast.user_files import write_output
 
 #: version 3: norms are shape models (operator family "norm"), embedding-bag backward has a term per
 #: byte of distinct rows, operators may carry host issue times (host_issue_s) and host costs a launch
@@ -229,7 +229,7 @@ def _analytic(section: str, key: str, rows: list[Measurement], system: SystemCon
 
 
 def write_calibration(doc: dict[str, Any], path: str | Path, inputs: Iterable[str | Path | None] = ()) -> Path:
-    """The calibration as JSON (output_files.write_output: atomic, never onto an input)."""
+    """The calibration as JSON (user_files.write_output: atomic, never onto an input)."""
     return write_output(path, json.dumps(doc, indent=1, sort_keys=True) + "\n", inputs)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from itercast.errors import ConfigError
-from itercast.output_files import write_output
+from itercast.user_files import write_output
 
 
 def step_cdf_png(

@@ -26,6 +26,7 @@ from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.memory import activation_bytes_per_token_layer, state_bytes_per_param
 from itercast.search.stage_slicing import LayerCosts
+from itercast.user_files import read_small_text
 from itercast.workloads.transformer import Groups, UnitCosts, p2p_message_bytes, unit_params
 
 MAX_CSV_BYTES = 16 << 20  # a layer table is a few KB; refuse anything huge
@@ -67,14 +68,7 @@ def job_layer_costs(job: Job) -> tuple[LayerCosts, list[str]]:
 
 def read_layer_csv(path: Path, send_bytes_per_s: float) -> tuple[LayerCosts, list[str]]:
     """A layer table (see the module docstring); every error names the file, the line and the field."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such layer-times file")
-    if path.stat().st_size > MAX_CSV_BYTES:
-        raise ConfigError(f"{path}: {path.stat().st_size} bytes; expected < {MAX_CSV_BYTES}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    text = read_small_text(path, "layer-times file", MAX_CSV_BYTES)
     rows = list(csv.reader(io.StringIO(text)))
     rows = [r for r in rows if r and not r[0].lstrip().startswith("#")]
     if not rows:

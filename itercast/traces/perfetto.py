@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from itercast.output_files import write_output
 from itercast.sim.engine import SimResult, compile_graph
+from itercast.user_files import write_output
 
 CATEGORY_NAMES = ("compute", "communication", "host")
 
@@ -72,5 +72,5 @@ def to_chrome_trace(sim: SimResult, max_flows: int = 20_000) -> dict[str, Any]:
 
 
 def write_chrome_trace(sim: SimResult, path: str | Path, inputs: Iterable[str | Path | None] = ()) -> Path:
-    """The timeline as Chrome/Perfetto JSON (output_files.write_output: atomic, never onto an input)."""
+    """The timeline as Chrome/Perfetto JSON (user_files.write_output: atomic, never onto an input)."""
     return write_output(path, json.dumps(to_chrome_trace(sim)), inputs)

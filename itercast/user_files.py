@@ -1,4 +1,9 @@
-"""Writing output files safely: atomically, never onto an input, never through a symlink.
+"""Files at the edges: small text inputs read with bounds, outputs written safely.
+
+`read_small_text` reads a user's text input (a job, a layer table): it must exist, be under a size
+bound and be UTF-8, and each error names the file.
+
+Writing output files safely: atomically, never onto an input, never through a symlink.
 
 Every file a command writes (`--trace`, `--out`, `--plot`) goes through `write_output`: the bytes
 land in a temporary file beside the target and replace it in one rename (a reader never sees half
@@ -14,6 +19,19 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from itercast.errors import ConfigError
+
+
+def read_small_text(path: Path, what: str, max_bytes: int) -> str:
+    """The text of a small input file; `what` names it in errors ("job file", "layer-times file")."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such {what}")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ConfigError(f"{path}: {what} of {size} bytes; expected < {max_bytes}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def write_output(path: str | Path, data: bytes | str, inputs: Iterable[str | Path | None] = ()) -> Path:
