@@ -18,6 +18,7 @@ the logits); no middle stage holds more than the first, so those two are evaluat
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -71,16 +72,19 @@ def stage_params(job: Job, stage: int) -> float:
     """Parameters held by one GPU of pipeline stage `stage` (tensor-parallel shard, before ZeRO)."""
     p = job.plan
     last = stage == p.pipeline_parallel - 1
-    return float(stage_param_columns(job.model, PlanTable.of_jobs([job]), stage == 0, last)[0])
+    layers = p.stage_layer_counts(job.model.num_layers)[stage]
+    return float(stage_param_columns(job.model, PlanTable.of_jobs([job]), stage == 0, last, layers)[0])
 
 
-def stage_param_columns(m: ModelConfig, t: PlanTable, first: bool | np.ndarray, last: bool | np.ndarray) -> np.ndarray:
-    """Per row: its layers (norms and row-parallel biases whole on every tensor-parallel rank), the
-    embedding on the first stage, the output layer on the last (a tied one too when it is a copy)."""
+def stage_param_columns(
+    m: ModelConfig, t: PlanTable, first: bool | np.ndarray, last: bool | np.ndarray, layers: float | np.ndarray
+) -> np.ndarray:
+    """Per row: its `layers` layers (norms and row-parallel biases whole on every tensor-parallel rank),
+    the embedding on the first stage, the output layer on the last (a tied one too when it is a copy)."""
     tp, pp = t.cols["tp"], t.cols["pp"]
     layer = m.layer_sharded_params() / tp + m.layer_replicated_params()
     vocab = m.vocab_size * m.hidden_size / tp
-    params = m.num_layers / pp * layer
+    params = layers * layer
     params = params + np.where(first, vocab + m.position_params(), 0.0)
     return params + np.where(last & ((not m.tied) | (pp > 1)), vocab, 0.0)
 
@@ -131,20 +135,17 @@ def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[s
     shard = c["dp"] * c["cp"]  # Megatron's distributed optimizer shards over DP×CP
     tokens = c["mbs"] * m.seq_length / c["cp"]
     per_layer = _activation_bytes(m, t) * tokens
-    layers = m.num_layers / c["pp"]
     zero = c["zero"]
     w_b, g_b, o_b = state_bytes_per_param(base, zero, shard)
     whole_w_b = state_bytes_per_param(base, 0, 1)[0]  # ZeRO-3's gathered layers are whole
     best: dict[str, np.ndarray] = {}
-    for stage in ("first", "last"):
-        first, last = stage == "first", (stage == "last") | (c["pp"] == 1)
-        params = stage_param_columns(m, t, first or c["pp"] == 1, last)
+    for first, last, index, layers in _stages(m, t):
+        params = stage_param_columns(m, t, first, last, layers)
         weights = params * w_b
         gathered = 2 * (m.layer_sharded_params() / c["tp"] + m.layer_replicated_params()) * whole_w_b
         weights = weights + np.where(zero >= 3, gathered, 0)
         grads = params * g_b
         optim = params * o_b
-        index = np.zeros_like(c["pp"]) if first else c["pp"] - 1
         held = in_flight_microbatches(c["schedule"], index, c["pp"], t.microbatches, c["vp"])
         acts = layers * per_layer * held
         # full recompute: one layer's whole activations live while it is recomputed
@@ -159,6 +160,19 @@ def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[s
             worse = total > best["total"]
             best = {k: np.where(worse, v, best[k]) for k, v in row.items()}
     return best
+
+
+def _stages(m: ModelConfig, t: PlanTable) -> list[tuple[Any, Any, np.ndarray, Any]]:
+    """The stages to evaluate, as (first?, last?, stage index, layers on it) per row: with equal
+    stages the first and the last (no middle stage holds more), with plan.stage_layers every stage
+    (the table's rows then share pipeline_parallel and virtual_pipeline)."""
+    pp = t.cols["pp"]
+    if t.base.stage_layers is None:
+        equal = m.num_layers / pp
+        return [(True, pp == 1, np.zeros_like(pp), equal), (pp == 1, True, pp - 1, equal)]
+    counts = t.base.stage_layer_counts(m.num_layers)
+    last = len(counts) - 1
+    return [(s == 0, s == last, np.full_like(pp, s), float(n)) for s, n in enumerate(counts)]
 
 
 def estimate_memory(job: Job) -> MemoryEstimate:

@@ -181,3 +181,16 @@ def test_a_range_of_global_batches_is_ranked_per_sequence():
     assert per_sequence == sorted(per_sequence)
     assert {p["plan"]["global_batch_size"] for p in result.plans} <= {8, 32}
     assert result.plans[0]["plan"]["global_batch_size"] == 32  # more micro-batches fill the pipeline
+
+
+def test_search_keeps_fixed_uneven_stages():
+    runner = CliRunner()
+    args = ["search", "--model", "llama3-8b", "--system", "dgx-h100", "--set", "plan.global_batch_size=64"]
+    args += ["--set", "plan.pipeline_parallel=2", "--set", "plan.stage_layers=[10, 22]", "--micro-batch-sizes", "1"]
+    out = runner.invoke(app, [*args, "--top", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    plans = [p["plan"] for p in json.loads(out.stdout)["plans"]]
+    assert plans and all(p["stage_layers"] == [10, 22] and p["pipeline_parallel"] == 2 for p in plans)
+    no_pp = ["search", "--model", "llama3-8b", "--system", "dgx-h100", "--set", "plan.global_batch_size=64"]
+    unfixed = runner.invoke(app, [*no_pp, "--set", "plan.stage_layers=[10, 22]", "--micro-batch-sizes", "1"])
+    assert unfixed.exit_code == 2 and "plan.stage_layers fixes pipeline_parallel" in unfixed.output

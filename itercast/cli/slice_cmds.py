@@ -145,7 +145,12 @@ def _stage_count(text: str | None, default: int, costs: LayerCosts) -> int:
 
 
 def _as_dict(s: Slicing, seconds: float, names: list[str]) -> dict[str, Any]:
+    ends = [*s.boundaries[1:], len(names)]
+    layers = [sum(n.startswith("layer ") for n in names[a:b]) for a, b in zip(s.boundaries, ends, strict=True)]
+    from_job = names[0] == "embedding" and names[-1] == "head"
     return {
+        # a job's slicing as plan.stage_layers (transformer layers per stage), ready for `predict`
+        **({"stage_layers": layers} if from_job else {}),
         "stages": len(s.boundaries),
         "boundaries": s.boundaries,
         "first_layer_names": [names[b] for b in s.boundaries],

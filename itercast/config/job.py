@@ -215,6 +215,7 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
             f"{gpus} GPUs (num_nodes({system.num_nodes}) × gpus_per_node({system.node.gpus_per_node}))"
         )
     problems += _divisibility_problems(model, p, dp, gbs)
+    problems += _stage_layer_problems(model, p)
     micro = gbs // max(p.micro_batch_size * dp, 1)
     passes = p.pipeline_parallel * p.virtual_pipeline * micro
     if passes > MAX_PASSES:
@@ -238,7 +239,7 @@ def _divisibility_problems(model: ModelConfig, p: PlanConfig, dp: int, gbs: int)
         (
             "model.num_layers",
             model.num_layers,
-            p.pipeline_parallel * p.virtual_pipeline,
+            p.pipeline_parallel * p.virtual_pipeline if p.stage_layers is None else 1,
             f"pipeline_parallel({p.pipeline_parallel}) × virtual_pipeline({p.virtual_pipeline})",
         ),
         (
@@ -255,6 +256,26 @@ def _divisibility_problems(model: ModelConfig, p: PlanConfig, dp: int, gbs: int)
         ),
     ]
     return [f"{what}({value}) not divisible by {by}" for what, value, div, by in checks if value % div]
+
+
+def _stage_layer_problems(model: ModelConfig, p: PlanConfig) -> list[str]:
+    """plan.stage_layers: one count per virtual stage, summing to the layers; only the first and
+    the last may be empty (they still hold the embedding or the head)."""
+    layers = p.stage_layers
+    if layers is None:
+        return []
+    stages = p.pipeline_parallel * p.virtual_pipeline
+    problems = []
+    if len(layers) != stages:
+        problems.append(
+            f"plan.stage_layers has {len(layers)} entries; expected pipeline_parallel({p.pipeline_parallel}) × "
+            f"virtual_pipeline({p.virtual_pipeline}) = {stages}"
+        )
+    if sum(layers) != model.num_layers:
+        problems.append(f"plan.stage_layers sums to {sum(layers)}; expected model.num_layers({model.num_layers})")
+    if any(n == 0 for n in layers[1:-1]):
+        problems.append("plan.stage_layers: a stage between the first and the last has no layer")
+    return problems
 
 
 def _schedule_problems(p: PlanConfig, microbatches: int) -> list[str]:

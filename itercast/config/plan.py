@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, NonNegativeInt
 
@@ -33,6 +33,12 @@ class PlanConfig(BaseModel):
     context_parallel: Ranks = 1
     expert_parallel: Ranks = 1
     virtual_pipeline: Ranks = Field(1, description="Model chunks per pipeline rank (interleaving).")
+    stage_layers: Annotated[tuple[NonNegativeInt, ...] | None, Field(strict=False)] = Field(
+        None,
+        description="Transformer layers of each virtual stage in pipeline order (pipeline_parallel × "
+        "virtual_pipeline entries summing to num_layers; the embedding sits on the first, the head on the "
+        "last); default: equal stages. `itercast slice` prints one.",
+    )
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism with tp > 1.")
     micro_batch_size: Batch = 1
     global_batch_size: Batch | None = Field(
@@ -65,6 +71,18 @@ class PlanConfig(BaseModel):
         if self.global_batch_size is None:
             raise ValueError("plan.global_batch_size is resolved when the plan joins a Job (Job.from_dicts)")
         return self.global_batch_size
+
+    def virtual_stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers of each virtual stage (chunk c of stage s is virtual stage c·pp + s)."""
+        if self.stage_layers is not None:
+            return self.stage_layers
+        stages = self.pipeline_parallel * self.virtual_pipeline
+        return (num_layers // stages,) * stages
+
+    def stage_layer_counts(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers held by each pipeline stage (its chunks together)."""
+        per_virtual, pp = self.virtual_stage_layers(num_layers), self.pipeline_parallel
+        return tuple(sum(per_virtual[c * pp + s] for c in range(self.virtual_pipeline)) for s in range(pp))
 
     @property
     def dtype_bytes(self) -> int:

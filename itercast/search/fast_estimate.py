@@ -6,9 +6,10 @@ parallel, micro-batch, sequence parallel, recompute) and are computed once per d
 data-parallel collectives once per distinct group and size; the rest is numpy over a PlanTable:
 
     stage time     S_s = v · (t_f + t_b) + embedding (first stage) + head (last stage)
-    pipeline       M · max_s S_s + (p − 1) · mean_s S_s / v + 2 (p − 1) · t_p2p
+    pipeline       M · max_s S_s + (Σ_s S_s − max_s S_s) / v + 2 (p − 1) · t_p2p
                    (exact for uniform stages without sends: (M + p − 1)·t for 1F1B/GPipe,
-                   M·t + (p − 1)·t/v for interleaved; Narayanan et al. SC'21 §2.2)
+                   M·t + (p − 1)·t/v for interleaved, Narayanan et al. SC'21 §2.2; for uneven
+                   stages (plan.stage_layers) (M − 1)·max + Σ, the objective of stage_slicing.py)
     exposed DP     max(G / n, G − W (n − 1) / n) for G seconds of gradient reduction in n buckets
                    behind a last backward of W seconds (the graph's bucket pipeline, uniform buckets);
                    ZeRO-2 reduces after every micro-batch: also the backlog M·G − window when the
@@ -104,15 +105,27 @@ class FastEstimator:
         f = self._unit_columns(t)
         g = self._group_columns(t)
         p, v, M = c["pp"], c["vp"], t.microbatches
-        layers = self.model.num_layers / (p * v)
-        tf, tb = layers * f["lf"], layers * f["lb"]
         embed, head = f["ef"] + f["eb"], f["hf"] + f["hb"]
-        per_stage = v * (tf + tb)
-        first, last = per_stage + embed, per_stage + head
-        single = p == 1
-        slowest = np.where(single, per_stage + embed + head, np.maximum(first, last))
-        mean = np.where(single, slowest, (per_stage * np.maximum(p - 2, 0) + first + last) / p)
-        pipeline = M * slowest + (p - 1) * mean / v + 2 * (p - 1) * g["p2p"]
+        if t.base.stage_layers is None:
+            layers = self.model.num_layers / (p * v)  # per chunk pass
+            first_chunk = layers
+            per_stage = v * layers * (f["lf"] + f["lb"])
+            first, last = per_stage + embed, per_stage + head
+            single = p == 1
+            slowest = np.where(single, per_stage + embed + head, np.maximum(first, last))
+            total = np.where(single, slowest, per_stage * np.maximum(p - 2, 0) + first + last)
+        else:  # uneven stages (plan.stage_layers): every row has the base plan's pp and vp
+            counts = np.asarray(t.base.stage_layer_counts(self.model.num_layers), dtype=np.float64)
+            stage = counts[None, :] * (f["lf"] + f["lb"])[:, None]
+            stage[:, 0] += embed
+            stage[:, -1] += head
+            slowest, total = stage.max(axis=1), stage.sum(axis=1)
+            layers = counts.max() / v  # the most loaded stage's chunk, for the windows below
+            first_chunk = t.base.virtual_stage_layers(self.model.num_layers)[0]
+        tf, tb = layers * f["lf"], layers * f["lb"]
+        # M·max + (Σ − max)/v: (M + p − 1)·t for equal 1F1B/GPipe stages, M·t + (p − 1)·t/v interleaved
+        # (Narayanan et al. SC'21 §2.2), (M − 1)·max + Σ for uneven 1F1B stages (stage_slicing.py)
+        pipeline = M * slowest + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
         zero, sync = c["zero"], g["grad_ranks"] > 1
         buckets = g["buckets"]
         grad, gather = g["grad"], g["gather"]
@@ -130,7 +143,7 @@ class FastEstimator:
         exposed_gather = np.where((zero == 1) | (zero == 2), gathered, 0.0)
         fsdp = _fsdp_step(f, g, layers, M)
         step = np.where((zero == 3) & sync, fsdp, pipeline + exposed_grad + exposed_gather)
-        kernels = layers * f["kernels_lf"] + f["kernels_ef"]
+        kernels = first_chunk * f["kernels_lf"] + f["kernels_ef"]
         return step + g["tail"] + kernels * self.system.gpu.kernel_launch_overhead_s
 
     # -- per distinct value: unit costs and group costs ------------------------------------------
@@ -203,7 +216,8 @@ class FastEstimator:
         m, costs, groups = self.model, self._cost_model(base.dtype), Groups.of(job)
         collective = self._collective_memo(costs)
         sizes = unit_params(job)
-        stage_units = {s: [[sizes[k] for k in unit_kinds(job, s, ch)] for ch in range(vp)] for s in {0, pp - 1}}
+        candidates = range(pp) if base.stage_layers is not None else {0, pp - 1}  # where the most params sit
+        stage_units = {s: [[sizes[k] for k in unit_kinds(job, s, ch)] for ch in range(vp)] for s in candidates}
         stage = max(stage_units, key=lambda s: sum(map(sum, stage_units[s])))
         params = float(sum(map(sum, stage_units[stage])))  # = memory.stage_params
         kind, grad_bytes, w_bytes = grad_collective(job), job.plan.grad_bytes, weight_bytes(job)

@@ -145,6 +145,8 @@ def _rules(
 
     first = {k: v[0] for k, v in axes.items()}
     want_dp = int(fixed.get("data_parallel") or 0)
+    uneven = np.bool_(base.stage_layers is not None)  # a numpy bool: `~` negates it (a Python bool's is −2)
+    fits_stages = base.stage_layers is None or len(base.stage_layers) == base.pipeline_parallel * base.virtual_pipeline
     # fused attention already recomputes inside its backward (transformer_ops.layer_backward)
     same_recompute = base.flash_attention and RECOMPUTE.index("none") in axes["recompute"]
     return [
@@ -157,7 +159,13 @@ def _rules(
             "model.num_attention_heads / num_query_groups not divisible by tp",
             lambda c: (model.num_attention_heads % c["tp"] == 0) & (model.kv_heads % c["tp"] == 0),
         ),
-        ("model.num_layers not divisible by pp × vp", lambda c: model.num_layers % (c["pp"] * c["vp"]) == 0),
+        ("model.num_layers not divisible by pp × vp", lambda c: (model.num_layers % (c["pp"] * c["vp"]) == 0) | uneven),
+        (
+            "plan.stage_layers fixes pipeline_parallel × virtual_pipeline (set both with it)",
+            lambda c: (
+                ~uneven | ((c["pp"] == base.pipeline_parallel) & (c["vp"] == base.virtual_pipeline) & fits_stages)
+            ),
+        ),
         (
             "model.seq_length not divisible by 2 × cp",
             lambda c: (c["cp"] == 1) | (model.seq_length % (2 * c["cp"]) == 0),

@@ -72,7 +72,7 @@ def unit_kinds(job: Job, stage: int, chunk: int) -> list[str]:
     """The units of one model chunk on one pipeline stage, in forward order."""
     p = job.plan
     vs = chunk * p.pipeline_parallel + stage
-    kinds = ["layer"] * (job.model.num_layers // (p.pipeline_parallel * p.virtual_pipeline))
+    kinds = ["layer"] * p.virtual_stage_layers(job.model.num_layers)[vs]
     if vs == 0:
         kinds.insert(0, "embed")
     if vs == p.pipeline_parallel * p.virtual_pipeline - 1:
