@@ -272,10 +272,18 @@ def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], layers: np.nd
 
 
 def _distinct(t: PlanTable, columns: tuple[str, ...]) -> tuple[list[tuple[int, ...]], np.ndarray]:
-    """The distinct values of `columns` over the table's rows, and each row's index into them."""
-    stacked = np.stack([t.cols[c] for c in columns], axis=1)
-    keys, inverse = np.unique(stacked, axis=0, return_inverse=True)
-    return [tuple(int(x) for x in k) for k in keys], inverse.reshape(-1)
+    """The distinct values of `columns` over the table's rows, and each row's index into them. Each
+    column is made dense, the columns are combined into one integer (mixed radix), and the 1-D unique
+    of that (a sort of int64) replaces a row-wise unique (a lexsort of rows), several times slower."""
+    code, radix = np.zeros(len(t), dtype=np.int64), 1
+    for name in columns:
+        values, dense = np.unique(t.cols[name], return_inverse=True)
+        code, radix = code * values.shape[0] + dense.reshape(-1), radix * values.shape[0]
+    if radix >= 2**62:  # the code would overflow: the row-wise unique
+        code = np.stack([t.cols[name] for name in columns], axis=1)  # type: ignore[assignment]
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True, axis=0)
+    keys = [tuple(int(t.cols[name][row]) for name in columns) for row in first.tolist()]
+    return keys, inverse.reshape(-1)
 
 
 def _exposed(total_s: np.ndarray, buckets: np.ndarray, window_s: np.ndarray) -> np.ndarray:
