@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -78,7 +79,7 @@ def test_other_schema_versions_and_other_files_are_refused_with_the_reason(tmp_p
     ProfileDB(path).close()
     with sqlite3.connect(path) as c:
         c.execute("UPDATE meta SET value='9.0' WHERE key='schema_version'")
-    with pytest.raises(ProfileError, match=r"schema version 9\.0; this itercast reads 1\.0\.x"):
+    with pytest.raises(ProfileError, match=r"schema version 9\.0; this itercast reads 1\.x"):
         ProfileDB(path)
     other = tmp_path / "other.db"
     with sqlite3.connect(other) as c:
@@ -255,3 +256,47 @@ def test_collectives_run_across_two_gloo_processes_and_resume(tmp_path, monkeypa
     assert all((m.size, m.group_size, m.nodes) == (4096.0, 2, 1) and 3 <= m.repeats <= 200 for m in rows.values())
     assert all(m.time_s > 0 and m.params == {"ranks": 2, "bytes": 4096} for m in rows.values())
     assert microbench.run(db, quick=True, families=("collective",), warmup=1, repeats=3)["measured"] == 0
+
+
+def test_importing_the_same_file_twice_adds_nothing(tmp_path):
+    log = tmp_path / "all_reduce.log"
+    log.write_text(LOG)
+    db = ProfileDB(tmp_path / "p.db")
+    import_nccl_log(db, log, "all_reduce", 1, "H100")
+    again = import_nccl_log(db, log, "all_reduce", 1, "H100")
+    assert db.count() == 2 and again["imported"] == 0
+    assert again["already imported (same file, nothing added)"] == 2
+    log.write_text(LOG.replace("16.94", "17.94"))  # a changed file is a new import
+    assert import_nccl_log(db, log, "all_reduce", 1, "H100")["imported"] == 2
+
+
+def _import_worker(args: tuple[str, str, int]) -> int:
+    db_path, log_path, n = args
+    return import_nccl_log(ProfileDB(db_path), Path(log_path), "all_reduce", n, f"H100-{n}")["imported"]
+
+
+def test_concurrent_imports_into_a_new_database_keep_every_row(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+
+    logs = []
+    for n in range(1, 5):
+        log = tmp_path / f"all_reduce_{n}.log"
+        log.write_text(LOG)
+        logs.append((str(tmp_path / "new.db"), str(log), n))
+    with ProcessPoolExecutor(max_workers=4) as pool:
+        imported = list(pool.map(_import_worker, logs))
+    assert imported == [2, 2, 2, 2] and ProfileDB(tmp_path / "new.db").count() == 8
+
+
+def test_a_read_only_database_is_read_and_never_written(tmp_path):
+    path = tmp_path / "p.db"
+    db = ProfileDB(path)
+    db.add(db.device("cpu", {"k": 1}), [Measurement("gemm", "mm", 1e6, 1e-3)])
+    db.close()
+    path.chmod(0o444)
+    ro = ProfileDB(path, readonly=True)
+    assert ro.count() == 1
+    with pytest.raises(sqlite3.OperationalError):  # attempts to write fail; nothing is created
+        ro.add(1, [Measurement("gemm", "mm", 1e6, 1e-3)])
+    with pytest.raises(ProfileError, match="no such profiling database"):
+        ProfileDB(tmp_path / "missing.db", readonly=True)

@@ -325,7 +325,7 @@ def report(
     gpu: bool,
 ) -> None:
     """Price every case's trace in `folder` and print it next to its measured time."""
-    db = ProfileDB(db_path)
+    db = ProfileDB(db_path, readonly=True)
     device_id = db.devices()[-1][0]
     model = OperatorCostModel(fit_operator_models(list(db.measurements(device_id=device_id))))
     print(f"operator models fitted on {db_path} (device {device_id}); iterations from {csv_path}")

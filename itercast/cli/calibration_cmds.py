@@ -124,7 +124,7 @@ def calibrate_cmd(
                 raise CalibrationError(
                     f"{db}: --system is required with a profiling database (the machine it measured)"
                 )
-            target, sys_cfg = ProfileDB(db), load_system(system)
+            target, sys_cfg = ProfileDB(db, readonly=True), load_system(system)
             ids = [i for i, _, _ in target.devices()]
             if device is None and len(ids) != 1:
                 raise CalibrationError(f"{db}: {len(ids)} devices; choose one with --device ({ids})")

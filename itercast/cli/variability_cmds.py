@@ -35,7 +35,7 @@ def _profile_noise(path: Path, quiet: bool) -> dict[str, float]:
     if not path.is_file():
         fail(f"{path}: no such profiling database")
     try:
-        db = ProfileDB(path)
+        db = ProfileDB(path, readonly=True)
         devices = {i: name for i, name, _ in db.devices()}
         counts = {i: sum(1 for _ in db.measurements(device_id=i)) for i in devices}
         if not counts:

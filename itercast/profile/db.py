@@ -2,6 +2,7 @@
 
 Schema (version SCHEMA_VERSION; a file of another major version is refused with the reason):
   meta(key, value)                      schema_version, created_by
+  imports(key, rows)                    importer:device:SHA-256 of each imported file (imports are idempotent)
   devices(id, name, fingerprint)        fingerprint: JSON describing the machine that measured
   measurements(id, device_id, family, op, dtype, size, group_size, nodes, time_s, time_std_s,
                repeats, params, source)
@@ -18,6 +19,7 @@ Schema (version SCHEMA_VERSION; a file of another major version is refused with 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -27,7 +29,30 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: the imports table (1.0 files gain it when opened for writing)
+BUSY_S = 60.0  # how long a writer waits for another to finish
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS devices (id INTEGER PRIMARY KEY, name TEXT NOT NULL, fingerprint TEXT NOT NULL UNIQUE)",
+    """CREATE TABLE IF NOT EXISTS measurements (
+        id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES devices(id),
+        family TEXT NOT NULL, op TEXT NOT NULL, dtype TEXT NOT NULL, size REAL NOT NULL,
+        group_size INTEGER NOT NULL, nodes INTEGER NOT NULL, time_s REAL NOT NULL,
+        time_std_s REAL NOT NULL, repeats INTEGER NOT NULL, params TEXT NOT NULL, source TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS by_family ON measurements (device_id, family, op)",
+    "CREATE TABLE IF NOT EXISTS imports (key TEXT PRIMARY KEY, rows INTEGER NOT NULL)",
+)
+
+
+def file_key(path: Path, importer: str, device: str) -> str:
+    """What identifies an import: the importer, the device and the SHA-256 of the file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return f"{importer}:{device}:{digest.hexdigest()}"
+
+
 FAMILIES = ("gemm", "conv", "attention", "elementwise", "norm", "embedding", "memcpy", "collective", "p2p", "host")
 
 
@@ -90,86 +115,124 @@ def _merge_passes(passes: list[Measurement]) -> Measurement:
 
 
 class ProfileDB:
-    """Open (or create) a profiling database file."""
+    """Open (or create) a profiling database file; `readonly` opens an existing one without writing.
 
-    def __init__(self, path: str | Path) -> None:
+    Safe under concurrent writers (several `profile import`s into one new file): SQLite in WAL mode
+    with a busy timeout, the schema created inside one immediate transaction, each import's rows and
+    its record committed together. An import records its source file's SHA-256: importing the same
+    file again adds nothing."""
+
+    def __init__(self, path: str | Path, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.readonly = readonly
+        if readonly and not self.path.is_file():
+            raise ProfileError(f"{self.path}: no such profiling database")
         try:
-            self.conn = sqlite3.connect(self.path)
+            if readonly:
+                self.conn = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True, timeout=BUSY_S)
+            else:
+                self.conn = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None)
+                self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA foreign_keys = ON")
             self._init_schema()
         except sqlite3.DatabaseError as exc:
             raise ProfileError(f"{self.path}: not a profiling database ({exc})") from None
 
+    def _write(self, sql_and_args: list[tuple[str, Any]]) -> None:
+        """Statements in one immediate transaction (other writers wait up to BUSY_S seconds)."""
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, args in sql_and_args:
+                c.execute(sql, args)
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
     def _init_schema(self) -> None:
         c = self.conn
-        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if "meta" in tables:
-            row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            found = row[0] if row else "?"
-            if found.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        if not self.readonly:
+            c.execute("BEGIN IMMEDIATE")  # two creators of one new file: one creates, the other sees it
+        try:
+            tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "meta" in tables:
+                row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                found = row[0] if row else "?"
+                if found.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+                    raise ProfileError(
+                        f"{self.path}: schema version {found}; this itercast reads {SCHEMA_VERSION.split('.')[0]}.x "
+                        f"(re-import the sources, or use the itercast that wrote it)"
+                    )
+            elif tables:
                 raise ProfileError(
-                    f"{self.path}: schema version {found}; this itercast reads {SCHEMA_VERSION}.x "
-                    f"(re-import the sources, or use the itercast that wrote it)"
+                    f"{self.path}: an SQLite file, but not a profiling database (tables {sorted(tables)})"
                 )
-            return
-        if tables:
-            raise ProfileError(f"{self.path}: an SQLite file, but not a profiling database (tables {sorted(tables)})")
-        c.executescript("""
-            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-            CREATE TABLE devices (id INTEGER PRIMARY KEY, name TEXT NOT NULL, fingerprint TEXT NOT NULL UNIQUE);
-            CREATE TABLE measurements (
-                id INTEGER PRIMARY KEY, device_id INTEGER NOT NULL REFERENCES devices(id),
-                family TEXT NOT NULL, op TEXT NOT NULL, dtype TEXT NOT NULL, size REAL NOT NULL,
-                group_size INTEGER NOT NULL, nodes INTEGER NOT NULL, time_s REAL NOT NULL,
-                time_std_s REAL NOT NULL, repeats INTEGER NOT NULL, params TEXT NOT NULL, source TEXT NOT NULL);
-            CREATE INDEX by_family ON measurements (device_id, family, op);
-        """)
-        c.executemany(
-            "INSERT INTO meta VALUES (?, ?)", [("schema_version", SCHEMA_VERSION), ("created_by", "itercast")]
-        )
-        c.commit()
+            elif self.readonly:
+                raise ProfileError(f"{self.path}: an empty SQLite file, not a profiling database")
+            if not self.readonly:
+                for statement in SCHEMA:
+                    c.execute(statement)
+                c.executemany(
+                    "INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                    [("schema_version", SCHEMA_VERSION), ("created_by", "itercast")],
+                )
+                c.execute("COMMIT")
+        except BaseException:
+            if not self.readonly:
+                c.execute("ROLLBACK")
+            raise
 
     def device(self, name: str, fingerprint: dict[str, Any]) -> int:
         """Id of the device with this fingerprint (created if new)."""
         fp = json.dumps(fingerprint, sort_keys=True)
-        row = self.conn.execute("SELECT id FROM devices WHERE fingerprint=?", (fp,)).fetchone()
-        if row:
-            return int(row[0])
-        cur = self.conn.execute("INSERT INTO devices (name, fingerprint) VALUES (?, ?)", (name, fp))
-        self.conn.commit()
-        return int(cur.lastrowid or 0)
+        self._write([("INSERT OR IGNORE INTO devices (name, fingerprint) VALUES (?, ?)", (name, fp))])
+        return int(self.conn.execute("SELECT id FROM devices WHERE fingerprint=?", (fp,)).fetchone()[0])
 
     def devices(self) -> list[tuple[int, str, dict[str, Any]]]:
         return [(i, n, json.loads(f)) for i, n, f in self.conn.execute("SELECT id, name, fingerprint FROM devices")]
 
-    def add(self, device_id: int, rows: Iterable[Measurement]) -> int:
-        """Insert measurements (all checked first: a bad row inserts nothing). Returns the count."""
+    def add(self, device_id: int, rows: Iterable[Measurement], source_key: str | None = None) -> int:
+        """Insert measurements (all checked first: a bad row inserts nothing). Returns the count: 0 when
+        `source_key` (a source file's digest, see `file_key`) was imported before."""
         rows = list(rows)
         for r in rows:
             r.check()
-        self.conn.executemany(
-            "INSERT INTO measurements (device_id, family, op, dtype, size, group_size, nodes, time_s, time_std_s, "
-            "repeats, params, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    device_id,
-                    r.family,
-                    r.op,
-                    r.dtype,
-                    float(r.size),
-                    int(r.group_size),
-                    int(r.nodes),
-                    float(r.time_s),
-                    float(r.time_std_s),
-                    int(r.repeats),
-                    json.dumps(r.params, sort_keys=True),
-                    r.source,
-                )
-                for r in rows
-            ],
-        )
-        self.conn.commit()
+        values = [
+            (
+                device_id,
+                r.family,
+                r.op,
+                r.dtype,
+                float(r.size),
+                int(r.group_size),
+                int(r.nodes),
+                float(r.time_s),
+                float(r.time_std_s),
+                int(r.repeats),
+                json.dumps(r.params, sort_keys=True),
+                r.source,
+            )
+            for r in rows
+        ]
+        c = self.conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            if source_key is not None:
+                seen = c.execute("SELECT 1 FROM imports WHERE key=?", (source_key,)).fetchone()
+                if seen:
+                    c.execute("ROLLBACK")
+                    return 0
+                c.execute("INSERT INTO imports VALUES (?, ?)", (source_key, len(values)))
+            c.executemany(
+                "INSERT INTO measurements (device_id, family, op, dtype, size, group_size, nodes, time_s, "
+                "time_std_s, repeats, params, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
+            )
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
         return len(rows)
 
     def measurements(

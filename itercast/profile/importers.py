@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from itercast.profile.db import Measurement, ProfileDB, ProfileError
+from itercast.profile.db import Measurement, ProfileDB, ProfileError, file_key
 
 NCCL_OPS = {
     "all_reduce": "all_reduce",
@@ -40,6 +40,22 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     reader = csv.DictReader(line for _, line in lines)
     for (number, _), row in zip(lines[1:], reader, strict=False):
         yield number, row
+
+
+def _store(
+    db: ProfileDB,
+    counts: Counter,
+    path: Path,
+    importer: str,
+    device: str,
+    fingerprint: dict[str, object],
+    rows: list[Measurement],
+) -> None:
+    """Add one device's rows of `path`, unless this file was imported for it before (then nothing)."""
+    added = db.add(db.device(device, fingerprint), rows, file_key(path, importer, device))
+    counts["imported"] += added
+    if rows and not added:
+        counts["already imported (same file, nothing added)"] += len(rows)
 
 
 def _field(path: Path, line: int, row: dict[str, str], name: str, kind: Callable[[str], float] = float) -> float:
@@ -80,7 +96,7 @@ def import_nccl_tidy(db: ProfileDB, path: Path) -> Counter:
             )
         )
     for system, rows in batches.items():
-        counts["imported"] += db.add(db.device(system, {"source": path.name, "system": system}), rows)
+        _store(db, counts, path, "nccl-tidy", system, {"source": path.name, "system": system}, rows)
     return counts
 
 
@@ -124,7 +140,7 @@ def import_nccl_log(db: ProfileDB, path: Path, collective: str, nodes: int, devi
         )
     if not rows:
         raise ProfileError(f"{path}: no nccl-tests result lines found")
-    counts["imported"] += db.add(db.device(device, {"source": path.name, "device": device}), rows)
+    _store(db, counts, path, f"nccl-log {collective} {nodes}", device, {"source": path.name, "device": device}, rows)
     return counts
 
 
@@ -192,7 +208,7 @@ def import_alpa(db: ProfileDB, path: Path) -> Counter:
                 source=path.name,
             )
         )
-    counts["imported"] += db.add(db.device("V100 p3.16xlarge (Alpa)", {"source": path.name}), rows)
+    _store(db, counts, path, "alpa", "V100 p3.16xlarge (Alpa)", {"source": path.name}, rows)
     return counts
 
 
@@ -219,7 +235,7 @@ def import_xla_matmul(db: ProfileDB, path: Path) -> Counter:
             )
         )
     for device, rows in batches.items():
-        counts["imported"] += db.add(db.device(device, {"source": path.name, "device": device}), rows)
+        _store(db, counts, path, "xla-matmul", device, {"source": path.name, "device": device}, rows)
     return counts
 
 
@@ -271,5 +287,5 @@ def import_xla_collectives(db: ProfileDB, path: Path) -> Counter:
             )
         )
     for device, rows in batches.items():
-        counts["imported"] += db.add(db.device(device, {"source": path.name, "device": device}), rows)
+        _store(db, counts, path, "xla-collective", device, {"source": path.name, "device": device}, rows)
     return counts
