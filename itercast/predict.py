@@ -31,6 +31,21 @@ class Prediction:
         return self.model_flops_per_step / self.step_time_s / self.job.system.num_gpus / 1e12
 
     @property
+    def hardware_flops_per_step(self) -> float:
+        """Model FLOPs plus what recomputation runs again: with full recompute one more forward of
+        every layer (Narayanan et al. SC'21 count 4 forward passes), with selective recompute of
+        unfused attention its score and value matmuls (fused attention recomputes inside its own
+        backward, counted in neither figure)."""
+        job = self.job
+        m, p = job.model, job.plan
+        tokens = p.gbs * m.seq_length
+        if p.recompute == "full":
+            return self.model_flops_per_step + m.num_layers * m.layer_forward_flops_per_token() * tokens
+        if p.recompute == "selective" and not p.flash_attention:
+            return self.model_flops_per_step + m.num_layers * 4 * m.seq_length * m.hidden_size * tokens
+        return self.model_flops_per_step
+
+    @property
     def mfu(self) -> float:
         """Model FLOPs utilisation against the dense peak of the plan's dtype (PaLM, App. B)."""
         gpu, dtype = self.job.system.gpu, self.job.plan.dtype
@@ -46,6 +61,7 @@ class Prediction:
             "step_time_s": self.step_time_s,
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,
+            "hardware_flops_per_step": self.hardware_flops_per_step,
             "tokens_per_s": self.tokens_per_s,
             "memory_per_gpu_bytes": self.memory.total_bytes,
             "oom": self.memory.oom,

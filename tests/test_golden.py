@@ -210,3 +210,12 @@ def test_zero3_weights_are_a_shard_plus_two_whole_gathered_layers():
     assert estimate_memory(j).weights_bytes == pytest.approx(params * 2 / 4 + 2 * layer * 2)
     assert estimate_memory(j).gradients_bytes == pytest.approx(params * 4 / 4)  # fp32 gradients, sharded
     assert estimate_memory(j).optimizer_bytes == pytest.approx(params * 12 / 4)
+
+
+def test_hardware_flops_count_the_full_recompute_forward():
+    # one layer per token forward: QKV 2·64·(4+2·4)·16 = 24,576; projection 2·64² = 8,192;
+    # MLP 2·2·64·256 = 65,536; attention 4·32·64 = 8,192 → 106,496; 32 tokens of one sequence
+    j = job(recompute="full")
+    r = predict(j, linear_calibration())
+    assert r.hardware_flops_per_step - r.model_flops_per_step == 106_496 * 32
+    assert predict(job(), linear_calibration()).hardware_flops_per_step == r.model_flops_per_step

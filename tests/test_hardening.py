@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -119,3 +120,12 @@ def test_json_output_never_carries_nan(monkeypatch):
     monkeypatch.setattr(Prediction, "to_dict", lambda self: {"step_time_s": math.nan})
     out = RUN.invoke(app, ["predict", *EXAMPLE, "--json"])
     assert out.exit_code == 2 and "JSON cannot carry" in out.output
+
+
+def test_a_calibration_for_another_system_is_named_in_a_warning(tmp_path):
+    cal = tmp_path / "cal.json"
+    db = Path(__file__).resolve().parents[1] / "data" / "measured" / "cpu_profile.db"
+    out = RUN.invoke(app, ["calibrate", str(db), "--system", "cpu-host", "--out", str(cal)])
+    assert out.exit_code == 0, out.output
+    pred = RUN.invoke(app, ["predict", *EXAMPLE, "--calibration", str(cal), "--json"])
+    assert pred.exit_code == 0 and "fitted for system 'cpu-host'; this job runs on 'dgx-h100'" in pred.output

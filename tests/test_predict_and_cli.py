@@ -92,3 +92,21 @@ def test_cli_bad_input_is_one_line_exit_2_without_traceback(tmp_path):
         res = runner.invoke(app, args)
         assert res.exit_code == 2, (args, res.output)
         assert "Traceback" not in res.output and "error:" in res.output
+
+
+def test_cli_habits_version_fields_presets_show_and_strict():
+    from importlib import metadata
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["--version"]).stdout.strip() == f"itercast {metadata.version('itercast')}"
+    fields = runner.invoke(app, ["fields"], terminal_width=200).stdout
+    assert "plan.stage_layers" in fields and "system.gpu.hbm_bandwidth_bytes_per_s" in fields
+    assert "Literal['gpt', 'llama', 'bert']" in fields
+    shown = runner.invoke(app, ["presets", "show", "dgx-h100"]).stdout
+    assert "hbm_bandwidth_bytes_per_s: 3350.0e+9  # datasheet (SXM): 3.35 TB/s" in shown
+    missing = runner.invoke(app, ["presets", "show", "dgx-h10"])
+    assert missing.exit_code == 2 and "did you mean `dgx-h100`" in missing.output
+    oom = ["predict", "--model", "gpt3-175b", "--system", "dgx-a100", "--set", "plan.tensor_parallel=8"]
+    assert runner.invoke(app, oom).exit_code == 0  # said, not failed
+    out = runner.invoke(app, [*oom, "--strict"])
+    assert out.exit_code == 3 and "the plan does not fit" in out.output

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from itercast.config.job import Job
-from itercast.config.presets import preset_names
+from itercast.config.presets import preset_names, preset_source
 from itercast.costs.calibrate import CalibrationError, load_calibration
 from itercast.errors import ConfigError, DeadlockError
 from itercast.predict import Prediction, predict
@@ -31,6 +31,22 @@ app = typer.Typer(
 )
 console = Console()
 EXAMPLE = "gpt3-175b-a100.yaml"
+EXIT_OOM = 3  # `predict --strict`: the plan does not fit in memory
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"itercast {metadata.version('itercast')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Forecast distributed deep-learning training before paying for the GPUs."""
 
 
 def resolve_job_file(job_file: Path | None, example: bool, model: str | None, system: str | None) -> Path | None:
@@ -78,6 +94,11 @@ def echo_json(doc: object) -> None:
     typer.echo(text)
 
 
+def warn(message: str) -> None:
+    """A warning on stderr (the answer on stdout stays parseable)."""
+    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {message}", highlight=False)
+
+
 def fail(message: str) -> NoReturn:
     """A user error: the message on stderr, exit code 2, no traceback."""
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
@@ -96,14 +117,21 @@ def predict_cmd(
     calibration: Annotated[
         Path | None, typer.Option(help="Calibration file from `itercast calibrate` (else the built-in curves).")
     ] = None,
+    strict: Annotated[bool, typer.Option(help=f"Exit {EXIT_OOM} when the plan does not fit in memory.")] = False,
 ) -> None:
     """Time per iteration, its breakdown and critical path, memory per GPU and MFU."""
     job_file = resolve_job_file(job_file, example, model, system)
     try:
         job = Job.load(job_file, set_ or [], model=model, system=system)
-        result = predict(job, load_calibration(calibration) if calibration else None)
+        cal = load_calibration(calibration) if calibration else None
+        result = predict(job, cal)
     except (ConfigError, DeadlockError, CalibrationError) as exc:
         fail(str(exc).replace("\n", "\n  "))
+    if cal is not None and cal.get("system") not in (None, job.system.name):
+        warn(
+            f"{calibration} was fitted for system {cal['system']!r}; this job runs on {job.system.name!r} "
+            f"({job.system.gpu.name}): the curves describe the other machine"
+        )
     if trace is not None:
         try:
             write_chrome_trace(result.sim, trace, [job_file, calibration])
@@ -113,13 +141,65 @@ def predict_cmd(
         echo_json(result.to_dict())
     else:
         _print_prediction(result, trace)
+    if result.memory.oom:
+        mem = result.memory
+        warn(
+            f"the plan does not fit: {mem.total_bytes / 2**30:.1f} GiB per GPU on stage {mem.stage}, "
+            f"{mem.capacity_bytes / 2**30:.0f} GiB available (`itercast search` finds plans that fit)"
+        )
+        if strict:
+            raise typer.Exit(EXIT_OOM)
 
 
-@app.command("presets")
-def presets_cmd() -> None:
-    """List the model and system presets."""
-    for section in ("model", "system"):
-        console.print(f"[bold]{section}s:[/] " + ", ".join(preset_names(section)))
+@app.command("fields")
+def fields_cmd() -> None:
+    """The canonical job fields, one a line: section.field, type, default, meaning (units in the names).
+    Set them with `--set SECTION.FIELD=VALUE`, or as the same keys in a job file."""
+    from pydantic import BaseModel
+
+    from itercast.config.model import ModelConfig
+    from itercast.config.plan import PlanConfig
+    from itercast.config.system import SystemConfig
+
+    def lines(prefix: str, schema: type[BaseModel]) -> list[str]:
+        out = []
+        for name, info in schema.model_fields.items():
+            ann = info.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                out += lines(f"{prefix}.{name}", ann)
+                continue
+            kind = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
+            default = "required" if info.is_required() else repr(info.default)
+            out.append(f"{prefix}.{name:<34} {kind:<44} {default:<12} {info.description or ''}".rstrip())
+        return out
+
+    for section, schema in (("model", ModelConfig), ("plan", PlanConfig), ("system", SystemConfig)):
+        typer.echo("\n".join(lines(section, schema)))
+
+
+presets_app = typer.Typer(help="Model and system presets: list them, or show one.", invoke_without_command=True)
+app.add_typer(presets_app, name="presets")
+
+
+@presets_app.callback()
+def presets_cmd(ctx: typer.Context) -> None:
+    """List the model and system presets (`itercast presets show NAME` for one)."""
+    if ctx.invoked_subcommand is None:
+        for section in ("model", "system"):
+            console.print(f"[bold]{section}s:[/] " + ", ".join(preset_names(section)))
+
+
+@presets_app.command("show")
+def presets_show_cmd(name: Annotated[str, typer.Argument(help="A preset name (see `itercast presets`).")]) -> None:
+    """Every field of a preset as written, with units in the field names and sources in the comments."""
+    try:
+        section, text = preset_source(name)
+    except ConfigError as exc:
+        fail(str(exc))
+    console.print(
+        f"# {section} preset; use it as `{section}: {name}` in a job file or --{section} {name}", markup=False
+    )
+    console.print(text, markup=False, highlight=False)
 
 
 def _print_prediction(r: Prediction, trace: Path | None) -> None:
@@ -136,6 +216,11 @@ def _print_prediction(r: Prediction, trace: Path | None) -> None:
     head.add_row(
         "throughput", f"{r.tokens_per_s:,.0f} tokens/s, {r.model_tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {r.mfu:.1%}"
     )
+    if r.hardware_flops_per_step > r.model_flops_per_step:
+        counted = r.hardware_flops_per_step / r.step_time_s / job.system.num_gpus / 1e12
+        head.add_row(
+            "", f"(model FLOPs only; counting the {p.recompute} recompute as papers often do: {counted:.1f} TFLOP/s)"
+        )
     mem = r.memory
     head.add_row(
         "memory per GPU",

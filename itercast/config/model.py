@@ -131,17 +131,18 @@ class ModelConfig(BaseModel):
     def num_params(self) -> int:
         return self.num_layers * self.params_per_layer() + self.embedding_params() + 2 * self.hidden_size
 
-    def flops_per_token(self) -> float:
-        """Model FLOPs of one token, forward + backward (3× forward), no recompute.
-
-        Counts every matmul (2 FLOPs per multiply-add) and attention scores/values over the
-        full sequence (Narayanan et al., SC'21, eq. 3 counts attention without the causal
-        half; we do the same so that MFU matches Megatron's and NeMo's reported figures).
-        """
+    def layer_forward_flops_per_token(self) -> float:
+        """Forward FLOPs of one layer per token: its matmuls (2 FLOPs per multiply-add) and attention
+        scores/values over the full sequence (Narayanan et al., SC'21, eq. 3 counts attention without
+        the causal half; we do the same so that MFU matches Megatron's and NeMo's reported figures)."""
         h, d, s = self.hidden_size, self.head_dim, self.seq_length
         qkv = 2 * h * (self.num_attention_heads + 2 * self.kv_heads) * d
         proj = 2 * h * h
         mlp = 2 * (3 if self.gated_mlp else 2) * h * self.ffn
         attn = 2 * 2 * s * h  # QK^T and AV, per token, full (non-causal) count
-        logits = 2 * h * self.vocab_size
-        return 3.0 * (self.num_layers * (qkv + proj + mlp + attn) + logits)
+        return qkv + proj + mlp + attn
+
+    def flops_per_token(self) -> float:
+        """Model FLOPs of one token, forward + backward (3× forward), no recompute."""
+        logits = 2 * self.hidden_size * self.vocab_size
+        return 3.0 * (self.num_layers * self.layer_forward_flops_per_token() + logits)

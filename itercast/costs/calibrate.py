@@ -249,6 +249,7 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
             f"version {VERSION} — re-run `itercast calibrate` on the profiling database"
         )
     merged = json.loads(json.dumps(curves()))
+    merged["system"] = doc.get("system")  # the system the curves were fitted for (None: host overheads only)
     for section in ("gemm", "memory", "embedding"):
         merged.setdefault(section, {}).update(doc.get(section, {}))
     for placement, fits in doc.get("collectives", {}).items():

@@ -14,9 +14,25 @@ SECTIONS = ("model", "system")
 
 
 @cache
+def _text(section: str) -> str:
+    return resources.files(__package__).joinpath(f"{section}s.yaml").read_text()
+
+
+@cache
 def _table(section: str) -> dict[str, dict[str, Any]]:
-    text = resources.files(__package__).joinpath(f"{section}s.yaml").read_text()
-    return yaml.safe_load(text)
+    return yaml.safe_load(_text(section))
+
+
+def preset_source(name: str) -> tuple[str, str]:
+    """(section, the preset's lines as written in its YAML file, comments and sources included)."""
+    for section in SECTIONS:
+        if name in _table(section):
+            lines = _text(section).splitlines()
+            start = next(i for i, line in enumerate(lines) if line.startswith(f"{name}:"))
+            end = next((j for j in range(start + 1, len(lines)) if lines[j][:1] not in (" ", "")), len(lines))
+            return section, "\n".join(lines[start:end]).rstrip()
+    known = [n for section in SECTIONS for n in _table(section)]
+    raise ConfigError(f"unknown preset `{name}`{did_you_mean(name, known)} (known: {', '.join(sorted(known))})")
 
 
 def preset_names(section: str) -> list[str]:
