@@ -110,3 +110,16 @@ def test_cli_habits_version_fields_presets_show_and_strict():
     assert runner.invoke(app, oom).exit_code == 0  # said, not failed
     out = runner.invoke(app, [*oom, "--strict"])
     assert out.exit_code == 3 and "the plan does not fit" in out.output
+
+
+def test_compare_gives_the_difference_per_breakdown_part(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("model: gpt3-1.3b\nsystem: dgx-h100\nplan: {tensor_parallel: 2}\n")
+    b.write_text("model: gpt3-1.3b\nsystem: dgx-h100\nplan: {tensor_parallel: 2, recompute: full}\n")
+    out = CliRunner().invoke(app, ["compare", str(a), str(b), "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    pa = predict(Job.load(a)).step_time_s
+    pb = predict(Job.load(b)).step_time_s
+    assert data["step_time_s"] == {"a": pa, "b": pb, "b_minus_a": pb - pa}
+    assert data["breakdown.compute_s"]["b_minus_a"] > 0  # full recompute runs the forward again

@@ -151,6 +151,37 @@ def predict_cmd(
             raise typer.Exit(EXIT_OOM)
 
 
+@app.command("compare")
+def compare_cmd(
+    job_a: Annotated[Path, typer.Argument(help="First YAML job file.")],
+    job_b: Annotated[Path, typer.Argument(help="Second YAML job file.")],
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Two jobs side by side: step time, throughput, memory, and the difference per breakdown part
+    (`--set` applies to both)."""
+    try:
+        a, b = (predict(Job.load(path, set_ or [])) for path in (job_a, job_b))
+    except (ConfigError, DeadlockError) as exc:
+        fail(str(exc).replace("\n", "\n  "))
+    rows = {
+        "step_time_s": (a.step_time_s, b.step_time_s),
+        "tokens_per_s": (a.tokens_per_s, b.tokens_per_s),
+        "mfu": (a.mfu, b.mfu),
+        "memory_per_gpu_bytes": (a.memory.total_bytes, b.memory.total_bytes),
+        **{f"breakdown.{k}": (v, b.breakdown.as_dict()[k]) for k, v in a.breakdown.as_dict().items() if k != "rank"},
+    }
+    if as_json:
+        echo_json({k: {"a": x, "b": y, "b_minus_a": y - x} for k, (x, y) in rows.items()})
+        return
+    table = Table(title=f"A = {job_a}, B = {job_b}")
+    for col in ("", "A", "B", "B − A", "B / A"):
+        table.add_column(col, justify="right")
+    for key, (x, y) in rows.items():
+        table.add_row(key, f"{x:,.4g}", f"{y:,.4g}", f"{y - x:+,.4g}", f"{y / x:.3f}" if x else "")
+    console.print(table)
+
+
 @app.command("fields")
 def fields_cmd() -> None:
     """The canonical job fields, one a line: section.field, type, default, meaning (units in the names).

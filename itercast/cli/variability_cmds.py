@@ -185,6 +185,12 @@ def variability_cmd(
     head.add_row("step (deterministic)", f"{dist.deterministic_s:.3f} s")
     head.add_row("step quantiles", "  ".join(f"{k[:3]} {out[k]:.3f} s" for k in ("p50_s", "p90_s", "p95_s", "p99_s")))
     head.add_row("slowdown from variability", f"{dist.slowdown:.3f}× (mean over deterministic)")
+    if out["p50_s"] > dist.deterministic_s:
+        head.add_row(
+            "why p50 > `predict`",
+            f"`predict` times every task at its mean; here each rendezvous waits for the slowest of its "
+            f"{job.system.num_gpus:,} GPUs' draws, and the maximum of many draws lies above their mean",
+        )
     if "p_within" in out:
         head.add_row(f"P(step ≤ {within_s} s)", f"{out['p_within']['probability']:.1%}")
     if "time_to_train" in out:
