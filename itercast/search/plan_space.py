@@ -188,17 +188,3 @@ def _rules(
             lambda c: ~no_dp(c) | ((c["overlap_grad"] == first["overlap_grad"]) & (c["zero"] == first["zero"])),
         ),
     ]
-
-
-def gpu_counts(system: SystemConfig, num_nodes_range: tuple[int, int] | None) -> list[int]:
-    """The GPU counts to search: the system's, or every whole number of nodes in the range."""
-    gpn = system.node.gpus_per_node
-    if num_nodes_range is None:
-        return [system.num_gpus]
-    lo, hi = num_nodes_range
-    return [n * gpn for n in range(lo, hi + 1)]
-
-
-def fixed_fields(plan: dict[str, Any]) -> dict[str, Any]:
-    """The varied plan fields a user fixed (`--set plan.X=…`)."""
-    return {k: v for k, v in plan.items() if k in set(COLUMNS.values()) and k != "global_batch_size"}

@@ -51,14 +51,6 @@ class PlanTable:
     def microbatches(self) -> np.ndarray:
         return self.cols["gbs"] // (self.cols["mbs"] * self.cols["dp"])
 
-    @property
-    def num_gpus(self) -> np.ndarray:
-        c = self.cols
-        return c["tp"] * c["pp"] * c["cp"] * c["dp"]
-
-    def take(self, rows: np.ndarray) -> PlanTable:
-        return PlanTable({k: v[rows] for k, v in self.cols.items()}, self.base)
-
     def plan_fields(self, row: int) -> dict[str, Any]:
         """Canonical plan fields of one row (the shared ones included)."""
         out = self.base.model_dump(mode="json")
