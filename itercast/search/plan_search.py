@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -88,7 +89,7 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
     out = Candidates(counts=counts, valid=len(table))
     if not len(table):
         return out
-    est = FastEstimator(request.model, system).evaluate(table)
+    est = _estimator(request.model, request.system).evaluate(table)
     mem, step = est["memory_per_gpu_bytes"], est["step_time_s"]
     rank = step / table.cols["gbs"] if len(request.options.global_batch_sizes) > 1 else step
     fits = mem <= request.max_memory_fraction * system.gpu.hbm_bytes
@@ -110,6 +111,20 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
             }
         )
     return out
+
+
+_ESTIMATORS: dict[str, FastEstimator] = {}
+
+
+def _estimator(model: ModelConfig, system: SystemConfig) -> FastEstimator:
+    """One estimator per model and system in this process, whatever the node count: its unit and
+    group costs depend on the GPUs per node and the plan, not on how many nodes there are, so a
+    sweep over node counts reuses them."""
+    key = json.dumps([model.model_dump(), system.model_dump(exclude={"num_nodes"})], sort_keys=True)
+    found = _ESTIMATORS.get(key)
+    if found is None:
+        found = _ESTIMATORS[key] = FastEstimator(model, system)
+    return found
 
 
 def run_search(
