@@ -22,7 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,20 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS by_family ON measurements (device_id, family, op)",
     "CREATE TABLE IF NOT EXISTS imports (key TEXT PRIMARY KEY, rows INTEGER NOT NULL)",
 )
+
+
+def _while_locked(step: Callable[[], object]) -> None:
+    """Run `step`, again while another process holds the lock (up to BUSY_S seconds): switching a
+    new file to WAL needs it exclusively, and SQLite answers "locked" there without waiting."""
+    deadline = time.monotonic() + BUSY_S
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def file_key(path: Path, importer: str, device: str) -> str:
@@ -130,11 +145,13 @@ class ProfileDB:
         try:
             if readonly:
                 self.conn = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True, timeout=BUSY_S)
+                self.conn.execute("PRAGMA foreign_keys = ON")
+                self._init_schema()
             else:
                 self.conn = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None)
-                self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA foreign_keys = ON")
-            self._init_schema()
+                self.conn.execute("PRAGMA foreign_keys = ON")
+                _while_locked(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
+                _while_locked(self._init_schema)
         except sqlite3.DatabaseError as exc:
             raise ProfileError(f"{self.path}: not a profiling database ({exc})") from None
 
