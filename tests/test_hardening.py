@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from itercast.cli import app
@@ -129,3 +131,59 @@ def test_a_calibration_for_another_system_is_named_in_a_warning(tmp_path):
     assert out.exit_code == 0, out.output
     pred = RUN.invoke(app, ["predict", *EXAMPLE, "--calibration", str(cal), "--json"])
     assert pred.exit_code == 0 and "fitted for system 'cpu-host'; this job runs on 'dgx-h100'" in pred.output
+
+
+def _finite(doc: object) -> bool:
+    if isinstance(doc, float):
+        return math.isfinite(doc)
+    if isinstance(doc, dict):
+        return all(_finite(v) for v in doc.values())
+    if isinstance(doc, list):
+        return all(_finite(v) for v in doc)
+    return True
+
+
+_VALUES = st.one_of(
+    st.integers(-3, 10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=6),
+    st.none(),
+    st.lists(st.integers(0, 64), max_size=4),
+)
+_FIELDS = st.sampled_from(
+    [
+        "plan.tensor_parallel",
+        "plan.pipeline_parallel",
+        "plan.context_parallel",
+        "plan.virtual_pipeline",
+        "plan.micro_batch_size",
+        "plan.global_batch_size",
+        "plan.zero_stage",
+        "plan.recompute",
+        "plan.schedule",
+        "plan.stage_layers",
+        "plan.sequence_parallel",
+        "model.num_layers",
+        "model.hidden_size",
+        "model.seq_length",
+        "system.num_nodes",
+        "system.gpu.hbm_bytes",
+        "system.network.latency_s",
+    ]
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(_FIELDS, _VALUES), max_size=4))
+def test_random_jobs_answer_with_finite_numbers_or_one_clear_error(changes):
+    # the answer is finite JSON with exit 0, or exit 2 with an error line; never a traceback
+    args = ["predict", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--json"]
+    for field, value in changes:
+        args += ["--set", f"{field}={json.dumps(value)}"]
+    out = RUN.invoke(app, args)
+    assert out.exit_code in (0, 2), (args, out.output, out.exception)
+    if out.exit_code == 0:
+        assert _finite(json.loads(out.stdout))
+    else:
+        assert out.output.startswith("error:") and "Traceback" not in out.output
