@@ -138,6 +138,8 @@ def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[s
     zero = c["zero"]
     w_b, g_b, o_b = state_bytes_per_param(base, zero, shard)
     whole_w_b = state_bytes_per_param(base, 0, 1)[0]  # ZeRO-3's gathered layers are whole
+    # full recompute: one layer's whole activations live while it is recomputed (any stage)
+    recomputing = np.where(c["recompute"] == _FULL, _activation_bytes(m, t, np.zeros_like(zero)) * tokens, 0)
     best: dict[str, np.ndarray] = {}
     for first, last, index, layers in _stages(m, t):
         params = stage_param_columns(m, t, first, last, layers)
@@ -148,8 +150,7 @@ def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[s
         optim = params * o_b
         held = in_flight_microbatches(c["schedule"], index, c["pp"], t.microbatches, c["vp"])
         acts = layers * per_layer * held
-        # full recompute: one layer's whole activations live while it is recomputed
-        acts = acts + np.where(c["recompute"] == _FULL, _activation_bytes(m, t, np.zeros_like(zero)) * tokens, 0)
+        acts = acts + recomputing
         acts = acts + np.where(last, tokens * m.vocab_size / c["tp"] * 4, 0)  # fp32 logits of one micro-batch
         total = weights + grads + optim + acts + gpu.reserved_bytes
         row = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": acts, "total": total}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,7 @@ from rich.table import Table
 
 from itercast.cli import JsonOpt, app, console, echo_json, fail
 from itercast.costs.calibrate import CalibrationError, load_calibration
-from itercast.errors import ConfigError, DeadlockError
+from itercast.errors import ConfigError, DeadlockError, non_negative
 from itercast.replay import GPU_BOUND_BUSY, ReplayResult, replay_whatif
 from itercast.traces.host_overheads import HostOverheads
 from itercast.traces.kineto import TraceError
@@ -76,13 +75,7 @@ def _host_overheads(path: Path) -> HostOverheads:
 
 def _factor(item: str) -> tuple[str, float]:
     name, _, value = item.partition("=")
-    try:
-        factor = float(value)
-    except ValueError:
-        raise ConfigError(f"--scale {item!r}: expected CLASS=FACTOR, e.g. gemm=0.5") from None
-    if not math.isfinite(factor) or factor < 0:
-        raise ConfigError(f"--scale {item!r}: expected a finite factor ≥ 0; got {value}")
-    return name.strip(), factor
+    return name.strip(), non_negative(value, f"--scale {item!r} (CLASS=FACTOR, e.g. gemm=0.5)", "factor")
 
 
 def _print_replay(base: ReplayResult, changed: ReplayResult, counts: dict) -> None:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from pathlib import Path
 
 import numpy as np
 
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
-from itercast.errors import ConfigError
+from itercast.errors import ConfigError, non_negative
 from itercast.memory import activation_bytes_per_token_layer, state_bytes_per_param
 from itercast.search.stage_slicing import LayerCosts
 from itercast.user_files import read_small_text
@@ -89,13 +88,7 @@ def read_layer_csv(path: Path, send_bytes_per_s: float) -> tuple[LayerCosts, lis
         names.append(row[header.index("layer")].strip())
         for col in values:
             cell = row[header.index(col)].strip()
-            try:
-                number = float(cell)
-            except ValueError:
-                raise ConfigError(f"{path}: line {line}, field {col}: expected a number; got {cell!r}") from None
-            if not math.isfinite(number) or number < 0:
-                raise ConfigError(f"{path}: line {line}, field {col}: expected a finite number ≥ 0; got {cell!r}")
-            values[col].append(number)
+            values[col].append(non_negative(cell, f"{path}: line {line}, field {col}"))
     if not names:
         raise ConfigError(f"{path}: a header but no layers")
     activation = np.array(values.get("activation_bytes", [0.0] * len(names)))
