@@ -12,7 +12,15 @@ default: bf16 runs accumulate and reduce gradients in fp32); fp32 master weights
 One formula serves one job and a whole search: the functions take a PlanTable (numpy columns,
 search/plan_table.py) and `estimate_memory(job)` is the one-row case. The most loaded GPU is on the
 first stage (the embedding and the most activations in flight) or the last (the output layer and
-the logits); no middle stage holds more than the first, so those two are evaluated.
+the logits); no middle stage of a dense model holds more than the first, so those two are
+evaluated. In a mixture-of-experts model whose leading layers are dense, a middle stage can hold
+more experts than the first: it is evaluated with the second stage's micro-batches in flight (the
+most of any middle stage) and the MoE layers of the last middle stage (the most, dense layers
+leading), a bound from above.
+
+Mixture of experts: routed experts' states are sharded by ZeRO over the expert-data-parallel group
+(tensor × context × data / (expert × expert-tensor parallel), Megatron-Core's expert folding), the
+other parameters over data × context as before.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.parallel.schedules import in_flight_microbatches
 from itercast.search.plan_table import RECOMPUTE, PlanTable
+from itercast.workloads.transformer_ops import moe_load
 
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 
@@ -68,36 +77,66 @@ def embedding_unit_params(job: Job) -> float:
     return m.vocab_size * m.hidden_size / job.plan.tensor_parallel + m.position_params()
 
 
-def stage_params(job: Job, stage: int) -> float:
-    """Parameters held by one GPU of pipeline stage `stage` (tensor-parallel shard, before ZeRO)."""
+def stage_moe_layers(m: ModelConfig, p: PlanConfig, stage: int) -> int:
+    """MoE layers held by pipeline stage `stage` (its chunks together)."""
+    per_virtual = p.virtual_stage_layers(m.num_layers)
+    starts = np.cumsum((0, *per_virtual))
+    chunks = [c * p.pipeline_parallel + stage for c in range(p.virtual_pipeline)]
+    return int(sum(m.moe_layers_before(starts[v + 1]) - m.moe_layers_before(starts[v]) for v in chunks))
+
+
+def stage_params(job: Job, stage: int) -> tuple[float, float]:
+    """Parameters held by one GPU of pipeline stage `stage` (tensor-parallel shard, before ZeRO): the
+    routed experts' and the rest."""
     p = job.plan
     last = stage == p.pipeline_parallel - 1
     layers = p.stage_layer_counts(job.model.num_layers)[stage]
-    return float(stage_param_columns(job.model, PlanTable.of_jobs([job]), stage == 0, last, layers)[0])
+    table, moe = PlanTable.of_jobs([job]), stage_moe_layers(job.model, p, stage)
+    dense = stage_param_columns(job.model, table, stage == 0, last, layers, moe)
+    return float(stage_expert_param_columns(job.model, table, moe)[0]), float(dense[0])
 
 
 def stage_param_columns(
-    m: ModelConfig, t: PlanTable, first: bool | np.ndarray, last: bool | np.ndarray, layers: float | np.ndarray
+    m: ModelConfig,
+    t: PlanTable,
+    first: bool | np.ndarray,
+    last: bool | np.ndarray,
+    layers: float | np.ndarray,
+    moe_layers: float | np.ndarray = 0,
 ) -> np.ndarray:
-    """Per row: its `layers` layers (norms and row-parallel biases whole on every tensor-parallel rank),
+    """Per row: its `layers` layers (`moe_layers` of them MoE layers; norms, routers and row-parallel
+    biases whole on every tensor-parallel rank; routed experts apart, stage_expert_param_columns),
     the embedding on the first stage, the output layer on the last (a tied one too when it is a copy)."""
     tp, pp = t.cols["tp"], t.cols["pp"]
     layer = m.layer_sharded_params() / tp + m.layer_replicated_params()
+    moe_layer = m.layer_sharded_params(moe=True) / tp + m.layer_replicated_params(moe=True)
     vocab = m.vocab_size * m.hidden_size / tp
-    params = layers * layer
+    params = (layers - moe_layers) * layer + moe_layers * moe_layer
     params = params + np.where(first, vocab + m.position_params(), 0.0)
     return params + np.where(last & ((not m.tied) | (pp > 1)), vocab, 0.0)
 
 
-def activation_bytes_per_token_layer(job: Job) -> float:
-    """Bytes one layer keeps per token of a micro-batch on one GPU for its backward pass."""
-    return float(_activation_bytes(job.model, PlanTable.of_jobs([job]))[0])
+def stage_expert_param_columns(m: ModelConfig, t: PlanTable, moe_layers: float | np.ndarray) -> np.ndarray:
+    """Per row: routed-expert parameters of `moe_layers` MoE layers on one GPU."""
+    return np.asarray(moe_layers * m.expert_params_per_rank(t.cols["ep"], t.cols["etp"]), dtype=np.float64)
 
 
-def _activation_bytes(m: ModelConfig, t: PlanTable, recompute: np.ndarray | None = None) -> np.ndarray:
+def activation_bytes_per_token_layer(job: Job, moe: bool = False) -> float:
+    """Bytes one layer (an MoE layer when `moe`) keeps per token of a micro-batch on one GPU for its
+    backward pass."""
+    return float(_activation_bytes(job.model, PlanTable.of_jobs([job]), moe=moe)[0])
+
+
+def _activation_bytes(
+    m: ModelConfig, t: PlanTable, recompute: np.ndarray | None = None, moe: bool = False
+) -> np.ndarray:
     """Korthikanti et al. eq. 1-2 term by term, per token and layer, per row (`recompute` overrides
-    the table's)."""
-    h, f, d, e = m.hidden_size, m.ffn, m.head_dim, t.base.dtype_bytes
+    the table's). An MoE layer (`moe`) keeps its shared experts' MLP terms and, per routed copy
+    (top_k × moe_load per token, on 1/t of the tokens with sequence parallelism), the expert input
+    gathered over expert-tensor ranks, the permuted token, the up-projection and activation outputs;
+    and the router's fp32 probabilities."""
+    h, d, e = m.hidden_size, m.head_dim, t.base.dtype_bytes
+    f = m.moe_shared_ffn_hidden_size if moe else m.ffn
     a, g = m.num_attention_heads, m.kv_heads
     tp = t.cols["tp"]
     rc = t.cols["recompute"] if recompute is None else recompute
@@ -110,6 +149,10 @@ def _activation_bytes(m: ModelConfig, t: PlanTable, recompute: np.ndarray | None
     # 1-byte mask and output (eq. 1's 5·a·s in 16-bit training with dropout)
     scores = 0 if t.base.flash_attention else a * m.seq_length * (e + (0 if m.family == "llama" else 1 + e))
     kept = replicated / rep + (sharded + np.where(rc == _SELECTIVE, 0, scores)) / tp
+    if moe:
+        up = 2 if m.gated_mlp else 1
+        copies = m.moe_top_k * moe_load(m) / rep
+        kept = kept + copies * e * (t.cols["etp"] * h + h + (up + 1) * m.expert_ffn) + 4 * m.experts / rep
     return np.where(rc == _FULL, e * h / rep, kept)  # full: only the layer input is kept
 
 
@@ -130,26 +173,35 @@ def state_bytes_per_param(
 
 def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[str, np.ndarray]:
     """Bytes per GPU of every row's most loaded stage: weights, gradients, optimizer, activations,
-    reserved, total, and which stage (0 or pp − 1)."""
+    reserved, total, and which stage."""
     c, gpu, base = t.cols, system.gpu, t.base
     shard = c["dp"] * c["cp"]  # Megatron's distributed optimizer shards over DP×CP
+    expert_shard = c["tp"] * shard // (c["ep"] * c["etp"])  # routed experts: over expert data parallel
     tokens = c["mbs"] * m.seq_length / c["cp"]
     per_layer = _activation_bytes(m, t) * tokens
+    per_moe_layer = _activation_bytes(m, t, moe=True) * tokens if m.is_moe else 0.0
     zero = c["zero"]
     w_b, g_b, o_b = state_bytes_per_param(base, zero, shard)
+    ew_b, eg_b, eo_b = state_bytes_per_param(base, zero, expert_shard)
     whole_w_b = state_bytes_per_param(base, 0, 1)[0]  # ZeRO-3's gathered layers are whole
     # full recompute: one layer's whole activations live while it is recomputed (any stage)
-    recomputing = np.where(c["recompute"] == _FULL, _activation_bytes(m, t, np.zeros_like(zero)) * tokens, 0)
+    no_rc = np.zeros_like(zero)
+    whole = _activation_bytes(m, t, no_rc)
+    if m.is_moe:
+        whole = np.maximum(whole, _activation_bytes(m, t, no_rc, moe=True))
+    recomputing = np.where(c["recompute"] == _FULL, whole * tokens, 0)
+    largest_layer = m.layer_sharded_params(m.is_moe) / c["tp"] + m.layer_replicated_params(m.is_moe)
+    largest_layer = largest_layer + (m.expert_params_per_rank(c["ep"], c["etp"]) if m.is_moe else 0)
     best: dict[str, np.ndarray] = {}
-    for first, last, index, layers in _stages(m, t):
-        params = stage_param_columns(m, t, first, last, layers)
-        weights = params * w_b
-        gathered = 2 * (m.layer_sharded_params() / c["tp"] + m.layer_replicated_params()) * whole_w_b
-        weights = weights + np.where(zero >= 3, gathered, 0)
-        grads = params * g_b
-        optim = params * o_b
+    for first, last, index, layers, moe_layers in _stages(m, t):
+        params = stage_param_columns(m, t, first, last, layers, moe_layers)
+        experts = stage_expert_param_columns(m, t, moe_layers)
+        weights = params * w_b + experts * ew_b
+        weights = weights + np.where(zero >= 3, 2 * largest_layer * whole_w_b, 0)  # FSDP: two layers gathered
+        grads = params * g_b + experts * eg_b
+        optim = params * o_b + experts * eo_b
         held = in_flight_microbatches(c["schedule"], index, c["pp"], t.microbatches, c["vp"])
-        acts = layers * per_layer * held
+        acts = ((layers - moe_layers) * per_layer + moe_layers * per_moe_layer) * held
         acts = acts + recomputing
         acts = acts + np.where(last, tokens * m.vocab_size / c["tp"] * 4, 0)  # fp32 logits of one micro-batch
         total = weights + grads + optim + acts + gpu.reserved_bytes
@@ -163,17 +215,37 @@ def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[s
     return best
 
 
-def _stages(m: ModelConfig, t: PlanTable) -> list[tuple[Any, Any, np.ndarray, Any]]:
-    """The stages to evaluate, as (first?, last?, stage index, layers on it) per row: with equal
-    stages the first and the last (no middle stage holds more), with plan.stage_layers every stage
-    (the table's rows then share pipeline_parallel and virtual_pipeline)."""
-    pp = t.cols["pp"]
+def _stages(m: ModelConfig, t: PlanTable) -> list[tuple[Any, Any, np.ndarray, Any, Any]]:
+    """The stages to evaluate, as (first?, last?, stage index, layers on it, MoE layers of them) per
+    row: with equal stages the first and the last (and for an MoE model with leading dense layers
+    the middle bound of the module docstring), with plan.stage_layers every stage (the table's rows
+    then share pipeline_parallel and virtual_pipeline)."""
+    pp, vp = t.cols["pp"], t.cols["vp"]
     if t.base.stage_layers is None:
         equal = m.num_layers / pp
-        return [(True, pp == 1, np.zeros_like(pp), equal), (pp == 1, True, pp - 1, equal)]
+        chunk = m.num_layers // (pp * vp)
+
+        def moe_on(stage: np.ndarray) -> np.ndarray:  # MoE layers of `stage`'s chunks
+            total = np.zeros_like(pp)
+            for c in range(int(vp.max())):
+                start = (c * pp + stage) * chunk
+                total += np.where(c < vp, m.moe_layers_before(start + chunk) - m.moe_layers_before(start), 0)
+            return total
+
+        out = [
+            (True, pp == 1, np.zeros_like(pp), equal, moe_on(np.zeros_like(pp))),
+            (pp == 1, True, pp - 1, equal, moe_on(pp - 1)),
+        ]
+        if m.is_moe and m.moe_first_dense_layers:
+            middle = np.maximum(pp - 2, 0)
+            out.append((middle == 0, pp == 1, np.minimum(pp - 1, 1), equal, moe_on(middle)))
+        return out
     counts = t.base.stage_layer_counts(m.num_layers)
     last = len(counts) - 1
-    return [(s == 0, s == last, np.full_like(pp, s), float(n)) for s, n in enumerate(counts)]
+    return [
+        (s == 0, s == last, np.full_like(pp, s), float(n), np.full_like(pp, stage_moe_layers(m, t.base, s)))
+        for s, n in enumerate(counts)
+    ]
 
 
 def estimate_memory(job: Job) -> MemoryEstimate:

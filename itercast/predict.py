@@ -40,7 +40,7 @@ class Prediction:
         m, p = job.model, job.plan
         tokens = p.gbs * m.seq_length
         if p.recompute == "full":
-            return self.model_flops_per_step + m.num_layers * m.layer_forward_flops_per_token() * tokens
+            return self.model_flops_per_step + m.layers_forward_flops_per_token() * tokens
         if p.recompute == "selective" and not p.flash_attention:
             return self.model_flops_per_step + m.num_layers * 4 * m.seq_length * m.hidden_size * tokens
         return self.model_flops_per_step

@@ -37,7 +37,7 @@ def test_zero_stages_shard_optimizer_then_gradients_then_weights():
     m = {
         z: estimate_memory(Job.from_presets("gpt3-13b", "dgx-a100", 8, {**plan, "zero_stage": z})) for z in (0, 1, 2, 3)
     }
-    params = stage_params(Job.from_presets("gpt3-13b", "dgx-a100", 8, plan), 0)
+    _, params = stage_params(Job.from_presets("gpt3-13b", "dgx-a100", 8, plan), 0)
     dp = 8
     assert m[0].weights_bytes == 2 * params and m[0].gradients_bytes == 4 * params
     assert m[0].optimizer_bytes == 12 * params

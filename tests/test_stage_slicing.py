@@ -133,8 +133,8 @@ def test_uneven_stages_predict_by_graph_and_fast_path_alike():
     skew = tiny_job(**base, stage_layers=[2, 6])
     assert predict(skew).step_time_s > predict(even).step_time_s  # the 6-layer stage is the bottleneck
     mem = estimate_memory(skew)
-    assert mem.stage == 1 and mem.weights_bytes == pytest.approx(stage_params(skew, 1) * 2)
-    assert stage_params(skew, 1) - stage_params(skew, 0) == pytest.approx(
+    assert mem.stage == 1 and mem.weights_bytes == pytest.approx(stage_params(skew, 1)[1] * 2)
+    assert stage_params(skew, 1)[1] - stage_params(skew, 0)[1] == pytest.approx(
         4 * skew.model.layer_params_per_rank(2)
         + 1000 * 256 / 2
         - 1000 * 256 / 2  # 4 more layers; untied head vs embedding

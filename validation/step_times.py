@@ -117,6 +117,37 @@ def dgxc_rows(data: Path) -> list[Row]:
     return rows
 
 
+GROK_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "published" / "dgxc_grok1_configs.csv"
+
+
+def grok_rows(data: Path) -> list[Row]:
+    """dgxc-benchmarking Grok-1 314B proxies (mixture of experts): the step times of
+    grok1/README_314b.md in the shared data, the configurations of its table (committed in
+    data/published/dgxc_grok1_configs.csv with their source; grok1_314b.yaml's switches: gradients
+    reduced in bf16, otherwise RECIPE)."""
+    configs = {int(r["gpus"]): r for r in read_csv_rows(GROK_CONFIGS)}
+    rows = []
+    for r in read_csv_rows(data / "step_times" / "dgxc_benchmarking_step_times.csv"):
+        if not r["model_config"].startswith("Grok 1 314b") or not r["source"].endswith("README_314b.md"):
+            continue
+        gpus = int(r["gpus"] or re.search(r"(\d+)x? H100", r["column_header"]).group(1))  # type: ignore[union-attr]
+        c = {k: int(v) for k, v in configs[gpus].items()}
+        vp = c["virtual_pipeline"]
+        plan = _plan(
+            c["tensor_parallel"],
+            c["pipeline_parallel"],
+            c["context_parallel"],
+            vp,
+            c["micro_batch_size"],
+            c["global_batch_size"],
+            "fp8" if "FP8" in r["dtype"] else "bf16",
+        )
+        plan |= {"expert_parallel": c["expert_parallel"], "grad_reduce_dtype": "bf16"}
+        model = {"preset": "grok1-314b", "num_layers": c["num_layers"], "seq_length": c["seq_length"]}
+        rows.append(Row("dgxc grok1 (MoE)", f"{r['model_config']} ×{gpus}", gpus, float(r["step_time_s"]), model, plan))
+    return rows
+
+
 def nemo_rows(data: Path) -> list[Row]:
     """NeMo 24.07 performance summary (FP8, DGX H100); step time derived there from tokens/s."""
     rows = []
@@ -237,7 +268,7 @@ def main() -> None:
     if data is None:
         print("no shared data (set ITERCAST_DATA or place ../shared/data beside the repo): nothing to validate")
         return
-    rows = dgxc_rows(data) + nemo_rows(data) + megatron_rows(data) + llama3_rows(data)
+    rows = dgxc_rows(data) + grok_rows(data) + nemo_rows(data) + megatron_rows(data) + llama3_rows(data)
     run(rows)
     report(rows)
 

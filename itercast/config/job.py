@@ -225,9 +225,12 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
         )
     problems += _schedule_problems(p, micro)
     problems += _support_problems(model, p, system)
+    etp = p.expert_tensor_parallel or (p.tensor_parallel if model.is_moe else 1)
+    problems += _expert_problems(model, p, dp, etp)
     if problems:
         raise ConfigError("\n".join(f"{source}: {x}" for x in problems))
-    return Job(model, p.model_copy(update={"data_parallel": dp, "global_batch_size": gbs}), system)
+    resolved = {"data_parallel": dp, "global_batch_size": gbs, "expert_tensor_parallel": etp}
+    return Job(model, p.model_copy(update=resolved), system)
 
 
 def _divisibility_problems(model: ModelConfig, p: PlanConfig, dp: int, gbs: int) -> list[str]:
@@ -301,13 +304,33 @@ def _schedule_problems(p: PlanConfig, microbatches: int) -> list[str]:
     return problems
 
 
+def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> list[str]:
+    """Expert parallelism as Megatron-Core folds it: the tensor × context × data-parallel ranks of
+    the attention are, in an MoE layer, expert-tensor × expert × expert-data-parallel ranks."""
+    ep = p.expert_parallel
+    if not model.is_moe:
+        wrong = [(n, v) for n, v in (("expert_parallel", ep), ("expert_tensor_parallel", etp)) if v != 1]
+        wrong += [("moe_a2a_overlap", True)] if p.moe_a2a_overlap else []
+        return [f"plan.{n}({v}) needs a mixture-of-experts model (model.num_experts)" for n, v in wrong]
+    problems = []
+    if model.experts % ep:
+        problems.append(f"model.num_experts({model.experts}) not divisible by plan.expert_parallel({ep})")
+    folded = p.tensor_parallel * p.context_parallel * dp
+    if folded % (ep * etp):
+        problems.append(
+            f"plan.expert_parallel({ep}) × expert_tensor_parallel({etp}) = {ep * etp} does not divide "
+            f"tensor_parallel({p.tensor_parallel}) × context_parallel({p.context_parallel}) × data_parallel({dp}) "
+            f"= {folded} (Megatron-Core folds expert ranks into those)"
+        )
+    if p.tensor_parallel > 1 and not p.sequence_parallel:
+        problems.append(
+            "a mixture-of-experts model with tensor_parallel > 1 needs plan.sequence_parallel (Megatron-Core)"
+        )
+    return problems
+
+
 def _support_problems(model: ModelConfig, p: PlanConfig, system: SystemConfig) -> list[str]:
     problems = []
-    if p.expert_parallel != 1:
-        problems.append(
-            f"plan.expert_parallel({p.expert_parallel}) needs a mixture-of-experts model; "
-            f"family {model.family} has none"
-        )
     peak_key = "tf32" if p.dtype == "fp32" and "tf32" in system.gpu.peak_flops else p.dtype
     if peak_key not in system.gpu.peak_flops:
         problems.append(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+import numpy as np
+from pydantic import BaseModel, Field, NonNegativeInt, model_validator
 
 from itercast.config.strict import STRICT, Layers, Width
 
@@ -21,6 +22,13 @@ class ModelConfig(BaseModel):
     - bert:  LayerNorm, GELU MLP, learned positions, biases, bidirectional (no causal mask), tied embeddings.
     `position_embedding` and `add_bias` override the family's choice (Nemotron-4: a gpt-style
     LayerNorm model with RoPE and no biases, Parmar et al. 2024 §2).
+
+    Mixture of experts (`num_experts` set): in an MoE layer the MLP is `num_experts` routed experts
+    (MLPs of width moe_ffn_hidden_size in the family's style), of which each token visits
+    `moe_top_k`, plus an optional shared MLP of width moe_shared_ffn_hidden_size that every token
+    visits (DeepSeek-MoE, Qwen-MoE, Llama 4). Layer i is an MoE layer when i ≥ moe_first_dense_layers
+    and i % moe_layer_freq == 0 (Megatron-Core's `--moe-layer-freq` and DeepSeek-V3's
+    `first_k_dense_replace`).
     """
 
     model_config = STRICT
@@ -41,6 +49,28 @@ class ModelConfig(BaseModel):
         None, description="learned (a seq_length × hidden table) or rope; default rope for llama, else learned."
     )
     add_bias: bool | None = Field(None, description="Biases in linear layers; default False for llama, else True.")
+    num_experts: Width | None = Field(None, description="Routed experts per MoE layer; absent: a dense model.")
+    moe_top_k: Width = Field(2, description="Experts each token is routed to.")
+    moe_ffn_hidden_size: Width | None = Field(None, description="Width of one routed expert; default ffn.")
+    moe_shared_ffn_hidden_size: NonNegativeInt = Field(
+        0, le=100_000_000, description="Width of the shared experts together (0: none)."
+    )
+    moe_layer_freq: Layers = Field(1, description="Every n-th layer is an MoE layer (Megatron --moe-layer-freq).")
+    moe_first_dense_layers: NonNegativeInt = Field(
+        0, le=100_000, description="Leading dense layers (DeepSeek-V3: first_k_dense_replace = 3)."
+    )
+    moe_capacity_factor: float | None = Field(
+        None, gt=0, le=1000, description="Tokens an expert takes, relative to an even share; absent: dropless."
+    )
+    moe_pad_to_capacity: bool = Field(
+        False, description="Experts always process their full capacity (Megatron --moe-pad-expert-input-to-capacity)."
+    )
+    moe_token_imbalance: float = Field(
+        1.0,
+        ge=1,
+        le=1000,
+        description="Tokens of the busiest expert-parallel rank over the mean (router load imbalance; 1: even).",
+    )
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
@@ -55,9 +85,27 @@ class ModelConfig(BaseModel):
                 f"model.num_attention_heads({self.num_attention_heads}) not divisible by "
                 f"model.num_query_groups({self.kv_heads})"
             )
+        problems += self._moe_problems()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _moe_problems(self) -> list[str]:
+        if self.num_experts is None:
+            fields = type(self).model_fields
+            changed = [n for n in fields if n.startswith("moe_") and getattr(self, n) != fields[n].default]
+            return [f"model.{n} needs model.num_experts (a mixture-of-experts model)" for n in changed]
+        problems = []
+        if self.moe_top_k > self.num_experts:
+            problems.append(f"model.moe_top_k({self.moe_top_k}) > model.num_experts({self.num_experts})")
+        if self.moe_first_dense_layers >= self.num_layers:
+            problems.append(
+                f"model.moe_first_dense_layers({self.moe_first_dense_layers}) leaves no MoE layer of "
+                f"model.num_layers({self.num_layers})"
+            )
+        if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
+            problems.append("model.moe_pad_to_capacity needs model.moe_capacity_factor")
+        return problems
 
     @property
     def ffn(self) -> int:
@@ -95,29 +143,76 @@ class ModelConfig(BaseModel):
     def biases(self) -> bool:
         return self.add_bias if self.add_bias is not None else self.family != "llama"
 
-    def layer_sharded_params(self) -> int:
-        """Parameters of one layer that tensor parallelism splits: the four weight matrices and the
-        biases of the column-parallel layers (QKV, MLP up), Megatron-LM's ColumnParallelLinear."""
-        h, d = self.hidden_size, self.head_dim
+    # -- mixture of experts ------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def experts(self) -> int:
+        """Routed experts per MoE layer (0 for a dense model)."""
+        return self.num_experts or 0
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn
+
+    def moe_layers_before(self, index: int | np.ndarray) -> np.ndarray:
+        """MoE layers among layers 0 … index − 1 (vectorised over `index`)."""
+        x = np.asarray(index, dtype=np.int64)
+        if not self.is_moe:
+            return np.zeros_like(x)
+        n, k = self.moe_layer_freq, self.moe_first_dense_layers
+        return np.maximum(-(-x // n) - (-(-k // n)), 0)
+
+    def is_moe_layer(self, index: int) -> bool:
+        return bool(self.moe_layers_before(index + 1) - self.moe_layers_before(index))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return int(self.moe_layers_before(self.num_layers))
+
+    def expert_params(self) -> int:
+        """Weights (and biases) of one routed expert: an MLP of width expert_ffn in the family's style."""
+        f, h = self.expert_ffn, self.hidden_size
+        return (3 if self.gated_mlp else 2) * h * f + ((f + h) if self.biases else 0)
+
+    def expert_params_per_rank(self, expert_parallel: Any, expert_tensor_parallel: Any) -> Any:
+        """Routed-expert parameters of one MoE layer on one GPU (num_experts / EP experts, split by
+        ETP); the sizes may be numpy columns."""
+        return self.experts / expert_parallel * self.expert_params() / expert_tensor_parallel
+
+    # -- parameters of one layer -------------------------------------------------------------
+    def _mlp_width(self, moe: bool) -> int:
+        """Width of the tensor-parallel MLP of a layer: the MLP, or in an MoE layer its shared experts."""
+        return self.moe_shared_ffn_hidden_size if moe else self.ffn
+
+    def layer_sharded_params(self, moe: bool = False) -> int:
+        """Parameters of one layer that tensor parallelism splits: attention's weight matrices, the
+        MLP's (an MoE layer: its shared experts') and the biases of the column-parallel layers (QKV,
+        MLP up), Megatron-LM's ColumnParallelLinear. Routed experts are counted apart."""
+        h, d, f = self.hidden_size, self.head_dim, self._mlp_width(moe)
         qkv = h * (self.num_attention_heads + 2 * self.kv_heads) * d
-        mlp = (3 if self.gated_mlp else 2) * h * self.ffn
-        column_biases = ((self.num_attention_heads + 2 * self.kv_heads) * d + self.ffn) if self.biases else 0
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        column_biases = ((self.num_attention_heads + 2 * self.kv_heads) * d + f) if self.biases else 0
         return qkv + h * h + mlp + column_biases
 
-    def layer_replicated_params(self) -> int:
+    def layer_replicated_params(self, moe: bool = False) -> int:
         """Parameters of one layer that every tensor-parallel rank holds whole: the two norms
-        (RMSNorm: weight; LayerNorm: weight + bias) and the row-parallel layers' output biases."""
+        (RMSNorm: weight; LayerNorm: weight + bias), the row-parallel layers' output biases and, in
+        an MoE layer, the router (hidden × num_experts, Megatron-Core's TopKRouter)."""
         h = self.hidden_size
         norms = 2 * h if self.family == "llama" else 4 * h
-        return norms + (2 * h if self.biases else 0)
+        return norms + (2 * h if self.biases else 0) + (h * self.experts if moe else 0)
 
-    def layer_params_per_rank(self, tensor_parallel: int) -> float:
-        """Parameters of one layer on one tensor-parallel rank."""
-        return self.layer_sharded_params() / tensor_parallel + self.layer_replicated_params()
+    def layer_params_per_rank(self, tensor_parallel: int, moe: bool = False) -> float:
+        """Parameters of one layer on one tensor-parallel rank, routed experts excluded."""
+        return self.layer_sharded_params(moe) / tensor_parallel + self.layer_replicated_params(moe)
 
-    def params_per_layer(self) -> int:
-        """Weights and biases of one transformer layer (attention + MLP + two norms)."""
-        return self.layer_sharded_params() + self.layer_replicated_params()
+    def params_per_layer(self, moe: bool = False) -> int:
+        """Weights and biases of one transformer layer (attention + MLP or experts + two norms)."""
+        experts = self.experts * self.expert_params() if moe else 0
+        return self.layer_sharded_params(moe) + self.layer_replicated_params(moe) + experts
 
     def position_params(self) -> int:
         """The learned position table (replicated across tensor-parallel ranks), or 0 with RoPE."""
@@ -129,20 +224,33 @@ class ModelConfig(BaseModel):
         return emb + self.position_params() + (0 if self.tied else emb)
 
     def num_params(self) -> int:
-        return self.num_layers * self.params_per_layer() + self.embedding_params() + 2 * self.hidden_size
+        """All parameters (every expert counted)."""
+        moe = self.num_moe_layers
+        layers = (self.num_layers - moe) * self.params_per_layer() + moe * self.params_per_layer(moe=True)
+        return layers + self.embedding_params() + 2 * self.hidden_size
 
-    def layer_forward_flops_per_token(self) -> float:
+    def layer_forward_flops_per_token(self, moe: bool = False) -> float:
         """Forward FLOPs of one layer per token: its matmuls (2 FLOPs per multiply-add) and attention
         scores/values over the full sequence (Narayanan et al., SC'21, eq. 3 counts attention without
-        the causal half; we do the same so that MFU matches Megatron's and NeMo's reported figures)."""
+        the causal half; we do the same so that MFU matches Megatron's and NeMo's reported figures).
+        An MoE layer: the router, the shared experts and top_k routed experts (active parameters)."""
         h, d, s = self.hidden_size, self.head_dim, self.seq_length
         qkv = 2 * h * (self.num_attention_heads + 2 * self.kv_heads) * d
         proj = 2 * h * h
-        mlp = 2 * (3 if self.gated_mlp else 2) * h * self.ffn
+        up = 3 if self.gated_mlp else 2
+        mlp = 2 * up * h * self._mlp_width(moe)
+        if moe:
+            mlp += 2 * h * self.experts + self.moe_top_k * 2 * up * h * self.expert_ffn
         attn = 2 * 2 * s * h  # QK^T and AV, per token, full (non-causal) count
         return qkv + proj + mlp + attn
+
+    def layers_forward_flops_per_token(self) -> float:
+        """Forward FLOPs per token of all layers (dense and MoE)."""
+        moe = self.num_moe_layers
+        dense = (self.num_layers - moe) * self.layer_forward_flops_per_token()
+        return dense + moe * self.layer_forward_flops_per_token(moe=True)
 
     def flops_per_token(self) -> float:
         """Model FLOPs of one token, forward + backward (3× forward), no recompute."""
         logits = 2 * self.hidden_size * self.vocab_size
-        return 3.0 * (self.num_layers * self.layer_forward_flops_per_token() + logits)
+        return 3.0 * (self.layers_forward_flops_per_token() + logits)

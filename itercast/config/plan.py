@@ -31,7 +31,10 @@ class PlanConfig(BaseModel):
     tensor_parallel: Ranks = 1
     pipeline_parallel: Ranks = 1
     context_parallel: Ranks = 1
-    expert_parallel: Ranks = 1
+    expert_parallel: Ranks = Field(1, description="Ranks the routed experts of an MoE layer are spread over.")
+    expert_tensor_parallel: Ranks | None = Field(
+        None, description="Tensor parallelism inside each expert; default tensor_parallel (Megatron-Core)."
+    )
     virtual_pipeline: Ranks = Field(1, description="Model chunks per pipeline rank (interleaving).")
     stage_layers: Annotated[tuple[NonNegativeInt, ...] | None, Field(strict=False)] = Field(
         None,
@@ -57,6 +60,11 @@ class PlanConfig(BaseModel):
     )
     overlap_grad_reduce: bool = Field(True, description="Reduce gradients during the last backward.")
     overlap_param_gather: bool = Field(True, description="ZeRO 1–2: gather updated parameters during the next forward.")
+    moe_a2a_overlap: bool = Field(
+        False,
+        description="Hide the expert all-to-alls behind another micro-batch's attention (DeepEP / "
+        "Megatron-Core --overlap-moe-expert-parallel-comm).",
+    )
 
     @property
     def dp(self) -> int:
@@ -64,6 +72,13 @@ class PlanConfig(BaseModel):
         if self.data_parallel is None:
             raise ValueError("plan.data_parallel is resolved when the plan joins a Job (Job.from_dicts)")
         return self.data_parallel
+
+    @property
+    def etp(self) -> int:
+        """expert_tensor_parallel, resolved like `dp`."""
+        if self.expert_tensor_parallel is None:
+            raise ValueError("plan.expert_tensor_parallel is resolved when the plan joins a Job (Job.from_dicts)")
+        return self.expert_tensor_parallel
 
     @property
     def gbs(self) -> int:

@@ -45,7 +45,9 @@ from itercast.workloads.transformer import (
     Groups,
     UnitCosts,
     bucket_spans,
+    dp_collective_s,
     grad_collective,
+    local_optimizer_params,
     optimizer_step_bytes,
     p2p_message_bytes,
     unit_kinds,
@@ -53,8 +55,9 @@ from itercast.workloads.transformer import (
     weight_bytes,
 )
 
-_LAYER_KEY = ("tp", "cp", "mbs", "sp", "recompute")
-_GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero")
+_LAYER_KEY = ("tp", "cp", "mbs", "sp", "recompute", "ep", "etp")
+_GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero", "ep", "etp")
+_STAGE_KEY = ("pp", "vp")
 _P2P_KEY = ("tp", "cp", "dp", "pp", "mbs", "sp")
 
 
@@ -106,23 +109,23 @@ class FastEstimator:
         g = self._group_columns(t)
         p, v, M = c["pp"], c["vp"], t.microbatches
         embed, head = f["ef"] + f["eb"], f["hf"] + f["hb"]
-        if t.base.stage_layers is None:
-            layers = self.model.num_layers / (p * v)  # per chunk pass
-            first_chunk = layers
-            per_stage = v * layers * (f["lf"] + f["lb"])
-            first, last = per_stage + embed, per_stage + head
-            single = p == 1
-            slowest = np.where(single, per_stage + embed + head, np.maximum(first, last))
-            total = np.where(single, slowest, per_stage * np.maximum(p - 2, 0) + first + last)
-        else:  # uneven stages (plan.stage_layers): every row has the base plan's pp and vp
-            counts = np.asarray(t.base.stage_layer_counts(self.model.num_layers), dtype=np.float64)
-            stage = counts[None, :] * (f["lf"] + f["lb"])[:, None]
-            stage[:, 0] += embed
-            stage[:, -1] += head
-            slowest, total = stage.max(axis=1), stage.sum(axis=1)
-            layers = counts.max() / v  # the most loaded stage's chunk, for the windows below
-            first_chunk = t.base.virtual_stage_layers(self.model.num_layers)[0]
-        tf, tb = layers * f["lf"], layers * f["lb"]
+        layer, moe = f["lf"] + f["lb"], f["mf"] + f["mb"]
+        slowest, total = np.zeros(len(t)), np.zeros(len(t))
+        tf, tb, kernels = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
+        keys, inverse = _distinct(t, _STAGE_KEY)
+        for key_index, (pp, vp) in enumerate(keys):  # stage by stage, per pipeline shape
+            rows = inverse == key_index
+            dense_n, moe_n, first_chunk = self._stage_layers(t.base, pp, vp)
+            stage = dense_n[None, :] * layer[rows, None] + moe_n[None, :] * moe[rows, None]
+            stage[:, 0] += embed[rows]
+            stage[:, -1] += head[rows]
+            slowest[rows], total[rows] = stage.max(axis=1), stage.sum(axis=1)
+            # a chunk pass of the most loaded stage, for the windows below
+            busiest = (dense_n + moe_n).argmax()
+            tf[rows] = (dense_n[busiest] * f["lf"][rows] + moe_n[busiest] * f["mf"][rows]) / vp
+            tb[rows] = (dense_n[busiest] * f["lb"][rows] + moe_n[busiest] * f["mb"][rows]) / vp
+            kernels[rows] = first_chunk[0] * f["kernels_lf"][rows] + first_chunk[1] * f["kernels_mf"][rows]
+        kernels += f["kernels_ef"]
         # M·max + (Σ − max)/v: (M + p − 1)·t for equal 1F1B/GPipe stages, M·t + (p − 1)·t/v interleaved
         # (Narayanan et al. SC'21 §2.2), (M − 1)·max + Σ for uneven 1F1B stages (stage_slicing.py)
         pipeline = M * slowest + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
@@ -141,30 +144,48 @@ class FastEstimator:
         exposed_grad = np.where(zero == 2, zero2, last_bwd)
         gathered = np.where(c["overlap_param"] > 0, _exposed(gather, buckets, tf * v), g["gather_whole"])
         exposed_gather = np.where((zero == 1) | (zero == 2), gathered, 0.0)
-        fsdp = _fsdp_step(f, g, layers, M)
+        fsdp = _fsdp_step(f, g, self.model, M)
         step = np.where((zero == 3) & sync, fsdp, pipeline + exposed_grad + exposed_gather)
-        kernels = first_chunk * f["kernels_lf"] + f["kernels_ef"]
         return step + g["tail"] + kernels * self.system.gpu.kernel_launch_overhead_s
+
+    def _stage_layers(self, base: PlanConfig, pp: int, vp: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+        """Dense and MoE layers of each pipeline stage, and (dense, MoE) layers of the first chunk."""
+        m = self.model
+        shaped = base.model_copy(update={"pipeline_parallel": pp, "virtual_pipeline": vp})
+        per_virtual = shaped.virtual_stage_layers(m.num_layers)
+        starts = np.cumsum((0, *per_virtual))
+        moe_virtual = m.moe_layers_before(starts[1:]) - m.moe_layers_before(starts[:-1])
+        layers = np.asarray(per_virtual).reshape(vp, pp).sum(axis=0)
+        moe_n = moe_virtual.reshape(vp, pp).sum(axis=0)
+        return (
+            (layers - moe_n).astype(np.float64),
+            moe_n.astype(np.float64),
+            (per_virtual[0] - int(moe_virtual[0]), int(moe_virtual[0])),
+        )
 
     # -- per distinct value: unit costs and group costs ------------------------------------------
     def _unit_columns(self, t: PlanTable) -> dict[str, np.ndarray]:
         """Seconds of one pass of each unit (compute + blocking communication) and kernel counts."""
         keys, inverse = _distinct(t, _LAYER_KEY)
-        rows: dict[str, list[float]] = {k: [] for k in ("lf", "lb", "ef", "eb", "hf", "hb", "kernels_lf", "kernels_ef")}
+        names = ("lf", "lb", "ef", "eb", "hf", "hb", "mf", "mb")
+        rows: dict[str, list[float]] = {k: [] for k in (*names, "kernels_lf", "kernels_mf", "kernels_ef")}
         for key in keys:
             u = self._unit_costs(t.base, key)
-            passes = (u.layer_fwd, u.layer_bwd, u.embed_fwd, u.embed_bwd, u.head_fwd, u.head_bwd)
-            for name, pc in zip(("lf", "lb", "ef", "eb", "hf", "hb"), passes, strict=True):
+            passes = (u.layer_fwd, u.layer_bwd, u.embed_fwd, u.embed_bwd, u.head_fwd, u.head_bwd, u.moe_fwd, u.moe_bwd)
+            for name, pc in zip(names, passes, strict=True):
                 rows[name].append(pc.compute_s + pc.comm_s)
             rows["kernels_lf"].append(u.layer_fwd.kernels)
+            rows["kernels_mf"].append(u.moe_fwd.kernels)
             rows["kernels_ef"].append(u.embed_fwd.kernels)
         return {k: np.asarray(v, dtype=np.float64)[inverse] for k, v in rows.items()}
 
     def _unit_costs(self, base: PlanConfig, key: tuple[int, ...]) -> UnitCosts:
         found = self._units.get(key)
         if found is None:
-            tp, cp, mbs, sp, rc = key
-            job = self._job(base.model_copy(update={"recompute": RECOMPUTE[rc]}), tp=tp, cp=cp, mbs=mbs, sp=sp)
+            tp, cp, mbs, sp, rc, ep, etp = key
+            job = self._job(
+                base.model_copy(update={"recompute": RECOMPUTE[rc]}), tp=tp, cp=cp, mbs=mbs, sp=sp, ep=ep, etp=etp
+            )
             found = self._units[key] = UnitCosts.of(job, self._cost_model(base.dtype), Groups.of(job))
         return found
 
@@ -196,6 +217,8 @@ class FastEstimator:
         """A job of `base` with some plan fields set (unvalidated: the table's rows were validated)."""
         fields = {COLUMNS[k]: (bool(v) if k == "sp" else v) for k, v in sizes.items()}
         dp, mbs = fields.setdefault("data_parallel", 1), fields.setdefault("micro_batch_size", 1)
+        tp = fields.get("tensor_parallel", base.tensor_parallel)
+        fields.setdefault("expert_tensor_parallel", base.expert_tensor_parallel or (tp if self.model.is_moe else 1))
         return Job(self.model, base.model_copy(update={**fields, "global_batch_size": mbs * dp}), self.system)
 
     def _p2p_s(self, base: PlanConfig, key: tuple[int, ...]) -> float:
@@ -211,54 +234,77 @@ class FastEstimator:
         found = self._groups.get(key)
         if found is not None:
             return found
-        tp, cp, dp, pp, vp, zero = key
-        job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, vp=vp, zero=zero)
+        tp, cp, dp, pp, vp, zero, ep, etp = key
+        job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, vp=vp, zero=zero, ep=ep, etp=etp)
         m, costs, groups = self.model, self._cost_model(base.dtype), Groups.of(job)
         collective = self._collective_memo(costs)
         sizes = unit_params(job)
-        candidates = range(pp) if base.stage_layers is not None else {0, pp - 1}  # where the most params sit
+        candidates = (
+            range(pp) if base.stage_layers is not None or m.is_moe else {0, pp - 1}
+        )  # where the most params sit
         stage_units = {s: [[sizes[k] for k in unit_kinds(job, s, ch)] for ch in range(vp)] for s in candidates}
-        stage = max(stage_units, key=lambda s: sum(map(sum, stage_units[s])))
-        params = float(sum(map(sum, stage_units[stage])))  # = memory.stage_params
+
+        def stage_total(s: int) -> float:
+            return sum(sum(w) for chunk in stage_units[s] for w in chunk)
+
+        stage = max(stage_units, key=stage_total)
+        params = (  # = memory.stage_params
+            sum(w[0] for chunk in stage_units[stage] for w in chunk),
+            sum(w[1] for chunk in stage_units[stage] for w in chunk),
+        )
         kind, grad_bytes, w_bytes = grad_collective(job), job.plan.grad_bytes, weight_bytes(job)
-        buckets = []  # the graph's gradient buckets of the most loaded stage, every chunk
+
+        def dp_s(kind: str, w: tuple[float, float], bytes_per_param: int) -> float:
+            return dp_collective_s(collective, groups, kind, w, bytes_per_param)
+
+        buckets: list[tuple[float, float]] = []  # the graph's gradient buckets of the most loaded stage, every chunk
         for per_unit in stage_units[stage]:
             backward = per_unit[::-1]
-            buckets += [sum(backward[a:b]) for a, b in bucket_spans(backward, base.grad_bucket_size_params)]
-        shard = groups.grad.size if zero >= 1 else 1
-        tail = float(costs.memory_s("elementwise", optimizer_step_bytes(job, params / shard)))
+            for a, b in bucket_spans([sum(w) for w in backward], base.grad_bucket_size_params):
+                buckets.append((sum(w[0] for w in backward[a:b]), sum(w[1] for w in backward[a:b])))
+        tail = float(
+            costs.memory_s("elementwise", optimizer_step_bytes(job, local_optimizer_params(job, groups, params)))
+        )
         if pp > 1:
             tail += costs.collective_s("all_reduce", GRAD_NORM_BYTES, groups.model)
             if m.tied:
                 vocab = m.vocab_size * m.hidden_size / tp
                 tail += costs.collective_s("all_reduce", vocab * grad_bytes, groups.embedding)
+        counted = Counter(buckets)
         found = {
-            "grad_ranks": float(groups.grad.size),
+            "grad_ranks": float(max(groups.grad.size, groups.expert_grad.size)),
             "buckets": float(len(buckets)),
-            "grad": sum(n * collective(kind, b * grad_bytes, groups.grad) for b, n in Counter(buckets).items()),
-            "gather": sum(n * collective("all_gather", b * w_bytes, groups.grad) for b, n in Counter(buckets).items()),
+            "grad": sum(n * dp_s(kind, b, grad_bytes) for b, n in counted.items()),
+            "gather": sum(n * dp_s("all_gather", b, w_bytes) for b, n in counted.items()),
             # without overlap the graph reduces (and gathers) the whole buffer at once
-            "grad_whole": collective(kind, params * grad_bytes, groups.grad),
-            "gather_whole": collective("all_gather", params * w_bytes, groups.grad),
+            "grad_whole": dp_s(kind, params, grad_bytes),
+            "gather_whole": dp_s("all_gather", params, w_bytes),
             "tail": tail,
         }
         for name, w in sizes.items():  # ZeRO-3: per-unit gathers and reduce-scatters
-            found[f"ag_{name[0]}"] = collective("all_gather", w * w_bytes, groups.grad)
-            found[f"rs_{name[0]}"] = collective(kind, w * grad_bytes, groups.grad)
+            found[f"ag_{name[0]}"] = dp_s("all_gather", w, w_bytes)
+            found[f"rs_{name[0]}"] = dp_s(kind, w, grad_bytes)
         self._groups[key] = found
         return found
 
 
-def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], layers: np.ndarray, M: np.ndarray) -> np.ndarray:
+def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], m: ModelConfig, M: np.ndarray) -> np.ndarray:
     """ZeRO-3 with pipeline_parallel 1, in the graph's stream order. Each pass starts with its first
     unit's gather exposed; a unit runs beside the next unit's gather, and in backward beside the
     previous unit's reduce-scatter too (one DP stream); the embedding's reduce-scatter ends each
-    micro-batch, ahead of the next forward's first gather."""
-    c_l, c_e, c_h = f["lf"], f["ef"], f["hf"]
-    a_l, a_e, a_h = g["ag_l"], g["ag_e"], g["ag_h"]
+    micro-batch, ahead of the next forward's first gather. An MoE model's layers are priced as
+    their mean (dense and MoE layers in proportion), an approximation."""
+    moe_share = m.num_moe_layers / m.num_layers
+    layers = m.num_layers
+
+    def mean(dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
+        return dense if not moe_share else (1 - moe_share) * dense + moe_share * moe
+
+    c_l, c_e, c_h = mean(f["lf"], f["mf"]), f["ef"], f["hf"]
+    a_l, a_e, a_h = mean(g["ag_l"], g["ag_m"]), g["ag_e"], g["ag_h"]
     fwd = a_e + np.maximum(c_e, a_l) + (layers - 1) * np.maximum(c_l, a_l) + np.maximum(c_l, a_h) + c_h
-    b_l, b_e, b_h = f["lb"], f["eb"], f["hb"]
-    r_l, r_e, r_h = g["rs_l"], g["rs_e"], g["rs_h"]
+    b_l, b_e, b_h = mean(f["lb"], f["mb"]), f["eb"], f["hb"]
+    r_l, r_e, r_h = mean(g["rs_l"], g["rs_m"]), g["rs_e"], g["rs_h"]
     bwd = (
         a_h
         + np.maximum(b_h, a_l)

@@ -33,33 +33,35 @@ REQUIRED, OPTIONAL = ("layer", "time_s"), ("activation_bytes", "memory_bytes")
 
 
 def job_layer_costs(job: Job) -> tuple[LayerCosts, list[str]]:
-    """Costs of the embedding, every layer and the head of `job`, and their names."""
+    """Costs of the embedding, every layer (dense or MoE) and the head of `job`, and their names."""
     m, p = job.model, job.plan
     groups = Groups.of(job)
     costs = AnalyticCostModel(job.system, p.dtype)
     u = UnitCosts.of(job, costs, groups)
-    seconds = {
-        "embedding": u.embed_fwd.compute_s + u.embed_fwd.comm_s + u.embed_bwd.compute_s + u.embed_bwd.comm_s,
-        "layer": u.layer_fwd.compute_s + u.layer_fwd.comm_s + u.layer_bwd.compute_s + u.layer_bwd.comm_s,
-        "head": u.head_fwd.compute_s + u.head_fwd.comm_s + u.head_bwd.compute_s + u.head_bwd.comm_s,
-    }
-    w_b, g_b, o_b = state_bytes_per_param(p, p.zero_stage, p.dp * p.context_parallel)
-    per_param = float(w_b + g_b + o_b)
-    params = unit_params(job)
+    kinds = ["embed", *["moe" if m.is_moe_layer(i) else "layer" for i in range(m.num_layers)], "head"]
+
+    def seconds(kind: str) -> float:
+        fwd, bwd = u.forward(kind), u.backward(kind)
+        return fwd.compute_s + fwd.comm_s + bwd.compute_s + bwd.comm_s
+
+    def per_param(shard: int) -> float:
+        return float(sum(state_bytes_per_param(p, p.zero_stage, shard)))
+
+    rest_b, experts_b = per_param(groups.grad.size), per_param(groups.expert_grad.size)
     tokens = p.micro_batch_size * m.seq_length / p.context_parallel
-    kinds = ["embedding", *["layer"] * m.num_layers, "head"]
-    static = {
-        "embedding": params["embed"] * per_param,
-        "layer": params["layer"] * per_param,
-        "head": params["head"] * per_param + tokens * m.vocab_size / p.tensor_parallel * 4,  # fp32 logits
-    }
+    static = {k: e * experts_b + r * rest_b for k, (e, r) in unit_params(job).items()}
+    static["head"] += tokens * m.vocab_size / p.tensor_parallel * 4  # fp32 logits
     send = costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node)
-    activations = activation_bytes_per_token_layer(job) * tokens
+    activations = {
+        "layer": activation_bytes_per_token_layer(job) * tokens,
+        "moe": activation_bytes_per_token_layer(job, moe=True) * tokens,
+    }
+    priced = {k: seconds(k) for k in set(kinds)}
     out = LayerCosts.of(
-        np.array([seconds[k] for k in kinds]),
+        np.array([priced[k] for k in kinds]),
         np.array([send] * (len(kinds) - 1) + [0.0]),
         np.array([static[k] for k in kinds]),
-        np.array([activations if k == "layer" else 0.0 for k in kinds]),
+        np.array([activations.get(k, 0.0) for k in kinds]),
     )
     names = ["embedding", *[f"layer {i}" for i in range(m.num_layers)], "head"]
     return out, names

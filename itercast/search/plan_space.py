@@ -4,7 +4,9 @@ Every combination of the varied fields is generated as arrays (no Python object 
 filtered with the same rules Job validation applies (config/job.py), vectorised; the search keeps
 what passes. A field fixed by the user (`fixed`) takes one value. Sizes follow Megatron-LM: tensor
 parallel within a node unless allowed across; virtual pipeline sizes that divide the layers of a
-stage; context parallel in powers of two dividing seq_length / 2.
+stage; context parallel in powers of two dividing seq_length / 2. A mixture-of-experts model adds
+expert parallel sizes dividing num_experts and expert tensor parallel 1 or tp (Megatron-Core's
+default and the common alternative); a dense model keeps both at 1.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ def enumerate_plans(
         "gbs": batches,
         "pp": _choices("pipeline_parallel", [d for d in divisors if model.num_layers % d == 0], fixed),
         "cp": _choices("context_parallel", cp_values, fixed),
+        "ep": _choices(
+            "expert_parallel", [d for d in divisors if model.experts % d == 0] if model.is_moe else [1], fixed
+        ),
+        "etp": _choices("expert_tensor_parallel", [d for d in divisors if d <= gpn] if model.is_moe else [1], fixed),
         "vp": _choices("virtual_pipeline", list(range(1, options.max_virtual_pipeline + 1)), fixed),
         "mbs": _choices("micro_batch_size", list(options.micro_batch_sizes), fixed),
         "schedule": _choices("schedule", list(range(len(SCHEDULES))), fixed),
@@ -135,8 +141,8 @@ def _rules(
     def micro(c: dict[str, np.ndarray]) -> np.ndarray:
         return c["gbs"] // (c["mbs"] * c["dp"])
 
-    def no_dp(c: dict[str, np.ndarray]) -> np.ndarray:
-        return c["dp"] * c["cp"] == 1
+    def no_dp(c: dict[str, np.ndarray]) -> np.ndarray:  # nor expert data parallelism
+        return (c["dp"] * c["cp"] == 1) & (~moe | (c["tp"] * c["cp"] * c["dp"] == c["ep"] * c["etp"]))
 
     def schedule_ok(c: dict[str, np.ndarray]) -> np.ndarray:
         ok = np.where(c["pp"] == 1, c["schedule"] == SCHEDULES.index("1f1b"), True)
@@ -145,7 +151,8 @@ def _rules(
 
     first = {k: v[0] for k, v in axes.items()}
     want_dp = int(fixed.get("data_parallel") or 0)
-    uneven = np.bool_(base.stage_layers is not None)  # a numpy bool: `~` negates it (a Python bool's is −2)
+    uneven = np.bool_(base.stage_layers is not None)
+    moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
     fits_stages = base.stage_layers is None or len(base.stage_layers) == base.pipeline_parallel * base.virtual_pipeline
     # fused attention already recomputes inside its backward (transformer_ops.layer_backward)
     same_recompute = base.flash_attention and RECOMPUTE.index("none") in axes["recompute"]
@@ -173,6 +180,16 @@ def _rules(
         ("global_batch_size not divisible by mbs × dp", lambda c: c["gbs"] % (c["mbs"] * c["dp"]) == 0),
         ("schedule: interleaving needs vp > 1 and micro-batches divisible by pp", schedule_ok),
         ("sequence_parallel needs tp > 1", lambda c: (c["sp"] == 0) | (c["tp"] > 1)),
+        ("model.num_experts not divisible by ep", lambda c: model.experts % c["ep"] == 0),
+        (
+            "ep × etp does not divide tp × cp × dp",
+            lambda c: (c["tp"] * c["cp"] * c["dp"]) % (c["ep"] * c["etp"]) == 0,
+        ),
+        (
+            "expert_tensor_parallel is 1 or tp in the search",
+            lambda c: (c["etp"] == 1) | (c["etp"] == c["tp"]) | ("expert_tensor_parallel" in fixed),
+        ),
+        ("MoE with tp > 1 needs sequence_parallel", lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == 1)),
         ("zero_stage 3 with pp > 1 is not supported", lambda c: (c["zero"] < 3) | (c["pp"] == 1)),
         ("context_parallel needs flash attention", lambda c: (c["cp"] == 1) | base.flash_attention),
         (

@@ -24,6 +24,8 @@ COLUMNS = {
     "pp": "pipeline_parallel",
     "cp": "context_parallel",
     "dp": "data_parallel",
+    "ep": "expert_parallel",
+    "etp": "expert_tensor_parallel",
     "vp": "virtual_pipeline",
     "mbs": "micro_batch_size",
     "gbs": "global_batch_size",

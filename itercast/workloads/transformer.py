@@ -14,6 +14,7 @@ and single layers under ZeRO-3 (per-layer parameter gathers).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ from itercast.hardware.topology import GroupPlacement, place_group, same_node
 from itercast.memory import embedding_unit_params, stage_params
 from itercast.parallel.schedules import Pass, schedule
 from itercast.workloads import transformer_ops as ops_mod
-from itercast.workloads.transformer_ops import Op
+from itercast.workloads.transformer_ops import COMM_FAMILIES, Op
 
 GRAD_NORM_BYTES = 4  # one fp32 scalar: the global gradient norm for clipping (Megatron clip_grad)
 
@@ -59,20 +60,29 @@ def p2p_message_bytes(job: Job) -> float:
     return nbytes / p.tensor_parallel if p.sequence_parallel else nbytes  # Megatron scatter-gather
 
 
-def unit_params(job: Job) -> dict[str, float]:
-    """Parameters of one GPU's share of each unit kind (the head's are the embedding's when tied
-    on a single stage: nothing more to hold, gather or reduce)."""
+def unit_params(job: Job) -> dict[str, tuple[float, float]]:
+    """Parameters of one GPU's share of each unit kind, as (routed experts', the rest): the
+    experts' are reduced and sharded over the expert-data-parallel group. The head's are the
+    embedding's when tied on a single stage: nothing more to hold, gather or reduce."""
     m, p = job.model, job.plan
     vocab = m.vocab_size * m.hidden_size / p.tensor_parallel
     head = vocab if not m.tied or p.pipeline_parallel > 1 else 0.0
-    return {"embed": embedding_unit_params(job), "layer": m.layer_params_per_rank(p.tensor_parallel), "head": head}
+    experts = m.expert_params_per_rank(p.expert_parallel, p.etp) if m.is_moe else 0.0
+    return {
+        "embed": (0.0, embedding_unit_params(job)),
+        "layer": (0.0, m.layer_params_per_rank(p.tensor_parallel)),
+        "moe": (experts, m.layer_params_per_rank(p.tensor_parallel, moe=True)),
+        "head": (0.0, head),
+    }
 
 
 def unit_kinds(job: Job, stage: int, chunk: int) -> list[str]:
     """The units of one model chunk on one pipeline stage, in forward order."""
-    p = job.plan
+    p, m = job.plan, job.model
     vs = chunk * p.pipeline_parallel + stage
-    kinds = ["layer"] * p.virtual_stage_layers(job.model.num_layers)[vs]
+    per_virtual = p.virtual_stage_layers(m.num_layers)
+    start = sum(per_virtual[:vs])
+    kinds = ["moe" if m.is_moe_layer(i) else "layer" for i in range(start, start + per_virtual[vs])]
     if vs == 0:
         kinds.insert(0, "embed")
     if vs == p.pipeline_parallel * p.virtual_pipeline - 1:
@@ -118,9 +128,12 @@ class PassCost:
 ZERO_COST = PassCost(0.0, 0.0, 0)
 #: (stage, chunk, forward, split, segment index): one segment of one chunk pass
 SegmentKey = tuple[int, int, bool, str, int]
-#: how a task is priced: ("launch" | "compute" | "comm", SegmentKey), ("collective", kind, bytes,
+#: how a task is priced: ("launch" | "compute" | "comm", SegmentKey), ("dp", kind, Params, bytes per
+#: parameter), ("collective", kind, bytes,
 #: Groups field), ("memory", kind, bytes), ("p2p",)
 Recipe = tuple[Any, ...]
+#: parameters of a unit or segment on one GPU: (routed experts', the rest)
+Params = tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -131,6 +144,9 @@ class Groups:
     embedding: GroupPlacement  # first and last stage (tied embeddings)
     model: GroupPlacement  # tensor × pipeline: global gradient norm
     stage_cross_node: bool
+    ep: GroupPlacement  # expert parallel: the token all-to-alls
+    etp: GroupPlacement  # expert tensor parallel
+    expert_grad: GroupPlacement  # expert data parallel: routed experts' gradients and ZeRO shards
 
     @classmethod
     def of(cls, job: Job) -> Groups:
@@ -138,6 +154,9 @@ class Groups:
         t, c, d, pp = p.tensor_parallel, p.context_parallel, p.dp, p.pipeline_parallel
         stage_stride = t * c * d
         pipe = place_group(pp, stage_stride, gpn)
+        # Megatron-Core's expert rank order within a stage: expert-tensor innermost, then expert,
+        # then expert-data parallel (together the stage's tensor × context × data ranks)
+        ep, etp = p.expert_parallel, p.etp
         return cls(
             tp=place_group(t, 1, gpn),
             cp=place_group(c, t, gpn),
@@ -145,7 +164,35 @@ class Groups:
             embedding=place_group(2 if pp > 1 else 1, (pp - 1) * stage_stride, gpn),
             model=GroupPlacement(t * pp, pipe.nodes, max(1, t * pp // pipe.nodes)),
             stage_cross_node=not same_node(0, stage_stride, gpn),
+            ep=place_group(ep, etp, gpn),
+            etp=place_group(etp, 1, gpn),
+            expert_grad=place_group(stage_stride // (ep * etp) if job.model.is_moe else 1, ep * etp, gpn),
         )
+
+
+def dp_collective_s(
+    collective_s: Callable[[str, float, GroupPlacement], float],
+    groups: Groups,
+    kind: str,
+    params: Params,
+    bytes_per_param: int,
+) -> float:
+    """A data-parallel collective (gradient reduction, ZeRO parameter gather) of `params`, priced by
+    `collective_s` (a cost model's, or a memo of it): the rest over data × context parallel ranks,
+    then routed experts over expert-data-parallel ranks (Megatron-Core keeps them in buffers of
+    their own)."""
+    experts, rest = params
+    return collective_s(kind, rest * bytes_per_param, groups.grad) + collective_s(
+        kind, experts * bytes_per_param, groups.expert_grad
+    )
+
+
+def local_optimizer_params(job: Job, groups: Groups, params: Params) -> float:
+    """Parameters whose optimizer step one GPU runs: with ZeRO ≥ 1 its shard of each group."""
+    experts, rest = params
+    if job.plan.zero_stage == 0:
+        return experts + rest
+    return experts / groups.expert_grad.size + rest / groups.grad.size
 
 
 def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCost:
@@ -155,29 +202,31 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
     kernel_s: dict[str, float] = {}
     compute = comm = attention = cp_ring = 0.0
     kernels = 0
-    for op in ops:
+    for op in ops:  # kernels first: a collective may hide behind a kernel that runs after it
         if op.family == "gemm":
-            sec = float(costs.gemm_s(op.amount))
+            sec = op.count * float(costs.gemm_s(op.amount))
         elif op.family == "attention":
             sec = float(costs.attention_s(op.amount))
             attention += sec
         elif op.family in ("elementwise", "norm", "activation"):
             sec = float(costs.memory_s(op.family, op.amount))
-        elif op.family == "tp_comm":
-            sec = costs.collective_s(op.comm_kind, op.amount, groups.tp)
-            if op.overlaps:
-                sec = max(0.0, sec - kernel_s[op.overlaps])
-            comm += sec
-            fam[f"tp_{op.comm_kind}"] = fam.get(f"tp_{op.comm_kind}", 0.0) + sec
-            kernels += 1
-            continue
-        else:  # cp_comm: ring steps overlap the attention kernel that consumes them
-            cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)
+        else:
             continue
         kernel_s[op.name] = sec
         compute += sec
         fam[op.family] = fam.get(op.family, 0.0) + sec
-        kernels += 1
+        kernels += op.count
+    for op in ops:
+        if op.family in COMM_FAMILIES:
+            sec = costs.collective_s(op.comm_kind, op.amount, getattr(groups, op.group))
+            if op.overlaps:
+                sec = max(0.0, sec - kernel_s[op.overlaps])
+            comm += sec
+            label = f"{op.group}_{op.comm_kind}"
+            fam[label] = fam.get(label, 0.0) + sec
+            kernels += 1
+        elif op.family == "cp_comm":  # ring steps overlap the attention kernel that consumes them
+            cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)
     exposed_cp = max(0.0, cp_ring - attention)  # approximation: the ring hides behind attention
     if exposed_cp:
         fam["cp_p2p_exposed"] = exposed_cp
@@ -192,6 +241,8 @@ class UnitCosts:
     embed_bwd: PassCost
     head_fwd: PassCost
     head_bwd: PassCost
+    moe_fwd: PassCost = ZERO_COST  # an MoE layer (a dense model has none)
+    moe_bwd: PassCost = ZERO_COST
 
     @classmethod
     def of(cls, job: Job, costs: AnalyticCostModel, groups: Groups) -> UnitCosts:
@@ -204,7 +255,16 @@ class UnitCosts:
             embed_bwd=pass_cost(ops_mod.backward_of(emb, p), costs, groups),
             head_fwd=pass_cost(head, costs, groups),
             head_bwd=pass_cost(ops_mod.backward_of(head, p), costs, groups),
+            moe_fwd=pass_cost(ops_mod.layer_forward(m, p, moe=True), costs, groups) if m.is_moe else ZERO_COST,
+            moe_bwd=pass_cost(ops_mod.layer_backward(m, p, moe=True), costs, groups) if m.is_moe else ZERO_COST,
         )
+
+    def forward(self, kind: str) -> PassCost:
+        """The forward pass of a unit kind (embed | layer | moe | head)."""
+        return {"embed": self.embed_fwd, "layer": self.layer_fwd, "moe": self.moe_fwd, "head": self.head_fwd}[kind]
+
+    def backward(self, kind: str) -> PassCost:
+        return {"embed": self.embed_bwd, "layer": self.layer_bwd, "moe": self.moe_bwd, "head": self.head_bwd}[kind]
 
 
 class TransformerStepBuilder:
@@ -220,25 +280,22 @@ class TransformerStepBuilder:
         self.g = GraphBuilder()
         self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
         self._waits: list[tuple[tuple[bool, int, int], int]] = []  # (producer key, consumer task)
-        self._segment_cache: dict[tuple[int, int, bool, str], list[tuple[PassCost, float]]] = {}
+        self._segment_cache: dict[tuple[int, int, bool, str], list[tuple[PassCost, Params]]] = {}
         self.family_time_s: list[dict[str, float]] = [{} for _ in range(p.pipeline_parallel)]
         self.recipes: list[Recipe] = []  # per task, how it is priced (task id = index)
         self._priced: dict[Recipe, float] = {}
         self.graph: ExecGraph | None = None
 
     # -- units of one pass --------------------------------------------------------------------
-    def _pieces(self, stage: int, chunk: int, forward: bool) -> list[tuple[PassCost, float]]:
+    def _pieces(self, stage: int, chunk: int, forward: bool) -> list[tuple[PassCost, Params]]:
         """(cost, parameters) of the units of one chunk pass, in execution order."""
         u = self.units
         kinds = unit_kinds(self.job, stage, chunk)
-        cost = {"embed": u.embed_fwd, "layer": u.layer_fwd, "head": u.head_fwd}
-        if not forward:
-            cost = {"embed": u.embed_bwd, "layer": u.layer_bwd, "head": u.head_bwd}
         params = unit_params(self.job)
-        units = [(cost[k], params[k]) for k in kinds]
+        units = [(u.forward(k) if forward else u.backward(k), params[k]) for k in kinds]
         return units if forward else units[::-1]
 
-    def _segments_of(self, stage: int, chunk: int, forward: bool, split: str) -> list[tuple[PassCost, float]]:
+    def _segments_of(self, stage: int, chunk: int, forward: bool, split: str) -> list[tuple[PassCost, Params]]:
         """Segments of one chunk pass (the same for every micro-batch, hence cached)."""
         key = (stage, chunk, forward, split)
         found = self._segment_cache.get(key)
@@ -246,21 +303,20 @@ class TransformerStepBuilder:
             found = self._segment_cache[key] = self._segments(self._pieces(stage, chunk, forward), split)
         return found
 
-    def _segments(self, pieces: list[tuple[PassCost, float]], split: str) -> list[tuple[PassCost, float]]:
+    def _segments(self, pieces: list[tuple[PassCost, Params]], split: str) -> list[tuple[PassCost, Params]]:
         """Merge consecutive units: 'none' → one segment; 'layer' → one per unit; 'bucket' → DP buckets."""
         if split == "layer":
             return pieces
-        if split == "none":
-            total = ZERO_COST
-            for c, _ in pieces:
-                total = total + c
-            return [(total, sum(w for _, w in pieces))]
+        spans = [(0, len(pieces))]
+        if split == "bucket":
+            spans = bucket_spans([sum(w) for _, w in pieces], self.job.plan.grad_bucket_size_params)
         out = []
-        for start, end in bucket_spans([w for _, w in pieces], self.job.plan.grad_bucket_size_params):
+        for start, end in spans:
             cost = ZERO_COST
             for c, _ in pieces[start:end]:
                 cost = cost + c
-            out.append((cost, sum(w for _, w in pieces[start:end])))
+            params = pieces[start:end]
+            out.append((cost, (sum(w[0] for _, w in params), sum(w[1] for _, w in params))))
         return out
 
     def _run_segment(self, stage: int, name: str, key: SegmentKey, deps: list[int]) -> tuple[int, int]:
@@ -269,7 +325,7 @@ class TransformerStepBuilder:
         host = self._task(("launch", key), f"launch.{name}", g.resource(stage, "host"), Category.HOST, "host_launch")
         comp = g.resource(stage, "compute")
         first = last = self._task(("compute", key), name, comp, Category.COMPUTE, "transformer", [host, *deps])
-        if p.tensor_parallel > 1 or p.context_parallel > 1:
+        if p.tensor_parallel > 1 or p.context_parallel > 1 or self.job.model.is_moe:
             last = self._task(("comm", key), f"{name}.tp_comm", comp, Category.COMMUNICATION, "tp_collective")
         return first, last
 
@@ -303,6 +359,8 @@ class TransformerStepBuilder:
         if kind == "collective":
             op, nbytes, group = args
             return self.costs.collective_s(op, nbytes, getattr(self.groups, group))
+        if kind == "dp":
+            return dp_collective_s(self.costs.collective_s, self.groups, *args)
         if kind == "memory":
             return float(self.costs.memory_s(args[0], args[1]))
         return self.p2p_s  # "p2p"
@@ -334,7 +392,7 @@ class TransformerStepBuilder:
         pp, v = p.pipeline_parallel, p.virtual_pipeline
         passes = schedule(p.schedule, stage, pp, job.num_microbatches, v)
         last_bwd = {ps.chunk: i for i, ps in enumerate(passes) if not ps.forward}
-        sync_dp = self.groups.grad.size > 1
+        sync_dp = self.groups.grad.size > 1 or self.groups.expert_grad.size > 1
         dp_res = g.resource(stage, "dp_comm")
         grad_kind = grad_collective(job)
         grad_bytes = p.grad_bytes
@@ -344,7 +402,7 @@ class TransformerStepBuilder:
             for chunk in range(v):  # last step's updated parameters, gathered during this forward
                 first_fwd_gathers[chunk] = [
                     self._task(
-                        ("collective", "all_gather", w * w_bytes, "grad"),
+                        ("dp", "all_gather", w, w_bytes),
                         f"param_all_gather.c{chunk}",
                         dp_res,
                         Category.COMMUNICATION,
@@ -394,7 +452,7 @@ class TransformerStepBuilder:
                     # overlapped: on the DP stream; not overlapped (ZeRO-2 only): blocking the compute stream
                     grad_tasks.append(
                         self._task(
-                            ("collective", grad_kind, params * grad_bytes, "grad"),
+                            ("dp", grad_kind, params, grad_bytes),
                             f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}",
                             dp_res if split != "none" else g.resource(stage, "compute"),
                             Category.COMMUNICATION,
@@ -407,7 +465,7 @@ class TransformerStepBuilder:
         if sync_dp and not grad_tasks:  # no overlap: reduce all gradients after the last backward
             grad_tasks.append(
                 self._task(
-                    ("collective", grad_kind, stage_params(job, stage) * grad_bytes, "grad"),
+                    ("dp", grad_kind, stage_params(job, stage), grad_bytes),
                     f"grad_{grad_kind}",
                     dp_res,
                     Category.COMMUNICATION,
@@ -442,8 +500,7 @@ class TransformerStepBuilder:
                     collective=grad_norm,
                 )
             ]
-        shard = self.groups.grad.size if p.zero_stage >= 1 else 1
-        optimizer_bytes = optimizer_step_bytes(job, stage_params(job, stage) / shard)
+        optimizer_bytes = optimizer_step_bytes(job, local_optimizer_params(job, self.groups, stage_params(job, stage)))
         opt = self._task(
             ("memory", "elementwise", optimizer_bytes),
             "optimizer_step",
@@ -454,7 +511,7 @@ class TransformerStepBuilder:
         )
         if p.zero_stage in (1, 2) and sync_dp and not p.overlap_param_gather:
             self._task(
-                ("collective", "all_gather", stage_params(job, stage) * w_bytes, "grad"),
+                ("dp", "all_gather", stage_params(job, stage), w_bytes),
                 "param_all_gather",
                 dp_res,
                 Category.COMMUNICATION,
@@ -462,9 +519,9 @@ class TransformerStepBuilder:
                 [opt],
             )
 
-    def _gather(self, stage: int, name: str, params: float, deps: list[int]) -> int:
+    def _gather(self, stage: int, name: str, params: Params, deps: list[int]) -> int:
         """A ZeRO-3 parameter all-gather of `params` on the stage's DP stream."""
-        recipe: Recipe = ("collective", "all_gather", params * weight_bytes(self.job), "grad")
+        recipe: Recipe = ("dp", "all_gather", params, weight_bytes(self.job))
         return self._task(
             recipe, name, self.g.resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", deps
         )

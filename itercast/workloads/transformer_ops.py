@@ -18,16 +18,29 @@ and 4 all-gathers + 2 reduce-scatters backward (Korthikanti §4.2.2). Megatron-L
 LinearWithGradAccumulationAndAsyncCommunication issues the f's backward collectives
 asynchronously: the re-gather hides behind the data-gradient GEMM, the input-gradient reduction
 behind the weight-gradient GEMM (`Op.overlaps`).
+
+Mixture of experts (Megatron-Core's MoE layer with the all-to-all token dispatcher; Shoeybi et
+al.'s successors, Megatron-Core MoE docs): the n tokens of a rank (sequence parallel: b·s/(c·t))
+go through the router (hidden × experts GEMM, fp32 softmax and top-k), are permuted and sent to
+their experts' ranks by an all-to-all over the expert-parallel group (n·k rows of h), gathered
+over the expert-tensor-parallel group, run through the rank's num_experts / EP experts (one GEMM
+per expert: per-expert shapes set the efficiency), reduce-scattered, sent back and un-permuted.
+The busiest rank sets the pace: with a capacity factor and padding every expert processes exactly
+its capacity (cf × an even share); dropless, the router's imbalance (model.moe_token_imbalance)
+scales the rows; with a capacity but no padding, the imbalance up to the capacity. Shared experts
+are a tensor-parallel MLP that runs beside the dispatch and combine (Megatron-Core
+--moe-shared-expert-overlap); plan.moe_a2a_overlap hides the all-to-alls behind attention instead.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
 
 COMPUTE_FAMILIES = ("gemm", "attention", "elementwise", "norm", "activation")
+COMM_FAMILIES = ("tp_comm", "ep_comm")
 CORE_ATTENTION = "core_attention"  # name prefix of the ops that selective recompute re-runs
 
 
@@ -36,13 +49,14 @@ class Op:
     """One kernel (or one collective). `amount` is FLOPs for gemm/attention, bytes otherwise."""
 
     name: str
-    family: str  # gemm | attention | elementwise | norm | activation | tp_comm | cp_comm
-    amount: float
-    comm_kind: str = ""  # all_reduce | all_gather | reduce_scatter (tp_comm) | p2p (cp_comm)
-    count: int = 1  # sequential repetitions (ring steps of context parallelism)
+    family: str  # gemm | attention | elementwise | norm | activation | tp_comm | ep_comm | cp_comm
+    amount: float  # of one repetition
+    comm_kind: str = ""  # all_reduce | all_gather | reduce_scatter | alltoall | p2p (cp_comm)
+    count: int = 1  # sequential repetitions (ring steps of context parallelism; one GEMM per local expert)
     overlaps: str = ""  # a communication op: the name of the kernel it runs beside (exposed: the excess)
-    backward_comm: str = ""  # a forward tp_comm: the collective its backward runs ("" = identity)
+    backward_comm: str = ""  # a forward collective: the collective its backward runs ("" = identity)
     f_bytes: float = 0.0  # a column-parallel GEMM: bytes of the f operator's collective before it
+    group: str = "tp"  # a collective's process group: tp | ep (expert parallel) | etp (expert tensor parallel)
 
 
 @dataclass(frozen=True)
@@ -101,8 +115,8 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op
     return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", full_flops)]
 
 
-def layer_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
-    """Forward ops of one layer, in execution order."""
+def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> list[Op]:
+    """Forward ops of one layer (an MoE layer when `moe`), in execution order."""
     sh = Shapes.of(model, plan)
     h, f, d, t, e = model.hidden_size, model.ffn, model.head_dim, sh.t, sh.e
     a, g = model.num_attention_heads, model.kv_heads
@@ -117,15 +131,104 @@ def layer_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     ops.append(Op("attn_proj", "gemm", 2 * T * h * h / t))
     ops += _g("attn_out", T * h * e, plan)
     ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), Op("post_attn_norm", "norm", 2 * Tsp * h * e)]
-    ops += _f("mlp_in", T * h * e, plan)
-    up = 2 if model.gated_mlp else 1
-    ops += [
-        Op("mlp_up", "gemm", 2 * T * h * up * f / t, f_bytes=T * h * e),
-        Op("mlp_act", "activation", (3 if model.gated_mlp else 2) * T * f / t * e),
-        Op("mlp_down", "gemm", 2 * T * f * h / t),
-    ]
-    ops += _g("mlp_out", T * h * e, plan)
+    ops += _moe_block(model, plan, sh) if moe else _mlp("mlp", f, model, plan, sh)
     ops.append(Op("residual_2", "elementwise", 3 * Tsp * h * e))
+    return ops
+
+
+def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+    """A tensor-parallel MLP of `width` (the layer's MLP, or an MoE layer's shared experts): f,
+    column-parallel up (gate + up when gated), activation, row-parallel down, g."""
+    if width == 0:
+        return []
+    T, h, t, e = sh.tokens, model.hidden_size, sh.t, sh.e
+    up = 2 if model.gated_mlp else 1
+    return [
+        *_f(f"{name}_in", T * h * e, plan),
+        Op(f"{name}_up", "gemm", 2 * T * h * up * width / t, f_bytes=T * h * e),
+        Op(f"{name}_act", "activation", (3 if model.gated_mlp else 2) * T * width / t * e),
+        Op(f"{name}_down", "gemm", 2 * T * width * h / t),
+        *_g(f"{name}_out", T * h * e, plan),
+    ]
+
+
+def moe_load(model: ModelConfig) -> float:
+    """Rows the busiest expert-parallel rank processes, relative to an even split of the n·k routed
+    copies (module docstring)."""
+    cf = model.moe_capacity_factor
+    if cf is None:
+        return model.moe_token_imbalance
+    return cf if model.moe_pad_to_capacity else min(model.moe_token_imbalance, cf)
+
+
+def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+    """The MoE layer's MLP on one rank, as the module docstring states."""
+    h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
+    ep, etp, fe = plan.expert_parallel, plan.etp, model.expert_ffn
+    n = sh.sp_tokens
+    routed = n * k * moe_load(model)  # rows this rank sends and the busiest rank receives
+    local = E // ep
+    rows = routed * etp  # rows through each local expert shard, all experts together
+    up = 2 if model.gated_mlp else 1
+    shared = _mlp("shared", model.moe_shared_ffn_hidden_size, model, plan, sh)
+    if plan.moe_a2a_overlap:
+        dispatch_hides = combine_hides = CORE_ATTENTION if plan.flash_attention else f"{CORE_ATTENTION}.values"
+    else:
+        dispatch_hides, combine_hides = ("shared_up", "shared_down") if shared else ("", "")
+    ops = [
+        Op("router", "gemm", 2 * n * h * E),
+        Op("router_topk", "elementwise", 3 * n * E * 4),  # fp32 logits: softmax read + write, top-k read
+        Op("moe_permute", "elementwise", 2 * routed * h * e),
+        *shared,
+        Op(
+            "moe_dispatch",
+            "ep_comm",
+            routed * h * e,
+            "alltoall",
+            overlaps=dispatch_hides,
+            backward_comm="alltoall",
+            group="ep",
+        ),
+    ]
+    if etp > 1:
+        ops.append(
+            Op(
+                "moe_dispatch.gather",
+                "ep_comm",
+                rows * h * e,
+                "all_gather",
+                backward_comm="reduce_scatter",
+                group="etp",
+            )
+        )
+    ops += [
+        Op("expert_up", "gemm", 2 * rows * h * up * fe / etp / local, count=local),
+        Op("expert_act", "activation", (3 if model.gated_mlp else 2) * rows * fe / etp * e),
+        Op("expert_down", "gemm", 2 * rows * fe / etp * h / local, count=local),
+    ]
+    if etp > 1:
+        ops.append(
+            Op(
+                "moe_combine.scatter",
+                "ep_comm",
+                rows * h * e,
+                "reduce_scatter",
+                backward_comm="all_gather",
+                group="etp",
+            )
+        )
+    ops += [
+        Op(
+            "moe_combine",
+            "ep_comm",
+            routed * h * e,
+            "alltoall",
+            overlaps=combine_hides,
+            backward_comm="alltoall",
+            group="ep",
+        ),
+        Op("moe_unpermute", "elementwise", (2 * routed + n) * h * e),  # read the copies and their weights, write n rows
+    ]
     return ops
 
 
@@ -133,10 +236,11 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
     """Backward ops for a forward list (reverse order); the f and g operators' backward
     collectives as the module docstring states."""
     out: list[Op] = []
+    gemms = {op.name for op in forward if op.family == "gemm"}
     for op in reversed(forward):
         if op.family == "gemm":
             dgrad, wgrad = f"{op.name}.dgrad", f"{op.name}.wgrad"
-            out += [Op(dgrad, "gemm", op.amount), Op(wgrad, "gemm", op.amount)]
+            out += [Op(dgrad, "gemm", op.amount, count=op.count), Op(wgrad, "gemm", op.amount, count=op.count)]
             if op.f_bytes and plan.tensor_parallel > 1:
                 if plan.sequence_parallel:
                     out.append(Op(f"{op.name}.regather", "tp_comm", op.f_bytes, "all_gather", overlaps=dgrad))
@@ -144,9 +248,10 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
                 out.append(Op(f"{op.name}.dgrad_{kind}", "tp_comm", op.f_bytes, kind, overlaps=wgrad))
         elif op.family == "attention":
             out.append(Op(f"{op.name}.bwd", "attention", 2.5 * op.amount))
-        elif op.family == "tp_comm":
-            if op.backward_comm:
-                out.append(Op(f"{op.name}.bwd", "tp_comm", op.amount, op.backward_comm))
+        elif op.family in COMM_FAMILIES:
+            if op.backward_comm:  # beside the backward of the kernel it hid behind forward
+                hides = op.overlaps and op.overlaps + (".dgrad" if op.overlaps in gemms else ".bwd")
+                out.append(replace(op, name=f"{op.name}.bwd", comm_kind=op.backward_comm, overlaps=hides))
         elif op.family == "cp_comm":  # K,V blocks and their gradients travel back
             out.append(Op(f"{op.name}.bwd", "cp_comm", 2 * op.amount, "p2p", op.count))
         else:
@@ -154,18 +259,20 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
     return out
 
 
-def layer_backward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
+def layer_backward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> list[Op]:
     """Backward ops of one layer, with the recomputation the plan asks for first.
 
     full: the whole layer forward runs again. selective: core attention runs again, which fused
     (flash) attention already does inside its backward, so it adds nothing there.
     """
-    fwd = layer_forward(model, plan)
+    fwd = layer_forward(model, plan, moe)
     recompute: list[Op] = []
     if plan.recompute == "full":
-        recompute = [Op(f"recompute.{o.name}", o.family, o.amount, o.comm_kind, o.count) for o in fwd]
+        recompute = [
+            replace(o, name=f"recompute.{o.name}", overlaps=o.overlaps and f"recompute.{o.overlaps}") for o in fwd
+        ]
     elif plan.recompute == "selective" and not plan.flash_attention:
-        recompute = [Op(f"recompute.{o.name}", o.family, o.amount) for o in fwd if o.name.startswith(CORE_ATTENTION)]
+        recompute = [replace(o, name=f"recompute.{o.name}") for o in fwd if o.name.startswith(CORE_ATTENTION)]
     return recompute + backward_of(fwd, plan)
 
 
