@@ -236,10 +236,12 @@ def presets_show_cmd(name: Annotated[str, typer.Argument(help="A preset name (se
 def _print_prediction(r: Prediction, trace: Path | None) -> None:
     job = r.job
     p = job.plan
+    experts = f" (experts: ep {p.expert_parallel} × etp {p.etp})" if job.model.is_moe else ""
     console.print(
         f"[bold]{job.model.name}[/] on {job.system.num_gpus}× {job.system.gpu.name} "
         f"({job.system.name}, {job.system.num_nodes} nodes) — dp {p.dp} × tp {p.tensor_parallel} "
-        f"× pp {p.pipeline_parallel} × cp {p.context_parallel}, {p.schedule}, {job.num_microbatches} micro-batches",
+        f"× pp {p.pipeline_parallel} × cp {p.context_parallel}{experts}, {p.schedule}, "
+        f"{job.num_microbatches} micro-batches",
         highlight=False,
     )
     head = Table(show_header=False, box=None)

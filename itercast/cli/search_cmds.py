@@ -68,10 +68,10 @@ def search_cmd(
         int, typer.Option(min=1, max=256, help="Local processes (default: the CPU count).")
     ] = os.cpu_count() or 1,
 ) -> None:
-    """Search data/tensor/pipeline/context parallel sizes, micro-batch, ZeRO, recompute, sequence
-    parallelism, schedule and interleaving, overlap switches (and with --num-nodes-range the GPU
-    count) for the fastest plans that fit. The job's plan gives the fields every plan shares (dtype,
-    global batch, …); `--set plan.FIELD=VALUE` fixes a searched field."""
+    """Search data/tensor/pipeline/context (and, for MoE models, expert) parallel sizes, micro-batch,
+    ZeRO, recompute, sequence parallelism, schedule and interleaving, overlap switches (and with
+    --num-nodes-range the GPU count) for the fastest plans that fit. The job's plan gives the fields
+    every plan shares (dtype, global batch, …); `--set plan.FIELD=VALUE` fixes a searched field."""
     job_file = resolve_job_file(job_file, example, model, system)
     try:
         options = SpaceOptions(
@@ -161,10 +161,12 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
+    moe = request.model.is_moe
     for col in (
         "#",
         "GPUs",
         "dp×tp×pp×cp",
+        *(["ep×etp"] if moe else []),
         "vp",
         "gbs",
         "mbs",
@@ -186,6 +188,7 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
             str(i),
             str(r["num_gpus"]),
             sizes,
+            *([f"{p['expert_parallel']}×{p['expert_tensor_parallel']}"] if moe else []),
             str(p["virtual_pipeline"]),
             str(p["global_batch_size"]),
             str(p["micro_batch_size"]),

@@ -1,0 +1,215 @@
+"""Mixture of experts, computed by hand: parameters, the layer pattern, the MoE layer's ops and
+collectives, expert-data-parallel memory, validation, and the fast path against the graph.
+
+Hand values use test_golden's linear calibration: a GEMM takes FLOPs / 1e12, a collective its bus
+bytes / 1e10 (an all-to-all of B bytes over n ranks in one node moves B·(n − 1)/n).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_golden import LINK, PEAK, SYSTEM, linear_calibration
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.config.job import Job
+from itercast.config.model import ModelConfig
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.errors import ConfigError
+from itercast.memory import estimate_memory
+from itercast.predict import predict
+from itercast.search.fast_estimate import FastEstimator
+from itercast.search.plan_space import SpaceOptions, enumerate_plans
+from itercast.workloads.transformer import Groups, TransformerStepBuilder, pass_cost
+from itercast.workloads.transformer_ops import layer_backward, layer_forward
+
+# one MoE layer: h 64, 4 heads of 16, s 32, 4 experts of width 32, top-2; llama: SwiGLU, RMSNorm, untied
+MOE = {"family": "llama", "num_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
+MOE |= {"ffn_hidden_size": 128, "vocab_size": 128, "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
+
+
+def moe_job(model: dict | None = None, gpus: int = 2, **plan) -> Job:
+    plan = {"expert_parallel": 2, "data_parallel": gpus, **plan}
+    node = {**SYSTEM["node"], "gpus_per_node": gpus}
+    return Job.from_dicts({**MOE, **(model or {})}, plan, {**SYSTEM, "node": node, "num_nodes": 1})
+
+
+def ops_by_name(job: Job, backward: bool = False) -> dict:
+    ops = layer_backward(job.model, job.plan, moe=True) if backward else layer_forward(job.model, job.plan, moe=True)
+    return {op.name: op for op in ops}
+
+
+def layer_cost(job: Job, backward: bool = False):
+    ops = list(ops_by_name(job, backward).values())
+    return pass_cost(ops, AnalyticCostModel(job.system, "bf16", linear_calibration()), Groups.of(job))
+
+
+def test_mixtral_parameters_by_hand():
+    h, a, g, d, f, E, V, L = 4096, 32, 8, 128, 14336, 8, 32000, 32
+    layer = h * (a + 2 * g) * d + h * h + E * 3 * h * f + h * E + 2 * h  # attention, experts, router, 2 RMSNorms
+    total = L * layer + 2 * V * h + 2 * h
+    m = Job.from_presets("mixtral-8x7b", "dgx-h100").model
+    assert m.num_params() == total
+    assert m.num_params() == pytest.approx(46.7e9, rel=0.002)  # Jiang et al. 2024: 46.7B parameters
+    # active: 2 of 8 experts per token (the paper's 12.9B active parameters, embeddings aside)
+    active = L * (h * (a + 2 * g) * d + h * h + 2 * 3 * h * f + h * E)
+    assert m.layers_forward_flops_per_token() == pytest.approx(2 * active + L * 4 * 4096 * h)
+
+
+def test_moe_layer_pattern():
+    m = ModelConfig(**{**MOE, "num_layers": 10, "moe_layer_freq": 2, "moe_first_dense_layers": 3})
+    assert [i for i in range(10) if m.is_moe_layer(i)] == [4, 6, 8]
+    assert m.num_moe_layers == 3 and int(m.moe_layers_before(5)) == 1
+
+
+def test_moe_layer_ops_by_hand():
+    j = moe_job()
+    ops = ops_by_name(j)
+    n, k, h, fe, e = 32, 2, 64, 32, 2  # tokens, top-k, hidden, expert width, bytes
+    rows = n * k  # routed copies this rank sends (even load, no capacity)
+    assert ops["router"].amount == 2 * n * h * 4
+    assert ops["moe_dispatch"].amount == ops["moe_combine"].amount == rows * h * e
+    assert ops["moe_dispatch"].comm_kind == "alltoall" and ops["moe_dispatch"].group == "ep"
+    # two local experts, one GEMM each: SwiGLU up (gate + up) and down over the rank's rows
+    assert ops["expert_up"].count == ops["expert_down"].count == 2
+    assert ops["expert_up"].amount == 2 * rows * h * 2 * fe / 2
+    assert ops["expert_down"].amount == 2 * rows * fe * h / 2
+    assert "mlp_up" not in ops
+    fwd = layer_cost(j)
+    a2a_s = rows * h * e * (2 - 1) / 2 / LINK  # all-to-all over 2 ranks: half the buffer leaves
+    assert fwd.family_s["ep_alltoall"] == pytest.approx(2 * a2a_s)
+    bwd_ops = ops_by_name(j, backward=True)
+    assert bwd_ops["expert_up.dgrad"].count == bwd_ops["expert_up.wgrad"].count == 2
+    assert layer_cost(j, backward=True).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s)
+
+
+@pytest.mark.parametrize(
+    ("fields", "load"),
+    [
+        ({"moe_capacity_factor": 1.5, "moe_pad_to_capacity": True}, 1.5),  # padded: always the capacity
+        ({"moe_token_imbalance": 1.3}, 1.3),  # dropless: the busiest rank's share
+        ({"moe_token_imbalance": 1.3, "moe_capacity_factor": 1.2}, 1.2),  # tokens beyond capacity dropped
+    ],
+)
+def test_capacity_and_imbalance_scale_the_routed_rows(fields, load):
+    ops = ops_by_name(moe_job(fields))
+    assert ops["moe_dispatch"].amount == pytest.approx(load * 32 * 2 * 64 * 2)
+    assert ops["expert_down"].amount == pytest.approx(load * 2 * 32 * 2 * 32 * 64 / 2)
+
+
+def test_shared_experts_hide_the_all_to_alls():
+    j = moe_job({"moe_shared_ffn_hidden_size": 64})
+    fwd = layer_cost(j)
+    a2a_s = 32 * 2 * 64 * 2 / 2 / LINK
+    shared_up_s = 2 * 32 * 64 * 2 * 64 / PEAK  # gate + up of width 64 over 32 tokens
+    shared_down_s = 2 * 32 * 64 * 64 / PEAK
+    assert shared_up_s > a2a_s > shared_down_s
+    # the dispatch hides behind the shared experts' up projection, the combine partly behind the down
+    assert fwd.family_s["ep_alltoall"] == pytest.approx(a2a_s - shared_down_s)
+    # plan.moe_a2a_overlap: both hide behind attention instead (fused attention: 0.75 of the GEMM rate)
+    overlapped = layer_cost(moe_job({"moe_shared_ffn_hidden_size": 64}, moe_a2a_overlap=True))
+    attention_s = 4 * 4 * 32 * 32 * 16 / 2 / PEAK / 0.75
+    assert overlapped.family_s["ep_alltoall"] == pytest.approx(2 * max(0.0, a2a_s - attention_s))
+
+
+def test_expert_tensor_parallel_gathers_and_scatters_rows():
+    j = moe_job(gpus=4, tensor_parallel=2, data_parallel=2, sequence_parallel=True, expert_tensor_parallel=2)
+    ops = ops_by_name(j)
+    n = 32 / 2  # sequence parallel: each tensor rank routes half the tokens
+    rows = n * 2 * 2  # k copies, gathered over 2 expert-tensor ranks
+    assert ops["moe_dispatch"].amount == n * 2 * 64 * 2
+    assert ops["moe_dispatch.gather"].amount == ops["moe_combine.scatter"].amount == rows * 64 * 2
+    assert ops["expert_up"].amount == 2 * rows * 64 * 2 * (32 / 2) / 2  # width split by ETP, 2 local experts
+    g = Groups.of(j)
+    assert (g.ep.size, g.etp.size, g.expert_grad.size, g.grad.size) == (2, 2, 1, 2)
+
+
+def test_expert_states_shard_over_expert_data_parallel():
+    j = moe_job(gpus=4, zero_stage=1)  # dp 4, ep 2: experts' data-parallel group has 4 / 2 = 2 ranks
+    experts = 2 * 3 * 64 * 32  # two local experts, SwiGLU
+    attention = 64 * (4 + 8) * 16 + 64 * 64
+    rest = 2 * 128 * 64 + attention + 2 * 64 + 64 * 4  # embedding + output layer (untied), norms, router
+    mem = estimate_memory(j)
+    assert mem.optimizer_bytes == pytest.approx(rest * 12 / 4 + experts * 12 / 2)
+    assert mem.weights_bytes == pytest.approx((rest + experts) * 2)
+    assert mem.gradients_bytes == pytest.approx((rest + experts) * 4)
+    assert Groups.of(j).expert_grad.size == 2
+
+
+def test_gradient_reduction_of_experts_runs_over_their_group():
+    j = moe_job(gpus=4, overlap_grad_reduce=False)  # one reduction after the last backward
+    builder = TransformerStepBuilder(j, AnalyticCostModel(j.system, "bf16", linear_calibration()))
+    graph = builder.build()
+    (task,) = [t for t in range(graph.num_tasks) if graph.names[graph.name[t]] == "grad_all_reduce"]
+    # fp32 gradients all-reduced (bus bytes 2(n − 1)/n): the rest over 4 data-parallel ranks,
+    # the experts over their 2 expert-data-parallel ranks
+    experts = 2 * 3 * 64 * 32
+    attention = 64 * (4 + 8) * 16 + 64 * 64
+    rest = 2 * 128 * 64 + attention + 2 * 64 + 64 * 4
+    assert graph.duration_s[task] == pytest.approx((rest * 4 * 2 * 3 / 4 + experts * 4 * 2 * 1 / 2) / LINK)
+
+
+@pytest.mark.parametrize(
+    ("model", "plan", "needle"),
+    [
+        ({}, {"expert_parallel": 3, "data_parallel": 3}, "num_experts(4) not divisible by plan.expert_parallel(3)"),
+        ({"moe_top_k": 5}, {}, "moe_top_k(5) > model.num_experts(4)"),
+        ({}, {"expert_parallel": 4}, "does not divide"),
+        ({}, {"tensor_parallel": 2, "data_parallel": 1, "expert_parallel": 1}, "needs plan.sequence_parallel"),
+        ({"num_experts": None, "moe_top_k": 2}, {"expert_parallel": 1}, "needs model.num_experts"),
+    ],
+)
+def test_bad_moe_input_is_one_clear_error(model, plan, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        moe_job({**model}, **plan)
+
+
+def test_cli_refuses_expert_parallel_on_a_dense_model():
+    res = CliRunner().invoke(
+        app, ["predict", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.expert_parallel=2"]
+    )
+    assert res.exit_code == 2 and "needs a mixture-of-experts model" in res.output
+
+
+def grid() -> list[dict]:
+    plans = []
+    for tp, pp, ep, zero in np.ndindex(2, 2, 4, 3):
+        tp, pp, ep, zero = 2**tp, 2**pp, 2**ep, (0, 1, 3)[zero]
+        if (zero == 3 and pp > 1) or (16 // pp) % (ep * tp):  # expert × expert-tensor (= tp) ranks fold into tp × dp
+            continue
+        plans.append(
+            {
+                "tensor_parallel": tp,
+                "pipeline_parallel": pp,
+                "expert_parallel": ep,
+                "zero_stage": zero,
+                "sequence_parallel": tp > 1,
+                "global_batch_size": 64,
+            }
+        )
+    return plans
+
+
+def test_fast_path_agrees_with_graph_on_moe_plans():
+    fe = FastEstimator({"preset": "mixtral-8x7b"}, {"preset": "dgx-h100", "num_nodes": 2})
+    jobs, errors = fe.jobs(grid())
+    assert not any(errors)
+    valid = [j for j in jobs if j is not None]
+    fast = fe.step_time_s(valid)
+    exact = np.array([predict(j).step_time_s for j in valid])
+    rel = np.abs(fast / exact - 1)
+    # measured when written: mean 0.1%, worst 0.3% over 38 plans
+    assert rel.mean() < 0.01 and rel.max() < 0.03
+
+
+def test_search_space_covers_expert_parallelism_and_every_plan_is_valid():
+    m = Job.from_presets("moe-tiny", "dgx-h100").model
+    system = Job.from_presets("moe-tiny", "dgx-h100").system
+    base = Job.from_presets("moe-tiny", "dgx-h100", plan={"global_batch_size": 16}).plan
+    table, _ = enumerate_plans(m, system, base, 8, SpaceOptions(micro_batch_sizes=(1,), max_virtual_pipeline=1))
+    eps = set(table.cols["ep"].tolist())
+    assert eps == {1, 2, 4, 8}
+    for row in range(0, len(table), max(1, len(table) // 50)):
+        fields = table.plan_fields(row)
+        Job.from_dicts({"preset": "moe-tiny"}, fields, {"preset": "dgx-h100"})  # raises if invalid
