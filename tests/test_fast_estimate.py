@@ -23,7 +23,7 @@ def grid() -> list[dict]:
         [1, 2, 8], [1, 2, 4], [1, 2], ["1f1b", "gpipe", "interleaved-1f1b"], [0, 1, 2, 3], [False, True]
     )
     for tp, pp, cp, sched, zero, sp in fields:
-        if (sched == "interleaved-1f1b" and pp == 1) or (sp and tp == 1) or (zero == 3 and pp > 1):
+        if (sched == "interleaved-1f1b" and pp == 1) or (sp and tp == 1):
             continue
         if (pp == 1 and sched != "1f1b") or tp * pp * cp > 32:
             continue
@@ -55,11 +55,16 @@ def test_fast_path_agrees_with_graph_simulation_on_a_grid():
     exact = np.array([predict(j).step_time_s for j in valid])
     rel = np.abs(fast / exact - 1)
     assert {j.plan.zero_stage for j in valid} == {0, 1, 2, 3} and len(valid) > 100
-    # Measured on this grid: mean 0.5%, worst 6.5% (ZeRO-2 under GPipe: the DP stream's backlog
-    # behind uneven buckets; interleaving with 4 micro-batches; README "fast path").
-    assert rel.mean() < 0.01 and rel.max() < 0.07
-    zero3 = np.array([j.plan.zero_stage == 3 for j in valid])
+    fsdp_pp = np.array([j.plan.zero_stage == 3 and j.plan.pipeline_parallel > 1 for j in valid])
+    # Measured on this grid without ZeRO-3 × pipeline: mean 0.5%, worst 4.4% (ZeRO-2 under GPipe:
+    # the DP stream's backlog behind uneven buckets; interleaving with 4 micro-batches).
+    assert rel[~fsdp_pp].mean() < 0.01 and rel[~fsdp_pp].max() < 0.07
+    zero3 = np.array([j.plan.zero_stage == 3 and j.plan.pipeline_parallel == 1 for j in valid])
     assert rel[zero3].max() < 0.01  # FSDP's per-unit gathers in closed form
+    # ZeRO-3 with pipeline parallelism, 54 plans: mean 3.3%, worst 12.6% (the per-unit bound ignores
+    # how 1F1B interleaves passes on the one DP stream); README "fast path". The search re-scores
+    # its top plans with the graph.
+    assert fsdp_pp.sum() > 40 and rel[fsdp_pp].mean() < 0.04 and rel[fsdp_pp].max() < 0.14
 
 
 def test_fast_memory_is_the_memory_model_row_by_row():

@@ -81,6 +81,20 @@ def test_fsdp_gathers_each_unit_before_every_forward_and_backward():
     assert (job.num_microbatches, gathers, scatters) == (2, 40, 20)
 
 
+def test_fsdp_with_pipeline_parallelism_gathers_per_stage_and_micro_batch():
+    # ZeRO-3 × pp 2 (4-way DP), 4 micro-batches: stage 0 holds the embedding and 4 layers, stage 1
+    # 4 layers and the head, 5 units each; every forward and backward of every micro-batch gathers
+    # each unit (FSDP reshards after use): 2 stages × 4 micro-batches × 2 passes × 5 = 80 gathers,
+    # and one gradient reduce-scatter per unit and micro-batch: 2 × 4 × 5 = 40.
+    from itercast.workloads.transformer import TransformerStepBuilder
+
+    job = tiny_job(zero_stage=3, pipeline_parallel=2, global_batch_size=16)
+    g = TransformerStepBuilder(job).build()
+    gathers = sum(1 for t in range(g.num_tasks) if g.names[g.name[t]].startswith("fsdp_all_gather"))
+    scatters = sum(1 for t in range(g.num_tasks) if g.names[g.name[t]].startswith("grad_reduce_scatter"))
+    assert (job.plan.dp, job.num_microbatches, gathers, scatters) == (4, 4, 80, 40)
+
+
 def test_recompute_full_costs_one_more_forward():
     from itercast.predict import predict
 

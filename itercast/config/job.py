@@ -299,8 +299,6 @@ def _schedule_problems(p: PlanConfig, microbatches: int) -> list[str]:
         )
     if p.sequence_parallel and p.tensor_parallel == 1:
         problems.append("plan.sequence_parallel needs tensor_parallel > 1")
-    if p.zero_stage == 3 and p.pipeline_parallel > 1:
-        problems.append("plan.zero_stage(3) with pipeline_parallel > 1 is not supported (FSDP shards whole layers)")
     return problems
 
 

@@ -15,7 +15,8 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    ZeRO-2 reduces after every micro-batch: also the backlog M·G − window when the
                    DP stream cannot keep up
     ZeRO-3         per unit (embedding, layer, head) max(its compute, the next unit's gather, plus
-                   the previous unit's reduce-scatter in backward): FSDP's one-ahead prefetch
+                   the previous unit's reduce-scatter in backward): FSDP's one-ahead prefetch; with
+                   pipeline parallelism those unit times enter the pipeline formula
     + exposed parameter gathers (ZeRO-1/2, same form as DP, behind the first forward) + embedding and
     gradient-norm all-reduces + optimizer + the first launch.
 Approximations: stages are uniform but for the embedding and head, and sends cost the same on
@@ -108,6 +109,10 @@ class FastEstimator:
         f = self._unit_columns(t)
         g = self._group_columns(t)
         p, v, M = c["pp"], c["vp"], t.microbatches
+        zero, sync = c["zero"], g["grad_ranks"] > 1
+        fsdp_pp = (zero == 3) & sync & (p > 1)
+        if fsdp_pp.any():
+            f = _fsdp_pipeline_units(f, g, fsdp_pp)
         embed, head = f["ef"] + f["eb"], f["hf"] + f["hb"]
         layer, moe = f["lf"] + f["lb"], f["mf"] + f["mb"]
         slowest, total = np.zeros(len(t)), np.zeros(len(t))
@@ -119,6 +124,8 @@ class FastEstimator:
             stage = dense_n[None, :] * layer[rows, None] + moe_n[None, :] * moe[rows, None]
             stage[:, 0] += embed[rows]
             stage[:, -1] += head[rows]
+            if "pass_start" in f:
+                stage += vp * f["pass_start"][rows, None]
             slowest[rows], total[rows] = stage.max(axis=1), stage.sum(axis=1)
             # a chunk pass of the most loaded stage, for the windows below
             busiest = (dense_n + moe_n).argmax()
@@ -129,7 +136,6 @@ class FastEstimator:
         # M·max + (Σ − max)/v: (M + p − 1)·t for equal 1F1B/GPipe stages, M·t + (p − 1)·t/v interleaved
         # (Narayanan et al. SC'21 §2.2), (M − 1)·max + Σ for uneven 1F1B stages (stage_slicing.py)
         pipeline = M * slowest + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
-        zero, sync = c["zero"], g["grad_ranks"] > 1
         buckets = g["buckets"]
         grad, gather = g["grad"], g["gather"]
         overlap_grad = c["overlap_grad"] > 0
@@ -141,11 +147,11 @@ class FastEstimator:
         first_bwd = np.where(gpipe, M + p - 1, p) * v * tf + (p - 1) * v * tb
         backlog = M * grad - (pipeline - first_bwd)
         zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), M * g["grad_whole"])
-        exposed_grad = np.where(zero == 2, zero2, last_bwd)
+        exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
         gathered = np.where(c["overlap_param"] > 0, _exposed(gather, buckets, tf * v), g["gather_whole"])
         exposed_gather = np.where((zero == 1) | (zero == 2), gathered, 0.0)
         fsdp = _fsdp_step(f, g, self.model, M)
-        step = np.where((zero == 3) & sync, fsdp, pipeline + exposed_grad + exposed_gather)
+        step = np.where((zero == 3) & sync & (p == 1), fsdp, pipeline + exposed_grad + exposed_gather)
         return step + g["tail"] + kernels * self.system.gpu.kernel_launch_overhead_s
 
     def _stage_layers(self, base: PlanConfig, pp: int, vp: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
@@ -286,6 +292,20 @@ class FastEstimator:
             found[f"rs_{name[0]}"] = dp_s(kind, w, grad_bytes)
         self._groups[key] = found
         return found
+
+
+def _fsdp_pipeline_units(f: dict[str, np.ndarray], g: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Unit passes under ZeRO-3 with pipeline parallelism (`rows`): each unit runs beside the next
+    unit's parameter gather and, in backward, the previous unit's gradient reduce-scatter (FSDP's
+    one-ahead prefetch on one DP stream), so it takes the longer of the two; the pass's first
+    gather is exposed (`pass_start`: a layer's gather, per forward and backward of each chunk)."""
+    out = dict(f)
+    for unit in ("l", "m", "e", "h"):
+        gather, reduce = g[f"ag_{unit}"], g[f"rs_{unit}"]
+        out[f"{unit}f"] = np.where(rows, np.maximum(f[f"{unit}f"], gather), f[f"{unit}f"])
+        out[f"{unit}b"] = np.where(rows, np.maximum(f[f"{unit}b"], gather + reduce), f[f"{unit}b"])
+    out["pass_start"] = np.where(rows, 2 * np.maximum(g["ag_l"], g["ag_m"]), 0.0)  # a forward and a backward
+    return out
 
 
 def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], m: ModelConfig, M: np.ndarray) -> np.ndarray:

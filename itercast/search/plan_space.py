@@ -190,7 +190,6 @@ def _rules(
             lambda c: (c["etp"] == 1) | (c["etp"] == c["tp"]) | ("expert_tensor_parallel" in fixed),
         ),
         ("MoE with tp > 1 needs sequence_parallel", lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == 1)),
-        ("zero_stage 3 with pp > 1 is not supported", lambda c: (c["zero"] < 3) | (c["pp"] == 1)),
         ("context_parallel needs flash attention", lambda c: (c["cp"] == 1) | base.flash_attention),
         (
             "same plan (param-gather overlap acts only with ZeRO 1-2)",
