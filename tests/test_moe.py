@@ -213,3 +213,25 @@ def test_search_space_covers_expert_parallelism_and_every_plan_is_valid():
     for row in range(0, len(table), max(1, len(table) // 50)):
         fields = table.plan_fields(row)
         Job.from_dicts({"preset": "moe-tiny"}, fields, {"preset": "dgx-h100"})  # raises if invalid
+
+
+def test_router_imbalance_varies_only_the_experts_share():
+    from itercast.stochastic.variability import StepSampler, VariabilityModel
+
+    j = moe_job(gpus=4, global_batch_size=8)
+    builder = TransformerStepBuilder(j, AnalyticCostModel(j.system, "bf16", linear_calibration()))
+    graph = builder.build()
+    share = builder.expert_share()
+    assert 0 < share.max() <= 1  # a communication task of all-to-alls only is all experts
+    only_imbalance = VariabilityModel(0, 0, 0, 0, moe_imbalance_cv=0.2)
+    dur = StepSampler(j, graph, only_imbalance, share)(np.random.default_rng(0), 20_000)
+    moved = share > 0
+    assert np.all(dur[~moved] == graph.duration_s[~moved, None])  # launches, optimizer, reductions: untouched
+    # a task's routed-expert share s scales by a mean-1 factor of CV 0.2: its CV is 0.2·s
+    cv = (dur[moved] / graph.duration_s[moved, None]).std(axis=1)
+    assert cv == pytest.approx(0.2 * share[moved], rel=0.03)
+    padded = moe_job({"moe_capacity_factor": 1.0, "moe_pad_to_capacity": True}, gpus=4, global_batch_size=8)
+    b2 = TransformerStepBuilder(padded)
+    g2 = b2.build()
+    fixed = StepSampler(padded, g2, only_imbalance, b2.expert_share())(np.random.default_rng(0), 100)
+    assert np.all(fixed == g2.duration_s[:, None])  # padded to capacity: the load never varies

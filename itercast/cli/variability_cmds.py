@@ -69,6 +69,10 @@ def variability_cmd(
     gpu_cv: Annotated[
         float, typer.Option(callback=finite(0, 10), help="Persistent per-GPU speed across the fleet (CV).")
     ] = 0.05,
+    moe_imbalance_cv: Annotated[
+        float,
+        typer.Option(callback=finite(0, 10), help="Per-step variation of the busiest expert rank's tokens (CV; MoE)."),
+    ] = 0.10,
     noise_from_db: Annotated[
         Path | None,
         typer.Option(help="Profiling database: take compute and communication noise from its repeats."),
@@ -119,7 +123,7 @@ def variability_cmd(
         job = Job.load(job_file, set_ or [], model=model, system=system)
         if slow_gpus is not None and slow_gpus > job.system.num_gpus:
             raise ConfigError(f"--slow-gpus {slow_gpus}: the job has {job.system.num_gpus} GPUs")
-        vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv)
+        vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv)
         if noise_from_db is not None:
             vm = replace(vm, **_profile_noise(noise_from_db, as_json))
         dist = var.step_distribution(job, vm, samples, seed)

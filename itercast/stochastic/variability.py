@@ -4,7 +4,10 @@ Sources (coefficients of variation of log-normal factors with mean 1):
 - compute_cv: per-task, per-step noise of compute (temporal);
 - comm_cv: per-task, per-step noise of communication (heavier: network contention);
 - network_cv: one factor per step shared by all communication (a congested or quiet network);
-- gpu_cv: persistent per-GPU speed across the fleet (spatial: manufacturing, power, thermals).
+- gpu_cv: persistent per-GPU speed across the fleet (spatial: manufacturing, power, thermals);
+- moe_imbalance_cv: per-task, per-step variation of the busiest expert-parallel rank's token load
+  around model.moe_token_imbalance (mixture-of-experts models without padding to capacity): it
+  scales the routed experts' share of each task (their kernels, their all-to-alls).
 DEFAULTS are illustrative, not fitted: Llama 3 (arXiv 2407.21783 §3.3.4) reports 1–2% throughput
 variation; Sinha et al. (SC'22) 8% average same-SKU GPU variation (up to 22%); PRISM ~14% on GEMMs.
 Fit them to your measurements (stochastic.distributions) and pass your own, or take the per-task
@@ -42,12 +45,13 @@ class VariabilityModel:
     comm_cv: float = 0.10
     network_cv: float = 0.05
     gpu_cv: float = 0.05
+    moe_imbalance_cv: float = 0.10
 
     def halved(self, source: str) -> VariabilityModel:
         return replace(self, **{source: getattr(self, source) / 2})
 
 
-SOURCES = ("compute_cv", "comm_cv", "network_cv", "gpu_cv")
+SOURCES = ("compute_cv", "comm_cv", "network_cv", "gpu_cv", "moe_imbalance_cv")
 #: profiling-database families whose repeats measure compute noise
 COMPUTE_FAMILIES = ("gemm", "conv", "attention")
 
@@ -85,8 +89,16 @@ def _lognormal(cv: float, z: np.ndarray) -> np.ndarray:
 class StepSampler:
     """Sampled task durations (tasks × samples) of one step of `job` under `model`."""
 
-    def __init__(self, job: Job, graph: ExecGraph, model: VariabilityModel) -> None:
+    def __init__(
+        self, job: Job, graph: ExecGraph, model: VariabilityModel, expert_share: np.ndarray | None = None
+    ) -> None:
+        """`expert_share`: per task, the share the router's load scales (TransformerStepBuilder.expert_share);
+        none: nothing does (padded to capacity, or a dense model)."""
         p = job.plan
+        padded = job.model.moe_capacity_factor is not None and job.model.moe_pad_to_capacity
+        share = np.zeros(graph.num_tasks) if expert_share is None or padded else expert_share
+        self.imbalanced = np.flatnonzero(share > 0)
+        self.imbalanced_share = share[self.imbalanced]
         self.base, self.model = graph.duration_s, model
         self.compute = np.flatnonzero(graph.category == Category.COMPUTE)
         self.comm = np.flatnonzero(graph.category == Category.COMMUNICATION)
@@ -114,6 +126,9 @@ class StepSampler:
             if m.network_cv > 0:
                 noise *= _lognormal(m.network_cv, rng.standard_normal((1, n)))
             dur[self.comm] *= noise
+        if self.imbalanced.size and m.moe_imbalance_cv > 0:
+            load = _lognormal(m.moe_imbalance_cv, rng.standard_normal((self.imbalanced.size, n)))
+            dur[self.imbalanced] *= 1 + self.imbalanced_share[:, None] * (load - 1)
         return dur
 
 
@@ -136,22 +151,24 @@ class StepDistribution:
 
 
 def step_distribution(job: Job, model: VariabilityModel, samples: int = 10_000, seed: int = 0) -> StepDistribution:
-    graph = TransformerStepBuilder(job).build()
-    return StepDistribution(
-        simulate(graph).step_time_s, simulate_samples(graph, StepSampler(job, graph, model), samples, seed)
-    )
+    builder = TransformerStepBuilder(job)
+    graph = builder.build()
+    sampler = StepSampler(job, graph, model, builder.expert_share())
+    return StepDistribution(simulate(graph).step_time_s, simulate_samples(graph, sampler, samples, seed))
 
 
 def attribution(job: Job, model: VariabilityModel, samples: int = 4_000, seed: int = 0) -> list[dict[str, Any]]:
     """For each source: the p95 and the p50→p99 spread with that source's CV halved (same seed)."""
-    graph = TransformerStepBuilder(job).build()
-    base = simulate_samples(graph, StepSampler(job, graph, model), samples, seed)
+    builder = TransformerStepBuilder(job)
+    graph = builder.build()
+    share = builder.expert_share()
+    base = simulate_samples(graph, StepSampler(job, graph, model, share), samples, seed)
     b95, bspread = np.percentile(base, 95), np.percentile(base, 99) - np.percentile(base, 50)
     out = []
     for source in SOURCES:
-        if getattr(model, source) == 0:
+        if getattr(model, source) == 0 or (source == "moe_imbalance_cv" and not share.any()):
             continue
-        s = simulate_samples(graph, StepSampler(job, graph, model.halved(source)), samples, seed)
+        s = simulate_samples(graph, StepSampler(job, graph, model.halved(source), share), samples, seed)
         spread = np.percentile(s, 99) - np.percentile(s, 50)
         out.append(
             {

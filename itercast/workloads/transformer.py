@@ -214,7 +214,8 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
             continue
         kernel_s[op.name] = sec
         compute += sec
-        fam[op.family] = fam.get(op.family, 0.0) + sec
+        label = op.label or op.family
+        fam[label] = fam.get(label, 0.0) + sec
         kernels += op.count
     for op in ops:
         if op.family in COMM_FAMILIES:
@@ -364,6 +365,26 @@ class TransformerStepBuilder:
         if kind == "memory":
             return float(self.costs.memory_s(args[0], args[1]))
         return self.p2p_s  # "p2p"
+
+    def expert_share(self) -> np.ndarray:
+        """Per task of the built graph: the share of its duration spent in routed experts (their
+        kernels, or on a communication task the expert all-to-alls and gathers): what the router's
+        load imbalance scales. Zero everywhere for a dense model."""
+        share = np.zeros(len(self.recipes))
+        if not self.job.model.is_moe:
+            return share
+        for task, (kind, *args) in enumerate(self.recipes):
+            if kind not in ("compute", "comm"):
+                continue
+            stage, chunk, forward, split, j = args[0]
+            cost = self._segments_of(stage, chunk, forward, split)[j][0]
+            total = cost.compute_s if kind == "compute" else cost.comm_s
+            if kind == "compute":
+                part = cost.family_s.get("experts", 0.0)
+            else:
+                part = sum(v for f, v in cost.family_s.items() if f.startswith(("ep_", "etp_")))
+            share[task] = part / total if total > 0 else 0.0
+        return share
 
     def recost(self, costs: AnalyticCostModel) -> ExecGraph:
         """The built graph with every duration priced again by `costs` (another calibration, a

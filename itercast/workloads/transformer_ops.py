@@ -57,6 +57,7 @@ class Op:
     backward_comm: str = ""  # a forward collective: the collective its backward runs ("" = identity)
     f_bytes: float = 0.0  # a column-parallel GEMM: bytes of the f operator's collective before it
     group: str = "tp"  # a collective's process group: tp | ep (expert parallel) | etp (expert tensor parallel)
+    label: str = ""  # the family it is reported under, when not `family` (routed experts: "experts")
 
 
 @dataclass(frozen=True)
@@ -202,9 +203,9 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             )
         )
     ops += [
-        Op("expert_up", "gemm", 2 * rows * h * up * fe / etp / local, count=local),
-        Op("expert_act", "activation", (3 if model.gated_mlp else 2) * rows * fe / etp * e),
-        Op("expert_down", "gemm", 2 * rows * fe / etp * h / local, count=local),
+        Op("expert_up", "gemm", 2 * rows * h * up * fe / etp / local, count=local, label="experts"),
+        Op("expert_act", "activation", (3 if model.gated_mlp else 2) * rows * fe / etp * e, label="experts"),
+        Op("expert_down", "gemm", 2 * rows * fe / etp * h / local, count=local, label="experts"),
     ]
     if etp > 1:
         ops.append(
@@ -240,7 +241,7 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
     for op in reversed(forward):
         if op.family == "gemm":
             dgrad, wgrad = f"{op.name}.dgrad", f"{op.name}.wgrad"
-            out += [Op(dgrad, "gemm", op.amount, count=op.count), Op(wgrad, "gemm", op.amount, count=op.count)]
+            out += [replace(op, name=dgrad, f_bytes=0.0), replace(op, name=wgrad, f_bytes=0.0)]
             if op.f_bytes and plan.tensor_parallel > 1:
                 if plan.sequence_parallel:
                     out.append(Op(f"{op.name}.regather", "tp_comm", op.f_bytes, "all_gather", overlaps=dgrad))
@@ -255,7 +256,7 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
         elif op.family == "cp_comm":  # K,V blocks and their gradients travel back
             out.append(Op(f"{op.name}.bwd", "cp_comm", 2 * op.amount, "p2p", op.count))
         else:
-            out.append(Op(f"{op.name}.bwd", op.family, 2 * op.amount))
+            out.append(replace(op, name=f"{op.name}.bwd", amount=2 * op.amount))
     return out
 
 
