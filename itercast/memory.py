@@ -144,11 +144,17 @@ def _activation_bytes(
     dropout = 0 if m.family == "llama" else h  # 1-byte masks, two per layer
     replicated = 4 * e * h + 2 * dropout  # two norm inputs, QKV and MLP inputs, two dropout masks
     sharded = e * (a + 2 * g) * d + e * h  # q, k, v; projection input (= attention output)
+    latents = 0  # multi-latent attention: whole on every tensor-parallel rank
+    if m.mla:
+        dqk, dv = m.qk_head_dim, m.value_head_dim
+        sharded = e * a * (2 * dqk + dv) + e * a * dv
+        # the latents' norm inputs and up-projection inputs, and the shared rotary key
+        latents = 2 * e * ((m.q_lora_rank or 0) + (m.kv_lora_rank or 0)) + e * m.qk_rope_head_dim
     sharded += e * ((2 if m.gated_mlp else 1) * f + f)  # MLP up output(s) and activation output
     # unfused attention keeps, per key, the softmax output and, with attention dropout, its
     # 1-byte mask and output (eq. 1's 5·a·s in 16-bit training with dropout)
     scores = 0 if t.base.flash_attention else a * m.seq_length * (e + (0 if m.family == "llama" else 1 + e))
-    kept = replicated / rep + (sharded + np.where(rc == _SELECTIVE, 0, scores)) / tp
+    kept = replicated / rep + latents + (sharded + np.where(rc == _SELECTIVE, 0, scores)) / tp
     if moe:
         up = 2 if m.gated_mlp else 1
         copies = m.moe_top_k * moe_load(m) / rep

@@ -235,3 +235,21 @@ def test_router_imbalance_varies_only_the_experts_share():
     g2 = b2.build()
     fixed = StepSampler(padded, g2, only_imbalance, b2.expert_share())(np.random.default_rng(0), 100)
     assert np.all(fixed == g2.duration_s[:, None])  # padded to capacity: the load never varies
+
+
+def test_deepseek_v3_multi_latent_attention_by_hand():
+    j = Job.from_presets("deepseek-v3", "dgx-h100", plan={"tensor_parallel": 8, "sequence_parallel": True})
+    m = j.model
+    h, a, q_lora, kv_lora, rope, nope, v = 7168, 128, 1536, 512, 64, 128, 128
+    split = q_lora * a * (nope + rope) + kv_lora * a * (nope + v) + a * v * h  # up projections, output
+    whole = h * q_lora + q_lora + h * (kv_lora + rope) + kv_lora  # down projections and their norms
+    assert m.attention_params() == (split, whole)
+    assert m.num_params() == pytest.approx(671e9, rel=0.001)  # the report's 671B (MTP module apart)
+    assert (m.num_moe_layers, m.is_moe_layer(2), m.is_moe_layer(3)) == (58, False, True)
+    ops = {op.name: op for op in layer_forward(m, j.plan, moe=True)}
+    T, t = 4096, 8
+    assert ops["q_up"].amount == 2 * T * q_lora * a * (nope + rope) / t
+    assert ops["kv_down"].amount == 2 * T * h * (kv_lora + rope)  # whole on every tensor-parallel rank
+    scores = a / t * T * T
+    assert ops["core_attention"].amount == (2 * scores * (nope + rope) + 2 * scores * v) / 2  # causal half
+    assert ops["attn_proj"].amount == 2 * T * a * v * h / t

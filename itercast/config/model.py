@@ -29,6 +29,11 @@ class ModelConfig(BaseModel):
     visits (DeepSeek-MoE, Qwen-MoE, Llama 4). Layer i is an MoE layer when i ≥ moe_first_dense_layers
     and i % moe_layer_freq == 0 (Megatron-Core's `--moe-layer-freq` and DeepSeek-V3's
     `first_k_dense_replace`).
+
+    Multi-latent attention (`kv_lora_rank` set; DeepSeek-V2 §2.1, DeepSeek-V3): queries and keys/values
+    are projected down to small latents (replicated across tensor-parallel ranks, normed), then up
+    per head (column-parallel); heads carry qk_nope + qk_rope dims for scores and v_head_dim for
+    values; the output projection reads heads × v_head_dim.
     """
 
     model_config = STRICT
@@ -49,6 +54,15 @@ class ModelConfig(BaseModel):
         None, description="learned (a seq_length × hidden table) or rope; default rope for llama, else learned."
     )
     add_bias: bool | None = Field(None, description="Biases in linear layers; default False for llama, else True.")
+    kv_lora_rank: Width | None = Field(
+        None, description="Multi-latent attention (DeepSeek-V2/V3): rank of the compressed keys and values."
+    )
+    q_lora_rank: Width | None = Field(None, description="Multi-latent attention: rank of the compressed queries.")
+    qk_rope_head_dim: Width = Field(64, description="Multi-latent attention: rotary part of each query/key head.")
+    qk_nope_head_dim: Width | None = Field(
+        None, description="Multi-latent attention: non-rotary part of each query/key head; default head_dim."
+    )
+    v_head_dim: Width | None = Field(None, description="Multi-latent attention: value head size; default head_dim.")
     num_experts: Width | None = Field(None, description="Routed experts per MoE layer; absent: a dense model.")
     moe_top_k: Width = Field(2, description="Experts each token is routed to.")
     moe_ffn_hidden_size: Width | None = Field(None, description="Width of one routed expert; default ffn.")
@@ -86,6 +100,14 @@ class ModelConfig(BaseModel):
                 f"model.num_query_groups({self.kv_heads})"
             )
         problems += self._moe_problems()
+        if not self.mla:
+            fields = type(self).model_fields
+            mla_fields = ("q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+            problems += [
+                f"model.{n} needs model.kv_lora_rank (multi-latent attention)"
+                for n in mla_fields
+                if getattr(self, n) != fields[n].default
+            ]
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -119,6 +141,35 @@ class ModelConfig(BaseModel):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query/key size per head (scores)."""
+        return (self.qk_nope_head_dim or self.head_dim) + self.qk_rope_head_dim if self.mla else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return (self.v_head_dim or self.head_dim) if self.mla else self.head_dim
+
+    def attention_params(self) -> tuple[int, int]:
+        """Attention weights of one layer: (split by tensor parallelism, whole on every rank).
+        Standard: QKV (GQA) and the output projection, all split. MLA: the down projections and
+        their norms whole; the up projections and the output projection split."""
+        h, a = self.hidden_size, self.num_attention_heads
+        if not self.mla:
+            return h * (a + 2 * self.kv_heads) * self.head_dim + h * h, 0
+        kv_lora, rope = self.kv_lora_rank or 0, self.qk_rope_head_dim
+        q_in = self.q_lora_rank or h
+        split = q_in * a * self.qk_head_dim + kv_lora * a * (self.qk_head_dim - rope + self.value_head_dim)
+        split += a * self.value_head_dim * h
+        whole = h * (kv_lora + rope) + kv_lora
+        if self.q_lora_rank:
+            whole += h * self.q_lora_rank + self.q_lora_rank
+        return split, whole
 
     @property
     def gated_mlp(self) -> bool:
@@ -192,10 +243,9 @@ class ModelConfig(BaseModel):
         MLP's (an MoE layer: its shared experts') and the biases of the column-parallel layers (QKV,
         MLP up), Megatron-LM's ColumnParallelLinear. Routed experts are counted apart."""
         h, d, f = self.hidden_size, self.head_dim, self._mlp_width(moe)
-        qkv = h * (self.num_attention_heads + 2 * self.kv_heads) * d
         mlp = (3 if self.gated_mlp else 2) * h * f
         column_biases = ((self.num_attention_heads + 2 * self.kv_heads) * d + f) if self.biases else 0
-        return qkv + h * h + mlp + column_biases
+        return self.attention_params()[0] + mlp + column_biases
 
     def layer_replicated_params(self, moe: bool = False) -> int:
         """Parameters of one layer that every tensor-parallel rank holds whole: the two norms
@@ -203,7 +253,7 @@ class ModelConfig(BaseModel):
         an MoE layer, the router (hidden × num_experts, Megatron-Core's TopKRouter)."""
         h = self.hidden_size
         norms = 2 * h if self.family == "llama" else 4 * h
-        return norms + (2 * h if self.biases else 0) + (h * self.experts if moe else 0)
+        return norms + (2 * h if self.biases else 0) + (h * self.experts if moe else 0) + self.attention_params()[1]
 
     def layer_params_per_rank(self, tensor_parallel: int, moe: bool = False) -> float:
         """Parameters of one layer on one tensor-parallel rank, routed experts excluded."""
@@ -234,15 +284,14 @@ class ModelConfig(BaseModel):
         scores/values over the full sequence (Narayanan et al., SC'21, eq. 3 counts attention without
         the causal half; we do the same so that MFU matches Megatron's and NeMo's reported figures).
         An MoE layer: the router, the shared experts and top_k routed experts (active parameters)."""
-        h, d, s = self.hidden_size, self.head_dim, self.seq_length
-        qkv = 2 * h * (self.num_attention_heads + 2 * self.kv_heads) * d
-        proj = 2 * h * h
+        h, s, a = self.hidden_size, self.seq_length, self.num_attention_heads
+        projections = 2 * sum(self.attention_params())  # every attention weight once per token
         up = 3 if self.gated_mlp else 2
         mlp = 2 * up * h * self._mlp_width(moe)
         if moe:
             mlp += 2 * h * self.experts + self.moe_top_k * 2 * up * h * self.expert_ffn
-        attn = 2 * 2 * s * h  # QK^T and AV, per token, full (non-causal) count
-        return qkv + proj + mlp + attn
+        attn = 2 * s * a * (self.qk_head_dim + self.value_head_dim)  # QK^T and AV, full (non-causal) count
+        return projections + mlp + attn
 
     def layers_forward_flops_per_token(self) -> float:
         """Forward FLOPs per token of all layers (dense and MoE)."""

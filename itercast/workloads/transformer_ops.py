@@ -101,19 +101,47 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op
     """Attention scores and values: one fused kernel (FlashAttention: causal half of the FLOPs), or
     unfused, two batched GEMMs over the full s×s scores with softmax (and dropout, where the family
     has it) between them, each reading and writing the b·(a/t)·s² scores (Korthikanti §4.1)."""
-    a, d, t, e = model.num_attention_heads, model.head_dim, sh.t, sh.e
+    a, t, e = model.num_attention_heads, sh.t, sh.e
     heads = plan.micro_batch_size * a / t
-    full_flops = 2.0 * heads * sh.seq_local * sh.seq_full * d  # one of QKᵀ or AV
-    if plan.flash_attention:
-        return [Op(CORE_ATTENTION, "attention", 2 * full_flops * (0.5 if model.causal else 1.0))]
     scores = heads * sh.seq_local * sh.seq_full
+    qk, av = 2.0 * scores * model.qk_head_dim, 2.0 * scores * model.value_head_dim  # QKᵀ, AV
+    if plan.flash_attention:
+        return [Op(CORE_ATTENTION, "attention", (qk + av) * (0.5 if model.causal else 1.0))]
     ops = [
-        Op(f"{CORE_ATTENTION}.scores", "gemm", full_flops),
+        Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
         Op(f"{CORE_ATTENTION}.softmax", "norm", 2 * scores * e),
     ]
     if model.family != "llama":  # attention dropout: read, write, 1-byte mask
         ops.append(Op(f"{CORE_ATTENTION}.dropout", "elementwise", scores * (2 * e + 1)))
-    return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", full_flops)]
+    return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", av)]
+
+
+def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+    """Query, key and value projections (and rotary embeddings). Standard: one column-parallel
+    QKV GEMM (GQA). Multi-latent attention (DeepSeek-V2 §2.1): down projections to the latents
+    (whole on every tensor-parallel rank) and their RMSNorms, then column-parallel up projections."""
+    h, d, t, e = model.hidden_size, model.head_dim, sh.t, sh.e
+    a, g, T = model.num_attention_heads, model.kv_heads, sh.tokens
+    if not model.mla:
+        ops = [Op("qkv", "gemm", 2 * T * h * (a + 2 * g) * d / t, f_bytes=T * h * e)]
+        return ops + ([] if model.learned_positions else [Op("rope", "elementwise", 2 * T * (a + g) * d / t * e)])
+    kv_lora, q_lora, rope = model.kv_lora_rank or 0, model.q_lora_rank, model.qk_rope_head_dim
+    dqk, dv = model.qk_head_dim, model.value_head_dim
+    if q_lora:
+        ops = [
+            Op("q_down", "gemm", 2 * T * h * q_lora, f_bytes=T * h * e),
+            Op("q_norm", "norm", 2 * T * q_lora * e),
+            Op("q_up", "gemm", 2 * T * q_lora * a * dqk / t),
+        ]
+    else:
+        ops = [Op("q_proj", "gemm", 2 * T * h * a * dqk / t, f_bytes=T * h * e)]
+    return [
+        *ops,
+        Op("kv_down", "gemm", 2 * T * h * (kv_lora + rope)),
+        Op("kv_norm", "norm", 2 * T * kv_lora * e),
+        Op("kv_up", "gemm", 2 * T * kv_lora * a * (dqk - rope + dv) / t),
+        Op("rope", "elementwise", 2 * T * (a / t + 1) * rope * e),
+    ]
 
 
 def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> list[Op]:
@@ -123,13 +151,12 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> li
     a, g = model.num_attention_heads, model.kv_heads
     T, Tsp = sh.tokens, sh.sp_tokens
     ops = [Op("input_norm", "norm", 2 * Tsp * h * e), *_f("attn_in", T * h * e, plan)]
-    ops.append(Op("qkv", "gemm", 2 * T * h * (a + 2 * g) * d / t, f_bytes=T * h * e))
-    if not model.learned_positions:
-        ops.append(Op("rope", "elementwise", 2 * T * (a + g) * d / t * e))
+    ops += _projections(model, plan, sh)
     ops += _core_attention(model, plan, sh)
     if plan.context_parallel > 1:  # ring attention: K and V blocks pass around the CP ring
-        ops.append(Op("cp_kv_exchange", "cp_comm", 2 * T * g * d / t * e, "p2p", plan.context_parallel - 1))
-    ops.append(Op("attn_proj", "gemm", 2 * T * h * h / t))
+        kv = 2 * g * d if not model.mla else a * (model.qk_head_dim + model.value_head_dim)
+        ops.append(Op("cp_kv_exchange", "cp_comm", T * kv / t * e, "p2p", plan.context_parallel - 1))
+    ops.append(Op("attn_proj", "gemm", 2 * T * a * model.value_head_dim * h / t))
     ops += _g("attn_out", T * h * e, plan)
     ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), Op("post_attn_norm", "norm", 2 * Tsp * h * e)]
     ops += _moe_block(model, plan, sh) if moe else _mlp("mlp", f, model, plan, sh)
