@@ -1,4 +1,5 @@
-"""Command line: `itercast predict | search | slice | replay | variability | profile run|import | calibrate | presets`.
+"""Command line: `itercast predict | search | slice | replay | variability | report | profile run|import |
+calibrate | presets`.
 
 Commands live beside this file, one module per area; importing them registers them on `app`.
 """
@@ -7,7 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -47,6 +52,29 @@ def main_options(
     ] = False,
 ) -> None:
     """Forecast distributed deep-learning training before paying for the GPUs."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupted)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C: say what was kept and how to go on, exit 130 (128 + SIGINT)."""
+    typer.echo(
+        "\ninterrupted: outputs are written whole or not at all, and a profiling database keeps every "
+        "configuration it committed; run the same command again to resume (`profile run` skips what "
+        "the database holds)",
+        err=True,
+    )
+    raise SystemExit(130)
+
+
+@contextmanager
+def working(message: str, quiet: bool = False) -> Iterator[None]:
+    """A spinner on stderr while a long step runs (none with --json or when stderr is no terminal)."""
+    if quiet:
+        yield
+        return
+    with Console(stderr=True).status(message):
+        yield
 
 
 def resolve_job_file(job_file: Path | None, example: bool, model: str | None, system: str | None) -> Path | None:
@@ -294,6 +322,7 @@ def main() -> None:  # pragma: no cover - console entry for `python -m itercast`
 from itercast.cli import (  # noqa: E402,F401  (register the commands)
     calibration_cmds,
     replay_cmds,
+    report_cmds,
     search_cmds,
     slice_cmds,
     variability_cmds,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from itercast.cli import JsonOpt, app, console, echo_json, fail
+from itercast.cli import JsonOpt, app, console, echo_json, fail, working
 from itercast.costs.calibrate import CalibrationError, load_calibration
 from itercast.errors import ConfigError, DeadlockError, non_negative
 from itercast.replay import GPU_BOUND_BUSY, ReplayResult, replay_whatif
@@ -47,7 +47,10 @@ def replay_cmd(
         factors = dict(_factor(item) for item in scale or [])
         factors.update({cls: 0.0 for cls in drop or []})
         host = _host_overheads(calibration) if calibration is not None else None
-        base, changed, counts = replay_whatif(list(traces), WhatIf(factors, system, world_size, gpu, host), et or [])
+        with working("replaying the traces…", as_json):
+            base, changed, counts = replay_whatif(
+                list(traces), WhatIf(factors, system, world_size, gpu, host), et or []
+            )
     except (ConfigError, TraceError, DeadlockError, CalibrationError) as exc:
         fail(str(exc).replace("\n", "\n  "))
     result = changed

@@ -28,6 +28,7 @@ from itercast.cli import (
     fail,
     finite,
     resolve_job_file,
+    working,
 )
 from itercast.config.job import parse_section, raw_sections
 from itercast.config.model import ModelConfig
@@ -139,7 +140,8 @@ def _sizes(text: str, option: str) -> tuple[int, ...]:
 def _progress(total: int, quiet: bool) -> Iterator[Progress | None]:
     """A progress bar over node counts on stderr (none for one count or with --json)."""
     if total == 1 or quiet:
-        yield None
+        with working("searching…", quiet):
+            yield None
         return
     columns = (TextColumn("searching node counts"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
     with RichProgress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:

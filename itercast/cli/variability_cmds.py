@@ -22,6 +22,7 @@ from itercast.cli import (
     fail,
     finite,
     resolve_job_file,
+    working,
 )
 from itercast.config.job import Job
 from itercast.errors import ConfigError, DeadlockError
@@ -126,8 +127,9 @@ def variability_cmd(
         vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv)
         if noise_from_db is not None:
             vm = replace(vm, **_profile_noise(noise_from_db, as_json))
-        dist = var.step_distribution(job, vm, samples, seed)
-        attribution = var.attribution(job, vm, min(samples, 4_000), seed)
+        with working(f"sampling {samples:,} steps…", as_json):
+            dist = var.step_distribution(job, vm, samples, seed)
+            attribution = var.attribution(job, vm, min(samples, 4_000), seed)
     except (ConfigError, DeadlockError) as exc:
         fail(str(exc).replace("\n", "\n  "))
     out: dict = {
@@ -235,13 +237,16 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
     from itercast.traces.replay_graph import build_replay_graph
 
     try:
-        rg = build_replay_graph(read_traces(list(paths)))
+        with working("reading the traces…", as_json):
+            rg = build_replay_graph(read_traces(list(paths)))
     except TraceError as exc:
         fail(str(exc))
     if len({(m.rank, m.step) for m in rg.steps}) < 2:
         fail(f"{', '.join(map(str, paths))}: fewer than 2 profiled steps; variability needs repeated steps")
-    model = fit_trace_variability(rg)
-    sampled = trace_step_distribution(rg, model, samples, seed).pooled()
+    with working(f"fitting the spread and sampling {samples:,} steps…", as_json):
+        model = fit_trace_variability(rg)
+        sampled = trace_step_distribution(rg, model, samples, seed).pooled()
+        attribution = trace_attribution(rg, model, min(samples, 2_000), seed)
     measured = np.array([m.measured_s for m in rg.steps])
     qs = np.percentile(sampled, [50, 90, 95, 99])
     out: dict = {
@@ -251,7 +256,7 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
         "samples": samples,
         "seed": seed,
         "classes": model.summary(),
-        "attribution_p95_change_with_half_spread": trace_attribution(rg, model, min(samples, 2_000), seed),
+        "attribution_p95_change_with_half_spread": attribution,
         "notes": model.notes,
     }
     if within_s is not None:

@@ -5,11 +5,52 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from itercast.errors import ConfigError
 from itercast.user_files import write_output
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, or a clear error naming the extra."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("plots need matplotlib: pip install 'itercast[plot]'") from None
+    return plt
+
+
+def step_cdf_figure(
+    samples_s: np.ndarray, deterministic_s: float, within_s: float | None = None, title: str = ""
+) -> Any:
+    """Empirical CDF of sampled step times, with the deterministic step, p50/p95/p99 and an optional
+    deadline (with the probability of meeting it) marked."""
+    plt = pyplot()
+    x = np.sort(np.asarray(samples_s))
+    y = np.arange(1, x.size + 1) / x.size
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    ax.plot(x, y, lw=1.6, label=f"Monte Carlo, {x.size:,} samples")
+    ax.axvline(deterministic_s, color="0.4", ls="--", lw=1, label=f"deterministic {deterministic_s:.3f} s")
+    for q, style in ((50, ":"), (95, "-."), (99, "-")):
+        v = float(np.percentile(x, q))
+        ax.axvline(v, color="C3", ls=style, lw=0.8, label=f"p{q} {v:.3f} s")
+    if within_s is not None:
+        share = float(np.mean(x <= within_s))
+        ax.axvline(within_s, color="C2", lw=2, label=f"deadline {within_s:.3f} s: P = {share:.1%}")
+    ax.set_xlabel("step time (s)")
+    ax.set_ylabel("P(step ≤ t)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def step_cdf_png(
@@ -19,31 +60,9 @@ def step_cdf_png(
     title: str = "",
     inputs: Iterable[str | Path | None] = (),
 ) -> Path:
-    """Empirical CDF of sampled step times, with the deterministic step and p50/p95/p99 marked."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("plots need matplotlib: pip install 'itercast[plot]'") from None
-    x = np.sort(np.asarray(samples_s))
-    y = np.arange(1, x.size + 1) / x.size
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    ax.plot(x, y, lw=1.6, label=f"Monte Carlo, {x.size:,} samples")
-    ax.axvline(deterministic_s, color="0.4", ls="--", lw=1, label=f"deterministic {deterministic_s:.3f} s")
-    for q, style in ((50, ":"), (95, "-."), (99, "-")):
-        v = float(np.percentile(x, q))
-        ax.axvline(v, color="C3", ls=style, lw=0.8, label=f"p{q} {v:.3f} s")
-    ax.set_xlabel("step time (s)")
-    ax.set_ylabel("P(step ≤ t)")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    if title:
-        ax.set_title(title, fontsize=10)
-    fig.tight_layout()
+    """The step-time CDF (step_cdf_figure) as a PNG file."""
+    fig = step_cdf_figure(samples_s, deterministic_s, title=title)
     png = io.BytesIO()
     fig.savefig(png, format="png")
-    plt.close(fig)
+    pyplot().close(fig)
     return write_output(path, png.getvalue(), inputs)

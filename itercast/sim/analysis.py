@@ -47,10 +47,13 @@ def critical_path(result: SimResult) -> list[int]:
     return path[::-1]
 
 
-def breakdown(result: SimResult) -> Breakdown:
+def breakdown(result: SimResult, rank: int | None = None) -> Breakdown:
+    """The step by cause on `rank`'s compute stream (default: the rank that finishes last); on
+    another rank, the time after its last task is idle."""
     g = result.graph
     final = result.final_task
-    rank = int(g.resource_rank[g.resource[final]])
+    final_rank = int(g.resource_rank[g.resource[final]])
+    rank = final_rank if rank is None else rank
     main = _main_resource(result, rank)
     buckets = dict.fromkeys(("compute_s", "exposed_comm_s", "bubble_s", "host_overhead_s", "idle_s"), 0.0)
     on_main = np.flatnonzero(g.resource == main)
@@ -67,7 +70,9 @@ def breakdown(result: SimResult) -> Breakdown:
         buckets[key] += e - s
         prev_end = e
     end = result.step_time_s
-    if end > prev_end:
+    if end > prev_end and rank != final_rank:
+        buckets["idle_s"] += end - prev_end
+    elif end > prev_end:
         _charge_gap(result, final, end, prev_end, rank, buckets, include_first=True)
     return Breakdown(rank=rank, **buckets)
 

@@ -1,0 +1,241 @@
+"""`itercast report`: a self-contained HTML report of a job (predicted step, memory, variability), or of
+a saved `itercast search --json` / `itercast replay --json` result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from itercast.cli import (
+    ExampleOpt,
+    JobFileArg,
+    ModelOpt,
+    SetOpt,
+    SystemOpt,
+    app,
+    console,
+    fail,
+    finite,
+    resolve_job_file,
+    working,
+)
+from itercast.config.job import Job
+from itercast.errors import ConfigError, DeadlockError
+from itercast.predict import Prediction, predict
+from itercast.report import html_report as rep
+from itercast.sim.analysis import breakdown
+from itercast.user_files import read_small_text, write_output
+
+MAX_RESULT_BYTES = 256 << 20  # a search or replay result is a few MB at most
+
+
+@app.command("report")
+def report_cmd(
+    job_file: JobFileArg = None,
+    model: ModelOpt = None,
+    system: SystemOpt = None,
+    set_: SetOpt = None,
+    example: ExampleOpt = False,
+    out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path("itercast-report.html"),
+    result: Annotated[
+        Path | None,
+        typer.Option(help="Report a saved `itercast search --json` or `itercast replay --json` result instead."),
+    ] = None,
+    samples: Annotated[int, typer.Option(min=100, max=1_000_000, help="Monte Carlo samples of the step.")] = 2_000,
+    within_s: Annotated[
+        float | None, typer.Option(callback=finite(0, above=True), help="Draw this deadline on the step-time CDF.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed of the Monte Carlo.")] = 0,
+) -> None:
+    """Write one self-contained HTML report (no network needed to open it): for a job, the step by
+    cause per stage, the timeline, memory against HBM, the step-time CDF and the critical path; for a
+    saved search, its time × memory front and top plans; for a saved replay, measured vs replayed
+    steps and the critical path by kernel class."""
+    try:
+        if result is not None:
+            if job_file is not None or example or model or system:
+                fail("give a job or --result, not both")
+            title, subtitle, sections = _result_sections(result)
+            inputs: list[Path | None] = [result]
+        else:
+            job_file = resolve_job_file(job_file, example, model, system)
+            job = Job.load(job_file, set_ or [], model=model, system=system)
+            with working("predicting the step and sampling its variability…"):
+                title, subtitle, sections = _job_sections(job, samples, within_s, seed)
+            inputs = [job_file]
+        with working("drawing the report…"):
+            written = write_output(out, rep.render_html(title, subtitle, sections), inputs)
+    except (ConfigError, DeadlockError) as exc:
+        fail(str(exc).replace("\n", "\n  "))
+    console.print(f"report written to {written}", highlight=False)
+
+
+def _job_sections(job: Job, samples: int, within_s: float | None, seed: int) -> tuple[str, str, list[rep.Section]]:
+    from itercast.stochastic.variability import VariabilityModel, step_distribution
+
+    r = predict(job)
+    stages = sorted({int(x) for x in r.sim.graph.resource_rank.tolist()})
+    per_stage = [breakdown(r.sim, rank) for rank in stages]
+    dist = step_distribution(job, VariabilityModel(), samples, seed)
+    p, m = job.plan, job.model
+    plan = f"dp {p.dp} × tp {p.tensor_parallel} × pp {p.pipeline_parallel} × cp {p.context_parallel}"
+    if m.is_moe:
+        plan += f", experts ep {p.expert_parallel} × etp {p.etp}"
+    subtitle = (
+        f"{job.system.num_gpus}× {job.system.gpu.name} ({job.system.name}); {plan}; {p.schedule}, "
+        f"{job.num_microbatches} micro-batches of {p.micro_batch_size}, ZeRO {p.zero_stage}, recompute {p.recompute}"
+    )
+    q = dist.quantiles()
+    deadline = "" if within_s is None else f"; P(step ≤ {within_s:.3f} s) = {dist.probability_within(within_s):.1%}"
+    sections = [
+        rep.Section("Summary", _summary(r)),
+        rep.Section(
+            "Where the step goes, per pipeline stage",
+            rep.stage_breakdown_svg(per_stage)
+            + '<p class="note">Each bar sums to the step time: what each stage\'s compute stream was doing '
+            "(a wait is charged to what it waited for).</p>",
+        ),
+        rep.Section("Timeline of the simulated step", rep.timeline_svg(r.sim)),
+        rep.Section("Memory per GPU (most loaded stage)", rep.memory_svg(r.memory)),
+        rep.Section(
+            "Step-time distribution (Monte Carlo under itercast variability's defaults)",
+            rep.cdf_svg(dist.samples_s, dist.deterministic_s, within_s)
+            + f'<p class="note">p50 {q["p50_s"]:.3f} s, p95 {q["p95_s"]:.3f} s, p99 {q["p99_s"]:.3f} s{deadline}. '
+            "The p50 lies above the deterministic step: each rendezvous waits for the slowest GPU's draw.</p>",
+        ),
+        rep.Section(
+            "Critical path by family", rep.seconds_by_family_svg(r.critical_path, "seconds on the critical path")
+        ),
+    ]
+    return f"{m.name}: predicted training step", subtitle, sections
+
+
+def _summary(r: Prediction) -> str:
+    mem = r.memory
+    rows = [
+        ("step time", f"{r.step_time_s:.3f} s"),
+        ("throughput", f"{r.tokens_per_s:,.0f} tokens/s"),
+        ("model TFLOP/s per GPU, MFU", f"{r.model_tflops_per_gpu:.1f}, {r.mfu:.1%}"),
+        ("memory per GPU", f"{mem.total_bytes / 2**30:.1f} of {mem.capacity_bytes / 2**30:.0f} GiB"),
+        ("fits", "no: OUT OF MEMORY" if mem.oom else "yes"),
+        *((part, f"{getattr(r.breakdown, key):.3f} s") for key, (part, _) in rep.PARTS.items()),
+    ]
+    return rep.table_html(["", "value"], rows)
+
+
+def _result_sections(path: Path) -> tuple[str, str, list[rep.Section]]:
+    """Sections of a saved search or replay JSON; every missing field is named."""
+    try:
+        doc = json.loads(read_small_text(path, "result file", MAX_RESULT_BYTES))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if isinstance(doc, dict) and "plans" in doc:
+        return _search_sections(path, doc)
+    if isinstance(doc, dict) and "steps" in doc:
+        return _replay_sections(path, doc)
+    raise ConfigError(
+        f"{path}: expected the JSON of `itercast search --json` (field `plans`) or `itercast replay --json` "
+        f"(field `steps`); got {type(doc).__name__}" + (f" with fields {', '.join(list(doc)[:8])}" if doc else "")
+    )
+
+
+def _fields(path: Path, where: str, item: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise ConfigError(f"{path}: {where}: expected an object; got {type(item).__name__}")
+    missing = [n for n in names if n not in item]
+    if missing:
+        raise ConfigError(f"{path}: {where}: missing field {', '.join(missing)}")
+    return item
+
+
+def _search_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[rep.Section]]:
+    need = (
+        "plan",
+        "num_gpus",
+        "step_time_s",
+        "fast_step_time_s",
+        "memory_per_gpu_bytes",
+        "tokens_per_s",
+        "mfu",
+        "fits",
+    )
+    plans = [_fields(path, f"plans[{i}]", p, need) for i, p in enumerate(doc["plans"])]
+    if not plans:
+        raise ConfigError(f"{path}: `plans` is empty")
+    front = [
+        _fields(path, f"pareto_time_memory[{i}]", p, ("fast_step_time_s", "memory_per_gpu_bytes"))
+        for i, p in enumerate(doc.get("pareto_time_memory", []))
+    ]
+    rows = []
+    for i, r in enumerate(plans, 1):
+        p = _fields(path, f"plans[{i - 1}].plan", r["plan"], ("data_parallel", "tensor_parallel", "pipeline_parallel"))
+        sizes = f"{p['data_parallel']}×{p['tensor_parallel']}×{p['pipeline_parallel']}×{p.get('context_parallel', 1)}"
+        rows.append(
+            (
+                i,
+                r["num_gpus"],
+                sizes,
+                p.get("expert_parallel", 1),
+                p.get("virtual_pipeline", 1),
+                p.get("micro_batch_size", ""),
+                p.get("schedule", ""),
+                p.get("zero_stage", ""),
+                p.get("recompute", ""),
+                f"{r['step_time_s']:.3f}",
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['mfu']:.1%}",
+                f"{r['memory_per_gpu_bytes'] / 2**30:.1f}" + ("" if r["fits"] else " OOM"),
+            )
+        )
+    headers = ["#", "GPUs", "dp×tp×pp×cp", "ep", "vp", "mbs", "schedule", "ZeRO", "recompute", "s/step"]
+    headers += ["tokens/s", "MFU", "GiB"]
+    counts = ", ".join(
+        f"{doc[k]:,} {label}"
+        for k, label in (("evaluated", "plans generated"), ("valid", "valid"), ("fitting", "fit"))
+        if isinstance(doc.get(k), int)
+    )
+    sections = [
+        rep.Section("Fastest plans (graph simulation)", rep.table_html(headers, rows)),
+        rep.Section("Step time against memory per GPU", rep.pareto_svg(plans, front or plans[:1])),
+    ]
+    return "itercast search: the fastest plans", f"{path.name}: {counts}", sections
+
+
+def _replay_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[rep.Section]]:
+    steps = [
+        _fields(path, f"steps[{i}]", s, ("rank", "step", "measured_s", "replayed_s"))
+        for i, s in enumerate(doc["steps"])
+    ]
+    runs = [
+        _fields(path, f"critical_path[{i}]", r, ("family", "start_s", "end_s"))
+        for i, r in enumerate(doc.get("critical_path", []))
+    ]
+    rows = [
+        (
+            s["rank"],
+            s["step"],
+            f"{s['measured_s']:.4f}",
+            f"{s['replayed_s']:.4f}",
+            f"{s.get('error', 0.0):+.2%}",
+            s.get("bound", ""),
+        )
+        for s in steps
+    ]
+    sections = [
+        rep.Section(
+            "Measured vs replayed, per step",
+            (rep.replay_steps_svg(steps) if steps else "<p>No step marks in the trace.</p>")
+            + rep.table_html(["rank", "step", "measured s", "replayed s", "error", "bound"], rows),
+        ),
+    ]
+    if runs:
+        sections.append(
+            rep.Section(
+                "Critical path by kernel class", rep.seconds_by_family_svg(runs, "seconds on the critical path")
+            )
+        )
+    files = ", ".join(Path(str(f)).name for f in doc.get("files", [])) or path.name
+    return "itercast replay: measured vs replayed", f"{files}: {doc.get('events', '?')} events", sections

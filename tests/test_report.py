@@ -1,0 +1,157 @@
+"""`itercast report`: the HTML holds every section, needs nothing from the network, its numbers are
+the prediction's; saved search and replay results; bad input; and a real headless browser renders it
+(skipped where Chromium, its driver or selenium is missing: `.ci/run` installs them)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import tiny_job
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.predict import predict
+from itercast.sim.analysis import breakdown
+
+JOB = ["--model", "moe-tiny", "--system", "dgx-h100", "--set", "plan.pipeline_parallel=2"]
+JOB += ["--set", "plan.global_batch_size=32", "--samples", "200"]
+
+
+def run(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(app, list(args))
+    return res.exit_code, res.output
+
+
+@pytest.fixture(scope="module")
+def job_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "job.html"
+    code, text = run("report", *JOB, "--within-s", "0.05", "-o", str(out))
+    assert code == 0, text
+    return out
+
+
+def test_per_stage_breakdown_sums_to_the_step_on_every_stage():
+    r = predict(tiny_job(pipeline_parallel=4, global_batch_size=16))
+    bars = [breakdown(r.sim, rank) for rank in range(4)]
+    for b in bars:
+        assert b.total_s == pytest.approx(r.step_time_s, rel=1e-9)
+    assert bars[r.breakdown.rank] == r.breakdown  # the default is the rank that finishes last
+    assert max(b.idle_s for b in bars) > 0  # the others wait at the end of the step
+
+
+def test_job_report_is_self_contained_and_holds_every_section(job_report: Path):
+    page = job_report.read_text()
+    for title in (
+        "Summary",
+        "Where the step goes, per pipeline stage",
+        "Timeline of the simulated step",
+        "Memory per GPU",
+        "Step-time distribution",
+        "Critical path by family",
+    ):
+        assert title in page
+    assert page.count("<svg") == 5
+    assert "<script" not in page and not re.search(r'(src|href)="https?:', page)  # nothing fetched
+    assert "experts ep 1" in page  # an MoE model's expert plan in the subtitle
+    assert "deadline 0.050 s" in page
+
+
+def test_job_report_numbers_are_the_prediction(job_report: Path):
+    from itercast.config.job import Job
+
+    job = Job.from_dicts(
+        {"preset": "moe-tiny"}, {"pipeline_parallel": 2, "global_batch_size": 32}, {"preset": "dgx-h100"}
+    )
+    r = predict(job)
+    page = job_report.read_text()
+    assert f"<td>{r.step_time_s:.3f} s</td>" in page
+    assert f"<td>{r.memory.total_bytes / 2**30:.1f} of 80 GiB</td>" in page
+
+
+def test_search_and_replay_results_become_reports(tmp_path: Path):
+    code, text = run(
+        "search", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.global_batch_size=64",
+        "--top", "3", "--workers", "1", "--json",
+    )  # fmt: skip
+    assert code == 0
+    (tmp_path / "search.json").write_text(text)
+    code, text = run("report", "--result", str(tmp_path / "search.json"), "-o", str(tmp_path / "s.html"))
+    assert code == 0, text
+    page = (tmp_path / "s.html").read_text()
+    plans = json.loads((tmp_path / "search.json").read_text())["plans"]
+    assert page.count("<tr>") == 1 + len(plans) and f"{plans[0]['step_time_s']:.3f}" in page
+    replayed = {
+        "steps": [{"rank": 0, "step": 1, "measured_s": 0.2, "replayed_s": 0.21, "error": 0.05, "bound": "host"}],
+        "critical_path": [{"rank": 0, "family": "gemm", "start_s": 0.0, "end_s": 0.1, "tasks": 3}],
+        "events": 10,
+        "files": ["rank0.json"],
+    }
+    (tmp_path / "replay.json").write_text(json.dumps(replayed))
+    code, text = run("report", "--result", str(tmp_path / "replay.json"), "-o", str(tmp_path / "r.html"))
+    assert code == 0, text
+    page = (tmp_path / "r.html").read_text()
+    assert "<td>+5.00%</td>" in page and "Critical path by kernel class" in page
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("{not json", "not JSON"),
+        ('{"other": 1}', "expected the JSON of `itercast search --json`"),
+        ('{"plans": [{"plan": {}}]}', "plans[0]: missing field num_gpus"),
+        ('{"steps": [{"rank": 0}]}', "steps[0]: missing field step, measured_s, replayed_s"),
+    ],
+)
+def test_bad_result_files_are_one_clear_error(tmp_path: Path, content: str, needle: str):
+    (tmp_path / "bad.json").write_text(content)
+    code, text = run("report", "--result", str(tmp_path / "bad.json"), "-o", str(tmp_path / "x.html"))
+    assert code == 2 and needle in text and "Traceback" not in text
+    assert not (tmp_path / "x.html").exists()  # nothing half-written
+
+
+def test_report_never_overwrites_its_input(tmp_path: Path):
+    (tmp_path / "r.json").write_text('{"steps": []}')
+    code, text = run("report", "--result", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.json"))
+    assert code == 2 and "is an input of this command" in text
+    assert (tmp_path / "r.json").read_text() == '{"steps": []}'
+
+
+def _browser():
+    webdriver = pytest.importorskip("selenium.webdriver")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.skip("no Chromium and chromedriver here (Debian: apt-get install chromium chromium-driver)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,2400"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver_path), options=options)
+
+
+def test_a_real_browser_renders_the_report(job_report: Path, tmp_path: Path):
+    browser = _browser()
+    try:
+        browser.get(job_report.as_uri())
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        sizes = browser.execute_script(
+            "return Array.from(document.querySelectorAll('svg')).map(s => s.getBoundingClientRect().width)"
+        )
+        shot = tmp_path / "shot.png"
+        browser.save_screenshot(str(shot))
+    finally:
+        browser.quit()
+    assert errors == []
+    assert len(sizes) == 5 and min(sizes) > 200  # every chart laid out at a visible size
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)
+    assert pixels.shape[0] > 500 and float(np.std(pixels[..., :3])) > 0.05  # not a blank page
