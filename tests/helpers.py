@@ -53,3 +53,16 @@ def gpt3_on_1024_a100() -> Job:
     """GPT-3 175B on 128 DGX A100 nodes, tp 8 × pp 8 × dp 16, 1F1B, 96 micro-batches, sequence parallel."""
     plan = {"tensor_parallel": 8, "pipeline_parallel": 8, "global_batch_size": 1536, "sequence_parallel": True}
     return Job.from_presets("gpt3-175b", "dgx-a100", 128, plan)
+
+
+def fast_vs_graph(model: str, system: dict, plans: list[dict]) -> tuple[list[Job], np.ndarray]:
+    """The valid jobs of `plans` (every plan must be valid) and |fast path / graph simulation − 1| of each."""
+    from itercast.predict import predict
+    from itercast.search.fast_estimate import FastEstimator
+
+    fe = FastEstimator({"preset": model}, system)
+    jobs, errors = fe.jobs(plans)
+    assert not any(errors), [e for e in errors if e][:3]
+    valid = [j for j in jobs if j is not None]
+    exact = np.array([predict(j).step_time_s for j in valid])
+    return valid, np.abs(fe.step_time_s(valid) / exact - 1)

@@ -155,3 +155,14 @@ def test_a_real_browser_renders_the_report(job_report: Path, tmp_path: Path):
 
     pixels = matplotlib.image.imread(shot)
     assert pixels.shape[0] > 500 and float(np.std(pixels[..., :3])) > 0.05  # not a blank page
+
+
+def test_ctrl_c_says_what_was_kept_and_exits_130(capsys: pytest.CaptureFixture[str]):
+    import signal
+
+    from itercast.cli import _interrupted
+
+    with pytest.raises(SystemExit) as exc:
+        _interrupted(signal.SIGINT, None)
+    assert exc.value.code == 130
+    assert "run the same command again to resume" in capsys.readouterr().err
