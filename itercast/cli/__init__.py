@@ -30,6 +30,7 @@ from itercast.traces.perfetto import write_chrome_trace
 
 app = typer.Typer(
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Forecast distributed deep-learning training before paying for the GPUs.",
@@ -48,7 +49,8 @@ def _version(value: bool) -> None:
 @app.callback()
 def main_options(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool,
+        typer.Option("--version", metavar="", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
     """Forecast distributed deep-learning training before paying for the GPUs."""
@@ -89,12 +91,17 @@ def resolve_job_file(job_file: Path | None, example: bool, model: str | None, sy
 
 
 # The job inputs every job-taking command accepts (predict, variability): one definition.
-JobFileArg = Annotated[Path | None, typer.Argument(help="YAML job file with sections model, plan, system.")]
-ModelOpt = Annotated[str | None, typer.Option(help="Model preset (see `itercast presets`).")]
-SystemOpt = Annotated[str | None, typer.Option(help="System preset (see `itercast presets`).")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override SECTION.FIELD=VALUE (repeatable).")]
-ExampleOpt = Annotated[bool, typer.Option(help=f"Use the built-in example job ({EXAMPLE}).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")]
+JobFileArg = Annotated[
+    Path | None, typer.Argument(metavar="JOB.yaml", help="YAML job file with sections model, plan, system.")
+]
+ModelOpt = Annotated[str | None, typer.Option(metavar="NAME", help="Model preset (see `itercast presets`).")]
+SystemOpt = Annotated[str | None, typer.Option(metavar="NAME", help="System preset (see `itercast presets`).")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", metavar="SECTION.FIELD=VALUE", help="Override a job field (repeatable)."),
+]
+ExampleOpt = Annotated[bool, typer.Option(metavar="", help=f"Use the built-in example job ({EXAMPLE}).")]
+JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print a JSON object instead of a table.")]
 
 
 def finite(low: float = -math.inf, high: float = math.inf, above: bool = False):
@@ -141,11 +148,16 @@ def predict_cmd(
     set_: SetOpt = None,
     example: ExampleOpt = False,
     as_json: JsonOpt = False,
-    trace: Annotated[Path | None, typer.Option(help="Write the predicted timeline as Chrome/Perfetto JSON.")] = None,
-    calibration: Annotated[
-        Path | None, typer.Option(help="Calibration file from `itercast calibrate` (else the built-in curves).")
+    trace: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Write the predicted timeline as Chrome/Perfetto JSON.")
     ] = None,
-    strict: Annotated[bool, typer.Option(help=f"Exit {EXIT_OOM} when the plan does not fit in memory.")] = False,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Calibration file from `itercast calibrate` (else the built-in curves)."),
+    ] = None,
+    strict: Annotated[
+        bool, typer.Option(metavar="", help=f"Exit {EXIT_OOM} when the plan does not fit in memory.")
+    ] = False,
 ) -> None:
     """Time per iteration, its breakdown and critical path, memory per GPU and MFU."""
     job_file = resolve_job_file(job_file, example, model, system)
@@ -181,8 +193,8 @@ def predict_cmd(
 
 @app.command("compare")
 def compare_cmd(
-    job_a: Annotated[Path, typer.Argument(help="First YAML job file.")],
-    job_b: Annotated[Path, typer.Argument(help="Second YAML job file.")],
+    job_a: Annotated[Path, typer.Argument(metavar="FILE", help="First YAML job file.")],
+    job_b: Annotated[Path, typer.Argument(metavar="FILE", help="Second YAML job file.")],
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -27,9 +27,9 @@ HOST_KINDS = (  # (field, type, where) of the per-operator host overheads
 
 @profile_app.command("run")
 def profile_run_cmd(
-    db: Annotated[Path, typer.Option(help="Profiling database (SQLite; created if missing).")],
+    db: Annotated[Path, typer.Option(metavar="FILE", help="Profiling database (SQLite; created if missing).")],
     device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
-    quick: Annotated[bool, typer.Option(help="A small grid (seconds) instead of the full one.")] = False,
+    quick: Annotated[bool, typer.Option(metavar="", help="A small grid (seconds) instead of the full one.")] = False,
     families: Annotated[
         str,
         typer.Option(help="Comma-separated: gemm, conv, attention, norm, elementwise, embedding, host, collective."),
@@ -54,8 +54,8 @@ def profile_run_cmd(
 @profile_app.command("import")
 def profile_import_cmd(
     kind: Annotated[str, typer.Argument(help=f"One of: {', '.join(IMPORTERS)}.")],
-    file: Annotated[Path, typer.Argument(help="The file to import.")],
-    db: Annotated[Path, typer.Option(help="Profiling database (SQLite; created if missing).")],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="The file to import.")],
+    db: Annotated[Path, typer.Option(metavar="FILE", help="Profiling database (SQLite; created if missing).")],
     collective: Annotated[str, typer.Option(help="nccl-log: which collective the log measured.")] = "all_reduce",
     nodes: Annotated[int, typer.Option(min=1, help="nccl-log: nodes the run spanned.")] = 1,
     device_name: Annotated[str, typer.Option(help="nccl-log: a name for the machine.")] = "nccl-tests",
@@ -84,18 +84,22 @@ def profile_import_cmd(
 
 @app.command("calibrate")
 def calibrate_cmd(
-    db: Annotated[Path | None, typer.Argument(help="Profiling database (from `itercast profile`).")] = None,
+    db: Annotated[
+        Path | None, typer.Argument(metavar="FILE", help="Profiling database (from `itercast profile`).")
+    ] = None,
     system: Annotated[
         str | None, typer.Option(help="System preset the database's measurements were taken on (its peaks).")
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="Write the calibration file here.")] = None,
+    out: Annotated[Path | None, typer.Option(metavar="FILE", help="Write the calibration file here.")] = None,
     device: Annotated[int | None, typer.Option(help="Device id in the database (default: the only one).")] = None,
     report: Annotated[
-        bool, typer.Option(help="Print held-out errors: calibrated vs analytic vs straight line.")
+        bool, typer.Option(metavar="", help="Print held-out errors: calibrated vs analytic vs straight line.")
     ] = False,
     host_trace: Annotated[
         list[Path] | None,
-        typer.Option(help="Kineto trace (file or directory) to measure host overheads T1–T5 from (repeatable)."),
+        typer.Option(
+            metavar="FILE", help="Kineto trace (file or directory) to measure host overheads T1–T5 from (repeatable)."
+        ),
     ] = None,
     host_steps: Annotated[
         str | None, typer.Option(help="Only these ProfilerStep numbers of the host traces, e.g. 3,4,5.")

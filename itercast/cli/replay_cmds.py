@@ -21,7 +21,8 @@ from itercast.traces.whatif import WhatIf
 @app.command("replay")
 def replay_cmd(
     traces: Annotated[
-        list[Path], typer.Argument(help="Kineto trace files (.json/.json.gz), one per rank, or directories.")
+        list[Path],
+        typer.Argument(metavar="FILE", help="Kineto trace files (.json/.json.gz), one per rank, or directories."),
     ],
     scale: Annotated[list[str] | None, typer.Option(help="What-if: CLASS=FACTOR, e.g. gemm=0.5 (repeatable).")] = None,
     drop: Annotated[list[str] | None, typer.Option(help="What-if: remove a kernel class (repeatable).")] = None,
@@ -32,14 +33,18 @@ def replay_cmd(
     gpu: Annotated[
         str | None, typer.Option(help="What-if: re-time GEMMs (shapes from --et) on this system's GPU.")
     ] = None,
-    et: Annotated[list[Path] | None, typer.Option(help="PyTorch execution trace per trace file, same order.")] = None,
+    et: Annotated[
+        list[Path] | None, typer.Option(metavar="FILE", help="PyTorch execution trace per trace file, same order.")
+    ] = None,
     calibration: Annotated[
         Path | None,
-        typer.Option(help="What-if: host overheads T1–T5 from this calibration file (`calibrate --host-trace`)."),
+        typer.Option(
+            metavar="FILE", help="What-if: host overheads T1–T5 from this calibration file (`calibrate --host-trace`)."
+        ),
     ] = None,
     as_json: JsonOpt = False,
     trace: Annotated[
-        Path | None, typer.Option(help="Write the replayed (what-if) timeline as Chrome/Perfetto JSON.")
+        Path | None, typer.Option(metavar="FILE", help="Write the replayed (what-if) timeline as Chrome/Perfetto JSON.")
     ] = None,
 ) -> None:
     """Replay profiler traces: measured vs replayed time per step, and what-if changes."""

@@ -39,10 +39,14 @@ def report_cmd(
     system: SystemOpt = None,
     set_: SetOpt = None,
     example: ExampleOpt = False,
-    out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path("itercast-report.html"),
+    out: Annotated[Path, typer.Option("--out", "-o", metavar="FILE", help="The HTML file to write.")] = Path(
+        "itercast-report.html"
+    ),
     result: Annotated[
         Path | None,
-        typer.Option(help="Report a saved `itercast search --json` or `itercast replay --json` result instead."),
+        typer.Option(
+            metavar="FILE", help="Report a saved `itercast search --json` or `itercast replay --json` result instead."
+        ),
     ] = None,
     samples: Annotated[int, typer.Option(min=100, max=1_000_000, help="Monte Carlo samples of the step.")] = 2_000,
     within_s: Annotated[

@@ -55,13 +55,13 @@ def search_cmd(
     max_memory_fraction: Annotated[
         float, typer.Option(callback=finite(0.01, 1.0), help="Share of each GPU's memory a plan may use.")
     ] = 1.0,
-    include_oom: Annotated[bool, typer.Option(help="Rank plans that do not fit too.")] = False,
+    include_oom: Annotated[bool, typer.Option(metavar="", help="Rank plans that do not fit too.")] = False,
     micro_batch_sizes: Annotated[str, typer.Option(metavar="N,N,…", help="Micro-batch sizes to try.")] = "1,2,4,8",
     global_batch_sizes: Annotated[
         str | None,
         typer.Option(metavar="N,N,…", help="Global batches to try (ranked per sequence); default the plan's."),
     ] = None,
-    tp_across_nodes: Annotated[bool, typer.Option(help="Allow tensor parallelism across nodes.")] = False,
+    tp_across_nodes: Annotated[bool, typer.Option(metavar="", help="Allow tensor parallelism across nodes.")] = False,
     max_virtual_pipeline: Annotated[int, typer.Option(min=1, max=64, help="Largest interleaving.")] = 8,
     max_context_parallel: Annotated[int, typer.Option(min=1, max=1024, help="Largest context parallel.")] = 8,
     backend: Annotated[str, typer.Option(metavar="local|ray", help="Where node counts are searched.")] = "local",

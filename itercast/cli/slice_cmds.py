@@ -41,7 +41,9 @@ def slice_cmd(
     as_json: JsonOpt = False,
     layer_times: Annotated[
         Path | None,
-        typer.Option(help="CSV with columns layer,time_s[,activation_bytes,memory_bytes] instead of a job."),
+        typer.Option(
+            metavar="FILE", help="CSV with columns layer,time_s[,activation_bytes,memory_bytes] instead of a job."
+        ),
     ] = None,
     stages: Annotated[
         str | None, typer.Option(metavar="K|auto", help="Stages (default: the plan's pipeline_parallel; CSV: auto).")

@@ -76,7 +76,7 @@ def variability_cmd(
     ] = 0.10,
     noise_from_db: Annotated[
         Path | None,
-        typer.Option(help="Profiling database: take compute and communication noise from its repeats."),
+        typer.Option(metavar="FILE", help="Profiling database: take compute and communication noise from its repeats."),
     ] = None,
     within_s: Annotated[
         float | None, typer.Option(callback=finite(0, above=True), help="Report P(step ≤ this many seconds).")
@@ -103,10 +103,15 @@ def variability_cmd(
     slow_factor: Annotated[
         float, typer.Option(callback=finite(1, 1000), help="How much slower each slow GPU is.")
     ] = 1.5,
-    plot: Annotated[Path | None, typer.Option(help="Write the step-time CDF as PNG (needs matplotlib).")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Write the step-time CDF as PNG (needs matplotlib).")
+    ] = None,
     trace: Annotated[
         list[Path] | None,
-        typer.Option(help="Kineto trace (file or directory; repeat for ranks): fit the spread on its repeated steps."),
+        typer.Option(
+            metavar="FILE",
+            help="Kineto trace (file or directory; repeat for ranks): fit the spread on its repeated steps.",
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
