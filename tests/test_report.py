@@ -166,3 +166,28 @@ def test_ctrl_c_says_what_was_kept_and_exits_130(capsys: pytest.CaptureFixture[s
         _interrupted(signal.SIGINT, None)
     assert exc.value.code == 130
     assert "run the same command again to resume" in capsys.readouterr().err
+
+
+def _replay_doc(measured: float, replayed: float, comm: float) -> str:
+    parts = {"compute_s": replayed - comm, "exposed_comm_s": comm, "bubble_s": 0.0, "host_overhead_s": 0.0}
+    return json.dumps(
+        {
+            "steps": [{"rank": 0, "step": 1, "measured_s": measured, "replayed_s": replayed}],
+            "replayed_span_s": replayed,
+            "breakdown": {**parts, "idle_s": 0.0, "rank": 0},
+        }
+    )
+
+
+def test_compare_two_saved_replays_per_breakdown_part(tmp_path: Path):
+    (tmp_path / "a.json").write_text(_replay_doc(0.30, 0.25, 0.05))
+    (tmp_path / "b.json").write_text(_replay_doc(0.30, 0.20, 0.01))
+    code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json")
+    assert code == 0, text
+    doc = json.loads(text)
+    assert doc["mean_step_replayed_s"]["b_minus_a"] == pytest.approx(-0.05)
+    assert doc["breakdown.exposed_comm_s"]["b_minus_a"] == pytest.approx(-0.04)
+    assert doc["breakdown.compute_s"]["b_minus_a"] == pytest.approx(-0.01)
+    (tmp_path / "s.json").write_text('{"plans": []}')
+    code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "s.json"))
+    assert code == 2 and "plans[0]: expected an object" in text

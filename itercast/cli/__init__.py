@@ -193,24 +193,37 @@ def predict_cmd(
 
 @app.command("compare")
 def compare_cmd(
-    job_a: Annotated[Path, typer.Argument(metavar="FILE", help="First YAML job file.")],
-    job_b: Annotated[Path, typer.Argument(metavar="FILE", help="Second YAML job file.")],
+    job_a: Annotated[Path, typer.Argument(metavar="A", help="First YAML job file, or a saved search/replay JSON.")],
+    job_b: Annotated[Path, typer.Argument(metavar="B", help="Second, of the same kind.")],
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Two jobs side by side: step time, throughput, memory, and the difference per breakdown part
-    (`--set` applies to both)."""
+    (`--set` applies to both); or two saved `search --json` results (their fastest plans) or two
+    `replay --json` results."""
+    from itercast.cli.report_cmds import result_figures
+
     try:
-        a, b = (predict(Job.load(path, set_ or [])) for path in (job_a, job_b))
+        if {job_a.suffix, job_b.suffix} == {".json"}:
+            (kind_a, fig_a), (kind_b, fig_b) = result_figures(job_a), result_figures(job_b)
+            if kind_a != kind_b:
+                raise ConfigError(f"{job_a} is a {kind_a} result and {job_b} a {kind_b} result: compare like with like")
+            rows = {k: (v, fig_b[k]) for k, v in fig_a.items() if k in fig_b}
+        else:
+            a, b = (predict(Job.load(path, set_ or [])) for path in (job_a, job_b))
+            rows = {
+                "step_time_s": (a.step_time_s, b.step_time_s),
+                "tokens_per_s": (a.tokens_per_s, b.tokens_per_s),
+                "mfu": (a.mfu, b.mfu),
+                "memory_per_gpu_bytes": (a.memory.total_bytes, b.memory.total_bytes),
+                **{
+                    f"breakdown.{k}": (v, b.breakdown.as_dict()[k])
+                    for k, v in a.breakdown.as_dict().items()
+                    if k != "rank"
+                },
+            }
     except (ConfigError, DeadlockError) as exc:
         fail(str(exc).replace("\n", "\n  "))
-    rows = {
-        "step_time_s": (a.step_time_s, b.step_time_s),
-        "tokens_per_s": (a.tokens_per_s, b.tokens_per_s),
-        "mfu": (a.mfu, b.mfu),
-        "memory_per_gpu_bytes": (a.memory.total_bytes, b.memory.total_bytes),
-        **{f"breakdown.{k}": (v, b.breakdown.as_dict()[k]) for k, v in a.breakdown.as_dict().items() if k != "rank"},
-    }
     if as_json:
         echo_json({k: {"a": x, "b": y, "b_minus_a": y - x} for k, (x, y) in rows.items()})
         return

@@ -130,20 +130,51 @@ def _summary(r: Prediction) -> str:
     return rep.table_html(["", "value"], rows)
 
 
-def _result_sections(path: Path) -> tuple[str, str, list[rep.Section]]:
-    """Sections of a saved search or replay JSON; every missing field is named."""
+def read_result(path: Path) -> tuple[str, dict[str, Any]]:
+    """A saved `search --json` ("search") or `replay --json` ("replay") result."""
     try:
         doc = json.loads(read_small_text(path, "result file", MAX_RESULT_BYTES))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     if isinstance(doc, dict) and "plans" in doc:
-        return _search_sections(path, doc)
+        return "search", doc
     if isinstance(doc, dict) and "steps" in doc:
-        return _replay_sections(path, doc)
+        return "replay", doc
     raise ConfigError(
         f"{path}: expected the JSON of `itercast search --json` (field `plans`) or `itercast replay --json` "
         f"(field `steps`); got {type(doc).__name__}" + (f" with fields {', '.join(list(doc)[:8])}" if doc else "")
     )
+
+
+def result_figures(path: Path) -> tuple[str, dict[str, float]]:
+    """The figures `itercast compare` sets side by side for a saved result: a search's fastest plan,
+    a replay's span and mean step."""
+    kind, doc = read_result(path)
+    if kind == "search":
+        need = ("step_time_s", "tokens_per_s", "mfu", "memory_per_gpu_bytes", "breakdown")
+        best = _fields(path, "plans[0]", (doc["plans"] or [None])[0], need)
+        figures = {k: best[k] for k in need[:-1]}
+        breakdown_doc = best["breakdown"]
+    else:
+        steps = [_fields(path, f"steps[{i}]", s, ("measured_s", "replayed_s")) for i, s in enumerate(doc["steps"])]
+        row = _fields(path, "the result", doc, ("replayed_span_s", "breakdown"))
+        figures = {"replayed_span_s": row["replayed_span_s"]}
+        if steps:
+            figures["mean_step_measured_s"] = sum(s["measured_s"] for s in steps) / len(steps)
+            figures["mean_step_replayed_s"] = sum(s["replayed_s"] for s in steps) / len(steps)
+        breakdown_doc = row["breakdown"]
+    parts = _fields(path, "breakdown", breakdown_doc, tuple(rep.PARTS))
+    figures |= {f"breakdown.{k}": parts[k] for k in rep.PARTS}
+    bad = [k for k, v in figures.items() if not isinstance(v, int | float) or isinstance(v, bool)]
+    if bad:
+        raise ConfigError(f"{path}: expected numbers in {', '.join(bad)}")
+    return kind, {k: float(v) for k, v in figures.items()}
+
+
+def _result_sections(path: Path) -> tuple[str, str, list[rep.Section]]:
+    """Sections of a saved search or replay JSON; every missing field is named."""
+    kind, doc = read_result(path)
+    return _search_sections(path, doc) if kind == "search" else _replay_sections(path, doc)
 
 
 def _fields(path: Path, where: str, item: Any, names: tuple[str, ...]) -> dict[str, Any]:
