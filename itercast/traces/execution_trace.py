@@ -77,7 +77,7 @@ def read_execution_trace(path: str | Path) -> ExecutionTrace:
     nodes: list[ETNode] = []
     try:
         with _open(path) as raw:
-            tap = _HeadTailReader(raw)
+            tap = _HeadTailReader(raw, path)
             nodes = [_node(n) for n in ijson.items(tap, "nodes.item", use_float=True)]
     except (ijson.JSONError, EOFError, OSError, UnicodeDecodeError) as exc:
         detail = " ".join(str(exc).split())

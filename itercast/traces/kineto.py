@@ -35,6 +35,12 @@ GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
 NCCL_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Ranks")
 MAX_NAME_CHARS = 512  # longer names (templated kernels) are cut: interning cost stays bounded
+#: Bounds on hostile input, checked on the bytes as they stream by (before the JSON parser sees
+#: them): Kineto nests a few levels (events, args, input dims) and its longest strings are kernel
+#: names and stacks of a few KB; a 40,000-deep array or a 2 GiB string would exhaust the parser.
+MAX_DEPTH = 256  # brackets are counted without regard to strings: a string full of `[` counts too
+MAX_STRING_BYTES = 16 << 20  # bytes between two quote characters
+MAX_TS_US = 1e17  # ~3,000 years in µs: absolute Kineto timestamps are ~1.7e15
 
 
 class TraceError(ValueError):
@@ -121,9 +127,9 @@ def read_kineto(path: str | Path) -> RankTrace:
     cols = _Columns()
     try:
         with _open(path) as raw:
-            tap = _HeadTailReader(raw)
+            tap = _HeadTailReader(raw, path)
             for event in ijson.items(tap, "traceEvents.item", use_float=True):
-                _take(event, cols)
+                _take_checked(event, cols, path)
     except (ijson.JSONError, EOFError, OSError, UnicodeDecodeError) as exc:
         detail = " ".join(str(exc).split())  # ijson's messages span lines
         raise TraceError(f"{path}: malformed or truncated trace after {cols.count} events ({detail})") from None
@@ -146,22 +152,42 @@ def _open(path: Path) -> BinaryIO:
 class _HeadTailReader:
     """File wrapper that keeps the first and last EDGE_BYTES it hands out. Kineto's small top-level
     keys (distributedInfo, baseTimeNanoseconds, …) lie before or after the huge traceEvents array,
-    so they are found there without a second pass or holding the file in memory."""
+    so they are found there without a second pass or holding the file in memory. It also refuses
+    input nested deeper than MAX_DEPTH or with a string longer than MAX_STRING_BYTES (numpy over
+    each chunk: no Python work per byte)."""
 
     EDGE_BYTES = 1 << 18
+    CHUNK = 1 << 20
 
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw, self.head, self.tail = raw, bytearray(), bytearray()
-        self.total = 0
+    def __init__(self, raw: BinaryIO, path: Path) -> None:
+        self.raw, self.path, self.head, self.tail = raw, path, bytearray(), bytearray()
+        self.total = self.depth = self.since_quote = 0
 
     def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
+        data = self.raw.read(self.CHUNK if n < 0 else min(n, self.CHUNK))
+        self._guard(data)
         if len(self.head) < self.EDGE_BYTES:
             self.head += data[: self.EDGE_BYTES - len(self.head)]
         self.tail += data
         del self.tail[: max(0, len(self.tail) - self.EDGE_BYTES)]
         self.total += len(data)
         return data
+
+    def _guard(self, data: bytes) -> None:
+        if not data:
+            return
+        b = np.frombuffer(data, dtype=np.uint8)
+        step = (b == ord("[")).astype(np.int64) + (b == ord("{")) - (b == ord("]")) - (b == ord("}"))
+        depth = self.depth + np.cumsum(step)
+        if depth.max() > MAX_DEPTH:
+            raise TraceError(f"{self.path}: nested deeper than {MAX_DEPTH} levels; not a profiler trace")
+        self.depth = int(depth[-1])
+        quotes = np.flatnonzero(b == ord('"'))
+        run = self.since_quote + (quotes[0] if quotes.size else b.size)
+        inner = int(np.diff(quotes).max()) if quotes.size > 1 else 0
+        if max(run, inner) > MAX_STRING_BYTES:
+            raise TraceError(f"{self.path}: a string longer than {MAX_STRING_BYTES >> 20} MiB; not a profiler trace")
+        self.since_quote = b.size - 1 - int(quotes[-1]) if quotes.size else run
 
     def edges(self) -> str:
         if self.total <= self.EDGE_BYTES:  # the whole file is in the head
@@ -180,6 +206,39 @@ def _top_level_value(text: str, key: str) -> Any:
         return None
 
 
+class _BadField(ValueError):
+    """An event field that is missing, of the wrong type, or out of range (the message says which)."""
+
+
+def _take_checked(e: Any, c: _Columns, path: Path) -> None:
+    """_take, with a malformed event turned into one clear error naming the file, event and field."""
+    try:
+        if not isinstance(e, dict):
+            raise _BadField(f"expected an object; got {type(e).__name__}")
+        _take(e, c)
+    except _BadField as exc:
+        where = f"{e.get('ph')}, {e.get('cat')}, {str(e.get('name', ''))[:60]!r}" if isinstance(e, dict) else ""
+        raise TraceError(f"{path}: event #{c.count} ({where}): {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:  # an int field that is not an integer, a nested odd type
+        raise TraceError(f"{path}: event #{c.count}: a field has the wrong type or is missing ({exc})") from None
+
+
+def _time(e: dict[str, Any], key: str, default: float | None = None) -> float:
+    """A time field in µs: present (unless defaulted), a finite number, |value| ≤ MAX_TS_US, and
+    for durations not negative."""
+    value = e.get(key, default)
+    if value is None:
+        raise _BadField(f"missing field `{key}`")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _BadField(f"field `{key}`: expected a number; got {value!r:.40}")
+    value = float(value)
+    if not abs(value) <= MAX_TS_US:  # also NaN
+        raise _BadField(f"field `{key}`: expected a finite number of µs within ±{MAX_TS_US:.0e}; got {value!r}")
+    if key == "dur" and value < 0:
+        raise _BadField(f"field `dur`: expected a duration ≥ 0; got {value!r}")
+    return value
+
+
 def _take(e: dict[str, Any], c: _Columns) -> None:
     c.count += 1
     ph, cat = e.get("ph"), e.get("cat")
@@ -190,8 +249,8 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
             (
                 int(e.get("tid", 0)),
                 c.names(name),
-                float(e["ts"]),
-                float(e.get("dur", 0.0)),
+                _time(e, "ts"),
+                _time(e, "dur", 0.0),
                 int(args.get("correlation", -1)),
             )
         )
@@ -202,15 +261,15 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
                 int(args.get("stream", e.get("tid", 0))),
                 GPU_CATEGORIES[cat],
                 c.names(name),
-                float(e["ts"]),
-                float(e.get("dur", 0.0)),
+                _time(e, "ts"),
+                _time(e, "dur", 0.0),
                 int(args.get("correlation", -1)),
             )
         )
         meta = {k: args[k] for k in NCCL_KEYS if k in args} if "nccl" in name.lower() else None
         c.nccl.append(meta)
     elif ph == "X" and (m := STEP_NAME.fullmatch(name)) and cat in ("user_annotation", "cpu_op"):
-        c.steps.append((int(m.group(1)), int(e.get("tid", 0)), float(e["ts"]), float(e.get("dur", 0.0))))
+        c.steps.append((int(m.group(1)), int(e.get("tid", 0)), _time(e, "ts"), _time(e, "dur", 0.0)))
     elif ph == "X" and cat == "cuda_sync":
         args = e.get("args") or {}
         if name == "Stream Wait Event" and int(args.get("wait_on_stream", -1)) >= 0:
@@ -229,17 +288,17 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
     elif ph == "M":
         c.ignored["metadata"] += 1
     elif ph == "X" and cat == "user_annotation" and name.startswith("nccl:"):
-        c.comms.append((int(e.get("tid", 0)), float(e["ts"]), float(e.get("dur", 0.0)), {"Collective name": name[5:]}))
+        c.comms.append((int(e.get("tid", 0)), _time(e, "ts"), _time(e, "dur", 0.0), {"Collective name": name[5:]}))
     elif ph == "X" and cat == "cpu_op":  # kept for linking to execution traces; replay times host gaps
         args = e.get("args") or {}
         if name == "record_param_comms" and (meta := {k: args[k] for k in NCCL_KEYS if k in args}):
-            c.comms.append((int(e.get("tid", 0)), float(e["ts"]), float(e.get("dur", 0.0)), meta))
+            c.comms.append((int(e.get("tid", 0)), _time(e, "ts"), _time(e, "dur", 0.0), meta))
         c.cpu.append(
             (
                 int(e.get("tid", 0)),
                 c.names(name),
-                float(e["ts"]),
-                float(e.get("dur", 0.0)),
+                _time(e, "ts"),
+                _time(e, "dur", 0.0),
                 int(args.get("Record function id", -1)),
             )
         )
@@ -321,9 +380,41 @@ def read_traces(paths: list[str | Path]) -> list[RankTrace]:
         else:
             files.append(p)
     traces = [read_kineto(f) for f in files]
+    for t in traces:
+        if not (t.num_ops or t.call_ts_us.size or t.cpu_ts_us.size):
+            seen = ", ".join(f"{n} {why}" for why, n in t.ignored.most_common(3)) or "no events"
+            raise TraceError(
+                f"{t.path}: nothing to replay: no GPU ops, CUDA runtime calls or CPU ops ({seen}); expected a "
+                "PyTorch profiler (Kineto) trace (itercast's own --trace output is a timeline to view, not to replay)"
+            )
+    _check_one_job(traces)
     ranks = [t.rank for t in traces if t.rank is not None]
     if len(traces) > 1 and len(ranks) == len(traces):
         if len(set(ranks)) != len(ranks):
             raise TraceError(f"two traces claim the same rank: {sorted(ranks)}")
         traces.sort(key=lambda t: t.rank or 0)
     return traces
+
+
+def _check_one_job(traces: list[RankTrace]) -> None:
+    """Traces replayed together are the ranks of one run: they agree on the world size and were
+    recorded at the same time (their spans overlap), else they are refused."""
+    worlds = {t.world_size for t in traces if t.world_size is not None}
+    if len(worlds) > 1:
+        raise TraceError(f"the traces come from runs of different world sizes {sorted(worlds)}: replay one job's ranks")
+    spans = []
+    for t in traces:
+        starts = [a for a in (t.op_ts_us, t.call_ts_us, t.cpu_ts_us) if a.size]
+        ends = [
+            a + d
+            for a, d in ((t.op_ts_us, t.op_dur_us), (t.call_ts_us, t.call_dur_us), (t.cpu_ts_us, t.cpu_dur_us))
+            if a.size
+        ]
+        spans.append((min(float(a.min()) for a in starts), max(float(e.max()) for e in ends), t.path))
+    latest_start = max(spans, key=lambda sp: sp[0])
+    earliest_end = min(spans, key=lambda sp: sp[1])
+    if latest_start[0] > earliest_end[1]:
+        raise TraceError(
+            f"{earliest_end[2]} ends before {latest_start[2]} starts (at {earliest_end[1]:.0f} and "
+            f"{latest_start[0]:.0f} µs): ranks of one job are profiled at the same time; these look like different runs"
+        )
