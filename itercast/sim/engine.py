@@ -70,16 +70,21 @@ class SimResult:
 
 
 def compile_graph(graph: ExecGraph) -> CompiledGraph:
-    """Add stream-order edges, contract collectives, sort topologically (Kahn); cache on the graph."""
+    """Add stream-order edges, contract collectives, sort topologically (Kahn); cache on the graph.
+
+    Indices are int32 (a graph has fewer than 2^31 tasks) and every temporary is dropped as soon as
+    it is used: this is the peak of a trace replay's memory (benchmarks/replay_memory.py)."""
     if graph._order is not None:
         return graph._order  # type: ignore[return-value]
     n = graph.num_tasks
-    by_res = np.argsort(graph.resource, kind="stable")
+    idx = np.int32 if n < 2**31 - 1 else np.int64
+    by_res = np.argsort(graph.resource, kind="stable").astype(idx)
     same = graph.resource[by_res[1:]] == graph.resource[by_res[:-1]]
-    src = np.concatenate([graph.edge_src, by_res[:-1][same]]).astype(np.int64)
-    dst = np.concatenate([graph.edge_dst, by_res[1:][same]]).astype(np.int64)
+    src = np.concatenate([graph.edge_src.astype(idx), by_res[:-1][same]])
+    dst = np.concatenate([graph.edge_dst.astype(idx), by_res[1:][same]])
     lat = np.concatenate([graph.edge_latency_s, np.zeros(int(same.sum()))])
-    node_of = _collective_heads(graph.collective)
+    del by_res, same
+    node_of = _collective_heads(graph.collective).astype(idx)
     u, v = node_of[src], node_of[dst]
     loops = np.flatnonzero(u == v)
     if loops.size:
@@ -88,24 +93,31 @@ def compile_graph(graph: ExecGraph) -> CompiledGraph:
             f"deadlock: collective member {graph.task_label(int(dst[k]))} depends on "
             f"{graph.task_label(int(src[k]))} of the same collective"
         )
-    by_u = np.argsort(u, kind="stable")
-    out_ptr = np.concatenate([[0], np.cumsum(np.bincount(u, minlength=n))]).astype(np.int64)
-    is_head = node_of == np.arange(n)
-    order, indeg = run_topological_order(n, is_head, out_ptr, v[by_u], np.bincount(v, minlength=n))
+    out_ptr = np.concatenate([[0], np.cumsum(np.bincount(u, minlength=n))]).astype(idx)
+    succ = v[np.argsort(u, kind="stable")]
+    del u
+    is_head = node_of == np.arange(n, dtype=idx)
+    order, indeg = run_topological_order(n, is_head, out_ptr, succ, np.bincount(v, minlength=n).astype(idx))
+    del out_ptr, succ, v
     by_dst = np.argsort(dst, kind="stable")
-    in_ptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64)
+    in_ptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(idx)
+    in_src, in_lat = src[by_dst], lat[by_dst]
+    del src, lat, dst, by_dst
     if order.shape[0] != int(is_head.sum()):
-        partial = CompiledGraph(order, order, order, in_ptr, src[by_dst], lat[by_dst])
+        partial = CompiledGraph(order, order, order, in_ptr, in_src, in_lat)
         raise DeadlockError(_describe_cycle(graph, partial, node_of.tolist(), indeg.tolist()))
+    del is_head, indeg
     # members of each node, in the order of `order`
-    by_node = np.argsort(node_of, kind="stable")
-    counts = np.bincount(node_of, minlength=n)
-    first = np.concatenate([[0], np.cumsum(counts)])
-    grp_ptr = np.concatenate([[0], np.cumsum(counts[order])]).astype(np.int64)
+    counts = np.bincount(node_of, minlength=n).astype(idx)
+    first = np.concatenate([[0], np.cumsum(counts)]).astype(idx)
     lens = counts[order]
+    grp_ptr = np.concatenate([[0], np.cumsum(lens)]).astype(idx)
     offsets = np.repeat(first[order] - grp_ptr[:-1], lens)  # gather each node's contiguous run of members
-    grp_tasks = by_node[offsets + np.arange(int(lens.sum()))]
-    compiled = CompiledGraph(order, grp_ptr, grp_tasks.astype(np.int64), in_ptr, src[by_dst], lat[by_dst])
+    del counts, first, lens
+    offsets += np.arange(offsets.shape[0], dtype=idx)
+    grp_tasks = np.argsort(node_of, kind="stable").astype(idx)[offsets]
+    del offsets, node_of
+    compiled = CompiledGraph(order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat)
     graph._order = compiled  # type: ignore[assignment]
     return compiled
 

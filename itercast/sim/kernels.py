@@ -83,16 +83,15 @@ max_plus_kernel = _compiled(max_plus)
 def run_topological_order(
     n: int, is_head: np.ndarray, out_ptr: np.ndarray, out_v: np.ndarray, indeg: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(order of heads, remaining in-degrees)."""
-    order = np.zeros(n, dtype=np.int64)
-    indeg = indeg.astype(np.int64).copy()
+    """(order of heads, remaining in-degrees), in the index dtype of `out_v`; `indeg` is consumed."""
+    order = np.zeros(n, dtype=out_v.dtype)
     if HAVE_NUMBA:
         placed = topological_order_kernel(n, is_head, out_ptr, out_v, indeg, order)
-        return order[:placed], indeg
+        return order[:placed].copy(), indeg
     heads, ptr, succ, deg = (a.tolist() for a in (is_head, out_ptr, out_v, indeg))
     out = [0] * n
     placed = topological_order(n, heads, ptr, succ, deg, out)
-    return np.asarray(out[:placed], dtype=np.int64), np.asarray(deg, dtype=np.int64)
+    return np.asarray(out[:placed], dtype=out_v.dtype), np.asarray(deg, dtype=out_v.dtype)
 
 
 #: a compiled graph's structure: (order, grp_ptr, grp_tasks, in_ptr, in_src, in_lat); see engine.CompiledGraph

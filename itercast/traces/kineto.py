@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,15 +105,32 @@ class RankTrace:
         return own[self.cpu_ts_us[own] >= reach]
 
 
+class _Table:
+    """The events of one kind, appended row by row into typed arrays (at most 8 bytes a field: no
+    Python object per event); `column` hands one out as numpy without a copy."""
+
+    def __init__(self, **typecodes: str) -> None:
+        self.cols: dict[str, array[Any]] = {name: array(code) for name, code in typecodes.items()}
+
+    def add(self, *values: float) -> None:
+        for col, value in zip(self.cols.values(), values, strict=True):
+            col.append(value)
+
+    def column(self, name: str) -> np.ndarray:
+        col = self.cols[name]
+        return np.frombuffer(col, dtype={"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}[col.typecode])
+
+
 @dataclass
 class _Columns:
     names: Interner = field(default_factory=Interner)
-    calls: list[tuple[int, int, float, float, int]] = field(default_factory=list)
-    ops: list[tuple[int, int, int, float, float, int]] = field(default_factory=list)
+    calls: _Table = field(default_factory=lambda: _Table(tid="q", name="i", ts="d", dur="d", corr="q"))
+    ops: _Table = field(default_factory=lambda: _Table(stream="q", kind="b", name="i", ts="d", dur="d", corr="q"))
     nccl: list[dict[str, Any] | None] = field(default_factory=list)
     steps: list[tuple[int, int, float, float]] = field(default_factory=list)
-    cpu: list[tuple[int, int, float, float, int]] = field(default_factory=list)
+    cpu: _Table = field(default_factory=lambda: _Table(tid="q", name="i", ts="d", dur="d", rf_id="q"))
     cpu_dims: list[str] = field(default_factory=list)
+    dims_seen: dict[str, str] = field(default_factory=dict)  # one string object per distinct Input Dims
     waits: list[tuple[int, int, int, int]] = field(default_factory=list)
     comms: list[tuple[int, float, float, dict[str, Any]]] = field(default_factory=list)  # (tid, ts, dur, NCCL fields)
     ignored: Counter = field(default_factory=Counter)
@@ -245,26 +263,22 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
     name = str(e.get("name", ""))[:MAX_NAME_CHARS]
     if ph == "X" and cat in HOST_CATEGORIES:
         args = e.get("args") or {}
-        c.calls.append(
-            (
-                int(e.get("tid", 0)),
-                c.names(name),
-                _time(e, "ts"),
-                _time(e, "dur", 0.0),
-                int(args.get("correlation", -1)),
-            )
+        c.calls.add(
+            int(e.get("tid", 0)),
+            c.names(name),
+            _time(e, "ts"),
+            _time(e, "dur", 0.0),
+            int(args.get("correlation", -1)),
         )
     elif ph == "X" and cat in GPU_CATEGORIES:
         args = e.get("args") or {}
-        c.ops.append(
-            (
-                int(args.get("stream", e.get("tid", 0))),
-                GPU_CATEGORIES[cat],
-                c.names(name),
-                _time(e, "ts"),
-                _time(e, "dur", 0.0),
-                int(args.get("correlation", -1)),
-            )
+        c.ops.add(
+            int(args.get("stream", e.get("tid", 0))),
+            GPU_CATEGORIES[cat],
+            c.names(name),
+            _time(e, "ts"),
+            _time(e, "dur", 0.0),
+            int(args.get("correlation", -1)),
         )
         meta = {k: args[k] for k in NCCL_KEYS if k in args} if "nccl" in name.lower() else None
         c.nccl.append(meta)
@@ -293,17 +307,16 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
         args = e.get("args") or {}
         if name == "record_param_comms" and (meta := {k: args[k] for k in NCCL_KEYS if k in args}):
             c.comms.append((int(e.get("tid", 0)), _time(e, "ts"), _time(e, "dur", 0.0), meta))
-        c.cpu.append(
-            (
-                int(e.get("tid", 0)),
-                c.names(name),
-                _time(e, "ts"),
-                _time(e, "dur", 0.0),
-                int(args.get("Record function id", -1)),
-            )
+        c.cpu.add(
+            int(e.get("tid", 0)),
+            c.names(name),
+            _time(e, "ts"),
+            _time(e, "dur", 0.0),
+            int(args.get("Record function id", -1)),
         )
         dims = args.get("Input Dims")
-        c.cpu_dims.append(json.dumps(dims, separators=(",", ":"))[:MAX_NAME_CHARS] if dims is not None else "")
+        text = json.dumps(dims, separators=(",", ":"))[:MAX_NAME_CHARS] if dims is not None else ""
+        c.cpu_dims.append(c.dims_seen.setdefault(text, text))
     elif ph == "X" and cat in ("user_annotation", "gpu_user_annotation", "python_function"):
         c.ignored[f"{cat} (annotation)"] += 1
     else:
@@ -311,9 +324,7 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
 
 
 def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> RankTrace:
-    calls = np.array(c.calls, dtype=np.float64).reshape(-1, 5)
-    cpu = np.array(c.cpu, dtype=np.float64).reshape(-1, 5)
-    ops = np.array(c.ops, dtype=np.float64).reshape(-1, 6)
+    calls, cpu, ops = c.calls.column, c.cpu.column, c.ops.column
     rank = info.get("rank")
     world = info.get("world_size")
     return RankTrace(
@@ -321,24 +332,24 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         rank=int(rank) if rank is not None else None,
         world_size=int(world) if world is not None else None,
         names=c.names.names,
-        call_tid=calls[:, 0].astype(np.int64),
-        call_name=calls[:, 1].astype(np.int32),
-        call_ts_us=calls[:, 2] + base_us,
-        call_dur_us=calls[:, 3],
-        call_corr=calls[:, 4].astype(np.int64),
-        op_stream=ops[:, 0].astype(np.int64),
-        op_kind=ops[:, 1].astype(np.int8),
-        op_name=ops[:, 2].astype(np.int32),
-        op_ts_us=ops[:, 3] + base_us,
-        op_dur_us=ops[:, 4],
-        op_corr=ops[:, 5].astype(np.int64),
-        op_nccl=_nccl_metadata(c, calls, ops),
+        call_tid=calls("tid"),
+        call_name=calls("name"),
+        call_ts_us=calls("ts") + base_us,
+        call_dur_us=calls("dur"),
+        call_corr=calls("corr"),
+        op_stream=ops("stream"),
+        op_kind=ops("kind"),
+        op_name=ops("name"),
+        op_ts_us=ops("ts") + base_us,
+        op_dur_us=ops("dur"),
+        op_corr=ops("corr"),
+        op_nccl=_nccl_metadata(c),
         steps=[(n, tid, ts + base_us, dur) for n, tid, ts, dur in c.steps],
-        cpu_tid=cpu[:, 0].astype(np.int64),
-        cpu_name=cpu[:, 1].astype(np.int32),
-        cpu_ts_us=cpu[:, 2] + base_us,
-        cpu_dur_us=cpu[:, 3],
-        cpu_rf_id=cpu[:, 4].astype(np.int64),
+        cpu_tid=cpu("tid"),
+        cpu_name=cpu("name"),
+        cpu_ts_us=cpu("ts") + base_us,
+        cpu_dur_us=cpu("dur"),
+        cpu_rf_id=cpu("rf_id"),
         cpu_input_dims=c.cpu_dims,
         stream_waits=np.array(c.waits, dtype=np.int64).reshape(-1, 4),
         ignored=c.ignored,
@@ -346,18 +357,20 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
     )
 
 
-def _nccl_metadata(c: _Columns, calls: np.ndarray, ops: np.ndarray) -> list[dict[str, Any] | None]:
+def _nccl_metadata(c: _Columns) -> list[dict[str, Any] | None]:
     """Each NCCL kernel's fields: its own, completed by the communication records (record_param_comms,
     nccl:<collective>) around its launch call on the launching thread, innermost last (it wins)."""
     out = list(c.nccl)
     if not c.comms:
         return out
-    by_corr = {int(corr): (int(tid), ts) for tid, _, ts, _, corr in calls.tolist() if corr >= 0}
+    calls = zip(c.calls.cols["tid"], c.calls.cols["ts"], c.calls.cols["corr"], strict=True)
+    by_corr = {corr: (tid, ts) for tid, ts, corr in calls if corr >= 0}
+    op_corr = c.ops.cols["corr"]
     records = sorted(c.comms, key=lambda r: (r[1], -r[2]))  # outer before inner at the same start
     for k, meta in enumerate(out):
         if meta is None or all(key in meta for key in ("Collective name", "In msg nelems", "dtype")):
             continue
-        launch = by_corr.get(int(ops[k, 5]))
+        launch = by_corr.get(op_corr[k])
         if launch is None:
             continue
         tid, ts = launch
