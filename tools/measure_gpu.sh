@@ -6,6 +6,10 @@
 set -euo pipefail
 prefix=${1:-h100}
 out=data/measured
+if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "error: no CUDA GPU visible to torch here; run this on the GPU machine (torch with CUDA installed)" >&2
+    exit 2
+fi
 python3 -m itercast profile run --device cuda --db "$out/${prefix}_profile.db" --passes 3 \
     --families gemm,conv,attention,norm,elementwise,embedding,host
 python3 validation/e2e_local.py --device cuda --measure --iterations 50 --db "$out/${prefix}_profile.db" \

@@ -41,10 +41,11 @@ def profile_run_cmd(
 ) -> None:
     """Microbenchmark the local device into DB (resumes where a previous run stopped)."""
     from itercast.profile.db import ProfileDB, ProfileError
-    from itercast.profile.microbench import run
+    from itercast.profile.microbench import check_device, run
 
     try:
         chosen = tuple(f.strip() for f in families.split(","))
+        check_device(device)  # before the database is created
         counts = run(ProfileDB(db), device, quick, chosen, repeats=repeats, passes=passes)
     except ProfileError as exc:
         fail(str(exc))

@@ -142,7 +142,8 @@ def read_result(path: Path) -> tuple[str, dict[str, Any]]:
         return "replay", doc
     raise ConfigError(
         f"{path}: expected the JSON of `itercast search --json` (field `plans`) or `itercast replay --json` "
-        f"(field `steps`); got {type(doc).__name__}" + (f" with fields {', '.join(list(doc)[:8])}" if doc else "")
+        f"(field `steps`); got {type(doc).__name__}"
+        + (f" with fields {', '.join(map(str, list(doc)[:8]))}" if isinstance(doc, dict) and doc else "")
     )
 
 

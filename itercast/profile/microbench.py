@@ -532,6 +532,24 @@ def _time(
     return times, issue
 
 
+def check_device(device: str) -> None:
+    """torch is installed and the device exists here, else one clear error (not torch's AssertionError)."""
+    try:
+        import torch
+    except ImportError:
+        raise ProfileError("itercast profile needs torch: pip install 'itercast[torch]' (CPU build 2.13.0)") from None
+    if device == "cpu":
+        return
+    if device.split(":")[0] != "cuda":
+        raise ProfileError(f"--device {device}: expected cpu or cuda (cuda:N)")
+    if not torch.cuda.is_available():
+        why = "this torch has no CUDA (the CPU build)" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ProfileError(f"--device {device}: {why}; measure on a machine with a GPU, or use --device cpu")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise ProfileError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
 def run(
     db: ProfileDB,
     device: str = "cpu",
@@ -549,10 +567,7 @@ def run(
     stretch than in another) is sampled across the whole run; the database reads each
     configuration as the median of its passes (ProfileDB.measurements)."""
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # quiets the trace observer's notices (read at import)
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise ProfileError("itercast profile needs torch: pip install 'itercast[torch]' (CPU build 2.13.0)") from None
+    check_device(device)
     unknown = set(families) - set(FAMILIES)
     if unknown:
         raise ProfileError(f"unknown families {sorted(unknown)}: expected some of {', '.join(FAMILIES)}")

@@ -257,12 +257,21 @@ def _time(e: dict[str, Any], key: str, default: float | None = None) -> float:
     return value
 
 
+def _args(e: dict[str, Any]) -> dict[str, Any]:
+    args = e.get("args")
+    if args is None:
+        return {}
+    if not isinstance(args, dict):
+        raise _BadField(f"field `args`: expected an object; got {type(args).__name__}")
+    return args
+
+
 def _take(e: dict[str, Any], c: _Columns) -> None:
     c.count += 1
     ph, cat = e.get("ph"), e.get("cat")
     name = str(e.get("name", ""))[:MAX_NAME_CHARS]
     if ph == "X" and cat in HOST_CATEGORIES:
-        args = e.get("args") or {}
+        args = _args(e)
         c.calls.add(
             int(e.get("tid", 0)),
             c.names(name),
@@ -271,7 +280,7 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
             int(args.get("correlation", -1)),
         )
     elif ph == "X" and cat in GPU_CATEGORIES:
-        args = e.get("args") or {}
+        args = _args(e)
         c.ops.add(
             int(args.get("stream", e.get("tid", 0))),
             GPU_CATEGORIES[cat],
@@ -285,7 +294,7 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
     elif ph == "X" and (m := STEP_NAME.fullmatch(name)) and cat in ("user_annotation", "cpu_op"):
         c.steps.append((int(m.group(1)), int(e.get("tid", 0)), _time(e, "ts"), _time(e, "dur", 0.0)))
     elif ph == "X" and cat == "cuda_sync":
-        args = e.get("args") or {}
+        args = _args(e)
         if name == "Stream Wait Event" and int(args.get("wait_on_stream", -1)) >= 0:
             c.waits.append(
                 (
@@ -304,7 +313,7 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
     elif ph == "X" and cat == "user_annotation" and name.startswith("nccl:"):
         c.comms.append((int(e.get("tid", 0)), _time(e, "ts"), _time(e, "dur", 0.0), {"Collective name": name[5:]}))
     elif ph == "X" and cat == "cpu_op":  # kept for linking to execution traces; replay times host gaps
-        args = e.get("args") or {}
+        args = _args(e)
         if name == "record_param_comms" and (meta := {k: args[k] for k in NCCL_KEYS if k in args}):
             c.comms.append((int(e.get("tid", 0)), _time(e, "ts"), _time(e, "dur", 0.0), meta))
         c.cpu.add(

@@ -1,0 +1,152 @@
+"""A corpus of hostile inputs, generated (no large files in the repository): each case is a command
+line and the files it reads, and what its one-line error must say. tests/test_hostile_inputs.py runs
+every case through the CLI; `python tests/hostile_inputs.py DIR` writes the files to look at.
+
+Sizes stay small on disk (a few KB, or a gzip of a few KB) while what they would cost a naive
+reader is huge: deep nesting, a gigantic string, a billion-laughs YAML.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    files: dict[str, bytes]  # file name -> content, written under a temporary directory
+    args: list[str]  # the command line; "{dir}" stands for that directory
+    message: str  # a fragment of the expected error line
+
+
+def _kineto(events: object, extra: str = "") -> bytes:
+    return ('{"schemaVersion": 1, ' + extra + '"traceEvents": ' + json.dumps(events) + "}").encode()
+
+
+def _kernel(**fields: object) -> dict[str, object]:
+    return {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 10, "dur": 5, **fields}
+
+
+def _gzip_of_one_long_string(nbytes: int) -> bytes:
+    """A .gz whose text is one JSON string of `nbytes` (compresses ~1000×)."""
+    head, tail = b'{"traceEvents": [{"name": "', b'"}]}'
+    return gzip.compress(head + b"a" * nbytes + tail, compresslevel=9)
+
+
+LAUGHS = "\n".join(
+    ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    + [
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]"
+        for i in range(8)
+    ]
+    + ["model: *i"]
+).encode()
+
+
+def cases() -> list[Case]:
+    replay: Callable[[str, bytes, str], Case] = lambda name, data, msg: Case(  # noqa: E731
+        name, {"t.json": data}, ["replay", "{dir}/t.json"], msg
+    )
+    predict = ["predict", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set"]
+    return [
+        # traces
+        replay("trace nested 40,000 deep", b'{"traceEvents": ' + b"[" * 40_000 + b"]" * 40_000 + b"}", "nested deeper"),
+        Case(
+            "trace: one 64 MiB string in 70 KB of gzip",
+            {"t.json.gz": _gzip_of_one_long_string(64 << 20)},
+            ["replay", "{dir}/t.json.gz"],
+            "a string longer than",
+        ),
+        replay("trace without ts", _kineto([{k: v for k, v in _kernel().items() if k != "ts"}]), "missing field `ts`"),
+        replay("trace with a string ts", _kineto([_kernel(ts="soon")]), "field `ts`: expected a number"),
+        replay("trace with a negative duration", _kineto([_kernel(dur=-3)]), "expected a duration ≥ 0"),
+        replay("trace at ts 1e300", _kineto([_kernel(ts=1e300)]), "expected a finite number of µs"),
+        replay("trace with an event that is a list", _kineto([[1, 2]]), "expected an object"),
+        replay("trace with empty traceEvents", _kineto([]), "nothing to replay"),
+        replay("trace whose traceEvents is an object", _kineto({"a": 1}), "nothing to replay"),
+        replay("not a trace", b'{"hello": "world"}', "not a Kineto trace"),
+        replay("truncated trace", _kineto([_kernel()])[:-20], "malformed or truncated"),
+        replay("trace that is not UTF-8", b'{"traceEvents": [{"name": "\xff\xfe"}]}', "malformed or truncated"),
+        Case(
+            "traces of two runs",
+            {"a.json": _kineto([_kernel(ts=10)]), "b.json": _kineto([_kernel(ts=10_000_000)])},
+            ["replay", "{dir}/a.json", "{dir}/b.json"],
+            "look like different runs",
+        ),
+        Case(
+            "traces of two world sizes",
+            {
+                "a.json": _kineto([_kernel()], '"distributedInfo": {"rank": 0, "world_size": 2}, '),
+                "b.json": _kineto([_kernel()], '"distributedInfo": {"rank": 1, "world_size": 4}, '),
+            },
+            ["replay", "{dir}/a.json", "{dir}/b.json"],
+            "different world sizes",
+        ),
+        # job files and options
+        Case("billion laughs", {"job.yaml": LAUGHS}, ["predict", "{dir}/job.yaml"], "aliases"),
+        Case(
+            "job nested deep",
+            {"job.yaml": b"model: " + b"[" * 5000 + b"]" * 5000},
+            ["predict", "{dir}/job.yaml"],
+            "nested",
+        ),
+        Case("job not UTF-8", {"job.yaml": b"model: \xff\xfe"}, ["predict", "{dir}/job.yaml"], "UTF-8"),
+        Case("num_layers 1e7", {}, [*predict, "model.num_layers=10000000"], "less than or equal to 100000"),
+        Case("num_nodes 10^30", {}, [*predict, "system.num_nodes=1000000000000000000000000000000"], "less than"),
+        Case("num_layers true", {}, [*predict, "model.num_layers=true"], "valid integer"),
+        Case("inf in a job", {}, [*predict, "system.gpu.hbm_bytes=.inf"], "finite"),
+        Case("NaN option", {}, ["variability", "--example", "--comm-cv", "nan"], "finite"),
+        Case("zero steps", {}, ["variability", "--example", "--steps", "0"], "greater than or equal to 1"),
+        Case("a billion samples", {}, ["variability", "--example", "--samples", "1000000000"], "10000000"),
+        Case("deadline without steps", {}, ["variability", "--example", "--deadline-hours", "5"], "needs --steps"),
+        Case(
+            "output onto its input",
+            {"job.yaml": b"model: gpt3-1.3b\nsystem: dgx-h100\n"},
+            ["predict", "{dir}/job.yaml", "--trace", "{dir}/job.yaml"],
+            "is an input",
+        ),
+        Case(
+            "output into a missing directory",
+            {},
+            ["predict", "--example", "--trace", "{dir}/no/such/t.json"],
+            "directory",
+        ),
+        Case(
+            "experts not divisible by EP",
+            {},
+            ["predict", "--model", "mixtral-8x7b", "--system", "dgx-h100", "--set", "plan.expert_parallel=3"],
+            "not divisible by plan.expert_parallel(3)",
+        ),
+        Case(
+            "top-k above the experts",
+            {},
+            ["predict", "--model", "mixtral-8x7b", "--system", "dgx-h100", "--set", "model.moe_top_k=9"],
+            "moe_top_k(9) > model.num_experts(8)",
+        ),
+        Case(
+            "report of a non-result",
+            {"r.json": b"[1, 2]"},
+            ["report", "--result", "{dir}/r.json", "-o", "{dir}/r.html"],
+            "expected the JSON of",
+        ),
+        Case("profile on a missing GPU", {}, ["profile", "run", "--device", "cuda", "--db", "{dir}/p.db"], "cuda"),
+    ]
+
+
+def write(directory: Path) -> None:
+    """Write every case's files under DIRECTORY/<case number>/ (to inspect them by hand)."""
+    for i, case in enumerate(cases()):
+        target = directory / f"{i:02d}"
+        target.mkdir(parents=True, exist_ok=True)
+        for name, data in case.files.items():
+            (target / name).write_bytes(data)
+        print(f"{target}: {case.name}: itercast {' '.join(case.args)}")
+
+
+if __name__ == "__main__":
+    write(Path(sys.argv[1]))
