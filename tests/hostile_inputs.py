@@ -32,6 +32,10 @@ def _kernel(**fields: object) -> dict[str, object]:
     return {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 10, "dur": 5, **fields}
 
 
+def _step(n: int, ts: float) -> dict[str, object]:
+    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": ts, "dur": 50}
+
+
 def _gzip_of_one_long_string(nbytes: int) -> bytes:
     """A .gz whose text is one JSON string of `nbytes` (compresses ~1000×)."""
     head, tail = b'{"traceEvents": [{"name": "', b'"}]}'
@@ -86,6 +90,17 @@ def cases() -> list[Case]:
             },
             ["replay", "{dir}/a.json", "{dir}/b.json"],
             "different world sizes",
+        ),
+        replay(
+            "one step marked twice at different times",
+            _kineto([_kernel(), _step(5, 0), _step(5, 100)]),
+            "ProfilerStep#5 is marked twice",
+        ),
+        Case(
+            "variability over ranks of one step each",
+            {"a.json": _kineto([_kernel(), _step(1, 0)]), "b.json": _kineto([_kernel(), _step(1, 0)])},
+            ["variability", "--trace", "{dir}/a.json", "--trace", "{dir}/b.json"],
+            "ranks are not steps",
         ),
         # job files and options
         Case("billion laughs", {"job.yaml": LAUGHS}, ["predict", "{dir}/job.yaml"], "aliases"),

@@ -254,3 +254,8 @@ def test_collective_sizes_come_from_record_param_comms_around_the_launch(tmp_pat
     all_reduce_s = costs.collective_s("all_reduce", 4 * (1 << 20), GroupPlacement(8, 1, 8))
     # kernel from 20 µs; the sync's 5 µs after it; the CPU's 25 µs after the sync
     assert changed.steps[0].replayed_s == pytest.approx(50e-6 + all_reduce_s)
+
+
+def test_a_step_recorded_twice_counts_once(tmp_path):
+    path = write(tmp_path / "t.json", [step(3, 0, 40), step(3, 0, 40), kernel("k", 5, 5, corr=1)])
+    assert [s[::2] for s in read_kineto(path).steps] == [(3, 0.0)]

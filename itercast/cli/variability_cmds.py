@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -246,8 +247,12 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
             rg = build_replay_graph(read_traces(list(paths)))
     except TraceError as exc:
         fail(str(exc))
-    if len({(m.rank, m.step) for m in rg.steps}) < 2:
-        fail(f"{', '.join(map(str, paths))}: fewer than 2 profiled steps; variability needs repeated steps")
+    per_rank = Counter(m.rank for m in rg.steps)
+    if not per_rank or max(per_rank.values()) < 2:
+        fail(
+            f"{', '.join(map(str, paths))}: {max(per_rank.values(), default=0)} profiled step per rank; "
+            "variability needs repeated steps (ranks are not steps)"
+        )
     with working(f"fitting the spread and sampling {samples:,} steps…", as_json):
         model = fit_trace_variability(rg)
         sampled = trace_step_distribution(rg, model, samples, seed).pooled()

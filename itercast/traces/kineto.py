@@ -353,7 +353,7 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         op_dur_us=ops("dur"),
         op_corr=ops("corr"),
         op_nccl=_nccl_metadata(c),
-        steps=[(n, tid, ts + base_us, dur) for n, tid, ts, dur in c.steps],
+        steps=_unique_steps(path, c.steps, base_us),
         cpu_tid=cpu("tid"),
         cpu_name=cpu("name"),
         cpu_ts_us=cpu("ts") + base_us,
@@ -364,6 +364,22 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         ignored=c.ignored,
         num_events=c.count,
     )
+
+
+def _unique_steps(
+    path: Path, steps: list[tuple[int, int, float, float]], base_us: float
+) -> list[tuple[int, int, float, float]]:
+    """Step marks once each: a mark repeated exactly (the same step recorded twice) counts once; one
+    step number marked at two different times is an error, not two steps."""
+    seen: dict[int, tuple[int, int, float, float]] = {}
+    for n, tid, ts, dur in steps:
+        found = seen.setdefault(n, (n, tid, ts, dur))
+        if (found[2], found[3]) != (ts, dur):
+            raise TraceError(
+                f"{path}: ProfilerStep#{n} is marked twice at different times ({found[2]:.0f} µs for "
+                f"{found[3]:.0f} µs, and {ts:.0f} µs for {dur:.0f} µs)"
+            )
+    return [(n, tid, ts + base_us, dur) for n, tid, ts, dur in seen.values()]
 
 
 def _nccl_metadata(c: _Columns) -> list[dict[str, Any] | None]:

@@ -317,7 +317,8 @@ class _RankBuilder:
                 held[k], holder[k] = ends[src], src
         call_of = self.call_of
         launched = call_of >= 0
-        launch_ts = np.where(launched, t.call_ts_us[np.maximum(call_of, 0)], -np.inf)
+        launch_ts = np.full(t.num_ops, -np.inf)  # no runtime calls in the trace: nothing was launched
+        launch_ts[launched] = t.call_ts_us[call_of[launched]]
         idle = launched & (launch_ts >= held - EPS_US)
         lat = np.full(t.num_ops, -1.0)
         lat[idle] = np.maximum(0.0, t.op_ts_us[idle] - launch_ts[idle])
