@@ -160,3 +160,82 @@ def test_a_job_slicing_feeds_predict(tmp_path):
     assert pred.exit_code == 0, pred.output
     bad = runner.invoke(app, ["predict", *args, "--set", "plan.stage_layers=[8, 8, 8]"])
     assert bad.exit_code == 2 and "has 3 entries; expected pipeline_parallel(4)" in bad.output
+
+
+def brute_force_groups(groups, k: int, m: int) -> float:
+    """Every order of groups along the pipeline, every split of the stages within the slots, every cut."""
+    from itercast.search.stage_slicing import _splits
+
+    best, L = np.inf, groups[0].costs.num_layers
+    for split in _splits(k, [g.slots for g in groups]):
+        for order in itertools.permutations([i for i, n in enumerate(split) if n]):
+            per_stage = [groups[i] for i in order for _ in range(split[i])]
+            for cuts in itertools.combinations(range(1, L), k - 1):
+                b = [0, *cuts]
+                ends = [*b[1:], L]
+                fits = all(
+                    g.costs.static_bytes[a:e].sum() + g.costs.activation_bytes[a:e].sum() * (k - s) <= g.memory_bytes
+                    for s, (g, a, e) in enumerate(zip(per_stage, b, ends, strict=True))
+                )
+                if fits:
+                    best = min(best, evaluate([g.costs for g in per_stage], b, m).step_time_s)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_mixed_device_groups_equal_brute_force(seed):
+    from itercast.search.stage_slicing import DeviceGroup, slice_groups
+
+    rng = np.random.default_rng(100 + seed)
+    L, k, m = int(rng.integers(4, 9)), int(rng.integers(2, 4)), int(rng.choice([1, 4, 32]))
+    base = rng.uniform(0.5, 3, L)
+    groups = [
+        DeviceGroup(
+            f"g{i}",
+            LayerCosts.of(base * speed, rng.uniform(0, 0.5, L), rng.uniform(1, 3, L), rng.uniform(0, 1, L)),
+            slots=int(rng.integers(1, k + 1)),
+            memory_bytes=float(rng.choice([np.inf, 10.0])),
+        )
+        for i, speed in enumerate((1.0, float(rng.uniform(1.2, 3.0))))
+    ]
+    expected = brute_force_groups(groups, k, m)
+    if not np.isfinite(expected):
+        with pytest.raises(ValueError):
+            slice_groups(groups, k, m)
+        return
+    found = slice_groups(groups, k, m)
+    assert found.step_time_s == pytest.approx(expected, rel=1e-12)
+    assert len(found.stage_groups) == k
+
+
+def test_a_faster_group_takes_more_layers_by_hand():
+    from itercast.search.stage_slicing import DeviceGroup, slice_groups
+
+    # 12 equal layers of 1 s on the slow group, 0.5 s on the fast one; one stage slot on each; 1
+    # micro-batch: the step is the sum, so the fast group takes as many layers as it can: 11 of
+    # 12 (every stage needs a layer): 11 × 0.5 + 1 × 1 = 6.5 s (fast first or last alike).
+    fast = DeviceGroup("fast", LayerCosts.of(np.full(12, 0.5)), slots=1)
+    slow = DeviceGroup("slow", LayerCosts.of(np.full(12, 1.0)), slots=1)
+    found = slice_groups([slow, fast], 2, 1)
+    assert found.step_time_s == pytest.approx(6.5)
+    # many micro-batches: the bottleneck dominates; balance 0.5·a = 1·(12 − a) → a = 8: 4 s each
+    balanced = slice_groups([slow, fast], 2, 1000)
+    assert balanced.stage_times_s == pytest.approx([4.0, 4.0])
+    layers = dict(zip(balanced.stage_groups, np.diff([*balanced.boundaries, 12]).tolist(), strict=True))
+    assert layers == {"fast": 8, "slow": 4}
+
+
+def test_slice_on_a_mixed_cluster_places_stages_on_groups():
+    args = ["slice", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "system.num_nodes=2"]
+    args += ["--set", "plan.pipeline_parallel=4", "--set", "plan.tensor_parallel=4", "--set", "plan.global_batch_size=64"]
+    res = CliRunner().invoke(app, [*args, "--device-groups", "dgx-h100:1,dgx-a100:1", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    # 8 GPUs a node, tp 4 × dp 1: two stage slots per group; 4 stages use them all
+    assert sorted(out["stage_groups"]) == ["dgx-a100:1"] * 2 + ["dgx-h100:1"] * 2
+    per_group: dict[str, int] = {}
+    for group, n in zip(out["stage_groups"], out["stage_layers"], strict=True):
+        per_group[group] = per_group.get(group, 0) + n
+    assert per_group["dgx-h100:1"] > per_group["dgx-a100:1"]  # the faster GPUs take more layers
+    bad = CliRunner().invoke(app, [*args, "--device-groups", "dgx-h100"])
+    assert bad.exit_code == 2 and "expected PRESET:NODES" in bad.output

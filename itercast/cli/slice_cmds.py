@@ -25,10 +25,18 @@ from itercast.cli import (
     finite,
     resolve_job_file,
 )
-from itercast.config.job import Job
+from itercast.config.job import Job, raw_sections
 from itercast.errors import ConfigError
 from itercast.search.layer_costs import job_layer_costs, read_layer_csv
-from itercast.search.stage_slicing import LayerCosts, Slicing, slice_best_stages, slice_exact, slice_relaxed
+from itercast.search.stage_slicing import (
+    DeviceGroup,
+    LayerCosts,
+    Slicing,
+    slice_best_stages,
+    slice_exact,
+    slice_groups,
+    slice_relaxed,
+)
 
 
 @app.command("slice")
@@ -69,9 +77,21 @@ def slice_cmd(
     workers: Annotated[
         int, typer.Option(min=1, max=256, help="Processes for the relaxation's starts.")
     ] = os.cpu_count() or 1,
+    device_groups: Annotated[
+        str | None,
+        typer.Option(
+            metavar="PRESET:NODES,…",
+            help="A mixed cluster: system presets and their nodes (e.g. dgx-h100:2,dgx-a100:2); each group's "
+            "GPUs price the layers and the search also places the stages on the groups.",
+        ),
+    ] = None,
 ) -> None:
     """Slice layers into pipeline stages for the least step time, (m − 1)·max + Σ stage times, with each
     stage's send to the next and its memory; from the cost models of a job or a CSV of measured times."""
+    if device_groups is not None:
+        _slice_mixed(job_file, example, model, system, set_ or [], layer_times, device_groups, stages, max_stages,
+                     microbatches, method, as_json)  # fmt: skip
+        return
     try:
         costs, names, m, limit, default_k = _inputs(
             job_file, example, model, system, set_ or [], layer_times, microbatches, send_gbps
@@ -105,6 +125,77 @@ def slice_cmd(
         echo_json(out)
     else:
         _print(out)
+
+
+def _slice_mixed(
+    job_file: Path | None,
+    example: bool,
+    model: str | None,
+    system: str | None,
+    overrides: list[str],
+    layer_times: Path | None,
+    spec: str,
+    stages: str | None,
+    max_stages: int,
+    microbatches: int | None,
+    method: str,
+    as_json: bool,
+) -> None:
+    """`slice --device-groups`: the job's layers priced on each group's GPUs, stages placed on groups."""
+    try:
+        if layer_times is not None:
+            raise ConfigError("--device-groups needs a job (each group's GPUs price its layers), not --layer-times")
+        if method != "exact":
+            raise ConfigError("--device-groups: the search is exact (the relaxation prices one device)")
+        raw = raw_sections(resolve_job_file(job_file, example, model, system), overrides, model, system)
+        parsed = _groups(spec)
+        total_nodes = sum(n for _, n in parsed)
+        groups: list[DeviceGroup] = []
+        names: list[str] = []
+        job: Job | None = None
+        for preset, nodes in parsed:
+            job = Job.from_dicts(raw["model"], raw["plan"], {"preset": preset, "num_nodes": total_nodes}, spec)
+            p, gpu = job.plan, job.system.gpu
+            costs, names = job_layer_costs(job)
+            slots = nodes * job.system.node.gpus_per_node // (p.tensor_parallel * p.context_parallel * p.dp)
+            groups.append(DeviceGroup(f"{preset}:{nodes}", costs, slots, gpu.hbm_bytes - gpu.reserved_bytes))
+        assert job is not None
+        m = microbatches or job.num_microbatches
+        L, room = groups[0].costs.num_layers, sum(g.slots for g in groups)
+        k = _stage_count(stages, job.plan.pipeline_parallel, groups[0].costs)
+        t0 = time.perf_counter()
+        if k:
+            best = slice_groups(groups, k, m)
+        else:
+            found = []
+            for count in range(1, min(max_stages, L, room) + 1):
+                try:
+                    found.append(slice_groups(groups, count, m))
+                except ValueError:
+                    continue
+            if not found:
+                raise ValueError(f"no slicing into 1..{min(max_stages, L, room)} stages fits the groups")
+            best = min(found, key=lambda sl: sl.step_time_s)
+        out: dict[str, Any] = {"layers": L, "microbatches": m, "device_groups": [g.name for g in groups]}
+        out |= _as_dict(best, time.perf_counter() - t0, names) | {"stage_groups": best.stage_groups}
+    except (ConfigError, ValueError) as exc:
+        fail(str(exc))
+    if as_json:
+        echo_json(out)
+    else:
+        _print(out)
+        console.print("stages on groups: " + ", ".join(out["stage_groups"]), highlight=False)
+
+
+def _groups(spec: str) -> list[tuple[str, int]]:
+    """`PRESET:NODES,…` → [(preset, nodes)]."""
+    out = []
+    for item in spec.split(","):
+        preset, _, nodes = item.strip().partition(":")
+        if not preset or not nodes.isdigit() or int(nodes) < 1:
+            raise ConfigError(f"--device-groups: expected PRESET:NODES (e.g. dgx-a100:2); got {item.strip()!r}")
+        out.append((preset, int(nodes)))
+    return out
 
 
 def _inputs(

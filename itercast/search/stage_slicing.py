@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import permutations
 
 import numpy as np
 from scipy import special
@@ -69,19 +70,23 @@ class Slicing:
     boundaries: list[int]  # first layer of each stage
     stage_times_s: list[float]
     step_time_s: float
+    stage_groups: list[str] = field(default_factory=list)  # the device group of each stage (mixed clusters)
 
     @property
     def bottleneck_s(self) -> float:
         return max(self.stage_times_s)
 
 
-def evaluate(costs: LayerCosts, boundaries: list[int], microbatches: int) -> Slicing:
-    """Stage times and step time of one slicing (`boundaries` start with 0, strictly increasing)."""
-    ends = [*boundaries[1:], costs.num_layers]
+def evaluate(costs: LayerCosts | list[LayerCosts], boundaries: list[int], microbatches: int) -> Slicing:
+    """Stage times and step time of one slicing (`boundaries` start with 0, strictly increasing);
+    `costs` one table for every stage, or one per stage (stages on different devices)."""
+    per_stage = costs if isinstance(costs, list) else [costs] * len(boundaries)
+    ends = [*boundaries[1:], per_stage[0].num_layers]
     times = []
     for s, (a, b) in enumerate(zip(boundaries, ends, strict=True)):
-        send = costs.send_s[b - 1] if s < len(boundaries) - 1 else 0.0
-        times.append(float(costs.time_s[a:b].sum() + send))
+        c = per_stage[s]
+        send = c.send_s[b - 1] if s < len(boundaries) - 1 else 0.0
+        times.append(float(c.time_s[a:b].sum() + send))
     return Slicing(list(boundaries), times, (microbatches - 1) * max(times) + sum(times))
 
 
@@ -99,17 +104,19 @@ def _tables(costs: LayerCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return T, np.where(valid, cs[j] - cs[i], np.inf), np.where(valid, ca[j] - ca[i], np.inf)
 
 
-def _dp(T: np.ndarray, fits: np.ndarray, last_T: np.ndarray, k: int, bound: float) -> tuple[float, list[int]] | None:
+def _dp(
+    T: list[np.ndarray], fits: np.ndarray, last_T: np.ndarray, k: int, bound: float
+) -> tuple[float, list[int]] | None:
     """Least Σ stage times with k stages, each ≤ bound and fitting; (sum, boundaries) or None.
-    T[i, j] includes the send after the stage; the last stage (ending at L) uses last_T[i] (no send).
-    fits[s] masks the (i, j) a stage s may span."""
-    L = T.shape[0] - 1
+    T[s][i, j] is stage s's time over layers i..j−1 with the send after it; the last stage (ending at
+    L) uses last_T[i] (no send). fits[s] masks the (i, j) a stage s may span."""
+    L = T[0].shape[0] - 1
     INF = np.inf
     f = np.full(L + 1, INF)
     f[0] = 0.0
     back = np.zeros((k, L + 1), dtype=np.int64)
     for s in range(k - 1):  # stages that send
-        cand = f[:, None] + np.where(fits[s] & (bound >= T), T, INF)
+        cand = f[:, None] + np.where(fits[s] & (bound >= T[s]), T[s], INF)
         back[s] = np.argmin(cand, axis=0)
         f = cand[back[s], np.arange(L + 1)]
     ok = fits[k - 1][:, L] & (bound >= last_T)
@@ -129,34 +136,112 @@ def slice_exact(costs: LayerCosts, stages: int, microbatches: int, memory_bytes:
     L = costs.num_layers
     if not 1 <= stages <= L:
         raise ValueError(f"stages must be in 1..{L} (the number of layers); got {stages}")
-    T, S, A = _tables(costs)
-    c = np.concatenate([[0.0], np.cumsum(costs.time_s)])
-    last_T = np.where(np.arange(L + 1) < L, c[L] - c, np.inf)  # last stage i..L−1, no send
-    # stage s holds the activations of stages − s micro-batches in flight (1F1B)
-    fits = np.stack([S + A * (stages - s) <= memory_bytes for s in range(stages)])
-    values = np.unique(np.concatenate([T[np.isfinite(T)], last_T[np.isfinite(last_T)]]))
-    lo, hi = 0, values.shape[0] - 1
-    if _dp(T, fits, last_T, stages, values[hi]) is None:
+    found = _slice_on([_Priced.of(costs, memory_bytes)], [0] * stages, microbatches)
+    if found is None:
         raise ValueError(f"no slicing into {stages} stages fits {memory_bytes:.3g} bytes per stage")
+    return found
+
+
+@dataclass(frozen=True)
+class _Priced:
+    """One device's stage tables (see _tables) and memory limit."""
+
+    costs: LayerCosts
+    T: np.ndarray
+    static: np.ndarray
+    activations: np.ndarray
+    last_T: np.ndarray  # the last stage i..L−1, no send
+    memory_bytes: float
+
+    @classmethod
+    def of(cls, costs: LayerCosts, memory_bytes: float) -> _Priced:
+        L = costs.num_layers
+        T, S, A = _tables(costs)
+        c = np.concatenate([[0.0], np.cumsum(costs.time_s)])
+        return cls(costs, T, S, A, np.where(np.arange(L + 1) < L, c[L] - c, np.inf), memory_bytes)
+
+
+def _slice_on(devices: list[_Priced], stage_device: list[int], microbatches: int) -> Slicing | None:
+    """The fastest slicing whose stage s runs on devices[stage_device[s]], or None if none fits: the
+    least feasible bottleneck by bisection, then Alpa's pruning over larger ones."""
+    k = len(stage_device)
+    T = [devices[d].T for d in stage_device]
+    last_T = devices[stage_device[-1]].last_T
+    # stage s holds the activations of k − s micro-batches in flight (1F1B)
+    fits = np.stack(
+        [
+            devices[d].static + devices[d].activations * (k - s) <= devices[d].memory_bytes
+            for s, d in enumerate(stage_device)
+        ]
+    )
+    values = np.unique(np.concatenate([t[np.isfinite(t)] for t in (*T, last_T)]))
+    lo, hi = 0, values.shape[0] - 1
+    floor_sum = _dp(T, fits, last_T, k, values[hi])
+    if floor_sum is None:
+        return None
     while lo < hi:  # least feasible bottleneck: feasibility is monotone in the bound
         mid = (lo + hi) // 2
-        if _dp(T, fits, last_T, stages, values[mid]) is None:
+        if _dp(T, fits, last_T, k, values[mid]) is None:
             lo = mid + 1
         else:
             hi = mid
     best_step, best = math.inf, None
-    floor_sum = _dp(T, fits, last_T, stages, values[-1])
-    assert floor_sum is not None
+    per_stage = [devices[d].costs for d in stage_device]
     for b in values[lo:]:  # Alpa's pruning: a larger bottleneck must pay for itself in the sum
         if (microbatches - 1) * b + floor_sum[0] >= best_step:
             break
-        found = _dp(T, fits, last_T, stages, b)
+        found = _dp(T, fits, last_T, k, b)
         if found is not None:
-            sl = evaluate(costs, found[1], microbatches)
+            sl = evaluate(per_stage, found[1], microbatches)
             if sl.step_time_s < best_step:
                 best_step, best = sl.step_time_s, sl
-    assert best is not None
     return best
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """Devices of one kind in a mixed cluster: the layers priced on them, how many pipeline stages they
+    can host, and the memory one stage may use there."""
+
+    name: str
+    costs: LayerCosts
+    slots: int
+    memory_bytes: float = math.inf
+
+
+def slice_groups(groups: list[DeviceGroup], stages: int, microbatches: int) -> Slicing:
+    """The fastest slicing into `stages` stages on a mixed cluster, and which group hosts each stage
+    (Metis-like, exact): every split of the stages among the groups within their slots, every order
+    of the groups along the pipeline (each group a contiguous run of stages), the exact slicing for
+    each; the least step time wins."""
+    L = groups[0].costs.num_layers
+    if any(g.costs.num_layers != L for g in groups):
+        raise ValueError("every device group must price the same layers")
+    if not 1 <= stages <= L:
+        raise ValueError(f"stages must be in 1..{L} (the number of layers); got {stages}")
+    if sum(g.slots for g in groups) < stages:
+        raise ValueError(f"{stages} stages do not fit the groups' {sum(g.slots for g in groups)} stage slots")
+    devices = [_Priced.of(g.costs, g.memory_bytes) for g in groups]
+    best: Slicing | None = None
+    for split in _splits(stages, [g.slots for g in groups]):
+        used = [gi for gi, n in enumerate(split) if n]
+        for order in permutations(used):
+            stage_device = [gi for gi in order for _ in range(split[gi])]
+            found = _slice_on(devices, stage_device, microbatches)
+            if found is not None and (best is None or found.step_time_s < best.step_time_s):
+                best = Slicing(
+                    found.boundaries, found.stage_times_s, found.step_time_s, [groups[d].name for d in stage_device]
+                )
+    if best is None:
+        raise ValueError(f"no slicing into {stages} stages fits the groups' memory")
+    return best
+
+
+def _splits(total: int, caps: list[int]) -> list[list[int]]:
+    """Every way to give `total` stages to groups with at most caps[g] each."""
+    if len(caps) == 1:
+        return [[total]] if total <= caps[0] else []
+    return [[n, *rest] for n in range(min(total, caps[0]) + 1) for rest in _splits(total - n, caps[1:])]
 
 
 def slice_best_stages(costs: LayerCosts, microbatches: int, max_stages: int, memory_bytes: float = math.inf) -> Slicing:
