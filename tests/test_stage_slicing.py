@@ -227,7 +227,14 @@ def test_a_faster_group_takes_more_layers_by_hand():
 
 def test_slice_on_a_mixed_cluster_places_stages_on_groups():
     args = ["slice", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "system.num_nodes=2"]
-    args += ["--set", "plan.pipeline_parallel=4", "--set", "plan.tensor_parallel=4", "--set", "plan.global_batch_size=64"]
+    args += [
+        "--set",
+        "plan.pipeline_parallel=4",
+        "--set",
+        "plan.tensor_parallel=4",
+        "--set",
+        "plan.global_batch_size=64",
+    ]
     res = CliRunner().invoke(app, [*args, "--device-groups", "dgx-h100:1,dgx-a100:1", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)

@@ -158,8 +158,29 @@ def predict_cmd(
     strict: Annotated[
         bool, typer.Option(metavar="", help=f"Exit {EXIT_OOM} when the plan does not fit in memory.")
     ] = False,
+    et: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Price a PyTorch execution trace (with --db) instead of a job."),
+    ] = None,
+    db: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="--et: the profiling database of the device to price on.")
+    ] = None,
+    device_id: Annotated[
+        int | None, typer.Option(help="--et: device id in the database (default: the only one).")
+    ] = None,
+    gpu: Annotated[bool, typer.Option(metavar="", help="--et: price host and GPU on two clocks.")] = False,
+    index_distribution: Annotated[
+        str,
+        typer.Option(metavar="uniform|zipf:ALPHA", help="--et: how embedding-bag indices are drawn (row reuse)."),
+    ] = "uniform",
 ) -> None:
-    """Time per iteration, its breakdown and critical path, memory per GPU and MFU."""
+    """Time per iteration, its breakdown and critical path, memory per GPU and MFU; or, with --et, one
+    iteration of a recorded PyTorch execution trace priced on a profiled device."""
+    if et is not None:
+        if job_file or example or model or system or set_ or trace or calibration:
+            fail("--et prices a trace: give it with --db, not with a job, --trace or --calibration")
+        _predict_execution_trace(et, db, device_id, gpu, index_distribution, as_json)
+        return
     job_file = resolve_job_file(job_file, example, model, system)
     try:
         job = Job.load(job_file, set_ or [], model=model, system=system)
@@ -189,6 +210,73 @@ def predict_cmd(
         )
         if strict:
             raise typer.Exit(EXIT_OOM)
+
+
+def _predict_execution_trace(
+    et: Path, db: Path | None, device_id: int | None, gpu: bool, distribution: str, as_json: bool
+) -> None:
+    """`predict --et`: the execution-trace model (traces/iteration_model.py) with operator models
+    fitted on a profiling database; embedding bags priced for the index distribution asked for."""
+    from itercast.costs.op_model import (
+        OperatorCostModel,
+        fit_operator_models,
+        unique_fraction_uniform,
+        unique_fraction_zipf,
+    )
+    from itercast.profile.db import ProfileDB, ProfileError
+    from itercast.traces.execution_trace import read_execution_trace
+    from itercast.traces.iteration_model import predict_iteration
+    from itercast.traces.kineto import TraceError
+
+    if db is None:
+        fail("--et needs --db: the profiling database of the device to price the trace on")
+    kind, _, value = distribution.partition(":")
+    try:
+        alpha = float(value) if kind == "zipf" else 0.0
+    except ValueError:
+        alpha = math.nan
+    if (
+        kind not in ("uniform", "zipf")
+        or not math.isfinite(alpha)
+        or not 0 <= alpha <= 10
+        or (kind == "zipf") != bool(value)
+    ):
+        fail(f"--index-distribution: expected uniform or zipf:ALPHA with 0 ≤ ALPHA ≤ 10; got {distribution!r}")
+
+    def unique(node: object, f: object) -> float:
+        rows, lookups = int(f.dims["rows"]), int(f.dims["lookups"])  # type: ignore[attr-defined]
+        return unique_fraction_zipf(rows, lookups, alpha) if alpha else unique_fraction_uniform(rows, lookups)
+
+    try:
+        if not db.is_file():
+            raise ProfileError(f"{db}: no such profiling database")
+        profile = ProfileDB(db, readonly=True)
+        ids = [i for i, _, _ in profile.devices()]
+        if device_id is None and len(ids) != 1:
+            raise ProfileError(f"{db}: {len(ids)} devices; choose one with --device-id ({ids})")
+        dev = device_id if device_id is not None else ids[0]
+        if dev not in ids:
+            raise ProfileError(f"{db}: no device {dev} (have {ids})")
+        model = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
+        pred = predict_iteration(read_execution_trace(et), model, unique, gpu=gpu)
+    except (ProfileError, TraceError, ConfigError, ValueError) as exc:
+        fail(str(exc))
+    out = {
+        "iteration_s": pred.total_s,
+        "host_s": pred.host_s,
+        "kernel_s_by_family": pred.kernel_s_by_family,
+        "calls_by_category": dict(pred.calls_by_category),
+        "index_distribution": distribution,
+        "device_id": dev,
+    }
+    if as_json:
+        echo_json(out)
+        return
+    console.print(f"{et.name} on device {dev} of {db.name}: {pred.total_s * 1e3:.3f} ms per iteration", highlight=False)
+    table = Table(show_header=False, box=None)
+    for part, seconds in sorted({"host": pred.host_s, **pred.kernel_s_by_family}.items(), key=lambda kv: -kv[1]):
+        table.add_row(part, f"{seconds * 1e3:.3f} ms")
+    console.print(table)
 
 
 @app.command("compare")

@@ -244,6 +244,24 @@ def unique_fraction_uniform(rows: int, lookups: int) -> float:
     return rows * -math.expm1(lookups * math.log1p(-1.0 / rows)) / lookups if rows > 1 else 1.0 / lookups
 
 
+def unique_fraction_zipf(rows: int, lookups: int, alpha: float, block: int = 1 << 20) -> float:
+    """Expected fraction of distinct rows among `lookups` draws from `rows` rows with Zipf
+    probabilities p_r ∝ r^−alpha (r = 1..rows): Σ_r (1 − (1 − p_r)^lookups) / lookups, summed in
+    blocks of rows (memory stays bounded for tables of 10^8 rows). alpha = 0 is uniform."""
+    if lookups <= 0 or rows <= 0:
+        return 1.0
+    norm = 0.0
+    for start in range(1, rows + 1, block):
+        r = np.arange(start, min(start + block, rows + 1), dtype=np.float64)
+        norm += float(np.sum(r**-alpha))
+    distinct = 0.0
+    for start in range(1, rows + 1, block):
+        r = np.arange(start, min(start + block, rows + 1), dtype=np.float64)
+        p = r**-alpha / norm
+        distinct += float(np.sum(-np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-16)))))
+    return min(1.0, distinct / lookups)
+
+
 class OperatorCostModel:
     """Seconds of an operator call on the device the `operators` section was fitted on."""
 

@@ -127,7 +127,7 @@ def predict_iteration(
                     spend_host(host[c])
         whole, kernel_s, family = priced_above, 0.0, ""
         if priced and f is not None:
-            u = unique_fraction(node, f) if unique_fraction and f.family == "embedding_bag_fwd" else None
+            u = unique_fraction(node, f) if unique_fraction and f.family.startswith("embedding_bag") else None
             measured_s = model.measured_s(node, f, u)
             kernel_s, family = (measured_s, f.family) if gpu else (max(measured_s - own_host_s(node), 0.0), f.family)
             kernels[family] = kernels.get(family, 0.0) + kernel_s

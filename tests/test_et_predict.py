@@ -1,0 +1,64 @@
+"""`itercast predict --et`: an execution trace priced on a profiled device, with the embedding indices'
+reuse from a named distribution (DLRM's data-dependent lookups)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.costs.op_model import unique_fraction_uniform, unique_fraction_zipf
+
+MEASURED = Path(__file__).resolve().parents[1] / "data" / "measured"
+ET = MEASURED / "h100_traces" / "dlrm_16384.et.json.gz"
+DB = MEASURED / "h100_profile.db"
+
+
+def test_zipf_distinct_rows_by_hand():
+    # one lookup is always one distinct row; alpha 0 is uniform
+    assert unique_fraction_zipf(1000, 1, 1.2) == pytest.approx(1.0)
+    assert unique_fraction_zipf(2, 2, 0.0) == pytest.approx(0.75) == pytest.approx(unique_fraction_uniform(2, 2))
+    # 3 rows, alpha 1: p = (6, 3, 2) / 11; two draws: Σ (1 − (1 − p)²) / 2
+    p = [6 / 11, 3 / 11, 2 / 11]
+    expected = sum(1 - (1 - q) ** 2 for q in p) / 2
+    assert unique_fraction_zipf(3, 2, 1.0) == pytest.approx(expected)
+    assert unique_fraction_zipf(3, 2, 1.0, block=1) == pytest.approx(expected)  # blocks change nothing
+    # skew means reuse: fewer distinct rows than uniform draws
+    assert unique_fraction_zipf(10**6, 10**5, 1.05) < 0.5 * unique_fraction_uniform(10**6, 10**5)
+
+
+def run(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(app, ["predict", *args])
+    return res.exit_code, res.output
+
+
+@pytest.mark.skipif(not ET.is_file() or not DB.is_file(), reason="measured H100 data not in this checkout")
+def test_predict_an_execution_trace_and_its_index_reuse():
+    code, text = run("--et", str(ET), "--db", str(DB), "--gpu", "--json")
+    assert code == 0, text
+    uniform = json.loads(text)
+    code, text = run("--et", str(ET), "--db", str(DB), "--gpu", "--index-distribution", "zipf:1.05", "--json")
+    skewed = json.loads(text)
+    # the lookups reuse rows: both embedding passes get cheaper, nothing else moves
+    for family in ("embedding_bag_fwd", "embedding_bag_bwd"):
+        assert skewed["kernel_s_by_family"][family] < uniform["kernel_s_by_family"][family]
+    assert skewed["kernel_s_by_family"]["gemm"] == uniform["kernel_s_by_family"]["gemm"]
+    assert skewed["iteration_s"] < uniform["iteration_s"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--et", str(ET)], "--et needs --db"),
+        (["--et", str(ET), "--db", str(DB), "--index-distribution", "zipf:abc"], "expected uniform or zipf:ALPHA"),
+        (["--et", str(ET), "--db", str(DB), "--index-distribution", "pareto"], "expected uniform or zipf:ALPHA"),
+        (["--et", str(ET), "--db", "/nonexistent.db"], "no such profiling database"),
+        (["--et", str(ET), "--db", str(DB), "--model", "gpt3-1.3b"], "--et prices a trace"),
+    ],
+)
+def test_bad_execution_trace_requests_are_one_line(args, message):
+    code, text = run(*args)
+    assert code == 2 and message in text
