@@ -62,3 +62,21 @@ def test_predict_an_execution_trace_and_its_index_reuse():
 def test_bad_execution_trace_requests_are_one_line(args, message):
     code, text = run(*args)
     assert code == 2 and message in text
+
+
+def test_backend_names_map_both_ways():
+    from itercast.costs.op_model import OTHER_BACKEND
+
+    assert all(OTHER_BACKEND[OTHER_BACKEND[name]] == name for name in OTHER_BACKEND)
+    assert OTHER_BACKEND["aten::cudnn_batch_norm"] == "aten::native_batch_norm"
+
+
+@pytest.mark.skipif(not (MEASURED / "cpu_profile.db").is_file(), reason="measured CPU data not in this checkout")
+def test_a_gpu_trace_prices_on_the_cpu_database():
+    # recorded on an H100 (efficient attention, cuDNN names); priced with this CPU's operator models
+    code, text = run(
+        "--et", str(MEASURED / "h100_traces" / "gpt_8.et.json.gz"), "--db", str(MEASURED / "cpu_profile.db"), "--json"
+    )
+    assert code == 0, text
+    out = json.loads(text)
+    assert out["kernel_s_by_family"]["attention_fwd"] > 0 and out["kernel_s_by_family"]["attention_bwd"] > 0

@@ -63,6 +63,19 @@ SAME_KERNEL = {
     "aten::baddbmm": "aten::bmm",
     "aten::_embedding_bag_forward_only": "aten::_embedding_bag",
 }
+#: the same computation under another backend's operator name (a trace recorded on a GPU priced on
+#: a CPU's database, or the reverse): PyTorch dispatches fused attention and batch norm to
+#: backend-specific operators with the same arguments
+_BACKEND_PAIRS = (
+    ("aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"),
+    (
+        "aten::_scaled_dot_product_efficient_attention_backward",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    ),
+    ("aten::cudnn_batch_norm", "aten::native_batch_norm"),
+    ("aten::cudnn_batch_norm_backward", "aten::native_batch_norm_backward"),
+)
+OTHER_BACKEND = {a: b for a, b in _BACKEND_PAIRS} | {b: a for a, b in _BACKEND_PAIRS}
 MEMORY_BREAKS_BYTES = tuple(1 << k for k in range(18, 28))  # 256 KiB … 128 MiB
 BOOST_MIN_ROWS = 100
 #: scikit-learn GradientBoostingRegressor settings, fixed (not searched per database). Four settings
@@ -281,7 +294,11 @@ class OperatorCostModel:
         f = f or features(call)
         if f.family == "free":
             return 0.0
-        fit = self._by_name.get(call.name) or self._by_name.get(SAME_KERNEL.get(call.name, ""))
+        fit = (
+            self._by_name.get(call.name)
+            or self._by_name.get(SAME_KERNEL.get(call.name, ""))
+            or self._by_name.get(OTHER_BACKEND.get(call.name, ""))
+        )
         if f.family in COMPUTE:
             if fit is None:
                 raise OpModelError(f"{call.name}: no model for this operator (profile family {f.family!r} first)")
