@@ -248,15 +248,8 @@ def _predict_execution_trace(
         return unique_fraction_zipf(rows, lookups, alpha) if alpha else unique_fraction_uniform(rows, lookups)
 
     try:
-        if not db.is_file():
-            raise ProfileError(f"{db}: no such profiling database")
         profile = ProfileDB(db, readonly=True)
-        ids = [i for i, _, _ in profile.devices()]
-        if device_id is None and len(ids) != 1:
-            raise ProfileError(f"{db}: {len(ids)} devices; choose one with --device-id ({ids})")
-        dev = device_id if device_id is not None else ids[0]
-        if dev not in ids:
-            raise ProfileError(f"{db}: no device {dev} (have {ids})")
+        dev = profile.choose_device(device_id, "--device-id")
         model = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
         pred = predict_iteration(read_execution_trace(et), model, unique, gpu=gpu)
     except (ProfileError, TraceError, ConfigError, ValueError) as exc:

@@ -123,19 +123,13 @@ def calibrate_cmd(
             raise CalibrationError("give a profiling database, or --host-trace, or both")
         doc: dict = {}
         if db is not None:
-            if not db.is_file():  # opening a misspelt path would create an empty database
-                raise CalibrationError(f"{db}: no such profiling database")
+            target = ProfileDB(db, readonly=True)
             if system is None:
                 raise CalibrationError(
                     f"{db}: --system is required with a profiling database (the machine it measured)"
                 )
-            target, sys_cfg = ProfileDB(db, readonly=True), load_system(system)
-            ids = [i for i, _, _ in target.devices()]
-            if device is None and len(ids) != 1:
-                raise CalibrationError(f"{db}: {len(ids)} devices; choose one with --device ({ids})")
-            dev = device if device is not None else ids[0]
-            if dev not in ids:
-                raise CalibrationError(f"{db}: no device {dev} (have {ids})")
+            sys_cfg = load_system(system)
+            dev = target.choose_device(device)
             doc = cal.calibrate(target, dev, sys_cfg) if out is not None else {}
             if report:
                 _print_calibration_report(cal.report(target, dev, sys_cfg))

@@ -32,6 +32,7 @@ from itercast.search.stage_slicing import (
     DeviceGroup,
     LayerCosts,
     Slicing,
+    best_stage_count,
     slice_best_stages,
     slice_exact,
     slice_groups,
@@ -167,15 +168,7 @@ def _slice_mixed(
         if k:
             best = slice_groups(groups, k, m)
         else:
-            found = []
-            for count in range(1, min(max_stages, L, room) + 1):
-                try:
-                    found.append(slice_groups(groups, count, m))
-                except ValueError:
-                    continue
-            if not found:
-                raise ValueError(f"no slicing into 1..{min(max_stages, L, room)} stages fits the groups")
-            best = min(found, key=lambda sl: sl.step_time_s)
+            best = best_stage_count(lambda n: slice_groups(groups, n, m), min(max_stages, L, room), "the groups")
         out: dict[str, Any] = {"layers": L, "microbatches": m, "device_groups": [g.name for g in groups]}
         out |= _as_dict(best, time.perf_counter() - t0, names) | {"stage_groups": best.stage_groups}
     except (ConfigError, ValueError) as exc:

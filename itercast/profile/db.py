@@ -209,6 +209,16 @@ class ProfileDB:
     def devices(self) -> list[tuple[int, str, dict[str, Any]]]:
         return [(i, n, json.loads(f)) for i, n, f in self.conn.execute("SELECT id, name, fingerprint FROM devices")]
 
+    def choose_device(self, device: int | None, option: str = "--device") -> int:
+        """The device asked for, or the only one; else an error naming the ids there are."""
+        ids = [i for i, _, _ in self.devices()]
+        if device is None and len(ids) != 1:
+            raise ProfileError(f"{self.path}: {len(ids)} devices; choose one with {option} ({ids})")
+        chosen = device if device is not None else ids[0]
+        if chosen not in ids:
+            raise ProfileError(f"{self.path}: no device {chosen} (have {ids})")
+        return chosen
+
     def add(self, device_id: int, rows: Iterable[Measurement], source_key: str | None = None) -> int:
         """Insert measurements (all checked first: a bad row inserts nothing). Returns the count: 0 when
         `source_key` (a source file's digest, see `file_key`) was imported before."""

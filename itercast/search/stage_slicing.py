@@ -24,6 +24,7 @@ random starting boundaries, rounded, and priced exactly. Starts run in parallel 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import permutations
@@ -246,14 +247,24 @@ def _splits(total: int, caps: list[int]) -> list[list[int]]:
 
 def slice_best_stages(costs: LayerCosts, microbatches: int, max_stages: int, memory_bytes: float = math.inf) -> Slicing:
     """Over stage counts 1..max_stages, the slicing with the least step time."""
+    return best_stage_count(
+        lambda k: slice_exact(costs, k, microbatches, memory_bytes),
+        min(max_stages, costs.num_layers),
+        f"{memory_bytes:.3g} bytes per stage",
+    )
+
+
+def best_stage_count(slicer: Callable[[int], Slicing], max_stages: int, limit: str) -> Slicing:
+    """The fastest of slicer(k) over k = 1..max_stages (a k that cannot fit raises ValueError and is
+    passed over); `limit` names what no k fits, for the error."""
     found = []
-    for k in range(1, min(max_stages, costs.num_layers) + 1):
+    for k in range(1, max_stages + 1):
         try:
-            found.append(slice_exact(costs, k, microbatches, memory_bytes))
+            found.append(slicer(k))
         except ValueError:
             continue
     if not found:
-        raise ValueError(f"no slicing into 1..{max_stages} stages fits {memory_bytes:.3g} bytes per stage")
+        raise ValueError(f"no slicing into 1..{max_stages} stages fits {limit}")
     return min(found, key=lambda s: s.step_time_s)
 
 
