@@ -89,43 +89,65 @@ def slice_cmd(
 ) -> None:
     """Slice layers into pipeline stages for the least step time, (m − 1)·max + Σ stage times, with each
     stage's send to the next and its memory; from the cost models of a job or a CSV of measured times."""
-    if device_groups is not None:
-        _slice_mixed(job_file, example, model, system, set_ or [], layer_times, device_groups, stages, max_stages,
-                     microbatches, method, as_json)  # fmt: skip
-        return
     try:
-        costs, names, m, limit, default_k = _inputs(
-            job_file, example, model, system, set_ or [], layer_times, microbatches, send_gbps
-        )
-        if memory_gib is not None:
-            limit = memory_gib * 2**30
-        k = _stage_count(stages, default_k, costs)
-        if method not in ("exact", "relaxed", "both"):
-            raise ConfigError(f"--method: expected exact, relaxed or both; got {method!r}")
-        out: dict[str, Any] = {
-            "layers": costs.num_layers,
-            "microbatches": m,
-            "memory_limit_bytes": limit if math.isfinite(limit) else None,  # None: no limit
-        }
-        if method in ("exact", "both"):
-            t0 = time.perf_counter()
-            exact = slice_exact(costs, k, m, limit) if k else slice_best_stages(costs, m, max_stages, limit)
-            out |= _as_dict(exact, time.perf_counter() - t0, names)
-        if method in ("relaxed", "both"):
-            t0 = time.perf_counter()
-            relaxed = slice_relaxed(costs, k or len(out.get("boundaries", [])) or 1, m, starts, workers)
-            found = _as_dict(relaxed, time.perf_counter() - t0, names) | {"starts": starts}
-            if method == "relaxed":
-                out |= found
-            else:
-                found["gap"] = relaxed.step_time_s / out["step_time_s"] - 1
-                out["relaxed"] = found
+        if device_groups is not None:
+            out = _slice_mixed(job_file, example, model, system, set_ or [], layer_times, device_groups, stages,
+                               max_stages, microbatches, method)  # fmt: skip
+        else:
+            out = _slice_one_device(job_file, example, model, system, set_ or [], layer_times, stages, max_stages,
+                                    microbatches, memory_gib, send_gbps, method, starts, workers)  # fmt: skip
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     if as_json:
         echo_json(out)
     else:
         _print(out)
+
+
+def _slice_one_device(
+    job_file: Path | None,
+    example: bool,
+    model: str | None,
+    system: str | None,
+    overrides: list[str],
+    layer_times: Path | None,
+    stages: str | None,
+    max_stages: int,
+    microbatches: int | None,
+    memory_gib: float | None,
+    send_gbps: float,
+    method: str,
+    starts: int,
+    workers: int,
+) -> dict[str, Any]:
+    """Slicing on one kind of device: exact, relaxed, or both."""
+    costs, names, m, limit, default_k = _inputs(
+        job_file, example, model, system, overrides, layer_times, microbatches, send_gbps
+    )
+    if memory_gib is not None:
+        limit = memory_gib * 2**30
+    k = _stage_count(stages, default_k, costs)
+    if method not in ("exact", "relaxed", "both"):
+        raise ConfigError(f"--method: expected exact, relaxed or both; got {method!r}")
+    out: dict[str, Any] = {
+        "layers": costs.num_layers,
+        "microbatches": m,
+        "memory_limit_bytes": limit if math.isfinite(limit) else None,  # None: no limit
+    }
+    if method in ("exact", "both"):
+        t0 = time.perf_counter()
+        exact = slice_exact(costs, k, m, limit) if k else slice_best_stages(costs, m, max_stages, limit)
+        out |= _as_dict(exact, time.perf_counter() - t0, names)
+    if method in ("relaxed", "both"):
+        t0 = time.perf_counter()
+        relaxed = slice_relaxed(costs, k or len(out.get("boundaries", [])) or 1, m, starts, workers)
+        found = _as_dict(relaxed, time.perf_counter() - t0, names) | {"starts": starts}
+        if method == "relaxed":
+            out |= found
+        else:
+            found["gap"] = relaxed.step_time_s / out["step_time_s"] - 1
+            out["relaxed"] = found
+    return out
 
 
 def _slice_mixed(
@@ -140,44 +162,36 @@ def _slice_mixed(
     max_stages: int,
     microbatches: int | None,
     method: str,
-    as_json: bool,
-) -> None:
+) -> dict[str, Any]:
     """`slice --device-groups`: the job's layers priced on each group's GPUs, stages placed on groups."""
-    try:
-        if layer_times is not None:
-            raise ConfigError("--device-groups needs a job (each group's GPUs price its layers), not --layer-times")
-        if method != "exact":
-            raise ConfigError("--device-groups: the search is exact (the relaxation prices one device)")
-        raw = raw_sections(resolve_job_file(job_file, example, model, system), overrides, model, system)
-        parsed = _groups(spec)
-        total_nodes = sum(n for _, n in parsed)
-        groups: list[DeviceGroup] = []
-        names: list[str] = []
-        job: Job | None = None
-        for preset, nodes in parsed:
-            job = Job.from_dicts(raw["model"], raw["plan"], {"preset": preset, "num_nodes": total_nodes}, spec)
-            p, gpu = job.plan, job.system.gpu
-            costs, names = job_layer_costs(job)
-            slots = nodes * job.system.node.gpus_per_node // (p.tensor_parallel * p.context_parallel * p.dp)
-            groups.append(DeviceGroup(f"{preset}:{nodes}", costs, slots, gpu.hbm_bytes - gpu.reserved_bytes))
-        assert job is not None
-        m = microbatches or job.num_microbatches
-        L, room = groups[0].costs.num_layers, sum(g.slots for g in groups)
-        k = _stage_count(stages, job.plan.pipeline_parallel, groups[0].costs)
-        t0 = time.perf_counter()
-        if k:
-            best = slice_groups(groups, k, m)
-        else:
-            best = best_stage_count(lambda n: slice_groups(groups, n, m), min(max_stages, L, room), "the groups")
-        out: dict[str, Any] = {"layers": L, "microbatches": m, "device_groups": [g.name for g in groups]}
-        out |= _as_dict(best, time.perf_counter() - t0, names) | {"stage_groups": best.stage_groups}
-    except (ConfigError, ValueError) as exc:
-        fail(str(exc))
-    if as_json:
-        echo_json(out)
+    if layer_times is not None:
+        raise ConfigError("--device-groups needs a job (each group's GPUs price its layers), not --layer-times")
+    if method != "exact":
+        raise ConfigError("--device-groups: the search is exact (the relaxation prices one device)")
+    raw = raw_sections(resolve_job_file(job_file, example, model, system), overrides, model, system)
+    parsed = _groups(spec)
+    total_nodes = sum(n for _, n in parsed)
+    groups: list[DeviceGroup] = []
+    names: list[str] = []
+    job: Job | None = None
+    for preset, nodes in parsed:
+        job = Job.from_dicts(raw["model"], raw["plan"], {"preset": preset, "num_nodes": total_nodes}, spec)
+        p, gpu = job.plan, job.system.gpu
+        costs, names = job_layer_costs(job)
+        slots = nodes * job.system.node.gpus_per_node // (p.tensor_parallel * p.context_parallel * p.dp)
+        groups.append(DeviceGroup(f"{preset}:{nodes}", costs, slots, gpu.hbm_bytes - gpu.reserved_bytes))
+    assert job is not None
+    m = microbatches or job.num_microbatches
+    L, room = groups[0].costs.num_layers, sum(g.slots for g in groups)
+    k = _stage_count(stages, job.plan.pipeline_parallel, groups[0].costs)
+    t0 = time.perf_counter()
+    if k:
+        best = slice_groups(groups, k, m)
     else:
-        _print(out)
-        console.print("stages on groups: " + ", ".join(out["stage_groups"]), highlight=False)
+        best = best_stage_count(lambda n: slice_groups(groups, n, m), min(max_stages, L, room), "the groups")
+    out: dict[str, Any] = {"layers": L, "microbatches": m, "device_groups": [g.name for g in groups]}
+    out |= _as_dict(best, time.perf_counter() - t0, names) | {"stage_groups": best.stage_groups}
+    return out
 
 
 def _groups(spec: str) -> list[tuple[str, int]]:
@@ -257,6 +271,8 @@ def _print(out: dict[str, Any]) -> None:
     console.print(table)
     step, bottleneck_ms = out["step_time_s"], out["bottleneck_s"] * 1e3
     console.print(f"step {step:.4f} s, bottleneck {bottleneck_ms:.3f} ms (found in {out['seconds'] * 1e3:.1f} ms)")
+    if "stage_groups" in out:
+        console.print("stages on groups: " + ", ".join(out["stage_groups"]), highlight=False)
     if "relaxed" in out:
         r = out["relaxed"]
         console.print(
