@@ -333,13 +333,32 @@ def fields_cmd() -> None:
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 out += lines(f"{prefix}.{name}", ann)
                 continue
-            kind = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
+            kind = _type_name(ann)
             default = "required" if info.is_required() else repr(info.default)
             out.append(f"{prefix}.{name:<34} {kind:<44} {default:<12} {info.description or ''}".rstrip())
         return out
 
     for section, schema in (("model", ModelConfig), ("plan", PlanConfig), ("system", SystemConfig)):
         typer.echo("\n".join(lines(section, schema)))
+
+
+def _type_name(ann: object) -> str:
+    """A field's type as a user reads it: `int | None`, `tuple[int, ...]`, `'1f1b' | 'gpipe'` (the
+    constraints of Annotated types are left to the error messages)."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is not None:
+        inner = ", ".join("..." if a is Ellipsis else _type_name(a) for a in args)
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
+    return "None" if ann is type(None) else getattr(ann, "__name__", str(ann))
 
 
 presets_app = typer.Typer(help="Model and system presets: list them, or show one.", invoke_without_command=True)
