@@ -246,3 +246,12 @@ def test_slice_on_a_mixed_cluster_places_stages_on_groups():
     assert per_group["dgx-h100:1"] > per_group["dgx-a100:1"]  # the faster GPUs take more layers
     bad = CliRunner().invoke(app, [*args, "--device-groups", "dgx-h100"])
     assert bad.exit_code == 2 and "expected PRESET:NODES" in bad.output
+
+
+def test_a_job_whose_layers_do_not_divide_into_its_stages_can_be_sliced():
+    # 9 layers into 4 stages: validation needs stage_layers, which slicing is about to find
+    job = ["--set", "model.num_layers=9", "--set", "plan.pipeline_parallel=4", "--set", "plan.global_batch_size=32"]
+    res = CliRunner().invoke(app, ["slice", "--model", "gpt3-1.3b", "--system", "dgx-h100", *job, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert sum(out["stage_layers"]) == 9 and len(out["stage_layers"]) == 4

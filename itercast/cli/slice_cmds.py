@@ -25,7 +25,9 @@ from itercast.cli import (
     finite,
     resolve_job_file,
 )
-from itercast.config.job import Job, raw_sections
+from itercast.config.job import Job, parse_section, raw_sections
+from itercast.config.model import ModelConfig
+from itercast.config.plan import PlanConfig
 from itercast.errors import ConfigError
 from itercast.search.layer_costs import job_layer_costs, read_layer_csv
 from itercast.search.stage_slicing import (
@@ -175,7 +177,7 @@ def _slice_mixed(
     names: list[str] = []
     job: Job | None = None
     for preset, nodes in parsed:
-        job = Job.from_dicts(raw["model"], raw["plan"], {"preset": preset, "num_nodes": total_nodes}, spec)
+        job = _job_to_slice(raw["model"], raw["plan"], {"preset": preset, "num_nodes": total_nodes}, spec)
         p, gpu = job.plan, job.system.gpu
         costs, names = job_layer_costs(job)
         slots = nodes * job.system.node.gpus_per_node // (p.tensor_parallel * p.context_parallel * p.dp)
@@ -192,6 +194,18 @@ def _slice_mixed(
     out: dict[str, Any] = {"layers": L, "microbatches": m, "device_groups": [g.name for g in groups]}
     out |= _as_dict(best, time.perf_counter() - t0, names) | {"stage_groups": best.stage_groups}
     return out
+
+
+def _job_to_slice(model: dict[str, Any], plan: dict[str, Any], system: dict[str, Any], source: str) -> Job:
+    """The job whose layers are sliced. Its layers need not divide evenly into its stages (that is
+    what slicing is for): without plan.stage_layers, a near-even split stands in for validation."""
+    m, p = parse_section("model", model, source), parse_section("plan", plan, source)
+    assert isinstance(m, ModelConfig) and isinstance(p, PlanConfig)
+    stages = p.pipeline_parallel * p.virtual_pipeline
+    if p.stage_layers is None and m.num_layers % stages and m.num_layers >= stages:
+        base, extra = divmod(m.num_layers, stages)
+        plan = {**plan, "stage_layers": [base + (s < extra) for s in range(stages)]}
+    return Job.from_dicts(model, plan, system, source)
 
 
 def _groups(spec: str) -> list[tuple[str, int]]:
@@ -222,7 +236,9 @@ def _inputs(
             raise ConfigError("give either --layer-times or a job (file, --example, --model/--system), not both")
         costs, names = read_layer_csv(layer_times, send_gbps * 1e9)
         return costs, names, microbatches or 1, math.inf, 0
-    job = Job.load(resolve_job_file(job_file, example, model, system), overrides, model=model, system=system)
+    path = resolve_job_file(job_file, example, model, system)
+    raw = raw_sections(path, overrides, model, system)
+    job = _job_to_slice(raw["model"], raw["plan"], raw["system"], str(path) if path else "<command line>")
     costs, names = job_layer_costs(job)
     gpu = job.system.gpu
     m = microbatches or job.num_microbatches
