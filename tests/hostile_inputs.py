@@ -149,6 +149,24 @@ def cases() -> list[Case]:
             ["report", "--result", "{dir}/r.json", "-o", "{dir}/r.html"],
             "expected the JSON of",
         ),
+        Case(
+            "a sharding naming a rank that does not exist",
+            {
+                "s.yaml": b"t0: {strategy: table_wise, ranks: [9]}\nt1: {strategy: table_wise, ranks: [0]}\n"
+                b"t2: {strategy: table_wise, ranks: [0]}\nt3: {strategy: table_wise, ranks: [0]}\n"
+            },
+            ["shard", "--model", "dlrm-small", "--sharding", "{dir}/s.yaml"],
+            "ranks [9] do not exist",
+        ),
+        Case(
+            "a table larger than every GPU together",
+            {
+                "m.yaml": b"dense_features: 4\nbottom_mlp: [128]\ntop_mlp: [1]\n"
+                b"tables: [{name: huge, num_rows: 10000000000, embedding_dim: 128, pooling_factor: 1}]\n"
+            },
+            ["shard", "--model", "{dir}/m.yaml"],
+            "no sharding fits",
+        ),
         Case("profile on a missing GPU", {}, ["profile", "run", "--device", "cuda", "--db", "{dir}/p.db"], "cuda"),
     ]
 

@@ -369,7 +369,7 @@ app.add_typer(presets_app, name="presets")
 def presets_cmd(ctx: typer.Context) -> None:
     """List the model and system presets (`itercast presets show NAME` for one)."""
     if ctx.invoked_subcommand is None:
-        for section in ("model", "system"):
+        for section in ("model", "system", "dlrm"):
             console.print(f"[bold]{section}s:[/] " + ", ".join(preset_names(section)))
 
 
@@ -449,6 +449,7 @@ from itercast.cli import (  # noqa: E402,F401  (register the commands)
     replay_cmds,
     report_cmds,
     search_cmds,
+    shard_cmds,
     slice_cmds,
     variability_cmds,
 )

@@ -10,7 +10,7 @@ import yaml
 
 from itercast.errors import ConfigError, did_you_mean
 
-SECTIONS = ("model", "system")
+SECTIONS = ("model", "system", "dlrm")
 
 
 @cache

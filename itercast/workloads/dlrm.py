@@ -1,0 +1,346 @@
+"""A DLRM training step under an embedding-table sharding, on the step graph and simulator of
+DESIGN.md §3, every rank simulated (the ranks' embedding work differs with the sharding).
+
+Sources: Naumov et al. 2019 (DLRM); TorchRec's sharding types (table-wise, column-wise, row-wise,
+data-parallel); Mudigere et al. 2022 (pooled embeddings exchanged by all-to-all); Wang et al. 2021
+(DCN-V2 low-rank cross layers). W ranks, local batch b, global batch B = W·b, fp32 tables with
+row-wise Adagrad fused into the backward (TorchRec's default), fp32 MLPs with Adam.
+
+One step, per rank:
+- forward: the bottom MLP (b rows); the lookups of the rank's shards, priced as memory traffic on
+  the cost model (every looked-up row read, pooled vectors written); an all-to-all of pooled vectors
+  (a table- or column-wise shard serves all B samples: its rank sends B·d_shard·4 bytes, the busiest
+  rank sets the pace) and a reduce-scatter of row-wise partial sums (B·d·4); the interaction (dot:
+  pairwise products of the F = tables + 1 vectors; dcnv2: low-rank cross layers); the top MLP.
+- backward: the mirror; the pooled gradients come back by all-to-all (row-wise: all-gather); each
+  shard's backward reads its lookups' gradients and updates its distinct rows (weights and
+  Adagrad state read and written): distinct rows from the index distribution (uniform, or Zipf with
+  table.zipf_alpha; costs/op_model.py); MLP gradients and data-parallel tables' gradients are
+  all-reduced beside the embedding backward; then the MLP optimizer.
+Collectives start when every rank is ready (the simulator's rendezvous).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from itercast.config.strict import STRICT, Width
+from itercast.config.system import SystemConfig
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.op_model import unique_fraction_uniform, unique_fraction_zipf
+from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
+from itercast.hardware.topology import place_group
+from itercast.sim.engine import simulate
+
+Strategy = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
+STRATEGIES: tuple[Strategy, ...] = ("table_wise", "column_wise", "row_wise", "data_parallel")
+F32 = 4  # bytes: fp32 tables, gradients and pooled vectors
+ADAGRAD_ROW_BYTES = 4  # row-wise Adagrad: one fp32 state per row
+ADAM_BYTES = 16  # an MLP parameter: fp32 weight, gradient, Adam m and v
+
+
+class EmbeddingTable(BaseModel):
+    model_config = STRICT
+
+    name: str
+    num_rows: Annotated[int, Field(gt=0, le=10**12)]  # production tables reach billions of rows
+    embedding_dim: Width
+    pooling_factor: Annotated[float, Field(gt=0, le=100_000)] = Field(description="Lookups per sample (multi-hot).")
+    zipf_alpha: Annotated[float, Field(ge=0, le=10)] = Field(
+        0.0, description="Index skew: Zipf exponent of the row popularity (0: uniform draws)."
+    )
+
+
+class DLRMConfig(BaseModel):
+    """A DLRM: dense features through the bottom MLP, sparse features through embedding bags, an
+    interaction, the top MLP."""
+
+    model_config = STRICT
+
+    name: str = "custom"
+    dense_features: Width
+    bottom_mlp: Annotated[tuple[Width, ...], Field(strict=False, min_length=1)]
+    top_mlp: Annotated[tuple[Width, ...], Field(strict=False, min_length=1)]
+    tables: Annotated[tuple[EmbeddingTable, ...], Field(strict=False, min_length=1, max_length=100_000)]
+    interaction: Literal["dot", "dcnv2"] = "dot"
+    dcn_layers: Width = 3
+    dcn_low_rank: Width = 512
+
+    @model_validator(mode="after")
+    def _check(self) -> DLRMConfig:
+        wrong = [t.name for t in self.tables if t.embedding_dim != self.bottom_mlp[-1]]
+        if wrong:
+            raise ValueError(
+                f"tables {', '.join(wrong[:5])}: embedding_dim must equal the bottom MLP's output "
+                f"({self.bottom_mlp[-1]}): the interaction combines them"
+            )
+        if len({t.name for t in self.tables}) != len(self.tables):
+            raise ValueError("table names must be unique")
+        return self
+
+    @property
+    def dim(self) -> int:
+        return self.bottom_mlp[-1]
+
+    def interaction_width(self) -> int:
+        """Width of the interaction's output, the top MLP's input."""
+        f = len(self.tables) + 1
+        return f * (f - 1) // 2 + self.dim if self.interaction == "dot" else f * self.dim
+
+    def mlp_layers(self) -> list[tuple[int, int]]:
+        """(in, out) of every MLP layer: bottom, DCN cross layers (two low-rank factors), top."""
+        bottom = list(zip((self.dense_features, *self.bottom_mlp[:-1]), self.bottom_mlp, strict=True))
+        top = list(zip((self.interaction_width(), *self.top_mlp[:-1]), self.top_mlp, strict=True))
+        cross: list[tuple[int, int]] = []
+        if self.interaction == "dcnv2":
+            width = (len(self.tables) + 1) * self.dim
+            cross = [(width, self.dcn_low_rank), (self.dcn_low_rank, width)] * self.dcn_layers
+        return bottom + cross + top
+
+    def mlp_params(self) -> int:
+        return sum(i * o + o for i, o in self.mlp_layers())
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Where one table lives: its strategy and ranks (column-wise: the ranks sharing its columns)."""
+
+    strategy: Strategy
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShardWork:
+    """One table's work on one rank per step: lookups, rows and width held, bytes it exchanges."""
+
+    lookups: float
+    rows: float
+    dim: int
+    pooled_out_bytes: float  # pooled vectors this rank produces (all-to-all or reduce-scatter)
+
+
+def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch: int) -> ShardWork | None:
+    """The work of `table` on `rank` under `shard` (None if the rank holds none of it); `batch` is the
+    local batch b."""
+    if rank not in shard.ranks:
+        return None
+    B = batch * world
+    d, P = table.embedding_dim, table.pooling_factor
+    if shard.strategy == "table_wise":
+        return ShardWork(B * P, table.num_rows, d, B * d * F32)
+    if shard.strategy == "column_wise":
+        part = d // len(shard.ranks)
+        return ShardWork(B * P, table.num_rows, part, B * part * F32)
+    if shard.strategy == "row_wise":
+        return ShardWork(B * P / world, table.num_rows / world, d, B * d * F32)
+    return ShardWork(batch * P, table.num_rows, d, 0.0)  # data_parallel: the local batch only
+
+
+def _distinct(table: EmbeddingTable, work: ShardWork) -> float:
+    rows, lookups = max(1, round(work.rows)), max(1, round(work.lookups))
+    if table.zipf_alpha:
+        return unique_fraction_zipf(rows, lookups, table.zipf_alpha) * lookups
+    return unique_fraction_uniform(rows, lookups) * lookups
+
+
+def embedding_seconds(costs: AnalyticCostModel, table: EmbeddingTable, work: ShardWork) -> tuple[float, float]:
+    """(forward, backward) seconds of one shard: forward reads every looked-up row and writes the
+    pooled vectors; backward reads the pooled gradients, the rows' gradients once per lookup, and
+    reads and writes every distinct row's weights and Adagrad state."""
+    pooled = work.pooled_out_bytes or work.lookups / table.pooling_factor * work.dim * F32
+    fwd = work.lookups * work.dim * F32 + pooled
+    bwd = pooled + work.lookups * work.dim * F32 + _distinct(table, work) * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES)
+    return float(costs.memory_s("elementwise", fwd)), float(costs.memory_s("elementwise", bwd))
+
+
+@dataclass(frozen=True)
+class DLRMStep:
+    step_time_s: float
+    memory_per_rank_bytes: list[float]
+    capacity_bytes: float
+    graph: ExecGraph
+
+    @property
+    def memory_per_gpu_bytes(self) -> float:
+        return max(self.memory_per_rank_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_per_gpu_bytes <= self.capacity_bytes
+
+
+def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[float]:
+    """Bytes each rank holds: its shards' rows (fp32) and Adagrad state, and the MLPs with Adam
+    (tables the plan does not name are left out)."""
+    held = [model.mlp_params() * ADAM_BYTES * 1.0 for _ in range(world)]
+    for t in model.tables:
+        if t.name not in plan:
+            continue
+        for r in range(world):
+            work = shard_work(t, plan[t.name], r, world, 1)
+            if work is not None:
+                held[r] += work.rows * (work.dim * F32 + ADAGRAD_ROW_BYTES)
+    return held
+
+
+def dlrm_step(model: DLRMConfig, system: SystemConfig, plan: dict[str, Shard], batch_per_rank: int) -> DLRMStep:
+    """Simulate one step of `model` on `system` (every GPU a rank) under the sharding `plan` (tables
+    it does not name are left out: the planner prices partial plans)."""
+    world, b = system.num_gpus, batch_per_rank
+    costs = AnalyticCostModel(system, "fp32")
+    group = place_group(world, 1, system.node.gpus_per_node)
+
+    def mlp_s(layers: list[tuple[int, int]]) -> float:  # forward: GEMMs and their activations
+        return sum(
+            float(costs.gemm_s(2.0 * b * i * o) + costs.memory_s("activation", 2.0 * b * o * F32)) for i, o in layers
+        )
+
+    layers, f = model.mlp_layers(), len(model.tables) + 1
+    bottom_fwd = mlp_s(layers[: len(model.bottom_mlp)])
+    top_fwd = mlp_s(layers[len(model.bottom_mlp) :])
+    if model.interaction == "dot":  # pairwise dot products: one batched GEMM of F × d by d × F
+        top_fwd += float(costs.gemm_s(2.0 * b * f * f * model.dim))
+    emb_fwd, emb_bwd, a2a_bytes = [0.0] * world, [0.0] * world, [0.0] * world
+    rw_bytes = dp_bytes = 0.0
+    for t in model.tables:
+        shard = plan.get(t.name)
+        if shard is None:
+            continue
+        if shard.strategy == "row_wise":
+            rw_bytes += b * world * t.embedding_dim * F32
+        if shard.strategy == "data_parallel":
+            dp_bytes += t.num_rows * t.embedding_dim * F32
+        for r in shard.ranks:
+            work = shard_work(t, shard, r, world, b)
+            assert work is not None
+            fwd, bwd = embedding_seconds(costs, t, work)
+            emb_fwd[r] += fwd
+            emb_bwd[r] += bwd
+            if shard.strategy in ("table_wise", "column_wise"):
+                a2a_bytes[r] += work.pooled_out_bytes
+    exchange = costs.collective_s("alltoall", max(a2a_bytes), group)
+    fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
+    bwd_comm = exchange + costs.collective_s("all_gather", rw_bytes, group)
+    reduce = costs.collective_s("all_reduce", model.mlp_params() * F32 + dp_bytes, group)
+    optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_BYTES * 2))
+    g = GraphBuilder()
+    exchange_fwd, exchange_bwd, all_reduce = g.new_collective(), g.new_collective(), g.new_collective()
+    comp_, comm_ = Category.COMPUTE, Category.COMMUNICATION
+    for r in range(world):
+        comp, comm, dp = g.resource(r, "compute"), g.resource(r, "comm"), g.resource(r, "dp_comm")
+        emb = g.task("embedding_fwd", comp, emb_fwd[r], comp_, "embedding")
+        a2a = g.task("pooled_exchange", comm, fwd_comm, comm_, "alltoall", [emb], collective=exchange_fwd)
+        bottom = g.task("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")
+        top = g.task("interaction_top_mlp_fwd_bwd", comp, 3 * top_fwd, comp_, "mlp", [a2a, bottom])
+        back = g.task("pooled_grad_exchange", comm, bwd_comm, comm_, "alltoall", [top], collective=exchange_bwd)
+        bottom_b = g.task("bottom_mlp_bwd", comp, 2 * bottom_fwd, comp_, "mlp", [top])
+        emb_b = g.task("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back, bottom_b])
+        ar = g.task("grad_all_reduce", dp, reduce, comm_, "all_reduce", [bottom_b], collective=all_reduce)
+        g.task("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, ar])
+    graph = g.build()
+    gpu = system.gpu
+    return DLRMStep(
+        simulate(graph).step_time_s, memory_per_rank(model, plan, world), gpu.hbm_bytes - gpu.reserved_bytes, graph
+    )
+
+
+def candidate_shards(table: EmbeddingTable, world: int) -> list[Shard]:
+    """The shardings the planner tries for one table: table-wise on each rank, row-wise and
+    data-parallel over all ranks, column-wise over blocks of 2, 4, … ranks whose count divides the
+    embedding dimension."""
+    everyone = tuple(range(world))
+    out = [Shard("table_wise", (r,)) for r in range(world)]
+    if world > 1:
+        out.append(Shard("row_wise", everyone))
+    out.append(Shard("data_parallel", everyone))
+    k = 2
+    while k <= world and world % k == 0 and table.embedding_dim % k == 0:
+        out += [Shard("column_wise", tuple(range(s, s + k))) for s in range(0, world, k)]
+        k *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class ShardingResult:
+    plans: list[tuple[dict[str, Shard], DLRMStep]]  # fastest first, plans that fit before those that do not
+    method: str  # exhaustive | greedy
+    evaluated: int  # plans priced
+
+
+def plan_sharding(
+    model: DLRMConfig, system: SystemConfig, batch_per_rank: int, exhaustive_limit: int = 4096
+) -> ShardingResult:
+    """The fastest shardings, priced by dlrm_step: every combination when there are at most
+    `exhaustive_limit`, else greedily (tables by lookup traffic, largest first, each given the
+    candidate with the least step time of the plan so far among those that fit), and beside it
+    the uniform plans (all table-wise round-robin, all row-wise, all data-parallel)."""
+    world = system.num_gpus
+    options = {t.name: candidate_shards(t, world) for t in model.tables}
+    combos = 1
+    for shards in options.values():
+        combos *= len(shards)
+    priced: list[tuple[dict[str, Shard], DLRMStep]] = []
+    if combos <= exhaustive_limit:
+        for choice in itertools.product(*options.values()):
+            plan = dict(zip(options, choice, strict=True))
+            priced.append((plan, dlrm_step(model, system, plan, batch_per_rank)))
+        method = "exhaustive"
+    else:
+        chosen: dict[str, Shard] = {}
+        evaluated = 0
+        for t in sorted(model.tables, key=lambda t: -t.pooling_factor * t.embedding_dim):
+            best: tuple[bool, float, Shard] | None = None
+            for shard in options[t.name]:
+                step = dlrm_step(model, system, {**chosen, t.name: shard}, batch_per_rank)
+                evaluated += 1
+                key = (not step.fits, step.step_time_s, shard)
+                if best is None or key[:2] < best[:2]:
+                    best = key
+            assert best is not None
+            chosen[t.name] = best[2]
+        everyone = tuple(range(world))
+        uniform = [
+            {t.name: Shard("table_wise", (i % world,)) for i, t in enumerate(model.tables)},
+            {t.name: Shard("data_parallel", everyone) for t in model.tables},
+        ]
+        if world > 1:
+            uniform.append({t.name: Shard("row_wise", everyone) for t in model.tables})
+        priced = [(p, dlrm_step(model, system, p, batch_per_rank)) for p in (chosen, *uniform)]
+        method, combos = "greedy", evaluated + len(uniform) + 1
+    priced.sort(key=lambda ps: (not ps[1].fits, ps[1].step_time_s))
+    if not priced[0][1].fits:
+        least = min(step.memory_per_gpu_bytes for _, step in priced)
+        raise ValueError(
+            f"no sharding fits: the least memory per GPU of the plans tried is {least / 2**30:.1f} GiB, "
+            f"{priced[0][1].capacity_bytes / 2**30:.1f} GiB usable on {system.gpu.name} (more GPUs, or smaller tables)"
+        )
+    return ShardingResult(priced, method, combos)
+
+
+def check_sharding(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[str]:
+    """What is wrong with a user's sharding: unknown or missing tables, ranks that do not exist,
+    strategies and their rank counts, column splits that do not divide the dimension."""
+    names = {t.name: t for t in model.tables}
+    problems = [f"sharding names table {n!r}, which the model does not have" for n in plan if n not in names]
+    problems += [f"table {n!r} has no sharding" for n in names if n not in plan]
+    everyone = tuple(range(world))
+    for name, shard in plan.items():
+        bad = [r for r in shard.ranks if not 0 <= r < world]
+        if bad:
+            problems.append(f"table {name!r}: ranks {bad} do not exist (ranks 0..{world - 1})")
+        if shard.strategy not in STRATEGIES:
+            problems.append(f"table {name!r}: strategy {shard.strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        elif shard.strategy == "table_wise" and len(shard.ranks) != 1:
+            problems.append(f"table {name!r}: table_wise takes one rank; got {list(shard.ranks)}")
+        elif shard.strategy in ("row_wise", "data_parallel") and shard.ranks != everyone:
+            problems.append(f"table {name!r}: {shard.strategy} spans every rank 0..{world - 1}")
+        elif shard.strategy == "column_wise" and name in names and names[name].embedding_dim % len(shard.ranks):
+            problems.append(
+                f"table {name!r}: embedding_dim {names[name].embedding_dim} not divisible by its "
+                f"{len(shard.ranks)} column-wise ranks"
+            )
+    return problems
