@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -91,13 +92,14 @@ def slice_cmd(
 ) -> None:
     """Slice layers into pipeline stages for the least step time, (m − 1)·max + Σ stage times, with each
     stage's send to the next and its memory; from the cost models of a job or a CSV of measured times."""
+    src = _Source(job_file, example, model, system, set_ or [], layer_times)
     try:
         if device_groups is not None:
-            out = _slice_mixed(job_file, example, model, system, set_ or [], layer_times, device_groups, stages,
-                               max_stages, microbatches, method)  # fmt: skip
+            out = _slice_mixed(src, device_groups, stages, max_stages, microbatches, method)
         else:
-            out = _slice_one_device(job_file, example, model, system, set_ or [], layer_times, stages, max_stages,
-                                    microbatches, memory_gib, send_gbps, method, starts, workers)  # fmt: skip
+            out = _slice_one_device(
+                src, stages, max_stages, microbatches, memory_gib, send_gbps, method, starts, workers
+            )
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     if as_json:
@@ -106,13 +108,25 @@ def slice_cmd(
         _print(out)
 
 
+@dataclass(frozen=True)
+class _Source:
+    """Where the layers come from: a job (file, --example, presets, overrides) or a CSV."""
+
+    job_file: Path | None
+    example: bool
+    model: str | None
+    system: str | None
+    overrides: list[str]
+    layer_times: Path | None
+
+    def sections(self) -> tuple[dict[str, Any], str]:
+        """The job's raw sections and a name for messages."""
+        path = resolve_job_file(self.job_file, self.example, self.model, self.system)
+        return raw_sections(path, self.overrides, self.model, self.system), str(path) if path else "<command line>"
+
+
 def _slice_one_device(
-    job_file: Path | None,
-    example: bool,
-    model: str | None,
-    system: str | None,
-    overrides: list[str],
-    layer_times: Path | None,
+    src: _Source,
     stages: str | None,
     max_stages: int,
     microbatches: int | None,
@@ -123,9 +137,7 @@ def _slice_one_device(
     workers: int,
 ) -> dict[str, Any]:
     """Slicing on one kind of device: exact, relaxed, or both."""
-    costs, names, m, limit, default_k = _inputs(
-        job_file, example, model, system, overrides, layer_times, microbatches, send_gbps
-    )
+    costs, names, m, limit, default_k = _inputs(src, microbatches, send_gbps)
     if memory_gib is not None:
         limit = memory_gib * 2**30
     k = _stage_count(stages, default_k, costs)
@@ -153,12 +165,7 @@ def _slice_one_device(
 
 
 def _slice_mixed(
-    job_file: Path | None,
-    example: bool,
-    model: str | None,
-    system: str | None,
-    overrides: list[str],
-    layer_times: Path | None,
+    src: _Source,
     spec: str,
     stages: str | None,
     max_stages: int,
@@ -166,11 +173,11 @@ def _slice_mixed(
     method: str,
 ) -> dict[str, Any]:
     """`slice --device-groups`: the job's layers priced on each group's GPUs, stages placed on groups."""
-    if layer_times is not None:
+    if src.layer_times is not None:
         raise ConfigError("--device-groups needs a job (each group's GPUs price its layers), not --layer-times")
     if method != "exact":
         raise ConfigError("--device-groups: the search is exact (the relaxation prices one device)")
-    raw = raw_sections(resolve_job_file(job_file, example, model, system), overrides, model, system)
+    raw, _ = src.sections()
     parsed = _groups(spec)
     total_nodes = sum(n for _, n in parsed)
     groups: list[DeviceGroup] = []
@@ -220,25 +227,19 @@ def _groups(spec: str) -> list[tuple[str, int]]:
 
 
 def _inputs(
-    job_file: Path | None,
-    example: bool,
-    model: str | None,
-    system: str | None,
-    overrides: list[str],
-    layer_times: Path | None,
+    src: _Source,
     microbatches: int | None,
     send_gbps: float,
 ) -> tuple[LayerCosts, list[str], int, float, int]:
     """(costs, layer names, micro-batches, memory limit in bytes, default stages: 0 = auto) from a
     CSV or a job (its pipeline_parallel)."""
-    if layer_times is not None:
-        if job_file or example or model or system or overrides:
+    if src.layer_times is not None:
+        if src.job_file or src.example or src.model or src.system or src.overrides:
             raise ConfigError("give either --layer-times or a job (file, --example, --model/--system), not both")
-        costs, names = read_layer_csv(layer_times, send_gbps * 1e9)
+        costs, names = read_layer_csv(src.layer_times, send_gbps * 1e9)
         return costs, names, microbatches or 1, math.inf, 0
-    path = resolve_job_file(job_file, example, model, system)
-    raw = raw_sections(path, overrides, model, system)
-    job = _job_to_slice(raw["model"], raw["plan"], raw["system"], str(path) if path else "<command line>")
+    raw, source = src.sections()
+    job = _job_to_slice(raw["model"], raw["plan"], raw["system"], source)
     costs, names = job_layer_costs(job)
     gpu = job.system.gpu
     m = microbatches or job.num_microbatches
