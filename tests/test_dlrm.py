@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_golden import HBM, SYSTEM, linear_calibration
+from test_golden import HBM, PEAK, SYSTEM, linear_calibration
 from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.config.job import parse_section
 from itercast.costs.analytic import AnalyticCostModel
-from itercast.costs.op_model import unique_fraction_uniform
+from itercast.costs.op_model import OperatorCostModel, unique_fraction_uniform
 from itercast.workloads.dlrm import (
     DLRMConfig,
     EmbeddingTable,
@@ -21,7 +21,9 @@ from itercast.workloads.dlrm import (
     dlrm_step,
     embedding_seconds,
     memory_per_rank,
+    mlp_seconds,
     plan_sharding,
+    replica_update_bytes,
     shard_work,
 )
 
@@ -138,3 +140,154 @@ def test_a_given_sharding_is_priced_and_checked(tmp_path):
         "table 't0': embedding_dim 16 not divisible by its 3 column-wise ranks"
     ]
     assert check_sharding(m, {"t0": Shard("row_wise", (0, 1))}, 4) == ["table 't0': row_wise spans every rank 0..3"]
+
+
+def linear_operators() -> OperatorCostModel:
+    """Operator models with round coefficients: a lookup costs 1 µs + 1 ns per gathered byte + 2 ns
+    per distinct byte beyond the cache (tables ≥ 1 MB); the update 3 ns per distinct byte and 4 ns
+    more for tables of ≥ 1 MB; GEMMs FLOPs / 1e9, 2× for layout nt, 3× for tn, bmm 5×."""
+    shape = {
+        "alpha_s": 0.0,
+        "rate_flops_per_s": 1e9,
+        "gamma": 1.0,
+        **dict.fromkeys(("half_m", "half_n", "half_k"), 0.0),
+    }
+    lookup = {"form": "lookup", "cache_bytes": 1 << 20, "alpha_s": 1e-6, "s_per_lookup": 0.0}
+    return OperatorCostModel(
+        {
+            "models": {
+                "aten::_embedding_bag:embedding_bag_fwd": lookup
+                | {"s_per_gathered_byte": 1e-9, "s_per_missed_byte": 2e-9},
+                "itercast::rowwise_adagrad_update:embedding_bag_update": lookup
+                | {
+                    "alpha_s": 0.0,
+                    "s_per_gathered_byte": 0.0,
+                    "s_per_distinct_byte": 3e-9,
+                    "s_per_distinct_byte_if_large": 4e-9,
+                },
+                "aten::mm:gemm": shape | {"layout_factor": {"nt": 2.0, "tn": 3.0}},
+                "aten::bmm:gemm": shape | {"rate_flops_per_s": 2e8, "layout_factor": {}},
+            }
+        }
+    )
+
+
+def test_calibrated_lookup_and_update_use_the_operator_models():
+    costs, ops = AnalyticCostModel(system(1), "fp32", linear_calibration()), linear_operators()
+    big = TABLE.model_copy(update={"num_rows": 100_000})  # 6.4 MB: beyond the 1 MB cache
+    work = shard_work(big, Shard("table_wise", (0,)), 0, 1, 8)  # 32 lookups of 16 floats, 8 bags
+    fwd, bwd = embedding_seconds(costs, big, work, ops)
+    distinct = unique_fraction_uniform(100_000, 32) * 32
+    gathered = 32 * 16 * 4
+    assert fwd == pytest.approx(1e-6 + gathered * 1e-9 + distinct * 16 * 4 * 2e-9)
+    # backward: pooled gradients read, each lookup's gradient row written (memory), then the update
+    assert bwd == pytest.approx((8 * 16 * 4 + gathered) / HBM + distinct * 16 * 4 * (3e-9 + 4e-9))
+    small_fwd, small_bwd = embedding_seconds(costs, TABLE, shard_work(TABLE, Shard("table_wise", (0,)), 0, 1, 8), ops)
+    small_distinct = unique_fraction_uniform(1000, 32) * 32
+    assert small_fwd == pytest.approx(1e-6 + gathered * 1e-9)  # 64 kB: in cache, no missed bytes
+    assert small_bwd == pytest.approx((8 * 16 * 4 + gathered) / HBM + small_distinct * 16 * 4 * 3e-9)
+
+
+def test_a_replica_zeroes_its_dense_gradient_and_is_updated_whole():
+    costs = AnalyticCostModel(system(1), "fp32", linear_calibration())
+    work = shard_work(TABLE, Shard("data_parallel", (0, 1)), 0, 2, 8)  # the local 8 samples: 32 lookups
+    _, bwd = embedding_seconds(costs, TABLE, work)
+    distinct = unique_fraction_uniform(1000, 32) * 32
+    assert bwd == pytest.approx((8 * 16 * 4 + 32 * 16 * 4 + (1000 + 2 * distinct) * 16 * 4) / HBM)
+    assert replica_update_bytes(TABLE) == 1000 * (3 * 16 * 4 + 2 * 4)
+
+
+def test_mlp_gemms_on_the_operator_models():
+    costs = AnalyticCostModel(system(1), "fp32", linear_calibration())
+    act = 2 * 8 * 32 * 4 / HBM  # ReLU output of 8 rows × 32 written and read
+    flops = 2 * 8 * 16 * 32
+    assert mlp_seconds(costs, None, 8, [(16, 32)]) == pytest.approx((flops / PEAK + act, 2 * (flops / PEAK + act)))
+    fwd, bwd = mlp_seconds(costs, linear_operators(), 8, [(16, 32)])
+    assert fwd == pytest.approx(flops / 1e9 * 2 + act)  # x·Wᵀ: layout nt
+    assert bwd == pytest.approx(flops / 1e9 * (1 + 3) + act)  # g·W (nn) and gᵀ·x (tn)
+
+
+def test_rowwise_adagrad_update_by_hand():
+    torch = pytest.importorskip("torch")
+    from itercast.profile.microbench import rowwise_adagrad_update
+
+    weight, state = torch.zeros(4, 2), torch.zeros(4)
+    idx = torch.tensor([1, 3, 1])
+    grads = torch.tensor([[1.0, 1.0], [2.0, 0.0], [1.0, 1.0]])
+    rowwise_adagrad_update(weight, state, idx, grads, lr=0.5)
+    # row 1: gradient (2, 2), state 4, step 0.5 · 2 / 2; row 3: (2, 0), state 2, step 0.5 · 2 / √2
+    assert state.tolist() == pytest.approx([0, 4, 0, 2])
+    assert weight.flatten().tolist() == pytest.approx([0, 0, -0.5, -0.5, 0, 0, -0.5 * 2 / 2**0.5, 0], abs=1e-6)
+
+
+def test_shard_takes_system_overrides_and_a_calibration(tmp_path):
+    args = ["shard", "--model", "dlrm-small", "--system", "cpu-host", "--batch-per-rank", "64", "--json"]
+    one = json.loads(CliRunner().invoke(app, args).output)
+    two = CliRunner().invoke(app, [*args, "--set", "system.node.gpus_per_node=2"])
+    assert two.exit_code == 0, two.output
+    assert (one["world_size"], json.loads(two.output)["world_size"]) == (1, 2)
+    bad = CliRunner().invoke(app, [*args, "--set", "plan.tensor_parallel=2"])
+    assert bad.exit_code == 2 and "system.FIELD=VALUE only" in bad.output
+    missing = CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "none.json" in missing.output
+
+
+def test_an_index_sample_sets_the_distinct_rows(tmp_path):
+    import numpy as np
+
+    from itercast.workloads.dlrm import load_index_sample
+
+    costs = AnalyticCostModel(system(1), "fp32", linear_calibration())
+    sample = tmp_path / "t.txt"
+    sample.write_text("7, 7, 7, 7\n9\n")  # one row drawn 4 times in 5, another once
+    counts = load_index_sample(sample, TABLE)
+    assert sorted(counts.tolist()) == [1, 4]
+    work = shard_work(TABLE, Shard("table_wise", (0,)), 0, 1, 8)  # 32 lookups
+    distinct = 2 - 0.2**32 - 0.8**32  # each row's chance of being drawn at least once
+    _, bwd = embedding_seconds(costs, TABLE, work, counts=counts)
+    assert bwd == pytest.approx((8 * 16 * 4 + 32 * 16 * 4 + distinct * 2 * (16 * 4 + 4)) / HBM)
+    # a row-wise shard holds 1/4 of the rows and sees 1/4 of the distinct rows of all the lookups
+    rw = shard_work(TABLE, Shard("row_wise", (0, 1, 2, 3)), 0, 4, 2)  # 8 samples: 8 of 32 lookups
+    _, rw_bwd = embedding_seconds(costs, TABLE, rw, counts=counts)
+    assert rw_bwd == pytest.approx((8 * 16 * 4 + 8 * 16 * 4 + distinct / 4 * 2 * (16 * 4 + 4)) / HBM)
+    np.save(tmp_path / "big.npy", np.array([0, 999, 1000]))
+    with pytest.raises(
+        ValueError, match=r"indices 0\.\.1000; the table has rows 0\.\.999 \(the file of another table\?\)"
+    ):
+        load_index_sample(tmp_path / "big.npy", TABLE)
+    np.save(tmp_path / "f.npy", np.array([0.5]))
+    with pytest.raises(ValueError, match="expected integer indices; got dtype float64"):
+        load_index_sample(tmp_path / "f.npy", TABLE)
+    (tmp_path / "w.txt").write_text("1 two 3")
+    with pytest.raises(ValueError, match="expected integers"):
+        load_index_sample(tmp_path / "w.txt", TABLE)
+
+
+def test_shard_reads_index_samples_and_names_bad_ones(tmp_path):
+    (tmp_path / "t0.txt").write_text("1 2 3 4\n")
+    args = ["shard", "--model", "dlrm-small", "--system", "dgx-h100", "--top", "1", "--json"]
+    ok = CliRunner().invoke(app, [*args, "--indices", f"t0={tmp_path / 't0.txt'}"])
+    assert ok.exit_code == 0, ok.output
+    (tmp_path / "wrong.txt").write_text("5 999999\n")  # t3 has 1,000 rows
+    wrong = CliRunner().invoke(app, [*args, "--indices", f"t3={tmp_path / 'wrong.txt'}"])
+    assert wrong.exit_code == 2 and "the file of another table?" in wrong.output
+    unknown = CliRunner().invoke(app, [*args, "--indices", f"t9={tmp_path / 't0.txt'}"])
+    assert unknown.exit_code == 2 and "has no table 't9'" in unknown.output
+
+
+def test_predict_prices_a_dlrm_step_with_its_breakdown(tmp_path):
+    given = tmp_path / "s.yaml"
+    given.write_text("".join(f"t{i}: {{strategy: table_wise, ranks: [{i % 2}]}}\n" for i in range(4)))
+    args = ["predict", "--model", "dlrm-small", "--system", "cpu-host", "--set", "system.node.gpus_per_node=2"]
+    res = CliRunner().invoke(app, [*args, "--sharding", str(given), "--batch-per-rank", "64", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["sharding_from"] == "--sharding" and out["world_size"] == 2
+    parts = {k: v for k, v in out["breakdown"].items() if k != "rank"}
+    assert sum(parts.values()) == pytest.approx(out["step_time_s"])  # the step by cause adds up
+    assert out["critical_path"][-1] == "optimizer"
+    rest = ["--sharding", str(given), "--batch-per-rank", "64", "--json"]
+    shard = CliRunner().invoke(app, ["shard", *args[1:], *rest])
+    assert json.loads(shard.output)["plans"][0]["step_time_s"] == out["step_time_s"]  # one model for both
+    wrong = CliRunner().invoke(app, ["predict", "--example", "--sharding", str(given)])
+    assert wrong.exit_code == 2 and "--sharding is for a DLRM model" in wrong.output

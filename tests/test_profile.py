@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from itercast.cli import app
+from itercast.costs.aten_ops import OpCall, features
 from itercast.profile.db import Measurement, ProfileDB, ProfileError
 from itercast.profile.importers import import_alpa, import_nccl_log, import_nccl_tidy, import_xla_collectives
 
@@ -300,3 +301,29 @@ def test_a_read_only_database_is_read_and_never_written(tmp_path):
         ro.add(1, [Measurement("gemm", "mm", 1e6, 1e-3)])
     with pytest.raises(ProfileError, match="no such profiling database"):
         ProfileDB(tmp_path / "missing.db", readonly=True)
+
+
+def test_a_one_thread_profile_is_another_device_and_the_update_is_measured(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from itercast.profile import microbench
+
+    monkeypatch.setitem(microbench.QUICK, "pooling", [4])
+    monkeypatch.setitem(microbench.QUICK, "distributions", ["uniform"])
+    db = ProfileDB(tmp_path / "p.db")
+    threads = torch.get_num_threads()
+    try:
+        assert microbench.run(db, quick=True, families=("embedding",), warmup=1, repeats=2, threads=1)["measured"] == 3
+    finally:
+        torch.set_num_threads(threads)
+    ((device, _, fp),) = db.devices()
+    assert fp["threads"] == 1
+    update = [m for m in db.measurements(device_id=device) if m.op == "embedding_bag_update"]
+    assert len(update) == 1 and update[0].params["call"]["name"] == "itercast::rowwise_adagrad_update"
+    f = features(OpCall(**update[0].params["call"]))
+    # QUICK: 512 bags × 4 lookups of a 10,000 × 64 table
+    assert (f.family, f.size, f.dims["lookups"], f.dims["table_bytes"]) == (
+        "embedding_bag_update",
+        2048 * 256,
+        2048,
+        10_000 * 256,
+    )

@@ -173,14 +173,31 @@ def predict_cmd(
         str,
         typer.Option(metavar="uniform|zipf:ALPHA", help="--et: how embedding-bag indices are drawn (row reuse)."),
     ] = "uniform",
+    sharding: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="DLRM: the embedding sharding (`itercast shard`); else the planner's best."),
+    ] = None,
+    batch_per_rank: Annotated[int, typer.Option(min=1, max=10_000_000, help="DLRM: samples per GPU per step.")] = 4096,
 ) -> None:
-    """Time per iteration, its breakdown and critical path, memory per GPU and MFU; or, with --et, one
-    iteration of a recorded PyTorch execution trace priced on a profiled device."""
+    """Time per iteration, its breakdown and critical path, memory per GPU and MFU; for a DLRM
+    preset (--model), one step under an embedding sharding; or, with --et, one iteration of a
+    recorded PyTorch execution trace priced on a profiled device."""
     if et is not None:
         if job_file or example or model or system or set_ or trace or calibration:
             fail("--et prices a trace: give it with --db, not with a job, --trace or --calibration")
         _predict_execution_trace(et, db, device_id, gpu, index_distribution, as_json)
         return
+    if model is not None and model in preset_names("dlrm"):
+        if job_file or example or trace:
+            fail(
+                f"--model {model} is a DLRM: give it with --system, --set system.FIELD=VALUE, --sharding, --calibration"
+            )
+        from itercast.cli.shard_cmds import predict_dlrm
+
+        predict_dlrm(model, system or "dgx-h100", set_, calibration, sharding, batch_per_rank, as_json)
+        return
+    if sharding is not None:
+        fail("--sharding is for a DLRM model (--model dlrm-…); this job is a transformer")
     job_file = resolve_job_file(job_file, example, model, system)
     try:
         job = Job.load(job_file, set_ or [], model=model, system=system)

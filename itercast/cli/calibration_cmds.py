@@ -38,6 +38,10 @@ def profile_run_cmd(
     passes: Annotated[
         int, typer.Option(min=1, help="Measure the grid this many times, each pass shuffled; read as their median.")
     ] = 1,
+    threads: Annotated[
+        int | None,
+        typer.Option(min=1, max=1024, help="CPU threads per operator (default: torch's); 1 for one rank per core."),
+    ] = None,
 ) -> None:
     """Microbenchmark the local device into DB (resumes where a previous run stopped)."""
     from itercast.profile.db import ProfileDB, ProfileError
@@ -46,7 +50,7 @@ def profile_run_cmd(
     try:
         chosen = tuple(f.strip() for f in families.split(","))
         check_device(device)  # before the database is created
-        counts = run(ProfileDB(db), device, quick, chosen, repeats=repeats, passes=passes)
+        counts = run(ProfileDB(db), device, quick, chosen, repeats=repeats, passes=passes, threads=threads)
     except ProfileError as exc:
         fail(str(exc))
     console.print(f"{db}: {counts['measured']} configurations measured, {counts['already there']} already there")

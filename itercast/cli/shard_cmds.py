@@ -5,17 +5,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, cast
 
+import numpy as np
 import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from itercast.cli import JsonOpt, app, console, echo_json, fail, working
-from itercast.config.job import load_system, plain_yaml
+from itercast.cli import JsonOpt, SetOpt, app, console, echo_json, fail, working
+from itercast.config.job import parse_section, plain_yaml, raw_sections
 from itercast.config.presets import preset, preset_names
 from itercast.config.system import SystemConfig
+from itercast.costs.calibrate import load_calibration
 from itercast.errors import ConfigError
+from itercast.sim.analysis import breakdown, critical_path
 from itercast.user_files import read_small_text
-from itercast.workloads.dlrm import DLRMConfig, Shard, ShardingResult, check_sharding, dlrm_step, plan_sharding
+from itercast.workloads.dlrm import (
+    DLRMConfig,
+    DLRMStep,
+    Shard,
+    ShardingResult,
+    check_sharding,
+    dlrm_step,
+    load_index_sample,
+    plan_sharding,
+)
 
 MAX_MODEL_BYTES = 4 << 20
 
@@ -24,6 +36,18 @@ MAX_MODEL_BYTES = 4 << 20
 def shard_cmd(
     model: Annotated[str, typer.Option(metavar="NAME|FILE", help="A DLRM preset (itercast presets) or a YAML file.")],
     system: Annotated[str, typer.Option(metavar="NAME", help="System preset.")] = "dgx-h100",
+    set_: SetOpt = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Calibration file (`itercast calibrate`): curves and operator models."),
+    ] = None,
+    indices: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="TABLE=FILE",
+            help="A sample of a table's real indices (.npy or text integers), for its distinct rows (repeatable).",
+        ),
+    ] = None,
     nodes: Annotated[int, typer.Option(min=1, max=4096, help="Nodes of the system.")] = 1,
     batch_per_rank: Annotated[int, typer.Option(min=1, max=10_000_000, help="Samples per GPU per step.")] = 4096,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Plans to show.")] = 5,
@@ -39,28 +63,9 @@ def shard_cmd(
     """Shard a DLRM's embedding tables over the GPUs (table-, column-, row-wise, data-parallel and
     mixes) for the least step time: every combination when there are few, else greedily, each plan
     priced by simulating its step on every rank; plans that fit first."""
-    try:
-        dlrm = _load_model(model)
-        sys_cfg = cast(SystemConfig, load_system(system, num_nodes=nodes))
-        with working("pricing shardings…", as_json):
-            if sharding is not None:
-                plan = _load_sharding(sharding, dlrm, sys_cfg.num_gpus)
-                result = ShardingResult([(plan, dlrm_step(dlrm, sys_cfg, plan, batch_per_rank))], "given", 1)
-            else:
-                result = plan_sharding(dlrm, sys_cfg, batch_per_rank)
-    except (ConfigError, ValueError) as exc:
-        fail(str(exc).replace("\n", "\n  "))
-    plans = [
-        {
-            "tables": [{"name": n, "strategy": s.strategy, "ranks": list(s.ranks)} for n, s in plan.items()],
-            "step_time_s": step.step_time_s,
-            "memory_per_gpu_bytes": step.memory_per_gpu_bytes,
-            "fits": step.fits,
-        }
-        for plan, step in result.plans[:top]
-    ]
+    dlrm, sys_cfg, result = _price(model, system, nodes, set_, calibration, indices, sharding, batch_per_rank, as_json)
     out: dict[str, Any] = {
-        "plans": plans,
+        "plans": [_plan_dict(plan, step) for plan, step in result.plans[:top]],
         "world_size": sys_cfg.num_gpus,
         "batch_per_rank": batch_per_rank,
         "method": result.method,
@@ -87,6 +92,85 @@ def shard_cmd(
     console.print(table)
 
 
+def _price(
+    model: str,
+    system: str,
+    nodes: int,
+    set_: list[str] | None,
+    calibration: Path | None,
+    indices: list[str] | None,
+    sharding: Path | None,
+    batch_per_rank: int,
+    quiet: bool,
+) -> tuple[DLRMConfig, SystemConfig, ShardingResult]:
+    """The model, the system and the priced sharding(s): the given one, else the planner's; every
+    input problem is one error line and exit 2."""
+    try:
+        dlrm = load_dlrm(model)
+        raw = raw_sections(overrides=set_ or [], system=system)
+        if raw["model"] or raw["plan"]:
+            raise ConfigError("--set: a DLRM takes system.FIELD=VALUE only (the model is --model)")
+        sys_cfg = cast(SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set"))
+        cal = load_calibration(calibration) if calibration else None
+        counts = _index_samples(indices or [], dlrm)
+        with working("pricing shardings…", quiet):
+            if sharding is not None:
+                plan = load_sharding(sharding, dlrm, sys_cfg.num_gpus)
+                step = dlrm_step(dlrm, sys_cfg, plan, batch_per_rank, cal, counts)
+                return dlrm, sys_cfg, ShardingResult([(plan, step)], "given", 1)
+            return dlrm, sys_cfg, plan_sharding(dlrm, sys_cfg, batch_per_rank, calibration=cal, index_counts=counts)
+    except (ConfigError, ValueError) as exc:  # CalibrationError is a ValueError
+        fail(str(exc).replace("\n", "\n  "))
+
+
+def _plan_dict(plan: dict[str, Shard], step: DLRMStep) -> dict[str, Any]:
+    """A priced sharding as JSON: tables, step time, memory, the step by cause on the rank that
+    finishes last, and the critical path (task names in order, repeats merged)."""
+    g = step.graph
+    path = [g.names[g.name[t]] for t in critical_path(step.sim)]
+    return {
+        "tables": [{"name": n, "strategy": s.strategy, "ranks": list(s.ranks)} for n, s in plan.items()],
+        "step_time_s": step.step_time_s,
+        "memory_per_gpu_bytes": step.memory_per_gpu_bytes,
+        "fits": step.fits,
+        "breakdown": breakdown(step.sim).as_dict(),
+        "critical_path": [name for i, name in enumerate(path) if i == 0 or path[i - 1] != name],
+    }
+
+
+def predict_dlrm(
+    model: str,
+    system: str,
+    set_: list[str] | None,
+    calibration: Path | None,
+    sharding: Path | None,
+    batch_per_rank: int,
+    as_json: bool,
+) -> None:
+    """`itercast predict --model DLRM`: one step under the given sharding, else the planner's best."""
+    dlrm, sys_cfg, result = _price(model, system, 1, set_, calibration, None, sharding, batch_per_rank, as_json)
+    plan, step = result.plans[0]
+    doc = {"model": dlrm.name, "world_size": sys_cfg.num_gpus, "batch_per_rank": batch_per_rank}
+    doc |= {"sharding_from": "--sharding" if sharding else f"planner ({result.method})", **_plan_dict(plan, step)}
+    if as_json:
+        echo_json(doc)
+        return
+    console.print(
+        f"{dlrm.name} on {sys_cfg.num_gpus}× {sys_cfg.gpu.name}, {batch_per_rank} samples per GPU, sharding from "
+        f"{doc['sharding_from']}: {_summary(plan)}",
+        highlight=False,
+    )
+    table = Table(show_header=False)
+    table.add_row("step time", f"{step.step_time_s * 1e3:.3f} ms")
+    for key, value in doc["breakdown"].items():
+        if key != "rank":
+            table.add_row(f"  {key.removesuffix('_s').replace('_', ' ')}", f"{value * 1e3:.3f} ms")
+    fits = "fits" if step.fits else f"does NOT fit ({step.capacity_bytes / 2**30:.1f} GiB usable)"
+    table.add_row("memory per GPU", f"{step.memory_per_gpu_bytes / 2**30:.2f} GiB, {fits}")
+    table.add_row("critical path", " → ".join(doc["critical_path"]))
+    console.print(table)
+
+
 def _summary(plan: dict[str, Shard]) -> str:
     """`t0 TW@0, t1 RW, …`: a sharding on one line."""
     short = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "data_parallel": "DP"}
@@ -97,7 +181,23 @@ def _summary(plan: dict[str, Shard]) -> str:
     return ", ".join(parts)
 
 
-def _load_sharding(path: Path, dlrm: DLRMConfig, world: int) -> dict[str, Shard]:
+def _index_samples(items: list[str], dlrm: DLRMConfig) -> dict[str, np.ndarray]:
+    """`TABLE=FILE` options → each table's row frequencies (workloads/dlrm.load_index_sample)."""
+    tables = {t.name: t for t in dlrm.tables}
+    out = {}
+    for item in items:
+        name, sep, file = item.partition("=")
+        if not sep or not file:
+            raise ConfigError(f"--indices {item!r}: expected TABLE=FILE")
+        if name not in tables:
+            raise ConfigError(
+                f"--indices {item!r}: {dlrm.name} has no table {name!r} (tables: {', '.join(list(tables)[:10])}…)"
+            )
+        out[name] = load_index_sample(Path(file), tables[name])
+    return out
+
+
+def load_sharding(path: Path, dlrm: DLRMConfig, world: int) -> dict[str, Shard]:
     """A sharding file, every problem named."""
     doc = plain_yaml(read_small_text(path, "sharding", MAX_MODEL_BYTES), str(path))
     if not isinstance(doc, dict):
@@ -116,7 +216,7 @@ def _load_sharding(path: Path, dlrm: DLRMConfig, world: int) -> dict[str, Shard]
     return plan
 
 
-def _load_model(text: str) -> DLRMConfig:
+def load_dlrm(text: str) -> DLRMConfig:
     """A DLRM preset by name, or a YAML file of the same fields."""
     if text in preset_names("dlrm"):
         fields, source = preset("dlrm", text), f"preset {text}"

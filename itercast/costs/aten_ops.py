@@ -14,6 +14,9 @@ Families (`features(call).family`):
   full forward, with causal masking as a "layout" (whether masked blocks are skipped is the device's
   business: the CPU kernel measured here is as slow causal as not); the backward is keyed by the same;
 - embedding_bag_fwd / embedding_bag_bwd: bytes of every looked-up row, and the table's bytes;
+- embedding_bag_update: the fused sparse row-wise Adagrad update of a table (itercast::rowwise_adagrad_update,
+  profile/microbench.rowwise_adagrad_update; what TorchRec fuses into the backward): bytes of every
+  looked-up row's gradient, and the table's bytes;
 - norm: layer norm, batch norm (native and cuDNN) and (log-)softmax, forward and backward: the
   bytes of their tensors, with the number of independent rows (channels, for a batch norm) as m
   and the length each one reduces over as n; a GPU runs one block per row or channel, so a batch
@@ -57,6 +60,7 @@ ATTENTION_BWD = {
 }
 EMBEDDING_BAG_FWD = {"aten::_embedding_bag", "aten::_embedding_bag_forward_only"}
 EMBEDDING_BAG_BWD = {"aten::_embedding_bag_backward"}
+EMBEDDING_UPDATE = "itercast::rowwise_adagrad_update"  # inputs: weight [rows, d], state [rows], indices, gradients
 #: memory-bound operators priced whole (their children are part of what was measured)
 WHOLE_MEMORY_OPS = {
     "aten::native_layer_norm",
@@ -220,6 +224,14 @@ def features(call: OpArgs) -> OpFeatures:
             "embedding_bag_bwd",
             lookups * grad[-1] * size,
             {"rows": rows, "dim": grad[-1], "lookups": lookups, "table_bytes": rows * grad[-1] * size},
+        )
+    if name == EMBEDDING_UPDATE:
+        (rows, dim), lookups = shapes[0], math.prod(shapes[2])
+        size = itemsize(call.input_types[0])
+        return OpFeatures(
+            "embedding_bag_update",
+            lookups * dim * size,
+            {"rows": rows, "dim": dim, "lookups": lookups, "table_bytes": rows * dim * size},
         )
     if name in FREE_OPS or not name.startswith("aten::"):
         return OpFeatures("free")

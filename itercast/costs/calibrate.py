@@ -75,7 +75,7 @@ def _groups(db: ProfileDB, device_id: int) -> dict[tuple[str, str], list[Measure
             key = ("gemm", CURVE_KEYS.get(_plan_dtype(m.dtype), "bf16"))
         elif m.family in ("elementwise", "norm"):
             key = ("memory", m.family)
-        elif m.family == "embedding" and m.op != "embedding_bag_bwd":
+        elif m.family == "embedding" and m.op == "embedding_bag_fwd":
             key = ("embedding", "lookup")  # distributions pooled: their effect enters through the reuse feature
         elif m.family == "collective" and m.op in BUS_FACTOR:
             key = ("intra_node" if m.nodes == 1 else "inter_node", m.op)
@@ -248,6 +248,13 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
             f"{path}: calibration version {doc.get('version')!r}; this itercast reads "
             f"version {VERSION} — re-run `itercast calibrate` on the profiling database"
         )
+    return merge_calibration(doc, str(path))
+
+
+def merge_calibration(doc: dict[str, Any], where: str = "<calibration>") -> dict[str, Any]:
+    """The built-in curves with the calibration document `doc` (calibrate()'s, or a file's) merged
+    over them; `where` names it in errors."""
+    path = where
     merged = json.loads(json.dumps(curves()))
     merged["system"] = doc.get("system")  # the system the curves were fitted for (None: host overheads only)
     for section in ("gemm", "memory", "embedding"):

@@ -29,7 +29,9 @@ features of costs/aten_ops.py. Forms (all fitted on log time, so relative errors
   indices are sorted into one segment per distinct row, each accumulated and written once: held-out
   9.2% → 6.7% on this CPU, 30.9% → 27.2% on the H100) and the table's bytes, at a higher rate for
   tables of at least a break (the dense gradient is zeroed and written whole, and a large one is
-  mapped afresh page by page, as above; the sort gives the per-lookup term);
+  mapped afresh page by page, as above; the sort gives the per-lookup term); the fused row-wise
+  Adagrad update (embedding_bag_update), the bytes of distinct rows, at a higher rate for tables of
+  at least a break (rows scattered over a table that does not stay in cache);
 - host: seconds per operator called from Python, per nested operator call, per autograd function
   and per launch of an operator's work (non-negative least squares over the `host` programs, whose
   counts come from their traces; a database whose programs counted no launches fits none).
@@ -183,6 +185,9 @@ def lookup_columns(feats: list[OpFeatures], unique: np.ndarray, cache_bytes: flo
         "gathered_byte": np.array([f.size for f in feats]),
     }
     table = np.array([float(f.dims["table_bytes"]) for f in feats])
+    if feats[0].family == "embedding_bag_update":  # each distinct row's gradient summed, row and state updated
+        distinct = cols["gathered_byte"] * unique
+        return cols | {"distinct_byte": distinct, "distinct_byte_if_large": distinct * (table >= cache_bytes)}
     if feats[0].family == "embedding_bag_bwd":  # from `cache_bytes` on, the zeroed gradient is mapped afresh
         distinct = cols["gathered_byte"] * unique  # one gradient row accumulated and written per distinct row
         return cols | {
@@ -275,6 +280,16 @@ def unique_fraction_zipf(rows: int, lookups: int, alpha: float, block: int = 1 <
     return min(1.0, distinct / lookups)
 
 
+def unique_fraction_sampled(counts: np.ndarray, lookups: int) -> float:
+    """Expected fraction of distinct rows among `lookups` draws from a sample's row frequencies:
+    `counts[i]` is how often one row appears in a sample of real indices (rows absent from the
+    sample are never drawn); Σ_i (1 − (1 − p_i)^lookups) / lookups with p_i = counts[i] / Σ counts."""
+    if lookups <= 0:
+        return 1.0
+    p = counts[counts > 0] / float(counts.sum())
+    return min(1.0, float(np.sum(-np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-16))))) / lookups)
+
+
 class OperatorCostModel:
     """Seconds of an operator call on the device the `operators` section was fitted on."""
 
@@ -291,28 +306,31 @@ class OperatorCostModel:
     def measured_s(self, call: OpArgs, f: OpFeatures | None = None, unique_fraction: float | None = None) -> float:
         """What a microbenchmark of this call alone would measure (its own host overhead included).
         `unique_fraction`: distinct rows among an embedding bag's indices (uniform draws when None)."""
-        f = f or features(call)
+        return self.price(call.name, f or features(call), unique_fraction)
+
+    def price(self, op: str, f: OpFeatures, unique_fraction: float | None = None) -> float:
+        """What a microbenchmark of a call of operator `op` with features `f` would measure."""
         if f.family == "free":
             return 0.0
         fit = (
-            self._by_name.get(call.name)
-            or self._by_name.get(SAME_KERNEL.get(call.name, ""))
-            or self._by_name.get(OTHER_BACKEND.get(call.name, ""))
+            self._by_name.get(op)
+            or self._by_name.get(SAME_KERNEL.get(op, ""))
+            or self._by_name.get(OTHER_BACKEND.get(op, ""))
         )
         if f.family in COMPUTE:
             if fit is None:
-                raise OpModelError(f"{call.name}: no model for this operator (profile family {f.family!r} first)")
+                raise OpModelError(f"{op}: no model for this operator (profile family {f.family!r} first)")
             return shape_model_s(fit, f)
         if f.family.startswith("embedding_bag"):
             if fit is None:
-                raise OpModelError(f"{call.name}: no model for this operator (profile family 'embedding' first)")
+                raise OpModelError(f"{op}: no model for this operator (profile family 'embedding' first)")
             u = unique_fraction if unique_fraction is not None else unique_fraction_uniform(*_rows_lookups(f))
             cols = lookup_columns([f], np.array([u]), fit["cache_bytes"])
             return float(fit["alpha_s"] + sum(fit[f"s_per_{name}"] * col[0] for name, col in cols.items()))
-        fallback = FALLBACK_MEMORY_OPS[call.name.endswith("_")]
+        fallback = FALLBACK_MEMORY_OPS[op.endswith("_")]
         fit = fit or self._by_name.get(fallback)
         if fit is None:
-            raise OpModelError(f"{call.name}: no model for it nor for {fallback} (profile 'elementwise' first)")
+            raise OpModelError(f"{op}: no model for it nor for {fallback} (profile 'elementwise' first)")
         rate_s_per_byte = fit["s_per_byte"] + fit["s_per_byte_if_large"] * (f.size >= fit["break_bytes"])
         return float(fit["alpha_s"] + rate_s_per_byte * f.size)
 

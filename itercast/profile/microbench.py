@@ -7,8 +7,9 @@ Families (the grids are QUICK and FULL below):
 - attention: fused scaled-dot-product attention forward and backward, causal and not;
 - norm: layer norm, batch norm, softmax and log-softmax, forward and backward;
 - elementwise: add (new output and in place), mul, gelu, relu, copy, sum and gelu backward over sizes;
-- embedding: EmbeddingBag forward and backward over rows × dim × pooling factor × index
-  distribution (uniform, Zipf 1.05), with the fraction of distinct rows among the indices measured;
+- embedding: EmbeddingBag forward and backward, and the fused sparse row-wise Adagrad update
+  (rowwise_adagrad_update), over rows × dim × pooling factor × index distribution (uniform,
+  Zipf 1.05), with the fraction of distinct rows among the indices measured;
 - host: small programs of tiny operators (Python calls, nested calls, autograd functions), whose
   counts of each come from an execution trace of the program, to fit the per-call host overheads;
 - collective: all-reduce, all-gather, reduce-scatter and all-to-all through torch.distributed across
@@ -39,7 +40,7 @@ from typing import Any
 
 from rich.progress import Progress, TaskID
 
-from itercast.costs.aten_ops import OpCall, features
+from itercast.costs.aten_ops import EMBEDDING_UPDATE, OpCall, features
 from itercast.profile import collective_bench
 from itercast.profile.db import Measurement, ProfileDB, ProfileError
 
@@ -69,7 +70,9 @@ QUICK: dict[str, Any] = {
 FULL: dict[str, Any] = {
     "gemm": [64, 128, 256, 512, 1024, 2048],
     "layouts": ["nn", "nt", "tn"],
-    "bmm": [(b, m, n, k) for b in (8, 32) for m, n, k in itertools.product((32, 128, 512), repeat=3)],
+    # and a DLRM's interaction: b samples' F × d by d × F (F = tables + 1) products, and its backward's F × F by F × d
+    "bmm": [(b, m, n, k) for b in (8, 32) for m, n, k in itertools.product((32, 128, 512), repeat=3)]
+    + [(b, f, n, k) for b in (256, 2048) for f in (5, 27) for d in (32, 128) for n, k in ((f, d), (d, f))],
     # (batch, channels in, channels out, height = width, kernel)
     "conv": [
         (b, ci, co, hw, ks)
@@ -165,7 +168,7 @@ def configs(grid: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
         grid["pooling"],
         grid["distributions"],
         grid.get("embedding_batches", [512]),
-        ("fwd", "bwd"),
+        ("fwd", "bwd", "update"),
     ):
         params = {"rows": rows, "dim": dim, "pooling": pool, "distribution": dist, "batch": batch}
         yield "embedding", f"embedding_bag_{direction}", params
@@ -384,6 +387,21 @@ def _prepare_elementwise(op: str, p: dict[str, Any], randn: Callable[..., Any]) 
     return fn, _describe(name, inputs, [fn()]), {}
 
 
+def rowwise_adagrad_update(weight: Any, state: Any, idx: Any, grad_rows: Any, lr: float = 0.01) -> None:
+    """The sparse row-wise Adagrad step of a table, in eager PyTorch (what TorchRec fuses into the
+    embedding backward, FBGEMM's rowwise_adagrad): the gradients of the lookups `idx` (`grad_rows`,
+    one row each) summed per distinct row; each distinct row's state += mean(g²) and row −= lr·g /
+    (√state + ε). `weight` [rows, d] and `state` [rows] (fp32) are updated in place. The DLRM
+    measurement (tools/measure_dlrm_sharding.py) runs this same function."""
+    import torch
+
+    uniq, inv = torch.unique(idx, return_inverse=True)
+    acc = torch.zeros(len(uniq), grad_rows.shape[1], device=grad_rows.device).index_add_(0, inv, grad_rows)
+    rows_state = state[uniq] + acc.pow(2).mean(1)
+    state[uniq] = rows_state
+    weight.index_add_(0, uniq, acc * (-lr / (rows_state.sqrt() + 1e-8))[:, None])
+
+
 def _prepare_embedding(op: str, p: dict[str, Any], randn: Callable[..., Any], device: str) -> Prepared:
     import torch
 
@@ -406,6 +424,10 @@ def _prepare_embedding(op: str, p: dict[str, Any], randn: Callable[..., Any], de
         return (lambda: aten._embedding_bag(weight, idx, offsets, False, 0)), call, features
     out, offset2bag, bag_size, max_idx = outs
     grad = torch.randn_like(out)
+    if op == "embedding_bag_update":  # the pooled gradient of each lookup's bag, then the update
+        state, grad_rows = torch.zeros(rows, device=device), grad.repeat_interleave(pool, 0)
+        call = _describe(EMBEDDING_UPDATE, [weight, state, idx, grad_rows], [])
+        return (lambda: rowwise_adagrad_update(weight, state, idx, grad_rows)), call, features
 
     def bwd() -> Any:
         return aten._embedding_bag_backward(
@@ -558,8 +580,12 @@ def run(
     warmup: int = 3,
     repeats: int = 10,
     passes: int = 1,
+    threads: int | None = None,
 ) -> dict[str, int]:
     """Measure every configuration not yet in the database for this device. Returns counts.
+
+    `threads`: torch's intra-op threads (default: torch's, one per core); a CPU that runs one rank
+    per core is profiled with 1. The count is part of the device's fingerprint.
 
     Each pass runs in its own seeded shuffled order. passes > 1: the whole grid `passes` times, each
     row stored as it is measured (params["pass"]), so that a host whose speed drifts over minutes
@@ -568,6 +594,10 @@ def run(
     configuration as the median of its passes (ProfileDB.measurements)."""
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # quiets the trace observer's notices (read at import)
     check_device(device)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     unknown = set(families) - set(FAMILIES)
     if unknown:
         raise ProfileError(f"unknown families {sorted(unknown)}: expected some of {', '.join(FAMILIES)}")

@@ -15,8 +15,9 @@ One step, per rank:
 - backward: the mirror; the pooled gradients come back by all-to-all (row-wise: all-gather); each
   shard's backward reads its lookups' gradients and updates its distinct rows (weights and
   Adagrad state read and written): distinct rows from the index distribution (uniform, or Zipf with
-  table.zipf_alpha; costs/op_model.py); MLP gradients and data-parallel tables' gradients are
-  all-reduced beside the embedding backward; then the MLP optimizer.
+  table.zipf_alpha; costs/op_model.py); a data-parallel table's dense gradient is all-reduced with
+  the MLPs' gradients beside the other tables' backward; then Adam on the MLPs and the replicas'
+  dense row-wise Adagrad.
 Collectives start when every rank is ready (the simulator's rendezvous).
 """
 
@@ -24,23 +25,33 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
 from itercast.config.strict import STRICT, Width
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
-from itercast.costs.op_model import unique_fraction_uniform, unique_fraction_zipf
+from itercast.costs.aten_ops import EMBEDDING_UPDATE, OpFeatures
+from itercast.costs.op_model import (
+    OperatorCostModel,
+    unique_fraction_sampled,
+    unique_fraction_uniform,
+    unique_fraction_zipf,
+)
+from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import place_group
-from itercast.sim.engine import simulate
+from itercast.sim.engine import SimResult, simulate
 
 Strategy = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
 STRATEGIES: tuple[Strategy, ...] = ("table_wise", "column_wise", "row_wise", "data_parallel")
 F32 = 4  # bytes: fp32 tables, gradients and pooled vectors
 ADAGRAD_ROW_BYTES = 4  # row-wise Adagrad: one fp32 state per row
 ADAM_BYTES = 16  # an MLP parameter: fp32 weight, gradient, Adam m and v
+LOOKUP_OP = "aten::_embedding_bag"  # the operator a calibrated forward lookup is priced as
 
 
 class EmbeddingTable(BaseModel):
@@ -121,6 +132,7 @@ class ShardWork:
     rows: float
     dim: int
     pooled_out_bytes: float  # pooled vectors this rank produces (all-to-all or reduce-scatter)
+    replica: bool = False  # data-parallel: a dense gradient, all-reduced, and the whole table updated
 
 
 def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch: int) -> ShardWork | None:
@@ -137,32 +149,83 @@ def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch
         return ShardWork(B * P, table.num_rows, part, B * part * F32)
     if shard.strategy == "row_wise":
         return ShardWork(B * P / world, table.num_rows / world, d, B * d * F32)
-    return ShardWork(batch * P, table.num_rows, d, 0.0)  # data_parallel: the local batch only
+    return ShardWork(batch * P, table.num_rows, d, 0.0, replica=True)  # data_parallel: the local batch only
 
 
-def _distinct(table: EmbeddingTable, work: ShardWork) -> float:
+def _distinct(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | None = None) -> float:
+    """Expected distinct rows among the shard's lookups: from a sample of real indices (`counts`,
+    load_index_sample: a row-wise shard of 1/k of the rows sees 1/k of the distinct rows of k times
+    its lookups), else from the table's named distribution (uniform or Zipf)."""
+    if counts is not None:
+        k = table.num_rows / work.rows
+        lookups_all = max(1, round(work.lookups * k))
+        return unique_fraction_sampled(counts, lookups_all) * lookups_all / k
     rows, lookups = max(1, round(work.rows)), max(1, round(work.lookups))
     if table.zipf_alpha:
         return unique_fraction_zipf(rows, lookups, table.zipf_alpha) * lookups
     return unique_fraction_uniform(rows, lookups) * lookups
 
 
-def embedding_seconds(costs: AnalyticCostModel, table: EmbeddingTable, work: ShardWork) -> tuple[float, float]:
-    """(forward, backward) seconds of one shard: forward reads every looked-up row and writes the
-    pooled vectors; backward reads the pooled gradients, the rows' gradients once per lookup, and
-    reads and writes every distinct row's weights and Adagrad state."""
+def embedding_seconds(
+    costs: AnalyticCostModel,
+    table: EmbeddingTable,
+    work: ShardWork,
+    ops: OperatorCostModel | None = None,
+    counts: np.ndarray | None = None,
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one shard.
+
+    Forward reads every looked-up row and writes the pooled vectors. Backward reads the pooled
+    gradients and writes each lookup's gradient row; a sharded table then runs the fused row-wise
+    Adagrad update (TorchRec): every distinct row's gradient summed, the row and its state read and
+    written; a replica zeroes its dense gradient (rows·d·4 bytes) and accumulates the distinct rows
+    into it (its update is replica_update_bytes, after the all-reduce). Priced as memory traffic on
+    the cost model, except where `ops` (a calibration's `operators`, fitted on `itercast profile`'s
+    embedding microbenchmarks) has a model of the operator: the lookup (aten::_embedding_bag) and
+    the update (itercast::rowwise_adagrad_update), each at this shard's rows, width, lookups and
+    distinct-row fraction. PyTorch's aten::_embedding_bag_backward, which the profile also
+    measures, writes a dense table-sized gradient: it is not the sparse update and is not used.
+    `counts`: the row frequencies of a sample of the table's real indices (load_index_sample)."""
     pooled = work.pooled_out_bytes or work.lookups / table.pooling_factor * work.dim * F32
-    fwd = work.lookups * work.dim * F32 + pooled
-    bwd = pooled + work.lookups * work.dim * F32 + _distinct(table, work) * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES)
-    return float(costs.memory_s("elementwise", fwd)), float(costs.memory_s("elementwise", bwd))
+    distinct = _distinct(table, work, counts)
+    per_lookup = work.lookups * work.dim * F32
+    dims = {"rows": work.rows, "dim": work.dim, "lookups": work.lookups, "table_bytes": work.rows * work.dim * F32}
+    unique = distinct / max(work.lookups, 1.0)
+    if ops is not None and ops.has_model(LOOKUP_OP):
+        fwd_s = ops.price(LOOKUP_OP, OpFeatures("embedding_bag_fwd", per_lookup, dims), unique)
+    else:
+        fwd_s = float(costs.memory_s("elementwise", per_lookup + pooled))
+    if work.replica:
+        return fwd_s, float(
+            costs.memory_s("elementwise", pooled + per_lookup + (work.rows + 2 * distinct) * work.dim * F32)
+        )
+    if ops is not None and ops.has_model(EMBEDDING_UPDATE):
+        update_s = ops.price(EMBEDDING_UPDATE, OpFeatures("embedding_bag_update", per_lookup, dims), unique)
+        return fwd_s, float(costs.memory_s("elementwise", pooled + per_lookup)) + update_s
+    return fwd_s, float(
+        costs.memory_s("elementwise", pooled + per_lookup + distinct * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES))
+    )
+
+
+def replica_update_bytes(table: EmbeddingTable) -> float:
+    """A data-parallel table's dense row-wise Adagrad step: the all-reduced gradient read, every
+    row and its state read and written."""
+    return table.num_rows * (3 * table.embedding_dim * F32 + 2 * ADAGRAD_ROW_BYTES)
 
 
 @dataclass(frozen=True)
 class DLRMStep:
-    step_time_s: float
+    sim: SimResult  # the simulated step: every rank's timeline
     memory_per_rank_bytes: list[float]
     capacity_bytes: float
-    graph: ExecGraph
+
+    @property
+    def step_time_s(self) -> float:
+        return self.sim.step_time_s
+
+    @property
+    def graph(self) -> ExecGraph:
+        return self.sim.graph
 
     @property
     def memory_per_gpu_bytes(self) -> float:
@@ -187,25 +250,62 @@ def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> li
     return held
 
 
-def dlrm_step(model: DLRMConfig, system: SystemConfig, plan: dict[str, Shard], batch_per_rank: int) -> DLRMStep:
+def _gemm(batch: int, m: int, n: int, k: int, layout: str = "nn") -> OpFeatures:
+    return OpFeatures("gemm", 2.0 * batch * m * n * k, {"batch": batch, "m": m, "n": n, "k": k, "layout": layout})
+
+
+def mlp_seconds(
+    costs: AnalyticCostModel, ops: OperatorCostModel | None, b: int, layers: list[tuple[int, int]]
+) -> tuple[float, float]:
+    """(forward, backward) seconds of Linear + ReLU layers (in, out) on `b` rows: the forward GEMM
+    x·Wᵀ and the activation written; backward the input gradient (g·W) and weight gradient (gᵀ·x)
+    GEMMs and the activation's gradient. GEMMs on the operator models of a calibration where it has
+    them (aten::addmm / aten::mm, shape- and layout-aware: a DLRM's skinny layers run far below
+    peak), else on the cost model's curve (backward: twice the forward)."""
+    fwd = bwd = 0.0
+    for i, o in layers:
+        act = float(costs.memory_s("activation", 2.0 * b * o * F32))
+        if ops is not None and ops.has_model("aten::mm"):
+            fwd += ops.price("aten::addmm", _gemm(1, b, o, i, "nt")) + act
+            bwd += ops.price("aten::mm", _gemm(1, b, i, o)) + ops.price("aten::mm", _gemm(1, o, i, b, "tn")) + act
+        else:
+            gemm = float(costs.gemm_s(2.0 * b * i * o))
+            fwd += gemm + act
+            bwd += 2 * (gemm + act)
+    return fwd, bwd
+
+
+def dlrm_step(
+    model: DLRMConfig,
+    system: SystemConfig,
+    plan: dict[str, Shard],
+    batch_per_rank: int,
+    calibration: dict[str, Any] | None = None,
+    index_counts: dict[str, np.ndarray] | None = None,
+) -> DLRMStep:
     """Simulate one step of `model` on `system` (every GPU a rank) under the sharding `plan` (tables
-    it does not name are left out: the planner prices partial plans)."""
+    it does not name are left out: the planner prices partial plans). `calibration`: a calibration
+    document (costs/calibrate.py) for the GEMM, memory and collective curves and, with an
+    `operators` section, the operator models of the lookups, updates and GEMMs; the built-in curves
+    when None. `index_counts`: per table, the row frequencies of a sample of its real indices
+    (load_index_sample); tables without one use their named distribution."""
     world, b = system.num_gpus, batch_per_rank
-    costs = AnalyticCostModel(system, "fp32")
+    costs = AnalyticCostModel(system, "fp32", calibration)
+    ops = OperatorCostModel(calibration["operators"]) if calibration and "operators" in calibration else None
     group = place_group(world, 1, system.node.gpus_per_node)
 
-    def mlp_s(layers: list[tuple[int, int]]) -> float:  # forward: GEMMs and their activations
-        return sum(
-            float(costs.gemm_s(2.0 * b * i * o) + costs.memory_s("activation", 2.0 * b * o * F32)) for i, o in layers
-        )
-
     layers, f = model.mlp_layers(), len(model.tables) + 1
-    bottom_fwd = mlp_s(layers[: len(model.bottom_mlp)])
-    top_fwd = mlp_s(layers[len(model.bottom_mlp) :])
-    if model.interaction == "dot":  # pairwise dot products: one batched GEMM of F × d by d × F
-        top_fwd += float(costs.gemm_s(2.0 * b * f * f * model.dim))
-    emb_fwd, emb_bwd, a2a_bytes = [0.0] * world, [0.0] * world, [0.0] * world
-    rw_bytes = dp_bytes = 0.0
+    bottom_fwd, bottom_bwd = mlp_seconds(costs, ops, b, layers[: len(model.bottom_mlp)])
+    top_fwd, top_bwd = mlp_seconds(costs, ops, b, layers[len(model.bottom_mlp) :])
+    if model.interaction == "dot":  # pairwise dot products: a batched GEMM of F × d by d × F; backward two
+        if ops is not None and ops.has_model("aten::bmm"):
+            top_fwd += ops.price("aten::bmm", _gemm(b, f, f, model.dim))
+            top_bwd += 2 * ops.price("aten::bmm", _gemm(b, f, model.dim, f))
+        else:
+            top_fwd += float(costs.gemm_s(2.0 * b * f * f * model.dim))
+            top_bwd += 2 * float(costs.gemm_s(2.0 * b * f * f * model.dim))
+    emb_fwd, emb_bwd, replica_bwd, a2a_bytes = ([0.0] * world for _ in range(4))
+    rw_bytes = dp_bytes = update_bytes = 0.0
     for t in model.tables:
         shard = plan.get(t.name)
         if shard is None:
@@ -214,19 +314,20 @@ def dlrm_step(model: DLRMConfig, system: SystemConfig, plan: dict[str, Shard], b
             rw_bytes += b * world * t.embedding_dim * F32
         if shard.strategy == "data_parallel":
             dp_bytes += t.num_rows * t.embedding_dim * F32
+            update_bytes += replica_update_bytes(t)
         for r in shard.ranks:
             work = shard_work(t, shard, r, world, b)
             assert work is not None
-            fwd, bwd = embedding_seconds(costs, t, work)
+            fwd, bwd = embedding_seconds(costs, t, work, ops, (index_counts or {}).get(t.name))
             emb_fwd[r] += fwd
-            emb_bwd[r] += bwd
+            (replica_bwd if work.replica else emb_bwd)[r] += bwd
             if shard.strategy in ("table_wise", "column_wise"):
                 a2a_bytes[r] += work.pooled_out_bytes
     exchange = costs.collective_s("alltoall", max(a2a_bytes), group)
     fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
     bwd_comm = exchange + costs.collective_s("all_gather", rw_bytes, group)
     reduce = costs.collective_s("all_reduce", model.mlp_params() * F32 + dp_bytes, group)
-    optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_BYTES * 2))
+    optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_BYTES * 2 + update_bytes))
     g = GraphBuilder()
     exchange_fwd, exchange_bwd, all_reduce = g.new_collective(), g.new_collective(), g.new_collective()
     comp_, comm_ = Category.COMPUTE, Category.COMMUNICATION
@@ -235,17 +336,48 @@ def dlrm_step(model: DLRMConfig, system: SystemConfig, plan: dict[str, Shard], b
         emb = g.task("embedding_fwd", comp, emb_fwd[r], comp_, "embedding")
         a2a = g.task("pooled_exchange", comm, fwd_comm, comm_, "alltoall", [emb], collective=exchange_fwd)
         bottom = g.task("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")
-        top = g.task("interaction_top_mlp_fwd_bwd", comp, 3 * top_fwd, comp_, "mlp", [a2a, bottom])
-        back = g.task("pooled_grad_exchange", comm, bwd_comm, comm_, "alltoall", [top], collective=exchange_bwd)
-        bottom_b = g.task("bottom_mlp_bwd", comp, 2 * bottom_fwd, comp_, "mlp", [top])
-        emb_b = g.task("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back, bottom_b])
-        ar = g.task("grad_all_reduce", dp, reduce, comm_, "all_reduce", [bottom_b], collective=all_reduce)
+        top = g.task("interaction_top_mlp_fwd_bwd", comp, top_fwd + top_bwd, comp_, "mlp", [a2a, bottom])
+        bottom_b = g.task("bottom_mlp_bwd", comp, bottom_bwd, comp_, "mlp", [top])
+        replica_b = g.task("replica_embedding_bwd", comp, replica_bwd[r], comp_, "embedding", [bottom_b])
+        ar = g.task("grad_all_reduce", dp, reduce, comm_, "all_reduce", [replica_b], collective=all_reduce)
+        back = g.task("pooled_grad_exchange", comm, bwd_comm, comm_, "alltoall", [replica_b], collective=exchange_bwd)
+        emb_b = g.task("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back])
         g.task("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, ar])
     graph = g.build()
     gpu = system.gpu
-    return DLRMStep(
-        simulate(graph).step_time_s, memory_per_rank(model, plan, world), gpu.hbm_bytes - gpu.reserved_bytes, graph
-    )
+    return DLRMStep(simulate(graph), memory_per_rank(model, plan, world), gpu.hbm_bytes - gpu.reserved_bytes)
+
+
+MAX_INDEX_FILE_BYTES = 1 << 30  # a sample of 134M int64 indices; it is sorted in memory once
+
+
+def load_index_sample(path: Path, table: EmbeddingTable) -> np.ndarray:
+    """The row frequencies of a sample of `table`'s real indices (how often each distinct row
+    appears): a NumPy .npy array of integers (read without pickles), or a text file of integers
+    separated by whitespace or commas. Refused: a missing or larger-than-MAX_INDEX_FILE_BYTES file,
+    non-integers, an empty sample, and indices outside the table's rows (the file of another table)."""
+    where = f"{path} (indices of table {table.name!r})"
+    if not path.is_file():
+        raise ConfigError(f"{where}: no such file")
+    if path.stat().st_size > MAX_INDEX_FILE_BYTES:
+        raise ConfigError(f"{where}: {path.stat().st_size} bytes; expected at most {MAX_INDEX_FILE_BYTES}")
+    try:
+        if path.suffix == ".npy":
+            idx = np.load(path, allow_pickle=False, mmap_mode="r")
+        else:
+            idx = np.array(path.read_text(encoding="utf-8").replace(",", " ").split(), dtype=np.int64)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: expected integers (.npy, or text); {str(exc).splitlines()[0][:120]}") from None
+    if idx.dtype.kind not in "iu":
+        raise ConfigError(f"{where}: expected integer indices; got dtype {idx.dtype}")
+    if idx.size == 0:
+        raise ConfigError(f"{where}: no indices")
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= table.num_rows:
+        raise ConfigError(
+            f"{where}: indices {low}..{high}; the table has rows 0..{table.num_rows - 1} (the file of another table?)"
+        )
+    return np.unique(np.asarray(idx).ravel(), return_counts=True)[1]
 
 
 def candidate_shards(table: EmbeddingTable, world: int) -> list[Shard]:
@@ -272,7 +404,12 @@ class ShardingResult:
 
 
 def plan_sharding(
-    model: DLRMConfig, system: SystemConfig, batch_per_rank: int, exhaustive_limit: int = 4096
+    model: DLRMConfig,
+    system: SystemConfig,
+    batch_per_rank: int,
+    exhaustive_limit: int = 4096,
+    calibration: dict[str, Any] | None = None,
+    index_counts: dict[str, np.ndarray] | None = None,
 ) -> ShardingResult:
     """The fastest shardings, priced by dlrm_step: every combination when there are at most
     `exhaustive_limit`, else greedily (tables by lookup traffic, largest first, each given the
@@ -287,7 +424,7 @@ def plan_sharding(
     if combos <= exhaustive_limit:
         for choice in itertools.product(*options.values()):
             plan = dict(zip(options, choice, strict=True))
-            priced.append((plan, dlrm_step(model, system, plan, batch_per_rank)))
+            priced.append((plan, dlrm_step(model, system, plan, batch_per_rank, calibration, index_counts)))
         method = "exhaustive"
     else:
         chosen: dict[str, Shard] = {}
@@ -295,7 +432,7 @@ def plan_sharding(
         for t in sorted(model.tables, key=lambda t: -t.pooling_factor * t.embedding_dim):
             best: tuple[bool, float, Shard] | None = None
             for shard in options[t.name]:
-                step = dlrm_step(model, system, {**chosen, t.name: shard}, batch_per_rank)
+                step = dlrm_step(model, system, {**chosen, t.name: shard}, batch_per_rank, calibration, index_counts)
                 evaluated += 1
                 key = (not step.fits, step.step_time_s, shard)
                 if best is None or key[:2] < best[:2]:
@@ -309,7 +446,9 @@ def plan_sharding(
         ]
         if world > 1:
             uniform.append({t.name: Shard("row_wise", everyone) for t in model.tables})
-        priced = [(p, dlrm_step(model, system, p, batch_per_rank)) for p in (chosen, *uniform)]
+        priced = [
+            (p, dlrm_step(model, system, p, batch_per_rank, calibration, index_counts)) for p in (chosen, *uniform)
+        ]
         method, combos = "greedy", evaluated + len(uniform) + 1
     priced.sort(key=lambda ps: (not ps[1].fits, ps[1].step_time_s))
     if not priced[0][1].fits:

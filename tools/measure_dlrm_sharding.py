@@ -1,0 +1,289 @@
+"""Measure DLRM training steps under several embedding shardings on this CPU (the measured side of
+validation/sharding.py): 2 processes over gloo on 127.0.0.1, one thread each.
+
+    python tools/measure_dlrm_sharding.py --out data/measured/cpu_dlrm_sharding.csv
+
+Model: the `dlrm-small` preset (4 tables of 1M, 500k, 100k and 1k rows, dim 32, pooling 20, 10, 5
+and 1; MLPs 13-64-32 and 42-64-1, dot interaction), in plain torch.distributed with TorchRec's
+sharding semantics, so that what is timed is what workloads/dlrm.py models:
+- table-wise / column-wise: the owner pools its table (or its columns) for all W·b samples and
+  sends each rank its b rows (point-to-point sends, as an all-to-all would); backward, each rank
+  sends the pooled gradients back and the owner updates the distinct rows it looked up (row-wise
+  Adagrad, one fp32 state per row: profile/microbench.rowwise_adagrad_update, the update that
+  `itercast profile` times on its own);
+- row-wise: each rank holds a block of rows, pools the lookups that fall in it for all samples,
+  and the partial sums are reduce-scattered; backward, the pooled gradients are all-gathered;
+- data-parallel: a replica per rank pooling its own b samples; its dense gradient is all-reduced
+  with the MLPs' gradients (asynchronously, beside the other tables' backward) and the whole table
+  is updated (DDP's dense row-wise Adagrad);
+- MLPs: autograd, the gradients all-reduced as one buffer, Adam.
+Every rank draws the same global batch of indices (uniform, or Zipf with α over each table's rows),
+so the input distribution of indices to the ranks that own them is not timed (itercast does not
+model it either). A sharding set is a (batch per rank, index distribution); within a set every
+sharding runs in rounds, interleaved, WARMUP untimed then ITERATIONS timed steps each round. One row
+per timed step: the slowest rank's seconds from the forward's start to the optimizer's end
+(time.perf_counter_ns). The header records the machine, torch version and command. Needs torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import socket
+from pathlib import Path
+from typing import Any
+
+from itercast.profile.microbench import rowwise_adagrad_update
+
+#: the shardings measured in every set (2 ranks; dlrm-small's tables t0..t3), chosen before any
+#: prediction was made to span the strategies: each uniform one, two mixes, one badly balanced
+RW, CW, DP = ("row_wise", (0, 1)), ("column_wise", (0, 1)), ("data_parallel", (0, 1))
+TW0, TW1 = ("table_wise", (0,)), ("table_wise", (1,))
+SHARDINGS: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {
+    name: dict(zip(("t0", "t1", "t2", "t3"), shards, strict=True))
+    for name, shards in {
+        "tw_balanced": (TW0, TW1, TW1, TW1),
+        "tw_rank0": (TW0, TW0, TW0, TW0),
+        "row_wise": (RW, RW, RW, RW),
+        "column_wise": (CW, CW, CW, CW),
+        "mix_rw_cw": (RW, CW, TW0, DP),
+        "mix_tw_rw": (TW1, RW, TW0, DP),
+        "dp_large": (DP, TW1, TW0, TW1),
+    }.items()
+}
+SETS = ((256, 0.0), (256, 1.05), (2048, 0.0), (2048, 1.05))  # (batch per rank, Zipf α; 0: uniform)
+WARMUP, ITERATIONS, ROUNDS, BATCHES = 3, 15, 5, 4  # BATCHES: distinct index batches cycled through
+LR, EPS = 0.01, 1e-8  # Adagrad's step and ε (the replicas' dense update; the sharded tables' is in the update)
+
+
+def draw(torch: Any, rows: int, count: int, alpha: float, gen: Any) -> Any:
+    """`count` row indices: uniform, or Zipf (rank r drawn with probability ∝ r^−α, hot rows first)."""
+    if alpha == 0:
+        return torch.randint(0, rows, (count,), generator=gen)
+    weights = torch.arange(1, rows + 1, dtype=torch.float64) ** -alpha
+    return torch.multinomial(weights, count, replacement=True, generator=gen)
+
+
+class ShardedDLRM:
+    """One rank's part of the model under one sharding, and its training step."""
+
+    def __init__(self, torch: Any, model: Any, sharding: dict, rank: int, world: int, b: int, alpha: float) -> None:
+        self.torch, self.rank, self.world, self.b = torch, rank, world, b
+        self.dist = torch.distributed
+        gen = torch.Generator().manual_seed(1234)  # the same indices on every rank
+        B = b * world
+        self.tables = []
+        for t in model.tables:
+            strategy, ranks = sharding[t.name]
+            P, d = int(t.pooling_factor), t.embedding_dim
+            batches = [draw(torch, t.num_rows, B * P, alpha, gen) for _ in range(BATCHES)]
+            entry: dict[str, Any] = {"name": t.name, "strategy": strategy, "ranks": ranks, "dim": d, "inputs": []}
+            if strategy in ("table_wise", "column_wise"):
+                entry["width"] = d // len(ranks)
+            if rank in ranks:
+                rows = t.num_rows
+                if strategy == "row_wise":
+                    block = -(-t.num_rows // world)
+                    lo, rows = rank * block, min(block, t.num_rows - rank * block)
+                width = entry.get("width", d)
+                entry["weight"] = torch.randn(rows, width) * 0.01
+                entry["state"] = torch.zeros(rows)
+                for idx in batches:  # what this rank looks up, its bags' offsets and each lookup's bag
+                    bag = torch.arange(B).repeat_interleave(P)
+                    if strategy == "row_wise":
+                        keep = (idx >= lo) & (idx < lo + rows)
+                        idx, bag = idx[keep] - lo, bag[keep]
+                    elif strategy == "data_parallel":
+                        idx, bag = idx[rank * b * P : (rank + 1) * b * P], bag[: b * P]
+                    bags = b if strategy == "data_parallel" else B
+                    counts = torch.bincount(bag, minlength=bags)
+                    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
+                    entry["inputs"].append((idx, offsets, bag))
+            self.tables.append(entry)
+        nn = torch.nn
+        dims = (model.dense_features, *model.bottom_mlp)
+        self.bottom = nn.Sequential(*[m for i, o in itertools.pairwise(dims) for m in (nn.Linear(i, o), nn.ReLU())])
+        dims = (model.interaction_width(), *model.top_mlp)
+        top = [m for i, o in itertools.pairwise(dims) for m in (nn.Linear(i, o), nn.ReLU())]
+        self.top = nn.Sequential(*top[:-1])
+        self.params = [*self.bottom.parameters(), *self.top.parameters()]
+        self.opt = torch.optim.Adam(self.params, lr=1e-3)
+        f = len(model.tables) + 1
+        self.pairs = torch.triu_indices(f, f, offset=1)
+        self.dense = torch.randn(b, model.dense_features)
+        self.labels = torch.randint(0, 2, (b, 1)).float()
+        self.step_count = 0
+
+    def _exchange(self, parts: dict[int, list[Any]], widths: dict[int, int], rows: int) -> dict[int, Any]:
+        """Send each peer the concatenation of its parts; receive `rows` × widths[peer] from each."""
+        torch, dist, out, reqs = self.torch, self.dist, {}, []
+        for peer in range(self.world):
+            if peer == self.rank:
+                out[peer] = torch.cat(parts[peer], 1) if parts[peer] else None
+                continue
+            if widths[peer]:
+                out[peer] = torch.empty(rows, widths[peer])
+                reqs.append(dist.irecv(out[peer], peer))
+            if parts[peer]:
+                reqs.append(dist.isend(torch.cat(parts[peer], 1).contiguous(), peer))
+        for r in reqs:
+            r.wait()
+        return out
+
+    def step(self) -> None:
+        torch, dist, b, world, rank = self.torch, self.dist, self.b, self.world, self.rank
+        F = torch.nn.functional
+        k = self.step_count % BATCHES
+        self.step_count += 1
+        parts: dict[int, list[Any]] = {p: [] for p in range(world)}
+        widths = dict.fromkeys(range(world), 0)
+        pooled: dict[str, Any] = {}
+        for e in self.tables:  # forward lookups
+            mine = "weight" in e
+            if mine:
+                idx, offsets, _ = e["inputs"][k]
+                out = F.embedding_bag(idx, e["weight"], offsets, mode="sum")
+            if e["strategy"] in ("table_wise", "column_wise"):
+                for owner in e["ranks"]:
+                    widths[owner] += e["width"]
+                if mine:
+                    for p in range(world):
+                        parts[p].append(out[p * b : (p + 1) * b])
+            elif e["strategy"] == "row_wise":
+                pooled[e["name"]] = torch.empty(b, e["dim"])
+                dist.reduce_scatter_tensor(pooled[e["name"]], out)
+            else:
+                pooled[e["name"]] = out
+        received = self._exchange(parts, widths, b)
+        at = dict.fromkeys(range(world), 0)
+        for e in self.tables:
+            if e["strategy"] in ("table_wise", "column_wise"):
+                cols = []
+                for owner in e["ranks"]:
+                    cols.append(received[owner][:, at[owner] : at[owner] + e["width"]])
+                    at[owner] += e["width"]
+                pooled[e["name"]] = torch.cat(cols, 1)
+        emb = torch.stack([pooled[e["name"]] for e in self.tables], 1).requires_grad_()
+        x = self.bottom(self.dense)
+        z = torch.cat([x[:, None], emb], 1)
+        inter = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
+        loss = F.binary_cross_entropy_with_logits(self.top(torch.cat([x, inter], 1)), self.labels)
+        self.opt.zero_grad()
+        loss.backward()
+        grad = emb.grad
+        dense_grads = [p.grad.reshape(-1) for p in self.params]
+        dp_tables = []
+        for i, e in enumerate(self.tables):  # data-parallel tables: dense gradients, all-reduced with the MLPs'
+            if e["strategy"] == "data_parallel":
+                idx, _, bag = e["inputs"][k]
+                g = torch.zeros_like(e["weight"]).index_add_(0, idx, grad[:, i][bag])
+                dp_tables.append((e, g))
+                dense_grads.append(g.reshape(-1))
+        flat = torch.cat(dense_grads)
+        reduce = dist.all_reduce(flat, async_op=True)
+        parts = {p: [] for p in range(world)}
+        widths = dict.fromkeys(range(world), 0)
+        for i, e in enumerate(self.tables):  # pooled gradients back to the owners
+            if e["strategy"] in ("table_wise", "column_wise"):
+                c = 0
+                for owner in e["ranks"]:
+                    parts[owner].append(grad[:, i, c : c + e["width"]])
+                    c += e["width"]
+                    if owner == rank:
+                        widths = {p: widths[p] + e["width"] for p in range(world)}
+        back = self._exchange(parts, widths, b)
+        at = dict.fromkeys(range(world), 0)
+        for i, e in enumerate(self.tables):
+            if "weight" not in e or e["strategy"] == "data_parallel":
+                continue
+            idx, _, bag = e["inputs"][k]
+            if e["strategy"] == "row_wise":
+                full = torch.empty(b * world, e["dim"])
+                dist.all_gather_into_tensor(full, grad[:, i].contiguous())
+            else:
+                full = torch.cat([back[p][:, at[p] : at[p] + e["width"]] for p in range(world)], 0)
+                for p in range(world):
+                    at[p] += e["width"]
+            rowwise_adagrad_update(e["weight"], e["state"], idx, full[bag], LR)
+        reduce.wait()
+        flat /= world
+        at_flat = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[at_flat : at_flat + n].view_as(p.grad))
+            at_flat += n
+        self.opt.step()
+        for e, _ in dp_tables:  # dense row-wise Adagrad over the whole replica
+            n = e["weight"].numel()
+            g = flat[at_flat : at_flat + n].view_as(e["weight"])
+            at_flat += n
+            e["state"] += torch.linalg.vector_norm(g, dim=1).pow_(2).div_(g.shape[1])  # mean of g² per row
+            e["weight"].addcmul_(g, (-LR / (e["state"].sqrt() + EPS))[:, None])  # in place: no table-sized temporaries
+
+
+def worker(rank: int, world: int, port: int, out: str) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from itercast.cli.shard_cmds import load_dlrm
+
+    torch.manual_seed(rank)
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = load_dlrm("dlrm-small")
+    rows = []
+    for b, alpha in SETS:
+        runs = {name: ShardedDLRM(torch, model, s, rank, world, b, alpha) for name, s in SHARDINGS.items()}
+        for rnd in range(ROUNDS):
+            for name, run in runs.items():
+                for i in range(WARMUP + ITERATIONS):
+                    dist.barrier()
+                    t0 = time.perf_counter_ns()
+                    run.step()
+                    seconds = torch.tensor([(time.perf_counter_ns() - t0) * 1e-9], dtype=torch.float64)
+                    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's step
+                    if i >= WARMUP:
+                        rows.append(f"{b},{alpha},{name},{rnd},{i - WARMUP},{seconds.item():.9f}")
+        if rank == 0:
+            print(f"set b={b} alpha={alpha} done", flush=True)
+        del runs
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text("\n".join(rows) + "\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import torch
+    import torch.multiprocessing as mp
+
+    tmp = Path(args.out).with_suffix(".tmp")
+    mp.spawn(worker, args=(2, free_port(), str(tmp)), nprocs=2)
+    header = [
+        f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
+        f"# python {platform.python_version()}, torch {torch.__version__}, 2 ranks over gloo, 1 thread each",
+        f"# command: python tools/measure_dlrm_sharding.py --out {args.out}",
+        "# model: preset dlrm-small; shardings: tools/measure_dlrm_sharding.py SHARDINGS",
+        f"# each (set, sharding): {ROUNDS} interleaved rounds of {WARMUP} untimed + {ITERATIONS} timed steps",
+        "batch_per_rank,zipf_alpha,sharding,round,iteration,step_s",
+    ]
+    Path(args.out).write_text("\n".join(header) + "\n" + tmp.read_text())
+    tmp.unlink()
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

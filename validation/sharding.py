@@ -1,0 +1,90 @@
+"""DLRM shardings: itercast's step time per sharding against measured steps, and whether the planner
+picks the measured fastest sharding of each set (issue 17; the reference picks it 85% of the time).
+
+    python validation/sharding.py [--csv data/measured/cpu_dlrm_sharding.csv]
+
+Measured: data/measured/cpu_dlrm_sharding.csv (tools/measure_dlrm_sharding.py: dlrm-small on this
+CPU, 2 gloo processes, 7 shardings in each of 4 sets of batch per rank × index distribution).
+Predicted: workloads/dlrm.dlrm_step on the cpu-host system with 2 ranks in one node, calibrated on
+data/measured/cpu_profile.db (`itercast calibrate`: GEMM, memory and gloo collective curves, the
+aten::_embedding_bag operator model). The calibration is fitted on microbenchmarks only: nothing
+here was fitted to the step times. Also shown: the same on cpu-host's nominal (uncalibrated) curves.
+Per sharding: the median step over all timed steps; per set: the planner's pick (least predicted
+time among the set's shardings), whether it is the measured fastest, and its measured loss if not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.cli.shard_cmds import load_dlrm
+from itercast.config.job import load_system
+from itercast.costs.calibrate import calibrate, merge_calibration
+from itercast.profile.db import ProfileDB
+from itercast.workloads.dlrm import Shard, dlrm_step
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "data" / "measured"
+sys.path.insert(0, str(ROOT / "tools"))
+from measure_dlrm_sharding import SHARDINGS  # noqa: E402  (the shardings that were measured)
+
+
+def read(path: Path) -> dict[tuple[int, float], dict[str, float]]:
+    """(batch per rank, Zipf α) → sharding → median measured step (s)."""
+    steps: dict[tuple[int, float], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    with path.open() as fh:
+        for r in csv.DictReader(line for line in fh if not line.startswith("#")):
+            steps[int(r["batch_per_rank"]), float(r["zipf_alpha"])][r["sharding"]].append(float(r["step_s"]))
+    return {k: {name: statistics.median(v) for name, v in by.items()} for k, by in steps.items()}
+
+
+def summary(errors: list[float]) -> str:
+    geo = math.exp(sum(math.log(abs(e)) for e in errors) / len(errors))
+    mean = sum(abs(e) for e in errors) / len(errors)
+    return f"geomean |error| {geo:.1%}, mean {mean:.1%}, worst {max(errors, key=abs):+.1%}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", type=Path, default=MEASURED / "cpu_dlrm_sharding.csv")
+    args = ap.parse_args()
+    measured = read(args.csv)
+    system = load_system("cpu-host", node={"gpus_per_node": 2})
+    db = ProfileDB(MEASURED / "cpu_profile.db", readonly=True)
+    calibration = merge_calibration(calibrate(db, db.devices()[-1][0], system))
+    base = load_dlrm("dlrm-small")
+    for label, cal in (("calibrated on cpu_profile.db", calibration), ("nominal cpu-host curves", None)):
+        print(f"\n== {label} ==")
+        print(f"{'batch':>5} {'zipf':>5} {'sharding':12} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
+        errors, hits, losses = [], 0, []
+        for (b, alpha), by in sorted(measured.items()):
+            model = base.model_copy(
+                update={"tables": tuple(t.model_copy(update={"zipf_alpha": alpha}) for t in base.tables)}
+            )
+            predicted = {}
+            for name, t in by.items():
+                plan = {table: Shard(s, ranks) for table, (s, ranks) in SHARDINGS[name].items()}
+                predicted[name] = dlrm_step(model, system, plan, b, cal).step_time_s
+                err = predicted[name] / t - 1
+                errors.append(err)
+                print(f"{b:5} {alpha:5} {name:12} {t * 1e3:12.2f} {predicted[name] * 1e3:13.2f} {err:+8.1%}")
+            pick, best = min(predicted, key=predicted.__getitem__), min(by, key=by.__getitem__)
+            loss = by[pick] / by[best] - 1
+            hits += pick == best
+            losses.append(loss)
+            print(f"      pick {pick} (measured fastest: {best}; loss {loss:+.1%})")
+        print(f"{len(errors)} configurations: {summary(errors)}")
+        mean_loss = sum(losses) / len(losses)
+        print(f"planner's pick is the measured fastest in {hits} of {len(measured)} sets; ", end="")
+        print(f"its loss: mean {mean_loss:.1%}, worst {max(losses):.1%}")
+
+
+if __name__ == "__main__":
+    main()
