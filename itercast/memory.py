@@ -255,9 +255,11 @@ def _stages(m: ModelConfig, t: PlanTable) -> list[tuple[Any, Any, np.ndarray, An
 
 
 def estimate_memory(job: Job) -> MemoryEstimate:
-    """Memory on the most loaded GPU of one job."""
-    col = memory_columns(job.model, job.system, PlanTable.of_jobs([job]))
-    gpu = job.system.gpu
+    """Memory on the most loaded GPU of one job; on a mixed cluster (system.device_groups), against
+    the GPU with the least usable memory (a bound: the most loaded stage may sit on a larger one)."""
+    gpu = min(job.stage_gpus(), key=lambda g: g.hbm_bytes - g.reserved_bytes)
+    system = job.system if gpu == job.system.gpu else job.system.model_copy(update={"gpu": gpu})
+    col = memory_columns(job.model, system, PlanTable.of_jobs([job]))
     return MemoryEstimate(
         float(col["weights"][0]),
         float(col["gradients"][0]),

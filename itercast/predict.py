@@ -48,9 +48,11 @@ class Prediction:
     @property
     def mfu(self) -> float:
         """Model FLOPs utilisation against the dense peak of the plan's dtype (PaLM, App. B)."""
-        gpu, dtype = self.job.system.gpu, self.job.plan.dtype
-        peak = gpu.peak_flops.get(dtype) or gpu.peak_flops.get("tf32") or gpu.peak_flops["fp32"]
-        return self.model_tflops_per_gpu * 1e12 / peak
+        dtype = self.job.plan.dtype
+        peaks = [
+            g.peak_flops.get(dtype) or g.peak_flops.get("tf32") or g.peak_flops["fp32"] for g in self.job.stage_gpus()
+        ]
+        return self.model_tflops_per_gpu * 1e12 / (sum(peaks) / len(peaks))  # a mixed cluster: its mean peak
 
     @property
     def tokens_per_s(self) -> float:

@@ -31,8 +31,9 @@ def pipeline_builder(job: Job, fwd_s: float, bwd_s: float, p2p_s: float = 0.0) -
     b = TransformerStepBuilder(job, costs=FreeCosts())
     layers = job.model.num_layers // job.plan.pipeline_parallel
     zero = PassCost(0.0, 0.0, 0)
-    b.units = UnitCosts(PassCost(fwd_s / layers, 0.0, 0), PassCost(bwd_s / layers, 0.0, 0), zero, zero, zero, zero)
-    b.p2p_s = p2p_s
+    units = UnitCosts(PassCost(fwd_s / layers, 0.0, 0), PassCost(bwd_s / layers, 0.0, 0), zero, zero, zero, zero)
+    b.stage_units = [units] * job.plan.pipeline_parallel
+    b.p2p_s = [p2p_s] * job.plan.pipeline_parallel
     return b
 
 

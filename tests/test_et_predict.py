@@ -80,3 +80,22 @@ def test_a_gpu_trace_prices_on_the_cpu_database():
     assert code == 0, text
     out = json.loads(text)
     assert out["kernel_s_by_family"]["attention_fwd"] > 0 and out["kernel_s_by_family"]["attention_bwd"] > 0
+
+
+@pytest.mark.skipif(not ET.is_file() or not DB.is_file(), reason="measured H100 data not in this checkout")
+def test_a_kineto_trace_of_the_same_run_checks_the_prediction(tmp_path):
+    from itercast.traces.kineto import read_kineto
+
+    kineto = MEASURED / "h100_traces" / "dlrm_16384.kineto.json.gz"
+    code, text = run("--et", str(ET), "--db", str(DB), "--gpu", "--kineto", str(kineto), "--json")
+    assert code == 0, text
+    out = json.loads(text)
+    check = out["kineto_check"]
+    busy = float(read_kineto(kineto).op_dur_us.sum()) * 1e-6  # kernels, copies and memsets of the run
+    assert check["what"] == "GPU busy" and check["measured_s"] == pytest.approx(busy)
+    assert check["predicted_s"] == pytest.approx(sum(out["kernel_s_by_family"].values()))
+    assert check["error"] == pytest.approx(check["predicted_s"] / busy - 1)
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"traceEvents": [{"ph": "X", "name": "aten::add", "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}')
+    code, text = run("--et", str(ET), "--db", str(DB), "--kineto", str(empty))
+    assert code == 2 and "neither GPU activity nor ProfilerStep marks" in text

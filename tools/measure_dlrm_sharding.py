@@ -17,7 +17,8 @@ sharding semantics, so that what is timed is what workloads/dlrm.py models:
   with the MLPs' gradients (asynchronously, beside the other tables' backward) and the whole table
   is updated (DDP's dense row-wise Adagrad);
 - MLPs: autograd, the gradients all-reduced as one buffer, Adam.
-Every rank draws the same global batch of indices (uniform, or Zipf with α over each table's rows),
+Every rank draws the same global batch of indices (uniform, or Zipf with α over each table's rows,
+the popular rows spread over the table as hashed ids are),
 so the input distribution of indices to the ranks that own them is not timed (itercast does not
 model it either). A sharding set is a (batch per rank, index distribution); within a set every
 sharding runs in rounds, interleaved, WARMUP untimed then ITERATIONS timed steps each round. One row
@@ -59,11 +60,13 @@ LR, EPS = 0.01, 1e-8  # Adagrad's step and ε (the replicas' dense update; the s
 
 
 def draw(torch: Any, rows: int, count: int, alpha: float, gen: Any) -> Any:
-    """`count` row indices: uniform, or Zipf (rank r drawn with probability ∝ r^−α, hot rows first)."""
+    """`count` row indices: uniform, or Zipf (the r-th most popular row drawn with probability
+    ∝ r^−α) with the popular rows scattered over the table by a fixed random permutation, as hashed
+    ids are (with the hot rows first, a row-wise shard's first block would get most lookups)."""
     if alpha == 0:
         return torch.randint(0, rows, (count,), generator=gen)
     weights = torch.arange(1, rows + 1, dtype=torch.float64) ** -alpha
-    return torch.multinomial(weights, count, replacement=True, generator=gen)
+    return torch.randperm(rows, generator=gen)[torch.multinomial(weights, count, replacement=True, generator=gen)]
 
 
 class ShardedDLRM:

@@ -6,11 +6,14 @@ picks the measured fastest sharding of each set (issue 17; the reference picks i
 Measured: data/measured/cpu_dlrm_sharding.csv (tools/measure_dlrm_sharding.py: dlrm-small on this
 CPU, 2 gloo processes, 7 shardings in each of 4 sets of batch per rank × index distribution).
 Predicted: workloads/dlrm.dlrm_step on the cpu-host system with 2 ranks in one node, calibrated on
-data/measured/cpu_profile.db (`itercast calibrate`: GEMM, memory and gloo collective curves, the
-aten::_embedding_bag operator model). The calibration is fitted on microbenchmarks only: nothing
-here was fitted to the step times. Also shown: the same on cpu-host's nominal (uncalibrated) curves.
+data/measured/cpu_profile_1thread.db (`itercast profile run --threads 1`: each rank runs one thread
+on its core; `itercast calibrate`: memory and gloo collective curves, the operator models of the
+lookup, the sparse update and the GEMMs). The calibration is fitted on microbenchmarks only:
+nothing here was fitted to the step times. Also shown: the same calibrated on the 2-thread
+database (cpu_profile.db: one process using both cores), and cpu-host's nominal curves.
 Per sharding: the median step over all timed steps; per set: the planner's pick (least predicted
-time among the set's shardings), whether it is the measured fastest, and its measured loss if not.
+time among the set's shardings), whether it is the measured fastest, its measured loss if not, and
+how well the predicted order of all 7 agrees with the measured one (Kendall's τ: 1 the same order).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from scipy.stats import kendalltau
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.cli.shard_cmds import load_dlrm
@@ -57,13 +62,18 @@ def main() -> None:
     args = ap.parse_args()
     measured = read(args.csv)
     system = load_system("cpu-host", node={"gpus_per_node": 2})
-    db = ProfileDB(MEASURED / "cpu_profile.db", readonly=True)
-    calibration = merge_calibration(calibrate(db, db.devices()[-1][0], system))
+    calibrations: list[tuple[str, dict | None]] = []
+    for name in ("cpu_profile_1thread.db", "cpu_profile.db"):
+        db = ProfileDB(MEASURED / name, readonly=True)
+        threads = db.devices()[-1][2].get("threads")
+        doc = calibrate(db, db.devices()[-1][0], system)
+        calibrations.append((f"calibrated on {name} ({threads} thread(s) per operator)", merge_calibration(doc)))
+    calibrations.append(("nominal cpu-host curves", None))
     base = load_dlrm("dlrm-small")
-    for label, cal in (("calibrated on cpu_profile.db", calibration), ("nominal cpu-host curves", None)):
+    for label, cal in calibrations:
         print(f"\n== {label} ==")
         print(f"{'batch':>5} {'zipf':>5} {'sharding':12} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
-        errors, hits, losses = [], 0, []
+        errors, hits, losses, taus = [], 0, [], []
         for (b, alpha), by in sorted(measured.items()):
             model = base.model_copy(
                 update={"tables": tuple(t.model_copy(update={"zipf_alpha": alpha}) for t in base.tables)}
@@ -75,15 +85,20 @@ def main() -> None:
                 err = predicted[name] / t - 1
                 errors.append(err)
                 print(f"{b:5} {alpha:5} {name:12} {t * 1e3:12.2f} {predicted[name] * 1e3:13.2f} {err:+8.1%}")
+            names = sorted(by)
+            tau = kendalltau([predicted[n] for n in names], [by[n] for n in names]).statistic
+            taus.append(tau)
             pick, best = min(predicted, key=predicted.__getitem__), min(by, key=by.__getitem__)
             loss = by[pick] / by[best] - 1
             hits += pick == best
             losses.append(loss)
-            print(f"      pick {pick} (measured fastest: {best}; loss {loss:+.1%})")
+            print(
+                f"      pick {pick} (measured fastest: {best}; loss {loss:+.1%}); rank agreement (Kendall τ) {tau:.2f}"
+            )
         print(f"{len(errors)} configurations: {summary(errors)}")
         mean_loss = sum(losses) / len(losses)
         print(f"planner's pick is the measured fastest in {hits} of {len(measured)} sets; ", end="")
-        print(f"its loss: mean {mean_loss:.1%}, worst {max(losses):.1%}")
+        print(f"its loss: mean {mean_loss:.1%}, worst {max(losses):.1%}; Kendall τ mean {sum(taus) / len(taus):.2f}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import statistics
 import sys
 import threading
 from collections.abc import Iterator
@@ -169,6 +170,10 @@ def predict_cmd(
         int | None, typer.Option(help="--et: device id in the database (default: the only one).")
     ] = None,
     gpu: Annotated[bool, typer.Option(metavar="", help="--et: price host and GPU on two clocks.")] = False,
+    kineto: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="--et: a Kineto trace of the same run, to check the prediction against."),
+    ] = None,
     index_distribution: Annotated[
         str,
         typer.Option(metavar="uniform|zipf:ALPHA", help="--et: how embedding-bag indices are drawn (row reuse)."),
@@ -185,7 +190,7 @@ def predict_cmd(
     if et is not None:
         if job_file or example or model or system or set_ or trace or calibration:
             fail("--et prices a trace: give it with --db, not with a job, --trace or --calibration")
-        _predict_execution_trace(et, db, device_id, gpu, index_distribution, as_json)
+        _predict_execution_trace(et, db, device_id, gpu, index_distribution, kineto, as_json)
         return
     if model is not None and model in preset_names("dlrm"):
         if job_file or example or trace:
@@ -230,10 +235,20 @@ def predict_cmd(
 
 
 def _predict_execution_trace(
-    et: Path, db: Path | None, device_id: int | None, gpu: bool, distribution: str, as_json: bool
+    et: Path,
+    db: Path | None,
+    device_id: int | None,
+    gpu: bool,
+    distribution: str,
+    kineto: Path | None,
+    as_json: bool,
 ) -> None:
     """`predict --et`: the execution-trace model (traces/iteration_model.py) with operator models
-    fitted on a profiling database; embedding bags priced for the index distribution asked for."""
+    fitted on a profiling database; embedding bags priced for the index distribution asked for.
+    With `kineto`, the same run's Kineto trace is what the prediction is checked against: its GPU
+    busy time (kernels, copies, memsets) against the predicted kernel time when it holds GPU
+    activity (a profiler slows the host, not the kernels), else its median ProfilerStep against
+    the predicted iteration."""
     from itercast.costs.op_model import (
         OperatorCostModel,
         fit_operator_models,
@@ -243,7 +258,7 @@ def _predict_execution_trace(
     from itercast.profile.db import ProfileDB, ProfileError
     from itercast.traces.execution_trace import read_execution_trace
     from itercast.traces.iteration_model import predict_iteration
-    from itercast.traces.kineto import TraceError
+    from itercast.traces.kineto import TraceError, read_kineto
 
     if db is None:
         fail("--et needs --db: the profiling database of the device to price the trace on")
@@ -269,6 +284,20 @@ def _predict_execution_trace(
         dev = profile.choose_device(device_id, "--device-id")
         model = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
         pred = predict_iteration(read_execution_trace(et), model, unique, gpu=gpu)
+        check: dict[str, float | str] = {}
+        if kineto is not None:
+            measured = read_kineto(kineto)
+            if measured.num_ops:
+                seen, priced = float(measured.op_dur_us.sum()) * 1e-6, sum(pred.kernel_s_by_family.values())
+                check["what"] = "GPU busy"
+            elif measured.steps:
+                seen, priced = statistics.median(s[3] for s in measured.steps) * 1e-6, pred.total_s
+                check["what"] = "step"
+            else:
+                raise TraceError(
+                    f"{kineto}: neither GPU activity nor ProfilerStep marks to check the prediction against"
+                )
+            check |= {"measured_s": seen, "predicted_s": priced, "error": priced / seen - 1}
     except (ProfileError, TraceError, ConfigError, ValueError) as exc:
         fail(str(exc))
     out = {
@@ -279,10 +308,18 @@ def _predict_execution_trace(
         "index_distribution": distribution,
         "device_id": dev,
     }
+    if check:
+        out["kineto_check"] = check
     if as_json:
         echo_json(out)
         return
     console.print(f"{et.name} on device {dev} of {db.name}: {pred.total_s * 1e3:.3f} ms per iteration", highlight=False)
+    if check:
+        console.print(
+            f"{check['what']} in {kineto}: measured {seen * 1e3:.3f} ms, predicted {priced * 1e3:.3f} ms "
+            f"({priced / seen - 1:+.1%})",
+            highlight=False,
+        )
     table = Table(show_header=False, box=None)
     for part, seconds in sorted({"host": pred.host_s, **pred.kernel_s_by_family}.items(), key=lambda kv: -kv[1]):
         table.add_row(part, f"{seconds * 1e3:.3f} ms")

@@ -150,7 +150,7 @@ def predict_dlrm(
     """`itercast predict --model DLRM`: one step under the given sharding, else the planner's best."""
     dlrm, sys_cfg, result = _price(model, system, 1, set_, calibration, None, sharding, batch_per_rank, as_json)
     plan, step = result.plans[0]
-    doc = {"model": dlrm.name, "world_size": sys_cfg.num_gpus, "batch_per_rank": batch_per_rank}
+    doc: dict[str, Any] = {"model": dlrm.name, "world_size": sys_cfg.num_gpus, "batch_per_rank": batch_per_rank}
     doc |= {"sharding_from": "--sharding" if sharding else f"planner ({result.method})", **_plan_dict(plan, step)}
     if as_json:
         echo_json(doc)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
 from itercast.config.presets import preset
-from itercast.config.system import SystemConfig
+from itercast.config.system import GPUSpec, SystemConfig
 from itercast.errors import ConfigError, did_you_mean
 from itercast.user_files import read_small_text
 
@@ -66,6 +66,11 @@ class Job:
         """Micro-batches per step on one data-parallel replica."""
         p = self.plan
         return p.gbs // (p.micro_batch_size * p.dp)
+
+    def stage_gpus(self) -> list[GPUSpec]:
+        """The GPU kind of each pipeline stage (a mixed cluster's device groups, in order)."""
+        p = self.plan
+        return self.system.stage_gpus(p.pipeline_parallel, p.dp * p.tensor_parallel * p.context_parallel)
 
     def to_dict(self) -> dict[str, Any]:
         return {s: getattr(self, s).model_dump(mode="json") for s in ("model", "plan", "system")}
@@ -163,10 +168,20 @@ def _parse(section: str, raw: dict[str, Any], source: str) -> BaseModel:
     name = fields.pop("preset", None)
     if name is not None:
         fields = _merge(preset(section, name), fields)
+    if section == "system" and isinstance(fields.get("device_groups"), list):
+        fields["device_groups"] = [_group_gpu(g) for g in fields["device_groups"]]
     try:
         return _SCHEMAS[section].model_validate(fields)
     except ValidationError as exc:
         raise ConfigError(_format_validation(exc, section, source)) from None
+
+
+def _group_gpu(group: Any) -> Any:
+    """A device group `{preset: SYSTEM, num_nodes: N}` takes that system preset's GPU."""
+    if not isinstance(group, dict) or "preset" not in group:
+        return group
+    rest = {k: v for k, v in group.items() if k != "preset"}
+    return {"gpu": _merge(preset("system", str(group["preset"]))["gpu"], rest.pop("gpu", {})), **rest}
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -225,6 +240,11 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
         )
     problems += _schedule_problems(p, micro)
     problems += _support_problems(model, p, system)
+    if system.device_groups and not problems:
+        try:
+            system.stage_gpus(p.pipeline_parallel, dp * p.tensor_parallel * p.context_parallel)
+        except ValueError as exc:
+            problems.append(f"system.device_groups: {exc}")
     etp = p.expert_tensor_parallel or (p.tensor_parallel if model.is_moe else 1)
     problems += _expert_problems(model, p, dp, etp)
     if problems:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, model_validator
 
 from itercast.config.strict import STRICT, Ranks
 
@@ -55,8 +55,17 @@ class NetworkSpec(BaseModel):
     )
 
 
+class DeviceGroup(BaseModel):
+    """Nodes of one GPU kind in a mixed cluster (the system's node and network specs apply)."""
+
+    model_config = STRICT
+
+    gpu: GPUSpec
+    num_nodes: Ranks
+
+
 class SystemConfig(BaseModel):
-    """A cluster of identical nodes."""
+    """A cluster of identical nodes, or with `device_groups` of nodes whose GPUs differ."""
 
     model_config = STRICT
 
@@ -65,6 +74,47 @@ class SystemConfig(BaseModel):
     node: NodeSpec
     network: NetworkSpec
     num_nodes: Ranks = 1
+    device_groups: Annotated[tuple[DeviceGroup, ...], Field(strict=False, max_length=64)] = Field(
+        (),
+        description="A mixed cluster: groups of nodes, each with its GPU (`{preset: SYSTEM, num_nodes: N}` or "
+        "`{gpu: {...}, num_nodes: N}`); pipeline stages run on the groups in this order, each group hosting "
+        "as many stages as it has tensor × context × data-parallel GPU sets. num_nodes is their sum.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nodes_of_groups(cls, data: Any) -> Any:
+        """With device groups, num_nodes is their sum (given, it must agree)."""
+        groups = data.get("device_groups") if isinstance(data, dict) else None
+        if not groups or not isinstance(groups, list | tuple):
+            return data
+        total = sum(
+            g.get("num_nodes", 0) for g in groups if isinstance(g, dict) and isinstance(g.get("num_nodes"), int)
+        )
+        given = data.get("num_nodes")
+        if given is not None and given != total:
+            raise ValueError(
+                f"num_nodes is {given} but the device groups hold {total} nodes; give one or make them agree"
+            )
+        return {**data, "num_nodes": total}
+
+    def stage_gpus(self, stages: int, gpus_per_stage: int) -> list[GPUSpec]:
+        """The GPU of each of `stages` pipeline stages of `gpus_per_stage` GPUs each: the groups in
+        order, each hosting its GPUs // gpus_per_stage stages (one GPU kind without groups)."""
+        if not self.device_groups:
+            return [self.gpu] * stages
+        out: list[GPUSpec] = []
+        for g in self.device_groups:
+            gpus = g.num_nodes * self.node.gpus_per_node
+            if gpus % gpus_per_stage:
+                raise ValueError(
+                    f"a device group of {gpus} {g.gpu.name} GPUs does not hold whole stages of {gpus_per_stage} GPUs "
+                    "(tensor × context × data parallel)"
+                )
+            out += [g.gpu] * (gpus // gpus_per_stage)
+        if len(out) != stages:
+            raise ValueError(f"the device groups hold {len(out)} pipeline stages; the plan has {stages}")
+        return out
 
     @property
     def num_gpus(self) -> int:

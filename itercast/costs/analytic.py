@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from itercast.config.system import SystemConfig
+from itercast.config.system import GPUSpec, SystemConfig
 from itercast.costs.curves import Curve, curve, curves
 from itercast.costs.fitting import collective_time_s
 from itercast.hardware.topology import GroupPlacement
@@ -55,7 +55,7 @@ class AnalyticCostModel:
     def __init__(self, system: SystemConfig, dtype: str, calibration: dict[str, Any] | None = None) -> None:
         """`calibration`: curves in the schema of costs/curves.json (costs.calibrate.load_calibration);
         the built-in curves when None."""
-        self.system = system
+        self.system, self.dtype = system, dtype
         gpu = system.gpu
         peak_key = dtype if dtype in gpu.peak_flops else ("tf32" if dtype == "fp32" else "fp32")
         self.peak_flops = gpu.peak_flops.get(peak_key) or gpu.peak_flops["fp32"]
@@ -63,6 +63,7 @@ class AnalyticCostModel:
         # stays in bf16 unless FP8 attention is switched on explicitly (TE docs, `fp8_dpa`).
         self.attention_peak_flops = gpu.peak_flops.get("bf16", self.peak_flops) if dtype == "fp8" else self.peak_flops
         data = calibration if calibration is not None else curves()
+        self._calibration = calibration
         gemm = data["gemm"][{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
@@ -70,6 +71,12 @@ class AnalyticCostModel:
         self.intra = data["collectives"]["intra_node"]
         self.inter = data["collectives"]["inter_node"]
         self.p2p = data["collectives"]["p2p"]
+
+    def on_gpu(self, gpu: GPUSpec) -> AnalyticCostModel:
+        """The same curves on another GPU of the system (a device group of a mixed cluster)."""
+        if gpu == self.system.gpu:
+            return self
+        return AnalyticCostModel(self.system.model_copy(update={"gpu": gpu}), self.dtype, self._calibration)
 
     def gemm_s(self, flops: np.ndarray | float) -> np.ndarray:
         """Dense matmul: latency + FLOPs / (peak · eff(FLOPs))."""

@@ -131,6 +131,11 @@ def run_search(
     request: SearchRequest, backend: str = "local", workers: int = 1, progress: Progress | None = None
 ) -> SearchResult:
     """Search every node count of the request; re-score the best by the graph simulation."""
+    if request.system.device_groups:
+        raise ConfigError(
+            "search covers clusters of one GPU kind; for system.device_groups, `itercast slice --device-groups` "
+            "maps stages to the groups and `itercast predict` prices a plan on them"
+        )
     start = time.perf_counter()
     pieces = _run_pieces(request, backend, workers, progress)
     counts, rows = SpaceCounts(), []

@@ -128,9 +128,9 @@ class PassCost:
 ZERO_COST = PassCost(0.0, 0.0, 0)
 #: (stage, chunk, forward, split, segment index): one segment of one chunk pass
 SegmentKey = tuple[int, int, bool, str, int]
-#: how a task is priced: ("launch" | "compute" | "comm", SegmentKey), ("dp", kind, Params, bytes per
-#: parameter), ("collective", kind, bytes,
-#: Groups field), ("memory", kind, bytes), ("p2p",)
+#: how a task is priced: ("launch" | "compute" | "comm", SegmentKey), ("dp", stage, kind, Params,
+#: bytes per parameter), ("collective", stage, kind, bytes, Groups field), ("memory", stage, kind,
+#: bytes), ("p2p", stage): the stage's device prices it (a mixed cluster's groups differ)
 Recipe = tuple[Any, ...]
 #: parameters of a unit or segment on one GPU: (routed experts', the rest)
 Params = tuple[float, float]
@@ -275,9 +275,19 @@ class TransformerStepBuilder:
         self.job = job
         self.costs = costs or AnalyticCostModel(job.system, job.plan.dtype)
         self.groups = Groups.of(job)
-        self.units = UnitCosts.of(job, self.costs, self.groups)
         p = job.plan
-        self.p2p_s = self.costs.p2p_s(p2p_message_bytes(job), self.groups.stage_cross_node)
+        gpus = job.stage_gpus()
+        kinds = [gpu for i, gpu in enumerate(gpus) if gpu not in gpus[:i]]  # one cost model per GPU kind
+        costs_of = [self.costs.on_gpu(gpu) for gpu in kinds] if job.system.device_groups else [self.costs]
+        units_of = [UnitCosts.of(job, c, self.groups) for c in costs_of]
+        self.stage_costs = [costs_of[kinds.index(gpu)] for gpu in gpus]
+        self.stage_units = [units_of[kinds.index(gpu)] for gpu in gpus]
+        self.stage_gpus = gpus
+        message = p2p_message_bytes(job)
+        self.p2p_s = [  # a send between device groups crosses nodes
+            c.p2p_s(message, self.groups.stage_cross_node or gpus[s] != gpus[min(s + 1, len(gpus) - 1)])
+            for s, c in enumerate(self.stage_costs)
+        ]
         self.g = GraphBuilder()
         self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
         self._waits: list[tuple[tuple[bool, int, int], int]] = []  # (producer key, consumer task)
@@ -290,7 +300,7 @@ class TransformerStepBuilder:
     # -- units of one pass --------------------------------------------------------------------
     def _pieces(self, stage: int, chunk: int, forward: bool) -> list[tuple[PassCost, Params]]:
         """(cost, parameters) of the units of one chunk pass, in execution order."""
-        u = self.units
+        u = self.stage_units[stage]
         kinds = unit_kinds(self.job, stage, chunk)
         params = unit_params(self.job)
         units = [(u.forward(k) if forward else u.backward(k), params[k]) for k in kinds]
@@ -355,16 +365,17 @@ class TransformerStepBuilder:
             stage, chunk, forward, split, j = args[0]
             cost = self._segments_of(stage, chunk, forward, split)[j][0]
             if kind == "launch":
-                return cost.kernels * self.job.system.gpu.kernel_launch_overhead_s
+                return cost.kernels * self.stage_gpus[stage].kernel_launch_overhead_s
             return cost.compute_s if kind == "compute" else cost.comm_s
+        costs = self.stage_costs[args[0]]
         if kind == "collective":
-            op, nbytes, group = args
-            return self.costs.collective_s(op, nbytes, getattr(self.groups, group))
+            op, nbytes, group = args[1:]
+            return costs.collective_s(op, nbytes, getattr(self.groups, group))
         if kind == "dp":
-            return dp_collective_s(self.costs.collective_s, self.groups, *args)
+            return dp_collective_s(costs.collective_s, self.groups, *args[1:])
         if kind == "memory":
-            return float(self.costs.memory_s(args[0], args[1]))
-        return self.p2p_s  # "p2p"
+            return float(costs.memory_s(args[1], args[2]))
+        return self.p2p_s[args[0]]  # "p2p": the stage's send to the next
 
     def expert_share(self) -> np.ndarray:
         """Per task of the built graph: the share of its duration spent in routed experts (their
@@ -423,7 +434,7 @@ class TransformerStepBuilder:
             for chunk in range(v):  # last step's updated parameters, gathered during this forward
                 first_fwd_gathers[chunk] = [
                     self._task(
-                        ("dp", "all_gather", w, w_bytes),
+                        ("dp", stage, "all_gather", w, w_bytes),
                         f"param_all_gather.c{chunk}",
                         dp_res,
                         Category.COMMUNICATION,
@@ -473,7 +484,7 @@ class TransformerStepBuilder:
                     # overlapped: on the DP stream; not overlapped (ZeRO-2 only): blocking the compute stream
                     grad_tasks.append(
                         self._task(
-                            ("dp", grad_kind, params, grad_bytes),
+                            ("dp", stage, grad_kind, params, grad_bytes),
                             f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}",
                             dp_res if split != "none" else g.resource(stage, "compute"),
                             Category.COMMUNICATION,
@@ -486,7 +497,7 @@ class TransformerStepBuilder:
         if sync_dp and not grad_tasks:  # no overlap: reduce all gradients after the last backward
             grad_tasks.append(
                 self._task(
-                    ("dp", grad_kind, stage_params(job, stage), grad_bytes),
+                    ("dp", stage, grad_kind, stage_params(job, stage), grad_bytes),
                     f"grad_{grad_kind}",
                     dp_res,
                     Category.COMMUNICATION,
@@ -499,7 +510,7 @@ class TransformerStepBuilder:
             vocab = job.model.vocab_size * job.model.hidden_size / p.tensor_parallel
             sync.append(
                 self._task(
-                    ("collective", "all_reduce", vocab * grad_bytes, "embedding"),
+                    ("collective", stage, "all_reduce", vocab * grad_bytes, "embedding"),
                     "tied_embedding_all_reduce",
                     dp_res,
                     Category.COMMUNICATION,
@@ -512,7 +523,7 @@ class TransformerStepBuilder:
         if grad_norm >= 0:
             sync = [
                 self._task(
-                    ("collective", "all_reduce", GRAD_NORM_BYTES, "model"),
+                    ("collective", stage, "all_reduce", GRAD_NORM_BYTES, "model"),
                     "grad_norm_all_reduce",
                     comp,
                     Category.COMMUNICATION,
@@ -523,7 +534,7 @@ class TransformerStepBuilder:
             ]
         optimizer_bytes = optimizer_step_bytes(job, local_optimizer_params(job, self.groups, stage_params(job, stage)))
         opt = self._task(
-            ("memory", "elementwise", optimizer_bytes),
+            ("memory", stage, "elementwise", optimizer_bytes),
             "optimizer_step",
             comp,
             Category.COMPUTE,
@@ -532,7 +543,7 @@ class TransformerStepBuilder:
         )
         if p.zero_stage in (1, 2) and sync_dp and not p.overlap_param_gather:
             self._task(
-                ("dp", "all_gather", stage_params(job, stage), w_bytes),
+                ("dp", stage, "all_gather", stage_params(job, stage), w_bytes),
                 "param_all_gather",
                 dp_res,
                 Category.COMMUNICATION,
@@ -542,7 +553,7 @@ class TransformerStepBuilder:
 
     def _gather(self, stage: int, name: str, params: Params, deps: list[int]) -> int:
         """A ZeRO-3 parameter all-gather of `params` on the stage's DP stream."""
-        recipe: Recipe = ("dp", "all_gather", params, weight_bytes(self.job))
+        recipe: Recipe = ("dp", stage, "all_gather", params, weight_bytes(self.job))
         return self._task(
             recipe, name, self.g.resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", deps
         )
@@ -567,7 +578,7 @@ class TransformerStepBuilder:
             return
         res = self.g.resource(stage, "p2p_next" if ps.forward else "p2p_prev")
         send = self._task(
-            ("p2p",),
+            ("p2p", stage),
             f"send_{'act' if ps.forward else 'grad'}.m{ps.microbatch}.c{ps.chunk}",
             res,
             Category.COMMUNICATION,
