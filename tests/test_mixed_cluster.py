@@ -96,3 +96,16 @@ def test_search_refuses_a_mixed_cluster():
         ],
     )
     assert res.exit_code == 2 and "search covers clusters of one GPU kind" in res.output
+
+
+def test_predict_names_each_stage_gpu():
+    from typer.testing import CliRunner
+
+    from itercast.cli import app
+
+    groups = "system.device_groups=[{preset: dgx-h100, num_nodes: 1}, {preset: dgx-a100, num_nodes: 1}]"
+    args = ["predict", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", groups]
+    res = CliRunner().invoke(app, [*args, "--set", "plan.pipeline_parallel=2", "--set", "plan.tensor_parallel=8"])
+    assert res.exit_code == 0, res.output
+    assert "8× H100-SXM5-80GB + 8× A100-SXM4-80GB" in res.output
+    assert "0: H100-SXM5-80GB, 1: A100-SXM4-80GB" in res.output

@@ -444,8 +444,14 @@ def _print_prediction(r: Prediction, trace: Path | None) -> None:
     job = r.job
     p = job.plan
     experts = f" (experts: ep {p.expert_parallel} × etp {p.etp})" if job.model.is_moe else ""
+    gpus = job.stage_gpus()
+    kinds = " + ".join(
+        f"{job.system.num_gpus * sum(g == k for g in gpus) // len(gpus)}× {k.name}"
+        for i, k in enumerate(gpus)
+        if k not in gpus[:i]
+    )
     console.print(
-        f"[bold]{job.model.name}[/] on {job.system.num_gpus}× {job.system.gpu.name} "
+        f"[bold]{job.model.name}[/] on {kinds} "
         f"({job.system.name}, {job.system.num_nodes} nodes) — dp {p.dp} × tp {p.tensor_parallel} "
         f"× pp {p.pipeline_parallel} × cp {p.context_parallel}{experts}, {p.schedule}, "
         f"{job.num_microbatches} micro-batches",
@@ -453,6 +459,8 @@ def _print_prediction(r: Prediction, trace: Path | None) -> None:
     )
     head = Table(show_header=False, box=None)
     head.add_row("step time", f"{r.step_time_s:.3f} s")
+    if job.system.device_groups:
+        head.add_row("stages on", ", ".join(f"{s}: {g.name}" for s, g in enumerate(gpus)))
     head.add_row(
         "throughput", f"{r.tokens_per_s:,.0f} tokens/s, {r.model_tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {r.mfu:.1%}"
     )

@@ -208,31 +208,16 @@ def features(call: OpArgs) -> OpFeatures:
         return OpFeatures(family, flops, dims)
     if name in EMBEDDING_BAG_FWD:
         (rows, dim), lookups = shapes[0], math.prod(shapes[1])
-        size = itemsize(call.input_types[0])
-        return OpFeatures(
-            "embedding_bag_fwd",
-            lookups * dim * size,
-            {"rows": rows, "dim": dim, "lookups": lookups, "table_bytes": rows * dim * size},
-        )
+        return lookup_features("embedding_bag_fwd", rows, dim, lookups, itemsize(call.input_types[0]))
     if name in EMBEDDING_BAG_BWD:
         grad, lookups = shapes[0], math.prod(shapes[1])
         rows = call.input_scalars[6] if len(call.input_scalars) > 6 else None
         if not isinstance(rows, int):
             raise ValueError(f"{name}: expected the table's row count (num_weights) as argument 7")
-        size = itemsize(call.input_types[0])
-        return OpFeatures(
-            "embedding_bag_bwd",
-            lookups * grad[-1] * size,
-            {"rows": rows, "dim": grad[-1], "lookups": lookups, "table_bytes": rows * grad[-1] * size},
-        )
+        return lookup_features("embedding_bag_bwd", rows, grad[-1], lookups, itemsize(call.input_types[0]))
     if name == EMBEDDING_UPDATE:
         (rows, dim), lookups = shapes[0], math.prod(shapes[2])
-        size = itemsize(call.input_types[0])
-        return OpFeatures(
-            "embedding_bag_update",
-            lookups * dim * size,
-            {"rows": rows, "dim": dim, "lookups": lookups, "table_bytes": rows * dim * size},
-        )
+        return lookup_features("embedding_bag_update", rows, dim, lookups, itemsize(call.input_types[0]))
     if name in FREE_OPS or not name.startswith("aten::"):
         return OpFeatures("free")
     moved = tensor_bytes(shapes, call.input_types) + tensor_bytes(call.output_shapes, call.output_types)
@@ -241,6 +226,13 @@ def features(call: OpArgs) -> OpFeatures:
         rows, length = (x[1], math.prod(x) // max(x[1], 1)) if channels_first else (math.prod(x[:-1]), x[-1])
         return OpFeatures("norm", moved, {"m": max(rows, 1), "n": max(length, 1), "k": 1})
     return OpFeatures("memory", moved)
+
+
+def lookup_features(family: str, rows: float, dim: int, lookups: float, item_bytes: int = 4) -> OpFeatures:
+    """An embedding table's operator (lookup, its backward or update): bytes of every looked-up row,
+    and the table's shape."""
+    dims = {"rows": rows, "dim": dim, "lookups": lookups, "table_bytes": rows * dim * item_bytes}
+    return OpFeatures(family, lookups * dim * item_bytes, dims)
 
 
 def _gemm(call: OpArgs) -> OpFeatures:

@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field, model_validator
 from itercast.config.strict import STRICT, Width
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
-from itercast.costs.aten_ops import EMBEDDING_UPDATE, OpFeatures
+from itercast.costs.aten_ops import EMBEDDING_UPDATE, OpFeatures, lookup_features
 from itercast.costs.op_model import (
     OperatorCostModel,
     unique_fraction_sampled,
@@ -189,10 +189,9 @@ def embedding_seconds(
     pooled = work.pooled_out_bytes or work.lookups / table.pooling_factor * work.dim * F32
     distinct = _distinct(table, work, counts)
     per_lookup = work.lookups * work.dim * F32
-    dims = {"rows": work.rows, "dim": work.dim, "lookups": work.lookups, "table_bytes": work.rows * work.dim * F32}
     unique = distinct / max(work.lookups, 1.0)
     if ops is not None and ops.has_model(LOOKUP_OP):
-        fwd_s = ops.price(LOOKUP_OP, OpFeatures("embedding_bag_fwd", per_lookup, dims), unique)
+        fwd_s = ops.price(LOOKUP_OP, lookup_features("embedding_bag_fwd", work.rows, work.dim, work.lookups), unique)
     else:
         fwd_s = float(costs.memory_s("elementwise", per_lookup + pooled))
     if work.replica:
@@ -200,7 +199,9 @@ def embedding_seconds(
             costs.memory_s("elementwise", pooled + per_lookup + (work.rows + 2 * distinct) * work.dim * F32)
         )
     if ops is not None and ops.has_model(EMBEDDING_UPDATE):
-        update_s = ops.price(EMBEDDING_UPDATE, OpFeatures("embedding_bag_update", per_lookup, dims), unique)
+        update_s = ops.price(
+            EMBEDDING_UPDATE, lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups), unique
+        )
         return fwd_s, float(costs.memory_s("elementwise", pooled + per_lookup)) + update_s
     return fwd_s, float(
         costs.memory_s("elementwise", pooled + per_lookup + distinct * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES))
