@@ -12,7 +12,8 @@ sharding semantics, so that what is timed is what workloads/dlrm.py models:
   Adagrad, one fp32 state per row: profile/microbench.rowwise_adagrad_update, the update that
   `itercast profile` times on its own);
 - row-wise: each rank holds a block of rows, pools the lookups that fall in it for all samples,
-  and the partial sums are reduce-scattered; backward, the pooled gradients are all-gathered;
+  and the partial sums of all row-wise tables are reduce-scattered at once; backward, their pooled
+  gradients are all-gathered at once (TorchRec runs one collective per sharding type);
 - data-parallel: a replica per rank pooling its own b samples; its dense gradient is all-reduced
   with the MLPs' gradients (asynchronously, beside the other tables' backward) and the whole table
   is updated (DDP's dense row-wise Adagrad);
@@ -143,6 +144,8 @@ class ShardedDLRM:
         parts: dict[int, list[Any]] = {p: [] for p in range(world)}
         widths = dict.fromkeys(range(world), 0)
         pooled: dict[str, Any] = {}
+        row_wise = [e for e in self.tables if e["strategy"] == "row_wise"]
+        partial = []
         for e in self.tables:  # forward lookups
             mine = "weight" in e
             if mine:
@@ -155,10 +158,15 @@ class ShardedDLRM:
                     for p in range(world):
                         parts[p].append(out[p * b : (p + 1) * b])
             elif e["strategy"] == "row_wise":
-                pooled[e["name"]] = torch.empty(b, e["dim"])
-                dist.reduce_scatter_tensor(pooled[e["name"]], out)
+                partial.append(out)
             else:
                 pooled[e["name"]] = out
+        if row_wise:  # the row-wise tables' partial sums in one reduce-scatter, as TorchRec groups them
+            summed = torch.empty(b, sum(e["dim"] for e in row_wise))
+            dist.reduce_scatter_tensor(summed, torch.cat(partial, 1))
+            pooled |= dict(
+                zip([e["name"] for e in row_wise], summed.split([e["dim"] for e in row_wise], 1), strict=True)
+            )
         received = self._exchange(parts, widths, b)
         at = dict.fromkeys(range(world), 0)
         for e in self.tables:
@@ -197,14 +205,20 @@ class ShardedDLRM:
                     if owner == rank:
                         widths = {p: widths[p] + e["width"] for p in range(world)}
         back = self._exchange(parts, widths, b)
+        if row_wise:  # and their pooled gradients in one all-gather
+            mine = torch.cat([grad[:, i] for i, e in enumerate(self.tables) if e["strategy"] == "row_wise"], 1)
+            gathered = torch.empty(b * world, mine.shape[1])
+            dist.all_gather_into_tensor(gathered, mine)
+            full_rw = dict(
+                zip([e["name"] for e in row_wise], gathered.split([e["dim"] for e in row_wise], 1), strict=True)
+            )
         at = dict.fromkeys(range(world), 0)
-        for i, e in enumerate(self.tables):
+        for e in self.tables:
             if "weight" not in e or e["strategy"] == "data_parallel":
                 continue
             idx, _, bag = e["inputs"][k]
             if e["strategy"] == "row_wise":
-                full = torch.empty(b * world, e["dim"])
-                dist.all_gather_into_tensor(full, grad[:, i].contiguous())
+                full = full_rw[e["name"]]
             else:
                 full = torch.cat([back[p][:, at[p] : at[p] + e["width"]] for p in range(world)], 0)
                 for p in range(world):
