@@ -8,7 +8,8 @@ row-wise Adagrad fused into the backward (TorchRec's default), fp32 MLPs with Ad
 
 One step, per rank:
 - forward: the bottom MLP (b rows); the lookups of the rank's shards, priced as memory traffic on
-  the cost model (every looked-up row read, pooled vectors written); an all-to-all of pooled vectors
+  the cost model (every looked-up row read, pooled vectors written) or on a calibration's operator
+  models (embedding_seconds); an all-to-all of pooled vectors
   (a table- or column-wise shard serves all B samples: its rank sends B·d_shard·4 bytes, the busiest
   rank sets the pace) and a reduce-scatter of row-wise partial sums (B·d·4); the interaction (dot:
   pairwise products of the F = tables + 1 vectors; dcnv2: low-rank cross layers); the top MLP.
@@ -238,8 +239,8 @@ class DLRMStep:
 
 
 def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[float]:
-    """Bytes each rank holds: its shards' rows (fp32) and Adagrad state, and the MLPs with Adam
-    (tables the plan does not name are left out)."""
+    """Bytes each rank holds: its shards' rows (fp32) and Adagrad state (a replica also its dense
+    fp32 gradient), and the MLPs with Adam (tables the plan does not name are left out)."""
     held = [model.mlp_params() * ADAM_BYTES * 1.0 for _ in range(world)]
     for t in model.tables:
         if t.name not in plan:
@@ -247,7 +248,7 @@ def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> li
         for r in range(world):
             work = shard_work(t, plan[t.name], r, world, 1)
             if work is not None:
-                held[r] += work.rows * (work.dim * F32 + ADAGRAD_ROW_BYTES)
+                held[r] += work.rows * ((2 if work.replica else 1) * work.dim * F32 + ADAGRAD_ROW_BYTES)
     return held
 
 
