@@ -33,7 +33,7 @@ def pipeline_builder(job: Job, fwd_s: float, bwd_s: float, p2p_s: float = 0.0) -
     zero = PassCost(0.0, 0.0, 0)
     units = UnitCosts(PassCost(fwd_s / layers, 0.0, 0), PassCost(bwd_s / layers, 0.0, 0), zero, zero, zero, zero)
     b.stage_units = [units] * job.plan.pipeline_parallel
-    b.p2p_s = [p2p_s] * job.plan.pipeline_parallel
+    b.p2p_s = dict.fromkeys(b.p2p_s, p2p_s)
     return b
 
 

@@ -130,7 +130,7 @@ ZERO_COST = PassCost(0.0, 0.0, 0)
 SegmentKey = tuple[int, int, bool, str, int]
 #: how a task is priced: ("launch" | "compute" | "comm", SegmentKey), ("dp", stage, kind, Params,
 #: bytes per parameter), ("collective", stage, kind, bytes, Groups field), ("memory", stage, kind,
-#: bytes), ("p2p", stage): the stage's device prices it (a mixed cluster's groups differ)
+#: bytes), ("p2p", stage, to stage): the stage's device prices it (a mixed cluster's groups differ)
 Recipe = tuple[Any, ...]
 #: parameters of a unit or segment on one GPU: (routed experts', the rest)
 Params = tuple[float, float]
@@ -283,11 +283,12 @@ class TransformerStepBuilder:
         self.stage_costs = [costs_of[kinds.index(gpu)] for gpu in gpus]
         self.stage_units = [units_of[kinds.index(gpu)] for gpu in gpus]
         self.stage_gpus = gpus
-        message = p2p_message_bytes(job)
-        self.p2p_s = [  # a send between device groups crosses nodes
-            c.p2p_s(message, self.groups.stage_cross_node or gpus[s] != gpus[min(s + 1, len(gpus) - 1)])
-            for s, c in enumerate(self.stage_costs)
-        ]
+        message, pp = p2p_message_bytes(job), p.pipeline_parallel
+        self.p2p_s = {  # (from stage, to stage): the sends between neighbours (wrapping when interleaved)
+            (s, d): self.stage_costs[s].p2p_s(message, self.groups.stage_cross_node or gpus[s] != gpus[d])
+            for s in range(pp)
+            for d in ((s + 1) % pp, (s - 1) % pp)
+        }
         self.g = GraphBuilder()
         self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
         self._waits: list[tuple[tuple[bool, int, int], int]] = []  # (producer key, consumer task)
@@ -375,7 +376,7 @@ class TransformerStepBuilder:
             return dp_collective_s(costs.collective_s, self.groups, *args[1:])
         if kind == "memory":
             return float(costs.memory_s(args[1], args[2]))
-        return self.p2p_s[args[0]]  # "p2p": the stage's send to the next
+        return self.p2p_s[args[0], args[1]]  # "p2p": a send between device groups crosses nodes
 
     def expert_share(self) -> np.ndarray:
         """Per task of the built graph: the share of its duration spent in routed experts (their
@@ -578,7 +579,7 @@ class TransformerStepBuilder:
             return
         res = self.g.resource(stage, "p2p_next" if ps.forward else "p2p_prev")
         send = self._task(
-            ("p2p", stage),
+            ("p2p", stage, dst % self.job.plan.pipeline_parallel),
             f"send_{'act' if ps.forward else 'grad'}.m{ps.microbatch}.c{ps.chunk}",
             res,
             Category.COMMUNICATION,
