@@ -255,3 +255,28 @@ def test_a_job_whose_layers_do_not_divide_into_its_stages_can_be_sliced():
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert sum(out["stage_layers"]) == 9 and len(out["stage_layers"]) == 4
+
+
+def test_slice_prices_a_jobs_layers_with_a_calibration(tmp_path):
+    from test_golden import linear_calibration
+
+    from itercast.config.job import Job
+    from itercast.costs.calibrate import FORMAT, VERSION, merge_calibration
+
+    doc = {"format": FORMAT, "version": VERSION, "system": "dgx-h100", **linear_calibration()}
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(doc))
+    plan = {"pipeline_parallel": 2, "tensor_parallel": 4, "global_batch_size": 16}
+    args = ["slice", "--model", "gpt3-1.3b", "--system", "dgx-h100"]
+    args += [f"--set=plan.{k}={v}" for k, v in plan.items()]
+    res = CliRunner().invoke(app, [*args, "--calibration", str(cal), "--json"])
+    assert res.exit_code == 0, res.output
+    job = Job.from_presets("gpt3-1.3b", "dgx-h100", 1, plan)
+    costs, _ = job_layer_costs(job, merge_calibration(doc))  # flat curves: FLOPs / peak, bytes / bandwidth
+    expected = slice_exact(costs, 2, job.num_microbatches)
+    assert json.loads(res.output)["step_time_s"] == pytest.approx(expected.step_time_s)
+    assert expected.step_time_s != pytest.approx(
+        slice_exact(job_layer_costs(job)[0], 2, job.num_microbatches).step_time_s
+    )
+    both = CliRunner().invoke(app, ["slice", "--layer-times", str(cal), "--calibration", str(cal)])
+    assert both.exit_code == 2 and "not both" in both.output

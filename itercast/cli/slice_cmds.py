@@ -29,6 +29,7 @@ from itercast.cli import (
 from itercast.config.job import Job, parse_section, raw_sections
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
+from itercast.costs.calibrate import load_calibration
 from itercast.errors import ConfigError
 from itercast.search.layer_costs import job_layer_costs, read_layer_csv
 from itercast.search.stage_slicing import (
@@ -81,6 +82,12 @@ def slice_cmd(
     workers: Annotated[
         int, typer.Option(min=1, max=256, help="Processes for the relaxation's starts.")
     ] = os.cpu_count() or 1,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE", help="Calibration file (`itercast calibrate`, e.g. of an imported Alpa database)."
+        ),
+    ] = None,
     device_groups: Annotated[
         str | None,
         typer.Option(
@@ -92,8 +99,16 @@ def slice_cmd(
 ) -> None:
     """Slice layers into pipeline stages for the least step time, (m − 1)·max + Σ stage times, with each
     stage's send to the next and its memory; from the cost models of a job or a CSV of measured times."""
-    src = _Source(job_file, example, model, system, set_ or [], layer_times)
     try:
+        src = _Source(
+            job_file,
+            example,
+            model,
+            system,
+            set_ or [],
+            layer_times,
+            load_calibration(calibration) if calibration else None,
+        )
         if device_groups is not None:
             out = _slice_mixed(src, device_groups, stages, max_stages, microbatches, method)
         else:
@@ -118,6 +133,7 @@ class _Source:
     system: str | None
     overrides: list[str]
     layer_times: Path | None
+    calibration: dict[str, Any] | None  # curves the job's layers are priced with
 
     def sections(self) -> tuple[dict[str, Any], str]:
         """The job's raw sections and a name for messages."""
@@ -186,7 +202,7 @@ def _slice_mixed(
     for preset, nodes in parsed:
         job = _job_to_slice(raw["model"], raw["plan"], {"preset": preset, "num_nodes": total_nodes}, spec)
         p, gpu = job.plan, job.system.gpu
-        costs, names = job_layer_costs(job)
+        costs, names = job_layer_costs(job, src.calibration)
         slots = nodes * job.system.node.gpus_per_node // (p.tensor_parallel * p.context_parallel * p.dp)
         groups.append(DeviceGroup(f"{preset}:{nodes}", costs, slots, gpu.hbm_bytes - gpu.reserved_bytes))
     assert job is not None
@@ -234,13 +250,15 @@ def _inputs(
     """(costs, layer names, micro-batches, memory limit in bytes, default stages: 0 = auto) from a
     CSV or a job (its pipeline_parallel)."""
     if src.layer_times is not None:
-        if src.job_file or src.example or src.model or src.system or src.overrides:
-            raise ConfigError("give either --layer-times or a job (file, --example, --model/--system), not both")
+        if src.job_file or src.example or src.model or src.system or src.overrides or src.calibration:
+            raise ConfigError(
+                "give either --layer-times or a job (file, --example, --model/--system, --calibration), not both"
+            )
         costs, names = read_layer_csv(src.layer_times, send_gbps * 1e9)
         return costs, names, microbatches or 1, math.inf, 0
     raw, source = src.sections()
     job = _job_to_slice(raw["model"], raw["plan"], raw["system"], source)
-    costs, names = job_layer_costs(job)
+    costs, names = job_layer_costs(job, src.calibration)
     gpu = job.system.gpu
     m = microbatches or job.num_microbatches
     return costs, names, m, gpu.hbm_bytes - gpu.reserved_bytes, job.plan.pipeline_parallel

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,11 +33,12 @@ MAX_CSV_BYTES = 16 << 20  # a layer table is a few KB; refuse anything huge
 REQUIRED, OPTIONAL = ("layer", "time_s"), ("activation_bytes", "memory_bytes")
 
 
-def job_layer_costs(job: Job) -> tuple[LayerCosts, list[str]]:
-    """Costs of the embedding, every layer (dense or MoE) and the head of `job`, and their names."""
+def job_layer_costs(job: Job, calibration: dict[str, Any] | None = None) -> tuple[LayerCosts, list[str]]:
+    """Costs of the embedding, every layer (dense or MoE) and the head of `job`, and their names;
+    `calibration`: curves fitted on a profiling database (`itercast calibrate`), else the built-in."""
     m, p = job.model, job.plan
     groups = Groups.of(job)
-    costs = AnalyticCostModel(job.system, p.dtype)
+    costs = AnalyticCostModel(job.system, p.dtype, calibration)
     u = UnitCosts.of(job, costs, groups)
     kinds = ["embed", *["moe" if m.is_moe_layer(i) else "layer" for i in range(m.num_layers)], "head"]
 
