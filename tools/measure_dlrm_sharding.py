@@ -21,7 +21,7 @@ sharding semantics, so that what is timed is what workloads/dlrm.py models:
 Every rank draws the same global batch of indices (uniform, or Zipf with α over each table's rows,
 the popular rows spread over the table as hashed ids are),
 so the input distribution of indices to the ranks that own them is not timed (itercast does not
-model it either). A sharding set is a (batch per rank, index distribution); within a set every
+model it either). A sharding set is a (batch per rank, index distribution, t0 pooling); within a set every
 sharding runs in rounds, interleaved, WARMUP untimed then ITERATIONS timed steps each round. One row
 per timed step: the slowest rank's seconds from the forward's start to the optimizer's end
 (time.perf_counter_ns). The header records the machine, torch version and command. Needs torch.
@@ -55,7 +55,10 @@ SHARDINGS: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {
         "dp_large": (DP, TW1, TW0, TW1),
     }.items()
 }
-SETS = ((256, 0.0), (256, 1.05), (2048, 0.0), (2048, 1.05))  # (batch per rank, Zipf α; 0: uniform)
+#: (batch per rank, Zipf α (0: uniform), t0's pooling factor): dlrm-small as it is (t0 20 lookups a
+#: sample), and with t0 at 100 (MLPerf DLRM-DCNv2's largest multi-hot size), where one table
+#: outweighs the rest and placing whole tables can no longer balance the ranks
+SETS = ((256, 0.0, 20), (256, 1.05, 20), (2048, 0.0, 20), (2048, 1.05, 20), (2048, 0.0, 100), (2048, 1.05, 100))
 WARMUP, ITERATIONS, ROUNDS, BATCHES = 3, 15, 5, 4  # BATCHES: distinct index batches cycled through
 LR, EPS = 0.01, 1e-8  # Adagrad's step and ε (the replicas' dense update; the sharded tables' is in the update)
 
@@ -254,8 +257,10 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     model = load_dlrm("dlrm-small")
     rows = []
-    for b, alpha in SETS:
-        runs = {name: ShardedDLRM(torch, model, s, rank, world, b, alpha) for name, s in SHARDINGS.items()}
+    for b, alpha, pooling in SETS:
+        tables = (model.tables[0].model_copy(update={"pooling_factor": pooling}), *model.tables[1:])
+        variant = model.model_copy(update={"tables": tables})
+        runs = {name: ShardedDLRM(torch, variant, s, rank, world, b, alpha) for name, s in SHARDINGS.items()}
         for rnd in range(ROUNDS):
             for name, run in runs.items():
                 for i in range(WARMUP + ITERATIONS):
@@ -265,9 +270,9 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
                     seconds = torch.tensor([(time.perf_counter_ns() - t0) * 1e-9], dtype=torch.float64)
                     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's step
                     if i >= WARMUP:
-                        rows.append(f"{b},{alpha},{name},{rnd},{i - WARMUP},{seconds.item():.9f}")
+                        rows.append(f"{b},{alpha},{pooling},{name},{rnd},{i - WARMUP},{seconds.item():.9f}")
         if rank == 0:
-            print(f"set b={b} alpha={alpha} done", flush=True)
+            print(f"set b={b} alpha={alpha} t0 pooling {pooling} done", flush=True)
         del runs
     dist.destroy_process_group()
     if rank == 0:
@@ -295,7 +300,7 @@ def main() -> None:
         f"# command: python tools/measure_dlrm_sharding.py --out {args.out}",
         "# model: preset dlrm-small; shardings: tools/measure_dlrm_sharding.py SHARDINGS",
         f"# each (set, sharding): {ROUNDS} interleaved rounds of {WARMUP} untimed + {ITERATIONS} timed steps",
-        "batch_per_rank,zipf_alpha,sharding,round,iteration,step_s",
+        "batch_per_rank,zipf_alpha,t0_pooling,sharding,round,iteration,step_s",
     ]
     Path(args.out).write_text("\n".join(header) + "\n" + tmp.read_text())
     tmp.unlink()

@@ -4,7 +4,8 @@ picks the measured fastest sharding of each set (issue 17; the reference picks i
     python validation/sharding.py [--csv data/measured/cpu_dlrm_sharding.csv]
 
 Measured: data/measured/cpu_dlrm_sharding.csv (tools/measure_dlrm_sharding.py: dlrm-small on this
-CPU, 2 gloo processes, 7 shardings in each of 4 sets of batch per rank × index distribution).
+CPU, 2 gloo processes, 7 shardings in each of 6 sets of batch per rank × index distribution × the
+first table's pooling factor).
 Predicted: workloads/dlrm.dlrm_step on the cpu-host system with 2 ranks in one node, calibrated on
 data/measured/cpu_profile_1thread.db (`itercast profile run --threads 1`: each rank runs one thread
 on its core; `itercast calibrate`: memory and gloo collective curves, the operator models of the
@@ -41,7 +42,7 @@ MEASURED = ROOT / "data" / "measured"
 sys.path.insert(0, str(ROOT / "tools"))
 from measure_dlrm_sharding import SHARDINGS  # noqa: E402  (the shardings that were measured)
 
-Key = tuple[int, float]  # (batch per rank, Zipf α)
+Key = tuple[int, float, float]  # (batch per rank, Zipf α, t0 pooling factor)
 
 
 def read(path: Path) -> tuple[dict[Key, dict[str, float]], dict[Key, dict[str, float]]]:
@@ -50,7 +51,7 @@ def read(path: Path) -> tuple[dict[Key, dict[str, float]], dict[Key, dict[str, f
     steps: dict[Key, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     with path.open() as fh:
         for r in csv.DictReader(line for line in fh if not line.startswith("#")):
-            key = int(r["batch_per_rank"]), float(r["zipf_alpha"])
+            key = int(r["batch_per_rank"]), float(r["zipf_alpha"]), float(r["t0_pooling"])
             steps[key][r["sharding"]][r["round"]].append(float(r["step_s"]))
     median: dict[Key, dict[str, float]] = {}
     spread: dict[Key, dict[str, float]] = {}
@@ -83,25 +84,28 @@ def main() -> None:
     base = load_dlrm("dlrm-small")
     for label, cal in calibrations:
         print(f"\n== {label} ==")
-        print(f"{'batch':>5} {'zipf':>5} {'sharding':12} {'measured ms':>12} {'predicted ms':>13} {'error':>8}")
+        print(
+            f"{'batch':>5} {'zipf':>5} {'t0 P':>4} {'sharding':12} {'measured ms':>12} {'predicted':>10} {'error':>7}"
+        )
         errors, hits, ties, losses, taus = [], 0, 0, [], []
-        for (b, alpha), by in sorted(measured.items()):
-            model = base.model_copy(
-                update={"tables": tuple(t.model_copy(update={"zipf_alpha": alpha}) for t in base.tables)}
-            )
+        for (b, alpha, pooling), by in sorted(measured.items()):
+            tables = [t.model_copy(update={"zipf_alpha": alpha}) for t in base.tables]
+            tables[0] = tables[0].model_copy(update={"pooling_factor": pooling})
+            model = base.model_copy(update={"tables": tuple(tables)})
             predicted = {}
             for name, t in by.items():
                 plan = {table: Shard(s, ranks) for table, (s, ranks) in SHARDINGS[name].items()}
                 predicted[name] = dlrm_step(model, system, plan, b, cal).step_time_s
                 err = predicted[name] / t - 1
                 errors.append(err)
-                print(f"{b:5} {alpha:5} {name:12} {t * 1e3:12.2f} {predicted[name] * 1e3:13.2f} {err:+8.1%}")
+                ms = predicted[name] * 1e3
+                print(f"{b:5} {alpha:5} {pooling:4.0f} {name:12} {t * 1e3:12.2f} {ms:10.2f} {err:+7.1%}")
             names = sorted(by)
             tau = kendalltau([predicted[n] for n in names], [by[n] for n in names]).statistic
             taus.append(tau)
             pick, best = min(predicted, key=predicted.__getitem__), min(by, key=by.__getitem__)
             loss = by[pick] / by[best] - 1
-            noise = spread[b, alpha][best]
+            noise = spread[b, alpha, pooling][best]
             hits += pick == best
             ties += pick != best and loss <= noise
             losses.append(loss)
