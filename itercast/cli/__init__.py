@@ -103,6 +103,10 @@ SetOpt = Annotated[
 ]
 ExampleOpt = Annotated[bool, typer.Option(metavar="", help=f"Use the built-in example job ({EXAMPLE}).")]
 JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print a JSON object instead of a table.")]
+CalibrationOpt = Annotated[
+    Path | None,
+    typer.Option(metavar="FILE", help="Calibration file from `itercast calibrate` (else the built-in curves)."),
+]
 
 
 def finite(low: float = -math.inf, high: float = math.inf, above: bool = False):
@@ -152,10 +156,7 @@ def predict_cmd(
     trace: Annotated[
         Path | None, typer.Option(metavar="FILE", help="Write the predicted timeline as Chrome/Perfetto JSON.")
     ] = None,
-    calibration: Annotated[
-        Path | None,
-        typer.Option(metavar="FILE", help="Calibration file from `itercast calibrate` (else the built-in curves)."),
-    ] = None,
+    calibration: CalibrationOpt = None,
     strict: Annotated[
         bool, typer.Option(metavar="", help=f"Exit {EXIT_OOM} when the plan does not fit in memory.")
     ] = False,

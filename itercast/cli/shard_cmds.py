@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from itercast.cli import JsonOpt, SetOpt, app, console, echo_json, fail, working
+from itercast.cli import CalibrationOpt, JsonOpt, SetOpt, app, console, echo_json, fail, working
 from itercast.config.job import parse_section, plain_yaml, raw_sections
 from itercast.config.presets import preset, preset_names
 from itercast.config.system import SystemConfig
@@ -37,10 +37,7 @@ def shard_cmd(
     model: Annotated[str, typer.Option(metavar="NAME|FILE", help="A DLRM preset (itercast presets) or a YAML file.")],
     system: Annotated[str, typer.Option(metavar="NAME", help="System preset.")] = "dgx-h100",
     set_: SetOpt = None,
-    calibration: Annotated[
-        Path | None,
-        typer.Option(metavar="FILE", help="Calibration file (`itercast calibrate`): curves and operator models."),
-    ] = None,
+    calibration: CalibrationOpt = None,
     indices: Annotated[
         list[str] | None,
         typer.Option(

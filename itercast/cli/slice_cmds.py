@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from itercast.cli import (
+    CalibrationOpt,
     ExampleOpt,
     JobFileArg,
     JsonOpt,
@@ -82,12 +83,7 @@ def slice_cmd(
     workers: Annotated[
         int, typer.Option(min=1, max=256, help="Processes for the relaxation's starts.")
     ] = os.cpu_count() or 1,
-    calibration: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="FILE", help="Calibration file (`itercast calibrate`, e.g. of an imported Alpa database)."
-        ),
-    ] = None,
+    calibration: CalibrationOpt = None,
     device_groups: Annotated[
         str | None,
         typer.Option(
