@@ -103,6 +103,7 @@ SetOpt = Annotated[
 ]
 ExampleOpt = Annotated[bool, typer.Option(metavar="", help=f"Use the built-in example job ({EXAMPLE}).")]
 JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print a JSON object instead of a table.")]
+BatchPerRankOpt = Annotated[int, typer.Option(min=1, max=10_000_000, help="DLRM: samples per GPU per step.")]
 CalibrationOpt = Annotated[
     Path | None,
     typer.Option(metavar="FILE", help="Calibration file from `itercast calibrate` (else the built-in curves)."),
@@ -183,7 +184,7 @@ def predict_cmd(
         Path | None,
         typer.Option(metavar="FILE", help="DLRM: the embedding sharding (`itercast shard`); else the planner's best."),
     ] = None,
-    batch_per_rank: Annotated[int, typer.Option(min=1, max=10_000_000, help="DLRM: samples per GPU per step.")] = 4096,
+    batch_per_rank: BatchPerRankOpt = 4096,
 ) -> None:
     """Time per iteration, its breakdown and critical path, memory per GPU and MFU; for a DLRM
     preset (--model), one step under an embedding sharding; or, with --et, one iteration of a

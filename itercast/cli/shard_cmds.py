@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from itercast.cli import CalibrationOpt, JsonOpt, SetOpt, app, console, echo_json, fail, working
+from itercast.cli import BatchPerRankOpt, CalibrationOpt, JsonOpt, SetOpt, app, console, echo_json, fail, working
 from itercast.config.job import parse_section, plain_yaml, raw_sections
 from itercast.config.presets import preset, preset_names
 from itercast.config.system import SystemConfig
@@ -46,7 +46,7 @@ def shard_cmd(
         ),
     ] = None,
     nodes: Annotated[int, typer.Option(min=1, max=4096, help="Nodes of the system.")] = 1,
-    batch_per_rank: Annotated[int, typer.Option(min=1, max=10_000_000, help="Samples per GPU per step.")] = 4096,
+    batch_per_rank: BatchPerRankOpt = 4096,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Plans to show.")] = 5,
     sharding: Annotated[
         Path | None,
