@@ -20,6 +20,7 @@ from itercast.workloads.dlrm import (
     candidate_shards,
     dlrm_step,
     embedding_seconds,
+    index_stats,
     memory_per_rank,
     mlp_seconds,
     plan_sharding,
@@ -253,6 +254,14 @@ def test_an_index_sample_sets_the_distinct_rows(tmp_path):
     rw = shard_work(TABLE, Shard("row_wise", (0, 1, 2, 3)), 0, 4, 2)  # 8 samples: 8 of 32 lookups
     _, rw_bwd = embedding_seconds(costs, TABLE, rw, counts=counts)
     assert rw_bwd == pytest.approx((8 * 16 * 4 + 8 * 16 * 4 + distinct / 4 * 2 * (16 * 4 + 4)) / HBM)
+    # the most frequent row takes 4/5 of the lookups; on the row-wise shard that holds it, of 1/4 of
+    # the lookups, all of them (capped at 1); with Zipf α = 1 over 1000 rows, p_1 = 1 / H_1000
+    assert index_stats(TABLE, work, counts).hot_fraction == pytest.approx(0.8)
+    assert index_stats(TABLE, rw, counts).hot_fraction == 1.0
+    zipf = TABLE.model_copy(update={"zipf_alpha": 1.0})
+    harmonic = sum(1 / r for r in range(1, 1001))
+    assert index_stats(zipf, rw).hot_fraction == pytest.approx(4 / harmonic)
+    assert index_stats(zipf, work).hot_fraction == pytest.approx(1 / harmonic)
     np.save(tmp_path / "big.npy", np.array([0, 999, 1000]))
     with pytest.raises(
         ValueError, match=r"indices 0\.\.1000; the table has rows 0\.\.999 \(the file of another table\?\)"

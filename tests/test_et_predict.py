@@ -42,11 +42,12 @@ def test_predict_an_execution_trace_and_its_index_reuse():
     uniform = json.loads(text)
     code, text = run("--et", str(ET), "--db", str(DB), "--gpu", "--index-distribution", "zipf:1.05", "--json")
     skewed = json.loads(text)
-    # the lookups reuse rows: both embedding passes get cheaper, nothing else moves
-    for family in ("embedding_bag_fwd", "embedding_bag_bwd"):
-        assert skewed["kernel_s_by_family"][family] < uniform["kernel_s_by_family"][family]
+    # the lookups reuse rows: the forward gets cheaper; on a GPU the backward dearer (its most
+    # frequent row's lookups are summed one after another, as the H100 measured); nothing else moves
+    fwd, bwd = "embedding_bag_fwd", "embedding_bag_bwd"
+    assert skewed["kernel_s_by_family"][fwd] < uniform["kernel_s_by_family"][fwd]
+    assert skewed["kernel_s_by_family"][bwd] > uniform["kernel_s_by_family"][bwd]
     assert skewed["kernel_s_by_family"]["gemm"] == uniform["kernel_s_by_family"]["gemm"]
-    assert skewed["iteration_s"] < uniform["iteration_s"]
 
 
 @pytest.mark.parametrize(

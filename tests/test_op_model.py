@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -11,9 +12,12 @@ import pytest
 from itercast.costs.aten_ops import OpCall, features, host_category, tensor_bytes
 from itercast.costs.op_model import (
     BOOST_MIN_ROWS,
+    IndexStats,
     OperatorCostModel,
     fit_operator_models,
     fit_shape_model,
+    row_features,
+    row_index_stats,
     shape_model_s,
     unique_fraction_uniform,
 )
@@ -186,6 +190,51 @@ def test_unique_fraction_of_uniform_draws():
     assert unique_fraction_uniform(1000, 1) == pytest.approx(1.0)
     # 2 draws from 2 rows: expected distinct = 2·(1 − 1/4) = 1.5 of 2
     assert unique_fraction_uniform(2, 2) == pytest.approx(0.75)
+
+
+def test_index_stats_of_named_distributions_and_samples():
+    # Zipf α = 1 over 3 rows: p_1 = 1 / (1 + 1/2 + 1/3) = 6/11
+    assert IndexStats.zipf(3, 2, 1.0).hot_fraction == pytest.approx(6 / 11)
+    assert IndexStats.zipf(4, 8, 0.0) == IndexStats.uniform(4, 8) == IndexStats(unique_fraction_uniform(4, 8), 0.25)
+    # a sample where row 7 appears 3 times and row 9 once: 3/4 of the lookups go to row 7
+    assert IndexStats.sampled(np.array([3, 1]), 1).hot_fraction == pytest.approx(0.75)
+
+
+def test_profile_rows_carry_their_index_stats():
+    recorded = Measurement("embedding", "embedding_bag_bwd", 1, 1e-4, params={"rows": 10, "distribution": "zipf"})
+    recorded.params["features"] = {"unique_fraction": 0.5, "hot_fraction": 0.2}
+    assert row_index_stats(recorded) == IndexStats(0.5, 0.2)
+    # recorded before hot_fraction was: the expectation for the distribution (microbench.ZIPF_ALPHA = 1.05)
+    old = Measurement("embedding", "embedding_bag_bwd", 1, 1e-4, params={"rows": 2, "distribution": "zipf"})
+    assert row_index_stats(old).hot_fraction == pytest.approx(1 / (1 + 2**-1.05))
+    old.params["distribution"] = "uniform"
+    assert row_index_stats(old) == IndexStats(1.0, 0.5)
+
+
+def test_embedding_backward_learns_the_hot_row_chain_and_the_sort_step():
+    """A GPU-like backward: t = 20 µs + 1 ns per lookup + 10 ns per lookup of the most frequent row
+    + 60 µs from 2048 lookups on (the sort's device-wide path); uniform and skewed indices alike."""
+    args_types = ["Tensor(float)"] + ["Tensor(long int)"] * 5 + ["Int", "Bool", "Int", "Bool"]
+    rows = []
+    for lookups, hot in itertools.product((512, 1024, 4096, 16384, 65536, 262144), (1e-5, 0.01, 0.1)):
+        args = [[lookups // 4, 32], [lookups], [lookups // 4], [0], [lookups // 4], [lookups // 4]] + [[]] * 4
+        t = 20e-6 + 1e-9 * lookups + 10e-9 * lookups * hot + 60e-6 * (lookups >= 2048)
+        row = _row("aten::_embedding_bag_backward", args, args_types, t, scalars=(None,) * 6 + (1000, False))
+        row.params.update(rows=1000, features={"unique_fraction": 0.5, "hot_fraction": hot})
+        rows.append(row)
+    fit = fit_operator_models(rows)["models"]["aten::_embedding_bag_backward:embedding_bag_bwd"]
+    assert fit["many_lookups"] == 2048
+    assert fit["s_per_hot_lookup"] == pytest.approx(10e-9, rel=1e-4)
+    assert fit["s_per_call_if_many"] == pytest.approx(60e-6, rel=1e-4)
+    model = OperatorCostModel({"models": {"aten::_embedding_bag_backward:embedding_bag_bwd": fit}})
+    f = row_features(rows[-1])[1]
+    # 262,144 lookups, a third of them to one row: 20 + 262 + 874 + 60 µs
+    skewed = model.price("aten::_embedding_bag_backward", f, IndexStats(0.5, 1 / 3))
+    assert skewed == pytest.approx(20e-6 + 262144e-9 + 262144 / 3 * 10e-9 + 60e-6, rel=1e-4)
+    # uniform draws from the call's 1,000 rows when no stats are given: 262 lookups of the hottest row
+    assert model.price("aten::_embedding_bag_backward", f) == pytest.approx(
+        20e-6 + 262144e-9 + 262.144 * 10e-9 + 60e-6, rel=1e-3
+    )
 
 
 def _row(name, shapes, types, t, strides=(), out=(), scalars=(), family="elementwise", **params):

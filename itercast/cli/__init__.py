@@ -251,12 +251,7 @@ def _predict_execution_trace(
     busy time (kernels, copies, memsets) against the predicted kernel time when it holds GPU
     activity (a profiler slows the host, not the kernels), else its median ProfilerStep against
     the predicted iteration."""
-    from itercast.costs.op_model import (
-        OperatorCostModel,
-        fit_operator_models,
-        unique_fraction_uniform,
-        unique_fraction_zipf,
-    )
+    from itercast.costs.op_model import IndexStats, OperatorCostModel, fit_operator_models
     from itercast.profile.db import ProfileDB, ProfileError
     from itercast.traces.execution_trace import read_execution_trace
     from itercast.traces.iteration_model import predict_iteration
@@ -277,15 +272,14 @@ def _predict_execution_trace(
     ):
         fail(f"--index-distribution: expected uniform or zipf:ALPHA with 0 ≤ ALPHA ≤ 10; got {distribution!r}")
 
-    def unique(node: object, f: object) -> float:
-        rows, lookups = int(f.dims["rows"]), int(f.dims["lookups"])  # type: ignore[attr-defined]
-        return unique_fraction_zipf(rows, lookups, alpha) if alpha else unique_fraction_uniform(rows, lookups)
+    def index(node: object, f: object) -> IndexStats:
+        return IndexStats.zipf(int(f.dims["rows"]), int(f.dims["lookups"]), alpha)  # type: ignore[attr-defined]
 
     try:
         profile = ProfileDB(db, readonly=True)
         dev = profile.choose_device(device_id, "--device-id")
         model = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
-        pred = predict_iteration(read_execution_trace(et), model, unique, gpu=gpu)
+        pred = predict_iteration(read_execution_trace(et), model, index, gpu=gpu)
         check: dict[str, float | str] = {}
         if kineto is not None:
             measured = read_kineto(kineto)

@@ -29,9 +29,16 @@ features of costs/aten_ops.py. Forms (all fitted on log time, so relative errors
   indices are sorted into one segment per distinct row, each accumulated and written once: held-out
   9.2% → 6.7% on this CPU, 30.9% → 27.2% on the H100) and the table's bytes, at a higher rate for
   tables of at least a break (the dense gradient is zeroed and written whole, and a large one is
-  mapped afresh page by page, as above; the sort gives the per-lookup term); the fused row-wise
-  Adagrad update (embedding_bag_update), the bytes of distinct rows, at a higher rate for tables of
-  at least a break (rows scattered over a table that does not stay in cache);
+  mapped afresh page by page, as above; the sort gives the per-lookup term); the lookups of the most
+  frequent row (IndexStats: a GPU sums them one after another); and a constant from a number of
+  lookups on (chosen by fit among SORT_BREAKS_LOOKUPS: the H100's backward jumps from 50 µs at 512
+  lookups to 120 µs at 4,096, where the sort leaves its single-block path). H100 held-out 27.2% →
+  4.5% with both (the most frequent row alone: 15.6%, the step alone: 9.3%); this CPU 6.7% → 7.5%
+  (two threads; one thread 4.5% either way): a CPU thread sums a row's lookups as it sums any.
+  The fused row-wise Adagrad update (embedding_bag_update): the bytes of distinct rows, at a higher
+  rate for tables of at least a break (rows scattered over a table that does not stay in cache); no
+  term for the most frequent row, which its index_add_ may serialise on a GPU too: never measured
+  there (the H100 database predates the operator);
 - host: seconds per operator called from Python, per nested operator call, per autograd function
   and per launch of an operator's work (non-negative least squares over the `host` programs, whose
   counts come from their traces; a database whose programs counted no launches fits none).
@@ -44,7 +51,9 @@ lookup's several kernels costs the host far more than a generic call.
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,6 +62,7 @@ from scipy.optimize import least_squares, nnls
 from itercast.costs.aten_ops import OpArgs, OpCall, OpFeatures, features
 from itercast.costs.fitting import eff, fit_latency_curve, fit_nonneg_linear, mean_abs_err
 from itercast.profile.db import Measurement
+from itercast.profile.microbench import ZIPF_ALPHA
 
 COMPUTE = ("gemm", "conv_fwd", "conv_bwd", "attention_fwd", "attention_bwd", "norm")
 LAYOUTS = ("nt", "tn", "tt", "causal")  # operand layouts of GEMMs; causal masking of attention
@@ -79,6 +89,8 @@ _BACKEND_PAIRS = (
 )
 OTHER_BACKEND = {a: b for a, b in _BACKEND_PAIRS} | {b: a for a, b in _BACKEND_PAIRS}
 MEMORY_BREAKS_BYTES = tuple(1 << k for k in range(18, 28))  # 256 KiB … 128 MiB
+#: lookups from which an embedding backward's sort takes its device-wide path (module docstring)
+SORT_BREAKS_LOOKUPS = (1 << 10, 1 << 11, 1 << 12)
 BOOST_MIN_ROWS = 100
 #: scikit-learn GradientBoostingRegressor settings, fixed (not searched per database). Four settings
 #: were compared on the CPU database's mm rows (200-300 trees, depth 3-4, rate 0.05-0.1): 3.3-3.9%.
@@ -178,8 +190,12 @@ def _boost_log(boost: dict[str, Any], x: list[float]) -> float:
     return float(boost["init"] + boost["learning_rate"] * total)
 
 
-def lookup_columns(feats: list[OpFeatures], unique: np.ndarray, cache_bytes: float) -> dict[str, np.ndarray]:
-    """The linear model's columns for embedding-bag rows; `unique`: distinct-row fraction of each."""
+def lookup_columns(
+    feats: list[OpFeatures], stats: list[IndexStats], cache_bytes: float, many_lookups: float = math.inf
+) -> dict[str, np.ndarray]:
+    """The linear model's columns for embedding-bag rows; `stats`: what each call's indices are;
+    `cache_bytes` and, backward, `many_lookups`: the breaks (module docstring)."""
+    unique = np.array([s.unique_fraction for s in stats])
     cols = {
         "lookup": np.array([float(f.dims["lookups"]) for f in feats]),
         "gathered_byte": np.array([f.size for f in feats]),
@@ -192,6 +208,8 @@ def lookup_columns(feats: list[OpFeatures], unique: np.ndarray, cache_bytes: flo
         distinct = cols["gathered_byte"] * unique  # one gradient row accumulated and written per distinct row
         return cols | {
             "distinct_byte": distinct,
+            "hot_lookup": cols["lookup"] * np.array([s.hot_fraction for s in stats]),  # IndexStats: a serial chain
+            "call_if_many": (cols["lookup"] >= many_lookups).astype(np.float64),
             "table_byte": table,
             "table_byte_if_large": table * (table >= cache_bytes),
         }
@@ -239,11 +257,13 @@ def fit_one(rows: list[Measurement], feats: list[OpFeatures]) -> dict[str, Any]:
         return fit_shape_model([f.dims for f in feats], np.array([f.size for f in feats]), t)
     if family.startswith("embedding_bag"):
         best: dict[str, Any] = {}
-        unique = np.array([float(m.params.get("features", {}).get("unique_fraction", 1.0)) for m in rows])
-        for cache in CACHE_CANDIDATES_BYTES if family == "embedding_bag_fwd" else MEMORY_BREAKS_BYTES:
-            fit = fit_nonneg_linear(lookup_columns(feats, unique, cache), t)
+        stats = [row_index_stats(m) for m in rows]
+        caches = CACHE_CANDIDATES_BYTES if family == "embedding_bag_fwd" else MEMORY_BREAKS_BYTES
+        many = SORT_BREAKS_LOOKUPS if family == "embedding_bag_bwd" else (math.inf,)
+        for cache, n in itertools.product(caches, many):
+            fit = fit_nonneg_linear(lookup_columns(feats, stats, cache, n), t)
             if not best or fit["fit_mean_abs_err"] < best["fit_mean_abs_err"]:
-                best = {"form": "lookup", "cache_bytes": cache, **fit}
+                best = {"form": "lookup", "cache_bytes": cache, **fit} | ({"many_lookups": n} if n < math.inf else {})
         return best
     x = np.array([f.size for f in feats])
     best = {}
@@ -268,16 +288,21 @@ def unique_fraction_zipf(rows: int, lookups: int, alpha: float, block: int = 1 <
     blocks of rows (memory stays bounded for tables of 10^8 rows). alpha = 0 is uniform."""
     if lookups <= 0 or rows <= 0:
         return 1.0
-    norm = 0.0
-    for start in range(1, rows + 1, block):
-        r = np.arange(start, min(start + block, rows + 1), dtype=np.float64)
-        norm += float(np.sum(r**-alpha))
+    norm = _zipf_norm(rows, alpha, block)
     distinct = 0.0
     for start in range(1, rows + 1, block):
         r = np.arange(start, min(start + block, rows + 1), dtype=np.float64)
         p = r**-alpha / norm
         distinct += float(np.sum(-np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-16)))))
     return min(1.0, distinct / lookups)
+
+
+def _zipf_norm(rows: int, alpha: float, block: int = 1 << 20) -> float:
+    """Σ_{r=1..rows} r^−alpha, in blocks of rows."""
+    norm = 0.0
+    for start in range(1, rows + 1, block):
+        norm += float(np.sum(np.arange(start, min(start + block, rows + 1), dtype=np.float64) ** -alpha))
+    return norm
 
 
 def unique_fraction_sampled(counts: np.ndarray, lookups: int) -> float:
@@ -288,6 +313,40 @@ def unique_fraction_sampled(counts: np.ndarray, lookups: int) -> float:
         return 1.0
     p = counts[counts > 0] / float(counts.sum())
     return min(1.0, float(np.sum(-np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-16))))) / lookups)
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    """What the indices of one embedding-operator call do to its cost, per call of L lookups.
+
+    unique_fraction: distinct rows / L (each distinct row is a segment of the sorted indices, a
+    cache miss, a row written); hot_fraction: the share of the L lookups that go to the most
+    frequent row. A GPU's embedding backward sums each distinct row's lookups in partial segments
+    of a few rows and then, per row, those partial sums one after another (PyTorch's
+    embedding_backward_cuda_kernel): the most frequent row's L·hot_fraction lookups are a serial
+    chain. It is why Zipf indices make the H100's backward 5× slower at a million lookups
+    (data/measured/h100_profile.db: 10k × 32 table, 8192 × 128 lookups: 0.35 ms uniform, 1.66 ms
+    Zipf 1.05)."""
+
+    unique_fraction: float
+    hot_fraction: float
+
+    @classmethod
+    def uniform(cls, rows: int, lookups: int) -> IndexStats:
+        """Uniform draws: each row is drawn with probability 1/rows."""
+        return cls(unique_fraction_uniform(rows, lookups), 1.0 / max(rows, 1))
+
+    @classmethod
+    def zipf(cls, rows: int, lookups: int, alpha: float) -> IndexStats:
+        """Zipf draws p_r ∝ r^−alpha: the most frequent row has p_1 = 1 / Σ_r r^−alpha."""
+        if alpha == 0:
+            return cls.uniform(rows, lookups)
+        return cls(unique_fraction_zipf(rows, lookups, alpha), 1.0 / _zipf_norm(max(rows, 1), alpha))
+
+    @classmethod
+    def sampled(cls, counts: np.ndarray, lookups: int) -> IndexStats:
+        """Draws from a sample's row frequencies (`counts[i]`: how often row i appears)."""
+        return cls(unique_fraction_sampled(counts, lookups), float(counts.max()) / float(counts.sum()))
 
 
 class OperatorCostModel:
@@ -303,12 +362,12 @@ class OperatorCostModel:
         """Host seconds to issue one call of `name` from Python on a GPU, where measured."""
         return self._issue_s.get(name, self._issue_s.get(SAME_KERNEL.get(name, "")))
 
-    def measured_s(self, call: OpArgs, f: OpFeatures | None = None, unique_fraction: float | None = None) -> float:
+    def measured_s(self, call: OpArgs, f: OpFeatures | None = None, index: IndexStats | None = None) -> float:
         """What a microbenchmark of this call alone would measure (its own host overhead included).
-        `unique_fraction`: distinct rows among an embedding bag's indices (uniform draws when None)."""
-        return self.price(call.name, f or features(call), unique_fraction)
+        `index`: what an embedding bag's indices are (uniform draws when None)."""
+        return self.price(call.name, f or features(call), index)
 
-    def price(self, op: str, f: OpFeatures, unique_fraction: float | None = None) -> float:
+    def price(self, op: str, f: OpFeatures, index: IndexStats | None = None) -> float:
         """What a microbenchmark of a call of operator `op` with features `f` would measure."""
         if f.family == "free":
             return 0.0
@@ -324,9 +383,10 @@ class OperatorCostModel:
         if f.family.startswith("embedding_bag"):
             if fit is None:
                 raise OpModelError(f"{op}: no model for this operator (profile family 'embedding' first)")
-            u = unique_fraction if unique_fraction is not None else unique_fraction_uniform(*_rows_lookups(f))
-            cols = lookup_columns([f], np.array([u]), fit["cache_bytes"])
-            return float(fit["alpha_s"] + sum(fit[f"s_per_{name}"] * col[0] for name, col in cols.items()))
+            index = index or IndexStats.uniform(*_rows_lookups(f))
+            cols = lookup_columns([f], [index], fit["cache_bytes"], fit.get("many_lookups", math.inf))
+            # a calibration fitted before a column existed prices it at zero
+            return float(fit["alpha_s"] + sum(fit.get(f"s_per_{name}", 0.0) * col[0] for name, col in cols.items()))
         fallback = FALLBACK_MEMORY_OPS[op.endswith("_")]
         fit = fit or self._by_name.get(fallback)
         if fit is None:
@@ -369,9 +429,7 @@ def operator_report(rows: list[Measurement], folds: int = 5, seed: int = 0) -> l
             fit = fit_one([ms[i] for i in train], [feats[i] for i in train])
             model = OperatorCostModel({"models": {key: fit}})
             for i in test:
-                pred["model"][i] = model.measured_s(
-                    _call_of(ms[i]), feats[i], ms[i].params.get("features", {}).get("unique_fraction")
-                )
+                pred["model"][i] = model.measured_s(_call_of(ms[i]), feats[i], row_index_stats(ms[i]))
             rate = float(np.max(size[train] / t[train]))
             c = fit_latency_curve(size[train], t[train], rate)
             pred["size_curve"][test] = c["alpha_s"] + size[test] / (
@@ -389,6 +447,17 @@ def operator_report(rows: list[Measurement], folds: int = 5, seed: int = 0) -> l
             }
         )
     return out
+
+
+def row_index_stats(m: Measurement) -> IndexStats:
+    """What an embedding microbenchmark row's indices were: as recorded (profile/microbench), else,
+    for a database recorded before hot_fraction was, the expectation for the distribution drawn from."""
+    recorded = m.params.get("features", {})
+    hot = recorded.get("hot_fraction")
+    if hot is None:
+        rows = max(int(m.params.get("rows", 1)), 1)
+        hot = 1.0 / _zipf_norm(rows, ZIPF_ALPHA) if m.params.get("distribution") == "zipf" else 1.0 / rows
+    return IndexStats(float(recorded.get("unique_fraction", 1.0)), float(hot))
 
 
 def _call_of(m: Measurement) -> OpCall:

@@ -50,6 +50,8 @@ from itercast.profile.db import Measurement, ProfileDB, ProfileError
 FLUSH_BYTES = 64 << 20
 #: GPU clock cycles of the spin queued before each timed GPU run (~0.5 ms at 1.98 GHz)
 GPU_HOLD_CYCLES = 1_000_000
+#: the skew of the embedding benchmarks' Zipf indices (DLRM-like reuse)
+ZIPF_ALPHA = 1.05
 FAMILIES = ("gemm", "conv", "attention", "norm", "elementwise", "embedding", "host", "collective")
 QUICK: dict[str, Any] = {
     "gemm": [64, 256, 1024],
@@ -409,13 +411,14 @@ def _prepare_embedding(op: str, p: dict[str, Any], randn: Callable[..., Any], de
     weight = randn(rows, dim)
     gen = torch.Generator(device="cpu").manual_seed(0)  # indices drawn on the host: the same on every device
     count = batch * pool
-    if p["distribution"] == "zipf":  # skewed reuse: rank r drawn with probability ∝ 1/(r+1)^1.05
-        weights = 1.0 / torch.arange(1, rows + 1, dtype=torch.float64) ** 1.05
+    if p["distribution"] == "zipf":  # skewed reuse: the row of rank r drawn with probability ∝ r^−ZIPF_ALPHA
+        weights = 1.0 / torch.arange(1, rows + 1, dtype=torch.float64) ** ZIPF_ALPHA
         idx = torch.multinomial(weights, count, replacement=True, generator=gen)
     else:
         idx = torch.randint(0, rows, (count,), generator=gen)
     offsets = torch.arange(0, count, pool)
-    features = {"unique_fraction": idx.unique().numel() / count}
+    _, per_row = idx.unique(return_counts=True)
+    features = {"unique_fraction": per_row.numel() / count, "hot_fraction": int(per_row.max()) / count}
     idx, offsets = idx.to(device), offsets.to(device)
     aten = torch.ops.aten
     outs = aten._embedding_bag(weight, idx, offsets, False, 0)  # mode 0: sum

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from itercast.costs.aten_ops import ROOT_NODE, WHOLE_MEMORY_OPS, OpFeatures, features, host_category
-from itercast.costs.op_model import OperatorCostModel
+from itercast.costs.op_model import IndexStats, OperatorCostModel
 from itercast.traces.execution_trace import ETNode, ExecutionTrace
 
 #: operators whose call copies a value to the host: with a tensor on a GPU, they wait for its queued work
@@ -77,11 +77,11 @@ def host_counts(et: ExecutionTrace) -> dict[str, int]:
 def predict_iteration(
     et: ExecutionTrace,
     model: OperatorCostModel,
-    unique_fraction: Callable[[ETNode, OpFeatures], float | None] | None = None,
+    index_stats: Callable[[ETNode, OpFeatures], IndexStats | None] | None = None,
     gpu: bool = False,
 ) -> IterationPrediction:
-    """`unique_fraction(node, features)`: the distinct-row fraction of an embedding bag's indices
-    (the data's reuse; None or no function: uniform draws). `gpu`: price on two timelines (module
+    """`index_stats(node, features)`: what an embedding bag's indices are (the data's reuse and
+    its most frequent row; None or no function: uniform draws). `gpu`: price on two timelines (module
     docstring); else host and kernel times add up."""
     children: dict[int, list[ETNode]] = {}
     by_id = {n.id: n for n in et.nodes}
@@ -127,8 +127,8 @@ def predict_iteration(
                     spend_host(host[c])
         whole, kernel_s, family = priced_above, 0.0, ""
         if priced and f is not None:
-            u = unique_fraction(node, f) if unique_fraction and f.family.startswith("embedding_bag") else None
-            measured_s = model.measured_s(node, f, u)
+            index = index_stats(node, f) if index_stats and f.family.startswith("embedding_bag") else None
+            measured_s = model.measured_s(node, f, index)
             kernel_s, family = (measured_s, f.family) if gpu else (max(measured_s - own_host_s(node), 0.0), f.family)
             kernels[family] = kernels.get(family, 0.0) + kernel_s
             whole = f.family != "gemm"

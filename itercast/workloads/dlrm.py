@@ -36,12 +36,7 @@ from itercast.config.strict import STRICT, Width
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.aten_ops import EMBEDDING_UPDATE, OpFeatures, lookup_features
-from itercast.costs.op_model import (
-    OperatorCostModel,
-    unique_fraction_sampled,
-    unique_fraction_uniform,
-    unique_fraction_zipf,
-)
+from itercast.costs.op_model import IndexStats, OperatorCostModel
 from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import place_group
@@ -153,18 +148,23 @@ def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch
     return ShardWork(batch * P, table.num_rows, d, 0.0, replica=True)  # data_parallel: the local batch only
 
 
-def _distinct(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | None = None) -> float:
-    """Expected distinct rows among the shard's lookups: from a sample of real indices (`counts`,
-    load_index_sample: a row-wise shard of 1/k of the rows sees 1/k of the distinct rows of k times
-    its lookups), else from the table's named distribution (uniform or Zipf)."""
+def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | None = None) -> IndexStats:
+    """What the shard's lookups are: from a sample of real indices (`counts`, load_index_sample),
+    else from the table's named distribution (uniform or Zipf). A row-wise shard of 1/k of the rows
+    sees 1/k of the distinct rows of k times its lookups; its most loaded shard holds the most
+    frequent row, whose lookups are then k times the share they have of the whole table's."""
+    k = table.num_rows / work.rows
+    lookups = max(1, round(work.lookups))
     if counts is not None:
-        k = table.num_rows / work.rows
         lookups_all = max(1, round(work.lookups * k))
-        return unique_fraction_sampled(counts, lookups_all) * lookups_all / k
-    rows, lookups = max(1, round(work.rows)), max(1, round(work.lookups))
-    if table.zipf_alpha:
-        return unique_fraction_zipf(rows, lookups, table.zipf_alpha) * lookups
-    return unique_fraction_uniform(rows, lookups) * lookups
+        whole = IndexStats.sampled(counts, lookups_all)
+        return IndexStats(whole.unique_fraction, min(1.0, k * whole.hot_fraction))
+    rows = max(1, round(work.rows))
+    shard = IndexStats.zipf(rows, lookups, table.zipf_alpha)
+    if k == 1:
+        return shard
+    hot = IndexStats.zipf(table.num_rows, 1, table.zipf_alpha).hot_fraction
+    return IndexStats(shard.unique_fraction, min(1.0, k * hot))
 
 
 def embedding_seconds(
@@ -188,11 +188,11 @@ def embedding_seconds(
     measures, writes a dense table-sized gradient: it is not the sparse update and is not used.
     `counts`: the row frequencies of a sample of the table's real indices (load_index_sample)."""
     pooled = work.pooled_out_bytes or work.lookups / table.pooling_factor * work.dim * F32
-    distinct = _distinct(table, work, counts)
+    index = index_stats(table, work, counts)
+    distinct = index.unique_fraction * max(1, round(work.lookups))
     per_lookup = work.lookups * work.dim * F32
-    unique = distinct / max(work.lookups, 1.0)
     if ops is not None and ops.has_model(LOOKUP_OP):
-        fwd_s = ops.price(LOOKUP_OP, lookup_features("embedding_bag_fwd", work.rows, work.dim, work.lookups), unique)
+        fwd_s = ops.price(LOOKUP_OP, lookup_features("embedding_bag_fwd", work.rows, work.dim, work.lookups), index)
     else:
         fwd_s = float(costs.memory_s("elementwise", per_lookup + pooled))
     if work.replica:
@@ -201,7 +201,7 @@ def embedding_seconds(
         )
     if ops is not None and ops.has_model(EMBEDDING_UPDATE):
         update_s = ops.price(
-            EMBEDDING_UPDATE, lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups), unique
+            EMBEDDING_UPDATE, lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups), index
         )
         return fwd_s, float(costs.memory_s("elementwise", pooled + per_lookup)) + update_s
     return fwd_s, float(
