@@ -192,6 +192,19 @@ def test_calibrated_lookup_and_update_use_the_operator_models():
     assert small_bwd == pytest.approx((8 * 16 * 4 + gathered) / HBM + small_distinct * 16 * 4 * 3e-9)
 
 
+def test_a_lookup_is_priced_by_its_bags_pooling():
+    """Only the bag terms: 0.1 µs per lookup of a bag (a GPU's chain of dependent loads) and 0.5 ns
+    per byte of pooled output."""
+    fit = {"form": "lookup", "cache_bytes": 1 << 20, "alpha_s": 0.0, "s_per_pooling": 1e-7, "s_per_pooled_byte": 5e-10}
+    ops = OperatorCostModel({"models": {"aten::_embedding_bag:embedding_bag_fwd": fit}})
+    costs = AnalyticCostModel(system(1), "fp32", linear_calibration())
+    whole = shard_work(TABLE, Shard("table_wise", (0,)), 0, 4, 2)  # 8 bags of 4 lookups
+    assert embedding_seconds(costs, TABLE, whole, ops)[0] == pytest.approx(4e-7 + 8 * 16 * 4 * 5e-10)
+    # a row-wise shard of 4: the same 8 bags (partial sums), 1 lookup each
+    rows = shard_work(TABLE, Shard("row_wise", (0, 1, 2, 3)), 0, 4, 2)
+    assert embedding_seconds(costs, TABLE, rows, ops)[0] == pytest.approx(1e-7 + 8 * 16 * 4 * 5e-10)
+
+
 def test_a_replica_zeroes_its_dense_gradient_and_is_updated_whole():
     costs = AnalyticCostModel(system(1), "fp32", linear_calibration())
     work = shard_work(TABLE, Shard("data_parallel", (0, 1)), 0, 2, 8)  # the local 8 samples: 32 lookups

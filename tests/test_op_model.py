@@ -60,7 +60,7 @@ def test_attention_lookup_and_memory_features():
     args = [[512, 64], [10240], [512], [0], [512], [512]] + [[]] * 4
     types = [F] + ["Tensor(long int)"] * 5 + ["Int", "Bool", "Int", "Bool"]
     bwd = features(OpCall("aten::_embedding_bag_backward", args, types, [], [], [], (None,) * 6 + (300_000, False)))
-    assert bwd.dims == {"rows": 300_000, "dim": 64, "lookups": 10240, "table_bytes": 300_000 * 64 * 4}
+    assert bwd.dims == {"rows": 300_000, "dim": 64, "lookups": 10240, "bags": 512, "table_bytes": 300_000 * 64 * 4}
     # lists of tensors count whole; scalars and int lists do not
     assert (
         tensor_bytes(
@@ -235,6 +235,22 @@ def test_embedding_backward_learns_the_hot_row_chain_and_the_sort_step():
     assert model.price("aten::_embedding_bag_backward", f) == pytest.approx(
         20e-6 + 262144e-9 + 262.144 * 10e-9 + 60e-6, rel=1e-3
     )
+
+
+def test_embedding_forward_learns_its_bags():
+    """A GPU-like lookup: t = 5 µs + 0.2 µs per lookup of a bag (one chain of loads per bag) +
+    1 ns per byte of pooled output (bags × 32 floats), tables in cache."""
+    types = ["Tensor(float)", "Tensor(long int)", "Tensor(long int)"]
+    rows = []
+    for bags, pooling in itertools.product((256, 1024, 4096), (1, 8, 64)):
+        t = 5e-6 + 0.2e-6 * pooling + 1e-9 * bags * 32 * 4
+        call = [[1000, 32], [bags * pooling], [bags]]
+        rows.append(_row("aten::_embedding_bag", call, types, t, out=[[bags, 32]], rows=1000, distribution="uniform"))
+    fit = fit_operator_models(rows)["models"]["aten::_embedding_bag:embedding_bag_fwd"]
+    assert fit["s_per_pooling"] == pytest.approx(0.2e-6, rel=1e-4)
+    assert fit["s_per_pooled_byte"] == pytest.approx(1e-9, rel=1e-4)
+    f = row_features(rows[0])[1]
+    assert (f.dims["bags"], f.dims["lookups"]) == (256, 256)
 
 
 def _row(name, shapes, types, t, strides=(), out=(), scalars=(), family="elementwise", **params):

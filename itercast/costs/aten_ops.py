@@ -207,17 +207,18 @@ def features(call: OpArgs) -> OpFeatures:
         dims = {"batch": math.prod(q[:-2]), "m": q[-2], "n": k[-2], "k": q[-1], "layout": "causal" if causal else "nn"}
         return OpFeatures(family, flops, dims)
     if name in EMBEDDING_BAG_FWD:
-        (rows, dim), lookups = shapes[0], math.prod(shapes[1])
-        return lookup_features("embedding_bag_fwd", rows, dim, lookups, itemsize(call.input_types[0]))
+        (rows, dim), lookups, bags = shapes[0], math.prod(shapes[1]), math.prod(shapes[2])  # one offset per bag
+        return lookup_features("embedding_bag_fwd", rows, dim, lookups, bags, itemsize(call.input_types[0]))
     if name in EMBEDDING_BAG_BWD:
         grad, lookups = shapes[0], math.prod(shapes[1])
         rows = call.input_scalars[6] if len(call.input_scalars) > 6 else None
         if not isinstance(rows, int):
             raise ValueError(f"{name}: expected the table's row count (num_weights) as argument 7")
-        return lookup_features("embedding_bag_bwd", rows, grad[-1], lookups, itemsize(call.input_types[0]))
+        bags = math.prod(grad[:-1])  # the pooled gradient: one row per bag
+        return lookup_features("embedding_bag_bwd", rows, grad[-1], lookups, bags, itemsize(call.input_types[0]))
     if name == EMBEDDING_UPDATE:
-        (rows, dim), lookups = shapes[0], math.prod(shapes[2])
-        return lookup_features("embedding_bag_update", rows, dim, lookups, itemsize(call.input_types[0]))
+        (rows, dim), lookups = shapes[0], math.prod(shapes[2])  # the gradient of each lookup's row: no bags
+        return lookup_features("embedding_bag_update", rows, dim, lookups, lookups, itemsize(call.input_types[0]))
     if name in FREE_OPS or not name.startswith("aten::"):
         return OpFeatures("free")
     moved = tensor_bytes(shapes, call.input_types) + tensor_bytes(call.output_shapes, call.output_types)
@@ -228,10 +229,10 @@ def features(call: OpArgs) -> OpFeatures:
     return OpFeatures("memory", moved)
 
 
-def lookup_features(family: str, rows: float, dim: int, lookups: float, item_bytes: int = 4) -> OpFeatures:
+def lookup_features(family: str, rows: float, dim: int, lookups: float, bags: float, item_bytes: int = 4) -> OpFeatures:
     """An embedding table's operator (lookup, its backward or update): bytes of every looked-up row,
-    and the table's shape."""
-    dims = {"rows": rows, "dim": dim, "lookups": lookups, "table_bytes": rows * dim * item_bytes}
+    the table's shape, and the bags (pooled outputs) its lookups are summed into."""
+    dims = {"rows": rows, "dim": dim, "lookups": lookups, "bags": bags, "table_bytes": rows * dim * item_bytes}
     return OpFeatures(family, lookups * dim * item_bytes, dims)
 
 

@@ -188,11 +188,14 @@ def embedding_seconds(
     measures, writes a dense table-sized gradient: it is not the sparse update and is not used.
     `counts`: the row frequencies of a sample of the table's real indices (load_index_sample)."""
     pooled = work.pooled_out_bytes or work.lookups / table.pooling_factor * work.dim * F32
+    bags = pooled / (work.dim * F32)  # a row-wise shard's bags hold pooling_factor / k of its lookups each
     index = index_stats(table, work, counts)
     distinct = index.unique_fraction * max(1, round(work.lookups))
     per_lookup = work.lookups * work.dim * F32
     if ops is not None and ops.has_model(LOOKUP_OP):
-        fwd_s = ops.price(LOOKUP_OP, lookup_features("embedding_bag_fwd", work.rows, work.dim, work.lookups), index)
+        fwd_s = ops.price(
+            LOOKUP_OP, lookup_features("embedding_bag_fwd", work.rows, work.dim, work.lookups, bags), index
+        )
     else:
         fwd_s = float(costs.memory_s("elementwise", per_lookup + pooled))
     if work.replica:
@@ -201,7 +204,9 @@ def embedding_seconds(
         )
     if ops is not None and ops.has_model(EMBEDDING_UPDATE):
         update_s = ops.price(
-            EMBEDDING_UPDATE, lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups), index
+            EMBEDDING_UPDATE,
+            lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups, work.lookups),
+            index,
         )
         return fwd_s, float(costs.memory_s("elementwise", pooled + per_lookup)) + update_s
     return fwd_s, float(
