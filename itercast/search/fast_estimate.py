@@ -6,21 +6,34 @@ parallel, micro-batch, sequence parallel, recompute) and are computed once per d
 data-parallel collectives once per distinct group and size; the rest is numpy over a PlanTable:
 
     stage time     S_s = v · (t_f + t_b) + embedding (first stage) + head (last stage)
-    pipeline       M · max_s S_s + (Σ_s S_s − max_s S_s) / v + 2 (p − 1) · t_p2p
-                   (exact for uniform stages without sends: (M + p − 1)·t for 1F1B/GPipe,
-                   M·t + (p − 1)·t/v for interleaved, Narayanan et al. SC'21 §2.2; for uneven
-                   stages (plan.stage_layers) (M − 1)·max + Σ, the objective of stage_slicing.py)
-    exposed DP     max(G / n, G − W (n − 1) / n) for G seconds of gradient reduction in n buckets
-                   behind a last backward of W seconds (the graph's bucket pipeline, uniform buckets);
+                   (+ ZeRO-2 without overlap: each backward pass's blocking reduction)
+    pipeline       M · P + (Σ_s S'_s − S'_max) / v + 2 (p − 1) · t_p2p
+                   P, the steady state's period: max_s S_s, and under 1F1B the round trip of
+                   stage s's p − s micro-batches in flight, max_s (Σ_{j≥s} S_j + 2 (p − 1 − s) t_p2p)
+                   / (p − s) (a max-plus cycle: the sends' latency slows the steady state); S'_s,
+                   the fill and drain, which wait for the other stages' passes but not for what
+                   follows their sends (a blocking ZeRO-2 reduction; interleaved, (v − 1)/v of it
+                   lies ahead of the chunk that comes back). Exact for uniform stages without
+                   sends: (M + p − 1)·t for 1F1B/GPipe, M·t + (p − 1)·t/v interleaved, Narayanan
+                   et al. SC'21 §2.2; for uneven stages (plan.stage_layers) (M − 1)·max + Σ, the
+                   objective of stage_slicing.py
+    exposed DP     of G seconds of gradient reduction in n buckets, a share per model chunk, each
+                   released over its chunk's last backward pass of W seconds, interleaved chunks p
+                   passes apart: max(G / n, max_k ((k + 1) G / v − k p W − W (n/v − 1)/(n/v)));
                    ZeRO-2 reduces after every micro-batch: also the backlog M·G − window when the
-                   DP stream cannot keep up
-    ZeRO-3         per unit (embedding, layer, head) max(its compute, the next unit's gather, plus
-                   the previous unit's reduce-scatter in backward): FSDP's one-ahead prefetch; with
-                   pipeline parallelism those unit times enter the pipeline formula
+                   DP stream cannot keep up, whose window opens when micro-batch 0 has gone down
+                   the pipeline and back to the first stage
+    ZeRO-3         pp = 1: per unit (embedding, layer, head) max(its compute, the next unit's
+                   gather, plus the previous unit's reduce-scatter in backward): FSDP's one-ahead
+                   prefetch. With pipelining, each stage's chunk passes unit by unit in the graph's
+                   stream order (_fsdp_pass): back to back for the period (a forward after a
+                   backward inherits its trailing reduce-scatters), after a wait that hides the
+                   first gathers for the fill and drain
     + exposed parameter gathers (ZeRO-1/2, same form as DP, behind the first forward) + embedding and
     gradient-norm all-reduces + optimizer + the first launch.
-Approximations: stages are uniform but for the embedding and head, and sends cost the same on
-every hop. tests/test_fast_estimate.py bounds the disagreement with the graph simulation.
+Approximations: stages are uniform but for the embedding and head, sends cost the same on every
+hop, and a pass either runs back to back or waits long enough. tests/test_fast_estimate.py bounds
+the disagreement with the graph simulation (every plan of its grids within 2%).
 """
 
 from __future__ import annotations
@@ -111,12 +124,15 @@ class FastEstimator:
         p, v, M = c["pp"], c["vp"], t.microbatches
         zero, sync = c["zero"], g["grad_ranks"] > 1
         fsdp_pp = (zero == 3) & sync & (p > 1)
-        if fsdp_pp.any():
-            f = _fsdp_pipeline_units(f, g, fsdp_pp)
+        overlap_grad = c["overlap_grad"] > 0
+        zero2_blocking = (zero == 2) & sync & ~overlap_grad
         embed, head = f["ef"] + f["eb"], f["hf"] + f["hb"]
         layer, moe = f["lf"] + f["lb"], f["mf"] + f["mb"]
         slowest, total = np.zeros(len(t)), np.zeros(len(t))
         tf, tb, kernels = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
+        fill = np.zeros(len(t))  # micro-batch 0 down the pipeline and back up to the first stage's backward
+        period = np.zeros(len(t))  # the steady state's seconds per micro-batch
+        gpipe = c["schedule"] == SCHEDULES.index("gpipe")
         keys, inverse = _distinct(t, _STAGE_KEY)
         for key_index, (pp, vp) in enumerate(keys):  # stage by stage, per pipeline shape
             rows = inverse == key_index
@@ -124,35 +140,95 @@ class FastEstimator:
             stage = dense_n[None, :] * layer[rows, None] + moe_n[None, :] * moe[rows, None]
             stage[:, 0] += embed[rows]
             stage[:, -1] += head[rows]
-            if "pass_start" in f:
-                stage += vp * f["pass_start"][rows, None]
-            slowest[rows], total[rows] = stage.max(axis=1), stage.sum(axis=1)
+            passes = stage.copy()  # the passes alone: what a micro-batch's round trip waits for
+            blocked = np.where(zero2_blocking[rows], 1.0, 0.0)
+            stage[:, 0] += blocked * g["block_first"][rows]
+            stage[:, 1:-1] += (blocked * g["block_inner"][rows])[:, None]
+            if pp > 1:
+                stage[:, -1] += blocked * g["block_last"][rows]
+            fsdp_rows = fsdp_pp[rows]
+            if fsdp_rows.any():  # ZeRO-3 × pipeline: each stage's passes beside its DP stream, unit by unit
+                stage[fsdp_rows], passes[fsdp_rows] = self._fsdp_stages(
+                    t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"]
+                )
+            slowest[rows] = stage.max(axis=1)
+            # The fill and drain wait for the other stages' passes, not for what follows their sends:
+            # a blocking ZeRO-2 reduction, of which (v − 1)/v lies ahead of the chunk that comes back
+            # to the stage next (interleaved); without interleaving a ZeRO-3 pass's first gathers
+            fills = passes + (stage - passes) * (vp - 1) / vp
+            fills = np.where((zero2_blocking[rows] | (fsdp_rows & (vp == 1)))[:, None], fills, stage)
+            busiest_stage = stage.argmax(axis=1)
+            total[rows] = slowest[rows] + fills.sum(axis=1) - fills[np.arange(len(busiest_stage)), busiest_stage]
+            if vp == 1 and pp > 1:  # 1F1B: stage s holds p − s micro-batches, each waiting on a round trip
+                trip = 2 * (pp - 1 - np.arange(pp))[None, :] * g["p2p"][rows, None]
+                bound = (passes[:, ::-1].cumsum(axis=1)[:, ::-1] + trip) / (pp - np.arange(pp))[None, :]
+                # a stage whose warm-up takes every micro-batch (p − s − 1 ≥ M) has no steady state
+                bound[np.arange(pp)[None, :] < pp - 1 - M[rows, None]] = 0.0
+                period[rows] = np.where(gpipe[rows], slowest[rows], np.maximum(slowest[rows], bound.max(axis=1)))
+            else:
+                period[rows] = slowest[rows]
+            forward = dense_n[None, :] * f["lf"][rows, None] + moe_n[None, :] * f["mf"][rows, None]
+            forward[:, 0] += f["ef"][rows]
+            forward[:, -1] += f["hf"][rows]
+            # GPipe: the last stage runs all M forwards first
+            late = np.where(gpipe[rows], (M[rows] - 1) * forward.max(axis=1), 0.0)
+            fill[rows] = forward.sum(axis=1) + (stage - forward)[:, 1:].sum(axis=1) + late
             # a chunk pass of the most loaded stage, for the windows below
             busiest = (dense_n + moe_n).argmax()
             tf[rows] = (dense_n[busiest] * f["lf"][rows] + moe_n[busiest] * f["mf"][rows]) / vp
             tb[rows] = (dense_n[busiest] * f["lb"][rows] + moe_n[busiest] * f["mb"][rows]) / vp
             kernels[rows] = first_chunk[0] * f["kernels_lf"][rows] + first_chunk[1] * f["kernels_mf"][rows]
         kernels += f["kernels_ef"]
-        # M·max + (Σ − max)/v: (M + p − 1)·t for equal 1F1B/GPipe stages, M·t + (p − 1)·t/v interleaved
-        # (Narayanan et al. SC'21 §2.2), (M − 1)·max + Σ for uneven 1F1B stages (stage_slicing.py)
-        pipeline = M * slowest + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
+        # the module docstring's pipeline
+        pipeline = M * period + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
         buckets = g["buckets"]
         grad, gather = g["grad"], g["gather"]
-        overlap_grad = c["overlap_grad"] > 0
-        last_bwd = np.where(overlap_grad, _exposed(grad, buckets, tb * v), g["grad_whole"])
-        # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP
-        # stream, whose window opens at the first stage's first backward: after p forwards and p − 1
-        # backwards down and up the pipeline (1F1B), after all M + p − 1 forwards (GPipe)
-        gpipe = c["schedule"] == SCHEDULES.index("gpipe")
-        first_bwd = np.where(gpipe, M + p - 1, p) * v * tf + (p - 1) * v * tb
+        last_bwd = np.where(overlap_grad, _exposed(grad, buckets, tb, v, p), g["grad_whole"])
+        # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP stream,
+        # whose window opens at the first stage's first backward: micro-batch 0 down the pipeline
+        # and back up (`fill`; under GPipe after the last stage's M forwards)
+        first_bwd = fill + 2 * (p - 1) * g["p2p"]
         backlog = M * grad - (pipeline - first_bwd)
-        zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), M * g["grad_whole"])
+        zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), 0.0)  # else inside the stages
         exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
-        gathered = np.where(c["overlap_param"] > 0, _exposed(gather, buckets, tf * v), g["gather_whole"])
+        gathered = np.where(c["overlap_param"] > 0, _exposed(gather, buckets, tf, v, p), g["gather_whole"])
         exposed_gather = np.where((zero == 1) | (zero == 2), gathered, 0.0)
         fsdp = _fsdp_step(f, g, self.model, M)
         step = np.where((zero == 3) & sync & (p == 1), fsdp, pipeline + exposed_grad + exposed_gather)
         return step + g["tail"] + kernels * self.system.gpu.kernel_launch_overhead_s
+
+    def _fsdp_stages(
+        self,
+        base: PlanConfig,
+        pp: int,
+        vp: int,
+        f: dict[str, np.ndarray],
+        g: dict[str, np.ndarray],
+        rows: np.ndarray,
+        sched: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds per micro-batch of each stage (columns) for ZeRO-3 rows with pipeline parallelism:
+        each chunk's forward and backward pass unit by unit beside the DP stream (_fsdp_pass), (1)
+        back to back as in the steady state, where a forward after a backward inherits its trailing
+        reduce-scatters (1F1B, interleaved) and under GPipe backwards follow backwards; (2) after
+        a wait for their input that hid their first gathers (the fill and drain)."""
+        job = self._job(base, pp=pp, vp=vp)
+        gpipe = sched[rows] == SCHEDULES.index("gpipe")
+        out, waited = np.zeros((rows.shape[0], pp)), np.zeros((rows.shape[0], pp))
+        for s in range(pp):
+            for chunk in range(vp):
+                kinds = [k[0] for k in unit_kinds(job, s, chunk)]
+                cf = [f[f"{k}f"][rows] for k in kinds]
+                cb = [f[f"{k}b"][rows] for k in kinds[::-1]]
+                ag = [g[f"ag_{k}"][rows] for k in kinds]
+                rs = [g[f"rs_{k}"][rows] for k in kinds[::-1]]
+                zero = np.zeros(rows.shape[0])
+                backward, left = _fsdp_pass(cb, ag[::-1], rs, zero)
+                backward, left = _fsdp_pass(cb, ag[::-1], rs, np.where(gpipe, left, zero))  # GPipe's steady state
+                forward, _ = _fsdp_pass(cf, ag, None, np.where(gpipe, zero, left))
+                out[:, s] += forward + backward
+                waited[:, s] += _fsdp_pass(cf, ag, None, zero, True)[0] + _fsdp_pass(cb, ag[::-1], rs, zero, True)[0]
+        return out, waited
 
     def _stage_layers(self, base: PlanConfig, pp: int, vp: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
         """Dense and MoE layers of each pipeline stage, and (dense, MoE) layers of the first chunk."""
@@ -245,9 +321,9 @@ class FastEstimator:
         m, costs, groups = self.model, self._cost_model(base.dtype), Groups.of(job)
         collective = self._collective_memo(costs)
         sizes = unit_params(job)
-        candidates = (
-            range(pp) if base.stage_layers is not None or m.is_moe else {0, pp - 1}
-        )  # where the most params sit
+        candidates = (  # where the most params sit; an inner stage stands for the others
+            range(pp) if base.stage_layers is not None or m.is_moe else {0, min(1, pp - 1), pp - 1}
+        )
         stage_units = {s: [[sizes[k] for k in unit_kinds(job, s, ch)] for ch in range(vp)] for s in candidates}
 
         def stage_total(s: int) -> float:
@@ -277,7 +353,17 @@ class FastEstimator:
                 vocab = m.vocab_size * m.hidden_size / tp
                 tail += costs.collective_s("all_reduce", vocab * grad_bytes, groups.embedding)
         counted = Counter(buckets)
+
+        def blocking(stages: list[int]) -> float:
+            """ZeRO-2 without overlap: each backward pass's gradients reduced at its end, on the compute stream."""
+            return max(
+                (sum(dp_s(kind, _sum(chunk), grad_bytes) for chunk in stage_units[s]) for s in stages), default=0.0
+            )
+
         found = {
+            "block_first": blocking([0]),
+            "block_inner": blocking([s for s in stage_units if 0 < s < pp - 1]),
+            "block_last": blocking([pp - 1]),
             "grad_ranks": float(max(groups.grad.size, groups.expert_grad.size)),
             "buckets": float(len(buckets)),
             "grad": sum(n * dp_s(kind, b, grad_bytes) for b, n in counted.items()),
@@ -294,18 +380,37 @@ class FastEstimator:
         return found
 
 
-def _fsdp_pipeline_units(f: dict[str, np.ndarray], g: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Unit passes under ZeRO-3 with pipeline parallelism (`rows`): each unit runs beside the next
-    unit's parameter gather and, in backward, the previous unit's gradient reduce-scatter (FSDP's
-    one-ahead prefetch on one DP stream), so it takes the longer of the two; the pass's first
-    gather is exposed (`pass_start`: a layer's gather, per forward and backward of each chunk)."""
-    out = dict(f)
-    for unit in ("l", "m", "e", "h"):
-        gather, reduce = g[f"ag_{unit}"], g[f"rs_{unit}"]
-        out[f"{unit}f"] = np.where(rows, np.maximum(f[f"{unit}f"], gather), f[f"{unit}f"])
-        out[f"{unit}b"] = np.where(rows, np.maximum(f[f"{unit}b"], gather + reduce), f[f"{unit}b"])
-    out["pass_start"] = np.where(rows, 2 * np.maximum(g["ag_l"], g["ag_m"]), 0.0)  # a forward and a backward
-    return out
+def _fsdp_pass(
+    compute: list[np.ndarray],
+    gather: list[np.ndarray],
+    reduce: list[np.ndarray] | None,
+    backlog: np.ndarray,
+    waited: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One pass of units under ZeRO-3, in the graph's stream order (workloads/transformer.py): on the
+    DP stream the first two units' gathers once the pass before has ended (after `backlog`
+    seconds of that pass's reduce-scatters), then after each unit its reduce-scatter (backward)
+    and the gather of the unit after next (FSDP's one-ahead prefetch); a unit starts when the unit
+    before it has ended and its parameters are gathered. Returns the seconds from the end of the
+    pass before to the end of this one, and the DP work still running then. `waited`: the pass
+    waited for its input longer than the backlog and its first two gathers took (a pass off the
+    steady state's critical stage): the seconds from its start."""
+    free = backlog + gather[0]  # the DP stream, from the end of the pass before
+    ready = [free]
+    if len(compute) > 1:
+        free = free + gather[1]
+        ready.append(free)
+    if waited:
+        free, ready = np.zeros_like(backlog), [np.zeros_like(backlog)] * len(ready)
+    end = np.zeros_like(backlog)
+    for j, seconds in enumerate(compute):
+        end = np.maximum(end, ready[j]) + seconds
+        if reduce is not None:
+            free = np.maximum(free, end) + reduce[j]
+        if j + 2 < len(compute):
+            free = np.maximum(free, end) + gather[j + 2]
+            ready.append(free)
+    return end, np.maximum(free - end, 0.0)
 
 
 def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], m: ModelConfig, M: np.ndarray) -> np.ndarray:
@@ -337,6 +442,11 @@ def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], m: ModelConfi
     return M * (fwd + bwd)
 
 
+def _sum(params: list[tuple[float, float]]) -> tuple[float, float]:
+    """(routed experts', the rest) of a list of units' parameters."""
+    return sum(w[0] for w in params), sum(w[1] for w in params)
+
+
 def _distinct(t: PlanTable, columns: tuple[str, ...]) -> tuple[list[tuple[int, ...]], np.ndarray]:
     """The distinct values of `columns` over the table's rows, and each row's index into them. Each
     column is made dense, the columns are combined into one integer (mixed radix), and the 1-D unique
@@ -352,6 +462,19 @@ def _distinct(t: PlanTable, columns: tuple[str, ...]) -> tuple[list[tuple[int, .
     return keys, inverse.reshape(-1)
 
 
-def _exposed(total_s: np.ndarray, buckets: np.ndarray, window_s: np.ndarray) -> np.ndarray:
-    """Communication of total_s in `buckets` pieces released uniformly over window_s: what outlasts it."""
-    return np.maximum(total_s / buckets, total_s - window_s * (buckets - 1) / buckets)
+def _exposed(
+    total_s: np.ndarray, buckets: np.ndarray, pass_s: np.ndarray, chunks: np.ndarray, stages: np.ndarray
+) -> np.ndarray:
+    """Communication of total_s in `buckets` pieces, a share 1/chunks per model chunk, what outlasts
+    the passes that release it. Each chunk's pieces are released uniformly over one pass of pass_s;
+    interleaved, the chunks' last backwards (first forwards) lie `stages` passes apart, so chunk k
+    from the end is released k·stages passes early. On one stream in release order, the last piece
+    ends max(total / buckets, max_k ((k + 1)·total / chunks − k·stages·pass_s − pass_s·(b − 1)/b))
+    after the last pass, b = buckets / chunks (with one chunk: total − pass_s·(buckets − 1)/buckets)."""
+    per_chunk = buckets / chunks
+    window = pass_s * (per_chunk - 1) / per_chunk
+    out = total_s / buckets
+    for k in range(int(np.max(chunks))):
+        early = (k + 1) * total_s / chunks - k * stages * pass_s - window
+        out = np.maximum(out, np.where(k < chunks, early, 0.0))
+    return out
