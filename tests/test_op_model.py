@@ -194,10 +194,43 @@ def test_unique_fraction_of_uniform_draws():
 
 def test_index_stats_of_named_distributions_and_samples():
     # Zipf α = 1 over 3 rows: p_1 = 1 / (1 + 1/2 + 1/3) = 6/11
-    assert IndexStats.zipf(3, 2, 1.0).hot_fraction == pytest.approx(6 / 11)
-    assert IndexStats.zipf(4, 8, 0.0) == IndexStats.uniform(4, 8) == IndexStats(unique_fraction_uniform(4, 8), 0.25)
+    assert IndexStats.zipf(3, 2, 1.0, 4).hot_fraction == pytest.approx(6 / 11)
+    uniform = IndexStats.uniform(4, 8, 4)
+    assert IndexStats.zipf(4, 8, 0.0, 4) == uniform and uniform.unique_fraction == unique_fraction_uniform(4, 8)
+    assert uniform.hot_fraction == 0.25
     # a sample where row 7 appears 3 times and row 9 once: 3/4 of the lookups go to row 7
-    assert IndexStats.sampled(np.array([3, 1]), 1).hot_fraction == pytest.approx(0.75)
+    assert IndexStats.sampled(np.array([3, 1]), 1, 4).hot_fraction == pytest.approx(0.75)
+    # a sample of every row once is uniform draws, reuse distances included
+    once, drawn = IndexStats.sampled(np.ones(1000, dtype=int), 4000, 256), IndexStats.uniform(1000, 4000, 256)
+    assert once.unique_fraction == pytest.approx(drawn.unique_fraction) and once.reuse_beyond == drawn.reuse_beyond
+
+
+def test_reuse_distances_match_an_lru_stack_on_drawn_indices():
+    """Shares of lookups whose row was last touched more than 256 distinct rows earlier (64 KiB of
+    256-byte rows), against the exact LRU stack distances of 4,000 drawn indices."""
+    rng = np.random.default_rng(0)
+    for p, model in (
+        (np.full(1000, 1e-3), IndexStats.uniform(1000, 4000, 256)),
+        ((zipf := np.arange(1, 1001) ** -1.05) / zipf.sum(), IndexStats.zipf(1000, 4000, 1.05, 256)),
+    ):
+        seq, last, far = rng.choice(1000, size=4000, p=p).tolist(), {}, 0
+        for i, row in enumerate(seq):
+            if row in last and len(set(seq[last[row] + 1 : i])) > 256:
+                far += 1
+            last[row] = i
+        assert model.reuse_beyond[0] == pytest.approx(far / 4000, abs=0.01)  # measured 0.507 / 0.082
+        assert model.reuse_beyond[1:] == (0.0, 0.0)  # 1 MiB is 4,096 rows: more than the table holds
+
+
+def test_a_lookup_pays_for_its_far_repeats():
+    """Only the reuse terms: 1 ns per byte of repeats beyond 64 KiB, 3 ns more beyond 16 MiB."""
+    fit = {"form": "lookup", "cache_bytes": 1 << 20, "alpha_s": 0.0}
+    fit |= {"s_per_reuse_beyond_64KiB_byte": 1e-9, "s_per_reuse_beyond_16384KiB_byte": 3e-9}
+    model = OperatorCostModel({"models": {"aten::_embedding_bag:embedding_bag_fwd": fit}})
+    call = OpCall("aten::_embedding_bag", [[1000, 32], [4096], [512]], [F, "Tensor(long int)", "Tensor(long int)"])
+    gathered = 4096 * 32 * 4
+    priced = model.measured_s(call, index=IndexStats(0.5, 0.01, (0.3, 0.2, 0.1)))
+    assert priced == pytest.approx(gathered * (0.3 * 1e-9 + 0.1 * 3e-9))
 
 
 def test_profile_rows_carry_their_index_stats():
@@ -208,7 +241,7 @@ def test_profile_rows_carry_their_index_stats():
     old = Measurement("embedding", "embedding_bag_bwd", 1, 1e-4, params={"rows": 2, "distribution": "zipf"})
     assert row_index_stats(old).hot_fraction == pytest.approx(1 / (1 + 2**-1.05))
     old.params["distribution"] = "uniform"
-    assert row_index_stats(old) == IndexStats(1.0, 0.5)
+    assert row_index_stats(old) == IndexStats(1.0, 0.5)  # no shape recorded: no reuse distances
 
 
 def test_embedding_backward_learns_the_hot_row_chain_and_the_sort_step():

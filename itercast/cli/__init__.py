@@ -273,7 +273,10 @@ def _predict_execution_trace(
         fail(f"--index-distribution: expected uniform or zipf:ALPHA with 0 ≤ ALPHA ≤ 10; got {distribution!r}")
 
     def index(node: object, f: object) -> IndexStats:
-        return IndexStats.zipf(int(f.dims["rows"]), int(f.dims["lookups"]), alpha)  # type: ignore[attr-defined]
+        dims = f.dims  # type: ignore[attr-defined]
+        return IndexStats.zipf(
+            int(dims["rows"]), int(dims["lookups"]), alpha, dims["table_bytes"] / max(dims["rows"], 1)
+        )
 
     try:
         profile = ProfileDB(db, readonly=True)

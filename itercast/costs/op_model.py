@@ -27,8 +27,11 @@ features of costs/aten_ops.py. Forms (all fitted on log time, so relative errors
   (every looked-up row) and, forward, the bytes of distinct rows of tables larger than a cache (the
   cache size chosen by fit among CACHE_CANDIDATES_BYTES), the lookups per bag (a GPU sums a bag in
   one chain of dependent loads: 512 bags of 128 lookups take 26–39 µs on the H100 at any table
-  size) and the pooled output's bytes (H100 held-out 10.9% → 4.7%; this CPU 9.7% → 10.2%, one
-  thread 13.4% → 12.4%); backward, the bytes of distinct rows (the
+  size), the pooled output's bytes (H100 held-out 10.9% → 4.7%; this CPU 9.7% → 10.2%, one
+  thread 13.4% → 12.4%) and the bytes of repeats beyond each of REUSE_BREAKS_BYTES (IndexStats:
+  the binned reuse distances; H100 4.7% → 3.8%, this CPU 10.2% → 10.4%, one thread 12.4% →
+  12.8%; tried on the backward and the update, where no held-out error fell: H100 backward 4.9% →
+  5.4%, CPU update 7.6% → 8.0%, so they are not used there); backward, the bytes of distinct rows (the
   indices are sorted into one segment per distinct row, each accumulated and written once: held-out
   9.2% → 6.7% on this CPU, 30.9% → 27.2% on the H100) and the table's bytes, at a higher rate for
   tables of at least a break (the dense gradient is zeroed and written whole, and a large one is
@@ -217,12 +220,20 @@ def lookup_columns(
             "table_byte_if_large": table * (table >= cache_bytes),
         }
     bags = np.array([float(f.dims["bags"]) for f in feats])
-    return cols | {
-        "missed_byte": cols["gathered_byte"] * unique * (table > cache_bytes),
-        # a GPU sums each bag's rows in one chain of dependent loads, and writes one row per bag
-        "pooling": cols["lookup"] / np.maximum(bags, 1.0),
-        "pooled_byte": cols["gathered_byte"] / np.maximum(cols["lookup"], 1.0) * bags,
+    far = {  # repeats of rows a cache of that size no longer holds
+        f"reuse_beyond_{brk >> 10}KiB_byte": cols["gathered_byte"] * np.array([s.reuse_beyond[j] for s in stats])
+        for j, brk in enumerate(REUSE_BREAKS_BYTES)
     }
+    return (
+        cols
+        | far
+        | {
+            "missed_byte": cols["gathered_byte"] * unique * (table > cache_bytes),
+            # a GPU sums each bag's rows in one chain of dependent loads, and writes one row per bag
+            "pooling": cols["lookup"] / np.maximum(bags, 1.0),
+            "pooled_byte": cols["gathered_byte"] / np.maximum(cols["lookup"], 1.0) * bags,
+        }
+    )
 
 
 def fit_operator_models(rows: list[Measurement]) -> dict[str, Any]:
@@ -306,6 +317,11 @@ def unique_fraction_zipf(rows: int, lookups: int, alpha: float, block: int = 1 <
     return min(1.0, distinct / lookups)
 
 
+def zipf_hot_fraction(rows: int, alpha: float) -> float:
+    """The most frequent row's probability among `rows` Zipf rows: 1 / Σ_r r^−alpha."""
+    return 1.0 / _zipf_norm(max(rows, 1), alpha)
+
+
 def _zipf_norm(rows: int, alpha: float, block: int = 1 << 20) -> float:
     """Σ_{r=1..rows} r^−alpha, in blocks of rows."""
     norm = 0.0
@@ -324,6 +340,13 @@ def unique_fraction_sampled(counts: np.ndarray, lookups: int) -> float:
     return min(1.0, float(np.sum(-np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-16))))) / lookups)
 
 
+#: stack-distance breaks of a lookup's previous access to its row, in bytes of the distinct rows
+#: touched in between (IndexStats.reuse_beyond): a GPU SM's L1, an L2 slice, a large cache
+REUSE_BREAKS_BYTES = (1 << 16, 1 << 20, 1 << 24)
+#: rows of a Zipf table kept one by one in reuse_beyond's row classes (beyond: geometric blocks)
+_ZIPF_EXACT_ROWS = 1 << 14
+
+
 @dataclass(frozen=True)
 class IndexStats:
     """What the indices of one embedding-operator call do to its cost, per call of L lookups.
@@ -335,27 +358,75 @@ class IndexStats:
     embedding_backward_cuda_kernel): the most frequent row's L·hot_fraction lookups are a serial
     chain. It is why Zipf indices make the H100's backward 5× slower at a million lookups
     (data/measured/h100_profile.db: 10k × 32 table, 8192 × 128 lookups: 0.35 ms uniform, 1.66 ms
-    Zipf 1.05)."""
+    Zipf 1.05). reuse_beyond: the binned reuse distances, the shares of the L lookups that repeat
+    a row last looked up more than each of REUSE_BREAKS_BYTES of other distinct rows earlier
+    (reuse_beyond; zeros when unknown: every repeat near)."""
 
     unique_fraction: float
     hot_fraction: float
+    reuse_beyond: tuple[float, ...] = (0.0,) * len(REUSE_BREAKS_BYTES)
 
     @classmethod
-    def uniform(cls, rows: int, lookups: int) -> IndexStats:
+    def uniform(cls, rows: int, lookups: int, row_bytes: float) -> IndexStats:
         """Uniform draws: each row is drawn with probability 1/rows."""
-        return cls(unique_fraction_uniform(rows, lookups), 1.0 / max(rows, 1))
+        rows = max(rows, 1)
+        reuse = reuse_beyond(np.array([1.0 / rows]), np.array([float(rows)]), lookups, row_bytes)
+        return cls(unique_fraction_uniform(rows, lookups), 1.0 / rows, reuse)
 
     @classmethod
-    def zipf(cls, rows: int, lookups: int, alpha: float) -> IndexStats:
+    def zipf(cls, rows: int, lookups: int, alpha: float, row_bytes: float) -> IndexStats:
         """Zipf draws p_r ∝ r^−alpha: the most frequent row has p_1 = 1 / Σ_r r^−alpha."""
         if alpha == 0:
-            return cls.uniform(rows, lookups)
-        return cls(unique_fraction_zipf(rows, lookups, alpha), 1.0 / _zipf_norm(max(rows, 1), alpha))
+            return cls.uniform(rows, lookups, row_bytes)
+        rows = max(rows, 1)
+        exact = np.arange(1, min(rows, _ZIPF_EXACT_ROWS) + 1, dtype=np.float64)
+        edges = np.unique(np.geomspace(exact[-1] + 1, rows + 1, 512).astype(np.int64)).astype(np.float64)
+        starts, ends = (edges[:-1], edges[1:]) if rows > exact[-1] else (exact[:0], exact[:0])
+        p = np.concatenate([exact, np.sqrt(starts * (ends - 1))]) ** -alpha  # a block at its geometric middle
+        weight = np.concatenate([np.ones_like(exact), ends - starts])
+        p /= float(np.sum(p * weight))
+        reuse = reuse_beyond(p, weight, lookups, row_bytes)
+        return cls(unique_fraction_zipf(rows, lookups, alpha), zipf_hot_fraction(rows, alpha), reuse)
 
     @classmethod
-    def sampled(cls, counts: np.ndarray, lookups: int) -> IndexStats:
+    def sampled(cls, counts: np.ndarray, lookups: int, row_bytes: float) -> IndexStats:
         """Draws from a sample's row frequencies (`counts[i]`: how often row i appears)."""
-        return cls(unique_fraction_sampled(counts, lookups), float(counts.max()) / float(counts.sum()))
+        values, rows = np.unique(counts[counts > 0], return_counts=True)
+        p = values / float(counts.sum())
+        reuse = reuse_beyond(p, rows.astype(np.float64), lookups, row_bytes)
+        return cls(unique_fraction_sampled(counts, lookups), float(counts.max()) / float(counts.sum()), reuse)
+
+
+def reuse_beyond(p: np.ndarray, weight: np.ndarray, lookups: int, row_bytes: float) -> tuple[float, ...]:
+    """Shares of a call's `lookups` independent draws (row probabilities `p`, each of `weight` rows)
+    that repeat a row whose previous draw lies more than each REUSE_BREAKS_BYTES earlier, counted in
+    bytes of the distinct rows drawn in between: the LRU stack distance, beyond which a cache of
+    that size has lost the row (Mattson et al. 1970; the reference DLRM model's binned reuse
+    distances). A repeat k draws after the row's previous draw is at stack distance D(k − 1), the
+    expected distinct rows among k − 1 draws, D(n) = Σ_r (1 − (1 − p_r)^n) (time to stack distance,
+    Shen et al. 2007). The draw at position i repeats a row last drawn at least g draws earlier
+    with probability Σ_r p_r (q_r^min(g−1, i) − q_r^i), q_r = 1 − p_r, averaged over i < L."""
+    calls = max(int(lookups), 1)
+    q = np.maximum(1.0 - p, 1e-300)
+    log_q = np.log(q)
+    n = np.unique(np.round(np.geomspace(1, calls, 48)))
+    distinct = np.array([float(np.sum(weight * -np.expm1(k * log_q))) for k in n])
+
+    def mean_power(c: float) -> np.ndarray:
+        """Mean over i = 0 … L − 1 of q^min(c, i), per row class."""
+        c = min(c, calls)
+        return (-np.expm1(c * log_q) / np.maximum(p, 1e-300) + (calls - c) * np.exp(c * log_q)) / calls
+
+    whole = mean_power(calls)
+    out = []
+    for brk in REUSE_BREAKS_BYTES:
+        rows = brk / row_bytes
+        if rows >= distinct[-1]:
+            out.append(0.0)
+            continue
+        gap = 1.0 + float(np.interp(rows, distinct, n))  # the draws between at that stack distance, + 1
+        out.append(float(np.sum(weight * p * (mean_power(gap - 1.0) - whole))))
+    return tuple(max(x, 0.0) for x in out)
 
 
 class OperatorCostModel:
@@ -392,7 +463,7 @@ class OperatorCostModel:
         if f.family.startswith("embedding_bag"):
             if fit is None:
                 raise OpModelError(f"{op}: no model for this operator (profile family 'embedding' first)")
-            index = index or IndexStats.uniform(*_rows_lookups(f))
+            index = index or IndexStats.uniform(*_rows_lookups(f), f.dims["table_bytes"] / max(f.dims["rows"], 1))
             cols = lookup_columns([f], [index], fit["cache_bytes"], fit.get("many_lookups", math.inf))
             # a calibration fitted before a column existed prices it at zero
             return float(fit["alpha_s"] + sum(fit.get(f"s_per_{name}", 0.0) * col[0] for name, col in cols.items()))
@@ -465,8 +536,17 @@ def row_index_stats(m: Measurement) -> IndexStats:
     hot = recorded.get("hot_fraction")
     if hot is None:
         rows = max(int(m.params.get("rows", 1)), 1)
-        hot = 1.0 / _zipf_norm(rows, ZIPF_ALPHA) if m.params.get("distribution") == "zipf" else 1.0 / rows
-    return IndexStats(float(recorded.get("unique_fraction", 1.0)), float(hot))
+        hot = zipf_hot_fraction(rows, ZIPF_ALPHA) if m.params.get("distribution") == "zipf" else 1.0 / rows
+    return IndexStats(float(recorded.get("unique_fraction", 1.0)), float(hot), _row_reuse(m))
+
+
+def _row_reuse(m: Measurement) -> tuple[float, ...]:
+    """The expected reuse distances of a microbenchmark row's indices (IndexStats.reuse_beyond)."""
+    p = m.params
+    if not {"rows", "dim", "pooling", "batch"} <= set(p):
+        return IndexStats(1.0, 0.0).reuse_beyond
+    alpha = ZIPF_ALPHA if p.get("distribution") == "zipf" else 0.0
+    return IndexStats.zipf(int(p["rows"]), int(p["pooling"] * p["batch"]), alpha, 4.0 * p["dim"]).reuse_beyond
 
 
 def _call_of(m: Measurement) -> OpCall:

@@ -36,7 +36,7 @@ from itercast.config.strict import STRICT, Width
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.aten_ops import EMBEDDING_UPDATE, OpFeatures, lookup_features
-from itercast.costs.op_model import IndexStats, OperatorCostModel
+from itercast.costs.op_model import IndexStats, OperatorCostModel, zipf_hot_fraction
 from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import place_group
@@ -151,20 +151,20 @@ def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch
 def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | None = None) -> IndexStats:
     """What the shard's lookups are: from a sample of real indices (`counts`, load_index_sample),
     else from the table's named distribution (uniform or Zipf). A row-wise shard of 1/k of the rows
-    sees 1/k of the distinct rows of k times its lookups; its most loaded shard holds the most
-    frequent row, whose lookups are then k times the share they have of the whole table's."""
+    sees 1/k of the distinct rows of k times its lookups (and between two lookups of one of its
+    rows, 1/k of the table's distinct rows); its most loaded shard holds the most frequent row,
+    whose lookups are then k times the share they have of the whole table's."""
     k = table.num_rows / work.rows
-    lookups = max(1, round(work.lookups))
+    lookups, row_bytes = max(1, round(work.lookups)), work.dim * F32
     if counts is not None:
         lookups_all = max(1, round(work.lookups * k))
-        whole = IndexStats.sampled(counts, lookups_all)
-        return IndexStats(whole.unique_fraction, min(1.0, k * whole.hot_fraction))
-    rows = max(1, round(work.rows))
-    shard = IndexStats.zipf(rows, lookups, table.zipf_alpha)
+        whole = IndexStats.sampled(counts, lookups_all, row_bytes / k)
+        return IndexStats(whole.unique_fraction, min(1.0, k * whole.hot_fraction), whole.reuse_beyond)
+    shard = IndexStats.zipf(max(1, round(work.rows)), lookups, table.zipf_alpha, row_bytes)
     if k == 1:
         return shard
-    hot = IndexStats.zipf(table.num_rows, 1, table.zipf_alpha).hot_fraction
-    return IndexStats(shard.unique_fraction, min(1.0, k * hot))
+    hot = zipf_hot_fraction(table.num_rows, table.zipf_alpha)  # alpha 0: 1 / rows
+    return IndexStats(shard.unique_fraction, min(1.0, k * hot), shard.reuse_beyond)
 
 
 def embedding_seconds(
