@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from itercast.cli import app
-from itercast.costs.op_model import unique_fraction_uniform, unique_fraction_zipf
+from itercast.costs.op_model import unique_fraction_uniform, unique_fraction_zipf, zipf_classes, zipf_hot_fraction
 
 MEASURED = Path(__file__).resolve().parents[1] / "data" / "measured"
 ET = MEASURED / "h100_traces" / "dlrm_16384.et.json.gz"
@@ -25,7 +26,15 @@ def test_zipf_distinct_rows_by_hand():
     p = [6 / 11, 3 / 11, 2 / 11]
     expected = sum(1 - (1 - q) ** 2 for q in p) / 2
     assert unique_fraction_zipf(3, 2, 1.0) == pytest.approx(expected)
-    assert unique_fraction_zipf(3, 2, 1.0, block=1) == pytest.approx(expected)  # blocks change nothing
+    # beyond the exact rows, geometric blocks at their mean: as exact to 1e-4 on 4M rows
+    exact = zipf_classes(4 << 20, 1.05, exact=4 << 20)
+    blocked = zipf_classes(4 << 20, 1.05, exact=1 << 16)
+    assert blocked[0].shape[0] < 70_000 and blocked[1].sum() == exact[1].sum() == 4 << 20
+    for lookups in (10**3, 10**5, 10**7):
+        distinct = [float(np.sum(w * -np.expm1(lookups * np.log1p(-p)))) / lookups for p, w in (exact, blocked)]
+        assert distinct[1] == pytest.approx(distinct[0], rel=1e-4)
+    # a table of 10^10 rows is priced at once (its rows are not enumerated)
+    assert zipf_hot_fraction(10**10, 0.0) == pytest.approx(1e-10)
     # skew means reuse: fewer distinct rows than uniform draws
     assert unique_fraction_zipf(10**6, 10**5, 1.05) < 0.5 * unique_fraction_uniform(10**6, 10**5)
 

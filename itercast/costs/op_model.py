@@ -57,6 +57,7 @@ lookup's several kernels costs the host far more than a generic call.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -302,32 +303,38 @@ def unique_fraction_uniform(rows: int, lookups: int) -> float:
     return rows * -math.expm1(lookups * math.log1p(-1.0 / rows)) / lookups if rows > 1 else 1.0 / lookups
 
 
-def unique_fraction_zipf(rows: int, lookups: int, alpha: float, block: int = 1 << 20) -> float:
+def unique_fraction_zipf(rows: int, lookups: int, alpha: float) -> float:
     """Expected fraction of distinct rows among `lookups` draws from `rows` rows with Zipf
-    probabilities p_r ∝ r^−alpha (r = 1..rows): Σ_r (1 − (1 − p_r)^lookups) / lookups, summed in
-    blocks of rows (memory stays bounded for tables of 10^8 rows). alpha = 0 is uniform."""
+    probabilities p_r ∝ r^−alpha (r = 1..rows): Σ_r (1 − (1 − p_r)^lookups) / lookups over the
+    table's row classes (zipf_classes: exact up to 2^20 rows, bounded for tables of 10^10).
+    alpha = 0 is uniform."""
     if lookups <= 0 or rows <= 0:
         return 1.0
-    norm = _zipf_norm(rows, alpha, block)
-    distinct = 0.0
-    for start in range(1, rows + 1, block):
-        r = np.arange(start, min(start + block, rows + 1), dtype=np.float64)
-        p = r**-alpha / norm
-        distinct += float(np.sum(-np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-16)))))
-    return min(1.0, distinct / lookups)
+    p, weight = zipf_classes(rows, alpha)
+    return min(1.0, float(np.sum(weight * -np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-16))))) / lookups)
 
 
 def zipf_hot_fraction(rows: int, alpha: float) -> float:
     """The most frequent row's probability among `rows` Zipf rows: 1 / Σ_r r^−alpha."""
-    return 1.0 / _zipf_norm(max(rows, 1), alpha)
+    return IndexStats.zipf(rows, 1, alpha, 1.0).hot_fraction
 
 
-def _zipf_norm(rows: int, alpha: float, block: int = 1 << 20) -> float:
-    """Σ_{r=1..rows} r^−alpha, in blocks of rows."""
-    norm = 0.0
-    for start in range(1, rows + 1, block):
-        norm += float(np.sum(np.arange(start, min(start + block, rows + 1), dtype=np.float64) ** -alpha))
-    return norm
+def zipf_classes(rows: int, alpha: float, exact: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """A Zipf table's rows as classes: (probability of each row of the class, rows in it). Rows
+    1..exact one class each; beyond, 1024 geometric blocks of rows a … b − 1, each row at the
+    block's mean, ∫ x^−alpha dx over [a − ½, b − ½] / (b − a) (the midpoint rule: a 2.7% spread of
+    r^−alpha within a block of 10^10 rows). Memory and time stay bounded for any table."""
+    rows = max(rows, 1)
+    head = np.arange(1, min(rows, exact) + 1, dtype=np.float64)
+    values, weights = [head**-alpha], [np.ones_like(head)]
+    if rows > exact:
+        edges = np.unique(np.geomspace(exact + 1, rows + 1, 1025).astype(np.int64)).astype(np.float64)
+        a, b = edges[:-1] - 0.5, edges[1:] - 0.5
+        mass = np.log(b / a) if alpha == 1 else (b ** (1 - alpha) - a ** (1 - alpha)) / (1 - alpha)
+        values.append(mass / (b - a))
+        weights.append(b - a)
+    p, weight = np.concatenate(values), np.concatenate(weights)
+    return p / float(np.sum(p * weight)), weight
 
 
 def unique_fraction_sampled(counts: np.ndarray, lookups: int) -> float:
@@ -343,8 +350,6 @@ def unique_fraction_sampled(counts: np.ndarray, lookups: int) -> float:
 #: stack-distance breaks of a lookup's previous access to its row, in bytes of the distinct rows
 #: touched in between (IndexStats.reuse_beyond): a GPU SM's L1, an L2 slice, a large cache
 REUSE_BREAKS_BYTES = (1 << 16, 1 << 20, 1 << 24)
-#: rows of a Zipf table kept one by one in reuse_beyond's row classes (beyond: geometric blocks)
-_ZIPF_EXACT_ROWS = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -369,24 +374,12 @@ class IndexStats:
     @classmethod
     def uniform(cls, rows: int, lookups: int, row_bytes: float) -> IndexStats:
         """Uniform draws: each row is drawn with probability 1/rows."""
-        rows = max(rows, 1)
-        reuse = reuse_beyond(np.array([1.0 / rows]), np.array([float(rows)]), lookups, row_bytes)
-        return cls(unique_fraction_uniform(rows, lookups), 1.0 / rows, reuse)
+        return _named_index_stats(max(rows, 1), lookups, 0.0, row_bytes)
 
     @classmethod
     def zipf(cls, rows: int, lookups: int, alpha: float, row_bytes: float) -> IndexStats:
         """Zipf draws p_r ∝ r^−alpha: the most frequent row has p_1 = 1 / Σ_r r^−alpha."""
-        if alpha == 0:
-            return cls.uniform(rows, lookups, row_bytes)
-        rows = max(rows, 1)
-        exact = np.arange(1, min(rows, _ZIPF_EXACT_ROWS) + 1, dtype=np.float64)
-        edges = np.unique(np.geomspace(exact[-1] + 1, rows + 1, 512).astype(np.int64)).astype(np.float64)
-        starts, ends = (edges[:-1], edges[1:]) if rows > exact[-1] else (exact[:0], exact[:0])
-        p = np.concatenate([exact, np.sqrt(starts * (ends - 1))]) ** -alpha  # a block at its geometric middle
-        weight = np.concatenate([np.ones_like(exact), ends - starts])
-        p /= float(np.sum(p * weight))
-        reuse = reuse_beyond(p, weight, lookups, row_bytes)
-        return cls(unique_fraction_zipf(rows, lookups, alpha), zipf_hot_fraction(rows, alpha), reuse)
+        return _named_index_stats(max(rows, 1), lookups, alpha, row_bytes)
 
     @classmethod
     def sampled(cls, counts: np.ndarray, lookups: int, row_bytes: float) -> IndexStats:
@@ -395,6 +388,19 @@ class IndexStats:
         p = values / float(counts.sum())
         reuse = reuse_beyond(p, rows.astype(np.float64), lookups, row_bytes)
         return cls(unique_fraction_sampled(counts, lookups), float(counts.max()) / float(counts.sum()), reuse)
+
+
+@functools.lru_cache(maxsize=4096)
+def _named_index_stats(rows: int, lookups: int, alpha: float, row_bytes: float) -> IndexStats:
+    """IndexStats of uniform (alpha 0) or Zipf draws; remembered, as a trace or a planner asks for
+    the same tables again and again. Reuse distances over coarse row classes (zipf_classes with 2^12
+    exact rows: as exact to 1e-4 as the distinct rows, tests/test_et_predict.py)."""
+    if alpha == 0:
+        reuse = reuse_beyond(np.array([1.0 / rows]), np.array([float(rows)]), lookups, row_bytes)
+        return IndexStats(unique_fraction_uniform(rows, lookups), 1.0 / rows, reuse)
+    p, weight = zipf_classes(rows, alpha, exact=1 << 12)
+    reuse = reuse_beyond(p, weight, lookups, row_bytes)
+    return IndexStats(unique_fraction_zipf(rows, lookups, alpha), float(p[0]), reuse)
 
 
 def reuse_beyond(p: np.ndarray, weight: np.ndarray, lookups: int, row_bytes: float) -> tuple[float, ...]:
