@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import plan_of
 
 from itercast.predict import predict
 from itercast.search.fast_estimate import FastEstimator
@@ -52,13 +54,12 @@ def plans(rng: np.random.Generator, moe: bool) -> list[dict]:
             continue
         if tp * pp * cp > 32:
             continue
-        plan = dict(
-            tensor_parallel=tp,
-            pipeline_parallel=pp,
-            context_parallel=cp,
-            schedule=sched,
-            virtual_pipeline=2 if sched == "interleaved-1f1b" else 1,
-            zero_stage=zero,
+        plan = plan_of(
+            tp,
+            pp,
+            cp,
+            sched,
+            zero,
             sequence_parallel=sp,
             micro_batch_size=mbs,
             global_batch_size=gbs,

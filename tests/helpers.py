@@ -56,6 +56,20 @@ def gpt3_on_1024_a100() -> Job:
     return Job.from_presets("gpt3-175b", "dgx-a100", 128, plan)
 
 
+def plan_of(tp: int, pp: int, cp: int, schedule: str, zero: int, **fields: object) -> dict:
+    """A plan's fields: tensor, pipeline and context parallel, schedule (interleaved with 2 chunks
+    per stage), ZeRO stage, and any other field as a keyword."""
+    return dict(
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        context_parallel=cp,
+        schedule=schedule,
+        virtual_pipeline=2 if schedule == "interleaved-1f1b" else 1,
+        zero_stage=zero,
+        **fields,
+    )
+
+
 def fast_vs_graph(model: str, system: dict, plans: list[dict]) -> tuple[list[Job], np.ndarray]:
     """The valid jobs of `plans` (every plan must be valid) and |fast path / graph simulation − 1| of each."""
     from itercast.predict import predict

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from helpers import fast_vs_graph, pipeline_builder, tiny_job
+from helpers import fast_vs_graph, pipeline_builder, plan_of, tiny_job
 
 from itercast.memory import estimate_memory
 from itercast.parallel.schedules import in_flight_microbatches, schedule
@@ -27,17 +27,7 @@ def grid() -> list[dict]:
             continue
         if (pp == 1 and sched != "1f1b") or tp * pp * cp > 32:
             continue
-        plans.append(
-            dict(
-                tensor_parallel=tp,
-                pipeline_parallel=pp,
-                context_parallel=cp,
-                schedule=sched,
-                virtual_pipeline=2 if sched == "interleaved-1f1b" else 1,
-                zero_stage=zero,
-                sequence_parallel=sp,
-            )
-        )
+        plans.append(plan_of(tp, pp, cp, sched, zero, sequence_parallel=sp))
     # recompute, batch and overlap vary along the grid (every plan once) rather than across it
     for i, plan in enumerate(plans):
         plan["recompute"] = ("none", "selective", "full")[i % 3]
@@ -69,13 +59,12 @@ def test_fast_path_holds_on_plans_it_was_not_tuned_on():
         if tp * pp * cp > 32 or (sched == "interleaved-1f1b" and 40 % (2 * pp)):
             continue
         plans.append(
-            dict(
-                tensor_parallel=tp,
-                pipeline_parallel=pp,
-                context_parallel=cp,
-                schedule=sched,
-                virtual_pipeline=2 if sched == "interleaved-1f1b" else 1,
-                zero_stage=zero,
+            plan_of(
+                tp,
+                pp,
+                cp,
+                sched,
+                zero,
                 micro_batch_size=mbs,
                 global_batch_size=int(rng.choice([32, 128])),
                 recompute=str(rng.choice(["none", "selective", "full"])),
