@@ -365,7 +365,7 @@ class IndexStats:
     (data/measured/h100_profile.db: 10k × 32 table, 8192 × 128 lookups: 0.35 ms uniform, 1.66 ms
     Zipf 1.05). reuse_beyond: the binned reuse distances, the shares of the L lookups that repeat
     a row last looked up more than each of REUSE_BREAKS_BYTES of other distinct rows earlier
-    (reuse_beyond; zeros when unknown: every repeat near)."""
+    (function reuse_beyond; zeros when unknown: every repeat near)."""
 
     unique_fraction: float
     hot_fraction: float
@@ -412,18 +412,18 @@ def reuse_beyond(p: np.ndarray, weight: np.ndarray, lookups: int, row_bytes: flo
     expected distinct rows among k − 1 draws, D(n) = Σ_r (1 − (1 − p_r)^n) (time to stack distance,
     Shen et al. 2007). The draw at position i repeats a row last drawn at least g draws earlier
     with probability Σ_r p_r (q_r^min(g−1, i) − q_r^i), q_r = 1 − p_r, averaged over i < L."""
-    calls = max(int(lookups), 1)
+    draws = max(int(lookups), 1)
     q = np.maximum(1.0 - p, 1e-300)
     log_q = np.log(q)
-    n = np.unique(np.round(np.geomspace(1, calls, 48)))
+    n = np.unique(np.round(np.geomspace(1, draws, 48)))
     distinct = np.array([float(np.sum(weight * -np.expm1(k * log_q))) for k in n])
 
     def mean_power(c: float) -> np.ndarray:
         """Mean over i = 0 … L − 1 of q^min(c, i), per row class."""
-        c = min(c, calls)
-        return (-np.expm1(c * log_q) / np.maximum(p, 1e-300) + (calls - c) * np.exp(c * log_q)) / calls
+        c = min(c, draws)
+        return (-np.expm1(c * log_q) / np.maximum(p, 1e-300) + (draws - c) * np.exp(c * log_q)) / draws
 
-    whole = mean_power(calls)
+    whole = mean_power(draws)
     out = []
     for brk in REUSE_BREAKS_BYTES:
         rows = brk / row_bytes
