@@ -13,6 +13,7 @@ from itercast.cli import app
 from itercast.config.job import parse_section
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.op_model import OperatorCostModel, unique_fraction_uniform
+from itercast.hardware.topology import place_group
 from itercast.workloads.dlrm import (
     DLRMConfig,
     EmbeddingTable,
@@ -95,6 +96,31 @@ def test_the_exchange_waits_for_the_busiest_rank():
 
     assert lookups_s(b)[0] == lookups_s(b)[1] > 0 and lookups_s(a)[1] == 0
     assert lookups_s(a)[0] == pytest.approx(2 * lookups_s(b)[0])
+
+
+def test_the_indices_go_to_their_owners_first():
+    """TorchRec's input distribution: an owner receives its shards' int64 indices and an int32 length
+    per bag, the busiest rank sets the all-to-all. 2 ranks × 64 samples, 4 lookups a sample."""
+    m, sys2 = model(2), system(2)
+    costs = AnalyticCostModel(sys2, "fp32")
+    group = place_group(2, 1, 2)
+
+    def index_exchange_s(step):
+        g = step.graph
+        return {float(g.duration_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]] == "index_exchange"}
+
+    stacked = {"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (0,))}
+    # rank 0 owns both tables: 2 × (512 indices × 8 + 128 bags × 4) bytes; rank 1 nothing
+    assert index_exchange_s(dlrm_step(m, sys2, stacked, 64)) == {costs.collective_s("alltoall", 9216.0, group)}
+    # row-wise over both ranks: each holds half of each table's lookups, for all 128 bags
+    rows = {"t0": Shard("row_wise", (0, 1)), "t1": Shard("row_wise", (0, 1))}
+    half = 2 * (256 * 8 + 128 * 4)
+    assert index_exchange_s(dlrm_step(m, sys2, rows, 64)) == {costs.collective_s("alltoall", float(half), group)}
+    # replicas read their own indices; and an owner that already holds them receives nothing
+    replicas = {"t0": Shard("data_parallel", (0, 1)), "t1": Shard("data_parallel", (0, 1))}
+    assert index_exchange_s(dlrm_step(m, sys2, replicas, 64)) == {0.0}
+    local = m.model_copy(update={"input_distribution": False})
+    assert index_exchange_s(dlrm_step(local, sys2, stacked, 64)) == {0.0}
 
 
 def test_exhaustive_planning_on_a_small_case_puts_equal_tables_apart():

@@ -20,11 +20,12 @@ sharding semantics, so that what is timed is what workloads/dlrm.py models:
 - MLPs: autograd, the gradients all-reduced as one buffer, Adam.
 Every rank draws the same global batch of indices (uniform, or Zipf with α over each table's rows,
 the popular rows spread over the table as hashed ids are),
-so the input distribution of indices to the ranks that own them is not timed (itercast does not
-model it either). A sharding set is a (batch per rank, index distribution, t0 pooling); within a set every
-sharding runs in rounds, interleaved, WARMUP untimed then ITERATIONS timed steps each round. One row
-per timed step: the slowest rank's seconds from the forward's start to the optimizer's end
-(time.perf_counter_ns). The header records the machine, torch version and command. Needs torch.
+so the input distribution of indices to the ranks that own them is not timed (validation/sharding.py
+prices these steps with model.input_distribution false). A sharding set is a (batch per rank,
+index distribution, t0 pooling); within a set every sharding runs in rounds, interleaved, WARMUP
+untimed then ITERATIONS timed steps each round. One row per timed step: the slowest rank's seconds
+from the forward's start to the optimizer's end (time.perf_counter_ns). The header records the
+machine, torch version and command. Needs torch.
 """
 
 from __future__ import annotations

@@ -96,7 +96,8 @@ def main() -> None:
         for (b, alpha, pooling), by in sorted(measured.items()):
             tables = [t.model_copy(update={"zipf_alpha": alpha}) for t in base.tables]
             tables[0] = tables[0].model_copy(update={"pooling_factor": pooling})
-            model = base.model_copy(update={"tables": tuple(tables)})
+            # every rank draws the whole batch's indices itself: no input distribution was timed
+            model = base.model_copy(update={"tables": tuple(tables), "input_distribution": False})
             predicted = {}
             for name, t in by.items():
                 plan = {table: Shard(s, ranks) for table, (s, ranks) in SHARDINGS[name].items()}

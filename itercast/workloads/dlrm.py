@@ -7,7 +7,10 @@ data-parallel); Mudigere et al. 2022 (pooled embeddings exchanged by all-to-all)
 row-wise Adagrad fused into the backward (TorchRec's default), fp32 MLPs with Adam.
 
 One step, per rank:
-- forward: the bottom MLP (b rows); the lookups of the rank's shards, priced as memory traffic on
+- forward: the input distribution (TorchRec's KeyedJaggedTensor all-to-all: a shard's owner
+  receives its lookups' int64 indices and an int32 length per bag, the busiest rank sets the pace;
+  model.input_distribution false when every owner already holds its indices); the bottom MLP (b
+  rows) beside it; the lookups of the rank's shards, priced as memory traffic on
   the cost model (every looked-up row read, pooled vectors written) or on a calibration's operator
   models (embedding_seconds); an all-to-all of pooled vectors
   (a table- or column-wise shard serves all B samples: its rank sends B·d_shard·4 bytes, the busiest
@@ -48,6 +51,7 @@ F32 = 4  # bytes: fp32 tables, gradients and pooled vectors
 ADAGRAD_ROW_BYTES = 4  # row-wise Adagrad: one fp32 state per row
 ADAM_BYTES = 16  # an MLP parameter: fp32 weight, gradient, Adam m and v
 LOOKUP_OP = "aten::_embedding_bag"  # the operator a calibrated forward lookup is priced as
+INDEX_BYTES, LENGTH_BYTES = 8, 4  # a KeyedJaggedTensor's int64 indices and int32 length per bag (TorchRec)
 
 
 class EmbeddingTable(BaseModel):
@@ -76,6 +80,11 @@ class DLRMConfig(BaseModel):
     interaction: Literal["dot", "dcnv2"] = "dot"
     dcn_layers: Width = 3
     dcn_low_rank: Width = 512
+    input_distribution: bool = Field(
+        True,
+        description="TorchRec's input distribution: each rank's indices of a table go to the ranks that hold "
+        "its shards in an all-to-all before the lookups (false: every owner already holds them).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DLRMConfig:
@@ -311,7 +320,7 @@ def dlrm_step(
         else:
             top_fwd += float(costs.gemm_s(2.0 * b * f * f * model.dim))
             top_bwd += 2 * float(costs.gemm_s(2.0 * b * f * f * model.dim))
-    emb_fwd, emb_bwd, replica_bwd, a2a_bytes = ([0.0] * world for _ in range(4))
+    emb_fwd, emb_bwd, replica_bwd, a2a_bytes, index_bytes = ([0.0] * world for _ in range(5))
     rw_bytes = dp_bytes = update_bytes = 0.0
     for t in model.tables:
         shard = plan.get(t.name)
@@ -330,17 +339,22 @@ def dlrm_step(
             (replica_bwd if work.replica else emb_bwd)[r] += bwd
             if shard.strategy in ("table_wise", "column_wise"):
                 a2a_bytes[r] += work.pooled_out_bytes
+            if model.input_distribution and not work.replica:  # the shard's indices and bag lengths arrive
+                index_bytes[r] += work.lookups * INDEX_BYTES + work.pooled_out_bytes / (work.dim * F32) * LENGTH_BYTES
     exchange = costs.collective_s("alltoall", max(a2a_bytes), group)
+    index_exchange = costs.collective_s("alltoall", max(index_bytes), group)
     fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
     bwd_comm = exchange + costs.collective_s("all_gather", rw_bytes, group)
     reduce = costs.collective_s("all_reduce", model.mlp_params() * F32 + dp_bytes, group)
     optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_BYTES * 2 + update_bytes))
     g = GraphBuilder()
     exchange_fwd, exchange_bwd, all_reduce = g.new_collective(), g.new_collective(), g.new_collective()
+    exchange_indices = g.new_collective()
     comp_, comm_ = Category.COMPUTE, Category.COMMUNICATION
     for r in range(world):
         comp, comm, dp = g.resource(r, "compute"), g.resource(r, "comm"), g.resource(r, "dp_comm")
-        emb = g.task("embedding_fwd", comp, emb_fwd[r], comp_, "embedding")
+        indices = g.task("index_exchange", comm, index_exchange, comm_, "alltoall", collective=exchange_indices)
+        emb = g.task("embedding_fwd", comp, emb_fwd[r], comp_, "embedding", [indices])
         a2a = g.task("pooled_exchange", comm, fwd_comm, comm_, "alltoall", [emb], collective=exchange_fwd)
         bottom = g.task("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")
         top = g.task("interaction_top_mlp_fwd_bwd", comp, top_fwd + top_bwd, comp_, "mlp", [a2a, bottom])
