@@ -270,7 +270,15 @@ def test_shard_takes_system_overrides_and_a_calibration(tmp_path):
     assert two.exit_code == 0, two.output
     assert (one["world_size"], json.loads(two.output)["world_size"]) == (1, 2)
     bad = CliRunner().invoke(app, [*args, "--set", "plan.tensor_parallel=2"])
-    assert bad.exit_code == 2 and "system.FIELD=VALUE only" in bad.output
+    assert bad.exit_code == 2 and "it has no plan section" in bad.output
+    # a model field: 2 ranks whose indices need no distribution are as fast or faster
+    two_args = [*args, "--set", "system.node.gpus_per_node=2"]
+    local = CliRunner().invoke(app, [*two_args, "--set", "model.input_distribution=false"])
+    assert local.exit_code == 0, local.output
+    best = json.loads(two.output)["plans"][0]["step_time_s"]
+    assert json.loads(local.output)["plans"][0]["step_time_s"] <= best
+    wrong = CliRunner().invoke(app, [*args, "--set", "model.input_distribution=maybe"])
+    assert wrong.exit_code == 2 and "--set model.input_distribution" in wrong.output
     missing = CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "none.json")])
     assert missing.exit_code == 2 and "none.json" in missing.output
 

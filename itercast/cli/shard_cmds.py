@@ -103,10 +103,10 @@ def _price(
     """The model, the system and the priced sharding(s): the given one, else the planner's; every
     input problem is one error line and exit 2."""
     try:
-        dlrm = load_dlrm(model)
         raw = raw_sections(overrides=set_ or [], system=system)
-        if raw["model"] or raw["plan"]:
-            raise ConfigError("--set: a DLRM takes system.FIELD=VALUE only (the model is --model)")
+        if raw["plan"]:
+            raise ConfigError("--set: a DLRM takes model.FIELD=VALUE and system.FIELD=VALUE (it has no plan section)")
+        dlrm = load_dlrm(model, raw["model"])
         sys_cfg = cast(SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set"))
         cal = load_calibration(calibration) if calibration else None
         counts = _index_samples(indices or [], dlrm)
@@ -213,8 +213,9 @@ def load_sharding(path: Path, dlrm: DLRMConfig, world: int) -> dict[str, Shard]:
     return plan
 
 
-def load_dlrm(text: str) -> DLRMConfig:
-    """A DLRM preset by name, or a YAML file of the same fields."""
+def load_dlrm(text: str, overrides: dict[str, Any] | None = None) -> DLRMConfig:
+    """A DLRM preset by name, or a YAML file of the same fields; `overrides` (`--set model.X=…`)
+    replace fields of either."""
     if text in preset_names("dlrm"):
         fields, source = preset("dlrm", text), f"preset {text}"
     else:
@@ -224,6 +225,8 @@ def load_dlrm(text: str) -> DLRMConfig:
         fields, source = plain_yaml(read_small_text(path, "DLRM model", MAX_MODEL_BYTES), str(path)), str(path)
         if not isinstance(fields, dict):
             raise ConfigError(f"{path}: expected a mapping of DLRM fields; got {type(fields).__name__}")
+    if overrides:
+        fields, source = {**fields, **overrides}, f"{source} with --set model.{', model.'.join(overrides)}"
     try:
         return DLRMConfig.model_validate(fields)
     except ValidationError as exc:
