@@ -8,7 +8,7 @@ For Llama-2 13B on 4 DGX A100 nodes and Mixtral 8x7B on 4 DGX H100 nodes: plans 
 global batch 32 / 128 × recompute × overlap (× ep 1–4 for Mixtral), priced by FastEstimator and by
 the graph simulation (predict). Neither model was used to adjust the fast path (its grid test is
 GPT-3 1.3B). Prints |fast / graph − 1|: mean and worst, apart for ZeRO-3 with pipelining, and the
-worst plans. Asserts nothing.
+worst plans; then 16 small plans with uneven stages (plan.stage_layers). Asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers import plan_of
+from helpers import plan_of  # the tests' plan fields and small model
 
 from itercast.predict import predict
 from itercast.search.fast_estimate import FastEstimator
@@ -105,5 +105,24 @@ def main() -> None:
             )
 
 
+def uneven_stages() -> None:
+    """The small llama of the tests with uneven stages (plan.stage_layers), 1F1B: the closed form
+    lumps a stage's forward and backward, which shows when an early stage is the heaviest. Each
+    plan alone: a PlanTable's plans share one stage_layers."""
+    from helpers import tiny_job
+
+    two = [[2, 6], [5, 3], [6, 2], [3, 5], [7, 1], [1, 7]]
+    cases = [({"pipeline_parallel": 2, "global_batch_size": 16}, s) for s in two]
+    four = [[1, 2, 2, 3], [3, 2, 2, 1], [2, 3, 1, 2], [4, 2, 1, 1], [1, 1, 2, 4]]
+    cases += [({"pipeline_parallel": 4, "global_batch_size": gbs}, s) for gbs in (16, 64) for s in four]
+    jobs = [tiny_job(tensor_parallel=2, stage_layers=layers, **plan) for plan, layers in cases]
+    fe = FastEstimator(jobs[0].model, jobs[0].system)
+    rel = np.array([fe.step_time_s([j])[0] / predict(j).step_time_s - 1 for j in jobs])  # one base per table
+    print(f"uneven stages, {len(jobs)} plans: from {rel.min():+.1%} to {rel.max():+.1%}")
+    for j, r in zip(jobs, rel, strict=True):
+        print(f"   {r:+.2%}  layers per stage {list(j.plan.stage_layers or ())}, {j.num_microbatches} micro-batches")
+
+
 if __name__ == "__main__":
     main()
+    uneven_stages()
