@@ -136,8 +136,13 @@ class ShardWork:
     lookups: float
     rows: float
     dim: int
-    pooled_out_bytes: float  # pooled vectors this rank produces (all-to-all or reduce-scatter)
+    bags: float  # the pooled vectors its lookups are summed into (a row-wise shard's are partial sums)
     replica: bool = False  # data-parallel: a dense gradient, all-reduced, and the whole table updated
+
+    @property
+    def pooled_out_bytes(self) -> float:
+        """Pooled vectors this rank sends (all-to-all or reduce-scatter); a replica keeps its own."""
+        return 0.0 if self.replica else self.bags * self.dim * F32
 
 
 def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch: int) -> ShardWork | None:
@@ -148,13 +153,13 @@ def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch
     B = batch * world
     d, P = table.embedding_dim, table.pooling_factor
     if shard.strategy == "table_wise":
-        return ShardWork(B * P, table.num_rows, d, B * d * F32)
+        return ShardWork(B * P, table.num_rows, d, B)
     if shard.strategy == "column_wise":
         part = d // len(shard.ranks)
-        return ShardWork(B * P, table.num_rows, part, B * part * F32)
+        return ShardWork(B * P, table.num_rows, part, B)
     if shard.strategy == "row_wise":
-        return ShardWork(B * P / world, table.num_rows / world, d, B * d * F32)
-    return ShardWork(batch * P, table.num_rows, d, 0.0, replica=True)  # data_parallel: the local batch only
+        return ShardWork(B * P / world, table.num_rows / world, d, B)
+    return ShardWork(batch * P, table.num_rows, d, batch, replica=True)  # data_parallel: the local batch only
 
 
 def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | None = None) -> IndexStats:
@@ -196,14 +201,13 @@ def embedding_seconds(
     distinct-row fraction. PyTorch's aten::_embedding_bag_backward, which the profile also
     measures, writes a dense table-sized gradient: it is not the sparse update and is not used.
     `counts`: the row frequencies of a sample of the table's real indices (load_index_sample)."""
-    pooled = work.pooled_out_bytes or work.lookups / table.pooling_factor * work.dim * F32
-    bags = pooled / (work.dim * F32)  # a row-wise shard's bags hold pooling_factor / k of its lookups each
+    pooled = work.bags * work.dim * F32
     index = index_stats(table, work, counts)
     distinct = index.unique_fraction * max(1, round(work.lookups))
     per_lookup = work.lookups * work.dim * F32
     if ops is not None and ops.has_model(LOOKUP_OP):
         fwd_s = ops.price(
-            LOOKUP_OP, lookup_features("embedding_bag_fwd", work.rows, work.dim, work.lookups, bags), index
+            LOOKUP_OP, lookup_features("embedding_bag_fwd", work.rows, work.dim, work.lookups, work.bags), index
         )
     else:
         fwd_s = float(costs.memory_s("elementwise", per_lookup + pooled))
@@ -340,7 +344,7 @@ def dlrm_step(
             if shard.strategy in ("table_wise", "column_wise"):
                 a2a_bytes[r] += work.pooled_out_bytes
             if model.input_distribution and not work.replica:  # the shard's indices and bag lengths arrive
-                index_bytes[r] += work.lookups * INDEX_BYTES + work.pooled_out_bytes / (work.dim * F32) * LENGTH_BYTES
+                index_bytes[r] += work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES
     exchange = costs.collective_s("alltoall", max(a2a_bytes), group)
     index_exchange = costs.collective_s("alltoall", max(index_bytes), group)
     fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
