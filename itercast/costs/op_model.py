@@ -311,7 +311,7 @@ def unique_fraction_zipf(rows: int, lookups: int, alpha: float) -> float:
     if lookups <= 0 or rows <= 0:
         return 1.0
     p, weight = zipf_classes(rows, alpha)
-    return min(1.0, float(np.sum(weight * -np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-16))))) / lookups)
+    return min(1.0, expected_distinct(p, weight, lookups) / lookups)
 
 
 def zipf_hot_fraction(rows: int, alpha: float) -> float:
@@ -337,14 +337,17 @@ def zipf_classes(rows: int, alpha: float, exact: int = 1 << 20) -> tuple[np.ndar
     return p / float(np.sum(p * weight)), weight
 
 
-def unique_fraction_sampled(counts: np.ndarray, lookups: int) -> float:
-    """Expected fraction of distinct rows among `lookups` draws from a sample's row frequencies:
-    `counts[i]` is how often one row appears in a sample of real indices (rows absent from the
-    sample are never drawn); Σ_i (1 − (1 − p_i)^lookups) / lookups with p_i = counts[i] / Σ counts."""
-    if lookups <= 0:
-        return 1.0
-    p = counts[counts > 0] / float(counts.sum())
-    return min(1.0, float(np.sum(-np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-16))))) / lookups)
+def sample_classes(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A sample's rows as classes: (probability of each row of a class, rows in it), rows that
+    appear equally often together, in ascending probability (the most frequent last)."""
+    values, rows = np.unique(counts[counts > 0], return_counts=True)
+    return values / float(counts.sum()), rows.astype(np.float64)
+
+
+def expected_distinct(p: np.ndarray, weight: np.ndarray, draws: float) -> float:
+    """Expected distinct rows among `draws` independent draws, rows in classes of `weight` rows of
+    probability `p` each: Σ_r weight_r (1 − (1 − p_r)^draws)."""
+    return float(np.sum(weight * -np.expm1(draws * np.log1p(-np.minimum(p, 1 - 1e-16)))))
 
 
 #: stack-distance breaks of a lookup's previous access to its row, in bytes of the distinct rows
@@ -383,11 +386,12 @@ class IndexStats:
 
     @classmethod
     def sampled(cls, counts: np.ndarray, lookups: int, row_bytes: float) -> IndexStats:
-        """Draws from a sample's row frequencies (`counts[i]`: how often row i appears)."""
-        values, rows = np.unique(counts[counts > 0], return_counts=True)
-        p = values / float(counts.sum())
-        reuse = reuse_beyond(p, rows.astype(np.float64), lookups, row_bytes)
-        return cls(unique_fraction_sampled(counts, lookups), float(counts.max()) / float(counts.sum()), reuse)
+        """Draws from a sample's row frequencies (`counts[i]`: how often row i appears; rows absent
+        from the sample are never drawn)."""
+        p, weight = sample_classes(counts)
+        reuse = reuse_beyond(p, weight, lookups, row_bytes)
+        unique = min(1.0, expected_distinct(p, weight, max(lookups, 1)) / max(lookups, 1))
+        return cls(unique, float(p[-1]), reuse)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -413,10 +417,9 @@ def reuse_beyond(p: np.ndarray, weight: np.ndarray, lookups: int, row_bytes: flo
     Shen et al. 2007). The draw at position i repeats a row last drawn at least g draws earlier
     with probability Σ_r p_r (q_r^min(g−1, i) − q_r^i), q_r = 1 − p_r, averaged over i < L."""
     draws = max(int(lookups), 1)
-    q = np.maximum(1.0 - p, 1e-300)
-    log_q = np.log(q)
+    log_q = np.log1p(-np.minimum(p, 1 - 1e-16))
     n = np.unique(np.round(np.geomspace(1, draws, 48)))
-    distinct = np.array([float(np.sum(weight * -np.expm1(k * log_q))) for k in n])
+    distinct = np.array([expected_distinct(p, weight, k) for k in n])
 
     def mean_power(c: float) -> np.ndarray:
         """Mean over i = 0 … L − 1 of q^min(c, i), per row class."""
