@@ -126,8 +126,6 @@ class FastEstimator:
         fsdp_pp = (zero == 3) & sync & (p > 1)
         overlap_grad = c["overlap_grad"] > 0
         zero2_blocking = (zero == 2) & sync & ~overlap_grad
-        embed, head = f["ef"] + f["eb"], f["hf"] + f["hb"]
-        layer, moe = f["lf"] + f["lb"], f["mf"] + f["mb"]
         slowest, total = np.zeros(len(t)), np.zeros(len(t))
         tf, tb, kernels = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
         fill = np.zeros(len(t))  # micro-batch 0 down the pipeline and back up to the first stage's backward
@@ -137,9 +135,8 @@ class FastEstimator:
         for key_index, (pp, vp) in enumerate(keys):  # stage by stage, per pipeline shape
             rows = inverse == key_index
             dense_n, moe_n, first_chunk = self._stage_layers(t.base, pp, vp)
-            stage = dense_n[None, :] * layer[rows, None] + moe_n[None, :] * moe[rows, None]
-            stage[:, 0] += embed[rows]
-            stage[:, -1] += head[rows]
+            forward = _per_stage(f, "f", rows, dense_n, moe_n)
+            stage = forward + _per_stage(f, "b", rows, dense_n, moe_n)
             passes = stage.copy()  # the passes alone: what a micro-batch's round trip waits for
             blocked = np.where(zero2_blocking[rows], 1.0, 0.0)
             stage[:, 0] += blocked * g["block_first"][rows]
@@ -167,9 +164,6 @@ class FastEstimator:
                 period[rows] = np.where(gpipe[rows], slowest[rows], np.maximum(slowest[rows], bound.max(axis=1)))
             else:
                 period[rows] = slowest[rows]
-            forward = dense_n[None, :] * f["lf"][rows, None] + moe_n[None, :] * f["mf"][rows, None]
-            forward[:, 0] += f["ef"][rows]
-            forward[:, -1] += f["hf"][rows]
             # GPipe: the last stage runs all M forwards first
             late = np.where(gpipe[rows], (M[rows] - 1) * forward.max(axis=1), 0.0)
             fill[rows] = forward.sum(axis=1) + (stage - forward)[:, 1:].sum(axis=1) + late
@@ -215,6 +209,7 @@ class FastEstimator:
         job = self._job(base, pp=pp, vp=vp)
         gpipe = sched[rows] == SCHEDULES.index("gpipe")
         out, waited = np.zeros((rows.shape[0], pp)), np.zeros((rows.shape[0], pp))
+        zero = np.zeros(rows.shape[0])
         for s in range(pp):
             for chunk in range(vp):
                 kinds = [k[0] for k in unit_kinds(job, s, chunk)]
@@ -222,7 +217,6 @@ class FastEstimator:
                 cb = [f[f"{k}b"][rows] for k in kinds[::-1]]
                 ag = [g[f"ag_{k}"][rows] for k in kinds]
                 rs = [g[f"rs_{k}"][rows] for k in kinds[::-1]]
-                zero = np.zeros(rows.shape[0])
                 backward, left = _fsdp_pass(cb, ag[::-1], rs, zero)
                 backward, left = _fsdp_pass(cb, ag[::-1], rs, np.where(gpipe, left, zero))  # GPipe's steady state
                 forward, _ = _fsdp_pass(cf, ag, None, np.where(gpipe, zero, left))
@@ -330,10 +324,7 @@ class FastEstimator:
             return sum(sum(w) for chunk in stage_units[s] for w in chunk)
 
         stage = max(stage_units, key=stage_total)
-        params = (  # = memory.stage_params
-            sum(w[0] for chunk in stage_units[stage] for w in chunk),
-            sum(w[1] for chunk in stage_units[stage] for w in chunk),
-        )
+        params = _sum([w for chunk in stage_units[stage] for w in chunk])  # = memory.stage_params
         kind, grad_bytes, w_bytes = grad_collective(job), job.plan.grad_bytes, weight_bytes(job)
 
         def dp_s(kind: str, w: tuple[float, float], bytes_per_param: int) -> float:
@@ -343,7 +334,7 @@ class FastEstimator:
         for per_unit in stage_units[stage]:
             backward = per_unit[::-1]
             for a, b in bucket_spans([sum(w) for w in backward], base.grad_bucket_size_params):
-                buckets.append((sum(w[0] for w in backward[a:b]), sum(w[1] for w in backward[a:b])))
+                buckets.append(_sum(backward[a:b]))
         tail = float(
             costs.memory_s("elementwise", optimizer_step_bytes(job, local_optimizer_params(job, groups, params)))
         )
@@ -378,6 +369,17 @@ class FastEstimator:
             found[f"rs_{name[0]}"] = dp_s(kind, w, grad_bytes)
         self._groups[key] = found
         return found
+
+
+def _per_stage(
+    f: dict[str, np.ndarray], direction: str, rows: np.ndarray, dense_n: np.ndarray, moe_n: np.ndarray
+) -> np.ndarray:
+    """Seconds of each stage's forward or backward (`direction` 'f' | 'b') per micro-batch, for
+    `rows` (columns: stages): its dense and MoE layers, the embedding on the first, the head on the last."""
+    out = dense_n[None, :] * f[f"l{direction}"][rows, None] + moe_n[None, :] * f[f"m{direction}"][rows, None]
+    out[:, 0] += f[f"e{direction}"][rows]
+    out[:, -1] += f[f"h{direction}"][rows]
+    return out
 
 
 def _fsdp_pass(
