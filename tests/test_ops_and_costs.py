@@ -87,3 +87,59 @@ def test_fp8_gemms_use_their_measured_curve_and_peak():
     big = 2.0 * 16384**3
     assert 1.2 < float(bf16.gemm_s(big) / fp8.gemm_s(big)) < 2.0  # faster than bf16, well short of 2×
     assert fp8.attention_peak_flops == 989.4e12  # attention stays bf16 under FP8 training
+
+
+def test_a_network_is_priced_on_the_collective_curves_of_its_measured_cluster():
+    """A 1 GB all-reduce over 2 nodes × 8 GPUs: bus bytes 2 · 15/16 GB per rank over min(NVLink,
+    8 × NIC per GPU) = min(1e10, 8e10) B/s per rank. Flat curves, no latency: efficiency 1 on Polaris's curves, 1/2 on
+    the H100 cluster's (e_max 1, gamma 0: 1 / (1 + e^0)), 1/4 for a calibration's own inter-node fit,
+    which replaces either."""
+    from test_golden import SYSTEM, flat, linear_calibration
+
+    cal = linear_calibration()
+    inter = cal["collectives"].pop("inter_node")
+    cal["collectives"]["inter_node_networks"] = {
+        "polaris-slingshot11": inter,
+        "h100-400g": {k: flat(e_max=1.0) for k in inter},
+    }
+    group, bus_s = place_group(16, 1, 8), 2 * 15 / 16 * 1e9 / 1e10
+
+    def seconds(network: dict, calibration: dict) -> float:
+        system = Job.from_dicts(
+            {"preset": "gpt3-175b"}, {"data_parallel": 16}, {**SYSTEM, "network": network, "num_nodes": 2}
+        )
+        return AnalyticCostModel(system.system, "bf16", calibration).collective_s("all_reduce", 1e9, group)
+
+    default = {**SYSTEM["network"]}
+    h100 = {**default, "collective_curves": "h100-400g"}
+    assert seconds(default, cal) == pytest.approx(bus_s)
+    assert seconds(h100, cal) == pytest.approx(2 * bus_s)
+    calibrated = {**cal, "collectives": {**cal["collectives"], "inter_node": {"all_reduce": flat(e_max=0.5)}}}
+    assert seconds(h100, calibrated) == pytest.approx(4 * bus_s)
+
+
+def test_dgx_h100_collectives_reproduce_the_measured_h100_cluster():
+    """Measured (xxrjun/nccl-tests-cluster@455de4f, 10 nodes × 8 H100, 400 Gb/s per GPU; out-of-place):
+    all-reduce of 1 GiB, 1 GPU per node: 39,744 µs; 8 GPUs per node: 6,149 µs. The DGX H100 preset
+    prices them on that cluster's curves; Polaris's (0.65 of the NICs) is 40–50% slower."""
+    measured = {(10, 8): 39744.4e-6, (80, 1): 6149.19e-6}
+    for curves_name, low, high in (("h100-400g", 0.95, 1.05), ("polaris-slingshot11", 1.4, 1.6)):
+        job = Job.from_dicts(
+            {"preset": "gpt3-175b"},
+            {"data_parallel": 80},
+            {"preset": "dgx-h100", "num_nodes": 10, "network": {"collective_curves": curves_name}},
+        )
+        costs = AnalyticCostModel(job.system, "bf16")
+        for (ranks, stride), seconds in measured.items():
+            ratio = costs.collective_s("all_reduce", 2**30, place_group(ranks, stride, 8)) / seconds
+            assert low < ratio < high, (curves_name, ranks, ratio)
+    assert Job.from_presets("gpt3-175b", "dgx-h100").system.network.collective_curves == "h100-400g"
+
+
+def test_bf16_gemms_reproduce_pytorch_on_h100():
+    """Measured (microsoft/vidur@7d47513, compute__h100 Llama-2-70B, its README's sanity line): the
+    gate+up projection of 4096 tokens at tp 1, 2 · 4096 · 8192 · 2 · 28672 FLOPs, at 679 TFLOP/s.
+    Priced within 5% (the curve fitted on XLA's table alone was 17% fast)."""
+    costs = AnalyticCostModel(Job.from_presets("gpt3-175b", "dgx-h100").system, "bf16")
+    flops = 2.0 * 4096 * 8192 * 2 * 28672
+    assert 0.95 < float(costs.gemm_s(flops)) / (flops / 679e12) < 1.05

@@ -53,6 +53,13 @@ class NetworkSpec(BaseModel):
     latency_s: NonNegativeFloat = Field(
         20e-6, description="One hop between nodes (NIC + switch). Floors collectives and sends across nodes."
     )
+    collective_curves: Literal["polaris-slingshot11", "h100-400g"] = Field(
+        "polaris-slingshot11",
+        description="The measured cluster whose inter-node collective curves price this network "
+        "(costs/curves.json, tools/fit_efficiency_curves.py): ALCF Polaris, Slingshot 11 with 2 NICs "
+        "per 4 A100, whose large all-reduces reach 0.65 of the NICs; or 10 nodes of 8×H100 with "
+        "400 Gb/s per GPU (xxrjun/nccl-tests-cluster), 0.97–0.98. A calibration's inter-node fits replace either.",
+    )
 
 
 class DeviceGroup(BaseModel):

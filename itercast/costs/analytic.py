@@ -69,7 +69,9 @@ class AnalyticCostModel:
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
         self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
         self.intra = data["collectives"]["intra_node"]
-        self.inter = data["collectives"]["inter_node"]
+        # the network's measured cluster, with a calibration's own inter-node fits over it
+        measured = data["collectives"].get("inter_node_networks", {}).get(system.network.collective_curves, {})
+        self.inter = {**measured, **data["collectives"].get("inter_node", {})}
         self.p2p = data["collectives"]["p2p"]
 
     def on_gpu(self, gpu: GPUSpec) -> AnalyticCostModel:

@@ -34,10 +34,18 @@ def mean_abs_err(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.mean(np.abs(pred / meas - 1)))
 
 
-def fit_latency_curve(x: np.ndarray, t: np.ndarray, rate: np.ndarray | float, alpha_s: float | None = None) -> dict:
+def fit_latency_curve(
+    x: np.ndarray,
+    t: np.ndarray,
+    rate: np.ndarray | float,
+    alpha_s: float | None = None,
+    weights: np.ndarray | None = None,
+) -> dict:
     """time = alpha + x / (rate · eff(x)), fitted on log time; x in FLOPs or bytes, rate the peak in
     the same unit per second (a scalar, or one per point when the points come from several GPUs).
-    `alpha_s` pins the latency when the points are too few to identify it."""
+    `alpha_s` pins the latency when the points are too few to identify it; `weights` (one per
+    point) weigh the squared log errors, e.g. so that two sources count alike whatever their sizes."""
+    w = np.ones_like(t) if weights is None else np.asarray(weights, float)
 
     def model(p):
         a = alpha_s if alpha_s is not None else p[0] * 1e-6
@@ -46,7 +54,7 @@ def fit_latency_curve(x: np.ndarray, t: np.ndarray, rate: np.ndarray | float, al
     lo, hi, x0 = [0.05, 5, 0.1], [1.2, 40, 4], [0.8, math.log(np.median(x)), 1.0]
     if alpha_s is None:
         lo, hi, x0 = [0, *lo], [50, *hi], [3.0, *x0]
-    fit = least_squares(lambda p: np.log(model(p)) - np.log(t), x0=x0, bounds=(lo, hi))
+    fit = least_squares(lambda p: (np.log(model(p)) - np.log(t)) * np.sqrt(w), x0=x0, bounds=(lo, hi))
     e_max, log_half, gamma = fit.x[-3:]
     return {
         "alpha_s": alpha_s if alpha_s is not None else fit.x[0] * 1e-6,
