@@ -11,6 +11,7 @@ from helpers import tiny_job
 
 from itercast.config.job import Job
 from itercast.costs.analytic import ATTENTION_VS_GEMM, AnalyticCostModel
+from itercast.errors import ConfigError
 from itercast.memory import estimate_memory, stage_params
 from itercast.parallel.schedules import schedule
 from itercast.predict import predict
@@ -135,6 +136,41 @@ def test_tensor_parallel_backward_collectives_hide_behind_their_gemms():
     wgrad_s = {"mlp_up": 2 * T * h * 4 * h / 2 / PEAK, "qkv": 2 * T * h * 3 * h / 2 / PEAK}
     exposed = sum(max(0.0, all_reduce_s - w) for w in wgrad_s.values())
     assert pass_cost(bwd, costs, Groups.of(j)).comm_s == pytest.approx(exposed)
+
+
+def test_tp_comm_overlap_hides_each_gather_and_scatter_behind_its_gemm():
+    # tp 2, SP: forward AG(T·h·e) → qkv, proj → RS, AG → mlp_up, mlp_down → RS; backward each RS's
+    # all-gather beside the row-parallel GEMM's dgrad. Each costs only what outlasts its GEMM.
+    j = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True, tp_comm_overlap=True)
+    costs, groups = AnalyticCostModel(j.system, "bf16", linear_calibration()), Groups.of(j)
+    fwd, bwd = layer_forward(j.model, j.plan), layer_backward(j.model, j.plan)
+    assert [(o.comm_kind, o.overlaps) for o in fwd if o.family == "tp_comm"] == [
+        ("all_gather", "qkv"),
+        ("reduce_scatter", "attn_proj"),
+        ("all_gather", "mlp_up"),
+        ("reduce_scatter", "mlp_down"),
+    ]
+    T, h = 32, 64
+    comm_s = (2 - 1) / 2 * T * h * 2 / LINK  # each gather or scatter of the T·h·e activations
+    gemm_s = {
+        "qkv": 2 * T * h * 3 * h,
+        "attn_proj": 2 * T * h * h,
+        "mlp_up": 2 * T * h * 4 * h,
+        "mlp_down": 2 * T * h * 4 * h,
+    }
+    gemm_s = {k: v / 2 / PEAK for k, v in gemm_s.items()}
+    assert pass_cost(fwd, costs, groups).comm_s == pytest.approx(sum(max(0.0, comm_s - g) for g in gemm_s.values()))
+    # backward: the two re-gathers beside the dgrads of qkv and mlp_up, the two input-gradient
+    # scatters beside their wgrads (same FLOPs), the two all-gathers beside the dgrads of attn_proj
+    # and mlp_down. Only attn_proj's GEMM (1.3e-7 s) is shorter than a collective (2.0e-7 s).
+    times = {k: 2 if k in ("qkv", "mlp_up") else 1 for k in gemm_s}
+    backward_exposed = sum(n * max(0.0, comm_s - gemm_s[k]) for k, n in times.items())
+    assert backward_exposed == pytest.approx(comm_s - gemm_s["attn_proj"]) and backward_exposed > 0
+    assert pass_cost(bwd, costs, groups).comm_s == pytest.approx(backward_exposed)
+    plain = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True)
+    assert pass_cost(layer_forward(plain.model, plain.plan), costs, groups).comm_s == pytest.approx(4 * comm_s)
+    with pytest.raises(ConfigError, match="tp_comm_overlap needs sequence_parallel with tensor_parallel > 1"):
+        job(tensor_parallel=2, data_parallel=1, tp_comm_overlap=True)
 
 
 def test_context_parallel_ring_exposes_what_attention_does_not_hide():

@@ -194,3 +194,13 @@ def test_search_keeps_fixed_uneven_stages():
     no_pp = ["search", "--model", "llama3-8b", "--system", "dgx-h100", "--set", "plan.global_batch_size=64"]
     unfixed = runner.invoke(app, [*no_pp, "--set", "plan.stage_layers=[10, 22]", "--micro-batch-sizes", "1"])
     assert unfixed.exit_code == 2 and "plan.stage_layers fixes pipeline_parallel" in unfixed.output
+
+
+def test_tp_comm_overlap_keeps_the_search_to_sequence_parallel_plans():
+    """Megatron-Core overlaps its tensor-parallel gathers only with sequence parallelism: with the
+    switch on, every plan with tp > 1 has it (Job validation would refuse the others), tp 1 plans stay."""
+    plans = table_plans(small_request(tp_comm_overlap=True))
+    everything = table_plans(small_request())
+    tp, sp = 0, 9  # positions in table_plans' tuples
+    assert plans == {p for p in everything if p[tp] == 1 or p[sp]}
+    assert any(p[tp] > 1 for p in plans)

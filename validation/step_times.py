@@ -172,7 +172,8 @@ def nemo_rows(data: Path) -> list[Row]:
 def megatron_rows(data: Path) -> list[Row]:
     """Megatron-Core weak scaling (GPT, vocab 131072, seq 4096); measured step time derived from
     the reported TFLOP/s per GPU with Megatron's FLOP formula (identical to ours for GPT).
-    The source does not give the micro-batch size: 1 is assumed."""
+    The source does not give the micro-batch size: 1 is assumed. It states --tp-comm-overlap
+    (plan.tp_comm_overlap where tp > 1)."""
     rows = []
     for r in read_csv_rows(data / "step_times" / "megatron_core_h100_weak_scaling.csv"):
         h, layers, heads = int(r["hidden_size"]), int(r["layers"]), int(r["attention_heads"])
@@ -186,7 +187,7 @@ def megatron_rows(data: Path) -> list[Row]:
             "tie_embeddings": False,
         }
         gbs, gpus = int(r["global_batch_size"]), int(r["GPUs"])
-        plan = _plan(int(r["TP"]), int(r["PP"]), 1, 1, 1, gbs, "bf16")
+        plan = _plan(int(r["TP"]), int(r["PP"]), 1, 1, 1, gbs, "bf16") | {"tp_comm_overlap": int(r["TP"]) > 1}
         flops = (
             Job.from_dicts(model, {"tensor_parallel": 1}, {"preset": "dgx-h100"}).model.flops_per_token() * gbs * 4096
         )

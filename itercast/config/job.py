@@ -319,6 +319,8 @@ def _schedule_problems(p: PlanConfig, microbatches: int) -> list[str]:
         )
     if p.sequence_parallel and p.tensor_parallel == 1:
         problems.append("plan.sequence_parallel needs tensor_parallel > 1")
+    if p.tp_comm_overlap and p.tensor_parallel > 1 and not p.sequence_parallel:
+        problems.append("plan.tp_comm_overlap needs sequence_parallel with tensor_parallel > 1 (as Megatron-Core)")
     return problems
 
 

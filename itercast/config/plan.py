@@ -60,6 +60,12 @@ class PlanConfig(BaseModel):
     )
     overlap_grad_reduce: bool = Field(True, description="Reduce gradients during the last backward.")
     overlap_param_gather: bool = Field(True, description="ZeRO 1–2: gather updated parameters during the next forward.")
+    tp_comm_overlap: bool = Field(
+        False,
+        description="With sequence parallelism, run each tensor-parallel all-gather and reduce-scatter "
+        "chunk by chunk beside the GEMM it feeds or follows (Megatron-Core --tp-comm-overlap, "
+        "Transformer Engine userbuffers): it costs only what it takes beyond that GEMM.",
+    )
     moe_a2a_overlap: bool = Field(
         False,
         description="Hide the expert all-to-alls behind another micro-batch's attention (DeepEP / "

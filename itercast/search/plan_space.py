@@ -190,6 +190,10 @@ def _rules(
             lambda c: (c["etp"] == 1) | (c["etp"] == c["tp"]) | ("expert_tensor_parallel" in fixed),
         ),
         ("MoE with tp > 1 needs sequence_parallel", lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == 1)),
+        (
+            "plan.tp_comm_overlap needs sequence_parallel with tp > 1",
+            lambda c: (not base.tp_comm_overlap) | (c["tp"] == 1) | (c["sp"] == 1),
+        ),
         ("context_parallel needs flash attention", lambda c: (c["cp"] == 1) | base.flash_attention),
         (
             "same plan (param-gather overlap acts only with ZeRO 1-2)",

@@ -17,7 +17,12 @@ backward. So with sequence parallelism one layer runs 2 all-gathers + 2 reduce-s
 and 4 all-gathers + 2 reduce-scatters backward (Korthikanti §4.2.2). Megatron-LM's
 LinearWithGradAccumulationAndAsyncCommunication issues the f's backward collectives
 asynchronously: the re-gather hides behind the data-gradient GEMM, the input-gradient reduction
-behind the weight-gradient GEMM (`Op.overlaps`).
+behind the weight-gradient GEMM (`Op.overlaps`). With plan.tp_comm_overlap (Megatron-Core
+--tp-comm-overlap: Transformer Engine's userbuffers split the GEMM and exchange chunks as it
+runs) the forward all-gather hides behind the column-parallel GEMM it feeds and the forward
+reduce-scatter behind the row-parallel GEMM before it, whose data-gradient GEMM then hides the
+backward all-gather; each costs only its excess (the pipelining's first or last chunk, about
+1/t of the smaller of the two, is not priced).
 
 Mixture of experts (Megatron-Core's MoE layer with the all-to-all token dispatcher; Shoeybi et
 al.'s successors, Megatron-Core MoE docs): the n tokens of a rank (sequence parallel: b·s/(c·t))
@@ -144,6 +149,21 @@ def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     ]
 
 
+def _tp_overlapped(ops: list[Op], plan: PlanConfig) -> list[Op]:
+    """With plan.tp_comm_overlap: a tensor-parallel all-gather overlaps the GEMM right after it, a
+    reduce-scatter the GEMM right before it (module docstring)."""
+    if not plan.tp_comm_overlap:
+        return ops
+    out = list(ops)
+    for i, op in enumerate(ops):
+        if op.family != "tp_comm" or op.group != "tp":
+            continue
+        j = i + 1 if op.comm_kind == "all_gather" else i - 1 if op.comm_kind == "reduce_scatter" else -1
+        if 0 <= j < len(ops) and ops[j].family == "gemm":
+            out[i] = replace(op, overlaps=ops[j].name)
+    return out
+
+
 def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> list[Op]:
     """Forward ops of one layer (an MoE layer when `moe`), in execution order."""
     sh = Shapes.of(model, plan)
@@ -161,7 +181,7 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> li
     ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), Op("post_attn_norm", "norm", 2 * Tsp * h * e)]
     ops += _moe_block(model, plan, sh) if moe else _mlp("mlp", f, model, plan, sh)
     ops.append(Op("residual_2", "elementwise", 3 * Tsp * h * e))
-    return ops
+    return _tp_overlapped(ops, plan)
 
 
 def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
@@ -326,4 +346,4 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     ]
     if plan.tensor_parallel > 1:  # max and sum-exp across the vocab shards: tiny all-reduces
         ops.append(Op("cross_entropy.tp", "tp_comm", 2 * sh.tokens * 4, "all_reduce"))
-    return ops
+    return _tp_overlapped(ops, plan)
