@@ -128,3 +128,17 @@ def test_invalid_plans_are_reported_not_dropped():
     jobs, errors = fe.jobs([{"tensor_parallel": 2}, {"tensor_parallel": 3}])
     assert jobs[0] is not None and jobs[1] is None
     assert errors[0] == "" and "not divisible by tensor_parallel(3)" in errors[1]
+
+
+def test_one_estimator_prices_tables_of_different_shared_fields_afresh():
+    """The same plan columns under two bases (tensor-parallel overlap off, then on; bf16, then fp8)
+    through one estimator: each answer is what a fresh estimator gives, and the graph's within 2%."""
+    fe = FastEstimator({"preset": "gpt3-1.3b"}, {"preset": "dgx-h100", "num_nodes": 1})
+    plan = {"tensor_parallel": 4, "sequence_parallel": True, "global_batch_size": 16}
+    for extra in ({}, {"tp_comm_overlap": True}, {"tp_comm_overlap": True, "dtype": "fp8"}):
+        job = fe.jobs([{**plan, **extra}])[0][0]
+        assert job is not None
+        shared = fe.step_time_s([job])[0]
+        fresh = FastEstimator(job.model, job.system).step_time_s([job])[0]
+        assert shared == fresh
+        assert shared == pytest.approx(predict(job).step_time_s, rel=0.02)

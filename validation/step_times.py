@@ -254,7 +254,8 @@ def report(rows: list[Row]) -> None:
     )
     groups: dict[str, list[float]] = {}
     for (source, dtype, _config), err in configs.items():
-        for key in (source, f"ALL {dtype}", "ALL"):
+        dense = () if "expert_parallel" in _config else ("ALL dense",)
+        for key in (source, f"ALL {dtype}", *dense, "ALL"):
             groups.setdefault(key, []).append(err)
     for key, errs in sorted(groups.items(), key=lambda kv: (kv[0].startswith("ALL"), kv[0])):
         geo = math.exp(sum(math.log(max(abs(e), 1e-9)) for e in errs) / len(errs))

@@ -53,7 +53,7 @@ from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
 from itercast.memory import memory_columns
 from itercast.parallel.schedules import SCHEDULES
-from itercast.search.plan_table import COLUMNS, RECOMPUTE, PlanTable
+from itercast.search.plan_table import COLUMNS, RECOMPUTE, VARIED, PlanTable
 from itercast.workloads.transformer import (
     GRAD_NORM_BYTES,
     Groups,
@@ -75,6 +75,11 @@ _STAGE_KEY = ("pp", "vp")
 _P2P_KEY = ("tp", "cp", "dp", "pp", "mbs", "sp")
 
 
+def _shared(base: PlanConfig) -> str:
+    """The fields a table's plans share (dtype, switches, batch, ...), as a cache key."""
+    return base.model_dump_json(exclude=VARIED)
+
+
 class FastEstimator:
     """Estimates for one model and system over many plans; caches unit and group costs across calls."""
 
@@ -84,8 +89,9 @@ class FastEstimator:
         self.system = (
             system if isinstance(system, SystemConfig) else cast(SystemConfig, parse_section("system", system))
         )
-        self._units: dict[tuple[int, ...], UnitCosts] = {}
-        self._groups: dict[tuple[int, ...], dict[str, float]] = {}
+        # keyed by the tables' shared fields too: one estimator may price tables of several bases
+        self._units: dict[tuple[str | int, ...], UnitCosts] = {}
+        self._groups: dict[tuple[str | int, ...], dict[str, float]] = {}
         self._costs: dict[str, AnalyticCostModel] = {}
         self._collectives: dict[int, dict[tuple[str, float, GroupPlacement], float]] = {}
 
@@ -256,13 +262,14 @@ class FastEstimator:
         return {k: np.asarray(v, dtype=np.float64)[inverse] for k, v in rows.items()}
 
     def _unit_costs(self, base: PlanConfig, key: tuple[int, ...]) -> UnitCosts:
-        found = self._units.get(key)
+        found = self._units.get((_shared(base), *key))
         if found is None:
             tp, cp, mbs, sp, rc, ep, etp = key
             job = self._job(
                 base.model_copy(update={"recompute": RECOMPUTE[rc]}), tp=tp, cp=cp, mbs=mbs, sp=sp, ep=ep, etp=etp
             )
-            found = self._units[key] = UnitCosts.of(job, self._cost_model(base.dtype), Groups.of(job))
+            found = UnitCosts.of(job, self._cost_model(base.dtype), Groups.of(job))
+            self._units[(_shared(base), *key)] = found
         return found
 
     def _cost_model(self, dtype: str) -> AnalyticCostModel:
@@ -307,7 +314,7 @@ class FastEstimator:
 
     def _group_costs(self, base: PlanConfig, key: tuple[int, ...]) -> dict[str, float]:
         """Data-parallel and tail costs of one (tp, cp, dp, pp, vp, zero), for the most loaded stage."""
-        found = self._groups.get(key)
+        found = self._groups.get((_shared(base), *key))
         if found is not None:
             return found
         tp, cp, dp, pp, vp, zero, ep, etp = key
@@ -367,7 +374,7 @@ class FastEstimator:
         for name, w in sizes.items():  # ZeRO-3: per-unit gathers and reduce-scatters
             found[f"ag_{name[0]}"] = dp_s("all_gather", w, w_bytes)
             found[f"rs_{name[0]}"] = dp_s(kind, w, grad_bytes)
-        self._groups[key] = found
+        self._groups[(_shared(base), *key)] = found
         return found
 
 
