@@ -44,12 +44,13 @@ def rank(row: Row) -> tuple[int, int, float, bool] | None:
     except ConfigError:
         return None
     model, system = job.model, job.system
-    base = parse_section("plan", {**SHARED, "dtype": row.plan["dtype"], "global_batch_size": job.plan.gbs})
+    switches = {**SHARED, "tp_comm_overlap": row.plan.get("tp_comm_overlap", False)}  # the source's, for every plan
+    base = parse_section("plan", {**switches, "dtype": row.plan["dtype"], "global_batch_size": job.plan.gbs})
     table, _ = enumerate_plans(model, system, base, row.gpus, SpaceOptions())  # type: ignore[arg-type]
     fe = FastEstimator(model, system)
     est = fe.evaluate(table)
     fits = est["fits"]
-    published = fe.evaluate(PlanTable.of_jobs([job.__class__(model, job.plan.model_copy(update=SHARED), system)]))
+    published = fe.evaluate(PlanTable.of_jobs([job.__class__(model, job.plan.model_copy(update=switches), system)]))
     mine = float(published["step_time_s"][0])
     times = est["step_time_s"][fits]
     if not times.size:
