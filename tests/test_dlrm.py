@@ -350,3 +350,25 @@ def test_predict_prices_a_dlrm_step_with_its_breakdown(tmp_path):
     assert json.loads(shard.output)["plans"][0]["step_time_s"] == out["step_time_s"]  # one model for both
     wrong = CliRunner().invoke(app, ["predict", "--example", "--sharding", str(given)])
     assert wrong.exit_code == 2 and "--sharding is for a DLRM model" in wrong.output
+
+
+def test_dense_gradients_pass_through_ddp_buckets():
+    """Both tables data-parallel on 2 ranks: the MLPs' and tables' gradients, (8·16 + 16 + 19·8 + 8 +
+    8 + 1 = 313 parameters (the top MLP reads 3 pairwise dots and the 16-wide dense vector) + 2 ×
+    1000 × 16) × 4 bytes, copied into DDP's buckets and divided (4× the
+    bytes) before the all-reduce and copied back (2×) after it, on the linear memory curve; one rank
+    has no DDP."""
+    m = model(2)
+    replicas = {"t0": Shard("data_parallel", (0, 1)), "t1": Shard("data_parallel", (0, 1))}
+    dense = (m.mlp_params() + 2 * 1000 * 16) * 4
+    assert m.mlp_params() == 8 * 16 + 16 + (3 + 16) * 8 + 8 + 8 * 1 + 1
+
+    def seconds(step, name):
+        g = step.graph
+        return [float(g.duration_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]] == name]
+
+    step = dlrm_step(m, system(2), replicas, 64, linear_calibration())
+    assert seconds(step, "ddp_to_buckets") == pytest.approx([4 * dense / HBM] * 2)
+    assert seconds(step, "ddp_from_buckets") == pytest.approx([2 * dense / HBM] * 2)
+    alone = dlrm_step(m, system(1), {"t0": Shard("data_parallel", (0,)), "t1": Shard("data_parallel", (0,))}, 64)
+    assert seconds(alone, "ddp_to_buckets") == seconds(alone, "ddp_from_buckets") == [0.0]

@@ -20,8 +20,9 @@ One step, per rank:
   shard's backward reads its lookups' gradients and updates its distinct rows (weights and
   Adagrad state read and written): distinct rows from the index distribution (uniform, or Zipf with
   table.zipf_alpha; costs/op_model.py); a data-parallel table's dense gradient is all-reduced with
-  the MLPs' gradients beside the other tables' backward; then Adam on the MLPs and the replicas'
-  dense row-wise Adagrad.
+  the MLPs' gradients beside the other tables' backward, through PyTorch DDP's buckets (copied in
+  and divided by the world size before, copied out after: 4 and 2 times the bytes, as DDP does
+  without gradient_as_bucket_view); then Adam on the MLPs and the replicas' dense row-wise Adagrad.
 Collectives start when every rank is ready (the simulator's rendezvous).
 """
 
@@ -349,7 +350,16 @@ def dlrm_step(
     index_exchange = costs.collective_s("alltoall", max(index_bytes), group)
     fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
     bwd_comm = exchange + costs.collective_s("all_gather", rw_bytes, group)
-    reduce = costs.collective_s("all_reduce", model.mlp_params() * F32 + dp_bytes, group)
+    # PyTorch DDP, through which TorchRec's data-parallel tables and the MLPs go, keeps gradients
+    # apart from its buckets (gradient_as_bucket_view False, the default): each dense gradient is
+    # copied into its bucket and divided by the world size before the all-reduce, copied back after
+    dense_bytes = model.mlp_params() * F32 + dp_bytes
+    reduce = costs.collective_s("all_reduce", dense_bytes, group)
+    to_buckets, from_buckets = (
+        (float(costs.memory_s("elementwise", 4 * dense_bytes)), float(costs.memory_s("elementwise", 2 * dense_bytes)))
+        if world > 1
+        else (0.0, 0.0)
+    )
     optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_BYTES * 2 + update_bytes))
     g = GraphBuilder()
     exchange_fwd, exchange_bwd, all_reduce = g.new_collective(), g.new_collective(), g.new_collective()
@@ -364,10 +374,12 @@ def dlrm_step(
         top = g.task("interaction_top_mlp_fwd_bwd", comp, top_fwd + top_bwd, comp_, "mlp", [a2a, bottom])
         bottom_b = g.task("bottom_mlp_bwd", comp, bottom_bwd, comp_, "mlp", [top])
         replica_b = g.task("replica_embedding_bwd", comp, replica_bwd[r], comp_, "embedding", [bottom_b])
-        ar = g.task("grad_all_reduce", dp, reduce, comm_, "all_reduce", [replica_b], collective=all_reduce)
+        buckets = g.task("ddp_to_buckets", comp, to_buckets, comp_, "ddp", [replica_b])
+        ar = g.task("grad_all_reduce", dp, reduce, comm_, "all_reduce", [buckets], collective=all_reduce)
         back = g.task("pooled_grad_exchange", comm, bwd_comm, comm_, "alltoall", [replica_b], collective=exchange_bwd)
         emb_b = g.task("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back])
-        g.task("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, ar])
+        grads = g.task("ddp_from_buckets", comp, from_buckets, comp_, "ddp", [ar])
+        g.task("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, grads])
     graph = g.build()
     gpu = system.gpu
     return DLRMStep(simulate(graph), memory_per_rank(model, plan, world), gpu.hbm_bytes - gpu.reserved_bytes)
