@@ -372,3 +372,17 @@ def test_dense_gradients_pass_through_ddp_buckets():
     assert seconds(step, "ddp_from_buckets") == pytest.approx([2 * dense / HBM] * 2)
     alone = dlrm_step(m, system(1), {"t0": Shard("data_parallel", (0,)), "t1": Shard("data_parallel", (0,))}, 64)
     assert seconds(alone, "ddp_to_buckets") == seconds(alone, "ddp_from_buckets") == [0.0]
+
+
+def test_a_shard_beyond_the_profiled_lookups_is_reported():
+    """dlrm-style tables of pooling 4 on 2 ranks: a table-wise owner looks up 4 × 64 × 2 = 512 rows
+    per call at 64 samples a rank, 4,096 at 512. Profiled up to 1,000: the first is within 2×, the
+    second 4.1× beyond; a calibration without the record is not checked."""
+    from itercast.workloads.dlrm import beyond_profile
+
+    cal = {"operators": {"models": {"itercast::rowwise_adagrad_update:embedding_bag_update": {"max_lookups": 1000.0}}}}
+    assert beyond_profile(model(2), 2, 64, cal) == ""
+    note = beyond_profile(model(2), 2, 512, cal)
+    assert "t0's owner looks up 4,096 rows per call, 4.1× the largest call" in note and "(1,000)" in note
+    assert beyond_profile(model(2), 2, 512, {"operators": {"models": {"aten::mm:gemm": {}}}}) == ""
+    assert beyond_profile(model(2), 2, 512, None) == ""

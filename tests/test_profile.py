@@ -327,3 +327,20 @@ def test_a_one_thread_profile_is_another_device_and_the_update_is_measured(tmp_p
         2048,
         10_000 * 256,
     )
+
+
+def test_embedding_batches_set_the_bags_per_call_and_bad_ones_are_refused(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from itercast.profile import microbench
+
+    monkeypatch.setitem(microbench.QUICK, "pooling", [2])
+    monkeypatch.setitem(microbench.QUICK, "distributions", ["uniform"])
+    db = ProfileDB(tmp_path / "p.db")
+    counts = microbench.run(db, quick=True, families=("embedding",), warmup=1, repeats=1, embedding_batches=(8, 16))
+    assert counts["measured"] == 2 * 3  # two batches × forward, backward, update
+    assert sorted({m.params["batch"] for m in db.measurements()}) == [8, 16]
+    bad = CliRunner().invoke(
+        app, ["profile", "run", "--db", str(tmp_path / "q.db"), "--families", "embedding", "--embedding-batches", "8,x"]
+    )
+    assert bad.exit_code == 2 and "--embedding-batches: expected up to 16 positive integers" in bad.output
+    assert not (tmp_path / "q.db").exists()

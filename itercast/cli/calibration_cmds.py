@@ -42,6 +42,14 @@ def profile_run_cmd(
         int | None,
         typer.Option(min=1, max=1024, help="CPU threads per operator (default: torch's); 1 for one rank per core."),
     ] = None,
+    embedding_batches: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N,N,…",
+            help="Bags per embedding call (default: 512 and 4096 on a CPU, 512 and 8192 on a GPU); cover the "
+            "largest shard's pooling × samples.",
+        ),
+    ] = None,
 ) -> None:
     """Microbenchmark the local device into DB (resumes where a previous run stopped)."""
     from itercast.profile.db import ProfileDB, ProfileError
@@ -49,11 +57,31 @@ def profile_run_cmd(
 
     try:
         chosen = tuple(f.strip() for f in families.split(","))
+        batches = _positive_ints("--embedding-batches", embedding_batches) if embedding_batches else None
         check_device(device)  # before the database is created
-        counts = run(ProfileDB(db), device, quick, chosen, repeats=repeats, passes=passes, threads=threads)
+        counts = run(
+            ProfileDB(db),
+            device,
+            quick,
+            chosen,
+            repeats=repeats,
+            passes=passes,
+            threads=threads,
+            embedding_batches=batches,
+        )
     except ProfileError as exc:
         fail(str(exc))
     console.print(f"{db}: {counts['measured']} configurations measured, {counts['already there']} already there")
+
+
+def _positive_ints(option: str, text: str) -> tuple[int, ...]:
+    """ "512,4096" → (512, 4096); anything else is a ProfileError naming the option."""
+    from itercast.profile.db import ProfileError
+
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts) or len(parts) > 16:
+        raise ProfileError(f"{option}: expected up to 16 positive integers separated by commas, got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 @profile_app.command("import")

@@ -10,7 +10,18 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from itercast.cli import BatchPerRankOpt, CalibrationOpt, JsonOpt, SetOpt, app, console, echo_json, fail, working
+from itercast.cli import (
+    BatchPerRankOpt,
+    CalibrationOpt,
+    JsonOpt,
+    SetOpt,
+    app,
+    console,
+    echo_json,
+    fail,
+    warn,
+    working,
+)
 from itercast.config.job import parse_section, plain_yaml, raw_sections
 from itercast.config.presets import preset, preset_names
 from itercast.config.system import SystemConfig
@@ -23,6 +34,7 @@ from itercast.workloads.dlrm import (
     DLRMStep,
     Shard,
     ShardingResult,
+    beyond_profile,
     check_sharding,
     dlrm_step,
     load_index_sample,
@@ -109,6 +121,8 @@ def _price(
         dlrm = load_dlrm(model, raw["model"])
         sys_cfg = cast(SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set"))
         cal = load_calibration(calibration) if calibration else None
+        if note := beyond_profile(dlrm, sys_cfg.num_gpus, batch_per_rank, cal):
+            warn(note)
         counts = _index_samples(indices or [], dlrm)
         with working("pricing shardings…", quiet):
             if sharding is not None:

@@ -285,7 +285,8 @@ def fit_one(rows: list[Measurement], feats: list[OpFeatures]) -> dict[str, Any]:
             fit = fit_nonneg_linear(lookup_columns(feats, stats, cache, n), t)
             if not best or fit["fit_mean_abs_err"] < best["fit_mean_abs_err"]:
                 best = {"form": "lookup", "cache_bytes": cache, **fit} | ({"many_lookups": n} if n < math.inf else {})
-        return best
+        # how far the profile went: a linear model's price beyond it is an extrapolation
+        return best | {"max_lookups": max(float(f.dims["lookups"]) for f in feats)}
     x = np.array([f.size for f in feats])
     best = {}
     for brk in MEMORY_BREAKS_BYTES:

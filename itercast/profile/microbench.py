@@ -586,8 +586,11 @@ def run(
     repeats: int = 10,
     passes: int = 1,
     threads: int | None = None,
+    embedding_batches: tuple[int, ...] | None = None,
 ) -> dict[str, int]:
     """Measure every configuration not yet in the database for this device. Returns counts.
+
+    `embedding_batches`: the bags per embedding call, instead of the grid's.
 
     `threads`: torch's intra-op threads (default: torch's, one per core); a CPU that runs one rank
     per core is profiled with 1. The count is part of the device's fingerprint.
@@ -611,7 +614,10 @@ def run(
     if passes < 1:
         raise ProfileError(f"passes: expected 1 or more, got {passes}")
     done = {_pass_key(m.family, m.op, m.params) for m in db.measurements(device_id=dev, passes=True)}
-    grid = [c for c in configs(QUICK if quick else GPU if device.startswith("cuda") else FULL) if c[0] in families]
+    chosen = QUICK if quick else GPU if device.startswith("cuda") else FULL
+    if embedding_batches:
+        chosen = chosen | {"embedding_batches": list(embedding_batches)}
+    grid = [c for c in configs(chosen) if c[0] in families]
     if passes > 1:
         grid = [(f, op, params | {"pass": k}) for k in range(1, passes + 1) for f, op, params in grid]
     todo = [c for c in grid if _pass_key(*c) not in done]

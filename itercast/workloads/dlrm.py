@@ -228,6 +228,31 @@ def embedding_seconds(
     )
 
 
+#: a shard's lookups beyond this many times the profile's largest call are reported (beyond_profile)
+EXTRAPOLATION_FACTOR = 2.0
+
+
+def beyond_profile(model: DLRMConfig, world: int, batch_per_rank: int, calibration: dict[str, Any] | None) -> str:
+    """A warning (or "") when a table-wise owner's lookups per call, its pooling factor × every
+    rank's samples, exceed EXTRAPOLATION_FACTOR × the largest call the calibration's embedding
+    operator models were profiled at: their linear models are then extrapolating (a calibration
+    fitted before the largest call was recorded is not checked)."""
+    fits = (calibration or {}).get("operators", {}).get("models", {})
+    profiled = [f["max_lookups"] for k, f in fits.items() if k.startswith((LOOKUP_OP, EMBEDDING_UPDATE))]
+    profiled = [v for v in profiled if v]
+    if not profiled:
+        return ""
+    table = max(model.tables, key=lambda t: t.pooling_factor)
+    most = table.pooling_factor * batch_per_rank * world
+    if most <= EXTRAPOLATION_FACTOR * min(profiled):
+        return ""
+    return (
+        f"{table.name}'s owner looks up {most:,.0f} rows per call, {most / min(profiled):.1f}× the largest call the "
+        f"calibration's embedding models were profiled at ({min(profiled):,.0f}): their prices there are "
+        "extrapolated (itercast profile run --families embedding --embedding-batches …, then itercast calibrate)"
+    )
+
+
 def replica_update_bytes(table: EmbeddingTable) -> float:
     """A data-parallel table's dense row-wise Adagrad step: the all-reduced gradient read, every
     row and its state read and written."""
