@@ -16,7 +16,7 @@ from itercast.memory import estimate_memory, stage_params
 from itercast.parallel.schedules import schedule
 from itercast.predict import predict
 from itercast.workloads.transformer import Groups, optimizer_step_bytes, pass_cost
-from itercast.workloads.transformer_ops import layer_backward, layer_forward
+from itercast.workloads.transformer_ops import head_forward, layer_backward, layer_forward
 
 PEAK, HBM, LINK = 1e12, 1e11, 1e10  # FLOP/s, bytes/s, bytes/s
 
@@ -255,3 +255,21 @@ def test_hardware_flops_count_the_full_recompute_forward():
     r = predict(j, linear_calibration())
     assert r.hardware_flops_per_step - r.model_flops_per_step == 106_496 * 32
     assert predict(job(), linear_calibration()).hardware_flops_per_step == r.model_flops_per_step
+
+
+def test_fp8_runs_only_transformer_engine_gemms_in_fp8():
+    """fp8 at twice the bf16 peak, flat curves: the layer's projections and MLP at 2·PEAK; the output
+    layer (Megatron's own linear), unfused attention's GEMMs and the MoE router at the bf16 PEAK."""
+    gpu = {**SYSTEM["gpu"], "peak_flops": {"fp32": PEAK, "bf16": PEAK, "fp8": 2 * PEAK}}
+    j = Job.from_dicts(MODEL, {"dtype": "fp8", "flash_attention": False}, {**SYSTEM, "gpu": gpu})
+    costs = AnalyticCostModel(j.system, "fp8", linear_calibration())
+    T, h, V = 32, 64, 128
+    layer = {o.name: o for o in layer_forward(j.model, j.plan)}
+    assert float(costs.gemm_s(layer["qkv"].amount, layer["qkv"].te)) == pytest.approx(2 * T * h * 3 * h / (2 * PEAK))
+    scores = layer["core_attention.scores"]
+    assert float(costs.gemm_s(scores.amount, scores.te)) == pytest.approx(2 * 4 * 32 * 32 * 16 / PEAK)
+    head = {o.name: o for o in head_forward(j.model, j.plan)}
+    assert float(costs.gemm_s(head["logits"].amount, head["logits"].te)) == pytest.approx(2 * T * h * V / PEAK)
+    moe = Job.from_presets("mixtral-8x7b", "dgx-h100", 1, {"dtype": "fp8", "expert_parallel": 8})
+    routed = {o.name: o.te for o in layer_forward(moe.model, moe.plan, moe=True) if o.family == "gemm"}
+    assert routed == {"qkv": True, "attn_proj": True, "router": False, "expert_up": True, "expert_down": True}

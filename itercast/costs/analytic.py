@@ -67,6 +67,10 @@ class AnalyticCostModel:
         gemm = data["gemm"][{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
+        # GEMMs outside Transformer Engine's FP8 autocast (Megatron-Core's output layer is its own
+        # ColumnParallelLinear, the MoE router a plain linear) run in bf16 under FP8 training
+        high = data["gemm"]["bf16"] if dtype == "fp8" else gemm
+        self._outside_fp8 = (float(high["alpha_s"]), curve(high), self.attention_peak_flops)
         self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
         self.intra = data["collectives"]["intra_node"]
         # the network's measured cluster, with a calibration's own inter-node fits over it
@@ -80,10 +84,12 @@ class AnalyticCostModel:
             return self
         return AnalyticCostModel(self.system.model_copy(update={"gpu": gpu}), self.dtype, self._calibration)
 
-    def gemm_s(self, flops: np.ndarray | float) -> np.ndarray:
-        """Dense matmul: latency + FLOPs / (peak · eff(FLOPs))."""
+    def gemm_s(self, flops: np.ndarray | float, te: bool = True) -> np.ndarray:
+        """Dense matmul: latency + FLOPs / (peak · eff(FLOPs)). `te` False: a GEMM outside
+        Transformer Engine's modules, in bf16 when the training dtype is fp8."""
         f = np.asarray(flops, dtype=np.float64)
-        return np.where(f > 0, self.gemm_alpha_s + f / (self.peak_flops * self.gemm_curve(f)), 0.0)
+        alpha_s, c, peak = (self.gemm_alpha_s, self.gemm_curve, self.peak_flops) if te else self._outside_fp8
+        return np.where(f > 0, alpha_s + f / (peak * c(f)), 0.0)
 
     def attention_s(self, flops: np.ndarray | float) -> np.ndarray:
         """Fused (flash) attention of the given FLOPs. A guess: see ATTENTION_VS_GEMM."""

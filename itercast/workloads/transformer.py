@@ -204,7 +204,7 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
     kernels = 0
     for op in ops:  # kernels first: a collective may hide behind a kernel that runs after it
         if op.family == "gemm":
-            sec = op.count * float(costs.gemm_s(op.amount))
+            sec = op.count * float(costs.gemm_s(op.amount, op.te))
         elif op.family == "attention":
             sec = float(costs.attention_s(op.amount))
             attention += sec

@@ -24,6 +24,13 @@ reduce-scatter behind the row-parallel GEMM before it, whose data-gradient GEMM 
 backward all-gather; each costs only its excess (the pipelining's first or last chunk, about
 1/t of the smaller of the two, is not priced).
 
+FP8 training (Transformer Engine's fp8_autocast) runs the GEMMs of its modules in FP8: the layers'
+projections and MLPs, shared and routed experts. Megatron-Core's output layer (its own
+ColumnParallelLinear), the MoE router (a plain linear) and unfused attention's batched GEMMs are
+not Transformer Engine modules and stay in bf16 (`Op.te`), as fused attention does
+(costs/analytic.py). Not priced: the casts of
+inputs and output gradients to FP8 (Transformer Engine's cast-transpose kernels, memory-bound).
+
 Mixture of experts (Megatron-Core's MoE layer with the all-to-all token dispatcher; Shoeybi et
 al.'s successors, Megatron-Core MoE docs): the n tokens of a rank (sequence parallel: b·s/(c·t))
 go through the router (hidden × experts GEMM, fp32 softmax and top-k), are permuted and sent to
@@ -63,6 +70,7 @@ class Op:
     f_bytes: float = 0.0  # a column-parallel GEMM: bytes of the f operator's collective before it
     group: str = "tp"  # a collective's process group: tp | ep (expert parallel) | etp (expert tensor parallel)
     label: str = ""  # the family it is reported under, when not `family` (routed experts: "experts")
+    te: bool = True  # a GEMM of a Transformer Engine module: FP8 under fp8 training (module docstring)
 
 
 @dataclass(frozen=True)
@@ -113,12 +121,12 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op
     if plan.flash_attention:
         return [Op(CORE_ATTENTION, "attention", (qk + av) * (0.5 if model.causal else 1.0))]
     ops = [
-        Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
+        Op(f"{CORE_ATTENTION}.scores", "gemm", qk, te=False),
         Op(f"{CORE_ATTENTION}.softmax", "norm", 2 * scores * e),
     ]
     if model.family != "llama":  # attention dropout: read, write, 1-byte mask
         ops.append(Op(f"{CORE_ATTENTION}.dropout", "elementwise", scores * (2 * e + 1)))
-    return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", av)]
+    return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", av, te=False)]
 
 
 def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
@@ -224,7 +232,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     else:
         dispatch_hides, combine_hides = ("shared_up", "shared_down") if shared else ("", "")
     ops = [
-        Op("router", "gemm", 2 * n * h * E),
+        Op("router", "gemm", 2 * n * h * E, te=False),
         Op("router_topk", "elementwise", 3 * n * E * 4),  # fp32 logits: softmax read + write, top-k read
         Op("moe_permute", "elementwise", 2 * routed * h * e),
         *shared,
@@ -341,7 +349,7 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     h, e, v_loc = model.hidden_size, sh.e, model.vocab_size / plan.tensor_parallel
     ops = [Op("final_norm", "norm", 2 * sh.sp_tokens * h * e), *_f("head_in", sh.tokens * h * e, plan)]
     ops += [
-        Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e),
+        Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e, te=False),
         Op("cross_entropy", "elementwise", sh.tokens * v_loc * (e + 2 * 4)),
     ]
     if plan.tensor_parallel > 1:  # max and sum-exp across the vocab shards: tiny all-reduces
