@@ -273,3 +273,20 @@ def test_fp8_runs_only_transformer_engine_gemms_in_fp8():
     moe = Job.from_presets("mixtral-8x7b", "dgx-h100", 1, {"dtype": "fp8", "expert_parallel": 8})
     routed = {o.name: o.te for o in layer_forward(moe.model, moe.plan, moe=True) if o.family == "gemm"}
     assert routed == {"qkv": True, "attn_proj": True, "router": False, "expert_up": True, "expert_down": True}
+
+
+def test_fp8_casts_each_gemm_input_and_output_gradient():
+    # T = 32 tokens, h 64, GELU MLP of 256: inputs m × k of qkv, attn_proj, mlp_up, mlp_down are
+    # 32 × (64, 64, 64, 256); output gradients m × n are 32 × (192, 64, 256, 64); 4 bytes each
+    # (a bf16 read, FP8 and its transpose written). The output layer, in bf16, casts nothing.
+    gpu = {**SYSTEM["gpu"], "peak_flops": {"fp32": PEAK, "bf16": PEAK, "fp8": 2 * PEAK}}
+    j = Job.from_dicts(MODEL, {"dtype": "fp8"}, {**SYSTEM, "gpu": gpu})
+    fwd, bwd = layer_forward(j.model, j.plan), layer_backward(j.model, j.plan)
+    casts = [o for o in fwd if o.label == "fp8_cast"]
+    assert [o.name for o in casts] == [f"{g}.fp8_cast" for g in ("qkv", "attn_proj", "mlp_up", "mlp_down")]
+    assert all(fwd[fwd.index(c) + 1].name == c.name.removesuffix(".fp8_cast") for c in casts)
+    assert sum(o.amount for o in casts) == 4 * 32 * (64 + 64 + 64 + 256)
+    assert sum(o.amount for o in bwd if o.label == "fp8_cast") == 4 * 32 * (192 + 64 + 256 + 64)
+    assert not any(o.label == "fp8_cast" for o in head_forward(j.model, j.plan))
+    plain = job()
+    assert not any(o.label == "fp8_cast" for o in layer_forward(plain.model, plain.plan))

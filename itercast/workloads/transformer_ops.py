@@ -28,8 +28,8 @@ FP8 training (Transformer Engine's fp8_autocast) runs the GEMMs of its modules i
 projections and MLPs, shared and routed experts. Megatron-Core's output layer (its own
 ColumnParallelLinear), the MoE router (a plain linear) and unfused attention's batched GEMMs are
 not Transformer Engine modules and stay in bf16 (`Op.te`), as fused attention does
-(costs/analytic.py). Not priced: the casts of
-inputs and output gradients to FP8 (Transformer Engine's cast-transpose kernels, memory-bound).
+(costs/analytic.py). Each FP8 GEMM's input, and backward its output gradient, is cast to FP8 with
+its transpose (Transformer Engine's cast-transpose kernels, memory-bound: `_fp8_casts`).
 
 Mixture of experts (Megatron-Core's MoE layer with the all-to-all token dispatcher; Shoeybi et
 al.'s successors, Megatron-Core MoE docs): the n tokens of a rank (sequence parallel: b·s/(c·t))
@@ -71,6 +71,8 @@ class Op:
     group: str = "tp"  # a collective's process group: tp | ep (expert parallel) | etp (expert tensor parallel)
     label: str = ""  # the family it is reported under, when not `family` (routed experts: "experts")
     te: bool = True  # a GEMM of a Transformer Engine module: FP8 under fp8 training (module docstring)
+    kn: tuple[float, ...] = ()  # a Transformer Engine GEMM's inner and output widths (its FP8 casts)
+    backward_amount: float = -1.0  # a memory-bound op whose backward moves other than twice its bytes
 
 
 @dataclass(frozen=True)
@@ -136,23 +138,23 @@ def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     h, d, t, e = model.hidden_size, model.head_dim, sh.t, sh.e
     a, g, T = model.num_attention_heads, model.kv_heads, sh.tokens
     if not model.mla:
-        ops = [Op("qkv", "gemm", 2 * T * h * (a + 2 * g) * d / t, f_bytes=T * h * e)]
+        ops = [Op("qkv", "gemm", 2 * T * h * (a + 2 * g) * d / t, f_bytes=T * h * e, kn=(h, (a + 2 * g) * d / t))]
         return ops + ([] if model.learned_positions else [Op("rope", "elementwise", 2 * T * (a + g) * d / t * e)])
     kv_lora, q_lora, rope = model.kv_lora_rank or 0, model.q_lora_rank, model.qk_rope_head_dim
     dqk, dv = model.qk_head_dim, model.value_head_dim
     if q_lora:
         ops = [
-            Op("q_down", "gemm", 2 * T * h * q_lora, f_bytes=T * h * e),
+            Op("q_down", "gemm", 2 * T * h * q_lora, f_bytes=T * h * e, kn=(h, q_lora)),
             Op("q_norm", "norm", 2 * T * q_lora * e),
-            Op("q_up", "gemm", 2 * T * q_lora * a * dqk / t),
+            Op("q_up", "gemm", 2 * T * q_lora * a * dqk / t, kn=(q_lora, a * dqk / t)),
         ]
     else:
-        ops = [Op("q_proj", "gemm", 2 * T * h * a * dqk / t, f_bytes=T * h * e)]
+        ops = [Op("q_proj", "gemm", 2 * T * h * a * dqk / t, f_bytes=T * h * e, kn=(h, a * dqk / t))]
     return [
         *ops,
-        Op("kv_down", "gemm", 2 * T * h * (kv_lora + rope)),
+        Op("kv_down", "gemm", 2 * T * h * (kv_lora + rope), kn=(h, kv_lora + rope)),
         Op("kv_norm", "norm", 2 * T * kv_lora * e),
-        Op("kv_up", "gemm", 2 * T * kv_lora * a * (dqk - rope + dv) / t),
+        Op("kv_up", "gemm", 2 * T * kv_lora * a * (dqk - rope + dv) / t, kn=(kv_lora, a * (dqk - rope + dv) / t)),
         Op("rope", "elementwise", 2 * T * (a / t + 1) * rope * e),
     ]
 
@@ -172,6 +174,27 @@ def _tp_overlapped(ops: list[Op], plan: PlanConfig) -> list[Op]:
     return out
 
 
+def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
+    """Under fp8 training, before each Transformer Engine GEMM the cast of its input to FP8 with
+    the transpose its weight gradient reads (a bf16 read, two FP8 writes: 4 bytes per element of
+    the m × k input) and, backward, the same of its output gradient (4 bytes per element of m × n).
+    Counted for every TE GEMM, also those whose input cast Transformer Engine fuses into the
+    preceding layer norm (which saves the 2-byte read there); weights are cast once per step
+    (Megatron-Core's first-micro-batch caching) and are not priced."""
+    if plan.dtype != "fp8":
+        return ops
+    out: list[Op] = []
+    for op in ops:
+        if op.family == "gemm" and op.te and op.kn:
+            k, n = op.kn
+            rows = op.count * op.amount / (2 * k * n)  # m, over every repetition
+            out.append(
+                Op(f"{op.name}.fp8_cast", "elementwise", 4 * rows * k, label="fp8_cast", backward_amount=4 * rows * n)
+            )
+        out.append(op)
+    return out
+
+
 def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> list[Op]:
     """Forward ops of one layer (an MoE layer when `moe`), in execution order."""
     sh = Shapes.of(model, plan)
@@ -184,12 +207,12 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> li
     if plan.context_parallel > 1:  # ring attention: K and V blocks pass around the CP ring
         kv = 2 * g * d if not model.mla else a * (model.qk_head_dim + model.value_head_dim)
         ops.append(Op("cp_kv_exchange", "cp_comm", T * kv / t * e, "p2p", plan.context_parallel - 1))
-    ops.append(Op("attn_proj", "gemm", 2 * T * a * model.value_head_dim * h / t))
+    ops.append(Op("attn_proj", "gemm", 2 * T * a * model.value_head_dim * h / t, kn=(a * model.value_head_dim / t, h)))
     ops += _g("attn_out", T * h * e, plan)
     ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), Op("post_attn_norm", "norm", 2 * Tsp * h * e)]
     ops += _moe_block(model, plan, sh) if moe else _mlp("mlp", f, model, plan, sh)
     ops.append(Op("residual_2", "elementwise", 3 * Tsp * h * e))
-    return _tp_overlapped(ops, plan)
+    return _fp8_casts(_tp_overlapped(ops, plan), plan)
 
 
 def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
@@ -201,9 +224,9 @@ def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes
     up = 2 if model.gated_mlp else 1
     return [
         *_f(f"{name}_in", T * h * e, plan),
-        Op(f"{name}_up", "gemm", 2 * T * h * up * width / t, f_bytes=T * h * e),
+        Op(f"{name}_up", "gemm", 2 * T * h * up * width / t, f_bytes=T * h * e, kn=(h, up * width / t)),
         Op(f"{name}_act", "activation", (3 if model.gated_mlp else 2) * T * width / t * e),
-        Op(f"{name}_down", "gemm", 2 * T * width * h / t),
+        Op(f"{name}_down", "gemm", 2 * T * width * h / t, kn=(width / t, h)),
         *_g(f"{name}_out", T * h * e, plan),
     ]
 
@@ -258,9 +281,16 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             )
         )
     ops += [
-        Op("expert_up", "gemm", 2 * rows * h * up * fe / etp / local, count=local, label="experts"),
+        Op(
+            "expert_up",
+            "gemm",
+            2 * rows * h * up * fe / etp / local,
+            count=local,
+            label="experts",
+            kn=(h, up * fe / etp),
+        ),
         Op("expert_act", "activation", (3 if model.gated_mlp else 2) * rows * fe / etp * e, label="experts"),
-        Op("expert_down", "gemm", 2 * rows * fe / etp * h / local, count=local, label="experts"),
+        Op("expert_down", "gemm", 2 * rows * fe / etp * h / local, count=local, label="experts", kn=(fe / etp, h)),
     ]
     if etp > 1:
         ops.append(
@@ -311,7 +341,8 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
         elif op.family == "cp_comm":  # K,V blocks and their gradients travel back
             out.append(Op(f"{op.name}.bwd", "cp_comm", 2 * op.amount, "p2p", op.count))
         else:
-            out.append(replace(op, name=f"{op.name}.bwd", amount=2 * op.amount))
+            amount = op.backward_amount if op.backward_amount >= 0 else 2 * op.amount
+            out.append(replace(op, name=f"{op.name}.bwd", amount=amount))
     return out
 
 
