@@ -342,5 +342,5 @@ def test_embedding_batches_set_the_bags_per_call_and_bad_ones_are_refused(tmp_pa
     bad = CliRunner().invoke(
         app, ["profile", "run", "--db", str(tmp_path / "q.db"), "--families", "embedding", "--embedding-batches", "8,x"]
     )
-    assert bad.exit_code == 2 and "--embedding-batches: expected up to 16 positive integers" in bad.output
+    assert bad.exit_code == 2 and "--embedding-batches: expected whole numbers separated by commas" in bad.output
     assert not (tmp_path / "q.db").exists()

@@ -135,6 +135,18 @@ def echo_json(doc: object) -> None:
     typer.echo(text)
 
 
+def sizes_option(text: str, option: str) -> tuple[int, ...]:
+    """An option's comma-separated sizes, "512,4096" → (512, 4096), sorted and distinct; a
+    ConfigError naming the option otherwise."""
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise ConfigError(f"{option}: expected whole numbers separated by commas; got {text!r}") from None
+    if not sizes or sizes[0] < 1 or sizes[-1] > 10_000_000:
+        raise ConfigError(f"{option}: expected sizes in 1..10000000; got {text!r}")
+    return sizes
+
+
 def warn(message: str) -> None:
     """A warning on stderr (the answer on stdout stays parseable)."""
     Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {message}", highlight=False)

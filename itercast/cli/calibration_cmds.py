@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from itercast.cli import app, console, fail
+from itercast.cli import app, console, fail, sizes_option
 from itercast.config.job import load_system
 from itercast.costs.calibrate import CalibrationError
 from itercast.errors import ConfigError
@@ -57,7 +57,7 @@ def profile_run_cmd(
 
     try:
         chosen = tuple(f.strip() for f in families.split(","))
-        batches = _positive_ints("--embedding-batches", embedding_batches) if embedding_batches else None
+        batches = sizes_option(embedding_batches, "--embedding-batches") if embedding_batches else None
         check_device(device)  # before the database is created
         counts = run(
             ProfileDB(db),
@@ -69,19 +69,9 @@ def profile_run_cmd(
             threads=threads,
             embedding_batches=batches,
         )
-    except ProfileError as exc:
+    except (ProfileError, ConfigError) as exc:
         fail(str(exc))
     console.print(f"{db}: {counts['measured']} configurations measured, {counts['already there']} already there")
-
-
-def _positive_ints(option: str, text: str) -> tuple[int, ...]:
-    """ "512,4096" → (512, 4096); anything else is a ProfileError naming the option."""
-    from itercast.profile.db import ProfileError
-
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and int(p) > 0 for p in parts) or len(parts) > 16:
-        raise ProfileError(f"{option}: expected up to 16 positive integers separated by commas, got {text!r}")
-    return tuple(int(p) for p in parts)
 
 
 @profile_app.command("import")

@@ -28,6 +28,7 @@ from itercast.cli import (
     fail,
     finite,
     resolve_job_file,
+    sizes_option,
     working,
 )
 from itercast.config.job import parse_section, raw_sections
@@ -76,8 +77,8 @@ def search_cmd(
     job_file = resolve_job_file(job_file, example, model, system)
     try:
         options = SpaceOptions(
-            micro_batch_sizes=_sizes(micro_batch_sizes, "--micro-batch-sizes"),
-            global_batch_sizes=_sizes(global_batch_sizes, "--global-batch-sizes") if global_batch_sizes else (),
+            micro_batch_sizes=sizes_option(micro_batch_sizes, "--micro-batch-sizes"),
+            global_batch_sizes=sizes_option(global_batch_sizes, "--global-batch-sizes") if global_batch_sizes else (),
             max_context_parallel=max_context_parallel,
             max_virtual_pipeline=max_virtual_pipeline,
             tp_across_nodes=tp_across_nodes,
@@ -124,16 +125,6 @@ def _node_counts(text: str | None, system: SystemConfig) -> tuple[int, ...]:
     if not 1 <= low <= high <= 100_000:
         raise ConfigError(f"--num-nodes-range: expected 1 ≤ LO ≤ HI ≤ 100000; got {text!r}")
     return tuple(range(low, high + 1))
-
-
-def _sizes(text: str, option: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise ConfigError(f"{option}: expected whole numbers separated by commas; got {text!r}") from None
-    if not sizes or sizes[0] < 1 or sizes[-1] > 10_000_000:
-        raise ConfigError(f"{option}: expected sizes in 1..10000000; got {text!r}")
-    return sizes
 
 
 @contextmanager

@@ -262,14 +262,14 @@ class FastEstimator:
         return {k: np.asarray(v, dtype=np.float64)[inverse] for k, v in rows.items()}
 
     def _unit_costs(self, base: PlanConfig, key: tuple[int, ...]) -> UnitCosts:
-        found = self._units.get((_shared(base), *key))
+        cached: tuple[str | int, ...] = (_shared(base), *key)
+        found = self._units.get(cached)
         if found is None:
             tp, cp, mbs, sp, rc, ep, etp = key
             job = self._job(
                 base.model_copy(update={"recompute": RECOMPUTE[rc]}), tp=tp, cp=cp, mbs=mbs, sp=sp, ep=ep, etp=etp
             )
-            found = UnitCosts.of(job, self._cost_model(base.dtype), Groups.of(job))
-            self._units[(_shared(base), *key)] = found
+            found = self._units[cached] = UnitCosts.of(job, self._cost_model(base.dtype), Groups.of(job))
         return found
 
     def _cost_model(self, dtype: str) -> AnalyticCostModel:
@@ -314,7 +314,8 @@ class FastEstimator:
 
     def _group_costs(self, base: PlanConfig, key: tuple[int, ...]) -> dict[str, float]:
         """Data-parallel and tail costs of one (tp, cp, dp, pp, vp, zero), for the most loaded stage."""
-        found = self._groups.get((_shared(base), *key))
+        cached: tuple[str | int, ...] = (_shared(base), *key)
+        found = self._groups.get(cached)
         if found is not None:
             return found
         tp, cp, dp, pp, vp, zero, ep, etp = key
@@ -374,7 +375,7 @@ class FastEstimator:
         for name, w in sizes.items():  # ZeRO-3: per-unit gathers and reduce-scatters
             found[f"ag_{name[0]}"] = dp_s("all_gather", w, w_bytes)
             found[f"rs_{name[0]}"] = dp_s(kind, w, grad_bytes)
-        self._groups[(_shared(base), *key)] = found
+        self._groups[cached] = found
         return found
 
 
