@@ -75,12 +75,15 @@ def test_memory_per_rank_by_hand():
     m = model(2)
     plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("row_wise", (0, 1))}
     assert m.interaction_width() == 3 + 16  # F = 3 vectors: 3 pairs, and the dense vector's 16
-    mlp = ((8 * 16 + 16) + (19 * 8 + 8) + (8 * 1 + 1)) * 16  # weights and biases, 16 bytes each with Adam
+    # weights and biases, 16 bytes each with Adam, and 4 more in DDP's bucket with 2 ranks
+    mlp = ((8 * 16 + 16) + (19 * 8 + 8) + (8 * 1 + 1)) * (16 + 4)
     row = 16 * 4 + 4  # fp32 row + its Adagrad state
     assert memory_per_rank(m, plan, 2) == pytest.approx([mlp + 1000 * row + 500 * row, mlp + 500 * row])
     replica = {"t0": Shard("data_parallel", (0, 1)), "t1": Shard("column_wise", (0, 1))}
-    # a replica keeps its dense fp32 gradient; a column-wise half holds 8 of the 16 columns
-    assert memory_per_rank(m, replica, 2) == pytest.approx([mlp + 1000 * (row + 16 * 4) + 1000 * (8 * 4 + 4)] * 2)
+    # a replica keeps its dense fp32 gradient and its bucket copy; a column-wise half holds 8 of the 16 columns
+    assert memory_per_rank(m, replica, 2) == pytest.approx([mlp + 1000 * (row + 2 * 16 * 4) + 1000 * (8 * 4 + 4)] * 2)
+    alone = {"t0": Shard("data_parallel", (0,)), "t1": Shard("table_wise", (0,))}
+    assert memory_per_rank(m, alone, 1) == pytest.approx([mlp * 16 / 20 + 1000 * (row + 16 * 4) + 1000 * row])
 
 
 def test_the_exchange_waits_for_the_busiest_rank():

@@ -284,15 +284,18 @@ class DLRMStep:
 
 def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[float]:
     """Bytes each rank holds: its shards' rows (fp32) and Adagrad state (a replica also its dense
-    fp32 gradient), and the MLPs with Adam (tables the plan does not name are left out)."""
-    held = [model.mlp_params() * ADAM_BYTES * 1.0 for _ in range(world)]
+    fp32 gradient), and the MLPs with Adam (tables the plan does not name are left out); with more
+    than one rank, DDP's buckets: another copy of every dense gradient (dlrm_step)."""
+    bucket = F32 if world > 1 else 0
+    held = [model.mlp_params() * (ADAM_BYTES + bucket) * 1.0 for _ in range(world)]
     for t in model.tables:
         if t.name not in plan:
             continue
         for r in range(world):
             work = shard_work(t, plan[t.name], r, world, 1)
             if work is not None:
-                held[r] += work.rows * ((2 if work.replica else 1) * work.dim * F32 + ADAGRAD_ROW_BYTES)
+                dense = work.dim * (F32 + bucket) if work.replica else 0
+                held[r] += work.rows * (work.dim * F32 + dense + ADAGRAD_ROW_BYTES)
     return held
 
 
