@@ -27,7 +27,7 @@ backward all-gather; each costs only its excess (the pipelining's first or last 
 FP8 training (Transformer Engine's fp8_autocast) runs the GEMMs of its modules in FP8: the layers'
 projections and MLPs, shared and routed experts. Megatron-Core's output layer (its own
 ColumnParallelLinear), the MoE router (a plain linear) and unfused attention's batched GEMMs are
-not Transformer Engine modules and stay in bf16 (`Op.te`), as fused attention does
+not Transformer Engine modules (no `Op.kn`) and stay in bf16 (`Op.te`), as fused attention does
 (costs/analytic.py). Each FP8 GEMM's input, and backward its output gradient, is cast to FP8 with
 its transpose (Transformer Engine's cast-transpose kernels, memory-bound: `_fp8_casts`).
 
@@ -70,9 +70,13 @@ class Op:
     f_bytes: float = 0.0  # a column-parallel GEMM: bytes of the f operator's collective before it
     group: str = "tp"  # a collective's process group: tp | ep (expert parallel) | etp (expert tensor parallel)
     label: str = ""  # the family it is reported under, when not `family` (routed experts: "experts")
-    te: bool = True  # a GEMM of a Transformer Engine module: FP8 under fp8 training (module docstring)
     kn: tuple[float, ...] = ()  # a Transformer Engine GEMM's inner and output widths (its FP8 casts)
     backward_amount: float = -1.0  # a memory-bound op whose backward moves other than twice its bytes
+
+    @property
+    def te(self) -> bool:
+        """A GEMM of a Transformer Engine module (it has `kn`): FP8 under fp8 training."""
+        return bool(self.kn)
 
 
 @dataclass(frozen=True)
@@ -123,12 +127,12 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op
     if plan.flash_attention:
         return [Op(CORE_ATTENTION, "attention", (qk + av) * (0.5 if model.causal else 1.0))]
     ops = [
-        Op(f"{CORE_ATTENTION}.scores", "gemm", qk, te=False),
+        Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
         Op(f"{CORE_ATTENTION}.softmax", "norm", 2 * scores * e),
     ]
     if model.family != "llama":  # attention dropout: read, write, 1-byte mask
         ops.append(Op(f"{CORE_ATTENTION}.dropout", "elementwise", scores * (2 * e + 1)))
-    return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", av, te=False)]
+    return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", av)]
 
 
 def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
@@ -185,7 +189,7 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
         return ops
     out: list[Op] = []
     for op in ops:
-        if op.family == "gemm" and op.te and op.kn:
+        if op.family == "gemm" and op.te:
             k, n = op.kn
             rows = op.count * op.amount / (2 * k * n)  # m, over every repetition
             out.append(
@@ -255,7 +259,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     else:
         dispatch_hides, combine_hides = ("shared_up", "shared_down") if shared else ("", "")
     ops = [
-        Op("router", "gemm", 2 * n * h * E, te=False),
+        Op("router", "gemm", 2 * n * h * E),
         Op("router_topk", "elementwise", 3 * n * E * 4),  # fp32 logits: softmax read + write, top-k read
         Op("moe_permute", "elementwise", 2 * routed * h * e),
         *shared,
@@ -380,7 +384,7 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     h, e, v_loc = model.hidden_size, sh.e, model.vocab_size / plan.tensor_parallel
     ops = [Op("final_norm", "norm", 2 * sh.sp_tokens * h * e), *_f("head_in", sh.tokens * h * e, plan)]
     ops += [
-        Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e, te=False),
+        Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e),
         Op("cross_entropy", "elementwise", sh.tokens * v_loc * (e + 2 * 4)),
     ]
     if plan.tensor_parallel > 1:  # max and sum-exp across the vocab shards: tiny all-reduces
