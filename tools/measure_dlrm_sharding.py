@@ -67,18 +67,23 @@ LR, EPS = 0.01, 1e-8  # Adagrad's step and ε (the replicas' dense update; the s
 def draw(torch: Any, rows: int, count: int, alpha: float, gen: Any) -> Any:
     """`count` row indices: uniform, or Zipf (the r-th most popular row drawn with probability
     ∝ r^−α) with the popular rows scattered over the table by a fixed random permutation, as hashed
-    ids are (with the hot rows first, a row-wise shard's first block would get most lookups)."""
+    ids are (with the hot rows first, a row-wise shard's first block would get most lookups). Zipf
+    ranks are drawn by inverting the cumulative weights (torch.multinomial refuses over 2^24 rows,
+    and DLRM tables reach 40M)."""
     if alpha == 0:
         return torch.randint(0, rows, (count,), generator=gen)
-    weights = torch.arange(1, rows + 1, dtype=torch.float64) ** -alpha
-    return torch.randperm(rows, generator=gen)[torch.multinomial(weights, count, replacement=True, generator=gen)]
+    cdf = (torch.arange(1, rows + 1, dtype=torch.float64) ** -alpha).cumsum_(0)
+    ranks = torch.searchsorted(cdf, torch.rand(count, dtype=torch.float64, generator=gen) * cdf[-1])
+    return torch.randperm(rows, generator=gen)[ranks.clamp_(max=rows - 1)]
 
 
 class ShardedDLRM:
     """One rank's part of the model under one sharding, and its training step."""
 
-    def __init__(self, torch: Any, model: Any, sharding: dict, rank: int, world: int, b: int, alpha: float) -> None:
-        self.torch, self.rank, self.world, self.b = torch, rank, world, b
+    def __init__(
+        self, torch: Any, model: Any, sharding: dict, rank: int, world: int, b: int, alpha: float, device: str = "cpu"
+    ) -> None:
+        self.torch, self.rank, self.world, self.b, self.device = torch, rank, world, b, device
         self.dist = torch.distributed
         gen = torch.Generator().manual_seed(1234)  # the same indices on every rank
         B = b * world
@@ -96,8 +101,8 @@ class ShardedDLRM:
                     block = -(-t.num_rows // world)
                     lo, rows = rank * block, min(block, t.num_rows - rank * block)
                 width = entry.get("width", d)
-                entry["weight"] = torch.randn(rows, width) * 0.01
-                entry["state"] = torch.zeros(rows)
+                entry["weight"] = torch.randn(rows, width, device=device).mul_(0.01)
+                entry["state"] = torch.zeros(rows, device=device)
                 for idx in batches:  # what this rank looks up, its bags' offsets and each lookup's bag
                     bag = torch.arange(B).repeat_interleave(P)
                     if strategy == "row_wise":
@@ -108,7 +113,7 @@ class ShardedDLRM:
                     bags = b if strategy == "data_parallel" else B
                     counts = torch.bincount(bag, minlength=bags)
                     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
-                    entry["inputs"].append((idx, offsets, bag))
+                    entry["inputs"].append((idx.to(device), offsets.to(device), bag.to(device)))
             self.tables.append(entry)
         nn = torch.nn
         dims = (model.dense_features, *model.bottom_mlp)
@@ -116,12 +121,14 @@ class ShardedDLRM:
         dims = (model.interaction_width(), *model.top_mlp)
         top = [m for i, o in itertools.pairwise(dims) for m in (nn.Linear(i, o), nn.ReLU())]
         self.top = nn.Sequential(*top[:-1])
+        self.bottom.to(device)
+        self.top.to(device)
         self.params = [*self.bottom.parameters(), *self.top.parameters()]
         self.opt = torch.optim.Adam(self.params, lr=1e-3)
         f = len(model.tables) + 1
-        self.pairs = torch.triu_indices(f, f, offset=1)
-        self.dense = torch.randn(b, model.dense_features)
-        self.labels = torch.randint(0, 2, (b, 1)).float()
+        self.pairs = torch.triu_indices(f, f, offset=1, device=device)
+        self.dense = torch.randn(b, model.dense_features, device=device)
+        self.labels = torch.randint(0, 2, (b, 1), device=device).float()
         self.step_count = 0
 
     def _exchange(self, parts: dict[int, list[Any]], widths: dict[int, int], rows: int) -> dict[int, Any]:
@@ -132,7 +139,7 @@ class ShardedDLRM:
                 out[peer] = torch.cat(parts[peer], 1) if parts[peer] else None
                 continue
             if widths[peer]:
-                out[peer] = torch.empty(rows, widths[peer])
+                out[peer] = torch.empty(rows, widths[peer], device=self.device)
                 reqs.append(dist.irecv(out[peer], peer))
             if parts[peer]:
                 reqs.append(dist.isend(torch.cat(parts[peer], 1).contiguous(), peer))
@@ -166,7 +173,7 @@ class ShardedDLRM:
             else:
                 pooled[e["name"]] = out
         if row_wise:  # the row-wise tables' partial sums in one reduce-scatter, as TorchRec groups them
-            summed = torch.empty(b, sum(e["dim"] for e in row_wise))
+            summed = torch.empty(b, sum(e["dim"] for e in row_wise), device=self.device)
             dist.reduce_scatter_tensor(summed, torch.cat(partial, 1))
             pooled |= dict(
                 zip([e["name"] for e in row_wise], summed.split([e["dim"] for e in row_wise], 1), strict=True)
@@ -211,7 +218,7 @@ class ShardedDLRM:
         back = self._exchange(parts, widths, b)
         if row_wise:  # and their pooled gradients in one all-gather
             mine = torch.cat([grad[:, i] for i, e in enumerate(self.tables) if e["strategy"] == "row_wise"], 1)
-            gathered = torch.empty(b * world, mine.shape[1])
+            gathered = torch.empty(b * world, mine.shape[1], device=self.device)
             dist.all_gather_into_tensor(gathered, mine)
             full_rw = dict(
                 zip([e["name"] for e in row_wise], gathered.split([e["dim"] for e in row_wise], 1), strict=True)

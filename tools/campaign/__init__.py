@@ -1,0 +1,1 @@
+"""The parts of the GPU measurement campaign (tools/gpu_campaign.py)."""
