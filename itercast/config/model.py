@@ -274,10 +274,12 @@ class ModelConfig(BaseModel):
         return emb + self.position_params() + (0 if self.tied else emb)
 
     def num_params(self) -> int:
-        """All parameters (every expert counted)."""
+        """All parameters (every expert counted), the final norm included (RMSNorm: a weight;
+        LayerNorm: weight and bias)."""
         moe = self.num_moe_layers
         layers = (self.num_layers - moe) * self.params_per_layer() + moe * self.params_per_layer(moe=True)
-        return layers + self.embedding_params() + 2 * self.hidden_size
+        final_norm = self.hidden_size if self.family == "llama" else 2 * self.hidden_size
+        return layers + self.embedding_params() + final_norm
 
     def layer_forward_flops_per_token(self, moe: bool = False) -> float:
         """Forward FLOPs of one layer per token: its matmuls (2 FLOPs per multiply-add) and attention
