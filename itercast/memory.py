@@ -34,9 +34,8 @@ from itercast.config.job import Job
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
+from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
-from itercast.search.plan_table import RECOMPUTE, PlanTable
-from itercast.workloads.transformer_ops import moe_load
 
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 
@@ -132,7 +131,7 @@ def _activation_bytes(
 ) -> np.ndarray:
     """Korthikanti et al. eq. 1-2 term by term, per token and layer, per row (`recompute` overrides
     the table's). An MoE layer (`moe`) keeps its shared experts' MLP terms and, per routed copy
-    (top_k × moe_load per token, on 1/t of the tokens with sequence parallelism), the expert input
+    (top_k × ModelConfig.moe_load per token, on 1/t of the tokens with sequence parallelism), the expert input
     gathered over expert-tensor ranks, the permuted token, the up-projection and activation outputs;
     and the router's fp32 probabilities."""
     h, d, e = m.hidden_size, m.head_dim, t.base.dtype_bytes
@@ -157,7 +156,7 @@ def _activation_bytes(
     kept = replicated / rep + latents + (sharded + np.where(rc == _SELECTIVE, 0, scores)) / tp
     if moe:
         up = 2 if m.gated_mlp else 1
-        copies = m.moe_top_k * moe_load(m) / rep
+        copies = m.moe_top_k * m.moe_load() / rep
         kept = kept + copies * e * (t.cols["etp"] * h + h + (up + 1) * m.expert_ffn) + 4 * m.experts / rep
     return np.where(rc == _FULL, e * h / rep, kept)  # full: only the layer input is kept
 

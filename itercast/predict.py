@@ -78,7 +78,7 @@ class Prediction:
 
 def predict(job: Job, calibration: dict[str, Any] | None = None) -> Prediction:
     """Build the step graph of `job`, simulate it and summarise. `calibration`: curves from
-    costs.calibrate.load_calibration (else the built-in ones)."""
+    profile.calibrate.load_calibration (else the built-in ones)."""
     builder = TransformerStepBuilder(job, AnalyticCostModel(job.system, job.plan.dtype, calibration))
     sim = simulate(builder.build())
     bd = breakdown(sim)

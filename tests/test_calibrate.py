@@ -11,11 +11,12 @@ from typer.testing import CliRunner
 from itercast.cli import app
 from itercast.config.job import Job, load_system
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
-from itercast.costs.calibrate import CalibrationError, calibrate, load_calibration, report, write_calibration
 from itercast.costs.fitting import collective_time_s, eff, fit_collective
 from itercast.hardware.topology import GroupPlacement
+from itercast.measurements import Measurement
 from itercast.predict import predict
-from itercast.profile.db import Measurement, ProfileDB
+from itercast.profile.calibrate import CalibrationError, calibrate, load_calibration, report, write_calibration
+from itercast.profile.db import ProfileDB
 
 LAW = {"alpha_s": 4e-6, "e_max": 0.7, "log_half": 16.0, "gamma": 1.3}  # a GEMM law in the curve form
 SYSTEM = "cpu-host"

@@ -9,10 +9,10 @@ import pytest
 from helpers import fast_vs_graph, pipeline_builder, plan_of, tiny_job
 
 from itercast.memory import estimate_memory
+from itercast.parallel.plan_table import PlanTable
 from itercast.parallel.schedules import in_flight_microbatches, schedule
 from itercast.predict import predict
 from itercast.search.fast_estimate import FastEstimator, _fsdp_pass
-from itercast.search.plan_table import PlanTable
 from itercast.sim.engine import simulate
 
 

@@ -11,7 +11,7 @@ from kineto_fixtures import call, cpu_op, kernel, step, write
 from typer.testing import CliRunner
 
 from itercast.cli import app
-from itercast.costs.calibrate import CalibrationError, load_calibration
+from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.replay import replay, replay_whatif
 from itercast.traces.host_overheads import HostOverheadError, HostOverheads, measure
 from itercast.traces.kineto import read_traces

@@ -21,7 +21,7 @@ from itercast.costs.op_model import (
     shape_model_s,
     unique_fraction_uniform,
 )
-from itercast.profile.db import Measurement
+from itercast.measurements import Measurement
 from itercast.traces.execution_trace import read_execution_trace
 from itercast.traces.iteration_model import host_counts, predict_iteration
 

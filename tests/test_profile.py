@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.costs.aten_ops import OpCall, features
-from itercast.profile.db import Measurement, ProfileDB, ProfileError
+from itercast.measurements import Measurement, ProfileError
+from itercast.profile.db import ProfileDB
 from itercast.profile.importers import import_alpa, import_nccl_log, import_nccl_tidy, import_xla_collectives
 
 LOG = """# nThread 1 nGpus 1 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from itercast.cli import app
 from itercast.config.job import Job, parse_section
 from itercast.errors import ConfigError
+from itercast.parallel.plan_table import COLUMNS
 from itercast.predict import predict
 from itercast.search.plan_search import SearchRequest, _pareto, run_search
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
-from itercast.search.plan_table import COLUMNS
 
 MODEL = {"family": "llama", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8}
 MODEL |= {"num_query_groups": 4, "seq_length": 256, "vocab_size": 1000}

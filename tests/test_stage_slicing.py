@@ -261,7 +261,7 @@ def test_slice_prices_a_jobs_layers_with_a_calibration(tmp_path):
     from test_golden import linear_calibration
 
     from itercast.config.job import Job
-    from itercast.costs.calibrate import FORMAT, VERSION, merge_calibration
+    from itercast.profile.calibrate import FORMAT, VERSION, merge_calibration
 
     doc = {"format": FORMAT, "version": VERSION, "system": "dgx-h100", **linear_calibration()}
     cal = tmp_path / "cal.json"

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.graph.execgraph import Category
-from itercast.profile.db import Measurement, ProfileDB
+from itercast.measurements import Measurement
+from itercast.profile.db import ProfileDB
 from itercast.stochastic.variability import (
     StepSampler,
     VariabilityModel,

@@ -28,9 +28,9 @@ from step_times import RECIPE, Row, dgxc_rows, megatron_rows, nemo_rows
 from itercast.config.job import Job, parse_section
 from itercast.data_paths import shared_data_dir
 from itercast.errors import ConfigError
+from itercast.parallel.plan_table import PlanTable
 from itercast.search.fast_estimate import FastEstimator
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
-from itercast.search.plan_table import PlanTable
 
 SHARED = {k: v for k, v in RECIPE.items() if k in ("flash_attention",)}
 

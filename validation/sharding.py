@@ -35,7 +35,7 @@ from scipy.stats import kendalltau, mannwhitneyu
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.cli.shard_cmds import load_dlrm
 from itercast.config.job import load_system
-from itercast.costs.calibrate import calibrate, merge_calibration
+from itercast.profile.calibrate import calibrate, merge_calibration
 from itercast.profile.db import ProfileDB
 from itercast.workloads.dlrm import Shard, dlrm_step
 

@@ -24,9 +24,9 @@ from rich.table import Table
 
 from itercast.config.job import Job
 from itercast.config.presets import preset_names, preset_source
-from itercast.costs.calibrate import CalibrationError, load_calibration
 from itercast.errors import ConfigError, DeadlockError
 from itercast.predict import Prediction, predict
+from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.traces.perfetto import write_chrome_trace
 
 app = typer.Typer(
@@ -264,7 +264,8 @@ def _predict_execution_trace(
     activity (a profiler slows the host, not the kernels), else its median ProfilerStep against
     the predicted iteration."""
     from itercast.costs.op_model import IndexStats, OperatorCostModel, fit_operator_models
-    from itercast.profile.db import ProfileDB, ProfileError
+    from itercast.measurements import ProfileError
+    from itercast.profile.db import ProfileDB
     from itercast.traces.execution_trace import read_execution_trace
     from itercast.traces.iteration_model import predict_iteration
     from itercast.traces.kineto import TraceError, read_kineto

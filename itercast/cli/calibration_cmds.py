@@ -10,8 +10,8 @@ from rich.table import Table
 
 from itercast.cli import app, console, fail, sizes_option
 from itercast.config.job import load_system
-from itercast.costs.calibrate import CalibrationError
 from itercast.errors import ConfigError
+from itercast.profile.calibrate import CalibrationError
 from itercast.traces.host_overheads import HostOverheads
 
 profile_app = typer.Typer(no_args_is_help=True, help="Measure kernels on this device, or import outside measurements.")
@@ -52,7 +52,8 @@ def profile_run_cmd(
     ] = None,
 ) -> None:
     """Microbenchmark the local device into DB (resumes where a previous run stopped)."""
-    from itercast.profile.db import ProfileDB, ProfileError
+    from itercast.measurements import ProfileError
+    from itercast.profile.db import ProfileDB
     from itercast.profile.microbench import check_device, run
 
     try:
@@ -84,8 +85,9 @@ def profile_import_cmd(
     device_name: Annotated[str, typer.Option(help="nccl-log: a name for the machine.")] = "nccl-tests",
 ) -> None:
     """Import outside measurements (Alpa's database, nccl-tests, OpenXLA tables) into DB."""
+    from itercast.measurements import ProfileError
     from itercast.profile import importers
-    from itercast.profile.db import ProfileDB, ProfileError
+    from itercast.profile.db import ProfileDB
 
     if kind not in IMPORTERS:
         fail(f"import kind {kind!r}: expected one of {', '.join(IMPORTERS)}")
@@ -130,9 +132,10 @@ def calibrate_cmd(
 ) -> None:
     """Refit the cost model's curves on a profiling database and/or measure host overheads from
     traces; write them as one calibration file; check the curves on held-out rows."""
-    from itercast.costs import calibrate as cal
     from itercast.costs.op_model import operator_report
-    from itercast.profile.db import ProfileDB, ProfileError
+    from itercast.measurements import ProfileError
+    from itercast.profile import calibrate as cal
+    from itercast.profile.db import ProfileDB
     from itercast.traces.host_overheads import HostOverheadError, measure
     from itercast.traces.kineto import TraceError, read_traces
 

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from itercast.cli import JsonOpt, app, console, echo_json, fail, working
-from itercast.costs.calibrate import CalibrationError, load_calibration
 from itercast.errors import ConfigError, DeadlockError, non_negative
+from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.replay import GPU_BOUND_BUSY, ReplayResult, replay_whatif
 from itercast.traces.host_overheads import HostOverheads
 from itercast.traces.kineto import TraceError

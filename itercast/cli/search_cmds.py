@@ -36,9 +36,9 @@ from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
+from itercast.parallel.plan_table import VARIED
 from itercast.search.plan_search import Progress, SearchRequest, SearchResult, run_search
 from itercast.search.plan_space import SpaceOptions
-from itercast.search.plan_table import VARIED
 
 
 @app.command("search")

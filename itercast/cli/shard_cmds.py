@@ -25,8 +25,8 @@ from itercast.cli import (
 from itercast.config.job import parse_section, plain_yaml, raw_sections
 from itercast.config.presets import preset, preset_names
 from itercast.config.system import SystemConfig
-from itercast.costs.calibrate import load_calibration
 from itercast.errors import ConfigError
+from itercast.profile.calibrate import load_calibration
 from itercast.sim.analysis import breakdown, critical_path
 from itercast.user_files import read_small_text
 from itercast.workloads.dlrm import (

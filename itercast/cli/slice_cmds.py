@@ -30,8 +30,8 @@ from itercast.cli import (
 from itercast.config.job import Job, parse_section, raw_sections
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
-from itercast.costs.calibrate import load_calibration
 from itercast.errors import ConfigError
+from itercast.profile.calibrate import load_calibration
 from itercast.search.layer_costs import job_layer_costs, read_layer_csv
 from itercast.search.stage_slicing import (
     DeviceGroup,

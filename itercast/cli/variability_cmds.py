@@ -31,7 +31,8 @@ from itercast.errors import ConfigError, DeadlockError
 
 def _profile_noise(path: Path, quiet: bool) -> dict[str, float]:
     """compute_cv and comm_cv from the repeats of the device with the most rows in a profiling DB."""
-    from itercast.profile.db import ProfileDB, ProfileError
+    from itercast.measurements import ProfileError
+    from itercast.profile.db import ProfileDB
     from itercast.stochastic.variability import noise_from_profile
 
     if not path.is_file():

@@ -208,6 +208,16 @@ class ModelConfig(BaseModel):
     def expert_ffn(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn
 
+    def moe_load(self) -> float:
+        """Rows the busiest expert-parallel rank processes, relative to an even split of the n·k routed
+        copies: the router's imbalance, capped by the capacity factor when tokens beyond it are
+        dropped, or the capacity itself when experts are padded to it (Megatron-Core's
+        --moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity)."""
+        cf = self.moe_capacity_factor
+        if cf is None:
+            return self.moe_token_imbalance
+        return cf if self.moe_pad_to_capacity else min(self.moe_token_imbalance, cf)
+
     def moe_layers_before(self, index: int | np.ndarray) -> np.ndarray:
         """MoE layers among layers 0 … index − 1 (vectorised over `index`)."""
         x = np.asarray(index, dtype=np.int64)

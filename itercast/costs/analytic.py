@@ -53,7 +53,7 @@ class AnalyticCostModel:
     """Seconds per op on one GPU of `system`, for training in `dtype`."""
 
     def __init__(self, system: SystemConfig, dtype: str, calibration: dict[str, Any] | None = None) -> None:
-        """`calibration`: curves in the schema of costs/curves.json (costs.calibrate.load_calibration);
+        """`calibration`: curves in the schema of costs/curves.json (profile.calibrate.load_calibration);
         the built-in curves when None."""
         self.system, self.dtype = system, dtype
         gpu = system.gpu

@@ -68,9 +68,11 @@ from scipy.optimize import least_squares, nnls
 
 from itercast.costs.aten_ops import OpArgs, OpCall, OpFeatures, features
 from itercast.costs.fitting import eff, fit_latency_curve, fit_nonneg_linear, mean_abs_err
-from itercast.profile.db import Measurement
-from itercast.profile.microbench import ZIPF_ALPHA
+from itercast.measurements import Measurement
 
+#: the skew of the profiled embedding benchmarks' Zipf indices, the row of rank r drawn with probability
+#: ∝ r^−ZIPF_ALPHA (DLRM-like reuse; `itercast profile` draws them, the models here read their features)
+ZIPF_ALPHA = 1.05
 COMPUTE = ("gemm", "conv_fwd", "conv_bwd", "attention_fwd", "attention_bwd", "norm")
 LAYOUTS = ("nt", "tn", "tt", "causal")  # operand layouts of GEMMs; causal masking of attention
 CACHE_CANDIDATES_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from itercast.profile.db import ProfileError
+from itercast.measurements import ProfileError
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall")
 QUICK = {"sizes": [1 << 10, 1 << 16, 1 << 20], "ranks": [2]}

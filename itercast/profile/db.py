@@ -24,11 +24,12 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from itercast.measurements import Measurement, ProfileError
 
 SCHEMA_VERSION = "1.1"  # 1.1: the imports table (1.0 files gain it when opened for writing)
 BUSY_S = 60.0  # how long a writer waits for another to finish
@@ -66,38 +67,6 @@ def file_key(path: Path, importer: str, device: str) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return f"{importer}:{device}:{digest.hexdigest()}"
-
-
-FAMILIES = ("gemm", "conv", "attention", "elementwise", "norm", "embedding", "memcpy", "collective", "p2p", "host")
-
-
-class ProfileError(ValueError):
-    """A profiling database or an input to it is unusable; the message names the file and why."""
-
-
-@dataclass(frozen=True)
-class Measurement:
-    family: str
-    op: str
-    size: float
-    time_s: float
-    dtype: str = ""
-    group_size: int = 1
-    nodes: int = 1
-    time_std_s: float = 0.0
-    repeats: int = 1
-    params: dict[str, Any] = field(default_factory=dict)
-    source: str = ""
-
-    def check(self) -> None:
-        if self.family not in FAMILIES:
-            raise ProfileError(f"measurement family {self.family!r}: expected one of {', '.join(FAMILIES)}")
-        if not (self.time_s > 0 and self.size >= 0 and self.group_size >= 1 and self.repeats >= 1):
-            raise ProfileError(
-                f"measurement {self.op} size {self.size}: expected time_s > 0, size ≥ 0, "
-                f"group_size ≥ 1, repeats ≥ 1; got {self.time_s}, {self.size}, {self.group_size}, "
-                f"{self.repeats}"
-            )
 
 
 #: params that a pass measured (differ from pass to pass): not part of a configuration's identity

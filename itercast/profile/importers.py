@@ -12,7 +12,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from itercast.profile.db import Measurement, ProfileDB, ProfileError, file_key
+from itercast.measurements import Measurement, ProfileError
+from itercast.profile.db import ProfileDB, file_key
 
 NCCL_OPS = {
     "all_reduce": "all_reduce",

@@ -41,8 +41,10 @@ from typing import Any
 from rich.progress import Progress, TaskID
 
 from itercast.costs.aten_ops import EMBEDDING_UPDATE, OpCall, features
+from itercast.costs.op_model import ZIPF_ALPHA
+from itercast.measurements import Measurement, ProfileError
 from itercast.profile import collective_bench
-from itercast.profile.db import Measurement, ProfileDB, ProfileError
+from itercast.profile.db import ProfileDB
 
 #: written before every timed run so that caches start cold (twice the 32 MiB L3 of the machine here;
 #: above the 50 MiB L2 of an H100): inside a training iteration an operator's inputs were written
@@ -50,8 +52,6 @@ from itercast.profile.db import Measurement, ProfileDB, ProfileError
 FLUSH_BYTES = 64 << 20
 #: GPU clock cycles of the spin queued before each timed GPU run (~0.5 ms at 1.98 GHz)
 GPU_HOLD_CYCLES = 1_000_000
-#: the skew of the embedding benchmarks' Zipf indices (DLRM-like reuse)
-ZIPF_ALPHA = 1.05
 FAMILIES = ("gemm", "conv", "attention", "norm", "elementwise", "embedding", "host", "collective")
 QUICK: dict[str, Any] = {
     "gemm": [64, 256, 1024],

@@ -52,8 +52,8 @@ from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
 from itercast.memory import memory_columns
+from itercast.parallel.plan_table import COLUMNS, RECOMPUTE, VARIED, PlanTable
 from itercast.parallel.schedules import SCHEDULES
-from itercast.search.plan_table import COLUMNS, RECOMPUTE, VARIED, PlanTable
 from itercast.workloads.transformer import (
     GRAD_NORM_BYTES,
     Groups,

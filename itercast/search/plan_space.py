@@ -20,8 +20,8 @@ import numpy as np
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
+from itercast.parallel.plan_table import COLUMNS, RECOMPUTE, PlanTable
 from itercast.parallel.schedules import SCHEDULES
-from itercast.search.plan_table import COLUMNS, RECOMPUTE, PlanTable
 
 _INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
 

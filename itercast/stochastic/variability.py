@@ -33,7 +33,7 @@ from scipy import special
 
 from itercast.config.job import Job
 from itercast.graph.execgraph import Category, ExecGraph
-from itercast.profile.db import Measurement
+from itercast.measurements import Measurement
 from itercast.sim.engine import simulate
 from itercast.sim.montecarlo import simulate_samples
 from itercast.workloads.transformer import TransformerStepBuilder

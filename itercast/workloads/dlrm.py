@@ -334,7 +334,7 @@ def dlrm_step(
 ) -> DLRMStep:
     """Simulate one step of `model` on `system` (every GPU a rank) under the sharding `plan` (tables
     it does not name are left out: the planner prices partial plans). `calibration`: a calibration
-    document (costs/calibrate.py) for the GEMM, memory and collective curves and, with an
+    document (profile/calibrate.py) for the GEMM, memory and collective curves and, with an
     `operators` section, the operator models of the lookups, updates and GEMMs; the built-in curves
     when None. `index_counts`: per table, the row frequencies of a sample of its real indices
     (load_index_sample); tables without one use their named distribution."""

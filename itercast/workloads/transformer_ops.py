@@ -235,21 +235,12 @@ def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes
     ]
 
 
-def moe_load(model: ModelConfig) -> float:
-    """Rows the busiest expert-parallel rank processes, relative to an even split of the n·k routed
-    copies (module docstring)."""
-    cf = model.moe_capacity_factor
-    if cf is None:
-        return model.moe_token_imbalance
-    return cf if model.moe_pad_to_capacity else min(model.moe_token_imbalance, cf)
-
-
 def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     """The MoE layer's MLP on one rank, as the module docstring states."""
     h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
     ep, etp, fe = plan.expert_parallel, plan.etp, model.expert_ffn
     n = sh.sp_tokens
-    routed = n * k * moe_load(model)  # rows this rank sends and the busiest rank receives
+    routed = n * k * model.moe_load()  # rows this rank sends and the busiest rank receives
     local = E // ep
     rows = routed * etp  # rows through each local expert shard, all experts together
     up = 2 if model.gated_mlp else 1

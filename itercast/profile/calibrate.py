@@ -34,7 +34,8 @@ from itercast.costs.fitting import (
 )
 from itercast.costs.op_model import fit_operator_models
 from itercast.hardware.topology import GroupPlacement
-from itercast.profile.db import Measurement, ProfileDB
+from itercast.measurements import Measurement
+from itercast.profile.db import ProfileDB
 from itercast.traces.host_overheads import HostOverheadError, HostOverheads
 from itercast.user_files import write_output
 

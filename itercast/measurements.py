@@ -1,0 +1,39 @@
+"""A measurement: one timed configuration of an operator or collective (a row of the profiling
+database, profile/db.py), the record that calibration fits cost models to (costs/, profile/calibrate.py)
+and variability models read (stochastic/). Sizes are FLOPs or bytes, times seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FAMILIES = ("gemm", "conv", "attention", "elementwise", "norm", "embedding", "memcpy", "collective", "p2p", "host")
+
+
+class ProfileError(ValueError):
+    """A profiling database or an input to it is unusable; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    family: str
+    op: str
+    size: float
+    time_s: float
+    dtype: str = ""
+    group_size: int = 1
+    nodes: int = 1
+    time_std_s: float = 0.0
+    repeats: int = 1
+    params: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def check(self) -> None:
+        if self.family not in FAMILIES:
+            raise ProfileError(f"measurement family {self.family!r}: expected one of {', '.join(FAMILIES)}")
+        if not (self.time_s > 0 and self.size >= 0 and self.group_size >= 1 and self.repeats >= 1):
+            raise ProfileError(
+                f"measurement {self.op} size {self.size}: expected time_s > 0, size ≥ 0, "
+                f"group_size ≥ 1, repeats ≥ 1; got {self.time_s}, {self.size}, {self.group_size}, "
+                f"{self.repeats}"
+            )
