@@ -19,8 +19,6 @@ from campaign.common import Budget, Context, attempt, timing
 from campaign.kernels import TIME_FIELDS
 from campaign.training import step_times_ms
 
-#: the Zipf exponent of the skewed indices (itercast profile's ZIPF_ALPHA, DLRM-like reuse)
-ZIPF_ALPHA = 1.05
 EMBEDDING: dict[str, dict[str, Any]] = {
     # rows: a per-GPU shard of MLPerf DLRM-DCNv2's tables (26 tables capped at 40M rows, dim 128)
     "full": {
@@ -32,10 +30,10 @@ EMBEDDING: dict[str, dict[str, Any]] = {
     "dry": {"rows": [1000], "dims": [16], "pooling": [1, 4], "bags": [32]},
 }
 #: DLRM steps: dlrm-dcnv2-criteo's tables with rows capped (so that all 26 fit one GPU) and dot
-#: interaction; samples per step; Zipf exponents (0: uniform)
+#: interaction; samples per step; uniform or Zipf indices (α = itercast's ZIPF_ALPHA, the profiled skew)
 DLRM: dict[str, dict[str, Any]] = {
-    "full": {"row_cap": 10_000_000, "batches": [4096, 16384], "alphas": [0.0, ZIPF_ALPHA], "steps": 30},
-    "dry": {"row_cap": 2000, "batches": [16, 32], "alphas": [0.0, ZIPF_ALPHA], "steps": 3},
+    "full": {"row_cap": 10_000_000, "batches": [4096, 16384], "zipf": [False, True], "steps": 30},
+    "dry": {"row_cap": 2000, "batches": [16, 32], "zipf": [False, True], "steps": 3},
 }
 
 
@@ -43,6 +41,7 @@ def run_embedding(ctx: Context, budget: Budget) -> str:
     """(g) embedding bags: forward, dense backward and the row-wise Adagrad update."""
     from measure_dlrm_sharding import draw
 
+    from itercast.costs.op_model import ZIPF_ALPHA
     from itercast.profile.microbench import rowwise_adagrad_update
 
     grid = EMBEDDING["dry" if ctx.dry else "full"]
@@ -108,6 +107,7 @@ def run_dlrm_steps(ctx: Context, budget: Budget) -> str:
     from measure_dlrm_sharding import ShardedDLRM, free_port
 
     from itercast.cli.shard_cmds import load_dlrm
+    from itercast.costs.op_model import ZIPF_ALPHA
 
     grid = DLRM["dry" if ctx.dry else "full"]
     preset = load_dlrm("dlrm-dcnv2-criteo")
@@ -130,7 +130,7 @@ def run_dlrm_steps(ctx: Context, budget: Budget) -> str:
     sharding = {t.name: ("table_wise", (0,)) for t in model.tables}
     try:
         for b in grid["batches"]:
-            for alpha in grid["alphas"]:
+            for alpha in (ZIPF_ALPHA if zipf else 0.0 for zipf in grid["zipf"]):
                 if not budget.take():
                     continue
 
