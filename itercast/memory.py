@@ -33,7 +33,7 @@ import numpy as np
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
-from itercast.config.system import SystemConfig
+from itercast.config.system import GPUSpec, SystemConfig
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
 
@@ -176,46 +176,64 @@ def state_bytes_per_param(
     )
 
 
-def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[str, np.ndarray]:
-    """Bytes per GPU of every row's most loaded stage: weights, gradients, optimizer, activations,
-    reserved, total, and which stage."""
-    c, gpu, base = t.cols, system.gpu, t.base
-    shard = c["dp"] * c["cp"]  # Megatron's distributed optimizer shards over DP×CP
-    expert_shard = c["tp"] * shard // (c["ep"] * c["etp"])  # routed experts: over expert data parallel
-    tokens = c["mbs"] * m.seq_length / c["cp"]
-    per_layer = _activation_bytes(m, t) * tokens
-    per_moe_layer = _activation_bytes(m, t, moe=True) * tokens if m.is_moe else 0.0
-    zero = c["zero"]
-    w_b, g_b, o_b = state_bytes_per_param(base, zero, shard)
-    ew_b, eg_b, eo_b = state_bytes_per_param(base, zero, expert_shard)
-    whole_w_b = state_bytes_per_param(base, 0, 1)[0]  # ZeRO-3's gathered layers are whole
-    # full recompute: one layer's whole activations live while it is recomputed (any stage)
-    no_rc = np.zeros_like(zero)
-    whole = _activation_bytes(m, t, no_rc)
-    if m.is_moe:
-        whole = np.maximum(whole, _activation_bytes(m, t, no_rc, moe=True))
-    recomputing = np.where(c["recompute"] == _FULL, whole * tokens, 0)
-    largest_layer = m.layer_sharded_params(m.is_moe) / c["tp"] + m.layer_replicated_params(m.is_moe)
-    largest_layer = largest_layer + (m.expert_params_per_rank(c["ep"], c["etp"]) if m.is_moe else 0)
-    best: dict[str, np.ndarray] = {}
-    for first, last, index, layers, moe_layers in _stages(m, t):
+class StageMemory:
+    """Bytes on one GPU of a pipeline stage, as a function of which stage it is and which layers it
+    holds, for every row of a plan table: the one memory model of `predict`, the fast path, search
+    and stage slicing. `columns` broadcasts: `layers` may be an array over candidate stages."""
+
+    def __init__(self, m: ModelConfig, system: SystemConfig, t: PlanTable) -> None:
+        c, base = t.cols, t.base
+        self.m, self.t, self.reserved_bytes = m, t, system.gpu.reserved_bytes
+        shard = c["dp"] * c["cp"]  # Megatron's distributed optimizer shards over DP×CP
+        expert_shard = c["tp"] * shard // (c["ep"] * c["etp"])  # routed experts: over expert data parallel
+        self.tokens = c["mbs"] * m.seq_length / c["cp"]
+        self.per_layer = _activation_bytes(m, t) * self.tokens
+        self.per_moe_layer = _activation_bytes(m, t, moe=True) * self.tokens if m.is_moe else 0.0
+        self.state = state_bytes_per_param(base, c["zero"], shard)
+        self.expert_state = state_bytes_per_param(base, c["zero"], expert_shard)
+        whole_w_b = state_bytes_per_param(base, 0, 1)[0]  # ZeRO-3's gathered layers are whole
+        # full recompute: one layer's whole activations live while it is recomputed (any stage)
+        no_rc = np.zeros_like(c["zero"])
+        whole = _activation_bytes(m, t, no_rc)
+        if m.is_moe:
+            whole = np.maximum(whole, _activation_bytes(m, t, no_rc, moe=True))
+        self.recomputing = np.where(c["recompute"] == _FULL, whole * self.tokens, 0)
+        largest = m.layer_sharded_params(m.is_moe) / c["tp"] + m.layer_replicated_params(m.is_moe)
+        largest = largest + (m.expert_params_per_rank(c["ep"], c["etp"]) if m.is_moe else 0)
+        self.gathered = np.where(c["zero"] >= 3, 2 * largest * whole_w_b, 0)  # FSDP: two layers gathered
+
+    def columns(self, first: Any, last: Any, index: Any, layers: Any, moe_layers: Any) -> dict[str, np.ndarray]:
+        """Weights, gradients, optimizer state, activations and total bytes of stage `index` holding
+        `layers` transformer layers (`moe_layers` of them MoE), the embedding if `first`, the output
+        layer and the fp32 logits of one micro-batch if `last`."""
+        m, t, c = self.m, self.t, self.t.cols
         params = stage_param_columns(m, t, first, last, layers, moe_layers)
         experts = stage_expert_param_columns(m, t, moe_layers)
-        weights = params * w_b + experts * ew_b
-        weights = weights + np.where(zero >= 3, 2 * largest_layer * whole_w_b, 0)  # FSDP: two layers gathered
-        grads = params * g_b + experts * eg_b
-        optim = params * o_b + experts * eo_b
+        (w_b, g_b, o_b), (ew_b, eg_b, eo_b) = self.state, self.expert_state
         held = in_flight_microbatches(c["schedule"], index, c["pp"], t.microbatches, c["vp"])
-        acts = ((layers - moe_layers) * per_layer + moe_layers * per_moe_layer) * held
-        acts = acts + recomputing
-        acts = acts + np.where(last, tokens * m.vocab_size / c["tp"] * 4, 0)  # fp32 logits of one micro-batch
-        total = weights + grads + optim + acts + gpu.reserved_bytes
-        row = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": acts, "total": total}
-        row["stage"] = index
+        acts = ((layers - moe_layers) * self.per_layer + moe_layers * self.per_moe_layer) * held + self.recomputing
+        acts = acts + np.where(last, self.tokens * m.vocab_size / c["tp"] * 4, 0)  # fp32 logits of one micro-batch
+        out = {
+            "weights": params * w_b + experts * ew_b + self.gathered,
+            "gradients": params * g_b + experts * eg_b,
+            "optimizer": params * o_b + experts * eo_b,
+            "activations": acts,
+        }
+        out["total"] = sum(out.values()) + self.reserved_bytes
+        return out
+
+
+def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[str, np.ndarray]:
+    """Bytes per GPU of every row's most loaded stage: weights, gradients, optimizer, activations,
+    total (with the GPU's reserve), and which stage."""
+    stage = StageMemory(m, system, t)
+    best: dict[str, np.ndarray] = {}
+    for first, last, index, layers, moe_layers in _stages(m, t):
+        row = stage.columns(first, last, index, layers, moe_layers) | {"stage": index}
         if not best:
             best = row
         else:
-            worse = total > best["total"]
+            worse = row["total"] > best["total"]
             best = {k: np.where(worse, v, best[k]) for k, v in row.items()}
     return best
 
@@ -254,17 +272,30 @@ def _stages(m: ModelConfig, t: PlanTable) -> list[tuple[Any, Any, np.ndarray, An
 
 
 def estimate_memory(job: Job) -> MemoryEstimate:
-    """Memory on the most loaded GPU of one job; on a mixed cluster (system.device_groups), against
-    the GPU with the least usable memory (a bound: the most loaded stage may sit on a larger one)."""
-    gpu = min(job.stage_gpus(), key=lambda g: g.hbm_bytes - g.reserved_bytes)
-    system = job.system if gpu == job.system.gpu else job.system.model_copy(update={"gpu": gpu})
-    col = memory_columns(job.model, system, PlanTable.of_jobs([job]))
+    """Memory on the most loaded GPU of one job. On a mixed cluster (system.device_groups) every
+    stage is checked against its own GPU: the one with the least room left is reported."""
+    table = PlanTable.of_jobs([job])
+    if not job.system.device_groups:
+        col = memory_columns(job.model, job.system, table)
+        return _estimate(col, 0, int(col["stage"][0]), job.system.gpu)
+    p, found = job.plan, []
+    last = p.pipeline_parallel - 1
+    for s, (gpu, layers) in enumerate(zip(job.stage_gpus(), p.stage_layer_counts(job.model.num_layers), strict=True)):
+        system = job.system.model_copy(update={"gpu": gpu})
+        col = StageMemory(job.model, system, table).columns(
+            s == 0, s == last, s, layers, stage_moe_layers(job.model, p, s)
+        )
+        found.append(_estimate(col, 0, s, gpu))
+    return min(found, key=lambda e: e.capacity_bytes - e.total_bytes)
+
+
+def _estimate(col: dict[str, np.ndarray], row: int, stage: int, gpu: GPUSpec) -> MemoryEstimate:
     return MemoryEstimate(
-        float(col["weights"][0]),
-        float(col["gradients"][0]),
-        float(col["optimizer"][0]),
-        float(col["activations"][0]),
+        float(col["weights"][row]),
+        float(col["gradients"][row]),
+        float(col["optimizer"][row]),
+        float(col["activations"][row]),
         gpu.reserved_bytes,
-        int(col["stage"][0]),
+        stage,
         gpu.hbm_bytes,
     )

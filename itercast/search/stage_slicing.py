@@ -6,8 +6,9 @@ layers' forward + backward times plus the send of its last layer's activations t
 
     step = (m − 1) · max_s T_s + Σ_s T_s                (Narayanan et al. SC'21 §2.2; Alpa eq. 2)
 
-A stage's memory (its layers' weights and optimizer state plus the activations of the
-micro-batches it holds in flight: k − s under 1F1B) must fit the device's limit.
+A stage's memory must fit the device's limit: from a job, memory.StageMemory's bytes of stage s of
+k holding those layers (the model `predict` reports); from a table of layers, their resident bytes
+plus the activations of the micro-batches stage s holds in flight (min(k − s, m) under 1F1B).
 
 Exact: the step couples the bottleneck B = max_s T_s and the sum. For a fixed B the sum is
 minimised by a DP over (stages, last layer) with every stage ≤ B: O(k·L²), vectorised over the
@@ -132,13 +133,31 @@ def _dp(
     return float(total[first]), bounds[::-1]
 
 
+#: bytes of stage s of k over every span of layers [i, j) (an (L + 1) × (L + 1) table; j ≤ i unused)
+StageBytes = Callable[[int, int], np.ndarray]
+
+
 def slice_exact(costs: LayerCosts, stages: int, microbatches: int, memory_bytes: float = math.inf) -> Slicing:
     """The slicing into `stages` stages with the least step time (ties: the first found)."""
+    return exact_candidates(costs, stages, microbatches, memory_bytes)[0]
+
+
+def exact_candidates(
+    costs: LayerCosts,
+    stages: int,
+    microbatches: int,
+    memory_bytes: float = math.inf,
+    stage_bytes: StageBytes | None = None,
+    slack: float = 0.0,
+) -> list[Slicing]:
+    """The slicings into `stages` stages whose step time is within `slack` (a fraction) of the least,
+    fastest first, one per bottleneck value. `stage_bytes`: the memory of each candidate stage
+    (default: the layers' own bytes, module docstring)."""
     L = costs.num_layers
     if not 1 <= stages <= L:
         raise ValueError(f"stages must be in 1..{L} (the number of layers); got {stages}")
-    found = _slice_on([_Priced.of(costs, memory_bytes)], [0] * stages, microbatches)
-    if found is None:
+    found = _slice_on([_Priced.of(costs, memory_bytes, stage_bytes)], [0] * stages, microbatches, slack)
+    if not found:
         raise ValueError(f"no slicing into {stages} stages fits {memory_bytes:.3g} bytes per stage")
     return found
 
@@ -153,68 +172,80 @@ class _Priced:
     activations: np.ndarray
     last_T: np.ndarray  # the last stage i..L−1, no send
     memory_bytes: float
+    stage_bytes: StageBytes | None
 
     @classmethod
-    def of(cls, costs: LayerCosts, memory_bytes: float) -> _Priced:
+    def of(cls, costs: LayerCosts, memory_bytes: float, stage_bytes: StageBytes | None = None) -> _Priced:
         L = costs.num_layers
         T, S, A = _tables(costs)
         c = np.concatenate([[0.0], np.cumsum(costs.time_s)])
-        return cls(costs, T, S, A, np.where(np.arange(L + 1) < L, c[L] - c, np.inf), memory_bytes)
+        last_T = np.where(np.arange(L + 1) < L, c[L] - c, np.inf)
+        return cls(costs, T, S, A, last_T, memory_bytes, stage_bytes)
+
+    def fits(self, stage: int, stages: int, microbatches: int) -> np.ndarray:
+        """Which spans [i, j) stage `stage` of `stages` may hold within the memory limit."""
+        if self.stage_bytes is not None:
+            return np.asarray(self.stage_bytes(stage, stages) <= self.memory_bytes)
+        held = min(stages - stage, microbatches)  # 1F1B: the warm-up's forwards and one more, at most all
+        return np.asarray(self.static + self.activations * held <= self.memory_bytes)
 
 
-def _slice_on(devices: list[_Priced], stage_device: list[int], microbatches: int) -> Slicing | None:
-    """The fastest slicing whose stage s runs on devices[stage_device[s]], or None if none fits: the
-    least feasible bottleneck by bisection, then Alpa's pruning over larger ones."""
+def _slice_on(devices: list[_Priced], stage_device: list[int], microbatches: int, slack: float = 0.0) -> list[Slicing]:
+    """The slicings whose stage s runs on devices[stage_device[s]] within `slack` of the fastest,
+    fastest first ([] if none fits): the least feasible bottleneck by bisection, then Alpa's pruning
+    over larger ones, one slicing (the least sum) per bottleneck."""
     k = len(stage_device)
     T = [devices[d].T for d in stage_device]
     last_T = devices[stage_device[-1]].last_T
-    # stage s holds the activations of k − s micro-batches in flight (1F1B)
-    fits = np.stack(
-        [
-            devices[d].static + devices[d].activations * (k - s) <= devices[d].memory_bytes
-            for s, d in enumerate(stage_device)
-        ]
-    )
+    fits = np.stack([devices[d].fits(s, k, microbatches) for s, d in enumerate(stage_device)])
     values = np.unique(np.concatenate([t[np.isfinite(t)] for t in (*T, last_T)]))
     lo, hi = 0, values.shape[0] - 1
     floor_sum = _dp(T, fits, last_T, k, values[hi])
     if floor_sum is None:
-        return None
+        return []
     while lo < hi:  # least feasible bottleneck: feasibility is monotone in the bound
         mid = (lo + hi) // 2
         if _dp(T, fits, last_T, k, values[mid]) is None:
             lo = mid + 1
         else:
             hi = mid
-    best_step, best = math.inf, None
+    found: dict[tuple[int, ...], Slicing] = {}
+    best_step = math.inf
     per_stage = [devices[d].costs for d in stage_device]
     for b in values[lo:]:  # Alpa's pruning: a larger bottleneck must pay for itself in the sum
-        if (microbatches - 1) * b + floor_sum[0] >= best_step:
+        if (microbatches - 1) * b + floor_sum[0] >= best_step * (1 + slack):
             break
-        found = _dp(T, fits, last_T, k, b)
-        if found is not None:
-            sl = evaluate(per_stage, found[1], microbatches)
-            if sl.step_time_s < best_step:
-                best_step, best = sl.step_time_s, sl
-    return best
+        got = _dp(T, fits, last_T, k, b)
+        if got is not None and tuple(got[1]) not in found:
+            sl = evaluate(per_stage, got[1], microbatches)
+            found[tuple(got[1])] = sl
+            best_step = min(best_step, sl.step_time_s)
+    ranked = sorted(found.values(), key=lambda sl: sl.step_time_s)
+    return [sl for sl in ranked if sl.step_time_s <= best_step * (1 + slack)]
 
 
 @dataclass(frozen=True)
 class DeviceGroup:
     """Devices of one kind in a mixed cluster: the layers priced on them, how many pipeline stages they
-    can host, and the memory one stage may use there."""
+    can host, the memory one stage may use there and, from a job, what each candidate stage holds."""
 
     name: str
     costs: LayerCosts
     slots: int
     memory_bytes: float = math.inf
+    stage_bytes: StageBytes | None = None
 
 
 def slice_groups(groups: list[DeviceGroup], stages: int, microbatches: int) -> Slicing:
-    """The fastest slicing into `stages` stages on a mixed cluster, and which group hosts each stage
-    (Metis-like, exact): every split of the stages among the groups within their slots, every order
-    of the groups along the pipeline (each group a contiguous run of stages), the exact slicing for
-    each; the least step time wins."""
+    """The fastest slicing into `stages` stages on a mixed cluster, and which group hosts each stage."""
+    return group_candidates(groups, stages, microbatches)[0]
+
+
+def group_candidates(groups: list[DeviceGroup], stages: int, microbatches: int, slack: float = 0.0) -> list[Slicing]:
+    """The slicings into `stages` stages on a mixed cluster within `slack` of the fastest, fastest
+    first, with the group that hosts each stage (Metis-like, exact): every split of the stages among
+    the groups within their slots, every order of the groups along the pipeline (each group a
+    contiguous run of stages), the exact slicings of each."""
     L = groups[0].costs.num_layers
     if any(g.costs.num_layers != L for g in groups):
         raise ValueError("every device group must price the same layers")
@@ -222,20 +253,19 @@ def slice_groups(groups: list[DeviceGroup], stages: int, microbatches: int) -> S
         raise ValueError(f"stages must be in 1..{L} (the number of layers); got {stages}")
     if sum(g.slots for g in groups) < stages:
         raise ValueError(f"{stages} stages do not fit the groups' {sum(g.slots for g in groups)} stage slots")
-    devices = [_Priced.of(g.costs, g.memory_bytes) for g in groups]
-    best: Slicing | None = None
+    devices = [_Priced.of(g.costs, g.memory_bytes, g.stage_bytes) for g in groups]
+    found: list[Slicing] = []
     for split in _splits(stages, [g.slots for g in groups]):
         used = [gi for gi, n in enumerate(split) if n]
         for order in permutations(used):
             stage_device = [gi for gi in order for _ in range(split[gi])]
-            found = _slice_on(devices, stage_device, microbatches)
-            if found is not None and (best is None or found.step_time_s < best.step_time_s):
-                best = Slicing(
-                    found.boundaries, found.stage_times_s, found.step_time_s, [groups[d].name for d in stage_device]
-                )
-    if best is None:
+            names = [groups[d].name for d in stage_device]
+            for sl in _slice_on(devices, stage_device, microbatches, slack):
+                found.append(Slicing(sl.boundaries, sl.stage_times_s, sl.step_time_s, names))
+    if not found:
         raise ValueError(f"no slicing into {stages} stages fits the groups' memory")
-    return best
+    found.sort(key=lambda sl: sl.step_time_s)
+    return [sl for sl in found if sl.step_time_s <= found[0].step_time_s * (1 + slack)]
 
 
 def _splits(total: int, caps: list[int]) -> list[list[int]]:
