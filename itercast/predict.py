@@ -1,30 +1,52 @@
-"""`predict(job)`: time per iteration, its breakdown and critical path, memory and MFU."""
+"""`predict(job)`: time per iteration, its breakdown and critical path, memory and MFU; a DLRM's step
+under its sharding (`predict_dlrm`). Both give a Forecast: what every command shows of any workload."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.memory import MemoryEstimate, estimate_memory
 from itercast.sim.analysis import Breakdown, breakdown, critical_path
 from itercast.sim.engine import SimResult, simulate
+from itercast.workloads.dlrm import DLRMJob, DLRMStep, Shard, dlrm_step, memory_parts_per_rank, plan_sharding
 from itercast.workloads.transformer import TransformerStepBuilder
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """One predicted training step. Times in seconds, memory in bytes, FLOPs as counts."""
+class Forecast:
+    """One predicted training step of any workload. Times in seconds, memory in bytes; `breakdown` and
+    `family_time_s` are those of the rank that finishes last, `memory` that of the most loaded GPU."""
 
-    job: Job
     step_time_s: float
     breakdown: Breakdown
     memory: MemoryEstimate
-    model_flops_per_step: float
     family_time_s: dict[str, float]
     critical_path: list[dict[str, Any]]
     sim: SimResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_time_s": self.step_time_s,
+            "memory_per_gpu_bytes": self.memory.total_bytes,
+            "oom": self.memory.oom,
+            "memory": self.memory.as_dict(),
+            "breakdown": self.breakdown.as_dict(),
+            "family_time_s": self.family_time_s,
+            "critical_path": self.critical_path,
+        }
+
+
+@dataclass(frozen=True)
+class Prediction(Forecast):
+    """A transformer's step: the Forecast, its job and the model FLOPs of a step."""
+
+    job: Job
+    model_flops_per_step: float
 
     @property
     def model_tflops_per_gpu(self) -> float:
@@ -60,18 +82,37 @@ class Prediction:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "step_time_s": self.step_time_s,
+            **super().to_dict(),
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,
             "hardware_flops_per_step": self.hardware_flops_per_step,
             "tokens_per_s": self.tokens_per_s,
-            "memory_per_gpu_bytes": self.memory.total_bytes,
-            "oom": self.memory.oom,
-            "memory": self.memory.as_dict(),
-            "breakdown": self.breakdown.as_dict(),
-            "family_time_s": self.family_time_s,
-            "critical_path": self.critical_path,
             "num_microbatches": self.job.num_microbatches,
+            "job": self.job.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class DLRMPrediction(Forecast):
+    """A DLRM's step under one sharding: the Forecast (breakdown and memory of the busiest rank), the
+    job, the sharding and where it came from (the plan's, or the planner's fastest of `evaluated`)."""
+
+    job: DLRMJob
+    sharding: dict[str, Shard]
+    sharding_from: str
+    evaluated: int
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.job.plan.batch_per_rank * self.job.system.num_gpus / self.step_time_s
+
+    def to_dict(self) -> dict[str, Any]:
+        tables = [{"name": n, "strategy": s.strategy, "ranks": list(s.ranks)} for n, s in self.sharding.items()]
+        return {
+            **super().to_dict(),
+            "samples_per_s": self.samples_per_s,
+            "sharding_from": self.sharding_from,
+            "tables": tables,
             "job": self.job.to_dict(),
         }
 
@@ -84,14 +125,69 @@ def predict(job: Job, calibration: dict[str, Any] | None = None) -> Prediction:
     bd = breakdown(sim)
     model_flops = job.model.flops_per_token() * job.plan.gbs * job.model.seq_length
     return Prediction(
-        job,
         sim.step_time_s,
         bd,
         estimate_memory(job),
-        model_flops,
         dict(sorted(builder.family_time_s[bd.rank].items())),
         summarise_path(sim),
         sim,
+        job,
+        model_flops,
+    )
+
+
+def predict_dlrm(
+    job: DLRMJob, calibration: dict[str, Any] | None = None, index_counts: dict[str, np.ndarray] | None = None
+) -> DLRMPrediction:
+    """One DLRM step under the plan's sharding, else under the fastest the planner finds
+    (workloads/dlrm.plan_sharding); `index_counts`: row frequencies of real index samples per table."""
+    given = job.shards()
+    if given is not None:
+        step, sharding, source, evaluated = (
+            dlrm_step(job.model, job.system, given, job.plan.batch_per_rank, calibration, index_counts),
+            given,
+            "plan",
+            1,
+        )
+    else:
+        found = plan_sharding(
+            job.model, job.system, job.plan.batch_per_rank, calibration=calibration, index_counts=index_counts
+        )
+        (sharding, step), source, evaluated = found.plans[0], f"planner ({found.method})", found.evaluated
+    return _dlrm_forecast(job, step, sharding, source, evaluated)
+
+
+def _dlrm_forecast(
+    job: DLRMJob, step: DLRMStep, sharding: dict[str, Shard], source: str, evaluated: int
+) -> DLRMPrediction:
+    bd = breakdown(step.sim)
+    parts = memory_parts_per_rank(job.model, sharding, job.system.num_gpus)
+    rank = int(np.argmax([sum(p.values()) for p in parts]))
+    gpu = job.system.gpu
+    mem = MemoryEstimate(
+        parts[rank]["weights"],
+        parts[rank]["gradients"],
+        parts[rank]["optimizer"],
+        0.0,
+        gpu.reserved_bytes,
+        rank,
+        gpu.hbm_bytes,
+    )
+    g = step.sim.graph
+    on_rank = g.resource_rank[g.resource] == bd.rank
+    family = np.bincount(g.family[on_rank], weights=g.duration_s[on_rank], minlength=len(g.families))
+    seconds = {g.families[f]: float(t) for f, t in enumerate(family) if t > 0}
+    return DLRMPrediction(
+        step.step_time_s,
+        bd,
+        mem,
+        dict(sorted(seconds.items())),
+        summarise_path(step.sim),
+        step.sim,
+        job,
+        sharding,
+        source,
+        evaluated,
     )
 
 

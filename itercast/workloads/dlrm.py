@@ -31,11 +31,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import numpy as np
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from itercast.config.job import parse_section
+from itercast.config.presets import preset, preset_names
 from itercast.config.strict import STRICT, Width
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
@@ -283,19 +285,30 @@ class DLRMStep:
 
 
 def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[float]:
-    """Bytes each rank holds: its shards' rows (fp32) and Adagrad state (a replica also its dense
-    fp32 gradient), and the MLPs with Adam (tables the plan does not name are left out); with more
-    than one rank, DDP's buckets: another copy of every dense gradient (dlrm_step)."""
+    """Bytes each rank holds (memory_parts_per_rank summed)."""
+    return [sum(parts.values()) for parts in memory_parts_per_rank(model, plan, world)]
+
+
+def memory_parts_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[dict[str, float]]:
+    """Bytes each rank holds as weights, gradients and optimizer state: its shards' rows (fp32) and
+    row-wise Adagrad state (a replica also its dense fp32 gradient), and the MLPs with Adam (fp32
+    weight and gradient, m and v); tables the plan does not name are left out. With more than one
+    rank, DDP's buckets: another copy of every dense gradient (dlrm_step)."""
     bucket = F32 if world > 1 else 0
-    held = [model.mlp_params() * (ADAM_BYTES + bucket) * 1.0 for _ in range(world)]
+    mlp = model.mlp_params()
+    held = [
+        {"weights": mlp * F32, "gradients": mlp * (F32 + bucket) * 1.0, "optimizer": mlp * (ADAM_BYTES - 2 * F32)}
+        for _ in range(world)
+    ]
     for t in model.tables:
         if t.name not in plan:
             continue
         for r in range(world):
             work = shard_work(t, plan[t.name], r, world, 1)
             if work is not None:
-                dense = work.dim * (F32 + bucket) if work.replica else 0
-                held[r] += work.rows * (work.dim * F32 + dense + ADAGRAD_ROW_BYTES)
+                held[r]["weights"] += work.rows * work.dim * F32
+                held[r]["gradients"] += work.rows * work.dim * (F32 + bucket) if work.replica else 0
+                held[r]["optimizer"] += work.rows * ADAGRAD_ROW_BYTES
     return held
 
 
@@ -548,3 +561,79 @@ def check_sharding(model: DLRMConfig, plan: dict[str, Shard], world: int) -> lis
                 f"{len(shard.ranks)} column-wise ranks"
             )
     return problems
+
+
+class ShardSpec(BaseModel):
+    """One table's sharding in a job file: a TorchRec strategy and the ranks that hold it."""
+
+    model_config = STRICT
+
+    strategy: Strategy
+    ranks: Annotated[tuple[Annotated[int, Field(ge=0)], ...], Field(strict=False, min_length=1, max_length=1 << 20)]
+
+
+class DLRMPlan(BaseModel):
+    """How a DLRM step runs: samples per GPU and where each table lives."""
+
+    model_config = STRICT
+
+    batch_per_rank: Annotated[int, Field(ge=1, le=10_000_000)] = Field(4096, description="Samples per GPU per step.")
+    sharding: dict[str, ShardSpec] | None = Field(
+        None,
+        description="Each table's strategy and ranks (`itercast shard` prints one); absent: the sharding "
+        "planner's fastest.",
+    )
+
+
+def dlrm_model(fields: dict[str, Any], source: str = "<input>") -> DLRMConfig:
+    """A DLRM model section: `preset: NAME` plus overrides, or every field; problems name the field."""
+    fields = dict(fields)
+    name = fields.pop("preset", None)
+    if name is not None:
+        fields = {**preset("dlrm", str(name)), **fields}
+    return _validated(DLRMConfig, fields, f"{source}: model")
+
+
+def _validated(schema: type[BaseModel], fields: dict[str, Any], where: str) -> Any:
+    try:
+        return schema.model_validate(fields)
+    except ValidationError as exc:
+        problems = [f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("\n".join(problems)) from None
+
+
+def is_dlrm_model(fields: dict[str, Any]) -> bool:
+    """Whether a raw model section describes a DLRM (a DLRM preset, or tables of embeddings)."""
+    return "tables" in fields or str(fields.get("preset")) in preset_names("dlrm")
+
+
+@dataclass(frozen=True)
+class DLRMJob:
+    """A validated DLRM, its plan and the system it runs on (every GPU a rank)."""
+
+    model: DLRMConfig
+    plan: DLRMPlan
+    system: SystemConfig
+
+    @classmethod
+    def from_dicts(
+        cls, model: dict[str, Any], plan: dict[str, Any], system: dict[str, Any], source: str = "<input>"
+    ) -> DLRMJob:
+        dlrm = dlrm_model(model, source)
+        p = _validated(DLRMPlan, plan, f"{source}: plan")
+        sys_cfg = cast(SystemConfig, parse_section("system", system, source))
+        if p.sharding is not None:
+            problems = check_sharding(
+                dlrm, {n: Shard(s.strategy, s.ranks) for n, s in p.sharding.items()}, sys_cfg.num_gpus
+            )
+            if problems:
+                raise ConfigError("\n".join(f"{source}: plan.sharding: {x}" for x in problems))
+        return cls(dlrm, p, sys_cfg)
+
+    def shards(self) -> dict[str, Shard] | None:
+        """The plan's sharding, or None: the planner chooses."""
+        s = self.plan.sharding
+        return None if s is None else {n: Shard(v.strategy, v.ranks) for n, v in s.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {s: getattr(self, s).model_dump(mode="json") for s in ("model", "plan", "system")}
