@@ -65,8 +65,9 @@ def table_html(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def stage_breakdown_svg(per_stage: Sequence[Breakdown]) -> str:
-    """One horizontal bar per pipeline stage, stacked by cause; each sums to the step time."""
+def stage_breakdown_svg(per_stage: Sequence[Breakdown], unit: str = "stage") -> str:
+    """One horizontal bar per pipeline stage (a DLRM: per rank, `unit`), stacked by cause; each sums to
+    the step time."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 0.5 + 0.4 * len(per_stage)), dpi=100)
     left = np.zeros(len(per_stage))
@@ -76,7 +77,7 @@ def stage_breakdown_svg(per_stage: Sequence[Breakdown]) -> str:
         if width.any():
             ax.barh(y, width, left=left, color=colour, label=label, height=0.7)
         left += width
-    ax.set_yticks(y, [f"stage {b.rank}" for b in per_stage])
+    ax.set_yticks(y, [f"{unit.split()[-1]} {b.rank}" for b in per_stage])
     ax.invert_yaxis()
     ax.set_xlabel("seconds of the step")
     ax.legend(fontsize=8, ncols=3, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.6 / len(per_stage)))

@@ -1,0 +1,252 @@
+"""One interface over every workload (DESIGN.md §8): what the commands ask of a job, whatever it trains.
+
+A job file, or presets with `--set` overrides, names a dense or mixture-of-experts transformer
+(config/model.py; plan: config/plan.py) or a DLRM (a DLRM preset such as `model: dlrm-small`, or a
+model section with `tables`; plan: batch_per_rank and an optional sharding, workloads/dlrm.py).
+`load_workload` tells which from the model section. Each workload gives its prediction (one
+Forecast: step, breakdown, memory, critical path), its throughput, the figures `compare` sets side
+by side, its step graph with what the variability model needs of it, and its report sections; its
+plan space is searched by `itercast search` (search/plan_search.py for transformers: parallel sizes,
+schedules, ZeRO, recompute; search/dlrm_search.py for a DLRM: shardings × batch per GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from itercast.config.job import Job, raw_sections
+from itercast.errors import ConfigError
+from itercast.predict import DLRMPrediction, Forecast, Prediction, predict, predict_dlrm
+from itercast.report import html_report as rep
+from itercast.sim.analysis import breakdown
+from itercast.workloads.dlrm import DLRMJob, is_dlrm_model
+
+
+class Workload(Protocol):
+    """What every command asks of a job (the implementations below)."""
+
+    kind: str
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def num_gpus(self) -> int: ...
+
+    def headline(self) -> str:
+        """One line: the model, its GPUs and its plan."""
+        ...
+
+    def predict(self, calibration: dict[str, Any] | None = None) -> Forecast: ...
+
+    def throughput(self, forecast: Forecast) -> tuple[str, float]:
+        """(name with its unit, value): tokens or samples per second."""
+        ...
+
+    def summary_rows(self, forecast: Forecast) -> list[tuple[str, str]]:
+        """The lines a reader wants first: step, throughput, efficiency, memory, the plan's choices."""
+        ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class TransformerWorkload:
+    """A dense or mixture-of-experts transformer job."""
+
+    job: Job
+    kind: str = "transformer"
+
+    @property
+    def name(self) -> str:
+        return self.job.model.name
+
+    @property
+    def num_gpus(self) -> int:
+        return self.job.system.num_gpus
+
+    def headline(self) -> str:
+        job, p = self.job, self.job.plan
+        experts = f" (experts: ep {p.expert_parallel} × etp {p.etp})" if job.model.is_moe else ""
+        gpus = job.stage_gpus()
+        kinds = " + ".join(
+            f"{job.system.num_gpus * sum(g == k for g in gpus) // len(gpus)}× {k.name}"
+            for i, k in enumerate(gpus)
+            if k not in gpus[:i]
+        )
+        return (
+            f"{job.model.name} on {kinds} ({job.system.name}, {job.system.num_nodes} nodes) — dp {p.dp} × tp "
+            f"{p.tensor_parallel} × pp {p.pipeline_parallel} × cp {p.context_parallel}{experts}, {p.schedule}, "
+            f"{job.num_microbatches} micro-batches"
+        )
+
+    def predict(self, calibration: dict[str, Any] | None = None) -> Prediction:
+        return predict(self.job, calibration)
+
+    def throughput(self, forecast: Forecast) -> tuple[str, float]:
+        assert isinstance(forecast, Prediction)
+        return "tokens_per_s", forecast.tokens_per_s
+
+    def summary_rows(self, forecast: Forecast) -> list[tuple[str, str]]:
+        assert isinstance(forecast, Prediction)
+        r, p = forecast, self.job.plan
+        rows = [
+            ("step time", f"{r.step_time_s:.3f} s"),
+            (
+                "throughput",
+                f"{r.tokens_per_s:,.0f} tokens/s, {r.model_tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {r.mfu:.1%}",
+            ),
+        ]
+        if r.hardware_flops_per_step > r.model_flops_per_step:
+            counted = r.hardware_flops_per_step / r.step_time_s / self.num_gpus / 1e12
+            rows.append(
+                (
+                    "",
+                    f"(model FLOPs only; counting the {p.recompute} recompute as papers often do: "
+                    f"{counted:.1f} TFLOP/s)",
+                )
+            )
+        if self.job.system.device_groups:
+            rows.append(("stages on", ", ".join(f"{s}: {g.name}" for s, g in enumerate(self.job.stage_gpus()))))
+        return rows + _memory_rows(r, "stage")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.job.to_dict()
+
+
+@dataclass(frozen=True)
+class DLRMWorkload:
+    """A DLRM job; `index_counts`: row frequencies of real index samples per table (shard --indices)."""
+
+    job: DLRMJob
+    index_counts: dict[str, np.ndarray] | None = None
+    kind: str = "dlrm"
+
+    @property
+    def name(self) -> str:
+        return self.job.model.name
+
+    @property
+    def num_gpus(self) -> int:
+        return self.job.system.num_gpus
+
+    def headline(self) -> str:
+        j = self.job
+        sharding = "its sharding" if j.plan.sharding is not None else "the sharding planner's fastest sharding"
+        return (
+            f"{j.model.name} on {self.num_gpus}× {j.system.gpu.name} ({j.system.name}, {j.system.num_nodes} nodes) — "
+            f"{j.plan.batch_per_rank} samples per GPU, {len(j.model.tables)} tables, {sharding}"
+        )
+
+    def predict(self, calibration: dict[str, Any] | None = None) -> DLRMPrediction:
+        return predict_dlrm(self.job, calibration, self.index_counts)
+
+    def throughput(self, forecast: Forecast) -> tuple[str, float]:
+        assert isinstance(forecast, DLRMPrediction)
+        return "samples_per_s", forecast.samples_per_s
+
+    def summary_rows(self, forecast: Forecast) -> list[tuple[str, str]]:
+        assert isinstance(forecast, DLRMPrediction)
+        r = forecast
+        rows = [
+            ("step time", f"{r.step_time_s * 1e3:.3f} ms"),
+            ("throughput", f"{r.samples_per_s:,.0f} samples/s"),
+            ("sharding", f"{sharding_summary(r.sharding)} (from {r.sharding_from})"),
+        ]
+        return rows + _memory_rows(r, "rank")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.job.to_dict()
+
+
+def _memory_rows(r: Forecast, where: str) -> list[tuple[str, str]]:
+    mem = r.memory
+    oom = " OUT OF MEMORY" if mem.oom else ""
+    return [
+        (
+            "memory per GPU",
+            f"{mem.total_bytes / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.0f} GiB{oom} ({where} {mem.stage})",
+        )
+    ]
+
+
+def sharding_summary(plan: dict[str, Any]) -> str:
+    """`t0 TW@0, t1 RW, …`: a sharding on one line."""
+    short = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "data_parallel": "DP"}
+    parts = []
+    for name, s in plan.items():
+        where = f"@{','.join(map(str, s.ranks))}" if s.strategy in ("table_wise", "column_wise") else ""
+        parts.append(f"{name} {short[s.strategy]}{where}")
+    return ", ".join(parts)
+
+
+def load_workload(
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    model: str | None = None,
+    system: str | None = None,
+) -> TransformerWorkload | DLRMWorkload:
+    """The job of a YAML file and/or presets with `section.field=value` overrides, of whichever workload
+    its model section names."""
+    raw = raw_sections(path, overrides, model, system)
+    source = str(path) if path else "<command line>"
+    if is_dlrm_model(raw["model"]):
+        return DLRMWorkload(DLRMJob.from_dicts(raw["model"], raw["plan"], raw["system"], source))
+    return TransformerWorkload(Job.from_dicts(raw["model"], raw["plan"], raw["system"], source))
+
+
+def compare_figures(w: TransformerWorkload | DLRMWorkload, r: Forecast) -> dict[str, float]:
+    """The figures `itercast compare` sets side by side: step, throughput, MFU (a transformer's),
+    memory per GPU and the breakdown of the rank that finishes last."""
+    name, value = w.throughput(r)
+    out = {"step_time_s": r.step_time_s, name: value}
+    if isinstance(r, Prediction):
+        out["mfu"] = r.mfu
+    out["memory_per_gpu_bytes"] = r.memory.total_bytes
+    return out | {f"breakdown.{k}": v for k, v in r.breakdown.as_dict().items() if k != "rank"}
+
+
+def same_kind(a: TransformerWorkload | DLRMWorkload, b: TransformerWorkload | DLRMWorkload, what: str) -> None:
+    if a.kind != b.kind:
+        raise ConfigError(f"{what}: a {a.kind} and a {b.kind} job: compare like with like")
+
+
+def report_sections(
+    w: TransformerWorkload | DLRMWorkload,
+    r: Forecast,
+    samples_s: np.ndarray,
+    deterministic_s: float,
+    within_s: float | None,
+) -> list[rep.Section]:
+    """A job's report: its summary, the step per pipeline stage (a DLRM: per rank), the simulated
+    timeline, memory per GPU, the step-time distribution and the critical path by family."""
+    units = sorted({int(x) for x in r.sim.graph.resource_rank.tolist()})
+    per_unit = [breakdown(r.sim, u) for u in units]
+    unit = "pipeline stage" if w.kind == "transformer" else "rank"
+    q = np.percentile(samples_s, [50, 95, 99])
+    deadline = "" if within_s is None else f"; P(step ≤ {within_s:.3f} s) = {float(np.mean(samples_s <= within_s)):.1%}"
+    rows = [*w.summary_rows(r), *((part, f"{getattr(r.breakdown, key):.3f} s") for key, (part, _) in rep.PARTS.items())]
+    return [
+        rep.Section("Summary", rep.table_html(["", "value"], rows)),
+        rep.Section(
+            f"Where the step goes, per {unit}",
+            rep.stage_breakdown_svg(per_unit, unit)
+            + '<p class="note">Each bar sums to the step time: what its compute stream was doing '
+            "(a wait is charged to what it waited for).</p>",
+        ),
+        rep.Section("Timeline of the simulated step", rep.timeline_svg(r.sim)),
+        rep.Section(f"Memory per GPU (most loaded {unit})", rep.memory_svg(r.memory)),
+        rep.Section(
+            "Step-time distribution (Monte Carlo under itercast variability's defaults)",
+            rep.cdf_svg(samples_s, deterministic_s, within_s)
+            + f'<p class="note">p50 {q[0]:.3f} s, p95 {q[1]:.3f} s, p99 {q[2]:.3f} s{deadline}. '
+            "The p50 lies above the deterministic step: each rendezvous waits for the slowest GPU's draw.</p>",
+        ),
+        rep.Section(
+            "Critical path by family", rep.seconds_by_family_svg(r.critical_path, "seconds on the critical path")
+        ),
+    ]

@@ -1,0 +1,75 @@
+"""One interface over the workloads: a job file names a transformer or a DLRM, and each gives the same
+Forecast, throughput and comparison figures; a DLRM's search is over shardings × batch per GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from itercast.errors import ConfigError
+from itercast.search.dlrm_search import default_batches, search_dlrm
+from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload
+
+SHARDING = (
+    "{t0: {strategy: table_wise, ranks: [0]}, t1: {strategy: table_wise, ranks: [1]}, "
+    "t2: {strategy: table_wise, ranks: [1]}, t3: {strategy: data_parallel, ranks: [0, 1]}}"
+)
+
+
+def dlrm_job(tmp_path: Path, plan: str) -> Path:
+    path = tmp_path / "dlrm.yaml"
+    path.write_text(
+        "model: dlrm-small\n"
+        "system: {preset: dgx-h100, num_nodes: 1, node: {gpus_per_node: 2}}\n"
+        f"plan: {plan}\n"
+    )
+    return path
+
+
+def test_a_job_file_naming_a_dlrm_preset_is_a_dlrm_job(tmp_path: Path) -> None:
+    w = load_workload(dlrm_job(tmp_path, "{batch_per_rank: 256}"))
+    assert isinstance(w, DLRMWorkload) and w.job.plan.batch_per_rank == 256 and w.num_gpus == 2
+    assert w.job.plan.sharding is None  # the planner chooses
+    t = load_workload(None, [], model="gpt3-1.3b", system="dgx-h100")
+    assert isinstance(t, TransformerWorkload) and t.kind == "transformer"
+
+
+def test_a_dlrm_plan_refuses_transformer_fields_and_bad_shardings(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"plan\.tensor_parallel"):
+        load_workload(dlrm_job(tmp_path, "{tensor_parallel: 2}"))
+    with pytest.raises(ConfigError, match="table 't3' has no sharding"):
+        load_workload(dlrm_job(tmp_path, "{sharding: {t0: {strategy: row_wise, ranks: [0, 1]}}}"))
+
+
+def test_a_dlrm_forecast_holds_the_busiest_ranks_memory_by_hand(tmp_path: Path) -> None:
+    w = load_workload(dlrm_job(tmp_path, f"{{batch_per_rank: 256, sharding: {SHARDING}}}"))
+    r = w.predict()
+    # dlrm-small: MLPs 13-64-32 and (5·4/2 + 32 = 42)-64-1
+    mlp = (13 * 64 + 64) + (64 * 32 + 32) + (42 * 64 + 64) + (64 * 1 + 1)
+    assert mlp == 5793
+    # rank 0 holds t0 (1M × 32) and the replica of t3 (1000 × 32); fp32 rows, an fp32 Adagrad state per row;
+    # MLPs: fp32 weights, gradients (+ DDP's bucket copy on 2 ranks), Adam m and v
+    weights = mlp * 4 + 1_000_000 * 32 * 4 + 1000 * 32 * 4
+    gradients = mlp * (4 + 4) + 1000 * 32 * (4 + 4)  # the replica's dense gradient and its bucket copy
+    optimizer = mlp * 8 + 1_000_000 * 4 + 1000 * 4
+    assert (r.memory.stage, r.memory.weights_bytes) == (0, weights)
+    assert (r.memory.gradients_bytes, r.memory.optimizer_bytes, r.memory.activations_bytes) == (gradients, optimizer, 0)
+    name, value = w.throughput(r)
+    assert name == "samples_per_s" and value == pytest.approx(256 * 2 / r.step_time_s)
+    figures = compare_figures(w, r)
+    assert set(figures) >= {"step_time_s", "samples_per_s", "memory_per_gpu_bytes", "breakdown.compute_s"}
+    assert "mfu" not in figures
+    assert sum(r.family_time_s.values()) > 0 and r.critical_path
+
+
+def test_dlrm_search_ranks_shardings_by_samples_per_second(tmp_path: Path) -> None:
+    assert default_batches(2048) == [512, 1024, 2048, 4096, 8192]
+    assert default_batches(2) == [1, 2, 4, 8]
+    w = load_workload(dlrm_job(tmp_path, "{batch_per_rank: 256}"))
+    assert isinstance(w, DLRMWorkload)
+    found, evaluated = search_dlrm(w.job, [128, 256])
+    assert evaluated >= len(found) > 0 and {r.batch_per_rank for r in found} == {128, 256}
+    rates = [r.batch_per_rank * 2 / r.step.step_time_s for r in found]
+    assert rates == sorted(rates, reverse=True)
+    assert [r.samples_per_s for r in found] == pytest.approx(rates)
