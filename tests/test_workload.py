@@ -20,9 +20,7 @@ SHARDING = (
 def dlrm_job(tmp_path: Path, plan: str) -> Path:
     path = tmp_path / "dlrm.yaml"
     path.write_text(
-        "model: dlrm-small\n"
-        "system: {preset: dgx-h100, num_nodes: 1, node: {gpus_per_node: 2}}\n"
-        f"plan: {plan}\n"
+        f"model: dlrm-small\nsystem: {{preset: dgx-h100, num_nodes: 1, node: {{gpus_per_node: 2}}}}\nplan: {plan}\n"
     )
     return path
 
