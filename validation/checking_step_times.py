@@ -1,0 +1,240 @@
+"""Predicted vs measured step time on the CHECKING table: published runs nothing in itercast was tuned on.
+
+    python validation/checking_step_times.py
+
+Data: data/published/checking/*.csv, frozen 2026-11-25 before any prediction was made on them (issue 27:
+fitting apart from checking). Each file starts with `#` lines naming its source (repository@commit:path
+or paper and table), the hardware, and how step_time_s follows from the published number (seconds per
+iteration as printed, or tokens/s or TFLOP/s per GPU with the global batch, sequence and the stated FLOP
+count). One row is one published measurement with every plan field the source states; the rest is in its
+`assumed` column with the reason. A row the source describes but itercast cannot express carries the
+reason in `not_expressible` and is listed as skipped; a row the tool refuses is listed with its error.
+
+Not a fitting table: validation/step_times.py, published_step_times.py and search_ranks.py read the
+tables the models were chosen on. The rows here must not be edited, dropped or re-derived after seeing
+their errors; a change to a row is a new frozen version of the table, stated in its header.
+
+Printed: every row (source, label, GPUs, GPU, measured s, predicted s, signed error, OOM), the skipped
+rows with their reasons, then per distinct configuration (a configuration measured several times counts
+once, at the median of its measurements) the geomean, mean and max |error| and the mean signed error:
+overall, per GPU family and per source; and the rows itercast judges out of memory although they ran.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.config.job import Job, parse_section
+from itercast.errors import ConfigError
+from itercast.predict import predict
+
+CHECKING = Path(__file__).resolve().parents[1] / "data" / "published" / "checking"
+FROZEN = "# CHECKING SET, frozen 2026-11-25: itercast's models were not tuned on these rows"
+
+#: Plan columns passed to itercast as they are (typed by `typed`); blanks are left to itercast's defaults.
+PLAN_COLUMNS = (
+    "tensor_parallel",
+    "pipeline_parallel",
+    "context_parallel",
+    "data_parallel",
+    "expert_parallel",
+    "expert_tensor_parallel",
+    "virtual_pipeline",
+    "schedule",
+    "sequence_parallel",
+    "micro_batch_size",
+    "global_batch_size",
+    "dtype",
+    "zero_stage",
+    "recompute",
+    "flash_attention",
+    "grad_reduce_dtype",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_comm_overlap",
+)
+
+
+@dataclass
+class Row:
+    source: str
+    label: str
+    gpu: str
+    gpus: int
+    measured_s: float
+    model: dict[str, Any] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)
+    system: dict[str, Any] = field(default_factory=dict)
+    predicted_s: float | None = None
+    memory_gib: float = 0.0
+    capacity_gib: float = 0.0
+    oom: bool = False
+    skipped: str = ""
+
+    @property
+    def family(self) -> str:
+        """A100, H100, H200 or V100: the GPU column up to its first dash."""
+        return self.gpu.split("-")[0]
+
+    @property
+    def error(self) -> float:
+        assert self.predicted_s is not None
+        return self.predicted_s / self.measured_s - 1
+
+
+def typed(text: str) -> Any:
+    """A CSV cell as bool, int, float or str (in that order of preference)."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_fields(text: str) -> dict[str, Any]:
+    """`a=1;b.c=x` → {"a": 1, "b": {"c": "x"}}: the model_fields / system_fields cells."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"field `{item}`: expected NAME=VALUE")
+        *parents, leaf = key.strip().split(".")
+        node = out
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = typed(value)
+    return out
+
+
+def read_table(path: Path) -> list[dict[str, str]]:
+    """One checking CSV: its first line must be the frozen-set line, then `#` comments, then the rows."""
+    with path.open(newline="") as fh:
+        lines = fh.read().splitlines()
+    if not lines or lines[0] != FROZEN:
+        raise ValueError(f"{path.name}: first line is not the frozen-set header `{FROZEN}`")
+    return list(csv.DictReader(line for line in lines if not line.startswith("#")))
+
+
+def sections(r: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(model, plan, system) raw sections of one row, for Job.from_dicts."""
+    model = parse_fields(r["model_fields"]) | {"seq_length": int(r["seq_length"])}
+    if r["model"] != "custom":
+        model = {"preset": r["model"], **model}
+    plan = {k: typed(r[k]) for k in PLAN_COLUMNS if r[k].strip()}
+    if r["stage_layers"].strip():
+        plan["stage_layers"] = [int(n) for n in r["stage_layers"].split()]
+    system = {"preset": r["system"], **parse_fields(r["system_fields"])}
+    per_node = parse_section("system", system).node.gpus_per_node  # type: ignore[attr-defined]
+    system["num_nodes"] = max(int(r["gpus"]) // per_node, 1)
+    return model, plan, system
+
+
+def load_rows(folder: Path = CHECKING) -> list[Row]:
+    rows = []
+    for path in sorted(folder.glob("*.csv")):
+        for r in read_table(path):
+            row = Row(path.stem, r["label"], r["gpu"], int(r["gpus"]), float(r["step_time_s"]))
+            row.skipped = r["not_expressible"].strip()
+            if not row.skipped:
+                try:
+                    row.model, row.plan, row.system = sections(r)
+                except (ConfigError, ValueError) as exc:
+                    row.skipped = str(exc).splitlines()[0]
+            rows.append(row)
+    return rows
+
+
+def run(rows: list[Row]) -> None:
+    for row in rows:
+        if row.skipped:
+            continue
+        try:
+            p = predict(Job.from_dicts(row.model, row.plan, row.system, source=row.label))
+        except ConfigError as exc:
+            row.skipped = str(exc).splitlines()[0]
+            continue
+        row.predicted_s = p.step_time_s
+        row.memory_gib, row.capacity_gib = p.memory.total_bytes / 2**30, p.memory.capacity_bytes / 2**30
+        row.oom = p.memory.oom
+
+
+def report_rows(rows: list[Row]) -> None:
+    print(f"{'source':40} {'row':72} {'GPUs':>5} {'GPU':10} {'measured_s':>10} {'predicted_s':>11} {'error':>8}")
+    for row in rows:
+        if row.predicted_s is None:
+            continue
+        flag = f"  OOM ({row.memory_gib:.0f} of {row.capacity_gib:.0f} GiB)" if row.oom else ""
+        print(
+            f"{row.source:40} {row.label[:72]:72} {row.gpus:5d} {row.gpu:10} {row.measured_s:10.3f} "
+            f"{row.predicted_s:11.3f} {row.error:+8.1%}{flag}"
+        )
+    skipped = [r for r in rows if r.predicted_s is None]
+    print(f"\nrows not expressed ({len(skipped)} of {len(rows)}):")
+    for row in skipped:
+        print(f"  {row.source:40} {row.label[:72]:72}  {row.skipped}")
+
+
+def distinct(rows: list[Row]) -> list[tuple[Row, float]]:
+    """One (representative row, signed error) per distinct (source, model, plan, system): the error
+    against the median of that configuration's measurements."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.predicted_s is not None:
+            key = json.dumps([row.source, row.model, row.plan, row.system], sort_keys=True)
+            groups.setdefault(key, []).append(row)
+    out = []
+    for members in groups.values():
+        measured = statistics.median(r.measured_s for r in members)
+        predicted = members[0].predicted_s
+        assert predicted is not None
+        out.append((members[0], predicted / measured - 1))
+    return out
+
+
+def summary_line(name: str, errs: list[tuple[Row, float]]) -> str:
+    absolute = [abs(e) for _, e in errs]
+    geo = math.exp(sum(math.log(max(a, 1e-9)) for a in absolute) / len(absolute))
+    worst_row, worst = max(errs, key=lambda re: abs(re[1]))
+    signed, mean = sum(e for _, e in errs) / len(errs), sum(absolute) / len(absolute)
+    return (
+        f"{name:40} configs {len(errs):3d}  geomean |error| {geo:6.1%}  mean |error| {mean:6.1%}"
+        f"  mean signed {signed:+7.1%}  max |error| {worst:+7.1%} ({worst_row.label[:60]})"
+    )
+
+
+def report_summary(rows: list[Row]) -> None:
+    configs = distinct(rows)
+    expressed = sum(r.predicted_s is not None for r in rows)
+    print(f"\nper distinct configuration ({len(configs)} of {expressed} predicted rows):")
+    print(summary_line("ALL", configs))
+    for title, key in (("GPU family", lambda r: r.family), ("source", lambda r: r.source)):
+        print(f"by {title}:")
+        for name in sorted({key(r) for r, _ in configs}):
+            print(summary_line(f"  {name}", [(r, e) for r, e in configs if key(r) == name]))
+    ooms = [r for r in rows if r.oom]
+    print(f"\nrows itercast judges out of memory although they ran ({len(ooms)}):")
+    for row in ooms:
+        print(f"  {row.source:40} {row.label[:72]:72}  {row.memory_gib:.1f} GiB > {row.capacity_gib:.1f} GiB")
+
+
+def main() -> None:
+    rows = load_rows()
+    run(rows)
+    report_rows(rows)
+    report_summary(rows)
+
+
+if __name__ == "__main__":
+    main()
