@@ -183,8 +183,8 @@ def fit_collectives(data: Path) -> dict:
             and r["collective"] == coll
             and float(r["size_B"]) > 0
         ]
-        intra[coll] = fit_collective(
-            [float(bus_bytes(coll, float(r["size_B"]), int(r["ranks"]), 10)) for r in sel],
+        intra[coll] = fit_collective(  # bus bytes as the cost model prices this one-node group
+            [float(bus_bytes(coll, float(r["size_B"]), int(r["ranks"]), int(r["nodes"]))) for r in sel],
             [float(r["oop_time_us"]) * 1e-6 for r in sel],
             [1] * len(sel),
             450e9,
@@ -266,7 +266,7 @@ def _h100_400g(rows: list[dict], latency_regime: dict) -> dict:
             if r["system"].startswith("H100 cluster01") and r["nodes"] == "10" and r["collective"] == coll
         ]
         fit = fit_collective(
-            [float(bus_bytes(coll, float(r["size_B"]), int(r["ranks"]), 10)) for r in sel],
+            [float(bus_bytes(coll, float(r["size_B"]), int(r["ranks"]), int(r["nodes"]))) for r in sel],
             [float(r["oop_time_us"]) * 1e-6 for r in sel],
             [10] * len(sel),
             [min(450e9, int(r["gpus_per_node"]) * 50e9) for r in sel],
