@@ -10,7 +10,7 @@ import pytest
 from helpers import tiny_job
 
 from itercast.config.job import Job
-from itercast.costs.analytic import ATTENTION_VS_GEMM, AnalyticCostModel
+from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.memory import estimate_memory, stage_params
 from itercast.parallel.schedules import schedule
@@ -19,6 +19,9 @@ from itercast.workloads.transformer import Groups, optimizer_step_bytes, pass_co
 from itercast.workloads.transformer_ops import head_forward, layer_backward, layer_forward
 
 PEAK, HBM, LINK = 1e12, 1e11, 1e10  # FLOP/s, bytes/s, bytes/s
+#: fused attention runs at 0.75 of a GEMM's rate: FlashAttention-2 reaches 50-73% of the A100's peak
+#: where large GEMMs reach ~80% (Dao 2023), the cost model's stated guess (costs/analytic.py)
+FLASH_VS_GEMM = 0.75
 
 
 def flat(**extra: float) -> dict:
@@ -75,7 +78,7 @@ def test_one_layer_on_one_gpu_step_time_by_hand():
     T, h, V = 32, 64, 128
     gemm_fwd = 2 * T * h * 3 * h + 2 * T * h * h + 2 * 2 * T * h * 4 * h + 2 * T * h * V
     attn_fwd = 4 * 4 * 32 * 32 * 16 / 2
-    flops = 3 * gemm_fwd + 3.5 * attn_fwd / ATTENTION_VS_GEMM  # fused attention: 0.75 of the GEMM rate
+    flops = 3 * gemm_fwd + 3.5 * attn_fwd / FLASH_VS_GEMM  # fused attention: 0.75 of the GEMM rate
     # Memory-bound bytes forward: 3 norms 2·T·h·e each, residuals 3·T·h·e ×2, GELU 2·T·4h·e,
     # lookup 2·T·h·e, position add 3·T·h·e, cross-entropy T·V·(e + 8); backward moves twice as much.
     mem_fwd = 3 * 2 * T * h * 2 + 2 * 3 * T * h * 2 + 2 * T * 4 * h * 2 + 2 * T * h * 2 + 3 * T * h * 2 + T * V * 10
@@ -179,7 +182,7 @@ def test_context_parallel_ring_exposes_what_attention_does_not_hide():
     ring = ops["cp_kv_exchange"]
     assert (ring.count, ring.amount) == (1, 2 * 16 * 4 * 16 * 2)  # c − 1 steps of K and V: 2·T·g·d·e
     costs = AnalyticCostModel(j.system, "bf16", linear_calibration())
-    attention_s = 4 * 4 * 16 * 32 * 16 / 2 / (PEAK * ATTENTION_VS_GEMM)  # local queries × all keys, causal half
+    attention_s = 4 * 4 * 16 * 32 * 16 / 2 / (PEAK * FLASH_VS_GEMM)  # local queries × all keys, causal half
     exposed = max(0.0, ring.amount / LINK - attention_s)
     cost = pass_cost(layer_forward(j.model, j.plan), costs, Groups.of(j))
     assert cost.family_s.get("cp_p2p_exposed", 0.0) == pytest.approx(exposed)
@@ -241,8 +244,8 @@ def test_a_built_graph_recosted_equals_one_built_with_those_costs():
 
 def test_zero3_weights_are_a_shard_plus_two_whole_gathered_layers():
     j = job(data_parallel=4, zero_stage=3)
-    _, params = stage_params(j, 0)
     layer = 12 * 64 * 64 + 13 * 64  # the one layer, whole on every rank (tp 1)
+    params = layer + 128 * 64 + 32 * 64  # and the embedding and positions (the head is tied)
     assert estimate_memory(j).weights_bytes == pytest.approx(params * 2 / 4 + 2 * layer * 2)
     assert estimate_memory(j).gradients_bytes == pytest.approx(params * 4 / 4)  # fp32 gradients, sharded
     assert estimate_memory(j).optimizer_bytes == pytest.approx(params * 12 / 4)

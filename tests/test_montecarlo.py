@@ -1,17 +1,19 @@
-"""Monte Carlo engine: exact at zero variance, shared collective draws, order statistics, seeds."""
+"""Monte Carlo engine: exact at zero variance, a rendezvous at the maximum, shared collective draws, seeds.
+
+What the draws are (log-normal noise, order statistics) is tested with the sampler production uses,
+stochastic.variability.StepSampler, in tests/test_variability.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from scipy import stats
 from test_engine_properties import random_graphs
 
 from itercast.graph.execgraph import Category, GraphBuilder
 from itercast.sim import kernels
 from itercast.sim.engine import compile_graph, simulate
-from itercast.sim.montecarlo import exponential_quantile, lognormal_quantile, max_of_k, simulate_samples
+from itercast.sim.montecarlo import _collective_head_of, simulate_samples
 
 
 def constant(graph):
@@ -60,26 +62,11 @@ def test_a_collective_draws_one_duration_for_all_members():
         d[coll] = rng.uniform(1, 2, (int(coll.sum()), n))  # different draws per member: the head's wins
         return d
 
-    from itercast.sim.montecarlo import _collective_head_of
-
     head = _collective_head_of(g)
     assert len({int(head[t]) for t in np.flatnonzero(coll)}) == 1
     steps = simulate_samples(g, sample, 200, seed=3)
     first = sample(np.random.default_rng(np.random.SeedSequence(3).spawn(1)[0]), 200)  # block 0's generator
     assert np.allclose(steps, 1.0 + first[np.flatnonzero(coll)[0]])  # work (1) + the head member's draw
-
-
-@pytest.mark.parametrize("k", [2, 8, 64])
-def test_order_statistic_matches_brute_force_maximum(k):
-    rng = np.random.default_rng(7)
-    direct = max_of_k(exponential_quantile(1.0), k, rng.random(20_000))
-    brute = rng.exponential(1.0, (20_000, k)).max(axis=1)
-    assert stats.ks_2samp(direct, brute).statistic < 0.02  # ~ 1.5 × the 1% critical value for n = 20,000
-
-
-def test_lognormal_quantile_has_the_requested_mean_and_cv():
-    draws = lognormal_quantile(2.0, 0.1)(np.random.default_rng(0).random(200_000))
-    assert draws.mean() == pytest.approx(2.0, rel=2e-3) and draws.std() / draws.mean() == pytest.approx(0.1, rel=0.02)
 
 
 def test_same_seed_same_samples_other_seed_other_samples():
@@ -106,17 +93,6 @@ def test_compiled_and_numpy_sample_paths_agree(graph):
     finally:
         kernels.HAVE_NUMBA = True
     assert np.allclose(fast, slow, rtol=0, atol=1e-12)
-
-
-def test_lognormal_noise_sampler_mean_cv_and_order_statistic():
-    from itercast.sim.montecarlo import LogNormalNoise
-
-    noise = LogNormalNoise(np.array([2.0, 3.0, 1.0]), np.array([0.1, 0.0, 0.2]), np.array([1, 1, 16]))
-    d = noise(np.random.default_rng(0), 100_000)
-    assert d[0].mean() == pytest.approx(2.0, rel=3e-3) and d[0].std() / d[0].mean() == pytest.approx(0.1, rel=0.03)
-    assert np.all(d[1] == 3.0)  # no variation: constant
-    brute = lognormal_quantile(1.0, 0.2)(np.random.default_rng(1).random((100_000, 16))).max(axis=1)
-    assert stats.ks_2samp(d[2], brute).statistic < 0.01
 
 
 def test_samples_do_not_depend_on_how_many_threads_ran(monkeypatch):

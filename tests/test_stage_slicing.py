@@ -12,22 +12,44 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.search.layer_costs import job_layer_costs
-from itercast.search.stage_slicing import LayerCosts, evaluate, slice_best_stages, slice_exact, slice_relaxed
+from itercast.search.stage_slicing import LayerCosts, slice_best_stages, slice_exact, slice_relaxed
+
+
+def stages_of(num_layers: int, k: int) -> list[list[tuple[int, int]]]:
+    """Every way to cut layers 0..L−1 into k non-empty runs, as [(first, end), …]."""
+    out = []
+    for cuts in itertools.combinations(range(1, num_layers), k - 1):
+        bounds = [0, *cuts, num_layers]
+        out.append(list(itertools.pairwise(bounds)))
+    return out
+
+
+def step_s(per_stage: list[LayerCosts], runs: list[tuple[int, int]], m: int) -> float:
+    """The step of one slicing, written out (Narayanan et al. SC'21 §2.2; Alpa eq. 2): a stage takes
+    its layers' time plus the send after its last layer (the last stage sends nothing); with m
+    micro-batches the step is (m − 1) × the slowest stage + the sum of the stages."""
+    times = [
+        c.time_s[a:e].sum() + (c.send_s[e - 1] if s < len(runs) - 1 else 0.0)
+        for s, (c, (a, e)) in enumerate(zip(per_stage, runs, strict=True))
+    ]
+    return (m - 1) * max(times) + sum(times)
+
+
+def fits(c: LayerCosts, run: tuple[int, int], s: int, k: int, m: int, memory: float) -> bool:
+    """Stage s of k holds its layers' resident bytes and the activations of the micro-batches it
+    has in flight: 1F1B's warm-up forwards and one more, min(k − s, m)."""
+    a, e = run
+    return c.static_bytes[a:e].sum() + c.activation_bytes[a:e].sum() * min(k - s, m) <= memory
 
 
 def brute_force(costs: LayerCosts, k: int, m: int, memory: float = np.inf) -> float:
-    best = np.inf
-    L = costs.num_layers
-    for cuts in itertools.combinations(range(1, L), k - 1):
-        b = [0, *cuts]
-        ends = [*b[1:], L]
-        fits = all(
-            costs.static_bytes[a:e].sum() + costs.activation_bytes[a:e].sum() * (k - s) <= memory
-            for s, (a, e) in enumerate(zip(b, ends, strict=True))
-        )
-        if fits:
-            best = min(best, evaluate(costs, b, m).step_time_s)
-    return best
+    """The least step over every slicing into k stages that fits (O(L^(k−1)) slicings)."""
+    steps = [
+        step_s([costs] * k, runs, m)
+        for runs in stages_of(costs.num_layers, k)
+        if all(fits(costs, run, s, k, m, memory) for s, run in enumerate(runs))
+    ]
+    return min(steps, default=np.inf)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -163,22 +185,22 @@ def test_a_job_slicing_feeds_predict(tmp_path):
 
 
 def brute_force_groups(groups, k: int, m: int) -> float:
-    """Every order of groups along the pipeline, every split of the stages within the slots, every cut."""
-    from itercast.search.stage_slicing import _splits
-
-    best, L = np.inf, groups[0].costs.num_layers
-    for split in _splits(k, [g.slots for g in groups]):
-        for order in itertools.permutations([i for i, n in enumerate(split) if n]):
-            per_stage = [groups[i] for i in order for _ in range(split[i])]
-            for cuts in itertools.combinations(range(1, L), k - 1):
-                b = [0, *cuts]
-                ends = [*b[1:], L]
-                fits = all(
-                    g.costs.static_bytes[a:e].sum() + g.costs.activation_bytes[a:e].sum() * (k - s) <= g.memory_bytes
-                    for s, (g, a, e) in enumerate(zip(per_stage, b, ends, strict=True))
-                )
-                if fits:
-                    best = min(best, evaluate([g.costs for g in per_stage], b, m).step_time_s)
+    """Every assignment of the k stages to groups in which each group hosts one contiguous run of at
+    most its slots stages, every cut of the layers."""
+    best = np.inf
+    for hosts in itertools.product(range(len(groups)), repeat=k):
+        runs_of_groups = [g for g, _ in itertools.groupby(hosts)]
+        if len(runs_of_groups) != len(set(runs_of_groups)) or any(
+            hosts.count(i) > g.slots for i, g in enumerate(groups)
+        ):
+            continue
+        per_stage = [groups[i] for i in hosts]
+        for runs in stages_of(groups[0].costs.num_layers, k):
+            if all(
+                fits(g.costs, run, s, k, m, g.memory_bytes)
+                for s, (g, run) in enumerate(zip(per_stage, runs, strict=True))
+            ):
+                best = min(best, step_s([g.costs for g in per_stage], runs, m))
     return best
 
 

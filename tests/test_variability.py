@@ -122,3 +122,42 @@ def test_noise_from_a_profiling_database_is_the_median_cv_of_its_repeats(tmp_pat
     assert (model["compute_cv"], model["comm_cv"], model["gpu_cv"]) == (0.2, 0.5, 0.05)
     res = CliRunner().invoke(app, ["variability", "--example", "--noise-from-db", str(tmp_path / "none.db")])
     assert res.exit_code != 0 and "no such profiling database" in res.output
+
+
+def sampled_ratios(job, model: VariabilityModel, category: Category, n: int = 20_000) -> np.ndarray:
+    """Sampled over deterministic durations (tasks × n) of the step's tasks of `category` that take time."""
+    graph = TransformerStepBuilder(job).build()
+    tasks = np.flatnonzero((graph.category == category) & (graph.duration_s > 0))
+    return StepSampler(job, graph, model)(np.random.default_rng(0), n)[tasks] / graph.duration_s[tasks, None]
+
+
+def lognormal_draws(cv: float, shape: tuple[int, ...]) -> np.ndarray:
+    """Log-normal factors of mean 1 and coefficient of variation cv: σ² = ln(1 + cv²), μ = −σ²/2."""
+    sigma = np.sqrt(np.log1p(cv * cv))
+    return np.random.default_rng(1).lognormal(-(sigma**2) / 2, sigma, shape)
+
+
+def test_a_compute_task_varies_as_the_slowest_of_its_tensor_and_context_parallel_peers():
+    # tp 2 × cp 2: the task stands for 4 GPUs that meet at the next collective: the maximum of 4
+    # draws (order statistics), against drawing the 4 and keeping the largest
+    job = tiny_job(tensor_parallel=2, context_parallel=2, global_batch_size=2)
+    ratio = sampled_ratios(job, VariabilityModel(0.1, 0, 0, 0), Category.COMPUTE)[0]
+    assert stats.ks_2samp(ratio, lognormal_draws(0.1, (20_000, 4)).max(axis=1)).statistic < 0.02
+    alone = sampled_ratios(tiny_job(global_batch_size=8), VariabilityModel(0.1, 0, 0, 0), Category.COMPUTE)[0]
+    assert stats.ks_2samp(alone, lognormal_draws(0.1, (20_000,))).statistic < 0.02
+
+
+def test_communication_noise_has_mean_one_and_the_requested_cv():
+    ratio = sampled_ratios(
+        tiny_job(tensor_parallel=2, global_batch_size=4), VariabilityModel(0, 0.2, 0, 0), Category.COMMUNICATION
+    )
+    assert ratio.mean() == pytest.approx(1.0, abs=3e-3)  # one task alone: 1 ± 0.2 / √20,000 = 1.4e-3
+    assert ratio[0].std() == pytest.approx(0.2, rel=0.03)
+
+
+def test_the_network_factor_is_shared_by_every_communication_task_of_a_step():
+    ratio = sampled_ratios(
+        tiny_job(tensor_parallel=2, global_batch_size=4), VariabilityModel(0, 0, 0.1, 0), Category.COMMUNICATION, 1000
+    )
+    assert ratio.shape[0] > 1 and np.allclose(ratio, ratio[0])  # one factor per sample for all tasks
+    assert ratio[0].std() == pytest.approx(0.1, rel=0.15)  # and it varies from step to step

@@ -6,10 +6,8 @@ the simulator's: for every sample, start = max over predecessors' ends (+ latenc
 rendezvous. A collective draws ONE duration, shared by its members (the head member's draw).
 With zero variance the result equals `simulate` exactly (tested).
 
-`max_of_k` samples the maximum of k i.i.d. draws directly by inverting the CDF of the maximum,
-F_max(x) = F(x)^k, i.e. x = F⁻¹(U^(1/k)): a rendezvous over k symmetric ranks then costs one draw,
-the same for k = 8 or 65,536. Exact for i.i.d. draws; the approximation lies in treating ranks as
-i.i.d. and synchronised at that task (say so where it is used).
+What the draws are is the sampler's business: stochastic/variability.py's StepSampler draws a task
+that stands for k symmetric ranks as the maximum of k draws, sampled directly (order statistics).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from scipy import special
 
 from itercast.graph.execgraph import ExecGraph
 from itercast.sim.engine import compile_graph
@@ -68,48 +65,3 @@ def _collective_head_of(graph: ExecGraph) -> np.ndarray | None:
     lookup = dict(zip(coll[members][first].tolist(), members[first].tolist(), strict=True))
     head[members] = [lookup[c] for c in coll[members].tolist()]
     return head
-
-
-def max_of_k(quantile: Callable[[np.ndarray], np.ndarray], k: np.ndarray | int, u: np.ndarray) -> np.ndarray:
-    """Maximum of k i.i.d. draws of a distribution given by its quantile function, from uniforms u."""
-    return quantile(np.power(u, 1.0 / np.asarray(k, dtype=np.float64)))
-
-
-def lognormal_quantile(mean: np.ndarray | float, cv: np.ndarray | float) -> Callable[[np.ndarray], np.ndarray]:
-    """Quantile function of the log-normal with the given mean and coefficient of variation."""
-    sigma = np.sqrt(np.log1p(np.square(cv)))
-    mu = np.log(mean) - sigma**2 / 2
-
-    def q(p: np.ndarray) -> np.ndarray:
-        return np.exp(mu + sigma * special.ndtri(p))
-
-    return q
-
-
-def exponential_quantile(mean: float) -> Callable[[np.ndarray], np.ndarray]:
-    def q(p: np.ndarray) -> np.ndarray:
-        return -mean * np.log1p(-p)
-
-    return q
-
-
-class LogNormalNoise:
-    """Sampler: task t lasts mean[t] × a log-normal factor of mean 1 and coefficient of variation
-    cv[t], maximised over k[t] i.i.d. draws (the k ranks it stands for meet right after it).
-    Draws only what is needed: constant where cv = 0, plain normals where k = 1, and the
-    order-statistic inverse CDF only where k > 1."""
-
-    def __init__(self, mean_s: np.ndarray, cv: np.ndarray, k: np.ndarray) -> None:
-        self.mean_s = np.asarray(mean_s, dtype=np.float64)
-        sigma = np.sqrt(np.log1p(np.square(np.broadcast_to(cv, self.mean_s.shape))))
-        self.sigma, self.mu = sigma[:, None], (-(sigma**2) / 2)[:, None]
-        k = np.broadcast_to(np.asarray(k, dtype=np.float64), self.mean_s.shape)
-        self.single = np.flatnonzero((sigma > 0) & (k <= 1))
-        self.multi = np.flatnonzero((sigma > 0) & (k > 1))
-        self.inv_k = (1.0 / k[self.multi])[:, None]
-
-    def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        z = np.zeros((self.mean_s.shape[0], n))
-        z[self.single] = rng.standard_normal((self.single.shape[0], n))
-        z[self.multi] = special.ndtri(np.power(rng.random((self.multi.shape[0], n)), self.inv_k))
-        return self.mean_s[:, None] * np.exp(self.mu + self.sigma * z)

@@ -1,0 +1,71 @@
+"""A DLRM step's exchanges and updates computed by hand, on test_golden's linear calibration (a
+collective takes its nccl-tests bus bytes over the link: (n − 1)/n of an all-to-all's,
+reduce-scatter's or all-gather's buffer, 2(n − 1)/n of an all-reduce's; a memory-bound kernel its
+bytes over HBM; a GEMM its FLOPs over the peak).
+
+The model: 2 tables of 1,000 rows × 16 (fp32), 4 lookups a sample; bottom MLP 8 → 16, top MLP
+19 → 8 → 1 (3 pairwise dots of the F = 3 vectors and the 16-wide dense vector), 313 parameters;
+2 ranks of 64 samples: B = 128 samples a step.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_dlrm import model, system
+from test_golden import HBM, LINK, PEAK, linear_calibration
+
+from itercast.workloads.dlrm import DLRMStep, Shard, dlrm_step
+
+B, D, MLP = 128, 16, 313  # samples of the step, embedding width, MLP parameters
+
+
+def seconds(plan: dict[str, Shard]) -> dict[str, list[float]]:
+    """Durations of the step's tasks by name (one per rank), on the linear calibration."""
+    step: DLRMStep = dlrm_step(model(2), system(2), plan, B // 2, linear_calibration())
+    g, out = step.graph, {}
+    for t in range(g.num_tasks):
+        out.setdefault(g.names[g.name[t]], []).append(float(g.duration_s[t]))
+    return out
+
+
+def test_pooled_all_to_all_is_set_by_the_busiest_rank():
+    # rank 0 owns both tables: it sends 2 tables × B × 16 × 4 bytes of pooled vectors, rank 1
+    # nothing; the all-to-all lasts as long as rank 0's half leaving it (Mudigere et al. 2022)
+    stacked = seconds({"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (0,))})
+    assert stacked["pooled_exchange"] == pytest.approx([1 / 2 * 2 * B * D * 4 / LINK] * 2)
+    assert stacked["pooled_grad_exchange"] == pytest.approx([1 / 2 * 2 * B * D * 4 / LINK] * 2)
+
+
+def test_row_wise_partial_sums_of_every_sample_are_reduce_scattered():
+    # each rank's shard of a row-wise table pools partial sums for all B samples (B × 16 × 4
+    # bytes a table), reduce-scattered forward and their gradients all-gathered backward
+    rows = seconds({"t0": Shard("row_wise", (0, 1)), "t1": Shard("row_wise", (0, 1))})
+    assert rows["pooled_exchange"] == pytest.approx([1 / 2 * 2 * B * D * 4 / LINK] * 2)
+    assert rows["pooled_grad_exchange"] == pytest.approx([1 / 2 * 2 * B * D * 4 / LINK] * 2)
+
+
+def test_adam_and_the_replicas_adagrad_move_their_state_once_each_way():
+    # Adam over the MLPs reads fp32 weight, gradient, m, v and writes them back: 2 × 16 bytes per
+    # parameter; each replicated table's dense row-wise Adagrad reads its all-reduced gradient and
+    # reads and writes every row (3 × 16 × 4 bytes) and the row's fp32 state (2 × 4)
+    table_wise = seconds({"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (1,))})
+    assert table_wise["optimizer"] == pytest.approx([MLP * 32 / HBM] * 2)
+    replicas = seconds({"t0": Shard("data_parallel", (0, 1)), "t1": Shard("data_parallel", (0, 1))})
+    assert replicas["optimizer"] == pytest.approx([(MLP * 32 + 2 * 1000 * (3 * D * 4 + 2 * 4)) / HBM] * 2)
+
+
+def test_replicated_tables_gradients_are_all_reduced_with_the_mlps():
+    # (313 + 2 tables × 1,000 × 16) fp32 gradients all-reduced over 2 ranks: 2·1/2 of the buffer
+    replicas = seconds({"t0": Shard("data_parallel", (0, 1)), "t1": Shard("data_parallel", (0, 1))})
+    assert replicas["grad_all_reduce"] == pytest.approx([(MLP + 2 * 1000 * D) * 4 / LINK] * 2)
+
+
+def test_dot_interaction_and_top_mlp_forward_and_backward_by_hand():
+    # per rank 64 rows. Top MLP layers (19 → 8, 8 → 1): GEMM 2·64·in·out FLOPs and the ReLU
+    # output written and read (2·64·out·4 bytes) forward, twice both backward. The interaction:
+    # pairwise dots of the 3 vectors, a batched GEMM of 2·64·3·3·16 FLOPs forward, two backward
+    b = B // 2
+    mlp_fwd = sum(2 * b * i * o / PEAK + 2 * b * o * 4 / HBM for i, o in ((19, 8), (8, 1)))
+    dots = 2 * b * 3 * 3 * D / PEAK
+    got = seconds({"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (1,))})
+    assert got["interaction_top_mlp_fwd_bwd"] == pytest.approx([3 * mlp_fwd + 3 * dots] * 2)

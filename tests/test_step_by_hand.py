@@ -1,0 +1,217 @@
+"""One training step's quantities computed by hand: the groups gradients are reduced over, the
+optimizer's traffic under ZeRO, the QKV GEMM with grouped-query attention, the context-parallel
+ring, the pipeline's messages.
+
+Every number is written out below from the formula it comes from (Megatron-LM shapes; nccl-tests
+bus bandwidth: an all-reduce moves 2(n − 1)/n of its buffer per rank, an all-gather and a
+reduce-scatter (n − 1)/n). On test_golden's linear calibration a collective takes its bus bytes over
+the link, a memory-bound kernel its bytes over HBM, a GEMM its FLOPs over the peak.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_golden import HBM, LINK, MODEL, PEAK, SYSTEM, linear_calibration
+
+from itercast.config.job import Job
+from itercast.hardware.topology import GroupPlacement
+from itercast.predict import predict
+from itercast.workloads.transformer import Groups
+from itercast.workloads.transformer_ops import head_forward, layer_backward, layer_forward
+
+H, V, S = 64, 128, 32  # MODEL: gpt, one layer, hidden 64, 4 heads of 16, MLP 256, vocab 128, 32 tokens
+# one layer: QKV h·3h + projection h² + MLP 2·h·4h weights, biases 3h + 4h (column) + 2h (row), two
+# LayerNorms 4h: 12h² + 13h; the embedding V·h and learned positions S·h; the tied head is the embedding
+PARAMS = 12 * H * H + 13 * H + V * H + S * H  # = 60,224 on one GPU (tp 1, pp 1)
+
+
+def job(model: dict | None = None, gpus_per_node: int | None = None, **plan: object) -> Job:
+    """MODEL (with `model`'s fields changed) under `plan` (dp 1 unless given); every GPU of the plan
+    on one node unless `gpus_per_node` says how many a node has."""
+    plan.setdefault("data_parallel", 1)
+    gpus = 1
+    for field in ("tensor_parallel", "pipeline_parallel", "context_parallel", "data_parallel"):
+        gpus *= int(plan.get(field, 1))  # type: ignore[call-overload]
+    per_node = gpus_per_node or gpus
+    system = {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": per_node}, "num_nodes": gpus // per_node}
+    return Job.from_dicts({**MODEL, **(model or {})}, plan, system)
+
+
+def task_seconds(j: Job, name: str) -> list[float]:
+    """Durations of the step graph's tasks called `name`, on the linear calibration."""
+    g = predict(j, linear_calibration()).sim.graph
+    return [float(g.duration_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]] == name]
+
+
+def test_gradients_are_all_reduced_over_data_times_context_parallel_ranks():
+    # dp 2 × cp 2: every GPU holds all 60,224 parameters; fp32 gradients (Megatron's default):
+    # 240,896 bytes all-reduced over 4 ranks: 2·3/4 of them per rank
+    j = job(data_parallel=2, context_parallel=2, overlap_grad_reduce=False)
+    assert task_seconds(j, "grad_all_reduce") == [pytest.approx(2 * 3 / 4 * 4 * PARAMS / LINK)]
+
+
+def test_zero1_reduce_scatters_gradients_gathers_weights_and_steps_its_shard():
+    # ZeRO-1 over the 4 data × context ranks: gradients reduce-scattered (3/4 of 4 bytes per
+    # parameter), the updated bf16 weights all-gathered (3/4 of 2 bytes), and the Adam step on a
+    # quarter of the parameters: 30 bytes each (fp32 master, fp32 gradient, m, v read: 16; master,
+    # m, v and the bf16 copy written: 14)
+    j = job(data_parallel=2, context_parallel=2, zero_stage=1, overlap_grad_reduce=False, overlap_param_gather=False)
+    assert task_seconds(j, "grad_reduce_scatter") == [pytest.approx(3 / 4 * 4 * PARAMS / LINK)]
+    assert task_seconds(j, "param_all_gather") == [pytest.approx(3 / 4 * 2 * PARAMS / LINK)]
+    assert task_seconds(j, "optimizer_step") == [pytest.approx(30 * PARAMS / 4 / HBM)]
+
+
+def test_without_zero_every_gpu_steps_every_parameter():
+    assert task_seconds(job(data_parallel=4), "optimizer_step") == [pytest.approx(30 * PARAMS / HBM)]
+    # bf16 gradient buffers: the step reads 2-byte gradients (4 + 2 + 8 read, 14 written)
+    bf16 = job(data_parallel=4, grad_reduce_dtype="bf16")
+    assert task_seconds(bf16, "optimizer_step") == [pytest.approx(28 * PARAMS / HBM)]
+
+
+def test_fp32_training_gathers_fp32_weights_under_zero():
+    # fp32 weights are 4 bytes; Adam reads weight, gradient, m, v (16) and writes weight, m, v (12)
+    j = job(data_parallel=2, zero_stage=1, dtype="fp32", overlap_param_gather=False, overlap_grad_reduce=False)
+    assert task_seconds(j, "param_all_gather") == [pytest.approx(1 / 2 * 4 * PARAMS / LINK)]
+    assert task_seconds(j, "optimizer_step") == [pytest.approx(28 * PARAMS / 2 / HBM)]
+
+
+def test_qkv_gemm_and_rotary_embedding_count_query_groups():
+    # llama with 4 query heads in 2 groups (GQA), head 16, 32 tokens: QKV projects h to
+    # (a + 2g)·d = 128 columns: 2·32·64·128 FLOPs; RoPE reads and writes q and k: 2·32·(4 + 2)·16·2 bytes
+    llama = {"family": "llama", "num_query_groups": 2}
+    ops = {o.name: o.amount for o in layer_forward(job(llama).model, job(llama).plan)}
+    assert ops["qkv"] == 2 * 32 * 64 * (4 + 2 * 2) * 16
+    assert ops["rope"] == 2 * 32 * (4 + 2) * 16 * 2
+    tp2 = job(llama, tensor_parallel=2)  # column-parallel: half the columns per rank
+    assert {o.name: o.amount for o in layer_forward(tp2.model, tp2.plan)}["qkv"] == 2 * 32 * 64 * 128 / 2
+
+
+def test_context_parallel_ring_sends_grouped_keys_and_values_and_doubles_backward():
+    # cp 2: 16 local tokens; each of the c − 1 = 1 ring steps passes K and V of the 2 groups:
+    # 16 · 2·2·16 · 2 bytes; backward the K, V blocks and their gradients travel: twice that
+    j = job({"num_query_groups": 2}, context_parallel=2)
+    fwd = {o.name: o for o in layer_forward(j.model, j.plan)}["cp_kv_exchange"]
+    bwd = {o.name: o for o in layer_backward(j.model, j.plan)}["cp_kv_exchange.bwd"]
+    assert (fwd.amount, fwd.count) == (16 * 2 * 2 * 16 * 2, 1)
+    assert (bwd.amount, bwd.count) == (2 * 16 * 2 * 2 * 16 * 2, 1)
+
+
+def test_context_parallel_ring_exposes_what_attention_does_not_hide():
+    # cp 4, 2 groups: 8 local tokens, 3 ring steps of 8·64·2 = 1,024 bytes forward, 2,048 backward.
+    # Attention: 4 heads × 8 queries × 32 keys, QKᵀ and AV of 2·16 FLOPs each, causal half: 32,768
+    # FLOPs at 0.75 of the peak (FlashAttention-2 against GEMMs, costs/analytic.py), 2.5× backward
+    j = job({"num_query_groups": 2}, context_parallel=4)
+    attention_s = 4 * 8 * 32 * 2 * 2 * 16 / 2 / (0.75 * PEAK)
+    exposed = (3 * 1024 / LINK - attention_s) + (3 * 2048 / LINK - 2.5 * attention_s)
+    assert predict(j, linear_calibration()).family_time_s["cp_p2p_exposed"] == pytest.approx(exposed)
+
+
+def test_pipeline_sends_one_tensor_parallel_shard_under_sequence_parallelism():
+    # two layers on two stages; a micro-batch's activations are 32 tokens × 64 × 2 bytes = 4,096;
+    # with sequence parallelism each of the t = 2 ranks sends its 1/t (Megatron's scatter-gather)
+    two = {"num_layers": 2}
+    sp = job(two, tensor_parallel=2, pipeline_parallel=2, sequence_parallel=True)
+    assert task_seconds(sp, "send_act.m0.c0") == [pytest.approx(4096 / 2 / LINK)]
+    assert task_seconds(job(two, tensor_parallel=2, pipeline_parallel=2), "send_act.m0.c0") == [
+        pytest.approx(4096 / LINK)
+    ]
+    cp = job(two, context_parallel=2, pipeline_parallel=2)  # 16 tokens per context-parallel rank
+    assert task_seconds(cp, "send_grad.m0.c0") == [pytest.approx(4096 / 2 / LINK)]
+
+
+def test_a_send_between_nodes_runs_on_the_gpus_share_of_the_nics():
+    # 2 GPUs per node, tp 2: the two stages sit on two nodes. A node's 8 NICs of LINK serve its
+    # 2 GPUs: 4·LINK per GPU (SystemConfig.nic_bandwidth_per_gpu_bytes_per_s)
+    j = job({"num_layers": 2}, gpus_per_node=2, tensor_parallel=2, pipeline_parallel=2)
+    assert task_seconds(j, "send_act.m0.c0") == [pytest.approx(4096 / (8 * LINK / 2))]
+
+
+def test_tied_embedding_gradients_are_all_reduced_in_fp32_between_first_and_last_stage():
+    # pp 2: the first stage's embedding and the last stage's copy, V·h/t = 128·64 fp32 gradients,
+    # all-reduced over those 2 ranks: 2·1/2 of the buffer
+    j = job({"num_layers": 2}, pipeline_parallel=2)
+    assert task_seconds(j, "tied_embedding_all_reduce") == [pytest.approx(V * H * 4 / LINK)] * 2
+
+
+def test_memory_bound_bytes_of_a_sequence_parallel_llama_layer():
+    # llama, 4 heads in 2 groups, SwiGLU of 128, tp 2 with sequence parallelism: norms and residuals
+    # run on 32 / 2 = 16 tokens (Korthikanti §4.2.2); RMSNorm reads and writes 16·64·2 bytes, a
+    # residual add reads two and writes one; RoPE and SwiGLU act on all 32 tokens of their heads
+    # and columns (a tensor-parallel shard): (4 + 2) / 2 heads of 16, gate and up of 128 / 2 read,
+    # their product written
+    llama = job(
+        {"family": "llama", "num_query_groups": 2, "ffn_hidden_size": 128}, tensor_parallel=2, sequence_parallel=True
+    )
+    ops = {o.name: o.amount for o in layer_forward(llama.model, llama.plan) if o.family != "gemm"}
+    assert ops["input_norm"] == ops["post_attn_norm"] == 2 * 16 * 64 * 2
+    assert ops["residual_1"] == ops["residual_2"] == 3 * 16 * 64 * 2
+    assert ops["rope"] == 2 * 32 * (4 + 2) / 2 * 16 * 2
+    assert ops["mlp_act"] == 3 * 32 * 128 / 2 * 2
+
+
+def test_output_layer_splits_the_vocabulary_over_tensor_parallel_ranks():
+    # tp 2: each rank computes 32 tokens × 128 / 2 logits (2·32·64·64 FLOPs) and their fp32
+    # cross-entropy (read the 2-byte logits, write and read fp32: 10 bytes each); the max and the
+    # sum of exponentials over the two vocabulary shards are two fp32 all-reduces per token
+    j = job(tensor_parallel=2)
+    ops = {o.name: o.amount for o in head_forward(j.model, j.plan)}
+    assert ops["logits"] == 2 * 32 * 64 * 128 / 2
+    assert ops["cross_entropy"] == 32 * 128 / 2 * (2 + 2 * 4)
+    assert ops["cross_entropy.tp"] == 2 * 32 * 4
+
+
+def test_selective_recompute_adds_nothing_to_fused_attention():
+    # FlashAttention recomputes the scores inside its own backward: nothing runs twice
+    plain, selective = job(), job(recompute="selective")
+    assert layer_backward(selective.model, selective.plan) == layer_backward(plain.model, plain.plan)
+
+
+def test_context_parallel_ring_crosses_nodes_when_its_ranks_sit_tensor_parallel_apart():
+    # tp 2 × cp 2 on nodes of 2 GPUs with one NIC of LINK / 8 each: Megatron's rank order puts the
+    # two context-parallel ranks tp = 2 apart, on two nodes; a GPU drives (LINK / 8) / 2 of the
+    # network. Each rank's ring step: 16 tokens × K and V of 2 groups / tp × 16 × 2 bytes = 1,024.
+    # Attention per rank: 2 heads × 16 queries × 32 keys × 2·2·16 FLOPs, causal half, at 0.75 of
+    # the peak; backward 2.5× that against twice the ring
+    network = {**SYSTEM["network"], "nics_per_node": 1, "nic_bandwidth_bytes_per_s": LINK / 8}
+    system = {**SYSTEM, "network": network, "node": {**SYSTEM["node"], "gpus_per_node": 2}, "num_nodes": 2}
+    plan = {"tensor_parallel": 2, "context_parallel": 2, "data_parallel": 1}
+    j = Job.from_dicts({**MODEL, "num_query_groups": 2}, plan, system)
+    step_s, attention_s = 1024 / (LINK / 16), 2 * 16 * 32 * 2 * 2 * 16 / 2 / (0.75 * PEAK)
+    exposed = (step_s - attention_s) + (2 * step_s - 2.5 * attention_s)
+    assert predict(j, linear_calibration()).family_time_s["cp_p2p_exposed"] == pytest.approx(exposed)
+
+
+def test_moe_tokens_are_permuted_before_and_unpermuted_after_the_experts():
+    # 32 tokens, top-2, even load: 64 routed rows of h = 64. Permute: read and write each copy
+    # (2·64·64·2 bytes); unpermute: read the copies and their routing weights, write 32 rows
+    moe = {"family": "llama", "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
+    j = job(moe, data_parallel=2, expert_parallel=2)
+    ops = {o.name: o.amount for o in layer_forward(j.model, j.plan, moe=True)}
+    assert ops["moe_permute"] == 2 * 64 * 64 * 2
+    assert ops["moe_unpermute"] == (2 * 64 + 32) * 64 * 2
+
+
+def test_megatron_rank_order_places_tensor_then_context_then_data_parallel_ranks():
+    # tp 2 × cp 2 × dp 2 on nodes of 2 GPUs: tensor-parallel ranks adjacent (0, 1: one node);
+    # context-parallel ranks tp = 2 apart (0, 2: two nodes); gradients over the 4 data × context
+    # ranks 0, 2, 4, 6 (four nodes); the next pipeline stage 8 ranks on
+    j = job(
+        {"num_layers": 2}, gpus_per_node=2, tensor_parallel=2, context_parallel=2, data_parallel=2, pipeline_parallel=2
+    )
+    groups = Groups.of(j)
+    assert (groups.tp, groups.cp, groups.grad) == (
+        GroupPlacement(2, 1, 2),
+        GroupPlacement(2, 2, 1),
+        GroupPlacement(4, 4, 1),
+    )
+    assert groups.stage_cross_node
+
+
+def test_each_local_expert_runs_its_own_gemms():
+    # 2 local experts (4 over ep 2) share the 64 routed rows: up (gate + up) 2·64·64·2·32 FLOPs and
+    # down 2·64·32·64 in all, one GEMM per expert; SwiGLU reads 2 and writes 1 of 64 × 32 × 2 bytes.
+    # Forward and backward (2 GEMMs per GEMM, twice the bytes): 3× the forward
+    moe = {"family": "llama", "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
+    j = job(moe, data_parallel=2, expert_parallel=2)
+    forward_s = (2 * 64 * 64 * 2 * 32 + 2 * 64 * 32 * 64) / PEAK + 3 * 64 * 32 * 2 / HBM
+    assert predict(j, linear_calibration()).family_time_s["experts"] == pytest.approx(3 * forward_s)

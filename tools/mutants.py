@@ -1,0 +1,337 @@
+"""One-line mutants of itercast's formulas: does the test suite notice when one is wrong?
+
+    python tools/mutants.py                  # every mutant, one at a time (a long run); prints the score
+    python tools/mutants.py --list           # the mutants, numbered, with the physics each one breaks
+    python tools/mutants.py --only dlrm      # those whose file, snippet or description contains "dlrm"
+    python tools/mutants.py --jobs 2         # two at a time, each in a copy of its own
+
+A mutant replaces one exact snippet of one source file with a plausible mistake (a factor dropped,
+the wrong group, the wrong dtype). The working tree is never touched: the repository is copied to a
+temporary directory (itercast/ and tests/ copied, everything else linked), the mutant is written
+into the copy, and `python -m pytest -x -q` runs there on the test files that cover it (the copy's
+`itercast` is imported, checked before the first mutant; no bytecode is written, so no stale .pyc
+survives a mutant). First the union of those test files must pass unmutated (the baseline).
+
+Killed: the tests fail (or run past --timeout). Survived: they pass, so a formula can be wrong
+without any test noticing: an equivalent mutant (no result can change) or a gap in the tests.
+Not applicable: the snippet is not (exactly once) in the file any more; the code changed, so update
+the list. The score is "killed K of N applicable".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("itercast", "tests")  # copied (mutated, and tests import the copy); the rest is linked
+NOT_LINKED = {".git", ".venv", "itercast.egg-info", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+
+
+class Mutant(NamedTuple):
+    """`before` occurs exactly once in `file` (relative to itercast/); `tests` default per file."""
+
+    file: str
+    before: str
+    after: str
+    breaks: str
+    tests: tuple[str, ...] = ()
+
+
+def _t(*names: str) -> tuple[str, ...]:
+    return tuple(f"tests/test_{n}.py" for n in names)
+
+
+#: the test files that cover each source file (a mutant may name its own)
+TESTS = {
+    "workloads/transformer_ops.py": _t("golden", "step_by_hand", "moe", "ops_and_costs"),
+    "workloads/transformer.py": _t("golden", "step_by_hand", "moe", "ops_and_costs", "pipeline"),
+    "memory.py": _t("memory", "memory_by_hand", "golden", "moe"),
+    "search/fast_estimate.py": _t("fast_estimate"),
+    "workloads/dlrm.py": _t("dlrm", "dlrm_by_hand"),
+    "costs/analytic.py": _t("costs_by_hand", "ops_and_costs", "golden"),
+    "hardware/topology.py": _t("costs_by_hand", "ops_and_costs"),
+    "parallel/schedules.py": _t("pipeline", "memory", "golden"),
+    "sim/kernels.py": _t("engine", "sim_kernels"),
+    "sim/engine.py": _t("engine", "engine_properties"),
+    "sim/montecarlo.py": _t("montecarlo"),
+    "stochastic/variability.py": _t("variability"),
+    "stochastic/time_to_train.py": _t("time_to_train"),
+    "search/stage_slicing.py": _t("stage_slicing"),
+}
+
+OPS, TF, MEM, FAST = "workloads/transformer_ops.py", "workloads/transformer.py", "memory.py", "search/fast_estimate.py"
+DLRM, COST, TOPO, SCHED = "workloads/dlrm.py", "costs/analytic.py", "hardware/topology.py", "parallel/schedules.py"
+VAR, TTT, SLICE = "stochastic/variability.py", "stochastic/time_to_train.py", "search/stage_slicing.py"
+M = Mutant
+# fmt: off
+MUTANTS: tuple[Mutant, ...] = (
+    # -- the layer's ops: FLOPs and bytes per micro-batch (Megatron-LM shapes) --------------------
+    M(OPS, "2 * T * h * (a + 2 * g) * d / t, f_bytes", "2 * T * h * 3 * a * d / t, f_bytes", "QKV GEMM ignores GQA"),
+    M(OPS, "2 * T * (a + g) * d / t * e)", "2 * T * a * d / t * e)", "rotary embedding skips the keys"),
+    M(OPS, "(qk + av) * (0.5 if model.causal else 1.0)", "(qk + av)", "causal flash attention does every block"),
+    M(OPS, '"norm", 2 * scores * e)', '"norm", scores * e)', "unfused softmax only reads its scores"),
+    M(OPS, "scores * (2 * e + 1)", "scores * 2 * e", "attention dropout without its 1-byte mask"),
+    M(OPS, "heads = plan.micro_batch_size * a / t", "heads = plan.micro_batch_size * a", "heads not split by t"),
+    M(OPS, "s_loc = model.seq_length / plan.context_parallel", "s_loc = model.seq_length", "CP does not split tokens"),
+    M(OPS, "sp = tokens / plan.tensor_parallel if", "sp = tokens if", "SP does not shard norms and residuals"),
+    M(OPS, "kv = 2 * g * d if", "kv = 2 * a * d if", "CP ring passes K and V of every head (GQA ignored)"),
+    M(OPS, '"p2p", plan.context_parallel - 1))', '"p2p", plan.context_parallel))', "CP ring of c steps, not c − 1"),
+    M(OPS, "2 * T * a * model.value_head_dim * h / t, kn", "2 * T * a * model.value_head_dim * h, kn",
+      "attention output projection not split by t"),
+    M(OPS, 'Op("residual_1", "elementwise", 3 * Tsp', 'Op("residual_1", "elementwise", 3 * T', "residual not SP-split"),
+    M(OPS, 'Op("input_norm", "norm", 2 * Tsp', 'Op("input_norm", "norm", Tsp', "layer norm only reads"),
+    M(OPS, "2 * T * h * up * width / t, f_bytes", "2 * T * h * width / t, f_bytes", "SwiGLU up GEMM without the gate"),
+    M(OPS, "(3 if model.gated_mlp else 2) * T * width", "2 * T * width", "SwiGLU activation reads one input"),
+    M(OPS, "2 * T * width * h / t, kn", "2 * T * width * h, kn", "MLP down GEMM not split by t"),
+    M(OPS, "if plan.tensor_parallel == 1 or not plan.sequence_parallel:", "if plan.tensor_parallel == 1:",
+      "all-gathers before column-parallel GEMMs without SP"),
+    M(OPS, '"reduce_scatter", backward_comm="all_gather")]', '"reduce_scatter")]', "SP's g has no backward all-gather"),
+    M(OPS, 'out.append(Op(f"{op.name}.regather", "tp_comm", op.f_bytes, "all_gather", overlaps=dgrad))', "pass",
+      "SP backward does not re-gather the saved sharded input"),
+    M(OPS, 'kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"', 'kind = "all_reduce"',
+      "SP's input gradient all-reduced, not reduce-scattered"),
+    M(OPS, '"attention", 2.5 * op.amount)', '"attention", 2.0 * op.amount)', "flash backward 2× forward, not 2.5×"),
+    M(OPS, '"cp_comm", 2 * op.amount, "p2p", op.count)', '"cp_comm", op.amount, "p2p", op.count)',
+      "CP backward ring not doubled (K, V and their gradients)"),
+    M(OPS, "else 2 * op.amount", "else op.amount", "memory-bound backward moves its forward bytes once"),
+    M(OPS, 'elif plan.recompute == "selective" and not plan.flash_attention:', 'elif plan.recompute == "selective":',
+      "selective recompute re-runs fused attention"),
+    M(OPS, '"elementwise", 4 * rows * k, label', '"elementwise", 2 * rows * k, label', "FP8 cast writes no transpose"),
+    M(OPS, "sh.tokens * v_loc * (e + 2 * 4)", "sh.tokens * v_loc * (e + 4)", "cross-entropy: one fp32 pass"),
+    M(OPS, '"tp_comm", 2 * sh.tokens * 4, "all_reduce"', '"tp_comm", sh.tokens * 4, "all_reduce"',
+      "vocab-parallel cross-entropy reduces one scalar per token, not two"),
+    M(OPS, "2 * sh.tokens * h * v_loc, f_bytes", "2 * sh.tokens * h * model.vocab_size, f_bytes",
+      "logits GEMM not split over the vocabulary"),
+    M(OPS, '"embedding_lookup", "elementwise", 2 * sh.tokens', '"embedding_lookup", "elementwise", sh.tokens',
+      "embedding lookup only writes"),
+    M(OPS, "routed = n * k * model.moe_load()", "routed = n * k", "MoE busiest rank at the mean load"),
+    M(OPS, "rows = routed * etp", "rows = routed", "expert-tensor gather does not multiply rows"),
+    M(OPS, "2 * rows * h * up * fe / etp / local", "2 * rows * h * up * fe / etp", "every local expert gets all rows"),
+    M(OPS, "(2 * routed + n) * h * e", "2 * routed * h * e", "MoE unpermute writes nothing"),
+    # -- the step graph: groups, bytes, optimizer ------------------------------------------------
+    M(TF, "grad=place_group(d * c, t, gpn)", "grad=place_group(d, t * c, gpn)", "gradients reduced over dp, not dp×cp"),
+    M(TF, "cp=place_group(c, t, gpn)", "cp=place_group(c, 1, gpn)", "CP ranks placed adjacent, not at stride tp"),
+    M(TF, "tp=place_group(t, 1, gpn)", "tp=place_group(t, c, gpn)", "TP ranks placed at stride cp"),
+    M(TF, "stage_cross_node=not same_node(0, stage_stride, gpn)", "stage_cross_node=False",
+      "pipeline sends never cross nodes"),
+    M(TF, "stage_stride // (ep * etp) if", "stage_stride // ep if", "expert data parallel ignores expert TP"),
+    M(TF, 'return "all_reduce" if job.plan.zero_stage == 0 else "reduce_scatter"', 'return "all_reduce"',
+      "ZeRO still all-reduces gradients"),
+    M(TF, 'return 4 if job.plan.dtype == "fp32" else 2', "return 2", "fp32 weights gathered as 16-bit"),
+    M(TF, "read = 4 + p.grad_bytes + 8", "read = 4 + 4 + 8", "Adam reads fp32 gradients under bf16 reduction"),
+    M(TF, "write = 12 + (0 if", "write = 12 + (2 if", "fp32 training writes a 16-bit copy too"),
+    M(TF, "return nbytes / p.tensor_parallel if p.sequence_parallel else nbytes", "return nbytes",
+      "pipeline message not divided by t under SP"),
+    M(TF, "m.seq_length / p.context_parallel * m.hidden_size", "m.seq_length * m.hidden_size", "p2p ignores CP"),
+    M(TF, "return experts / groups.expert_grad.size + rest / groups.grad.size", "return experts + rest",
+      "ZeRO-sharded optimizer step over every parameter"),
+    M(TF, "sec = max(0.0, sec - kernel_s[op.overlaps])", "sec = max(0.0, sec)", "overlapped collectives fully exposed"),
+    M(TF, "exposed_cp = max(0.0, cp_ring - attention)", "exposed_cp = cp_ring", "CP ring hides behind nothing"),
+    M(TF, "sec = op.count * float(costs.gemm_s(", "sec = float(costs.gemm_s(", "one GEMM for all local experts"),
+    M(TF, "cp_ring += op.count * costs.p2p_s(", "cp_ring += costs.p2p_s(", "CP ring priced as one step"),
+    M(TF, '("dp", stage, "all_gather", w, w_bytes)', '("dp", stage, "all_gather", w, grad_bytes)',
+      "ZeRO parameter gather moves gradient bytes"),
+    M(TF, '("collective", stage, "all_reduce", vocab * grad_bytes, "embedding")',
+      '("collective", stage, "all_reduce", vocab * 2, "embedding")', "tied embedding reduced in 16-bit"),
+    M(TF, "head = vocab if not m.tied or p.pipeline_parallel > 1 else 0.0", "head = vocab",
+      "a tied head on one stage counted twice"),
+    M(TF, "(p.zero_stage >= 2 or i == last_bwd[ps.chunk])", "(i == last_bwd[ps.chunk])",
+      "ZeRO-2/3 reduce once, not after every micro-batch"),
+    # -- memory per GPU (Korthikanti et al. 2022; ZeRO) ------------------------------------------
+    M(MEM, 'shard = c["dp"] * c["cp"]', 'shard = c["dp"]', "ZeRO shards over dp, not dp×cp"),
+    M(MEM, 'c["tp"] * shard // (c["ep"] * c["etp"])', 'c["tp"] * shard // c["ep"]', "expert ZeRO shard ignores ETP"),
+    M(MEM, "self.recomputing = np.where(", "self.recomputing = 0 * np.where(", "full recompute needs no whole layer"),
+    M(MEM, "return np.where(rc == _FULL, e * h / rep, kept)", "return np.where(rc == _FULL, e * h, kept)",
+      "full recompute's layer input not SP-sharded"),
+    M(MEM, "sharded = e * (a + 2 * g) * d + e * h", "sharded = e * 3 * a * d + e * h", "activations ignore GQA"),
+    M(MEM, "sharded += e * ((2 if m.gated_mlp else 1) * f + f)", "sharded += e * (f + f)",
+      "SwiGLU keeps one up output"),
+    M(MEM, "replicated = 4 * e * h + 2 * dropout", "replicated = 4 * e * h", "dropout masks not kept"),
+    M(MEM, "else (2, base.grad_bytes, 12)", "else (2, 4, 12)", "bf16 gradient buffers counted as fp32"),
+    M(MEM, "w_b / np.where(z >= 3, shard, 1)", "w_b / np.where(z >= 2, shard, 1)", "ZeRO-2 shards weights"),
+    M(MEM, "g_b / np.where(z >= 2, shard, 1)", "g_b / np.where(z >= 1, shard, 1)", "ZeRO-1 shards gradients"),
+    M(MEM, "2 * largest * whole_w_b, 0)", "largest * whole_w_b, 0)", "FSDP gathers one layer, not two"),
+    M(MEM, 'self.tokens * m.vocab_size / c["tp"] * 4', 'self.tokens * m.vocab_size / c["tp"] * 2', "logits in bf16"),
+    M(MEM, 'self.tokens = c["mbs"] * m.seq_length / c["cp"]', 'self.tokens = c["mbs"] * m.seq_length',
+      "CP does not split activations"),
+    M(MEM, "np.where(last & ((not m.tied) | (pp > 1)), vocab, 0.0)", "np.where(last, vocab, 0.0)",
+      "tied head on one stage stored twice"),
+    M(SCHED, "peak = np.where(warmup < total, warmup + 1, warmup)", "peak = warmup",
+      "1F1B holds its warm-up only, not the first steady forward"),
+    M(SCHED, "warmup = min(stages - stage - 1, microbatches)", "warmup = min(stages - stage, microbatches)",
+      "1F1B warm-up one forward too many"),
+    M(SCHED, "chunk if forward else chunks - 1 - chunk, micro)", "chunk, micro)",
+      "interleaved backward runs chunks in forward order"),
+    # -- collectives and devices (nccl-tests bus bandwidth) --------------------------------------
+    M(COST, '"all_reduce": lambda n: 2.0 * (n - 1) / n', '"all_reduce": lambda n: (n - 1) / n', "all-reduce bus 1×"),
+    M(COST, '"all_gather": lambda n: (n - 1) / n', '"all_gather": lambda n: 1.0', "all-gather bus factor 1"),
+    M(COST, '"reduce_scatter": lambda n: (n - 1) / n', '"reduce_scatter": lambda n: 1.0', "reduce-scatter bus 1"),
+    M(COST, '"alltoall": lambda n: (n - 1) / n', '"alltoall": lambda n: 1.0', "all-to-all sends to itself"),
+    M(COST, "return nbytes * ranks / nodes * (nodes - 1) / nodes", "return nbytes * (nodes - 1) / nodes",
+      "cross-node all-to-all: one GPU's bytes through the NIC"),
+    M(COST, "ATTENTION_VS_GEMM = 0.75", "ATTENTION_VS_GEMM = 1.0", "fused attention at the GEMM rate"),
+    M(COST, 'get("bf16", self.peak_flops) if dtype == "fp8" else', 'get("fp8", self.peak_flops) if dtype == "fp8" else',
+      "fused attention runs in FP8"),
+    M(COST, "group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s()",
+      "self.system.nic_bandwidth_per_gpu_bytes_per_s()", "a node's NICs serve one rank of the group"),
+    M(COST, 'one_way * (2 if kind == "all_reduce" else 1)', "one_way", "all-reduce latency one way"),
+    M(COST, "if cross_node\n            else self.system.node.intra_node_bandwidth_bytes_per_s",
+      "if not cross_node\n            else self.system.node.intra_node_bandwidth_bytes_per_s",
+      "pipeline sends on the wrong link"),
+    M(TOPO, "per_node = max(1, min(size, gpus_per_node // stride))", "per_node = max(1, min(size, gpus_per_node))",
+      "placement ignores the stride"),
+    # -- DLRM (TorchRec sharding) -----------------------------------------------------------------
+    M(DLRM, '"alltoall", max(a2a_bytes), group)', '"alltoall", sum(a2a_bytes) / world, group)',
+      "pooled all-to-all priced at the mean rank, not the busiest"),
+    M(DLRM, "rw_bytes += b * world * t.embedding_dim * F32", "rw_bytes += b * t.embedding_dim * F32",
+      "row-wise reduce-scatter of the local batch, not all B"),
+    M(DLRM, "model.mlp_params() * ADAM_BYTES * 2 + update_bytes", "model.mlp_params() * ADAM_BYTES + update_bytes",
+      "Adam reads its state but writes nothing"),
+    M(DLRM, 'memory_s("elementwise", 4 * dense_bytes)', 'memory_s("elementwise", 2 * dense_bytes)',
+      "DDP's copy-in without the division by the world size"),
+    M(DLRM, "table.num_rows * (3 * table.embedding_dim * F32", "table.num_rows * (2 * table.embedding_dim * F32",
+      "replica update skips the gradient read"),
+    M(DLRM, "ShardWork(B * P / world, table.num_rows / world", "ShardWork(B * P, table.num_rows / world",
+      "row-wise shard looks up every index"),
+    M(DLRM, "part = d // len(shard.ranks)", "part = d", "column-wise shard holds every column"),
+    M(DLRM, "top_bwd += 2 * float(costs.gemm_s(", "top_bwd += float(costs.gemm_s(", "dot interaction backward 1 GEMM"),
+    M(DLRM, "work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES", "work.lookups * INDEX_BYTES",
+      "input distribution without bag lengths"),
+    M(DLRM, "distinct * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES)", "distinct * (work.dim * F32 + ADAGRAD_ROW_BYTES)",
+      "Adagrad update reads rows but writes none"),
+    M(DLRM, "dense_bytes = model.mlp_params() * F32 + dp_bytes", "dense_bytes = model.mlp_params() * F32",
+      "replicated tables' gradients not all-reduced"),
+    # -- the fast path (closed form) --------------------------------------------------------------
+    M(FAST, "(total - slowest) / v + 2 * (p - 1) * g", "(total - slowest) / v + (p - 1) * g", "one send per hop"),
+    M(FAST, "M * period + (total - slowest) / v", "M * period + (total - slowest)", "interleaving shrinks no bubble"),
+    M(FAST, "window = pass_s * (per_chunk - 1) / per_chunk", "window = pass_s", "last bucket hides behind its pass"),
+    M(FAST, "np.where((zero == 1) | (zero == 2), gathered, 0.0)", "np.where(zero == 1, gathered, 0.0)",
+      "ZeRO-2 gathers no parameters"),
+    # -- the simulator and variability -------------------------------------------------------------
+    M("sim/kernels.py", "e = end[in_src[k]] + in_lat[k]\n", "e = end[in_src[k]]\n", "edge latency ignored"),
+    M("sim/montecarlo.py", "dur = dur[head]", "dur = dur", "collective members draw apart"),
+    M(VAR, "self.k_task = p.tensor_parallel * p.context_parallel", "self.k_task = p.tensor_parallel",
+      "compute noise: max over tp, not tp×cp"),
+    M(VAR, "self.gpus_per_stage = p.dp * p.tensor_parallel", "self.gpus_per_stage = p.tensor_parallel",
+      "slowest GPU of a stage among tp·cp, not dp·tp·cp"),
+    M(VAR, "np.exp(sigma * z - sigma * sigma / 2)", "np.exp(sigma * z)", "log-normal factor's mean above 1"),
+    M(VAR, "rng.standard_normal((1, n)))", "rng.standard_normal((self.comm.size, n)))", "network factor per task"),
+    M(TTT, "* (1.0 / rate + fm.restart_s)", "* (1.0 / rate)", "failures cost no restart"),
+    M(TTT, "return num_gpus / self.mtbf_per_gpu_s", "return 1 / self.mtbf_per_gpu_s", "failure rate of one GPU"),
+    M(SLICE, "held = min(stages - stage, microbatches)", "held = stages - stage", "in-flight micro-batches unbounded"),
+    M(SLICE, "(microbatches - 1) * max(times) + sum(times)", "microbatches * max(times) + sum(times)",
+      "pipeline step counts the bottleneck once too often"),
+)
+# fmt: on
+
+
+def _copy(dest: Path) -> None:
+    """The repository at `dest`: itercast/ and tests/ copied without bytecode, the rest linked."""
+    dest.mkdir(parents=True)
+    for entry in ROOT.iterdir():
+        if entry.name in COPIED:
+            shutil.copytree(entry, dest / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif entry.name not in NOT_LINKED:
+            (dest / entry.name).symlink_to(entry)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": ""}
+
+
+def _pytest(copy: Path, tests: tuple[str, ...], timeout_s: float) -> str:
+    """'passed', 'failed' or 'timeout' of `pytest -x -q` on `tests` in `copy`."""
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    try:
+        done = subprocess.run(cmd, cwd=copy, env=_env(), capture_output=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    return "passed" if done.returncode == 0 else "failed"
+
+
+def _check_import(copy: Path) -> None:
+    """Stop unless a run in `copy` imports the copy's itercast (not the editable install's)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import itercast; print(itercast.__file__)"],
+        cwd=copy,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(out).resolve().is_relative_to(copy.resolve()):
+        sys.exit(f"a run in {copy} imports itercast from {out}, not from the copy: the mutants would not be tested")
+
+
+def _run(m: Mutant, copies: queue.Queue[Path], timeout_s: float) -> tuple[str, float]:
+    """(killed | survived | timeout | not found | not unique, seconds) of one mutant, in a free copy."""
+    copy = copies.get()
+    path = copy / "itercast" / m.file
+    try:
+        text = path.read_text()
+        found = text.count(m.before)
+        if found != 1:
+            return ("not found" if found == 0 else "not unique"), 0.0
+        start = time.perf_counter()
+        path.write_text(text.replace(m.before, m.after))
+        try:
+            outcome = _pytest(copy, m.tests or TESTS[m.file], timeout_s)
+        finally:
+            path.write_text(text)
+        return {"passed": "survived", "failed": "killed"}.get(outcome, outcome), time.perf_counter() - start
+    finally:
+        copies.put(copy)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="run the mutants whose file, snippet or description contains this")
+    ap.add_argument("--jobs", type=int, default=1, help="mutants at a time, each in its own copy")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant before it counts as killed")
+    args = ap.parse_args()
+    chosen = [(i, m) for i, m in enumerate(MUTANTS, 1) if args.only in f"{m.file} {m.before} {m.breaks}"]
+    if args.list:
+        for i, m in chosen:
+            found = (ROOT / "itercast" / m.file).read_text().count(m.before)
+            state = "" if found == 1 else f"  [{'not found' if found == 0 else 'not unique'} in the working tree]"
+            print(f"{i:3d}  {m.file}: {m.breaks}{state}\n     - {m.before!r}\n     + {m.after!r}")
+        return 0
+    if not chosen:
+        sys.exit(f"no mutant matches --only {args.only!r}")
+    with tempfile.TemporaryDirectory(prefix="itercast-mutants-") as tmp:
+        copies: queue.Queue[Path] = queue.Queue()
+        for j in range(max(1, args.jobs)):
+            _copy(Path(tmp) / str(j))
+            copies.put(Path(tmp) / str(j))
+        first = Path(tmp) / "0"
+        _check_import(first)
+        union = tuple(sorted({t for _, m in chosen for t in (m.tests or TESTS[m.file])}))
+        if _pytest(first, union, args.timeout) != "passed":
+            sys.exit(f"the unmutated tests fail ({' '.join(union)}): fix them before scoring mutants")
+        counts: dict[str, int] = {}
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            runs = [(i, m, pool.submit(_run, m, copies, args.timeout)) for i, m in chosen]
+            for i, m, future in runs:
+                outcome, seconds = future.result()
+                counts[outcome] = counts.get(outcome, 0) + 1
+                print(f"{i:3d} {outcome:10s} {seconds:5.0f} s  {m.file}: {m.breaks}", flush=True)
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)
+    applicable = killed + counts.get("survived", 0)
+    missing = counts.get("not found", 0) + counts.get("not unique", 0)
+    print(f"killed {killed} of {applicable} applicable one-line mutants ({missing} not applicable)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
