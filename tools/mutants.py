@@ -54,9 +54,9 @@ def _t(*names: str) -> tuple[str, ...]:
 #: the test files that cover each source file (a mutant may name its own)
 TESTS = {
     "workloads/transformer_ops.py": _t("golden", "step_by_hand", "moe", "ops_and_costs"),
-    "workloads/transformer.py": _t("golden", "step_by_hand", "moe", "ops_and_costs", "pipeline"),
+    "workloads/transformer.py": _t("golden", "step_by_hand", "bounds_by_hand", "moe", "ops_and_costs", "pipeline"),
     "memory.py": _t("memory", "memory_by_hand", "golden", "moe"),
-    "search/fast_estimate.py": _t("fast_estimate"),
+    "search/fast_estimate.py": _t("fast_estimate", "bounds_by_hand"),
     "workloads/dlrm.py": _t("dlrm", "dlrm_by_hand"),
     "costs/analytic.py": _t("costs_by_hand", "ops_and_costs", "golden"),
     "hardware/topology.py": _t("costs_by_hand", "ops_and_costs"),
@@ -66,7 +66,7 @@ TESTS = {
     "sim/montecarlo.py": _t("montecarlo"),
     "stochastic/variability.py": _t("variability"),
     "stochastic/time_to_train.py": _t("time_to_train"),
-    "search/stage_slicing.py": _t("stage_slicing"),
+    "search/stage_slicing.py": _t("stage_slicing", "bounds_by_hand"),
 }
 
 OPS, TF, MEM, FAST = "workloads/transformer_ops.py", "workloads/transformer.py", "memory.py", "search/fast_estimate.py"

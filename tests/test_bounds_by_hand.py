@@ -1,0 +1,47 @@
+"""Three bounds a formula can overshoot without a coarser test noticing, computed by hand: a tied
+head on one stage holds no parameters of its own, the last gradient bucket hides behind the part of
+the backward that follows its release, and a stage holds at most m micro-batches in flight."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_golden import LINK, linear_calibration
+from test_step_by_hand import PARAMS, job
+
+from itercast.predict import predict
+from itercast.search.fast_estimate import _exposed
+from itercast.search.stage_slicing import LayerCosts, slice_exact
+
+
+def summed_seconds(j, prefix: str) -> float:
+    """Total seconds of the step graph's tasks whose name starts with `prefix` (linear calibration)."""
+    g = predict(j, linear_calibration()).sim.graph
+    return sum(float(g.duration_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]].startswith(prefix))
+
+
+def test_zero3_on_one_stage_gathers_and_reduces_a_tied_head_once():
+    # one stage, tied head: the 60,224 parameters are gathered once per pass in bf16 over dp 2
+    # ((n − 1)/n · 2 bytes each) and their fp32 gradients reduce-scattered once ((n − 1)/n · 4 bytes);
+    # a head counted apart from the embedding would add V·h = 8,192 parameters to both
+    j = job(data_parallel=2, zero_stage=3)
+    assert summed_seconds(j, "fsdp_all_gather.F") == pytest.approx(1 / 2 * 2 * PARAMS / LINK)
+    assert summed_seconds(j, "grad_reduce_scatter") == pytest.approx(1 / 2 * 4 * PARAMS / LINK)
+
+
+def test_the_last_bucket_hides_behind_the_backward_after_its_release():
+    # one chunk, 10 s of reduction in 4 buckets over an 8 s backward: bucket i is released at
+    # 8·(i + 1)/4 s; on one stream the last ends at max(10/4, 10 − 8·3/4) = 4 s after the pass
+    one = _exposed(np.array([10.0]), np.array([4.0]), np.array([8.0]), np.array([1]), np.array([1]))
+    assert one == pytest.approx([4.0])
+    # two chunks two stages apart, 2 buckets each, 3 s passes: chunk k from the end is released
+    # k·2·3 s early; window 3·(2 − 1)/2 = 1.5: max(2.5, 5 − 1.5, 10 − 6 − 1.5) = 3.5
+    two = _exposed(np.array([10.0]), np.array([4.0]), np.array([3.0]), np.array([2]), np.array([2]))
+    assert two == pytest.approx([3.5])
+
+
+def test_a_stage_holds_no_more_micro_batches_than_there_are():
+    # two layers of 1 byte static and 2 bytes of activations each, 3 bytes per GPU, 2 stages, one
+    # micro-batch: stage 0 holds 1 + 2·min(2, 1) = 3 bytes: it fits (with 2 in flight it would need 5)
+    costs = LayerCosts.of(np.ones(2), np.zeros(2), np.ones(2), np.full(2, 2.0))
+    assert slice_exact(costs, 2, 1, 3.0).boundaries == [0, 1]
