@@ -57,13 +57,26 @@ def search_cmd(
         float, typer.Option(callback=finite(0.01, 1.0), help="Share of each GPU's memory a plan may use.")
     ] = 1.0,
     include_oom: Annotated[bool, typer.Option(metavar="", help="Rank plans that do not fit too.")] = False,
+    framework: Annotated[
+        str,
+        typer.Option(metavar="megatron-core|nemo|torchtitan|deepspeed", help="Search only the plans it runs."),
+    ] = "megatron-core",
+    memory_headroom_gib: Annotated[
+        float | None,
+        typer.Option(
+            callback=finite(0.0, 1024.0),
+            help="GiB per GPU left free (default: CUDA context + NCCL buffers + fragmentation, per plan).",
+        ),
+    ] = None,
     micro_batch_sizes: Annotated[str, typer.Option(metavar="N,N,…", help="Micro-batch sizes to try.")] = "1,2,4,8",
     global_batch_sizes: Annotated[
         str | None,
         typer.Option(metavar="N,N,…", help="Global batches to try (ranked per sequence); default the plan's."),
     ] = None,
     tp_across_nodes: Annotated[bool, typer.Option(metavar="", help="Allow tensor parallelism across nodes.")] = False,
-    max_virtual_pipeline: Annotated[int, typer.Option(min=1, max=64, help="Largest interleaving.")] = 8,
+    max_virtual_pipeline: Annotated[
+        int | None, typer.Option(min=1, max=1024, help="Largest interleaving (default: one layer per chunk).")
+    ] = None,
     max_context_parallel: Annotated[int, typer.Option(min=1, max=1024, help="Largest context parallel.")] = 8,
     backend: Annotated[str, typer.Option(metavar="local|ray", help="Where node counts are searched.")] = "local",
     workers: Annotated[
@@ -82,10 +95,13 @@ def search_cmd(
             max_context_parallel=max_context_parallel,
             max_virtual_pipeline=max_virtual_pipeline,
             tp_across_nodes=tp_across_nodes,
+            framework=framework,
         )
         raw = raw_sections(job_file, set_ or [], model, system)
         request = _request(raw, set_ or [], num_nodes_range, options)
         request = replace(request, max_memory_fraction=max_memory_fraction, top_k=top, include_oom=include_oom)
+        if memory_headroom_gib is not None:
+            request = replace(request, memory_headroom_bytes=memory_headroom_gib * 2**30)
         with _progress(len(request.node_counts), quiet=as_json) as report:
             result = run_search(request, backend, workers, report)
     except ConfigError as exc:
@@ -196,6 +212,10 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
             f"{r['memory_per_gpu_bytes'] / 2**30:.1f}" + ("" if r["fits"] else " OOM"),
         )
     console.print(table)
+    console.print(f"{result.framework}; {result.headroom}", highlight=False)
+    if result.plans:
+        console.print(f"launch settings of plan 1 ({result.framework}):", highlight=False)
+        console.print(result.plans[0]["launch"], highlight=False, markup=False)
     front = ", ".join(
         f"{r['fast_step_time_s']:.3f} s @ {r['memory_per_gpu_bytes'] / 2**30:.0f} GiB" for r in result.pareto_memory[:8]
     )

@@ -1,12 +1,14 @@
 """`itercast search`: the fastest plans that fit, over the whole plan space, in two speeds.
 
-1. Every GPU count of the request is one piece of work: enumerate its plans as columns
-   (plan_space.py), price them all with the closed form (fast_estimate.py: step time and memory),
-   keep the candidates: the fastest fitting plans and the Pareto fronts. Pieces run in a local
+1. Every GPU count of the request is one piece of work: enumerate the plans the chosen framework
+   runs as columns (plan_space.py, frameworks.py), price them all with the closed form
+   (fast_estimate.py: step time and memory), keep the candidates: the fastest plans whose tensors and
+   headroom (headroom.py: CUDA context, NCCL buffers, fragmentation) fit, and the Pareto fronts. Pieces run in a local
    process pool, or on Ray (`backend="ray"`) when a sweep outgrows one machine.
 2. The best `top_k` candidates are re-scored by the graph simulation (`predict`), the reference,
    and ranked by it; the result says how far the two speeds disagreed on them. With several global
    batch sizes plans are ranked by seconds per sequence (step time / global batch), else by step.
+   Each plan shown carries the framework's launch settings (launch_settings.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.predict import predict
 from itercast.search.fast_estimate import FastEstimator
+from itercast.search.frameworks import framework, runnable_plan
+from itercast.search.headroom import default_headroom_bytes, describe
+from itercast.search.launch_settings import launch_settings
 from itercast.search.plan_space import SpaceCounts, SpaceOptions, enumerate_plans
 
 Progress = Callable[[int, int], None]  # (pieces done, pieces in all)
@@ -35,7 +40,9 @@ Progress = Callable[[int, int], None]  # (pieces done, pieces in all)
 @dataclass(frozen=True)
 class SearchRequest:
     """One search: the model and system (its num_nodes is replaced by each searched count), the
-    shared plan fields with the global batch, what may vary, and how much memory a plan may use."""
+    shared plan fields with the global batch, what may vary, and how much memory a plan may use:
+    its tensors plus `memory_headroom_bytes` (None: headroom.py's default per plan) within
+    `max_memory_fraction` of the GPU's memory."""
 
     model: ModelConfig
     system: SystemConfig
@@ -43,6 +50,7 @@ class SearchRequest:
     node_counts: tuple[int, ...]
     options: SpaceOptions = field(default_factory=SpaceOptions)
     max_memory_fraction: float = 1.0
+    memory_headroom_bytes: float | None = None
     top_k: int = 20
     include_oom: bool = False
 
@@ -68,6 +76,8 @@ class SearchResult:
     fitting: int
     seconds: float
     fast_vs_graph_max: float  # max |fast / graph − 1| over the re-scored plans
+    framework: str = "megatron-core"
+    headroom: str = ""  # how the memory headroom was set (headroom.describe)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +89,8 @@ class SearchResult:
             "fitting": self.fitting,
             "seconds": self.seconds,
             "fast_vs_graph_max_rel": self.fast_vs_graph_max,
+            "framework": self.framework,
+            "memory_headroom": self.headroom,
         }
 
 
@@ -92,8 +104,16 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
     est = _estimator(request.model, request.system).evaluate(table)
     mem, step = est["memory_per_gpu_bytes"], est["step_time_s"]
     rank = step / table.cols["gbs"] if len(request.options.global_batch_sizes) > 1 else step
-    fits = mem <= request.max_memory_fraction * system.gpu.hbm_bytes
-    out.fitting, out.least_memory_bytes = int(fits.sum()), float(mem.min())
+    fixed = request.memory_headroom_bytes
+    headroom = (
+        default_headroom_bytes(table.cols, est["memory_activations_bytes"])
+        if fixed is None
+        else np.full(len(table), fixed)
+    )
+    needed = mem - system.gpu.reserved_bytes + headroom  # the headroom replaces the system's flat reserve
+    fits = needed <= request.max_memory_fraction * system.gpu.hbm_bytes
+    out.fitting, out.least_memory_bytes = int(fits.sum()), float(needed.min())
+    fw = framework(request.options.framework)
     allowed = np.ones_like(fits) if request.include_oom else fits
     order = np.argsort(np.where(allowed, rank, np.inf), kind="stable")
     keep = set(order[: min(request.top_k, int(allowed.sum()))].tolist())
@@ -101,12 +121,13 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
     for row in sorted(keep):
         out.rows.append(
             {
-                "plan": table.plan_fields(row),
+                "plan": runnable_plan(fw, table.plan_fields(row)),
                 "num_nodes": num_nodes,
                 "num_gpus": system.num_gpus,
                 "fast_step_time_s": float(step[row]),
                 "fast_rank_s": float(rank[row]),  # step time, or per sequence when batches vary
                 "memory_per_gpu_bytes": float(mem[row]),
+                "headroom_bytes": float(headroom[row]),
                 "fits": bool(fits[row]),
             }
         )
@@ -152,13 +173,16 @@ def run_search(
         fraction = request.max_memory_fraction
         raise ConfigError(
             f"no plan fits: the least memory any of the {valid:,} valid plans needs is "
-            f"{least / 2**30:.1f} GiB per GPU, "
+            f"{least / 2**30:.1f} GiB per GPU with its headroom, "
             f"over the {fraction:.0%} of {request.system.gpu.hbm_bytes / 2**30:.0f} GiB allowed "
-            "(--max-memory-fraction); try more GPUs, a smaller global batch, recompute or ZeRO"
+            "(--max-memory-fraction, --memory-headroom-gib); try more GPUs, a smaller global batch, recompute or ZeRO"
         )
     per_sequence = len(request.options.global_batch_sizes) > 1
     rows.sort(key=lambda r: r["fast_rank_s"])
+    fw_name = framework(request.options.framework).name
     best = [_rescore(request, r) for r in rows[: request.top_k]]
+    for r in best:
+        r["launch"] = launch_settings(fw_name, r["plan"], request.model)
     best.sort(key=lambda r: r["step_time_s"] / (r["plan"]["global_batch_size"] if per_sequence else 1))
     gaps = [abs(r["fast_step_time_s"] / r["step_time_s"] - 1) for r in best]
     fast_rows = [r for r in rows if r["fits"] or request.include_oom]
@@ -171,6 +195,8 @@ def run_search(
         fitting=fitting,
         seconds=time.perf_counter() - start,
         fast_vs_graph_max=max(gaps),
+        framework=fw_name,
+        headroom=describe(request.memory_headroom_bytes),
     )
 
 

@@ -1,17 +1,18 @@
 """The space of plans for one model on a number of GPUs, enumerated as numpy columns (a PlanTable).
 
 Every combination of the varied fields is generated as arrays (no Python object per plan) and
-filtered with the same rules Job validation applies (config/job.py), vectorised; the search keeps
-what passes. A field fixed by the user (`fixed`) takes one value. Sizes follow Megatron-LM: tensor
-parallel within a node unless allowed across; virtual pipeline sizes that divide the layers of a
-stage; context parallel in powers of two dividing seq_length / 2. A mixture-of-experts model adds
-expert parallel sizes dividing num_experts and expert tensor parallel 1 or tp (Megatron-Core's
-default and the common alternative); a dense model keeps both at 1.
+filtered with the same rules Job validation applies (config/job.py), vectorised, then with the
+rules of the framework that will run the plans (frameworks.py); the search keeps what passes. A
+field fixed by the user (`fixed`) takes one value. Sizes follow Megatron-LM: tensor parallel within
+a node unless allowed across; virtual pipeline sizes that divide the layers of a stage, up to one
+layer per virtual stage (Megatron-LM --num-layers-per-virtual-pipeline-stage ≥ 1; NeMo's GPT-3 175B
+recipe runs 12 on pp 8) unless capped; context parallel in powers of two dividing seq_length / 2. A
+mixture-of-experts model adds expert parallel sizes dividing num_experts and expert tensor parallel
+1 or tp (Megatron-Core's default and the common alternative); a dense model keeps both at 1.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,18 +23,21 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.parallel.plan_table import COLUMNS, RECOMPUTE, PlanTable
 from itercast.parallel.schedules import SCHEDULES
+from itercast.search.frameworks import Rule, check_fixed, framework, framework_rules, no_data_parallel
 
 _INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
 
 
 @dataclass(frozen=True)
 class SpaceOptions:
-    """What the search may vary. `fixed`: plan field -> the one value it keeps."""
+    """What the search may vary. `fixed`: plan field -> the one value it keeps; `framework`: whose plan
+    space (frameworks.FRAMEWORKS); `max_virtual_pipeline`: None for every size the layers allow."""
 
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     global_batch_sizes: tuple[int, ...] = ()  # empty: the base plan's global_batch_size
     max_context_parallel: int = 8
-    max_virtual_pipeline: int = 8
+    max_virtual_pipeline: int | None = None
+    framework: str = "megatron-core"
     tp_across_nodes: bool = False
     fixed: dict[str, Any] = field(default_factory=dict)
 
@@ -73,6 +77,8 @@ def enumerate_plans(
     """Every valid plan on `num_gpus` GPUs; `base` holds the shared fields and the global batch
     (unless options.global_batch_sizes lists several)."""
     fixed, gpn = options.fixed, system.node.gpus_per_node
+    fw = framework(options.framework)
+    check_fixed(fw, fixed, base.tp_comm_overlap)
     batches = list(options.global_batch_sizes) or ([base.global_batch_size] if base.global_batch_size else [])
     if not batches:
         raise ValueError("the search needs plan.global_batch_size (e.g. --set plan.global_batch_size=1536)")
@@ -88,7 +94,7 @@ def enumerate_plans(
             "expert_parallel", [d for d in divisors if model.experts % d == 0] if model.is_moe else [1], fixed
         ),
         "etp": _choices("expert_tensor_parallel", [d for d in divisors if d <= gpn] if model.is_moe else [1], fixed),
-        "vp": _choices("virtual_pipeline", list(range(1, options.max_virtual_pipeline + 1)), fixed),
+        "vp": _choices("virtual_pipeline", _virtual_sizes(model, base, options.max_virtual_pipeline), fixed),
         "mbs": _choices("micro_batch_size", list(options.micro_batch_sizes), fixed),
         "schedule": _choices("schedule", list(range(len(SCHEDULES))), fixed),
         "zero": _choices("zero_stage", [0, 1, 2, 3], fixed),
@@ -98,7 +104,7 @@ def enumerate_plans(
         "overlap_param": _choices("overlap_param_gather", [1, 0], fixed),
     }
     counts = SpaceCounts(generated=int(np.prod([len(v) for v in axes.values()])))
-    pending = _rules(model, base, num_gpus, axes, fixed)
+    pending = _rules(model, base, num_gpus, axes, fixed, framework_rules(fw, model.is_moe))
     cols: dict[str, np.ndarray] = {"tp": np.asarray(axes["tp"], dtype=np.int64)}
     for name in list(axes)[1:]:  # cross one axis in at a time; filter as soon as a rule can
         values = np.asarray(axes[name], dtype=np.int64)
@@ -112,7 +118,10 @@ def enumerate_plans(
     return PlanTable({k: cols[k] for k in COLUMNS}, base), counts
 
 
-Rule = tuple[str, Callable[[dict[str, np.ndarray]], np.ndarray]]
+def _virtual_sizes(model: ModelConfig, base: PlanConfig, cap: int | None) -> list[int]:
+    """Chunks per pipeline rank: divisors of the layers (the base plan's with fixed uneven stages)."""
+    top = model.num_layers if cap is None else cap
+    return [v for v in range(1, top + 1) if model.num_layers % v == 0 or v == base.virtual_pipeline]
 
 
 def _apply(
@@ -133,16 +142,18 @@ def _apply(
 
 
 def _rules(
-    model: ModelConfig, base: PlanConfig, gpus: int, axes: dict[str, list[int]], fixed: dict[str, Any]
+    model: ModelConfig,
+    base: PlanConfig,
+    gpus: int,
+    axes: dict[str, list[int]],
+    fixed: dict[str, Any],
+    framework_specific: list[Rule],
 ) -> list[Rule]:
-    """Job validation's rules over columns, in order; then switches that would change nothing are
-    kept at their first value only (one plan, not two identical ones)."""
+    """Job validation's rules over columns, in order, then the framework's; then switches that would
+    change nothing are kept at their first value only (one plan, not two identical ones)."""
 
     def micro(c: dict[str, np.ndarray]) -> np.ndarray:
         return c["gbs"] // (c["mbs"] * c["dp"])
-
-    def no_dp(c: dict[str, np.ndarray]) -> np.ndarray:  # nor expert data parallelism
-        return (c["dp"] * c["cp"] == 1) & (~moe | (c["tp"] * c["cp"] * c["dp"] == c["ep"] * c["etp"]))
 
     def schedule_ok(c: dict[str, np.ndarray]) -> np.ndarray:
         ok = np.where(c["pp"] == 1, c["schedule"] == SCHEDULES.index("1f1b"), True)
@@ -195,6 +206,7 @@ def _rules(
             lambda c: (not base.tp_comm_overlap) | (c["tp"] == 1) | (c["sp"] == 1),
         ),
         ("context_parallel needs flash attention", lambda c: (c["cp"] == 1) | base.flash_attention),
+        *framework_specific,
         (
             "same plan (param-gather overlap acts only with ZeRO 1-2)",
             lambda c: (c["zero"] == 1) | (c["zero"] == 2) | (c["overlap_param"] == first["overlap_param"]),
@@ -205,6 +217,9 @@ def _rules(
         ),
         (
             "same plan (no data parallelism: nothing to reduce or shard)",
-            lambda c: ~no_dp(c) | ((c["overlap_grad"] == first["overlap_grad"]) & (c["zero"] == first["zero"])),
+            lambda c: (
+                ~no_data_parallel(c, model.is_moe)
+                | ((c["overlap_grad"] == first["overlap_grad"]) & (c["zero"] == first["zero"]))
+            ),
         ),
     ]

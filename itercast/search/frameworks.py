@@ -1,0 +1,224 @@
+"""The plan space each training framework really runs, as data and vectorised rules over plan columns.
+
+Each rule is cited to the framework's source (read at the commits named below). The search applies a
+framework's rules on top of Job validation's (plan_space.py), so it proposes only plans that framework
+accepts. Fields that do not act on a plan (an overlap switch without data parallelism, say) are folded by
+plan_space.py; `runnable_plan` then writes them as the framework would run them, before they are shown.
+
+Sources (the files the rules cite):
+- Megatron-LM d98e8a6: megatron/training/arguments.py (validate_args), megatron/core/pipeline_parallel/
+  schedules.py, megatron/core/distributed/fsdp/mcore_fsdp_adapter.py.
+- NeMo 8cfedd7: nemo/collections/llm/recipes/gpt3_175b.py (MegatronStrategy on Megatron-Core, DDP config with
+  both overlaps on); NeMo-Framework-Launcher conf/training/gpt3/175b.yaml runs VP 12 (pp 8 × vp 12 = 96 layers).
+- torchtitan 9810191^: torchtitan/config/job_config.py, torchtitan/models/llama3/infra/parallelize.py.
+- DeepSpeed 38327e0: deepspeed/runtime/pipe/engine.py, deepspeed/runtime/pipe/schedule.py,
+  deepspeed/runtime/zero/config.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from itercast.errors import ConfigError
+from itercast.parallel.schedules import SCHEDULES
+
+Columns = dict[str, np.ndarray]
+Rule = tuple[str, Callable[[Columns], np.ndarray]]
+
+
+def no_data_parallel(c: Columns, moe: bool) -> np.ndarray:
+    """Rows with nothing to reduce or shard: one data-parallel replica (dp × cp = 1) and, for an MoE
+    model, no expert data parallelism (ep × etp covers tp × cp × dp)."""
+    return (c["dp"] * c["cp"] == 1) & (~np.bool_(moe) | (c["tp"] * c["cp"] * c["dp"] == c["ep"] * c["etp"]))
+
+
+@dataclass(frozen=True)
+class Framework:
+    """What one framework runs. `zero_stages`: itercast zero_stage values it offers (its names in
+    `zero_names`); `zero_stages_with_pp`: those it combines with pipelining (why: `zero_with_pp_source`);
+    `schedules`: pipeline schedules (SCHEDULES names); `context_parallel`: ring/all-gather context
+    parallelism; `defaults`: its switches' defaults (what a launch without the flag runs)."""
+
+    name: str
+    zero_stages: tuple[int, ...]
+    zero_stages_with_pp: tuple[int, ...]
+    zero_names: dict[int, str]
+    schedules: tuple[str, ...]
+    zero_with_pp_source: str
+    context_parallel: bool
+    tp_comm_overlap: bool
+    defaults: dict[str, Any]
+    rules: tuple[tuple[str, Callable[[Columns, bool], np.ndarray]], ...] = field(default=())
+
+
+_MEGATRON_FSDP_WITHOUT_PP = (
+    "Megatron-FSDP runs only without pipelining: schedules.py drives use_megatron_fsdp in "
+    "forward_backward_no_pipelining only; arguments.py: '--use-torch-fsdp2 is not supported with pipeline "
+    "parallelism'; mcore_fsdp_adapter.py: MFSDP v2 refuses pp > 1"
+)
+
+
+def _megatron_rules(prefix: str) -> tuple[tuple[str, Callable[[Columns, bool], np.ndarray]], ...]:
+    return (
+        (
+            f"{prefix}: --overlap-param-gather needs the distributed optimizer and --overlap-grad-reduce "
+            "(arguments.py validate_args)",
+            lambda c, moe: ~np.isin(c["zero"], (1, 2)) | (c["overlap_param"] == 0) | (c["overlap_grad"] == 1),
+        ),
+    )
+
+
+def _torchtitan_zero(c: Columns, moe: bool) -> np.ndarray:
+    """FSDP2 (2: reshard_after_forward never, 3: always) wherever there is data parallelism; DDP (0)
+    only as 1-D parallelism (parallelize.py: 'DDP has not supported > 1D parallelism'); no ZeRO-1."""
+    one_d = (c["tp"] == 1) & (c["pp"] == 1) & (c["cp"] == 1) & (c["ep"] == 1)
+    return np.where(c["zero"] == 0, one_d | no_data_parallel(c, moe), c["zero"] >= 2)
+
+
+def _deepspeed_overlap(c: Columns, moe: bool) -> np.ndarray:
+    """Gradient reduction overlaps backward only through ZeRO's overlap_comm hooks without pipelining:
+    the pipe engine reduces after the whole schedule (schedule.py TrainSchedule: ReduceGrads last), and
+    ZeRO-0 all-reduces after backward; ZeRO-1/2 gather parameters inside the optimizer step."""
+    grad_ok = (c["overlap_grad"] == 0) | ((c["pp"] == 1) & (c["zero"] >= 1)) | no_data_parallel(c, moe)
+    return grad_ok & (~np.isin(c["zero"], (1, 2)) | (c["overlap_param"] == 0))
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    "megatron-core": Framework(
+        name="megatron-core",
+        zero_stages=(0, 1, 2, 3),
+        zero_stages_with_pp=(0, 1),
+        zero_names={0: "DDP", 1: "distributed optimizer", 2: "Megatron-FSDP optim_grads", 3: "Megatron-FSDP"},
+        schedules=("1f1b", "interleaved-1f1b"),  # schedules.py: no GPipe
+        zero_with_pp_source=_MEGATRON_FSDP_WITHOUT_PP,
+        context_parallel=True,
+        tp_comm_overlap=True,
+        # arguments.py: --overlap-grad-reduce and --overlap-param-gather are store_true (off by default)
+        defaults={"overlap_grad_reduce": False, "overlap_param_gather": False},
+        rules=_megatron_rules("megatron-core"),
+    ),
+    "nemo": Framework(
+        name="nemo",
+        zero_stages=(0, 1, 2, 3),
+        zero_stages_with_pp=(0, 1),
+        zero_names={0: "DDP", 1: "distributed optimizer", 2: "Megatron-FSDP optim_grads", 3: "Megatron-FSDP"},
+        schedules=("1f1b", "interleaved-1f1b"),
+        zero_with_pp_source=_MEGATRON_FSDP_WITHOUT_PP,
+        context_parallel=True,
+        tp_comm_overlap=True,
+        # recipes (gpt3_175b.py): DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True)
+        defaults={"overlap_grad_reduce": True, "overlap_param_gather": True},
+        rules=_megatron_rules("nemo (MegatronStrategy on Megatron-Core)"),
+    ),
+    "torchtitan": Framework(
+        name="torchtitan",
+        zero_stages=(0, 2, 3),
+        zero_stages_with_pp=(2, 3),
+        zero_names={0: "DDP", 2: 'FSDP2 reshard "never"', 3: 'FSDP2 reshard "always"'},
+        schedules=("gpipe", "1f1b", "interleaved-1f1b"),  # job_config.py pipeline_parallel_schedule
+        zero_with_pp_source="parallelize.py apply_fsdp shards pipeline stages too; DDP only as 1-D parallelism",
+        context_parallel=True,
+        tp_comm_overlap=True,  # enable_async_tensor_parallel
+        # FSDP2 prefetches all-gathers and reduce-scatters per layer; torch DDP reduces buckets in backward
+        defaults={"overlap_grad_reduce": True, "overlap_param_gather": True, "fsdp_reshard_after_forward": "default"},
+        rules=(
+            (
+                "torchtitan: FSDP2 (zero 2-3) over dp_shard, DDP (zero 0) only as 1-D parallelism, no ZeRO-1 "
+                "(parallelize.py apply_fsdp / 'DDP has not supported > 1D parallelism')",
+                _torchtitan_zero,
+            ),
+            (
+                "torchtitan: tensor parallelism always runs sequence parallel (parallelize.py apply_tp)",
+                lambda c, moe: (c["sp"] == 1) == (c["tp"] > 1),
+            ),
+            (
+                "torchtitan: communication always overlapped (FSDP2 prefetch, DDP buckets; no switch)",
+                lambda c, moe: no_data_parallel(c, moe) | ((c["overlap_grad"] == 1) & (c["overlap_param"] == 1)),
+            ),
+        ),
+    ),
+    "deepspeed": Framework(
+        name="deepspeed",
+        zero_stages=(0, 1, 2, 3),
+        zero_stages_with_pp=(0, 1),
+        zero_names={0: "ZeRO-0", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"},
+        schedules=("1f1b",),  # pipe/schedule.py TrainSchedule (1F1B), no interleaving
+        zero_with_pp_source="pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'",
+        context_parallel=False,  # DeepSpeed-Ulysses splits heads: not the ring context parallelism priced here
+        tp_comm_overlap=False,
+        # zero/config.py: overlap_comm None -> True for stage 3 only; reduce_bucket_size 5e8
+        defaults={"overlap_comm": "stage 3 only", "reduce_bucket_size": 500_000_000},
+        rules=(
+            (
+                "deepspeed: gradient reduction overlaps backward only with ZeRO overlap_comm and no pipelining; "
+                "ZeRO-1/2 gather parameters in the optimizer step (pipe/schedule.py, zero/stage_1_and_2.py)",
+                _deepspeed_overlap,
+            ),
+        ),
+    ),
+}
+
+
+def framework(name: str) -> Framework:
+    """The framework called `name`; a one-line error naming the known ones otherwise."""
+    found = FRAMEWORKS.get(name)
+    if found is None:
+        raise ConfigError(f"--framework: expected one of {', '.join(FRAMEWORKS)}; got {name!r}")
+    return found
+
+
+def framework_rules(fw: Framework, moe: bool) -> list[Rule]:
+    """The framework's rules over plan columns, named by the source they come from."""
+    allowed_pp = np.asarray(fw.zero_stages_with_pp)
+    schedules = np.asarray([SCHEDULES.index(s) for s in fw.schedules])
+    rules: list[Rule] = [
+        (
+            f"{fw.name}: zero_stage one of {list(fw.zero_stages)} ({', '.join(fw.zero_names.values())})",
+            lambda c: np.isin(c["zero"], fw.zero_stages),
+        ),
+        (
+            f"{fw.name}: with pipelining zero_stage one of {list(fw.zero_stages_with_pp)} ({fw.zero_with_pp_source})",
+            lambda c: (c["pp"] == 1) | np.isin(c["zero"], allowed_pp),
+        ),
+        (
+            f"{fw.name}: pipeline schedule one of {', '.join(fw.schedules)}",
+            lambda c: (c["pp"] == 1) | np.isin(c["schedule"], schedules),
+        ),
+        (f"{fw.name}: no context parallelism", lambda c: np.bool_(fw.context_parallel) | (c["cp"] == 1)),
+    ]
+    return rules + [(name, lambda c, ok=ok: ok(c, moe)) for name, ok in fw.rules]
+
+
+def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool) -> None:
+    """A field the user fixed (--set plan.X) that the framework never runs: one line naming its rule."""
+    zero = fixed.get("zero_stage")
+    if zero is not None and int(zero) not in fw.zero_stages:
+        raise ConfigError(
+            f"plan.zero_stage: {fw.name} runs zero_stage {list(fw.zero_stages)} "
+            f"({', '.join(fw.zero_names.values())}); got {zero}"
+        )
+    schedule = fixed.get("schedule")
+    if schedule is not None and schedule not in fw.schedules and int(fixed.get("pipeline_parallel", 2)) > 1:
+        raise ConfigError(f"plan.schedule: {fw.name} runs {', '.join(fw.schedules)}; got {schedule!r}")
+    if int(fixed.get("context_parallel", 1)) > 1 and not fw.context_parallel:
+        got = fixed["context_parallel"]
+        raise ConfigError(f"plan.context_parallel: {fw.name} has no context parallelism (expected 1); got {got}")
+    if tp_comm_overlap and not fw.tp_comm_overlap:
+        raise ConfigError(f"plan.tp_comm_overlap: {fw.name} has no tensor-parallel communication overlap; got true")
+
+
+def runnable_plan(fw: Framework, plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan's switches as the framework runs them where itercast folded them (they do not act:
+    overlap switches without data parallelism or outside ZeRO 1-2)."""
+    out = dict(plan)
+    if plan["zero_stage"] not in (1, 2) and fw.name in ("megatron-core", "nemo", "deepspeed"):
+        out["overlap_param_gather"] = plan["zero_stage"] == 3 and fw.name != "deepspeed" and plan["overlap_grad_reduce"]
+    if fw.name == "deepspeed" and (plan["pipeline_parallel"] > 1 or plan["zero_stage"] == 0):
+        out["overlap_grad_reduce"] = False
+    if fw.name == "torchtitan":
+        out["overlap_grad_reduce"] = out["overlap_param_gather"] = True
+    return out

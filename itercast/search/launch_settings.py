@@ -1,0 +1,209 @@
+"""A plan written as each framework's own launch settings: what a user pastes to run it.
+
+- megatron-core: pretrain_gpt.py command-line arguments (Megatron-LM megatron/training/arguments.py names).
+- nemo: NeMo 2 recipe overrides (nemo/collections/llm/recipes/*.py: trainer.strategy = MegatronStrategy,
+  its `ddp` DistributedDataParallelConfig, data.* batch sizes, model.config recompute fields).
+- torchtitan: a TOML fragment (torchtitan/config/job_config.py sections [parallelism], [training],
+  [activation_checkpoint], [model]).
+- deepspeed: a DeepSpeed JSON config (deepspeed/runtime/zero/config.py, runtime/config.py) and the
+  Megatron-DeepSpeed arguments that set tensor and pipeline sizes (DeepSpeed's pipe engine takes its stage
+  count from PipelineModule(num_stages), not from the JSON).
+
+Only the plan is written; model shape, data and optimizer arguments stay the user's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from itercast.config.model import ModelConfig
+
+
+def _recompute_megatron(recompute: str) -> list[str]:
+    if recompute == "full":  # one layer input kept per layer (Korthikanti et al. 2022 "full")
+        return ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    return ["--recompute-granularity selective"] if recompute == "selective" else []
+
+
+def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
+    """Megatron-LM pretrain_gpt.py arguments of the plan (flag names from arguments.py)."""
+    p = plan
+    out = [
+        f"--tensor-model-parallel-size {p['tensor_parallel']}",
+        f"--pipeline-model-parallel-size {p['pipeline_parallel']}",
+        f"--context-parallel-size {p['context_parallel']}",
+    ]
+    if p["virtual_pipeline"] > 1:
+        per_chunk = model.num_layers // (p["pipeline_parallel"] * p["virtual_pipeline"])
+        out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
+    if model.is_moe:
+        out += [
+            f"--expert-model-parallel-size {p['expert_parallel']}",
+            f"--expert-tensor-parallel-size {p['expert_tensor_parallel']}",
+        ]
+    if p["sequence_parallel"]:
+        out.append("--sequence-parallel")
+    out += [f"--micro-batch-size {p['micro_batch_size']}", f"--global-batch-size {p['global_batch_size']}"]
+    out += _recompute_megatron(p["recompute"])
+    zero = p["zero_stage"]
+    if zero == 1:
+        out.append("--use-distributed-optimizer")
+    elif zero >= 2:
+        strategy = "optim_grads" if zero == 2 else "optim_grads_params"
+        out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", "--ckpt-format fsdp_dtensor"]
+    if p["overlap_grad_reduce"]:
+        out.append("--overlap-grad-reduce")
+    if p["overlap_param_gather"] and zero >= 1:
+        out.append("--overlap-param-gather")
+    if p["tp_comm_overlap"]:
+        out.append("--tp-comm-overlap")
+    out.append(f"--ddp-bucket-size {p['grad_bucket_size_params']}")
+    if p["dtype"] == "fp8":
+        out += ["--bf16", "--fp8-format hybrid"]
+    elif p["dtype"] in ("bf16", "fp16"):
+        out.append(f"--{p['dtype']}")
+    if p["grad_reduce_dtype"] == "fp32" and p["dtype"] != "fp32":
+        out.append("--accumulate-allreduce-grads-in-fp32")
+    if not p["flash_attention"]:
+        out.append("--attention-backend unfused")
+    return " \\\n  ".join(out)
+
+
+def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
+    """NeMo 2 recipe overrides (nemo llm pretrain ... KEY=VALUE), as the recipes name the fields."""
+    p = plan
+    vp = p["virtual_pipeline"] if p["virtual_pipeline"] > 1 else None
+    s = "trainer.strategy"
+    out = [
+        f"{s}.tensor_model_parallel_size={p['tensor_parallel']}",
+        f"{s}.pipeline_model_parallel_size={p['pipeline_parallel']}",
+        f"{s}.virtual_pipeline_model_parallel_size={vp}",
+        f"{s}.context_parallel_size={p['context_parallel']}",
+        f"{s}.sequence_parallel={p['sequence_parallel']}",
+    ]
+    if model.is_moe:
+        out += [
+            f"{s}.expert_model_parallel_size={p['expert_parallel']}",
+            f"{s}.expert_tensor_parallel_size={p['expert_tensor_parallel']}",
+        ]
+    out += [f"data.micro_batch_size={p['micro_batch_size']}", f"data.global_batch_size={p['global_batch_size']}"]
+    if p["recompute"] != "none":
+        out.append(f"model.config.recompute_granularity={p['recompute']}")
+        if p["recompute"] == "full":
+            out += ["model.config.recompute_method=uniform", "model.config.recompute_num_layers=1"]
+    zero = p["zero_stage"]
+    out.append(f"optim.config.use_distributed_optimizer={zero >= 1}")
+    if zero >= 2:
+        strategy = "optim_grads" if zero == 2 else "optim_grads_params"
+        out += [f"{s}.fsdp=megatron", f"{s}.ddp.data_parallel_sharding_strategy={strategy}"]
+    out += [
+        f"{s}.ddp.overlap_grad_reduce={p['overlap_grad_reduce']}",
+        f"{s}.ddp.overlap_param_gather={bool(p['overlap_param_gather'] and zero >= 1)}",
+        f"{s}.ddp.grad_reduce_in_fp32={p['grad_reduce_dtype'] == 'fp32'}",
+    ]
+    if p["tp_comm_overlap"]:
+        out.append("MegatronCommOverlapCallback.tp_comm_overlap=True")
+    return "\n".join(out)
+
+
+_TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+
+
+def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
+    """torchtitan TOML: FSDP2 over every data-parallel rank (data_parallel_shard_degree; HSDP's replicate
+    degree left 1), or DDP for zero 0; per-rank batch local_batch_size = global / dp."""
+    p = plan
+    dp, zero = p["data_parallel"], p["zero_stage"]
+    ddp = zero == 0 and dp > 1
+    par = [
+        f"data_parallel_replicate_degree = {dp if ddp else 1}",
+        f"data_parallel_shard_degree = {1 if ddp else dp}",
+    ]
+    if zero >= 2:
+        par.append(f'fsdp_reshard_after_forward = "{"never" if zero == 2 else "always"}"')
+    par += [
+        f"tensor_parallel_degree = {p['tensor_parallel']}",
+        f"enable_async_tensor_parallel = {str(p['tp_comm_overlap']).lower()}",
+        f"pipeline_parallel_degree = {p['pipeline_parallel']}",
+    ]
+    if p["pipeline_parallel"] > 1:
+        per_stage = model.num_layers // (p["pipeline_parallel"] * p["virtual_pipeline"])
+        par += [
+            f'pipeline_parallel_schedule = "{_TITAN_SCHEDULES[p["schedule"]]}"',
+            f"pipeline_parallel_layers_per_stage = {per_stage}",
+            f"pipeline_parallel_microbatch_size = {p['micro_batch_size']}",
+        ]
+    par.append(f"context_parallel_degree = {p['context_parallel']}")
+    if model.is_moe:
+        par += [
+            f"expert_parallel_degree = {p['expert_parallel']}",
+            f"expert_tensor_parallel_degree = {p['expert_tensor_parallel']}",
+        ]
+    # with pipelining the local batch is split into micro-batches; without, it is one micro-batch and the
+    # global batch accumulates gradients (job_config.py Training.local_batch_size / global_batch_size)
+    local = p["global_batch_size"] // dp if p["pipeline_parallel"] > 1 else p["micro_batch_size"]
+    training = [
+        f"local_batch_size = {local}",
+        f"global_batch_size = {p['global_batch_size']}",
+        f"seq_len = {model.seq_length}",
+        f'mixed_precision_param = "{"float32" if p["dtype"] == "fp32" else "bfloat16"}"',
+    ]
+    parts = ["[parallelism]", *par, "", "[training]", *training, "", "[activation_checkpoint]"]
+    parts.append(f'mode = "{p["recompute"]}"')
+    if p["dtype"] == "fp8":
+        parts += ["", "[model]", 'converters = ["float8"]']
+    return "\n".join(parts)
+
+
+def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
+    """DeepSpeed JSON config, then the Megatron-DeepSpeed arguments for the model-parallel sizes."""
+    p = plan
+    dp, zero = p["data_parallel"], p["zero_stage"]
+    zero_cfg: dict[str, Any] = {"stage": zero}
+    if zero >= 1:
+        zero_cfg |= {
+            "overlap_comm": bool(p["overlap_grad_reduce"]),
+            "contiguous_gradients": True,
+            "reduce_bucket_size": p["grad_bucket_size_params"],
+        }
+    config: dict[str, Any] = {
+        "train_batch_size": p["global_batch_size"],
+        "train_micro_batch_size_per_gpu": p["micro_batch_size"],
+        "gradient_accumulation_steps": p["global_batch_size"] // (p["micro_batch_size"] * dp),
+        "zero_optimization": zero_cfg,
+        "communication_data_type": "fp32" if p["grad_reduce_dtype"] == "fp32" else "bf16",
+    }
+    if p["dtype"] in ("bf16", "fp8"):
+        config["bf16"] = {"enabled": True}
+    elif p["dtype"] == "fp16":
+        config["fp16"] = {"enabled": True}
+    if p["recompute"] == "full":
+        config["activation_checkpointing"] = {"partition_activations": p["tensor_parallel"] > 1}
+    args = [
+        f"--tensor-model-parallel-size {p['tensor_parallel']}",
+        f"--pipeline-model-parallel-size {p['pipeline_parallel']}",
+    ]
+    if p["pipeline_parallel"] == 1:
+        args.append("--no-pipeline-parallel")
+    if p["sequence_parallel"]:
+        args.append("--sequence-parallel")
+    if model.is_moe:
+        args.append(f"--expert-model-parallel-size {p['expert_parallel']}")
+    args += [*_recompute_megatron(p["recompute"]), "--deepspeed", "--deepspeed_config ds_config.json"]
+    text = json.dumps(config, indent=2)
+    return f"# ds_config.json\n{text}\n# Megatron-DeepSpeed arguments\n" + " \\\n  ".join(args)
+
+
+LAUNCH: dict[str, Callable[[dict[str, Any], ModelConfig], str]] = {
+    "megatron-core": megatron_core_args,
+    "nemo": nemo_overrides,
+    "torchtitan": torchtitan_toml,
+    "deepspeed": deepspeed_config,
+}
+
+
+def launch_settings(framework_name: str, plan: dict[str, Any], model: ModelConfig) -> str:
+    """The framework's launch settings for `plan` (canonical plan fields, data_parallel resolved)."""
+    return LAUNCH[framework_name](plan, model)
