@@ -1,0 +1,166 @@
+"""Each framework's plan space (frameworks.py), its launch settings (launch_settings.py) and the memory
+headroom (headroom.py): rules checked by hand on enumerated plans, one launch text field by field."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.config.job import parse_section
+from itercast.errors import ConfigError
+from itercast.search.headroom import communicators, default_headroom_bytes
+from itercast.search.launch_settings import launch_settings
+from itercast.search.plan_space import SpaceOptions, enumerate_plans
+
+MODEL = {"family": "llama", "num_layers": 8, "hidden_size": 256, "num_attention_heads": 8}
+MODEL |= {"num_query_groups": 8, "seq_length": 256, "vocab_size": 1000}
+GPUS = 16
+
+
+def plans(framework: str, **fixed) -> list[dict]:
+    model = parse_section("model", MODEL)
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 2})
+    base = parse_section("plan", {"global_batch_size": 32, **fixed})
+    options = SpaceOptions(micro_batch_sizes=(1, 2), max_context_parallel=2, framework=framework, fixed=fixed)
+    table, _ = enumerate_plans(model, system, base, GPUS, options)  # type: ignore[arg-type]
+    return [table.plan_fields(r) for r in range(len(table))]
+
+
+@pytest.mark.parametrize("framework", ["megatron-core", "nemo", "deepspeed"])
+def test_megatron_and_deepspeed_never_shard_gradients_with_pipelining(framework):
+    found = plans(framework)
+    assert found
+    assert not [p for p in found if p["pipeline_parallel"] > 1 and p["zero_stage"] >= 2]
+    # without pipelining they do offer ZeRO-2/3 (Megatron-FSDP; DeepSpeed stages 2-3)
+    assert {p["zero_stage"] for p in found if p["pipeline_parallel"] == 1} == {0, 1, 2, 3}
+
+
+def test_megatron_core_has_no_gpipe_and_interleaves_down_to_one_layer_per_chunk():
+    found = plans("megatron-core")
+    assert {p["schedule"] for p in found if p["pipeline_parallel"] > 1} == {"1f1b", "interleaved-1f1b"}
+    # 8 layers on pp 2: 4 per stage, so chunks of 1 layer at vp 4 (no cap by default)
+    assert max(p["virtual_pipeline"] for p in found if p["pipeline_parallel"] == 2) == 8 // 2
+
+
+def test_overlap_param_gather_only_with_overlap_grad_reduce_under_megatron():
+    found = plans("megatron-core")
+    sharded = [p for p in found if p["zero_stage"] in (1, 2)]
+    assert sharded and all(p["overlap_grad_reduce"] for p in sharded if p["overlap_param_gather"])
+
+
+def test_torchtitan_runs_fsdp_with_pipelining_and_no_zero1():
+    found = plans("torchtitan")
+    with_pp = {p["zero_stage"] for p in found if p["pipeline_parallel"] > 1 and p["data_parallel"] > 1}
+    assert with_pp == {2, 3}  # FSDP2 reshard never / always
+    assert 1 not in {p["zero_stage"] for p in found}
+    # DDP only as 1-D parallelism: zero 0 with data parallelism means no tp, pp, cp
+    ddp = [p for p in found if p["zero_stage"] == 0 and p["data_parallel"] > 1]
+    assert ddp and all(p["tensor_parallel"] == p["pipeline_parallel"] == p["context_parallel"] == 1 for p in ddp)
+    assert all(p["sequence_parallel"] == (p["tensor_parallel"] > 1) for p in found)
+    assert "gpipe" in {p["schedule"] for p in found}
+
+
+def test_deepspeed_pipelines_with_1f1b_only_and_reduces_after_the_schedule():
+    found = plans("deepspeed")
+    piped = [p for p in found if p["pipeline_parallel"] > 1]
+    assert piped and {p["schedule"] for p in piped} == {"1f1b"}
+    assert {p["virtual_pipeline"] for p in piped} == {1}
+    assert not [p for p in piped if p["data_parallel"] > 1 and p["overlap_grad_reduce"]]
+    assert {p["context_parallel"] for p in found} == {1}
+
+
+def test_a_fixed_field_the_framework_does_not_run_is_a_one_line_error():
+    with pytest.raises(ConfigError, match=r"plan.zero_stage: torchtitan runs zero_stage \[0, 2, 3\]"):
+        plans("torchtitan", zero_stage=1)
+    with pytest.raises(ConfigError, match=r"plan.schedule: deepspeed runs 1f1b; got 'gpipe'"):
+        plans("deepspeed", schedule="gpipe", pipeline_parallel=2)
+    with pytest.raises(ConfigError, match="--framework: expected one of megatron-core, nemo, torchtitan, deepspeed"):
+        plans("colossal")
+    result = CliRunner().invoke(app, ["search", "--example", "--framework", "colossal"])
+    assert result.exit_code == 2 and "--framework: expected one of" in result.output
+
+
+PLAN = {
+    "tensor_parallel": 4,
+    "pipeline_parallel": 8,
+    "context_parallel": 1,
+    "data_parallel": 32,
+    "expert_parallel": 1,
+    "expert_tensor_parallel": 4,
+    "virtual_pipeline": 12,
+    "sequence_parallel": True,
+    "micro_batch_size": 1,
+    "global_batch_size": 1536,
+    "schedule": "interleaved-1f1b",
+    "recompute": "full",
+    "zero_stage": 1,
+    "dtype": "bf16",
+    "flash_attention": True,
+    "grad_bucket_size_params": 40_000_000,
+    "grad_reduce_dtype": "fp32",
+    "overlap_grad_reduce": True,
+    "overlap_param_gather": True,
+    "tp_comm_overlap": True,
+}
+GPT3 = parse_section("model", {"preset": "gpt3-175b"})
+
+
+def test_megatron_launch_arguments_of_nemos_gpt3_recipe_field_by_field():
+    text = launch_settings("megatron-core", PLAN, GPT3)  # type: ignore[arg-type]
+    args = [line.strip(" \\") for line in text.splitlines()]
+    assert args == [
+        "--tensor-model-parallel-size 4",
+        "--pipeline-model-parallel-size 8",
+        "--context-parallel-size 1",
+        "--num-layers-per-virtual-pipeline-stage 1",  # 96 layers / (8 stages × 12 chunks)
+        "--sequence-parallel",
+        "--micro-batch-size 1",
+        "--global-batch-size 1536",
+        "--recompute-granularity full",
+        "--recompute-method uniform",
+        "--recompute-num-layers 1",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--tp-comm-overlap",
+        "--ddp-bucket-size 40000000",
+        "--bf16",
+        "--accumulate-allreduce-grads-in-fp32",
+    ]
+
+
+def test_torchtitan_and_deepspeed_launch_texts_carry_the_sizes():
+    titan = launch_settings("torchtitan", {**PLAN, "zero_stage": 3}, GPT3)  # type: ignore[arg-type]
+    assert "data_parallel_shard_degree = 32" in titan and 'fsdp_reshard_after_forward = "always"' in titan
+    assert 'pipeline_parallel_schedule = "Interleaved1F1B"' in titan
+    assert "local_batch_size = 48" in titan  # 1536 sequences / 32 data-parallel ranks, split into micro-batches
+    ds = launch_settings("deepspeed", {**PLAN, "virtual_pipeline": 1, "schedule": "1f1b"}, GPT3)  # type: ignore[arg-type]
+    config = json.loads(ds.split("# Megatron-DeepSpeed arguments")[0].removeprefix("# ds_config.json\n"))
+    assert config["train_batch_size"] == 1536
+    assert config["gradient_accumulation_steps"] == 1536 // (1 * 32)  # 48
+    assert config["zero_optimization"]["stage"] == 1
+    assert "--pipeline-model-parallel-size 8" in ds
+
+
+def test_default_headroom_by_hand():
+    cols = {k: np.array([v]) for k, v in {"tp": 4, "cp": 1, "dp": 32, "pp": 8, "ep": 1}.items()}
+    assert communicators(cols)[0] == 3  # tensor, data, pipeline groups
+    activations = np.array([10 * 2**30])
+    # 0.75 GiB context + 3 × (4 MiB × 2 peers × 32 channels = 256 MiB) + 15% × 10 GiB
+    expected = 0.75 * 2**30 + 3 * 256 * 2**20 + 0.15 * 10 * 2**30
+    assert default_headroom_bytes(cols, activations)[0] == pytest.approx(expected)
+
+
+def test_headroom_excludes_plans_and_is_shown():
+    runner = CliRunner()
+    args = ["search", "--example", "--json", "--top", "2", "--workers", "1"]
+    small = json.loads(runner.invoke(app, [*args, "--memory-headroom-gib", "0"]).output)
+    large = json.loads(runner.invoke(app, [*args, "--memory-headroom-gib", "40"]).output)
+    assert large["fitting"] < small["fitting"]
+    assert large["memory_headroom"] == "headroom 40.00 GiB per GPU (--memory-headroom-gib)"
+    top = large["plans"][0]
+    assert top["headroom_bytes"] == 40 * 2**30 and "--tensor-model-parallel-size" in top["launch"]
