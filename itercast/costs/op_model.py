@@ -396,6 +396,58 @@ class IndexStats:
         unique = min(1.0, expected_distinct(p, weight, max(lookups, 1)) / max(lookups, 1))
         return cls(unique, float(p[-1]), reuse)
 
+    @classmethod
+    def from_sequence(cls, indices: np.ndarray, lookups: int, row_bytes: float) -> IndexStats:
+        """A real sample of indices in its order, cut into consecutive calls of `lookups` (the whole
+        sample when shorter), each call measured as it runs: distinct rows / lookups, the most
+        frequent row's share, and the shares of lookups whose LRU stack distance (distinct other
+        rows since the row's previous lookup in the call, × row_bytes) exceeds each
+        REUSE_BREAKS_BYTES; means over the calls. Unlike `sampled`, order counts: a sorted sample
+        repeats each row at once, a shuffled one far apart."""
+        seq = np.asarray(indices, dtype=np.int64).ravel()
+        size = max(1, min(int(lookups), seq.size))
+        calls = [seq[i : i + size] for i in range(0, seq.size - size + 1, size)]
+        unique, hot, beyond = [], [], []
+        for call in calls:
+            counts = np.unique(call, return_counts=True)[1]
+            unique.append(counts.size / size)
+            hot.append(counts.max() / size)
+            distance = stack_distances(call) * row_bytes
+            beyond.append([np.count_nonzero(distance > brk) / size for brk in REUSE_BREAKS_BYTES])
+        return cls(float(np.mean(unique)), float(np.mean(hot)), tuple(float(x) for x in np.mean(beyond, axis=0)))
+
+
+def stack_distances(seq: np.ndarray) -> np.ndarray:
+    """LRU stack distance of each repeated lookup: the distinct other rows looked up since the
+    row's previous lookup (Mattson et al. 1970); first lookups are left out. A Fenwick tree over
+    positions holding 1 at each row's latest lookup counts them in O(n log n)."""
+    n = seq.size
+    tree = np.zeros(n + 1, dtype=np.int64)
+
+    def add(i: int, v: int) -> None:
+        i += 1
+        while i <= n:
+            tree[i] += v
+            i += i & -i
+
+    def prefix(i: int) -> int:  # ones at positions < i
+        total = 0
+        while i > 0:
+            total += int(tree[i])
+            i -= i & -i
+        return total
+
+    last: dict[int, int] = {}
+    out = []
+    for i, row in enumerate(seq.tolist()):
+        p = last.get(row)
+        if p is not None:
+            out.append(prefix(i) - prefix(p + 1))
+            add(p, -1)
+        add(i, 1)
+        last[row] = i
+    return np.array(out, dtype=np.float64)
+
 
 @functools.lru_cache(maxsize=4096)
 def _named_index_stats(rows: int, lookups: int, alpha: float, row_bytes: float) -> IndexStats:

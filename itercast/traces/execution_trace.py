@@ -44,6 +44,10 @@ class ETNode:
     input_scalars: tuple[Any, ...] = ()
     #: device of each tensor input ("cpu", "cuda:0", ...), in the order of input_tensors
     input_devices: tuple[str, ...] = ()
+    #: storage id of each tensor input (views share their base's), in the order of input_tensors
+    input_storages: tuple[int, ...] = ()
+    #: the recorded argument values whose lists hold no tensor (a collective's split sizes), else None
+    input_lists: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -121,16 +125,18 @@ def _node(n: dict[str, Any]) -> ETNode:
             for v, t in zip(inputs, in_types, strict=False)
         ),
         _tensor_ids(inputs, 5),
+        _tensor_ids(inputs, 1),
+        tuple(v if isinstance(v, list) and not _tensor_ids([v]) else None for v in inputs),
     )
 
 
 def _tensor_ids(values: list[Any], field: int = 0) -> tuple[Any, ...]:
     """Tensor arguments are [tensor_id, storage_id, offset, numel, itemsize, device] (lists of them
-    too): each one's `field` (0: the id, as an int; 5: the device)."""
+    too): each one's `field` (0: the id, 1: the storage, as ints; 5: the device)."""
     out: list[Any] = []
     for v in values:
         if isinstance(v, list) and len(v) == 6 and isinstance(v[0], int | float) and isinstance(v[5], str):
-            out.append(int(v[0]) if field == 0 else v[field])
+            out.append(int(v[field]) if field < 2 else v[field])
         elif isinstance(v, list):
             out += _tensor_ids(v, field)
     return tuple(out)

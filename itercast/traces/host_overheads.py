@@ -147,6 +147,21 @@ class HostOverheads:
         return cls(t1, t4, per_op, pooled, {str(k): int(v) for k, v in doc.get("samples", {}).items()})
 
 
+#: Defaults where no host calibration is given: T1–T5 pooled over the three other-workload traces in
+#: ../shared/data/traces (HolisticTraceAnalysis test inputs: V100 transformer, A100 transformer,
+#: A100 CNN DDP; 19,224 T1 and 75,189 T4 samples), measured by
+#: `python -c "from itercast.traces.kineto import read_kineto; from itercast.traces.host_overheads import measure;
+#: print(measure([read_kineto(f) for f in FILES]))"` with FILES the three hta_*.json.gz. Per-operator means are
+#: not kept: these are other workloads' operators, the pooled medians are the typical operator's.
+DEFAULT_HOST_OVERHEADS = HostOverheads(
+    t1_us=14.4,
+    t4_us={"cudaLaunchKernel": 7.8, "cudaMemcpyAsync": 13.06, "cudaMemsetAsync": 7.94},
+    per_op={},
+    pooled={"t2_us": 12.0, "t3_us": 5.0, "t5_us": 4.0, "no_call_us": 2.0},
+    samples={"t1": 19224, "t2": 14399, "t3": 14399, "t5": 60910, "no_call": 5159, "t4": 75189},
+)
+
+
 def _number(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
         raise HostOverheadError(f"{where}: expected a finite number ≥ 0 (µs), got {value!r}")

@@ -141,11 +141,12 @@ def predict_iteration(
             clock["host"] = max(clock["host"], clock["device"])
         return synced
 
-    for root in _roots(et):
+    for root in roots(et):
         visit(root, False, False)
     return IterationPrediction(busy["host"], kernels, calls, max(clock.values()) if gpu else None)
 
 
-def _roots(et: ExecutionTrace) -> list[ETNode]:
+def roots(et: ExecutionTrace) -> list[ETNode]:
+    """The trace's top nodes (whose parent is not in it, or itself), in call order."""
     ids = {n.id for n in et.nodes}
     return sorted((n for n in et.nodes if n.parent not in ids or n.parent == n.id), key=lambda n: n.id)

@@ -165,12 +165,15 @@ def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch
     return ShardWork(batch * P, table.num_rows, d, batch, replica=True)  # data_parallel: the local batch only
 
 
-def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | None = None) -> IndexStats:
-    """What the shard's lookups are: from a sample of real indices (`counts`, load_index_sample),
+def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | IndexStats | None = None) -> IndexStats:
+    """What the shard's lookups are: as given (an IndexStats, e.g. IndexStats.from_sequence of a real
+    sample in its order), from a sample of real indices (`counts`, load_index_sample),
     else from the table's named distribution (uniform or Zipf). A row-wise shard of 1/k of the rows
     sees 1/k of the distinct rows of k times its lookups (and between two lookups of one of its
     rows, 1/k of the table's distinct rows); its most loaded shard holds the most frequent row,
     whose lookups are then k times the share they have of the whole table's."""
+    if isinstance(counts, IndexStats):
+        return counts
     k = table.num_rows / work.rows
     lookups, row_bytes = max(1, round(work.lookups)), work.dim * F32
     if counts is not None:
@@ -189,7 +192,7 @@ def embedding_seconds(
     table: EmbeddingTable,
     work: ShardWork,
     ops: OperatorCostModel | None = None,
-    counts: np.ndarray | None = None,
+    counts: np.ndarray | IndexStats | None = None,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one shard.
 

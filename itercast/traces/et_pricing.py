@@ -1,0 +1,131 @@
+"""Which cost model prices each operator of a GPU execution trace, and at how many seconds.
+
+One pricer serves every rank of a distributed step (traces/et_step.py). Operators, by what they are:
+- `aten::` operators: their features (costs/aten_ops.py) on the operator models of a profiling
+  database where it has one for the operator (`db:<family>`), else on the system preset's analytic
+  model (`analytic:<family>`): GEMMs and convolutions on the GEMM curve in the training dtype,
+  attention on its (guessed) curve, norms and every other data-moving operator as memory traffic;
+- TBE lookups (costs/dist_ops.py) on the DLRM workload's embedding model (workloads/dlrm.py
+  embedding_seconds: the operator models of a database where it has them, else memory traffic
+  with distinct rows from the index statistics), each of the call's tables as one shard
+  (`embedding:tbe_fwd`, and `embedding:tbe_bwd` for the autograd node that runs the backward with
+  its fused optimizer);
+- FBGEMM's sparse-data helpers as memory traffic of their tensors (`analytic:memory`);
+- c10d collectives on the analytic collective model (`collective:<kind>`; traces/et_step.py
+  prices them at the rendezvous, where every member's bytes are known);
+- anything else that touches a GPU tensor is unpriced (reported with its share of the time).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.aten_ops import OpFeatures, features, tensor_bytes
+from itercast.costs.dist_ops import COLLECTIVES, FBGEMM_MEMORY_OPS, TBECall, is_tbe, tbe_call
+from itercast.costs.op_model import IndexStats, OperatorCostModel, OpModelError
+from itercast.traces.execution_trace import ETNode
+from itercast.workloads.dlrm import EmbeddingTable, ShardWork, embedding_seconds
+
+#: the autograd node that runs a TBE's backward (and its fused optimizer): FBGEMM's
+#: Split{nobag}LookupFunction_{optimizer}_Op, and the dense lookup's SplitLookupFunction_Dense_Op
+TBE_BACKWARD = re.compile(r"torch::autograd::CppNode<Split\w*LookupFunction_(\w+?)_Op(_pt2)?>$")
+ANALYTIC_MEMORY_KIND = {"norm": "norm", "memory": "elementwise"}
+
+
+@dataclass(frozen=True)
+class Priced:
+    """One operator's GPU work: `family` (per-family totals), `model` (which model priced it) and
+    seconds on its stream; `whole`: its children are part of what was priced."""
+
+    family: str
+    model: str
+    seconds: float
+    whole: bool = True
+
+
+class ETPricer:
+    """Prices the operators of one trace (`price`), remembering each TBE forward for its backward."""
+
+    def __init__(
+        self,
+        costs: AnalyticCostModel,
+        ops: OperatorCostModel | None = None,
+        index_sample: np.ndarray | None = None,
+        zipf_alpha: float = 0.0,
+    ) -> None:
+        """`index_sample`: a real sample of indices in their order (--indices), priced by its reuse
+        (IndexStats.from_sequence), else the named distribution `zipf_alpha` (0: uniform)."""
+        self.costs, self.ops, self.alpha = costs, ops, zipf_alpha
+        self.index_sample = index_sample
+        self._forwards: dict[str, list[TBECall]] = {}
+
+    def price(self, node: ETNode, has_children: bool) -> Priced | None:
+        """The node's GPU work, or None when it has none of its own (a view, a scope, a composite
+        operator whose children do the work). Raises DistOpError on a malformed TBE call."""
+        name = node.name
+        if is_tbe(name):
+            call = tbe_call(name, node.input_shapes, node.input_types, node.input_scalars)
+            self._forwards.setdefault(call.optimizer.lower(), []).append(call)
+            return Priced("embedding:tbe_fwd", self._embedding_model(), self._tbe_s(call)[0])
+        backward = TBE_BACKWARD.match(name)
+        if backward:
+            pending = self._forwards.get(backward.group(1).lower(), [])
+            if not pending:
+                return None  # a backward whose forward is not in this trace: nothing known of it
+            return Priced("embedding:tbe_bwd", self._embedding_model(), self._tbe_s(pending.pop(0))[1])
+        if name in FBGEMM_MEMORY_OPS:
+            moved = tensor_bytes(node.input_shapes, node.input_types) + tensor_bytes(
+                node.output_shapes, node.output_types
+            )
+            return Priced("memory", "analytic:memory", float(self.costs.memory_s("elementwise", moved)))
+        if name in COLLECTIVES or not name.startswith("aten::"):
+            return None
+        f = features(node)
+        if f.family == "free" or (f.family == "memory" and has_children and not self._db_has(name)):
+            return None
+        seconds, model = self._aten_s(node, f)
+        return Priced(f.family, model, seconds, whole=f.family != "gemm")
+
+    def _db_has(self, name: str) -> bool:
+        return self.ops is not None and self.ops.has_model(name)
+
+    def _aten_s(self, node: ETNode, f: OpFeatures) -> tuple[float, str]:
+        if self.ops is not None:
+            try:
+                return self.ops.measured_s(node, f), f"db:{f.family}"
+            except OpModelError:
+                pass  # the database has no model of it: the analytic model below
+        c = self.costs
+        if f.family in ("gemm", "conv_fwd", "conv_bwd"):
+            return float(c.gemm_s(f.size, te=False)), f"analytic:{f.family}"
+        if f.family.startswith("attention"):
+            return float(c.attention_s(f.size)), f"analytic:{f.family}"
+        if f.family.startswith("embedding_bag"):
+            return float(c.memory_s("elementwise", f.size)), f"analytic:{f.family}"
+        return float(c.memory_s(ANALYTIC_MEMORY_KIND.get(f.family, "elementwise"), f.size)), f"analytic:{f.family}"
+
+    def _embedding_model(self) -> str:
+        return "db:embedding" if self.ops is not None else "analytic:embedding"
+
+    def _tbe_s(self, call: TBECall) -> tuple[float, float]:
+        """(forward, backward with the fused optimizer) seconds of the call's tables, each a shard
+        of the DLRM model (module docstring)."""
+        rows, dim = max(1, round(call.rows)), max(1, round(call.dim))
+        per_table = call.lookups / call.tables
+        table = EmbeddingTable(
+            name="tbe",
+            num_rows=rows,
+            embedding_dim=dim,
+            pooling_factor=max(per_table / max(call.bags, 1), 1e-6),
+            zipf_alpha=self.alpha,
+        )
+        work = ShardWork(per_table, rows, dim, call.bags, replica=call.optimizer == "dense")
+        index = None
+        if self.index_sample is not None:
+            index = IndexStats.from_sequence(self.index_sample, max(1, round(per_table)), dim * call.item_bytes)
+        fwd_s, bwd_s = embedding_seconds(self.costs, table, work, self.ops, index)
+        return call.tables * fwd_s, call.tables * bwd_s
