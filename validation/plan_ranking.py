@@ -1,0 +1,103 @@
+"""Does itercast rank alternative plans of one job as they measured? Published plan comparisons.
+
+    python validation/plan_ranking.py
+
+Data: data/published/plan_ranking/*.csv (each row cites its source: torchtitan's H100 benchmark tables,
+schedules and async TP) and data/published/korthikanti2022_a100_iteration_times.csv (Korthikanti et al.
+2022: full recompute vs sequence parallel + selective recompute, four GPT models). A job is one model,
+GPU count and global batch; its rows are plans. Each plan is predicted by the graph simulation
+(`predict`). Printed per job: Kendall τ between predicted and measured times, whether the measured
+fastest is ranked first, the loss when not (measured time of itercast's pick / measured best − 1);
+then the fastest-pick rate over jobs whose plans differ by ≥ 5% in measured time.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from published_step_times import job as korthikanti_job
+from published_step_times import rows as korthikanti_rows
+
+from itercast.config.job import Job
+from itercast.predict import predict
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "published" / "plan_ranking"
+DISTINCT = 0.05  # jobs whose measured plans differ by at least this share count toward the pick rate
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open() as fh:
+        return list(csv.DictReader(line for line in fh if not line.startswith("#")))
+
+
+def _plan_job(r: dict[str, str]) -> Job:
+    """A plan_ranking row as a Job (dgx-h100 nodes: the closest preset to the sources' H100s)."""
+    ints = ("global_batch_size", "micro_batch_size", "data_parallel", "tensor_parallel", "pipeline_parallel")
+    plan: dict[str, object] = {k: int(r[k]) for k in (*ints, "virtual_pipeline", "zero_stage")}
+    plan |= {"schedule": r["schedule"], "recompute": r["recompute"], "dtype": r["dtype"]}
+    plan |= {"tp_comm_overlap": r["tp_comm_overlap"] == "true", "sequence_parallel": int(r["tensor_parallel"]) > 1}
+    if r["stage_layers"]:
+        plan["stage_layers"] = [int(n) for n in r["stage_layers"].split()]
+    model = {"preset": r["model"], "seq_length": int(r["seq_length"])}
+    return Job.from_dicts(model, plan, {"preset": "dgx-h100", "num_nodes": int(r["gpus"]) // 8})
+
+
+def jobs() -> dict[str, list[tuple[str, Job, float]]]:
+    """Job name -> (plan label, job, measured seconds per step or per token: only the order matters)."""
+    out: dict[str, list[tuple[str, Job, float]]] = defaultdict(list)
+    for path in sorted(DATA.glob("*.csv")):
+        for r in _read(path):
+            label = f"tp{r['tensor_parallel']} pp{r['pipeline_parallel']} vp{r['virtual_pipeline']} "
+            label += f"{r['schedule']} asyncTP={r['tp_comm_overlap']}"
+            out[r["job"]].append((label, _plan_job(r), 1 / float(r["tokens_per_s_per_gpu"])))
+    for r in korthikanti_rows():
+        out[f"gpt-{r['model']} {r['gpus']} A100 (Korthikanti)"].append(
+            (r["mode"], korthikanti_job(r), float(r["measured_s"]))
+        )
+    return out
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall τ-a over all pairs: (concordant − discordant) / pairs."""
+    pairs = list(itertools.combinations(range(len(a)), 2))
+    score = sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs) - sum(
+        (a[i] - a[j]) * (b[i] - b[j]) < 0 for i, j in pairs
+    )
+    return score / len(pairs)
+
+
+def main() -> None:
+    picked = counted = 0
+    taus, losses = [], []
+    for name, plans in jobs().items():
+        predicted = [predict(job).step_time_s for _, job, _ in plans]
+        measured = [m for _, _, m in plans]
+        tau = kendall_tau(predicted, measured)
+        best = min(range(len(plans)), key=measured.__getitem__)
+        pick = min(range(len(plans)), key=predicted.__getitem__)
+        loss = measured[pick] / measured[best] - 1
+        spread = max(measured) / min(measured) - 1
+        taus.append(tau)
+        if spread >= DISTINCT:
+            counted += 1
+            picked += pick == best
+            losses.append(loss)
+        print(f"{name}: {len(plans)} plans, measured spread {spread:.1%}, τ {tau:+.2f}, ", end="")
+        print("fastest ranked first" if pick == best else f"picked {plans[pick][0]} (loss {loss:.1%})")
+        for (label, _, m), p in zip(plans, predicted, strict=True):
+            print(f"    {label:45} measured {m / measured[best]:.3f}× best, predicted {p:.3f} s")
+    print(
+        f"{len(taus)} jobs: mean Kendall τ {sum(taus) / len(taus):+.2f}; fastest ranked first on {picked}/{counted} "
+        f"jobs differing by ≥ {DISTINCT:.0%}; mean loss {sum(losses) / max(len(losses), 1):.1%}, "
+        f"worst {max(losses, default=0.0):.1%}"
+    )
+
+
+if __name__ == "__main__":
+    main()
