@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import signal
-import statistics
 import sys
 import threading
 from collections.abc import Iterator
@@ -174,8 +173,11 @@ def predict_cmd(
         bool, typer.Option(metavar="", help=f"Exit {EXIT_OOM} when the plan does not fit in memory.")
     ] = False,
     et: Annotated[
-        Path | None,
-        typer.Option(metavar="FILE", help="Price a PyTorch execution trace (with --db) instead of a job."),
+        list[Path] | None,
+        typer.Option(
+            metavar="FILE|DIR",
+            help="Price PyTorch execution traces (repeatable, or a directory: every rank) instead of a job.",
+        ),
     ] = None,
     db: Annotated[
         Path | None, typer.Option(metavar="FILE", help="--et: the profiling database of the device to price on.")
@@ -185,8 +187,11 @@ def predict_cmd(
     ] = None,
     gpu: Annotated[bool, typer.Option(metavar="", help="--et: price host and GPU on two clocks.")] = False,
     kineto: Annotated[
-        Path | None,
-        typer.Option(metavar="FILE", help="--et: a Kineto trace of the same run, to check the prediction against."),
+        list[Path] | None,
+        typer.Option(metavar="FILE|DIR", help="--et: Kineto traces of the same step (one per rank), to check against."),
+    ] = None,
+    indices: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="--et: a sample of real embedding indices, in their order.")
     ] = None,
     index_distribution: Annotated[
         str,
@@ -201,10 +206,12 @@ def predict_cmd(
     """Time per iteration, its breakdown and critical path, memory per GPU and MFU; for a DLRM
     preset (--model), one step under an embedding sharding; or, with --et, one iteration of a
     recorded PyTorch execution trace priced on a profiled device."""
-    if et is not None:
-        if job_file or example or model or system or set_ or trace or calibration:
-            fail("--et prices a trace: give it with --db, not with a job, --trace or --calibration")
-        _predict_execution_trace(et, db, device_id, gpu, index_distribution, kineto, as_json)
+    if et:
+        if job_file or example or model or set_ or trace:
+            fail("--et prices a trace: give it with --db or --system, not with a job, --model or --trace")
+        from itercast.cli.et_cmds import predict_et
+
+        predict_et(et, db, device_id, gpu, index_distribution, kineto or [], as_json, system, calibration, indices)
         return
     if model is not None and model in preset_names("dlrm"):
         if job_file or example or trace:
@@ -246,96 +253,6 @@ def predict_cmd(
         )
         if strict:
             raise typer.Exit(EXIT_OOM)
-
-
-def _predict_execution_trace(
-    et: Path,
-    db: Path | None,
-    device_id: int | None,
-    gpu: bool,
-    distribution: str,
-    kineto: Path | None,
-    as_json: bool,
-) -> None:
-    """`predict --et`: the execution-trace model (traces/iteration_model.py) with operator models
-    fitted on a profiling database; embedding bags priced for the index distribution asked for.
-    With `kineto`, the same run's Kineto trace is what the prediction is checked against: its GPU
-    busy time (kernels, copies, memsets) against the predicted kernel time when it holds GPU
-    activity (a profiler slows the host, not the kernels), else its median ProfilerStep against
-    the predicted iteration."""
-    from itercast.costs.op_model import IndexStats, OperatorCostModel, fit_operator_models
-    from itercast.measurements import ProfileError
-    from itercast.profile.db import ProfileDB
-    from itercast.traces.execution_trace import read_execution_trace
-    from itercast.traces.iteration_model import predict_iteration
-    from itercast.traces.kineto import TraceError, read_kineto
-
-    if db is None:
-        fail("--et needs --db: the profiling database of the device to price the trace on")
-    kind, _, value = distribution.partition(":")
-    try:
-        alpha = float(value) if kind == "zipf" else 0.0
-    except ValueError:
-        alpha = math.nan
-    if (
-        kind not in ("uniform", "zipf")
-        or not math.isfinite(alpha)
-        or not 0 <= alpha <= 10
-        or (kind == "zipf") != bool(value)
-    ):
-        fail(f"--index-distribution: expected uniform or zipf:ALPHA with 0 ≤ ALPHA ≤ 10; got {distribution!r}")
-
-    def index(node: object, f: object) -> IndexStats:
-        dims = f.dims  # type: ignore[attr-defined]
-        return IndexStats.zipf(
-            int(dims["rows"]), int(dims["lookups"]), alpha, dims["table_bytes"] / max(dims["rows"], 1)
-        )
-
-    try:
-        profile = ProfileDB(db, readonly=True)
-        dev = profile.choose_device(device_id, "--device-id")
-        model = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
-        pred = predict_iteration(read_execution_trace(et), model, index, gpu=gpu)
-        check: dict[str, float | str] = {}
-        if kineto is not None:
-            measured = read_kineto(kineto)
-            if measured.num_ops:
-                seen, priced = float(measured.op_dur_us.sum()) * 1e-6, sum(pred.kernel_s_by_family.values())
-                check["what"] = "GPU busy"
-            elif measured.steps:
-                seen, priced = statistics.median(s[3] for s in measured.steps) * 1e-6, pred.total_s
-                check["what"] = "step"
-            else:
-                raise TraceError(
-                    f"{kineto}: neither GPU activity nor ProfilerStep marks to check the prediction against"
-                )
-            check |= {"measured_s": seen, "predicted_s": priced, "error": priced / seen - 1}
-    except (ProfileError, TraceError, ConfigError, ValueError) as exc:
-        fail(str(exc))
-    out = {
-        "iteration_s": pred.total_s,
-        "host_s": pred.host_s,
-        "kernel_s_by_family": pred.kernel_s_by_family,
-        "calls_by_category": dict(pred.calls_by_category),
-        "index_distribution": distribution,
-        "device_id": dev,
-    }
-    if check:
-        out["kineto_check"] = check
-    if as_json:
-        echo_json(out)
-        return
-    console.print(f"{et.name} on device {dev} of {db.name}: {pred.total_s * 1e3:.3f} ms per iteration", highlight=False)
-    if check:
-        console.print(
-            f"{check['what']} in {kineto}: measured {seen * 1e3:.3f} ms, predicted {priced * 1e3:.3f} ms "
-            f"({priced / seen - 1:+.1%})",
-            highlight=False,
-        )
-    table = Table(show_header=False, box=None)
-    for part, seconds in sorted({"host": pred.host_s, **pred.kernel_s_by_family}.items(), key=lambda kv: -kv[1]):
-        table.add_row(part, f"{seconds * 1e3:.3f} ms")
-    console.print(table)
 
 
 @app.command("compare")

@@ -1,0 +1,192 @@
+"""`itercast predict --et` over every rank of a distributed step (traces/et_step.py): per-rank and
+slowest-rank iteration, seconds per family, the unpriced operators with their share of the host and
+GPU time, and with --kineto each rank's measured step beside its prediction, under host overheads
+from another trace (a calibration's, or the defaults) and from the run's own Kineto traces."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from itercast.cli import console, echo_json, fail, warn
+from itercast.cli.et_cmds import print_family_table
+from itercast.errors import ConfigError
+from itercast.traces.et_step import RankStep
+from itercast.traces.execution_trace import ExecutionTrace
+from itercast.traces.host_overheads import HostOverheads
+
+UNPRICED_WARN_SHARE = 0.01  # more than 1% of a rank's GPU time unpriced: the prediction misses it
+
+
+def world_of(traces: list[ExecutionTrace]) -> int:
+    """The ranks of the step: the traces given, checked against the all-to-all split lists in each
+    (one split per rank); a single trace takes its splits' count (1 without any). ConfigError when
+    a trace names another rank count than its peers."""
+    from itercast.costs.dist_ops import COLLECTIVES
+
+    seen = {}
+    for et in traces:
+        sizes = {
+            len(v) for n in et.nodes if n.name in COLLECTIVES for v in n.input_lists[3:5] if isinstance(v, list) and v
+        }
+        if len(sizes) > 1:
+            raise ConfigError(f"{et.path}: all-to-all splits name {sorted(sizes)} ranks; expected one rank count")
+        seen[et.path] = sizes.pop() if sizes else None
+    world = len(traces) if len(traces) > 1 else (seen[traces[0].path] or 1)
+    for path, n in seen.items():
+        if n is not None and n != world:
+            raise ConfigError(f"{path}: its all-to-all splits name {n} ranks; expected {world} (the traces given)")
+    return world
+
+
+def predict_ranks(
+    files: list[Path],
+    traces: list[ExecutionTrace],
+    kinetos: list[Path],
+    db: Path | None,
+    device_id: int | None,
+    system: str,
+    calibration: Path | None,
+    alpha: float,
+    sample: np.ndarray | None,
+    as_json: bool,
+) -> None:
+    from itercast.config.job import load_system
+    from itercast.costs.analytic import AnalyticCostModel
+    from itercast.costs.dist_ops import DistOpError
+    from itercast.costs.op_model import OperatorCostModel, fit_operator_models
+    from itercast.hardware.topology import place_group
+    from itercast.measurements import ProfileError
+    from itercast.profile.calibrate import CalibrationError, load_calibration
+    from itercast.profile.db import ProfileDB
+    from itercast.traces.et_pricing import ETPricer
+    from itercast.traces.et_step import predict_step
+    from itercast.traces.host_overheads import DEFAULT_HOST_OVERHEADS, HostOverheadError, measure
+    from itercast.traces.kineto import TraceError, read_kineto
+
+    try:
+        sys_cfg = load_system(system)
+        cal = load_calibration(calibration) if calibration else None
+        host, host_source = DEFAULT_HOST_OVERHEADS, "defaults (three other traces, host_overheads.py)"
+        if cal is not None and "host_overheads" in cal:
+            host, host_source = HostOverheads.from_dict(cal["host_overheads"]), f"{calibration}"
+        costs = AnalyticCostModel(sys_cfg, "fp32", cal)  # TorchRec DLRMs train in fp32 (workloads/dlrm.py)
+        ops = None
+        if db is not None:
+            profile = ProfileDB(db, readonly=True)
+            dev = profile.choose_device(device_id, "--device-id")
+            ops = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
+        group = place_group(world_of(traces), 1, sys_cfg.node.gpus_per_node)
+
+        def run(model: HostOverheads) -> list[RankStep]:
+            return predict_step(traces, [ETPricer(costs, ops, sample, alpha) for _ in traces], model, group)
+
+        steps = run(host)
+        measured = [kineto_step_s(k) for k in kinetos]
+        own = run(measure([read_kineto(k) for k in kinetos])) if kinetos else None
+        gpu_us = [_gpu_us_by_node(et, k) for et, k in zip(traces, kinetos, strict=True)] if kinetos else None
+    except (ConfigError, DistOpError, TraceError, ProfileError, CalibrationError, HostOverheadError, ValueError) as exc:
+        fail(" ".join(str(exc).split()))
+    ranks = [
+        _rank_doc(s, measured[r] if measured else None, own[r] if own else None, gpu_us[r] if gpu_us else None)
+        for r, s in enumerate(steps)
+    ]
+    doc = {
+        "system": system,
+        "ranks": ranks,
+        "slowest_rank_iteration_s": max(s.iteration_s for s in steps),
+        "host_overheads": host_source,
+        "costs": "analytic" + (f" refined by {db}" if db else ""),
+    }
+    for r, rank in enumerate(ranks):
+        share = rank["unpriced_gpu_share"]
+        if share is None and rank["unpriced"]:
+            warn(f"{files[r]}: {len(rank['unpriced'])} operators unpriced; their GPU time is unknown without --kineto")
+        elif share is not None and share > UNPRICED_WARN_SHARE:
+            warn(f"{files[r]}: {share:.1%} of the measured GPU time is in operators no model prices")
+    if as_json:
+        echo_json(doc)
+        return
+    _print(doc, steps)
+
+
+def kineto_step_s(path: Path) -> tuple[float, float]:
+    """(median ProfilerStep seconds, GPU busy seconds) of a Kineto trace; TraceError without steps."""
+    from itercast.traces.kineto import TraceError, read_kineto
+
+    t = read_kineto(path)
+    if not t.steps:
+        raise TraceError(f"{path}: no ProfilerStep marks to check the prediction against")
+    return statistics.median(s[3] for s in t.steps) * 1e-6, float(t.op_dur_us.sum()) * 1e-6
+
+
+def _gpu_us_by_node(et: ExecutionTrace, kineto: Path) -> dict[int, float]:
+    """Measured GPU µs per ET node, through the Kineto link (traces/execution_trace.link)."""
+    from itercast.traces.execution_trace import link
+    from itercast.traces.kineto import read_kineto
+
+    k = read_kineto(kineto)
+    tl = link(et, k)
+    out: dict[int, float] = {}
+    for op in range(k.num_ops):
+        node = tl.node_of_gpu_op(et, op)
+        if node is not None:
+            out[node.id] = out.get(node.id, 0.0) + float(k.op_dur_us[op])
+    return out
+
+
+def _rank_doc(
+    s: RankStep, measured: tuple[float, float] | None, own: RankStep | None, gpu_us: dict[int, float] | None
+) -> dict[str, Any]:
+    gpu_total_us = sum(gpu_us.values()) if gpu_us else 0.0
+    unpriced = []
+    for name, e in sorted(s.unpriced.items()):
+        gpu = sum(gpu_us.get(i, 0.0) for i in e["node_ids"]) * 1e-6 if gpu_us is not None else None
+        unpriced.append(
+            {
+                "name": name,
+                "calls": e["calls"],
+                "cpu_s": e["cpu_s"],
+                "cpu_share": e["cpu_s"] / s.host_s if s.host_s else 0.0,
+                "gpu_s": gpu,
+                "gpu_share": gpu / (gpu_total_us * 1e-6) if gpu is not None and gpu_total_us else None,
+            }
+        )
+    known = [u["gpu_share"] for u in unpriced if u["gpu_share"] is not None]
+    doc: dict[str, Any] = {
+        "path": s.path,
+        "iteration_s": s.iteration_s,
+        "host_s": s.host_s,
+        "seconds_by_family": s.seconds_by_family,
+        "calls_by_model": dict(s.calls_by_model),
+        "unpriced": unpriced,
+        "unpriced_gpu_share": sum(known) if gpu_us is not None else None,
+    }
+    if measured is not None:
+        step_s, busy_s = measured
+        doc["kineto"] = {"step_s": step_s, "gpu_busy_s": busy_s, "error": s.iteration_s / step_s - 1}
+    if own is not None and measured is not None:
+        doc["own_trace_overheads"] = {"iteration_s": own.iteration_s, "error": own.iteration_s / measured[0] - 1}
+    return doc
+
+
+def _print(doc: dict[str, Any], steps: list[RankStep]) -> None:
+    console.print(
+        f"{len(steps)} rank(s) on {doc['system']} ({doc['costs']}; host overheads: {doc['host_overheads']}): "
+        f"slowest rank {doc['slowest_rank_iteration_s'] * 1e3:.3f} ms per iteration",
+        highlight=False,
+    )
+    for r, rank in enumerate(doc["ranks"]):
+        line = f"rank {r} ({Path(rank['path']).name}): {rank['iteration_s'] * 1e3:.3f} ms"
+        if "kineto" in rank:
+            line += f", measured step {rank['kineto']['step_s'] * 1e3:.3f} ms ({rank['kineto']['error']:+.1%})"
+        if "own_trace_overheads" in rank:
+            o = rank["own_trace_overheads"]
+            line += f"; own-trace overheads {o['iteration_s'] * 1e3:.3f} ms ({o['error']:+.1%})"
+        console.print(line, highlight=False)
+    print_family_table({"host": steps[0].host_s, **steps[0].seconds_by_family})
+    for u in doc["ranks"][0]["unpriced"]:
+        console.print(f"unpriced: {u['name']} × {u['calls']} (host {u['cpu_share']:.1%})", highlight=False)
