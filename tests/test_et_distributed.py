@@ -241,3 +241,20 @@ def test_the_param_dlrm_step_is_priced_whole_on_every_rank(tmp_path):
     # one split TBE and one dense TBE, each forward and backward; 5 all-to-alls; 3 DDP bucket all-reduces
     assert calls["analytic:embedding"] == 4 and calls["collective:alltoall"] == 5
     assert calls["collective:all_reduce"] == 3
+
+
+def test_a_host_calibration_sets_the_overheads_of_an_et_priced_step(tmp_path):
+    from itercast.profile.calibrate import host_overheads_only
+
+    path = tmp_path / "r.json"
+    doc = {"schema": "1.0.1", "nodes": [{"name": ROOT, "id": 1, "parent": 1, "inputs": []}, node(3, TBE, tbe_args())]}
+    path.write_text(json.dumps(doc))
+    (tmp_path / "cal.json").write_text(json.dumps(host_overheads_only(HOST)))
+    code, text = run(
+        "--et", str(path), "--system", "v100-p3.16xlarge", "--calibration", str(tmp_path / "cal.json"), "--json"
+    )
+    assert code == 0, text
+    out = json.loads(text)
+    # one top-level operator with one launch: T1 10 + T2 1 + T4 5 + T3 2 = 18 µs of host
+    assert out["ranks"][0]["host_s"] == pytest.approx(18e-6)
+    assert out["host_overheads"] == str(tmp_path / "cal.json")
