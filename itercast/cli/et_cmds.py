@@ -22,8 +22,6 @@ from itercast.costs.aten_ops import OpFeatures
 from itercast.errors import ConfigError
 from itercast.traces.execution_trace import ExecutionTrace
 
-MAX_INDEX_FILE_BYTES = 1 << 30  # an --indices sample read whole: a bound on hostile files
-
 
 def trace_files(paths: list[Path], option: str) -> list[Path]:
     """Files of the paths given (a directory: its *.json and *.json.gz), in natural order of name
@@ -62,21 +60,13 @@ def index_distribution_alpha(distribution: str) -> float:
 
 
 def load_index_sequence(path: Path) -> np.ndarray:
-    """A sample of real embedding indices in the order they were looked up: .npy (no pickles) or
-    text integers separated by whitespace or commas."""
-    if not path.is_file():
-        raise ConfigError(f"--indices {path}: no such file")
-    if path.stat().st_size > MAX_INDEX_FILE_BYTES:
-        raise ConfigError(f"--indices {path}: {path.stat().st_size} bytes; expected at most {MAX_INDEX_FILE_BYTES}")
-    try:
-        if path.suffix == ".npy":
-            idx = np.asarray(np.load(path, allow_pickle=False)).ravel()
-        else:
-            idx = np.array(path.read_text(encoding="utf-8").replace(",", " ").split(), dtype=np.int64)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--indices {path}: expected integers (.npy, or text); {str(exc)[:120]}") from None
-    if idx.dtype.kind not in "iu" or idx.size == 0 or int(idx.min()) < 0:
-        raise ConfigError(f"--indices {path}: expected a non-empty sample of integers ≥ 0")
+    """--indices: a sample of real embedding indices in their order (workloads/dlrm.read_index_sequence),
+    none negative."""
+    from itercast.workloads.dlrm import read_index_sequence
+
+    idx = read_index_sequence(path, f"--indices {path}")
+    if int(idx.min()) < 0:
+        raise ConfigError(f"--indices {path}: negative indices; expected rows ≥ 0")
     return idx
 
 

@@ -434,10 +434,23 @@ MAX_INDEX_FILE_BYTES = 1 << 30  # a sample of 134M int64 indices; it is sorted i
 
 def load_index_sample(path: Path, table: EmbeddingTable) -> np.ndarray:
     """The row frequencies of a sample of `table`'s real indices (how often each distinct row
-    appears): a NumPy .npy array of integers (read without pickles), or a text file of integers
-    separated by whitespace or commas. Refused: a missing or larger-than-MAX_INDEX_FILE_BYTES file,
-    non-integers, an empty sample, and indices outside the table's rows (the file of another table)."""
+    appears), read by read_index_sequence; also refused: indices outside the table's rows (the file
+    of another table)."""
     where = f"{path} (indices of table {table.name!r})"
+    idx = read_index_sequence(path, where)
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= table.num_rows:
+        raise ConfigError(
+            f"{where}: indices {low}..{high}; the table has rows 0..{table.num_rows - 1} (the file of another table?)"
+        )
+    return np.unique(idx, return_counts=True)[1]
+
+
+def read_index_sequence(path: Path, where: str) -> np.ndarray:
+    """A sample of real indices in the order they were looked up: a NumPy .npy array of integers
+    (read without pickles), or a text file of integers separated by whitespace or commas. Refused
+    (ConfigError naming `where`): a missing or larger-than-MAX_INDEX_FILE_BYTES file, non-integers,
+    an empty sample."""
     if not path.is_file():
         raise ConfigError(f"{where}: no such file")
     if path.stat().st_size > MAX_INDEX_FILE_BYTES:
@@ -453,12 +466,7 @@ def load_index_sample(path: Path, table: EmbeddingTable) -> np.ndarray:
         raise ConfigError(f"{where}: expected integer indices; got dtype {idx.dtype}")
     if idx.size == 0:
         raise ConfigError(f"{where}: no indices")
-    low, high = int(idx.min()), int(idx.max())
-    if low < 0 or high >= table.num_rows:
-        raise ConfigError(
-            f"{where}: indices {low}..{high}; the table has rows 0..{table.num_rows - 1} (the file of another table?)"
-        )
-    return np.unique(np.asarray(idx).ravel(), return_counts=True)[1]
+    return np.asarray(idx).ravel()
 
 
 def candidate_shards(table: EmbeddingTable, world: int) -> list[Shard]:
