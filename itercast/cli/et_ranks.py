@@ -182,7 +182,9 @@ def _print(doc: dict[str, Any], steps: list[RankStep]) -> None:
     for r, rank in enumerate(doc["ranks"]):
         line = f"rank {r} ({Path(rank['path']).name}): {rank['iteration_s'] * 1e3:.3f} ms"
         if "kineto" in rank:
-            line += f", measured step {rank['kineto']['step_s'] * 1e3:.3f} ms ({rank['kineto']['error']:+.1%})"
+            k, gpu_s = rank["kineto"], sum(rank["seconds_by_family"].values())
+            line += f", measured step {k['step_s'] * 1e3:.3f} ms ({k['error']:+.1%}); GPU busy {gpu_s * 1e3:.3f} ms"
+            line += f" predicted, {k['gpu_busy_s'] * 1e3:.3f} ms measured"
         if "own_trace_overheads" in rank:
             o = rank["own_trace_overheads"]
             line += f"; own-trace overheads {o['iteration_s'] * 1e3:.3f} ms ({o['error']:+.1%})"
