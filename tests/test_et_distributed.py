@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.costs.dist_ops import DistOpError, collective_call, tbe_call
-from itercast.costs.op_model import IndexStats
+from itercast.costs.index_stats import IndexStats
 from itercast.hardware.topology import GroupPlacement
 from itercast.traces.et_pricing import ETPricer
 from itercast.traces.et_step import predict_step

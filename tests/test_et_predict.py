@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from itercast.cli import app
-from itercast.costs.op_model import unique_fraction_uniform, unique_fraction_zipf, zipf_classes, zipf_hot_fraction
+from itercast.costs.index_stats import unique_fraction_uniform, unique_fraction_zipf, zipf_classes, zipf_hot_fraction
 
 MEASURED = Path(__file__).resolve().parents[1] / "data" / "measured"
 ET = MEASURED / "h100_traces" / "dlrm_16384.et.json.gz"

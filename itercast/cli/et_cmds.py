@@ -126,7 +126,8 @@ def predict_single(
     busy time (kernels, copies, memsets) against the predicted kernel time when it holds GPU
     activity (a profiler slows the host, not the kernels), else its median ProfilerStep against
     the predicted iteration."""
-    from itercast.costs.op_model import IndexStats, OperatorCostModel, fit_operator_models
+    from itercast.costs.index_stats import IndexStats
+    from itercast.costs.op_model import OperatorCostModel, fit_operator_models
     from itercast.measurements import ProfileError
     from itercast.profile.db import ProfileDB
     from itercast.traces.iteration_model import predict_iteration

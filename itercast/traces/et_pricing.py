@@ -26,7 +26,8 @@ import numpy as np
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.aten_ops import OpFeatures, features, tensor_bytes
 from itercast.costs.dist_ops import COLLECTIVES, FBGEMM_MEMORY_OPS, TBECall, is_tbe, tbe_call
-from itercast.costs.op_model import IndexStats, OperatorCostModel, OpModelError
+from itercast.costs.index_stats import IndexStats
+from itercast.costs.op_model import OperatorCostModel, OpModelError
 from itercast.traces.execution_trace import ETNode
 from itercast.workloads.dlrm import EmbeddingTable, ShardWork, embedding_seconds
 

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from itercast.costs.aten_ops import ROOT_NODE, WHOLE_MEMORY_OPS, OpFeatures, features, host_category
-from itercast.costs.op_model import IndexStats, OperatorCostModel
+from itercast.costs.index_stats import IndexStats
+from itercast.costs.op_model import OperatorCostModel
 from itercast.traces.execution_trace import ETNode, ExecutionTrace
 
 #: operators whose call copies a value to the host: with a tensor on a GPU, they wait for its queued work
