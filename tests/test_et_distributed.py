@@ -258,3 +258,17 @@ def test_a_host_calibration_sets_the_overheads_of_an_et_priced_step(tmp_path):
     # one top-level operator with one launch: T1 10 + T2 1 + T4 5 + T3 2 = 18 µs of host
     assert out["ranks"][0]["host_s"] == pytest.approx(18e-6)
     assert out["host_overheads"] == str(tmp_path / "cal.json")
+
+
+@pytest.mark.skipif(not (SHARED / "param_dlrm_kineto_8rank_v100.tar.gz").is_file(), reason="shared traces absent")
+def test_a_kineto_trace_of_another_rank_is_one_line(tmp_path):
+    import tarfile
+
+    for name in ("param_dlrm_pytorch_et_8rank.tar.gz", "param_dlrm_kineto_8rank_v100.tar.gz"):
+        with tarfile.open(SHARED / name) as tar:
+            tar.extractall(tmp_path, filter="data")
+    kinetos = sorted((tmp_path / "dlrm_kineto").iterdir(), key=lambda p: p.name)
+    kinetos[0], kinetos[1] = kinetos[1], kinetos[0]  # rank 1's Kineto trace given for rank 0
+    args = [x for k in kinetos for x in ("--kineto", str(k))]
+    code, text = run("--et", str(tmp_path / "dlrm_pytorch_et"), "--system", "v100-p3.16xlarge", *args)
+    assert code == 2 and "dlrm_eg_0.json does not match" in " ".join(text.split())
