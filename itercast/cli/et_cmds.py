@@ -98,7 +98,8 @@ def predict_et(
     if system is None and len(traces) == 1 and not distributed and calibration is None:
         if db is None:
             fail("--et needs --db (the profiled device) or --system (a preset whose cost models price it)")
-        predict_single(files[0], traces[0], db, device_id, gpu, alpha, sample, kfiles[0] if kfiles else None, as_json)
+        kineto = kfiles[0] if kfiles else None
+        predict_single(files[0], traces[0], db, device_id, gpu, (distribution, alpha), sample, kineto, as_json)
         return
     if system is None:
         fail(f"--et {files[0]}: a distributed or TorchRec trace needs --system NAME (see `itercast presets`)")
@@ -115,7 +116,7 @@ def predict_single(
     db: Path,
     device_id: int | None,
     gpu: bool,
-    alpha: float,
+    distribution: tuple[str, float],
     sample: np.ndarray | None,
     kineto: Path | None,
     as_json: bool,
@@ -132,6 +133,8 @@ def predict_single(
     from itercast.profile.db import ProfileDB
     from itercast.traces.iteration_model import predict_iteration
     from itercast.traces.kineto import TraceError, read_kineto
+
+    named, alpha = distribution
 
     def index(node: object, f: OpFeatures) -> IndexStats:
         rows, lookups = int(f.dims["rows"]), int(f.dims["lookups"])
@@ -166,7 +169,7 @@ def predict_single(
         "host_s": pred.host_s,
         "kernel_s_by_family": pred.kernel_s_by_family,
         "calls_by_category": dict(pred.calls_by_category),
-        "index_distribution": "sample" if sample is not None else ("uniform" if alpha == 0 else f"zipf:{alpha:g}"),
+        "index_distribution": "sample" if sample is not None else named,
         "device_id": dev,
     }
     if check:

@@ -22,6 +22,8 @@ kernels start at the later of the host clock after its calls and the end of the 
 work (one stream), and end its model time later; an operator that reads a device value back
 (SYNC_OPS) holds the host until the device's work so far is done. The iteration ends when both are
 done (its timing synchronises). One stream only: these traces launch everything on the default one.
+A distributed step (c10d collectives, FBGEMM table-batched lookups, every rank at once, a system
+preset's cost models) is traces/et_step.py's.
 """
 
 from __future__ import annotations
