@@ -133,7 +133,7 @@ def _activation_bytes(
     the table's). An MoE layer (`moe`) keeps its shared experts' MLP terms and, per routed copy
     (top_k × ModelConfig.moe_load per token, on 1/t of the tokens with sequence parallelism), the expert input
     gathered over expert-tensor ranks, the permuted token, the up-projection and activation outputs;
-    and the router's fp32 probabilities."""
+    and the router's fp32 probabilities. Recompute: `_recompute_kept`."""
     h, d, e = m.hidden_size, m.head_dim, t.base.dtype_bytes
     f = m.moe_shared_ffn_hidden_size if moe else m.ffn
     a, g = m.num_attention_heads, m.kv_heads
@@ -142,7 +142,9 @@ def _activation_bytes(
     rep = np.where(t.cols["sp"] > 0, tp, 1)  # norms, dropout, residual: sharded only with SP
     dropout = 0 if m.family == "llama" else h  # 1-byte masks, two per layer
     replicated = 4 * e * h + 2 * dropout  # two norm inputs, QKV and MLP inputs, two dropout masks
-    sharded = e * (a + 2 * g) * d + e * h  # q, k, v; projection input (= attention output)
+    # q, k, v; with QK-norm the norms' inputs (q and k before it); the projection input (the
+    # attention output, heads × head_dim)
+    sharded = e * (a + 2 * g) * d + (e * (a + g) * d if m.qk_norm else 0) + e * a * d
     latents = 0  # multi-latent attention: whole on every tensor-parallel rank
     if m.mla:
         dqk, dv = m.qk_head_dim, m.value_head_dim
@@ -153,12 +155,66 @@ def _activation_bytes(
     # unfused attention keeps, per key, the softmax output and, with attention dropout, its
     # 1-byte mask and output (eq. 1's 5·a·s in 16-bit training with dropout)
     scores = 0 if t.base.flash_attention else a * m.seq_length * (e + (0 if m.family == "llama" else 1 + e))
-    kept = replicated / rep + latents + (sharded + np.where(rc == _SELECTIVE, 0, scores)) / tp
+    experts = 0.0
     if moe:
         up = 2 if m.gated_mlp else 1
         copies = m.moe_top_k * m.moe_load() / rep
-        kept = kept + copies * e * (t.cols["etp"] * h + h + (up + 1) * m.expert_ffn) + 4 * m.experts / rep
-    return np.where(rc == _FULL, e * h / rep, kept)  # full: only the layer input is kept
+        experts = copies * e * (t.cols["etp"] * h + h + (up + 1) * m.expert_ffn) + 4 * m.experts / rep
+    attention_again = replicated / rep + latents + sharded / tp + experts
+    return _recompute_kept(m, t, rc, attention_again + scores / tp, attention_again, experts, f, rep)
+
+
+def _recompute_kept(
+    m: ModelConfig,
+    t: PlanTable,
+    rc: np.ndarray,
+    kept: Any,
+    attention_again: Any,
+    experts: Any,
+    mlp_width: int,
+    rep: np.ndarray,
+) -> np.ndarray:
+    """Bytes per token a layer keeps under each row's recompute, from what it keeps without
+    (`kept`), with core attention recomputed (`attention_again`) and its routed experts' share
+    (`experts`). full: the layer input of the
+    recomputed share r of the layers (full_recompute_share), one per recompute_num_layers layers
+    under Megatron-Core's uniform method (it checkpoints each group's input), the rest as without.
+    selective op (torchtitan, transformer_ops._op_recompute): the layer input, the saved mm outputs
+    (q, v, the MLP's first up projection, a gated MLP's down projection) and the SDPA output with its
+    fp32 log-sum-exp per head; an MoE layer's expert terms as without recompute (an upper bound)."""
+    p, e, h = t.base, t.base.dtype_bytes, m.hidden_size
+    a, g, tp = m.num_attention_heads, m.kv_heads, t.cols["tp"]
+    group = p.recompute_num_layers if p.recompute_method == "uniform" else 1
+    r = full_recompute_share(m, p, t.cols["pp"], t.cols["vp"])
+    full = r * e * h / rep / group + (1 - r) * kept
+    selective = attention_again
+    if p.selective_recompute == "op":
+        saved = e * a * m.qk_head_dim + e * g * m.value_head_dim + e * a * m.value_head_dim + 4 * a + e * mlp_width
+        selective = e * h / rep * (2 if m.gated_mlp else 1) + saved / tp + experts
+    return np.where(rc == _FULL, full, np.where(rc == _SELECTIVE, selective, kept))
+
+
+def full_recompute_share(m: ModelConfig, p: PlanConfig, pp: Any, vp: Any) -> Any:
+    """Share of the layers whose whole forward runs again under recompute=full (per row of `pp`,
+    `vp`). Megatron-Core's uniform method: all. Its block method (transformer_block.py
+    `_checkpointed_forward`: `if l < recompute_num_layers` over the layers of each model chunk):
+    min(N, layers of the chunk) per chunk. torchtitan's per-layer checkpointing
+    (selective_ac_option=n: a layer is wrapped when its count from 1 on this rank is divisible by n):
+    ⌊layers of the stage / n⌋ per stage. Layer costs and memory use this share for every layer (a
+    mean: exact for a stage's total when its chunks hold equal layers)."""
+    layers = m.num_layers
+    if p.recompute_method == "block":
+        if p.stage_layers is not None:
+            return sum(min(p.recompute_num_layers, n) for n in p.stage_layers) / layers
+        chunk = layers / (np.asarray(pp) * vp)
+        return np.minimum(p.recompute_num_layers, chunk) / chunk
+    if p.recompute_every > 1:
+        if p.stage_layers is not None:
+            stages = p.stage_layer_counts(layers)
+            return sum(n // p.recompute_every for n in stages) / layers
+        stage = layers / np.asarray(pp)
+        return np.floor(stage / p.recompute_every) / stage
+    return np.ones_like(np.asarray(pp), dtype=np.float64)
 
 
 def state_bytes_per_param(
@@ -197,7 +253,14 @@ class StageMemory:
         whole = _activation_bytes(m, t, no_rc)
         if m.is_moe:
             whole = np.maximum(whole, _activation_bytes(m, t, no_rc, moe=True))
-        self.recomputing = np.where(c["recompute"] == _FULL, whole * self.tokens, 0)
+        # uniform method: a group of recompute_num_layers layers is recomputed at once
+        group = base.recompute_num_layers if base.recompute_method == "uniform" else 1
+        # torchtitan's per-op policy: what one layer recomputes lives during its backward
+        op_again = whole - _activation_bytes(m, t, np.full_like(no_rc, _SELECTIVE), moe=m.is_moe)
+        again = np.where(c["recompute"] == _FULL, group * whole, 0)
+        if base.selective_recompute == "op":
+            again = np.where(c["recompute"] == _SELECTIVE, op_again, again)
+        self.recomputing = again * self.tokens
         largest = m.layer_sharded_params(m.is_moe) / c["tp"] + m.layer_replicated_params(m.is_moe)
         largest = largest + (m.expert_params_per_rank(c["ep"], c["etp"]) if m.is_moe else 0)
         self.gathered = np.where(c["zero"] >= 3, 2 * largest * whole_w_b, 0)  # FSDP: two layers gathered

@@ -219,10 +219,19 @@ def _schema_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]
 def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, source: str) -> Job:
     """Checks that involve more than one section. Resolves data_parallel and global_batch_size."""
     p, gpus = plan, system.num_gpus
+    problems: list[str] = []
+    if "flash_attention" not in p.model_fields_set:  # left out: what the GPUs run
+        p = p.model_copy(update={"flash_attention": system.supports_flash_attention})
+    elif p.flash_attention and not system.supports_flash_attention:
+        gpus_of = [g.gpu for g in system.device_groups] or [system.gpu]
+        lacking = next(g.name for g in gpus_of if not g.supports_flash_attention)
+        problems.append(
+            f"plan.flash_attention: true, but {lacking} runs no FlashAttention (compute capability < 8.0, "
+            "gpu.supports_flash_attention); expected false or left out"
+        )
     inner = p.tensor_parallel * p.pipeline_parallel * p.context_parallel
     dp = p.data_parallel if p.data_parallel is not None else max(gpus // inner, 1)
     gbs = p.global_batch_size if p.global_batch_size is not None else p.micro_batch_size * dp
-    problems: list[str] = []
     if dp * inner != gpus:
         problems.append(
             f"data_parallel({dp}) × tensor_parallel({p.tensor_parallel}) × pipeline_parallel"

@@ -47,6 +47,22 @@ class ModelConfig(BaseModel):
     num_query_groups: Width | None = Field(
         None, description="Key/value heads (GQA); default num_attention_heads (MHA)."
     )
+    head_dim: Width = Field(
+        default_factory=lambda given: given.get("hidden_size", 1) // given.get("num_attention_heads", 1),
+        description="Query, key and value size of one head; default hidden_size / num_attention_heads "
+        "(Qwen3, GPT-OSS and Gemma set it apart: HF config.json `head_dim`, Megatron --kv-channels).",
+    )
+    qk_norm: bool = Field(False, description="RMSNorm over each query and key head before attention (Qwen3, OLMo 2).")
+    sliding_window: Width | None = Field(
+        None,
+        description="Causal local attention: a query sees itself and the window − 1 keys before it "
+        "(HF `sliding_window`); absent: every layer attends to the whole sequence.",
+    )
+    global_attention_every: Layers | None = Field(
+        None,
+        description="With sliding_window: layer i (from 0) attends globally when (i + 1) % n == 0 "
+        "(Gemma 2 and GPT-OSS: 2; Gemma 3: 6); absent: every layer is windowed.",
+    )
     seq_length: Width = 2048
     vocab_size: Width = 50257
     tie_embeddings: bool | None = Field(None, description="Default: True for gpt/bert, False for llama.")
@@ -89,11 +105,12 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
         problems = []
-        if self.hidden_size % self.num_attention_heads:
+        if "head_dim" not in self.model_fields_set and self.hidden_size % self.num_attention_heads:
             problems.append(
                 f"model.hidden_size({self.hidden_size}) not divisible by "
-                f"model.num_attention_heads({self.num_attention_heads})"
+                f"model.num_attention_heads({self.num_attention_heads}); set model.head_dim"
             )
+        problems += self._attention_problems()
         if self.num_attention_heads % self.kv_heads:
             problems.append(
                 f"model.num_attention_heads({self.num_attention_heads}) not divisible by "
@@ -111,6 +128,16 @@ class ModelConfig(BaseModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _attention_problems(self) -> list[str]:
+        problems = []
+        if self.global_attention_every is not None and self.sliding_window is None:
+            problems.append("model.global_attention_every needs model.sliding_window")
+        if self.sliding_window is not None and not self.causal:
+            problems.append(f"model.sliding_window needs a causal family; got {self.family}")
+        if self.mla and self.qk_norm:
+            problems.append("model.qk_norm needs standard attention (multi-latent attention norms its latents)")
+        return problems
 
     def _moe_problems(self) -> list[str]:
         if self.num_experts is None:
@@ -139,10 +166,6 @@ class ModelConfig(BaseModel):
         return self.num_query_groups or self.num_attention_heads
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
     def mla(self) -> bool:
         return self.kv_lora_rank is not None
 
@@ -155,13 +178,49 @@ class ModelConfig(BaseModel):
     def value_head_dim(self) -> int:
         return (self.v_head_dim or self.head_dim) if self.mla else self.head_dim
 
+    # -- sliding-window attention ---------------------------------------------------------------
+    def is_windowed_layer(self, index: int) -> bool:
+        """Layer `index` (from 0) attends within model.sliding_window: HF transformers' Gemma 2
+        (`is_sliding = not bool(layer_idx % 2)`), Gemma 3 (`(layer_idx + 1) % sliding_window_pattern`)
+        and GPT-OSS (`layer_types`: sliding, full, sliding, ...) all make layer i global when
+        (i + 1) % n == 0."""
+        if self.sliding_window is None:
+            return False
+        n = self.global_attention_every
+        return n is None or (index + 1) % n != 0
+
+    @property
+    def num_windowed_layers(self) -> int:
+        n = self.global_attention_every
+        if self.sliding_window is None:
+            return 0
+        return self.num_layers if n is None else self.num_layers - self.num_layers // n
+
+    def causal_keys_per_query(self, windowed: bool = False) -> float:
+        """Keys a query of a full sequence meets, on average, in a causal layer (the diagonal's half
+        left out, as FlashAttention's causal FLOP count S²/2): S/2 globally; in a window of W ≤ S
+        keys (FlashAttention's window_size = (W − 1, 0): query i sees keys i − W + 1 … i), query i
+        sees min(i + 1, W) keys, Σ_i = S·W − W²/2 (+ W/2, dropped), so W − W²/(2S) per query."""
+        s = self.seq_length
+        if not windowed:
+            return s / 2
+        w = min(self.sliding_window or s, s)
+        return w - w * w / (2 * s)
+
+    def attention_score_flops_per_token(self, windowed: bool = False) -> float:
+        """QKᵀ and AV FLOPs of one layer per token in the model-FLOPs convention (Narayanan et al.,
+        SC'21, eq. 3: the full S keys per query, twice the causal count); a windowed layer twice
+        its causal count too (S at W = S)."""
+        keys = 2 * self.causal_keys_per_query(windowed) if windowed else self.seq_length
+        return 2 * keys * self.num_attention_heads * (self.qk_head_dim + self.value_head_dim)
+
     def attention_params(self) -> tuple[int, int]:
         """Attention weights of one layer: (split by tensor parallelism, whole on every rank).
         Standard: QKV (GQA) and the output projection, all split. MLA: the down projections and
         their norms whole; the up projections and the output projection split."""
         h, a = self.hidden_size, self.num_attention_heads
         if not self.mla:
-            return h * (a + 2 * self.kv_heads) * self.head_dim + h * h, 0
+            return h * (a + 2 * self.kv_heads) * self.head_dim + a * self.head_dim * h, 0
         kv_lora, rope = self.kv_lora_rank or 0, self.qk_rope_head_dim
         q_in = self.q_lora_rank or h
         split = q_in * a * self.qk_head_dim + kv_lora * a * (self.qk_head_dim - rope + self.value_head_dim)
@@ -259,10 +318,11 @@ class ModelConfig(BaseModel):
 
     def layer_replicated_params(self, moe: bool = False) -> int:
         """Parameters of one layer that every tensor-parallel rank holds whole: the two norms
-        (RMSNorm: weight; LayerNorm: weight + bias), the row-parallel layers' output biases and, in
-        an MoE layer, the router (hidden × num_experts, Megatron-Core's TopKRouter)."""
+        (RMSNorm: weight; LayerNorm: weight + bias), with QK-norm the query and key norms (one
+        head_dim weight each, shared by the heads: HF Qwen3RMSNorm(head_dim)), the row-parallel
+        layers' output biases and, in an MoE layer, the router (hidden × num_experts, Megatron-Core's TopKRouter)."""
         h = self.hidden_size
-        norms = 2 * h if self.family == "llama" else 4 * h
+        norms = (2 * h if self.family == "llama" else 4 * h) + (2 * self.head_dim if self.qk_norm else 0)
         return norms + (2 * h if self.biases else 0) + (h * self.experts if moe else 0) + self.attention_params()[1]
 
     def layer_params_per_rank(self, tensor_parallel: int, moe: bool = False) -> float:
@@ -291,25 +351,25 @@ class ModelConfig(BaseModel):
         final_norm = self.hidden_size if self.family == "llama" else 2 * self.hidden_size
         return layers + self.embedding_params() + final_norm
 
-    def layer_forward_flops_per_token(self, moe: bool = False) -> float:
+    def layer_forward_flops_per_token(self, moe: bool = False, windowed: bool = False) -> float:
         """Forward FLOPs of one layer per token: its matmuls (2 FLOPs per multiply-add) and attention
         scores/values over the full sequence (Narayanan et al., SC'21, eq. 3 counts attention without
         the causal half; we do the same so that MFU matches Megatron's and NeMo's reported figures).
         An MoE layer: the router, the shared experts and top_k routed experts (active parameters)."""
-        h, s, a = self.hidden_size, self.seq_length, self.num_attention_heads
+        h = self.hidden_size
         projections = 2 * sum(self.attention_params())  # every attention weight once per token
         up = 3 if self.gated_mlp else 2
         mlp = 2 * up * h * self._mlp_width(moe)
         if moe:
             mlp += 2 * h * self.experts + self.moe_top_k * 2 * up * h * self.expert_ffn
-        attn = 2 * s * a * (self.qk_head_dim + self.value_head_dim)  # QK^T and AV, full (non-causal) count
-        return projections + mlp + attn
+        return projections + mlp + self.attention_score_flops_per_token(windowed)
 
     def layers_forward_flops_per_token(self) -> float:
-        """Forward FLOPs per token of all layers (dense and MoE)."""
+        """Forward FLOPs per token of all layers (dense and MoE, windowed and global)."""
         moe = self.num_moe_layers
         dense = (self.num_layers - moe) * self.layer_forward_flops_per_token()
-        return dense + moe * self.layer_forward_flops_per_token(moe=True)
+        local = self.attention_score_flops_per_token(True) - self.attention_score_flops_per_token()
+        return dense + moe * self.layer_forward_flops_per_token(moe=True) + self.num_windowed_layers * local
 
     def flops_per_token(self) -> float:
         """Model FLOPs of one token, forward + backward (3× forward), no recompute."""

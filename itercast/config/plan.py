@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, NonNegativeInt
+from pydantic import BaseModel, Field, NonNegativeInt, model_validator
 
-from itercast.config.strict import STRICT, Batch, Ranks
+from itercast.config.strict import STRICT, Batch, Layers, Ranks
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
@@ -49,9 +49,31 @@ class PlanConfig(BaseModel):
     )
     schedule: Schedule = "1f1b"
     recompute: Recompute = "none"
+    selective_recompute: Literal["core-attention", "op"] = Field(
+        "core-attention",
+        description="What recompute=selective runs again: core attention (Megatron --recompute-granularity "
+        "selective) or every op but the saved matmuls and attention kernels (torchtitan "
+        "activation_checkpoint.selective_ac_option=op).",
+    )
+    recompute_method: Literal["uniform", "block"] = Field(
+        "uniform",
+        description="recompute=full (Megatron-Core --recompute-method): uniform checkpoints the input of every "
+        "group of recompute_num_layers layers and recomputes them all; block recomputes only the first "
+        "recompute_num_layers layers of each model chunk and keeps the others' activations.",
+    )
+    recompute_num_layers: Layers = Field(1, description="recompute=full: Megatron-Core --recompute-num-layers.")
+    recompute_every: Layers = Field(
+        1,
+        description="recompute=full: only every n-th layer is checkpointed (torchtitan selective_ac_option=n: "
+        "layers n, 2n, ... counted from 1); 1: every layer.",
+    )
     zero_stage: NonNegativeInt = Field(0, le=3, description="0: DDP; 1–2: distributed optimizer; 3: FSDP.")
     dtype: DType = "bf16"
-    flash_attention: bool = Field(True, description="Fused attention: no s×s scores kept in memory.")
+    flash_attention: bool = Field(
+        True,
+        description="Fused attention: no s×s scores kept in memory. Left out: true where every GPU of the "
+        "system supports it (GPUSpec.supports_flash_attention), else false.",
+    )
     grad_bucket_size_params: Batch = Field(
         40_000_000, description="DP gradient bucket, in parameters (Megatron DDP default 40M)."
     )
@@ -71,6 +93,16 @@ class PlanConfig(BaseModel):
         description="Hide the expert all-to-alls behind another micro-batch's attention (DeepEP / "
         "Megatron-Core --overlap-moe-expert-parallel-comm).",
     )
+
+    @model_validator(mode="after")
+    def _check_recompute(self) -> PlanConfig:
+        if self.recompute_every > 1 and (self.recompute_method != "uniform" or self.recompute_num_layers > 1):
+            raise ValueError(
+                f"plan.recompute_every({self.recompute_every}) is torchtitan's per-layer checkpointing: it needs "
+                f"recompute_method=uniform and recompute_num_layers=1; got {self.recompute_method}, "
+                f"{self.recompute_num_layers}"
+            )
+        return self
 
     @property
     def dp(self) -> int:

@@ -22,6 +22,11 @@ class GPUSpec(BaseModel):
     kernel_launch_overhead_s: NonNegativeFloat = Field(
         5e-6, description="CPU time to launch one kernel (Lin et al. HiPC'22, T_launch ≈ 4–6 µs)."
     )
+    supports_flash_attention: bool = Field(
+        True,
+        description="FlashAttention-2 runs on it (Ampere or newer, compute capability ≥ 8.0: Dao-AILab/"
+        "flash-attention README, 'Installation and features'); where false, plans default to unfused attention.",
+    )
     reserved_bytes: NonNegativeFloat = Field(
         2 * 1024**3,
         description="Memory not available to tensors: CUDA context, cuBLAS/NCCL workspaces, "
@@ -104,6 +109,15 @@ class SystemConfig(BaseModel):
                 f"num_nodes is {given} but the device groups hold {total} nodes; give one or make them agree"
             )
         return {**data, "num_nodes": total}
+
+    @property
+    def supports_flash_attention(self) -> bool:
+        """Every GPU of the system runs FlashAttention (GPUSpec.supports_flash_attention)."""
+        return (
+            all(g.gpu.supports_flash_attention for g in self.device_groups)
+            if self.device_groups
+            else (self.gpu.supports_flash_attention)
+        )
 
     def stage_gpus(self, stages: int, gpus_per_stage: int) -> list[GPUSpec]:
         """The GPU of each of `stages` pipeline stages of `gpus_per_stage` GPUs each: the groups in

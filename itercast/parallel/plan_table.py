@@ -75,7 +75,10 @@ class PlanTable:
         shared = base.model_dump(exclude=VARIED)
         for job in jobs[1:]:
             if job.plan.model_dump(exclude=VARIED) != shared:
-                raise ValueError("plans of one table must share dtype, flash attention, bucket and reduce dtype")
+                raise ValueError(
+                    "plans of one table must share the fields outside its columns (dtype, flash attention, "
+                    "bucket and reduce dtype, recompute method and layers)"
+                )
         cols: dict[str, list[int]] = {k: [] for k in COLUMNS}
         for job in jobs:
             p = job.plan

@@ -2,7 +2,8 @@
 
 Same cost models, the same per-layer ops and the same memory model as the graph simulation; what
 changes is how the step is assembled. Layer costs depend on a few plan fields (tensor and context
-parallel, micro-batch, sequence parallel, recompute) and are computed once per distinct value;
+parallel, micro-batch, sequence parallel, recompute; under block or per-layer recompute the
+pipeline shape too, memory.full_recompute_share) and are computed once per distinct value;
 data-parallel collectives once per distinct group and size; the rest is numpy over a PlanTable:
 
     stage time     S_s = v · (t_f + t_b) + embedding (first stage) + head (last stage)
@@ -70,6 +71,7 @@ from itercast.workloads.transformer import (
 )
 
 _LAYER_KEY = ("tp", "cp", "mbs", "sp", "recompute", "ep", "etp")
+_CHUNK_KEY = ("pp", "vp")  # also a layer's, where the recomputed share depends on the chunks
 _GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero", "ep", "etp")
 _STAGE_KEY = ("pp", "vp")
 _P2P_KEY = ("tp", "cp", "dp", "pp", "mbs", "sp")
@@ -248,7 +250,9 @@ class FastEstimator:
     # -- per distinct value: unit costs and group costs ------------------------------------------
     def _unit_columns(self, t: PlanTable) -> dict[str, np.ndarray]:
         """Seconds of one pass of each unit (compute + blocking communication) and kernel counts."""
-        keys, inverse = _distinct(t, _LAYER_KEY)
+        base = t.base
+        per_chunk = base.recompute_method == "block" or base.recompute_every > 1  # memory.full_recompute_share
+        keys, inverse = _distinct(t, _LAYER_KEY + (_CHUNK_KEY if per_chunk else ()))
         names = ("lf", "lb", "ef", "eb", "hf", "hb", "mf", "mb")
         rows: dict[str, list[float]] = {k: [] for k in (*names, "kernels_lf", "kernels_mf", "kernels_ef")}
         for key in keys:
@@ -265,9 +269,16 @@ class FastEstimator:
         cached: tuple[str | int, ...] = (_shared(base), *key)
         found = self._units.get(cached)
         if found is None:
-            tp, cp, mbs, sp, rc, ep, etp = key
+            tp, cp, mbs, sp, rc, ep, etp, *chunks = key
             job = self._job(
-                base.model_copy(update={"recompute": RECOMPUTE[rc]}), tp=tp, cp=cp, mbs=mbs, sp=sp, ep=ep, etp=etp
+                base.model_copy(update={"recompute": RECOMPUTE[rc]}),
+                tp=tp,
+                cp=cp,
+                mbs=mbs,
+                sp=sp,
+                ep=ep,
+                etp=etp,
+                **dict(zip(_CHUNK_KEY, chunks, strict=False)),
             )
             found = self._units[cached] = UnitCosts.of(job, self._cost_model(base.dtype), Groups.of(job))
         return found

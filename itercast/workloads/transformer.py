@@ -24,7 +24,7 @@ from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import GroupPlacement, place_group, same_node
-from itercast.memory import embedding_unit_params, stage_params
+from itercast.memory import embedding_unit_params, full_recompute_share, stage_params
 from itercast.parallel.schedules import Pass, schedule
 from itercast.workloads import transformer_ops as ops_mod
 from itercast.workloads.transformer_ops import COMM_FAMILIES, Op
@@ -123,6 +123,45 @@ class PassCost:
         return PassCost(
             self.compute_s * k, self.comm_s * k, round(self.kernels * k), {f: v * k for f, v in self.family_s.items()}
         )
+
+
+def mean_pass(parts: list[tuple[float, PassCost]]) -> PassCost:
+    """The mean of passes weighted by the share of layers that run each (shares summing to 1):
+    seconds and families weighted, kernels the nearest whole number of the weighted mean."""
+    fam: dict[str, float] = {}
+    for w, c in parts:
+        for k, v in c.family_s.items():
+            fam[k] = fam.get(k, 0.0) + w * v
+    return PassCost(
+        sum(w * c.compute_s for w, c in parts),
+        sum(w * c.comm_s for w, c in parts),
+        round(sum(w * c.kernels for w, c in parts)),
+        fam,
+    )
+
+
+def layer_passes(job: Job, costs: AnalyticCostModel, groups: Groups, moe: bool = False) -> tuple[PassCost, PassCost]:
+    """Forward and backward of the mean layer (an MoE layer when `moe`): where layers differ —
+    sliding-window against global attention (model.global_attention_every), recomputed against
+    not (recompute_method block, recompute_every: memory.full_recompute_share) — each kind weighted
+    by its share of the model's layers. Exact for a stage's total when its chunks hold whole
+    periods of the pattern (Gemma's and GPT-OSS's layer counts are multiples of their period) and,
+    for block recompute, equal layers; otherwise an approximation of one stage's share."""
+    m, p = job.model, job.plan
+    local = m.num_windowed_layers / m.num_layers
+    attention = [(w, windowed) for w, windowed in ((1 - local, False), (local, True)) if w > 0]
+    again = float(full_recompute_share(m, p, p.pipeline_parallel, p.virtual_pipeline))
+    redo = [(again, "full"), (1 - again, "none")] if p.recompute == "full" else [(1.0, p.recompute)]
+    fwd = mean_pass([(w, pass_cost(ops_mod.layer_forward(m, p, moe, x), costs, groups)) for w, x in attention])
+    bwd = mean_pass(
+        [
+            (w * v, pass_cost(ops_mod.layer_backward(m, p, moe, x, kind), costs, groups))
+            for w, x in attention
+            for v, kind in redo
+            if v > 0
+        ]
+    )
+    return fwd, bwd
 
 
 ZERO_COST = PassCost(0.0, 0.0, 0)
@@ -249,15 +288,17 @@ class UnitCosts:
     def of(cls, job: Job, costs: AnalyticCostModel, groups: Groups) -> UnitCosts:
         m, p = job.model, job.plan
         emb, head = ops_mod.embedding_forward(m, p), ops_mod.head_forward(m, p)
+        layer = layer_passes(job, costs, groups)
+        moe = layer_passes(job, costs, groups, moe=True) if m.is_moe else (ZERO_COST, ZERO_COST)
         return cls(
-            layer_fwd=pass_cost(ops_mod.layer_forward(m, p), costs, groups),
-            layer_bwd=pass_cost(ops_mod.layer_backward(m, p), costs, groups),
+            layer_fwd=layer[0],
+            layer_bwd=layer[1],
             embed_fwd=pass_cost(emb, costs, groups),
             embed_bwd=pass_cost(ops_mod.backward_of(emb, p), costs, groups),
             head_fwd=pass_cost(head, costs, groups),
             head_bwd=pass_cost(ops_mod.backward_of(head, p), costs, groups),
-            moe_fwd=pass_cost(ops_mod.layer_forward(m, p, moe=True), costs, groups) if m.is_moe else ZERO_COST,
-            moe_bwd=pass_cost(ops_mod.layer_backward(m, p, moe=True), costs, groups) if m.is_moe else ZERO_COST,
+            moe_fwd=moe[0],
+            moe_bwd=moe[1],
         )
 
     def forward(self, kind: str) -> PassCost:

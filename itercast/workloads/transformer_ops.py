@@ -2,7 +2,8 @@
 
 Shapes follow Megatron-LM (Shoeybi et al. 2019; Narayanan et al. SC'21; Korthikanti et al. 2022):
 with t = tensor_parallel, c = context_parallel, b = micro_batch_size, s = seq_length / c tokens
-per rank, h = hidden, f = ffn, a heads, g key/value groups, d = h / a, e = bytes per activation.
+per rank, h = hidden, f = ffn, a heads, g key/value groups, d = model.head_dim (h / a unless set),
+e = bytes per activation.
 GEMM FLOPs are 2·m·n·k. Backward: every GEMM becomes two of the same FLOPs (data and weight
 gradients); fused attention's backward does 2.5× its forward FLOPs (5 matmuls instead of 2,
 FlashAttention-2); memory-bound ops move twice their forward bytes.
@@ -116,16 +117,21 @@ def _g(name: str, nbytes: float, plan: PlanConfig) -> list[Op]:
     return [Op(f"{name}.all_reduce", "tp_comm", nbytes, "all_reduce")]
 
 
-def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
-    """Attention scores and values: one fused kernel (FlashAttention: causal half of the FLOPs), or
-    unfused, two batched GEMMs over the full s×s scores with softmax (and dropout, where the family
-    has it) between them, each reading and writing the b·(a/t)·s² scores (Korthikanti §4.1)."""
+def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: bool = False) -> list[Op]:
+    """Attention scores and values: one fused kernel that computes only the query-key pairs the mask
+    lets through (FlashAttention: the causal half; a sliding window, `windowed`, the pairs of
+    ModelConfig.causal_keys_per_query, its block-skipping of window_size = (W − 1, 0)), or unfused,
+    two batched GEMMs over the full s×s scores (masked, not skipped) with softmax (and dropout,
+    where the family has it) between them, each reading and writing the b·(a/t)·s² scores
+    (Korthikanti §4.1). Under context parallelism each rank holds 1/c of the pairs (load-balanced
+    chunks)."""
     a, t, e = model.num_attention_heads, sh.t, sh.e
     heads = plan.micro_batch_size * a / t
     scores = heads * sh.seq_local * sh.seq_full
     qk, av = 2.0 * scores * model.qk_head_dim, 2.0 * scores * model.value_head_dim  # QKᵀ, AV
     if plan.flash_attention:
-        return [Op(CORE_ATTENTION, "attention", (qk + av) * (0.5 if model.causal else 1.0))]
+        kept = model.causal_keys_per_query(windowed) / sh.seq_full if model.causal else 1.0
+        return [Op(CORE_ATTENTION, "attention", (qk + av) * kept)]
     ops = [
         Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
         Op(f"{CORE_ATTENTION}.softmax", "norm", 2 * scores * e),
@@ -137,12 +143,16 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op
 
 def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     """Query, key and value projections (and rotary embeddings). Standard: one column-parallel
-    QKV GEMM (GQA). Multi-latent attention (DeepSeek-V2 §2.1): down projections to the latents
-    (whole on every tensor-parallel rank) and their RMSNorms, then column-parallel up projections."""
+    QKV GEMM (GQA), with model.qk_norm an RMSNorm over every query and key head after it (Qwen3,
+    OLMo 2: memory-bound, its input kept for the backward, memory.py). Multi-latent attention
+    (DeepSeek-V2 §2.1): down projections to the latents (whole on every tensor-parallel rank) and
+    their RMSNorms, then column-parallel up projections."""
     h, d, t, e = model.hidden_size, model.head_dim, sh.t, sh.e
     a, g, T = model.num_attention_heads, model.kv_heads, sh.tokens
     if not model.mla:
         ops = [Op("qkv", "gemm", 2 * T * h * (a + 2 * g) * d / t, f_bytes=T * h * e, kn=(h, (a + 2 * g) * d / t))]
+        if model.qk_norm:  # RMSNorm over each query and key head: read and write q and k
+            ops.append(Op("qk_norm", "norm", 2 * T * (a + g) * d / t * e))
         return ops + ([] if model.learned_positions else [Op("rope", "elementwise", 2 * T * (a + g) * d / t * e)])
     kv_lora, q_lora, rope = model.kv_lora_rank or 0, model.q_lora_rank, model.qk_rope_head_dim
     dqk, dv = model.qk_head_dim, model.value_head_dim
@@ -199,15 +209,16 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
     return out
 
 
-def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> list[Op]:
-    """Forward ops of one layer (an MoE layer when `moe`), in execution order."""
+def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False, windowed: bool = False) -> list[Op]:
+    """Forward ops of one layer (an MoE layer when `moe`, a sliding-window layer when `windowed`),
+    in execution order."""
     sh = Shapes.of(model, plan)
     h, f, d, t, e = model.hidden_size, model.ffn, model.head_dim, sh.t, sh.e
     a, g = model.num_attention_heads, model.kv_heads
     T, Tsp = sh.tokens, sh.sp_tokens
     ops = [Op("input_norm", "norm", 2 * Tsp * h * e), *_f("attn_in", T * h * e, plan)]
     ops += _projections(model, plan, sh)
-    ops += _core_attention(model, plan, sh)
+    ops += _core_attention(model, plan, sh, windowed)
     if plan.context_parallel > 1:  # ring attention: K and V blocks pass around the CP ring
         kv = 2 * g * d if not model.mla else a * (model.qk_head_dim + model.value_head_dim)
         ops.append(Op("cp_kv_exchange", "cp_comm", T * kv / t * e, "p2p", plan.context_parallel - 1))
@@ -341,21 +352,52 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
     return out
 
 
-def layer_backward(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> list[Op]:
-    """Backward ops of one layer, with the recomputation the plan asks for first.
+def layer_backward(
+    model: ModelConfig, plan: PlanConfig, moe: bool = False, windowed: bool = False, recompute: str = ""
+) -> list[Op]:
+    """Backward ops of one layer, with the recomputation asked for first: `recompute` (a layer's
+    own under recompute_method block or recompute_every, memory.full_recompute_share), else the plan's.
 
-    full: the whole layer forward runs again. selective: core attention runs again, which fused
-    (flash) attention already does inside its backward, so it adds nothing there.
+    full: the whole layer forward runs again. selective (core-attention, Megatron): core attention
+    runs again, which fused (flash) attention already does inside its backward, so it adds nothing
+    there. selective op (torchtitan): `_op_recompute`.
     """
-    fwd = layer_forward(model, plan, moe)
-    recompute: list[Op] = []
-    if plan.recompute == "full":
-        recompute = [
-            replace(o, name=f"recompute.{o.name}", overlaps=o.overlaps and f"recompute.{o.overlaps}") for o in fwd
-        ]
-    elif plan.recompute == "selective" and not plan.flash_attention:
-        recompute = [replace(o, name=f"recompute.{o.name}") for o in fwd if o.name.startswith(CORE_ATTENTION)]
-    return recompute + backward_of(fwd, plan)
+    fwd = layer_forward(model, plan, moe, windowed)
+    kind = recompute or plan.recompute
+    again: list[Op] = []
+    if kind == "full":
+        again = [replace(o, name=f"recompute.{o.name}", overlaps=o.overlaps and f"recompute.{o.overlaps}") for o in fwd]
+    elif kind == "selective" and plan.selective_recompute == "op":
+        again = _op_recompute(model, fwd)
+    elif kind == "selective" and not plan.flash_attention:
+        again = [replace(o, name=f"recompute.{o.name}") for o in fwd if o.name.startswith(CORE_ATTENTION)]
+    return again + backward_of(fwd, plan)
+
+
+def _op_recompute(model: ModelConfig, fwd: list[Op]) -> list[Op]:
+    """torchtitan's per-op selective checkpointing (activation_checkpoint mode=selective,
+    selective_ac_option=op; torchtitan/distributed/activation_checkpoint.py, `_op_sac_save_list` and
+    `_custom_policy`): the outputs of aten.mm and of the SDPA kernels are saved, except every second
+    mm of the layer (its mm count even), and everything else runs again in the backward. A llama
+    layer's mms in forward order are wq, wk, wv, wo, w1, w3, w2 (torchtitan models/llama3: FeedForward
+    computes w2(silu(w1(x)) · w3(x))), a plain MLP's up, down: wk, wo and w3 (plain: down) run again
+    — here the keys' share g/(a + 2g) of the fused QKV GEMM, the output projection and the MLP's up half (plain:
+    its down projection). Unfused attention's batched GEMMs (aten.bmm, not saved), the other GEMMs
+    (multi-latent attention's, an MoE layer's: grouped GEMMs are not saved; its router, an mm, is
+    counted with them, an approximation) and every memory-bound op run again; collectives do not
+    (the reduce-scatter is saved, and a re-gather is priced with the GEMM that reads it)."""
+    a, g = model.num_attention_heads, model.kv_heads
+    share = {"qkv": g / (a + 2 * g), "attn_proj": 1.0, "mlp_up": 0.5 if model.gated_mlp else 0.0}
+    share["mlp_down"] = 0.0 if model.gated_mlp else 1.0
+    out = []
+    for op in fwd:
+        if op.family == "gemm":
+            k = share.get(op.name, 1.0)
+            if k:
+                out.append(replace(op, name=f"recompute.{op.name}", amount=op.amount * k, f_bytes=0.0))
+        elif op.family in ("elementwise", "norm", "activation"):
+            out.append(replace(op, name=f"recompute.{op.name}"))
+    return out
 
 
 def embedding_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
