@@ -47,8 +47,9 @@ class ModelConfig(BaseModel):
     num_query_groups: Width | None = Field(
         None, description="Key/value heads (GQA); default num_attention_heads (MHA)."
     )
-    head_dim: Width = Field(
-        default_factory=lambda given: given.get("hidden_size", 1) // given.get("num_attention_heads", 1),
+    # None only until validated: _derive_head_dim fills it, or _check_shapes rejects the model
+    head_dim: Width = Field(  # type: ignore[assignment]
+        None,
         description="Query, key and value size of one head; default hidden_size / num_attention_heads "
         "(Qwen3, GPT-OSS and Gemma set it apart: HF config.json `head_dim`, Megatron --kv-channels).",
     )
@@ -102,10 +103,21 @@ class ModelConfig(BaseModel):
         description="Tokens of the busiest expert-parallel rank over the mean (router load imbalance; 1: even).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_head_dim(cls, data: Any) -> Any:
+        """head_dim left out: hidden_size / num_attention_heads where they divide (else _check_shapes
+        asks for it)."""
+        if isinstance(data, dict) and "head_dim" not in data:
+            h, a = data.get("hidden_size"), data.get("num_attention_heads")
+            if type(h) is int and type(a) is int and a > 0 and h % a == 0:
+                return {**data, "head_dim": h // a}
+        return data
+
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelConfig:
         problems = []
-        if "head_dim" not in self.model_fields_set and self.hidden_size % self.num_attention_heads:
+        if self.head_dim is None:
             problems.append(
                 f"model.hidden_size({self.hidden_size}) not divisible by "
                 f"model.num_attention_heads({self.num_attention_heads}); set model.head_dim"

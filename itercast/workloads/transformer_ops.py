@@ -219,7 +219,9 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False, windo
     ops = [Op("input_norm", "norm", 2 * Tsp * h * e), *_f("attn_in", T * h * e, plan)]
     ops += _projections(model, plan, sh)
     ops += _core_attention(model, plan, sh, windowed)
-    if plan.context_parallel > 1:  # ring attention: K and V blocks pass around the CP ring
+    # ring attention: K and V blocks pass around the CP ring (all of them, also in a sliding-window
+    # layer that needs fewer: an upper bound there)
+    if plan.context_parallel > 1:
         kv = 2 * g * d if not model.mla else a * (model.qk_head_dim + model.value_head_dim)
         ops.append(Op("cp_kv_exchange", "cp_comm", T * kv / t * e, "p2p", plan.context_parallel - 1))
     ops.append(Op("attn_proj", "gemm", 2 * T * a * model.value_head_dim * h / t, kn=(a * model.value_head_dim / t, h)))
