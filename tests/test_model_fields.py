@@ -199,3 +199,19 @@ def test_presets_carry_their_published_parameter_counts():
         116.8,
         20.9,
     ]
+
+
+def test_search_keeps_selective_plans_only_where_they_recompute_something():
+    from itercast.config.plan import PlanConfig
+    from itercast.parallel.plan_table import RECOMPUTE
+    from itercast.search.plan_space import SpaceOptions, enumerate_plans
+
+    j = job(gpus=8)
+
+    def selective_rows(**plan: str) -> int:
+        base = PlanConfig(global_batch_size=16, **plan)  # type: ignore[arg-type]
+        table, _ = enumerate_plans(j.model, j.system, base, 8, SpaceOptions())
+        return int((table.cols["recompute"] == RECOMPUTE.index("selective")).sum())
+
+    assert selective_rows() == 0  # Megatron's selective recompute of fused attention: the plan without
+    assert selective_rows(selective_recompute="op") > 0  # torchtitan's per-op policy reruns GEMMs and norms

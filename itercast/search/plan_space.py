@@ -165,8 +165,13 @@ def _rules(
     uneven = np.bool_(base.stage_layers is not None)
     moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
     fits_stages = base.stage_layers is None or len(base.stage_layers) == base.pipeline_parallel * base.virtual_pipeline
-    # fused attention already recomputes inside its backward (transformer_ops.layer_backward)
-    same_recompute = base.flash_attention and RECOMPUTE.index("none") in axes["recompute"]
+    # fused attention already recomputes inside its backward (transformer_ops.layer_backward); not
+    # so torchtitan's per-op selective recompute
+    same_recompute = (
+        base.flash_attention
+        and base.selective_recompute == "core-attention"
+        and RECOMPUTE.index("none") in axes["recompute"]
+    )
     return [
         ("GPU count not divisible by tp × pp × cp", lambda c: gpus % (c["tp"] * c["pp"] * c["cp"]) == 0),
         (
