@@ -15,7 +15,8 @@ from itercast.config.job import Job, parse_section
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import COLUMNS
 from itercast.predict import predict
-from itercast.search.plan_search import SearchRequest, _pareto, run_search
+from itercast.search.objectives import pareto_front
+from itercast.search.plan_search import SearchRequest, run_search
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 
 MODEL = {"family": "llama", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8}
@@ -106,7 +107,7 @@ def test_pareto_front_by_hand():
     time_s = np.array([3.0, 1.0, 2.0, 2.0, 4.0])
     memory = np.array([1.0, 5.0, 3.0, 4.0, 0.5])
     # fastest first: 1.0 s @ 5, then 2.0 s @ 3 (2.0 s @ 4 is dominated), 3.0 s @ 1, 4.0 s @ 0.5
-    assert _pareto(time_s, memory, np.arange(5)) == [1, 2, 0, 4]
+    assert pareto_front(time_s, memory, np.arange(5)) == [1, 2, 0, 4]
 
 
 def test_search_json_top_plan_is_what_predict_says():

@@ -37,6 +37,7 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import VARIED
+from itercast.search.objectives import check_objective
 from itercast.search.plan_search import Progress, SearchRequest, SearchResult, run_search
 from itercast.search.plan_space import SpaceOptions
 
@@ -50,7 +51,16 @@ def search_cmd(
     example: ExampleOpt = False,
     as_json: JsonOpt = False,
     num_nodes_range: Annotated[
-        str | None, typer.Option(metavar="LO:HI", help="Search every node count in LO..HI (default: the system's).")
+        str | None,
+        typer.Option(metavar="LO:HI|N,N,…", help="Node counts: all in LO..HI, or those listed (default: the system's)"),
+    ] = None,
+    objective: Annotated[
+        str,
+        typer.Option(metavar="step|tokens-per-s|gpu-hours-per-token", help="What plans are ranked by."),
+    ] = "step",
+    token_budget: Annotated[
+        float | None,
+        typer.Option(metavar="TOKENS", callback=finite(1.0, 1e18), help="Tokens to train: time, GPU-hours to them."),
     ] = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Plans re-scored by the graph simulation and shown.")] = 20,
     max_memory_fraction: Annotated[
@@ -100,6 +110,7 @@ def search_cmd(
         raw = raw_sections(job_file, set_ or [], model, system)
         request = _request(raw, set_ or [], num_nodes_range, options)
         request = replace(request, max_memory_fraction=max_memory_fraction, top_k=top, include_oom=include_oom)
+        request = replace(request, objective=check_objective(objective), token_budget=token_budget)
         if memory_headroom_gib is not None:
             request = replace(request, memory_headroom_bytes=memory_headroom_gib * 2**30)
         with _progress(len(request.node_counts), quiet=as_json) as report:
@@ -131,11 +142,14 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
 
 
 def _node_counts(text: str | None, system: SystemConfig) -> tuple[int, ...]:
+    """LO:HI: every node count between; N,N,…: those listed."""
     if text is None:
         return (system.num_nodes,)
-    lo, sep, hi = text.partition(":")
+    if ":" not in text:
+        return sizes_option(text, "--num-nodes-range")
+    lo, _, hi = text.partition(":")
     try:
-        low, high = int(lo), int(hi if sep else lo)
+        low, high = int(lo), int(hi)
     except ValueError:
         raise ConfigError(f"--num-nodes-range: expected LO:HI (whole numbers); got {text!r}") from None
     if not 1 <= low <= high <= 100_000:
@@ -186,6 +200,7 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
         "ovl",
         "s/step",
         "tok/s",
+        "GPU-h/Mtok",
         "MFU",
         "GiB",
     ):
@@ -208,6 +223,7 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
             ("g" if p["overlap_grad_reduce"] else "-") + ("p" if p["overlap_param_gather"] else "-"),
             f"{r['step_time_s']:.3f}",
             f"{r['tokens_per_s']:,.0f}",
+            f"{r['gpu_hours_per_token'] * 1e6:.3g}",
             f"{r['mfu']:.1%}",
             f"{r['memory_per_gpu_bytes'] / 2**30:.1f}" + ("" if r["fits"] else " OOM"),
         )
@@ -223,3 +239,28 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
     if len(request.node_counts) > 1:
         gpus = ", ".join(f"{r['num_gpus']} GPUs {r['fast_step_time_s']:.3f} s" for r in result.pareto_gpus[:12])
         console.print(f"time × GPUs front (fast path): {gpus}", highlight=False)
+    if len(request.node_counts) > 1 or request.token_budget is not None:
+        _print_cost_front(result)
+
+
+def _print_cost_front(result: SearchResult) -> None:
+    """The plans no other beats on both time per token and GPU-hours per token (fast path figures)."""
+    budget = result.token_budget
+    title = "time × GPU-hours per token front (fast path)" + (f", to {budget:.3g} tokens" if budget else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    columns = ("nodes", "GPUs", "dp×tp×pp×cp", "tok/s", "GPU-h/Mtok", "days", "GPU-h")
+    for col in columns if budget else columns[:-2]:
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in result.pareto_cost:
+        p = r["plan"]
+        sizes = f"{p['data_parallel']}×{p['tensor_parallel']}×{p['pipeline_parallel']}×{p['context_parallel']}"
+        to_budget = (f"{r['fast_time_to_budget_s'] / 86400:,.2f}", f"{r['fast_gpu_hours_to_budget']:,.0f}")
+        table.add_row(
+            str(r["num_nodes"]),
+            str(r["num_gpus"]),
+            sizes,
+            f"{1 / r['fast_seconds_per_token']:,.0f}",
+            f"{r['fast_gpu_hours_per_token'] * 1e6:.3g}",
+            *(to_budget if budget else ()),
+        )
+    console.print(table)

@@ -6,9 +6,11 @@
    headroom (headroom.py: CUDA context, NCCL buffers, fragmentation) fit, and the Pareto fronts. Pieces run in a local
    process pool, or on Ray (`backend="ray"`) when a sweep outgrows one machine.
 2. The best `top_k` candidates are re-scored by the graph simulation (`predict`), the reference,
-   and ranked by it; the result says how far the two speeds disagreed on them. With several global
-   batch sizes plans are ranked by seconds per sequence (step time / global batch), else by step.
-   Each plan shown carries the framework's launch settings (launch_settings.py).
+   and ranked by it; the result says how far the two speeds disagreed on them. Plans are ranked by
+   the request's objective (objectives.py: step time, per sequence when global batches vary; seconds
+   per token; GPU-hours per token) and each carries its seconds and GPU-hours per token. Across node
+   counts the front of time to a token budget against GPU-hours per token says which count and plan
+   to run. Each plan shown carries the framework's launch settings (launch_settings.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from itercast.search.fast_estimate import FastEstimator
 from itercast.search.frameworks import framework, runnable_plan
 from itercast.search.headroom import default_headroom_bytes, describe
 from itercast.search.launch_settings import launch_settings
+from itercast.search.objectives import check_objective, objective_values, pareto_front, time_cost_front, token_figures
 from itercast.search.plan_space import SpaceCounts, SpaceOptions, enumerate_plans
 
 Progress = Callable[[int, int], None]  # (pieces done, pieces in all)
@@ -42,7 +45,8 @@ class SearchRequest:
     """One search: the model and system (its num_nodes is replaced by each searched count), the
     shared plan fields with the global batch, what may vary, and how much memory a plan may use:
     its tensors plus `memory_headroom_bytes` (None: headroom.py's default per plan) within
-    `max_memory_fraction` of the GPU's memory."""
+    `max_memory_fraction` of the GPU's memory; plans ranked by `objective` (objectives.OBJECTIVES),
+    `token_budget` (tokens, optional) prices each plan's time and GPU-hours to train that many."""
 
     model: ModelConfig
     system: SystemConfig
@@ -53,6 +57,8 @@ class SearchRequest:
     memory_headroom_bytes: float | None = None
     top_k: int = 20
     include_oom: bool = False
+    objective: str = "step"
+    token_budget: float | None = None
 
 
 @dataclass
@@ -71,6 +77,7 @@ class SearchResult:
     plans: list[dict[str, Any]]  # re-scored by the graph, fastest first
     pareto_memory: list[dict[str, Any]]  # fast figures: no faster plan needs less memory
     pareto_gpus: list[dict[str, Any]]  # fast figures: the fastest plan per GPU count, if faster than fewer GPUs
+    pareto_cost: list[dict[str, Any]]  # fast figures: no plan is both faster per token and cheaper per token
     evaluated: int
     valid: int
     fitting: int
@@ -78,12 +85,15 @@ class SearchResult:
     fast_vs_graph_max: float  # max |fast / graph − 1| over the re-scored plans
     framework: str = "megatron-core"
     headroom: str = ""  # how the memory headroom was set (headroom.describe)
+    objective: str = "step"
+    token_budget: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "plans": self.plans,
             "pareto_time_memory": self.pareto_memory,
             "pareto_time_gpus": self.pareto_gpus,
+            "pareto_time_gpu_hours": self.pareto_cost,
             "evaluated": self.evaluated,
             "valid": self.valid,
             "fitting": self.fitting,
@@ -91,6 +101,8 @@ class SearchResult:
             "fast_vs_graph_max_rel": self.fast_vs_graph_max,
             "framework": self.framework,
             "memory_headroom": self.headroom,
+            "objective": self.objective,
+            "token_budget": self.token_budget,
         }
 
 
@@ -102,8 +114,11 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
     if not len(table):
         return out
     est = _estimator(request.model, request.system).evaluate(table)
-    mem, step = est["memory_per_gpu_bytes"], est["step_time_s"]
-    rank = step / table.cols["gbs"] if len(request.options.global_batch_sizes) > 1 else step
+    mem, step, gbs = est["memory_per_gpu_bytes"], est["step_time_s"], table.cols["gbs"]
+    batches_vary = len(request.options.global_batch_sizes) > 1
+    rank = step / gbs if batches_vary else step  # time, for the time × memory front
+    seq, gpus = request.model.seq_length, system.num_gpus
+    objective = objective_values(request.objective, step, gbs, seq, gpus, batches_vary)
     fixed = request.memory_headroom_bytes
     headroom = (
         default_headroom_bytes(table.cols, est["memory_activations_bytes"])
@@ -115,9 +130,9 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
     out.fitting, out.least_memory_bytes = int(fits.sum()), float(needed.min())
     fw = framework(request.options.framework)
     allowed = np.ones_like(fits) if request.include_oom else fits
-    order = np.argsort(np.where(allowed, rank, np.inf), kind="stable")
+    order = np.argsort(np.where(allowed, objective, np.inf), kind="stable")
     keep = set(order[: min(request.top_k, int(allowed.sum()))].tolist())
-    keep |= set(_pareto(rank[allowed], mem[allowed], np.flatnonzero(allowed)))
+    keep |= set(pareto_front(rank[allowed], mem[allowed], np.flatnonzero(allowed)))
     for row in sorted(keep):
         out.rows.append(
             {
@@ -152,6 +167,7 @@ def run_search(
     request: SearchRequest, backend: str = "local", workers: int = 1, progress: Progress | None = None
 ) -> SearchResult:
     """Search every node count of the request; re-score the best by the graph simulation."""
+    check_objective(request.objective)
     if request.system.device_groups:
         raise ConfigError(
             "search covers clusters of one GPU kind; for system.device_groups, `itercast slice --device-groups` "
@@ -177,19 +193,19 @@ def run_search(
             f"over the {fraction:.0%} of {request.system.gpu.hbm_bytes / 2**30:.0f} GiB allowed "
             "(--max-memory-fraction, --memory-headroom-gib); try more GPUs, a smaller global batch, recompute or ZeRO"
         )
-    per_sequence = len(request.options.global_batch_sizes) > 1
-    rows.sort(key=lambda r: r["fast_rank_s"])
+    rows.sort(key=lambda r: _objective(request, r, r["fast_step_time_s"]))
     fw_name = framework(request.options.framework).name
     best = [_rescore(request, r) for r in rows[: request.top_k]]
     for r in best:
         r["launch"] = launch_settings(fw_name, r["plan"], request.model)
-    best.sort(key=lambda r: r["step_time_s"] / (r["plan"]["global_batch_size"] if per_sequence else 1))
+    best.sort(key=lambda r: _objective(request, r, r["step_time_s"]))
     gaps = [abs(r["fast_step_time_s"] / r["step_time_s"] - 1) for r in best]
     fast_rows = [r for r in rows if r["fits"] or request.include_oom]
     return SearchResult(
         plans=best,
         pareto_memory=[fast_rows[i] for i in _pareto_rows(fast_rows, "memory_per_gpu_bytes")],
         pareto_gpus=[fast_rows[i] for i in _pareto_rows(fast_rows, "num_gpus")],
+        pareto_cost=time_cost_front(fast_rows, request.model.seq_length, request.token_budget),
         evaluated=counts.generated,
         valid=valid,
         fitting=fitting,
@@ -197,6 +213,8 @@ def run_search(
         fast_vs_graph_max=max(gaps),
         framework=fw_name,
         headroom=describe(request.memory_headroom_bytes),
+        objective=request.objective,
+        token_budget=request.token_budget,
     )
 
 
@@ -244,10 +262,12 @@ def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
     system = request.system.model_copy(update={"num_nodes": row["num_nodes"]})
     job = Job.from_dicts(request.model.model_dump(), row["plan"], system.model_dump())
     r = predict(job)
+    gbs, seq = row["plan"]["global_batch_size"], request.model.seq_length
     return {
         **row,
         "step_time_s": r.step_time_s,
         "tokens_per_s": r.tokens_per_s,
+        **token_figures(r.step_time_s, gbs, seq, row["num_gpus"], request.token_budget),
         "mfu": r.mfu,
         "model_tflops_per_gpu": r.model_tflops_per_gpu,
         "memory_per_gpu_bytes": r.memory.total_bytes,
@@ -255,21 +275,17 @@ def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _pareto(time_s: np.ndarray, other: np.ndarray, rows: np.ndarray) -> list[int]:
-    """Rows on the front of (time, other): no row is both as fast and as small, and better in one."""
-    order = np.lexsort((other, time_s))
-    front, best = [], np.inf
-    for i in order:
-        if other[i] < best:
-            front.append(int(rows[i]))
-            best = other[i]
-    return front
+def _objective(request: SearchRequest, row: dict[str, Any], step_time_s: float) -> float:
+    """A row's objective (smaller is better) for the step time given: the fast path's or the graph's."""
+    batches_vary = len(request.options.global_batch_sizes) > 1
+    gbs, seq = row["plan"]["global_batch_size"], request.model.seq_length
+    return float(objective_values(request.objective, step_time_s, gbs, seq, row["num_gpus"], batches_vary))
 
 
 def _pareto_rows(rows: list[dict[str, Any]], key: str) -> list[int]:
     time_s = np.array([r["fast_rank_s"] for r in rows])
     other = np.array([r[key] for r in rows], dtype=np.float64)
-    return _pareto(time_s, other, np.arange(len(rows)))
+    return pareto_front(time_s, other, np.arange(len(rows)))
 
 
 def _tightest(counts: SpaceCounts) -> str:
