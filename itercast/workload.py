@@ -23,6 +23,7 @@ from itercast.errors import ConfigError
 from itercast.predict import DLRMPrediction, Forecast, Prediction, predict, predict_dlrm
 from itercast.report import html_report as rep
 from itercast.sim.analysis import breakdown
+from itercast.stochastic.variability import StepGraph, build_transformer_step
 from itercast.workloads.dlrm import DLRMJob, is_dlrm_model
 
 
@@ -51,6 +52,10 @@ class Workload(Protocol):
         """The lines a reader wants first: step, throughput, efficiency, memory, the plan's choices."""
         ...
 
+    def step_graph(self) -> StepGraph:
+        """The step graph the variability model samples, with what each of its ranks stands for."""
+        ...
+
     def to_dict(self) -> dict[str, Any]: ...
 
 
@@ -71,7 +76,7 @@ class TransformerWorkload:
 
     def headline(self) -> str:
         job, p = self.job, self.job.plan
-        experts = f" (experts: ep {p.expert_parallel} × etp {p.etp})" if job.model.is_moe else ""
+        experts = f", experts ep {p.expert_parallel} × etp {p.etp}" if job.model.is_moe else ""
         gpus = job.stage_gpus()
         kinds = " + ".join(
             f"{job.system.num_gpus * sum(g == k for g in gpus) // len(gpus)}× {k.name}"
@@ -81,7 +86,8 @@ class TransformerWorkload:
         return (
             f"{job.model.name} on {kinds} ({job.system.name}, {job.system.num_nodes} nodes) — dp {p.dp} × tp "
             f"{p.tensor_parallel} × pp {p.pipeline_parallel} × cp {p.context_parallel}{experts}, {p.schedule}, "
-            f"{job.num_microbatches} micro-batches"
+            f"{job.num_microbatches} micro-batches of {p.micro_batch_size}, ZeRO {p.zero_stage}, "
+            f"recompute {p.recompute}"
         )
 
     def predict(self, calibration: dict[str, Any] | None = None) -> Prediction:
@@ -113,6 +119,10 @@ class TransformerWorkload:
         if self.job.system.device_groups:
             rows.append(("stages on", ", ".join(f"{s}: {g.name}" for s, g in enumerate(self.job.stage_gpus()))))
         return rows + _memory_rows(r, "stage")
+
+    def step_graph(self) -> StepGraph:
+        """One representative GPU per pipeline stage (stochastic/variability.transformer_step)."""
+        return build_transformer_step(self.job)
 
     def to_dict(self) -> dict[str, Any]:
         return self.job.to_dict()
@@ -158,6 +168,10 @@ class DLRMWorkload:
             ("sharding", f"{sharding_summary(r.sharding)} (from {r.sharding_from})"),
         ]
         return rows + _memory_rows(r, "rank")
+
+    def step_graph(self) -> StepGraph:
+        """The predicted step's graph: every GPU a rank of its own, each compute task on one GPU."""
+        return StepGraph(self.predict().sim.graph, gpus_per_task=1, gpus_per_rank=1)
 
     def to_dict(self) -> dict[str, Any]:
         return self.job.to_dict()

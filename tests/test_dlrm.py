@@ -340,19 +340,23 @@ def test_shard_reads_index_samples_and_names_bad_ones(tmp_path):
 def test_predict_prices_a_dlrm_step_with_its_breakdown(tmp_path):
     given = tmp_path / "s.yaml"
     given.write_text("".join(f"t{i}: {{strategy: table_wise, ranks: [{i % 2}]}}\n" for i in range(4)))
-    args = ["predict", "--model", "dlrm-small", "--system", "cpu-host", "--set", "system.node.gpus_per_node=2"]
-    res = CliRunner().invoke(app, [*args, "--sharding", str(given), "--batch-per-rank", "64", "--json"])
+    job = tmp_path / "job.yaml"  # the same sharding as the job's plan
+    sharding = ", ".join(f"t{i}: {{strategy: table_wise, ranks: [{i % 2}]}}" for i in range(4))
+    job.write_text(
+        "model: dlrm-small\nsystem: {preset: cpu-host, node: {gpus_per_node: 2}}\n"
+        f"plan: {{batch_per_rank: 64, sharding: {{{sharding}}}}}\n"
+    )
+    res = CliRunner().invoke(app, ["predict", str(job), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert out["sharding_from"] == "--sharding" and out["world_size"] == 2
+    assert out["sharding_from"] == "plan" and out["job"]["system"]["node"]["gpus_per_node"] == 2
     parts = {k: v for k, v in out["breakdown"].items() if k != "rank"}
     assert sum(parts.values()) == pytest.approx(out["step_time_s"])  # the step by cause adds up
-    assert out["critical_path"][-1] == "optimizer"
+    assert out["critical_path"][-1]["family"] == "optimizer"
+    args = ["--model", "dlrm-small", "--system", "cpu-host", "--set", "system.node.gpus_per_node=2"]
     rest = ["--sharding", str(given), "--batch-per-rank", "64", "--json"]
-    shard = CliRunner().invoke(app, ["shard", *args[1:], *rest])
+    shard = CliRunner().invoke(app, ["shard", *args, *rest])
     assert json.loads(shard.output)["plans"][0]["step_time_s"] == out["step_time_s"]  # one model for both
-    wrong = CliRunner().invoke(app, ["predict", "--example", "--sharding", str(given)])
-    assert wrong.exit_code == 2 and "--sharding is for a DLRM model" in wrong.output
 
 
 def test_dense_gradients_pass_through_ddp_buckets():

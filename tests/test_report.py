@@ -70,7 +70,7 @@ def test_job_report_numbers_are_the_prediction(job_report: Path):
     r = predict(job)
     page = job_report.read_text()
     assert f"<td>{r.step_time_s:.3f} s</td>" in page
-    assert f"<td>{r.memory.total_bytes / 2**30:.1f} of 80 GiB</td>" in page
+    assert f"<td>{r.memory.total_bytes / 2**30:.1f} GiB of 80 GiB (stage {r.memory.stage})</td>" in page
 
 
 def test_search_and_replay_results_become_reports(tmp_path: Path):

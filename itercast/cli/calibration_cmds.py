@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from itercast.cli import app, console, fail, sizes_option
+from itercast.cli.app import app, console, fail, sizes_option
 from itercast.config.job import load_system
 from itercast.errors import ConfigError
 from itercast.profile.calibrate import CalibrationError

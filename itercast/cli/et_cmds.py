@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from itercast.cli import console, echo_json, fail
+from itercast.cli.app import console, echo_json, fail
 from itercast.costs.aten_ops import OpFeatures
 from itercast.errors import ConfigError
 from itercast.traces.execution_trace import ExecutionTrace

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from itercast.cli import console, echo_json, fail, warn
+from itercast.cli.app import console, echo_json, fail, warn
 from itercast.cli.et_cmds import print_family_table
 from itercast.errors import ConfigError
 from itercast.traces.et_step import RankStep

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from itercast.cli import (
+from itercast.cli.app import (
     ExampleOpt,
     JobFileArg,
     ModelOpt,
@@ -19,15 +19,13 @@ from itercast.cli import (
     console,
     fail,
     finite,
-    resolve_job_file,
+    load_job,
     working,
 )
-from itercast.config.job import Job
 from itercast.errors import ConfigError, DeadlockError
-from itercast.predict import Prediction, predict
 from itercast.report import html_report as rep
-from itercast.sim.analysis import breakdown
 from itercast.user_files import read_small_text, write_output
+from itercast.workload import DLRMWorkload, TransformerWorkload, report_sections
 
 MAX_RESULT_BYTES = 256 << 20  # a search or replay result is a few MB at most
 
@@ -65,69 +63,27 @@ def report_cmd(
             title, subtitle, sections = _result_sections(result)
             inputs: list[Path | None] = [result]
         else:
-            job_file = resolve_job_file(job_file, example, model, system)
-            job = Job.load(job_file, set_ or [], model=model, system=system)
+            w = load_job(job_file, example, model, system, set_)
             with working("predicting the step and sampling its variability…"):
-                title, subtitle, sections = _job_sections(job, samples, within_s, seed)
+                title, subtitle, sections = _job_sections(w, samples, within_s, seed)
             inputs = [job_file]
         with working("drawing the report…"):
             written = write_output(out, rep.render_html(title, subtitle, sections), inputs)
-    except (ConfigError, DeadlockError) as exc:
+    except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no DLRM sharding fits
         fail(str(exc).replace("\n", "\n  "))
     console.print(f"report written to {written}", highlight=False)
 
 
-def _job_sections(job: Job, samples: int, within_s: float | None, seed: int) -> tuple[str, str, list[rep.Section]]:
-    from itercast.stochastic.variability import VariabilityModel, step_distribution
+def _job_sections(
+    w: TransformerWorkload | DLRMWorkload, samples: int, within_s: float | None, seed: int
+) -> tuple[str, str, list[rep.Section]]:
+    """A job's title, subtitle (its headline) and sections (workload.report_sections)."""
+    from itercast.stochastic.variability import VariabilityModel, graph_distribution
 
-    r = predict(job)
-    stages = sorted({int(x) for x in r.sim.graph.resource_rank.tolist()})
-    per_stage = [breakdown(r.sim, rank) for rank in stages]
-    dist = step_distribution(job, VariabilityModel(), samples, seed)
-    p, m = job.plan, job.model
-    plan = f"dp {p.dp} × tp {p.tensor_parallel} × pp {p.pipeline_parallel} × cp {p.context_parallel}"
-    if m.is_moe:
-        plan += f", experts ep {p.expert_parallel} × etp {p.etp}"
-    subtitle = (
-        f"{job.system.num_gpus}× {job.system.gpu.name} ({job.system.name}); {plan}; {p.schedule}, "
-        f"{job.num_microbatches} micro-batches of {p.micro_batch_size}, ZeRO {p.zero_stage}, recompute {p.recompute}"
-    )
-    q = dist.quantiles()
-    deadline = "" if within_s is None else f"; P(step ≤ {within_s:.3f} s) = {dist.probability_within(within_s):.1%}"
-    sections = [
-        rep.Section("Summary", _summary(r)),
-        rep.Section(
-            "Where the step goes, per pipeline stage",
-            rep.stage_breakdown_svg(per_stage)
-            + '<p class="note">Each bar sums to the step time: what each stage\'s compute stream was doing '
-            "(a wait is charged to what it waited for).</p>",
-        ),
-        rep.Section("Timeline of the simulated step", rep.timeline_svg(r.sim)),
-        rep.Section("Memory per GPU (most loaded stage)", rep.memory_svg(r.memory)),
-        rep.Section(
-            "Step-time distribution (Monte Carlo under itercast variability's defaults)",
-            rep.cdf_svg(dist.samples_s, dist.deterministic_s, within_s)
-            + f'<p class="note">p50 {q["p50_s"]:.3f} s, p95 {q["p95_s"]:.3f} s, p99 {q["p99_s"]:.3f} s{deadline}. '
-            "The p50 lies above the deterministic step: each rendezvous waits for the slowest GPU's draw.</p>",
-        ),
-        rep.Section(
-            "Critical path by family", rep.seconds_by_family_svg(r.critical_path, "seconds on the critical path")
-        ),
-    ]
-    return f"{m.name}: predicted training step", subtitle, sections
-
-
-def _summary(r: Prediction) -> str:
-    mem = r.memory
-    rows = [
-        ("step time", f"{r.step_time_s:.3f} s"),
-        ("throughput", f"{r.tokens_per_s:,.0f} tokens/s"),
-        ("model TFLOP/s per GPU, MFU", f"{r.model_tflops_per_gpu:.1f}, {r.mfu:.1%}"),
-        ("memory per GPU", f"{mem.total_bytes / 2**30:.1f} of {mem.capacity_bytes / 2**30:.0f} GiB"),
-        ("fits", "no: OUT OF MEMORY" if mem.oom else "yes"),
-        *((part, f"{getattr(r.breakdown, key):.3f} s") for key, (part, _) in rep.PARTS.items()),
-    ]
-    return rep.table_html(["", "value"], rows)
+    r = w.predict()
+    dist = graph_distribution(w.step_graph(), VariabilityModel(), samples, seed)
+    sections = report_sections(w, r, dist.samples_s, dist.deterministic_s, within_s)
+    return f"{w.name}: predicted training step", w.headline(), sections
 
 
 def read_result(path: Path) -> tuple[str, dict[str, Any]]:

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from itercast.cli import (
+from itercast.cli.app import (
     ExampleOpt,
     JobFileArg,
     JsonOpt,
@@ -27,6 +27,7 @@ from itercast.cli import (
     echo_json,
     fail,
     finite,
+    load_job,
     resolve_job_file,
     sizes_option,
     working,
@@ -37,9 +38,12 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import VARIED
+from itercast.search.dlrm_search import default_batches, search_dlrm
 from itercast.search.objectives import check_objective
 from itercast.search.plan_search import Progress, SearchRequest, SearchResult, run_search
 from itercast.search.plan_space import SpaceOptions
+from itercast.workload import DLRMWorkload, sharding_summary
+from itercast.workloads.dlrm import is_dlrm_model
 
 
 @app.command("search")
@@ -92,12 +96,26 @@ def search_cmd(
     workers: Annotated[
         int, typer.Option(min=1, max=256, help="Local processes (default: the CPU count).")
     ] = os.cpu_count() or 1,
+    batches: Annotated[
+        str | None,
+        typer.Option(metavar="N,N,…", help="DLRM: samples per GPU to try (default: ¼× to 4× the plan's)."),
+    ] = None,
 ) -> None:
     """Search data/tensor/pipeline/context (and, for MoE models, expert) parallel sizes, micro-batch,
     ZeRO, recompute, sequence parallelism, schedule and interleaving, overlap switches (and with
     --num-nodes-range the GPU count) for the fastest plans that fit. The job's plan gives the fields
-    every plan shares (dtype, global batch, …); `--set plan.FIELD=VALUE` fixes a searched field."""
+    every plan shares (dtype, global batch, …); `--set plan.FIELD=VALUE` fixes a searched field.
+    A DLRM job: its embedding shardings × samples per GPU (--batches), by samples per second."""
     job_file = resolve_job_file(job_file, example, model, system)
+    try:
+        raw = raw_sections(job_file, set_ or [], model, system)
+    except ConfigError as exc:
+        fail(str(exc).replace("\n", "\n  "))
+    if is_dlrm_model(raw["model"]):
+        w = load_job(job_file, False, model, system, set_)
+        assert isinstance(w, DLRMWorkload)
+        _search_dlrm(w, batches, top, as_json)
+        return
     try:
         options = SpaceOptions(
             micro_batch_sizes=sizes_option(micro_batch_sizes, "--micro-batch-sizes"),
@@ -107,7 +125,6 @@ def search_cmd(
             tp_across_nodes=tp_across_nodes,
             framework=framework,
         )
-        raw = raw_sections(job_file, set_ or [], model, system)
         request = _request(raw, set_ or [], num_nodes_range, options)
         request = replace(request, max_memory_fraction=max_memory_fraction, top_k=top, include_oom=include_oom)
         request = replace(request, objective=check_objective(objective), token_budget=token_budget)
@@ -121,6 +138,44 @@ def search_cmd(
         echo_json(result.to_dict())
     else:
         _print(result, request)
+
+
+def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, as_json: bool) -> None:
+    """A DLRM's shardings × batch per GPU (search/dlrm_search.py), fastest in samples per second first."""
+    try:
+        sizes = sizes_option(batches, "--batches") if batches else default_batches(w.job.plan.batch_per_rank)
+        with working("pricing shardings × batches…", as_json):
+            found, evaluated = search_dlrm(w.job, sizes)
+    except (ConfigError, ValueError) as exc:  # ValueError: no sharding fits
+        fail(str(exc).replace("\n", "\n  "))
+    plans = [
+        {
+            "batch_per_rank": r.batch_per_rank,
+            "samples_per_s": r.samples_per_s,
+            "step_time_s": r.step.step_time_s,
+            "memory_per_gpu_bytes": r.step.memory_per_gpu_bytes,
+            "fits": r.step.fits,
+            "tables": [{"name": n, "strategy": s.strategy, "ranks": list(s.ranks)} for n, s in r.sharding.items()],
+        }
+        for r in found[:top]
+    ]
+    if as_json:
+        echo_json({"model": w.name, "world_size": w.num_gpus, "evaluated": evaluated, "plans": plans})
+        return
+    console.print(f"{w.headline()}: {evaluated:,} plans priced", highlight=False, markup=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("#", "batch/GPU", "samples/s", "ms/step", "GiB", "sharding"):
+        table.add_column(col, justify="left" if col == "sharding" else "right")
+    for i, r in enumerate(found[:top], 1):
+        table.add_row(
+            str(i),
+            str(r.batch_per_rank),
+            f"{r.samples_per_s:,.0f}",
+            f"{r.step.step_time_s * 1e3:.3f}",
+            f"{r.step.memory_per_gpu_bytes / 2**30:.1f}" + ("" if r.step.fits else " OOM"),
+            sharding_summary(r.sharding),
+        )
+    console.print(table)
 
 
 def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, options: SpaceOptions) -> SearchRequest:

@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from itercast.cli import (
+from itercast.cli.app import (
     BatchPerRankOpt,
     CalibrationOpt,
     JsonOpt,
@@ -29,6 +29,7 @@ from itercast.errors import ConfigError
 from itercast.profile.calibrate import load_calibration
 from itercast.sim.analysis import breakdown, critical_path
 from itercast.user_files import read_small_text
+from itercast.workload import sharding_summary
 from itercast.workloads.dlrm import (
     DLRMConfig,
     DLRMStep,
@@ -96,7 +97,7 @@ def shard_cmd(
             str(i),
             f"{step.step_time_s * 1e3:.2f} ms",
             f"{step.memory_per_gpu_bytes / 2**30:.1f}" + ("" if step.fits else " OOM"),
-            _summary(plan),
+            sharding_summary(plan),
         )
     console.print(table)
 
@@ -147,49 +148,6 @@ def _plan_dict(plan: dict[str, Shard], step: DLRMStep) -> dict[str, Any]:
         "breakdown": breakdown(step.sim).as_dict(),
         "critical_path": [name for i, name in enumerate(path) if i == 0 or path[i - 1] != name],
     }
-
-
-def predict_dlrm(
-    model: str,
-    system: str,
-    set_: list[str] | None,
-    calibration: Path | None,
-    sharding: Path | None,
-    batch_per_rank: int,
-    as_json: bool,
-) -> None:
-    """`itercast predict --model DLRM`: one step under the given sharding, else the planner's best."""
-    dlrm, sys_cfg, result = _price(model, system, 1, set_, calibration, None, sharding, batch_per_rank, as_json)
-    plan, step = result.plans[0]
-    doc: dict[str, Any] = {"model": dlrm.name, "world_size": sys_cfg.num_gpus, "batch_per_rank": batch_per_rank}
-    doc |= {"sharding_from": "--sharding" if sharding else f"planner ({result.method})", **_plan_dict(plan, step)}
-    if as_json:
-        echo_json(doc)
-        return
-    console.print(
-        f"{dlrm.name} on {sys_cfg.num_gpus}× {sys_cfg.gpu.name}, {batch_per_rank} samples per GPU, sharding from "
-        f"{doc['sharding_from']}: {_summary(plan)}",
-        highlight=False,
-    )
-    table = Table(show_header=False)
-    table.add_row("step time", f"{step.step_time_s * 1e3:.3f} ms")
-    for key, value in doc["breakdown"].items():
-        if key != "rank":
-            table.add_row(f"  {key.removesuffix('_s').replace('_', ' ')}", f"{value * 1e3:.3f} ms")
-    fits = "fits" if step.fits else f"does NOT fit ({step.capacity_bytes / 2**30:.1f} GiB usable)"
-    table.add_row("memory per GPU", f"{step.memory_per_gpu_bytes / 2**30:.2f} GiB, {fits}")
-    table.add_row("critical path", " → ".join(doc["critical_path"]))
-    console.print(table)
-
-
-def _summary(plan: dict[str, Shard]) -> str:
-    """`t0 TW@0, t1 RW, …`: a sharding on one line."""
-    short = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "data_parallel": "DP"}
-    parts = []
-    for name, s in plan.items():
-        where = f"@{','.join(map(str, s.ranks))}" if s.strategy in ("table_wise", "column_wise") else ""
-        parts.append(f"{name} {short[s.strategy]}{where}")
-    return ", ".join(parts)
 
 
 def _index_samples(items: list[str], dlrm: DLRMConfig) -> dict[str, np.ndarray]:

@@ -5,14 +5,19 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from itercast.cli import (
+from itercast.cli.app import (
     CalibrationOpt,
     ExampleOpt,
     JobFileArg,
@@ -27,22 +32,14 @@ from itercast.cli import (
     finite,
     resolve_job_file,
 )
-from itercast.config.job import Job, parse_section, raw_sections
+from itercast.config.job import parse_section, raw_sections
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig
-from itercast.errors import ConfigError
+from itercast.errors import ConfigError, DeadlockError
 from itercast.profile.calibrate import load_calibration
+from itercast.search.job_slicing import JobSlicing, job_with_stages, slice_job, slice_job_on_groups
 from itercast.search.layer_costs import job_layer_costs, read_layer_csv
-from itercast.search.stage_slicing import (
-    DeviceGroup,
-    LayerCosts,
-    Slicing,
-    best_stage_count,
-    slice_best_stages,
-    slice_exact,
-    slice_groups,
-    slice_relaxed,
-)
+from itercast.search.stage_slicing import LayerCosts, Slicing, slice_best_stages, slice_exact, slice_relaxed
+from itercast.workloads.dlrm import is_dlrm_model
 
 
 @app.command("slice")
@@ -93,8 +90,9 @@ def slice_cmd(
         ),
     ] = None,
 ) -> None:
-    """Slice layers into pipeline stages for the least step time, (m − 1)·max + Σ stage times, with each
-    stage's send to the next and its memory; from the cost models of a job or a CSV of measured times."""
+    """Slice a pipelined transformer's layers into stages for the least step time `predict` reports,
+    within the memory it reports (search/job_slicing.py; a CSV of measured times: (m − 1)·max + Σ stage
+    times, each stage's send to the next and its memory). Prints the slicing as plan.stage_layers."""
     try:
         src = _Source(
             job_file,
@@ -105,14 +103,17 @@ def slice_cmd(
             layer_times,
             load_calibration(calibration) if calibration else None,
         )
-        if device_groups is not None:
-            out = _slice_mixed(src, device_groups, stages, max_stages, microbatches, method)
+        if layer_times is not None:
+            out = _slice_csv(src, stages, max_stages, microbatches, memory_gib, send_gbps, method, starts, workers)
         else:
-            out = _slice_one_device(
-                src, stages, max_stages, microbatches, memory_gib, send_gbps, method, starts, workers
-            )
-    except (ConfigError, ValueError) as exc:
-        fail(str(exc))
+            raw, source = src.sections()
+            if is_dlrm_model(raw["model"]):
+                fail("slice: slicing layers into pipeline stages is for pipelined transformers; this job is a DLRM")
+            if memory_gib is not None:
+                raise ConfigError("--memory-gib is for --layer-times; a job's stages use its GPUs' memory")
+            out = _slice_job(src, raw, source, stages, max_stages, device_groups, method, starts, workers, as_json)
+    except (ConfigError, DeadlockError, ValueError) as exc:
+        fail(str(exc).replace("\n", "\n  "))
     if as_json:
         echo_json(out)
     else:
@@ -137,7 +138,7 @@ class _Source:
         return raw_sections(path, self.overrides, self.model, self.system), str(path) if path else "<command line>"
 
 
-def _slice_one_device(
+def _slice_csv(
     src: _Source,
     stages: str | None,
     max_stages: int,
@@ -148,83 +149,131 @@ def _slice_one_device(
     starts: int,
     workers: int,
 ) -> dict[str, Any]:
-    """Slicing on one kind of device: exact, relaxed, or both."""
-    costs, names, m, limit, default_k = _inputs(src, microbatches, send_gbps)
-    if memory_gib is not None:
-        limit = memory_gib * 2**30
-    k = _stage_count(stages, default_k, costs)
-    if method not in ("exact", "relaxed", "both"):
-        raise ConfigError(f"--method: expected exact, relaxed or both; got {method!r}")
+    """Slicing of a CSV's measured layers: exact, relaxed, or both."""
+    if src.job_file or src.example or src.model or src.system or src.overrides or src.calibration:
+        raise ConfigError(
+            "give either --layer-times or a job (file, --example, --model/--system, --calibration), not both"
+        )
+    assert src.layer_times is not None
+    costs, names = read_layer_csv(src.layer_times, send_gbps * 1e9)
+    m = microbatches or 1
+    limit = math.inf if memory_gib is None else memory_gib * 2**30
+    k = _stage_count(stages, 0, costs.num_layers)
     out: dict[str, Any] = {
         "layers": costs.num_layers,
         "microbatches": m,
         "memory_limit_bytes": limit if math.isfinite(limit) else None,  # None: no limit
     }
-    if method in ("exact", "both"):
+    if _method(method) in ("exact", "both"):
         t0 = time.perf_counter()
         exact = slice_exact(costs, k, m, limit) if k else slice_best_stages(costs, m, max_stages, limit)
         out |= _as_dict(exact, time.perf_counter() - t0, names)
     if method in ("relaxed", "both"):
-        t0 = time.perf_counter()
-        relaxed = slice_relaxed(costs, k or len(out.get("boundaries", [])) or 1, m, starts, workers)
-        found = _as_dict(relaxed, time.perf_counter() - t0, names) | {"starts": starts}
-        if method == "relaxed":
-            out |= found
-        else:
-            found["gap"] = relaxed.step_time_s / out["step_time_s"] - 1
-            out["relaxed"] = found
+        out |= _relaxed(costs, k or len(out.get("boundaries", [])) or 1, m, starts, workers, names, method, limit)
     return out
 
 
-def _slice_mixed(
+def _method(method: str) -> str:
+    if method not in ("exact", "relaxed", "both"):
+        raise ConfigError(f"--method: expected exact, relaxed or both; got {method!r}")
+    return method
+
+
+def _relaxed(
+    costs: LayerCosts, k: int, m: int, starts: int, workers: int, names: list[str], method: str, limit: float
+) -> dict[str, Any]:
+    """The relaxation's slicing into k stages (--method relaxed), or beside the exact one with its gap
+    to the exact optimum of the same objective (--method both)."""
+    t0 = time.perf_counter()
+    relaxed = slice_relaxed(costs, k, m, starts, workers)
+    found = _as_dict(relaxed, time.perf_counter() - t0, names) | {"starts": starts}
+    if method == "relaxed":
+        return found
+    found["gap"] = relaxed.step_time_s / slice_exact(costs, k, m, limit).step_time_s - 1
+    return {"relaxed": found}
+
+
+def _slice_job(
     src: _Source,
-    spec: str,
+    raw: dict[str, Any],
+    source: str,
     stages: str | None,
     max_stages: int,
-    microbatches: int | None,
+    device_groups: str | None,
     method: str,
+    starts: int,
+    workers: int,
+    quiet: bool,
 ) -> dict[str, Any]:
-    """`slice --device-groups`: the job's layers priced on each group's GPUs, stages placed on groups."""
-    if src.layer_times is not None:
-        raise ConfigError("--device-groups needs a job (each group's GPUs price its layers), not --layer-times")
-    if method != "exact":
+    """A job's slicing as `predict` prices it: into the plan's (or --stages) pipeline stages, or with
+    --stages auto into every stage count its GPUs and layers allow, the fastest that fits."""
+    if _method(method) != "exact" and device_groups is not None:
         raise ConfigError("--device-groups: the search is exact (the relaxation prices one device)")
-    raw, _ = src.sections()
-    parsed = _groups(spec)
-    total_nodes = sum(n for _, n in parsed)
-    groups: list[DeviceGroup] = []
-    names: list[str] = []
-    job: Job | None = None
-    for preset, nodes in parsed:
-        job = _job_to_slice(raw["model"], raw["plan"], {"preset": preset, "num_nodes": total_nodes}, spec)
-        p, gpu = job.plan, job.system.gpu
-        costs, names = job_layer_costs(job, src.calibration)
-        slots = nodes * job.system.node.gpus_per_node // (p.tensor_parallel * p.context_parallel * p.dp)
-        groups.append(DeviceGroup(f"{preset}:{nodes}", costs, slots, gpu.hbm_bytes - gpu.reserved_bytes))
-    assert job is not None
-    m = microbatches or job.num_microbatches
-    L, room = groups[0].costs.num_layers, sum(g.slots for g in groups)
-    k = _stage_count(stages, job.plan.pipeline_parallel, groups[0].costs)
+    groups = _groups(device_groups) if device_groups is not None else None
+    layers = cast(ModelConfig, parse_section("model", raw["model"], source)).num_layers
+    units = layers + 2  # the embedding, every layer, the head
+    k = _stage_count(stages, int(raw["plan"].get("pipeline_parallel", 1)), units)
+    counts = [k] if k else list(range(1, min(max_stages, units) + 1))
     t0 = time.perf_counter()
-    if k:
-        best = slice_groups(groups, k, m)
-    else:
-        best = best_stage_count(lambda n: slice_groups(groups, n, m), min(max_stages, L, room), "the groups")
-    out: dict[str, Any] = {"layers": L, "microbatches": m, "device_groups": [g.name for g in groups]}
-    out |= _as_dict(best, time.perf_counter() - t0, names) | {"stage_groups": best.stage_groups}
+    found: list[JobSlicing] = []
+    with _progress(len(counts), quiet or len(counts) == 1) as step:
+        for n in counts:
+            try:
+                job = job_with_stages(raw["model"], raw["plan"], raw["system"], n, source)
+                found.append(
+                    slice_job(job, src.calibration)
+                    if groups is None
+                    else slice_job_on_groups(
+                        raw["model"], job.to_dict()["plan"], raw["system"], groups, src.calibration
+                    )
+                )
+            except (ConfigError, ValueError):
+                if k:
+                    raise  # the count asked for: say why it cannot be
+            step()
+    if not found:
+        raise ValueError(f"no stage count in 1..{counts[-1]} gives a valid plan that fits the GPUs' memory")
+    best = min(found, key=lambda js: js.prediction.step_time_s)
+    out = _job_dict(best, time.perf_counter() - t0, src.calibration)
+    if method in ("relaxed", "both"):
+        costs, names = job_layer_costs(best.job, src.calibration)
+        out |= _relaxed(costs, out["stages"], out["microbatches"], starts, workers, names, method, math.inf)
     return out
 
 
-def _job_to_slice(model: dict[str, Any], plan: dict[str, Any], system: dict[str, Any], source: str) -> Job:
-    """The job whose layers are sliced. Its layers need not divide evenly into its stages (that is
-    what slicing is for): without plan.stage_layers, a near-even split stands in for validation."""
-    m, p = parse_section("model", model, source), parse_section("plan", plan, source)
-    assert isinstance(m, ModelConfig) and isinstance(p, PlanConfig)
-    stages = p.pipeline_parallel * p.virtual_pipeline
-    if p.stage_layers is None and m.num_layers % stages and m.num_layers >= stages:
-        base, extra = divmod(m.num_layers, stages)
-        plan = {**plan, "stage_layers": [base + (s < extra) for s in range(stages)]}
-    return Job.from_dicts(model, plan, system, source)
+@contextmanager
+def _progress(total: int, quiet: bool) -> Iterator[Callable[[], None]]:
+    """A progress bar over stage counts on stderr (none for one count, with --json, or off a terminal)."""
+    if quiet:
+        yield lambda: None
+        return
+    columns = (TextColumn("slicing: stage counts"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+    with RichProgress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("slice", total=total)
+        yield lambda: bar.advance(task)
+
+
+def _job_dict(js: JobSlicing, seconds: float, calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """A job's slicing: predict's step for it, its stage_layers, and the lumped objective's stages."""
+    _, names = job_layer_costs(js.job, calibration)
+    s, r = js.slicing, js.prediction
+    return {
+        "layers": len(names),
+        "microbatches": js.job.num_microbatches,
+        "memory_limit_bytes": r.memory.capacity_bytes,
+        "stage_layers": list(js.stage_layers),
+        "stages": len(s.boundaries),
+        "boundaries": s.boundaries,
+        "first_layer_names": [names[b] for b in s.boundaries],
+        "stage_times_s": s.stage_times_s,
+        "bottleneck_s": s.bottleneck_s,
+        "step_time_s": r.step_time_s,  # predict's, for this slicing
+        "lumped_step_time_s": s.step_time_s,  # (m − 1)·max + Σ of the stages' per-micro-batch times
+        "memory_per_gpu_bytes": r.memory.total_bytes,
+        "candidates": js.candidates,
+        "seconds": seconds,
+        **({"stage_groups": s.stage_groups} if s.stage_groups else {}),
+    }
 
 
 def _groups(spec: str) -> list[tuple[str, int]]:
@@ -238,29 +287,7 @@ def _groups(spec: str) -> list[tuple[str, int]]:
     return out
 
 
-def _inputs(
-    src: _Source,
-    microbatches: int | None,
-    send_gbps: float,
-) -> tuple[LayerCosts, list[str], int, float, int]:
-    """(costs, layer names, micro-batches, memory limit in bytes, default stages: 0 = auto) from a
-    CSV or a job (its pipeline_parallel)."""
-    if src.layer_times is not None:
-        if src.job_file or src.example or src.model or src.system or src.overrides or src.calibration:
-            raise ConfigError(
-                "give either --layer-times or a job (file, --example, --model/--system, --calibration), not both"
-            )
-        costs, names = read_layer_csv(src.layer_times, send_gbps * 1e9)
-        return costs, names, microbatches or 1, math.inf, 0
-    raw, source = src.sections()
-    job = _job_to_slice(raw["model"], raw["plan"], raw["system"], source)
-    costs, names = job_layer_costs(job, src.calibration)
-    gpu = job.system.gpu
-    m = microbatches or job.num_microbatches
-    return costs, names, m, gpu.hbm_bytes - gpu.reserved_bytes, job.plan.pipeline_parallel
-
-
-def _stage_count(text: str | None, default: int, costs: LayerCosts) -> int:
+def _stage_count(text: str | None, default: int, units: int) -> int:
     """Stages asked for; 0 means auto (every count up to --max-stages)."""
     if text is None:
         return default
@@ -270,8 +297,8 @@ def _stage_count(text: str | None, default: int, costs: LayerCosts) -> int:
         k = int(text)
     except ValueError:
         raise ConfigError(f"--stages: expected a whole number or auto; got {text!r}") from None
-    if not 1 <= k <= costs.num_layers:
-        raise ConfigError(f"--stages {k}: expected 1..{costs.num_layers} (one layer per stage at most)")
+    if not 1 <= k <= units:
+        raise ConfigError(f"--stages {k}: expected 1..{units} (one layer per stage at most)")
     return k
 
 
@@ -301,7 +328,17 @@ def _print(out: dict[str, Any]) -> None:
         table.add_row(str(s), out["first_layer_names"][s], str(e - b), f"{t * 1e3:.3f}")
     console.print(table)
     step, bottleneck_ms = out["step_time_s"], out["bottleneck_s"] * 1e3
-    console.print(f"step {step:.4f} s, bottleneck {bottleneck_ms:.3f} ms (found in {out['seconds'] * 1e3:.1f} ms)")
+    found = f"bottleneck {bottleneck_ms:.3f} ms (found in {out['seconds']:.2f} s)"
+    if "lumped_step_time_s" in out:
+        lumped = out["lumped_step_time_s"]
+        console.print(f"step {step:.4f} s as `predict` prices it ((m − 1)·max + Σ: {lumped:.4f} s), {found}")
+    else:
+        console.print(f"step {step:.4f} s, {found}")
+    if "stage_layers" in out:  # plain lines, never wrapped: they are pasted into a job file
+        typer.echo(
+            f"paste under `plan:` in the job file:\n  pipeline_parallel: {out['stages']}\n"
+            f"  stage_layers: {out['stage_layers']}"
+        )
     if "stage_groups" in out:
         console.print("stages on groups: " + ", ".join(out["stage_groups"]), highlight=False)
     if "relaxed" in out:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from itercast.cli import (
+from itercast.cli.app import (
     ExampleOpt,
     JobFileArg,
     JsonOpt,
@@ -22,11 +22,14 @@ from itercast.cli import (
     echo_json,
     fail,
     finite,
-    resolve_job_file,
+    load_job,
+    seconds,
     working,
 )
-from itercast.config.job import Job
 from itercast.errors import ConfigError, DeadlockError
+from itercast.stochastic import variability as var
+from itercast.stochastic.placement import place_slow_on_graph
+from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
 
 
 def _profile_noise(path: Path, quiet: bool) -> dict[str, float]:
@@ -117,29 +120,27 @@ def variability_cmd(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Step-time distribution (Monte Carlo), what drives its spread, slow-GPU placement, time to train."""
-    from itercast.stochastic import variability as var
-    from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
-
+    """Step-time distribution (Monte Carlo), what drives its spread, slow-GPU placement, time to train,
+    of any job: a transformer's graph has one GPU per pipeline stage, a DLRM's every GPU."""
     if trace:
         _trace_variability(trace, samples, seed, within_s, as_json)
         return
-    job_file = resolve_job_file(job_file, example, model, system)
     if deadline_hours is not None and steps is None:
         fail("--deadline-hours needs --steps: the deadline is for training that many steps")
+    w = load_job(job_file, example, model, system, set_)
+    if slow_gpus is not None and slow_gpus > w.num_gpus:
+        fail(f"--slow-gpus {slow_gpus}: the job has {w.num_gpus} GPUs")
+    vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv)
+    if noise_from_db is not None:
+        vm = replace(vm, **_profile_noise(noise_from_db, as_json))
     try:
-        job = Job.load(job_file, set_ or [], model=model, system=system)
-        if slow_gpus is not None and slow_gpus > job.system.num_gpus:
-            raise ConfigError(f"--slow-gpus {slow_gpus}: the job has {job.system.num_gpus} GPUs")
-        vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv)
-        if noise_from_db is not None:
-            vm = replace(vm, **_profile_noise(noise_from_db, as_json))
         with working(f"sampling {samples:,} steps…", as_json):
-            dist = var.step_distribution(job, vm, samples, seed)
-            attribution = var.attribution(job, vm, min(samples, 4_000), seed)
-    except (ConfigError, DeadlockError) as exc:
+            step = w.step_graph()
+            dist = var.graph_distribution(step, vm, samples, seed)
+            attribution = var.graph_attribution(step, vm, min(samples, 4_000), seed)
+    except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no DLRM sharding fits
         fail(str(exc).replace("\n", "\n  "))
-    out: dict = {
+    out: dict[str, Any] = {
         **dist.quantiles(),
         "deterministic_s": dist.deterministic_s,
         "mean_s": float(dist.samples_s.mean()),
@@ -152,83 +153,112 @@ def variability_cmd(
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": dist.probability_within(within_s)}
     if plot is not None:
-        from itercast.report.plots import step_cdf_png
-
-        try:
-            title = f"{job.model.name} on {job.system.num_gpus} GPUs"
-            step_cdf_png(dist.samples_s, dist.deterministic_s, plot, title, [job_file, noise_from_db])
-        except ConfigError as exc:
-            fail(str(exc))
+        _plot(dist, plot, f"{w.name} on {w.num_gpus} GPUs", [job_file, noise_from_db])
     if slow_gpus is not None:
-        from itercast.stochastic.placement import place_slow_gpus
-
-        pl = place_slow_gpus(job, slow_gpus, slow_factor)
-        out["placement"] = {
-            "slow_gpus": slow_gpus,
-            "slowdown": slow_factor,
-            "baseline_s": pl.baseline_s,
-            "best_stages": list(pl.best_stages),
-            "best_s": pl.best_s,
-            "worst_stages": list(pl.worst_stages),
-            "worst_s": pl.worst_s,
-            "worth": pl.worth,
-        }
+        out["placement"] = _placement(step, slow_gpus, slow_factor)
     if steps is not None:
-        ttt = time_to_train(
-            out["mean_s"],
-            steps,
-            job.system.num_gpus,
-            FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s),
-            deadline_s=deadline_hours * HOUR_S if deadline_hours else None,
-            seed=seed,
-        )
-        out["time_to_train"] = {
-            "work_s": ttt.work_s,
-            "expected_s": ttt.expected_s,
-            "goodput": ttt.goodput,
-            "checkpoint_interval_s": ttt.interval_s,
-            "young_interval_s": ttt.young_interval_s,
-            **ttt.quantiles_s,
-            "deadline_probability": ttt.deadline_probability,
-        }
+        failures = FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s)
+        deadline_s = deadline_hours * HOUR_S if deadline_hours else None
+        out["time_to_train"] = _time_to_train(out["mean_s"], steps, w.num_gpus, failures, deadline_s, seed)
     if as_json:
         echo_json(out)
         return
+    _print(out, w.num_gpus)
+
+
+def _plot(dist: var.StepDistribution, path: Path, title: str, inputs: list[Path | None]) -> None:
+    """The step-time CDF as a PNG (report/plots.py; needs matplotlib)."""
+    from itercast.report.plots import step_cdf_png
+
+    try:
+        step_cdf_png(dist.samples_s, dist.deterministic_s, path, title, inputs)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _placement(step: var.StepGraph, slow_gpus: int, slow_factor: float) -> dict[str, Any]:
+    """The best and worst graph ranks for the slow GPUs (stochastic/placement.py)."""
+    pl = place_slow_on_graph(step.graph, step.gpus_per_rank, slow_gpus, slow_factor)
+    return {
+        "slow_gpus": slow_gpus,
+        "slowdown": slow_factor,
+        "baseline_s": pl.baseline_s,
+        "best_stages": list(pl.best_stages),
+        "best_s": pl.best_s,
+        "worst_stages": list(pl.worst_stages),
+        "worst_s": pl.worst_s,
+        "worth": pl.worth,
+    }
+
+
+def _time_to_train(
+    mean_s: float, steps: int, gpus: int, failures: FailureModel, deadline_s: float | None, seed: int
+) -> dict[str, Any]:
+    """Time to train `steps` steps of `mean_s` on `gpus` GPUs with failures (stochastic/time_to_train.py)."""
+    ttt = time_to_train(mean_s, steps, gpus, failures, deadline_s=deadline_s, seed=seed)
+    return {
+        "work_s": ttt.work_s,
+        "expected_s": ttt.expected_s,
+        "goodput": ttt.goodput,
+        "checkpoint_interval_s": ttt.interval_s,
+        "young_interval_s": ttt.young_interval_s,
+        **ttt.quantiles_s,
+        "deadline_probability": ttt.deadline_probability,
+    }
+
+
+def _print(out: dict[str, Any], gpus: int) -> None:
+    """The summary lines, then what drives the spread."""
     head = Table(show_header=False, box=None)
-    head.add_row("step (deterministic)", f"{dist.deterministic_s:.3f} s")
-    head.add_row("step quantiles", "  ".join(f"{k[:3]} {out[k]:.3f} s" for k in ("p50_s", "p90_s", "p95_s", "p99_s")))
-    head.add_row("slowdown from variability", f"{dist.slowdown:.3f}× (mean over deterministic)")
-    if out["p50_s"] > dist.deterministic_s:
-        head.add_row(
-            "why p50 > `predict`",
-            f"`predict` times every task at its mean; here each rendezvous waits for the slowest of its "
-            f"{job.system.num_gpus:,} GPUs' draws, and the maximum of many draws lies above their mean",
-        )
-    if "p_within" in out:
-        head.add_row(f"P(step ≤ {within_s} s)", f"{out['p_within']['probability']:.1%}")
-    if "time_to_train" in out:
-        t = out["time_to_train"]
-        head.add_row(
-            "time to train",
-            f"{t['expected_s'] / 86400:.2f} days expected, goodput {t['goodput']:.1%}, "
-            f"checkpoint every {t['checkpoint_interval_s'] / 60:.0f} min"
-            + (f", P(deadline) {t['deadline_probability']:.1%}" if t["deadline_probability"] is not None else ""),
-        )
-    if "placement" in out:
-        pl_out = out["placement"]
-        head.add_row(
-            f"{slow_gpus} GPUs {slow_factor}× slower",
-            f"best on stages {pl_out['best_stages']}: "
-            f"{pl_out['best_s']:.3f} s; worst on {pl_out['worst_stages']}: {pl_out['worst_s']:.3f} s "
-            f"(placement worth {pl_out['worth']:.3f}×)",
-        )
+    for name, value in _summary_rows(out, gpus):
+        head.add_row(name, value)
     console.print(head)
     table = Table(title="what drives the spread: the source's CV halved")
     for col in ("source", "p95 change", "p50→p99 spread change"):
         table.add_column(col, justify="right" if col != "source" else "left")
-    for r in attribution:
+    for r in out["attribution"]:
         table.add_row(r["source"], f"{r['p95_change']:+.2%}", f"{r['spread_change']:+.1%}")
     console.print(table)
+
+
+def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
+    det = out["deterministic_s"]
+    rows = [
+        ("step (deterministic)", seconds(det)),
+        ("step quantiles", "  ".join(f"{k[:3]} {seconds(out[k])}" for k in ("p50_s", "p90_s", "p95_s", "p99_s"))),
+        ("slowdown from variability", f"{out['slowdown']:.3f}× (mean over deterministic)"),
+    ]
+    if out["p50_s"] > det:
+        rows.append(
+            (
+                "why p50 > `predict`",
+                f"`predict` times every task at its mean; here each rendezvous waits for the slowest of its "
+                f"{gpus:,} GPUs' draws, and the maximum of many draws lies above their mean",
+            )
+        )
+    if "p_within" in out:
+        rows.append((f"P(step ≤ {out['p_within']['t_s']} s)", f"{out['p_within']['probability']:.1%}"))
+    if "time_to_train" in out:
+        t = out["time_to_train"]
+        deadline = t["deadline_probability"]
+        rows.append(
+            (
+                "time to train",
+                f"{t['expected_s'] / 86400:.2f} days expected, goodput {t['goodput']:.1%}, "
+                f"checkpoint every {t['checkpoint_interval_s'] / 60:.0f} min"
+                + (f", P(deadline) {deadline:.1%}" if deadline is not None else ""),
+            )
+        )
+    if "placement" in out:
+        pl = out["placement"]
+        rows.append(
+            (
+                f"{pl['slow_gpus']} GPUs {pl['slowdown']}× slower",
+                f"best on ranks {pl['best_stages']}: {seconds(pl['best_s'])}; worst on {pl['worst_stages']}: "
+                f"{seconds(pl['worst_s'])} (placement worth {pl['worth']:.3f}×)",
+            )
+        )
+    return rows
 
 
 def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: float | None, as_json: bool) -> None:

@@ -1,11 +1,12 @@
-"""Where to put slow GPUs: the best and worst pipeline stages for k devices that are f× slower.
+"""Where to put slow GPUs: the best and worst ranks of a step graph for k devices that are f× slower.
 
-A stage runs at the pace of its slowest GPU (the model of stochastic/variability.py), so what matters
-is only which stages receive at least one slow device. Packing the k devices into as few stages as
-possible (⌈k / GPUs per stage⌉) costs least; spreading them over as many as possible (min(k, stages))
-costs most. Stages differ (embedding on the first, head on the last, their place in the schedule), so
-each stage's cost is simulated alone and the cheapest / dearest are chosen; the chosen set is then
-simulated together. Exhaustive over sets when there are few stages (≤ 12), greedy beyond.
+A graph rank (a transformer's pipeline stage of dp·tp·cp GPUs, a DLRM's one GPU) runs at the pace of
+its slowest GPU (the model of stochastic/variability.py), so what matters is only which ranks receive
+at least one slow device. Packing the k devices into as few ranks as possible (⌈k / GPUs per rank⌉)
+costs least; spreading them over as many as possible (min(k, ranks)) costs most. Ranks differ
+(embedding on the first stage, head on the last, their place in the schedule; a DLRM rank's tables),
+so each rank's cost is simulated alone and the cheapest / dearest are chosen; the chosen set is then
+simulated together. Exhaustive over sets when there are few ranks (≤ 12), greedy beyond.
 """
 
 from __future__ import annotations
@@ -49,12 +50,20 @@ def _step_with_slow(graph: ExecGraph, stages: tuple[int, ...], slowdown: float) 
 
 
 def place_slow_gpus(job: Job, slow_gpus: int, slowdown: float) -> Placement:
+    """A transformer job: its pipeline stages, each of dp·tp·cp GPUs."""
+    p = job.plan
+    per_stage = p.dp * p.tensor_parallel * p.context_parallel
+    return place_slow_on_graph(TransformerStepBuilder(job).build(), per_stage, slow_gpus, slowdown)
+
+
+def place_slow_on_graph(graph: ExecGraph, gpus_per_rank: int, slow_gpus: int, slowdown: float) -> Placement:
+    """The best and worst ranks of `graph` (each standing for `gpus_per_rank` GPUs) for `slow_gpus`
+    devices `slowdown`× slower."""
     if slow_gpus < 1 or slowdown < 1:
         raise ValueError(f"need slow_gpus ≥ 1 and slowdown ≥ 1; got {slow_gpus}, {slowdown}")
-    p = job.plan
-    graph = TransformerStepBuilder(job).build()
-    stages = p.pipeline_parallel
-    per_stage = p.dp * p.tensor_parallel * p.context_parallel
+    ranks = graph.resource_rank[graph.resource]
+    stages = int(ranks.max()) + 1 if ranks.size else 1
+    per_stage = gpus_per_rank
     fewest, most = min(stages, math.ceil(slow_gpus / per_stage)), min(stages, slow_gpus)
     if stages <= EXHAUSTIVE_MAX_STAGES:
 

@@ -13,12 +13,13 @@ variation; Sinha et al. (SC'22) 8% average same-SKU GPU variation (up to 22%); P
 Fit them to your measurements (stochastic.distributions) and pass your own, or take the per-task
 ones from a profiling database's repeats (noise_from_profile).
 
-How they combine on the graph of one representative GPU per pipeline stage (approximations, stated):
-- a compute task stands for the tp·cp GPUs that meet at the next tensor-parallel collective: its noise
-  is the maximum of tp·cp draws, sampled directly (order statistics);
-- a stage runs at the pace of its slowest GPU: per step, one factor per stage, the maximum of its
-  dp·tp·cp GPUs' persistent factors (an upper bound: a slow GPU in one data-parallel replica only
-  delays that replica until the gradient reduction);
+How they combine on a step graph whose ranks each stand for some GPUs (StepGraph; approximations, stated):
+- a compute task stands for the GPUs that meet at its next collective (a transformer's tp·cp, a DLRM
+  rank's one GPU): its noise is the maximum of that many draws, sampled directly (order statistics);
+- a graph rank runs at the pace of its slowest GPU: per step, one factor per rank, the maximum of the
+  persistent factors of the GPUs it stands for (a transformer's pipeline stage: dp·tp·cp GPUs, an
+  upper bound: a slow GPU in one data-parallel replica only delays that replica until the gradient
+  reduction; a DLRM rank: one GPU);
 - communication tasks draw comm noise × the step's network factor; host tasks do not vary.
 """
 
@@ -82,17 +83,42 @@ def _lognormal(cv: float, z: np.ndarray) -> np.ndarray:
     return np.exp(sigma * z - sigma * sigma / 2)
 
 
-class StepSampler:
-    """Sampled task durations (tasks × samples) of one step of `job` under `model`."""
+@dataclass(frozen=True)
+class StepGraph:
+    """A step graph and what its ranks stand for: `gpus_per_task`, the GPUs that meet at a compute
+    task's next collective (the order statistic of its noise); `gpus_per_rank`, the GPUs one graph rank
+    stands for (it runs at its slowest one's pace); `expert_share`, per task, the share the router's
+    load scales (none: nothing does)."""
 
-    def __init__(
-        self, job: Job, graph: ExecGraph, model: VariabilityModel, expert_share: np.ndarray | None = None
-    ) -> None:
-        """`expert_share`: per task, the share the router's load scales (TransformerStepBuilder.expert_share);
-        none: nothing does (padded to capacity, or a dense model)."""
-        p = job.plan
-        padded = job.model.moe_capacity_factor is not None and job.model.moe_pad_to_capacity
-        share = np.zeros(graph.num_tasks) if expert_share is None or padded else expert_share
+    graph: ExecGraph
+    gpus_per_task: int
+    gpus_per_rank: int
+    expert_share: np.ndarray | None = None
+
+
+def transformer_step(job: Job, graph: ExecGraph, expert_share: np.ndarray | None = None) -> StepGraph:
+    """A transformer's graph (one representative GPU per pipeline stage): a compute task stands for its
+    tp·cp peers, a stage for its dp·tp·cp GPUs; the router's load varies nothing when the experts are
+    padded to capacity."""
+    p, m = job.plan, job.model
+    padded = m.moe_capacity_factor is not None and m.moe_pad_to_capacity
+    k_task = p.tensor_parallel * p.context_parallel
+    return StepGraph(graph, k_task, p.dp * k_task, None if padded else expert_share)
+
+
+def build_transformer_step(job: Job) -> StepGraph:
+    """`job`'s step graph priced by the built-in curves, with its routed-expert shares."""
+    builder = TransformerStepBuilder(job)
+    graph = builder.build()
+    return transformer_step(job, graph, builder.expert_share())
+
+
+class GraphSampler:
+    """Sampled task durations (tasks × samples) of one step graph under `model`."""
+
+    def __init__(self, step: StepGraph, model: VariabilityModel) -> None:
+        graph = step.graph
+        share = np.zeros(graph.num_tasks) if step.expert_share is None else step.expert_share
         self.imbalanced = np.flatnonzero(share > 0)
         self.imbalanced_share = share[self.imbalanced]
         self.base, self.model = graph.duration_s, model
@@ -101,8 +127,8 @@ class StepSampler:
         ranks = graph.resource_rank[graph.resource]
         self.stage_of_compute = ranks[self.compute]
         self.stages = int(ranks.max()) + 1 if ranks.size else 1
-        self.k_task = p.tensor_parallel * p.context_parallel
-        self.gpus_per_stage = p.dp * p.tensor_parallel * p.context_parallel
+        self.k_task = step.gpus_per_task
+        self.gpus_per_stage = step.gpus_per_rank
 
     def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
         m = self.model
@@ -128,6 +154,17 @@ class StepSampler:
         return dur
 
 
+class StepSampler(GraphSampler):
+    """The sampler of a transformer `job`'s step graph (transformer_step)."""
+
+    def __init__(
+        self, job: Job, graph: ExecGraph, model: VariabilityModel, expert_share: np.ndarray | None = None
+    ) -> None:
+        """`expert_share`: per task, the share the router's load scales (TransformerStepBuilder.expert_share);
+        none: nothing does (padded to capacity, or a dense model)."""
+        super().__init__(transformer_step(job, graph, expert_share), model)
+
+
 @dataclass(frozen=True)
 class StepDistribution:
     deterministic_s: float
@@ -147,24 +184,35 @@ class StepDistribution:
 
 
 def step_distribution(job: Job, model: VariabilityModel, samples: int = 10_000, seed: int = 0) -> StepDistribution:
-    builder = TransformerStepBuilder(job)
-    graph = builder.build()
-    sampler = StepSampler(job, graph, model, builder.expert_share())
-    return StepDistribution(simulate(graph).step_time_s, simulate_samples(graph, sampler, samples, seed))
+    """A transformer job's step-time distribution (graph_distribution of build_transformer_step)."""
+    return graph_distribution(build_transformer_step(job), model, samples, seed)
+
+
+def graph_distribution(
+    step: StepGraph, model: VariabilityModel, samples: int = 10_000, seed: int = 0
+) -> StepDistribution:
+    """The deterministic step and `samples` sampled steps of a step graph."""
+    sampled = simulate_samples(step.graph, GraphSampler(step, model), samples, seed)
+    return StepDistribution(simulate(step.graph).step_time_s, sampled)
 
 
 def attribution(job: Job, model: VariabilityModel, samples: int = 4_000, seed: int = 0) -> list[dict[str, Any]]:
+    """A transformer job's attribution (graph_attribution of build_transformer_step)."""
+    return graph_attribution(build_transformer_step(job), model, samples, seed)
+
+
+def graph_attribution(
+    step: StepGraph, model: VariabilityModel, samples: int = 4_000, seed: int = 0
+) -> list[dict[str, Any]]:
     """For each source: the p95 and the p50→p99 spread with that source's CV halved (same seed)."""
-    builder = TransformerStepBuilder(job)
-    graph = builder.build()
-    share = builder.expert_share()
-    base = simulate_samples(graph, StepSampler(job, graph, model, share), samples, seed)
+    graph, share = step.graph, step.expert_share
+    base = simulate_samples(graph, GraphSampler(step, model), samples, seed)
     b95, bspread = np.percentile(base, 95), np.percentile(base, 99) - np.percentile(base, 50)
     out = []
     for source in SOURCES:
-        if getattr(model, source) == 0 or (source == "moe_imbalance_cv" and not share.any()):
+        if getattr(model, source) == 0 or (source == "moe_imbalance_cv" and (share is None or not share.any())):
             continue
-        s = simulate_samples(graph, StepSampler(job, graph, model.halved(source), share), samples, seed)
+        s = simulate_samples(graph, GraphSampler(step, model.halved(source)), samples, seed)
         spread = np.percentile(s, 99) - np.percentile(s, 50)
         out.append(
             {

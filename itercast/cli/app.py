@@ -1,0 +1,170 @@
+"""What every command shares: the app, its console, the job options, errors and output helpers."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from itercast.errors import ConfigError
+from itercast.workload import DLRMWorkload, TransformerWorkload, load_workload
+
+app = typer.Typer(
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Forecast distributed deep-learning training before paying for the GPUs.",
+)
+console = Console()
+EXAMPLE = "gpt3-175b-a100.yaml"
+EXIT_OOM = 3  # `predict --strict`: the plan does not fit in memory
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"itercast {metadata.version('itercast')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", metavar="", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Forecast distributed deep-learning training before paying for the GPUs."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupted)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C: say what was kept and how to go on, exit 130 (128 + SIGINT)."""
+    typer.echo(
+        "\ninterrupted: outputs are written whole or not at all, and a profiling database keeps every "
+        "configuration it committed; run the same command again to resume (`profile run` skips what "
+        "the database holds)",
+        err=True,
+    )
+    raise SystemExit(130)
+
+
+@contextmanager
+def working(message: str, quiet: bool = False) -> Iterator[None]:
+    """A spinner on stderr while a long step runs (none with --json or when stderr is no terminal)."""
+    if quiet:
+        yield
+        return
+    with Console(stderr=True).status(message):
+        yield
+
+
+def resolve_job_file(job_file: Path | None, example: bool, model: str | None, system: str | None) -> Path | None:
+    """The job file to read: the given one, or the built-in example; fails if the job is underspecified."""
+    if example:
+        if job_file is not None:
+            fail("give either a job file or --example, not both")
+        return Path(str(resources.files("itercast").joinpath("examples", EXAMPLE)))
+    if job_file is None and (model is None or system is None):
+        fail("need a job file, --example, or both --model and --system")
+    return job_file
+
+
+# The job inputs every job-taking command accepts (predict, variability): one definition.
+JobFileArg = Annotated[
+    Path | None,
+    typer.Argument(
+        metavar="JOB.yaml",
+        help="YAML job file with sections model, plan, system (a transformer, or a DLRM: `model: dlrm-small`).",
+    ),
+]
+ModelOpt = Annotated[
+    str | None, typer.Option(metavar="NAME", help="Model preset, a transformer or a DLRM (see `itercast presets`).")
+]
+SystemOpt = Annotated[str | None, typer.Option(metavar="NAME", help="System preset (see `itercast presets`).")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", metavar="SECTION.FIELD=VALUE", help="Override a job field (repeatable)."),
+]
+ExampleOpt = Annotated[bool, typer.Option(metavar="", help=f"Use the built-in example job ({EXAMPLE}).")]
+JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print a JSON object instead of a table.")]
+BatchPerRankOpt = Annotated[int, typer.Option(min=1, max=10_000_000, help="DLRM: samples per GPU per step.")]
+CalibrationOpt = Annotated[
+    Path | None,
+    typer.Option(metavar="FILE", help="Calibration file from `itercast calibrate` (else the built-in curves)."),
+]
+
+
+def finite(low: float = -math.inf, high: float = math.inf, above: bool = False):
+    """A typer callback: the option's value must be a finite number in [low, high] (or above `low`
+    when `above`); click's own ranges let NaN through, and inf past an upper bound not given."""
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return value
+        if not math.isfinite(value) or value > high or value < low or (above and value == low):
+            bound = f"> {low:g}" if above else f"≥ {low:g}" if math.isfinite(low) else ""
+            upper = f" and ≤ {high:g}" if math.isfinite(high) else ""
+            raise typer.BadParameter(f"expected a finite number {bound}{upper}; got {value}")
+        return value
+
+    return check
+
+
+def echo_json(doc: object) -> None:
+    """Print a JSON document, strict: a NaN or infinity (which JSON lacks) is an error, not `NaN`."""
+    try:
+        text = json.dumps(doc, indent=1, allow_nan=False)
+    except ValueError as exc:
+        fail(f"the result holds a number JSON cannot carry ({exc}); please report this with the input")
+    typer.echo(text)
+
+
+def sizes_option(text: str, option: str) -> tuple[int, ...]:
+    """An option's comma-separated sizes, "512,4096" → (512, 4096), sorted and distinct; a
+    ConfigError naming the option otherwise."""
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise ConfigError(f"{option}: expected whole numbers separated by commas; got {text!r}") from None
+    if not sizes or sizes[0] < 1 or sizes[-1] > 10_000_000:
+        raise ConfigError(f"{option}: expected sizes in 1..10000000; got {text!r}")
+    return sizes
+
+
+def seconds(value_s: float) -> str:
+    """A duration as a reader takes it in: `1.234 s`, or below a second `12.345 ms` (a DLRM step)."""
+    return f"{value_s:.3f} s" if value_s >= 1 else f"{value_s * 1e3:.3f} ms"
+
+
+def warn(message: str) -> None:
+    """A warning on stderr (the answer on stdout stays parseable)."""
+    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {message}", highlight=False)
+
+
+def fail(message: str) -> NoReturn:
+    """A user error: the message on stderr, exit code 2, no traceback."""
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def load_job(
+    job_file: Path | None, example: bool, model: str | None, system: str | None, overrides: list[str] | None
+) -> TransformerWorkload | DLRMWorkload:
+    """The workload of a job file, --example or presets with `--set` overrides (a transformer or a
+    DLRM, as its model section says); a problem is one error line and exit 2."""
+    path = resolve_job_file(job_file, example, model, system)
+    try:
+        return load_workload(path, overrides or [], model, system)
+    except ConfigError as exc:
+        fail(str(exc).replace("\n", "\n  "))

@@ -1,0 +1,186 @@
+"""`itercast predict` and `itercast compare`: one job's step, or two side by side, of any workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from itercast.cli.app import (
+    EXIT_OOM,
+    CalibrationOpt,
+    ExampleOpt,
+    JobFileArg,
+    JsonOpt,
+    ModelOpt,
+    SetOpt,
+    SystemOpt,
+    app,
+    console,
+    echo_json,
+    fail,
+    load_job,
+    warn,
+)
+from itercast.errors import ConfigError, DeadlockError
+from itercast.predict import Forecast
+from itercast.profile.calibrate import CalibrationError, load_calibration
+from itercast.traces.perfetto import write_chrome_trace
+from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload, same_kind
+
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
+
+
+@app.command("predict")
+def predict_cmd(
+    job_file: JobFileArg = None,
+    model: ModelOpt = None,
+    system: SystemOpt = None,
+    set_: SetOpt = None,
+    example: ExampleOpt = False,
+    as_json: JsonOpt = False,
+    trace: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Write the predicted timeline as Chrome/Perfetto JSON.")
+    ] = None,
+    calibration: CalibrationOpt = None,
+    strict: Annotated[
+        bool, typer.Option(metavar="", help=f"Exit {EXIT_OOM} when the plan does not fit in memory.")
+    ] = False,
+    et: Annotated[
+        list[Path] | None,
+        typer.Option(
+            metavar="FILE|DIR",
+            help="Price PyTorch execution traces (repeatable, or a directory: every rank) instead of a job.",
+        ),
+    ] = None,
+    db: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="--et: the profiling database of the device to price on.")
+    ] = None,
+    device_id: Annotated[
+        int | None, typer.Option(help="--et: device id in the database (default: the only one).")
+    ] = None,
+    gpu: Annotated[bool, typer.Option(metavar="", help="--et: price host and GPU on two clocks.")] = False,
+    kineto: Annotated[
+        list[Path] | None,
+        typer.Option(metavar="FILE|DIR", help="--et: Kineto traces of the same step (one per rank), to check against."),
+    ] = None,
+    indices: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="--et: a sample of real embedding indices, in their order.")
+    ] = None,
+    index_distribution: Annotated[
+        str,
+        typer.Option(metavar="uniform|zipf:ALPHA", help="--et: how embedding-bag indices are drawn (row reuse)."),
+    ] = "uniform",
+) -> None:
+    """Time per iteration, its breakdown and critical path, memory per GPU and throughput of any job (a
+    transformer, or a DLRM under its plan's sharding, else the sharding planner's fastest); or, with
+    --et, one iteration of a recorded PyTorch execution trace priced on a profiled device."""
+    if et:
+        if job_file or example or model or set_ or trace:
+            fail("--et prices a trace: give it with --db or --system, not with a job, --model or --trace")
+        from itercast.cli.et_cmds import predict_et
+
+        predict_et(et, db, device_id, gpu, index_distribution, kineto or [], as_json, system, calibration, indices)
+        return
+    w = load_job(job_file, example, model, system, set_)
+    cal = _calibration(calibration, w)
+    try:
+        result = w.predict(cal)
+        if trace is not None:
+            write_chrome_trace(result.sim, trace, [job_file, calibration])
+    except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no sharding fits
+        fail(str(exc).replace("\n", "\n  "))
+    if as_json:
+        echo_json(result.to_dict())
+    else:
+        print_forecast(w, result, trace)
+    if result.memory.oom:
+        mem = result.memory
+        warn(
+            f"the plan does not fit: {mem.total_bytes / 2**30:.1f} GiB per GPU on stage {mem.stage}, "
+            f"{mem.capacity_bytes / 2**30:.0f} GiB available (`itercast search` finds plans that fit)"
+        )
+        if strict:
+            raise typer.Exit(EXIT_OOM)
+
+
+def _calibration(path: Path | None, w: TransformerWorkload | DLRMWorkload) -> dict | None:
+    """The calibration file's curves (None: the built-in ones); a warning when it was fitted for
+    another system than the job's."""
+    if path is None:
+        return None
+    try:
+        cal = load_calibration(path)
+    except CalibrationError as exc:
+        fail(str(exc))
+    system = w.job.system
+    if cal.get("system") not in (None, system.name):
+        warn(
+            f"{path} was fitted for system {cal['system']!r}; this job runs on {system.name!r} "
+            f"({system.gpu.name}): the curves describe the other machine"
+        )
+    return cal
+
+
+def print_forecast(w: TransformerWorkload | DLRMWorkload, r: Forecast, trace: Path | None) -> None:
+    """The headline, the summary, the breakdown of the rank that finishes last and memory per GPU."""
+    console.print(w.headline(), highlight=False, markup=False)
+    head = Table(show_header=False, box=None)
+    for name, value in w.summary_rows(r):
+        head.add_row(name, value)
+    console.print(head)
+    scale, unit = (1.0, "seconds") if r.step_time_s >= 1 else (1e3, "ms")
+    table = Table(title=f"breakdown (rank {r.breakdown.rank}, the last to finish)")
+    table.add_column("part")
+    table.add_column(unit, justify="right")
+    table.add_column("share", justify="right")
+    for key, part_s in r.breakdown.as_dict().items():
+        if key != "rank":
+            table.add_row(
+                key.removesuffix("_s"), f"{float(part_s) * scale:.4f}", f"{float(part_s) / r.step_time_s:.1%}"
+            )
+    console.print(table)
+    mt = Table(title="memory per GPU (GiB)")
+    for key in MEMORY_PARTS:
+        mt.add_column(key, justify="right")
+    mt.add_row(*(f"{getattr(r.memory, k + '_bytes') / 2**30:.2f}" for k in MEMORY_PARTS))
+    console.print(mt)
+    if trace is not None:
+        console.print(f"timeline written to {trace} (open in ui.perfetto.dev)")
+
+
+@app.command("compare")
+def compare_cmd(
+    job_a: Annotated[Path, typer.Argument(metavar="A", help="First YAML job file, or a saved search/replay JSON.")],
+    job_b: Annotated[Path, typer.Argument(metavar="B", help="Second, of the same kind.")],
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Two jobs of one workload side by side: step time, throughput, memory, and the difference per
+    breakdown part (`--set` applies to both); or two saved `search --json` results (their fastest
+    plans) or two `replay --json` results."""
+    from itercast.cli.report_cmds import result_figures
+
+    try:
+        if {job_a.suffix, job_b.suffix} == {".json"}:
+            (kind_a, fig_a), (kind_b, fig_b) = result_figures(job_a), result_figures(job_b)
+            if kind_a != kind_b:
+                raise ConfigError(f"{job_a} is a {kind_a} result and {job_b} a {kind_b} result: compare like with like")
+        else:
+            a, b = (load_workload(path, set_ or []) for path in (job_a, job_b))
+            same_kind(a, b, f"{job_a} and {job_b}")
+            fig_a, fig_b = compare_figures(a, a.predict()), compare_figures(b, b.predict())
+        rows = {k: (v, fig_b[k]) for k, v in fig_a.items() if k in fig_b}
+    except (ConfigError, DeadlockError, ValueError) as exc:
+        fail(str(exc).replace("\n", "\n  "))
+    if as_json:
+        echo_json({k: {"a": x, "b": y, "b_minus_a": y - x} for k, (x, y) in rows.items()})
+        return
+    table = Table(title=f"A = {job_a}, B = {job_b}")
+    for col in ("", "A", "B", "B − A", "B / A"):
+        table.add_column(col, justify="right")
+    for key, (x, y) in rows.items():
+        table.add_row(key, f"{x:,.4g}", f"{y:,.4g}", f"{y - x:+,.4g}", f"{y / x:.3f}" if x else "")
+    console.print(table)

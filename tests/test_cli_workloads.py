@@ -1,0 +1,118 @@
+"""Every job-taking command takes a DLRM job file (`model: dlrm-small`) and reports what the Python API
+(`load_workload(...).predict()`) gives; slicing says in one line that it is for pipelined transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.workload import load_workload
+
+SHARDING = "{t0: {strategy: table_wise, ranks: [0]}, t1: {strategy: table_wise, ranks: [1]}, " + (
+    "t2: {strategy: table_wise, ranks: [1]}, t3: {strategy: data_parallel, ranks: [0, 1]}}"
+)
+
+
+def dlrm_job(tmp_path: Path, name: str = "dlrm.yaml", batch: int = 256) -> Path:
+    """dlrm-small on 2 H100s of one node under a given sharding."""
+    path = tmp_path / name
+    system = "{preset: dgx-h100, num_nodes: 1, node: {gpus_per_node: 2}}"
+    path.write_text(f"model: dlrm-small\nsystem: {system}\nplan: {{batch_per_rank: {batch}, sharding: {SHARDING}}}\n")
+    return path
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(app, list(args))
+    return res.exit_code, res.output
+
+
+def test_predict_of_a_dlrm_job_file_is_the_python_api(tmp_path: Path) -> None:
+    job = dlrm_job(tmp_path)
+    code, text = invoke("predict", str(job), "--json")
+    assert code == 0, text
+    out, api = json.loads(text), load_workload(job).predict()
+    assert out["step_time_s"] == api.step_time_s and out["memory_per_gpu_bytes"] == api.memory.total_bytes
+    assert out["samples_per_s"] == pytest.approx(256 * 2 / api.step_time_s)  # 256 samples on each of 2 GPUs
+    code, text = invoke("predict", str(job))
+    assert code == 0 and f"{api.step_time_s * 1e3:.3f} ms" in text and "t3 DP" in text
+
+
+def test_predict_takes_a_dlrm_preset_with_set_overrides() -> None:
+    args = ["--model", "dlrm-small", "--system", "dgx-h100", "--set", "system.node.gpus_per_node=2"]
+    code, text = invoke("predict", *args, "--set", "plan.batch_per_rank=128", "--json")
+    assert code == 0, text
+    api = load_workload(None, ["system.node.gpus_per_node=2", "plan.batch_per_rank=128"], "dlrm-small", "dgx-h100")
+    assert json.loads(text)["step_time_s"] == api.predict().step_time_s
+
+
+def test_compare_sets_two_dlrm_jobs_side_by_side(tmp_path: Path) -> None:
+    a, b = dlrm_job(tmp_path, "a.yaml", 256), dlrm_job(tmp_path, "b.yaml", 512)
+    code, text = invoke("compare", str(a), str(b), "--json")
+    assert code == 0, text
+    out = json.loads(text)
+    sa, sb = load_workload(a).predict().step_time_s, load_workload(b).predict().step_time_s
+    assert out["step_time_s"] == {"a": sa, "b": sb, "b_minus_a": sb - sa}
+    assert out["samples_per_s"]["a"] == pytest.approx(512 / sa) and "mfu" not in out
+    transformer = tmp_path / "t.yaml"
+    transformer.write_text("model: gpt3-1.3b\nsystem: dgx-h100\nplan: {tensor_parallel: 2}\n")
+    code, text = invoke("compare", str(a), str(transformer))
+    assert code == 2 and "a dlrm and a transformer job" in text
+
+
+def test_variability_of_a_dlrm_samples_its_every_gpu_graph(tmp_path: Path) -> None:
+    job = dlrm_job(tmp_path)
+    step_s = load_workload(job).predict().step_time_s
+    quiet = ["--compute-cv", "0", "--comm-cv", "0", "--network-cv", "0", "--gpu-cv", "0"]
+    code, text = invoke("variability", str(job), *quiet, "--samples", "100", "--slow-gpus", "2", "--json")
+    assert code == 0, text
+    out = json.loads(text)
+    assert out["deterministic_s"] == step_s and out["p50_s"] == out["p99_s"] == pytest.approx(step_s, rel=1e-12)
+    # each rank is one GPU: 2 slow GPUs take ⌈2 / 1⌉ = 2 ranks at best, min(2, 2 ranks) = 2 at worst
+    assert out["placement"]["best_stages"] == out["placement"]["worst_stages"] == [0, 1]
+    code, text = invoke("variability", str(job), "--samples", "200", "--json")
+    assert code == 0 and json.loads(text)["p50_s"] > step_s  # each rendezvous waits for the slower GPU
+    code, text = invoke("variability", str(job), "--slow-gpus", "3")
+    assert code == 2 and "the job has 2 GPUs" in text
+
+
+def test_report_of_a_dlrm_job_holds_its_step_per_rank(tmp_path: Path) -> None:
+    job, out = dlrm_job(tmp_path), tmp_path / "r.html"
+    code, text = invoke("report", str(job), "--samples", "200", "-o", str(out))
+    assert code == 0, text
+    page, api = out.read_text(), load_workload(job).predict()
+    assert f"<td>{api.step_time_s * 1e3:.3f} ms</td>" in page and "Where the step goes, per rank" in page
+
+
+def test_search_of_a_dlrm_ranks_shardings_times_batches(tmp_path: Path) -> None:
+    job = dlrm_job(tmp_path)
+    code, text = invoke("search", str(job), "--batches", "128,256", "--top", "3", "--json")
+    assert code == 0, text
+    best = json.loads(text)["plans"][0]
+    assert best["batch_per_rank"] in (128, 256)
+    assert best["samples_per_s"] == pytest.approx(best["batch_per_rank"] * 2 / best["step_time_s"])
+    tables = ", ".join(f"{t['name']}: {{strategy: {t['strategy']}, ranks: {t['ranks']}}}" for t in best["tables"])
+    again = tmp_path / "best.yaml"
+    again.write_text(
+        job.read_text().split("plan:")[0]
+        + f"plan: {{batch_per_rank: {best['batch_per_rank']}, sharding: {{{tables}}}}}\n"
+    )
+    assert load_workload(again).predict().step_time_s == best["step_time_s"]  # the plan predicts as searched
+
+
+def test_slice_says_in_one_line_that_it_is_for_pipelined_transformers(tmp_path: Path) -> None:
+    code, text = invoke("slice", str(dlrm_job(tmp_path)))
+    assert code == 2 and "for pipelined transformers" in text and text.count("\n") == 1
+
+
+def test_the_transformer_keeps_its_variability_numbers() -> None:
+    from itercast.config.job import Job
+    from itercast.stochastic.variability import VariabilityModel, step_distribution
+
+    code, text = invoke("variability", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--samples", "300", "--json")
+    assert code == 0, text
+    dist = step_distribution(Job.from_presets("gpt3-1.3b", "dgx-h100"), VariabilityModel(), 300, 0)
+    assert json.loads(text)["p95_s"] == dist.quantiles()["p95_s"]
