@@ -37,7 +37,7 @@ class StepReplay:
     step: int
     measured_s: float
     replayed_s: float
-    gpu_busy: float = 0.0  # share of the replayed step during which some GPU op of the rank ran
+    gpu_busy: float = 0.0  # measured share of the step during which some GPU op of the rank ran (own events)
 
     @property
     def error(self) -> float:
@@ -55,7 +55,7 @@ class ReplayResult:
     sim: SimResult
     steps: list[StepReplay]
     breakdown: Breakdown
-    span_gpu_busy: float  # share of the replayed span during which some GPU op ran (busiest rank)
+    span_gpu_busy: float  # measured share of its span during which some GPU op ran (busiest rank)
 
     def to_dict(self) -> dict[str, Any]:
         ignored: dict[str, int] = {}
@@ -84,6 +84,8 @@ class ReplayResult:
             "ignored_events": ignored,
             "inferences": dict(self.replay_graph.notes),
             "files": [t.path for t in self.traces],
+            "ranks": [t.rank if t.rank is not None else i for i, t in enumerate(self.traces)],
+            "matched_ranks": list(self.replay_graph.matched_ranks),
         }
 
 
@@ -96,27 +98,37 @@ def replay(paths: list[str | Path], graph: ReplayGraph | None = None) -> ReplayR
 
 def replay_graph(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
     sim = simulate(rg.graph)
+    own = {t.rank if t.rank is not None else i: t for i, t in enumerate(traces)}
     steps = []
     for m in rg.steps:
         start = float(sim.end_s[m.start_task] if m.start_is_task_end else sim.start_s[m.start_task])
         end = float(sim.end_s[m.end_task] if m.end_is_task_end else sim.start_s[m.end_task])
-        busy = gpu_busy_share(sim, rg.gpu_task.get(m.rank, np.zeros(0, np.int64)), start, end)
-        steps.append(StepReplay(m.rank, m.step, m.measured_s, end - start, busy))
-    span = max((gpu_busy_share(sim, tasks, 0.0, sim.step_time_s) for tasks in rg.gpu_task.values()), default=0.0)
+        t = own[m.rank]
+        _, _, ts_us, dur_us = next(s_ for s_ in t.steps if s_[0] == m.step)
+        steps.append(StepReplay(m.rank, m.step, m.measured_s, end - start, measured_gpu_busy(t, ts_us, ts_us + dur_us)))
+    span = max((measured_gpu_busy(t, *_span_us(t)) for t in traces), default=0.0)
     return ReplayResult(traces, rg, sim, steps, breakdown(sim), span)
 
 
-def gpu_busy_share(sim: SimResult, tasks: np.ndarray, start_s: float, end_s: float) -> float:
-    """Share of [start_s, end_s] covered by the union of the tasks' replayed intervals."""
-    if end_s <= start_s or not tasks.size:
+def measured_gpu_busy(t: RankTrace, start_us: float, end_us: float) -> float:
+    """Share of [start_us, end_us] during which some GPU op of the trace ran, as measured: from
+    this rank's own events only, so it does not change with the other ranks' files beside it."""
+    if end_us <= start_us or not t.num_ops:
         return 0.0
-    lo = np.clip(sim.start_s[tasks], start_s, end_s)
-    hi = np.clip(sim.end_s[tasks], start_s, end_s)
+    lo = np.clip(t.op_ts_us, start_us, end_us)
+    hi = np.clip(t.op_ts_us + t.op_dur_us, start_us, end_us)
     order = np.argsort(lo, kind="stable")
     lo, hi = lo[order], np.maximum.accumulate(hi[order])
     # a gap opens where an interval starts after every earlier one has ended
-    gaps = np.maximum(0.0, lo[1:] - hi[:-1]).sum() + (lo[0] - start_s) + (end_s - hi[-1])
-    return float(1.0 - gaps / (end_s - start_s))
+    gaps = np.maximum(0.0, lo[1:] - hi[:-1]).sum() + (lo[0] - start_us) + (end_us - hi[-1])
+    return float(1.0 - gaps / (end_us - start_us))
+
+
+def _span_us(t: RankTrace) -> tuple[float, float]:
+    """First to last measured event (runtime call or GPU op) of a trace, µs."""
+    starts = [float(a.min()) for a in (t.call_ts_us, t.op_ts_us) if a.size]
+    ends = [float((a + d).max()) for a, d in ((t.call_ts_us, t.call_dur_us), (t.op_ts_us, t.op_dur_us)) if a.size]
+    return (min(starts), max(ends)) if starts else (0.0, 0.0)
 
 
 def replay_whatif(

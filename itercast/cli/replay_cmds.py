@@ -74,6 +74,20 @@ def replay_cmd(
         _print_replay(base, changed, counts)
 
 
+def _ranks_line(ranks: list[int], matched: list[int], nccl_meta: dict) -> str:
+    """Which ranks were loaded and whose collectives were matched into rendezvous."""
+    line = f"ranks loaded: {_ranks(ranks)}; "
+    if matched:
+        return line + f"collectives matched across ranks {_ranks(matched)} (replayed as transfers)"
+    if nccl_meta:
+        return line + "no collective matched across ranks: NCCL kernels keep their measured time (waits included)"
+    return line + "no NCCL kernels"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
 def _host_overheads(path: Path) -> HostOverheads:
     doc = load_calibration(path)
     if "host_overheads" not in doc:
@@ -98,6 +112,7 @@ def _print_replay(base: ReplayResult, changed: ReplayResult, counts: dict) -> No
         row = [str(s.rank), str(s.step), f"{s.measured_s * 1e3:.3f}", f"{s.replayed_s * 1e3:.3f}", f"{s.error:+.2%}"]
         table.add_row(*row, f"{s.gpu_busy:.0%}", *((f"{w.replayed_s * 1e3:.3f}",) if counts else ()))
     console.print(table)
+    console.print(_ranks_line(d["ranks"], d["matched_ranks"], base.replay_graph.nccl_meta), highlight=False)
     busy = [s.gpu_busy for s in base.steps] or [base.span_gpu_busy]
     if max(busy) < GPU_BOUND_BUSY:
         console.print(

@@ -13,36 +13,34 @@ Per rank (graph rank = trace rank):
   stream and the cudaEventRecord); otherwise inferred from `cudaStreamWaitEvent` (no stream ids in
   Kineto): the next op the thread launches waits for the latest op launched before the call on
   another stream, if the measured times allow it;
-- `cuda{Device,Stream,Event}Synchronize`, blocking `cudaMemcpy` and `cudaMemcpyAsync` to pageable host
-  memory (host_overheads.synchronising_calls): the call waits for the GPU op
-  whose measured end it waited for; its own duration becomes the part after that end;
+- host calls that waited for the GPU (host_waits: synchronisations, blocking copies, `.item()`,
+  launches held by a full launch queue) wait for the GPU ops they waited for and keep only their
+  own time, so a GPU-bound step follows its kernels under what-ifs;
 - host threads that sat idle while another thread ran its operators (the main thread during
   backward, the autograd thread during forward) wait for that thread's last runtime call in the
   stretch (_thread_waits), so a what-if that shortens one thread moves the other;
-- NCCL kernels are matched across the loaded ranks (process group + collective + order of issue,
-  or kernel name + order when the trace has no NCCL metadata) into rendezvous collectives whose
-  duration is the smallest member duration: the last member to arrive waits for nobody, so its
-  kernel time is the transfer (method "last_arrival"). Without peers, measured durations are kept.
+- NCCL kernels are matched across the loaded ranks into rendezvous collectives (rendezvous.py);
+  without peers, measured durations are kept.
 Every inference is checked against the measured times: an edge the measurements contradict is
 not added. `ReplayGraph.notes` counts what was inferred and what could not be.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
-from itercast.traces.host_overheads import synchronising_calls, thread_ops, waiting_stretches
+from itercast.traces.host_overheads import thread_ops, waiting_stretches
+from itercast.traces.host_waits import EPS_US, host_waits
 from itercast.traces.kineto import RankTrace
+from itercast.traces.rendezvous import match_collectives
+from itercast.traces.stream_waits import stream_wait_sources
 
-EPS_US = 1.0  # timestamps are µs; closer than this counts as "at the same time"
 DEFAULT_LAUNCH_LATENCY_US = 5.0
-WAIT_CALL = "cudaStreamWaitEvent"
-KERNEL_BASE = re.compile(r"^[^(<]+")
 
 
 @dataclass
@@ -79,11 +77,10 @@ class ReplayGraph:
     nccl_meta: dict[int, dict]  # task -> NCCL metadata (with "group_ranks" when known)
     notes: Counter = field(default_factory=Counter)
     host: dict[int, HostChain] = field(default_factory=dict)  # rank -> its host chains
+    matched_ranks: tuple[int, ...] = ()  # ranks whose collectives were matched across the loaded traces
 
     def with_durations(self, duration_s: np.ndarray) -> ReplayGraph:
-        return ReplayGraph(
-            self.graph.with_durations(duration_s), self.steps, self.gpu_task, self.nccl_meta, self.notes, self.host
-        )
+        return dataclasses.replace(self, graph=self.graph.with_durations(duration_s))
 
 
 def build_replay_graph(traces: list[RankTrace]) -> ReplayGraph:
@@ -97,13 +94,13 @@ def build_replay_graph(traces: list[RankTrace]) -> ReplayGraph:
     for index, trace in enumerate(traces):
         rank = trace.rank if trace.rank is not None else index
         host[rank] = _RankBuilder(b, trace, rank, t0, notes, steps, gpu_task, nccl_meta).build()
-    _match_collectives(b, traces, gpu_task, nccl_meta, notes)
+    matched = match_collectives(b, traces, gpu_task, nccl_meta, notes)
     graph = b.build()
     durations = graph.duration_s.copy()
     for task, meta in nccl_meta.items():
         if "transfer_s" in meta:
             durations[task] = meta["transfer_s"]
-    return ReplayGraph(graph.with_durations(durations), steps, gpu_task, nccl_meta, notes, host)
+    return ReplayGraph(graph.with_durations(durations), steps, gpu_task, nccl_meta, notes, host, matched)
 
 
 class _RankBuilder:
@@ -241,7 +238,7 @@ class _RankBuilder:
         t, b = self.t, self.b
         if not t.num_ops:
             return
-        waits = self._wait_sources()
+        waits = stream_wait_sources(self.t, self.call_of, self.notes)
         latencies, holder = self._launch_latencies(waits)
         measured = latencies[latencies >= 0]
         median = float(np.median(measured)) if measured.size else DEFAULT_LAUNCH_LATENCY_US
@@ -286,7 +283,7 @@ class _RankBuilder:
         gap_us = np.maximum(0.0, t.op_ts_us[queued] - (t.op_ts_us + t.op_dur_us)[holder[queued]])
         b.add_edges(task_of[holder[queued]], task_of[queued], gap_us * 1e-6)
         self.notes[f"rank {self.rank} GPU ops queued behind earlier work"] = int(queued.shape[0])
-        self._sync_edges(task_of)
+        self._host_waits(task_of)
 
     def _clock(self) -> int:
         if self.clock is None:
@@ -325,96 +322,19 @@ class _RankBuilder:
         holder[idle] = -1
         return lat, holder
 
-    def _wait_sources(self) -> dict[int, list[int]]:
-        """Producer ops each GPU op waits for on other streams. One sweep over calls in time order.
-
-        Explicit (a "Stream Wait Event" cuda_sync record names the producer stream and the
-        cudaEventRecord): the next op launched on the waiting stream waits for the last op launched on
-        the producer stream before that record. Otherwise (inferred from cudaStreamWaitEvent): the next
-        op the calling thread launches waits for the latest-ending op launched before the call on
-        another stream. Both only when the measured times allow it."""
-        t = self.t
-        explicit = {int(w[3]): (int(w[0]), int(w[1]), int(w[2])) for w in t.stream_waits.tolist()}
-        records = {rec for _, _, rec in explicit.values()}
-        if WAIT_CALL not in t.names and not explicit:
-            return {}
-        ends = t.op_ts_us + t.op_dur_us
-        call_of = self.call_of
-        op_of_call = dict(zip(call_of[call_of >= 0].tolist(), np.flatnonzero(call_of >= 0).tolist(), strict=True))
-        wait_name = t.names.index(WAIT_CALL) if WAIT_CALL in t.names else -1
-        next_launch: dict[int, int] = {}  # wait call -> the op it holds back
-        by_thread: dict[int, list[int]] = defaultdict(list)  # inferred waits still looking for a launch
-        by_stream: dict[int, list[int]] = defaultdict(list)  # explicit waits still looking for a launch
-        last_per_stream: dict[int, int] = {}
-        snapshot: dict[int, dict[int, int]] = {}  # record correlation -> streams' last ops at the record
-        found: list[tuple[int, dict[int, int], int | None]] = []  # (wait call, candidates, explicit producer stream)
-        for c in np.argsort(t.call_ts_us, kind="stable").tolist():
-            corr = int(t.call_corr[c])
-            if corr in records:
-                snapshot[corr] = dict(last_per_stream)
-            if corr in explicit:
-                stream, producer, rec = explicit[corr]
-                by_stream[stream].append(c)
-                found.append((c, snapshot.get(rec, {}), producer))
-            elif int(t.call_name[c]) == wait_name:
-                by_thread[int(t.call_tid[c])].append(c)
-                found.append((c, dict(last_per_stream), None))
-            k = op_of_call.get(c)
-            if k is not None:
-                for w in by_thread.pop(int(t.call_tid[c]), []) + by_stream.pop(int(t.op_stream[k]), []):
-                    next_launch[w] = k
-                last_per_stream[int(t.op_stream[k])] = k
-        out: dict[int, list[int]] = defaultdict(list)
-        for w, last, named in found:
-            nxt = next_launch.get(w)
-            if nxt is None:
-                self.notes["stream waits with no later launch"] += 1
-                continue
-            if named is not None:
-                cands = [last[named]] if named in last else []
-            else:
-                cands = [k for s_, k in last.items() if s_ != t.op_stream[nxt]]
-            cands = [k for k in cands if ends[k] <= t.op_ts_us[nxt] + EPS_US]
-            if cands:
-                out[nxt].append(max(cands, key=lambda k: ends[k]))
-                self.notes["stream waits from cuda_sync records" if named is not None else "stream waits inferred"] += 1
-            else:
-                self.notes["stream waits the measured times rule out"] += 1
-        return out
-
-    def _sync_edges(self, task_of: np.ndarray) -> None:
-        """Synchronising calls wait for the GPU op whose end they measurably waited for."""
-        t = self.t
-        call_of = self.call_of
-        syncs = np.flatnonzero(synchronising_calls(t, call_of))
-        if not syncs.size:
-            return
-        ends = t.op_ts_us + t.op_dur_us
-        op_launch_ts = np.where(call_of >= 0, t.call_ts_us[np.maximum(call_of, 0)], t.op_ts_us)
-        by_launch = np.argsort(op_launch_ts, kind="stable")
-        for c in syncs.tolist():
-            name = t.names[t.call_name[c]]
-            ts, te = t.call_ts_us[c], t.call_ts_us[c] + t.call_dur_us[c]
-            if name.startswith("cudaMemcpy"):  # a blocking copy waits for itself
-                before = np.flatnonzero(call_of == c)
-            else:
-                launched = by_launch[: int(np.searchsorted(op_launch_ts[by_launch], ts, side="right"))]
-                before = launched[ends[launched] <= te + EPS_US]
-            if not before.size:
-                continue
-            last_per_stream: dict[int, int] = {}
-            for k in before[np.argsort(op_launch_ts[before], kind="stable")].tolist():
-                last_per_stream[int(t.op_stream[k])] = k
-            waited = list(last_per_stream.values())
-            if name != "cudaDeviceSynchronize":
-                waited = [max(waited, key=lambda k: ends[k])]
-            task = int(self.call_task[c])
-            for k in waited:
-                self.b.edge(int(task_of[k]), task)
-            binding = max(ends[k] for k in waited)
-            if binding > ts:  # it waited: only the part after the GPU finished is the call's own time
-                self.b.set_duration(task, max(0.0, te - binding) * 1e-6)
-            self.notes["synchronisations linked to GPU ops"] += 1
+    def _host_waits(self, task_of: np.ndarray) -> None:
+        """Host calls that waited for the GPU wait for those ops and keep only their own time (host_waits)."""
+        waits, queue = host_waits(self.t, self.call_of)
+        if queue is not None:
+            how = "measured" if queue.measured else "default, never full in the trace"
+            self.notes[f"rank {self.rank} launch queue depth ({how})"] = queue.depth
+            self.b.add_edges(task_of[queue.frees], self.call_task[queue.calls])
+        for w in waits:
+            task = int(self.call_task[w.call])
+            for k in w.ops:
+                self.b.edge(int(task_of[k]), task, w.lag_us * 1e-6)
+            self.b.set_duration(task, w.own_us * 1e-6)
+            self.notes[w.kind] += 1
 
 
 def _first_us(t: RankTrace) -> float | None:
@@ -431,50 +351,3 @@ def _stream_kinds(t: RankTrace) -> dict[int, str]:
     )
     main = int(streams[np.argmax(busy)]) if busy.size and busy.max() > 0 else None
     return {int(s): ("compute" if s == main else f"stream:{s}") for s in streams.tolist()}
-
-
-def _match_collectives(
-    b: GraphBuilder, traces: list[RankTrace], gpu_task: dict, nccl_meta: dict, notes: Counter
-) -> None:
-    """Rendezvous NCCL kernels across the loaded ranks: k-th issue of a collective on a group."""
-    loaded = {t.rank if t.rank is not None else i for i, t in enumerate(traces)}
-    if len(traces) < 2:
-        if nccl_meta:
-            notes["NCCL kernels kept at measured time (peers not loaded)"] += len(nccl_meta)
-        return
-    seq: dict[tuple, dict[int, int]] = defaultdict(dict)
-    counters: Counter = Counter()
-    for i, t in enumerate(traces):
-        rank = t.rank if t.rank is not None else i
-        for k in np.argsort(t.op_ts_us, kind="stable").tolist():
-            task = int(gpu_task[rank][k]) if rank in gpu_task else None
-            if task is None or task not in nccl_meta:
-                continue
-            meta = nccl_meta[task]
-            group = meta.get("Process Group Ranks")
-            key = (group, meta.get("Collective name")) if group else ("?", _kernel_base(t.names[t.op_name[k]]))
-            counters[(rank, key)] += 1
-            seq[(key, counters[(rank, key)])][rank] = task
-    for (key, _), members in seq.items():
-        group = key[0]
-        expected = set(_parse_ranks(group)) & loaded if group != "?" else loaded
-        if set(members) != expected or len(members) < 2:
-            notes["NCCL kernels without all peers loaded (measured time kept)"] += len(members)
-            continue
-        coll = b.new_collective()
-        durations = [b.duration(task) for task in members.values()]
-        for task in members.values():
-            b.join_collective(task, coll)
-            nccl_meta[task]["transfer_s"] = min(durations)
-            nccl_meta[task]["method"] = "last_arrival"
-        notes["NCCL collectives matched across ranks"] += 1
-
-
-def _kernel_base(name: str) -> str:
-    """A kernel's name without its argument list or template arguments."""
-    m = KERNEL_BASE.match(name)
-    return m.group(0) if m else name
-
-
-def _parse_ranks(text: str) -> list[int]:
-    return [int(x) for x in re.findall(r"\d+", str(text))]

@@ -1,0 +1,158 @@
+"""Host calls that wait for the GPU are derived, not replayed: hand-built traces of each kind of wait,
+step times worked out by hand (µs)."""
+
+from __future__ import annotations
+
+import pytest
+from kineto_fixtures import call, cpu_op, kernel, step, write
+
+from itercast.replay import replay, replay_whatif
+from itercast.traces.whatif import WhatIf
+
+
+def memcpy(name: str, ts: float, dur: float, corr: int, stream: int = 7) -> dict:
+    return {**kernel(name, ts, dur, corr, stream), "cat": "gpu_memcpy"}
+
+
+def steps_us(paths, scale: dict[str, float]) -> tuple[float, float, float]:
+    """(measured, replayed, what-if) of the first step, µs."""
+    base, changed, _ = replay_whatif(paths, WhatIf(scale))
+    return base.steps[0].measured_s * 1e6, base.steps[0].replayed_s * 1e6, changed.steps[0].replayed_s * 1e6
+
+
+def one_kernel_then(sync: str) -> list[dict]:
+    """Step 0–100: launch 10–15 → GEMM 20–70 (launch latency 10); `sync` 30–75 waits until 70 and
+    then takes its own 5 µs; the host works 25 µs more until the step ends at 100."""
+    return [
+        step(1, 0, 100),
+        call("cudaLaunchKernel", 10, 5, corr=1),
+        kernel("volta_sgemm_128x64", 20, 50, corr=1),
+        call(sync, 30, 45),
+    ]
+
+
+@pytest.mark.parametrize("sync", ["cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"])
+def test_a_synchronisation_waits_for_the_kernel_and_keeps_only_its_own_time(tmp_path, sync):
+    path = [write(tmp_path / "t.json", one_kernel_then(sync))]
+    # ×2: GEMM 20–120, sync ends 120 + 5 = 125, host 25 more → 150
+    assert steps_us(path, {"gemm": 2}) == pytest.approx((100, 100, 150))
+    # ×0.5: GEMM 20–45, sync 45–50, host → 75
+    assert steps_us(path, {"gemm": 0.5}) == pytest.approx((100, 100, 75))
+
+
+def test_a_blocking_copy_waits_for_its_own_copy(tmp_path):
+    # cudaMemcpy 10–60 launches its copy 20–55 (latency 10), then 5 µs of its own; host 40 more → 100
+    events = [
+        step(1, 0, 100),
+        call("cudaMemcpy", 10, 50, corr=1),
+        memcpy("Memcpy DtoH (Device -> Pinned)", 20, 35, corr=1),
+    ]
+    path = [write(tmp_path / "t.json", events)]
+    # copy ×2: 20–90, call ends 95, host 40 more → 135
+    assert steps_us(path, {"memcpy": 2}) == pytest.approx((100, 100, 135))
+
+
+def test_an_async_copy_followed_by_a_sync_waits_for_the_kernel_before_it(tmp_path):
+    # GEMM 20–70; cudaMemcpyAsync 30–32 queues its copy behind it (70–72); the stream sync 35–77
+    # waits for the copy and takes 5 µs of its own; host 23 more → 100
+    events = [
+        step(1, 0, 100),
+        call("cudaLaunchKernel", 10, 5, corr=1),
+        kernel("volta_sgemm_128x64", 20, 50, corr=1),
+        call("cudaMemcpyAsync", 30, 2, corr=2),
+        memcpy("Memcpy DtoH (Device -> Pinned)", 70, 2, corr=2),
+        call("cudaStreamSynchronize", 35, 42),
+    ]
+    path = [write(tmp_path / "t.json", events)]
+    # GEMM ×2: 20–120, copy 120–122, sync ends 127, host 23 → 150
+    assert steps_us(path, {"gemm": 2}) == pytest.approx((100, 100, 150))
+
+
+def test_item_waits_for_its_scalar_copy_without_a_sync_call(tmp_path):
+    # .item(): aten::_local_scalar_dense 28–76 holds a cudaMemcpyAsync 30–75 to pinned memory (no
+    # sync call, not pageable): it waits for its copy, queued behind the GEMM at 70–72, then 3 µs
+    events = [
+        step(1, 0, 100),
+        call("cudaLaunchKernel", 10, 5, corr=1),
+        kernel("volta_sgemm_128x64", 20, 50, corr=1),
+        cpu_op("aten::_local_scalar_dense", 28, 48),
+        call("cudaMemcpyAsync", 30, 45, corr=2),
+        memcpy("Memcpy DtoH (Device -> Pinned)", 70, 2, corr=2),
+    ]
+    path = [write(tmp_path / "t.json", events)]
+    # GEMM ×2: 20–120, copy 120–122, call ends 125, host 25 more → 150
+    assert steps_us(path, {"gemm": 2}) == pytest.approx((100, 100, 150))
+
+
+def backpressure_trace() -> list[dict]:
+    """80 GEMMs of 100 µs back to back from 5 µs (GEMM i: 5 + 100 i to 105 + 100 i). Launches 0–70
+    take 1 µs each at t = i; the 71st finds 70 pending and waits until GEMM 0 ends (71–106);
+    launch j ≥ 72 starts where j − 1 ended and returns when GEMM j − 71 ends (at 106 + 100 (j − 71)):
+    launch 79 ends at 906; the host works 4 µs more and the step ends at 910."""
+    events = [step(1, 0, 910)]
+    ts = 0.0
+    for i in range(80):
+        end = i + 1.0 if i <= 70 else 106.0 + 100 * (i - 71)
+        events += [
+            call("cudaLaunchKernel", ts, end - ts, corr=i + 1),
+            kernel("sm80_gemm", 5 + 100 * i, 100, corr=i + 1),
+        ]
+        ts = end
+    return events
+
+
+def test_a_full_launch_queue_makes_the_host_wait_for_the_gpu(tmp_path):
+    path = [write(tmp_path / "t.json", backpressure_trace())]
+    base = replay(path)
+    assert base.steps[0].gpu_busy == pytest.approx(905 / 910)  # busy from 5 to 910
+    assert base.replay_graph.notes["rank 0 launch queue depth (measured)"] == 70
+    assert base.replay_graph.notes["launches held by a full launch queue"] == 9  # launches 71–79
+    # ×2: GEMM i ends at 205 + 200 i; launch 71 waits for GEMM 0 (205) and takes the 1 µs median;
+    # launch 79 waits for GEMM 8 (1805) → 1806, host 4 µs → 1810 (1.99× the 910 measured)
+    assert steps_us(path, {"gemm": 2}) == pytest.approx((910, 910, 1810))
+    # ×0.5: GEMM i ends at 55 + 50 i; launch 71 at 71 no longer waits (GEMM 0 ended at 55), 72 waits
+    # until 105, …, 79 until 455 → 456, host 4 → 460 (0.51×)
+    assert steps_us(path, {"gemm": 0.5}) == pytest.approx((910, 910, 460))
+
+
+def test_short_launches_with_a_shallow_queue_are_not_back_pressure(tmp_path):
+    # one slow launch (60 µs, 12× the 5 µs median) with one op pending: lazy loading, not a full queue
+    events = [
+        step(1, 0, 200),
+        call("cudaLaunchKernel", 0, 5, corr=1),
+        kernel("sm80_gemm", 10, 100, corr=1),
+        call("cudaLaunchKernel", 5, 5, corr=2),
+        kernel("sm80_gemm", 110, 20, corr=2),
+        call("cudaLaunchKernel", 10, 60, corr=3),
+        kernel("sm80_gemm", 130, 20, corr=3),
+    ]
+    path = [write(tmp_path / "t.json", events)]
+    r = replay(path)
+    assert "launches held by a full launch queue" not in r.replay_graph.notes
+    # the host's 60 µs are its own: the step stays 200 whatever the GPU does (no sync)
+    assert steps_us(path, {"gemm": 0.5}) == pytest.approx((200, 200, 200))
+
+
+def two_ranks(tmp_path):
+    """Rank 0: kernel 10–60 and an all-reduce 60–90 in step 0–100; rank 1 is late: its all-reduce
+    runs 85–90 (it arrived last, so 5 µs is the transfer)."""
+    paths = []
+    for rank, nccl_start in ((0, 60), (1, 85)):
+        events = [
+            step(1, 0, 100),
+            call("cudaLaunchKernel", 5, 2, corr=1),
+            kernel("sm80_gemm", 10, 50, corr=1),
+            call("cudaLaunchKernel", 8 + 40 * rank, 2, corr=2),
+            kernel("ncclKernel_AllReduce_RING_LL_Sum_float", nccl_start, 90 - nccl_start, corr=2, stream=9),
+        ]
+        paths.append(write(tmp_path / f"r{rank}.json", events, distributedInfo={"rank": rank, "world_size": 2}))
+    return paths
+
+
+def test_gpu_busy_of_a_rank_does_not_depend_on_the_other_files_loaded(tmp_path):
+    p0, p1 = two_ranks(tmp_path)
+    alone, both = replay([p0]), replay([p0, p1])
+    # rank 0 measured: GEMM 10–60 and all-reduce 60–90 → 80 µs of 100
+    assert alone.steps[0].gpu_busy == pytest.approx(0.8)
+    assert both.steps[0].gpu_busy == pytest.approx(0.8)
+    assert both.to_dict()["matched_ranks"] == [0, 1] and alone.to_dict()["matched_ranks"] == []
