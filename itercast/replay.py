@@ -141,7 +141,7 @@ def replay_whatif(
     traces = read_traces(list(paths))
     base = build_replay_graph(traces)
     flops = gemm_shapes(traces, base, list(execution_traces)) if execution_traces else None
-    changed, counts = apply_whatif(base, whatif, flops)
+    changed, counts = apply_whatif(base, traces, whatif, flops)
     if whatif.host is not None:
         changed, host_counts = apply_host_overheads(changed, traces, whatif.host)
         counts.update(host_counts)

@@ -74,6 +74,26 @@ def replay_cmd(
         _print_replay(base, changed, counts)
 
 
+def _print_collectives(counts: dict, total: int) -> None:
+    """With --system/--world-size: how many collectives were re-timed, and a warning for those kept."""
+    retimed = {k: n for k, n in counts.items() if k.startswith("re-timed ") and "GEMM" not in k}
+    kept = {k: n for k, n in counts.items() if k.startswith("NCCL kernels kept at measured time")}
+    if not retimed and not kept:
+        return
+    inferred = sum(n for k, n in retimed.items() if k.endswith("(size inferred)"))
+    console.print(
+        f"re-timed {sum(retimed.values())} of {total} collectives ({inferred} with sizes inferred from their "
+        "measured time on the trace's system)",
+        highlight=False,
+    )
+    if kept:
+        console.print(
+            f"[yellow]warning:[/] {sum(kept.values())} of {total} collectives keep their measured time: "
+            + "; ".join(f"{n} {k.removeprefix('NCCL kernels kept at measured time ')}" for k, n in kept.items()),
+            highlight=False,
+        )
+
+
 def _ranks_line(ranks: list[int], matched: list[int], nccl_meta: dict) -> str:
     """Which ranks were loaded and whose collectives were matched into rendezvous."""
     line = f"ranks loaded: {_ranks(ranks)}; "
@@ -120,6 +140,7 @@ def _print_replay(base: ReplayResult, changed: ReplayResult, counts: dict) -> No
             "step little or not at all; host what-ifs (--calibration) and synchronisations decide it",
             highlight=False,
         )
+    _print_collectives(counts, len(base.replay_graph.nccl_meta))
     for title, items in (("what-if", counts), ("inferred", d["inferences"]), ("events not used", d["ignored_events"])):
         if items:
             console.print(f"[bold]{title}:[/] " + "; ".join(f"{k}: {v}" for k, v in items.items()), highlight=False)

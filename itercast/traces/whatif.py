@@ -1,5 +1,6 @@
 """What-if changes to a replayed trace: scale or drop kernel classes, re-time NCCL collectives with
-the collective model of another system or another data-parallel world size (DESIGN.md §4, §7)."""
+the collective model of another system or another data-parallel world size (their sizes:
+collective_sizes.py), re-time GEMMs from execution-trace shapes, re-time the host (DESIGN.md §4, §7)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
-from itercast.hardware.topology import GroupPlacement
+from itercast.hardware.topology import place_group
+from itercast.traces.collective_sizes import collective_sizes
 from itercast.traces.host_overheads import HostOverheads, modelled_host_us, synchronising_calls, thread_ops
 from itercast.traces.kineto import RankTrace
 from itercast.traces.replay_graph import ReplayGraph
@@ -33,39 +35,6 @@ KERNEL_CLASSES: list[tuple[str, re.Pattern[str]]] = [
     )
 ]
 OP_FAMILY_CLASSES = {"memcpy": "memcpy", "memset": "memset"}
-NCCL_KINDS = {
-    "allreduce": "all_reduce",
-    "all_reduce": "all_reduce",
-    "allgather": "all_gather",
-    "_allgather_base": "all_gather",
-    "all_gather": "all_gather",
-    "all_gather_into_tensor": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "alltoall": "alltoall",
-    "all_to_all": "alltoall",
-    "alltoall_base": "alltoall",
-    "broadcast": "broadcast",
-}
-DTYPE_BYTES = {
-    "float": 4,
-    "float32": 4,
-    "half": 2,
-    "float16": 2,
-    "bfloat16": 2,
-    "bf16": 2,
-    "double": 8,
-    "int": 4,
-    "int32": 4,
-    "long": 8,
-    "int64": 8,
-    "byte": 1,
-    "char": 1,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-}
 
 
 def kernel_class(name: str, family: str = "kernel") -> str:
@@ -124,11 +93,12 @@ ET_DTYPES = {"Tensor(float)": "fp32", "Tensor(c10::Half)": "fp16", "Tensor(c10::
 
 def apply_whatif(
     rg: ReplayGraph,
+    traces: list[RankTrace],
     whatif: WhatIf,
     gemm_flops: dict[int, tuple[float, str]] | None = None,
 ) -> tuple[ReplayGraph, Counter]:
-    """A copy of the replay graph with changed GPU durations, and counts of what changed.
-    gemm_flops: GPU task → (FLOPs, dtype) for GEMMs whose shapes an execution trace gave."""
+    """A copy of the replay graph (built from `traces`) with changed GPU durations, and counts of
+    what changed. gemm_flops: GPU task → (FLOPs, dtype) for GEMMs whose shapes an execution trace gave."""
     g = rg.graph
     durations = g.duration_s.copy()
     changes: Counter = Counter()
@@ -145,32 +115,29 @@ def apply_whatif(
             durations[task] *= whatif.scale[cls]
             changes[f"scaled {cls}"] += 1
     if whatif.system is not None or whatif.world_size is not None:
-        _retime_collectives(rg, whatif, durations, changes)
+        _retime_collectives(rg, traces, whatif, durations, changes)
     if whatif.gpu is not None:
         _retime_gemms(whatif.gpu, gemm_flops or {}, durations, changes)
     return rg.with_durations(durations), changes
 
 
-def _retime_collectives(rg: ReplayGraph, whatif: WhatIf, durations: np.ndarray, changes: Counter) -> None:
+def _retime_collectives(
+    rg: ReplayGraph, traces: list[RankTrace], whatif: WhatIf, durations: np.ndarray, changes: Counter
+) -> None:
+    """Collectives re-timed on `whatif.system`'s model (over `whatif.world_size` GPUs if given) from
+    their sizes (collective_sizes: metadata, else inferred from their time on the trace's system)."""
     if whatif.system is None:
         raise ConfigError("what-if: --world-size re-times collectives with a system's model; also give --system")
-    system = load_system(whatif.system)
-    costs = AnalyticCostModel(system, "bf16")
-    gpn = system.node.gpus_per_node
-    for task, meta in rg.nccl_meta.items():
-        kind = NCCL_KINDS.get(str(meta.get("Collective name", "")).lower())
-        elems = meta.get("Out msg nelems" if kind == "all_gather" else "In msg nelems")
-        size = DTYPE_BYTES.get(str(meta.get("dtype", "")).lower())
-        if kind is None or elems is None or size is None:
-            changes["NCCL kernels kept (no collective/size metadata)"] += 1
-            continue
-        n = whatif.world_size or int(meta.get("Group size") or 0)
-        if n < 1:
-            changes["NCCL kernels kept (no group size)"] += 1
-            continue
-        group = GroupPlacement(n, -(-n // gpn), min(n, gpn))
-        durations[task] = costs.collective_s(kind, float(elems) * size, group)
-        changes[f"re-timed {kind} on {whatif.system}"] += 1
+    if not rg.nccl_meta:
+        raise ConfigError("what-if --system/--world-size: the traces hold no NCCL kernels to re-time")
+    costs = AnalyticCostModel(load_system(whatif.system), "bf16")
+    sizes, missing = collective_sizes(traces, rg.gpu_task, rg.nccl_meta, rg.graph.duration_s)
+    for task, size in sizes.items():
+        group = place_group(whatif.world_size or size.group_size, 1, costs.system.node.gpus_per_node)
+        durations[task] = costs.collective_s(size.kind, size.nbytes, group)
+        changes[f"re-timed {size.kind} on {whatif.system}" + (" (size inferred)" if size.inferred else "")] += 1
+    for why, n in missing.items():
+        changes[f"NCCL kernels kept at measured time ({why})"] += n
 
 
 def _retime_gemms(gpu: str, gemm_flops: dict[int, tuple[float, str]], durations: np.ndarray, changes: Counter) -> None:

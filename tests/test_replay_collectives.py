@@ -1,0 +1,98 @@
+"""Collective sizes for re-timing: from metadata, else inferred from the measured time on the trace's
+own system (flagged), else kept and counted; `replay` says how many it re-timed and which ranks it matched."""
+
+from __future__ import annotations
+
+import pytest
+from kineto_fixtures import call, cpu_op, kernel, step, write
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.config.job import load_system
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.hardware.topology import GroupPlacement
+from itercast.replay import replay_whatif
+from itercast.traces.collective_sizes import collective_sizes, infer_bytes, trace_system
+from itercast.traces.kineto import read_traces
+from itercast.traces.replay_graph import build_replay_graph
+from itercast.traces.whatif import WhatIf
+
+RUN = CliRunner()
+V100 = {"deviceProperties": [{"id": 0, "name": "Tesla V100-SXM2-32GB"}]}
+MIB = 1 << 20
+
+
+def all_reduce_s(system: str, nbytes: float, gpus: int) -> float:
+    return AnalyticCostModel(load_system(system), "bf16").collective_s(
+        "all_reduce", nbytes, GroupPlacement(gpus, 1, gpus)
+    )
+
+
+def nccl_step(nccl_us: float, names: tuple[str, ...] = ("ncclKernel_AllReduce_RING_LL_Sum_float",)) -> list[dict]:
+    """Step 0–(30 + n·nccl_us + 20): each NCCL kernel launched at 10 + …, back to back from 20; a
+    device sync waits for the last and takes 5 µs; the host 15 µs more."""
+    events: list[dict] = []
+    for i, name in enumerate(names):
+        events += [call("cudaLaunchKernel", 10 + i, 1, corr=i + 1), kernel(name, 20 + i * nccl_us, nccl_us, corr=i + 1)]
+    end = 20 + len(names) * nccl_us
+    events += [call("cudaDeviceSynchronize", 15, end + 5 - 15)]
+    return [step(1, 0, end + 20), *events]
+
+
+def test_size_inferred_from_the_time_recovers_the_bytes_on_the_traces_system(tmp_path):
+    # a 4 MiB fp32 all-reduce over 2 V100s takes t on the model; a kernel of t µs reads back as 4 MiB
+    t_s = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2)
+    assert infer_bytes("v100-p3.16xlarge", "all_reduce", 2, t_s) == pytest.approx(4 * MIB, rel=1e-9)
+    path = write(tmp_path / "t.json", nccl_step(t_s * 1e6), distributedInfo={"rank": 0, "world_size": 2}, **V100)
+    traces = read_traces([path])
+    assert trace_system(traces[0]) == "v100-p3.16xlarge"
+    rg = build_replay_graph(traces)
+    sizes, missing = collective_sizes(traces, rg.gpu_task, rg.nccl_meta, rg.graph.duration_s)
+    (size,) = sizes.values()
+    assert (size.kind, size.group_size, size.inferred) == ("all_reduce", 2, True)
+    assert size.nbytes == pytest.approx(4 * MIB, rel=1e-6) and not missing
+
+
+def test_retiming_an_inferred_collective_on_a_larger_group(tmp_path):
+    t_s = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2)
+    path = write(tmp_path / "t.json", nccl_step(t_s * 1e6), distributedInfo={"rank": 0, "world_size": 2}, **V100)
+    base, moved, counts = replay_whatif([path], WhatIf(system="v100-p3.16xlarge", world_size=8))
+    assert counts == {"re-timed all_reduce on v100-p3.16xlarge (size inferred)": 1}
+    # the step: kernel from 20 µs, then the sync's 5 µs and the host's 15 µs
+    assert moved.steps[0].replayed_s == pytest.approx(40e-6 + all_reduce_s("v100-p3.16xlarge", 4 * MIB, 8))
+    assert base.steps[0].replayed_s == pytest.approx(40e-6 + t_s)
+
+
+def test_sizes_from_record_param_comms_are_not_inferred(tmp_path):
+    comms = cpu_op("record_param_comms", 5, 20)
+    comms["args"] = {"Collective name": "allreduce", "In msg nelems": MIB, "dtype": "Float", "Group size": 2}
+    path = write(tmp_path / "t.json", [comms, *nccl_step(50)], **V100)
+    _, moved, counts = replay_whatif([path], WhatIf(system="dgx-h100"))
+    assert counts == {"re-timed all_reduce on dgx-h100": 1}
+    assert moved.steps[0].replayed_s == pytest.approx(40e-6 + all_reduce_s("dgx-h100", 4 * MIB, 2))
+
+
+def test_cli_counts_retimed_and_kept_collectives_and_names_the_ranks(tmp_path):
+    # SendRecv names no collective and has no metadata: it keeps its time; the all-reduce is inferred
+    t_us = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2) * 1e6
+    names = ("ncclKernel_AllReduce_RING_LL_Sum_float", "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8")
+    path = write(tmp_path / "t.json", nccl_step(t_us, names), distributedInfo={"rank": 3, "world_size": 2}, **V100)
+    out = RUN.invoke(app, ["replay", str(path), "--system", "dgx-h100"])
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "re-timed 1 of 2 collectives (1 with sizes inferred" in text
+    assert "warning: 1 of 2 collectives keep their measured time" in text
+    assert "ranks loaded: 3; no collective matched across ranks" in text
+
+
+def test_retiming_collectives_of_a_trace_without_any_is_one_line_exit_2(tmp_path):
+    path = write(
+        tmp_path / "t.json", [step(1, 0, 50), call("cudaLaunchKernel", 1, 1, corr=1), kernel("sgemm", 5, 9, corr=1)]
+    )
+    out = RUN.invoke(app, ["replay", str(path), "--system", "dgx-h100"])
+    assert out.exit_code == 2
+    assert (
+        out.output.count("\n") == 1
+        and "hold no NCCL kernels to re-time" in out.output
+        and "Traceback" not in out.output
+    )
