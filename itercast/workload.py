@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from itercast.config.job import Job, raw_sections
+from itercast.config.job import Job, blame_overrides, raw_sections
 from itercast.errors import ConfigError
 from itercast.predict import DLRMPrediction, Forecast, Prediction, predict, predict_dlrm
 from itercast.report import html_report as rep
@@ -208,9 +208,12 @@ def load_workload(
     its model section names."""
     raw = raw_sections(path, overrides, model, system)
     source = str(path) if path else "<command line>"
-    if is_dlrm_model(raw["model"]):
-        return DLRMWorkload(DLRMJob.from_dicts(raw["model"], raw["plan"], raw["system"], source))
-    return TransformerWorkload(Job.from_dicts(raw["model"], raw["plan"], raw["system"], source))
+    try:
+        if is_dlrm_model(raw["model"]):
+            return DLRMWorkload(DLRMJob.from_dicts(raw["model"], raw["plan"], raw["system"], source))
+        return TransformerWorkload(Job.from_dicts(raw["model"], raw["plan"], raw["system"], source))
+    except ConfigError as exc:
+        raise blame_overrides(exc, source, overrides) from None
 
 
 def compare_figures(w: TransformerWorkload | DLRMWorkload, r: Forecast) -> dict[str, float]:

@@ -2,30 +2,62 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import re
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
 
 from itercast.errors import ConfigError
 from itercast.workload import DLRMWorkload, TransformerWorkload, load_workload
 
+
+class Group(TyperGroup):
+    """A command group whose `-h/--help`, and its commands', shows no type (click's flag reads `<bool>`)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _untyped(super().get_help_option(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _untyped(command.get_help_option(ctx))
+        return command
+
+
+def _untyped(option: Any) -> Any:
+    """A help option shown without a type (an empty metavar)."""
+    if option is not None:
+        option.metavar = ""
+    return option
+
+
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Forecast distributed deep-learning training before paying for the GPUs.",
 )
-console = Console()
+#: stdout's width when it is no terminal (a pipe, a file): wide enough that no table column is cut to
+#: `…` (a terminal keeps its own width, and rich wraps or folds what does not fit)
+PIPE_WIDTH = 1_000
+console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 EXAMPLE = "gpt3-175b-a100.yaml"
 EXIT_OOM = 3  # `predict --strict`: the plan does not fit in memory
 
@@ -99,6 +131,10 @@ SetOpt = Annotated[
 ExampleOpt = Annotated[bool, typer.Option(metavar="", help=f"Use the built-in example job ({EXAMPLE}).")]
 JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print a JSON object instead of a table.")]
 BatchPerRankOpt = Annotated[int, typer.Option(min=1, max=10_000_000, help="DLRM: samples per GPU per step.")]
+FormatOpt = Annotated[
+    str,
+    typer.Option("--format", metavar="table|csv|json", help="Output: a table, CSV rows, or JSON (as --json)."),
+]
 CalibrationOpt = Annotated[
     Path | None,
     typer.Option(metavar="FILE", help="Calibration file from `itercast calibrate` (else the built-in curves)."),
@@ -140,6 +176,36 @@ def sizes_option(text: str, option: str) -> tuple[int, ...]:
     if not sizes or sizes[0] < 1 or sizes[-1] > 10_000_000:
         raise ConfigError(f"{option}: expected sizes in 1..10000000; got {text!r}")
     return sizes
+
+
+def output_format(fmt: str, as_json: bool) -> str:
+    """--format's value (--json stands for --format json); a wrong one is one error line."""
+    if fmt not in ("table", "csv", "json"):
+        fail(f"--format: expected table, csv or json; got {fmt!r}")
+    return "json" if as_json else fmt
+
+
+def show_table(headers: list[str], rows: list[list[str]], fmt: str, title: str | None = None) -> None:
+    """Rows as a table (first column left, the others right; off a terminal never cut, module
+    PIPE_WIDTH) or, with fmt "csv", as CSV lines with a header."""
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(headers)
+        writer.writerows([[_plain(cell) for cell in row] for row in rows])
+        typer.echo(buffer.getvalue(), nl=False)
+        return
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, name in enumerate(headers):
+        table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def _plain(cell: str) -> str:
+    """A table cell as a CSV reader parses it: `183,127` → `183127` (no thousands separators)."""
+    return cell.replace(",", "") if re.fullmatch(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?", cell) else cell
 
 
 def seconds(value_s: float) -> str:

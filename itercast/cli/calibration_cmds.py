@@ -8,13 +8,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from itercast.cli.app import app, console, fail, sizes_option
+from itercast.cli.app import Group, app, console, fail, sizes_option
 from itercast.config.job import load_system
 from itercast.errors import ConfigError
 from itercast.profile.calibrate import CalibrationError
 from itercast.traces.host_overheads import HostOverheads
 
-profile_app = typer.Typer(no_args_is_help=True, help="Measure kernels on this device, or import outside measurements.")
+profile_app = typer.Typer(
+    cls=Group, no_args_is_help=True, help="Measure kernels on this device, or import outside measurements."
+)
 app.add_typer(profile_app, name="profile")
 IMPORTERS = ("alpa", "nccl-tidy", "nccl-log", "xla-matmul", "xla-collective")
 HOST_KINDS = (  # (field, type, where) of the per-operator host overheads

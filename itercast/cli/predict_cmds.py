@@ -12,6 +12,7 @@ from itercast.cli.app import (
     EXIT_OOM,
     CalibrationOpt,
     ExampleOpt,
+    FormatOpt,
     JobFileArg,
     JsonOpt,
     ModelOpt,
@@ -22,6 +23,8 @@ from itercast.cli.app import (
     echo_json,
     fail,
     load_job,
+    output_format,
+    show_table,
     warn,
 )
 from itercast.errors import ConfigError, DeadlockError
@@ -157,12 +160,14 @@ def compare_cmd(
     job_b: Annotated[Path, typer.Argument(metavar="B", help="Second, of the same kind.")],
     set_: SetOpt = None,
     as_json: JsonOpt = False,
+    fmt: FormatOpt = "table",
 ) -> None:
     """Two jobs of one workload side by side: step time, throughput, memory, and the difference per
     breakdown part (`--set` applies to both); or two saved `search --json` results (their fastest
     plans) or two `replay --json` results."""
     from itercast.cli.report_cmds import result_figures
 
+    fmt = output_format(fmt, as_json)
     try:
         if {job_a.suffix, job_b.suffix} == {".json"}:
             (kind_a, fig_a), (kind_b, fig_b) = result_figures(job_a), result_figures(job_b)
@@ -175,12 +180,10 @@ def compare_cmd(
         rows = {k: (v, fig_b[k]) for k, v in fig_a.items() if k in fig_b}
     except (ConfigError, DeadlockError, ValueError) as exc:
         fail(str(exc).replace("\n", "\n  "))
-    if as_json:
+    if fmt == "json":
         echo_json({k: {"a": x, "b": y, "b_minus_a": y - x} for k, (x, y) in rows.items()})
         return
-    table = Table(title=f"A = {job_a}, B = {job_b}")
-    for col in ("", "A", "B", "B − A", "B / A"):
-        table.add_column(col, justify="right")
-    for key, (x, y) in rows.items():
-        table.add_row(key, f"{x:,.4g}", f"{y:,.4g}", f"{y - x:+,.4g}", f"{y / x:.3f}" if x else "")
-    console.print(table)
+    cells = [
+        [key, f"{x:,.4g}", f"{y:,.4g}", f"{y - x:+,.4g}", f"{y / x:.3f}" if x else ""] for key, (x, y) in rows.items()
+    ]
+    show_table(["", "A", "B", "B − A", "B / A"], cells, fmt, f"A = {job_a}, B = {job_b}")

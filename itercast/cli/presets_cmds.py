@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from itercast.cli.app import app, console, fail
+from itercast.cli.app import Group, app, console, fail
 from itercast.config.presets import preset_names, preset_source
 from itercast.errors import ConfigError
 
@@ -56,7 +56,9 @@ def _type_name(ann: object) -> str:
     return "None" if ann is type(None) else getattr(ann, "__name__", str(ann))
 
 
-presets_app = typer.Typer(help="Model and system presets: list them, or show one.", invoke_without_command=True)
+presets_app = typer.Typer(
+    cls=Group, help="Model and system presets: list them, or show one.", invoke_without_command=True
+)
 app.add_typer(presets_app, name="presets")
 
 

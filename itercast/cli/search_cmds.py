@@ -17,6 +17,7 @@ from rich.table import Table
 
 from itercast.cli.app import (
     ExampleOpt,
+    FormatOpt,
     JobFileArg,
     JsonOpt,
     ModelOpt,
@@ -28,7 +29,9 @@ from itercast.cli.app import (
     fail,
     finite,
     load_job,
+    output_format,
     resolve_job_file,
+    show_table,
     sizes_option,
     working,
 )
@@ -54,6 +57,7 @@ def search_cmd(
     set_: SetOpt = None,
     example: ExampleOpt = False,
     as_json: JsonOpt = False,
+    fmt: FormatOpt = "table",
     num_nodes_range: Annotated[
         str | None,
         typer.Option(metavar="LO:HI|N,N,…", help="Node counts: all in LO..HI, or those listed (default: the system's)"),
@@ -106,6 +110,7 @@ def search_cmd(
     --num-nodes-range the GPU count) for the fastest plans that fit. The job's plan gives the fields
     every plan shares (dtype, global batch, …); `--set plan.FIELD=VALUE` fixes a searched field.
     A DLRM job: its embedding shardings × samples per GPU (--batches), by samples per second."""
+    fmt = output_format(fmt, as_json)
     job_file = resolve_job_file(job_file, example, model, system)
     try:
         raw = raw_sections(job_file, set_ or [], model, system)
@@ -114,7 +119,7 @@ def search_cmd(
     if is_dlrm_model(raw["model"]):
         w = load_job(job_file, False, model, system, set_)
         assert isinstance(w, DLRMWorkload)
-        _search_dlrm(w, batches, top, as_json)
+        _search_dlrm(w, batches, top, fmt)
         return
     try:
         options = SpaceOptions(
@@ -130,21 +135,23 @@ def search_cmd(
         request = replace(request, objective=check_objective(objective), token_budget=token_budget)
         if memory_headroom_gib is not None:
             request = replace(request, memory_headroom_bytes=memory_headroom_gib * 2**30)
-        with _progress(len(request.node_counts), quiet=as_json) as report:
+        with _progress(len(request.node_counts), quiet=fmt != "table") as report:
             result = run_search(request, backend, workers, report)
     except ConfigError as exc:
         fail(str(exc).replace("\n", "\n  "))
-    if as_json:
+    if fmt == "json":
         echo_json(result.to_dict())
+    elif fmt == "csv":
+        show_table(*_plan_rows(result, request), "csv")
     else:
         _print(result, request)
 
 
-def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, as_json: bool) -> None:
+def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str) -> None:
     """A DLRM's shardings × batch per GPU (search/dlrm_search.py), fastest in samples per second first."""
     try:
         sizes = sizes_option(batches, "--batches") if batches else default_batches(w.job.plan.batch_per_rank)
-        with working("pricing shardings × batches…", as_json):
+        with working("pricing shardings × batches…", fmt != "table"):
             found, evaluated = search_dlrm(w.job, sizes)
     except (ConfigError, ValueError) as exc:  # ValueError: no sharding fits
         fail(str(exc).replace("\n", "\n  "))
@@ -159,23 +166,23 @@ def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, as_json: bool) 
         }
         for r in found[:top]
     ]
-    if as_json:
+    if fmt == "json":
         echo_json({"model": w.name, "world_size": w.num_gpus, "evaluated": evaluated, "plans": plans})
         return
-    console.print(f"{w.headline()}: {evaluated:,} plans priced", highlight=False, markup=False)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("#", "batch/GPU", "samples/s", "ms/step", "GiB", "sharding"):
-        table.add_column(col, justify="left" if col == "sharding" else "right")
-    for i, r in enumerate(found[:top], 1):
-        table.add_row(
+    rows = [
+        [
             str(i),
             str(r.batch_per_rank),
             f"{r.samples_per_s:,.0f}",
             f"{r.step.step_time_s * 1e3:.3f}",
             f"{r.step.memory_per_gpu_bytes / 2**30:.1f}" + ("" if r.step.fits else " OOM"),
             sharding_summary(r.sharding),
-        )
-    console.print(table)
+        ]
+        for i, r in enumerate(found[:top], 1)
+    ]
+    if fmt == "table":
+        console.print(f"{w.headline()}: {evaluated:,} plans priced", highlight=False, markup=False)
+    show_table(["#", "batch/GPU", "samples/s", "ms/step", "GiB", "sharding"], rows, fmt)
 
 
 def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, options: SpaceOptions) -> SearchRequest:
@@ -225,6 +232,39 @@ def _progress(total: int, quiet: bool) -> Iterator[Progress | None]:
         yield lambda done, _total: bar.update(task, completed=done)
 
 
+def _plan_rows(result: SearchResult, request: SearchRequest) -> tuple[list[str], list[list[str]]]:
+    """The plans shown: headers and one row each."""
+    moe = request.model.is_moe
+    headers = ["#", "GPUs", "dp×tp×pp×cp", *(["ep×etp"] if moe else []), "vp", "gbs", "mbs", "sched", "ZeRO"]
+    headers += ["recomp", "SP", "ovl", "s/step", "tok/s", "GPU-h/Mtok", "MFU", "GiB"]
+    rows = []
+    for i, r in enumerate(result.plans, 1):
+        p = r["plan"]
+        sizes = f"{p['data_parallel']}×{p['tensor_parallel']}×{p['pipeline_parallel']}×{p['context_parallel']}"
+        rows.append(
+            [
+                str(i),
+                str(r["num_gpus"]),
+                sizes,
+                *([f"{p['expert_parallel']}×{p['expert_tensor_parallel']}"] if moe else []),
+                str(p["virtual_pipeline"]),
+                str(p["global_batch_size"]),
+                str(p["micro_batch_size"]),
+                {"interleaved-1f1b": "i-1f1b"}.get(p["schedule"], p["schedule"]),
+                str(p["zero_stage"]),
+                p["recompute"],
+                "y" if p["sequence_parallel"] else "n",
+                ("g" if p["overlap_grad_reduce"] else "-") + ("p" if p["overlap_param_gather"] else "-"),
+                f"{r['step_time_s']:.3f}",
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['gpu_hours_per_token'] * 1e6:.3g}",
+                f"{r['mfu']:.1%}",
+                f"{r['memory_per_gpu_bytes'] / 2**30:.1f}" + ("" if r["fits"] else " OOM"),
+            ]
+        )
+    return headers, rows
+
+
 def _print(result: SearchResult, request: SearchRequest) -> None:
     m, s = request.model, request.system
     console.print(
@@ -234,55 +274,8 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
         f"({result.seconds:.1f} s)",
         highlight=False,
     )
-    table = Table(
-        title=f"fastest {len(result.plans)}: graph simulation (fast path within {result.fast_vs_graph_max:.1%})",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    moe = request.model.is_moe
-    for col in (
-        "#",
-        "GPUs",
-        "dp×tp×pp×cp",
-        *(["ep×etp"] if moe else []),
-        "vp",
-        "gbs",
-        "mbs",
-        "sched",
-        "ZeRO",
-        "recomp",
-        "SP",
-        "ovl",
-        "s/step",
-        "tok/s",
-        "GPU-h/Mtok",
-        "MFU",
-        "GiB",
-    ):
-        table.add_column(col, justify="right", no_wrap=True)
-    for i, r in enumerate(result.plans, 1):
-        p = r["plan"]
-        sizes = f"{p['data_parallel']}×{p['tensor_parallel']}×{p['pipeline_parallel']}×{p['context_parallel']}"
-        table.add_row(
-            str(i),
-            str(r["num_gpus"]),
-            sizes,
-            *([f"{p['expert_parallel']}×{p['expert_tensor_parallel']}"] if moe else []),
-            str(p["virtual_pipeline"]),
-            str(p["global_batch_size"]),
-            str(p["micro_batch_size"]),
-            {"interleaved-1f1b": "i-1f1b"}.get(p["schedule"], p["schedule"]),
-            str(p["zero_stage"]),
-            p["recompute"],
-            "y" if p["sequence_parallel"] else "n",
-            ("g" if p["overlap_grad_reduce"] else "-") + ("p" if p["overlap_param_gather"] else "-"),
-            f"{r['step_time_s']:.3f}",
-            f"{r['tokens_per_s']:,.0f}",
-            f"{r['gpu_hours_per_token'] * 1e6:.3g}",
-            f"{r['mfu']:.1%}",
-            f"{r['memory_per_gpu_bytes'] / 2**30:.1f}" + ("" if r["fits"] else " OOM"),
-        )
-    console.print(table)
+    title = f"fastest {len(result.plans)}: graph simulation (fast path within {result.fast_vs_graph_max:.1%})"
+    show_table(*_plan_rows(result, request), "table", title)
     console.print(f"{result.framework}; {result.headroom}", highlight=False)
     if result.plans:
         console.print(f"launch settings of plan 1 ({result.framework}):", highlight=False)

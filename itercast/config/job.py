@@ -5,6 +5,7 @@ Every check names the fields and their values; all problems are reported at once
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -155,12 +156,38 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         value = plain_yaml(text, f"--set {key}") if text.strip() else None
     except yaml.YAMLError:
         value = text
+    if isinstance(value, str):
+        value = _float_literal(value)
     target = raw.setdefault(parts[0], {})
     if isinstance(target, str):
         target = raw[parts[0]] = {"preset": target}
     for part in parts[1:-1]:
         target = target.setdefault(part, {})
     target[parts[-1]] = value
+
+
+def _float_literal(text: str) -> Any:
+    """A finite number Python's float() reads (`2e11`, `1_000.5`), which YAML 1.1 leaves a string
+    (it wants `2.0e+11`): a whole one as an int (`2e3` → 2000, for integer fields; float fields take
+    ints too), else a float; anything else as given."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(value):
+        return text
+    return int(value) if value.is_integer() else value
+
+
+def blame_overrides(exc: ConfigError, source: str, overrides: list[str] | tuple[str, ...]) -> ConfigError:
+    """The error with each line about a field a `--set` gave naming that option instead of `source`
+    (a packaged example or a job file the user did not write that value in)."""
+    given = {item.partition("=")[0].strip(): item for item in overrides}
+    lines = []
+    for line in str(exc).splitlines():
+        key = next((k for k in given if line.startswith(f"{source}: `{k}`")), None)
+        lines.append(f"--set {given[key]}{line.removeprefix(source)}" if key else line)
+    return ConfigError("\n".join(lines))
 
 
 def _parse(section: str, raw: dict[str, Any], source: str) -> BaseModel:
