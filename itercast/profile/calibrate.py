@@ -15,6 +15,8 @@ on the other folds (the predictive model of pipeDejavu), as geomean |predicted/m
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -249,7 +251,39 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
             f"{path}: calibration version {doc.get('version')!r}; this itercast reads "
             f"version {VERSION} — re-run `itercast calibrate` on the profiling database"
         )
+    _check_curves(doc, path)
     return merge_calibration(doc, str(path))
+
+
+#: curve parameters (costs/curves.py, costs/collectives.py, the embedding's linear fit): finite numbers;
+#: all but log_half (a log2 of bytes) also ≥ 0, as times, rates and efficiencies are
+_PARAMETER = re.compile(r"e_max|gamma|log_half|alpha\w*|s_per_\w+|\w+_s")
+
+
+def _check_curves(doc: dict[str, Any], path: Path) -> None:
+    """Every curve section a mapping and every curve parameter a finite number in its range: one
+    CalibrationError naming the file, the field, what was expected and what it holds."""
+    for section in ("gemm", "memory", "embedding", "collectives", "operators"):
+        if section in doc and not isinstance(doc[section], dict):
+            got = type(doc[section]).__name__
+            raise CalibrationError(f"{path}: `{section}`: expected a mapping of fits; got {got}")
+    stack: list[tuple[str, Any]] = [(s, doc[s]) for s in ("gemm", "memory", "embedding", "collectives") if s in doc]
+    while stack:
+        where, node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            field = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]"
+            if isinstance(key, str) and _PARAMETER.fullmatch(key):
+                _check_parameter(path, field, value, negative=key == "log_half")
+            elif isinstance(value, dict | list):
+                stack.append((field, value))
+
+
+def _check_parameter(path: Path, field: str, value: Any, negative: bool) -> None:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or (value < 0 and not negative):
+        expected = "a finite number" if negative else "a finite number ≥ 0"
+        raise CalibrationError(f"{path}: `{field}`: expected {expected}; got {value!r:.60}")
 
 
 def merge_calibration(doc: dict[str, Any], where: str = "<calibration>") -> dict[str, Any]:
