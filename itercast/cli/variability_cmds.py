@@ -304,14 +304,21 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
         out["p_within"] = {"t_s": within_s, "probability": float(np.mean(sampled <= within_s))}
     if as_json:
         echo_json(out)
-        return
+    else:
+        _print_trace(out, measured)
+
+
+def _print_trace(out: dict[str, Any], measured: Any) -> None:
+    """The traces' steps and sampled quantiles, then each class's spread and its share of the p95."""
+    import numpy as np
+
     head = Table(show_header=False, box=None)
     head.add_row("steps in the traces", f"{measured.size} (measured median {np.median(measured) * 1e3:.2f} ms)")
     head.add_row(
         "step quantiles", "  ".join(f"{k[:3]} {out[k] * 1e3:.2f} ms" for k in ("p50_s", "p90_s", "p95_s", "p99_s"))
     )
     if "p_within" in out:
-        head.add_row(f"P(step ≤ {within_s} s)", f"{out['p_within']['probability']:.1%}")
+        head.add_row(f"P(step ≤ {out['p_within']['t_s']} s)", f"{out['p_within']['probability']:.1%}")
     console.print(head)
     table = Table(title="per class: spread fitted on the repeated steps, and p95 with half of it")
     for col in ("class", "tasks", "residual CV", "step-factor CV", "p95 change"):
