@@ -156,3 +156,17 @@ def test_gpu_busy_of_a_rank_does_not_depend_on_the_other_files_loaded(tmp_path):
     assert alone.steps[0].gpu_busy == pytest.approx(0.8)
     assert both.steps[0].gpu_busy == pytest.approx(0.8)
     assert both.to_dict()["matched_ranks"] == [0, 1] and alone.to_dict()["matched_ranks"] == []
+
+
+def test_a_queue_never_full_in_the_trace_holds_the_host_at_the_default_depth(tmp_path):
+    # 1,030 launches of 1 µs back to back from 0; GEMM i runs 2 + 100 i to 102 + 100 i. At the last
+    # launch (1,029 µs) 11 GEMMs have started: 1,018 pending, never the 1,024 of a full queue.
+    events = [step(1, 0, 1040)]
+    for i in range(1030):
+        events += [call("cudaLaunchKernel", i, 1, corr=i + 1), kernel("sm80_gemm", 2 + 100 * i, 100, corr=i + 1)]
+    path = [write(tmp_path / "t.json", events)]
+    assert replay(path).replay_graph.notes["rank 0 launch queue depth (default, never full in the trace)"] == 1024
+    # ×10: GEMM k ends at 1,002 + 1,000 k. Launch j ≥ 1,025 needs GEMM j − 1,025 done: launch 1,025
+    # still goes at 1,025 (GEMM 0 ended at 1,002); 1,026 waits until 2,002 (+1 µs), 1,027 until 3,002,
+    # 1,028 until 4,002, 1,029 until 5,002 → 5,003; the host's last 10 µs → 5,013
+    assert steps_us(path, {"gemm": 10}) == pytest.approx((1040, 1040, 5013))
