@@ -1,1 +1,1 @@
-"""Pipeline schedules and process-group layout."""
+"""Pipeline schedules (schedules.py) and many plans as numpy columns (plan_table.py)."""

@@ -1,1 +1,3 @@
-"""Stochastic behaviour: failures and time-to-train (variability models arrive with issue #5)."""
+"""Stochastic behaviour: variability of a predicted step (variability.py) or fitted on traces
+(trace_variability.py, distributions.py), where slow GPUs hurt least (placement.py), and time to
+train with failures and checkpoints (time_to_train.py)."""

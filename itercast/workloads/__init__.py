@@ -1,1 +1,2 @@
-"""Workload builders: a model + plan → the ops of one micro-batch and the ExecGraph of one step."""
+"""Workload builders: a transformer's ops per layer and step graph, a DLRM's step under an embedding
+sharding; itercast/workload.py puts them behind one interface."""
