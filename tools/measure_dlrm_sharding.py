@@ -9,7 +9,7 @@ sharding semantics, so that what is timed is what workloads/dlrm.py models:
 - table-wise / column-wise: the owner pools its table (or its columns) for all W·b samples and
   sends each rank its b rows (point-to-point sends, as an all-to-all would); backward, each rank
   sends the pooled gradients back and the owner updates the distinct rows it looked up (row-wise
-  Adagrad, one fp32 state per row: profile/microbench.rowwise_adagrad_update, the update that
+  Adagrad, one fp32 state per row: profile/op_calls.rowwise_adagrad_update, the update that
   `itercast profile` times on its own);
 - row-wise: each rank holds a block of rows, pools the lookups that fall in it for all samples,
   and the partial sums of all row-wise tables are reduce-scattered at once; backward, their pooled
@@ -38,7 +38,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from itercast.profile.microbench import rowwise_adagrad_update
+from itercast.profile.op_calls import rowwise_adagrad_update
 
 #: the shardings measured in every set (2 ranks; dlrm-small's tables t0..t3), chosen before any
 #: prediction was made to span the strategies: each uniform one, two mixes, one badly balanced

@@ -57,7 +57,8 @@ TESTS = {
     "workloads/transformer.py": _t("golden", "step_by_hand", "bounds_by_hand", "moe", "ops_and_costs", "pipeline"),
     "memory.py": _t("memory", "memory_by_hand", "golden", "moe"),
     "search/fast_estimate.py": _t("fast_estimate", "bounds_by_hand"),
-    "workloads/dlrm.py": _t("dlrm", "dlrm_by_hand"),
+    "workloads/dlrm/step.py": _t("dlrm", "dlrm_by_hand"),
+    "workloads/dlrm/embedding.py": _t("dlrm", "dlrm_by_hand"),
     "costs/analytic.py": _t("costs_by_hand", "ops_and_costs", "golden"),
     "hardware/topology.py": _t("costs_by_hand", "ops_and_costs"),
     "parallel/schedules.py": _t("pipeline", "memory", "golden"),
@@ -70,7 +71,8 @@ TESTS = {
 }
 
 OPS, TF, MEM, FAST = "workloads/transformer_ops.py", "workloads/transformer.py", "memory.py", "search/fast_estimate.py"
-DLRM, COST, TOPO, SCHED = "workloads/dlrm.py", "costs/analytic.py", "hardware/topology.py", "parallel/schedules.py"
+DLRM, COST, TOPO, SCHED = "workloads/dlrm/step.py", "costs/analytic.py", "hardware/topology.py", "parallel/schedules.py"
+EMB = "workloads/dlrm/embedding.py"
 VAR, TTT, SLICE = "stochastic/variability.py", "stochastic/time_to_train.py", "search/stage_slicing.py"
 M = Mutant
 # fmt: off
@@ -199,15 +201,15 @@ MUTANTS: tuple[Mutant, ...] = (
       "Adam reads its state but writes nothing"),
     M(DLRM, 'memory_s("elementwise", 4 * dense_bytes)', 'memory_s("elementwise", 2 * dense_bytes)',
       "DDP's copy-in without the division by the world size"),
-    M(DLRM, "table.num_rows * (3 * table.embedding_dim * F32", "table.num_rows * (2 * table.embedding_dim * F32",
+    M(EMB, "table.num_rows * (3 * table.embedding_dim * F32", "table.num_rows * (2 * table.embedding_dim * F32",
       "replica update skips the gradient read"),
-    M(DLRM, "ShardWork(B * P / world, table.num_rows / world", "ShardWork(B * P, table.num_rows / world",
+    M(EMB, "ShardWork(B * P / world, table.num_rows / world", "ShardWork(B * P, table.num_rows / world",
       "row-wise shard looks up every index"),
-    M(DLRM, "part = d // len(shard.ranks)", "part = d", "column-wise shard holds every column"),
+    M(EMB, "part = d // len(shard.ranks)", "part = d", "column-wise shard holds every column"),
     M(DLRM, "top_bwd += 2 * float(costs.gemm_s(", "top_bwd += float(costs.gemm_s(", "dot interaction backward 1 GEMM"),
     M(DLRM, "work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES", "work.lookups * INDEX_BYTES",
       "input distribution without bag lengths"),
-    M(DLRM, "distinct * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES)", "distinct * (work.dim * F32 + ADAGRAD_ROW_BYTES)",
+    M(EMB, "distinct * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES)", "distinct * (work.dim * F32 + ADAGRAD_ROW_BYTES)",
       "Adagrad update reads rows but writes none"),
     M(DLRM, "dense_bytes = model.mlp_params() * F32 + dp_bytes", "dense_bytes = model.mlp_params() * F32",
       "replicated tables' gradients not all-reduced"),

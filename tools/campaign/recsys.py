@@ -4,7 +4,7 @@ DLRM shard sizes under uniform and Zipf indices, and single-GPU DLRM training st
 FBGEMM-GPU's fused kernels are not measured: its wheels (hundreds of MB, built per torch and CUDA
 release) cannot travel to the bare GPU machine (64 MiB per call). The update timed is the eager
 row-wise Adagrad that `itercast profile` and the CPU sharding measurement time
-(profile/microbench.rowwise_adagrad_update), so the three measure the same operation.
+(profile/op_calls.rowwise_adagrad_update), so the three measure the same operation.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def run_embedding(ctx: Context, budget: Budget) -> str:
     from measure_dlrm_sharding import draw
 
     from itercast.costs.op_model import ZIPF_ALPHA
-    from itercast.profile.microbench import rowwise_adagrad_update
+    from itercast.profile.op_calls import rowwise_adagrad_update
 
     grid = EMBEDDING["dry" if ctx.dry else "full"]
     fields = ["rows", "dim", "pooling", "bags", "distribution", "op", "lookups", "unique_rows", *TIME_FIELDS]
@@ -53,7 +53,7 @@ def run_embedding(ctx: Context, budget: Budget) -> str:
             "fp32 table, sum pooling, fixed pooling per bag; indices: uniform or Zipf α=1.05 with the popular rows "
             "scattered by a random permutation (tools/measure_dlrm_sharding.py draw)",
             "op: fwd (F.embedding_bag); bwd (torch.autograd.grad of the table: the dense gradient, DDP's path); "
-            "update (row-wise Adagrad of the looked-up rows, itercast.profile.microbench.rowwise_adagrad_update, "
+            "update (row-wise Adagrad of the looked-up rows, itercast.profile.op_calls.rowwise_adagrad_update, "
             "given each lookup's gradient row)",
         ],
         "embedding-bag forward, backward and sparse-update timings at DLRM shard sizes",

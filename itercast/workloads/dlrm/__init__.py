@@ -1,0 +1,64 @@
+"""A DLRM under an embedding-table sharding (TorchRec's strategies), every rank simulated.
+
+Where things live: config.py, what a DLRM and its job are (tables, MLPs, shards, the plan section,
+the validated job, a user's sharding checked); embedding.py, one table's work on one rank and its
+price (lookups, distinct rows from the index distribution or a sample of real indices, the fused
+row-wise Adagrad update); step.py, one training step as a graph of every rank and the memory each
+rank holds; sharding.py, the planner of the fastest shardings. Importers use this package's names.
+"""
+
+from itercast.workloads.dlrm.config import (
+    STRATEGIES,
+    DLRMConfig,
+    DLRMJob,
+    DLRMPlan,
+    EmbeddingTable,
+    Shard,
+    ShardSpec,
+    Strategy,
+    check_sharding,
+    dlrm_model,
+    is_dlrm_model,
+)
+from itercast.workloads.dlrm.embedding import (
+    ShardWork,
+    beyond_profile,
+    embedding_seconds,
+    index_stats,
+    load_index_sample,
+    read_index_sequence,
+    replica_update_bytes,
+    shard_work,
+)
+from itercast.workloads.dlrm.sharding import ShardingResult, candidate_shards, plan_sharding
+from itercast.workloads.dlrm.step import DLRMStep, dlrm_step, memory_parts_per_rank, memory_per_rank, mlp_seconds
+
+__all__ = [
+    "STRATEGIES",
+    "DLRMConfig",
+    "DLRMJob",
+    "DLRMPlan",
+    "DLRMStep",
+    "EmbeddingTable",
+    "Shard",
+    "ShardSpec",
+    "ShardWork",
+    "ShardingResult",
+    "Strategy",
+    "beyond_profile",
+    "candidate_shards",
+    "check_sharding",
+    "dlrm_model",
+    "dlrm_step",
+    "embedding_seconds",
+    "index_stats",
+    "is_dlrm_model",
+    "load_index_sample",
+    "memory_parts_per_rank",
+    "memory_per_rank",
+    "mlp_seconds",
+    "plan_sharding",
+    "read_index_sequence",
+    "replica_update_bytes",
+    "shard_work",
+]

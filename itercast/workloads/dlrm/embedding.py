@@ -1,0 +1,198 @@
+"""One embedding table's work on one rank per step under its shard, and its price: the lookups,
+rows and width a shard holds, what its indices are (a named distribution or a sample of real
+indices), the forward lookup and the backward with TorchRec's fused row-wise Adagrad update, priced
+as memory traffic or on a calibration's operator models.
+
+Sources: TorchRec's sharding types and fused row-wise Adagrad (FBGEMM's rowwise_adagrad); index
+statistics of costs/index_stats.py (distinct rows, the most frequent row, reuse distances).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.aten_ops import EMBEDDING_UPDATE, lookup_features
+from itercast.costs.op_model import IndexStats, OperatorCostModel, zipf_hot_fraction
+from itercast.errors import ConfigError
+from itercast.workloads.dlrm.config import DLRMConfig, EmbeddingTable, Shard
+
+F32 = 4  # bytes: fp32 tables, gradients and pooled vectors
+ADAGRAD_ROW_BYTES = 4  # row-wise Adagrad: one fp32 state per row
+LOOKUP_OP = "aten::_embedding_bag"  # the operator a calibrated forward lookup is priced as
+
+
+@dataclass(frozen=True)
+class ShardWork:
+    """One table's work on one rank per step: lookups, rows and width held, bytes it exchanges."""
+
+    lookups: float
+    rows: float
+    dim: int
+    bags: float  # the pooled vectors its lookups are summed into (a row-wise shard's are partial sums)
+    replica: bool = False  # data-parallel: a dense gradient, all-reduced, and the whole table updated
+
+    @property
+    def pooled_out_bytes(self) -> float:
+        """Pooled vectors this rank sends (all-to-all or reduce-scatter); a replica keeps its own."""
+        return 0.0 if self.replica else self.bags * self.dim * F32
+
+
+def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch: int) -> ShardWork | None:
+    """The work of `table` on `rank` under `shard` (None if the rank holds none of it); `batch` is the
+    local batch b."""
+    if rank not in shard.ranks:
+        return None
+    B = batch * world
+    d, P = table.embedding_dim, table.pooling_factor
+    if shard.strategy == "table_wise":
+        return ShardWork(B * P, table.num_rows, d, B)
+    if shard.strategy == "column_wise":
+        part = d // len(shard.ranks)
+        return ShardWork(B * P, table.num_rows, part, B)
+    if shard.strategy == "row_wise":
+        return ShardWork(B * P / world, table.num_rows / world, d, B)
+    return ShardWork(batch * P, table.num_rows, d, batch, replica=True)  # data_parallel: the local batch only
+
+
+def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | IndexStats | None = None) -> IndexStats:
+    """What the shard's lookups are: as given (an IndexStats, e.g. IndexStats.from_sequence of a real
+    sample in its order), from a sample of real indices (`counts`, load_index_sample),
+    else from the table's named distribution (uniform or Zipf). A row-wise shard of 1/k of the rows
+    sees 1/k of the distinct rows of k times its lookups (and between two lookups of one of its
+    rows, 1/k of the table's distinct rows); its most loaded shard holds the most frequent row,
+    whose lookups are then k times the share they have of the whole table's."""
+    if isinstance(counts, IndexStats):
+        return counts
+    k = table.num_rows / work.rows
+    lookups, row_bytes = max(1, round(work.lookups)), work.dim * F32
+    if counts is not None:
+        lookups_all = max(1, round(work.lookups * k))
+        whole = IndexStats.sampled(counts, lookups_all, row_bytes / k)
+        return IndexStats(whole.unique_fraction, min(1.0, k * whole.hot_fraction), whole.reuse_beyond)
+    shard = IndexStats.zipf(max(1, round(work.rows)), lookups, table.zipf_alpha, row_bytes)
+    if k == 1:
+        return shard
+    hot = zipf_hot_fraction(table.num_rows, table.zipf_alpha)  # alpha 0: 1 / rows
+    return IndexStats(shard.unique_fraction, min(1.0, k * hot), shard.reuse_beyond)
+
+
+def embedding_seconds(
+    costs: AnalyticCostModel,
+    table: EmbeddingTable,
+    work: ShardWork,
+    ops: OperatorCostModel | None = None,
+    counts: np.ndarray | IndexStats | None = None,
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one shard.
+
+    Forward reads every looked-up row and writes the pooled vectors. Backward reads the pooled
+    gradients and writes each lookup's gradient row; a sharded table then runs the fused row-wise
+    Adagrad update (TorchRec): every distinct row's gradient summed, the row and its state read and
+    written; a replica zeroes its dense gradient (rows·d·4 bytes) and accumulates the distinct rows
+    into it (its update is replica_update_bytes, after the all-reduce). Priced as memory traffic on
+    the cost model, except where `ops` (a calibration's `operators`, fitted on `itercast profile`'s
+    embedding microbenchmarks) has a model of the operator: the lookup (aten::_embedding_bag) and
+    the update (itercast::rowwise_adagrad_update), each at this shard's rows, width, lookups and
+    distinct-row fraction. PyTorch's aten::_embedding_bag_backward, which the profile also
+    measures, writes a dense table-sized gradient: it is not the sparse update and is not used.
+    `counts`: the row frequencies of a sample of the table's real indices (load_index_sample)."""
+    pooled = work.bags * work.dim * F32
+    index = index_stats(table, work, counts)
+    distinct = index.unique_fraction * max(1, round(work.lookups))
+    per_lookup = work.lookups * work.dim * F32
+    if ops is not None and ops.has_model(LOOKUP_OP):
+        fwd_s = ops.price(
+            LOOKUP_OP, lookup_features("embedding_bag_fwd", work.rows, work.dim, work.lookups, work.bags), index
+        )
+    else:
+        fwd_s = float(costs.memory_s("elementwise", per_lookup + pooled))
+    if work.replica:
+        return fwd_s, float(
+            costs.memory_s("elementwise", pooled + per_lookup + (work.rows + 2 * distinct) * work.dim * F32)
+        )
+    if ops is not None and ops.has_model(EMBEDDING_UPDATE):
+        update_s = ops.price(
+            EMBEDDING_UPDATE,
+            lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups, work.lookups),
+            index,
+        )
+        return fwd_s, float(costs.memory_s("elementwise", pooled + per_lookup)) + update_s
+    return fwd_s, float(
+        costs.memory_s("elementwise", pooled + per_lookup + distinct * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES))
+    )
+
+
+#: a shard's lookups beyond this many times the profile's largest call are reported (beyond_profile)
+EXTRAPOLATION_FACTOR = 2.0
+
+
+def beyond_profile(model: DLRMConfig, world: int, batch_per_rank: int, calibration: dict[str, Any] | None) -> str:
+    """A warning (or "") when a table-wise owner's lookups per call, its pooling factor × every
+    rank's samples, exceed EXTRAPOLATION_FACTOR × the largest call the calibration's embedding
+    operator models were profiled at: their linear models are then extrapolating (a calibration
+    fitted before the largest call was recorded is not checked)."""
+    fits = (calibration or {}).get("operators", {}).get("models", {})
+    profiled = [f["max_lookups"] for k, f in fits.items() if k.startswith((LOOKUP_OP, EMBEDDING_UPDATE))]
+    profiled = [v for v in profiled if v]
+    if not profiled:
+        return ""
+    table = max(model.tables, key=lambda t: t.pooling_factor)
+    most = table.pooling_factor * batch_per_rank * world
+    if most <= EXTRAPOLATION_FACTOR * min(profiled):
+        return ""
+    return (
+        f"{table.name}'s owner looks up {most:,.0f} rows per call, {most / min(profiled):.1f}× the largest call the "
+        f"calibration's embedding models were profiled at ({min(profiled):,.0f}): their prices there are "
+        "extrapolated (itercast profile run --families embedding --embedding-batches …, then itercast calibrate)"
+    )
+
+
+def replica_update_bytes(table: EmbeddingTable) -> float:
+    """A data-parallel table's dense row-wise Adagrad step: the all-reduced gradient read, every
+    row and its state read and written."""
+    return table.num_rows * (3 * table.embedding_dim * F32 + 2 * ADAGRAD_ROW_BYTES)
+
+
+MAX_INDEX_FILE_BYTES = 1 << 30  # a sample of 134M int64 indices; it is sorted in memory once
+
+
+def load_index_sample(path: Path, table: EmbeddingTable) -> np.ndarray:
+    """The row frequencies of a sample of `table`'s real indices (how often each distinct row
+    appears), read by read_index_sequence; also refused: indices outside the table's rows (the file
+    of another table)."""
+    where = f"{path} (indices of table {table.name!r})"
+    idx = read_index_sequence(path, where)
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= table.num_rows:
+        raise ConfigError(
+            f"{where}: indices {low}..{high}; the table has rows 0..{table.num_rows - 1} (the file of another table?)"
+        )
+    return np.unique(idx, return_counts=True)[1]
+
+
+def read_index_sequence(path: Path, where: str) -> np.ndarray:
+    """A sample of real indices in the order they were looked up: a NumPy .npy array of integers
+    (read without pickles), or a text file of integers separated by whitespace or commas. Refused
+    (ConfigError naming `where`): a missing or larger-than-MAX_INDEX_FILE_BYTES file, non-integers,
+    an empty sample."""
+    if not path.is_file():
+        raise ConfigError(f"{where}: no such file")
+    if path.stat().st_size > MAX_INDEX_FILE_BYTES:
+        raise ConfigError(f"{where}: {path.stat().st_size} bytes; expected at most {MAX_INDEX_FILE_BYTES}")
+    try:
+        if path.suffix == ".npy":
+            idx = np.load(path, allow_pickle=False, mmap_mode="r")
+        else:
+            idx = np.array(path.read_text(encoding="utf-8").replace(",", " ").split(), dtype=np.int64)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: expected integers (.npy, or text); {str(exc).splitlines()[0][:120]}") from None
+    if idx.dtype.kind not in "iu":
+        raise ConfigError(f"{where}: expected integer indices; got dtype {idx.dtype}")
+    if idx.size == 0:
+        raise ConfigError(f"{where}: no indices")
+    return np.asarray(idx).ravel()

@@ -1,0 +1,94 @@
+"""The sharding planner: the fastest embedding-table shardings of a DLRM, each priced by simulating
+its step (dlrm_step)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from itercast.config.system import SystemConfig
+from itercast.workloads.dlrm.config import DLRMConfig, EmbeddingTable, Shard
+from itercast.workloads.dlrm.step import DLRMStep, dlrm_step
+
+
+def candidate_shards(table: EmbeddingTable, world: int) -> list[Shard]:
+    """The shardings the planner tries for one table: table-wise on each rank, row-wise and
+    data-parallel over all ranks, column-wise over blocks of 2, 4, … ranks whose count divides the
+    embedding dimension."""
+    everyone = tuple(range(world))
+    out = [Shard("table_wise", (r,)) for r in range(world)]
+    if world > 1:
+        out.append(Shard("row_wise", everyone))
+    out.append(Shard("data_parallel", everyone))
+    k = 2
+    while k <= world and world % k == 0 and table.embedding_dim % k == 0:
+        out += [Shard("column_wise", tuple(range(s, s + k))) for s in range(0, world, k)]
+        k *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class ShardingResult:
+    plans: list[tuple[dict[str, Shard], DLRMStep]]  # fastest first, plans that fit before those that do not
+    method: str  # exhaustive | greedy
+    evaluated: int  # plans priced
+
+
+def plan_sharding(
+    model: DLRMConfig,
+    system: SystemConfig,
+    batch_per_rank: int,
+    exhaustive_limit: int = 4096,
+    calibration: dict[str, Any] | None = None,
+    index_counts: dict[str, np.ndarray] | None = None,
+) -> ShardingResult:
+    """The fastest shardings, priced by dlrm_step: every combination when there are at most
+    `exhaustive_limit`, else greedily (tables by lookup traffic, largest first, each given the
+    candidate with the least step time of the plan so far among those that fit), and beside it
+    the uniform plans (all table-wise round-robin, all row-wise, all data-parallel)."""
+    world = system.num_gpus
+    options = {t.name: candidate_shards(t, world) for t in model.tables}
+    combos = 1
+    for shards in options.values():
+        combos *= len(shards)
+    priced: list[tuple[dict[str, Shard], DLRMStep]] = []
+    if combos <= exhaustive_limit:
+        for choice in itertools.product(*options.values()):
+            plan = dict(zip(options, choice, strict=True))
+            priced.append((plan, dlrm_step(model, system, plan, batch_per_rank, calibration, index_counts)))
+        method = "exhaustive"
+    else:
+        chosen: dict[str, Shard] = {}
+        evaluated = 0
+        for t in sorted(model.tables, key=lambda t: -t.pooling_factor * t.embedding_dim):
+            best: tuple[bool, float, Shard] | None = None
+            for shard in options[t.name]:
+                step = dlrm_step(model, system, {**chosen, t.name: shard}, batch_per_rank, calibration, index_counts)
+                evaluated += 1
+                key = (not step.fits, step.step_time_s, shard)
+                if best is None or key[:2] < best[:2]:
+                    best = key
+            assert best is not None
+            chosen[t.name] = best[2]
+        everyone = tuple(range(world))
+        uniform = [
+            {t.name: Shard("table_wise", (i % world,)) for i, t in enumerate(model.tables)},
+            {t.name: Shard("data_parallel", everyone) for t in model.tables},
+        ]
+        if world > 1:
+            uniform.append({t.name: Shard("row_wise", everyone) for t in model.tables})
+        priced = [
+            (p, dlrm_step(model, system, p, batch_per_rank, calibration, index_counts)) for p in (chosen, *uniform)
+        ]
+        method, combos = "greedy", evaluated + len(uniform) + 1
+    priced.sort(key=lambda ps: (not ps[1].fits, ps[1].step_time_s))
+    if not priced[0][1].fits:
+        least = min(step.memory_per_gpu_bytes for _, step in priced)
+        raise ValueError(
+            f"no sharding fits: the least memory per GPU of the plans tried is {least / 2**30:.1f} GiB, "
+            f"{priced[0][1].capacity_bytes / 2**30:.1f} GiB usable on {system.gpu.name} (more GPUs, or smaller tables)"
+        )
+    return ShardingResult(priced, method, combos)

@@ -1,0 +1,219 @@
+"""One DLRM training step under an embedding-table sharding, on the step graph and simulator of
+DESIGN.md §3, every rank simulated (the ranks' embedding work differs with the sharding), and the
+memory each rank holds.
+
+Sources: Naumov et al. 2019 (DLRM); Mudigere et al. 2022 (pooled embeddings exchanged by
+all-to-all); TorchRec (input distribution, fused row-wise Adagrad); PyTorch DDP (gradient buckets).
+W ranks, local batch b, global batch B = W·b, fp32 tables with row-wise Adagrad fused into the
+backward (TorchRec's default), fp32 MLPs with Adam.
+
+One step, per rank:
+- forward: the input distribution (TorchRec's KeyedJaggedTensor all-to-all: a shard's owner
+  receives its lookups' int64 indices and an int32 length per bag, the busiest rank sets the pace;
+  model.input_distribution false when every owner already holds its indices); the bottom MLP (b
+  rows) beside it; the lookups of the rank's shards, priced as memory traffic on
+  the cost model (every looked-up row read, pooled vectors written) or on a calibration's operator
+  models (embedding_seconds); an all-to-all of pooled vectors
+  (a table- or column-wise shard serves all B samples: its rank sends B·d_shard·4 bytes, the busiest
+  rank sets the pace) and a reduce-scatter of row-wise partial sums (B·d·4); the interaction (dot:
+  pairwise products of the F = tables + 1 vectors; dcnv2: low-rank cross layers); the top MLP.
+- backward: the mirror; the pooled gradients come back by all-to-all (row-wise: all-gather); each
+  shard's backward reads its lookups' gradients and updates its distinct rows (weights and
+  Adagrad state read and written): distinct rows from the index distribution (uniform, or Zipf with
+  table.zipf_alpha; costs/op_model.py); a data-parallel table's dense gradient is all-reduced with
+  the MLPs' gradients beside the other tables' backward, through PyTorch DDP's buckets (copied in
+  and divided by the world size before, copied out after: 4 and 2 times the bytes, as DDP does
+  without gradient_as_bucket_view); then Adam on the MLPs and the replicas' dense row-wise Adagrad.
+Collectives start when every rank is ready (the simulator's rendezvous).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from itercast.config.system import SystemConfig
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.aten_ops import OpFeatures
+from itercast.costs.op_model import OperatorCostModel
+from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
+from itercast.hardware.topology import place_group
+from itercast.sim.engine import SimResult, simulate
+from itercast.workloads.dlrm.config import DLRMConfig, Shard
+from itercast.workloads.dlrm.embedding import (
+    ADAGRAD_ROW_BYTES,
+    F32,
+    embedding_seconds,
+    replica_update_bytes,
+    shard_work,
+)
+
+ADAM_BYTES = 16  # an MLP parameter: fp32 weight, gradient, Adam m and v
+INDEX_BYTES, LENGTH_BYTES = 8, 4  # a KeyedJaggedTensor's int64 indices and int32 length per bag (TorchRec)
+
+
+@dataclass(frozen=True)
+class DLRMStep:
+    sim: SimResult  # the simulated step: every rank's timeline
+    memory_per_rank_bytes: list[float]
+    capacity_bytes: float
+
+    @property
+    def step_time_s(self) -> float:
+        return self.sim.step_time_s
+
+    @property
+    def graph(self) -> ExecGraph:
+        return self.sim.graph
+
+    @property
+    def memory_per_gpu_bytes(self) -> float:
+        return max(self.memory_per_rank_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_per_gpu_bytes <= self.capacity_bytes
+
+
+def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[float]:
+    """Bytes each rank holds (memory_parts_per_rank summed)."""
+    return [sum(parts.values()) for parts in memory_parts_per_rank(model, plan, world)]
+
+
+def memory_parts_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[dict[str, float]]:
+    """Bytes each rank holds as weights, gradients and optimizer state: its shards' rows (fp32) and
+    row-wise Adagrad state (a replica also its dense fp32 gradient), and the MLPs with Adam (fp32
+    weight and gradient, m and v); tables the plan does not name are left out. With more than one
+    rank, DDP's buckets: another copy of every dense gradient (dlrm_step)."""
+    bucket = F32 if world > 1 else 0
+    mlp = model.mlp_params()
+    held = [
+        {"weights": mlp * F32, "gradients": mlp * (F32 + bucket) * 1.0, "optimizer": mlp * (ADAM_BYTES - 2 * F32)}
+        for _ in range(world)
+    ]
+    for t in model.tables:
+        if t.name not in plan:
+            continue
+        for r in range(world):
+            work = shard_work(t, plan[t.name], r, world, 1)
+            if work is not None:
+                held[r]["weights"] += work.rows * work.dim * F32
+                held[r]["gradients"] += work.rows * work.dim * (F32 + bucket) if work.replica else 0
+                held[r]["optimizer"] += work.rows * ADAGRAD_ROW_BYTES
+    return held
+
+
+def _gemm(batch: int, m: int, n: int, k: int, layout: str = "nn") -> OpFeatures:
+    return OpFeatures("gemm", 2.0 * batch * m * n * k, {"batch": batch, "m": m, "n": n, "k": k, "layout": layout})
+
+
+def mlp_seconds(
+    costs: AnalyticCostModel, ops: OperatorCostModel | None, b: int, layers: list[tuple[int, int]]
+) -> tuple[float, float]:
+    """(forward, backward) seconds of Linear + ReLU layers (in, out) on `b` rows: the forward GEMM
+    x·Wᵀ and the activation written; backward the input gradient (g·W) and weight gradient (gᵀ·x)
+    GEMMs and the activation's gradient. GEMMs on the operator models of a calibration where it has
+    them (aten::addmm / aten::mm, shape- and layout-aware: a DLRM's skinny layers run far below
+    peak), else on the cost model's curve (backward: twice the forward)."""
+    fwd = bwd = 0.0
+    for i, o in layers:
+        act = float(costs.memory_s("activation", 2.0 * b * o * F32))
+        if ops is not None and ops.has_model("aten::mm"):
+            fwd += ops.price("aten::addmm", _gemm(1, b, o, i, "nt")) + act
+            bwd += ops.price("aten::mm", _gemm(1, b, i, o)) + ops.price("aten::mm", _gemm(1, o, i, b, "tn")) + act
+        else:
+            gemm = float(costs.gemm_s(2.0 * b * i * o))
+            fwd += gemm + act
+            bwd += 2 * (gemm + act)
+    return fwd, bwd
+
+
+def dlrm_step(
+    model: DLRMConfig,
+    system: SystemConfig,
+    plan: dict[str, Shard],
+    batch_per_rank: int,
+    calibration: dict[str, Any] | None = None,
+    index_counts: dict[str, np.ndarray] | None = None,
+) -> DLRMStep:
+    """Simulate one step of `model` on `system` (every GPU a rank) under the sharding `plan` (tables
+    it does not name are left out: the planner prices partial plans). `calibration`: a calibration
+    document (profile/calibrate.py) for the GEMM, memory and collective curves and, with an
+    `operators` section, the operator models of the lookups, updates and GEMMs; the built-in curves
+    when None. `index_counts`: per table, the row frequencies of a sample of its real indices
+    (load_index_sample); tables without one use their named distribution."""
+    world, b = system.num_gpus, batch_per_rank
+    costs = AnalyticCostModel(system, "fp32", calibration)
+    ops = OperatorCostModel(calibration["operators"]) if calibration and "operators" in calibration else None
+    group = place_group(world, 1, system.node.gpus_per_node)
+
+    layers, f = model.mlp_layers(), len(model.tables) + 1
+    bottom_fwd, bottom_bwd = mlp_seconds(costs, ops, b, layers[: len(model.bottom_mlp)])
+    top_fwd, top_bwd = mlp_seconds(costs, ops, b, layers[len(model.bottom_mlp) :])
+    if model.interaction == "dot":  # pairwise dot products: a batched GEMM of F × d by d × F; backward two
+        if ops is not None and ops.has_model("aten::bmm"):
+            top_fwd += ops.price("aten::bmm", _gemm(b, f, f, model.dim))
+            top_bwd += 2 * ops.price("aten::bmm", _gemm(b, f, model.dim, f))
+        else:
+            top_fwd += float(costs.gemm_s(2.0 * b * f * f * model.dim))
+            top_bwd += 2 * float(costs.gemm_s(2.0 * b * f * f * model.dim))
+    emb_fwd, emb_bwd, replica_bwd, a2a_bytes, index_bytes = ([0.0] * world for _ in range(5))
+    rw_bytes = dp_bytes = update_bytes = 0.0
+    for t in model.tables:
+        shard = plan.get(t.name)
+        if shard is None:
+            continue
+        if shard.strategy == "row_wise":
+            rw_bytes += b * world * t.embedding_dim * F32
+        if shard.strategy == "data_parallel":
+            dp_bytes += t.num_rows * t.embedding_dim * F32
+            update_bytes += replica_update_bytes(t)
+        for r in shard.ranks:
+            work = shard_work(t, shard, r, world, b)
+            assert work is not None
+            fwd, bwd = embedding_seconds(costs, t, work, ops, (index_counts or {}).get(t.name))
+            emb_fwd[r] += fwd
+            (replica_bwd if work.replica else emb_bwd)[r] += bwd
+            if shard.strategy in ("table_wise", "column_wise"):
+                a2a_bytes[r] += work.pooled_out_bytes
+            if model.input_distribution and not work.replica:  # the shard's indices and bag lengths arrive
+                index_bytes[r] += work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES
+    exchange = costs.collective_s("alltoall", max(a2a_bytes), group)
+    index_exchange = costs.collective_s("alltoall", max(index_bytes), group)
+    fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
+    bwd_comm = exchange + costs.collective_s("all_gather", rw_bytes, group)
+    # PyTorch DDP, through which TorchRec's data-parallel tables and the MLPs go, keeps gradients
+    # apart from its buckets (gradient_as_bucket_view False, the default): each dense gradient is
+    # copied into its bucket and divided by the world size before the all-reduce, copied back after
+    dense_bytes = model.mlp_params() * F32 + dp_bytes
+    reduce = costs.collective_s("all_reduce", dense_bytes, group)
+    to_buckets, from_buckets = (
+        (float(costs.memory_s("elementwise", 4 * dense_bytes)), float(costs.memory_s("elementwise", 2 * dense_bytes)))
+        if world > 1
+        else (0.0, 0.0)
+    )
+    optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_BYTES * 2 + update_bytes))
+    g = GraphBuilder()
+    exchange_fwd, exchange_bwd, all_reduce = g.new_collective(), g.new_collective(), g.new_collective()
+    exchange_indices = g.new_collective()
+    comp_, comm_ = Category.COMPUTE, Category.COMMUNICATION
+    for r in range(world):
+        comp, comm, dp = g.resource(r, "compute"), g.resource(r, "comm"), g.resource(r, "dp_comm")
+        indices = g.task("index_exchange", comm, index_exchange, comm_, "alltoall", collective=exchange_indices)
+        emb = g.task("embedding_fwd", comp, emb_fwd[r], comp_, "embedding", [indices])
+        a2a = g.task("pooled_exchange", comm, fwd_comm, comm_, "alltoall", [emb], collective=exchange_fwd)
+        bottom = g.task("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")
+        top = g.task("interaction_top_mlp_fwd_bwd", comp, top_fwd + top_bwd, comp_, "mlp", [a2a, bottom])
+        bottom_b = g.task("bottom_mlp_bwd", comp, bottom_bwd, comp_, "mlp", [top])
+        replica_b = g.task("replica_embedding_bwd", comp, replica_bwd[r], comp_, "embedding", [bottom_b])
+        buckets = g.task("ddp_to_buckets", comp, to_buckets, comp_, "ddp", [replica_b])
+        ar = g.task("grad_all_reduce", dp, reduce, comm_, "all_reduce", [buckets], collective=all_reduce)
+        back = g.task("pooled_grad_exchange", comm, bwd_comm, comm_, "alltoall", [replica_b], collective=exchange_bwd)
+        emb_b = g.task("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back])
+        grads = g.task("ddp_from_buckets", comp, from_buckets, comp_, "ddp", [ar])
+        g.task("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, grads])
+    graph = g.build()
+    gpu = system.gpu
+    return DLRMStep(simulate(graph), memory_per_rank(model, plan, world), gpu.hbm_bytes - gpu.reserved_bytes)
