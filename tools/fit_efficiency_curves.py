@@ -46,10 +46,19 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from itercast.costs.fitting import eff, fit_collective, fit_latency_curve, mean_abs_err
+from itercast.costs.fitting import (
+    attention_err,
+    attention_points,
+    eff,
+    fit_attention,
+    fit_collective,
+    fit_latency_curve,
+    mean_abs_err,
+)
 from itercast.data_paths import read_csv_rows, shared_data_dir
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
+KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"  # transcribed tables, in the repo
 SMALL_BUS_BYTES = 1 << 20  # inter-node fits: latency regime below, bandwidth regime above
 H100_BF16_PEAK, H100_TF32_PEAK, H100_FP8_PEAK = 989.4e12, 494.7e12, 1978.9e12  # dense, H100 SXM datasheet
 A100_BF16_PEAK = 312e12  # A100 datasheet, dense
@@ -276,14 +285,55 @@ def _h100_400g(rows: list[dict], latency_regime: dict) -> dict:
     return out
 
 
+def fit_attention_kernel(rows: list[dict[str, str]], kernel: str, peak_flops: float, alpha_s: float) -> dict:
+    """Forward and backward fits of one kernel's rows, the latency pinned to `alpha_s`. The backward
+    was benchmarked without a causal mask only (FA3 Fig. 6), so it takes the forward's causal factor."""
+    out: dict = {}
+    for direction in ("fwd", "bwd"):
+        sel = [r for r in rows if r["kernel"] == kernel and r["direction"] == direction]
+        fixed = {"causal_factor": out["fwd"]["causal_factor"]} if direction == "bwd" else None
+        out[direction] = fit_attention(attention_points(sel), peak_flops, alpha_s, fixed)
+    return out
+
+
+def fit_attention_hopper(alpha_s: float) -> dict:
+    """cuDNN's fused attention on H100, the kernel Megatron-Core runs there: Transformer Engine's
+    DotProductAttention picks FusedAttention (cuDNN) over FlashAttention on compute capability ≥ 9.0
+    ("Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance reasons",
+    transformer_engine/pytorch/attention/dot_product_attention/utils.py, get_attention_backend).
+    Fitted on every cuDNN bar of the FlashAttention-3 paper's BF16 figures (head dims 64 and 128,
+    causal or not, 512–16K tokens), the latency pinned to the bf16 GEMM's `alpha_s`;
+    `check_alternate_seqlens_mean_abs_err`: fitted on 512, 2K, 8K and checked on 1K, 4K, 16K
+    (validation/kernel_tables.py prints the other kernels and sources)."""
+    rows = read_csv_rows(KERNELS / "attention_fa3_paper_h100.csv")
+    fit = fit_attention_kernel(rows, "cudnn", H100_BF16_PEAK, alpha_s)
+    even = {"512", "2048", "8192"}
+    half = fit_attention_kernel([r for r in rows if r["seqlen"] in even], "cudnn", H100_BF16_PEAK, alpha_s)
+    for direction in ("fwd", "bwd"):
+        held = [r for r in rows if r["kernel"] == "cudnn" and r["direction"] == direction and r["seqlen"] not in even]
+        check = attention_err(half[direction], attention_points(held), H100_BF16_PEAK)
+        fit[direction]["check_alternate_seqlens_mean_abs_err"] = check
+    return {
+        "hopper": {
+            "gpu_name_prefixes": ["H100", "H200"],
+            "kernel": "cudnn",
+            **fit,
+            "source": "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608) Figs. 5-6, cuDNN bars, H100 SXM5 BF16 "
+            "(data/published/kernels/attention_fa3_paper_h100.csv); efficiency of 989.4 TFLOP/s dense",
+        }
+    }
+
+
 def main() -> None:
     data = shared_data_dir()
     if data is None:
         sys.exit("no shared data: set ITERCAST_DATA or place ../shared/data beside the repo")
+    gemm = fit_gemm(data)
     curves = {
-        "gemm": fit_gemm(data),
+        "gemm": gemm,
         "memory": fit_memory(data),
         "collectives": fit_collectives(data),
+        "attention": fit_attention_hopper(gemm["bf16"]["alpha_s"]),
         "fitted_by": "tools/fit_efficiency_curves.py",
     }
     OUT.write_text(json.dumps(curves, indent=1, sort_keys=True) + "\n")

@@ -3,8 +3,10 @@
 Accuracy (in-sample, see curves.json `fit_mean_abs_err`; held-out errors are issue #4's job):
 GEMM ~7% (H100 bf16), memory-bound 10–13%, intra-node collectives 8–11%, p2p 3–5%; inter-node
 all-reduce is piecewise (latency regime < 1 MiB, bandwidth regime above) because NCCL's protocol
-switches on Polaris defeat one smooth curve; see curves.json for each regime's error. Attention has no
-measurement here: it is a guess, labelled as such below.
+switches on Polaris defeat one smooth curve; see curves.json for each regime's error. Fused attention
+on Hopper (H100, H200): cuDNN's kernel fitted to the FlashAttention-3 paper's benchmarks
+(costs/attention.py; 3.6% forward, 2.8% backward in-sample, 3.8% / 3.6% on held-out sequence
+lengths); on other GPUs a guess, labelled as such below.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.system import GPUSpec, SystemConfig
+from itercast.costs.attention import AttentionShape, fitted_kernel, time_s
 from itercast.costs.curves import Curve, curve, curves
 from itercast.costs.fitting import collective_time_s
 from itercast.hardware.topology import GroupPlacement
@@ -43,9 +46,9 @@ def bus_bytes(kind: str, nbytes: float | np.ndarray, ranks: int, nodes: int) -> 
     return nbytes * BUS_FACTOR[kind](ranks)
 
 
-#: Fused attention relative to a GEMM of the same FLOPs. GUESS, not measured here (no attention
-#: microbenchmark in the shared data): FlashAttention-2 (Dao 2023) reports 50–73% of peak on A100
-#: where large GEMMs reach ~80%, hence ≈ 0.75.
+#: Fused attention relative to a GEMM of the same FLOPs on a GPU without a fitted attention kernel
+#: (A100, V100, any other): a GUESS. FlashAttention-2 (Dao 2023, abstract) reports 50–73% of peak on
+#: A100 where large GEMMs reach ~80%, hence ≈ 0.75; its A100 figures are not transcribed here.
 ATTENTION_VS_GEMM = 0.75
 
 
@@ -77,6 +80,7 @@ class AnalyticCostModel:
         measured = data["collectives"].get("inter_node_networks", {}).get(system.network.collective_curves, {})
         self.inter = {**measured, **data["collectives"].get("inter_node", {})}
         self.p2p = data["collectives"]["p2p"]
+        self.attention_fit = fitted_kernel(data.get("attention", {}), gpu.name)
 
     def on_gpu(self, gpu: GPUSpec) -> AnalyticCostModel:
         """The same curves on another GPU of the system (a device group of a mixed cluster)."""
@@ -91,12 +95,17 @@ class AnalyticCostModel:
         alpha_s, c, peak = (self.gemm_alpha_s, self.gemm_curve, self.peak_flops) if te else self._outside_fp8
         return np.where(f > 0, alpha_s + f / (peak * c(f)), 0.0)
 
-    def attention_s(self, flops: np.ndarray | float) -> np.ndarray:
-        """Fused (flash) attention of the given FLOPs. A guess: see ATTENTION_VS_GEMM."""
+    def attention_s(self, flops: np.ndarray | float, shape: AttentionShape | None = None) -> np.ndarray:
+        """Fused (flash) attention of the given FLOPs: latency + FLOPs / (bf16 peak · the fitted
+        kernel's efficiency at `shape`) on a GPU with one (costs/attention.time_s), else, or without
+        a shape, the guess of ATTENTION_VS_GEMM."""
         f = np.asarray(flops, dtype=np.float64)
-        return np.where(
-            f > 0, self.gemm_alpha_s + f / (self.attention_peak_flops * self.gemm_curve(f) * ATTENTION_VS_GEMM), 0.0
-        )
+        if self.attention_fit is None or shape is None:
+            rate = self.attention_peak_flops * self.gemm_curve(f) * ATTENTION_VS_GEMM
+            return np.where(f > 0, self.gemm_alpha_s + f / rate, 0.0)
+        fit = self.attention_fit["bwd" if shape.backward else "fwd"]
+        problems = shape.heads * shape.calls
+        return time_s(fit, f, problems, shape.head_dim, shape.causal, self.attention_peak_flops)
 
     def memory_s(self, kind: str, nbytes: np.ndarray | float) -> np.ndarray:
         """Memory-bound kernel of `kind` (elementwise | norm | activation) moving `nbytes` of HBM."""

@@ -3,6 +3,7 @@
 Shared by tools/fit_efficiency_curves.py (the analytic model's curves) and calibration from a
 profiling database. Curve forms:
   latency curve     t = alpha + x / (rate · eff(x))                    (GEMM: x FLOPs; memory: x bytes)
+  attention         eff(FLOPs per head, head dim, causal)            (costs/attention.py)
   collective curve  t = alpha0 + alpha1 · log2(nodes) + alpha2 · log2(ranks) + alpha3 · (ranks − 1)
                         + bus / (B · eff(r))
                     (bus bytes per rank; r = bus, or bus / (ranks − 1), the bytes of one ring step;
@@ -13,10 +14,12 @@ with eff(x) = e_max / (1 + exp(gamma · (log_half − ln x))) (costs/curves.py).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
+from itercast.costs.attention import time_s as attention_time_s
 from itercast.costs.curves import Curve
 
 
@@ -196,3 +199,70 @@ def fit_lookup_linear(gathered_bytes: np.ndarray, missed_bytes: np.ndarray, t: n
     (they come from memory, repeated ones from cache). Coefficients are absolute (seconds per byte)
     for the measured device."""
     return fit_nonneg_linear({"gathered_byte": gathered_bytes, "missed_byte": missed_bytes}, t)
+
+
+#: parameters of the attention efficiency (costs/attention.py): (starting value, lower bound, upper bound)
+ATTENTION_PARAMS = {
+    "e_max": (0.8, 0.05, 1.5),
+    "d_half": (32.0, 0.0, 512.0),
+    "causal_factor": (0.9, 0.3, 1.2),
+    "log_half": (math.log(1e8), 5.0, 40.0),
+    "gamma": (1.0, 0.1, 4.0),
+}
+
+
+def fit_attention(points: AttentionPoints, peak_flops: float, alpha_s: float, fixed: dict | None = None) -> dict:
+    """costs/attention.time_s fitted by least squares on log time, the latency pinned to `alpha_s`;
+    `fixed` pins other parameters (the causal factor where a direction was measured without a mask)."""
+    fixed = {**(fixed or {}), "alpha_s": alpha_s}
+    free = [n for n in ATTENTION_PARAMS if n not in fixed]
+    first, lo, hi = ([ATTENTION_PARAMS[n][j] for n in free] for j in range(3))
+
+    def params(v: np.ndarray) -> dict:
+        return {**fixed, **dict(zip(free, map(float, v), strict=True))}
+
+    fit = least_squares(
+        lambda v: np.log(attention_times_s(params(v), points, peak_flops)) - np.log(points.seconds),
+        x0=first,
+        bounds=(lo, hi),
+    )
+    p = params(fit.x)
+    return {**p, "points": len(points.seconds), "fit_mean_abs_err": attention_err(p, points, peak_flops)}
+
+
+@dataclass(frozen=True)
+class AttentionPoints:
+    """Attention benchmark rows as arrays: FLOPs and (batch · head) problems of one call, head dim,
+    causal mask, measured seconds."""
+
+    flops: np.ndarray
+    problems: np.ndarray
+    head_dim: np.ndarray
+    causal: np.ndarray
+    seconds: np.ndarray
+
+
+def attention_points(rows: list[dict[str, str]]) -> AttentionPoints:
+    """Rows of data/published/kernels/attention_*.csv. FLOPs as the FlashAttention papers count them:
+    forward 4 · seqlen² · head_dim per (batch · head), half of it under a causal mask, backward 2.5×
+    the forward; seconds = FLOPs / the reported TFLOP/s."""
+    s, d, b, h = (np.array([float(r[k]) for r in rows]) for k in ("seqlen", "head_dim", "batch", "heads"))
+    causal = np.array([r["causal"] == "true" for r in rows])
+    backward = np.array([r["direction"] == "bwd" for r in rows])
+    flops = 4.0 * s * s * d * b * h * np.where(causal, 0.5, 1.0) * np.where(backward, 2.5, 1.0)
+    return AttentionPoints(flops, b * h, d, causal, flops / np.array([float(r["tflops"]) * 1e12 for r in rows]))
+
+
+def attention_times_s(fit: dict, points: AttentionPoints, peak_flops: float) -> np.ndarray:
+    """costs/attention.time_s at every point."""
+    return np.array(
+        [
+            float(attention_time_s(fit, f, n, d, c, peak_flops))
+            for f, n, d, c in zip(points.flops, points.problems, points.head_dim, points.causal, strict=True)
+        ]
+    )
+
+
+def attention_err(fit: dict, points: AttentionPoints, peak_flops: float) -> float:
+    """Mean |predicted / measured − 1| of the kernel times."""
+    return mean_abs_err(attention_times_s(fit, points, peak_flops), points.seconds)

@@ -245,7 +245,7 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         if op.family == "gemm":
             sec = op.count * float(costs.gemm_s(op.amount, op.te))
         elif op.family == "attention":
-            sec = float(costs.attention_s(op.amount))
+            sec = float(costs.attention_s(op.amount, op.attention))
             attention += sec
         elif op.family in ("elementwise", "norm", "activation"):
             sec = float(costs.memory_s(op.family, op.amount))

@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
+from itercast.costs.attention import AttentionShape
 
 COMPUTE_FAMILIES = ("gemm", "attention", "elementwise", "norm", "activation")
 COMM_FAMILIES = ("tp_comm", "ep_comm")
@@ -73,6 +74,7 @@ class Op:
     label: str = ""  # the family it is reported under, when not `family` (routed experts: "experts")
     kn: tuple[float, ...] = ()  # a Transformer Engine GEMM's inner and output widths (its FP8 casts)
     backward_amount: float = -1.0  # a memory-bound op whose backward moves other than twice its bytes
+    attention: AttentionShape | None = None  # a fused attention kernel's shape (its efficiency)
 
     @property
     def te(self) -> bool:
@@ -131,7 +133,9 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: 
     qk, av = 2.0 * scores * model.qk_head_dim, 2.0 * scores * model.value_head_dim  # QKᵀ, AV
     if plan.flash_attention:
         kept = model.causal_keys_per_query(windowed) / sh.seq_full if model.causal else 1.0
-        return [Op(CORE_ATTENTION, "attention", (qk + av) * kept)]
+        d = (model.qk_head_dim + model.value_head_dim) / 2  # 4·d FLOPs per query-key score
+        shape = AttentionShape(heads, d, model.causal, calls=plan.context_parallel)
+        return [Op(CORE_ATTENTION, "attention", (qk + av) * kept, attention=shape)]
     ops = [
         Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
         Op(f"{CORE_ATTENTION}.softmax", "norm", 2 * scores * e),
@@ -341,7 +345,8 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
                 kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
                 out.append(Op(f"{op.name}.dgrad_{kind}", "tp_comm", op.f_bytes, kind, overlaps=wgrad))
         elif op.family == "attention":
-            out.append(Op(f"{op.name}.bwd", "attention", 2.5 * op.amount))
+            shape = op.attention and replace(op.attention, backward=True)
+            out.append(replace(Op(f"{op.name}.bwd", "attention", 2.5 * op.amount), attention=shape))
         elif op.family in COMM_FAMILIES:
             if op.backward_comm:  # beside the backward of the kernel it hid behind forward
                 hides = op.overlaps and op.overlaps + (".dgrad" if op.overlaps in gemms else ".bwd")
