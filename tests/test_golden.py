@@ -19,8 +19,9 @@ from itercast.workloads.transformer import Groups, optimizer_step_bytes, pass_co
 from itercast.workloads.transformer_ops import head_forward, layer_backward, layer_forward
 
 PEAK, HBM, LINK = 1e12, 1e11, 1e10  # FLOP/s, bytes/s, bytes/s
-#: fused attention runs at 0.75 of a GEMM's rate: FlashAttention-2 reaches 50-73% of the A100's peak
-#: where large GEMMs reach ~80% (Dao 2023), the cost model's stated guess (costs/analytic.py)
+#: fused attention runs at 0.75 of a GEMM's rate on a GPU without a fitted attention kernel (this
+#: "linear" GPU): FlashAttention-2 reaches 50-73% of the A100's peak where large GEMMs reach ~80%
+#: (Dao 2023), the cost model's stated guess (costs/analytic.py)
 FLASH_VS_GEMM = 0.75
 
 

@@ -1,0 +1,69 @@
+"""Attention kernels: fit and held-out errors of costs/attention.py on the transcribed benchmark tables.
+
+    python validation/kernel_tables.py        # reads data/published/kernels/attention_*.csv (in the repo)
+
+For each H100 kernel of the FlashAttention-3 paper's BF16 figures (cuDNN, the one itercast prices
+on Hopper; FlashAttention-3; FlashAttention-2) and each direction: the mean |predicted / measured − 1|
+of kernel time in-sample, and fitted on 512/2K/8K tokens then checked on 1K/4K/16K (a head-dim
+hold-out cannot be run: d / (d + d_half) needs both measured head dims to be identified). Then each
+kernel's paper fit against another source's measurements of the same kernel class (pytorch/benchmark
+commit tables: FlashAttention-3 and PyTorch SDPA's FlashAttention-2 backend on H100), and the guess
+itercast used before (the bf16 GEMM curve × ATTENTION_VS_GEMM) on the paper's cuDNN bars.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.config.job import Job
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.fitting import attention_err, attention_points, mean_abs_err
+from itercast.data_paths import read_csv_rows
+
+KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from fit_efficiency_curves import H100_BF16_PEAK, fit_attention_kernel  # noqa: E402
+
+EVEN = {"512", "2048", "8192"}
+
+
+def main() -> None:
+    paper = read_csv_rows(KERNELS / "attention_fa3_paper_h100.csv")
+    other = read_csv_rows(KERNELS / "attention_pytorch_benchmark_h100.csv")
+    costs = AnalyticCostModel(Job.from_presets("llama3-8b", "dgx-h100").system, "bf16")
+    alpha_s = costs.gemm_alpha_s
+    print(f"{'kernel':8} {'dir':4} {'points':>6} {'in-sample':>10} {'alt. seqlens':>13}")
+    fits = {}
+    for kernel in ("cudnn", "fa3", "fa2"):
+        fits[kernel] = fit = fit_attention_kernel(paper, kernel, H100_BF16_PEAK, alpha_s)
+        half = fit_attention_kernel([r for r in paper if r["seqlen"] in EVEN], kernel, H100_BF16_PEAK, alpha_s)
+        for direction in ("fwd", "bwd"):
+            rows = [r for r in paper if r["kernel"] == kernel and r["direction"] == direction]
+            held = attention_points([r for r in rows if r["seqlen"] not in EVEN])
+            print(
+                f"{kernel:8} {direction:4} {len(rows):>6} {fit[direction]['fit_mean_abs_err']:>10.1%} "
+                f"{attention_err(half[direction], held, H100_BF16_PEAK):>13.1%}"
+            )
+    print("\nheld-out source (pytorch/benchmark commit tables), the paper's fit of the kernel class:")
+    for kernel, fitted_as in (("fa3", "fa3"), ("sdpa", "fa2")):
+        rows = [r for r in other if r["kernel"] == kernel]
+        points = attention_points(rows)
+        err = attention_err(fits[fitted_as]["fwd"], points, H100_BF16_PEAK)
+        print(f"  {kernel:5} fwd {len(rows):>2} rows  by the {fitted_as} fit: mean |error| {err:.1%}")
+    cudnn = [r for r in paper if r["kernel"] == "cudnn"]
+    points = attention_points(cudnn)
+    guess = np.array([float(costs.attention_s(f)) for f in points.flops])
+    print(f"\nthe previous guess (GEMM curve × 0.75) on the {len(cudnn)} cuDNN bars: mean |error| ", end="")
+    print(f"{mean_abs_err(guess, points.seconds):.1%}; by direction:")
+    for direction in ("fwd", "bwd"):
+        sel = np.array([r["direction"] == direction for r in cudnn])
+        print(f"  {direction}: {mean_abs_err(guess[sel], points.seconds[sel]):.1%} (signed mean ", end="")
+        print(f"{np.mean(guess[sel] / points.seconds[sel] - 1):+.1%})")
+
+
+if __name__ == "__main__":
+    main()
