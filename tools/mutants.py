@@ -59,7 +59,7 @@ TESTS = {
     "search/fast_estimate.py": _t("fast_estimate", "bounds_by_hand"),
     "workloads/dlrm/step.py": _t("dlrm", "dlrm_by_hand"),
     "workloads/dlrm/embedding.py": _t("dlrm", "dlrm_by_hand"),
-    "costs/analytic.py": _t("costs_by_hand", "ops_and_costs", "golden"),
+    "costs/analytic.py": _t("costs_by_hand", "ops_and_costs", "golden", "attention_kernels"),
     "hardware/topology.py": _t("costs_by_hand", "ops_and_costs"),
     "parallel/schedules.py": _t("pipeline", "memory", "golden"),
     "sim/kernels.py": _t("engine", "sim_kernels"),
@@ -79,8 +79,10 @@ M = Mutant
 MUTANTS: tuple[Mutant, ...] = (
     # -- the layer's ops: FLOPs and bytes per micro-batch (Megatron-LM shapes) --------------------
     M(OPS, "2 * T * h * (a + 2 * g) * d / t, f_bytes", "2 * T * h * 3 * a * d / t, f_bytes", "QKV GEMM ignores GQA"),
-    M(OPS, '"rope", "elementwise", 2 * T * (a + g) * d / t * e)', '"rope", "elementwise", 2 * T * a * d / t * e)', "rotary embedding skips the keys"),
-    M(OPS, "(qk + av) * kept, attention=shape)", "(qk + av), attention=shape)", "causal flash attention does every block"),
+    M(OPS, '"rope", "elementwise", 2 * T * (a + g) * d / t * e)', '"rope", "elementwise", 2 * T * a * d / t * e)',
+      "rotary embedding skips the keys"),
+    M(OPS, "(qk + av) * kept, attention=shape)", "(qk + av), attention=shape)",
+      "causal flash attention does every block"),
     M(OPS, '"norm", 2 * scores * e)', '"norm", scores * e)', "unfused softmax only reads its scores"),
     M(OPS, "scores * (2 * e + 1)", "scores * 2 * e", "attention dropout without its 1-byte mask"),
     M(OPS, "heads = plan.micro_batch_size * a / t", "heads = plan.micro_batch_size * a", "heads not split by t"),
@@ -152,7 +154,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- memory per GPU (Korthikanti et al. 2022; ZeRO) ------------------------------------------
     M(MEM, 'shard = c["dp"] * c["cp"]', 'shard = c["dp"]', "ZeRO shards over dp, not dp×cp"),
     M(MEM, 'c["tp"] * shard // (c["ep"] * c["etp"])', 'c["tp"] * shard // c["ep"]', "expert ZeRO shard ignores ETP"),
-    M(MEM, "self.recomputing = again * self.tokens", "self.recomputing = 0 * again * self.tokens", "full recompute needs no whole layer"),
+    M(MEM, "self.recomputing = again * self.tokens", "self.recomputing = 0 * again * self.tokens",
+      "full recompute needs no whole layer"),
     M(MEM, "full = r * e * h / rep / group", "full = r * e * h / group",
       "full recompute's layer input not SP-sharded"),
     M(MEM, "sharded = e * (a + 2 * g) * d + (e", "sharded = e * 3 * a * d + (e", "activations ignore GQA"),
