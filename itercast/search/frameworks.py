@@ -18,7 +18,7 @@ Sources (the files the rules cite):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -87,29 +87,26 @@ def _deepspeed_overlap(c: Columns, moe: bool) -> np.ndarray:
     return grad_ok & (~np.isin(c["zero"], (1, 2)) | (c["overlap_param"] == 0))
 
 
+MEGATRON_CORE = Framework(
+    name="megatron-core",
+    zero_stages=(0, 1, 2, 3),
+    zero_stages_with_pp=(0, 1),
+    zero_names={0: "DDP", 1: "distributed optimizer", 2: "Megatron-FSDP optim_grads", 3: "Megatron-FSDP"},
+    schedules=("1f1b", "interleaved-1f1b"),  # schedules.py: no GPipe
+    zero_with_pp_source=_MEGATRON_FSDP_WITHOUT_PP,
+    context_parallel=True,
+    tp_comm_overlap=True,
+    # arguments.py: --overlap-grad-reduce and --overlap-param-gather are store_true (off by default)
+    defaults={"overlap_grad_reduce": False, "overlap_param_gather": False},
+    rules=_megatron_rules("megatron-core"),
+)
+
 FRAMEWORKS: dict[str, Framework] = {
-    "megatron-core": Framework(
-        name="megatron-core",
-        zero_stages=(0, 1, 2, 3),
-        zero_stages_with_pp=(0, 1),
-        zero_names={0: "DDP", 1: "distributed optimizer", 2: "Megatron-FSDP optim_grads", 3: "Megatron-FSDP"},
-        schedules=("1f1b", "interleaved-1f1b"),  # schedules.py: no GPipe
-        zero_with_pp_source=_MEGATRON_FSDP_WITHOUT_PP,
-        context_parallel=True,
-        tp_comm_overlap=True,
-        # arguments.py: --overlap-grad-reduce and --overlap-param-gather are store_true (off by default)
-        defaults={"overlap_grad_reduce": False, "overlap_param_gather": False},
-        rules=_megatron_rules("megatron-core"),
-    ),
-    "nemo": Framework(
+    "megatron-core": MEGATRON_CORE,
+    # NeMo trains on Megatron-Core (MegatronStrategy): the same plan space, its recipes' defaults
+    "nemo": replace(
+        MEGATRON_CORE,
         name="nemo",
-        zero_stages=(0, 1, 2, 3),
-        zero_stages_with_pp=(0, 1),
-        zero_names={0: "DDP", 1: "distributed optimizer", 2: "Megatron-FSDP optim_grads", 3: "Megatron-FSDP"},
-        schedules=("1f1b", "interleaved-1f1b"),
-        zero_with_pp_source=_MEGATRON_FSDP_WITHOUT_PP,
-        context_parallel=True,
-        tp_comm_overlap=True,
         # recipes (gpt3_175b.py): DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True)
         defaults={"overlap_grad_reduce": True, "overlap_param_gather": True},
         rules=_megatron_rules("nemo (MegatronStrategy on Megatron-Core)"),
