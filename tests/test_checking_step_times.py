@@ -71,3 +71,20 @@ def test_every_checking_row_builds_a_job_or_says_why_not():
         job = Job.from_dicts(row.model, row.plan, row.system, source=row.label)
         assert job.system.num_gpus == row.gpus, row.label
         assert row.measured_s > 0
+
+
+def test_plan_fields_add_plan_settings_without_a_column():
+    r = {
+        "model": "llama3-8b",
+        "model_fields": "",
+        "seq_length": "8192",
+        "system": "dgx-h100",
+        "system_fields": "",
+        "gpus": "8",
+        "stage_layers": "",
+        **{k: "" for k in chk.PLAN_COLUMNS},
+        "recompute": "full",
+        "plan_fields": "recompute_method=block;recompute_num_layers=5",
+    }
+    _, plan, _ = chk.sections(r)
+    assert plan == {"recompute": "full", "recompute_method": "block", "recompute_num_layers": 5}

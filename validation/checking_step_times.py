@@ -104,7 +104,9 @@ def typed(text: str) -> Any:
 
 
 def parse_fields(text: str) -> dict[str, Any]:
-    """`a=1;b.c=x` → {"a": 1, "b": {"c": "x"}}: the model_fields / system_fields cells."""
+    """`a=1;b.c=x` → {"a": 1, "b": {"c": "x"}}: the model_fields / plan_fields / system_fields cells
+    (plan_fields: plan settings without a column of their own, such as recompute_method; a table of
+    version 2 on has the column)."""
     out: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(";"))):
         key, sep, value = item.partition("=")
@@ -132,7 +134,7 @@ def sections(r: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[st
     model = parse_fields(r["model_fields"]) | {"seq_length": int(r["seq_length"])}
     if r["model"] != "custom":
         model = {"preset": r["model"], **model}
-    plan = {k: typed(r[k]) for k in PLAN_COLUMNS if r[k].strip()}
+    plan = {k: typed(r[k]) for k in PLAN_COLUMNS if r[k].strip()} | parse_fields(r.get("plan_fields") or "")
     if r["stage_layers"].strip():
         plan["stage_layers"] = [int(n) for n in r["stage_layers"].split()]
     system = {"preset": r["system"], **parse_fields(r["system_fields"])}
