@@ -1,0 +1,140 @@
+"""Measure one DDP training step at data-parallel sizes 1, 2 and 4 over gloo on this CPU, with traces.
+
+    python tools/measure_gloo_parallelism.py --out data/measured/gloo_parallelism
+
+For each world size (1, 2, 4: one fresh process set each, one process per rank, one torch thread
+per rank: torch.set_num_threads(1)), the same model and per-rank batch (weak scaling, as DDP keeps
+each rank's batch): a 4-layer MLP (Linear(1024, 1024) + ReLU, batch 64 per rank, SGD), wrapped in
+DistributedDataParallel over gloo on 127.0.0.1 (default buckets: 25 MiB, the first 1 MiB). After
+WARMUP untimed steps, TRACED_STEPS steps run under torch.profiler (CPU activities, record_shapes so
+`c10d::allreduce_` carries its bucket's dims) and each rank writes a Kineto trace
+`ws{W}.rank{R}.trace.json.gz`; then TIMED_STEPS unprofiled steps are timed per rank
+(time.perf_counter_ns from before zero_grad to after the optimizer step) into `steps.csv`.
+
+What the comparison must keep in mind: the machine has 2 cores. At world size 4 the four ranks
+share them, so compute slows as well as communication; a data-parallel what-if on a trace re-times
+the gradient all-reduces only. Needs torch (the optional extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORLD_SIZES = (1, 2, 4)
+WARMUP = 10
+TRACED_STEPS = 6
+TIMED_STEPS = 30
+WIDTH, LAYERS, BATCH = 1024, 4, 64
+
+
+def worker(rank: int, world: int, port: int, out_dir: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(rank)
+    torch.set_num_threads(1)
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    layers: list[torch.nn.Module] = []
+    for _ in range(LAYERS):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    model: torch.nn.Module = torch.nn.Sequential(*layers)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    for _ in range(WARMUP):
+        step()
+    raw = out_dir / f"ws{world}.rank{rank}.trace.json"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        schedule=schedule(wait=0, warmup=1, active=TRACED_STEPS),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
+    ) as prof:
+        for _ in range(TRACED_STEPS + 1):
+            step()
+            prof.step()
+    with raw.open("rb") as src, gzip.open(f"{raw}.gz", "wb", compresslevel=9) as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    times_s = []
+    for _ in range(TIMED_STEPS):
+        t0 = time.perf_counter_ns()
+        step()
+        times_s.append((time.perf_counter_ns() - t0) * 1e-9)
+    if world > 1:
+        dist.destroy_process_group()
+    (out_dir / f"ws{world}.rank{rank}.steps.txt").write_text("\n".join(f"{t:.9f}" for t in times_s) + "\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_world(world: int, out_dir: Path) -> list[str]:
+    """One process per rank; returns the CSV rows of their timed steps."""
+    port = free_port()
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--out", str(out_dir), "--worker", str(r), str(world), str(port)])
+        for r in range(world)
+    ]
+    for p in procs:
+        if p.wait(timeout=1800) != 0:
+            sys.exit(f"a worker of world size {world} failed")
+    rows = []
+    for r in range(world):
+        f = out_dir / f"ws{world}.rank{r}.steps.txt"
+        rows += [f"{world},{r},{i},{t}" for i, t in enumerate(f.read_text().split())]
+        f.unlink()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for the traces and steps.csv")
+    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    if args.worker:
+        rank, world, port = map(int, args.worker)
+        worker(rank, world, port, out_dir)
+        return
+    import torch
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [row for world in WORLD_SIZES for row in run_world(world, out_dir)]
+    header = [
+        f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
+        f"# python {platform.python_version()}, torch {torch.__version__}, threads per rank 1",
+        f"# command: python tools/measure_gloo_parallelism.py --out {args.out}",
+        f"# model: {LAYERS}x(Linear({WIDTH},{WIDTH})+ReLU), batch {BATCH} per rank, SGD; DDP over gloo on 127.0.0.1",
+        f"# per world size: {WARMUP} warm-up steps, {TRACED_STEPS} traced steps (ws*.rank*.trace.json.gz), "
+        f"then {TIMED_STEPS} timed unprofiled steps (these rows)",
+        "world_size,rank,step,step_s",
+    ]
+    (out_dir / "steps.csv").write_text("\n".join(header + rows) + "\n")
+    print(f"wrote {len(rows)} rows and the traces to {out_dir}")
+
+
+if __name__ == "__main__":
+    main()
