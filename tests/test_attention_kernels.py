@@ -24,7 +24,7 @@ FWD = {"alpha_s": 0.0, "e_max": 1.0, "d_half": 16.0, "causal_factor": 0.5, "log_
 BWD = {"alpha_s": 1e-6, "e_max": 0.5, "d_half": 0.0, "causal_factor": 0.5, "log_half": 1.0, "gamma": 0.0}
 
 
-def hand_job(gpu_name: str = "H100-hand", **plan: int) -> Job:
+def hand_job(gpu_name: str = "H100-hand", **plan: int | str) -> Job:
     """test_golden's one-layer GPT (4 heads of 16, s 32, causal) on one GPU of peak 1e12 FLOP/s."""
     system = {**SYSTEM, "gpu": {**SYSTEM["gpu"], "name": gpu_name}}
     gpus = plan.get("context_parallel", 1)
@@ -78,20 +78,55 @@ def test_a_gpu_without_a_fitted_kernel_keeps_the_flops_only_guess():
 
 
 @pytest.mark.skipif(not (KERNELS / "attention_fa3_paper_h100.csv").exists(), reason="kernel tables absent")
-def test_builtin_fit_reproduces_the_cudnn_bars_within_12_percent_5_on_average():
-    """Every cuDNN bar of the FlashAttention-3 paper (H100 BF16, 36 bars) within 12% of its kernel time,
-    5% on average (validation/kernel_tables.py: 3.6% forward, 2.8% backward; the worst, 11%, is head
-    dim 128 at 512 tokens, a bar whose two transcriptions differ)."""
+@pytest.mark.parametrize("kernel", ["cudnn", "fa2", "fa3"])
+def test_builtin_fits_reproduce_each_kernels_bars_within_16_percent_5_on_average(kernel):
+    """Every bar of the kernel in the FlashAttention-3 paper (H100 BF16, 36 bars each) within 16% of
+    its kernel time, 5% on average, when the plan names that kernel (validation/kernel_tables.py:
+    cuDNN 3.6% forward, 2.8% backward; FA2 3.7%, 1.9%; FA3 3.9%, 2.8%; the worst, 11–15%, are the
+    512-token bars, where the ramp of short sequences is steepest)."""
     costs = AnalyticCostModel(Job.from_presets("llama3-8b", "dgx-h100").system, "bf16")
     errors = []
     for r in read_csv_rows(KERNELS / "attention_fa3_paper_h100.csv"):
-        if r["kernel"] != "cudnn":
+        if r["kernel"] != kernel:
             continue
         s, d, problems = int(r["seqlen"]), int(r["head_dim"]), int(r["batch"]) * int(r["heads"])
         causal, backward = r["causal"] == "true", r["direction"] == "bwd"
         flops = 4 * s * s * d * problems * (0.5 if causal else 1.0) * (2.5 if backward else 1.0)
-        seconds = float(costs.attention_s(flops, AttentionShape(problems, d, causal, backward=backward)))
+        shape = AttentionShape(problems, d, causal, backward=backward, kernel=kernel)
+        seconds = float(costs.attention_s(flops, shape))
         errors.append(abs(seconds / (flops / (float(r["tflops"]) * 1e12)) - 1))
     assert len(errors) == 36
-    assert max(errors) < 0.12
+    assert max(errors) < 0.16
     assert sum(errors) / len(errors) < 0.05
+
+
+@pytest.mark.skipif(not (KERNELS / "attention_fa3_paper_h100.csv").exists(), reason="kernel tables absent")
+def test_fa2_on_h100_is_priced_at_its_own_bars_not_cudnns():
+    # FA3 paper Fig. 5, forward, head dim 128, 16K tokens, not causal: FA2 370 TFLOP/s (bar label),
+    # cuDNN 595; the plan's kernel decides which: FA2's time / cuDNN's near 595 / 370 = 1.61
+    costs = AnalyticCostModel(Job.from_presets("llama3-8b", "dgx-h100").system, "bf16")
+    flops = 4 * 16384 * 16384 * 128 * 16.0
+    fa2 = float(costs.attention_s(flops, AttentionShape(16, 128, False, kernel="fa2")))
+    cudnn = float(costs.attention_s(flops, AttentionShape(16, 128, False, kernel="cudnn")))
+    assert fa2 / cudnn == pytest.approx(595 / 370, rel=0.08)
+
+
+def test_the_plans_kernel_selects_its_fit_and_a_kernel_without_one_takes_the_guess():
+    # two hand fits on "H100…" GPUs: cudnn as FWD (e_max 1), fa2 with e_max 0.5: half the rate, twice
+    # the time; fa3, fitted for no GPU here, takes the guess 0.75 of the flat GEMM rate
+    j = hand_job()
+    cudnn = {"gpu_name_prefixes": ["H100"], "kernel": "cudnn", "fwd": FWD, "bwd": BWD}
+    fa2 = {**cudnn, "kernel": "fa2", "fwd": {**FWD, "e_max": 0.5}}
+    costs = AnalyticCostModel(j.system, "bf16", {**linear_calibration(), "attention": {"a": cudnn, "b": fa2}})
+    # 2 heads of d 16, not causal, 2 × 32,768 FLOPs: ramp 1/2, eff = e_max · 16/32 · 1/2
+    flops = 65536.0
+    assert float(costs.attention_s(flops, AttentionShape(2, 16, False))) == pytest.approx(flops / (PEAK * 0.25))
+    assert float(costs.attention_s(flops, AttentionShape(2, 16, False, kernel="fa2"))) == pytest.approx(
+        flops / (PEAK * 0.125)
+    )
+    assert float(costs.attention_s(flops, AttentionShape(2, 16, False, kernel="fa3"))) == pytest.approx(
+        flops / (0.75 * PEAK)
+    )
+    # the plan field reaches the layer's attention op
+    (op,) = [o for o in layer_forward(j.model, hand_job(attention_kernel="fa2").plan) if o.family == "attention"]
+    assert op.attention is not None and op.attention.kernel == "fa2"

@@ -297,31 +297,38 @@ def fit_attention_kernel(rows: list[dict[str, str]], kernel: str, peak_flops: fl
 
 
 def fit_attention_hopper(alpha_s: float) -> dict:
-    """cuDNN's fused attention on H100, the kernel Megatron-Core runs there: Transformer Engine's
-    DotProductAttention picks FusedAttention (cuDNN) over FlashAttention on compute capability ≥ 9.0
-    ("Disabling FlashAttention to give FusedAttention preference on Hopper+ for performance reasons",
-    transformer_engine/pytorch/attention/dot_product_attention/utils.py, get_attention_backend).
-    Fitted on every cuDNN bar of the FlashAttention-3 paper's BF16 figures (head dims 64 and 128,
-    causal or not, 512–16K tokens), the latency pinned to the bf16 GEMM's `alpha_s`;
-    `check_alternate_seqlens_mean_abs_err`: fitted on 512, 2K, 8K and checked on 1K, 4K, 16K
-    (validation/kernel_tables.py prints the other kernels and sources)."""
+    """Three fused attention kernels on H100, each fitted on every bar of its own in the FlashAttention-3
+    paper's BF16 figures (head dims 64 and 128, causal or not, 512–16K tokens), the latency pinned to
+    the bf16 GEMM's `alpha_s`; `check_alternate_seqlens_mean_abs_err`: fitted on 512, 2K, 8K and
+    checked on 1K, 4K, 16K (validation/kernel_tables.py prints these and another source's). Which one
+    a plan runs is PlanConfig.attention_kernel:
+    - cudnn: the kernel Megatron-Core runs there: Transformer Engine's DotProductAttention picks
+      FusedAttention (cuDNN) over FlashAttention on compute capability ≥ 9.0 ("Disabling
+      FlashAttention to give FusedAttention preference on Hopper+ for performance reasons",
+      transformer_engine/pytorch/attention/dot_product_attention/utils.py, get_attention_backend);
+    - fa2: FlashAttention-2, torch SDPA's flash backend, which it prefers on H100 until cuDNN 9.15
+      (pytorch/pytorch#138522 made cuDNN attention opt-in; #142132: SDPA 329 vs cuDNN 631 TFLOP/s at
+      1×24×4608×128 on H100, nightly 2.6.0.dev20241204; torchtitan#1196 puts cuDNN first only on
+      capability ≥ 10.0);
+    - fa3: FlashAttention-3."""
     rows = read_csv_rows(KERNELS / "attention_fa3_paper_h100.csv")
-    fit = fit_attention_kernel(rows, "cudnn", H100_BF16_PEAK, alpha_s)
     even = {"512", "2048", "8192"}
-    half = fit_attention_kernel([r for r in rows if r["seqlen"] in even], "cudnn", H100_BF16_PEAK, alpha_s)
-    for direction in ("fwd", "bwd"):
-        held = [r for r in rows if r["kernel"] == "cudnn" and r["direction"] == direction and r["seqlen"] not in even]
-        check = attention_err(half[direction], attention_points(held), H100_BF16_PEAK)
-        fit[direction]["check_alternate_seqlens_mean_abs_err"] = check
-    return {
-        "hopper": {
+    out: dict = {}
+    for kernel in ("cudnn", "fa2", "fa3"):
+        fit = fit_attention_kernel(rows, kernel, H100_BF16_PEAK, alpha_s)
+        half = fit_attention_kernel([r for r in rows if r["seqlen"] in even], kernel, H100_BF16_PEAK, alpha_s)
+        for direction in ("fwd", "bwd"):
+            held = [r for r in rows if (r["kernel"], r["direction"]) == (kernel, direction) and r["seqlen"] not in even]
+            check = attention_err(half[direction], attention_points(held), H100_BF16_PEAK)
+            fit[direction]["check_alternate_seqlens_mean_abs_err"] = check
+        out["hopper" if kernel == "cudnn" else f"hopper-{kernel}"] = {
             "gpu_name_prefixes": ["H100", "H200"],
-            "kernel": "cudnn",
+            "kernel": kernel,
             **fit,
-            "source": "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608) Figs. 5-6, cuDNN bars, H100 SXM5 BF16 "
-            "(data/published/kernels/attention_fa3_paper_h100.csv); efficiency of 989.4 TFLOP/s dense",
+            "source": f"Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608) Figs. 5-6, {kernel} bars, H100 SXM5 "
+            "BF16 (data/published/kernels/attention_fa3_paper_h100.csv); efficiency of 989.4 TFLOP/s dense",
         }
-    }
+    return out
 
 
 def main() -> None:

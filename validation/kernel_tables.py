@@ -2,13 +2,14 @@
 
     python validation/kernel_tables.py        # reads data/published/kernels/attention_*.csv (in the repo)
 
-For each H100 kernel of the FlashAttention-3 paper's BF16 figures (cuDNN, the one itercast prices
-on Hopper; FlashAttention-3; FlashAttention-2) and each direction: the mean |predicted / measured − 1|
-of kernel time in-sample, and fitted on 512/2K/8K tokens then checked on 1K/4K/16K (a head-dim
-hold-out cannot be run: d / (d + d_half) needs both measured head dims to be identified). Then each
-kernel's paper fit against another source's measurements of the same kernel class (pytorch/benchmark
-commit tables: FlashAttention-3 and PyTorch SDPA's FlashAttention-2 backend on H100), and the guess
-itercast used before (the bf16 GEMM curve × ATTENTION_VS_GEMM) on the paper's cuDNN bars.
+For each H100 kernel of the FlashAttention-3 paper's BF16 figures (cuDNN, FlashAttention-3,
+FlashAttention-2: the three PlanConfig.attention_kernel names on Hopper) and each direction: the
+mean |predicted / measured − 1| of kernel time in-sample, and fitted on 512/2K/8K tokens then
+checked on 1K/4K/16K (a head-dim hold-out cannot be run: d / (d + d_half) needs both measured head
+dims to be identified). Then each kernel's paper fit against another source's measurements of the
+same kernel class (pytorch/benchmark commit tables: FlashAttention-3 and PyTorch SDPA's
+FlashAttention-2 backend on H100), and the guess itercast used before (the bf16 GEMM curve ×
+ATTENTION_VS_GEMM) on the paper's cuDNN bars.
 """
 
 from __future__ import annotations

@@ -74,6 +74,14 @@ class PlanConfig(BaseModel):
         description="Fused attention: no s×s scores kept in memory. Left out: true where every GPU of the "
         "system supports it (GPUSpec.supports_flash_attention), else false.",
     )
+    attention_kernel: Literal["cudnn", "fa2", "fa3"] = Field(
+        "cudnn",
+        description="The fused attention kernel the framework runs, priced from its fitted benchmarks where the "
+        "GPU has them (Hopper: costs/curves.json attention): cudnn, Transformer Engine's FusedAttention, which "
+        "Megatron-Core and NeMo run on Hopper; fa2, FlashAttention-2, which torch SDPA's flash backend runs "
+        "(torchtitan on H100, PyTorch before cuDNN 9.15: pytorch/pytorch#138522, #142132) and llm-foundry's "
+        "attn_impl flash; fa3, FlashAttention-3. On a GPU without fits every kernel takes the FLOPs-only guess.",
+    )
     grad_bucket_size_params: Batch = Field(
         40_000_000, description="DP gradient bucket, in parameters (Megatron DDP default 40M)."
     )

@@ -80,7 +80,7 @@ class AnalyticCostModel:
         measured = data["collectives"].get("inter_node_networks", {}).get(system.network.collective_curves, {})
         self.inter = {**measured, **data["collectives"].get("inter_node", {})}
         self.p2p = data["collectives"]["p2p"]
-        self.attention_fit = fitted_kernel(data.get("attention", {}), gpu.name)
+        self._attention_tables: dict = data.get("attention", {})
 
     def on_gpu(self, gpu: GPUSpec) -> AnalyticCostModel:
         """The same curves on another GPU of the system (a device group of a mixed cluster)."""
@@ -96,14 +96,15 @@ class AnalyticCostModel:
         return np.where(f > 0, alpha_s + f / (peak * c(f)), 0.0)
 
     def attention_s(self, flops: np.ndarray | float, shape: AttentionShape | None = None) -> np.ndarray:
-        """Fused (flash) attention of the given FLOPs: latency + FLOPs / (bf16 peak · the fitted
-        kernel's efficiency at `shape`) on a GPU with one (costs/attention.time_s), else, or without
-        a shape, the guess of ATTENTION_VS_GEMM."""
+        """Fused (flash) attention of the given FLOPs: latency + FLOPs / (bf16 peak · the efficiency
+        at `shape` of its kernel, fitted for this GPU) (costs/attention.time_s); on a GPU without a
+        fit of that kernel, or without a shape, the guess of ATTENTION_VS_GEMM."""
         f = np.asarray(flops, dtype=np.float64)
-        if self.attention_fit is None or shape is None:
+        kernel = None if shape is None else fitted_kernel(self._attention_tables, self.system.gpu.name, shape.kernel)
+        if kernel is None or shape is None:
             rate = self.attention_peak_flops * self.gemm_curve(f) * ATTENTION_VS_GEMM
             return np.where(f > 0, self.gemm_alpha_s + f / rate, 0.0)
-        fit = self.attention_fit["bwd" if shape.backward else "fwd"]
+        fit = kernel["bwd" if shape.backward else "fwd"]
         problems = shape.heads * shape.calls
         return time_s(fit, f, problems, shape.head_dim, shape.causal, self.attention_peak_flops)
 

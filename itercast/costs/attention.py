@@ -38,6 +38,7 @@ class AttentionShape:
     causal: bool  # a causal or sliding-window mask (blocks skipped, the diagonal masked)
     calls: int = 1  # kernel calls the FLOPs are split into (context parallelism's ring steps)
     backward: bool = False
+    kernel: str = "cudnn"  # which implementation runs (PlanConfig.attention_kernel)
 
 
 def efficiency(fit: dict, flops_per_head: np.ndarray | float, head_dim: float, causal: bool) -> np.ndarray:
@@ -60,10 +61,15 @@ def time_s(
     return np.where(f > 0, fit["alpha_s"] + f / (peak_flops * eff), 0.0)
 
 
-def fitted_kernel(tables: dict, gpu_name: str) -> dict | None:
-    """The fitted kernel of the GPU whose name starts with one of an entry's `gpu_name_prefixes`
-    (H100 and H200 share Hopper's SMs and clocks: their attention runs at the same FLOP/s), else None."""
+def fitted_kernel(tables: dict, gpu_name: str, kernel: str) -> dict | None:
+    """The fit of `kernel` (an entry's `kernel`; an entry without one, a calibration's own, serves any)
+    on the GPU whose name starts with one of the entry's `gpu_name_prefixes` (H100 and H200 share
+    Hopper's SMs and clocks: their attention runs at the same FLOP/s), else None."""
     for entry in tables.values():
-        if isinstance(entry, dict) and any(gpu_name.startswith(p) for p in entry.get("gpu_name_prefixes", ())):
+        if (
+            isinstance(entry, dict)
+            and entry.get("kernel", kernel) == kernel
+            and any(gpu_name.startswith(p) for p in entry.get("gpu_name_prefixes", ()))
+        ):
             return entry
     return None

@@ -134,7 +134,7 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: 
     if plan.flash_attention:
         kept = model.causal_keys_per_query(windowed) / sh.seq_full if model.causal else 1.0
         d = (model.qk_head_dim + model.value_head_dim) / 2  # 4·d FLOPs per query-key score
-        shape = AttentionShape(heads, d, model.causal, calls=plan.context_parallel)
+        shape = AttentionShape(heads, d, model.causal, calls=plan.context_parallel, kernel=plan.attention_kernel)
         return [Op(CORE_ATTENTION, "attention", (qk + av) * kept, attention=shape)]
     ops = [
         Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
