@@ -10,7 +10,9 @@ from itercast.stochastic.time_to_train import (
     HOUR_S,
     FailureModel,
     best_interval_s,
+    effective_training_time,
     expected_time_s,
+    longest_restart_s,
     sample_time_s,
     time_to_train,
 )
@@ -19,11 +21,56 @@ FM = FailureModel(mtbf_per_gpu_s=1000 * HOUR_S, checkpoint_s=0.1 * HOUR_S, resta
 
 
 def test_closed_form_by_hand():
-    # 10 h of work, 1 h segments, 0.1 h checkpoints, 0.2 h restarts, 100 GPUs of 1000 h MTBF (λ = 0.1/h):
-    # 10 × (e^{0.1·1.1} − 1) × (1/0.1 + 0.2) h = 10 × 0.116278 × 10.2 h = 11.860 h
+    # 10 h of work, 1 h segments, 0.1 h checkpoints, 0.2 h restarts, 100 GPUs of 1000 h MTBF (λ = 0.1/h),
+    # failures during restarts too (Daly 2006): 10 × (e^{0.1·1.1} − 1) / 0.1 × e^{0.1·0.2} h
+    # = 10 × 0.116278 × 10 × 1.020201 h = 11.863 h
     rate = FM.job_failure_rate(100)
     assert rate == pytest.approx(0.1 / HOUR_S)
-    assert expected_time_s(10 * HOUR_S, HOUR_S, rate, FM) / HOUR_S == pytest.approx(10 * math.expm1(0.11) * 10.2)
+    hand_h = 10 * math.expm1(0.11) / 0.1 * math.exp(0.02)
+    assert expected_time_s(10 * HOUR_S, HOUR_S, rate, FM) / HOUR_S == pytest.approx(hand_h)
+    assert hand_h == pytest.approx(11.863, abs=5e-4)
+
+
+def test_effective_training_time_by_hand():
+    # one 1 h segment takes (e^{0.11} − 1) / 0.1 × e^{0.02} h = 1.162781 × 1.020201 h = 1.186270 h: 84.30% useful
+    rate = FM.job_failure_rate(100)
+    assert effective_training_time(HOUR_S, rate, FM) == pytest.approx(1 / (math.expm1(0.11) / 0.1 * math.exp(0.02)))
+    assert effective_training_time(HOUR_S, rate, FM) == pytest.approx(0.8430, abs=5e-5)
+
+
+def test_best_interval_reproduces_daly_2006_figures():
+    # Daly (FGCS 2006) Figs. 3-5: δ = 5 min, R = 10 min; M = 24 h -> τ_opt 117 min, 6 h -> 57 min, 15 min -> 9.1 min
+    for mtbf_min, daly_min in ((24 * 60, 117), (6 * 60, 57), (15, 9.1)):
+        fm = FailureModel(mtbf_per_gpu_s=mtbf_min * 60, checkpoint_s=5 * 60, restart_s=10 * 60)
+        best_min = best_interval_s(500 * HOUR_S, fm.job_failure_rate(1), fm) / 60
+        assert best_min == pytest.approx(daly_min, rel=0.01)
+
+
+def test_llama3_interruptions_give_the_per_gpu_mtbf_and_the_count_back():
+    # 419 unexpected interruptions in 54 days on 16,384 GPUs (arXiv 2407.21783 §3.3.4):
+    # per-GPU MTBF = 16,384 × 54 × 24 h / 419 = 50,676.5 h; the job's MTBF 54 × 24 h / 419 = 3.093 h
+    fm = FailureModel.from_interruptions(419, 54 * 24 * HOUR_S, 16_384, checkpoint_s=10.0, restart_s=600.0)
+    assert fm.mtbf_per_gpu_s / HOUR_S == pytest.approx(16_384 * 54 * 24 / 419)
+    assert 1 / fm.job_failure_rate(16_384) / HOUR_S == pytest.approx(3.0931, abs=1e-4)
+    # a run whose expected wall time is 54 days expects 419 interruptions, restarts included
+    rate = fm.job_failure_rate(16_384)
+    tau = best_interval_s(math.inf, rate, fm)
+    work_s = 54 * 24 * HOUR_S * effective_training_time(tau, rate, fm)
+    r = time_to_train(work_s / 1000, 1000, 16_384, fm, interval_s=tau)
+    assert r.expected_s / HOUR_S == pytest.approx(54 * 24)
+    assert r.expected_interruptions == pytest.approx(419)
+
+
+def test_longest_restart_keeps_the_target():
+    # checkpoints alone at the best interval cost 1 − e_0; a restart of R scales E[segment] by e^{λR}:
+    # at R = ln(e_0 / 0.9) / λ the effective training time is exactly 0.9
+    rate = 1 / (3 * HOUR_S)
+    r_max = longest_restart_s(0.9, rate, checkpoint_s=10.0)
+    fm = FailureModel(1.0, 10.0, r_max)
+    assert effective_training_time(best_interval_s(math.inf, rate, fm), rate, fm) == pytest.approx(0.9, rel=1e-6)
+    no_restart = FailureModel(1.0, 10.0, 0.0)
+    e0 = effective_training_time(best_interval_s(math.inf, rate, no_restart), rate, no_restart)
+    assert r_max == pytest.approx(math.log(e0 / 0.9) * 3 * HOUR_S)
 
 
 def test_without_failures_only_checkpoints_cost_time():
@@ -33,8 +80,11 @@ def test_without_failures_only_checkpoints_cost_time():
 def test_monte_carlo_mean_matches_the_closed_form():
     rate = FM.job_failure_rate(2000)  # 2 failures per hour
     work, tau = 200 * HOUR_S, 0.5 * HOUR_S
-    draws = sample_time_s(work, tau, rate, FM, 40_000, seed=1)
-    assert draws.mean() == pytest.approx(expected_time_s(work, tau, rate, FM), rel=0.005)
+    draws, interruptions = sample_time_s(work, tau, rate, FM, 40_000, seed=1)
+    expected = expected_time_s(work, tau, rate, FM)
+    assert draws.mean() == pytest.approx(expected, rel=0.005)
+    # interruptions (failed segments and failed restarts) arrive at λ through all wall time
+    assert interruptions.mean() == pytest.approx(rate * expected, rel=0.01)
 
 
 def test_best_interval_minimises_and_is_near_young():

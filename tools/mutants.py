@@ -236,7 +236,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "slowest GPU of a stage among tp·cp, not dp·tp·cp"),
     M(VAR, "np.exp(sigma * z - sigma * sigma / 2)", "np.exp(sigma * z)", "log-normal factor's mean above 1"),
     M(VAR, "rng.standard_normal((1, n)))", "rng.standard_normal((self.comm.size, n)))", "network factor per task"),
-    M(TTT, "* (1.0 / rate + fm.restart_s)", "* (1.0 / rate)", "failures cost no restart"),
+    M(TTT, "/ rate * math.exp(rate * fm.restart_s)", "/ rate", "failures cost no restart"),
     M(TTT, "return num_gpus / self.mtbf_per_gpu_s", "return 1 / self.mtbf_per_gpu_s", "failure rate of one GPU"),
     M(SLICE, "held = min(stages - stage, microbatches)", "held = stages - stage", "in-flight micro-batches unbounded"),
     M(SLICE, "(microbatches - 1) * max(times) + sum(times)", "microbatches * max(times) + sum(times)",

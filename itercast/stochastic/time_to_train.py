@@ -1,17 +1,26 @@
-"""Time to train with failures and checkpoints: expectation, distribution, deadline, best interval.
+"""Time to train with failures and checkpoints: expectation, distribution, interruptions, deadline, best interval.
 
-Model (renewal, exponential failures): the job fails at rate λ = GPUs / MTBF_per_GPU. Work runs
-in segments of τ seconds followed by a checkpoint of δ seconds; a failure loses the segment in
-progress and costs a restart of R seconds (failures during a restart are not modelled). A segment
-of s = τ + δ then takes, in expectation (Daly, FGCS 2006, without failures during restart):
+Model: Daly's complete restart-dump model (J. T. Daly, "A higher order estimate of the optimum
+checkpoint interval for restart dumps", Future Generation Computer Systems 22(3), 2006,
+doi:10.1016/j.future.2004.11.016, §3). Failures arrive as a Poisson process through the whole wall
+time, restarts included. A synchronous job stops when any of its GPUs does, so the job's rate is
+λ = GPUs / MTBF_per_GPU (its MTBF is the per-GPU one divided by the GPUs). Work runs in segments
+of τ seconds, each followed by a checkpoint of δ seconds; a failure loses the segment in progress
+and costs a restart of R seconds, which a failure during it starts over. A segment of s = τ + δ
+then takes, in expectation,
 
-    E[segment] = (e^{λ s} − 1) · (1/λ + R)
+    E[segment] = e^{λR} · (e^{λs} − 1) / λ
 
-and the number of failed attempts per segment is geometric with success probability e^{−λ s}, so
-over K segments it is negative-binomial: Monte Carlo samples it directly, and the time lost per
-failure (a truncated exponential on [0, s], plus R) is summed by its first two moments (a normal
-approximation, exact in mean; the tests check the mean against the closed form).
-The best interval minimises E[total] numerically; Young's τ ≈ √(2δ/λ) is reported beside it.
+(Daly's T_w / (T_s/τ) with M = 1/λ). Per segment, the failed attempts are geometric with success
+probability e^{−λs} (mean e^{λs} − 1); per restart, the failed restarts are geometric with success
+probability e^{−λR}. Over K segments both counts are negative-binomial: Monte Carlo samples them
+directly, and the time lost per failure (a truncated exponential on [0, s] or [0, R]) is summed by
+its first two moments (a normal approximation, exact in mean; the tests check the mean against the
+closed form). Interruptions arrive at rate λ through all wall time: λ · E[wall] are expected.
+The effective training time (useful training over elapsed time, the Llama 3 paper's measure,
+arXiv 2407.21783 §3.3.4) is τ / E[segment] over a long run. The best interval minimises E[wall]
+numerically; Young's first-order τ ≈ √(2δ/λ) (J. W. Young, "A first order approximation to the
+optimum checkpoint interval", CACM 17(9), 1974) is reported beside it.
 """
 
 from __future__ import annotations
@@ -23,23 +32,40 @@ import numpy as np
 from scipy import optimize
 
 HOUR_S = 3600.0
+DAY_S = 24 * HOUR_S
 
 
 @dataclass(frozen=True)
 class FailureModel:
     """mtbf_per_gpu_s: mean time between failures of one GPU (its share of node, network, software);
-    checkpoint_s: time to write one checkpoint; restart_s: time from failure to training again."""
+    checkpoint_s: time the training stops to write one checkpoint; restart_s: time from a failure to
+    training again (detection, rescheduling, initialisation, loading the checkpoint)."""
 
     mtbf_per_gpu_s: float
     checkpoint_s: float
     restart_s: float
 
+    @classmethod
+    def from_interruptions(
+        cls, interruptions: int, wall_s: float, num_gpus: int, checkpoint_s: float, restart_s: float
+    ) -> FailureModel:
+        """The per-GPU MTBF of a job that saw `interruptions` in `wall_s` seconds on `num_gpus` GPUs:
+        failures arrive at rate λ through all wall time (the model's assumption), so the maximum
+        likelihood rate is interruptions / wall_s and the per-GPU MTBF num_gpus · wall_s / interruptions."""
+        return cls(num_gpus * wall_s / interruptions, checkpoint_s, restart_s)
+
     def job_failure_rate(self, num_gpus: int) -> float:
+        """Failures of the whole job per second."""
         return num_gpus / self.mtbf_per_gpu_s
 
 
 @dataclass(frozen=True)
 class TimeToTrain:
+    """work_s: failure-free training time; interval_s: work between checkpoints; expected_s: expected
+    wall time; quantiles_s: its p50/p90/p95/p99; goodput: work_s / expected_s (effective training
+    time); young_interval_s: Young's √(2δ/λ); deadline_probability: P(wall ≤ deadline);
+    expected_interruptions: failures expected during the wall time (restarts included)."""
+
     work_s: float
     interval_s: float
     expected_s: float
@@ -47,6 +73,7 @@ class TimeToTrain:
     goodput: float
     young_interval_s: float
     deadline_probability: float | None
+    expected_interruptions: float
 
 
 def expected_time_s(work_s: float, interval_s: float, rate: float, fm: FailureModel) -> float:
@@ -55,38 +82,80 @@ def expected_time_s(work_s: float, interval_s: float, rate: float, fm: FailureMo
     s = interval_s + fm.checkpoint_s
     if rate == 0:
         return segments * s
-    return segments * math.expm1(rate * s) * (1.0 / rate + fm.restart_s)
+    return segments * math.expm1(rate * s) / rate * math.exp(rate * fm.restart_s)
+
+
+def effective_training_time(interval_s: float, rate: float, fm: FailureModel) -> float:
+    """Useful training over elapsed time in a long run: interval_s / E[segment]."""
+    return interval_s / expected_time_s(interval_s, interval_s, rate, fm)
 
 
 def best_interval_s(work_s: float, rate: float, fm: FailureModel) -> float:
-    """Checkpoint interval minimising the expected wall time."""
+    """Checkpoint interval minimising the expected wall time (`work_s` may be math.inf: a long run).
+    E[wall] is work_s × E[segment] / τ, so the interval minimising E[segment] / τ, at most work_s."""
     young = math.sqrt(2 * fm.checkpoint_s / rate) if rate > 0 else math.inf
     if young >= work_s:  # the run is shorter than a checkpoint interval: one segment
         return work_s
     res = optimize.minimize_scalar(
-        lambda t: expected_time_s(work_s, t, rate, fm),
+        lambda t: expected_time_s(1.0, t, rate, fm),
         bounds=(max(young / 100, 1e-3), min(work_s, young * 100)),
         method="bounded",
+        options={"xatol": 1e-6 * young},
     )
     return float(res.x)
 
 
+def longest_restart_s(target: float, rate: float, checkpoint_s: float) -> float:
+    """The longest restart keeping the effective training time at `target` or above, at the best
+    interval: restarts only scale E[segment] by e^{λR}, so R = ln(best effective with R = 0 / target) / λ
+    (negative: the checkpoint alone already costs more than 1 − target)."""
+    no_restart = FailureModel(1.0, checkpoint_s, 0.0)
+    best = effective_training_time(best_interval_s(math.inf, rate, no_restart), rate, no_restart)
+    return math.log(best / target) / rate
+
+
+def _truncated_exponential_sums(
+    rng: np.random.Generator, counts: np.ndarray, rate: float, length_s: float
+) -> np.ndarray:
+    """Sums of `counts` draws of an exponential of `rate` conditioned below `length_s` (the time a
+    failure interrupts into a span of that length), by their first two moments (normal approximation)."""
+    if length_s <= 0:
+        return np.zeros(counts.shape)
+    p = math.exp(-rate * length_s)
+    q = -math.expm1(-rate * length_s)
+    m1 = 1 / rate - length_s * p / q
+    m2 = 2 / rate**2 - (length_s * length_s + 2 * length_s / rate) * p / q
+    noise = np.sqrt(counts * max(m2 - m1 * m1, 0.0)) * rng.standard_normal(counts.shape)
+    return np.maximum(counts * m1 + noise, 0.0)
+
+
+def _negative_binomial(rng: np.random.Generator, successes: np.ndarray | int, p: float, samples: int) -> np.ndarray:
+    """Failures before `successes` successes of probability p (0 where successes is 0)."""
+    n = np.broadcast_to(np.asarray(successes), (samples,))
+    if p >= 1.0:
+        return np.zeros(samples, dtype=np.int64)
+    return np.where(n > 0, rng.negative_binomial(np.maximum(n, 1), p, samples), 0)
+
+
 def sample_time_s(
     work_s: float, interval_s: float, rate: float, fm: FailureModel, samples: int, seed: int = 0
-) -> np.ndarray:
-    """Wall-time samples: failures per job are negative-binomial over the segments."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """(wall-time samples, interruption counts): failed segments are negative-binomial over the
+    segments, failed restarts negative-binomial over the failures."""
     rng = np.random.default_rng(seed)
     segments = max(1, round(work_s / interval_s))
     s = interval_s + fm.checkpoint_s
     if rate == 0:
-        return np.full(samples, segments * s)
-    p = math.exp(-rate * s)
-    failures = rng.negative_binomial(segments, p, samples)
-    q = 1 - p  # truncated exponential on [0, s]: first two moments
-    m1 = 1 / rate - s * p / q
-    m2 = 2 / rate**2 - (s * s + 2 * s / rate) * p / q
-    lost = failures * m1 + np.sqrt(failures * max(m2 - m1 * m1, 0.0)) * rng.standard_normal(samples)
-    return segments * s + np.maximum(lost, 0.0) + failures * fm.restart_s
+        return np.full(samples, segments * s), np.zeros(samples, dtype=np.int64)
+    failures = _negative_binomial(rng, segments, math.exp(-rate * s), samples)
+    failed_restarts = _negative_binomial(rng, failures, math.exp(-rate * fm.restart_s), samples)
+    wall = (
+        segments * s
+        + _truncated_exponential_sums(rng, failures, rate, s)
+        + failures * fm.restart_s
+        + _truncated_exponential_sums(rng, failed_restarts, rate, fm.restart_s)
+    )
+    return wall, failures + failed_restarts
 
 
 def time_to_train(
@@ -103,7 +172,7 @@ def time_to_train(
     work = step_s * steps
     rate = fm.job_failure_rate(num_gpus)
     tau = interval_s if interval_s is not None else best_interval_s(work, rate, fm)
-    draws = sample_time_s(work, tau, rate, fm, samples, seed)
+    draws, _ = sample_time_s(work, tau, rate, fm, samples, seed)
     qs = dict(zip(("p50", "p90", "p95", "p99"), np.percentile(draws, [50, 90, 95, 99]).tolist(), strict=True))
     expected = expected_time_s(work, tau, rate, fm)
     return TimeToTrain(
@@ -114,4 +183,5 @@ def time_to_train(
         work / expected,
         math.sqrt(2 * fm.checkpoint_s / rate) if rate else work,
         float(np.mean(draws <= deadline_s)) if deadline_s is not None else None,
+        rate * expected,
     )
