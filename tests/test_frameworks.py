@@ -164,3 +164,18 @@ def test_headroom_excludes_plans_and_is_shown():
     assert large["memory_headroom"] == "headroom 40.00 GiB per GPU (--memory-headroom-gib)"
     top = large["plans"][0]
     assert top["headroom_bytes"] == 40 * 2**30 and "--tensor-model-parallel-size" in top["launch"]
+
+
+@pytest.mark.parametrize(
+    ("framework", "extra", "kernel"),
+    [
+        ("torchtitan", [], "fa2"),  # torch SDPA's flash backend on H100 (FlashAttention-2)
+        ("megatron-core", [], "cudnn"),  # Transformer Engine's FusedAttention on Hopper
+        ("torchtitan", ["--set", "plan.attention_kernel=fa3"], "fa3"),  # the job's own choice wins
+    ],
+)
+def test_the_search_prices_the_attention_kernel_its_framework_runs(framework, extra, kernel):
+    args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework, *extra]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["plans"][0]["plan"]["attention_kernel"] == kernel

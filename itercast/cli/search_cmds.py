@@ -42,6 +42,7 @@ from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import VARIED
 from itercast.search.dlrm_search import default_batches, search_dlrm
+from itercast.search.frameworks import framework
 from itercast.search.objectives import check_objective
 from itercast.search.plan_search import Progress, SearchRequest, SearchResult, run_search
 from itercast.search.plan_space import SpaceOptions
@@ -193,6 +194,8 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     plan_raw = dict(raw["plan"])
     fixed = {k: v for k, v in plan_raw.items() if k in set_fields and k in VARIED and k != "global_batch_size"}
     shared = {k: v for k, v in plan_raw.items() if k not in VARIED or k == "global_batch_size"}
+    # the framework's fused attention unless the job names one
+    shared.setdefault("attention_kernel", framework(options.framework).attention_kernel)
     m = cast(ModelConfig, parse_section("model", raw["model"], "model"))
     s = cast(SystemConfig, parse_section("system", raw["system"], "system"))
     base = cast(PlanConfig, parse_section("plan", {**shared, **fixed}, "plan"))

@@ -52,6 +52,7 @@ class Framework:
     context_parallel: bool
     tp_comm_overlap: bool
     defaults: dict[str, Any]
+    attention_kernel: str  # PlanConfig.attention_kernel: the fused attention it runs on Hopper
     rules: tuple[tuple[str, Callable[[Columns, bool], np.ndarray]], ...] = field(default=())
 
 
@@ -98,6 +99,8 @@ MEGATRON_CORE = Framework(
     tp_comm_overlap=True,
     # arguments.py: --overlap-grad-reduce and --overlap-param-gather are store_true (off by default)
     defaults={"overlap_grad_reduce": False, "overlap_param_gather": False},
+    # Transformer Engine's DotProductAttention prefers FusedAttention (cuDNN) on compute capability >= 9.0
+    attention_kernel="cudnn",
     rules=_megatron_rules("megatron-core"),
 )
 
@@ -122,6 +125,9 @@ FRAMEWORKS: dict[str, Framework] = {
         tp_comm_overlap=True,  # enable_async_tensor_parallel
         # FSDP2 prefetches all-gathers and reduce-scatters per layer; torch DDP reduces buckets in backward
         defaults={"overlap_grad_reduce": True, "overlap_param_gather": True, "fsdp_reshard_after_forward": "default"},
+        # torch SDPA: FLASH_ATTENTION (FlashAttention-2) first below capability 10.0 (torchtitan#1196); cuDNN
+        # attention is opt-in until cuDNN 9.15 (pytorch/pytorch#138522)
+        attention_kernel="fa2",
         rules=(
             (
                 "torchtitan: FSDP2 (zero 2-3) over dp_shard, DDP (zero 0) only as 1-D parallelism, no ZeRO-1 "
@@ -149,6 +155,8 @@ FRAMEWORKS: dict[str, Framework] = {
         tp_comm_overlap=False,
         # zero/config.py: overlap_comm None -> True for stage 3 only; reduce_bucket_size 5e8
         defaults={"overlap_comm": "stage 3 only", "reduce_bucket_size": 500_000_000},
+        # Megatron-DeepSpeed's --use-flash-attn-v2 (the flash_attn package's FlashAttention-2)
+        attention_kernel="fa2",
         rules=(
             (
                 "deepspeed: gradient reduction overlaps backward only with ZeRO overlap_comm and no pipelining; "
