@@ -179,3 +179,27 @@ def test_the_search_prices_the_attention_kernel_its_framework_runs(framework, ex
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["plans"][0]["plan"]["attention_kernel"] == kernel
+
+
+def test_megatron_cores_bucket_grows_with_the_data_parallel_ranks():
+    # DistributedDataParallelConfig.bucket_size None: max(40M, 1M × dp × cp) parameters
+    def bucket(**plan) -> int:
+        return parse_section("plan", {"data_parallel": 1, **plan}).bucket_params  # type: ignore[attr-defined]
+
+    assert bucket(data_parallel=8) == 40_000_000  # 8M < 40M
+    assert bucket(data_parallel=64) == 64_000_000
+    assert bucket(data_parallel=32, context_parallel=2) == 64_000_000
+    assert bucket(data_parallel=64, grad_bucket_size_params=5) == 5  # the plan's own wins
+
+
+@pytest.mark.parametrize(
+    ("framework", "bucket"),
+    [("torchtitan", 25 * 1024 * 1024 // 4), ("deepspeed", 500_000_000), ("megatron-core", None)],
+)
+def test_the_search_prices_each_frameworks_gradient_bucket(framework, bucket):
+    # torch DDP: bucket_cap_mb 25 of fp32 gradients = 6,553,600; DeepSpeed: reduce_bucket_size 5e8;
+    # Megatron-Core: its DP-scaled default (left out)
+    args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["plans"][0]["plan"]["grad_bucket_size_params"] == bucket

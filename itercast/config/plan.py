@@ -82,8 +82,11 @@ class PlanConfig(BaseModel):
         "(torchtitan on H100, PyTorch before cuDNN 9.15: pytorch/pytorch#138522, #142132) and llm-foundry's "
         "attn_impl flash; fa3, FlashAttention-3. On a GPU without fits every kernel takes the FLOPs-only guess.",
     )
-    grad_bucket_size_params: Batch = Field(
-        40_000_000, description="DP gradient bucket, in parameters (Megatron DDP default 40M)."
+    grad_bucket_size_params: Batch | None = Field(
+        None,
+        description="DP gradient bucket, in parameters. Left out: Megatron-Core's default, max(40M, 1M × the "
+        "data × context parallel ranks) (DistributedDataParallelConfig.bucket_size: 'larger DP sizes need larger "
+        "buckets to ensure collectives do not become latency-bound').",
     )
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training)."
@@ -118,6 +121,15 @@ class PlanConfig(BaseModel):
         if self.data_parallel is None:
             raise ValueError("plan.data_parallel is resolved when the plan joins a Job (Job.from_dicts)")
         return self.data_parallel
+
+    @property
+    def bucket_params(self) -> int:
+        """Parameters per gradient bucket: grad_bucket_size_params, else Megatron-Core's default
+        max(40,000,000, 1,000,000 × data_parallel × context_parallel)
+        (megatron/core/distributed/distributed_data_parallel.py, bucket_size None)."""
+        if self.grad_bucket_size_params is not None:
+            return self.grad_bucket_size_params
+        return max(40_000_000, 1_000_000 * self.dp * self.context_parallel)
 
     @property
     def etp(self) -> int:

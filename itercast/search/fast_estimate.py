@@ -352,7 +352,7 @@ class FastEstimator:
         buckets: list[tuple[float, float]] = []  # the graph's gradient buckets of the most loaded stage, every chunk
         for per_unit in stage_units[stage]:
             backward = per_unit[::-1]
-            for a, b in bucket_spans([sum(w) for w in backward], base.grad_bucket_size_params):
+            for a, b in bucket_spans([sum(w) for w in backward], job.plan.bucket_params):
                 buckets.append(_sum(backward[a:b]))
         tail = float(
             costs.memory_s("elementwise", optimizer_step_bytes(job, local_optimizer_params(job, groups, params)))

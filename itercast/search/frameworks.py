@@ -53,7 +53,23 @@ class Framework:
     tp_comm_overlap: bool
     defaults: dict[str, Any]
     attention_kernel: str  # PlanConfig.attention_kernel: the fused attention it runs on Hopper
+    grad_bucket_size_params: int | None  # its gradient bucket; None: Megatron-Core's DP-scaled default
     rules: tuple[tuple[str, Callable[[Columns, bool], np.ndarray]], ...] = field(default=())
+
+    def plan_defaults(self) -> dict[str, Any]:
+        """Plan fields a launch of this framework runs unless the job sets them."""
+        out: dict[str, Any] = {"attention_kernel": self.attention_kernel}
+        if self.grad_bucket_size_params is not None:
+            out["grad_bucket_size_params"] = self.grad_bucket_size_params
+        return out
+
+
+#: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
+#: runtime/constants.py: 500,000,000)
+DEEPSPEED_BUCKET_PARAMS = 500_000_000
+#: torch DDP's bucket_cap_mb default, 25 MiB, in fp32 gradients (torch/nn/parallel/distributed.py), what
+#: torchtitan's 1-D data parallelism (replicate) runs
+TORCH_DDP_BUCKET_PARAMS = 25 * 2**20 // 4
 
 
 _MEGATRON_FSDP_WITHOUT_PP = (
@@ -101,6 +117,7 @@ MEGATRON_CORE = Framework(
     defaults={"overlap_grad_reduce": False, "overlap_param_gather": False},
     # Transformer Engine's DotProductAttention prefers FusedAttention (cuDNN) on compute capability >= 9.0
     attention_kernel="cudnn",
+    grad_bucket_size_params=None,
     rules=_megatron_rules("megatron-core"),
 )
 
@@ -128,6 +145,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # torch SDPA: FLASH_ATTENTION (FlashAttention-2) first below capability 10.0 (torchtitan#1196); cuDNN
         # attention is opt-in until cuDNN 9.15 (pytorch/pytorch#138522)
         attention_kernel="fa2",
+        grad_bucket_size_params=TORCH_DDP_BUCKET_PARAMS,
         rules=(
             (
                 "torchtitan: FSDP2 (zero 2-3) over dp_shard, DDP (zero 0) only as 1-D parallelism, no ZeRO-1 "
@@ -157,6 +175,7 @@ FRAMEWORKS: dict[str, Framework] = {
         defaults={"overlap_comm": "stage 3 only", "reduce_bucket_size": 500_000_000},
         # Megatron-DeepSpeed's --use-flash-attn-v2 (the flash_attn package's FlashAttention-2)
         attention_kernel="fa2",
+        grad_bucket_size_params=DEEPSPEED_BUCKET_PARAMS,
         rules=(
             (
                 "deepspeed: gradient reduction overlaps backward only with ZeRO overlap_comm and no pipelining; "

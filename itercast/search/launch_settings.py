@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from itercast.config.model import ModelConfig
+from itercast.search.frameworks import DEEPSPEED_BUCKET_PARAMS
 
 
 def _recompute_megatron(recompute: str) -> list[str]:
@@ -59,7 +60,8 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         out.append("--overlap-param-gather")
     if p["tp_comm_overlap"]:
         out.append("--tp-comm-overlap")
-    out.append(f"--ddp-bucket-size {p['grad_bucket_size_params']}")
+    if p["grad_bucket_size_params"] is not None:  # else Megatron-Core's own default, which the plan priced
+        out.append(f"--ddp-bucket-size {p['grad_bucket_size_params']}")
     if p["dtype"] == "fp8":
         out += ["--bf16", "--fp8-format hybrid"]
     elif p["dtype"] in ("bf16", "fp16"):
@@ -166,7 +168,7 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         zero_cfg |= {
             "overlap_comm": bool(p["overlap_grad_reduce"]),
             "contiguous_gradients": True,
-            "reduce_bucket_size": p["grad_bucket_size_params"],
+            "reduce_bucket_size": p["grad_bucket_size_params"] or DEEPSPEED_BUCKET_PARAMS,
         }
     config: dict[str, Any] = {
         "train_batch_size": p["global_batch_size"],

@@ -362,7 +362,7 @@ class TransformerStepBuilder:
             return pieces
         spans = [(0, len(pieces))]
         if split == "bucket":
-            spans = bucket_spans([sum(w) for _, w in pieces], self.job.plan.grad_bucket_size_params)
+            spans = bucket_spans([sum(w) for _, w in pieces], self.job.plan.bucket_params)
         out = []
         for start, end in spans:
             cost = ZERO_COST
