@@ -14,14 +14,15 @@ import pytest
 from test_dlrm import model, system
 from test_golden import HBM, LINK, PEAK, linear_calibration
 
-from itercast.workloads.dlrm import DLRMStep, Shard, dlrm_step
+from itercast.workloads.dlrm import DLRMStep, Shard, dlrm_step, no_overheads
 
 B, D, MLP = 128, 16, 313  # samples of the step, embedding width, MLP parameters
 
 
 def seconds(plan: dict[str, Shard]) -> dict[str, list[float]]:
-    """Durations of the step's tasks by name (one per rank), on the linear calibration."""
-    step: DLRMStep = dlrm_step(model(2), system(2), plan, B // 2, linear_calibration())
+    """Durations of the step's tasks by name (one per rank), on the linear calibration, without host
+    time (a task split at its operators' launches would be listed in parts)."""
+    step: DLRMStep = dlrm_step(model(2), system(2), plan, B // 2, linear_calibration(), host_overheads=no_overheads())
     g, out = step.graph, {}
     for t in range(g.num_tasks):
         out.setdefault(g.names[g.name[t]], []).append(float(g.duration_s[t]))

@@ -1,6 +1,7 @@
 """Host overheads T1–T5 (traces/host_overheads.py) checked on held-out steps of the shared traces.
 
     python validation/host_overheads.py        # reads $ITERCAST_DATA or ../shared/data
+    python validation/host_overheads.py --write-defaults itercast/costs/host_overheads.json
 
 Each step is replayed with its host chains (gaps between runtime calls, and the calls) priced by a
 T1–T5 model instead of their measurement; GPU ops keep their measured durations, so the error is
@@ -11,10 +12,15 @@ the host model's. The model is fitted on
 "replay" keeps the measured host (the graph's own error); "no host" sets every modelled gap and call
 to zero, to show how much of each step the host is. Lin et al. report 7.96% (own overheads) and
 +2.19% with shared overheads for whole-iteration prediction, where kernels are modelled too.
+--write-defaults FILE writes T1–T5 measured on all 8 ranks of the PARAM DLRM trace (TorchRec on
+8 × V100) as a calibration document: the defaults of model-built DLRM steps (workloads/dlrm/host.py),
+without per-operator means (another job's operators are not these).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -24,11 +30,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.costs.fitting import geomean_abs_err
 from itercast.data_paths import shared_data_dir
+from itercast.profile.calibrate import host_overheads_only
 from itercast.replay import replay_graph
 from itercast.traces.host_overheads import KINDS, HostOverheads, measure
 from itercast.traces.kineto import RankTrace, read_traces
 from itercast.traces.replay_graph import ReplayGraph, build_replay_graph
 from itercast.traces.whatif import apply_host_overheads
+from itercast.workloads.dlrm.host import LAUNCH
 from validation.replay import extract
 
 
@@ -37,14 +45,35 @@ def step_ms(traces: list[RankTrace], rg: ReplayGraph, model: HostOverheads | Non
     return next(s.replayed_s for s in replay_graph(traces, graph).steps if (s.rank, s.step) == (rank, step)) * 1e3
 
 
+PARAM_DLRM = "param_dlrm_kineto_8rank_v100.tar.gz"
+
+
+def write_defaults(dlrm: list[RankTrace], path: Path) -> None:
+    """T1–T5 over every rank of the PARAM DLRM trace, pooled only, as a calibration document."""
+    m = measure(dlrm)
+    pooled = HostOverheads(m.t1_us, {k: round(v, 3) for k, v in m.t4_us.items()}, {}, m.pooled, m.samples)
+    doc = host_overheads_only(pooled) | {
+        "source": f"PARAM DLRM, TorchRec on 8 x V100 (../shared/data/traces/{PARAM_DLRM}, all ranks): "
+        f"python validation/host_overheads.py --write-defaults {path}",
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}: T1 {m.t1_us:.2f} us, pooled {m.pooled}, {LAUNCH} {m.t4_us.get(LAUNCH, 0.0):.2f} us")
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write-defaults", type=Path, metavar="FILE", help="write the PARAM DLRM T1-T5 and stop")
+    args = ap.parse_args()
     data = shared_data_dir()
     if data is None:
         print("no shared data (set ITERCAST_DATA or place ../shared/data beside the repo): nothing to validate")
         return
     with tempfile.TemporaryDirectory() as tmp:
-        dlrm = read_traces([extract(data / "traces" / "param_dlrm_kineto_8rank_v100.tar.gz", Path(tmp))])
-    cases = {"param_dlrm_kineto_8rank_v100": dlrm}
+        dlrm = read_traces([extract(data / "traces" / PARAM_DLRM, Path(tmp))])
+    if args.write_defaults is not None:
+        write_defaults(dlrm, args.write_defaults)
+        return
+    cases = {PARAM_DLRM.removesuffix(".tar.gz"): dlrm}
     cases |= {p.name.removesuffix(".json.gz"): read_traces([p]) for p in sorted((data / "traces").glob("*.json.gz"))}
     calls = {name for traces in cases.values() for name in measure(traces).t4_us}
     zero = HostOverheads(0.0, dict.fromkeys(calls, 0.0), {}, dict.fromkeys(KINDS, 0.0))

@@ -27,6 +27,11 @@ class GPUSpec(BaseModel):
         description="FlashAttention-2 runs on it (Ampere or newer, compute capability ≥ 8.0: Dao-AILab/"
         "flash-attention README, 'Installation and features'); where false, plans default to unfused attention.",
     )
+    executes_on_host: bool = Field(
+        False,
+        description="The accelerator is the host CPU itself (the cpu-host preset): operators run on the "
+        "thread that dispatches them, so host overheads add to the compute instead of overlapping it.",
+    )
     reserved_bytes: NonNegativeFloat = Field(
         2 * 1024**3,
         description="Memory not available to tensors: CUDA context, cuBLAS/NCCL workspaces, "

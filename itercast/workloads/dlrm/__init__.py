@@ -4,7 +4,8 @@ Where things live: config.py, what a DLRM and its job are (tables, MLPs, shards,
 the validated job, a user's sharding checked); embedding.py, one table's work on one rank and its
 price (lookups, distinct rows from the index distribution or a sample of real indices, the fused
 row-wise Adagrad update); step.py, one training step as a graph of every rank and the memory each
-rank holds; sharding.py, the planner of the fastest shardings. Importers use this package's names.
+rank holds; host.py, the host overheads T1–T5 of the step's operators; sharding.py, the planner
+of the fastest shardings. Importers use this package's names.
 """
 
 from itercast.workloads.dlrm.config import (
@@ -30,6 +31,7 @@ from itercast.workloads.dlrm.embedding import (
     replica_update_bytes,
     shard_work,
 )
+from itercast.workloads.dlrm.host import HostModel, default_overheads, host_model, no_overheads, ops_per_task
 from itercast.workloads.dlrm.sharding import ShardingResult, candidate_shards, plan_sharding
 from itercast.workloads.dlrm.step import DLRMStep, dlrm_step, memory_parts_per_rank, memory_per_rank, mlp_seconds
 
@@ -40,6 +42,7 @@ __all__ = [
     "DLRMPlan",
     "DLRMStep",
     "EmbeddingTable",
+    "HostModel",
     "Shard",
     "ShardSpec",
     "ShardWork",
@@ -48,15 +51,19 @@ __all__ = [
     "beyond_profile",
     "candidate_shards",
     "check_sharding",
+    "default_overheads",
     "dlrm_model",
     "dlrm_step",
     "embedding_seconds",
+    "host_model",
     "index_stats",
     "is_dlrm_model",
     "load_index_sample",
     "memory_parts_per_rank",
     "memory_per_rank",
     "mlp_seconds",
+    "no_overheads",
+    "ops_per_task",
     "plan_sharding",
     "read_index_sequence",
     "replica_update_bytes",

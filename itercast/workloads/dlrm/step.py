@@ -25,10 +25,17 @@ One step, per rank:
   and divided by the world size before, copied out after: 4 and 2 times the bytes, as DDP does
   without gradient_as_bucket_view); then Adam on the MLPs and the replicas' dense row-wise Adagrad.
 Collectives start when every rank is ready (the simulator's rendezvous).
+Host (workloads/dlrm/host.py, DESIGN.md §3 rule 4): each rank's host issues the tasks' operators in
+the order above, each costing the host model's seconds; a task of k operators and GPU time D starts
+after its first operator's host time and its last 1/k of D waits for the last operator's launch, so
+the task ends at max(first launch + D, last launch + D/k): the GPU hides the host when its kernels
+are long, the host sets the pace when they are short. On a system whose accelerator is the host the
+operators' host time runs on the compute resource itself, before the task.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +44,7 @@ import numpy as np
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.aten_ops import OpFeatures
+from itercast.costs.host_overheads import HostOverheads
 from itercast.costs.op_model import OperatorCostModel
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import place_group
@@ -49,6 +57,7 @@ from itercast.workloads.dlrm.embedding import (
     replica_update_bytes,
     shard_work,
 )
+from itercast.workloads.dlrm.host import HostModel, host_model, ops_per_task
 
 ADAM_BYTES = 16  # an MLP parameter: fp32 weight, gradient, Adam m and v
 INDEX_BYTES, LENGTH_BYTES = 8, 4  # a KeyedJaggedTensor's int64 indices and int32 length per bag (TorchRec)
@@ -59,6 +68,7 @@ class DLRMStep:
     sim: SimResult  # the simulated step: every rank's timeline
     memory_per_rank_bytes: list[float]
     capacity_bytes: float
+    host_source: str  # where the host overheads came from: own trace, other trace, given
 
     @property
     def step_time_s(self) -> float:
@@ -137,13 +147,15 @@ def dlrm_step(
     batch_per_rank: int,
     calibration: dict[str, Any] | None = None,
     index_counts: dict[str, np.ndarray] | None = None,
+    host_overheads: HostOverheads | None = None,
 ) -> DLRMStep:
     """Simulate one step of `model` on `system` (every GPU a rank) under the sharding `plan` (tables
     it does not name are left out: the planner prices partial plans). `calibration`: a calibration
     document (profile/calibrate.py) for the GEMM, memory and collective curves and, with an
     `operators` section, the operator models of the lookups, updates and GEMMs; the built-in curves
     when None. `index_counts`: per table, the row frequencies of a sample of its real indices
-    (load_index_sample); tables without one use their named distribution."""
+    (load_index_sample); tables without one use their named distribution. `host_overheads`: T1–T5
+    for the host (host.no_overheads() for none); else the calibration's, else the TorchRec defaults."""
     world, b = system.num_gpus, batch_per_rank
     costs = AnalyticCostModel(system, "fp32", calibration)
     ops = OperatorCostModel(calibration["operators"]) if calibration and "operators" in calibration else None
@@ -195,25 +207,61 @@ def dlrm_step(
         else (0.0, 0.0)
     )
     optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_BYTES * 2 + update_bytes))
+    host = host_model(system, calibration, host_overheads)
     g = GraphBuilder()
     exchange_fwd, exchange_bwd, all_reduce = g.new_collective(), g.new_collective(), g.new_collective()
     exchange_indices = g.new_collective()
     comp_, comm_ = Category.COMPUTE, Category.COMMUNICATION
     for r in range(world):
         comp, comm, dp = g.resource(r, "compute"), g.resource(r, "comm"), g.resource(r, "dp_comm")
-        indices = g.task("index_exchange", comm, index_exchange, comm_, "alltoall", collective=exchange_indices)
-        emb = g.task("embedding_fwd", comp, emb_fwd[r], comp_, "embedding", [indices])
-        a2a = g.task("pooled_exchange", comm, fwd_comm, comm_, "alltoall", [emb], collective=exchange_fwd)
-        bottom = g.task("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")
-        top = g.task("interaction_top_mlp_fwd_bwd", comp, top_fwd + top_bwd, comp_, "mlp", [a2a, bottom])
-        bottom_b = g.task("bottom_mlp_bwd", comp, bottom_bwd, comp_, "mlp", [top])
-        replica_b = g.task("replica_embedding_bwd", comp, replica_bwd[r], comp_, "embedding", [bottom_b])
-        buckets = g.task("ddp_to_buckets", comp, to_buckets, comp_, "ddp", [replica_b])
-        ar = g.task("grad_all_reduce", dp, reduce, comm_, "all_reduce", [buckets], collective=all_reduce)
-        back = g.task("pooled_grad_exchange", comm, bwd_comm, comm_, "alltoall", [replica_b], collective=exchange_bwd)
-        emb_b = g.task("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back])
-        grads = g.task("ddp_from_buckets", comp, from_buckets, comp_, "ddp", [ar])
-        g.task("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, grads])
+        issue = host_issuer(
+            g,
+            host,
+            comp if host.on_compute else g.resource(r, "host"),
+            ops_per_task(model, plan, r, world, foreach_optimizer=not system.gpu.executes_on_host),
+        )
+        indices = issue("index_exchange", comm, index_exchange, comm_, "alltoall", collective=exchange_indices)
+        emb = issue("embedding_fwd", comp, emb_fwd[r], comp_, "embedding", [indices])
+        a2a = issue("pooled_exchange", comm, fwd_comm, comm_, "alltoall", [emb], collective=exchange_fwd)
+        bottom = issue("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")
+        top = issue("interaction_top_mlp_fwd_bwd", comp, top_fwd + top_bwd, comp_, "mlp", [a2a, bottom])
+        bottom_b = issue("bottom_mlp_bwd", comp, bottom_bwd, comp_, "mlp", [top])
+        replica_b = issue("replica_embedding_bwd", comp, replica_bwd[r], comp_, "embedding", [bottom_b])
+        buckets = issue("ddp_to_buckets", comp, to_buckets, comp_, "ddp", [replica_b])
+        ar = issue("grad_all_reduce", dp, reduce, comm_, "all_reduce", [buckets], collective=all_reduce)
+        back = issue("pooled_grad_exchange", comm, bwd_comm, comm_, "alltoall", [replica_b], collective=exchange_bwd)
+        emb_b = issue("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back])
+        grads = issue("ddp_from_buckets", comp, from_buckets, comp_, "ddp", [ar])
+        issue("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, grads])
     graph = g.build()
     gpu = system.gpu
-    return DLRMStep(simulate(graph), memory_per_rank(model, plan, world), gpu.hbm_bytes - gpu.reserved_bytes)
+    return DLRMStep(
+        simulate(graph), memory_per_rank(model, plan, world), gpu.hbm_bytes - gpu.reserved_bytes, host.source
+    )
+
+
+def host_issuer(g: GraphBuilder, host: HostModel, host_resource: int, ops: dict[str, int]) -> Callable[..., int]:
+    """Adds a task after the host time of its `ops[name]` operators on `host_resource` (module
+    docstring); returns the task a successor waits for. No host tasks where the host costs nothing."""
+
+    def issue(
+        name: str,
+        resource: int,
+        seconds: float,
+        category: Category,
+        family: str,
+        deps: list[int] | None = None,
+        collective: int = -1,
+    ) -> int:
+        k, before = ops[name], list(deps or [])
+        if k == 0 or host.op_s == 0:
+            return g.task(name, resource, seconds, category, family, before, collective=collective)
+        first = g.task(f"host:{name}", host_resource, host.op_s, Category.HOST, "host")
+        if collective >= 0 or k == 1:  # a collective starts once all its operators are issued
+            last = g.task(f"host:{name}", host_resource, (k - 1) * host.op_s, Category.HOST, "host") if k > 1 else first
+            return g.task(name, resource, seconds, category, family, [*before, last], collective=collective)
+        rest = g.task(f"host:{name}", host_resource, (k - 1) * host.op_s, Category.HOST, "host")
+        g.task(name, resource, seconds * (k - 1) / k, category, family, [*before, first])
+        return g.task(name, resource, seconds / k, category, family, [rest])
+
+    return issue

@@ -1,0 +1,139 @@
+"""The host side of a model-built DLRM step: which host overheads T1–T5 apply, how many operators
+each task of the step issues, and the host seconds of one operator.
+
+Lin et al. (TPDS'24, "Building a Performance Model for Deep Learning Recommendation Model Training
+on GPUs"; traces/host_overheads.py names the five types) price every operator's host time: T1 before
+it, T2 to its first launch, T4 per launch, T5 between launches, T3 after the last; an operator that
+launches nothing (views, reshapes, most AccumulateGrad) costs T1 and its whole (no-call) time. A DLRM
+step issues hundreds of small operators, so its host often sets the pace (the PARAM DLRM 8 × V100
+trace: 505 top-level operators per rank, most under 50 µs of GPU time).
+
+Overheads: the calibration's `host_overheads` section when it has one (`itercast calibrate
+--host-trace` of the user's own run: "own trace"), else the TorchRec defaults in
+costs/host_overheads.json (measured on the PARAM DLRM traces: "other trace" for any other job).
+
+Operators per task are counted from the model, one per launching PyTorch operator, as TorchRec and
+PyTorch issue them (each count cites its source below); the operators that launch nothing come on
+top in the measured ratio (`silent_per_launching`: the defaults' 2,730 no-call operators to 1,304
+launching ones). APPROXIMATIONS: every operator has the typical (pooled) T2/T3, not its own; one
+launch per operator (no T5); TorchRec's table-batched lookups fuse the tables of one sharding type
+into one operator, counted here one per table (as tools/measure_dlrm_sharding.py runs them); the host
+never waits for the GPU (TorchRec's input distribution syncs for its splits: not modelled).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from itercast.config.system import SystemConfig
+from itercast.costs.host_overheads import KINDS, HostOverheads
+from itercast.workloads.dlrm.config import DLRMConfig, Shard
+from itercast.workloads.dlrm.embedding import F32
+
+LAUNCH = "cudaLaunchKernel"
+#: PyTorch ops per MLP layer: forward aten::linear (addmm) and aten::relu; backward AddmmBackward0,
+#: ReluBackward0 and an AccumulateGrad for the weight and the bias (torch/csrc/autograd: one
+#: evaluate_function per graph node, as the PARAM trace's autograd thread shows)
+MLP_FWD_OPS, MLP_BWD_OPS = 2, 4
+#: the dot interaction, forward and backward: cat, bmm, the upper-triangle index, cat
+#: (facebookresearch/dlrm dlrm_s_pytorch.py interact_features); DCNv2's cross layers are MLP layers
+DOT_OPS, CAT_OPS = 4, 1
+LOSS_OPS = 1  # binary_cross_entropy_with_logits, and its backward
+#: Adam per parameter tensor: step += 1, exp_avg.lerp_, exp_avg_sq.mul_ and addcmul_, sqrt, div, add
+#: ε, addcdiv_ (torch/optim/adam.py _single_tensor_adam, the default for CPU tensors); on GPUs the
+#: foreach path issues the same 8 operators once for all tensors (_multi_tensor_adam)
+ADAM_OPS = 8
+#: a data-parallel table's dense row-wise Adagrad: norm, pow, div, add to the state; sqrt, add ε,
+#: divide, addcmul (tools/measure_dlrm_sharding.py, ShardedDLRM.step)
+DENSE_ADAGRAD_OPS = 8
+#: PyTorch DDP's bucket size (DistributedDataParallel bucket_cap_mb=25): one all-reduce per bucket
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """Host overheads for a model-built step: seconds per launching operator (with its share of
+    silent ones), whether the host's operators run on the compute resource itself (a CPU: they add
+    to the step) and where the overheads came from."""
+
+    op_s: float
+    on_compute: bool
+    source: str
+
+
+def default_overheads() -> tuple[HostOverheads, str]:
+    """The TorchRec defaults (costs/host_overheads.json) and their source."""
+    doc = json.loads(resources.files("itercast.costs").joinpath("host_overheads.json").read_text())
+    return HostOverheads.from_dict(doc["host_overheads"], "costs/host_overheads.json"), doc["source"]
+
+
+def no_overheads() -> HostOverheads:
+    """Zero host time: the step of the GPU streams alone."""
+    return HostOverheads(0.0, {}, {}, dict.fromkeys(KINDS, 0.0))
+
+
+def host_model(
+    system: SystemConfig, calibration: dict[str, Any] | None, overheads: HostOverheads | None = None
+) -> HostModel:
+    """`overheads` when given, else the calibration's host_overheads section ("own trace"), else the
+    TorchRec defaults ("other trace"). One launching operator costs T1 + T2 + T4 + T3 and
+    `silent_per_launching` × (T1 + no-call time); on a system whose accelerator is the host
+    (gpu.executes_on_host) nothing is launched (no T4) and the host time adds to the compute."""
+    if overheads is not None:
+        h, source = overheads, "given"
+    elif calibration is not None and "host_overheads" in calibration:
+        h, source = HostOverheads.from_dict(calibration["host_overheads"]), "own trace (calibration host_overheads)"
+    else:
+        h, where = default_overheads()
+        source = f"other trace: costs/host_overheads.json, {where.split(' (')[0]}"
+    on_host = system.gpu.executes_on_host
+    launch_us = 0.0 if on_host else h.t4_us.get(LAUNCH, 0.0)
+    launching = h.t1_us + h.pooled["t2_us"] + launch_us + h.pooled["t3_us"]
+    op_us = launching + silent_per_launching(h) * (h.t1_us + h.pooled["no_call_us"])
+    return HostModel(op_us * 1e-6, on_host, source)
+
+
+def silent_per_launching(h: HostOverheads) -> float:
+    """Operators that launch nothing per operator that launches (their sample counts; 0 without)."""
+    launching = h.samples.get("t2", 0)
+    return h.samples.get("no_call", 0) / launching if launching else 0.0
+
+
+def ops_per_task(
+    model: DLRMConfig, plan: dict[str, Shard], rank: int, world: int, foreach_optimizer: bool
+) -> dict[str, int]:
+    """Launching operators each task of dlrm_step's graph issues on `rank` (module docstring)."""
+    mine = [s for s in plan.values() if rank in s.ranks]
+    replicas = sum(s.strategy == "data_parallel" for s in mine)
+    sharded = len(mine) - replicas
+    layers = model.mlp_layers()
+    bottom, top = len(model.bottom_mlp), len(layers) - len(model.bottom_mlp)
+    interaction = DOT_OPS if model.interaction == "dot" else CAT_OPS
+    row_wise = any(s.strategy == "row_wise" for s in plan.values())
+    pooled = any(s.strategy in ("table_wise", "column_wise") for s in plan.values())
+    dense_tensors = 2 * len(layers) + replicas  # a weight and a bias per layer, and each replica table
+    replicated = [t for t in model.tables if t.name in plan and plan[t.name].strategy == "data_parallel"]
+    dense_bytes = (model.mlp_params() + sum(t.num_rows * t.embedding_dim for t in replicated)) * F32
+    ddp = world > 1  # one rank exchanges nothing
+    exchanges = (int(pooled) + int(row_wise)) * ddp
+    return {
+        # TorchRec's KJT all-to-all: the lengths, then the indices (torchrec/distributed/dist_data.py)
+        "index_exchange": 2 if model.input_distribution and ddp else 0,
+        "embedding_fwd": len(mine),
+        "pooled_exchange": exchanges,
+        "bottom_mlp_fwd": MLP_FWD_OPS * bottom,
+        "interaction_top_mlp_fwd_bwd": 2 * (interaction + LOSS_OPS) + (MLP_FWD_OPS + MLP_BWD_OPS) * top,
+        "bottom_mlp_bwd": MLP_BWD_OPS * bottom,
+        "replica_embedding_bwd": replicas,
+        # DDP copies each gradient into its bucket and divides the bucket (c10d reducer.cpp), then back
+        "ddp_to_buckets": dense_tensors + 1 if ddp else 0,
+        "grad_all_reduce": math.ceil(dense_bytes / DDP_BUCKET_BYTES) if ddp else 0,
+        "pooled_grad_exchange": exchanges,
+        "embedding_bwd": sharded,  # FBGEMM's backward with its fused optimizer: one operator per lookup
+        "ddp_from_buckets": dense_tensors if ddp else 0,
+        "optimizer": (ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)) + DENSE_ADAGRAD_OPS * replicas,
+    }

@@ -1,0 +1,114 @@
+"""Host overheads T1–T5 in a model-built DLRM step (workloads/dlrm/host.py, dlrm/step.py): the host
+issues each task's operators, the GPU waits for their launches; values computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+from test_dlrm import model, system
+from test_golden import SYSTEM
+
+from itercast.config.job import parse_section
+from itercast.costs.host_overheads import HostOverheads
+from itercast.graph.execgraph import Category, GraphBuilder
+from itercast.profile.calibrate import host_overheads_only, merge_calibration
+from itercast.sim.engine import simulate
+from itercast.workloads.dlrm import HostModel, Shard, dlrm_step, host_model, no_overheads, ops_per_task
+from itercast.workloads.dlrm.step import host_issuer
+
+US = 1e-6
+#: T1 2 µs, T2 3, T3 1, cudaLaunchKernel 4, no-call 1; 5 silent operators to 10 launching ones
+OVERHEADS = HostOverheads(
+    2.0,
+    {"cudaLaunchKernel": 4.0},
+    {},
+    {"t2_us": 3.0, "t3_us": 1.0, "t5_us": 0.5, "no_call_us": 1.0},
+    {"t2": 10, "no_call": 5},
+)
+
+
+def cpu_system(gpus: int):
+    """test_dlrm's system whose accelerator is the host."""
+    gpu = {**SYSTEM["gpu"], "executes_on_host": True}
+    return parse_section(
+        "system", {**SYSTEM, "gpu": gpu, "node": {**SYSTEM["node"], "gpus_per_node": gpus}, "num_nodes": 1}
+    )
+
+
+def chain(host: HostModel, kernels_s: list[float], ops: list[int]) -> float:
+    """One rank: tasks one after another on its compute stream, each issued by its operators."""
+    g = GraphBuilder()
+    comp = g.resource(0, "compute")
+    names = [f"op{i}" for i in range(len(kernels_s))]
+    issue = host_issuer(g, host, comp if host.on_compute else g.resource(0, "host"), dict(zip(names, ops, strict=True)))
+    last: list[int] = []
+    for name, seconds in zip(names, kernels_s, strict=True):
+        last = [issue(name, comp, seconds, Category.COMPUTE, "mlp", last)]
+    return simulate(g.build()).step_time_s
+
+
+def test_one_operator_costs_t1_t2_launch_t3_and_its_share_of_silent_ones():
+    gpu = host_model(system(2), None, OVERHEADS)
+    # launching: 2 + 3 + 4 + 1 = 10 µs; 0.5 silent per launching one, each T1 + no-call = 3 µs
+    assert gpu.op_s == pytest.approx((10 + 0.5 * 3) * US) and not gpu.on_compute
+    cpu = host_model(cpu_system(2), None, OVERHEADS)
+    assert cpu.op_s == pytest.approx((2 + 3 + 1 + 0.5 * 3) * US) and cpu.on_compute  # nothing launched
+
+
+def test_a_host_bound_step_is_the_sum_of_host_times_and_the_last_kernel():
+    host = HostModel(10 * US, False, "test")  # 10 µs of host per operator, 3 µs kernels
+    assert chain(host, [3 * US] * 3, [1, 1, 1]) == pytest.approx((10 + 10 + 10 + 3) * US)
+
+
+def test_long_kernels_hide_the_host():
+    host = HostModel(10 * US, False, "test")  # only the first launch shows: 10 + 3 × 50 µs
+    assert chain(host, [50 * US] * 3, [1, 1, 1]) == pytest.approx((10 + 3 * 50) * US)
+
+
+def test_a_task_of_many_operators_waits_for_its_last_launch():
+    host = HostModel(10 * US, False, "test")
+    # 4 operators, 20 µs of GPU: first launch at 10, the last 1/4 (5 µs) after the 4th at 40: 45 µs
+    assert chain(host, [20 * US], [4]) == pytest.approx((4 * 10 + 20 / 4) * US)
+    # 4 operators, 100 µs of GPU: the kernels run from the first launch on: 10 + 100 µs
+    assert chain(host, [100 * US], [4]) == pytest.approx((10 + 100) * US)
+
+
+def test_on_a_cpu_the_host_adds_to_every_operator():
+    host = HostModel(10 * US, True, "test")
+    assert chain(host, [50 * US] * 3, [1, 2, 1]) == pytest.approx((4 * 10 + 3 * 50) * US)
+
+
+def test_operators_per_task_by_hand():
+    """model(2): bottom MLP 8 → 16 (1 layer), top 19 → 8 → 1 (2 layers), dot interaction; 2 ranks,
+    t0 table-wise on rank 0, t1 data-parallel."""
+    plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("data_parallel", (0, 1))}
+    ops = ops_per_task(model(2), plan, 0, 2, foreach_optimizer=True)
+    assert ops["index_exchange"] == 2  # lengths, then indices
+    assert ops["embedding_fwd"] == 2 and ops["embedding_bwd"] == 1 and ops["replica_embedding_bwd"] == 1
+    assert ops["pooled_exchange"] == ops["pooled_grad_exchange"] == 1  # no row-wise table
+    assert ops["bottom_mlp_fwd"] == 2 and ops["bottom_mlp_bwd"] == 4
+    assert ops["interaction_top_mlp_fwd_bwd"] == 2 * (4 + 1) + 2 * (2 + 4)  # dot and loss both ways, 2 layers
+    # 3 layers × (weight, bias) + the replica: 7 gradients copied in, the bucket divided, copied out
+    assert (ops["ddp_to_buckets"], ops["ddp_from_buckets"], ops["grad_all_reduce"]) == (8, 7, 1)
+    assert ops["optimizer"] == 8 + 8  # foreach Adam, the replica's dense Adagrad
+    assert ops_per_task(model(2), plan, 1, 2, foreach_optimizer=False)["optimizer"] == 8 * 6 + 8
+    alone = ops_per_task(model(2), {"t0": Shard("table_wise", (0,))}, 0, 1, foreach_optimizer=True)
+    assert alone["index_exchange"] == alone["pooled_exchange"] == alone["ddp_to_buckets"] == 0
+
+
+def test_one_rank_on_a_cpu_adds_every_operators_host_time():
+    """1 rank on a CPU, both tables table-wise: 2 lookups, 2 bottom fwd, 22 interaction and top, 4
+    bottom bwd, 2 updates, Adam on 6 tensors (48): 80 operators, all on the compute thread."""
+    cpu = cpu_system(1)
+    plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (0,))}
+    bare = dlrm_step(model(2), cpu, plan, 64, host_overheads=no_overheads())
+    step = dlrm_step(model(2), cpu, plan, 64, host_overheads=OVERHEADS)
+    assert step.step_time_s - bare.step_time_s == pytest.approx(80 * (2 + 3 + 1 + 0.5 * 3) * US)
+
+
+def test_the_step_names_where_its_overheads_came_from():
+    plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (1,))}
+    default = dlrm_step(model(2), system(2), plan, 64)
+    assert default.host_source.startswith("other trace") and "costs/host_overheads.json" in default.host_source
+    own = dlrm_step(model(2), system(2), plan, 64, merge_calibration(host_overheads_only(OVERHEADS)))
+    assert own.host_source.startswith("own trace")
+    assert default.step_time_s > dlrm_step(model(2), system(2), plan, 64, host_overheads=no_overheads()).step_time_s
