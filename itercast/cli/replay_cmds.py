@@ -30,6 +30,16 @@ def replay_cmd(
     world_size: Annotated[
         int | None, typer.Option(help="What-if: data-parallel group size for re-timed collectives.")
     ] = None,
+    dp: Annotated[
+        int | None,
+        typer.Option(
+            help="What-if: data-parallel size: gradient reductions re-timed by the collective model's "
+            "ratio for the new group (buckets kept)."
+        ),
+    ] = None,
+    pp_stages: Annotated[
+        int | None, typer.Option(help="What-if: pipeline stages (needs a trace with pipeline sends).")
+    ] = None,
     gpu: Annotated[
         str | None, typer.Option(help="What-if: re-time GEMMs (shapes from --et) on this system's GPU.")
     ] = None,
@@ -39,7 +49,9 @@ def replay_cmd(
     calibration: Annotated[
         Path | None,
         typer.Option(
-            metavar="FILE", help="What-if: host overheads T1–T5 from this calibration file (`calibrate --host-trace`)."
+            metavar="FILE",
+            help="What-if: host overheads T1–T5 (`calibrate --host-trace`) and collective curves from this "
+            "calibration file.",
         ),
     ] = None,
     as_json: JsonOpt = False,
@@ -51,11 +63,16 @@ def replay_cmd(
     try:
         factors = dict(_factor(item) for item in scale or [])
         factors.update({cls: 0.0 for cls in drop or []})
-        host = _host_overheads(calibration) if calibration is not None else None
+        curves = load_calibration(calibration) if calibration is not None else None
+        retimes_collectives = system is not None or world_size is not None or dp is not None
+        host = (
+            _host_overheads(calibration, curves, retimes_collectives)
+            if calibration is not None and curves is not None
+            else None
+        )
+        whatif = WhatIf(factors, system, world_size, gpu, host, dp, pp_stages, curves)
         with working("replaying the traces…", as_json):
-            base, changed, counts = replay_whatif(
-                list(traces), WhatIf(factors, system, world_size, gpu, host), et or []
-            )
+            base, changed, counts = replay_whatif(list(traces), whatif, et or [])
     except (ConfigError, TraceError, DeadlockError, CalibrationError) as exc:
         fail(str(exc).replace("\n", "\n  "))
     result = changed
@@ -75,9 +92,9 @@ def replay_cmd(
 
 
 def _print_collectives(counts: dict, total: int) -> None:
-    """With --system/--world-size: how many collectives were re-timed, and a warning for those kept."""
-    retimed = {k: n for k, n in counts.items() if k.startswith("re-timed ") and "GEMM" not in k}
-    kept = {k: n for k, n in counts.items() if k.startswith("NCCL kernels kept at measured time")}
+    """With --system/--world-size/--dp: how many collectives were re-timed, and a warning for those kept."""
+    retimed = {k: n for k, n in counts.items() if k.startswith(("re-timed ", "gradient ")) and "GEMM" not in k}
+    kept = {k: n for k, n in counts.items() if "kept at measured time" in k}
     if not retimed and not kept:
         return
     inferred = sum(n for k, n in retimed.items() if k.endswith("(size inferred)"))
@@ -89,28 +106,30 @@ def _print_collectives(counts: dict, total: int) -> None:
     if kept:
         console.print(
             f"[yellow]warning:[/] {sum(kept.values())} of {total} collectives keep their measured time: "
-            + "; ".join(f"{n} {k.removeprefix('NCCL kernels kept at measured time ')}" for k, n in kept.items()),
+            + "; ".join(f"{n} {k.replace(' kept at measured time', '')}" for k, n in kept.items()),
             highlight=False,
         )
 
 
-def _ranks_line(ranks: list[int], matched: list[int], nccl_meta: dict) -> str:
+def _ranks_line(ranks: list[int], matched: list[int], collectives: dict) -> str:
     """Which ranks were loaded and whose collectives were matched into rendezvous."""
     line = f"ranks loaded: {_ranks(ranks)}; "
     if matched:
         return line + f"collectives matched across ranks {_ranks(matched)} (replayed as transfers)"
-    if nccl_meta:
-        return line + "no collective matched across ranks: NCCL kernels keep their measured time (waits included)"
-    return line + "no NCCL kernels"
+    if collectives:
+        return line + "no collective matched across ranks: collectives keep their measured time (waits included)"
+    return line + "no collectives"
 
 
 def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def _host_overheads(path: Path) -> HostOverheads:
-    doc = load_calibration(path)
+def _host_overheads(path: Path, doc: dict, retimes_collectives: bool) -> HostOverheads | None:
+    """The calibration's host overheads; None where it has none but serves a collective what-if."""
     if "host_overheads" not in doc:
+        if retimes_collectives:
+            return None
         raise CalibrationError(f"{path}: no host_overheads section (write one with `itercast calibrate --host-trace`)")
     return HostOverheads.from_dict(doc["host_overheads"], f"{path}: host_overheads")
 
@@ -132,15 +151,16 @@ def _print_replay(base: ReplayResult, changed: ReplayResult, counts: dict) -> No
         row = [str(s.rank), str(s.step), f"{s.measured_s * 1e3:.3f}", f"{s.replayed_s * 1e3:.3f}", f"{s.error:+.2%}"]
         table.add_row(*row, f"{s.gpu_busy:.0%}", *((f"{w.replayed_s * 1e3:.3f}",) if counts else ()))
     console.print(table)
-    console.print(_ranks_line(d["ranks"], d["matched_ranks"], base.replay_graph.nccl_meta), highlight=False)
+    rg = base.replay_graph
+    console.print(_ranks_line(d["ranks"], d["matched_ranks"], rg.nccl_meta or rg.cpu_comm), highlight=False)
     busy = [s.gpu_busy for s in base.steps] or [base.span_gpu_busy]
-    if max(busy) < GPU_BOUND_BUSY:
+    if rg.gpu_task and max(busy) < GPU_BOUND_BUSY:  # a CPU-only trace has no GPU to be bound by
         console.print(
             f"host-bound: the GPU is busy at most {max(busy):.0%} of a step, so what-ifs on GPU kernels move the "
             "step little or not at all; host what-ifs (--calibration) and synchronisations decide it",
             highlight=False,
         )
-    _print_collectives(counts, len(base.replay_graph.nccl_meta))
+    _print_collectives(counts, len(base.replay_graph.nccl_meta) + len(base.replay_graph.cpu_comm))
     for title, items in (("what-if", counts), ("inferred", d["inferences"]), ("events not used", d["ignored_events"])):
         if items:
             console.print(f"[bold]{title}:[/] " + "; ".join(f"{k}: {v}" for k, v in items.items()), highlight=False)

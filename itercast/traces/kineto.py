@@ -11,7 +11,9 @@ never with the file's text), interns names, and keeps what replay needs:
   (arg names as PyTorch writes them: torch/csrc/profiler/util.h kCommsName, kInMsgNelems, …);
 - iteration marks (`ProfilerStep#N` annotations); `distributedInfo` (rank, world size); the GPU's
   name (`deviceProperties`);
-- CPU ops (thread, name, start, duration, record-function id, input dims) to link execution traces.
+- CPU ops (thread, name, start, duration, record-function id, input dims) to link execution traces;
+- CPU collectives (`gloo:<collective>` annotations on the gloo worker threads: thread, name, start,
+  duration), which replay joins to their `c10d::` launch ops (cpu_collectives.py).
 Everything else is counted by reason in `ignored` (nothing is dropped silently). Timestamps are µs
 in Kineto; absolute or relative to `baseTimeNanoseconds` (the offset is added). Stored in µs as
 read; the graph builder converts to seconds.
@@ -71,6 +73,10 @@ class RankTrace:
     # explicit stream waits ("cuda_sync" Stream Wait Event, recorded with PyTorch's enable_cuda_sync_events):
     # rows (waiting stream, producer stream, correlation of the cudaEventRecord, correlation of the wait call)
     stream_waits: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))
+    comm_tid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # gloo:<collective> annotations
+    comm_name: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    comm_ts_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    comm_dur_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     ignored: Counter = field(default_factory=Counter)
     num_events: int = 0
     device_name: str | None = None  # the GPU's name (first entry of `deviceProperties`), None if absent
@@ -123,6 +129,7 @@ class _Columns:
     nccl: list[dict[str, Any] | None] = field(default_factory=list)
     steps: list[tuple[int, int, float, float]] = field(default_factory=list)
     cpu: _Table = field(default_factory=lambda: _Table(tid="q", name="i", ts="d", dur="d", rf_id="q"))
+    gloo: _Table = field(default_factory=lambda: _Table(tid="q", name="i", ts="d", dur="d"))
     cpu_dims: list[str] = field(default_factory=list)
     dims_seen: dict[str, str] = field(default_factory=dict)  # one string object per distinct Input Dims
     waits: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -247,6 +254,8 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
         c.ignored["metadata"] += 1
     elif ph == "X" and cat == "user_annotation" and name.startswith("nccl:"):
         c.comms.append((int(e.get("tid", 0)), _time(e, "ts"), _time(e, "dur", 0.0), {"Collective name": name[5:]}))
+    elif ph == "X" and cat == "user_annotation" and name.startswith("gloo:"):
+        c.gloo.add(int(e.get("tid", 0)), c.names(name), _time(e, "ts"), _time(e, "dur", 0.0))
     elif ph == "X" and cat == "cpu_op":  # kept for linking to execution traces; replay times host gaps
         args = _args(e)
         if name == "record_param_comms" and (meta := {k: args[k] for k in NCCL_KEYS if k in args}):
@@ -268,7 +277,7 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
 
 
 def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> RankTrace:
-    calls, cpu, ops = c.calls.column, c.cpu.column, c.ops.column
+    calls, cpu, ops, gloo = c.calls.column, c.cpu.column, c.ops.column, c.gloo.column
     rank = info.get("rank")
     world = info.get("world_size")
     return RankTrace(
@@ -296,6 +305,10 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         cpu_rf_id=cpu("rf_id"),
         cpu_input_dims=c.cpu_dims,
         stream_waits=np.array(c.waits, dtype=np.int64).reshape(-1, 4),
+        comm_tid=gloo("tid"),
+        comm_name=gloo("name"),
+        comm_ts_us=gloo("ts") + base_us,
+        comm_dur_us=gloo("dur"),
         ignored=c.ignored,
         num_events=c.count,
     )

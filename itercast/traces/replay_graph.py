@@ -20,7 +20,9 @@ Per rank (graph rank = trace rank):
   backward, the autograd thread during forward) wait for that thread's last runtime call in the
   stretch (_thread_waits), so a what-if that shortens one thread moves the other;
 - NCCL kernels are matched across the loaded ranks into rendezvous collectives (rendezvous.py);
-  without peers, measured durations are kept.
+  without peers, measured durations are kept;
+- CPU collectives (gloo) run on their worker threads after their `c10d::` launch and the launching
+  thread waits for them where the trace shows it did (cpu_collectives.py); matched across ranks alike.
 Every inference is checked against the measured times: an edge the measurements contradict is
 not added. `ReplayGraph.notes` counts what was inferred and what could not be.
 """
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
+from itercast.traces.cpu_collectives import add_cpu_collectives, match_cpu_collectives, with_collective_marks
 from itercast.traces.host_overheads import thread_ops, waiting_stretches
 from itercast.traces.host_waits import EPS_US, host_waits
 from itercast.traces.kineto import RankTrace
@@ -78,9 +81,17 @@ class ReplayGraph:
     notes: Counter = field(default_factory=Counter)
     host: dict[int, HostChain] = field(default_factory=dict)  # rank -> its host chains
     matched_ranks: tuple[int, ...] = ()  # ranks whose collectives were matched across the loaded traces
+    cpu_comm: dict[int, dict] = field(default_factory=dict)  # task -> CPU collective (cpu_collectives.py)
 
     def with_durations(self, duration_s: np.ndarray) -> ReplayGraph:
         return dataclasses.replace(self, graph=self.graph.with_durations(duration_s))
+
+    def without_rendezvous(self, tasks: np.ndarray) -> ReplayGraph:
+        """The same graph with `tasks` no longer members of collectives (a collective that a what-if
+        removes: each rank then runs on without waiting for its peers)."""
+        collective = self.graph.collective.copy()
+        collective[tasks] = -1
+        return dataclasses.replace(self, graph=dataclasses.replace(self.graph, collective=collective, _order=None))
 
 
 def build_replay_graph(traces: list[RankTrace]) -> ReplayGraph:
@@ -90,17 +101,24 @@ def build_replay_graph(traces: list[RankTrace]) -> ReplayGraph:
     gpu_task: dict[int, np.ndarray] = {}
     nccl_meta: dict[int, dict] = {}
     host: dict[int, HostChain] = {}
+    cpu_comm: dict[int, dict] = {}
     t0 = min((f for t in traces if (f := _first_us(t)) is not None), default=0.0)
     for index, trace in enumerate(traces):
         rank = trace.rank if trace.rank is not None else index
-        host[rank] = _RankBuilder(b, trace, rank, t0, notes, steps, gpu_task, nccl_meta).build()
+        view, collectives = with_collective_marks(trace, notes)
+        rb = _RankBuilder(b, view, rank, t0, notes, steps, gpu_task, nccl_meta)
+        host[rank] = rb.build()
+        cpu_comm |= add_cpu_collectives(b, view, rank, collectives, rb.call_task, rb.before_call)
     matched = match_collectives(b, traces, gpu_task, nccl_meta, notes)
+    world = max((t.world_size or 0 for t in traces), default=0)
+    matched_cpu = match_cpu_collectives(b, world, cpu_comm, notes)
     graph = b.build()
     durations = graph.duration_s.copy()
-    for task, meta in nccl_meta.items():
+    for task, meta in (nccl_meta | cpu_comm).items():
         if "transfer_s" in meta:
             durations[task] = meta["transfer_s"]
-    return ReplayGraph(graph.with_durations(durations), steps, gpu_task, nccl_meta, notes, host, matched)
+    ranks = tuple(sorted(set(matched) | set(matched_cpu)))
+    return ReplayGraph(graph.with_durations(durations), steps, gpu_task, nccl_meta, notes, host, ranks, cpu_comm)
 
 
 class _RankBuilder:

@@ -1,6 +1,7 @@
 """What-if changes to a replayed trace: scale or drop kernel classes, re-time NCCL collectives with
 the collective model of another system or another data-parallel world size (their sizes:
-collective_sizes.py), re-time GEMMs from execution-trace shapes, re-time the host (DESIGN.md §4, §7)."""
+collective_sizes.py), change the data-parallel size (parallel_whatifs.py), re-time GEMMs from
+execution-trace shapes, re-time the host (DESIGN.md §4, §7)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from itercast.hardware.topology import place_group
 from itercast.traces.collective_sizes import collective_sizes
 from itercast.traces.host_overheads import HostOverheads, modelled_host_us, synchronising_calls, thread_ops
 from itercast.traces.kineto import RankTrace
+from itercast.traces.parallel_whatifs import check_pipeline_stages, retime_data_parallel
 from itercast.traces.replay_graph import ReplayGraph
 
 #: Kernel classes by name, first match wins (kept as data: add rules, not code).
@@ -48,22 +50,24 @@ class WhatIf:
     """scale: kernel class → factor (0 drops the class); system: a system preset whose collective
     model re-times NCCL kernels; world_size: the data-parallel group size for that re-timing;
     gpu: a system preset whose GEMM model re-times GEMM kernels whose shapes an execution trace gives;
-    host: host overheads T1–T5 that re-time the host chains (apply_host_overheads)."""
+    host: host overheads T1–T5 that re-time the host chains (apply_host_overheads);
+    dp: a data-parallel size for the gradient reductions (parallel_whatifs.retime_data_parallel);
+    pp_stages: a number of pipeline stages (parallel_whatifs.check_pipeline_stages);
+    curves: calibrated curves (profile.calibrate.load_calibration) for the collective models."""
 
     scale: dict[str, float] = field(default_factory=dict)
     system: str | None = None
     world_size: int | None = None
     gpu: str | None = None
     host: HostOverheads | None = None
+    dp: int | None = None
+    pp_stages: int | None = None
+    curves: dict | None = None
 
     @property
     def empty(self) -> bool:
-        return (
-            not self.scale
-            and self.system is None
-            and self.world_size is None
-            and self.gpu is None
-            and self.host is None
+        return not self.scale and all(
+            v is None for v in (self.system, self.world_size, self.gpu, self.host, self.dp, self.pp_stages)
         )
 
 
@@ -114,11 +118,19 @@ def apply_whatif(
         if cls in whatif.scale:
             durations[task] *= whatif.scale[cls]
             changes[f"scaled {cls}"] += 1
+    if whatif.pp_stages is not None:
+        check_pipeline_stages(rg, traces, whatif.pp_stages)
+    if whatif.dp is not None and whatif.world_size is not None:
+        raise ConfigError("what-if: --dp and --world-size both set the data-parallel group size; give one")
     if whatif.system is not None or whatif.world_size is not None:
         _retime_collectives(rg, traces, whatif, durations, changes)
+    alone = np.zeros(0, np.int64)
+    if whatif.dp is not None:
+        alone = retime_data_parallel(rg, traces, whatif.dp, durations, changes, whatif.system, whatif.curves)
     if whatif.gpu is not None:
         _retime_gemms(whatif.gpu, gemm_flops or {}, durations, changes)
-    return rg.with_durations(durations), changes
+    changed = rg.without_rendezvous(alone) if alone.size else rg
+    return changed.with_durations(durations), changes
 
 
 def _retime_collectives(
@@ -130,7 +142,7 @@ def _retime_collectives(
         raise ConfigError("what-if: --world-size re-times collectives with a system's model; also give --system")
     if not rg.nccl_meta:
         raise ConfigError("what-if --system/--world-size: the traces hold no NCCL kernels to re-time")
-    costs = AnalyticCostModel(load_system(whatif.system), "bf16")
+    costs = AnalyticCostModel(load_system(whatif.system), "bf16", whatif.curves)
     sizes, missing = collective_sizes(traces, rg.gpu_task, rg.nccl_meta, rg.graph.duration_s)
     for task, size in sizes.items():
         group = place_group(whatif.world_size or size.group_size, 1, costs.system.node.gpus_per_node)
@@ -166,7 +178,9 @@ def apply_host_overheads(
         chain = rg.host.get(rank)
         if chain is None or (ranks is not None and rank not in ranks):
             continue
-        gap_of_call = np.full(t.call_ts_us.shape[0] + 1, np.nan)  # last slot: pieces after a thread's last call
+        # one slot per call of the chain (its marks of CPU collectives included: they keep their
+        # measured gaps), the last for pieces after a thread's last call
+        gap_of_call = np.full(chain.call_task.shape[0] + 1, np.nan)
         sync = synchronising_calls(t, t.launch_calls())
         for tid in np.unique(t.call_tid).tolist():
             th = thread_ops(t, int(tid))
