@@ -18,6 +18,11 @@ time among the set's shardings), whether it is the measured fastest, its measure
 whether its steps are significantly slower than the fastest's at all (one-sided Mann-Whitney U over
 the 75 timed steps of each: a p of 0.05 or more means this measurement cannot tell them apart), and
 how well the predicted order of all 7 agrees with the measured one (Kendall's τ: 1 the same order).
+Host overheads (workloads/dlrm/host.py; on cpu-host the operators' host time adds to the compute
+thread): each calibration is shown without host time, with the TorchRec defaults (T1–T5 from the
+PARAM DLRM 8 × V100 trace, costs/host_overheads.json) and with the PyTorch defaults pooled over the
+three HTA traces (costs/host_overheads.py); both come from other runs on other machines than the
+steps checked here (no trace of these CPU runs was taken: own-trace overheads are not shown).
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ from scipy.stats import kendalltau, mannwhitneyu
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.cli.shard_cmds import load_dlrm
 from itercast.config.job import load_system
+from itercast.costs.host_overheads import DEFAULT_HOST_OVERHEADS, HostOverheads
 from itercast.profile.calibrate import calibrate, merge_calibration
 from itercast.profile.db import ProfileDB
-from itercast.workloads.dlrm import Shard, dlrm_step
+from itercast.workloads.dlrm import Shard, default_overheads, dlrm_step, no_overheads
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "data" / "measured"
@@ -87,47 +93,67 @@ def main() -> None:
         calibrations.append((f"calibrated on {name} ({threads} thread(s) per operator)", merge_calibration(doc)))
     calibrations.append(("nominal cpu-host curves", None))
     base = load_dlrm("dlrm-small")
+    hosts: dict[str, HostOverheads] = {
+        "no host": no_overheads(),
+        "TorchRec PARAM": default_overheads()[0],
+        "PyTorch HTA": DEFAULT_HOST_OVERHEADS,
+    }
     for label, cal in calibrations:
         print(f"\n== {label} ==")
-        print(
-            f"{'batch':>5} {'zipf':>5} {'t0 P':>4} {'sharding':12} {'measured ms':>12} {'predicted':>10} {'error':>7}"
-        )
-        errors, hits, ties, losses, taus = [], 0, 0, [], []
+        heads = " ".join(f"{h:>15} {'error':>7}" for h in hosts)
+        print(f"{'batch':>5} {'zipf':>5} {'t0 P':>4} {'sharding':12} {'measured ms':>12} {heads}")
+        predicted: dict[str, dict[tuple[Key, str], float]] = {h: {} for h in hosts}
         for (b, alpha, pooling), by in sorted(measured.items()):
             tables = [t.model_copy(update={"zipf_alpha": alpha}) for t in base.tables]
             tables[0] = tables[0].model_copy(update={"pooling_factor": pooling})
             # every rank draws the whole batch's indices itself: no input distribution was timed
             model = base.model_copy(update={"tables": tuple(tables), "input_distribution": False})
-            predicted = {}
             for name, t in by.items():
                 plan = {table: Shard(s, ranks) for table, (s, ranks) in SHARDINGS[name].items()}
-                predicted[name] = dlrm_step(model, system, plan, b, cal).step_time_s
-                err = predicted[name] / t - 1
-                errors.append(err)
-                ms = predicted[name] * 1e3
-                print(f"{b:5} {alpha:5} {pooling:4.0f} {name:12} {t * 1e3:12.2f} {ms:10.2f} {err:+7.1%}")
-            names = sorted(by)
-            tau = kendalltau([predicted[n] for n in names], [by[n] for n in names]).statistic
-            taus.append(tau)
-            pick, best = min(predicted, key=predicted.__getitem__), min(by, key=by.__getitem__)
-            loss = by[pick] / by[best] - 1
-            noise = spread[b, alpha, pooling][best]
-            # are the pick's steps slower than the fastest's? one-sided Mann-Whitney U over the timed steps
-            slower = mannwhitneyu(every[b, alpha, pooling][pick], every[b, alpha, pooling][best], alternative="greater")
-            hits += pick == best
-            ties += pick != best and slower.pvalue >= 0.05
-            losses.append(loss)
-            print(
-                f"      pick {pick} (measured fastest: {best}, its rounds spread {noise:.1%}; loss {loss:+.1%}"
-                + (f"; slower than it at p = {slower.pvalue:.3f}); " if pick != best else "); "),
-                end="",
-            )
-            print(f"rank agreement (Kendall τ) {tau:.2f}")
-        print(f"{len(errors)} configurations: {summary(errors)}")
-        mean_loss = sum(losses) / len(losses)
-        print(f"planner's pick is the measured fastest in {hits} of {len(measured)} sets ", end="")
-        print(f"(in {ties} more, its steps are not significantly slower: p ≥ 0.05); ", end="")
-        print(f"its loss: mean {mean_loss:.1%}, worst {max(losses):.1%}; Kendall τ mean {sum(taus) / len(taus):.2f}")
+                row = []
+                for h, overheads in hosts.items():
+                    step_s = dlrm_step(model, system, plan, b, cal, host_overheads=overheads).step_time_s
+                    predicted[h][(b, alpha, pooling), name] = step_s
+                    row.append(f"{step_s * 1e3:15.2f} {step_s / t - 1:+7.1%}")
+                print(f"{b:5} {alpha:5} {pooling:4.0f} {name:12} {t * 1e3:12.2f} {' '.join(row)}")
+        for h in hosts:
+            print(f"-- {h}: ", end="")
+            picks(measured, spread, every, predicted[h])
+
+
+def picks(
+    measured: dict[Key, dict[str, float]],
+    spread: dict[Key, dict[str, float]],
+    every: dict[Key, dict[str, list]],
+    predicted: dict[tuple[Key, str], float],
+) -> None:
+    """The per-step errors, and per set the planner's pick against the measured fastest."""
+    errors = [predicted[key, n] / t - 1 for key, by in measured.items() for n, t in by.items()]
+    print(f"{len(errors)} configurations: {summary(errors)}")
+    hits, ties, losses, taus = 0, 0, [], []
+    for key, by in sorted(measured.items()):
+        names = sorted(by)
+        tau = kendalltau([predicted[key, n] for n in names], [by[n] for n in names]).statistic
+        taus.append(tau)
+        pick, best = min(names, key=lambda n: predicted[key, n]), min(by, key=by.__getitem__)
+        loss = by[pick] / by[best] - 1
+        # are the pick's steps slower than the fastest's? one-sided Mann-Whitney U over the timed steps
+        slower = mannwhitneyu(every[key][pick], every[key][best], alternative="greater")
+        hits += pick == best
+        ties += pick != best and slower.pvalue >= 0.05
+        losses.append(loss)
+        print(
+            f"      {key}: pick {pick} (measured fastest: {best}, its rounds spread {spread[key][best]:.1%}; "
+            f"loss {loss:+.1%}"
+            + (f"; slower than it at p = {slower.pvalue:.3f})" if pick != best else ")")
+            + f"; Kendall τ {tau:.2f}"
+        )
+    print(f"   planner's pick is the measured fastest in {hits} of {len(measured)} sets ", end="")
+    print(f"(in {ties} more, its steps are not significantly slower: p ≥ 0.05); ", end="")
+    print(
+        f"its loss: mean {sum(losses) / len(losses):.1%}, worst {max(losses):.1%}; "
+        f"Kendall τ mean {sum(taus) / len(taus):.2f}"
+    )
 
 
 if __name__ == "__main__":
