@@ -97,6 +97,10 @@ PLAN = {
     "global_batch_size": 1536,
     "schedule": "interleaved-1f1b",
     "recompute": "full",
+    "recompute_method": "uniform",
+    "recompute_num_layers": 1,
+    "recompute_every": 1,
+    "selective_recompute": "core-attention",
     "zero_stage": 1,
     "dtype": "bf16",
     "flash_attention": True,
@@ -144,6 +148,18 @@ def test_torchtitan_and_deepspeed_launch_texts_carry_the_sizes():
     assert config["gradient_accumulation_steps"] == 1536 // (1 * 32)  # 48
     assert config["zero_optimization"]["stage"] == 1
     assert "--pipeline-model-parallel-size 8" in ds
+
+
+def test_launch_settings_carry_the_recompute_the_plan_priced():
+    block = {**PLAN, "recompute_method": "block", "recompute_num_layers": 5}
+    mcore = launch_settings("megatron-core", block, GPT3)  # type: ignore[arg-type]
+    assert "--recompute-method block" in mcore and "--recompute-num-layers 5" in mcore
+    nemo = launch_settings("nemo", block, GPT3)  # type: ignore[arg-type]
+    assert "model.config.recompute_method=block" in nemo and "model.config.recompute_num_layers=5" in nemo
+    every = launch_settings("torchtitan", {**PLAN, "zero_stage": 3, "recompute_every": 2}, GPT3)  # type: ignore[arg-type]
+    assert 'mode = "selective"\nselective_ac_option = "2"' in every
+    op = {**PLAN, "zero_stage": 3, "recompute": "selective", "selective_recompute": "op"}
+    assert 'mode = "selective"\nselective_ac_option = "op"' in launch_settings("torchtitan", op, GPT3)  # type: ignore[arg-type]
 
 
 def test_default_headroom_by_hand():
@@ -203,3 +219,5 @@ def test_the_search_prices_each_frameworks_gradient_bucket(framework, bucket):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["plans"][0]["plan"]["grad_bucket_size_params"] == bucket
+    if framework == "torchtitan":  # its selective checkpointing is per op, the only kind it has
+        assert json.loads(result.output)["plans"][0]["plan"]["selective_recompute"] == "op"

@@ -261,6 +261,16 @@ def test_hardware_flops_count_the_full_recompute_forward():
     assert predict(job(), linear_calibration()).hardware_flops_per_step == r.model_flops_per_step
 
 
+def test_hardware_flops_count_only_the_recompute_that_runs():
+    # torchtitan's every-2nd-layer checkpointing on a 1-layer model recomputes no layer: ⌊1/2⌋ = 0
+    r = predict(job(recompute="full", recompute_every=2), linear_calibration())
+    assert r.hardware_flops_per_step == r.model_flops_per_step
+    # per-op SAC, fused attention: the keys' third of QKV 2·64·16·4 = 8,192, the projection 2·64·16·4
+    # = 8,192, the MLP's up matmul 2·64·256 = 32,768 → 49,152 per token, 32 tokens
+    r = predict(job(recompute="selective", selective_recompute="op", flash_attention=True), linear_calibration())
+    assert r.hardware_flops_per_step - r.model_flops_per_step == 49_152 * 32
+
+
 def test_fp8_runs_only_transformer_engine_gemms_in_fp8():
     """fp8 at twice the bf16 peak, flat curves: the layer's projections and MLP at 2·PEAK; the output
     layer (Megatron's own linear), unfused attention's GEMMs and the MoE router at the bf16 PEAK."""

@@ -194,7 +194,7 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     plan_raw = dict(raw["plan"])
     fixed = {k: v for k, v in plan_raw.items() if k in set_fields and k in VARIED and k != "global_batch_size"}
     shared = {k: v for k, v in plan_raw.items() if k not in VARIED or k == "global_batch_size"}
-    shared = framework(options.framework).plan_defaults() | shared  # the job's own fields win
+    shared = framework(options.framework).plan_fields | shared  # the job's own fields win
     m = cast(ModelConfig, parse_section("model", raw["model"], "model"))
     s = cast(SystemConfig, parse_section("system", raw["system"], "system"))
     base = cast(PlanConfig, parse_section("plan", {**shared, **fixed}, "plan"))

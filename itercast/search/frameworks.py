@@ -41,7 +41,9 @@ class Framework:
     """What one framework runs. `zero_stages`: itercast zero_stage values it offers (its names in
     `zero_names`); `zero_stages_with_pp`: those it combines with pipelining (why: `zero_with_pp_source`);
     `schedules`: pipeline schedules (SCHEDULES names); `context_parallel`: ring/all-gather context
-    parallelism; `defaults`: its switches' defaults (what a launch without the flag runs)."""
+    parallelism; `defaults`: its switches' defaults (what a launch without the flag runs);
+    `plan_fields`: plan fields its launches run that the search prices unless the job sets them (its
+    fused attention kernel, gradient bucket, kind of selective checkpointing)."""
 
     name: str
     zero_stages: tuple[int, ...]
@@ -52,16 +54,8 @@ class Framework:
     context_parallel: bool
     tp_comm_overlap: bool
     defaults: dict[str, Any]
-    attention_kernel: str  # PlanConfig.attention_kernel: the fused attention it runs on Hopper
-    grad_bucket_size_params: int | None  # its gradient bucket; None: Megatron-Core's DP-scaled default
+    plan_fields: dict[str, Any]  # plan fields a launch of it runs unless the job sets them
     rules: tuple[tuple[str, Callable[[Columns, bool], np.ndarray]], ...] = field(default=())
-
-    def plan_defaults(self) -> dict[str, Any]:
-        """Plan fields a launch of this framework runs unless the job sets them."""
-        out: dict[str, Any] = {"attention_kernel": self.attention_kernel}
-        if self.grad_bucket_size_params is not None:
-            out["grad_bucket_size_params"] = self.grad_bucket_size_params
-        return out
 
 
 #: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
@@ -115,9 +109,9 @@ MEGATRON_CORE = Framework(
     tp_comm_overlap=True,
     # arguments.py: --overlap-grad-reduce and --overlap-param-gather are store_true (off by default)
     defaults={"overlap_grad_reduce": False, "overlap_param_gather": False},
-    # Transformer Engine's DotProductAttention prefers FusedAttention (cuDNN) on compute capability >= 9.0
-    attention_kernel="cudnn",
-    grad_bucket_size_params=None,
+    # Transformer Engine's DotProductAttention prefers FusedAttention (cuDNN) on compute capability >= 9.0;
+    # gradient buckets: Megatron-Core's DP-scaled default (PlanConfig.bucket_params)
+    plan_fields={"attention_kernel": "cudnn"},
     rules=_megatron_rules("megatron-core"),
 )
 
@@ -143,9 +137,13 @@ FRAMEWORKS: dict[str, Framework] = {
         # FSDP2 prefetches all-gathers and reduce-scatters per layer; torch DDP reduces buckets in backward
         defaults={"overlap_grad_reduce": True, "overlap_param_gather": True, "fsdp_reshard_after_forward": "default"},
         # torch SDPA: FLASH_ATTENTION (FlashAttention-2) first below capability 10.0 (torchtitan#1196); cuDNN
-        # attention is opt-in until cuDNN 9.15 (pytorch/pytorch#138522)
-        attention_kernel="fa2",
-        grad_bucket_size_params=TORCH_DDP_BUCKET_PARAMS,
+        # attention is opt-in until cuDNN 9.15 (pytorch/pytorch#138522). Its selective checkpointing is per
+        # op (activation_checkpoint.selective_ac_option "op"; no core-attention-only mode)
+        plan_fields={
+            "attention_kernel": "fa2",
+            "grad_bucket_size_params": TORCH_DDP_BUCKET_PARAMS,
+            "selective_recompute": "op",
+        },
         rules=(
             (
                 "torchtitan: FSDP2 (zero 2-3) over dp_shard, DDP (zero 0) only as 1-D parallelism, no ZeRO-1 "
@@ -174,8 +172,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # zero/config.py: overlap_comm None -> True for stage 3 only; reduce_bucket_size 5e8
         defaults={"overlap_comm": "stage 3 only", "reduce_bucket_size": 500_000_000},
         # Megatron-DeepSpeed's --use-flash-attn-v2 (the flash_attn package's FlashAttention-2)
-        attention_kernel="fa2",
-        grad_bucket_size_params=DEEPSPEED_BUCKET_PARAMS,
+        plan_fields={"attention_kernel": "fa2", "grad_bucket_size_params": DEEPSPEED_BUCKET_PARAMS},
         rules=(
             (
                 "deepspeed: gradient reduction overlaps backward only with ZeRO overlap_comm and no pipelining; "

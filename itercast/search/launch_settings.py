@@ -22,10 +22,13 @@ from itercast.config.model import ModelConfig
 from itercast.search.frameworks import DEEPSPEED_BUCKET_PARAMS
 
 
-def _recompute_megatron(recompute: str) -> list[str]:
-    if recompute == "full":  # one layer input kept per layer (Korthikanti et al. 2022 "full")
-        return ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
-    return ["--recompute-granularity selective"] if recompute == "selective" else []
+def _recompute_megatron(p: dict[str, Any]) -> list[str]:
+    """Megatron's recompute arguments: full with the plan's method and layers (uniform, 1: one layer
+    input kept per layer, Korthikanti et al. 2022 "full"), or selective (core attention)."""
+    if p["recompute"] == "full":
+        method, layers = p["recompute_method"], p["recompute_num_layers"]
+        return ["--recompute-granularity full", f"--recompute-method {method}", f"--recompute-num-layers {layers}"]
+    return ["--recompute-granularity selective"] if p["recompute"] == "selective" else []
 
 
 def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
@@ -47,7 +50,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
     if p["sequence_parallel"]:
         out.append("--sequence-parallel")
     out += [f"--micro-batch-size {p['micro_batch_size']}", f"--global-batch-size {p['global_batch_size']}"]
-    out += _recompute_megatron(p["recompute"])
+    out += _recompute_megatron(p)
     zero = p["zero_stage"]
     if zero == 1:
         out.append("--use-distributed-optimizer")
@@ -94,7 +97,8 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
     if p["recompute"] != "none":
         out.append(f"model.config.recompute_granularity={p['recompute']}")
         if p["recompute"] == "full":
-            out += ["model.config.recompute_method=uniform", "model.config.recompute_num_layers=1"]
+            method, layers = p["recompute_method"], p["recompute_num_layers"]
+            out += [f"model.config.recompute_method={method}", f"model.config.recompute_num_layers={layers}"]
     zero = p["zero_stage"]
     out.append(f"optim.config.use_distributed_optimizer={zero >= 1}")
     if zero >= 2:
@@ -153,7 +157,13 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
         f'mixed_precision_param = "{"float32" if p["dtype"] == "fp32" else "bfloat16"}"',
     ]
     parts = ["[parallelism]", *par, "", "[training]", *training, "", "[activation_checkpoint]"]
-    parts.append(f'mode = "{p["recompute"]}"')
+    # torchtitan's every-n-th-layer checkpointing is its mode "selective" with an integer option
+    if p["recompute"] == "full" and p["recompute_every"] > 1:
+        parts += ['mode = "selective"', f'selective_ac_option = "{p["recompute_every"]}"']
+    else:
+        parts.append(f'mode = "{p["recompute"]}"')
+        if p["recompute"] == "selective":
+            parts.append('selective_ac_option = "op"')
     if p["dtype"] == "fp8":
         parts += ["", "[model]", 'converters = ["float8"]']
     return "\n".join(parts)
@@ -193,7 +203,7 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         args.append("--sequence-parallel")
     if model.is_moe:
         args.append(f"--expert-model-parallel-size {p['expert_parallel']}")
-    args += [*_recompute_megatron(p["recompute"]), "--deepspeed", "--deepspeed_config ds_config.json"]
+    args += [*_recompute_megatron(p), "--deepspeed", "--deepspeed_config ds_config.json"]
     text = json.dumps(config, indent=2)
     return f"# ds_config.json\n{text}\n# Megatron-DeepSpeed arguments\n" + " \\\n  ".join(args)
 
