@@ -80,13 +80,14 @@ def shard_cmd(
         "batch_per_rank": batch_per_rank,
         "method": result.method,
         "evaluated": result.evaluated,
+        "host_overheads": result.plans[0][1].host_source,
     }
     if as_json:
         echo_json(out)
         return
     console.print(
         f"{dlrm.name} on {sys_cfg.num_gpus}× {sys_cfg.gpu.name}, {batch_per_rank} samples per GPU: "
-        f"{result.evaluated:,} plans priced ({result.method})",
+        f"{result.evaluated:,} plans priced ({result.method}); host overheads: {out['host_overheads']}",
         highlight=False,
     )
     table = Table()
