@@ -1,6 +1,14 @@
-"""Do replayed steps follow their kernels? Every kernel ×2 and ×0.5 on the real traces of ../shared/data.
+"""Do replayed steps follow their kernels and their data-parallel size? Checked on measured traces.
 
-    python validation/replay_whatifs.py        # reads $ITERCAST_DATA or ../shared/data
+    python validation/replay_whatifs.py        # reads $ITERCAST_DATA or ../shared/data, and data/measured
+
+Data-parallel size (issue 30 item 3): the gloo DDP traces of data/measured/gloo_parallelism
+(tools/measure_gloo_parallelism.py: the same MLP and per-rank batch at 1, 2 and 4 ranks on this
+2-core CPU, one thread a rank) replayed with `--dp N` and compared with the measured traced steps
+at N ranks (mean over every step of every rank). The what-if re-times the all-reduces only; on 2
+cores the ranks also slow each other's compute (4 ranks share 2 cores), which it does not model:
+the table beside it shows each run's main-thread busy time per step (compute) and its all-reduce
+time per step, measured, so the part of the error that contention explains can be read off.
 
 For each step (ProfilerStep) of each trace: measured time, the rank's GPU busy share (its own measured
 GPU ops inside the measured step), and the replayed step with every kernel class scaled ×2 and
@@ -17,17 +25,66 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
 from replay import extract  # validation/replay.py: the bounded tar extraction
 
 from itercast.data_paths import shared_data_dir
 from itercast.replay import replay_whatif
+from itercast.traces.kineto import RankTrace, read_traces
 from itercast.traces.whatif import KERNEL_CLASSES, WhatIf
 
 GPU_BOUND = 0.95  # issue 30: "a step at ≥ 95% GPU busy"
+GLOO = Path(__file__).resolve().parents[1] / "data" / "measured" / "gloo_parallelism"
+DP_CASES = [(2, 4), (2, 1), (4, 2), (4, 1)]  # (measured world size, what-if data-parallel size)
 ALL_KERNELS = [cls for cls, _ in KERNEL_CLASSES] + ["other"]  # every kernel class (not memcpy/memset)
 
 
+def data_parallel() -> None:
+    """`--dp N` on the measured gloo traces against the measured steps at N ranks."""
+    runs = {ws: read_traces(sorted(GLOO.glob(f"ws{ws}.rank*.trace.json.gz"))) for ws in (1, 2, 4)}
+    print("measured gloo DDP runs (per step, mean over steps and ranks):")
+    print(f"{'ranks':>5} {'step_ms':>8} {'compute_ms':>10} {'all_reduce_ms':>13}")
+    measured, compute = {}, {}
+    for ws, traces in runs.items():
+        steps = [s_[3] * 1e-3 for t in traces for s_ in t.steps]
+        measured[ws] = float(np.mean(steps))
+        compute[ws], comm = np.mean([_busy_ms(t) for t in traces], axis=0)
+        print(f"{ws:5d} {measured[ws]:8.2f} {compute[ws]:10.2f} {comm:13.2f}")
+    print()
+    # contention_adj: the prediction plus the measured change of compute between the two runs, a
+    # diagnostic (it uses the answer's compute) of what is left to the communication what-if
+    print(
+        f"{'trace':>5} {'--dp':>4} {'replayed_ms':>11} {'predicted_ms':>12} {'measured_ms':>11} {'error':>7} "
+        f"{'contention_adj_ms':>17} {'error':>7}"
+    )
+    for ws, dp in DP_CASES:
+        paths = sorted(GLOO.glob(f"ws{ws}.rank*.trace.json.gz"))
+        base, moved, _ = replay_whatif(paths, WhatIf(dp=dp))
+        replayed = float(np.mean([s_.replayed_s for s_ in base.steps])) * 1e3
+        predicted = float(np.mean([s_.replayed_s for s_ in moved.steps])) * 1e3
+        adjusted = predicted + compute[dp] - compute[ws]
+        print(
+            f"{ws:5d} {dp:4d} {replayed:11.2f} {predicted:12.2f} {measured[dp]:11.2f} "
+            f"{predicted / measured[dp] - 1:+7.1%} {adjusted:17.2f} {adjusted / measured[dp] - 1:+7.1%}"
+        )
+
+
+def _busy_ms(t: RankTrace) -> tuple[float, float]:
+    """Per step (mean, ms): time the step's thread spent in its top-level ops, and in gloo collectives."""
+    compute, comm = [], []
+    for _, tid, ts, dur in t.steps:
+        top = t.top_level_ops(tid)
+        lo = np.clip(t.cpu_ts_us[top], ts, ts + dur)
+        hi = np.clip(t.cpu_ts_us[top] + t.cpu_dur_us[top], ts, ts + dur)
+        inside = (t.comm_ts_us >= ts) & (t.comm_ts_us < ts + dur)
+        compute.append(float((hi - lo).sum()) * 1e-3)
+        comm.append(float(t.comm_dur_us[inside].sum()) * 1e-3)
+    return float(np.mean(compute)), float(np.mean(comm))
+
+
 def main() -> None:
+    data_parallel()
+    print()
     data = shared_data_dir()
     if data is None or not (data / "traces").is_dir():
         print("no shared traces (set ITERCAST_DATA or place ../shared/data beside the repo): nothing to check")
