@@ -6,6 +6,7 @@ without pipeline sends, `--dp` on a trace without gradient reductions: one line,
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 from kineto_fixtures import call, cpu_op, kernel, step, write
@@ -30,13 +31,13 @@ def alpha_beta(section: str) -> dict:
     return fits
 
 
-def gloo_rank(tmp_path, rank: int, mm_us: float = 1000.0) -> str:
+def gloo_rank(tmp_path, rank: int, mm_us: float = 1000.0, dims: bool = True) -> str:
     """Step 0–(mm + 2,300) µs on thread 100: backward (aten::mm) until mm_us, c10d::allreduce_ for
     10 µs launching a 12.5 MB all-reduce that gloo thread 200 runs from 5 µs after the launch for
     2,000 µs; the thread idles until it resumes (5 µs after the end), copies the bucket (100 µs),
     steps the optimizer (90 µs) and ends the step 100 µs later."""
     launch = cpu_op("c10d::allreduce_", mm_us, 10)
-    launch["args"] = {"Input Dims": [[[ELEMENTS]], [], []]}
+    launch["args"] = {"Input Dims": [[[ELEMENTS]], [], []]} if dims else {}
     gloo = {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 100, "tid": 200}
     gloo |= {"ts": mm_us + 5, "dur": 2000.0}
     events = [
@@ -73,6 +74,12 @@ def test_dp_4_retimes_the_all_reduce_by_the_ring_bus_factor_ratio(tmp_path):
     expected_s = 1005e-6 + 2000e-6 * t4_s / t2_s + 5e-6 + 290e-6
     assert expected_s == pytest.approx(4209.0909e-6)
     assert [s.replayed_s for s in moved.steps] == pytest.approx([expected_s, expected_s])
+
+
+def test_a_gloo_all_reduce_without_input_dims_is_sized_from_its_time_and_flagged(tmp_path):
+    paths = [gloo_rank(tmp_path, 0, dims=False), gloo_rank(tmp_path, 1, dims=False)]
+    _, _, counts = replay_whatif(paths, WhatIf(dp=4))
+    assert counts == {"gradient all_reduce re-timed from data-parallel 2 to 4 on cpu-host's model (size inferred)": 2}
 
 
 def test_dp_1_drops_the_reductions_and_their_rendezvous(tmp_path):
@@ -131,3 +138,17 @@ def test_cli_dp_prints_the_retimed_reductions_and_the_matched_ranks(tmp_path):
     text = " ".join(out.output.split())
     assert "ranks loaded: 0, 1; collectives matched across ranks 0, 1" in text
     assert "re-timed 2 of 2 collectives" in text and "host-bound" not in text
+
+
+GLOO = Path(__file__).resolve().parents[1] / "data" / "measured" / "gloo_parallelism"
+
+
+@pytest.mark.skipif(not GLOO.is_dir(), reason="data/measured/gloo_parallelism absent")
+def test_measured_gloo_ddp_traces_replay_every_step_and_match_every_rank():
+    # real PyTorch DDP runs over gloo (tools/measure_gloo_parallelism.py): 2 buckets a step
+    paths = sorted(GLOO.glob("ws2.rank*.trace.json.gz"))
+    base, same, _ = replay_whatif(paths, WhatIf(dp=2))
+    assert max(abs(s.error) for s in base.steps) < 1e-3
+    assert base.to_dict()["matched_ranks"] == [0, 1]
+    assert len(base.replay_graph.cpu_comm) == 2 * 6 * 2  # ranks × steps × buckets
+    assert [s.replayed_s for s in same.steps] == pytest.approx([s.replayed_s for s in base.steps])

@@ -65,22 +65,24 @@ def retime_data_parallel(
             f"whole world of {world or 'unknown'} ranks) to re-time: record a data-parallel run of 2 or more ranks"
         )
     models: dict[str, AnalyticCostModel] = {}
-    for task, (kind, nbytes, group, own_system) in found.items():
+    for task, (kind, nbytes, group, own_system, inferred) in found.items():
         name = system or own_system
         model = models.setdefault(name, AnalyticCostModel(load_system(name), "bf16", curves))
         per_node = model.system.node.gpus_per_node
         old_s = model.collective_s(kind, nbytes, place_group(group, 1, per_node))
         new_s = model.collective_s(kind, nbytes, place_group(dp, 1, per_node))
         durations[task] *= new_s / old_s
-        changes[f"gradient {kind} re-timed from data-parallel {group} to {dp} on {name}'s model"] += 1
+        how = " (size inferred)" if inferred else ""
+        changes[f"gradient {kind} re-timed from data-parallel {group} to {dp} on {name}'s model{how}"] += 1
     return np.fromiter(found, np.int64, len(found)) if dp == 1 else np.zeros(0, np.int64)
 
 
 def _gradient_reductions(
     rg: ReplayGraph, traces: list[RankTrace], world: int, changes: Counter
-) -> dict[int, tuple[str, float, int, str]]:
-    """Task → (kind, bytes, group size, system preset) of each gradient reduction over the whole world."""
-    out: dict[int, tuple[str, float, int, str]] = {}
+) -> dict[int, tuple[str, float, int, str, bool]]:
+    """Task → (kind, bytes, group size, system preset, bytes inferred from the time) of each gradient
+    reduction over the whole world."""
+    out: dict[int, tuple[str, float, int, str, bool]] = {}
     durations = rg.graph.duration_s
     system_of = {t.rank if t.rank is not None else i: trace_system(t) for i, t in enumerate(traces)}
     rank_of = {int(task): rank for rank, tasks in rg.gpu_task.items() for task in tasks.tolist()}
@@ -90,16 +92,14 @@ def _gradient_reductions(
     for task, size in sizes.items():
         system = system_of.get(rank_of[task])
         if size.kind in GRADIENT_KINDS and size.group_size == world and system is not None:
-            out[task] = (size.kind, size.nbytes, size.group_size, system)
+            out[task] = (size.kind, size.nbytes, size.group_size, system, size.inferred)
         else:
             changes["collectives kept at measured time (not a gradient reduction over the whole world)"] += 1
     for task, meta in rg.cpu_comm.items():
         group, kind = int(meta["group_size"]), str(meta["kind"])
         nbytes = meta["nbytes"] or infer_bytes(CPU_SYSTEM, kind, group, float(durations[task]))
         if kind in GRADIENT_KINDS and group == world and group >= 2 and nbytes:
-            out[task] = (kind, float(nbytes), group, CPU_SYSTEM)
-            if not meta["nbytes"]:
-                changes["gloo collectives sized from their time (no Input Dims)"] += 1
+            out[task] = (kind, float(nbytes), group, CPU_SYSTEM, not meta["nbytes"])
         else:
             changes["gloo collectives kept at measured time (not a sized gradient reduction over the world)"] += 1
     return out
