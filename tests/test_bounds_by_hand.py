@@ -10,7 +10,7 @@ from test_golden import LINK, linear_calibration
 from test_step_by_hand import PARAMS, job
 
 from itercast.predict import predict
-from itercast.search.fast_estimate import _exposed
+from itercast.search.fast_estimate import _exposed, _first_chunk_exposed
 from itercast.search.stage_slicing import LayerCosts, slice_exact
 
 
@@ -45,3 +45,39 @@ def test_a_stage_holds_no_more_micro_batches_than_there_are():
     # micro-batch: stage 0 holds 1 + 2·min(2, 1) = 3 bytes: it fits (with 2 in flight it would need 5)
     costs = LayerCosts.of(np.ones(2), np.zeros(2), np.ones(2), np.full(2, 2.0))
     assert slice_exact(costs, 2, 1, 3.0).boundaries == [0, 1]
+
+
+def test_only_the_first_stages_first_chunk_is_split_into_buckets():
+    # 8 layers, 2 stages × 2 chunks of 2 layers, a 1-parameter bucket (each unit closes one), ZeRO-1
+    # over dp 2. Megatron-Core splits only stage 0's chunk 0 (embedding, layers 0-1: 3 buckets); every
+    # other chunk reduces and gathers in one: 3 + 1 + 1 + 1 = 6 tasks of each kind (10 if every
+    # chunk were split: 3 + 2 (layers 4-5) + 2 (layers 2-3) + 3 (layers 6-7, head))
+    j = job(
+        {"num_layers": 8},
+        pipeline_parallel=2,
+        virtual_pipeline=2,
+        schedule="interleaved-1f1b",
+        data_parallel=2,
+        zero_stage=1,
+        grad_bucket_size_params=1,
+        micro_batch_size=1,
+        global_batch_size=4,
+    )
+    g = predict(j, linear_calibration()).sim.graph
+    names = [g.names[g.name[t]] for t in range(g.num_tasks)]
+    assert sum(n.startswith("grad_reduce_scatter") for n in names) == 6
+    assert sum(n.startswith("param_all_gather") for n in names) == 6
+
+
+def test_megatron_bucketing_exposes_a_later_chunk_whole():
+    # 2 stages × 2 chunks, 3 s passes, a stage 4 s (pass + send) behind the one before it. Stage 0:
+    # chunk 0's 5 s in 2 buckets over its last pass, chunk 1's 5 s in one bucket released 2·3 s
+    # earlier: max(5/2, 5 − 3·1/2, 5 + (5 − 2·3)) = 4 (every chunk split: 3.5, above). Stage 1: both
+    # chunks whole, max(5, 5, 4) = 5, ending one hop early: 5 − 4 = 1. The step's excess: 4
+    one = np.array([1.0])
+    g = {"first_stage": 0 * one, "second_stage": one, "last_stage": one}
+    g |= {f"{n}_grad0": 5 * one for n in ("first", "second", "last")}
+    g |= {f"{n}_grad_later": 5 * one for n in ("first", "second", "last")}
+    g |= {"first_b0": 2 * one, "second_b0": one, "last_b0": one}
+    got = _first_chunk_exposed(g, "grad", 3 * one, 4 * one, 2 * one, 2 * one)
+    assert got == pytest.approx([4.0])

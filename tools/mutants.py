@@ -60,6 +60,7 @@ TESTS = {
     "workloads/dlrm/step.py": _t("dlrm", "dlrm_by_hand"),
     "workloads/dlrm/embedding.py": _t("dlrm", "dlrm_by_hand"),
     "costs/analytic.py": _t("costs_by_hand", "ops_and_costs", "golden", "attention_kernels"),
+    "costs/attention.py": _t("attention_kernels"),
     "hardware/topology.py": _t("costs_by_hand", "ops_and_costs"),
     "parallel/schedules.py": _t("pipeline", "memory", "golden"),
     "sim/kernels.py": _t("engine", "sim_kernels"),
@@ -72,7 +73,7 @@ TESTS = {
 
 OPS, TF, MEM, FAST = "workloads/transformer_ops.py", "workloads/transformer.py", "memory.py", "search/fast_estimate.py"
 DLRM, COST, TOPO, SCHED = "workloads/dlrm/step.py", "costs/analytic.py", "hardware/topology.py", "parallel/schedules.py"
-EMB = "workloads/dlrm/embedding.py"
+EMB, ATT = "workloads/dlrm/embedding.py", "costs/attention.py"
 VAR, TTT, SLICE = "stochastic/variability.py", "stochastic/time_to_train.py", "search/stage_slicing.py"
 M = Mutant
 # fmt: off
@@ -188,7 +189,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "guessed attention (no fitted kernel) at the GEMM rate"),
     M(COST, 'kernel["bwd" if shape.backward else "fwd"]', 'kernel["fwd"]',
       "attention backward at the forward's fitted efficiency"),
-    M(COST, 'and entry.get("kernel", kernel) == kernel', "",
+    M(TF, 'if split == "bucket" and self.job.plan.zero_stage <= 1 and (stage > 0 or chunk > 0):',
+      'if split == "bucket" and self.job.plan.zero_stage <= 1 and stage > 0:',
+      "Megatron splits later chunks of the first stage into buckets too"),
+    M(FAST, "own = np.maximum(np.maximum(c0 / b0, c0 - pass_s * (b0 - 1) / b0), chunk_k)",
+      "own = np.maximum(c0 / b0, c0 - pass_s * (b0 - 1) / b0)", "a later chunk's single bucket never exposed"),
+    M(ATT, 'and entry.get("kernel", kernel) == kernel', "",
       "any fitted attention kernel prices the one the plan names"),
     M(COST, 'get("bf16", self.peak_flops) if dtype == "fp8" else', 'get("fp8", self.peak_flops) if dtype == "fp8" else',
       "fused attention runs in FP8"),

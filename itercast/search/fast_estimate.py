@@ -18,9 +18,12 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    sends: (M + p − 1)·t for 1F1B/GPipe, M·t + (p − 1)·t/v interleaved, Narayanan
                    et al. SC'21 §2.2; for uneven stages (plan.stage_layers) (M − 1)·max + Σ, the
                    objective of stage_slicing.py
-    exposed DP     of G seconds of gradient reduction in n buckets, a share per model chunk, each
-                   released over its chunk's last backward pass of W seconds, interleaved chunks p
-                   passes apart: max(G / n, max_k ((k + 1) G / v − k p W − W (n/v − 1)/(n/v)));
+    exposed DP     DDP and ZeRO-1 as Megatron-Core buckets them (_first_chunk_exposed): stage 0's
+                   first chunk in b0 buckets released over its last backward pass of W seconds,
+                   every later chunk and every other stage's chunk in one bucket at its end,
+                   interleaved chunks p passes apart, stage s a pass and a send earlier per hop;
+                   otherwise (ZeRO-2) G seconds in n buckets, a share per model chunk:
+                   max(G / n, max_k ((k + 1) G / v − k p W − W (n/v − 1)/(n/v)));
                    ZeRO-2 reduces after every micro-batch: also the backlog M·G − window when the
                    DP stream cannot keep up, whose window opens when micro-batch 0 has gone down
                    the pipeline and back to the first stage
@@ -185,7 +188,12 @@ class FastEstimator:
         pipeline = M * period + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
         buckets = g["buckets"]
         grad, gather = g["grad"], g["gather"]
-        last_bwd = np.where(overlap_grad, _exposed(grad, buckets, tb, v, p), g["grad_whole"])
+        megatron = zero <= 1  # DDP and the distributed optimizer: Megatron-Core's bucketing (_first_chunk_exposed)
+        hop_b, hop_f = tb + g["p2p"], tf + g["p2p"]
+        exposed_b = np.where(
+            megatron, _first_chunk_exposed(g, "grad", tb, hop_b, v, p), _exposed(grad, buckets, tb, v, p)
+        )
+        last_bwd = np.where(overlap_grad, exposed_b, g["grad_whole"])
         # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP stream,
         # whose window opens at the first stage's first backward: micro-batch 0 down the pipeline
         # and back up (`fill`; under GPipe after the last stage's M forwards)
@@ -193,7 +201,10 @@ class FastEstimator:
         backlog = M * grad - (pipeline - first_bwd)
         zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), 0.0)  # else inside the stages
         exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
-        gathered = np.where(c["overlap_param"] > 0, _exposed(gather, buckets, tf, v, p), g["gather_whole"])
+        exposed_f = np.where(
+            zero == 1, _first_chunk_exposed(g, "gather", tf, hop_f, v, p), _exposed(gather, buckets, tf, v, p)
+        )
+        gathered = np.where(c["overlap_param"] > 0, exposed_f, g["gather_whole"])
         exposed_gather = np.where((zero == 1) | (zero == 2), gathered, 0.0)
         fsdp = _fsdp_step(f, g, self.model, M)
         step = np.where((zero == 3) & sync & (p == 1), fsdp, pipeline + exposed_grad + exposed_gather)
@@ -354,6 +365,19 @@ class FastEstimator:
             backward = per_unit[::-1]
             for a, b in bucket_spans([sum(w) for w in backward], job.plan.bucket_params):
                 buckets.append(_sum(backward[a:b]))
+        # ZeRO 0-1 (Megatron-Core's buckets, TransformerStepBuilder._segments_of): only stage 0's first
+        # chunk is split; the slots stand for the first, second and last stages
+        slots: dict[str, float] = {}
+        for name, s in (("first", 0), ("second", min(1, pp - 1)), ("last", pp - 1)):
+            units = stage_units.get(s) or stage_units[stage]
+            chunk0 = units[0][::-1]
+            spans = bucket_spans([sum(w) for w in chunk0], job.plan.bucket_params) if s == 0 else [(0, len(chunk0))]
+            later = [_sum(chunk) for chunk in units[1:]]
+            slots[f"{name}_stage"] = float(s)
+            slots[f"{name}_b0"] = float(len(spans))
+            for label, op, nbytes in (("grad", kind, grad_bytes), ("gather", "all_gather", w_bytes)):
+                slots[f"{name}_{label}0"] = sum(dp_s(op, _sum(chunk0[a:b]), nbytes) for a, b in spans)
+                slots[f"{name}_{label}_later"] = sum(dp_s(op, w, nbytes) for w in later) / max(len(later), 1)
         tail = float(
             costs.memory_s("elementwise", optimizer_step_bytes(job, local_optimizer_params(job, groups, params)))
         )
@@ -382,6 +406,7 @@ class FastEstimator:
             "grad_whole": dp_s(kind, params, grad_bytes),
             "gather_whole": dp_s("all_gather", params, w_bytes),
             "tail": tail,
+            **slots,
         }
         for name, w in sizes.items():  # ZeRO-3: per-unit gathers and reduce-scatters
             found[f"ag_{name[0]}"] = dp_s("all_gather", w, w_bytes)
@@ -481,6 +506,26 @@ def _distinct(t: PlanTable, columns: tuple[str, ...]) -> tuple[list[tuple[int, .
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True, axis=0)
     keys = [tuple(int(t.cols[name][row]) for name in columns) for row in first.tolist()]
     return keys, inverse.reshape(-1)
+
+
+def _first_chunk_exposed(
+    g: dict[str, np.ndarray], label: str, pass_s: np.ndarray, hop_s: np.ndarray, chunks: np.ndarray, stages: np.ndarray
+) -> np.ndarray:
+    """What of the DP `label` traffic ("grad" after the last backward, "gather" before the first
+    forward) outlasts the passes under Megatron-Core's bucketing: each stage's first chunk in b0
+    buckets (b0 = 1 but on stage 0), each later chunk in one. On one stream in release order, per
+    stage: max(c0 / b0, c0 − W (b0 − 1)/b0, max_{k ≥ 1} (c0 + k (L − p W))), with c0 the first
+    chunk's seconds, L a later chunk's, W a chunk's pass, chunk k released k·p passes early; a stage
+    s ends (starts) s hops of a pass and a send before (after) the first, so its excess counts less
+    by s·hop. The worst of the first, second and last stages."""
+    out = np.zeros_like(pass_s)
+    for name in ("first", "second", "last"):
+        c0, b0, later = g[f"{name}_{label}0"], g[f"{name}_b0"], g[f"{name}_{label}_later"]
+        x = later - stages * pass_s
+        chunk_k = np.where(chunks > 1, c0 + np.where(x < 0, x, (chunks - 1) * x), 0.0)
+        own = np.maximum(np.maximum(c0 / b0, c0 - pass_s * (b0 - 1) / b0), chunk_k)
+        out = np.maximum(out, own - g[f"{name}_stage"] * hop_s)
+    return out
 
 
 def _exposed(

@@ -349,7 +349,14 @@ class TransformerStepBuilder:
         return units if forward else units[::-1]
 
     def _segments_of(self, stage: int, chunk: int, forward: bool, split: str) -> list[tuple[PassCost, Params]]:
-        """Segments of one chunk pass (the same for every micro-batch, hence cached)."""
+        """Segments of one chunk pass (the same for every micro-batch, hence cached). DP buckets of
+        DDP and the distributed optimizer (ZeRO 0–1) as Megatron-Core makes them: only the first
+        stage's first chunk is split; every later chunk and every other stage reduces (and gathers)
+        its gradients in one bucket ('bucket_size = None' on pipeline ranks > 0, 'since data-parallel
+        communication on these stages is not on the critical path'; training.py get_model:
+        disable_bucketing for model chunks after the first, overlapped with compute anyway)."""
+        if split == "bucket" and self.job.plan.zero_stage <= 1 and (stage > 0 or chunk > 0):
+            split = "none"
         key = (stage, chunk, forward, split)
         found = self._segment_cache.get(key)
         if found is None:
