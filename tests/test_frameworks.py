@@ -221,3 +221,10 @@ def test_the_search_prices_each_frameworks_gradient_bucket(framework, bucket):
     assert json.loads(result.output)["plans"][0]["plan"]["grad_bucket_size_params"] == bucket
     if framework == "torchtitan":  # its selective checkpointing is per op, the only kind it has
         assert json.loads(result.output)["plans"][0]["plan"]["selective_recompute"] == "op"
+
+
+def test_zero3_plans_are_not_repeated_for_overlap_switches_that_do_not_act():
+    # FSDP gathers and reduce-scatters layer by layer ahead whatever the switches: one plan, not four
+    zero3 = [p for p in plans("megatron-core") if p["zero_stage"] == 3]
+    assert zero3
+    assert {(p["overlap_grad_reduce"], p["overlap_param_gather"]) for p in zero3} == {(True, True)}

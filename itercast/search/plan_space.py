@@ -217,6 +217,13 @@ def _rules(
             lambda c: (c["zero"] == 1) | (c["zero"] == 2) | (c["overlap_param"] == first["overlap_param"]),
         ),
         (
+            "same plan (ZeRO-3 gathers and reduce-scatters layer by layer ahead: the overlap switches do not act)",
+            lambda c: (
+                (c["zero"] != 3)
+                | ((c["overlap_grad"] == first["overlap_grad"]) & (c["overlap_param"] == first["overlap_param"]))
+            ),
+        ),
+        (
             "same plan (selective recompute of fused attention recomputes nothing)",
             lambda c: (c["recompute"] != RECOMPUTE.index("selective")) | (not same_recompute),
         ),
