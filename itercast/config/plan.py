@@ -17,6 +17,11 @@ DType = Literal["fp32", "bf16", "fp16", "fp8"]
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 
 
+#: PyTorch DDP's gradient bucket, bucket_cap_mb = 25 (torch/nn/parallel/distributed.py): one all-reduce
+#: per 25 MiB of gradients
+TORCH_DDP_BUCKET_BYTES = 25 * 2**20
+
+
 class PlanConfig(BaseModel):
     """Parallel sizes, batching, schedule, memory savers and overlap switches.
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from itercast.config.plan import TORCH_DDP_BUCKET_BYTES
 from itercast.errors import ConfigError
 from itercast.parallel.schedules import SCHEDULES
 
@@ -61,9 +62,8 @@ class Framework:
 #: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
 #: runtime/constants.py: 500,000,000)
 DEEPSPEED_BUCKET_PARAMS = 500_000_000
-#: torch DDP's bucket_cap_mb default, 25 MiB, in fp32 gradients (torch/nn/parallel/distributed.py), what
-#: torchtitan's 1-D data parallelism (replicate) runs
-TORCH_DDP_BUCKET_PARAMS = 25 * 2**20 // 4
+#: torch DDP's bucket in fp32 gradients, what torchtitan's 1-D data parallelism (replicate) runs
+TORCH_DDP_BUCKET_PARAMS = TORCH_DDP_BUCKET_BYTES // 4
 
 
 _MEGATRON_FSDP_WITHOUT_PP = (

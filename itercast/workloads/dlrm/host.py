@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from itercast.config.plan import TORCH_DDP_BUCKET_BYTES
 from itercast.config.system import SystemConfig
 from itercast.costs.host_overheads import KINDS, HostOverheads
 from itercast.workloads.dlrm.config import DLRMConfig, Shard
@@ -50,8 +51,6 @@ ADAM_OPS = 8
 #: a data-parallel table's dense row-wise Adagrad: norm, pow, div, add to the state; sqrt, add ε,
 #: divide, addcmul (tools/measure_dlrm_sharding.py, ShardedDLRM.step)
 DENSE_ADAGRAD_OPS = 8
-#: PyTorch DDP's bucket size (DistributedDataParallel bucket_cap_mb=25): one all-reduce per bucket
-DDP_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ def ops_per_task(
         "replica_embedding_bwd": replicas,
         # DDP copies each gradient into its bucket and divides the bucket (c10d reducer.cpp), then back
         "ddp_to_buckets": dense_tensors + 1 if ddp else 0,
-        "grad_all_reduce": math.ceil(dense_bytes / DDP_BUCKET_BYTES) if ddp else 0,
+        "grad_all_reduce": math.ceil(dense_bytes / TORCH_DDP_BUCKET_BYTES) if ddp else 0,
         "pooled_grad_exchange": exchanges,
         "embedding_bwd": sharded,  # FBGEMM's backward with its fused optimizer: one operator per lookup
         "ddp_from_buckets": dense_tensors if ddp else 0,
