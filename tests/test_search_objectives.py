@@ -108,7 +108,7 @@ def test_search_reports_token_figures_and_ranks_by_gpu_hours():
 
 def test_an_unknown_objective_names_the_choices():
     with pytest.raises(ConfigError, match=r"--objective: expected step \| tokens-per-s \| gpu-hours-per-token"):
-        check_objective("p99")
+        check_objective("p96")
     with pytest.raises(ConfigError, match="--objective"):
         run_search(request_over((1,), objective="cost"))
 
@@ -137,5 +137,41 @@ def test_a_list_of_node_counts_gives_the_front_in_json(tmp_path):
     assert doc["objective"] == "gpu-hours-per-token" and doc["token_budget"] == 1e9
     assert doc["pareto_time_gpu_hours"] and all("fast_time_to_budget_s" in r for r in doc["pareto_time_gpu_hours"])
     assert {p["num_gpus"] for p in doc["plans"]} <= {8, 16}
-    bad = CliRunner().invoke(app, ["search", job_file(tmp_path), *SMALL, "--objective", "p95"])
+    bad = CliRunner().invoke(app, ["search", job_file(tmp_path), *SMALL, "--objective", "p96"])
     assert bad.exit_code == 2 and "--objective: expected" in bad.output
+
+
+def test_without_variability_every_distribution_figure_is_the_deterministic_step():
+    # all CVs 0: every sample is the graph's own step, so p50 = p95 = p99 = mean = step_time_s
+    from itercast.stochastic.variability import VariabilityModel
+
+    still = VariabilityModel(0.0, 0.0, 0.0, 0.0, 0.0)
+    result = run_search(request_over((1,), objective="p95", top_k=3, variability=still, distribution_samples=200))
+    for r in result.plans:
+        d = r["distribution"]
+        assert d["p50_s"] == d["p95_s"] == d["p99_s"] == pytest.approx(r["step_time_s"], rel=1e-12)
+        assert d["mean_s"] == pytest.approx(r["step_time_s"], rel=1e-12)
+    assert result.ranking_note == "p95 keeps the deterministic order of the 3 plans"
+
+
+def test_p95_ranks_a_steady_plan_above_a_faster_noisy_one(monkeypatch):
+    # A: 10 s deterministic, its whole step one lognormal task of CV-parameter 0.1: p95 = 10·e^(1.645·0.1)
+    # = 11.79 s; B: 10.5 s, no noise. Deterministically A first; by p95 B first, A second
+    from scipy.stats import norm
+
+    from itercast.search import plan_search
+    from itercast.stochastic.variability import StepDistribution
+
+    z = norm.ppf((np.arange(20_000) + 0.5) / 20_000)
+    samples = {10.0: 10.0 * np.exp(0.1 * z), 10.5: np.full(20_000, 10.5)}
+    monkeypatch.setattr(plan_search, "build_transformer_step", lambda job: job)
+    monkeypatch.setattr(plan_search, "Job", type("J", (), {"from_dicts": staticmethod(lambda m, p, s: p["t"])}))
+    monkeypatch.setattr(plan_search, "graph_distribution", lambda t, vm, n: StepDistribution(t, samples[t]))
+    best = [{"plan": {"t": 10.0}, "num_nodes": 1}, {"plan": {"t": 10.5}, "num_nodes": 1}]
+    note = plan_search._rank_by_distribution(request_over((1,), objective="p95"), best)
+    assert [r["plan"]["t"] for r in best] == [10.5, 10.0]
+    assert best[1]["distribution"]["p95_s"] == pytest.approx(10.0 * np.exp(0.1 * 1.6449), rel=1e-3)
+    assert note == "p95 changes the ranking: its first plan is #2 deterministically; 2 of 2 plans move"
+    # by the median A stays first: 10·e^0 = 10 s < 10.5 s
+    best = [{"plan": {"t": 10.0}, "num_nodes": 1}, {"plan": {"t": 10.5}, "num_nodes": 1}]
+    assert plan_search._rank_by_distribution(request_over((1,), objective="p50"), best).startswith("p50 keeps")

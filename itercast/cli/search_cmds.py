@@ -65,7 +65,11 @@ def search_cmd(
     ] = None,
     objective: Annotated[
         str,
-        typer.Option(metavar="step|tokens-per-s|gpu-hours-per-token", help="What plans are ranked by."),
+        typer.Option(
+            metavar="step|tokens-per-s|gpu-hours-per-token|p50|p95|p99|mean",
+            help="What plans are ranked by; p50/p95/p99/mean: the re-scored plans' sampled step "
+            "(variability's default CVs).",
+        ),
     ] = "step",
     token_budget: Annotated[
         float | None,
@@ -239,6 +243,9 @@ def _plan_rows(result: SearchResult, request: SearchRequest) -> tuple[list[str],
     moe = request.model.is_moe
     headers = ["#", "GPUs", "dp×tp×pp×cp", *(["ep×etp"] if moe else []), "vp", "gbs", "mbs", "sched", "ZeRO"]
     headers += ["recomp", "SP", "ovl", "s/step", "tok/s", "GPU-h/Mtok", "MFU", "GiB"]
+    sampled = result.plans and "distribution" in result.plans[0]
+    if sampled:  # a distribution objective: the sampled figures and the deterministic rank
+        headers += ["p50 s", "p95 s", "p99 s", "det #"]
     rows = []
     for i, r in enumerate(result.plans, 1):
         p = r["plan"]
@@ -264,6 +271,9 @@ def _plan_rows(result: SearchResult, request: SearchRequest) -> tuple[list[str],
                 f"{r['memory_per_gpu_bytes'] / 2**30:.1f}" + ("" if r["fits"] else " OOM"),
             ]
         )
+        if sampled:
+            d = r["distribution"]
+            rows[-1] += [f"{d['p50_s']:.3f}", f"{d['p95_s']:.3f}", f"{d['p99_s']:.3f}", str(r["deterministic_rank"])]
     return headers, rows
 
 
@@ -279,6 +289,8 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
     title = f"fastest {len(result.plans)}: graph simulation (fast path within {result.fast_vs_graph_max:.1%})"
     show_table(*_plan_rows(result, request), "table", title)
     console.print(f"{result.framework}; {result.headroom}", highlight=False)
+    if result.ranking_note:
+        console.print(result.ranking_note, highlight=False)
     if result.plans:
         console.print(f"launch settings of plan 1 ({result.framework}):", highlight=False)
         console.print(result.plans[0]["launch"], highlight=False, markup=False)

@@ -10,6 +10,12 @@ Objectives (smaller is better, each a vectorised function of the same columns):
   count it orders plans as the others do; across node counts it prefers fewer GPUs unless more
   GPUs scale super-linearly.
 
+- `p50`, `p95`, `p99`, `mean`: the step's distribution under variability (stochastic/variability.py,
+  the `variability` command's default CVs): the fast path ranks by the deterministic step, then the
+  plans re-scored by the graph are sampled with common random numbers (one seed for every plan, so a
+  difference is the plans', not the draws') and ranked by that quantile or the mean. A plan whose
+  time sits on one long critical path of noisy tasks can lose to a deterministically slower one.
+
 Across node counts the two figures a team trades are time to its token budget (seconds per token ×
 budget) and GPU-hours per token: `time_cost_front` keeps the plans no other plan beats on both.
 """
@@ -22,7 +28,10 @@ import numpy as np
 
 from itercast.errors import ConfigError, did_you_mean
 
-OBJECTIVES = ("step", "tokens-per-s", "gpu-hours-per-token")  # a new objective adds a name and a branch below
+#: the step-time distribution's figure each ranks by (StepDistribution.quantiles, and the mean)
+DISTRIBUTION_OBJECTIVES = {"p50": "p50_s", "p95": "p95_s", "p99": "p99_s", "mean": "mean_s"}
+#: a new objective adds a name and a branch below
+OBJECTIVES = ("step", "tokens-per-s", "gpu-hours-per-token", *DISTRIBUTION_OBJECTIVES)
 SECONDS_PER_HOUR = 3600.0
 
 
@@ -53,7 +62,8 @@ def gpu_hours_per_token(num_gpus: Any, step_time_s: Any, tokens: Any) -> Any:
 def objective_values(
     name: str, step_time_s: Any, global_batch_size: Any, seq_length: int, num_gpus: Any, batches_vary: bool
 ) -> Any:
-    """The objective of each plan (numpy arrays or floats), smaller is better."""
+    """The objective of each plan (numpy arrays or floats), smaller is better. A distribution
+    objective ranks by the deterministic step here; run_search re-ranks the re-scored plans."""
     tokens = tokens_per_step(global_batch_size, seq_length)
     if name == "gpu-hours-per-token":
         return gpu_hours_per_token(num_gpus, step_time_s, tokens)
