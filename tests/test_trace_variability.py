@@ -56,3 +56,17 @@ def test_fit_on_some_steps_only(tmp_path):
     rg = three_steps(tmp_path)
     model = fit_trace_variability(rg, fit_steps=[0, 2])  # GEMMs of 40 and 60 µs: median 50
     assert sorted(model.step_factors["gemm"].tolist()) == pytest.approx([0.8, 1.2])
+
+
+def test_nccl_kernels_are_classed_by_collective_kind(tmp_path):
+    # one step: a GEMM, then an NCCL all-gather, a reduce-scatter and a send/recv kernel
+    from itercast.stochastic.trace_variability import task_classes
+
+    names = ["volta_sgemm_128x64", "ncclDevKernel_AllGather_RING_LL", "ncclKernel_ReduceScatter_RING_LL_Sum_bf16"]
+    names.append("ncclDevKernel_SendRecv")
+    events = [step(1, 0, 1000)]
+    for i, name in enumerate(names):
+        events += [call("cudaLaunchKernel", 10 + 100 * i, 5, corr=i + 1), kernel(name, 20 + 100 * i, 50, corr=i + 1)]
+    classes = task_classes(build_replay_graph(read_traces([write(tmp_path / "t.json", events)])))
+    gpu = [c for c in classes if c not in ("", "host")]
+    assert gpu == ["gemm", "nccl all-gather", "nccl reduce-scatter", "nccl send/recv"]

@@ -161,3 +161,34 @@ def test_the_network_factor_is_shared_by_every_communication_task_of_a_step():
     )
     assert ratio.shape[0] > 1 and np.allclose(ratio, ratio[0])  # one factor per sample for all tasks
     assert ratio[0].std() == pytest.approx(0.1, rel=0.15)  # and it varies from step to step
+
+
+def test_sensitivity_follows_the_critical_path_not_the_cv():
+    # rank 0: a 1 s GEMM; rank 1 beside it: a 0.2 s DP all-gather. No other noise. Adding CV δ = 0.25
+    # to the GEMM: the step is the GEMM's lognormal, p95 = e^(1.645σ − σ²/2) with σ² = ln(1 + δ²):
+    # σ = 0.24622, p95 = e^(1.6449·0.24622 − 0.03031) = e^(0.37470) = 1.45455 s, so dp95/δ = 0.45455 / 0.25
+    # = 1.818 s per CV.
+    # The all-gather would need a factor of 5 to matter: 0 s per CV, however noisy it is
+    from itercast.graph.execgraph import Category, GraphBuilder
+    from itercast.stochastic.variability import StepGraph, VariabilityModel, graph_sensitivity
+
+    b = GraphBuilder()
+    b.task("gemm", b.resource(0, "compute"), 1.0, Category.COMPUTE, "gemm")
+    b.task("ag", b.resource(1, "dp_comm"), 0.2, Category.COMMUNICATION, "dp_all_gather")
+    step = StepGraph(b.build(), 1, 1)
+    quiet = VariabilityModel(0.0, 0.0, 0.0, 0.0, 0.0)
+    got = {r["class"]: r for r in graph_sensitivity(step, quiet, delta_cv=0.25, samples=20_000)}
+    assert got["gemm"]["dp95_per_cv_s"] == pytest.approx(1.818, rel=0.03)
+    assert got["gemm"]["critical_path_share"] == 1.0 and got["gemm"]["critical_path_s"] == 1.0
+    assert got["all-gather × DP"]["dp95_per_cv_s"] == 0.0
+    assert got["all-gather × DP"]["critical_path_s"] == 0.0 and got["all-gather × DP"]["total_s"] == 0.2
+
+
+def test_collectives_are_named_by_kind_and_group():
+    from itercast.stochastic.variability import class_label
+
+    assert class_label("tp_reduce_scatter") == "reduce-scatter × TP"
+    assert class_label("ep_alltoall") == "all-to-all × EP"
+    assert class_label("pp_p2p") == "send/recv × PP"
+    assert class_label("etp_all_gather") == "all-gather × expert TP"
+    assert class_label("gemm") == "gemm"

@@ -138,6 +138,7 @@ def variability_cmd(
             step = w.step_graph()
             dist = var.graph_distribution(step, vm, samples, seed)
             attribution = var.graph_attribution(step, vm, min(samples, 4_000), seed)
+            sensitivity = var.graph_sensitivity(step, vm, samples=min(samples, 4_000), seed=seed)
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no DLRM sharding fits
         fail(str(exc).replace("\n", "\n  "))
     out: dict[str, Any] = {
@@ -149,6 +150,7 @@ def variability_cmd(
         "seed": seed,
         "model": vm.__dict__,
         "attribution": attribution,
+        "sensitivity": sensitivity,
     }
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": dist.probability_within(within_s)}
@@ -218,6 +220,18 @@ def _print(out: dict[str, Any], gpus: int) -> None:
         table.add_column(col, justify="right" if col != "source" else "left")
     for r in out["attribution"]:
         table.add_row(r["source"], f"{r['p95_change']:+.2%}", f"{r['spread_change']:+.1%}")
+    console.print(table)
+    table = Table(title="which kernels and collectives to steady: p95 per unit of CV added to each (top 10)")
+    for col in ("class", "dp95 s per CV", "on critical path", "share of step", "in graph"):
+        table.add_column(col, justify="right" if col != "class" else "left")
+    for r in out["sensitivity"][:10]:
+        table.add_row(
+            r["class"],
+            f"{r['dp95_per_cv_s']:.4g}",
+            seconds(r["critical_path_s"]),
+            f"{r['critical_path_share']:.1%}",
+            seconds(r["total_s"]),
+        )
     console.print(table)
 
 

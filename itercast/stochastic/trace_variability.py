@@ -28,6 +28,7 @@ pulled halfway to their medians (half its spread).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -68,16 +69,29 @@ class TraceVariability:
         return out
 
 
+#: NCCL kernels by collective kind, from their names (ncclDevKernel_AllGather_RING_LL, ncclKernel_SendRecv, ...)
+NCCL_KINDS = (
+    ("all-gather", re.compile(r"allgather", re.IGNORECASE)),
+    ("reduce-scatter", re.compile(r"reducescatter", re.IGNORECASE)),
+    ("all-reduce", re.compile(r"allreduce", re.IGNORECASE)),
+    ("all-to-all", re.compile(r"alltoall|all_to_all", re.IGNORECASE)),
+    ("send/recv", re.compile(r"sendrecv|send|recv", re.IGNORECASE)),
+    ("broadcast", re.compile(r"broadcast", re.IGNORECASE)),
+)
+
+
 def task_classes(rg: ReplayGraph) -> list[str]:
     """Class of every task: "host" for runtime calls, a kernel class for GPU ops, "" for host gaps
-    (kept as measured)."""
+    (kept as measured). NCCL kernels by their collective kind ("nccl all-gather", ...; a trace does not
+    name the process group on the kernel, so the group is not told apart)."""
     g = rg.graph
     out = []
     for t in range(g.num_tasks):
-        family = g.families[g.family[t]]
-        out.append(
-            "" if family == "host_gap" else "host" if family == "runtime" else kernel_class(g.names[g.name[t]], family)
-        )
+        family, name = g.families[g.family[t]], g.names[g.name[t]]
+        cls = "" if family == "host_gap" else "host" if family == "runtime" else kernel_class(name, family)
+        if cls == "nccl":
+            cls = next((f"nccl {kind}" for kind, rx in NCCL_KINDS if rx.search(name)), "nccl")
+        out.append(cls)
     return out
 
 

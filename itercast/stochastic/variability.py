@@ -35,6 +35,7 @@ from scipy import special
 from itercast.config.job import Job
 from itercast.graph.execgraph import Category, ExecGraph
 from itercast.measurements import Measurement
+from itercast.sim.analysis import critical_path
 from itercast.sim.engine import simulate
 from itercast.sim.montecarlo import simulate_samples
 from itercast.workloads.transformer import TransformerStepBuilder
@@ -94,23 +95,31 @@ class StepGraph:
     gpus_per_task: int
     gpus_per_rank: int
     expert_share: np.ndarray | None = None
+    #: per class (kernel family or collective), per task, the share of its duration; none: each
+    #: non-host task wholly its graph family (class_shares_of)
+    class_shares: dict[str, np.ndarray] | None = None
 
 
-def transformer_step(job: Job, graph: ExecGraph, expert_share: np.ndarray | None = None) -> StepGraph:
+def transformer_step(
+    job: Job,
+    graph: ExecGraph,
+    expert_share: np.ndarray | None = None,
+    class_shares: dict[str, np.ndarray] | None = None,
+) -> StepGraph:
     """A transformer's graph (one representative GPU per pipeline stage): a compute task stands for its
     tp·cp peers, a stage for its dp·tp·cp GPUs; the router's load varies nothing when the experts are
     padded to capacity."""
     p, m = job.plan, job.model
     padded = m.moe_capacity_factor is not None and m.moe_pad_to_capacity
     k_task = p.tensor_parallel * p.context_parallel
-    return StepGraph(graph, k_task, p.dp * k_task, None if padded else expert_share)
+    return StepGraph(graph, k_task, p.dp * k_task, None if padded else expert_share, class_shares)
 
 
 def build_transformer_step(job: Job) -> StepGraph:
     """`job`'s step graph priced by the built-in curves, with its routed-expert shares."""
     builder = TransformerStepBuilder(job)
     graph = builder.build()
-    return transformer_step(job, graph, builder.expert_share())
+    return transformer_step(job, graph, builder.expert_share(), builder.family_shares())
 
 
 class GraphSampler:
@@ -222,3 +231,80 @@ def graph_attribution(
             }
         )
     return sorted(out, key=lambda r: r["p95_change"])
+
+
+#: collective families of the step graphs (TransformerStepBuilder.family_shares, graph families) by
+#: kind and group, as the sensitivity table names them
+_GROUPS = {"tp": "TP", "cp": "CP", "ep": "EP", "etp": "expert TP", "dp": "DP", "pp": "PP"}
+
+
+def class_label(family: str) -> str:
+    """`tp_reduce_scatter` → "reduce-scatter × TP", `pp_p2p` → "send/recv × PP"; a kernel family as is."""
+    if family == "grad_norm_all_reduce":
+        return "all-reduce × PP (gradient norm)"
+    group, _, kind = family.partition("_")
+    if group not in _GROUPS or not kind:
+        return family
+    kind = {"p2p": "send/recv", "p2p_exposed": "send/recv (exposed ring)", "alltoall": "all-to-all"}.get(
+        kind, kind.replace("_", "-")
+    )
+    return f"{kind} × {_GROUPS[group]}"
+
+
+def class_shares_of(step: StepGraph) -> dict[str, np.ndarray]:
+    """The step's classes: its own `class_shares`, else each non-host task wholly its graph family."""
+    if step.class_shares is not None:
+        return step.class_shares
+    g = step.graph
+    out: dict[str, np.ndarray] = {}
+    for task in np.flatnonzero(g.category != Category.HOST).tolist():
+        out.setdefault(g.families[g.family[task]], np.zeros(g.num_tasks))[task] = 1.0
+    return out
+
+
+class _ClassNoise(GraphSampler):
+    """The sampler of `model`, then one class's share of each task scaled by a log-normal factor of
+    CV `cv`, drawn after the model's (same seed: the model's draws are the base sampler's)."""
+
+    def __init__(self, step: StepGraph, model: VariabilityModel, share: np.ndarray, cv: float) -> None:
+        super().__init__(step, model)
+        self.tasks, self.cv = np.flatnonzero(share > 0), cv
+        self.share = share[self.tasks]
+
+    def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        dur = super().__call__(rng, n)
+        factor = _lognormal(self.cv, rng.standard_normal((self.tasks.size, n)))
+        dur[self.tasks] *= 1 + self.share[:, None] * (factor - 1)
+        return dur
+
+
+def graph_sensitivity(
+    step: StepGraph, model: VariabilityModel, delta_cv: float = 0.25, samples: int = 4_000, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Per class (kernel family, collective kind × group): how much the step's p95 grows per unit
+    of CV added to that class's time (`dp95_per_cv_s`: (p95 with `delta_cv` more − p95) / delta_cv,
+    common random numbers), its seconds on the deterministic critical path and their share of the
+    step, and its seconds in the whole graph. A class can be large and noisy yet off the critical
+    path (dp95 ≈ 0), or small and on it (PRISM, arXiv 2510.15596: where a kernel sits on the critical
+    path matters more than its own CV). Sorted by dp95, largest first. Noise added to many short
+    tasks in series averages out, so such a class moves the p95 little; figures within about ±1% of
+    the p95 per unit of CV are Monte Carlo noise (a different seed moves them)."""
+    g = step.graph
+    det = simulate(g)
+    on_path = np.zeros(g.num_tasks, dtype=bool)
+    on_path[critical_path(det)] = True
+    base = np.percentile(simulate_samples(g, GraphSampler(step, model), samples, seed), 95)
+    out = []
+    for name, share in class_shares_of(step).items():
+        noisy = simulate_samples(g, _ClassNoise(step, model, share, delta_cv), samples, seed)
+        path_s = float(np.sum(g.duration_s * share * on_path))
+        out.append(
+            {
+                "class": class_label(name),
+                "dp95_per_cv_s": float((np.percentile(noisy, 95) - base) / delta_cv),
+                "critical_path_s": path_s,
+                "critical_path_share": path_s / det.step_time_s,
+                "total_s": float(np.sum(g.duration_s * share)),
+            }
+        )
+    return sorted(out, key=lambda r: -r["dp95_per_cv_s"])

@@ -29,6 +29,8 @@ from itercast.parallel.schedules import Pass, schedule
 from itercast.workloads import transformer_ops as ops_mod
 from itercast.workloads.transformer_ops import COMM_FAMILIES, Op
 
+#: PassCost families of blocking communication (a segment's "comm" task), the rest are compute
+COMM_FAMILY_PREFIXES = ("tp_", "cp_", "ep_", "etp_")
 GRAD_NORM_BYTES = 4  # one fp32 scalar: the global gradient norm for clipping (Megatron clip_grad)
 
 
@@ -445,6 +447,31 @@ class TransformerStepBuilder:
                 part = sum(v for f, v in cost.family_s.items() if f.startswith(("ep_", "etp_")))
             share[task] = part / total if total > 0 else 0.0
         return share
+
+    def family_shares(self) -> dict[str, np.ndarray]:
+        """Per family, per task of the built graph, the share of the task's duration it takes: a
+        compute segment split by its ops' compute families (gemm, attention, experts, ...), its
+        blocking communication by its collectives (tp_reduce_scatter, ep_alltoall, ...; the
+        PassCost.family_s of the segment), any other task wholly its own family (dp_reduce_scatter,
+        pp_p2p, ...). What variability attributes the spread to."""
+        if self.graph is None:
+            raise ValueError("family_shares needs a built graph: call build() first")
+        g, n = self.graph, len(self.recipes)
+        out: dict[str, np.ndarray] = {}
+        for task, (kind, *args) in enumerate(self.recipes):
+            if kind == "launch":
+                continue
+            if kind in ("compute", "comm"):
+                stage, chunk, forward, split, j = args[0]
+                fams = self._segments_of(stage, chunk, forward, split)[j][0].family_s
+                mine = {f: v for f, v in fams.items() if f.startswith(COMM_FAMILY_PREFIXES) == (kind == "comm")}
+            else:
+                mine = {g.families[g.family[task]]: 1.0}
+            total = sum(mine.values())
+            for family, seconds in mine.items():
+                if total > 0:
+                    out.setdefault(family, np.zeros(n))[task] = seconds / total
+        return out
 
     def recost(self, costs: AnalyticCostModel) -> ExecGraph:
         """The built graph with every duration priced again by `costs` (another calibration, a
