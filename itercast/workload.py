@@ -38,6 +38,9 @@ class Workload(Protocol):
     @property
     def num_gpus(self) -> int: ...
 
+    @property
+    def gpus_per_node(self) -> int: ...
+
     def headline(self) -> str:
         """One line: the model, its GPUs and its plan."""
         ...
@@ -73,6 +76,10 @@ class TransformerWorkload:
     @property
     def num_gpus(self) -> int:
         return self.job.system.num_gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.job.system.node.gpus_per_node
 
     def headline(self) -> str:
         job, p = self.job, self.job.plan
@@ -143,6 +150,10 @@ class DLRMWorkload:
     @property
     def num_gpus(self) -> int:
         return self.job.system.num_gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.job.system.node.gpus_per_node
 
     def headline(self) -> str:
         j = self.job

@@ -28,7 +28,7 @@ from itercast.cli.app import (
 )
 from itercast.errors import ConfigError, DeadlockError
 from itercast.stochastic import variability as var
-from itercast.stochastic.placement import place_slow_on_graph
+from itercast.stochastic.placement import map_speeds, place_slow_on_graph, read_speed_map
 from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
 
 
@@ -108,6 +108,12 @@ def variability_cmd(
     slow_factor: Annotated[
         float, typer.Option(callback=finite(1, 1000), help="How much slower each slow GPU is.")
     ] = 1.5,
+    speed_map: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="CSV", help="Measured speed per GPU (gpu,speed) or node (node,speed): the best mapping of ranks."
+        ),
+    ] = None,
     plot: Annotated[
         Path | None, typer.Option(metavar="FILE", help="Write the step-time CDF as PNG (needs matplotlib).")
     ] = None,
@@ -130,6 +136,12 @@ def variability_cmd(
     w = load_job(job_file, example, model, system, set_)
     if slow_gpus is not None and slow_gpus > w.num_gpus:
         fail(f"--slow-gpus {slow_gpus}: the job has {w.num_gpus} GPUs")
+    speeds = None
+    if speed_map is not None:  # read before any sampling: a bad map fails at once
+        try:
+            speeds = read_speed_map(speed_map, w.num_gpus, w.gpus_per_node)
+        except ConfigError as exc:
+            fail(str(exc))
     vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv)
     if noise_from_db is not None:
         vm = replace(vm, **_profile_noise(noise_from_db, as_json))
@@ -158,6 +170,8 @@ def variability_cmd(
         _plot(dist, plot, f"{w.name} on {w.num_gpus} GPUs", [job_file, noise_from_db])
     if slow_gpus is not None:
         out["placement"] = _placement(step, slow_gpus, slow_factor)
+    if speeds is not None:
+        out["speed_map"] = _speed_mapping(step, speeds)
     if steps is not None:
         failures = FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s)
         deadline_s = deadline_hours * HOUR_S if deadline_hours else None
@@ -190,6 +204,22 @@ def _placement(step: var.StepGraph, slow_gpus: int, slow_factor: float) -> dict[
         "worst_stages": list(pl.worst_stages),
         "worst_s": pl.worst_s,
         "worth": pl.worth,
+    }
+
+
+def _speed_mapping(step: var.StepGraph, speeds: Any) -> dict[str, Any]:
+    """The best mapping of the measured speeds onto the graph's ranks (stochastic/placement.py)."""
+    m = map_speeds(step.graph, step.gpus_per_rank, speeds)
+    slowest = [r for r, gpus in enumerate(m.best_gpus) if min(speeds[list(gpus)]) == speeds.min()]
+    return {
+        "baseline_s": m.baseline_s,
+        "naive_s": m.naive_s,
+        "best_s": m.best_s,
+        "gain": m.gain,
+        "method": m.method,
+        "slowest_gpus_on_ranks": slowest,
+        "best_gpus_per_rank": [list(g) for g in m.best_gpus],
+        "plan_change": "not computed: the mapping keeps the plan; search on the slow cluster for that",
     }
 
 
@@ -261,6 +291,16 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
                 f"{t['expected_s'] / 86400:.2f} days expected, goodput {t['goodput']:.1%}, "
                 f"checkpoint every {t['checkpoint_interval_s'] / 60:.0f} min"
                 + (f", P(deadline) {deadline:.1%}" if deadline is not None else ""),
+            )
+        )
+    if "speed_map" in out:
+        sm = out["speed_map"]
+        rows.append(
+            (
+                "speed map",
+                f"rank order {seconds(sm['naive_s'])}, best mapping {seconds(sm['best_s'])} ({sm['gain']:.3f}× "
+                f"faster, {sm['method']}; all at speed 1: {seconds(sm['baseline_s'])}); the slowest GPUs go to "
+                f"rank(s) {sm['slowest_gpus_on_ranks']}",
             )
         )
     if "placement" in out:

@@ -11,13 +11,16 @@ simulated together. Exhaustive over sets when there are few ranks (≤ 12), gree
 
 from __future__ import annotations
 
+import csv
 import itertools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from itercast.config.job import Job
+from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph
 from itercast.sim.engine import simulate
 from itercast.workloads.transformer import TransformerStepBuilder
@@ -81,3 +84,111 @@ def place_slow_on_graph(graph: ExecGraph, gpus_per_rank: int, slow_gpus: int, sl
     best, best_s = pick(fewest, worst=False)
     worst, worst_s = pick(most, worst=True)
     return Placement(slow_gpus, slowdown, simulate(graph).step_time_s, best, best_s, worst, worst_s)
+
+
+#: graph ranks up to which every assignment of speed blocks to ranks is simulated (6! = 720)
+EXHAUSTIVE_MAX_RANKS = 6
+
+
+@dataclass(frozen=True)
+class SpeedMapping:
+    """Measured GPU speeds mapped to a step graph's ranks: the naive mapping (rank order: GPU i takes
+    global rank i, Megatron's order, pipeline stage outermost, so graph rank r holds GPUs r·g … r·g +
+    g − 1) against the best found (`method`); `best_gpus[r]`: the GPUs graph rank r gets."""
+
+    baseline_s: float  # every GPU at speed 1
+    naive_s: float
+    best_s: float
+    best_gpus: tuple[tuple[int, ...], ...]
+    method: str
+
+    @property
+    def gain(self) -> float:
+        """How much the best mapping saves over the naive one (a ratio ≥ 1)."""
+        return self.naive_s / self.best_s
+
+
+def _step_with_speeds(graph: ExecGraph, rank_speed: np.ndarray) -> float:
+    """The step with each rank's compute at its speed (a rank runs at its slowest GPU's pace)."""
+    ranks = graph.resource_rank[graph.resource]
+    scaled = graph.duration_s.copy()
+    compute = graph.category == Category.COMPUTE
+    scaled[compute] /= rank_speed[ranks[compute]]
+    return simulate(graph.with_durations(scaled)).step_time_s
+
+
+def map_speeds(graph: ExecGraph, gpus_per_rank: int, speeds: np.ndarray) -> SpeedMapping:
+    """The mapping of GPUs (their relative `speeds`, 1 = nominal) onto the graph's ranks that
+    minimises the step. A rank runs at its slowest GPU's pace, so the best groups the slowest GPUs
+    together: GPUs sorted by speed form blocks of `gpus_per_rank`, and the blocks are assigned to
+    ranks, every assignment tried up to EXHAUSTIVE_MAX_RANKS ranks; beyond, the slowest block goes to
+    the rank whose slowing alone costs least, the next to the next (sorted pairing; each rank's cost
+    simulated alone). Within a rank (its tensor- and data-parallel groups) the graph has one
+    representative GPU, so which group inside a stage takes the slow GPUs is not told apart."""
+    ranks = graph.resource_rank[graph.resource]
+    n_ranks = int(ranks.max()) + 1 if ranks.size else 1
+    if speeds.size != n_ranks * gpus_per_rank:
+        raise ValueError(f"a speed per GPU: expected {n_ranks * gpus_per_rank}, got {speeds.size}")
+    naive = speeds.reshape(n_ranks, gpus_per_rank).min(axis=1)
+    order = np.argsort(speeds, kind="stable")
+    blocks = order.reshape(n_ranks, gpus_per_rank)  # block 0: the slowest GPUs
+    block_speed = speeds[blocks].min(axis=1)
+    if n_ranks <= EXHAUSTIVE_MAX_RANKS:
+        method = "exhaustive"
+        t, perm = min(
+            (_step_with_speeds(graph, block_speed[list(p)]), p) for p in itertools.permutations(range(n_ranks))
+        )
+    else:
+        method = "sorted pairing"
+        slowest = np.ones(n_ranks)
+        alone = []
+        for r in range(n_ranks):
+            slowest[r] = block_speed[0]
+            alone.append((_step_with_speeds(graph, slowest), r))
+            slowest[r] = 1.0
+        rank_order = [r for _, r in sorted(alone)]  # cheapest to slow first
+        perm = tuple(int(b) for _, b in sorted(zip(rank_order, range(n_ranks), strict=True)))
+        t = _step_with_speeds(graph, block_speed[list(perm)])
+    best_gpus = tuple(tuple(int(g) for g in sorted(blocks[b])) for b in perm)
+    return SpeedMapping(simulate(graph).step_time_s, _step_with_speeds(graph, naive), t, best_gpus, method)
+
+
+def read_speed_map(path: Path, num_gpus: int, gpus_per_node: int) -> np.ndarray:
+    """Relative speed per GPU from a CSV with columns `gpu,speed` (global GPU index) or `node,speed`
+    (every GPU of the node); GPUs it does not name run at 1. Bad rows raise ConfigError naming the
+    file, line, field, what was expected and what was found."""
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            return _speeds(path, csv.DictReader(fh), num_gpus, gpus_per_node)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(f"{path}: cannot read a speed map CSV: {exc}") from None
+
+
+def _speeds(path: Path, reader: csv.DictReader, num_gpus: int, gpus_per_node: int) -> np.ndarray:
+    fields = set(reader.fieldnames or ())
+    key = "gpu" if "gpu" in fields else "node" if "node" in fields else None
+    if key is None or "speed" not in fields:
+        raise ConfigError(f"{path}: header: expected columns gpu,speed or node,speed; got {sorted(fields)}")
+    count = num_gpus if key == "gpu" else num_gpus // gpus_per_node
+    speeds = np.ones(num_gpus)
+    seen: set[int] = set()
+    for line, row in enumerate(reader, start=2):
+        where = f"{path}:{line}"
+        if line - 1 > count:  # bounded: one row per GPU or node at most
+            raise ConfigError(f"{where}: more rows than the job's {count} {key}s")
+        try:
+            index, speed = int(row[key]), float(row["speed"])
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer {key} and a number speed; got {row}") from None
+        if not 0 <= index < count:
+            raise ConfigError(f"{where}: {key} {index}: the job has {count} {key}s (0..{count - 1})")
+        if not math.isfinite(speed) or speed <= 0:
+            raise ConfigError(f"{where}: speed: expected a finite number > 0; got {row['speed']}")
+        if index in seen:
+            raise ConfigError(f"{where}: {key} {index} named twice")
+        seen.add(index)
+        if key == "gpu":
+            speeds[index] = speed
+        else:
+            speeds[index * gpus_per_node : (index + 1) * gpus_per_node] = speed
+    return speeds
