@@ -232,6 +232,7 @@ def _time_to_train(
         "work_s": ttt.work_s,
         "expected_s": ttt.expected_s,
         "goodput": ttt.goodput,
+        "expected_interruptions": ttt.expected_interruptions,
         "checkpoint_interval_s": ttt.interval_s,
         "young_interval_s": ttt.young_interval_s,
         **ttt.quantiles_s,
@@ -289,6 +290,7 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
             (
                 "time to train",
                 f"{t['expected_s'] / 86400:.2f} days expected, goodput {t['goodput']:.1%}, "
+                f"{t['expected_interruptions']:.0f} interruptions expected, "
                 f"checkpoint every {t['checkpoint_interval_s'] / 60:.0f} min"
                 + (f", P(deadline) {deadline:.1%}" if deadline is not None else ""),
             )
