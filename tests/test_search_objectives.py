@@ -12,6 +12,9 @@ from typer.testing import CliRunner
 from itercast.cli import app
 from itercast.config.job import parse_section
 from itercast.errors import ConfigError
+from itercast.graph.execgraph import Category, GraphBuilder
+from itercast.search import distribution_rank
+from itercast.search.distribution_rank import DistributionOptions, rank_by_distribution
 from itercast.search.objectives import (
     check_objective,
     objective_values,
@@ -19,8 +22,9 @@ from itercast.search.objectives import (
     time_cost_front,
     token_figures,
 )
-from itercast.search.plan_search import SearchRequest, run_search
+from itercast.search.plan_search import SearchRequest, SearchResult, run_search
 from itercast.search.plan_space import SpaceOptions
+from itercast.stochastic.variability import StepGraph, VariabilityModel
 
 MODEL = {"family": "llama", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 8}
 MODEL |= {"num_query_groups": 4, "seq_length": 256, "vocab_size": 1000}
@@ -143,35 +147,84 @@ def test_a_list_of_node_counts_gives_the_front_in_json(tmp_path):
 
 def test_without_variability_every_distribution_figure_is_the_deterministic_step():
     # all CVs 0: every sample is the graph's own step, so p50 = p95 = p99 = mean = step_time_s
-    from itercast.stochastic.variability import VariabilityModel
-
-    still = VariabilityModel(0.0, 0.0, 0.0, 0.0, 0.0)
-    result = run_search(request_over((1,), objective="p95", top_k=3, variability=still, distribution_samples=200))
+    request = request_over((1,), objective="mean", top_k=3)
+    still = DistributionOptions(VariabilityModel(0.0, 0.0, 0.0, 0.0, 0.0), samples=200, top=3)
+    result = rank_by_distribution(run_search(request), request, still)
     for r in result.plans:
         d = r["distribution"]
         assert d["p50_s"] == d["p95_s"] == d["p99_s"] == pytest.approx(r["step_time_s"], rel=1e-12)
         assert d["mean_s"] == pytest.approx(r["step_time_s"], rel=1e-12)
-    assert result.ranking_note == "p95 keeps the deterministic order of the 3 plans"
+    assert [r["deterministic_rank"] for r in result.plans] == [1, 2, 3]
+    assert (
+        result.ranking_note == "variability does not change the ranking: by mean the 3 plans sampled keep their order"
+    )
+
+
+def one_task(duration_s: float, category: Category) -> StepGraph:
+    """A step that is one task on one GPU (a host task does not vary)."""
+    b = GraphBuilder()
+    b.task("step", b.resource(0, "compute"), duration_s, category, "gemm")
+    return StepGraph(b.build(), gpus_per_task=1, gpus_per_rank=1)
+
+
+def two_plans(monkeypatch, objective: str, compute_cv: float) -> SearchResult:
+    """Plan A: 10 s, all of it one compute task of CV `compute_cv`; plan B: 10.5 s, no variability.
+    Deterministically A is first."""
+    graphs = {"A": one_task(10.0, Category.COMPUTE), "B": one_task(10.5, Category.HOST)}
+    monkeypatch.setattr(distribution_rank, "plan_job", lambda request, row: row["plan"]["name"])
+    monkeypatch.setattr(distribution_rank, "build_transformer_step", lambda name: graphs[name])
+    plans = [{"plan": {"name": "A"}, "step_time_s": 10.0}, {"plan": {"name": "B"}, "step_time_s": 10.5}]
+    result = SearchResult(plans, [], [], [], 2, 2, 2, 0.0, 0.0, objective=objective)
+    options = DistributionOptions(VariabilityModel(compute_cv, 0.0, 0.0, 0.0, 0.0), samples=20_000, top=2)
+    return rank_by_distribution(result, request_over((1,), objective=objective), options)
 
 
 def test_p95_ranks_a_steady_plan_above_a_faster_noisy_one(monkeypatch):
-    # A: 10 s deterministic, its whole step one lognormal task of CV-parameter 0.1: p95 = 10·e^(1.645·0.1)
-    # = 11.79 s; B: 10.5 s, no noise. Deterministically A first; by p95 B first, A second
-    from scipy.stats import norm
+    # A's step is 10 s × a lognormal of mean 1 and CV c: σ = sqrt(ln(1 + c²)), p95 = 10·e^(1.6449σ − σ²/2)
+    # (1.6449: the standard normal's 95th percentile). c = 0.15: σ = sqrt(ln 1.0225) = 0.14917,
+    # p95 = 10·e^(0.24537 − 0.01113) = 10·e^0.23424 = 12.64 s > 10.5 s: by p95 B is first
+    ranked = two_plans(monkeypatch, "p95", 0.15)
+    assert [r["plan"]["name"] for r in ranked.plans] == ["B", "A"]
+    assert [r["deterministic_rank"] for r in ranked.plans] == [2, 1]
+    assert ranked.plans[1]["distribution"]["p95_s"] == pytest.approx(12.64, rel=5e-3)
+    assert ranked.plans[0]["distribution"]["p95_s"] == 10.5
+    assert ranked.ranking_note == (
+        "variability changes the ranking: rank 1 by p95 is rank 2 deterministically; 2 of the 2 plans sampled move"
+    )
+    # the median does not flip: 10·e^(−σ²/2) = 10·e^−0.01113 = 9.889 s < 10.5 s
+    by_median = two_plans(monkeypatch, "p50", 0.15)
+    assert [r["plan"]["name"] for r in by_median.plans] == ["A", "B"]
+    assert by_median.plans[0]["distribution"]["p50_s"] == pytest.approx(9.889, rel=5e-3)
+    # nor does p95 when c is small: c = 0.02, σ = sqrt(ln 1.0004) = 0.019998,
+    # p95 = 10·e^(0.032895 − 0.0002) = 10·e^0.032695 = 10.332 s < 10.5 s
+    calm = two_plans(monkeypatch, "p95", 0.02)
+    assert [r["plan"]["name"] for r in calm.plans] == ["A", "B"]
+    assert calm.plans[0]["distribution"]["p95_s"] == pytest.approx(10.332, rel=1e-3)
 
-    from itercast.search import plan_search
-    from itercast.stochastic.variability import StepDistribution
 
-    z = norm.ppf((np.arange(20_000) + 0.5) / 20_000)
-    samples = {10.0: 10.0 * np.exp(0.1 * z), 10.5: np.full(20_000, 10.5)}
-    monkeypatch.setattr(plan_search, "build_transformer_step", lambda job: job)
-    monkeypatch.setattr(plan_search, "Job", type("J", (), {"from_dicts": staticmethod(lambda m, p, s: p["t"])}))
-    monkeypatch.setattr(plan_search, "graph_distribution", lambda t, vm, n: StepDistribution(t, samples[t]))
-    best = [{"plan": {"t": 10.0}, "num_nodes": 1}, {"plan": {"t": 10.5}, "num_nodes": 1}]
-    note = plan_search._rank_by_distribution(request_over((1,), objective="p95"), best)
-    assert [r["plan"]["t"] for r in best] == [10.5, 10.0]
-    assert best[1]["distribution"]["p95_s"] == pytest.approx(10.0 * np.exp(0.1 * 1.6449), rel=1e-3)
-    assert note == "p95 changes the ranking: its first plan is #2 deterministically; 2 of 2 plans move"
-    # by the median A stays first: 10·e^0 = 10 s < 10.5 s
-    best = [{"plan": {"t": 10.0}, "num_nodes": 1}, {"plan": {"t": 10.5}, "num_nodes": 1}]
-    assert plan_search._rank_by_distribution(request_over((1,), objective="p50"), best).startswith("p50 keeps")
+def test_distribution_objective_on_the_command_line(tmp_path):
+    args = ["search", job_file(tmp_path), *SMALL, "--top", "3", "--objective", "p95", "--samples", "200"]
+    out = CliRunner().invoke(app, [*args, "--distribution-top", "2", "--compute-cv", "0.03", "--seed", "7", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert (
+        doc["distribution"]["top"] == 2 and doc["distribution"]["samples"] == 200 and doc["distribution"]["seed"] == 7
+    )
+    assert doc["distribution"]["model"]["compute_cv"] == 0.03
+    sampled = [p for p in doc["plans"] if p["distribution"] is not None]
+    assert len(sampled) == 2 and doc["plans"][2]["distribution"] is None and doc["plans"][2]["deterministic_rank"] == 3
+    p95s = [p["distribution"]["p95_s"] for p in sampled]
+    assert p95s == sorted(p95s) and doc["ranking_note"].startswith("variability ")
+    table = CliRunner().invoke(app, [*args, "--distribution-top", "2"])
+    assert table.exit_code == 0, table.output
+    assert "p95 s" in table.output and "det #" in table.output and "variability " in table.output
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--objective", "p96"), ("--distribution-top", "0"), ("--distribution-top", "-3")]
+)
+def test_bad_distribution_options_are_one_line(tmp_path, option, value):
+    args = ["search", job_file(tmp_path), *SMALL, "--objective", "p95", option, value]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 2 and "Traceback" not in out.output
+    assert option in out.output and len(out.output.strip().splitlines()) == 1

@@ -35,17 +35,30 @@ from itercast.cli.app import (
     sizes_option,
     working,
 )
+from itercast.cli.variability_cmds import (
+    CommCvOpt,
+    ComputeCvOpt,
+    GpuCvOpt,
+    MoeImbalanceCvOpt,
+    NetworkCvOpt,
+    NoiseFromDbOpt,
+    SamplesOpt,
+    SeedOpt,
+    variability_model,
+)
 from itercast.config.job import parse_section, raw_sections
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import VARIED
+from itercast.search.distribution_rank import DistributionOptions, rank_by_distribution
 from itercast.search.dlrm_search import default_batches, search_dlrm
 from itercast.search.frameworks import framework
-from itercast.search.objectives import check_objective
+from itercast.search.objectives import DISTRIBUTION_OBJECTIVES, check_objective
 from itercast.search.plan_search import Progress, SearchRequest, SearchResult, run_search
 from itercast.search.plan_space import SpaceOptions
+from itercast.stochastic.variability import VariabilityModel
 from itercast.workload import DLRMWorkload, sharding_summary
 from itercast.workloads.dlrm import is_dlrm_model
 
@@ -67,8 +80,8 @@ def search_cmd(
         str,
         typer.Option(
             metavar="step|tokens-per-s|gpu-hours-per-token|p50|p95|p99|mean",
-            help="What plans are ranked by; p50/p95/p99/mean: the re-scored plans' sampled step "
-            "(variability's default CVs).",
+            help="What plans are ranked by; p50/p95/p99/mean: the best plans' sampled step "
+            "(--distribution-top, the CV options of `itercast variability`).",
         ),
     ] = "step",
     token_budget: Annotated[
@@ -109,13 +122,29 @@ def search_cmd(
         str | None,
         typer.Option(metavar="N,N,…", help="DLRM: samples per GPU to try (default: ¼× to 4× the plan's)."),
     ] = None,
+    distribution_top: Annotated[
+        int,
+        typer.Option(metavar="K", help="p50/p95/p99/mean: sample the K deterministically best plans (at most --top)."),
+    ] = DistributionOptions.top,
+    samples: SamplesOpt = DistributionOptions.samples,
+    seed: SeedOpt = DistributionOptions.seed,
+    compute_cv: ComputeCvOpt = VariabilityModel.compute_cv,
+    comm_cv: CommCvOpt = VariabilityModel.comm_cv,
+    network_cv: NetworkCvOpt = VariabilityModel.network_cv,
+    gpu_cv: GpuCvOpt = VariabilityModel.gpu_cv,
+    moe_imbalance_cv: MoeImbalanceCvOpt = VariabilityModel.moe_imbalance_cv,
+    noise_from_db: NoiseFromDbOpt = None,
 ) -> None:
     """Search data/tensor/pipeline/context (and, for MoE models, expert) parallel sizes, micro-batch,
     ZeRO, recompute, sequence parallelism, schedule and interleaving, overlap switches (and with
     --num-nodes-range the GPU count) for the fastest plans that fit. The job's plan gives the fields
     every plan shares (dtype, global batch, …); `--set plan.FIELD=VALUE` fixes a searched field.
-    A DLRM job: its embedding shardings × samples per GPU (--batches), by samples per second."""
+    A DLRM job: its embedding shardings × samples per GPU (--batches), by samples per second.
+    --objective p50|p95|p99|mean: the --distribution-top best plans by the deterministic step are
+    sampled (--samples, one --seed for all) and re-ranked by that figure of their step."""
     fmt = output_format(fmt, as_json)
+    if distribution_top <= 0:
+        fail(f"--distribution-top: expected a whole number ≥ 1; got {distribution_top}")
     job_file = resolve_job_file(job_file, example, model, system)
     try:
         raw = raw_sections(job_file, set_ or [], model, system)
@@ -142,10 +171,26 @@ def search_cmd(
             request = replace(request, memory_headroom_bytes=memory_headroom_gib * 2**30)
         with _progress(len(request.node_counts), quiet=fmt != "table") as report:
             result = run_search(request, backend, workers, report)
+        sampling = None
+        if request.objective in DISTRIBUTION_OBJECTIVES:
+            vm = variability_model(
+                compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, noise_from_db, fmt != "table"
+            )
+            sampling = DistributionOptions(vm, samples, seed, min(distribution_top, len(result.plans)))
+            with _progress(sampling.top, fmt != "table", f"sampling {samples:,} steps of each plan") as report:
+                result = rank_by_distribution(result, request, sampling, report)
     except ConfigError as exc:
         fail(str(exc).replace("\n", "\n  "))
     if fmt == "json":
-        echo_json(result.to_dict())
+        doc = result.to_dict()
+        if sampling is not None:
+            doc["distribution"] = {
+                "model": sampling.model.__dict__,
+                "samples": samples,
+                "seed": seed,
+                "top": sampling.top,
+            }
+        echo_json(doc)
     elif fmt == "csv":
         show_table(*_plan_rows(result, request), "csv")
     else:
@@ -226,13 +271,14 @@ def _node_counts(text: str | None, system: SystemConfig) -> tuple[int, ...]:
 
 
 @contextmanager
-def _progress(total: int, quiet: bool) -> Iterator[Progress | None]:
-    """A progress bar over node counts on stderr (none for one count or with --json)."""
+def _progress(total: int, quiet: bool, what: str = "searching node counts") -> Iterator[Progress | None]:
+    """A progress bar on stderr over node counts, or over plans sampled (none for one piece or
+    with --json: a spinner, or nothing)."""
     if total == 1 or quiet:
-        with working("searching…", quiet):
+        with working(f"{what}…", quiet):
             yield None
         return
-    columns = (TextColumn("searching node counts"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+    columns = (TextColumn(what), BarColumn(), TextColumn("{task.completed}/{task.total}"))
     with RichProgress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("search", total=total)
         yield lambda done, _total: bar.update(task, completed=done)
@@ -245,7 +291,7 @@ def _plan_rows(result: SearchResult, request: SearchRequest) -> tuple[list[str],
     headers += ["recomp", "SP", "ovl", "s/step", "tok/s", "GPU-h/Mtok", "MFU", "GiB"]
     sampled = result.plans and "distribution" in result.plans[0]
     if sampled:  # a distribution objective: the sampled figures and the deterministic rank
-        headers += ["p50 s", "p95 s", "p99 s", "det #"]
+        headers += ["p50 s", "p95 s", "p99 s", "mean s", "det #"]
     rows = []
     for i, r in enumerate(result.plans, 1):
         p = r["plan"]
@@ -273,7 +319,8 @@ def _plan_rows(result: SearchResult, request: SearchRequest) -> tuple[list[str],
         )
         if sampled:
             d = r["distribution"]
-            rows[-1] += [f"{d['p50_s']:.3f}", f"{d['p95_s']:.3f}", f"{d['p99_s']:.3f}", str(r["deterministic_rank"])]
+            figures = [f"{d[k]:.3f}" for k in ("p50_s", "p95_s", "p99_s", "mean_s")] if d else ["-"] * 4
+            rows[-1] += [*figures, str(r["deterministic_rank"])]
     return headers, rows
 
 

@@ -31,6 +31,39 @@ from itercast.stochastic import variability as var
 from itercast.stochastic.placement import map_speeds, place_slow_on_graph, read_speed_map
 from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
 
+# The variability model's options, one definition for `variability` and `search --objective p95`
+# (defaults: VariabilityModel's); variability_model() turns them into the model.
+SamplesOpt = Annotated[int, typer.Option(min=100, max=10_000_000, help="Monte Carlo samples of the step.")]
+SeedOpt = Annotated[int, typer.Option(help="Random seed (same seed, same answer).")]
+ComputeCvOpt = Annotated[float, typer.Option(callback=finite(0, 10), help="Per-task compute noise (CV).")]
+CommCvOpt = Annotated[float, typer.Option(callback=finite(0, 10), help="Per-task communication noise (CV).")]
+NetworkCvOpt = Annotated[float, typer.Option(callback=finite(0, 10), help="Per-step shared network factor (CV).")]
+GpuCvOpt = Annotated[
+    float, typer.Option(callback=finite(0, 10), help="Persistent per-GPU speed across the fleet (CV).")
+]
+MoeImbalanceCvOpt = Annotated[
+    float,
+    typer.Option(callback=finite(0, 10), help="Per-step variation of the busiest expert rank's tokens (CV; MoE)."),
+]
+NoiseFromDbOpt = Annotated[
+    Path | None,
+    typer.Option(metavar="FILE", help="Profiling database: take compute and communication noise from its repeats."),
+]
+
+
+def variability_model(
+    compute_cv: float,
+    comm_cv: float,
+    network_cv: float,
+    gpu_cv: float,
+    moe_imbalance_cv: float,
+    noise_from_db: Path | None,
+    quiet: bool,
+) -> var.VariabilityModel:
+    """The model the options give; --noise-from-db replaces compute_cv and comm_cv by its repeats'."""
+    vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv)
+    return vm if noise_from_db is None else replace(vm, **_profile_noise(noise_from_db, quiet))
+
 
 def _profile_noise(path: Path, quiet: bool) -> dict[str, float]:
     """compute_cv and comm_cv from the repeats of the device with the most rows in a profiling DB."""
@@ -65,24 +98,14 @@ def variability_cmd(
     system: SystemOpt = None,
     set_: SetOpt = None,
     example: ExampleOpt = False,
-    samples: Annotated[int, typer.Option(min=100, max=10_000_000, help="Monte Carlo samples of the step.")] = 10_000,
-    seed: Annotated[int, typer.Option(help="Random seed (same seed, same answer).")] = 0,
-    compute_cv: Annotated[float, typer.Option(callback=finite(0, 10), help="Per-task compute noise (CV).")] = 0.02,
-    comm_cv: Annotated[float, typer.Option(callback=finite(0, 10), help="Per-task communication noise (CV).")] = 0.10,
-    network_cv: Annotated[
-        float, typer.Option(callback=finite(0, 10), help="Per-step shared network factor (CV).")
-    ] = 0.05,
-    gpu_cv: Annotated[
-        float, typer.Option(callback=finite(0, 10), help="Persistent per-GPU speed across the fleet (CV).")
-    ] = 0.05,
-    moe_imbalance_cv: Annotated[
-        float,
-        typer.Option(callback=finite(0, 10), help="Per-step variation of the busiest expert rank's tokens (CV; MoE)."),
-    ] = 0.10,
-    noise_from_db: Annotated[
-        Path | None,
-        typer.Option(metavar="FILE", help="Profiling database: take compute and communication noise from its repeats."),
-    ] = None,
+    samples: SamplesOpt = 10_000,
+    seed: SeedOpt = 0,
+    compute_cv: ComputeCvOpt = var.VariabilityModel.compute_cv,
+    comm_cv: CommCvOpt = var.VariabilityModel.comm_cv,
+    network_cv: NetworkCvOpt = var.VariabilityModel.network_cv,
+    gpu_cv: GpuCvOpt = var.VariabilityModel.gpu_cv,
+    moe_imbalance_cv: MoeImbalanceCvOpt = var.VariabilityModel.moe_imbalance_cv,
+    noise_from_db: NoiseFromDbOpt = None,
     within_s: Annotated[
         float | None, typer.Option(callback=finite(0, above=True), help="Report P(step ≤ this many seconds).")
     ] = None,
@@ -142,9 +165,7 @@ def variability_cmd(
             speeds = read_speed_map(speed_map, w.num_gpus, w.gpus_per_node)
         except ConfigError as exc:
             fail(str(exc))
-    vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv)
-    if noise_from_db is not None:
-        vm = replace(vm, **_profile_noise(noise_from_db, as_json))
+    vm = variability_model(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, noise_from_db, as_json)
     try:
         with working(f"sampling {samples:,} steps…", as_json):
             step = w.step_graph()

@@ -11,10 +11,9 @@ Objectives (smaller is better, each a vectorised function of the same columns):
   GPUs scale super-linearly.
 
 - `p50`, `p95`, `p99`, `mean`: the step's distribution under variability (stochastic/variability.py,
-  the `variability` command's default CVs): the fast path ranks by the deterministic step, then the
-  plans re-scored by the graph are sampled with common random numbers (one seed for every plan, so a
-  difference is the plans', not the draws') and ranked by that quantile or the mean. A plan whose
-  time sits on one long critical path of noisy tasks can lose to a deterministically slower one.
+  the `variability` command's CVs): the search ranks by the deterministic step, then the best plans
+  are sampled with common random numbers and re-ranked by that quantile or the mean
+  (distribution_rank.py).
 
 Across node counts the two figures a team trades are time to its token budget (seconds per token ×
 budget) and GPU-hours per token: `time_cost_front` keeps the plans no other plan beats on both.
@@ -63,7 +62,7 @@ def objective_values(
     name: str, step_time_s: Any, global_batch_size: Any, seq_length: int, num_gpus: Any, batches_vary: bool
 ) -> Any:
     """The objective of each plan (numpy arrays or floats), smaller is better. A distribution
-    objective ranks by the deterministic step here; run_search re-ranks the re-scored plans."""
+    objective ranks by the deterministic step here; distribution_rank re-ranks the best plans."""
     tokens = tokens_per_step(global_batch_size, seq_length)
     if name == "gpu-hours-per-token":
         return gpu_hours_per_token(num_gpus, step_time_s, tokens)

@@ -34,16 +34,8 @@ from itercast.search.fast_estimate import FastEstimator
 from itercast.search.frameworks import framework, runnable_plan
 from itercast.search.headroom import default_headroom_bytes, describe
 from itercast.search.launch_settings import launch_settings
-from itercast.search.objectives import (
-    DISTRIBUTION_OBJECTIVES,
-    check_objective,
-    objective_values,
-    pareto_front,
-    time_cost_front,
-    token_figures,
-)
+from itercast.search.objectives import check_objective, objective_values, pareto_front, time_cost_front, token_figures
 from itercast.search.plan_space import SpaceCounts, SpaceOptions, enumerate_plans
-from itercast.stochastic.variability import VariabilityModel, build_transformer_step, graph_distribution
 
 Progress = Callable[[int, int], None]  # (pieces done, pieces in all)
 
@@ -67,8 +59,6 @@ class SearchRequest:
     include_oom: bool = False
     objective: str = "step"
     token_budget: float | None = None
-    variability: VariabilityModel = field(default_factory=VariabilityModel)  # distribution objectives
-    distribution_samples: int = 2_000
 
 
 @dataclass
@@ -97,7 +87,7 @@ class SearchResult:
     headroom: str = ""  # how the memory headroom was set (headroom.describe)
     objective: str = "step"
     token_budget: float | None = None
-    ranking_note: str = ""  # distribution objectives: how the ranking differs from the deterministic one
+    ranking_note: str = ""  # distribution objectives: distribution_rank.rank_by_distribution's sentence
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,7 +168,8 @@ def _estimator(model: ModelConfig, system: SystemConfig) -> FastEstimator:
 def run_search(
     request: SearchRequest, backend: str = "local", workers: int = 1, progress: Progress | None = None
 ) -> SearchResult:
-    """Search every node count of the request; re-score the best by the graph simulation."""
+    """Search every node count of the request; re-score the best by the graph simulation. A
+    distribution objective (p95, …) ranks by the deterministic step here; distribution_rank re-ranks."""
     check_objective(request.objective)
     if request.system.device_groups:
         raise ConfigError(
@@ -211,7 +202,6 @@ def run_search(
     for r in best:
         r["launch"] = launch_settings(fw_name, r["plan"], request.model)
     best.sort(key=lambda r: _objective(request, r, r["step_time_s"]))
-    note = _rank_by_distribution(request, best) if request.objective in DISTRIBUTION_OBJECTIVES else ""
     gaps = [abs(r["fast_step_time_s"] / r["step_time_s"] - 1) for r in best]
     fast_rows = [r for r in rows if r["fits"] or request.include_oom]
     return SearchResult(
@@ -228,27 +218,6 @@ def run_search(
         headroom=describe(request.memory_headroom_bytes),
         objective=request.objective,
         token_budget=request.token_budget,
-        ranking_note=note,
-    )
-
-
-def _rank_by_distribution(request: SearchRequest, best: list[dict[str, Any]]) -> str:
-    """Sample each re-scored plan's step (one seed for all: common random numbers), sort `best` by
-    the objective's figure in place; the sentence saying whether the order changed."""
-    key = DISTRIBUTION_OBJECTIVES[request.objective]
-    for rank, r in enumerate(best, 1):
-        system = request.system.model_copy(update={"num_nodes": r["num_nodes"]})
-        job = Job.from_dicts(request.model.model_dump(), r["plan"], system.model_dump())
-        dist = graph_distribution(build_transformer_step(job), request.variability, request.distribution_samples)
-        r["deterministic_rank"] = rank
-        r["distribution"] = {**dist.quantiles(), "mean_s": float(dist.samples_s.mean())}
-    best.sort(key=lambda r: r["distribution"][key])
-    moved = [r for rank, r in enumerate(best, 1) if r["deterministic_rank"] != rank]
-    if not moved:
-        return f"{request.objective} keeps the deterministic order of the {len(best)} plans"
-    return (
-        f"{request.objective} changes the ranking: its first plan is #{best[0]['deterministic_rank']} "
-        f"deterministically; {len(moved)} of {len(best)} plans move"
     )
 
 
@@ -291,11 +260,15 @@ def _reporting(pieces: Iterable[Candidates], total: int, progress: Progress | No
         yield piece
 
 
+def plan_job(request: SearchRequest, row: dict[str, Any]) -> Job:
+    """The job of one candidate row: the request's model, the row's plan, on the row's node count."""
+    system = request.system.model_copy(update={"num_nodes": row["num_nodes"]})
+    return Job.from_dicts(request.model.model_dump(), row["plan"], system.model_dump())
+
+
 def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
     """The graph simulation's figures for one candidate (the same fields through Job validation)."""
-    system = request.system.model_copy(update={"num_nodes": row["num_nodes"]})
-    job = Job.from_dicts(request.model.model_dump(), row["plan"], system.model_dump())
-    r = predict(job)
+    r = predict(plan_job(request, row))
     gbs, seq = row["plan"]["global_batch_size"], request.model.seq_length
     return {
         **row,
