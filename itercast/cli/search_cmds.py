@@ -169,14 +169,16 @@ def search_cmd(
         request = replace(request, objective=check_objective(objective), token_budget=token_budget)
         if memory_headroom_gib is not None:
             request = replace(request, memory_headroom_bytes=memory_headroom_gib * 2**30)
-        with _progress(len(request.node_counts), quiet=fmt != "table") as report:
-            result = run_search(request, backend, workers, report)
         sampling = None
-        if request.objective in DISTRIBUTION_OBJECTIVES:
+        if request.objective in DISTRIBUTION_OBJECTIVES:  # read --noise-from-db before the search
             vm = variability_model(
                 compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, noise_from_db, fmt != "table"
             )
-            sampling = DistributionOptions(vm, samples, seed, min(distribution_top, len(result.plans)))
+            sampling = DistributionOptions(vm, samples, seed, distribution_top)
+        with _progress(len(request.node_counts), quiet=fmt != "table") as report:
+            result = run_search(request, backend, workers, report)
+        if sampling is not None:
+            sampling = replace(sampling, top=min(distribution_top, len(result.plans)))
             with _progress(sampling.top, fmt != "table", f"sampling {samples:,} steps of each plan") as report:
                 result = rank_by_distribution(result, request, sampling, report)
     except ConfigError as exc:
