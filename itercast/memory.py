@@ -20,7 +20,11 @@ leading), a bound from above.
 
 Mixture of experts: routed experts' states are sharded by ZeRO over the expert-data-parallel group
 (tensor × context × data / (expert × expert-tensor parallel), Megatron-Core's expert folding), the
-other parameters over data × context as before.
+other parameters over data × context as before. Activations of an MoE layer are dropless: top_k copies
+of each token (times the busiest rank's imbalance), each keeping what Megatron-Core's grouped MLP keeps
+(`_activation_bytes`). fp8 training keeps Transformer Engine's 1-byte GEMM inputs; an fp8 weight
+counts 2 bytes, as a bf16 one: Megatron-Bridge's fp8 recipes keep an fp8 primary weight and its
+transpose (training/mixed_precision.py bf16_with_fp8_current_scaling_mixed: fp8_param_gather).
 """
 
 from __future__ import annotations
@@ -130,36 +134,49 @@ def _activation_bytes(
     m: ModelConfig, t: PlanTable, recompute: np.ndarray | None = None, moe: bool = False
 ) -> np.ndarray:
     """Korthikanti et al. eq. 1-2 term by term, per token and layer, per row (`recompute` overrides
-    the table's). An MoE layer (`moe`) keeps its shared experts' MLP terms and, per routed copy
-    (top_k × ModelConfig.moe_load per token, on 1/t of the tokens with sequence parallelism), the expert input
-    gathered over expert-tensor ranks, the permuted token, the up-projection and activation outputs;
-    and the router's fp32 probabilities. Recompute: `_recompute_kept`."""
+    the table's). An MoE layer (`moe`) keeps its shared experts' MLP terms, the router's fp32 scores
+    (E per token) and, per routed copy (top_k × ModelConfig.moe_load per token, on 1/t of the tokens
+    with sequence parallelism), what Megatron-Core's TEGroupedMLP.forward (transformer/moe/experts.py)
+    leaves for backward: the fc1 input gathered over expert-tensor ranks, the fc1 output(s) its fused
+    activation keeps with the copy's fp32 routing probability (probabilities are applied in the
+    activation, so token_dispatcher's unpermute gets no probs and keeps no token copy), and the
+    activation output fc2 keeps. fp8 (Transformer Engine): a GEMM keeps its input as 1-byte
+    column-wise data (module/linear.py and grouped_linear.py forward: "Discard row-wise data since
+    it is not needed in backward pass"); tensors another op keeps stay 16-bit (the router's input,
+    RouterGatingLinearFunction; the attention output the fused attention kernel keeps, beside which
+    the projection keeps its own 1-byte copy). Recompute: `_recompute_kept`."""
     h, d, e = m.hidden_size, m.head_dim, t.base.dtype_bytes
+    fp8 = 1 if t.base.dtype == "fp8" else 0
+    gemm_in = 1 if fp8 else e  # bytes of a GEMM input kept for the weight gradient
     f = m.moe_shared_ffn_hidden_size if moe else m.ffn
     a, g = m.num_attention_heads, m.kv_heads
     tp = t.cols["tp"]
     rc = t.cols["recompute"] if recompute is None else recompute
     rep = np.where(t.cols["sp"] > 0, tp, 1)  # norms, dropout, residual: sharded only with SP
     dropout = 0 if m.family == "llama" else h  # 1-byte masks, two per layer
-    replicated = 4 * e * h + 2 * dropout  # two norm inputs, QKV and MLP inputs, two dropout masks
+    # the MLP input: a dense MLP's fc1 keeps it; in an MoE layer the router keeps it 16-bit and the
+    # shared experts' fc1 its own copy under fp8
+    mlp_in = (e + (fp8 if f else 0)) * h if moe else gemm_in * h
+    replicated = 2 * e * h + gemm_in * h + mlp_in + 2 * dropout  # two norm inputs, QKV and MLP inputs, masks
     # q, k, v; with QK-norm the norms' inputs (q and k before it); the projection input (the
     # attention output, heads × head_dim)
-    sharded = e * (a + 2 * g) * d + (e * (a + g) * d if m.qk_norm else 0) + e * a * d
+    sharded = e * (a + 2 * g) * d + (e * (a + g) * d if m.qk_norm else 0) + (e + fp8) * a * d
     latents = 0  # multi-latent attention: whole on every tensor-parallel rank
     if m.mla:
         dqk, dv = m.qk_head_dim, m.value_head_dim
-        sharded = e * a * (2 * dqk + dv) + e * a * dv
+        sharded = e * a * (2 * dqk + dv) + (e + fp8) * a * dv
         # the latents' norm inputs and up-projection inputs, and the shared rotary key
-        latents = 2 * e * ((m.q_lora_rank or 0) + (m.kv_lora_rank or 0)) + e * m.qk_rope_head_dim
-    sharded += e * ((2 if m.gated_mlp else 1) * f + f)  # MLP up output(s) and activation output
+        latents = (e + gemm_in) * ((m.q_lora_rank or 0) + (m.kv_lora_rank or 0)) + e * m.qk_rope_head_dim
+    up = 2 if m.gated_mlp else 1
+    sharded += (e * up + gemm_in) * f  # MLP up output(s) and activation output
     # unfused attention keeps, per key, the softmax output and, with attention dropout, its
     # 1-byte mask and output (eq. 1's 5·a·s in 16-bit training with dropout)
     scores = 0 if t.base.flash_attention else a * m.seq_length * (e + (0 if m.family == "llama" else 1 + e))
     experts = 0.0
     if moe:
-        up = 2 if m.gated_mlp else 1
         copies = m.moe_top_k * m.moe_load() / rep
-        experts = copies * e * (t.cols["etp"] * h + h + (up + 1) * m.expert_ffn) + 4 * m.experts / rep
+        per_copy = gemm_in * t.cols["etp"] * h + (e * up + gemm_in) * m.expert_ffn + 4
+        experts = copies * per_copy + 4 * m.experts / rep
     attention_again = replicated / rep + latents + sharded / tp + experts
     return _recompute_kept(m, t, rc, attention_again + scores / tp, attention_again, experts, f, rep)
 
