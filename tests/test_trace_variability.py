@@ -58,15 +58,63 @@ def test_fit_on_some_steps_only(tmp_path):
     assert sorted(model.step_factors["gemm"].tolist()) == pytest.approx([0.8, 1.2])
 
 
-def test_nccl_kernels_are_classed_by_collective_kind(tmp_path):
-    # one step: a GEMM, then an NCCL all-gather, a reduce-scatter and a send/recv kernel
-    from itercast.stochastic.trace_variability import task_classes
+def test_nccl_kernels_are_classed_by_collective_kind_and_process_group(tmp_path):
+    # one step: a GEMM, then NCCL kernels: an all-gather on Megatron's tensor-parallel group, a
+    # reduce-scatter on torch DeviceMesh's "mesh_dp_shard", a send/recv on a group named only "7" with
+    # ranks [0, 4], and an all-reduce whose trace says nothing of its group
+    from itercast.stochastic.trace_variability import attribution_classes, task_classes
 
-    names = ["volta_sgemm_128x64", "ncclDevKernel_AllGather_RING_LL", "ncclKernel_ReduceScatter_RING_LL_Sum_bf16"]
-    names.append("ncclDevKernel_SendRecv")
+    tp = {"Process Group Description": "TENSOR_MODEL_PARALLEL_GROUP", "Process Group Name": "3"}
+    kernels = [
+        ("volta_sgemm_128x64", {}),
+        ("ncclDevKernel_AllGather_RING_LL", tp),
+        ("ncclKernel_ReduceScatter_RING_LL_Sum_bf16", {"Process Group Description": "mesh_dp_shard"}),
+        ("ncclDevKernel_SendRecv", {"Process Group Name": "7", "Process Group Ranks": "[0, 4]"}),
+        ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", {}),
+    ]
     events = [step(1, 0, 1000)]
-    for i, name in enumerate(names):
-        events += [call("cudaLaunchKernel", 10 + 100 * i, 5, corr=i + 1), kernel(name, 20 + 100 * i, 50, corr=i + 1)]
-    classes = task_classes(build_replay_graph(read_traces([write(tmp_path / "t.json", events)])))
-    gpu = [c for c in classes if c not in ("", "host")]
-    assert gpu == ["gemm", "nccl all-gather", "nccl reduce-scatter", "nccl send/recv"]
+    for i, (name, meta) in enumerate(kernels):
+        events += [call("cudaLaunchKernel", 10 + 100 * i, 5, corr=i + 1)]
+        events += [kernel(name, 20 + 100 * i, 50, corr=i + 1, **meta)]
+    rg = build_replay_graph(read_traces([write(tmp_path / "t.json", events)]))
+    assert [c for c in attribution_classes(rg) if c not in ("", "host")] == [
+        "gemm",
+        "nccl all-gather × TP",
+        "nccl reduce-scatter × DP",
+        "nccl send/recv × group 7 (ranks [0, 4])",
+        "nccl all-reduce × unknown group",
+    ]
+    # fitting keeps NCCL one class: its kernels' step factors are drawn together
+    assert [c for c in task_classes(rg) if c not in ("", "host")] == ["gemm"] + ["nccl"] * 4
+
+
+def test_trace_sensitivity_by_hand(tmp_path):
+    # three identical steps of 100 µs: launch 10–15 → GEMM 20–70 on stream 7; launch 16–19 → an NCCL
+    # all-gather 22–32 on stream 9; cudaDeviceSynchronize from 30 waits for both (until 70), takes
+    # 5 µs, and the measured gap to the step's end (25 µs) is kept. No spread is fitted (every
+    # ratio 1). CV δ = 0.25 added to the GEMMs: step = 100 + 50 (f − 1) µs with f log-normal, its p95
+    # e^(1.6449 σ − σ²/2), σ = √ln(1 + δ²) = 0.24622: 1.45455; p95 = 100 + 50 · 0.45455 = 122.73 µs,
+    # dp95/δ = 22.73 µs / 0.25 = 90.9 µs per CV. The all-gather ends 38 µs before the GEMM: it would
+    # need f > 4.8 (z > 6.5) to matter: 0 per CV
+    from itercast.stochastic.trace_variability import trace_sensitivity
+
+    events = []
+    for i in range(3):
+        t0 = 1000 * i
+        events += [
+            step(i + 1, t0, 100),
+            call("cudaLaunchKernel", t0 + 10, 5, corr=2 * i + 1),
+            kernel("volta_sgemm_128x64", t0 + 20, 50, corr=2 * i + 1),
+            call("cudaLaunchKernel", t0 + 16, 3, corr=2 * i + 2),
+            kernel("ncclDevKernel_AllGather_RING_LL", t0 + 22, 10, corr=2 * i + 2, stream=9),
+            call("cudaDeviceSynchronize", t0 + 30, 45),
+        ]
+    rg = build_replay_graph(read_traces([write(tmp_path / "t.json", events)]))
+    model = fit_trace_variability(rg)
+    got = {r["class"]: r for r in trace_sensitivity(rg, model, delta_cv=0.25, samples=4_000)}
+    assert got["gemm"]["dp95_per_cv_s"] == pytest.approx(90.9e-6, rel=0.05)
+    # every GEMM is on the path (3 × 50 µs) of a trace 2,100 µs long (the third step ends at 2,000 + 100)
+    assert got["gemm"]["total_s"] == pytest.approx(150e-6) and got["gemm"]["critical_path_s"] == pytest.approx(150e-6)
+    assert got["gemm"]["critical_path_share"] == pytest.approx(150 / 2100)
+    ag = got["nccl all-gather × unknown group"]
+    assert ag["dp95_per_cv_s"] == 0.0 and ag["critical_path_s"] == 0.0 and ag["total_s"] == pytest.approx(30e-6)

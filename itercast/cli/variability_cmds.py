@@ -273,10 +273,15 @@ def _print(out: dict[str, Any], gpus: int) -> None:
     for r in out["attribution"]:
         table.add_row(r["source"], f"{r['p95_change']:+.2%}", f"{r['spread_change']:+.1%}")
     console.print(table)
+    _print_sensitivity(out["sensitivity"], "share of step", "in graph")
+
+
+def _print_sensitivity(rows: list[dict[str, Any]], share: str, total: str) -> None:
+    """The top 10 classes by dp95 per unit of CV added (graph_sensitivity, trace_sensitivity)."""
     table = Table(title="which kernels and collectives to steady: p95 per unit of CV added to each (top 10)")
-    for col in ("class", "dp95 s per CV", "on critical path", "share of step", "in graph"):
+    for col in ("class", "dp95 s per CV", "on critical path", share, total):
         table.add_column(col, justify="right" if col != "class" else "left")
-    for r in out["sensitivity"][:10]:
+    for r in rows[:10]:
         table.add_row(
             r["class"],
             f"{r['dp95_per_cv_s']:.4g}",
@@ -345,6 +350,7 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
     from itercast.stochastic.trace_variability import (
         fit_trace_variability,
         trace_attribution,
+        trace_sensitivity,
         trace_step_distribution,
     )
     from itercast.traces.kineto import TraceError, read_traces
@@ -365,6 +371,7 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
         model = fit_trace_variability(rg)
         sampled = trace_step_distribution(rg, model, samples, seed).pooled()
         attribution = trace_attribution(rg, model, min(samples, 2_000), seed)
+        sensitivity = trace_sensitivity(rg, model, samples=min(samples, 2_000), seed=seed)
     measured = np.array([m.measured_s for m in rg.steps])
     qs = np.percentile(sampled, [50, 90, 95, 99])
     out: dict = {
@@ -375,6 +382,7 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
         "seed": seed,
         "classes": model.summary(),
         "attribution_p95_change_with_half_spread": attribution,
+        "sensitivity": sensitivity,
         "notes": model.notes,
     }
     if within_s is not None:
@@ -406,3 +414,4 @@ def _print_trace(out: dict[str, Any], measured: Any) -> None:
             c, str(row["tasks"]), f"{row['residual_cv']:.1%}", f"{row['step_factor_cv']:.1%}", f"{change:+.2%}"
         )
     console.print(table)
+    _print_sensitivity(out["sensitivity"], "share of the trace's path", "in the trace")

@@ -23,7 +23,9 @@ classes combine in ways no single step showed. (Drawing pooled ratios per task i
 a host gap of microseconds by ratios seen on gaps that absorbed waits, and explodes.) All steps
 of the graph are simulated in one pass (sim/montecarlo.py's max-plus kernel), so rendezvous,
 streams and host chains shape the spread. Attribution: the same draws with one class's durations
-pulled halfway to their medians (half its spread).
+pulled halfway to their medians (half its spread); sensitivity (`trace_sensitivity`): the same draws
+with noise of a known CV added to one class, NCCL kernels told apart by collective kind and process
+group where PyTorch's metadata names it (`attribution_classes`).
 """
 
 from __future__ import annotations
@@ -31,11 +33,15 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from itercast.sim.analysis import critical_path
 from itercast.sim.engine import compile_graph, simulate
 from itercast.sim.kernels import run_max_plus_samples
+from itercast.stochastic.variability import collective_label, lognormal
+from itercast.traces.collective_sizes import collective_kind
 from itercast.traces.replay_graph import ReplayGraph
 from itercast.traces.whatif import kernel_class
 
@@ -69,30 +75,63 @@ class TraceVariability:
         return out
 
 
-#: NCCL kernels by collective kind, from their names (ncclDevKernel_AllGather_RING_LL, ncclKernel_SendRecv, ...)
-NCCL_KINDS = (
-    ("all-gather", re.compile(r"allgather", re.IGNORECASE)),
-    ("reduce-scatter", re.compile(r"reducescatter", re.IGNORECASE)),
-    ("all-reduce", re.compile(r"allreduce", re.IGNORECASE)),
-    ("all-to-all", re.compile(r"alltoall|all_to_all", re.IGNORECASE)),
-    ("send/recv", re.compile(r"sendrecv|send|recv", re.IGNORECASE)),
-    ("broadcast", re.compile(r"broadcast", re.IGNORECASE)),
+#: process-group descriptions (PyTorch's "Process Group Description", torch/csrc/profiler/util.h
+#: kProcessGroupDesc) by parallel group: Megatron-Core's group_desc (core/parallel_state.py:
+#: TENSOR_MODEL_PARALLEL_GROUP, DATA_PARALLEL_GROUP_WITH_CP, EXPERT_MODEL_PARALLEL_GROUP, ...) and
+#: torch DeviceMesh's "mesh_<dim>" (torchtitan's dims tp, cp, pp, ep, dp_shard, dp_replicate, ...)
+GROUP_DESCRIPTIONS = (
+    ("expert TP", re.compile(r"^expert_tensor|^mesh_etp$", re.IGNORECASE)),
+    ("expert DP", re.compile(r"^expert_data", re.IGNORECASE)),
+    ("EP", re.compile(r"^expert_model|^mesh_ep$", re.IGNORECASE)),
+    ("TP", re.compile(r"^tensor_model_parallel_group$|^mesh_tp$", re.IGNORECASE)),
+    ("CP", re.compile(r"^context_parallel_group$|^mesh_cp$", re.IGNORECASE)),
+    ("PP", re.compile(r"^pipeline_model_parallel_group$|^mesh_pp$", re.IGNORECASE)),
+    ("DP", re.compile(r"^data_parallel_group|^mesh_dp", re.IGNORECASE)),
 )
 
 
 def task_classes(rg: ReplayGraph) -> list[str]:
-    """Class of every task: "host" for runtime calls, a kernel class for GPU ops, "" for host gaps
-    (kept as measured). NCCL kernels by their collective kind ("nccl all-gather", ...; a trace does not
-    name the process group on the kernel, so the group is not told apart)."""
+    """Class of every task for fitting: "host" for runtime calls, a kernel class for GPU ops (all
+    NCCL kernels one "nccl" class: their step factors are drawn together), "" for host gaps (kept as
+    measured)."""
     g = rg.graph
     out = []
     for t in range(g.num_tasks):
-        family, name = g.families[g.family[t]], g.names[g.name[t]]
-        cls = "" if family == "host_gap" else "host" if family == "runtime" else kernel_class(name, family)
-        if cls == "nccl":
-            cls = next((f"nccl {kind}" for kind, rx in NCCL_KINDS if rx.search(name)), "nccl")
-        out.append(cls)
+        family = g.families[g.family[t]]
+        out.append(
+            "" if family == "host_gap" else "host" if family == "runtime" else kernel_class(g.names[g.name[t]], family)
+        )
     return out
+
+
+def collective_class(kernel_name: str, meta: dict | None) -> str:
+    """An NCCL kernel's class, "nccl <kind> × <group>": the kind from its "Collective name" or else
+    its name (traces/collective_sizes.py collective_kind; a SendRecv kernel "send/recv"); the group
+    from its process group's description where it names a parallel group (GROUP_DESCRIPTIONS), else
+    "group <description or name>" with its ranks where known, else "unknown group" (a trace without
+    PyTorch's process-group metadata)."""
+    meta = meta or {}
+    kind = collective_kind(meta, kernel_name)
+    if kind is None:  # SendRecv kernels carry point-to-point and all-to-all alike (collective_sizes.py)
+        kind = "p2p" if "sendrecv" in kernel_name.lower() else "collective"
+    desc, name = str(meta.get("Process Group Description", "")), str(meta.get("Process Group Name", ""))
+    ranks = meta.get("Process Group Ranks")
+    group = next((label for label, rx in GROUP_DESCRIPTIONS if rx.search(desc)), None)
+    if group is None and (desc or name):
+        group = f"group {desc or name}" + (f" (ranks {ranks})" if ranks else "")
+    elif group is None:
+        group = f"group of ranks {ranks}" if ranks else "unknown group"
+    return f"nccl {collective_label(kind)} × {group}"
+
+
+def attribution_classes(rg: ReplayGraph) -> list[str]:
+    """Class of every task for attribution: task_classes, with NCCL kernels by collective kind and
+    process group (collective_class)."""
+    g = rg.graph
+    return [
+        collective_class(g.names[g.name[t]], rg.nccl_meta.get(t)) if c == "nccl" else c
+        for t, c in enumerate(task_classes(rg))
+    ]
 
 
 def _step_of_tasks(rg: ReplayGraph, start_s: np.ndarray, end_s: np.ndarray) -> np.ndarray:
@@ -186,14 +225,18 @@ def trace_step_distribution(
     seed: int = 0,
     shrink: dict[str, float] | None = None,
     block: int = 256,
+    added_cv: tuple[np.ndarray, float] | None = None,
 ) -> TraceStepSamples:
     """Monte Carlo over the whole replay graph. `shrink`: class → factor on its ratios' distance from 1
-    (0.5 halves that class's spread), for attribution."""
+    (0.5 halves that class's spread), for attribution. `added_cv` (tasks, CV): those tasks' sampled
+    durations times an independent log-normal factor of that CV each, drawn from a generator of their
+    own so that the model's draws stay those of the same seed without it (common random numbers)."""
     if samples < 1:
         raise ValueError(f"samples must be ≥ 1; got {samples}")
     g = rg.graph
     compiled = compile_graph(g)
     rng = np.random.default_rng(seed)
+    added_rng = np.random.default_rng((seed, 1))
     out = np.empty((len(rg.steps), samples))
     for lo in range(0, samples, block):
         n = min(block, samples - lo)
@@ -206,6 +249,9 @@ def trace_step_distribution(
                 k = (shrink or {}).get(c, 1.0)
                 median = model.base_s[rows][:, None]
                 dur[rows] = median + k * (model.by_step_s[rows][:, pick] - median)
+        if added_cv is not None:
+            tasks, cv = added_cv
+            dur[tasks] *= lognormal(cv, added_rng.standard_normal((tasks.size, n)))
         end = run_max_plus_samples(compiled.arrays, dur)
         start = end - dur
         for i, m in enumerate(rg.steps):
@@ -226,3 +272,36 @@ def trace_attribution(
             q = np.quantile(trace_step_distribution(rg, model, samples, seed, {c: 0.5}).pooled(), quantile)
             out[c] = float(q / base - 1)
     return out
+
+
+def trace_sensitivity(
+    rg: ReplayGraph, model: TraceVariability, delta_cv: float = 0.25, samples: int = 1000, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Per attribution class (attribution_classes: kernel class, NCCL collective kind × group): how
+    much the pooled step p95 grows per unit of CV added to that class's tasks (`dp95_per_cv_s`:
+    (p95 with `delta_cv` more − p95) / delta_cv, common random numbers), its seconds on the critical
+    path of the measured trace replayed and their share of that path (`critical_path_share`), and
+    its seconds in the whole trace (`total_s`; both over every traced step of every rank). The
+    graph-model counterpart is stochastic/variability.py graph_sensitivity. Sorted by dp95, largest
+    first."""
+    g = rg.graph
+    classes = np.array(attribution_classes(rg), dtype=object)
+    sim = simulate(g)
+    on_path = np.zeros(g.num_tasks, dtype=bool)
+    on_path[critical_path(sim)] = True
+    base = np.quantile(trace_step_distribution(rg, model, samples, seed).pooled(), 0.95)
+    out = []
+    for c in sorted(set(classes.tolist()) - {""}):
+        tasks = np.flatnonzero(classes == c)
+        noisy = trace_step_distribution(rg, model, samples, seed, added_cv=(tasks, delta_cv)).pooled()
+        path_s = float(g.duration_s[tasks][on_path[tasks]].sum())
+        out.append(
+            {
+                "class": c,
+                "dp95_per_cv_s": float((np.quantile(noisy, 0.95) - base) / delta_cv),
+                "critical_path_s": path_s,
+                "critical_path_share": path_s / sim.step_time_s,
+                "total_s": float(g.duration_s[tasks].sum()),
+            }
+        )
+    return sorted(out, key=lambda r: -r["dp95_per_cv_s"])

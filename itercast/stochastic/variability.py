@@ -79,7 +79,8 @@ def _z_max(rng: np.random.Generator, k: int, shape: tuple[int, int]) -> np.ndarr
     return special.ndtri(rng.random(shape) ** (1.0 / k)) if k > 1 else rng.standard_normal(shape)
 
 
-def _lognormal(cv: float, z: np.ndarray) -> np.ndarray:
+def lognormal(cv: float, z: np.ndarray) -> np.ndarray:
+    """Log-normal factors of mean 1 and coefficient of variation `cv` from standard normals `z`."""
     sigma = np.sqrt(np.log1p(cv * cv))
     return np.exp(sigma * z - sigma * sigma / 2)
 
@@ -145,20 +146,20 @@ class GraphSampler:
         if self.compute.size:
             factor = np.ones((self.compute.size, n))
             if m.compute_cv > 0:
-                factor *= _lognormal(m.compute_cv, _z_max(rng, self.k_task, (self.compute.size, n)))
+                factor *= lognormal(m.compute_cv, _z_max(rng, self.k_task, (self.compute.size, n)))
             if m.gpu_cv > 0:
-                per_stage = _lognormal(m.gpu_cv, _z_max(rng, self.gpus_per_stage, (self.stages, n)))
+                per_stage = lognormal(m.gpu_cv, _z_max(rng, self.gpus_per_stage, (self.stages, n)))
                 factor *= per_stage[self.stage_of_compute]
             dur[self.compute] *= factor
         if self.comm.size and (m.comm_cv > 0 or m.network_cv > 0):
             noise = np.ones((self.comm.size, n))
             if m.comm_cv > 0:
-                noise *= _lognormal(m.comm_cv, rng.standard_normal((self.comm.size, n)))
+                noise *= lognormal(m.comm_cv, rng.standard_normal((self.comm.size, n)))
             if m.network_cv > 0:
-                noise *= _lognormal(m.network_cv, rng.standard_normal((1, n)))
+                noise *= lognormal(m.network_cv, rng.standard_normal((1, n)))
             dur[self.comm] *= noise
         if self.imbalanced.size and m.moe_imbalance_cv > 0:
-            load = _lognormal(m.moe_imbalance_cv, rng.standard_normal((self.imbalanced.size, n)))
+            load = lognormal(m.moe_imbalance_cv, rng.standard_normal((self.imbalanced.size, n)))
             dur[self.imbalanced] *= 1 + self.imbalanced_share[:, None] * (load - 1)
         return dur
 
@@ -238,6 +239,13 @@ def graph_attribution(
 _GROUPS = {"tp": "TP", "cp": "CP", "ep": "EP", "etp": "expert TP", "dp": "DP", "pp": "PP"}
 
 
+def collective_label(kind: str) -> str:
+    """A collective kind as the tables name it: `reduce_scatter` → "reduce-scatter", `p2p` → "send/recv"."""
+    return {"p2p": "send/recv", "p2p_exposed": "send/recv (exposed ring)", "alltoall": "all-to-all"}.get(
+        kind, kind.replace("_", "-")
+    )
+
+
 def class_label(family: str) -> str:
     """`tp_reduce_scatter` → "reduce-scatter × TP", `pp_p2p` → "send/recv × PP"; a kernel family as is."""
     if family == "grad_norm_all_reduce":
@@ -245,10 +253,7 @@ def class_label(family: str) -> str:
     group, _, kind = family.partition("_")
     if group not in _GROUPS or not kind:
         return family
-    kind = {"p2p": "send/recv", "p2p_exposed": "send/recv (exposed ring)", "alltoall": "all-to-all"}.get(
-        kind, kind.replace("_", "-")
-    )
-    return f"{kind} × {_GROUPS[group]}"
+    return f"{collective_label(kind)} × {_GROUPS[group]}"
 
 
 def class_shares_of(step: StepGraph) -> dict[str, np.ndarray]:
@@ -273,7 +278,7 @@ class _ClassNoise(GraphSampler):
 
     def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
         dur = super().__call__(rng, n)
-        factor = _lognormal(self.cv, rng.standard_normal((self.tasks.size, n)))
+        factor = lognormal(self.cv, rng.standard_normal((self.tasks.size, n)))
         dur[self.tasks] *= 1 + self.share[:, None] * (factor - 1)
         return dur
 

@@ -5,7 +5,8 @@ never with the file's text), interns names, and keeps what replay needs:
 - host runtime calls (cat cuda_runtime / cuda_driver): thread, name, start, duration, correlation;
 - GPU ops (cat kernel, gpu_memcpy, gpu_memset): stream, name, start, duration, correlation, and
   NCCL metadata ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
-  "Process Group Ranks"): on the kernel where PyTorch put it there, else taken from the
+  "Process Group Ranks", "Process Group Name", "Process Group Description"): on the kernel where
+  PyTorch put it there, else taken from the
   `record_param_comms` CPU op (or the `nccl:<collective>` annotation, which names only the
   collective) around the kernel's launch call on the launching thread, as HolisticTraceAnalysis does
   (arg names as PyTorch writes them: torch/csrc/profiler/util.h kCommsName, kInMsgNelems, …);
@@ -38,7 +39,16 @@ from itercast.traces.json_stream import TraceError, _HeadTailReader, _open, _top
 HOST_CATEGORIES = {"cuda_runtime", "cuda_driver"}
 GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)")
-NCCL_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Ranks")
+NCCL_KEYS = (
+    "Collective name",
+    "In msg nelems",
+    "Out msg nelems",
+    "Group size",
+    "dtype",
+    "Process Group Ranks",
+    "Process Group Name",
+    "Process Group Description",
+)
 MAX_NAME_CHARS = 512  # longer names (templated kernels) are cut: interning cost stays bounded
 MAX_TS_US = 1e17  # ~3,000 years in µs: absolute Kineto timestamps are ~1.7e15
 
