@@ -3,6 +3,9 @@ two-rank graph, and every bad speed map as one line (file, field, expected, got)
 
 from __future__ import annotations
 
+import itertools
+import json
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -28,6 +31,49 @@ def test_the_slow_gpus_go_together_to_the_rank_that_can_afford_them():
     m = map_speeds(two_ranks(), 2, np.array([1.0, 0.6, 0.8, 1.0]))
     assert m.naive_s == pytest.approx(2.5) and m.best_s == pytest.approx(2.0) and m.gain == pytest.approx(1.25)
     assert m.best_gpus == ((1, 2), (0, 3)) and m.method == "exhaustive" and m.baseline_s == 2.0
+
+
+def three_ranks():
+    """Ranks of 1, 2 and 3 s of compute side by side: the step is the slowest of w_r / (rank r's speed)."""
+    b = GraphBuilder()
+    for r, work_s in enumerate((1.0, 2.0, 3.0)):
+        b.task(f"w{r}", b.resource(r, "compute"), work_s, Category.COMPUTE, "gemm")
+    return b.build()
+
+
+def test_the_heuristic_finds_the_optimum_of_every_gpu_assignment_on_a_tiny_case():
+    # 6 GPUs at 0.5 … 1.0, 2 per rank. Every one of the 6! = 720 assignments of GPUs to rank slots,
+    # by hand: step = max over ranks of work / (slowest of its two GPUs). The rank of 3 s needs the
+    # two fastest (min 0.9): 3/0.9 = 3.333 s; then the rank of 2 s the next two (min 0.7): 2.857 s; the
+    # rank of 1 s the slowest (min 0.5): 2 s. Rank order: ranks at 0.5, 0.7, 0.9: the same 3.333 s;
+    # reversed (GPU 5 … 0) it would be 1/0.9, 2/0.7, 3/0.5 = 6 s
+    speeds = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+    work_s = (1.0, 2.0, 3.0)
+    brute = min(
+        max(w / min(speeds[a], speeds[b]) for w, (a, b) in zip(work_s, (p[0:2], p[2:4], p[4:6]), strict=True))
+        for p in itertools.permutations(range(6))
+    )
+    assert brute == pytest.approx(3 / 0.9)
+    for limit, method in ((6, "exhaustive"), (0, "sorted pairing")):  # every block assignment; the heuristic
+        m = map_speeds(three_ranks(), 2, np.array(speeds[::-1]), exhaustive_max_ranks=limit)
+        assert m.method == method and m.best_s == pytest.approx(brute)
+        assert m.best_gpus == ((4, 5), (2, 3), (0, 1))  # the 1 s rank takes GPUs 4 and 5 (0.6, 0.5)
+        assert m.naive_s == pytest.approx(6.0) and m.gain == pytest.approx(6 / (3 / 0.9))
+
+
+def test_the_p95_reranks_the_best_assignments_with_the_same_draws():
+    # Without noise the p95 is the step: pricing it changes no choice, and the gains agree
+    from itercast.stochastic.variability import StepGraph, VariabilityModel, graph_distribution
+
+    step = StepGraph(three_ranks(), 1, 2)
+    quiet = VariabilityModel(0.0, 0.0, 0.0, 0.0, 0.0)
+
+    def p95(graph):
+        return float(np.percentile(graph_distribution(StepGraph(graph, 1, 2), quiet, 200, 0).samples_s, 95))
+
+    m = map_speeds(step.graph, 2, np.array([0.5, 0.6, 0.7, 0.8, 0.9, 1.0])[::-1], p95)
+    assert m.best_p95_s == pytest.approx(3 / 0.9) and m.naive_p95_s == pytest.approx(6.0)
+    assert m.p95_gain == pytest.approx(m.gain) and m.method == "exhaustive, the 5 best by the step re-ranked by p95"
 
 
 def test_a_speed_map_names_gpus_or_nodes(tmp_path):
@@ -65,3 +111,19 @@ def test_the_cli_refuses_a_speed_map_of_gpus_the_job_does_not_have(tmp_path):
     result = CliRunner().invoke(app, ["variability", "--example", "--samples", "100", "--speed-map", str(path)])
     assert result.exit_code == 2 and "gpu 5000: the job has 1024 gpus" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_the_cli_maps_a_speed_map_and_prices_both_mappings(tmp_path):
+    # the example: 8 stages of 128 GPUs; one GPU per stage at 0.85 (GPUs 5, 133, …, 901). The 8 slow
+    # GPUs fit one stage (8 ≤ 128), so the best mapping puts them all in one stage
+    path = tmp_path / "speeds.csv"
+    path.write_text("gpu,speed\n" + "".join(f"{128 * r + 5},0.85\n" for r in range(8)))
+    result = CliRunner().invoke(
+        app, ["variability", "--example", "--samples", "100", "--speed-map", str(path), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    sm = json.loads(result.output)["speed_map"]
+    assert len(sm["slowest_gpus_on_ranks"]) == 1 and len(sm["best_gpus_per_rank"]) == 8
+    assert sm["baseline_s"] < sm["best_s"] < sm["naive_s"] and sm["gain"] == sm["naive_s"] / sm["best_s"]
+    assert sm["p95_gain"] == sm["naive_p95_s"] / sm["best_p95_s"] and sm["p95_gain"] > 1
+    assert sm["plan_change"].startswith("not computed")
