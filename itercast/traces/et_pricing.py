@@ -13,7 +13,8 @@ One pricer serves every rank of a distributed step (traces/et_step.py). Operator
 - FBGEMM's sparse-data helpers as memory traffic of their tensors (`analytic:memory`);
 - c10d collectives on the analytic collective model (`collective:<kind>`; traces/et_step.py
   prices them at the rendezvous, where every member's bytes are known);
-- anything else that touches a GPU tensor is unpriced (reported with its share of the time).
+- anything else that touches a GPU tensor is unpriced (reported with its share of the time);
+- `aten::` operators on host tensors only are CPU work: host time, no launch (`on_host`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ class Priced:
     model: str
     seconds: float
     whole: bool = True
+
+
+def on_host(node: ETNode) -> bool:
+    """An operator whose tensor inputs are all in host memory runs on the CPU and launches nothing
+    (the data loader's cat, cumsum and add_ of the PARAM DLRM step: 0 runtime calls in its Kineto trace);
+    an operator without tensor inputs (empty, ones) is decided by its children."""
+    return bool(node.input_devices) and not any(d.startswith("cuda") for d in node.input_devices)
 
 
 class ETPricer:
@@ -83,7 +91,7 @@ class ETPricer:
                 node.output_shapes, node.output_types
             )
             return Priced("memory", "analytic:memory", float(self.costs.memory_s("elementwise", moved)))
-        if name in COLLECTIVES or not name.startswith("aten::"):
+        if name in COLLECTIVES or not name.startswith("aten::") or on_host(node):
             return None
         f = features(node)
         if f.family == "free" or (f.family == "memory" and has_children and not self._db_has(name)):

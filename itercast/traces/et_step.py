@@ -14,9 +14,13 @@ model of Lin et al. (DLRM performance model, HiPC 2022) and DESIGN.md §3:
   the collective model's time for the busiest member's bytes (an uneven all-to-all's is the most any
   member sends or receives). Collectives are matched across ranks in order of issue.
 An operator that copies a GPU value to the host (SYNC_OPS, a device-to-host copy_) holds the host until
-the work it reads is done. A rank's iteration ends when its three clocks are done; the step, when
-the slowest rank's is. APPROXIMATIONS: the autograd thread's operators are walked in id order with the
-main thread's (the main thread waits in backward() meanwhile); one compute stream.
+the work it reads is done. The threads' top nodes are walked in id order, which is call order: the
+autograd thread's operators (ids after `## backward ##`'s) before the optimizer's, as they ran (the
+main thread waits in backward() meanwhile). A rank's clocks start at its start time (0, or a measured
+start: a rank's trace cannot show that it began late, e.g. because the previous step's last collective
+released it later than its peers) and its iteration ends when its three clocks are done, counted from
+its start; the step ends when the slowest rank's does. APPROXIMATIONS: the two threads' host work is
+one clock; one compute stream.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from itercast.traces.iteration_model import SYNC_OPS, roots
 from itercast.traces.kineto import TraceError
 
 LAUNCH, COPY = "cudaLaunchKernel", "cudaMemcpyAsync"
+MARKER = "[pytorch|profiler|execution_graph|"  # the ET's process and thread nodes (ExecutionTraceObserver)
 #: a collective's pending member: what it moves and when it is ready (s); answered with its start and end (s)
 Walk = Generator[tuple[CollectiveCall, float], tuple[float, float], None]
 
@@ -61,13 +66,21 @@ def is_operator(name: str) -> bool:
 
 
 def predict_step(
-    traces: list[ExecutionTrace], pricers: list[ETPricer], host: HostOverheads, group: GroupPlacement
+    traces: list[ExecutionTrace],
+    pricers: list[ETPricer],
+    host: HostOverheads,
+    group: GroupPlacement,
+    starts_s: list[float] | None = None,
 ) -> list[RankStep]:
     """Every rank's iteration, collectives matched across ranks (module docstring). `pricers`: one a
-    rank (each remembers its own TBE forwards); `group`: the placement of the collectives' ranks."""
+    rank (each remembers its own TBE forwards); `group`: the placement of the collectives' ranks;
+    `starts_s`: each rank's start (s) on a common clock, 0 for all when None."""
     costs = pricers[0].costs
+    starts = starts_s if starts_s is not None else [0.0] * len(traces)
+    if len(starts) != len(traces):
+        raise ValueError(f"starts_s: expected one start per trace ({len(traces)}), got {len(starts)}")
     steps = [RankStep(et.path) for et in traces]
-    walks = [_walk(et, p, host, s) for et, p, s in zip(traces, pricers, steps, strict=True)]
+    walks = [_walk(et, p, host, s, t0) for et, p, s, t0 in zip(traces, pricers, steps, starts, strict=True)]
     pending: list[tuple[CollectiveCall, float] | None] = [_advance(w, None) for w in walks]
     issued = 0
     while any(p is not None for p in pending):
@@ -95,14 +108,14 @@ def _advance(walk: Walk, answer: tuple[float, float] | None) -> tuple[Collective
         return None
 
 
-def _walk(et: ExecutionTrace, pricer: ETPricer, host: HostOverheads, out: RankStep) -> Walk:
-    """One rank's clocks through its trace, pausing at each collective for its rendezvous."""
+def _walk(et: ExecutionTrace, pricer: ETPricer, host: HostOverheads, out: RankStep, start_s: float) -> Walk:
+    """One rank's clocks through its trace from `start_s`, pausing at each collective for its rendezvous."""
     children: dict[int, list[ETNode]] = {}
     for n in sorted(et.nodes, key=lambda n: n.id):
         if n.parent != n.id:
             children.setdefault(n.parent, []).append(n)
     t4 = {LAUNCH: host.t4_us.get(LAUNCH, 0.0) * 1e-6, COPY: host.t4_us.get(COPY, host.t4_us.get(LAUNCH, 0.0)) * 1e-6}
-    clock = {"host": 0.0, "compute": 0.0, "comm": 0.0}
+    clock = {"host": start_s, "compute": start_s, "comm": start_s}
     ready_of: dict[int, float] = {}  # storage id → end of the collective that writes it
     top: dict[str, Any] = {}
 
@@ -167,9 +180,26 @@ def _walk(et: ExecutionTrace, pricer: ETPricer, host: HostOverheads, out: RankSt
         if node.name in out.unpriced and node.id in out.unpriced[node.name]["node_ids"]:
             out.unpriced[node.name]["cpu_s"] += clock["host"] - before
 
-    for root in roots(et):
-        yield from visit(root, False)
-    out.iteration_s = max(clock.values())
+    for node in thread_tops(et, children):
+        yield from visit(node, False)
+    out.iteration_s = max(clock.values()) - start_s
+
+
+def thread_tops(et: ExecutionTrace, children: dict[int, list[ETNode]]) -> list[ETNode]:
+    """The nodes under the trace's process and thread markers (`[pytorch|profiler|execution_graph|…]`),
+    every thread's merged in id order: the order in which they were called."""
+    out: list[ETNode] = []
+    stack, seen = list(roots(et)), set()
+    while stack:
+        node = stack.pop()
+        if node.id in seen:  # a parent cycle in a malformed trace
+            continue
+        seen.add(node.id)
+        if node.name.startswith(MARKER):
+            stack.extend(children.get(node.id, []))
+        else:
+            out.append(node)
+    return sorted(out, key=lambda n: n.id)
 
 
 def _unpriced(node: ETNode, has_children: bool) -> bool:
