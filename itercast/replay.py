@@ -16,7 +16,8 @@ from itercast.sim.analysis import Breakdown, breakdown
 from itercast.sim.engine import SimResult, simulate
 from itercast.traces.execution_trace import link, read_execution_trace
 from itercast.traces.kineto import RankTrace, read_traces
-from itercast.traces.replay_graph import ReplayGraph, build_replay_graph
+from itercast.traces.replay_graph import ReplayGraph, StepMark, build_replay_graph
+from itercast.traces.restage import restage
 from itercast.traces.whatif import (
     ET_DTYPES,
     WhatIf,
@@ -101,13 +102,28 @@ def replay_graph(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
     own = {t.rank if t.rank is not None else i: t for i, t in enumerate(traces)}
     steps = []
     for m in rg.steps:
-        start = float(sim.end_s[m.start_task] if m.start_is_task_end else sim.start_s[m.start_task])
-        end = float(sim.end_s[m.end_task] if m.end_is_task_end else sim.start_s[m.end_task])
         t = own[m.rank]
         _, _, ts_us, dur_us = next(s_ for s_ in t.steps if s_[0] == m.step)
-        steps.append(StepReplay(m.rank, m.step, m.measured_s, end - start, measured_gpu_busy(t, ts_us, ts_us + dur_us)))
+        steps.append(
+            StepReplay(m.rank, m.step, m.measured_s, _step_s(sim, m), measured_gpu_busy(t, ts_us, ts_us + dur_us))
+        )
     span = max((measured_gpu_busy(t, *_span_us(t)) for t in traces), default=0.0)
     return ReplayResult(traces, rg, sim, steps, breakdown(sim), span)
+
+
+def restaged_result(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
+    """The simulated steps of a re-staged pipeline (restage.restage): one per new stage and measured
+    step, none measured (measured_s NaN, no GPU busy share)."""
+    sim = simulate(rg.graph)
+    steps = [StepReplay(m.rank, m.step, m.measured_s, _step_s(sim, m)) for m in rg.steps]
+    return ReplayResult(traces, rg, sim, steps, breakdown(sim), 0.0)
+
+
+def _step_s(sim: SimResult, m: StepMark) -> float:
+    """A step's simulated time: from its first bound to its last (each a task's start or end)."""
+    start = float(sim.end_s[m.start_task] if m.start_is_task_end else sim.start_s[m.start_task])
+    end = float(sim.end_s[m.end_task] if m.end_is_task_end else sim.start_s[m.end_task])
+    return end - start
 
 
 def measured_gpu_busy(t: RankTrace, start_us: float, end_us: float) -> float:
@@ -140,6 +156,11 @@ def replay_whatif(
     trace file, same order) give GEMM shapes for `whatif.gpu`."""
     traces = read_traces(list(paths))
     base = build_replay_graph(traces)
+    if whatif.pp_stages is not None:
+        if whatif != WhatIf(pp_stages=whatif.pp_stages, curves=whatif.curves) or execution_traces:
+            raise ConfigError("--pp-stages re-stages the traces on its own: give it without other what-ifs")
+        staged, counts = restage(base, traces, whatif.pp_stages, whatif.curves)
+        return replay_graph(traces, base), restaged_result(traces, staged), counts
     flops = gemm_shapes(traces, base, list(execution_traces)) if execution_traces else None
     changed, counts = apply_whatif(base, traces, whatif, flops)
     if whatif.host is not None:

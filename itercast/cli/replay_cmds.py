@@ -38,7 +38,11 @@ def replay_cmd(
         ),
     ] = None,
     pp_stages: Annotated[
-        int | None, typer.Option(help="What-if: pipeline stages (needs a trace with pipeline sends).")
+        int | None,
+        typer.Option(
+            help="What-if: pipeline stages, a divisor or multiple of the trace's (every stage's trace of a CPU "
+            "gloo pipeline run): stages merged or split, the schedule kept, sends re-timed."
+        ),
     ] = None,
     gpu: Annotated[
         str | None, typer.Option(help="What-if: re-time GEMMs (shapes from --et) on this system's GPU.")
@@ -81,14 +85,32 @@ def replay_cmd(
             write_chrome_trace(result.sim, trace, [*traces, *(et or []), calibration])
         except ConfigError as exc:
             fail(str(exc))
+    restaged = pp_stages is not None  # new ranks: the what-if's steps are not the trace's
     if as_json:
         out = base.to_dict()
-        for row, new in zip(out["steps"], changed.steps, strict=True):
-            row["whatif_s"] = new.replayed_s
+        if restaged:
+            out["whatif_steps"] = [{"rank": s.rank, "step": s.step, "whatif_s": s.replayed_s} for s in changed.steps]
+        else:
+            for row, new in zip(out["steps"], changed.steps, strict=True):
+                row["whatif_s"] = new.replayed_s
         out["whatif_changes"] = dict(counts)
         echo_json(out)
     else:
-        _print_replay(base, changed, counts)
+        _print_replay(base, None if restaged else changed, counts)
+        if restaged:
+            _print_restaged(changed)
+
+
+def _print_restaged(changed: ReplayResult) -> None:
+    """The re-staged pipeline's steps: one row per new stage and measured step, and their mean."""
+    table = Table(title=f"what-if: {len({s.rank for s in changed.steps})} pipeline stages (not measured)")
+    for col in ("stage", "step", "what-if ms"):
+        table.add_column(col, justify="right")
+    for s in changed.steps:
+        table.add_row(str(s.rank), str(s.step), f"{s.replayed_s * 1e3:.3f}")
+    console.print(table)
+    mean_ms = sum(s.replayed_s for s in changed.steps) / len(changed.steps) * 1e3
+    console.print(f"what-if step, mean over stages and steps: {mean_ms:.3f} ms", highlight=False)
 
 
 def _print_collectives(counts: dict, total: int) -> None:
@@ -139,17 +161,20 @@ def _factor(item: str) -> tuple[str, float]:
     return name.strip(), non_negative(value, f"--scale {item!r} (CLASS=FACTOR, e.g. gemm=0.5)", "factor")
 
 
-def _print_replay(base: ReplayResult, changed: ReplayResult, counts: dict) -> None:
+def _print_replay(base: ReplayResult, changed: ReplayResult | None, counts: dict) -> None:
+    """The measured and replayed steps, with the what-if's beside them where it kept the ranks (`changed`)."""
     d = base.to_dict()
     console.print(f"{len(base.traces)} trace(s), {d['events']:,} events → {d['tasks']:,} tasks", highlight=False)
     table = Table(title="steps: measured (ProfilerStep) vs replayed")
+    beside = counts and changed is not None
     for col in ("rank", "step", "measured ms", "replayed ms", "error", "GPU busy") + (
-        ("what-if ms",) if counts else ()
+        ("what-if ms",) if beside else ()
     ):
         table.add_column(col, justify="right")
-    for s, w in zip(base.steps, changed.steps, strict=True):
+    whatif_steps = changed.steps if changed is not None else base.steps
+    for s, w in zip(base.steps, whatif_steps, strict=True):
         row = [str(s.rank), str(s.step), f"{s.measured_s * 1e3:.3f}", f"{s.replayed_s * 1e3:.3f}", f"{s.error:+.2%}"]
-        table.add_row(*row, f"{s.gpu_busy:.0%}", *((f"{w.replayed_s * 1e3:.3f}",) if counts else ()))
+        table.add_row(*row, f"{s.gpu_busy:.0%}", *((f"{w.replayed_s * 1e3:.3f}",) if beside else ()))
     console.print(table)
     rg = base.replay_graph
     console.print(_ranks_line(d["ranks"], d["matched_ranks"], rg.nccl_meta or rg.cpu_comm), highlight=False)

@@ -38,6 +38,9 @@ from itercast.traces.kineto import RankTrace
 #: bytes per element of a gloo collective's tensors: Kineto records a TensorList's dims, not its dtype;
 #: CPU training runs in fp32 (an assumption, said where sizes are used)
 CPU_ELEMENT_BYTES = 4
+#: gloo's point-to-point annotations (ProcessGroupGloo SendWork/RecvWork): not collectives; the
+#: pipeline what-if reads them (traces/pipeline_stages.py)
+POINT_TO_POINT = ("gloo:send", "gloo:recv")
 #: a gap of the launching thread this share of a collective's annotated time or longer is a wait for it
 #: (a judgement: the gaps between a computing thread's ops are µs, waits for ms-long collectives ms)
 WAIT_SHARE = 0.1
@@ -88,7 +91,7 @@ def with_collective_marks(t: RankTrace, notes: Counter) -> tuple[RankTrace, list
                 resume_of[key] = first + len(marks) - 1
             resume = resume_of[key]
         lag_us = max(0.0, float(t.comm_ts_us[op] - t.cpu_ts_us[launch]))
-        nbytes = _nbytes(t.cpu_input_dims[launch])
+        nbytes = tensor_bytes(t.cpu_input_dims[launch])
         found.append(CpuCollective(op, kind, launch_call, lag_us, resume, nbytes, end_us))
     if never := sum(c.resume_call < 0 for c in found):
         notes["CPU collectives never waited for in the trace"] += never
@@ -122,7 +125,11 @@ def _pair_launches(t: RankTrace, notes: Counter) -> list[tuple[int, int, str]]:
             ops[kind].append(k)
     runs: dict[str, list[int]] = defaultdict(list)
     for k in np.argsort(t.comm_ts_us, kind="stable").tolist():
-        runs[collective_kind(t.names[t.comm_name[k]]) or "?"].append(k)
+        name = t.names[t.comm_name[k]]
+        if name in POINT_TO_POINT:
+            notes["gloo send/recv annotations (point-to-point: the thread's measured time is kept)"] += 1
+            continue
+        runs[collective_kind(name) or "?"].append(k)
     for kind, runs_of_kind in runs.items():
         launch = sorted(ops.get(kind, []), key=lambda k: float(t.cpu_ts_us[k]))
         if len(launch) != len(runs_of_kind) or any(
@@ -164,7 +171,7 @@ def _waits(t: RankTrace, launches: list[tuple[int, int, str]]) -> list[tuple[flo
     return out
 
 
-def _nbytes(dims_json: str) -> float | None:
+def tensor_bytes(dims_json: str) -> float | None:
     """Bytes of the tensors in a launch op's first input ("Input Dims": a tensor's shape, or a list of them)."""
     try:
         first = json.loads(dims_json)[0] if dims_json else None

@@ -16,7 +16,8 @@ not modelled. The model: `--system`'s if given, else the trace's GPU's preset, e
 CPU collectives; a calibration's collective curves replace the built-in ones. Sizes: from metadata
 or Input Dims, else inferred from the time (collective_sizes.infer_bytes).
 
-Pipeline stages (`--pp-stages`): refused on a trace without pipeline sends (nothing to replicate or join).
+Pipeline stages (`--pp-stages`): refused on a trace without pipeline sends (nothing to replicate or
+join); re-staging a pipelined trace: restage.py.
 """
 
 from __future__ import annotations
@@ -116,6 +117,3 @@ def check_pipeline_stages(rg: ReplayGraph, traces: list[RankTrace], stages: int)
             "--pp-stages: the traces hold no pipeline sends (NCCL SendRecv kernels, c10d/gloo send or recv): "
             "a run without pipeline stages has no stage graphs to replicate or join"
         )
-    raise ConfigError(
-        "--pp-stages: re-staging a pipelined trace (replicating or joining stage graphs) is not implemented yet"
-    )

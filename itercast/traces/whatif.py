@@ -18,7 +18,7 @@ from itercast.hardware.topology import place_group
 from itercast.traces.collective_sizes import collective_sizes
 from itercast.traces.host_overheads import HostOverheads, modelled_host_us, synchronising_calls, thread_ops
 from itercast.traces.kineto import RankTrace
-from itercast.traces.parallel_whatifs import check_pipeline_stages, retime_data_parallel
+from itercast.traces.parallel_whatifs import retime_data_parallel
 from itercast.traces.replay_graph import ReplayGraph
 
 #: Kernel classes by name, first match wins (kept as data: add rules, not code).
@@ -52,7 +52,7 @@ class WhatIf:
     gpu: a system preset whose GEMM model re-times GEMM kernels whose shapes an execution trace gives;
     host: host overheads T1–T5 that re-time the host chains (apply_host_overheads);
     dp: a data-parallel size for the gradient reductions (parallel_whatifs.retime_data_parallel);
-    pp_stages: a number of pipeline stages (parallel_whatifs.check_pipeline_stages);
+    pp_stages: a number of pipeline stages, given alone (restage.restage: a new step graph);
     curves: calibrated curves (profile.calibrate.load_calibration) for the collective models."""
 
     scale: dict[str, float] = field(default_factory=dict)
@@ -119,7 +119,7 @@ def apply_whatif(
             durations[task] *= whatif.scale[cls]
             changes[f"scaled {cls}"] += 1
     if whatif.pp_stages is not None:
-        check_pipeline_stages(rg, traces, whatif.pp_stages)
+        raise ConfigError("what-if: --pp-stages builds a new step graph (restage.restage), not new durations")
     if whatif.dp is not None and whatif.world_size is not None:
         raise ConfigError("what-if: --dp and --world-size both set the data-parallel group size; give one")
     if whatif.system is not None or whatif.world_size is not None:
