@@ -10,6 +10,16 @@ cores the ranks also slow each other's compute (4 ranks share 2 cores), which it
 the table beside it shows each run's main-thread busy time per step (compute) and its all-reduce
 time per step, measured, so the part of the error that contention explains can be read off.
 
+Pipeline stages (issue 30 item 3): the gloo GPipe traces of data/measured/gloo_pipeline
+(tools/measure_gloo_pipeline.py: the same 8-layer MLP and global batch in 2 and 4 stages, 8
+micro-batches) replayed with `--pp-stages N` and compared with the measured traced steps at N
+stages (mean over every step of every rank; the unprofiled steps of steps.csv beside them). Each
+run's compute per step, summed over its ranks (the stages' micro-batch work and other work,
+pipeline_stages.py), is the same model's work and would not change without contention; on 2 cores
+it does (4 processes share them): the contention-adjusted column scales the prediction by the
+measured change of that sum (a diagnostic: it uses the answer's compute). `--pp-stages p` on a
+p-stage trace (no change) shows the re-staging's own error.
+
 For each step (ProfilerStep) of each trace: measured time, the rank's GPU busy share (its own measured
 GPU ops inside the measured step), and the replayed step with every kernel class scaled ×2 and
 ×0.5 (copies and memsets unchanged). Issue 30's target: a step at ≥ 95% GPU busy takes ≥ 1.8× its
@@ -31,10 +41,13 @@ from replay import extract  # validation/replay.py: the bounded tar extraction
 from itercast.data_paths import shared_data_dir
 from itercast.replay import replay_whatif
 from itercast.traces.kineto import RankTrace, read_traces
+from itercast.traces.pipeline_stages import stage_steps
 from itercast.traces.whatif import KERNEL_CLASSES, WhatIf
 
 GPU_BOUND = 0.95  # issue 30: "a step at ≥ 95% GPU busy"
 GLOO = Path(__file__).resolve().parents[1] / "data" / "measured" / "gloo_parallelism"
+PIPELINE = GLOO.parent / "gloo_pipeline"
+PP_CASES = [(2, 2), (4, 4), (2, 4), (4, 2)]  # (measured stages, what-if stages)
 DP_CASES = [(2, 4), (2, 1), (4, 2), (4, 1)]  # (measured world size, what-if data-parallel size)
 ALL_KERNELS = [cls for cls, _ in KERNEL_CLASSES] + ["other"]  # every kernel class (not memcpy/memset)
 
@@ -69,6 +82,43 @@ def data_parallel() -> None:
         )
 
 
+def pipeline_stages() -> None:
+    """`--pp-stages N` on the measured gloo pipeline traces against the measured steps at N stages."""
+    runs = {pp: sorted(PIPELINE.glob(f"pp{pp}.rank*.trace.json.gz")) for pp in (2, 4)}
+    unprofiled: dict[int, list[float]] = {}
+    for line in (PIPELINE / "steps.csv").read_text().splitlines()[1:]:
+        if not line.startswith(("#", "stages")):
+            stages, _, _, step_s = line.split(",")
+            unprofiled.setdefault(int(stages), []).append(float(step_s) * 1e3)
+    print("measured gloo GPipe runs (per step, mean over steps and ranks; compute summed over the ranks):")
+    print(f"{'stages':>6} {'traced_ms':>9} {'unprofiled_ms':>13} {'compute_ms':>10} {'per_rank_ms':>11}")
+    measured, compute = {}, {}
+    for pp, paths in runs.items():
+        traces = read_traces(paths)
+        measured[pp] = float(np.mean([s_[3] * 1e-3 for t in traces for s_ in t.steps]))
+        work = [
+            [float(st.forward_s.sum() + st.backward_s.sum() + st.rest_s) * 1e3 for st in stage_steps(t, t.rank)]
+            for t in traces
+        ]
+        compute[pp] = float(np.sum(np.mean(work, axis=1)))
+        print(
+            f"{pp:6d} {measured[pp]:9.2f} {np.mean(unprofiled[pp]):13.2f} {compute[pp]:10.2f} {compute[pp] / pp:11.2f}"
+        )
+    print()
+    print(
+        f"{'trace':>5} {'--pp':>4} {'predicted_ms':>12} {'measured_ms':>11} {'error':>7} "
+        f"{'contention_adj_ms':>17} {'error':>7}"
+    )
+    for pp, new in PP_CASES:
+        _, moved, _ = replay_whatif(runs[pp], WhatIf(pp_stages=new))
+        predicted = float(np.mean([s_.replayed_s for s_ in moved.steps])) * 1e3
+        adjusted = predicted * compute[new] / compute[pp]
+        print(
+            f"{pp:5d} {new:4d} {predicted:12.2f} {measured[new]:11.2f} {predicted / measured[new] - 1:+7.1%} "
+            f"{adjusted:17.2f} {adjusted / measured[new] - 1:+7.1%}"
+        )
+
+
 def _busy_ms(t: RankTrace) -> tuple[float, float]:
     """Per step (mean, ms): time the step's thread spent in its top-level ops, and in gloo collectives."""
     compute, comm = [], []
@@ -84,6 +134,8 @@ def _busy_ms(t: RankTrace) -> tuple[float, float]:
 
 def main() -> None:
     data_parallel()
+    print()
+    pipeline_stages()
     print()
     data = shared_data_dir()
     if data is None or not (data / "traces").is_dir():
