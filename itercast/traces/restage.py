@@ -114,23 +114,9 @@ def restage(
     stage, with a StepMark per stage and measured step (measured_s NaN: not measured), and counts of
     what changed. `rg`: the traces' replay graph (it holds their pipeline sends, or the run had none)."""
     check_pipeline_stages(rg, traces, new_stages)
+    _refuse(traces, new_stages)
     p = len(traces)
     ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
-    world = next((t.world_size for t in traces if t.world_size is not None), p)
-    if ranks != list(range(world)):
-        raise ConfigError(
-            f"--pp-stages: expected the trace of every stage of a pipeline-only run (ranks 0..{world - 1}); "
-            f"got ranks {ranks}"
-        )
-    if gpu := next((t for t in traces if t.num_ops), None):
-        raise ConfigError(
-            f"--pp-stages: {gpu.path} runs {gpu.num_ops} GPU ops: re-staging reads each stage's work from the "
-            "thread that sends and receives (a CPU run over gloo); GPU traces are not supported yet"
-        )
-    if new_stages != p and (new_stages % p if new_stages > p else p % new_stages):
-        raise ConfigError(
-            f"--pp-stages: {p} stages merge or split evenly: expected a divisor or multiple of {p}; got {new_stages}"
-        )
     per_rank = [{st.step: st for st in stage_steps(t, rank)} for rank, t in zip(ranks, traces, strict=True)]
     numbers = sorted(set.intersection(*(set(steps) for steps in per_rank)))
     if not numbers:
@@ -164,6 +150,28 @@ def restage(
         2 * (new_stages - 1) * first[0].micro_batches
     )
     return ReplayGraph(b.build(), steps, {}, {}, Counter()), counts
+
+
+def _refuse(traces: list[RankTrace], new_stages: int) -> None:
+    """One ConfigError where the traces are not every stage of a CPU pipeline run, or `new_stages`
+    neither divides nor is a multiple of their stage count."""
+    p = len(traces)
+    ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
+    world = next((t.world_size for t in traces if t.world_size is not None), p)
+    if ranks != list(range(world)):
+        raise ConfigError(
+            f"--pp-stages: expected the trace of every stage of a pipeline-only run (ranks 0..{world - 1}); "
+            f"got ranks {ranks}"
+        )
+    if gpu := next((t for t in traces if t.num_ops), None):
+        raise ConfigError(
+            f"--pp-stages: {gpu.path} runs {gpu.num_ops} GPU ops: re-staging reads each stage's work from the "
+            "thread that sends and receives (a CPU run over gloo); GPU traces are not supported yet"
+        )
+    if new_stages != p and (new_stages % p if new_stages > p else p % new_stages):
+        raise ConfigError(
+            f"--pp-stages: {p} stages merge or split evenly: expected a divisor or multiple of {p}; got {new_stages}"
+        )
 
 
 def _schedule(
