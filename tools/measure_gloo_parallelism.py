@@ -19,15 +19,11 @@ the gradient all-reduces only. Needs torch (the optional extra).
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import platform
-import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
+
+from gloo_runs import run_ranks, trace_and_time  # tools/gloo_runs.py, beside this script
 
 WORLD_SIZES = (1, 2, 4)
 WARMUP = 10
@@ -39,7 +35,6 @@ WIDTH, LAYERS, BATCH = 1024, 4, 64
 def worker(rank: int, world: int, port: int, out_dir: Path) -> None:
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile, schedule
 
     torch.manual_seed(rank)
     torch.set_num_threads(1)
@@ -63,50 +58,10 @@ def worker(rank: int, world: int, port: int, out_dir: Path) -> None:
     for _ in range(WARMUP):
         step()
     raw = out_dir / f"ws{world}.rank{rank}.trace.json"
-    with profile(
-        activities=[ProfilerActivity.CPU],
-        record_shapes=True,
-        schedule=schedule(wait=0, warmup=1, active=TRACED_STEPS),
-        on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
-    ) as prof:
-        for _ in range(TRACED_STEPS + 1):
-            step()
-            prof.step()
-    with raw.open("rb") as src, gzip.open(f"{raw}.gz", "wb", compresslevel=9) as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
-    times_s = []
-    for _ in range(TIMED_STEPS):
-        t0 = time.perf_counter_ns()
-        step()
-        times_s.append((time.perf_counter_ns() - t0) * 1e-9)
+    times_s = trace_and_time(step, raw, TRACED_STEPS, TIMED_STEPS)
     if world > 1:
         dist.destroy_process_group()
     (out_dir / f"ws{world}.rank{rank}.steps.txt").write_text("\n".join(f"{t:.9f}" for t in times_s) + "\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_world(world: int, out_dir: Path) -> list[str]:
-    """One process per rank; returns the CSV rows of their timed steps."""
-    port = free_port()
-    procs = [
-        subprocess.Popen([sys.executable, __file__, "--out", str(out_dir), "--worker", str(r), str(world), str(port)])
-        for r in range(world)
-    ]
-    for p in procs:
-        if p.wait(timeout=1800) != 0:
-            sys.exit(f"a worker of world size {world} failed")
-    rows = []
-    for r in range(world):
-        f = out_dir / f"ws{world}.rank{r}.steps.txt"
-        rows += [f"{world},{r},{i},{t}" for i, t in enumerate(f.read_text().split())]
-        f.unlink()
-    return rows
 
 
 def main() -> None:
@@ -122,7 +77,7 @@ def main() -> None:
     import torch
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [row for world in WORLD_SIZES for row in run_world(world, out_dir)]
+    rows = [row for world in WORLD_SIZES for row in run_ranks(__file__, world, out_dir, "ws", 1800)]
     header = [
         f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
         f"# python {platform.python_version()}, torch {torch.__version__}, threads per rank 1",

@@ -23,15 +23,11 @@ optional extra).
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import platform
-import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
+
+from gloo_runs import run_ranks, trace_and_time  # tools/gloo_runs.py, beside this script
 
 STAGE_COUNTS = (2, 4)
 WARMUP = 5
@@ -43,7 +39,6 @@ WIDTH, LAYERS, GLOBAL_BATCH, MICRO_BATCHES = 1024, 8, 256, 8
 def worker(rank: int, stages: int, port: int, out_dir: Path) -> None:
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile, schedule
 
     torch.manual_seed(0)  # every stage builds the same 8 layers and keeps its own
     torch.set_num_threads(1)
@@ -93,50 +88,9 @@ def worker(rank: int, stages: int, port: int, out_dir: Path) -> None:
     for _ in range(WARMUP):
         step()
     raw = out_dir / f"pp{stages}.rank{rank}.trace.json"
-    with profile(
-        activities=[ProfilerActivity.CPU],
-        record_shapes=True,
-        schedule=schedule(wait=0, warmup=1, active=TRACED_STEPS),
-        on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
-    ) as prof:
-        for _ in range(TRACED_STEPS + 1):
-            step()
-            prof.step()
-    with raw.open("rb") as src, gzip.open(f"{raw}.gz", "wb", compresslevel=9) as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
-    dist.barrier()
-    times_s = []
-    for _ in range(TIMED_STEPS):
-        t0 = time.perf_counter_ns()
-        step()
-        times_s.append((time.perf_counter_ns() - t0) * 1e-9)
+    times_s = trace_and_time(step, raw, TRACED_STEPS, TIMED_STEPS, between=dist.barrier)
     dist.destroy_process_group()
     (out_dir / f"pp{stages}.rank{rank}.steps.txt").write_text("\n".join(f"{t:.9f}" for t in times_s) + "\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_stages(stages: int, out_dir: Path) -> list[str]:
-    """One process per stage; returns the CSV rows of their timed steps."""
-    port = free_port()
-    procs = [
-        subprocess.Popen([sys.executable, __file__, "--out", str(out_dir), "--worker", str(r), str(stages), str(port)])
-        for r in range(stages)
-    ]
-    for p in procs:
-        if p.wait(timeout=600) != 0:
-            sys.exit(f"a worker of {stages} stages failed")
-    rows = []
-    for r in range(stages):
-        f = out_dir / f"pp{stages}.rank{r}.steps.txt"
-        rows += [f"{stages},{r},{i},{t}" for i, t in enumerate(f.read_text().split())]
-        f.unlink()
-    return rows
 
 
 def main() -> None:
@@ -152,7 +106,7 @@ def main() -> None:
     import torch
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [row for stages in STAGE_COUNTS for row in run_stages(stages, out_dir)]
+    rows = [row for stages in STAGE_COUNTS for row in run_ranks(__file__, stages, out_dir, "pp", 600)]
     header = [
         f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
         f"# python {platform.python_version()}, torch {torch.__version__}, threads per rank 1",
