@@ -4,7 +4,10 @@ timed unprofiled steps, collected as CSV rows."""
 
 from __future__ import annotations
 
+import argparse
 import gzip
+import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -67,3 +70,39 @@ def run_ranks(script: str, size: int, out_dir: Path, prefix: str, timeout_s: int
         rows += [f"{size},{r},{i},{t}" for i, t in enumerate(f.read_text().split())]
         f.unlink()
     return rows
+
+
+def measure(
+    script: str,
+    worker: Callable[[int, int, int, Path], None],
+    sizes: tuple[int, ...],
+    prefix: str,
+    timeout_s: int,
+    describe: list[str],
+    size_column: str,
+) -> None:
+    """A measurement script's command line: `--out DIR` runs every size (`run_ranks`, each rank
+    calling `worker(rank, size, port, out_dir)`) and writes DIR/steps.csv with a header naming the
+    machine, the versions, the command and `describe` (comment lines)."""
+    ap = argparse.ArgumentParser(description=(sys.modules["__main__"].__doc__ or "").splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for the traces and steps.csv")
+    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    if args.worker:
+        rank, size, port = map(int, args.worker)
+        worker(rank, size, port, out_dir)
+        return
+    import torch
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [row for size in sizes for row in run_ranks(script, size, out_dir, prefix, timeout_s)]
+    header = [
+        f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
+        f"# python {platform.python_version()}, torch {torch.__version__}, threads per rank 1",
+        f"# command: python tools/{Path(script).name} --out {args.out}",
+        *describe,
+        f"{size_column},rank,step,step_s",
+    ]
+    (out_dir / "steps.csv").write_text("\n".join(header + rows) + "\n")
+    print(f"wrote {len(rows)} rows and the traces to {out_dir}")

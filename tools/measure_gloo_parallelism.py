@@ -18,12 +18,10 @@ the gradient all-reduces only. Needs torch (the optional extra).
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 from pathlib import Path
 
-from gloo_runs import run_ranks, trace_and_time  # tools/gloo_runs.py, beside this script
+from gloo_runs import measure, trace_and_time  # tools/gloo_runs.py, beside this script
 
 WORLD_SIZES = (1, 2, 4)
 WARMUP = 10
@@ -65,30 +63,20 @@ def worker(rank: int, world: int, port: int, out_dir: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for the traces and steps.csv")
-    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    out_dir = Path(args.out)
-    if args.worker:
-        rank, world, port = map(int, args.worker)
-        worker(rank, world, port, out_dir)
-        return
-    import torch
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [row for world in WORLD_SIZES for row in run_ranks(__file__, world, out_dir, "ws", 1800)]
-    header = [
-        f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
-        f"# python {platform.python_version()}, torch {torch.__version__}, threads per rank 1",
-        f"# command: python tools/measure_gloo_parallelism.py --out {args.out}",
-        f"# model: {LAYERS}x(Linear({WIDTH},{WIDTH})+ReLU), batch {BATCH} per rank, SGD; DDP over gloo on 127.0.0.1",
-        f"# per world size: {WARMUP} warm-up steps, {TRACED_STEPS} traced steps (ws*.rank*.trace.json.gz), "
-        f"then {TIMED_STEPS} timed unprofiled steps (these rows)",
-        "world_size,rank,step,step_s",
-    ]
-    (out_dir / "steps.csv").write_text("\n".join(header + rows) + "\n")
-    print(f"wrote {len(rows)} rows and the traces to {out_dir}")
+    measure(
+        __file__,
+        worker,
+        WORLD_SIZES,
+        "ws",
+        1800,
+        [
+            f"# model: {LAYERS}x(Linear({WIDTH},{WIDTH})+ReLU), batch {BATCH} per rank, SGD; "
+            "DDP over gloo on 127.0.0.1",
+            f"# per world size: {WARMUP} warm-up steps, {TRACED_STEPS} traced steps (ws*.rank*.trace.json.gz), "
+            f"then {TIMED_STEPS} timed unprofiled steps (these rows)",
+        ],
+        "world_size",
+    )
 
 
 if __name__ == "__main__":

@@ -22,12 +22,10 @@ optional extra).
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 from pathlib import Path
 
-from gloo_runs import run_ranks, trace_and_time  # tools/gloo_runs.py, beside this script
+from gloo_runs import measure, trace_and_time  # tools/gloo_runs.py, beside this script
 
 STAGE_COUNTS = (2, 4)
 WARMUP = 5
@@ -94,31 +92,21 @@ def worker(rank: int, stages: int, port: int, out_dir: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for the traces and steps.csv")
-    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    out_dir = Path(args.out)
-    if args.worker:
-        rank, stages, port = map(int, args.worker)
-        worker(rank, stages, port, out_dir)
-        return
-    import torch
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [row for stages in STAGE_COUNTS for row in run_ranks(__file__, stages, out_dir, "pp", 600)]
-    header = [
-        f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
-        f"# python {platform.python_version()}, torch {torch.__version__}, threads per rank 1",
-        f"# command: python tools/measure_gloo_pipeline.py --out {args.out}",
-        f"# model: {LAYERS}x(Linear({WIDTH},{WIDTH})+ReLU) split evenly into pp stages, global batch {GLOBAL_BATCH} "
-        f"in {MICRO_BATCHES} micro-batches, GPipe, SGD; recv/isend over gloo on 127.0.0.1",
-        f"# per stage count: {WARMUP} warm-up steps, {TRACED_STEPS} traced steps (pp*.rank*.trace.json.gz), "
-        f"then {TIMED_STEPS} timed unprofiled steps (these rows)",
-        "stages,rank,step,step_s",
-    ]
-    (out_dir / "steps.csv").write_text("\n".join(header + rows) + "\n")
-    print(f"wrote {len(rows)} rows and the traces to {out_dir}")
+    measure(
+        __file__,
+        worker,
+        STAGE_COUNTS,
+        "pp",
+        600,
+        [
+            f"# model: {LAYERS}x(Linear({WIDTH},{WIDTH})+ReLU) split evenly into pp stages, "
+            f"global batch {GLOBAL_BATCH} in {MICRO_BATCHES} micro-batches, GPipe, SGD; "
+            "recv/isend over gloo on 127.0.0.1",
+            f"# per stage count: {WARMUP} warm-up steps, {TRACED_STEPS} traced steps (pp*.rank*.trace.json.gz), "
+            f"then {TIMED_STEPS} timed unprofiled steps (these rows)",
+        ],
+        "stages",
+    )
 
 
 if __name__ == "__main__":
