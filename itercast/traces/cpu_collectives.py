@@ -62,7 +62,7 @@ class CpuCollective:
     end_us: float
 
 
-def collective_kind(name: str) -> str | None:
+def op_collective_kind(name: str) -> str | None:
     """`gloo:all_reduce`, `c10d::allreduce_` → all_reduce (None: not a collective)."""
     return NCCL_KINDS.get(name.partition(":")[2].lstrip(":").rstrip("_").lower())
 
@@ -121,7 +121,7 @@ def _pair_launches(t: RankTrace, notes: Counter) -> list[tuple[int, int, str]]:
     ops: dict[str, list[int]] = defaultdict(list)
     for k, name_id in enumerate(t.cpu_name.tolist()):
         name = t.names[name_id]
-        if name.startswith("c10d::") and (kind := collective_kind(name)):
+        if name.startswith("c10d::") and (kind := op_collective_kind(name)):
             ops[kind].append(k)
     runs: dict[str, list[int]] = defaultdict(list)
     for k in np.argsort(t.comm_ts_us, kind="stable").tolist():
@@ -129,7 +129,7 @@ def _pair_launches(t: RankTrace, notes: Counter) -> list[tuple[int, int, str]]:
         if name in POINT_TO_POINT:
             notes["gloo send/recv annotations (point-to-point: the thread's measured time is kept)"] += 1
             continue
-        runs[collective_kind(name) or "?"].append(k)
+        runs[op_collective_kind(name) or "?"].append(k)
     for kind, runs_of_kind in runs.items():
         launch = sorted(ops.get(kind, []), key=lambda k: float(t.cpu_ts_us[k]))
         if len(launch) != len(runs_of_kind) or any(
