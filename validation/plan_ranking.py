@@ -2,13 +2,16 @@
 
     python validation/plan_ranking.py
 
-Data: data/published/plan_ranking/*.csv (each row cites its source: torchtitan's H100 benchmark tables,
-schedules and async TP) and data/published/korthikanti2022_a100_iteration_times.csv (Korthikanti et al.
-2022: full recompute vs sequence parallel + selective recompute, four GPT models). A job is one model,
-GPU count and global batch; its rows are plans. Each plan is predicted by the graph simulation
-(`predict`). Printed per job: Kendall τ between predicted and measured times, whether the measured
-fastest is ranked first, the loss when not (measured time of itercast's pick / measured best − 1);
-then the fastest-pick rate over jobs whose plans differ by ≥ 5% in measured time.
+Data: data/published/plan_ranking/*.csv (each file's header cites its sources and states what the sources left
+unsaid: torchtitan's H100 tables, BLOOM's 3D-layout benchmarks on Jean Zay A100s, TWIST's Megatron-LM baseline on
+H800s) and data/published/korthikanti2022_a100_iteration_times.csv (Korthikanti et al. 2022: full recompute vs
+sequence parallel + selective recompute, four GPT models). A job is one model, GPU count and global batch; its
+rows are plans. A row's model and system are a preset (blank model: none) with `section.field=value` overrides
+(the `overrides` column, the CLI's --set syntax); its measurement is seconds per step (`s_per_step`), or
+tokens/s per GPU or MFU, whose inverse orders the plans of one job alike. Each plan is predicted by the graph
+simulation (`predict`). Printed per job: Kendall τ between predicted and measured times, whether the measured
+fastest is ranked first, the loss when not (measured time of itercast's pick / measured best − 1); then the
+fastest-pick rate over jobs whose plans differ by ≥ 5% in measured time.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ import csv
 import itertools
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_step_times import job as korthikanti_job
 from published_step_times import rows as korthikanti_rows
 
-from itercast.config.job import Job
+from itercast.config.job import Job, apply_override
+from itercast.errors import ConfigError
 from itercast.predict import predict
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "published" / "plan_ranking"
@@ -37,25 +43,48 @@ def _read(path: Path) -> list[dict[str, str]]:
 
 
 def _plan_job(r: dict[str, str]) -> Job:
-    """A plan_ranking row as a Job (dgx-h100 nodes: the closest preset to the sources' H100s)."""
+    """A plan_ranking row as a Job: the row's plan fields, its model and system presets (system default
+    dgx-h100, the closest preset to torchtitan's H100s), then its `section.field=value` overrides."""
     ints = ("global_batch_size", "micro_batch_size", "data_parallel", "tensor_parallel", "pipeline_parallel")
     plan: dict[str, object] = {k: int(r[k]) for k in (*ints, "virtual_pipeline", "zero_stage")}
     plan |= {"schedule": r["schedule"], "recompute": r["recompute"], "dtype": r["dtype"]}
     plan |= {"tp_comm_overlap": r["tp_comm_overlap"] == "true", "sequence_parallel": int(r["tensor_parallel"]) > 1}
     if r["stage_layers"]:
         plan["stage_layers"] = [int(n) for n in r["stage_layers"].split()]
-    model = {"preset": r["model"], "seq_length": int(r["seq_length"])}
-    return Job.from_dicts(model, plan, {"preset": "dgx-h100", "num_nodes": int(r["gpus"]) // 8})
+    model: dict[str, object] = {"seq_length": int(r["seq_length"])} | ({"preset": r["model"]} if r["model"] else {})
+    system = {"preset": r.get("system") or "dgx-h100", "num_nodes": int(r["gpus"]) // 8}
+    raw: dict[str, Any] = {"model": model, "plan": plan, "system": system}
+    for item in (r.get("overrides") or "").split():
+        apply_override(raw, item)
+    return Job.from_dicts(raw["model"], raw["plan"], raw["system"])
+
+
+# A row's measurement, as a quantity that orders the plans of one job like their step times.
+_TIME_LIKE: dict[str, Callable[[float], float]] = {
+    "s_per_step": lambda x: x,
+    "tokens_per_s_per_gpu": lambda x: 1 / x,  # same tokens per step and GPUs within a job
+    "mfu": lambda x: 1 / x,  # same model FLOPs per step, GPUs and peak within a job
+}
+
+
+def measured_time_like(r: dict[str, str], where: str) -> float:
+    """The one measurement column a row fills, made time-like; several or none: one line naming the row."""
+    filled = [k for k in _TIME_LIKE if r.get(k)]
+    if len(filled) != 1:
+        raise ConfigError(f"{where}: expected exactly one of {', '.join(_TIME_LIKE)} filled; got {filled or 'none'}")
+    return _TIME_LIKE[filled[0]](float(r[filled[0]]))
 
 
 def jobs() -> dict[str, list[tuple[str, Job, float]]]:
-    """Job name -> (plan label, job, measured seconds per step or per token: only the order matters)."""
+    """Job name -> (plan label, job, measured time-like quantity: only the order within a job matters)."""
     out: dict[str, list[tuple[str, Job, float]]] = defaultdict(list)
     for path in sorted(DATA.glob("*.csv")):
-        for r in _read(path):
-            label = f"tp{r['tensor_parallel']} pp{r['pipeline_parallel']} vp{r['virtual_pipeline']} "
-            label += f"{r['schedule']} asyncTP={r['tp_comm_overlap']}"
-            out[r["job"]].append((label, _plan_job(r), 1 / float(r["tokens_per_s_per_gpu"])))
+        for n, r in enumerate(_read(path), start=1):
+            label = f"dp{r['data_parallel']} tp{r['tensor_parallel']} pp{r['pipeline_parallel']} "
+            label += (
+                f"vp{r['virtual_pipeline']} mbs{r['micro_batch_size']} {r['schedule']} asyncTP={r['tp_comm_overlap']}"
+            )
+            out[r["job"]].append((label, _plan_job(r), measured_time_like(r, f"{path.name} data row {n}")))
     for r in korthikanti_rows():
         out[f"gpt-{r['model']} {r['gpus']} A100 (Korthikanti)"].append(
             (r["mode"], korthikanti_job(r), float(r["measured_s"]))
@@ -91,7 +120,7 @@ def main() -> None:
         print(f"{name}: {len(plans)} plans, measured spread {spread:.1%}, τ {tau:+.2f}, ", end="")
         print("fastest ranked first" if pick == best else f"picked {plans[pick][0]} (loss {loss:.1%})")
         for (label, _, m), p in zip(plans, predicted, strict=True):
-            print(f"    {label:45} measured {m / measured[best]:.3f}× best, predicted {p:.3f} s")
+            print(f"    {label:55} measured {m / measured[best]:.3f}× best, predicted {p:.3f} s")
     print(
         f"{len(taus)} jobs: mean Kendall τ {sum(taus) / len(taus):+.2f}; fastest ranked first on {picked}/{counted} "
         f"jobs differing by ≥ {DISTINCT:.0%}; mean loss {sum(losses) / max(len(losses), 1):.1%}, "
@@ -100,4 +129,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as exc:
+        print(f"plan_ranking: {exc}", file=sys.stderr)
+        sys.exit(2)

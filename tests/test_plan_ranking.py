@@ -1,0 +1,81 @@
+"""validation/plan_ranking.py: Kendall τ, a row's measurement made time-like, and a row's model / system /
+overrides read into a Job (no prediction is made here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+import plan_ranking as pr
+
+from itercast.errors import ConfigError
+
+
+def test_kendall_tau_of_three_plans_counts_each_pair_once():
+    # Pairs (0,1) and (0,2) agree in order, (1,2) disagrees: (2 − 1) / 3.
+    assert pr.kendall_tau([1.0, 2.0, 3.0], [10.0, 30.0, 20.0]) == pytest.approx((2 - 1) / 3)
+    # Reversed order: all three pairs disagree.
+    assert pr.kendall_tau([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-3 / 3)
+
+
+def test_measured_time_like_inverts_rates_and_keeps_seconds():
+    assert pr.measured_time_like({"s_per_step": "123.5"}, "r") == pytest.approx(123.5)
+    assert pr.measured_time_like({"mfu": "0.5", "s_per_step": ""}, "r") == pytest.approx(1 / 0.5)
+    assert pr.measured_time_like({"tokens_per_s_per_gpu": "4000"}, "r") == pytest.approx(1 / 4000)
+
+
+@pytest.mark.parametrize("row", [{"s_per_step": "1", "mfu": "0.4"}, {"s_per_step": ""}])
+def test_measured_time_like_wants_exactly_one_measurement(row):
+    with pytest.raises(ConfigError, match=r"f\.csv data row 3: expected exactly one of s_per_step"):
+        pr.measured_time_like(row, "f.csv data row 3")
+
+
+def _row(**over: str) -> dict[str, str]:
+    row = {
+        "model": "",
+        "system": "dgx-a100",
+        "gpus": "8",
+        "seq_length": "512",
+        "global_batch_size": "8",
+        "micro_batch_size": "1",
+        "data_parallel": "2",
+        "tensor_parallel": "2",
+        "pipeline_parallel": "2",
+        "virtual_pipeline": "1",
+        "schedule": "1f1b",
+        "zero_stage": "1",
+        "recompute": "full",
+        "dtype": "fp16",
+        "tp_comm_overlap": "false",
+        "stage_layers": "3 1",
+        "overrides": "model.family=gpt model.num_layers=4 model.hidden_size=256 model.num_attention_heads=4 "
+        "model.vocab_size=1024 plan.sequence_parallel=false system.network.nics_per_node=4 "
+        "system.network.nic_bandwidth_bytes_per_s=12.5e9",
+    }
+    return row | over
+
+
+def test_a_row_builds_its_model_from_overrides_and_overrides_the_system_preset():
+    job = pr._plan_job(_row())
+    assert (job.model.num_layers, job.model.hidden_size, job.model.seq_length) == (4, 256, 512)
+    assert job.plan.stage_layers == (3, 1)
+    assert job.plan.sequence_parallel is False  # the override beats the tp > 1 default
+    assert job.system.gpu.name == "A100-SXM4-80GB"
+    assert (job.system.network.nics_per_node, job.system.network.nic_bandwidth_bytes_per_s) == (4, 12.5e9)
+    assert job.system.num_nodes == 8 // 8
+
+
+def test_a_row_without_system_or_overrides_is_a_preset_on_dgx_h100():
+    row = _row(model="llama3-8b", system="", overrides="", stage_layers="", seq_length="8192")
+    del row["system"], row["overrides"]
+    job = pr._plan_job(row)
+    assert job.system.gpu.name == "H100-SXM5-80GB"
+    assert job.model.num_layers == 32 and job.plan.sequence_parallel is True  # tp 2 > 1
+
+
+def test_every_published_row_builds_a_job_with_at_least_two_plans_per_job():
+    jobs = pr.jobs()
+    assert all(len(plans) >= 2 for plans in jobs.values())
