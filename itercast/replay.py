@@ -14,6 +14,7 @@ from itercast.errors import ConfigError
 from itercast.predict import summarise_path
 from itercast.sim.analysis import Breakdown, breakdown
 from itercast.sim.engine import SimResult, simulate
+from itercast.sim.sharing import resimulate_shared, simulate_shared
 from itercast.traces.execution_trace import link, read_execution_trace
 from itercast.traces.kineto import RankTrace, read_traces
 from itercast.traces.replay_graph import ReplayGraph, StepMark, build_replay_graph
@@ -97,8 +98,9 @@ def replay(paths: list[str | Path], graph: ReplayGraph | None = None) -> ReplayR
     return replay_graph(traces, rg)
 
 
-def replay_graph(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
-    sim = simulate(rg.graph)
+def replay_graph(traces: list[RankTrace], rg: ReplayGraph, sim: SimResult | None = None) -> ReplayResult:
+    """The replayed steps of `rg` (built from `traces`); `sim`: its simulation, if already run."""
+    sim = sim or simulate(rg.graph)
     own = {t.rank if t.rank is not None else i: t for i, t in enumerate(traces)}
     steps = []
     for m in rg.steps:
@@ -111,10 +113,11 @@ def replay_graph(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
     return ReplayResult(traces, rg, sim, steps, breakdown(sim), span)
 
 
-def restaged_result(traces: list[RankTrace], rg: ReplayGraph) -> ReplayResult:
+def restaged_result(traces: list[RankTrace], rg: ReplayGraph, host_cores: int | None = None) -> ReplayResult:
     """The simulated steps of a re-staged pipeline (restage.restage): one per new stage and measured
-    step, none measured (measured_s NaN, no GPU busy share)."""
-    sim = simulate(rg.graph)
+    step, none measured (measured_s NaN, no GPU busy share); its stages, one process each, share
+    `host_cores` (sim/sharing.py) where given."""
+    sim = simulate(rg.graph) if host_cores is None else simulate_shared(rg.graph, host_cores, {})
     steps = [StepReplay(m.rank, m.step, m.measured_s, _step_s(sim, m)) for m in rg.steps]
     return ReplayResult(traces, rg, sim, steps, breakdown(sim), 0.0)
 
@@ -153,20 +156,43 @@ def replay_whatif(
     execution_traces: Sequence[str | Path] = (),
 ) -> tuple[ReplayResult, ReplayResult, Counter]:
     """Baseline replay and the replay under `whatif`, plus what changed. Execution traces (one per
-    trace file, same order) give GEMM shapes for `whatif.gpu`."""
+    trace file, same order) give GEMM shapes for `whatif.gpu`. With `whatif.host_cores` the ranks'
+    CPU work shares that many cores (sim/sharing.py): the measured sharing divided out of each task,
+    the what-if's (its data-parallel size's processes, or its pipeline stages) applied."""
+    cores = whatif.host_cores
+    if cores is not None and cores < 1:
+        raise ConfigError(
+            f"--host-cores: expected the number of cores of the host that ran the ranks (≥ 1); got {cores}"
+        )
     traces = read_traces(list(paths))
     base = build_replay_graph(traces)
     if whatif.pp_stages is not None:
-        if whatif != WhatIf(pp_stages=whatif.pp_stages, curves=whatif.curves) or execution_traces:
+        alone = WhatIf(pp_stages=whatif.pp_stages, curves=whatif.curves, host_cores=cores)
+        if whatif != alone or execution_traces:
             raise ConfigError("--pp-stages re-stages the traces on its own: give it without other what-ifs")
-        staged, counts = restage(base, traces, whatif.pp_stages, whatif.curves)
-        return replay_graph(traces, base), restaged_result(traces, staged), counts
+        staged, counts = restage(base, traces, whatif.pp_stages, whatif.curves, cores)
+        return replay_graph(traces, base), restaged_result(traces, staged, cores), counts
     flops = gemm_shapes(traces, base, list(execution_traces)) if execution_traces else None
     changed, counts = apply_whatif(base, traces, whatif, flops)
     if whatif.host is not None:
         changed, host_counts = apply_host_overheads(changed, traces, whatif.host)
         counts.update(host_counts)
-    return replay_graph(traces, base), replay_graph(traces, changed), counts
+    measured = replay_graph(traces, base)
+    if cores is None:
+        return measured, replay_graph(traces, changed), counts
+    # every rank of the run on the host; each loaded rank stands for world / loaded of them (symmetry)
+    world = max((t.world_size or 0 for t in traces), default=0) or len(traces)
+    ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
+    after = whatif.dp or world
+    sim = resimulate_shared(
+        measured.sim,
+        changed.graph,
+        cores,
+        {r: world / len(ranks) for r in ranks},
+        {r: after / len(ranks) for r in ranks},
+    )
+    counts[f"CPU work shares {cores} host cores: {world} processes measured, {after} in the what-if"] += 1
+    return measured, replay_graph(traces, changed, sim), counts
 
 
 def gemm_shapes(

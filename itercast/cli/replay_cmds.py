@@ -44,6 +44,14 @@ def replay_cmd(
             "gloo pipeline run): stages merged or split, the schedule kept, sends re-timed."
         ),
     ] = None,
+    host_cores: Annotated[
+        int | None,
+        typer.Option(
+            help="Cores of the host that ran every rank (Kineto records none): the ranks' CPU work shares "
+            "them, the trace's sharing divided out and the what-if's (--dp processes, --pp-stages stages) "
+            "applied. Default: no sharing."
+        ),
+    ] = None,
     gpu: Annotated[
         str | None, typer.Option(help="What-if: re-time GEMMs (shapes from --et) on this system's GPU.")
     ] = None,
@@ -74,7 +82,7 @@ def replay_cmd(
             if calibration is not None and curves is not None
             else None
         )
-        whatif = WhatIf(factors, system, world_size, gpu, host, dp, pp_stages, curves)
+        whatif = WhatIf(factors, system, world_size, gpu, host, dp, pp_stages, curves, host_cores)
         with working("replaying the traces…", as_json):
             base, changed, counts = replay_whatif(list(traces), whatif, et or [])
     except (ConfigError, TraceError, DeadlockError, CalibrationError) as exc:

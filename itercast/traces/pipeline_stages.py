@@ -24,6 +24,7 @@ forward unit, and the first stage's work after its last send is other work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,8 @@ RECV, SEND = "c10d::recv", "c10d::send"
 #: names its RECORD_FUNCTION "autograd::engine::evaluate_function: <node>")
 BACKWARD_OP = "autograd::engine::evaluate_function"
 FORWARD, BACKWARD = "F", "B"
+#: (from µs, to µs) → the work (µs) done alone in each stretch: divides out a shared host's slowdown
+AloneUs = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -59,23 +62,50 @@ class StageStep:
         return int(self.forward_s.shape[0])
 
 
-def stage_steps(t: RankTrace, rank: int) -> list[StageStep]:
+def stage_steps(t: RankTrace, rank: int, alone_us: AloneUs | None = None) -> list[StageStep]:
     """Every step of a stage's trace (module docstring); ConfigError where a step is not a pipeline
-    step (no sends or receives, unequal forward and backward units)."""
-    is_send = np.array([t.names[n] == "gloo:send" for n in t.comm_name.tolist()], dtype=bool)
-    send_ends = np.sort((t.comm_ts_us + t.comm_dur_us)[is_send]) if is_send.size else np.zeros(0)
+    step (no sends or receives, unequal forward and backward units). `alone_us`: the work done
+    alone in each measured stretch (sim/sharing.shared_work_s), to divide out the host's sharing."""
+    send_ends = _send_ends(t)
     out = []
     for number, tid, ts, dur in t.steps:
-        top = t.top_level_ops(tid)
-        top = top[(t.cpu_ts_us[top] >= ts) & (t.cpu_ts_us[top] < ts + dur)]
-        out.append(_stage_step(t, rank, number, top, (ts, ts + dur), send_ends))
+        top = _step_ops(t, tid, ts, dur)
+        out.append(_stage_step(t, rank, number, top, (ts, ts + dur), send_ends, alone_us))
     return out
 
 
+def work_stretches_us(t: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (µs) of each stretch in which a stage's thread worked in its steps (its ops
+    and the gaps before them; not its receives, nor the gaps in which it waited for its sends)."""
+    send_ends = _send_ends(t)
+    starts, ends = [], []
+    for _, tid, ts, dur in t.steps:
+        work_us, stop_us = _work_us(t, _step_ops(t, tid, ts, dur), (ts, ts + dur), send_ends)
+        starts.append(stop_us - work_us)
+        ends.append(stop_us)
+    return (np.concatenate(starts), np.concatenate(ends)) if starts else (np.zeros(0), np.zeros(0))
+
+
+def _send_ends(t: RankTrace) -> np.ndarray:
+    is_send = np.array([t.names[n] == "gloo:send" for n in t.comm_name.tolist()], dtype=bool)
+    return np.sort((t.comm_ts_us + t.comm_dur_us)[is_send]) if is_send.size else np.zeros(0)
+
+
+def _step_ops(t: RankTrace, tid: int, ts: float, dur: float) -> np.ndarray:
+    top = t.top_level_ops(tid)
+    return top[(t.cpu_ts_us[top] >= ts) & (t.cpu_ts_us[top] < ts + dur)]
+
+
 def _stage_step(
-    t: RankTrace, rank: int, number: int, top: np.ndarray, span_us: tuple[float, float], send_ends: np.ndarray
+    t: RankTrace,
+    rank: int,
+    number: int,
+    top: np.ndarray,
+    span_us: tuple[float, float],
+    send_ends: np.ndarray,
+    alone_us: AloneUs | None,
 ) -> StageStep:
-    items, rest_us = _items(t, top, span_us, send_ends)
+    items, rest_us = _items(t, top, span_us, send_ends, alone_us)
     counts = {(kind, d): sum(1 for k, dd, _, _ in items if (k, dd) == (kind, d)) for kind in "rs" for d in "fb"}
     units_f, units_b = max(counts[("r", "f")], counts[("s", "f")]), max(counts[("r", "b")], counts[("s", "b")])
     where = f"{t.path}: step {number}"
@@ -117,11 +147,12 @@ def _stage_step(
     return StageStep(rank, number, work[FORWARD], work[BACKWARD], rest_us * 1e-6, tuple(order), activation)
 
 
-def _items(
+def _work_us(
     t: RankTrace, top: np.ndarray, span_us: tuple[float, float], send_ends: np.ndarray
-) -> tuple[list[tuple[str, str, float, int]], float]:
-    """(kind: r receive, s send, c compute; direction f/b; work µs; op) per top-level op, and the
-    step's trailing gap (µs: other work, unless a send completed in it)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per top-level op, then the step's trailing gap: the work (µs: the op's time not overlapping
+    earlier ops, and the gap before it unless one of the stage's sends completed in it; 0 for a
+    receive) and where that work ends (µs)."""
     start, end = t.cpu_ts_us[top], t.cpu_ts_us[top] + t.cpu_dur_us[top]
     cursor = np.maximum.accumulate(np.concatenate([[span_us[0]], end]))
     gap = np.maximum(0.0, np.append(start, span_us[1]) - cursor)
@@ -129,6 +160,19 @@ def _items(
         send_ends, cursor - EPS_US, side="left"
     )
     gap = np.where(waited, 0.0, gap)
+    receive = np.array([t.names[t.cpu_name[k]].startswith(RECV) for k in top.tolist()], dtype=bool)
+    own = np.where(receive, 0.0, gap[:-1] + end - np.maximum(start, cursor[:-1]))
+    return np.append(own, gap[-1]), np.append(end, span_us[1])
+
+
+def _items(
+    t: RankTrace, top: np.ndarray, span_us: tuple[float, float], send_ends: np.ndarray, alone_us: AloneUs | None
+) -> tuple[list[tuple[str, str, float, int]], float]:
+    """(kind: r receive, s send, c compute; direction f/b; work µs; op) per top-level op, and the
+    step's trailing gap (µs: other work, unless a send completed in it)."""
+    work, stop = _work_us(t, top, span_us, send_ends)
+    if alone_us is not None:
+        work = alone_us(stop - work, stop)
     names = [t.names[t.cpu_name[k]] for k in top.tolist()]
     direction = ["b" if n.startswith(BACKWARD_OP) else "f" for n in names]
     kinds = ["r" if n.startswith(RECV) else "s" if n.startswith(SEND) else "c" for n in names]
@@ -140,8 +184,8 @@ def _items(
             d = next((direction[j] for j in range(i - 1, -1, -1) if kinds[j] == "c"), "f")
         else:
             d = direction[i]
-        items.append((kind, d, 0.0 if kind == "r" else float(gap[i] + end[i] - max(start[i], cursor[i])), op))
-    return items, float(gap[-1])
+        items.append((kind, d, float(work[i]), op))
+    return items, float(work[-1])
 
 
 def _describe(order: list[tuple[str, int]]) -> str:

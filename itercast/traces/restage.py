@@ -24,9 +24,10 @@ model and micro-batches on N stages:
   work after its last unit (the optimizer) waits for its sends, as `work.wait()` does.
 
 Each measured step is re-staged from the stages' work in that step; steps follow one another on
-each stage. Not modelled: what the new stage count changes in the work itself (a rank's compute
-slowed by others sharing its cores: at 4 stages on 2 cores each rank computes slower than at 2),
-and memory.
+each stage. With the host's cores given (`--host-cores`), the stages' measured work is read as
+the work done alone (their sharing of the cores divided out) and the new stages share them in
+the simulation (sim/sharing.py): at 4 stages on 2 cores each stage's work runs slower than at 2.
+Not modelled: memory, and what else the new stage count changes in the work itself.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, GraphBuilder
+from itercast.sim.sharing import shared_work_s
 from itercast.traces.kineto import RankTrace
 from itercast.traces.parallel_whatifs import CPU_SYSTEM, check_pipeline_stages
-from itercast.traces.pipeline_stages import BACKWARD, FORWARD, StageStep, stage_steps
+from itercast.traces.pipeline_stages import BACKWARD, FORWARD, AloneUs, StageStep, stage_steps, work_stretches_us
 from itercast.traces.replay_graph import ReplayGraph, StepMark
 
 
@@ -108,16 +110,23 @@ def restage_steps(stages: list[StageStep], new_stages: int) -> tuple[list[StageS
 
 
 def restage(
-    rg: ReplayGraph, traces: list[RankTrace], new_stages: int, curves: dict[str, Any] | None = None
+    rg: ReplayGraph,
+    traces: list[RankTrace],
+    new_stages: int,
+    curves: dict[str, Any] | None = None,
+    host_cores: int | None = None,
 ) -> tuple[ReplayGraph, Counter]:
     """The step graph of the traces' pipeline on `new_stages` stages (module docstring), one rank a
     stage, with a StepMark per stage and measured step (measured_s NaN: not measured), and counts of
-    what changed. `rg`: the traces' replay graph (it holds their pipeline sends, or the run had none)."""
+    what changed. `rg`: the traces' replay graph (it holds their pipeline sends, or the run had none).
+    `host_cores`: the stages' work is read as done alone, their measured sharing of that many cores
+    divided out (sim/sharing.py; the new graph's simulation applies the new stages' sharing)."""
     check_pipeline_stages(rg, traces, new_stages)
     _refuse(traces, new_stages)
     p = len(traces)
     ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
-    per_rank = [{st.step: st for st in stage_steps(t, rank)} for rank, t in zip(ranks, traces, strict=True)]
+    alone_us = _alone_us(traces, host_cores) if host_cores is not None else None
+    per_rank = [{st.step: st for st in stage_steps(t, rank, alone_us)} for rank, t in zip(ranks, traces, strict=True)]
     numbers = sorted(set.intersection(*(set(steps) for steps in per_rank)))
     if not numbers:
         raise ConfigError("--pp-stages: the traces share no ProfilerStep number: profile the stages' steps together")
@@ -150,6 +159,15 @@ def restage(
         2 * (new_stages - 1) * first[0].micro_batches
     )
     return ReplayGraph(b.build(), steps, {}, {}, Counter()), counts
+
+
+def _alone_us(traces: list[RankTrace], cores: int) -> AloneUs:
+    """The work done alone in a stretch of measured time, the stages' work stretches sharing `cores`
+    (every stage one process on the host: weight 1)."""
+    stretches = [work_stretches_us(t) for t in traces]
+    starts, ends = np.concatenate([s_ for s_, _ in stretches]), np.concatenate([e for _, e in stretches])
+    weight = np.ones(starts.shape[0])
+    return lambda from_us, to_us: shared_work_s(starts, ends, weight, cores, from_us, to_us)
 
 
 def _refuse(traces: list[RankTrace], new_stages: int) -> None:

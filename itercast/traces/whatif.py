@@ -53,7 +53,9 @@ class WhatIf:
     host: host overheads T1–T5 that re-time the host chains (apply_host_overheads);
     dp: a data-parallel size for the gradient reductions (parallel_whatifs.retime_data_parallel);
     pp_stages: a number of pipeline stages, given alone (restage.restage: a new step graph);
-    curves: calibrated curves (profile.calibrate.load_calibration) for the collective models."""
+    curves: calibrated curves (profile.calibrate.load_calibration) for the collective models;
+    host_cores: the cores of the host that ran every rank: the ranks' CPU work shares them, in the
+    trace and in the what-if (sim/sharing.py); None: no sharing (each task keeps its time)."""
 
     scale: dict[str, float] = field(default_factory=dict)
     system: str | None = None
@@ -63,6 +65,7 @@ class WhatIf:
     dp: int | None = None
     pp_stages: int | None = None
     curves: dict | None = None
+    host_cores: int | None = None
 
     @property
     def empty(self) -> bool:
