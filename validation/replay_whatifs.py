@@ -5,10 +5,11 @@
 Data-parallel size (issue 30 item 3): the gloo DDP traces of data/measured/gloo_parallelism
 (tools/measure_gloo_parallelism.py: the same MLP and per-rank batch at 1, 2 and 4 ranks on this
 2-core CPU, one thread a rank) replayed with `--dp N` and compared with the measured traced steps
-at N ranks (mean over every step of every rank). The what-if re-times the all-reduces only; on 2
-cores the ranks also slow each other's compute (4 ranks share 2 cores), which it does not model:
-the table beside it shows each run's main-thread busy time per step (compute) and its all-reduce
-time per step, measured, so the part of the error that contention explains can be read off.
+at N ranks (mean over every step of every rank). The what-if re-times the all-reduces; on 2 cores
+the ranks also slow each other's compute (4 ranks share 2 cores): the `shared` columns give the
+machine's core count (steps.csv's `# machine:` line) as `--host-cores`, so the trace's sharing is
+divided out and the target's applied (sim/sharing.py). The table above them shows each run's
+main-thread busy time per step (compute) and its all-reduce time per step, measured.
 
 Pipeline stages (issue 30 item 3): the gloo GPipe traces of data/measured/gloo_pipeline
 (tools/measure_gloo_pipeline.py: the same 8-layer MLP and global batch in 2 and 4 stages, 8
@@ -29,6 +30,7 @@ what-if / measured; steps below 95% busy are printed for context (the host decid
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -57,28 +59,28 @@ def data_parallel() -> None:
     runs = {ws: read_traces(sorted(GLOO.glob(f"ws{ws}.rank*.trace.json.gz"))) for ws in (1, 2, 4)}
     print("measured gloo DDP runs (per step, mean over steps and ranks):")
     print(f"{'ranks':>5} {'step_ms':>8} {'compute_ms':>10} {'all_reduce_ms':>13}")
-    measured, compute = {}, {}
+    measured = {}
     for ws, traces in runs.items():
         steps = [s_[3] * 1e-3 for t in traces for s_ in t.steps]
         measured[ws] = float(np.mean(steps))
-        compute[ws], comm = np.mean([_busy_ms(t) for t in traces], axis=0)
-        print(f"{ws:5d} {measured[ws]:8.2f} {compute[ws]:10.2f} {comm:13.2f}")
+        compute, comm = np.mean([_busy_ms(t) for t in traces], axis=0)
+        print(f"{ws:5d} {measured[ws]:8.2f} {compute:10.2f} {comm:13.2f}")
+    cores = host_cores(GLOO / "steps.csv")
     print()
-    # contention_adj: the prediction plus the measured change of compute between the two runs, a
-    # diagnostic (it uses the answer's compute) of what is left to the communication what-if
     print(
         f"{'trace':>5} {'--dp':>4} {'replayed_ms':>11} {'predicted_ms':>12} {'measured_ms':>11} {'error':>7} "
-        f"{'contention_adj_ms':>17} {'error':>7}"
+        f"{'shared_ms':>9} {'error':>7}   (shared: --host-cores {cores})"
     )
     for ws, dp in DP_CASES:
         paths = sorted(GLOO.glob(f"ws{ws}.rank*.trace.json.gz"))
         base, moved, _ = replay_whatif(paths, WhatIf(dp=dp))
+        _, shared, _ = replay_whatif(paths, WhatIf(dp=dp, host_cores=cores))
         replayed = float(np.mean([s_.replayed_s for s_ in base.steps])) * 1e3
         predicted = float(np.mean([s_.replayed_s for s_ in moved.steps])) * 1e3
-        adjusted = predicted + compute[dp] - compute[ws]
+        with_sharing = float(np.mean([s_.replayed_s for s_ in shared.steps])) * 1e3
         print(
             f"{ws:5d} {dp:4d} {replayed:11.2f} {predicted:12.2f} {measured[dp]:11.2f} "
-            f"{predicted / measured[dp] - 1:+7.1%} {adjusted:17.2f} {adjusted / measured[dp] - 1:+7.1%}"
+            f"{predicted / measured[dp] - 1:+7.1%} {with_sharing:9.2f} {with_sharing / measured[dp] - 1:+7.1%}"
         )
 
 
@@ -92,7 +94,7 @@ def pipeline_stages() -> None:
             unprofiled.setdefault(int(stages), []).append(float(step_s) * 1e3)
     print("measured gloo GPipe runs (per step, mean over steps and ranks; compute summed over the ranks):")
     print(f"{'stages':>6} {'traced_ms':>9} {'unprofiled_ms':>13} {'compute_ms':>10} {'per_rank_ms':>11}")
-    measured, compute = {}, {}
+    measured = {}
     for pp, paths in runs.items():
         traces = read_traces(paths)
         measured[pp] = float(np.mean([s_[3] * 1e-3 for t in traces for s_ in t.steps]))
@@ -100,23 +102,32 @@ def pipeline_stages() -> None:
             [float(st.forward_s.sum() + st.backward_s.sum() + st.rest_s) * 1e3 for st in stage_steps(t, t.rank)]
             for t in traces
         ]
-        compute[pp] = float(np.sum(np.mean(work, axis=1)))
-        print(
-            f"{pp:6d} {measured[pp]:9.2f} {np.mean(unprofiled[pp]):13.2f} {compute[pp]:10.2f} {compute[pp] / pp:11.2f}"
-        )
+        compute = float(np.sum(np.mean(work, axis=1)))
+        print(f"{pp:6d} {measured[pp]:9.2f} {np.mean(unprofiled[pp]):13.2f} {compute:10.2f} {compute / pp:11.2f}")
+    cores = host_cores(PIPELINE / "steps.csv")
     print()
     print(
         f"{'trace':>5} {'--pp':>4} {'predicted_ms':>12} {'measured_ms':>11} {'error':>7} "
-        f"{'contention_adj_ms':>17} {'error':>7}"
+        f"{'shared_ms':>9} {'error':>7}   (shared: --host-cores {cores})"
     )
     for pp, new in PP_CASES:
         _, moved, _ = replay_whatif(runs[pp], WhatIf(pp_stages=new))
+        _, shared, _ = replay_whatif(runs[pp], WhatIf(pp_stages=new, host_cores=cores))
         predicted = float(np.mean([s_.replayed_s for s_ in moved.steps])) * 1e3
-        adjusted = predicted * compute[new] / compute[pp]
+        with_sharing = float(np.mean([s_.replayed_s for s_ in shared.steps])) * 1e3
         print(
             f"{pp:5d} {new:4d} {predicted:12.2f} {measured[new]:11.2f} {predicted / measured[new] - 1:+7.1%} "
-            f"{adjusted:17.2f} {adjusted / measured[new] - 1:+7.1%}"
+            f"{with_sharing:9.2f} {with_sharing / measured[new] - 1:+7.1%}"
         )
+
+
+def host_cores(steps_csv: Path) -> int:
+    """The measuring machine's cores, from its steps.csv header (`# machine: vm x86_64 2 cpus, cpu`,
+    tools/gloo_runs.py): Kineto traces record none."""
+    found = re.search(r"^# machine: .*?(\d+) cpus", steps_csv.read_text(), re.MULTILINE)
+    if found is None:
+        raise SystemExit(f"{steps_csv}: no '# machine: … N cpus' line to read the host's cores from")
+    return int(found.group(1))
 
 
 def _busy_ms(t: RankTrace) -> tuple[float, float]:
