@@ -9,10 +9,15 @@ param_dlrm_pytorch_et_8rank.tar.gz (execution traces, ranks 0-7) and param_dlrm_
 (Kineto traces of the same step, worker0-7), extracted to a temporary directory.
 Predicted: traces/et_step.predict_step with no profiling database: the v100-p3.16xlarge preset's
 analytic cost models (fp32), every rank at once with collectives matched across ranks. Host overheads
-T1-T5, nothing fitted on the rank checked, three sources: "other workloads", the three
-HolisticTraceAnalysis traces beside them (V100 transformer, A100 transformer, A100 CNN DDP), per
-operator name where seen there; "other ranks", rank r's from the Kineto traces of the 7 other ranks
-(leave one rank out); "own trace", the reference's own-trace setting (not a check: fitted on the rank).
+T1-T5 and the runtime calls each operator makes (HostOverheads.calls_per_op), nothing fitted on the rank
+checked, four sources: "other workloads", the three HolisticTraceAnalysis traces beside them (V100
+transformer, A100 transformer, A100 CNN DDP), per operator name where seen there (their calls too: their
+aten operators; TorchRec/FBGEMM operators, never seen there, keep one call per launch walked);
+"other wl, calls LOO": the same T1-T5 with rank r's calls per operator counted on the 7 other ranks'
+Kineto traces (leave one rank out: the same software, counts, not times); "other ranks", rank r's
+T1-T5 and calls from the 7 other ranks (leave one rank out); "own trace", the reference's own-trace
+setting (not a check: fitted on the rank). Under each leave-one-rank-out model every rank is predicted
+and rank r's figure kept (et_step.predict_each_rank), so rank r's trace does not reach it via a peer.
 Measured: each rank's ProfilerStep duration. The ranks' steps end within 1 ms of each other but start
 up to 7.5 ms apart (the previous step's skew, which one step's traces cannot show): a rank's measured
 step includes its wait for the latest starter. "+starts" columns start each rank at its MEASURED start
@@ -37,9 +42,9 @@ from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.hardware.topology import place_group
 from itercast.traces.et_pricing import ETPricer
-from itercast.traces.et_step import RankStep, predict_step
+from itercast.traces.et_step import RankStep, predict_each_rank
 from itercast.traces.execution_trace import ExecutionTrace, read_execution_trace
-from itercast.traces.host_overheads import HostOverheads, measure
+from itercast.traces.host_overheads import HostOverheads, left_out, measure, with_calls_of
 from itercast.traces.kineto import read_kineto
 from itercast.traces.rendezvous import measured_starts_s
 
@@ -58,23 +63,16 @@ def rank_of(p: Path) -> int:
     return int(found.group(1))
 
 
-def predict(traces: list[ExecutionTrace], host: HostOverheads, starts_s: list[float] | None) -> list[RankStep]:
+def predict(traces: list[ExecutionTrace], hosts: list[HostOverheads], starts_s: list[float] | None) -> list[RankStep]:
+    """Rank r's predicted step under hosts[r] (module docstring)."""
     system = load_system("v100-p3.16xlarge")
     costs = AnalyticCostModel(system, "fp32")
     group = place_group(world_of(traces), 1, system.node.gpus_per_node)
-    return predict_step(traces, [ETPricer(costs) for _ in traces], host, group, starts_s)
+    return predict_each_rank(traces, lambda: [ETPricer(costs) for _ in traces], hosts, group, starts_s)
 
 
 def geomean_abs(errors: list[float]) -> float:
     return math.exp(sum(math.log(max(abs(e), 1e-9)) for e in errors) / len(errors))
-
-
-def iterations_s(traces: list[ExecutionTrace], hosts: list[HostOverheads], starts_s: list[float] | None) -> list[float]:
-    """Rank r's predicted iteration under hosts[r] (one prediction of all ranks per distinct model)."""
-    runs: dict[int, list[RankStep]] = {}
-    for h in hosts:
-        runs.setdefault(id(h), predict(traces, h, starts_s))
-    return [runs[id(h)][r].iteration_s for r, h in enumerate(hosts)]
 
 
 def main() -> None:
@@ -96,17 +94,20 @@ def main() -> None:
         other = measure([read_kineto(args.data / name) for name in OTHER_TRACES])
     measured = [statistics.median(s[3] for s in k.steps) * 1e-6 for k in kinetos]
     world = len(kinetos)
+    others = left_out(kinetos)
     overheads = {
         "other workloads": [other] * world,
-        "other ranks": [measure([k for j, k in enumerate(kinetos) if j != r]) for r in range(world)],
+        "other wl, calls LOO": [with_calls_of(other, m) for m in others],
+        "other ranks": others,
         "own trace": [measure([k]) for k in kinetos],
     }
     starts = measured_starts_s(kinetos)
-    columns = {
-        f"{name}{suffix}": iterations_s(traces, hosts, s)
+    steps = {
+        f"{name}{suffix}": predict(traces, hosts, s)
         for name, hosts in overheads.items()
         for suffix, s in (("", None), (" +starts", starts))
     }
+    columns = {name: [s.iteration_s for s in ranks] for name, ranks in steps.items()}
     print(
         "measured starts (ms after the first rank's, from each trace's first rendezvous): "
         + " ".join(f"{x * 1e3:.3f}" for x in starts)
@@ -121,7 +122,9 @@ def main() -> None:
         print(
             f"{name:>24}: per rank geomean |error| {geomean_abs(errors):5.1%}, mean {mean:5.1%}, "
             f"max {max(map(abs, errors)):5.1%} (target geomean ≤ 10%); slowest rank {max(pred) * 1e3:.3f} ms vs "
-            f"{max(measured) * 1e3:.3f} ms measured"
+            f"{max(measured) * 1e3:.3f} ms measured; "
+            f"{statistics.mean(sum(s.default_calls.values()) for s in steps[name]):.0f} ops at the default 1 call "
+            "per launch a rank"
         )
 
 

@@ -81,6 +81,7 @@ def predict_et(
     system: str | None = None,
     calibration: Path | None = None,
     indices: Path | None = None,
+    measured_starts: bool = False,
 ) -> None:
     """`predict --et` (module docstring)."""
     from itercast.costs.dist_ops import COLLECTIVES, is_tbe
@@ -98,6 +99,8 @@ def predict_et(
     if system is None and len(traces) == 1 and not distributed and calibration is None:
         if db is None:
             fail("--et needs --db (the profiled device) or --system (a preset whose cost models price it)")
+        if measured_starts:
+            fail("--measured-starts: starts the ranks of a distributed step; give --system NAME to price one")
         kineto = kfiles[0] if kfiles else None
         predict_single(files[0], traces[0], db, device_id, gpu, (distribution, alpha), sample, kineto, as_json)
         return
@@ -107,7 +110,7 @@ def predict_et(
         fail(f"--kineto: {len(kfiles)} traces for {len(files)} execution traces; expected one per rank")
     from itercast.cli.et_ranks import predict_ranks
 
-    predict_ranks(files, traces, kfiles, db, device_id, system, calibration, alpha, sample, as_json)
+    predict_ranks(files, traces, kfiles, db, device_id, system, calibration, alpha, sample, as_json, measured_starts)
 
 
 def predict_single(

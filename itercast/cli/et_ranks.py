@@ -1,7 +1,14 @@
 """`itercast predict --et` over every rank of a distributed step (traces/et_step.py): per-rank and
 slowest-rank iteration, seconds per family, the unpriced operators with their share of the host and
 GPU time, and with --kineto each rank's measured step beside its prediction, under host overheads
-from another trace (a calibration's, or the defaults) and from the run's own Kineto traces."""
+from another trace (a calibration's, or the defaults) and from the run's own Kineto traces.
+
+Runtime calls per operator (HostOverheads.calls_per_op): the host source's; with --kineto of several
+ranks, rank r's are counted on the OTHER ranks' Kineto traces (leave one rank out: the same software,
+never rank r's own calls) where they saw the operator, and every rank is predicted under rank r's
+model to give rank r's figure (et_step.predict_each_rank), as validation/dlrm_traces.py does for its
+"other wl, calls LOO" column. --measured-starts starts each rank at its measured start
+(rendezvous.measured_starts_s, from the --kineto traces): the "+starts" columns there."""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from itercast.errors import ConfigError
 from itercast.traces.et_step import RankStep
 from itercast.traces.execution_trace import ExecutionTrace
 from itercast.traces.host_overheads import HostOverheads
+from itercast.traces.kineto import RankTrace
 
 UNPRICED_WARN_SHARE = 0.01  # more than 1% of a rank's GPU time unpriced: the prediction misses it
 #: an ET and a Kineto trace of the same rank and step link every operator with equal shapes (the PARAM
@@ -56,20 +64,32 @@ def predict_ranks(
     alpha: float,
     sample: np.ndarray | None,
     as_json: bool,
+    measured_starts: bool = False,
 ) -> None:
+    """`predict --et` over every rank (module docstring)."""
     from itercast.config.job import load_system
     from itercast.costs.analytic import AnalyticCostModel
     from itercast.costs.dist_ops import DistOpError
+    from itercast.costs.fitting import geomean_abs_err
     from itercast.costs.op_model import OperatorCostModel, fit_operator_models
     from itercast.hardware.topology import place_group
     from itercast.measurements import ProfileError
     from itercast.profile.calibrate import CalibrationError, load_calibration
     from itercast.profile.db import ProfileDB
     from itercast.traces.et_pricing import ETPricer
-    from itercast.traces.et_step import predict_step
-    from itercast.traces.host_overheads import DEFAULT_HOST_OVERHEADS, HostOverheadError, measure
+    from itercast.traces.et_step import predict_each_rank
+    from itercast.traces.host_overheads import (
+        DEFAULT_HOST_OVERHEADS,
+        HostOverheadError,
+        left_out,
+        measure,
+        with_calls_of,
+    )
     from itercast.traces.kineto import TraceError, read_kineto
+    from itercast.traces.rendezvous import measured_starts_s
 
+    if measured_starts and not kinetos:
+        fail("--measured-starts: each rank's start is read from its Kineto trace; give --kineto (one per rank)")
     try:
         sys_cfg = load_system(system)
         cal = load_calibration(calibration) if calibration else None
@@ -83,14 +103,23 @@ def predict_ranks(
             dev = profile.choose_device(device_id, "--device-id")
             ops = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
         group = place_group(world_of(traces), 1, sys_cfg.node.gpus_per_node)
+        runs = [read_kineto(k) for k in kinetos]
+        starts = measured_starts_s(runs) if measured_starts else None
+        hosts, calls_source = [host] * len(traces), host_source if host.calls_per_op else "none counted"
+        if len(runs) > 1:
+            hosts = [with_calls_of(host, m) for m in left_out(runs)]
+            calls_source = "the other ranks' Kineto traces (leave one rank out)"
 
-        def run(model: HostOverheads) -> list[RankStep]:
-            return predict_step(traces, [ETPricer(costs, ops, sample, alpha) for _ in traces], model, group)
+        def pricers() -> list[ETPricer]:
+            return [ETPricer(costs, ops, sample, alpha) for _ in traces]
 
-        steps = run(host)
-        measured = [kineto_step_s(k) for k in kinetos]
-        own = run(measure([read_kineto(k) for k in kinetos])) if kinetos else None
-        gpu_us = [_gpu_us_by_node(et, k) for et, k in zip(traces, kinetos, strict=True)] if kinetos else None
+        def run(models: list[HostOverheads]) -> list[RankStep]:
+            return predict_each_rank(traces, pricers, models, group, starts)
+
+        steps = run(hosts)
+        measured = [kineto_step_s(k) for k in runs]
+        own = run([measure(runs)] * len(traces)) if runs else None
+        gpu_us = [_gpu_us_by_node(et, k) for et, k in zip(traces, runs, strict=True)] if runs else None
     except (ConfigError, DistOpError, TraceError, ProfileError, CalibrationError, HostOverheadError, ValueError) as exc:
         fail(" ".join(str(exc).split()))
     ranks = [
@@ -102,8 +131,13 @@ def predict_ranks(
         "ranks": ranks,
         "slowest_rank_iteration_s": max(s.iteration_s for s in steps),
         "host_overheads": host_source,
+        "runtime_calls": calls_source,
+        "measured_starts_s": starts,
         "costs": "analytic" + (f" refined by {db}" if db else ""),
     }
+    if measured:
+        pred, meas = np.array([s.iteration_s for s in steps]), np.array([m[0] for m in measured])
+        doc["kineto_geomean_abs_error"] = geomean_abs_err(pred, meas)
     for r, rank in enumerate(ranks):
         share = rank["unpriced_gpu_share"]
         if share is None and rank["unpriced"]:
@@ -116,30 +150,28 @@ def predict_ranks(
     _print(doc, steps)
 
 
-def kineto_step_s(path: Path) -> tuple[float, float]:
+def kineto_step_s(t: RankTrace) -> tuple[float, float]:
     """(median ProfilerStep seconds, GPU busy seconds) of a Kineto trace; TraceError without steps."""
-    from itercast.traces.kineto import TraceError, read_kineto
+    from itercast.traces.kineto import TraceError
 
-    t = read_kineto(path)
     if not t.steps:
-        raise TraceError(f"{path}: no ProfilerStep marks to check the prediction against")
+        raise TraceError(f"{t.path}: no ProfilerStep marks to check the prediction against")
     return statistics.median(s[3] for s in t.steps) * 1e-6, float(t.op_dur_us.sum()) * 1e-6
 
 
-def _gpu_us_by_node(et: ExecutionTrace, kineto: Path) -> dict[int, float]:
+def _gpu_us_by_node(et: ExecutionTrace, k: RankTrace) -> dict[int, float]:
     """Measured GPU µs per ET node, through the Kineto link (traces/execution_trace.link). TraceError
     when the two do not record the same operators: more than MISMATCH_SHARE of the linked ones
     differ in input shapes, or of Kineto's find no ET node (the trace of another rank or step)."""
     from itercast.traces.execution_trace import link
-    from itercast.traces.kineto import TraceError, read_kineto
+    from itercast.traces.kineto import TraceError
 
-    k = read_kineto(kineto)
     tl = link(et, k)
     linked = max(tl.stats["linked CPU ops"], 1)
     differ, missing = tl.stats["linked ops whose input shapes differ"], tl.stats["Kineto CPU ops without an ET node"]
     if differ > MISMATCH_SHARE * linked or missing > MISMATCH_SHARE * linked:
         raise TraceError(
-            f"{et.path} does not match {kineto}: {differ} of {linked} linked operators differ in input shapes, "
+            f"{et.path} does not match {k.path}: {differ} of {linked} linked operators differ in input shapes, "
             f"{missing} Kineto operators have no ET node (the trace of another rank or step?)"
         )
     out: dict[int, float] = {}
@@ -176,6 +208,7 @@ def _rank_doc(
         "calls_by_model": dict(s.calls_by_model),
         "unpriced": unpriced,
         "unpriced_gpu_share": sum(known) if gpu_us is not None else None,
+        "default_call_ops": dict(s.default_calls),
     }
     if measured is not None:
         step_s, busy_s = measured
@@ -191,6 +224,14 @@ def _print(doc: dict[str, Any], steps: list[RankStep]) -> None:
         f"slowest rank {doc['slowest_rank_iteration_s'] * 1e3:.3f} ms per iteration",
         highlight=False,
     )
+    starts = doc["measured_starts_s"]
+    when = "measured starts (ms): " + " ".join(f"{x * 1e3:.3f}" for x in starts) if starts else "every rank starts at 0"
+    console.print(
+        f"runtime calls per operator: {doc['runtime_calls']}; "
+        f"{sum(doc['ranks'][0]['default_call_ops'].values())} operators of rank 0 at the default 1 call per launch; "
+        + when,
+        highlight=False,
+    )
     for r, rank in enumerate(doc["ranks"]):
         line = f"rank {r} ({Path(rank['path']).name}): {rank['iteration_s'] * 1e3:.3f} ms"
         if "kineto" in rank:
@@ -201,6 +242,8 @@ def _print(doc: dict[str, Any], steps: list[RankStep]) -> None:
             o = rank["own_trace_overheads"]
             line += f"; own-trace overheads {o['iteration_s'] * 1e3:.3f} ms ({o['error']:+.1%})"
         console.print(line, highlight=False)
+    if "kineto_geomean_abs_error" in doc:
+        console.print(f"per rank geomean |error| {doc['kineto_geomean_abs_error']:.1%}", highlight=False)
     print_family_table({"host": steps[0].host_s, **steps[0].seconds_by_family})
     for u in doc["ranks"][0]["unpriced"]:
         console.print(f"unpriced: {u['name']} × {u['calls']} (host {u['cpu_share']:.1%})", highlight=False)

@@ -76,6 +76,14 @@ def predict_cmd(
         str,
         typer.Option(metavar="uniform|zipf:ALPHA", help="--et: how embedding-bag indices are drawn (row reuse)."),
     ] = "uniform",
+    measured_starts: Annotated[
+        bool,
+        typer.Option(
+            metavar="",
+            help="--et --system --kineto: start each rank at its measured start (its step start against its "
+            "first rendezvous in the Kineto traces), not all at 0.",
+        ),
+    ] = False,
 ) -> None:
     """Time per iteration, its breakdown and critical path, memory per GPU and throughput of any job (a
     transformer, or a DLRM under its plan's sharding, else the sharding planner's fastest); or, with
@@ -85,7 +93,19 @@ def predict_cmd(
             fail("--et prices a trace: give it with --db or --system, not with a job, --model or --trace")
         from itercast.cli.et_cmds import predict_et
 
-        predict_et(et, db, device_id, gpu, index_distribution, kineto or [], as_json, system, calibration, indices)
+        predict_et(
+            et,
+            db,
+            device_id,
+            gpu,
+            index_distribution,
+            kineto or [],
+            as_json,
+            system,
+            calibration,
+            indices,
+            measured_starts=measured_starts,
+        )
         return
     w = load_job(job_file, example, model, system, set_)
     cal = _calibration(calibration, w)

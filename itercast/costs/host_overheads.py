@@ -12,6 +12,12 @@ import numpy as np
 
 VERSION = 1
 KINDS = ("t2_us", "t3_us", "t5_us", "no_call_us")
+#: runtime calls that wait for the GPU (CUDA runtime API, "API synchronization behavior"); their time is
+#: the GPU's (the replay graph and the ET walk make the host wait), so no T4 is measured or charged for them
+SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
+#: `calls_per_op`'s key for the calls that waited for the GPU (SYNC_CALLS, and async copies to pageable memory)
+WAITING_CALLS = "synchronising"
+LAUNCH = "cudaLaunchKernel"
 
 
 class HostOverheadError(ValueError):
@@ -21,16 +27,31 @@ class HostOverheadError(ValueError):
 @dataclass
 class HostOverheads:
     """Mean host overheads (µs): t1_us for every gap between operators; per operator name t2/t3/t5
-    and no_call; per runtime call name t4; `pooled` the means over all operators; `samples` counts."""
+    and no_call; per runtime call name t4; `pooled` the means over all operators; `samples` counts;
+    `calls_per_op`: per operator name, the mean runtime calls of each name that one of its calling
+    operators (one making at least one call) makes, the calls that waited for the GPU under WAITING_CALLS."""
 
     t1_us: float
     t4_us: dict[str, float]
     per_op: dict[str, dict[str, float]]
     pooled: dict[str, float]
     samples: dict[str, int] = field(default_factory=dict)
+    calls_per_op: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def op_us(self, kind: str, name: str) -> float:
         return self.per_op.get(name, {}).get(kind, self.pooled[kind])
+
+    def calls_us(self, name: str) -> float | None:
+        """Host µs from a calling operator `name`'s start to the end of its last runtime call, for the
+        calls it makes on average (`calls_per_op`): T2 + Σ calls × T4 of the call + (calls − 1) × T5 (Lin et
+        al.'s T2, T4, T5), the calls that waited for the GPU at no T4 (their wait is the GPU's). A call name
+        without a T4 here costs the kernel launch's. None when `name`'s calls were never counted."""
+        counts = self.calls_per_op.get(name)
+        if counts is None:
+            return None
+        launch_us = self.t4_us.get(LAUNCH, 0.0)
+        t4 = sum(n * (0.0 if c == WAITING_CALLS else self.t4_us.get(c, launch_us)) for c, n in counts.items())
+        return self.op_us("t2_us", name) + t4 + max(sum(counts.values()) - 1.0, 0.0) * self.op_us("t5_us", name)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -40,6 +61,7 @@ class HostOverheads:
             "per_op": self.per_op,
             "pooled": self.pooled,
             "samples": self.samples,
+            "calls_per_op": self.calls_per_op,
         }
 
     @classmethod
@@ -56,9 +78,14 @@ class HostOverheads:
                 str(name): {str(k): _number(v, f"{where}.per_op.{name}.{k}") for k, v in kinds.items()}
                 for name, kinds in doc["per_op"].items()
             }
+            calls = {  # absent from documents written before runtime calls were counted
+                str(name): {str(c): _number(n, f"{where}.calls_per_op.{name}.{c}", "calls") for c, n in counts.items()}
+                for name, counts in doc.get("calls_per_op", {}).items()
+            }
         except (KeyError, AttributeError, TypeError) as exc:
             raise HostOverheadError(f"{where}: missing or malformed field ({exc})") from None
-        return cls(t1, t4, per_op, pooled, {str(k): int(v) for k, v in doc.get("samples", {}).items()})
+        samples = {str(k): int(v) for k, v in doc.get("samples", {}).items()}
+        return cls(t1, t4, per_op, pooled, samples, calls)
 
 
 #: Defaults where no host calibration is given: T1–T5 pooled over the three other-workload traces in
@@ -76,7 +103,7 @@ DEFAULT_HOST_OVERHEADS = HostOverheads(
 )
 
 
-def _number(value: Any, where: str) -> float:
+def _number(value: Any, where: str, unit: str = "µs") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
-        raise HostOverheadError(f"{where}: expected a finite number ≥ 0 (µs), got {value!r}")
+        raise HostOverheadError(f"{where}: expected a finite number ≥ 0 ({unit}), got {value!r}")
     return float(value)

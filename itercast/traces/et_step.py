@@ -4,7 +4,13 @@ Each rank's trace is walked in call order (ids follow it) on three clocks, as in
 model of Lin et al. (DLRM performance model, HiPC 2022) and DESIGN.md §3:
 - host: every top-level operator (one no other operator encloses) costs T1 before it, T2 before its
   first launch, T4 per launch and T5 between launches, T3 after its last, or its no-call time when
-  it launches nothing (traces/host_overheads.py; the names of the operators it measured);
+  it launches nothing (traces/host_overheads.py; the names of the operators it measured). The walk
+  launches once per priced operator, but an operator makes as many runtime calls as its code does
+  (FBGEMM's TBE backward 32-47: launches, memsets, attribute and event queries): where the overheads
+  counted the calls of the top-level operator's name (HostOverheads.calls_per_op, measured on other
+  traces), its calls cost those calls' time (HostOverheads.calls_us), its walked launches issued
+  within it; an operator whose calls were never counted keeps one call per launch walked (counted in
+  RankStep.default_calls);
 - compute stream: an operator priced by traces/et_pricing.py is launched once (its children are part
   of it) and starts at the later of its launch, the stream's previous work and the collectives whose
   output storage it reads (a wait on their work);
@@ -26,12 +32,13 @@ one clock; one compute stream.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.dist_ops import COLLECTIVES, CollectiveCall, collective_call
+from itercast.costs.host_overheads import LAUNCH
 from itercast.hardware.topology import GroupPlacement
 from itercast.traces.et_pricing import ETPricer
 from itercast.traces.execution_trace import ETNode, ExecutionTrace
@@ -39,7 +46,7 @@ from itercast.traces.host_overheads import HostOverheads
 from itercast.traces.iteration_model import SYNC_OPS, roots
 from itercast.traces.kineto import TraceError
 
-LAUNCH, COPY = "cudaLaunchKernel", "cudaMemcpyAsync"
+COPY = "cudaMemcpyAsync"
 MARKER = "[pytorch|profiler|execution_graph|"  # the ET's process and thread nodes (ExecutionTraceObserver)
 #: a collective's pending member: what it moves and when it is ready (s); answered with its start and end (s)
 Walk = Generator[tuple[CollectiveCall, float], tuple[float, float], None]
@@ -48,8 +55,9 @@ Walk = Generator[tuple[CollectiveCall, float], tuple[float, float], None]
 @dataclass
 class RankStep:
     """One rank's predicted iteration (s): its host's busy time, the end of its last work, GPU
-    seconds per family, calls per pricing model, and the operators no model priced (name → calls,
-    host seconds, GPU node ids)."""
+    seconds per family, calls per pricing model, the operators no model priced (name → calls,
+    host seconds, GPU node ids), and the top-level operators that launch but whose runtime calls the
+    overheads never counted, charged one call per launch walked (name → operators)."""
 
     path: str
     host_s: float = 0.0
@@ -57,6 +65,7 @@ class RankStep:
     seconds_by_family: dict[str, float] = field(default_factory=dict)
     calls_by_model: Counter = field(default_factory=Counter)
     unpriced: dict[str, dict[str, Any]] = field(default_factory=dict)
+    default_calls: Counter = field(default_factory=Counter)
 
 
 def is_operator(name: str) -> bool:
@@ -96,6 +105,26 @@ def predict_step(
     return steps
 
 
+def predict_each_rank(
+    traces: list[ExecutionTrace],
+    pricers: Callable[[], list[ETPricer]],
+    hosts: list[HostOverheads],
+    group: GroupPlacement,
+    starts_s: list[float] | None = None,
+) -> list[RankStep]:
+    """Rank r's step from a prediction of every rank under `hosts[r]` (predict_step; one prediction per
+    distinct model, `pricers` making fresh ones for each): with hosts[r] measured without rank r (leave
+    one rank out), rank r's own trace reaches its figure neither directly nor through a peer's
+    rendezvous."""
+    if len(hosts) != len(traces):
+        raise ValueError(f"hosts: expected one model per trace ({len(traces)}), got {len(hosts)}")
+    runs: dict[int, list[RankStep]] = {}
+    for h in hosts:
+        if id(h) not in runs:
+            runs[id(h)] = predict_step(traces, pricers(), h, group, starts_s)
+    return [runs[id(h)][r] for r, h in enumerate(hosts)]
+
+
 def _collective_s(costs: AnalyticCostModel, members: list[CollectiveCall], group: GroupPlacement) -> float:
     kind = members[0].kind
     return costs.collective_s(kind, max(m.member_bytes for m in members), group)
@@ -124,10 +153,14 @@ def _walk(et: ExecutionTrace, pricer: ETPricer, host: HostOverheads, out: RankSt
         out.host_s += seconds
 
     def launch(call: str) -> float:
+        cost_s = t4[call]
         if top:
-            spend(host.op_us("t5_us" if top["launches"] else "t2_us", top["name"]) * 1e-6)
+            cost_s += host.op_us("t5_us" if top["launches"] else "t2_us", top["name"]) * 1e-6
             top["launches"] += 1
-        spend(t4[call])
+            if top["calls_s"] is not None:  # the launch is one of the operator's counted calls
+                cost_s = min(cost_s, top["calls_s"])
+                top["calls_s"] -= cost_s
+        spend(cost_s)
         return clock["host"]
 
     def inputs_ready(node: ETNode) -> float:
@@ -136,7 +169,8 @@ def _walk(et: ExecutionTrace, pricer: ETPricer, host: HostOverheads, out: RankSt
     def visit(node: ETNode, covered: bool) -> Walk:
         is_top = is_operator(node.name) and not top
         if is_top:
-            top.update(name=node.name, launches=0)
+            counted_us = host.calls_us(node.name)
+            top.update(name=node.name, launches=0, calls_s=None if counted_us is None else counted_us * 1e-6)
             spend(host.t1_us * 1e-6)
         before = clock["host"]
         kids = children.get(node.id, [])
@@ -175,6 +209,10 @@ def _walk(et: ExecutionTrace, pricer: ETPricer, host: HostOverheads, out: RankSt
             yield from visit(child, whole)
         if is_top:
             name = node.name
+            if top["launches"] and top["calls_s"] is None:
+                out.default_calls[name] += 1
+            elif top["launches"]:
+                spend(top["calls_s"])  # its counted calls beyond those walked
             spend(host.op_us("t3_us" if top["launches"] else "no_call_us", name) * 1e-6)
             top.clear()
         if node.name in out.unpriced and node.id in out.unpriced[node.name]["node_ids"]:

@@ -14,7 +14,10 @@ Differences from the paper, and why:
   so the model prices exactly the chain it replaces;
 - T4 leaves out synchronising calls (their time is the GPU's: the replay graph makes them wait);
 - idle stretches in which another thread ran its operators (`waiting_stretches`: the main thread
-  during backward) are waits, not T1 (the paper drops gaps ≥ 200 µs as data loading instead).
+  during backward) are waits, not T1 (the paper drops gaps ≥ 200 µs as data loading instead);
+- the runtime calls each operator makes are counted per operator name (`calls_per_op`: the mean over
+  the operators of that name that make at least one call), so that a model pricing an operator from
+  its name charges every call it makes, not one launch (a TorchRec/FBGEMM TBE backward makes 32-47).
 Every figure is the mean (µs) over its samples, so that sums over an iteration are preserved; names
 never seen fall back to the mean over all operators (the paper's "shared overheads"). The overheads
 themselves (HostOverheads, the defaults) are a cost model: costs/host_overheads.py.
@@ -23,17 +26,16 @@ themselves (HostOverheads, the defaults) are a cost model: costs/host_overheads.
 from __future__ import annotations
 
 import re
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from itercast.costs.host_overheads import DEFAULT_HOST_OVERHEADS as DEFAULT_HOST_OVERHEADS
-from itercast.costs.host_overheads import KINDS, HostOverheads
+from itercast.costs.host_overheads import KINDS, SYNC_CALLS, WAITING_CALLS, HostOverheads
 from itercast.costs.host_overheads import HostOverheadError as HostOverheadError
 from itercast.traces.kineto import RankTrace
 
-SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
 # CUDA runtime API, "API synchronization behavior": an async copy from device to pageable host
 # memory returns only once the copy has completed. Kineto names such copies "Memcpy DtoH (Device -> Pageable)".
 PAGEABLE_DTOH = re.compile(r"DtoH.*Pageable")
@@ -107,6 +109,8 @@ def measure(traces: list[RankTrace], steps: set[int] | None = None) -> HostOverh
     t1: list[np.ndarray] = []
     t4: dict[str, list[np.ndarray]] = defaultdict(list)
     per: dict[tuple[str, str], list[np.ndarray]] = defaultdict(list)
+    calls_of: dict[str, Counter[str]] = defaultdict(Counter)  # operator name → runtime calls of each name
+    calling: Counter[str] = Counter()  # operator name → its operators that made a call
     for t in traces:
         windows = [(ts, ts + dur) for number, _, ts, dur in t.steps if steps is None or number in steps]
         if not t.steps:
@@ -137,13 +141,30 @@ def measure(traces: list[RankTrace], steps: set[int] | None = None) -> HostOverh
                 o, name = int(op[f]), names[int(op[f])]
                 per[("t2_us", name)].append(np.array([t.call_ts_us[calls[f]] - th.start_us[o]]))
                 per[("t3_us", name)].append(np.array([th.end_us[o] - call_end[calls[la]]]))
+                own = calls[f : la + 1]
+                calling[name] += 1
+                calls_of[name].update(WAITING_CALLS if sync[c] else t.names[t.call_name[c]] for c in own.tolist())
                 if la > f:
                     per[("t5_us", name)].append(t.call_ts_us[calls[f + 1 : la + 1]] - call_end[calls[f:la]])
             silent = np.flatnonzero(chosen)
             silent = silent[~np.isin(silent, op)]
             for o in silent.tolist():
                 per[("no_call_us", names[o])].append(np.array([th.end_us[o] - th.start_us[o]]))
-    return _summarise(t1, t4, per)
+    model = _summarise(t1, t4, per)
+    model.calls_per_op = {name: {c: k / calling[name] for c, k in calls_of[name].items()} for name in calling}
+    return model
+
+
+def with_calls_of(model: HostOverheads, counted: HostOverheads) -> HostOverheads:
+    """`model` whose runtime calls per operator are `counted`'s where it counted the operator (another
+    trace of the same software: the other ranks of the step), `model`'s own elsewhere."""
+    return replace(model, calls_per_op=model.calls_per_op | counted.calls_per_op)
+
+
+def left_out(traces: list[RankTrace]) -> list[HostOverheads]:
+    """One model per rank trace, measured on the OTHER ranks' traces (leave one rank out), so that a
+    rank's own host never prices it."""
+    return [measure([t for j, t in enumerate(traces) if j != r]) for r in range(len(traces))]
 
 
 def _summarise(
