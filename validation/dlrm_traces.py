@@ -3,6 +3,11 @@ measured Kineto step (issue 29; the reference: 5.21% geomean per iteration with 
 10.15% with overheads from other workloads).
 
     python validation/dlrm_traces.py [--data ../shared/data/traces]
+    python validation/dlrm_traces.py --write-other hta.json   # the "other workloads" overheads, for the CLI
+
+`itercast predict --et ETS/ --system v100-p3.16xlarge --calibration hta.json --kineto KINETOS/
+--measured-starts` gives the "other wl, calls LOO +starts" column (cli/et_ranks.py); `calibrate
+--host-trace` refuses the three traces together (runs of different world sizes).
 
 Inputs (../shared/data/traces, facebookresearch/param et_replay test inputs, one step of one run):
 param_dlrm_pytorch_et_8rank.tar.gz (execution traces, ranks 0-7) and param_dlrm_kineto_8rank_v100.tar.gz
@@ -28,6 +33,7 @@ the same instant on every rank); the other columns start every rank at 0.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import statistics
@@ -41,6 +47,7 @@ from itercast.cli.et_ranks import world_of
 from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.hardware.topology import place_group
+from itercast.profile.calibrate import host_overheads_only
 from itercast.traces.et_pricing import ETPricer
 from itercast.traces.et_step import RankStep, predict_each_rank
 from itercast.traces.execution_trace import ExecutionTrace, read_execution_trace
@@ -78,6 +85,7 @@ def geomean_abs(errors: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/traces")
+    parser.add_argument("--write-other", type=Path, metavar="FILE", help="write the other workloads' T1-T5 and stop")
     args = parser.parse_args()
     ets_tar = args.data / "param_dlrm_pytorch_et_8rank.tar.gz"
     kin_tar = args.data / "param_dlrm_kineto_8rank_v100.tar.gz"
@@ -92,6 +100,10 @@ def main() -> None:
         kinetos = [read_kineto(k) for k in sorted(Path(tmp).glob("dlrm_kineto/*.json"), key=rank_of)]
         traces = [read_execution_trace(p) for p in ets]
         other = measure([read_kineto(args.data / name) for name in OTHER_TRACES])
+    if args.write_other is not None:
+        args.write_other.write_text(json.dumps(host_overheads_only(other), indent=1) + "\n")
+        print(f"wrote {args.write_other}: T1-T5 and runtime calls of {', '.join(OTHER_TRACES)}")
+        return
     measured = [statistics.median(s[3] for s in k.steps) * 1e-6 for k in kinetos]
     world = len(kinetos)
     others = left_out(kinetos)
