@@ -136,3 +136,23 @@ def test_cli_measured_starts_and_calls_left_out_through_predict(tmp_path):
     res = CliRunner().invoke(app, [*base, "--measured-starts"])
     assert res.exit_code == 2 and "--measured-starts" in res.output and "--kineto" in res.output
     assert "Traceback" not in res.output
+
+
+def test_launches_walked_beyond_the_counted_calls_cost_no_more_host_time(tmp_path):
+    # a composite operator (priced through its children) counted at 1 launch elsewhere, whose two muls
+    # the walk launches: T1 10 µs, T2 1, T3 2, T5 0.5, T4 5 per launch
+    counted = {"aten::my_composite": {LAUNCH: 1.0}}
+    host = HostOverheads(10.0, {LAUNCH: 5.0}, {}, {"t2_us": 1.0, "t3_us": 2.0, "t5_us": 0.5, "no_call_us": 3.0})
+    root = {"name": THREAD, "id": 1, "rf_id": 0, "parent": 1, "tid": 1, "inputs": [], "input_shapes": []}
+    args, out = [t(1, 1, [1000]), t(2, 2, [1000])], [t(3, 3, [1000])]
+    nodes = [root, node(4, "aten::my_composite", args, out)]
+    nodes += [{**node(i, "aten::mul", args, out), "parent": 4} for i in (5, 6)]
+    (tmp_path / "et.json").write_text(json.dumps({"schema": "1.0.1", "nodes": nodes}))
+    et = read_execution_trace(tmp_path / "et.json")
+    (s,) = predict_step([et], [ETPricer(LinearCosts())], replace(host, calls_per_op=counted), GroupPlacement(1, 1, 1))  # type: ignore[arg-type]
+    # its one counted call, T2 1 + T4 5, issues the first mul at 10 + 6 = 16 µs; the second is issued at
+    # no cost at 16 too; T3 2 → host 18 µs. The muls (12,000 B each) run 16–28 and 28–40
+    assert s.host_s == pytest.approx(18e-6) and s.iteration_s == pytest.approx(40e-6)
+    # one call per launch walked: 10 + (1 + 5) + (0.5 + 5) + 2 = 23.5 µs of host
+    (d,) = predict_step([et], [ETPricer(LinearCosts())], host, GroupPlacement(1, 1, 1))  # type: ignore[arg-type]
+    assert d.host_s == pytest.approx(23.5e-6) and d.default_calls == {"aten::my_composite": 1}
