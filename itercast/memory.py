@@ -40,6 +40,7 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
+from itercast.workloads.transformer_ops import cross_entropy_saved_bytes
 
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 
@@ -292,7 +293,8 @@ class StageMemory:
         (w_b, g_b, o_b), (ew_b, eg_b, eo_b) = self.state, self.expert_state
         held = in_flight_microbatches(c["schedule"], index, c["pp"], t.microbatches, c["vp"])
         acts = ((layers - moe_layers) * self.per_layer + moe_layers * self.per_moe_layer) * held + self.recomputing
-        acts = acts + np.where(last, self.tokens * m.vocab_size / c["tp"] * 4, 0)  # fp32 logits of one micro-batch
+        logits = self.tokens * m.vocab_size / c["tp"] * cross_entropy_saved_bytes(self.t.base)
+        acts = acts + np.where(last, logits, 0)  # what the loss keeps of one micro-batch's logits
         out = {
             "weights": params * w_b + experts * ew_b + self.gathered,
             "gradients": params * g_b + experts * eg_b,

@@ -81,11 +81,13 @@ def test_one_layer_on_one_gpu_step_time_by_hand():
     attn_fwd = 4 * 4 * 32 * 32 * 16 / 2
     flops = 3 * gemm_fwd + 3.5 * attn_fwd / FLASH_VS_GEMM  # fused attention: 0.75 of the GEMM rate
     # Memory-bound bytes forward: 3 norms 2·T·h·e each, residuals 3·T·h·e ×2, GELU 2·T·4h·e,
-    # lookup 2·T·h·e, position add 3·T·h·e, cross-entropy T·V·(e + 8); backward moves twice as much.
-    mem_fwd = 3 * 2 * T * h * 2 + 2 * 3 * T * h * 2 + 2 * T * 4 * h * 2 + 2 * T * h * 2 + 3 * T * h * 2 + T * V * 10
+    # lookup 2·T·h·e, position add 3·T·h·e; backward moves twice as much. Megatron's unfused
+    # cross-entropy: 38 bytes a logit forward, 14 backward (test_step_by_hand counts them).
+    mem_fwd = 3 * 2 * T * h * 2 + 2 * 3 * T * h * 2 + 2 * T * 4 * h * 2 + 2 * T * h * 2 + 3 * T * h * 2
+    loss = T * V * (38 + 14)
     # Adam: 30 bytes per parameter (fp32 master, grad, m, v read; master, m, v, bf16 copy written)
     params = 12 * h * h + 13 * h + V * h + 32 * h  # layer weights + biases + norms, embedding, positions
-    seconds = flops / PEAK + 3 * mem_fwd / HBM + 30 * params / HBM
+    seconds = flops / PEAK + (3 * mem_fwd + loss) / HBM + 30 * params / HBM
     assert predict(j, linear_calibration()).step_time_s == pytest.approx(seconds, rel=1e-9)
 
 
@@ -193,8 +195,11 @@ def test_last_stage_keeps_fp32_logits_of_one_microbatch():
     j = job(pipeline_parallel=1, data_parallel=1)
     est = estimate_memory(j)
     none = estimate_memory(Job.from_dicts({**MODEL, "vocab_size": 1}, {"data_parallel": 1}, j.system.model_dump()))
-    # the logits term alone: T × V × 4 bytes (vocab 128 vs 1 changes nothing else in activations)
+    # the logits term alone: T × V × 4 bytes of Megatron's fp32 softmax (vocab 128 vs 1 changes
+    # nothing else in activations); Transformer Engine's kernel keeps the bf16 logits: 2 bytes
     assert est.activations_bytes - none.activations_bytes == 32 * (128 - 1) * 4
+    te = estimate_memory(Job.from_dicts(MODEL, {"data_parallel": 1, "cross_entropy": "te"}, j.system.model_dump()))
+    assert est.activations_bytes - te.activations_bytes == 32 * 128 * (4 - 2)
 
 
 def test_norm_weights_and_positions_are_not_split_by_tensor_parallelism():

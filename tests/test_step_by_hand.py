@@ -17,7 +17,7 @@ from itercast.config.job import Job
 from itercast.hardware.topology import GroupPlacement
 from itercast.predict import predict
 from itercast.workloads.transformer import Groups
-from itercast.workloads.transformer_ops import head_forward, layer_backward, layer_forward
+from itercast.workloads.transformer_ops import backward_of, head_forward, layer_backward, layer_forward
 
 H, V, S = 64, 128, 32  # MODEL: gpt, one layer, hidden 64, 4 heads of 16, MLP 256, vocab 128, 32 tokens
 # one layer: QKV h·3h + projection h² + MLP 2·h·4h weights, biases 3h + 4h (column) + 2h (row), two
@@ -150,14 +150,53 @@ def test_memory_bound_bytes_of_a_sequence_parallel_llama_layer():
 
 
 def test_output_layer_splits_the_vocabulary_over_tensor_parallel_ranks():
-    # tp 2: each rank computes 32 tokens × 128 / 2 logits (2·32·64·64 FLOPs) and their fp32
-    # cross-entropy (read the 2-byte logits, write and read fp32: 10 bytes each); the max and the
-    # sum of exponentials over the two vocabulary shards are two fp32 all-reduces per token
+    # tp 2: each rank computes 32 tokens × 128 / 2 logits (2·32·64·64 FLOPs) and Megatron-Core's
+    # unfused vocab-parallel cross-entropy over them, bytes per bf16 logit: forward .float() (read 2,
+    # write 4), max (read 4), subtract (4 + 4), exp (4 + 4), sum (4), divide (4 + 4) = 38; backward
+    # mul_ by the loss gradient (4 + 4) and the cast of the fp32 gradient back to bf16 (4 + 2) = 14.
+    # The max and the sum of exponentials over the two vocabulary shards: two fp32 all-reduces a token
     j = job(tensor_parallel=2)
-    ops = {o.name: o.amount for o in head_forward(j.model, j.plan)}
+    head = head_forward(j.model, j.plan)
+    ops = {o.name: o.amount for o in head}
     assert ops["logits"] == 2 * 32 * 64 * 128 / 2
-    assert ops["cross_entropy"] == 32 * 128 / 2 * (2 + 2 * 4)
+    assert ops["cross_entropy"] == 32 * 128 / 2 * 38
+    back = {o.name: o.amount for o in layer_backward_of_head(j)}
+    assert back["cross_entropy.bwd"] == 32 * 128 / 2 * 14
     assert ops["cross_entropy.tp"] == 2 * 32 * 4
+
+
+@pytest.mark.parametrize(
+    ("kernel", "forward_b", "backward_b"),
+    [
+        # jit-fused: cast with max (2 + 4), subtract+exp in place (4 + 4), sum (4), divide (4 + 4);
+        # backward scale in place (4 + 4) and the explicit cast (4 + 2)
+        ("megatron_fused", 2 + 4 + 8 + 4 + 8, 8 + 6),
+        # Transformer Engine's Triton kernel: one read forward, read and write in place backward
+        ("te", 2, 2 + 2),
+        # torch F.cross_entropy(logits.float()): cast (2 + 4), log_softmax 3 reads + 1 write of 4;
+        # backward zero-filled nll gradient (4), log_softmax backward (4 + 4 + 4 + 4), cast (4 + 2)
+        ("torch", 6 + 16, 4 + 16 + 6),
+    ],
+)
+def test_cross_entropy_kernels_move_the_bytes_their_sources_show(kernel: str, forward_b: int, backward_b: int):
+    j = job(cross_entropy=kernel)
+    fwd = {o.name: o.amount for o in head_forward(j.model, j.plan)}
+    bwd = {o.name: o.amount for o in layer_backward_of_head(j)}
+    assert fwd["cross_entropy"] == 32 * 128 * forward_b
+    assert bwd["cross_entropy.bwd"] == 32 * 128 * backward_b
+
+
+def test_cross_entropy_of_fp32_logits_casts_nothing():
+    # fp32 training: .float() is the tensor itself, no cast either way: 32 forward (max 4, subtract
+    # 8, exp 8, sum 4, divide 8), 8 backward
+    j = job(dtype="fp32")
+    assert {o.name: o.amount for o in head_forward(j.model, j.plan)}["cross_entropy"] == 32 * 128 * 32
+    assert {o.name: o.amount for o in layer_backward_of_head(j)}["cross_entropy.bwd"] == 32 * 128 * 8
+
+
+def layer_backward_of_head(j: Job) -> list:
+    """The head's backward ops as the step builds them (backward_of its forward)."""
+    return backward_of(head_forward(j.model, j.plan), j.plan)
 
 
 def test_selective_recompute_adds_nothing_to_fused_attention():

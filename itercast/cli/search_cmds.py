@@ -249,6 +249,11 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     m = cast(ModelConfig, parse_section("model", raw["model"], "model"))
     s = cast(SystemConfig, parse_section("system", raw["system"], "system"))
     base = cast(PlanConfig, parse_section("plan", {**shared, **fixed}, "plan"))
+    runs = framework(options.framework).cross_entropies
+    if base.cross_entropy not in runs:
+        raise ConfigError(
+            f"plan.cross_entropy: {options.framework} runs {' or '.join(runs)}, the job sets {base.cross_entropy}"
+        )
     if base.global_batch_size is None and not options.global_batch_sizes:
         raise ConfigError(
             "the search needs plan.global_batch_size (--set plan.global_batch_size=N) or --global-batch-sizes"

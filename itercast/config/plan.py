@@ -87,6 +87,14 @@ class PlanConfig(BaseModel):
         "(torchtitan on H100, PyTorch before cuDNN 9.15: pytorch/pytorch#138522, #142132) and llm-foundry's "
         "attn_impl flash; fa3, FlashAttention-3. On a GPU without fits every kernel takes the FLOPs-only guess.",
     )
+    cross_entropy: Literal["megatron", "megatron_fused", "te", "torch"] = Field(
+        "megatron",
+        description="The loss kernels over the vocab-parallel logits (bytes per logit: "
+        "workloads/transformer_ops.cross_entropy_bytes): megatron, Megatron-Core's vocab_parallel_cross_entropy "
+        "(TransformerConfig.cross_entropy_loss_fusion False, its default); megatron_fused, the same fused by "
+        "jit (--cross-entropy-loss-fusion, NeMo 2's GPTConfig default); te, Transformer Engine's Triton kernel "
+        "(--cross-entropy-fusion-impl te); torch, F.cross_entropy on the logits cast to fp32 (torchtitan).",
+    )
     grad_bucket_size_params: Batch | None = Field(
         None,
         description="DP gradient bucket, in parameters. Left out: Megatron-Core's default, max(40M, 1M × the "

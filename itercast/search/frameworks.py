@@ -44,7 +44,8 @@ class Framework:
     `schedules`: pipeline schedules (SCHEDULES names); `context_parallel`: ring/all-gather context
     parallelism; `defaults`: its switches' defaults (what a launch without the flag runs);
     `plan_fields`: plan fields its launches run that the search prices unless the job sets them (its
-    fused attention kernel, gradient bucket, kind of selective checkpointing)."""
+    fused attention kernel, gradient bucket, kind of selective checkpointing); `cross_entropies`: the
+    PlanConfig.cross_entropy implementations its models can run."""
 
     name: str
     zero_stages: tuple[int, ...]
@@ -57,6 +58,7 @@ class Framework:
     defaults: dict[str, Any]
     plan_fields: dict[str, Any]  # plan fields a launch of it runs unless the job sets them
     rules: tuple[tuple[str, Callable[[Columns, bool], np.ndarray]], ...] = field(default=())
+    cross_entropies: tuple[str, ...] = ("megatron", "megatron_fused", "te")
 
 
 #: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
@@ -123,6 +125,8 @@ FRAMEWORKS: dict[str, Framework] = {
         name="nemo",
         # recipes (gpt3_175b.py): DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True)
         defaults={"overlap_grad_reduce": True, "overlap_param_gather": True},
+        # nemo/collections/llm/gpt/model/base.py GPTConfig: cross_entropy_loss_fusion = True (native impl)
+        plan_fields={"attention_kernel": "cudnn", "cross_entropy": "megatron_fused"},
         rules=_megatron_rules("nemo (MegatronStrategy on Megatron-Core)"),
     ),
     "torchtitan": Framework(
@@ -143,7 +147,9 @@ FRAMEWORKS: dict[str, Framework] = {
             "attention_kernel": "fa2",
             "grad_bucket_size_params": TORCH_DDP_BUCKET_PARAMS,
             "selective_recompute": "op",
+            "cross_entropy": "torch",  # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...)
         },
+        cross_entropies=("torch",),
         rules=(
             (
                 "torchtitan: FSDP2 (zero 2-3) over dp_shard, DDP (zero 0) only as 1-D parallelism, no ZeRO-1 "
@@ -173,6 +179,7 @@ FRAMEWORKS: dict[str, Framework] = {
         defaults={"overlap_comm": "stage 3 only", "reduce_bucket_size": 500_000_000},
         # Megatron-DeepSpeed's --use-flash-attn-v2 (the flash_attn package's FlashAttention-2)
         plan_fields={"attention_kernel": "fa2", "grad_bucket_size_params": DEEPSPEED_BUCKET_PARAMS},
+        cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         rules=(
             (
                 "deepspeed: gradient reduction overlaps backward only with ZeRO overlap_comm and no pipelining; "

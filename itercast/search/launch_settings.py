@@ -73,6 +73,10 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         out.append("--accumulate-allreduce-grads-in-fp32")
     if not p["flash_attention"]:
         out.append("--attention-backend unfused")
+    if p["cross_entropy"] in ("megatron_fused", "te"):
+        out.append("--cross-entropy-loss-fusion")
+        if p["cross_entropy"] == "te":
+            out.append("--cross-entropy-fusion-impl te")
     return " \\\n  ".join(out)
 
 
@@ -111,6 +115,9 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
     ]
     if p["tp_comm_overlap"]:
         out.append("MegatronCommOverlapCallback.tp_comm_overlap=True")
+    out.append(f"model.config.cross_entropy_loss_fusion={p['cross_entropy'] in ('megatron_fused', 'te')}")
+    if p["cross_entropy"] == "te":
+        out.append("model.config.cross_entropy_fusion_impl=te")
     return "\n".join(out)
 
 

@@ -28,6 +28,7 @@ from itercast.memory import activation_bytes_per_token_layer, state_bytes_per_pa
 from itercast.search.stage_slicing import LayerCosts
 from itercast.user_files import read_small_text
 from itercast.workloads.transformer import Groups, UnitCosts, p2p_message_bytes, unit_params
+from itercast.workloads.transformer_ops import cross_entropy_saved_bytes
 
 MAX_CSV_BYTES = 16 << 20  # a layer table is a few KB; refuse anything huge
 REQUIRED, OPTIONAL = ("layer", "time_s"), ("activation_bytes", "memory_bytes")
@@ -52,7 +53,7 @@ def job_layer_costs(job: Job, calibration: dict[str, Any] | None = None) -> tupl
     rest_b, experts_b = per_param(groups.grad.size), per_param(groups.expert_grad.size)
     tokens = p.micro_batch_size * m.seq_length / p.context_parallel
     static = {k: e * experts_b + r * rest_b for k, (e, r) in unit_params(job).items()}
-    static["head"] += tokens * m.vocab_size / p.tensor_parallel * 4  # fp32 logits
+    static["head"] += tokens * m.vocab_size / p.tensor_parallel * cross_entropy_saved_bytes(p)  # the loss's logits
     send = costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node)
     activations = {
         "layer": activation_bytes_per_token_layer(job) * tokens,

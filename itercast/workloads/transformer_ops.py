@@ -417,15 +417,52 @@ def embedding_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     return ops + _g("embedding.tp", sh.tokens * h * e, plan)
 
 
+def cross_entropy_bytes(plan: PlanConfig) -> tuple[int, int]:
+    """HBM bytes per local logit that the loss moves forward and backward, counted kernel by kernel
+    from each implementation's source; e = the logits' bytes (plan.dtype_bytes), cast = the
+    up-cast to fp32 and its gradient's down-cast (read e, write 4 / read 4, write e; none when the
+    logits are fp32 already).
+    - megatron (megatron/core/tensor_parallel/cross_entropy.py): forward .float() (cast), max (read
+      4), in-place subtract of the max, exp (read 4, write 4 each), sum (read 4), in-place divide
+      (read 4, write 4): cast + 32; backward grad.mul_(grad_output) (read 4, write 4) and the
+      autograd engine's cast of the fp32 gradient to the logits' dtype: 8 + cast.
+    - megatron_fused (megatron/core/fusions/fused_cross_entropy.py, jit_fuser): the cast fused with
+      the max (read e, write 4; fp32: read 4), subtract and exp in one in-place pass (8), sum (4),
+      divide (8): that + 20; backward the in-place scaling (8) and its explicit cast: 8 + cast.
+    - te (transformer_engine/pytorch/triton/cross_entropy.py): an online-softmax pass that reads
+      the logits once (e), the backward kernel reads them and writes the gradient in place (2·e).
+    - torch (F.cross_entropy(logits.float()), torchtitan components/loss.py): cast, log_softmax
+      (PyTorch's cunn_SoftMaxForward on a row too long for shared memory: max, sum and write passes,
+      3 reads + 1 write of 4 bytes); backward nll_loss's zero-filled gradient (write 4),
+      log_softmax's backward (the gradient summed, then read with the output and written: 16) and
+      the cast back: cast + 16 / 20 + cast."""
+    e = plan.dtype_bytes
+    cast = 0 if e == 4 else e + 4
+    if plan.cross_entropy == "megatron":
+        return cast + 32, 8 + cast
+    if plan.cross_entropy == "megatron_fused":
+        return (e + 4 if e != 4 else 4) + 20, 8 + cast
+    if plan.cross_entropy == "te":
+        return e, 2 * e
+    return cast + 16, 20 + cast
+
+
+def cross_entropy_saved_bytes(plan: PlanConfig) -> int:
+    """Bytes per local logit the loss keeps for its backward: the fp32 softmax (Megatron, fused or
+    not) or log-softmax (torch), or the logits themselves, overwritten by their gradient (te)."""
+    return plan.dtype_bytes if plan.cross_entropy == "te" else 4
+
+
 def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
-    """Final norm, vocab-parallel logits GEMM (column-parallel, behind an f) and cross-entropy
-    (fp32 softmax over V / t)."""
+    """Final norm, vocab-parallel logits GEMM (column-parallel, behind an f) and the loss over the
+    V / t local logits (plan.cross_entropy's kernels, cross_entropy_bytes)."""
     sh = Shapes.of(model, plan)
     h, e, v_loc = model.hidden_size, sh.e, model.vocab_size / plan.tensor_parallel
+    fwd_b, bwd_b = cross_entropy_bytes(plan)
     ops = [Op("final_norm", "norm", 2 * sh.sp_tokens * h * e), *_f("head_in", sh.tokens * h * e, plan)]
     ops += [
         Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e),
-        Op("cross_entropy", "elementwise", sh.tokens * v_loc * (e + 2 * 4)),
+        Op("cross_entropy", "elementwise", sh.tokens * v_loc * fwd_b, backward_amount=sh.tokens * v_loc * bwd_b),
     ]
     if plan.tensor_parallel > 1:  # max and sum-exp across the vocab shards: tiny all-reduces
         ops.append(Op("cross_entropy.tp", "tp_comm", 2 * sh.tokens * 4, "all_reduce"))
