@@ -40,7 +40,6 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
-from itercast.workloads.transformer_ops import cross_entropy_saved_bytes
 
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 
@@ -233,6 +232,13 @@ def full_recompute_share(m: ModelConfig, p: PlanConfig, pp: Any, vp: Any) -> Any
         stage = layers / np.asarray(pp)
         return np.floor(stage / p.recompute_every) / stage
     return np.ones_like(np.asarray(pp), dtype=np.float64)
+
+
+def cross_entropy_saved_bytes(plan: PlanConfig) -> int:
+    """Bytes per local logit the loss keeps for its backward: the fp32 softmax (Megatron, fused or
+    not) or log-softmax (torch), or the logits themselves, overwritten by their gradient (te).
+    workloads/transformer_ops.cross_entropy_bytes counts what each moves."""
+    return plan.dtype_bytes if plan.cross_entropy == "te" else 4
 
 
 def state_bytes_per_param(

@@ -24,11 +24,10 @@ import numpy as np
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError, non_negative
-from itercast.memory import activation_bytes_per_token_layer, state_bytes_per_param
+from itercast.memory import activation_bytes_per_token_layer, cross_entropy_saved_bytes, state_bytes_per_param
 from itercast.search.stage_slicing import LayerCosts
 from itercast.user_files import read_small_text
 from itercast.workloads.transformer import Groups, UnitCosts, p2p_message_bytes, unit_params
-from itercast.workloads.transformer_ops import cross_entropy_saved_bytes
 
 MAX_CSV_BYTES = 16 << 20  # a layer table is a few KB; refuse anything huge
 REQUIRED, OPTIONAL = ("layer", "time_s"), ("activation_bytes", "memory_bytes")

@@ -447,12 +447,6 @@ def cross_entropy_bytes(plan: PlanConfig) -> tuple[int, int]:
     return cast + 16, 20 + cast
 
 
-def cross_entropy_saved_bytes(plan: PlanConfig) -> int:
-    """Bytes per local logit the loss keeps for its backward: the fp32 softmax (Megatron, fused or
-    not) or log-softmax (torch), or the logits themselves, overwritten by their gradient (te)."""
-    return plan.dtype_bytes if plan.cross_entropy == "te" else 4
-
-
 def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     """Final norm, vocab-parallel logits GEMM (column-parallel, behind an f) and the loss over the
     V / t local logits (plan.cross_entropy's kernels, cross_entropy_bytes)."""
