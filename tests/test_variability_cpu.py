@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
-from variability_cpu import Calibration, calibrate, compare, predict_steps
+from variability_cpu import Calibration, calibrate, compare, noise_model, predict_steps
 
 
 def test_compare_by_hand():
@@ -56,3 +56,31 @@ def test_prediction_of_one_noisy_rank_is_its_log_normal():
     steps = predict_steps(cal, -1, 0.0, 40_000, seed=1)
     assert steps.mean() == pytest.approx(1e-3, rel=0.01)
     assert np.median(steps) == pytest.approx(1e-3 * math.exp(-math.log(1.04) / 2), rel=0.01)
+
+
+def test_calibration_measures_the_ranks_correlation():
+    # log compute of rank 0 (1.0 → 0.8) and rank 1 (1.2 → 1.1) both fall: two points correlate +1
+    times = np.array([[[0.0, 1.0, 1.5], [1.5, 2.3, 3.0]], [[0.0, 1.2, 1.5], [1.5, 2.6, 3.0]]])
+    assert calibrate(times).rank_correlation == pytest.approx(1.0)
+
+
+def test_shared_noise_splits_the_log_variance_by_the_correlation():
+    # compute CV 0.3, comm CV 0.4, ρ 0.5: σc² = ln 1.09, σt² = ln 1.16, σs² = 0.5 ln 1.09;
+    # step_cv = sqrt(e^σs² − 1) = sqrt(1.09^0.5 − 1); compute keeps sqrt(e^(σc² − σs²) − 1) = the same;
+    # comm keeps sqrt(1.16 / 1.09^0.5 − 1)
+    cal = Calibration(compute_s=(1e-3, 1e-3), compute_cv=0.3, comm_s=1e-3, comm_cv=0.4, rank_correlation=0.5)
+    model = noise_model(cal, shared=True)
+    assert model.step_cv == pytest.approx(math.sqrt(1.09**0.5 - 1))
+    assert model.compute_cv == pytest.approx(math.sqrt(1.09**0.5 - 1))
+    assert model.comm_cv == pytest.approx(math.sqrt(1.16 / 1.09**0.5 - 1))
+    independent = noise_model(cal, shared=False)
+    assert (independent.compute_cv, independent.comm_cv, independent.step_cv) == (0.3, 0.4, 0.0)
+
+
+def test_fully_shared_noise_has_no_max_of_two_inflation():
+    # two ranks of 1 ms whose only noise is one shared factor (CV 20%): the step is 1 ms × that factor,
+    # a log-normal of σ² = ln 1.04, p95 = exp(1.6449 σ − σ²/2) ms (not the larger p95 of a maximum of two)
+    cal = Calibration(compute_s=(1e-3, 1e-3), compute_cv=0.2, comm_s=0.0, comm_cv=0.2, rank_correlation=1.0)
+    steps = predict_steps(cal, -1, 0.0, 40_000, seed=2, shared=True)
+    sigma = math.sqrt(math.log(1.04))
+    assert np.percentile(steps, 95) == pytest.approx(1e-3 * math.exp(1.6449 * sigma - sigma**2 / 2), rel=0.01)

@@ -5,6 +5,9 @@ Sources (coefficients of variation of log-normal factors with mean 1):
 - comm_cv: per-task, per-step noise of communication (heavier: network contention);
 - network_cv: one factor per step shared by all communication (a congested or quiet network);
 - gpu_cv: persistent per-GPU speed across the fleet (spatial: manufacturing, power, thermals);
+- step_cv: one factor per step shared by every compute and communication task (a machine-wide state:
+  ranks sharing a host's cores with other processes are descheduled together; measured on this 2-core
+  CPU, validation/variability_cpu.py: log compute times of two ranks correlate 0.43 within a step);
 - moe_imbalance_cv: per-task, per-step variation of the busiest expert-parallel rank's token load
   around model.moe_token_imbalance (mixture-of-experts models without padding to capacity): it
   scales the routed experts' share of each task (their kernels, their all-to-alls).
@@ -48,12 +51,13 @@ class VariabilityModel:
     network_cv: float = 0.05
     gpu_cv: float = 0.05
     moe_imbalance_cv: float = 0.10
+    step_cv: float = 0.0
 
     def halved(self, source: str) -> VariabilityModel:
         return replace(self, **{source: getattr(self, source) / 2})
 
 
-SOURCES = ("compute_cv", "comm_cv", "network_cv", "gpu_cv", "moe_imbalance_cv")
+SOURCES = ("compute_cv", "comm_cv", "network_cv", "gpu_cv", "moe_imbalance_cv", "step_cv")
 #: profiling-database families whose repeats measure compute noise
 COMPUTE_FAMILIES = ("gemm", "conv", "attention")
 
@@ -158,6 +162,10 @@ class GraphSampler:
             if m.network_cv > 0:
                 noise *= lognormal(m.network_cv, rng.standard_normal((1, n)))
             dur[self.comm] *= noise
+        if m.step_cv > 0:
+            shared = lognormal(m.step_cv, rng.standard_normal((1, n)))
+            dur[self.compute] *= shared
+            dur[self.comm] *= shared
         if self.imbalanced.size and m.moe_imbalance_cv > 0:
             load = lognormal(m.moe_imbalance_cv, rng.standard_normal((self.imbalanced.size, n)))
             dur[self.imbalanced] *= 1 + self.imbalanced_share[:, None] * (load - 1)
