@@ -18,6 +18,90 @@ SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaE
 #: `calls_per_op`'s key for the calls that waited for the GPU (SYNC_CALLS, and async copies to pageable memory)
 WAITING_CALLS = "synchronising"
 LAUNCH = "cudaLaunchKernel"
+#: Operators grouped by what they do on the host, for pricing an operator that launches nothing whose name
+#: another workload's traces do not show often enough (HostOverheads.no_call_by_category):
+#: - "view": the view operators of PyTorch's "Tensor Views" page (docs.pytorch.org/docs/stable/tensor_view.html:
+#:   no data movement, a new tensor header on the same storage), reshape/flatten (a view when the strides
+#:   allow), and the operators that return their input itself (lift_fresh, resolve_conj, resolve_neg, detach_);
+#: - "allocation": the factory functions that allocate a tensor (empty, zeros, ones, full and their _like/new_
+#:   forms), on the host alone when nothing fills it on the GPU;
+#: - "autograd": the autograd engine's wrapper of a backward function (`autograd::engine::evaluate_function: …`).
+VIEW_OPS = frozenset(
+    f"aten::{n}"
+    for n in [
+        "as_strided",
+        "alias",
+        "chunk",
+        "detach",
+        "detach_",
+        "diagonal",
+        "expand",
+        "expand_as",
+        "flatten",
+        "imag",
+        "indices",
+        "lift_fresh",
+        "movedim",
+        "narrow",
+        "numpy_T",
+        "permute",
+        "real",
+        "reshape",
+        "resolve_conj",
+        "resolve_neg",
+        "select",
+        "slice",
+        "split",
+        "split_with_sizes",
+        "squeeze",
+        "swapaxes",
+        "swapdims",
+        "t",
+        "transpose",
+        "unbind",
+        "unflatten",
+        "unfold",
+        "unsqueeze",
+        "values",
+        "view",
+        "view_as",
+        "view_as_real",
+        "_reshape_alias",
+        "_unsafe_view",
+        "tensor_split",
+        "hsplit",
+        "vsplit",
+    ]
+)
+ALLOCATION_OPS = frozenset(
+    f"aten::{n}"
+    for n in [
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "zeros",
+        "zeros_like",
+        "new_zeros",
+        "ones",
+        "ones_like",
+        "new_ones",
+        "full",
+        "full_like",
+        "new_full",
+    ]
+)
+AUTOGRAD_PREFIX = "autograd::engine::evaluate_function: "
+
+
+def no_call_category(name: str) -> str | None:
+    """The category of an operator name ("view", "allocation", "autograd": VIEW_OPS), None for any other."""
+    if name in VIEW_OPS:
+        return "view"
+    if name in ALLOCATION_OPS:
+        return "allocation"
+    return "autograd" if name.startswith(AUTOGRAD_PREFIX) else None
 
 
 class HostOverheadError(ValueError):
@@ -29,7 +113,9 @@ class HostOverheads:
     """Mean host overheads (µs): t1_us for every gap between operators; per operator name t2/t3/t5
     and no_call; per runtime call name t4; `pooled` the means over all operators; `samples` counts;
     `calls_per_op`: per operator name, the mean runtime calls of each name that one of its calling
-    operators (one making at least one call) makes, the calls that waited for the GPU under WAITING_CALLS."""
+    operators (one making at least one call) makes, the calls that waited for the GPU under WAITING_CALLS;
+    `no_call_by_category`: no_call µs of an operator whose name per_op lacks, by its no_call_category
+    (measured on other workloads' traces; empty: `pooled` prices every unseen name)."""
 
     t1_us: float
     t4_us: dict[str, float]
@@ -37,9 +123,16 @@ class HostOverheads:
     pooled: dict[str, float]
     samples: dict[str, int] = field(default_factory=dict)
     calls_per_op: dict[str, dict[str, float]] = field(default_factory=dict)
+    no_call_by_category: dict[str, float] = field(default_factory=dict)
 
     def op_us(self, kind: str, name: str) -> float:
-        return self.per_op.get(name, {}).get(kind, self.pooled[kind])
+        """Overhead `kind` (µs) of operator `name`: its own where measured, else (no_call_us only) its
+        category's, else the pooled one."""
+        own = self.per_op.get(name, {}).get(kind)
+        if own is not None:
+            return own
+        category = no_call_category(name) if kind == "no_call_us" else None
+        return self.no_call_by_category.get(category, self.pooled[kind]) if category else self.pooled[kind]
 
     def calls_us(self, name: str) -> float | None:
         """Host µs from a calling operator `name`'s start to the end of its last runtime call, for the
@@ -62,6 +155,7 @@ class HostOverheads:
             "pooled": self.pooled,
             "samples": self.samples,
             "calls_per_op": self.calls_per_op,
+            "no_call_by_category": self.no_call_by_category,
         }
 
     @classmethod
@@ -82,10 +176,14 @@ class HostOverheads:
                 str(name): {str(c): _number(n, f"{where}.calls_per_op.{name}.{c}", "calls") for c, n in counts.items()}
                 for name, counts in doc.get("calls_per_op", {}).items()
             }
+            categories = {  # absent from documents measured on the same software (traces/host_overheads.py)
+                str(c): _number(v, f"{where}.no_call_by_category.{c}")
+                for c, v in doc.get("no_call_by_category", {}).items()
+            }
         except (KeyError, AttributeError, TypeError) as exc:
             raise HostOverheadError(f"{where}: missing or malformed field ({exc})") from None
         samples = {str(k): int(v) for k, v in doc.get("samples", {}).items()}
-        return cls(t1, t4, per_op, pooled, samples, calls)
+        return cls(t1, t4, per_op, pooled, samples, calls, categories)
 
 
 #: Defaults where no host calibration is given: T1–T5 pooled over the three other-workload traces in
