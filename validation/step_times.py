@@ -52,6 +52,44 @@ NEMO_MODELS = {
 }
 
 
+#: plan.cross_entropy, the loss kernels each source's framework ran: per model preset, "*" for the
+#: source's other models. Read from the configs each source ran, not from any step time.
+CROSS_ENTROPY: dict[str, dict[str, str]] = {
+    # NVIDIA/dgxc-benchmarking v24.11, v25.01, v25.02 (NeMo 1 YAML; nemo:24.09, 24.12):
+    # llama3.1/llama3.1_{8,70,405}b.yaml and nemotron/nemotron4-{15,340}b-synth.yaml set
+    # `cross_entropy_loss_fusion: true`, which NeMo 1 hands to Megatron-Core's TransformerConfig
+    # (NVIDIA/NeMo v2.0.0 megatron_base_model.py build_transformer_config: every TransformerConfig field
+    # the YAML names); v25.04.02 llama3.1/pretrain_llama31.py runs NeMo 2.2's llama3_8b / llama3_70b /
+    # llama31_405b pretrain recipes (nemo:25.02.01): GPTConfig.cross_entropy_loss_fusion = True
+    # (nemo/collections/llm/gpt/model/base.py). nemo_megatron/gpt3_175b_hydra.yaml (NeMo 1, every
+    # release) does not name it: Megatron-Core's default, False.
+    "dgxc-benchmarking": {
+        "llama3-8b": "megatron_fused",
+        "llama3-70b": "megatron_fused",
+        "llama3-405b": "megatron_fused",
+        "nemotron4-15b": "megatron_fused",
+        "nemotron4-340b": "megatron_fused",
+        "*": "megatron",
+    },
+    # dgxc-benchmarking grok1/grok1_314b.yaml (NeMo 1, every release in the data) does not name it.
+    "dgxc grok1 (MoE)": {"*": "megatron"},
+    # The nemo:24.07 container's NVIDIA/NeMo-Framework-Launcher 24.07 launcher_scripts/conf/training:
+    # llama/llama3_8b.yaml and llama3_70b.yaml set `cross_entropy_loss_fusion: true`; llama/llama2_*.yaml and
+    # gpt3/175b.yaml do not name it (Megatron-Core core_r0.8.0 ModelParallelConfig default False).
+    "nemo-24.07": {"llama3-8b": "megatron_fused", "llama3-70b": "megatron_fused", "*": "megatron"},
+    # Megatron-LM README (core r0.8.0) weak scaling: the flags it states omit --cross-entropy-loss-fusion (off).
+    "megatron-core": {"*": "megatron"},
+    # Llama 3 405B ran Meta's own training stack, whose loss kernels are not published: the default kept.
+    "llama3-405b": {"*": "megatron"},
+}
+
+
+def cross_entropy(source: str, preset: str) -> str:
+    """plan.cross_entropy of a row of `source` whose model is `preset` (CROSS_ENTROPY)."""
+    impls = CROSS_ENTROPY[source]
+    return impls.get(preset, impls["*"])
+
+
 @dataclass
 class Row:
     source: str
@@ -62,6 +100,9 @@ class Row:
     plan: dict
     predicted_s: float | None = None
     skipped: str = ""
+
+    def __post_init__(self) -> None:
+        self.plan.setdefault("cross_entropy", cross_entropy(self.source, self.model.get("preset", "")))
 
 
 def _plan(tp: int, pp: int, cp: int, vp: int, mbs: int, gbs: int, dtype: str) -> dict:
