@@ -158,7 +158,7 @@ def replay_whatif(
     """Baseline replay and the replay under `whatif`, plus what changed. Execution traces (one per
     trace file, same order) give GEMM shapes for `whatif.gpu`. With `whatif.host_cores` the ranks'
     CPU work shares that many cores (sim/sharing.py): the measured sharing divided out of each task,
-    the what-if's (its data-parallel size's processes, or its pipeline stages) applied."""
+    the what-if's (its data- or tensor-parallel size's processes, or its pipeline stages) applied."""
     cores = whatif.host_cores
     if cores is not None and cores < 1:
         raise ConfigError(
@@ -183,7 +183,7 @@ def replay_whatif(
     # every rank of the run on the host; each loaded rank stands for world / loaded of them (symmetry)
     world = max((t.world_size or 0 for t in traces), default=0) or len(traces)
     ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
-    after = whatif.dp or world
+    after = whatif.dp or whatif.tp or world
     sim = resimulate_shared(
         measured.sim,
         changed.graph,

@@ -21,6 +21,12 @@ it does (4 processes share them): the contention-adjusted column scales the pred
 measured change of that sum (a diagnostic: it uses the answer's compute). `--pp-stages p` on a
 p-stage trace (no change) shows the re-staging's own error.
 
+Tensor-parallel size (issue 30 item 3): the gloo traces of data/measured/gloo_tensor_parallel
+(tools/measure_gloo_tp.py: 4 Megatron MLP blocks, hidden 512, at TP 1, 2 and 4, the same batch on
+every rank) replayed with `--tp N` (tensor_parallel.py: sharded operators × t/N, TP all-reduces
+re-timed for N ranks) and compared with the measured traced steps at TP N (mean over every step of
+every rank; the unprofiled median beside), without and with `--host-cores`.
+
 For each step (ProfilerStep) of each trace: measured time, the rank's GPU busy share (its own measured
 GPU ops inside the measured step), and the replayed step with every kernel class scaled ×2 and
 ×0.5 (copies and memsets unchanged). Issue 30's target: a step at ≥ 95% GPU busy takes ≥ 1.8× its
@@ -49,6 +55,8 @@ from itercast.traces.whatif import KERNEL_CLASSES, WhatIf
 GPU_BOUND = 0.95  # issue 30: "a step at ≥ 95% GPU busy"
 GLOO = Path(__file__).resolve().parents[1] / "data" / "measured" / "gloo_parallelism"
 PIPELINE = GLOO.parent / "gloo_pipeline"
+TENSOR = GLOO.parent / "gloo_tensor_parallel"
+TP_CASES = [(2, 1), (2, 4), (4, 2)]  # (measured TP size, what-if TP size)
 PP_CASES = [(2, 2), (4, 4), (2, 4), (4, 2)]  # (measured stages, what-if stages)
 DP_CASES = [(2, 4), (2, 1), (4, 2), (4, 1)]  # (measured world size, what-if data-parallel size)
 ALL_KERNELS = [cls for cls, _ in KERNEL_CLASSES] + ["other"]  # every kernel class (not memcpy/memset)
@@ -87,11 +95,7 @@ def data_parallel() -> None:
 def pipeline_stages() -> None:
     """`--pp-stages N` on the measured gloo pipeline traces against the measured steps at N stages."""
     runs = {pp: sorted(PIPELINE.glob(f"pp{pp}.rank*.trace.json.gz")) for pp in (2, 4)}
-    unprofiled: dict[int, list[float]] = {}
-    for line in (PIPELINE / "steps.csv").read_text().splitlines()[1:]:
-        if not line.startswith(("#", "stages")):
-            stages, _, _, step_s = line.split(",")
-            unprofiled.setdefault(int(stages), []).append(float(step_s) * 1e3)
+    unprofiled = _unprofiled_ms(PIPELINE / "steps.csv")
     print("measured gloo GPipe runs (per step, mean over steps and ranks; compute summed over the ranks):")
     print(f"{'stages':>6} {'traced_ms':>9} {'unprofiled_ms':>13} {'compute_ms':>10} {'per_rank_ms':>11}")
     measured = {}
@@ -104,21 +108,51 @@ def pipeline_stages() -> None:
         ]
         compute = float(np.sum(np.mean(work, axis=1)))
         print(f"{pp:6d} {measured[pp]:9.2f} {np.mean(unprofiled[pp]):13.2f} {compute:10.2f} {compute / pp:11.2f}")
-    cores = host_cores(PIPELINE / "steps.csv")
     print()
+    _whatif_rows("--pp", PP_CASES, runs, measured, host_cores(PIPELINE / "steps.csv"))
+
+
+def tensor_parallel() -> None:
+    """`--tp N` on the measured gloo Megatron-MLP traces against the measured steps at TP N."""
+    runs = {tp: sorted(TENSOR.glob(f"tp{tp}.rank*.trace.json.gz")) for tp in (1, 2, 4)}
+    unprofiled = _unprofiled_ms(TENSOR / "steps.csv")
+    measured = {}
+    print("measured gloo tensor-parallel runs (per step: traced mean over steps and ranks, unprofiled median):")
+    for tp, paths in runs.items():
+        measured[tp] = float(np.mean([s_[3] * 1e-3 for t in read_traces(paths) for s_ in t.steps]))
+        print(f"  TP {tp}: traced {measured[tp]:.2f} ms, unprofiled {np.median(unprofiled[tp]):.2f} ms")
+    _whatif_rows("--tp", TP_CASES, runs, measured, host_cores(TENSOR / "steps.csv"))
+
+
+def _whatif_rows(
+    flag: str, cases: list[tuple[int, int]], runs: dict[int, list[Path]], measured: dict[int, float], cores: int
+) -> None:
+    """One row per (measured size, what-if size): the what-if's step (mean over its steps) without and
+    with `--host-cores`, against the measured mean at the what-if's size."""
     print(
-        f"{'trace':>5} {'--pp':>4} {'predicted_ms':>12} {'measured_ms':>11} {'error':>7} "
+        f"{'trace':>5} {flag:>4} {'predicted_ms':>12} {'measured_ms':>11} {'error':>7} "
         f"{'shared_ms':>9} {'error':>7}   (shared: --host-cores {cores})"
     )
-    for pp, new in PP_CASES:
-        _, moved, _ = replay_whatif(runs[pp], WhatIf(pp_stages=new))
-        _, shared, _ = replay_whatif(runs[pp], WhatIf(pp_stages=new, host_cores=cores))
+    option = {"--pp": "pp_stages", "--tp": "tp"}[flag]
+    for size, new in cases:
+        _, moved, _ = replay_whatif(runs[size], WhatIf(**{option: new}))
+        _, shared, _ = replay_whatif(runs[size], WhatIf(**{option: new, "host_cores": cores}))
         predicted = float(np.mean([s_.replayed_s for s_ in moved.steps])) * 1e3
         with_sharing = float(np.mean([s_.replayed_s for s_ in shared.steps])) * 1e3
         print(
-            f"{pp:5d} {new:4d} {predicted:12.2f} {measured[new]:11.2f} {predicted / measured[new] - 1:+7.1%} "
+            f"{size:5d} {new:4d} {predicted:12.2f} {measured[new]:11.2f} {predicted / measured[new] - 1:+7.1%} "
             f"{with_sharing:9.2f} {with_sharing / measured[new] - 1:+7.1%}"
         )
+
+
+def _unprofiled_ms(steps_csv: Path) -> dict[int, list[float]]:
+    """steps.csv's unprofiled step times (ms) by the size in its first column (tools/gloo_runs.py)."""
+    out: dict[int, list[float]] = {}
+    for line in steps_csv.read_text().splitlines()[1:]:
+        if not line.startswith("#") and line[:1].isdigit():
+            size, _, _, step_s = line.split(",")
+            out.setdefault(int(size), []).append(float(step_s) * 1e3)
+    return out
 
 
 def host_cores(steps_csv: Path) -> int:
@@ -147,6 +181,8 @@ def main() -> None:
     data_parallel()
     print()
     pipeline_stages()
+    print()
+    tensor_parallel()
     print()
     data = shared_data_dir()
     if data is None or not (data / "traces").is_dir():

@@ -44,11 +44,19 @@ def replay_cmd(
             "gloo pipeline run): stages merged or split, the schedule kept, sends re-timed."
         ),
     ] = None,
+    tp: Annotated[
+        int | None,
+        typer.Option(
+            help="What-if: tensor-parallel size, from a CPU (gloo) trace whose distributedInfo names a TP group "
+            "over every rank: sharded operators (GEMMs and elementwise work on the sharded dimension) × old/new, "
+            "TP all-reduces re-timed by the collective model for the new group."
+        ),
+    ] = None,
     host_cores: Annotated[
         int | None,
         typer.Option(
             help="Cores of the host that ran every rank (Kineto records none): the ranks' CPU work shares "
-            "them, the trace's sharing divided out and the what-if's (--dp processes, --pp-stages stages) "
+            "them, the trace's sharing divided out and the what-if's (--dp or --tp processes, --pp-stages stages) "
             "applied. Default: no sharing."
         ),
     ] = None,
@@ -76,13 +84,13 @@ def replay_cmd(
         factors = dict(_factor(item) for item in scale or [])
         factors.update({cls: 0.0 for cls in drop or []})
         curves = load_calibration(calibration) if calibration is not None else None
-        retimes_collectives = system is not None or world_size is not None or dp is not None
+        retimes_collectives = any(x is not None for x in (system, world_size, dp, tp))
         host = (
             _host_overheads(calibration, curves, retimes_collectives)
             if calibration is not None and curves is not None
             else None
         )
-        whatif = WhatIf(factors, system, world_size, gpu, host, dp, pp_stages, curves, host_cores)
+        whatif = WhatIf(factors, system, world_size, gpu, host, dp, pp_stages, curves, host_cores, tp)
         with working("replaying the traces…", as_json):
             base, changed, counts = replay_whatif(list(traces), whatif, et or [])
     except (ConfigError, TraceError, DeadlockError, CalibrationError) as exc:
@@ -123,7 +131,7 @@ def _print_restaged(changed: ReplayResult) -> None:
 
 def _print_collectives(counts: dict, total: int) -> None:
     """With --system/--world-size/--dp: how many collectives were re-timed, and a warning for those kept."""
-    retimed = {k: n for k, n in counts.items() if k.startswith(("re-timed ", "gradient ")) and "GEMM" not in k}
+    retimed = {k: n for k, n in counts.items() if k.startswith(("re-timed ", "gradient ", "TP ")) and "GEMM" not in k}
     kept = {k: n for k, n in counts.items() if "kept at measured time" in k}
     if not retimed and not kept:
         return

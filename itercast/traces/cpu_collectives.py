@@ -44,6 +44,11 @@ POINT_TO_POINT = ("gloo:send", "gloo:recv")
 #: a gap of the launching thread this share of a collective's annotated time or longer is a wait for it
 #: (a judgement: the gaps between a computing thread's ops are µs, waits for ms-long collectives ms)
 WAIT_SHARE = 0.1
+#: a gap right after a collective's launch this share of its annotated time or longer is a wait for it
+#: at once (a synchronous collective: the thread resumes when it ends, up to a few ms before its
+#: annotation closes on an oversubscribed CPU, see above); shorter gaps there are the OS taking the core
+#: (1.8 ms after a 15 ms bucket's launch on rank 0 of data/measured/gloo_parallelism ws2)
+SYNC_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -143,32 +148,59 @@ def _pair_launches(t: RankTrace, notes: Counter) -> list[tuple[int, int, str]]:
 
 def _waits(t: RankTrace, launches: list[tuple[int, int, str]]) -> list[tuple[float, float] | None]:
     """Per (annotation, launch, kind) in launch order: the idle stretch (start, end µs) of the launching
-    thread during which it waited for the collective, or for the next one launched after it.
+    thread during which it waited for the collective, or for the next one launched after it. Gaps are
+    those between the thread's ops at the level of the launches (level_ops). A synchronous collective
+    (no async_op) is waited for at once: inside its launch op, where that op runs on for SYNC_SHARE
+    of the annotation after it starts (the stretch: from the annotation's start to the op's end), or
+    in the gap right after the launch if it lasts SYNC_SHARE of the annotation. Otherwise:
 
     A collective launched in a step is waited for in that step (DDP, FSDP and pipeline schedules wait
-    for their step's collectives before the optimizer): the stretch is the longest gap between the
-    thread's top-level ops from the launch to the end of its step (the annotation's end outside
-    steps), if it lasts WAIT_SHARE of the annotation or more; it may end before the annotation does
-    (module docstring). Gaps while the thread computes are µs long, or a few ms where the OS took its
-    core (2.1 ms on rank 1 of data/measured/gloo_parallelism ws2): shorter than the wait at the step's end."""
+    for their step's collectives before the optimizer): the stretch is the longest gap from the
+    launch to the end of its step (the annotation's end outside steps), if it lasts WAIT_SHARE of the
+    annotation or more; it may end before the annotation does (module docstring). Gaps while the
+    thread computes are µs long, or a few ms where the OS took its core (2.1 ms on rank 1 of
+    data/measured/gloo_parallelism ws2): shorter than the wait at the step's end."""
     out: list[tuple[float, float] | None] = []
     gaps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for op, launch, _ in launches:
         tid, launch_us = int(t.cpu_tid[launch]), float(t.cpu_ts_us[launch])
         if tid not in gaps:
-            top = t.top_level_ops(tid)
+            top = level_ops(t, tid, [k for _, k, _ in launches if t.cpu_tid[k] == tid])
             gaps[tid] = ((t.cpu_ts_us[top] + t.cpu_dur_us[top])[:-1], t.cpu_ts_us[top][1:])
         idle_from, idle_to = gaps[tid]
         start, end = float(t.comm_ts_us[op]), float(t.comm_ts_us[op] + t.comm_dur_us[op])
         until = next((ts + dur for _, s_tid, ts, dur in t.steps if s_tid == tid and ts <= launch_us <= ts + dur), end)
+        launch_end = launch_us + float(t.cpu_dur_us[launch])
+        if launch_end - start >= SYNC_SHARE * (end - start):  # waited inside its launch op
+            out.append((max(launch_us, start), launch_end))
+            continue
         inside = np.flatnonzero((idle_from >= launch_us) & (idle_to <= until + EPS_US))
         longest = inside[np.argmax((idle_to - idle_from)[inside])] if inside.size else -1
+        at_once = inside[np.abs(idle_from[inside] - launch_end) <= EPS_US]
+        if at_once.size and idle_to[at_once[0]] - idle_from[at_once[0]] >= SYNC_SHARE * (end - start):
+            longest = at_once[0]  # a synchronous collective (no async_op): waited for right after its launch
         waited = longest >= 0 and idle_to[longest] - idle_from[longest] >= WAIT_SHARE * (end - start)
         out.append((float(idle_from[longest]), float(idle_to[longest])) if waited else None)
     for i in range(len(out) - 2, -1, -1):  # never waited: waited for with the next one
         if out[i] is None:
             out[i] = out[i + 1]
     return out
+
+
+def level_ops(t: RankTrace, tid: int, launches: list[int]) -> np.ndarray:
+    """The thread's top-level ops, where an op that encloses a collective's launch gives way to its
+    children (Megatron's f/g autograd functions and DDP's gradient hooks launch from inside an op):
+    the gaps between them are where the thread waited."""
+    own = np.flatnonzero(t.cpu_tid == tid)
+    start, end = t.cpu_ts_us[own], t.cpu_ts_us[own] + t.cpu_dur_us[own]
+    encloses = np.zeros(own.shape[0], dtype=bool)
+    for k in launches:
+        encloses |= (start <= t.cpu_ts_us[k]) & (end >= t.cpu_ts_us[k] + t.cpu_dur_us[k]) & (own != k)
+    own = own[~encloses]
+    own = own[np.lexsort((-t.cpu_dur_us[own], t.cpu_ts_us[own]))]  # parents before children
+    ends = t.cpu_ts_us[own] + t.cpu_dur_us[own]
+    reach = np.maximum.accumulate(np.concatenate([[-np.inf], ends[:-1]]))  # latest end before each op
+    return own[t.cpu_ts_us[own] >= reach]
 
 
 def tensor_bytes(dims_json: str) -> float | None:

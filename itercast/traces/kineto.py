@@ -90,6 +90,8 @@ class RankTrace:
     ignored: Counter = field(default_factory=Counter)
     num_events: int = 0
     device_name: str | None = None  # the GPU's name (first entry of `deviceProperties`), None if absent
+    # `distributedInfo.pg_config`: the run's process groups (pg_desc, pg_size, ranks), as recorded
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def num_ops(self) -> int:
@@ -173,6 +175,8 @@ def read_kineto(path: str | Path) -> RankTrace:
     device = props[0].get("name") if isinstance(props, list) and props and isinstance(props[0], dict) else None
     trace = _finish(path, cols, float(base_ns) / 1000.0, info)
     trace.device_name = str(device) if device is not None else None
+    groups = info.get("pg_config")
+    trace.process_groups = [g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
     return trace
 
 

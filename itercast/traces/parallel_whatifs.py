@@ -69,13 +69,17 @@ def retime_data_parallel(
     for task, (kind, nbytes, group, own_system, inferred) in found.items():
         name = system or own_system
         model = models.setdefault(name, AnalyticCostModel(load_system(name), "bf16", curves))
-        per_node = model.system.node.gpus_per_node
-        old_s = model.collective_s(kind, nbytes, place_group(group, 1, per_node))
-        new_s = model.collective_s(kind, nbytes, place_group(dp, 1, per_node))
-        durations[task] *= new_s / old_s
+        durations[task] *= group_time_ratio(model, kind, nbytes, group, dp)
         how = " (size inferred)" if inferred else ""
         changes[f"gradient {kind} re-timed from data-parallel {group} to {dp} on {name}'s model{how}"] += 1
     return np.fromiter(found, np.int64, len(found)) if dp == 1 else np.zeros(0, np.int64)
+
+
+def group_time_ratio(model: AnalyticCostModel, kind: str, nbytes: float, old: int, new: int) -> float:
+    """The collective model's time for `new` ranks over its time for `old` (one node's placement)."""
+    per_node = model.system.node.gpus_per_node
+    old_s = model.collective_s(kind, nbytes, place_group(old, 1, per_node))
+    return model.collective_s(kind, nbytes, place_group(new, 1, per_node)) / old_s
 
 
 def _gradient_reductions(

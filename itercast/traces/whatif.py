@@ -1,6 +1,7 @@
 """What-if changes to a replayed trace: scale or drop kernel classes, re-time NCCL collectives with
 the collective model of another system or another data-parallel world size (their sizes:
-collective_sizes.py), change the data-parallel size (parallel_whatifs.py), re-time GEMMs from
+collective_sizes.py), change the data-parallel size (parallel_whatifs.py) or a CPU trace's
+tensor-parallel size (tensor_parallel.py), re-time GEMMs from
 execution-trace shapes, re-time the host (DESIGN.md §4, §7)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from itercast.traces.host_overheads import HostOverheads, modelled_host_us, sync
 from itercast.traces.kineto import RankTrace
 from itercast.traces.parallel_whatifs import retime_data_parallel
 from itercast.traces.replay_graph import ReplayGraph
+from itercast.traces.tensor_parallel import retime_tensor_parallel
 
 #: Kernel classes by name, first match wins (kept as data: add rules, not code).
 KERNEL_CLASSES: list[tuple[str, re.Pattern[str]]] = [
@@ -55,7 +57,9 @@ class WhatIf:
     pp_stages: a number of pipeline stages, given alone (restage.restage: a new step graph);
     curves: calibrated curves (profile.calibrate.load_calibration) for the collective models;
     host_cores: the cores of the host that ran every rank: the ranks' CPU work shares them, in the
-    trace and in the what-if (sim/sharing.py); None: no sharing (each task keeps its time)."""
+    trace and in the what-if (sim/sharing.py); None: no sharing (each task keeps its time);
+    tp: a tensor-parallel size for a CPU trace's sharded operators and TP all-reduces
+    (tensor_parallel.retime_tensor_parallel)."""
 
     scale: dict[str, float] = field(default_factory=dict)
     system: str | None = None
@@ -66,11 +70,12 @@ class WhatIf:
     pp_stages: int | None = None
     curves: dict | None = None
     host_cores: int | None = None
+    tp: int | None = None
 
     @property
     def empty(self) -> bool:
         return not self.scale and all(
-            v is None for v in (self.system, self.world_size, self.gpu, self.host, self.dp, self.pp_stages)
+            v is None for v in (self.system, self.world_size, self.gpu, self.host, self.dp, self.pp_stages, self.tp)
         )
 
 
@@ -125,11 +130,15 @@ def apply_whatif(
         raise ConfigError("what-if: --pp-stages builds a new step graph (restage.restage), not new durations")
     if whatif.dp is not None and whatif.world_size is not None:
         raise ConfigError("what-if: --dp and --world-size both set the data-parallel group size; give one")
+    if whatif.tp is not None and (whatif.dp is not None or whatif.world_size is not None):
+        raise ConfigError("what-if: --tp re-times a tensor-parallel-only trace; give it without --dp/--world-size")
     if whatif.system is not None or whatif.world_size is not None:
         _retime_collectives(rg, traces, whatif, durations, changes)
     alone = np.zeros(0, np.int64)
     if whatif.dp is not None:
         alone = retime_data_parallel(rg, traces, whatif.dp, durations, changes, whatif.system, whatif.curves)
+    if whatif.tp is not None:
+        alone = retime_tensor_parallel(rg, traces, whatif.tp, durations, changes, whatif.curves)
     if whatif.gpu is not None:
         _retime_gemms(whatif.gpu, gemm_flops or {}, durations, changes)
     changed = rg.without_rendezvous(alone) if alone.size else rg
