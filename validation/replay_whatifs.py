@@ -17,9 +17,8 @@ micro-batches) replayed with `--pp-stages N` and compared with the measured trac
 stages (mean over every step of every rank; the unprofiled steps of steps.csv beside them). Each
 run's compute per step, summed over its ranks (the stages' micro-batch work and other work,
 pipeline_stages.py), is the same model's work and would not change without contention; on 2 cores
-it does (4 processes share them): the contention-adjusted column scales the prediction by the
-measured change of that sum (a diagnostic: it uses the answer's compute). `--pp-stages p` on a
-p-stage trace (no change) shows the re-staging's own error.
+it does (4 processes share them): the `shared` columns give `--host-cores` as for `--dp`.
+`--pp-stages p` on a p-stage trace (no change) shows the re-staging's own error.
 
 Tensor-parallel size (issue 30 item 3): the gloo traces of data/measured/gloo_tensor_parallel
 (tools/measure_gloo_tp.py: 4 Megatron MLP blocks, hidden 512, at TP 1, 2 and 4, the same batch on
