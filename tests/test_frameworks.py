@@ -109,6 +109,7 @@ PLAN = {
     "overlap_grad_reduce": True,
     "overlap_param_gather": True,
     "tp_comm_overlap": True,
+    "cross_entropy": "megatron",
 }
 GPT3 = parse_section("model", {"preset": "gpt3-175b"})
 
@@ -160,6 +161,35 @@ def test_launch_settings_carry_the_recompute_the_plan_priced():
     assert 'mode = "selective"\nselective_ac_option = "2"' in every
     op = {**PLAN, "zero_stage": 3, "recompute": "selective", "selective_recompute": "op"}
     assert 'mode = "selective"\nselective_ac_option = "op"' in launch_settings("torchtitan", op, GPT3)  # type: ignore[arg-type]
+
+
+def test_launch_settings_name_the_loss_kernels_the_plan_priced():
+    fused = launch_settings("megatron-core", {**PLAN, "cross_entropy": "megatron_fused"}, GPT3)  # type: ignore[arg-type]
+    assert "--cross-entropy-loss-fusion" in fused and "--cross-entropy-fusion-impl" not in fused
+    te = launch_settings("megatron-core", {**PLAN, "cross_entropy": "te"}, GPT3)  # type: ignore[arg-type]
+    assert te.splitlines()[-2:] == ["  --cross-entropy-loss-fusion \\", "  --cross-entropy-fusion-impl te"]
+    nemo = launch_settings("nemo", PLAN, GPT3)  # type: ignore[arg-type]
+    assert "model.config.cross_entropy_loss_fusion=False" in nemo.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("framework", "loss", "message"),
+    [("torchtitan", "te", "torchtitan runs torch, the job sets te"), ("deepspeed", "torch", "deepspeed runs megatron")],
+)
+def test_a_loss_the_framework_cannot_run_is_a_one_line_error(framework, loss, message):
+    args = ["search", "--example", "--framework", framework, "--set", f"plan.cross_entropy={loss}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and f"plan.cross_entropy: {message}" in result.output
+
+
+@pytest.mark.parametrize(
+    ("framework", "loss"), [("nemo", "megatron_fused"), ("torchtitan", "torch"), ("megatron-core", "megatron")]
+)
+def test_the_search_prices_the_loss_its_framework_runs(framework, loss):
+    args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["plans"][0]["plan"]["cross_entropy"] == loss
 
 
 def test_default_headroom_by_hand():

@@ -199,10 +199,25 @@ def layer_backward_of_head(j: Job) -> list:
     return backward_of(head_forward(j.model, j.plan), j.plan)
 
 
-def test_selective_recompute_adds_nothing_to_fused_attention():
-    # FlashAttention recomputes the scores inside its own backward: nothing runs twice
+def test_megatron_selective_recompute_runs_fused_attention_forward_again():
+    # Megatron-Core checkpoints the fused kernel too: its forward (4 heads × 32 queries × 32 keys ×
+    # 4·16 FLOPs, the causal half) runs once more before the backward; nothing else does
     plain, selective = job(), job(recompute="selective")
-    assert layer_backward(selective.model, selective.plan) == layer_backward(plain.model, plain.plan)
+    extra = layer_backward(selective.model, selective.plan)[: -len(layer_backward(plain.model, plain.plan))]
+    assert [o.name for o in extra] == ["recompute.core_attention"]
+    assert extra[0].amount == 4 * 32 * 32 * 4 * 16 / 2
+    # torchtitan's per-op policy saves the attention kernel's output: it does not run again
+    op = job(recompute="selective", selective_recompute="op")
+    assert not any(
+        "core_attention" in o.name and o.name.startswith("recompute.") for o in layer_backward(op.model, op.plan)
+    )
+
+
+def test_megatron_selective_recompute_under_context_parallelism_passes_the_ring_again():
+    # cp 2: the recomputed attention call runs Transformer Engine's ring again: one more K/V exchange
+    j = job(recompute="selective", context_parallel=2)
+    names = [o.name for o in layer_backward(j.model, j.plan) if o.name.startswith("recompute.")]
+    assert names == ["recompute.core_attention", "recompute.cp_kv_exchange"]
 
 
 def test_context_parallel_ring_crosses_nodes_when_its_ranks_sit_tensor_parallel_apart():

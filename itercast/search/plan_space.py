@@ -165,8 +165,9 @@ def _rules(
     uneven = np.bool_(base.stage_layers is not None)
     moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
     fits_stages = base.stage_layers is None or len(base.stage_layers) == base.pipeline_parallel * base.virtual_pipeline
-    # fused attention already recomputes inside its backward (transformer_ops.layer_backward); not
-    # so torchtitan's per-op selective recompute
+    # Megatron's selective recompute of fused attention runs its forward again and frees nothing
+    # the projection does not keep (transformer_ops.layer_backward, memory._recompute_kept): the plan
+    # without recompute holds as much and is faster. Not so torchtitan's per-op selective recompute
     same_recompute = (
         base.flash_attention
         and base.selective_recompute == "core-attention"
@@ -224,7 +225,7 @@ def _rules(
             ),
         ),
         (
-            "same plan (selective recompute of fused attention recomputes nothing)",
+            "dominated (selective recompute of fused attention frees nothing and runs attention again)",
             lambda c: (c["recompute"] != RECOMPUTE.index("selective")) | (not same_recompute),
         ),
         (

@@ -55,7 +55,10 @@ from itercast.costs.attention import AttentionShape
 
 COMPUTE_FAMILIES = ("gemm", "attention", "elementwise", "norm", "activation")
 COMM_FAMILIES = ("tp_comm", "ep_comm")
-CORE_ATTENTION = "core_attention"  # name prefix of the ops that selective recompute re-runs
+CORE_ATTENTION = "core_attention"  # name prefix of the attention kernels' ops
+#: name prefixes of what Megatron's selective recompute re-runs: the attention kernels and the
+#: context-parallel ring that feeds them (layer_backward)
+CORE_ATTENTION_RUN = (CORE_ATTENTION, "cp_kv_exchange")
 
 
 @dataclass(frozen=True)
@@ -366,8 +369,12 @@ def layer_backward(
     own under recompute_method block or recompute_every, memory.full_recompute_share), else the plan's.
 
     full: the whole layer forward runs again. selective (core-attention, Megatron): core attention
-    runs again, which fused (flash) attention already does inside its backward, so it adds nothing
-    there. selective op (torchtitan): `_op_recompute`.
+    runs again before its backward — also fused (flash) attention, whose kernel Megatron-Core wraps in
+    tensor_parallel.checkpoint like the unfused one (transformer/attention.py
+    `_checkpointed_attention_forward`, taken whenever recompute_granularity is selective), so its
+    forward runs twice, and under context parallelism its K/V ring with it (Transformer Engine's ring
+    runs inside the attention call). selective op (torchtitan): `_op_recompute` (its policy saves the
+    SDPA outputs: fused attention does not run again).
     """
     fwd = layer_forward(model, plan, moe, windowed)
     kind = recompute or plan.recompute
@@ -376,8 +383,8 @@ def layer_backward(
         again = [replace(o, name=f"recompute.{o.name}", overlaps=o.overlaps and f"recompute.{o.overlaps}") for o in fwd]
     elif kind == "selective" and plan.selective_recompute == "op":
         again = _op_recompute(model, fwd)
-    elif kind == "selective" and not plan.flash_attention:
-        again = [replace(o, name=f"recompute.{o.name}") for o in fwd if o.name.startswith(CORE_ATTENTION)]
+    elif kind == "selective":
+        again = [replace(o, name=f"recompute.{o.name}") for o in fwd if o.name.startswith(CORE_ATTENTION_RUN)]
     return again + backward_of(fwd, plan)
 
 
