@@ -1,0 +1,116 @@
+"""The dgx-h100 preset's inter-node collectives against public nccl-tests results beyond 10 nodes.
+
+    python validation/collectives_at_scale.py       # the shared data's 10-node rows too, if present
+
+A check, not a fit: the curve `h100-400g` (costs/curves.json, tools/fit_efficiency_curves.py) was
+fitted on one 10-node cluster (xxrjun/nccl-tests-cluster); here it prices the points transcribed in
+data/published/collectives/h100_multinode_nccl_tests.csv (GitHub issues of NVIDIA/nccl and
+NVIDIA/nccl-tests, 2 to 248 nodes). Error = predicted / measured time − 1 (negative: too fast).
+A row's measured time is its nccl-tests out-of-place time where the source prints the log line,
+else size × bus factor / busbw (nccl-tests doc/PERFORMANCE.md: busbw = algbw × factor, algbw = S/t).
+Rows that leave the GPUs per node empty are priced at 8, the HGX/DGX H100 node (DGX H100 user
+guide), and marked '*'. Rows without a message size (NVIDIA/nccl#1229) are priced at 1 GiB and
+8 GiB and kept out of the band summaries. Bands: nodes 2–10 / 11–32 / 33–128 / > 128; message
+< 1 MiB / 1–64 MiB / ≥ 64 MiB (DP and FSDP buckets).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.config.job import load_system
+from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
+from itercast.data_paths import read_csv_rows, shared_data_dir
+from itercast.hardware.topology import GroupPlacement
+
+POINTS = Path(__file__).resolve().parents[1] / "data" / "published" / "collectives" / "h100_multinode_nccl_tests.csv"
+ASSUMED_GPUS_PER_NODE = 8  # HGX/DGX H100: 8 GPUs a node (DGX H100 user guide)
+UNSTATED_SIZES_B = (1 << 30, 8 << 30)  # a message size the source does not give: priced at both
+NODE_BANDS = ((2, 11, "2-10"), (11, 33, "11-32"), (33, 129, "33-128"), (129, float("inf"), ">128"))
+SIZE_BANDS = ((0, 1 << 20, "<1MiB"), (1 << 20, 64 << 20, "1-64MiB"), (64 << 20, float("inf"), ">=64MiB"))
+
+
+def measured_time_s(kind: str, size_bytes: float, ranks: int, oop_time_us: str, busbw_gbps: str) -> float:
+    """The row's time: its printed out-of-place time, else size × bus factor / busbw (GB/s = 1e9 B/s)."""
+    if oop_time_us:
+        return float(oop_time_us) * 1e-6
+    return size_bytes * BUS_FACTOR[kind](ranks) / (float(busbw_gbps) * 1e9)
+
+
+def band(value: float, bands: tuple) -> str:
+    """The label of the band [low, high) that holds `value`."""
+    for low, high, label in bands:
+        if low <= value < high:
+            return label
+    raise ValueError(f"no band holds {value}")
+
+
+def summary(errors: list[float]) -> str:
+    """Geomean |error|, mean signed error (%) and count of a band's errors."""
+    e = np.asarray(errors)
+    return f"geomean |err| {np.exp(np.mean(np.log(np.abs(e) + 1e-12))):6.1%}  mean {np.mean(e):+6.1%}  n={len(e)}"
+
+
+def main() -> None:
+    model = AnalyticCostModel(load_system("dgx-h100"), "bf16")
+    by_nodes, by_size, by_both = defaultdict(list), defaultdict(list), defaultdict(list)
+    print(f"{'source':22s} {'coll':14s} {'nodes':>5s} {'g/n':>4s} {'size':>11s} {'meas us':>9s} {'pred us':>9s} err")
+    for r in read_csv_rows(POINTS):
+        per_node = int(r["gpus_per_node"] or ASSUMED_GPUS_PER_NODE)
+        nodes = int(r["nodes"])
+        group = GroupPlacement(nodes * per_node, nodes, per_node)
+        mark = "" if r["gpus_per_node"] else "*"
+        for size in (float(r["size_B"]),) if r["size_B"] else UNSTATED_SIZES_B:
+            meas = measured_time_s(r["collective"], size, group.size, r["oop_time_us"], r["busbw_GBs"])
+            err = model.collective_s(r["collective"], size, group) / meas - 1
+            label = f"{int(size)}" if r["size_B"] else f"{int(size)}?"
+            print(
+                f"{r['source']:22s} {r['collective']:14s} {nodes:5d} {per_node:3d}{mark:1s} {label:>11s} "
+                f"{meas * 1e6:9.1f} {(err + 1) * meas * 1e6:9.1f} {err:+6.1%}"
+            )
+            if r["size_B"]:
+                nb, sb = band(nodes, NODE_BANDS), band(size, SIZE_BANDS)
+                by_nodes[nb].append(err)
+                by_size[sb].append(err)
+                by_both[(nb, sb)].append(err)
+    print("\nRows with a message size, by node band, size band, and both:")
+    for _, _, nb in NODE_BANDS:
+        if by_nodes[nb]:
+            print(f"  nodes {nb:7s}            {summary(by_nodes[nb])}")
+    for _, _, sb in SIZE_BANDS:
+        if by_size[sb]:
+            print(f"  size  {sb:8s}           {summary(by_size[sb])}")
+    for (nb, sb), errs in sorted(by_both.items()):
+        print(f"  nodes {nb:7s} size {sb:8s} {summary(errs)}")
+    _fitting_reference(model)
+
+
+def _fitting_reference(model: AnalyticCostModel) -> None:
+    """The curve's own fitting data (xxrjun, 10 nodes), messages ≥ 64 MiB, by GPUs per node: the
+    in-sample residual the points above are read against. Skipped without the shared data."""
+    data = shared_data_dir()
+    if data is None:
+        print("\n(shared data absent: the 10-node fitting rows are not shown)")
+        return
+    errs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in read_csv_rows(data / "collectives" / "nccl_tests_tidy.csv"):
+        size = float(r["size_B"])
+        if not r["system"].startswith("H100 cluster01") or r["nodes"] != "10" or size < (64 << 20):
+            continue
+        if r["collective"] not in BUS_FACTOR:
+            continue
+        group = GroupPlacement(int(r["ranks"]), 10, int(r["gpus_per_node"]))
+        pred = model.collective_s(r["collective"], size, group)
+        errs[(r["collective"], r["gpus_per_node"])].append(pred / (float(r["oop_time_us"]) * 1e-6) - 1)
+    print("\nFitting data (xxrjun/nccl-tests-cluster, 10 nodes, >= 64 MiB), by collective and GPUs per node:")
+    for (coll, g), e in sorted(errs.items()):
+        print(f"  {coll:14s} {g} GPU/node  {summary(e)}")
+
+
+if __name__ == "__main__":
+    main()
