@@ -2,7 +2,7 @@
 other_workloads=True)): T1 as the reference counts it (gaps under 200 µs, Tukey's outliers removed),
 an operator that launches nothing at its name's median duration (at least 6 samples), else its
 category's median, else T1 alone; and the ET walk charging them. Every expected value is worked out by
-hand below (times in µs)."""
+hand below (times in µs); `calibrate --host-trace … --for-another-workload` writes them."""
 
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ import json
 import pytest
 from kineto_fixtures import cpu_op, step, write
 from test_et_distributed import LinearCosts
+from typer.testing import CliRunner
 
+from itercast.cli import app
 from itercast.hardware.topology import GroupPlacement
+from itercast.profile.calibrate import load_calibration
 from itercast.traces.et_pricing import ETPricer
 from itercast.traces.et_step import predict_step
 from itercast.traces.execution_trace import ExecutionTrace, read_execution_trace
 from itercast.traces.host_overheads import HostOverheads, measure
-from itercast.traces.kineto import read_traces
+from itercast.traces.kineto import TraceError, read_traces
 
 THREAD = "[pytorch|profiler|execution_graph|thread]"
 
@@ -92,3 +95,69 @@ def test_the_et_walk_charges_other_workload_overheads_to_operators_that_launch_n
     # + empty 0 (no category measured): 4 × 28 / 6 + 9 µs
     assert s.host_s == pytest.approx((4 * 28 / 6 + 4 + 5) * 1e-6)
     assert s.iteration_s == pytest.approx(s.host_s)
+
+
+def two_runs(tmp_path) -> list[str]:
+    """Two traces of different runs and world sizes, step [0, 1000], one thread, only aten::view (no call).
+    a (world 2): views of 1, 1, 2, 3, 20 µs at 10, 13, 16, 21, 64: 4 gaps 2, 2, 3, 40;
+    b (world 4): views of 1, 2, 4 µs at 10, 16, 318: 2 gaps 5, 300."""
+    a = [("aten::view", 10, 1), ("aten::view", 13, 1), ("aten::view", 16, 2), ("aten::view", 21, 3)]
+    a += [("aten::view", 64, 20)]
+    b = [("aten::view", 10, 1), ("aten::view", 16, 2), ("aten::view", 318, 4)]
+    return [
+        str(write(tmp_path / name, [step(1, 0, 1000)] + [cpu_op(*op) for op in ops], distributedInfo=info))
+        for name, ops, info in [
+            ("a.json", a, {"rank": 0, "world_size": 2}),
+            ("b.json", b, {"rank": 0, "world_size": 4}),
+        ]
+    ]
+
+
+def test_calibrate_for_another_workload_from_runs_of_two_world_sizes(tmp_path):
+    a, b = two_runs(tmp_path)
+    runner = CliRunner()
+    cal = tmp_path / "other.json"
+    res = runner.invoke(
+        app, ["calibrate", "--host-trace", a, "--host-trace", b, "--for-another-workload", "--out", str(cal)]
+    )
+    assert res.exit_code == 0, res.output
+    other = HostOverheads.from_dict(load_calibration(cal)["host_overheads"])
+    # a's 4 gaps 2, 2, 3, 40, all under 200: quartiles 2 (position 0.75) and 3 + 0.25 × 37 = 12.25 (position
+    # 2.25), the upper fence 12.25 + 1.5 × 10.25 = 27.625 drops 40; b's 300 ≥ 200 dropped, 5 alone stays:
+    # T1 (2 + 2 + 3 + 5) / 4 = 3
+    assert other.t1_us == pytest.approx(3.0)
+    assert other.samples["t1"] == 4
+    # 8 views (≥ 6): 1 1 1 2 2 3 4 20, median 2; the view category the same 8; unseen names: nothing
+    assert other.op_us("no_call_us", "aten::view") == pytest.approx(2.0)
+    assert other.no_call_by_category == pytest.approx({"view": 2.0})
+    assert other.op_us("no_call_us", "aten::fill_") == 0.0
+    # without the switch, the same software's: the mean of all 6 gaps, (2 + 2 + 3 + 40 + 5 + 300) / 6,
+    # and the views' mean (1 + 1 + 2 + 3 + 20 + 1 + 2 + 4) / 8
+    res = runner.invoke(app, ["calibrate", "--host-trace", a, "--host-trace", b, "--out", str(cal)])
+    assert res.exit_code == 0, res.output
+    same = HostOverheads.from_dict(load_calibration(cal)["host_overheads"])
+    assert same.t1_us == pytest.approx(352 / 6)
+    assert same.op_us("no_call_us", "aten::view") == pytest.approx(34 / 8)
+    # a replay still takes one job's ranks only
+    with pytest.raises(TraceError, match="different world sizes"):
+        read_traces([a, b])
+
+
+def test_calibrate_for_another_workload_bad_input_is_one_line_exit_2(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["calibrate", "--for-another-workload"])
+    assert res.exit_code == 2
+    assert res.output == (
+        "error: --for-another-workload: expected --host-trace FILE beside it (it chooses how to measure them), "
+        "got none\n"
+    )
+    # one gap, 300 µs: nothing under 200 µs to take T1 from (the same software's T1 is that gap)
+    path = write(tmp_path / "far.json", [step(1, 0, 1000), cpu_op("aten::view", 10, 1), cpu_op("aten::view", 311, 1)])
+    res = runner.invoke(app, ["calibrate", "--host-trace", str(path), "--for-another-workload"])
+    assert res.exit_code == 2
+    assert res.output == (
+        f"error: {path}: no gap under 200 µs between two operators inside the chosen steps: "
+        "nothing to measure T1 from for another workload\n"
+    )
+    res = runner.invoke(app, ["calibrate", "--host-trace", str(path)])
+    assert res.exit_code == 0, res.output

@@ -15,7 +15,10 @@ to zero, to show how much of each step the host is. Lin et al. report 7.96% (own
 +2.19% with shared overheads for whole-iteration prediction, where kernels are modelled too.
 --write-defaults FILE writes T1–T5 measured on all 8 ranks of the PARAM DLRM trace (TorchRec on
 8 × V100) as a calibration document: the defaults of model-built DLRM steps (workloads/dlrm/host.py),
-without per-operator means (another job's operators are not these).
+which price other jobs, so measured to price another workload (measure(…, other_workloads=True): T1
+from gaps under 200 µs without Tukey's outliers; an operator that launches nothing at its category's
+median, else T1 alone: the pooled no-call time is 0), without per-operator figures (another job's
+operators are not these).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import json
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,15 +54,21 @@ PARAM_DLRM = "param_dlrm_kineto_8rank_v100.tar.gz"
 
 
 def write_defaults(dlrm: list[RankTrace], path: Path) -> None:
-    """T1–T5 over every rank of the PARAM DLRM trace, pooled only, as a calibration document."""
-    m = measure(dlrm)
-    pooled = HostOverheads(m.t1_us, {k: round(v, 3) for k, v in m.t4_us.items()}, {}, m.pooled, m.samples)
+    """T1–T5 over every rank of the PARAM DLRM trace measured to price another workload, pooled and
+    by category only, as a calibration document."""
+    m = measure(dlrm, other_workloads=True)
+    pooled = replace(m, t4_us={k: round(v, 3) for k, v in m.t4_us.items()}, per_op={}, calls_per_op={})
     doc = host_overheads_only(pooled) | {
-        "source": f"PARAM DLRM, TorchRec on 8 x V100 (../shared/data/traces/{PARAM_DLRM}, all ranks): "
+        "source": f"PARAM DLRM, TorchRec on 8 x V100 (../shared/data/traces/{PARAM_DLRM}, all ranks), measured to "
+        "price another workload (T1 from gaps under 200 us without Tukey's outliers; operators that launch "
+        "nothing at their category's median, else T1 alone): "
         f"python validation/host_overheads.py --write-defaults {path}",
     }
     path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {path}: T1 {m.t1_us:.2f} us, pooled {m.pooled}, {LAUNCH} {m.t4_us.get(LAUNCH, 0.0):.2f} us")
+    print(
+        f"wrote {path}: T1 {m.t1_us:.2f} us, pooled {m.pooled}, no-call by category {m.no_call_by_category}, "
+        f"{LAUNCH} {m.t4_us.get(LAUNCH, 0.0):.2f} us"
+    )
 
 
 def main() -> None:

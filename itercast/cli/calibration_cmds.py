@@ -131,9 +131,20 @@ def calibrate_cmd(
     host_steps: Annotated[
         str | None, typer.Option(help="Only these ProfilerStep numbers of the host traces, e.g. 3,4,5.")
     ] = None,
+    for_another_workload: Annotated[
+        bool,
+        typer.Option(
+            metavar="",
+            help="Host overheads to price ANOTHER workload than the traces' (the reference's overheads from other "
+            "workloads): T1 from gaps under 200 µs without Tukey's outliers, an operator that launches nothing at "
+            "its name's or category's median duration. Default: to price the same software (means over all gaps).",
+        ),
+    ] = False,
 ) -> None:
     """Refit the cost model's curves on a profiling database and/or measure host overheads from
-    traces; write them as one calibration file; check the curves on held-out rows."""
+    traces; write them as one calibration file; check the curves on held-out rows. Host traces may
+    come from different runs and world sizes: the overheads are measured trace by trace
+    (traces/host_overheads.py)."""
     from itercast.costs.op_model import operator_report
     from itercast.measurements import ProfileError
     from itercast.profile import calibrate as cal
@@ -145,6 +156,8 @@ def calibrate_cmd(
         steps = {int(x) for x in host_steps.split(",")} if host_steps else None
     except ValueError:
         fail(f"--host-steps: expected comma-separated step numbers, got {host_steps!r}")
+    if for_another_workload and not host_trace:
+        fail("--for-another-workload: expected --host-trace FILE beside it (it chooses how to measure them), got none")
     try:
         if db is None and not host_trace:
             raise CalibrationError("give a profiling database, or --host-trace, or both")
@@ -164,7 +177,9 @@ def calibrate_cmd(
                 if operators:
                     _print_operator_report(operators)
         if host_trace:
-            overheads = measure(read_traces(list(host_trace)), steps)
+            overheads = measure(
+                read_traces(list(host_trace), one_job=False), steps, other_workloads=for_another_workload
+            )
             _print_host_overheads(overheads)
             doc = doc | cal.host_overheads_only(overheads)
         if out is not None:
@@ -177,12 +192,16 @@ def calibrate_cmd(
 
 
 def _print_host_overheads(o: HostOverheads) -> None:
-    table = Table(title="host overheads T1–T5 (mean µs; T2, T3, T5 over all operators, per name in the file)")
-    for col in ("type", "where", "mean µs", "samples"):
-        table.add_column(col, justify="right" if col in ("mean µs", "samples") else "left")
+    table = Table(
+        title="host overheads T1–T5 (µs: T1, T4 means; T2, T3, T5 medians over all operators, per name in the file)"
+    )
+    for col in ("type", "where", "µs", "samples"):
+        table.add_column(col, justify="right" if col in ("µs", "samples") else "left")
     table.add_row("T1", "between two operators", f"{o.t1_us:.1f}", str(o.samples.get("t1", "")))
     for kind, label, where in HOST_KINDS:
         table.add_row(label, where, f"{o.pooled[kind]:.1f}", str(o.samples.get(kind.removesuffix("_us"), "")))
+    for category, us in sorted(o.no_call_by_category.items()):
+        table.add_row("T5", f"operator without runtime calls, {category} (median)", f"{us:.1f}", "")
     for name, us in sorted(o.t4_us.items(), key=lambda kv: -kv[1])[:8]:
         table.add_row("T4", name, f"{us:.1f}", "")
     console.print(table)

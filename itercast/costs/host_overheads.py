@@ -1,7 +1,9 @@
 """Host overheads T1–T5 as a cost model (DESIGN.md §4, the host-overheads family): the mean
 overheads of Lin et al.'s five types, what a calibration's `host_overheads` section holds, and the
 defaults. traces/host_overheads.py measures them from Kineto traces and applies them to replayed
-traces; workloads/dlrm/host.py to model-built DLRM steps."""
+traces; workloads/dlrm/host.py to model-built DLRM steps. Both defaults (DEFAULT_HOST_OVERHEADS here,
+the TorchRec ones in host_overheads.json) price jobs other than the ones they were measured on, so
+they are measured to price another workload (traces/host_overheads.py measure(…, other_workloads=True))."""
 
 from __future__ import annotations
 
@@ -188,16 +190,21 @@ class HostOverheads:
 
 #: Defaults where no host calibration is given: T1–T5 pooled over the three other-workload traces in
 #: ../shared/data/traces (HolisticTraceAnalysis test inputs: V100 transformer, A100 transformer,
-#: A100 CNN DDP; 19,224 T1 and 75,189 T4 samples), measured by
+#: A100 CNN DDP; 18,071 T1 and 75,189 T4 samples), measured to price another workload (they price
+#: every job but these three: T1 from gaps under 200 µs without Tukey's outliers, 9.85 µs where the mean
+#: of every gap is 14.4; an operator that launches nothing at its category's median, else T1 alone;
+#: traces/host_overheads.py) by
 #: `python -c "from itercast.traces.kineto import read_kineto; from itercast.traces.host_overheads import measure;
-#: print(measure([read_kineto(f) for f in FILES]))"` with FILES the three hta_*.json.gz. Per-operator means are
-#: not kept: these are other workloads' operators, the pooled medians are the typical operator's.
+#: print(measure([read_kineto(f) for f in FILES], other_workloads=True))"` with FILES the three hta_*.json.gz
+#: (or `itercast calibrate --host-trace FILES --for-another-workload`). Per-operator figures are not kept:
+#: these are other workloads' operators, the pooled medians are the typical operator's.
 DEFAULT_HOST_OVERHEADS = HostOverheads(
-    t1_us=14.4,
+    t1_us=9.85,
     t4_us={"cudaLaunchKernel": 7.8, "cudaMemcpyAsync": 13.06, "cudaMemsetAsync": 7.94},
     per_op={},
-    pooled={"t2_us": 12.0, "t3_us": 5.0, "t5_us": 4.0, "no_call_us": 2.0},
-    samples={"t1": 19224, "t2": 14399, "t3": 14399, "t5": 60910, "no_call": 5159, "t4": 75189},
+    pooled={"t2_us": 12.0, "t3_us": 5.0, "t5_us": 4.0, "no_call_us": 0.0},
+    samples={"t1": 18071, "t2": 14399, "t3": 14399, "t5": 60910, "no_call": 5159, "t4": 75189},
+    no_call_by_category={"view": 3.0, "allocation": 3.0, "autograd": 8.0},
 )
 
 

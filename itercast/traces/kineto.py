@@ -367,9 +367,11 @@ def _nccl_metadata(c: _Columns) -> list[dict[str, Any] | None]:
     return out
 
 
-def read_traces(paths: list[str | Path]) -> list[RankTrace]:
+def read_traces(paths: list[str | Path], *, one_job: bool = True) -> list[RankTrace]:
     """Read a list of files or directories (every *.json / *.json.gz inside), one rank per file,
-    sorted by rank (files without `distributedInfo` keep their order)."""
+    sorted by rank (files without `distributedInfo` keep their order). `one_job`: refuse traces that
+    are not the ranks of one run (_check_one_job); False for statistics taken trace by trace (host
+    overheads), which any runs may pool."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -387,6 +389,8 @@ def read_traces(paths: list[str | Path]) -> list[RankTrace]:
                 f"{t.path}: nothing to replay: no GPU ops, CUDA runtime calls or CPU ops ({seen}); expected a "
                 "PyTorch profiler (Kineto) trace (itercast's own --trace output is a timeline to view, not to replay)"
             )
+    if not one_job:
+        return traces
     _check_one_job(traces)
     ranks = [t.rank for t in traces if t.rank is not None]
     if len(traces) > 1 and len(ranks) == len(traces):
