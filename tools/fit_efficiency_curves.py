@@ -263,10 +263,24 @@ def _h100_400g(rows: list[dict], latency_regime: dict) -> dict:
     """Inter-node all-reduce, all-gather, reduce-scatter and all-to-all on xxrjun's 10 nodes of 8×H100, 400 Gb/s
     per GPU (48.8 GB/s of 50 at 16 GiB, one GPU per node), 1, 2, 4 and 8 GPUs per node, 32 MiB to
     16 GiB. Bus bytes and bandwidth are the cost model's (analytic.bus_bytes; min(NVLink, per_node ×
-    NIC per GPU)), so an all-to-all counts the bytes through the NICs. With one node
-    count the latency cannot be split into a constant and a log2(nodes) term: it is fitted as
-    log2(nodes) alone (Polaris's form, whose constant fitted to 0). Messages below 1 MiB of bus
-    bytes, which this cluster was not measured at, take Polaris's latency regime."""
+    NIC per GPU, node_nic_fraction × the node's 8 × 50 GB/s of NICs)), so an all-to-all counts the
+    bytes through the NICs. With one node count the latency cannot be split into a constant and a
+    log2(nodes) term: it is fitted as log2(nodes) alone (Polaris's form, whose constant fitted to 0).
+    Messages below 1 MiB of bus bytes, which this cluster was not measured at, take Polaris's latency
+    regime.
+
+    Why a node cap: at 1, 2 and 4 GPUs per node the ring all-reduce, all-gather and reduce-scatter
+    reach 0.97–0.98 of per_node × 50 GB/s at 2–16 GiB (busbw 49, 98, 195), at 8 only ~320 of 400
+    (0.80), while the all-to-all reaches the same 50 GB/s per GPU at every layout. One e_max for
+    every layout compromised between them (fitting rows at >= 64 MiB: 1–4 GPUs/node +1% to +9%,
+    8 GPUs/node -11% to -24%, validation/collectives_at_scale.py). A separate e_max for full nodes
+    would make a group of 7 on an 8-GPU node faster than 8 (350 × e_max > 320 GB/s); a cap on the
+    node's aggregate, min(per_node × NIC per GPU, f × NICs × NIC bandwidth), is monotone in per_node,
+    leaves partial groups to e_max alone, and carries to nodes with other NIC counts as a fraction.
+    It is fitted per collective because the cause is the ring's path, not the NICs: the all-to-all's
+    cap fits to ~1 (no cap), so what saturates is a ring that runs through NVLink and every NIC of
+    the node at once, not the NICs or their PCIe links alone. Polaris's rows all fill their 4-GPU
+    nodes, so there f and e_max cannot be told apart and its curve keeps no cap (f = 1)."""
     out = {}
     for coll in ("all_reduce", "all_gather", "reduce_scatter", "alltoall"):
         sel = [
@@ -280,6 +294,9 @@ def _h100_400g(rows: list[dict], latency_regime: dict) -> dict:
             [10] * len(sel),
             [min(450e9, int(r["gpus_per_node"]) * 50e9) for r in sel],
             fixed={"alpha0_s": 0.0},
+            # 8 GPUs × 50 GB/s: the source does not document its fabric; 400 Gb/s per GPU is what its
+            # 1-GPU-per-node rows reach (48.8 GB/s at 16 GiB), as the per-point bandwidth above assumes
+            node_nic_bw=[8 * 50e9] * len(sel),
         )
         out[coll] = {"regimes": [latency_regime, {"max_bus_bytes": None, **fit}]}
     return out

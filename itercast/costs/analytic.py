@@ -119,10 +119,13 @@ class AnalyticCostModel:
 
         One node: the group's NVLink/NVSwitch bandwidth per GPU. Several nodes: the ring is limited by
         the slowest hop, min(intra-node bandwidth, per_node × NIC bandwidth per GPU) (a
-        hierarchical/rail approximation), with latency growing in log2(nodes) (tree-like, as NCCL
-        picks for small messages); an all-to-all's bytes across nodes are those through the NIC
-        (bus_bytes). Inter-node all-gather/reduce-scatter/all-to-all reuse the inter-node
-        all-reduce curve per bus byte (fitted data exists only for all-reduce) unless calibrated.
+        hierarchical/rail approximation), and by the curve's `node_nic_fraction` of the node's NICs ×
+        NIC bandwidth, what a ring reaches when every GPU of the node drives its NIC at once
+        (fitting.collective_time_s; 1, no cap, where a curve has none), with latency growing in
+        log2(nodes) (tree-like, as NCCL picks for small messages); an all-to-all's bytes across
+        nodes are those through the NIC (bus_bytes). A collective without an inter-node curve of its
+        own on the system's network (Polaris fits only all-reduce) reuses the all-reduce curve per bus
+        byte unless calibrated.
         """
         n = group.size
         if n <= 1 or nbytes <= 0:
@@ -131,13 +134,15 @@ class AnalyticCostModel:
         node = self.system.node
         curve_kind = kind if kind in self.intra else CURVE_OF.get(kind, kind)
         if group.intra_node:
-            fit, bw = self.intra[curve_kind], node.intra_node_bandwidth_bytes_per_s
+            fit, bw, node_nic_bw = self.intra[curve_kind], node.intra_node_bandwidth_bytes_per_s, None
         else:
             fit = _regime(self.inter.get(curve_kind, self.inter["all_reduce"]), bus)
             bw = min(
                 node.intra_node_bandwidth_bytes_per_s, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s()
             )
-        return max(float(collective_time_s(fit, bus, group.nodes, n, bw)), self.latency_floor_s(kind, group))
+            node_nic_bw = self.system.network.nics_per_node * self.system.network.nic_bandwidth_bytes_per_s
+        time_s = float(collective_time_s(fit, bus, group.nodes, n, bw, node_nic_bw))
+        return max(time_s, self.latency_floor_s(kind, group))
 
     def latency_floor_s(self, kind: str, group: GroupPlacement) -> float:
         """The least time a collective takes on the spec's hop latencies: ⌈log2⌉ hops within a node

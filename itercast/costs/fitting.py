@@ -5,9 +5,10 @@ profiling database. Curve forms:
   latency curve     t = alpha + x / (rate · eff(x))                    (GEMM: x FLOPs; memory: x bytes)
   attention         eff(FLOPs per head, head dim, causal)            (costs/attention.py)
   collective curve  t = alpha0 + alpha1 · log2(nodes) + alpha2 · log2(ranks) + alpha3 · (ranks − 1)
-                        + bus / (B · eff(r))
+                        + bus / (min(B, f · N) · eff(r))
                     (bus bytes per rank; r = bus, or bus / (ranks − 1), the bytes of one ring step;
-                    one of alpha2, alpha3 is fitted, the other 0)
+                    one of alpha2, alpha3 is fitted, the other 0; N the node's NICs × NIC bandwidth,
+                    f = node_nic_fraction, fitted only where N is given, else no cap)
 with eff(x) = e_max / (1 + exp(gamma · (log_half − ln x))) (costs/curves.py).
 """
 
@@ -78,6 +79,8 @@ COLLECTIVE_PARAMS = {
     "e_max": (0.8, 0.05, 1.5),
     "log_half": (math.log(1e7), 5.0, 30.0),
     "gamma": (1.0, 0.2, 4.0),
+    # at most 1: per_node × NIC bandwidth per GPU never exceeds the node's total, so f = 1 is no cap
+    "node_nic_fraction": (0.9, 0.2, 1.0),
 }
 
 
@@ -87,11 +90,17 @@ def collective_time_s(
     nodes: np.ndarray | float,
     ranks: np.ndarray | float,
     bw: np.ndarray | float,
+    node_nic_bw: np.ndarray | float | None = None,
 ) -> np.ndarray:
     """The collective curve in seconds: bus bytes per rank over a group of `ranks` on `nodes` nodes,
-    `bw` the placement's bandwidth per rank (bytes/s). Fits without `alpha_per_log2_ranks_s`,
-    `alpha_per_peer_s` or `ramp_of` (every file before them) read as 0, 0 and "bus"."""
+    `bw` the placement's bandwidth per rank (bytes/s). Across nodes, `node_nic_bw` (bytes/s: NICs
+    per node × NIC bandwidth) caps `bw` at the fit's `node_nic_fraction` of it: the bus bandwidth a
+    ring reaches when every GPU of the node drives its NIC at once (tools/fit_efficiency_curves.py
+    _h100_400g). Fits without `alpha_per_log2_ranks_s`, `alpha_per_peer_s`, `ramp_of` or
+    `node_nic_fraction` (every file before them) read as 0, 0, "bus" and 1 (no cap)."""
     x = np.asarray(bus_bytes, dtype=np.float64)
+    if node_nic_bw is not None:
+        bw = np.minimum(bw, fit.get("node_nic_fraction", 1.0) * np.asarray(node_nic_bw, dtype=np.float64))
     k = np.maximum(np.asarray(ranks, dtype=np.float64), 2.0)
     ramp_x = x / (k - 1) if fit.get("ramp_of", "bus") == "step" else x
     return (
@@ -111,6 +120,7 @@ def fit_collective(
     fixed: dict | None = None,
     ranks: np.ndarray | list | None = None,
     starts: int = 1,
+    node_nic_bw: np.ndarray | list | None = None,
 ) -> dict:
     """Fit the collective curve (collective_time_s); `fixed` pins some parameters.
 
@@ -127,9 +137,12 @@ def fit_collective(
     deciding geomean |error| `latency_choice_err`): the choice is made by the extrapolation that
     calibration will be asked for. Otherwise log2(ranks). `starts` > 1 adds seeded random starting
     points and keeps the least-squares best (the fit has local minima where the ramp mimics the
-    latency)."""
+    latency). With `node_nic_bw` (per point, bytes/s) `node_nic_fraction` is fitted too; it is
+    identified only when some points fill their nodes (per_node × NIC per GPU above the cap) and
+    others do not."""
     x, t, m = np.array(sizes, float), np.array(times_s), np.array(nodes, float)
     k = np.array(ranks, float) if ranks is not None else np.full_like(x, 2.0)
+    cap = None if node_nic_bw is None else np.array(node_nic_bw, float)
     fixed = {"ramp_of": "step" if ranks is not None else "bus", **(fixed or {})}
     if np.all(m == 1):
         fixed.setdefault("alpha_per_log2_nodes_s", 0.0)
@@ -137,26 +150,30 @@ def fit_collective(
         fixed.setdefault("alpha_per_log2_ranks_s", 0.0)
         fixed.setdefault("alpha_per_peer_s", 0.0)
     if {"alpha_per_log2_ranks_s", "alpha_per_peer_s"} & set(fixed):
-        return _fit_collective_form(x, t, m, k, bw, fixed, starts)
+        return _fit_collective_form(x, t, m, k, bw, cap, fixed, starts)
     forms = {"log2_ranks": {"alpha_per_peer_s": 0.0}, "peers": {"alpha_per_log2_ranks_s": 0.0}}
     choice_err = {}
     if np.unique(k).shape[0] >= 3:
         small, largest = k < k.max(), k == k.max()
         bw_arr = np.broadcast_to(np.asarray(bw, float), x.shape)
         for name, pins in forms.items():
-            f = _fit_collective_form(x[small], t[small], m[small], k[small], bw_arr[small], {**fixed, **pins}, starts)
-            pred = collective_time_s(f, x[largest], m[largest], k[largest], bw_arr[largest])
+            cap_small, cap_largest = (None, None) if cap is None else (cap[small], cap[largest])
+            f = _fit_collective_form(
+                x[small], t[small], m[small], k[small], bw_arr[small], cap_small, {**fixed, **pins}, starts
+            )
+            pred = collective_time_s(f, x[largest], m[largest], k[largest], bw_arr[largest], cap_largest)
             choice_err[name] = geomean_abs_err(pred, t[largest])
     form = min(choice_err, key=lambda name: choice_err[name]) if choice_err else "log2_ranks"
-    fit = _fit_collective_form(x, t, m, k, bw, {**fixed, **forms[form]}, starts)
+    fit = _fit_collective_form(x, t, m, k, bw, cap, {**fixed, **forms[form]}, starts)
     return {**fit, "latency_of": form} | ({"latency_choice_err": choice_err[form]} if choice_err else {})
 
 
 def _fit_collective_form(
-    x: np.ndarray, t: np.ndarray, m: np.ndarray, k: np.ndarray, bw, fixed: dict, starts: int
+    x: np.ndarray, t: np.ndarray, m: np.ndarray, k: np.ndarray, bw, cap: np.ndarray | None, fixed: dict, starts: int
 ) -> dict:
-    """Least squares on log time of the collective curve's parameters not in `fixed`."""
-    free = [n for n in COLLECTIVE_PARAMS if n not in fixed]
+    """Least squares on log time of the collective curve's parameters not in `fixed`; the node NIC
+    fraction only where `cap` (the node's NIC bandwidth per point) is given."""
+    free = [n for n in COLLECTIVE_PARAMS if n not in fixed and (cap is not None or n != "node_nic_fraction")]
     scale = {n: 1e-6 if n.startswith("alpha") else 1.0 for n in free}  # latencies solved in µs
     first, lo_v, hi_v = ([COLLECTIVE_PARAMS[n][j] / scale[n] for n in free] for j in range(3))
 
@@ -166,7 +183,7 @@ def _fit_collective_form(
         return out
 
     def residual(v):
-        return np.log(collective_time_s(params(v), x, m, k, bw)) - np.log(t)
+        return np.log(collective_time_s(params(v), x, m, k, bw, cap)) - np.log(t)
 
     rng = np.random.default_rng(0)
     tries = [first] + [list(rng.uniform(lo_v, hi_v)) for _ in range(starts - 1)]
@@ -176,7 +193,7 @@ def _fit_collective_form(
         **q,
         "points": len(x),
         "size_range_bytes": [float(x.min()), float(x.max())],
-        "fit_mean_abs_err": mean_abs_err(collective_time_s(q, x, m, k, bw), t),
+        "fit_mean_abs_err": mean_abs_err(collective_time_s(q, x, m, k, bw, cap), t),
     }
 
 
