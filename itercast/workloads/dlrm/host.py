@@ -4,7 +4,9 @@ each task of the step issues, and the host seconds of one operator.
 Lin et al. (TPDS'24, "Building a Performance Model for Deep Learning Recommendation Model Training
 on GPUs"; traces/host_overheads.py names the five types) price every operator's host time: T1 before
 it, T2 to its first launch, T4 per launch, T5 between launches, T3 after the last; an operator that
-launches nothing (views, reshapes, most AccumulateGrad) costs T1 and its whole (no-call) time. A DLRM
+launches nothing (views, reshapes, most AccumulateGrad) costs T1 and the pooled no-call time of the
+overheads (a user's own calibration measures it; the defaults, measured to price another workload,
+carry none: the reference's rule for an operator without statistics is T1 alone). A DLRM
 step issues hundreds of small operators, so its host often sets the pace (the PARAM DLRM 8 × V100
 trace: 505 top-level operators per rank, most under 50 µs of GPU time).
 
