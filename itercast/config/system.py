@@ -68,7 +68,8 @@ class NetworkSpec(BaseModel):
         description="The measured cluster whose inter-node collective curves price this network "
         "(costs/curves.json, tools/fit_efficiency_curves.py): ALCF Polaris, Slingshot 11 with 2 NICs "
         "per 4 A100, whose large all-reduces reach 0.65 of the NICs; or 10 nodes of 8×H100 with "
-        "400 Gb/s per GPU (xxrjun/nccl-tests-cluster), 0.97–0.98. A calibration's inter-node fits replace either.",
+        "400 Gb/s per GPU (xxrjun/nccl-tests-cluster): 0.97–0.98 of the NICs a group's GPUs drive, a full node's "
+        "ring capped at 0.65–0.82 of its 8 NICs (all-to-all uncapped). A calibration's inter-node fits replace either.",
     )
 
 
