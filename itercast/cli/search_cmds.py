@@ -254,6 +254,11 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         raise ConfigError(
             f"plan.cross_entropy: {options.framework} runs {' or '.join(runs)}, the job sets {base.cross_entropy}"
         )
+    recipes = framework(options.framework).fp8_recipes
+    if base.dtype == "fp8" and base.fp8_recipe not in recipes:
+        raise ConfigError(
+            f"plan.fp8_recipe: {options.framework} runs {' or '.join(recipes)}, the job sets {base.fp8_recipe}"
+        )
     if base.global_batch_size is None and not options.global_batch_sizes:
         raise ConfigError(
             "the search needs plan.global_batch_size (--set plan.global_batch_size=N) or --global-batch-sizes"

@@ -74,6 +74,17 @@ class PlanConfig(BaseModel):
     )
     zero_stage: NonNegativeInt = Field(0, le=3, description="0: DDP; 1–2: distributed optimizer; 3: FSDP.")
     dtype: DType = "bf16"
+    fp8_recipe: Literal["delayed", "tensorwise", "rowwise"] = Field(
+        "delayed",
+        description="dtype=fp8: how each GEMM operand's scale is found (HBM bytes per element of each cast: "
+        "workloads/transformer_ops.fp8_cast_bytes). delayed, Transformer Engine's DelayedScaling (amax from "
+        "the history of earlier steps: one cast-transpose pass; Megatron-Core --fp8-recipe delayed, its "
+        "default); tensorwise, one scale per tensor from the tensor itself (TE Float8CurrentScaling: Megatron "
+        "--fp8-recipe tensorwise, Megatron-Bridge FP8-CS; torchao/torchtitan float8 tensorwise, its default): "
+        "an amax pass before the cast, and with sequence parallelism an amax all-reduce over the "
+        "tensor-parallel group; rowwise, torchao/torchtitan float8 rowwise (one scale per row of each "
+        "operand: a row-scaled and a column-scaled copy, two passes).",
+    )
     flash_attention: bool = Field(
         True,
         description="Fused attention: no s×s scores kept in memory. Left out: true where every GPU of the "

@@ -45,7 +45,8 @@ class Framework:
     parallelism; `defaults`: its switches' defaults (what a launch without the flag runs);
     `plan_fields`: plan fields its launches run that the search prices unless the job sets them (its
     fused attention kernel, gradient bucket, kind of selective checkpointing); `cross_entropies`: the
-    PlanConfig.cross_entropy implementations its models can run."""
+    PlanConfig.cross_entropy implementations its models can run; `fp8_recipes`: the
+    PlanConfig.fp8_recipe scalings its FP8 training runs."""
 
     name: str
     zero_stages: tuple[int, ...]
@@ -59,6 +60,9 @@ class Framework:
     plan_fields: dict[str, Any]  # plan fields a launch of it runs unless the job sets them
     rules: tuple[tuple[str, Callable[[Columns, bool], np.ndarray]], ...] = field(default=())
     cross_entropies: tuple[str, ...] = ("megatron", "megatron_fused", "te")
+    # Megatron-Core arguments.py --fp8-recipe: delayed (default) and tensorwise (TE Float8CurrentScaling);
+    # its mxfp8 and blockwise need Blackwell or are not priced here
+    fp8_recipes: tuple[str, ...] = ("delayed", "tensorwise")
 
 
 #: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
@@ -148,8 +152,11 @@ FRAMEWORKS: dict[str, Framework] = {
             "grad_bucket_size_params": TORCH_DDP_BUCKET_PARAMS,
             "selective_recompute": "op",
             "cross_entropy": "torch",  # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...)
+            # job_config.py Float8.recipe_name None: torchao's Float8LinearConfig() (config.py), tensorwise
+            "fp8_recipe": "tensorwise",
         },
         cross_entropies=("torch",),
+        fp8_recipes=("tensorwise", "rowwise"),  # torchao float8 has no delayed scaling
         rules=(
             (
                 "torchtitan: FSDP2 (zero 2-3) over dp_shard, DDP (zero 0) only as 1-D parallelism, no ZeRO-1 "
@@ -180,6 +187,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # Megatron-DeepSpeed's --use-flash-attn-v2 (the flash_attn package's FlashAttention-2)
         plan_fields={"attention_kernel": "fa2", "grad_bucket_size_params": DEEPSPEED_BUCKET_PARAMS},
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
+        fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling
         rules=(
             (
                 "deepspeed: gradient reduction overlaps backward only with ZeRO overlap_comm and no pipelining; "

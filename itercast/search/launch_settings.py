@@ -66,7 +66,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
     if p["grad_bucket_size_params"] is not None:  # else Megatron-Core's own default, which the plan priced
         out.append(f"--ddp-bucket-size {p['grad_bucket_size_params']}")
     if p["dtype"] == "fp8":
-        out += ["--bf16", "--fp8-format hybrid"]
+        out += ["--bf16", "--fp8-format hybrid", f"--fp8-recipe {p['fp8_recipe']}"]
     elif p["dtype"] in ("bf16", "fp16"):
         out.append(f"--{p['dtype']}")
     if p["grad_reduce_dtype"] == "fp32" and p["dtype"] != "fp32":
@@ -172,7 +172,7 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
         if p["recompute"] == "selective":
             parts.append('selective_ac_option = "op"')
     if p["dtype"] == "fp8":
-        parts += ["", "[model]", 'converters = ["float8"]']
+        parts += ["", "[model]", 'converters = ["float8"]', "", "[float8]", f'recipe_name = "{p["fp8_recipe"]}"']
     return "\n".join(parts)
 
 

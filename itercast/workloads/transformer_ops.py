@@ -30,7 +30,8 @@ projections and MLPs, shared and routed experts. Megatron-Core's output layer (i
 ColumnParallelLinear), the MoE router (a plain linear) and unfused attention's batched GEMMs are
 not Transformer Engine modules (no `Op.kn`) and stay in bf16 (`Op.te`), as fused attention does
 (costs/analytic.py). Each FP8 GEMM's input, and backward its output gradient, is cast to FP8 with
-its transpose (Transformer Engine's cast-transpose kernels, memory-bound: `_fp8_casts`).
+its transpose (Transformer Engine's cast-transpose kernels, memory-bound: `_fp8_casts`); current
+scaling recipes add an amax pass and reduction (plan.fp8_recipe, `fp8_cast_bytes`).
 
 Mixture of experts (Megatron-Core's MoE layer with the all-to-all token dispatcher; Shoeybi et
 al.'s successors, Megatron-Core MoE docs): the n tokens of a rank (sequence parallel: b·s/(c·t))
@@ -195,24 +196,62 @@ def _tp_overlapped(ops: list[Op], plan: PlanConfig) -> list[Op]:
     return out
 
 
+def fp8_cast_bytes(recipe: str, after_norm: bool) -> int:
+    """HBM bytes per element of casting one bf16 GEMM operand to FP8 with the copy its other GEMM
+    reads (torchao/testing/training/roofline_utils.py get_tensor_memory_traffic_ovhd_s, the
+    maintainers' per-kernel byte counts; Transformer Engine's kernels agree):
+    - delayed (TE DelayedScaling, scale from earlier steps' amax): one cast-transpose, a 2-byte read
+      and two 1-byte FP8 writes: 4.
+    - tensorwise (TE Float8CurrentScaling, torchao tensorwise): an amax pass first (a 2-byte read:
+      TE docs fp8_current_scaling.rst 'Quantization ... requires reading the tensor twice'), then
+      the same cast: 6; 4 when `after_norm`, where the layer norm computes the amax as it writes
+      (TE normalization.cpp FUSED_NORM_AMAX_FP8; the roofline's fuse_with_prev).
+    - rowwise (torchao rowwise): one kernel reads bf16 and writes the row-scaled FP8 copy and a bf16
+      transpose (2 + 1 + 2), a second casts that transpose column-scaled (2 + 1): 8; 6 `after_norm`
+      (the first read fused with the norm)."""
+    fused_read = 2 if after_norm else 0
+    return {"delayed": 4, "tensorwise": 6 - fused_read, "rowwise": 8 - fused_read}[recipe]
+
+
 def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
-    """Under fp8 training, before each Transformer Engine GEMM the cast of its input to FP8 with
-    the transpose its weight gradient reads (a bf16 read, two FP8 writes: 4 bytes per element of
-    the m × k input) and, backward, the same of its output gradient (4 bytes per element of m × n).
-    Counted for every TE GEMM, also those whose input cast Transformer Engine fuses into the
-    preceding layer norm (which saves the 2-byte read there); weights are cast once per step
-    (Megatron-Core's first-micro-batch caching) and are not priced."""
+    """Under fp8 training, before each Transformer Engine GEMM the cast of its m × k input to FP8
+    with the copy its weight gradient reads and, backward, the same of its m × n output gradient
+    (`fp8_cast_bytes` per element, by plan.fp8_recipe; an input is `after_norm` when the op before
+    it, collectives aside, is a layer norm). Delayed scaling is counted at 4 bytes also where TE
+    fuses the cast into the layer norm (which saves the 2-byte read there). Weights are cast once
+    per step (Megatron-Core's first-micro-batch caching) and are not priced.
+
+    tensorwise with sequence parallelism: the amax of a column-parallel GEMM's input (forward) and of
+    a row-parallel GEMM's output gradient (backward) is all-reduced over the tensor-parallel group
+    before the cast (TE module/linear.py set_quantizer_amax_reduction_group; quantizer.cpp
+    Float8CurrentScalingQuantizer::quantize_impl allreduce): one 4-byte fp32 all-reduce, priced
+    forward before each column-parallel TE GEMM and as its backward (a Megatron layer pairs each
+    column-parallel GEMM with a row-parallel one: QKV with the projection, MLP up with down)."""
     if plan.dtype != "fp8":
         return ops
+    reduce_amax = plan.fp8_recipe == "tensorwise" and plan.sequence_parallel and plan.tensor_parallel > 1
     out: list[Op] = []
+    before = ""  # family of the last non-collective op
     for op in ops:
         if op.family == "gemm" and op.te:
             k, n = op.kn
             rows = op.count * op.amount / (2 * k * n)  # m, over every repetition
+            fwd = fp8_cast_bytes(plan.fp8_recipe, after_norm=before == "norm")
+            bwd = fp8_cast_bytes(plan.fp8_recipe, after_norm=False)
+            if reduce_amax and op.f_bytes and op.group == "tp":
+                out.append(Op(f"{op.name}.amax_all_reduce", "tp_comm", 4, "all_reduce", backward_comm="all_reduce"))
             out.append(
-                Op(f"{op.name}.fp8_cast", "elementwise", 4 * rows * k, label="fp8_cast", backward_amount=4 * rows * n)
+                Op(
+                    f"{op.name}.fp8_cast",
+                    "elementwise",
+                    fwd * rows * k,
+                    label="fp8_cast",
+                    backward_amount=bwd * rows * n,
+                )
             )
         out.append(op)
+        if op.family not in COMM_FAMILIES:
+            before = op.family
     return out
 
 
