@@ -25,8 +25,13 @@ from itercast.predict import predict
 
 #: NeMo / Megatron-Core recipe defaults for LLM pre-training on H100 (not stated per row):
 #: sequence parallelism whenever tp > 1, distributed optimizer (ZeRO-1) with overlapped gradient
-#: reduction and parameter gathering, fused attention, no recomputation.
+#: reduction and parameter gathering, fused attention, no recomputation. FP8 rows ran Transformer
+#: Engine's delayed scaling: NeMo 1 YAMLs (dgxc-benchmarking <= v25.02, NeMo-Framework-Launcher 24.07)
+#: set fp8_hybrid with fp8_amax_history_len 1024 / fp8_amax_compute_algo max; NeMo 2's
+#: bf16_with_fp8_mixed (dgxc v25.04.02) sets fp8_recipe "delayed"; Megatron-LM core r0.8.0 predates
+#: --fp8-recipe (delayed only).
 RECIPE = {
+    "fp8_recipe": "delayed",
     "zero_stage": 1,
     "overlap_grad_reduce": True,
     "overlap_param_gather": True,
