@@ -53,7 +53,7 @@ def _t(*names: str) -> tuple[str, ...]:
 
 #: the test files that cover each source file (a mutant may name its own)
 TESTS = {
-    "workloads/transformer_ops.py": _t("golden", "step_by_hand", "moe", "ops_and_costs"),
+    "workloads/transformer_ops.py": _t("golden", "step_by_hand", "moe", "ops_and_costs", "fp8_recipes"),
     "workloads/transformer.py": _t("golden", "step_by_hand", "bounds_by_hand", "moe", "ops_and_costs", "pipeline"),
     "memory.py": _t("memory", "memory_by_hand", "memory_moe_by_hand", "golden", "moe"),
     "search/fast_estimate.py": _t("fast_estimate", "bounds_by_hand"),
@@ -115,7 +115,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "Megatron's selective recompute does not re-run fused attention"),
     M(OPS, "if o.name.startswith(CORE_ATTENTION_RUN)]", "if o.name.startswith(CORE_ATTENTION)]",
       "recomputed ring attention without its K/V ring"),
-    M(OPS, '"elementwise", 4 * rows * k, label', '"elementwise", 2 * rows * k, label', "FP8 cast writes no transpose"),
+    M(OPS, '{"delayed": 4,', '{"delayed": 2,', "FP8 cast writes no transpose"),
     M(OPS, "return cast + 32, 8 + cast", "return cast + 24, 8 + cast", "Megatron's cross-entropy: one fp32 pass less"),
     M(OPS, "return e, 2 * e", "return e, e", "TE's cross-entropy backward only reads the logits"),
     M(OPS, "cast = 0 if e == 4 else e + 4", "cast = e + 4", "fp32 logits cast to fp32 again"),
@@ -129,6 +129,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(OPS, "rows = routed * etp", "rows = routed", "expert-tensor gather does not multiply rows"),
     M(OPS, "2 * rows * h * up * fe / etp / local", "2 * rows * h * up * fe / etp", "every local expert gets all rows"),
     M(OPS, "(2 * routed + n) * h * e", "2 * routed * h * e", "MoE unpermute writes nothing"),
+    M(OPS, '"tensorwise": 6 - fused_read', '"tensorwise": 6', "the layer norm does not compute the FP8 amax"),
+    M(OPS, '"rowwise": 8 - fused_read', '"rowwise": 6 - fused_read', "rowwise FP8 casts without its bf16 transpose"),
     # -- the step graph: groups, bytes, optimizer ------------------------------------------------
     M(TF, "grad=place_group(d * c, t, gpn)", "grad=place_group(d, t * c, gpn)", "gradients reduced over dp, not dp×cp"),
     M(TF, "cp=place_group(c, t, gpn)", "cp=place_group(c, 1, gpn)", "CP ranks placed adjacent, not at stride tp"),
