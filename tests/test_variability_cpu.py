@@ -84,3 +84,13 @@ def test_fully_shared_noise_has_no_max_of_two_inflation():
     steps = predict_steps(cal, -1, 0.0, 40_000, seed=2, shared=True)
     sigma = math.sqrt(math.log(1.04))
     assert np.percentile(steps, 95) == pytest.approx(1e-3 * math.exp(1.6449 * sigma - sigma**2 / 2), rel=0.01)
+
+
+def test_the_shared_step_factor_scales_the_collective_too():
+    # 1 ms of compute on each of two ranks, then a 1 ms all-reduce, the only noise one shared factor
+    # (CV 20%, σ² = ln 1.04): the step is 2 ms × that factor, p95 = 2 ms × exp(1.6449 σ − σ²/2) =
+    # 2.716 ms; were the collective spared, 1 ms × factor + 1 ms would give 2.358 ms
+    cal = Calibration(compute_s=(1e-3, 1e-3), compute_cv=0.2, comm_s=1e-3, comm_cv=0.2, rank_correlation=1.0)
+    steps = predict_steps(cal, -1, 0.0, 40_000, seed=3, shared=True)
+    sigma = math.sqrt(math.log(1.04))
+    assert np.percentile(steps, 95) == pytest.approx(2e-3 * math.exp(1.6449 * sigma - sigma**2 / 2), rel=0.01)
