@@ -249,16 +249,13 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     m = cast(ModelConfig, parse_section("model", raw["model"], "model"))
     s = cast(SystemConfig, parse_section("system", raw["system"], "system"))
     base = cast(PlanConfig, parse_section("plan", {**shared, **fixed}, "plan"))
-    runs = framework(options.framework).cross_entropies
-    if base.cross_entropy not in runs:
-        raise ConfigError(
-            f"plan.cross_entropy: {options.framework} runs {' or '.join(runs)}, the job sets {base.cross_entropy}"
-        )
-    recipes = framework(options.framework).fp8_recipes
-    if base.dtype == "fp8" and base.fp8_recipe not in recipes:
-        raise ConfigError(
-            f"plan.fp8_recipe: {options.framework} runs {' or '.join(recipes)}, the job sets {base.fp8_recipe}"
-        )
+    fw = framework(options.framework)
+    kernels: list[tuple[str, str, tuple[str, ...]]] = [("cross_entropy", base.cross_entropy, fw.cross_entropies)]
+    if base.dtype == "fp8":
+        kernels.append(("fp8_recipe", base.fp8_recipe, fw.fp8_recipes))
+    for name, value, runs in kernels:
+        if value not in runs:
+            raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
     if base.global_batch_size is None and not options.global_batch_sizes:
         raise ConfigError(
             "the search needs plan.global_batch_size (--set plan.global_batch_size=N) or --global-batch-sizes"
