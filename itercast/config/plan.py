@@ -83,7 +83,8 @@ class PlanConfig(BaseModel):
         "--fp8-recipe tensorwise, Megatron-Bridge FP8-CS; torchao/torchtitan float8 tensorwise, its default): "
         "an amax pass before the cast, and with sequence parallelism an amax all-reduce over the "
         "tensor-parallel group; rowwise, torchao/torchtitan float8 rowwise (one scale per row of each "
-        "operand: a row-scaled and a column-scaled copy, two passes).",
+        "operand: a row-scaled and a column-scaled copy, two passes). Not priced: torchao's weight casts, "
+        "which it repeats on every micro-batch.",
     )
     flash_attention: bool = Field(
         True,

@@ -219,7 +219,9 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
     (`fp8_cast_bytes` per element, by plan.fp8_recipe; an input is `after_norm` when the op before
     it, collectives aside, is a layer norm). Delayed scaling is counted at 4 bytes also where TE
     fuses the cast into the layer norm (which saves the 2-byte read there). Weights are cast once
-    per step (Megatron-Core's first-micro-batch caching) and are not priced.
+    per step (Megatron-Core's first-micro-batch caching) and are not priced. NOT PRICED either:
+    torchao's (torchtitan's tensorwise and rowwise) weight casts, which run on every micro-batch
+    (k × n per GEMM): those forecasts are fast by that much.
 
     tensorwise with sequence parallelism: the amax of a column-parallel GEMM's input (forward) and of
     a row-parallel GEMM's output gradient (backward) is all-reduced over the tensor-parallel group
