@@ -107,6 +107,16 @@ def variability_cmd(
     gpu_cv: GpuCvOpt = var.VariabilityModel.gpu_cv,
     moe_imbalance_cv: MoeImbalanceCvOpt = var.VariabilityModel.moe_imbalance_cv,
     noise_from_db: NoiseFromDbOpt = None,
+    run_cv: Annotated[
+        float, typer.Option(callback=finite(0, 10), help="Per-run speed, shared by all steps of a run (CV).")
+    ] = var.VariabilityModel.run_cv,
+    step_autocorrelation: Annotated[
+        float,
+        typer.Option(callback=finite(-0.99, 0.99), help="Lag-1 correlation of consecutive steps (time to train)."),
+    ] = var.VariabilityModel.step_autocorrelation,
+    across_runs: Annotated[
+        bool, typer.Option("--across-runs", help="Step quantiles pooled across runs (--run-cv), not of one run.")
+    ] = False,
     within_s: Annotated[
         float | None, typer.Option(callback=finite(0, above=True), help="Report P(step ≤ this many seconds).")
     ] = None,
@@ -167,16 +177,19 @@ def variability_cmd(
         except ConfigError as exc:
             fail(str(exc))
     vm = variability_model(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, noise_from_db, as_json)
+    vm = replace(vm, run_cv=run_cv, step_autocorrelation=step_autocorrelation)
     try:
         with working(f"sampling {samples:,} steps…", as_json):
             step = w.step_graph()
-            dist = var.graph_distribution(step, vm, samples, seed)
+            dist = var.graph_distribution(step, vm, samples, seed)  # one run: what time to train sums
+            shown = var.graph_distribution(step, vm, samples, seed, across_runs=True) if across_runs else dist
             attribution = var.graph_attribution(step, vm, min(samples, 4_000), seed)
             sensitivity = var.graph_sensitivity(step, vm, samples=min(samples, 4_000), seed=seed)
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no DLRM sharding fits
         fail(str(exc).replace("\n", "\n  "))
     out: dict[str, Any] = {
-        **dist.quantiles(),
+        **shown.quantiles(),
+        "across_runs": across_runs,
         "deterministic_s": dist.deterministic_s,
         "mean_s": float(dist.samples_s.mean()),
         "slowdown": dist.slowdown,
@@ -187,9 +200,9 @@ def variability_cmd(
         "sensitivity": sensitivity,
     }
     if within_s is not None:
-        out["p_within"] = {"t_s": within_s, "probability": dist.probability_within(within_s)}
+        out["p_within"] = {"t_s": within_s, "probability": shown.probability_within(within_s)}
     if plot is not None:
-        _plot(dist, plot, f"{w.name} on {w.num_gpus} GPUs", [job_file, noise_from_db])
+        _plot(shown, plot, f"{w.name} on {w.num_gpus} GPUs", [job_file, noise_from_db])
     if slow_gpus is not None:
         out["placement"] = _placement(step, slow_gpus, slow_factor)
     if speeds is not None:
@@ -197,7 +210,8 @@ def variability_cmd(
     if steps is not None:
         failures = FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s)
         deadline_s = deadline_hours * HOUR_S if deadline_hours else None
-        out["time_to_train"] = _time_to_train(out["mean_s"], steps, w.num_gpus, failures, deadline_s, seed)
+        step_cv = float(dist.samples_s.std() / dist.samples_s.mean())
+        out["time_to_train"] = _time_to_train(out["mean_s"], steps, w.num_gpus, failures, deadline_s, seed, vm, step_cv)
     if as_json:
         echo_json(out)
         return
@@ -257,10 +271,28 @@ def _speed_mapping(
 
 
 def _time_to_train(
-    mean_s: float, steps: int, gpus: int, failures: FailureModel, deadline_s: float | None, seed: int
+    mean_s: float,
+    steps: int,
+    gpus: int,
+    failures: FailureModel,
+    deadline_s: float | None,
+    seed: int,
+    vm: var.VariabilityModel,
+    step_cv: float,
 ) -> dict[str, Any]:
-    """Time to train `steps` steps of `mean_s` on `gpus` GPUs with failures (stochastic/time_to_train.py)."""
-    ttt = time_to_train(mean_s, steps, gpus, failures, deadline_s=deadline_s, seed=seed)
+    """Time to train `steps` steps of `mean_s` (CV `step_cv` within a run) on `gpus` GPUs with failures,
+    the run's factor and the steps' correlation of `vm` (stochastic/time_to_train.py)."""
+    ttt = time_to_train(
+        mean_s,
+        steps,
+        gpus,
+        failures,
+        deadline_s=deadline_s,
+        seed=seed,
+        step_cv=step_cv,
+        step_autocorrelation=vm.step_autocorrelation,
+        run_cv=vm.run_cv,
+    )
     return {
         "work_s": ttt.work_s,
         "expected_s": ttt.expected_s,
@@ -308,7 +340,10 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
     det = out["deterministic_s"]
     rows = [
         ("step (deterministic)", seconds(det)),
-        ("step quantiles", "  ".join(f"{k[:3]} {seconds(out[k])}" for k in ("p50_s", "p90_s", "p95_s", "p99_s"))),
+        (
+            "step quantiles" + (" across runs" if out["across_runs"] else ""),
+            "  ".join(f"{k[:3]} {seconds(out[k])}" for k in ("p50_s", "p90_s", "p95_s", "p99_s")),
+        ),
         ("slowdown from variability", f"{out['slowdown']:.3f}× (mean over deterministic)"),
     ]
     if out["p50_s"] > det:

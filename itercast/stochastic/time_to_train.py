@@ -21,6 +21,18 @@ The effective training time (useful training over elapsed time, the Llama 3 pape
 arXiv 2407.21783 §3.3.4) is τ / E[segment] over a long run. The best interval minimises E[wall]
 numerically; Young's first-order τ ≈ √(2δ/λ) (J. W. Young, "A first order approximation to the
 optimum checkpoint interval", CACM 17(9), 1974) is reported beside it.
+
+Step variability (stochastic/variability.py's step_cv, step_autocorrelation, run_cv) stretches the
+failure-free work: N steps of mean m take N·m·R·M̄, R the run's factor (log-normal, mean 1, CV run_cv)
+and M̄ the mean of the N step factors S_t = exp(σ x_t − σ²/2), σ² = ln(1 + step_cv²), x an AR(1) of
+lag-1 ρ. Cov(S_t, S_{t+k}) = exp(σ² ρ^k) − 1 ≈ σ² ρ^k (small σ), so Var M̄ ≈ σ²/N · [1 + 2 Σ_{k<N}
+(1 − k/N) ρ^k] (variability.ar1_mean_variance_factor), → σ²/N · (1+ρ)/(1−ρ) for large N; R is drawn
+once per job, independent of M̄, so the job's relative variance is ≈ σ_run² + σ²/N · (1+ρ)/(1−ρ) to
+first order: the step term shrinks as 1/N (a long job's own step noise averages out), the run term
+does not. Both are sampled as log-normal factors of mean 1 (variability.lognormal) and stretch the
+training part of the wall time only, (factor − 1) × work added to each sample: checkpoints and
+restarts keep their length, and the failures a slower run would meet in its longer work are not
+added (second order: λ × the extra work, per sample).
 """
 
 from __future__ import annotations
@@ -30,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize
+
+from itercast.stochastic.variability import ar1_mean_variance_factor, lognormal
 
 HOUR_S = 3600.0
 DAY_S = 24 * HOUR_S
@@ -158,6 +172,18 @@ def sample_time_s(
     return wall, failures + failed_restarts
 
 
+def speed_factors(
+    steps: int, step_cv: float, step_autocorrelation: float, run_cv: float, samples: int, seed: int
+) -> np.ndarray:
+    """Per sample, a job's mean step over `steps` steps relative to the mean step (module docstring):
+    a log-normal of mean 1 and CV² = exp(σ²/N · ar1_mean_variance_factor(N, ρ)) − 1, σ² = ln(1 + step_cv²),
+    times the run's log-normal factor of CV run_cv."""
+    rng = np.random.default_rng((seed, 1))  # a stream apart from the failures' (sample_time_s)
+    sigma2_mean = math.log1p(step_cv**2) / steps * ar1_mean_variance_factor(steps, step_autocorrelation)
+    mean_cv = math.sqrt(math.expm1(sigma2_mean))
+    return lognormal(mean_cv, rng.standard_normal(samples)) * lognormal(run_cv, rng.standard_normal(samples))
+
+
 def time_to_train(
     step_s: float,
     steps: int,
@@ -167,12 +193,20 @@ def time_to_train(
     deadline_s: float | None = None,
     samples: int = 20_000,
     seed: int = 0,
+    step_cv: float = 0.0,
+    step_autocorrelation: float = 0.0,
+    run_cv: float = 0.0,
 ) -> TimeToTrain:
-    """Wall time of `steps` steps of `step_s` seconds on `num_gpus` GPUs with failures and checkpoints."""
+    """Wall time of `steps` steps of `step_s` seconds (their mean) on `num_gpus` GPUs with failures and
+    checkpoints. `step_cv`: one step's CV within a run, taken whole as an AR(1) of lag-1
+    `step_autocorrelation` (an upper bound on the job's spread when only part of the step, the shared
+    step factor, is correlated: independent parts average out faster); `run_cv`: the run's factor."""
     work = step_s * steps
     rate = fm.job_failure_rate(num_gpus)
     tau = interval_s if interval_s is not None else best_interval_s(work, rate, fm)
     draws, _ = sample_time_s(work, tau, rate, fm, samples, seed)
+    if step_cv > 0 or run_cv > 0:
+        draws = draws + (speed_factors(steps, step_cv, step_autocorrelation, run_cv, samples, seed) - 1) * work
     qs = dict(zip(("p50", "p90", "p95", "p99"), np.percentile(draws, [50, 90, 95, 99]).tolist(), strict=True))
     expected = expected_time_s(work, tau, rate, fm)
     return TimeToTrain(

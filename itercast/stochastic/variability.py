@@ -10,7 +10,9 @@ Sources (coefficients of variation of log-normal factors with mean 1):
   CPU, validation/variability_cpu.py: log compute times of two ranks correlate 0.43 within a step);
 - moe_imbalance_cv: per-task, per-step variation of the busiest expert-parallel rank's token load
   around model.moe_token_imbalance (mixture-of-experts models without padding to capacity): it
-  scales the routed experts' share of each task (their kernels, their all-to-alls).
+  scales the routed experts' share of each task (their kernels, their all-to-alls);
+- step_autocorrelation: lag-1 correlation ρ of step_cv's log factor between consecutive steps of a run;
+- run_cv: one factor per run (an allocation of nodes), shared by every step of that run.
 DEFAULTS are illustrative, not fitted: Llama 3 (arXiv 2407.21783 §3.3.4) reports 1–2% throughput
 variation; Sinha et al. (SC'22) 8% average same-SKU GPU variation (up to 22%); PRISM ~14% on GEMMs.
 Fit them to your measurements (stochastic.distributions) and pass your own, or take the per-task
@@ -33,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy import special
+from scipy import signal, special
 
 from itercast.config.job import Job
 from itercast.graph.execgraph import Category, ExecGraph
@@ -46,12 +48,36 @@ from itercast.workloads.transformer import TransformerStepBuilder
 
 @dataclass(frozen=True)
 class VariabilityModel:
+    """The sources of the module docstring, each a coefficient of variation (dimensionless), and the
+    correlation of step_cv's factor in time.
+
+    step_autocorrelation: ρ in (−1, 1), the lag-1 correlation of the log step factor (step_cv) between
+    consecutive steps of one run, a first-order autoregressive process (Box & Jenkins, "Time Series
+    Analysis: Forecasting and Control", 1970, ch. 3): x_t = ρ·x_{t−1} + √(1−ρ²)·ε_t with ε i.i.d.
+    standard normal, so each step's factor keeps its log-normal marginal and Corr(x_t, x_{t+k}) = ρ^k.
+    Why: the blocks of MLPerf Training v4.0 Eos GPT-3 runs correlate up to +0.46 from one block of 9–11
+    steps to the next (validation/variability_series.py): slow drift within a run (clocks, thermals:
+    Llama 3, arXiv 2407.21783 §3.3.4, saw 1–2% diurnal throughput variation from temperature and DVFS).
+    run_cv: one log-normal factor of mean 1 per run, scaling every compute and communication task of
+    every step of that run (the node placement, clocks and network path of one allocation). Why: the
+    Eos runs of one job differ by up to 0.7% (GPT-3, 512 GPUs) and 5% (LoRA, 1,024 GPUs) in median
+    while each run's blocks vary far less; Sinha et al. (SC'22, arXiv 2208.11035) measured 8% average
+    same-SKU GPU variation, which a fresh allocation redraws. Both default to 0 (independent steps, one
+    run at the mean speed); ρ changes no single step's distribution, only sums over steps
+    (ar1_mean_variance_factor; stochastic/time_to_train.py)."""
+
     compute_cv: float = 0.02
     comm_cv: float = 0.10
     network_cv: float = 0.05
     gpu_cv: float = 0.05
     moe_imbalance_cv: float = 0.10
     step_cv: float = 0.0
+    run_cv: float = 0.0
+    step_autocorrelation: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not -1 < self.step_autocorrelation < 1:
+            raise ValueError(f"step_autocorrelation: expected a number in (-1, 1); got {self.step_autocorrelation}")
 
     def halved(self, source: str) -> VariabilityModel:
         return replace(self, **{source: getattr(self, source) / 2})
@@ -87,6 +113,28 @@ def lognormal(cv: float, z: np.ndarray) -> np.ndarray:
     """Log-normal factors of mean 1 and coefficient of variation `cv` from standard normals `z`."""
     sigma = np.sqrt(np.log1p(cv * cv))
     return np.exp(sigma * z - sigma * sigma / 2)
+
+
+def ar1(z: np.ndarray, rho: float) -> np.ndarray:
+    """A stationary AR(1) of standard normal marginal along the last axis of i.i.d. standard normals `z`
+    (Box & Jenkins 1970, ch. 3): x_0 = z_0, x_t = ρ·x_{t−1} + √(1−ρ²)·z_t, one linear filter pass
+    (scipy.signal.lfilter, its initial state set so that x_0 = z_0)."""
+    if rho == 0:
+        return z
+    c = np.sqrt(1 - rho * rho)
+    x, _ = signal.lfilter([c], [1.0, -rho], z, axis=-1, zi=(1 - c) * z[..., :1])
+    return x
+
+
+def ar1_mean_variance_factor(n: int | np.ndarray, rho: float) -> float | np.ndarray:
+    """Var(mean of n consecutive values of an AR(1) of variance σ² and lag-1 correlation ρ) / (σ²/n).
+
+    Var(Σ x_t) = σ² Σ_i Σ_j ρ^|i−j| = σ² [n + 2 Σ_{k=1}^{n−1} (n−k) ρ^k], so the factor is
+    1 + 2 Σ_{k=1}^{n−1} (1 − k/n) ρ^k = (1+ρ)/(1−ρ) − 2ρ(1 − ρ^n) / (n (1−ρ)²) (the geometric sums
+    in closed form), → (1+ρ)/(1−ρ) as n → ∞; 1 for independent values (ρ = 0) and for n = 1."""
+    n = np.asarray(n, dtype=float)
+    out = (1 + rho) / (1 - rho) - 2 * rho * (1 - rho**n) / (n * (1 - rho) ** 2)
+    return float(out) if out.ndim == 0 else out
 
 
 @dataclass(frozen=True)
@@ -128,9 +176,16 @@ def build_transformer_step(job: Job) -> StepGraph:
 
 
 class GraphSampler:
-    """Sampled task durations (tasks × samples) of one step graph under `model`."""
+    """Sampled task durations (tasks × samples) of one step graph under `model`.
 
-    def __init__(self, step: StepGraph, model: VariabilityModel) -> None:
+    Consecutive samples of a call are consecutive steps: step_cv's factor follows the AR(1) of
+    model.step_autocorrelation along them. `run_steps` None: the steps of one run at the mean speed
+    (no run factor; the chain restarts, stationary, at each call: simulate_samples' blocks of 1,024).
+    `run_steps` k: every k consecutive samples of a call are one run, with one factor of model.run_cv
+    and a chain of their own (k = 1: each sample a step of a fresh run, the distribution pooled across
+    runs); a call's last run is cut short when k does not divide the call's samples."""
+
+    def __init__(self, step: StepGraph, model: VariabilityModel, run_steps: int | None = None) -> None:
         graph = step.graph
         share = np.zeros(graph.num_tasks) if step.expert_share is None else step.expert_share
         self.imbalanced = np.flatnonzero(share > 0)
@@ -143,6 +198,8 @@ class GraphSampler:
         self.stages = int(ranks.max()) + 1 if ranks.size else 1
         self.k_task = step.gpus_per_task
         self.gpus_per_stage = step.gpus_per_rank
+        self.run_steps = run_steps
+        self.run_cv = model.run_cv if run_steps is not None else 0.0
 
     def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
         m = self.model
@@ -162,14 +219,27 @@ class GraphSampler:
             if m.network_cv > 0:
                 noise *= lognormal(m.network_cv, rng.standard_normal((1, n)))
             dur[self.comm] *= noise
-        if m.step_cv > 0:
-            shared = lognormal(m.step_cv, rng.standard_normal((1, n)))
+        if m.step_cv > 0 or self.run_cv > 0:
+            shared = self._shared(rng, n)
             dur[self.compute] *= shared
             dur[self.comm] *= shared
         if self.imbalanced.size and m.moe_imbalance_cv > 0:
             load = lognormal(m.moe_imbalance_cv, rng.standard_normal((self.imbalanced.size, n)))
             dur[self.imbalanced] *= 1 + self.imbalanced_share[:, None] * (load - 1)
         return dur
+
+    def _shared(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """(1, n) factors shared by every compute and communication task of a step: step_cv's factor
+        (AR(1) along each run's steps) times its run's factor."""
+        m, per_run = self.model, self.run_steps or n
+        runs = -(-n // per_run)
+        shared = np.ones((1, n))
+        if m.step_cv > 0:
+            z = ar1(rng.standard_normal((runs, per_run)), m.step_autocorrelation)
+            shared *= lognormal(m.step_cv, z.reshape(1, -1)[:, :n])
+        if self.run_cv > 0:
+            shared *= lognormal(self.run_cv, np.repeat(rng.standard_normal(runs), per_run)[None, :n])
+        return shared
 
 
 class StepSampler(GraphSampler):
@@ -207,10 +277,13 @@ def step_distribution(job: Job, model: VariabilityModel, samples: int = 10_000, 
 
 
 def graph_distribution(
-    step: StepGraph, model: VariabilityModel, samples: int = 10_000, seed: int = 0
+    step: StepGraph, model: VariabilityModel, samples: int = 10_000, seed: int = 0, across_runs: bool = False
 ) -> StepDistribution:
-    """The deterministic step and `samples` sampled steps of a step graph."""
-    sampled = simulate_samples(step.graph, GraphSampler(step, model), samples, seed)
+    """The deterministic step and `samples` sampled steps of a step graph: of one run at the mean speed,
+    or, `across_runs`, each of a fresh run (model.run_cv widens it; model.step_autocorrelation moves
+    neither: it changes no single step's distribution)."""
+    sampler = GraphSampler(step, model, 1 if across_runs else None)
+    sampled = simulate_samples(step.graph, sampler, samples, seed)
     return StepDistribution(simulate(step.graph).step_time_s, sampled)
 
 

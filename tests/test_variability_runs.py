@@ -1,0 +1,130 @@
+"""The run level (VariabilityModel.run_cv) and step-to-step correlation (step_autocorrelation) of the
+variability model: the AR(1) sums by hand, the sampled chain, the run factor, and time to train."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.graph.execgraph import Category, GraphBuilder
+from itercast.stochastic.time_to_train import FailureModel, time_to_train
+from itercast.stochastic.variability import (
+    GraphSampler,
+    StepGraph,
+    VariabilityModel,
+    ar1,
+    ar1_mean_variance_factor,
+    graph_distribution,
+)
+
+NO_FAILURES = FailureModel(mtbf_per_gpu_s=math.inf, checkpoint_s=0.0, restart_s=0.0)
+
+
+def one_task(duration_s: float = 2.0) -> StepGraph:
+    b = GraphBuilder()
+    b.task("step", b.resource(0, "compute"), duration_s, Category.COMPUTE, "gemm")
+    return StepGraph(b.build(), 1, 1)
+
+
+def shared_only(step_cv: float = 0.0, run_cv: float = 0.0, rho: float = 0.0) -> VariabilityModel:
+    return VariabilityModel(0.0, 0.0, 0.0, 0.0, 0.0, step_cv=step_cv, run_cv=run_cv, step_autocorrelation=rho)
+
+
+def test_ar1_mean_of_two_steps_by_hand():
+    # Var((x1 + x2)/2) = (σ² + σ² + 2ρσ²)/4 = σ²/4 · (2 + 2·0.5) = 0.75 σ² = σ²/2 · 1.5
+    assert ar1_mean_variance_factor(2, 0.5) == pytest.approx(1.5)
+    # n = 3, ρ = 0.5: (3σ² + 2·(2·0.5 + 1·0.25)σ²)/9 = 5.5σ²/9 = σ²/3 · 1.8333
+    assert ar1_mean_variance_factor(3, 0.5) == pytest.approx(5.5 / 3)
+    # independent steps, and the large-N limit (1 + ρ)/(1 − ρ) = 1.5/0.5 = 3
+    assert ar1_mean_variance_factor(7, 0.0) == pytest.approx(1.0)
+    assert ar1_mean_variance_factor(10**7, 0.5) == pytest.approx(3.0, rel=1e-6)
+
+
+def test_sampled_ar1_keeps_its_marginal_and_lag1():
+    z = np.random.default_rng(0).standard_normal(200_000)
+    x = ar1(z, 0.6)
+    # x_0 = z_0; the lag-1 estimate's standard error is about (1 − ρ²)/√N = 0.64/447 = 0.0014
+    assert x[0] == z[0]
+    assert np.corrcoef(x[1:], x[:-1])[0, 1] == pytest.approx(0.6, abs=0.01)
+    assert x.var() == pytest.approx(1.0, abs=0.02)
+
+
+def test_sampler_step_factor_is_ar1_along_consecutive_samples():
+    # the log of a 2 s step × exp(σx − σ²/2) is linear in x: its lag-1 correlation is x's, ρ = 0.6
+    sampler = GraphSampler(one_task(), shared_only(step_cv=0.1, rho=0.6))
+    log_step = np.log(sampler(np.random.default_rng(1), 100_000)[0])
+    assert np.corrcoef(log_step[1:], log_step[:-1])[0, 1] == pytest.approx(0.6, abs=0.01)
+
+
+class FixedNormals:
+    """A generator whose standard normals are given: the run factors' draws, by hand."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = np.array(values)
+
+    def standard_normal(self, size: int) -> np.ndarray:
+        assert size == self.values.size
+        return self.values
+
+
+def test_run_cv_gives_each_run_one_factor_by_hand():
+    # run_cv 10%: σ = √ln(1.01) = 0.099751; two runs of 3 steps with z = +1 and −1:
+    # run 0: 2 s × e^{σ − σ²/2} = 2 × e^{0.094776} = 2.19883 s, run 1: 2 × e^{−σ − σ²/2} = 2 × e^{−0.104727}
+    # = 1.80114 s; their ratio e^{2σ} = e^{0.199502} = 1.22080
+    sampler = GraphSampler(one_task(2.0), shared_only(run_cv=0.10), run_steps=3)
+    steps = sampler(FixedNormals([1.0, -1.0]), 6)[0]  # type: ignore[arg-type]
+    assert steps[:3] == pytest.approx([2.19883] * 3, rel=1e-5)
+    assert steps[3:] == pytest.approx([1.80114] * 3, rel=1e-5)
+    assert steps[:3].mean() / steps[3:].mean() == pytest.approx(1.22080, rel=1e-5)
+
+
+def test_one_run_ignores_run_cv_and_pooled_runs_widen_by_it():
+    graph = one_task(2.0)
+    one_run = graph_distribution(graph, shared_only(run_cv=0.10), 2000, seed=0).samples_s
+    assert one_run == pytest.approx(np.full(2000, 2.0))
+    # pooled: each step of a fresh run, log-σ √ln(1.01) = 0.0998 (standard error 0.0998/√(2·20,000) ≈ 0.0005)
+    pooled = graph_distribution(graph, shared_only(run_cv=0.10), 20_000, seed=0, across_runs=True).samples_s
+    assert np.log(pooled).std() == pytest.approx(0.0998, abs=0.002)
+
+
+def test_correlation_leaves_one_step_quantiles_alone():
+    # step_cv 10%: σ = 0.099751; p95 = 2 s × e^{1.6449σ − σ²/2} = 2 × e^{0.164080 − 0.004975} = 2.34493 s
+    for rho in (0.0, 0.8):
+        dist = graph_distribution(one_task(2.0), shared_only(step_cv=0.10, rho=rho), 40_000, seed=3)
+        assert dist.quantiles()["p95_s"] == pytest.approx(2.34493, rel=0.005)
+
+
+def test_time_to_train_p95_with_run_cv_by_hand():
+    # 1000 steps of 2 s, no failures: 2000 s times the run's factor; run_cv 5%: σ = √ln(1.0025) = 0.0499688,
+    # p95 = 2000 × e^{1.6449σ − σ²/2} = 2000 × e^{0.082194 − 0.001248} = 2000 × 1.084311 = 2168.62 s
+    ttt = time_to_train(2.0, 1000, 8, NO_FAILURES, run_cv=0.05)
+    assert ttt.expected_s == pytest.approx(2000.0)
+    assert ttt.quantiles_s["p95"] == pytest.approx(2168.62, rel=0.005)
+
+
+def test_time_to_train_p95_of_correlated_steps_by_hand():
+    # 100 steps of 1 s, step_cv 10%, ρ 0.5, no run factor: g(100, 0.5) = 3 − 2·0.5·(1 − 0.5¹⁰⁰)/(100·0.25)
+    # = 2.96; the mean's log-variance ln(1.01)/100 × 2.96 = 0.00995033 × 0.0296 = 0.000294530, σ = 0.0171619;
+    # p95 = 100 × e^{1.6449σ − σ²/2} = 100 × e^{0.028230 − 0.000147} = 102.848 s (independent steps: 101.64 s)
+    ttt = time_to_train(1.0, 100, 8, NO_FAILURES, step_cv=0.10, step_autocorrelation=0.5)
+    assert ttt.quantiles_s["p95"] == pytest.approx(102.848, rel=0.002)
+
+
+def test_model_refuses_a_correlation_outside_minus_one_to_one():
+    with pytest.raises(ValueError, match=r"step_autocorrelation: expected a number in \(-1, 1\); got 1.0"):
+        VariabilityModel(step_autocorrelation=1.0)
+
+
+def test_cli_across_runs_and_a_bad_correlation():
+    args = ["variability", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--samples", "300", "--json"]
+    one = json.loads(CliRunner().invoke(app, [*args, "--run-cv", "0.05"]).stdout)
+    pooled = json.loads(CliRunner().invoke(app, [*args, "--run-cv", "0.05", "--across-runs"]).stdout)
+    assert not one["across_runs"] and pooled["across_runs"] and pooled["model"]["run_cv"] == 0.05
+    assert pooled["p99_s"] - pooled["p50_s"] > one["p99_s"] - one["p50_s"]
+    bad = CliRunner().invoke(app, [*args, "--step-autocorrelation", "1.5"])
+    assert bad.exit_code == 2 and "1.5" in bad.output
