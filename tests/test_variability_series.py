@@ -1,7 +1,7 @@
 """validation/variability_series.py: parsing the MLPerf result-log lines it reads (real line formats of
 mlcommons/training_results_v4.0, NVIDIA/results/eos_n64_ngc24.04_nemo/gpt3/result_0.txt and
 eos_n128_ngc24.04_nemo/llama2_70b_lora/result_0.txt, shortened), the training-block rule, and the KS of
-two tiny samples, all by hand."""
+two tiny samples, and the run-level estimators (an AR(1)'s block correlation, a two-run fit), all by hand."""
 
 from __future__ import annotations
 
@@ -14,7 +14,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
 from variability_cpu import compare
-from variability_series import parse_blocks, training_blocks
+from variability_series import (
+    RunFit,
+    block_lag1_of_steps,
+    fit_runs,
+    parse_blocks,
+    pooled_run_var,
+    step_rho,
+    training_blocks,
+)
 
 
 def line(time_ms: int, event: str, key: str, value: object, **meta: object) -> str:
@@ -90,3 +98,38 @@ def test_ks_of_tiny_samples_by_hand():
     ks, p95_err, _ = compare(np.array([1.0, 2.0, 3.0]), np.array([2.5, 3.5, 4.5]))
     assert ks == pytest.approx(2 / 3)
     assert p95_err == pytest.approx(2.9 / 4.4 - 1)
+
+
+def test_block_lag1_of_an_ar1_by_hand():
+    # blocks of n = 2 steps, ρ = 0.5: Cov((x1 + x2)/2, (x3 + x4)/2) = (ρ² + ρ³ + ρ + ρ²)σ²/4
+    # = (0.25 + 0.125 + 0.5 + 0.25)/4 σ² = 0.28125 σ²; Var = (2 + 2ρ)σ²/4 = 0.75 σ²: r = 0.28125/0.75 = 0.375
+    assert block_lag1_of_steps(0.5, 2) == pytest.approx(0.375)
+    assert step_rho(0.375, 2) == pytest.approx(0.5)
+    assert block_lag1_of_steps(0.3, 1) == pytest.approx(0.3)  # blocks of one step are the steps
+    assert step_rho(-0.2, 11) == 0.0  # a negative block correlation: independent steps
+
+
+def test_two_run_fit_by_hand():
+    # blocks of 4 steps; logs of run A: 0, 0.02; run B: 0.1, 0.12 (deviations from each run's mean ∓0.01)
+    # blocks' lag-1: (−0.01·0.01) × 2 / (4 × 0.0001) = −0.5 → steps' ρ = 0
+    # within-run variance s_w² = 0.0004 / (1 + 1) = 0.0002; step σ² = 4 × 0.0002 / g(4, 0) = 0.0008,
+    # step_cv = √(e^0.0008 − 1) = 0.028290
+    # run medians' logs 0.01 and 0.11: variance (ddof 1) 0.1²/2 = 0.005; a median's sampling variance
+    # π/2 × 0.0002 × g(2, −0.5) / 2, g(2, −0.5) = 1 + 2 × (1 − 1/2) × (−0.5) = 0.5: 7.854e-5;
+    # σ_run² = 0.005 − 0.00007854 = 0.00492146
+    fit = fit_runs([np.exp([0.0, 0.02]), np.exp([0.1, 0.12])], steps=4)
+    assert fit.block_lag1 == pytest.approx(-0.5)
+    assert fit.rho == 0.0
+    assert fit.step_cv == pytest.approx(0.028290, rel=1e-4)
+    assert fit.run_var == pytest.approx(0.00492146, rel=1e-5)
+    assert fit_runs([np.exp([0.0, 0.02, 0.01])], steps=4).run_var is None  # one run: no between-run spread
+
+
+def test_pooled_run_variance_weighted_by_runs_by_hand():
+    # 5 fit runs (4 degrees of freedom) at 0.0004 and 3 runs (2) at 0.0001: (4 × 0.0004 + 2 × 0.0001) / 6 = 0.0003
+    fits = [
+        RunFit(3, 5, 0.0, 0.0, 0.01, 0.0004),
+        RunFit(3, 3, 0.0, 0.0, 0.01, 0.0001),
+        RunFit(9, 1, 0.0, 0.0, 0.01, None),
+    ]
+    assert pooled_run_var(fits) == pytest.approx(0.0003)
