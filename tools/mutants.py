@@ -53,7 +53,7 @@ def _t(*names: str) -> tuple[str, ...]:
 
 #: the test files that cover each source file (a mutant may name its own)
 TESTS = {
-    "workloads/transformer_ops.py": _t("golden", "step_by_hand", "moe", "ops_and_costs", "fp8_recipes"),
+    "workloads/transformer_ops.py": _t("golden", "step_by_hand", "moe", "ops_and_costs", "fp8_recipes", "fp8_moe"),
     "workloads/transformer.py": _t("golden", "step_by_hand", "bounds_by_hand", "moe", "ops_and_costs", "pipeline"),
     "memory.py": _t("memory", "memory_by_hand", "memory_moe_by_hand", "golden", "moe"),
     "search/fast_estimate.py": _t("fast_estimate", "bounds_by_hand"),
@@ -133,6 +133,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M(OPS, "(2 * routed + n) * h * e", "2 * routed * h * e", "MoE unpermute writes nothing"),
     M(OPS, '"tensorwise": 6 - fused_read', '"tensorwise": 6', "the layer norm does not compute the FP8 amax"),
     M(OPS, '"rowwise": 8 - fused_read', '"rowwise": 6 - fused_read', "rowwise FP8 casts without its bf16 transpose"),
+    M(OPS, "return tensors * (2 if", "return (2 if", "TE current scaling casts every expert in one launch"),
+    M(OPS, '"elementwise", 2 * nbytes, label="experts"', '"elementwise", nbytes, label="experts"',
+      "the FP8 padding copy only writes"),
     # -- the step graph: groups, bytes, optimizer ------------------------------------------------
     M(TF, "grad=place_group(d * c, t, gpn)", "grad=place_group(d, t * c, gpn)", "gradients reduced over dp, not dp×cp"),
     M(TF, "cp=place_group(c, t, gpn)", "cp=place_group(c, 1, gpn)", "CP ranks placed adjacent, not at stride tp"),

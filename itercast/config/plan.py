@@ -83,8 +83,10 @@ class PlanConfig(BaseModel):
         "--fp8-recipe tensorwise, Megatron-Bridge FP8-CS; torchao/torchtitan float8 tensorwise, its default): "
         "an amax pass before the cast, and with sequence parallelism an amax all-reduce over the "
         "tensor-parallel group; rowwise, torchao/torchtitan float8 rowwise (one scale per row of each "
-        "operand: a row-scaled and a column-scaled copy, two passes). Not priced: torchao's weight casts, "
-        "which it repeats on every micro-batch.",
+        "operand: a row-scaled and a column-scaled copy, two passes), which also recasts every weight on "
+        "every micro-batch (transformer_ops._weight_casts). tensorwise is priced as Transformer Engine runs it, "
+        "weights cast once per step (not priced): torchtitan's tensorwise, which recasts them on every "
+        "micro-batch, is forecast fast by those casts.",
     )
     flash_attention: bool = Field(
         True,

@@ -31,7 +31,9 @@ ColumnParallelLinear), the MoE router (a plain linear) and unfused attention's b
 not Transformer Engine modules (no `Op.kn`) and stay in bf16 (`Op.te`), as fused attention does
 (costs/analytic.py). Each FP8 GEMM's input, and backward its output gradient, is cast to FP8 with
 its transpose (Transformer Engine's cast-transpose kernels, memory-bound: `_fp8_casts`); current
-scaling recipes add an amax pass and reduction (plan.fp8_recipe, `fp8_cast_bytes`).
+scaling recipes add an amax pass and reduction (plan.fp8_recipe, `fp8_cast_bytes`, `fp8_cast_kernels`);
+torchao's rowwise recasts the weights on every micro-batch (`_weight_casts`); grouped experts pad
+their rows to the FP8 GEMM's alignment (`_fp8_padding`).
 
 Mixture of experts (Megatron-Core's MoE layer with the all-to-all token dispatcher; Shoeybi et
 al.'s successors, Megatron-Core MoE docs): the n tokens of a rank (sequence parallel: b·s/(c·t))
@@ -64,13 +66,17 @@ CORE_ATTENTION_RUN = (CORE_ATTENTION, "cp_kv_exchange")
 
 @dataclass(frozen=True)
 class Op:
-    """One kernel (or one collective). `amount` is FLOPs for gemm/attention, bytes otherwise."""
+    """One kernel (or one collective). `amount` is FLOPs for gemm/attention, bytes otherwise.
+
+    `count`: a GEMM or a ring step runs `count` times, `amount` each; a memory-bound op launches
+    `count` kernels that move `amount` bytes together (transformer.pass_cost prices them as one pass
+    over those bytes; every kernel is launched by the host)."""
 
     name: str
     family: str  # gemm | attention | elementwise | norm | activation | tp_comm | ep_comm | cp_comm
     amount: float  # of one repetition
     comm_kind: str = ""  # all_reduce | all_gather | reduce_scatter | alltoall | p2p (cp_comm)
-    count: int = 1  # sequential repetitions (ring steps of context parallelism; one GEMM per local expert)
+    count: int = 1  # repetitions (ring steps, one GEMM per local expert) or a memory-bound op's kernels
     overlaps: str = ""  # a communication op: the name of the kernel it runs beside (exposed: the excess)
     backward_comm: str = ""  # a forward collective: the collective its backward runs ("" = identity)
     f_bytes: float = 0.0  # a column-parallel GEMM: bytes of the f operator's collective before it
@@ -78,6 +84,7 @@ class Op:
     label: str = ""  # the family it is reported under, when not `family` (routed experts: "experts")
     kn: tuple[float, ...] = ()  # a Transformer Engine GEMM's inner and output widths (its FP8 casts)
     backward_amount: float = -1.0  # a memory-bound op whose backward moves other than twice its bytes
+    backward_count: int = 0  # a memory-bound op whose backward launches other than `count` kernels
     attention: AttentionShape | None = None  # a fused attention kernel's shape (its efficiency)
 
     @property
@@ -213,15 +220,76 @@ def fp8_cast_bytes(recipe: str, after_norm: bool) -> int:
     return {"delayed": 4, "tensorwise": 6 - fused_read, "rowwise": 8 - fused_read}[recipe]
 
 
+#: tensors one Transformer Engine multi-tensor cast-transpose launch takes (transformer_engine/common/
+#: transpose/multi_cast_transpose.cu kMaxTensorsPerKernel, 'Args must be <4 KB')
+MULTI_CAST_TENSORS = 64
+
+
+def fp8_cast_kernels(recipe: str, after_norm: bool, tensors: int) -> int:
+    """Kernels that cast `tensors` operands of one (grouped) GEMM to FP8 (`fp8_cast_bytes` moves their bytes):
+    - delayed: one cast-transpose; a grouped GEMM's per-expert operands go through one multi-tensor
+      kernel per MULTI_CAST_TENSORS (TE pytorch/csrc/extensions/cast.cpp multi_tensor_quantize_impl:
+      nvte_multi_cast_transpose when every quantizer is delayed-scaling; TE 2.x: TE 1.x's GroupedLinear
+      under sequence parallelism cast each expert apart and transposed it again in the backward).
+    - tensorwise: TE's Float8CurrentScalingQuantizer::quantize_impl (pytorch/csrc/quantizer.cpp) runs
+      nvte_compute_amax, nvte_compute_scale_from_amax and nvte_quantize_v2: 3 per operand, 2 `after_norm`
+      (quantize_with_amax: the norm computed the amax); per expert, since current scaling takes the
+      loop of quantize calls in multi_tensor_quantize_impl.
+    - rowwise (torchao): the roofline's two kernels per operand (roofline_utils.py
+      get_tensor_memory_traffic_ovhd_s: a row-scaled cast with a bf16 transpose, then a column-scaled cast).
+    """
+    if recipe == "delayed":
+        return -(-tensors // MULTI_CAST_TENSORS)
+    return tensors * (2 if recipe == "rowwise" or after_norm else 3)
+
+
+def _weight_casts(op: Op, recipe: str) -> list[Op]:
+    """The FP8 casts of a GEMM's weights on every micro-batch, where the framework runs them.
+
+    torchao's Float8Linear (torchtitan's float8 converter) casts the bf16 weight in the forward and
+    again in the backward of every call (torchao/float8/float8_linear.py
+    matmul_with_hp_or_float8_args), unless FSDP2's float8 all-gather hands it an FP8 weight
+    (torchtitan Float8LinearConverter: enable_fsdp_float8_all_gather False by default, refused with a
+    recipe_name). Priced for rowwise, torchao's alone: per weight element, forward a row-scaled cast
+    (read 2, write 1: 3 bytes, one kernel), backward a bf16 transpose (read 2, write 2) and its
+    column-scaled cast (read 2, write 1): 7 bytes, two kernels (roofline_utils.py
+    get_tensor_memory_traffic_ovhd_s, tensor_role 'weight').
+
+    Transformer Engine (delayed, and tensorwise as Megatron-Core runs it) casts each weight with its
+    transpose once per step and keeps it for the step's later micro-batches (TE module/linear.py and
+    grouped_linear.py: update_workspace only when is_first_microbatch; Megatron-Core's TELinear and
+    TEGroupedLinear pass is_first_microbatch, set on each step's first micro-batch by
+    pipeline_parallel/schedules.py forward_step): 4 bytes per weight element per step (6 tensorwise),
+    one kernel per weight, not priced (a per-step cost these per-micro-batch ops cannot carry; e.g.
+    1.4 G local parameters × 4 B at an H100 SXM's 3.35 TB/s: 1.7 ms of a multi-second step). torchao's tensorwise
+    (torchtitan's default recipe) recasts like rowwise, 8 bytes per weight element per micro-batch
+    (the roofline: amax read 2, forward and backward casts 3 + 3), but the plan names no framework
+    and tensorwise is priced as TE runs it: torchtitan tensorwise forecasts are fast by that much."""
+    if recipe != "rowwise":
+        return []
+    k, n = op.kn
+    weights = op.count * k * n  # elements of the GEMM's weights, every expert's together
+    return [
+        Op(
+            f"{op.name}.fp8_weight_cast",
+            "elementwise",
+            3 * weights,
+            count=op.count,
+            label="fp8_cast",
+            backward_amount=(4 + 3) * weights,
+            backward_count=2 * op.count,
+        )
+    ]
+
+
 def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
     """Under fp8 training, before each Transformer Engine GEMM the cast of its m × k input to FP8
     with the copy its weight gradient reads and, backward, the same of its m × n output gradient
-    (`fp8_cast_bytes` per element, by plan.fp8_recipe; an input is `after_norm` when the op before
-    it, collectives aside, is a layer norm). Delayed scaling is counted at 4 bytes also where TE
-    fuses the cast into the layer norm (which saves the 2-byte read there). Weights are cast once
-    per step (Megatron-Core's first-micro-batch caching) and are not priced. NOT PRICED either:
-    torchao's (torchtitan's tensorwise and rowwise) weight casts, which run on every micro-batch
-    (k × n per GEMM): those forecasts are fast by that much.
+    (`fp8_cast_bytes` per element, `fp8_cast_kernels`, by plan.fp8_recipe; an input is `after_norm`
+    when the op before it, collectives aside, is a layer norm), and the weight casts
+    (`_weight_casts`). A grouped GEMM (routed experts: `count` GEMMs) casts each expert's rows and
+    weights. Delayed scaling is counted at 4 bytes also where TE fuses the cast into the layer norm
+    (which saves the 2-byte read there).
 
     tensorwise with sequence parallelism: the amax of a column-parallel GEMM's input (forward) and of
     a row-parallel GEMM's output gradient (backward) is all-reduced over the tensor-parallel group
@@ -231,26 +299,27 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
     column-parallel GEMM with a row-parallel one: QKV with the projection, MLP up with down)."""
     if plan.dtype != "fp8":
         return ops
-    reduce_amax = plan.fp8_recipe == "tensorwise" and plan.sequence_parallel and plan.tensor_parallel > 1
+    recipe = plan.fp8_recipe
+    reduce_amax = recipe == "tensorwise" and plan.sequence_parallel and plan.tensor_parallel > 1
     out: list[Op] = []
     before = ""  # family of the last non-collective op
     for op in ops:
         if op.family == "gemm" and op.te:
             k, n = op.kn
             rows = op.count * op.amount / (2 * k * n)  # m, over every repetition
-            fwd = fp8_cast_bytes(plan.fp8_recipe, after_norm=before == "norm")
-            bwd = fp8_cast_bytes(plan.fp8_recipe, after_norm=False)
+            norm = before == "norm"
             if reduce_amax and op.f_bytes and op.group == "tp":
                 out.append(Op(f"{op.name}.amax_all_reduce", "tp_comm", 4, "all_reduce", backward_comm="all_reduce"))
-            out.append(
-                Op(
-                    f"{op.name}.fp8_cast",
-                    "elementwise",
-                    fwd * rows * k,
-                    label="fp8_cast",
-                    backward_amount=bwd * rows * n,
-                )
+            cast = Op(
+                f"{op.name}.fp8_cast",
+                "elementwise",
+                fp8_cast_bytes(recipe, norm) * rows * k,
+                count=fp8_cast_kernels(recipe, norm, op.count),
+                label="fp8_cast",
+                backward_amount=fp8_cast_bytes(recipe, False) * rows * n,
+                backward_count=fp8_cast_kernels(recipe, False, op.count),
             )
+            out += [cast, *_weight_casts(op, recipe)]
         out.append(op)
         if op.family not in COMM_FAMILIES:
             before = op.family
@@ -337,6 +406,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             )
         )
     ops += [
+        *_fp8_padding("moe_fp8_pad", rows * h * e, plan),
         Op(
             "expert_up",
             "gemm",
@@ -347,6 +417,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         ),
         Op("expert_act", "activation", (3 if model.gated_mlp else 2) * rows * fe / etp * e, label="experts"),
         Op("expert_down", "gemm", 2 * rows * fe / etp * h / local, count=local, label="experts", kn=(fe / etp, h)),
+        *_fp8_padding("moe_fp8_unpad", rows * h * e, plan),
     ]
     if etp > 1:
         ops.append(
@@ -374,6 +445,23 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     return ops
 
 
+def _fp8_padding(name: str, nbytes: float, plan: PlanConfig) -> list[Op]:
+    """Under Transformer Engine FP8 (plan.fp8_recipe delayed or tensorwise), Megatron-Core's grouped
+    experts (TEGroupedMLP, --moe-grouped-gemm) copy the `nbytes` of their input rows into a buffer
+    where each expert's rows are padded to a multiple of 16, the FP8 GEMM's alignment (Fp8Padding:
+    megatron/core/transformer/moe/experts.py TEGroupedMLP.forward, core_r0.10.0 onwards), and copy
+    the output rows back out (Fp8Unpadding): each one kernel forward and one backward that reads and
+    writes the rows (TE module/fp8_padding.py and fp8_unpadding.py: fused_multi_row_padding /
+    fused_multi_row_unpadding, TE 1.x torch.cat), unless the router pads the routing map
+    (--moe-router-padding-for-fp8, off by default; not a plan field). The pad rows, fewer than 16 per
+    expert, are left out. SequentialMLP (no grouped GEMM: the dgxc Grok-1 proxy) pads an expert's rows
+    with torch.cat only when they are not a multiple of 16 and un-pads with a view: the plan does not
+    say which runs, and its forecasts carry these copies."""
+    if plan.dtype != "fp8" or plan.fp8_recipe == "rowwise":
+        return []
+    return [Op(name, "elementwise", 2 * nbytes, label="experts", backward_amount=2 * nbytes)]
+
+
 def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
     """Backward ops for a forward list (reverse order); the f and g operators' backward
     collectives as the module docstring states."""
@@ -399,7 +487,7 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
             out.append(Op(f"{op.name}.bwd", "cp_comm", 2 * op.amount, "p2p", op.count))
         else:
             amount = op.backward_amount if op.backward_amount >= 0 else 2 * op.amount
-            out.append(replace(op, name=f"{op.name}.bwd", amount=amount))
+            out.append(replace(op, name=f"{op.name}.bwd", amount=amount, count=op.backward_count or op.count))
     return out
 
 
