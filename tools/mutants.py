@@ -150,6 +150,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(TF, "write = 12 + (0 if", "write = 12 + (2 if", "fp32 training writes a 16-bit copy too"),
     M(TF, "return nbytes / p.tensor_parallel if p.sequence_parallel else nbytes", "return nbytes",
       "pipeline message not divided by t under SP"),
+    M(TF, 'return nbytes / p.tensor_parallel if p.pipeline_p2p == "deepspeed" else nbytes', "return nbytes",
+      "DeepSpeed's pipe engine sends whole activations, not 1/t partitions", _t("deepspeed_pipeline")),
     M(TF, "m.seq_length / p.context_parallel * m.hidden_size", "m.seq_length * m.hidden_size", "p2p ignores CP"),
     M(TF, "return experts / groups.expert_grad.size + rest / groups.grad.size", "return experts + rest",
       "ZeRO-sharded optimizer step over every parameter"),

@@ -131,6 +131,29 @@ class PlanConfig(BaseModel):
         description="Hide the expert all-to-alls behind another micro-batch's attention (DeepEP / "
         "Megatron-Core --overlap-moe-expert-parallel-comm).",
     )
+    pipeline_p2p: Literal["overlapped", "deepspeed"] = Field(
+        "overlapped",
+        description="How pipeline stages exchange activations and their gradients "
+        "(workloads/transformer.py p2p_message_bytes, _exchange). overlapped: each send on a stream of its own "
+        "beside the next micro-batch's compute, the receiver waiting for it (Megatron-Core, NeMo, torchtitan). "
+        "deepspeed: DeepSpeed's PipelineEngine (deepspeed/runtime/pipe at 3401d2516, Feb. 2022): every send and "
+        "receive is a blocking dist.send/recv on the compute stream (p2p.py), both sides of each pair meet in "
+        "the order of schedule.py TrainSchedule (a stage's output leaves at its next step); with tp > 1 each "
+        "GPU sends 1/tp of the stage output plus a partition header, which the receiver all-gathers over the "
+        "tensor-parallel group (engine.py is_pipe_partitioned, PartitionedTensor): one all-gather before a "
+        "forward, two before a backward (its own output and the gradient). Runs 1f1b with ZeRO 0-1 only.",
+    )
+
+    @model_validator(mode="after")
+    def _check_pipeline_p2p(self) -> PlanConfig:
+        ds_pipeline = self.pipeline_p2p == "deepspeed" and self.pipeline_parallel > 1
+        if ds_pipeline and (self.schedule != "1f1b" or self.virtual_pipeline > 1 or self.zero_stage > 1):
+            raise ValueError(
+                "plan.pipeline_p2p(deepspeed) runs DeepSpeed's TrainSchedule, without ZeRO-2/3 (pipe/engine.py: "
+                "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'): expected schedule 1f1b, "
+                f"virtual_pipeline 1, zero_stage 0-1; got {self.schedule}, {self.virtual_pipeline}, {self.zero_stage}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_recompute(self) -> PlanConfig:

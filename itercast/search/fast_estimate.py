@@ -67,7 +67,8 @@ from itercast.workloads.transformer import (
     grad_collective,
     local_optimizer_params,
     optimizer_step_bytes,
-    p2p_message_bytes,
+    p2p_send_s,
+    stage_output_bytes,
     unit_kinds,
     unit_params,
     weight_bytes,
@@ -141,13 +142,19 @@ class FastEstimator:
         tf, tb, kernels = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
         fill = np.zeros(len(t))  # micro-batch 0 down the pipeline and back up to the first stage's backward
         period = np.zeros(len(t))  # the steady state's seconds per micro-batch
+        blocking = t.base.pipeline_p2p == "deepspeed"
+        lockstep = np.zeros(len(t))  # blocking: the pipeline of _blocking_pipeline
         gpipe = c["schedule"] == SCHEDULES.index("gpipe")
         keys, inverse = _distinct(t, _STAGE_KEY)
         for key_index, (pp, vp) in enumerate(keys):  # stage by stage, per pipeline shape
             rows = inverse == key_index
             dense_n, moe_n, first_chunk = self._stage_layers(t.base, pp, vp)
             forward = _per_stage(f, "f", rows, dense_n, moe_n)
-            stage = forward + _per_stage(f, "b", rows, dense_n, moe_n)
+            backward = _per_stage(f, "b", rows, dense_n, moe_n)
+            if blocking:  # DeepSpeed's all-gathers of partitioned tensors (transformer.py _exchange)
+                forward[:, 1:] += g["p2p_gather"][rows, None]
+                backward[:, :-1] += 2 * g["p2p_gather"][rows, None]
+            stage = forward + backward
             passes = stage.copy()  # the passes alone: what a micro-batch's round trip waits for
             blocked = np.where(zero2_blocking[rows], 1.0, 0.0)
             stage[:, 0] += blocked * g["block_first"][rows]
@@ -160,6 +167,8 @@ class FastEstimator:
                     t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"]
                 )
             slowest[rows] = stage.max(axis=1)
+            if blocking:
+                lockstep[rows] = _blocking_pipeline(stage, M[rows], g["p2p"][rows])
             # The fill and drain wait for the other stages' passes, not for what follows their sends:
             # a blocking ZeRO-2 reduction, of which (v − 1)/v lies ahead of the chunk that comes back
             # to the stage next (interleaved); without interleaving a ZeRO-3 pass's first gathers
@@ -186,6 +195,8 @@ class FastEstimator:
         kernels += f["kernels_ef"]
         # the module docstring's pipeline
         pipeline = M * period + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
+        if blocking:
+            pipeline = lockstep
         buckets = g["buckets"]
         grad, gather = g["grad"], g["gather"]
         megatron = zero <= 1  # DDP and the distributed optimizer: Megatron-Core's bucketing (_first_chunk_exposed)
@@ -315,7 +326,8 @@ class FastEstimator:
         rows = [self._group_costs(t.base, key) for key in keys]
         out = {k: np.asarray([r[k] for r in rows], dtype=np.float64)[inverse] for k in rows[0]}
         keys, inverse = _distinct(t, _P2P_KEY)
-        out["p2p"] = np.asarray([self._p2p_s(t.base, key) for key in keys], dtype=np.float64)[inverse]
+        sends = np.asarray([self._p2p_s(t.base, key) for key in keys], dtype=np.float64).reshape(-1, 2)[inverse]
+        out["p2p"], out["p2p_gather"] = sends[:, 0], sends[:, 1]
         return out
 
     def _job(self, base: PlanConfig, **sizes: int) -> Job:
@@ -326,13 +338,19 @@ class FastEstimator:
         fields.setdefault("expert_tensor_parallel", base.expert_tensor_parallel or (tp if self.model.is_moe else 1))
         return Job(self.model, base.model_copy(update={**fields, "global_batch_size": mbs * dp}), self.system)
 
-    def _p2p_s(self, base: PlanConfig, key: tuple[int, ...]) -> float:
-        """One pipeline send of one micro-batch's activations; 0 without pipeline parallelism."""
+    def _p2p_s(self, base: PlanConfig, key: tuple[int, ...]) -> tuple[float, float]:
+        """One pipeline send of one micro-batch's activations, and under DeepSpeed's partitioning with
+        tp > 1 one all-gather of them over the tensor-parallel group (transformer.py _exchange); 0
+        without pipeline parallelism."""
         tp, cp, dp, pp, mbs, sp = key
         if pp == 1:
-            return 0.0
+            return 0.0, 0.0
         job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, mbs=mbs, sp=sp)
-        return self._cost_model(base.dtype).p2p_s(p2p_message_bytes(job), Groups.of(job).stage_cross_node)
+        costs, groups = self._cost_model(base.dtype), Groups.of(job)
+        gather = 0.0
+        if base.pipeline_p2p == "deepspeed":
+            gather = costs.collective_s("all_gather", stage_output_bytes(job), groups.tp)
+        return p2p_send_s(costs, job, groups.stage_cross_node), gather
 
     def _group_costs(self, base: PlanConfig, key: tuple[int, ...]) -> dict[str, float]:
         """Data-parallel and tail costs of one (tp, cp, dp, pp, vp, zero), for the most loaded stage."""
@@ -486,6 +504,22 @@ def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], m: ModelConfi
         + r_e
     )
     return M * (fwd + bwd)
+
+
+def _blocking_pipeline(stage: np.ndarray, M: np.ndarray, send_s: np.ndarray) -> np.ndarray:
+    """DeepSpeed's pipe engine (plan.pipeline_p2p deepspeed): the passes and the blocking transfers of
+    `stage` (rows × stages, seconds per micro-batch) over M micro-batches, sends of send_s. Stage k takes
+    part in c_k transfers per micro-batch, 2 at either end and 4 between, each on its compute stream;
+    the step is max_k (M (S_k + c_k t) + 2 (p − c_k) t) + Σ_s S_s − max_s S_s. Exact on the graph
+    (transformer.py _exchange) for uniform stages from 2 micro-batches on: (M + p − 1) S + 2 M t at
+    p = 2, + (4M + 2p − 8) t beyond; within 1% with the embedding and head on the end stages
+    (tests/test_deepspeed_pipeline.py)."""
+    pp = stage.shape[1]
+    transfers = np.full(pp, 4.0)
+    transfers[[0, -1]] = 2.0
+    t = send_s[:, None]
+    bottleneck = (M[:, None] * (stage + transfers * t) + 2 * (pp - transfers) * t).max(axis=1)
+    return bottleneck + stage.sum(axis=1) - stage.max(axis=1)
 
 
 def _sum(params: list[tuple[float, float]]) -> tuple[float, float]:

@@ -12,7 +12,9 @@ Sources (the files the rules cite):
   both overlaps on); NeMo-Framework-Launcher conf/training/gpt3/175b.yaml runs VP 12 (pp 8 × vp 12 = 96 layers).
 - torchtitan 9810191^: torchtitan/config/job_config.py, torchtitan/models/llama3/infra/parallelize.py.
 - DeepSpeed 38327e0: deepspeed/runtime/pipe/engine.py, deepspeed/runtime/pipe/schedule.py,
-  deepspeed/runtime/zero/config.py.
+  deepspeed/runtime/zero/config.py; its pipeline transfers (PlanConfig.pipeline_p2p) also at 3401d2516 (Feb. 2022,
+  BLOOM's): the same blocking sends and partitioning, the two transfers of a step issued in the other order until
+  b528f50e3 (2023): the graph's step times of uniform stages are the same either way.
 """
 
 from __future__ import annotations
@@ -184,8 +186,13 @@ FRAMEWORKS: dict[str, Framework] = {
         tp_comm_overlap=False,
         # zero/config.py: overlap_comm None -> True for stage 3 only; reduce_bucket_size 5e8
         defaults={"overlap_comm": "stage 3 only", "reduce_bucket_size": 500_000_000},
-        # Megatron-DeepSpeed's --use-flash-attn-v2 (the flash_attn package's FlashAttention-2)
-        plan_fields={"attention_kernel": "fa2", "grad_bucket_size_params": DEEPSPEED_BUCKET_PARAMS},
+        # Megatron-DeepSpeed's --use-flash-attn-v2 (the flash_attn package's FlashAttention-2); its PipelineEngine's
+        # blocking, partitioned transfers (runtime/config.py pipeline pipe_partitioned / grad_partitioned: true)
+        plan_fields={
+            "attention_kernel": "fa2",
+            "grad_bucket_size_params": DEEPSPEED_BUCKET_PARAMS,
+            "pipeline_p2p": "deepspeed",
+        },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling
         rules=(

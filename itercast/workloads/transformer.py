@@ -55,11 +55,38 @@ def optimizer_step_bytes(job: Job, params: float) -> float:
     return params * (read + write)
 
 
-def p2p_message_bytes(job: Job) -> float:
-    """Activations (or their gradients) one pipeline stage sends per micro-batch."""
+def stage_output_bytes(job: Job) -> float:
+    """What one GPU holds of a pipeline stage's output (the [s, b, h] activation, or its gradient) per
+    micro-batch: 1/tp of it under sequence parallelism, else all of it."""
     m, p = job.model, job.plan
     nbytes = p.micro_batch_size * m.seq_length / p.context_parallel * m.hidden_size * p.dtype_bytes
-    return nbytes / p.tensor_parallel if p.sequence_parallel else nbytes  # Megatron scatter-gather
+    return nbytes / p.tensor_parallel if p.sequence_parallel else nbytes
+
+
+def p2p_message_bytes(job: Job) -> float:
+    """Activations (or their gradients) one GPU of a pipeline stage sends per micro-batch: what it holds
+    (stage_output_bytes; Megatron's scatter-gather under sequence parallelism); DeepSpeed's pipe engine
+    (plan.pipeline_p2p deepspeed) sends 1/tp of that whenever tp > 1 and all-gathers it on the receiver
+    (engine.py is_pipe_partitioned = is_model_parallel; PartitionedTensor.data, .full)."""
+    p = job.plan
+    nbytes = stage_output_bytes(job)
+    return nbytes / p.tensor_parallel if p.pipeline_p2p == "deepspeed" else nbytes
+
+
+def p2p_send_s(costs: AnalyticCostModel, job: Job, cross_node: bool) -> float:
+    """Seconds of one pipeline send of one micro-batch: the message, and under DeepSpeed's partitioning its
+    header, a send of its own (partition_header_bytes)."""
+    return sum(costs.p2p_s(n, cross_node) for n in (partition_header_bytes(job), p2p_message_bytes(job)))
+
+
+def partition_header_bytes(job: Job) -> float:
+    """DeepSpeed's pipe engine with tp > 1: the int64 header sent ahead of each partitioned tensor
+    (PartitionedTensor.to_meta: ndims, the 3 dims of [s, b, h], parts, rank, the tp + 1 offsets); 0 otherwise.
+    A send of its own (engine.py _exec_send_activations / _exec_send_grads send every tensor of the tuple)."""
+    p = job.plan
+    if p.pipeline_p2p != "deepspeed" or p.tensor_parallel == 1:
+        return 0.0
+    return 8.0 * (1 + 3 + 2 + p.tensor_parallel + 1)
 
 
 def unit_params(job: Job) -> dict[str, tuple[float, float]]:
@@ -326,14 +353,15 @@ class TransformerStepBuilder:
         self.stage_costs = [costs_of[kinds.index(gpu)] for gpu in gpus]
         self.stage_units = [units_of[kinds.index(gpu)] for gpu in gpus]
         self.stage_gpus = gpus
-        message, pp = p2p_message_bytes(job), p.pipeline_parallel
+        pp = p.pipeline_parallel
         self.p2p_s = {  # (from stage, to stage): the sends between neighbours (wrapping when interleaved)
-            (s, d): self.stage_costs[s].p2p_s(message, self.groups.stage_cross_node or gpus[s] != gpus[d])
+            (s, d): p2p_send_s(self.stage_costs[s], job, self.groups.stage_cross_node or gpus[s] != gpus[d])
             for s in range(pp)
             for d in ((s + 1) % pp, (s - 1) % pp)
         }
         self.g = GraphBuilder()
         self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
+        self._pairs: dict[tuple[bool, int, int], int] = {}  # blocking: (forward, sending stage, micro) -> collective
         self._waits: list[tuple[tuple[bool, int, int], int]] = []  # (producer key, consumer task)
         self._segment_cache: dict[tuple[int, int, bool, str], list[tuple[PassCost, Params]]] = {}
         self.family_time_s: list[dict[str, float]] = [{} for _ in range(p.pipeline_parallel)]
@@ -539,6 +567,7 @@ class TransformerStepBuilder:
             family_time = self.family_time_s[stage]
             kind = "F" if ps.forward else "B"
             fsdp: dict[int, int] = {}  # ZeRO-3: segment -> its parameter all-gather
+            previous.extend(self._exchange(stage, passes, i))
             for j, (cost, params) in enumerate(segs):
                 seg_deps = [gathers[j]] if gathers else []
                 if p.zero_stage == 3 and sync_dp:
@@ -569,6 +598,7 @@ class TransformerStepBuilder:
                         )
                     )
             self._send(stage, ps, previous[-1])
+        previous.extend(self._exchange(stage, passes, len(passes)))
         end_of_passes = previous[-1]
         if sync_dp and not grad_tasks:  # no overlap: reduce all gradients after the last backward
             grad_tasks.append(
@@ -640,6 +670,8 @@ class TransformerStepBuilder:
 
     def _receive(self, stage: int, ps: Pass, consumer: int) -> None:
         """This pass's first compute task waits for the matching send (the edge is added in build)."""
+        if self.job.plan.pipeline_p2p == "deepspeed":
+            return  # _exchange
         vs = self._virtual(stage, ps.chunk)
         total = self.job.plan.pipeline_parallel * self.job.plan.virtual_pipeline
         src = vs - 1 if ps.forward else vs + 1
@@ -647,6 +679,9 @@ class TransformerStepBuilder:
             self._waits.append(((ps.forward, src, ps.microbatch), consumer))
 
     def _send(self, stage: int, ps: Pass, after: int) -> None:
+        """An overlapped send: on the stage's p2p stream once `after` has ended."""
+        if self.job.plan.pipeline_p2p == "deepspeed":
+            return  # _exchange
         vs = self._virtual(stage, ps.chunk)
         total = self.job.plan.pipeline_parallel * self.job.plan.virtual_pipeline
         dst = vs + 1 if ps.forward else vs - 1
@@ -662,3 +697,51 @@ class TransformerStepBuilder:
             [after],
         )
         self._sends[(ps.forward, vs, ps.microbatch)] = send
+
+    def _exchange(self, stage: int, passes: list[Pass], i: int) -> list[int]:
+        """DeepSpeed's pipe engine (plan.pipeline_p2p deepspeed): the tasks it runs on the compute stream
+        before pass i (i = len(passes): after the last), in order; [] otherwise.
+
+        TrainSchedule (deepspeed/runtime/pipe/schedule.py at 3401d2516) runs forward m of stage s at
+        step 2m + s and backward m at step 2m + 2p − s − 1 (_step_to_micro_batch); a pass's output
+        leaves at the stage's next step, its input arrives at its own step: within one step a forward
+        receives and then sends, a backward sends and then receives. Each is a blocking dist.send /
+        dist.recv (p2p.py: async_op False): the compute stream waits for the transfer, whose two ends
+        meet (a two-member collective). With tp > 1 the pass then all-gathers what came partitioned
+        over its tensor-parallel group (engine.py _exec_forward_pass: the input; _exec_backward_pass: its
+        own output, cleared after sending, and the gradient). Pass orders agree with Megatron's 1F1B."""
+        p = self.job.plan
+        if p.pipeline_p2p != "deepspeed" or p.pipeline_parallel == 1:
+            return []
+        pp = p.pipeline_parallel
+
+        def step(ps: Pass) -> int:
+            return 2 * ps.microbatch + (stage if ps.forward else 2 * pp - stage - 1)
+
+        prev, cur = passes[i - 1] if i > 0 else None, passes[i] if i < len(passes) else None
+        ops: list[tuple[bool, bool, int]] = []  # (sending, forward direction, micro-batch)
+        if prev is not None and 0 <= stage + (1 if prev.forward else -1) < pp:
+            ops.append((True, prev.forward, prev.microbatch))
+        if cur is not None and 0 <= stage + (-1 if cur.forward else 1) < pp:
+            receive = (False, cur.forward, cur.microbatch)
+            forward_after = prev is not None and cur.forward and step(cur) == step(prev) + 1
+            ops = [receive, *ops] if forward_after else [*ops, receive]
+        comp = self.g.resource(stage, "compute")
+        tasks = [self._transfer(stage, comp, *op) for op in ops]
+        if cur is not None and p.tensor_parallel > 1:
+            gathers = (1 if stage > 0 else 0) if cur.forward else (2 if stage < pp - 1 else 0)
+            recipe: Recipe = ("collective", stage, "all_gather", stage_output_bytes(self.job), "tp")
+            name = f"pipe_all_gather.{'F' if cur.forward else 'B'}{cur.microbatch}"
+            tasks += [self._task(recipe, name, comp, Category.COMMUNICATION, "tp_all_gather") for _ in range(gathers)]
+        return tasks
+
+    def _transfer(self, stage: int, comp: int, sending: bool, forward: bool, micro: int) -> int:
+        """One end of a blocking send/receive pair on the compute stream (_exchange)."""
+        src = (stage if sending else stage - 1) if forward else (stage if sending else stage + 1)
+        dst = src + 1 if forward else src - 1
+        key = (forward, src, micro)
+        if key not in self._pairs:
+            self._pairs[key] = self.g.new_collective()
+        pair = self._pairs[key]
+        name = f"{'send' if sending else 'recv'}_{'act' if forward else 'grad'}.m{micro}.c0"
+        return self._task(("p2p", src, dst), name, comp, Category.COMMUNICATION, "pp_p2p", collective=pair)
