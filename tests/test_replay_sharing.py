@@ -106,3 +106,53 @@ def test_a_core_count_below_one_is_one_line_and_exit_2(tmp_path, cores):
         f"--host-cores: expected the number of cores of the host that ran the ranks (≥ 1); got {cores}" in result.output
     )
     assert "Traceback" not in result.output
+
+
+# -- scheduler waits of a collective whose ranks outnumber the host's cores ----------------------
+
+
+def test_scheduler_wait_is_one_base_slice_per_ring_round_once_ranks_outnumber_cores():
+    from itercast.sim.sharing import scheduler_wait_s
+
+    # 2 cores: slice 0.75 ms × (1 + log2 2) = 1.5 ms; a 4-rank ring all-reduce has 2 × 3 rounds
+    assert scheduler_wait_s("all_reduce", 4, 2) == pytest.approx(6 * 1.5 * MS)
+    # all-gather and all-to-all: 3 − 1 = 2 rounds at 3 ranks
+    assert scheduler_wait_s("all_gather", 3, 2) == pytest.approx(2 * 1.5 * MS)
+    assert scheduler_wait_s("alltoall", 3, 2) == pytest.approx(2 * 1.5 * MS)
+    # every rank has a core: no wait
+    assert scheduler_wait_s("all_reduce", 2, 2) == 0.0
+    # 16 cores: the scale stops at 8 cores, 1 + log2 8 = 4 → 3 ms; 32 ranks: 2 × 31 rounds
+    assert scheduler_wait_s("all_reduce", 32, 16) == pytest.approx(62 * 3 * MS)
+
+
+class _BandwidthOnly:
+    """A collective model of pure ring bandwidth (1 byte/s, no latency) on 8-rank nodes."""
+
+    class system:
+        class node:
+            gpus_per_node = 8
+
+    @staticmethod
+    def collective_s(kind: str, nbytes: float, group) -> float:
+        n = group.size
+        return 2 * (n - 1) / n * nbytes
+
+
+def test_cpu_collective_retimed_without_the_traces_waits_and_with_the_targets():
+    from itercast.traces.parallel_whatifs import retime_cpu_collective
+
+    model = _BandwidthOnly()
+    # 2 → 4 ranks on 2 cores: 5 ms × (2·3/4)/(2·1/2) = 7.5 ms, plus 6 rounds × 1.5 ms = 9 ms
+    assert retime_cpu_collective(model, "all_reduce", 1e6, 2, 4, 5 * MS, 2) == pytest.approx(16.5 * MS)
+    # 4 → 2: the 9 ms of waits out of 20 ms, the 11 ms left × 1/1.5, no waits at 2 ranks
+    assert retime_cpu_collective(model, "all_reduce", 1e6, 4, 2, 20 * MS, 2) == pytest.approx(11 / 1.5 * MS)
+    # 4 → 1: no collective at all
+    assert retime_cpu_collective(model, "all_reduce", 1e6, 4, 1, 20 * MS, 2) == 0.0
+
+
+def test_profile_run_refuses_collective_groups_of_one_rank(tmp_path):
+    db = tmp_path / "p.db"
+    out = RUN.invoke(app, ["profile", "run", "--db", str(db), "--families", "collective", "--collective-ranks", "1,2"])
+    assert out.exit_code == 2
+    assert "--collective-ranks: expected groups of 2 or more ranks; got '1,2'" in out.output
+    assert not db.exists()

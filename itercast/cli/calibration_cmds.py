@@ -52,6 +52,14 @@ def profile_run_cmd(
             "largest shard's pooling × samples.",
         ),
     ] = None,
+    collective_ranks: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N,N,…",
+            help="Group sizes of the collective benchmarks (default: 2); more ranks than cores measures the "
+            "host oversubscribed, as such a run uses it.",
+        ),
+    ] = None,
 ) -> None:
     """Microbenchmark the local device into DB (resumes where a previous run stopped)."""
     from itercast.measurements import ProfileError
@@ -61,6 +69,9 @@ def profile_run_cmd(
     try:
         chosen = tuple(f.strip() for f in families.split(","))
         batches = sizes_option(embedding_batches, "--embedding-batches") if embedding_batches else None
+        ranks = sizes_option(collective_ranks, "--collective-ranks") if collective_ranks else None
+        if ranks and ranks[0] < 2:
+            raise ConfigError(f"--collective-ranks: expected groups of 2 or more ranks; got {collective_ranks!r}")
         check_device(device)  # before the database is created
         counts = run(
             ProfileDB(db),
@@ -71,6 +82,7 @@ def profile_run_cmd(
             passes=passes,
             threads=threads,
             embedding_batches=batches,
+            collective_ranks=ranks,
         )
     except (ProfileError, ConfigError) as exc:
         fail(str(exc))

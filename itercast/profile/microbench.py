@@ -253,10 +253,13 @@ def run(
     passes: int = 1,
     threads: int | None = None,
     embedding_batches: tuple[int, ...] | None = None,
+    collective_ranks: tuple[int, ...] | None = None,
 ) -> dict[str, int]:
     """Measure every configuration not yet in the database for this device. Returns counts.
 
-    `embedding_batches`: the bags per embedding call, instead of the grid's.
+    `embedding_batches`: the bags per embedding call, instead of the grid's. `collective_ranks`: the
+    group sizes of the collectives, instead of the grid's (2): more ranks than cores measures the
+    host as a run that oversubscribes it would use it (replay's `--dp`/`--tp` what-ifs on a CPU trace).
 
     `threads`: torch's intra-op threads (default: torch's, one per core); a CPU that runs one rank
     per core is profiled with 1. The count is part of the device's fingerprint.
@@ -283,6 +286,8 @@ def run(
     chosen = QUICK if quick else GPU if device.startswith("cuda") else FULL
     if embedding_batches:
         chosen = chosen | {"embedding_batches": list(embedding_batches)}
+    if collective_ranks:
+        chosen = chosen | {"collective": chosen["collective"] | {"ranks": list(collective_ranks)}}
     grid = [c for c in configs(chosen) if c[0] in families]
     if passes > 1:
         grid = [(f, op, params | {"pass": k}) for k in range(1, passes + 1) for f, op, params in grid]

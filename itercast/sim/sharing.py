@@ -19,6 +19,11 @@ effects).
 
 A measured trace was taken under its own sharing: `shared_work_s` divides it out (the work a task
 would take alone); `simulate_shared` applies a target's.
+
+A collective whose ranks outnumber the host's cores also waits for the scheduler at every round of its
+ring: a rank's thread that a message wakes finds the cores taken and runs after a time slice
+(`scheduler_wait_s`: rounds × the scheduler's base slice). The replay's `--dp`/`--tp` what-ifs take
+the trace's waits out of its CPU collectives and add the target's (parallel_whatifs.retime_cpu_collective).
 """
 
 from __future__ import annotations
@@ -34,6 +39,19 @@ from itercast.sim.engine import SimResult, compile_graph
 GPU_FAMILIES = ("kernel", "memcpy", "memset")
 #: remaining work (s) below which a task is done: float round-off of the rate updates
 DONE_S = 1e-12
+#: the scheduler's time slice (s) before scaling: Linux EEVDF's `sysctl_sched_base_slice` = 0.75 ms
+#: (kernel/sched/fair.c, normalized_sysctl_sched_base_slice), scaled by 1 + ilog2(min(cores, 8))
+#: (`get_update_sysctl_factor`, SCHED_TUNABLESCALING_LOG, the default): 1.5 ms on 2 cores
+BASE_SLICE_S = 0.75e-3
+#: rounds of a collective over k ranks that each wait for a peer's message: gloo's ring all-reduce
+#: (reduce-scatter then all-gather: 2(k − 1)), all-gather and all-to-all (k − 1). c10d's gloo
+#: reduce-scatter is taken as an all-reduce's 2(k − 1): measured so on this host (below), source unread.
+SCHEDULER_ROUNDS = {
+    "all_reduce": lambda k: 2 * (k - 1),
+    "reduce_scatter": lambda k: 2 * (k - 1),
+    "all_gather": lambda k: k - 1,
+    "alltoall": lambda k: k - 1,
+}
 
 
 def core_tasks(graph: ExecGraph) -> np.ndarray:
@@ -55,6 +73,21 @@ def shared_work_s(
     done = np.concatenate([[0.0], np.cumsum(rate[:-1] * np.diff(t))]) if t.size else np.zeros(1)
     at = t if t.size else np.zeros(1)
     return np.interp(to_s, at, done) - np.interp(from_s, at, done)
+
+
+def scheduler_wait_s(kind: str, ranks: int, cores: int) -> float:
+    """Seconds a collective of `ranks` processes on one host of `cores` cores waits for the scheduler:
+    0 while every rank has a core; else one base slice × (1 + ilog2(min(cores, 8))) per round
+    (SCHEDULER_ROUNDS; a kind without rounds there waits 0). Checked (not fitted) on this project's
+    2-core VM, gloo collectives of 256 B–256 KiB measured by `itercast profile run --families collective
+    --collective-ranks 2,3,4` (data/measured/gloo_collectives_oversubscribed.db), median over sizes:
+    all-reduce 3 ranks 5.6 ms (predicted 6.0 + the 2-rank 0.9), 4 ranks 10.3 ms (9.0 + 0.9);
+    all-gather 3.0 and 6.2 ms (3.0, 4.5 + 0.6); all-to-all 2.8 and 4.4 ms (3.0, 4.5 + 0.5). The ranks
+    are every process on the host (the what-ifs' data- or tensor-parallel-only runs)."""
+    if ranks <= cores or kind not in SCHEDULER_ROUNDS:
+        return 0.0
+    slice_s = BASE_SLICE_S * min(cores, 8).bit_length()  # 1 + ilog2
+    return float(SCHEDULER_ROUNDS[kind](ranks)) * slice_s
 
 
 def task_weights(graph: ExecGraph, weight_of_rank: dict[int, float]) -> np.ndarray:

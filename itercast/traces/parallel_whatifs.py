@@ -11,10 +11,13 @@ by the collective model of the trace's system for the new group over the old:
 others, over the placement's bandwidth, plus the fit's latency terms, at least the latency floor;
 0 at N = 1, where the reductions and their rendezvous go: each rank runs on alone).
 The ratio keeps what the trace measured (its machine, its contention) and moves only what the group
-size changes; what else a bigger group changes (compute contention on shared cores, stragglers) is
-not modelled. The model: `--system`'s if given, else the trace's GPU's preset, else CPU_SYSTEM for
-CPU collectives; a calibration's collective curves replace the built-in ones. Sizes: from metadata
-or Input Dims, else inferred from the time (collective_sizes.infer_bytes).
+size changes; what else a bigger group changes (stragglers) is not modelled. On a host given by
+`--host-cores` (every rank on it), a CPU collective's scheduler waits come out first and the
+target's go in (retime_cpu_collective, sim/sharing.scheduler_wait_s); compute contention on the
+shared cores is the processor sharing of sim/sharing.py. The model: `--system`'s if given, else
+the trace's GPU's preset, else CPU_SYSTEM for CPU collectives; a calibration's collective curves
+replace the built-in ones. Sizes: from metadata or Input Dims, else inferred from the time
+(collective_sizes.infer_bytes).
 
 Pipeline stages (`--pp-stages`): refused on a trace without pipeline sends (nothing to replicate or
 join); re-staging a pipelined trace: restage.py.
@@ -31,6 +34,7 @@ from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.hardware.topology import place_group
+from itercast.sim.sharing import scheduler_wait_s
 from itercast.traces.collective_sizes import collective_sizes, infer_bytes, trace_system
 from itercast.traces.kineto import RankTrace
 from itercast.traces.replay_graph import ReplayGraph
@@ -53,9 +57,11 @@ def retime_data_parallel(
     changes: Counter,
     system: str | None = None,
     curves: dict[str, Any] | None = None,
+    host_cores: int | None = None,
 ) -> np.ndarray:
     """Scale `durations` of the trace's gradient reductions from their group size to `dp` (module
-    docstring); returns the tasks that no longer rendezvous (all of them at `dp` 1: no peers)."""
+    docstring); returns the tasks that no longer rendezvous (all of them at `dp` 1: no peers).
+    `host_cores`: the one host's cores, for the scheduler waits of CPU collectives."""
     if dp < 1:
         raise ConfigError(f"--dp: expected a data-parallel size ≥ 1; got {dp}")
     world = max((t.world_size or 0 for t in traces), default=0)
@@ -69,7 +75,10 @@ def retime_data_parallel(
     for task, (kind, nbytes, group, own_system, inferred) in found.items():
         name = system or own_system
         model = models.setdefault(name, AnalyticCostModel(load_system(name), "bf16", curves))
-        durations[task] *= group_time_ratio(model, kind, nbytes, group, dp)
+        if host_cores is not None and name == CPU_SYSTEM:
+            durations[task] = retime_cpu_collective(model, kind, nbytes, group, dp, float(durations[task]), host_cores)
+        else:
+            durations[task] *= group_time_ratio(model, kind, nbytes, group, dp)
         how = " (size inferred)" if inferred else ""
         changes[f"gradient {kind} re-timed from data-parallel {group} to {dp} on {name}'s model{how}"] += 1
     return np.fromiter(found, np.int64, len(found)) if dp == 1 else np.zeros(0, np.int64)
@@ -80,6 +89,18 @@ def group_time_ratio(model: AnalyticCostModel, kind: str, nbytes: float, old: in
     per_node = model.system.node.gpus_per_node
     old_s = model.collective_s(kind, nbytes, place_group(old, 1, per_node))
     return model.collective_s(kind, nbytes, place_group(new, 1, per_node)) / old_s
+
+
+def retime_cpu_collective(
+    model: AnalyticCostModel, kind: str, nbytes: float, old: int, new: int, duration_s: float, cores: int
+) -> float:
+    """A CPU collective of `duration_s` over `old` ranks of a `cores`-core host, re-timed for `new`:
+    its scheduler waits taken out, the rest scaled by group_time_ratio, the new group's waits added
+    (0 at `new` 1: no collective)."""
+    if new == 1:
+        return 0.0
+    own_s = max(duration_s - scheduler_wait_s(kind, old, cores), 0.0)
+    return own_s * group_time_ratio(model, kind, nbytes, old, new) + scheduler_wait_s(kind, new, cores)
 
 
 def _gradient_reductions(

@@ -44,7 +44,7 @@ from itercast.costs.aten_ops import GEMM_OPS
 from itercast.errors import ConfigError
 from itercast.traces.cpu_collectives import CPU_ELEMENT_BYTES, CpuCollective, level_ops, with_collective_marks
 from itercast.traces.kineto import RankTrace
-from itercast.traces.parallel_whatifs import CPU_SYSTEM, group_time_ratio
+from itercast.traces.parallel_whatifs import CPU_SYSTEM, group_time_ratio, retime_cpu_collective
 from itercast.traces.replay_graph import ReplayGraph
 
 #: process-group descriptions of a TP group: Megatron-Core's (parallel_state.py) and a plain `tp`
@@ -82,9 +82,11 @@ def retime_tensor_parallel(
     durations: np.ndarray,
     changes: Counter,
     curves: dict[str, Any] | None = None,
+    host_cores: int | None = None,
 ) -> np.ndarray:
     """Re-time `durations` from the traces' TP size to `tp` (module docstring); returns the tasks
-    that no longer rendezvous (every TP all-reduce at `tp` 1)."""
+    that no longer rendezvous (every TP all-reduce at `tp` 1). `host_cores`: the one host's cores,
+    for the all-reduces' scheduler waits (parallel_whatifs.retime_cpu_collective)."""
     if tp < 1:
         raise ConfigError(f"--tp: expected a tensor-parallel size ≥ 1; got {tp}")
     old = tensor_parallel_size(traces)
@@ -101,7 +103,12 @@ def retime_tensor_parallel(
         if not nbytes:
             changes["TP all-reduces kept at measured time (no dims recorded)"] += 1
             continue
-        durations[task] *= group_time_ratio(model, "all_reduce", nbytes, old, tp)
+        if host_cores is None:
+            durations[task] *= group_time_ratio(model, "all_reduce", nbytes, old, tp)
+        else:
+            durations[task] = retime_cpu_collective(
+                model, "all_reduce", nbytes, old, tp, float(durations[task]), host_cores
+            )
         changes[f"TP all_reduce re-timed from {old} to {tp} ranks on {CPU_SYSTEM}'s model"] += 1
     return np.array(reduces, np.int64) if tp == 1 else np.zeros(0, np.int64)
 

@@ -136,9 +136,11 @@ def apply_whatif(
         _retime_collectives(rg, traces, whatif, durations, changes)
     alone = np.zeros(0, np.int64)
     if whatif.dp is not None:
-        alone = retime_data_parallel(rg, traces, whatif.dp, durations, changes, whatif.system, whatif.curves)
+        alone = retime_data_parallel(
+            rg, traces, whatif.dp, durations, changes, whatif.system, whatif.curves, whatif.host_cores
+        )
     if whatif.tp is not None:
-        alone = retime_tensor_parallel(rg, traces, whatif.tp, durations, changes, whatif.curves)
+        alone = retime_tensor_parallel(rg, traces, whatif.tp, durations, changes, whatif.curves, whatif.host_cores)
     if whatif.gpu is not None:
         _retime_gemms(whatif.gpu, gemm_flops or {}, durations, changes)
     changed = rg.without_rendezvous(alone) if alone.size else rg
