@@ -128,3 +128,20 @@ def test_cli_across_runs_and_a_bad_correlation():
     assert pooled["p99_s"] - pooled["p50_s"] > one["p99_s"] - one["p50_s"]
     bad = CliRunner().invoke(app, [*args, "--step-autocorrelation", "1.5"])
     assert bad.exit_code == 2 and "1.5" in bad.output
+
+
+def test_the_command_takes_the_shared_step_factor():
+    """`variability --step-cv 0.1` with every other noise off: every task of a step scales by one
+    log-normal factor of mean 1, so p95 / deterministic = exp(1.6449 σ − σ²/2), σ² = ln(1 + 0.1²)."""
+    zero = ["--compute-cv", "0", "--comm-cv", "0", "--network-cv", "0", "--gpu-cv", "0", "--moe-imbalance-cv", "0"]
+    out = CliRunner().invoke(
+        app, ["variability", "--example", "--step-cv", "0.1", *zero, "--samples", "20000", "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    d = json.loads(out.output)
+    sigma = math.sqrt(math.log(1 + 0.01))  # 0.09975
+    assert d["p95_s"] / d["deterministic_s"] == pytest.approx(
+        math.exp(1.6449 * sigma - sigma**2 / 2), rel=0.01
+    )  # 1.1725
+    bad = CliRunner().invoke(app, ["variability", "--example", "--step-cv", "-0.1"])
+    assert bad.exit_code == 2

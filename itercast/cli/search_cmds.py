@@ -44,6 +44,7 @@ from itercast.cli.variability_cmds import (
     NoiseFromDbOpt,
     SamplesOpt,
     SeedOpt,
+    StepCvOpt,
     variability_model,
 )
 from itercast.config.job import parse_section, raw_sections
@@ -133,6 +134,7 @@ def search_cmd(
     network_cv: NetworkCvOpt = VariabilityModel.network_cv,
     gpu_cv: GpuCvOpt = VariabilityModel.gpu_cv,
     moe_imbalance_cv: MoeImbalanceCvOpt = VariabilityModel.moe_imbalance_cv,
+    step_cv: StepCvOpt = VariabilityModel.step_cv,
     noise_from_db: NoiseFromDbOpt = None,
 ) -> None:
     """Search data/tensor/pipeline/context (and, for MoE models, expert) parallel sizes, micro-batch,
@@ -172,7 +174,7 @@ def search_cmd(
         sampling = None
         if request.objective in DISTRIBUTION_OBJECTIVES:  # read --noise-from-db before the search
             vm = variability_model(
-                compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, noise_from_db, fmt != "table"
+                compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv, noise_from_db, fmt != "table"
             )
             sampling = DistributionOptions(vm, samples, seed, distribution_top)
         with _progress(len(request.node_counts), quiet=fmt != "table") as report:

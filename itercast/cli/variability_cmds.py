@@ -42,6 +42,13 @@ NetworkCvOpt = Annotated[float, typer.Option(callback=finite(0, 10), help="Per-s
 GpuCvOpt = Annotated[
     float, typer.Option(callback=finite(0, 10), help="Persistent per-GPU speed across the fleet (CV).")
 ]
+StepCvOpt = Annotated[
+    float,
+    typer.Option(
+        callback=finite(0, 10),
+        help="Per-step factor shared by every task of the step (CV): what --step-autocorrelation correlates.",
+    ),
+]
 MoeImbalanceCvOpt = Annotated[
     float,
     typer.Option(callback=finite(0, 10), help="Per-step variation of the busiest expert rank's tokens (CV; MoE)."),
@@ -58,11 +65,12 @@ def variability_model(
     network_cv: float,
     gpu_cv: float,
     moe_imbalance_cv: float,
+    step_cv: float,
     noise_from_db: Path | None,
     quiet: bool,
 ) -> var.VariabilityModel:
     """The model the options give; --noise-from-db replaces compute_cv and comm_cv by its repeats'."""
-    vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv)
+    vm = var.VariabilityModel(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv)
     return vm if noise_from_db is None else replace(vm, **_profile_noise(noise_from_db, quiet))
 
 
@@ -106,6 +114,7 @@ def variability_cmd(
     network_cv: NetworkCvOpt = var.VariabilityModel.network_cv,
     gpu_cv: GpuCvOpt = var.VariabilityModel.gpu_cv,
     moe_imbalance_cv: MoeImbalanceCvOpt = var.VariabilityModel.moe_imbalance_cv,
+    step_cv: StepCvOpt = var.VariabilityModel.step_cv,
     noise_from_db: NoiseFromDbOpt = None,
     run_cv: Annotated[
         float, typer.Option(callback=finite(0, 10), help="Per-run speed, shared by all steps of a run (CV).")
@@ -176,7 +185,7 @@ def variability_cmd(
             speeds = read_speed_map(speed_map, w.num_gpus, w.gpus_per_node)
         except ConfigError as exc:
             fail(str(exc))
-    vm = variability_model(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, noise_from_db, as_json)
+    vm = variability_model(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv, noise_from_db, as_json)
     vm = replace(vm, run_cv=run_cv, step_autocorrelation=step_autocorrelation)
     try:
         with working(f"sampling {samples:,} steps…", as_json):
