@@ -29,8 +29,14 @@ from itercast.predict import predict
 #: Engine's delayed scaling: NeMo 1 YAMLs (dgxc-benchmarking <= v25.02, NeMo-Framework-Launcher 24.07)
 #: set fp8_hybrid with fp8_amax_history_len 1024 / fp8_amax_compute_algo max; NeMo 2's
 #: bf16_with_fp8_mixed (dgxc v25.04.02) sets fp8_recipe "delayed"; Megatron-LM core r0.8.0 predates
-#: --fp8-recipe (delayed only).
+#: --fp8-recipe (delayed only). Pipeline exchanges as Megatron-Core runs them (plan.pipeline_p2p megatron):
+#: every interleaved row's config sets overlap_p2p_comm true, batch_p2p_comm false (dgxc v24.11.1-v25.02
+#: llama3.1_70b/405b.yaml, gpt3_175b_hydra.yaml, grok1_314b.yaml, nemotron/configure.sh for 340b VP 12;
+#: NeMo-Framework-Launcher 24.07 gpt3/175b.yaml, llama2_13b/70b.yaml, llama3_70b.yaml, nemotron_22b.yaml);
+#: the Megatron-Core weak-scaling rows (PP 2-16 without interleaving) run Megatron-LM, whose arguments.py
+#: (core_r0.8.0) forces overlap_p2p_comm off without interleaving: blocking, batched exchanges.
 RECIPE = {
+    "pipeline_p2p": "megatron",
     "fp8_recipe": "delayed",
     "zero_stage": 1,
     "overlap_grad_reduce": True,
@@ -270,6 +276,7 @@ def llama3_rows(data: Path) -> list[Row]:
         tp, cp, pp, dp, seq = (int(r[k]) for k in ("TP", "CP", "PP", "DP", "seq_len"))
         gpus, sequences = int(r["GPUs"]), int(r["batch_size_per_DP"]) * dp
         plan = _plan(tp, pp, cp, 2, 1, sequences, "bf16")
+        plan["pipeline_p2p"] = "overlapped"  # Meta's own trainer: its exchanges are not published
         plan["stage_layers"] = [3] + [4] * (2 * pp - 2) + [3]
         model = {"preset": "llama3-405b", "seq_length": seq}
         flops = Job.from_dicts(model, {"tensor_parallel": 1}, {"preset": "dgx-h100"}).model.flops_per_token()

@@ -131,11 +131,21 @@ class PlanConfig(BaseModel):
         description="Hide the expert all-to-alls behind another micro-batch's attention (DeepEP / "
         "Megatron-Core --overlap-moe-expert-parallel-comm).",
     )
-    pipeline_p2p: Literal["overlapped", "deepspeed"] = Field(
+    pipeline_p2p: Literal["overlapped", "deepspeed", "megatron"] = Field(
         "overlapped",
         description="How pipeline stages exchange activations and their gradients "
         "(workloads/transformer.py p2p_message_bytes, _exchange). overlapped: each send on a stream of its own "
-        "beside the next micro-batch's compute, the receiver waiting for it (Megatron-Core, NeMo, torchtitan). "
+        "beside the next micro-batch's compute, the receiver waiting for it (torchtitan). "
+        "megatron: Megatron-Core's schedules as Megatron-LM, NeMo and Megatron-Bridge launch them (NVIDIA/"
+        "Megatron-LM d98e8a64, same at core_r0.8.0): under 1f1b (forward_backward_pipelining_without_"
+        "interleaving) every exchange blocks the compute stream (p2p_communication.py _communicate: "
+        "wait_on_reqs; the host's torch.cuda.synchronize under batch_p2p_sync is not priced) and a send is "
+        "batched with the "
+        "receive that follows it from the same neighbour (send_forward_recv_backward, "
+        "send_backward_recv_forward: one batch_isend_irecv, both directions at once, as long as the longer "
+        "message); warm-up sends and cool-down receives go alone. Interleaved: overlapped, as overlap_p2p_comm "
+        "runs it (set for VP > 1 by Megatron-LM's arguments.py, NeMo's MegatronCommOverlapCallback and "
+        "Megatron-Bridge's CommOverlapConfig; the library's own default False is not priced). "
         "deepspeed: DeepSpeed's PipelineEngine (deepspeed/runtime/pipe at 3401d2516, Feb. 2022): every send and "
         "receive is a blocking dist.send/recv on the compute stream (p2p.py), both sides of each pair meet in "
         "the order of schedule.py TrainSchedule (a stage's output leaves at its next step); with tp > 1 each "
@@ -153,7 +163,18 @@ class PlanConfig(BaseModel):
                 "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'): expected schedule 1f1b, "
                 f"virtual_pipeline 1, zero_stage 0-1; got {self.schedule}, {self.virtual_pipeline}, {self.zero_stage}"
             )
+        if self.pipeline_p2p == "megatron" and self.pipeline_parallel > 1 and self.schedule == "gpipe":
+            raise ValueError(
+                "plan.pipeline_p2p(megatron) runs Megatron-Core's schedules (pipeline_parallel/schedules.py "
+                "get_forward_backward_func): expected schedule 1f1b or interleaved-1f1b; got gpipe"
+            )
         return self
+
+    @property
+    def blocking_p2p(self) -> bool:
+        """The pipeline exchanges block both stages' compute streams (pipeline_p2p deepspeed; megatron
+        under 1f1b); else each send runs beside the compute (transformer.py _send, _exchange)."""
+        return self.pipeline_p2p == "deepspeed" or (self.pipeline_p2p == "megatron" and self.schedule == "1f1b")
 
     @model_validator(mode="after")
     def _check_recompute(self) -> PlanConfig:

@@ -142,7 +142,9 @@ class FastEstimator:
         tf, tb, kernels = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
         fill = np.zeros(len(t))  # micro-batch 0 down the pipeline and back up to the first stage's backward
         period = np.zeros(len(t))  # the steady state's seconds per micro-batch
-        blocking = t.base.pipeline_p2p == "deepspeed"
+        deepspeed = t.base.pipeline_p2p == "deepspeed"
+        # PlanConfig.blocking_p2p, row by row: DeepSpeed's transfers, Megatron-Core's under 1f1b
+        blocking = deepspeed | ((t.base.pipeline_p2p == "megatron") & (c["schedule"] == SCHEDULES.index("1f1b")))
         lockstep = np.zeros(len(t))  # blocking: the pipeline of _blocking_pipeline
         gpipe = c["schedule"] == SCHEDULES.index("gpipe")
         keys, inverse = _distinct(t, _STAGE_KEY)
@@ -151,7 +153,7 @@ class FastEstimator:
             dense_n, moe_n, first_chunk = self._stage_layers(t.base, pp, vp)
             forward = _per_stage(f, "f", rows, dense_n, moe_n)
             backward = _per_stage(f, "b", rows, dense_n, moe_n)
-            if blocking:  # DeepSpeed's all-gathers of partitioned tensors (transformer.py _exchange)
+            if deepspeed:  # DeepSpeed's all-gathers of partitioned tensors (transformer.py _exchange)
                 forward[:, 1:] += g["p2p_gather"][rows, None]
                 backward[:, :-1] += 2 * g["p2p_gather"][rows, None]
             stage = forward + backward
@@ -167,8 +169,8 @@ class FastEstimator:
                     t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"]
                 )
             slowest[rows] = stage.max(axis=1)
-            if blocking:
-                lockstep[rows] = _blocking_pipeline(stage, M[rows], g["p2p"][rows])
+            if blocking[rows].any():
+                lockstep[rows] = _blocking_pipeline(stage, M[rows], g["p2p"][rows], deepspeed)
             # The fill and drain wait for the other stages' passes, not for what follows their sends:
             # a blocking ZeRO-2 reduction, of which (v − 1)/v lies ahead of the chunk that comes back
             # to the stage next (interleaved); without interleaving a ZeRO-3 pass's first gathers
@@ -195,8 +197,7 @@ class FastEstimator:
         kernels += f["kernels_ef"]
         # the module docstring's pipeline
         pipeline = M * period + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
-        if blocking:
-            pipeline = lockstep
+        pipeline = np.where(blocking, lockstep, pipeline)
         buckets = g["buckets"]
         grad, gather = g["grad"], g["gather"]
         megatron = zero <= 1  # DDP and the distributed optimizer: Megatron-Core's bucketing (_first_chunk_exposed)
@@ -506,19 +507,24 @@ def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], m: ModelConfi
     return M * (fwd + bwd)
 
 
-def _blocking_pipeline(stage: np.ndarray, M: np.ndarray, send_s: np.ndarray) -> np.ndarray:
-    """DeepSpeed's pipe engine (plan.pipeline_p2p deepspeed): the passes and the blocking transfers of
-    `stage` (rows × stages, seconds per micro-batch) over M micro-batches, sends of send_s. Stage k takes
-    part in c_k transfers per micro-batch, 2 at either end and 4 between, each on its compute stream;
-    the step is max_k (M (S_k + c_k t) + 2 (p − c_k) t) + Σ_s S_s − max_s S_s. Exact on the graph
-    (transformer.py _exchange) for uniform stages from 2 micro-batches on: (M + p − 1) S + 2 M t at
-    p = 2, + (4M + 2p − 8) t beyond; within 1% with the embedding and head on the end stages
-    (tests/test_deepspeed_pipeline.py)."""
+def _blocking_pipeline(stage: np.ndarray, M: np.ndarray, send_s: np.ndarray, deepspeed: bool) -> np.ndarray:
+    """Blocking pipeline exchanges (PlanConfig.blocking_p2p): the passes and the exchanges of `stage`
+    (rows × stages, seconds per micro-batch) over M micro-batches, each exchange send_s long on both
+    stages' compute streams. Stage k takes part in c_k exchanges per micro-batch and the step is
+    max_k (M (S_k + c_k t) + e_k t) + Σ_s S_s − max_s S_s.
+    DeepSpeed's pipe engine sends and receives apart: c = 2 at either end, 4 between, e = 2 (p − c).
+    Exact on the graph (transformer.py _exchange) for uniform stages from 2 micro-batches on: (M + p − 1) S
+    + 2 M t at p = 2, + (4M + 2p − 8) t beyond (tests/test_deepspeed_pipeline.py).
+    Megatron-Core's 1F1B batches a send with the receive from the same neighbour: c = 1 at either end,
+    2 between, e = 2p − 2c − 1. Exact on the graph (_megatron_exchange) for uniform stages and any M:
+    (M + p − 1) S + (M + 1) t at p = 2, + (2M + 2p − 5) t beyond (tests/test_megatron_pipeline.py).
+    Within 1% with the embedding and head on the end stages."""
     pp = stage.shape[1]
-    transfers = np.full(pp, 4.0)
-    transfers[[0, -1]] = 2.0
+    transfers = np.full(pp, 4.0 if deepspeed else 2.0)
+    transfers[[0, -1]] = 2.0 if deepspeed else 1.0
+    fill = 2 * (pp - transfers) if deepspeed else 2 * (pp - transfers) - 1
     t = send_s[:, None]
-    bottleneck = (M[:, None] * (stage + transfers * t) + 2 * (pp - transfers) * t).max(axis=1)
+    bottleneck = (M[:, None] * (stage + transfers * t) + fill * t).max(axis=1)
     return bottleneck + stage.sum(axis=1) - stage.max(axis=1)
 
 

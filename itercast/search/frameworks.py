@@ -7,7 +7,8 @@ plan_space.py; `runnable_plan` then writes them as the framework would run them,
 
 Sources (the files the rules cite):
 - Megatron-LM d98e8a6: megatron/training/arguments.py (validate_args), megatron/core/pipeline_parallel/
-  schedules.py, megatron/core/distributed/fsdp/mcore_fsdp_adapter.py.
+  schedules.py, megatron/core/distributed/fsdp/mcore_fsdp_adapter.py; its pipeline exchanges (PlanConfig.pipeline_p2p
+  megatron) also p2p_communication.py and model_parallel_config.py, the same at core_r0.8.0.
 - NeMo 8cfedd7: nemo/collections/llm/recipes/gpt3_175b.py (MegatronStrategy on Megatron-Core, DDP config with
   both overlaps on); NeMo-Framework-Launcher conf/training/gpt3/175b.yaml runs VP 12 (pp 8 × vp 12 = 96 layers).
 - torchtitan 9810191^: torchtitan/config/job_config.py, torchtitan/models/llama3/infra/parallelize.py.
@@ -118,8 +119,10 @@ MEGATRON_CORE = Framework(
     # arguments.py: --overlap-grad-reduce and --overlap-param-gather are store_true (off by default)
     defaults={"overlap_grad_reduce": False, "overlap_param_gather": False},
     # Transformer Engine's DotProductAttention prefers FusedAttention (cuDNN) on compute capability >= 9.0;
-    # gradient buckets: Megatron-Core's DP-scaled default (PlanConfig.bucket_params)
-    plan_fields={"attention_kernel": "cudnn"},
+    # gradient buckets: Megatron-Core's DP-scaled default (PlanConfig.bucket_params); pipeline exchanges:
+    # arguments.py forces overlap_p2p_comm off without interleaving (batch_p2p_comm = not overlap_p2p_comm,
+    # blocking) and leaves it on with (--no-overlap-p2p-communication is store_false)
+    plan_fields={"attention_kernel": "cudnn", "pipeline_p2p": "megatron"},
     rules=_megatron_rules("megatron-core"),
 )
 
@@ -131,8 +134,9 @@ FRAMEWORKS: dict[str, Framework] = {
         name="nemo",
         # recipes (gpt3_175b.py): DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True)
         defaults={"overlap_grad_reduce": True, "overlap_param_gather": True},
-        # nemo/collections/llm/gpt/model/base.py GPTConfig: cross_entropy_loss_fusion = True (native impl)
-        plan_fields={"attention_kernel": "cudnn", "cross_entropy": "megatron_fused"},
+        # nemo/collections/llm/gpt/model/base.py GPTConfig: cross_entropy_loss_fusion = True (native impl);
+        # MegatronCommOverlapCallback: overlap_p2p_comm with VP > 1, else batch_p2p_comm (blocking)
+        plan_fields={"attention_kernel": "cudnn", "cross_entropy": "megatron_fused", "pipeline_p2p": "megatron"},
         rules=_megatron_rules("nemo (MegatronStrategy on Megatron-Core)"),
     ),
     "torchtitan": Framework(

@@ -115,6 +115,10 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
     ]
     if p["tp_comm_overlap"]:
         out.append("MegatronCommOverlapCallback.tp_comm_overlap=True")
+    if p["pipeline_parallel"] > 1:  # the callback's own choice, named since the plan was priced by it
+        interleaved = p["virtual_pipeline"] > 1
+        out.append(f"MegatronCommOverlapCallback.overlap_p2p_comm={interleaved}")
+        out.append(f"MegatronCommOverlapCallback.batch_p2p_comm={not interleaved}")
     out.append(f"model.config.cross_entropy_loss_fusion={p['cross_entropy'] in ('megatron_fused', 'te')}")
     if p["cross_entropy"] == "te":
         out.append("model.config.cross_entropy_fusion_impl=te")

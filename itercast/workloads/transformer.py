@@ -200,6 +200,7 @@ SegmentKey = tuple[int, int, bool, str, int]
 #: bytes per parameter), ("collective", stage, kind, bytes, Groups field), ("memory", stage, kind,
 #: bytes), ("p2p", stage, to stage): the stage's device prices it (a mixed cluster's groups differ)
 Recipe = tuple[Any, ...]
+Message = tuple[bool, int, int]  # a pipeline message: (forward, sending stage, micro-batch)
 #: parameters of a unit or segment on one GPU: (routed experts', the rest)
 Params = tuple[float, float]
 
@@ -361,7 +362,7 @@ class TransformerStepBuilder:
         }
         self.g = GraphBuilder()
         self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
-        self._pairs: dict[tuple[bool, int, int], int] = {}  # blocking: (forward, sending stage, micro) -> collective
+        self._pairs: dict[tuple[Message, ...], int] = {}  # blocking: the messages of an exchange -> its collective
         self._waits: list[tuple[tuple[bool, int, int], int]] = []  # (producer key, consumer task)
         self._segment_cache: dict[tuple[int, int, bool, str], list[tuple[PassCost, Params]]] = {}
         self.family_time_s: list[dict[str, float]] = [{} for _ in range(p.pipeline_parallel)]
@@ -454,6 +455,8 @@ class TransformerStepBuilder:
             return dp_collective_s(costs.collective_s, self.groups, *args[1:])
         if kind == "memory":
             return float(costs.memory_s(args[1], args[2]))
+        if kind == "p2p_exchange":  # a send and a receive batched together: the longer of the two
+            return max(self.p2p_s[args[0], args[1]], self.p2p_s[args[1], args[0]])
         return self.p2p_s[args[0], args[1]]  # "p2p": a send between device groups crosses nodes
 
     def expert_share(self) -> np.ndarray:
@@ -670,7 +673,7 @@ class TransformerStepBuilder:
 
     def _receive(self, stage: int, ps: Pass, consumer: int) -> None:
         """This pass's first compute task waits for the matching send (the edge is added in build)."""
-        if self.job.plan.pipeline_p2p == "deepspeed":
+        if self.job.plan.blocking_p2p:
             return  # _exchange
         vs = self._virtual(stage, ps.chunk)
         total = self.job.plan.pipeline_parallel * self.job.plan.virtual_pipeline
@@ -680,7 +683,7 @@ class TransformerStepBuilder:
 
     def _send(self, stage: int, ps: Pass, after: int) -> None:
         """An overlapped send: on the stage's p2p stream once `after` has ended."""
-        if self.job.plan.pipeline_p2p == "deepspeed":
+        if self.job.plan.blocking_p2p:
             return  # _exchange
         vs = self._virtual(stage, ps.chunk)
         total = self.job.plan.pipeline_parallel * self.job.plan.virtual_pipeline
@@ -699,8 +702,9 @@ class TransformerStepBuilder:
         self._sends[(ps.forward, vs, ps.microbatch)] = send
 
     def _exchange(self, stage: int, passes: list[Pass], i: int) -> list[int]:
-        """DeepSpeed's pipe engine (plan.pipeline_p2p deepspeed): the tasks it runs on the compute stream
-        before pass i (i = len(passes): after the last), in order; [] otherwise.
+        """Blocking exchanges (PlanConfig.blocking_p2p): the tasks run on the compute stream before pass i
+        (i = len(passes): after the last), in order; [] otherwise. DeepSpeed's pipe engine below,
+        Megatron-Core's in _megatron_exchange.
 
         TrainSchedule (deepspeed/runtime/pipe/schedule.py at 3401d2516) runs forward m of stage s at
         step 2m + s and backward m at step 2m + 2p − s − 1 (_step_to_micro_batch); a pass's output
@@ -711,8 +715,10 @@ class TransformerStepBuilder:
         over its tensor-parallel group (engine.py _exec_forward_pass: the input; _exec_backward_pass: its
         own output, cleared after sending, and the gradient). Pass orders agree with Megatron's 1F1B."""
         p = self.job.plan
-        if p.pipeline_p2p != "deepspeed" or p.pipeline_parallel == 1:
+        if not p.blocking_p2p or p.pipeline_parallel == 1:
             return []
+        if p.pipeline_p2p == "megatron":
+            return self._megatron_exchange(stage, passes, i)
         pp = p.pipeline_parallel
 
         def step(ps: Pass) -> int:
@@ -727,7 +733,10 @@ class TransformerStepBuilder:
             forward_after = prev is not None and cur.forward and step(cur) == step(prev) + 1
             ops = [receive, *ops] if forward_after else [*ops, receive]
         comp = self.g.resource(stage, "compute")
-        tasks = [self._transfer(stage, comp, *op) for op in ops]
+        tasks = [
+            self._transfer(stage, comp, ((fwd, stage if sending else stage - 1 if fwd else stage + 1, m),))
+            for sending, fwd, m in ops
+        ]
         if cur is not None and p.tensor_parallel > 1:
             gathers = (1 if stage > 0 else 0) if cur.forward else (2 if stage < pp - 1 else 0)
             recipe: Recipe = ("collective", stage, "all_gather", stage_output_bytes(self.job), "tp")
@@ -735,13 +744,43 @@ class TransformerStepBuilder:
             tasks += [self._task(recipe, name, comp, Category.COMMUNICATION, "tp_all_gather") for _ in range(gathers)]
         return tasks
 
-    def _transfer(self, stage: int, comp: int, sending: bool, forward: bool, micro: int) -> int:
-        """One end of a blocking send/receive pair on the compute stream (_exchange)."""
-        src = (stage if sending else stage - 1) if forward else (stage if sending else stage + 1)
-        dst = src + 1 if forward else src - 1
-        key = (forward, src, micro)
+    def _megatron_exchange(self, stage: int, passes: list[Pass], i: int) -> list[int]:
+        """Megatron-Core's 1F1B (schedules.py forward_backward_pipelining_without_interleaving at
+        NVIDIA/Megatron-LM d98e8a64): after a pass the stage sends its output to the neighbour it goes
+        to; when the next pass's input comes from that same neighbour the send and that receive are one
+        batched exchange (send_forward_recv_backward after a steady-state forward,
+        send_backward_recv_forward after a backward), else the send goes alone (warm-up send_forward,
+        cool-down send_backward) and the receive follows on its own (recv_forward, recv_backward).
+        Each blocks the compute stream until done (p2p_communication.py _communicate: req.wait())."""
+        pp = self.job.plan.pipeline_parallel
+        prev, cur = passes[i - 1] if i > 0 else None, passes[i] if i < len(passes) else None
+        send = recv = None
+        if prev is not None and 0 <= stage + (1 if prev.forward else -1) < pp:
+            send = (prev.forward, stage, prev.microbatch)
+        if cur is not None and 0 <= stage + (-1 if cur.forward else 1) < pp:
+            recv = (cur.forward, stage - 1 if cur.forward else stage + 1, cur.microbatch)
+        # the same neighbour: a forward's output goes where the gradient comes from, except after the
+        # last warm-up forward of a stage without a steady state (M ≤ p − s − 1: cool-down recv_backward)
+        steady = prev is not None and (not prev.forward or self.job.num_microbatches > pp - stage - 1)
+        if send and recv and send[0] != recv[0] and steady:
+            exchanges: list[tuple[Message, ...]] = [(send, recv)]
+        else:
+            exchanges = [(m,) for m in (send, recv) if m]
+        comp = self.g.resource(stage, "compute")
+        return [self._transfer(stage, comp, messages) for messages in exchanges]
+
+    def _transfer(self, stage: int, comp: int, messages: tuple[Message, ...]) -> int:
+        """This stage's end of one blocking exchange on its compute stream (_exchange): one message
+        (forward, sending stage, micro-batch), or a send and a receive with one neighbour run as one
+        batch (NCCL group), both directions at once. Both ends are one two-member collective, as long
+        as its longer message."""
+        key = tuple(sorted(messages))
         if key not in self._pairs:
             self._pairs[key] = self.g.new_collective()
-        pair = self._pairs[key]
-        name = f"{'send' if sending else 'recv'}_{'act' if forward else 'grad'}.m{micro}.c0"
-        return self._task(("p2p", src, dst), name, comp, Category.COMMUNICATION, "pp_p2p", collective=pair)
+        ends = [(src, src + 1 if forward else src - 1) for forward, src, _ in key]
+        recipe: Recipe = ("p2p", *ends[0]) if len(ends) == 1 else ("p2p_exchange", *ends[0])
+        name = "+".join(
+            f"{'send' if src == stage else 'recv'}_{'act' if forward else 'grad'}.m{micro}"
+            for forward, src, micro in messages
+        )
+        return self._task(recipe, f"{name}.c0", comp, Category.COMMUNICATION, "pp_p2p", collective=self._pairs[key])

@@ -1,0 +1,133 @@
+"""Megatron-Core's pipeline exchanges (plan.pipeline_p2p = megatron) computed by hand: under 1F1B every
+exchange blocks both stages' compute streams, a send batched with the receive from the same neighbour.
+
+Sources (NVIDIA/Megatron-LM d98e8a64, the same at core_r0.8.0): megatron/core/pipeline_parallel/schedules.py
+forward_backward_pipelining_without_interleaving (warm-up recv_forward / send_forward, steady
+send_forward_recv_backward / send_backward_recv_forward, cool-down recv_backward / send_backward);
+p2p_communication.py _communicate (batch_isend_irecv, req.wait()); megatron/training/arguments.py
+(overlap_p2p_comm forced off without interleaving; batch_p2p_comm = not overlap_p2p_comm).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from helpers import fast_vs_graph, pipeline_builder, plan_of
+from test_deepspeed_pipeline import B, F, T, _stages_step_s, job, step_s
+from test_golden import MODEL, SYSTEM
+
+from itercast.config.job import Job
+from itercast.errors import ConfigError
+from itercast.search.fast_estimate import _blocking_pipeline
+from itercast.search.frameworks import FRAMEWORKS
+from itercast.search.launch_settings import launch_settings
+from itercast.sim.engine import simulate
+
+
+def test_two_stages_two_micro_batches_by_hand():
+    # Stage 0 (1 warm-up forward): F0 | send act0 | F1 | send act1 + recv grad0 | B0 | recv grad1 | B1
+    # Stage 1 (none):    recv act0 | F0 | B0 | send grad0 + recv act1 | F1 | B1 | send grad1
+    # F0 ends at F; "act0" at F + T; stage 1 runs F0, B0 to 2F + B + T while stage 0 runs F1 and waits;
+    # the batched pair meets then, 2F + B + 2T; stage 1 runs F1, B1 to 3F + 2B + 2T, "grad1" 3F + 2B + 3T;
+    # stage 0's B1 ends 3F + 3B + 3T. Overlapped sends: 3F + 3B + 2T; DeepSpeed's apart: 3F + 3B + 4T.
+    assert step_s("megatron", 2, 2) == pytest.approx(3 * F + 3 * B + 3 * T)  # 9.75
+    assert step_s("overlapped", 2, 2) == pytest.approx(3 * F + 3 * B + 2 * T)  # 9.5
+    assert step_s("deepspeed", 2, 2) == pytest.approx(3 * F + 3 * B + 4 * T)  # 10.0
+
+
+def test_one_micro_batch_sends_alone():
+    # M = 1 on 2 stages: stage 0 has no steady state (warm-up F0, send act0; cool-down recv grad0, B0),
+    # so nothing is batched: F, T, F + B on stage 1, T, B = 2F + 2B + 2T
+    assert step_s("megatron", 2, 1) == pytest.approx(2 * F + 2 * B + 2 * T)  # 6.5
+
+
+def test_steady_state_pays_one_exchange_per_micro_batch_at_the_ends_two_between():
+    # 2 stages: one batched exchange per micro-batch on each: (M + 1)(F + B) + (M + 1) T
+    for micro in (4, 8):
+        assert step_s("megatron", 2, micro) == pytest.approx((micro + 1) * (F + B) + (micro + 1) * T)
+    # 4 stages, 8 micro-batches: an inner stage's F, exchange, B, exchange: (8 + 3)(F + B) + (2·8 + 2·4 − 5) T
+    assert step_s("megatron", 4, 8) == pytest.approx(11 * (F + B) + 19 * T)  # 37.75
+
+
+def test_exchanges_run_on_the_compute_stream_batched():
+    g = pipeline_builder(job("megatron", 2, 2), F, B, T).build()
+    names = {g.names[g.name[t]]: g.kinds[g.resource_kind[g.resource[t]]] for t in range(g.num_tasks)}
+    assert names["send_act.m1+recv_grad.m0.c0"] == "compute"  # stage 0 after F1
+    assert names["send_grad.m0+recv_act.m1.c0"] == "compute"  # stage 1 after B0
+    assert "send_act.m0.c0" in names and "recv_grad.m1.c0" in names  # warm-up / cool-down alone
+
+
+def test_interleaved_sends_stay_overlapped():
+    # overlap_p2p_comm, as every Megatron launcher sets it with VP > 1: the overlapped graph's step
+    def interleaved(mode: str) -> float:
+        j = Job.from_dicts(
+            {**MODEL, "num_layers": 4},
+            dict(
+                pipeline_parallel=2,
+                virtual_pipeline=2,
+                schedule="interleaved-1f1b",
+                data_parallel=1,
+                micro_batch_size=1,
+                global_batch_size=4,
+                pipeline_p2p=mode,
+            ),
+            {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 2}, "num_nodes": 1},
+        )
+        return simulate(pipeline_builder(j, F, B, T).build()).step_time_s
+
+    assert interleaved("megatron") == interleaved("overlapped")
+
+
+def test_megatron_exchanges_refuse_gpipe():
+    with pytest.raises(ConfigError, match=r"pipeline_p2p\(megatron\) runs Megatron-Core's schedules"):
+        plan = {"pipeline_parallel": 2, "pipeline_p2p": "megatron", "schedule": "gpipe"}
+        Job.from_dicts(MODEL | {"num_layers": 2}, plan, {**SYSTEM, "num_nodes": 1})
+
+
+def test_megatron_frameworks_price_its_exchanges_and_nemo_names_the_switches():
+    assert FRAMEWORKS["megatron-core"].plan_fields["pipeline_p2p"] == "megatron"
+    assert FRAMEWORKS["nemo"].plan_fields["pipeline_p2p"] == "megatron"
+    model = Job.from_dicts(MODEL | {"num_layers": 4}, {}, {**SYSTEM, "num_nodes": 1}).model
+    base = Job.from_dicts(MODEL | {"num_layers": 4}, {}, {**SYSTEM, "num_nodes": 1}).plan.model_dump()
+    flat = base | {"pipeline_parallel": 2}
+    settings = launch_settings("nemo", flat, model)
+    assert "overlap_p2p_comm=False" in settings and "batch_p2p_comm=True" in settings
+    settings = launch_settings("nemo", flat | {"virtual_pipeline": 2}, model)
+    assert "overlap_p2p_comm=True" in settings and "batch_p2p_comm=False" in settings
+    assert "p2p" not in launch_settings("nemo", base, model)  # no pipeline, no switch
+    # Megatron-LM: overlap is on by default with interleaving and forced off without: no flag either way
+    assert "p2p" not in launch_settings("megatron-core", flat | {"virtual_pipeline": 2}, model)
+
+
+def test_fast_path_blocking_pipeline_agrees_with_the_graph():
+    # uniform stages: exact for any M, (M + p − 1)(F + B) + (2M + 2p − 5) T beyond 2 stages
+    for stages, micro in itertools.product((2, 3, 4, 8), (1, 2, 3, 8, 32)):
+        stage = np.full((1, stages), F + B)
+        fast = _blocking_pipeline(stage, np.array([micro]), np.array([T]), deepspeed=False)[0]
+        assert fast == pytest.approx(step_s("megatron", stages, micro))
+    # an embedding on the first stage and a head on the last
+    for stages, micro, head in itertools.product((2, 3, 4, 8), (1, 2, 8, 32), (0.0, 0.2, 0.6)):
+        forward = [F + 0.05] + [F] * (stages - 1)
+        backward = [B + 0.04] + [B] * (stages - 1)
+        forward[-1] += head
+        backward[-1] += 2 * head
+        stage = np.array([forward]) + np.array([backward])
+        fast = _blocking_pipeline(stage, np.array([micro]), np.array([T]), deepspeed=False)[0]
+        assert fast == pytest.approx(_stages_step_s(forward, backward, micro, T, "megatron"), rel=0.01)
+
+
+def test_fast_path_agrees_with_graph_on_megatron_plans():
+    plans = []
+    for i, (tp, pp, vp, zero) in enumerate(itertools.product([1, 2, 8], [2, 4], [1, 2], [0, 1])):
+        schedule = "interleaved-1f1b" if vp > 1 else "1f1b"
+        plan = plan_of(tp, pp, 1, schedule, zero, sequence_parallel=tp > 1, pipeline_p2p="megatron")
+        plan["global_batch_size"] = (64, 256)[i % 2]
+        plan["overlap_grad_reduce"] = plan["overlap_param_gather"] = False
+        plans.append(plan)
+    valid, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-a100", "num_nodes": 4}, plans)
+    blocking = np.array([j.plan.virtual_pipeline == 1 for j in valid])
+    # blocking 1F1B: the stages' formula, measured worst 2e-14; interleaved: the overlapped fast path's
+    # tolerance (tests/test_fast_estimate.py), measured worst 1.2%
+    assert len(valid) == 24 and rel[blocking].max() < 1e-9 and rel[~blocking].max() < 0.02
