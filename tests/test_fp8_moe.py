@@ -32,7 +32,7 @@ ROWS, H, FE2, FE = 64, 64, 64, 32  # rows per rank, hidden, expert up width (gat
 
 def moe_fp8(recipe: str, dtype: str = "fp8") -> Job:
     node = {**FP8_SYSTEM["node"], "gpus_per_node": 2}
-    plan = {"expert_parallel": 2, "data_parallel": 2, "dtype": dtype, "fp8_recipe": recipe}
+    plan = {"expert_parallel": 2, "data_parallel": 2, "dtype": dtype, "fp8_recipe": recipe, "moe_grouped_gemm": True}
     return Job.from_dicts(MOE, plan, {**FP8_SYSTEM, "node": node, "num_nodes": 1})
 
 

@@ -264,8 +264,8 @@ def test_megatron_rank_order_places_tensor_then_context_then_data_parallel_ranks
 def test_each_local_expert_runs_its_own_gemms():
     # 2 local experts (4 over ep 2) share the 64 routed rows: up (gate + up) 2·64·64·2·32 FLOPs and
     # down 2·64·32·64 in all, one GEMM per expert; SwiGLU reads 2 and writes 1 of 64 × 32 × 2 bytes.
-    # Forward and backward (2 GEMMs per GEMM, twice the bytes): 3× the forward
+    # Forward and backward (2 GEMMs per GEMM, twice the bytes): 3× the forward. Grouped: no copies
     moe = {"family": "llama", "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
-    j = job(moe, data_parallel=2, expert_parallel=2)
+    j = job(moe, data_parallel=2, expert_parallel=2, moe_grouped_gemm=True)
     forward_s = (2 * 64 * 64 * 2 * 32 + 2 * 64 * 32 * 64) / PEAK + 3 * 64 * 32 * 2 / HBM
     assert predict(j, linear_calibration()).family_time_s["experts"] == pytest.approx(3 * forward_s)

@@ -53,7 +53,9 @@ def _t(*names: str) -> tuple[str, ...]:
 
 #: the test files that cover each source file (a mutant may name its own)
 TESTS = {
-    "workloads/transformer_ops.py": _t("golden", "step_by_hand", "moe", "ops_and_costs", "fp8_recipes", "fp8_moe"),
+    "workloads/transformer_ops.py": _t(
+        "golden", "step_by_hand", "moe", "ops_and_costs", "fp8_recipes", "fp8_moe", "fp8_weight_cast", "moe_paths"
+    ),
     "workloads/transformer.py": _t("golden", "step_by_hand", "bounds_by_hand", "moe", "ops_and_costs", "pipeline"),
     "memory.py": _t("memory", "memory_by_hand", "memory_moe_by_hand", "golden", "moe"),
     "search/fast_estimate.py": _t("fast_estimate", "bounds_by_hand"),
@@ -135,8 +137,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M(OPS, '"tensorwise": 6 - fused_read', '"tensorwise": 6', "the layer norm does not compute the FP8 amax"),
     M(OPS, '"rowwise": 8 - fused_read', '"rowwise": 6 - fused_read', "rowwise FP8 casts without its bf16 transpose"),
     M(OPS, "return tensors * (2 if", "return (2 if", "TE current scaling casts every expert in one launch"),
-    M(OPS, '"elementwise", 2 * nbytes, label="experts"', '"elementwise", nbytes, label="experts"',
-      "the FP8 padding copy only writes"),
+    M(OPS, 'Op("moe_fp8_pad", "elementwise", 2 * nbytes, label="experts"',
+      'Op("moe_fp8_pad", "elementwise", nbytes, label="experts"', "the FP8 padding copy only writes"),
+    M(OPS, "count=1 if plan.moe_grouped_gemm else local,", "count=1,",
+      "sequential experts run one activation kernel for all of them"),
+    M(OPS, "return fp8_cast_bytes(plan.fp8_recipe, after_norm=False) * weights",
+      "return fp8_cast_bytes(plan.fp8_recipe, after_norm=True) * weights",
+      "Transformer Engine's per-step weight cast reads no amax"),
     # -- the step graph: groups, bytes, optimizer ------------------------------------------------
     M(TF, "grad=place_group(d * c, t, gpn)", "grad=place_group(d, t * c, gpn)", "gradients reduced over dp, not dp×cp"),
     M(TF, "cp=place_group(c, t, gpn)", "cp=place_group(c, 1, gpn)", "CP ranks placed adjacent, not at stride tp"),

@@ -194,7 +194,8 @@ def grok_rows(data: Path) -> list[Row]:
             c["global_batch_size"],
             "fp8" if "FP8" in r["dtype"] else "bf16",
         )
-        plan |= {"expert_parallel": c["expert_parallel"], "grad_reduce_dtype": "bf16"}
+        # grok1_314b.yaml @35a9aecc sets moe_grouped_gemm: False (SequentialMLP, data/published/dgxc_grok1_configs.csv)
+        plan |= {"expert_parallel": c["expert_parallel"], "grad_reduce_dtype": "bf16", "moe_grouped_gemm": False}
         model = {"preset": "grok1-314b", "num_layers": c["num_layers"], "seq_length": c["seq_length"]}
         rows.append(Row("dgxc grok1 (MoE)", f"{r['model_config']} ×{gpus}", gpus, float(r["step_time_s"]), model, plan))
     return rows

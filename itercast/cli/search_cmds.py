@@ -247,17 +247,20 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     plan_raw = dict(raw["plan"])
     fixed = {k: v for k, v in plan_raw.items() if k in set_fields and k in VARIED and k != "global_batch_size"}
     shared = {k: v for k, v in plan_raw.items() if k not in VARIED or k == "global_batch_size"}
-    shared = framework(options.framework).plan_fields | shared  # the job's own fields win
+    fw = framework(options.framework)
+    shared = fw.plan_fields | shared  # the job's own fields win
     m = cast(ModelConfig, parse_section("model", raw["model"], "model"))
     s = cast(SystemConfig, parse_section("system", raw["system"], "system"))
-    base = cast(PlanConfig, parse_section("plan", {**shared, **fixed}, "plan"))
-    fw = framework(options.framework)
-    kernels: list[tuple[str, str, tuple[str, ...]]] = [("cross_entropy", base.cross_entropy, fw.cross_entropies)]
-    if base.dtype == "fp8":
-        kernels.append(("fp8_recipe", base.fp8_recipe, fw.fp8_recipes))
-    for name, value, runs in kernels:
+    # what the framework runs, checked before the plan's own rules (they would name its fields first)
+    plan = {**shared, **fixed}
+    kernels: list[tuple[str, tuple[str, ...]]] = [("cross_entropy", fw.cross_entropies)]
+    if plan.get("dtype") == "fp8":
+        kernels += [("fp8_recipe", fw.fp8_recipes), ("fp8_weight_cast", fw.fp8_weight_casts)]
+    for name, runs in kernels:
+        value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
+    base = cast(PlanConfig, parse_section("plan", plan, "plan"))
     if base.global_batch_size is None and not options.global_batch_sizes:
         raise ConfigError(
             "the search needs plan.global_batch_size (--set plan.global_batch_size=N) or --global-batch-sizes"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, NonNegativeInt, model_validator
 
@@ -84,9 +84,35 @@ class PlanConfig(BaseModel):
         "an amax pass before the cast, and with sequence parallelism an amax all-reduce over the "
         "tensor-parallel group; rowwise, torchao/torchtitan float8 rowwise (one scale per row of each "
         "operand: a row-scaled and a column-scaled copy, two passes), which also recasts every weight on "
-        "every micro-batch (transformer_ops._weight_casts). tensorwise is priced as Transformer Engine runs it, "
-        "weights cast once per step (not priced): torchtitan's tensorwise, which recasts them on every "
-        "micro-batch, is forecast fast by those casts.",
+        "every micro-batch; when the weights are cast: fp8_weight_cast.",
+    )
+    fp8_weight_cast: Literal["per_step", "per_microbatch"] = Field(
+        "per_step",
+        description="dtype=fp8: when the GEMM weights are cast to FP8 (workloads/transformer_ops.py _weight_casts, "
+        "weight_cast_step_bytes). per_step, Transformer Engine as Megatron-Core, NeMo and Megatron-DeepSpeed run "
+        "it: each weight and its transpose cast on the step's first micro-batch and kept for the others "
+        "(TE module/linear.py, grouped_linear.py: is_first_microbatch; Megatron-Core schedules.py forward_step). "
+        "per_microbatch, torchao's Float8Linear as torchtitan runs it: every weight cast again in the forward and "
+        "the backward of every micro-batch (torchao float8_linear.py matmul_with_hp_or_float8_args). Left out: "
+        "per_microbatch with fp8_recipe rowwise (torchao's alone), else per_step. delayed runs per_step only "
+        "(torchao has no delayed scaling), rowwise per_microbatch only.",
+    )
+    fp8_experts: bool = Field(
+        True,
+        description="dtype=fp8: the routed experts' GEMMs run in FP8. Transformer Engine's grouped and "
+        "sequential experts do (TEGroupedLinear, TELinear); torchtitan's float8 converter swaps only its Linear "
+        "modules (components/quantization/float8.py Float8LinearConverter), so its GroupedExperts stay bf16 "
+        "unless its MoE converter is named (Float8GroupedExpertsConverter; earlier float8.moe_fqns_prototype).",
+    )
+    moe_grouped_gemm: bool = Field(
+        False,
+        description="How Megatron-Core runs a rank's routed experts (workloads/transformer_ops.py _moe_block). "
+        "true, --moe-grouped-gemm: TEGroupedMLP, one grouped GEMM per projection over every local expert, one "
+        "activation kernel, under Transformer Engine FP8 its rows padded to a multiple of 16 and back "
+        "(Fp8Padding / Fp8Unpadding). false, Megatron-Core's default (TransformerConfig.moe_grouped_gemm False; "
+        "arguments.py store_true): SequentialMLP, a loop over the local experts, each a TE MLP with its own "
+        "activation and FP8 casts, its rows padded only when not a multiple of 16, the outputs concatenated "
+        "(moe/experts.py SequentialMLP.forward).",
     )
     flash_attention: bool = Field(
         True,
@@ -175,6 +201,24 @@ class PlanConfig(BaseModel):
         """The pipeline exchanges block both stages' compute streams (pipeline_p2p deepspeed; megatron
         under 1f1b); else each send runs beside the compute (transformer.py _send, _exchange)."""
         return self.pipeline_p2p == "deepspeed" or (self.pipeline_p2p == "megatron" and self.schedule == "1f1b")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_weight_cast(cls, data: Any) -> Any:
+        """fp8_weight_cast left out: per_microbatch under rowwise (torchao's recipe), else per_step."""
+        if isinstance(data, dict) and "fp8_weight_cast" not in data and data.get("fp8_recipe") == "rowwise":
+            return {**data, "fp8_weight_cast": "per_microbatch"}
+        return data
+
+    @model_validator(mode="after")
+    def _check_weight_cast(self) -> PlanConfig:
+        runs = {"delayed": "per_step", "rowwise": "per_microbatch"}.get(self.fp8_recipe, self.fp8_weight_cast)
+        if self.fp8_weight_cast != runs:
+            raise ValueError(
+                f"plan.fp8_weight_cast: fp8_recipe {self.fp8_recipe} casts weights {runs} (delayed: Transformer "
+                f"Engine's per-step cache; rowwise: torchao's, every micro-batch); got {self.fp8_weight_cast}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_recompute(self) -> PlanConfig:

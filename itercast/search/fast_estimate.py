@@ -34,7 +34,8 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    backward inherits its trailing reduce-scatters), after a wait that hides the
                    first gathers for the fill and drain
     + exposed parameter gathers (ZeRO-1/2, same form as DP, behind the first forward) + embedding and
-    gradient-norm all-reduces + optimizer + the first launch.
+    gradient-norm all-reduces + optimizer + the first launch + Transformer Engine's once-per-step FP8
+    weight casts of every chunk (transformer.weight_cast_bytes: each on micro-batch 0's way down).
 Approximations: stages are uniform but for the embedding and head, sends cost the same on every
 hop, and a pass either runs back to back or waits long enough. tests/test_fast_estimate.py bounds
 the disagreement with the graph simulation (every plan of its grids within 2%).
@@ -72,6 +73,7 @@ from itercast.workloads.transformer import (
     unit_kinds,
     unit_params,
     weight_bytes,
+    weight_cast_bytes,
 )
 
 _LAYER_KEY = ("tp", "cp", "mbs", "sp", "recompute", "ep", "etp")
@@ -220,6 +222,7 @@ class FastEstimator:
         exposed_gather = np.where((zero == 1) | (zero == 2), gathered, 0.0)
         fsdp = _fsdp_step(f, g, self.model, M)
         step = np.where((zero == 3) & sync & (p == 1), fsdp, pipeline + exposed_grad + exposed_gather)
+        step = step + g["weight_cast"]  # Transformer Engine's once-per-step FP8 weight casts, every chunk's
         return step + g["tail"] + kernels * self.system.gpu.kernel_launch_overhead_s
 
     def _fsdp_stages(
@@ -425,6 +428,7 @@ class FastEstimator:
             "grad_whole": dp_s(kind, params, grad_bytes),
             "gather_whole": dp_s("all_gather", params, w_bytes),
             "tail": tail,
+            "weight_cast": sum(float(costs.memory_s("elementwise", b)) for b in weight_cast_bytes(job)),
             **slots,
         }
         for name, w in sizes.items():  # ZeRO-3: per-unit gathers and reduce-scatters

@@ -49,7 +49,10 @@ class Framework:
     `plan_fields`: plan fields its launches run that the search prices unless the job sets them (its
     fused attention kernel, gradient bucket, kind of selective checkpointing); `cross_entropies`: the
     PlanConfig.cross_entropy implementations its models can run; `fp8_recipes`: the
-    PlanConfig.fp8_recipe scalings its FP8 training runs."""
+    PlanConfig.fp8_recipe scalings its FP8 training runs; `fp8_weight_casts`: when it casts the weights
+    to FP8 (PlanConfig.fp8_weight_cast). Routed experts: Megatron-Core runs SequentialMLP unless told
+    (transformer_config.py moe_grouped_gemm False; arguments.py --moe-grouped-gemm store_true), the
+    PlanConfig.moe_grouped_gemm default."""
 
     name: str
     zero_stages: tuple[int, ...]
@@ -66,6 +69,8 @@ class Framework:
     # Megatron-Core arguments.py --fp8-recipe: delayed (default) and tensorwise (TE Float8CurrentScaling);
     # its mxfp8 and blockwise need Blackwell or are not priced here
     fp8_recipes: tuple[str, ...] = ("delayed", "tensorwise")
+    # Transformer Engine's weight cache: each weight cast on the step's first micro-batch (is_first_microbatch)
+    fp8_weight_casts: tuple[str, ...] = ("per_step",)
 
 
 #: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
@@ -134,9 +139,16 @@ FRAMEWORKS: dict[str, Framework] = {
         name="nemo",
         # recipes (gpt3_175b.py): DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True)
         defaults={"overlap_grad_reduce": True, "overlap_param_gather": True},
+        # NeMo 2's MoE configs set moe_grouped_gemm = True: gpt/model/deepseek.py, gpt_oss.py, qwen3.py, llama.py
+        # (Llama 4); mixtral.py leaves Megatron-Core's False.
         # nemo/collections/llm/gpt/model/base.py GPTConfig: cross_entropy_loss_fusion = True (native impl);
         # MegatronCommOverlapCallback: overlap_p2p_comm with VP > 1, else batch_p2p_comm (blocking)
-        plan_fields={"attention_kernel": "cudnn", "cross_entropy": "megatron_fused", "pipeline_p2p": "megatron"},
+        plan_fields={
+            "attention_kernel": "cudnn",
+            "cross_entropy": "megatron_fused",
+            "moe_grouped_gemm": True,
+            "pipeline_p2p": "megatron",
+        },
         rules=_megatron_rules("nemo (MegatronStrategy on Megatron-Core)"),
     ),
     "torchtitan": Framework(
@@ -158,11 +170,18 @@ FRAMEWORKS: dict[str, Framework] = {
             "grad_bucket_size_params": TORCH_DDP_BUCKET_PARAMS,
             "selective_recompute": "op",
             "cross_entropy": "torch",  # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...)
-            # job_config.py Float8.recipe_name None: torchao's Float8LinearConfig() (config.py), tensorwise
+            # job_config.py Float8.recipe_name None: torchao's Float8LinearConfig() (config.py), tensorwise;
+            # torchao's Float8Linear casts the weights again in every forward and backward
             "fp8_recipe": "tensorwise",
+            "fp8_weight_cast": "per_microbatch",
+            # its float8 converter swaps Linear modules only: routed experts need quantize.grouped_mm.float8
+            "fp8_experts": False,
+            # models/common/moe.py GroupedExperts: torch._grouped_mm over every local expert
+            "moe_grouped_gemm": True,
         },
         cross_entropies=("torch",),
         fp8_recipes=("tensorwise", "rowwise"),  # torchao float8 has no delayed scaling
+        fp8_weight_casts=("per_microbatch",),
         rules=(
             (
                 "torchtitan: FSDP2 (zero 2-3) over dp_shard, DDP (zero 0) only as 1-D parallelism, no ZeRO-1 "

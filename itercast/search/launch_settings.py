@@ -47,6 +47,8 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
             f"--expert-model-parallel-size {p['expert_parallel']}",
             f"--expert-tensor-parallel-size {p['expert_tensor_parallel']}",
         ]
+        if p["moe_grouped_gemm"]:
+            out.append("--moe-grouped-gemm")
     if p["sequence_parallel"]:
         out.append("--sequence-parallel")
     out += [f"--micro-batch-size {p['micro_batch_size']}", f"--global-batch-size {p['global_batch_size']}"]
@@ -96,6 +98,7 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
         out += [
             f"{s}.expert_model_parallel_size={p['expert_parallel']}",
             f"{s}.expert_tensor_parallel_size={p['expert_tensor_parallel']}",
+            f"model.config.moe_grouped_gemm={p['moe_grouped_gemm']}",
         ]
     out += [f"data.micro_batch_size={p['micro_batch_size']}", f"data.global_batch_size={p['global_batch_size']}"]
     if p["recompute"] != "none":
@@ -175,8 +178,13 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
         parts.append(f'mode = "{p["recompute"]}"')
         if p["recompute"] == "selective":
             parts.append('selective_ac_option = "op"')
-    if p["dtype"] == "fp8":
-        parts += ["", "[model]", 'converters = ["float8"]', "", "[float8]", f'recipe_name = "{p["fp8_recipe"]}"']
+    if p["dtype"] == "fp8":  # the converters' names at 9810191^ (components/quantization/float8.py)
+        experts = model.is_moe and p["fp8_experts"]  # GroupedExperts: the grouped-GEMM converter, "experts" fqns
+        names = ", ".join(f'"quantize.{n}.float8"' for n in ("linear", "grouped_mm")[: 2 if experts else 1])
+        parts += ["", "[model]", f"converters = [{names}]", "", "[quantize.linear.float8]"]
+        parts.append(f'recipe_name = "{p["fp8_recipe"]}"')
+        if experts:
+            parts += ["", "[quantize.grouped_mm.float8]", 'fqns = ["experts"]']
     return "\n".join(parts)
 
 

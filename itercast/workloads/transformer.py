@@ -119,6 +119,23 @@ def unit_kinds(job: Job, stage: int, chunk: int) -> list[str]:
     return kinds
 
 
+def weight_cast_bytes(job: Job) -> list[float]:
+    """Bytes of the once-per-step FP8 weight casts (plan.fp8_weight_cast per_step:
+    transformer_ops.weight_cast_step_bytes per layer) of each virtual stage, in virtual-stage order
+    (chunk c of stage s is c·pp + s). Transformer Engine casts a module's weights in its forward on
+    the step's first micro-batch: the graph runs them before each chunk's first forward, the fast
+    path adds them to the step (each lies on the first micro-batch's way down the pipeline)."""
+    m, p = job.model, job.plan
+    dense = ops_mod.weight_cast_step_bytes(m, p)
+    moe = ops_mod.weight_cast_step_bytes(m, p, moe=True) if m.is_moe else 0.0
+    per_virtual = p.virtual_stage_layers(m.num_layers)
+    if not dense and not moe:
+        return [0.0] * len(per_virtual)
+    starts = np.cumsum((0, *per_virtual))
+    moe_n = m.moe_layers_before(starts[1:]) - m.moe_layers_before(starts[:-1])
+    return [float((n - k) * dense + k * moe) for n, k in zip(per_virtual, moe_n, strict=True)]
+
+
 def bucket_spans(params: list[float], bucket_params: float) -> list[tuple[int, int]]:
     """[start, end) of consecutive units merged into gradient buckets: a bucket closes once it holds
     `bucket_params` parameters (Megatron DDP's bucket size); the units left over form the last."""
@@ -557,7 +574,8 @@ class TransformerStepBuilder:
             # (ZeRO-2/3, FSDP) after every micro-batch's backward, as memory.py assumes.
             reduce_now = not ps.forward and sync_dp and (p.zero_stage >= 2 or i == last_bwd[ps.chunk])
             gathers: list[int] = []  # one per bucket: each bucket's forward waits for its own
-            if ps.forward and ps.chunk not in seen_first_fwd:
+            first_forward = ps.forward and ps.chunk not in seen_first_fwd
+            if first_forward:
                 seen_first_fwd.add(ps.chunk)
                 gathers = first_fwd_gathers.get(ps.chunk, [])
             if p.zero_stage == 3:
@@ -571,6 +589,8 @@ class TransformerStepBuilder:
             kind = "F" if ps.forward else "B"
             fsdp: dict[int, int] = {}  # ZeRO-3: segment -> its parameter all-gather
             previous.extend(self._exchange(stage, passes, i))
+            if first_forward:
+                previous.extend(self._weight_cast(stage, ps))
             for j, (cost, params) in enumerate(segs):
                 seg_deps = [gathers[j]] if gathers else []
                 if p.zero_stage == 3 and sync_dp:
@@ -659,6 +679,18 @@ class TransformerStepBuilder:
                 "dp_all_gather",
                 [opt],
             )
+
+    def _weight_cast(self, stage: int, ps: Pass) -> list[int]:
+        """Transformer Engine's once-per-step FP8 weight casts of the chunk (weight_cast_bytes), on the
+        compute stream once the chunk's first forward has its input: [] when there are none."""
+        nbytes = weight_cast_bytes(self.job)[self._virtual(stage, ps.chunk)]
+        if not nbytes:
+            return []
+        recipe: Recipe = ("memory", stage, "elementwise", nbytes)
+        comp = self.g.resource(stage, "compute")
+        task = self._task(recipe, f"fp8_weight_cast.c{ps.chunk}", comp, Category.COMPUTE, "fp8_weight_cast")
+        self._receive(stage, ps, task)
+        return [task]
 
     def _gather(self, stage: int, name: str, params: Params, deps: list[int]) -> int:
         """A ZeRO-3 parameter all-gather of `params` on the stage's DP stream."""

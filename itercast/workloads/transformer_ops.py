@@ -32,15 +32,17 @@ not Transformer Engine modules (no `Op.kn`) and stay in bf16 (`Op.te`), as fused
 (costs/analytic.py). Each FP8 GEMM's input, and backward its output gradient, is cast to FP8 with
 its transpose (Transformer Engine's cast-transpose kernels, memory-bound: `_fp8_casts`); current
 scaling recipes add an amax pass and reduction (plan.fp8_recipe, `fp8_cast_bytes`, `fp8_cast_kernels`);
-torchao's rowwise recasts the weights on every micro-batch (`_weight_casts`); grouped experts pad
-their rows to the FP8 GEMM's alignment (`_fp8_padding`).
+the weights are cast once per step (Transformer Engine: `weight_cast_step_bytes`, priced by the
+step graph) or on every micro-batch (torchao: `_weight_casts`), plan.fp8_weight_cast; experts pad
+their rows to the FP8 GEMM's alignment (`_expert_copies`).
 
 Mixture of experts (Megatron-Core's MoE layer with the all-to-all token dispatcher; Shoeybi et
 al.'s successors, Megatron-Core MoE docs): the n tokens of a rank (sequence parallel: b·s/(c·t))
 go through the router (hidden × experts GEMM, fp32 softmax and top-k), are permuted and sent to
 their experts' ranks by an all-to-all over the expert-parallel group (n·k rows of h), gathered
 over the expert-tensor-parallel group, run through the rank's num_experts / EP experts (one GEMM
-per expert: per-expert shapes set the efficiency), reduce-scattered, sent back and un-permuted.
+per expert: per-expert shapes set the efficiency; grouped or one expert after the other,
+plan.moe_grouped_gemm), reduce-scattered, sent back and un-permuted.
 The busiest rank sets the pace: with a capacity factor and padding every expert processes exactly
 its capacity (cf × an even share); dropless, the router's imbalance (model.moe_token_imbalance)
 scales the rows; with a capacity but no padding, the imbalance up to the capacity. Shared experts
@@ -225,10 +227,10 @@ def fp8_cast_bytes(recipe: str, after_norm: bool) -> int:
 MULTI_CAST_TENSORS = 64
 
 
-def fp8_cast_kernels(recipe: str, after_norm: bool, tensors: int) -> int:
+def fp8_cast_kernels(recipe: str, after_norm: bool, tensors: int, grouped: bool = True) -> int:
     """Kernels that cast `tensors` operands of one (grouped) GEMM to FP8 (`fp8_cast_bytes` moves their bytes):
-    - delayed: one cast-transpose; a grouped GEMM's per-expert operands go through one multi-tensor
-      kernel per MULTI_CAST_TENSORS (TE pytorch/csrc/extensions/cast.cpp multi_tensor_quantize_impl:
+    - delayed: one cast-transpose per operand; a `grouped` GEMM's per-expert operands go through one
+      multi-tensor kernel per MULTI_CAST_TENSORS (TE pytorch/csrc/extensions/cast.cpp multi_tensor_quantize_impl:
       nvte_multi_cast_transpose when every quantizer is delayed-scaling; TE 2.x: TE 1.x's GroupedLinear
       under sequence parallelism cast each expert apart and transposed it again in the backward).
     - tensorwise: TE's Float8CurrentScalingQuantizer::quantize_impl (pytorch/csrc/quantizer.cpp) runs
@@ -239,56 +241,71 @@ def fp8_cast_kernels(recipe: str, after_norm: bool, tensors: int) -> int:
       get_tensor_memory_traffic_ovhd_s: a row-scaled cast with a bf16 transpose, then a column-scaled cast).
     """
     if recipe == "delayed":
-        return -(-tensors // MULTI_CAST_TENSORS)
+        return -(-tensors // MULTI_CAST_TENSORS) if grouped else tensors
     return tensors * (2 if recipe == "rowwise" or after_norm else 3)
 
 
-def _weight_casts(op: Op, recipe: str) -> list[Op]:
-    """The FP8 casts of a GEMM's weights on every micro-batch, where the framework runs them.
+#: torchao's casts of one weight element on every micro-batch, (bytes, kernels) forward and backward, per
+#: plan.fp8_recipe (torchao/testing/training/roofline_utils.py get_tensor_memory_traffic_ovhd_s, tensor_role
+#: 'weight'). tensorwise: an amax pass (read 2), the amax's second stage (no traffic modelled) and the
+#: forward cast (read 2, write 1), then the backward's column-major cast (read 2, write 1): 5 + 3 = 8
+#: bytes, 3 + 1 kernels. rowwise: a row-scaled cast (read 2, write 1), then a bf16 transpose (read 2,
+#: write 2) and its column-scaled cast (read 2, write 1): 3 + 7 = 10 bytes, 1 + 2 kernels.
+TORCHAO_WEIGHT_CAST: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
+    "tensorwise": ((2 + 3, 3), (3, 1)),
+    "rowwise": ((3, 1), (4 + 3, 2)),
+}
 
-    torchao's Float8Linear (torchtitan's float8 converter) casts the bf16 weight in the forward and
-    again in the backward of every call (torchao/float8/float8_linear.py
-    matmul_with_hp_or_float8_args), unless FSDP2's float8 all-gather hands it an FP8 weight
-    (torchtitan Float8LinearConverter: enable_fsdp_float8_all_gather False by default, refused with a
-    recipe_name). Priced for rowwise, torchao's alone: per weight element, forward a row-scaled cast
-    (read 2, write 1: 3 bytes, one kernel), backward a bf16 transpose (read 2, write 2) and its
-    column-scaled cast (read 2, write 1): 7 bytes, two kernels (roofline_utils.py
-    get_tensor_memory_traffic_ovhd_s, tensor_role 'weight').
 
-    Transformer Engine (delayed, and tensorwise as Megatron-Core runs it) casts each weight with its
-    transpose once per step and keeps it for the step's later micro-batches (TE module/linear.py and
-    grouped_linear.py: update_workspace only when is_first_microbatch; Megatron-Core's TELinear and
-    TEGroupedLinear pass is_first_microbatch, set on each step's first micro-batch by
-    pipeline_parallel/schedules.py forward_step): 4 bytes per weight element per step (6 tensorwise),
-    one kernel per weight, not priced (a per-step cost these per-micro-batch ops cannot carry; e.g.
-    1.4 G local parameters × 4 B at an H100 SXM's 3.35 TB/s: 1.7 ms of a multi-second step). torchao's tensorwise
-    (torchtitan's default recipe) recasts like rowwise, 8 bytes per weight element per micro-batch
-    (the roofline: amax read 2, forward and backward casts 3 + 3), but the plan names no framework
-    and tensorwise is priced as TE runs it: torchtitan tensorwise forecasts are fast by that much."""
-    if recipe != "rowwise":
+def _weight_casts(op: Op, plan: PlanConfig) -> list[Op]:
+    """plan.fp8_weight_cast per_microbatch: the GEMM's weights cast to FP8 in the forward and again
+    in the backward of every micro-batch (torchao's Float8Linear as torchtitan runs it:
+    torchao/float8/float8_linear.py matmul_with_hp_or_float8_args; torchtitan Float8LinearConverter's
+    enable_fsdp_float8_all_gather, which would cast the FSDP shard before the gather instead, is off by
+    default and not expressed), TORCHAO_WEIGHT_CAST per element, every expert's weights of a grouped
+    GEMM. per_step (Transformer Engine's cache) is a cost of the step, not of a micro-batch:
+    `weight_cast_step_bytes`."""
+    if plan.fp8_weight_cast != "per_microbatch":
         return []
     k, n = op.kn
     weights = op.count * k * n  # elements of the GEMM's weights, every expert's together
+    (fwd, fwd_kernels), (bwd, bwd_kernels) = TORCHAO_WEIGHT_CAST[plan.fp8_recipe]
     return [
         Op(
             f"{op.name}.fp8_weight_cast",
             "elementwise",
-            3 * weights,
-            count=op.count,
+            fwd * weights,
+            count=fwd_kernels * op.count,
             label="fp8_cast",
-            backward_amount=(4 + 3) * weights,
-            backward_count=2 * op.count,
+            backward_amount=bwd * weights,
+            backward_count=bwd_kernels * op.count,
         )
     ]
+
+
+def weight_cast_step_bytes(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> float:
+    """HBM bytes of one layer's (an MoE layer's when `moe`) once-per-step FP8 weight casts on one GPU
+    (plan.fp8_weight_cast per_step; 0 otherwise): Transformer Engine casts each weight of its GEMMs with
+    its transpose on the step's first micro-batch and keeps both for the others (TE module/linear.py
+    and grouped_linear.py update the FP8 weight workspace only when is_first_microbatch; Megatron-Core's
+    TELinear / TEGroupedLinear pass it, set on each step's first micro-batch by pipeline_parallel/
+    schedules.py forward_step): `fp8_cast_bytes` per weight element (delayed 4, tensorwise 6), one
+    kernel per weight (not launched apart: the step graph prices the bytes, transformer.py)."""
+    if plan.dtype != "fp8" or plan.fp8_weight_cast != "per_step":
+        return 0.0
+    ops = layer_forward(model, plan, moe)
+    weights = sum(op.count * op.kn[0] * op.kn[1] for op in ops if op.family == "gemm" and op.te)
+    return fp8_cast_bytes(plan.fp8_recipe, after_norm=False) * weights
 
 
 def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
     """Under fp8 training, before each Transformer Engine GEMM the cast of its m × k input to FP8
     with the copy its weight gradient reads and, backward, the same of its m × n output gradient
     (`fp8_cast_bytes` per element, `fp8_cast_kernels`, by plan.fp8_recipe; an input is `after_norm`
-    when the op before it, collectives aside, is a layer norm), and the weight casts
-    (`_weight_casts`). A grouped GEMM (routed experts: `count` GEMMs) casts each expert's rows and
-    weights. Delayed scaling is counted at 4 bytes also where TE fuses the cast into the layer norm
+    when the op before it, collectives aside, is a layer norm), and the weight casts of every
+    micro-batch (`_weight_casts`). Routed experts (`count` GEMMs) cast each expert's rows and
+    weights, in one multi-tensor launch when grouped (plan.moe_grouped_gemm). Delayed scaling is
+    counted at 4 bytes also where TE fuses the cast into the layer norm
     (which saves the 2-byte read there).
 
     tensorwise with sequence parallelism: the amax of a column-parallel GEMM's input (forward) and of
@@ -301,6 +318,7 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
         return ops
     recipe = plan.fp8_recipe
     reduce_amax = recipe == "tensorwise" and plan.sequence_parallel and plan.tensor_parallel > 1
+    grouped = plan.moe_grouped_gemm
     out: list[Op] = []
     before = ""  # family of the last non-collective op
     for op in ops:
@@ -314,12 +332,12 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
                 f"{op.name}.fp8_cast",
                 "elementwise",
                 fp8_cast_bytes(recipe, norm) * rows * k,
-                count=fp8_cast_kernels(recipe, norm, op.count),
+                count=fp8_cast_kernels(recipe, norm, op.count, grouped),
                 label="fp8_cast",
                 backward_amount=fp8_cast_bytes(recipe, False) * rows * n,
-                backward_count=fp8_cast_kernels(recipe, False, op.count),
+                backward_count=fp8_cast_kernels(recipe, False, op.count, grouped),
             )
-            out += [cast, *_weight_casts(op, recipe)]
+            out += [cast, *_weight_casts(op, plan)]
         out.append(op)
         if op.family not in COMM_FAMILIES:
             before = op.family
@@ -405,19 +423,34 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
                 group="etp",
             )
         )
+    te = plan.fp8_experts  # Transformer Engine (FP8-capable) expert GEMMs
+    pad, unpad = _expert_copies(model, plan, rows, local)
     ops += [
-        *_fp8_padding("moe_fp8_pad", rows * h * e, plan),
+        *pad,
         Op(
             "expert_up",
             "gemm",
             2 * rows * h * up * fe / etp / local,
             count=local,
             label="experts",
-            kn=(h, up * fe / etp),
+            kn=(h, up * fe / etp) if te else (),
         ),
-        Op("expert_act", "activation", (3 if model.gated_mlp else 2) * rows * fe / etp * e, label="experts"),
-        Op("expert_down", "gemm", 2 * rows * fe / etp * h / local, count=local, label="experts", kn=(fe / etp, h)),
-        *_fp8_padding("moe_fp8_unpad", rows * h * e, plan),
+        Op(
+            "expert_act",
+            "activation",
+            (3 if model.gated_mlp else 2) * rows * fe / etp * e,
+            count=1 if plan.moe_grouped_gemm else local,
+            label="experts",
+        ),
+        Op(
+            "expert_down",
+            "gemm",
+            2 * rows * fe / etp * h / local,
+            count=local,
+            label="experts",
+            kn=(fe / etp, h) if te else (),
+        ),
+        *unpad,
     ]
     if etp > 1:
         ops.append(
@@ -445,21 +478,54 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     return ops
 
 
-def _fp8_padding(name: str, nbytes: float, plan: PlanConfig) -> list[Op]:
-    """Under Transformer Engine FP8 (plan.fp8_recipe delayed or tensorwise), Megatron-Core's grouped
-    experts (TEGroupedMLP, --moe-grouped-gemm) copy the `nbytes` of their input rows into a buffer
-    where each expert's rows are padded to a multiple of 16, the FP8 GEMM's alignment (Fp8Padding:
-    megatron/core/transformer/moe/experts.py TEGroupedMLP.forward, core_r0.10.0 onwards), and copy
-    the output rows back out (Fp8Unpadding): each one kernel forward and one backward that reads and
-    writes the rows (TE module/fp8_padding.py and fp8_unpadding.py: fused_multi_row_padding /
-    fused_multi_row_unpadding, TE 1.x torch.cat), unless the router pads the routing map
-    (--moe-router-padding-for-fp8, off by default; not a plan field). The pad rows, fewer than 16 per
-    expert, are left out. SequentialMLP (no grouped GEMM: the dgxc Grok-1 proxy) pads an expert's rows
-    with torch.cat only when they are not a multiple of 16 and un-pads with a view: the plan does not
-    say which runs, and its forecasts carry these copies."""
-    if plan.dtype != "fp8" or plan.fp8_recipe == "rowwise":
-        return []
-    return [Op(name, "elementwise", 2 * nbytes, label="experts", backward_amount=2 * nbytes)]
+#: rows of an FP8 GEMM operand come in multiples of this (Transformer Engine's FP8 alignment:
+#: Megatron-Core get_align_size_for_quantization, 16 for FP8 recipes)
+FP8_ROW_ALIGN = 16
+
+
+def _expert_copies(model: ModelConfig, plan: PlanConfig, rows: float, local: int) -> tuple[list[Op], list[Op]]:
+    """The copies Megatron-Core makes of the `rows` rows of h (all `local` experts together) around
+    the expert GEMMs (megatron/core/transformer/moe/experts.py), before and after them:
+    - grouped (TEGroupedMLP, plan.moe_grouped_gemm) under Transformer Engine FP8 (delayed or tensorwise
+      experts): every expert's rows copied into a buffer padded to a multiple of FP8_ROW_ALIGN
+      (Fp8Padding, core_r0.10.0 onwards) and the output rows copied back (Fp8Unpadding): each one
+      kernel forward, one backward, that reads and writes the rows (TE module/fp8_padding.py,
+      fp8_unpadding.py: fused_multi_row_padding / unpadding). Unless the router pads the routing map
+      (--moe-router-padding-for-fp8, off by default; not a plan field).
+    - sequential (SequentialMLP): the rows are split into views per expert; under FP8 an expert whose
+      rows are not a multiple of FP8_ROW_ALIGN is padded (_pad_tensor_for_quantization: zeros and
+      torch.cat for the rows and for their routing probabilities, 4 kernels; its backward, the
+      output's slice back to the rows, SliceBackward's zero fill and copy: 3 reads and writes, 2
+      kernels). Every expert pads unless each gets a fixed number of rows that is a multiple of the
+      alignment (model.moe_pad_to_capacity): routed counts vary from micro-batch to micro-batch,
+      15 in 16 of them not multiples (an upper bound). With more than one local expert the outputs
+      are concatenated (torch.cat: read and write the rows, one kernel) and, backward, the input
+      gradients of the split (split_with_sizes_backward: torch.cat, the same).
+    The pad rows, fewer than FP8_ROW_ALIGN per expert, are left out of the bytes."""
+    nbytes = rows * model.hidden_size * plan.dtype_bytes
+    fp8 = plan.dtype == "fp8" and plan.fp8_recipe != "rowwise" and plan.fp8_experts
+    if plan.moe_grouped_gemm:
+        if not fp8:
+            return [], []
+        return [Op("moe_fp8_pad", "elementwise", 2 * nbytes, label="experts", backward_amount=2 * nbytes)], [
+            Op("moe_fp8_unpad", "elementwise", 2 * nbytes, label="experts", backward_amount=2 * nbytes)
+        ]
+    aligned = model.moe_pad_to_capacity and (rows / local) % FP8_ROW_ALIGN == 0
+    pad: list[Op] = []
+    if fp8 and not aligned:
+        pad = [
+            Op(
+                "moe_fp8_pad",
+                "elementwise",
+                2 * nbytes,
+                count=4 * local,
+                label="experts",
+                backward_amount=3 * nbytes,
+                backward_count=2 * local,
+            )
+        ]
+    cat = [Op("moe_expert_cat", "elementwise", 2 * nbytes, label="experts", backward_amount=2 * nbytes)]
+    return pad, cat if local > 1 else []
 
 
 def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
