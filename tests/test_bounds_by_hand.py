@@ -10,7 +10,7 @@ from test_golden import LINK, linear_calibration
 from test_step_by_hand import PARAMS, job
 
 from itercast.predict import predict
-from itercast.search.fast_estimate import _exposed, _first_chunk_exposed
+from itercast.search.fast_estimate import _bucket_tails, _exposed, _first_chunk_exposed
 from itercast.search.stage_slicing import LayerCosts, slice_exact
 
 
@@ -71,13 +71,16 @@ def test_only_the_first_stages_first_chunk_is_split_into_buckets():
 
 def test_megatron_bucketing_exposes_a_later_chunk_whole():
     # 2 stages × 2 chunks, 3 s passes, a stage 4 s (pass + send) behind the one before it. Stage 0:
-    # chunk 0's 5 s in 2 buckets over its last pass, chunk 1's 5 s in one bucket released 2·3 s
-    # earlier: max(5/2, 5 − 3·1/2, 5 + (5 − 2·3)) = 4 (every chunk split: 3.5, above). Stage 1: both
+    # chunk 0's 5 s in 2 buckets of one 1.5 s layer each, chunk 1's 5 s in one bucket released 2·3 s
+    # earlier: max(5/2, 5 − 1.5, 5 + (5 − 2·3)) = 4 (every chunk split: 3.5, above). Stage 1: both
     # chunks whole, max(5, 5, 4) = 5, ending one hop early: 5 − 4 = 1. The step's excess: 4
     one = np.array([1.0])
     g = {"first_stage": 0 * one, "second_stage": one, "last_stage": one}
     g |= {f"{n}_grad0": 5 * one for n in ("first", "second", "last")}
     g |= {f"{n}_grad_later": 5 * one for n in ("first", "second", "last")}
-    g |= {"first_b0": 2 * one, "second_b0": one, "last_b0": one}
-    got = _first_chunk_exposed(g, "grad", 3 * one, 4 * one, 2 * one, 2 * one)
+    buckets = {"first": [(2.5, ["l"]), (2.5, ["l"])], "second": [(5.0, ["l", "l"])], "last": [(5.0, ["l", "l"])]}
+    for n, chunk0 in buckets.items():
+        g |= {k: v * one for k, v in _bucket_tails(f"{n}_grad", chunk0).items()}
+    f = {name: (1.5 if name == "lb" else 0.0) * one for name in ("lb", "eb", "mb", "hb")}
+    got = _first_chunk_exposed(g, f, "grad", 3 * one, 4 * one, 2 * one, 2 * one)
     assert got == pytest.approx([4.0])

@@ -12,7 +12,7 @@ from itercast.memory import estimate_memory
 from itercast.parallel.plan_table import PlanTable
 from itercast.parallel.schedules import in_flight_microbatches, schedule
 from itercast.predict import predict
-from itercast.search.fast_estimate import FastEstimator, _fsdp_pass
+from itercast.search.fast_estimate import FastEstimator, _bucket_tails, _first_chunk_exposed, _fsdp_pass
 from itercast.sim.engine import simulate
 
 
@@ -103,6 +103,33 @@ def test_a_zero3_pass_unit_by_unit_by_hand():
     assert (waited[0][0], waited[1][0]) == (4.5, 0.5)
     # a forward has no reduce-scatters: units at 2-3, 4-5, 6-7
     assert _fsdp_pass(one, [np.array([2.0])] * 3, None, np.array([0.0]))[0][0] == 7.0
+
+
+def _zero1_exposed(label: str, buckets: list[tuple[float, list[str]]], unit_s: dict[str, float]) -> float:
+    """_first_chunk_exposed of one stage (pp 1, one chunk) whose first chunk has `buckets` in release order."""
+    g: dict[str, np.ndarray] = {}
+    for name in ("first", "second", "last"):
+        g |= {k: np.array([v]) for k, v in _bucket_tails(f"{name}_{label}", buckets).items()}
+        g[f"{name}_{label}0"] = np.array([sum(seconds for seconds, _ in buckets)])
+        g[f"{name}_{label}_later"], g[f"{name}_stage"] = np.array([0.0]), np.array([0.0])
+    f = {name: np.array([unit_s.get(name, 0.0)]) for name in ("lf", "lb", "ef", "eb", "mf", "mb", "hf", "hb")}
+    one, zero = np.array([1.0]), np.array([0.0])
+    return float(_first_chunk_exposed(g, f, label, np.array([0.0]), zero, one, one)[0])
+
+
+def test_zero1_waits_for_the_embeddings_bucket_by_hand():
+    """Stage 0's first chunk in three buckets: two layers (backward 1.0 s, forward 0.5 s; reduction or
+    gather 0.9 s each) and the embedding (backward 0.02 s, forward 0.01 s; 1.7 s: its vocab × hidden
+    weights outweigh a layer's), released last in backward, gathered first in forward."""
+    # backward: the layers end at 1.0 and 2.0, the embedding at 2.02; the DP stream runs 1.0-1.9,
+    # 2.0-2.9, then the embedding's 2.9-4.6: 4.6 - 2.02 = 2.58 s after the pass. Buckets taken as
+    # alike (3.5 s in 3 over a 2.02 s pass) would give max(3.5 / 3, 3.5 - 2.02 × 2/3) = 2.153 s.
+    grads = [(0.9, ["l"]), (0.9, ["l"]), (1.7, ["e"])]
+    assert _zero1_exposed("grad", grads, {"lb": 1.0, "eb": 0.02}) == pytest.approx(4.6 - 2.02)
+    # forward: gathers 0-1.7 (embedding), 1.7-2.6, 2.6-3.5; the embedding runs 1.7-1.71, the layers
+    # 2.6-3.1 and 3.5-4.0: 4.0 - (0.01 + 0.5 + 0.5) = 2.99 s more than the passes alone
+    gathers = [(0.9, ["l"]), (0.9, ["l"]), (1.7, ["e"])]  # release order: the forward's, mirrored
+    assert _zero1_exposed("gather", gathers, {"lf": 0.5, "ef": 0.01}) == pytest.approx(4.0 - 1.01)
 
 
 def test_fast_memory_is_the_memory_model_row_by_row():

@@ -19,8 +19,9 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    et al. SC'21 §2.2; for uneven stages (plan.stage_layers) (M − 1)·max + Σ, the
                    objective of stage_slicing.py
     exposed DP     DDP and ZeRO-1 as Megatron-Core buckets them (_first_chunk_exposed): stage 0's
-                   first chunk in b0 buckets released over its last backward pass of W seconds,
-                   every later chunk and every other stage's chunk in one bucket at its end,
+                   first chunk in buckets, each released when its units' backward ends (each
+                   its own size: the embedding's, released last, _bucket_tails), every later
+                   chunk and every other stage's chunk in one bucket at its end,
                    interleaved chunks p passes apart, stage s a pass and a send earlier per hop;
                    otherwise (ZeRO-2) G seconds in n buckets, a share per model chunk:
                    max(G / n, max_k ((k + 1) G / v − k p W − W (n/v − 1)/(n/v)));
@@ -205,7 +206,7 @@ class FastEstimator:
         megatron = zero <= 1  # DDP and the distributed optimizer: Megatron-Core's bucketing (_first_chunk_exposed)
         hop_b, hop_f = tb + g["p2p"], tf + g["p2p"]
         exposed_b = np.where(
-            megatron, _first_chunk_exposed(g, "grad", tb, hop_b, v, p), _exposed(grad, buckets, tb, v, p)
+            megatron, _first_chunk_exposed(g, f, "grad", tb, hop_b, v, p), _exposed(grad, buckets, tb, v, p)
         )
         last_bwd = np.where(overlap_grad, exposed_b, g["grad_whole"])
         # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP stream,
@@ -216,7 +217,7 @@ class FastEstimator:
         zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), 0.0)  # else inside the stages
         exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
         exposed_f = np.where(
-            zero == 1, _first_chunk_exposed(g, "gather", tf, hop_f, v, p), _exposed(gather, buckets, tf, v, p)
+            zero == 1, _first_chunk_exposed(g, f, "gather", tf, hop_f, v, p), _exposed(gather, buckets, tf, v, p)
         )
         gathered = np.where(c["overlap_param"] > 0, exposed_f, g["gather_whole"])
         exposed_gather = np.where((zero == 1) | (zero == 2), gathered, 0.0)
@@ -391,15 +392,24 @@ class FastEstimator:
         # chunk is split; the slots stand for the first, second and last stages
         slots: dict[str, float] = {}
         for name, s in (("first", 0), ("second", min(1, pp - 1)), ("last", pp - 1)):
-            units = stage_units.get(s) or stage_units[stage]
-            chunk0 = units[0][::-1]
-            spans = bucket_spans([sum(w) for w in chunk0], job.plan.bucket_params) if s == 0 else [(0, len(chunk0))]
-            later = [_sum(chunk) for chunk in units[1:]]
+            held = s if s in stage_units else stage
+            later = [_sum(chunk) for chunk in stage_units[held][1:]]
             slots[f"{name}_stage"] = float(s)
-            slots[f"{name}_b0"] = float(len(spans))
-            for label, op, nbytes in (("grad", kind, grad_bytes), ("gather", "all_gather", w_bytes)):
-                slots[f"{name}_{label}0"] = sum(dp_s(op, _sum(chunk0[a:b]), nbytes) for a, b in spans)
+            # the graph's buckets: gradients in backward order, gathers in forward order (_segments_of)
+            forward = list(zip(stage_units[held][0], (k[0] for k in unit_kinds(job, held, 0)), strict=True))
+            for label, op, nbytes, units in (
+                ("grad", kind, grad_bytes, forward[::-1]),
+                ("gather", "all_gather", w_bytes, forward),
+            ):
+                whole = [(0, len(units))]
+                spans = bucket_spans([sum(w) for w, _ in units], job.plan.bucket_params) if s == 0 else whole
+                chunk0 = [
+                    (dp_s(op, _sum([w for w, _ in units[a:b]]), nbytes), [k for _, k in units[a:b]]) for a, b in spans
+                ]
+                slots[f"{name}_{label}0"] = sum(seconds for seconds, _ in chunk0)
                 slots[f"{name}_{label}_later"] = sum(dp_s(op, w, nbytes) for w in later) / max(len(later), 1)
+                # a forward waits for the gathers in the mirror image of a backward's reductions
+                slots.update(_bucket_tails(f"{name}_{label}", chunk0 if label == "grad" else chunk0[::-1]))
         tail = float(
             costs.memory_s("elementwise", optimizer_step_bytes(job, local_optimizer_params(job, groups, params)))
         )
@@ -552,22 +562,54 @@ def _distinct(t: PlanTable, columns: tuple[str, ...]) -> tuple[list[tuple[int, .
     return keys, inverse.reshape(-1)
 
 
+def _bucket_tails(prefix: str, buckets: list[tuple[float, list[str]]]) -> dict[str, float]:
+    """A chunk pass's DP buckets in release order, each (seconds on the DP stream, kind letters of
+    its units): bucket j is released when its units' passes end and the stream runs the buckets in
+    order, so the last ends max_j (Σ_{i ≥ j} c_i − the passes of the buckets after j) after the
+    pass (_first_chunk_exposed). For j in the first, second, second-last and last buckets:
+    `{prefix}_tail{n}` the seconds of buckets j.., `{prefix}_tail{n}_{x}` the units of kind x
+    (l, m, e, h) in the buckets after j. Those four are every candidate when the buckets between
+    are alike (the term is linear in j there): Megatron-Core's buckets of uniform layers, the
+    embedding and head at the ends (a bucket closes at bucket_params, bucket_spans); interleaved
+    dense and MoE layers make the middle uneven, an approximation."""
+    n = len(buckets)
+    out: dict[str, float] = {}
+    for tail, j in enumerate((0, min(1, n - 1), max(n - 2, 0), n - 1)):
+        out[f"{prefix}_tail{tail}"] = sum(seconds for seconds, _ in buckets[j:])
+        after = Counter(k for _, kinds in buckets[j + 1 :] for k in kinds)
+        out.update({f"{prefix}_tail{tail}_{x}": float(after[x]) for x in "lmeh"})
+    return out
+
+
 def _first_chunk_exposed(
-    g: dict[str, np.ndarray], label: str, pass_s: np.ndarray, hop_s: np.ndarray, chunks: np.ndarray, stages: np.ndarray
+    g: dict[str, np.ndarray],
+    f: dict[str, np.ndarray],
+    label: str,
+    pass_s: np.ndarray,
+    hop_s: np.ndarray,
+    chunks: np.ndarray,
+    stages: np.ndarray,
 ) -> np.ndarray:
     """What of the DP `label` traffic ("grad" after the last backward, "gather" before the first
-    forward) outlasts the passes under Megatron-Core's bucketing: each stage's first chunk in b0
-    buckets (b0 = 1 but on stage 0), each later chunk in one. On one stream in release order, per
-    stage: max(c0 / b0, c0 − W (b0 − 1)/b0, max_{k ≥ 1} (c0 + k (L − p W))), with c0 the first
-    chunk's seconds, L a later chunk's, W a chunk's pass, chunk k released k·p passes early; a stage
-    s ends (starts) s hops of a pass and a send before (after) the first, so its excess counts less
-    by s·hop. The worst of the first, second and last stages."""
+    forward) outlasts the passes under Megatron-Core's bucketing: each stage's first chunk in
+    buckets (stage 0; one bucket on the others), each later chunk in one. On one stream in release
+    order, per stage: max(max_j (Σ_{i ≥ j} c_i − the passes after bucket j), max_{k ≥ 1} (c0 + k (L
+    − p W))), with c_i the first chunk's buckets (_bucket_tails; each bucket's own size and units:
+    the embedding's bucket, larger than a layer's and released last, sets the gradients' tail), c0
+    their sum, L a later chunk's seconds, W a chunk's pass, chunk k released k·p passes early; a
+    stage s ends (starts) s hops of a pass and a send before (after) the first, so its excess counts
+    less by s·hop. The worst of the first, second and last stages. `f`: the units' pass seconds."""
+    direction = "b" if label == "grad" else "f"
     out = np.zeros_like(pass_s)
     for name in ("first", "second", "last"):
-        c0, b0, later = g[f"{name}_{label}0"], g[f"{name}_b0"], g[f"{name}_{label}_later"]
+        c0, later = g[f"{name}_{label}0"], g[f"{name}_{label}_later"]
         x = later - stages * pass_s
         chunk_k = np.where(chunks > 1, c0 + np.where(x < 0, x, (chunks - 1) * x), 0.0)
-        own = np.maximum(np.maximum(c0 / b0, c0 - pass_s * (b0 - 1) / b0), chunk_k)
+        own = chunk_k
+        for tail in range(4):
+            key = f"{name}_{label}_tail{tail}"
+            after_s = sum(g[f"{key}_{u}"] * f[f"{u}{direction}"] for u in "lmeh")
+            own = np.maximum(own, g[key] - after_s)
         out = np.maximum(out, own - g[f"{name}_stage"] * hop_s)
     return out
 
