@@ -249,11 +249,63 @@ def state_bytes_per_param(
     the `shard` ranks from the ZeRO stage that shards it (3: weights, 2: gradients, 1: optimizer)."""
     w_b, g_b, o_b = (4, 4, 8) if base.dtype == "fp32" else (2, base.grad_bytes, 12)
     z = np.asarray(zero)
+    # DeepSpeed ZeRO-3 keeps 16-bit gradient partitions whatever the reduction (v0.3.13 stage3.py
+    # partition_previous_reduced_grads: grads_in_partition dtype torch.half)
+    grad_b = np.where((z >= 3) & (base.zero3_fetch == "deepspeed"), min(g_b, base.dtype_bytes), g_b)
     return (
         w_b / np.where(z >= 3, shard, 1),
-        g_b / np.where(z >= 2, shard, 1),
+        grad_b / np.where(z >= 2, shard, 1),
         o_b / np.where(z >= 1, shard, 1),
     )
+
+
+#: DeepSpeed ZeRO-3 defaults (deepspeed/runtime/zero/constants.py at v0.3.13, 12a53b4, March 2021):
+#: stage3_max_live_parameters, stage3_prefetch_bucket_size, reduce_bucket_size (elements).
+DS_MAX_LIVE_PARAMS, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET = 1e9, 5e7, 5e8
+
+
+def zero3_live_columns(m: ModelConfig, t: PlanTable) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: parameters gathered whole at the peak and bytes of full gradients waiting for their
+    reduction, beside the ZeRO-3 shards (0 below ZeRO-3). plan.zero3_fetch layer (FSDP): two whole
+    layers, the running one and the next one prefetched; no whole gradient outlives its reduce-scatter.
+    deepspeed (v0.3.13 stage3.py): a submodule's own parameters are fetched (fetch_sub_module), then,
+    only while fewer than DS_MAX_LIVE_PARAMS are gathered, the next ones of the trace until
+    DS_PREFETCH_BUCKET elements (prefetch_next_sub_modules, get_params_to_prefetch); released after the
+    module. A layer's submodules are its Linears (QKV, projection, MLP up, down; tensor-parallel shards),
+    forward in that order and backward reversed; an MoE or MLA layer counts as one module (its
+    submodules' order not modelled: an upper bound). Backward, a module's full 16-bit gradient waits in
+    the reduce bucket until the next gradient arrives, and is partitioned only then
+    (reduce_independent_p_g_buckets_and_remove_grads, partition_previous_reduced_grads): the newest
+    gradient beside the previous module's (below DS_REDUCE_BUCKET, up to a bucket of them)."""
+    tp, zero3 = t.cols["tp"], t.cols["zero"] >= 3
+    layer = m.layer_sharded_params(m.is_moe) / tp + m.layer_replicated_params(m.is_moe)
+    layer = layer + (m.expert_params_per_rank(t.cols["ep"], t.cols["etp"]) if m.is_moe else 0)
+    if t.base.zero3_fetch == "layer":
+        return np.where(zero3, 2 * layer, 0.0), np.zeros_like(layer)
+    h, d, f = m.hidden_size, m.head_dim, m.ffn
+    up = 2 if m.gated_mlp else 1
+    modules = (
+        [layer]
+        if m.is_moe or m.mla
+        else [
+            h * (m.num_attention_heads + 2 * m.kv_heads) * d / tp,
+            m.num_attention_heads * d * h / tp,
+            up * f * h / tp,
+            f * h / tp,
+        ]
+    )
+    live = np.zeros_like(layer)
+    for order in (modules, modules[::-1]):  # forward, backward; the next layer's modules follow
+        ahead = order + order
+        for i, own in enumerate(order):
+            fetched = np.zeros_like(layer)
+            for nxt in ahead[i + 1 : i + 1 + len(order)]:
+                fetched = fetched + np.where(fetched < DS_PREFETCH_BUCKET, nxt, 0)
+            live = np.maximum(live, own + np.where(own < DS_MAX_LIVE_PARAMS, fetched, 0))
+    back = modules[::-1]
+    waiting = [np.maximum(prev, np.minimum(DS_REDUCE_BUCKET, layer)) for prev in [back[-1], *back[:-1]]]
+    grads = np.maximum.reduce([own + wait for own, wait in zip(back, waiting, strict=True)]) * t.base.dtype_bytes
+    return np.where(zero3, live, 0.0), np.where(zero3, grads, 0.0)
 
 
 class StageMemory:
@@ -285,9 +337,8 @@ class StageMemory:
         if base.selective_recompute == "op":
             again = np.where(c["recompute"] == _SELECTIVE, op_again, again)
         self.recomputing = again * self.tokens
-        largest = m.layer_sharded_params(m.is_moe) / c["tp"] + m.layer_replicated_params(m.is_moe)
-        largest = largest + (m.expert_params_per_rank(c["ep"], c["etp"]) if m.is_moe else 0)
-        self.gathered = np.where(c["zero"] >= 3, 2 * largest * whole_w_b, 0)  # FSDP: two layers gathered
+        live_params, self.live_grads = zero3_live_columns(m, t)
+        self.gathered = live_params * whole_w_b
 
     def columns(self, first: Any, last: Any, index: Any, layers: Any, moe_layers: Any) -> dict[str, np.ndarray]:
         """Weights, gradients, optimizer state, activations and total bytes of stage `index` holding
@@ -303,7 +354,7 @@ class StageMemory:
         acts = acts + np.where(last, logits, 0)  # what the loss keeps of one micro-batch's logits
         out = {
             "weights": params * w_b + experts * ew_b + self.gathered,
-            "gradients": params * g_b + experts * eg_b,
+            "gradients": params * g_b + experts * eg_b + self.live_grads,
             "optimizer": params * o_b + experts * eo_b,
             "activations": acts,
         }

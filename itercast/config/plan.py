@@ -73,6 +73,14 @@ class PlanConfig(BaseModel):
         "layers n, 2n, ... counted from 1); 1: every layer.",
     )
     zero_stage: NonNegativeInt = Field(0, le=3, description="0: DDP; 1–2: distributed optimizer; 3: FSDP.")
+    zero3_fetch: Literal["layer", "deepspeed"] = Field(
+        "layer",
+        description="zero_stage=3: which parameters are gathered at once (memory.zero3_live_columns). layer: "
+        "FSDP's, one wrapped transformer block and the next one prefetched. deepspeed: DeepSpeed ZeRO-3's "
+        "per-submodule fetch (v0.3.13 stage3.py PartitionedParameterCoordinator: a Linear's weights, the next "
+        "module's prefetched only while fewer than stage3_max_live_parameters are gathered), its full fp16 "
+        "gradients waiting in the reduce bucket and its fp16 gradient partition.",
+    )
     dtype: DType = "bf16"
     fp8_recipe: Literal["delayed", "tensorwise", "rowwise"] = Field(
         "delayed",

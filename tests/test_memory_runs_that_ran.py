@@ -1,0 +1,71 @@
+"""DeepSpeed ZeRO-3's memory computed by hand (deepspeed v0.3.13 stage3.py, 12a53b4, the version
+Narayanan et al. SC'21 compared against): a Linear's weights gathered whole, the next module's
+prefetched only below stage3_max_live_parameters (1e9), full 16-bit gradients waiting in the reduce
+bucket (5e8 elements) beside the newest one, and 16-bit gradient partitions; FSDP's two whole layers
+for plan.zero3_fetch=layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from itercast.config.job import Job
+from itercast.memory import estimate_memory, zero3_live_columns
+from itercast.parallel.plan_table import PlanTable
+
+
+def _job(hidden: int, fetch: str, **plan: object) -> Job:
+    model = {"family": "gpt", "num_layers": 4, "hidden_size": hidden, "num_attention_heads": hidden // 128}
+    model |= {"vocab_size": 51200, "seq_length": 2048}
+    base = {"micro_batch_size": 1, "dtype": "fp16", "zero_stage": 3, "recompute": "full"}
+    base |= {"flash_attention": False, "zero3_fetch": fetch, "grad_reduce_dtype": "fp32"}
+    return Job.from_dicts(model, base | plan, {"preset": "dgx-a100", "num_nodes": 8})
+
+
+def _live(job: Job) -> tuple[float, float]:
+    params, grad_bytes = zero3_live_columns(job.model, PlanTable.of_jobs([job]))
+    return float(params[0]), float(grad_bytes[0])
+
+
+def test_deepspeed_prefetches_the_next_linear_below_max_live_parameters():
+    # h 8192: QKV 3h² = 201,326,592, projection h² = 67,108,864, MLP up and down 4h² = 268,435,456
+    # each; all below 1e9 live parameters, all above the 5e7 prefetch bucket: one module prefetched.
+    # forward QKV+proj 4h², proj+up 5h², up+down 8h², down+next QKV 7h²; backward the same pairs:
+    # peak 8h² = 536,870,912 parameters gathered
+    h2 = 8192 * 8192
+    params, _ = _live(_job(8192, "deepspeed"))
+    assert params == pytest.approx(8 * h2)  # 536,870,912
+
+
+def test_deepspeed_prefetches_nothing_beside_a_linear_above_max_live_parameters():
+    # h 20480 (GPT 530B): h² = 419,430,400; QKV 3h² = 1.26e9 and the MLP's 4h² = 1.68e9 exceed 1e9,
+    # so only the projection (h² < 1e9) prefetches the next module: forward proj + up = 5h²,
+    # backward proj + QKV = 4h², up or down alone 4h² -> peak 5h² = 2,097,152,000
+    h2 = 20480 * 20480
+    params, _ = _live(_job(20480, "deepspeed"))
+    assert params == pytest.approx(5 * h2)  # 2,097,152,000
+
+
+def test_deepspeed_full_gradients_wait_in_the_reduce_bucket_beside_the_newest():
+    # backward order down, up, proj, QKV. h 20480: every Linear exceeds the 5e8 bucket, so the
+    # previous module's full gradient waits alone: up + down = 8h² fp16 elements at the peak
+    h2 = 20480 * 20480
+    _, grad_bytes = _live(_job(20480, "deepspeed"))
+    assert grad_bytes == pytest.approx(2 * 8 * h2)  # 6,710,886,400 bytes
+    # h 8192: modules below the bucket wait up to a bucket, 5e8 elements (the layer holds
+    # 12h² = 805,306,368 > 5e8): down + 5e8 = 268,435,456 + 500,000,000 = 768,435,456 elements
+    _, grad_bytes = _live(_job(8192, "deepspeed"))
+    assert grad_bytes == pytest.approx(2 * (4 * 8192 * 8192 + 5e8))  # 1,536,870,912 bytes
+
+
+def test_deepspeed_zero3_keeps_16_bit_gradient_partitions_and_fsdp_two_whole_layers():
+    # 64 GPUs (dp 64), h 8192, 4 layers. Same shards of weights and optimizer; gradient partition
+    # fp16 (2 bytes) under DeepSpeed, fp32 (4, grad_reduce_dtype) under FSDP; FSDP gathers two
+    # whole layers (12h² + 13h weights and biases, 2 LayerNorms of 2h: 12h² + 13h each).
+    h = 8192
+    ds, fsdp = estimate_memory(_job(h, "deepspeed")), estimate_memory(_job(h, "layer"))
+    assert ds.optimizer_bytes == fsdp.optimizer_bytes
+    shards = ds.gradients_bytes - 2 * (4 * h * h + 5e8)
+    assert shards == pytest.approx(fsdp.gradients_bytes / 2)  # 2 bytes instead of 4 per parameter
+    layer = 12 * h * h + 13 * h  # 805,412,864
+    assert fsdp.weights_bytes - ds.weights_bytes == pytest.approx(2 * (2 * layer - 8 * h * h))
