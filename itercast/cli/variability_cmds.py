@@ -124,7 +124,8 @@ def variability_cmd(
         typer.Option(callback=finite(-0.99, 0.99), help="Lag-1 correlation of consecutive steps (time to train)."),
     ] = var.VariabilityModel.step_autocorrelation,
     across_runs: Annotated[
-        bool, typer.Option("--across-runs", help="Step quantiles pooled across runs (--run-cv), not of one run.")
+        bool,
+        typer.Option("--across-runs", metavar="", help="Step quantiles pooled across runs (--run-cv), not of one run."),
     ] = False,
     within_s: Annotated[
         float | None, typer.Option(callback=finite(0, above=True), help="Report P(step ≤ this many seconds).")
