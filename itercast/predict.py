@@ -12,7 +12,8 @@ from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.memory import MemoryEstimate, estimate_memory, full_recompute_share
 from itercast.sim.analysis import Breakdown, breakdown, critical_path
-from itercast.sim.engine import SimResult, simulate
+from itercast.sim.contention import simulate_with_contention
+from itercast.sim.engine import SimResult
 from itercast.workloads.dlrm import DLRMJob, DLRMStep, Shard, dlrm_step, memory_parts_per_rank, plan_sharding
 from itercast.workloads.transformer import TransformerStepBuilder
 
@@ -137,17 +138,25 @@ class DLRMPrediction(Forecast):
 
 
 def predict(job: Job, calibration: dict[str, Any] | None = None) -> Prediction:
-    """Build the step graph of `job`, simulate it and summarise. `calibration`: curves from
-    profile.calibrate.load_calibration (else the built-in ones)."""
+    """Build the step graph of `job`, simulate it (compute slowed by the communication beside it:
+    sim/contention.py) and summarise. `calibration`: curves from profile.calibrate.load_calibration
+    (else the built-in ones). family_time_s gains 'overlap_contention': that stretch, in seconds."""
     builder = TransformerStepBuilder(job, AnalyticCostModel(job.system, job.plan.dtype, calibration))
-    sim = simulate(builder.build())
+    graph = builder.build()
+    slowdown = np.array([gpu.overlap_compute_slowdown for gpu in job.stage_gpus()])  # rank r = stage r
+    sim = simulate_with_contention(graph, slowdown)
     bd = breakdown(sim)
+    families = dict(builder.family_time_s[bd.rank])
+    on_rank = graph.resource_rank[graph.resource] == bd.rank
+    stretch_s = float((sim.graph.duration_s[on_rank] - graph.duration_s[on_rank]).sum())
+    if stretch_s > 0:
+        families["overlap_contention"] = stretch_s  # compute slowed by communication beside it
     model_flops = job.model.flops_per_token() * job.plan.gbs * job.model.seq_length
     return Prediction(
         sim.step_time_s,
         bd,
         estimate_memory(job),
-        dict(sorted(builder.family_time_s[bd.rank].items())),
+        dict(sorted(families.items())),
         summarise_path(sim),
         sim,
         job,

@@ -32,6 +32,14 @@ class GPUSpec(BaseModel):
         description="The accelerator is the host CPU itself (the cpu-host preset): operators run on the "
         "thread that dispatches them, so host overheads add to the compute instead of overlapping it.",
     )
+    overlap_compute_slowdown: NonNegativeFloat = Field(
+        0.0,
+        description="How much longer compute runs while a collective is in flight beside it on the same GPU "
+        "(another stream): its time alone × (1 + this) when fully overlapped. NCCL's kernels hold SMs (one CTA "
+        "per channel) and HBM bandwidth: Lee et al., arXiv 2507.03114, measured 0.189 on average on A100, H100, "
+        "MI250 and MI210 (max 0.40); presets cite theirs. 0 (the default) treats hidden communication as free. "
+        "Read by predict() on model-built transformer steps (sim/contention.py).",
+    )
     reserved_bytes: NonNegativeFloat = Field(
         2 * 1024**3,
         description="Memory not available to tensors: CUDA context, cuBLAS/NCCL workspaces, "
