@@ -60,15 +60,25 @@ def test_layer_attention_priced_by_hand():
 
 
 def test_context_parallel_splits_the_work_per_call():
-    # cp 2: each rank's 65,536 forward FLOPs (16 local queries × 32 keys) in 2 ring-step calls of
-    # 4 heads: 8,192 FLOPs per head and call; ramp 1 / (1 + 32768/8192) = 1/5, eff = 0.5 · 0.5 · 0.2 = 0.05
+    # cp 2: each rank's 65,536 forward FLOPs (16 local queries × 32 keys, causal half) in 2 calls of
+    # 32,768 FLOPs on 4 heads: 8,192 per head, ramp 1 / (1 + 32768/8192) = 1/5. The diagonal call is
+    # causal: eff = 1 · 16/32 · 0.5 · 1/5 = 0.05; the ring step's is not: eff = 1 · 16/32 · 1/5 = 0.1
     j = hand_job(context_parallel=2)
-    (op,) = [o for o in layer_forward(j.model, j.plan) if o.family == "attention"]
-    assert op.attention == AttentionShape(heads=4, head_dim=16, causal=True, calls=2)
-    assert op.amount == 65536
-    assert float(hand_costs(j).attention_s(op.amount, op.attention)) == pytest.approx(65536 / (1e12 * 0.05))
-    (back,) = [o for o in layer_backward(j.model, j.plan) if o.family == "attention"]
-    assert back.attention == AttentionShape(heads=4, head_dim=16, causal=True, calls=2, backward=True)
+    costs = hand_costs(j)
+    diagonal, ring = [o for o in layer_forward(j.model, j.plan) if o.family == "attention"]
+    assert diagonal.attention == AttentionShape(heads=4, head_dim=16, causal=True)
+    assert ring.attention == AttentionShape(heads=4, head_dim=16, causal=False, calls=1)
+    assert diagonal.amount == ring.amount == 32768
+    assert float(costs.attention_s(diagonal.amount, diagonal.attention)) == pytest.approx(32768 / (1e12 * 0.05))
+    assert float(costs.attention_s(ring.amount, ring.attention)) == pytest.approx(32768 / (1e12 * 0.1))
+    # backward 2.5 × 32,768 = 81,920 FLOPs per call, eff 0.5 · 1 · 0.5 · 1/2 = 0.125 causal, 0.25 not, + 1 µs
+    ring_back, diagonal_back = [o for o in layer_backward(j.model, j.plan) if o.family == "attention"]
+    assert float(costs.attention_s(diagonal_back.amount, diagonal_back.attention)) == pytest.approx(
+        1e-6 + 81920 / (1e12 * 0.125)
+    )
+    assert float(costs.attention_s(ring_back.amount, ring_back.attention)) == pytest.approx(
+        1e-6 + 81920 / (1e12 * 0.25)
+    )
 
 
 def test_a_gpu_without_a_fitted_kernel_keeps_the_flops_only_guess():

@@ -253,7 +253,7 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     s = cast(SystemConfig, parse_section("system", raw["system"], "system"))
     # what the framework runs, checked before the plan's own rules (they would name its fields first)
     plan = {**shared, **fixed}
-    kernels: list[tuple[str, tuple[str, ...]]] = [("cross_entropy", fw.cross_entropies)]
+    kernels: list[tuple[str, tuple[str, ...]]] = [("cross_entropy", fw.cross_entropies), ("cp_comm", fw.cp_comms)]
     if plan.get("dtype") == "fp8":
         kernels += [("fp8_recipe", fw.fp8_recipes), ("fp8_weight_cast", fw.fp8_weight_casts)]
     for name, runs in kernels:

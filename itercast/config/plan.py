@@ -135,6 +135,21 @@ class PlanConfig(BaseModel):
         "(torchtitan on H100, PyTorch before cuDNN 9.15: pytorch/pytorch#138522, #142132) and llm-foundry's "
         "attn_impl flash; fa3, FlashAttention-3. On a GPU without fits every kernel takes the FLOPs-only guess.",
     )
+    cp_comm: Literal["p2p", "all_gather", "torch_allgather", "torch_alltoall"] = Field(
+        "p2p",
+        description="How context_parallel > 1 exchanges keys and values (workloads/transformer_ops.py "
+        "_cp_attention, _cp_exchange, _cp_backward). p2p: Transformer Engine's AttnFuncWithCPAndKVP2P "
+        "(Megatron-Core --cp-comm-type p2p, its default): a ring of c - 1 sends beside c kernel calls, "
+        "outputs merged in bf16; backward the keys, values and their gradients travel the ring together. "
+        "all_gather: Transformer Engine's AttnFuncWithCPAndKVAllGather (the Llama 3 paper's §3.3.2): keys "
+        "and values all-gathered before two causal calls, exposed, and their gradients reduce-scattered. "
+        "torch_allgather and torch_alltoall: PyTorch's context_parallel "
+        "(torch/distributed/tensor/experimental/_attention.py) under set_rotate_method('allgather'), "
+        "torchtitan's default, or 'alltoall': c SDPA calls merged in fp32 by eager elementwise ops; one "
+        "all-gather beside the first call, or a ring of c - 1 sends; backward the fp32 key/value gradients "
+        "passed around the ring, the last send exposed. Their keys and values are the query heads' "
+        "(torchtitan repeats the key-value groups before SDPA).",
+    )
     cross_entropy: Literal["megatron", "megatron_fused", "te", "torch"] = Field(
         "megatron",
         description="The loss kernels over the vocab-parallel logits (bytes per logit: "

@@ -106,7 +106,7 @@ class AnalyticCostModel:
             return np.where(f > 0, self.gemm_alpha_s + f / rate, 0.0)
         fit = kernel["bwd" if shape.backward else "fwd"]
         problems = shape.heads * shape.calls
-        return time_s(fit, f, problems, shape.head_dim, shape.causal, self.attention_peak_flops)
+        return time_s(fit, f, problems, shape.head_dim, shape.causal, self.attention_peak_flops, shape.calls)
 
     def memory_s(self, kind: str, nbytes: np.ndarray | float) -> np.ndarray:
         """Memory-bound kernel of `kind` (elementwise | norm | activation) moving `nbytes` of HBM."""

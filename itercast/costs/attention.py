@@ -36,7 +36,7 @@ class AttentionShape:
     heads: float  # (batch · query head) problems of one call: micro_batch · heads / tp
     head_dim: float  # d: the mean of the query-key and value head sizes (4·d FLOPs per score)
     causal: bool  # a causal or sliding-window mask (blocks skipped, the diagonal masked)
-    calls: int = 1  # kernel calls the FLOPs are split into (context parallelism's ring steps)
+    calls: int = 1  # kernel calls of equal FLOPs the FLOPs are split into (context parallelism's ring steps)
     backward: bool = False
     kernel: str = "cudnn"  # which implementation runs (PlanConfig.attention_kernel)
 
@@ -51,14 +51,20 @@ def efficiency(fit: dict, flops_per_head: np.ndarray | float, head_dim: float, c
 
 
 def time_s(
-    fit: dict, flops: np.ndarray | float, problems: float, head_dim: float, causal: bool, peak_flops: float
+    fit: dict,
+    flops: np.ndarray | float,
+    problems: float,
+    head_dim: float,
+    causal: bool,
+    peak_flops: float,
+    calls: int = 1,
 ) -> np.ndarray:
-    """Seconds of one direction's kernels: the fixed kernel latency `alpha_s` (pinned to the GEMM's:
-    the benchmarks' smallest call takes ~0.1 ms and cannot identify it) + FLOPs / (peak · eff), the
-    FLOPs split into `problems` (batch · head) problems × calls."""
+    """Seconds of one direction's `calls` kernel calls: each the fixed kernel latency `alpha_s` (pinned
+    to the GEMM's: the benchmarks' smallest call takes ~0.1 ms and cannot identify it), together
+    FLOPs / (peak · eff), the FLOPs split into `problems` (batch · head) problems × calls."""
     f = np.asarray(flops, dtype=np.float64)
     eff = efficiency(fit, f / problems, head_dim, causal)
-    return np.where(f > 0, fit["alpha_s"] + f / (peak_flops * eff), 0.0)
+    return np.where(f > 0, calls * fit["alpha_s"] + f / (peak_flops * eff), 0.0)
 
 
 def fitted_kernel(tables: dict, gpu_name: str, kernel: str) -> dict | None:

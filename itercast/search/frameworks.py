@@ -50,7 +50,8 @@ class Framework:
     fused attention kernel, gradient bucket, kind of selective checkpointing); `cross_entropies`: the
     PlanConfig.cross_entropy implementations its models can run; `fp8_recipes`: the
     PlanConfig.fp8_recipe scalings its FP8 training runs; `fp8_weight_casts`: when it casts the weights
-    to FP8 (PlanConfig.fp8_weight_cast). Routed experts: Megatron-Core runs SequentialMLP unless told
+    to FP8 (PlanConfig.fp8_weight_cast); `cp_comms`: its context parallelism's exchanges
+    (PlanConfig.cp_comm). Routed experts: Megatron-Core runs SequentialMLP unless told
     (transformer_config.py moe_grouped_gemm False; arguments.py --moe-grouped-gemm store_true), the
     PlanConfig.moe_grouped_gemm default."""
 
@@ -71,6 +72,8 @@ class Framework:
     fp8_recipes: tuple[str, ...] = ("delayed", "tensorwise")
     # Transformer Engine's weight cache: each weight cast on the step's first micro-batch (is_first_microbatch)
     fp8_weight_casts: tuple[str, ...] = ("per_step",)
+    # Transformer Engine's context parallelism (Megatron-Core --cp-comm-type; a2a and a2a+p2p not priced)
+    cp_comms: tuple[str, ...] = ("p2p", "all_gather")
 
 
 #: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
@@ -127,7 +130,9 @@ MEGATRON_CORE = Framework(
     # gradient buckets: Megatron-Core's DP-scaled default (PlanConfig.bucket_params); pipeline exchanges:
     # arguments.py forces overlap_p2p_comm off without interleaving (batch_p2p_comm = not overlap_p2p_comm,
     # blocking) and leaves it on with (--no-overlap-p2p-communication is store_false)
-    plan_fields={"attention_kernel": "cudnn", "pipeline_p2p": "megatron"},
+    # arguments.py --cp-comm-type default ["p2p"]; extensions/transformer_engine.py TEDotProductAttention
+    # passes "p2p" when the config's cp_comm_type is None (Megatron-Bridge's Llama providers leave it so)
+    plan_fields={"attention_kernel": "cudnn", "pipeline_p2p": "megatron", "cp_comm": "p2p"},
     rules=_megatron_rules("megatron-core"),
 )
 
@@ -148,6 +153,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "cross_entropy": "megatron_fused",
             "moe_grouped_gemm": True,
             "pipeline_p2p": "megatron",
+            "cp_comm": "p2p",
         },
         rules=_megatron_rules("nemo (MegatronStrategy on Megatron-Core)"),
     ),
@@ -170,6 +176,10 @@ FRAMEWORKS: dict[str, Framework] = {
             "grad_bucket_size_params": TORCH_DDP_BUCKET_PARAMS,
             "selective_recompute": "op",
             "cross_entropy": "torch",  # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...)
+            # context_parallel_rotate_method "allgather": its default from config_manager.py at 9dec370a (2024-12)
+            # through job_config.py and config/configs.py until 8e555444 removed it (2026-06); utils.py
+            # create_context_parallel_ctx calls PyTorch's set_rotate_method with it
+            "cp_comm": "torch_allgather",
             # job_config.py Float8.recipe_name None: torchao's Float8LinearConfig() (config.py), tensorwise;
             # torchao's Float8Linear casts the weights again in every forward and backward
             "fp8_recipe": "tensorwise",
@@ -182,6 +192,7 @@ FRAMEWORKS: dict[str, Framework] = {
         cross_entropies=("torch",),
         fp8_recipes=("tensorwise", "rowwise"),  # torchao float8 has no delayed scaling
         fp8_weight_casts=("per_microbatch",),
+        cp_comms=("torch_allgather", "torch_alltoall"),  # context_parallel_rotate_method
         rules=(
             (
                 "torchtitan: FSDP2 (zero 2-3) over dp_shard, DDP (zero 0) only as 1-D parallelism, no ZeRO-1 "

@@ -39,6 +39,8 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         f"--pipeline-model-parallel-size {p['pipeline_parallel']}",
         f"--context-parallel-size {p['context_parallel']}",
     ]
+    if p["context_parallel"] > 1:
+        out.append(f"--cp-comm-type {p['cp_comm']}")  # Transformer Engine's names: p2p, all_gather
     if p["virtual_pipeline"] > 1:
         per_chunk = model.num_layers // (p["pipeline_parallel"] * p["virtual_pipeline"])
         out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
@@ -94,6 +96,8 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
         f"{s}.context_parallel_size={p['context_parallel']}",
         f"{s}.sequence_parallel={p['sequence_parallel']}",
     ]
+    if p["context_parallel"] > 1:
+        out.append(f"model.config.cp_comm_type={p['cp_comm']}")
     if model.is_moe:
         out += [
             f"{s}.expert_model_parallel_size={p['expert_parallel']}",
@@ -129,6 +133,8 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
 
 
 _TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+#: PlanConfig.cp_comm as torchtitan's parallelism.context_parallel_rotate_method names it
+_TITAN_ROTATE = {"torch_allgather": "allgather", "torch_alltoall": "alltoall"}
 
 
 def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
@@ -156,6 +162,8 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
             f"pipeline_parallel_microbatch_size = {p['micro_batch_size']}",
         ]
     par.append(f"context_parallel_degree = {p['context_parallel']}")
+    if p["context_parallel"] > 1:
+        par.append(f'context_parallel_rotate_method = "{_TITAN_ROTATE[p["cp_comm"]]}"')
     if model.is_moe:
         par += [
             f"expert_parallel_degree = {p['expert_parallel']}",

@@ -312,8 +312,20 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
             label = f"{op.group}_{op.comm_kind}"
             fam[label] = fam.get(label, 0.0) + sec
             kernels += 1
-        elif op.family == "cp_comm":  # ring steps overlap the attention kernel that consumes them
+        elif op.family == "cp_comm" and op.comm_kind == "p2p":  # ring steps overlap the attention kernels
             cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)
+        elif op.family == "cp_comm":  # a send or collectives over the CP group: exposed beyond the kernel beside
+            cross = not groups.cp.intra_node
+            one = (
+                costs.p2p_s(op.amount, cross)
+                if op.comm_kind == "send"
+                else costs.collective_s(op.comm_kind, op.amount, groups.cp)
+            )
+            sec = op.count * one
+            sec = max(0.0, sec - kernel_s[op.overlaps]) if op.overlaps else sec
+            comm += sec
+            fam[f"cp_{op.comm_kind}"] = fam.get(f"cp_{op.comm_kind}", 0.0) + sec
+            kernels += op.count
     exposed_cp = max(0.0, cp_ring - attention)  # approximation: the ring hides behind attention
     if exposed_cp:
         fam["cp_p2p_exposed"] = exposed_cp

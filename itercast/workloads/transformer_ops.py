@@ -63,7 +63,7 @@ COMM_FAMILIES = ("tp_comm", "ep_comm")
 CORE_ATTENTION = "core_attention"  # name prefix of the attention kernels' ops
 #: name prefixes of what Megatron's selective recompute re-runs: the attention kernels and the
 #: context-parallel ring that feeds them (layer_backward)
-CORE_ATTENTION_RUN = (CORE_ATTENTION, "cp_kv_exchange")
+CORE_ATTENTION_RUN = (CORE_ATTENTION, "cp_kv_")
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Op:
     name: str
     family: str  # gemm | attention | elementwise | norm | activation | tp_comm | ep_comm | cp_comm
     amount: float  # of one repetition
-    comm_kind: str = ""  # all_reduce | all_gather | reduce_scatter | alltoall | p2p (cp_comm)
+    comm_kind: str = ""  # all_reduce | all_gather | reduce_scatter | alltoall; cp_comm: p2p (ring) | send (exposed)
     count: int = 1  # repetitions (ring steps, one GEMM per local expert) or a memory-bound op's kernels
     overlaps: str = ""  # a communication op: the name of the kernel it runs beside (exposed: the excess)
     backward_comm: str = ""  # a forward collective: the collective its backward runs ("" = identity)
@@ -139,7 +139,7 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: 
     two batched GEMMs over the full s×s scores (masked, not skipped) with softmax (and dropout,
     where the family has it) between them, each reading and writing the b·(a/t)·s² scores
     (Korthikanti §4.1). Under context parallelism each rank holds 1/c of the pairs (load-balanced
-    chunks)."""
+    chunks, `_cp_attention`)."""
     a, t, e = model.num_attention_heads, sh.t, sh.e
     heads = plan.micro_batch_size * a / t
     scores = heads * sh.seq_local * sh.seq_full
@@ -147,7 +147,9 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: 
     if plan.flash_attention:
         kept = model.causal_keys_per_query(windowed) / sh.seq_full if model.causal else 1.0
         d = (model.qk_head_dim + model.value_head_dim) / 2  # 4·d FLOPs per query-key score
-        shape = AttentionShape(heads, d, model.causal, calls=plan.context_parallel, kernel=plan.attention_kernel)
+        shape = AttentionShape(heads, d, model.causal, kernel=plan.attention_kernel)
+        if plan.context_parallel > 1:
+            return _cp_attention(model, plan, sh, (qk + av) * kept, shape)
         return [Op(CORE_ATTENTION, "attention", (qk + av) * kept, attention=shape)]
     ops = [
         Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
@@ -156,6 +158,156 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: 
     if model.family != "llama":  # attention dropout: read, write, 1-byte mask
         ops.append(Op(f"{CORE_ATTENTION}.dropout", "elementwise", scores * (2 * e + 1)))
     return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", av)]
+
+
+def _cp_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, flops: float, shape: AttentionShape) -> list[Op]:
+    """Fused attention under context parallelism c, as each implementation calls its kernels (plan.cp_comm).
+    The sequence is cut in 2c chunks of L = s/(2c) tokens, rank r holding chunks r and 2c − 1 − r (the
+    causal load balance of both: Transformer Engine's get_seq_chunk_ids_for_reordering_before_attn,
+    PyTorch's round-robin / _HeadTailLoadBalancer), so every rank computes the same 2cL² query-key pairs.
+    - A ring (p2p, torch_allgather, torch_alltoall): step 0 runs one causal call on the local 2L × 2L
+      block, each of the c − 1 later steps one call without a mask on 2L × L or L × 2L (the lower
+      triangle's first key half, the upper's second query half): Transformer Engine context_parallel.py
+      AttnFuncWithCPAndKVP2P.forward (sections "diagonal", "lower-triangle", "upper-triangle"; d0067d0d),
+      PyTorch _templated_ring_attention (_is_causal_behavior: IS_CAUSAL at i = 0, NOT_IS_CAUSAL after,
+      with load balance). So c calls of flops/c each, only the first one causal.
+    - all_gather (AttnFuncWithCPAndKVAllGather.forward): two calls, one per local query chunk j against
+      the gathered keys up to it, (j + 1)L of them (get_kv_seq_info_after_all_gather), causal
+      bottom-right (the last L × L block masked); priced as two calls of equal FLOPs.
+    The partial outputs are merged by the memory-bound passes of `_cp_merge`."""
+    c = plan.context_parallel
+    if plan.cp_comm == "all_gather":
+        attention = [Op(CORE_ATTENTION, "attention", flops, attention=replace(shape, calls=2))]
+    else:
+        ring = replace(shape, causal=False, calls=c - 1)
+        attention = [
+            Op(CORE_ATTENTION, "attention", flops / c, attention=shape),
+            Op(f"{CORE_ATTENTION}.ring", "attention", flops * (c - 1) / c, attention=ring),
+        ]
+    return attention + _cp_merge(model, plan, sh)
+
+
+#: (forward bytes, forward kernels, backward bytes, backward kernels) of a CP implementation's merges
+MergeCost = tuple[float, int, float, int]
+
+
+def _cp_merge(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+    """The memory-bound kernels around the attention calls of one layer under context parallelism (copies
+    into send buffers, the merge of the partial outputs by their logsumexp, the sum of the partial
+    gradients), counted kernel by kernel from each implementation's source in `_te_p2p_merge`,
+    `_te_all_gather_merge` and `_torch_merge`, over the rank's output O, query Q and key+value KV
+    elements (`_kv_width`); the logsumexp tensors (1/d of the output's elements) are left out."""
+    heads = plan.micro_batch_size * model.num_attention_heads / sh.t
+    o = heads * sh.seq_local * model.value_head_dim
+    q = heads * sh.seq_local * model.qk_head_dim
+    kv = sh.tokens * _kv_width(model, plan) / sh.t
+    merges = {"p2p": _te_p2p_merge, "all_gather": _te_all_gather_merge}
+    fwd, kernels, bwd, bwd_kernels = merges.get(plan.cp_comm, _torch_merge)(plan.context_parallel, sh.e, o, q, kv)
+    merge = Op(f"{CORE_ATTENTION}.merge", "elementwise", fwd, count=kernels, label="cp_merge")
+    return [replace(merge, backward_amount=bwd, backward_count=bwd_kernels)]
+
+
+def _te_p2p_merge(c: int, e: int, o: float, q: float, kv: float) -> MergeCost:
+    """Transformer Engine's AttnFuncWithCPAndKVP2P (context_parallel.py at d0067d0d, bf16, sbhd) on the
+    last rank, whose every forward step is whole. Forward: K and V concatenated into the first send
+    buffer (torch.cat: 2e KV); flash_attn_fwd_out_correction_init (reads the first step's output, writes
+    out: 2e O) then c − 1 flash_attn_fwd_out_correction (reads out and the step's output, writes out: 3e
+    O), one jit-fused kernel each, beside c kernels on the logsumexp (torch.clone, then
+    flash_attn_fwd_softmax_lse_correction). Backward (steps reversed: the diagonal last): K, V copied
+    into the send buffer (p2p_comm_buffers[0][0].copy_: 2e KV); dq copied at step 0, added in place after
+    (2e, then 3e Q); dk and dv: the lower triangle's first half copied at step 0 (e KV), added at steps
+    1 … c − 2 (1.5e KV), the diagonal's whole added at the last step (3e KV)."""
+    fwd = 2 * e * kv + (2 * e + 3 * e * (c - 1)) * o
+    bwd = 2 * e * kv + (2 * e + 3 * e * (c - 1)) * q + (e + 1.5 * e * (c - 2) + 3 * e) * kv
+    return fwd, 1 + c + c, bwd, 1 + c + 2 * c
+
+
+def _te_all_gather_merge(c: int, e: int, o: float, q: float, kv: float) -> MergeCost:
+    """Transformer Engine's AttnFuncWithCPAndKVAllGather (context_parallel.py at d0067d0d, bf16, sbhd:
+    its movedim/select/contiguous calls are views), any rank. Forward: the gathered K and V put in
+    sequence order (two torch.index_select: 2e · c KV), each call's output copied into the rank's
+    (out_f16[i].copy_, two: 2e O). Backward: dk, dv of the gathered length zero-filled (two: e · c KV),
+    the gathered K, V put in order again (two: 2e · c KV), dq copied per call (two: 2e Q), each call's
+    dk, dv added over the (j + 1)L keys it saw, (2c + 1)L of the rank's 2L in all (four add_: 3e (c + ½)
+    KV), and put back in rank order before the reduce-scatter (two index_select: 2e · c KV)."""
+    fwd = 2 * e * c * kv + 2 * e * o
+    bwd = (e * c + 2 * e * c + 3 * e * (c + 0.5) + 2 * e * c) * kv + 2 * e * q
+    return fwd, 2 + 2, bwd, 2 + 2 + 2 + 4 + 2
+
+
+def _torch_merge(c: int, e: int, o: float, q: float, kv: float) -> MergeCost:
+    """PyTorch's context_parallel (torch/distributed/tensor/experimental/_attention.py at 0123248a,
+    _context_parallel/_attention.py at 09b101c5: the same code), eager, _SDPAMerger with convert_to_f32
+    True, on the last rank, whose every later step is whole. Forward (_templated_ring_attention): K, V
+    made contiguous (torchtitan's transpose(1, 2) leaves them strided: two, 2e KV); each step's output
+    cast to fp32 (c: (e + 4) O); per later step out − block_out (12 O), × sigmoid(…) (8 O), out − that
+    (12 O) and five kernels on the logsumexp; K, V concatenated for each of the c − 1 sends (torch.cat:
+    2e KV); the output cast back (4 + e O). Backward (_templated_ring_attention_backward): fp32
+    grad_query/key/value zero-filled (three: 4 (Q + KV)); K, V made contiguous (two: 2e KV) and
+    concatenated for c − 1 sends (2e KV each); grad_key/value += the step's at step 0 (two: 8 + e KV),
+    _partial_update's add on the first half and torch.cat after (four per later step: (8 + e)/2 + 8
+    KV); the fp32 gradients concatenated for their send at every step (c: 8 KV); grad_query += the
+    step's (c: 8 + e Q); the final casts (two: 4 + e over Q and KV)."""
+    fwd = 2 * e * kv + (e + 4) * c * o + 32 * (c - 1) * o + 2 * e * (c - 1) * kv + (4 + e) * o
+    bwd_q = (4 + (8 + e) * c + (4 + e)) * q
+    bwd_kv = (4 + 2 * e + 2 * e * (c - 1) + (8 + e) + ((8 + e) / 2 + 8) * (c - 1) + 8 * c + (4 + e)) * kv
+    fwd_kernels = 2 + c + 8 * (c - 1) + (c - 1) + 1
+    bwd_kernels = 3 + 2 + (c - 1) + 2 + 4 * (c - 1) + c + c + 2
+    return fwd, fwd_kernels, bwd_q + bwd_kv, bwd_kernels
+
+
+def _kv_width(model: ModelConfig, plan: PlanConfig) -> float:
+    """Elements of one token's keys and values, over all heads, as context parallelism exchanges them:
+    every query head's with multi-latent attention (its per-head up-projected keys and values) and under
+    PyTorch's context_parallel (torch_*), whose callers in torchtitan repeat the key-value groups to the
+    query heads before SDPA (models/llama3/model.py repeat_kv, until ff0829c1 passed enable_gqa); else
+    the key-value groups'."""
+    if model.mla or plan.cp_comm.startswith("torch"):
+        return model.num_attention_heads * (model.qk_head_dim + model.value_head_dim)
+    return 2 * model.kv_heads * model.head_dim
+
+
+def _cp_exchange(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+    """Keys and values passed between the context-parallel ranks (all of them, also in a sliding-window
+    layer that needs fewer: an upper bound there). p2p, torch_alltoall: c − 1 ring sends, each beside a
+    step's kernel (TE: flash_attn_p2p_communicate issued before the step's call, waited before the next;
+    PyTorch: _AllToAllRotater's permute_tensor likewise). torch_allgather: _AllGatherRotater, one
+    all-gather of every rank's K,V issued before the first SDPA and waited before the second, so it hides
+    only behind the diagonal call. all_gather: TE's gather_along_first_dim of K, then of V, before any
+    call, exposed (two all-gathers of c × half the rank's K,V bytes)."""
+    c = plan.context_parallel
+    if c == 1:
+        return []
+    nbytes = sh.tokens * _kv_width(model, plan) / sh.t * sh.e
+    if plan.cp_comm in ("p2p", "torch_alltoall"):
+        return [Op("cp_kv_exchange", "cp_comm", nbytes, "p2p", c - 1)]
+    if plan.cp_comm == "torch_allgather":
+        return [Op("cp_kv_all_gather", "cp_comm", c * nbytes, "all_gather", overlaps=CORE_ATTENTION)]
+    return [Op("cp_kv_all_gather", "cp_comm", c * nbytes / 2, "all_gather", count=2)]
+
+
+def _cp_backward(op: Op, plan: PlanConfig) -> list[Op]:
+    """The backward of a forward CP exchange. p2p (TE AttnFuncWithCPAndKVP2P.backward): c sends beside
+    the c steps, the K,V at the first, K,V and the gradients accumulated so far after, the gradients
+    alone at the last: 2(c − 1) × the K,V bytes in all. all_gather (TE): K and V gathered again and
+    their gradients reduce-scattered (reduce_scatter_along_first_dim of dk, then dv), all exposed.
+    torch_* (_templated_ring_attention_backward): the K,V again (the ring, or the all-gather beside the
+    diagonal call's backward) and, whatever the rotate method, the fp32 key/value gradients sent to the
+    next rank after every step (dkv_rotater, ALL_TO_ALL): each of the first c − 1 waited after the next
+    step's call, the last waited at once (exposed, comm_kind send)."""
+    c = plan.context_parallel
+    if plan.cp_comm == "p2p":
+        return [Op(f"{op.name}.bwd", "cp_comm", 2 * (c - 1) / c * op.amount, "p2p", c)]
+    if plan.cp_comm == "all_gather":
+        scatter = Op(f"{op.name}.dkv_reduce_scatter", "cp_comm", op.amount, "reduce_scatter", count=2)
+        return [replace(op, name=f"{op.name}.bwd"), scatter]
+    dkv_bytes = (op.amount / c if op.comm_kind == "all_gather" else op.amount) * 4 / plan.dtype_bytes
+    hides = op.overlaps and f"{op.overlaps}.bwd"
+    return [
+        replace(op, name=f"{op.name}.bwd", overlaps=hides),
+        Op("cp_dkv_exchange", "cp_comm", dkv_bytes, "p2p", c - 1),
+        Op("cp_dkv_exchange.last", "cp_comm", dkv_bytes, "send"),
+    ]
 
 
 def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
@@ -348,17 +500,13 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False, windo
     """Forward ops of one layer (an MoE layer when `moe`, a sliding-window layer when `windowed`),
     in execution order."""
     sh = Shapes.of(model, plan)
-    h, f, d, t, e = model.hidden_size, model.ffn, model.head_dim, sh.t, sh.e
-    a, g = model.num_attention_heads, model.kv_heads
+    h, f, t, e = model.hidden_size, model.ffn, sh.t, sh.e
+    a = model.num_attention_heads
     T, Tsp = sh.tokens, sh.sp_tokens
     ops = [Op("input_norm", "norm", 2 * Tsp * h * e), *_f("attn_in", T * h * e, plan)]
     ops += _projections(model, plan, sh)
     ops += _core_attention(model, plan, sh, windowed)
-    # ring attention: K and V blocks pass around the CP ring (all of them, also in a sliding-window
-    # layer that needs fewer: an upper bound there)
-    if plan.context_parallel > 1:
-        kv = 2 * g * d if not model.mla else a * (model.qk_head_dim + model.value_head_dim)
-        ops.append(Op("cp_kv_exchange", "cp_comm", T * kv / t * e, "p2p", plan.context_parallel - 1))
+    ops += _cp_exchange(model, plan, sh)
     ops.append(Op("attn_proj", "gemm", 2 * T * a * model.value_head_dim * h / t, kn=(a * model.value_head_dim / t, h)))
     ops += _g("attn_out", T * h * e, plan)
     ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), Op("post_attn_norm", "norm", 2 * Tsp * h * e)]
@@ -549,8 +697,8 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
             if op.backward_comm:  # beside the backward of the kernel it hid behind forward
                 hides = op.overlaps and op.overlaps + (".dgrad" if op.overlaps in gemms else ".bwd")
                 out.append(replace(op, name=f"{op.name}.bwd", comm_kind=op.backward_comm, overlaps=hides))
-        elif op.family == "cp_comm":  # K,V blocks and their gradients travel back
-            out.append(Op(f"{op.name}.bwd", "cp_comm", 2 * op.amount, "p2p", op.count))
+        elif op.family == "cp_comm":
+            out += _cp_backward(op, plan)
         else:
             amount = op.backward_amount if op.backward_amount >= 0 else 2 * op.amount
             out.append(replace(op, name=f"{op.name}.bwd", amount=amount, count=op.backward_count or op.count))
@@ -579,7 +727,11 @@ def layer_backward(
     elif kind == "selective" and plan.selective_recompute == "op":
         again = _op_recompute(model, fwd)
     elif kind == "selective":
-        again = [replace(o, name=f"recompute.{o.name}") for o in fwd if o.name.startswith(CORE_ATTENTION_RUN)]
+        again = [
+            replace(o, name=f"recompute.{o.name}", overlaps=o.overlaps and f"recompute.{o.overlaps}")
+            for o in fwd
+            if o.name.startswith(CORE_ATTENTION_RUN)
+        ]
     return again + backward_of(fwd, plan)
 
 
@@ -604,7 +756,7 @@ def _op_recompute(model: ModelConfig, fwd: list[Op]) -> list[Op]:
             k = share.get(op.name, 1.0)
             if k:
                 out.append(replace(op, name=f"recompute.{op.name}", amount=op.amount * k, f_bytes=0.0))
-        elif op.family in ("elementwise", "norm", "activation"):
+        elif op.family in ("elementwise", "norm", "activation") and op.label != "cp_merge":  # SDPA's output
             out.append(replace(op, name=f"recompute.{op.name}"))
     return out
 
