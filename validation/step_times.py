@@ -278,6 +278,9 @@ def llama3_rows(data: Path) -> list[Row]:
         gpus, sequences = int(r["GPUs"]), int(r["batch_size_per_DP"]) * dp
         plan = _plan(tp, pp, cp, 2, 1, sequences, "bf16")
         plan["pipeline_p2p"] = "overlapped"  # Meta's own trainer: its exchanges are not published
+        # §3.3.2: K and V all-gathered, exposed, before the local query chunks' attention (Transformer
+        # Engine's AttnFuncWithCPAndKVAllGather cites it); the 8K-token rows have cp 1
+        plan["cp_comm"] = "all_gather"
         plan["stage_layers"] = [3] + [4] * (2 * pp - 2) + [3]
         model = {"preset": "llama3-405b", "seq_length": seq}
         flops = Job.from_dicts(model, {"tensor_parallel": 1}, {"preset": "dgx-h100"}).model.flops_per_token()
