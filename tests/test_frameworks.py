@@ -249,6 +249,10 @@ def test_the_search_prices_each_frameworks_gradient_bucket(framework, bucket):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["plans"][0]["plan"]["grad_bucket_size_params"] == bucket
+    # ZeRO-3's memory: DeepSpeed's per-submodule fetch, everyone else FSDP's per-layer one
+    assert json.loads(result.output)["plans"][0]["plan"]["zero3_fetch"] == (
+        "deepspeed" if framework == "deepspeed" else "layer"
+    )
     if framework == "torchtitan":  # its selective checkpointing is per op, the only kind it has
         assert json.loads(result.output)["plans"][0]["plan"]["selective_recompute"] == "op"
 

@@ -226,6 +226,8 @@ FRAMEWORKS: dict[str, Framework] = {
             "attention_kernel": "fa2",
             "grad_bucket_size_params": DEEPSPEED_BUCKET_PARAMS,
             "pipeline_p2p": "deepspeed",
+            # ZeRO-3's per-submodule fetch (PartitionedParameterCoordinator), its fp16 gradients (d94f89d)
+            "zero3_fetch": "deepspeed",
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling
