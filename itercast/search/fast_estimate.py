@@ -37,6 +37,20 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
     + exposed parameter gathers (ZeRO-1/2, same form as DP, behind the first forward) + embedding and
     gradient-norm all-reduces + optimizer + the first launch + Transformer Engine's once-per-step FP8
     weight casts of every chunk (transformer.weight_cast_bytes: each on micro-batch 0's way down).
+    host           the graph's semantics (transformer.py _run_segment): each stage's host issues its
+                   kernels in stream order, h = GPUSpec.kernel_launch_overhead_s each, never waiting
+                   for the stream; a segment's first kernel waits for its own launch, its last for all
+                   of them. The passes end no earlier than (max of):
+                   - the stream's pipeline plus h, or plus stage 0's host lead on micro-batch 0 (the
+                     host issuing its first forward, or its warm-up forwards and first backward, later
+                     than the stream would run them);
+                   - each stage's host done issuing its M micro-batches, then its last backward (at
+                     least a layer backward's mean kernel) and the backwards of the stages below it;
+                   - GPipe: each stage's backward phase, once its M forwards are issued and run (the
+                     stage before it done too) and micro-batch 0's backward has come down to it, each
+                     hop as the host issues it; then M backwards back to back and the stages below.
+                   Exact for one segment of n kernels of c seconds: max(h + n c, n h + c); between the
+                   bounds (host and stream alike busy) an approximation (tests/test_fast_estimate.py)
 Approximations: stages are uniform but for the embedding and head, sends cost the same on every
 hop, and a pass either runs back to back or waits long enough. tests/test_fast_estimate.py bounds
 the disagreement with the graph simulation (every plan of its grids within 2%).
@@ -59,7 +73,7 @@ from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
 from itercast.memory import memory_columns
 from itercast.parallel.plan_table import COLUMNS, RECOMPUTE, VARIED, PlanTable
-from itercast.parallel.schedules import SCHEDULES
+from itercast.parallel.schedules import SCHEDULES, in_flight_microbatches
 from itercast.workloads.transformer import (
     GRAD_NORM_BYTES,
     Groups,
@@ -81,6 +95,8 @@ _LAYER_KEY = ("tp", "cp", "mbs", "sp", "recompute", "ep", "etp")
 _CHUNK_KEY = ("pp", "vp")  # also a layer's, where the recomputed share depends on the chunks
 _GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero", "ep", "etp")
 _STAGE_KEY = ("pp", "vp")
+#: one pass of each unit: layer, embedding, head, MoE layer; forward and backward
+UNIT_PASSES = ("lf", "lb", "ef", "eb", "hf", "hb", "mf", "mb")
 _P2P_KEY = ("tp", "cp", "dp", "pp", "mbs", "sp")
 
 
@@ -142,7 +158,17 @@ class FastEstimator:
         overlap_grad = c["overlap_grad"] > 0
         zero2_blocking = (zero == 2) & sync & ~overlap_grad
         slowest, total = np.zeros(len(t)), np.zeros(len(t))
-        tf, tb, kernels = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
+        tf, tb, host_s = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
+        host_forwards = np.zeros(len(t))  # GPipe: the host's M forwards, then the backward phase on the stream
+        host_opens = np.zeros(len(t))  # GPipe: the first stage's first backward, after the hosts' M forwards
+        host_leads = np.zeros(len(t))  # how far stage 0's host holds micro-batch 0 back beyond its stream
+        launch_s = self.system.gpu.kernel_launch_overhead_s
+        last_kernel = f["lb"] / np.maximum(f["k_lb"], 1.0)  # a layer backward's mean kernel
+        kernels = {n: f[f"k_{n}"] for n in UNIT_PASSES}  # kernels of one pass of each unit
+        comms = {n: f[f"c_{n}"] for n in UNIT_PASSES}  # blocking communication of one pass of each unit
+        # a chunk's last backward in one segment (transformer.py _build_stage: split "none"), its
+        # blocking communication after its last kernel: no overlapped gradient buckets, no ZeRO-3 units
+        whole_segment = ~((overlap_grad & sync & (zero <= 2)) | (zero == 3))
         fill = np.zeros(len(t))  # micro-batch 0 down the pipeline and back up to the first stage's backward
         period = np.zeros(len(t))  # the steady state's seconds per micro-batch
         deepspeed = t.base.pipeline_p2p == "deepspeed"
@@ -153,7 +179,7 @@ class FastEstimator:
         keys, inverse = _distinct(t, _STAGE_KEY)
         for key_index, (pp, vp) in enumerate(keys):  # stage by stage, per pipeline shape
             rows = inverse == key_index
-            dense_n, moe_n, first_chunk = self._stage_layers(t.base, pp, vp)
+            dense_n, moe_n = self._stage_layers(t.base, pp, vp)
             forward = _per_stage(f, "f", rows, dense_n, moe_n)
             backward = _per_stage(f, "b", rows, dense_n, moe_n)
             if deepspeed:  # DeepSpeed's all-gathers of partitioned tensors (transformer.py _exchange)
@@ -167,8 +193,9 @@ class FastEstimator:
             if pp > 1:
                 stage[:, -1] += blocked * g["block_last"][rows]
             fsdp_rows = fsdp_pp[rows]
+            fsdp_back = np.zeros_like(stage)  # ZeRO-3 × pipeline: a backward's steady seconds beside its DP stream
             if fsdp_rows.any():  # ZeRO-3 × pipeline: each stage's passes beside its DP stream, unit by unit
-                stage[fsdp_rows], passes[fsdp_rows] = self._fsdp_stages(
+                stage[fsdp_rows], passes[fsdp_rows], fsdp_back[fsdp_rows] = self._fsdp_stages(
                     t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"]
                 )
             slowest[rows] = stage.max(axis=1)
@@ -196,8 +223,40 @@ class FastEstimator:
             busiest = (dense_n + moe_n).argmax()
             tf[rows] = (dense_n[busiest] * f["lf"][rows] + moe_n[busiest] * f["mf"][rows]) / vp
             tb[rows] = (dense_n[busiest] * f["lb"][rows] + moe_n[busiest] * f["mb"][rows]) / vp
-            kernels[rows] = first_chunk[0] * f["kernels_lf"][rows] + first_chunk[1] * f["kernels_mf"][rows]
-        kernels += f["kernels_ef"]
+            # the host of each stage issues its M micro-batches' kernels without waiting; the stage's
+            # last backward then still passes down the stages before it, a chunk's backward and a send each
+            issued_f = _per_stage(kernels, "f", rows, dense_n, moe_n) * launch_s
+            issued = issued_f + _per_stage(kernels, "b", rows, dense_n, moe_n) * launch_s
+            # a backward on the stream (ZeRO-3 × pipeline: beside its gathers, back to back)
+            back = np.where(fsdp_rows[:, None], fsdp_back, stage - forward)
+            down = back / vp + g["p2p"][rows, None]
+            below = np.cumsum(down, axis=1) - down
+            # the last backward starts once all else is issued, then takes its stream time; or after the
+            # last launch: its last kernel, its blocking communication (one segment) and ZeRO-2 reduction
+            after_launch = np.where(whole_segment[rows, None], _per_stage(comms, "b", rows, dense_n, moe_n) / vp, 0.0)
+            after_launch += last_kernel[rows, None] + np.where(fsdp_rows[:, None], 0.0, stage - passes) / vp
+            last_pass = np.maximum(after_launch, (back - issued + issued_f) / vp + launch_s)
+            host_s[rows] = (M[rows, None] * issued + below + last_pass).max(axis=1)
+            # stage 0's micro-batch 0: the stream ahead of its host after its first forward and its
+            # first backward, which comes after its warm-up forwards (in whole-stage units)
+            warm = in_flight_microbatches(c["schedule"][rows], 0, pp, M[rows], vp)
+            lead_f = issued_f[:, 0] / vp + last_kernel[rows] - forward[:, 0] / vp
+            lead_b = warm * issued_f[:, 0] + (issued[:, 0] - issued_f[:, 0]) / vp + last_kernel[rows] - back[:, 0] / vp
+            lead_b = np.where(gpipe[rows], 0.0, lead_b - fill[rows] - 2 * (pp - 1) * g["p2p"][rows])  # GPipe: below
+            host_leads[rows] = np.maximum(lead_f, lead_b)
+            # GPipe: a stage's backward phase starts when its M forwards are done (the last one issued
+            # after the others, then its stream time) and micro-batch 0's backward has come down to it,
+            # each stage's first backward as its host issues it; then M backwards back to back
+            fwd = np.where(fsdp_rows[:, None], stage - fsdp_back, forward)
+            done = np.maximum(M[rows, None] * issued_f, (M[rows, None] - 1) * issued_f + launch_s + fwd)
+            for s in range(1, pp):  # and the stage before it done with its last forward
+                done[:, s] = np.maximum(done[:, s], done[:, s - 1] + g["p2p"][rows] + fwd[:, s])
+            done[:, -1] = np.maximum(done[:, -1], forward.sum(axis=1) + late + (pp - 1) * g["p2p"][rows])
+            hop = np.maximum(back, issued - issued_f + last_kernel[rows, None]) / vp + g["p2p"][rows, None]
+            for s in range(pp - 2, -1, -1):
+                done[:, s] = np.maximum(done[:, s], done[:, s + 1] + hop[:, s + 1])
+            host_forwards[rows] = np.where(gpipe[rows], (done + M[rows, None] * back + below).max(axis=1), 0.0)
+            host_opens[rows] = np.where(gpipe[rows], done[:, 0], 0.0)
         # the module docstring's pipeline
         pipeline = M * period + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
         pipeline = np.where(blocking, lockstep, pipeline)
@@ -209,22 +268,26 @@ class FastEstimator:
             megatron, _first_chunk_exposed(g, f, "grad", tb, hop_b, v, p), _exposed(grad, buckets, tb, v, p)
         )
         last_bwd = np.where(overlap_grad, exposed_b, g["grad_whole"])
-        # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP stream,
-        # whose window opens at the first stage's first backward: micro-batch 0 down the pipeline
-        # and back up (`fill`; under GPipe after the last stage's M forwards)
-        first_bwd = fill + 2 * (p - 1) * g["p2p"]
-        backlog = M * grad - (pipeline - first_bwd)
-        zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), 0.0)  # else inside the stages
-        exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
         exposed_f = np.where(
             zero == 1, _first_chunk_exposed(g, f, "gather", tf, hop_f, v, p), _exposed(gather, buckets, tf, v, p)
         )
-        gathered = np.where(c["overlap_param"] > 0, exposed_f, g["gather_whole"])
-        exposed_gather = np.where((zero == 1) | (zero == 2), gathered, 0.0)
-        fsdp = _fsdp_step(f, g, self.model, M)
-        step = np.where((zero == 3) & sync & (p == 1), fsdp, pipeline + exposed_grad + exposed_gather)
-        step = step + g["weight_cast"]  # Transformer Engine's once-per-step FP8 weight casts, every chunk's
-        return step + g["tail"] + kernels * self.system.gpu.kernel_launch_overhead_s
+        # overlapped behind the first forward, else all at once after the optimizer step
+        gather_before = np.where(((zero == 1) | (zero == 2)) & (c["overlap_param"] > 0), exposed_f, 0.0)
+        gather_after = np.where(((zero == 1) | (zero == 2)) & (c["overlap_param"] == 0), g["gather_whole"], 0.0)
+        # the passes end with the latest of the module docstring's host bounds
+        host_end = np.maximum(host_s, host_forwards + launch_s)
+        passes_end = np.maximum(pipeline + np.maximum(gather_before + launch_s, host_leads), host_end)
+        # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP stream, whose
+        # window opens at the first stage's first backward: micro-batch 0 down the pipeline and back up
+        # (`fill`; under GPipe after the last stage's M forwards, or its host's)
+        opens = np.maximum(fill + 2 * (p - 1) * g["p2p"] + gather_before, host_opens) + launch_s
+        backlog = M * grad - (passes_end - opens)
+        zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), 0.0)  # else inside the stages
+        exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
+        # ZeRO-3 without pipelining: the embedding's reduce-scatter ends the step (_fsdp_step)
+        fsdp = np.maximum(_fsdp_step(f, g, self.model, M) + launch_s, host_end + g["rs_e"])
+        step = np.where((zero == 3) & sync & (p == 1), fsdp, passes_end + exposed_grad + gather_after)
+        return step + g["weight_cast"] + g["tail"]  # Transformer Engine's once-per-step FP8 weight casts
 
     def _fsdp_stages(
         self,
@@ -235,7 +298,7 @@ class FastEstimator:
         g: dict[str, np.ndarray],
         rows: np.ndarray,
         sched: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Seconds per micro-batch of each stage (columns) for ZeRO-3 rows with pipeline parallelism:
         each chunk's forward and backward pass unit by unit beside the DP stream (_fsdp_pass), (1)
         back to back as in the steady state, where a forward after a backward inherits its trailing
@@ -243,7 +306,7 @@ class FastEstimator:
         a wait for their input that hid their first gathers (the fill and drain)."""
         job = self._job(base, pp=pp, vp=vp)
         gpipe = sched[rows] == SCHEDULES.index("gpipe")
-        out, waited = np.zeros((rows.shape[0], pp)), np.zeros((rows.shape[0], pp))
+        out, waited, backs = (np.zeros((rows.shape[0], pp)) for _ in range(3))
         zero = np.zeros(rows.shape[0])
         for s in range(pp):
             for chunk in range(vp):
@@ -256,11 +319,12 @@ class FastEstimator:
                 backward, left = _fsdp_pass(cb, ag[::-1], rs, np.where(gpipe, left, zero))  # GPipe's steady state
                 forward, _ = _fsdp_pass(cf, ag, None, np.where(gpipe, zero, left))
                 out[:, s] += forward + backward
+                backs[:, s] += backward
                 waited[:, s] += _fsdp_pass(cf, ag, None, zero, True)[0] + _fsdp_pass(cb, ag[::-1], rs, zero, True)[0]
-        return out, waited
+        return out, waited, backs
 
-    def _stage_layers(self, base: PlanConfig, pp: int, vp: int) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
-        """Dense and MoE layers of each pipeline stage, and (dense, MoE) layers of the first chunk."""
+    def _stage_layers(self, base: PlanConfig, pp: int, vp: int) -> tuple[np.ndarray, np.ndarray]:
+        """Dense and MoE layers of each pipeline stage."""
         m = self.model
         shaped = base.model_copy(update={"pipeline_parallel": pp, "virtual_pipeline": vp})
         per_virtual = shaped.virtual_stage_layers(m.num_layers)
@@ -268,11 +332,7 @@ class FastEstimator:
         moe_virtual = m.moe_layers_before(starts[1:]) - m.moe_layers_before(starts[:-1])
         layers = np.asarray(per_virtual).reshape(vp, pp).sum(axis=0)
         moe_n = moe_virtual.reshape(vp, pp).sum(axis=0)
-        return (
-            (layers - moe_n).astype(np.float64),
-            moe_n.astype(np.float64),
-            (per_virtual[0] - int(moe_virtual[0]), int(moe_virtual[0])),
-        )
+        return (layers - moe_n).astype(np.float64), moe_n.astype(np.float64)
 
     # -- per distinct value: unit costs and group costs ------------------------------------------
     def _unit_columns(self, t: PlanTable) -> dict[str, np.ndarray]:
@@ -280,16 +340,14 @@ class FastEstimator:
         base = t.base
         per_chunk = base.recompute_method == "block" or base.recompute_every > 1  # memory.full_recompute_share
         keys, inverse = _distinct(t, _LAYER_KEY + (_CHUNK_KEY if per_chunk else ()))
-        names = ("lf", "lb", "ef", "eb", "hf", "hb", "mf", "mb")
-        rows: dict[str, list[float]] = {k: [] for k in (*names, "kernels_lf", "kernels_mf", "kernels_ef")}
+        rows: dict[str, list[float]] = {k: [] for n in UNIT_PASSES for k in (n, f"k_{n}", f"c_{n}")}
         for key in keys:
             u = self._unit_costs(t.base, key)
             passes = (u.layer_fwd, u.layer_bwd, u.embed_fwd, u.embed_bwd, u.head_fwd, u.head_bwd, u.moe_fwd, u.moe_bwd)
-            for name, pc in zip(names, passes, strict=True):
+            for name, pc in zip(UNIT_PASSES, passes, strict=True):
                 rows[name].append(pc.compute_s + pc.comm_s)
-            rows["kernels_lf"].append(u.layer_fwd.kernels)
-            rows["kernels_mf"].append(u.moe_fwd.kernels)
-            rows["kernels_ef"].append(u.embed_fwd.kernels)
+                rows[f"k_{name}"].append(pc.kernels)
+                rows[f"c_{name}"].append(pc.comm_s)
         return {k: np.asarray(v, dtype=np.float64)[inverse] for k, v in rows.items()}
 
     def _unit_costs(self, base: PlanConfig, key: tuple[int, ...]) -> UnitCosts:

@@ -44,6 +44,14 @@ def weight_bytes(job: Job) -> int:
     return 4 if job.plan.dtype == "fp32" else 2
 
 
+def host_launch_split(kernels: int, launch_s: float) -> tuple[float, float]:
+    """Host seconds to issue the first of a segment's `kernels` and the rest, at `launch_s` each
+    (GPUSpec.kernel_launch_overhead_s): what its first kernel waits for, and what its last waits
+    for beyond that (TransformerStepBuilder._run_segment)."""
+    first = min(kernels, 1)
+    return first * launch_s, (kernels - first) * launch_s
+
+
 def optimizer_step_bytes(job: Job, params: float) -> float:
     """HBM traffic of a fused Adam step over `params` local parameters (apex/TE FusedAdam): read
     the fp32 master weight, the gradient (plan.grad_bytes) and m, v; write the master weight and
@@ -440,11 +448,21 @@ class TransformerStepBuilder:
         return out
 
     def _run_segment(self, stage: int, name: str, key: SegmentKey, deps: list[int]) -> tuple[int, int]:
-        """Launch on the host, then compute (+ blocking TP/CP comm) on the stream; (first, last) task."""
+        """Launch on the host, then compute (+ blocking TP/CP comm) on the stream; (first, last) task.
+
+        The host issues the segment's n kernels one by one, h seconds each, while the stream runs
+        the ones already issued: the first kernel waits for its own launch only, the last for all n
+        (host_launch_split). With n kernels of equal length c that is exact: the segment ends at
+        max(h + n·c, n·h + c), GPU-bound or host-bound; kernels of unequal length are taken at their
+        mean (an approximation)."""
         g, p = self.g, self.job.plan
-        host = self._task(("launch", key), f"launch.{name}", g.resource(stage, "host"), Category.HOST, "host_launch")
+        host = g.resource(stage, "host")
+        first_launch = self._task(("launch", key, "first"), f"launch.{name}", host, Category.HOST, "host_launch")
+        rest_launch = self._task(("launch", key, "rest"), f"launch.{name}.rest", host, Category.HOST, "host_launch")
         comp = g.resource(stage, "compute")
-        first = last = self._task(("compute", key), name, comp, Category.COMPUTE, "transformer", [host, *deps])
+        kernels = Category.COMPUTE, "transformer"
+        first = self._task(("compute", key, "body"), name, comp, *kernels, [first_launch, *deps])
+        last = self._task(("compute", key, "last"), f"{name}.last", comp, *kernels, [rest_launch])
         if p.tensor_parallel > 1 or p.context_parallel > 1 or self.job.model.is_moe:
             last = self._task(("comm", key), f"{name}.tp_comm", comp, Category.COMMUNICATION, "tp_collective")
         return first, last
@@ -474,8 +492,12 @@ class TransformerStepBuilder:
             stage, chunk, forward, split, j = args[0]
             cost = self._segments_of(stage, chunk, forward, split)[j][0]
             if kind == "launch":
-                return cost.kernels * self.stage_gpus[stage].kernel_launch_overhead_s
-            return cost.compute_s if kind == "compute" else cost.comm_s
+                first_s, rest_s = host_launch_split(cost.kernels, self.stage_gpus[stage].kernel_launch_overhead_s)
+                return first_s if args[1] == "first" else rest_s
+            if kind == "compute":
+                body_share = (cost.kernels - 1) / cost.kernels if cost.kernels > 1 else 0.0
+                return cost.compute_s * (body_share if args[1] == "body" else 1.0 - body_share)
+            return cost.comm_s
         costs = self.stage_costs[args[0]]
         if kind == "collective":
             op, nbytes, group = args[1:]
