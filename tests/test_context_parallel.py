@@ -1,7 +1,7 @@
 """Context parallelism as each implementation runs it (plan.cp_comm, workloads/transformer_ops.py
 `_cp_attention`, `_cp_merge`, `_cp_exchange`, `_cp_backward`): the kernel calls, the merge kernels'
 bytes, the exchanges and what of them is exposed, all by hand on test_golden's linear calibration;
-the frameworks' choices; the memory.
+the fast path against the graph; the frameworks' choices; the memory.
 
 The hand job: test_golden's one-layer GPT (4 heads of 16, 32 tokens, bf16: e = 2) with 2 key-value
 groups, cp 4 on one node: 8 local tokens. Its output O and query Q hold 4 · 8 · 16 = 512 elements;
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import fast_vs_graph, plan_of
 from test_golden import LINK, PEAK, linear_calibration
 from test_step_by_hand import job
 from typer.testing import CliRunner
@@ -144,6 +145,18 @@ def test_memory_is_the_same_whatever_the_exchange():
     # output for backward (ctx.save_for_backward); their transient buffers are not modelled
     estimates = {estimate_memory(cp_job(c)).total_bytes for c in CP_COMMS}
     assert len(estimates) == 1
+
+
+@pytest.mark.parametrize("cp_comm", CP_COMMS)
+def test_fast_path_agrees_with_graph_on_context_parallel_plans(cp_comm):
+    plans = [
+        plan_of(tp, pp, cp, "1f1b", 1, cp_comm=cp_comm, sequence_parallel=tp > 1, flash_attention=True)
+        for tp in (1, 2)
+        for pp in (1, 2)
+        for cp in (2, 4)
+    ]
+    valid, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-h100", "num_nodes": 2}, plans)
+    assert len(valid) == 8 and rel.max() < 0.02
 
 
 def test_launch_settings_name_the_exchange():
