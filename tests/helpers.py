@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
+import json
+from functools import cache
+from typing import Any
 
+import numpy as np
+from typer.testing import CliRunner
+
+from itercast.cli import app
 from itercast.config.job import Job
 from itercast.workloads.transformer import PassCost, TransformerStepBuilder, UnitCosts
 
@@ -81,3 +87,13 @@ def fast_vs_graph(model: str, system: dict, plans: list[dict]) -> tuple[list[Job
     valid = [j for j in jobs if j is not None]
     exact = np.array([predict(j).step_time_s for j in valid])
     return valid, np.abs(fe.step_time_s(valid) / exact - 1)
+
+
+@cache
+def searched_top_plan(framework: str, *extra: str) -> dict[str, Any]:
+    """The plan `itercast search --example --framework framework *extra` ranks first (one search per
+    distinct call: several tests read fields of the same plan)."""
+    args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework, *extra]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)["plans"][0]["plan"]

@@ -11,10 +11,8 @@ groups to the 4 query heads before SDPA) 8 · 4 · 2 · 16 = 1,024.
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from helpers import fast_vs_graph, plan_of
+from helpers import fast_vs_graph, plan_of, searched_top_plan
 from test_golden import LINK, PEAK, linear_calibration
 from test_step_by_hand import job
 from typer.testing import CliRunner
@@ -184,10 +182,7 @@ def test_an_exchange_the_framework_cannot_run_is_a_one_line_error(framework, cp_
 
 @pytest.mark.parametrize(("framework", "cp_comm"), [("torchtitan", "torch_allgather"), ("nemo", "p2p")])
 def test_the_search_prices_the_exchange_its_framework_runs(framework, cp_comm):
-    args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["plans"][0]["plan"]["cp_comm"] == cp_comm
+    assert searched_top_plan(framework)["cp_comm"] == cp_comm
 
 
 def test_each_ring_call_pays_the_kernel_latency():

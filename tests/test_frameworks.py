@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import searched_top_plan
 from typer.testing import CliRunner
 
 from itercast.cli import app
@@ -186,10 +187,7 @@ def test_a_loss_the_framework_cannot_run_is_a_one_line_error(framework, loss, me
     ("framework", "loss"), [("nemo", "megatron_fused"), ("torchtitan", "torch"), ("megatron-core", "megatron")]
 )
 def test_the_search_prices_the_loss_its_framework_runs(framework, loss):
-    args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["plans"][0]["plan"]["cross_entropy"] == loss
+    assert searched_top_plan(framework)["cross_entropy"] == loss
 
 
 def test_default_headroom_by_hand():
@@ -221,10 +219,7 @@ def test_headroom_excludes_plans_and_is_shown():
     ],
 )
 def test_the_search_prices_the_attention_kernel_its_framework_runs(framework, extra, kernel):
-    args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework, *extra]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["plans"][0]["plan"]["attention_kernel"] == kernel
+    assert searched_top_plan(framework, *extra)["attention_kernel"] == kernel
 
 
 def test_megatron_cores_bucket_grows_with_the_data_parallel_ranks():
@@ -245,16 +240,12 @@ def test_megatron_cores_bucket_grows_with_the_data_parallel_ranks():
 def test_the_search_prices_each_frameworks_gradient_bucket(framework, bucket):
     # torch DDP: bucket_cap_mb 25 of fp32 gradients = 6,553,600; DeepSpeed: reduce_bucket_size 5e8;
     # Megatron-Core: its DP-scaled default (left out)
-    args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["plans"][0]["plan"]["grad_bucket_size_params"] == bucket
+    plan = searched_top_plan(framework)
+    assert plan["grad_bucket_size_params"] == bucket
     # ZeRO-3's memory: DeepSpeed's per-submodule fetch, everyone else FSDP's per-layer one
-    assert json.loads(result.output)["plans"][0]["plan"]["zero3_fetch"] == (
-        "deepspeed" if framework == "deepspeed" else "layer"
-    )
+    assert plan["zero3_fetch"] == ("deepspeed" if framework == "deepspeed" else "layer")
     if framework == "torchtitan":  # its selective checkpointing is per op, the only kind it has
-        assert json.loads(result.output)["plans"][0]["plan"]["selective_recompute"] == "op"
+        assert plan["selective_recompute"] == "op"
 
 
 def test_zero3_plans_are_not_repeated_for_overlap_switches_that_do_not_act():
