@@ -12,7 +12,14 @@ from itercast.memory import estimate_memory
 from itercast.parallel.plan_table import PlanTable
 from itercast.parallel.schedules import in_flight_microbatches, schedule
 from itercast.predict import predict
-from itercast.search.fast_estimate import FastEstimator, _bucket_tails, _first_chunk_exposed, _fsdp_pass
+from itercast.search.fast_estimate import (
+    FastEstimator,
+    _beside,
+    _bucket_tails,
+    _first_chunk_exposed,
+    _fsdp_pass,
+    _slowed,
+)
 from itercast.sim.engine import simulate
 
 
@@ -123,6 +130,27 @@ def test_a_zero3_pass_unit_by_unit_by_hand():
     assert (waited[0][0], waited[1][0]) == (4.5, 0.5)
     # a forward has no reduce-scatters: units at 2-3, 4-5, 6-7
     assert _fsdp_pass(one, [np.array([2.0])] * 3, None, np.array([0.0]))[0][0] == 7.0
+
+
+def test_compute_beside_one_collective_by_hand():
+    """s = 0.2 (sim/contention.py's fluid model). 10 ms of compute beside 4 ms of communication from
+    a common start: 4 ms at 1/1.2 of the rate do 3.333 ms, the 6.667 ms left run alone: 10.667 ms =
+    10 + 0.2/1.2 · 4. Beside 20 ms: slowed throughout, 10 × 1.2 = 12 ms, and both end at 20 ms."""
+    ms = np.array([10.0]) * 1e-3
+    assert _slowed(ms, np.array([4e-3]), 0.2)[0] == pytest.approx(10e-3 + 4e-3 / 6)
+    assert _slowed(ms, np.array([20e-3]), 0.2)[0] == pytest.approx(12e-3)
+    assert _beside(ms, np.array([20e-3]), 0.2)[0] == pytest.approx(20e-3)
+    assert _beside(ms, np.array([4e-3]), 0.0)[0] == pytest.approx(10e-3)  # s = 0: max(compute, comm)
+
+
+def test_a_zero3_pass_beside_its_dp_stream_by_hand():
+    """test_a_zero3_pass_unit_by_unit_by_hand's pass at s = 0.2: unit 0 at 2 beside gather 1 (to 4):
+    1 × 1.2, ends 3.2; its reduce-scatter 4-4.5, gather 2 4.5-6.5. Unit 1 at 4 beside the stream to
+    6.5: 1.2, ends 5.2; its reduce-scatter 6.5-7. Unit 2 at 6.5 beside 0.5 s of it: 1 + 0.5/6, ends
+    7.5833; its reduce-scatter 7.5833-8.0833: 0.5 s left."""
+    one = [np.array([1.0])] * 3
+    end, left = _fsdp_pass(one, [np.array([2.0])] * 3, [np.array([0.5])] * 3, np.array([0.0]), slowdown=[0.2] * 3)
+    assert end[0] == pytest.approx(6.5 + 1 + 0.5 / 6) and left[0] == pytest.approx(0.5)
 
 
 def _zero1_exposed(label: str, buckets: list[tuple[float, list[str]]], unit_s: dict[str, float]) -> float:

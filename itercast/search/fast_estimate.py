@@ -51,6 +51,16 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                      hop as the host issues it; then M backwards back to back and the stages below.
                    Exact for one segment of n kernels of c seconds: max(h + n c, n h + c); between the
                    bounds (host and stream alike busy) an approximation (tests/test_fast_estimate.py)
+    contention     compute beside DP communication on another stream runs at 1/(1 + s) of its rate
+                   (GPUSpec.overlap_compute_slowdown, sim/contention.py): c seconds beside a seconds
+                   from a common start take min(c (1 + s), c + s/(1 + s) a) (_slowed, exact), s scaled
+                   by a pass's compute share (_contended). ZeRO-3 unit by unit (_fsdp_pass: beside
+                   what its DP stream holds when the unit starts, exact there; _fsdp_step: beside its
+                   gathers and reduce-scatters); Megatron-Core's buckets: the first forward beside the
+                   gathers it hides, the last backward beside the reductions it hides (their end holds,
+                   what shows shrinks); ZeRO-2: the stream's window beside the M reductions. Pipeline
+                   sends beside the passes are not counted (graph: ~1-2 sends' worth per micro-batch
+                   and chunk, under 2.4% of the grid's steps at s = 0.189).
 Approximations: stages are uniform but for the embedding and head, sends cost the same on every
 hop, and a pass either runs back to back or waits long enough. tests/test_fast_estimate.py bounds
 the disagreement with the graph simulation (every plan of its grids within 2%).
@@ -163,6 +173,7 @@ class FastEstimator:
         host_opens = np.zeros(len(t))  # GPipe: the first stage's first backward, after the hosts' M forwards
         host_leads = np.zeros(len(t))  # how far stage 0's host holds micro-batch 0 back beyond its stream
         launch_s = self.system.gpu.kernel_launch_overhead_s
+        slowdown = self.system.gpu.overlap_compute_slowdown  # compute beside DP communication (sim/contention.py)
         last_kernel = f["lb"] / np.maximum(f["k_lb"], 1.0)  # a layer backward's mean kernel
         kernels = {n: f[f"k_{n}"] for n in UNIT_PASSES}  # kernels of one pass of each unit
         comms = {n: f[f"c_{n}"] for n in UNIT_PASSES}  # blocking communication of one pass of each unit
@@ -276,16 +287,33 @@ class FastEstimator:
         gather_after = np.where(((zero == 1) | (zero == 2)) & (c["overlap_param"] == 0), g["gather_whole"], 0.0)
         # the passes end with the latest of the module docstring's host bounds
         host_end = np.maximum(host_s, host_forwards + launch_s)
-        passes_end = np.maximum(pipeline + np.maximum(gather_before + launch_s, host_leads), host_end)
+        # the first forward beside the gathers it hides, the last backward beside the reductions it
+        # hides (Megatron-Core's buckets): each pass as one beside one collective (_slowed)
+        s_f = _contended(f["lf"], f["c_lf"], slowdown)
+        s_b = _contended(f["lb"], f["c_lb"], slowdown)
+        hidden_f = np.where(gather_before > 0, np.maximum(gather - gather_before, 0.0), 0.0)
+        hidden_b = np.where(megatron & overlap_grad & sync, np.maximum(grad - exposed_b, 0.0), 0.0)
+        stretch_b = _slowed(tb, hidden_b, s_b) - tb
+        stretch = _slowed(tf, hidden_f, s_f) - tf + stretch_b
+        # the reductions' end holds still while they outlast the pass: its stretch shortens what shows
+        last_bwd = np.where(megatron & overlap_grad, np.maximum(last_bwd - stretch_b, 0.0), last_bwd)
+        stream_end = pipeline + stretch + np.maximum(gather_before + launch_s, host_leads)
         # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP stream, whose
         # window opens at the first stage's first backward: micro-batch 0 down the pipeline and back up
         # (`fill`; under GPipe after the last stage's M forwards, or its host's)
         opens = np.maximum(fill + 2 * (p - 1) * g["p2p"] + gather_before, host_opens) + launch_s
+        # its M reductions run beside the stream's passes in the window, which _slowed stretches (as one
+        # pass beside one collective: the reductions' gaps and the passes' bubbles unaccounted, an
+        # approximation); a host-bound step absorbs the stretch in its stream's idle gaps
+        window = np.maximum(stream_end - opens, 0.0)
+        layer_s = _contended(f["lf"] + f["lb"], f["c_lf"] + f["c_lb"], slowdown)
+        stream_end += np.where((zero == 2) & overlap_grad, _slowed(window, M * grad, layer_s) - window, 0.0)
+        passes_end = np.maximum(stream_end, host_end)
         backlog = M * grad - (passes_end - opens)
         zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), 0.0)  # else inside the stages
         exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
         # ZeRO-3 without pipelining: the embedding's reduce-scatter ends the step (_fsdp_step)
-        fsdp = np.maximum(_fsdp_step(f, g, self.model, M) + launch_s, host_end + g["rs_e"])
+        fsdp = np.maximum(_fsdp_step(f, g, self.model, M, slowdown) + launch_s, host_end + g["rs_e"])
         step = np.where((zero == 3) & sync & (p == 1), fsdp, passes_end + exposed_grad + gather_after)
         return step + g["weight_cast"] + g["tail"]  # Transformer Engine's once-per-step FP8 weight casts
 
@@ -305,6 +333,7 @@ class FastEstimator:
         reduce-scatters (1F1B, interleaved) and under GPipe backwards follow backwards; (2) after
         a wait for their input that hid their first gathers (the fill and drain)."""
         job = self._job(base, pp=pp, vp=vp)
+        slowdown = self.system.gpu.overlap_compute_slowdown
         gpipe = sched[rows] == SCHEDULES.index("gpipe")
         out, waited, backs = (np.zeros((rows.shape[0], pp)) for _ in range(3))
         zero = np.zeros(rows.shape[0])
@@ -313,14 +342,18 @@ class FastEstimator:
                 kinds = [k[0] for k in unit_kinds(job, s, chunk)]
                 cf = [f[f"{k}f"][rows] for k in kinds]
                 cb = [f[f"{k}b"][rows] for k in kinds[::-1]]
+                sf = [_contended(cf[i], f[f"c_{k}f"][rows], slowdown) for i, k in enumerate(kinds)]
+                sb = [_contended(cb[i], f[f"c_{k}b"][rows], slowdown) for i, k in enumerate(kinds[::-1])]
                 ag = [g[f"ag_{k}"][rows] for k in kinds]
                 rs = [g[f"rs_{k}"][rows] for k in kinds[::-1]]
-                backward, left = _fsdp_pass(cb, ag[::-1], rs, zero)
-                backward, left = _fsdp_pass(cb, ag[::-1], rs, np.where(gpipe, left, zero))  # GPipe's steady state
-                forward, _ = _fsdp_pass(cf, ag, None, np.where(gpipe, zero, left))
+                backward, left = _fsdp_pass(cb, ag[::-1], rs, zero, slowdown=sb)
+                backward, left = _fsdp_pass(cb, ag[::-1], rs, np.where(gpipe, left, zero), slowdown=sb)  # GPipe
+                forward, _ = _fsdp_pass(cf, ag, None, np.where(gpipe, zero, left), slowdown=sf)
                 out[:, s] += forward + backward
                 backs[:, s] += backward
-                waited[:, s] += _fsdp_pass(cf, ag, None, zero, True)[0] + _fsdp_pass(cb, ag[::-1], rs, zero, True)[0]
+                waited[:, s] += (
+                    _fsdp_pass(cf, ag, None, zero, True, sf)[0] + _fsdp_pass(cb, ag[::-1], rs, zero, True, sb)[0]
+                )
         return out, waited, backs
 
     def _stage_layers(self, base: PlanConfig, pp: int, vp: int) -> tuple[np.ndarray, np.ndarray]:
@@ -523,6 +556,7 @@ def _fsdp_pass(
     reduce: list[np.ndarray] | None,
     backlog: np.ndarray,
     waited: bool = False,
+    slowdown: Sequence[np.ndarray | float] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """One pass of units under ZeRO-3, in the graph's stream order (workloads/transformer.py): on the
     DP stream the first two units' gathers once the pass before has ended (after `backlog`
@@ -531,7 +565,10 @@ def _fsdp_pass(
     before it has ended and its parameters are gathered. Returns the seconds from the end of the
     pass before to the end of this one, and the DP work still running then. `waited`: the pass
     waited for its input longer than the backlog and its first two gathers took (a pass off the
-    steady state's critical stage): the seconds from its start."""
+    steady state's critical stage): the seconds from its start. `slowdown`: each unit's s
+    (_contended; none: 0); a unit's compute beside the DP work queued when it starts
+    (the stream is busy from then to `free`: what the unit's end queues runs after it) takes
+    _slowed's seconds, exact in the fluid model of sim/contention.py."""
     free = backlog + gather[0]  # the DP stream, from the end of the pass before
     ready = [free]
     if len(compute) > 1:
@@ -541,7 +578,8 @@ def _fsdp_pass(
         free, ready = np.zeros_like(backlog), [np.zeros_like(backlog)] * len(ready)
     end = np.zeros_like(backlog)
     for j, seconds in enumerate(compute):
-        end = np.maximum(end, ready[j]) + seconds
+        start = np.maximum(end, ready[j])
+        end = start + _slowed(seconds, np.maximum(free - start, 0.0), slowdown[j] if slowdown else 0.0)
         if reduce is not None:
             free = np.maximum(free, end) + reduce[j]
         if j + 2 < len(compute):
@@ -550,12 +588,40 @@ def _fsdp_pass(
     return end, np.maximum(free - end, 0.0)
 
 
-def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], m: ModelConfig, M: np.ndarray) -> np.ndarray:
+def _slowed(compute_s: np.ndarray, comm_s: np.ndarray, slowdown: np.ndarray | float) -> np.ndarray:
+    """Seconds of `compute_s` of compute that starts beside `comm_s` of communication on another
+    stream, at s = `slowdown` (sim/contention.py: 1/(1 + s) of its rate while both run). Overlapped
+    throughout (comm_s ≥ compute_s (1 + s)): compute_s (1 + s); else comm_s of it at the slow rate
+    do comm_s/(1 + s) of the work and the rest runs alone: compute_s + s/(1 + s) · comm_s. A pass
+    with a share b of blocking communication (not slowed) takes x (1 + s) + y overlapped throughout:
+    s (1 − b) in place of s (_contended), its kernels taken as evenly mixed, an approximation."""
+    return np.minimum(compute_s * (1 + slowdown), compute_s + slowdown / (1 + slowdown) * comm_s)
+
+
+def _contended(pass_s: np.ndarray, blocking_s: np.ndarray, slowdown: float) -> np.ndarray:
+    """The s of a pass of pass_s seconds of which blocking_s are communication on its own stream (_slowed)."""
+    return slowdown * (1 - blocking_s / np.maximum(pass_s, 1e-300))
+
+
+def _beside(compute_s: np.ndarray, comm_s: np.ndarray, slowdown: np.ndarray | float) -> np.ndarray:
+    """Seconds until both end: compute and communication started together (_slowed)."""
+    return np.maximum(comm_s, _slowed(compute_s, comm_s, slowdown))
+
+
+def _fsdp_step(
+    f: dict[str, np.ndarray], g: dict[str, np.ndarray], m: ModelConfig, M: np.ndarray, slowdown: float
+) -> np.ndarray:
     """ZeRO-3 with pipeline_parallel 1, in the graph's stream order. Each pass starts with its first
     unit's gather exposed; a unit runs beside the next unit's gather, and in backward beside the
     previous unit's reduce-scatter too (one DP stream); the embedding's reduce-scatter ends each
     micro-batch, ahead of the next forward's first gather. An MoE model's layers are priced as
-    their mean (dense and MoE layers in proportion), an approximation."""
+    their mean (dense and MoE layers in proportion), an approximation. Each unit beside its
+    communication, from a common start, takes _beside(compute, communication) (the gather was issued
+    a unit earlier, behind the DP stream's work: started together, an approximation)."""
+
+    def beside(unit: str, compute_s: np.ndarray, comm_s: np.ndarray) -> np.ndarray:
+        return _beside(compute_s, comm_s, _contended(f[unit], f[f"c_{unit}"], slowdown))
+
     moe_share = m.num_moe_layers / m.num_layers
     layers = m.num_layers
 
@@ -564,16 +630,16 @@ def _fsdp_step(f: dict[str, np.ndarray], g: dict[str, np.ndarray], m: ModelConfi
 
     c_l, c_e, c_h = mean(f["lf"], f["mf"]), f["ef"], f["hf"]
     a_l, a_e, a_h = mean(g["ag_l"], g["ag_m"]), g["ag_e"], g["ag_h"]
-    fwd = a_e + np.maximum(c_e, a_l) + (layers - 1) * np.maximum(c_l, a_l) + np.maximum(c_l, a_h) + c_h
+    fwd = a_e + beside("ef", c_e, a_l) + (layers - 1) * beside("lf", c_l, a_l) + beside("lf", c_l, a_h) + c_h
     b_l, b_e, b_h = mean(f["lb"], f["mb"]), f["eb"], f["hb"]
     r_l, r_e, r_h = mean(g["rs_l"], g["rs_m"]), g["rs_e"], g["rs_h"]
     bwd = (
         a_h
-        + np.maximum(b_h, a_l)
-        + np.maximum(b_l, r_h + a_l)
-        + np.maximum(layers - 2, 0) * np.maximum(b_l, r_l + a_l)
-        + np.maximum(b_l, r_l + a_e)
-        + np.maximum(b_e, r_l)
+        + beside("hb", b_h, a_l)
+        + beside("lb", b_l, r_h + a_l)
+        + np.maximum(layers - 2, 0) * beside("lb", b_l, r_l + a_l)
+        + beside("lb", b_l, r_l + a_e)
+        + beside("eb", b_e, r_l)
         + r_e
     )
     return M * (fwd + bwd)
