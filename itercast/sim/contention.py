@@ -45,9 +45,9 @@ def simulate_with_contention(graph: ExecGraph, slowdown_per_rank: np.ndarray) ->
     sim = simulate(graph)
     if not stretch.any():
         return sim
-    base = graph.duration_s
+    base, comm = graph.duration_s, graph.category == Category.COMMUNICATION
     for _ in range(MAX_ROUNDS):
-        overlap_s = overlapped_s(sim, graph.category == Category.COMMUNICATION, rank_of_task)
+        overlap_s = overlapped_s(sim, comm, rank_of_task)
         new = simulate(graph.with_durations(base + stretch * overlap_s))
         moved = abs(new.step_time_s - sim.step_time_s)
         sim = new

@@ -312,28 +312,24 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         fam[label] = fam.get(label, 0.0) + sec
         kernels += op.count
     for op in ops:
-        if op.family in COMM_FAMILIES:
-            sec = costs.collective_s(op.comm_kind, op.amount, getattr(groups, op.group))
-            if op.overlaps:
-                sec = max(0.0, sec - kernel_s[op.overlaps])
-            comm += sec
-            label = f"{op.group}_{op.comm_kind}"
-            fam[label] = fam.get(label, 0.0) + sec
-            kernels += 1
-        elif op.family == "cp_comm" and op.comm_kind == "p2p":  # ring steps overlap the attention kernels
+        if op.family == "cp_comm" and op.comm_kind == "p2p":  # ring steps overlap the attention kernels
             cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)
-        elif op.family == "cp_comm":  # a send or collectives over the CP group: exposed beyond the kernel beside
-            cross = not groups.cp.intra_node
-            one = (
-                costs.p2p_s(op.amount, cross)
-                if op.comm_kind == "send"
-                else costs.collective_s(op.comm_kind, op.amount, groups.cp)
-            )
-            sec = op.count * one
-            sec = max(0.0, sec - kernel_s[op.overlaps]) if op.overlaps else sec
-            comm += sec
-            fam[f"cp_{op.comm_kind}"] = fam.get(f"cp_{op.comm_kind}", 0.0) + sec
-            kernels += op.count
+            continue
+        if op.family in COMM_FAMILIES:
+            group, one = op.group, costs.collective_s(op.comm_kind, op.amount, getattr(groups, op.group))
+        elif op.family == "cp_comm" and op.comm_kind == "send":  # a CP send waited at once: exposed
+            group, one = "cp", costs.p2p_s(op.amount, not groups.cp.intra_node)
+        elif op.family == "cp_comm":  # collectives over the CP group
+            group, one = "cp", costs.collective_s(op.comm_kind, op.amount, groups.cp)
+        else:
+            continue
+        sec = op.count * one
+        if op.overlaps:  # exposed beyond the kernel it runs beside
+            sec = max(0.0, sec - kernel_s[op.overlaps])
+        comm += sec
+        label = f"{group}_{op.comm_kind}"
+        fam[label] = fam.get(label, 0.0) + sec
+        kernels += op.count
     exposed_cp = max(0.0, cp_ring - attention)  # approximation: the ring hides behind attention
     if exposed_cp:
         fam["cp_p2p_exposed"] = exposed_cp
