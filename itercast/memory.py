@@ -276,7 +276,9 @@ def zero3_live_columns(m: ModelConfig, t: PlanTable) -> tuple[np.ndarray, np.nda
     submodules' order not modelled: an upper bound). Backward, a module's full 16-bit gradient waits in
     the reduce bucket until the next gradient arrives, and is partitioned only then
     (reduce_independent_p_g_buckets_and_remove_grads, partition_previous_reduced_grads): the newest
-    gradient beside the previous module's (below DS_REDUCE_BUCKET, up to a bucket of them)."""
+    gradient beside the previous module's (below DS_REDUCE_BUCKET, up to a bucket of them). Not counted:
+    DeepSpeed's gathered embedding and output layer (vocab × hidden, beside no layer module: under 5h²
+    at GPT-3 530B's shapes) and the flattened bucket copy on its reduction stream (an underestimate)."""
     tp, zero3 = t.cols["tp"], t.cols["zero"] >= 3
     layer = m.layer_sharded_params(m.is_moe) / tp + m.layer_replicated_params(m.is_moe)
     layer = layer + (m.expert_params_per_rank(t.cols["ep"], t.cols["etp"]) if m.is_moe else 0)
