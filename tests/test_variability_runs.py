@@ -19,7 +19,9 @@ from itercast.stochastic.variability import (
     VariabilityModel,
     ar1,
     ar1_mean_variance_factor,
+    graph_attribution,
     graph_distribution,
+    graph_sensitivity,
 )
 
 NO_FAILURES = FailureModel(mtbf_per_gpu_s=math.inf, checkpoint_s=0.0, restart_s=0.0)
@@ -126,6 +128,12 @@ def test_cli_across_runs_and_a_bad_correlation():
     pooled = json.loads(CliRunner().invoke(app, [*args, "--run-cv", "0.05", "--across-runs"]).stdout)
     assert not one["across_runs"] and pooled["across_runs"] and pooled["model"]["run_cv"] == 0.05
     assert pooled["p99_s"] - pooled["p50_s"] > one["p99_s"] - one["p50_s"]
+    # the run level is a source of the attribution across runs only; within one run a note says so
+    assert "run_cv" in [r["source"] for r in pooled["attribution"]] and pooled["notes"] == []
+    assert "run_cv" not in [r["source"] for r in one["attribution"]]
+    assert len(one["notes"]) == 1 and "run level (--run-cv 0.05) not in" in one["notes"][0]
+    table = CliRunner().invoke(app, [*args[:-1], "--run-cv", "0.05"])
+    assert table.exit_code == 0 and "run level (--run-cv 0.05) not in" in table.output
     bad = CliRunner().invoke(app, [*args, "--step-autocorrelation", "1.5"])
     assert bad.exit_code == 2 and "1.5" in bad.output
 
@@ -145,3 +153,52 @@ def test_the_command_takes_the_shared_step_factor():
     )  # 1.1725
     bad = CliRunner().invoke(app, ["variability", "--example", "--step-cv", "-0.1"])
     assert bad.exit_code == 2
+
+
+# A one-task graph of 10 ms with only the run level (run_cv c = 10%), one step per run (across_runs):
+# each step is 10 ms × a log-normal of mean 1 and CV c, σ² = ln(1 + c²) = ln(1.01) = 0.0099503,
+# σ = 0.0997513, μ = −σ²/2, so p95 = 10 ms × exp(μ + 1.6449σ) = 10 × e^{0.164081 − 0.004975} = 11.7246 ms.
+# Run_cv halved (c = 5%): σ² = ln(1.0025) = 0.0024969, σ = 0.0499688: p95 = 10 × e^{0.082194 − 0.001248}
+# = 10.8431 ms, a p95 change of 10.8431 / 11.7246 − 1 = −7.518%.
+# Monte Carlo: the sample 95th percentile of N standard normals has a standard error of
+# √(0.95·0.05/N) / φ(1.6449) = √(0.0475/20,000) / 0.10314 = 0.0149 at N = 20,000; the base p95 moves by
+# σ·0.0149 = 0.15% of itself, the halved/base ratio, e^{(σ½ − σ)z − …}, by 0.0498·0.925·0.0149 = 0.0007 (the
+# same draws of z for both: common random numbers). Tolerances below are about 4 standard errors.
+TEN_MS = 0.010
+P95_RUN_10 = 0.0117246  # s
+P95_CHANGE_RUN_HALVED = -0.07518
+
+
+def test_attribution_across_runs_names_the_run_level_by_hand():
+    model = shared_only(run_cv=0.10)
+    base = graph_distribution(one_task(TEN_MS), model, 20_000, seed=0, across_runs=True)
+    assert base.quantiles()["p95_s"] == pytest.approx(P95_RUN_10, rel=0.006)
+    rows = graph_attribution(one_task(TEN_MS), model, 20_000, seed=0, across_runs=True)
+    assert [r["source"] for r in rows] == ["run_cv"]
+    assert rows[0]["p95_change"] == pytest.approx(P95_CHANGE_RUN_HALVED, abs=0.003)
+
+
+def test_attribution_within_one_run_leaves_the_run_level_out():
+    # within one run the run's factor is 1: the same figures as without run_cv, and no run_cv row
+    noisy = VariabilityModel(compute_cv=0.10, comm_cv=0.0, network_cv=0.0, gpu_cv=0.0, moe_imbalance_cv=0.0)
+    with_run = VariabilityModel(**{**noisy.__dict__, "run_cv": 0.10})
+    assert graph_attribution(one_task(TEN_MS), with_run, 2_000) == graph_attribution(one_task(TEN_MS), noisy, 2_000)
+    assert graph_attribution(one_task(TEN_MS), shared_only(run_cv=0.10), 2_000) == []
+
+
+def test_sensitivity_adds_class_noise_to_the_run_level_base_by_hand():
+    """The 10 ms task's class (gemm) gets a log-normal of CV 0.25 more: σ_F² = ln(1.0625) = 0.0606246.
+    Across runs the base already holds the run's factor (σ_R² = 0.0099503), and the product of the two
+    is log-normal with σ² = 0.0705750, σ = 0.265659: p95 = 10 ms × e^{1.6449·0.265659 − 0.0352875}
+    = 14.9436 ms; dp95 per CV = (14.9436 − 11.7246) ms / 0.25 = 12.876 ms. Within one run the base is
+    the bare 10 ms: p95 = 10 × e^{1.6449·0.246221 − 0.0303123} = 14.5455 ms, dp95 per CV
+    = 4.5455 / 0.25 = 18.182 ms. Standard errors at N = 200,000 (z's p95: 0.0047): the noisy p95
+    0.27 × 14.94 × 0.0047 = 0.019 ms, the base 0.0998 × 11.72 × 0.0047 = 0.0055 ms, so dp95 per CV
+    (0.019 + 0.0055) / 0.25 = 0.1 ms at most (less: the two share the run's draws); 3% is 0.39 ms, about
+    4 standard errors, and 12.9 vs 18.2 ms differ by 30%."""
+    model = shared_only(run_cv=0.10)
+    across = graph_sensitivity(one_task(TEN_MS), model, 0.25, 200_000, seed=0, across_runs=True)
+    within = graph_sensitivity(one_task(TEN_MS), model, 0.25, 200_000, seed=0)
+    assert [r["class"] for r in across] == ["gemm"]
+    assert across[0]["dp95_per_cv_s"] == pytest.approx(0.012876, rel=0.03)
+    assert within[0]["dp95_per_cv_s"] == pytest.approx(0.018182, rel=0.03)

@@ -193,8 +193,10 @@ def variability_cmd(
             step = w.step_graph()
             dist = var.graph_distribution(step, vm, samples, seed)  # one run: what time to train sums
             shown = var.graph_distribution(step, vm, samples, seed, across_runs=True) if across_runs else dist
-            attribution = var.graph_attribution(step, vm, min(samples, 4_000), seed)
-            sensitivity = var.graph_sensitivity(step, vm, samples=min(samples, 4_000), seed=seed)
+            attribution = var.graph_attribution(step, vm, min(samples, 4_000), seed, across_runs)
+            sensitivity = var.graph_sensitivity(
+                step, vm, samples=min(samples, 4_000), seed=seed, across_runs=across_runs
+            )
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no DLRM sharding fits
         fail(str(exc).replace("\n", "\n  "))
     out: dict[str, Any] = {
@@ -208,6 +210,7 @@ def variability_cmd(
         "model": vm.__dict__,
         "attribution": attribution,
         "sensitivity": sensitivity,
+        "notes": _run_level_notes(vm, across_runs),
     }
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": shown.probability_within(within_s)}
@@ -216,7 +219,7 @@ def variability_cmd(
     if slow_gpus is not None:
         out["placement"] = _placement(step, slow_gpus, slow_factor)
     if speeds is not None:
-        out["speed_map"] = _speed_mapping(step, speeds, vm, min(samples, 4_000), seed)
+        out["speed_map"] = _speed_mapping(step, speeds, vm, min(samples, 4_000), seed, across_runs)
     if steps is not None:
         failures = FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s)
         deadline_s = deadline_hours * HOUR_S if deadline_hours else None
@@ -253,15 +256,28 @@ def _placement(step: var.StepGraph, slow_gpus: int, slow_factor: float) -> dict[
     }
 
 
+def _run_level_notes(vm: var.VariabilityModel, across_runs: bool) -> list[str]:
+    """What the step figures leave out: with --run-cv but not --across-runs they are of one run at the
+    mean speed (variability.run_steps_of), and only time to train draws the run's factor."""
+    if vm.run_cv == 0 or across_runs:
+        return []
+    return [
+        f"run level (--run-cv {vm.run_cv:g}) not in the step quantiles, attribution, sensitivity or speed-map "
+        "p95: they are of one run at the mean speed; --across-runs pools them over runs (time to train has it)"
+    ]
+
+
 def _speed_mapping(
-    step: var.StepGraph, speeds: Any, vm: var.VariabilityModel, samples: int, seed: int
+    step: var.StepGraph, speeds: Any, vm: var.VariabilityModel, samples: int, seed: int, across_runs: bool
 ) -> dict[str, Any]:
     """The best mapping of the measured speeds onto the graph's ranks (stochastic/placement.py),
-    re-ranked by the p95 under the noise model `vm` (one seed for all: common random numbers)."""
+    re-ranked by the p95 under the noise model `vm` (one seed for all: common random numbers), of one
+    run or pooled `across_runs`."""
     import numpy as np
 
     def p95(graph: ExecGraph) -> float:
-        return float(np.percentile(var.graph_distribution(replace(step, graph=graph), vm, samples, seed).samples_s, 95))
+        dist = var.graph_distribution(replace(step, graph=graph), vm, samples, seed, across_runs)
+        return float(np.percentile(dist.samples_s, 95))
 
     m = map_speeds(step.graph, step.gpus_per_rank, speeds, p95)
     slowest = [r for r, gpus in enumerate(m.best_gpus) if min(speeds[list(gpus)]) == speeds.min()]
@@ -356,6 +372,7 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
         ),
         ("slowdown from variability", f"{out['slowdown']:.3f}× (mean over deterministic)"),
     ]
+    rows += [("note", note) for note in out["notes"]]
     if out["p50_s"] > det:
         rows.append(
             (

@@ -83,7 +83,9 @@ class VariabilityModel:
         return replace(self, **{source: getattr(self, source) / 2})
 
 
-SOURCES = ("compute_cv", "comm_cv", "network_cv", "gpu_cv", "moe_imbalance_cv", "step_cv")
+#: the sources graph_attribution halves (run_cv only for figures pooled across runs: within one run it
+#: changes nothing)
+SOURCES = ("compute_cv", "comm_cv", "network_cv", "gpu_cv", "moe_imbalance_cv", "step_cv", "run_cv")
 #: profiling-database families whose repeats measure compute noise
 COMPUTE_FAMILIES = ("gemm", "conv", "attention")
 
@@ -282,28 +284,42 @@ def graph_distribution(
     """The deterministic step and `samples` sampled steps of a step graph: of one run at the mean speed,
     or, `across_runs`, each of a fresh run (model.run_cv widens it; model.step_autocorrelation moves
     neither: it changes no single step's distribution)."""
-    sampler = GraphSampler(step, model, 1 if across_runs else None)
-    sampled = simulate_samples(step.graph, sampler, samples, seed)
+    sampled = simulate_samples(step.graph, GraphSampler(step, model, run_steps_of(across_runs)), samples, seed)
     return StepDistribution(simulate(step.graph).step_time_s, sampled)
 
 
-def attribution(job: Job, model: VariabilityModel, samples: int = 4_000, seed: int = 0) -> list[dict[str, Any]]:
+def run_steps_of(across_runs: bool) -> int | None:
+    """GraphSampler's `run_steps` for a figure of one run at the mean speed (None: model.run_cv left out)
+    or pooled across runs (1: each sample a step of a fresh run, its own draw of model.run_cv): the one
+    convention of graph_distribution, graph_attribution and graph_sensitivity."""
+    return 1 if across_runs else None
+
+
+def attribution(
+    job: Job, model: VariabilityModel, samples: int = 4_000, seed: int = 0, across_runs: bool = False
+) -> list[dict[str, Any]]:
     """A transformer job's attribution (graph_attribution of build_transformer_step)."""
-    return graph_attribution(build_transformer_step(job), model, samples, seed)
+    return graph_attribution(build_transformer_step(job), model, samples, seed, across_runs)
 
 
 def graph_attribution(
-    step: StepGraph, model: VariabilityModel, samples: int = 4_000, seed: int = 0
+    step: StepGraph, model: VariabilityModel, samples: int = 4_000, seed: int = 0, across_runs: bool = False
 ) -> list[dict[str, Any]]:
-    """For each source: the p95 and the p50→p99 spread with that source's CV halved (same seed)."""
-    graph, share = step.graph, step.expert_share
-    base = simulate_samples(graph, GraphSampler(step, model), samples, seed)
+    """For each source: the p95 and the p50→p99 spread with that source's CV halved (same seed), of steps
+    of one run at the mean speed or, `across_runs`, each of a fresh run (graph_distribution's convention).
+    The run level (run_cv) is a source only across runs: within one run its factor is 1 (GraphSampler)."""
+    graph, share, runs = step.graph, step.expert_share, run_steps_of(across_runs)
+    base = simulate_samples(graph, GraphSampler(step, model, runs), samples, seed)
     b95, bspread = np.percentile(base, 95), np.percentile(base, 99) - np.percentile(base, 50)
     out = []
     for source in SOURCES:
-        if getattr(model, source) == 0 or (source == "moe_imbalance_cv" and (share is None or not share.any())):
+        if (
+            getattr(model, source) == 0
+            or (source == "moe_imbalance_cv" and (share is None or not share.any()))
+            or (source == "run_cv" and runs is None)
+        ):
             continue
-        s = simulate_samples(graph, GraphSampler(step, model.halved(source)), samples, seed)
+        s = simulate_samples(graph, GraphSampler(step, model.halved(source), runs), samples, seed)
         spread = np.percentile(s, 99) - np.percentile(s, 50)
         out.append(
             {
@@ -349,11 +365,14 @@ def class_shares_of(step: StepGraph) -> dict[str, np.ndarray]:
 
 
 class _ClassNoise(GraphSampler):
-    """The sampler of `model`, then one class's share of each task scaled by a log-normal factor of
-    CV `cv`, drawn after the model's (same seed: the model's draws are the base sampler's)."""
+    """The sampler of `model` (`runs`: GraphSampler's run_steps), then one class's share of each task
+    scaled by a log-normal factor of CV `cv`, drawn after the model's (same seed: the model's draws are
+    the base sampler's)."""
 
-    def __init__(self, step: StepGraph, model: VariabilityModel, share: np.ndarray, cv: float) -> None:
-        super().__init__(step, model)
+    def __init__(
+        self, step: StepGraph, model: VariabilityModel, share: np.ndarray, cv: float, runs: int | None
+    ) -> None:
+        super().__init__(step, model, runs)
         self.tasks, self.cv = np.flatnonzero(share > 0), cv
         self.share = share[self.tasks]
 
@@ -365,7 +384,12 @@ class _ClassNoise(GraphSampler):
 
 
 def graph_sensitivity(
-    step: StepGraph, model: VariabilityModel, delta_cv: float = 0.25, samples: int = 4_000, seed: int = 0
+    step: StepGraph,
+    model: VariabilityModel,
+    delta_cv: float = 0.25,
+    samples: int = 4_000,
+    seed: int = 0,
+    across_runs: bool = False,
 ) -> list[dict[str, Any]]:
     """Per class (kernel family, collective kind × group): how much the step's p95 grows per unit
     of CV added to that class's time (`dp95_per_cv_s`: (p95 with `delta_cv` more − p95) / delta_cv,
@@ -374,15 +398,17 @@ def graph_sensitivity(
     path (dp95 ≈ 0), or small and on it (PRISM, arXiv 2510.15596: where a kernel sits on the critical
     path matters more than its own CV). Sorted by dp95, largest first. Noise added to many short
     tasks in series averages out, so such a class moves the p95 little; figures within about ±1% of
-    the p95 per unit of CV are Monte Carlo noise (a different seed moves them)."""
-    g = step.graph
+    the p95 per unit of CV are Monte Carlo noise (a different seed moves them). Steps of one run at the
+    mean speed or, `across_runs`, each of a fresh run (graph_distribution's convention): the run level
+    (model.run_cv) widens the base a class's noise adds to, so it moves every row."""
+    g, runs = step.graph, run_steps_of(across_runs)
     det = simulate(g)
     on_path = np.zeros(g.num_tasks, dtype=bool)
     on_path[critical_path(det)] = True
-    base = np.percentile(simulate_samples(g, GraphSampler(step, model), samples, seed), 95)
+    base = np.percentile(simulate_samples(g, GraphSampler(step, model, runs), samples, seed), 95)
     out = []
     for name, share in class_shares_of(step).items():
-        noisy = simulate_samples(g, _ClassNoise(step, model, share, delta_cv), samples, seed)
+        noisy = simulate_samples(g, _ClassNoise(step, model, share, delta_cv, runs), samples, seed)
         path_s = float(np.sum(g.duration_s * share * on_path))
         out.append(
             {
