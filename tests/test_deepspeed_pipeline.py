@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import pytest
 from helpers import FreeCosts, fast_vs_graph, pipeline_builder, plan_of
-from test_golden import LINK, MODEL, SYSTEM, linear_calibration
+from test_golden import HBM, LINK, MODEL, SYSTEM, linear_calibration
 
 from itercast.config.job import Job
 from itercast.errors import ConfigError
@@ -116,6 +116,45 @@ def test_partitioned_sends_and_the_receivers_all_gathers_by_hand():
     g1 = predict(job("deepspeed", 2, 2, layers=2), linear_calibration()).sim.graph
     names = {g1.names[g1.name[t]]: float(g1.duration_s[t]) for t in range(g1.num_tasks)}
     assert names["send_act.m0.c0"] == pytest.approx(4096 / LINK) and "pipe_all_gather.F0" not in names
+
+
+def test_deepspeed_device_copies_around_its_transfers_by_hand():
+    # pipe_copy_bytes, MODEL's 4,096-byte activation S, tp 2: a part P = 2,048 bytes, its 72-byte header H;
+    # each copy kernel moves its bytes at test_golden's HBM (bytes read + written / HBM)
+    j = job("deepspeed", 2, 2, tp=2, layers=2)
+    g = predict(j, linear_calibration()).sim.graph
+    seconds: dict[str, list[float]] = {}
+    for t in range(g.num_tasks):
+        seconds.setdefault(g.names[g.name[t]], []).append(float(g.duration_s[t]))
+    # the sender keeps its part (.narrow().clone()): 2P = 4,096 bytes, activation and gradient alike
+    assert seconds["pipe_copy.partition.F0"] == [pytest.approx(4096 / HBM)]
+    assert seconds["pipe_copy.partition.B0"] == [pytest.approx(4096 / HBM)]
+    # the receiver clones header and part on receipt, then again as the forward's input: 2 × (144 + 4,096)
+    assert seconds["pipe_copy.receive.F0"] == [pytest.approx((144 + 4096) / HBM)] * 2
+    # each PartitionedTensor.full(): zeros S (4,096 written), local part in (4,096), the all-gather's flat
+    # output copied to its 2 parts (2 × 4,096), a clone of S (8,192): 24,576 bytes; once before stage 1's
+    # forward, twice before stage 0's backward
+    assert seconds["pipe_copy.gather.F0"] == [pytest.approx(24576 / HBM)]
+    assert seconds["pipe_copy.gather.B0"] == [pytest.approx(24576 / HBM)] * 2
+    # stage 1's stream before F0: receive the header and part, clone them, clone again, all-gather, full()'s copies
+    names = [g.names[g.name[t]] for t in range(g.num_tasks) if g.task_label(t).endswith("@1:compute")]
+    first = names.index("recv_act.m0.c0")
+    assert names[first : first + 5] == [
+        "recv_act.m0.c0",
+        "pipe_copy.receive.F0",
+        "pipe_copy.receive.F0",
+        "pipe_all_gather.F0",
+        "pipe_copy.gather.F0",
+    ]
+    # without tensor parallelism the whole activation is cloned twice (2 × 8,192 bytes), nothing else
+    g1 = predict(job("deepspeed", 2, 2, layers=2), linear_calibration()).sim.graph
+    copies = [(g1.names[g1.name[t]], float(g1.duration_s[t])) for t in range(g1.num_tasks)]
+    copies = [(n, s) for n, s in copies if n.startswith("pipe_copy")]
+    assert (
+        copies
+        == [("pipe_copy.receive.F0", pytest.approx(8192 / HBM))] * 2
+        + [("pipe_copy.receive.F1", pytest.approx(8192 / HBM))] * 2
+    )
 
 
 def test_deepspeed_transfers_need_its_schedule_and_zero_0_or_1():

@@ -94,6 +94,7 @@ from itercast.workloads.transformer import (
     local_optimizer_params,
     optimizer_step_bytes,
     p2p_send_s,
+    pipe_copy_s,
     stage_output_bytes,
     unit_kinds,
     unit_params,
@@ -193,9 +194,11 @@ class FastEstimator:
             dense_n, moe_n = self._stage_layers(t.base, pp, vp)
             forward = _per_stage(f, "f", rows, dense_n, moe_n)
             backward = _per_stage(f, "b", rows, dense_n, moe_n)
-            if deepspeed:  # DeepSpeed's all-gathers of partitioned tensors (transformer.py _exchange)
-                forward[:, 1:] += g["p2p_gather"][rows, None]
+            if deepspeed:  # DeepSpeed's all-gathers of partitioned tensors, its copies (transformer.py _exchange)
+                forward[:, 1:] += (g["p2p_gather"] + 2 * g["p2p_receive"])[rows, None]
+                forward[:, :-1] += g["p2p_partition"][rows, None]
                 backward[:, :-1] += 2 * g["p2p_gather"][rows, None]
+                backward[:, 1:] += g["p2p_partition"][rows, None]
             stage = forward + backward
             passes = stage.copy()  # the passes alone: what a micro-batch's round trip waits for
             blocked = np.where(zero2_blocking[rows], 1.0, 0.0)
@@ -422,8 +425,8 @@ class FastEstimator:
         rows = [self._group_costs(t.base, key) for key in keys]
         out = {k: np.asarray([r[k] for r in rows], dtype=np.float64)[inverse] for k in rows[0]}
         keys, inverse = _distinct(t, _P2P_KEY)
-        sends = np.asarray([self._p2p_s(t.base, key) for key in keys], dtype=np.float64).reshape(-1, 2)[inverse]
-        out["p2p"], out["p2p_gather"] = sends[:, 0], sends[:, 1]
+        sends = np.asarray([self._p2p_s(t.base, key) for key in keys], dtype=np.float64).reshape(-1, 4)[inverse]
+        out["p2p"], out["p2p_gather"], out["p2p_receive"], out["p2p_partition"] = sends.T
         return out
 
     def _job(self, base: PlanConfig, **sizes: int) -> Job:
@@ -434,19 +437,22 @@ class FastEstimator:
         fields.setdefault("expert_tensor_parallel", base.expert_tensor_parallel or (tp if self.model.is_moe else 1))
         return Job(self.model, base.model_copy(update={**fields, "global_batch_size": mbs * dp}), self.system)
 
-    def _p2p_s(self, base: PlanConfig, key: tuple[int, ...]) -> tuple[float, float]:
-        """One pipeline send of one micro-batch's activations, and under DeepSpeed's partitioning with
-        tp > 1 one all-gather of them over the tensor-parallel group (transformer.py _exchange); 0
-        without pipeline parallelism."""
+    def _p2p_s(self, base: PlanConfig, key: tuple[int, ...]) -> tuple[float, float, float, float]:
+        """One pipeline send of one micro-batch's activations; under DeepSpeed's pipe engine
+        (transformer.py _exchange, pipe_copy_bytes) with tp > 1 one all-gather of them over the
+        tensor-parallel group and its copies, one received activation's copies and one partitioning
+        before a send; 0 without pipeline parallelism."""
         tp, cp, dp, pp, mbs, sp = key
         if pp == 1:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0, 0.0
         job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, mbs=mbs, sp=sp)
         costs, groups = self._cost_model(base.dtype), Groups.of(job)
         gather = 0.0
         if base.pipeline_p2p == "deepspeed":
             gather = costs.collective_s("all_gather", stage_output_bytes(job), groups.tp)
-        return p2p_send_s(costs, job, groups.stage_cross_node), gather
+            gather += pipe_copy_s(costs, job, "gather")
+        receive, partition = (pipe_copy_s(costs, job, site) for site in ("receive", "partition"))
+        return p2p_send_s(costs, job, groups.stage_cross_node), gather, receive, partition
 
     def _group_costs(self, base: PlanConfig, key: tuple[int, ...]) -> dict[str, float]:
         """Data-parallel and tail costs of one (tp, cp, dp, pp, vp, zero), for the most loaded stage."""

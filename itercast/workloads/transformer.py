@@ -97,6 +97,38 @@ def partition_header_bytes(job: Job) -> float:
     return 8.0 * (1 + 3 + 2 + p.tensor_parallel + 1)
 
 
+def pipe_copy_bytes(job: Job) -> dict[str, list[float]]:
+    """DeepSpeed's pipe engine (plan.pipeline_p2p deepspeed): HBM bytes (read + write) of each device copy it
+    runs around one micro-batch's pipeline transfer, by site; {} otherwise. S = stage_output_bytes, and with
+    tp > 1 P = S / tp and H = partition_header_bytes (DeepSpeed 3401d2516, runtime/pipe/engine.py):
+    - "receive", twice per received activation: _exec_recv_activations clones what it received
+      (pipe_recv_buf.clone(); with tp > 1 the header and the part), _exec_forward_pass clones its inputs
+      again: 2S, or 2H + 2P;
+    - "partition" (tp > 1), per send: the sender's PartitionedTensor keeps its part
+      (runtime/utils.py _partition_tensor: .narrow().clone()): 2P;
+    - "gather" (tp > 1), per PartitionedTensor.full() (one per all-gather): torch.zeros of S (S written),
+      the local part copied in (2P), PyTorch's list all_gather copying its flat output to each of the tp
+      parts (ProcessGroupNCCL::allgather, torch 1.11, BLOOM's: tp × 2P), the whole .clone()d (2S).
+    Gradients are received in place (_exec_recv_grads: no clone)."""
+    p = job.plan
+    if p.pipeline_p2p != "deepspeed" or p.pipeline_parallel == 1:
+        return {}
+    full, tp = stage_output_bytes(job), p.tensor_parallel
+    if tp == 1:
+        return {"receive": [2 * full]}
+    part, header = full / tp, partition_header_bytes(job)
+    return {
+        "receive": [2 * header, 2 * part],
+        "partition": [2 * part],
+        "gather": [full, 2 * part, *[2 * part] * tp, 2 * full],
+    }
+
+
+def pipe_copy_s(costs: AnalyticCostModel, job: Job, site: str) -> float:
+    """Seconds of one `site`'s copies (pipe_copy_bytes), each a memory-bound kernel of its own; 0 if none."""
+    return float(np.sum(costs.memory_s("elementwise", np.asarray(pipe_copy_bytes(job).get(site, []), dtype=float))))
+
+
 def unit_params(job: Job) -> dict[str, tuple[float, float]]:
     """Parameters of one GPU's share of each unit kind, as (routed experts', the rest): the
     experts' are reduced and sharded over the expert-data-parallel group. The head's are the
@@ -495,6 +527,8 @@ class TransformerStepBuilder:
                 return cost.compute_s * (body_share if args[1] == "body" else 1.0 - body_share)
             return cost.comm_s
         costs = self.stage_costs[args[0]]
+        if kind == "pipe_copy":
+            return pipe_copy_s(costs, self.job, args[1])
         if kind == "collective":
             op, nbytes, group = args[1:]
             return costs.collective_s(op, nbytes, getattr(self.groups, group))
@@ -795,16 +829,35 @@ class TransformerStepBuilder:
             forward_after = prev is not None and cur.forward and step(cur) == step(prev) + 1
             ops = [receive, *ops] if forward_after else [*ops, receive]
         comp = self.g.resource(stage, "compute")
-        tasks = [
-            self._transfer(stage, comp, ((fwd, stage if sending else stage - 1 if fwd else stage + 1, m),))
-            for sending, fwd, m in ops
-        ]
-        if cur is not None and p.tensor_parallel > 1:
+        tp = p.tensor_parallel > 1
+        tasks = []  # in stream order: an activation is partitioned at the end of its forward, a gradient as sent
+        if tp and prev is not None and prev.forward and (True, True, prev.microbatch) in ops:
+            tasks.append(self._pipe_copy(stage, "partition", f"F{prev.microbatch}"))
+        for sending, fwd, m in ops:
+            if tp and sending and not fwd:
+                tasks.append(self._pipe_copy(stage, "partition", f"B{m}"))
+            tasks.append(
+                self._transfer(stage, comp, ((fwd, stage if sending else stage - 1 if fwd else stage + 1, m),))
+            )
+            if not sending and fwd:
+                tasks.append(self._pipe_copy(stage, "receive", f"F{m}"))
+        if cur is not None and cur.forward and stage > 0:
+            tasks.append(self._pipe_copy(stage, "receive", f"F{cur.microbatch}"))  # _exec_forward_pass's clone
+        if cur is not None and tp:
             gathers = (1 if stage > 0 else 0) if cur.forward else (2 if stage < pp - 1 else 0)
             recipe: Recipe = ("collective", stage, "all_gather", stage_output_bytes(self.job), "tp")
-            name = f"pipe_all_gather.{'F' if cur.forward else 'B'}{cur.microbatch}"
-            tasks += [self._task(recipe, name, comp, Category.COMMUNICATION, "tp_all_gather") for _ in range(gathers)]
+            name = f"{'F' if cur.forward else 'B'}{cur.microbatch}"
+            for _ in range(gathers):
+                tasks.append(
+                    self._task(recipe, f"pipe_all_gather.{name}", comp, Category.COMMUNICATION, "tp_all_gather")
+                )
+                tasks.append(self._pipe_copy(stage, "gather", name))
         return tasks
+
+    def _pipe_copy(self, stage: int, site: str, name: str) -> int:
+        """DeepSpeed's device copies of one `site` (pipe_copy_bytes) on the compute stream (_exchange)."""
+        comp = self.g.resource(stage, "compute")
+        return self._task(("pipe_copy", stage, site), f"pipe_copy.{site}.{name}", comp, Category.COMPUTE, "pipe_copy")
 
     def _megatron_exchange(self, stage: int, passes: list[Pass], i: int) -> list[int]:
         """Megatron-Core's 1F1B (schedules.py forward_backward_pipelining_without_interleaving at
