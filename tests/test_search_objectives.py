@@ -167,16 +167,24 @@ def one_task(duration_s: float, category: Category) -> StepGraph:
     return StepGraph(b.build(), gpus_per_task=1, gpus_per_rank=1)
 
 
+def rank_graphs(
+    monkeypatch, graphs: dict[str, StepGraph], objective: str, options: DistributionOptions
+) -> SearchResult:
+    """Plans named after their one-task step graphs, in the dict's (deterministic) order, sampled and
+    re-ranked by `objective`."""
+    monkeypatch.setattr(distribution_rank, "plan_job", lambda request, row: row["plan"]["name"])
+    monkeypatch.setattr(distribution_rank, "build_transformer_step", lambda name: graphs[name])
+    plans = [{"plan": {"name": n}, "step_time_s": float(g.graph.duration_s.sum())} for n, g in graphs.items()]
+    result = SearchResult(plans, [], [], [], 2, 2, 2, 0.0, 0.0, objective=objective)
+    return rank_by_distribution(result, request_over((1,), objective=objective), options)
+
+
 def two_plans(monkeypatch, objective: str, compute_cv: float) -> SearchResult:
     """Plan A: 10 s, all of it one compute task of CV `compute_cv`; plan B: 10.5 s, no variability.
     Deterministically A is first."""
     graphs = {"A": one_task(10.0, Category.COMPUTE), "B": one_task(10.5, Category.HOST)}
-    monkeypatch.setattr(distribution_rank, "plan_job", lambda request, row: row["plan"]["name"])
-    monkeypatch.setattr(distribution_rank, "build_transformer_step", lambda name: graphs[name])
-    plans = [{"plan": {"name": "A"}, "step_time_s": 10.0}, {"plan": {"name": "B"}, "step_time_s": 10.5}]
-    result = SearchResult(plans, [], [], [], 2, 2, 2, 0.0, 0.0, objective=objective)
     options = DistributionOptions(VariabilityModel(compute_cv, 0.0, 0.0, 0.0, 0.0), samples=20_000, top=2)
-    return rank_by_distribution(result, request_over((1,), objective=objective), options)
+    return rank_graphs(monkeypatch, graphs, objective, options)
 
 
 def test_p95_ranks_a_steady_plan_above_a_faster_noisy_one(monkeypatch):
@@ -202,6 +210,41 @@ def test_p95_ranks_a_steady_plan_above_a_faster_noisy_one(monkeypatch):
     assert calm.plans[0]["distribution"]["p95_s"] == pytest.approx(10.332, rel=1e-3)
 
 
+def test_a_run_level_common_to_both_plans_keeps_their_order_by_hand(monkeypatch):
+    """A: one 10 s compute task, B: one 10.1 s compute task, only the run level (run_cv c = 10%).
+    Across runs each sample is a step of a fresh run, T × F, F log-normal of mean 1 and CV c:
+    σ² = ln(1 + c²) = ln(1.01) = 0.0099503, σ = 0.0997513, p95 = T × e^{1.6449σ − σ²/2}
+    = T × e^{0.164081 − 0.004975} = T × 1.17246: A 11.7246 s, B 11.8418 s. Both graphs have one shape and
+    one seed, so B's samples are A's × 10.1/10 draw for draw (common random numbers) and every quantile
+    ratio is the deterministic one, 1.01, exactly: the order stays. Monte Carlo: A's p95 has a standard
+    error of σ × √(0.95·0.05/20,000)/φ(1.6449) = 0.0998 × 0.0149 = 0.15% of itself; 0.6% is 4 of them.
+    Within one run the run's factor is 1: every sample is T itself."""
+    model = VariabilityModel(0.0, 0.0, 0.0, 0.0, 0.0, run_cv=0.10)
+    graphs = {"A": one_task(10.0, Category.COMPUTE), "B": one_task(10.1, Category.COMPUTE)}
+    across = rank_graphs(monkeypatch, graphs, "p95", DistributionOptions(model, 20_000, top=2, across_runs=True))
+    assert [r["plan"]["name"] for r in across.plans] == ["A", "B"]
+    a, b = (r["distribution"] for r in across.plans)
+    assert a["p95_s"] == pytest.approx(11.7246, rel=0.006)
+    for key in ("p50_s", "p95_s", "p99_s", "mean_s"):
+        assert b[key] / a[key] == pytest.approx(1.01, rel=1e-12)
+    assert across.ranking_note.startswith("variability does not change the ranking")
+    one_run = rank_graphs(monkeypatch, graphs, "p95", DistributionOptions(model, 2_000, top=2))
+    assert [r["distribution"]["p95_s"] for r in one_run.plans] == pytest.approx([10.0, 10.1], rel=1e-12)
+
+
+def test_the_run_level_on_the_command_line(tmp_path):
+    # --across-runs: the run level is passed to the sampling (the json's model and across_runs), no note;
+    # without it the table says the ranking leaves the run level out
+    args = ["search", job_file(tmp_path), *SMALL, "--top", "2", "--objective", "p95", "--samples", "200"]
+    out = CliRunner().invoke(app, [*args, "--run-cv", "0.05", "--across-runs", "--json"])
+    assert out.exit_code == 0, out.output
+    sampling = json.loads(out.stdout)["distribution"]
+    assert sampling["model"]["run_cv"] == 0.05 and sampling["across_runs"] is True and sampling["notes"] == []
+    table = CliRunner().invoke(app, [*args, "--run-cv", "0.05"])
+    assert table.exit_code == 0, table.output
+    assert "note: run level (--run-cv 0.05) not in the sampled steps ranked by p95" in " ".join(table.output.split())
+
+
 def test_distribution_objective_on_the_command_line(tmp_path):
     args = ["search", job_file(tmp_path), *SMALL, "--top", "3", "--objective", "p95", "--samples", "200"]
     out = CliRunner().invoke(app, [*args, "--distribution-top", "2", "--compute-cv", "0.03", "--seed", "7", "--json"])
@@ -210,7 +253,8 @@ def test_distribution_objective_on_the_command_line(tmp_path):
     assert (
         doc["distribution"]["top"] == 2 and doc["distribution"]["samples"] == 200 and doc["distribution"]["seed"] == 7
     )
-    assert doc["distribution"]["model"]["compute_cv"] == 0.03
+    assert doc["distribution"]["model"]["compute_cv"] == 0.03 and doc["distribution"]["across_runs"] is False
+    assert doc["distribution"]["notes"] == []  # no --run-cv: nothing left out
     sampled = [p for p in doc["plans"] if p["distribution"] is not None]
     assert len(sampled) == 2 and doc["plans"][2]["distribution"] is None and doc["plans"][2]["deterministic_rank"] == 3
     p95s = [p["distribution"]["p95_s"] for p in sampled]

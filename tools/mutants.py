@@ -396,6 +396,14 @@ MUTANTS: tuple[Mutant, ...] = (
     M(SLICE, "held = min(stages - stage, microbatches)", "held = stages - stage", "in-flight micro-batches unbounded"),
     M(SLICE, "(microbatches - 1) * max(times) + sum(times)", "microbatches * max(times) + sum(times)",
       "pipeline step counts the bottleneck once too often"),
+    M("search/distribution_rank.py", "options.samples, options.seed, options.across_runs)",
+      "options.samples, options.seed)", "a distribution ranking of one run whatever --across-runs",
+      _t("search_objectives")),
+    M("cli/search_cmds.py", "            vm = replace(vm, run_cv=run_cv)\n", "",
+      "search --run-cv dropped from the ranking's model", _t("search_objectives")),
+    M("cli/search_cmds.py", "DistributionOptions(vm, samples, seed, distribution_top, across_runs)",
+      "DistributionOptions(vm, samples, seed, distribution_top)", "search --across-runs not passed to the sampling",
+      _t("search_objectives")),
 )
 # fmt: on
 

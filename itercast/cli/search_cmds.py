@@ -36,15 +36,18 @@ from itercast.cli.app import (
     working,
 )
 from itercast.cli.variability_cmds import (
+    AcrossRunsOpt,
     CommCvOpt,
     ComputeCvOpt,
     GpuCvOpt,
     MoeImbalanceCvOpt,
     NetworkCvOpt,
     NoiseFromDbOpt,
+    RunCvOpt,
     SamplesOpt,
     SeedOpt,
     StepCvOpt,
+    run_level_notes,
     variability_model,
 )
 from itercast.config.job import parse_section, raw_sections
@@ -136,6 +139,8 @@ def search_cmd(
     moe_imbalance_cv: MoeImbalanceCvOpt = VariabilityModel.moe_imbalance_cv,
     step_cv: StepCvOpt = VariabilityModel.step_cv,
     noise_from_db: NoiseFromDbOpt = None,
+    run_cv: RunCvOpt = VariabilityModel.run_cv,
+    across_runs: AcrossRunsOpt = DistributionOptions.across_runs,
 ) -> None:
     """Search data/tensor/pipeline/context (and, for MoE models, expert) parallel sizes, micro-batch,
     ZeRO, recompute, sequence parallelism, schedule and interleaving, overlap switches (and with
@@ -143,7 +148,8 @@ def search_cmd(
     every plan shares (dtype, global batch, …); `--set plan.FIELD=VALUE` fixes a searched field.
     A DLRM job: its embedding shardings × samples per GPU (--batches), by samples per second.
     --objective p50|p95|p99|mean: the --distribution-top best plans by the deterministic step are
-    sampled (--samples, one --seed for all) and re-ranked by that figure of their step."""
+    sampled (--samples, one --seed for all) and re-ranked by that figure of their step, of one run
+    or, with --across-runs, pooled over runs (--run-cv in the ranking)."""
     fmt = output_format(fmt, as_json)
     if distribution_top <= 0:
         fail(f"--distribution-top: expected a whole number ≥ 1; got {distribution_top}")
@@ -176,7 +182,8 @@ def search_cmd(
             vm = variability_model(
                 compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv, noise_from_db, fmt != "table"
             )
-            sampling = DistributionOptions(vm, samples, seed, distribution_top)
+            vm = replace(vm, run_cv=run_cv)
+            sampling = DistributionOptions(vm, samples, seed, distribution_top, across_runs)
         with _progress(len(request.node_counts), quiet=fmt != "table") as report:
             result = run_search(request, backend, workers, report)
         if sampling is not None:
@@ -185,6 +192,11 @@ def search_cmd(
                 result = rank_by_distribution(result, request, sampling, report)
     except ConfigError as exc:
         fail(str(exc).replace("\n", "\n  "))
+    notes = (
+        []
+        if sampling is None
+        else run_level_notes(sampling.model, across_runs, f"the sampled steps ranked by {objective}")
+    )
     if fmt == "json":
         doc = result.to_dict()
         if sampling is not None:
@@ -193,12 +205,14 @@ def search_cmd(
                 "samples": samples,
                 "seed": seed,
                 "top": sampling.top,
+                "across_runs": sampling.across_runs,
+                "notes": notes,
             }
         echo_json(doc)
     elif fmt == "csv":
         show_table(*_plan_rows(result, request), "csv")
     else:
-        _print(result, request)
+        _print(result, request, notes)
 
 
 def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str) -> None:
@@ -338,7 +352,7 @@ def _plan_rows(result: SearchResult, request: SearchRequest) -> tuple[list[str],
     return headers, rows
 
 
-def _print(result: SearchResult, request: SearchRequest) -> None:
+def _print(result: SearchResult, request: SearchRequest, notes: list[str]) -> None:
     m, s = request.model, request.system
     console.print(
         f"[bold]{m.name}[/] on {s.gpu.name} ({s.name}), global batch "
@@ -352,6 +366,8 @@ def _print(result: SearchResult, request: SearchRequest) -> None:
     console.print(f"{result.framework}; {result.headroom}", highlight=False)
     if result.ranking_note:
         console.print(result.ranking_note, highlight=False)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
     if result.plans:
         console.print(f"launch settings of plan 1 ({result.framework}):", highlight=False)
         console.print(result.plans[0]["launch"], highlight=False, markup=False)

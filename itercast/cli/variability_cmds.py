@@ -57,6 +57,13 @@ NoiseFromDbOpt = Annotated[
     Path | None,
     typer.Option(metavar="FILE", help="Profiling database: take compute and communication noise from its repeats."),
 ]
+RunCvOpt = Annotated[
+    float, typer.Option(callback=finite(0, 10), help="Per-run speed, shared by all steps of a run (CV).")
+]
+AcrossRunsOpt = Annotated[
+    bool,
+    typer.Option("--across-runs", metavar="", help="Step quantiles pooled across runs (--run-cv), not of one run."),
+]
 
 
 def variability_model(
@@ -116,17 +123,12 @@ def variability_cmd(
     moe_imbalance_cv: MoeImbalanceCvOpt = var.VariabilityModel.moe_imbalance_cv,
     step_cv: StepCvOpt = var.VariabilityModel.step_cv,
     noise_from_db: NoiseFromDbOpt = None,
-    run_cv: Annotated[
-        float, typer.Option(callback=finite(0, 10), help="Per-run speed, shared by all steps of a run (CV).")
-    ] = var.VariabilityModel.run_cv,
+    run_cv: RunCvOpt = var.VariabilityModel.run_cv,
     step_autocorrelation: Annotated[
         float,
         typer.Option(callback=finite(-0.99, 0.99), help="Lag-1 correlation of consecutive steps (time to train)."),
     ] = var.VariabilityModel.step_autocorrelation,
-    across_runs: Annotated[
-        bool,
-        typer.Option("--across-runs", metavar="", help="Step quantiles pooled across runs (--run-cv), not of one run."),
-    ] = False,
+    across_runs: AcrossRunsOpt = False,
     within_s: Annotated[
         float | None, typer.Option(callback=finite(0, above=True), help="Report P(step ≤ this many seconds).")
     ] = None,
@@ -210,7 +212,9 @@ def variability_cmd(
         "model": vm.__dict__,
         "attribution": attribution,
         "sensitivity": sensitivity,
-        "notes": _run_level_notes(vm, across_runs),
+        "notes": run_level_notes(
+            vm, across_runs, "the step quantiles, attribution, sensitivity or speed-map p95 (time to train has it)"
+        ),
     }
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": shown.probability_within(within_s)}
@@ -256,14 +260,14 @@ def _placement(step: var.StepGraph, slow_gpus: int, slow_factor: float) -> dict[
     }
 
 
-def _run_level_notes(vm: var.VariabilityModel, across_runs: bool) -> list[str]:
-    """What the step figures leave out: with --run-cv but not --across-runs they are of one run at the
-    mean speed (variability.run_steps_of), and only time to train draws the run's factor."""
+def run_level_notes(vm: var.VariabilityModel, across_runs: bool, figures: str) -> list[str]:
+    """What `figures` (a command's sampled step figures) leave out: with --run-cv but not --across-runs
+    they are of one run at the mean speed (variability.run_steps_of), so the run's factor is in none."""
     if vm.run_cv == 0 or across_runs:
         return []
     return [
-        f"run level (--run-cv {vm.run_cv:g}) not in the step quantiles, attribution, sensitivity or speed-map "
-        "p95: they are of one run at the mean speed; --across-runs pools them over runs (time to train has it)"
+        f"run level (--run-cv {vm.run_cv:g}) not in {figures}: they are of one run at the mean speed; "
+        "--across-runs pools them over runs"
     ]
 
 

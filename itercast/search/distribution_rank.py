@@ -5,10 +5,14 @@ best). For a distribution objective the first `top` of those plans are then samp
 variability model (stochastic/variability.py, the `variability` command's CVs): each plan's step
 graph, `samples` Monte Carlo steps, the SAME seed for every plan (common random numbers: a plan's
 figure differs from another's by the plans, not by the draws; the draws line up task for task only
-between graphs of one shape; Law & Kelton, Simulation Modeling and Analysis, §11.2). They are
-re-ranked by p50, p95, p99 or the mean of those samples; plans past `top` keep their deterministic
-order after them. A plan whose step is one long critical path of noisy tasks can lose to a
-deterministically slower, steadier one.
+between graphs of one shape; Law & Kelton, Simulation Modeling and Analysis, §11.2), each of one
+run at the mean speed or, `across_runs`, of a fresh run (variability.run_steps_of). Alone, the run
+level (model.run_cv) multiplies every compute and communication task by the run's factor: a step
+with no host task on its path by that factor, so each plan's quantiles by the same number (exactly
+with the same draws, else up to Monte Carlo error), and the order stays; beside per-task noise it can
+move plans. They are re-ranked by p50, p95, p99 or the mean of those samples; plans past `top` keep
+their deterministic order after them. A plan whose step is one long critical path of noisy tasks can
+lose to a deterministically slower, steadier one.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ PlanProgress = Callable[[int, int], None]  # (plans sampled, plans to sample)
 @dataclass(frozen=True)
 class DistributionOptions:
     """How plans are sampled: the variability model, Monte Carlo samples per plan, the one seed
-    every plan shares, and how many of the deterministically best plans are sampled."""
+    every plan shares, how many of the deterministically best plans are sampled, and whether each
+    sample is a step of one run at the mean speed (False) or of a fresh run (`across_runs`: the run
+    level, model.run_cv, in the ranking)."""
 
     model: VariabilityModel = field(default_factory=VariabilityModel)
     samples: int = 2_000
     seed: int = 0
     top: int = 20
+    across_runs: bool = False
 
 
 def rank_by_distribution(
@@ -46,7 +53,7 @@ def rank_by_distribution(
     sampled = plans[: options.top]
     for done, row in enumerate(sampled, 1):
         step = build_transformer_step(plan_job(request, row))
-        dist = graph_distribution(step, options.model, options.samples, options.seed)
+        dist = graph_distribution(step, options.model, options.samples, options.seed, options.across_runs)
         row["distribution"] = {**dist.quantiles(), "mean_s": float(dist.samples_s.mean())}
         if progress is not None:
             progress(done, len(sampled))
