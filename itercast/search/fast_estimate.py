@@ -44,13 +44,17 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    - the stream's pipeline plus h, or plus stage 0's host lead on micro-batch 0 (the
                      host issuing its first forward, or its warm-up forwards and first backward, later
                      than the stream would run them);
-                   - each stage's host done issuing its M micro-batches, then its last backward (at
-                     least a layer backward's mean kernel) and the backwards of the stages below it;
+                   - each stage's host done issuing its M micro-batches, then its last backward (its
+                     last kernel and blocking communication; in gradient buckets, a segment each, the
+                     last bucket's or the one before it and then the last, _after_last_launch) and the
+                     backwards of the stages below it;
                    - GPipe: each stage's backward phase, once its M forwards are issued and run (the
                      stage before it done too) and micro-batch 0's backward has come down to it, each
                      hop as the host issues it; then M backwards back to back and the stages below.
                    Exact for one segment of n kernels of c seconds: max(h + n c, n h + c); between the
-                   bounds (host and stream alike busy) an approximation (tests/test_fast_estimate.py)
+                   bounds (host and stream alike busy) an approximation (tests/test_fast_estimate.py).
+                   Overlapped DP reductions are released on whichever chain ends the last backward: the
+                   stream's (exposed DP above) or the host's, its units n h apart (_behind_either)
     contention     compute beside DP communication on another stream runs at 1/(1 + s) of its rate
                    (GPUSpec.overlap_compute_slowdown, sim/contention.py): c seconds beside a seconds
                    from a common start take min(c (1 + s), c + s/(1 + s) a) (_slowed, exact), s scaled
@@ -170,17 +174,24 @@ class FastEstimator:
         zero2_blocking = (zero == 2) & sync & ~overlap_grad
         slowest, total = np.zeros(len(t)), np.zeros(len(t))
         tf, tb, host_s = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
+        tb_host = np.zeros(len(t))  # tb at the host's pace: its kernels' launches
+        host_chain = np.zeros(len(t))  # the passes' end where the last backward runs behind its host
         host_forwards = np.zeros(len(t))  # GPipe: the host's M forwards, then the backward phase on the stream
         host_opens = np.zeros(len(t))  # GPipe: the first stage's first backward, after the hosts' M forwards
         host_leads = np.zeros(len(t))  # how far stage 0's host holds micro-batch 0 back beyond its stream
+        forward_leads = np.zeros(len(t))  # the same, of its first forward only
         launch_s = self.system.gpu.kernel_launch_overhead_s
         slowdown = self.system.gpu.overlap_compute_slowdown  # compute beside DP communication (sim/contention.py)
         last_kernel = f["lb"] / np.maximum(f["k_lb"], 1.0)  # a layer backward's mean kernel
         kernels = {n: f[f"k_{n}"] for n in UNIT_PASSES}  # kernels of one pass of each unit
         comms = {n: f[f"c_{n}"] for n in UNIT_PASSES}  # blocking communication of one pass of each unit
-        # a chunk's last backward in one segment (transformer.py _build_stage: split "none"), its
-        # blocking communication after its last kernel: no overlapped gradient buckets, no ZeRO-3 units
-        whole_segment = ~((overlap_grad & sync & (zero <= 2)) | (zero == 3))
+        # each unit's backward at the host's pace: a segment's last kernel waits for all its launches
+        # (transformer.py _run_segment), so behind its host the units end (and release their
+        # gradient buckets) n h apart, n its kernels
+        host_pace = {n: kernels[n] * launch_s for n in ("lb", "mb", "eb", "hb")}
+        # a chunk's last backward in segments, one per gradient bucket (transformer.py _segments_of):
+        # Megatron-Core's on stage 0, ZeRO-2's on every stage; ZeRO-3's one per unit; else one segment
+        bucketed = overlap_grad & sync & (zero <= 2)
         fill = np.zeros(len(t))  # micro-batch 0 down the pipeline and back up to the first stage's backward
         period = np.zeros(len(t))  # the steady state's seconds per micro-batch
         deepspeed = t.base.pipeline_p2p == "deepspeed"
@@ -237,6 +248,7 @@ class FastEstimator:
             busiest = (dense_n + moe_n).argmax()
             tf[rows] = (dense_n[busiest] * f["lf"][rows] + moe_n[busiest] * f["mf"][rows]) / vp
             tb[rows] = (dense_n[busiest] * f["lb"][rows] + moe_n[busiest] * f["mb"][rows]) / vp
+            tb_host[rows] = (dense_n[busiest] * host_pace["lb"][rows] + moe_n[busiest] * host_pace["mb"][rows]) / vp
             # the host of each stage issues its M micro-batches' kernels without waiting; the stage's
             # last backward then still passes down the stages before it, a chunk's backward and a send each
             issued_f = _per_stage(kernels, "f", rows, dense_n, moe_n) * launch_s
@@ -247,17 +259,24 @@ class FastEstimator:
             below = np.cumsum(down, axis=1) - down
             # the last backward starts once all else is issued, then takes its stream time; or after the
             # last launch: its last kernel, its blocking communication (one segment) and ZeRO-2 reduction
-            after_launch = np.where(whole_segment[rows, None], _per_stage(comms, "b", rows, dense_n, moe_n) / vp, 0.0)
-            after_launch += last_kernel[rows, None] + np.where(fsdp_rows[:, None], 0.0, stage - passes) / vp
+            # (ZeRO-3: a layer's); in gradient buckets, _after_last_launch
+            whole = _per_stage(comms, "b", rows, dense_n, moe_n) / vp * (zero != 3)[rows, None]
+            split = np.zeros_like(whole, dtype=bool)
+            split[:, 0], split[:, 1:] = bucketed[rows], (bucketed & (zero == 2))[rows, None]
+            slots = ["first", *["second"] * (pp - 2), "last"][:pp]  # _group_costs's stages
+            in_buckets = np.column_stack([_after_last_launch(g, f, rows, slot, launch_s) for slot in slots])
+            after_launch = np.where(split, in_buckets, last_kernel[rows, None] + whole)
+            after_launch += np.where(fsdp_rows[:, None], 0.0, stage - passes) / vp
             last_pass = np.maximum(after_launch, (back - issued + issued_f) / vp + launch_s)
             host_s[rows] = (M[rows, None] * issued + below + last_pass).max(axis=1)
+            host_chain[rows] = (M[rows, None] * issued + below + after_launch).max(axis=1)
             # stage 0's micro-batch 0: the stream ahead of its host after its first forward and its
             # first backward, which comes after its warm-up forwards (in whole-stage units)
             warm = in_flight_microbatches(c["schedule"][rows], 0, pp, M[rows], vp)
             lead_f = issued_f[:, 0] / vp + last_kernel[rows] - forward[:, 0] / vp
             lead_b = warm * issued_f[:, 0] + (issued[:, 0] - issued_f[:, 0]) / vp + last_kernel[rows] - back[:, 0] / vp
             lead_b = np.where(gpipe[rows], 0.0, lead_b - fill[rows] - 2 * (pp - 1) * g["p2p"][rows])  # GPipe: below
-            host_leads[rows] = np.maximum(lead_f, lead_b)
+            host_leads[rows], forward_leads[rows] = np.maximum(lead_f, lead_b), lead_f
             # GPipe: a stage's backward phase starts when its M forwards are done (the last one issued
             # after the others, then its stream time) and micro-batch 0's backward has come down to it,
             # each stage's first backward as its host issues it; then M backwards back to back
@@ -300,7 +319,8 @@ class FastEstimator:
         stretch = _slowed(tf, hidden_f, s_f) - tf + stretch_b
         # the reductions' end holds still while they outlast the pass: its stretch shortens what shows
         last_bwd = np.where(megatron & overlap_grad, np.maximum(last_bwd - stretch_b, 0.0), last_bwd)
-        stream_end = pipeline + stretch + np.maximum(gather_before + launch_s, host_leads)
+        leads = np.maximum(gather_before + launch_s, host_leads)
+        stream_end = pipeline + stretch + leads
         # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP stream, whose
         # window opens at the first stage's first backward: micro-batch 0 down the pipeline and back up
         # (`fill`; under GPipe after the last stage's M forwards, or its host's)
@@ -312,6 +332,18 @@ class FastEstimator:
         layer_s = _contended(f["lf"] + f["lb"], f["c_lf"] + f["c_lb"], slowdown)
         stream_end += np.where((zero == 2) & overlap_grad, _slowed(window, M * grad, layer_s) - window, 0.0)
         passes_end = np.maximum(stream_end, host_end)
+        # overlapped reductions after the last backward, on whichever chain ends it (_behind_either): the
+        # stream's holds stage 0's host lead on micro-batch 0's first backward only where that is not
+        # the last (M > 1), and GPipe's backward phase after its hosts' forwards
+        lead = np.maximum(gather_before + launch_s, np.where(M > 1, host_leads, forward_leads))
+        stream_chain = np.maximum(stream_end - leads + lead, host_forwards + launch_s)
+        exposed_host = np.where(
+            megatron,
+            _first_chunk_exposed(g, f | host_pace, "grad", tb_host, hop_b, v, p),
+            _exposed(grad, buckets, tb_host, v, p),
+        )
+        behind = _behind_either(last_bwd, exposed_host, passes_end, stream_chain, host_chain)
+        last_bwd = np.where(overlap_grad, behind, last_bwd)
         backlog = M * grad - (passes_end - opens)
         zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), 0.0)  # else inside the stages
         exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
@@ -504,6 +536,9 @@ class FastEstimator:
                     (dp_s(op, _sum([w for w, _ in units[a:b]]), nbytes), [k for _, k in units[a:b]]) for a, b in spans
                 ]
                 slots[f"{name}_{label}0"] = sum(seconds for seconds, _ in chunk0)
+                if label == "grad":  # its backward's last two buckets, split on every stage (ZeRO-2)
+                    split = bucket_spans([sum(w) for w, _ in units], job.plan.bucket_params)
+                    slots.update(_last_buckets(f"{name}_grad", [[k for _, k in units[a:b]] for a, b in split]))
                 slots[f"{name}_{label}_later"] = sum(dp_s(op, w, nbytes) for w in later) / max(len(later), 1)
                 # a forward waits for the gathers in the mirror image of a backward's reductions
                 slots.update(_bucket_tails(f"{name}_{label}", chunk0 if label == "grad" else chunk0[::-1]))
@@ -709,6 +744,55 @@ def _bucket_tails(prefix: str, buckets: list[tuple[float, list[str]]]) -> dict[s
         after = Counter(k for _, kinds in buckets[j + 1 :] for k in kinds)
         out.update({f"{prefix}_tail{tail}_{x}": float(after[x]) for x in "lmeh"})
     return out
+
+
+def _behind_either(
+    stream_s: np.ndarray, host_s: np.ndarray, end_s: np.ndarray, stream_end_s: np.ndarray, host_end_s: np.ndarray
+) -> np.ndarray:
+    """What of the overlapped gradient reductions outlasts the passes that release them (each bucket
+    when its units' backward ends), the passes ending at end_s. In max-plus terms a unit ends at the
+    later of two chains: the stream's, its passes back to back (ending at stream_end_s), and the
+    host's, each unit's last kernel waiting for all its launches (transformer.py _run_segment), the
+    units n h apart (ending at host_end_s). `stream_s`, `host_s`: the reductions' excess over the
+    passes on each chain alone (_first_chunk_exposed, _exposed); each counts less by how long
+    before end_s its chain ends. Exact where the chains cross once (uniform units)."""
+    return np.maximum(stream_s - (end_s - stream_end_s), host_s - (end_s - host_end_s))
+
+
+def _last_buckets(prefix: str, buckets: list[list[str]]) -> dict[str, float]:
+    """The units of each kind (l, m, e, h) in a backward's last gradient bucket, `{prefix}_end1_{x}`,
+    and in the bucket before it, `{prefix}_end2_{x}` (none where the backward is one bucket)."""
+    out: dict[str, float] = {}
+    for i in (1, 2):
+        kinds = Counter(buckets[-i] if len(buckets) >= i else [])
+        out.update({f"{prefix}_end{i}_{x}": float(kinds[x]) for x in "lmeh"})
+    return out
+
+
+def _after_last_launch(
+    g: dict[str, np.ndarray], f: dict[str, np.ndarray], rows: np.ndarray, slot: str, launch_s: float
+) -> np.ndarray:
+    """Seconds a backward in gradient buckets, a segment each (transformer.py _segments_of, _run_segment:
+    a segment's last kernel waits for all its launches, its blocking communication follows it), runs
+    after its host's last launch: the last bucket's last kernel and blocking communication; or, from
+    the last launch of the bucket before (n h earlier, n the last bucket's kernels), that bucket's last
+    kernel and blocking communication, then the last bucket's stream seconds S: less n h. The later of
+    the two (exact for two buckets; the buckets before taken as ended by then); a bucket's last kernel
+    is its mean one. `slot`: _group_costs's stage; `f`: the units' pass seconds, communication, kernels."""
+
+    def units(i: int, of: str) -> np.ndarray:
+        """Bucket i from the end: the sum over its units of f[f"{of}{unit}b"] ("": seconds)."""
+        out = np.zeros(int(rows.sum()))
+        for u in "lmeh":
+            out = out + g[f"{slot}_grad_end{i}_{u}"][rows] * f[f"{of}{u}b"][rows]
+        return out
+
+    def tail(i: int) -> np.ndarray:  # its last kernel and blocking communication
+        comm = units(i, "c_")
+        return (units(i, "") - comm) / np.maximum(units(i, "k_"), 1.0) + comm
+
+    before = tail(2) + units(1, "") - units(1, "k_") * launch_s
+    return np.maximum(tail(1), np.where(units(2, "k_") > 0, before, 0.0))
 
 
 def _first_chunk_exposed(
