@@ -414,6 +414,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/search_cmds.py", "DistributionOptions(vm, samples, seed, distribution_top, across_runs)",
       "DistributionOptions(vm, samples, seed, distribution_top)", "search --across-runs not passed to the sampling",
       _t("search_objectives")),
+    M("costs/gemm_shape.py", "return t / (sm_count * np.ceil(t / sm_count))", "return t / (sm_count * t / sm_count)",
+      "a GEMM's last wave of tiles fills every SM", _t("gemm_shape")),
+    M("costs/gemm_shape.py", "return wave_fraction(tiles, sm_count) * tile_fill(m_, n_, TILE_M, TILE_N)",
+      "return wave_fraction(tiles, sm_count)", "a GEMM's partial edge tiles do useful work", _t("gemm_shape")),
 )
 # fmt: on
 
