@@ -22,8 +22,9 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   · wave_efficiency ** wave_exponent), wave_efficiency the filled share of its 128×128 output tiles'
   waves over the SMs (costs/gemm_shape.py; H100's 132 SMs here, A100's 108 in its checks). Chosen by
   tools/gemm_waves.py on kernel tables alone (issue 28): fitted on half of the shapes, it cut the other
-  half's geomean |error| on H100 from 9.9% to 7.7% (A100, not fitted: 6.9% → 6.7%). Priced where a GEMM's
-  shape is known (Transformer Engine GEMMs, Op.kn) and the GPU has an sm_count; bf16 elsewhere.
+  half's geomean |error| on H100 from 9.9% to 7.7% (A100, not fitted: 6.9% → 6.7%). NOT priced by the
+  cost model: applied to Transformer Engine GEMMs (Op.kn) it moved the fitting table from 4.6% to 5.2%
+  geomean (issue 28); the decision is the lead's, the entry stays so the comparison can be rerun.
   The fp8 rule, stated because the fp8 curve was first chosen in a session that had the step-time
   table in view (issue #14): every curve is least squares on log time over ALL rows of its source,
   nothing dropped; fp8 has one usable source, and its 9 shapes include a skinny GEMM (802816 × 192 ×

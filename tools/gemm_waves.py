@@ -41,6 +41,10 @@ so the two checks below, not looked at before, are its confirmation: rows with m
 7.0% holding 7B out, 9.7% -> 6.5% holding 70B out; A100 9.6% -> 8.5%, 5.4% -> 4.5%). Its cost: A100
 is predicted slower (signed +6.8% vs -0.3%; +12.2% vs +5.3% on 7B held out). Own H100 fp32 (CUDA-core
 SIMT kernels, their own curve): no gain (6.0% -> 7.0% with 128×128 tiles, 5.7% with 128×256).
+Priced on Transformer Engine GEMMs (forward m × n, dgrad m × k, wgrad k × n; not committed) with the
+bf16_shaped refit on all rows, it moved the FITTING table (validation/step_times.py) from ALL 4.6% /
+6.9% / -20.9% to 5.2% / 7.5% / -22.7% (megatron-core 8.1% -> 11.3%): the shaped curve's higher e_max
+makes the ~0.97-wave-filled training GEMMs ~3-4% faster, on rows already predicted too fast.
 """
 
 from __future__ import annotations

@@ -47,8 +47,9 @@ class GPUSpec(BaseModel):
     )
     sm_count: PositiveInt | None = Field(
         None,
-        description="Streaming multiprocessors (datasheet / architecture whitepaper): a GEMM's output tiles "
-        "run over them in whole waves (costs/gemm_shape.py). None: GEMMs are priced by their FLOPs alone.",
+        description="Streaming multiprocessors (datasheet / architecture whitepaper), over which a GEMM's "
+        "output tiles run in whole waves (costs/gemm_shape.py; tools/gemm_waves.py). Not read by the cost "
+        "model: GEMMs are priced by their FLOPs alone (issue 28).",
     )
 
 
