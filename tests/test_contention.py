@@ -42,6 +42,15 @@ def test_a_blocking_collective_on_the_compute_stream_slows_nothing():
     assert simulate_with_contention(b.build(), np.array([0.2])).step_time_s == pytest.approx(14 * MS)
 
 
+def test_a_rank_without_communication_runs_as_alone():
+    # one GPU: a 10 ms GEMM and nothing in flight beside it (a collective of 0 s is never in flight): 10 ms at s = 0.2
+    b = GraphBuilder()
+    b.task("gemm", b.resource(0, "compute"), 10 * MS, C, "gemm")
+    assert simulate_with_contention(b.build(), np.array([0.2])).step_time_s == pytest.approx(10 * MS)
+    b.task("empty_all_reduce", b.resource(0, "dp_comm"), 0.0, M, "dp_all_reduce")
+    assert simulate_with_contention(b.build(), np.array([0.2])).step_time_s == pytest.approx(10 * MS)
+
+
 def test_zero_slowdown_is_the_plain_simulation():
     b = GraphBuilder()
     comp, dp = b.resource(0, "compute"), b.resource(0, "dp_comm")

@@ -154,6 +154,7 @@ def test_fast_path_agrees_with_graph_on_context_parallel_plans(cp_comm):
         for cp in (2, 4)
     ]
     valid, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-h100", "num_nodes": 2}, plans)
+    # measured at s = 0.189 (the presets' contention): worst 1.28% (p2p) to 1.64% (torch_allgather)
     assert len(valid) == 8 and rel.max() < 0.02
 
 

@@ -55,16 +55,17 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    bounds (host and stream alike busy) an approximation (tests/test_fast_estimate.py).
                    Overlapped DP reductions are released on whichever chain ends the last backward: the
                    stream's (exposed DP above) or the host's, its units n h apart (_behind_either)
-    contention     compute beside DP communication on another stream runs at 1/(1 + s) of its rate
-                   (GPUSpec.overlap_compute_slowdown, sim/contention.py): c seconds beside a seconds
-                   from a common start take min(c (1 + s), c + s/(1 + s) a) (_slowed, exact), s scaled
-                   by a pass's compute share (_contended). ZeRO-3 unit by unit (_fsdp_pass: beside
-                   what its DP stream holds when the unit starts, exact there; _fsdp_step: beside its
-                   gathers and reduce-scatters); Megatron-Core's buckets: the first forward beside the
-                   gathers it hides, the last backward beside the reductions it hides (their end holds,
-                   what shows shrinks); ZeRO-2: the stream's window beside the M reductions. Pipeline
-                   sends beside the passes are not counted (graph: ~1-2 sends' worth per micro-batch
-                   and chunk, under 2.4% of the grid's steps at s = 0.189).
+    contention     compute beside communication on another stream runs at 1/(1 + s) of its rate
+                   (GPUSpec.overlap_compute_slowdown, sim/contention.py). A segment of the graph runs
+                   its compute first, then its blocking TP/CP communication (not slowed): c seconds of
+                   compute beside a seconds from a common start take min(c (1 + s), c + s/(1 + s) a)
+                   (_slowed, exact for one segment). ZeRO-3 unit by unit (_fsdp_pass: beside what its
+                   DP stream holds when the unit starts, exact there; _fsdp_step: beside its gathers
+                   and reduce-scatters); Megatron-Core's buckets: the first forward beside the gathers
+                   it hides, the last backward beside the reductions it hides, and what outlasts them
+                   again with the passes that much slower; per micro-batch and stage
+                   (_released_beside): ZeRO-2's reductions, each beside the segment after its bucket,
+                   and the overlapped pipeline sends, each beside the pass after it.
 Approximations: stages are uniform but for the embedding and head, sends cost the same on every
 hop, and a pass either runs back to back or waits long enough. tests/test_fast_estimate.py bounds
 the disagreement with the graph simulation (every plan of its grids within 2%).
@@ -174,6 +175,7 @@ class FastEstimator:
         zero2_blocking = (zero == 2) & sync & ~overlap_grad
         slowest, total = np.zeros(len(t)), np.zeros(len(t))
         tf, tb, host_s = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
+        tf_blocking, tb_blocking = np.zeros(len(t)), np.zeros(len(t))  # their blocking communication
         tb_host = np.zeros(len(t))  # tb at the host's pace: its kernels' launches
         host_chain = np.zeros(len(t))  # the passes' end where the last backward runs behind its host
         host_forwards = np.zeros(len(t))  # GPipe: the host's M forwards, then the backward phase on the stream
@@ -223,6 +225,21 @@ class FastEstimator:
                 stage[fsdp_rows], passes[fsdp_rows], fsdp_back[fsdp_rows] = self._fsdp_stages(
                     t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"]
                 )
+            # compute slowed beside the sends and ZeRO-2 reductions its passes release (_released_beside)
+            released = _released_beside(
+                forward,
+                backward,
+                _per_stage(comms, "f", rows, dense_n, moe_n),
+                _per_stage(comms, "b", rows, dense_n, moe_n),
+                np.where(blocking[rows], 0.0, g["p2p"][rows]),
+                np.where((zero == 2)[rows] & overlap_grad[rows] & sync[rows], g["grad"][rows], 0.0),
+                g["buckets"][rows],
+                gpipe[rows],
+                vp,
+                slowdown,
+            )
+            stage += released
+            passes += released
             slowest[rows] = stage.max(axis=1)
             if blocking[rows].any():
                 lockstep[rows] = _blocking_pipeline(stage, M[rows], g["p2p"][rows], deepspeed)
@@ -248,6 +265,8 @@ class FastEstimator:
             busiest = (dense_n + moe_n).argmax()
             tf[rows] = (dense_n[busiest] * f["lf"][rows] + moe_n[busiest] * f["mf"][rows]) / vp
             tb[rows] = (dense_n[busiest] * f["lb"][rows] + moe_n[busiest] * f["mb"][rows]) / vp
+            tf_blocking[rows] = (dense_n[busiest] * f["c_lf"][rows] + moe_n[busiest] * f["c_mf"][rows]) / vp
+            tb_blocking[rows] = (dense_n[busiest] * f["c_lb"][rows] + moe_n[busiest] * f["c_mb"][rows]) / vp
             tb_host[rows] = (dense_n[busiest] * host_pace["lb"][rows] + moe_n[busiest] * host_pace["mb"][rows]) / vp
             # the host of each stage issues its M micro-batches' kernels without waiting; the stage's
             # last backward then still passes down the stages before it, a chunk's backward and a send each
@@ -296,41 +315,48 @@ class FastEstimator:
         buckets = g["buckets"]
         grad, gather = g["grad"], g["gather"]
         megatron = zero <= 1  # DDP and the distributed optimizer: Megatron-Core's bucketing (_first_chunk_exposed)
-        hop_b, hop_f = tb + g["p2p"], tf + g["p2p"]
-        exposed_b = np.where(
-            megatron, _first_chunk_exposed(g, f, "grad", tb, hop_b, v, p), _exposed(grad, buckets, tb, v, p)
-        )
-        last_bwd = np.where(overlap_grad, exposed_b, g["grad_whole"])
-        exposed_f = np.where(
-            zero == 1, _first_chunk_exposed(g, f, "gather", tf, hop_f, v, p), _exposed(gather, buckets, tf, v, p)
-        )
+
+        def exposed(slower_f: np.ndarray, slower_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """The reductions after the last backward and the gathers before the first forward that
+            outlast the passes, each pass `slower` times its seconds alone."""
+            units = {k: v * (slower_f if k[1] == "f" else slower_b) for k, v in f.items() if len(k) == 2}
+            pass_b, pass_f = tb * slower_b, tf * slower_f
+            hop_b, hop_f = pass_b + g["p2p"], pass_f + g["p2p"]
+            b = np.where(
+                megatron,
+                _first_chunk_exposed(g, units, "grad", pass_b, hop_b, v, p),
+                _exposed(grad, buckets, pass_b, v, p),
+            )
+            fw = np.where(
+                zero == 1,
+                _first_chunk_exposed(g, units, "gather", pass_f, hop_f, v, p),
+                _exposed(gather, buckets, pass_f, v, p),
+            )
+            return np.where(overlap_grad, b, g["grad_whole"]), np.where(gathering, fw, 0.0)
+
         # overlapped behind the first forward, else all at once after the optimizer step
-        gather_before = np.where(((zero == 1) | (zero == 2)) & (c["overlap_param"] > 0), exposed_f, 0.0)
+        gathering = ((zero == 1) | (zero == 2)) & (c["overlap_param"] > 0)
         gather_after = np.where(((zero == 1) | (zero == 2)) & (c["overlap_param"] == 0), g["gather_whole"], 0.0)
+        last_bwd, gather_before = exposed(np.ones(len(t)), np.ones(len(t)))
         # the passes end with the latest of the module docstring's host bounds
         host_end = np.maximum(host_s, host_forwards + launch_s)
         # the first forward beside the gathers it hides, the last backward beside the reductions it
-        # hides (Megatron-Core's buckets): each pass as one beside one collective (_slowed)
-        s_f = _contended(f["lf"], f["c_lf"], slowdown)
-        s_b = _contended(f["lb"], f["c_lb"], slowdown)
-        hidden_f = np.where(gather_before > 0, np.maximum(gather - gather_before, 0.0), 0.0)
-        hidden_b = np.where(megatron & overlap_grad & sync, np.maximum(grad - exposed_b, 0.0), 0.0)
-        stretch_b = _slowed(tb, hidden_b, s_b) - tb
-        stretch = _slowed(tf, hidden_f, s_f) - tf + stretch_b
-        # the reductions' end holds still while they outlast the pass: its stretch shortens what shows
-        last_bwd = np.where(megatron & overlap_grad, np.maximum(last_bwd - stretch_b, 0.0), last_bwd)
+        # hides (Megatron-Core's buckets): each pass as one beside one collective (_slowed); what
+        # outlasts them, again with the passes that much slower
+        hidden_f = np.where(gathering, np.maximum(gather - gather_before, 0.0), 0.0)
+        hidden_b = np.where(megatron & overlap_grad & sync, np.maximum(grad - last_bwd, 0.0), 0.0)
+        stretch_f = _slowed(tf, hidden_f, slowdown, tf_blocking) - tf
+        stretch_b = _slowed(tb, hidden_b, slowdown, tb_blocking) - tb
+        if slowdown:
+            last_bwd, gather_before = exposed(
+                1 + stretch_f / np.maximum(tf, 1e-300), 1 + stretch_b / np.maximum(tb, 1e-300)
+            )
         leads = np.maximum(gather_before + launch_s, host_leads)
-        stream_end = pipeline + stretch + leads
+        stream_end = pipeline + stretch_f + stretch_b + leads
         # ZeRO-2: a reduction after every micro-batch; the backward may outrun the DP stream, whose
         # window opens at the first stage's first backward: micro-batch 0 down the pipeline and back up
         # (`fill`; under GPipe after the last stage's M forwards, or its host's)
         opens = np.maximum(fill + 2 * (p - 1) * g["p2p"] + gather_before, host_opens) + launch_s
-        # its M reductions run beside the stream's passes in the window, which _slowed stretches (as one
-        # pass beside one collective: the reductions' gaps and the passes' bubbles unaccounted, an
-        # approximation); a host-bound step absorbs the stretch in its stream's idle gaps
-        window = np.maximum(stream_end - opens, 0.0)
-        layer_s = _contended(f["lf"] + f["lb"], f["c_lf"] + f["c_lb"], slowdown)
-        stream_end += np.where((zero == 2) & overlap_grad, _slowed(window, M * grad, layer_s) - window, 0.0)
         passes_end = np.maximum(stream_end, host_end)
         # overlapped reductions after the last backward, on whichever chain ends it (_behind_either): the
         # stream's holds stage 0's host lead on micro-batch 0's first backward only where that is not
@@ -339,7 +365,7 @@ class FastEstimator:
         stream_chain = np.maximum(stream_end - leads + lead, host_forwards + launch_s)
         exposed_host = np.where(
             megatron,
-            _first_chunk_exposed(g, f | host_pace, "grad", tb_host, hop_b, v, p),
+            _first_chunk_exposed(g, f | host_pace, "grad", tb_host, tb + g["p2p"], v, p),
             _exposed(grad, buckets, tb_host, v, p),
         )
         behind = _behind_either(last_bwd, exposed_host, passes_end, stream_chain, host_chain)
@@ -377,17 +403,20 @@ class FastEstimator:
                 kinds = [k[0] for k in unit_kinds(job, s, chunk)]
                 cf = [f[f"{k}f"][rows] for k in kinds]
                 cb = [f[f"{k}b"][rows] for k in kinds[::-1]]
-                sf = [_contended(cf[i], f[f"c_{k}f"][rows], slowdown) for i, k in enumerate(kinds)]
-                sb = [_contended(cb[i], f[f"c_{k}b"][rows], slowdown) for i, k in enumerate(kinds[::-1])]
+                sf = [f[f"c_{k}f"][rows] for k in kinds]  # each unit's blocking communication
+                sb = [f[f"c_{k}b"][rows] for k in kinds[::-1]]
                 ag = [g[f"ag_{k}"][rows] for k in kinds]
                 rs = [g[f"rs_{k}"][rows] for k in kinds[::-1]]
-                backward, left = _fsdp_pass(cb, ag[::-1], rs, zero, slowdown=sb)
-                backward, left = _fsdp_pass(cb, ag[::-1], rs, np.where(gpipe, left, zero), slowdown=sb)  # GPipe
-                forward, _ = _fsdp_pass(cf, ag, None, np.where(gpipe, zero, left), slowdown=sf)
+                backward, left = _fsdp_pass(cb, ag[::-1], rs, zero, slowdown=slowdown, blocking=sb)
+                backward, left = _fsdp_pass(
+                    cb, ag[::-1], rs, np.where(gpipe, left, zero), slowdown=slowdown, blocking=sb
+                )  # GPipe
+                forward, _ = _fsdp_pass(cf, ag, None, np.where(gpipe, zero, left), slowdown=slowdown, blocking=sf)
                 out[:, s] += forward + backward
                 backs[:, s] += backward
                 waited[:, s] += (
-                    _fsdp_pass(cf, ag, None, zero, True, sf)[0] + _fsdp_pass(cb, ag[::-1], rs, zero, True, sb)[0]
+                    _fsdp_pass(cf, ag, None, zero, True, slowdown, sf)[0]
+                    + _fsdp_pass(cb, ag[::-1], rs, zero, True, slowdown, sb)[0]
                 )
         return out, waited, backs
 
@@ -597,7 +626,8 @@ def _fsdp_pass(
     reduce: list[np.ndarray] | None,
     backlog: np.ndarray,
     waited: bool = False,
-    slowdown: Sequence[np.ndarray | float] = (),
+    slowdown: float = 0.0,
+    blocking: Sequence[np.ndarray] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """One pass of units under ZeRO-3, in the graph's stream order (workloads/transformer.py): on the
     DP stream the first two units' gathers once the pass before has ended (after `backlog`
@@ -606,10 +636,10 @@ def _fsdp_pass(
     before it has ended and its parameters are gathered. Returns the seconds from the end of the
     pass before to the end of this one, and the DP work still running then. `waited`: the pass
     waited for its input longer than the backlog and its first two gathers took (a pass off the
-    steady state's critical stage): the seconds from its start. `slowdown`: each unit's s
-    (_contended; none: 0); a unit's compute beside the DP work queued when it starts
-    (the stream is busy from then to `free`: what the unit's end queues runs after it) takes
-    _slowed's seconds, exact in the fluid model of sim/contention.py."""
+    steady state's critical stage): the seconds from its start. `slowdown`: s, `blocking`: each
+    unit's blocking communication (none: 0); a unit beside the DP work queued when it starts (the
+    stream is busy from then to `free`: what the unit's end queues runs after it) takes _slowed's
+    seconds, exact in the fluid model of sim/contention.py."""
     free = backlog + gather[0]  # the DP stream, from the end of the pass before
     ready = [free]
     if len(compute) > 1:
@@ -620,7 +650,7 @@ def _fsdp_pass(
     end = np.zeros_like(backlog)
     for j, seconds in enumerate(compute):
         start = np.maximum(end, ready[j])
-        end = start + _slowed(seconds, np.maximum(free - start, 0.0), slowdown[j] if slowdown else 0.0)
+        end = start + _slowed(seconds, np.maximum(free - start, 0.0), slowdown, blocking[j] if blocking else 0.0)
         if reduce is not None:
             free = np.maximum(free, end) + reduce[j]
         if j + 2 < len(compute):
@@ -629,24 +659,67 @@ def _fsdp_pass(
     return end, np.maximum(free - end, 0.0)
 
 
-def _slowed(compute_s: np.ndarray, comm_s: np.ndarray, slowdown: np.ndarray | float) -> np.ndarray:
-    """Seconds of `compute_s` of compute that starts beside `comm_s` of communication on another
-    stream, at s = `slowdown` (sim/contention.py: 1/(1 + s) of its rate while both run). Overlapped
-    throughout (comm_s ≥ compute_s (1 + s)): compute_s (1 + s); else comm_s of it at the slow rate
-    do comm_s/(1 + s) of the work and the rest runs alone: compute_s + s/(1 + s) · comm_s. A pass
-    with a share b of blocking communication (not slowed) takes x (1 + s) + y overlapped throughout:
-    s (1 − b) in place of s (_contended), its kernels taken as evenly mixed, an approximation."""
-    return np.minimum(compute_s * (1 + slowdown), compute_s + slowdown / (1 + slowdown) * comm_s)
+def _slowed(
+    pass_s: np.ndarray, comm_s: np.ndarray, slowdown: float, blocking_s: np.ndarray | float = 0.0
+) -> np.ndarray:
+    """Seconds of a segment of `pass_s` that starts beside `comm_s` of communication on another
+    stream, at s = `slowdown` (sim/contention.py: compute at 1/(1 + s) of its rate while both run).
+    The segment runs its compute c = pass_s − blocking_s first, then `blocking_s` of blocking TP/CP
+    communication on its own stream, not slowed (transformer.py _run_segment: body, last kernel,
+    tp_comm). Overlapped throughout (comm_s ≥ c (1 + s)): c (1 + s); else comm_s of it at the slow
+    rate do comm_s/(1 + s) of the work and the rest runs alone: c + s/(1 + s) · comm_s. Exact in the
+    fluid model for one segment; a pass of several segments, each its compute then its
+    communication, taken as one, an approximation."""
+    compute_s = pass_s - blocking_s
+    return np.minimum(compute_s * (1 + slowdown), compute_s + slowdown / (1 + slowdown) * comm_s) + blocking_s
 
 
-def _contended(pass_s: np.ndarray, blocking_s: np.ndarray, slowdown: float) -> np.ndarray:
-    """The s of a pass of pass_s seconds of which blocking_s are communication on its own stream (_slowed)."""
-    return slowdown * (1 - blocking_s / np.maximum(pass_s, 1e-300))
+def _beside(
+    pass_s: np.ndarray, comm_s: np.ndarray, slowdown: float, blocking_s: np.ndarray | float = 0.0
+) -> np.ndarray:
+    """Seconds until both end: a segment and communication started together (_slowed)."""
+    return np.maximum(comm_s, _slowed(pass_s, comm_s, slowdown, blocking_s))
 
 
-def _beside(compute_s: np.ndarray, comm_s: np.ndarray, slowdown: np.ndarray | float) -> np.ndarray:
-    """Seconds until both end: compute and communication started together (_slowed)."""
-    return np.maximum(comm_s, _slowed(compute_s, comm_s, slowdown))
+def _released_beside(
+    forward_s: np.ndarray,
+    backward_s: np.ndarray,
+    blocking_f_s: np.ndarray,
+    blocking_b_s: np.ndarray,
+    send_s: np.ndarray,
+    reduce_s: np.ndarray,
+    buckets: np.ndarray,
+    gpipe: np.ndarray,
+    vp: int,
+    slowdown: float,
+) -> np.ndarray:
+    """Per micro-batch, the seconds each stage (columns) loses to communication that its own passes
+    release onto other streams (sim/contention.py), from each stage's forward and backward (rows ×
+    stages, seconds per micro-batch of vp chunks, of which blocking_*_s blocking communication).
+    Each runs beside the segment after the one that released it, from its start: _slowed (that
+    segment's compute first). ZeRO-2's reductions (reduce_s per micro-batch in `buckets` alike
+    buckets over the vp chunks, transformer.py _build_stage: each bucket's after its segment): a
+    chunk backward's buckets but the last beside the bucket after them, the last beside the pass
+    after the backward (1F1B: a forward; GPipe: the next backward's first bucket). Overlapped
+    sends (send_s each, transformer.py _send): a chunk's forward sends its activations on unless it
+    holds the last virtual stage, its backward the gradients back unless it holds the first, each
+    beside the pass after it (a chunk pass of the shorter direction); a backward's send runs inside
+    its last bucket's reduction where ZeRO-2 reduces (concurrent communication counts once)."""
+    pp = forward_s.shape[1]
+    chunk_f, chunk_b, blocking_f, blocking_b = (x / vp for x in (forward_s, backward_s, blocking_f_s, blocking_b_s))
+    n = np.maximum(buckets / vp, 1.0)[:, None]  # buckets per chunk backward
+    one = reduce_s[:, None] / (vp * n)  # one bucket's reduction
+    segment, segment_blocking = chunk_b / n, blocking_b / n
+    after = np.where(gpipe[:, None], segment, chunk_f)
+    after_blocking = np.where(gpipe[:, None], segment_blocking, blocking_f)
+    inner = (n - 1) * (_slowed(segment, one, slowdown, segment_blocking) - segment)
+    reducing = vp * (inner + _slowed(after, one, slowdown, after_blocking) - after)
+    shorter = chunk_f <= chunk_b
+    beside_s = np.where(shorter, chunk_f, chunk_b)
+    one_send = _slowed(beside_s, send_s[:, None], slowdown, np.where(shorter, blocking_f, blocking_b)) - beside_s
+    sends_f = vp - (np.arange(pp) == pp - 1)[None, :]
+    sends_b = np.where(reduce_s[:, None] > 0, 0.0, vp - (np.arange(pp) == 0)[None, :])
+    return (sends_f + sends_b) * one_send + reducing
 
 
 def _fsdp_step(
@@ -660,27 +733,29 @@ def _fsdp_step(
     communication, from a common start, takes _beside(compute, communication) (the gather was issued
     a unit earlier, behind the DP stream's work: started together, an approximation)."""
 
-    def beside(unit: str, compute_s: np.ndarray, comm_s: np.ndarray) -> np.ndarray:
-        return _beside(compute_s, comm_s, _contended(f[unit], f[f"c_{unit}"], slowdown))
-
     moe_share = m.num_moe_layers / m.num_layers
     layers = m.num_layers
 
     def mean(dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
         return dense if not moe_share else (1 - moe_share) * dense + moe_share * moe
 
-    c_l, c_e, c_h = mean(f["lf"], f["mf"]), f["ef"], f["hf"]
+    def beside(unit: str, comm_s: np.ndarray) -> np.ndarray:  # unit: a pass of f's ("l": the mean layer)
+        pass_s, blocking_s = f[unit], f[f"c_{unit}"]
+        if unit[0] == "l":
+            pass_s, blocking_s = mean(pass_s, f[f"m{unit[1]}"]), mean(blocking_s, f[f"c_m{unit[1]}"])
+        return _beside(pass_s, comm_s, slowdown, blocking_s)
+
+    c_h = f["hf"]
     a_l, a_e, a_h = mean(g["ag_l"], g["ag_m"]), g["ag_e"], g["ag_h"]
-    fwd = a_e + beside("ef", c_e, a_l) + (layers - 1) * beside("lf", c_l, a_l) + beside("lf", c_l, a_h) + c_h
-    b_l, b_e, b_h = mean(f["lb"], f["mb"]), f["eb"], f["hb"]
+    fwd = a_e + beside("ef", a_l) + (layers - 1) * beside("lf", a_l) + beside("lf", a_h) + c_h
     r_l, r_e, r_h = mean(g["rs_l"], g["rs_m"]), g["rs_e"], g["rs_h"]
     bwd = (
         a_h
-        + beside("hb", b_h, a_l)
-        + beside("lb", b_l, r_h + a_l)
-        + np.maximum(layers - 2, 0) * beside("lb", b_l, r_l + a_l)
-        + beside("lb", b_l, r_l + a_e)
-        + beside("eb", b_e, r_l)
+        + beside("hb", a_l)
+        + beside("lb", r_h + a_l)
+        + np.maximum(layers - 2, 0) * beside("lb", r_l + a_l)
+        + beside("lb", r_l + a_e)
+        + beside("eb", r_l)
         + r_e
     )
     return M * (fwd + bwd)

@@ -72,6 +72,8 @@ def _union(start_s: np.ndarray, end_s: np.ndarray) -> tuple[np.ndarray, np.ndarr
     keep = end_s > start_s
     order = np.argsort(start_s[keep], kind="stable")
     starts, ends = start_s[keep][order], np.maximum.accumulate(end_s[keep][order])
+    if not starts.size:  # nothing in flight (a rank without communication: one GPU)
+        return starts, ends
     new = np.ones(starts.size, dtype=bool)
     new[1:] = starts[1:] > ends[:-1]  # a gap before this interval: a new run starts
     first = np.flatnonzero(new)
