@@ -1,11 +1,15 @@
-"""A GEMM's waves over the SMs (costs/gemm_shape.py), by hand: wave_efficiency = tiles / (SMs ·
-ceil(tiles / SMs)) · the share of its 128 × 128 tiles inside the m × n output."""
+"""A GEMM's waves over the SMs (tools/gemm_waves.py: an analysis kept out of the cost model), by hand:
+wave_efficiency = tiles / (SMs · ceil(tiles / SMs)) · the share of its 128 × 128 tiles inside the m × n output."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from itercast.costs.gemm_shape import wave_efficiency
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from gemm_waves import wave_efficiency
 
 SMS = 132  # H100 SXM5
 

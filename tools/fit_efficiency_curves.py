@@ -18,13 +18,6 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   were left out; a curve fitted on XLA alone misses them by 21% (too fast), one fitted on vidur
   alone misses XLA's by 61%, so both count and neither is dropped. Checked (not fitted) against
   vidur's A100 projections and the cuBLASLt A100 fp16 GEMMs, at A100's peak.
-  bf16_shaped: the same rows and weights with each GEMM's shape, time = alpha + flops / (peak · eff(flops)
-  · wave_efficiency ** wave_exponent), wave_efficiency the filled share of its 128×128 output tiles'
-  waves over the SMs (costs/gemm_shape.py; H100's 132 SMs here, A100's 108 in its checks). Chosen by
-  tools/gemm_waves.py on kernel tables alone (issue 28): fitted on half of the shapes, it cut the other
-  half's geomean |error| on H100 from 9.9% to 7.7% (A100, not fitted: 6.9% → 6.7%). NOT priced by the
-  cost model: applied to Transformer Engine GEMMs (Op.kn) it moved the fitting table from 4.6% to 5.2%
-  geomean (issue 28); the decision is the lead's, the entry stays so the comparison can be rerun.
   The fp8 rule, stated because the fp8 curve was first chosen in a session that had the step-time
   table in view (issue #14): every curve is least squares on log time over ALL rows of its source,
   nothing dropped; fp8 has one usable source, and its 9 shapes include a skinny GEMM (802816 × 192 ×
@@ -52,7 +45,6 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.costs.fitting import (
@@ -64,7 +56,6 @@ from itercast.costs.fitting import (
     fit_latency_curve,
     mean_abs_err,
 )
-from itercast.costs.gemm_shape import TILE_M, TILE_N, wave_efficiency
 from itercast.data_paths import read_csv_rows, shared_data_dir
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
@@ -72,7 +63,6 @@ KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"
 SMALL_BUS_BYTES = 1 << 20  # inter-node fits: latency regime below, bandwidth regime above
 H100_BF16_PEAK, H100_TF32_PEAK, H100_FP8_PEAK = 989.4e12, 494.7e12, 1978.9e12  # dense, H100 SXM datasheet
 A100_BF16_PEAK = 312e12  # A100 datasheet, dense
-H100_SMS, A100_SMS = 132, 108  # SMs: H100 SXM5 and A100 architecture whitepapers (presets' sm_count)
 HBM = {"h100": 3350e9, "a100": 2039e9}
 from itercast.costs.analytic import BUS_FACTOR, bus_bytes  # noqa: E402
 
@@ -118,14 +108,12 @@ def fit_gemm(data: Path) -> dict:
     weights = np.r_[np.full(len(xla.m), 1 / len(xla.m)), np.full(len(vidur.m), 1 / len(vidur.m))]
     both = xla + vidur
     out["bf16"] = fit_latency_curve(both.flops, both.seconds, H100_BF16_PEAK, weights=weights)
-    out["bf16_shaped"] = fit_wave_curve(both, H100_BF16_PEAK, H100_SMS, weights)
     lt = read_csv_rows(data / "kernels" / "azure_ai_benchmarking_guide_gemm_cublaslt.csv")
     fp8 = [r for r in lt if r["dtype"] == "fp8"]
     flops = np.array([2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) for r in fp8])
     times = flops / (np.array([float(r["TFLOPs"]) for r in fp8]) * 1e12)
     out["fp8"] = fit_latency_curve(flops, times, H100_FP8_PEAK, alpha_s=out["bf16"]["alpha_s"])
-    # held-out checks (not fitted): the bf16 curves, fitted on H100, predicting A100 GEMMs at A100's
-    # peak (and SM count)
+    # held-out checks (not fitted): the bf16 curve, fitted on H100, predicting A100 GEMMs at A100's peak
     a100 = [r for r in lt if r["dtype"] == "fp16"]
     m, n, k = (np.array([float(r[c]) for r in a100]) for c in "mnk")
     cublaslt = GemmRows(np.ones_like(m), m, n, k, 2 * m * n * k / (np.array([float(r["TFLOPs"]) for r in a100]) * 1e12))
@@ -136,43 +124,13 @@ def fit_gemm(data: Path) -> dict:
         b, f = out["bf16"], rows.flops
         predicted = b["alpha_s"] + f / (A100_BF16_PEAK * eff(f, b["e_max"], b["log_half"], b["gamma"]))
         out["bf16"][check] = mean_abs_err(predicted, rows.seconds)
-        shaped = wave_curve_s(out["bf16_shaped"], rows, A100_BF16_PEAK, A100_SMS)
-        out["bf16_shaped"][check] = mean_abs_err(shaped, rows.seconds)
     out["source"] = (
         "OpenXLA default_matmul_perf_table (sm_90 = H100), ROCm/xla@dc66032 (bf16, tf32); bf16 also "
         "microsoft/vidur@7d47513 compute__h100__Llama-2-{7b,70b}-hf__mlp.csv projections; fp8: Azure "
         "AI-benchmarking-guide cuBLASLt H100 table (fork samuel-bohman@26d18e9), latency pinned to bf16's; "
-        "bf16_shaped: bf16's rows with their shapes (costs/gemm_shape.py); see tools/fit_efficiency_curves.py"
+        "see tools/fit_efficiency_curves.py"
     )
     return out
-
-
-def wave_curve_s(fit: dict, rows: GemmRows, peak_flops: float, sm_count: int) -> np.ndarray:
-    """Seconds of `rows` under a bf16_shaped fit: alpha + F / (peak · eff(F) · wave_efficiency ** p)."""
-    u = wave_efficiency(rows.m, rows.n, sm_count, rows.b)
-    rate = peak_flops * eff(rows.flops, fit["e_max"], fit["log_half"], fit["gamma"]) * u ** fit["wave_exponent"]
-    return fit["alpha_s"] + rows.flops / rate
-
-
-def fit_wave_curve(rows: GemmRows, peak_flops: float, sm_count: int, weights: np.ndarray) -> dict:
-    """The GEMM curve with the shape's waves (costs/gemm_shape.py), least squares on log time, `weights`
-    per row; the exponent p in [0, 3] (0: FLOPs alone)."""
-
-    def params(v: np.ndarray) -> dict:
-        return {"alpha_s": v[0] * 1e-6, "e_max": v[1], "log_half": v[2], "gamma": v[3], "wave_exponent": v[4]}
-
-    def residual(v: np.ndarray) -> np.ndarray:
-        return (np.log(wave_curve_s(params(v), rows, peak_flops, sm_count)) - np.log(rows.seconds)) * np.sqrt(weights)
-
-    lo, hi = [0, 0.05, 5, 0.1, 0.0], [50, 1.2, 40, 4, 3.0]
-    starts = [[3.0, 0.8, math.log(np.median(rows.flops)), 1.0, p] for p in (0.05, 0.3, 0.8)]
-    fit = min((least_squares(residual, x0=x0, bounds=(lo, hi)) for x0 in starts), key=lambda r: r.cost)
-    return {
-        **params(fit.x),
-        "points": len(rows.m),
-        "fit_mean_abs_err": mean_abs_err(wave_curve_s(params(fit.x), rows, peak_flops, sm_count), rows.seconds),
-        "tile": f"{TILE_M}x{TILE_N}",
-    }
 
 
 def vidur_gemms(data: Path, gpu: str) -> GemmRows:

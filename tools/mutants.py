@@ -7,7 +7,7 @@
 
 A mutant replaces one exact snippet of one source file with a plausible mistake (a factor dropped,
 the wrong group, the wrong dtype). The working tree is never touched: the repository is copied to a
-temporary directory (itercast/ and tests/ copied, everything else linked), the mutant is written
+temporary directory (itercast/, tests/ and tools/ copied, everything else linked), the mutant is written
 into the copy, and `python -m pytest -x -q` runs there on the test files that cover it (the copy's
 `itercast` is imported, checked before the first mutant; no bytecode is written, so no stale .pyc
 survives a mutant). First the union of those test files must pass unmutated (the baseline).
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("itercast", "tests")  # copied (mutated, and tests import the copy); the rest is linked
+COPIED = ("itercast", "tests", "tools")  # copied (mutated, and tests import the copy); the rest is linked
 NOT_LINKED = {".git", ".venv", "itercast.egg-info", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
 
@@ -426,9 +426,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/search_cmds.py", "DistributionOptions(vm, samples, seed, distribution_top, across_runs)",
       "DistributionOptions(vm, samples, seed, distribution_top)", "search --across-runs not passed to the sampling",
       _t("search_objectives")),
-    M("costs/gemm_shape.py", "return t / (sm_count * np.ceil(t / sm_count))", "return t / (sm_count * t / sm_count)",
+    # -- tools/ analyses the cost model does not use (their files relative to itercast/ too) -----------
+    M("../tools/gemm_waves.py", "return t / (sm_count * np.ceil(t / sm_count))", "return t / (sm_count * t / sm_count)",
       "a GEMM's last wave of tiles fills every SM", _t("gemm_shape")),
-    M("costs/gemm_shape.py", "return wave_fraction(tiles, sm_count) * tile_fill(m_, n_, TILE_M, TILE_N)",
+    M("../tools/gemm_waves.py", "return wave_fraction(tiles, sm_count) * tile_fill(m_, n_, tile_m, tile_n)",
       "return wave_fraction(tiles, sm_count)", "a GEMM's partial edge tiles do useful work", _t("gemm_shape")),
 )
 # fmt: on

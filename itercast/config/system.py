@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, model_validator
 
 from itercast.config.strict import STRICT, Ranks
 
@@ -44,12 +44,6 @@ class GPUSpec(BaseModel):
         2 * 1024**3,
         description="Memory not available to tensors: CUDA context, cuBLAS/NCCL workspaces, "
         "allocator fragmentation. An estimate, not a measurement.",
-    )
-    sm_count: PositiveInt | None = Field(
-        None,
-        description="Streaming multiprocessors (datasheet / architecture whitepaper), over which a GEMM's "
-        "output tiles run in whole waves (costs/gemm_shape.py; tools/gemm_waves.py). Not read by the cost "
-        "model: GEMMs are priced by their FLOPs alone (issue 28).",
     )
 
 
