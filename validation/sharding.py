@@ -11,7 +11,10 @@ data/measured/cpu_profile_1thread.db (`itercast profile run --threads 1`: each r
 on its core; `itercast calibrate`: memory and gloo collective curves, the operator models of the
 lookup, the sparse update and the GEMMs). The calibration is fitted on microbenchmarks only:
 nothing here was fitted to the step times. Also shown: the same calibrated on the 2-thread
-database (cpu_profile.db: one process using both cores), and cpu-host's nominal curves.
+database (cpu_profile.db: one process using both cores), on cpu_profile_1thread_corun.db (the
+embedding and elementwise grids measured by two `profile run --threads 1` at once, each operator
+while the other core ran the same grid, as the two ranks of a step do; its GEMMs and collectives
+from cpu_profile_1thread.db), and cpu-host's nominal curves.
 Per sharding: the median step over all timed steps (and how far its rounds' medians spread); per
 set: the planner's pick (least predicted
 time among the set's shardings), whether it is the measured fastest, its measured loss if not and
@@ -86,11 +89,16 @@ def main() -> None:
     measured, spread, every = read(args.csv)
     system = load_system("cpu-host", node={"gpus_per_node": 2})
     calibrations: list[tuple[str, dict | None]] = []
-    for name in ("cpu_profile_1thread.db", "cpu_profile.db"):
-        db = ProfileDB(MEASURED / name, readonly=True)
+    alone = ProfileDB(MEASURED / "cpu_profile_1thread.db", readonly=True)
+    corun = with_families_from(ProfileDB(MEASURED / "cpu_profile_1thread_corun.db", readonly=True), alone)
+    for label, db in (
+        ("cpu_profile_1thread.db", alone),
+        ("cpu_profile.db", ProfileDB(MEASURED / "cpu_profile.db", readonly=True)),
+        ("cpu_profile_1thread_corun.db (each operator measured while the other core ran the same grid)", corun),
+    ):
         threads = db.devices()[-1][2].get("threads")
         doc = calibrate(db, db.devices()[-1][0], system)
-        calibrations.append((f"calibrated on {name} ({threads} thread(s) per operator)", merge_calibration(doc)))
+        calibrations.append((f"calibrated on {label} ({threads} thread(s) per operator)", merge_calibration(doc)))
     calibrations.append(("nominal cpu-host curves", None))
     base = load_dlrm("dlrm-small")
     hosts: dict[str, HostOverheads] = {
@@ -119,6 +127,23 @@ def main() -> None:
         for h in hosts:
             print(f"-- {h}: ", end="")
             picks(measured, spread, every, predicted[h])
+
+
+def with_families_from(db: ProfileDB, other: ProfileDB) -> ProfileDB:
+    """An in-memory database of `db`'s rows (every pass) and `other`'s rows of the families `db` lacks,
+    under `db`'s device: calibrated as one, each family's curve and operator model comes from one
+    database (cpu_profile_1thread_corun.db holds embedding and elementwise only; its GEMMs and
+    collectives come from cpu_profile_1thread.db)."""
+    device_id, name, fingerprint = db.devices()[-1]
+    rows = list(db.measurements(device_id=device_id, passes=True))
+    have = {m.family for m in rows}
+    out = ProfileDB(":memory:")
+    into = out.device(name, fingerprint)
+    out.add(into, rows)
+    out.add(
+        into, (m for m in other.measurements(device_id=other.devices()[-1][0], passes=True) if m.family not in have)
+    )
+    return out
 
 
 def picks(

@@ -1,0 +1,38 @@
+"""validation/sharding.py's combination of two profiling databases (with_families_from): the rows of
+one, and the families it lacks from the other, on rows written by hand (nothing is measured)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+from sharding import with_families_from
+
+from itercast.measurements import Measurement
+from itercast.profile.db import ProfileDB
+
+
+def _row(family: str, op: str, time_s: float, **params: object) -> Measurement:
+    return Measurement(family, op, 1024.0, time_s, "fp32", params=dict(params))
+
+
+def test_families_the_first_lacks_come_from_the_second(tmp_path: Path):
+    corun = ProfileDB(tmp_path / "corun.db")
+    c = corun.device("cpu", {"threads": 1, "corun": True})
+    corun.add(c, [_row("embedding", "embedding_bag_fwd", t, rows=10, **{"pass": p}) for p, t in ((1, 1.0), (2, 3.0))])
+    corun.add(c, [_row("elementwise", "add", 0.5, elements=256)])
+    alone = ProfileDB(tmp_path / "alone.db")
+    a = alone.device("cpu", {"threads": 1})
+    alone.add(a, [_row("embedding", "embedding_bag_fwd", 10.0, rows=10), _row("gemm", "mm", 7.0, m=4)])
+
+    both = with_families_from(corun, alone)
+    assert [fp for _, _, fp in both.devices()] == [{"threads": 1, "corun": True}]  # the first database's device
+    rows = {(m.family, m.op): m for m in both.measurements()}
+    assert sorted(rows) == [("elementwise", "add"), ("embedding", "embedding_bag_fwd"), ("gemm", "mm")]
+    # the first database's two passes stay passes: read as their median (1.0 + 3.0) / 2 = 2.0, not alone's 10.0
+    assert rows["embedding", "embedding_bag_fwd"].time_s == pytest.approx(2.0)
+    assert rows["embedding", "embedding_bag_fwd"].params["passes"] == 2
+    assert rows["gemm", "mm"].time_s == pytest.approx(7.0)  # the family the first lacks, from the second
