@@ -12,8 +12,8 @@ on its core; `itercast calibrate`: memory and gloo collective curves, the operat
 lookup, the sparse update and the GEMMs). The calibration is fitted on microbenchmarks only:
 nothing here was fitted to the step times. Also shown: the same calibrated on the 2-thread
 database (cpu_profile.db: one process using both cores), on cpu_profile_1thread_corun.db (the
-embedding and elementwise grids measured by two `profile run --threads 1` at once, each operator
-while the other core ran the same grid, as the two ranks of a step do; its GEMMs and collectives
+GEMM, embedding and elementwise grids measured by two `profile run --threads 1` at once, each
+operator while the other core ran the same grid, as the two ranks of a step do; its collectives
 from cpu_profile_1thread.db), and cpu-host's nominal curves.
 Per sharding: the median step over all timed steps (and how far its rounds' medians spread); per
 set: the planner's pick (least predicted
@@ -132,7 +132,7 @@ def main() -> None:
 def with_families_from(db: ProfileDB, other: ProfileDB) -> ProfileDB:
     """An in-memory database of `db`'s rows (every pass) and `other`'s rows of the families `db` lacks,
     under `db`'s device: calibrated as one, each family's curve and operator model comes from one
-    database (cpu_profile_1thread_corun.db holds embedding and elementwise only; its GEMMs and
+    database (cpu_profile_1thread_corun.db holds GEMM, embedding and elementwise only; its
     collectives come from cpu_profile_1thread.db)."""
     device_id, name, fingerprint = db.devices()[-1]
     rows = list(db.measurements(device_id=device_id, passes=True))
