@@ -20,9 +20,19 @@ again from the original durations plus the stretch, until the step moves less th
 once (their union); a collective on the compute stream itself (blocking TP) is never concurrent
 with that stream's compute and stretches nothing. Applied by predict() to model-built transformer
 steps only (DLRM and trace replays keep their measured or plain durations).
+
+Co-running ranks (issue 29 item 5; `simulate_with_corunning`): the same fluid model and fixed point
+with "communication of my rank" replaced by "compute of another rank of my node". Ranks that share a
+host's memory bandwidth and caches (DLRM's gloo ranks on one CPU) run each kernel at its co-running
+speed only while another rank of the host computes too, alone otherwise: s per task is the ratio of
+its co-running to its alone price − 1 (workloads/dlrm/step.py, `co_running`), o the seconds of its
+span during which a compute task of another rank of its node runs (their union). Host and
+communication tasks neither slow nor are slowed.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,13 +51,34 @@ def simulate_with_contention(graph: ExecGraph, slowdown_per_rank: np.ndarray) ->
     rank_of_task = graph.resource_rank[graph.resource]
     compute = graph.category == Category.COMPUTE
     s = np.asarray(slowdown_per_rank, dtype=np.float64)[rank_of_task]
-    stretch = np.where(compute, s / (1.0 + s), 0.0)
+    comm = graph.category == Category.COMMUNICATION
+    return _stretched(graph, np.where(compute, s, 0.0), lambda rank: comm & (rank_of_task == rank))
+
+
+def simulate_with_corunning(graph: ExecGraph, slowdown_per_task: np.ndarray, node_of_rank: np.ndarray) -> SimResult:
+    """Simulate `graph` with each compute task stretched by the compute of the other ranks of its node
+    that overlaps it (module docstring); `slowdown_per_task[t]` is s of task t (co-running / alone
+    seconds − 1; read for compute tasks only), `node_of_rank[r]` the node of rank r. The result's
+    graph carries the stretched durations. All s zero: exactly `simulate(graph)`."""
+    rank_of_task = graph.resource_rank[graph.resource]
+    node_of_task = np.asarray(node_of_rank)[rank_of_task]
+    compute = graph.category == Category.COMPUTE
+    s = np.where(compute, np.asarray(slowdown_per_task, dtype=np.float64), 0.0)
+    node_of = dict(zip(rank_of_task.tolist(), node_of_task.tolist(), strict=True))
+    return _stretched(graph, s, lambda rank: compute & (node_of_task == node_of[rank]) & (rank_of_task != rank))
+
+
+def _stretched(graph: ExecGraph, slowdown: np.ndarray, slowed_by: Callable[[int], np.ndarray]) -> SimResult:
+    """The fixed point of the module docstring: each task t of rank r stretched by
+    slowdown[t]/(1 + slowdown[t]) × the seconds of its span during which a task of `slowed_by(r)` runs."""
+    rank_of_task = graph.resource_rank[graph.resource]
+    stretch = slowdown / (1.0 + slowdown)
     sim = simulate(graph)
     if not stretch.any():
         return sim
-    base, comm = graph.duration_s, graph.category == Category.COMMUNICATION
+    base = graph.duration_s
     for _ in range(MAX_ROUNDS):
-        overlap_s = overlapped_s(sim, comm, rank_of_task)
+        overlap_s = overlapped_s(sim, slowed_by, rank_of_task)
         new = simulate(graph.with_durations(base + stretch * overlap_s))
         moved = abs(new.step_time_s - sim.step_time_s)
         sim = new
@@ -56,12 +87,13 @@ def simulate_with_contention(graph: ExecGraph, slowdown_per_rank: np.ndarray) ->
     return sim
 
 
-def overlapped_s(sim: SimResult, comm: np.ndarray, rank_of_task: np.ndarray) -> np.ndarray:
-    """Per task, the seconds of [start, end) during which at least one `comm` task of its rank runs."""
+def overlapped_s(sim: SimResult, slowed_by: Callable[[int], np.ndarray], rank_of_task: np.ndarray) -> np.ndarray:
+    """Per task of rank r, the seconds of [start, end) during which at least one task of the mask
+    `slowed_by(r)` runs."""
     out = np.zeros(sim.graph.num_tasks)
     for rank in np.unique(rank_of_task).tolist():
-        mine = rank_of_task == rank
-        lo, hi = _union(sim.start_s[mine & comm], sim.end_s[mine & comm])
+        mine, others = rank_of_task == rank, slowed_by(rank)
+        lo, hi = _union(sim.start_s[others], sim.end_s[others])
         if lo.size:
             out[mine] = _covered_until(lo, hi, sim.end_s[mine]) - _covered_until(lo, hi, sim.start_s[mine])
     return out

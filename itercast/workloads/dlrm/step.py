@@ -31,6 +31,8 @@ after its first operator's host time and its last 1/k of D waits for the last op
 the task ends at max(first launch + D, last launch + D/k): the GPU hides the host when its kernels
 are long, the host sets the pace when they are short. On a system whose accelerator is the host the
 operators' host time runs on the compute resource itself, before the task.
+Co-running (`co_running`): ranks that share a host's memory and caches (CPU ranks) slow each other's
+kernels while both compute; each compute task runs at its co-running price only then (sim/contention.py).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from itercast.costs.host_overheads import HostOverheads
 from itercast.costs.op_model import OperatorCostModel
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import place_group
+from itercast.sim.contention import simulate_with_corunning
 from itercast.sim.engine import SimResult, simulate
 from itercast.workloads.dlrm.config import DLRMConfig, Shard
 from itercast.workloads.dlrm.embedding import (
@@ -148,6 +151,7 @@ def dlrm_step(
     calibration: dict[str, Any] | None = None,
     index_counts: dict[str, np.ndarray] | None = None,
     host_overheads: HostOverheads | None = None,
+    co_running: dict[str, Any] | None = None,
 ) -> DLRMStep:
     """Simulate one step of `model` on `system` (every GPU a rank) under the sharding `plan` (tables
     it does not name are left out: the planner prices partial plans). `calibration`: a calibration
@@ -155,7 +159,43 @@ def dlrm_step(
     `operators` section, the operator models of the lookups, updates and GEMMs; the built-in curves
     when None. `index_counts`: per table, the row frequencies of a sample of its real indices
     (load_index_sample); tables without one use their named distribution. `host_overheads`: T1–T5
-    for the host (host.no_overheads() for none); else the calibration's, else the TorchRec defaults."""
+    for the host (host.no_overheads() for none); else the calibration's, else the TorchRec defaults.
+    `co_running`: a calibration measured while another rank of the host ran the same operators; each
+    compute task then runs at its price there only while a compute task of another rank of its node
+    runs, at its `calibration` price otherwise (sim/contention.simulate_with_corunning, s of a task its
+    co-running / alone seconds − 1; its communication and host time from `calibration`)."""
+    host = host_model(system, calibration, host_overheads)
+    graph = _step_graph(model, system, plan, batch_per_rank, calibration, index_counts, host)
+    if co_running is None:
+        sim = simulate(graph)
+    else:
+        corun = _step_graph(model, system, plan, batch_per_rank, co_running, index_counts, host)
+        node_of_rank = np.arange(system.num_gpus) // system.node.gpus_per_node
+        sim = simulate_with_corunning(graph, corunning_slowdown(graph, corun), node_of_rank)
+    gpu = system.gpu
+    return DLRMStep(sim, memory_per_rank(model, plan, system.num_gpus), gpu.hbm_bytes - gpu.reserved_bytes, host.source)
+
+
+def corunning_slowdown(alone: ExecGraph, corun: ExecGraph) -> np.ndarray:
+    """Per task, s = its seconds in `corun` / its seconds in `alone` − 1 (0 where it takes none): the
+    same step built on two calibrations, task for task (the structure depends on the plan and the
+    host model only, both shared)."""
+    if corun.num_tasks != alone.num_tasks or corun.names != alone.names:
+        raise ValueError(f"co-running step has {corun.num_tasks} tasks, the alone one {alone.num_tasks}: not one graph")
+    positive = alone.duration_s > 0
+    return np.where(positive, corun.duration_s / np.where(positive, alone.duration_s, 1.0) - 1.0, 0.0)
+
+
+def _step_graph(
+    model: DLRMConfig,
+    system: SystemConfig,
+    plan: dict[str, Shard],
+    batch_per_rank: int,
+    calibration: dict[str, Any] | None,
+    index_counts: dict[str, np.ndarray] | None,
+    host: HostModel,
+) -> ExecGraph:
+    """The step's graph (module docstring), priced on `calibration` (dlrm_step) and `host`."""
     world, b = system.num_gpus, batch_per_rank
     costs = AnalyticCostModel(system, "fp32", calibration)
     ops = OperatorCostModel(calibration["operators"]) if calibration and "operators" in calibration else None
@@ -207,7 +247,6 @@ def dlrm_step(
         else (0.0, 0.0)
     )
     optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_BYTES * 2 + update_bytes))
-    host = host_model(system, calibration, host_overheads)
     g = GraphBuilder()
     exchange_fwd, exchange_bwd, all_reduce = g.new_collective(), g.new_collective(), g.new_collective()
     exchange_indices = g.new_collective()
@@ -233,11 +272,7 @@ def dlrm_step(
         emb_b = issue("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back])
         grads = issue("ddp_from_buckets", comp, from_buckets, comp_, "ddp", [ar])
         issue("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, grads])
-    graph = g.build()
-    gpu = system.gpu
-    return DLRMStep(
-        simulate(graph), memory_per_rank(model, plan, world), gpu.hbm_bytes - gpu.reserved_bytes, host.source
-    )
+    return g.build()
 
 
 def host_issuer(g: GraphBuilder, host: HostModel, host_resource: int, ops: dict[str, int]) -> Callable[..., int]:
