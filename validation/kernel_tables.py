@@ -1,6 +1,7 @@
-"""Attention kernels: fit and held-out errors of costs/attention.py on the transcribed benchmark tables.
+"""Attention kernels: fit and held-out errors of costs/attention.py on the transcribed benchmark tables;
+FP8 row-wise GEMMs: the kernel data behind pricing them on the fp8 curve.
 
-    python validation/kernel_tables.py        # reads data/published/kernels/attention_*.csv (in the repo)
+    python validation/kernel_tables.py        # reads data/published/kernels/*.csv (in the repo)
 
 For each H100 kernel of the FlashAttention-3 paper's BF16 figures (cuDNN, FlashAttention-3,
 FlashAttention-2: the three PlanConfig.attention_kernel names on Hopper) and each direction: the
@@ -10,6 +11,15 @@ dims to be identified). Then each kernel's paper fit against another source's me
 same kernel class (pytorch/benchmark commit tables: FlashAttention-3 and PyTorch SDPA's
 FlashAttention-2 backend on H100), and the guess itercast used before (the bf16 GEMM curve ×
 ATTENTION_VS_GEMM) on the paper's cuDNN bars.
+
+Then FP8 GEMMs with row-wise scales (torchao float8 rowwise), data/published/kernels/
+fp8_rowwise_gemm_h100.csv: per source, row-wise kernel / per-tensor cuBLAS time (the kernel TE and
+torchao tensorwise run, and the fp8 curve's data) at the shapes both were measured, and the signed
+error of the fitted fp8 and bf16 GEMM curves on every row. The rule, fixed before any step figure:
+price rowwise GEMMs apart only if, on the row-wise kernels torchao runs today (FBGEMM's CUTLASS
+kernel after its column-major change, PyTorch's retuned copy, cuBLAS), every ratio is >= 1 and their
+geomean >= 1.05; then on the forward GEMM only, the one that runs the row-wise kernel (the file's
+NOTES). Otherwise no model.
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from fit_efficiency_curves import H100_BF16_PEAK, fit_attention_kernel  # noqa: E402
 
 EVEN = {"512", "2048", "8192"}
+#: row-wise kernels of fp8_rowwise_gemm_h100.csv that torchao's rowwise recipe can run today (the rule)
+CURRENT_ROWWISE = {"fbgemm_cutlass", "cublas", "vllm_cutlass"}
 
 
 def main() -> None:
@@ -69,6 +81,48 @@ def main() -> None:
         sel = np.array([r["direction"] == direction for r in cudnn])
         print(f"  {direction}: {mean_abs_err(guess[sel], points.seconds[sel]):.1%} (signed mean ", end="")
         print(f"{np.mean(guess[sel] / points.seconds[sel] - 1):+.1%})")
+    fp8_rowwise()
+
+
+def _seconds(row: dict[str, str]) -> float:
+    """Kernel time of a row of fp8_rowwise_gemm_h100.csv: its microseconds, or 2mnk / its TFLOP/s."""
+    if row["microseconds"]:
+        return float(row["microseconds"]) * 1e-6
+    return _flops(row) / (float(row["tflops"]) * 1e12)
+
+
+def _flops(row: dict[str, str]) -> float:
+    return 2.0 * float(row["m"]) * float(row["n"]) * float(row["k"])
+
+
+def fp8_rowwise() -> None:
+    """Row-wise / per-tensor FP8 kernel time per source and shape, and the fitted GEMM curves' errors."""
+    rows = read_csv_rows(KERNELS / "fp8_rowwise_gemm_h100.csv")
+    print("\nFP8 row-wise scaling (fp8_rowwise_gemm_h100.csv): row-wise / per-tensor cuBLAS time, same source, shape")
+    current = []
+    for row in (r for r in rows if r["scaling"] == "rowwise"):
+        shape = (row["source"], row["m"], row["n"], row["k"])
+        for ref in (r for r in rows if r["kernel"] == "cublas" and r["scaling"] == "tensorwise"):
+            if (ref["source"], ref["m"], ref["n"], ref["k"]) != shape:
+                continue
+            ratio = _seconds(row) / _seconds(ref)
+            if row["kernel"] in CURRENT_ROWWISE:
+                current.append(ratio)
+            print(f"  {row['kernel']:21} {row['m']:>5} x {row['n']:>5} x {row['k']:>5}  x{ratio:.3f}")
+    geomean = float(np.exp(np.mean(np.log(current))))
+    add = min(current) >= 1.0 and geomean >= 1.05
+    print(f"  current row-wise kernels: {len(current)} ratios, min x{min(current):.3f}, geomean x{geomean:.3f}", end="")
+    print(f" -> {'a rowwise model' if add else 'no rowwise model'} (rule: all >= 1 and geomean >= 1.05)")
+    system = Job.from_presets("llama3-8b", "dgx-h100").system
+    print("  fitted curves (dgx-h100) on the measured rows: signed error of predicted time")
+    for dtype, scalings in (("fp8", ("tensorwise", "rowwise")), ("bf16", ("bf16",))):
+        costs = AnalyticCostModel(system, dtype)
+        for scaling in scalings:
+            for kernel, gpu in sorted({(r["kernel"], r["gpu"]) for r in rows if r["scaling"] == scaling}):
+                sel = [r for r in rows if (r["scaling"], r["kernel"], r["gpu"]) == (scaling, kernel, gpu)]
+                err = [float(costs.gemm_s(_flops(r))) / _seconds(r) - 1 for r in sel]
+                print(f"    {dtype:4} curve on {scaling:10} {kernel:21} {gpu:9} {len(sel)} rows: ", end="")
+                print(", ".join(f"{e:+.1%}" for e in err))
 
 
 if __name__ == "__main__":
