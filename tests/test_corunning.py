@@ -90,7 +90,9 @@ def _slower_compute() -> dict:
 
 def _step(plan: dict[str, Shard], co_running: dict | None, calibration: dict | None = None) -> float:
     cal = calibration or linear_calibration()
-    return dlrm_step(model(2), system(2), plan, 64, cal, host_overheads=no_overheads(), co_running=co_running).step_time_s
+    return dlrm_step(
+        model(2), system(2), plan, 64, cal, host_overheads=no_overheads(), co_running=co_running
+    ).step_time_s
 
 
 def test_a_dlrm_task_takes_its_co_running_over_alone_seconds_as_s():
