@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from rich.table import Table
 
@@ -26,11 +28,13 @@ from itercast.cli.app import (
     seconds,
     working,
 )
+from itercast.config.job import Job
 from itercast.errors import ConfigError, DeadlockError
-from itercast.graph.execgraph import ExecGraph
+from itercast.search.job_slicing import slice_job_at_speeds
 from itercast.stochastic import variability as var
-from itercast.stochastic.placement import map_speeds, place_slow_on_graph, read_speed_map
+from itercast.stochastic.placement import SpeedMapping, map_speeds, place_slow_on_graph, read_speed_map
 from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
+from itercast.workload import TransformerWorkload
 
 # The variability model's options, one definition for `variability` and `search --objective p95`
 # (defaults: VariabilityModel's); variability_model() turns them into the model.
@@ -223,7 +227,8 @@ def variability_cmd(
     if slow_gpus is not None:
         out["placement"] = _placement(step, slow_gpus, slow_factor)
     if speeds is not None:
-        out["speed_map"] = _speed_mapping(step, speeds, vm, min(samples, 4_000), seed, across_runs)
+        job = w.job if isinstance(w, TransformerWorkload) else None
+        out["speed_map"] = _speed_mapping(step, job, speeds, vm, min(samples, 4_000), seed, across_runs)
     if steps is not None:
         failures = FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s)
         deadline_s = deadline_hours * HOUR_S if deadline_hours else None
@@ -272,18 +277,24 @@ def run_level_notes(vm: var.VariabilityModel, across_runs: bool, figures: str) -
 
 
 def _speed_mapping(
-    step: var.StepGraph, speeds: Any, vm: var.VariabilityModel, samples: int, seed: int, across_runs: bool
+    step: var.StepGraph,
+    job: Job | None,
+    speeds: Any,
+    vm: var.VariabilityModel,
+    samples: int,
+    seed: int,
+    across_runs: bool,
 ) -> dict[str, Any]:
     """The best mapping of the measured speeds onto the graph's ranks (stochastic/placement.py),
     re-ranked by the p95 under the noise model `vm` (one seed for all: common random numbers), of one
-    run or pooled `across_runs`."""
-    import numpy as np
+    run or pooled `across_runs`; then the plan change, `job`'s layers re-sliced for its stages' speeds
+    (None: a DLRM, no pipeline), under the rank order and under the best mapping (_plan_change)."""
 
-    def p95(graph: ExecGraph) -> float:
-        dist = var.graph_distribution(replace(step, graph=graph), vm, samples, seed, across_runs)
+    def p95_of(s: var.StepGraph) -> float:
+        dist = var.graph_distribution(s, vm, samples, seed, across_runs)
         return float(np.percentile(dist.samples_s, 95))
 
-    m = map_speeds(step.graph, step.gpus_per_rank, speeds, p95)
+    m = map_speeds(step.graph, step.gpus_per_rank, speeds, lambda graph: p95_of(replace(step, graph=graph)))
     slowest = [r for r, gpus in enumerate(m.best_gpus) if min(speeds[list(gpus)]) == speeds.min()]
     return {
         "baseline_s": m.baseline_s,
@@ -296,7 +307,43 @@ def _speed_mapping(
         "method": m.method,
         "slowest_gpus_on_ranks": slowest,
         "best_gpus_per_rank": [list(g) for g in m.best_gpus],
-        "plan_change": "not computed: the mapping keeps the plan; search on the slow cluster for that",
+        "plan_change": _plan_change(job, m, p95_of),
+    }
+
+
+def _plan_change(job: Job | None, m: SpeedMapping, p95_of: Callable[[var.StepGraph], float]) -> dict[str, Any] | str:
+    """The layers re-sliced over the pipeline stages at their speeds (search/job_slicing.py
+    slice_job_at_speeds), every other plan field kept: under the rank order (the plan change alone) and
+    under the best mapping (both), each step simulated and its p95 priced as the mappings' (same seed;
+    a re-sliced graph has other tasks, so its draws are not the same ones); gains over the rank order.
+    A string where there is nothing to re-slice."""
+    if job is None:
+        return "no pipeline to re-slice: a DLRM's graph ranks are GPUs, not pipeline stages"
+    if job.plan.pipeline_parallel == 1:
+        return "no pipeline to re-slice: pipeline_parallel is 1"
+    if job.system.device_groups:
+        return "not computed: a mixed cluster's stages are priced per device group (`search` re-slices it)"
+    try:
+        alone = slice_job_at_speeds(job, np.array(m.naive_speeds))
+        both = slice_job_at_speeds(job, np.array(m.best_speeds))
+    except ValueError as exc:  # no re-slicing fits the GPUs' memory
+        return f"not computed: {exc}"
+    alone_p95, both_p95 = p95_of(alone.step), p95_of(both.step)
+    assert m.naive_p95_s is not None and m.best_p95_s is not None
+    return {
+        "stage_layers_before": list(job.plan.virtual_stage_layers(job.model.num_layers)),
+        "stage_layers": list(alone.stage_layers),
+        "plan_change_s": alone.step_s,
+        "plan_change_p95_s": alone_p95,
+        "gain": m.naive_s / alone.step_s,
+        "p95_gain": m.naive_p95_s / alone_p95,
+        "combined_stage_layers": list(both.stage_layers),
+        "combined_s": both.step_s,
+        "combined_p95_s": both_p95,
+        "combined_gain": m.naive_s / both.step_s,
+        "combined_p95_gain": m.naive_p95_s / both_p95,
+        "helps_more_by_p95": "the plan change" if alone_p95 < m.best_p95_s else "the mapping",
+        "slicings_simulated": alone.candidates + both.candidates,
     }
 
 
@@ -407,9 +454,10 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
                 f"rank order {seconds(sm['naive_s'])} (p95 {seconds(sm['naive_p95_s'])}), best mapping "
                 f"{seconds(sm['best_s'])} (p95 {seconds(sm['best_p95_s'])}): {sm['gain']:.3f}× faster, p95 "
                 f"{sm['p95_gain']:.3f}× ({sm['method']}; all at speed 1: {seconds(sm['baseline_s'])}); the slowest "
-                f"GPUs go to rank(s) {sm['slowest_gpus_on_ranks']}; plan change: not computed",
+                f"GPUs go to rank(s) {sm['slowest_gpus_on_ranks']}",
             )
         )
+        rows.append(("plan change", _plan_change_line(sm["plan_change"])))
     if "placement" in out:
         pl = out["placement"]
         rows.append(
@@ -420,6 +468,21 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
             )
         )
     return rows
+
+
+def _plan_change_line(pc: dict[str, Any] | str) -> str:
+    """The speed map's plan change as one line (or why there is none)."""
+    if isinstance(pc, str):
+        return pc
+    before, after = pc["stage_layers_before"], pc["stage_layers"]
+    sliced = f"layers re-sliced {before} → {after}" if after != before else f"re-slicing keeps the layers {before}"
+    return (
+        f"{sliced} (rank order): "
+        f"{seconds(pc['plan_change_s'])} (p95 {seconds(pc['plan_change_p95_s'])}), {pc['gain']:.3f}× faster, p95 "
+        f"{pc['p95_gain']:.3f}×; with the best mapping, re-sliced {pc['combined_stage_layers']}: "
+        f"{seconds(pc['combined_s'])} (p95 {seconds(pc['combined_p95_s'])}), {pc['combined_gain']:.3f}×, p95 "
+        f"{pc['combined_p95_gain']:.3f}×; {pc['helps_more_by_p95']} helps more (p95)"
+    )
 
 
 def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: float | None, as_json: bool) -> None:

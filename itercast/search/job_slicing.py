@@ -10,11 +10,14 @@ as `predict` assembles a step: on one kind of GPU by the closed-form fast path (
 within 2% of the graph on uniform stages), and the `refine` best of those are simulated by
 `predict` itself; on a mixed cluster the `refine` best by the lumped objective are simulated. The
 step reported is `predict`'s for the slicing chosen.
+
+On a cluster whose stages run at measured speeds (slice_job_at_speeds, the speed map's plan change):
+the same programme with each stage's layers priced at its speed, the best few simulated at those speeds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -26,7 +29,18 @@ from itercast.parallel.plan_table import PlanTable
 from itercast.predict import Prediction, predict
 from itercast.search.fast_estimate import FastEstimator
 from itercast.search.layer_costs import job_layer_costs
-from itercast.search.stage_slicing import DeviceGroup, Slicing, StageBytes, exact_candidates, group_candidates
+from itercast.search.stage_slicing import (
+    DeviceGroup,
+    LayerCosts,
+    Slicing,
+    StageBytes,
+    exact_candidates,
+    group_candidates,
+    stage_candidates,
+)
+from itercast.sim.engine import simulate
+from itercast.stochastic.placement import with_speeds
+from itercast.stochastic.variability import StepGraph, build_transformer_step
 
 #: how far above the lumped optimum a slicing may be and still be priced as predict does (5%: the
 #: once-per-step terms the lumped objective leaves out are a few per cent of a step)
@@ -107,11 +121,23 @@ def slice_job(job: Job, calibration: dict[str, Any] | None = None, slack: float 
     """The fastest slicing of `job`'s layers into its plan.pipeline_parallel × virtual_pipeline stages
     (module docstring), among those that fit its GPUs' memory."""
     costs, _ = job_layer_costs(job, calibration)
-    kinds = unit_kinds_of(job)
-    p, gpu = job.plan, job.system.gpu
-    capacity = gpu.hbm_bytes if p.virtual_pipeline == 1 else np.inf
+    p = job.plan
     stages = p.pipeline_parallel * p.virtual_pipeline
-    found = exact_candidates(costs, stages, job.num_microbatches, capacity, stage_bytes_of(job), slack)
+    found = exact_candidates(costs, stages, job.num_microbatches, _capacity_bytes(job), stage_bytes_of(job), slack)
+    jobs, ranked = _fitting(job, found)
+    return _best(found, jobs, ranked[:REFINE], calibration, len(found))
+
+
+def _capacity_bytes(job: Job) -> float:
+    """What one stage may hold in the dynamic programme: the GPU's memory; unbounded under
+    interleaving, where the candidates' memory is checked whole by the fast path (_fitting)."""
+    return job.system.gpu.hbm_bytes if job.plan.virtual_pipeline == 1 else np.inf
+
+
+def _fitting(job: Job, found: list[Slicing]) -> tuple[list[Job], list[int]]:
+    """`job` re-sliced as each of `found`, and the indices of those that fit its GPUs' memory by the
+    fast path, its fastest first."""
+    kinds = unit_kinds_of(job)
     jobs = [_with_layers(job, stage_layers_of(sl, kinds)) for sl in found]
     fast = FastEstimator(job.model, job.system)
     priced = [fast.evaluate(PlanTable.of_jobs([j])) for j in jobs]
@@ -119,8 +145,9 @@ def slice_job(job: Job, calibration: dict[str, Any] | None = None, slack: float 
         (i for i, out in enumerate(priced) if bool(out["fits"][0])), key=lambda i: float(priced[i]["step_time_s"][0])
     )
     if not ranked:
-        raise ValueError(f"no slicing into {stages} stages fits {gpu.name}'s memory")
-    return _best(found, jobs, ranked[:REFINE], calibration, len(found))
+        stages = job.plan.pipeline_parallel * job.plan.virtual_pipeline
+        raise ValueError(f"no slicing into {stages} stages fits {job.system.gpu.name}'s memory")
+    return jobs, ranked
 
 
 def slice_job_on_groups(
@@ -168,3 +195,55 @@ def _best(
     simulated = [(i, predict(jobs[i], calibration)) for i in order]
     i, pred = min(simulated, key=lambda ip: ip[1].step_time_s)
     return JobSlicing(found[i], jobs[i], pred, candidates)
+
+
+@dataclass(frozen=True)
+class SpeedSlicing:
+    """The slicing of a job's layers for pipeline stages that run at given speeds: its job (the plan
+    as it was where no re-slicing beats it), that job's step graph with each stage's compute at its
+    speed (stochastic/placement.with_speeds), the graph's simulated step, and how many re-slicings
+    were simulated beside the plan as it was."""
+
+    job: Job
+    step: StepGraph
+    step_s: float
+    candidates: int
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        return self.job.plan.virtual_stage_layers(self.job.model.num_layers)
+
+
+def slice_job_at_speeds(job: Job, stage_speed: np.ndarray, slack: float = SLACK) -> SpeedSlicing:
+    """The plan change a cluster with slow GPUs allows without moving them: `job`'s layers re-sliced
+    over its pipeline stages, stage s at relative speed stage_speed[s] (1 = nominal; its slowest
+    GPU's), every other plan field kept. The exact programme (stage_candidates) prices stage s's
+    layers at time / speed — their whole forward and backward, the tensor-parallel collectives too,
+    where the graph slows only compute: an approximation of which slicings to simulate, no more — and
+    checks each stage's memory as slice_job does; under interleaving virtual stage c runs on stage
+    c mod pp (Megatron-LM's interleaved 1F1B). The REFINE best that fit, and the plan as it was, are
+    simulated at the speeds (the built-in curves, as `variability`'s graph); the least step wins
+    (ties: the plan as it was)."""
+    costs, _ = job_layer_costs(job)
+    p = job.plan
+    chunks = p.pipeline_parallel * p.virtual_pipeline
+    if stage_speed.shape != (p.pipeline_parallel,):
+        raise ValueError(f"a speed per pipeline stage: expected {p.pipeline_parallel}, got {stage_speed.size}")
+    per_chunk = [
+        LayerCosts(
+            costs.time_s / stage_speed[c % p.pipeline_parallel],
+            costs.send_s,
+            costs.static_bytes,
+            costs.activation_bytes,
+        )
+        for c in range(chunks)
+    ]
+    found = stage_candidates(per_chunk, job.num_microbatches, _capacity_bytes(job), stage_bytes_of(job), slack)
+    jobs, ranked = _fitting(job, found)
+    tried = [job, *(jobs[i] for i in ranked[:REFINE])]
+    options = []
+    for j in tried:
+        step = build_transformer_step(j)
+        step = replace(step, graph=with_speeds(step.graph, stage_speed))
+        options.append(SpeedSlicing(j, step, simulate(step.graph).step_time_s, len(tried) - 1))
+    return min(options, key=lambda o: o.step_s)  # the first of equals: the plan as it was

@@ -162,6 +162,25 @@ def exact_candidates(
     return found
 
 
+def stage_candidates(
+    per_stage: list[LayerCosts],
+    microbatches: int,
+    memory_bytes: float = math.inf,
+    stage_bytes: StageBytes | None = None,
+    slack: float = 0.0,
+) -> list[Slicing]:
+    """As exact_candidates, with stage s priced by per_stage[s]: stages fixed in place on devices of
+    different speeds (a slow stage's table is the layers' times / its speed), none moved."""
+    L, stages = per_stage[0].num_layers, len(per_stage)
+    if any(c.num_layers != L for c in per_stage) or not 1 <= stages <= L:
+        raise ValueError(f"need 1..{L} stages pricing the same {L} layers; got {[c.num_layers for c in per_stage]}")
+    devices = [_Priced.of(c, memory_bytes, stage_bytes) for c in per_stage]
+    found = _slice_on(devices, list(range(stages)), microbatches, slack)
+    if not found:
+        raise ValueError(f"no slicing into {stages} stages fits {memory_bytes:.3g} bytes per stage")
+    return found
+
+
 @dataclass(frozen=True)
 class _Priced:
     """One device's stage tables (see _tables) and memory limit."""

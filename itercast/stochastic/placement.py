@@ -10,7 +10,8 @@ simulated together. Exhaustive over sets when there are few ranks (≤ 12), gree
 
 From a measured speed map (`read_speed_map`, `map_speeds`): GPUs of any speeds, grouped by speed into
 ranks and the groups assigned to ranks (exhaustive up to EXHAUSTIVE_MAX_RANKS, sorted pairing beyond),
-against the rank order.
+against the rank order. The plan change beside it (the layers re-sliced over stages of those speeds) is
+search/job_slicing.py slice_job_at_speeds (search imports stochastic, not the other way).
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ P95_CANDIDATES = 5
 class SpeedMapping:
     """Measured GPU speeds mapped to a step graph's ranks: the naive mapping (rank order: GPU i takes
     global rank i, Megatron's order, pipeline stage outermost, so graph rank r holds GPUs r·g … r·g +
-    g − 1) against the best found (`method`); `best_gpus[r]`: the GPUs graph rank r gets. The p95s
+    g − 1) against the best found (`method`); `best_gpus[r]`: the GPUs graph rank r gets;
+    `naive_speeds[r]`, `best_speeds[r]`: rank r's speed (its slowest GPU's) under each. The p95s
     are None where no noise model priced them."""
 
     baseline_s: float  # every GPU at speed 1
@@ -109,6 +111,8 @@ class SpeedMapping:
     best_s: float
     best_gpus: tuple[tuple[int, ...], ...]
     method: str
+    naive_speeds: tuple[float, ...]
+    best_speeds: tuple[float, ...]
     naive_p95_s: float | None = None
     best_p95_s: float | None = None
 
@@ -191,7 +195,10 @@ def map_speeds(
             (p95(with_speeds(graph, block_speed[list(p)])), t, p) for t, p in options[:P95_CANDIDATES]
         )
     best_gpus = tuple(tuple(int(g) for g in sorted(blocks[b])) for b in perm)
-    return SpeedMapping(simulate(graph).step_time_s, naive_s, best_s, best_gpus, method, naive_p95, best_p95)
+    speeds_of = (tuple(float(v) for v in naive), tuple(float(block_speed[b]) for b in perm))
+    return SpeedMapping(
+        simulate(graph).step_time_s, naive_s, best_s, best_gpus, method, *speeds_of, naive_p95, best_p95
+    )
 
 
 def read_speed_map(path: Path, num_gpus: int, gpus_per_node: int) -> np.ndarray:
