@@ -63,6 +63,7 @@ TESTS = {
         "fp8_weight_cast",
         "moe_paths",
         "context_parallel",
+        "eager_pointwise",
     ),
     "workloads/transformer.py": _t(
         "golden", "step_by_hand", "bounds_by_hand", "moe", "ops_and_costs", "pipeline", "context_parallel"
@@ -187,6 +188,17 @@ MUTANTS: tuple[Mutant, ...] = (
     M(OPS, "return fp8_cast_bytes(plan.fp8_recipe, after_norm=False) * weights",
       "return fp8_cast_bytes(plan.fp8_recipe, after_norm=True) * weights",
       "Transformer Engine's per-step weight cast reads no amax"),
+    M(OPS, "fwd = cast + 8 + 4 + 8 + cast + 2 * e", "fwd = cast + 8 + 4 + 8 + 2 * e",
+      "eager RMSNorm without its .type_as down-cast"),
+    M(OPS, "bwd = 6 * e + cast + 24 + 4 + 28 + 12 + cast", "bwd = 6 * e + cast + 24 + 4 + 28 + cast",
+      "autograd's sum of the eager RMSNorm input's two gradients left out"),
+    M(OPS, "2 * cast + 8, 2 + 2 * cast_kernels", "2 * cast + 8, 1 + 2 * cast_kernels",
+      "eager rotary's backward without the conjugated table's copy"),
+    M(OPS, "return 5 * e, 2, 9 * e, 3", "return 5 * e, 2, 10 * e, 3", "eager SwiGLU's backward twice its forward"),
+    M(OPS, "nbytes = 2 * sh.tokens * (a + g) * model.head_dim", "nbytes = 2 * sh.tokens * a * model.head_dim",
+      "repeat_kv only writes the repeated heads"),
+    M(OPS, '        family="elementwise",\n        label=op.label or op.family,\n', "",
+      "eager chains priced on the fused norm and activation curves"),
     # -- the step graph: groups, bytes, optimizer ------------------------------------------------
     M(TF, "grad=place_group(d * c, t, gpn)", "grad=place_group(d, t * c, gpn)", "gradients reduced over dp, not dp×cp"),
     M(TF, "cp=place_group(c, t, gpn)", "cp=place_group(c, 1, gpn)", "CP ranks placed adjacent, not at stride tp"),

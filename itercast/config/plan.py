@@ -158,6 +158,18 @@ class PlanConfig(BaseModel):
         "jit (--cross-entropy-loss-fusion, NeMo 2's GPTConfig default); te, Transformer Engine's Triton kernel "
         "(--cross-entropy-fusion-impl te); torch, F.cross_entropy on the logits cast to fp32 (torchtitan).",
     )
+    pointwise_kernels: Literal["fused", "eager", "eager_fused_norm"] = Field(
+        "fused",
+        description="How a llama layer's RMSNorms, rotary embeddings and SwiGLU activation run (bytes and "
+        "kernels: workloads/transformer_ops.py eager_rmsnorm_cost, eager_rotary_cost, eager_swiglu_cost). "
+        "fused: one kernel each (Transformer Engine, Apex, Megatron-Core, torch.compile's Inductor). eager: "
+        "torchtitan's model code run op by op, without torch.compile (train_configs compile = false; "
+        "torchtitan 9dec370a models/norms.py RMSNorm, models/llama/model.py apply_rotary_emb, repeat_kv, "
+        "FeedForward): each op a kernel over the whole tensor, the norm and rotary in fp32 after .float(), "
+        "autograd's backward kernel by kernel, and the grouped keys and values copied to every query head. "
+        "eager_fused_norm: the same with torchtitan's norm_type fused_rmsnorm (models/norms.py FusedRMSNorm, "
+        "a Triton kernel each way: its norms priced as fused).",
+    )
     grad_bucket_size_params: Batch | None = Field(
         None,
         description="DP gradient bucket, in parameters. Left out: Megatron-Core's default, max(40M, 1M × the "

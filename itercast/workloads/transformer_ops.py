@@ -48,6 +48,12 @@ its capacity (cf × an even share); dropless, the router's imbalance (model.moe_
 scales the rows; with a capacity but no padding, the imbalance up to the capacity. Shared experts
 are a tensor-parallel MLP that runs beside the dispatch and combine (Megatron-Core
 --moe-shared-expert-overlap); plan.moe_a2a_overlap hides the all-to-alls behind attention instead.
+
+Norms, rotary embeddings and the gated activation are one fused kernel each (Transformer Engine, Apex,
+Megatron-Core, torch.compile), or with plan.pointwise_kernels eager the op-by-op chains of torchtitan's
+model code without torch.compile (`eager_rmsnorm_cost`, `eager_rotary_cost`, `eager_swiglu_cost`,
+`_repeat_kv`; a llama model's RMSNorms, the dense and shared-expert SwiGLU, not the routed experts').
+Recomputation re-runs the same chains.
 """
 
 from __future__ import annotations
@@ -313,16 +319,22 @@ def _cp_backward(op: Op, plan: PlanConfig) -> list[Op]:
 def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     """Query, key and value projections (and rotary embeddings). Standard: one column-parallel
     QKV GEMM (GQA), with model.qk_norm an RMSNorm over every query and key head after it (Qwen3,
-    OLMo 2: memory-bound, its input kept for the backward, memory.py). Multi-latent attention
+    OLMo 2: memory-bound, its input kept for the backward, memory.py), rotary embeddings on q and k
+    (plan.pointwise_kernels eager: `eager_rotary_cost`, then `_repeat_kv`). Multi-latent attention
     (DeepSeek-V2 §2.1): down projections to the latents (whole on every tensor-parallel rank) and
-    their RMSNorms, then column-parallel up projections."""
+    their RMSNorms, then column-parallel up projections (its rotary always priced fused)."""
     h, d, t, e = model.hidden_size, model.head_dim, sh.t, sh.e
     a, g, T = model.num_attention_heads, model.kv_heads, sh.tokens
     if not model.mla:
         ops = [Op("qkv", "gemm", 2 * T * h * (a + 2 * g) * d / t, f_bytes=T * h * e, kn=(h, (a + 2 * g) * d / t))]
         if model.qk_norm:  # RMSNorm over each query and key head: read and write q and k
             ops.append(Op("qk_norm", "norm", 2 * T * (a + g) * d / t * e))
-        return ops + ([] if model.learned_positions else [Op("rope", "elementwise", 2 * T * (a + g) * d / t * e)])
+        if model.learned_positions:
+            return ops
+        rotary = Op("rope", "elementwise", 2 * T * (a + g) * d / t * e)
+        if not _eager_llama(model, plan):
+            return [*ops, rotary]
+        return [*ops, _eager(rotary, T * (a + g) * d / t, eager_rotary_cost(e), tensors=2), *_repeat_kv(model, sh)]
     kv_lora, q_lora, rope = model.kv_lora_rank or 0, model.q_lora_rank, model.qk_rope_head_dim
     dqk, dv = model.qk_head_dim, model.value_head_dim
     if q_lora:
@@ -503,13 +515,14 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False, windo
     h, f, t, e = model.hidden_size, model.ffn, sh.t, sh.e
     a = model.num_attention_heads
     T, Tsp = sh.tokens, sh.sp_tokens
-    ops = [Op("input_norm", "norm", 2 * Tsp * h * e), *_f("attn_in", T * h * e, plan)]
+    ops = [_rmsnorm(Op("input_norm", "norm", 2 * Tsp * h * e), Tsp * h, model, plan), *_f("attn_in", T * h * e, plan)]
     ops += _projections(model, plan, sh)
     ops += _core_attention(model, plan, sh, windowed)
     ops += _cp_exchange(model, plan, sh)
     ops.append(Op("attn_proj", "gemm", 2 * T * a * model.value_head_dim * h / t, kn=(a * model.value_head_dim / t, h)))
     ops += _g("attn_out", T * h * e, plan)
-    ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), Op("post_attn_norm", "norm", 2 * Tsp * h * e)]
+    post_attn_norm = _rmsnorm(Op("post_attn_norm", "norm", 2 * Tsp * h * e), Tsp * h, model, plan)
+    ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), post_attn_norm]
     ops += _moe_block(model, plan, sh) if moe else _mlp("mlp", f, model, plan, sh)
     ops.append(Op("residual_2", "elementwise", 3 * Tsp * h * e))
     return _fp8_casts(_tp_overlapped(ops, plan), plan)
@@ -522,13 +535,122 @@ def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes
         return []
     T, h, t, e = sh.tokens, model.hidden_size, sh.t, sh.e
     up = 2 if model.gated_mlp else 1
+    act = Op(f"{name}_act", "activation", (3 if model.gated_mlp else 2) * T * width / t * e)
+    if _eager_llama(model, plan):  # SwiGLU
+        act = _eager(act, T * width / t, eager_swiglu_cost(e))
     return [
         *_f(f"{name}_in", T * h * e, plan),
         Op(f"{name}_up", "gemm", 2 * T * h * up * width / t, f_bytes=T * h * e, kn=(h, up * width / t)),
-        Op(f"{name}_act", "activation", (3 if model.gated_mlp else 2) * T * width / t * e),
+        act,
         Op(f"{name}_down", "gemm", 2 * T * width * h / t, kn=(width / t, h)),
         *_g(f"{name}_out", T * h * e, plan),
     ]
+
+
+#: (forward bytes, forward kernels, backward bytes, backward kernels) per element of an eager op chain
+EagerCost = tuple[float, int, float, int]
+
+
+def _casts(e: int) -> tuple[int, int]:
+    """HBM bytes per element and kernels of an eager up-cast to fp32 (`.float()`: read e, write 4) or
+    of the down-cast back (`.type_as`: read 4, write e); none in fp32 training, where both return
+    the tensor itself."""
+    return (0, 0) if e == 4 else (e + 4, 1)
+
+
+def eager_rmsnorm_cost(e: int) -> EagerCost:
+    """torchtitan's RMSNorm run eagerly (models/norms.py at 9dec370a and 1ea476e9, norm_type rmsnorm:
+    `(x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight`), per
+    element of its input, e bytes each; c = `_casts` (bf16: 6 bytes, 1 kernel).
+    Forward: .float() (c), pow(2) (read 4, write 4: 8), mean (read 4: 4; one value per token written),
+    + eps and rsqrt (per token: no bytes, 2 kernels), × rsqrt (read 4, write 4: 8), .type_as (c),
+    × weight (read e, write e: 2e): 2c + 20 + 2e bytes, 6 kernels + the casts' (bf16: 36, 8).
+    Backward, autograd's formulas (tools/autograd/derivatives.yaml, FunctionsManual.cpp): × weight's
+    MulBackward0, grad · weight (2e) and grad · normed (3e) summed over the tokens for the weight's
+    gradient (e), 3 kernels; the down-cast's (c); × rsqrt's MulBackward0, grad · rsqrt (8) and grad · x
+    (12) summed over the hidden size (4), 3 kernels; rsqrt's -0.5 · grad · result.pow(3) per token
+    (3 kernels, no bytes); mean_backward's expand / h (write 4), 1; pow_backward's
+    grad · (2 · x.pow(1)), x.pow(1) a copy (Pow.cpp pow_Tensor_Scalar_out: 8), × 2 (8), × grad (12),
+    3 kernels; the engine adds x's two gradients (read 8, write 4: 12), 1; the up-cast's (c):
+    6e + 2c + 68 bytes, 14 kernels + the casts' (bf16: 92, 16). Fused: 2e forward, 4e backward."""
+    cast, cast_kernels = _casts(e)
+    fwd = cast + 8 + 4 + 8 + cast + 2 * e
+    bwd = 6 * e + cast + 24 + 4 + 28 + 12 + cast
+    return fwd, 6 + 2 * cast_kernels, bwd, 3 + 3 + 3 + 1 + 3 + 1 + 2 * cast_kernels
+
+
+def eager_rotary_cost(e: int) -> EagerCost:
+    """torchtitan's apply_rotary_emb run eagerly on one of q, k (models/llama/model.py at 9dec370a and
+    1ea476e9: `view_as_complex(x.float().reshape(..., -1, 2)) * freqs_cis`, view_as_real, flatten,
+    .type_as(x)), per element, c = `_casts`: .float() (c), the complex product (read 4, write 4: 8; the
+    reshapes are views, the [s, d/2] freqs_cis table is left out), .type_as (c): 2c + 8 bytes, 1 kernel
+    + the casts' (bf16: 20, 3). Backward: the casts' (c each) and MulBackward0's grad · freqs_cis.conj()
+    (8), whose lazily conjugated table the dispatcher's Conjugate fallback copies first (mul is not in
+    ConjugateFallback.cpp's fallthrough list: 1 kernel, its bytes left out): 2c + 8, 2 kernels + the
+    casts' (bf16: 20, 4). Fused: 2e forward, 4e backward."""
+    cast, cast_kernels = _casts(e)
+    return 2 * cast + 8, 1 + 2 * cast_kernels, 2 * cast + 8, 2 + 2 * cast_kernels
+
+
+def eager_swiglu_cost(e: int) -> EagerCost:
+    """torchtitan's FeedForward `w2(F.silu(w1(x)) * w3(x))` between its GEMMs, eagerly, per element of the
+    ffn width: silu (read e, write e: 2e) and × (read 2e, write e: 3e): 5e, 2 kernels. Backward: the
+    product's MulBackward0, one product per input (3e each), and derivatives.yaml's silu_backward, one
+    kernel (read grad and x, write: 3e; a backward pass runs without grad mode): 9e, 3 kernels. Fused:
+    3e forward, 6e backward."""
+    return 5 * e, 2, 9 * e, 3
+
+
+def _eager(op: Op, elements: float, cost: EagerCost, tensors: int = 1) -> Op:
+    """`op` run as an eager chain of `cost` over `elements` elements, its kernels launched once per
+    tensor (rotary: q and k). Priced on the elementwise memory curve, reported under its own family:
+    the chain is PyTorch's vectorized elementwise and reduce kernels, not the fused norm and
+    activation kernels the norm and activation curves were fitted on (vidur's vLLM RMSNorm and
+    silu-and-mul: 40% and 52% of HBM bandwidth at their peak); tools/eager_kernels.py checks the
+    elementwise curve on eager H100 kernels. An FP8 cast after an eager norm is not fused with it
+    (`_fp8_casts`: the op before it is no longer a norm)."""
+    fwd, kernels, bwd, bwd_kernels = cost
+    return replace(
+        op,
+        family="elementwise",
+        label=op.label or op.family,
+        amount=fwd * elements,
+        count=kernels * tensors,
+        backward_amount=bwd * elements,
+        backward_count=bwd_kernels * tensors,
+    )
+
+
+def _eager_llama(model: ModelConfig, plan: PlanConfig) -> bool:
+    """plan.pointwise_kernels eager (or eager_fused_norm) on a llama model: torchtitan's llama code, op
+    by op. Other families keep their fused pricing: their nn.LayerNorm and GELU are one kernel each
+    eagerly too (native_layer_norm, gelu)."""
+    return plan.pointwise_kernels != "fused" and model.family == "llama"
+
+
+def _rmsnorm(op: Op, elements: float, model: ModelConfig, plan: PlanConfig) -> Op:
+    """A layer norm over `elements` elements: `op` (one fused kernel; also torchtitan's Triton
+    fused_rmsnorm, plan.pointwise_kernels eager_fused_norm), or a llama model's RMSNorm run eagerly
+    (`_eager_llama`) as `eager_rmsnorm_cost`."""
+    if not _eager_llama(model, plan) or plan.pointwise_kernels == "eager_fused_norm":
+        return op
+    return _eager(op, elements, eager_rmsnorm_cost(plan.dtype_bytes))
+
+
+def _repeat_kv(model: ModelConfig, sh: Shapes) -> list[Op]:
+    """torchtitan's repeat_kv of the keys and of the values to every query head before SDPA, eagerly
+    (models/llama/model.py at 9dec370a and 1ea476e9: unsqueeze, expand, reshape; the reshape of the
+    stride-0 expanded view is a copy): read the g key-value heads, write the a query heads, per tensor
+    (2 kernels). Backward, ExpandBackward's sum over the repeats reads a heads and writes g: the same
+    bytes, 2 kernels. None without grouped-query attention (repeat_kv returns its input). The
+    transposes around SDPA copy nothing: its flash backend transposes them back to the [b, s, h, d]
+    layout it takes (aten attention.cu _scaled_dot_product_flash_attention_cuda), so the output's
+    .contiguous() is one already."""
+    a, g = model.num_attention_heads, model.kv_heads
+    if g == a:
+        return []
+    nbytes = 2 * sh.tokens * (a + g) * model.head_dim / sh.t * sh.e
+    return [Op("repeat_kv", "elementwise", nbytes, count=2, backward_amount=nbytes, backward_count=2)]
 
 
 def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
@@ -807,7 +929,8 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     sh = Shapes.of(model, plan)
     h, e, v_loc = model.hidden_size, sh.e, model.vocab_size / plan.tensor_parallel
     fwd_b, bwd_b = cross_entropy_bytes(plan)
-    ops = [Op("final_norm", "norm", 2 * sh.sp_tokens * h * e), *_f("head_in", sh.tokens * h * e, plan)]
+    final_norm = _rmsnorm(Op("final_norm", "norm", 2 * sh.sp_tokens * h * e), sh.sp_tokens * h, model, plan)
+    ops = [final_norm, *_f("head_in", sh.tokens * h * e, plan)]
     ops += [
         Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e),
         Op("cross_entropy", "elementwise", sh.tokens * v_loc * fwd_b, backward_amount=sh.tokens * v_loc * bwd_b),

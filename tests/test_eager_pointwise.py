@@ -1,0 +1,135 @@
+"""plan.pointwise_kernels: torchtitan's llama norms, rotary and SwiGLU run op by op (eager), counted by hand.
+
+LAYER: llama, hidden h = 64, ffn f = 128, 4 query heads and 2 key-value groups of d = 16, sequence 1024,
+micro-batch 1, bf16 (e = 2), one GPU: T = 1024 tokens. Elements: a norm's T·h = 65,536; rotary's q and k
+T·(4 + 2)·16 = 98,304; the SwiGLU's T·f = 131,072. An up- or down-cast between bf16 and fp32 moves
+2 + 4 = 6 bytes per element.
+- RMSNorm forward: .float() 6, pow 8, mean 4, × rsqrt 8, .type_as 6, × weight 4 = 36 bytes, 8 kernels
+  (+ eps and rsqrt are per token); backward: × weight's two products 4 + 6 and the weight's sum 2,
+  the down-cast's 6, × rsqrt's two products 8 + 12 and the sum 4, mean's 4, pow's copy 8, × 2 8,
+  × grad 12, the engine's sum of x's two gradients 12, the up-cast's 6 = 92 bytes; kernels
+  3 + 1 + 3 + 3 (rsqrt, per token) + 1 + 3 + 1 + 1 = 16.
+- rotary, per element of q and k: cast 6, complex product 8, cast back 6 = 20 bytes forward and backward;
+  3 kernels per tensor forward, 4 backward (the conjugated table copied first): 6 and 8.
+- repeat_kv of the keys and of the values: read 2 heads, write 4, per token 16 · 2 bytes each:
+  1024 · (2 + 4) · 16 · 2 = 196,608 bytes per tensor, 393,216 for both, 2 kernels, the same backward.
+- SwiGLU: silu 2 + 2, × 4 + 2: 10 bytes, 2 kernels; backward two products 6 + 6 and silu_backward 6:
+  18 bytes, 3 kernels.
+Fused (today's pricing): a norm 2e = 4 bytes per element, rotary 4, SwiGLU 3e = 6, one kernel each.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from itercast.config.job import Job
+from itercast.errors import ConfigError
+from itercast.workloads.transformer_ops import Op, backward_of, head_forward, layer_backward, layer_forward
+
+LLAMA = {"family": "llama", "num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4}
+LLAMA |= {"num_query_groups": 2, "seq_length": 1024, "vocab_size": 128}
+SYSTEM = {
+    "gpu": {
+        "name": "g",
+        "peak_flops": {"fp32": 1e15, "bf16": 1e15},
+        "hbm_bytes": 1e12,
+        "hbm_bandwidth_bytes_per_s": 1e12,
+        "l2_bytes": 1,
+        "kernel_launch_overhead_s": 0.0,
+        "reserved_bytes": 0.0,
+    },
+    "node": {"gpus_per_node": 1, "intra_node_bandwidth_bytes_per_s": 1e11, "intra_node_latency_s": 0.0},
+    "network": {"nics_per_node": 1, "nic_bandwidth_bytes_per_s": 1e11, "latency_s": 0.0},
+}
+NORM = 1024 * 64  # 65,536 elements of a norm's input
+ROTARY = 1024 * (4 + 2) * 16  # 98,304 elements of q and k
+FFN = 1024 * 128  # 131,072 elements of the SwiGLU's output
+
+
+def job(model: dict | None = None, **plan: object) -> Job:
+    return Job.from_dicts({**LLAMA, **(model or {})}, {"data_parallel": 1, **plan}, SYSTEM)
+
+
+def op(ops: list[Op], name: str) -> Op:
+    return next(o for o in ops if o.name == name)
+
+
+def fwd_bwd(j: Job, name: str) -> tuple[float, int, float, int]:
+    """Forward bytes and kernels, backward bytes and kernels of the layer's op `name`."""
+    f = op(layer_forward(j.model, j.plan), name)
+    (b,) = backward_of([f], j.plan)
+    return f.amount, f.count, b.amount, b.count
+
+
+def test_eager_rmsnorm_moves_36_bytes_forward_92_backward_in_8_and_16_kernels():
+    j = job(pointwise_kernels="eager")
+    assert fwd_bwd(j, "input_norm") == (36 * NORM, 8, 92 * NORM, 16)
+    assert fwd_bwd(j, "post_attn_norm") == (36 * NORM, 8, 92 * NORM, 16)
+    final = op(head_forward(j.model, j.plan), "final_norm")
+    assert (final.amount, final.count) == (36 * NORM, 8)
+
+
+def test_eager_chains_run_on_the_elementwise_curve_reported_as_their_own_family():
+    # PyTorch's elementwise and reduce kernels, not the fused kernels of the norm / activation curves
+    ops = layer_forward(job(pointwise_kernels="eager").model, job(pointwise_kernels="eager").plan)
+    assert (op(ops, "input_norm").family, op(ops, "input_norm").label) == ("elementwise", "norm")
+    assert (op(ops, "mlp_act").family, op(ops, "mlp_act").label) == ("elementwise", "activation")
+
+
+def test_eager_rotary_casts_q_and_k_to_fp32_and_back():
+    assert fwd_bwd(job(pointwise_kernels="eager"), "rope") == (20 * ROTARY, 6, 20 * ROTARY, 8)
+
+
+def test_eager_repeat_kv_copies_the_two_groups_to_four_heads_and_sums_them_back():
+    assert fwd_bwd(job(pointwise_kernels="eager"), "repeat_kv") == (393_216, 2, 393_216, 2)
+    # with as many key-value groups as heads repeat_kv returns its input: no copy
+    mha = job({"num_query_groups": 4}, pointwise_kernels="eager")
+    assert "repeat_kv" not in [o.name for o in layer_forward(mha.model, mha.plan)]
+
+
+def test_eager_swiglu_is_silu_then_a_product():
+    assert fwd_bwd(job(pointwise_kernels="eager"), "mlp_act") == (10 * FFN, 2, 18 * FFN, 3)
+
+
+def test_eager_fused_norm_keeps_torchtitans_triton_rmsnorm_and_runs_the_rest_eagerly():
+    # norm_type fused_rmsnorm without compile: the norm as fused (4 bytes per element, 1 kernel), rotary
+    # and SwiGLU as eager above
+    j = job(pointwise_kernels="eager_fused_norm")
+    assert fwd_bwd(j, "input_norm") == (4 * NORM, 1, 8 * NORM, 1)
+    assert fwd_bwd(j, "rope") == (20 * ROTARY, 6, 20 * ROTARY, 8)
+    assert fwd_bwd(j, "mlp_act") == (10 * FFN, 2, 18 * FFN, 3)
+
+
+def test_fp32_training_has_no_casts():
+    # RMSNorm: pow 8, mean 4, × rsqrt 8, × weight 8 = 28 bytes in 6 kernels; rotary: the product, 8, 1 per tensor
+    j = job(pointwise_kernels="eager", dtype="fp32")
+    assert fwd_bwd(j, "input_norm")[:2] == (28 * NORM, 6)
+    assert fwd_bwd(j, "rope")[:2] == (8 * ROTARY, 2)
+
+
+def test_fused_is_todays_pricing_one_kernel_each():
+    for j in (job(), job(pointwise_kernels="fused")):
+        # norm 2 · 2 = 4 bytes per element, rotary 4, SwiGLU 3 · 2 = 6; backward twice the forward
+        assert fwd_bwd(j, "input_norm") == (4 * NORM, 1, 8 * NORM, 1)
+        assert fwd_bwd(j, "rope") == (4 * ROTARY, 1, 8 * ROTARY, 1)
+        assert fwd_bwd(j, "mlp_act") == (6 * FFN, 1, 12 * FFN, 1)
+        assert "repeat_kv" not in [o.name for o in layer_forward(j.model, j.plan)]
+    assert layer_forward(job().model, job().plan) == layer_forward(job().model, job(pointwise_kernels="fused").plan)
+
+
+def test_a_gpt_model_keeps_its_one_kernel_layer_norm_and_gelu_eagerly():
+    gpt = {"family": "gpt", "ffn_hidden_size": None, "num_query_groups": None}
+    eager, fused = job(gpt, pointwise_kernels="eager"), job(gpt)
+    assert layer_forward(eager.model, eager.plan) == layer_forward(fused.model, fused.plan)
+
+
+def test_torchtitans_op_recompute_reruns_the_eager_chains():
+    j = job(pointwise_kernels="eager", recompute="selective", selective_recompute="op")
+    again = layer_backward(j.model, j.plan)
+    assert (op(again, "recompute.input_norm").amount, op(again, "recompute.input_norm").count) == (36 * NORM, 8)
+    assert op(again, "recompute.repeat_kv").amount == 393_216
+
+
+def test_an_unknown_value_names_the_field_and_its_choices():
+    with pytest.raises(ConfigError, match=r"pointwise_kernels(.|\n)*'fused', 'eager' or 'eager_fused_norm'"):
+        job(pointwise_kernels="compiled")
