@@ -25,6 +25,8 @@ of each token (times the busiest rank's imbalance), each keeping what Megatron-C
 (`_activation_bytes`). fp8 training keeps Transformer Engine's 1-byte GEMM inputs; an fp8 weight
 counts 2 bytes, as a bf16 one: Megatron-Bridge's fp8 recipes keep an fp8 primary weight and its
 transpose (training/mixed_precision.py bf16_with_fp8_current_scaling_mixed: fp8_param_gather).
+A llama model run without torch.compile (plan.pointwise_kernels eager) keeps more: the tensors PyTorch's
+autograd saves op by op in torchtitan's RMSNorm, repeat_kv and SwiGLU (`eager_saved_bytes`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
+from itercast.workloads.transformer_ops import _eager_llama
 
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 
@@ -169,6 +172,8 @@ def _activation_bytes(
         latents = (e + gemm_in) * ((m.q_lora_rank or 0) + (m.kv_lora_rank or 0)) + e * m.qk_rope_head_dim
     up = 2 if m.gated_mlp else 1
     sharded += (e * up + gemm_in) * f  # MLP up output(s) and activation output
+    eager_replicated, eager_sharded = eager_saved_bytes(m, t.base, f)
+    replicated, sharded = replicated + eager_replicated, sharded + eager_sharded
     # unfused attention keeps, per key, the softmax output and, with attention dropout, its
     # 1-byte mask and output (eq. 1's 5·a·s in 16-bit training with dropout)
     scores = 0 if t.base.flash_attention else a * m.seq_length * (e + (0 if m.family == "llama" else 1 + e))
@@ -179,6 +184,35 @@ def _activation_bytes(
         experts = copies * per_copy + 4 * m.experts / rep
     attention_again = replicated / rep + latents + sharded / tp + experts
     return _recompute_kept(m, t, rc, attention_again + scores / tp, attention_again, experts, f, rep)
+
+
+def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[int, int]:
+    """Bytes per token a llama layer's autograd keeps beyond the fused kernels' under
+    plan.pointwise_kernels eager (transformer_ops._eager_llama): (replicated, sharded over tensor
+    parallelism), 0 under fused. torchtitan 9dec370a / 1ea476e9, PyTorch's derivatives.yaml:
+    - RMSNorm (models/norms.py `self._norm(x.float()).type_as(x) * self.weight`): pow(2) saves `self`
+      and `x * rsqrt(...)` saves both factors: the fp32 x (4h) and the per-token rsqrt `result` (4);
+      `* weight` saves the 16-bit normed x (eh) for the weight's gradient; mean saves sizes, the casts
+      (_to_copy) nothing. The fused norm keeps its input x (eh, counted in `_activation_bytes`), which
+      no eager op saves: 4h + 4 more per norm, two a layer (torchtitan's Triton fused_rmsnorm,
+      eager_fused_norm, keeps x like the fused: 0).
+    - rotary (model.py apply_rotary_emb): the complex product saves `other` only, the freqs_cis
+      buffer (needing no gradient, it needs no saved `self`); views and casts save nothing: 0.
+    - repeat_kv (model.py): the expanded keys and values it copies are SDPA's saved inputs, a heads
+      instead of g: 2e(a - g)d (none without GQA; MLA runs no repeat_kv).
+    - SwiGLU (model.py FeedForward `w2(F.silu(w1(x)) * w3(x))`): silu saves its input (w1's output,
+      counted) and the product saves both factors: w3's output (counted) and the silu output, e per
+      element of the ffn width more.
+    Recompute: torchtitan's op-level policy saves mm and SDPA outputs only (`_recompute_kept`), so
+    these are recomputed, and live only while their layer's backward runs (StageMemory.recomputing);
+    full recompute keeps the layer input. The final norm's saved tensors (one per stage) are not
+    counted, as under fused."""
+    if not _eager_llama(m, p):
+        return 0, 0
+    e, h, a, g = p.dtype_bytes, m.hidden_size, m.num_attention_heads, m.kv_heads
+    norms = 0 if p.pointwise_kernels == "eager_fused_norm" else 2 * (4 * h + 4)
+    repeated_kv = 0 if m.mla else 2 * e * (a - g) * m.head_dim
+    return norms, repeated_kv + e * mlp_width
 
 
 def _recompute_kept(

@@ -24,6 +24,7 @@ import pytest
 
 from itercast.config.job import Job
 from itercast.errors import ConfigError
+from itercast.memory import activation_bytes_per_token_layer, estimate_memory
 from itercast.workloads.transformer_ops import Op, backward_of, head_forward, layer_backward, layer_forward
 
 LLAMA = {"family": "llama", "num_layers": 1, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4}
@@ -133,3 +134,49 @@ def test_torchtitans_op_recompute_reruns_the_eager_chains():
 def test_an_unknown_value_names_the_field_and_its_choices():
     with pytest.raises(ConfigError, match=r"pointwise_kernels(.|\n)*'fused', 'eager' or 'eager_fused_norm'"):
         job(pointwise_kernels="compiled")
+
+
+# What autograd keeps for backward, per token of the LAYER above (memory.eager_saved_bytes; tp = 1, no SP).
+# Fused (today's count): two norm inputs 2 · 2 · 64, the QKV and MLP inputs 2 · 64 each: 512; q, k, v
+# 2 · (4 + 2 · 2) · 16 = 256, the projection input 2 · 4 · 16 = 128, w1 and w3 outputs and the SwiGLU output
+# 3 · 2 · 128 = 768: 1,152; 1,664 bytes in all.
+# Eager, beyond it: each RMSNorm's fp32 x.float() (pow and × rsqrt save it) 4 · 64 = 256 and its per-token
+# rsqrt 4, instead of its 16-bit input, with × weight's 16-bit normed x (2 · 64) in that input's place:
+# 2 norms · (256 + 4) = 520; repeat_kv's keys and values, SDPA's saved inputs at 4 heads instead of 2:
+# 2 · 2 · (4 - 2) · 16 = 128; the silu output the product saves, 2 · 128 = 256: 904 bytes, 2,568 in all.
+EAGER_EXTRA = 2 * (4 * 64 + 4) + 2 * 2 * (4 - 2) * 16 + 2 * 128  # 904 bytes per token and layer
+TOKENS = 1024
+
+
+def test_eager_autograd_keeps_the_fp32_norm_inputs_the_repeated_kv_and_the_silu_output():
+    assert activation_bytes_per_token_layer(job()) == 1664
+    assert activation_bytes_per_token_layer(job(pointwise_kernels="eager")) == 1664 + EAGER_EXTRA  # 2,568
+    # torchtitan's Triton fused_rmsnorm keeps its input like the fused norm: the KV copies and silu only
+    assert activation_bytes_per_token_layer(job(pointwise_kernels="eager_fused_norm")) == 1664 + 128 + 256
+
+
+def test_the_eager_extra_is_kept_by_every_layer_only_without_recompute():
+    # two layers, one micro-batch in flight. No recompute: both layers keep the extra, 2 · 904 · 1024 =
+    # 1,851,392 bytes more. Full recompute (the layer input only, 2 · 64 per token either way) and
+    # torchtitan's op-level policy (mm and SDPA outputs: the same tensors either way) keep none of it: the
+    # one layer recomputed during its backward holds it, 904 · 1024 = 925,696 bytes more.
+    def more(**plan: object) -> float:
+        fused, eager = job({"num_layers": 2}, **plan), job({"num_layers": 2}, pointwise_kernels="eager", **plan)
+        return estimate_memory(eager).activations_bytes - estimate_memory(fused).activations_bytes
+
+    assert more() == 2 * EAGER_EXTRA * TOKENS == 1_851_392
+    assert more(recompute="full") == EAGER_EXTRA * TOKENS == 925_696
+    assert more(recompute="selective", selective_recompute="op") == EAGER_EXTRA * TOKENS
+    for plan in ({"recompute": "full"}, {"recompute": "selective", "selective_recompute": "op"}):
+        kept = activation_bytes_per_token_layer(job(**plan))
+        assert activation_bytes_per_token_layer(job(pointwise_kernels="eager", **plan)) == kept
+
+
+def test_the_eager_extra_is_sharded_like_its_tensors_under_tensor_parallelism():
+    # tp 2 with sequence parallelism: the norms' share over 2 (520 / 2 = 260), the KV copies' and silu
+    # output's over 2 ((128 + 256) / 2 = 192): 452 bytes per token more
+    plan = {"data_parallel": 1, "tensor_parallel": 2, "sequence_parallel": True}
+    system = {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 2}}
+    fused = Job.from_dicts(LLAMA, plan, system)
+    eager = Job.from_dicts(LLAMA, {**plan, "pointwise_kernels": "eager"}, system)
+    assert activation_bytes_per_token_layer(eager) - activation_bytes_per_token_layer(fused) == 260 + 192

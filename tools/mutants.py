@@ -68,7 +68,9 @@ TESTS = {
     "workloads/transformer.py": _t(
         "golden", "step_by_hand", "bounds_by_hand", "moe", "ops_and_costs", "pipeline", "context_parallel"
     ),
-    "memory.py": _t("memory", "memory_by_hand", "memory_moe_by_hand", "memory_runs_that_ran", "golden", "moe"),
+    "memory.py": _t(
+        "memory", "memory_by_hand", "memory_moe_by_hand", "memory_runs_that_ran", "golden", "moe", "eager_pointwise"
+    ),
     "search/fast_estimate.py": _t("fast_estimate", "bounds_by_hand"),
     "workloads/dlrm/step.py": _t("dlrm", "dlrm_by_hand"),
     "workloads/dlrm/embedding.py": _t("dlrm", "dlrm_by_hand"),
@@ -242,6 +244,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "ZeRO-2/3 reduce once, not after every micro-batch"),
     # -- memory per GPU (Korthikanti et al. 2022; ZeRO) ------------------------------------------
     M(MEM, 'shard = c["dp"] * c["cp"]', 'shard = c["dp"]', "ZeRO shards over dp, not dp×cp"),
+    M(MEM, "else 2 * (4 * h + 4)", "else 2 * (2 * h + 4)", "eager RMSNorm's saved x.float() counted 16-bit"),
+    M(MEM, "return norms, repeated_kv + e * mlp_width", "return norms, repeated_kv",
+      "the silu output eager SwiGLU's product saves left out"),
     M(MEM, 'c["tp"] * shard // (c["ep"] * c["etp"])', 'c["tp"] * shard // c["ep"]', "expert ZeRO shard ignores ETP"),
     M(MEM, "self.recomputing = again * self.tokens", "self.recomputing = 0 * again * self.tokens",
       "full recompute needs no whole layer"),
