@@ -111,6 +111,7 @@ PLAN = {
     "overlap_param_gather": True,
     "tp_comm_overlap": True,
     "cross_entropy": "megatron",
+    "pointwise_kernels": "fused",
 }
 GPT3 = parse_section("model", {"preset": "gpt3-175b"})
 
@@ -162,6 +163,17 @@ def test_launch_settings_carry_the_recompute_the_plan_priced():
     assert 'mode = "selective"\nselective_ac_option = "2"' in every
     op = {**PLAN, "zero_stage": 3, "recompute": "selective", "selective_recompute": "op"}
     assert 'mode = "selective"\nselective_ac_option = "op"' in launch_settings("torchtitan", op, GPT3)  # type: ignore[arg-type]
+
+
+def test_torchtitan_toml_compiles_the_model_and_loss_whose_fused_kernels_were_priced():
+    # torchtitan's [compile] enable defaults to false (eager); async TP (PLAN's tp_comm_overlap) needs it on
+    titan = launch_settings("torchtitan", {**PLAN, "zero_stage": 3}, GPT3)  # type: ignore[arg-type]
+    section = titan.split("[compile]\n")[1].split("\n\n")[0].splitlines()
+    assert section[0].startswith("# the plan priced fused norms, rotary and SwiGLU kernels")
+    assert section[1:] == ["enable = true", 'components = ["model", "loss"]']
+    # a job that sets eager kernels is priced so, and its TOML says so
+    eager = {**PLAN, "zero_stage": 3, "pointwise_kernels": "eager"}
+    assert launch_settings("torchtitan", eager, GPT3).endswith("\nenable = false")  # type: ignore[arg-type]
 
 
 def test_launch_settings_name_the_loss_kernels_the_plan_priced():

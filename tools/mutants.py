@@ -454,6 +454,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/search_cmds.py", "DistributionOptions(vm, samples, seed, distribution_top, across_runs)",
       "DistributionOptions(vm, samples, seed, distribution_top)", "search --across-runs not passed to the sampling",
       _t("search_objectives")),
+    M("search/launch_settings.py", 'if plan["pointwise_kernels"] != "fused":',
+      'if plan["pointwise_kernels"] == "fused":', "torchtitan launched eager where fused kernels were priced",
+      _t("frameworks")),
     # -- tools/ analyses the cost model does not use (their files relative to itercast/ too) -----------
     M("../tools/gemm_waves.py", "return t / (sm_count * np.ceil(t / sm_count))", "return t / (sm_count * t / sm_count)",
       "a GEMM's last wave of tiles fills every SM", _t("gemm_shape")),

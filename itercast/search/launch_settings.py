@@ -3,8 +3,8 @@
 - megatron-core: pretrain_gpt.py command-line arguments (Megatron-LM megatron/training/arguments.py names).
 - nemo: NeMo 2 recipe overrides (nemo/collections/llm/recipes/*.py: trainer.strategy = MegatronStrategy,
   its `ddp` DistributedDataParallelConfig, data.* batch sizes, model.config recompute fields).
-- torchtitan: a TOML fragment (torchtitan/config/job_config.py sections [parallelism], [training],
-  [activation_checkpoint], [model]).
+- torchtitan: a TOML fragment (torchtitan/config/job_config.py at 9810191^, the last TOML-configured version:
+  sections [parallelism], [training], [activation_checkpoint], [compile], [model]).
 - deepspeed: a DeepSpeed JSON config (deepspeed/runtime/zero/config.py, runtime/config.py) and the
   Megatron-DeepSpeed arguments that set tensor and pipeline sizes (DeepSpeed's pipe engine takes its stage
   count from PipelineModule(num_stages), not from the JSON).
@@ -137,9 +137,30 @@ _TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Inter
 _TITAN_ROTATE = {"torch_allgather": "allgather", "torch_alltoall": "alltoall"}
 
 
+def _titan_compile(plan: dict[str, Any]) -> list[str]:
+    """torchtitan's [compile] section (job_config.py Compile at 9810191^, since 08b8b244 in 2025-08; before it
+    [training] compile): `enable` defaults to false, which runs the norms, rotary embeddings and SwiGLU op by op.
+    Search prices them fused (plan.pointwise_kernels fused, the default; search does not offer eager, only a
+    job that sets it is priced so): compile on, with torchtitan's default components, the model and the loss
+    (the loss is priced as eager F.cross_entropy either way, plan.cross_entropy torch: a bound from above).
+    Its async tensor parallelism needs the compiled model (distributed/tensor_parallel.py maybe_enable_async_tp
+    raises without it). eager_fused_norm's norm_type fused_rmsnorm is gone by 9810191^: not written."""
+    if plan["pointwise_kernels"] != "fused":
+        return [
+            "# the plan priced PyTorch eager's kernels (plan.pointwise_kernels), torchtitan's default",
+            "enable = false",
+        ]
+    return [
+        "# the plan priced fused norms, rotary and SwiGLU kernels: torch.compile's (torchtitan's default is eager)",
+        "enable = true",
+        'components = ["model", "loss"]',
+    ]
+
+
 def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
     """torchtitan TOML: FSDP2 over every data-parallel rank (data_parallel_shard_degree; HSDP's replicate
-    degree left 1), or DDP for zero 0; per-rank batch local_batch_size = global / dp."""
+    degree left 1), or DDP for zero 0; per-rank batch local_batch_size = global / dp; torch.compile as
+    priced (`_titan_compile`)."""
     p = plan
     dp, zero = p["data_parallel"], p["zero_stage"]
     ddp = zero == 0 and dp > 1
@@ -186,6 +207,7 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
         parts.append(f'mode = "{p["recompute"]}"')
         if p["recompute"] == "selective":
             parts.append('selective_ac_option = "op"')
+    parts += ["", "[compile]", *_titan_compile(p)]
     if p["dtype"] == "fp8":  # the converters' names at 9810191^ (components/quantization/float8.py)
         experts = model.is_moe and p["fp8_experts"]  # GroupedExperts: the grouped-GEMM converter, "experts" fqns
         names = ", ".join(f'"quantize.{n}.float8"' for n in ("linear", "grouped_mm")[: 2 if experts else 1])
