@@ -42,7 +42,6 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
-from itercast.workloads.transformer_ops import _eager_llama
 
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
 
@@ -188,8 +187,10 @@ def _activation_bytes(
 
 def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[int, int]:
     """Bytes per token a llama layer's autograd keeps beyond the fused kernels' under
-    plan.pointwise_kernels eager (transformer_ops._eager_llama): (replicated, sharded over tensor
-    parallelism), 0 under fused. torchtitan 9dec370a / 1ea476e9, PyTorch's derivatives.yaml:
+    plan.pointwise_kernels eager or eager_fused_norm: (replicated, sharded over tensor parallelism), 0
+    under fused and for other families (the layers transformer_ops._eager_llama prices eagerly; memory sits
+    under workloads, tests/test_layering.py, so the test is written here). torchtitan 9dec370a / 1ea476e9,
+    PyTorch's derivatives.yaml:
     - RMSNorm (models/norms.py `self._norm(x.float()).type_as(x) * self.weight`): pow(2) saves `self`
       and `x * rsqrt(...)` saves both factors: the fp32 x (4h) and the per-token rsqrt `result` (4);
       `* weight` saves the 16-bit normed x (eh) for the weight's gradient; mean saves sizes, the casts
@@ -207,7 +208,7 @@ def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[in
     these are recomputed, and live only while their layer's backward runs (StageMemory.recomputing);
     full recompute keeps the layer input. The final norm's saved tensors (one per stage) are not
     counted, as under fused."""
-    if not _eager_llama(m, p):
+    if p.pointwise_kernels == "fused" or m.family != "llama":
         return 0, 0
     e, h, a, g = p.dtype_bytes, m.hidden_size, m.num_attention_heads, m.kv_heads
     norms = 0 if p.pointwise_kernels == "eager_fused_norm" else 2 * (4 * h + 4)

@@ -180,3 +180,11 @@ def test_the_eager_extra_is_sharded_like_its_tensors_under_tensor_parallelism():
     fused = Job.from_dicts(LLAMA, plan, system)
     eager = Job.from_dicts(LLAMA, {**plan, "pointwise_kernels": "eager"}, system)
     assert activation_bytes_per_token_layer(eager) - activation_bytes_per_token_layer(fused) == 260 + 192
+
+
+def test_a_gpt_model_keeps_the_same_activations_eagerly():
+    # its nn.LayerNorm and GELU save the same tensors eagerly as fused: nothing more
+    gpt = {"family": "gpt", "ffn_hidden_size": None, "num_query_groups": None}
+    assert activation_bytes_per_token_layer(job(gpt, pointwise_kernels="eager")) == activation_bytes_per_token_layer(
+        job(gpt)
+    )
