@@ -20,6 +20,12 @@ price rowwise GEMMs apart only if, on the row-wise kernels torchao runs today (F
 kernel after its column-major change, PyTorch's retuned copy, cuBLAS), every ratio is >= 1 and their
 geomean >= 1.05; then on the forward GEMM only, the one that runs the row-wise kernel (the file's
 NOTES). Otherwise no model.
+
+Then power-capped GPUs, data/published/kernels/power_limit_gemm.csv: per GPU family and power limit, the
+bf16 rows' time ratios (the curve as fitted / measured), the rule of the file's NOTES (fixed before any
+ratio was computed: every ratio < 1, max / min <= 1.15, geomean >= limit / nominal) and the fraction it
+gives beside GPUSpec's POWER_LIMITS; then every row's signed error at nominal power and at the limit
+(gpu.power_limit_w), the fp8 rows a held-out check of the one-clock assumption.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.config.job import Job
+from itercast.config.system import POWER_LIMITS
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.fitting import attention_points, attention_times_s, mean_abs_err
 from itercast.data_paths import read_csv_rows
@@ -82,6 +89,7 @@ def main() -> None:
         print(f"  {direction}: {mean_abs_err(guess[sel], points.seconds[sel]):.1%} (signed mean ", end="")
         print(f"{np.mean(guess[sel] / points.seconds[sel] - 1):+.1%})")
     fp8_rowwise()
+    power_limits()
 
 
 def _seconds(row: dict[str, str]) -> float:
@@ -123,6 +131,37 @@ def fp8_rowwise() -> None:
                 err = [float(costs.gemm_s(_flops(r))) / _seconds(r) - 1 for r in sel]
                 print(f"    {dtype:4} curve on {scaling:10} {kernel:21} {gpu:9} {len(sel)} rows: ", end="")
                 print(", ".join(f"{e:+.1%}" for e in err))
+
+
+def power_limits() -> None:
+    """The rule on each capped family's bf16 rows, and every row's error without and with the cap."""
+    rows = [r for r in read_csv_rows(KERNELS / "power_limit_gemm.csv") if r["gpu"] == "h100" and r["power_limit_w"]]
+    system = Job.from_presets("llama3-8b", "dgx-h100").system
+    nominal_w = POWER_LIMITS["H100-SXM"].nominal_w
+    print("\npower-capped H100 (power_limit_gemm.csv): bf16 curve as fitted / measured time")
+    for watts in sorted({float(r["power_limit_w"]) for r in rows}):
+        capped = system.model_copy(update={"gpu": system.gpu.model_copy(update={"power_limit_w": watts})})
+        errors = {}  # dtype: (kernel, signed errors of predicted time at nominal power, at the limit)
+        for dtype in ("bf16", "fp8"):
+            sel = [r for r in rows if float(r["power_limit_w"]) == watts and r["dtype"] == dtype]
+            measured_s = np.array([float(r["milliseconds"]) * 1e-3 for r in sel])
+            errors[dtype] = tuple(
+                np.array([float(AnalyticCostModel(s, dtype).gemm_s(_flops(r))) for r in sel]) / measured_s - 1
+                for s in (system, capped)
+            )
+        ratios = 1 + errors["bf16"][0]
+        geomean, spread = float(np.exp(np.mean(np.log(ratios)))), float(ratios.max() / ratios.min())
+        model = ratios.max() < 1.0 and spread <= 1.15 and geomean >= watts / nominal_w
+        print(f"  {watts:g} W: ratios {', '.join(f'{x:.3f}' for x in ratios)}; max / min {spread:.3f}, ", end="")
+        print(f"geomean {geomean:.3f} (>= {watts / nominal_w:.3f}?) -> {'a power model' if model else 'no model'}")
+        print(f"  GPUSpec fraction at {watts:g} W: {capped.gpu.compute_throughput_fraction():.3f}; ", end="")
+        print("signed error of predicted time, nominal -> capped:")
+        for dtype, (before, after) in errors.items():
+            role = "in-sample" if dtype == "bf16" else "held out"
+            kernel = next(r["kernel"] for r in rows if r["dtype"] == dtype)
+            print(f"    {dtype:4} {kernel:21} ({role}): ", end="")
+            print(", ".join(f"{b:+.1%} -> {a:+.1%}" for b, a in zip(before, after, strict=True)), end="")
+            print(f"; mean |error| {np.mean(np.abs(before)):.1%} -> {np.mean(np.abs(after)):.1%}")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from itertools import pairwise
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, model_validator
 
 from itercast.config.strict import STRICT, Ranks
+
+
+class PowerLimits(NamedTuple):
+    """A GPU family's rated board power and the compute throughput it sustains below it."""
+
+    nominal_w: float
+    #: (power limit in W, fraction of the nominal compute throughput), ascending, all below nominal_w
+    measured: tuple[tuple[float, float], ...] = ()
+
+
+#: By GPU name prefix. Fractions measured at kernel level (data/published/kernels/power_limit_gemm.csv,
+#: derived by the rule in its NOTES: validation/kernel_tables.py prints the derivation).
+POWER_LIMITS: dict[str, PowerLimits] = {
+    # H100 SXM5 datasheet: up to 700 W. 500 W: pytorch/FBGEMM PR #2546, cuBLAS bf16 at 500 W (stated) over the
+    # bf16 curve as fitted, 3 shapes: time ratios 0.841, 0.815, 0.777, geomean 0.811 (one source: thin)
+    "H100-SXM": PowerLimits(700.0, ((500.0, 0.811),)),
+    "H200-SXM": PowerLimits(700.0),  # H200 datasheet (SXM): up to 700 W
+    "A100-SXM4": PowerLimits(400.0),  # A100 datasheet (SXM4): 400 W
+    "V100-SXM2": PowerLimits(300.0),  # V100 datasheet (SXM2): 300 W
+}
 
 
 class GPUSpec(BaseModel):
@@ -46,6 +67,46 @@ class GPUSpec(BaseModel):
         description="Memory not available to tensors: CUDA context, cuBLAS/NCCL workspaces, "
         "allocator fragmentation. An estimate, not a measurement.",
     )
+    power_limit_w: PositiveFloat | None = Field(
+        None,
+        description="The board power limit in watts (`nvidia-smi -pl`, or a lower-TDP part of the family such "
+        "as the 500 W H100 SXM of Meta's Grand Teton hosts); None runs at the family's nominal power, the curves "
+        "as fitted. Below nominal the SM clock drops for compute-bound kernels: GEMMs and attention run at "
+        "compute_throughput_fraction() of their nominal FLOP/s; memory-bound kernels and collectives are unchanged. "
+        "Only families and limits with kernel-level measurements are accepted (POWER_LIMITS).",
+    )
+
+    @model_validator(mode="after")
+    def _power_limit_measured(self) -> GPUSpec:
+        """A power limit must be one whose throughput was measured (see compute_throughput_fraction)."""
+        self.compute_throughput_fraction()
+        return self
+
+    def compute_throughput_fraction(self) -> float:
+        """Fraction of the nominal compute FLOP/s sustained at `power_limit_w` (1 when unset or nominal):
+        linear in watts between the measured limits of POWER_LIMITS and 1.0 at nominal (two points for
+        H100: a straight line between them is an assumption). A limit above the family's nominal power,
+        below its lowest measured limit, or on a GPU without a known nominal power is an error."""
+        limit_w = self.power_limit_w
+        if limit_w is None:
+            return 1.0
+        family = next((f for f in POWER_LIMITS if self.name.startswith(f)), None)
+        if family is None:
+            raise ValueError(
+                f"gpu.power_limit_w({limit_w:g}): the nominal power of {self.name} is not known (GPU names starting "
+                f"with {', '.join(POWER_LIMITS)} are); leave power_limit_w unset"
+            )
+        nominal_w, measured = POWER_LIMITS[family]
+        points = (*measured, (nominal_w, 1.0))
+        if limit_w > nominal_w or limit_w < points[0][0]:
+            raise ValueError(
+                f"gpu.power_limit_w({limit_w:g}) for {self.name}: expected {points[0][0]:g} to {nominal_w:g} W "
+                f"(nominal {nominal_w:g} W; no kernel-level measurement below {points[0][0]:g} W)"
+            )
+        for (low_w, low), (high_w, high) in pairwise(points):
+            if limit_w <= high_w:
+                return low + (high - low) * (limit_w - low_w) / (high_w - low_w)
+        return 1.0  # limit_w == nominal_w with no measured limit below it
 
 
 class NodeSpec(BaseModel):

@@ -61,10 +61,14 @@ class AnalyticCostModel:
         self.system, self.dtype = system, dtype
         gpu = system.gpu
         peak_key = dtype if dtype in gpu.peak_flops else ("tf32" if dtype == "fp32" else "fp32")
-        self.peak_flops = gpu.peak_flops.get(peak_key) or gpu.peak_flops["fp32"]
+        nominal = gpu.peak_flops.get(peak_key) or gpu.peak_flops["fp32"]
+        # below its nominal power the GPU's SM clock drops for compute-bound kernels (GEMMs, attention) only:
+        # their peak, not the memory-bound kernels' or the collectives' bandwidths (GPUSpec.power_limit_w)
+        fraction = gpu.compute_throughput_fraction()
+        self.peak_flops = nominal * fraction
         # FP8 training (Transformer Engine) runs only the linear layers in FP8; fused attention
         # stays in bf16 unless FP8 attention is switched on explicitly (TE docs, `fp8_dpa`).
-        self.attention_peak_flops = gpu.peak_flops.get("bf16", self.peak_flops) if dtype == "fp8" else self.peak_flops
+        self.attention_peak_flops = (gpu.peak_flops.get("bf16", nominal) if dtype == "fp8" else nominal) * fraction
         data = calibration if calibration is not None else curves()
         self._calibration = calibration
         gemm = data["gemm"][{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
