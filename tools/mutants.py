@@ -462,6 +462,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("search/launch_settings.py", 'if plan["pointwise_kernels"] != "fused":',
       'if plan["pointwise_kernels"] == "fused":', "torchtitan launched eager where fused kernels were priced",
       _t("frameworks")),
+    M("search/frameworks.py", 'if pointwise_kernels != "fused" and tp_comm_overlap:',
+      'if pointwise_kernels != "fused" and not tp_comm_overlap:',
+      "torchtitan's async TP searched without the torch.compile it needs", _t("frameworks")),
     # -- tools/ analyses the cost model does not use (their files relative to itercast/ too) -----------
     M("../tools/gemm_waves.py", "return t / (sm_count * np.ceil(t / sm_count))", "return t / (sm_count * t / sm_count)",
       "a GEMM's last wave of tiles fills every SM", _t("gemm_shape")),

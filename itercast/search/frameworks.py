@@ -272,8 +272,11 @@ def framework_rules(fw: Framework, moe: bool) -> list[Rule]:
     return rules + [(name, lambda c, ok=ok: ok(c, moe)) for name, ok in fw.rules]
 
 
-def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool) -> None:
-    """A field the user fixed (--set plan.X) that the framework never runs: one line naming its rule."""
+def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, pointwise_kernels: str = "fused") -> None:
+    """A field the user fixed (--set plan.X) that the framework never runs: one line naming its rule.
+    Eager pointwise kernels (PlanConfig.pointwise_kernels) are torchtitan's model code without
+    torch.compile, so torchtitan's alone, and not with its async tensor parallelism, which needs the
+    compiled model (torchtitan parallelize.py: 'Async TP requires torch.compile')."""
     zero = fixed.get("zero_stage")
     if zero is not None and int(zero) not in fw.zero_stages:
         raise ConfigError(
@@ -288,6 +291,17 @@ def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool) -> 
         raise ConfigError(f"plan.context_parallel: {fw.name} has no context parallelism (expected 1); got {got}")
     if tp_comm_overlap and not fw.tp_comm_overlap:
         raise ConfigError(f"plan.tp_comm_overlap: {fw.name} has no tensor-parallel communication overlap; got true")
+    if pointwise_kernels != "fused" and fw.name != "torchtitan":
+        raise ConfigError(
+            f"plan.pointwise_kernels: {fw.name} runs fused norms and activations (expected fused; eager is "
+            f"torchtitan's model code without torch.compile); got {pointwise_kernels!r}"
+        )
+    if pointwise_kernels != "fused" and tp_comm_overlap:
+        raise ConfigError(
+            "plan.tp_comm_overlap: torchtitan's async tensor parallelism needs torch.compile (parallelize.py: "
+            f"'Async TP requires torch.compile'), and plan.pointwise_kernels {pointwise_kernels!r} runs without it; "
+            "got true"
+        )
 
 
 def runnable_plan(fw: Framework, plan: dict[str, Any]) -> dict[str, Any]:

@@ -78,7 +78,7 @@ def enumerate_plans(
     (unless options.global_batch_sizes lists several)."""
     fixed, gpn = options.fixed, system.node.gpus_per_node
     fw = framework(options.framework)
-    check_fixed(fw, fixed, base.tp_comm_overlap)
+    check_fixed(fw, fixed, base.tp_comm_overlap, base.pointwise_kernels)
     batches = list(options.global_batch_sizes) or ([base.global_batch_size] if base.global_batch_size else [])
     if not batches:
         raise ValueError("the search needs plan.global_batch_size (e.g. --set plan.global_batch_size=1536)")
