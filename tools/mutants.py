@@ -470,6 +470,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "a GEMM's last wave of tiles fills every SM", _t("gemm_shape")),
     M("../tools/gemm_waves.py", "return wave_fraction(tiles, sm_count) * tile_fill(m_, n_, tile_m, tile_n)",
       "return wave_fraction(tiles, sm_count)", "a GEMM's partial edge tiles do useful work", _t("gemm_shape")),
+    M("../tools/measure_sharding_tasks.py", "rank = min(range(WORLD), key=lambda r: load[r])",
+      "rank = max(range(WORLD), key=lambda r: load[r])", "greedy sharders place a table on the most-loaded rank",
+      _t("sharding_tasks")),
+    M("../tools/measure_sharding_tasks.py", "t.num_rows * t.embedding_dim * 4 <= SMALL_BYTES",
+      "t.num_rows * t.embedding_dim <= SMALL_BYTES", "dp_small sizes tables in elements, not fp32 bytes",
+      _t("sharding_tasks")),
 )
 # fmt: on
 

@@ -1,0 +1,267 @@
+"""Measure DLRM steps under the shardings several sharders propose for random tasks drawn from public
+table statistics (Lin et al., TPDS'24's design; the measured side of validation/sharding_tasks.py).
+
+    python tools/measure_sharding_tasks.py --out data/measured/cpu_sharding_tasks.csv [--tasks 10 --seed 29]
+
+Table statistics: MLPerf DLRM v2's 26 Criteo 1TB features, rows and multi-hot sizes (pooling factors)
+as `--num_embeddings_per_feature` and `--multi_hot_sizes` of
+mlcommons/training@55697bb05032d433a1c4d38cb77515028b8b5643:recommendation_v2/torchrec_dlrm/README.MD
+(also the dlrm-dcnv2-criteo preset). Scaled to this 2-core, 24 GiB CPU: rows capped at ROW_CAP (the
+40M-row tables become ROW_CAP-row ones; the small tables keep their rows), pooling factors kept.
+A task (draw_tasks, seeded): 4–6 distinct features, one embedding dim for all (the dot interaction
+needs them equal) from DIMS, a batch per rank from BATCHES_PER_RANK, uniform or Zipf 1.05 indices;
+dense part as dlrm-small (13 dense features, bottom MLP 64-d, top MLP 64-1).
+Sharders (each proposes one sharding for 2 ranks; identical proposals are measured once and
+credited to every sharder that made them): `itercast` (workloads/dlrm/sharding.plan_sharding with
+the calibration validation/sharding.py's best block uses, fixed before any measurement:
+cpu_profile_1thread_corun.db with cpu_profile_1thread.db's collectives, PyTorch HTA host defaults),
+and TorchRec-style heuristics (SHARDERS below).
+The step is tools/measure_dlrm_sharding.ShardedDLRM (its draws, semantics, warm-up and timing): per
+task every distinct proposal runs in ROUNDS interleaved rounds of WARMUP untimed + ITERATIONS timed
+steps, one row per timed step (the slowest rank's seconds). Needs torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "validation"))
+from measure_dlrm_sharding import ShardedDLRM, free_port  # noqa: E402  (the one timed step)
+
+from itercast.workloads.dlrm import DLRMConfig, EmbeddingTable, Shard  # noqa: E402
+from itercast.workloads.dlrm.config import Strategy  # noqa: E402
+
+#: (rows, multi-hot size) of the 26 Criteo 1TB features of MLPerf DLRM v2 (mlcommons/training@55697bb:
+#: recommendation_v2/torchrec_dlrm/README.MD, --num_embeddings_per_feature and --multi_hot_sizes)
+CRITEO_ROWS: tuple[int, ...] = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10)
+CRITEO_ROWS += (2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36)
+CRITEO_POOLING = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+ROW_CAP = 1_000_000  # rows kept at most: a 1M × 64 fp32 table is 256 MB, a task's 6 fit several times
+DIMS = (16, 32, 64)
+BATCHES_PER_RANK = (256, 1024)
+ALPHAS = (0.0, 1.05)
+WORLD = 2
+SMALL_BYTES = 1 << 20  # dp_small: a table of at most 1 MiB (fp32) is replicated (its all-reduce is cheap)
+WARMUP, ITERATIONS, ROUNDS = 3, 15, 5
+
+
+@dataclass(frozen=True)
+class Task:
+    features: tuple[int, ...]  # Criteo feature indices (0–25)
+    dim: int
+    batch_per_rank: int
+    zipf_alpha: float
+
+    def model(self) -> DLRMConfig:
+        """The task's DLRM (tables named f<feature>), as itercast prices it: no input distribution timed."""
+        tables = tuple(
+            EmbeddingTable(
+                name=f"f{f}",
+                num_rows=min(CRITEO_ROWS[f], ROW_CAP),
+                embedding_dim=self.dim,
+                pooling_factor=CRITEO_POOLING[f],
+                zipf_alpha=self.zipf_alpha,
+            )
+            for f in self.features
+        )
+        return DLRMConfig(
+            name="criteo-task",
+            dense_features=13,
+            bottom_mlp=(64, self.dim),
+            top_mlp=(64, 1),
+            tables=tables,
+            input_distribution=False,
+        )
+
+
+def draw_tasks(count: int, seed: int) -> list[Task]:
+    """`count` tasks from random.Random(seed): per task, the number of tables (4–6), the features
+    (without replacement), the dim, the batch per rank and the index distribution, in that order."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        k = rng.randint(4, 6)
+        features = tuple(sorted(rng.sample(range(len(CRITEO_ROWS)), k)))
+        out.append(Task(features, rng.choice(DIMS), rng.choice(BATCHES_PER_RANK), rng.choice(ALPHAS)))
+    return out
+
+
+Plan = dict[str, Shard]
+
+
+def _greedy(tables: list[EmbeddingTable], cost: dict[str, float]) -> Plan:
+    """Table-wise: largest cost first (ties in table order), each to the least-loaded rank (ties: the lower)."""
+    load = [0.0] * WORLD
+    plan = {}
+    for t in sorted(tables, key=lambda t: -cost[t.name]):
+        rank = min(range(WORLD), key=lambda r: load[r])
+        plan[t.name] = Shard("table_wise", (rank,))
+        load[rank] += cost[t.name]
+    return {t.name: plan[t.name] for t in tables}
+
+
+def greedy_size(model: DLRMConfig, batch_per_rank: int) -> Plan:
+    """TorchRec-style table-wise greedy by size: rows × dim."""
+    return _greedy(list(model.tables), {t.name: t.num_rows * t.embedding_dim for t in model.tables})
+
+
+def greedy_lookups(model: DLRMConfig, batch_per_rank: int) -> Plan:
+    """Table-wise greedy by lookups: pooling factor × global batch."""
+    return _greedy(list(model.tables), {t.name: t.pooling_factor * batch_per_rank * WORLD for t in model.tables})
+
+
+def all_row_wise(model: DLRMConfig, batch_per_rank: int) -> Plan:
+    """Every table row-wise over both ranks."""
+    return {t.name: Shard("row_wise", tuple(range(WORLD))) for t in model.tables}
+
+
+def dp_small(model: DLRMConfig, batch_per_rank: int) -> Plan:
+    """Data-parallel for tables of at most SMALL_BYTES (rows × dim × 4), the rest greedy by size."""
+    small = [t for t in model.tables if t.num_rows * t.embedding_dim * 4 <= SMALL_BYTES]
+    rest = [t for t in model.tables if t not in small]
+    plan = {t.name: Shard("data_parallel", tuple(range(WORLD))) for t in small}
+    plan |= _greedy(rest, {t.name: t.num_rows * t.embedding_dim for t in rest})
+    return {t.name: plan[t.name] for t in model.tables}
+
+
+SHARDERS = {
+    "greedy_size": greedy_size,
+    "greedy_lookups": greedy_lookups,
+    "row_wise": all_row_wise,
+    "dp_small": dp_small,
+}
+
+
+def planner_calibration() -> dict[str, Any]:
+    """validation/sharding.py's corun calibration (cpu_profile_1thread_corun.db, its collectives from
+    cpu_profile_1thread.db) with the PyTorch HTA host defaults as its host_overheads section."""
+    from sharding import MEASURED, with_families_from
+
+    from itercast.costs.host_overheads import DEFAULT_HOST_OVERHEADS
+    from itercast.profile.calibrate import calibrate, merge_calibration
+    from itercast.profile.db import ProfileDB
+
+    alone = ProfileDB(MEASURED / "cpu_profile_1thread.db", readonly=True)
+    db = with_families_from(ProfileDB(MEASURED / "cpu_profile_1thread_corun.db", readonly=True), alone)
+    cal = merge_calibration(calibrate(db, db.devices()[-1][0], planner_system()))
+    return {**cal, "host_overheads": DEFAULT_HOST_OVERHEADS.to_dict()}
+
+
+def planner_system() -> Any:
+    from itercast.config.job import load_system
+
+    return load_system("cpu-host", node={"gpus_per_node": WORLD})
+
+
+def encode(plan: Plan) -> str:
+    """A plan as text: `f3:table_wise:0 f20:row_wise:0-1 …` (decode inverts it)."""
+    return " ".join(f"{name}:{s.strategy}:{'-'.join(map(str, s.ranks))}" for name, s in plan.items())
+
+
+def decode(text: str) -> Plan:
+    out = {}
+    for item in text.split():
+        name, strategy, ranks = item.split(":")
+        out[name] = Shard(cast(Strategy, strategy), tuple(int(r) for r in ranks.split("-")))
+    return out
+
+
+def proposals(task: Task, calibration: dict[str, Any] | None) -> dict[str, list[str]]:
+    """Each distinct proposal (encoded) and the sharders that made it, itercast's first when given a
+    calibration (None: the heuristics only)."""
+    from itercast.workloads.dlrm.sharding import plan_sharding
+
+    model = task.model()
+    made: dict[str, list[str]] = {}
+    if calibration is not None:
+        best = plan_sharding(model, planner_system(), task.batch_per_rank, calibration=calibration).plans[0][0]
+        made[encode({t.name: best[t.name] for t in model.tables})] = ["itercast"]
+    for name, sharder in SHARDERS.items():
+        made.setdefault(encode(sharder(model, task.batch_per_rank)), []).append(name)
+    return made
+
+
+def worker(rank: int, world: int, port: int, out: str, work: list[tuple[Task, dict[str, list[str]]]]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(rank)
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rows = []
+    for n, (task, made) in enumerate(work):
+        model = task.model()
+        runs = {
+            text: ShardedDLRM(
+                torch,
+                model,
+                {k: (s.strategy, s.ranks) for k, s in decode(text).items()},
+                rank,
+                world,
+                task.batch_per_rank,
+                task.zipf_alpha,
+            )
+            for text in made
+        }
+        tables = " ".join(f"f{f}" for f in task.features)
+        head = f"{n},{tables},{task.dim},{task.batch_per_rank},{task.zipf_alpha}"
+        for rnd in range(ROUNDS):
+            for text, run in runs.items():
+                for i in range(WARMUP + ITERATIONS):
+                    dist.barrier()
+                    t0 = time.perf_counter_ns()
+                    run.step()
+                    seconds = torch.tensor([(time.perf_counter_ns() - t0) * 1e-9], dtype=torch.float64)
+                    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's step
+                    if i >= WARMUP:
+                        rows.append(f"{head},{'+'.join(made[text])},{text},{rnd},{i - WARMUP},{seconds.item():.9f}")
+        if rank == 0:
+            print(f"task {n + 1}/{len(work)} ({len(runs)} proposals) done at {time.strftime('%H:%M:%S')}", flush=True)
+        del runs
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text("\n".join(rows) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tasks", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=29)
+    args = ap.parse_args()
+    import torch
+    import torch.multiprocessing as mp
+
+    calibration = planner_calibration()
+    work = [(task, proposals(task, calibration)) for task in draw_tasks(args.tasks, args.seed)]
+    print(f"{sum(len(m) for _, m in work)} distinct proposals planned at {time.strftime('%H:%M:%S')}", flush=True)
+    tmp = Path(args.out).with_suffix(".tmp")
+    mp.spawn(worker, args=(WORLD, free_port(), str(tmp), work), nprocs=WORLD)
+    header = [
+        f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
+        f"# python {platform.python_version()}, torch {torch.__version__}, {WORLD} ranks over gloo, 1 thread each",
+        f"# command: python tools/measure_sharding_tasks.py --out {args.out} --tasks {args.tasks} --seed {args.seed}",
+        f"# tasks: draw_tasks({args.tasks}, seed={args.seed}), tables from MLPerf DLRM v2's Criteo 1TB statistics, "
+        f"rows capped at {ROW_CAP}; sharders: itercast, {', '.join(SHARDERS)}",
+        f"# each (task, proposal): {ROUNDS} interleaved rounds of {WARMUP} untimed + {ITERATIONS} timed steps",
+        "task,tables,dim,batch_per_rank,zipf_alpha,sharders,sharding,round,iteration,step_s",
+    ]
+    Path(args.out).write_text("\n".join(header) + "\n" + tmp.read_text())
+    tmp.unlink()
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
