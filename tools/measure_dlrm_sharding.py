@@ -35,6 +35,8 @@ import itertools
 import os
 import platform
 import socket
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,8 +254,6 @@ class ShardedDLRM:
 
 
 def worker(rank: int, world: int, port: int, out: str) -> None:
-    import time
-
     import torch
     import torch.distributed as dist
 
@@ -269,22 +269,29 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         tables = (model.tables[0].model_copy(update={"pooling_factor": pooling}), *model.tables[1:])
         variant = model.model_copy(update={"tables": tables})
         runs = {name: ShardedDLRM(torch, variant, s, rank, world, b, alpha) for name, s in SHARDINGS.items()}
-        for rnd in range(ROUNDS):
-            for name, run in runs.items():
-                for i in range(WARMUP + ITERATIONS):
-                    dist.barrier()
-                    t0 = time.perf_counter_ns()
-                    run.step()
-                    seconds = torch.tensor([(time.perf_counter_ns() - t0) * 1e-9], dtype=torch.float64)
-                    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's step
-                    if i >= WARMUP:
-                        rows.append(f"{b},{alpha},{pooling},{name},{rnd},{i - WARMUP},{seconds.item():.9f}")
+        for name, rnd, i, seconds in timed_rounds(torch, dist, runs):
+            rows.append(f"{b},{alpha},{pooling},{name},{rnd},{i},{seconds:.9f}")
         if rank == 0:
             print(f"set b={b} alpha={alpha} t0 pooling {pooling} done", flush=True)
         del runs
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text("\n".join(rows) + "\n")
+
+
+def timed_rounds(torch: Any, dist: Any, runs: dict[str, Any]) -> Iterator[tuple[str, int, int, float]]:
+    """Every run's steps in ROUNDS interleaved rounds of WARMUP untimed + ITERATIONS timed steps, each
+    behind a barrier: (run's key, round, timed step, the slowest rank's seconds) per timed step."""
+    for rnd in range(ROUNDS):
+        for name, run in runs.items():
+            for i in range(WARMUP + ITERATIONS):
+                dist.barrier()
+                t0 = time.perf_counter_ns()
+                run.step()
+                seconds = torch.tensor([(time.perf_counter_ns() - t0) * 1e-9], dtype=torch.float64)
+                dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's step
+                if i >= WARMUP:
+                    yield name, rnd, i - WARMUP, float(seconds.item())
 
 
 def free_port() -> int:

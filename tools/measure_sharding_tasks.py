@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "validation"))
-from measure_dlrm_sharding import ShardedDLRM, free_port  # noqa: E402  (the one timed step)
+from measure_dlrm_sharding import ITERATIONS, ROUNDS, WARMUP, ShardedDLRM, free_port, timed_rounds  # noqa: E402  (the one timed step)
 
 from itercast.workloads.dlrm import DLRMConfig, EmbeddingTable, Shard  # noqa: E402
 from itercast.workloads.dlrm.config import Strategy  # noqa: E402
@@ -53,7 +53,6 @@ BATCHES_PER_RANK = (256, 1024)
 ALPHAS = (0.0, 1.05)
 WORLD = 2
 SMALL_BYTES = 1 << 20  # dp_small: a table of at most 1 MiB (fp32) is replicated (its all-reduce is cheap)
-WARMUP, ITERATIONS, ROUNDS = 3, 15, 5
 
 
 @dataclass(frozen=True)
@@ -217,16 +216,8 @@ def worker(rank: int, world: int, port: int, out: str, work: list[tuple[Task, di
         }
         tables = " ".join(f"f{f}" for f in task.features)
         head = f"{n},{tables},{task.dim},{task.batch_per_rank},{task.zipf_alpha}"
-        for rnd in range(ROUNDS):
-            for text, run in runs.items():
-                for i in range(WARMUP + ITERATIONS):
-                    dist.barrier()
-                    t0 = time.perf_counter_ns()
-                    run.step()
-                    seconds = torch.tensor([(time.perf_counter_ns() - t0) * 1e-9], dtype=torch.float64)
-                    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's step
-                    if i >= WARMUP:
-                        rows.append(f"{head},{'+'.join(made[text])},{text},{rnd},{i - WARMUP},{seconds.item():.9f}")
+        for text, rnd, i, seconds in timed_rounds(torch, dist, runs):
+            rows.append(f"{head},{'+'.join(made[text])},{text},{rnd},{i},{seconds:.9f}")
         if rank == 0:
             print(f"task {n + 1}/{len(work)} ({len(runs)} proposals) done at {time.strftime('%H:%M:%S')}", flush=True)
         del runs
