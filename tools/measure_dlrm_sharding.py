@@ -310,16 +310,24 @@ def main() -> None:
     tmp = Path(args.out).with_suffix(".tmp")
     mp.spawn(worker, args=(2, free_port(), str(tmp)), nprocs=2)
     header = [
-        f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
-        f"# python {platform.python_version()}, torch {torch.__version__}, 2 ranks over gloo, 1 thread each",
         f"# command: python tools/measure_dlrm_sharding.py --out {args.out}",
         "# model: preset dlrm-small; shardings: tools/measure_dlrm_sharding.py SHARDINGS",
         f"# each (set, sharding): {ROUNDS} interleaved rounds of {WARMUP} untimed + {ITERATIONS} timed steps",
         "batch_per_rank,zipf_alpha,t0_pooling,sharding,round,iteration,step_s",
     ]
-    Path(args.out).write_text("\n".join(header) + "\n" + tmp.read_text())
+    write_measured(torch, Path(args.out), tmp, 2, header)
+
+
+def write_measured(torch: Any, out: Path, tmp: Path, world: int, header: list[str]) -> None:
+    """`out`: the machine's and software's lines, then `header`, then the rows rank 0 wrote to `tmp`
+    (removed)."""
+    machine = [
+        f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
+        f"# python {platform.python_version()}, torch {torch.__version__}, {world} ranks over gloo, 1 thread each",
+    ]
+    out.write_text("\n".join(machine + header) + "\n" + tmp.read_text())
     tmp.unlink()
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
 import sys
 import time
@@ -37,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "validation"))
-from measure_dlrm_sharding import ITERATIONS, ROUNDS, WARMUP, ShardedDLRM, free_port, timed_rounds  # noqa: E402  (the one timed step)
+from measure_dlrm_sharding import ITERATIONS, ROUNDS, WARMUP, ShardedDLRM, free_port, timed_rounds, write_measured  # noqa: E402  (the one timed step)
 
 from itercast.workloads.dlrm import DLRMConfig, EmbeddingTable, Shard  # noqa: E402
 from itercast.workloads.dlrm.config import Strategy  # noqa: E402
@@ -241,17 +240,13 @@ def main() -> None:
     tmp = Path(args.out).with_suffix(".tmp")
     mp.spawn(worker, args=(WORLD, free_port(), str(tmp), work), nprocs=WORLD)
     header = [
-        f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or 'cpu'}",
-        f"# python {platform.python_version()}, torch {torch.__version__}, {WORLD} ranks over gloo, 1 thread each",
         f"# command: python tools/measure_sharding_tasks.py --out {args.out} --tasks {args.tasks} --seed {args.seed}",
         f"# tasks: draw_tasks({args.tasks}, seed={args.seed}), tables from MLPerf DLRM v2's Criteo 1TB statistics, "
         f"rows capped at {ROW_CAP}; sharders: itercast, {', '.join(SHARDERS)}",
         f"# each (task, proposal): {ROUNDS} interleaved rounds of {WARMUP} untimed + {ITERATIONS} timed steps",
         "task,tables,dim,batch_per_rank,zipf_alpha,sharders,sharding,round,iteration,step_s",
     ]
-    Path(args.out).write_text("\n".join(header) + "\n" + tmp.read_text())
-    tmp.unlink()
-    print(f"wrote {args.out}")
+    write_measured(torch, Path(args.out), tmp, WORLD, header)
 
 
 if __name__ == "__main__":
