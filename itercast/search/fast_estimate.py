@@ -17,7 +17,23 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    lies ahead of the chunk that comes back). Exact for uniform stages without
                    sends: (M + p − 1)·t for 1F1B/GPipe, M·t + (p − 1)·t/v interleaved, Narayanan
                    et al. SC'21 §2.2; for uneven stages (plan.stage_layers) (M − 1)·max + Σ, the
-                   objective of stage_slicing.py
+                   objective of stage_slicing.py. When the round trips set P (1F1B), the fill's last
+                   send and the drain's first lie on them: 2 (p − 2) t_p2p instead of 2 (p − 1).
+                   Interleaved with overlapped sends (transformer.py _send: each stage's sends one at a
+                   time on its p2p stream, in pass order), P is also at least, u_f and u_b a chunk's
+                   forward and backward (S/v, passes only):
+                   - the chunk at virtual stage pv − n holds 2n − 1 chunk passes in flight (Megatron's
+                     warm-up, 2 (p − s − 1) + (v − 1) p, schedules.py), each round trip over its n
+                     virtual stages: v (Σ_n u + 2 (n − 1) t_p2p) / (2n − 1), max over n;
+                   - every 2p micro-batches, a cycle over two groups: ((2pv − 1) t_p2p + p u_f +
+                     p (2v − 1) u_b) / (2p);
+                   - each stage's p2p stream, v sends per micro-batch and v − 1 waits for a pass:
+                     v t_p2p + (v − 1) mean_s max(u_f, u_b);
+                   and the step at least the last micro-batch's first chunk there and back, (M − p) P
+                   + (2pv + p − 3) t_p2p + Σ_s S_s. On a max-plus model of the graph's schedules and
+                   streams with uniform stages: 1F1B exact; interleaved exact once a send outlasts
+                   about two chunk passes, in between up to ~7% low (cycles not modelled here);
+                   tests/test_fast_estimate.py bounds the slow-network grid against the graph
     exposed DP     DDP and ZeRO-1 as Megatron-Core buckets them (_first_chunk_exposed): stage 0's
                    first chunk in buckets, each released when its units' backward ends (each
                    its own size: the embedding's, released last, _bucket_tails), every later
@@ -196,6 +212,7 @@ class FastEstimator:
         bucketed = overlap_grad & sync & (zero <= 2)
         fill = np.zeros(len(t))  # micro-batch 0 down the pipeline and back up to the first stage's backward
         period = np.zeros(len(t))  # the steady state's seconds per micro-batch
+        chunk_trip = np.zeros(len(t))  # interleaved: the last micro-batch's first chunk there and back
         deepspeed = t.base.pipeline_p2p == "deepspeed"
         # PlanConfig.blocking_p2p, row by row: DeepSpeed's transfers, Megatron-Core's under 1f1b
         blocking = deepspeed | ((t.base.pipeline_p2p == "megatron") & (c["schedule"] == SCHEDULES.index("1f1b")))
@@ -256,6 +273,20 @@ class FastEstimator:
                 # a stage whose warm-up takes every micro-batch (p − s − 1 ≥ M) has no steady state
                 bound[np.arange(pp)[None, :] < pp - 1 - M[rows, None]] = 0.0
                 period[rows] = np.where(gpipe[rows], slowest[rows], np.maximum(slowest[rows], bound.max(axis=1)))
+            elif pp > 1:  # interleaved: the module docstring's three cycles (overlapped sends)
+                send = g["p2p"][rows]
+                n = np.arange(pp * vp, 0, -1)  # from virtual stage c·p + s, n virtual stages to the last
+                ahead = np.tile(passes / vp, vp)[:, ::-1].cumsum(axis=1)[:, ::-1]
+                trips = vp * (ahead + 2 * (n - 1)[None, :] * send[:, None]) / (2 * n - 1)[None, :]
+                chunk_f, chunk_b = forward / vp, (passes - forward) / vp
+                groups = (2 * pp * vp - 1) * send + pp * chunk_f.max(axis=1) + pp * (2 * vp - 1) * chunk_b.max(axis=1)
+                stream = vp * send + (vp - 1) * np.maximum(chunk_f, chunk_b).mean(axis=1)
+                cycle = np.maximum(np.maximum(trips.max(axis=1), groups / (2 * pp)), stream)
+                # with as many micro-batches as stages every forward runs first: no steady state
+                period[rows] = np.where(M[rows] > pp, np.maximum(slowest[rows], cycle), slowest[rows])
+                # the last micro-batch's first chunk leaves stage 0 p − 1 sends after its group's
+                # first, (M − p) periods in, and comes back over every virtual stage
+                chunk_trip[rows] = (M[rows] - pp) * period[rows] + (2 * pp * vp + pp - 3) * send + passes.sum(axis=1)
             else:
                 period[rows] = slowest[rows]
             # GPipe: the last stage runs all M forwards first
@@ -310,7 +341,10 @@ class FastEstimator:
             host_forwards[rows] = np.where(gpipe[rows], (done + M[rows, None] * back + below).max(axis=1), 0.0)
             host_opens[rows] = np.where(gpipe[rows], done[:, 0], 0.0)
         # the module docstring's pipeline
-        pipeline = M * period + (total - slowest) / v + 2 * (p - 1) * g["p2p"]
+        fill_drain = (total - slowest) / v + 2 * (p - 1) * g["p2p"]
+        on_trips = np.where((v == 1) & ~gpipe & (period > slowest), 2 * g["p2p"], 0.0)  # 1F1B: 2 (p − 2) t_p2p
+        pipeline = np.maximum(M * slowest + fill_drain, M * period + fill_drain - on_trips)
+        pipeline = np.maximum(pipeline, chunk_trip)
         pipeline = np.where(blocking, lockstep, pipeline)
         buckets = g["buckets"]
         grad, gather = g["grad"], g["gather"]
