@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from itercast.cli import app
 from itercast.config.job import parse_section
 from itercast.errors import ConfigError
-from itercast.search.frameworks import FRAMEWORKS, check_fixed
+from itercast.search.frameworks import check_fixed, framework
 from itercast.search.headroom import communicators, default_headroom_bytes
 from itercast.search.launch_settings import launch_settings
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
@@ -89,12 +89,12 @@ def test_a_fixed_field_the_framework_does_not_run_is_a_one_line_error():
 def test_eager_pointwise_kernels_are_torchtitans_alone_and_never_with_its_async_tp():
     # eager is torchtitan's model code without torch.compile: Megatron-Core runs fused kernels
     with pytest.raises(ConfigError, match=r"plan.pointwise_kernels: megatron-core runs fused .* got 'eager'"):
-        check_fixed(FRAMEWORKS["megatron-core"], {}, False, "eager")
+        check_fixed(framework("megatron-core"), {}, False, "eager")
     # torchtitan's async TP raises 'Async TP requires torch.compile' without the compiled model
     with pytest.raises(ConfigError, match=r"plan.tp_comm_overlap: torchtitan's async tensor parallelism needs"):
-        check_fixed(FRAMEWORKS["torchtitan"], {}, True, "eager_fused_norm")
-    check_fixed(FRAMEWORKS["torchtitan"], {}, False, "eager")  # eager without async TP runs
-    check_fixed(FRAMEWORKS["torchtitan"], {}, True, "fused")  # compiled with async TP runs
+        check_fixed(framework("torchtitan"), {}, True, "eager_fused_norm")
+    check_fixed(framework("torchtitan"), {}, False, "eager")  # eager without async TP runs
+    check_fixed(framework("torchtitan"), {}, True, "fused")  # compiled with async TP runs
 
 
 PLAN = {
