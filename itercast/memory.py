@@ -271,9 +271,10 @@ def full_recompute_share(m: ModelConfig, p: PlanConfig, pp: Any, vp: Any) -> Any
 
 def cross_entropy_saved_bytes(plan: PlanConfig) -> int:
     """Bytes per local logit the loss keeps for its backward: the fp32 softmax (Megatron, fused or
-    not) or log-softmax (torch), or the logits themselves, overwritten by their gradient (te).
+    not) or log-softmax (torch), or the logits themselves, overwritten by their gradient (te) or read
+    again by Inductor's backward with each row's max and sum (torch_compiled).
     workloads/transformer_ops.cross_entropy_bytes counts what each moves."""
-    return plan.dtype_bytes if plan.cross_entropy == "te" else 4
+    return plan.dtype_bytes if plan.cross_entropy in ("te", "torch_compiled") else 4
 
 
 def state_bytes_per_param(

@@ -177,15 +177,24 @@ def test_launch_settings_carry_the_recompute_the_plan_priced():
     assert 'mode = "selective"\nselective_ac_option = "op"' in launch_settings("torchtitan", op, GPT3)  # type: ignore[arg-type]
 
 
+def compile_section(plan: dict) -> list[str]:
+    titan = launch_settings("torchtitan", {**PLAN, "zero_stage": 3, **plan}, GPT3)  # type: ignore[arg-type]
+    return titan.split("[compile]\n")[1].split("\n\n")[0].splitlines()
+
+
 def test_torchtitan_toml_compiles_the_model_and_loss_whose_fused_kernels_were_priced():
     # torchtitan's [compile] enable defaults to false (eager); async TP (PLAN's tp_comm_overlap) needs it on
-    titan = launch_settings("torchtitan", {**PLAN, "zero_stage": 3}, GPT3)  # type: ignore[arg-type]
-    section = titan.split("[compile]\n")[1].split("\n\n")[0].splitlines()
-    assert section[0].startswith("# the plan priced fused norms, rotary and SwiGLU kernels")
+    section = compile_section({"cross_entropy": "torch_compiled"})
+    assert section[0].startswith("# the plan priced torch.compile's kernels for: model and loss")
     assert section[1:] == ["enable = true", 'components = ["model", "loss"]']
-    # a job that sets eager kernels is priced so, and its TOML says so
-    eager = {**PLAN, "zero_stage": 3, "pointwise_kernels": "eager"}
-    assert launch_settings("torchtitan", eager, GPT3).endswith("\nenable = false")  # type: ignore[arg-type]
+    # the loss priced eager: the model alone compiled
+    assert compile_section({"cross_entropy": "torch"})[1:] == ["enable = true", 'components = ["model"]']
+    # eager pointwise kernels with the compiled loss: the loss alone
+    eager_model = {"pointwise_kernels": "eager", "cross_entropy": "torch_compiled"}
+    assert compile_section(eager_model)[1:] == ["enable = true", 'components = ["loss"]']
+    # a job that sets eager kernels everywhere is priced so, and its TOML says so
+    eager = {"pointwise_kernels": "eager", "cross_entropy": "torch"}
+    assert compile_section(eager)[1:] == ["enable = false"]
 
 
 def test_launch_settings_name_the_loss_kernels_the_plan_priced():
@@ -199,7 +208,10 @@ def test_launch_settings_name_the_loss_kernels_the_plan_priced():
 
 @pytest.mark.parametrize(
     ("framework", "loss", "message"),
-    [("torchtitan", "te", "torchtitan runs torch, the job sets te"), ("deepspeed", "torch", "deepspeed runs megatron")],
+    [
+        ("torchtitan", "te", "torchtitan runs torch_compiled or torch, the job sets te"),
+        ("deepspeed", "torch", "deepspeed runs megatron"),
+    ],
 )
 def test_a_loss_the_framework_cannot_run_is_a_one_line_error(framework, loss, message):
     args = ["search", "--example", "--framework", framework, "--set", f"plan.cross_entropy={loss}"]
@@ -208,7 +220,7 @@ def test_a_loss_the_framework_cannot_run_is_a_one_line_error(framework, loss, me
 
 
 @pytest.mark.parametrize(
-    ("framework", "loss"), [("nemo", "megatron_fused"), ("torchtitan", "torch"), ("megatron-core", "megatron")]
+    ("framework", "loss"), [("nemo", "megatron_fused"), ("torchtitan", "torch_compiled"), ("megatron-core", "megatron")]
 )
 def test_the_search_prices_the_loss_its_framework_runs(framework, loss):
     assert searched_top_plan(framework)["cross_entropy"] == loss

@@ -200,6 +200,10 @@ def test_last_stage_keeps_fp32_logits_of_one_microbatch():
     assert est.activations_bytes - none.activations_bytes == 32 * (128 - 1) * 4
     te = estimate_memory(Job.from_dicts(MODEL, {"data_parallel": 1, "cross_entropy": "te"}, j.system.model_dump()))
     assert est.activations_bytes - te.activations_bytes == 32 * 128 * (4 - 2)
+    # Inductor's compiled F.cross_entropy reads the bf16 logits again in its backward: 2 bytes kept too
+    compiled = {"data_parallel": 1, "cross_entropy": "torch_compiled"}
+    inductor = estimate_memory(Job.from_dicts(MODEL, compiled, j.system.model_dump()))
+    assert est.activations_bytes - inductor.activations_bytes == 32 * 128 * (4 - 2)
 
 
 def test_norm_weights_and_positions_are_not_split_by_tensor_parallelism():

@@ -177,6 +177,9 @@ def test_output_layer_splits_the_vocabulary_over_tensor_parallel_ranks():
         # torch F.cross_entropy(logits.float()): cast (2 + 4), log_softmax 3 reads + 1 write of 4;
         # backward zero-filled nll gradient (4), log_softmax backward (4 + 4 + 4 + 4), cast (4 + 2)
         ("torch", 6 + 16, 4 + 16 + 6),
+        # the same under torch.compile (Inductor): one online-softmax read of the bf16 logits forward;
+        # backward one read of them and the bf16 gradient written
+        ("torch_compiled", 2, 2 + 2),
     ],
 )
 def test_cross_entropy_kernels_move_the_bytes_their_sources_show(kernel: str, forward_b: int, backward_b: int):

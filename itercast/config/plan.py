@@ -150,13 +150,14 @@ class PlanConfig(BaseModel):
         "passed around the ring, the last send exposed. Their keys and values are the query heads' "
         "(torchtitan repeats the key-value groups before SDPA).",
     )
-    cross_entropy: Literal["megatron", "megatron_fused", "te", "torch"] = Field(
+    cross_entropy: Literal["megatron", "megatron_fused", "te", "torch", "torch_compiled"] = Field(
         "megatron",
         description="The loss kernels over the vocab-parallel logits (bytes per logit: "
         "workloads/transformer_ops.cross_entropy_bytes): megatron, Megatron-Core's vocab_parallel_cross_entropy "
         "(TransformerConfig.cross_entropy_loss_fusion False, its default); megatron_fused, the same fused by "
         "jit (--cross-entropy-loss-fusion, NeMo 2's GPTConfig default); te, Transformer Engine's Triton kernel "
-        "(--cross-entropy-fusion-impl te); torch, F.cross_entropy on the logits cast to fp32 (torchtitan).",
+        "(--cross-entropy-fusion-impl te); torch, F.cross_entropy on the logits cast to fp32 (torchtitan, "
+        "eager); torch_compiled, the same under torch.compile (torchtitan's [compile] components 'loss').",
     )
     pointwise_kernels: Literal["fused", "eager", "eager_fused_norm"] = Field(
         "fused",

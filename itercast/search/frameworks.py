@@ -175,7 +175,9 @@ FRAMEWORKS: dict[str, Framework] = {
             "attention_kernel": "fa2",
             "grad_bucket_size_params": TORCH_DDP_BUCKET_PARAMS,
             "selective_recompute": "op",
-            "cross_entropy": "torch",  # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...)
+            # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...), compiled with the model by the
+            # [compile] section search writes (launch_settings._titan_compile)
+            "cross_entropy": "torch_compiled",
             # context_parallel_rotate_method "allgather": its default from config_manager.py at 9dec370a (2024-12)
             # through job_config.py and config/configs.py until 8e555444 removed it (2026-06); utils.py
             # create_context_parallel_ctx calls PyTorch's set_rotate_method with it
@@ -189,7 +191,7 @@ FRAMEWORKS: dict[str, Framework] = {
             # models/common/moe.py GroupedExperts: torch._grouped_mm over every local expert
             "moe_grouped_gemm": True,
         },
-        cross_entropies=("torch",),
+        cross_entropies=("torch_compiled", "torch"),
         fp8_recipes=("tensorwise", "rowwise"),  # torchao float8 has no delayed scaling
         fp8_weight_casts=("per_microbatch",),
         cp_comms=("torch_allgather", "torch_alltoall"),  # context_parallel_rotate_method

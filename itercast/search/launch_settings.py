@@ -139,21 +139,31 @@ _TITAN_ROTATE = {"torch_allgather": "allgather", "torch_alltoall": "alltoall"}
 
 def _titan_compile(plan: dict[str, Any]) -> list[str]:
     """torchtitan's [compile] section (job_config.py Compile at 9810191^, since 08b8b244 in 2025-08; before it
-    [training] compile): `enable` defaults to false, which runs the norms, rotary embeddings and SwiGLU op by op.
-    Search prices them fused (plan.pointwise_kernels fused, the default; search does not offer eager, only a
-    job that sets it is priced so): compile on, with torchtitan's default components, the model and the loss
-    (the loss is priced as eager F.cross_entropy either way, plan.cross_entropy torch: a bound from above).
-    Its async tensor parallelism needs the compiled model (distributed/tensor_parallel.py maybe_enable_async_tp
-    raises without it). eager_fused_norm's norm_type fused_rmsnorm is gone by 9810191^: not written."""
-    if plan["pointwise_kernels"] != "fused":
+    [training] compile): `enable` defaults to false, which runs the norms, rotary embeddings and SwiGLU op by op
+    and the loss as eager F.cross_entropy. The components compiled are those the plan priced so: "model" when
+    its pointwise kernels are fused (plan.pointwise_kernels fused, the default; search does not offer eager,
+    only a job that sets it is priced so), "loss" when plan.cross_entropy is torch_compiled (torchtitan's
+    framework default in search). Its async tensor parallelism needs the compiled model (distributed/
+    tensor_parallel.py maybe_enable_async_tp raises without it). eager_fused_norm's norm_type fused_rmsnorm
+    is gone by 9810191^: not written."""
+    components = [
+        name
+        for name, compiled in (
+            ("model", plan["pointwise_kernels"] == "fused"),
+            ("loss", plan["cross_entropy"] == "torch_compiled"),
+        )
+        if compiled
+    ]
+    if not components:
         return [
-            "# the plan priced PyTorch eager's kernels (plan.pointwise_kernels), torchtitan's default",
+            "# the plan priced PyTorch eager's kernels (plan.pointwise_kernels, cross_entropy), torchtitan's default",
             "enable = false",
         ]
+    listed = ", ".join(f'"{c}"' for c in components)
     return [
-        "# the plan priced fused norms, rotary and SwiGLU kernels: torch.compile's (torchtitan's default is eager)",
+        f"# the plan priced torch.compile's kernels for: {' and '.join(components)} (torchtitan's default is eager)",
         "enable = true",
-        'components = ["model", "loss"]',
+        f"components = [{listed}]",
     ]
 
 

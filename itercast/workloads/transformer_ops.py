@@ -911,14 +911,20 @@ def cross_entropy_bytes(plan: PlanConfig) -> tuple[int, int]:
       (PyTorch's cunn_SoftMaxForward on a row too long for shared memory: max, sum and write passes,
       3 reads + 1 write of 4 bytes); backward nll_loss's zero-filled gradient (write 4),
       log_softmax's backward (the gradient summed, then read with the output and written: 16) and
-      the cast back: cast + 16 / 20 + cast."""
+      the cast back: cast + 16 / 20 + cast.
+    - torch_compiled (the same under torch.compile, PyTorch 2.13's Inductor): the cast, max and sum fused
+      into one online-softmax reduction that reads the logits once (fx_passes/post_grad.py
+      prepare_softmax_online, CUDA with Triton, config.online_softmax on by default), and a backward that
+      reads them once and writes the gradient in their dtype (the code Inductor generates for
+      F.cross_entropy(x.float(), y) with x bf16 on this project's CPU build: backward one pass, load
+      bf16 logits, store bf16 gradient; forward no tensor of the logits' size written): e / 2·e."""
     e = plan.dtype_bytes
     cast = 0 if e == 4 else e + 4
     if plan.cross_entropy == "megatron":
         return cast + 32, 8 + cast
     if plan.cross_entropy == "megatron_fused":
         return (e + 4 if e != 4 else 4) + 20, 8 + cast
-    if plan.cross_entropy == "te":
+    if plan.cross_entropy in ("te", "torch_compiled"):
         return e, 2 * e
     return cast + 16, 20 + cast
 
