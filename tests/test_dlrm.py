@@ -241,8 +241,13 @@ def test_a_replica_zeroes_its_dense_gradient_and_is_updated_whole():
     work = shard_work(TABLE, Shard("data_parallel", (0, 1)), 0, 2, 8)  # the local 8 samples: 32 lookups
     _, bwd = embedding_seconds(costs, TABLE, work)
     distinct = unique_fraction_uniform(1000, 32) * 32
-    assert bwd == pytest.approx((8 * 16 * 4 + 32 * 16 * 4 + (1000 + 2 * distinct) * 16 * 4) / HBM)
-    assert replica_update_bytes(TABLE) == 1000 * (3 * 16 * 4 + 2 * 4)
+    # the 8 pooled gradients read, the 32 lookups' gradient rows written (index) and read back
+    # (index_add_), the 1,000-row gradient zeroed, the distinct rows read and written
+    assert bwd == pytest.approx((8 * 16 * 4 + 2 * 32 * 16 * 4 + (1000 + 2 * distinct) * 16 * 4) / HBM)
+    # per row: the gradient read twice (norm, addcmul_), the row read and written (4 × 16 × 4 bytes);
+    # the per-row chain's fp32 accesses: norm out 1, pow_ 2, div_ 2, state += 3, sqrt 2, + ε 2,
+    # reciprocal 2, mul 2, the scale read 1 = 17 (× 4 bytes)
+    assert replica_update_bytes(TABLE) == 1000 * (4 * 16 * 4 + 17 * 4)
 
 
 def test_mlp_gemms_on_the_operator_models():
@@ -361,12 +366,12 @@ def test_predict_prices_a_dlrm_step_with_its_breakdown(tmp_path):
     assert json.loads(shard.output)["plans"][0]["step_time_s"] == out["step_time_s"]  # one model for both
 
 
-def test_dense_gradients_pass_through_ddp_buckets():
+def test_dense_gradients_pass_through_one_buffer_as_the_measured_step_runs_them():
     """Both tables data-parallel on 2 ranks: the MLPs' and tables' gradients, (8·16 + 16 + 19·8 + 8 +
     8 + 1 = 313 parameters (the top MLP reads 3 pairwise dots and the 16-wide dense vector) + 2 ×
-    1000 × 16) × 4 bytes, copied into DDP's buckets and divided (4× the
-    bytes) before the all-reduce and copied back (2×) after it, on the linear memory curve; one rank
-    has no DDP."""
+    1000 × 16) × 4 bytes, read and written into one buffer (2× the bytes) before the all-reduce; after
+    it the buffer divided in place (2×) and the MLPs' 313 gradients copied back (2 × 313 × 4), on the
+    linear memory curve (tools/measure_dlrm_sharding.py ShardedDLRM.step); one rank exchanges none."""
     m = model(2)
     replicas = {"t0": Shard("data_parallel", (0, 1)), "t1": Shard("data_parallel", (0, 1))}
     dense = (m.mlp_params() + 2 * 1000 * 16) * 4
@@ -377,8 +382,8 @@ def test_dense_gradients_pass_through_ddp_buckets():
         return [float(g.duration_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]] == name]
 
     step = dlrm_step(m, system(2), replicas, 64, linear_calibration(), host_overheads=no_overheads())
-    assert seconds(step, "ddp_to_buckets") == pytest.approx([4 * dense / HBM] * 2)
-    assert seconds(step, "ddp_from_buckets") == pytest.approx([2 * dense / HBM] * 2)
+    assert seconds(step, "ddp_to_buckets") == pytest.approx([2 * dense / HBM] * 2)
+    assert seconds(step, "ddp_from_buckets") == pytest.approx([(2 * dense + 2 * 313 * 4) / HBM] * 2)
     one = {"t0": Shard("data_parallel", (0,)), "t1": Shard("data_parallel", (0,))}
     alone = dlrm_step(m, system(1), one, 64, host_overheads=no_overheads())
     assert seconds(alone, "ddp_to_buckets") == seconds(alone, "ddp_from_buckets") == [0.0]

@@ -83,14 +83,22 @@ def test_operators_per_task_by_hand():
     plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("data_parallel", (0, 1))}
     ops = ops_per_task(model(2), plan, 0, 2, foreach_optimizer=True)
     assert ops["index_exchange"] == 2  # lengths, then indices
-    assert ops["embedding_fwd"] == 2 and ops["embedding_bwd"] == 1 and ops["replica_embedding_bwd"] == 1
+    assert ops["embedding_fwd"] == 2 and ops["embedding_bwd"] == 1
+    assert ops["replica_embedding_bwd"] == 3  # the replica's gradient zeroed, the lookups' gathered, added
     assert ops["pooled_exchange"] == ops["pooled_grad_exchange"] == 1  # no row-wise table
     assert ops["bottom_mlp_fwd"] == 2 and ops["bottom_mlp_bwd"] == 4
     assert ops["interaction_top_mlp_fwd_bwd"] == 2 * (4 + 1) + 2 * (2 + 4)  # dot and loss both ways, 2 layers
-    # 3 layers × (weight, bias) + the replica: 7 gradients copied in, the bucket divided, copied out
-    assert (ops["ddp_to_buckets"], ops["ddp_from_buckets"], ops["grad_all_reduce"]) == (8, 7, 1)
-    assert ops["optimizer"] == 8 + 8  # foreach Adam, the replica's dense Adagrad
-    assert ops_per_task(model(2), plan, 1, 2, foreach_optimizer=False)["optimizer"] == 8 * 6 + 8
+    # every dense gradient in one cat, one all-reduce; after it the buffer divided and the 3 layers ×
+    # (weight, bias) = 6 MLP gradients copied back: 1 + 6
+    assert (ops["ddp_to_buckets"], ops["ddp_from_buckets"], ops["grad_all_reduce"]) == (1, 7, 1)
+    # foreach Adam; the replica's dense Adagrad: norm, pow_, div_, add_, sqrt, + ε, reciprocal, mul, addcmul_
+    assert ops["optimizer"] == 8 + 9
+    assert ops_per_task(model(2), plan, 1, 2, foreach_optimizer=False)["optimizer"] == 8 * 6 + 9
+    # a replica of 10M × 16 fp32 rows (640 MB, 25 of DDP's 25 MiB buckets): still one all-reduce of the buffer
+    big = model(2).model_copy(update={"tables": (model(2).tables[0].model_copy(update={"num_rows": 10_000_000}),)})
+    assert (
+        ops_per_task(big, {"t0": Shard("data_parallel", (0, 1))}, 0, 2, foreach_optimizer=True)["grad_all_reduce"] == 1
+    )
     alone = ops_per_task(model(2), {"t0": Shard("table_wise", (0,))}, 0, 1, foreach_optimizer=True)
     assert alone["index_exchange"] == alone["pooled_exchange"] == alone["ddp_to_buckets"] == 0
 

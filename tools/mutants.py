@@ -74,6 +74,7 @@ TESTS = {
     "search/fast_estimate.py": _t("fast_estimate", "bounds_by_hand"),
     "workloads/dlrm/step.py": _t("dlrm", "dlrm_by_hand"),
     "workloads/dlrm/embedding.py": _t("dlrm", "dlrm_by_hand"),
+    "workloads/dlrm/host.py": _t("dlrm_host"),
     "costs/analytic.py": _t("costs_by_hand", "ops_and_costs", "golden", "attention_kernels"),
     "costs/attention.py": _t("attention_kernels"),
     "hardware/topology.py": _t("costs_by_hand", "ops_and_costs"),
@@ -94,7 +95,7 @@ TESTS = {
 
 OPS, TF, MEM, FAST = "workloads/transformer_ops.py", "workloads/transformer.py", "memory.py", "search/fast_estimate.py"
 DLRM, COST, TOPO, SCHED = "workloads/dlrm/step.py", "costs/analytic.py", "hardware/topology.py", "parallel/schedules.py"
-EMB, ATT = "workloads/dlrm/embedding.py", "costs/attention.py"
+EMB, ATT, HOST = "workloads/dlrm/embedding.py", "costs/attention.py", "workloads/dlrm/host.py"
 VAR, TTT, SLICE = "stochastic/variability.py", "stochastic/time_to_train.py", "search/stage_slicing.py"
 M = Mutant
 # fmt: off
@@ -371,10 +372,18 @@ MUTANTS: tuple[Mutant, ...] = (
       "row-wise reduce-scatter of the local batch, not all B"),
     M(DLRM, "model.mlp_params() * ADAM_BYTES * 2 + update_bytes", "model.mlp_params() * ADAM_BYTES + update_bytes",
       "Adam reads its state but writes nothing"),
-    M(DLRM, 'memory_s("elementwise", 4 * dense_bytes)', 'memory_s("elementwise", 2 * dense_bytes)',
-      "DDP's copy-in without the division by the world size"),
-    M(EMB, "table.num_rows * (3 * table.embedding_dim * F32", "table.num_rows * (2 * table.embedding_dim * F32",
-      "replica update skips the gradient read"),
+    M(DLRM, 'costs.memory_s("elementwise", 2 * dense_bytes)),', 'costs.memory_s("elementwise", 4 * dense_bytes)),',
+      "dense gradients copied into the buffer, then divided in a second pass before the all-reduce"),
+    M(DLRM, 'memory_s("elementwise", 2 * dense_bytes + 2 * mlp_bytes)', 'memory_s("elementwise", 2 * dense_bytes)',
+      "the MLPs' gradients never copied back out of the all-reduced buffer"),
+    M(EMB, "table.num_rows * (4 * table.embedding_dim * F32", "table.num_rows * (3 * table.embedding_dim * F32",
+      "replica update reads its gradient once, not for the norms and again for addcmul_"),
+    M(EMB, "pooled + 2 * per_lookup + (work.rows", "pooled + per_lookup + (work.rows",
+      "replica backward never reads its lookups' gathered gradient rows back (index_add_)"),
+    M(HOST, '"replica_embedding_bwd": REPLICA_BWD_OPS * replicas', '"replica_embedding_bwd": replicas',
+      "a replica's backward one operator, not zeros_like, index and index_add_"),
+    M(HOST, '"ddp_from_buckets": 1 + mlp_tensors if ddp', '"ddp_from_buckets": mlp_tensors if ddp',
+      "the all-reduced buffer never divided by the world size"),
     M(EMB, "ShardWork(B * P / world, table.num_rows / world", "ShardWork(B * P, table.num_rows / world",
       "row-wise shard looks up every index"),
     M(EMB, "part = d // len(shard.ranks)", "part = d", "column-wise shard holds every column"),
@@ -383,7 +392,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "input distribution without bag lengths"),
     M(EMB, "distinct * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES)", "distinct * (work.dim * F32 + ADAGRAD_ROW_BYTES)",
       "Adagrad update reads rows but writes none"),
-    M(DLRM, "dense_bytes = model.mlp_params() * F32 + dp_bytes", "dense_bytes = model.mlp_params() * F32",
+    M(DLRM, "dense_bytes = mlp_bytes + dp_bytes", "dense_bytes = mlp_bytes",
       "replicated tables' gradients not all-reduced"),
     # -- the fast path (closed form) --------------------------------------------------------------
     M(FAST, "(total - slowest) / v + 2 * (p - 1) * g", "(total - slowest) / v + (p - 1) * g", "one send per hop"),

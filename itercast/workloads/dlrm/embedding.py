@@ -93,9 +93,10 @@ def embedding_seconds(
     Forward reads every looked-up row and writes the pooled vectors. Backward reads the pooled
     gradients and writes each lookup's gradient row; a sharded table then runs the fused row-wise
     Adagrad update (TorchRec): every distinct row's gradient summed, the row and its state read and
-    written; a replica zeroes its dense gradient (rows·d·4 bytes) and accumulates the distinct rows
-    into it (its update is replica_update_bytes, after the all-reduce). Priced as memory traffic on
-    the cost model, except where `ops` (a calibration's `operators`, fitted on `itercast profile`'s
+    written; a replica zeroes its dense gradient (rows·d·4 bytes), reads the lookups' gradient rows
+    back and accumulates them into its distinct rows (tools/measure_dlrm_sharding.py ShardedDLRM.step:
+    zeros_like, index, index_add_; its update is replica_update_bytes, after the all-reduce). Priced
+    as memory traffic on the cost model, except where `ops` (a calibration's `operators`, fitted on `itercast profile`'s
     embedding microbenchmarks) has a model of the operator: the lookup (aten::_embedding_bag) and
     the update (itercast::rowwise_adagrad_update), each at this shard's rows, width, lookups and
     distinct-row fraction. PyTorch's aten::_embedding_bag_backward, which the profile also
@@ -113,7 +114,7 @@ def embedding_seconds(
         fwd_s = float(costs.memory_s("elementwise", per_lookup + pooled))
     if work.replica:
         return fwd_s, float(
-            costs.memory_s("elementwise", pooled + per_lookup + (work.rows + 2 * distinct) * work.dim * F32)
+            costs.memory_s("elementwise", pooled + 2 * per_lookup + (work.rows + 2 * distinct) * work.dim * F32)
         )
     if ops is not None and ops.has_model(EMBEDDING_UPDATE):
         update_s = ops.price(
@@ -152,10 +153,17 @@ def beyond_profile(model: DLRMConfig, world: int, batch_per_rank: int, calibrati
     )
 
 
+#: fp32 reads and writes per row of the dense row-wise Adagrad's per-row chain, as
+#: tools/measure_dlrm_sharding.py ShardedDLRM.step runs it: vector_norm's output 1, pow_ 2, div_ 2,
+#: state += 3, sqrt 2, + ε 2, −lr / x (reciprocal 2, mul 2), the scale read by addcmul_ 1
+DENSE_ADAGRAD_ROW_ACCESSES = 17
+
+
 def replica_update_bytes(table: EmbeddingTable) -> float:
-    """A data-parallel table's dense row-wise Adagrad step: the all-reduced gradient read, every
-    row and its state read and written."""
-    return table.num_rows * (3 * table.embedding_dim * F32 + 2 * ADAGRAD_ROW_BYTES)
+    """A data-parallel table's dense row-wise Adagrad step: the all-reduced gradient read twice (its
+    row norms, then addcmul_), every row read and written, and the per-row state chain
+    (DENSE_ADAGRAD_ROW_ACCESSES)."""
+    return table.num_rows * (4 * table.embedding_dim * F32 + DENSE_ADAGRAD_ROW_ACCESSES * F32)
 
 
 MAX_INDEX_FILE_BYTES = 1 << 30  # a sample of 134M int64 indices; it is sorted in memory once

@@ -26,16 +26,13 @@ never waits for the GPU (TorchRec's input distribution syncs for its splits: not
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from itercast.config.plan import TORCH_DDP_BUCKET_BYTES
 from itercast.config.system import SystemConfig
 from itercast.costs.host_overheads import KINDS, HostOverheads
 from itercast.workloads.dlrm.config import DLRMConfig, Shard
-from itercast.workloads.dlrm.embedding import F32
 
 LAUNCH = "cudaLaunchKernel"
 #: PyTorch ops per MLP layer: forward aten::linear (addmm) and aten::relu; backward AddmmBackward0,
@@ -50,9 +47,12 @@ LOSS_OPS = 1  # binary_cross_entropy_with_logits, and its backward
 #: ε, addcdiv_ (torch/optim/adam.py _single_tensor_adam, the default for CPU tensors); on GPUs the
 #: foreach path issues the same 8 operators once for all tensors (_multi_tensor_adam)
 ADAM_OPS = 8
-#: a data-parallel table's dense row-wise Adagrad: norm, pow, div, add to the state; sqrt, add ε,
-#: divide, addcmul (tools/measure_dlrm_sharding.py, ShardedDLRM.step)
-DENSE_ADAGRAD_OPS = 8
+#: a data-parallel table's dense row-wise Adagrad: vector_norm, pow_, div_, add_ to the state; sqrt,
+#: add ε, −lr / x (reciprocal, mul), addcmul_ (tools/measure_dlrm_sharding.py, ShardedDLRM.step)
+DENSE_ADAGRAD_OPS = 9
+#: a data-parallel table's backward: its dense gradient zeroed (zeros_like), the lookups' pooled
+#: gradients gathered (index) and added into it (index_add_) (ShardedDLRM.step)
+REPLICA_BWD_OPS = 3
 
 
 @dataclass(frozen=True)
@@ -116,9 +116,7 @@ def ops_per_task(
     interaction = DOT_OPS if model.interaction == "dot" else CAT_OPS
     row_wise = any(s.strategy == "row_wise" for s in plan.values())
     pooled = any(s.strategy in ("table_wise", "column_wise") for s in plan.values())
-    dense_tensors = 2 * len(layers) + replicas  # a weight and a bias per layer, and each replica table
-    replicated = [t for t in model.tables if t.name in plan and plan[t.name].strategy == "data_parallel"]
-    dense_bytes = (model.mlp_params() + sum(t.num_rows * t.embedding_dim for t in replicated)) * F32
+    mlp_tensors = 2 * len(layers)  # a weight and a bias per layer
     ddp = world > 1  # one rank exchanges nothing
     exchanges = (int(pooled) + int(row_wise)) * ddp
     return {
@@ -129,12 +127,13 @@ def ops_per_task(
         "bottom_mlp_fwd": MLP_FWD_OPS * bottom,
         "interaction_top_mlp_fwd_bwd": 2 * (interaction + LOSS_OPS) + (MLP_FWD_OPS + MLP_BWD_OPS) * top,
         "bottom_mlp_bwd": MLP_BWD_OPS * bottom,
-        "replica_embedding_bwd": replicas,
-        # DDP copies each gradient into its bucket and divides the bucket (c10d reducer.cpp), then back
-        "ddp_to_buckets": dense_tensors + 1 if ddp else 0,
-        "grad_all_reduce": math.ceil(dense_bytes / TORCH_DDP_BUCKET_BYTES) if ddp else 0,
+        "replica_embedding_bwd": REPLICA_BWD_OPS * replicas,
+        # the dense gradients as ShardedDLRM.step exchanges them: one cat into a buffer, one
+        # all-reduce; after it the buffer divided (div_) and each MLP gradient copied back (copy_)
+        "ddp_to_buckets": 1 if ddp else 0,
+        "grad_all_reduce": 1 if ddp else 0,
         "pooled_grad_exchange": exchanges,
         "embedding_bwd": sharded,  # FBGEMM's backward with its fused optimizer: one operator per lookup
-        "ddp_from_buckets": dense_tensors if ddp else 0,
+        "ddp_from_buckets": 1 + mlp_tensors if ddp else 0,
         "optimizer": (ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)) + DENSE_ADAGRAD_OPS * replicas,
     }
