@@ -258,6 +258,10 @@ def test_mlp_gemms_on_the_operator_models():
     fwd, bwd = mlp_seconds(costs, linear_operators(), 8, [(16, 32)])
     assert fwd == pytest.approx(flops / 1e9 * 2 + act)  # x·Wᵀ: layout nt
     assert bwd == pytest.approx(flops / 1e9 * (1 + 3) + act)  # g·W (nn) and gᵀ·x (tn)
+    # the layer as the bottom MLP's first (its input needs no gradient: no g·W) and as the top MLP's
+    # last (the logit: no ReLU, no activation written or read)
+    fwd, bwd = mlp_seconds(costs, linear_operators(), 8, [(16, 32)], input_grad=False, last_relu=False)
+    assert (fwd, bwd) == pytest.approx((flops / 1e9 * 2, flops / 1e9 * 3))  # x·Wᵀ (nt); gᵀ·x (tn) alone
 
 
 def test_rowwise_adagrad_update_by_hand():

@@ -63,11 +63,23 @@ def test_replicated_tables_gradients_are_all_reduced_with_the_mlps():
 
 
 def test_dot_interaction_and_top_mlp_forward_and_backward_by_hand():
-    # per rank 64 rows. Top MLP layers (19 → 8, 8 → 1): GEMM 2·64·in·out FLOPs and the ReLU
-    # output written and read (2·64·out·4 bytes) forward, twice both backward. The interaction:
-    # pairwise dots of the 3 vectors, a batched GEMM of 2·64·3·3·16 FLOPs forward, two backward
+    # per rank 64 rows. Top MLP layers (19 → 8, 8 → 1): GEMM 2·64·in·out FLOPs and, on the first,
+    # the ReLU output written and read (2·64·8·4 bytes) forward, twice both backward; the last layer
+    # is the logit, a bare Linear (no ReLU). The interaction: pairwise dots of the 3 vectors, a
+    # batched GEMM of 2·64·3·3·16 FLOPs forward, two backward
     b = B // 2
-    mlp_fwd = sum(2 * b * i * o / PEAK + 2 * b * o * 4 / HBM for i, o in ((19, 8), (8, 1)))
+    mlp_fwd = (2 * b * 19 * 8 / PEAK + 2 * b * 8 * 4 / HBM) + 2 * b * 8 * 1 / PEAK
     dots = 2 * b * 3 * 3 * D / PEAK
     got = seconds({"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (1,))})
     assert got["interaction_top_mlp_fwd_bwd"] == pytest.approx([3 * mlp_fwd + 3 * dots] * 2)
+
+
+def test_the_bottom_mlp_computes_no_gradient_for_its_dense_input():
+    # bottom MLP 8 → 16 on 64 rows: forward GEMM 2·64·8·16 FLOPs and the ReLU output (2·64·16·4
+    # bytes); backward the weight gradient GEMM alone (the dense features need no gradient) and the
+    # ReLU's gradient twice the activation's bytes, as the curve prices a backward
+    b = B // 2
+    gemm, act = 2 * b * 8 * 16 / PEAK, 2 * b * 16 * 4 / HBM
+    got = seconds({"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (1,))})
+    assert got["bottom_mlp_fwd"] == pytest.approx([gemm + act] * 2)
+    assert got["bottom_mlp_bwd"] == pytest.approx([gemm + 2 * act] * 2)

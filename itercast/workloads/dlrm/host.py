@@ -125,7 +125,8 @@ def ops_per_task(
         "embedding_fwd": len(mine),
         "pooled_exchange": exchanges,
         "bottom_mlp_fwd": MLP_FWD_OPS * bottom,
-        "interaction_top_mlp_fwd_bwd": 2 * (interaction + LOSS_OPS) + (MLP_FWD_OPS + MLP_BWD_OPS) * top,
+        # the top MLP's last layer, the logit, has no ReLU forward nor ReluBackward0 (mlp_seconds)
+        "interaction_top_mlp_fwd_bwd": 2 * (interaction + LOSS_OPS) + (MLP_FWD_OPS + MLP_BWD_OPS) * top - 2,
         "bottom_mlp_bwd": MLP_BWD_OPS * bottom,
         "replica_embedding_bwd": REPLICA_BWD_OPS * replicas,
         # the dense gradients as ShardedDLRM.step exchanges them: one cat into a buffer, one

@@ -11,12 +11,13 @@ One step, per rank:
 - forward: the input distribution (TorchRec's KeyedJaggedTensor all-to-all: a shard's owner
   receives its lookups' int64 indices and an int32 length per bag, the busiest rank sets the pace;
   model.input_distribution false when every owner already holds its indices); the bottom MLP (b
-  rows) beside it; the lookups of the rank's shards, priced as memory traffic on
-  the cost model (every looked-up row read, pooled vectors written) or on a calibration's operator
-  models (embedding_seconds); an all-to-all of pooled vectors
+  rows, no gradient for its dense input) beside it; the lookups of the rank's shards, priced as
+  memory traffic on the cost model (every looked-up row read, pooled vectors written) or on a
+  calibration's operator models (embedding_seconds); an all-to-all of pooled vectors
   (a table- or column-wise shard serves all B samples: its rank sends B·d_shard·4 bytes, the busiest
   rank sets the pace) and a reduce-scatter of row-wise partial sums (B·d·4); the interaction (dot:
-  pairwise products of the F = tables + 1 vectors; dcnv2: low-rank cross layers); the top MLP.
+  pairwise products of the F = tables + 1 vectors; dcnv2: low-rank cross layers); the top MLP (its
+  last layer the logit, without ReLU).
 - backward: the mirror; the pooled gradients come back by all-to-all (row-wise: all-gather); each
   shard's backward reads its lookups' gradients and updates its distinct rows (weights and
   Adagrad state read and written): distinct rows from the index distribution (uniform, or Zipf with
@@ -126,23 +127,34 @@ def _gemm(batch: int, m: int, n: int, k: int, layout: str = "nn") -> OpFeatures:
 
 
 def mlp_seconds(
-    costs: AnalyticCostModel, ops: OperatorCostModel | None, b: int, layers: list[tuple[int, int]]
+    costs: AnalyticCostModel,
+    ops: OperatorCostModel | None,
+    b: int,
+    layers: list[tuple[int, int]],
+    input_grad: bool = True,
+    last_relu: bool = True,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of Linear + ReLU layers (in, out) on `b` rows: the forward GEMM
     x·Wᵀ and the activation written; backward the input gradient (g·W) and weight gradient (gᵀ·x)
     GEMMs and the activation's gradient. GEMMs on the operator models of a calibration where it has
     them (aten::addmm / aten::mm, shape- and layout-aware: a DLRM's skinny layers run far below
-    peak), else on the cost model's curve (backward: twice the forward)."""
+    peak), else on the cost model's curve (backward: twice the forward). `input_grad` False: the
+    first layer's input needs no gradient and autograd runs no g·W for it (the bottom MLP's dense
+    features); `last_relu` False: the last layer is a bare Linear (the top MLP's logit: TorchRec's
+    DLRM OverArch, tools/measure_dlrm_sharding.py ShardedDLRM's top[:-1])."""
     fwd = bwd = 0.0
-    for i, o in layers:
-        act = float(costs.memory_s("activation", 2.0 * b * o * F32))
+    for n, (i, o) in enumerate(layers):
+        relu = last_relu or n < len(layers) - 1
+        act = float(costs.memory_s("activation", 2.0 * b * o * F32)) if relu else 0.0
+        dx = input_grad or n > 0  # this layer's input gradient GEMM runs
         if ops is not None and ops.has_model("aten::mm"):
             fwd += ops.price("aten::addmm", _gemm(1, b, o, i, "nt")) + act
-            bwd += ops.price("aten::mm", _gemm(1, b, i, o)) + ops.price("aten::mm", _gemm(1, o, i, b, "tn")) + act
+            bwd += ops.price("aten::mm", _gemm(1, o, i, b, "tn")) + act
+            bwd += ops.price("aten::mm", _gemm(1, b, i, o)) if dx else 0.0
         else:
             gemm = float(costs.gemm_s(2.0 * b * i * o))
             fwd += gemm + act
-            bwd += 2 * (gemm + act)
+            bwd += (1 + dx) * gemm + 2 * act
     return fwd, bwd
 
 
@@ -205,8 +217,8 @@ def _step_graph(
     group = place_group(world, 1, system.node.gpus_per_node)
 
     layers, f = model.mlp_layers(), len(model.tables) + 1
-    bottom_fwd, bottom_bwd = mlp_seconds(costs, ops, b, layers[: len(model.bottom_mlp)])
-    top_fwd, top_bwd = mlp_seconds(costs, ops, b, layers[len(model.bottom_mlp) :])
+    bottom_fwd, bottom_bwd = mlp_seconds(costs, ops, b, layers[: len(model.bottom_mlp)], input_grad=False)
+    top_fwd, top_bwd = mlp_seconds(costs, ops, b, layers[len(model.bottom_mlp) :], last_relu=False)
     if model.interaction == "dot":  # pairwise dot products: a batched GEMM of F × d by d × F; backward two
         if ops is not None and ops.has_model("aten::bmm"):
             top_fwd += ops.price("aten::bmm", _gemm(b, f, f, model.dim))
