@@ -83,3 +83,18 @@ def test_the_bottom_mlp_computes_no_gradient_for_its_dense_input():
     got = seconds({"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (1,))})
     assert got["bottom_mlp_fwd"] == pytest.approx([gemm + act] * 2)
     assert got["bottom_mlp_bwd"] == pytest.approx([gemm + 2 * act] * 2)
+
+
+def test_the_bottom_mlp_runs_before_the_lookups_and_never_hides_the_pooled_exchange():
+    # no input distribution; t0 on rank 0, t1 on rank 1. Each rank: the bottom MLP (8 → 16 on 64
+    # rows: 2·64·8·16 FLOPs and its ReLU output 2·64·16·4 bytes), then its table's lookups for all
+    # B = 128 samples (512 rows of 16 × 4 bytes read, 128 pooled vectors written); the pooled
+    # all-to-all starts when both ranks have done both (TorchRec's DLRM.forward: dense_arch first)
+    m = model(2).model_copy(update={"input_distribution": False})
+    plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (1,))}
+    step = dlrm_step(m, system(2), plan, B // 2, linear_calibration(), host_overheads=no_overheads())
+    g, sim = step.graph, step.sim
+    bottom = 2 * 64 * 8 * 16 / PEAK + 2 * 64 * 16 * 4 / HBM
+    lookups = (512 * 16 * 4 + 128 * 16 * 4) / HBM
+    starts = [float(sim.start_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]] == "pooled_exchange"]
+    assert starts == pytest.approx([bottom + lookups] * 2)

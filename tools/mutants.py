@@ -391,6 +391,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M(DLRM, "relu = last_relu or n < len(layers) - 1", "relu = True", "the top MLP's logit layer priced with a ReLU"),
     M(HOST, "(MLP_FWD_OPS + MLP_BWD_OPS) * top - 2,", "(MLP_FWD_OPS + MLP_BWD_OPS) * top,",
       "the logit layer issues a ReLU and its backward"),
+    M(DLRM, 'bottom = issue("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")\n'
+            '        emb = issue("embedding_fwd", comp, emb_fwd[r], comp_, "embedding", [indices])\n',
+      'emb = issue("embedding_fwd", comp, emb_fwd[r], comp_, "embedding", [indices])\n'
+      '        bottom = issue("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")\n',
+      "the bottom MLP after the lookups, hiding the pooled exchange"),
     M(DLRM, "top_bwd += 2 * float(costs.gemm_s(", "top_bwd += float(costs.gemm_s(", "dot interaction backward 1 GEMM"),
     M(DLRM, "work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES", "work.lookups * INDEX_BYTES",
       "input distribution without bag lengths"),

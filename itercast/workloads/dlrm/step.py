@@ -11,7 +11,9 @@ One step, per rank:
 - forward: the input distribution (TorchRec's KeyedJaggedTensor all-to-all: a shard's owner
   receives its lookups' int64 indices and an int32 length per bag, the busiest rank sets the pace;
   model.input_distribution false when every owner already holds its indices); the bottom MLP (b
-  rows, no gradient for its dense input) beside it; the lookups of the rank's shards, priced as
+  rows, no gradient for its dense input) beside it, before the lookups (TorchRec's DLRM.forward:
+  dense_arch, then sparse_arch; torchrec/models/dlrm.py), so that it never hides the pooled
+  exchange; the lookups of the rank's shards, priced as
   memory traffic on the cost model (every looked-up row read, pooled vectors written) or on a
   calibration's operator models (embedding_seconds); an all-to-all of pooled vectors
   (a table- or column-wise shard serves all B samples: its rank sends B·d_shard·4 bytes, the busiest
@@ -278,9 +280,12 @@ def _step_graph(
             ops_per_task(model, plan, r, world, foreach_optimizer=not system.gpu.executes_on_host),
         )
         indices = issue("index_exchange", comm, index_exchange, comm_, "alltoall", collective=exchange_indices)
+        # the bottom MLP before the lookups, as TorchRec's DLRM.forward (dense_arch, then sparse_arch):
+        # it may hide the input distribution, never the pooled exchange (the measured step, which
+        # distributes no indices, runs it after its blocking exchange: the same time)
+        bottom = issue("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")
         emb = issue("embedding_fwd", comp, emb_fwd[r], comp_, "embedding", [indices])
         a2a = issue("pooled_exchange", comm, fwd_comm, comm_, "alltoall", [emb], collective=exchange_fwd)
-        bottom = issue("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")
         top = issue("interaction_top_mlp_fwd_bwd", comp, top_fwd + top_bwd, comp_, "mlp", [a2a, bottom])
         bottom_b = issue("bottom_mlp_bwd", comp, bottom_bwd, comp_, "mlp", [top])
         replica_b = issue("replica_embedding_bwd", comp, replica_bwd[r], comp_, "embedding", [bottom_b])
