@@ -193,6 +193,15 @@ class PlanConfig(BaseModel):
         description="Hide the expert all-to-alls behind another micro-batch's attention (DeepEP / "
         "Megatron-Core --overlap-moe-expert-parallel-comm).",
     )
+    cuda_launch_blocking: bool = Field(
+        False,
+        description="CUDA_LAUNCH_BLOCKING=1 in the job's environment (BigScience's BLOOM slurm scripts export it): "
+        "every kernel launch returns only once the kernel has ended (CUDA C++ Programming Guide, Asynchronous "
+        "Concurrent Execution; PyTorch docs/source/notes/cuda.rst, Asynchronous execution), so each GPU's host, "
+        "compute, DP and pipeline work run one at a time in program order, every launch's overhead added "
+        "(a segment of n kernels: n·h + its compute), the DP reductions overlapping nothing (workloads/"
+        "transformer.py TransformerStepBuilder._task). Graph only: the search's fast path refuses it.",
+    )
     pipeline_p2p: Literal["overlapped", "deepspeed", "megatron"] = Field(
         "overlapped",
         description="How pipeline stages exchange activations and their gradients "
@@ -201,8 +210,8 @@ class PlanConfig(BaseModel):
         "megatron: Megatron-Core's schedules as Megatron-LM, NeMo and Megatron-Bridge launch them (NVIDIA/"
         "Megatron-LM d98e8a64, same at core_r0.8.0): under 1f1b (forward_backward_pipelining_without_"
         "interleaving) every exchange blocks the compute stream (p2p_communication.py _communicate: "
-        "wait_on_reqs; the host's torch.cuda.synchronize under batch_p2p_sync is not priced) and a send is "
-        "batched with the "
+        "wait_on_reqs), the host then waits for the whole device (torch.cuda.synchronize under batch_p2p_comm "
+        "and batch_p2p_sync, both on under 1F1B: transformer.py _host_sync) and a send is batched with the "
         "receive that follows it from the same neighbour (send_forward_recv_backward, "
         "send_backward_recv_forward: one batch_isend_irecv, both directions at once, as long as the longer "
         "message); warm-up sends and cool-down receives go alone. Interleaved: overlapped, as overlap_p2p_comm "

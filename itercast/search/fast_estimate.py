@@ -173,6 +173,11 @@ class FastEstimator:
     # -- the array interface -------------------------------------------------------------------
     def evaluate(self, table: PlanTable) -> dict[str, np.ndarray]:
         """Step time, memory per GPU and whether it fits, for every row of a validated table."""
+        if table.base.cuda_launch_blocking:
+            raise ConfigError(
+                "plan.cuda_launch_blocking: the fast path has no closed form for every launch waiting for its "
+                "kernel; `itercast predict` prices it on the graph (workloads/transformer.py)"
+            )
         mem = memory_columns(self.model, self.system, table)
         out = {f"memory_{k}_bytes": v for k, v in mem.items() if k != "stage"}
         out["step_time_s"] = self._step_time_s(table)
@@ -259,7 +264,13 @@ class FastEstimator:
             passes += released
             slowest[rows] = stage.max(axis=1)
             if blocking[rows].any():
-                lockstep[rows] = _blocking_pipeline(stage, M[rows], g["p2p"][rows], deepspeed)
+                synced = np.zeros_like(stage)
+                if not deepspeed:  # Megatron-Core's 1F1B: the host waits for the device after every exchange
+                    c_f, c_b, n_f, n_b = (
+                        _per_stage(x, d, rows, dense_n, moe_n) for x in (comms, kernels) for d in "fb"
+                    )
+                    synced = _host_synced((forward, backward), (c_f, c_b), (n_f, n_b), launch_s)
+                lockstep[rows] = _blocking_pipeline(stage + synced, M[rows], g["p2p"][rows], deepspeed)
             # The fill and drain wait for the other stages' passes, not for what follows their sends:
             # a blocking ZeRO-2 reduction, of which (v − 1)/v lies ahead of the chunk that comes back
             # to the stage next (interleaved); without interleaving a ZeRO-3 pass's first gathers
@@ -814,6 +825,32 @@ def _blocking_pipeline(stage: np.ndarray, M: np.ndarray, send_s: np.ndarray, dee
     t = send_s[:, None]
     bottleneck = (M[:, None] * (stage + transfers * t) + fill * t).max(axis=1)
     return bottleneck + stage.sum(axis=1) - stage.max(axis=1)
+
+
+def _host_synced(
+    passes: tuple[np.ndarray, np.ndarray],
+    comms: tuple[np.ndarray, np.ndarray],
+    kernels: tuple[np.ndarray, np.ndarray],
+    launch_s: float,
+) -> np.ndarray:
+    """Megatron-Core's 1F1B synchronises the host after every exchange (transformer.py _host_sync): the pass
+    after one starts with its host, no launch ahead, and one segment of n kernels, C seconds of compute (P with
+    its blocking communication), ends max(h + C, n·h + C/n) after the exchange instead of C: δ = max(h, n·h
+    + C/n − C) later. Per micro-batch (rows × stages, from the forward and backward passes, their blocking
+    communication and kernels): a stage's forward follows an exchange but on the first stage, its backward but
+    on the last (whose forward's send and backward's receive are no-ops; schedules.py
+    forward_backward_pipelining_without_interleaving). Approximations: the first stage's warm-up forwards, which
+    follow their sends, are left out, whole passes are one segment (gradient buckets), the host never runs
+    behind its stream, and nothing waits for the DP stream (Megatron-Core pipelines with ZeRO 0-1 only, whose
+    reductions start after the last backward); tests/test_host_sync.py bounds the error."""
+    (fwd, bwd), pp = passes, passes[0].shape[1]
+
+    def delay(pass_s: np.ndarray, comm_s: np.ndarray, n: np.ndarray) -> np.ndarray:
+        compute, many = pass_s - comm_s, np.maximum(n, 1.0)
+        return np.where(n > 0, np.maximum(launch_s, n * launch_s + compute / many - compute), 0.0)
+
+    d_f, d_b = delay(fwd, comms[0], kernels[0]), delay(bwd, comms[1], kernels[1])
+    return d_f * (np.arange(pp) > 0) + d_b * (np.arange(pp) < pp - 1)
 
 
 def _sum(params: list[tuple[float, float]]) -> tuple[float, float]:

@@ -433,6 +433,9 @@ class TransformerStepBuilder:
         self.family_time_s: list[dict[str, float]] = [{} for _ in range(p.pipeline_parallel)]
         self.recipes: list[Recipe] = []  # per task, how it is priced (task id = index)
         self._priced: dict[Recipe, float] = {}
+        self._stage_of: dict[int, int] = {}  # resource -> its stage (_resource)
+        self._tails: list[dict[int, int]] = [{} for _ in range(pp)]  # per stage: resource -> its last task
+        self._synced: dict[int, int] = {}  # stage -> its last host synchronisation (_host_sync)
         self.graph: ExecGraph | None = None
 
     # -- units of one pass --------------------------------------------------------------------
@@ -476,24 +479,43 @@ class TransformerStepBuilder:
         return out
 
     def _run_segment(self, stage: int, name: str, key: SegmentKey, deps: list[int]) -> tuple[int, int]:
-        """Launch on the host, then compute (+ blocking TP/CP comm) on the stream; (first, last) task.
+        """Launch on the host, then compute (+ blocking TP/CP comm) on the stream; (first, last) task,
+        the first being what waits for the pass's input (_receive).
 
         The host issues the segment's n kernels one by one, h seconds each, while the stream runs
         the ones already issued: the first kernel waits for its own launch only, the last for all n
         (host_launch_split). With n kernels of equal length c that is exact: the segment ends at
         max(h + n·c, n·h + c), GPU-bound or host-bound; kernels of unequal length are taken at their
-        mean (an approximation)."""
-        g, p = self.g, self.job.plan
-        host = g.resource(stage, "host")
+        mean (an approximation). Under plan.cuda_launch_blocking every task waits for all the stage's
+        earlier ones (_task): the segment takes n·h + its compute and communication, and its input is
+        waited for by its first launch (the host's receive returns once the data is there)."""
+        p = self.job.plan
+        host = self._resource(stage, "host")
         first_launch = self._task(("launch", key, "first"), f"launch.{name}", host, Category.HOST, "host_launch")
         rest_launch = self._task(("launch", key, "rest"), f"launch.{name}.rest", host, Category.HOST, "host_launch")
-        comp = g.resource(stage, "compute")
+        comp = self._resource(stage, "compute")
         kernels = Category.COMPUTE, "transformer"
         first = self._task(("compute", key, "body"), name, comp, *kernels, [first_launch, *deps])
         last = self._task(("compute", key, "last"), f"{name}.last", comp, *kernels, [rest_launch])
         if p.tensor_parallel > 1 or p.context_parallel > 1 or self.job.model.is_moe:
             last = self._task(("comm", key), f"{name}.tp_comm", comp, Category.COMMUNICATION, "tp_collective")
-        return first, last
+        return (first_launch if p.cuda_launch_blocking else first), last
+
+    def _resource(self, stage: int, kind: str) -> int:
+        """The stage's resource `kind` (GraphBuilder.resource: host, compute, dp_comm, p2p_next, p2p_prev),
+        its stage noted for the device-wide waits (_task, _host_sync)."""
+        res = self.g.resource(stage, kind)
+        self._stage_of[res] = stage
+        return res
+
+    def _host_sync(self, stage: int) -> None:
+        """torch.cuda.synchronize() on the stage's host: it returns once every task issued so far on the
+        stage's device has ended (compute, DP and p2p streams: the last task of each), and whatever the
+        host issues after it, the next launch and every later task of the stage (_task), waits for that
+        (DESIGN.md §3 rule 4: a synchronisation is a host task, of no duration)."""
+        deps = list(self._tails[stage].values())
+        host = self._resource(stage, "host")
+        self._synced[stage] = self._task(("sync", stage), "cuda_synchronize", host, Category.HOST, "host_sync", deps)
 
     # -- costing: a pass over recipes, so a built graph can be re-costed -------------------------
     def _task(
@@ -506,12 +528,26 @@ class TransformerStepBuilder:
         deps: list[int] | tuple[int, ...] = (),
         collective: int = -1,
     ) -> int:
-        """A task whose duration comes from `recipe` (kept, so `recost` can price it again)."""
+        """A task whose duration comes from `recipe` (kept, so `recost` can price it again). Under
+        plan.cuda_launch_blocking it also waits for the last task of each of its stage's resources: every
+        launch returns only once its kernel has ended (CUDA C++ Programming Guide, Asynchronous Concurrent
+        Execution: CUDA_LAUNCH_BLOCKING=1 disables the asynchronicity of kernel launches; PyTorch
+        docs/source/notes/cuda.rst, Asynchronous execution: it forces synchronous computation), so a stage's
+        host, compute, DP and p2p work run one at a time in the order issued (the graph's build order).
+        Tasks with no launch of their own (collectives, sends, the optimizer) take no launch time here either."""
         self.recipes.append(recipe)
         seconds = self._priced.get(recipe)
         if seconds is None:  # recipes repeat across micro-batches: price each once
             seconds = self._priced[recipe] = self._seconds(recipe)
-        return self.g.task(name, resource, seconds, category, family, deps, collective=collective)
+        stage = self._stage_of[resource]
+        tails = self._tails[stage]
+        if self.job.plan.cuda_launch_blocking:
+            deps = [*deps, *tails.values()]
+        if stage in self._synced:  # issued after the stage's last synchronisation returned
+            deps = [*deps, self._synced[stage]]
+        task = self.g.task(name, resource, seconds, category, family, deps, collective=collective)
+        tails[resource] = task
+        return task
 
     def _seconds(self, recipe: Recipe) -> float:
         """Seconds of one recipe under this builder's cost model."""
@@ -526,6 +562,8 @@ class TransformerStepBuilder:
                 body_share = (cost.kernels - 1) / cost.kernels if cost.kernels > 1 else 0.0
                 return cost.compute_s * (body_share if args[1] == "body" else 1.0 - body_share)
             return cost.comm_s
+        if kind == "sync":  # the host's wait is the edges', the call itself is not priced
+            return 0.0
         costs = self.stage_costs[args[0]]
         if kind == "pipe_copy":
             return pipe_copy_s(costs, self.job, args[1])
@@ -607,13 +645,13 @@ class TransformerStepBuilder:
         return self.graph
 
     def _build_stage(self, stage: int, tied_sync: int, grad_norm: int) -> None:
-        job, g = self.job, self.g
+        job = self.job
         p = job.plan
         pp, v = p.pipeline_parallel, p.virtual_pipeline
         passes = schedule(p.schedule, stage, pp, job.num_microbatches, v)
         last_bwd = {ps.chunk: i for i, ps in enumerate(passes) if not ps.forward}
         sync_dp = self.groups.grad.size > 1 or self.groups.expert_grad.size > 1
-        dp_res = g.resource(stage, "dp_comm")
+        dp_res = self._resource(stage, "dp_comm")
         grad_kind = grad_collective(job)
         grad_bytes = p.grad_bytes
         w_bytes = weight_bytes(job)
@@ -678,7 +716,7 @@ class TransformerStepBuilder:
                         self._task(
                             ("dp", stage, grad_kind, params, grad_bytes),
                             f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}",
-                            dp_res if split != "none" else g.resource(stage, "compute"),
+                            dp_res if split != "none" else self._resource(stage, "compute"),
                             Category.COMMUNICATION,
                             f"dp_{grad_kind}",
                             [last],
@@ -712,7 +750,7 @@ class TransformerStepBuilder:
                     collective=tied_sync,
                 )
             )
-        comp = g.resource(stage, "compute")
+        comp = self._resource(stage, "compute")
         if grad_norm >= 0:
             sync = [
                 self._task(
@@ -751,7 +789,7 @@ class TransformerStepBuilder:
         if not nbytes:
             return []
         recipe: Recipe = ("memory", stage, "elementwise", nbytes)
-        comp = self.g.resource(stage, "compute")
+        comp = self._resource(stage, "compute")
         task = self._task(recipe, f"fp8_weight_cast.c{ps.chunk}", comp, Category.COMPUTE, "fp8_weight_cast")
         self._receive(stage, ps, task)
         return [task]
@@ -759,9 +797,7 @@ class TransformerStepBuilder:
     def _gather(self, stage: int, name: str, params: Params, deps: list[int]) -> int:
         """A ZeRO-3 parameter all-gather of `params` on the stage's DP stream."""
         recipe: Recipe = ("dp", stage, "all_gather", params, weight_bytes(self.job))
-        return self._task(
-            recipe, name, self.g.resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", deps
-        )
+        return self._task(recipe, name, self._resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", deps)
 
     # -- pipeline p2p --------------------------------------------------------------------------
     def _virtual(self, stage: int, chunk: int) -> int:
@@ -786,7 +822,7 @@ class TransformerStepBuilder:
         dst = vs + 1 if ps.forward else vs - 1
         if not 0 <= dst < total:
             return
-        res = self.g.resource(stage, "p2p_next" if ps.forward else "p2p_prev")
+        res = self._resource(stage, "p2p_next" if ps.forward else "p2p_prev")
         send = self._task(
             ("p2p", stage, dst % self.job.plan.pipeline_parallel),
             f"send_{'act' if ps.forward else 'grad'}.m{ps.microbatch}.c{ps.chunk}",
@@ -828,7 +864,7 @@ class TransformerStepBuilder:
             receive = (False, cur.forward, cur.microbatch)
             forward_after = prev is not None and cur.forward and step(cur) == step(prev) + 1
             ops = [receive, *ops] if forward_after else [*ops, receive]
-        comp = self.g.resource(stage, "compute")
+        comp = self._resource(stage, "compute")
         tp = p.tensor_parallel > 1
         tasks = []  # in stream order: an activation is partitioned at the end of its forward, a gradient as sent
         if tp and prev is not None and prev.forward and (True, True, prev.microbatch) in ops:
@@ -856,7 +892,7 @@ class TransformerStepBuilder:
 
     def _pipe_copy(self, stage: int, site: str, name: str) -> int:
         """DeepSpeed's device copies of one `site` (pipe_copy_bytes) on the compute stream (_exchange)."""
-        comp = self.g.resource(stage, "compute")
+        comp = self._resource(stage, "compute")
         return self._task(("pipe_copy", stage, site), f"pipe_copy.{site}.{name}", comp, Category.COMPUTE, "pipe_copy")
 
     def _megatron_exchange(self, stage: int, passes: list[Pass], i: int) -> list[int]:
@@ -866,7 +902,14 @@ class TransformerStepBuilder:
         batched exchange (send_forward_recv_backward after a steady-state forward,
         send_backward_recv_forward after a backward), else the send goes alone (warm-up send_forward,
         cool-down send_backward) and the receive follows on its own (recv_forward, recv_backward).
-        Each blocks the compute stream until done (p2p_communication.py _communicate: req.wait())."""
+        Each blocks the compute stream until done (p2p_communication.py _communicate: req.wait()), and the host
+        then waits for the whole device (_host_sync): _communicate calls torch.cuda.synchronize() after every
+        exchange when config.batch_p2p_comm and config.batch_p2p_sync, which is 1F1B's case (model_parallel_config.py:
+        batch_p2p_sync True by default, set by no launcher; batch_p2p_comm = not overlap_p2p_comm in
+        training/argument_utils.py core_transformer_config_from_args, overlap_p2p_comm forced off without
+        interleaving by arguments.py validate_args; Megatron-Bridge 5776a6d9 comm_overlap.py
+        CommOverlapConfig._get_model_comm_overlap_cfgs: batch_p2p_comm True for pp > 1 without VP). Its next
+        launch is exposed: the pass after an exchange takes max(h + its compute, n·h + its last kernel)."""
         pp = self.job.plan.pipeline_parallel
         prev, cur = passes[i - 1] if i > 0 else None, passes[i] if i < len(passes) else None
         send = recv = None
@@ -881,8 +924,12 @@ class TransformerStepBuilder:
             exchanges: list[tuple[Message, ...]] = [(send, recv)]
         else:
             exchanges = [(m,) for m in (send, recv) if m]
-        comp = self.g.resource(stage, "compute")
-        return [self._transfer(stage, comp, messages) for messages in exchanges]
+        comp = self._resource(stage, "compute")
+        transfers = []
+        for messages in exchanges:  # one _communicate, one synchronize, per exchange
+            transfers.append(self._transfer(stage, comp, messages))
+            self._host_sync(stage)
+        return transfers
 
     def _transfer(self, stage: int, comp: int, messages: tuple[Message, ...]) -> int:
         """This stage's end of one blocking exchange on its compute stream (_exchange): one message
