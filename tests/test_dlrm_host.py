@@ -77,6 +77,25 @@ def test_on_a_cpu_the_host_adds_to_every_operator():
     assert chain(host, [50 * US] * 3, [1, 2, 1]) == pytest.approx((4 * 10 + 3 * 50) * US)
 
 
+def test_on_a_cpu_the_host_waits_for_an_exchange_before_issuing_what_reads_it():
+    """The measured CPU step blocks on each exchange (gloo's blocking calls, reduce.wait()) before it
+    issues the operators that read its result. Host 10 µs an operator; a 100 µs exchange of one
+    operator, then a 50 µs task of 2 operators that reads it. On a CPU: 10 (issue) + 100 (exchange)
+    + 2 × 10 (issue) + 50 = 180 µs. A GPU's host issues the task during the exchange: its first
+    half (25 µs) starts when the exchange ends at 110, the second after it: 10 + 100 + 50 = 160 µs."""
+
+    def step(host: HostModel) -> float:
+        g = GraphBuilder()
+        comp, comm = g.resource(0, "compute"), g.resource(0, "comm")
+        issue = host_issuer(g, host, comp if host.on_compute else g.resource(0, "host"), {"a2a": 1, "top": 2})
+        a2a = issue("a2a", comm, 100 * US, Category.COMMUNICATION, "alltoall", collective=g.new_collective())
+        issue("top", comp, 50 * US, Category.COMPUTE, "mlp", [a2a])
+        return simulate(g.build()).step_time_s
+
+    assert step(HostModel(10 * US, True, "test")) == pytest.approx(180 * US)
+    assert step(HostModel(10 * US, False, "test")) == pytest.approx(160 * US)
+
+
 def test_operators_per_task_by_hand():
     """model(2): bottom MLP 8 → 16 (1 layer), top 19 → 8 → 1 (2 layers), dot interaction; 2 ranks,
     t0 table-wise on rank 0, t1 data-parallel."""

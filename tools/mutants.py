@@ -406,6 +406,8 @@ MUTANTS: tuple[Mutant, ...] = (
       'emb = issue("embedding_fwd", comp, emb_fwd[r], comp_, "embedding", [indices])\n'
       '        bottom = issue("bottom_mlp_fwd", comp, bottom_fwd, comp_, "mlp")\n',
       "the bottom MLP after the lookups, hiding the pooled exchange"),
+    M(DLRM, '"host", before if host.on_compute else []', '"host", []',
+      "a CPU's host issues the operators that read an exchange before the exchange has ended", _t("dlrm_host")),
     M(DLRM, "top_bwd += 2 * float(costs.gemm_s(", "top_bwd += float(costs.gemm_s(", "dot interaction backward 1 GEMM"),
     M(DLRM, "work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES", "work.lookups * INDEX_BYTES",
       "input distribution without bag lengths"),

@@ -36,7 +36,11 @@ the order above, each costing the host model's seconds; a task of k operators an
 after its first operator's host time and its last 1/k of D waits for the last operator's launch, so
 the task ends at max(first launch + D, last launch + D/k): the GPU hides the host when its kernels
 are long, the host sets the pace when they are short. On a system whose accelerator is the host the
-operators' host time runs on the compute resource itself, before the task.
+operators' host time runs on the compute resource itself, before the task, and starts only once the
+task's inputs are ready: the measured CPU step waits for each exchange before it issues what reads
+it (tools/measure_dlrm_sharding.py ShardedDLRM.step: gloo's blocking reduce_scatter_tensor and
+all_gather_into_tensor, isend/irecv then wait, the all-reduce's reduce.wait()), where a GPU's host
+runs ahead of its streams.
 Co-running (`co_running`): ranks that share a host's memory and caches (CPU ranks) slow each other's
 kernels while both compute; each compute task runs at its co-running price only then (sim/contention.py).
 """
@@ -300,7 +304,8 @@ def _step_graph(
 
 def host_issuer(g: GraphBuilder, host: HostModel, host_resource: int, ops: dict[str, int]) -> Callable[..., int]:
     """Adds a task after the host time of its `ops[name]` operators on `host_resource` (module
-    docstring); returns the task a successor waits for. No host tasks where the host costs nothing."""
+    docstring; on a host that computes, that time starts once the task's `deps` have ended); returns
+    the task a successor waits for. No host tasks where the host costs nothing."""
 
     def issue(
         name: str,
@@ -314,7 +319,9 @@ def host_issuer(g: GraphBuilder, host: HostModel, host_resource: int, ops: dict[
         k, before = ops[name], list(deps or [])
         if k == 0 or host.op_s == 0:
             return g.task(name, resource, seconds, category, family, before, collective=collective)
-        first = g.task(f"host:{name}", host_resource, host.op_s, Category.HOST, "host")
+        first = g.task(
+            f"host:{name}", host_resource, host.op_s, Category.HOST, "host", before if host.on_compute else []
+        )
         if collective >= 0 or k == 1:  # a collective starts once all its operators are issued
             last = g.task(f"host:{name}", host_resource, (k - 1) * host.op_s, Category.HOST, "host") if k > 1 else first
             return g.task(name, resource, seconds, category, family, [*before, last], collective=collective)
