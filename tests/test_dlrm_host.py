@@ -102,12 +102,24 @@ def test_operators_per_task_by_hand():
     plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("data_parallel", (0, 1))}
     ops = ops_per_task(model(2), plan, 0, 2, foreach_optimizer=True)
     assert ops["index_exchange"] == 2  # lengths, then indices
-    assert ops["embedding_fwd"] == 2 and ops["embedding_bwd"] == 1
+    assert ops["embedding_fwd"] == 2
+    # t0's update: its pooled gradients concatenated from both ranks', gathered per lookup, updated
+    assert ops["embedding_bwd"] == 3
     assert ops["replica_embedding_bwd"] == 3  # the replica's gradient zeroed, the lookups' gathered, added
-    assert ops["pooled_exchange"] == ops["pooled_grad_exchange"] == 1  # no row-wise table
+    # forward rank 0 owns t0: its parts concatenated for itself and for rank 1, sent (1 + 2); backward
+    # its own gradients concatenated and rank 1's received (1 + 1). Rank 1 receives (1), then
+    # concatenates and sends rank 0 its t0 gradients (2); no row-wise table
+    assert (ops["pooled_exchange"], ops["pooled_grad_exchange"]) == (3, 2)
+    peer = ops_per_task(model(2), plan, 1, 2, foreach_optimizer=True)
+    assert (peer["pooled_exchange"], peer["pooled_grad_exchange"], peer["embedding_bwd"]) == (1, 2, 0)
     assert ops["bottom_mlp_fwd"] == 2 and ops["bottom_mlp_bwd"] == 4
-    # dot and loss both ways, 2 layers, less the logit layer's ReLU and ReluBackward0
-    assert ops["interaction_top_mlp_fwd_bwd"] == 2 * (4 + 1) + 2 * (2 + 4) - 2
+    # t0's received columns concatenated (1); dot and loss both ways, 2 layers, less the logit
+    # layer's ReLU and ReluBackward0
+    assert ops["interaction_top_mlp_fwd_bwd"] == 1 + 2 * (4 + 1) + 2 * (2 + 4) - 2
+    # both tables row-wise: partial sums concatenated and reduce-scattered, gradients concatenated and
+    # all-gathered (2 each way); each shard's lookups' gradients gathered and updated (2 × 2)
+    rows = ops_per_task(model(2), dict.fromkeys(("t0", "t1"), Shard("row_wise", (0, 1))), 0, 2, True)
+    assert (rows["pooled_exchange"], rows["pooled_grad_exchange"], rows["embedding_bwd"]) == (2, 2, 4)
     # every dense gradient in one cat, one all-reduce; after it the buffer divided and the 3 layers ×
     # (weight, bias) = 6 MLP gradients copied back: 1 + 6
     assert (ops["ddp_to_buckets"], ops["ddp_from_buckets"], ops["grad_all_reduce"]) == (1, 7, 1)
@@ -125,12 +137,12 @@ def test_operators_per_task_by_hand():
 
 def test_one_rank_on_a_cpu_adds_every_operators_host_time():
     """1 rank on a CPU, both tables table-wise: 2 lookups, 2 bottom fwd, 20 interaction and top, 4
-    bottom bwd, 2 updates, Adam on 6 tensors (48): 78 operators, all on the compute thread."""
+    bottom bwd, 2 × (gather + update), Adam on 6 tensors (48): 80 operators, all on the compute thread."""
     cpu = cpu_system(1)
     plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (0,))}
     bare = dlrm_step(model(2), cpu, plan, 64, host_overheads=no_overheads())
     step = dlrm_step(model(2), cpu, plan, 64, host_overheads=OVERHEADS)
-    assert step.step_time_s - bare.step_time_s == pytest.approx(78 * (2 + 3 + 1 + 0.5 * 3) * US)
+    assert step.step_time_s - bare.step_time_s == pytest.approx(80 * (2 + 3 + 1 + 0.5 * 3) * US)
 
 
 def test_the_step_names_where_its_overheads_came_from():

@@ -19,8 +19,10 @@ PyTorch issue them (each count cites its source below); the operators that launc
 top in the measured ratio (`silent_per_launching`: the defaults' 2,730 no-call operators to 1,304
 launching ones). APPROXIMATIONS: every operator has the typical (pooled) T2/T3, not its own; one
 launch per operator (no T5); TorchRec's table-batched lookups fuse the tables of one sharding type
-into one operator, counted here one per table (as tools/measure_dlrm_sharding.py runs them); the host
-never waits for the GPU (TorchRec's input distribution syncs for its splits: not modelled).
+into one operator, counted here one per table, and the pooled exchanges and sharded updates as
+tools/measure_dlrm_sharding.py issues them (point-to-point sends and their concatenations, a
+gather of each lookup's gradient before the update: exchange_ops); the host never waits for the GPU
+(TorchRec's input distribution syncs for its splits: not modelled).
 """
 
 from __future__ import annotations
@@ -104,37 +106,59 @@ def silent_per_launching(h: HostOverheads) -> float:
     return h.samples.get("no_call", 0) / launching if launching else 0.0
 
 
+POOLED = ("table_wise", "column_wise")
+
+
+def exchange_ops(plan: dict[str, Shard], rank: int, world: int) -> tuple[int, int, int]:
+    """(forward, backward, received) operators of the pooled exchanges on `rank`, as
+    tools/measure_dlrm_sharding.py ShardedDLRM issues them. Forward: an owner of table- or
+    column-wise shards concatenates its pooled parts for itself and for each peer and sends each
+    peer its part (cat + isend), every rank receives from each peer that owns one (irecv); row-wise
+    partial sums are concatenated and reduce-scattered (cat + reduce_scatter_tensor). Backward: each
+    rank concatenates and sends every owning peer its gradients, an owner concatenates its own and
+    receives from each peer; row-wise gradients concatenated and all-gathered. Received: each
+    pooled table's columns concatenated from what arrived (one cat a table, after the exchange)."""
+    owners = {r for s in plan.values() if s.strategy in POOLED for r in s.ranks}
+    owns, peers = rank in owners, len(owners - {rank})
+    row_wise = 2 * any(s.strategy == "row_wise" for s in plan.values())
+    forward = owns * (1 + 2 * (world - 1)) + peers + row_wise
+    backward = 2 * peers + owns * (1 + (world - 1)) + row_wise
+    return forward, backward, sum(s.strategy in POOLED for s in plan.values())
+
+
 def ops_per_task(
     model: DLRMConfig, plan: dict[str, Shard], rank: int, world: int, foreach_optimizer: bool
 ) -> dict[str, int]:
     """Launching operators each task of dlrm_step's graph issues on `rank` (module docstring)."""
     mine = [s for s in plan.values() if rank in s.ranks]
     replicas = sum(s.strategy == "data_parallel" for s in mine)
-    sharded = len(mine) - replicas
+    owned_pooled = sum(s.strategy in POOLED for s in mine)
     layers = model.mlp_layers()
     bottom, top = len(model.bottom_mlp), len(layers) - len(model.bottom_mlp)
     interaction = DOT_OPS if model.interaction == "dot" else CAT_OPS
-    row_wise = any(s.strategy == "row_wise" for s in plan.values())
-    pooled = any(s.strategy in ("table_wise", "column_wise") for s in plan.values())
     mlp_tensors = 2 * len(layers)  # a weight and a bias per layer
     ddp = world > 1  # one rank exchanges nothing
-    exchanges = (int(pooled) + int(row_wise)) * ddp
+    forward, backward, received = (n * ddp for n in exchange_ops(plan, rank, world))
     return {
         # TorchRec's KJT all-to-all: the lengths, then the indices (torchrec/distributed/dist_data.py)
         "index_exchange": 2 if model.input_distribution and ddp else 0,
         "embedding_fwd": len(mine),
-        "pooled_exchange": exchanges,
+        "pooled_exchange": forward,
         "bottom_mlp_fwd": MLP_FWD_OPS * bottom,
-        # the top MLP's last layer, the logit, has no ReLU forward nor ReluBackward0 (mlp_seconds)
-        "interaction_top_mlp_fwd_bwd": 2 * (interaction + LOSS_OPS) + (MLP_FWD_OPS + MLP_BWD_OPS) * top - 2,
+        # the top MLP's last layer, the logit, has no ReLU forward nor ReluBackward0 (mlp_seconds);
+        # the pooled tables' received columns concatenated first
+        "interaction_top_mlp_fwd_bwd": received + 2 * (interaction + LOSS_OPS) + (MLP_FWD_OPS + MLP_BWD_OPS) * top - 2,
         "bottom_mlp_bwd": MLP_BWD_OPS * bottom,
         "replica_embedding_bwd": REPLICA_BWD_OPS * replicas,
         # the dense gradients as ShardedDLRM.step exchanges them: one cat into a buffer, one
         # all-reduce; after it the buffer divided (div_) and each MLP gradient copied back (copy_)
         "ddp_to_buckets": 1 if ddp else 0,
         "grad_all_reduce": 1 if ddp else 0,
-        "pooled_grad_exchange": exchanges,
-        "embedding_bwd": sharded,  # FBGEMM's backward with its fused optimizer: one operator per lookup
+        "pooled_grad_exchange": backward,
+        # per shard: its lookups' gradients gathered (index; a table- or column-wise shard's first
+        # concatenated from the peers': cat), then the row-wise Adagrad update (FBGEMM's fused
+        # backward and optimizer in TorchRec; profile/op_calls.rowwise_adagrad_update, one operator)
+        "embedding_bwd": 2 * (len(mine) - replicas) + owned_pooled * ddp,
         "ddp_from_buckets": 1 + mlp_tensors if ddp else 0,
         "optimizer": (ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)) + DENSE_ADAGRAD_OPS * replicas,
     }
