@@ -73,6 +73,11 @@ from itercast.workloads.dlrm.embedding import (
 from itercast.workloads.dlrm.host import HostModel, host_model, ops_per_task
 
 ADAM_BYTES = 16  # an MLP parameter: fp32 weight, gradient, Adam m and v
+#: fp32 accesses of one parameter in one Adam step, as torch/optim/adam.py _single_tensor_adam runs
+#: it (the measured CPU step; _multi_tensor_adam's foreach operators move the same): exp_avg.lerp_ 3,
+#: exp_avg_sq.mul_ 2 and addcmul_ 4 (the gradient read twice), sqrt 2, / bias correction 2, add_ ε 2,
+#: param.addcdiv_ 4
+ADAM_STEP_ACCESSES = 19
 INDEX_BYTES, LENGTH_BYTES = 8, 4  # a KeyedJaggedTensor's int64 indices and int32 length per bag (TorchRec)
 
 
@@ -270,7 +275,7 @@ def _step_graph(
         if world > 1
         else (0.0, 0.0)
     )
-    optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_BYTES * 2 + update_bytes))
+    optimizer = float(costs.memory_s("elementwise", model.mlp_params() * ADAM_STEP_ACCESSES * F32 + update_bytes))
     g = GraphBuilder()
     exchange_fwd, exchange_bwd, all_reduce = g.new_collective(), g.new_collective(), g.new_collective()
     exchange_indices = g.new_collective()
