@@ -109,6 +109,7 @@ from itercast.workloads.transformer import (
     GRAD_NORM_BYTES,
     Groups,
     UnitCosts,
+    WaitSplit,
     bucket_spans,
     dp_collective_s,
     grad_collective,
@@ -312,8 +313,13 @@ class FastEstimator:
             tb_host[rows] = (dense_n[busiest] * host_pace["lb"][rows] + moe_n[busiest] * host_pace["mb"][rows]) / vp
             # the host of each stage issues its M micro-batches' kernels without waiting; the stage's
             # last backward then still passes down the stages before it, a chunk's backward and a send each
-            issued_f = _per_stage(kernels, "f", rows, dense_n, moe_n) * launch_s
+            # (and waits: an MoE layer's host waits for its stream, _moe_waited)
+            waits = {n: f[f"w_{n}"] for n in UNIT_PASSES}
+            issued_f = _per_stage(kernels, "f", rows, dense_n, moe_n) * launch_s + _per_stage(
+                waits, "f", rows, dense_n, moe_n
+            )
             issued = issued_f + _per_stage(kernels, "b", rows, dense_n, moe_n) * launch_s
+            issued += _per_stage(waits, "b", rows, dense_n, moe_n)
             # a backward on the stream (ZeRO-3 × pipeline: beside its gathers, back to back)
             back = np.where(fsdp_rows[:, None], fsdp_back, stage - forward)
             down = back / vp + g["p2p"][rows, None]
@@ -478,16 +484,21 @@ class FastEstimator:
 
     # -- per distinct value: unit costs and group costs ------------------------------------------
     def _unit_columns(self, t: PlanTable) -> dict[str, np.ndarray]:
-        """Seconds of one pass of each unit (compute + blocking communication) and kernel counts."""
+        """Seconds of one pass of each unit (compute + blocking communication, and its stream's wait for its
+        host: _moe_waited), kernel counts, blocking communication and the host's waits (w_)."""
         base = t.base
         per_chunk = base.recompute_method == "block" or base.recompute_every > 1  # memory.full_recompute_share
         keys, inverse = _distinct(t, _LAYER_KEY + (_CHUNK_KEY if per_chunk else ()))
-        rows: dict[str, list[float]] = {k: [] for n in UNIT_PASSES for k in (n, f"k_{n}", f"c_{n}")}
+        rows: dict[str, list[float]] = {k: [] for n in UNIT_PASSES for k in (n, f"k_{n}", f"c_{n}", f"w_{n}")}
+        launch_s = self.system.gpu.kernel_launch_overhead_s
         for key in keys:
             u = self._unit_costs(t.base, key)
             passes = (u.layer_fwd, u.layer_bwd, u.embed_fwd, u.embed_bwd, u.head_fwd, u.head_bwd, u.moe_fwd, u.moe_bwd)
+            waited = {"mf": _moe_waited(u.moe_fwd_wait, launch_s), "mb": _moe_waited(u.moe_bwd_wait, launch_s)}
             for name, pc in zip(UNIT_PASSES, passes, strict=True):
-                rows[name].append(pc.compute_s + pc.comm_s)
+                stream_s, host_s = waited.get(name, (0.0, 0.0))
+                rows[name].append(pc.compute_s + pc.comm_s + stream_s)
+                rows[f"w_{name}"].append(host_s)
                 rows[f"k_{name}"].append(pc.kernels)
                 rows[f"c_{name}"].append(pc.comm_s)
         return {k: np.asarray(v, dtype=np.float64)[inverse] for k, v in rows.items()}
@@ -851,6 +862,28 @@ def _host_synced(
 
     d_f, d_b = delay(fwd, comms[0], kernels[0]), delay(bwd, comms[1], kernels[1])
     return d_f * (np.arange(pp) > 0) + d_b * (np.arange(pp) < pp - 1)
+
+
+def _moe_waited(split: WaitSplit | None, launch_s: float) -> tuple[float, float]:
+    """Seconds an MoE layer's pass takes longer on its stream, and seconds its host waits, for the host's wait
+    (transformer.py moe_wait_split, _host_wait), MoE layers back to back: per layer the host launches X, the
+    layer's rest and the next one's part up to its wait (n_x kernels, C_x seconds of compute and m_x of blocking
+    communication), then Y, what it launches before the wait beyond what it waits for (n_y kernels, b seconds:
+    Megatron-Core's permutation 1), then waits for X's end; Y runs next. From one wait's return to the next
+    (_run_segment: a run's first kernel waits for one launch, its last for all) P = max((n_x + n_y)·h, max(h, b)
+    + C_x + m_x, n_x·h + C_x/n_x + m_x), against C_x + m_x + b on a stream whose host runs ahead: the stream
+    δ = P − C_x − m_x − b (h − b where GPU-bound, none once b ≥ h; the host's pace where host-bound), the host
+    waits P − (n_x + n_y)·h. Approximations: dense layers between MoE layers (model.moe_layer_freq,
+    moe_first_dense_layers) and the chunk's last MoE layer, whose run ends with the chunk, priced as if the next
+    MoE layer followed; tests/test_moe_host_sync.py bounds the error on a grid."""
+    if split is None:
+        return 0.0, 0.0
+    before, between, after = split
+    n_x, c_x, m_x = after.kernels + before.kernels, after.compute_s + before.compute_s, after.comm_s + before.comm_s
+    n_y, b = between.kernels, between.compute_s + between.comm_s
+    h = launch_s
+    period = max((n_x + n_y) * h, max(h, b) + c_x + m_x, n_x * h + c_x / max(n_x, 1) + m_x)
+    return period - c_x - m_x - b, period - (n_x + n_y) * h
 
 
 def _sum(params: list[tuple[float, float]]) -> tuple[float, float]:

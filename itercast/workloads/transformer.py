@@ -9,7 +9,8 @@ stream), `dp_comm` (gradient and parameter collectives), `p2p_next` and `p2p_pre
 Granularity: the consecutive kernels of one pass of one model chunk run back to back on the
 compute stream, so they are one task (exact for timing); a pass is split further only where other
 work hooks into it: gradient buckets in the last backward of each chunk (overlapped DP reduction),
-and single layers under ZeRO-3 (per-layer parameter gathers).
+and single layers under ZeRO-3 (per-layer parameter gathers). A segment with MoE layers whose host waits
+for the router's counts (transformer_ops.moe_host_wait) runs in parts between those waits (wait_parts).
 """
 
 from __future__ import annotations
@@ -205,6 +206,14 @@ class PassCost:
             fam[k] = fam.get(k, 0.0) + v
         return PassCost(self.compute_s + other.compute_s, self.comm_s + other.comm_s, self.kernels + other.kernels, fam)
 
+    def __sub__(self, other: PassCost) -> PassCost:
+        """What a pass costs beyond `other`, a prefix of its ops (moe_wait_split)."""
+        fam = dict(self.family_s)
+        for k, v in other.family_s.items():
+            fam[k] = fam.get(k, 0.0) - v
+        fam = {k: v for k, v in fam.items() if v != 0.0}  # a family of the prefix alone: exactly its sum
+        return PassCost(self.compute_s - other.compute_s, self.comm_s - other.comm_s, self.kernels - other.kernels, fam)
+
     def scaled(self, k: float) -> PassCost:
         return PassCost(
             self.compute_s * k, self.comm_s * k, round(self.kernels * k), {f: v * k for f, v in self.family_s.items()}
@@ -234,8 +243,7 @@ def layer_passes(job: Job, costs: AnalyticCostModel, groups: Groups, moe: bool =
     periods of the pattern (Gemma's and GPT-OSS's layer counts are multiples of their period) and,
     for block recompute, equal layers; otherwise an approximation of one stage's share."""
     m, p = job.model, job.plan
-    local = m.num_windowed_layers / m.num_layers
-    attention = [(w, windowed) for w, windowed in ((1 - local, False), (local, True)) if w > 0]
+    attention = _attention_kinds(job)
     again = float(full_recompute_share(m, p, p.pipeline_parallel, p.virtual_pipeline))
     redo = [(again, "full"), (1 - again, "none")] if p.recompute == "full" else [(1.0, p.recompute)]
     fwd = mean_pass([(w, pass_cost(ops_mod.layer_forward(m, p, moe, x), costs, groups)) for w, x in attention])
@@ -250,16 +258,82 @@ def layer_passes(job: Job, costs: AnalyticCostModel, groups: Groups, moe: bool =
     return fwd, bwd
 
 
+def _attention_kinds(job: Job) -> list[tuple[float, bool]]:
+    """(share of the model's layers, sliding-window) of its global and sliding-window layers (layer_passes)."""
+    local = job.model.num_windowed_layers / job.model.num_layers
+    return [(w, windowed) for w, windowed in ((1 - local, False), (local, True)) if w > 0]
+
+
+#: an MoE layer's pass cut where its host waits (transformer_ops.moe_host_wait): the ops the wait waits for, those
+#: the host launched before it beyond them, and the rest of the pass (together the pass)
+WaitSplit = tuple[PassCost, PassCost, PassCost]
+
+
+def moe_wait_split(job: Job, costs: AnalyticCostModel, groups: Groups, forward: bool) -> WaitSplit | None:
+    """The mean MoE layer's forward (or backward) cut at its host's wait (transformer_ops.moe_host_wait), or None
+    where it has none: the backward waits only when it recomputes the forward (Megatron-Core's full recompute
+    runs the dispatcher again; token_dispatcher.py keeps the split lists of the forward for the backward
+    otherwise). Each part priced as the pass's prefixes (pass_cost of the ops up to the cut, so a collective
+    hidden behind an earlier kernel stays so), weighted as layer_passes weights the attention kinds. Priced
+    where every layer is recomputed (memory.full_recompute_share 1); a partial recomputation (recompute_method
+    block, recompute_every) leaves its recomputed layers' waits out, in the graph as in the fast path."""
+    m, p = job.model, job.plan
+    cut = ops_mod.moe_host_wait(m, p)
+    if cut is None:
+        return None
+    again = full_recompute_share(m, p, p.pipeline_parallel, p.virtual_pipeline)
+    if not forward and (p.recompute != "full" or again < 1):
+        return None
+    prefix = "" if forward else "recompute."
+    splits: list[tuple[float, WaitSplit]] = []
+    for w, windowed in _attention_kinds(job):
+        if forward:
+            ops = ops_mod.layer_forward(m, p, True, windowed)
+        else:
+            ops = ops_mod.layer_backward(m, p, True, windowed, "full")
+        names = [op.name for op in ops]
+        waited, launched = (names.index(prefix + name) + 1 for name in cut)
+        before, up_to, whole = (pass_cost(ops[:i], costs, groups) for i in (waited, launched, len(ops)))
+        splits.append((w, (before, up_to - before, whole - up_to)))
+    before, between, after = (mean_pass([(w, split[i]) for w, split in splits]) for i in range(3))
+    return before, between, after
+
+
 ZERO_COST = PassCost(0.0, 0.0, 0)
 #: (stage, chunk, forward, split, segment index): one segment of one chunk pass
 SegmentKey = tuple[int, int, bool, str, int]
-#: how a task is priced: ("launch" | "compute" | "comm", SegmentKey), ("dp", stage, kind, Params,
+#: (stage, chunk, forward, split, segment index, part index): one run of a segment between its host's waits
+PartKey = tuple[int, int, bool, str, int, int]
+#: how a task is priced: ("launch" | "compute" | "comm", PartKey), ("dp", stage, kind, Params,
 #: bytes per parameter), ("collective", stage, kind, bytes, Groups field), ("memory", stage, kind,
 #: bytes), ("p2p", stage, to stage): the stage's device prices it (a mixed cluster's groups differ)
 Recipe = tuple[Any, ...]
 Message = tuple[bool, int, int]  # a pipeline message: (forward, sending stage, micro-batch)
 #: parameters of a unit or segment on one GPU: (routed experts', the rest)
 Params = tuple[float, float]
+Segment = tuple[PassCost, Params]  # a unit, or consecutive units run as one (TransformerStepBuilder._segments_of)
+#: a run of a segment between its host's waits: its cost, and 0 for the first, else which run before it the host
+#: waits for before launching it (1 the one before, 2 the one before that: wait_parts)
+Part = tuple[PassCost, int]
+
+
+def wait_parts(pieces: list[PassCost], waits: list[WaitSplit | None]) -> list[Part]:
+    """A segment's units (`pieces`, each with its MoE wait split or None) cut where the host waits: the run up
+    to and with what a wait waits for, the run it launched before the wait beyond that (if any: Megatron-Core's
+    permutation 1), then the run after the wait up to the next one. Without waits one part, the segment."""
+    parts: list[Part] = []
+    run, back = ZERO_COST, 0
+    for cost, wait in zip(pieces, waits, strict=True):
+        if wait is None:
+            run = run + cost
+            continue
+        before, between, after = wait
+        parts.append((run + before, back))
+        if between.kernels:
+            parts.append((between, 0))
+        run, back = after, 2 if between.kernels else 1
+    parts.append((run, back))
+    return parts
 
 
 @dataclass(frozen=True)
@@ -378,6 +452,8 @@ class UnitCosts:
     head_bwd: PassCost
     moe_fwd: PassCost = ZERO_COST  # an MoE layer (a dense model has none)
     moe_bwd: PassCost = ZERO_COST
+    moe_fwd_wait: WaitSplit | None = None  # moe_fwd cut at its host's wait (moe_wait_split)
+    moe_bwd_wait: WaitSplit | None = None
 
     @classmethod
     def of(cls, job: Job, costs: AnalyticCostModel, groups: Groups) -> UnitCosts:
@@ -394,6 +470,8 @@ class UnitCosts:
             head_bwd=pass_cost(ops_mod.backward_of(head, p), costs, groups),
             moe_fwd=moe[0],
             moe_bwd=moe[1],
+            moe_fwd_wait=moe_wait_split(job, costs, groups, True) if m.is_moe else None,
+            moe_bwd_wait=moe_wait_split(job, costs, groups, False) if m.is_moe else None,
         )
 
     def forward(self, kind: str) -> PassCost:
@@ -429,7 +507,8 @@ class TransformerStepBuilder:
         self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
         self._pairs: dict[tuple[Message, ...], int] = {}  # blocking: the messages of an exchange -> its collective
         self._waits: list[tuple[tuple[bool, int, int], int]] = []  # (producer key, consumer task)
-        self._segment_cache: dict[tuple[int, int, bool, str], list[tuple[PassCost, Params]]] = {}
+        #: per chunk pass and split: its segments, and each segment's parts (_parts_of)
+        self._segment_cache: dict[tuple[int, int, bool, str], tuple[list[Segment], list[list[Part]]]] = {}
         self.family_time_s: list[dict[str, float]] = [{} for _ in range(p.pipeline_parallel)]
         self.recipes: list[Recipe] = []  # per task, how it is priced (task id = index)
         self._priced: dict[Recipe, float] = {}
@@ -454,33 +533,54 @@ class TransformerStepBuilder:
         its gradients in one bucket ('bucket_size = None' on pipeline ranks > 0, 'since data-parallel
         communication on these stages is not on the critical path'; training.py get_model:
         disable_bucketing for model chunks after the first, overlapped with compute anyway)."""
+        return self._chunk_pass(stage, chunk, forward, split)[0]
+
+    def _parts_of(self, key: SegmentKey) -> list[Part]:
+        """The segment's runs between its host's waits (wait_parts)."""
+        stage, chunk, forward, split, j = key
+        return self._chunk_pass(stage, chunk, forward, split)[1][j]
+
+    def _part_cost(self, key: PartKey) -> PassCost:
+        return self._parts_of(key[:5])[key[5]][0]
+
+    def _chunk_pass(self, stage: int, chunk: int, forward: bool, split: str) -> tuple[list[Segment], list[list[Part]]]:
+        """Segments of one chunk pass (_segments_of) and their parts (_parts_of), cached."""
         if split == "bucket" and self.job.plan.zero_stage <= 1 and (stage > 0 or chunk > 0):
             split = "none"
         key = (stage, chunk, forward, split)
         found = self._segment_cache.get(key)
         if found is None:
-            found = self._segment_cache[key] = self._segments(self._pieces(stage, chunk, forward), split)
+            pieces = self._pieces(stage, chunk, forward)
+            u = self.stage_units[stage]
+            wait = u.moe_fwd_wait if forward else u.moe_bwd_wait
+            waits = [wait if kind == "moe" else None for kind in unit_kinds(self.job, stage, chunk)]
+            spans = self._spans(pieces, split)
+            segments = [self._merged(pieces[start:end]) for start, end in spans]
+            waits = waits if forward else waits[::-1]
+            parts = [wait_parts([c for c, _ in pieces[start:end]], waits[start:end]) for start, end in spans]
+            found = self._segment_cache[key] = segments, parts
         return found
 
-    def _segments(self, pieces: list[tuple[PassCost, Params]], split: str) -> list[tuple[PassCost, Params]]:
-        """Merge consecutive units: 'none' → one segment; 'layer' → one per unit; 'bucket' → DP buckets."""
+    def _spans(self, pieces: list[Segment], split: str) -> list[tuple[int, int]]:
+        """Runs of consecutive units: 'none' → one segment; 'layer' → one per unit; 'bucket' → DP buckets."""
         if split == "layer":
-            return pieces
-        spans = [(0, len(pieces))]
+            return [(i, i + 1) for i in range(len(pieces))]
         if split == "bucket":
-            spans = bucket_spans([sum(w) for _, w in pieces], self.job.plan.bucket_params)
-        out = []
-        for start, end in spans:
-            cost = ZERO_COST
-            for c, _ in pieces[start:end]:
-                cost = cost + c
-            params = pieces[start:end]
-            out.append((cost, (sum(w[0] for _, w in params), sum(w[1] for _, w in params))))
-        return out
+            return bucket_spans([sum(w) for _, w in pieces], self.job.plan.bucket_params)
+        return [(0, len(pieces))]
+
+    @staticmethod
+    def _merged(pieces: list[Segment]) -> Segment:
+        """One segment of consecutive units: their costs and parameters summed."""
+        cost = ZERO_COST
+        for c, _ in pieces:
+            cost = cost + c
+        return cost, (sum(w[0] for _, w in pieces), sum(w[1] for _, w in pieces))
 
     def _run_segment(self, stage: int, name: str, key: SegmentKey, deps: list[int]) -> tuple[int, int]:
         """Launch on the host, then compute (+ blocking TP/CP comm) on the stream; (first, last) task,
-        the first being what waits for the pass's input (_receive).
+        the first being what waits for the pass's input (_receive). A segment with MoE layers whose host waits
+        (moe_wait_split) runs so part by part (_parts_of), the host waiting before a part (_host_wait).
 
         The host issues the segment's n kernels one by one, h seconds each, while the stream runs
         the ones already issued: the first kernel waits for its own launch only, the last for all n
@@ -490,16 +590,25 @@ class TransformerStepBuilder:
         earlier ones (_task): the segment takes n·h + its compute and communication, and its input is
         waited for by its first launch (the host's receive returns once the data is there)."""
         p = self.job.plan
-        host = self._resource(stage, "host")
-        first_launch = self._task(("launch", key, "first"), f"launch.{name}", host, Category.HOST, "host_launch")
-        rest_launch = self._task(("launch", key, "rest"), f"launch.{name}.rest", host, Category.HOST, "host_launch")
-        comp = self._resource(stage, "compute")
+        host, comp = self._resource(stage, "host"), self._resource(stage, "compute")
         kernels = Category.COMPUTE, "transformer"
-        first = self._task(("compute", key, "body"), name, comp, *kernels, [first_launch, *deps])
-        last = self._task(("compute", key, "last"), f"{name}.last", comp, *kernels, [rest_launch])
-        if p.tensor_parallel > 1 or p.context_parallel > 1 or self.job.model.is_moe:
-            last = self._task(("comm", key), f"{name}.tp_comm", comp, Category.COMMUNICATION, "tp_collective")
-        return (first_launch if p.cuda_launch_blocking else first), last
+        ends: list[int] = []  # each part's last task
+        for i, (_, back) in enumerate(self._parts_of(key)):
+            part, label = (*key, i), name if i == 0 else f"{name}.p{i}"
+            if back:
+                self._host_wait(stage, ends[-back])
+            launch = Category.HOST, "host_launch"
+            first_launch = self._task(("launch", part, "first"), f"launch.{label}", host, *launch)
+            rest_launch = self._task(("launch", part, "rest"), f"launch.{label}.rest", host, *launch)
+            waits = [first_launch, *(deps if i == 0 else ())]  # the pass's input and gathers: its first part
+            body = self._task(("compute", part, "body"), label, comp, *kernels, waits)
+            last = self._task(("compute", part, "last"), f"{label}.last", comp, *kernels, [rest_launch])
+            if p.tensor_parallel > 1 or p.context_parallel > 1 or self.job.model.is_moe:
+                last = self._task(("comm", part), f"{label}.tp_comm", comp, Category.COMMUNICATION, "tp_collective")
+            if i == 0:
+                first = first_launch if p.cuda_launch_blocking else body
+            ends.append(last)
+        return first, ends[-1]
 
     def _resource(self, stage: int, kind: str) -> int:
         """The stage's resource `kind` (GraphBuilder.resource: host, compute, dp_comm, p2p_next, p2p_prev),
@@ -516,6 +625,15 @@ class TransformerStepBuilder:
         deps = list(self._tails[stage].values())
         host = self._resource(stage, "host")
         self._synced[stage] = self._task(("sync", stage), "cuda_synchronize", host, Category.HOST, "host_sync", deps)
+
+    def _host_wait(self, stage: int, waited: int) -> None:
+        """An MoE layer's host waits until `waited`, the compute stream's task that ends what the wait waits for
+        (transformer_ops.moe_host_wait), has ended: Megatron-Core's d2h_event.synchronize() waits for the event's
+        stream, the side stream where it was recorded after the compute stream's work; torchtitan's blocking
+        copy to the host waits for the compute stream. Neither waits for the DP or p2p streams (unlike
+        _host_sync's torch.cuda.synchronize). What the host issues after it waits for it (_task)."""
+        host = self._resource(stage, "host")
+        self._synced[stage] = self._task(("sync", stage), "moe_host_wait", host, Category.HOST, "host_sync", [waited])
 
     # -- costing: a pass over recipes, so a built graph can be re-costed -------------------------
     def _task(
@@ -553,8 +671,7 @@ class TransformerStepBuilder:
         """Seconds of one recipe under this builder's cost model."""
         kind, *args = recipe
         if kind in ("launch", "compute", "comm"):
-            stage, chunk, forward, split, j = args[0]
-            cost = self._segments_of(stage, chunk, forward, split)[j][0]
+            stage, cost = args[0][0], self._part_cost(args[0])
             if kind == "launch":
                 first_s, rest_s = host_launch_split(cost.kernels, self.stage_gpus[stage].kernel_launch_overhead_s)
                 return first_s if args[1] == "first" else rest_s
@@ -588,8 +705,7 @@ class TransformerStepBuilder:
         for task, (kind, *args) in enumerate(self.recipes):
             if kind not in ("compute", "comm"):
                 continue
-            stage, chunk, forward, split, j = args[0]
-            cost = self._segments_of(stage, chunk, forward, split)[j][0]
+            cost = self._part_cost(args[0])
             total = cost.compute_s if kind == "compute" else cost.comm_s
             if kind == "compute":
                 part = cost.family_s.get("experts", 0.0)
@@ -612,8 +728,7 @@ class TransformerStepBuilder:
             if kind == "launch":
                 continue
             if kind in ("compute", "comm"):
-                stage, chunk, forward, split, j = args[0]
-                fams = self._segments_of(stage, chunk, forward, split)[j][0].family_s
+                fams = self._part_cost(args[0]).family_s
                 mine = {f: v for f, v in fams.items() if f.startswith(COMM_FAMILY_PREFIXES) == (kind == "comm")}
             else:
                 mine = {g.families[g.family[task]]: 1.0}

@@ -748,6 +748,40 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     return ops
 
 
+def moe_host_wait(model: ModelConfig, plan: PlanConfig) -> tuple[str, str] | None:
+    """Where the host waits for the device in an MoE layer's forward (`_moe_block`'s ops), to learn how many
+    tokens go where before it can launch the rest: (the last op waited for, the last op launched before the
+    wait), or None where it never waits. Backward reuses the host's split lists (no wait); a recomputed
+    forward waits again (transformer.py moe_wait_split).
+
+    alltoall, Megatron-Core's MoEAlltoAllTokenDispatcher (NVIDIA/Megatron-LM d98e8a64
+    megatron/core/transformer/moe/token_dispatcher.py): `preprocess` counts the tokens per expert (and
+    all-gathers the counts over the expert tensor × expert group: not priced), their device-to-host copies
+    run on a side stream after the compute stream's work ("before_permutation_1", `_maybe_dtoh_and_synchronize`
+    records d2h_event there) and the host calls d2h_event.synchronize() at `cuda_sync_point`, the earliest
+    `preprocess` asks for: with padding to capacity (drop_and_pad, model.moe_pad_to_capacity) none; with a
+    capacity factor without padding before permutation 1 (the routed rows' count sizes its output); dropless
+    with expert_parallel or expert_tensor_parallel > 1 before the token all-to-all ("before_ep_alltoall":
+    permutation 1 is launched before it); else before the expert GEMMs ("before_permutation_2" or
+    "before_finish": permutation 1, the shared experts' launches and the no-op all-to-all before it). It waits
+    for the router (its top-k and counts) only.
+
+    torchtitan, ExpertParallel._token_dispatch (pytorch/torchtitan 7e4ab859 distributed/expert_parallel.py): with
+    expert_parallel > 1 the counts' all-to-all, then output_splits.to(cpu, non_blocking=False), a copy on the
+    compute stream that the host waits for: everything issued before it (router, the tokens' reordering; the
+    shared experts run after the routed ones, models/moe/moe.py MoE.forward). With expert_parallel 1 the
+    grouped GEMM takes the counts on the device: no wait."""
+    if plan.moe_token_dispatcher == "torchtitan":
+        return ("moe_permute", "moe_permute") if plan.expert_parallel > 1 else None
+    if model.moe_pad_to_capacity:
+        return None
+    if model.moe_capacity_factor is not None:
+        return "router_topk", "router_topk"
+    if plan.expert_parallel > 1 or plan.etp > 1:
+        return "router_topk", "moe_permute"
+    return "router_topk", "moe_dispatch"
+
+
 #: rows of an FP8 GEMM operand come in multiples of this (Transformer Engine's FP8 alignment:
 #: Megatron-Core get_align_size_for_quantization, 16 for FP8 recipes)
 FP8_ROW_ALIGN = 16
