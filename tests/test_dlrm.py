@@ -370,13 +370,16 @@ def test_predict_prices_a_dlrm_step_with_its_breakdown(tmp_path):
     assert json.loads(shard.output)["plans"][0]["step_time_s"] == out["step_time_s"]  # one model for both
 
 
-def test_dense_gradients_pass_through_one_buffer_as_the_measured_step_runs_them():
+@pytest.mark.parametrize(("exchange", "mlp_copied_back"), [("torchrec", 0), ("point_to_point", 2 * 313 * 4)])
+def test_dense_gradients_pass_through_ddp_buckets_or_one_buffer(exchange: str, mlp_copied_back: int):
     """Both tables data-parallel on 2 ranks: the MLPs' and tables' gradients, (8·16 + 16 + 19·8 + 8 +
     8 + 1 = 313 parameters (the top MLP reads 3 pairwise dots and the 16-wide dense vector) + 2 ×
-    1000 × 16) × 4 bytes, read and written into one buffer (2× the bytes) before the all-reduce; after
-    it the buffer divided in place (2×) and the MLPs' 313 gradients copied back (2 × 313 × 4), on the
-    linear memory curve (tools/measure_dlrm_sharding.py ShardedDLRM.step); one rank exchanges none."""
-    m = model(2)
+    1000 × 16) × 4 bytes, read and written into DDP's buckets, divided as they are copied (2× the
+    bytes), copied back after (2×); or, as tools/measure_dlrm_sharding.py ShardedDLRM.step runs them
+    (exchange point_to_point), into one buffer (2×), the buffer divided in place after the all-reduce
+    (2×) and the MLPs' 313 gradients copied back (2 × 313 × 4); on the linear memory curve; one rank
+    exchanges none."""
+    m = model(2).model_copy(update={"exchange": exchange})
     replicas = {"t0": Shard("data_parallel", (0, 1)), "t1": Shard("data_parallel", (0, 1))}
     dense = (m.mlp_params() + 2 * 1000 * 16) * 4
     assert m.mlp_params() == 8 * 16 + 16 + (3 + 16) * 8 + 8 + 8 * 1 + 1
@@ -387,7 +390,7 @@ def test_dense_gradients_pass_through_one_buffer_as_the_measured_step_runs_them(
 
     step = dlrm_step(m, system(2), replicas, 64, linear_calibration(), host_overheads=no_overheads())
     assert seconds(step, "ddp_to_buckets") == pytest.approx([2 * dense / HBM] * 2)
-    assert seconds(step, "ddp_from_buckets") == pytest.approx([(2 * dense + 2 * 313 * 4) / HBM] * 2)
+    assert seconds(step, "ddp_from_buckets") == pytest.approx([(2 * dense + mlp_copied_back) / HBM] * 2)
     one = {"t0": Shard("data_parallel", (0,)), "t1": Shard("data_parallel", (0,))}
     alone = dlrm_step(m, system(1), one, 64, host_overheads=no_overheads())
     assert seconds(alone, "ddp_to_buckets") == seconds(alone, "ddp_from_buckets") == [0.0]

@@ -98,11 +98,43 @@ def test_on_a_cpu_the_host_waits_for_an_exchange_before_issuing_what_reads_it():
 
 def test_operators_per_task_by_hand():
     """model(2): bottom MLP 8 → 16 (1 layer), top 19 → 8 → 1 (2 layers), dot interaction; 2 ranks,
-    t0 table-wise on rank 0, t1 data-parallel."""
+    t0 table-wise on rank 0, t1 data-parallel; TorchRec's program (exchange torchrec, the default)."""
     plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("data_parallel", (0, 1))}
     ops = ops_per_task(model(2), plan, 0, 2, foreach_optimizer=True)
     assert ops["index_exchange"] == 2  # lengths, then indices
     assert ops["embedding_fwd"] == 2
+    assert ops["embedding_bwd"] == 1  # t0: FBGEMM's fused backward and update
+    assert ops["replica_embedding_bwd"] == 1  # t1: FBGEMM's dense backward
+    # one all-to-all each way for the table-wise t0, on both ranks; no row-wise table
+    assert (ops["pooled_exchange"], ops["pooled_grad_exchange"]) == (1, 1)
+    peer = ops_per_task(model(2), plan, 1, 2, foreach_optimizer=True)
+    assert (peer["pooled_exchange"], peer["pooled_grad_exchange"], peer["embedding_bwd"]) == (1, 1, 0)
+    assert ops["bottom_mlp_fwd"] == 2 and ops["bottom_mlp_bwd"] == 4
+    # dot and loss both ways, 2 layers, less the logit layer's ReLU and ReluBackward0
+    assert ops["interaction_top_mlp_fwd_bwd"] == 2 * (4 + 1) + 2 * (2 + 4) - 2
+    # both tables row-wise: one reduce-scatter forward, one all-gather backward, one update a shard
+    rows = ops_per_task(model(2), dict.fromkeys(("t0", "t1"), Shard("row_wise", (0, 1))), 0, 2, True)
+    assert (rows["pooled_exchange"], rows["pooled_grad_exchange"], rows["embedding_bwd"]) == (1, 1, 2)
+    # DDP: the 3 layers' (weight, bias) and the replica's gradient, 7 tensors, each copied into its
+    # bucket (dividing) and back; (313 + 1000 × 16) × 4 = 65,252 bytes: one 25 MiB bucket
+    assert (ops["ddp_to_buckets"], ops["ddp_from_buckets"], ops["grad_all_reduce"]) == (7, 7, 1)
+    # foreach Adam; the replica's dense Adagrad: norm, pow_, div_, add_, sqrt, + ε, reciprocal, mul, addcmul_
+    assert ops["optimizer"] == 8 + 9
+    assert ops_per_task(model(2), plan, 1, 2, foreach_optimizer=False)["optimizer"] == 8 * 6 + 9
+    # a replica of 10M × 16 fp32 rows: (160,000,000 + 313) × 4 = 640,001,252 bytes / 26,214,400 = 24.4:
+    # 25 buckets, 25 all-reduces
+    big = model(2).model_copy(update={"tables": (model(2).tables[0].model_copy(update={"num_rows": 10_000_000}),)})
+    assert ops_per_task(big, {"t0": Shard("data_parallel", (0, 1))}, 0, 2, True)["grad_all_reduce"] == 25
+    alone = ops_per_task(model(2), {"t0": Shard("table_wise", (0,))}, 0, 1, foreach_optimizer=True)
+    assert alone["index_exchange"] == alone["pooled_exchange"] == alone["ddp_to_buckets"] == 0
+
+
+def test_operators_per_task_of_the_point_to_point_emulation_by_hand():
+    """The same model and plan as tools/measure_dlrm_sharding.py's ShardedDLRM runs them (exchange
+    point_to_point)."""
+    m = model(2).model_copy(update={"exchange": "point_to_point"})
+    plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("data_parallel", (0, 1))}
+    ops = ops_per_task(m, plan, 0, 2, foreach_optimizer=True)
     # t0's update: its pooled gradients concatenated from both ranks', gathered per lookup, updated
     assert ops["embedding_bwd"] == 3
     assert ops["replica_embedding_bwd"] == 3  # the replica's gradient zeroed, the lookups' gathered, added
@@ -110,39 +142,34 @@ def test_operators_per_task_by_hand():
     # its own gradients concatenated and rank 1's received (1 + 1). Rank 1 receives (1), then
     # concatenates and sends rank 0 its t0 gradients (2); no row-wise table
     assert (ops["pooled_exchange"], ops["pooled_grad_exchange"]) == (3, 2)
-    peer = ops_per_task(model(2), plan, 1, 2, foreach_optimizer=True)
+    peer = ops_per_task(m, plan, 1, 2, foreach_optimizer=True)
     assert (peer["pooled_exchange"], peer["pooled_grad_exchange"], peer["embedding_bwd"]) == (1, 2, 0)
-    assert ops["bottom_mlp_fwd"] == 2 and ops["bottom_mlp_bwd"] == 4
     # t0's received columns concatenated (1); dot and loss both ways, 2 layers, less the logit
     # layer's ReLU and ReluBackward0
     assert ops["interaction_top_mlp_fwd_bwd"] == 1 + 2 * (4 + 1) + 2 * (2 + 4) - 2
     # both tables row-wise: partial sums concatenated and reduce-scattered, gradients concatenated and
     # all-gathered (2 each way); each shard's lookups' gradients gathered and updated (2 × 2)
-    rows = ops_per_task(model(2), dict.fromkeys(("t0", "t1"), Shard("row_wise", (0, 1))), 0, 2, True)
+    rows = ops_per_task(m, dict.fromkeys(("t0", "t1"), Shard("row_wise", (0, 1))), 0, 2, True)
     assert (rows["pooled_exchange"], rows["pooled_grad_exchange"], rows["embedding_bwd"]) == (2, 2, 4)
     # every dense gradient in one cat, one all-reduce; after it the buffer divided and the 3 layers ×
     # (weight, bias) = 6 MLP gradients copied back: 1 + 6
     assert (ops["ddp_to_buckets"], ops["ddp_from_buckets"], ops["grad_all_reduce"]) == (1, 7, 1)
-    # foreach Adam; the replica's dense Adagrad: norm, pow_, div_, add_, sqrt, + ε, reciprocal, mul, addcmul_
-    assert ops["optimizer"] == 8 + 9
-    assert ops_per_task(model(2), plan, 1, 2, foreach_optimizer=False)["optimizer"] == 8 * 6 + 9
-    # a replica of 10M × 16 fp32 rows (640 MB, 25 of DDP's 25 MiB buckets): still one all-reduce of the buffer
-    big = model(2).model_copy(update={"tables": (model(2).tables[0].model_copy(update={"num_rows": 10_000_000}),)})
-    assert (
-        ops_per_task(big, {"t0": Shard("data_parallel", (0, 1))}, 0, 2, foreach_optimizer=True)["grad_all_reduce"] == 1
-    )
-    alone = ops_per_task(model(2), {"t0": Shard("table_wise", (0,))}, 0, 1, foreach_optimizer=True)
-    assert alone["index_exchange"] == alone["pooled_exchange"] == alone["ddp_to_buckets"] == 0
+    # a replica of 10M × 16 fp32 rows (640 MB): still one all-reduce of the buffer
+    big = m.model_copy(update={"tables": (m.tables[0].model_copy(update={"num_rows": 10_000_000}),)})
+    assert ops_per_task(big, {"t0": Shard("data_parallel", (0, 1))}, 0, 2, True)["grad_all_reduce"] == 1
 
 
-def test_one_rank_on_a_cpu_adds_every_operators_host_time():
+@pytest.mark.parametrize(("exchange", "operators"), [("torchrec", 78), ("point_to_point", 80)])
+def test_one_rank_on_a_cpu_adds_every_operators_host_time(exchange: str, operators: int):
     """1 rank on a CPU, both tables table-wise: 2 lookups, 2 bottom fwd, 20 interaction and top, 4
-    bottom bwd, 2 × (gather + update), Adam on 6 tensors (48): 80 operators, all on the compute thread."""
+    bottom bwd, Adam on 6 tensors (48), and the 2 updates: FBGEMM's fused one each (torchrec: 78
+    operators) or a gather and an update each (point_to_point: 80), all on the compute thread."""
     cpu = cpu_system(1)
+    m = model(2).model_copy(update={"exchange": exchange})
     plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (0,))}
-    bare = dlrm_step(model(2), cpu, plan, 64, host_overheads=no_overheads())
-    step = dlrm_step(model(2), cpu, plan, 64, host_overheads=OVERHEADS)
-    assert step.step_time_s - bare.step_time_s == pytest.approx(80 * (2 + 3 + 1 + 0.5 * 3) * US)
+    bare = dlrm_step(m, cpu, plan, 64, host_overheads=no_overheads())
+    step = dlrm_step(m, cpu, plan, 64, host_overheads=OVERHEADS)
+    assert step.step_time_s - bare.step_time_s == pytest.approx(operators * (2 + 3 + 1 + 0.5 * 3) * US)
 
 
 def test_the_step_names_where_its_overheads_came_from():

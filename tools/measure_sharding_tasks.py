@@ -80,6 +80,7 @@ class Task:
             top_mlp=(64, 1),
             tables=tables,
             input_distribution=False,
+            exchange="point_to_point",  # ShardedDLRM's point-to-point emulation, as measured
         )
 
 

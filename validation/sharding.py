@@ -129,7 +129,8 @@ def main() -> None:
             tables = [t.model_copy(update={"zipf_alpha": alpha}) for t in base.tables]
             tables[0] = tables[0].model_copy(update={"pooling_factor": pooling})
             # every rank draws the whole batch's indices itself: no input distribution was timed
-            model = base.model_copy(update={"tables": tuple(tables), "input_distribution": False})
+            update = {"tables": tuple(tables), "input_distribution": False, "exchange": "point_to_point"}
+            model = base.model_copy(update=update)  # what ShardedDLRM ran: no index exchange, point to point
             for name, t in by.items():
                 plan = {table: Shard(s, ranks) for table, (s, ranks) in SHARDINGS[name].items()}
                 row = []

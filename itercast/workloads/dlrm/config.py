@@ -54,6 +54,15 @@ class DLRMConfig(BaseModel):
         description="TorchRec's input distribution: each rank's indices of a table go to the ranks that hold "
         "its shards in an all-to-all before the lookups (false: every owner already holds them).",
     )
+    exchange: Literal["torchrec", "point_to_point"] = Field(
+        "torchrec",
+        description="How the job's operators exchange pooled embeddings and dense gradients (the host's "
+        "operator counts, workloads/dlrm/host.ops_per_task, and the dense copies, step.py): torchrec, "
+        "TorchRec's one all-to-all (or reduce-scatter / all-gather) per exchange, FBGEMM's one fused backward "
+        "and update per sharded table, PyTorch DDP's gradient buckets; point_to_point, the plain "
+        "torch.distributed emulation of tools/measure_dlrm_sharding.py (a cat and an isend per peer, one "
+        "flat buffer of dense gradients, the updates' gathers), which this project's CPU measurements ran.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DLRMConfig:

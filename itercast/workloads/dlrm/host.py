@@ -19,22 +19,26 @@ PyTorch issue them (each count cites its source below); the operators that launc
 top in the measured ratio (`silent_per_launching`: the defaults' 2,730 no-call operators to 1,304
 launching ones). APPROXIMATIONS: every operator has the typical (pooled) T2/T3, not its own; one
 launch per operator (no T5); TorchRec's table-batched lookups fuse the tables of one sharding type
-into one operator, counted here one per table, and the pooled exchanges and sharded updates as
-tools/measure_dlrm_sharding.py issues them (point-to-point sends and their concatenations, a
-gather of each lookup's gradient before the update: exchange_ops); the host never waits for the GPU
-(TorchRec's input distribution syncs for its splits: not modelled).
+into one operator, counted here one per table; the pooled exchanges, sharded updates and dense
+gradients as TorchRec, FBGEMM and DDP issue them, or, for a model whose `exchange` is point_to_point,
+as tools/measure_dlrm_sharding.py's emulation does (point-to-point sends and their concatenations, a
+gather of each lookup's gradient before the update, one flat gradient buffer: exchange_ops); the host
+never waits for the GPU (TorchRec's input distribution syncs for its splits: not modelled).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from itercast.config.plan import TORCH_DDP_BUCKET_BYTES
 from itercast.config.system import SystemConfig
 from itercast.costs.host_overheads import KINDS, HostOverheads
 from itercast.workloads.dlrm.config import DLRMConfig, Shard
+from itercast.workloads.dlrm.embedding import F32
 
 LAUNCH = "cudaLaunchKernel"
 #: PyTorch ops per MLP layer: forward aten::linear (addmm) and aten::relu; backward AddmmBackward0,
@@ -129,36 +133,58 @@ def exchange_ops(plan: dict[str, Shard], rank: int, world: int) -> tuple[int, in
 def ops_per_task(
     model: DLRMConfig, plan: dict[str, Shard], rank: int, world: int, foreach_optimizer: bool
 ) -> dict[str, int]:
-    """Launching operators each task of dlrm_step's graph issues on `rank` (module docstring)."""
+    """Launching operators each task of dlrm_step's graph issues on `rank` (module docstring), as the
+    job's program issues them (model.exchange): TorchRec's collectives, FBGEMM's fused updates and
+    PyTorch DDP's buckets, or the point-to-point emulation of tools/measure_dlrm_sharding.py."""
     mine = [s for s in plan.values() if rank in s.ranks]
     replicas = sum(s.strategy == "data_parallel" for s in mine)
-    owned_pooled = sum(s.strategy in POOLED for s in mine)
+    sharded = len(mine) - replicas
     layers = model.mlp_layers()
     bottom, top = len(model.bottom_mlp), len(layers) - len(model.bottom_mlp)
     interaction = DOT_OPS if model.interaction == "dot" else CAT_OPS
     mlp_tensors = 2 * len(layers)  # a weight and a bias per layer
     ddp = world > 1  # one rank exchanges nothing
-    forward, backward, received = (n * ddp for n in exchange_ops(plan, rank, world))
-    return {
+    ops = {
         # TorchRec's KJT all-to-all: the lengths, then the indices (torchrec/distributed/dist_data.py)
         "index_exchange": 2 if model.input_distribution and ddp else 0,
         "embedding_fwd": len(mine),
-        "pooled_exchange": forward,
         "bottom_mlp_fwd": MLP_FWD_OPS * bottom,
-        # the top MLP's last layer, the logit, has no ReLU forward nor ReluBackward0 (mlp_seconds);
-        # the pooled tables' received columns concatenated first
-        "interaction_top_mlp_fwd_bwd": received + 2 * (interaction + LOSS_OPS) + (MLP_FWD_OPS + MLP_BWD_OPS) * top - 2,
+        # the top MLP's last layer, the logit, has no ReLU forward nor ReluBackward0 (mlp_seconds)
+        "interaction_top_mlp_fwd_bwd": 2 * (interaction + LOSS_OPS) + (MLP_FWD_OPS + MLP_BWD_OPS) * top - 2,
         "bottom_mlp_bwd": MLP_BWD_OPS * bottom,
+        "optimizer": (ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)) + DENSE_ADAGRAD_OPS * replicas,
+    }
+    if model.exchange == "torchrec":
+        pooled = any(s.strategy in POOLED for s in plan.values())
+        exchanges = (int(pooled) + int(any(s.strategy == "row_wise" for s in plan.values()))) * ddp
+        dense_tensors = mlp_tensors + replicas  # and each replica table's dense gradient
+        replicated = [t for t in model.tables if t.name in plan and plan[t.name].strategy == "data_parallel"]
+        dense_bytes = (model.mlp_params() + sum(t.num_rows * t.embedding_dim for t in replicated)) * F32
+        return ops | {
+            "pooled_exchange": exchanges,  # one all-to-all (table/column-wise), one reduce-scatter (row-wise)
+            "replica_embedding_bwd": replicas,  # FBGEMM's dense table-batched backward
+            # DDP copies each gradient into its bucket dividing it (c10d reducer.cpp copy_grad_to_bucket,
+            # at::mul_out), all-reduces each bucket, and copies each gradient back after
+            "ddp_to_buckets": dense_tensors if ddp else 0,
+            "grad_all_reduce": math.ceil(dense_bytes / TORCH_DDP_BUCKET_BYTES) if ddp else 0,
+            "pooled_grad_exchange": exchanges,
+            "embedding_bwd": sharded,  # FBGEMM's backward with its fused optimizer: one operator per shard
+            "ddp_from_buckets": dense_tensors if ddp else 0,
+        }
+    owned_pooled = sum(s.strategy in POOLED for s in mine)
+    forward, backward, received = (n * ddp for n in exchange_ops(plan, rank, world))
+    return ops | {
+        "pooled_exchange": forward,
+        # the pooled tables' received columns concatenated before the interaction
+        "interaction_top_mlp_fwd_bwd": ops["interaction_top_mlp_fwd_bwd"] + received,
         "replica_embedding_bwd": REPLICA_BWD_OPS * replicas,
-        # the dense gradients as ShardedDLRM.step exchanges them: one cat into a buffer, one
-        # all-reduce; after it the buffer divided (div_) and each MLP gradient copied back (copy_)
+        # the dense gradients in one flat buffer: one cat, one all-reduce; after it the buffer divided
+        # (div_) and each MLP gradient copied back (copy_)
         "ddp_to_buckets": 1 if ddp else 0,
         "grad_all_reduce": 1 if ddp else 0,
         "pooled_grad_exchange": backward,
         # per shard: its lookups' gradients gathered (index; a table- or column-wise shard's first
-        # concatenated from the peers': cat), then the row-wise Adagrad update (FBGEMM's fused
-        # backward and optimizer in TorchRec; profile/op_calls.rowwise_adagrad_update, one operator)
-        "embedding_bwd": 2 * (len(mine) - replicas) + owned_pooled * ddp,
+        # concatenated from the peers': cat), then the row-wise Adagrad update (one operator)
+        "embedding_bwd": 2 * sharded + owned_pooled * ddp,
         "ddp_from_buckets": 1 + mlp_tensors if ddp else 0,
-        "optimizer": (ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)) + DENSE_ADAGRAD_OPS * replicas,
     }

@@ -24,12 +24,13 @@ One step, per rank:
   shard's backward reads its lookups' gradients and updates its distinct rows (weights and
   Adagrad state read and written): distinct rows from the index distribution (uniform, or Zipf with
   table.zipf_alpha; costs/op_model.py); a data-parallel table's dense gradient is all-reduced with
-  the MLPs' gradients beside the other tables' backward, as tools/measure_dlrm_sharding.py
-  (ShardedDLRM.step) runs it: every dense gradient copied into one buffer (2× its bytes), one
-  all-reduce, the buffer divided by the world size (2×) and the MLPs' gradients copied back (2× the
-  MLPs'; a replica reads its gradient from the buffer); then Adam on the MLPs and the replicas'
-  dense row-wise Adagrad. (PyTorch DDP moves the same bytes before the all-reduce, dividing while it
-  copies: c10d reducer.cpp copy_grad_to_bucket, at::mul_out; after it, it copies every gradient back.)
+  the MLPs' gradients beside the other tables' backward, through PyTorch DDP's buckets (each gradient
+  copied in and divided by the world size at once, c10d reducer.cpp copy_grad_to_bucket, at::mul_out:
+  2× its bytes; copied back after: 2×), or, for a model whose `exchange` is point_to_point, as
+  tools/measure_dlrm_sharding.py (ShardedDLRM.step) runs it: every dense gradient copied into one
+  buffer (2×), one all-reduce, the buffer divided by the world size (2×) and the MLPs' gradients
+  copied back (2× the MLPs'; a replica reads its gradient from the buffer); then Adam on the MLPs
+  and the replicas' dense row-wise Adagrad.
 Collectives start when every rank is ready (the simulator's rendezvous).
 Host (workloads/dlrm/host.py, DESIGN.md §3 rule 4): each rank's host issues the tasks' operators in
 the order above, each costing the host model's seconds; a task of k operators and GPU time D starts
@@ -262,16 +263,15 @@ def _step_graph(
     index_exchange = costs.collective_s("alltoall", max(index_bytes), group)
     fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
     bwd_comm = exchange + costs.collective_s("all_gather", rw_bytes, group)
-    # the dense gradients (module docstring): read and written into one buffer before the all-reduce;
-    # after it the buffer divided in place and the MLPs' gradients copied back out of it
+    # the dense gradients (module docstring): read and written into DDP's buckets or the emulation's flat
+    # buffer before the all-reduce; after it copied back (DDP), or the buffer divided in place and the
+    # MLPs' gradients copied out of it (point_to_point)
     mlp_bytes = model.mlp_params() * F32
     dense_bytes = mlp_bytes + dp_bytes
     reduce = costs.collective_s("all_reduce", dense_bytes, group)
+    back_bytes = 2 * dense_bytes + (2 * mlp_bytes if model.exchange == "point_to_point" else 0.0)
     to_buckets, from_buckets = (
-        (
-            float(costs.memory_s("elementwise", 2 * dense_bytes)),
-            float(costs.memory_s("elementwise", 2 * dense_bytes + 2 * mlp_bytes)),
-        )
+        (float(costs.memory_s("elementwise", 2 * dense_bytes)), float(costs.memory_s("elementwise", back_bytes)))
         if world > 1
         else (0.0, 0.0)
     )
