@@ -31,7 +31,7 @@ from itercast.workloads.transformer import (
     WaitSplit,
     moe_wait_split,
 )
-from itercast.workloads.transformer_ops import moe_host_wait
+from itercast.workloads.transformer_ops import layer_backward, layer_forward, moe_host_wait
 
 H = 0.1
 A, P, C = PassCost(1.0, 0.0, 2), PassCost(0.05, 0.0, 1), PassCost(1.0, 0.0, 2)
@@ -137,7 +137,7 @@ def test_waits_in_every_moe_forward_and_recomputed_forward_only():
 
 
 def test_megatron_waits_for_the_router_not_permutation_1():
-    # EP 2: the wait waits for the run ending with the router's top-k (part 0 of the forward with the first MoE
+    # EP 2: the wait waits for the run ending with the counts' exchange (part 0 of the forward with the first MoE
     # layer), not for permutation 1 (part 1) launched before it
     g = TransformerStepBuilder(tiny_moe(expert_parallel=2)).build()
     first = next(t for t in range(g.num_tasks) if g.names[g.name[t]] == "moe_host_wait")
@@ -148,7 +148,7 @@ def test_megatron_waits_for_the_router_not_permutation_1():
 def test_wait_points_as_the_sources_place_them():
     # (last op waited for, last op launched before the wait)
     job = tiny_moe(expert_parallel=2)
-    assert moe_host_wait(job.model, job.plan) == ("router_topk", "moe_permute")  # before_ep_alltoall
+    assert moe_host_wait(job.model, job.plan) == ("moe_counts", "moe_permute")  # before_ep_alltoall
     job = tiny_moe()
     assert moe_host_wait(job.model, job.plan) == ("router_topk", "moe_dispatch")  # before the expert GEMMs
     dropping = Job.from_dicts(
@@ -156,9 +156,33 @@ def test_wait_points_as_the_sources_place_them():
         {"global_batch_size": 16, "expert_parallel": 2},
         {"preset": "dgx-h100", "num_nodes": 1},
     )
-    assert moe_host_wait(dropping.model, dropping.plan) == ("router_topk", "router_topk")  # before_permutation_1
+    assert moe_host_wait(dropping.model, dropping.plan) == ("moe_counts", "moe_counts")  # before_permutation_1
     job = tiny_moe(expert_parallel=2, moe_token_dispatcher="torchtitan")
-    assert moe_host_wait(job.model, job.plan) == ("moe_permute", "moe_permute")  # the stream up to the counts
+    assert moe_host_wait(job.model, job.plan) == ("moe_counts", "moe_counts")  # the stream up to the counts
+
+
+def counts(job: Job) -> list[tuple[str, str, float, str]]:
+    """(op before it, kind, bytes, group) of each counts exchange of an MoE layer's forward; [] in its backward."""
+    fwd = layer_forward(job.model, job.plan, moe=True)
+    assert not [op for op in layer_backward(job.model, job.plan, moe=True) if "moe_counts" in op.name]
+    return [(fwd[i - 1].name, op.comm_kind, op.amount, op.group) for i, op in enumerate(fwd) if op.name == "moe_counts"]
+
+
+def test_counts_exchanged_before_the_wait():
+    # moe-tiny's 8 experts. Megatron-Core, EP 2: each rank's 8 int64 counts all-gathered over the 2 expert ranks,
+    # 8 × 8 × 2 = 128 bytes, after the router's top-k; EP 1 (expert TP 1) and padding to capacity: none
+    assert counts(tiny_moe(expert_parallel=2)) == [("router_topk", "all_gather", 128, "ep")]
+    assert counts(tiny_moe()) == []
+    padded = Job.from_dicts(
+        {"preset": "moe-tiny", "moe_capacity_factor": 1.0, "moe_pad_to_capacity": True},
+        {"global_batch_size": 16, "expert_parallel": 2},
+        {"preset": "dgx-h100", "num_nodes": 1},
+    )
+    assert counts(padded) == []
+    # torchtitan, EP 2: its 8 float32 counts (torch.histc) all-to-all, 32 bytes, after the tokens' reordering
+    assert counts(tiny_moe(expert_parallel=2, moe_token_dispatcher="torchtitan")) == [
+        ("moe_permute", "alltoall", 32, "ep")
+    ]
 
 
 @pytest.mark.parametrize("plan", [{}, {"recompute": "full"}, {"tensor_parallel": 2, "sequence_parallel": True}])

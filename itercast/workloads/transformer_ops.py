@@ -667,10 +667,14 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         dispatch_hides = combine_hides = CORE_ATTENTION if plan.flash_attention else f"{CORE_ATTENTION}.values"
     else:
         dispatch_hides, combine_hides = ("shared_up", "shared_down") if shared else ("", "")
+    counts = _moe_counts(model, plan)
+    titan = plan.moe_token_dispatcher == "torchtitan"
     ops = [
         Op("router", "gemm", 2 * n * h * E),
         Op("router_topk", "elementwise", 3 * n * E * 4),  # fp32 logits: softmax read + write, top-k read
+        *([] if titan else counts),
         Op("moe_permute", "elementwise", 2 * routed * h * e),
+        *(counts if titan else []),
         *shared,
         Op(
             "moe_dispatch",
@@ -748,6 +752,22 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     return ops
 
 
+def _moe_counts(model: ModelConfig, plan: PlanConfig) -> list[Op]:
+    """The exchange of the tokens-per-expert counts that sizes the token all-to-all, blocking the compute stream
+    (what the host's wait waits for, moe_host_wait): Megatron-Core's MoEAlltoAllTokenDispatcher.preprocess
+    all-gathers each rank's E int64 counts over the expert-tensor × expert group (gather_from_sequence_parallel_
+    region; not when padding to capacity, nor with expert_parallel and expert_tensor_parallel 1), priced over the
+    EP group (the expert-TP group with EP 1) with the gathered bytes; torchtitan's ExpertParallel._token_dispatch
+    all-to-alls its E float32 counts (torch.histc) over the EP group with EP > 1, after the tokens' reordering.
+    The counts carry no gradient: no backward collective."""
+    E, ep, etp = model.experts, plan.expert_parallel, plan.etp
+    if plan.moe_token_dispatcher == "torchtitan":
+        return [Op("moe_counts", "ep_comm", 4 * E, "alltoall", group="ep")] if ep > 1 else []
+    if model.moe_pad_to_capacity or ep * etp == 1:
+        return []
+    return [Op("moe_counts", "ep_comm", 8 * E * ep * etp, "all_gather", group="ep" if ep > 1 else "etp")]
+
+
 def moe_host_wait(model: ModelConfig, plan: PlanConfig) -> tuple[str, str] | None:
     """Where the host waits for the device in an MoE layer's forward (`_moe_block`'s ops), to learn how many
     tokens go where before it can launch the rest: (the last op waited for, the last op launched before the
@@ -756,30 +776,33 @@ def moe_host_wait(model: ModelConfig, plan: PlanConfig) -> tuple[str, str] | Non
 
     alltoall, Megatron-Core's MoEAlltoAllTokenDispatcher (NVIDIA/Megatron-LM d98e8a64
     megatron/core/transformer/moe/token_dispatcher.py): `preprocess` counts the tokens per expert (and
-    all-gathers the counts over the expert tensor × expert group: not priced), their device-to-host copies
-    run on a side stream after the compute stream's work ("before_permutation_1", `_maybe_dtoh_and_synchronize`
-    records d2h_event there) and the host calls d2h_event.synchronize() at `cuda_sync_point`, the earliest
-    `preprocess` asks for: with padding to capacity (drop_and_pad, model.moe_pad_to_capacity) none; with a
-    capacity factor without padding before permutation 1 (the routed rows' count sizes its output); dropless
+    all-gathers the counts, _moe_counts), their device-to-host copies run on a side stream after the compute
+    stream's work ("before_permutation_1", `_maybe_dtoh_and_synchronize` records d2h_event there) and the host
+    calls d2h_event.synchronize() at `cuda_sync_point`, the earliest `preprocess` asks for: with padding to
+    capacity (drop_and_pad, model.moe_pad_to_capacity) none; with a capacity factor without padding before
+    permutation 1 (the routed rows' count sizes its output); dropless
     with expert_parallel or expert_tensor_parallel > 1 before the token all-to-all ("before_ep_alltoall":
     permutation 1 is launched before it); else before the expert GEMMs ("before_permutation_2" or
     "before_finish": permutation 1, the shared experts' launches and the no-op all-to-all before it). It waits
-    for the router (its top-k and counts) only.
+    for the router and the counts only.
 
     torchtitan, ExpertParallel._token_dispatch (pytorch/torchtitan 7e4ab859 distributed/expert_parallel.py): with
     expert_parallel > 1 the counts' all-to-all, then output_splits.to(cpu, non_blocking=False), a copy on the
-    compute stream that the host waits for: everything issued before it (router, the tokens' reordering; the
-    shared experts run after the routed ones, models/moe/moe.py MoE.forward). With expert_parallel 1 the
-    grouped GEMM takes the counts on the device: no wait."""
+    compute stream that the host waits for: everything issued before it (router, the tokens' reordering, the
+    counts; the shared experts run after the routed ones, models/moe/moe.py MoE.forward). With expert_parallel 1
+    the grouped GEMM takes the counts on the device: no wait. Not priced: torchtitan's for-loop experts
+    (moe_grouped_gemm false), whose num_tokens_per_expert.tolist() waits again before the experts
+    (models/moe/moe.py _run_experts_for_loop)."""
     if plan.moe_token_dispatcher == "torchtitan":
-        return ("moe_permute", "moe_permute") if plan.expert_parallel > 1 else None
+        return ("moe_counts", "moe_counts") if plan.expert_parallel > 1 else None
     if model.moe_pad_to_capacity:
         return None
+    waited = "moe_counts" if _moe_counts(model, plan) else "router_topk"
     if model.moe_capacity_factor is not None:
-        return "router_topk", "router_topk"
+        return waited, waited
     if plan.expert_parallel > 1 or plan.etp > 1:
-        return "router_topk", "moe_permute"
-    return "router_topk", "moe_dispatch"
+        return waited, "moe_permute"
+    return waited, "moe_dispatch"
 
 
 #: rows of an FP8 GEMM operand come in multiples of this (Transformer Engine's FP8 alignment:
