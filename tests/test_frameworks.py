@@ -226,6 +226,12 @@ def test_the_search_prices_the_loss_its_framework_runs(framework, loss):
     assert searched_top_plan(framework)["cross_entropy"] == loss
 
 
+@pytest.mark.parametrize(("framework", "dispatcher"), [("torchtitan", "torchtitan"), ("megatron-core", "alltoall")])
+def test_the_search_prices_the_moe_host_wait_its_framework_runs(framework, dispatcher):
+    # torchtitan's ExpertParallel waits for its counts' all-to-all; Megatron-Core's alltoall dispatcher
+    assert searched_top_plan(framework)["moe_token_dispatcher"] == dispatcher
+
+
 def test_default_headroom_by_hand():
     cols = {k: np.array([v]) for k, v in {"tp": 4, "cp": 1, "dp": 32, "pp": 8, "ep": 1}.items()}
     assert communicators(cols)[0] == 3  # tensor, data, pipeline groups

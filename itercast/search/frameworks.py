@@ -190,6 +190,8 @@ FRAMEWORKS: dict[str, Framework] = {
             "fp8_experts": False,
             # models/common/moe.py GroupedExperts: torch._grouped_mm over every local expert
             "moe_grouped_gemm": True,
+            # distributed/expert_parallel.py ExpertParallel._token_dispatch: its counts' all-to-all and host wait
+            "moe_token_dispatcher": "torchtitan",
         },
         cross_entropies=("torch_compiled", "torch"),
         fp8_recipes=("tensorwise", "rowwise"),  # torchao float8 has no delayed scaling
