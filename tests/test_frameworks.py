@@ -295,3 +295,13 @@ def test_zero3_plans_are_not_repeated_for_overlap_switches_that_do_not_act():
     zero3 = [p for p in plans("megatron-core") if p["zero_stage"] == 3]
     assert zero3
     assert {(p["overlap_grad_reduce"], p["overlap_param_gather"]) for p in zero3} == {(True, True)}
+
+
+def test_megatron_launch_settings_name_the_moe_dispatcher_priced():
+    # TransformerConfig's moe_token_dispatcher_type defaults to allgather; the plans are priced with alltoall
+    mixtral = parse_section("model", {"preset": "mixtral-8x7b"})
+    moe = {**PLAN, "pipeline_parallel": 4, "virtual_pipeline": 1, "expert_parallel": 8, "moe_grouped_gemm": True}
+    mcore = launch_settings("megatron-core", moe, mixtral)  # type: ignore[arg-type]
+    assert "  --moe-token-dispatcher-type alltoall \\\n" in mcore
+    assert "model.config.moe_token_dispatcher_type=alltoall" in launch_settings("nemo", moe, mixtral)  # type: ignore[arg-type]
+    assert "moe-token-dispatcher" not in launch_settings("megatron-core", PLAN, GPT3)  # type: ignore[arg-type]

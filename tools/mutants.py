@@ -530,6 +530,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("search/launch_settings.py", '("model", plan["pointwise_kernels"] == "fused"),',
       '("model", plan["pointwise_kernels"] != "fused"),', "torchtitan launched eager where fused kernels were priced",
       _t("frameworks")),
+    M("search/launch_settings.py", '"--moe-token-dispatcher-type alltoall",', '',
+      "Megatron-Core launched with its default allgather dispatcher where alltoall was priced", _t("frameworks")),
     M("search/frameworks.py", 'if pointwise_kernels != "fused" and tp_comm_overlap:',
       'if pointwise_kernels != "fused" and not tp_comm_overlap:',
       "torchtitan's async TP searched without the torch.compile it needs", _t("frameworks")),

@@ -48,6 +48,9 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         out += [
             f"--expert-model-parallel-size {p['expert_parallel']}",
             f"--expert-tensor-parallel-size {p['expert_tensor_parallel']}",
+            # the dispatcher priced (its all-to-all and host wait); TransformerConfig's default is allgather
+            # (megatron/core/transformer/transformer_config.py moe_token_dispatcher_type at d98e8a64)
+            "--moe-token-dispatcher-type alltoall",
         ]
         if p["moe_grouped_gemm"]:
             out.append("--moe-grouped-gemm")
@@ -103,6 +106,7 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
             f"{s}.expert_model_parallel_size={p['expert_parallel']}",
             f"{s}.expert_tensor_parallel_size={p['expert_tensor_parallel']}",
             f"model.config.moe_grouped_gemm={p['moe_grouped_gemm']}",
+            "model.config.moe_token_dispatcher_type=alltoall",
         ]
     out += [f"data.micro_batch_size={p['micro_batch_size']}", f"data.global_batch_size={p['global_batch_size']}"]
     if p["recompute"] != "none":
