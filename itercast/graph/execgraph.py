@@ -160,6 +160,10 @@ class GraphBuilder:
             self._res_kind.append(key[1])
         return found
 
+    def rank_of(self, resource: int) -> int:
+        """The rank a resource (from `resource`) belongs to."""
+        return self._res_rank[resource]
+
     def new_collective(self) -> int:
         """A fresh collective id; pass it to `task(collective=...)` for each member."""
         self._num_collectives += 1

@@ -512,7 +512,6 @@ class TransformerStepBuilder:
         self.family_time_s: list[dict[str, float]] = [{} for _ in range(p.pipeline_parallel)]
         self.recipes: list[Recipe] = []  # per task, how it is priced (task id = index)
         self._priced: dict[Recipe, float] = {}
-        self._stage_of: dict[int, int] = {}  # resource -> its stage (_resource)
         self._tails: list[dict[int, int]] = [{} for _ in range(pp)]  # per stage: resource -> its last task
         self._synced: dict[int, int] = {}  # stage -> its last host synchronisation (_host_sync)
         self.graph: ExecGraph | None = None
@@ -590,7 +589,7 @@ class TransformerStepBuilder:
         earlier ones (_task): the segment takes n·h + its compute and communication, and its input is
         waited for by its first launch (the host's receive returns once the data is there)."""
         p = self.job.plan
-        host, comp = self._resource(stage, "host"), self._resource(stage, "compute")
+        host, comp = self.g.resource(stage, "host"), self.g.resource(stage, "compute")
         kernels = Category.COMPUTE, "transformer"
         ends: list[int] = []  # each part's last task
         for i, (_, back) in enumerate(self._parts_of(key)):
@@ -610,21 +609,12 @@ class TransformerStepBuilder:
             ends.append(last)
         return first, ends[-1]
 
-    def _resource(self, stage: int, kind: str) -> int:
-        """The stage's resource `kind` (GraphBuilder.resource: host, compute, dp_comm, p2p_next, p2p_prev),
-        its stage noted for the device-wide waits (_task, _host_sync)."""
-        res = self.g.resource(stage, kind)
-        self._stage_of[res] = stage
-        return res
-
     def _host_sync(self, stage: int) -> None:
         """torch.cuda.synchronize() on the stage's host: it returns once every task issued so far on the
         stage's device has ended (compute, DP and p2p streams: the last task of each), and whatever the
         host issues after it, the next launch and every later task of the stage (_task), waits for that
         (DESIGN.md §3 rule 4: a synchronisation is a host task, of no duration)."""
-        deps = list(self._tails[stage].values())
-        host = self._resource(stage, "host")
-        self._synced[stage] = self._task(("sync", stage), "cuda_synchronize", host, Category.HOST, "host_sync", deps)
+        self._host_waits_for(stage, "cuda_synchronize", list(self._tails[stage].values()))
 
     def _host_wait(self, stage: int, waited: int) -> None:
         """An MoE layer's host waits until `waited`, the compute stream's task that ends what the wait waits for
@@ -632,8 +622,12 @@ class TransformerStepBuilder:
         stream, the side stream where it was recorded after the compute stream's work; torchtitan's blocking
         copy to the host waits for the compute stream. Neither waits for the DP or p2p streams (unlike
         _host_sync's torch.cuda.synchronize). What the host issues after it waits for it (_task)."""
-        host = self._resource(stage, "host")
-        self._synced[stage] = self._task(("sync", stage), "moe_host_wait", host, Category.HOST, "host_sync", [waited])
+        self._host_waits_for(stage, "moe_host_wait", [waited])
+
+    def _host_waits_for(self, stage: int, name: str, deps: list[int]) -> None:
+        """A host task of no duration that waits for `deps`; every later task of the stage waits for it (_task)."""
+        host = self.g.resource(stage, "host")
+        self._synced[stage] = self._task(("sync", stage), name, host, Category.HOST, "host_sync", deps)
 
     # -- costing: a pass over recipes, so a built graph can be re-costed -------------------------
     def _task(
@@ -657,7 +651,7 @@ class TransformerStepBuilder:
         seconds = self._priced.get(recipe)
         if seconds is None:  # recipes repeat across micro-batches: price each once
             seconds = self._priced[recipe] = self._seconds(recipe)
-        stage = self._stage_of[resource]
+        stage = self.g.rank_of(resource)
         tails = self._tails[stage]
         if self.job.plan.cuda_launch_blocking:
             deps = [*deps, *tails.values()]
@@ -766,7 +760,7 @@ class TransformerStepBuilder:
         passes = schedule(p.schedule, stage, pp, job.num_microbatches, v)
         last_bwd = {ps.chunk: i for i, ps in enumerate(passes) if not ps.forward}
         sync_dp = self.groups.grad.size > 1 or self.groups.expert_grad.size > 1
-        dp_res = self._resource(stage, "dp_comm")
+        dp_res = self.g.resource(stage, "dp_comm")
         grad_kind = grad_collective(job)
         grad_bytes = p.grad_bytes
         w_bytes = weight_bytes(job)
@@ -831,7 +825,7 @@ class TransformerStepBuilder:
                         self._task(
                             ("dp", stage, grad_kind, params, grad_bytes),
                             f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}",
-                            dp_res if split != "none" else self._resource(stage, "compute"),
+                            dp_res if split != "none" else self.g.resource(stage, "compute"),
                             Category.COMMUNICATION,
                             f"dp_{grad_kind}",
                             [last],
@@ -865,7 +859,7 @@ class TransformerStepBuilder:
                     collective=tied_sync,
                 )
             )
-        comp = self._resource(stage, "compute")
+        comp = self.g.resource(stage, "compute")
         if grad_norm >= 0:
             sync = [
                 self._task(
@@ -904,7 +898,7 @@ class TransformerStepBuilder:
         if not nbytes:
             return []
         recipe: Recipe = ("memory", stage, "elementwise", nbytes)
-        comp = self._resource(stage, "compute")
+        comp = self.g.resource(stage, "compute")
         task = self._task(recipe, f"fp8_weight_cast.c{ps.chunk}", comp, Category.COMPUTE, "fp8_weight_cast")
         self._receive(stage, ps, task)
         return [task]
@@ -912,7 +906,9 @@ class TransformerStepBuilder:
     def _gather(self, stage: int, name: str, params: Params, deps: list[int]) -> int:
         """A ZeRO-3 parameter all-gather of `params` on the stage's DP stream."""
         recipe: Recipe = ("dp", stage, "all_gather", params, weight_bytes(self.job))
-        return self._task(recipe, name, self._resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", deps)
+        return self._task(
+            recipe, name, self.g.resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", deps
+        )
 
     # -- pipeline p2p --------------------------------------------------------------------------
     def _virtual(self, stage: int, chunk: int) -> int:
@@ -937,7 +933,7 @@ class TransformerStepBuilder:
         dst = vs + 1 if ps.forward else vs - 1
         if not 0 <= dst < total:
             return
-        res = self._resource(stage, "p2p_next" if ps.forward else "p2p_prev")
+        res = self.g.resource(stage, "p2p_next" if ps.forward else "p2p_prev")
         send = self._task(
             ("p2p", stage, dst % self.job.plan.pipeline_parallel),
             f"send_{'act' if ps.forward else 'grad'}.m{ps.microbatch}.c{ps.chunk}",
@@ -979,7 +975,7 @@ class TransformerStepBuilder:
             receive = (False, cur.forward, cur.microbatch)
             forward_after = prev is not None and cur.forward and step(cur) == step(prev) + 1
             ops = [receive, *ops] if forward_after else [*ops, receive]
-        comp = self._resource(stage, "compute")
+        comp = self.g.resource(stage, "compute")
         tp = p.tensor_parallel > 1
         tasks = []  # in stream order: an activation is partitioned at the end of its forward, a gradient as sent
         if tp and prev is not None and prev.forward and (True, True, prev.microbatch) in ops:
@@ -1007,7 +1003,7 @@ class TransformerStepBuilder:
 
     def _pipe_copy(self, stage: int, site: str, name: str) -> int:
         """DeepSpeed's device copies of one `site` (pipe_copy_bytes) on the compute stream (_exchange)."""
-        comp = self._resource(stage, "compute")
+        comp = self.g.resource(stage, "compute")
         return self._task(("pipe_copy", stage, site), f"pipe_copy.{site}.{name}", comp, Category.COMPUTE, "pipe_copy")
 
     def _megatron_exchange(self, stage: int, passes: list[Pass], i: int) -> list[int]:
@@ -1039,7 +1035,7 @@ class TransformerStepBuilder:
             exchanges: list[tuple[Message, ...]] = [(send, recv)]
         else:
             exchanges = [(m,) for m in (send, recv) if m]
-        comp = self._resource(stage, "compute")
+        comp = self.g.resource(stage, "compute")
         transfers = []
         for messages in exchanges:  # one _communicate, one synchronize, per exchange
             transfers.append(self._transfer(stage, comp, messages))
