@@ -14,7 +14,8 @@ dense part as dlrm-small (13 dense features, bottom MLP 64-d, top MLP 64-1).
 Sharders (each proposes one sharding for 2 ranks; identical proposals are measured once and
 credited to every sharder that made them): `itercast` (workloads/dlrm/sharding.plan_sharding with
 the calibration validation/sharding.py's best block uses, fixed before any measurement:
-cpu_profile_1thread_corun.db with cpu_profile_1thread.db's collectives, PyTorch HTA host defaults),
+cpu_profile_1thread_corun.db with cpu_profile_1thread.db's collectives, host overheads measured on
+this CPU's MLP traces: CPU_HOST_OVERHEADS; seeds 29 and 30 were planned with the PyTorch HTA defaults),
 and TorchRec-style heuristics (SHARDERS below).
 The step is tools/measure_dlrm_sharding.ShardedDLRM (its draws, semantics, warm-up and timing): per
 task every distinct proposal runs in ROUNDS interleaved rounds of WARMUP untimed + ITERATIONS timed
@@ -142,19 +143,28 @@ SHARDERS = {
 }
 
 
+#: host overheads of this CPU measured on another workload's traces (the reference's overheads from other
+#: workloads): the MLP of tools/measure_step_times.py, 1 and 2 gloo ranks of one thread, 90 profiled steps;
+#: T1 15.8 µs over 3,985 gaps (data/measured/README.md has the command: itercast calibrate --host-trace
+#: data/measured/cpu_mlp_*_traced.rank*.trace.json.gz --for-another-workload)
+CPU_HOST_OVERHEADS = ROOT / "data" / "measured" / "cpu_host_overheads_mlp.json"
+
+
 def planner_calibration() -> dict[str, Any]:
     """validation/sharding.py's corun calibration (cpu_profile_1thread_corun.db, its collectives from
-    cpu_profile_1thread.db) with the PyTorch HTA host defaults as its host_overheads section."""
+    cpu_profile_1thread.db) with CPU_HOST_OVERHEADS as its host_overheads section (other trace)."""
+    import json
+
     from sharding import MEASURED, with_families_from
 
-    from itercast.costs.host_overheads import DEFAULT_HOST_OVERHEADS
     from itercast.profile.calibrate import calibrate, merge_calibration
     from itercast.profile.db import ProfileDB
 
     alone = ProfileDB(MEASURED / "cpu_profile_1thread.db", readonly=True)
     db = with_families_from(ProfileDB(MEASURED / "cpu_profile_1thread_corun.db", readonly=True), alone)
     cal = merge_calibration(calibrate(db, db.devices()[-1][0], planner_system()))
-    return {**cal, "host_overheads": DEFAULT_HOST_OVERHEADS.to_dict()}
+    host = json.loads(CPU_HOST_OVERHEADS.read_text())["host_overheads"]
+    return {**cal, "host_overheads": host, "host_overheads_source": str(CPU_HOST_OVERHEADS.relative_to(ROOT))}
 
 
 def planner_system() -> Any:

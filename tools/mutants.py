@@ -546,6 +546,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("../tools/measure_sharding_tasks.py", "t.num_rows * t.embedding_dim * 4 <= SMALL_BYTES",
       "t.num_rows * t.embedding_dim <= SMALL_BYTES", "dp_small sizes tables in elements, not fp32 bytes",
       _t("sharding_tasks")),
+    M(HOST, "around_launch_us = 0.0 if on_host else",
+      'around_launch_us = h.pooled["t2_us"] + h.pooled["t3_us"] if on_host else',
+      "a CPU operator's T2 and T3 charged again on top of its measured time (dispatch counted twice)",
+      _t("dlrm_host", "dlrm_host_cpu")),
+    M(HOST, 'other = calibration.get("host_overheads_source")', "other = None",
+      "host overheads measured on another workload's traces reported as the job's own trace"),
+    M("../tools/measure_sharding_tasks.py", '{**cal, "host_overheads": host, "host_overheads_source"',
+      '{**cal, "host_overheads_source"', "the planner priced with the TorchRec defaults, not this CPU's MLP traces",
+      _t("dlrm_host_cpu")),
 )
 # fmt: on
 

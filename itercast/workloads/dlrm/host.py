@@ -11,8 +11,16 @@ step issues hundreds of small operators, so its host often sets the pace (the PA
 trace: 505 top-level operators per rank, most under 50 µs of GPU time).
 
 Overheads: the calibration's `host_overheads` section when it has one (`itercast calibrate
---host-trace` of the user's own run: "own trace"), else the TorchRec defaults in
+--host-trace` of the user's own run: "own trace"; measured on another workload's traces when the
+calibration names them in `host_overheads_source`: "other trace"), else the TorchRec defaults in
 costs/host_overheads.json (measured on the PARAM DLRM traces: "other trace" for any other job).
+
+On a system whose accelerator is the host (a CPU) an operator's T2 and T3 (its host time before and
+after its kernel) and its kernel run on one thread as one stretch: the operator's measured time
+(profile/microbench.py _time: perf_counter around the call, dispatch included; a trace's operator
+duration) holds them already, so only what lies between operators is added: T1 before each one, and
+the silent operators (T1 and their no-call time). A CPU trace has no runtime calls, so its overheads
+tell no operator apart as silent (silent_per_launching 0): every operator there is a counted one.
 
 Operators per task are counted from the model, one per launching PyTorch operator, as TorchRec and
 PyTorch issue them (each count cites its source below); the operators that launch nothing come on
@@ -86,21 +94,24 @@ def no_overheads() -> HostOverheads:
 def host_model(
     system: SystemConfig, calibration: dict[str, Any] | None, overheads: HostOverheads | None = None
 ) -> HostModel:
-    """`overheads` when given, else the calibration's host_overheads section ("own trace"), else the
-    TorchRec defaults ("other trace"). One launching operator costs T1 + T2 + T4 + T3 and
+    """`overheads` when given, else the calibration's host_overheads section ("own trace", or "other
+    trace" where `host_overheads_source` names the traces it was measured on), else the TorchRec
+    defaults ("other trace"). One launching operator costs T1 + T2 + T4 + T3 and
     `silent_per_launching` × (T1 + no-call time); on a system whose accelerator is the host
-    (gpu.executes_on_host) nothing is launched (no T4) and the host time adds to the compute."""
+    (gpu.executes_on_host) T1 and the silent operators alone (module docstring: T2 and T3 are inside
+    the operator's measured time, nothing is launched) and the host time adds to the compute."""
     if overheads is not None:
         h, source = overheads, "given"
     elif calibration is not None and "host_overheads" in calibration:
-        h, source = HostOverheads.from_dict(calibration["host_overheads"]), "own trace (calibration host_overheads)"
+        h = HostOverheads.from_dict(calibration["host_overheads"])
+        other = calibration.get("host_overheads_source")
+        source = f"other trace: {other}" if other else "own trace (calibration host_overheads)"
     else:
         h, where = default_overheads()
         source = f"other trace: costs/host_overheads.json, {where.split(' (')[0]}"
     on_host = system.gpu.executes_on_host
-    launch_us = 0.0 if on_host else h.t4_us.get(LAUNCH, 0.0)
-    launching = h.t1_us + h.pooled["t2_us"] + launch_us + h.pooled["t3_us"]
-    op_us = launching + silent_per_launching(h) * (h.t1_us + h.pooled["no_call_us"])
+    around_launch_us = 0.0 if on_host else h.pooled["t2_us"] + h.t4_us.get(LAUNCH, 0.0) + h.pooled["t3_us"]
+    op_us = h.t1_us + around_launch_us + silent_per_launching(h) * (h.t1_us + h.pooled["no_call_us"])
     return HostModel(op_us * 1e-6, on_host, source)
 
 
