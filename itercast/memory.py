@@ -7,7 +7,7 @@ parallelism shards them. We sum the same terms component by component so that GQ
 fused attention (no s×s scores kept) change them where they should.
 Conventions (Megatron-LM defaults): 16-bit weights; gradients in plan.grad_reduce_dtype (fp32 by
 default: bf16 runs accumulate and reduce gradients in fp32); fp32 master weights + Adam m, v
-(12 bytes/param) unless training in fp32.
+(12 bytes/param) unless training in fp32 or plan.main_params / adam_state_dtype say otherwise.
 
 One formula serves one job and a whole search: the functions take a PlanTable (numpy columns,
 search/plan_table.py) and `estimate_memory(job)` is the one-row case. The most loaded GPU is on the
@@ -155,7 +155,7 @@ def _activation_bytes(
     tp = t.cols["tp"]
     rc = t.cols["recompute"] if recompute is None else recompute
     rep = np.where(t.cols["sp"] > 0, tp, 1)  # norms, dropout, residual: sharded only with SP
-    dropout = 0 if m.family == "llama" else h  # 1-byte masks, two per layer
+    dropout = h if m.has_dropout else 0  # 1-byte masks, two per layer
     # the MLP input: a dense MLP's fc1 keeps it; in an MoE layer the router keeps it 16-bit and the
     # shared experts' fc1 its own copy under fp8
     mlp_in = (e + (fp8 if f else 0)) * h if moe else gemm_in * h
@@ -175,7 +175,7 @@ def _activation_bytes(
     replicated, sharded = replicated + eager_replicated, sharded + eager_sharded
     # unfused attention keeps, per key, the softmax output and, with attention dropout, its
     # 1-byte mask and output (eq. 1's 5·a·s in 16-bit training with dropout)
-    scores = 0 if t.base.flash_attention else a * m.seq_length * (e + (0 if m.family == "llama" else 1 + e))
+    scores = 0 if t.base.flash_attention else a * m.seq_length * (e + (1 + e if m.has_dropout else 0))
     experts = 0.0
     if moe:
         copies = m.moe_top_k * m.moe_load() / rep
@@ -281,9 +281,11 @@ def state_bytes_per_param(
     base: PlanConfig, zero: np.ndarray | int, shard: np.ndarray | int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bytes per local parameter of weights, gradients and optimizer state on one GPU: 16-bit weights,
-    gradients in plan.grad_bytes, fp32 master + Adam m, v (fp32 training: 4, 4, 8), each divided by
+    gradients in plan.grad_bytes, the optimizer's copy of the weights and Adam m, v
+    (PlanConfig.optimizer_state_bytes: 4 + 8 by default; fp32 training: 4, 4, 8), each divided by
     the `shard` ranks from the ZeRO stage that shards it (3: weights, 2: gradients, 1: optimizer)."""
-    w_b, g_b, o_b = (4, 4, 8) if base.dtype == "fp32" else (2, base.grad_bytes, 12)
+    w_b, g_b = (4, 4) if base.dtype == "fp32" else (2, base.grad_bytes)
+    o_b = base.optimizer_state_bytes
     z = np.asarray(zero)
     # DeepSpeed ZeRO-3 keeps 16-bit gradient partitions whatever the reduction (v0.3.13 stage3.py
     # partition_previous_reduced_grads: grads_in_partition dtype torch.half)

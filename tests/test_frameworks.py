@@ -115,6 +115,8 @@ PLAN = {
     "recompute_every": 1,
     "selective_recompute": "core-attention",
     "zero_stage": 1,
+    "main_params": "fp32",
+    "adam_state_dtype": "fp32",
     "dtype": "bf16",
     "flash_attention": True,
     "grad_bucket_size_params": 40_000_000,
@@ -305,3 +307,21 @@ def test_megatron_launch_settings_name_the_moe_dispatcher_priced():
     assert "  --moe-token-dispatcher-type alltoall \\\n" in mcore
     assert "model.config.moe_token_dispatcher_type=alltoall" in launch_settings("nemo", moe, mixtral)  # type: ignore[arg-type]
     assert "moe-token-dispatcher" not in launch_settings("megatron-core", PLAN, GPT3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("framework", "sets", "message"),
+    [
+        # torch AdamW over FSDP2's fp32 shards: fp32 moments only
+        ("torchtitan", ["plan.adam_state_dtype=bf16"], "torchtitan runs fp32/fp32, the job sets fp32/bf16"),
+        # Megatron-Core's precision-aware optimizer always keeps remainders (no flag turns them off)
+        ("megatron-core", ["plan.main_params=none"], "fp32_remainders/bf16, the job sets none/fp32"),
+    ],
+)
+def test_an_optimizer_state_the_framework_cannot_keep_is_a_one_line_error(framework, sets, message):
+    args = ["search", "--example", "--framework", framework]
+    for item in sets:
+        args += ["--set", item]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and f"plan.main_params/adam_state_dtype: {framework} runs" in result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1

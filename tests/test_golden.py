@@ -80,10 +80,11 @@ def test_one_layer_on_one_gpu_step_time_by_hand():
     gemm_fwd = 2 * T * h * 3 * h + 2 * T * h * h + 2 * 2 * T * h * 4 * h + 2 * T * h * V
     attn_fwd = 4 * 4 * 32 * 32 * 16 / 2
     flops = 3 * gemm_fwd + 3.5 * attn_fwd / FLASH_VS_GEMM  # fused attention: 0.75 of the GEMM rate
-    # Memory-bound bytes forward: 3 norms 2·T·h·e each, residuals 3·T·h·e ×2, GELU 2·T·4h·e,
+    # Memory-bound bytes forward: 3 norms 2·T·h·e each, residuals (dropout's 1-byte mask beside the
+    # three tensors: gpt trains with dropout) T·h·(3e + 1) ×2, GELU 2·T·4h·e,
     # lookup 2·T·h·e, position add 3·T·h·e; backward moves twice as much. Megatron's unfused
     # cross-entropy: 38 bytes a logit forward, 14 backward (test_step_by_hand counts them).
-    mem_fwd = 3 * 2 * T * h * 2 + 2 * 3 * T * h * 2 + 2 * T * 4 * h * 2 + 2 * T * h * 2 + 3 * T * h * 2
+    mem_fwd = 3 * 2 * T * h * 2 + 2 * T * h * (3 * 2 + 1) + 2 * T * 4 * h * 2 + 2 * T * h * 2 + 3 * T * h * 2
     loss = T * V * (38 + 14)
     # Adam: 30 bytes per parameter (fp32 master, grad, m, v read; master, m, v, bf16 copy written)
     params = 12 * h * h + 13 * h + V * h + 32 * h  # layer weights + biases + norms, embedding, positions

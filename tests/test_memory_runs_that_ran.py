@@ -69,3 +69,32 @@ def test_deepspeed_zero3_keeps_16_bit_gradient_partitions_and_fsdp_two_whole_lay
     assert shards == pytest.approx(fsdp.gradients_bytes / 2)  # 2 bytes instead of 4 per parameter
     layer = 12 * h * h + 13 * h  # 805,412,864
     assert fsdp.weights_bytes - ds.weights_bytes == pytest.approx(2 * (2 * layer - 8 * h * h))
+
+
+def test_nemotron4_340b_as_dgxc_benchmarking_ran_it_fits_80_gib():
+    # dgxc-benchmarking v24.11.1 nemotron4-340b-synth.yaml on 128 H100: TP 8, PP 8, VP 12, MBS 1, GBS 32
+    # (dp 2, 16 micro-batches), sequence parallel, no dropout, distributed_fused_adam with optim.dtype bf16
+    # (no copy of the weights, bf16 moments), grad_sync_dtype bf16, selective recompute.
+    # Stage 0 per GPU: 12 layers of (QKV 18432·(96 + 2·8)·192 + projection 18432² + MLP 2·18432·73728)/8
+    # = 431,751,168 plus two LayerNorms (4·18432 = 73,728, whole on every rank), and the embedding
+    # 256000·18432/8 = 589,824,000: P = 12·431,824,896 + 589,824,000 = 5,771,722,752.
+    # States: weights 2P, gradients 2P, optimizer (m, v: 4 bytes) over dp 2: 2P, so 6P = 34,630,336,512.
+    # Activations per token and layer: norm inputs 2·2h, QKV and MLP inputs 2h each (8h / 8 with SP)
+    # + (q 96 + k, v 2·8 heads of 192, 2 bytes; attention output 96·192·2; MLP up and activation
+    # output 2·73728·2) / 8 = 18,432 + 46,848 = 65,280 bytes; 4096 tokens; interleaved 1F1B holds on
+    # rank 0 (pp - 1)·2 + (vp - 1)·pp + 1 = 103 chunks of one layer (Megatron-Core
+    # get_num_warmup_microbatches): 103·65,280·4096 = 27,540,848,640. Reserved 2 GiB.
+    plan = {"tensor_parallel": 8, "pipeline_parallel": 8, "virtual_pipeline": 12, "schedule": "interleaved-1f1b"}
+    plan |= {"micro_batch_size": 1, "global_batch_size": 32, "sequence_parallel": True, "zero_stage": 1}
+    plan |= {"flash_attention": True, "recompute": "selective", "grad_reduce_dtype": "bf16"}
+    plan |= {"main_params": "none", "adam_state_dtype": "bf16"}
+    job = Job.from_dicts({"preset": "nemotron4-340b"}, plan, {"preset": "dgx-h100", "num_nodes": 16})
+    est = estimate_memory(job)
+    p = 5_771_722_752
+    assert est.weights_bytes == pytest.approx(2 * p)
+    assert est.gradients_bytes == pytest.approx(2 * p)
+    assert est.optimizer_bytes == pytest.approx(2 * p)
+    assert est.activations_bytes == pytest.approx(103 * 65_280 * 4096)
+    total = 6 * p + 103 * 65_280 * 4096 + 2 * 2**30  # 64,318,668,800 bytes = 59.9 GiB
+    assert est.total_bytes == pytest.approx(total)
+    assert total < 80 * 2**30

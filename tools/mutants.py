@@ -64,13 +64,29 @@ TESTS = {
         "moe_paths",
         "context_parallel",
         "eager_pointwise",
+        "optimizer_state",
     ),
     "workloads/transformer.py": _t(
-        "golden", "step_by_hand", "bounds_by_hand", "moe", "ops_and_costs", "pipeline", "context_parallel"
+        "golden",
+        "step_by_hand",
+        "bounds_by_hand",
+        "moe",
+        "ops_and_costs",
+        "pipeline",
+        "context_parallel",
+        "optimizer_state",
     ),
     "memory.py": _t(
-        "memory", "memory_by_hand", "memory_moe_by_hand", "memory_runs_that_ran", "golden", "moe", "eager_pointwise"
+        "memory",
+        "memory_by_hand",
+        "memory_moe_by_hand",
+        "memory_runs_that_ran",
+        "golden",
+        "moe",
+        "eager_pointwise",
+        "optimizer_state",
     ),
+    "config/plan.py": _t("optimizer_state", "memory_runs_that_ran"),
     "search/fast_estimate.py": _t("fast_estimate", "bounds_by_hand"),
     "workloads/dlrm/step.py": _t("dlrm", "dlrm_by_hand"),
     "workloads/dlrm/embedding.py": _t("dlrm", "dlrm_by_hand"),
@@ -96,6 +112,7 @@ TESTS = {
 OPS, TF, MEM, FAST = "workloads/transformer_ops.py", "workloads/transformer.py", "memory.py", "search/fast_estimate.py"
 DLRM, COST, TOPO, SCHED = "workloads/dlrm/step.py", "costs/analytic.py", "hardware/topology.py", "parallel/schedules.py"
 EMB, ATT, HOST = "workloads/dlrm/embedding.py", "costs/attention.py", "workloads/dlrm/host.py"
+PLAN = "config/plan.py"
 VAR, TTT, SLICE = "stochastic/variability.py", "stochastic/time_to_train.py", "search/stage_slicing.py"
 M = Mutant
 # fmt: off
@@ -116,7 +133,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(OPS, 'nbytes, "p2p", c - 1)]', 'nbytes, "p2p", c)]', "CP ring of c steps, not c − 1"),
     M(OPS, "2 * T * a * model.value_head_dim * h / t, kn", "2 * T * a * model.value_head_dim * h, kn",
       "attention output projection not split by t"),
-    M(OPS, 'Op("residual_1", "elementwise", 3 * Tsp', 'Op("residual_1", "elementwise", 3 * T', "residual not SP-split"),
+    M(OPS, "residual = Tsp * h * (3 * e", "residual = T * h * (3 * e", "residual not SP-split"),
+    M(OPS, "(3 * e + (1 if model.has_dropout else 0))", "(3 * e)", "residual adds write no dropout mask"),
     M(OPS, 'Op("input_norm", "norm", 2 * Tsp', 'Op("input_norm", "norm", Tsp', "layer norm only reads"),
     M(OPS, "2 * T * h * up * width / t, f_bytes", "2 * T * h * width / t, f_bytes", "SwiGLU up GEMM without the gate"),
     M(OPS, "(3 if model.gated_mlp else 2) * T * width", "2 * T * width", "SwiGLU activation reads one input"),
@@ -212,8 +230,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M(TF, 'return "all_reduce" if job.plan.zero_stage == 0 else "reduce_scatter"', 'return "all_reduce"',
       "ZeRO still all-reduces gradients"),
     M(TF, 'return 4 if job.plan.dtype == "fp32" else 2', "return 2", "fp32 weights gathered as 16-bit"),
-    M(TF, "read = 4 + p.grad_bytes + 8", "read = 4 + 4 + 8", "Adam reads fp32 gradients under bf16 reduction"),
-    M(TF, "write = 12 + (0 if", "write = 12 + (2 if", "fp32 training writes a 16-bit copy too"),
+    M(TF, "copy + rebuilt + p.grad_bytes + moments", "copy + rebuilt + 4 + moments",
+      "Adam reads fp32 gradients under bf16 reduction"),
+    M(TF, "(4 + p.grad_bytes + moments + 4 + moments)", "(4 + p.grad_bytes + moments + 4 + moments + 2)",
+      "fp32 training writes a 16-bit copy too"),
+    M(TF, 'rebuilt = w if p.main_params in ("fp32_remainders", "none") else 0', "rebuilt = 0",
+      "16-bit remainders rebuild fp32 without reading the bf16 weight"),
+    M(TF, "moments = 2 * DTYPE_BYTES[p.adam_state_dtype]", "moments = 8", "bf16 Adam moments moved as fp32"),
     M(TF, "return nbytes / p.tensor_parallel if p.sequence_parallel else nbytes", "return nbytes",
       "pipeline message not divided by t under SP"),
     M(TF, 'return nbytes / p.tensor_parallel if p.pipeline_p2p == "deepspeed" else nbytes', "return nbytes",
@@ -287,7 +310,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M(MEM, "gemm_in * h + mlp_in + 2 * dropout", "gemm_in * h + mlp_in", "dropout masks not kept"),
     M(MEM, 'per_copy = gemm_in * t.cols["etp"] * h +', "per_copy = gemm_in * h +",
       "an expert copy's fc1 input not gathered over the expert-tensor ranks"),
-    M(MEM, "else (2, base.grad_bytes, 12)", "else (2, 4, 12)", "bf16 gradient buffers counted as fp32"),
+    M(MEM, "else (2, base.grad_bytes)", "else (2, 4)", "bf16 gradient buffers counted as fp32"),
+    M(PLAN, '"fp32_remainders": 2, "bf16": 2', '"fp32_remainders": 4, "bf16": 2',
+      "remainders counted as a whole fp32 copy"),
+    M(PLAN, '"bf16": 2, "none": 0}', '"bf16": 4, "none": 0}', "a bf16 copy counted as fp32"),
+    M(PLAN, "self.master_param_bytes + 2 * DTYPE_BYTES[self.adam_state_dtype]", "self.master_param_bytes + 8",
+      "bf16 Adam moments kept as fp32"),
     M(MEM, "w_b / np.where(z >= 3, shard, 1)", "w_b / np.where(z >= 2, shard, 1)", "ZeRO-2 shards weights"),
     M(MEM, "grad_b / np.where(z >= 2, shard, 1)", "grad_b / np.where(z >= 1, shard, 1)", "ZeRO-1 shards gradients"),
     M(MEM, "own + np.where(own < DS_MAX_LIVE_PARAMS, fetched, 0)", "own + fetched",

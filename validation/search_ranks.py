@@ -4,7 +4,7 @@
 
 For each distinct published configuration of ../shared/data/step_times (model, GPU count, global
 batch, dtype; the rows validation/step_times.py reads), the search enumerates every plan of that
-problem that fits (the recipe's shared fields: ZeRO-1-style distributed optimizer, fused attention)
+problem that fits (the recipe's shared fields: fused attention, the row's optimizer and gradient dtype)
 and prices it with the fast path. Printed: the published plan's rank among the fitting plans (1 =
 fastest), its percentile, and how much slower itercast predicts it to be than the plan it ranks
 first. A published plan far from the top means either a better plan exists or the model misjudges
@@ -44,7 +44,9 @@ def rank(row: Row) -> tuple[int, int, float, bool] | None:
     except ConfigError:
         return None
     model, system = job.model, job.system
-    switches = {**SHARED, "tp_comm_overlap": row.plan.get("tp_comm_overlap", False)}  # the source's, for every plan
+    # the source's switches and optimizer, for every plan
+    optimizer = {k: row.plan[k] for k in ("grad_reduce_dtype", "main_params", "adam_state_dtype") if k in row.plan}
+    switches = {**SHARED, "tp_comm_overlap": row.plan.get("tp_comm_overlap", False), **optimizer}
     base = parse_section("plan", {**switches, "dtype": row.plan["dtype"], "global_batch_size": job.plan.gbs})
     table, _ = enumerate_plans(model, system, base, row.gpus, SpaceOptions())  # type: ignore[arg-type]
     fe = FastEstimator(model, system)

@@ -131,6 +131,28 @@ def _plan(tp: int, pp: int, cp: int, vp: int, mbs: int, gbs: int, dtype: str) ->
     }
 
 
+def dgxc_optimizer(preset: str, version: str, dtype: str) -> dict:
+    """Plan fields of the optimizer (and recompute) a dgxc-benchmarking NeMo 1 YAML ran, read from its
+    optim: section at v24.11.1 (35a9aecc), v25.01.1 (e6afea3a) and v25.02 (8f5cbb37) as NeMo v2.0-v2.1
+    (nemo:24.09, 24.12) builds it. llama3.1_{8,70,405}b.yaml, nemotron4-{15,340}b-synth.yaml and
+    gpt3_175b_hydra.yaml: name distributed_fused_adam (Apex DistributedFusedAdam) with grad_sync_dtype bf16;
+    megatron_base_model.py setup_optimization then keeps, with fp32 optimizer state (optim.dtype left out)
+    on bf16 weights, 16-bit remainders of the fp32 params (store_param_remainders), and a full copy
+    (store_params) when the model has fp8_params: configure.sh sets +model.fp8_params=$FP8_ENABLED for
+    llama3.1 and nemotron, gpt3_175b_hydra.yaml sets fp8_params true for every run.
+    nemotron4-340b-synth.yaml also sets optim.dtype bf16 (Adam moments in bf16; the copy, kept only with
+    fp8_params, in bf16; none otherwise) and activations_checkpoint_granularity selective. v25.02's
+    nemotron4-15b-synth.yaml names mcore_distributed_optim without grad_sync_dtype: Megatron-Core's
+    distributed optimizer, fp32 main params, fp32 gradients (megatron_gpt_model.py grad_reduce_in_fp32)."""
+    if preset == "nemotron4-15b" and version == "v25.02":
+        return {"grad_reduce_dtype": "fp32", "main_params": "fp32"}
+    fp8_params = dtype == "fp8" or preset == "gpt3-175b"
+    if preset == "nemotron4-340b":
+        main = "bf16" if fp8_params else "none"
+        return {"grad_reduce_dtype": "bf16", "main_params": main, "adam_state_dtype": "bf16", "recompute": "selective"}
+    return {"grad_reduce_dtype": "bf16", "main_params": "fp32" if fp8_params else "fp32_remainders"}
+
+
 def dgxc_rows(data: Path) -> list[Row]:
     """NVIDIA dgxc-benchmarking: rows whose model_config states TP/PP/CP/VP/MBS/GA."""
     rows, seen = [], set()
@@ -151,6 +173,8 @@ def dgxc_rows(data: Path) -> list[Row]:
         if gbs is None:
             continue
         seq = {"gpt3-175b": 2048}.get(DGXC_MODELS[name])
+        dtype = "fp8" if "FP8" in cfg else "bf16"
+        version = re.search(r"\(\d{4}-\d\d-\d\d (v[\d.]+)\)", r["source"])
         model = {"preset": DGXC_MODELS[name], **({"seq_length": seq} if seq else {})}
         row = Row(
             "dgxc-benchmarking",
@@ -158,7 +182,8 @@ def dgxc_rows(data: Path) -> list[Row]:
             gpus,
             float(r["step_time_s"].replace(" ", "")),
             model,
-            _plan(tp, pp, cp, vp, mbs, max(gbs, 1), "fp8" if "FP8" in cfg else "bf16"),
+            _plan(tp, pp, cp, vp, mbs, max(gbs, 1), dtype)
+            | dgxc_optimizer(DGXC_MODELS[name], version.group(1) if version else "", dtype),
         )
         if dp * tp * pp * cp != gpus:
             row.skipped = (
@@ -208,6 +233,10 @@ def nemo_rows(data: Path) -> list[Row]:
         preset = NEMO_MODELS.get(r["model"])
         label = f"{r['model']} ×{r['GPUs']}"
         plan = _plan(int(r["TP"]), int(r["PP"]), int(r["CP"]), int(r["VP"]), int(r["MBS"]), int(r["GBS"]), "fp8")
+        # NeMo-Framework-Launcher 24.07 conf/training gpt3/175b.yaml, llama/*.yaml: optim distributed_fused_adam
+        # without dtype, grad_sync_dtype or fp8_params: fp32 state and gradient reduction (Apex's default,
+        # the optimizer dtype), 16-bit remainders of the fp32 params (NeMo r2.0.0 setup_optimization)
+        plan["main_params"] = "fp32_remainders"
         row = Row(
             "nemo-24.07",
             label,

@@ -274,6 +274,12 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
+    state = tuple(plan.get(k, PlanConfig.model_fields[k].default) for k in ("main_params", "adam_state_dtype"))
+    if plan.get("dtype", PlanConfig.model_fields["dtype"].default) != "fp32" and state not in fw.optimizer_states:
+        kept = " or ".join(f"{m}/{a}" for m, a in fw.optimizer_states)
+        raise ConfigError(
+            f"plan.main_params/adam_state_dtype: {fw.name} runs {kept}, the job sets {state[0]}/{state[1]}"
+        )
     base = cast(PlanConfig, parse_section("plan", plan, "plan"))
     if base.global_batch_size is None and not options.global_batch_sizes:
         raise ConfigError(

@@ -64,6 +64,12 @@ class ModelConfig(BaseModel):
         description="With sliding_window: layer i (from 0) attends globally when (i + 1) % n == 0 "
         "(Gemma 2 and GPT-OSS: 2; Gemma 3: 6); absent: every layer is windowed.",
     )
+    dropout: bool | None = Field(
+        None,
+        description="Hidden and attention dropout in training: a 1-byte mask per element kept for backward after "
+        "the attention and MLP outputs and, with unfused attention, over the scores. Default: yes for gpt and bert "
+        "(Megatron-LM --hidden-dropout and --attention-dropout 0.1), no for llama.",
+    )
     seq_length: Width = 2048
     vocab_size: Width = 50257
     tie_embeddings: bool | None = Field(None, description="Default: True for gpt/bert, False for llama.")
@@ -246,6 +252,11 @@ class ModelConfig(BaseModel):
     def gated_mlp(self) -> bool:
         """SwiGLU (three weight matrices) for llama; two matrices otherwise."""
         return self.family == "llama"
+
+    @property
+    def has_dropout(self) -> bool:
+        """Whether training applies dropout (`dropout`, else the family's default)."""
+        return self.dropout if self.dropout is not None else self.family != "llama"
 
     @property
     def causal(self) -> bool:

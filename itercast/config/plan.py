@@ -180,6 +180,23 @@ class PlanConfig(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training)."
     )
+    main_params: Literal["fp32", "fp32_remainders", "bf16", "none"] = Field(
+        "fp32",
+        description="16-bit training: the optimizer's own copy of each weight (PlanConfig.master_param_bytes). fp32: "
+        "4 bytes (Megatron-Core's optimizers by default, DeepSpeed, torch AMP). fp32_remainders: the 16 low-order "
+        "bits that rebuild the fp32 value from the bf16 weight, 2 bytes (Transformer Engine FusedAdam "
+        "store_param_remainders under Megatron-Core --use-precision-aware-optimizer, OptimizerConfig default True; "
+        "Apex DistributedFusedAdam store_param_remainders, which NeMo 1's distributed_fused_adam sets with fp32 "
+        "optimizer state and bf16 weights: megatron_base_model.py setup_optimization). bf16: a 16-bit copy, 2 "
+        "bytes (NeMo 1's distributed_fused_adam with optim.dtype bf16 and fp8_params: store_params True). none: the "
+        "optimizer updates the 16-bit weights themselves (NeMo 1's distributed_fused_adam with optim.dtype bf16 "
+        "without fp8_params: store_params False).",
+    )
+    adam_state_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="Adam's first and second moments (Megatron-Core --exp-avg-dtype and --exp-avg-sq-dtype with "
+        "--use-precision-aware-optimizer; NeMo 1's distributed_fused_adam optim.dtype).",
+    )
     overlap_grad_reduce: bool = Field(True, description="Reduce gradients during the last backward.")
     overlap_param_gather: bool = Field(True, description="ZeRO 1–2: gather updated parameters during the next forward.")
     tp_comm_overlap: bool = Field(
@@ -274,6 +291,20 @@ class PlanConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_optimizer_state(self) -> PlanConfig:
+        if self.dtype == "fp32" and self.main_params != "fp32":
+            raise ValueError(
+                "plan.main_params: fp32 training updates its fp32 weights, with no copy beside them (expected fp32); "
+                f"got {self.main_params}"
+            )
+        if self.main_params == "fp32_remainders" and self.dtype == "fp16":
+            raise ValueError(
+                "plan.main_params: fp32_remainders rebuilds fp32 from bf16 weights (their 16 high-order bits), "
+                "so it needs dtype bf16 or fp8 (bf16 weights); got dtype fp16"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_recompute(self) -> PlanConfig:
         if self.recompute_every > 1 and (self.recompute_method != "uniform" or self.recompute_num_layers > 1):
             raise ValueError(
@@ -328,6 +359,19 @@ class PlanConfig(BaseModel):
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def master_param_bytes(self) -> int:
+        """Bytes per parameter of the optimizer's copy of the weights (main_params); 0 in fp32 training,
+        whose weights are the copy."""
+        if self.dtype == "fp32":
+            return 0
+        return {"fp32": 4, "fp32_remainders": 2, "bf16": 2, "none": 0}[self.main_params]
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        """Bytes per parameter of optimizer state: the copy of the weights and Adam's two moments."""
+        return self.master_param_bytes + 2 * DTYPE_BYTES[self.adam_state_dtype]
 
     @property
     def grad_bytes(self) -> int:

@@ -74,6 +74,15 @@ class Framework:
     fp8_weight_casts: tuple[str, ...] = ("per_step",)
     # Transformer Engine's context parallelism (Megatron-Core --cp-comm-type; a2a and a2a+p2p not priced)
     cp_comms: tuple[str, ...] = ("p2p", "all_gather")
+    # (PlanConfig.main_params, adam_state_dtype) its optimizers keep in 16-bit training; Megatron-Core
+    # (optimizer_config.py, arguments.py): fp32 main params and moments, or --use-precision-aware-optimizer,
+    # whose Transformer Engine FusedAdam keeps 16-bit remainders of the fp32 main params
+    # (OptimizerConfig.store_param_remainders, True, no flag) with --exp-avg-dtype/--exp-avg-sq-dtype fp32 or bf16
+    optimizer_states: tuple[tuple[str, str], ...] = (
+        ("fp32", "fp32"),
+        ("fp32_remainders", "fp32"),
+        ("fp32_remainders", "bf16"),
+    )
 
 
 #: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
@@ -194,6 +203,8 @@ FRAMEWORKS: dict[str, Framework] = {
             "moe_token_dispatcher": "torchtitan",
         },
         cross_entropies=("torch_compiled", "torch"),
+        # torch.optim.AdamW over FSDP2's fp32 parameter shards (components/optimizer.py): fp32 moments
+        optimizer_states=(("fp32", "fp32"),),
         fp8_recipes=("tensorwise", "rowwise"),  # torchao float8 has no delayed scaling
         fp8_weight_casts=("per_microbatch",),
         cp_comms=("torch_allgather", "torch_alltoall"),  # context_parallel_rotate_method
@@ -234,6 +245,8 @@ FRAMEWORKS: dict[str, Framework] = {
             "zero3_fetch": "deepspeed",
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
+        # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)
+        optimizer_states=(("fp32", "fp32"),),
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling
         rules=(
             (

@@ -78,6 +78,10 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         out.append(f"--{p['dtype']}")
     if p["grad_reduce_dtype"] == "fp32" and p["dtype"] != "fp32":
         out.append("--accumulate-allreduce-grads-in-fp32")
+    if p["main_params"] == "fp32_remainders":  # TE FusedAdam's remainders: OptimizerConfig's default
+        out.append("--use-precision-aware-optimizer")
+        if p["adam_state_dtype"] == "bf16":
+            out.append("--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")
     if not p["flash_attention"]:
         out.append("--attention-backend unfused")
     if p["cross_entropy"] in ("megatron_fused", "te"):
@@ -124,6 +128,10 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
         f"{s}.ddp.overlap_param_gather={bool(p['overlap_param_gather'] and zero >= 1)}",
         f"{s}.ddp.grad_reduce_in_fp32={p['grad_reduce_dtype'] == 'fp32'}",
     ]
+    if p["main_params"] == "fp32_remainders":
+        out.append("optim.config.use_precision_aware_optimizer=True")
+        if p["adam_state_dtype"] == "bf16":
+            out += ["optim.config.exp_avg_dtype=torch.bfloat16", "optim.config.exp_avg_sq_dtype=torch.bfloat16"]
     if p["tp_comm_overlap"]:
         out.append("MegatronCommOverlapCallback.tp_comm_overlap=True")
     if p["pipeline_parallel"] > 1:  # the callback's own choice, named since the plan was priced by it

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.job import Job
+from itercast.config.plan import DTYPE_BYTES
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import GroupPlacement, place_group, same_node
@@ -55,13 +56,18 @@ def host_launch_split(kernels: int, launch_s: float) -> tuple[float, float]:
 
 def optimizer_step_bytes(job: Job, params: float) -> float:
     """HBM traffic of a fused Adam step over `params` local parameters (apex/TE FusedAdam): read
-    the fp32 master weight, the gradient (plan.grad_bytes) and m, v; write the master weight and
-    m, v; with mixed precision also write the 16-bit copy the next forward uses. Training in fp32:
-    4 + 4 + 8 + 12 = 28 bytes/param; bf16 with fp32 gradients: 4 + 4 + 8 + 12 + 2 = 30."""
+    the optimizer's copy of the weight (plan.master_param_bytes), the gradient (plan.grad_bytes) and
+    m, v (plan.adam_state_dtype); write the copy and m, v; with mixed precision also write the 16-bit
+    weight the next forward uses, which it also reads when the copy is not a whole one (16-bit
+    remainders rebuild fp32 with it; none: it is the copy). Training in fp32: 4 + 4 + 8 + 12 = 28
+    bytes/param; bf16 with fp32 gradients: 4 + 4 + 8 + 12 + 2 = 30."""
     p = job.plan
-    read = 4 + p.grad_bytes + 8
-    write = 12 + (0 if p.dtype == "fp32" else weight_bytes(job))
-    return params * (read + write)
+    moments = 2 * DTYPE_BYTES[p.adam_state_dtype]
+    if p.dtype == "fp32":
+        return params * (4 + p.grad_bytes + moments + 4 + moments)
+    copy, w = p.master_param_bytes, weight_bytes(job)
+    rebuilt = w if p.main_params in ("fp32_remainders", "none") else 0
+    return params * (copy + rebuilt + p.grad_bytes + moments + copy + moments + w)
 
 
 def stage_output_bytes(job: Job) -> float:

@@ -161,7 +161,7 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: 
         Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
         Op(f"{CORE_ATTENTION}.softmax", "norm", 2 * scores * e),
     ]
-    if model.family != "llama":  # attention dropout: read, write, 1-byte mask
+    if model.has_dropout:  # attention dropout: read, write, 1-byte mask
         ops.append(Op(f"{CORE_ATTENTION}.dropout", "elementwise", scores * (2 * e + 1)))
     return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", av)]
 
@@ -522,9 +522,11 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False, windo
     ops.append(Op("attn_proj", "gemm", 2 * T * a * model.value_head_dim * h / t, kn=(a * model.value_head_dim / t, h)))
     ops += _g("attn_out", T * h * e, plan)
     post_attn_norm = _rmsnorm(Op("post_attn_norm", "norm", 2 * Tsp * h * e), Tsp * h, model, plan)
-    ops += [Op("residual_1", "elementwise", 3 * Tsp * h * e), post_attn_norm]
+    # (bias,) dropout and residual add: read two, write one, and with dropout its 1-byte mask
+    residual = Tsp * h * (3 * e + (1 if model.has_dropout else 0))
+    ops += [Op("residual_1", "elementwise", residual), post_attn_norm]
     ops += _moe_block(model, plan, sh) if moe else _mlp("mlp", f, model, plan, sh)
-    ops.append(Op("residual_2", "elementwise", 3 * Tsp * h * e))
+    ops.append(Op("residual_2", "elementwise", residual))
     return _fp8_casts(_tp_overlapped(ops, plan), plan)
 
 
