@@ -280,13 +280,20 @@ def cross_entropy_saved_bytes(plan: PlanConfig) -> int:
 def state_bytes_per_param(
     base: PlanConfig, zero: np.ndarray | int, shard: np.ndarray | int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Bytes per local parameter of weights, gradients and optimizer state on one GPU: 16-bit weights,
-    gradients in plan.grad_bytes, the optimizer's copy of the weights and Adam m, v
-    (PlanConfig.optimizer_state_bytes: 4 + 8 by default; fp32 training: 4, 4, 8), each divided by
-    the `shard` ranks from the ZeRO stage that shards it (3: weights, 2: gradients, 1: optimizer)."""
-    w_b, g_b = (4, 4) if base.dtype == "fp32" else (2, base.grad_bytes)
+    """Bytes per local parameter of weights, gradients and optimizer state on one GPU: weights as
+    kept (PlanConfig.stored_weight_bytes: 16-bit, fp32 in fp32 training), gradients in
+    plan.grad_bytes, the optimizer's copy of the weights and Adam m, v (PlanConfig.optimizer_state_bytes:
+    4 + 8 by default; fp32 training: 4, 4, 8), each divided by the `shard` ranks from the ZeRO stage
+    that shards it (3: weights, 2: gradients, 1: optimizer). fp32 weights of 16-bit training
+    (main_params fp32_weights, torchtitan's FSDP2) are sharded from ZeRO 2 on: FSDP2 shards every
+    parameter, and at ZeRO 2 (reshard_after_forward False) also keeps the 16-bit weights it gathered
+    from the forward until the backward: 16-bit bytes whole beside the fp32 shard."""
+    w_b, g_b = base.stored_weight_bytes, 4 if base.dtype == "fp32" else base.grad_bytes
     o_b = base.optimizer_state_bytes
     z = np.asarray(zero)
+    if base.main_params == "fp32_weights" and base.dtype != "fp32":
+        weights = np.where(z >= 2, w_b / shard, w_b) + np.where(z == 2, base.dtype_bytes, 0)
+        return weights, g_b / np.where(z >= 2, shard, 1), o_b / np.where(z >= 1, shard, 1)
     # DeepSpeed ZeRO-3 keeps 16-bit gradient partitions whatever the reduction (v0.3.13 stage3.py
     # partition_previous_reduced_grads: grads_in_partition dtype torch.half)
     grad_b = np.where((z >= 3) & (base.zero3_fetch == "deepspeed"), min(g_b, base.dtype_bytes), g_b)
@@ -363,7 +370,7 @@ class StageMemory:
         self.per_moe_layer = _activation_bytes(m, t, moe=True) * self.tokens if m.is_moe else 0.0
         self.state = state_bytes_per_param(base, c["zero"], shard)
         self.expert_state = state_bytes_per_param(base, c["zero"], expert_shard)
-        whole_w_b = state_bytes_per_param(base, 0, 1)[0]  # ZeRO-3's gathered layers are whole
+        whole_w_b = base.dtype_bytes  # ZeRO-3's gathered layers: whole, in the compute dtype
         # full recompute: one layer's whole activations live while it is recomputed (any stage)
         no_rc = np.zeros_like(c["zero"])
         whole = _activation_bytes(m, t, no_rc)

@@ -312,8 +312,12 @@ def test_megatron_launch_settings_name_the_moe_dispatcher_priced():
 @pytest.mark.parametrize(
     ("framework", "sets", "message"),
     [
-        # torch AdamW over FSDP2's fp32 shards: fp32 moments only
-        ("torchtitan", ["plan.adam_state_dtype=bf16"], "torchtitan runs fp32/fp32, the job sets fp32/bf16"),
+        # torch AdamW over torchtitan's fp32 weights: fp32 moments only
+        (
+            "torchtitan",
+            ["plan.adam_state_dtype=bf16"],
+            "torchtitan runs fp32_weights/fp32, the job sets fp32_weights/bf16",
+        ),
         # Megatron-Core's precision-aware optimizer always keeps remainders (no flag turns them off)
         ("megatron-core", ["plan.main_params=none"], "fp32_remainders/bf16, the job sets none/fp32"),
     ],

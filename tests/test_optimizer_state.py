@@ -9,6 +9,7 @@ that rebuild fp32 from the bf16 weight; a bf16 copy 2; none 0) and Adam's two mo
 from __future__ import annotations
 
 import pytest
+from helpers import searched_top_plan
 
 from itercast.config.job import Job
 from itercast.errors import ConfigError
@@ -114,3 +115,31 @@ def test_launch_settings_name_the_precision_aware_optimizer():
     assert "optim.config.exp_avg_sq_dtype=torch.bfloat16" in overrides
     default = megatron_core_args(_job().plan.model_dump(), _job().model)
     assert "precision-aware" not in default
+
+
+def test_fsdp2_keeps_fp32_weights_sharded_and_the_optimizer_only_its_moments():
+    # torchtitan: fp32 weights (4 bytes) are the optimizer's, Adam m, v 8; dp 4. P from bf16 weights (2P).
+    p = estimate_memory(_job()).weights_bytes / 2
+    # ZeRO 3 (FSDP2 reshard after forward): fp32 weight shards 4P/4 where Megatron-style states keep
+    # 2P/4; the same two bf16 layers gathered either way; optimizer 8P/4 instead of 12P/4
+    fsdp = estimate_memory(_job(zero_stage=3, main_params="fp32_weights"))
+    mixed = estimate_memory(_job(zero_stage=3))
+    assert fsdp.weights_bytes - mixed.weights_bytes == pytest.approx(2 * p / 4)
+    assert fsdp.optimizer_bytes == pytest.approx(8 * p / 4)
+    assert fsdp.gradients_bytes == mixed.gradients_bytes
+    # ZeRO 2 (reshard_after_forward False): the fp32 shard 4P/4 and the bf16 weights kept whole, 2P
+    assert estimate_memory(_job(zero_stage=2, main_params="fp32_weights")).weights_bytes == pytest.approx(3 * p)
+    # DDP (ZeRO 0): every fp32 weight, 4P, and the moments, 8P
+    ddp = estimate_memory(_job(zero_stage=0, main_params="fp32_weights"))
+    assert (ddp.weights_bytes, ddp.optimizer_bytes) == (pytest.approx(4 * p), pytest.approx(8 * p))
+
+
+def test_fsdp2_adam_step_writes_no_16_bit_copy():
+    # read weight 4, fp32 gradient 4, m, v 8; write weight 4, m, v 8 (FSDP2 casts when it gathers)
+    assert optimizer_step_bytes(_job(main_params="fp32_weights"), 1000) == 1000 * 28
+
+
+@pytest.mark.parametrize(("framework", "main"), [("torchtitan", "fp32_weights"), ("megatron-core", "fp32")])
+def test_each_framework_searches_with_the_weights_it_keeps(framework: str, main: str):
+    # torchtitan trains fp32 parameters cast to bf16 (config/configs.py); Megatron-Core its fp32 main params
+    assert searched_top_plan(framework)["main_params"] == main

@@ -180,7 +180,7 @@ class PlanConfig(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training)."
     )
-    main_params: Literal["fp32", "fp32_remainders", "bf16", "none"] = Field(
+    main_params: Literal["fp32", "fp32_remainders", "bf16", "none", "fp32_weights"] = Field(
         "fp32",
         description="16-bit training: the optimizer's own copy of each weight (PlanConfig.master_param_bytes). fp32: "
         "4 bytes (Megatron-Core's optimizers by default, DeepSpeed, torch AMP). fp32_remainders: the 16 low-order "
@@ -190,7 +190,10 @@ class PlanConfig(BaseModel):
         "optimizer state and bf16 weights: megatron_base_model.py setup_optimization). bf16: a 16-bit copy, 2 "
         "bytes (NeMo 1's distributed_fused_adam with optim.dtype bf16 and fp8_params: store_params True). none: the "
         "optimizer updates the 16-bit weights themselves (NeMo 1's distributed_fused_adam with optim.dtype bf16 "
-        "without fp8_params: store_params False).",
+        "without fp8_params: store_params False). fp32_weights: the weights are kept in fp32 and are the "
+        "optimizer's own, cast to 16 bits for compute: 4 bytes of weight, no copy (torchtitan: training.dtype "
+        "float32 with mixed_precision_param bfloat16, through FSDP2's MixedPrecisionPolicy, whose all-gathers "
+        "move the 16-bit casts, or torch.autocast under DDP; torchtitan/config/configs.py at b5bcd76c).",
     )
     adam_state_dtype: Literal["fp32", "bf16"] = Field(
         "fp32",
@@ -292,10 +295,10 @@ class PlanConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_optimizer_state(self) -> PlanConfig:
-        if self.dtype == "fp32" and self.main_params != "fp32":
+        if self.dtype == "fp32" and self.main_params not in ("fp32", "fp32_weights"):
             raise ValueError(
-                "plan.main_params: fp32 training updates its fp32 weights, with no copy beside them (expected fp32); "
-                f"got {self.main_params}"
+                "plan.main_params: fp32 training updates its fp32 weights, with no copy beside them (expected fp32 "
+                f"or fp32_weights); got {self.main_params}"
             )
         if self.main_params == "fp32_remainders" and self.dtype == "fp16":
             raise ValueError(
@@ -366,7 +369,13 @@ class PlanConfig(BaseModel):
         whose weights are the copy."""
         if self.dtype == "fp32":
             return 0
-        return {"fp32": 4, "fp32_remainders": 2, "bf16": 2, "none": 0}[self.main_params]
+        return {"fp32": 4, "fp32_remainders": 2, "bf16": 2, "none": 0, "fp32_weights": 0}[self.main_params]
+
+    @property
+    def stored_weight_bytes(self) -> int:
+        """Bytes per parameter of a weight as kept between steps: 4 in fp32 training or under
+        main_params fp32_weights, else 2 (16-bit weights, fp8 training's included)."""
+        return 4 if self.dtype == "fp32" or self.main_params == "fp32_weights" else 2
 
     @property
     def optimizer_state_bytes(self) -> int:

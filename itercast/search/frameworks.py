@@ -201,10 +201,14 @@ FRAMEWORKS: dict[str, Framework] = {
             "moe_grouped_gemm": True,
             # distributed/expert_parallel.py ExpertParallel._token_dispatch: its counts' all-to-all and host wait
             "moe_token_dispatcher": "torchtitan",
+            # config/configs.py Training.dtype float32, mixed_precision_param bfloat16: fp32 weights the
+            # optimizer updates, bf16 casts for compute (FSDP2 MixedPrecisionPolicy, or autocast under DDP)
+            "main_params": "fp32_weights",
         },
         cross_entropies=("torch_compiled", "torch"),
-        # torch.optim.AdamW over FSDP2's fp32 parameter shards (components/optimizer.py): fp32 moments
-        optimizer_states=(("fp32", "fp32"),),
+        # fp32 parameters (training.dtype float32) cast to bf16 by FSDP2 or autocast, torch.optim.AdamW's fp32
+        # moments over them (components/optimizer.py)
+        optimizer_states=(("fp32_weights", "fp32"),),
         fp8_recipes=("tensorwise", "rowwise"),  # torchao float8 has no delayed scaling
         fp8_weight_casts=("per_microbatch",),
         cp_comms=("torch_allgather", "torch_alltoall"),  # context_parallel_rotate_method

@@ -63,7 +63,7 @@ def optimizer_step_bytes(job: Job, params: float) -> float:
     bytes/param; bf16 with fp32 gradients: 4 + 4 + 8 + 12 + 2 = 30."""
     p = job.plan
     moments = 2 * DTYPE_BYTES[p.adam_state_dtype]
-    if p.dtype == "fp32":
+    if p.dtype == "fp32" or p.main_params == "fp32_weights":  # the fp32 weight is the copy: no 16-bit write
         return params * (4 + p.grad_bytes + moments + 4 + moments)
     copy, w = p.master_param_bytes, weight_bytes(job)
     rebuilt = w if p.main_params in ("fp32_remainders", "none") else 0
