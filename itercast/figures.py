@@ -149,7 +149,7 @@ SWEEP = tuple(range(8, 129))  # 8..128 DGX A100 nodes (64–1024 GPUs)
 ANY = r"[+−-]?[0-9.]+"
 #: geomean, mean and worst |error| of validation/step_times.py's ALL line and of
 #: validation/published_step_times.py's summary, as the README quotes them and as the scripts print them
-H100_README = r"All 101: geomean \\\|error\\\| {}%, mean {}%, worst {}%"
+H100_README = r"All \d+: geomean \\\|error\\\| {}%, mean {}%, worst {}%"
 H100_LINE = r"ALL\s+configs\s+\d+\s+geomean \|error\|\s+{}%\s+mean\s+{}%\s+worst\s+{}%"
 A100_README = r"8 configurations: geomean \\\|error\\\| {}%, mean {}%, worst {}%"
 A100_LINE = r"configurations: geomean \|error\| {}%, mean {}%, worst {}%"

@@ -8,8 +8,10 @@ Measured: data/measured/cpu_sharding_tasks.csv (tools/measure_sharding_tasks.py:
 drawn with a fixed seed from MLPerf DLRM v2's Criteo 1TB table statistics, rows capped at 1M; per task
 the distinct proposals of itercast's planner and four TorchRec-style heuristics, on this CPU, 2 gloo
 processes of one thread each). The tasks were drawn, and the planner's calibration fixed (validation/
-sharding.py's corun block with the PyTorch HTA host defaults: measure_sharding_tasks.planner_calibration),
-before any of these steps was measured; nothing here is fitted to them.
+sharding.py's corun block with host overheads: measure_sharding_tasks.planner_calibration; seeds 29 and 30
+were planned with the PyTorch HTA defaults, seed 31 with the other-trace overheads of this CPU's MLP traces,
+CPU_HOST_OVERHEADS), before any of these steps was measured; nothing here is fitted to them. The errors and
+the model's pick are priced with today's planner_calibration whatever the seed.
 Per task: the measured fastest proposal (least median step), whether itercast's proposal is it, or
 else whether its steps are significantly slower than the fastest's (one-sided Mann-Whitney U over the
 timed steps, p < 0.05, as validation/sharding.py), and its loss (median over fastest median − 1).
