@@ -131,8 +131,9 @@ def _plan(tp: int, pp: int, cp: int, vp: int, mbs: int, gbs: int, dtype: str) ->
     }
 
 
-def dgxc_optimizer(preset: str, version: str, dtype: str) -> dict:
-    """Plan fields of the optimizer (and recompute) a dgxc-benchmarking NeMo 1 YAML ran, read from its
+def dgxc_settings(preset: str, version: str, dtype: str) -> dict:
+    """Plan fields of the optimizer, recompute and tensor-parallel overlap a dgxc-benchmarking NeMo 1 YAML ran,
+    read from its
     optim: section at v24.11.1 (35a9aecc), v25.01.1 (e6afea3a) and v25.02 (8f5cbb37) as NeMo v2.0-v2.1
     (nemo:24.09, 24.12) builds it. llama3.1_{8,70,405}b.yaml, nemotron4-{15,340}b-synth.yaml and
     gpt3_175b_hydra.yaml: name distributed_fused_adam (Apex DistributedFusedAdam) with grad_sync_dtype bf16;
@@ -143,14 +144,19 @@ def dgxc_optimizer(preset: str, version: str, dtype: str) -> dict:
     nemotron4-340b-synth.yaml also sets optim.dtype bf16 (Adam moments in bf16; the copy, kept only with
     fp8_params, in bf16; none otherwise) and activations_checkpoint_granularity selective. v25.02's
     nemotron4-15b-synth.yaml names mcore_distributed_optim without grad_sync_dtype: Megatron-Core's
-    distributed optimizer, fp32 main params, fp32 gradients (megatron_gpt_model.py grad_reduce_in_fp32)."""
+    distributed optimizer, fp32 main params, fp32 gradients (megatron_gpt_model.py grad_reduce_in_fp32).
+    Tensor-parallel communication overlap (ub_tp_comm_overlap, Transformer Engine userbuffers:
+    plan.tp_comm_overlap): llama3.1_70b/405b.yaml and gpt3_175b_hydra.yaml set it true, llama3.1_8b.yaml
+    false, nemotron/configure.sh sets model.ub_tp_comm_overlap=True for 15B and 340B (the same three versions)."""
+    overlap = {"tp_comm_overlap": preset != "llama3-8b"}
     if preset == "nemotron4-15b" and version == "v25.02":
-        return {"grad_reduce_dtype": "fp32", "main_params": "fp32"}
+        return {"grad_reduce_dtype": "fp32", "main_params": "fp32"} | overlap
     fp8_params = dtype == "fp8" or preset == "gpt3-175b"
     if preset == "nemotron4-340b":
         main = "bf16" if fp8_params else "none"
-        return {"grad_reduce_dtype": "bf16", "main_params": main, "adam_state_dtype": "bf16", "recompute": "selective"}
-    return {"grad_reduce_dtype": "bf16", "main_params": "fp32" if fp8_params else "fp32_remainders"}
+        state = {"grad_reduce_dtype": "bf16", "main_params": main, "adam_state_dtype": "bf16"}
+        return state | {"recompute": "selective"} | overlap
+    return {"grad_reduce_dtype": "bf16", "main_params": "fp32" if fp8_params else "fp32_remainders"} | overlap
 
 
 def dgxc_rows(data: Path) -> list[Row]:
@@ -183,7 +189,7 @@ def dgxc_rows(data: Path) -> list[Row]:
             float(r["step_time_s"].replace(" ", "")),
             model,
             _plan(tp, pp, cp, vp, mbs, max(gbs, 1), dtype)
-            | dgxc_optimizer(DGXC_MODELS[name], version.group(1) if version else "", dtype),
+            | dgxc_settings(DGXC_MODELS[name], version.group(1) if version else "", dtype),
         )
         if dp * tp * pp * cp != gpus:
             row.skipped = (
@@ -219,8 +225,10 @@ def grok_rows(data: Path) -> list[Row]:
             c["global_batch_size"],
             "fp8" if "FP8" in r["dtype"] else "bf16",
         )
-        # grok1_314b.yaml @35a9aecc sets moe_grouped_gemm: False (SequentialMLP, data/published/dgxc_grok1_configs.csv)
+        # grok1_314b.yaml @35a9aecc sets moe_grouped_gemm: False (SequentialMLP, data/published/dgxc_grok1_configs.csv);
+        # grok1/configure.sh (35a9aecc, e6afea3a, 8f5cbb37) overrides model.ub_tp_comm_overlap=true
         plan |= {"expert_parallel": c["expert_parallel"], "grad_reduce_dtype": "bf16", "moe_grouped_gemm": False}
+        plan["tp_comm_overlap"] = c["tensor_parallel"] > 1
         model = {"preset": "grok1-314b", "num_layers": c["num_layers"], "seq_length": c["seq_length"]}
         rows.append(Row("dgxc grok1 (MoE)", f"{r['model_config']} ×{gpus}", gpus, float(r["step_time_s"]), model, plan))
     return rows
@@ -237,6 +245,9 @@ def nemo_rows(data: Path) -> list[Row]:
         # without dtype, grad_sync_dtype or fp8_params: fp32 state and gradient reduction (Apex's default,
         # the optimizer dtype), 16-bit remainders of the fp32 params (NeMo r2.0.0 setup_optimization)
         plan["main_params"] = "fp32_remainders"
+        # its ub_tp_comm_overlap: true in llama2_70b.yaml and llama3_70b.yaml, false in gpt3/175b.yaml and the
+        # 7B/8B/13B llama YAMLs
+        plan["tp_comm_overlap"] = preset in ("llama2-70b", "llama3-70b") and int(r["TP"]) > 1
         row = Row(
             "nemo-24.07",
             label,
