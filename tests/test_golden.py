@@ -52,6 +52,7 @@ SYSTEM = {
         "l2_bytes": 1,
         "kernel_launch_overhead_s": 0.0,
         "reserved_bytes": 0.0,
+        "sm_count": 100,
     },
     "node": {"gpus_per_node": 8, "intra_node_bandwidth_bytes_per_s": LINK, "intra_node_latency_s": 0.0},
     "network": {"nics_per_node": 8, "nic_bandwidth_bytes_per_s": LINK, "latency_s": 0.0},
@@ -147,7 +148,9 @@ def test_tensor_parallel_backward_collectives_hide_behind_their_gemms():
 
 def test_tp_comm_overlap_hides_each_gather_and_scatter_behind_its_gemm():
     # tp 2, SP: forward AG(T·h·e) → qkv, proj → RS, AG → mlp_up, mlp_down → RS; backward each RS's
-    # all-gather beside the row-parallel GEMM's dgrad. Each costs only what outlasts its GEMM.
+    # all-gather beside the row-parallel GEMM's dgrad. Each costs only what outlasts its GEMM. Transformer
+    # Engine's pipeline reduce-scatters (after proj and mlp_down) and bulk overlaps (beside the dgrad and
+    # wgrad of qkv and mlp_up) take 16 of the GPU's 100 SMs: those GEMMs run 100/84 as long.
     j = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True, tp_comm_overlap=True)
     costs, groups = AnalyticCostModel(j.system, "bf16", linear_calibration()), Groups.of(j)
     fwd, bwd = layer_forward(j.model, j.plan), layer_backward(j.model, j.plan)
@@ -166,12 +169,16 @@ def test_tp_comm_overlap_hides_each_gather_and_scatter_behind_its_gemm():
         "mlp_down": 2 * T * h * 4 * h,
     }
     gemm_s = {k: v / 2 / PEAK for k, v in gemm_s.items()}
-    assert pass_cost(fwd, costs, groups).comm_s == pytest.approx(sum(max(0.0, comm_s - g) for g in gemm_s.values()))
-    # backward: the two re-gathers beside the dgrads of qkv and mlp_up, the two input-gradient
-    # scatters beside their wgrads (same FLOPs), the two all-gathers beside the dgrads of attn_proj
-    # and mlp_down. Only attn_proj's GEMM (1.3e-7 s) is shorter than a collective (2.0e-7 s).
+    slow = 100 / 84
+    fwd_gemm = {k: g * (slow if k in ("attn_proj", "mlp_down") else 1) for k, g in gemm_s.items()}
+    assert pass_cost(fwd, costs, groups).comm_s == pytest.approx(sum(max(0.0, comm_s - g) for g in fwd_gemm.values()))
+    # backward: the two re-gathers beside the (slowed) dgrads of qkv and mlp_up, the two input-gradient
+    # scatters beside their (slowed) wgrads (same FLOPs), the two all-gathers beside the dgrads of
+    # attn_proj and mlp_down (ring exchange: all SMs). Only attn_proj's GEMM (1.3e-7 s) is shorter than a
+    # collective (2.0e-7 s).
+    bwd_gemm = {k: g * (slow if k in ("qkv", "mlp_up") else 1) for k, g in gemm_s.items()}
     times = {k: 2 if k in ("qkv", "mlp_up") else 1 for k in gemm_s}
-    backward_exposed = sum(n * max(0.0, comm_s - gemm_s[k]) for k, n in times.items())
+    backward_exposed = sum(n * max(0.0, comm_s - bwd_gemm[k]) for k, n in times.items())
     assert backward_exposed == pytest.approx(comm_s - gemm_s["attn_proj"]) and backward_exposed > 0
     assert pass_cost(bwd, costs, groups).comm_s == pytest.approx(backward_exposed)
     plain = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True)
@@ -314,3 +321,39 @@ def test_fp8_casts_each_gemm_input_and_output_gradient():
     assert not any(o.label == "fp8_cast" for o in head_forward(j.model, j.plan))
     plain = job()
     assert not any(o.label == "fp8_cast" for o in layer_forward(plain.model, plain.plan))
+
+
+def test_userbuffers_take_their_sms_from_the_gemms_they_overlap():
+    # tp 2, SP, one layer, 100 SMs. Forward: proj and mlp_down (pipeline reduce-scatters) lose 16 SMs by
+    # default: compute grows by (g_proj + g_down)·(100/84 − 1); a recipe's cfg of 24 for proj_fprop and 0
+    # for fc2_fprop (set_sm_margin off) grows it by g_proj·(100/76 − 1) only. FLOPs / 2 ranks / PEAK.
+    T, h = 32, 64
+    g_proj, g_down = 2 * T * h * h / 2 / PEAK, 2 * T * h * 4 * h / 2 / PEAK
+    tp = {"tensor_parallel": 2, "data_parallel": 1, "sequence_parallel": True}
+    plain, default = job(**tp), job(**tp, tp_comm_overlap=True)
+    cfg = job(**tp, tp_comm_overlap=True, tp_comm_overlap_sms={"proj_fprop": 24, "fc2_fprop": 0})
+    costs, groups = AnalyticCostModel(plain.system, "bf16", linear_calibration()), Groups.of(plain)
+
+    def compute(j: Job) -> float:
+        return pass_cost(layer_forward(j.model, j.plan), costs, groups).compute_s
+
+    assert compute(default) - compute(plain) == pytest.approx((g_proj + g_down) * (100 / 84 - 1))
+    assert compute(cfg) - compute(plain) == pytest.approx(g_proj * (100 / 76 - 1))
+    # backward: the bulk overlaps slow the dgrad and wgrad of qkv and mlp_up (each as long as its
+    # forward GEMM); the ring-exchange all-gathers beside the dgrads of proj and mlp_down take no SMs
+    g_qkv, g_up = 2 * T * h * 3 * h / 2 / PEAK, 2 * T * h * 4 * h / 2 / PEAK
+
+    def backward(j: Job) -> float:
+        return pass_cost(layer_backward(j.model, j.plan), costs, groups).compute_s
+
+    assert backward(default) - backward(plain) == pytest.approx(2 * (g_qkv + g_up) * (100 / 84 - 1))
+    assert backward(cfg) - backward(plain) == pytest.approx(2 * (g_qkv + g_up) * (100 / 84 - 1))
+    # a GPU without an SM count cannot price a margin: one line naming the field
+    bare = {**SYSTEM, "gpu": {k: v for k, v in SYSTEM["gpu"].items() if k != "sm_count"}}
+    nosm = Job.from_dicts(
+        MODEL, {**tp, "tp_comm_overlap": True}, {**bare, "node": {**SYSTEM["node"], "gpus_per_node": 2}}
+    )
+    with pytest.raises(ConfigError, match=r"needs gpu\.sm_count"):
+        pass_cost(
+            layer_forward(nosm.model, nosm.plan), AnalyticCostModel(nosm.system, "bf16", linear_calibration()), groups
+        )

@@ -45,7 +45,8 @@ def rank(row: Row) -> tuple[int, int, float, bool] | None:
         return None
     model, system = job.model, job.system
     # the source's switches and optimizer, for every plan
-    optimizer = {k: row.plan[k] for k in ("grad_reduce_dtype", "main_params", "adam_state_dtype") if k in row.plan}
+    kept = ("grad_reduce_dtype", "main_params", "adam_state_dtype", "tp_comm_overlap_sms")
+    optimizer = {k: row.plan[k] for k in kept if k in row.plan}
     switches = {**SHARED, "tp_comm_overlap": row.plan.get("tp_comm_overlap", False), **optimizer}
     base = parse_section("plan", {**switches, "dtype": row.plan["dtype"], "global_batch_size": job.plan.gbs})
     table, _ = enumerate_plans(model, system, base, row.gpus, SpaceOptions())  # type: ignore[arg-type]

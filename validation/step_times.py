@@ -131,6 +131,27 @@ def _plan(tp: int, pp: int, cp: int, vp: int, mbs: int, gbs: int, dtype: str) ->
     }
 
 
+#: plan.tp_comm_overlap_sms as Transformer Engine 1.x (nemo:24.07-24.12, Megatron-LM core_r0.8.0) runs a
+#: userbuffers overlap without a cfg: module/base.py initialize_ub get_default_config "set_sm_margin": False
+#: (v1.11-v1.13; a margin by default only from TE 2.1, 544dd14b4): no SMs taken from any GEMM
+TE1_DEFAULT_SMS = dict.fromkeys(("proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"), 0)
+
+
+def _pipeline_sms(proj: int, fc2: int) -> dict[str, int]:
+    """A ub_tp_comm_overlap_cfg whose pipeline reduce-scatters (proj_fprop, fc2_fprop) set set_sm_margin
+    with these num_sm, and whose bulk overlaps do not."""
+    return TE1_DEFAULT_SMS | {"proj_fprop": proj, "fc2_fprop": fc2}
+
+
+#: dgxc-benchmarking's ub_tp_comm_overlap_cfg per model (llama3.1_70b.yaml, llama3.1_405b.yaml,
+#: gpt3_175b_hydra.yaml, the same at v24.11.1, v25.01.1, v25.02); nemotron and grok1 name none (TE 1.x defaults)
+DGXC_OVERLAP_SMS = {
+    "llama3-70b": _pipeline_sms(24, 16),
+    "llama3-405b": _pipeline_sms(24, 8),
+    "gpt3-175b": _pipeline_sms(24, 20),
+}
+
+
 def dgxc_settings(preset: str, version: str, dtype: str) -> dict:
     """Plan fields of the optimizer, recompute and tensor-parallel overlap a dgxc-benchmarking NeMo 1 YAML ran,
     read from its
@@ -148,7 +169,10 @@ def dgxc_settings(preset: str, version: str, dtype: str) -> dict:
     Tensor-parallel communication overlap (ub_tp_comm_overlap, Transformer Engine userbuffers:
     plan.tp_comm_overlap): llama3.1_70b/405b.yaml and gpt3_175b_hydra.yaml set it true, llama3.1_8b.yaml
     false, nemotron/configure.sh sets model.ub_tp_comm_overlap=True for 15B and 340B (the same three versions)."""
-    overlap = {"tp_comm_overlap": preset != "llama3-8b"}
+    overlap = {
+        "tp_comm_overlap": preset != "llama3-8b",
+        "tp_comm_overlap_sms": DGXC_OVERLAP_SMS.get(preset, TE1_DEFAULT_SMS),
+    }
     if preset == "nemotron4-15b" and version == "v25.02":
         return {"grad_reduce_dtype": "fp32", "main_params": "fp32"} | overlap
     fp8_params = dtype == "fp8" or preset == "gpt3-175b"
@@ -229,6 +253,7 @@ def grok_rows(data: Path) -> list[Row]:
         # grok1/configure.sh (35a9aecc, e6afea3a, 8f5cbb37) overrides model.ub_tp_comm_overlap=true
         plan |= {"expert_parallel": c["expert_parallel"], "grad_reduce_dtype": "bf16", "moe_grouped_gemm": False}
         plan["tp_comm_overlap"] = c["tensor_parallel"] > 1
+        plan["tp_comm_overlap_sms"] = TE1_DEFAULT_SMS  # no ub_tp_comm_overlap_cfg
         model = {"preset": "grok1-314b", "num_layers": c["num_layers"], "seq_length": c["seq_length"]}
         rows.append(Row("dgxc grok1 (MoE)", f"{r['model_config']} ×{gpus}", gpus, float(r["step_time_s"]), model, plan))
     return rows
@@ -248,6 +273,8 @@ def nemo_rows(data: Path) -> list[Row]:
         # its ub_tp_comm_overlap: true in llama2_70b.yaml and llama3_70b.yaml, false in gpt3/175b.yaml and the
         # 7B/8B/13B llama YAMLs
         plan["tp_comm_overlap"] = preset in ("llama2-70b", "llama3-70b") and int(r["TP"]) > 1
+        # their tp_overlap@model.ub_tp_comm_overlap_cfg: ub_cfg_h100_h8192_tp4_mbs1_seqlen{4096,8192}.yaml
+        plan["tp_comm_overlap_sms"] = _pipeline_sms(24, 16)
         row = Row(
             "nemo-24.07",
             label,
@@ -284,7 +311,11 @@ def megatron_rows(data: Path) -> list[Row]:
         }
         gbs, gpus = int(r["global_batch_size"]), int(r["GPUs"])
         plan = _plan(int(r["TP"]), int(r["PP"]), 1, 1, 1, gbs, "bf16")
-        plan |= {"tp_comm_overlap": int(r["TP"]) > 1, "grad_reduce_dtype": "bf16"}
+        plan |= {
+            "tp_comm_overlap": int(r["TP"]) > 1,
+            "grad_reduce_dtype": "bf16",
+            "tp_comm_overlap_sms": TE1_DEFAULT_SMS,
+        }
         flops = (
             Job.from_dicts(model, {"tensor_parallel": 1}, {"preset": "dgx-h100"}).model.flops_per_token() * gbs * 4096
         )

@@ -11,6 +11,10 @@ from itercast.config.strict import STRICT, Batch, Layers, Ranks
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
 DType = Literal["fp32", "bf16", "fp16", "fp8"]
+#: Transformer Engine's userbuffers layers whose overlap may reserve SMs (module/base.py initialize_ub)
+TEOverlapLayer = Literal["proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"]
+#: initialize_ub get_default_config: num_sm 16 with set_sm_margin for the pipeline and bulk methods
+TE_OVERLAP_DEFAULT_SMS = 16
 
 #: Bytes of one element of each training dtype. fp8 training keeps bf16 activations and
 #: communication (NVIDIA Transformer Engine casts only GEMM inputs), so it moves 2 bytes.
@@ -206,7 +210,21 @@ class PlanConfig(BaseModel):
         False,
         description="With sequence parallelism, run each tensor-parallel all-gather and reduce-scatter "
         "chunk by chunk beside the GEMM it feeds or follows (Megatron-Core --tp-comm-overlap, "
-        "Transformer Engine userbuffers): it costs only what it takes beyond that GEMM.",
+        "Transformer Engine userbuffers): it costs only what it takes beyond that GEMM, and the GEMMs of "
+        "Transformer Engine's pipeline and bulk overlaps run on the SMs its communication leaves them "
+        "(tp_comm_overlap_sms).",
+    )
+    tp_comm_overlap_sms: dict[TEOverlapLayer, NonNegativeInt] = Field(
+        default_factory=dict,
+        description="With tp_comm_overlap: SMs each Transformer Engine userbuffers overlap takes from the GEMM it "
+        "runs beside (its num_sm where set_sm_margin is true: the GEMM runs on sm_count − num_sm SMs, "
+        "common/comm_gemm_overlap/comm_gemm_overlap.cpp `_math_sms`, TransformerEngine d0067d0), by TE's layer "
+        "names: proj_fprop and fc2_fprop (pipeline reduce-scatter after the row-parallel GEMMs), qkv_dgrad, "
+        "fc1_dgrad (bulk all-gather beside the column-parallel dgrad) and qkv_wgrad, fc1_wgrad (bulk "
+        "reduce-scatter beside their wgrad). A layer left out takes TE's default, 16 (module/base.py "
+        "initialize_ub get_default_config: num_sm 16 with set_sm_margin for pipeline and bulk); 0: no margin "
+        "(a ub_tp_comm_overlap_cfg with set_sm_margin 0, or PyTorch's async TP). The ring-exchange overlaps "
+        "(qkv/fc1 fprop, proj/fc2 dgrad) take none. Not priced: the GEMMs' split into chunks.",
     )
     moe_a2a_overlap: bool = Field(
         False,
@@ -362,6 +380,13 @@ class PlanConfig(BaseModel):
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    def overlap_sms(self, layer: str) -> int:
+        """SMs the userbuffers overlap of TE layer `layer` takes from its GEMM (tp_comm_overlap_sms, TE's
+        default where left out); 0 without tp_comm_overlap."""
+        if not self.tp_comm_overlap:
+            return 0
+        return self.tp_comm_overlap_sms.get(layer, TE_OVERLAP_DEFAULT_SMS)  # type: ignore[call-overload]
 
     @property
     def master_param_bytes(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, model_validator
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from itercast.config.strict import STRICT, Ranks
 
@@ -52,6 +52,11 @@ class GPUSpec(BaseModel):
         False,
         description="The accelerator is the host CPU itself (the cpu-host preset): operators run on the "
         "thread that dispatches them, so host overheads add to the compute instead of overlapping it.",
+    )
+    sm_count: PositiveInt | None = Field(
+        None,
+        description="Streaming multiprocessors (NVIDIA whitepapers): the GEMMs of Transformer Engine's "
+        "tensor-parallel overlaps run on those their communication leaves (PlanConfig.tp_comm_overlap_sms).",
     )
     overlap_compute_slowdown: NonNegativeFloat = Field(
         0.0,

@@ -201,6 +201,11 @@ FRAMEWORKS: dict[str, Framework] = {
             "moe_grouped_gemm": True,
             # distributed/expert_parallel.py ExpertParallel._token_dispatch: its counts' all-to-all and host wait
             "moe_token_dispatcher": "torchtitan",
+            # its async TP (enable_async_tensor_parallel: PyTorch's symmetric-memory micro-pipelined collectives
+            # under torch.compile) sets no SM margin: TE userbuffers' tp_comm_overlap_sms do not apply
+            "tp_comm_overlap_sms": dict.fromkeys(
+                ("proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"), 0
+            ),
             # config/configs.py Training.dtype float32, mixed_precision_param bfloat16: fp32 weights the
             # optimizer updates, bf16 casts for compute (FSDP2 MixedPrecisionPolicy, or autocast under DDP)
             "main_params": "fp32_weights",

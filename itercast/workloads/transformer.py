@@ -24,6 +24,7 @@ import numpy as np
 from itercast.config.job import Job
 from itercast.config.plan import DTYPE_BYTES
 from itercast.costs.analytic import AnalyticCostModel
+from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import GroupPlacement, place_group, same_node
 from itercast.memory import embedding_unit_params, full_recompute_share, stage_params
@@ -401,16 +402,32 @@ def local_optimizer_params(job: Job, groups: Groups, params: Params) -> float:
     return experts / groups.expert_grad.size + rest / groups.grad.size
 
 
+def _sm_share(costs: AnalyticCostModel, margin: int) -> float:
+    """How much longer a GEMM runs on all but `margin` of its GPU's SMs: sm_count / (sm_count − margin)."""
+    if not margin:
+        return 1.0
+    sms = costs.system.gpu.sm_count
+    if sms is None or sms <= margin:
+        raise ConfigError(
+            f"plan.tp_comm_overlap_sms: {costs.system.gpu.name} needs gpu.sm_count above the {margin} SMs its "
+            f"overlap takes (expected an integer > {margin}); got {sms}"
+        )
+    return sms / (sms - margin)
+
+
 def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCost:
     """Seconds of a list of ops run in order on one GPU. A collective that `overlaps` a kernel
-    runs beside it (its own stream) and costs only what it takes beyond that kernel."""
+    runs beside it (its own stream) and costs only what it takes beyond that kernel; one that takes
+    `sm_margin` SMs from it (Transformer Engine's userbuffers) leaves that GEMM sm_count − sm_margin
+    SMs: its time × sm_count / (sm_count − sm_margin)."""
     fam: dict[str, float] = {}
     kernel_s: dict[str, float] = {}
     compute = comm = attention = cp_ring = 0.0
     kernels = 0
+    margins = {op.overlaps: op.sm_margin for op in ops if op.sm_margin and op.overlaps}
     for op in ops:  # kernels first: a collective may hide behind a kernel that runs after it
         if op.family == "gemm":
-            sec = op.count * float(costs.gemm_s(op.amount, op.te))
+            sec = op.count * float(costs.gemm_s(op.amount, op.te)) * _sm_share(costs, margins.get(op.name, 0))
         elif op.family == "attention":
             sec = float(costs.attention_s(op.amount, op.attention))
             attention += sec

@@ -94,6 +94,7 @@ class Op:
     backward_amount: float = -1.0  # a memory-bound op whose backward moves other than twice its bytes
     backward_count: int = 0  # a memory-bound op whose backward launches other than `count` kernels
     attention: AttentionShape | None = None  # a fused attention kernel's shape (its efficiency)
+    sm_margin: int = 0  # a TP collective under tp_comm_overlap: SMs it takes from the GEMM it overlaps
 
     @property
     def te(self) -> bool:
@@ -354,9 +355,28 @@ def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     ]
 
 
+def te_overlap_layer(gemm: str) -> str:
+    """Transformer Engine's userbuffers name of a layer GEMM (qkv, proj, fc1, fc2), "" for others:
+    the column-parallel projections before attention (qkv; MLA's q_proj or q_down), the attention
+    output projection (proj), an MLP's up (fc1) and down (fc2) GEMMs."""
+    base = gemm.split(".")[0]
+    if base in ("qkv", "q_proj", "q_down"):
+        return "qkv"
+    if base == "attn_proj":
+        return "proj"
+    return "fc1" if base.endswith("_up") else "fc2" if base.endswith("_down") else ""
+
+
+def _sm_margin(plan: PlanConfig, gemm: str, use: str) -> int:
+    """SMs the overlap of `gemm`'s `use` (fprop, dgrad, wgrad) takes from it (PlanConfig.overlap_sms)."""
+    layer = te_overlap_layer(gemm)
+    return plan.overlap_sms(f"{layer}_{use}") if layer else 0
+
+
 def _tp_overlapped(ops: list[Op], plan: PlanConfig) -> list[Op]:
-    """With plan.tp_comm_overlap: a tensor-parallel all-gather overlaps the GEMM right after it, a
-    reduce-scatter the GEMM right before it (module docstring)."""
+    """With plan.tp_comm_overlap: a tensor-parallel all-gather overlaps the GEMM right after it
+    (Transformer Engine's ring exchange), a reduce-scatter the GEMM right before it (its pipeline
+    method, which takes PlanConfig.overlap_sms SMs from that GEMM; module docstring)."""
     if not plan.tp_comm_overlap:
         return ops
     out = list(ops)
@@ -365,7 +385,8 @@ def _tp_overlapped(ops: list[Op], plan: PlanConfig) -> list[Op]:
             continue
         j = i + 1 if op.comm_kind == "all_gather" else i - 1 if op.comm_kind == "reduce_scatter" else -1
         if 0 <= j < len(ops) and ops[j].family == "gemm":
-            out[i] = replace(op, overlaps=ops[j].name)
+            margin = _sm_margin(plan, ops[j].name, "fprop") if op.comm_kind == "reduce_scatter" else 0
+            out[i] = replace(op, overlaps=ops[j].name, sm_margin=margin)
     return out
 
 
@@ -867,17 +888,23 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
             dgrad, wgrad = f"{op.name}.dgrad", f"{op.name}.wgrad"
             out += [replace(op, name=dgrad, f_bytes=0.0), replace(op, name=wgrad, f_bytes=0.0)]
             if op.f_bytes and plan.tensor_parallel > 1:
+                # Transformer Engine's bulk overlaps under tp_comm_overlap take SMs from dgrad and wgrad
                 if plan.sequence_parallel:
-                    out.append(Op(f"{op.name}.regather", "tp_comm", op.f_bytes, "all_gather", overlaps=dgrad))
+                    margin = _sm_margin(plan, op.name, "dgrad")
+                    out.append(
+                        Op(f"{op.name}.regather", "tp_comm", op.f_bytes, "all_gather", overlaps=dgrad, sm_margin=margin)
+                    )
                 kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
-                out.append(Op(f"{op.name}.dgrad_{kind}", "tp_comm", op.f_bytes, kind, overlaps=wgrad))
+                margin = _sm_margin(plan, op.name, "wgrad")
+                out.append(Op(f"{op.name}.dgrad_{kind}", "tp_comm", op.f_bytes, kind, overlaps=wgrad, sm_margin=margin))
         elif op.family == "attention":
             shape = op.attention and replace(op.attention, backward=True)
             out.append(replace(Op(f"{op.name}.bwd", "attention", 2.5 * op.amount), attention=shape))
         elif op.family in COMM_FAMILIES:
             if op.backward_comm:  # beside the backward of the kernel it hid behind forward
                 hides = op.overlaps and op.overlaps + (".dgrad" if op.overlaps in gemms else ".bwd")
-                out.append(replace(op, name=f"{op.name}.bwd", comm_kind=op.backward_comm, overlaps=hides))
+                # a reduce-scatter's backward all-gather beside the dgrad: TE's ring exchange, no margin
+                out.append(replace(op, name=f"{op.name}.bwd", comm_kind=op.backward_comm, overlaps=hides, sm_margin=0))
         elif op.family == "cp_comm":
             out += _cp_backward(op, plan)
         else:
