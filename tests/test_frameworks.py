@@ -117,6 +117,7 @@ PLAN = {
     "zero_stage": 1,
     "main_params": "fp32",
     "adam_state_dtype": "fp32",
+    "tp_comm_overlap_sms": {},
     "dtype": "bf16",
     "flash_attention": True,
     "grad_bucket_size_params": 40_000_000,
@@ -329,3 +330,25 @@ def test_an_optimizer_state_the_framework_cannot_keep_is_a_one_line_error(framew
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and f"plan.main_params/adam_state_dtype: {framework} runs" in result.output
     assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_launch_settings_write_the_userbuffers_cfg_priced():
+    # a recipe's cfg: proj_fprop 24 SMs with the margin, qkv_dgrad without; Megatron-LM reads it from
+    # --tp-comm-overlap-cfg (a YAML handed to TE's initialize_ub), NeMo from its callback's cfg
+    plan = {**PLAN, "tp_comm_overlap": True, "tp_comm_overlap_sms": {"proj_fprop": 24, "qkv_dgrad": 0}}
+    args = launch_settings("megatron-core", plan, GPT3)  # type: ignore[arg-type]
+    assert "--tp-comm-overlap-cfg tp_comm_overlap.yaml" in args
+    assert "proj_fprop:\n  num_sm: 24\n  set_sm_margin: true\nqkv_dgrad:\n  set_sm_margin: false" in args
+    nemo = launch_settings("nemo", plan, GPT3).splitlines()  # type: ignore[arg-type]
+    assert "MegatronCommOverlapCallback.tp_comm_overlap_cfg.proj_fprop: num_sm=24,set_sm_margin=True" in nemo
+    assert "--tp-comm-overlap-cfg" not in launch_settings("megatron-core", {**plan, "tp_comm_overlap_sms": {}}, GPT3)  # type: ignore[arg-type]
+
+
+def test_torchtitan_refuses_a_userbuffers_margin(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "model: {preset: llama3-8b}\nsystem: {preset: dgx-h100, num_nodes: 1}\n"
+        "plan: {global_batch_size: 8, tp_comm_overlap_sms: {proj_fprop: 24}}\n"
+    )
+    result = CliRunner().invoke(app, ["search", str(job), "--framework", "torchtitan"])
+    assert result.exit_code == 2 and "torchtitan's async TP takes no SMs" in result.output

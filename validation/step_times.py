@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.config.job import Job
+from itercast.config.plan import TE_OVERLAP_LAYERS
 from itercast.data_paths import read_csv_rows, shared_data_dir
 from itercast.errors import ConfigError
 from itercast.predict import predict
@@ -134,7 +135,7 @@ def _plan(tp: int, pp: int, cp: int, vp: int, mbs: int, gbs: int, dtype: str) ->
 #: plan.tp_comm_overlap_sms as Transformer Engine 1.x (nemo:24.07-24.12, Megatron-LM core_r0.8.0) runs a
 #: userbuffers overlap without a cfg: module/base.py initialize_ub get_default_config "set_sm_margin": False
 #: (v1.11-v1.13; a margin by default only from TE 2.1, 544dd14b4): no SMs taken from any GEMM
-TE1_DEFAULT_SMS = dict.fromkeys(("proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"), 0)
+TE1_DEFAULT_SMS = dict.fromkeys(TE_OVERLAP_LAYERS, 0)
 
 
 def _pipeline_sms(proj: int, fc2: int) -> dict[str, int]:

@@ -52,7 +52,7 @@ from itercast.cli.variability_cmds import (
 )
 from itercast.config.job import parse_section, raw_sections
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig
+from itercast.config.plan import TE_OVERLAP_LAYERS, PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import VARIED
@@ -274,6 +274,12 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
+    taken = {k: v for k, v in (plan.get("tp_comm_overlap_sms") or {}).items() if v}
+    if fw.name == "torchtitan" and (taken or len(plan.get("tp_comm_overlap_sms") or {}) < len(TE_OVERLAP_LAYERS)):
+        raise ConfigError(
+            "plan.tp_comm_overlap_sms: torchtitan's async TP takes no SMs from its GEMMs (expected 0 for "
+            f"{', '.join(TE_OVERLAP_LAYERS)}); the job sets {plan.get('tp_comm_overlap_sms')}"
+        )
     state = tuple(plan.get(k, PlanConfig.model_fields[k].default) for k in ("main_params", "adam_state_dtype"))
     if plan.get("dtype", PlanConfig.model_fields["dtype"].default) != "fp32" and state not in fw.optimizer_states:
         kept = " or ".join(f"{m}/{a}" for m, a in fw.optimizer_states)

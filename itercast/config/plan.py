@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, Field, NonNegativeInt, model_validator
 
@@ -13,6 +13,7 @@ Recompute = Literal["none", "selective", "full"]
 DType = Literal["fp32", "bf16", "fp16", "fp8"]
 #: Transformer Engine's userbuffers layers whose overlap may reserve SMs (module/base.py initialize_ub)
 TEOverlapLayer = Literal["proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"]
+TE_OVERLAP_LAYERS: tuple[str, ...] = get_args(TEOverlapLayer)
 #: initialize_ub get_default_config: num_sm 16 with set_sm_margin for the pipeline and bulk methods
 TE_OVERLAP_DEFAULT_SMS = 16
 

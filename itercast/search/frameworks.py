@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from itercast.config.plan import TORCH_DDP_BUCKET_BYTES
+from itercast.config.plan import TE_OVERLAP_LAYERS, TORCH_DDP_BUCKET_BYTES
 from itercast.errors import ConfigError
 from itercast.parallel.schedules import SCHEDULES
 
@@ -203,9 +203,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "moe_token_dispatcher": "torchtitan",
             # its async TP (enable_async_tensor_parallel: PyTorch's symmetric-memory micro-pipelined collectives
             # under torch.compile) sets no SM margin: TE userbuffers' tp_comm_overlap_sms do not apply
-            "tp_comm_overlap_sms": dict.fromkeys(
-                ("proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"), 0
-            ),
+            "tp_comm_overlap_sms": dict.fromkeys(TE_OVERLAP_LAYERS, 0),
             # config/configs.py Training.dtype float32, mixed_precision_param bfloat16: fp32 weights the
             # optimizer updates, bf16 casts for compute (FSDP2 MixedPrecisionPolicy, or autocast under DDP)
             "main_params": "fp32_weights",

@@ -31,6 +31,15 @@ def _recompute_megatron(p: dict[str, Any]) -> list[str]:
     return ["--recompute-granularity selective"] if p["recompute"] == "selective" else []
 
 
+def _ub_cfg(sms: dict[str, int]) -> list[str]:
+    """plan.tp_comm_overlap_sms as a Transformer Engine userbuffers cfg (initialize_ub ub_cfgs: per layer,
+    the fields that differ from TE's defaults): num_sm with set_sm_margin, or the margin off for 0."""
+    out = []
+    for layer, n in sorted(sms.items()):
+        out += [f"{layer}:", *([f"  num_sm: {n}", "  set_sm_margin: true"] if n else ["  set_sm_margin: false"])]
+    return out
+
+
 def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
     """Megatron-LM pretrain_gpt.py arguments of the plan (flag names from arguments.py)."""
     p = plan
@@ -68,8 +77,11 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         out.append("--overlap-grad-reduce")
     if p["overlap_param_gather"] and zero >= 1:
         out.append("--overlap-param-gather")
+    cfg = _ub_cfg(p["tp_comm_overlap_sms"]) if p["tp_comm_overlap"] else []
     if p["tp_comm_overlap"]:
         out.append("--tp-comm-overlap")
+        if cfg:  # arguments.py --tp-comm-overlap-cfg: a YAML that training.py hands to TE's initialize_ub
+            out.append("--tp-comm-overlap-cfg tp_comm_overlap.yaml")
     if p["grad_bucket_size_params"] is not None:  # else Megatron-Core's own default, which the plan priced
         out.append(f"--ddp-bucket-size {p['grad_bucket_size_params']}")
     if p["dtype"] == "fp8":
@@ -88,7 +100,8 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         out.append("--cross-entropy-loss-fusion")
         if p["cross_entropy"] == "te":
             out.append("--cross-entropy-fusion-impl te")
-    return " \\\n  ".join(out)
+    args = " \\\n  ".join(out)
+    return "\n".join(["# tp_comm_overlap.yaml", *cfg, "# Megatron-LM arguments", args]) if cfg else args
 
 
 def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
@@ -134,6 +147,9 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
             out += ["optim.config.exp_avg_dtype=torch.bfloat16", "optim.config.exp_avg_sq_dtype=torch.bfloat16"]
     if p["tp_comm_overlap"]:
         out.append("MegatronCommOverlapCallback.tp_comm_overlap=True")
+        for layer, n in sorted(p["tp_comm_overlap_sms"].items()):  # its TransformerLayerTPOverlapCfg's fields
+            margin = f"num_sm={n},set_sm_margin=True" if n else "set_sm_margin=False"
+            out.append(f"MegatronCommOverlapCallback.tp_comm_overlap_cfg.{layer}: {margin}")
     if p["pipeline_parallel"] > 1:  # the callback's own choice, named since the plan was priced by it
         interleaved = p["virtual_pipeline"] > 1
         out.append(f"MegatronCommOverlapCallback.overlap_p2p_comm={interleaved}")
