@@ -291,17 +291,12 @@ def state_bytes_per_param(
     w_b, g_b = base.stored_weight_bytes, 4 if base.dtype == "fp32" else base.grad_bytes
     o_b = base.optimizer_state_bytes
     z = np.asarray(zero)
-    if base.main_params == "fp32_weights" and base.dtype != "fp32":
-        weights = np.where(z >= 2, w_b / shard, w_b) + np.where(z == 2, base.dtype_bytes, 0)
-        return weights, g_b / np.where(z >= 2, shard, 1), o_b / np.where(z >= 1, shard, 1)
+    fsdp2 = base.main_params == "fp32_weights" and base.dtype != "fp32"
+    weights = w_b / np.where(z >= (2 if fsdp2 else 3), shard, 1) + np.where(fsdp2 & (z == 2), base.dtype_bytes, 0)
     # DeepSpeed ZeRO-3 keeps 16-bit gradient partitions whatever the reduction (v0.3.13 stage3.py
     # partition_previous_reduced_grads: grads_in_partition dtype torch.half)
     grad_b = np.where((z >= 3) & (base.zero3_fetch == "deepspeed"), min(g_b, base.dtype_bytes), g_b)
-    return (
-        w_b / np.where(z >= 3, shard, 1),
-        grad_b / np.where(z >= 2, shard, 1),
-        o_b / np.where(z >= 1, shard, 1),
-    )
+    return weights, grad_b / np.where(z >= 2, shard, 1), o_b / np.where(z >= 1, shard, 1)
 
 
 #: DeepSpeed ZeRO-3 defaults (deepspeed/runtime/zero/constants.py at v0.3.13, 12a53b4, March 2021):
