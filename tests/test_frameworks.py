@@ -118,6 +118,7 @@ PLAN = {
     "main_params": "fp32",
     "adam_state_dtype": "fp32",
     "tp_comm_overlap_sms": {},
+    "tp_comm_overlap_rs": "pipeline",
     "dtype": "bf16",
     "flash_attention": True,
     "grad_bucket_size_params": 40_000_000,
@@ -342,6 +343,16 @@ def test_launch_settings_write_the_userbuffers_cfg_priced():
     nemo = launch_settings("nemo", plan, GPT3).splitlines()  # type: ignore[arg-type]
     assert "MegatronCommOverlapCallback.tp_comm_overlap_cfg.proj_fprop: num_sm=24,set_sm_margin=True" in nemo
     assert "--tp-comm-overlap-cfg" not in launch_settings("megatron-core", {**plan, "tp_comm_overlap_sms": {}}, GPT3)  # type: ignore[arg-type]
+    # Megatron-Bridge's FP8 H100 cfgs: the reduce-scatters after proj and fc2 by ring exchange, 1 SM with margin
+    ring = {**plan, "tp_comm_overlap_sms": {"proj_fprop": 1}, "tp_comm_overlap_rs": "ring_exchange"}
+    args = launch_settings("megatron-core", ring, GPT3)  # type: ignore[arg-type]
+    assert "fc2_fprop:\n  method: ring_exchange\nproj_fprop:\n  method: ring_exchange\n  num_sm: 1\n" in args
+    nemo = launch_settings("nemo", ring, GPT3).splitlines()  # type: ignore[arg-type]
+    assert "MegatronCommOverlapCallback.tp_comm_overlap_cfg.fc2_fprop: method=ring_exchange" in nemo
+    assert (
+        "MegatronCommOverlapCallback.tp_comm_overlap_cfg.proj_fprop: method=ring_exchange,num_sm=1,set_sm_margin=True"
+        in nemo
+    )
 
 
 def test_torchtitan_refuses_a_userbuffers_margin(tmp_path):
@@ -352,3 +363,10 @@ def test_torchtitan_refuses_a_userbuffers_margin(tmp_path):
     )
     result = CliRunner().invoke(app, ["search", str(job), "--framework", "torchtitan"])
     assert result.exit_code == 2 and "torchtitan's async TP takes no SMs" in result.output
+    # PyTorch's async TP reduce-scatters by sending each chunk to the rank that sums it: no pipeline method
+    job.write_text(job.read_text().replace("tp_comm_overlap_sms: {proj_fprop: 24}", "tp_comm_overlap_rs: pipeline"))
+    result = CliRunner().invoke(app, ["search", str(job), "--framework", "torchtitan"])
+    assert result.exit_code == 2
+    assert (
+        result.output.strip() == "error: plan.tp_comm_overlap_rs: torchtitan runs ring_exchange, the job sets pipeline"
+    )

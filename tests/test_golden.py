@@ -148,20 +148,25 @@ def test_tensor_parallel_backward_collectives_hide_behind_their_gemms():
 
 def test_tp_comm_overlap_hides_each_gather_and_scatter_behind_its_gemm():
     # tp 2, SP: forward AG(T·h·e) → qkv, proj → RS, AG → mlp_up, mlp_down → RS; backward each RS's
-    # all-gather beside the row-parallel GEMM's dgrad. Each costs only what outlasts its GEMM. Transformer
-    # Engine's pipeline reduce-scatters (after proj and mlp_down) and bulk overlaps (beside the dgrad and
-    # wgrad of qkv and mlp_up) take 16 of the GPU's 100 SMs: those GEMMs run 100/84 as long.
+    # all-gather beside the row-parallel GEMM's dgrad. Transformer Engine's pipeline reduce-scatters (after
+    # proj and mlp_down) and bulk overlaps (beside the dgrad and wgrad of qkv and mlp_up) take 16 of the
+    # GPU's 100 SMs: those GEMMs run 100/84 as long. The ring exchanges (the all-gathers) split their GEMM
+    # in tp = 2 chunks and send one chunk of T·h·e / 2 per step beside the other chunk's GEMM: 1 step; the
+    # pipeline splits its GEMM in 4 (TE's default num_splits) and reduce-scatters each quarter beside the
+    # next quarter's GEMM, the last quarter after the last GEMM: 3 steps plus one quarter exposed.
     j = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True, tp_comm_overlap=True)
     costs, groups = AnalyticCostModel(j.system, "bf16", linear_calibration()), Groups.of(j)
     fwd, bwd = layer_forward(j.model, j.plan), layer_backward(j.model, j.plan)
-    assert [(o.comm_kind, o.overlaps) for o in fwd if o.family == "tp_comm"] == [
-        ("all_gather", "qkv"),
-        ("reduce_scatter", "attn_proj"),
-        ("all_gather", "mlp_up"),
-        ("reduce_scatter", "mlp_down"),
+    assert [(o.comm_kind, o.overlaps, o.chunked) for o in fwd if o.family == "tp_comm"] == [
+        ("all_gather", "qkv", "ring_exchange"),
+        ("reduce_scatter", "attn_proj", "pipeline"),
+        ("all_gather", "mlp_up", "ring_exchange"),
+        ("reduce_scatter", "mlp_down", "pipeline"),
     ]
     T, h = 32, 64
-    comm_s = (2 - 1) / 2 * T * h * 2 / LINK  # each gather or scatter of the T·h·e activations
+    comm_s = (2 - 1) / 2 * T * h * 2 / LINK  # each whole gather or scatter of the T·h·e activations: 2.048e-7 s
+    ring_step_s = T * h * 2 / 2 / LINK  # one of the 2 chunks to the neighbour: 2.048e-7 s
+    quarter_rs_s = (2 - 1) / 2 * T * h * 2 / 4 / LINK  # a reduce-scatter of a quarter: 5.12e-8 s
     gemm_s = {
         "qkv": 2 * T * h * 3 * h,
         "attn_proj": 2 * T * h * h,
@@ -170,21 +175,65 @@ def test_tp_comm_overlap_hides_each_gather_and_scatter_behind_its_gemm():
     }
     gemm_s = {k: v / 2 / PEAK for k, v in gemm_s.items()}
     slow = 100 / 84
-    fwd_gemm = {k: g * (slow if k in ("attn_proj", "mlp_down") else 1) for k, g in gemm_s.items()}
-    assert pass_cost(fwd, costs, groups).comm_s == pytest.approx(sum(max(0.0, comm_s - g) for g in fwd_gemm.values()))
-    # backward: the two re-gathers beside the (slowed) dgrads of qkv and mlp_up, the two input-gradient
-    # scatters beside their (slowed) wgrads (same FLOPs), the two all-gathers beside the dgrads of
-    # attn_proj and mlp_down (ring exchange: all SMs). Only attn_proj's GEMM (1.3e-7 s) is shorter than a
-    # collective (2.0e-7 s).
-    bwd_gemm = {k: g * (slow if k in ("qkv", "mlp_up") else 1) for k, g in gemm_s.items()}
-    times = {k: 2 if k in ("qkv", "mlp_up") else 1 for k in gemm_s}
-    backward_exposed = sum(n * max(0.0, comm_s - bwd_gemm[k]) for k, n in times.items())
-    assert backward_exposed == pytest.approx(comm_s - gemm_s["attn_proj"]) and backward_exposed > 0
+    forward_exposed = (
+        max(0.0, ring_step_s - gemm_s["qkv"] / 2)  # 8.2e-9 s
+        + 3 * max(0.0, quarter_rs_s - gemm_s["attn_proj"] * slow / 4)
+        + quarter_rs_s
+        + max(0.0, ring_step_s - gemm_s["mlp_up"] / 2)  # 0
+        + 3 * max(0.0, quarter_rs_s - gemm_s["mlp_down"] * slow / 4)  # 0
+        + quarter_rs_s
+    )
+    assert forward_exposed == pytest.approx(2.048e-7 - 1.96608e-7 + 3 * (5.12e-8 - 1.31072e-7 * slow / 4) + 2 * 5.12e-8)
+    assert pass_cost(fwd, costs, groups).comm_s == pytest.approx(forward_exposed)
+    # backward: the two re-gathers beside the (slowed) dgrads of qkv and mlp_up and the two input-gradient
+    # scatters beside their (slowed) wgrads (same FLOPs) are bulk: each only its excess over the whole GEMM,
+    # none here. The all-gathers beside the dgrads of attn_proj and mlp_down are ring exchanges on all SMs:
+    # attn_proj's half (6.6e-8 s) is shorter than one step (2.0e-7 s).
+    bulk = {k: g * slow for k, g in gemm_s.items() if k in ("qkv", "mlp_up")}
+    assert all(comm_s < g for g in bulk.values())
+    backward_exposed = max(0.0, ring_step_s - gemm_s["attn_proj"] / 2) + max(0.0, ring_step_s - gemm_s["mlp_down"] / 2)
+    assert backward_exposed == pytest.approx(2.048e-7 - 6.5536e-8)
     assert pass_cost(bwd, costs, groups).comm_s == pytest.approx(backward_exposed)
     plain = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True)
     assert pass_cost(layer_forward(plain.model, plain.plan), costs, groups).comm_s == pytest.approx(4 * comm_s)
     with pytest.raises(ConfigError, match="tp_comm_overlap needs sequence_parallel with tensor_parallel > 1"):
         job(tensor_parallel=2, data_parallel=1, tp_comm_overlap=True)
+
+
+def test_tp_comm_overlap_chunks_launch_more_gemms_and_ring_reduce_scatter_sums_the_chunks():
+    # No SM margins. Each GEMM a chunked overlap splits runs as n GEMMs: with 1 µs of latency per GEMM,
+    # the forward's qkv and mlp_up (ring exchange, tp = 2) and attn_proj and mlp_down (pipeline, 4) launch
+    # 2 + 4 + 2 + 4 = 12 GEMMs instead of 4, 8 µs more. With tp_comm_overlap_rs ring_exchange the
+    # reduce-scatters split in 2 too: 1 step beside the other half's GEMM, then one kernel reads the 2
+    # halves received (T·h·e bytes) and writes one (T·h·e / 2) at HBM speed.
+    zero = {k: 0 for k in ("proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")}
+    plan = {"tensor_parallel": 2, "sequence_parallel": True, "tp_comm_overlap_sms": zero}
+    overlapped, plain = job(tp_comm_overlap=True, **plan), job(**plan)
+    calibration = linear_calibration()
+    calibration["gemm"]["bf16"] = flat(alpha_s=1e-6)
+    costs, groups = AnalyticCostModel(overlapped.system, "bf16", calibration), Groups.of(overlapped)
+    chunked = pass_cost(layer_forward(overlapped.model, overlapped.plan), costs, groups)
+    whole = pass_cost(layer_forward(plain.model, plain.plan), costs, groups)
+    assert chunked.kernels - whole.kernels == 8
+    assert chunked.compute_s - whole.compute_s == pytest.approx(8e-6)
+    ring = job(tp_comm_overlap=True, tp_comm_overlap_rs="ring_exchange", **plan)
+    fwd = layer_forward(ring.model, ring.plan)
+    assert [o.chunked for o in fwd if o.family == "tp_comm"] == ["ring_exchange"] * 4
+    T, h = 32, 64
+    step_s = T * h * 2 / 2 / LINK  # 2.048e-7 s
+    half_gemm = {"qkv": 2 * T * h * 3 * h / 2 / PEAK / 2 + 1e-6, "attn_proj": 2 * T * h * h / 2 / PEAK / 2 + 1e-6}
+    half_gemm |= {
+        "mlp_up": 2 * T * h * 4 * h / 2 / PEAK / 2 + 1e-6,
+        "mlp_down": 2 * T * h * 4 * h / 2 / PEAK / 2 + 1e-6,
+    }
+    assert all(g > step_s for g in half_gemm.values())  # every step hides behind 1 µs of GEMM latency
+    reduce_s = (T * h * 2 + T * h * 2 / 2) / HBM  # 6.144e-8 s after each reduce-scatter
+    assert pass_cost(fwd, costs, groups).comm_s == pytest.approx(2 * reduce_s)
+    linear = linear_calibration()  # without latency attn_proj's half (6.6e-8 s) is shorter than a step
+    exposed = (
+        (step_s - 2 * T * h * h / 2 / PEAK / 2) + 2 * reduce_s + max(0.0, step_s - 2 * T * h * 3 * h / 2 / PEAK / 2)
+    )
+    assert pass_cost(fwd, AnalyticCostModel(ring.system, "bf16", linear), groups).comm_s == pytest.approx(exposed)
 
 
 def test_context_parallel_ring_exposes_what_attention_does_not_hide():

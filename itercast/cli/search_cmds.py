@@ -268,6 +268,7 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     # what the framework runs, checked before the plan's own rules (they would name its fields first)
     plan = {**shared, **fixed}
     kernels: list[tuple[str, tuple[str, ...]]] = [("cross_entropy", fw.cross_entropies), ("cp_comm", fw.cp_comms)]
+    kernels.append(("tp_comm_overlap_rs", fw.tp_comm_overlap_rs))
     if plan.get("dtype") == "fp8":
         kernels += [("fp8_recipe", fw.fp8_recipes), ("fp8_weight_cast", fw.fp8_weight_casts)]
     for name, runs in kernels:

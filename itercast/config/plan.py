@@ -16,6 +16,9 @@ TEOverlapLayer = Literal["proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "f
 TE_OVERLAP_LAYERS: tuple[str, ...] = get_args(TEOverlapLayer)
 #: initialize_ub get_default_config: num_sm 16 with set_sm_margin for the pipeline and bulk methods
 TE_OVERLAP_DEFAULT_SMS = 16
+#: initialize_ub get_default_config: the pipeline method splits its GEMM into 4 (num_splits; every pipeline cfg
+#: of dgxc-benchmarking's and Megatron-Bridge's comm_overlap.py sets 4 too); ring exchange into tensor_parallel
+TE_PIPELINE_SPLITS = 4
 
 #: Bytes of one element of each training dtype. fp8 training keeps bf16 activations and
 #: communication (NVIDIA Transformer Engine casts only GEMM inputs), so it moves 2 bytes.
@@ -225,7 +228,19 @@ class PlanConfig(BaseModel):
         "reduce-scatter beside their wgrad). A layer left out takes TE's default, 16 (module/base.py "
         "initialize_ub get_default_config: num_sm 16 with set_sm_margin for pipeline and bulk); 0: no margin "
         "(a ub_tp_comm_overlap_cfg with set_sm_margin 0, or PyTorch's async TP). The ring-exchange overlaps "
-        "(qkv/fc1 fprop, proj/fc2 dgrad) take none. Not priced: the GEMMs' split into chunks.",
+        "(qkv/fc1 fprop, proj/fc2 dgrad) take none.",
+    )
+    tp_comm_overlap_rs: Literal["pipeline", "ring_exchange"] = Field(
+        "pipeline",
+        description="With tp_comm_overlap: how the reduce-scatter after the row-parallel GEMMs (proj_fprop, "
+        "fc2_fprop) runs beside them (Transformer Engine's userbuffers method, common/comm_gemm_overlap/"
+        "comm_gemm_overlap.cpp, TransformerEngine d0067d0). pipeline (TE's default): the GEMM in "
+        f"{TE_PIPELINE_SPLITS} chunks, each chunk's reduce-scatter beside the next chunk's GEMM, the last one "
+        "after it (CommOverlapBase::split_overlap_rs). ring_exchange (Megatron-Bridge's FP8 H100 cfgs; PyTorch's "
+        "async TP, torch/distributed/_symmetric_memory _pipelined_produce_and_all2all): the GEMM in "
+        "tensor_parallel chunks, each sent to the rank that reduces it beside the next, then one kernel sums "
+        "the chunks received (CommOverlapP2PBase::split_overlap_rs). The all-gathers before qkv and fc1 and "
+        "beside the proj and fc2 data-gradient GEMMs run as a ring exchange of tensor_parallel chunks in both.",
     )
     moe_a2a_overlap: bool = Field(
         False,

@@ -78,6 +78,8 @@ class Framework:
     # (optimizer_config.py, arguments.py): fp32 main params and moments, or --use-precision-aware-optimizer,
     # whose Transformer Engine FusedAdam keeps 16-bit remainders of the fp32 main params
     # (OptimizerConfig.store_param_remainders, True, no flag) with --exp-avg-dtype/--exp-avg-sq-dtype fp32 or bf16
+    # PlanConfig.tp_comm_overlap_rs: Transformer Engine's userbuffers run either (initialize_ub method)
+    tp_comm_overlap_rs: tuple[str, ...] = ("pipeline", "ring_exchange")
     optimizer_states: tuple[tuple[str, str], ...] = (
         ("fp32", "fp32"),
         ("fp32_remainders", "fp32"),
@@ -204,6 +206,9 @@ FRAMEWORKS: dict[str, Framework] = {
             # its async TP (enable_async_tensor_parallel: PyTorch's symmetric-memory micro-pipelined collectives
             # under torch.compile) sets no SM margin: TE userbuffers' tp_comm_overlap_sms do not apply
             "tp_comm_overlap_sms": dict.fromkeys(TE_OVERLAP_LAYERS, 0),
+            # and splits each GEMM before a reduce-scatter in tp chunks, each sent to the rank that sums it
+            # (torch/distributed/_symmetric_memory _pipelined_produce_and_all2all, torch 2.13)
+            "tp_comm_overlap_rs": "ring_exchange",
             # config/configs.py Training.dtype float32, mixed_precision_param bfloat16: fp32 weights the
             # optimizer updates, bf16 casts for compute (FSDP2 MixedPrecisionPolicy, or autocast under DDP)
             "main_params": "fp32_weights",
@@ -215,6 +220,7 @@ FRAMEWORKS: dict[str, Framework] = {
         fp8_recipes=("tensorwise", "rowwise"),  # torchao float8 has no delayed scaling
         fp8_weight_casts=("per_microbatch",),
         cp_comms=("torch_allgather", "torch_alltoall"),  # context_parallel_rotate_method
+        tp_comm_overlap_rs=("ring_exchange",),
         rules=(
             (
                 "torchtitan: FSDP2 (zero 2-3) over dp_shard, DDP (zero 0) only as 1-D parallelism, no ZeRO-1 "

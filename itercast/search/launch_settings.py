@@ -31,12 +31,25 @@ def _recompute_megatron(p: dict[str, Any]) -> list[str]:
     return ["--recompute-granularity selective"] if p["recompute"] == "selective" else []
 
 
-def _ub_cfg(sms: dict[str, int]) -> list[str]:
-    """plan.tp_comm_overlap_sms as a Transformer Engine userbuffers cfg (initialize_ub ub_cfgs: per layer,
-    the fields that differ from TE's defaults): num_sm with set_sm_margin, or the margin off for 0."""
+def _ub_fields(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per Transformer Engine layer, the userbuffers cfg fields the plan priced that differ from TE's defaults
+    (initialize_ub ub_cfgs, module/base.py): num_sm with set_sm_margin, or the margin off for 0
+    (plan.tp_comm_overlap_sms), and the ring-exchange reduce-scatter after proj and fc2 (plan.tp_comm_overlap_rs)."""
+    fields = {
+        k: {"num_sm": n, "set_sm_margin": True} if n else {"set_sm_margin": False}
+        for k, n in p["tp_comm_overlap_sms"].items()
+    }
+    if p["tp_comm_overlap_rs"] == "ring_exchange":
+        for layer in ("proj_fprop", "fc2_fprop"):
+            fields[layer] = {"method": "ring_exchange", **fields.get(layer, {})}
+    return fields
+
+
+def _ub_cfg(fields: dict[str, dict[str, Any]]) -> list[str]:
+    """_ub_fields as the YAML Megatron-LM's --tp-comm-overlap-cfg hands to TE's initialize_ub."""
     out = []
-    for layer, n in sorted(sms.items()):
-        out += [f"{layer}:", *([f"  num_sm: {n}", "  set_sm_margin: true"] if n else ["  set_sm_margin: false"])]
+    for layer, values in sorted(fields.items()):
+        out += [f"{layer}:", *(f"  {k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items())]
     return out
 
 
@@ -77,7 +90,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         out.append("--overlap-grad-reduce")
     if p["overlap_param_gather"] and zero >= 1:
         out.append("--overlap-param-gather")
-    cfg = _ub_cfg(p["tp_comm_overlap_sms"]) if p["tp_comm_overlap"] else []
+    cfg = _ub_cfg(_ub_fields(p)) if p["tp_comm_overlap"] else []
     if p["tp_comm_overlap"]:
         out.append("--tp-comm-overlap")
         if cfg:  # arguments.py --tp-comm-overlap-cfg: a YAML that training.py hands to TE's initialize_ub
@@ -147,9 +160,9 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
             out += ["optim.config.exp_avg_dtype=torch.bfloat16", "optim.config.exp_avg_sq_dtype=torch.bfloat16"]
     if p["tp_comm_overlap"]:
         out.append("MegatronCommOverlapCallback.tp_comm_overlap=True")
-        for layer, n in sorted(p["tp_comm_overlap_sms"].items()):  # its TransformerLayerTPOverlapCfg's fields
-            margin = f"num_sm={n},set_sm_margin=True" if n else "set_sm_margin=False"
-            out.append(f"MegatronCommOverlapCallback.tp_comm_overlap_cfg.{layer}: {margin}")
+        for layer, values in sorted(_ub_fields(p).items()):  # its TransformerLayerTPOverlapCfg's fields
+            fields = ",".join(f"{k}={v}" for k, v in values.items())
+            out.append(f"MegatronCommOverlapCallback.tp_comm_overlap_cfg.{layer}: {fields}")
     if p["pipeline_parallel"] > 1:  # the callback's own choice, named since the plan was priced by it
         interleaved = p["virtual_pipeline"] > 1
         out.append(f"MegatronCommOverlapCallback.overlap_p2p_comm={interleaved}")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.job import Job
-from itercast.config.plan import DTYPE_BYTES
+from itercast.config.plan import DTYPE_BYTES, TE_PIPELINE_SPLITS
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
@@ -415,19 +415,48 @@ def _sm_share(costs: AnalyticCostModel, margin: int) -> float:
     return sms / (sms - margin)
 
 
+def _chunks(op: Op, groups: Groups) -> int:
+    """GEMM chunks of a tensor-parallel overlap that splits its GEMM (Op.chunked): the group's size for a
+    ring exchange, TE_PIPELINE_SPLITS for the pipeline method (PlanConfig.tp_comm_overlap_rs)."""
+    return TE_PIPELINE_SPLITS if op.chunked == "pipeline" else getattr(groups, op.group).size
+
+
+def _chunked_exposed_s(op: Op, chunk_s: float, costs: AnalyticCostModel, groups: Groups) -> float:
+    """Seconds a chunked overlap (PlanConfig.tp_comm_overlap_rs) adds to the n GEMM chunks of `chunk_s`
+    each it runs beside (Transformer Engine common/comm_gemm_overlap/comm_gemm_overlap.cpp, d0067d0): chunk
+    i's transfer runs beside chunk i + 1's GEMM, so each of n − 1 steps takes the longer of the two.
+    Ring exchange sends one chunk of amount / n to a neighbour per step; the first GEMM runs on the
+    rank's own chunk (split_overlap_ag), and a reduce-scatter's last GEMM is its own chunk too, after which
+    one kernel sums the n chunks received (split_overlap_rs: reads amount, writes amount / n). Pipeline
+    reduce-scatters each chunk of amount / n over the group, the last one after the last GEMM."""
+    n = _chunks(op, groups)
+    group = getattr(groups, op.group)
+    if op.chunked == "pipeline":
+        step_s = tail_s = costs.collective_s(op.comm_kind, op.amount / n, group)
+    else:
+        step_s = costs.p2p_s(op.amount / n, not group.intra_node)
+        rs = op.comm_kind == "reduce_scatter"
+        tail_s = float(costs.memory_s("elementwise", op.amount * (n + 1) / n)) if rs else 0.0
+    return (n - 1) * max(0.0, step_s - chunk_s) + tail_s
+
+
 def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCost:
     """Seconds of a list of ops run in order on one GPU. A collective that `overlaps` a kernel
     runs beside it (its own stream) and costs only what it takes beyond that kernel; one that takes
     `sm_margin` SMs from it (Transformer Engine's userbuffers) leaves that GEMM sm_count − sm_margin
-    SMs: its time × sm_count / (sm_count − sm_margin)."""
+    SMs: its time × sm_count / (sm_count − sm_margin); one that splits it (`chunked`) runs it as n
+    GEMMs of 1/n of its FLOPs each and costs what `_chunked_exposed_s` adds."""
     fam: dict[str, float] = {}
     kernel_s: dict[str, float] = {}
     compute = comm = attention = cp_ring = 0.0
     kernels = 0
     margins = {op.overlaps: op.sm_margin for op in ops if op.sm_margin and op.overlaps}
+    chunks = {op.overlaps: _chunks(op, groups) for op in ops if op.chunked}
     for op in ops:  # kernels first: a collective may hide behind a kernel that runs after it
         if op.family == "gemm":
-            sec = op.count * float(costs.gemm_s(op.amount, op.te)) * _sm_share(costs, margins.get(op.name, 0))
+            n = chunks.get(op.name, 1)
+            share = _sm_share(costs, margins.get(op.name, 0))
+            sec = op.count * n * float(costs.gemm_s(op.amount / n, op.te)) * share
         elif op.family == "attention":
             sec = float(costs.attention_s(op.amount, op.attention))
             attention += sec
@@ -439,7 +468,7 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         compute += sec
         label = op.label or op.family
         fam[label] = fam.get(label, 0.0) + sec
-        kernels += op.count
+        kernels += op.count * chunks.get(op.name, 1)
     for op in ops:
         if op.family == "cp_comm" and op.comm_kind == "p2p":  # ring steps overlap the attention kernels
             cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)
@@ -453,7 +482,9 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         else:
             continue
         sec = op.count * one
-        if op.overlaps:  # exposed beyond the kernel it runs beside
+        if op.chunked:
+            sec = _chunked_exposed_s(op, kernel_s[op.overlaps] / chunks[op.overlaps], costs, groups)
+        elif op.overlaps:  # exposed beyond the kernel it runs beside
             sec = max(0.0, sec - kernel_s[op.overlaps])
         comm += sec
         label = f"{group}_{op.comm_kind}"

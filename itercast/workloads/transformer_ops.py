@@ -22,8 +22,11 @@ behind the weight-gradient GEMM (`Op.overlaps`). With plan.tp_comm_overlap (Mega
 --tp-comm-overlap: Transformer Engine's userbuffers split the GEMM and exchange chunks as it
 runs) the forward all-gather hides behind the column-parallel GEMM it feeds and the forward
 reduce-scatter behind the row-parallel GEMM before it, whose data-gradient GEMM then hides the
-backward all-gather; each costs only its excess (the pipelining's first or last chunk, about
-1/t of the smaller of the two, is not priced).
+backward all-gather. These split the GEMM into chunks, each chunk's communication beside the next
+chunk's GEMM (`Op.chunked`, transformer.pass_cost): ring exchange in t chunks (the all-gathers, and
+the reduce-scatter with plan.tp_comm_overlap_rs ring_exchange), pipeline in TE_PIPELINE_SPLITS (the
+reduce-scatter by default). The data-gradient GEMMs' re-gather and the weight-gradient GEMMs'
+reduce-scatter run beside the whole GEMM (TE's bulk method) and cost only their excess.
 
 FP8 training (Transformer Engine's fp8_autocast) runs the GEMMs of its modules in FP8: the layers'
 projections and MLPs, shared and routed experts. Megatron-Core's output layer (its own
@@ -95,6 +98,9 @@ class Op:
     backward_count: int = 0  # a memory-bound op whose backward launches other than `count` kernels
     attention: AttentionShape | None = None  # a fused attention kernel's shape (its efficiency)
     sm_margin: int = 0  # a TP collective under tp_comm_overlap: SMs it takes from the GEMM it overlaps
+    chunked: str = (
+        ""  # a TP collective under tp_comm_overlap that splits the GEMM it overlaps: ring_exchange | pipeline
+    )
 
     @property
     def te(self) -> bool:
@@ -375,8 +381,8 @@ def _sm_margin(plan: PlanConfig, gemm: str, use: str) -> int:
 
 def _tp_overlapped(ops: list[Op], plan: PlanConfig) -> list[Op]:
     """With plan.tp_comm_overlap: a tensor-parallel all-gather overlaps the GEMM right after it
-    (Transformer Engine's ring exchange), a reduce-scatter the GEMM right before it (its pipeline
-    method, which takes PlanConfig.overlap_sms SMs from that GEMM; module docstring)."""
+    (Transformer Engine's ring exchange), a reduce-scatter the GEMM right before it (plan.tp_comm_overlap_rs,
+    which takes PlanConfig.overlap_sms SMs from that GEMM; module docstring)."""
     if not plan.tp_comm_overlap:
         return ops
     out = list(ops)
@@ -385,8 +391,10 @@ def _tp_overlapped(ops: list[Op], plan: PlanConfig) -> list[Op]:
             continue
         j = i + 1 if op.comm_kind == "all_gather" else i - 1 if op.comm_kind == "reduce_scatter" else -1
         if 0 <= j < len(ops) and ops[j].family == "gemm":
-            margin = _sm_margin(plan, ops[j].name, "fprop") if op.comm_kind == "reduce_scatter" else 0
-            out[i] = replace(op, overlaps=ops[j].name, sm_margin=margin)
+            rs = op.comm_kind == "reduce_scatter"
+            margin = _sm_margin(plan, ops[j].name, "fprop") if rs else 0
+            chunked = plan.tp_comm_overlap_rs if rs else "ring_exchange"
+            out[i] = replace(op, overlaps=ops[j].name, sm_margin=margin, chunked=chunked)
     return out
 
 
@@ -904,7 +912,17 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
             if op.backward_comm:  # beside the backward of the kernel it hid behind forward
                 hides = op.overlaps and op.overlaps + (".dgrad" if op.overlaps in gemms else ".bwd")
                 # a reduce-scatter's backward all-gather beside the dgrad: TE's ring exchange, no margin
-                out.append(replace(op, name=f"{op.name}.bwd", comm_kind=op.backward_comm, overlaps=hides, sm_margin=0))
+                chunked = "ring_exchange" if op.chunked else ""
+                out.append(
+                    replace(
+                        op,
+                        name=f"{op.name}.bwd",
+                        comm_kind=op.backward_comm,
+                        overlaps=hides,
+                        sm_margin=0,
+                        chunked=chunked,
+                    )
+                )
         elif op.family == "cp_comm":
             out += _cp_backward(op, plan)
         else:
