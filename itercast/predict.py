@@ -150,7 +150,8 @@ def predict(job: Job, calibration: dict[str, Any] | None = None) -> Prediction:
     on_rank = graph.resource_rank[graph.resource] == bd.rank
     stretch_s = float((sim.graph.duration_s[on_rank] - graph.duration_s[on_rank]).sum())
     if stretch_s > 0:
-        families["overlap_contention"] = stretch_s  # compute slowed by communication beside it
+        # compute slowed by communication beside it, across passes (besides that within them: pass_cost)
+        families["overlap_contention"] = families.get("overlap_contention", 0.0) + stretch_s
     model_flops = job.model.flops_per_token() * job.plan.gbs * job.model.seq_length
     return Prediction(
         sim.step_time_s,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,9 @@ from itercast.workloads.transformer import PassCost, TransformerStepBuilder, Uni
 
 
 class FreeCosts:
-    """Same interface as AnalyticCostModel; every op takes zero seconds."""
+    """Same interface as AnalyticCostModel; every op takes zero seconds, nothing slows beside a collective."""
+
+    system = SimpleNamespace(gpu=SimpleNamespace(overlap_compute_slowdown=0.0))
 
     def gemm_s(self, flops, te=True):
         return np.zeros_like(np.asarray(flops, dtype=float))

@@ -236,6 +236,66 @@ def test_tp_comm_overlap_chunks_launch_more_gemms_and_ring_reduce_scatter_sums_t
     assert pass_cost(fwd, AnalyticCostModel(ring.system, "bf16", linear), groups).comm_s == pytest.approx(exposed)
 
 
+def _contended(s: float, link: float = LINK, **plan) -> Job:
+    """tp 2 with sequence parallelism on one node (NVLink of `link` bytes/s) of the linear GPU whose compute
+    runs 1 + s times as long beside a collective (GPUSpec.overlap_compute_slowdown)."""
+    plan = {"tensor_parallel": 2, "data_parallel": 1, "sequence_parallel": True, **plan}
+    node = {**SYSTEM["node"], "gpus_per_node": 2, "intra_node_bandwidth_bytes_per_s": link}
+    system = {**SYSTEM, "gpu": {**SYSTEM["gpu"], "overlap_compute_slowdown": s}, "node": node}
+    return Job.from_dicts(MODEL, plan, {**system, "num_nodes": 1})
+
+
+def test_compute_beside_a_collective_inside_a_pass_runs_slower_unless_its_sms_are_priced():
+    # s = 0.25: o seconds of overlap add s / (1 + s) · o = 0.2 · o (sim/contention.py's fluid model).
+    T, h = 32, 64
+    comm_s = (2 - 1) / 2 * T * h * 2 / LINK  # a whole gather or scatter of T·h·e: 2.048e-7 s
+    qkv_s, up_s = 2 * T * h * 3 * h / 2 / PEAK, 2 * T * h * 4 * h / 2 / PEAK  # 3.93e-7 and 5.24e-7 s
+    assert comm_s < min(qkv_s, up_s)  # each collective overlaps its GEMM throughout its own 2.048e-7 s
+    calibration = linear_calibration()
+    # Megatron's async backward (NCCL): the re-gathers beside the qkv and mlp_up dgrads, the input-gradient
+    # scatters beside their wgrads: 4 GEMMs each 0.2 · 2.048e-7 s longer, nothing exposed
+    nccl, free = _contended(0.25), _contended(0.0)
+    costs, groups = AnalyticCostModel(nccl.system, "bf16", calibration), Groups.of(nccl)
+    slow = pass_cost(layer_backward(nccl.model, nccl.plan), costs, groups)
+    alone = pass_cost(
+        layer_backward(free.model, free.plan), AnalyticCostModel(free.system, "bf16", calibration), groups
+    )
+    assert slow.compute_s - alone.compute_s == pytest.approx(4 * 0.2 * 2.048e-7)
+    assert slow.family_s["overlap_contention"] == pytest.approx(4 * 0.2 * 2.048e-7)
+    assert slow.comm_s == pytest.approx(alone.comm_s)  # the g's all-gather is not overlapped: exposed alike
+    # on a link 4 times slower each collective (8.192e-7 s) outlasts its GEMM even slowed (qkv 4.9e-7 s, mlp_up
+    # 6.6e-7 s): each GEMM overlapped throughout runs 1.25 times as long, and hides that much more
+    far, near = _contended(0.25, LINK / 4), _contended(0.0, LINK / 4)
+    slow = pass_cost(layer_backward(far.model, far.plan), AnalyticCostModel(far.system, "bf16", calibration), groups)
+    alone = pass_cost(
+        layer_backward(near.model, near.plan), AnalyticCostModel(near.system, "bf16", calibration), groups
+    )
+    assert 4 * comm_s > 1.25 * up_s
+    assert slow.compute_s - alone.compute_s == pytest.approx(0.25 * 2 * (qkv_s + up_s))
+    assert alone.comm_s - slow.comm_s == pytest.approx(0.25 * 2 * (qkv_s + up_s))
+    # Transformer Engine's userbuffers with TE's default margins (16 SMs, priced by sm_count) and ring
+    # exchanges (copy engines): no stretch
+    ub = _contended(0.25, tp_comm_overlap=True)
+    ub_costs = AnalyticCostModel(ub.system, "bf16", calibration)
+    for passes in (layer_forward, layer_backward):
+        assert "overlap_contention" not in pass_cost(passes(ub.model, ub.plan), ub_costs, groups).family_s
+    # TE 1.x (no margin): the bulk overlaps stretch as NCCL's do (4 × 0.2 · 2.048e-7 s backward); each
+    # pipeline quarter's reduce-scatter (5.12e-8 s) stretches the next GEMM quarter: attn_proj's quarter
+    # (3.2768e-8 s) is overlapped throughout, 0.2 · 1.25 · 3.2768e-8 = 8.192e-9 s; mlp_down's (1.31e-7 s)
+    # for the 5.12e-8 s of the step, 0.2 · 5.12e-8 = 1.024e-8 s; 3 steps each
+    zero = {k: 0 for k in ("proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")}
+    te1 = _contended(0.25, tp_comm_overlap=True, tp_comm_overlap_sms=zero)
+    te1_costs = AnalyticCostModel(te1.system, "bf16", calibration)
+    forward = pass_cost(layer_forward(te1.model, te1.plan), te1_costs, groups)
+    assert forward.family_s["overlap_contention"] == pytest.approx(3 * 8.192e-9 + 3 * 1.024e-8)
+    quarter_s, proj_quarter_s = (2 - 1) / 2 * T * h * 2 / 4 / LINK, 2 * T * h * h / 2 / PEAK / 4
+    ring_s = max(0.0, T * h * 2 / 2 / LINK - qkv_s / 2)  # qkv's ring step outlasts its half GEMM
+    exposed = ring_s + 3 * (quarter_s - proj_quarter_s - 8.192e-9) + 2 * quarter_s
+    assert forward.comm_s == pytest.approx(exposed)
+    backward = pass_cost(layer_backward(te1.model, te1.plan), te1_costs, groups)
+    assert backward.family_s["overlap_contention"] == pytest.approx(4 * 0.2 * 2.048e-7)
+
+
 def test_context_parallel_ring_exposes_what_attention_does_not_hide():
     j = job(context_parallel=2, data_parallel=1, num_nodes=1)
     ops = {o.name: o for o in layer_forward(j.model, j.plan)}
@@ -246,6 +306,17 @@ def test_context_parallel_ring_exposes_what_attention_does_not_hide():
     exposed = max(0.0, ring.amount / LINK - attention_s)
     cost = pass_cost(layer_forward(j.model, j.plan), costs, Groups.of(j))
     assert cost.family_s.get("cp_p2p_exposed", 0.0) == pytest.approx(exposed)
+    # NCCL's send and receive kernels slow the attention beside them (s = 0.25: 0.2 of the overlap): the
+    # ring's 4.096e-7 s outlast attention's 8.74e-8 s run 1.25 times as long, which hides 2.18e-8 s more
+    system = {**j.system.model_dump(), "gpu": {**j.system.gpu.model_dump(), "overlap_compute_slowdown": 0.25}}
+    slowed = Job.from_dicts(MODEL, {"context_parallel": 2, "data_parallel": 1}, system)
+    cost = pass_cost(
+        layer_forward(slowed.model, slowed.plan),
+        AnalyticCostModel(slowed.system, "bf16", linear_calibration()),
+        Groups.of(slowed),
+    )
+    assert cost.family_s["overlap_contention"] == pytest.approx(0.2 * 1.25 * attention_s)
+    assert cost.family_s["cp_p2p_exposed"] == pytest.approx(ring.amount / LINK - 1.25 * attention_s)
 
 
 def test_last_stage_keeps_fp32_logits_of_one_microbatch():

@@ -64,8 +64,10 @@ class GPUSpec(BaseModel):
         "(another stream): its time alone × (1 + this) when fully overlapped. NCCL's kernels hold SMs (one CTA "
         "per channel) and HBM bandwidth: Lee et al., arXiv 2507.03114, measured 0.189 on average on A100, H100, "
         "MI250 and MI210 (max 0.40); presets cite theirs. 0 (the default) treats hidden communication as free. "
-        "Read by predict() on model-built transformer steps (sim/contention.py) and by the search's fast path "
-        "(search/fast_estimate.py, each segment's compute before its blocking communication).",
+        "Read by predict() on model-built transformer steps (sim/contention.py), by the search's fast path "
+        "(search/fast_estimate.py, each segment's compute before its blocking communication) and within each "
+        "layer pass (workloads/transformer.py pass_cost: a kernel beside a tensor-, expert- or context-parallel "
+        "collective, unless the SMs it takes are priced or copy engines move it).",
     )
     reserved_bytes: NonNegativeFloat = Field(
         2 * 1024**3,

@@ -19,7 +19,9 @@ again from the original durations plus the stretch, until the step moves less th
 (at most 5 rounds). Communication itself is not slowed; concurrent collectives on one GPU count
 once (their union); a collective on the compute stream itself (blocking TP) is never concurrent
 with that stream's compute and stretches nothing. Applied by predict() to model-built transformer
-steps only (DLRM and trace replays keep their measured or plain durations).
+steps only (DLRM and trace replays keep their measured or plain durations); within a layer pass the
+same model prices a kernel beside its pass's own collectives (workloads/transformer.py `_beside_s`):
+a collective there and one of the graph beside the same pass both count (not their union).
 
 Co-running ranks (issue 29 item 5; `simulate_with_corunning`): the same fluid model and fixed point
 with "communication of my rank" replaced by "compute of another rank of my node". Ranks that share a

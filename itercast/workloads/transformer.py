@@ -421,14 +421,26 @@ def _chunks(op: Op, groups: Groups) -> int:
     return TE_PIPELINE_SPLITS if op.chunked == "pipeline" else getattr(groups, op.group).size
 
 
-def _chunked_exposed_s(op: Op, chunk_s: float, costs: AnalyticCostModel, groups: Groups) -> float:
-    """Seconds a chunked overlap (PlanConfig.tp_comm_overlap_rs) adds to the n GEMM chunks of `chunk_s`
-    each it runs beside (Transformer Engine common/comm_gemm_overlap/comm_gemm_overlap.cpp, d0067d0): chunk
-    i's transfer runs beside chunk i + 1's GEMM, so each of n − 1 steps takes the longer of the two.
-    Ring exchange sends one chunk of amount / n to a neighbour per step; the first GEMM runs on the
-    rank's own chunk (split_overlap_ag), and a reduce-scatter's last GEMM is its own chunk too, after which
-    one kernel sums the n chunks received (split_overlap_rs: reads amount, writes amount / n). Pipeline
-    reduce-scatters each chunk of amount / n over the group, the last one after the last GEMM."""
+def _beside_s(op: Op, comm_s: float, kernel_s: float, costs: AnalyticCostModel, groups: Groups) -> tuple[float, float]:
+    """(exposed, stretch) seconds of collective `op`, `comm_s` seconds alone, run beside the kernel it overlaps,
+    `kernel_s` seconds alone: what the collective takes beyond that kernel, and how much longer the kernel runs
+    beside it. The stretch is sim/contention.py's fluid model within the pass (s = GPUSpec.
+    overlap_compute_slowdown; o seconds of overlap add s/(1 + s)·o, o = min(comm_s, kernel_s·(1 + s))) for a
+    collective that runs SM kernels beside a GEMM launched on every SM: NCCL's, and Transformer Engine's
+    userbuffers without set_sm_margin. None where the SMs it takes are priced instead (`sm_margin`) or where
+    copy engines move it (a ring exchange: TE's use_ce default, PyTorch's symmetric-memory copies).
+
+    A chunked overlap (PlanConfig.tp_comm_overlap_rs; Transformer Engine common/comm_gemm_overlap/
+    comm_gemm_overlap.cpp, d0067d0) runs its GEMM as n chunks of kernel_s / n: chunk i's transfer runs
+    beside chunk i + 1's GEMM, so each of n − 1 steps takes the longer of the two. Ring exchange sends one
+    chunk of amount / n to a neighbour per step; the first GEMM runs on the rank's own chunk
+    (split_overlap_ag), and a reduce-scatter's last GEMM is its own chunk too, after which one kernel sums the
+    n chunks received (split_overlap_rs: reads amount, writes amount / n). Pipeline reduce-scatters each
+    chunk of amount / n over the group, the last one after the last GEMM."""
+    s = 0.0 if op.sm_margin or op.chunked == "ring_exchange" else costs.system.gpu.overlap_compute_slowdown
+    if not op.chunked:
+        stretch_s = s / (1 + s) * min(comm_s, kernel_s * (1 + s))
+        return max(0.0, comm_s - kernel_s - stretch_s), stretch_s
     n = _chunks(op, groups)
     group = getattr(groups, op.group)
     if op.chunked == "pipeline":
@@ -437,7 +449,9 @@ def _chunked_exposed_s(op: Op, chunk_s: float, costs: AnalyticCostModel, groups:
         step_s = costs.p2p_s(op.amount / n, not group.intra_node)
         rs = op.comm_kind == "reduce_scatter"
         tail_s = float(costs.memory_s("elementwise", op.amount * (n + 1) / n)) if rs else 0.0
-    return (n - 1) * max(0.0, step_s - chunk_s) + tail_s
+    chunk_s = kernel_s / n
+    stretch_s = s / (1 + s) * min(step_s, chunk_s * (1 + s))  # each GEMM chunk beside one step
+    return (n - 1) * max(0.0, step_s - chunk_s - stretch_s) + tail_s, (n - 1) * stretch_s
 
 
 def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCost:
@@ -445,10 +459,12 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
     runs beside it (its own stream) and costs only what it takes beyond that kernel; one that takes
     `sm_margin` SMs from it (Transformer Engine's userbuffers) leaves that GEMM sm_count − sm_margin
     SMs: its time × sm_count / (sm_count − sm_margin); one that splits it (`chunked`) runs it as n
-    GEMMs of 1/n of its FLOPs each and costs what `_chunked_exposed_s` adds."""
+    GEMMs of 1/n of its FLOPs each; `_beside_s` prices each (the kernel slowed beside it, reported as
+    overlap_contention, and the collective's excess). The context-parallel ring's steps run beside the
+    pass's attention kernels, NCCL's send and receive kernels slowing them the same way."""
     fam: dict[str, float] = {}
     kernel_s: dict[str, float] = {}
-    compute = comm = attention = cp_ring = 0.0
+    compute = comm = attention = cp_ring = contention = 0.0
     kernels = 0
     margins = {op.overlaps: op.sm_margin for op in ops if op.sm_margin and op.overlaps}
     chunks = {op.overlaps: _chunks(op, groups) for op in ops if op.chunked}
@@ -482,18 +498,24 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         else:
             continue
         sec = op.count * one
-        if op.chunked:
-            sec = _chunked_exposed_s(op, kernel_s[op.overlaps] / chunks[op.overlaps], costs, groups)
-        elif op.overlaps:  # exposed beyond the kernel it runs beside
-            sec = max(0.0, sec - kernel_s[op.overlaps])
+        if op.overlaps:  # beside the kernel (as it runs alone): exposed beyond it, the kernel slowed
+            sec, stretch_s = _beside_s(op, sec, kernel_s[op.overlaps], costs, groups)
+            contention += stretch_s
         comm += sec
         label = f"{group}_{op.comm_kind}"
         fam[label] = fam.get(label, 0.0) + sec
         kernels += op.count
-    exposed_cp = max(0.0, cp_ring - attention)  # approximation: the ring hides behind attention
+    ring_stretch_s = 0.0  # the ring hides behind attention (an approximation), slowing it
+    if cp_ring:
+        s = costs.system.gpu.overlap_compute_slowdown
+        ring_stretch_s = s / (1 + s) * min(cp_ring, attention * (1 + s))
+    contention += ring_stretch_s
+    exposed_cp = max(0.0, cp_ring - attention - ring_stretch_s)
     if exposed_cp:
         fam["cp_p2p_exposed"] = exposed_cp
-    return PassCost(compute, comm + exposed_cp, kernels, fam)
+    if contention:
+        fam["overlap_contention"] = contention
+    return PassCost(compute + contention, comm + exposed_cp, kernels, fam)
 
 
 @dataclass(frozen=True)
