@@ -26,6 +26,18 @@ bf16 rows' time ratios (the curve as fitted / measured), the rule of the file's 
 ratio was computed: every ratio < 1, max / min <= 1.15, geomean >= limit / nominal) and the fraction it
 gives beside GPUSpec's POWER_LIMITS; then every row's signed error at nominal power and at the limit
 (gpu.power_limit_w), the fp8 rows a held-out check of the one-clock assumption.
+
+Then the GEMM curve's form (needs ../shared/data or $ITERCAST_DATA; skipped without): per source of
+measured GEMMs (OpenXLA's autotuned H100 table, vidur's PyTorch cuBLAS H100 projections, and held out
+vidur's A100 projections and the cuBLASLt A100 fp16 and H100 fp8 tables) the mean |error| and mean log
+error of the fitted curve in FLOPs (costs/curves.json) beside a shape-aware alternative fitted on the same
+rows with the same weights: cuBLAS-like tiles (128×256, 256×128, 128×128, 64×128, 128×64, 64×64, the best
+of them) in waves over the GPU's SMs at one efficiency, an HBM roofline and a latency. On 2026-11-29 it fit
+every source better, held-out A100 included, but was not adopted: it prices training-sized GEMMs faster
+than the FLOPs curve (fp8 most) where the fitting step table is already too fast (measured with it patched
+into pass_cost, fp8's latency pinned to bf16's as the fitted curves do, fp8 efficiency 0.681: 6.3% → 9.2% geomean,
+fp8 4.4% → 9.7%, bf16 8.8% unchanged). The kernel tables do not
+explain the steps' slowness; a whole-step measurement on a GPU has to.
 """
 
 from __future__ import annotations
@@ -40,11 +52,20 @@ from itercast.config.job import Job
 from itercast.config.system import POWER_LIMITS
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.fitting import attention_points, attention_times_s, mean_abs_err
-from itercast.data_paths import read_csv_rows
+from itercast.data_paths import read_csv_rows, shared_data_dir
 
 KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from fit_efficiency_curves import H100_BF16_PEAK, fit_attention_kernel  # noqa: E402
+from fit_efficiency_curves import (  # noqa: E402
+    A100_BF16_PEAK,
+    H100_BF16_PEAK,
+    H100_FP8_PEAK,
+    HBM,
+    GemmRows,
+    fit_attention_kernel,
+    vidur_gemms,
+    xla_gemms,
+)
 
 EVEN = {"512", "2048", "8192"}
 #: row-wise kernels of fp8_rowwise_gemm_h100.csv that torchao's rowwise recipe can run today (the rule)
@@ -90,6 +111,7 @@ def main() -> None:
         print(f"{np.mean(guess[sel] / points.seconds[sel] - 1):+.1%})")
     fp8_rowwise()
     power_limits()
+    gemm_shapes()
 
 
 def _seconds(row: dict[str, str]) -> float:
@@ -162,6 +184,72 @@ def power_limits() -> None:
             print(f"    {dtype:4} {kernel:21} ({role}): ", end="")
             print(", ".join(f"{b:+.1%} -> {a:+.1%}" for b, a in zip(before, after, strict=True)), end="")
             print(f"; mean |error| {np.mean(np.abs(before)):.1%} -> {np.mean(np.abs(after)):.1%}")
+
+
+#: CTA tiles (rows × columns of the output) a cuBLAS-like heuristic picks among for the shape-aware form
+GEMM_TILES = ((128, 256), (256, 128), (128, 128), (64, 128), (128, 64), (64, 64))
+#: (peak FLOP/s, SMs, HBM bytes/s) of the GPUs the GEMM tables measured (datasheets; fit_efficiency_curves)
+GEMM_GPUS = {"h100": (H100_BF16_PEAK, 132, HBM["h100"]), "a100": (A100_BF16_PEAK, 108, HBM["a100"])}
+
+
+def _waves_s(params: np.ndarray, rows: GemmRows, peak: float, sms: int, hbm: float) -> np.ndarray:
+    """Seconds of `rows` in the shape-aware form: latency exp(params[0]) + the longer of the best tile's
+    waves (ceil(tiles / SMs) waves of 2·tile·k FLOPs per SM at params[1] of the SM's peak) and the
+    operands' and output's 2-byte HBM traffic at params[2] of the bandwidth."""
+    best = np.full(len(rows.m), np.inf)
+    for tm, tn in GEMM_TILES:
+        waves = np.ceil(rows.b * np.ceil(rows.m / tm) * np.ceil(rows.n / tn) / sms)
+        best = np.minimum(best, waves * 2 * tm * tn * rows.k / (peak / sms * params[1]))
+    traffic_s = rows.b * (rows.m * rows.k + rows.k * rows.n + rows.m * rows.n) * 2 / (hbm * params[2])
+    return np.exp(params[0]) + np.maximum(best, traffic_s)
+
+
+def gemm_shapes() -> None:
+    """The FLOPs curve beside the shape-aware form on every GEMM table (module docstring)."""
+    from scipy.optimize import least_squares
+
+    data = shared_data_dir()
+    if data is None:
+        print("\nGEMM curve form: no shared data (set ITERCAST_DATA), skipped")
+        return
+    xla, vidur = xla_gemms(data, "bf16xbf16->bf16"), vidur_gemms(data, "h100")
+    lt = read_csv_rows(data / "kernels" / "azure_ai_benchmarking_guide_gemm_cublaslt.csv")
+    tables: dict[str, tuple[GemmRows, str, float]] = {
+        "xla h100 bf16 (fitted)": (xla, "h100", H100_BF16_PEAK),
+        "vidur h100 bf16 (fitted)": (vidur, "h100", H100_BF16_PEAK),
+        "vidur a100 bf16 (held out)": (vidur_gemms(data, "a100"), "a100", A100_BF16_PEAK),
+    }
+    for dtype, gpu, peak in (("fp16", "a100", A100_BF16_PEAK), ("fp8", "h100", H100_FP8_PEAK)):
+        sel = [r for r in lt if r["dtype"] == dtype]
+        m, n, k = (np.array([float(r[c]) for r in sel]) for c in "mnk")
+        seconds = 2 * m * n * k / (np.array([float(r["TFLOPs"]) for r in sel]) * 1e12)
+        role = "held out" if dtype == "fp16" else "fitted apart"
+        tables[f"cublasLt {gpu} {dtype} ({role})"] = (GemmRows(np.ones_like(m), m, n, k, seconds), gpu, peak)
+    both = xla + vidur
+    weights = np.sqrt(np.r_[np.full(len(xla.m), 1 / len(xla.m)), np.full(len(vidur.m), 1 / len(vidur.m))])
+    h100 = GEMM_GPUS["h100"]
+    bounds = ([np.log(1e-7), 0.1, 0.1], [np.log(1e-4), 1.0, 1.0])
+    x0 = [np.log(5e-6), 0.8, 0.8]
+    bf16 = least_squares(lambda p: weights * np.log(_waves_s(p, both, *h100) / both.seconds), x0, bounds=bounds).x
+    fp8_rows = tables["cublasLt h100 fp8 (fitted apart)"][0]
+    fp8_gpu = (H100_FP8_PEAK, 132, HBM["h100"])
+    fp8 = least_squares(lambda p: np.log(_waves_s(p, fp8_rows, *fp8_gpu) / fp8_rows.seconds), x0, bounds=bounds).x
+    print(f"\nGEMM curve form: tiles in waves fitted, latency {np.exp(bf16[0]) * 1e6:.2f} us, bf16 efficiency ", end="")
+    print(f"{bf16[1]:.3f} (HBM {bf16[2]:.3f}); fp8 {fp8[1]:.3f} (HBM {fp8[2]:.3f})")
+    print(f"{'table':32} {'rows':>5}  {'FLOPs curve |err| / log err':>28}  {'tiles in waves':>16}")
+    system = Job.from_presets("llama3-8b", "dgx-h100").system
+    for name, (rows, gpu, peak) in tables.items():
+        costs = AnalyticCostModel(system, "fp8" if peak == H100_FP8_PEAK else "bf16")
+        curve_s = costs.gemm_alpha_s + rows.flops / (peak * costs.gemm_curve(rows.flops))
+        params, (_, sms, hbm) = (fp8 if peak == H100_FP8_PEAK else bf16), GEMM_GPUS[gpu]
+        wave_s = _waves_s(params, rows, peak, sms, hbm)
+        print(f"{name:32} {len(rows.m):>5}  ", end="")
+        for predicted in (curve_s, wave_s):
+            print(
+                f"{mean_abs_err(predicted, rows.seconds):>10.1%} / {np.mean(np.log(predicted / rows.seconds)):+.3f}",
+                end="  ",
+            )
+        print()
 
 
 if __name__ == "__main__":
