@@ -98,9 +98,8 @@ class Op:
     backward_count: int = 0  # a memory-bound op whose backward launches other than `count` kernels
     attention: AttentionShape | None = None  # a fused attention kernel's shape (its efficiency)
     sm_margin: int = 0  # a TP collective under tp_comm_overlap: SMs it takes from the GEMM it overlaps
-    chunked: str = (
-        ""  # a TP collective under tp_comm_overlap that splits the GEMM it overlaps: ring_exchange | pipeline
-    )
+    # a TP collective under tp_comm_overlap that splits the GEMM it overlaps: ring_exchange | pipeline
+    chunked: str = ""
 
     @property
     def te(self) -> bool:
