@@ -421,27 +421,33 @@ def _chunks(op: Op, groups: Groups) -> int:
     return TE_PIPELINE_SPLITS if op.chunked == "pipeline" else getattr(groups, op.group).size
 
 
-def _beside_s(op: Op, comm_s: float, kernel_s: float, costs: AnalyticCostModel, groups: Groups) -> tuple[float, float]:
+def _stretch_s(s: float, comm_s: float, kernel_s: float) -> float:
+    """How much longer a kernel of `kernel_s` seconds alone runs beside `comm_s` seconds of communication:
+    sim/contention.py's fluid model, s/(1 + s)·o for o seconds of overlap, o = min(comm_s, kernel_s·(1 + s))."""
+    return s / (1 + s) * min(comm_s, kernel_s * (1 + s))
+
+
+def _beside_s(
+    op: Op, comm_s: float, kernel_s: float, n: int, costs: AnalyticCostModel, groups: Groups
+) -> tuple[float, float]:
     """(exposed, stretch) seconds of collective `op`, `comm_s` seconds alone, run beside the kernel it overlaps,
     `kernel_s` seconds alone: what the collective takes beyond that kernel, and how much longer the kernel runs
-    beside it. The stretch is sim/contention.py's fluid model within the pass (s = GPUSpec.
-    overlap_compute_slowdown; o seconds of overlap add s/(1 + s)·o, o = min(comm_s, kernel_s·(1 + s))) for a
-    collective that runs SM kernels beside a GEMM launched on every SM: NCCL's, and Transformer Engine's
-    userbuffers without set_sm_margin. None where the SMs it takes are priced instead (`sm_margin`) or where
+    beside it. The stretch is `_stretch_s` (s = GPUSpec.overlap_compute_slowdown) for a collective that runs
+    SM kernels beside a GEMM launched on every SM: NCCL's, and Transformer Engine's userbuffers without
+    set_sm_margin. None where the SMs it takes are priced instead (`sm_margin`) or where
     copy engines move it (a ring exchange: TE's use_ce default, PyTorch's symmetric-memory copies).
 
     A chunked overlap (PlanConfig.tp_comm_overlap_rs; Transformer Engine common/comm_gemm_overlap/
-    comm_gemm_overlap.cpp, d0067d0) runs its GEMM as n chunks of kernel_s / n: chunk i's transfer runs
-    beside chunk i + 1's GEMM, so each of n − 1 steps takes the longer of the two. Ring exchange sends one
+    comm_gemm_overlap.cpp, d0067d0) runs its GEMM as `n` chunks (`_chunks`) of kernel_s / n: chunk i's
+    transfer runs beside chunk i + 1's GEMM, so each of n − 1 steps takes the longer of the two. Ring exchange sends one
     chunk of amount / n to a neighbour per step; the first GEMM runs on the rank's own chunk
     (split_overlap_ag), and a reduce-scatter's last GEMM is its own chunk too, after which one kernel sums the
     n chunks received (split_overlap_rs: reads amount, writes amount / n). Pipeline reduce-scatters each
     chunk of amount / n over the group, the last one after the last GEMM."""
     s = 0.0 if op.sm_margin or op.chunked == "ring_exchange" else costs.system.gpu.overlap_compute_slowdown
     if not op.chunked:
-        stretch_s = s / (1 + s) * min(comm_s, kernel_s * (1 + s))
+        stretch_s = _stretch_s(s, comm_s, kernel_s)
         return max(0.0, comm_s - kernel_s - stretch_s), stretch_s
-    n = _chunks(op, groups)
     group = getattr(groups, op.group)
     if op.chunked == "pipeline":
         step_s = tail_s = costs.collective_s(op.comm_kind, op.amount / n, group)
@@ -450,7 +456,7 @@ def _beside_s(op: Op, comm_s: float, kernel_s: float, costs: AnalyticCostModel, 
         rs = op.comm_kind == "reduce_scatter"
         tail_s = float(costs.memory_s("elementwise", op.amount * (n + 1) / n)) if rs else 0.0
     chunk_s = kernel_s / n
-    stretch_s = s / (1 + s) * min(step_s, chunk_s * (1 + s))  # each GEMM chunk beside one step
+    stretch_s = _stretch_s(s, step_s, chunk_s)  # each GEMM chunk beside one step
     return (n - 1) * max(0.0, step_s - chunk_s - stretch_s) + tail_s, (n - 1) * stretch_s
 
 
@@ -499,16 +505,14 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
             continue
         sec = op.count * one
         if op.overlaps:  # beside the kernel (as it runs alone): exposed beyond it, the kernel slowed
-            sec, stretch_s = _beside_s(op, sec, kernel_s[op.overlaps], costs, groups)
+            sec, stretch_s = _beside_s(op, sec, kernel_s[op.overlaps], chunks.get(op.overlaps, 1), costs, groups)
             contention += stretch_s
         comm += sec
         label = f"{group}_{op.comm_kind}"
         fam[label] = fam.get(label, 0.0) + sec
         kernels += op.count
-    ring_stretch_s = 0.0  # the ring hides behind attention (an approximation), slowing it
-    if cp_ring:
-        s = costs.system.gpu.overlap_compute_slowdown
-        ring_stretch_s = s / (1 + s) * min(cp_ring, attention * (1 + s))
+    # the ring hides behind attention (an approximation), slowing it
+    ring_stretch_s = _stretch_s(costs.system.gpu.overlap_compute_slowdown, cp_ring, attention)
     contention += ring_stretch_s
     exposed_cp = max(0.0, cp_ring - attention - ring_stretch_s)
     if exposed_cp:
