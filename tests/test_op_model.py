@@ -244,6 +244,45 @@ def test_profile_rows_carry_their_index_stats():
     assert row_index_stats(old) == IndexStats(1.0, 0.5)  # no shape recorded: no reuse distances
 
 
+def test_the_update_pays_per_distinct_row_of_a_large_table_and_for_an_accumulator_beyond_cache():
+    """Only the update's two newer terms: 0.1 µs per distinct row of a table of ≥ 1 MiB, 1 ns per
+    gathered byte once the distinct rows' accumulator reaches 1 MiB."""
+    fit = {"form": "lookup", "cache_bytes": 1 << 20, "accumulator_bytes": 1 << 20, "alpha_s": 0.0}
+    fit |= {"s_per_distinct_row_if_large": 1e-7, "s_per_gathered_byte_if_accumulator_large": 1e-9}
+    model = OperatorCostModel({"models": {"itercast::rowwise_adagrad_update:embedding_bag_update": fit}})
+    types = [F, F, "Tensor(long int)", F]
+
+    def update(rows: int, lookups: int, unique: float) -> float:
+        call = OpCall("itercast::rowwise_adagrad_update", [[rows, 16], [rows], [lookups], [lookups, 16]], types)
+        return model.measured_s(call, index=IndexStats(unique, 0.0))
+
+    # 100,000 × 16 floats (6.4 MB); 65,536 lookups, half distinct: 32,768 rows, an accumulator of
+    # 32,768 × 64 B = 2 MiB: 3.2768 ms for the rows + 65,536 × 64 B × 1 ns = 4.194304 ms
+    assert update(100_000, 65_536, 0.5) == pytest.approx(3.2768e-3 + 4.194304e-3)
+    # 16,384 lookups, half distinct: an accumulator of 512 KiB, in cache: the rows alone, 0.8192 ms
+    assert update(100_000, 16_384, 0.5) == pytest.approx(0.8192e-3)
+    # a table of 1,000 × 16 floats (64 kB) stays in cache: neither term
+    assert update(1_000, 16_384, 0.5) == 0.0
+
+
+def test_the_update_learns_its_accumulator_break():
+    """Update rows t = 0.5 ms + 2 ns per distinct byte + 3 ns per gathered byte once the distinct
+    rows (their gradient accumulator) reach 4 MiB: the fit finds the break and both rates."""
+    types = [F, F, "Tensor(long int)", F]
+    rows = []
+    for lookups, unique, dim in itertools.product((4096, 32768, 131072, 524288), (0.1, 0.5, 0.9), (16, 64)):
+        gathered, distinct = lookups * dim * 4, lookups * dim * 4 * unique
+        t = 5e-4 + 2e-9 * distinct + 3e-9 * gathered * (distinct >= 4 << 20)
+        shapes = [[10_000, dim], [10_000], [lookups], [lookups, dim]]
+        row = _row("itercast::rowwise_adagrad_update", shapes, types, t, family="embedding", rows=10_000)
+        row.params["features"] = {"unique_fraction": unique, "hot_fraction": 0.0}
+        rows.append(row)
+    fit = fit_operator_models(rows)["models"]["itercast::rowwise_adagrad_update:embedding_bag_update"]
+    assert fit["accumulator_bytes"] == 4 << 20
+    assert fit["s_per_gathered_byte_if_accumulator_large"] == pytest.approx(3e-9, rel=1e-4)
+    assert fit["s_per_distinct_byte"] == pytest.approx(2e-9, rel=1e-4)
+
+
 def test_embedding_backward_learns_the_hot_row_chain_and_the_sort_step():
     """A GPU-like backward: t = 20 µs + 1 ns per lookup + 10 ns per lookup of the most frequent row
     + 60 µs from 2048 lookups on (the sort's device-wide path); uniform and skewed indices alike."""

@@ -330,18 +330,27 @@ def test_a_one_thread_profile_is_another_device_and_the_update_is_measured(tmp_p
     )
 
 
-def test_embedding_batches_set_the_bags_per_call_and_bad_ones_are_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("option", "param", "bad", "refusal"),
+    [
+        ("batches", "batch", "8,x", "expected whole numbers separated by commas"),  # bags per call
+        ("dims", "dim", "0", "expected sizes in 1..10000000"),  # the tables' widths
+    ],
+)
+def test_embedding_sizes_set_the_grid_and_bad_ones_are_refused(tmp_path, monkeypatch, option, param, bad, refusal):
     pytest.importorskip("torch")
     from itercast.profile import microbench
 
     monkeypatch.setitem(microbench.QUICK, "pooling", [2])
     monkeypatch.setitem(microbench.QUICK, "distributions", ["uniform"])
     db = ProfileDB(tmp_path / "p.db")
-    counts = microbench.run(db, quick=True, families=("embedding",), warmup=1, repeats=1, embedding_batches=(8, 16))
-    assert counts["measured"] == 2 * 3  # two batches × forward, backward, update
-    assert sorted({m.params["batch"] for m in db.measurements()}) == [8, 16]
-    bad = CliRunner().invoke(
-        app, ["profile", "run", "--db", str(tmp_path / "q.db"), "--families", "embedding", "--embedding-batches", "8,x"]
+    sizes = {f"embedding_{option}": (8, 16)}
+    counts = microbench.run(db, quick=True, families=("embedding",), warmup=1, repeats=1, **sizes)
+    assert counts["measured"] == 2 * 3  # two sizes × forward, backward, update
+    assert sorted({m.params[param] for m in db.measurements()}) == [8, 16]
+    flag = f"--embedding-{option}"
+    refused = CliRunner().invoke(
+        app, ["profile", "run", "--db", str(tmp_path / "q.db"), "--families", "embedding", flag, bad]
     )
-    assert bad.exit_code == 2 and "--embedding-batches: expected whole numbers separated by commas" in bad.output
+    assert refused.exit_code == 2 and f"{flag}: {refusal}" in refused.output
     assert not (tmp_path / "q.db").exists()

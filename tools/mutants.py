@@ -635,6 +635,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("../tools/measure_sharding_tasks.py", '{**cal, "host_overheads": host, "host_overheads_source"',
       '{**cal, "host_overheads_source"', "the planner priced with the TorchRec defaults, not this CPU's MLP traces",
       _t("dlrm_host_cpu")),
+    M("costs/op_model.py", '"distinct_row_if_large": cols["lookup"] * unique * large,',
+      '"distinct_row_if_large": cols["lookup"] * large,', "every lookup of a large table priced as a distinct row",
+      _t("op_model")),
+    M("costs/op_model.py", 'cols["gathered_byte"] * (distinct >= accumulator_bytes)',
+      'cols["gathered_byte"] * (cols["gathered_byte"] >= accumulator_bytes)',
+      "the accumulator's size taken as every lookup's gradient, not the distinct rows'", _t("op_model")),
+    M("costs/op_model.py", 'breaks = {name: fit[name] for name, _ in SECOND_BREAKS.values() if name in fit}',
+      'breaks = {name: fit[name] for name, _ in SECOND_BREAKS.values() if name in fit and name != "accumulator_bytes"}',
+      "a fitted accumulator break ignored when pricing", _t("op_model")),
 )
 # fmt: on
 

@@ -52,6 +52,13 @@ def profile_run_cmd(
             "largest shard's pooling × samples.",
         ),
     ] = None,
+    embedding_dims: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N,N,…",
+            help="Embedding widths (default: 32 and 128 on a CPU); cover the widths of the tables you will price.",
+        ),
+    ] = None,
     collective_ranks: Annotated[
         str | None,
         typer.Option(
@@ -69,6 +76,7 @@ def profile_run_cmd(
     try:
         chosen = tuple(f.strip() for f in families.split(","))
         batches = sizes_option(embedding_batches, "--embedding-batches") if embedding_batches else None
+        dims = sizes_option(embedding_dims, "--embedding-dims") if embedding_dims else None
         ranks = sizes_option(collective_ranks, "--collective-ranks") if collective_ranks else None
         if ranks and ranks[0] < 2:
             raise ConfigError(f"--collective-ranks: expected groups of 2 or more ranks; got {collective_ranks!r}")
@@ -82,6 +90,7 @@ def profile_run_cmd(
             passes=passes,
             threads=threads,
             embedding_batches=batches,
+            embedding_dims=dims,
             collective_ranks=ranks,
         )
     except (ProfileError, ConfigError) as exc:

@@ -42,7 +42,17 @@ features of costs/aten_ops.py. Forms (all fitted on log time, so relative errors
   4.5% with both (the most frequent row alone: 15.6%, the step alone: 9.3%); this CPU 6.7% → 7.5%
   (two threads; one thread 4.5% either way): a CPU thread sums a row's lookups as it sums any.
   The fused row-wise Adagrad update (embedding_bag_update): the bytes of distinct rows, at a higher
-  rate for tables of at least a break (rows scattered over a table that does not stay in cache); no
+  rate for tables of at least a break (rows scattered over a table that does not stay in cache), with
+  a cost per distinct row there too (a random access and its page walk cost as much for a 64-byte
+  row as for a 128-byte one: on this CPU's 1M-row tables a 16-wide update costs about what a 32-wide
+  one does, 44 against 52 ms at 131k lookups, where bytes alone priced it 30% low), and the gathered
+  bytes again once the distinct rows' gradient accumulator reaches a second break (chosen by fit
+  among MEMORY_BREAKS_BYTES): index_add_ scatters every lookup's gradient row into it in the
+  lookups' order, so an accumulator larger than the last-level cache misses on every row (this CPU,
+  32 MB L3: the fit chooses 32 MiB). Held-out (5-fold) on cpu_profile_1thread_corun.db's 192 update
+  configurations (widths 16–128): 8.3% → 7.0%, the slowest quarter's mean signed error −15.7% →
+  −11.2%; fitted on widths 32 and 128 only, widths 16 and 64: 9.0% → 7.9%; on cpu_profile_1thread.db's
+  96 (widths 32 and 128): 11.2% → 11.0%. No
   term for the most frequent row, which its index_add_ may serialise on a GPU too: never measured
   there (the H100 database predates the operator);
 - host: seconds per operator called from Python, per nested operator call, per autograd function
@@ -100,6 +110,11 @@ OTHER_BACKEND = {a: b for a, b in _BACKEND_PAIRS} | {b: a for a, b in _BACKEND_P
 MEMORY_BREAKS_BYTES = tuple(1 << k for k in range(18, 28))  # 256 KiB … 128 MiB
 #: lookups from which an embedding backward's sort takes its device-wide path (module docstring)
 SORT_BREAKS_LOOKUPS = (1 << 10, 1 << 11, 1 << 12)
+#: an embedding family's second break (lookup_columns' argument), chosen by fit among these candidates
+SECOND_BREAKS = {
+    "embedding_bag_bwd": ("many_lookups", SORT_BREAKS_LOOKUPS),
+    "embedding_bag_update": ("accumulator_bytes", MEMORY_BREAKS_BYTES),
+}
 BOOST_MIN_ROWS = 100
 #: scikit-learn GradientBoostingRegressor settings, fixed (not searched per database). Four settings
 #: were compared on the CPU database's mm rows (200-300 trees, depth 3-4, rate 0.05-0.1): 3.3-3.9%.
@@ -200,10 +215,14 @@ def _boost_log(boost: dict[str, Any], x: list[float]) -> float:
 
 
 def lookup_columns(
-    feats: list[OpFeatures], stats: list[IndexStats], cache_bytes: float, many_lookups: float = math.inf
+    feats: list[OpFeatures],
+    stats: list[IndexStats],
+    cache_bytes: float,
+    many_lookups: float = math.inf,
+    accumulator_bytes: float = math.inf,
 ) -> dict[str, np.ndarray]:
     """The linear model's columns for embedding-bag rows; `stats`: what each call's indices are;
-    `cache_bytes` and, backward, `many_lookups`: the breaks (module docstring)."""
+    `cache_bytes` and, backward, `many_lookups`, update, `accumulator_bytes`: the breaks (module docstring)."""
     unique = np.array([s.unique_fraction for s in stats])
     cols = {
         "lookup": np.array([float(f.dims["lookups"]) for f in feats]),
@@ -211,8 +230,15 @@ def lookup_columns(
     }
     table = np.array([float(f.dims["table_bytes"]) for f in feats])
     if feats[0].family == "embedding_bag_update":  # each distinct row's gradient summed, row and state updated
-        distinct = cols["gathered_byte"] * unique
-        return cols | {"distinct_byte": distinct, "distinct_byte_if_large": distinct * (table >= cache_bytes)}
+        distinct = cols["gathered_byte"] * unique  # also the bytes of the distinct rows' gradient accumulator
+        large = table >= cache_bytes
+        return cols | {
+            "distinct_byte": distinct,
+            "distinct_byte_if_large": distinct * large,
+            "distinct_row_if_large": cols["lookup"] * unique * large,  # a random access, however narrow the row
+            # every lookup's gradient row scattered into the accumulator in the lookups' order
+            "gathered_byte_if_accumulator_large": cols["gathered_byte"] * (distinct >= accumulator_bytes),
+        }
     if feats[0].family == "embedding_bag_bwd":  # from `cache_bytes` on, the zeroed gradient is mapped afresh
         distinct = cols["gathered_byte"] * unique  # one gradient row accumulated and written per distinct row
         return cols | {
@@ -282,11 +308,11 @@ def fit_one(rows: list[Measurement], feats: list[OpFeatures]) -> dict[str, Any]:
         best: dict[str, Any] = {}
         stats = [row_index_stats(m) for m in rows]
         caches = CACHE_CANDIDATES_BYTES if family == "embedding_bag_fwd" else MEMORY_BREAKS_BYTES
-        many = SORT_BREAKS_LOOKUPS if family == "embedding_bag_bwd" else (math.inf,)
-        for cache, n in itertools.product(caches, many):
-            fit = fit_nonneg_linear(lookup_columns(feats, stats, cache, n), t)
+        second, breaks = SECOND_BREAKS.get(family, ("", (math.inf,)))
+        for cache, n in itertools.product(caches, breaks):
+            fit = fit_nonneg_linear(lookup_columns(feats, stats, cache, **({second: n} if second else {})), t)
             if not best or fit["fit_mean_abs_err"] < best["fit_mean_abs_err"]:
-                best = {"form": "lookup", "cache_bytes": cache, **fit} | ({"many_lookups": n} if n < math.inf else {})
+                best = {"form": "lookup", "cache_bytes": cache, **fit} | ({second: n} if n < math.inf else {})
         # how far the profile went: a linear model's price beyond it is an extrapolation
         return best | {"max_lookups": max(float(f.dims["lookups"]) for f in feats)}
     x = np.array([f.size for f in feats])
@@ -333,7 +359,8 @@ class OperatorCostModel:
             if fit is None:
                 raise OpModelError(f"{op}: no model for this operator (profile family 'embedding' first)")
             index = index or IndexStats.uniform(*_rows_lookups(f), f.dims["table_bytes"] / max(f.dims["rows"], 1))
-            cols = lookup_columns([f], [index], fit["cache_bytes"], fit.get("many_lookups", math.inf))
+            breaks = {name: fit[name] for name, _ in SECOND_BREAKS.values() if name in fit}
+            cols = lookup_columns([f], [index], fit["cache_bytes"], **breaks)
             # a calibration fitted before a column existed prices it at zero
             return float(fit["alpha_s"] + sum(fit.get(f"s_per_{name}", 0.0) * col[0] for name, col in cols.items()))
         fallback = FALLBACK_MEMORY_OPS[op.endswith("_")]

@@ -253,11 +253,13 @@ def run(
     passes: int = 1,
     threads: int | None = None,
     embedding_batches: tuple[int, ...] | None = None,
+    embedding_dims: tuple[int, ...] | None = None,
     collective_ranks: tuple[int, ...] | None = None,
 ) -> dict[str, int]:
     """Measure every configuration not yet in the database for this device. Returns counts.
 
-    `embedding_batches`: the bags per embedding call, instead of the grid's. `collective_ranks`: the
+    `embedding_batches`: the bags per embedding call, instead of the grid's; `embedding_dims`: the
+    tables' widths, instead of the grid's. `collective_ranks`: the
     group sizes of the collectives, instead of the grid's (2): more ranks than cores measures the
     host as a run that oversubscribes it would use it (replay's `--dp`/`--tp` what-ifs on a CPU trace).
 
@@ -286,6 +288,8 @@ def run(
     chosen = QUICK if quick else GPU if device.startswith("cuda") else FULL
     if embedding_batches:
         chosen = chosen | {"embedding_batches": list(embedding_batches)}
+    if embedding_dims:
+        chosen = chosen | {"embedding_dims": list(embedding_dims)}
     if collective_ranks:
         chosen = chosen | {"collective": chosen["collective"] | {"ranks": list(collective_ranks)}}
     grid = [c for c in configs(chosen) if c[0] in families]
