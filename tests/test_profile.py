@@ -330,6 +330,21 @@ def test_a_one_thread_profile_is_another_device_and_the_update_is_measured(tmp_p
     )
 
 
+def test_another_flush_size_is_another_device(tmp_path, monkeypatch):
+    """Rows timed after a 1 MiB flush are not the default's: a device of their own, measured anew."""
+    pytest.importorskip("torch")
+    from itercast.profile import microbench
+
+    monkeypatch.setitem(microbench.QUICK, "pooling", [2])
+    monkeypatch.setitem(microbench.QUICK, "distributions", ["uniform"])
+    db = ProfileDB(tmp_path / "p.db")
+    first = microbench.run(db, quick=True, families=("embedding",), warmup=1, repeats=1)
+    again = microbench.run(db, quick=True, families=("embedding",), warmup=1, repeats=1, flush_bytes=1 << 20)
+    assert first["measured"] == again["measured"] == 3 and again["already there"] == 0
+    flushes = sorted(fp.get("flush_bytes", 0) for _, _, fp in db.devices())
+    assert flushes == [0, 1 << 20]  # the default is not written into the fingerprint
+
+
 @pytest.mark.parametrize(
     ("option", "param", "bad", "refusal"),
     [

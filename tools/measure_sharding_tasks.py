@@ -13,9 +13,9 @@ needs them equal) from DIMS, a batch per rank from BATCHES_PER_RANK, uniform or 
 dense part as dlrm-small (13 dense features, bottom MLP 64-d, top MLP 64-1).
 Sharders (each proposes one sharding for 2 ranks; identical proposals are measured once and
 credited to every sharder that made them): `itercast` (workloads/dlrm/sharding.plan_sharding with
-the calibration validation/sharding.py's best block uses, fixed before any measurement:
-cpu_profile_1thread_corun.db with cpu_profile_1thread.db's collectives, host overheads measured on
-this CPU's MLP traces: CPU_HOST_OVERHEADS; seeds 29 and 30 were planned with the PyTorch HTA defaults),
+planner_calibration, fixed before any measurement: PLANNER_DB with cpu_profile_1thread.db's
+collectives, host overheads measured on this CPU's MLP traces: CPU_HOST_OVERHEADS; seeds 29 and 30
+were planned with the PyTorch HTA defaults, seed 33 on cpu_profile_1thread_corun_flush16.db),
 and TorchRec-style heuristics (SHARDERS below).
 The step is tools/measure_dlrm_sharding.ShardedDLRM (its draws, semantics, warm-up and timing): per
 task every distinct proposal runs in ROUNDS interleaved rounds of WARMUP untimed + ITERATIONS timed
@@ -52,6 +52,10 @@ DIMS = (16, 32, 64)
 BATCHES_PER_RANK = (256, 1024)
 ALPHAS = (0.0, 1.05)
 WORLD = 2
+#: the profile the planner is calibrated on (data/measured/README.md). Seed 33 was planned on
+#: cpu_profile_1thread_corun_flush16.db (a 16 MiB flush before each timed run), which then priced every
+#: draw's steps about 20% too fast (seeds 29-33 signed -20% to -26%): rejected
+PLANNER_DB = "cpu_profile_1thread_corun.db"
 SMALL_BYTES = 1 << 20  # dp_small: a table of at most 1 MiB (fp32) is replicated (its all-reduce is cheap)
 
 
@@ -151,8 +155,8 @@ CPU_HOST_OVERHEADS = ROOT / "data" / "measured" / "cpu_host_overheads_mlp.json"
 
 
 def planner_calibration() -> dict[str, Any]:
-    """validation/sharding.py's corun calibration (cpu_profile_1thread_corun.db, its collectives from
-    cpu_profile_1thread.db) with CPU_HOST_OVERHEADS as its host_overheads section (other trace)."""
+    """validation/sharding.py's corun calibration (PLANNER_DB, its collectives from cpu_profile_1thread.db)
+    with CPU_HOST_OVERHEADS as its host_overheads section (other trace)."""
     import json
 
     from sharding import MEASURED, with_families_from
@@ -161,7 +165,7 @@ def planner_calibration() -> dict[str, Any]:
     from itercast.profile.db import ProfileDB
 
     alone = ProfileDB(MEASURED / "cpu_profile_1thread.db", readonly=True)
-    db = with_families_from(ProfileDB(MEASURED / "cpu_profile_1thread_corun.db", readonly=True), alone)
+    db = with_families_from(ProfileDB(MEASURED / PLANNER_DB, readonly=True), alone)
     cal = merge_calibration(calibrate(db, db.devices()[-1][0], planner_system()))
     host = json.loads(CPU_HOST_OVERHEADS.read_text())["host_overheads"]
     return {**cal, "host_overheads": host, "host_overheads_source": str(CPU_HOST_OVERHEADS.relative_to(ROOT))}

@@ -1,14 +1,14 @@
 """How long the row-wise Adagrad update takes inside a measured DLRM step, against the same call timed
-alone as `itercast profile` times it (cold: a 64 MiB flush first, profile/microbench._time) and back to
-back (warm): is the microbenchmark's cold cache the step's?
+alone after flushes of FLUSHES_MIB (0: back to back; 64: as `itercast profile` times it by default,
+profile/microbench._time): which flush leaves the cache a step leaves?
 
     python tools/measure_update_in_step.py --out data/measured/cpu_update_in_step.csv --seed 29 --tasks 11 0
 
 Per task of tools/measure_sharding_tasks.draw_tasks(20, seed), its all-row-wise and greedy-by-size
 proposals run on 2 gloo processes of one thread each (tools/measure_dlrm_sharding.ShardedDLRM): 3 untimed
 and 20 timed steps, every update call inside them timed; then, both ranks at once, each shard's last
-call again: 20 times warm, 20 times after the flush. One row per (rank, proposal, table shard, lookups):
-the medians in milliseconds. Needs torch.
+call again, 20 times after each flush. One row per (rank, proposal, table shard, lookups): the medians
+in milliseconds. Needs torch.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 import measure_dlrm_sharding as step_module  # noqa: E402  (its ShardedDLRM calls the update by this name)
 from measure_sharding_tasks import all_row_wise, draw_tasks, greedy_size  # noqa: E402
 
-from itercast.profile.microbench import FLUSH_BYTES  # noqa: E402
 from itercast.profile.op_calls import rowwise_adagrad_update  # noqa: E402
 
 WARMUP, STEPS, REPEATS = 3, 20, 20
+#: MiB written before each alone run: 0 is back to back (warm), 64 what `itercast profile` writes by default
+FLUSHES_MIB = (0, 1, 4, 8, 16, 32, 64)
 
 
 def worker(rank: int, world: int, port: int, seed: int, picked: list[int], out: str) -> None:
@@ -48,7 +49,6 @@ def worker(rank: int, world: int, port: int, seed: int, picked: list[int], out: 
         calls.append((weight, state, idx, grad, time.perf_counter() - t0))
 
     step_module.rowwise_adagrad_update = timed
-    flush = torch.empty(FLUSH_BYTES // 4)
     tasks, rows = draw_tasks(20, seed), []
     for n in picked:
         task = tasks[n]
@@ -69,18 +69,18 @@ def worker(rank: int, world: int, port: int, seed: int, picked: list[int], out: 
             dist.barrier()
             for (table_rows, dim, lookups), cs in sorted(by_call.items()):
                 weight, state, idx, grad = cs[-1][:4]
-                warm, cold = [], []
-                for _ in range(REPEATS):
-                    t0 = time.perf_counter()
-                    rowwise_adagrad_update(weight, state, idx, grad, 0.0)
-                    warm.append(time.perf_counter() - t0)
-                for k in range(REPEATS):
-                    flush.fill_(k)
-                    t0 = time.perf_counter()
-                    rowwise_adagrad_update(weight, state, idx, grad, 0.0)
-                    cold.append(time.perf_counter() - t0)
+                alone = []
+                for mib in FLUSHES_MIB:
+                    flush = torch.empty(max((mib << 20) // 4, 1))
+                    times = []
+                    for k in range(REPEATS):
+                        flush.fill_(k)
+                        t0 = time.perf_counter()
+                        rowwise_adagrad_update(weight, state, idx, grad, 0.0)
+                        times.append(time.perf_counter() - t0)
+                    alone.append(statistics.median(times))
                 in_step = statistics.median(c[4] for c in cs)
-                medians = (in_step, statistics.median(warm), statistics.median(cold))
+                medians = (in_step, *alone)
                 rows.append(
                     f"{seed},{n},{rank},{name},{table_rows},{dim},{lookups},{len(cs)},"
                     + ",".join(f"{m * 1e3:.4f}" for m in medians)
@@ -105,7 +105,8 @@ def main() -> None:
     header = [
         f"# command: python tools/measure_update_in_step.py --out {args.out} --seed {args.seed} --tasks {tasks}",
         f"# torch {torch.__version__}; medians over the calls of {STEPS} timed steps (in_step), {REPEATS} repeats",
-        "seed,task,rank,proposal,shard_rows,dim,lookups,calls,in_step_ms,warm_ms,cold_ms",
+        "seed,task,rank,proposal,shard_rows,dim,lookups,calls,in_step_ms,"
+        + ",".join(f"flush{m}_ms" for m in FLUSHES_MIB),
     ]
     args.out.write_text("\n".join(header) + "\n" + "".join(p.read_text() for p in parts))
     for p in parts:

@@ -644,6 +644,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("costs/op_model.py", 'breaks = {name: fit[name] for name, _ in SECOND_BREAKS.values() if name in fit}',
       'breaks = {name: fit[name] for name, _ in SECOND_BREAKS.values() if name in fit and name != "accumulator_bytes"}',
       "a fitted accumulator break ignored when pricing", _t("op_model")),
+    M("profile/microbench.py",
+      'fingerprint(device) | ({"flush_bytes": flush_bytes} if flush_bytes != FLUSH_BYTES else {})',
+      "fingerprint(device)", "rows timed after another flush merged with the default's", _t("profile")),
 )
 # fmt: on
 

@@ -14,7 +14,9 @@ nothing here was fitted to the step times. Also shown: the same calibrated on th
 database (cpu_profile.db: one process using both cores), on cpu_profile_1thread_corun.db (the
 GEMM, embedding and elementwise grids measured by two `profile run --threads 1` at once, each
 operator while the other core ran the same grid, as the two ranks of a step do; its collectives
-from cpu_profile_1thread.db), and cpu-host's nominal curves.
+from cpu_profile_1thread.db), on cpu_profile_1thread_corun_flush16.db (the same, each run after a 16 MiB
+flush instead of 64 MiB, as the row-wise update finds the cache inside a step, data/measured/
+cpu_update_in_step.csv; it prices the steps too fast), and cpu-host's nominal curves.
 Co-running only while both compute (issue 29 item 5): the alone calibration with
 cpu_profile_1thread_corun.db's as `co_running` (dlrm_step; sim/contention.simulate_with_corunning):
 a kernel runs at its co-running price only while the other rank computes too, alone while that rank
@@ -97,10 +99,12 @@ def main() -> None:
     calibrations: list[tuple[str, dict | None, dict | None]] = []  # (label, calibration, co-running one)
     alone = ProfileDB(MEASURED / "cpu_profile_1thread.db", readonly=True)
     corun = with_families_from(ProfileDB(MEASURED / "cpu_profile_1thread_corun.db", readonly=True), alone)
+    in_step = with_families_from(ProfileDB(MEASURED / "cpu_profile_1thread_corun_flush16.db", readonly=True), alone)
     for label, db in (
         ("cpu_profile_1thread.db", alone),
         ("cpu_profile.db", ProfileDB(MEASURED / "cpu_profile.db", readonly=True)),
         ("cpu_profile_1thread_corun.db (each operator measured while the other core ran the same grid)", corun),
+        ("cpu_profile_1thread_corun_flush16.db (co-running, a 16 MiB flush before each timed run)", in_step),
     ):
         threads = db.devices()[-1][2].get("threads")
         doc = calibrate(db, db.devices()[-1][0], system)

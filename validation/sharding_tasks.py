@@ -10,7 +10,8 @@ the distinct proposals of itercast's planner and four TorchRec-style heuristics,
 processes of one thread each). The tasks were drawn, and the planner's calibration fixed (validation/
 sharding.py's corun block with host overheads: measure_sharding_tasks.planner_calibration; seeds 29 and 30
 were planned with the PyTorch HTA defaults, seed 31 with the other-trace overheads of this CPU's MLP traces,
-CPU_HOST_OVERHEADS), before any of these steps was measured; nothing here is fitted to them. The errors and
+CPU_HOST_OVERHEADS, seed 33 on the rejected cpu_profile_1thread_corun_flush16.db), before any of these steps
+was measured; nothing here is fitted to them. The errors and
 the model's pick are priced with today's planner_calibration whatever the seed.
 Per task: the measured fastest proposal (least median step), whether itercast's proposal is it, or
 else whether its steps are significantly slower than the fastest's (one-sided Mann-Whitney U over the

@@ -12,6 +12,7 @@ from itercast.cli.app import Group, app, console, fail, sizes_option
 from itercast.config.job import load_system
 from itercast.errors import ConfigError
 from itercast.profile.calibrate import CalibrationError
+from itercast.profile.microbench import FLUSH_BYTES
 from itercast.traces.host_overheads import HostOverheads
 
 profile_app = typer.Typer(
@@ -59,6 +60,15 @@ def profile_run_cmd(
             help="Embedding widths (default: 32 and 128 on a CPU); cover the widths of the tables you will price.",
         ),
     ] = None,
+    flush_mib: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=4096,
+            help="MiB written before each timed run (cold caches). Default: a GPU's L2 or a CPU's last-level "
+            "cache whole; another size is part of the device's fingerprint.",
+        ),
+    ] = FLUSH_BYTES >> 20,
     collective_ranks: Annotated[
         str | None,
         typer.Option(
@@ -92,6 +102,7 @@ def profile_run_cmd(
             embedding_batches=batches,
             embedding_dims=dims,
             collective_ranks=ranks,
+            flush_bytes=flush_mib << 20,
         )
     except (ProfileError, ConfigError) as exc:
         fail(str(exc))

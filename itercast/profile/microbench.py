@@ -19,8 +19,8 @@ so a calibration prices a trace's operators from the same description; profile/o
 each configuration's tensors, closure and call.
 
 Each configuration runs `warmup` times, then between 3 and `repeats` timed runs (fewer once 0.5 s
-of timed runs have passed), each after caches are flushed (FLUSH_BYTES); the median and the
-standard deviation are kept. A configuration
+of timed runs have passed), each after caches are flushed (FLUSH_BYTES, or `flush_bytes`); the
+median and the standard deviation are kept. A configuration
 already in the database for this device fingerprint is skipped, so an interrupted run resumes.
 Timing: perf_counter on CPU; CUDA events with synchronisation on a GPU.
 """
@@ -181,7 +181,13 @@ def configs(grid: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
 
 
 def _time(
-    fn: Callable[[], Any], device: str, warmup: int, repeats: int, budget_s: float = 0.5, host: bool = False
+    fn: Callable[[], Any],
+    device: str,
+    warmup: int,
+    repeats: int,
+    budget_s: float = 0.5,
+    host: bool = False,
+    flush_bytes: int = FLUSH_BYTES,
 ) -> tuple[list[float], list[float]]:
     """Seconds of each timed run of `fn`, and on a GPU the host's issue time of each run that did not
     wait for the device. On a GPU the times are the device's (CUDA events), with the stream held
@@ -193,7 +199,7 @@ def _time(
     import torch
 
     cuda = device.startswith("cuda")
-    flush = torch.empty(FLUSH_BYTES // 4, device=device)
+    flush = torch.empty(max(flush_bytes // 4, 1), device=device)
     issue: list[float] = []
     with torch.no_grad():
         for _ in range(warmup):
@@ -255,6 +261,7 @@ def run(
     embedding_batches: tuple[int, ...] | None = None,
     embedding_dims: tuple[int, ...] | None = None,
     collective_ranks: tuple[int, ...] | None = None,
+    flush_bytes: int = FLUSH_BYTES,
 ) -> dict[str, int]:
     """Measure every configuration not yet in the database for this device. Returns counts.
 
@@ -265,6 +272,15 @@ def run(
 
     `threads`: torch's intra-op threads (default: torch's, one per core); a CPU that runs one rank
     per core is profiled with 1. The count is part of the device's fingerprint.
+
+    `flush_bytes`: bytes written before each timed run (default: a GPU's L2 or a CPU's last-level
+    cache whole). A size other than the default is part of the device's fingerprint. Inside a step a
+    CPU rank's operator finds the cache as the operators before it left it: on this project's 2-core VM
+    the row-wise update ran inside measured DLRM steps about as fast as after a 16 MiB flush (in-step /
+    flushed, geomean 0.89, 0.83, 1.07 under 1k, 1k–10k and over 10k lookups; 0.52, 0.67, 1.08 after
+    64 MiB: data/measured/cpu_update_in_step.csv), but the whole grid profiled that way priced the
+    sharding tasks' steps 20–26% too fast (data/measured/README.md: cpu_profile_1thread_corun_flush16.db),
+    so the default stays.
 
     Each pass runs in its own seeded shuffled order. passes > 1: the whole grid `passes` times, each
     row stored as it is measured (params["pass"]), so that a host whose speed drifts over minutes
@@ -280,7 +296,7 @@ def run(
     unknown = set(families) - set(FAMILIES)
     if unknown:
         raise ProfileError(f"unknown families {sorted(unknown)}: expected some of {', '.join(FAMILIES)}")
-    fp = fingerprint(device)
+    fp = fingerprint(device) | ({"flush_bytes": flush_bytes} if flush_bytes != FLUSH_BYTES else {})
     dev = db.device(fp.get("gpu") or fp.get("cpu") or device, fp)
     if passes < 1:
         raise ProfileError(f"passes: expected 1 or more, got {passes}")
@@ -300,7 +316,7 @@ def run(
         task = bar.add_task("profiling", total=len(todo))
         for k in sorted({c[2].get("pass", 1) for c in todo}):
             this_pass = [c for c in todo if c[2].get("pass", 1) == k]
-            _measure_pass(db, dev, k, this_pass, device, warmup, repeats, bar, task)
+            _measure_pass(db, dev, k, this_pass, device, warmup, repeats, bar, task, flush_bytes)
     return {"measured": len(todo), "already there": len(done)}
 
 
@@ -319,13 +335,14 @@ def _measure_pass(
     repeats: int,
     bar: Progress,
     task: TaskID,
+    flush_bytes: int = FLUSH_BYTES,
 ) -> None:
     """One pass: its configurations in a shuffled order seeded by the pass, then its collectives."""
     random.Random(pass_number).shuffle(todo)
     collectives = [(op, params) for family, op, params in todo if family == "collective"]
     for family, op, params in (c for c in todo if c[0] != "collective"):
         fn, call, measured = prepare(family, op, params, device)
-        times, issue = _time(fn, device, warmup, repeats, host=family == "host")
+        times, issue = _time(fn, device, warmup, repeats, host=family == "host", flush_bytes=flush_bytes)
         stored = {**params, **({"call": call.__dict__} if call else {})}
         stored |= {"host_issue_s": statistics.median(issue)} if issue else {}
         stored |= {"counts": measured["counts"]} if "counts" in measured else {}
