@@ -49,6 +49,7 @@ def worker(rank: int, world: int, port: int, seed: int, picked: list[int], out: 
         calls.append((weight, state, idx, grad, time.perf_counter() - t0))
 
     step_module.rowwise_adagrad_update = timed
+    flushes = {mib: torch.empty(max((mib << 20) // 4, 1)) for mib in FLUSHES_MIB}
     tasks, rows = draw_tasks(20, seed), []
     for n in picked:
         task = tasks[n]
@@ -70,8 +71,7 @@ def worker(rank: int, world: int, port: int, seed: int, picked: list[int], out: 
             for (table_rows, dim, lookups), cs in sorted(by_call.items()):
                 weight, state, idx, grad = cs[-1][:4]
                 alone = []
-                for mib in FLUSHES_MIB:
-                    flush = torch.empty(max((mib << 20) // 4, 1))
+                for flush in flushes.values():
                     times = []
                     for k in range(REPEATS):
                         flush.fill_(k)

@@ -99,12 +99,12 @@ def main() -> None:
     calibrations: list[tuple[str, dict | None, dict | None]] = []  # (label, calibration, co-running one)
     alone = ProfileDB(MEASURED / "cpu_profile_1thread.db", readonly=True)
     corun = with_families_from(ProfileDB(MEASURED / "cpu_profile_1thread_corun.db", readonly=True), alone)
-    in_step = with_families_from(ProfileDB(MEASURED / "cpu_profile_1thread_corun_flush16.db", readonly=True), alone)
+    flush16 = with_families_from(ProfileDB(MEASURED / "cpu_profile_1thread_corun_flush16.db", readonly=True), alone)
     for label, db in (
         ("cpu_profile_1thread.db", alone),
         ("cpu_profile.db", ProfileDB(MEASURED / "cpu_profile.db", readonly=True)),
         ("cpu_profile_1thread_corun.db (each operator measured while the other core ran the same grid)", corun),
-        ("cpu_profile_1thread_corun_flush16.db (co-running, a 16 MiB flush before each timed run)", in_step),
+        ("cpu_profile_1thread_corun_flush16.db (co-running, a 16 MiB flush before each timed run)", flush16),
     ):
         threads = db.devices()[-1][2].get("threads")
         doc = calibrate(db, db.devices()[-1][0], system)

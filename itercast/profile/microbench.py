@@ -335,7 +335,7 @@ def _measure_pass(
     repeats: int,
     bar: Progress,
     task: TaskID,
-    flush_bytes: int = FLUSH_BYTES,
+    flush_bytes: int,
 ) -> None:
     """One pass: its configurations in a shuffled order seeded by the pass, then its collectives."""
     random.Random(pass_number).shuffle(todo)
