@@ -132,6 +132,12 @@ class ShardedDLRM:
         self.dense = torch.randn(b, model.dense_features, device=device)
         self.labels = torch.randint(0, 2, (b, 1), device=device).float()
         self.step_count = 0
+        #: (phase, perf_counter_ns at its end) of the steps run while a list is set (tools/measure_phases_in_step.py)
+        self.marks: list[tuple[str, int]] | None = None
+
+    def _mark(self, phase: str) -> None:
+        if self.marks is not None:
+            self.marks.append((phase, time.perf_counter_ns()))
 
     def _exchange(self, parts: dict[int, list[Any]], widths: dict[int, int], rows: int) -> dict[int, Any]:
         """Send each peer the concatenation of its parts; receive `rows` × widths[peer] from each."""
@@ -159,6 +165,7 @@ class ShardedDLRM:
         pooled: dict[str, Any] = {}
         row_wise = [e for e in self.tables if e["strategy"] == "row_wise"]
         partial = []
+        self._mark("start")
         for e in self.tables:  # forward lookups
             mine = "weight" in e
             if mine:
@@ -174,6 +181,7 @@ class ShardedDLRM:
                 partial.append(out)
             else:
                 pooled[e["name"]] = out
+        self._mark("embedding_fwd")
         if row_wise:  # the row-wise tables' partial sums in one reduce-scatter, as TorchRec groups them
             summed = torch.empty(b, sum(e["dim"] for e in row_wise), device=self.device)
             dist.reduce_scatter_tensor(summed, torch.cat(partial, 1))
@@ -189,6 +197,7 @@ class ShardedDLRM:
                     cols.append(received[owner][:, at[owner] : at[owner] + e["width"]])
                     at[owner] += e["width"]
                 pooled[e["name"]] = torch.cat(cols, 1)
+        self._mark("pooled_exchange")
         emb = torch.stack([pooled[e["name"]] for e in self.tables], 1).requires_grad_()
         x = self.bottom(self.dense)
         z = torch.cat([x[:, None], emb], 1)
@@ -196,6 +205,7 @@ class ShardedDLRM:
         loss = F.binary_cross_entropy_with_logits(self.top(torch.cat([x, inter], 1)), self.labels)
         self.opt.zero_grad()
         loss.backward()
+        self._mark("mlp_fwd_bwd")
         grad = emb.grad
         dense_grads = [p.grad.reshape(-1) for p in self.params]
         dp_tables = []
@@ -205,8 +215,10 @@ class ShardedDLRM:
                 g = torch.zeros_like(e["weight"]).index_add_(0, idx, grad[:, i][bag])
                 dp_tables.append((e, g))
                 dense_grads.append(g.reshape(-1))
+        self._mark("replica_embedding_bwd")
         flat = torch.cat(dense_grads)
         reduce = dist.all_reduce(flat, async_op=True)
+        self._mark("ddp_to_buckets")
         parts = {p: [] for p in range(world)}
         widths = dict.fromkeys(range(world), 0)
         for i, e in enumerate(self.tables):  # pooled gradients back to the owners
@@ -226,6 +238,7 @@ class ShardedDLRM:
                 zip([e["name"] for e in row_wise], gathered.split([e["dim"] for e in row_wise], 1), strict=True)
             )
         at = dict.fromkeys(range(world), 0)
+        self._mark("pooled_grad_exchange")
         for e in self.tables:
             if "weight" not in e or e["strategy"] == "data_parallel":
                 continue
@@ -237,13 +250,16 @@ class ShardedDLRM:
                 for p in range(world):
                     at[p] += e["width"]
             rowwise_adagrad_update(e["weight"], e["state"], idx, full[bag], LR)
+        self._mark("embedding_bwd")
         reduce.wait()
+        self._mark("grad_all_reduce")
         flat /= world
         at_flat = 0
         for p in self.params:
             n = p.numel()
             p.grad.copy_(flat[at_flat : at_flat + n].view_as(p.grad))
             at_flat += n
+        self._mark("ddp_from_buckets")
         self.opt.step()
         for e, _ in dp_tables:  # dense row-wise Adagrad over the whole replica
             n = e["weight"].numel()
@@ -251,6 +267,7 @@ class ShardedDLRM:
             at_flat += n
             e["state"] += torch.linalg.vector_norm(g, dim=1).pow_(2).div_(g.shape[1])  # mean of g² per row
             e["weight"].addcmul_(g, (-LR / (e["state"].sqrt() + EPS))[:, None])  # in place: no table-sized temporaries
+        self._mark("optimizer")
 
 
 def worker(rank: int, world: int, port: int, out: str) -> None:

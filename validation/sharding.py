@@ -44,6 +44,7 @@ import math
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 
 from scipy.stats import kendalltau, mannwhitneyu
@@ -150,20 +151,19 @@ def main() -> None:
             picks(measured, spread, every, predicted[h])
 
 
-def with_families_from(db: ProfileDB, other: ProfileDB) -> ProfileDB:
-    """An in-memory database of `db`'s rows (every pass) and `other`'s rows of the families `db` lacks,
-    under `db`'s device: calibrated as one, each family's curve and operator model comes from one
-    database (cpu_profile_1thread_corun.db holds GEMM, embedding and elementwise only; its
-    collectives come from cpu_profile_1thread.db)."""
+def with_families_from(db: ProfileDB, other: ProfileDB, ops: Collection[str] = ()) -> ProfileDB:
+    """An in-memory database of `db`'s rows (every pass) and `other`'s rows of the families `db` lacks
+    and of the operators named in `ops` (those replace `db`'s), under `db`'s device: calibrated as one,
+    each operator's curve and model comes from one database (cpu_profile_1thread_corun.db holds GEMM,
+    embedding and elementwise only; its collectives come from cpu_profile_1thread.db)."""
     device_id, name, fingerprint = db.devices()[-1]
     rows = list(db.measurements(device_id=device_id, passes=True))
     have = {m.family for m in rows}
     out = ProfileDB(":memory:")
     into = out.device(name, fingerprint)
-    out.add(into, rows)
-    out.add(
-        into, (m for m in other.measurements(device_id=other.devices()[-1][0], passes=True) if m.family not in have)
-    )
+    out.add(into, (m for m in rows if m.op not in ops))
+    taken = other.measurements(device_id=other.devices()[-1][0], passes=True)
+    out.add(into, (m for m in taken if m.family not in have or m.op in ops))
     return out
 
 

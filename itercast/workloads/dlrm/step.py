@@ -44,6 +44,18 @@ all_gather_into_tensor, isend/irecv then wait, the all-reduce's reduce.wait()), 
 runs ahead of its streams.
 Co-running (`co_running`): ranks that share a host's memory and caches (CPU ranks) slow each other's
 kernels while both compute; each compute task runs at its co-running price only then (sim/contention.py).
+Cores (a system whose accelerator is the host, on one node): every rank has one core (one compute
+thread each, as tools/measure_dlrm_sharding.py runs them), and its collectives run on it too (gloo's
+threads copy over loopback TCP), so a collective in flight beside a rank's compute or beside another of
+its collectives shares the node's gpus_per_node cores with them (processor sharing, sim/sharing.py):
+the all-reduce of the dense gradients slows the pooled gradients' exchange and the updates beside it.
+Measured on this project's 2-core VM (data/measured/gloo_exchange_beside_allreduce.csv): a 16 KiB
+point-to-point exchange takes 0.39 ms alone, 0.48 ms beside a 40 KiB all-reduce and 1.13 ms beside a
+1 MiB one; inside measured steps the pooled gradients' exchange ran about twice its price alone
+(validation/sharding_phases.py). Processor sharing is the fluid limit: it slows the 16 KiB exchange
+beside the 40 KiB all-reduce to 0.78 ms (more than measured) and ends the pair at 0.82 ms (0.87
+measured). Not applied over several nodes (each host's cores are not modelled apart) nor with
+`co_running`.
 """
 
 from __future__ import annotations
@@ -63,6 +75,7 @@ from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import place_group
 from itercast.sim.contention import simulate_with_corunning
 from itercast.sim.engine import SimResult, simulate
+from itercast.sim.sharing import simulate_shared
 from itercast.workloads.dlrm.config import DLRMConfig, Shard
 from itercast.workloads.dlrm.embedding import (
     ADAGRAD_ROW_BYTES,
@@ -193,7 +206,12 @@ def dlrm_step(
     co-running / alone seconds − 1; its communication and host time from `calibration`)."""
     host = host_model(system, calibration, host_overheads)
     graph = _step_graph(model, system, plan, batch_per_rank, calibration, index_counts, host)
-    if co_running is None:
+    if co_running is None and system.gpu.executes_on_host and system.num_nodes == 1:
+        # the ranks share their cores (module docstring, "Cores"); each task then lasts what it ran there, so
+        # that the graph alone replays this schedule (breakdown, variability: the sharing stays as predicted)
+        shared = simulate_shared(graph, system.node.gpus_per_node, {})
+        sim = simulate(graph.with_durations(shared.end_s - shared.start_s))
+    elif co_running is None:
         sim = simulate(graph)
     else:
         corun = _step_graph(model, system, plan, batch_per_rank, co_running, index_counts, host)

@@ -1,0 +1,107 @@
+"""Each phase of a measured DLRM sharding step against its price: which profile prices each operator
+family as it runs inside a step (issue 29: the sharding planner's calibration).
+
+    python validation/sharding_phases.py [--csv data/measured/cpu_sharding_phases_seed29.csv]
+
+Measured: tools/measure_phases_in_step.py (per task, heuristic proposal, rank and phase, the median
+milliseconds over 20 timed steps of tools/measure_dlrm_sharding.ShardedDLRM). Predicted: the same
+(task, proposal, rank)'s tasks of workloads/dlrm.dlrm_step (their seconds and the host seconds issued
+before them), on each of CALIBRATIONS (measure_sharding_tasks.planner_calibration). Printed per
+compute phase and calibration: geomean predicted / measured, geomean |error|, and the same split by the
+task's batch per rank. Communication phases are shown too, but their measured time includes waiting
+for the other rank (and the all-reduce's is only its exposed wait), so they decide nothing here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "validation")]
+from measure_sharding_tasks import PLANNER_DB, decode, draw_tasks, planner_calibration, planner_system  # noqa: E402
+
+from itercast.workloads.dlrm import dlrm_step  # noqa: E402
+
+#: measured phase -> the step graph's tasks it spans (workloads/dlrm/step._step_graph)
+PHASES: dict[str, tuple[str, ...]] = {
+    "embedding_fwd": ("embedding_fwd",),
+    "mlp_fwd_bwd": ("bottom_mlp_fwd", "interaction_top_mlp_fwd_bwd", "bottom_mlp_bwd"),
+    "replica_embedding_bwd": ("replica_embedding_bwd",),
+    "ddp_to_buckets": ("ddp_to_buckets",),
+    "embedding_bwd": ("embedding_bwd",),
+    "ddp_from_buckets": ("ddp_from_buckets",),
+    "optimizer": ("optimizer",),
+    "pooled_exchange": ("pooled_exchange",),
+    "pooled_grad_exchange": ("pooled_grad_exchange",),
+}
+COMMUNICATION = ("pooled_exchange", "pooled_grad_exchange")
+#: the calibrations compared: each profile whole (a 64 MiB or a 16 MiB flush before each timed run), and
+#: the planner's (measure_sharding_tasks.PLANNER_OPS_FROM: per operator family the nearer of the two here)
+CALIBRATIONS: dict[str, tuple[str, dict[str, tuple[str, ...]] | None]] = {
+    "cpu_profile_1thread_corun.db (64 MiB flush)": ("cpu_profile_1thread_corun.db", {}),
+    "cpu_profile_1thread_corun_flush16.db (16 MiB flush)": ("cpu_profile_1thread_corun_flush16.db", {}),
+    "the planner's (PLANNER_OPS_FROM)": (PLANNER_DB, None),
+}
+MIN_MS = 0.05  # phases shorter than this on a rank (nothing to do there) are left out
+
+
+def predicted_phases_ms(calibration: dict, task, sharding: str) -> dict[tuple[int, str], float]:
+    """(rank, phase) -> predicted milliseconds: the phase's tasks and the host time issued before them."""
+    graph = dlrm_step(task.model(), planner_system(), decode(sharding), task.batch_per_rank, calibration).graph
+    out: dict[tuple[int, str], float] = defaultdict(float)
+    phase_of = {n: p for p, names in PHASES.items() for n in names}
+    for i in range(graph.num_tasks):
+        name = graph.names[graph.name[i]].removeprefix("host:")
+        if name in phase_of:
+            rank = int(graph.resource_rank[graph.resource[i]])
+            out[rank, phase_of[name]] += float(graph.duration_s[i]) * 1e3
+    return out
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", type=Path, default=ROOT / "data" / "measured" / "cpu_sharding_phases_seed29.csv")
+    args = ap.parse_args()
+    with args.csv.open() as fh:
+        rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    seed = int(rows[0]["seed"])
+    tasks = draw_tasks(1 + max(int(r["task"]) for r in rows), seed)
+    print(f"{args.csv.name}: seed {seed}, {len(rows)} (task, proposal, rank, phase) medians")
+    for label, (profile, ops_from) in CALIBRATIONS.items():
+        calibration = planner_calibration(profile) if ops_from is None else planner_calibration(profile, ops_from)
+        ratios: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        cache: dict[tuple[int, str], dict[tuple[int, str], float]] = {}
+        for r in rows:
+            n, phase, measured = int(r["task"]), r["phase"], float(r["median_ms"])
+            if phase not in PHASES or measured < MIN_MS:
+                continue
+            key = (n, r["sharding"])
+            if key not in cache:
+                cache[key] = predicted_phases_ms(calibration, tasks[n], r["sharding"])
+            predicted = cache[key].get((int(r["rank"]), phase), 0.0)
+            if predicted > 0:
+                ratios[phase].append((tasks[n].batch_per_rank, predicted / measured))
+        print(f"\n{label}: predicted / measured per phase, geomean (|error| geomean) [n]")
+        print(f"{'phase':24s}{'all':>24s}{'batch 256':>24s}{'batch 1024':>24s}")
+        for phase in PHASES:
+            cells = []
+            for batch in (None, 256, 1024):
+                xs = [x for b, x in ratios[phase] if batch in (None, b)]
+                cells.append(
+                    f"{geomean(xs):.3f} ({geomean([abs(x - 1) + 1e-9 for x in xs]):5.1%}) [{len(xs):3d}]" if xs else "-"
+                )
+            note = "  (communication: includes waiting)" if phase in COMMUNICATION else ""
+            print(f"{phase:24s}" + "".join(f"{c:>24s}" for c in cells) + note)
+
+
+if __name__ == "__main__":
+    main()
