@@ -14,10 +14,10 @@ dense part as dlrm-small (13 dense features, bottom MLP 64-d, top MLP 64-1).
 Sharders (each proposes one sharding for 2 ranks; identical proposals are measured once and
 credited to every sharder that made them): `itercast` (workloads/dlrm/sharding.plan_sharding with
 planner_calibration, fixed before any measurement: PLANNER_DB with cpu_profile_1thread.db's
-collectives and PLANNER_OPS_FROM's operators from another profile, host overheads measured on this CPU's
-MLP traces: CPU_HOST_OVERHEADS; seeds 29 and 30 were planned with the PyTorch HTA defaults, seed 33 on
-cpu_profile_1thread_corun_flush16.db, seeds 29-33 without PLANNER_OPS_FROM and before dlrm_step shared
-a host's cores between its ranks' compute and collectives),
+collectives, host overheads measured on this CPU's MLP traces: CPU_HOST_OVERHEADS; seeds 29 and 30
+were planned with the PyTorch HTA defaults, seed 33 on cpu_profile_1thread_corun_flush16.db, seed 34
+with the forward lookups and GEMMs from it (rejected: validation/sharding_phases.py), seeds 29-33 before
+dlrm_step shared a host's cores between its ranks' compute and collectives),
 and TorchRec-style heuristics (SHARDERS below).
 The step is tools/measure_dlrm_sharding.ShardedDLRM (its draws, semantics, warm-up and timing): per
 task every distinct proposal runs in ROUNDS interleaved rounds of WARMUP untimed + ITERATIONS timed
@@ -58,14 +58,6 @@ WORLD = 2
 #: cpu_profile_1thread_corun_flush16.db (a 16 MiB flush before each timed run), which then priced every
 #: draw's steps about 20% too fast (seeds 29-33 signed -20% to -26%): rejected
 PLANNER_DB = "cpu_profile_1thread_corun.db"
-#: operators the planner prices from another profile of data/measured, replacing PLANNER_DB's rows: per
-#: operator family, the profile whose prices came nearer the family's phase inside measured steps (seed 29's
-#: tasks, data/measured/cpu_sharding_phases_seed29.csv, validation/sharding_phases.py; geomean |error| of the
-#: phase, 64 MiB vs 16 MiB flush: forward lookups 61% vs 19%, MLP GEMMs 30% vs 15%, update 15% vs 20%,
-#: replica backward 25% vs 47%, optimizer 5% vs 7%). Chosen on those phases, before any step was priced with it
-PLANNER_OPS_FROM: dict[str, tuple[str, ...]] = {
-    "cpu_profile_1thread_corun_flush16.db": ("mm", "bmm", "embedding_bag_fwd"),
-}
 SMALL_BYTES = 1 << 20  # dp_small: a table of at most 1 MiB (fp32) is replicated (its all-reduce is cheap)
 
 
@@ -165,11 +157,11 @@ CPU_HOST_OVERHEADS = ROOT / "data" / "measured" / "cpu_host_overheads_mlp.json"
 
 
 def planner_calibration(
-    profile: str = PLANNER_DB, ops_from: dict[str, tuple[str, ...]] = PLANNER_OPS_FROM
+    profile: str = PLANNER_DB, ops_from: dict[str, tuple[str, ...]] | None = None
 ) -> dict[str, Any]:
     """validation/sharding.py's corun calibration (`profile` of data/measured, its collectives from
-    cpu_profile_1thread.db, and the operators `ops_from` names from those profiles) with
-    CPU_HOST_OVERHEADS as its host_overheads section (other trace)."""
+    cpu_profile_1thread.db, and the operators `ops_from` names from those profiles: none for the planner)
+    with CPU_HOST_OVERHEADS as its host_overheads section (other trace)."""
     import json
 
     from sharding import MEASURED, with_families_from
@@ -179,7 +171,7 @@ def planner_calibration(
 
     alone = ProfileDB(MEASURED / "cpu_profile_1thread.db", readonly=True)
     db = with_families_from(ProfileDB(MEASURED / profile, readonly=True), alone)
-    for other, ops in ops_from.items():
+    for other, ops in (ops_from or {}).items():
         db = with_families_from(db, ProfileDB(MEASURED / other, readonly=True), ops)
     cal = merge_calibration(calibrate(db, db.devices()[-1][0], planner_system()))
     host = json.loads(CPU_HOST_OVERHEADS.read_text())["host_overheads"]
