@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from test_dlrm import model, system
-from test_golden import SYSTEM
+from test_golden import SYSTEM, linear_calibration
 
 from itercast.config.job import parse_section
 from itercast.costs.host_overheads import HostOverheads
@@ -186,3 +186,64 @@ def test_the_step_names_where_its_overheads_came_from():
     other_cal = {**merge_calibration(host_overheads_only(OVERHEADS)), "host_overheads_source": "mlp.json"}
     assert dlrm_step(model(2), system(2), plan, 64, other_cal).host_source == "other trace: mlp.json"
     assert default.step_time_s > dlrm_step(model(2), system(2), plan, 64, host_overheads=no_overheads()).step_time_s
+
+
+def test_on_one_cpu_host_each_rank_shares_its_core_between_its_compute_and_its_collectives():
+    # two row-wise tables on 2 ranks of one CPU host (gpus_per_node 2: one core per rank, both ranks alike,
+    # so each rank's running tasks share one core: k of them run at 1/k each); the same step on GPUs
+    # (nothing shared) gives every task's work alone
+    m, b = model(tables=2), 8
+    plan = {t.name: Shard("row_wise", (0, 1)) for t in m.tables}
+    gpu = dlrm_step(m, system(2), plan, b, linear_calibration(), host_overheads=no_overheads())
+    cpu = dlrm_step(m, cpu_system(2), plan, b, linear_calibration(), host_overheads=no_overheads())
+    work = _rank0(gpu, lambda g, i: g.duration_s[i])
+    Ix, Bf, E, P = (work[n] for n in ("index_exchange", "bottom_mlp_fwd", "embedding_fwd", "pooled_exchange"))
+    T, Bb, B, X = (
+        work[n] for n in ("interaction_top_mlp_fwd_bwd", "bottom_mlp_bwd", "ddp_to_buckets", "pooled_grad_exchange")
+    )
+    A, U, F, Opt = (work[n] for n in ("grad_all_reduce", "embedding_bwd", "ddp_from_buckets", "optimizer"))
+    assert Bf < Ix and B < X and X - B < A and A - (X - B) < U  # the order of events worked out below
+    # the index exchange beside the bottom MLP: both at 1/2 until the MLP ends (2 Bf), the exchange alone after
+    t = 2 * Bf + (Ix - Bf)
+    t += E + P + T + Bb  # one task at a time
+    # the buckets beside the gradients' exchange: both at 1/2 until the buckets end; the all-reduce starts
+    # then, beside the exchange's rest (X - B), both at 1/2; the update starts once the exchange ends,
+    # beside the all-reduce's rest, both at 1/2; the update alone after
+    buckets_end = t + 2 * B
+    exchange_end = buckets_end + 2 * (X - B)
+    all_reduce_end = exchange_end + 2 * (A - (X - B))
+    update_end = all_reduce_end + U - (A - (X - B))
+    step_s = update_end + F + Opt
+    ends = _rank0(cpu, lambda g, i: cpu.sim.end_s[i])
+    assert ends["ddp_to_buckets"] == pytest.approx(buckets_end)
+    assert ends["pooled_grad_exchange"] == pytest.approx(exchange_end)
+    assert ends["grad_all_reduce"] == pytest.approx(all_reduce_end)
+    assert ends["embedding_bwd"] == pytest.approx(update_end)
+    assert cpu.step_time_s == pytest.approx(step_s)
+    # each task lasts what it ran (its span), so the graph alone replays the shared schedule
+    assert _rank0(cpu, lambda g, i: g.duration_s[i])["pooled_grad_exchange"] == pytest.approx(exchange_end - t)
+    # over several nodes the cores are not modelled apart: nothing shared, every task its work alone
+    nodes = {"node": {**SYSTEM["node"], "gpus_per_node": 1}, "num_nodes": 2}
+    apart = [
+        dlrm_step(
+            m,
+            parse_section("system", {**SYSTEM, **nodes, "gpu": gpu_}),
+            plan,
+            b,
+            linear_calibration(),
+            host_overheads=no_overheads(),
+        )
+        for gpu_ in (SYSTEM["gpu"], {**SYSTEM["gpu"], "executes_on_host": True})
+    ]
+    assert _rank0(apart[1], lambda g, i: g.duration_s[i]) == _rank0(apart[0], lambda g, i: g.duration_s[i])
+    assert apart[1].step_time_s == apart[0].step_time_s
+
+
+def _rank0(step, value) -> dict[str, float]:
+    """Per task name on rank 0 (host tasks left out), `value(graph, task)`."""
+    g = step.graph
+    return {
+        g.names[g.name[i]]: float(value(g, i))
+        for i in range(g.num_tasks)
+        if g.resource_rank[g.resource[i]] == 0 and not g.names[g.name[i]].startswith("host:")
+    }

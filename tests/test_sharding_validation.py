@@ -36,3 +36,25 @@ def test_families_the_first_lacks_come_from_the_second(tmp_path: Path):
     assert rows["embedding", "embedding_bag_fwd"].time_s == pytest.approx(2.0)
     assert rows["embedding", "embedding_bag_fwd"].params["passes"] == 2
     assert rows["gemm", "mm"].time_s == pytest.approx(7.0)  # the family the first lacks, from the second
+
+
+def test_named_operators_come_from_the_second_and_replace_the_firsts(tmp_path: Path):
+    first = ProfileDB(tmp_path / "first.db")
+    f = first.device("cpu", {"flush_mib": 64})
+    first.add(f, [_row("gemm", "mm", 4.0, m=4), _row("embedding", "embedding_bag_fwd", 1.0, rows=10)])
+    first.add(f, [_row("embedding", "embedding_bag_update", 2.0, rows=10)])
+    second = ProfileDB(tmp_path / "second.db")
+    s = second.device("cpu", {"flush_mib": 16})
+    second.add(s, [_row("gemm", "mm", 3.0, m=4), _row("embedding", "embedding_bag_fwd", 0.5, rows=10)])
+    second.add(s, [_row("embedding", "embedding_bag_update", 1.5, rows=10), _row("elementwise", "add", 9.0)])
+
+    both = with_families_from(first, second, ops=("embedding_bag_fwd",))
+    rows = {(m.family, m.op): m.time_s for m in both.measurements()}
+    # the named operator from the second (0.5, not 1.0); the other rows of its family and the rest from the
+    # first; a family the first lacks (elementwise) from the second
+    assert rows == {
+        ("gemm", "mm"): 4.0,
+        ("embedding", "embedding_bag_fwd"): 0.5,
+        ("embedding", "embedding_bag_update"): 2.0,
+        ("elementwise", "add"): 9.0,
+    }

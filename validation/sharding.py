@@ -87,8 +87,8 @@ def read(path: Path) -> tuple[dict[Key, dict[str, float]], dict[Key, dict[str, f
 
 def summary(errors: list[float]) -> str:
     geo = math.exp(sum(math.log(abs(e)) for e in errors) / len(errors))
-    mean = sum(abs(e) for e in errors) / len(errors)
-    return f"geomean |error| {geo:.1%}, mean {mean:.1%}, worst {max(errors, key=abs):+.1%}"
+    mean, signed = sum(abs(e) for e in errors) / len(errors), sum(errors) / len(errors)
+    return f"geomean |error| {geo:.1%}, mean {mean:.1%}, signed mean {signed:+.1%}, worst {max(errors, key=abs):+.1%}"
 
 
 def main() -> None:
