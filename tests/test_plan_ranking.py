@@ -79,3 +79,21 @@ def test_a_row_without_system_or_overrides_is_a_preset_on_dgx_h100():
 def test_every_published_row_builds_a_job_with_at_least_two_plans_per_job():
     jobs = pr.jobs()
     assert all(len(plans) >= 2 for plans in jobs.values())
+
+
+def test_checking_jobs_group_the_checking_tables_plans_and_leave_out_what_the_ranking_files_hold():
+    jobs = pr.checking_jobs()
+    assert all(len(plans) >= 2 for plans in jobs.values())
+    assert not any("bloom" in name for name in jobs)  # BLOOM's prequel tables: in the plan_ranking files
+    # torchtitan's Llama 2 13B on 64 A100 at global batch 128: no, layer and op activation checkpointing
+    (thirteen,) = [plans for name, plans in jobs.items() if name.startswith("llama2-13b 64 A100")]
+    assert sorted(label for label, _, _ in thirteen) == [
+        "Llama 2 13B FSDP bs2 no AC x64 A100",
+        "Llama 2 13B FSDP bs2 selective layer AC x64 A100",
+        "Llama 2 13B FSDP bs2 selective op AC x64 A100",
+    ]
+    # torchtitan's async-TP pairs of Llama 3 70B on 256 H100 are in torchtitan_h100.csv: not counted twice
+    assert not any(name.startswith("llama3-70b 256") for name in jobs)
+    # each of Narayanan et al.'s ZeRO-3 vs PTD-P pairs, five GPU counts
+    zero3 = [plans for name, plans in jobs.items() if "narayanan2021" in name]
+    assert len(zero3) == 5 and all({j.plan.zero_stage for _, j, _ in plans} == {0, 3} for plans in zero3)

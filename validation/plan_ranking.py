@@ -11,13 +11,17 @@ rows are plans. A row's model and system are a preset (blank model: none) with `
 tokens/s per GPU or MFU, whose inverse orders the plans of one job alike. Each plan is predicted by the graph
 simulation (`predict`). Printed per job: Kendall τ between predicted and measured times, whether the measured
 fastest is ranked first, the loss when not (measured time of itercast's pick / measured best − 1); then the
-fastest-pick rate over jobs whose plans differ by ≥ 5% in measured time.
+fastest-pick rate over jobs whose plans differ by ≥ 5% in measured time. Then the same for the checking
+table's plan comparisons (checking_jobs: data/published/checking, validation/checking_step_times.py's rows and
+predictions), and over both.
 """
 
 from __future__ import annotations
 
 import csv
 import itertools
+import json
+import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -26,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checking_step_times import load_rows as checking_rows
 from published_step_times import job as korthikanti_job
 from published_step_times import rows as korthikanti_rows
 
@@ -35,6 +40,9 @@ from itercast.predict import predict
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "published" / "plan_ranking"
 DISTINCT = 0.05  # jobs whose measured plans differ by at least this share count toward the pick rate
+#: checking sources whose plan comparisons the plan_ranking files already hold (BLOOM's prequel tables, there
+#: split by day): left out of checking_jobs
+SAME_AS_RANKING = ("bloom176b_a100",)
 
 
 def _read(path: Path) -> list[dict[str, str]]:
@@ -92,6 +100,42 @@ def jobs() -> dict[str, list[tuple[str, Job, float]]]:
     return out
 
 
+def checking_jobs() -> dict[str, list[tuple[str, Job, float]]]:
+    """Jobs of the checking table (data/published/checking, validation/checking_step_times.py): its expressed
+    rows of one source, model, system, global batch and dtype with two or more distinct plans, each plan at the
+    median of its measured seconds; none whose model, GPUs, sequence, global batch and dtype a plan_ranking
+    file already holds, nor SAME_AS_RANKING's."""
+    held = {
+        (r["model"], int(r["gpus"]), int(r["seq_length"]), int(r["global_batch_size"]), r["dtype"])
+        for path in DATA.glob("*.csv")
+        for r in _read(path)
+    }
+    groups: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for row in checking_rows():
+        if row.skipped or row.source in SAME_AS_RANKING:
+            continue
+        key = (row.model.get("preset"), row.gpus, row.model["seq_length"], row.plan["global_batch_size"])
+        if (*key, row.plan["dtype"]) in held:
+            continue
+        job = json.dumps([row.source, row.model, row.system, row.plan["global_batch_size"], row.plan["dtype"]])
+        groups[job][json.dumps(row.plan, sort_keys=True)].append(row)
+    out: dict[str, list[tuple[str, Job, float]]] = {}
+    for plans in groups.values():
+        if len(plans) < 2:
+            continue
+        first = next(iter(plans.values()))[0]
+        name = f"{first.model.get('preset', 'custom')} {first.gpus} {first.family} (checking: {first.source})"
+        out[name] = [
+            (
+                rows[0].label,
+                Job.from_dicts(rows[0].model, rows[0].plan, rows[0].system, source=rows[0].label),
+                statistics.median(r.measured_s for r in rows),
+            )
+            for rows in plans.values()
+        ]
+    return out
+
+
 def kendall_tau(a: list[float], b: list[float]) -> float:
     """Kendall τ-a over all pairs: (concordant − discordant) / pairs."""
     pairs = list(itertools.combinations(range(len(a)), 2))
@@ -102,9 +146,23 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 
 
 def main() -> None:
+    totals = []
+    for title, found in (("plan_ranking files", jobs()), ("checking table", checking_jobs())):
+        print(f"== jobs from the {title}")
+        totals.append(rank(found))
+        print(totals[-1][0])
+    taus = [t for _, ts, _, _, _ in totals for t in ts]
+    losses = [x for _, _, xs, _, _ in totals for x in xs]
+    picked, counted = sum(t[3] for t in totals), sum(t[4] for t in totals)
+    print(f"== all: {summary(taus, picked, counted, losses)}")
+
+
+def rank(found: dict[str, list[tuple[str, Job, float]]]) -> tuple[str, list[float], list[float], int, int]:
+    """Prints each job's plans, predicted and measured; returns (summary line, τ per job, loss per counted job,
+    jobs whose fastest was ranked first, jobs counted: plans differing by ≥ DISTINCT)."""
     picked = counted = 0
     taus, losses = [], []
-    for name, plans in jobs().items():
+    for name, plans in found.items():
         predicted = [predict(job).step_time_s for _, job, _ in plans]
         measured = [m for _, _, m in plans]
         tau = kendall_tau(predicted, measured)
@@ -121,7 +179,11 @@ def main() -> None:
         print("fastest ranked first" if pick == best else f"picked {plans[pick][0]} (loss {loss:.1%})")
         for (label, _, m), p in zip(plans, predicted, strict=True):
             print(f"    {label:55} measured {m / measured[best]:.3f}× best, predicted {p:.3f} s")
-    print(
+    return summary(taus, picked, counted, losses), taus, losses, picked, counted
+
+
+def summary(taus: list[float], picked: int, counted: int, losses: list[float]) -> str:
+    return (
         f"{len(taus)} jobs: mean Kendall τ {sum(taus) / len(taus):+.2f}; fastest ranked first on {picked}/{counted} "
         f"jobs differing by ≥ {DISTINCT:.0%}; mean loss {sum(losses) / max(len(losses), 1):.1%}, "
         f"worst {max(losses, default=0.0):.1%}"

@@ -87,7 +87,11 @@ class PlanConfig(BaseModel):
         "FSDP's, one wrapped transformer block and the next one prefetched. deepspeed: DeepSpeed ZeRO-3's "
         "per-submodule fetch (v0.3.13 stage3.py PartitionedParameterCoordinator: a Linear's weights, the next "
         "module's prefetched only while fewer than stage3_max_live_parameters are gathered), its full fp16 "
-        "gradients waiting in the reduce bucket and its fp16 gradient partition.",
+        "gradients waiting in the reduce bucket and its fp16 gradient partition. Memory only: step times price the "
+        "gathers as FSDP's (one per layer, prefetched); v0.3.13's per-parameter gathers (partition_parameters.py "
+        "_allgather_param: a torch.cuda.synchronize() and a list all_gather of world-size chunks each) are not priced, "
+        "and Narayanan et al.'s ZeRO-3 runs on 384-2,240 A100 measured 6-231% slower than PTD-P where itercast prices "
+        "them faster (validation/plan_ranking.py).",
     )
     dtype: DType = "bf16"
     fp8_recipe: Literal["delayed", "tensorwise", "rowwise"] = Field(
