@@ -88,10 +88,17 @@ class PlanConfig(BaseModel):
         "per-submodule fetch (v0.3.13 stage3.py PartitionedParameterCoordinator: a Linear's weights, the next "
         "module's prefetched only while fewer than stage3_max_live_parameters are gathered), its full fp16 "
         "gradients waiting in the reduce bucket and its fp16 gradient partition. Memory only: step times price the "
-        "gathers as FSDP's (one per layer, prefetched); v0.3.13's per-parameter gathers (partition_parameters.py "
-        "_allgather_param: a torch.cuda.synchronize() and a list all_gather of world-size chunks each) are not priced, "
-        "and Narayanan et al.'s ZeRO-3 runs on 384-2,240 A100 measured 6-231% slower than PTD-P where itercast prices "
-        "them faster (validation/plan_ranking.py).",
+        "gathers as FSDP's (one per layer, prefetched) unless zero3_collectives says otherwise.",
+    )
+    zero3_collectives: Literal["coalesced", "per_tensor_list"] = Field(
+        "coalesced",
+        description="zero_stage=3: how the parameter gathers and gradient reductions are issued. coalesced: one "
+        "collective per gathered unit into a flat buffer (FSDP; DeepSpeed on a torch with _all_gather_base, "
+        "v0.5.10 partition_parameters.py use_all_gather_base). per_tensor_list: DeepSpeed v0.3.x ZeRO-3 "
+        "(zero3_fetch deepspeed; partition_parameters.py _allgather_param and _reduce_scatter_gradient at "
+        "v0.3.13): each parameter tensor gathered, and its gradient reduce-scattered, on its own through a list "
+        "of world-size views, which PyTorch's ProcessGroupNCCL copies apart, one copy kernel per rank, between "
+        "torch.cuda.synchronize() calls (workloads/transformer.py _deepspeed_fetch).",
     )
     dtype: DType = "bf16"
     fp8_recipe: Literal["delayed", "tensorwise", "rowwise"] = Field(
@@ -290,6 +297,15 @@ class PlanConfig(BaseModel):
         "tensor-parallel group (engine.py is_pipe_partitioned, PartitionedTensor): one all-gather before a "
         "forward, two before a backward (its own output and the gradient). Runs 1f1b with ZeRO 0-1 only.",
     )
+
+    @model_validator(mode="after")
+    def _check_zero3_collectives(self) -> PlanConfig:
+        if self.zero3_collectives == "per_tensor_list" and (self.zero_stage != 3 or self.zero3_fetch != "deepspeed"):
+            raise ValueError(
+                "plan.zero3_collectives(per_tensor_list) is DeepSpeed v0.3's ZeRO-3: expected zero_stage 3 and "
+                f"zero3_fetch deepspeed; got zero_stage {self.zero_stage}, zero3_fetch {self.zero3_fetch}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_pipeline_p2p(self) -> PlanConfig:

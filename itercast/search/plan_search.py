@@ -171,6 +171,11 @@ def run_search(
     """Search every node count of the request; re-score the best by the graph simulation. A
     distribution objective (p95, …) ranks by the deterministic step here; distribution_rank re-ranks."""
     check_objective(request.objective)
+    if request.base.zero3_collectives != "coalesced":
+        raise ConfigError(
+            f"plan.zero3_collectives {request.base.zero3_collectives} (DeepSpeed v0.3's ZeRO-3) is priced by "
+            "`itercast predict`, not by the search's fast path: expected coalesced"
+        )
     if request.system.device_groups:
         raise ConfigError(
             "search covers clusters of one GPU kind; for system.device_groups, `itercast slice --device-groups` "

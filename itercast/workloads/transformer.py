@@ -153,6 +153,19 @@ def unit_params(job: Job) -> dict[str, tuple[float, float]]:
     }
 
 
+def unit_tensors(job: Job, kind: str) -> int:
+    """Parameter tensors of one unit, what DeepSpeed ZeRO-3 (plan.zero3_fetch deepspeed) gathers and reduces
+    one tensor at a time: a layer's two norms (LayerNorm weight and bias, RMSNorm weight) and query/key norms,
+    its four linears (QKV, output projection, the MLP's fused first and its second) and their biases; the
+    embedding's word table and learned positions; the head's final norm and, untied, its output weight. An
+    MoE layer counts as a dense one (DeepSpeed v0.3.13 had no experts: their tensors are not counted)."""
+    m = job.model
+    norm = 1 if m.family == "llama" else 2
+    layer = 2 * norm + (2 if m.qk_norm else 0) + 4 * (2 if m.biases else 1)
+    kinds = {"embed": 1 + int(m.learned_positions), "layer": layer, "moe": layer, "head": norm + int(not m.tied)}
+    return kinds[kind]
+
+
 def unit_kinds(job: Job, stage: int, chunk: int) -> list[str]:
     """The units of one model chunk on one pipeline stage, in forward order."""
     p, m = job.plan, job.model
@@ -755,6 +768,8 @@ class TransformerStepBuilder:
             return cost.comm_s
         if kind == "sync":  # the host's wait is the edges', the call itself is not priced
             return 0.0
+        if kind == "list_copies":  # _deepspeed_fetch: one copy launched per data-parallel rank and tensor
+            return args[1] * self.groups.grad.size * self.stage_gpus[args[0]].kernel_launch_overhead_s
         costs = self.stage_costs[args[0]]
         if kind == "pipe_copy":
             return pipe_copy_s(costs, self.job, args[1])
@@ -882,9 +897,14 @@ class TransformerStepBuilder:
             previous.extend(self._exchange(stage, passes, i))
             if first_forward:
                 previous.extend(self._weight_cast(stage, ps))
+            kinds = unit_kinds(job, stage, ps.chunk)
+            kinds = kinds if ps.forward else kinds[::-1]
             for j, (cost, params) in enumerate(segs):
                 seg_deps = [gathers[j]] if gathers else []
-                if p.zero_stage == 3 and sync_dp:
+                if p.zero_stage == 3 and sync_dp and p.zero3_collectives == "per_tensor_list":
+                    name = f"zero3_all_gather.{kind}{ps.microbatch}.c{ps.chunk}.{j}"
+                    seg_deps.append(self._deepspeed_fetch(stage, name, params, kinds[j], ps.forward))
+                elif p.zero_stage == 3 and sync_dp:
                     # FSDP's prefetch (BACKWARD_PRE): the next unit's gather is issued before this
                     # unit runs, once the unit before it is done (two units gathered at most)
                     for k in (j, j + 1):
@@ -982,6 +1002,26 @@ class TransformerStepBuilder:
         task = self._task(recipe, f"fp8_weight_cast.c{ps.chunk}", comp, Category.COMPUTE, "fp8_weight_cast")
         self._receive(stage, ps, task)
         return [task]
+
+    def _deepspeed_fetch(self, stage: int, name: str, params: Params, kind: str, forward: bool) -> int:
+        """DeepSpeed ZeRO-3's fetch of one unit's parameters (v0.3.13: plan.zero3_collectives per_tensor_list),
+        blocking: the host synchronises (partition_parameters.py _allgather_param: torch.cuda.synchronize() before each
+        parameter's gather), issues one all-gather per parameter tensor into a list of world-size views, and
+        synchronises again once they are done (stage3.py _synchronize_communication); the unit's compute is
+        issued after. PyTorch's ProcessGroupNCCL copies a list collective's every view apart (allgather: each
+        output view from its flat buffer after the collective; reduce_scatter: each input view into one
+        before), one copy kernel per data-parallel rank and tensor: the host launches world-size kernels per
+        tensor and collective, at the GPU's kernel_launch_overhead_s each. A backward also reduce-scatters each
+        tensor's gradient so (_reduce_scatter_gradient). The prefetch of the next unit is not priced apart
+        (its gathers are issued after the same synchronisations), nor the Python loops that make the views.
+        Returns the gather the unit's compute waits for."""
+        self._host_sync(stage)
+        lists = unit_tensors(self.job, kind) * (1 if forward else 2)
+        host = self.g.resource(stage, "host")
+        copies = self._task(("list_copies", stage, lists), f"list_copies.{name}", host, Category.HOST, "list_copies")
+        gather = self._gather(stage, name, params, [copies])
+        self._host_sync(stage)
+        return gather
 
     def _gather(self, stage: int, name: str, params: Params, deps: list[int]) -> int:
         """A ZeRO-3 parameter all-gather of `params` on the stage's DP stream."""

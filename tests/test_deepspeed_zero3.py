@@ -1,0 +1,65 @@
+"""DeepSpeed v0.3's ZeRO-3 (plan.zero3_collectives per_tensor_list, workloads/transformer.py _deepspeed_fetch):
+each unit's parameters gathered tensor by tensor through lists of world-size views, between host
+synchronisations; values computed by hand on test_golden's one-layer GPT."""
+
+from __future__ import annotations
+
+import pytest
+from test_golden import MODEL, SYSTEM, linear_calibration
+
+from itercast.config.job import Job
+from itercast.errors import ConfigError
+from itercast.predict import predict
+
+LAUNCH_S = 1e-6
+
+
+def job(dp: int = 2, **plan: object) -> Job:
+    gpu = {**SYSTEM["gpu"], "kernel_launch_overhead_s": LAUNCH_S}
+    system = {**SYSTEM, "gpu": gpu, "node": {**SYSTEM["node"], "gpus_per_node": dp}, "num_nodes": 1}
+    base = {"data_parallel": dp, "zero_stage": 3, "zero3_fetch": "deepspeed"}
+    return Job.from_dicts(MODEL, base | plan, system)
+
+
+def tasks(j: Job) -> dict[str, tuple[float, float, float]]:
+    """Per task name (one rank: pp 1), (duration, start, end) in seconds."""
+    sim = predict(j, linear_calibration()).sim
+    g = sim.graph
+    return {
+        g.names[g.name[t]]: (float(g.duration_s[t]), float(sim.start_s[t]), float(sim.end_s[t]))
+        for t in range(g.num_tasks)
+    }
+
+
+def test_each_tensor_is_copied_apart_once_per_rank_and_list_collective():
+    t = tasks(job(zero3_collectives="per_tensor_list"))
+    # gpt, one layer: the embedding's word and learned position tables (2 tensors); the layer's two
+    # LayerNorms (weight, bias) and four linears with biases (2·2 + 4·2 = 12); the tied head's final
+    # LayerNorm (2). Forward: one gathering list each; backward (units in reverse) a gather and a
+    # gradient reduce-scatter each. dp 2: two copies a tensor and list, 1 µs each
+    expected = {"F0.c0.0": 2 * 2, "F0.c0.1": 12 * 2, "F0.c0.2": 2 * 2}
+    expected |= {"B0.c0.0": 2 * 2 * 2, "B0.c0.1": 12 * 2 * 2, "B0.c0.2": 2 * 2 * 2}
+    for unit, copies in expected.items():
+        assert t[f"list_copies.zero3_all_gather.{unit}"][0] == pytest.approx(copies * LAUNCH_S)
+        # blocking: the gather after its copies, the unit's compute after the gather
+        gather = t[f"zero3_all_gather.{unit}"]
+        assert gather[1] >= t[f"list_copies.zero3_all_gather.{unit}"][2] - 1e-15
+    assert not any(name.startswith("fsdp_all_gather") for name in t)
+    # FSDP's coalesced gathers (the default): no copies, the next unit's gather prefetched
+    coalesced = tasks(job())
+    assert not any(name.startswith("list_copies") for name in coalesced)
+    assert any(name.startswith("fsdp_all_gather") for name in coalesced)
+
+
+def test_the_per_tensor_lists_lengthen_the_step_by_at_least_their_copies():
+    slow = predict(job(zero3_collectives="per_tensor_list"), linear_calibration()).step_time_s
+    fast = predict(job(), linear_calibration()).step_time_s
+    copies = (2 + 12 + 2) * 2 * (1 + 2) * LAUNCH_S  # 16 tensors, dp 2, one forward and two backward lists
+    assert slow - fast >= copies * (1 - 1e-9)
+
+
+def test_per_tensor_lists_are_deepspeeds_zero3_only():
+    with pytest.raises(ConfigError, match="zero3_collectives"):
+        job(zero3_fetch="layer", zero3_collectives="per_tensor_list")
+    with pytest.raises(ConfigError, match="zero3_collectives"):
+        job(zero_stage=2, zero3_collectives="per_tensor_list")
