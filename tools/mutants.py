@@ -473,6 +473,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "pipeline sends on the wrong link"),
     M(TOPO, "per_node = max(1, min(size, gpus_per_node // stride))", "per_node = max(1, min(size, gpus_per_node))",
       "placement ignores the stride"),
+    # -- DeepSpeed v0.3's ZeRO-3: per-tensor list collectives (workloads/transformer.py _deepspeed_fetch) ---------
+    M(TF, "lists = unit_tensors(self.job, kind) * (1 if forward else 2)", "lists = unit_tensors(self.job, kind)",
+      "the backward's gradient reduce-scatter lists not copied apart", _t("deepspeed_zero3")),
+    M(TF, 'norm = 1 if m.family == "llama" else 2', "norm = 1", "a LayerNorm's bias not a tensor of its own",
+      _t("deepspeed_zero3")),
+    M(TF, '"embed": 1 + int(m.learned_positions)', '"embed": 1', "learned positions gathered with the word table",
+      _t("deepspeed_zero3")),
+    M(TF, "return args[1] * self.groups.grad.size * self.stage_gpus[args[0]].kernel_launch_overhead_s",
+      "return args[1] * self.stage_gpus[args[0]].kernel_launch_overhead_s",
+      "a list collective copies one view, not one per data-parallel rank", _t("deepspeed_zero3")),
     # -- DLRM (TorchRec sharding) -----------------------------------------------------------------
     M(DLRM, '"alltoall", max(a2a_bytes), group)', '"alltoall", sum(a2a_bytes) / world, group)',
       "pooled all-to-all priced at the mean rank, not the busiest"),
