@@ -276,10 +276,7 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
 
     from itercast.cli.shard_cmds import load_dlrm
 
-    torch.manual_seed(rank)
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo_rank(torch, rank, world, port)
     model = load_dlrm("dlrm-small")
     rows = []
     for b, alpha, pooling in SETS:
@@ -333,6 +330,24 @@ def main() -> None:
         "batch_per_rank,zipf_alpha,t0_pooling,sharding,round,iteration,step_s",
     ]
     write_measured(torch, Path(args.out), tmp, 2, header)
+
+
+def init_gloo_rank(torch: Any, rank: int, world: int, port: int) -> None:
+    """One process of a measured run: torch seeded with its rank, one thread, in the gloo group of `world`
+    processes on 127.0.0.1:`port`."""
+    torch.manual_seed(rank)
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def join_rank_files(out: Path, header: list[str], world: int) -> None:
+    """`out`: `header`, then the rows each rank r wrote to `out`.rank<r> (removed), rank by rank."""
+    parts = [Path(f"{out}.rank{r}") for r in range(world)]
+    out.write_text("\n".join(header) + "\n" + "".join(p.read_text() for p in parts))
+    for part in parts:
+        part.unlink()
+    print(f"wrote {out}")
 
 
 def write_measured(torch: Any, out: Path, tmp: Path, world: int, header: list[str]) -> None:

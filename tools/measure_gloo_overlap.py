@@ -13,7 +13,6 @@ the all-reduce's wait after it, the whole; and each all-reduce alone. Needs torc
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from measure_dlrm_sharding import free_port  # noqa: E402
+from measure_dlrm_sharding import free_port, init_gloo_rank  # noqa: E402
 
 EXCHANGE_KIB, ALL_REDUCE_KIB = (16, 256, 1024), (0, 40, 1024)
 WARMUP, REPEATS = 10, 50
@@ -31,9 +30,7 @@ def worker(rank: int, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    init_gloo_rank(torch, rank, 2, port)
     peer, rows = 1 - rank, []
     for ex_kib, ar_kib in [(e, a) for e in EXCHANGE_KIB for a in ALL_REDUCE_KIB] + [(0, a) for a in ALL_REDUCE_KIB[1:]]:
         send, recv = torch.randn(ex_kib * 256), torch.empty(ex_kib * 256)
@@ -46,7 +43,8 @@ def worker(rank: int, port: int, out: str) -> None:
             t1 = time.perf_counter()
             if ex_kib:
                 for req in (dist.irecv(recv, peer), dist.isend(send, peer)):
-                    req.wait()
+                    if req is not None:  # point-to-point calls return their work
+                        req.wait()
             t2 = time.perf_counter()
             if handle is not None:
                 handle.wait()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from measure_dlrm_sharding import ShardedDLRM, free_port  # noqa: E402
+from measure_dlrm_sharding import ShardedDLRM, free_port, init_gloo_rank, join_rank_files  # noqa: E402
 from measure_sharding_tasks import WORLD, decode, draw_tasks, proposals  # noqa: E402
 
 WARMUP, STEPS = 3, 20
@@ -35,10 +34,7 @@ def worker(rank: int, world: int, port: int, seed: int, tasks: int, out: str) ->
     import torch
     import torch.distributed as dist
 
-    torch.manual_seed(rank)
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo_rank(torch, rank, world, port)
     rows = []
     for n, task in enumerate(draw_tasks(tasks, seed)):
         for text, sharders in proposals(task, None).items():
@@ -74,17 +70,13 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     mp.spawn(worker, args=(WORLD, free_port(), args.seed, args.tasks, str(args.out)), nprocs=WORLD)
-    parts = [Path(f"{args.out}.rank{r}") for r in range(WORLD)]
     header = [
         f"# command: python tools/measure_phases_in_step.py --out {args.out} --seed {args.seed} --tasks {args.tasks}",
         f"# torch {torch.__version__}; per (task, proposal, rank, phase) the median over {STEPS} timed steps "
         f"after {WARMUP} untimed",
         "seed,task,sharders,sharding,rank,phase,steps,median_ms",
     ]
-    args.out.write_text("\n".join(header) + "\n" + "".join(p.read_text() for p in parts))
-    for p in parts:
-        p.unlink()
-    print(f"wrote {args.out}")
+    join_rank_files(args.out, header, WORLD)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ steps, one row per timed step (the slowest rank's seconds). Needs torch.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
@@ -39,7 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "validation"))
-from measure_dlrm_sharding import ITERATIONS, ROUNDS, WARMUP, ShardedDLRM, free_port, timed_rounds, write_measured  # noqa: E402  (the one timed step)
+from measure_dlrm_sharding import (  # noqa: E402  (the one timed step)
+    ITERATIONS,
+    ROUNDS,
+    WARMUP,
+    ShardedDLRM,
+    free_port,
+    init_gloo_rank,
+    timed_rounds,
+    write_measured,
+)
 
 from itercast.workloads.dlrm import DLRMConfig, EmbeddingTable, Shard  # noqa: E402
 from itercast.workloads.dlrm.config import Strategy  # noqa: E402
@@ -216,10 +224,7 @@ def worker(rank: int, world: int, port: int, out: str, work: list[tuple[Task, di
     import torch
     import torch.distributed as dist
 
-    torch.manual_seed(rank)
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo_rank(torch, rank, world, port)
     rows = []
     for n, (task, made) in enumerate(work):
         model = task.model()

@@ -14,7 +14,6 @@ in milliseconds. Needs torch.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -37,10 +36,7 @@ def worker(rank: int, world: int, port: int, seed: int, picked: list[int], out: 
     import torch
     import torch.distributed as dist
 
-    torch.manual_seed(rank)
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    step_module.init_gloo_rank(torch, rank, world, port)
     calls: list[tuple[Any, ...]] = []
 
     def timed(weight: Any, state: Any, idx: Any, grad: Any, lr: float) -> None:
@@ -100,7 +96,6 @@ def main() -> None:
     import torch.multiprocessing as mp
 
     mp.spawn(worker, args=(2, step_module.free_port(), args.seed, args.tasks, str(args.out)), nprocs=2)
-    parts = [Path(f"{args.out}.rank{r}") for r in range(2)]
     tasks = " ".join(map(str, args.tasks))
     header = [
         f"# command: python tools/measure_update_in_step.py --out {args.out} --seed {args.seed} --tasks {tasks}",
@@ -108,10 +103,7 @@ def main() -> None:
         "seed,task,rank,proposal,shard_rows,dim,lookups,calls,in_step_ms,"
         + ",".join(f"flush{m}_ms" for m in FLUSHES_MIB),
     ]
-    args.out.write_text("\n".join(header) + "\n" + "".join(p.read_text() for p in parts))
-    for p in parts:
-        p.unlink()
-    print(f"wrote {args.out}")
+    step_module.join_rank_files(args.out, header, 2)
 
 
 if __name__ == "__main__":
