@@ -58,3 +58,13 @@ def test_named_operators_come_from_the_second_and_replace_the_firsts(tmp_path: P
         ("embedding", "embedding_bag_update"): 2.0,
         ("elementwise", "add"): 9.0,
     }
+
+
+def test_the_fastest_is_reproducible_only_when_both_halves_of_the_rounds_name_it():
+    from sharding_tasks import reproducible_fastest
+
+    # a: 10 ms in every round; b: 9 ms in rounds 0, 2 (even), 11 ms in rounds 1, 3 (odd)
+    drift = {"a": {k: [0.010] for k in range(4)}, "b": {0: [0.009], 1: [0.011], 2: [0.009], 3: [0.011]}}
+    assert reproducible_fastest(drift) is None  # even rounds: b; odd rounds: a
+    steady = {"a": {k: [0.010, 0.012] for k in range(4)}, "b": {k: [0.009, 0.0095] for k in range(4)}}
+    assert reproducible_fastest(steady) == "b"

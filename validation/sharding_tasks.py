@@ -18,7 +18,9 @@ else whether its steps are significantly slower than the fastest's (one-sided Ma
 timed steps, p < 0.05, as validation/sharding.py), and its loss (median over fastest median − 1).
 Also the model's pick among the measured proposals (least predicted step: the reference's 85% is
 this, a performance model ranking the sharders' proposals), and per sharder how often its proposal is
-the measured fastest (+ not significantly slower). Errors: predicted / measured median − 1 over
+the measured fastest (+ not significantly slower). And how repeatable the measured fastest is: the tasks
+whose even and odd rounds name the same fastest proposal (reproducible_fastest), and there how often the
+model's pick and itercast's proposal are it. Errors: predicted / measured median − 1 over
 every (task, proposal), summarised as validation/sharding.py does.
 """
 
@@ -42,20 +44,33 @@ from sharding import summary  # noqa: E402
 
 from itercast.workloads.dlrm import dlrm_step  # noqa: E402
 
+Rounds = dict[int, dict[str, dict[int, list[float]]]]  # task -> proposal -> round -> its timed steps (s)
 
-def read(path: Path) -> tuple[dict[int, Task], dict[int, dict[str, list[str]]], dict[int, dict[str, list[float]]]]:
-    """Per task: its Task, its proposals' sharders, and every timed step (s) of each proposal."""
+
+def read(path: Path) -> tuple[dict[int, Task], dict[int, dict[str, list[str]]], Rounds]:
+    """Per task: its Task, its proposals' sharders, and each proposal's timed steps (s) by round."""
     tasks: dict[int, Task] = {}
     sharders: dict[int, dict[str, list[str]]] = defaultdict(dict)
-    steps: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rounds: Rounds = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     with path.open() as fh:
         for r in csv.DictReader(line for line in fh if not line.startswith("#")):
             n = int(r["task"])
             features = tuple(int(f[1:]) for f in r["tables"].split())
             tasks[n] = Task(features, int(r["dim"]), int(r["batch_per_rank"]), float(r["zipf_alpha"]))
             sharders[n][r["sharding"]] = r["sharders"].split("+")
-            steps[n][r["sharding"]].append(float(r["step_s"]))
-    return tasks, sharders, steps
+            rounds[n][r["sharding"]][int(r["round"])].append(float(r["step_s"]))
+    return tasks, sharders, rounds
+
+
+def reproducible_fastest(by_round: dict[str, dict[int, list[float]]]) -> str | None:
+    """The proposal whose median step is least both over the even-numbered rounds and over the odd-numbered
+    ones (the rounds interleave the proposals, so each half sees every proposal under the same drift); None
+    when the halves disagree: the measurement cannot say which is fastest."""
+    halves = [
+        min(by_round, key=lambda s: statistics.median(t for k, ts in by_round[s].items() if k % 2 == half for t in ts))
+        for half in (0, 1)
+    ]
+    return halves[0] if halves[0] == halves[1] else None
 
 
 def significantly_slower(slow: list[float], fast: list[float]) -> bool:
@@ -67,7 +82,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=ROOT / "data" / "measured" / "cpu_sharding_tasks.csv")
     args = ap.parse_args()
-    tasks, made, steps = read(args.csv)
+    tasks, made, rounds = read(args.csv)
+    steps = {n: {s: [t for ts in by.values() for t in ts] for s, by in props.items()} for n, props in rounds.items()}
+    reproducible = model_on_reproducible = mine_on_reproducible = 0
     calibration, system = planner_calibration(), planner_system()
     errors, losses = [], []
     hits, ties, model_hits, model_ties = 0, 0, 0, 0
@@ -92,6 +109,11 @@ def main() -> None:
         hit, tie = mine == best, mine != best and not significantly_slower(steps[n][mine], steps[n][best])
         hits, ties = hits + int(hit), ties + int(tie)
         pick = min(median, key=predicted.__getitem__)
+        again = reproducible_fastest(rounds[n])
+        if again is not None:
+            reproducible += 1
+            model_on_reproducible += pick == again
+            mine_on_reproducible += mine == again
         model_hits += int(pick == best)
         model_ties += int(pick != best and not significantly_slower(steps[n][pick], steps[n][best]))
         verdict = "fastest" if hit else ("n.s." if tie else "slower")
@@ -107,6 +129,11 @@ def main() -> None:
         f"slower); its loss: mean {sum(losses) / count:.1%}, worst {max(losses):.1%}"
     )
     print(f"model's pick among the proposals: the fastest in {model_hits} of {count} (+{model_ties})")
+    print(
+        f"the measurement's own repeatability: the even and odd rounds name the same fastest in {reproducible} "
+        f"of {count} tasks; there the model's pick is it in {model_on_reproducible}, itercast's proposal in "
+        f"{mine_on_reproducible}"
+    )
     for name, (fast, close) in fastest_by.items():
         print(f"  {name:15} proposes the measured fastest in {fast} of {count} (+{close} not significantly slower)")
 
