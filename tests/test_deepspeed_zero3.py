@@ -63,3 +63,11 @@ def test_per_tensor_lists_are_deepspeeds_zero3_only():
         job(zero3_fetch="layer", zero3_collectives="per_tensor_list")
     with pytest.raises(ConfigError, match="zero3_collectives"):
         job(zero_stage=2, zero3_collectives="per_tensor_list")
+
+
+def test_the_search_refuses_what_its_fast_path_does_not_price():
+    from itercast.search.plan_search import check_fast_path_plan
+
+    check_fast_path_plan({"zero_stage": 3})  # coalesced by default: searched
+    with pytest.raises(ConfigError, match=r"zero3_collectives per_tensor_list .* `itercast predict`"):
+        check_fast_path_plan({"zero_stage": 3, "zero3_fetch": "deepspeed", "zero3_collectives": "per_tensor_list"})

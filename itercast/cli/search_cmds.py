@@ -60,7 +60,7 @@ from itercast.search.distribution_rank import DistributionOptions, rank_by_distr
 from itercast.search.dlrm_search import default_batches, search_dlrm
 from itercast.search.frameworks import framework
 from itercast.search.objectives import DISTRIBUTION_OBJECTIVES, check_objective
-from itercast.search.plan_search import Progress, SearchRequest, SearchResult, run_search
+from itercast.search.plan_search import Progress, SearchRequest, SearchResult, check_fast_path_plan, run_search
 from itercast.search.plan_space import SpaceOptions
 from itercast.stochastic.variability import VariabilityModel
 from itercast.workload import DLRMWorkload, sharding_summary
@@ -287,6 +287,7 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         raise ConfigError(
             f"plan.main_params/adam_state_dtype: {fw.name} runs {kept}, the job sets {state[0]}/{state[1]}"
         )
+    check_fast_path_plan(plan)
     base = cast(PlanConfig, parse_section("plan", plan, "plan"))
     if base.global_batch_size is None and not options.global_batch_sizes:
         raise ConfigError(

@@ -165,17 +165,24 @@ def _estimator(model: ModelConfig, system: SystemConfig) -> FastEstimator:
     return found
 
 
+def check_fast_path_plan(plan: dict[str, Any]) -> None:
+    """Plan fields the search's fast path does not price (one line naming the field): DeepSpeed v0.3's per-tensor
+    ZeRO-3 collectives (plan.zero3_collectives), which only the graph simulation (`itercast predict`) prices."""
+    value = plan.get("zero3_collectives", "coalesced")
+    if value != "coalesced":
+        raise ConfigError(
+            f"plan.zero3_collectives {value} (DeepSpeed v0.3's ZeRO-3) is priced by `itercast predict`, not by the "
+            "search's fast path: expected coalesced"
+        )
+
+
 def run_search(
     request: SearchRequest, backend: str = "local", workers: int = 1, progress: Progress | None = None
 ) -> SearchResult:
     """Search every node count of the request; re-score the best by the graph simulation. A
     distribution objective (p95, …) ranks by the deterministic step here; distribution_rank re-ranks."""
     check_objective(request.objective)
-    if request.base.zero3_collectives != "coalesced":
-        raise ConfigError(
-            f"plan.zero3_collectives {request.base.zero3_collectives} (DeepSpeed v0.3's ZeRO-3) is priced by "
-            "`itercast predict`, not by the search's fast path: expected coalesced"
-        )
+    check_fast_path_plan(request.base.model_dump())
     if request.system.device_groups:
         raise ConfigError(
             "search covers clusters of one GPU kind; for system.device_groups, `itercast slice --device-groups` "
