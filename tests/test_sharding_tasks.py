@@ -91,3 +91,24 @@ def test_a_plan_survives_its_text_form():
     plan = {"f3": TW1, "f20": RW, "f7": DP, "f9": Shard("column_wise", (0, 1))}
     assert encode(plan) == "f3:table_wise:1 f20:row_wise:0-1 f7:data_parallel:0-1 f9:column_wise:0-1"
     assert decode(encode(plan)) == plan
+
+
+def test_warm_intercepts_replace_only_the_embedding_operators_intercepts():
+    from measure_sharding_tasks import PLANNER_DB, ROOT, WARM_DB, planner_calibration, planner_system
+
+    from itercast.profile.calibrate import calibrate
+    from itercast.profile.db import ProfileDB
+
+    cold = planner_calibration()["operators"]["models"]
+    mixed = planner_calibration(warm=WARM_DB)["operators"]["models"]
+    warm_db = ProfileDB(ROOT / "data" / "measured" / WARM_DB, readonly=True)
+    warm = calibrate(warm_db, warm_db.devices()[-1][0], planner_system())["operators"]["models"]
+    assert PLANNER_DB != WARM_DB and cold.keys() == mixed.keys()
+    for key, fit in mixed.items():
+        if key.rsplit(":", 1)[-1] in ("embedding_bag_fwd", "embedding_bag_bwd", "embedding_bag_update"):
+            assert fit["alpha_s"] == warm[key]["alpha_s"] != cold[key]["alpha_s"]
+            assert {k: v for k, v in fit.items() if k != "alpha_s"} == {
+                k: v for k, v in cold[key].items() if k != "alpha_s"
+            }
+        else:
+            assert fit == cold[key]  # the GEMMs and the rest: the planner's own

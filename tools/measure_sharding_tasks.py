@@ -66,6 +66,16 @@ WORLD = 2
 #: cpu_profile_1thread_corun_flush16.db (a 16 MiB flush before each timed run), which then priced every
 #: draw's steps about 20% too fast (seeds 29-33 signed -20% to -26%): rejected
 PLANNER_DB = "cpu_profile_1thread_corun.db"
+#: a profile of data/measured whose per-call intercepts the embedding operators can take (planner_calibration's
+#: `warm`): their grid timed back to back (`--flush-mib 0`), where PLANNER_DB's runs each follow a 64 MiB flush.
+#: Decided on kernel data (inside measured steps the row-wise update runs at 0.80, 0.98 and 0.86 of the cold run
+#: less the intercepts' difference, under 1k, 1k-10k and over 10k lookups, against 1.93, 1.50 and 0.93 of the
+#: cold run itself: data/measured/cpu_update_in_step.csv), then rejected on seed 29's phases and steps before any
+#: draw was planned on it: the cold fit had put per-lookup cost into its intercept (NNLS), so its slopes with the
+#: warm intercept price forward lookups at 0.64 of their in-step time (1.81 with its own) and updates at 0.78
+#: (1.04), and the steps 11.7%, signed -13.4% (10.5%, -0.8%). The planner keeps PLANNER_DB's own intercepts
+WARM_DB = "cpu_profile_1thread_corun_warm.db"
+WARM_INTERCEPTS = ("embedding_bag_fwd", "embedding_bag_bwd", "embedding_bag_update")
 SMALL_BYTES = 1 << 20  # dp_small: a table of at most 1 MiB (fp32) is replicated (its all-reduce is cheap)
 
 
@@ -165,11 +175,12 @@ CPU_HOST_OVERHEADS = ROOT / "data" / "measured" / "cpu_host_overheads_mlp.json"
 
 
 def planner_calibration(
-    profile: str = PLANNER_DB, ops_from: dict[str, tuple[str, ...]] | None = None
+    profile: str = PLANNER_DB, ops_from: dict[str, tuple[str, ...]] | None = None, warm: str | None = None
 ) -> dict[str, Any]:
     """validation/sharding.py's corun calibration (`profile` of data/measured, its collectives from
-    cpu_profile_1thread.db, and the operators `ops_from` names from those profiles: none for the planner)
-    with CPU_HOST_OVERHEADS as its host_overheads section (other trace)."""
+    cpu_profile_1thread.db, and the operators `ops_from` names from those profiles: none for the planner),
+    the WARM_INTERCEPTS operators' intercepts from the `warm` profile (None, the planner's: the profile's own), with
+    CPU_HOST_OVERHEADS as its host_overheads section (other trace)."""
     import json
 
     from sharding import MEASURED, with_families_from
@@ -182,6 +193,12 @@ def planner_calibration(
     for other, ops in (ops_from or {}).items():
         db = with_families_from(db, ProfileDB(MEASURED / other, readonly=True), ops)
     cal = merge_calibration(calibrate(db, db.devices()[-1][0], planner_system()))
+    if warm is not None:
+        warm_db = ProfileDB(MEASURED / warm, readonly=True)
+        intercepts = calibrate(warm_db, warm_db.devices()[-1][0], planner_system())["operators"]["models"]
+        for key, fit in cal["operators"]["models"].items():
+            if key.rsplit(":", 1)[-1] in WARM_INTERCEPTS:
+                fit["alpha_s"] = intercepts[key]["alpha_s"]
     host = json.loads(CPU_HOST_OVERHEADS.read_text())["host_overheads"]
     return {**cal, "host_overheads": host, "host_overheads_source": str(CPU_HOST_OVERHEADS.relative_to(ROOT))}
 
