@@ -897,11 +897,11 @@ class TransformerStepBuilder:
             previous.extend(self._exchange(stage, passes, i))
             if first_forward:
                 previous.extend(self._weight_cast(stage, ps))
-            kinds = unit_kinds(job, stage, ps.chunk)
-            kinds = kinds if ps.forward else kinds[::-1]
+            per_tensor = p.zero_stage == 3 and sync_dp and p.zero3_collectives == "per_tensor_list"
+            kinds = unit_kinds(job, stage, ps.chunk)[:: 1 if ps.forward else -1] if per_tensor else []
             for j, (cost, params) in enumerate(segs):
                 seg_deps = [gathers[j]] if gathers else []
-                if p.zero_stage == 3 and sync_dp and p.zero3_collectives == "per_tensor_list":
+                if per_tensor:
                     name = f"zero3_all_gather.{kind}{ps.microbatch}.c{ps.chunk}.{j}"
                     seg_deps.append(self._deepspeed_fetch(stage, name, params, kinds[j], ps.forward))
                 elif p.zero_stage == 3 and sync_dp:
