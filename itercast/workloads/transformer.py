@@ -154,11 +154,12 @@ def unit_params(job: Job) -> dict[str, tuple[float, float]]:
 
 
 def unit_tensors(job: Job, kind: str) -> int:
-    """Parameter tensors of one unit, what DeepSpeed ZeRO-3 (plan.zero3_fetch deepspeed) gathers and reduces
-    one tensor at a time: a layer's two norms (LayerNorm weight and bias, RMSNorm weight) and query/key norms,
-    its four linears (QKV, output projection, the MLP's fused first and its second) and their biases; the
-    embedding's word table and learned positions; the head's final norm and, untied, its output weight. An
-    MoE layer counts as a dense one (DeepSpeed v0.3.13 had no experts: their tensors are not counted)."""
+    """Parameter tensors of one unit, what DeepSpeed v0.3's ZeRO-3 (plan.zero3_collectives per_tensor_list)
+    gathers and reduces one tensor at a time: a layer's two norms (LayerNorm weight and bias, RMSNorm
+    weight) and query/key norms, its four linears (QKV, output projection, the MLP's fused first and its
+    second) and their biases; the embedding's word table and learned positions; the head's final norm and,
+    untied, its output weight. An MoE layer counts as a dense one (DeepSpeed v0.3.13 had no experts: their
+    tensors are not counted)."""
     m = job.model
     norm = 1 if m.family == "llama" else 2
     layer = 2 * norm + (2 if m.qk_norm else 0) + 4 * (2 if m.biases else 1)
