@@ -293,10 +293,12 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         Path(out).write_text("\n".join(rows) + "\n")
 
 
-def timed_rounds(torch: Any, dist: Any, runs: dict[str, Any]) -> Iterator[tuple[str, int, int, float]]:
-    """Every run's steps in ROUNDS interleaved rounds of WARMUP untimed + ITERATIONS timed steps, each
+def timed_rounds(
+    torch: Any, dist: Any, runs: dict[str, Any], rounds: int = ROUNDS
+) -> Iterator[tuple[str, int, int, float]]:
+    """Every run's steps in `rounds` interleaved rounds of WARMUP untimed + ITERATIONS timed steps, each
     behind a barrier: (run's key, round, timed step, the slowest rank's seconds) per timed step."""
-    for rnd in range(ROUNDS):
+    for rnd in range(rounds):
         for name, run in runs.items():
             for i in range(WARMUP + ITERATIONS):
                 dist.barrier()

@@ -237,7 +237,9 @@ def proposals(task: Task, calibration: dict[str, Any] | None) -> dict[str, list[
     return made
 
 
-def worker(rank: int, world: int, port: int, out: str, work: list[tuple[Task, dict[str, list[str]]]]) -> None:
+def worker(
+    rank: int, world: int, port: int, out: str, work: list[tuple[Task, dict[str, list[str]]]], rounds: int
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -259,7 +261,7 @@ def worker(rank: int, world: int, port: int, out: str, work: list[tuple[Task, di
         }
         tables = " ".join(f"f{f}" for f in task.features)
         head = f"{n},{tables},{task.dim},{task.batch_per_rank},{task.zipf_alpha}"
-        for text, rnd, i, seconds in timed_rounds(torch, dist, runs):
+        for text, rnd, i, seconds in timed_rounds(torch, dist, runs, rounds):
             rows.append(f"{head},{'+'.join(made[text])},{text},{rnd},{i},{seconds:.9f}")
         if rank == 0:
             print(f"task {n + 1}/{len(work)} ({len(runs)} proposals) done at {time.strftime('%H:%M:%S')}", flush=True)
@@ -274,6 +276,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tasks", type=int, default=10)
     ap.add_argument("--seed", type=int, default=29)
+    ap.add_argument(
+        "--rounds", type=int, default=ROUNDS, help="interleaved rounds per task (more: more tasks decidable)"
+    )
     args = ap.parse_args()
     import torch
     import torch.multiprocessing as mp
@@ -282,12 +287,13 @@ def main() -> None:
     work = [(task, proposals(task, calibration)) for task in draw_tasks(args.tasks, args.seed)]
     print(f"{sum(len(m) for _, m in work)} distinct proposals planned at {time.strftime('%H:%M:%S')}", flush=True)
     tmp = Path(args.out).with_suffix(".tmp")
-    mp.spawn(worker, args=(WORLD, free_port(), str(tmp), work), nprocs=WORLD)
+    mp.spawn(worker, args=(WORLD, free_port(), str(tmp), work, args.rounds), nprocs=WORLD)
     header = [
-        f"# command: python tools/measure_sharding_tasks.py --out {args.out} --tasks {args.tasks} --seed {args.seed}",
+        f"# command: python tools/measure_sharding_tasks.py --out {args.out} --tasks {args.tasks} --seed {args.seed}"
+        + (f" --rounds {args.rounds}" if args.rounds != ROUNDS else ""),
         f"# tasks: draw_tasks({args.tasks}, seed={args.seed}), tables from MLPerf DLRM v2's Criteo 1TB statistics, "
         f"rows capped at {ROW_CAP}; sharders: itercast, {', '.join(SHARDERS)}",
-        f"# each (task, proposal): {ROUNDS} interleaved rounds of {WARMUP} untimed + {ITERATIONS} timed steps",
+        f"# each (task, proposal): {args.rounds} interleaved rounds of {WARMUP} untimed + {ITERATIONS} timed steps",
         "task,tables,dim,batch_per_rank,zipf_alpha,sharders,sharding,round,iteration,step_s",
     ]
     write_measured(torch, Path(args.out), tmp, WORLD, header)
