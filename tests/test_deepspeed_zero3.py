@@ -71,3 +71,12 @@ def test_the_search_refuses_what_its_fast_path_does_not_price():
     check_fast_path_plan({"zero_stage": 3})  # coalesced by default: searched
     with pytest.raises(ConfigError, match=r"zero3_collectives per_tensor_list .* `itercast predict`"):
         check_fast_path_plan({"zero_stage": 3, "zero3_fetch": "deepspeed", "zero3_collectives": "per_tensor_list"})
+
+
+def test_an_moe_model_is_refused_not_priced_without_its_experts():
+    gpu = {**SYSTEM["gpu"], "kernel_launch_overhead_s": LAUNCH_S}
+    system = {**SYSTEM, "gpu": gpu, "node": {**SYSTEM["node"], "gpus_per_node": 2}, "num_nodes": 1}
+    moe = MODEL | {"num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
+    plan = {"data_parallel": 2, "zero_stage": 3, "zero3_fetch": "deepspeed", "zero3_collectives": "per_tensor_list"}
+    with pytest.raises(ConfigError, match="ran no experts: expected a dense model; got 4 experts"):
+        predict(Job.from_dicts(moe, plan, system), linear_calibration())

@@ -343,6 +343,13 @@ def init_gloo_rank(torch: Any, rank: int, world: int, port: int) -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
 
 
+def end_rank(torch: Any, out: str, rank: int, rows: list[str]) -> None:
+    """A rank's last act in a measured run: leave the gloo group, write its rows to `out`.rank<rank>
+    (join_rank_files reads them)."""
+    torch.distributed.destroy_process_group()
+    Path(f"{out}.rank{rank}").write_text("\n".join(rows) + "\n")
+
+
 def join_rank_files(out: Path, header: list[str], world: int) -> None:
     """`out`: `header`, then the rows each rank r wrote to `out`.rank<r> (removed), rank by rank."""
     parts = [Path(f"{out}.rank{r}") for r in range(world)]

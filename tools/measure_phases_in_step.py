@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-from measure_dlrm_sharding import ShardedDLRM, free_port, init_gloo_rank, join_rank_files  # noqa: E402
+from measure_dlrm_sharding import ShardedDLRM, end_rank, free_port, init_gloo_rank, join_rank_files  # noqa: E402
 from measure_sharding_tasks import WORLD, decode, draw_tasks, proposals  # noqa: E402
 
 WARMUP, STEPS = 3, 20
@@ -56,8 +56,7 @@ def worker(rank: int, world: int, port: int, seed: int, tasks: int, out: str) ->
             del run
         if rank == 0:
             print(f"task {n + 1}/{tasks} done at {time.strftime('%H:%M:%S')}", flush=True)
-    dist.destroy_process_group()
-    Path(f"{out}.rank{rank}").write_text("\n".join(rows) + "\n")
+    end_rank(torch, out, rank, rows)
 
 
 def main() -> None:

@@ -82,8 +82,7 @@ def worker(rank: int, world: int, port: int, seed: int, picked: list[int], out: 
                     + ",".join(f"{m * 1e3:.4f}" for m in medians)
                 )
             dist.barrier()
-    dist.destroy_process_group()
-    Path(f"{out}.rank{rank}").write_text("\n".join(rows) + "\n")
+    step_module.end_rank(torch, out, rank, rows)
 
 
 def main() -> None:

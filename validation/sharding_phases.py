@@ -99,8 +99,8 @@ def main() -> None:
             predicted = cache[key].get((int(r["rank"]), phase), 0.0)
             if predicted > 0:
                 ratios[phase].append((tasks[n].batch_per_rank, predicted / measured))
-        print(f"\n{label}: predicted / measured per phase, geomean (|error| geomean) [n]")
-        print(f"{'phase':24s}{'all':>24s}{'batch 256':>24s}{'batch 1024':>24s}")
+        print(f"\n{label}: predicted / measured per phase, geomean (|error| geomean) [n]; all: mean |error|, worst")
+        print(f"{'phase':24s}{'all':>24s}{'batch 256':>24s}{'batch 1024':>24s}{'mean':>8s}{'worst':>9s}")
         for phase in PHASES:
             cells = []
             for batch in (None, 256, 1024):
@@ -108,8 +108,10 @@ def main() -> None:
                 cells.append(
                     f"{geomean(xs):.3f} ({geomean([abs(x - 1) + 1e-9 for x in xs]):5.1%}) [{len(xs):3d}]" if xs else "-"
                 )
+            errors = [x - 1 for _, x in ratios[phase]]
+            spread = f"{sum(map(abs, errors)) / len(errors):8.1%}{max(errors, key=abs):+9.1%}" if errors else ""
             note = "  (communication: includes waiting)" if phase in COMMUNICATION else ""
-            print(f"{phase:24s}" + "".join(f"{c:>24s}" for c in cells) + note)
+            print(f"{phase:24s}" + "".join(f"{c:>24s}" for c in cells) + spread + note)
     update_in_step()
 
 

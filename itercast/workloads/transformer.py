@@ -158,13 +158,16 @@ def unit_tensors(job: Job, kind: str) -> int:
     gathers and reduces one tensor at a time: a layer's two norms (LayerNorm weight and bias, RMSNorm
     weight) and query/key norms, its four linears (QKV, output projection, the MLP's fused first and its
     second) and their biases; the embedding's word table and learned positions; the head's final norm and,
-    untied, its output weight. An MoE layer counts as a dense one (DeepSpeed v0.3.13 had no experts: their
-    tensors are not counted)."""
+    untied, its output weight. DeepSpeed v0.3.13 had no experts: an MoE layer is refused, not priced."""
     m = job.model
+    if kind == "moe":
+        raise ConfigError(
+            "plan.zero3_collectives per_tensor_list is DeepSpeed v0.3's ZeRO-3, which ran no experts: expected a "
+            f"dense model; got {m.num_experts} experts"
+        )
     norm = 1 if m.family == "llama" else 2
     layer = 2 * norm + (2 if m.qk_norm else 0) + 4 * (2 if m.biases else 1)
-    kinds = {"embed": 1 + int(m.learned_positions), "layer": layer, "moe": layer, "head": norm + int(not m.tied)}
-    return kinds[kind]
+    return {"embed": 1 + int(m.learned_positions), "layer": layer, "head": norm + int(not m.tied)}[kind]
 
 
 def unit_kinds(job: Job, stage: int, chunk: int) -> list[str]:
