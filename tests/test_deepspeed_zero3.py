@@ -80,3 +80,46 @@ def test_an_moe_model_is_refused_not_priced_without_its_experts():
     plan = {"data_parallel": 2, "zero_stage": 3, "zero3_fetch": "deepspeed", "zero3_collectives": "per_tensor_list"}
     with pytest.raises(ConfigError, match="ran no experts: expected a dense model; got 4 experts"):
         predict(Job.from_dicts(moe, plan, system), linear_calibration())
+
+
+def test_each_tensor_is_a_collective_of_its_own_paying_its_latency():
+    """With a 1 ms hop inside the node every tensor's collective costs its floor (dp 2: one hop; the
+    largest tensor, the MLP's 64 × 256 weight in bf16, moves 16 KiB of bus bytes: 1.6 µs at 10 GB/s),
+    so a unit's gather takes its tensors × 1 ms, where one collective of the unit would take 1 ms."""
+    hop_s = 1e-3
+    gpu = {**SYSTEM["gpu"], "kernel_launch_overhead_s": LAUNCH_S}
+    node = {**SYSTEM["node"], "gpus_per_node": 2, "intra_node_latency_s": hop_s}
+    system = {**SYSTEM, "gpu": gpu, "node": node, "num_nodes": 1}
+    plan = {"data_parallel": 2, "zero_stage": 3, "zero3_fetch": "deepspeed", "zero3_collectives": "per_tensor_list"}
+    sim = predict(Job.from_dicts(MODEL, plan, system), linear_calibration()).sim
+    g = sim.graph
+    took = {g.names[g.name[t]]: float(g.duration_s[t]) for t in range(g.num_tasks)}
+    # embedding: word table, positions (2); layer: 2 LayerNorms × (weight, bias), 4 linears × (weight, bias) (12)
+    assert took["zero3_all_gather.F0.c0.0"] == pytest.approx(2 * hop_s)
+    assert took["zero3_all_gather.F0.c0.1"] == pytest.approx(12 * hop_s)
+    assert took["zero3_all_gather.B0.c0.1"] == pytest.approx(12 * hop_s)
+    assert took["grad_reduce_scatter.m0.c0.1"] == pytest.approx(12 * hop_s)  # the layer's gradients, tensor by tensor
+
+
+@pytest.mark.parametrize(
+    ("model", "tp"),
+    [
+        (MODEL, 1),  # gpt: LayerNorm, biases, learned positions, tied
+        (MODEL | {"family": "llama", "num_query_groups": 2, "ffn_hidden_size": 96, "tie_embeddings": False}, 2),
+    ],
+)
+def test_the_tensors_of_a_unit_add_up_to_its_parameters(model, tp):
+    from itercast.workloads.transformer import unit_tensors
+
+    j = Job.from_dicts(model, {"tensor_parallel": tp}, {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": tp}})
+    m = j.model
+    h, v, s = 64, 128, 32
+    assert sum(unit_tensors(j, "layer")) == pytest.approx(m.layer_params_per_rank(tp))
+    assert sum(unit_tensors(j, "embed")) == pytest.approx(v * h / tp + (s * h if m.family == "gpt" else 0))
+    head = 2 * h if m.family == "gpt" else h + v * h / tp  # final norm; llama untied: its output weight
+    assert sum(unit_tensors(j, "head")) == pytest.approx(head)
+    # llama: RMSNorm weights (2), no biases, GQA (4 query heads of 16, 2 key/value groups), gated MLP
+    if m.family == "llama":
+        q_kv = (4 + 2 * 2) * 16
+        expected = (h, h, h * q_kv / tp, 4 * 16 * h / tp, 2 * h * 96 / tp, 96 * h / tp)
+        assert unit_tensors(j, "layer") == pytest.approx(expected)

@@ -28,11 +28,10 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   residual add, RMSNorm and SiLU·mul (bytes counted from the shapes).
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
   m nodes; intra-node curves on one 8×H100 node (B = 450 GB/s NVLink4 per GPU; see
-  fit_collectives), p2p on vidur's H100 send/recv, inter-node all-reduce on ALCF Polaris
-  (4×A100 and 2 Slingshot-11 NICs per node: B = 4 × 12.5 GB/s per node-local group;
-  docs.alcf.anl.gov/polaris/hardware-overview). Only runs whose largest message reached
-  ≥ 20 GB/s bus bandwidth are kept: the other setups of that repository ran without the
-  Slingshot OFI plugin (≈ 3 GB/s) and describe a misconfigured cluster, not the network.
+  fit_collectives), p2p on vidur's H100 send/recv, inter-node all-reduce and all-gather on ALCF
+  Polaris (4×A100 and 2 Slingshot-11 NICs per node: B = 4 × 12.5 GB/s per node-local group;
+  docs.alcf.anl.gov/polaris/hardware-overview; _polaris_regimes), the all-gather's latency and
+  ramp by the group's ranks (NCCL's ring of ranks − 1 steps).
 """
 
 from __future__ import annotations
@@ -61,6 +60,7 @@ from itercast.data_paths import read_csv_rows, shared_data_dir
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
 KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"  # transcribed tables, in the repo
 SMALL_BUS_BYTES = 1 << 20  # inter-node fits: latency regime below, bandwidth regime above
+RING_SMALL_BUS_BYTES = 128 << 10  # the same for all-gather / reduce-scatter (_polaris_regimes)
 H100_BF16_PEAK, H100_TF32_PEAK, H100_FP8_PEAK = 989.4e12, 494.7e12, 1978.9e12  # dense, H100 SXM datasheet
 A100_BF16_PEAK = 312e12  # A100 datasheet, dense
 HBM = {"h100": 3350e9, "a100": 2039e9}
@@ -199,7 +199,8 @@ def fit_collectives(data: Path) -> dict:
     all-reduce: dgxc-benchmarking's full 8 B–16 GiB sweep fixes the latency and the bandwidth ramp;
     all-gather / reduce-scatter / all-to-all (xxrjun, only 32 MiB–8 GiB) reuse that latency and ramp
     and fit only their asymptotic efficiency. p2p: vidur's H100 send_recv, 2 GPUs in one node or in
-    two nodes (one 400 Gb/s NIC each). Inter-node all-reduce: Polaris, see the module docstring.
+    two nodes (one 400 Gb/s NIC each). Inter-node: Polaris (_polaris_regimes) and 10 nodes of H100
+    (_h100_400g).
     """
     intra: dict = {}
     ar = [
@@ -238,47 +239,20 @@ def fit_collectives(data: Path) -> dict:
             bw,
             fixed={"alpha_per_log2_nodes_s": 0.0},
         )
-    top: dict[str, float] = defaultdict(float)  # source file -> bus bandwidth at its largest size
-    for r in rows:
-        if r["system"] == "ALCF Polaris":
-            top[r["source_file"]] = max(top[r["source_file"]], float(r["oop_busbw_GBs"]))
-    best: dict[tuple, float] = defaultdict(lambda: math.inf)
-    for r in rows:
-        if (
-            r["system"] == "ALCF Polaris"
-            and r["collective"] == "all_reduce"
-            and int(r["nodes"]) >= 2
-            and float(r["size_B"]) > 0
-            and top[r["source_file"]] >= 20.0
-        ):
-            key = (int(r["nodes"]), int(r["ranks"]), float(r["size_B"]))
-            best[key] = min(best[key], float(r["oop_time_us"]))
-    keys = sorted(best)
-    x = [s * BUS_FACTOR["all_reduce"](k) for _, k, s in keys]
-    t = [best[k] * 1e-6 for k in keys]
-    m = [n for n, _, _ in keys]
-    # One smooth curve cannot follow NCCL's protocol/algorithm switches on Polaris (38% mean error
-    # over all sizes, 21% at >= 64 MB): fit a latency regime and a bandwidth regime separately.
-    small = [i for i, v in enumerate(x) if v < SMALL_BUS_BYTES]
-    large = [i for i, v in enumerate(x) if v >= SMALL_BUS_BYTES]
-    latency_regime = {
-        "max_bus_bytes": SMALL_BUS_BYTES,
-        **fit_collective([x[i] for i in small], [t[i] for i in small], [m[i] for i in small], 4 * 12.5e9),
-    }
     polaris = {
-        "all_reduce": {
-            "regimes": [
-                latency_regime,
-                {
-                    "max_bus_bytes": None,
-                    **fit_collective([x[i] for i in large], [t[i] for i in large], [m[i] for i in large], 4 * 12.5e9),
-                },
-            ]
-        }
+        "all_reduce": {"regimes": _polaris_regimes(rows, "all_reduce", SMALL_BUS_BYTES, by_ranks=False)},
+        "all_gather": {"regimes": _polaris_regimes(rows, "all_gather", RING_SMALL_BUS_BYTES, by_ranks=True)},
+    }
+    polaris["reduce_scatter"] = polaris["all_gather"]  # no reduce-scatter at scale measured: the same ring
+    small = {
+        "all_reduce": polaris["all_reduce"]["regimes"][0],
+        "alltoall": polaris["all_reduce"]["regimes"][0],
+        "all_gather": polaris["all_gather"]["regimes"][0],
+        "reduce_scatter": polaris["all_gather"]["regimes"][0],
     }
     return {
         "intra_node": intra,
-        "inter_node_networks": {"polaris-slingshot11": polaris, "h100-400g": _h100_400g(rows, latency_regime)},
+        "inter_node_networks": {"polaris-slingshot11": polaris, "h100-400g": _h100_400g(rows, small)},
         "p2p": p2p,
         "source": "nccl-tests: NVIDIA/dgxc-benchmarking@841f546 nccl/README.md (1 node 8×H100 all-reduce), "
         "xxrjun/nccl-tests-cluster@455de4f (1 node 8×H100), argonne-lcf/alcf-nccl-tests@385be33 "
@@ -287,15 +261,75 @@ def fit_collectives(data: Path) -> dict:
     }
 
 
-def _h100_400g(rows: list[dict], latency_regime: dict) -> dict:
+def _polaris_regimes(rows: list[dict], coll: str, small_bus_bytes: int, by_ranks: bool) -> list[dict]:
+    """ALCF Polaris's inter-node `coll` (2 to 540 nodes of 4 A100, 2 Slingshot-11 NICs: B = 4 × 12.5
+    GB/s per node-local group), the fastest of its setups per (nodes, size), as two regimes split at
+    `small_bus_bytes`: one smooth curve cannot follow NCCL's protocol and algorithm switches (all-reduce
+    over all sizes: 38% mean error, 21% at >= 64 MB). Runs without the Slingshot OFI plugin (≈ 3 GB/s)
+    describe a misconfigured cluster, not the network: a run is kept when one of its collectives
+    reached ≥ 20 GB/s of bus bandwidth (an all-gather over 540 nodes alone does not: its ring's latency
+    caps it at 11 GB/s at 1 GiB, while the same run's all-reduce reaches 29 GB/s).
+
+    by_ranks: the latency and the bandwidth ramp depend on the group's ranks, as in NCCL's ring, which
+    runs an all-gather or a reduce-scatter in ranks − 1 steps (src/graph/tuning.cc nsteps; PAT, whose
+    steps grow in log2, only with one GPU per node, from NCCL 2.23): fit_collective with `ranks`, which
+    picks the latency's form (log2(ranks) or ranks − 1 peers) by how each, fitted on the smaller
+    groups, predicts the largest. The small regime ends at 128 KiB for the ring: between 128 KiB and 1
+    MiB Polaris's 32-rank all-gather jumps from 83 to 689 µs (a protocol switch), which a latency
+    regime cannot follow). Its ramp runs on the bus bytes with gamma pinned at 1, the largest at which
+    time never falls as the message grows (left free, gamma 1.22 made a 112 B all-gather slower than a
+    100 KB one). Measured small all-gathers: 21 µs at 8 ranks, 60 at 32, 3.9 ms at 512, 8.0 at 1,024,
+    17.2 at 2,160: the step's latency grows from ~2 µs to ~8 µs with the nodes, which one ranks − 1 term
+    (4.2 µs) does not follow: +21% at 8 ranks, +82% at 32, −44% to −47% at 512–2,160 in the fit, where
+    the log2(nodes) latency of the all-reduce's regime missed them by −94% to −98%. The all-reduce's
+    fit keeps its log2(nodes) latency (NCCL's tree at scale)."""
+    top: dict[tuple, float] = defaultdict(float)  # run (files' prefix, setup) -> best bus bandwidth of any collective
+    for r in rows:
+        if r["system"] == "ALCF Polaris":
+            top[_polaris_run(r)] = max(top[_polaris_run(r)], float(r["oop_busbw_GBs"]))
+    best: dict[tuple, float] = defaultdict(lambda: math.inf)
+    for r in rows:
+        if (
+            r["system"] == "ALCF Polaris"
+            and r["collective"] == coll
+            and int(r["nodes"]) >= 2
+            and float(r["size_B"]) > 0
+            and top[_polaris_run(r)] >= 20.0
+        ):
+            key = (int(r["nodes"]), int(r["ranks"]), float(r["size_B"]))
+            best[key] = min(best[key], float(r["oop_time_us"]))
+    keys = sorted(best)
+    x = np.array([s * BUS_FACTOR[coll](k) for _, k, s in keys])
+    t = np.array([best[key] * 1e-6 for key in keys])
+    m = np.array([n for n, _, _ in keys])
+    k = np.array([r for _, r, _ in keys]) if by_ranks else None
+    regimes = []
+    for sel, top_bytes in ((x < small_bus_bytes, small_bus_bytes), (x >= small_bus_bytes, None)):
+        if k is None:
+            fit = fit_collective(x[sel], t[sel], m[sel], 4 * 12.5e9)
+        else:  # the small regime: a latency (of the form fit_collective picks) and a ramp that never falls in size
+            sane = {"ramp_of": "bus", "gamma": 1.0} if top_bytes else {}
+            fit = fit_collective(x[sel], t[sel], m[sel], 4 * 12.5e9, fixed=sane, ranks=k[sel], starts=8)
+        regimes.append({"max_bus_bytes": top_bytes, **fit})
+    return regimes
+
+
+def _polaris_run(row: dict) -> tuple[str, str]:
+    """One run of alcf-nccl-tests: the NCCL version and run directory, and the setup (1–5)."""
+    prefix = row["source_file"].split("__")
+    return prefix[0] + "__" + prefix[1], row["source_file"].rsplit(".", 1)[1]
+
+
+def _h100_400g(rows: list[dict], small: dict[str, dict]) -> dict:
     """Inter-node all-reduce, all-gather, reduce-scatter and all-to-all on xxrjun's 10 nodes of 8×H100, 400 Gb/s
     per GPU (48.8 GB/s of 50 at 16 GiB, one GPU per node), 1, 2, 4 and 8 GPUs per node, 32 MiB to
     16 GiB. Bus bytes and bandwidth are the cost model's (analytic.bus_bytes; min(NVLink, per_node ×
     NIC per GPU, node_nic_fraction × the node's 8 × 50 GB/s of NICs)), so an all-to-all counts the
     bytes through the NICs. With one node count the latency cannot be split into a constant and a
     log2(nodes) term: it is fitted as log2(nodes) alone (Polaris's form, whose constant fitted to 0).
-    Messages below 1 MiB of bus bytes, which this cluster was not measured at, take Polaris's latency
-    regime.
+    Messages below 1 MiB of bus bytes, which this cluster was not measured at, take Polaris's small
+    regime of the same ring (`small`: the all-reduce's for all-reduce and all-to-all, the all-gather's,
+    which grows with the ranks, for all-gather and reduce-scatter).
 
     Why a node cap: at 1, 2 and 4 GPUs per node the ring all-reduce, all-gather and reduce-scatter
     reach 0.97–0.98 of per_node × 50 GB/s at 2–16 GiB (busbw 49, 98, 195), at 8 only ~320 of 400
@@ -326,7 +360,7 @@ def _h100_400g(rows: list[dict], latency_regime: dict) -> dict:
             # 1-GPU-per-node rows reach (48.8 GB/s at 16 GiB), as the per-point bandwidth above assumes
             node_nic_bw=[8 * 50e9] * len(sel),
         )
-        out[coll] = {"regimes": [latency_regime, {"max_bus_bytes": None, **fit}]}
+        out[coll] = {"regimes": [small[coll], {"max_bus_bytes": None, **fit}]}
     return out
 
 

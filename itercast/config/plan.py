@@ -98,7 +98,8 @@ class PlanConfig(BaseModel):
         "(zero3_fetch deepspeed; partition_parameters.py _allgather_param and _reduce_scatter_gradient at "
         "v0.3.13): each parameter tensor gathered, and its gradient reduce-scattered, on its own through a list "
         "of world-size views, which PyTorch's ProcessGroupNCCL copies apart, one copy kernel per rank, between "
-        "torch.cuda.synchronize() calls (workloads/transformer.py _deepspeed_fetch).",
+        "torch.cuda.synchronize() calls: one collective per tensor, each paying its latency "
+        "(workloads/transformer.py _deepspeed_fetch, unit_tensors).",
     )
     dtype: DType = "bf16"
     fp8_recipe: Literal["delayed", "tensorwise", "rowwise"] = Field(

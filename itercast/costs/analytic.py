@@ -130,10 +130,11 @@ class AnalyticCostModel:
         the slowest hop, min(intra-node bandwidth, per_node × NIC bandwidth per GPU) (a
         hierarchical/rail approximation), and by the curve's `node_nic_fraction` of the node's NICs ×
         NIC bandwidth, what a ring reaches when every GPU of the node drives its NIC at once
-        (fitting.collective_time_s; 1, no cap, where a curve has none), with latency growing in
-        log2(nodes) (tree-like, as NCCL picks for small messages); an all-to-all's bytes across
+        (fitting.collective_time_s; 1, no cap, where a curve has none), with the latency its fit chose:
+        growing in log2(nodes) (the all-reduce's tree) or with the ranks − 1 steps of NCCL's ring (the
+        all-gather and reduce-scatter measured on Polaris up to 2,160 ranks); an all-to-all's bytes across
         nodes are those through the NIC (bus_bytes). A collective without an inter-node curve of its
-        own on the system's network (Polaris fits only all-reduce) reuses the all-reduce curve per bus
+        own on the system's network (Polaris fits no all-to-all) reuses the all-reduce curve per bus
         byte unless calibrated.
         """
         n = group.size

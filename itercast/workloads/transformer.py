@@ -153,21 +153,30 @@ def unit_params(job: Job) -> dict[str, tuple[float, float]]:
     }
 
 
-def unit_tensors(job: Job, kind: str) -> int:
-    """Parameter tensors of one unit, what DeepSpeed v0.3's ZeRO-3 (plan.zero3_collectives per_tensor_list)
-    gathers and reduces one tensor at a time: a layer's two norms (LayerNorm weight and bias, RMSNorm
-    weight) and query/key norms, its four linears (QKV, output projection, the MLP's fused first and its
-    second) and their biases; the embedding's word table and learned positions; the head's final norm and,
-    untied, its output weight. DeepSpeed v0.3.13 had no experts: an MoE layer is refused, not priced."""
-    m = job.model
+def unit_tensors(job: Job, kind: str) -> tuple[float, ...]:
+    """Parameters of each tensor of one unit on one tensor-parallel rank, what DeepSpeed v0.3's ZeRO-3
+    (plan.zero3_collectives per_tensor_list) gathers and reduces one tensor at a time: a layer's two
+    norms (LayerNorm weight and bias, RMSNorm weight) and query/key norms, its four linears (QKV, output
+    projection, the MLP's fused first and its second; tensor parallelism splits them) and their biases
+    (the column-parallel ones split); the embedding's word table (split) and learned positions; the
+    head's final norm and, untied, its output weight (split). They sum to the unit's parameters
+    (ModelConfig.layer_params_per_rank). DeepSpeed v0.3.13 had no experts: an MoE layer is refused."""
+    m, tp = job.model, job.plan.tensor_parallel
     if kind == "moe":
         raise ConfigError(
             "plan.zero3_collectives per_tensor_list is DeepSpeed v0.3's ZeRO-3, which ran no experts: expected a "
             f"dense model; got {m.num_experts} experts"
         )
-    norm = 1 if m.family == "llama" else 2
-    layer = 2 * norm + (2 if m.qk_norm else 0) + 4 * (2 if m.biases else 1)
-    return {"embed": 1 + int(m.learned_positions), "layer": layer, "head": norm + int(not m.tied)}[kind]
+    h, f, qkv = m.hidden_size, m.ffn, (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim
+    norm = (h,) if m.family == "llama" else (h, h)
+    if kind == "embed":
+        return (m.vocab_size * h / tp,) + ((m.seq_length * h,) if m.learned_positions else ())
+    if kind == "head":
+        return norm + (() if m.tied else (m.vocab_size * h / tp,))
+    weights = (h * qkv, m.num_attention_heads * m.head_dim * h, (2 if m.gated_mlp else 1) * h * f, f * h)
+    biases = (qkv / tp, h, f / tp, h) if m.biases else ()
+    qk = (m.head_dim, m.head_dim) if m.qk_norm else ()
+    return norm + norm + qk + tuple(w / tp for w in weights) + biases
 
 
 def unit_kinds(job: Job, stage: int, chunk: int) -> list[str]:
@@ -775,6 +784,9 @@ class TransformerStepBuilder:
         if kind == "list_copies":  # _deepspeed_fetch: one copy launched per data-parallel rank and tensor
             return args[1] * self.groups.grad.size * self.stage_gpus[args[0]].kernel_launch_overhead_s
         costs = self.stage_costs[args[0]]
+        if kind == "dp_tensors":  # DeepSpeed v0.3's ZeRO-3: one collective per parameter tensor, in turn
+            op, tensors, nbytes = args[1:]
+            return sum(costs.collective_s(op, n * nbytes, self.groups.grad) for n in tensors)
         if kind == "pipe_copy":
             return pipe_copy_s(costs, self.job, args[1])
         if kind == "collective":
@@ -925,9 +937,14 @@ class TransformerStepBuilder:
                 previous.append(last)
                 if reduce_now and (split != "none" or p.zero_stage >= 2):
                     # overlapped: on the DP stream; not overlapped (ZeRO-2 only): blocking the compute stream
+                    grad_recipe: Recipe = (
+                        ("dp_tensors", stage, grad_kind, unit_tensors(job, kinds[j]), grad_bytes)
+                        if per_tensor
+                        else ("dp", stage, grad_kind, params, grad_bytes)
+                    )
                     grad_tasks.append(
                         self._task(
-                            ("dp", stage, grad_kind, params, grad_bytes),
+                            grad_recipe,
                             f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}",
                             dp_res if split != "none" else self.g.resource(stage, "compute"),
                             Category.COMMUNICATION,
@@ -1011,19 +1028,25 @@ class TransformerStepBuilder:
         """DeepSpeed ZeRO-3's fetch of one unit's parameters (v0.3.13: plan.zero3_collectives per_tensor_list),
         blocking: the host synchronises (partition_parameters.py _allgather_param: torch.cuda.synchronize() before each
         parameter's gather), issues one all-gather per parameter tensor into a list of world-size views, and
-        synchronises again once they are done (stage3.py _synchronize_communication); the unit's compute is
-        issued after. PyTorch's ProcessGroupNCCL copies a list collective's every view apart (allgather: each
-        output view from its flat buffer after the collective; reduce_scatter: each input view into one
-        before), one copy kernel per data-parallel rank and tensor: the host launches world-size kernels per
-        tensor and collective, at the GPU's kernel_launch_overhead_s each. A backward also reduce-scatters each
-        tensor's gradient so (_reduce_scatter_gradient). The prefetch of the next unit is not priced apart
-        (its gathers are issued after the same synchronisations), nor the Python loops that make the views.
-        Returns the gather the unit's compute waits for."""
+        synchronises again once they are done (stage3.py _synchronize_communication); the unit's compute is issued
+        after. Each tensor's all-gather is a collective of its own, issued after the previous one ended (the synchronize
+        waits for it): priced one by one on unit_tensors' sizes, each with its ring's latency (the "dp_tensors" recipe).
+        PyTorch's ProcessGroupNCCL copies a list collective's every view apart (allgather: each output view from its
+        flat buffer after the collective; reduce_scatter: each input view into one before), one copy kernel per data-
+        parallel rank and tensor: the host launches world-size kernels per tensor and collective, at the GPU's
+        kernel_launch_overhead_s each. A backward also reduce-scatters each tensor's gradient so
+        (_reduce_scatter_gradient; the graph's gradient task, one collective per tensor too). The prefetch of the next
+        unit is not priced apart (its gathers are issued after the same synchronisations), nor the Python loops that
+        make the views. Returns the gather the unit's compute waits for."""
         self._host_sync(stage)
-        lists = unit_tensors(self.job, kind) * (1 if forward else 2)
+        tensors = unit_tensors(self.job, kind)
+        lists = len(tensors) * (1 if forward else 2)
         host = self.g.resource(stage, "host")
         copies = self._task(("list_copies", stage, lists), f"list_copies.{name}", host, Category.HOST, "list_copies")
-        gather = self._gather(stage, name, params, [copies])
+        recipe: Recipe = ("dp_tensors", stage, "all_gather", tensors, weight_bytes(self.job))
+        gather = self._task(
+            recipe, name, self.g.resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", [copies]
+        )
         self._host_sync(stage)
         return gather
 
