@@ -12,6 +12,7 @@ from helpers import tiny_job
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
+from itercast.hardware.topology import place_group
 from itercast.memory import estimate_memory, stage_params
 from itercast.parallel.schedules import schedule
 from itercast.predict import predict
@@ -356,6 +357,27 @@ def test_network_latency_floors_collectives_across_nodes():
     assert costs.collective_s("all_gather", 1.0, g) == 1.0
     base = predict(job(num_nodes=2, data_parallel=16), linear_calibration()).step_time_s
     assert predict(j, linear_calibration()).step_time_s > base + 1.0
+
+
+def test_a_ring_of_several_gpus_a_node_pays_a_hop_per_rank():
+    """NCCL runs an all-gather or reduce-scatter with several GPUs a node as a ring of ranks − 1 steps
+    (PAT, log2 steps, only with one GPU a node). 16 ranks on 2 nodes, 1 ms a hop in a node, 1 s
+    across: 14 hops in the nodes and 1 across, 1.014 s; the all-reduce's tree: 2 × (3 ms + 1 s); 32 ranks
+    on 4 nodes: 28 hops in the nodes and 3 across.
+    A data-parallel group beside tp 8 holds one GPU a node: 16 nodes, ⌈log2 16⌉ = 4 hops of 1 s."""
+    node = {**SYSTEM["node"], "intra_node_latency_s": 1e-3}
+    slow = {**SYSTEM, "node": node, "network": {**SYSTEM["network"], "latency_s": 1.0}}
+    j = Job.from_dicts(MODEL, {"data_parallel": 16}, {**slow, "num_nodes": 2})
+    costs = AnalyticCostModel(j.system, "bf16", linear_calibration())
+    ring = Groups.of(j).grad
+    assert costs.collective_s("all_gather", 1.0, ring) == pytest.approx(14e-3 + 1.0)
+    assert costs.collective_s("reduce_scatter", 1.0, ring) == pytest.approx(14e-3 + 1.0)
+    assert costs.collective_s("all_reduce", 1.0, ring) == pytest.approx(2 * (3e-3 + 1.0))
+    four_nodes = place_group(32, 1, 8)  # 31 steps, 3 across: 28 ms + 3 s (a tree's log2 would say 2 s)
+    assert costs.collective_s("all_gather", 1.0, four_nodes) == pytest.approx(28e-3 + 3.0)
+    one_a_node = place_group(16, 8, 8)  # stride 8: one rank a node, 16 nodes
+    assert (one_a_node.nodes, one_a_node.per_node) == (16, 1)
+    assert costs.collective_s("all_gather", 1.0, one_a_node) == pytest.approx(4.0)
 
 
 def test_zero3_reduces_gradients_every_microbatch():
