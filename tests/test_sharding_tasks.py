@@ -99,8 +99,8 @@ def test_warm_intercepts_replace_only_the_embedding_operators_intercepts():
     from itercast.profile.calibrate import calibrate
     from itercast.profile.db import ProfileDB
 
-    cold = planner_calibration()["operators"]["models"]
-    mixed = planner_calibration(warm=WARM_DB)["operators"]["models"]
+    cold = planner_calibration(in_step=None)["operators"]["models"]
+    mixed = planner_calibration(warm=WARM_DB, in_step=None)["operators"]["models"]
     warm_db = ProfileDB(ROOT / "data" / "measured" / WARM_DB, readonly=True)
     warm = calibrate(warm_db, warm_db.devices()[-1][0], planner_system())["operators"]["models"]
     assert PLANNER_DB != WARM_DB and cold.keys() == mixed.keys()

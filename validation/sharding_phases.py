@@ -15,15 +15,27 @@ for the other rank (and the all-reduce's is only its exposed wait), so they deci
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+from scipy.optimize import nnls
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "validation")]
-from measure_sharding_tasks import PLANNER_DB, WARM_DB, decode, draw_tasks, planner_calibration, planner_system  # noqa: E402
+from measure_sharding_tasks import (  # noqa: E402
+    IN_STEP_PHASES,
+    PLANNER_DB,
+    WARM_DB,
+    decode,
+    draw_tasks,
+    planner_calibration,
+    planner_system,
+)
 
 from itercast.workloads.dlrm import dlrm_step  # noqa: E402
 
@@ -45,16 +57,24 @@ COMMUNICATION = ("pooled_exchange", "pooled_grad_exchange")
 #: rejected: it made seed 29's steps worse (geomean |error| 10.5% -> 12.0%, signed -0.8% -> -8.9%, with the cores
 #: shared) and seed 34's (planned on it) 11.5%, signed -11.2%: the 64 MiB prices' excess at small batches had offset
 #: what the model still leaves out; and the first with its embedding operators' intercepts from the profile timed
-#: back to back (measure_sharding_tasks.WARM_DB), rejected on these phases (see there)
-CALIBRATIONS: dict[str, tuple[str, dict[str, tuple[str, ...]], str | None]] = {
-    "cpu_profile_1thread_corun.db (64 MiB flush; the planner's)": (PLANNER_DB, {}, None),
-    "cpu_profile_1thread_corun_flush16.db (16 MiB flush)": ("cpu_profile_1thread_corun_flush16.db", {}, None),
+#: back to back (measure_sharding_tasks.WARM_DB), rejected on these phases (see there); the planner's: the first
+#: with its embedding operators rescaled to these phases (in_step_scales: fitted here, so these rows are its fit)
+CALIBRATIONS: dict[str, tuple[str, dict[str, tuple[str, ...]], str | None, str | None]] = {
+    "cpu_profile_1thread_corun.db (64 MiB flush) as profiled": (PLANNER_DB, {}, None, None),
+    "cpu_profile_1thread_corun.db, embedding rescaled to these phases (the planner's; in-sample)": (
+        PLANNER_DB,
+        {},
+        None,
+        IN_STEP_PHASES,
+    ),
+    "cpu_profile_1thread_corun_flush16.db (16 MiB flush)": ("cpu_profile_1thread_corun_flush16.db", {}, None, None),
     "per family the nearer (rejected)": (
         PLANNER_DB,
         {"cpu_profile_1thread_corun_flush16.db": ("mm", "bmm", "embedding_bag_fwd")},
         None,
+        None,
     ),
-    "64 MiB, embedding intercepts timed back to back (rejected)": (PLANNER_DB, {}, WARM_DB),
+    "64 MiB, embedding intercepts timed back to back (rejected)": (PLANNER_DB, {}, WARM_DB, None),
 }
 MIN_MS = 0.05  # phases shorter than this on a rank (nothing to do there) are left out
 
@@ -72,6 +92,59 @@ def predicted_phases_ms(calibration: dict, task, sharding: str) -> dict[tuple[in
     return out
 
 
+#: the embedding operators the planner's calibration rescales to the steps (in_step_scales), each with its phase
+IN_STEP = {"embedding_bag_fwd": "embedding_fwd", "embedding_bag_update": "embedding_bwd"}
+
+
+def read_phases(path: Path) -> list[dict[str, str]]:
+    """The rows of a phases file (tools/measure_phases_in_step.py)."""
+    with path.open() as fh:
+        return list(csv.DictReader(line for line in fh if not line.startswith("#")))
+
+
+def rescaled(calibration: dict, scales: dict[str, tuple[float, float]]) -> dict:
+    """A copy of `calibration` whose operator models of each family in `scales` take a × their intercept
+    (alpha_s) and b × every slope (s_per_*): (a, b) = scales[family]."""
+    out = copy.deepcopy(calibration)
+    for key, fit in out["operators"]["models"].items():
+        a, b = scales.get(key.rsplit(":", 1)[-1], (1.0, 1.0))
+        fit["alpha_s"] *= a
+        for column in [c for c in fit if c.startswith("s_per_")]:
+            fit[column] *= b
+    return out
+
+
+def in_step_scales(calibration: dict, rows: list[dict[str, str]]) -> dict[str, tuple[float, float]]:
+    """Per IN_STEP operator: (a, b) that make a × its intercepts + b × the rest of its price, with the
+    phase's other costs as priced, best match its phase measured inside steps (non-negative least squares on
+    relative error, over every rank's phase of at least MIN_MS). Each phase's three parts are the phase
+    priced with the operator's intercepts alone, its slopes alone and neither (rescaled)."""
+    seed = int(rows[0]["seed"])
+    tasks = draw_tasks(1 + max(int(r["task"]) for r in rows), seed)
+    variants = {v: rescaled(calibration, dict.fromkeys(IN_STEP, v)) for v in ((1.0, 0.0), (0.0, 1.0), (0.0, 0.0))}
+    cache: dict[tuple[int, str], dict[tuple[float, float], dict[tuple[int, str], float]]] = {}
+    lhs: dict[str, list[float]] = defaultdict(list)
+    rhs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    phase_op = {phase: op for op, phase in IN_STEP.items()}
+    for r in rows:
+        measured = float(r["median_ms"])
+        if r["phase"] not in phase_op or measured < MIN_MS:
+            continue
+        key = (int(r["task"]), r["sharding"])
+        if key not in cache:
+            cache[key] = {v: predicted_phases_ms(cal, tasks[key[0]], key[1]) for v, cal in variants.items()}
+        part = {v: cache[key][v].get((int(r["rank"]), r["phase"]), 0.0) for v in variants}
+        rest = part[0.0, 0.0]
+        op = phase_op[r["phase"]]
+        lhs[op].append((measured - rest) / measured)
+        rhs[op].append(((part[1.0, 0.0] - rest) / measured, (part[0.0, 1.0] - rest) / measured))
+    out = {}
+    for op in IN_STEP:
+        coef, _ = nnls(np.array(rhs[op]), np.array(lhs[op]))
+        out[op] = (float(coef[0]), float(coef[1]))
+    return out
+
+
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -80,13 +153,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=ROOT / "data" / "measured" / "cpu_sharding_phases_seed29.csv")
     args = ap.parse_args()
-    with args.csv.open() as fh:
-        rows = list(csv.DictReader(line for line in fh if not line.startswith("#")))
+    rows = read_phases(args.csv)
     seed = int(rows[0]["seed"])
     tasks = draw_tasks(1 + max(int(r["task"]) for r in rows), seed)
     print(f"{args.csv.name}: seed {seed}, {len(rows)} (task, proposal, rank, phase) medians")
-    for label, (profile, ops_from, warm) in CALIBRATIONS.items():
-        calibration = planner_calibration(profile, ops_from, warm)
+    scales = in_step_scales(planner_calibration(in_step=None), rows)
+    print(
+        "inside these steps: " + ", ".join(f"{op} intercept × {a:.3f}, rest × {b:.3f}" for op, (a, b) in scales.items())
+    )
+    for label, (profile, ops_from, warm, in_step) in CALIBRATIONS.items():
+        calibration = planner_calibration(profile, ops_from, warm, in_step)
         ratios: dict[str, list[tuple[int, float]]] = defaultdict(list)
         cache: dict[tuple[int, str], dict[tuple[int, str], float]] = {}
         for r in rows:
@@ -120,7 +196,7 @@ def update_in_step() -> None:
     median, and the same call alone after a 64 MiB flush) against the cold run itself and against the cold run
     less the difference of the update's intercepts fitted on PLANNER_DB and on WARM_DB: geomean ratio per
     lookups bucket (the data WARM_DB's intercepts were decided on)."""
-    models = [planner_calibration(PLANNER_DB, {}, w)["operators"]["models"] for w in (None, WARM_DB)]
+    models = [planner_calibration(PLANNER_DB, {}, w, None)["operators"]["models"] for w in (None, WARM_DB)]
     key = next(k for k in models[0] if k.endswith(":embedding_bag_update"))
     delta_ms = (models[0][key]["alpha_s"] - models[1][key]["alpha_s"]) * 1e3
     with (ROOT / "data" / "measured" / "cpu_update_in_step.csv").open() as fh:
