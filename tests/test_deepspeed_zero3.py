@@ -123,3 +123,12 @@ def test_the_tensors_of_a_unit_add_up_to_its_parameters(model, tp):
         q_kv = (4 + 2 * 2) * 16
         expected = (h, h, h * q_kv / tp, 4 * 16 * h / tp, 2 * h * 96 / tp, 96 * h / tp)
         assert unit_tensors(j, "layer") == pytest.approx(expected)
+
+
+def test_multi_latent_attention_is_refused_not_priced_with_other_tensors():
+    gpu = {**SYSTEM["gpu"], "kernel_launch_overhead_s": LAUNCH_S}
+    system = {**SYSTEM, "gpu": gpu, "node": {**SYSTEM["node"], "gpus_per_node": 2}, "num_nodes": 1}
+    mla = MODEL | {"kv_lora_rank": 16, "qk_rope_head_dim": 8}
+    plan = {"data_parallel": 2, "zero_stage": 3, "zero3_fetch": "deepspeed", "zero3_collectives": "per_tensor_list"}
+    with pytest.raises(ConfigError, match="without multi-latent attention; got kv_lora_rank 16"):
+        predict(Job.from_dicts(mla, plan, system), linear_calibration())

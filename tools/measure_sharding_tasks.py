@@ -78,9 +78,10 @@ WARM_DB = "cpu_profile_1thread_corun_warm.db"
 WARM_INTERCEPTS = ("embedding_bag_fwd", "embedding_bag_bwd", "embedding_bag_update")
 #: the measured phases of seed 29's steps (fitting data) the planner's embedding operators are refitted on
 #: (planner_calibration `in_step`; validation/sharding_phases.py in_step_scales): inside a step the lookup's
-#: fitted intercept counts 0.086 of itself and the rest of its price 1.50, the update's 0.12 and 1.28 (the cold
-#: profile's NNLS had put per-lookup cost into the intercepts). Decided on those phases and seed 29's steps
-#: (10.5% -> 6.2% geomean |error|; the model's pick 7 -> 6 of 20), then checked on a fresh draw (seed 37)
+#: fitted intercept counts 0.108 of itself and the rest of its price 1.498, the update's 0.137 and 1.331 (the
+#: cold profile's NNLS had put per-lookup cost into the intercepts). Decided on those phases and seed 29's steps
+#: (10.5% -> 5.5% geomean |error|; the model's pick 7 of 20 both), then checked on a fresh draw planned with it,
+#: seed 37: 6.1% per step, itercast's proposal fastest 9 of 20 (+5), the model's pick 8 (+7)
 IN_STEP_PHASES = "cpu_sharding_phases_seed29.csv"
 SMALL_BYTES = 1 << 20  # dp_small: a table of at most 1 MiB (fp32) is replicated (its all-reduce is cheap)
 

@@ -159,11 +159,11 @@ class AnalyticCostModel:
         and across nodes (NCCL's tree for all-reduce, PAT for all-gather / reduce-scatter), twice
         for an all-reduce (reduce up, broadcast down); one round for an all-to-all, whose peers
         exchange at once. An all-gather or reduce-scatter with several GPUs a node across nodes runs
-        NCCL's ring instead (PAT only with one GPU a node: src/graph/tuning.cc ncclPatEnable, and its
-        ring latency (ranks − 1 − (nodes − 1)) intra-node steps + (nodes − 1) network steps): ranks − 1
-        hops, nodes − 1 of them across the network. The fitted curves carry the latency of the clusters
-        they were measured on; this floor is what makes a slower network, or a larger ring, than those
-        slow small collectives down."""
+        NCCL's ring instead, ranks − 1 hops of which nodes − 1 cross the network (NCCL src/graph/tuning.cc:
+        ncclPatEnable only with one GPU a node; the ring's latency is its intra-node steps plus its
+        nNodes − 1 network steps). The fitted curves carry the latency of the clusters they were measured
+        on; this floor is what makes a slower network, or a larger ring, than those slow small collectives
+        down."""
         if kind == "alltoall":
             hops_intra, hops_inter = float(group.per_node > 1), float(group.nodes > 1)
         elif kind in ("all_gather", "reduce_scatter") and group.nodes > 1 and group.per_node > 1:

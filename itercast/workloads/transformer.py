@@ -160,12 +160,19 @@ def unit_tensors(job: Job, kind: str) -> tuple[float, ...]:
     projection, the MLP's fused first and its second; tensor parallelism splits them) and their biases
     (the column-parallel ones split); the embedding's word table (split) and learned positions; the
     head's final norm and, untied, its output weight (split). They sum to the unit's parameters
-    (ModelConfig.layer_params_per_rank). DeepSpeed v0.3.13 had no experts: an MoE layer is refused."""
+    (ModelConfig.layer_params_per_rank). DeepSpeed v0.3.13 had no experts: an MoE layer is refused, and so
+    is multi-latent attention, whose projections these tensors do not list."""
     m, tp = job.model, job.plan.tensor_parallel
     if kind == "moe":
         raise ConfigError(
             "plan.zero3_collectives per_tensor_list is DeepSpeed v0.3's ZeRO-3, which ran no experts: expected a "
             f"dense model; got {m.num_experts} experts"
+        )
+    if m.mla:
+        raise ConfigError(
+            "plan.zero3_collectives per_tensor_list prices the tensors of standard attention (QKV and output "
+            "projection): expected a model without multi-latent attention; got kv_lora_rank "
+            f"{m.kv_lora_rank}"
         )
     h, f, qkv = m.hidden_size, m.ffn, (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim
     norm = (h,) if m.family == "llama" else (h, h)
