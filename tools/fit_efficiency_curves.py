@@ -283,24 +283,10 @@ def _polaris_regimes(rows: list[dict], coll: str, small_bus_bytes: int, by_ranks
     (4.2 µs) does not follow: +21% at 8 ranks, +82% at 32, −44% to −47% at 512–2,160 in the fit, where
     the log2(nodes) latency of the all-reduce's regime missed them by −94% to −98%. The all-reduce's
     fit keeps its log2(nodes) latency (NCCL's tree at scale)."""
-    top: dict[tuple, float] = defaultdict(float)  # run (files' prefix, setup) -> best bus bandwidth of any collective
-    for r in rows:
-        if r["system"] == "ALCF Polaris":
-            top[_polaris_run(r)] = max(top[_polaris_run(r)], float(r["oop_busbw_GBs"]))
-    best: dict[tuple, float] = defaultdict(lambda: math.inf)
-    for r in rows:
-        if (
-            r["system"] == "ALCF Polaris"
-            and r["collective"] == coll
-            and int(r["nodes"]) >= 2
-            and float(r["size_B"]) > 0
-            and top[_polaris_run(r)] >= 20.0
-        ):
-            key = (int(r["nodes"]), int(r["ranks"]), float(r["size_B"]))
-            best[key] = min(best[key], float(r["oop_time_us"]))
+    best = polaris_points(rows, coll)
     keys = sorted(best)
     x = np.array([s * BUS_FACTOR[coll](k) for _, k, s in keys])
-    t = np.array([best[key] * 1e-6 for key in keys])
+    t = np.array([best[key] for key in keys])
     m = np.array([n for n, _, _ in keys])
     k = np.array([r for _, r, _ in keys]) if by_ranks else None
     regimes = []
@@ -312,6 +298,28 @@ def _polaris_regimes(rows: list[dict], coll: str, small_bus_bytes: int, by_ranks
             fit = fit_collective(x[sel], t[sel], m[sel], 4 * 12.5e9, fixed=sane, ranks=k[sel], starts=8)
         regimes.append({"max_bus_bytes": top_bytes, **fit})
     return regimes
+
+
+def polaris_points(rows: list[dict], coll: str) -> dict[tuple[int, int, float], float]:
+    """Polaris's inter-node `coll` rows the fit uses: (nodes, ranks, size in bytes) -> the fastest out-of-place
+    seconds among the runs that had the Slingshot OFI plugin (one of the run's collectives reached ≥ 20 GB/s of
+    bus bandwidth; _polaris_regimes)."""
+    top: dict[tuple, float] = defaultdict(float)  # run (files' prefix, setup) -> best bus bandwidth of any collective
+    for r in rows:
+        if r["system"] == "ALCF Polaris":
+            top[_polaris_run(r)] = max(top[_polaris_run(r)], float(r["oop_busbw_GBs"]))
+    best: dict[tuple[int, int, float], float] = defaultdict(lambda: math.inf)
+    for r in rows:
+        if (
+            r["system"] == "ALCF Polaris"
+            and r["collective"] == coll
+            and int(r["nodes"]) >= 2
+            and float(r["size_B"]) > 0
+            and top[_polaris_run(r)] >= 20.0
+        ):
+            key = (int(r["nodes"]), int(r["ranks"]), float(r["size_B"]))
+            best[key] = min(best[key], float(r["oop_time_us"]) * 1e-6)
+    return best
 
 
 def _polaris_run(row: dict) -> tuple[str, str]:

@@ -28,7 +28,6 @@ from scipy.optimize import nnls
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "validation")]
 from measure_sharding_tasks import (  # noqa: E402
-    IN_STEP_PHASES,
     PLANNER_DB,
     WARM_DB,
     decode,
@@ -58,23 +57,24 @@ COMMUNICATION = ("pooled_exchange", "pooled_grad_exchange")
 #: shared) and seed 34's (planned on it) 11.5%, signed -11.2%: the 64 MiB prices' excess at small batches had offset
 #: what the model still leaves out; and the first with its embedding operators' intercepts from the profile timed
 #: back to back (measure_sharding_tasks.WARM_DB), rejected on these phases (see there); the planner's: the first
-#: with its embedding operators rescaled to these phases (in_step_scales: fitted here, so these rows are its fit)
-CALIBRATIONS: dict[str, tuple[str, dict[str, tuple[str, ...]], str | None, str | None]] = {
-    "cpu_profile_1thread_corun.db (64 MiB flush) as profiled": (PLANNER_DB, {}, None, None),
-    "cpu_profile_1thread_corun.db, embedding rescaled to these phases (the planner's; in-sample)": (
+#: with its embedding operators rescaled to the phases read (in_step_scales: fitted there, so on the planner's
+#: IN_STEP_PHASES these rows are its fit); the last field: rescaled or not
+CALIBRATIONS: dict[str, tuple[str, dict[str, tuple[str, ...]], str | None, bool]] = {
+    "cpu_profile_1thread_corun.db (64 MiB flush) as profiled": (PLANNER_DB, {}, None, False),
+    "cpu_profile_1thread_corun.db, embedding rescaled to these phases (the planner's on its phases; in-sample)": (
         PLANNER_DB,
         {},
         None,
-        IN_STEP_PHASES,
+        True,
     ),
-    "cpu_profile_1thread_corun_flush16.db (16 MiB flush)": ("cpu_profile_1thread_corun_flush16.db", {}, None, None),
+    "cpu_profile_1thread_corun_flush16.db (16 MiB flush)": ("cpu_profile_1thread_corun_flush16.db", {}, None, False),
     "per family the nearer (rejected)": (
         PLANNER_DB,
         {"cpu_profile_1thread_corun_flush16.db": ("mm", "bmm", "embedding_bag_fwd")},
         None,
-        None,
+        False,
     ),
-    "64 MiB, embedding intercepts timed back to back (rejected)": (PLANNER_DB, {}, WARM_DB, None),
+    "64 MiB, embedding intercepts timed back to back (rejected)": (PLANNER_DB, {}, WARM_DB, False),
 }
 MIN_MS = 0.05  # phases shorter than this on a rank (nothing to do there) are left out
 
@@ -162,7 +162,9 @@ def main() -> None:
         "inside these steps: " + ", ".join(f"{op} intercept × {a:.3f}, rest × {b:.3f}" for op, (a, b) in scales.items())
     )
     for label, (profile, ops_from, warm, in_step) in CALIBRATIONS.items():
-        calibration = planner_calibration(profile, ops_from, warm, in_step)
+        calibration = planner_calibration(profile, ops_from, warm, in_step=None)
+        if in_step:
+            calibration = rescaled(calibration, scales)
         ratios: dict[str, list[tuple[int, float]]] = defaultdict(list)
         cache: dict[tuple[int, str], dict[tuple[int, str], float]] = {}
         for r in rows:
