@@ -161,6 +161,26 @@ def test_all_gathers_over_hundreds_of_nodes_pay_the_rings_latency():
     assert costs.collective_s("reduce_scatter", 32768, place_group(1024, 1, 4)) == small_1024
 
 
+def test_all_to_alls_over_hundreds_of_nodes_pay_a_latency_per_peer():
+    """Measured (argonne-lcf/alcf-nccl-tests@385be33, Polaris, NCCL 2.21, out-of-place all-to-all): 1 MiB
+    over 256 nodes (1,024 ranks) 10,356 µs and 1,045,440 B over 540 nodes (2,160 ranks) 22,536 µs (×2.18:
+    ranks − 1 point-to-point exchanges); 1 GiB over 256 nodes 245,042 µs. Priced within 15%, 15% and
+    25% (the large all-to-all's efficiency falls with the nodes, which one efficiency does not follow),
+    where the all-reduce's curve with its log2(nodes) latency, which priced them before, gave 0.16 and 0.08
+    of the small ones and 0.54 of the large one."""
+    job = Job.from_dicts(
+        {"preset": "gpt3-175b"},
+        {"data_parallel": 4},
+        {"preset": "dgx-a100", "node": {"gpus_per_node": 4}, "network": {"nics_per_node": 2}},
+    )
+    costs = AnalyticCostModel(job.system, "fp16")
+    small_1024 = costs.collective_s("alltoall", 1048576, place_group(1024, 1, 4))
+    small_2160 = costs.collective_s("alltoall", 1045440, place_group(2160, 1, 4))
+    assert 0.85 < small_1024 / 10356e-6 < 1.15 and 0.85 < small_2160 / 22536e-6 < 1.15
+    assert small_2160 / small_1024 == pytest.approx(22536 / 10356, rel=0.1)
+    assert 0.75 < costs.collective_s("alltoall", 2**30, place_group(1024, 1, 4)) / 245042e-6 < 1.25
+
+
 def test_bf16_gemms_reproduce_pytorch_on_h100():
     """Measured (microsoft/vidur@7d47513, compute__h100 Llama-2-70B, its README's sanity line): the
     gate+up projection of 4096 tokens at tp 1, 2 · 4096 · 8192 · 2 · 28672 FLOPs, at 679 TFLOP/s.

@@ -28,10 +28,10 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   residual add, RMSNorm and SiLU·mul (bytes counted from the shapes).
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
   m nodes; intra-node curves on one 8×H100 node (B = 450 GB/s NVLink4 per GPU; see
-  fit_collectives), p2p on vidur's H100 send/recv, inter-node all-reduce and all-gather on ALCF
-  Polaris (4×A100 and 2 Slingshot-11 NICs per node: B = 4 × 12.5 GB/s per node-local group;
-  docs.alcf.anl.gov/polaris/hardware-overview; _polaris_regimes), the all-gather's latency and
-  ramp by the group's ranks (NCCL's ring of ranks − 1 steps).
+  fit_collectives), p2p on vidur's H100 send/recv, inter-node all-reduce, all-gather and all-to-all
+  on ALCF Polaris (4×A100 and 2 Slingshot-11 NICs per node: B = 4 × 12.5 GB/s per node-local group;
+  docs.alcf.anl.gov/polaris/hardware-overview; _polaris_regimes), the all-gather's and all-to-all's
+  latency and ramp by the group's ranks (NCCL's ring of ranks − 1 steps; ranks − 1 peers).
 """
 
 from __future__ import annotations
@@ -61,10 +61,11 @@ OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
 KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"  # transcribed tables, in the repo
 SMALL_BUS_BYTES = 1 << 20  # inter-node fits: latency regime below, bandwidth regime above
 RING_SMALL_BUS_BYTES = 128 << 10  # the same for all-gather / reduce-scatter (_polaris_regimes)
+A2A_MIN_PEER_BYTES = 256  # Polaris's all-to-alls of fewer bytes a peer are left out of its fit (_polaris_regimes)
 H100_BF16_PEAK, H100_TF32_PEAK, H100_FP8_PEAK = 989.4e12, 494.7e12, 1978.9e12  # dense, H100 SXM datasheet
 A100_BF16_PEAK = 312e12  # A100 datasheet, dense
 HBM = {"h100": 3350e9, "a100": 2039e9}
-from itercast.costs.analytic import BUS_FACTOR, bus_bytes  # noqa: E402
+from itercast.costs.analytic import bus_bytes  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -242,11 +243,12 @@ def fit_collectives(data: Path) -> dict:
     polaris = {
         "all_reduce": {"regimes": _polaris_regimes(rows, "all_reduce", SMALL_BUS_BYTES, by_ranks=False)},
         "all_gather": {"regimes": _polaris_regimes(rows, "all_gather", RING_SMALL_BUS_BYTES, by_ranks=True)},
+        "alltoall": {"regimes": _polaris_regimes(rows, "alltoall", SMALL_BUS_BYTES, by_ranks=True)},
     }
     polaris["reduce_scatter"] = polaris["all_gather"]  # no reduce-scatter at scale measured: the same ring
     small = {
         "all_reduce": polaris["all_reduce"]["regimes"][0],
-        "alltoall": polaris["all_reduce"]["regimes"][0],
+        "alltoall": polaris["alltoall"]["regimes"][0],
         "all_gather": polaris["all_gather"]["regimes"][0],
         "reduce_scatter": polaris["all_gather"]["regimes"][0],
     }
@@ -282,10 +284,23 @@ def _polaris_regimes(rows: list[dict], coll: str, small_bus_bytes: int, by_ranks
     17.2 at 2,160: the step's latency grows from ~2 µs to ~8 µs with the nodes, which one ranks − 1 term
     (4.2 µs) does not follow: +21% at 8 ranks, +82% at 32, −44% to −47% at 512–2,160 in the fit, where
     the log2(nodes) latency of the all-reduce's regime missed them by −94% to −98%. The all-reduce's
-    fit keeps its log2(nodes) latency (NCCL's tree at scale)."""
+    fit keeps its log2(nodes) latency (NCCL's tree at scale).
+
+    The all-to-all (NCCL: ranks − 1 point-to-point exchanges, bus bytes those through each node's NICs,
+    analytic.bus_bytes), by ranks too, split at SMALL_BUS_BYTES. Its small messages take ~5 µs a peer at 8
+    and 32 ranks and ~10 µs at 1,024 and 2,160 (10.3 and 22.1 ms); its large ones reach 0.57 of the NICs at 2
+    nodes, 0.38 at 8, 0.35 at 256 and 0.28 at 540 (1 GiB: 75, 199, 245 and 307 ms), a fall in scale one
+    efficiency does not follow. Rows of fewer than A2A_MIN_PEER_BYTES a peer are left out: NCCL's ≤ 128 B
+    point-to-point messages take 2.2× as long at every group size (83 against 36 µs at 8 ranks, 23 against
+    10 ms at 1,024), a regime no training all-to-all reaches (a peer gets whole pooled embeddings or tokens),
+    which one curve cannot follow beside the other (with them, the small regime is +52% at 8 ranks). Before
+    this fit the all-to-all reused the all-reduce's curves, whose log2(nodes) latency priced Polaris's
+    all-to-alls at 1,024–2,160 ranks −62% to −97%; in the fit: −3% / +31% (small / large messages) at 8
+    ranks, +17% / +6% at 32, −7% and −18% (large) at 1,024 and 2,160; held out (2,160 ranks predicted from
+    ≤ 1,024): −24% mean, 20% geomean (validation/collectives_polaris.py prints the in-sample figures)."""
     best = polaris_points(rows, coll)
-    keys = sorted(best)
-    x = np.array([s * BUS_FACTOR[coll](k) for _, k, s in keys])
+    keys = sorted(k for k in best if coll != "alltoall" or k[2] / k[1] >= A2A_MIN_PEER_BYTES)
+    x = np.array([bus_bytes(coll, s, k, n) for n, k, s in keys])
     t = np.array([best[key] for key in keys])
     m = np.array([n for n, _, _ in keys])
     k = np.array([r for _, r, _ in keys]) if by_ranks else None

@@ -132,10 +132,11 @@ class AnalyticCostModel:
         NIC bandwidth, what a ring reaches when every GPU of the node drives its NIC at once
         (fitting.collective_time_s; 1, no cap, where a curve has none), with the latency its fit chose:
         growing in log2(nodes) (the all-reduce's tree) or with the ranks − 1 steps of NCCL's ring (the
-        all-gather and reduce-scatter measured on Polaris up to 2,160 ranks); an all-to-all's bytes across
-        nodes are those through the NIC (bus_bytes). A collective without an inter-node curve of its
-        own on the system's network (Polaris fits no all-to-all) reuses the all-reduce curve per bus
-        byte unless calibrated.
+        all-gather and reduce-scatter measured on Polaris up to 2,160 ranks) or with the ranks − 1 peers
+        of an all-to-all (Polaris's, to 2,160 ranks); an all-to-all's bytes across nodes are those
+        through the NIC (bus_bytes). A collective without an inter-node curve of its own on the
+        system's network (a calibration's that fits the all-reduce alone) reuses the all-reduce curve
+        per bus byte.
         """
         n = group.size
         if n <= 1 or nbytes <= 0:
