@@ -52,6 +52,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # a help paragraph is one paragraph, not its source lines
     help="Forecast distributed deep-learning training before paying for the GPUs.",
 )
 #: stdout's width when it is no terminal (a pipe, a file): wide enough that no table column is cut to

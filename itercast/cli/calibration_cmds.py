@@ -16,7 +16,10 @@ from itercast.profile.microbench import FLUSH_BYTES
 from itercast.traces.host_overheads import HostOverheads
 
 profile_app = typer.Typer(
-    cls=Group, no_args_is_help=True, help="Measure kernels on this device, or import outside measurements."
+    cls=Group,
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    help="Measure kernels on this device, or import outside measurements.",
 )
 app.add_typer(profile_app, name="profile")
 IMPORTERS = ("alpa", "nccl-tidy", "nccl-log", "xla-matmul", "xla-collective")

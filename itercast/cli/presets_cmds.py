@@ -57,7 +57,10 @@ def _type_name(ann: object) -> str:
 
 
 presets_app = typer.Typer(
-    cls=Group, help="Model and system presets: list them, or show one.", invoke_without_command=True
+    cls=Group,
+    rich_markup_mode="markdown",
+    help="Model and system presets: list them, or show one.",
+    invoke_without_command=True,
 )
 app.add_typer(presets_app, name="presets")
 
