@@ -200,13 +200,24 @@ def _memory_rows(r: Forecast, where: str) -> list[tuple[str, str]]:
 
 
 def sharding_summary(plan: dict[str, Any]) -> str:
-    """`t0 TW@0, t1 RW, …`: a sharding on one line."""
+    """`t0 TW@0, t1 RW, t2 CW@0-7, …`: a sharding on one line, consecutive ranks as a range."""
     short = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "data_parallel": "DP"}
     parts = []
     for name, s in plan.items():
-        where = f"@{','.join(map(str, s.ranks))}" if s.strategy in ("table_wise", "column_wise") else ""
+        where = f"@{rank_ranges(s.ranks)}" if s.strategy in ("table_wise", "column_wise") else ""
         parts.append(f"{name} {short[s.strategy]}{where}")
     return ", ".join(parts)
+
+
+def rank_ranges(ranks: tuple[int, ...]) -> str:
+    """Ranks in their order, each run of consecutive ones as `first-last`: (0, 1, 2, 5) -> `0-2,5`."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def load_workload(

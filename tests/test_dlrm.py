@@ -19,6 +19,7 @@ from itercast.workloads.dlrm import (
     EmbeddingTable,
     Shard,
     candidate_shards,
+    distinct_candidates,
     dlrm_step,
     embedding_seconds,
     index_stats,
@@ -136,6 +137,48 @@ def test_exhaustive_planning_on_a_small_case_puts_equal_tables_apart():
     assert step.fits and step.step_time_s == min(s.step_time_s for _, s in result.plans)
     # the stacked table-wise plans are never the best
     assert not (best["t0"].strategy == best["t1"].strategy == "table_wise" and best["t0"].ranks == best["t1"].ranks)
+
+
+def test_candidates_equal_under_a_rank_permutation_are_priced_once():
+    """4 ranks, table `a` table-wise on rank 0, a 16-wide table: table-wise on rank 1 = on 2 = on 3
+    (empty ranks), so rank 1 stands for them; column-wise over (0, 1) differs from over (2, 3), which
+    holds no load; row-wise, data-parallel and the 4-rank column block stay (7 of 10)."""
+    chosen = {"a": Shard("table_wise", (0,))}
+    kept = distinct_candidates(candidate_shards(TABLE, 4), chosen, 4)
+    assert [(s.strategy, s.ranks) for s in kept] == [
+        ("table_wise", (0,)),
+        ("table_wise", (1,)),
+        ("row_wise", (0, 1, 2, 3)),
+        ("data_parallel", (0, 1, 2, 3)),
+        ("column_wise", (0, 1)),
+        ("column_wise", (2, 3)),
+        ("column_wise", (0, 1, 2, 3)),
+    ]
+    # two tables on ranks 0 and 1 load them differently (the tables may differ): neither stands for the other
+    two = {"a": Shard("table_wise", (0,)), "b": Shard("table_wise", (1,))}
+    kept = distinct_candidates(candidate_shards(TABLE, 4), two, 4)
+    assert [s.ranks for s in kept if s.strategy == "table_wise"] == [(0,), (1,), (2,)]
+    # a table split over all 4 ranks loads them alike: one table-wise rank and one 2-rank block stand for all
+    kept = distinct_candidates(candidate_shards(TABLE, 4), {"a": Shard("column_wise", (0, 1, 2, 3))}, 4)
+    assert [(s.strategy, s.ranks) for s in kept] == [
+        ("table_wise", (0,)),
+        ("row_wise", (0, 1, 2, 3)),
+        ("data_parallel", (0, 1, 2, 3)),
+        ("column_wise", (0, 1)),
+        ("column_wise", (0, 1, 2, 3)),
+    ]
+
+
+def test_the_greedy_planner_prices_one_rank_of_equals_and_chooses_as_if_it_priced_all(monkeypatch):
+    """Six tables on 8 ranks (greedy: 11 candidates a table): the plan and its step are those of the
+    planner that prices every candidate, with fewer plans priced."""
+    fast = plan_sharding(model(6), system(8), 64, exhaustive_limit=1)
+    monkeypatch.setattr("itercast.workloads.dlrm.sharding.distinct_candidates", lambda shards, chosen, world: shards)
+    full = plan_sharding(model(6), system(8), 64, exhaustive_limit=1)
+    assert fast.method == full.method == "greedy"
+    assert fast.plans[0][0] == full.plans[0][0]
+    assert fast.plans[0][1].step_time_s == full.plans[0][1].step_time_s
+    assert fast.evaluated < full.evaluated == 6 * len(candidate_shards(TABLE, 8)) + 4
 
 
 def test_tables_must_match_the_bottom_mlp():

@@ -91,6 +91,7 @@ TESTS = {
     "workloads/dlrm/step.py": _t("dlrm", "dlrm_by_hand"),
     "workloads/dlrm/embedding.py": _t("dlrm", "dlrm_by_hand"),
     "workloads/dlrm/host.py": _t("dlrm_host"),
+    "workloads/dlrm/sharding.py": _t("dlrm"),
     "costs/analytic.py": _t("costs_by_hand", "ops_and_costs", "golden", "attention_kernels"),
     "costs/attention.py": _t("attention_kernels"),
     "hardware/topology.py": _t("costs_by_hand", "ops_and_costs"),
@@ -112,7 +113,7 @@ TESTS = {
 OPS, TF, MEM, FAST = "workloads/transformer_ops.py", "workloads/transformer.py", "memory.py", "search/fast_estimate.py"
 DLRM, COST, TOPO, SCHED = "workloads/dlrm/step.py", "costs/analytic.py", "hardware/topology.py", "parallel/schedules.py"
 EMB, ATT, HOST = "workloads/dlrm/embedding.py", "costs/attention.py", "workloads/dlrm/host.py"
-PLAN = "config/plan.py"
+PLAN, SHARDING = "config/plan.py", "workloads/dlrm/sharding.py"
 VAR, TTT, SLICE = "stochastic/variability.py", "stochastic/time_to_train.py", "search/stage_slicing.py"
 M = Mutant
 # fmt: off
@@ -518,6 +519,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M(EMB, "ShardWork(B * P / world, table.num_rows / world", "ShardWork(B * P, table.num_rows / world",
       "row-wise shard looks up every index"),
     M(EMB, "part = d // len(shard.ranks)", "part = d", "column-wise shard holds every column"),
+    M(SHARDING, "tuple(sorted(tuple(sorted(load[r])) for r in shard.ranks))", "()",
+      "the greedy planner treats every rank as equal whatever it holds"),
+    M(SHARDING, "load[r].append((name, s.strategy, len(s.ranks)))", "load[r].append((s.strategy, len(s.ranks)))",
+      "ranks holding different tables of one strategy counted as equal"),
     M(DLRM, "dx = input_grad or n > 0", "dx = True", "the bottom MLP computes a gradient for its dense input"),
     M(DLRM, "relu = last_relu or n < len(layers) - 1", "relu = True", "the top MLP's logit layer priced with a ReLU"),
     M(HOST, "(MLP_FWD_OPS + MLP_BWD_OPS) * top - 2,", "(MLP_FWD_OPS + MLP_BWD_OPS) * top,",

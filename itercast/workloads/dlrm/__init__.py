@@ -32,7 +32,7 @@ from itercast.workloads.dlrm.embedding import (
     shard_work,
 )
 from itercast.workloads.dlrm.host import HostModel, default_overheads, host_model, no_overheads, ops_per_task
-from itercast.workloads.dlrm.sharding import ShardingResult, candidate_shards, plan_sharding
+from itercast.workloads.dlrm.sharding import ShardingResult, candidate_shards, distinct_candidates, plan_sharding
 from itercast.workloads.dlrm.step import DLRMStep, dlrm_step, memory_parts_per_rank, memory_per_rank, mlp_seconds
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "candidate_shards",
     "check_sharding",
     "default_overheads",
+    "distinct_candidates",
     "dlrm_model",
     "dlrm_step",
     "embedding_seconds",

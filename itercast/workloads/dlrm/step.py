@@ -267,10 +267,10 @@ def _step_graph(
         if shard.strategy == "data_parallel":
             dp_bytes += t.num_rows * t.embedding_dim * F32
             update_bytes += replica_update_bytes(t)
+        work = shard_work(t, shard, shard.ranks[0], world, b)  # the same on each of the shard's ranks
+        assert work is not None
+        fwd, bwd = embedding_seconds(costs, t, work, ops, (index_counts or {}).get(t.name))
         for r in shard.ranks:
-            work = shard_work(t, shard, r, world, b)
-            assert work is not None
-            fwd, bwd = embedding_seconds(costs, t, work, ops, (index_counts or {}).get(t.name))
             emb_fwd[r] += fwd
             (replica_bwd if work.replica else emb_bwd)[r] += bwd
             if shard.strategy in ("table_wise", "column_wise"):
