@@ -190,14 +190,14 @@ def _dlrm_forecast(
     job: DLRMJob, step: DLRMStep, sharding: dict[str, Shard], source: str, evaluated: int
 ) -> DLRMPrediction:
     bd = breakdown(step.sim)
-    parts = memory_parts_per_rank(job.model, sharding, job.system.num_gpus)
+    parts = memory_parts_per_rank(job.model, sharding, job.system.num_gpus, job.plan.batch_per_rank)
     rank = int(np.argmax([sum(p.values()) for p in parts]))
     gpu = job.system.gpu
     mem = MemoryEstimate(
         parts[rank]["weights"],
         parts[rank]["gradients"],
         parts[rank]["optimizer"],
-        0.0,
+        parts[rank]["activations"],
         gpu.reserved_bytes,
         rank,
         gpu.hbm_bytes,

@@ -19,10 +19,12 @@ from itercast.workloads.dlrm import (
     EmbeddingTable,
     Shard,
     candidate_shards,
+    dense_activation_bytes,
     distinct_candidates,
     dlrm_step,
     embedding_seconds,
     index_stats,
+    memory_parts_per_rank,
     memory_per_rank,
     mlp_seconds,
     no_overheads,
@@ -74,18 +76,39 @@ def test_embedding_traffic_on_a_linear_cost_model():
 
 
 def test_memory_per_rank_by_hand():
+    """64 samples a rank. Activations per sample, fp32: the 8 dense features, every MLP layer's output
+    (16 bottom, 8 and 1 top), the interaction's input (3 vectors × 16) and output (19): 100 floats, 400
+    bytes, 25,600 for 64 samples; each shard's indices (int64) and bag lengths (int32): a table-wise
+    shard of 2 ranks × 64 samples × 4 lookups: 512 × 8 + 128 × 4 = 4,608; a row-wise half 256 × 8 + 128
+    × 4 = 2,560; a replica its own 64 samples: 256 × 8 + 64 × 4 = 2,304."""
     m = model(2)
     plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("row_wise", (0, 1))}
     assert m.interaction_width() == 3 + 16  # F = 3 vectors: 3 pairs, and the dense vector's 16
     # weights and biases, 16 bytes each with Adam, and 4 more in DDP's bucket with 2 ranks
     mlp = ((8 * 16 + 16) + (19 * 8 + 8) + (8 * 1 + 1)) * (16 + 4)
     row = 16 * 4 + 4  # fp32 row + its Adagrad state
-    assert memory_per_rank(m, plan, 2) == pytest.approx([mlp + 1000 * row + 500 * row, mlp + 500 * row])
+    dense = 100 * 4 * 64
+    assert [p["activations"] for p in memory_parts_per_rank(m, plan, 2, 64)] == [dense + 4608 + 2560, dense + 2560]
+    assert memory_per_rank(m, plan, 2, 64) == pytest.approx(
+        [mlp + 1000 * row + 500 * row + dense + 4608 + 2560, mlp + 500 * row + dense + 2560]
+    )
     replica = {"t0": Shard("data_parallel", (0, 1)), "t1": Shard("column_wise", (0, 1))}
     # a replica keeps its dense fp32 gradient and its bucket copy; a column-wise half holds 8 of the 16 columns
-    assert memory_per_rank(m, replica, 2) == pytest.approx([mlp + 1000 * (row + 2 * 16 * 4) + 1000 * (8 * 4 + 4)] * 2)
+    assert memory_per_rank(m, replica, 2, 64) == pytest.approx(
+        [mlp + 1000 * (row + 2 * 16 * 4) + 1000 * (8 * 4 + 4) + dense + 2304 + 4608] * 2
+    )
     alone = {"t0": Shard("data_parallel", (0,)), "t1": Shard("table_wise", (0,))}
-    assert memory_per_rank(m, alone, 1) == pytest.approx([mlp * 16 / 20 + 1000 * (row + 16 * 4) + 1000 * row])
+    assert memory_per_rank(m, alone, 1, 64) == pytest.approx(
+        [mlp * 16 / 20 + 1000 * (row + 16 * 4) + 1000 * row + dense + 2304 + 2304]
+    )
+
+
+def test_the_cross_net_keeps_its_layers_inputs_and_both_factors_outputs():
+    """DCNv2 with 2 cross layers of rank 4 over F = 3 vectors of 16 (width 48): per sample the dense 8,
+    bottom 16, x0 = 48, each layer's low-rank 4 and full-width 48 outputs (104), x1 = 48 (the second
+    layer's input), the top's input x2 = 48 and outputs 8 + 1: 329 floats."""
+    m = model(2).model_copy(update={"interaction": "dcnv2", "dcn_layers": 2, "dcn_low_rank": 4})
+    assert dense_activation_bytes(m) == 4 * (8 + 16 + 48 + 2 * (4 + 48) + 48 + 48 + 8 + 1)
 
 
 def test_the_exchange_waits_for_the_busiest_rank():

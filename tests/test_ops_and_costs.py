@@ -139,6 +139,16 @@ def test_dgx_h100_collectives_reproduce_the_measured_h100_cluster():
     assert Job.from_presets("gpt3-175b", "dgx-h100").system.network.collective_curves == "h100-400g"
 
 
+def polaris_costs() -> AnalyticCostModel:
+    """The dgx-a100 preset as a Polaris node: 4 A100 and 2 NICs (docs.alcf.anl.gov/polaris/hardware-overview)."""
+    job = Job.from_dicts(
+        {"preset": "gpt3-175b"},
+        {"data_parallel": 4},
+        {"preset": "dgx-a100", "node": {"gpus_per_node": 4}, "network": {"nics_per_node": 2}},
+    )
+    return AnalyticCostModel(job.system, "fp16")
+
+
 def test_all_gathers_over_hundreds_of_nodes_pay_the_rings_latency():
     """Measured (argonne-lcf/alcf-nccl-tests@385be33, Polaris: 4 A100 and 2 Slingshot-11 NICs a node,
     NCCL 2.21, out-of-place): a 32 KiB all-gather over 256 nodes (1,024 ranks) 8,016 µs, a 101 KiB one
@@ -147,12 +157,7 @@ def test_all_gathers_over_hundreds_of_nodes_pay_the_rings_latency():
     not the level (0.53–0.54 of it: the step's latency is ~2 µs at 8 ranks and ~8 µs at 1,024, which one
     term per peer splits; tools/fit_efficiency_curves.py _polaris_regimes), where the all-reduce's log2
     latency priced them at 0.03. A reduce-scatter runs the same ring."""
-    job = Job.from_dicts(
-        {"preset": "gpt3-175b"},
-        {"data_parallel": 4},
-        {"preset": "dgx-a100", "node": {"gpus_per_node": 4}, "network": {"nics_per_node": 2}},
-    )
-    costs = AnalyticCostModel(job.system, "fp16")
+    costs = polaris_costs()
     small_1024 = costs.collective_s("all_gather", 32768, place_group(1024, 1, 4))
     small_2160 = costs.collective_s("all_gather", 103680, place_group(2160, 1, 4))
     assert small_2160 / small_1024 == pytest.approx(17198 / 8016.2, rel=0.05)
@@ -168,12 +173,7 @@ def test_all_to_alls_over_hundreds_of_nodes_pay_a_latency_per_peer():
     25% (the large all-to-all's efficiency falls with the nodes, which one efficiency does not follow),
     where the all-reduce's curve with its log2(nodes) latency, which priced them before, gave 0.16 and 0.08
     of the small ones and 0.54 of the large one."""
-    job = Job.from_dicts(
-        {"preset": "gpt3-175b"},
-        {"data_parallel": 4},
-        {"preset": "dgx-a100", "node": {"gpus_per_node": 4}, "network": {"nics_per_node": 2}},
-    )
-    costs = AnalyticCostModel(job.system, "fp16")
+    costs = polaris_costs()
     small_1024 = costs.collective_s("alltoall", 1048576, place_group(1024, 1, 4))
     small_2160 = costs.collective_s("alltoall", 1045440, place_group(2160, 1, 4))
     assert 0.85 < small_1024 / 10356e-6 < 1.15 and 0.85 < small_2160 / 22536e-6 < 1.15

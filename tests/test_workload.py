@@ -10,6 +10,7 @@ import pytest
 from itercast.errors import ConfigError
 from itercast.search.dlrm_search import default_batches, search_dlrm
 from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload
+from itercast.workloads.dlrm import Shard, dlrm_step
 
 SHARDING = (
     "{t0: {strategy: table_wise, ranks: [0]}, t1: {strategy: table_wise, ranks: [1]}, "
@@ -52,7 +53,17 @@ def test_a_dlrm_forecast_holds_the_busiest_ranks_memory_by_hand(tmp_path: Path) 
     gradients = mlp * (4 + 4) + 1000 * 32 * (4 + 4)  # the replica's dense gradient and its bucket copy
     optimizer = mlp * 8 + 1_000_000 * 4 + 1000 * 4
     assert (r.memory.stage, r.memory.weights_bytes) == (0, weights)
-    assert (r.memory.gradients_bytes, r.memory.optimizer_bytes, r.memory.activations_bytes) == (gradients, optimizer, 0)
+    # activations, fp32 per sample: 13 dense features, the MLPs' outputs 64 + 32 + 64 + 1, the interaction's
+    # input 5 × 32 and output 42 (376 floats × 256 samples); t0's int64 indices and int32 lengths for the
+    # global batch (512 × 20 lookups, 512 bags), t3's replica for its own 256 samples (256 lookups and bags)
+    activations = 376 * 4 * 256 + (512 * 20 * 8 + 512 * 4) + (256 * 8 + 256 * 4)
+    assert (r.memory.gradients_bytes, r.memory.optimizer_bytes) == (gradients, optimizer)
+    assert r.memory.activations_bytes == activations == 472_064
+    # `shard` and `search` print the step's memory per GPU: the same total, the reserved 2 GiB included
+    shards = {"t0": Shard("table_wise", (0,)), "t1": Shard("table_wise", (1,)), "t2": Shard("table_wise", (1,))}
+    step = dlrm_step(w.job.model, w.job.system, {**shards, "t3": Shard("data_parallel", (0, 1))}, 256)
+    total = weights + gradients + optimizer + activations + 2 * 2**30
+    assert step.memory_per_gpu_bytes == r.memory.total_bytes == total
     name, value = w.throughput(r)
     assert name == "samples_per_s" and value == pytest.approx(256 * 2 / r.step_time_s)
     figures = compare_figures(w, r)

@@ -33,7 +33,14 @@ from itercast.workloads.dlrm.embedding import (
 )
 from itercast.workloads.dlrm.host import HostModel, default_overheads, host_model, no_overheads, ops_per_task
 from itercast.workloads.dlrm.sharding import ShardingResult, candidate_shards, distinct_candidates, plan_sharding
-from itercast.workloads.dlrm.step import DLRMStep, dlrm_step, memory_parts_per_rank, memory_per_rank, mlp_seconds
+from itercast.workloads.dlrm.step import (
+    DLRMStep,
+    dense_activation_bytes,
+    dlrm_step,
+    memory_parts_per_rank,
+    memory_per_rank,
+    mlp_seconds,
+)
 
 __all__ = [
     "STRATEGIES",
@@ -52,6 +59,7 @@ __all__ = [
     "candidate_shards",
     "check_sharding",
     "default_overheads",
+    "dense_activation_bytes",
     "distinct_candidates",
     "dlrm_model",
     "dlrm_step",

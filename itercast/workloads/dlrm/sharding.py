@@ -112,7 +112,8 @@ def plan_sharding(
     if not priced[0][1].fits:
         least = min(step.memory_per_gpu_bytes for _, step in priced)
         raise ValueError(
-            f"no sharding fits: the least memory per GPU of the plans tried is {least / 2**30:.1f} GiB, "
-            f"{priced[0][1].capacity_bytes / 2**30:.1f} GiB usable on {system.gpu.name} (more GPUs, or smaller tables)"
+            f"no sharding fits: the least memory per GPU of the plans tried is {least / 2**30:.1f} GiB (with "
+            f"{system.gpu.reserved_bytes / 2**30:.1f} GiB reserved), {system.gpu.hbm_bytes / 2**30:.1f} GiB on "
+            f"{system.gpu.name} (more GPUs, or smaller tables)"
         )
     return ShardingResult(priced, method, combos)

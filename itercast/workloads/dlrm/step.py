@@ -98,8 +98,9 @@ INDEX_BYTES, LENGTH_BYTES = 8, 4  # a KeyedJaggedTensor's int64 indices and int3
 @dataclass(frozen=True)
 class DLRMStep:
     sim: SimResult  # the simulated step: every rank's timeline
-    memory_per_rank_bytes: list[float]
-    capacity_bytes: float
+    memory_per_rank_bytes: list[float]  # what each rank holds (memory_per_rank)
+    capacity_bytes: float  # the GPU's memory
+    reserved_bytes: float  # kept from it on every GPU (CUDA context, allocator: GPUSpec.reserved_bytes)
     host_source: str  # where the host overheads came from: own trace, other trace, given
 
     @property
@@ -112,39 +113,68 @@ class DLRMStep:
 
     @property
     def memory_per_gpu_bytes(self) -> float:
-        return max(self.memory_per_rank_bytes)
+        """The busiest rank's memory with the reserved bytes: what `predict` reports as the GPU's total."""
+        return max(self.memory_per_rank_bytes) + self.reserved_bytes
 
     @property
     def fits(self) -> bool:
         return self.memory_per_gpu_bytes <= self.capacity_bytes
 
 
-def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[float]:
+def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int, batch_per_rank: int) -> list[float]:
     """Bytes each rank holds (memory_parts_per_rank summed)."""
-    return [sum(parts.values()) for parts in memory_parts_per_rank(model, plan, world)]
+    return [sum(parts.values()) for parts in memory_parts_per_rank(model, plan, world, batch_per_rank)]
 
 
-def memory_parts_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int) -> list[dict[str, float]]:
+def memory_parts_per_rank(
+    model: DLRMConfig, plan: dict[str, Shard], world: int, batch_per_rank: int
+) -> list[dict[str, float]]:
     """Bytes each rank holds as weights, gradients and optimizer state: its shards' rows (fp32) and
     row-wise Adagrad state (a replica also its dense fp32 gradient), and the MLPs with Adam (fp32
     weight and gradient, m and v); tables the plan does not name are left out. With more than one
-    rank, DDP's buckets: another copy of every dense gradient (dlrm_step)."""
+    rank, DDP's buckets: another copy of every dense gradient (dlrm_step). And the activations that
+    the backward keeps (dense_activation_bytes per sample × the local batch, and each shard's indices
+    and bag lengths: FBGEMM's table-batched embedding saves them for its backward)."""
     bucket = F32 if world > 1 else 0
     mlp = model.mlp_params()
+    dense = dense_activation_bytes(model) * batch_per_rank
     held = [
-        {"weights": mlp * F32, "gradients": mlp * (F32 + bucket) * 1.0, "optimizer": mlp * (ADAM_BYTES - 2 * F32)}
+        {
+            "weights": mlp * F32,
+            "gradients": mlp * (F32 + bucket) * 1.0,
+            "optimizer": mlp * (ADAM_BYTES - 2 * F32),
+            "activations": dense,
+        }
         for _ in range(world)
     ]
     for t in model.tables:
         if t.name not in plan:
             continue
-        for r in range(world):
-            work = shard_work(t, plan[t.name], r, world, 1)
-            if work is not None:
-                held[r]["weights"] += work.rows * work.dim * F32
-                held[r]["gradients"] += work.rows * work.dim * (F32 + bucket) if work.replica else 0
-                held[r]["optimizer"] += work.rows * ADAGRAD_ROW_BYTES
+        for r in plan[t.name].ranks:
+            work = shard_work(t, plan[t.name], r, world, batch_per_rank)
+            assert work is not None
+            held[r]["weights"] += work.rows * work.dim * F32
+            held[r]["gradients"] += work.rows * work.dim * (F32 + bucket) if work.replica else 0
+            held[r]["optimizer"] += work.rows * ADAGRAD_ROW_BYTES
+            held[r]["activations"] += work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES
     return held
+
+
+def dense_activation_bytes(model: DLRMConfig) -> float:
+    """fp32 bytes per sample that the dense part's autograd keeps for the backward (TorchRec's DLRM):
+    - the dense features (the first Linear's input) and every MLP layer's output (a ReLU keeps its
+      output, the next Linear's input; the logit is kept by the loss);
+    - the interaction's input, the bottom output beside the tables' pooled vectors (F × d: the dot
+      interaction's bmm keeps it; the low-rank cross net keeps it as x0), and its output (the top MLP's
+      input);
+    - in the cross net, layer l's two factors' outputs (mlp_layers: the low-rank one, and the full-width
+      one that multiplies x0) and its input x_l for l ≥ 1 (x_L is the interaction's output).
+    Transient, not counted: the pooled vectors as the all-to-all delivers them (copied into the
+    interaction's input), the bmm's product, the gradients."""
+    f, d = len(model.tables) + 1, model.dim
+    outputs = sum(o for _, o in model.mlp_layers())
+    cross_inputs = (model.dcn_layers - 1) * f * d if model.interaction == "dcnv2" else 0
+    return F32 * (model.dense_features + outputs + f * d + model.interaction_width() + cross_inputs)
 
 
 def _gemm(batch: int, m: int, n: int, k: int, layout: str = "nn") -> OpFeatures:
@@ -218,7 +248,13 @@ def dlrm_step(
         node_of_rank = np.arange(system.num_gpus) // system.node.gpus_per_node
         sim = simulate_with_corunning(graph, corunning_slowdown(graph, corun), node_of_rank)
     gpu = system.gpu
-    return DLRMStep(sim, memory_per_rank(model, plan, system.num_gpus), gpu.hbm_bytes - gpu.reserved_bytes, host.source)
+    return DLRMStep(
+        sim,
+        memory_per_rank(model, plan, system.num_gpus, batch_per_rank),
+        gpu.hbm_bytes,
+        gpu.reserved_bytes,
+        host.source,
+    )
 
 
 def corunning_slowdown(alone: ExecGraph, corun: ExecGraph) -> np.ndarray:
