@@ -295,9 +295,10 @@ def _polaris_regimes(rows: list[dict], coll: str, small_bus_bytes: int, by_ranks
     10 ms at 1,024), a regime no training all-to-all reaches (a peer gets whole pooled embeddings or tokens),
     which one curve cannot follow beside the other (with them, the small regime is +52% at 8 ranks). Before
     this fit the all-to-all reused the all-reduce's curves, whose log2(nodes) latency priced Polaris's
-    all-to-alls at 1,024–2,160 ranks −62% to −97%; in the fit: −3% / +31% (small / large messages) at 8
-    ranks, +17% / +6% at 32, −7% and −18% (large) at 1,024 and 2,160; held out (2,160 ranks predicted from
-    ≤ 1,024): −24% mean, 20% geomean (validation/collectives_polaris.py prints the in-sample figures)."""
+    all-to-alls at 1,024 and 2,160 ranks −62% and −74% (messages ≥ 1 MiB, mean), −90% and −92% below; in the
+    fit: +1% / +32% (messages < 1 MiB / ≥ 1 MiB) at 8 ranks, +27% / −2% at 32, −9% and −21% (≥ 1 MiB) at
+    1,024 and 2,160 (validation/collectives_polaris.py); held out (2,160 ranks predicted from ≤ 1,024, ≥ 1 MiB
+    of bus bytes): −24% mean, 20% geomean."""
     best = polaris_points(rows, coll)
     keys = sorted(k for k in best if coll != "alltoall" or k[2] / k[1] >= A2A_MIN_PEER_BYTES)
     x = np.array([bus_bytes(coll, s, k, n) for n, k, s in keys])

@@ -35,10 +35,10 @@ def distinct_candidates(shards: list[Shard], chosen: dict[str, Shard], world: in
     the (table, strategy, rank count) of the table- and column-wise shards `chosen` puts on it (row-wise
     and data-parallel shards load every rank alike), and a table- or column-wise candidate is the same
     as an earlier one of its strategy whose ranks carry the same loads. The step is symmetric in the
-    ranks (its collectives span every rank; a column-wise block of k ranks sits in one node or spans
-    whole nodes, like every other block of k), so the greedy planner's choice is unchanged (the first
-    of equals, as before) while it prices a few classes of ranks instead of every rank: on 128 GPUs,
-    26 tables, ~10 candidates a table instead of 257."""
+    ranks: a rank's work depends on its load alone, and every collective of the step spans every rank
+    (the cores ranks share are modelled on one node only, where all ranks share them alike). So the
+    greedy planner's choice is unchanged (the first of equals, as before) while it prices a few classes
+    of ranks instead of every rank: on 128 GPUs, 26 tables, ~10 candidates a table instead of 257."""
     load: list[list[tuple[str, str, int]]] = [[] for _ in range(world)]
     for name, s in chosen.items():
         if s.strategy in ("table_wise", "column_wise"):
