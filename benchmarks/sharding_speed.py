@@ -1,4 +1,4 @@
-"""Speed of the DLRM sharding planner: MLPerf's DCNv2 (26 tables) on DGX A100 clusters of 8 to 128 GPUs.
+"""Speed of the DLRM sharding planner: MLPerf's DCNv2 (26 tables) on DGX A100 clusters of 8 to 1,024 GPUs.
 
     python benchmarks/sharding_speed.py
 
@@ -18,7 +18,7 @@ from itercast.workloads.dlrm import candidate_shards, plan_sharding
 
 def main() -> None:
     model = load_dlrm("dlrm-dcnv2-criteo")
-    for nodes in (1, 2, 4, 16):
+    for nodes in (1, 2, 4, 16, 128):
         system = load_system("dgx-a100", num_nodes=nodes)
         every = sum(len(candidate_shards(t, system.num_gpus)) for t in model.tables) + 4
         t0 = time.perf_counter()

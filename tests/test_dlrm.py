@@ -204,6 +204,24 @@ def test_the_greedy_planner_prices_one_rank_of_equals_and_chooses_as_if_it_price
     assert fast.evaluated < full.evaluated == 6 * len(candidate_shards(TABLE, 8)) + 4
 
 
+def test_the_planners_step_holds_one_rank_of_each_load_and_prices_the_same_step():
+    """4 ranks on 2 nodes of 2: t0 table-wise on rank 0, t1 column-wise over ranks 2 and 3, t2 row-wise:
+    ranks 0, 1 and 2 carry distinct loads, rank 3 the load of rank 2. The planner's graph holds ranks 0,
+    1 and 2 and prices the step of the graph of all four, as it does for plans of other loads."""
+    two_nodes = parse_section("system", {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 2}, "num_nodes": 2})
+    m = model(3)
+    plans = [
+        {"t0": Shard("table_wise", (0,)), "t1": Shard("column_wise", (2, 3)), "t2": Shard("row_wise", (0, 1, 2, 3))},
+        {"t0": Shard("table_wise", (3,)), "t1": Shard("table_wise", (3,)), "t2": Shard("data_parallel", (0, 1, 2, 3))},
+    ]
+    for plan, held in zip(plans, [{0, 1, 2}, {0, 3}], strict=True):
+        full = dlrm_step(m, two_nodes, plan, 64)
+        some = dlrm_step(m, two_nodes, plan, 64, every_rank=False)
+        assert set(some.graph.resource_rank.tolist()) == held and set(full.graph.resource_rank.tolist()) == {0, 1, 2, 3}
+        assert some.step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
+        assert some.memory_per_rank_bytes == full.memory_per_rank_bytes
+
+
 def test_tables_must_match_the_bottom_mlp():
     with pytest.raises(ValueError, match="embedding_dim must equal the bottom MLP's output"):
         DLRMConfig(dense_features=8, bottom_mlp=(32,), top_mlp=(1,), tables=(TABLE,))

@@ -220,6 +220,11 @@ def test_on_one_cpu_host_each_rank_shares_its_core_between_its_compute_and_its_c
     assert ends["grad_all_reduce"] == pytest.approx(all_reduce_end)
     assert ends["embedding_bwd"] == pytest.approx(update_end)
     assert cpu.step_time_s == pytest.approx(step_s)
+    # the planner's pricing keeps both ranks here (one rank alone would have a core to itself)
+    planner = dlrm_step(
+        m, cpu_system(2), plan, b, linear_calibration(), host_overheads=no_overheads(), every_rank=False
+    )
+    assert planner.step_time_s == pytest.approx(step_s)
     # each task lasts what it ran (its span), so the graph alone replays the shared schedule
     assert _rank0(cpu, lambda g, i: g.duration_s[i])["pooled_grad_exchange"] == pytest.approx(exchange_end - t)
     # over several nodes the cores are not modelled apart: nothing shared, every task its work alone

@@ -11,7 +11,7 @@ import numpy as np
 
 from itercast.config.system import SystemConfig
 from itercast.workloads.dlrm.config import DLRMConfig, EmbeddingTable, Shard
-from itercast.workloads.dlrm.step import DLRMStep, dlrm_step
+from itercast.workloads.dlrm.step import DLRMStep, dlrm_step, rank_loads
 
 
 def candidate_shards(table: EmbeddingTable, world: int) -> list[Shard]:
@@ -31,23 +31,18 @@ def candidate_shards(table: EmbeddingTable, world: int) -> list[Shard]:
 
 
 def distinct_candidates(shards: list[Shard], chosen: dict[str, Shard], world: int) -> list[Shard]:
-    """`shards` less those a rank permutation makes the same step as an earlier one: a rank's load is
-    the (table, strategy, rank count) of the table- and column-wise shards `chosen` puts on it (row-wise
-    and data-parallel shards load every rank alike), and a table- or column-wise candidate is the same
-    as an earlier one of its strategy whose ranks carry the same loads. The step is symmetric in the
-    ranks: a rank's work depends on its load alone, and every collective of the step spans every rank
-    (the cores ranks share are modelled on one node only, where all ranks share them alike). So the
-    greedy planner's choice is unchanged (the first of equals, as before) while it prices a few classes
-    of ranks instead of every rank: on 128 GPUs, 26 tables, ~10 candidates a table instead of 257."""
-    load: list[list[tuple[str, str, int]]] = [[] for _ in range(world)]
-    for name, s in chosen.items():
-        if s.strategy in ("table_wise", "column_wise"):
-            for r in s.ranks:
-                load[r].append((name, s.strategy, len(s.ranks)))
+    """`shards` less those a rank permutation makes the same step as an earlier one: a table- or
+    column-wise candidate whose ranks carry the same loads (rank_loads of `chosen`) as an earlier one's
+    of its strategy. The step is symmetric in the ranks: a rank's work depends on its load alone, and
+    every collective of the step spans every rank (the cores ranks share are modelled on one node only,
+    where all ranks share them alike). So the greedy planner's choice is unchanged (the first of equals,
+    as before) while it prices a few classes of ranks instead of every rank: on 128 GPUs, 26 tables,
+    ~10 candidates a table instead of 257."""
+    load = rank_loads(chosen, world)
     seen: set[tuple] = set()
     out = []
     for shard in shards:
-        key = (shard.strategy, len(shard.ranks), tuple(sorted(tuple(sorted(load[r])) for r in shard.ranks)))
+        key = (shard.strategy, len(shard.ranks), tuple(sorted(load[r] for r in shard.ranks)))
         if shard.strategy in ("row_wise", "data_parallel") or key not in seen:
             seen.add(key)
             out.append(shard)
@@ -90,7 +85,8 @@ def plan_sharding(
         for t in sorted(model.tables, key=lambda t: -t.pooling_factor * t.embedding_dim):
             best: tuple[bool, float, Shard] | None = None
             for shard in distinct_candidates(options[t.name], chosen, world):
-                step = dlrm_step(model, system, {**chosen, t.name: shard}, batch_per_rank, calibration, index_counts)
+                plan = {**chosen, t.name: shard}
+                step = dlrm_step(model, system, plan, batch_per_rank, calibration, index_counts, every_rank=False)
                 evaluated += 1
                 key = (not step.fits, step.step_time_s, shard)
                 if best is None or key[:2] < best[:2]:

@@ -60,7 +60,7 @@ measured). Not applied over several nodes (each host's cores are not modelled ap
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,27 +137,36 @@ def memory_parts_per_rank(
     and bag lengths: FBGEMM's table-batched embedding saves them for its backward)."""
     bucket = F32 if world > 1 else 0
     mlp = model.mlp_params()
-    dense = dense_activation_bytes(model) * batch_per_rank
-    held = [
-        {
-            "weights": mlp * F32,
-            "gradients": mlp * (F32 + bucket) * 1.0,
-            "optimizer": mlp * (ADAM_BYTES - 2 * F32),
-            "activations": dense,
-        }
-        for _ in range(world)
-    ]
+    held = {
+        "weights": np.full(world, mlp * F32, dtype=np.float64),
+        "gradients": np.full(world, mlp * (F32 + bucket), dtype=np.float64),
+        "optimizer": np.full(world, mlp * (ADAM_BYTES - 2 * F32), dtype=np.float64),
+        "activations": np.full(world, dense_activation_bytes(model) * batch_per_rank, dtype=np.float64),
+    }
     for t in model.tables:
-        if t.name not in plan:
+        shard = plan.get(t.name)
+        if shard is None:
             continue
-        for r in plan[t.name].ranks:
-            work = shard_work(t, plan[t.name], r, world, batch_per_rank)
-            assert work is not None
-            held[r]["weights"] += work.rows * work.dim * F32
-            held[r]["gradients"] += work.rows * work.dim * (F32 + bucket) if work.replica else 0
-            held[r]["optimizer"] += work.rows * ADAGRAD_ROW_BYTES
-            held[r]["activations"] += work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES
-    return held
+        work = shard_work(t, shard, shard.ranks[0], world, batch_per_rank)  # the same on each of its ranks
+        assert work is not None
+        on = np.asarray(shard.ranks)
+        held["weights"][on] += work.rows * work.dim * F32
+        held["gradients"][on] += work.rows * work.dim * (F32 + bucket) if work.replica else 0
+        held["optimizer"][on] += work.rows * ADAGRAD_ROW_BYTES
+        held["activations"][on] += work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES
+    return [{part: float(v[r]) for part, v in held.items()} for r in range(world)]
+
+
+def rank_loads(plan: dict[str, Shard], world: int) -> list[tuple[tuple[str, str, int], ...]]:
+    """Each rank's load: the (table, strategy, rank count) of the table- and column-wise shards `plan`
+    puts on it (row-wise and data-parallel shards load every rank alike). Ranks of equal loads do the
+    same work, and every collective of the step spans every rank: they run the same timeline."""
+    load: list[list[tuple[str, str, int]]] = [[] for _ in range(world)]
+    for name, s in plan.items():
+        if s.strategy in ("table_wise", "column_wise"):
+            for r in s.ranks:
+                load[r].append((name, s.strategy, len(s.ranks)))
+    return [tuple(sorted(x)) for x in load]
 
 
 def dense_activation_bytes(model: DLRMConfig) -> float:
@@ -222,6 +231,7 @@ def dlrm_step(
     index_counts: dict[str, np.ndarray] | None = None,
     host_overheads: HostOverheads | None = None,
     co_running: dict[str, Any] | None = None,
+    every_rank: bool = True,
 ) -> DLRMStep:
     """Simulate one step of `model` on `system` (every GPU a rank) under the sharding `plan` (tables
     it does not name are left out: the planner prices partial plans). `calibration`: a calibration
@@ -233,10 +243,19 @@ def dlrm_step(
     `co_running`: a calibration measured while another rank of the host ran the same operators; each
     compute task then runs at its price there only while a compute task of another rank of its node
     runs, at its `calibration` price otherwise (sim/contention.simulate_with_corunning, s of a task its
-    co-running / alone seconds − 1; its communication and host time from `calibration`)."""
+    co-running / alone seconds − 1; its communication and host time from `calibration`).
+    `every_rank` False (the planner's pricing): the graph holds one rank of each load (rank_loads), which
+    gives the same step, except where ranks share cores or co-run (every rank is simulated there)."""
     host = host_model(system, calibration, host_overheads)
-    graph = _step_graph(model, system, plan, batch_per_rank, calibration, index_counts, host)
-    if co_running is None and system.gpu.executes_on_host and system.num_nodes == 1:
+    shared_cores = system.gpu.executes_on_host and system.num_nodes == 1
+    ranks: list[int] = list(range(system.num_gpus))
+    if not every_rank and co_running is None and not shared_cores:
+        first: dict[tuple, int] = {}
+        for r, load in enumerate(rank_loads(plan, system.num_gpus)):
+            first.setdefault(load, r)
+        ranks = sorted(first.values())
+    graph = _step_graph(model, system, plan, batch_per_rank, calibration, index_counts, host, ranks)
+    if co_running is None and shared_cores:
         # the ranks share their cores (module docstring, "Cores"); each task then lasts what it ran there, so
         # that the graph alone replays this schedule (breakdown, variability: the sharing stays as predicted)
         shared = simulate_shared(graph, system.node.gpus_per_node, {})
@@ -244,7 +263,7 @@ def dlrm_step(
     elif co_running is None:
         sim = simulate(graph)
     else:
-        corun = _step_graph(model, system, plan, batch_per_rank, co_running, index_counts, host)
+        corun = _step_graph(model, system, plan, batch_per_rank, co_running, index_counts, host, ranks)
         node_of_rank = np.arange(system.num_gpus) // system.node.gpus_per_node
         sim = simulate_with_corunning(graph, corunning_slowdown(graph, corun), node_of_rank)
     gpu = system.gpu
@@ -275,8 +294,9 @@ def _step_graph(
     calibration: dict[str, Any] | None,
     index_counts: dict[str, np.ndarray] | None,
     host: HostModel,
+    ranks: Iterable[int],
 ) -> ExecGraph:
-    """The step's graph (module docstring), priced on `calibration` (dlrm_step) and `host`."""
+    """The step's graph (module docstring) on `ranks`, priced on `calibration` (dlrm_step) and `host`."""
     world, b = system.num_gpus, batch_per_rank
     costs = AnalyticCostModel(system, "fp32", calibration)
     ops = OperatorCostModel(calibration["operators"]) if calibration and "operators" in calibration else None
@@ -334,7 +354,7 @@ def _step_graph(
     exchange_fwd, exchange_bwd, all_reduce = g.new_collective(), g.new_collective(), g.new_collective()
     exchange_indices = g.new_collective()
     comp_, comm_ = Category.COMPUTE, Category.COMMUNICATION
-    for r in range(world):
+    for r in ranks:
         comp, comm, dp = g.resource(r, "compute"), g.resource(r, "comm"), g.resource(r, "dp_comm")
         issue = host_issuer(
             g,
