@@ -23,6 +23,7 @@ from itercast.workloads.dlrm.config import DLRMConfig, EmbeddingTable, Shard
 
 F32 = 4  # bytes: fp32 tables, gradients and pooled vectors
 ADAGRAD_ROW_BYTES = 4  # row-wise Adagrad: one fp32 state per row
+INDEX_BYTES, LENGTH_BYTES = 8, 4  # a KeyedJaggedTensor's int64 indices and int32 length per bag (TorchRec)
 LOOKUP_OP = "aten::_embedding_bag"  # the operator a calibrated forward lookup is priced as
 
 
@@ -35,6 +36,12 @@ class ShardWork:
     dim: int
     bags: float  # the pooled vectors its lookups are summed into (a row-wise shard's are partial sums)
     replica: bool = False  # data-parallel: a dense gradient, all-reduced, and the whole table updated
+
+    @property
+    def index_bytes(self) -> float:
+        """Its lookups' indices and its bags' lengths: what the input distribution delivers, and what the
+        embedding's backward keeps."""
+        return self.lookups * INDEX_BYTES + self.bags * LENGTH_BYTES
 
     @property
     def pooled_out_bytes(self) -> float:

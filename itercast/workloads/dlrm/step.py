@@ -92,7 +92,6 @@ ADAM_BYTES = 16  # an MLP parameter: fp32 weight, gradient, Adam m and v
 #: exp_avg_sq.mul_ 2 and addcmul_ 4 (the gradient read twice), sqrt 2, / bias correction 2, add_ ε 2,
 #: param.addcdiv_ 4
 ADAM_STEP_ACCESSES = 19
-INDEX_BYTES, LENGTH_BYTES = 8, 4  # a KeyedJaggedTensor's int64 indices and int32 length per bag (TorchRec)
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,7 @@ def memory_parts_per_rank(
         held["weights"][on] += work.rows * work.dim * F32
         held["gradients"][on] += work.rows * work.dim * (F32 + bucket) if work.replica else 0
         held["optimizer"][on] += work.rows * ADAGRAD_ROW_BYTES
-        held["activations"][on] += work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES
+        held["activations"][on] += work.index_bytes
     return [{part: float(v[r]) for part, v in held.items()} for r in range(world)]
 
 
@@ -332,7 +331,7 @@ def _step_graph(
             if shard.strategy in ("table_wise", "column_wise"):
                 a2a_bytes[r] += work.pooled_out_bytes
             if model.input_distribution and not work.replica:  # the shard's indices and bag lengths arrive
-                index_bytes[r] += work.lookups * INDEX_BYTES + work.bags * LENGTH_BYTES
+                index_bytes[r] += work.index_bytes
     exchange = costs.collective_s("alltoall", max(a2a_bytes), group)
     index_exchange = costs.collective_s("alltoall", max(index_bytes), group)
     fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
