@@ -496,7 +496,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "return args[1] * self.stage_gpus[args[0]].kernel_launch_overhead_s",
       "a list collective copies one view, not one per data-parallel rank", _t("deepspeed_zero3")),
     # -- DLRM (TorchRec sharding) -----------------------------------------------------------------
-    M(DLRM, '"alltoall", max(a2a_bytes), group)', '"alltoall", sum(a2a_bytes) / world, group)',
+    M(DLRM, '"alltoall", float(a2a_bytes.max()), group)', '"alltoall", float(a2a_bytes.mean()), group)',
       "pooled all-to-all priced at the mean rank, not the busiest"),
     M(DLRM, "rw_bytes += b * world * t.embedding_dim * F32", "rw_bytes += b * t.embedding_dim * F32",
       "row-wise reduce-scatter of the local batch, not all B"),

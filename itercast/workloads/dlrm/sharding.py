@@ -42,8 +42,11 @@ def distinct_candidates(shards: list[Shard], chosen: dict[str, Shard], world: in
     seen: set[tuple] = set()
     out = []
     for shard in shards:
+        if shard.strategy in ("row_wise", "data_parallel"):  # one candidate each, over every rank
+            out.append(shard)
+            continue
         key = (shard.strategy, len(shard.ranks), tuple(sorted(load[r] for r in shard.ranks)))
-        if shard.strategy in ("row_wise", "data_parallel") or key not in seen:
+        if key not in seen:
             seen.add(key)
             out.append(shard)
     return out

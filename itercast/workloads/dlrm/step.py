@@ -122,12 +122,19 @@ class DLRMStep:
 
 def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int, batch_per_rank: int) -> list[float]:
     """Bytes each rank holds (memory_parts_per_rank summed)."""
-    return [sum(parts.values()) for parts in memory_parts_per_rank(model, plan, world, batch_per_rank)]
+    parts = _memory_parts(model, plan, world, batch_per_rank)
+    return (parts["weights"] + parts["gradients"] + parts["optimizer"] + parts["activations"]).tolist()
 
 
 def memory_parts_per_rank(
     model: DLRMConfig, plan: dict[str, Shard], world: int, batch_per_rank: int
 ) -> list[dict[str, float]]:
+    """Each rank's bytes by part (_memory_parts)."""
+    parts = _memory_parts(model, plan, world, batch_per_rank)
+    return [{part: float(v[r]) for part, v in parts.items()} for r in range(world)]
+
+
+def _memory_parts(model: DLRMConfig, plan: dict[str, Shard], world: int, batch_per_rank: int) -> dict[str, np.ndarray]:
     """Bytes each rank holds as weights, gradients and optimizer state: its shards' rows (fp32) and
     row-wise Adagrad state (a replica also its dense fp32 gradient), and the MLPs with Adam (fp32
     weight and gradient, m and v); tables the plan does not name are left out. With more than one
@@ -153,7 +160,7 @@ def memory_parts_per_rank(
         held["gradients"][on] += work.rows * work.dim * (F32 + bucket) if work.replica else 0
         held["optimizer"][on] += work.rows * ADAGRAD_ROW_BYTES
         held["activations"][on] += work.index_bytes
-    return [{part: float(v[r]) for part, v in held.items()} for r in range(world)]
+    return held
 
 
 def rank_loads(plan: dict[str, Shard], world: int) -> list[tuple[tuple[str, str, int], ...]]:
@@ -311,7 +318,7 @@ def _step_graph(
         else:
             top_fwd += float(costs.gemm_s(2.0 * b * f * f * model.dim))
             top_bwd += 2 * float(costs.gemm_s(2.0 * b * f * f * model.dim))
-    emb_fwd, emb_bwd, replica_bwd, a2a_bytes, index_bytes = ([0.0] * world for _ in range(5))
+    emb_fwd, emb_bwd, replica_bwd, a2a_bytes, index_bytes = (np.zeros(world) for _ in range(5))
     rw_bytes = dp_bytes = update_bytes = 0.0
     for t in model.tables:
         shard = plan.get(t.name)
@@ -325,15 +332,15 @@ def _step_graph(
         work = shard_work(t, shard, shard.ranks[0], world, b)  # the same on each of the shard's ranks
         assert work is not None
         fwd, bwd = embedding_seconds(costs, t, work, ops, (index_counts or {}).get(t.name))
-        for r in shard.ranks:
-            emb_fwd[r] += fwd
-            (replica_bwd if work.replica else emb_bwd)[r] += bwd
-            if shard.strategy in ("table_wise", "column_wise"):
-                a2a_bytes[r] += work.pooled_out_bytes
-            if model.input_distribution and not work.replica:  # the shard's indices and bag lengths arrive
-                index_bytes[r] += work.index_bytes
-    exchange = costs.collective_s("alltoall", max(a2a_bytes), group)
-    index_exchange = costs.collective_s("alltoall", max(index_bytes), group)
+        on = np.asarray(shard.ranks)
+        emb_fwd[on] += fwd
+        (replica_bwd if work.replica else emb_bwd)[on] += bwd
+        if shard.strategy in ("table_wise", "column_wise"):
+            a2a_bytes[on] += work.pooled_out_bytes
+        if model.input_distribution and not work.replica:  # the shard's indices and bag lengths arrive
+            index_bytes[on] += work.index_bytes
+    exchange = costs.collective_s("alltoall", float(a2a_bytes.max()), group)
+    index_exchange = costs.collective_s("alltoall", float(index_bytes.max()), group)
     fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
     bwd_comm = exchange + costs.collective_s("all_gather", rw_bytes, group)
     # the dense gradients (module docstring): read and written into DDP's buckets or the emulation's flat
