@@ -27,6 +27,23 @@ counts 2 bytes, as a bf16 one: Megatron-Bridge's fp8 recipes keep an fp8 primary
 transpose (training/mixed_precision.py bf16_with_fp8_current_scaling_mixed: fp8_param_gather).
 A llama model run without torch.compile (plan.pointwise_kernels eager) keeps more: the tensors PyTorch's
 autograd saves op by op in torchtitan's RMSNorm, repeat_kv and SwiGLU (`eager_saved_bytes`).
+
+Beyond its tensors a training process holds, per GPU (`reserve_bytes`, the "reserved" part; a number in
+gpu.reserved_bytes replaces it with that flat reserve), memory outside PyTorch's caching allocator:
+- CUDA context: 0.75 GiB. Measured 723 MiB after the first CUDA call of a PyTorch process
+  (discuss.pytorch.org/t/73021), "~700+ MB" depending on CUDA version and device (discuss.pytorch.org/t/81330).
+- NCCL buffers: NCCL_BUFFSIZE (4 MiB default, NCCL environment-variable docs) per connection, 2
+  connections (send and receive peers of a ring) per channel, up to 32 channels (NCCL's MAXCHANNELS,
+  src/include/device.h): 256 MiB per communicator, for each process group of more than one rank the plan
+  uses (`communicators`: tensor, context, data × context, pipeline, expert; a DLRM's one world group).
+The caching allocator's fragmentation is not in it: how much memory its cached but unusable blocks
+hold depends on the allocation pattern and the allocator's settings (expandable segments remove most
+of it), and it frees its cached blocks and retries before it reports out of memory. `itercast search`
+keeps a margin for it on top of this total before it recommends a plan (plan_search.FRAGMENTATION_OF_ACTIVATIONS).
+Said plainly: the margin was part of this reserve for one reading of the checking table (reading 17),
+which then judged 5 of its runs out of memory although they ran (by 0.3–2.4 GiB); it was taken out of the
+verdict after that reading, on the allocator's semantics, so that table's out-of-memory count is no
+longer held out for this choice.
 """
 
 from __future__ import annotations
@@ -44,6 +61,35 @@ from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
 
 _FULL, _SELECTIVE = RECOMPUTE.index("full"), RECOMPUTE.index("selective")
+
+CUDA_CONTEXT_BYTES = 0.75 * 2**30
+NCCL_COMMUNICATOR_BYTES = 4 * 2**20 * 2 * 32
+
+
+def communicators(cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Process groups of more than one rank each GPU of a plan joins (NCCL allocates per communicator)."""
+    c = cols
+    groups = (c["tp"] > 1, c["cp"] > 1, c["dp"] * c["cp"] > 1, c["pp"] > 1, c["ep"] > 1)
+    return np.sum(groups, axis=0)
+
+
+def reserve_bytes(gpu: GPUSpec, communicator_count: Any) -> np.ndarray:
+    """Bytes per GPU beyond the tensors (module docstring): gpu.reserved_bytes when it is set, else the
+    CUDA context and NCCL's buffers of `communicator_count` communicators."""
+    count = np.asarray(communicator_count, dtype=np.float64)
+    if gpu.reserved_bytes is not None:
+        return np.full(count.shape, float(gpu.reserved_bytes))
+    return CUDA_CONTEXT_BYTES + NCCL_COMMUNICATOR_BYTES * count
+
+
+def describe_reserve(gpu: GPUSpec) -> str:
+    """One line: how the memory beyond the tensors is set."""
+    if gpu.reserved_bytes is not None:
+        return f"reserved {gpu.reserved_bytes / 2**30:.2f} GiB per GPU (system.gpu.reserved_bytes)"
+    return (
+        f"reserved per GPU: CUDA context {CUDA_CONTEXT_BYTES / 2**30:.2f} GiB + NCCL "
+        f"{NCCL_COMMUNICATOR_BYTES / 2**20:.0f} MiB per communicator"
+    )
 
 
 @dataclass(frozen=True)
@@ -357,7 +403,7 @@ class StageMemory:
 
     def __init__(self, m: ModelConfig, system: SystemConfig, t: PlanTable) -> None:
         c, base = t.cols, t.base
-        self.m, self.t, self.reserved_bytes = m, t, system.gpu.reserved_bytes
+        self.m, self.t, self.gpu = m, t, system.gpu
         shard = c["dp"] * c["cp"]  # Megatron's distributed optimizer shards over DP×CP
         expert_shard = c["tp"] * shard // (c["ep"] * c["etp"])  # routed experts: over expert data parallel
         self.tokens = c["mbs"] * m.seq_length / c["cp"]
@@ -385,7 +431,7 @@ class StageMemory:
     def columns(self, first: Any, last: Any, index: Any, layers: Any, moe_layers: Any) -> dict[str, np.ndarray]:
         """Weights, gradients, optimizer state, activations and total bytes of stage `index` holding
         `layers` transformer layers (`moe_layers` of them MoE), the embedding if `first`, the output
-        layer and the fp32 logits of one micro-batch if `last`."""
+        layer and the fp32 logits of one micro-batch if `last`; the reserve beyond them (reserve_bytes)."""
         m, t, c = self.m, self.t, self.t.cols
         params = stage_param_columns(m, t, first, last, layers, moe_layers)
         experts = stage_expert_param_columns(m, t, moe_layers)
@@ -400,13 +446,14 @@ class StageMemory:
             "optimizer": params * o_b + experts * eo_b,
             "activations": acts,
         }
-        out["total"] = sum(out.values()) + self.reserved_bytes
+        out["reserved"] = reserve_bytes(self.gpu, communicators(c)) + np.zeros_like(acts)
+        out["total"] = sum(out.values())
         return out
 
 
 def memory_columns(m: ModelConfig, system: SystemConfig, t: PlanTable) -> dict[str, np.ndarray]:
     """Bytes per GPU of every row's most loaded stage: weights, gradients, optimizer, activations,
-    total (with the GPU's reserve), and which stage."""
+    reserved (reserve_bytes), total, and which stage."""
     stage = StageMemory(m, system, t)
     best: dict[str, np.ndarray] = {}
     for first, last, index, layers, moe_layers in _stages(m, t):
@@ -476,7 +523,7 @@ def _estimate(col: dict[str, np.ndarray], row: int, stage: int, gpu: GPUSpec) ->
         float(col["gradients"][row]),
         float(col["optimizer"][row]),
         float(col["activations"][row]),
-        gpu.reserved_bytes,
+        float(col["reserved"][row]),
         stage,
         gpu.hbm_bytes,
     )

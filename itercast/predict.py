@@ -198,7 +198,7 @@ def _dlrm_forecast(
         parts[rank]["gradients"],
         parts[rank]["optimizer"],
         parts[rank]["activations"],
-        gpu.reserved_bytes,
+        step.reserved_bytes,
         rank,
         gpu.hbm_bytes,
     )

@@ -1,5 +1,6 @@
 """Each framework's plan space (frameworks.py), its launch settings (launch_settings.py) and the memory
-headroom (headroom.py): rules checked by hand on enumerated plans, one launch text field by field."""
+beyond the tensors (memory.reserve_bytes): rules checked by hand on enumerated plans, one launch text field
+by field."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from helpers import searched_top_plan
 from typer.testing import CliRunner
 
 from itercast.cli import app
-from itercast.config.job import parse_section
+from itercast.config.job import Job, parse_section
 from itercast.errors import ConfigError
+from itercast.memory import communicators, estimate_memory, reserve_bytes
 from itercast.search.frameworks import check_fixed, framework
-from itercast.search.headroom import communicators, default_headroom_bytes
 from itercast.search.launch_settings import launch_settings
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 
@@ -236,24 +237,46 @@ def test_the_search_prices_the_moe_host_wait_its_framework_runs(framework, dispa
     assert searched_top_plan(framework)["moe_token_dispatcher"] == dispatcher
 
 
-def test_default_headroom_by_hand():
+def test_default_reserve_and_margin_by_hand():
     cols = {k: np.array([v]) for k, v in {"tp": 4, "cp": 1, "dp": 32, "pp": 8, "ep": 1}.items()}
     assert communicators(cols)[0] == 3  # tensor, data, pipeline groups
-    activations = np.array([10 * 2**30])
-    # 0.75 GiB context + 3 × (4 MiB × 2 peers × 32 channels = 256 MiB) + 15% × 10 GiB
-    expected = 0.75 * 2**30 + 3 * 256 * 2**20 + 0.15 * 10 * 2**30
-    assert default_headroom_bytes(cols, activations)[0] == pytest.approx(expected)
+    # 0.75 GiB context + 3 × (4 MiB × 2 peers × 32 channels = 256 MiB)
+    h100 = parse_section("system", {"preset": "dgx-h100"}).gpu
+    assert reserve_bytes(h100, communicators(cols))[0] == 0.75 * 2**30 + 3 * 256 * 2**20
+    flat = h100.model_copy(update={"reserved_bytes": 3 * 2**30})
+    assert reserve_bytes(flat, communicators(cols))[0] == 3 * 2**30
 
 
-def test_headroom_excludes_plans_and_is_shown():
+def test_margin_excludes_plans_and_is_shown():
     runner = CliRunner()
     args = ["search", "--example", "--json", "--top", "2", "--workers", "1"]
     small = json.loads(runner.invoke(app, [*args, "--memory-headroom-gib", "0"]).output)
     large = json.loads(runner.invoke(app, [*args, "--memory-headroom-gib", "40"]).output)
     assert large["fitting"] < small["fitting"]
-    assert large["memory_headroom"] == "headroom 40.00 GiB per GPU (--memory-headroom-gib)"
+    assert large["memory_headroom"] == (
+        "reserved per GPU: CUDA context 0.75 GiB + NCCL 256 MiB per communicator; "
+        "kept free beside it: 40.00 GiB (--memory-headroom-gib)"
+    )
     top = large["plans"][0]
-    assert top["headroom_bytes"] == 40 * 2**30 and "--tensor-model-parallel-size" in top["launch"]
+    assert top["margin_bytes"] == 40 * 2**30 and "--tensor-model-parallel-size" in top["launch"]
+    assert top["memory_per_gpu_bytes"] + 40 * 2**30 <= 80 * 2**30
+
+
+def test_search_and_predict_judge_a_plan_by_one_memory_model():
+    """Every plan the search shows carries predict's memory total, reserve included, and fits in
+    predict's judgement too (search had priced its own reserve in place of predict's flat 2 GiB: a plan
+    could fit in one and not in the other); the search keeps 15% of the activations free beside it."""
+    runner = CliRunner()
+    found = json.loads(runner.invoke(app, ["search", "--example", "--json", "--top", "3", "--workers", "1"]).output)
+    for plan in found["plans"]:
+        system = {"preset": "dgx-a100", "num_nodes": plan["num_nodes"]}
+        est = estimate_memory(Job.from_dicts({"preset": "gpt3-175b"}, plan["plan"], system))
+        assert plan["memory_per_gpu_bytes"] == pytest.approx(est.total_bytes, rel=1e-12)
+        tp, pp, cp = (plan["plan"][k] for k in ("tensor_parallel", "pipeline_parallel", "context_parallel"))
+        groups = (tp > 1) + (pp > 1) + (cp > 1) + (1024 // (tp * pp) > 1)  # data × context over 1,024 GPUs
+        assert plan["reserved_bytes"] == est.reserved_bytes == 0.75 * 2**30 + groups * 256 * 2**20
+        assert plan["margin_bytes"] == pytest.approx(0.15 * est.activations_bytes, rel=1e-12)
+        assert plan["fits"] and not est.oom and est.total_bytes + 0.15 * est.activations_bytes <= 80 * 2**30
 
 
 @pytest.mark.parametrize(

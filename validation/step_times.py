@@ -112,6 +112,8 @@ class Row:
     plan: dict
     predicted_s: float | None = None
     skipped: str = ""
+    memory_gib: float = 0.0  # predicted memory on the most loaded GPU, with its reserve
+    capacity_gib: float = 0.0
 
     def __post_init__(self) -> None:
         self.plan.setdefault("cross_entropy", cross_entropy(self.source, self.model.get("preset", "")))
@@ -367,7 +369,9 @@ def run(rows: list[Row]) -> None:
             continue
         try:
             job = Job.from_dicts(row.model, row.plan, {"preset": "dgx-h100", "num_nodes": row.gpus // 8})
-            row.predicted_s = predict(job).step_time_s
+            p = predict(job)
+            row.predicted_s = p.step_time_s
+            row.memory_gib, row.capacity_gib = p.memory.total_bytes / 2**30, p.memory.capacity_bytes / 2**30
         except ConfigError as exc:
             row.skipped = str(exc).splitlines()[0]
 
@@ -395,6 +399,14 @@ def report(rows: list[Row]) -> None:
         mean = sum(abs(e) for e in errs) / len(errs)
         worst = max(errs, key=abs)
         print(f"{key:18} configs {len(errs):3d}  geomean |error| {geo:6.1%}  mean {mean:6.1%}  worst {worst:+7.1%}")
+    ran = [r for r in rows if r.predicted_s is not None]
+    ooms = [r for r in ran if r.memory_gib > r.capacity_gib]
+    print(f"\nrows itercast judges out of memory although they ran ({len(ooms)}):")
+    for row in ooms:
+        print(f"  {row.source:18} {row.label[:70]:70}  {row.memory_gib:.1f} GiB > {row.capacity_gib:.1f} GiB")
+    tight = sorted(ran, key=lambda r: r.capacity_gib - r.memory_gib)[:3]
+    room = (f"{r.label[:40]} {r.memory_gib:.1f} of {r.capacity_gib:.0f} GiB" for r in tight)
+    print("least room left: " + "; ".join(room))
 
 
 def distinct_configs(rows: list[Row]) -> dict[tuple[str, str, str], float]:

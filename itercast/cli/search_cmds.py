@@ -105,7 +105,8 @@ def search_cmd(
         float | None,
         typer.Option(
             callback=finite(0.0, 1024.0),
-            help="GiB per GPU left free (default: CUDA context + NCCL buffers + fragmentation, per plan).",
+            help="GiB per GPU kept free beside a plan's memory (which holds the CUDA context and NCCL's buffers; "
+            "default: 15% of its activations, for the allocator's fragmentation).",
         ),
     ] = None,
     micro_batch_sizes: Annotated[str, typer.Option(metavar="N,N,…", help="Micro-batch sizes to try.")] = "1,2,4,8",
@@ -176,7 +177,7 @@ def search_cmd(
         request = replace(request, max_memory_fraction=max_memory_fraction, top_k=top, include_oom=include_oom)
         request = replace(request, objective=check_objective(objective), token_budget=token_budget)
         if memory_headroom_gib is not None:
-            request = replace(request, memory_headroom_bytes=memory_headroom_gib * 2**30)
+            request = replace(request, memory_margin_bytes=memory_headroom_gib * 2**30)
         sampling = None
         if request.objective in DISTRIBUTION_OBJECTIVES:  # read --noise-from-db before the search
             vm = variability_model(

@@ -69,10 +69,11 @@ class GPUSpec(BaseModel):
         "layer pass (workloads/transformer.py pass_cost: a kernel beside a tensor-, expert- or context-parallel "
         "collective, unless the SMs it takes are priced or copy engines move it).",
     )
-    reserved_bytes: NonNegativeFloat = Field(
-        2 * 1024**3,
-        description="Memory not available to tensors: CUDA context, cuBLAS/NCCL workspaces, "
-        "allocator fragmentation. An estimate, not a measurement.",
+    reserved_bytes: NonNegativeFloat | None = Field(
+        None,
+        description="Memory per GPU not available to tensors. None (the default): per plan, the CUDA context "
+        "(0.75 GiB, measured) and NCCL's buffers (256 MiB per communicator the plan uses): memory.reserve_bytes, "
+        "with sources. A number: that flat reserve instead.",
     )
     power_limit_w: PositiveFloat | None = Field(
         None,

@@ -2,9 +2,9 @@
 
 1. Every GPU count of the request is one piece of work: enumerate the plans the chosen framework
    runs as columns (plan_space.py, frameworks.py), price them all with the closed form
-   (fast_estimate.py: step time and memory), keep the candidates: the fastest plans whose tensors and
-   headroom (headroom.py: CUDA context, NCCL buffers, fragmentation) fit, and the Pareto fronts. Pieces run in a local
-   process pool, or on Ray (`backend="ray"`) when a sweep outgrows one machine.
+   (fast_estimate.py: step time and memory), keep the candidates: the fastest plans whose memory (predict's:
+   tensors, CUDA context, NCCL buffers) and a margin for the allocator's fragmentation fit, and the Pareto
+   fronts. Pieces run in a local process pool, or on Ray (`backend="ray"`) when a sweep outgrows one machine.
 2. The best `top_k` candidates are re-scored by the graph simulation (`predict`), the reference,
    and ranked by it; the result says how far the two speeds disagreed on them. Plans are ranked by
    the request's objective (objectives.py: step time, per sequence when global batches vary; seconds
@@ -27,26 +27,45 @@ import numpy as np
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
-from itercast.config.system import SystemConfig
+from itercast.config.system import GPUSpec, SystemConfig
 from itercast.errors import ConfigError
+from itercast.memory import describe_reserve
 from itercast.predict import predict
 from itercast.search.fast_estimate import FastEstimator
 from itercast.search.frameworks import framework, runnable_plan
-from itercast.search.headroom import default_headroom_bytes, describe
 from itercast.search.launch_settings import launch_settings
 from itercast.search.objectives import check_objective, objective_values, pareto_front, time_cost_front, token_figures
 from itercast.search.plan_space import SpaceCounts, SpaceOptions, enumerate_plans
 
 Progress = Callable[[int, int], None]  # (pieces done, pieces in all)
 
+#: Margin the search keeps free beside a plan's memory for the caching allocator's fragmentation, as a share
+#: of its activations. GMLake (Guo et al., ASPLOS'24) removes 15% on average (up to 33%) of the PyTorch caching
+#: allocator's fragmentation over eight LLMs on A100-80GB; only activations are counted, since weights,
+#: gradients and optimizer state live in buffers allocated once (Megatron-Core param_and_grad_buffer, FSDP2
+#: flat shards, DeepSpeed contiguous_gradients). A margin for a recommendation, not part of predict's verdict
+#: (memory.py's module docstring says why).
+FRAGMENTATION_OF_ACTIVATIONS = 0.15
+
+
+def describe_margin(gpu: GPUSpec, fixed_bytes: float | None) -> str:
+    """One line for the search's header: the reserve in each plan's memory and the margin kept beside it."""
+    kept = (
+        f"{fixed_bytes / 2**30:.2f} GiB (--memory-headroom-gib)"
+        if fixed_bytes is not None
+        else f"{FRAGMENTATION_OF_ACTIVATIONS:.0%} of activations (fragmentation)"
+    )
+    return f"{describe_reserve(gpu)}; kept free beside it: {kept}"
+
 
 @dataclass(frozen=True)
 class SearchRequest:
     """One search: the model and system (its num_nodes is replaced by each searched count), the
     shared plan fields with the global batch, what may vary, and how much memory a plan may use:
-    its tensors plus `memory_headroom_bytes` (None: headroom.py's default per plan) within
-    `max_memory_fraction` of the GPU's memory; plans ranked by `objective` (objectives.OBJECTIVES),
-    `token_budget` (tokens, optional) prices each plan's time and GPU-hours to train that many."""
+    its memory (predict's: tensors and memory.reserve_bytes) plus `memory_margin_bytes` (None:
+    FRAGMENTATION_OF_ACTIVATIONS of its activations) within `max_memory_fraction` of the GPU's memory;
+    plans ranked by `objective` (objectives.OBJECTIVES), `token_budget` (tokens, optional) prices each
+    plan's time and GPU-hours to train that many."""
 
     model: ModelConfig
     system: SystemConfig
@@ -54,7 +73,7 @@ class SearchRequest:
     node_counts: tuple[int, ...]
     options: SpaceOptions = field(default_factory=SpaceOptions)
     max_memory_fraction: float = 1.0
-    memory_headroom_bytes: float | None = None
+    memory_margin_bytes: float | None = None
     top_k: int = 20
     include_oom: bool = False
     objective: str = "step"
@@ -84,7 +103,7 @@ class SearchResult:
     seconds: float
     fast_vs_graph_max: float  # max |fast / graph − 1| over the re-scored plans
     framework: str = "megatron-core"
-    headroom: str = ""  # how the memory headroom was set (headroom.describe)
+    headroom: str = ""  # the memory beyond the tensors and the margin kept free (describe_margin)
     objective: str = "step"
     token_budget: float | None = None
     ranking_note: str = ""  # distribution objectives: distribution_rank.rank_by_distribution's sentence
@@ -121,13 +140,10 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
     rank = step / gbs if batches_vary else step  # time, for the time × memory front
     seq, gpus = request.model.seq_length, system.num_gpus
     objective = objective_values(request.objective, step, gbs, seq, gpus, batches_vary)
-    fixed = request.memory_headroom_bytes
-    headroom = (
-        default_headroom_bytes(table.cols, est["memory_activations_bytes"])
-        if fixed is None
-        else np.full(len(table), fixed)
-    )
-    needed = mem - system.gpu.reserved_bytes + headroom  # the headroom replaces the system's flat reserve
+    fixed = request.memory_margin_bytes
+    acts = est["memory_activations_bytes"]
+    margin = FRAGMENTATION_OF_ACTIVATIONS * acts if fixed is None else np.full(len(table), fixed)
+    needed = mem + margin
     fits = needed <= request.max_memory_fraction * system.gpu.hbm_bytes
     out.fitting, out.least_memory_bytes = int(fits.sum()), float(needed.min())
     fw = framework(request.options.framework)
@@ -144,7 +160,8 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
                 "fast_step_time_s": float(step[row]),
                 "fast_rank_s": float(rank[row]),  # step time, or per sequence when batches vary
                 "memory_per_gpu_bytes": float(mem[row]),
-                "headroom_bytes": float(headroom[row]),
+                "reserved_bytes": float(est["memory_reserved_bytes"][row]),
+                "margin_bytes": float(margin[row]),
                 "fits": bool(fits[row]),
             }
         )
@@ -204,7 +221,7 @@ def run_search(
         fraction = request.max_memory_fraction
         raise ConfigError(
             f"no plan fits: the least memory any of the {valid:,} valid plans needs is "
-            f"{least / 2**30:.1f} GiB per GPU with its headroom, "
+            f"{least / 2**30:.1f} GiB per GPU with its margin, "
             f"over the {fraction:.0%} of {request.system.gpu.hbm_bytes / 2**30:.0f} GiB allowed "
             "(--max-memory-fraction, --memory-headroom-gib); try more GPUs, a smaller global batch, recompute or ZeRO"
         )
@@ -227,7 +244,7 @@ def run_search(
         seconds=time.perf_counter() - start,
         fast_vs_graph_max=max(gaps),
         framework=fw_name,
-        headroom=describe(request.memory_headroom_bytes),
+        headroom=describe_margin(request.system.gpu, request.memory_margin_bytes),
         objective=request.objective,
         token_budget=request.token_budget,
     )

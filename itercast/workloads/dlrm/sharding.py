@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.system import SystemConfig
+from itercast.memory import describe_reserve
 from itercast.workloads.dlrm.config import DLRMConfig, EmbeddingTable, Shard
 from itercast.workloads.dlrm.step import DLRMStep, dlrm_step, rank_loads
 
@@ -111,8 +112,8 @@ def plan_sharding(
     if not priced[0][1].fits:
         least = min(step.memory_per_gpu_bytes for _, step in priced)
         raise ValueError(
-            f"no sharding fits: the least memory per GPU of the plans tried is {least / 2**30:.1f} GiB (with "
-            f"{system.gpu.reserved_bytes / 2**30:.1f} GiB reserved), {system.gpu.hbm_bytes / 2**30:.1f} GiB on "
+            f"no sharding fits: the least memory per GPU of the plans tried is {least / 2**30:.1f} GiB (with its "
+            f"reserve: {describe_reserve(system.gpu)}), {system.gpu.hbm_bytes / 2**30:.1f} GiB on "
             f"{system.gpu.name} (more GPUs, or smaller tables)"
         )
     return ShardingResult(priced, method, combos)

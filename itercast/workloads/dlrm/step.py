@@ -73,6 +73,7 @@ from itercast.costs.host_overheads import HostOverheads
 from itercast.costs.op_model import OperatorCostModel
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import place_group
+from itercast.memory import reserve_bytes
 from itercast.sim.contention import simulate_with_corunning
 from itercast.sim.engine import SimResult, simulate
 from itercast.sim.sharing import simulate_shared
@@ -99,7 +100,7 @@ class DLRMStep:
     sim: SimResult  # the simulated step: every rank's timeline
     memory_per_rank_bytes: list[float]  # what each rank holds (memory_per_rank)
     capacity_bytes: float  # the GPU's memory
-    reserved_bytes: float  # kept from it on every GPU (CUDA context, allocator: GPUSpec.reserved_bytes)
+    reserved_bytes: float  # kept from it on every GPU beyond the tensors (memory.reserve_bytes)
     host_source: str  # where the host overheads came from: own trace, other trace, given
 
     @property
@@ -273,11 +274,13 @@ def dlrm_step(
         node_of_rank = np.arange(system.num_gpus) // system.node.gpus_per_node
         sim = simulate_with_corunning(graph, corunning_slowdown(graph, corun), node_of_rank)
     gpu = system.gpu
+    # with more than one rank, one NCCL communicator: TorchRec's all-to-alls and DDP's all-reduce share the
+    # default process group
     return DLRMStep(
         sim,
         memory_per_rank(model, plan, system.num_gpus, batch_per_rank),
         gpu.hbm_bytes,
-        gpu.reserved_bytes,
+        float(reserve_bytes(gpu, int(system.num_gpus > 1))),
         host.source,
     )
 
