@@ -338,10 +338,14 @@ def megatron_rows(data: Path) -> list[Row]:
 def llama3_rows(data: Path) -> list[Row]:
     """Llama 3 405B pre-training (Llama Team 2024, Table 4; H100, bf16): step time derived from the
     reported TFLOP/s per GPU with our FLOP count. The paper states tp, cp, pp, dp, the sequences per
-    data-parallel rank, FSDP and interleaved 1F1B, and that the first and last stage each hold one
-    layer fewer (126 layers over 16 stages). Not stated, assumed: 2 model chunks per stage (so
-    [3, 4 × 30, 3] layers per virtual stage), micro-batch 1, the cluster as DGX H100 (Llama 3: 400
-    Gb/s RoCE per GPU, as our preset's InfiniBand). FSDP without resharding after the forward
+    data-parallel rank, FSDP and interleaved 1F1B, and (§3.3.2) that the first and last stage each hold
+    one layer fewer, "the first model chunk on the first stage has only the embedding, and the last model
+    chunk on the last stage has only output projection and loss calculation": with 126 layers over 16
+    stages of V chunks of L layers, (16 V − 2) L = 126 holds for an interleaved V only at V = 8, L = 1,
+    so 8 chunks per stage, one layer each, the first and the last empty. (Until session 16 the rows
+    assumed V = 2 and [3, 4 × 30, 3] layers, which contradicts that sentence: −7.3% / +4.9% / −8.0%
+    then, a change of configuration only, decided on the paper's text.) Not stated, assumed:
+    micro-batch 1, the cluster as DGX H100 (Llama 3: 400 Gb/s RoCE per GPU, as our preset's InfiniBand). FSDP without resharding after the forward
     (the data file's note) under pipelining gathers the parameters once for all micro-batches and
     reduce-scatters the accumulated gradients once (torchtitan's pipeline + FSDP): the traffic of
     ZeRO-1's distributed optimizer, the recipe's default (ZeRO-3 would gather every unit for every
@@ -350,12 +354,12 @@ def llama3_rows(data: Path) -> list[Row]:
     for r in read_csv_rows(data / "step_times" / "llama3_405b_table4_mfu.csv"):
         tp, cp, pp, dp, seq = (int(r[k]) for k in ("TP", "CP", "PP", "DP", "seq_len"))
         gpus, sequences = int(r["GPUs"]), int(r["batch_size_per_DP"]) * dp
-        plan = _plan(tp, pp, cp, 2, 1, sequences, "bf16")
+        plan = _plan(tp, pp, cp, 8, 1, sequences, "bf16")
         plan["pipeline_p2p"] = "overlapped"  # Meta's own trainer: its exchanges are not published
         # §3.3.2: K and V all-gathered, exposed, before the local query chunks' attention (Transformer
         # Engine's AttnFuncWithCPAndKVAllGather cites it); the 8K-token rows have cp 1
         plan["cp_comm"] = "all_gather"
-        plan["stage_layers"] = [3] + [4] * (2 * pp - 2) + [3]
+        plan["stage_layers"] = [0] + [1] * (8 * pp - 2) + [0]
         model = {"preset": "llama3-405b", "seq_length": seq}
         flops = Job.from_dicts(model, {"tensor_parallel": 1}, {"preset": "dgx-h100"}).model.flops_per_token()
         measured = flops * sequences * seq / (float(r["TFLOPs_per_GPU"]) * 1e12 * gpus)
