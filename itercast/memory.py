@@ -446,6 +446,7 @@ class StageMemory:
             "optimizer": params * o_b + experts * eo_b,
             "activations": acts,
         }
+        # the activations' shape: `layers` may be an array over candidate stages (job_slicing)
         out["reserved"] = reserve_bytes(self.gpu, communicators(c)) + np.zeros_like(acts)
         out["total"] = sum(out.values())
         return out

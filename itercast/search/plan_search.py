@@ -39,7 +39,8 @@ from itercast.search.plan_space import SpaceCounts, SpaceOptions, enumerate_plan
 
 Progress = Callable[[int, int], None]  # (pieces done, pieces in all)
 
-#: Margin the search keeps free beside a plan's memory for the caching allocator's fragmentation, as a share
+#: Margin the search keeps free beside a transformer plan's memory for the caching allocator's fragmentation
+#: (a DLRM's shardings are ranked on predict's total alone: dlrm_search.py), as a share
 #: of its activations. GMLake (Guo et al., ASPLOS'24) removes 15% on average (up to 33%) of the PyTorch caching
 #: allocator's fragmentation over eight LLMs on A100-80GB; only activations are counted, since weights,
 #: gradients and optimizer state live in buffers allocated once (Megatron-Core param_and_grad_buffer, FSDP2
