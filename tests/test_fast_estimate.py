@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from helpers import fast_vs_graph, pipeline_builder, plan_of, tiny_job
 
+from itercast.config.job import Job
 from itercast.memory import estimate_memory
 from itercast.parallel.plan_table import PlanTable
 from itercast.parallel.schedules import in_flight_microbatches, schedule
@@ -67,10 +68,10 @@ def test_fast_path_agrees_with_graph_when_the_host_binds():
     overlap = [p | {"tp_comm_overlap": True} for p in grid() if p["sequence_parallel"] and p["tensor_parallel"] > 1]
     more, rel_more = fast_vs_graph("gpt3-1.3b", system, overlap)
     valid, rel = valid + more, np.concatenate([rel, rel_more])
-    # GPipe × ZeRO-3, 25 plans: measured worst 0.49% (1.55% if micro-batch 0's first backward reached
+    # GPipe × ZeRO-3, 25 plans: measured worst 0.55% (0.71% if micro-batch 0's first backward reached
     # each stage without running on the stages after it)
     gpipe_fsdp = np.array([j.plan.schedule == "gpipe" and j.plan.zero_stage == 3 for j in valid])
-    assert gpipe_fsdp.sum() == 25 and rel[gpipe_fsdp].max() < 0.01
+    assert gpipe_fsdp.sum() == 25 and rel[gpipe_fsdp].max() < 0.006
     # measured: worst 1.60%, mean 0.21% (without GPipe's phases, stage 0's host lead and the last
     # backward's blocking communication after its last launch: worst 7.9%); at s = 0.189: 1.92%, 0.17%
     assert rel.max() < 0.02 and rel.mean() < 0.005
@@ -379,3 +380,18 @@ def test_fast_path_agrees_with_graph_on_the_new_model_and_recompute_fields():
     # measured: worst 1.84%, mean 0.75%; the same plans without the new model fields differ alike (worst 2.2%);
     # at s = 0.189: worst 0.61%, mean 0.19%
     assert len(rel) == 48 and max(rel) < 0.02 and np.mean(rel) < 0.01
+
+
+def test_gpipe_between_host_and_stream_bound_agrees_with_the_graph():
+    """The tiny llama on 4 GPipe stages of 2 data-parallel ranks, 4 micro-batches, at 6.81 us a launch: its
+    forwards host-bound and its backwards (2x the work in 125 kernels against 92) nearly stream-bound.
+    The fast path's GPipe bound took each step of micro-batch 0's backward down the stages at a backward's
+    host issue time when that exceeded its stream time, though the host issued it while the stream still
+    ran the forwards: 6.3% above the graph; 0.28% now (measured)."""
+    job = tiny_job(global_batch_size=8, overlap_grad_reduce=False, pipeline_parallel=4, schedule="gpipe")
+    gpu = job.system.gpu.model_copy(update={"kernel_launch_overhead_s": 6.81e-6})
+    job = Job(job.model, job.plan, job.system.model_copy(update={"gpu": gpu}))
+    assert job.num_microbatches == 4
+    graph = predict(job).step_time_s
+    fast = float(FastEstimator(job.model, job.system).step_time_s([job])[0])
+    assert fast == pytest.approx(graph, rel=5e-3)
