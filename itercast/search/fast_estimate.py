@@ -351,8 +351,8 @@ class FastEstimator:
             # session 16 a step down took the larger of a backward's host issue time and its stream
             # time, which against the graph counted the host twice where forwards are host-bound and
             # backwards nearly stream-bound (GPipe between host- and stream-bound, 600 jobs of two
-            # small llamas: 14 moved, worst 6.3% -> 0.8% above the graph, none worse; with ZeRO-3, 43
-            # moved, mean 5.8% -> 4.3%, worst 17.7% -> 13.1%, none worse: still the fast path's worst)
+            # small llamas: 14 moved, worst 6.3% -> 0.8% above the graph, none worse; with ZeRO-3, 23
+            # moved, none worse, their worst 17.7% -> 12.5%; that corner's worst stays 13.1% above it)
             fwd = np.where(fsdp_rows[:, None], stage - fsdp_back, forward)
             done = np.maximum(M[rows, None] * issued_f, (M[rows, None] - 1) * issued_f + launch_s + fwd)
             for s in range(1, pp):  # and the stage before it done with its last forward
