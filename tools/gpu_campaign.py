@@ -2,6 +2,7 @@
 
     python tools/gpu_campaign.py --out OUT                  # every part (about 15 minutes on an H100)
     python tools/gpu_campaign.py --out OUT --parts attention,gemm --deadline-s 540
+    python tools/gpu_campaign.py --out OUT --budgets gemm=110,attention=100 --sustained-s 45
     python tools/gpu_campaign.py --dry-run --out OUT        # the same code at tiny sizes, on this CPU
     python tools/gpu_campaign.py --readme --out DIR         # rewrite DIR's README from its run records
 
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes (any device; what CI runs on a CPU)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--deadline-s", type=float, default=1140.0, help="start no part after this many seconds")
+    ap.add_argument("--budgets", default="", help="PART=SECONDS,... replacing those parts' time budgets")
+    ap.add_argument("--sustained-s", type=float, help="seconds of the sustained GEMM run (default 60 on a GPU)")
     ap.add_argument("--archive", type=Path, help="pack the output folder into this .tar.gz after each part")
     ap.add_argument("--readme", action="store_true", help="only rewrite OUT/README.md from its run records")
     args = ap.parse_args(argv)
@@ -68,17 +71,39 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in parts if p not in PARTS]
     if unknown or not parts:
         ap.error(f"--parts: expected names from {', '.join(PARTS)} or 'all', got {args.parts!r}")
+    try:
+        budgets = {p: b for p, (_, b) in PARTS.items()} | parse_budgets(args.budgets)
+    except ValueError as err:
+        ap.error(f"--budgets: {err}")
+    if args.sustained_s is not None and args.sustained_s <= 0:
+        ap.error(f"--sustained-s: expected seconds > 0, got {args.sustained_s}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA GPU here (use --dry-run on a CPU)")
     args.out.mkdir(parents=True, exist_ok=True)
-    return run(args, parts)
+    return run(args, parts, budgets)
 
 
-def run(args: argparse.Namespace, parts: list[str]) -> int:
+def parse_budgets(text: str) -> dict[str, float]:
+    """`PART=SECONDS,...` as {part: seconds}; a part not in PARTS or seconds not > 0 raise ValueError."""
+    out: dict[str, float] = {}
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        part, _, seconds = item.partition("=")
+        if part not in PARTS:
+            raise ValueError(f"expected PART=SECONDS with PART one of {', '.join(PARTS)}, got {item!r}")
+        try:
+            out[part] = float(seconds)
+        except ValueError:
+            raise ValueError(f"expected seconds as a number in {item!r}") from None
+        if out[part] <= 0:
+            raise ValueError(f"expected seconds > 0 in {item!r}")
+    return out
+
+
+def run(args: argparse.Namespace, parts: list[str], budgets: dict[str, float]) -> int:
     started = time.monotonic()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     with ClockSampler() as sampler:
-        ctx = Context(args.out, args.device, args.dry_run, sampler)
+        ctx = Context(args.out, args.device, args.dry_run, sampler, args.sustained_s)
         record = {
             "command": "python tools/gpu_campaign.py " + " ".join(sys.argv[1:]),
             "machine": machine_readout(args.device) | {"context_bytes": ctx.context_bytes},
@@ -86,7 +111,7 @@ def run(args: argparse.Namespace, parts: list[str]) -> int:
             "files": ctx.files,
         }
         for part in parts:
-            fn, budget_s = PARTS[part]
+            fn, budget_s = PARTS[part][0], budgets[part]
             left = args.deadline_s - (time.monotonic() - started)
             if left <= 0:
                 record["parts"][part] = "not run: the deadline was spent"

@@ -266,10 +266,13 @@ def write_json(path: Path, obj: Any) -> None:
 class Context:
     """What every part of the campaign shares: the output folder, the device, its timer and clock
     sampler, whether sizes are the dry run's, each file's description (for the README) and each part's
-    summary line."""
+    summary line; `sustained_s` replaces the sustained GEMM run's length (seconds) where given."""
 
-    def __init__(self, out: Path, device: str, dry: bool, sampler: ClockSampler) -> None:
+    def __init__(
+        self, out: Path, device: str, dry: bool, sampler: ClockSampler, sustained_s: float | None = None
+    ) -> None:
         self.out, self.device, self.dry, self.sampler = out, device, dry, sampler
+        self.sustained_s = sustained_s
         self.clock = DeviceClock(device)
         self.cuda = self.clock.cuda
         self.context_bytes: int | str = ""

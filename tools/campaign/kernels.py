@@ -291,7 +291,7 @@ def run_gemms(ctx: Context, budget: Budget) -> str:
             key = {"model": model, "tp": tp, "tokens": tokens, "linear": linear, "pass": pas, "dtype": dtype}
             rows.add({**key, "m": m, "k": k, "n": n, **attempt(once)})
     rows.close()
-    sustained = _sustained(ctx, grid["sustained_s"], grid["sustained_n"])
+    sustained = _sustained(ctx, ctx.sustained_s or grid["sustained_s"], grid["sustained_n"])
     return f"{rows.count} rows, {budget.skipped} GEMMs skipped for time; sustained: {sustained}"
 
 

@@ -1,0 +1,82 @@
+"""validation/gpu_campaign_check.py's readings of a GPU campaign, by hand: FLOPs of the kernels it prices,
+the optimizer step it finds in a trace, the system it prices on, and two rows of the committed H200
+campaign (data/measured/h200_campaign) worked through."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from itercast.data_paths import read_csv_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+check = load(ROOT / "validation" / "gpu_campaign_check.py", "gpu_campaign_check")
+
+H200 = ROOT / "data" / "measured" / "h200_campaign"
+
+
+def test_attention_flops_count_4_d_a_score_and_half_the_keys_under_a_causal_mask():
+    row = {"batch": "8", "heads": "32", "seq": "4096", "head_dim": "128", "causal": "False"}
+    # 8 · 32 heads · 4096 queries · 4096 keys · 4 · 128 = 256 · 16,777,216 · 512 = 2.199e12
+    assert check.attention_forward_flops(row) == 2_199_023_255_552
+    assert check.attention_forward_flops({**row, "causal": "True"}) == 1_099_511_627_776  # 2048 keys a query
+
+
+def test_gemm_flops_are_two_m_n_k():
+    assert check.gemm_flops({"m": "8192", "k": "4096", "n": "6144"}) == 2 * 8192 * 4096 * 6144 == 412_316_860_416
+
+
+def test_the_optimizer_step_is_its_kernels_between_gaps(tmp_path):
+    kernels = [(0, 100), (150, 100), (20_000, 300), (20_310, 50), (40_000, 80)]  # µs: start, duration
+    events = [{"cat": "kernel", "name": "multi_tensor_apply_kernel<...>", "ts": ts, "dur": d} for ts, d in kernels]
+    events += [{"cat": "kernel", "name": "nvjet_gemm", "ts": 5_000, "dur": 4_000}]  # not the optimizer's
+    trace = tmp_path / "t.kineto.json.gz"
+    with gzip.open(trace, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    # 100 + 100 µs, then 300 + 50 µs (10 µs apart), then 80 µs (> 5 ms after the previous)
+    assert check.optimizer_kernel_s(trace) == pytest.approx([200e-6, 350e-6, 80e-6])
+
+
+def test_the_campaign_names_its_gpu_and_an_unknown_one_is_refused(tmp_path):
+    assert check.campaign_preset(H200) == "h200"
+    (tmp_path / "run_1.json").write_text(json.dumps({"machine": {"gpu": "NVIDIA B200"}}))
+    with pytest.raises(SystemExit, match=r"machine\.gpu: expected one of .*got 'NVIDIA B200'"):
+        check.campaign_preset(tmp_path)
+    with pytest.raises(SystemExit, match="expected run_"):
+        check.campaign_preset(tmp_path / "empty")
+
+
+def test_the_h200_memory_row_reads_the_device_as_measured():
+    rows = [r for r in read_csv_rows(H200 / "memory.csv") if r["config"] == "base"]
+    (_config, total, used, peak, act_pred, act_meas) = check.memory_rows(rows, "h200")[0]
+    assert used == pytest.approx(14_672_527_360 / 2**30)  # total − free after the second step: 13.665 GiB
+    assert peak == pytest.approx(13_124_880_896 / 2**30)
+    assert act_meas == pytest.approx(6_003_530_752 / 2**30)
+    # fp32 weights, gradients and AdamW's two moments of 401,631,232 parameters: 16 bytes each = 5.98 GiB
+    assert total - act_pred == pytest.approx(16 * 401_631_232 / 2**30 + 0.75, rel=1e-3)  # + the 0.75 GiB reserve
+
+
+def test_campaign_budgets_parse_and_refuse_what_is_not_a_part_or_a_positive_time():
+    tool = load(ROOT / "tools" / "gpu_campaign.py", "gpu_campaign_tool")
+    assert tool.parse_budgets(" gemm=110, attention=5.5 ,") == {"gemm": 110.0, "attention": 5.5}
+    with pytest.raises(ValueError, match=r"PART one of .*got 'gemmm=1'"):
+        tool.parse_budgets("gemmm=1")
+    with pytest.raises(ValueError, match="seconds as a number in 'gemm=x'"):
+        tool.parse_budgets("gemm=x")
+    with pytest.raises(ValueError, match="seconds > 0 in 'gemm=0'"):
+        tool.parse_budgets("gemm=0")

@@ -1,0 +1,297 @@
+"""itercast's kernel, step and memory models against one GPU campaign (tools/gpu_campaign.py).
+
+    python validation/gpu_campaign_check.py                                   # data/measured/h200_campaign
+    python validation/gpu_campaign_check.py --data data/measured/h200_campaign_repeat
+
+Per group of rows: n, the geomean of predicted / measured time (below 1: itercast too fast), its
+smallest and largest ratio. Kernels are priced as itercast prices them in a step, on the system preset
+of the GPU the campaign ran on (GPU_PRESETS), one GPU per node:
+- gemm.csv: AnalyticCostModel.gemm_s(2·m·n·k) in the row's dtype (bf16, fp8), by model and tensor
+  parallelism, and the square sweep;
+- attention.csv: AnalyticCostModel.attention_s at the row's shape, the kernel named by its SDPA back
+  end (cudnn → cudnn, flash → fa2: PyTorch's flash back end is FlashAttention-2), forward alone or
+  forward plus a backward of 2.5× its FLOPs (costs/attention.py); causal FLOPs count S/2 keys a query
+  (ModelConfig.causal_keys_per_query);
+- cross_entropy.csv: the logits GEMM (gemm_s) and the torch loss (memory_s over the bytes per logit of
+  transformer_ops.cross_entropy_bytes with plan.cross_entropy torch, forward then backward);
+- training_steps.csv: `predict` of the same Llama-style job on one GPU, as PyTorch ran it (fp32
+  weights under bf16 autocast, PyTorch's own kernels one by one, F.cross_entropy on fp32 logits:
+  plan main_params fp32_weights, pointwise_kernels eager, cross_entropy torch; SDPA chose cuDNN);
+- traces/*.kineto.json.gz: the optimizer step (PyTorch's fused AdamW, its multi_tensor_apply kernels,
+  the median over the traced steps) against memory_s of transformer.optimizer_step_bytes (fp32
+  weights, gradients and moments: 28 bytes a parameter);
+- memory.csv: estimate_memory of those jobs against the allocator's peak (max_allocated), the whole
+  device's use after the step (device_used) and the activations held after the forward.
+Then the sustained GEMM run: TFLOP/s and SM clock over its windows.
+
+Which side of the fitting/checking line: every row here was read on 2026-11-30 (session 17) before
+any model change was decided from it, kernel rows as fitting data (the only kind a model change may
+be decided from), whole steps and memory as a reading of the model as it stood at 6d0ff33.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from itercast import Job  # noqa: E402
+from itercast.costs.analytic import AnalyticCostModel  # noqa: E402
+from itercast.costs.attention import AttentionShape  # noqa: E402
+from itercast.data_paths import read_csv_rows  # noqa: E402
+from itercast.memory import estimate_memory  # noqa: E402
+from itercast.predict import predict  # noqa: E402
+from itercast.workloads.transformer import optimizer_step_bytes  # noqa: E402
+from itercast.workloads.transformer_ops import cross_entropy_bytes  # noqa: E402
+
+#: the system preset of each GPU a campaign may have run on (torch's device name → preset)
+GPU_PRESETS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA A100-SXM4-80GB": "dgx-a100"}
+#: SDPA back end → PlanConfig.attention_kernel (PyTorch's flash back end is FlashAttention-2)
+ATTENTION_KERNEL = {"cudnn": "cudnn", "flash": "fa2"}
+#: how the campaign's steps ran, in itercast's plan fields (tools/campaign/training.py Trainer)
+EAGER_AUTOCAST = {"main_params": "fp32_weights", "pointwise_kernels": "eager", "cross_entropy": "torch"}
+BACKWARD_FLOPS = 2.5  # a fused attention backward's FLOPs over its forward's (FlashAttention-2 §3.2)
+
+
+def campaign_preset(folder: Path) -> str:
+    """The system preset of the GPU named by the folder's first run record."""
+    runs = sorted(folder.glob("run_*.json"))
+    if not runs:
+        raise SystemExit(f"{folder}: expected run_*.json (a tools/gpu_campaign.py output folder), found none")
+    gpu = json.loads(runs[0].read_text())["machine"].get("gpu", "")
+    if gpu not in GPU_PRESETS:
+        raise SystemExit(f"{runs[0]}: machine.gpu: expected one of {', '.join(GPU_PRESETS)}, got {gpu!r}")
+    return GPU_PRESETS[gpu]
+
+
+def one_gpu_job(preset: str, row: dict[str, str], plan: dict[str, Any] | None = None) -> Job:
+    """The campaign's Llama-style model of `row` (training_steps.csv or memory.csv), one micro-batch
+    of its batch, on one GPU of `preset`."""
+    model = {"family": "llama", "num_layers": int(row["layers"]), "hidden_size": int(row["hidden"])}
+    model |= {"num_attention_heads": int(row["heads"]), "num_query_groups": int(row["kv_heads"])}
+    model |= {"ffn_hidden_size": int(row["ffn"]), "vocab_size": int(row["vocab"]), "seq_length": int(row["seq"])}
+    batch = int(row["batch"])
+    plan = {"micro_batch_size": batch, "global_batch_size": batch, **EAGER_AUTOCAST, **(plan or {})}
+    return Job.from_dicts(model, plan, {"preset": preset, "node": {"gpus_per_node": 1}})
+
+
+def gemm_flops(row: dict[str, str]) -> float:
+    """2·m·n·k of a gemm.csv row."""
+    return 2.0 * int(row["m"]) * int(row["n"]) * int(row["k"])
+
+
+def attention_forward_flops(row: dict[str, str]) -> float:
+    """QKᵀ and AV FLOPs of an attention.csv row's forward: 4·d per query-key score, batch · heads ·
+    seq queries each meeting seq keys, or seq/2 under a causal mask."""
+    seq = int(row["seq"])
+    keys = seq / 2 if row["causal"] == "True" else seq
+    return 4.0 * int(row["batch"]) * int(row["heads"]) * seq * keys * int(row["head_dim"])
+
+
+def ratio_summary(ratios: list[float]) -> str:
+    """n, geomean, min and max of predicted / measured."""
+    geo = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    return f"n {len(ratios):4d}  geomean {geo:.3f}  min {min(ratios):.2f}  max {max(ratios):.2f}"
+
+
+def gemm_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[float]]:
+    """Predicted / measured per (dtype, model[/tp]) group of gemm.csv's ok rows."""
+    system = one_gpu_job(preset, _TINY).system
+    costs = {dt: AnalyticCostModel(system, dt) for dt in ("bf16", "fp8")}
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        pred = float(costs[r["dtype"]].gemm_s(gemm_flops(r)))
+        group = r["model"] if r["model"] == "square" else f"{r['model']}/tp{r['tp']}"
+        out.setdefault(f"{r['dtype']} {group}", []).append(pred / (float(r["median_ms"]) * 1e-3))
+    return out
+
+
+def attention_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[float]]:
+    """Predicted / measured per (back end, pass, causal, head size) of attention.csv's ok rows."""
+    costs = AnalyticCostModel(one_gpu_job(preset, _TINY).system, "bf16")
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r["status"] != "ok" or r["backend"] not in ATTENTION_KERNEL:
+            continue
+        problems, d, causal = int(r["batch"]) * int(r["heads"]), int(r["head_dim"]), r["causal"] == "True"
+        shape = AttentionShape(problems, d, causal, kernel=ATTENTION_KERNEL[r["backend"]])
+        f = attention_forward_flops(r)
+        pred = float(costs.attention_s(f, shape))
+        if r["pass"] == "fwd_bwd":
+            pred += float(costs.attention_s(BACKWARD_FLOPS * f, replace(shape, backward=True)))
+        key = f"{r['backend']} {r['pass']} {'causal' if r['causal'] == 'True' else 'full'} d{r['head_dim']}"
+        out.setdefault(key, []).append(pred / (float(r["median_ms"]) * 1e-3))
+    return out
+
+
+def cross_entropy_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[float]]:
+    """Predicted / measured of the logits GEMM forward and the fp32 loss forward and backward."""
+    job = one_gpu_job(preset, _TINY)
+    costs = AnalyticCostModel(job.system, "bf16")
+    fwd_b, bwd_b = cross_entropy_bytes(job.plan)  # EAGER_AUTOCAST: plan.cross_entropy torch
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r["status"] != "ok" or r["op"] not in ("logits_fwd", "ce_fp32_fwd_bwd"):
+            continue
+        logits = int(r["tokens"]) * int(r["vocab"])
+        if r["op"] == "logits_fwd":
+            pred = float(costs.gemm_s(2.0 * logits * int(r["hidden"])))
+        else:
+            pred = float(costs.memory_s("elementwise", logits * fwd_b) + costs.memory_s("elementwise", logits * bwd_b))
+        out.setdefault(r["op"], []).append(pred / (float(r["median_ms"]) * 1e-3))
+    return out
+
+
+def step_rows(rows: list[dict[str, str]], preset: str) -> list[tuple[str, float, float, dict[str, float]]]:
+    """(config, predicted ms, measured median ms, predicted ms per family) of training_steps.csv."""
+    out = []
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        p = predict(one_gpu_job(preset, r))
+        families = {k: round(v * 1e3, 2) for k, v in p.family_time_s.items()}
+        out.append((r["config"], p.step_time_s * 1e3, float(r["median_ms"]), families))
+    return out
+
+
+#: kernels of one optimizer step are closer together than this; consecutive steps' are farther apart
+STEP_GAP_US = 5000.0
+
+
+def optimizer_kernel_s(trace: Path) -> list[float]:
+    """Seconds of each traced step's fused AdamW kernels (names with multi_tensor_apply), the kernels
+    split into steps where more than STEP_GAP_US separates two of them."""
+    with gzip.open(trace, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    kernels = sorted(
+        (e for e in events if e.get("cat") == "kernel" and "multi_tensor_apply" in e.get("name", "")),
+        key=lambda e: e["ts"],
+    )
+    steps: list[float] = []
+    end = -math.inf
+    for k in kernels:
+        if k["ts"] - end > STEP_GAP_US:
+            steps.append(0.0)
+        steps[-1] += k["dur"] * 1e-6
+        end = k["ts"] + k["dur"]
+    return steps
+
+
+def optimizer_rows(folder: Path, rows: list[dict[str, str]], preset: str) -> list[tuple[str, float, float]]:
+    """(config, predicted ms, measured median ms) of the optimizer step of each traced configuration."""
+    out = []
+    for r in rows:
+        if r["status"] != "ok" or not (folder / r["trace"]).exists():
+            continue
+        job = one_gpu_job(preset, r)
+        nbytes = optimizer_step_bytes(job, int(r["params"]))
+        pred = float(AnalyticCostModel(job.system, "bf16").memory_s("elementwise", nbytes))
+        # the first group can be a partial step's (the profiler's warm-up ends mid-step): the median
+        out.append((r["config"], pred * 1e3, statistics.median(optimizer_kernel_s(folder / r["trace"])) * 1e3))
+    return out
+
+
+def memory_plan(row: dict[str, str]) -> dict[str, Any]:
+    """A memory.csv row's step configuration in plan fields (recompute, dtype, attention back end)."""
+    plan: dict[str, Any] = {}
+    if row["recompute"] == "True":
+        plan["recompute"] = "full"
+    if row["dtype"] == "fp32":  # fp32 training: the weights are the optimizer's (no autocast)
+        plan |= {"dtype": "fp32", "main_params": "fp32"}
+    if row["attention"] == "math":
+        plan["flash_attention"] = False
+    return plan
+
+
+def memory_rows(rows: list[dict[str, str]], preset: str) -> list[tuple[str, float, float, float, float, float]]:
+    """(config, predicted total, measured device use, measured allocator peak, predicted and measured
+    activations) in GiB, per memory.csv row."""
+    out = []
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        m = estimate_memory(one_gpu_job(preset, r, memory_plan(r)))
+        gib = 2.0**30
+        out.append(
+            (
+                r["config"],
+                m.total_bytes / gib,
+                int(r["device_used_bytes"]) / gib,
+                int(r["max_allocated_bytes"]) / gib,
+                m.activations_bytes / gib,
+                int(r["activation_bytes"]) / gib,
+            )
+        )
+    return out
+
+
+#: any row with a model: what the system and plan need when only the GPU's cost model is wanted
+_TINY = {"layers": "1", "hidden": "64", "heads": "4", "kv_heads": "4", "ffn": "128", "vocab": "256", "seq": "32"}
+_TINY |= {"batch": "1"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=ROOT / "data" / "measured" / "h200_campaign")
+    args = ap.parse_args(argv)
+    folder: Path = args.data
+    preset = campaign_preset(folder)
+    print(f"{folder} (system preset {preset}); predicted / measured time")
+
+    def table(title: str, groups: dict[str, list[float]]) -> None:
+        print(f"\n{title}")
+        for key in sorted(groups):
+            print(f"  {key:32s} {ratio_summary(groups[key])}")
+        every = [x for v in groups.values() for x in v]
+        print(f"  {'all':32s} {ratio_summary(every)}")
+
+    if (folder / "gemm.csv").exists():
+        groups = gemm_ratios(read_csv_rows(folder / "gemm.csv"), preset)
+        for dt in ("bf16", "fp8"):
+            table(f"GEMMs, {dt}", {k.split(" ", 1)[1]: v for k, v in groups.items() if k.startswith(dt)})
+    if (folder / "attention.csv").exists():
+        rows = read_csv_rows(folder / "attention.csv")
+        table("fused attention (SDPA back end, pass, mask, head size)", attention_ratios(rows, preset))
+    if (folder / "cross_entropy.csv").exists():
+        rows = read_csv_rows(folder / "cross_entropy.csv")
+        table("output layer (logits GEMM; fp32 loss forward and backward)", cross_entropy_ratios(rows, preset))
+    if (folder / "training_steps.csv").exists():
+        print("\nwhole training steps on one GPU (predicted ms, measured median ms, ratio; predicted families ms)")
+        for config, pred, meas, families in step_rows(read_csv_rows(folder / "training_steps.csv"), preset):
+            print(f"  {config:14s} {pred:8.2f} {meas:8.2f}  {pred / meas:.3f}  {families}")
+        print("\noptimizer step, fused AdamW (predicted ms, measured median ms, ratio)")
+        for config, pred, meas in optimizer_rows(folder, read_csv_rows(folder / "training_steps.csv"), preset):
+            print(f"  {config:14s} {pred:8.3f} {meas:8.3f}  {pred / meas:.3f}")
+    if (folder / "memory.csv").exists():
+        print("\nmemory, GiB (predicted total, measured device use, allocator peak; activations predicted, measured)")
+        for config, total, used, peak, act_p, act_m in memory_rows(read_csv_rows(folder / "memory.csv"), preset):
+            ratio = total / used
+            print(f"  {config:24s} {total:6.2f} {used:6.2f} {peak:6.2f}  {ratio:.3f}   {act_p:6.2f} {act_m:6.2f}")
+    if (folder / "gemm_sustained.csv").exists():
+        win = read_csv_rows(folder / "gemm_sustained.csv")
+        tf = [float(w["tflops"]) for w in win]
+        mhz = [float(w["sm_mhz_mean"]) for w in win if w["sm_mhz_mean"]]
+        watts = [float(w["power_w_mean"]) for w in win if w["power_w_mean"]]
+        print(
+            f"\nsustained GEMM: {len(win)} windows, median {statistics.median(tf):.0f} TFLOP/s "
+            f"(min {min(tf):.0f}, max {max(tf):.0f}), SM clock median {statistics.median(mhz):.0f} MHz, "
+            f"power median {statistics.median(watts):.0f} W"
+            if mhz and watts
+            else f"\nsustained GEMM: {len(win)} windows, median {statistics.median(tf):.0f} TFLOP/s (no clock samples)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
