@@ -25,7 +25,12 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   A curve in FLOPs alone cannot tell a skinny GEMM from a square one; dropping the row would be a
   choice made after seeing its effect on step times, so it stays (the bias is a known limitation).
 - Memory-bound: time = alpha + bytes / (hbm_bw · eff(bytes)); vidur's A100 and H100 profiles of
-  residual add, RMSNorm and SiLU·mul (bytes counted from the shapes).
+  residual add, RMSNorm and SiLU·mul (bytes counted from the shapes). Vidur's adds alone put the
+  elementwise curve's e_max at 1.04 of the datasheet's HBM bandwidth, more than HBM can move: they
+  were timed back to back on tensors the 50 MB L2 held (3.8 TB/s at 38 MB on the 3.35 TB/s H100), in
+  1 µs steps. Its e_max is pinned instead to what this project's own H100 pointwise kernels reach
+  beyond 1 GB with caches flushed (data/measured/h100_profile.db: add, add_, mul, relu, gelu and its
+  backward; H100_POINTWISE_OPS), 0.90 (issue #27); vidur's rows fit the rest of the curve.
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
   m nodes; intra-node curves on one 8×H100 node (B = 450 GB/s NVLink4 per GPU; see
   fit_collectives), p2p on vidur's H100 send/recv, inter-node all-reduce, all-gather and all-to-all
@@ -56,6 +61,7 @@ from itercast.costs.fitting import (
     mean_abs_err,
 )
 from itercast.data_paths import read_csv_rows, shared_data_dir
+from itercast.profile.db import ProfileDB
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
 KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"  # transcribed tables, in the repo
@@ -177,11 +183,30 @@ def fit_memory(data: Path) -> dict:
                     bw.append(HBM[gpu])
     out: dict = {
         "source": "microsoft/vidur@7d47513 compute__{a100,h100}__Llama-2-{7b,70b}-hf__mlp.csv "
-        "(elementwise: add; norm: input_layernorm (RMSNorm); activation: mlp_act (SiLU·mul))"
+        "(elementwise: add; norm: input_layernorm (RMSNorm); activation: mlp_act (SiLU·mul)); elementwise "
+        "e_max: data/measured/h100_profile.db's pointwise kernels beyond 1 GB (h100_pointwise_efficiency)"
     }
     for kind, (b_, t_, bw_) in samples.items():
-        out[kind] = fit_latency_curve(np.array(b_, float), np.array(t_), np.array(bw_))
+        pin = h100_pointwise_efficiency() if kind == "elementwise" else None
+        out[kind] = fit_latency_curve(np.array(b_, float), np.array(t_), np.array(bw_), e_max=pin)
     return out
+
+
+#: pointwise ops of the H100 profile whose recorded size is the bytes they move (inputs read, output
+#: written: 12 bytes an fp32 element for a binary op, 8 for a unary one); copy (recorded as 12, moves 8)
+#: and sum (a reduction) are left out
+H100_POINTWISE_OPS = ("add", "add_", "mul", "relu", "gelu", "gelu_backward")
+#: transfers from this size on are HBM-bound whatever the L2 (50 MB) and the ~4 µs launch latency hold
+HBM_BOUND_BYTES = 1 << 30
+
+
+def h100_pointwise_efficiency() -> float:
+    """Median fraction of the H100's HBM bandwidth (HBM) that the H100 profile's pointwise kernels
+    (H100_POINTWISE_OPS) reach at HBM_BOUND_BYTES or more, each configuration the median of its passes."""
+    db = ProfileDB(Path(__file__).resolve().parents[1] / "data" / "measured" / "h100_profile.db", readonly=True)
+    rows = [m for m in db.measurements(family="elementwise") if m.op in H100_POINTWISE_OPS]
+    db.close()
+    return float(np.median([m.size / m.time_s / HBM["h100"] for m in rows if m.size >= HBM_BOUND_BYTES]))
 
 
 def _nccl_tests_text(path: Path) -> list[tuple[float, float]]:

@@ -345,7 +345,8 @@ def llama3_rows(data: Path) -> list[Row]:
     so 8 chunks per stage, one layer each, the first and the last empty. (Until session 16 the rows
     assumed V = 2 and [3, 4 × 30, 3] layers, which contradicts that sentence: −7.3% / +4.9% / −8.0%
     then, a change of configuration only, decided on the paper's text.) Not stated, assumed:
-    micro-batch 1, the cluster as DGX H100 (Llama 3: 400 Gb/s RoCE per GPU, as our preset's InfiniBand). FSDP without resharding after the forward
+    micro-batch 1, the cluster as DGX H100 (Llama 3: 400 Gb/s RoCE per GPU, as our preset's InfiniBand).
+    FSDP without resharding after the forward
     (the data file's note) under pipelining gathers the parameters once for all micro-batches and
     reduce-scatters the accumulated gradients once (torchtitan's pipeline + FSDP): the traffic of
     ZeRO-1's distributed optimizer, the recipe's default (ZeRO-3 would gather every unit for every

@@ -44,25 +44,34 @@ def fit_latency_curve(
     rate: np.ndarray | float,
     alpha_s: float | None = None,
     weights: np.ndarray | None = None,
+    e_max: float | None = None,
 ) -> dict:
     """time = alpha + x / (rate · eff(x)), fitted on log time; x in FLOPs or bytes, rate the peak in
     the same unit per second (a scalar, or one per point when the points come from several GPUs).
-    `alpha_s` pins the latency when the points are too few to identify it; `weights` (one per
-    point) weigh the squared log errors, e.g. so that two sources count alike whatever their sizes."""
+    `alpha_s` pins the latency when the points are too few to identify it; `e_max` pins the
+    asymptotic efficiency when another source measures it better; `weights` (one per point) weigh
+    the squared log errors, e.g. so that two sources count alike whatever their sizes."""
     w = np.ones_like(t) if weights is None else np.asarray(weights, float)
+    pinned: list[float] = [] if e_max is None else [e_max]
+
+    def curve_params(p: np.ndarray) -> list[float]:
+        """(e_max, log_half, gamma): the pinned ones, then the fitted ones at the end of `p`."""
+        return [*pinned, *(float(v) for v in p[len(p) - 3 + len(pinned) :])]
 
     def model(p):
         a = alpha_s if alpha_s is not None else p[0] * 1e-6
-        return a + x / (rate * eff(x, *p[-3:]))
+        e, log_half, gamma = curve_params(p)
+        return a + x / (rate * eff(x, e, log_half, gamma))
 
     lo, hi, x0 = [0.05, 5, 0.1], [1.2, 40, 4], [0.8, math.log(np.median(x)), 1.0]
+    lo, hi, x0 = lo[len(pinned) :], hi[len(pinned) :], x0[len(pinned) :]
     if alpha_s is None:
         lo, hi, x0 = [0, *lo], [50, *hi], [3.0, *x0]
     fit = least_squares(lambda p: (np.log(model(p)) - np.log(t)) * np.sqrt(w), x0=x0, bounds=(lo, hi))
-    e_max, log_half, gamma = fit.x[-3:]
+    e_fit, log_half, gamma = curve_params(fit.x)
     return {
         "alpha_s": alpha_s if alpha_s is not None else fit.x[0] * 1e-6,
-        "e_max": e_max,
+        "e_max": e_fit,
         "log_half": log_half,
         "gamma": gamma,
         "points": len(x),
