@@ -12,6 +12,9 @@ of the GPU the campaign ran on (GPU_PRESETS), one GPU per node:
   end (cudnn → cudnn, flash → fa2: PyTorch's flash back end is FlashAttention-2), forward alone or
   forward plus a backward of 2.5× its FLOPs (costs/attention.py); causal FLOPs count S/2 keys a query
   (ModelConfig.causal_keys_per_query);
+- grouped_gemm.csv: MoE experts' GEMMs as itercast prices them (one GEMM per local expert of its
+  equal share of the FLOPs on the gemm curve, transformer_ops' expert_up / expert_down) against each
+  way of running them (bmm, torch._grouped_mm over equal and skewed groups, a loop);
 - cross_entropy.csv: the logits GEMM (gemm_s) and the torch loss (memory_s over the bytes per logit of
   transformer_ops.cross_entropy_bytes with plan.cross_entropy torch, forward then backward);
 - training_steps.csv: `predict` of the same Llama-style job on one GPU, as PyTorch ran it (fp32
@@ -132,6 +135,19 @@ def attention_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[
             pred += float(costs.attention_s(BACKWARD_FLOPS * f, replace(shape, backward=True)))
         key = f"{r['backend']} {r['pass']} {'causal' if r['causal'] == 'True' else 'full'} d{r['head_dim']}"
         out.setdefault(key, []).append(pred / (float(r["median_ms"]) * 1e-3))
+    return out
+
+
+def grouped_gemm_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[float]]:
+    """Predicted / measured per method of grouped_gemm.csv's ok rows: experts × gemm_s(FLOPs / experts)."""
+    costs = AnalyticCostModel(one_gpu_job(preset, _TINY).system, "bf16")
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        experts, flops = int(r["experts"]), 2.0 * int(r["tokens"]) * int(r["k"]) * int(r["n"])
+        pred = experts * float(costs.gemm_s(flops / experts))
+        out.setdefault(r["method"], []).append(pred / (float(r["median_ms"]) * 1e-3))
     return out
 
 
@@ -263,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     if (folder / "attention.csv").exists():
         rows = read_csv_rows(folder / "attention.csv")
         table("fused attention (SDPA back end, pass, mask, head size)", attention_ratios(rows, preset))
+    if (folder / "grouped_gemm.csv").exists():
+        rows = read_csv_rows(folder / "grouped_gemm.csv")
+        table("MoE experts' GEMMs (by how they ran)", grouped_gemm_ratios(rows, preset))
     if (folder / "cross_entropy.csv").exists():
         rows = read_csv_rows(folder / "cross_entropy.csv")
         table("output layer (logits GEMM; fp32 loss forward and backward)", cross_entropy_ratios(rows, preset))
