@@ -25,6 +25,10 @@ of the GPU the campaign ran on (GPU_PRESETS), one GPU per node:
   weights, gradients and moments: 28 bytes a parameter);
 - memory.csv: estimate_memory of those jobs against the allocator's peak (max_allocated), the whole
   device's use after the step (device_used) and the activations held after the forward.
+- embedding_bag.csv: the forward lookup (F.embedding_bag) as workloads/dlrm/embedding.embedding_seconds
+  prices it without a calibration (the rows read and the pooled vectors written, as memory traffic);
+- dlrm_steps.csv: `predict` of the single-GPU DLRM steps (dlrm-dcnv2-criteo, rows capped, dot
+  interaction, every table on the GPU, the measurement's own exchange: point_to_point) on the preset.
 Then the sustained GEMM run: TFLOP/s and SM clock over its windows.
 
 Which side of the fitting/checking line: every row here was read on 2026-11-30 (session 17) before
@@ -48,11 +52,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from itercast import Job  # noqa: E402
+from itercast.cli.shard_cmds import load_dlrm  # noqa: E402
 from itercast.costs.analytic import AnalyticCostModel  # noqa: E402
 from itercast.costs.attention import AttentionShape  # noqa: E402
 from itercast.data_paths import read_csv_rows  # noqa: E402
 from itercast.memory import estimate_memory  # noqa: E402
-from itercast.predict import predict  # noqa: E402
+from itercast.predict import predict, predict_dlrm  # noqa: E402
+from itercast.workloads.dlrm.config import DLRMJob, EmbeddingTable, Shard  # noqa: E402
+from itercast.workloads.dlrm.embedding import embedding_seconds, shard_work  # noqa: E402
 from itercast.workloads.transformer import optimizer_step_bytes  # noqa: E402
 from itercast.workloads.transformer_ops import cross_entropy_bytes  # noqa: E402
 
@@ -218,6 +225,50 @@ def optimizer_rows(folder: Path, rows: list[dict[str, str]], preset: str) -> lis
     return out
 
 
+def embedding_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[float]]:
+    """Predicted / measured of embedding_bag.csv's forward rows, by index distribution and pooling."""
+    costs = AnalyticCostModel(one_gpu_job(preset, _TINY).system, "fp32")
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r["status"] != "ok" or r["op"] != "fwd":
+            continue
+        zipf = 1.05 if r["distribution"] == "zipf" else 0.0  # the campaign's Zipf exponent (op_model.ZIPF_ALPHA)
+        table = EmbeddingTable(
+            name="t",
+            num_rows=int(r["rows"]),
+            embedding_dim=int(r["dim"]),
+            pooling_factor=float(r["pooling"]),
+            zipf_alpha=zipf,
+        )
+        work = shard_work(table, Shard("table_wise", (0,)), 0, 1, int(r["bags"]))
+        assert work is not None
+        pred = embedding_seconds(costs, table, work)[0]
+        key = f"fwd {r['distribution']} pooling {r['pooling']}"
+        out.setdefault(key, []).append(pred / (float(r["median_ms"]) * 1e-3))
+    return out
+
+
+def dlrm_step_rows(rows: list[dict[str, str]], preset: str) -> list[tuple[str, float, float, dict[str, float]]]:
+    """(batch and skew, predicted ms, measured ms, predicted ms per family) of dlrm_steps.csv."""
+    base = load_dlrm("dlrm-dcnv2-criteo")
+    out = []
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        cap, alpha = int(r["row_cap"]), float(r["zipf_alpha"])
+        tables = [t.model_copy(update={"num_rows": min(t.num_rows, cap), "zipf_alpha": alpha}) for t in base.tables]
+        model = base.model_dump(exclude={"name"}) | {"interaction": "dot", "exchange": "point_to_point"}
+        model["tables"] = [t.model_dump() for t in tables]
+        plan = {
+            "batch_per_rank": int(r["batch"]),
+            "sharding": {t.name: {"strategy": "table_wise", "ranks": [0]} for t in tables},
+        }
+        p = predict_dlrm(DLRMJob.from_dicts(model, plan, {"preset": preset, "node": {"gpus_per_node": 1}}))
+        families = {k: round(v * 1e3, 2) for k, v in p.family_time_s.items()}
+        out.append((f"batch {r['batch']} zipf {alpha:g}", p.step_time_s * 1e3, float(r["median_ms"]), families))
+    return out
+
+
 def memory_plan(row: dict[str, str]) -> dict[str, Any]:
     """A memory.csv row's step configuration in plan fields (recompute, dtype, attention back end)."""
     plan: dict[str, Any] = {}
@@ -297,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         for config, total, used, peak, act_p, act_m in memory_rows(read_csv_rows(folder / "memory.csv"), preset):
             ratio = total / used
             print(f"  {config:24s} {total:6.2f} {used:6.2f} {peak:6.2f}  {ratio:.3f}   {act_p:6.2f} {act_m:6.2f}")
+    if (folder / "embedding_bag.csv").exists():
+        rows = read_csv_rows(folder / "embedding_bag.csv")
+        table("embedding lookups, forward, priced without a calibration", embedding_ratios(rows, preset))
+    if (folder / "dlrm_steps.csv").exists():
+        print("\nsingle-GPU DLRM steps (predicted ms, measured median ms, ratio; predicted families ms)")
+        for label, pred, meas, families in dlrm_step_rows(read_csv_rows(folder / "dlrm_steps.csv"), preset):
+            print(f"  {label:22s} {pred:8.2f} {meas:8.2f}  {pred / meas:.3f}  {families}")
     if (folder / "gemm_sustained.csv").exists():
         win = read_csv_rows(folder / "gemm_sustained.csv")
         tf = [float(w["tflops"]) for w in win]
