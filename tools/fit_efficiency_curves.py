@@ -29,7 +29,7 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   elementwise curve's e_max at 1.04 of the datasheet's HBM bandwidth, more than HBM can move: they
   were timed back to back on tensors the 50 MB L2 held (3.8 TB/s at 38 MB on the 3.35 TB/s H100), in
   1 µs steps. Its e_max is pinned instead to what this project's own H100 pointwise kernels reach
-  beyond 1 GB with caches flushed (data/measured/h100_profile.db: add, add_, mul, relu, gelu and its
+  beyond 1 GiB with caches flushed (data/measured/h100_profile.db: add, add_, mul, relu, gelu and its
   backward; H100_POINTWISE_OPS), 0.90 (issue #27); vidur's rows fit the rest of the curve.
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
   m nodes; intra-node curves on one 8×H100 node (B = 450 GB/s NVLink4 per GPU; see
@@ -184,7 +184,7 @@ def fit_memory(data: Path) -> dict:
     out: dict = {
         "source": "microsoft/vidur@7d47513 compute__{a100,h100}__Llama-2-{7b,70b}-hf__mlp.csv "
         "(elementwise: add; norm: input_layernorm (RMSNorm); activation: mlp_act (SiLU·mul)); elementwise "
-        "e_max: data/measured/h100_profile.db's pointwise kernels beyond 1 GB (h100_pointwise_efficiency)"
+        "e_max: data/measured/h100_profile.db's pointwise kernels beyond 1 GiB (h100_pointwise_efficiency)"
     }
     for kind, (b_, t_, bw_) in samples.items():
         pin = h100_pointwise_efficiency() if kind == "elementwise" else None
