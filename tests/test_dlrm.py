@@ -363,18 +363,18 @@ def test_rowwise_adagrad_update_by_hand():
 
 def test_shard_takes_system_overrides_and_a_calibration(tmp_path):
     args = ["shard", "--model", "dlrm-small", "--system", "cpu-host", "--batch-per-rank", "64", "--json"]
-    one = json.loads(CliRunner().invoke(app, args).output)
+    one = json.loads(CliRunner().invoke(app, args).stdout)  # stderr: the streamed-lookups warning
     two = CliRunner().invoke(app, [*args, "--set", "system.node.gpus_per_node=2"])
     assert two.exit_code == 0, two.output
-    assert (one["world_size"], json.loads(two.output)["world_size"]) == (1, 2)
+    assert (one["world_size"], json.loads(two.stdout)["world_size"]) == (1, 2)
     bad = CliRunner().invoke(app, [*args, "--set", "plan.tensor_parallel=2"])
     assert bad.exit_code == 2 and "it has no plan section" in bad.output
     # a model field: 2 ranks whose indices need no distribution are as fast or faster
     two_args = [*args, "--set", "system.node.gpus_per_node=2"]
     local = CliRunner().invoke(app, [*two_args, "--set", "model.input_distribution=false"])
     assert local.exit_code == 0, local.output
-    best = json.loads(two.output)["plans"][0]["step_time_s"]
-    assert json.loads(local.output)["plans"][0]["step_time_s"] <= best
+    best = json.loads(two.stdout)["plans"][0]["step_time_s"]
+    assert json.loads(local.stdout)["plans"][0]["step_time_s"] <= best
     wrong = CliRunner().invoke(app, [*args, "--set", "model.input_distribution=maybe"])
     assert wrong.exit_code == 2 and "--set model.input_distribution" in wrong.output
     missing = CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "none.json")])
@@ -443,7 +443,7 @@ def test_predict_prices_a_dlrm_step_with_its_breakdown(tmp_path):
     )
     res = CliRunner().invoke(app, ["predict", str(job), "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["sharding_from"] == "plan" and out["job"]["system"]["node"]["gpus_per_node"] == 2
     parts = {k: v for k, v in out["breakdown"].items() if k != "rank"}
     assert sum(parts.values()) == pytest.approx(out["step_time_s"])  # the step by cause adds up
@@ -451,7 +451,7 @@ def test_predict_prices_a_dlrm_step_with_its_breakdown(tmp_path):
     args = ["--model", "dlrm-small", "--system", "cpu-host", "--set", "system.node.gpus_per_node=2"]
     rest = ["--sharding", str(given), "--batch-per-rank", "64", "--json"]
     shard = CliRunner().invoke(app, ["shard", *args, *rest])
-    assert json.loads(shard.output)["plans"][0]["step_time_s"] == out["step_time_s"]  # one model for both
+    assert json.loads(shard.stdout)["plans"][0]["step_time_s"] == out["step_time_s"]  # one model for both
 
 
 @pytest.mark.parametrize(("exchange", "mlp_copied_back"), [("torchrec", 0), ("point_to_point", 2 * 313 * 4)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,10 @@ def rank_trace(path: Path, with_mm: bool, splits: int = 0, backward: bool = Fals
 
 
 class LinearCosts:
-    """A cost model of round numbers: 1 ns per byte moved or collected, 1 ps per FLOP."""
+    """A cost model of round numbers: 1 ns per byte moved or collected, 1 ps per FLOP, on a GPU of no
+    family with a measured lookup model (so embedding lookups are priced as the bytes they move)."""
+
+    system = SimpleNamespace(gpu=SimpleNamespace(name="round-numbers"))
 
     def memory_s(self, kind: str, nbytes: float) -> float:
         return nbytes * 1e-9

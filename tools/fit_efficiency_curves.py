@@ -31,6 +31,11 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   1 µs steps. Its e_max is pinned instead to what this project's own H100 pointwise kernels reach
   beyond 1 GiB with caches flushed (data/measured/h100_profile.db: add, add_, mul, relu, gelu and its
   backward; H100_POINTWISE_OPS), 0.90 (issue #27); vidur's rows fit the rest of the curve.
+- Embedding lookups on Hopper: this project's H100 forward lookups (data/measured/h100_profile.db,
+  aten::_embedding_bag at 512 and 8,192 bags, uniform and Zipf indices) fitted with the operator model a
+  calibration fits (costs/op_model.py, its lookup form); what a DLRM on an H100 or H200 prices its
+  forward lookups with when no calibration names that operator (workloads/dlrm/embedding.py). Checked on
+  a lent H200's lookups (validation/gpu_campaign_check.py, 0.998 geomean where HBM streaming gave 0.29).
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
   m nodes; intra-node curves on one 8×H100 node (B = 450 GB/s NVLink4 per GPU; see
   fit_collectives), p2p on vidur's H100 send/recv, inter-node all-reduce, all-gather and all-to-all
@@ -60,8 +65,10 @@ from itercast.costs.fitting import (
     fit_latency_curve,
     mean_abs_err,
 )
+from itercast.costs.op_model import fit_operator_models
 from itercast.data_paths import read_csv_rows, shared_data_dir
 from itercast.profile.db import ProfileDB
+from itercast.workloads.dlrm.embedding import LOOKUP_OP
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
 KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"  # transcribed tables, in the repo
@@ -207,6 +214,22 @@ def h100_pointwise_efficiency() -> float:
     rows = [m for m in db.measurements(family="elementwise") if m.op in H100_POINTWISE_OPS]
     db.close()
     return float(np.median([m.size / m.time_s / HBM["h100"] for m in rows if m.size >= HBM_BOUND_BYTES]))
+
+
+def fit_embedding_lookup_hopper() -> dict:
+    """The forward lookup's operator model fitted on the H100 profile's aten::_embedding_bag rows."""
+    db = ProfileDB(Path(__file__).resolve().parents[1] / "data" / "measured" / "h100_profile.db", readonly=True)
+    rows = list(db.measurements(family="embedding"))
+    db.close()
+    models = fit_operator_models(rows)["models"]
+    return {
+        "hopper": {
+            "gpu_name_prefixes": ["H100", "H200"],
+            "source": "data/measured/h100_profile.db aten::_embedding_bag forward rows (this project's lent H100, "
+            "2026-11-22), costs/op_model.py fit_operator_models",
+            "model": models[f"{LOOKUP_OP}:embedding_bag_fwd"],
+        }
+    }
 
 
 def _nccl_tests_text(path: Path) -> list[tuple[float, float]]:
@@ -469,6 +492,7 @@ def main() -> None:
         "memory": fit_memory(data),
         "collectives": fit_collectives(data),
         "attention": fit_attention_hopper(gemm["bf16"]["alpha_s"]),
+        "embedding_lookup": fit_embedding_lookup_hopper(),
         "fitted_by": "tools/fit_efficiency_curves.py",
     }
     OUT.write_text(json.dumps(curves, indent=1, sort_keys=True) + "\n")

@@ -684,6 +684,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "a pinned asymptotic efficiency refitted from the points", _t("hbm_ceiling")),
     M("../tools/fit_efficiency_curves.py", "for m in rows if m.size >= HBM_BOUND_BYTES]", "for m in rows]",
       "HBM's ceiling read off kernels the L2 and the launch latency hold back", _t("hbm_ceiling")),
+    M(EMB, "else builtin_lookup_model(costs.system.gpu.name)", "else None",
+      "a Hopper GPU's lookups streamed at HBM speed where the H100 measured gathers", _t("embedding_lookup_hopper")),
     M("../tools/measure_sharding_tasks.py", "rank = min(range(WORLD), key=lambda r: load[r])",
       "rank = max(range(WORLD), key=lambda r: load[r])", "greedy sharders place a table on the most-loaded rank",
       _t("sharding_tasks")),

@@ -26,7 +26,8 @@ of the GPU the campaign ran on (GPU_PRESETS), one GPU per node:
 - memory.csv: estimate_memory of those jobs against the allocator's peak (max_allocated), the whole
   device's use after the step (device_used) and the activations held after the forward.
 - embedding_bag.csv: the forward lookup (F.embedding_bag) as workloads/dlrm/embedding.embedding_seconds
-  prices it without a calibration (the rows read and the pooled vectors written, as memory traffic);
+  prices it without a calibration (on Hopper, the lookup model fitted to the H100 profile's lookups:
+  builtin_lookup_model; elsewhere the rows read and pooled vectors written as memory traffic);
 - dlrm_steps.csv: `predict` of the single-GPU DLRM steps (dlrm-dcnv2-criteo, rows capped, dot
   interaction, every table on the GPU, the measurement's own exchange: point_to_point) on the preset.
 Then the sustained GEMM run: TFLOP/s and SM clock over its windows.

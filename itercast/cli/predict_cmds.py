@@ -32,6 +32,7 @@ from itercast.predict import Forecast
 from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload, same_kind
+from itercast.workloads.dlrm import unmeasured_lookups
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
 
@@ -109,6 +110,8 @@ def predict_cmd(
         return
     w = load_job(job_file, example, model, system, set_)
     cal = _calibration(calibration, w)
+    if isinstance(w, DLRMWorkload) and (note := unmeasured_lookups(w.job.system.gpu.name, cal)):
+        warn(note)
     try:
         result = w.predict(cal)
         if trace is not None:

@@ -40,6 +40,7 @@ from itercast.workloads.dlrm import (
     dlrm_step,
     load_index_sample,
     plan_sharding,
+    unmeasured_lookups,
 )
 
 MAX_MODEL_BYTES = 4 << 20
@@ -124,6 +125,8 @@ def _price(
         sys_cfg = cast(SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set"))
         cal = load_calibration(calibration) if calibration else None
         if note := beyond_profile(dlrm, sys_cfg.num_gpus, batch_per_rank, cal):
+            warn(note)
+        if note := unmeasured_lookups(sys_cfg.gpu.name, cal):
             warn(note)
         counts = _index_samples(indices or [], dlrm)
         with working("pricing shardings…", quiet):

@@ -1,7 +1,10 @@
 """One embedding table's work on one rank per step under its shard, and its price: the lookups,
 rows and width a shard holds, what its indices are (a named distribution or a sample of real
 indices), the forward lookup and the backward with TorchRec's fused row-wise Adagrad update, priced
-as memory traffic or on a calibration's operator models.
+as memory traffic or on a calibration's operator models; on a Hopper GPU without a calibration the
+forward lookup is priced on the model fitted to this project's H100 lookups (curves.json
+`embedding_lookup`): random row gathers run far below HBM's streaming rate (a lent H200's lookups took
+3.4× what streaming prices, geomean; validation/gpu_campaign_check.py).
 
 Sources: TorchRec's sharding types and fused row-wise Adagrad (FBGEMM's rowwise_adagrad); index
 statistics of costs/index_stats.py (distinct rows, the most frequent row, reuse distances).
@@ -10,6 +13,7 @@ statistics of costs/index_stats.py (distinct rows, the most frequent row, reuse 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,7 @@ import numpy as np
 
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.aten_ops import EMBEDDING_UPDATE, lookup_features
+from itercast.costs.curves import curves
 from itercast.costs.op_model import IndexStats, OperatorCostModel, zipf_hot_fraction
 from itercast.errors import ConfigError
 from itercast.workloads.dlrm.config import DLRMConfig, EmbeddingTable, Shard
@@ -88,6 +93,16 @@ def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | Ind
     return IndexStats(shard.unique_fraction, min(1.0, k * hot), shard.reuse_beyond)
 
 
+@cache
+def builtin_lookup_model(gpu_name: str) -> OperatorCostModel | None:
+    """The forward lookup's model for `gpu_name` from curves.json `embedding_lookup` (an entry whose
+    `gpu_name_prefixes` match the name), None for a GPU family no lookup was measured on."""
+    for entry in curves().get("embedding_lookup", {}).values():
+        if any(gpu_name.startswith(p) for p in entry["gpu_name_prefixes"]):
+            return OperatorCostModel({"models": {f"{LOOKUP_OP}:embedding_bag_fwd": entry["model"]}})
+    return None
+
+
 def embedding_seconds(
     costs: AnalyticCostModel,
     table: EmbeddingTable,
@@ -104,7 +119,8 @@ def embedding_seconds(
     back and accumulates them into its distinct rows (tools/measure_dlrm_sharding.py ShardedDLRM.step:
     zeros_like, index, index_add_; its update is replica_update_bytes, after the all-reduce). Priced
     as memory traffic on the cost model, except where `ops` (a calibration's `operators`, fitted on `itercast profile`'s
-    embedding microbenchmarks) has a model of the operator: the lookup (aten::_embedding_bag) and
+    embedding microbenchmarks), or for the lookup on a Hopper GPU builtin_lookup_model, has a model of
+    the operator: the lookup (aten::_embedding_bag) and
     the update (itercast::rowwise_adagrad_update), each at this shard's rows, width, lookups and
     distinct-row fraction. PyTorch's aten::_embedding_bag_backward, which the profile also
     measures, writes a dense table-sized gradient: it is not the sparse update and is not used.
@@ -113,8 +129,9 @@ def embedding_seconds(
     index = index_stats(table, work, counts)
     distinct = index.unique_fraction * max(1, round(work.lookups))
     per_lookup = work.lookups * work.dim * F32
-    if ops is not None and ops.has_model(LOOKUP_OP):
-        fwd_s = ops.price(
+    lookup = ops if ops is not None and ops.has_model(LOOKUP_OP) else builtin_lookup_model(costs.system.gpu.name)
+    if lookup is not None:
+        fwd_s = lookup.price(
             LOOKUP_OP, lookup_features("embedding_bag_fwd", work.rows, work.dim, work.lookups, work.bags), index
         )
     else:
@@ -157,6 +174,20 @@ def beyond_profile(model: DLRMConfig, world: int, batch_per_rank: int, calibrati
         f"{table.name}'s owner looks up {most:,.0f} rows per call, {most / min(profiled):.1f}× the largest call the "
         f"calibration's embedding models were profiled at ({min(profiled):,.0f}): their prices there are "
         "extrapolated (itercast profile run --families embedding --embedding-batches …, then itercast calibrate)"
+    )
+
+
+def unmeasured_lookups(gpu_name: str, calibration: dict[str, Any] | None) -> str:
+    """A warning (or "") when neither the calibration nor builtin_lookup_model has a model of the
+    forward lookup on `gpu_name`: its lookups are then priced as streaming memory traffic, which a lent
+    H200's lookups took 3.4× longer than, geomean (validation/gpu_campaign_check.py)."""
+    fits = (calibration or {}).get("operators", {}).get("models", {})
+    if any(k.startswith(LOOKUP_OP + ":") for k in fits) or builtin_lookup_model(gpu_name) is not None:
+        return ""
+    return (
+        f"embedding lookups on {gpu_name} are priced as streaming memory traffic, with no lookup measured on "
+        "this GPU: on an H200 that pricing was 3.4x too fast (random row gathers); profile it "
+        "(itercast profile run --families embedding, then itercast calibrate) and pass --calibration"
     )
 
 
