@@ -328,34 +328,33 @@ def main(argv: list[str] | None = None) -> int:
         groups = gemm_ratios(read_csv_rows(folder / "gemm.csv"), preset)
         for dt in ("bf16", "fp8"):
             table(f"GEMMs, {dt}", {k.split(" ", 1)[1]: v for k, v in groups.items() if k.startswith(dt)})
-    if (folder / "attention.csv").exists():
-        rows = read_csv_rows(folder / "attention.csv")
-        table("fused attention (SDPA back end, pass, mask, head size)", attention_ratios(rows, preset))
-    if (folder / "grouped_gemm.csv").exists():
-        rows = read_csv_rows(folder / "grouped_gemm.csv")
-        table("MoE experts' GEMMs (by how they ran)", grouped_gemm_ratios(rows, preset))
-    if (folder / "cross_entropy.csv").exists():
-        rows = read_csv_rows(folder / "cross_entropy.csv")
-        table("output layer (logits GEMM; fp32 loss forward and backward)", cross_entropy_ratios(rows, preset))
+    ratio_tables = (
+        ("attention.csv", "fused attention (SDPA back end, pass, mask, head size)", attention_ratios),
+        ("grouped_gemm.csv", "MoE experts' GEMMs (by how they ran)", grouped_gemm_ratios),
+        ("cross_entropy.csv", "output layer (logits GEMM; fp32 loss forward and backward)", cross_entropy_ratios),
+        ("embedding_bag.csv", "embedding lookups, forward, priced without a calibration", embedding_ratios),
+    )
+    for name, title, ratios in ratio_tables:
+        if (folder / name).exists():
+            table(title, ratios(read_csv_rows(folder / name), preset))
+
+    def steps(title: str, rows: list[tuple[str, float, float, dict[str, float]]]) -> None:
+        print(f"\n{title} (predicted ms, measured median ms, ratio; predicted families ms)")
+        for label, pred, meas, families in rows:
+            print(f"  {label:22s} {pred:8.2f} {meas:8.2f}  {pred / meas:.3f}  {families}")
+
     if (folder / "training_steps.csv").exists():
-        print("\nwhole training steps on one GPU (predicted ms, measured median ms, ratio; predicted families ms)")
-        for config, pred, meas, families in step_rows(read_csv_rows(folder / "training_steps.csv"), preset):
-            print(f"  {config:14s} {pred:8.2f} {meas:8.2f}  {pred / meas:.3f}  {families}")
+        steps("whole training steps on one GPU", step_rows(read_csv_rows(folder / "training_steps.csv"), preset))
         print("\noptimizer step, fused AdamW (predicted ms, measured median ms, ratio)")
         for config, pred, meas in optimizer_rows(folder, read_csv_rows(folder / "training_steps.csv"), preset):
             print(f"  {config:14s} {pred:8.3f} {meas:8.3f}  {pred / meas:.3f}")
+    if (folder / "dlrm_steps.csv").exists():
+        steps("single-GPU DLRM steps", dlrm_step_rows(read_csv_rows(folder / "dlrm_steps.csv"), preset))
     if (folder / "memory.csv").exists():
         print("\nmemory, GiB (predicted total, measured device use, allocator peak; activations predicted, measured)")
         for config, total, used, peak, act_p, act_m in memory_rows(read_csv_rows(folder / "memory.csv"), preset):
             ratio = total / used
             print(f"  {config:24s} {total:6.2f} {used:6.2f} {peak:6.2f}  {ratio:.3f}   {act_p:6.2f} {act_m:6.2f}")
-    if (folder / "embedding_bag.csv").exists():
-        rows = read_csv_rows(folder / "embedding_bag.csv")
-        table("embedding lookups, forward, priced without a calibration", embedding_ratios(rows, preset))
-    if (folder / "dlrm_steps.csv").exists():
-        print("\nsingle-GPU DLRM steps (predicted ms, measured median ms, ratio; predicted families ms)")
-        for label, pred, meas, families in dlrm_step_rows(read_csv_rows(folder / "dlrm_steps.csv"), preset):
-            print(f"  {label:22s} {pred:8.2f} {meas:8.2f}  {pred / meas:.3f}  {families}")
     if (folder / "gemm_sustained.csv").exists():
         win = read_csv_rows(folder / "gemm_sustained.csv")
         tf = [float(w["tflops"]) for w in win]
