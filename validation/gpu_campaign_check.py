@@ -277,7 +277,10 @@ def memory_plan(row: dict[str, str]) -> dict[str, Any]:
         plan["recompute"] = "full"
     if row["dtype"] == "fp32":  # fp32 training: the weights are the optimizer's (no autocast)
         plan |= {"dtype": "fp32", "main_params": "fp32"}
-    if row["attention"] == "math":
+    # SDPA's flash and cuDNN kernels take 16-bit inputs only and its memory-efficient one refuses grouped
+    # keys (the campaign's own warnings: "both fused kernels require query, key and value to have the
+    # same num_heads"), so fp32 with GQA runs the math back end, as math_attention does by choice
+    if row["attention"] == "math" or (row["dtype"] == "fp32" and row["kv_heads"] != row["heads"]):
         plan["flash_attention"] = False
     return plan
 
