@@ -212,7 +212,9 @@ class FastEstimator:
         # each unit's backward at the host's pace: a segment's last kernel waits for all its launches
         # (transformer.py _run_segment), so behind its host the units end (and release their
         # gradient buckets) n h apart, n its kernels
-        host_pace = {n: kernels[n] * launch_s for n in ("lb", "mb", "eb", "hb")}
+        # (plus what its host waits inside it: an MoE backward that re-runs the forward under recompute
+        # waits for its stream there, _moe_waited, so its bucket leaves no earlier than the stream's)
+        host_pace = {n: kernels[n] * launch_s + f[f"w_{n}"] for n in ("lb", "mb", "eb", "hb")}
         # a chunk's last backward in segments, one per gradient bucket (transformer.py _segments_of):
         # Megatron-Core's on stage 0, ZeRO-2's on every stage; ZeRO-3's one per unit; else one segment
         bucketed = overlap_grad & sync & (zero <= 2)
