@@ -26,8 +26,9 @@ def dlrm_job(tmp_path: Path, name: str = "dlrm.yaml", batch: int = 256) -> Path:
 
 
 def invoke(*args: str) -> tuple[int, str]:
+    """The exit code and what was printed; with --json the JSON on stdout alone (stderr may carry warnings)."""
     res = CliRunner().invoke(app, list(args))
-    return res.exit_code, res.output
+    return res.exit_code, res.stdout if "--json" in args and res.exit_code == 0 else res.output
 
 
 def test_predict_of_a_dlrm_job_file_is_the_python_api(tmp_path: Path) -> None:

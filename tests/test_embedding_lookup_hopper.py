@@ -70,3 +70,34 @@ def test_predict_and_shard_say_when_lookups_are_streamed():
     calibration = {"operators": {"models": {"aten::_embedding_bag:embedding_bag_fwd": model}}}
     assert unmeasured_lookups("A100-SXM4-80GB", calibration) == ""
     assert unmeasured_lookups("A100-SXM4-80GB", None).startswith("embedding lookups on A100-SXM4-80GB")
+
+
+def test_the_unmeasured_update_and_the_built_in_models_range_are_said():
+    from itercast.workloads.dlrm import DLRMConfig, beyond_profile, unmeasured_embedding_ops
+
+    # no GPU's update is built in: said on an H200 too, not when a calibration models it
+    update = "the row-wise Adagrad update of sharded tables on H200-SXM-141GB is priced as streaming memory traffic"
+    assert [n[: len(update)] for n in unmeasured_embedding_ops("H200-SXM-141GB", None)] == [update]
+    calibration = {"operators": {"models": {"itercast::rowwise_adagrad_update:embedding_bag_update": {}}}}
+    assert unmeasured_embedding_ops("H200-SXM-141GB", calibration) == []
+    # the built-in lookup model was profiled up to 1,048,576 lookups a call (the H100 profile's largest):
+    # pooling 100 × 4,096 samples × 8 ranks = 3,276,800 a table-wise owner's call, 3.1× beyond; 1,024 samples: 0.8×
+    table = {"name": "t0", "num_rows": 1000, "embedding_dim": 64, "pooling_factor": 100}
+    dlrm = DLRMConfig(dense_features=13, bottom_mlp=(64,), top_mlp=(1,), tables=(table,))
+    note = beyond_profile(dlrm, 8, 4096, None, "H200-SXM-141GB")
+    assert "t0's owner looks up 3,276,800 rows per call, 3.1× the largest call" in note and "(1,048,576)" in note
+    assert beyond_profile(dlrm, 8, 1024, None, "H200-SXM-141GB") == ""
+    assert beyond_profile(dlrm, 8, 4096, None, "A100-SXM4-80GB") == ""  # nothing profiled to compare with
+    assert "row-wise Adagrad update of sharded tables on H200" in stderr_of(
+        "predict", "--model", "dlrm-dcnv2-criteo", "--system", "h200"
+    )
+
+
+def stderr_of(*args: str) -> str:
+    from typer.testing import CliRunner
+
+    from itercast.cli import app
+
+    done = CliRunner().invoke(app, list(args))
+    assert done.exit_code == 0, done.output
+    return done.stderr

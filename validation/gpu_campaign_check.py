@@ -109,9 +109,15 @@ def attention_forward_flops(row: dict[str, str]) -> float:
 
 
 def ratio_summary(ratios: list[float]) -> str:
-    """n, geomean, min and max of predicted / measured."""
+    """n, geomean, min and max of predicted / measured, and per configuration the mean |error| and the
+    worst error (signed: negative too fast)."""
     geo = math.exp(statistics.fmean(math.log(r) for r in ratios))
-    return f"n {len(ratios):4d}  geomean {geo:.3f}  min {min(ratios):.2f}  max {max(ratios):.2f}"
+    mean_abs = statistics.fmean(abs(r - 1) for r in ratios)
+    worst = max(ratios, key=lambda r: abs(r - 1)) - 1
+    return (
+        f"n {len(ratios):4d}  geomean {geo:.3f}  min {min(ratios):.2f}  max {max(ratios):.2f}  "
+        f"mean |error| {mean_abs:6.1%}  worst {worst:+.1%}"
+    )
 
 
 def gemm_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[float]]:
@@ -308,8 +314,7 @@ def memory_rows(rows: list[dict[str, str]], preset: str) -> list[tuple[str, floa
 
 
 #: any row with a model: what the system and plan need when only the GPU's cost model is wanted
-_TINY = {"layers": "1", "hidden": "64", "heads": "4", "kv_heads": "4", "ffn": "128", "vocab": "256", "seq": "32"}
-_TINY |= {"batch": "1"}
+_TINY = dict(layers="1", hidden="64", heads="4", kv_heads="4", ffn="128", vocab="256", seq="32", batch="1")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from itercast.predict import Forecast
 from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload, same_kind
-from itercast.workloads.dlrm import unmeasured_lookups
+from itercast.workloads.dlrm import unmeasured_embedding_ops
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
 
@@ -110,14 +110,15 @@ def predict_cmd(
         return
     w = load_job(job_file, example, model, system, set_)
     cal = _calibration(calibration, w)
-    if isinstance(w, DLRMWorkload) and (note := unmeasured_lookups(w.job.system.gpu.name, cal)):
-        warn(note)
     try:
         result = w.predict(cal)
         if trace is not None:
             write_chrome_trace(result.sim, trace, [job_file, calibration])
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no sharding fits
         fail(str(exc).replace("\n", "\n  "))
+    if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand
+        for note in unmeasured_embedding_ops(w.job.system.gpu.name, cal):
+            warn(note)
     if as_json:
         echo_json(result.to_dict())
     else:

@@ -40,7 +40,7 @@ from itercast.workloads.dlrm import (
     dlrm_step,
     load_index_sample,
     plan_sharding,
-    unmeasured_lookups,
+    unmeasured_embedding_ops,
 )
 
 MAX_MODEL_BYTES = 4 << 20
@@ -124,19 +124,25 @@ def _price(
         dlrm = load_dlrm(model, raw["model"])
         sys_cfg = cast(SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set"))
         cal = load_calibration(calibration) if calibration else None
-        if note := beyond_profile(dlrm, sys_cfg.num_gpus, batch_per_rank, cal):
-            warn(note)
-        if note := unmeasured_lookups(sys_cfg.gpu.name, cal):
-            warn(note)
         counts = _index_samples(indices or [], dlrm)
         with working("pricing shardings…", quiet):
             if sharding is not None:
                 plan = load_sharding(sharding, dlrm, sys_cfg.num_gpus)
                 step = dlrm_step(dlrm, sys_cfg, plan, batch_per_rank, cal, counts)
-                return dlrm, sys_cfg, ShardingResult([(plan, step)], "given", 1)
-            return dlrm, sys_cfg, plan_sharding(dlrm, sys_cfg, batch_per_rank, calibration=cal, index_counts=counts)
+                found = ShardingResult([(plan, step)], "given", 1)
+            else:
+                found = plan_sharding(dlrm, sys_cfg, batch_per_rank, calibration=cal, index_counts=counts)
     except (ConfigError, ValueError) as exc:  # CalibrationError is a ValueError
         fail(str(exc).replace("\n", "\n  "))
+    # what the prices rest on, said once they stand (bad input is one error line, nothing before it)
+    gpu_name = sys_cfg.gpu.name
+    notes = (
+        beyond_profile(dlrm, sys_cfg.num_gpus, batch_per_rank, cal, gpu_name),
+        *unmeasured_embedding_ops(gpu_name, cal),
+    )
+    for note in filter(None, notes):
+        warn(note)
+    return dlrm, sys_cfg, found
 
 
 def _plan_dict(plan: dict[str, Shard], step: DLRMStep) -> dict[str, Any]:

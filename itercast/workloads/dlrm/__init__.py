@@ -30,6 +30,7 @@ from itercast.workloads.dlrm.embedding import (
     read_index_sequence,
     replica_update_bytes,
     shard_work,
+    unmeasured_embedding_ops,
     unmeasured_lookups,
 )
 from itercast.workloads.dlrm.host import HostModel, default_overheads, host_model, no_overheads, ops_per_task
@@ -78,5 +79,6 @@ __all__ = [
     "read_index_sequence",
     "replica_update_bytes",
     "shard_work",
+    "unmeasured_embedding_ops",
     "unmeasured_lookups",
 ]

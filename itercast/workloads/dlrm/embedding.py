@@ -156,12 +156,18 @@ def embedding_seconds(
 EXTRAPOLATION_FACTOR = 2.0
 
 
-def beyond_profile(model: DLRMConfig, world: int, batch_per_rank: int, calibration: dict[str, Any] | None) -> str:
+def beyond_profile(
+    model: DLRMConfig, world: int, batch_per_rank: int, calibration: dict[str, Any] | None, gpu_name: str = ""
+) -> str:
     """A warning (or "") when a table-wise owner's lookups per call, its pooling factor × every
     rank's samples, exceed EXTRAPOLATION_FACTOR × the largest call the calibration's embedding
     operator models were profiled at: their linear models are then extrapolating (a calibration
-    fitted before the largest call was recorded is not checked)."""
-    fits = (calibration or {}).get("operators", {}).get("models", {})
+    fitted before the largest call was recorded is not checked). Without a calibration's lookup model,
+    `gpu_name`'s built-in one (builtin_lookup_model) is checked the same way."""
+    fits = dict((calibration or {}).get("operators", {}).get("models", {}))
+    builtin = builtin_lookup_model(gpu_name)
+    if builtin is not None and not any(k.startswith(LOOKUP_OP + ":") for k in fits):
+        fits |= builtin.models
     profiled = [f["max_lookups"] for k, f in fits.items() if k.startswith((LOOKUP_OP, EMBEDDING_UPDATE))]
     profiled = [v for v in profiled if v]
     if not profiled:
@@ -172,7 +178,7 @@ def beyond_profile(model: DLRMConfig, world: int, batch_per_rank: int, calibrati
         return ""
     return (
         f"{table.name}'s owner looks up {most:,.0f} rows per call, {most / min(profiled):.1f}× the largest call the "
-        f"calibration's embedding models were profiled at ({min(profiled):,.0f}): their prices there are "
+        f"embedding models were profiled at ({min(profiled):,.0f}): their prices there are "
         "extrapolated (itercast profile run --families embedding --embedding-batches …, then itercast calibrate)"
     )
 
@@ -189,6 +195,25 @@ def unmeasured_lookups(gpu_name: str, calibration: dict[str, Any] | None) -> str
         "this GPU: on an H200 that pricing was 3.4x too fast (random row gathers); profile it "
         "(itercast profile run --families embedding, then itercast calibrate) and pass --calibration"
     )
+
+
+def unmeasured_update(gpu_name: str, calibration: dict[str, Any] | None) -> str:
+    """A warning (or "") when the calibration has no model of the fused row-wise Adagrad update: it is
+    then priced as streaming memory traffic on `gpu_name` (no built-in model: the H100 profile predates
+    the update's microbenchmark)."""
+    fits = (calibration or {}).get("operators", {}).get("models", {})
+    if any(k.startswith(EMBEDDING_UPDATE + ":") for k in fits):
+        return ""
+    return (
+        f"the row-wise Adagrad update of sharded tables on {gpu_name} is priced as streaming memory traffic, "
+        "with no update measured on this GPU; profile it (itercast profile run --families embedding, then "
+        "itercast calibrate) and pass --calibration"
+    )
+
+
+def unmeasured_embedding_ops(gpu_name: str, calibration: dict[str, Any] | None) -> list[str]:
+    """The warnings of unmeasured_lookups and unmeasured_update that apply (what `predict` and `shard` say)."""
+    return [n for n in (unmeasured_lookups(gpu_name, calibration), unmeasured_update(gpu_name, calibration)) if n]
 
 
 #: fp32 reads and writes per row of the dense row-wise Adagrad's per-row chain, as
