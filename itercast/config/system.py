@@ -75,6 +75,13 @@ class GPUSpec(BaseModel):
         "(0.75 GiB, measured) and NCCL's buffers (256 MiB per communicator the plan uses): memory.reserve_bytes, "
         "with sources. A number: that flat reserve instead.",
     )
+    sustained_gemm_flops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8"], PositiveFloat] = Field(
+        default_factory=dict,
+        description="Dense GEMM FLOP/s the GPU sustains at its nominal power limit once its clocks settle (tensor "
+        "cores busy for seconds, as through a training step): a ceiling on every GEMM of that dtype, above the "
+        "fitted curve's short-burst rate where that is higher. Presets cite their measurement; a dtype left out "
+        "has no ceiling (the curve alone).",
+    )
     power_limit_w: PositiveFloat | None = Field(
         None,
         description="The board power limit in watts (`nvidia-smi -pl`, or a lower-TDP part of the family such "

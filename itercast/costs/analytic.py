@@ -74,10 +74,14 @@ class AnalyticCostModel:
         gemm = data["gemm"][{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
+        # the rate a GEMM sustains at the power limit (GPUSpec.sustained_gemm_flops; inf: none measured)
+        ceiling = gpu.sustained_gemm_flops
+        self.gemm_ceiling_flops = ceiling.get(peak_key, np.inf)
         # GEMMs outside Transformer Engine's FP8 autocast (Megatron-Core's output layer is its own
         # ColumnParallelLinear, the MoE router a plain linear) run in bf16 under FP8 training
         high = data["gemm"]["bf16"] if dtype == "fp8" else gemm
-        self._outside_fp8 = (float(high["alpha_s"]), curve(high), self.attention_peak_flops)
+        high_ceiling = ceiling.get("bf16", np.inf) if dtype == "fp8" else self.gemm_ceiling_flops
+        self._outside_fp8 = (float(high["alpha_s"]), curve(high), self.attention_peak_flops, high_ceiling)
         self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
         self.intra = data["collectives"]["intra_node"]
         # the network's measured cluster, with a calibration's own inter-node fits over it
@@ -93,7 +97,8 @@ class AnalyticCostModel:
         return AnalyticCostModel(self.system.model_copy(update={"gpu": gpu}), self.dtype, self._calibration)
 
     def gemm_s(self, flops: np.ndarray | float, te: bool = True) -> np.ndarray:
-        """Dense matmul: latency + FLOPs / (peak · eff(FLOPs)). `te` False: a GEMM outside
+        """Dense matmul: latency + FLOPs / min(peak · eff(FLOPs), the GPU's sustained ceiling at its power
+        limit, GPUSpec.sustained_gemm_flops). `te` False: a GEMM outside
         Transformer Engine's modules, in bf16 when the training dtype is fp8. Every plan.fp8_recipe
         is priced on the one fp8 curve: torchao rowwise runs a row-wise kernel only in each linear's
         forward GEMM (its backward GEMMs run per-tensor cuBLAS and rescale: pytorch/ao@36027d82
@@ -101,8 +106,10 @@ class AnalyticCostModel:
         kernel at x1.00-x1.10 of per-tensor cuBLAS at training shapes, geomean x1.03, under the 5%
         fixed beforehand (data/published/kernels/fp8_rowwise_gemm_h100.csv, validation/kernel_tables.py)."""
         f = np.asarray(flops, dtype=np.float64)
-        alpha_s, c, peak = (self.gemm_alpha_s, self.gemm_curve, self.peak_flops) if te else self._outside_fp8
-        return np.where(f > 0, alpha_s + f / (peak * c(f)), 0.0)
+        alpha_s, c, peak, ceiling = (
+            (self.gemm_alpha_s, self.gemm_curve, self.peak_flops, self.gemm_ceiling_flops) if te else self._outside_fp8
+        )
+        return np.where(f > 0, alpha_s + f / np.minimum(peak * c(f), ceiling), 0.0)
 
     def attention_s(self, flops: np.ndarray | float, shape: AttentionShape | None = None) -> np.ndarray:
         """Fused (flash) attention of the given FLOPs: latency + FLOPs / (bf16 peak · the efficiency
