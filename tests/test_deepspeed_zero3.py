@@ -113,7 +113,8 @@ def test_the_tensors_of_a_unit_add_up_to_its_parameters(model, tp):
 
     j = Job.from_dicts(model, {"tensor_parallel": tp}, {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": tp}})
     m = j.model
-    h, v, s = 64, 128, 32
+    h, s = 64, 32
+    v = 128 * tp  # the vocabulary of 128 padded to a multiple of 128 · tp (Megatron's default)
     assert sum(unit_tensors(j, "layer")) == pytest.approx(m.layer_params_per_rank(tp))
     assert sum(unit_tensors(j, "embed")) == pytest.approx(v * h / tp + (s * h if m.family == "gpt" else 0))
     head = 2 * h if m.family == "gpt" else h + v * h / tp  # final norm; llama untied: its output weight

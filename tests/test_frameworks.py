@@ -128,6 +128,7 @@ PLAN = {
     "overlap_param_gather": True,
     "tp_comm_overlap": True,
     "cross_entropy": "megatron",
+    "make_vocab_size_divisible_by": 128,
     "pointwise_kernels": "fused",
 }
 GPT3 = parse_section("model", {"preset": "gpt3-175b"})

@@ -323,7 +323,8 @@ def test_context_parallel_ring_exposes_what_attention_does_not_hide():
 def test_last_stage_keeps_fp32_logits_of_one_microbatch():
     j = job(pipeline_parallel=1, data_parallel=1)
     est = estimate_memory(j)
-    none = estimate_memory(Job.from_dicts({**MODEL, "vocab_size": 1}, {"data_parallel": 1}, j.system.model_dump()))
+    unpadded = {"data_parallel": 1, "make_vocab_size_divisible_by": 1}  # else 1 row pads to 128 like 128 rows
+    none = estimate_memory(Job.from_dicts({**MODEL, "vocab_size": 1}, unpadded, j.system.model_dump()))
     # the logits term alone: T × V × 4 bytes of Megatron's fp32 softmax (vocab 128 vs 1 changes
     # nothing else in activations); Transformer Engine's kernel keeps the bf16 logits: 2 bytes
     assert est.activations_bytes - none.activations_bytes == 32 * (128 - 1) * 4
@@ -336,11 +337,12 @@ def test_last_stage_keeps_fp32_logits_of_one_microbatch():
 
 
 def test_norm_weights_and_positions_are_not_split_by_tensor_parallelism():
-    h, V, s = 64, 128, 32
+    h, s = 64, 32
     t2 = job(tensor_parallel=2, data_parallel=1)
-    # layer: 12h² weights and 3h + 4h column biases split; 2 LayerNorms (4h) and 2 row biases (2h) whole
+    # layer: 12h² weights and 3h + 4h column biases split; 2 LayerNorms (4h) and 2 row biases (2h) whole;
+    # the vocabulary padded to a multiple of 128 · tp = 256 (Megatron's default), 128 rows a rank
     layer = (12 * h * h + 7 * h) / 2 + 6 * h
-    assert stage_params(t2, 0) == pytest.approx((0.0, layer + V * h / 2 + s * h))
+    assert stage_params(t2, 0) == pytest.approx((0.0, layer + 256 * h / 2 + s * h))
 
 
 def test_interleaved_runs_every_forward_first_when_microbatches_equal_stages():

@@ -43,14 +43,15 @@ def test_routed_expert_states_shard_over_expert_data_parallel_ranks():
     # llama, one MoE layer (h 64, 4 heads, 4 experts of SwiGLU width 32, no shared expert), tp 2,
     # dp 2, ep 2, etp 2: the 4 ranks of a stage hold 4 / (ep · etp) = 1 copy of each expert shard
     # (2 experts × 3·64·32 / etp = 6,144 parameters), and 2 copies of the rest (dp × cp):
-    # attention 4·64·64 / tp = 8,192, two RMSNorms 128, router 64·4 = 256, embedding and head
-    # 128·64 / tp each: 16,768. ZeRO-1: 12 bytes of each, over its own group.
+    # attention 4·64·64 / tp = 8,192, two RMSNorms 128, router 64·4 = 256, embedding and head each the
+    # vocabulary of 128 padded to a multiple of 128 · tp = 256 (Megatron's make_vocab_size_divisible_by),
+    # 128 rows × 64 a rank: 8,192 each; 24,960 in all. ZeRO-1: 12 bytes of each, over its own group.
     moe = {"family": "llama", "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
     plan = {"tensor_parallel": 2, "data_parallel": 2, "expert_parallel": 2, "expert_tensor_parallel": 2}
     plan |= {"sequence_parallel": True, "zero_stage": 1}  # Megatron-Core's MoE with tp > 1 needs SP
     system = {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 4}, "num_nodes": 1}
     j = Job.from_dicts({**MODEL, **moe}, plan, system)
-    assert estimate_memory(j).optimizer_bytes == pytest.approx(12 * (16_768 / 2 + 6_144 / 1))
+    assert estimate_memory(j).optimizer_bytes == pytest.approx(12 * (24_960 / 2 + 6_144 / 1))
 
 
 def test_full_recompute_keeps_each_layer_input_and_one_whole_layer():
@@ -58,9 +59,13 @@ def test_full_recompute_keeps_each_layer_input_and_one_whole_layer():
     full = estimate_memory(job(recompute="full")).activations_bytes
     assert full == pytest.approx((2 * H + KORTHIKANTI) * T + LOGITS)
     assert estimate_memory(job()).activations_bytes == pytest.approx(KORTHIKANTI * T + LOGITS)
-    # tp 2 with sequence parallelism: both terms split over the 2 ranks, and the logits too
-    sp = estimate_memory(job(recompute="full", tensor_parallel=2, sequence_parallel=True)).activations_bytes
+    # tp 2 with sequence parallelism: both terms split over the 2 ranks, and the unpadded logits too
+    plan = {"recompute": "full", "tensor_parallel": 2, "sequence_parallel": True}
+    sp = estimate_memory(job(**plan, make_vocab_size_divisible_by=1)).activations_bytes
     assert sp == pytest.approx((2 * H / 2 + KORTHIKANTI / 2) * T + LOGITS / 2)
+    # padded to 256 rows (128 · tp), 128 a rank: the logits of the whole unpadded vocabulary
+    padded = estimate_memory(job(**plan)).activations_bytes
+    assert padded == pytest.approx((2 * H / 2 + KORTHIKANTI / 2) * T + LOGITS)
 
 
 def test_context_parallel_ranks_keep_their_share_of_the_tokens():

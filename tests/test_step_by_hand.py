@@ -155,8 +155,9 @@ def test_output_layer_splits_the_vocabulary_over_tensor_parallel_ranks():
     # unfused vocab-parallel cross-entropy over them, bytes per bf16 logit: forward .float() (read 2,
     # write 4), max (read 4), subtract (4 + 4), exp (4 + 4), sum (4), divide (4 + 4) = 38; backward
     # mul_ by the loss gradient (4 + 4) and the cast of the fp32 gradient back to bf16 (4 + 2) = 14.
-    # The max and the sum of exponentials over the two vocabulary shards: two fp32 all-reduces a token
-    j = job(tensor_parallel=2)
+    # The max and the sum of exponentials over the two vocabulary shards: two fp32 all-reduces a token.
+    # Unpadded (make_vocab_size_divisible_by 1): 128 / 2 = 64 rows a rank.
+    j = job(tensor_parallel=2, make_vocab_size_divisible_by=1)
     head = head_forward(j.model, j.plan)
     ops = {o.name: o.amount for o in head}
     assert ops["logits"] == 2 * 32 * 64 * 128 / 2
@@ -164,6 +165,10 @@ def test_output_layer_splits_the_vocabulary_over_tensor_parallel_ranks():
     back = {o.name: o.amount for o in layer_backward_of_head(j)}
     assert back["cross_entropy.bwd"] == 32 * 128 / 2 * 14
     assert ops["cross_entropy.tp"] == 2 * 32 * 4
+    # Megatron's default pads 128 up to a multiple of 128 × tp = 256: 128 rows a rank, twice the logits
+    padded = {o.name: o.amount for o in head_forward(job(tensor_parallel=2).model, job(tensor_parallel=2).plan)}
+    assert padded["logits"] == 2 * 32 * 64 * 128
+    assert padded["cross_entropy"] == 32 * 128 * 38
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload, same_kind
 from itercast.workloads.dlrm import unmeasured_embedding_ops
+from itercast.workloads.transformer_ops import unaligned_logits_note
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
 
@@ -119,6 +120,8 @@ def predict_cmd(
     if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand
         for note in unmeasured_embedding_ops(w.job.system.gpu.name, cal):
             warn(note)
+    elif (unaligned := unaligned_logits_note(w.job.model, w.job.plan)) is not None:
+        warn(unaligned)
     if as_json:
         echo_json(result.to_dict())
     else:

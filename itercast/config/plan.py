@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
+import numpy as np
 from pydantic import BaseModel, Field, NonNegativeInt, model_validator
 
 from itercast.config.strict import STRICT, Batch, Layers, Ranks
@@ -28,6 +29,14 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 #: PyTorch DDP's gradient bucket, bucket_cap_mb = 25 (torch/nn/parallel/distributed.py): one all-reduce
 #: per 25 MiB of gradients
 TORCH_DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def local_vocab_rows(vocab_size: int, tp: Any, divisible_by: int) -> Any:
+    """Vocabulary rows per tensor-parallel rank (int, or an array over `tp`): the vocabulary padded up to a
+    multiple of divisible_by × tp, as Megatron-LM's _vocab_size_with_padding does, then split in tp
+    (VocabParallelEmbedding, the column-parallel output layer). GPT-2's 50,257 at tp 8: 51,200 / 8 = 6,400."""
+    unit = divisible_by * np.asarray(tp, dtype=np.int64)
+    return -(-vocab_size // unit) * divisible_by
 
 
 class PlanConfig(BaseModel):
@@ -178,6 +187,16 @@ class PlanConfig(BaseModel):
         "jit (--cross-entropy-loss-fusion, NeMo 2's GPTConfig default); te, Transformer Engine's Triton kernel "
         "(--cross-entropy-fusion-impl te); torch, F.cross_entropy on the logits cast to fp32 (torchtitan, "
         "eager); torch_compiled, the same under torch.compile (torchtitan's [compile] components 'loss').",
+    )
+    make_vocab_size_divisible_by: int = Field(
+        128,
+        ge=1,
+        le=65536,
+        description="The vocabulary is padded to a multiple of this × tensor_parallel and split evenly over the "
+        "tensor-parallel ranks, as Megatron-LM, Megatron-Core and NeMo do (megatron/training/tokenizer/"
+        "tokenizer.py _vocab_size_with_padding, --make-vocab-size-divisible-by, default 128): their embedding, "
+        "output layer, logits and loss run on the padded rows. 1: the tokenizer's size as it is (torchtitan, "
+        "Hugging Face models). Model FLOPs and MFU count the unpadded vocabulary.",
     )
     pointwise_kernels: Literal["fused", "eager", "eager_fused_norm"] = Field(
         "fused",
@@ -417,6 +436,10 @@ class PlanConfig(BaseModel):
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    def local_vocab(self, vocab_size: int) -> int:
+        """Vocabulary rows one tensor-parallel rank holds (make_vocab_size_divisible_by's padding)."""
+        return int(local_vocab_rows(vocab_size, self.tensor_parallel, self.make_vocab_size_divisible_by))
 
     def overlap_sms(self, layer: str) -> int:
         """SMs the userbuffers overlap of TE layer `layer` takes from its GEMM (tp_comm_overlap_sms, TE's

@@ -640,7 +640,7 @@ class FastEstimator:
         if pp > 1:
             tail += costs.collective_s("all_reduce", GRAD_NORM_BYTES, groups.model)
             if m.tied:
-                vocab = m.vocab_size * m.hidden_size / tp
+                vocab = job.plan.local_vocab(m.vocab_size) * m.hidden_size
                 tail += costs.collective_s("all_reduce", vocab * grad_bytes, groups.embedding)
         counted = Counter(buckets)
 

@@ -184,6 +184,8 @@ FRAMEWORKS: dict[str, Framework] = {
         # op (activation_checkpoint.selective_ac_option "op"; no core-attention-only mode)
         plan_fields={
             "attention_kernel": "fa2",
+            # models/llama3 build nn.Embedding and the output Linear with the tokenizer's vocab_size: no padding
+            "make_vocab_size_divisible_by": 1,
             "grad_bucket_size_params": TORCH_DDP_BUCKET_PARAMS,
             "selective_recompute": "op",
             # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...), compiled with the model by the

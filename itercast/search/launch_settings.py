@@ -113,6 +113,8 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         out.append("--cross-entropy-loss-fusion")
         if p["cross_entropy"] == "te":
             out.append("--cross-entropy-fusion-impl te")
+    if p["make_vocab_size_divisible_by"] != 128:  # arguments.py's default, which the plan priced otherwise
+        out.append(f"--make-vocab-size-divisible-by {p['make_vocab_size_divisible_by']}")
     args = " \\\n  ".join(out)
     return "\n".join(["# tp_comm_overlap.yaml", *cfg, "# Megatron-LM arguments", args]) if cfg else args
 
@@ -170,6 +172,8 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
     out.append(f"model.config.cross_entropy_loss_fusion={p['cross_entropy'] in ('megatron_fused', 'te')}")
     if p["cross_entropy"] == "te":
         out.append("model.config.cross_entropy_fusion_impl=te")
+    if p["make_vocab_size_divisible_by"] != 128:  # GPTConfig's default, which the plan priced otherwise
+        out.append(f"model.config.make_vocab_size_divisible_by={p['make_vocab_size_divisible_by']}")
     return "\n".join(out)
 
 

@@ -52,7 +52,7 @@ def job_layer_costs(job: Job, calibration: dict[str, Any] | None = None) -> tupl
     rest_b, experts_b = per_param(groups.grad.size), per_param(groups.expert_grad.size)
     tokens = p.micro_batch_size * m.seq_length / p.context_parallel
     static = {k: e * experts_b + r * rest_b for k, (e, r) in unit_params(job).items()}
-    static["head"] += tokens * m.vocab_size / p.tensor_parallel * cross_entropy_saved_bytes(p)  # the loss's logits
+    static["head"] += tokens * p.local_vocab(m.vocab_size) * cross_entropy_saved_bytes(p)  # the loss's logits
     send = costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node)
     activations = {
         "layer": activation_bytes_per_token_layer(job) * tokens,

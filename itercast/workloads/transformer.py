@@ -142,7 +142,7 @@ def unit_params(job: Job) -> dict[str, tuple[float, float]]:
     experts' are reduced and sharded over the expert-data-parallel group. The head's are the
     embedding's when tied on a single stage: nothing more to hold, gather or reduce."""
     m, p = job.model, job.plan
-    vocab = m.vocab_size * m.hidden_size / p.tensor_parallel
+    vocab = p.local_vocab(m.vocab_size) * m.hidden_size
     head = vocab if not m.tied or p.pipeline_parallel > 1 else 0.0
     experts = m.expert_params_per_rank(p.expert_parallel, p.etp) if m.is_moe else 0.0
     return {
@@ -177,9 +177,9 @@ def unit_tensors(job: Job, kind: str) -> tuple[float, ...]:
     h, f, qkv = m.hidden_size, m.ffn, (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim
     norm = (h,) if m.family == "llama" else (h, h)
     if kind == "embed":
-        return (m.vocab_size * h / tp,) + ((m.seq_length * h,) if m.learned_positions else ())
+        return (job.plan.local_vocab(m.vocab_size) * h,) + ((m.seq_length * h,) if m.learned_positions else ())
     if kind == "head":
-        return norm + (() if m.tied else (m.vocab_size * h / tp,))
+        return norm + (() if m.tied else (job.plan.local_vocab(m.vocab_size) * h,))
     weights = (h * qkv, m.num_attention_heads * m.head_dim * h, (2 if m.gated_mlp else 1) * h * f, f * h)
     biases = (qkv / tp, h, f / tp, h) if m.biases else ()
     qk = (m.head_dim, m.head_dim) if m.qk_norm else ()
@@ -975,7 +975,7 @@ class TransformerStepBuilder:
             )
         sync = [end_of_passes, *grad_tasks]
         if tied_sync >= 0 and stage in (0, p.pipeline_parallel - 1):
-            vocab = job.model.vocab_size * job.model.hidden_size / p.tensor_parallel
+            vocab = p.local_vocab(job.model.vocab_size) * job.model.hidden_size
             sync.append(
                 self._task(
                     ("collective", stage, "all_reduce", vocab * grad_bytes, "embedding"),

@@ -1032,11 +1032,28 @@ def cross_entropy_bytes(plan: PlanConfig) -> tuple[int, int]:
     return cast + 16, 20 + cast
 
 
+def unaligned_logits_note(model: ModelConfig, plan: PlanConfig) -> str | None:
+    """What the price of the logits GEMMs leaves out when one rank's vocabulary rows are not a multiple of 16
+    bytes (cuBLAS's tensor-core kernels need 16-byte-aligned leading dimensions; without make_vocab_size_
+    divisible_by's padding, GPT-2's 50,257 rows are not): measured on an H200 at 4,096 tokens × 4,096 hidden
+    (data/measured/h200_campaign/cross_entropy.csv), the forward 17.07 ms at 50,257 rows (99 TFLOP/s) against
+    1.37 ms at 32,000 (786), the backward's two GEMMs 23.4 ms (144) against 3.28 ms (655). None when aligned."""
+    rows = plan.local_vocab(model.vocab_size)
+    if rows * plan.dtype_bytes % 16 == 0:
+        return None
+    return (
+        f"the logits GEMMs run over {rows:,} vocabulary rows per rank, not a multiple of {16 // plan.dtype_bytes}: "
+        "cuBLAS runs such GEMMs 4-8x slower (an H200 measured 99 TFLOP/s forward at GPT-2's 50,257 against 786 at "
+        "32,000), which this forecast does not price; pad the vocabulary (plan.make_vocab_size_divisible_by, "
+        "Megatron's 128; nanoGPT pads 50,257 to 50,304)"
+    )
+
+
 def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     """Final norm, vocab-parallel logits GEMM (column-parallel, behind an f) and the loss over the
     V / t local logits (plan.cross_entropy's kernels, cross_entropy_bytes)."""
     sh = Shapes.of(model, plan)
-    h, e, v_loc = model.hidden_size, sh.e, model.vocab_size / plan.tensor_parallel
+    h, e, v_loc = model.hidden_size, sh.e, plan.local_vocab(model.vocab_size)
     fwd_b, bwd_b = cross_entropy_bytes(plan)
     final_norm = _rmsnorm(Op("final_norm", "norm", 2 * sh.sp_tokens * h * e), sh.sp_tokens * h, model, plan)
     ops = [final_norm, *_f("head_in", sh.tokens * h * e, plan)]
