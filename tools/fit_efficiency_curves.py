@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.costs.aten_ops import EMBEDDING_UPDATE
 from itercast.costs.fitting import (
     attention_err,
     attention_points,
@@ -67,6 +68,7 @@ from itercast.costs.fitting import (
 )
 from itercast.costs.op_model import fit_operator_models
 from itercast.data_paths import read_csv_rows, shared_data_dir
+from itercast.measurements import Measurement
 from itercast.profile.db import ProfileDB
 from itercast.workloads.dlrm.embedding import LOOKUP_OP
 
@@ -228,6 +230,52 @@ def fit_embedding_lookup_hopper() -> dict:
             "source": "data/measured/h100_profile.db aten::_embedding_bag forward rows (this project's lent H100, "
             "2026-11-22), costs/op_model.py fit_operator_models",
             "model": models[f"{LOOKUP_OP}:embedding_bag_fwd"],
+        }
+    }
+
+
+def h200_update_rows() -> list[Measurement]:
+    """The lent H200's row-wise Adagrad updates (data/measured/h200_campaign/embedding_bag.csv, op update:
+    itercast.profile.op_calls.rowwise_adagrad_update in eager PyTorch, given each lookup's gradient row) as
+    profile measurements of that call: the table, its state, the lookups' indices and gradient rows, and the
+    distinct-row fraction the run recorded (its hot fraction is the drawn distribution's expectation)."""
+    path = Path(__file__).resolve().parents[1] / "data" / "measured" / "h200_campaign" / "embedding_bag.csv"
+    out = []
+    for r in read_csv_rows(path):
+        if r["op"] != "update" or r["status"] != "ok":
+            continue
+        rows, dim, lookups = int(r["rows"]), int(r["dim"]), int(r["lookups"])
+        call = {
+            "name": EMBEDDING_UPDATE,
+            "input_shapes": [[rows, dim], [rows], [lookups], [lookups, dim]],
+            "input_types": ["Tensor(float)", "Tensor(float)", "Tensor(long int)", "Tensor(float)"],
+        }
+        params = {"call": call, "rows": rows, "dim": dim, "pooling": int(r["pooling"]), "batch": int(r["bags"])}
+        params |= {"distribution": r["distribution"], "features": {"unique_fraction": int(r["unique_rows"]) / lookups}}
+        out.append(
+            Measurement(
+                "embedding",
+                "embedding_bag_update",
+                lookups * dim * 4.0,
+                float(r["median_ms"]) * 1e-3,
+                "fp32",
+                params=params,
+                source="data/measured/h200_campaign/embedding_bag.csv",
+            )
+        )
+    return out
+
+
+def fit_embedding_update_hopper() -> dict:
+    """The eager row-wise Adagrad update's operator model fitted on the lent H200's updates (h200_update_rows)."""
+    models = fit_operator_models(h200_update_rows())["models"]
+    return {
+        "hopper": {
+            "gpu_name_prefixes": ["H100", "H200"],
+            "source": "data/measured/h200_campaign/embedding_bag.csv update rows (this project's lent H200, "
+            "2026-11-30; tables of 1M-40M rows × 64/128, pooling 1-100, 8,192 and 65,536 bags, uniform and Zipf), "
+            "costs/op_model.py fit_operator_models",
+            "model": models[f"{EMBEDDING_UPDATE}:embedding_bag_update"],
         }
     }
 
@@ -493,6 +541,7 @@ def main() -> None:
         "collectives": fit_collectives(data),
         "attention": fit_attention_hopper(gemm["bf16"]["alpha_s"]),
         "embedding_lookup": fit_embedding_lookup_hopper(),
+        "embedding_update": fit_embedding_update_hopper(),
         "fitted_by": "tools/fit_efficiency_curves.py",
     }
     OUT.write_text(json.dumps(curves, indent=1, sort_keys=True) + "\n")

@@ -118,7 +118,8 @@ def predict_cmd(
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no sharding fits
         fail(str(exc).replace("\n", "\n  "))
     if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand
-        for note in unmeasured_embedding_ops(w.job.system.gpu.name, cal):
+        eager = w.job.model.exchange == "point_to_point"
+        for note in unmeasured_embedding_ops(w.job.system.gpu.name, cal, eager_update=eager):
             warn(note)
     elif (unaligned := unaligned_logits_note(w.job.model, w.job.plan)) is not None:
         warn(unaligned)

@@ -4,7 +4,9 @@ indices), the forward lookup and the backward with TorchRec's fused row-wise Ada
 as memory traffic or on a calibration's operator models; on a Hopper GPU without a calibration the
 forward lookup is priced on the model fitted to this project's H100 lookups (curves.json
 `embedding_lookup`): random row gathers run far below HBM's streaming rate (a lent H200's lookups took
-3.4× what streaming prices, geomean; validation/gpu_campaign_check.py).
+3.4× what streaming prices, geomean; validation/gpu_campaign_check.py); and where the step runs the
+update in eager PyTorch (the point-to-point emulation), that update on the model fitted to a lent H200's
+calls of it (curves.json `embedding_update`).
 
 Sources: TorchRec's sharding types and fused row-wise Adagrad (FBGEMM's rowwise_adagrad); index
 statistics of costs/index_stats.py (distinct rows, the most frequent row, reuse distances).
@@ -94,13 +96,25 @@ def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | Ind
 
 
 @cache
-def builtin_lookup_model(gpu_name: str) -> OperatorCostModel | None:
-    """The forward lookup's model for `gpu_name` from curves.json `embedding_lookup` (an entry whose
-    `gpu_name_prefixes` match the name), None for a GPU family no lookup was measured on."""
-    for entry in curves().get("embedding_lookup", {}).values():
+def _builtin_model(section: str, key: str, gpu_name: str) -> OperatorCostModel | None:
+    """The operator model `key` for `gpu_name` from curves.json `section` (an entry whose
+    `gpu_name_prefixes` match the name), None for a GPU family the operator was not measured on."""
+    for entry in curves().get(section, {}).values():
         if any(gpu_name.startswith(p) for p in entry["gpu_name_prefixes"]):
-            return OperatorCostModel({"models": {f"{LOOKUP_OP}:embedding_bag_fwd": entry["model"]}})
+            return OperatorCostModel({"models": {key: entry["model"]}})
     return None
+
+
+def builtin_lookup_model(gpu_name: str) -> OperatorCostModel | None:
+    """The forward lookup's model for `gpu_name` (curves.json `embedding_lookup`: this project's H100 lookups)."""
+    return _builtin_model("embedding_lookup", f"{LOOKUP_OP}:embedding_bag_fwd", gpu_name)
+
+
+def builtin_update_model(gpu_name: str) -> OperatorCostModel | None:
+    """The eager row-wise Adagrad update's model for `gpu_name` (curves.json `embedding_update`: a lent H200's
+    calls of itercast::rowwise_adagrad_update, whose torch.unique waits for the GPU: about 0.34 ms a call
+    before any row moves). Not FBGEMM's fused update, which TorchRec runs as one kernel."""
+    return _builtin_model("embedding_update", f"{EMBEDDING_UPDATE}:embedding_bag_update", gpu_name)
 
 
 def embedding_seconds(
@@ -109,6 +123,7 @@ def embedding_seconds(
     work: ShardWork,
     ops: OperatorCostModel | None = None,
     counts: np.ndarray | IndexStats | None = None,
+    eager_update: bool = False,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one shard.
 
@@ -124,7 +139,10 @@ def embedding_seconds(
     the update (itercast::rowwise_adagrad_update), each at this shard's rows, width, lookups and
     distinct-row fraction. PyTorch's aten::_embedding_bag_backward, which the profile also
     measures, writes a dense table-sized gradient: it is not the sparse update and is not used.
-    `counts`: the row frequencies of a sample of the table's real indices (load_index_sample)."""
+    `counts`: the row frequencies of a sample of the table's real indices (load_index_sample).
+    `eager_update`: the step runs the update as itercast::rowwise_adagrad_update in eager PyTorch (the
+    point-to-point emulation, DLRMConfig.exchange): on a Hopper GPU without a calibration's update model,
+    builtin_update_model prices it."""
     pooled = work.bags * work.dim * F32
     index = index_stats(table, work, counts)
     distinct = index.unique_fraction * max(1, round(work.lookups))
@@ -140,8 +158,11 @@ def embedding_seconds(
         return fwd_s, float(
             costs.memory_s("elementwise", pooled + 2 * per_lookup + (work.rows + 2 * distinct) * work.dim * F32)
         )
-    if ops is not None and ops.has_model(EMBEDDING_UPDATE):
-        update_s = ops.price(
+    update = ops if ops is not None and ops.has_model(EMBEDDING_UPDATE) else None
+    if update is None and eager_update:
+        update = builtin_update_model(costs.system.gpu.name)
+    if update is not None:
+        update_s = update.price(
             EMBEDDING_UPDATE,
             lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups, work.lookups),
             index,
@@ -197,12 +218,14 @@ def unmeasured_lookups(gpu_name: str, calibration: dict[str, Any] | None) -> str
     )
 
 
-def unmeasured_update(gpu_name: str, calibration: dict[str, Any] | None) -> str:
-    """A warning (or "") when the calibration has no model of the fused row-wise Adagrad update: it is
-    then priced as streaming memory traffic on `gpu_name` (no built-in model: the H100 profile predates
-    the update's microbenchmark)."""
+def unmeasured_update(gpu_name: str, calibration: dict[str, Any] | None, eager_update: bool = False) -> str:
+    """A warning (or "") when the calibration has no model of the row-wise Adagrad update: it is then
+    priced as streaming memory traffic on `gpu_name`, unless the step runs the eager update
+    (`eager_update`) on a GPU builtin_update_model has measured."""
     fits = (calibration or {}).get("operators", {}).get("models", {})
     if any(k.startswith(EMBEDDING_UPDATE + ":") for k in fits):
+        return ""
+    if eager_update and builtin_update_model(gpu_name) is not None:
         return ""
     return (
         f"the row-wise Adagrad update of sharded tables on {gpu_name} is priced as streaming memory traffic, "
@@ -211,9 +234,12 @@ def unmeasured_update(gpu_name: str, calibration: dict[str, Any] | None) -> str:
     )
 
 
-def unmeasured_embedding_ops(gpu_name: str, calibration: dict[str, Any] | None) -> list[str]:
+def unmeasured_embedding_ops(
+    gpu_name: str, calibration: dict[str, Any] | None, eager_update: bool = False
+) -> list[str]:
     """The warnings of unmeasured_lookups and unmeasured_update that apply (what `predict` and `shard` say)."""
-    return [n for n in (unmeasured_lookups(gpu_name, calibration), unmeasured_update(gpu_name, calibration)) if n]
+    notes = (unmeasured_lookups(gpu_name, calibration), unmeasured_update(gpu_name, calibration, eager_update))
+    return [n for n in notes if n]
 
 
 #: fp32 reads and writes per row of the dense row-wise Adagrad's per-row chain, as
