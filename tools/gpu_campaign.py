@@ -8,7 +8,7 @@
 
 Parts (tools/campaign/): attention (SDPA back ends, causal or not, 1K–32K, head 64/128, GQA),
 cross_entropy (logits and loss at 32K–256K vocabularies), gemm (bf16 and fp8 at training shapes, then a
-60-second sustained run), grouped_gemm (MoE experts), traces (a GPU-bound training step's Kineto trace
+60-second sustained run of each), grouped_gemm (MoE experts), traces (a GPU-bound training step's Kineto trace
 and its measured what-ifs), memory (peaks of training-step configurations), step_times (1,000
 consecutive steps), embedding (embedding bags at DLRM shard sizes), dlrm (single-GPU DLRM steps).
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--deadline-s", type=float, default=1140.0, help="start no part after this many seconds")
     ap.add_argument("--budgets", default="", help="PART=SECONDS,... replacing those parts' time budgets")
-    ap.add_argument("--sustained-s", type=float, help="seconds of the sustained GEMM run (default 60 on a GPU)")
+    ap.add_argument("--sustained-s", type=float, help="seconds of each sustained GEMM run (default 60 on a GPU)")
     ap.add_argument("--archive", type=Path, help="pack the output folder into this .tar.gz after each part")
     ap.add_argument("--readme", action="store_true", help="only rewrite OUT/README.md from its run records")
     args = ap.parse_args(argv)

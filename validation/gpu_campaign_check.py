@@ -60,7 +60,13 @@ from itercast.data_paths import read_csv_rows  # noqa: E402
 from itercast.memory import estimate_memory  # noqa: E402
 from itercast.predict import predict, predict_dlrm  # noqa: E402
 from itercast.workloads.dlrm.config import DLRMJob, EmbeddingTable, Shard  # noqa: E402
-from itercast.workloads.dlrm.embedding import embedding_seconds, shard_work  # noqa: E402
+from itercast.workloads.dlrm.embedding import (  # noqa: E402
+    builtin_update_model,
+    embedding_seconds,
+    index_stats,
+    shard_work,
+    update_seconds,
+)
 from itercast.workloads.transformer import optimizer_step_bytes  # noqa: E402
 from itercast.workloads.transformer_ops import cross_entropy_bytes  # noqa: E402
 
@@ -233,11 +239,14 @@ def optimizer_rows(folder: Path, rows: list[dict[str, str]], preset: str) -> lis
 
 
 def embedding_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[float]]:
-    """Predicted / measured of embedding_bag.csv's forward rows, by index distribution and pooling."""
+    """Predicted / measured of embedding_bag.csv's forward rows (out of sample: the lookup model was fitted on
+    the H100's) and its eager update rows (in sample: builtin_update_model was fitted on these), by index
+    distribution and pooling."""
     costs = AnalyticCostModel(one_gpu_job(preset, _TINY).system, "fp32")
+    update = builtin_update_model(costs.system.gpu.name)
     out: dict[str, list[float]] = {}
     for r in rows:
-        if r["status"] != "ok" or r["op"] != "fwd":
+        if r["status"] != "ok" or r["op"] not in ("fwd", "update") or (r["op"] == "update" and update is None):
             continue
         zipf = 1.05 if r["distribution"] == "zipf" else 0.0  # the campaign's Zipf exponent (op_model.ZIPF_ALPHA)
         table = EmbeddingTable(
@@ -249,8 +258,12 @@ def embedding_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[
         )
         work = shard_work(table, Shard("table_wise", (0,)), 0, 1, int(r["bags"]))
         assert work is not None
-        pred = embedding_seconds(costs, table, work)[0]
-        key = f"fwd {r['distribution']} pooling {r['pooling']}"
+        if r["op"] == "fwd":
+            pred = embedding_seconds(costs, table, work)[0]
+        else:
+            assert update is not None
+            pred = update_seconds(update, work, index_stats(table, work))
+        key = f"{r['op']} {r['distribution']} pooling {r['pooling']}"
         out.setdefault(key, []).append(pred / (float(r["median_ms"]) * 1e-3))
     return out
 
@@ -340,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         ("attention.csv", "fused attention (SDPA back end, pass, mask, head size)", attention_ratios),
         ("grouped_gemm.csv", "MoE experts' GEMMs (by how they ran)", grouped_gemm_ratios),
         ("cross_entropy.csv", "output layer (logits GEMM; fp32 loss forward and backward)", cross_entropy_ratios),
-        ("embedding_bag.csv", "embedding lookups, forward, priced without a calibration", embedding_ratios),
+        (
+            "embedding_bag.csv",
+            "embedding lookups, forward, and the eager row-wise update (in sample), priced without a calibration",
+            embedding_ratios,
+        ),
     )
     for name, title, ratios in ratio_tables:
         if (folder / name).exists():
@@ -364,17 +381,23 @@ def main(argv: list[str] | None = None) -> int:
             ratio = total / used
             print(f"  {config:24s} {total:6.2f} {used:6.2f} {peak:6.2f}  {ratio:.3f}   {act_p:6.2f} {act_m:6.2f}")
     if (folder / "gemm_sustained.csv").exists():
-        win = read_csv_rows(folder / "gemm_sustained.csv")
-        tf = [float(w["tflops"]) for w in win]
-        mhz = [float(w["sm_mhz_mean"]) for w in win if w["sm_mhz_mean"]]
-        watts = [float(w["power_w_mean"]) for w in win if w["power_w_mean"]]
-        print(
-            f"\nsustained GEMM: {len(win)} windows, median {statistics.median(tf):.0f} TFLOP/s "
-            f"(min {min(tf):.0f}, max {max(tf):.0f}), SM clock median {statistics.median(mhz):.0f} MHz, "
-            f"power median {statistics.median(watts):.0f} W"
-            if mhz and watts
-            else f"\nsustained GEMM: {len(win)} windows, median {statistics.median(tf):.0f} TFLOP/s (no clock samples)"
-        )
+        windows = read_csv_rows(folder / "gemm_sustained.csv")
+        for dtype in ("bf16", "fp8"):  # files from before the fp8 run have no dtype column: bf16 alone
+            win = [w for w in windows if w.get("dtype", "bf16") == dtype]
+            if not win:
+                continue
+            tf = [float(w["tflops"]) for w in win]
+            mhz = [float(w["sm_mhz_mean"]) for w in win if w["sm_mhz_mean"]]
+            watts = [float(w["power_w_mean"]) for w in win if w["power_w_mean"]]
+            clocks = (
+                f", SM clock median {statistics.median(mhz):.0f} MHz, power median {statistics.median(watts):.0f} W"
+                if mhz and watts
+                else " (no clock samples)"
+            )
+            print(
+                f"\nsustained {dtype} GEMM: {len(win)} windows, median {statistics.median(tf):.0f} TFLOP/s "
+                f"(min {min(tf):.0f}, max {max(tf):.0f}){clocks}"
+            )
     return 0
 
 

@@ -1,5 +1,5 @@
 """Kernel-level parts of the GPU campaign: attention (a), logits and cross-entropy (b), GEMMs in bf16
-and fp8 at training shapes, a sustained run and MoE grouped GEMMs (c).
+and fp8 at training shapes, a sustained run of each and MoE grouped GEMMs (c).
 
 Shapes are those of published models (Llama 3 8B/70B/405B, GPT-3 175B, Mixtral 8x7B, Qwen2 57B-A14B,
 DeepSeek-V3, Llama 4 Scout; their model cards / configs, as in itercast's presets) at 4K–16K tokens
@@ -296,28 +296,43 @@ def run_gemms(ctx: Context, budget: Budget) -> str:
 
 
 def _sustained(ctx: Context, seconds: float, n: int) -> str:
-    """One n³ bf16 product back to back for `seconds`: throughput, SM clock, power and temperature per
-    half-second window (how far the clock settles below boost under the power limit)."""
-    fields = ["t_s", "products", "tflops", *CLOCK_FIELDS]
+    """One n³ product back to back for `seconds`, in bf16 (torch.matmul) and then in fp8 (torch._scaled_mm as
+    Transformer Engine's forward runs it): throughput, SM clock, power and temperature per half-second window
+    (how far the clock settles below boost under the power limit; GPUSpec.sustained_gemm_flops per dtype)."""
+    fields = ["dtype", "t_s", "products", "tflops", *CLOCK_FIELDS]
     rows = ctx.rows(
         "gemm_sustained.csv",
         fields,
-        [f"{n}×{n}×{n} bf16 torch.matmul into one output, back to back for {seconds:g} s; one row per window"],
-        f"a {seconds:g}-second sustained bf16 GEMM run: TFLOP/s, SM clock, power and temperature over time",
+        [
+            f"{n}×{n}×{n} products into one output, back to back for {seconds:g} s per dtype; one row per window",
+            "bf16: torch.matmul; fp8: torch._scaled_mm, E4M3 operands, per-tensor scales, bf16 out, fast accumulation",
+        ],
+        f"a {seconds:g}-second sustained GEMM run per dtype (bf16, fp8): TFLOP/s, SM clock, power and temperature",
     )
     a, b = torch.randn(n, n, device=ctx.device, dtype=BF16), torch.randn(n, n, device=ctx.device, dtype=BF16)
     c = torch.empty(n, n, device=ctx.device, dtype=BF16)
-    probe = ctx.clock.times_ms(lambda: torch.matmul(a, b, out=c), 3, flush=False)
-    per_window = max(1, int(500 / max(min(probe), 1e-3)))
-    start = time.time()
-    while time.time() - start < seconds:
-        t0 = time.time()
-        ms = sum(ctx.clock.times_ms(lambda: [torch.matmul(a, b, out=c) for _ in range(per_window)], 1, flush=False))
-        got = ctx.sampler.summary(t0, time.time())
-        tflops = 2 * n**3 * per_window / (ms * 1e-3) / 1e12
-        rows.add({"t_s": round(t0 - start, 3), "products": per_window, "tflops": round(tflops, 2), **got})
+    products = {"bf16": lambda: torch.matmul(a, b, out=c), "fp8": _fp8_call(ctx.device, "fprop", n, n, n)}
+    done = []
+    for dtype, product in products.items():
+        try:
+            probe = ctx.clock.times_ms(product, 3, flush=False)
+        except RuntimeError as exc:  # no fp8 GEMM on this device (before Hopper / Ada, or a CPU build)
+            done.append(f"{dtype}: {str(exc).splitlines()[0][:80]}")
+            continue
+        per_window = max(1, int(500 / max(min(probe), 1e-3)))
+        start, windows = time.time(), 0
+        while time.time() - start < seconds:
+            t0 = time.time()
+            ms = sum(ctx.clock.times_ms(lambda p=product, k=per_window: [p() for _ in range(k)], 1, flush=False))
+            got = ctx.sampler.summary(t0, time.time())
+            tflops = 2 * n**3 * per_window / (ms * 1e-3) / 1e12
+            rows.add(
+                {"dtype": dtype, "t_s": round(t0 - start, 3), "products": per_window, "tflops": round(tflops, 2), **got}
+            )
+            windows += 1
+        done.append(f"{dtype}: {windows} windows of {per_window} products")
     rows.close()
-    return f"{rows.count} windows of {per_window} products"
+    return "; ".join(done)
 
 
 def run_grouped_gemms(ctx: Context, budget: Budget) -> str:

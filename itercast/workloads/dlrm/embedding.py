@@ -162,15 +162,17 @@ def embedding_seconds(
     if update is None and eager_update:
         update = builtin_update_model(costs.system.gpu.name)
     if update is not None:
-        update_s = update.price(
-            EMBEDDING_UPDATE,
-            lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups, work.lookups),
-            index,
-        )
-        return fwd_s, float(costs.memory_s("elementwise", pooled + per_lookup)) + update_s
+        return fwd_s, float(costs.memory_s("elementwise", pooled + per_lookup)) + update_seconds(update, work, index)
     return fwd_s, float(
         costs.memory_s("elementwise", pooled + per_lookup + distinct * 2 * (work.dim * F32 + ADAGRAD_ROW_BYTES))
     )
+
+
+def update_seconds(model: OperatorCostModel, work: ShardWork, index: IndexStats) -> float:
+    """One shard's row-wise Adagrad update (itercast::rowwise_adagrad_update) on an operator model of it:
+    its rows, width, lookups (one gradient row each) and their distinct rows."""
+    features = lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups, work.lookups)
+    return model.price(EMBEDDING_UPDATE, features, index)
 
 
 #: a shard's lookups beyond this many times the profile's largest call are reported (beyond_profile)
