@@ -55,7 +55,7 @@ import numpy as np
 
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig, local_vocab_rows
+from itercast.config.plan import PlanConfig
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
@@ -161,7 +161,7 @@ def stage_param_columns(
     tp, pp = t.cols["tp"], t.cols["pp"]
     layer = m.layer_sharded_params() / tp + m.layer_replicated_params()
     moe_layer = m.layer_sharded_params(moe=True) / tp + m.layer_replicated_params(moe=True)
-    vocab = local_vocab_rows(m.vocab_size, tp, t.base.make_vocab_size_divisible_by) * m.hidden_size
+    vocab = t.local_vocab(m.vocab_size) * m.hidden_size
     params = (layers - moe_layers) * layer + moe_layers * moe_layer
     params = params + np.where(first, vocab + m.position_params(), 0.0)
     return params + np.where(last & ((not m.tied) | (pp > 1)), vocab, 0.0)
@@ -438,8 +438,7 @@ class StageMemory:
         (w_b, g_b, o_b), (ew_b, eg_b, eo_b) = self.state, self.expert_state
         held = in_flight_microbatches(c["schedule"], index, c["pp"], t.microbatches, c["vp"])
         acts = ((layers - moe_layers) * self.per_layer + moe_layers * self.per_moe_layer) * held + self.recomputing
-        vocab = local_vocab_rows(m.vocab_size, c["tp"], self.t.base.make_vocab_size_divisible_by)
-        logits = self.tokens * vocab * cross_entropy_saved_bytes(self.t.base)
+        logits = self.tokens * t.local_vocab(m.vocab_size) * cross_entropy_saved_bytes(self.t.base)
         acts = acts + np.where(last, logits, 0)  # what the loss keeps of one micro-batch's logits
         out = {
             "weights": params * w_b + experts * ew_b + self.gathered,

@@ -118,8 +118,7 @@ def predict_cmd(
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no sharding fits
         fail(str(exc).replace("\n", "\n  "))
     if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand
-        eager = w.job.model.exchange == "point_to_point"
-        for note in unmeasured_embedding_ops(w.job.system.gpu.name, cal, eager_update=eager):
+        for note in unmeasured_embedding_ops(w.job.system.gpu.name, cal, eager_update=w.job.model.eager_update):
             warn(note)
     elif (unaligned := unaligned_logits_note(w.job.model, w.job.plan)) is not None:
         warn(unaligned)

@@ -138,7 +138,7 @@ def _price(
     gpu_name = sys_cfg.gpu.name
     notes = (
         beyond_profile(dlrm, sys_cfg.num_gpus, batch_per_rank, cal, gpu_name),
-        *unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.exchange == "point_to_point"),
+        *unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.eager_update),
     )
     for note in filter(None, notes):
         warn(note)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.job import Job
-from itercast.config.plan import PlanConfig
+from itercast.config.plan import PlanConfig, local_vocab_rows
 from itercast.parallel.schedules import SCHEDULES
 
 RECOMPUTE = ("none", "selective", "full")
@@ -52,6 +52,10 @@ class PlanTable:
     @property
     def microbatches(self) -> np.ndarray:
         return self.cols["gbs"] // (self.cols["mbs"] * self.cols["dp"])
+
+    def local_vocab(self, vocab_size: int) -> np.ndarray:
+        """Vocabulary rows one tensor-parallel rank holds, per row (PlanConfig.local_vocab's padding)."""
+        return local_vocab_rows(vocab_size, self.cols["tp"], self.base.make_vocab_size_divisible_by)
 
     def plan_fields(self, row: int) -> dict[str, Any]:
         """Canonical plan fields of one row (the shared ones included)."""

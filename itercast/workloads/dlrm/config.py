@@ -77,6 +77,12 @@ class DLRMConfig(BaseModel):
         return self
 
     @property
+    def eager_update(self) -> bool:
+        """The step updates each sharded table with itercast::rowwise_adagrad_update in eager PyTorch (the
+        point-to-point emulation of tools/measure_dlrm_sharding.py), not with FBGEMM's fused backward."""
+        return self.exchange == "point_to_point"
+
+    @property
     def dim(self) -> int:
         return self.bottom_mlp[-1]
 

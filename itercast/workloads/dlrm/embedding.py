@@ -159,8 +159,7 @@ def embedding_seconds(
             costs.memory_s("elementwise", pooled + 2 * per_lookup + (work.rows + 2 * distinct) * work.dim * F32)
         )
     update = ops if ops is not None and ops.has_model(EMBEDDING_UPDATE) else None
-    if update is None and eager_update:
-        update = builtin_update_model(costs.system.gpu.name)
+    update = update or (builtin_update_model(costs.system.gpu.name) if eager_update else None)
     if update is not None:
         return fwd_s, float(costs.memory_s("elementwise", pooled + per_lookup)) + update_seconds(update, work, index)
     return fwd_s, float(

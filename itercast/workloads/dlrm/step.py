@@ -334,8 +334,8 @@ def _step_graph(
             update_bytes += replica_update_bytes(t)
         work = shard_work(t, shard, shard.ranks[0], world, b)  # the same on each of the shard's ranks
         assert work is not None
-        eager = model.exchange == "point_to_point"  # the emulation's eager update, not FBGEMM's fused one
-        fwd, bwd = embedding_seconds(costs, t, work, ops, (index_counts or {}).get(t.name), eager_update=eager)
+        counts = (index_counts or {}).get(t.name)
+        fwd, bwd = embedding_seconds(costs, t, work, ops, counts, eager_update=model.eager_update)
         on = np.asarray(shard.ranks)
         emb_fwd[on] += fwd
         (replica_bwd if work.replica else emb_bwd)[on] += bwd
