@@ -219,6 +219,24 @@ class PlanConfig(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training)."
     )
+    grad_accumulation: Literal["fused", "autograd", "fp32_copy_add", "fp32_add"] = Field(
+        "fused",
+        description="How each micro-batch's weight gradients join the step's (workloads/transformer_ops.py "
+        "grad_accumulation_ops: a memory-bound pass over the unit's parameters after its backward, on every "
+        "micro-batch). fused: inside the weight-gradient GEMM, into an fp32 buffer, no pass of its own "
+        "(Megatron-LM/-Core --gradient-accumulation-fusion, NeMo). autograd: PyTorch's AccumulateGrad adds "
+        "each micro-batch's gradient into param.grad in the gradient's dtype, 3 × its bytes per parameter, a "
+        "kernel per tensor (plain F.linear without main_grad, e.g. BigScience's Megatron-DeepSpeed of 2022 "
+        "mpu/layers.py; DeepSpeed's default grad_accum_dtype, the model's, under its FP16 and ZeRO-0/1 "
+        "optimizers). fp32_copy_add: each micro-batch's 16-bit gradient copied to fp32, then added into an "
+        "fp32 buffer, 2 + 4 then 4 + 4 + 4 bytes, two kernels per tensor (DeepSpeed's BF16_Optimizer "
+        "update_hp_grads after every micro-batch's backward: bf16 with ZeRO-0 under its pipeline engine, or "
+        "grad_accum_dtype fp32 with ZeRO-1). fp32_add: an fp32 accumulator += the 16-bit gradient in one "
+        "kernel, 4 + 2 + 4 bytes (FSDP2 under torch.distributed.pipelining with reduce_dtype fp32: "
+        "set_requires_gradient_sync(False) until the last micro-batch, _fsdp_param.py "
+        "accumulate_unsharded_grad_if_needed). Priced on every micro-batch: autograd's first writes rather "
+        "than adds, fp32_add's first is a 6-byte cast (one micro-batch's pass over-counted).",
+    )
     main_params: Literal["fp32", "fp32_remainders", "bf16", "none", "fp32_weights"] = Field(
         "fp32",
         description="16-bit training: the optimizer's own copy of each weight (PlanConfig.master_param_bytes). fp32: "
@@ -373,6 +391,12 @@ class PlanConfig(BaseModel):
             raise ValueError(
                 "plan.main_params: fp32 training updates its fp32 weights, with no copy beside them (expected fp32 "
                 f"or fp32_weights); got {self.main_params}"
+            )
+        if self.grad_accumulation in ("fp32_copy_add", "fp32_add") and self.dtype == "fp32":
+            raise ValueError(
+                f"plan.grad_accumulation: {self.grad_accumulation} adds 16-bit gradients into an fp32 buffer, so it "
+                "needs 16-bit training (dtype bf16, fp16 or fp8); got dtype fp32 (its gradients are fp32: autograd "
+                "or fused)"
             )
         if self.main_params == "fp32_remainders" and self.dtype == "fp16":
             raise ValueError(

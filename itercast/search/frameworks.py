@@ -258,6 +258,12 @@ FRAMEWORKS: dict[str, Framework] = {
             "pipeline_p2p": "deepspeed",
             # ZeRO-3's per-submodule fetch (PartitionedParameterCoordinator), its fp16 gradients (d94f89d)
             "zero3_fetch": "deepspeed",
+            # data_types.grad_accum_dtype left out is the model's (engine.py get_data_types): the FP16 and ZeRO-0/1
+            # optimizers leave param.grad to autograd, which adds each micro-batch's in place. Not told apart:
+            # bf16 with ZeRO-0 under the pipeline engine runs BF16_Optimizer (fp32_copy_add: --set
+            # plan.grad_accumulation=fp32_copy_add), ZeRO-2/3 copy each micro-batch's gradients into their
+            # reduction buckets (priced as this add)
+            "grad_accumulation": "autograd",
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)

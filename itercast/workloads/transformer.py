@@ -574,13 +574,18 @@ class UnitCosts:
         emb, head = ops_mod.embedding_forward(m, p), ops_mod.head_forward(m, p)
         layer = layer_passes(job, costs, groups)
         moe = layer_passes(job, costs, groups, moe=True) if m.is_moe else (ZERO_COST, ZERO_COST)
+        # the word table (and learned positions), the output weight where it is a tensor of its own; their
+        # gradient accumulation after their backward (a layer's is in its ops: transformer_ops.layer_backward)
+        params = unit_params(job)
+        embed_acc = ops_mod.grad_accumulation_ops(p, params["embed"][1], 2 if m.learned_positions else 1)
+        head_acc = ops_mod.grad_accumulation_ops(p, params["head"][1], 1)
         return cls(
             layer_fwd=layer[0],
             layer_bwd=layer[1],
             embed_fwd=pass_cost(emb, costs, groups),
-            embed_bwd=pass_cost(ops_mod.backward_of(emb, p), costs, groups),
+            embed_bwd=pass_cost(ops_mod.backward_of(emb, p) + embed_acc, costs, groups),
             head_fwd=pass_cost(head, costs, groups),
-            head_bwd=pass_cost(ops_mod.backward_of(head, p), costs, groups),
+            head_bwd=pass_cost(ops_mod.backward_of(head, p) + head_acc, costs, groups),
             moe_fwd=moe[0],
             moe_bwd=moe[1],
             moe_fwd_wait=moe_wait_split(job, costs, groups, True) if m.is_moe else None,

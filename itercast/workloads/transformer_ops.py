@@ -934,7 +934,9 @@ def layer_backward(
     model: ModelConfig, plan: PlanConfig, moe: bool = False, windowed: bool = False, recompute: str = ""
 ) -> list[Op]:
     """Backward ops of one layer, with the recomputation asked for first: `recompute` (a layer's
-    own under recompute_method block or recompute_every, memory.full_recompute_share), else the plan's.
+    own under recompute_method block or recompute_every, memory.full_recompute_share), else the plan's,
+    and the micro-batch's gradient accumulation last (grad_accumulation_ops over the layer's parameters on
+    this GPU, its routed experts' included).
 
     full: the whole layer forward runs again. selective (core-attention, Megatron): core attention
     runs again before its backward — also fused (flash) attention, whose kernel Megatron-Core wraps in
@@ -957,7 +959,54 @@ def layer_backward(
             for o in fwd
             if o.name.startswith(CORE_ATTENTION_RUN)
         ]
-    return again + backward_of(fwd, plan)
+    params = model.layer_params_per_rank(plan.tensor_parallel, moe)
+    if moe:
+        params += model.expert_params_per_rank(plan.expert_parallel, plan.etp)
+    accumulate = grad_accumulation_ops(plan, params, layer_param_tensors(model, plan, moe))
+    return again + backward_of(fwd, plan) + accumulate
+
+
+def grad_accumulation_cost(plan: PlanConfig) -> tuple[int, int]:
+    """(HBM bytes per parameter, kernels per parameter tensor) of one micro-batch's gradient accumulation
+    outside the weight-gradient GEMMs (plan.grad_accumulation), e the gradient's bytes (plan.dtype_bytes):
+    fused 0; autograd, param.grad += grad in place, read 2e, write e; fp32_copy_add, grad.to(fp32) (read e,
+    write 4) then hp_grad.add_ (read 4 + 4, write 4), DeepSpeed bf16_optimizer.py _update_hp_grad; fp32_add,
+    acc += grad with the dtypes mixed in one kernel (read 4 + e, write 4), FSDP2 _fsdp_param.py
+    accumulate_unsharded_grad_if_needed."""
+    e = plan.dtype_bytes
+    return {
+        "fused": (0, 0),
+        "autograd": (3 * e, 1),
+        "fp32_copy_add": (e + 4 + 4 + 4 + 4, 2),
+        "fp32_add": (4 + e + 4, 1),
+    }[plan.grad_accumulation]
+
+
+def layer_param_tensors(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> int:
+    """Parameter tensors of one layer on one GPU, as Megatron-Core builds it (a kernel each in a per-tensor
+    loop): two norms (RMSNorm a weight, LayerNorm weight and bias) and with QK-norm two more; attention's
+    fused QKV and output projection (multi-latent attention: the key-value down projection, its norm, its up
+    projection, the query's down, norm and up projections or its one projection, the output projection); the
+    MLP's fused first and its second linear, or in an MoE layer the router, two per local expert and two per
+    shared MLP; with biases one per linear."""
+    norms = (2 if model.family == "llama" else 4) + (2 if model.qk_norm else 0)
+    attention = 2 if not model.mla else 4 + (3 if model.q_lora_rank else 1)
+    mlp = 2
+    if moe:
+        shared = 2 if model.moe_shared_ffn_hidden_size else 0
+        mlp = 1 + 2 * model.experts // plan.expert_parallel + shared
+    biases = 4 if model.biases else 0
+    return norms + attention + mlp + biases
+
+
+def grad_accumulation_ops(plan: PlanConfig, params: float, tensors: int) -> list[Op]:
+    """The gradient accumulation of one micro-batch over a unit's `params` parameters held in `tensors`
+    tensors (grad_accumulation_cost), one memory-bound op run after the unit's backward; [] when fused."""
+    per_param, per_tensor = grad_accumulation_cost(plan)
+    if not per_param or not params:
+        return []
+    count = per_tensor * max(tensors, 1)
+    return [Op("grad_accumulation", "elementwise", per_param * params, count=count, label="grad_accumulation")]
 
 
 def _op_recompute(model: ModelConfig, fwd: list[Op]) -> list[Op]:
