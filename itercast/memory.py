@@ -333,7 +333,9 @@ def state_bytes_per_param(
     that shards it (3: weights, 2: gradients, 1: optimizer). fp32 weights of 16-bit training
     (main_params fp32_weights, torchtitan's FSDP2) are sharded from ZeRO 2 on: FSDP2 shards every
     parameter, and at ZeRO 2 (reshard_after_forward False) also keeps the 16-bit weights it gathered
-    from the forward until the backward: 16-bit bytes whole beside the fp32 shard."""
+    from the forward until the backward: 16-bit bytes whole beside the fp32 shard. FSDP2 under pipelining
+    (plan.grad_accumulation fp32_add) keeps each parameter's fp32 sum of the micro-batches' gradients whole
+    until the last micro-batch's reduce-scatter (_fsdp_param.py unsharded_accumulated_grad): 4 bytes, unsharded."""
     w_b, g_b = base.stored_weight_bytes, 4 if base.dtype == "fp32" else base.grad_bytes
     o_b = base.optimizer_state_bytes
     z = np.asarray(zero)
@@ -342,6 +344,8 @@ def state_bytes_per_param(
     # DeepSpeed ZeRO-3 keeps 16-bit gradient partitions whatever the reduction (v0.3.13 stage3.py
     # partition_previous_reduced_grads: grads_in_partition dtype torch.half)
     grad_b = np.where((z >= 3) & (base.zero3_fetch == "deepspeed"), min(g_b, base.dtype_bytes), g_b)
+    if base.grad_accumulation == "fp32_add":
+        return weights, np.full_like(grad_b, 4.0, dtype=np.float64), o_b / np.where(z >= 1, shard, 1)
     return weights, grad_b / np.where(z >= 2, shard, 1), o_b / np.where(z >= 1, shard, 1)
 
 

@@ -15,6 +15,7 @@ from helpers import fast_vs_graph, plan_of
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
+from itercast.memory import estimate_memory
 from itercast.search.frameworks import framework
 from itercast.workloads import transformer_ops as ops
 from itercast.workloads.transformer import Groups, UnitCosts
@@ -121,3 +122,17 @@ def test_fast_path_agrees_with_graph_with_accumulation_passes():
         ]
         valid, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-a100", "num_nodes": 2}, plans)
         assert len(valid) == 16 and rel.max() < 0.002
+
+
+def test_fsdp2_under_pipelining_holds_its_fp32_sums_whole():
+    """A llama of hidden 1024, 8 heads, MLP 4096 on pp 2 × dp 4 under FSDP (ZeRO-3): stage 0 holds the 4,096 ×
+    1,024 word table and 4 layers of 4h² + 3·h·4h + 2h = 16,779,264 parameters, 71,311,360 in all. Its
+    gradients: fp32 sharded over 4 ranks (1 byte a parameter) by default; under fp32_add the micro-batches'
+    fp32 sums stay whole until the last reduce-scatter (4 bytes a parameter)."""
+    model = {"family": "llama", "num_layers": 8, "hidden_size": 1024, "num_attention_heads": 8, "seq_length": 256}
+    grads = {}
+    for mode in ("fused", "fp32_add"):
+        plan = {"pipeline_parallel": 2, "zero_stage": 3, "global_batch_size": 16, "grad_accumulation": mode}
+        job = Job.from_dicts(model | {"vocab_size": 4096}, plan, {"preset": "dgx-h100", "num_nodes": 1})
+        grads[mode] = estimate_memory(job).gradients_bytes
+    assert grads == {"fused": 71_311_360, "fp32_add": 4 * 71_311_360}

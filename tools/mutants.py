@@ -151,6 +151,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "routed experts' gradients not accumulated", _t("grad_accumulation")),
     M(TF, "ops_mod.backward_of(emb, p) + embed_acc", "ops_mod.backward_of(emb, p)",
       "the word table's gradients not accumulated", _t("grad_accumulation")),
+    M(MEM, 'if base.grad_accumulation == "fp32_add":', 'if base.grad_accumulation == "fp32_add" and False:',
+      "FSDP2's fp32 sums under pipelining sharded like its reduced gradients", _t("grad_accumulation")),
     M(OPS, "(3 if model.gated_mlp else 2) * T * width", "2 * T * width", "SwiGLU activation reads one input"),
     M(OPS, "2 * T * width * h / t, kn", "2 * T * width * h, kn", "MLP down GEMM not split by t"),
     M(OPS, "if plan.tensor_parallel == 1 or not plan.sequence_parallel:", "if plan.tensor_parallel == 1:",
