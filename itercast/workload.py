@@ -55,8 +55,9 @@ class Workload(Protocol):
         """The lines a reader wants first: step, throughput, efficiency, memory, the plan's choices."""
         ...
 
-    def step_graph(self) -> StepGraph:
-        """The step graph the variability model samples, with what each of its ranks stands for."""
+    def step_graph(self, calibration: dict[str, Any] | None = None) -> StepGraph:
+        """The step graph the variability model samples, with what each of its ranks stands for, priced by
+        `calibration`'s curves (None: the built-in ones), as `predict`'s."""
         ...
 
     def to_dict(self) -> dict[str, Any]: ...
@@ -127,9 +128,9 @@ class TransformerWorkload:
             rows.append(("stages on", ", ".join(f"{s}: {g.name}" for s, g in enumerate(self.job.stage_gpus()))))
         return rows + _memory_rows(r, "stage")
 
-    def step_graph(self) -> StepGraph:
+    def step_graph(self, calibration: dict[str, Any] | None = None) -> StepGraph:
         """One representative GPU per pipeline stage (stochastic/variability.transformer_step)."""
-        return build_transformer_step(self.job)
+        return build_transformer_step(self.job, calibration)
 
     def to_dict(self) -> dict[str, Any]:
         return self.job.to_dict()
@@ -180,9 +181,9 @@ class DLRMWorkload:
         ]
         return rows + _memory_rows(r, "rank")
 
-    def step_graph(self) -> StepGraph:
+    def step_graph(self, calibration: dict[str, Any] | None = None) -> StepGraph:
         """The predicted step's graph: every GPU a rank of its own, each compute task on one GPU."""
-        return StepGraph(self.predict().sim.graph, gpus_per_task=1, gpus_per_rank=1)
+        return StepGraph(self.predict(calibration).sim.graph, gpus_per_task=1, gpus_per_rank=1)
 
     def to_dict(self) -> dict[str, Any]:
         return self.job.to_dict()

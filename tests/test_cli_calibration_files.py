@@ -33,6 +33,10 @@ COMMANDS = {
     "predict": ["predict", "--example"],
     "slice": ["slice", "--example"],
     "shard": ["shard", "--model", "dlrm-small"],
+    "search": ["search", "--example", "--top", "1", "--workers", "1"],
+    "search-dlrm": ["search", "--model", "dlrm-small", "--system", "dgx-a100"],
+    "variability": ["variability", "--example", "--samples", "100"],
+    "report": ["report", "--example"],
 }
 
 

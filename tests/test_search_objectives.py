@@ -173,7 +173,7 @@ def rank_graphs(
     """Plans named after their one-task step graphs, in the dict's (deterministic) order, sampled and
     re-ranked by `objective`."""
     monkeypatch.setattr(distribution_rank, "plan_job", lambda request, row: row["plan"]["name"])
-    monkeypatch.setattr(distribution_rank, "build_transformer_step", lambda name: graphs[name])
+    monkeypatch.setattr(distribution_rank, "build_transformer_step", lambda name, calibration: graphs[name])
     plans = [{"plan": {"name": n}, "step_time_s": float(g.graph.duration_s.sum())} for n, g in graphs.items()]
     result = SearchResult(plans, [], [], [], 2, 2, 2, 0.0, 0.0, objective=objective)
     return rank_by_distribution(result, request_over((1,), objective=objective), options)

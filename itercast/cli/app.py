@@ -22,7 +22,9 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
+from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
+from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.workload import DLRMWorkload, TransformerWorkload, load_workload
 
 
@@ -223,6 +225,23 @@ def fail(message: str) -> NoReturn:
     """A user error: the message on stderr, exit code 2, no traceback."""
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(2)
+
+
+def calibration_curves(path: Path | None, system: SystemConfig) -> dict[str, Any] | None:
+    """--calibration: the file's curves (None: the built-in ones); a file that does not load is one error line
+    and exit 2; a warning when it was fitted for another system than the job's."""
+    if path is None:
+        return None
+    try:
+        cal = load_calibration(path)
+    except CalibrationError as exc:
+        fail(str(exc))
+    if cal.get("system") not in (None, system.name):
+        warn(
+            f"{path} was fitted for system {cal['system']!r}; this job runs on {system.name!r} "
+            f"({system.gpu.name}): the curves describe the other machine"
+        )
+    return cal
 
 
 def load_job(

@@ -19,6 +19,7 @@ from itercast.cli.app import (
     SetOpt,
     SystemOpt,
     app,
+    calibration_curves,
     console,
     echo_json,
     fail,
@@ -29,7 +30,6 @@ from itercast.cli.app import (
 )
 from itercast.errors import ConfigError, DeadlockError
 from itercast.predict import Forecast
-from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload, same_kind
 from itercast.workloads.dlrm import unmeasured_embedding_ops
@@ -110,7 +110,7 @@ def predict_cmd(
         )
         return
     w = load_job(job_file, example, model, system, set_)
-    cal = _calibration(calibration, w)
+    cal = calibration_curves(calibration, w.job.system)
     try:
         result = w.predict(cal)
         if trace is not None:
@@ -134,24 +134,6 @@ def predict_cmd(
         )
         if strict:
             raise typer.Exit(EXIT_OOM)
-
-
-def _calibration(path: Path | None, w: TransformerWorkload | DLRMWorkload) -> dict | None:
-    """The calibration file's curves (None: the built-in ones); a warning when it was fitted for
-    another system than the job's."""
-    if path is None:
-        return None
-    try:
-        cal = load_calibration(path)
-    except CalibrationError as exc:
-        fail(str(exc))
-    system = w.job.system
-    if cal.get("system") not in (None, system.name):
-        warn(
-            f"{path} was fitted for system {cal['system']!r}; this job runs on {system.name!r} "
-            f"({system.gpu.name}): the curves describe the other machine"
-        )
-    return cal
 
 
 def print_forecast(w: TransformerWorkload | DLRMWorkload, r: Forecast, trace: Path | None) -> None:

@@ -10,12 +10,14 @@ from typing import Annotated, Any
 import typer
 
 from itercast.cli.app import (
+    CalibrationOpt,
     ExampleOpt,
     JobFileArg,
     ModelOpt,
     SetOpt,
     SystemOpt,
     app,
+    calibration_curves,
     console,
     fail,
     finite,
@@ -51,21 +53,24 @@ def report_cmd(
         float | None, typer.Option(callback=finite(0, above=True), help="Draw this deadline on the step-time CDF.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Random seed of the Monte Carlo.")] = 0,
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Write one self-contained HTML report (no network needed to open it): for a job, the step by
     cause per stage, the timeline, memory against HBM, the step-time CDF and the critical path; for a
     saved search, its time × memory front and top plans; for a saved replay, measured vs replayed
-    steps and the critical path by kernel class."""
+    steps and the critical path by kernel class. --calibration prices a job with that file's curves, as
+    `predict` does."""
     try:
         if result is not None:
-            if job_file is not None or example or model or system:
-                fail("give a job or --result, not both")
+            if job_file is not None or example or model or system or calibration:
+                fail("give a job (with its --calibration) or --result, not both")
             title, subtitle, sections = _result_sections(result)
             inputs: list[Path | None] = [result]
         else:
             w = load_job(job_file, example, model, system, set_)
+            cal = calibration_curves(calibration, w.job.system)
             with working("predicting the step and sampling its variability…"):
-                title, subtitle, sections = _job_sections(w, samples, within_s, seed)
+                title, subtitle, sections = _job_sections(w, samples, within_s, seed, cal)
             inputs = [job_file]
         with working("drawing the report…"):
             written = write_output(out, rep.render_html(title, subtitle, sections), inputs)
@@ -75,13 +80,18 @@ def report_cmd(
 
 
 def _job_sections(
-    w: TransformerWorkload | DLRMWorkload, samples: int, within_s: float | None, seed: int
+    w: TransformerWorkload | DLRMWorkload,
+    samples: int,
+    within_s: float | None,
+    seed: int,
+    calibration: dict[str, Any] | None,
 ) -> tuple[str, str, list[rep.Section]]:
-    """A job's title, subtitle (its headline) and sections (workload.report_sections)."""
+    """A job's title, subtitle (its headline) and sections (workload.report_sections), priced by
+    `calibration`'s curves (None: the built-in ones)."""
     from itercast.stochastic.variability import VariabilityModel, graph_distribution
 
-    r = w.predict()
-    dist = graph_distribution(w.step_graph(), VariabilityModel(), samples, seed)
+    r = w.predict(calibration)
+    dist = graph_distribution(w.step_graph(calibration), VariabilityModel(), samples, seed)
     sections = report_sections(w, r, dist.samples_s, dist.deterministic_s, within_s)
     return f"{w.name}: predicted training step", w.headline(), sections
 

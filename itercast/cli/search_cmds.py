@@ -16,6 +16,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from itercast.cli.app import (
+    CalibrationOpt,
     ExampleOpt,
     FormatOpt,
     JobFileArg,
@@ -24,6 +25,7 @@ from itercast.cli.app import (
     SetOpt,
     SystemOpt,
     app,
+    calibration_curves,
     console,
     echo_json,
     fail,
@@ -142,6 +144,7 @@ def search_cmd(
     noise_from_db: NoiseFromDbOpt = None,
     run_cv: RunCvOpt = VariabilityModel.run_cv,
     across_runs: AcrossRunsOpt = DistributionOptions.across_runs,
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Search data/tensor/pipeline/context (and, for MoE models, expert) parallel sizes, micro-batch,
     ZeRO, recompute, sequence parallelism, schedule and interleaving, overlap switches (and with
@@ -150,7 +153,8 @@ def search_cmd(
     A DLRM job: its embedding shardings × samples per GPU (--batches), by samples per second.
     --objective p50|p95|p99|mean: the --distribution-top best plans by the deterministic step are
     sampled (--samples, one --seed for all) and re-ranked by that figure of their step, of one run
-    or, with --across-runs, pooled over runs (--run-cv in the ranking)."""
+    or, with --across-runs, pooled over runs (--run-cv in the ranking). --calibration prices every plan
+    with that file's curves, as `predict` does."""
     fmt = output_format(fmt, as_json)
     if distribution_top <= 0:
         fail(f"--distribution-top: expected a whole number ≥ 1; got {distribution_top}")
@@ -162,7 +166,7 @@ def search_cmd(
     if is_dlrm_model(raw["model"]):
         w = load_job(job_file, False, model, system, set_)
         assert isinstance(w, DLRMWorkload)
-        _search_dlrm(w, batches, top, fmt)
+        _search_dlrm(w, batches, top, fmt, calibration_curves(calibration, w.job.system))
         return
     try:
         options = SpaceOptions(
@@ -176,6 +180,7 @@ def search_cmd(
         request = _request(raw, set_ or [], num_nodes_range, options)
         request = replace(request, max_memory_fraction=max_memory_fraction, top_k=top, include_oom=include_oom)
         request = replace(request, objective=check_objective(objective), token_budget=token_budget)
+        request = replace(request, calibration=calibration_curves(calibration, request.system))
         if memory_headroom_gib is not None:
             request = replace(request, memory_margin_bytes=memory_headroom_gib * 2**30)
         sampling = None
@@ -216,12 +221,12 @@ def search_cmd(
         _print(result, request, notes)
 
 
-def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str) -> None:
+def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str, calibration: dict[str, Any] | None) -> None:
     """A DLRM's shardings × batch per GPU (search/dlrm_search.py), fastest in samples per second first."""
     try:
         sizes = sizes_option(batches, "--batches") if batches else default_batches(w.job.plan.batch_per_rank)
         with working("pricing shardings × batches…", fmt != "table"):
-            found, evaluated = search_dlrm(w.job, sizes)
+            found, evaluated = search_dlrm(w.job, sizes, calibration)
     except (ConfigError, ValueError) as exc:  # ValueError: no sharding fits
         fail(str(exc).replace("\n", "\n  "))
     plans = [

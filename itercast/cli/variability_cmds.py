@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from itercast.cli.app import (
+    CalibrationOpt,
     ExampleOpt,
     JobFileArg,
     JsonOpt,
@@ -20,6 +21,7 @@ from itercast.cli.app import (
     SetOpt,
     SystemOpt,
     app,
+    calibration_curves,
     console,
     echo_json,
     fail,
@@ -175,15 +177,18 @@ def variability_cmd(
         ),
     ] = None,
     as_json: JsonOpt = False,
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Step-time distribution (Monte Carlo), what drives its spread, slow-GPU placement, time to train,
-    of any job: a transformer's graph has one GPU per pipeline stage, a DLRM's every GPU."""
+    of any job: a transformer's graph has one GPU per pipeline stage, a DLRM's every GPU. --calibration
+    prices the step (and any re-slicing for a speed map) with that file's curves, as `predict` does."""
     if trace:
         _trace_variability(trace, samples, seed, within_s, as_json)
         return
     if deadline_hours is not None and steps is None:
         fail("--deadline-hours needs --steps: the deadline is for training that many steps")
     w = load_job(job_file, example, model, system, set_)
+    cal = calibration_curves(calibration, w.job.system)
     if slow_gpus is not None and slow_gpus > w.num_gpus:
         fail(f"--slow-gpus {slow_gpus}: the job has {w.num_gpus} GPUs")
     speeds = None
@@ -196,7 +201,7 @@ def variability_cmd(
     vm = replace(vm, run_cv=run_cv, step_autocorrelation=step_autocorrelation)
     try:
         with working(f"sampling {samples:,} steps…", as_json):
-            step = w.step_graph()
+            step = w.step_graph(cal)
             dist = var.graph_distribution(step, vm, samples, seed)  # one run: what time to train sums
             shown = var.graph_distribution(step, vm, samples, seed, across_runs=True) if across_runs else dist
             attribution = var.graph_attribution(step, vm, min(samples, 4_000), seed, across_runs)
@@ -228,7 +233,7 @@ def variability_cmd(
         out["placement"] = _placement(step, slow_gpus, slow_factor)
     if speeds is not None:
         job = w.job if isinstance(w, TransformerWorkload) else None
-        out["speed_map"] = _speed_mapping(step, job, speeds, vm, min(samples, 4_000), seed, across_runs)
+        out["speed_map"] = _speed_mapping(step, job, speeds, vm, min(samples, 4_000), seed, across_runs, cal)
     if steps is not None:
         failures = FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s)
         deadline_s = deadline_hours * HOUR_S if deadline_hours else None
@@ -284,6 +289,7 @@ def _speed_mapping(
     samples: int,
     seed: int,
     across_runs: bool,
+    calibration: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The best mapping of the measured speeds onto the graph's ranks (stochastic/placement.py),
     re-ranked by the p95 under the noise model `vm` (one seed for all: common random numbers), of one
@@ -307,11 +313,16 @@ def _speed_mapping(
         "method": m.method,
         "slowest_gpus_on_ranks": slowest,
         "best_gpus_per_rank": [list(g) for g in m.best_gpus],
-        "plan_change": _plan_change(job, m, p95_of),
+        "plan_change": _plan_change(job, m, p95_of, calibration),
     }
 
 
-def _plan_change(job: Job | None, m: SpeedMapping, p95_of: Callable[[var.StepGraph], float]) -> dict[str, Any] | str:
+def _plan_change(
+    job: Job | None,
+    m: SpeedMapping,
+    p95_of: Callable[[var.StepGraph], float],
+    calibration: dict[str, Any] | None,
+) -> dict[str, Any] | str:
     """The layers re-sliced over the pipeline stages at their speeds (search/job_slicing.py
     slice_job_at_speeds), every other plan field kept: under the rank order (the plan change alone) and
     under the best mapping (both), each step simulated and its p95 priced as the mappings' (same seed;
@@ -324,8 +335,8 @@ def _plan_change(job: Job | None, m: SpeedMapping, p95_of: Callable[[var.StepGra
     if job.system.device_groups:
         return "not computed: a mixed cluster's stages are priced per device group (`search` re-slices it)"
     try:
-        alone = slice_job_at_speeds(job, np.array(m.naive_speeds))
-        both = slice_job_at_speeds(job, np.array(m.best_speeds))
+        alone = slice_job_at_speeds(job, np.array(m.naive_speeds), calibration)
+        both = slice_job_at_speeds(job, np.array(m.best_speeds), calibration)
     except ValueError as exc:  # no re-slicing fits the GPUs' memory
         return f"not computed: {exc}"
     alone_p95, both_p95 = p95_of(alone.step), p95_of(both.step)

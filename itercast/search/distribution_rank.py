@@ -52,7 +52,7 @@ def rank_by_distribution(
     plans = [{**row, "deterministic_rank": rank, "distribution": None} for rank, row in enumerate(result.plans, 1)]
     sampled = plans[: options.top]
     for done, row in enumerate(sampled, 1):
-        step = build_transformer_step(plan_job(request, row))
+        step = build_transformer_step(plan_job(request, row), request.calibration)
         dist = graph_distribution(step, options.model, options.samples, options.seed, options.across_runs)
         row["distribution"] = {**dist.quantiles(), "mean_s": float(dist.samples_s.mean())}
         if progress is not None:

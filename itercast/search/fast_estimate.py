@@ -141,12 +141,19 @@ def _shared(base: PlanConfig) -> str:
 class FastEstimator:
     """Estimates for one model and system over many plans; caches unit and group costs across calls."""
 
-    def __init__(self, model: dict[str, Any] | ModelConfig, system: dict[str, Any] | SystemConfig) -> None:
-        """`model`, `system`: validated configs, or raw sections (`preset: NAME` plus overrides)."""
+    def __init__(
+        self,
+        model: dict[str, Any] | ModelConfig,
+        system: dict[str, Any] | SystemConfig,
+        calibration: dict[str, Any] | None = None,
+    ) -> None:
+        """`model`, `system`: validated configs, or raw sections (`preset: NAME` plus overrides);
+        `calibration`: curves from profile.calibrate.load_calibration (None: the built-in ones), as predict's."""
         self.model = model if isinstance(model, ModelConfig) else cast(ModelConfig, parse_section("model", model))
         self.system = (
             system if isinstance(system, SystemConfig) else cast(SystemConfig, parse_section("system", system))
         )
+        self.calibration = calibration
         # keyed by the tables' shared fields too: one estimator may price tables of several bases
         self._units: dict[tuple[str | int, ...], UnitCosts] = {}
         self._groups: dict[tuple[str | int, ...], dict[str, float]] = {}
@@ -529,7 +536,10 @@ class FastEstimator:
         return found
 
     def _cost_model(self, dtype: str) -> AnalyticCostModel:
-        return self._costs.setdefault(dtype, AnalyticCostModel(self.system, dtype))
+        found = self._costs.get(dtype)
+        if found is None:
+            found = self._costs[dtype] = AnalyticCostModel(self.system, dtype, self.calibration)
+        return found
 
     def _collective_memo(self, costs: AnalyticCostModel) -> Callable[[str, float, GroupPlacement], float]:
         """costs.collective_s, remembered: plans that differ elsewhere repeat the same collectives."""

@@ -124,7 +124,7 @@ def slice_job(job: Job, calibration: dict[str, Any] | None = None, slack: float 
     p = job.plan
     stages = p.pipeline_parallel * p.virtual_pipeline
     found = exact_candidates(costs, stages, job.num_microbatches, _capacity_bytes(job), stage_bytes_of(job), slack)
-    jobs, ranked = _fitting(job, found)
+    jobs, ranked = _fitting(job, found, calibration)
     return _best(found, jobs, ranked[:REFINE], calibration, len(found))
 
 
@@ -134,12 +134,12 @@ def _capacity_bytes(job: Job) -> float:
     return job.system.gpu.hbm_bytes if job.plan.virtual_pipeline == 1 else np.inf
 
 
-def _fitting(job: Job, found: list[Slicing]) -> tuple[list[Job], list[int]]:
+def _fitting(job: Job, found: list[Slicing], calibration: dict[str, Any] | None) -> tuple[list[Job], list[int]]:
     """`job` re-sliced as each of `found`, and the indices of those that fit its GPUs' memory by the
-    fast path, its fastest first."""
+    fast path (priced by `calibration`'s curves, as the layer costs were), its fastest first."""
     kinds = unit_kinds_of(job)
     jobs = [_with_layers(job, stage_layers_of(sl, kinds)) for sl in found]
-    fast = FastEstimator(job.model, job.system)
+    fast = FastEstimator(job.model, job.system, calibration)
     priced = [fast.evaluate(PlanTable.of_jobs([j])) for j in jobs]
     ranked = sorted(
         (i for i, out in enumerate(priced) if bool(out["fits"][0])), key=lambda i: float(priced[i]["step_time_s"][0])
@@ -214,7 +214,9 @@ class SpeedSlicing:
         return self.job.plan.virtual_stage_layers(self.job.model.num_layers)
 
 
-def slice_job_at_speeds(job: Job, stage_speed: np.ndarray, slack: float = SLACK) -> SpeedSlicing:
+def slice_job_at_speeds(
+    job: Job, stage_speed: np.ndarray, calibration: dict[str, Any] | None = None, slack: float = SLACK
+) -> SpeedSlicing:
     """The plan change a cluster with slow GPUs allows without moving them: `job`'s layers re-sliced
     over its pipeline stages, stage s at relative speed stage_speed[s] (1 = nominal; its slowest
     GPU's), every other plan field kept. The exact programme (stage_candidates) prices stage s's
@@ -222,9 +224,9 @@ def slice_job_at_speeds(job: Job, stage_speed: np.ndarray, slack: float = SLACK)
     where the graph slows only compute: an approximation of which slicings to simulate, no more — and
     checks each stage's memory as slice_job does; under interleaving virtual stage c runs on stage
     c mod pp (Megatron-LM's interleaved 1F1B). The REFINE best that fit, and the plan as it was, are
-    simulated at the speeds (the built-in curves, as `variability`'s graph); the least step wins
-    (ties: the plan as it was)."""
-    costs, _ = job_layer_costs(job)
+    simulated at the speeds (priced by `calibration`'s curves, None the built-in ones, as `variability`'s
+    graph); the least step wins (ties: the plan as it was)."""
+    costs, _ = job_layer_costs(job, calibration)
     p = job.plan
     chunks = p.pipeline_parallel * p.virtual_pipeline
     if stage_speed.shape != (p.pipeline_parallel,):
@@ -239,11 +241,11 @@ def slice_job_at_speeds(job: Job, stage_speed: np.ndarray, slack: float = SLACK)
         for c in range(chunks)
     ]
     found = stage_candidates(per_chunk, job.num_microbatches, _capacity_bytes(job), stage_bytes_of(job), slack)
-    jobs, ranked = _fitting(job, found)
+    jobs, ranked = _fitting(job, found, calibration)
     tried = [job, *(jobs[i] for i in ranked[:REFINE])]
     options = []
     for j in tried:
-        step = build_transformer_step(j)
+        step = build_transformer_step(j, calibration)
         step = replace(step, graph=with_speeds(step.graph, stage_speed))
         options.append(SpeedSlicing(j, step, simulate(step.graph).step_time_s, len(tried) - 1))
     return min(options, key=lambda o: o.step_s)  # the first of equals: the plan as it was

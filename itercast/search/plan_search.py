@@ -66,7 +66,8 @@ class SearchRequest:
     its memory (predict's: tensors and memory.reserve_bytes) plus `memory_margin_bytes` (None:
     FRAGMENTATION_OF_ACTIVATIONS of its activations) within `max_memory_fraction` of the GPU's memory;
     plans ranked by `objective` (objectives.OBJECTIVES), `token_budget` (tokens, optional) prices each
-    plan's time and GPU-hours to train that many."""
+    plan's time and GPU-hours to train that many; `calibration`: curves from profile.calibrate.load_calibration
+    that price every plan, in the fast path and the graph's re-score alike (None: the built-in ones)."""
 
     model: ModelConfig
     system: SystemConfig
@@ -79,6 +80,7 @@ class SearchRequest:
     include_oom: bool = False
     objective: str = "step"
     token_budget: float | None = None
+    calibration: dict[str, Any] | None = None
 
 
 @dataclass
@@ -135,7 +137,7 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
     out = Candidates(counts=counts, valid=len(table))
     if not len(table):
         return out
-    est = _estimator(request.model, request.system).evaluate(table)
+    est = _estimator(request.model, request.system, request.calibration).evaluate(table)
     mem, step, gbs = est["memory_per_gpu_bytes"], est["step_time_s"], table.cols["gbs"]
     batches_vary = len(request.options.global_batch_sizes) > 1
     rank = step / gbs if batches_vary else step  # time, for the time × memory front
@@ -172,14 +174,14 @@ def search_piece(request: SearchRequest, num_nodes: int) -> Candidates:
 _ESTIMATORS: dict[str, FastEstimator] = {}
 
 
-def _estimator(model: ModelConfig, system: SystemConfig) -> FastEstimator:
-    """One estimator per model and system in this process, whatever the node count: its unit and
-    group costs depend on the GPUs per node and the plan, not on how many nodes there are, so a
+def _estimator(model: ModelConfig, system: SystemConfig, calibration: dict[str, Any] | None) -> FastEstimator:
+    """One estimator per model, system and calibration in this process, whatever the node count: its unit
+    and group costs depend on the GPUs per node and the plan, not on how many nodes there are, so a
     sweep over node counts reuses them."""
-    key = json.dumps([model.model_dump(), system.model_dump(exclude={"num_nodes"})], sort_keys=True)
+    key = json.dumps([model.model_dump(), system.model_dump(exclude={"num_nodes"}), calibration], sort_keys=True)
     found = _ESTIMATORS.get(key)
     if found is None:
-        found = _ESTIMATORS[key] = FastEstimator(model, system)
+        found = _ESTIMATORS[key] = FastEstimator(model, system, calibration)
     return found
 
 
@@ -298,7 +300,7 @@ def plan_job(request: SearchRequest, row: dict[str, Any]) -> Job:
 
 def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
     """The graph simulation's figures for one candidate (the same fields through Job validation)."""
-    r = predict(plan_job(request, row))
+    r = predict(plan_job(request, row), request.calibration)
     gbs, seq = row["plan"]["global_batch_size"], request.model.seq_length
     return {
         **row,

@@ -38,6 +38,7 @@ import numpy as np
 from scipy import signal, special
 
 from itercast.config.job import Job
+from itercast.costs.analytic import AnalyticCostModel
 from itercast.graph.execgraph import Category, ExecGraph
 from itercast.measurements import Measurement
 from itercast.sim.analysis import critical_path
@@ -170,9 +171,10 @@ def transformer_step(
     return StepGraph(graph, k_task, p.dp * k_task, None if padded else expert_share, class_shares)
 
 
-def build_transformer_step(job: Job) -> StepGraph:
-    """`job`'s step graph priced by the built-in curves, with its routed-expert shares."""
-    builder = TransformerStepBuilder(job)
+def build_transformer_step(job: Job, calibration: dict[str, Any] | None = None) -> StepGraph:
+    """`job`'s step graph priced by `calibration`'s curves (profile.calibrate.load_calibration; None: the
+    built-in ones), with its routed-expert shares."""
+    builder = TransformerStepBuilder(job, AnalyticCostModel(job.system, job.plan.dtype, calibration))
     graph = builder.build()
     return transformer_step(job, graph, builder.expert_share(), builder.family_shares())
 

@@ -1,0 +1,84 @@
+"""One calibration prices a job the same in every command: `search` (its fast path and the graph's re-score),
+`variability` (its step graph) and `report` price with --calibration's curves as `predict` does.
+
+The calibration here slows every bf16 GEMM (its efficiency curve's plateau e_max 0.35 instead of the
+preset's), so a command that ignored it would answer a step about half as long."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.config.job import Job
+from itercast.predict import predict
+from itercast.profile.calibrate import FORMAT, VERSION, load_calibration
+
+SLOW_GEMMS = {"gemm": {"bf16": {"alpha_s": 6e-6, "e_max": 0.35, "log_half": 19.6, "gamma": 0.5}}}
+SMALL = ["--model", "gpt3-1.3b", "--system", "dgx-a100", "--set", "model.num_layers=4"]
+
+
+@pytest.fixture
+def slow_gemms(tmp_path: Path) -> Path:
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "system": "dgx-a100", **SLOW_GEMMS}))
+    return path
+
+
+def _json(args: list[str]) -> dict:
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def test_search_prices_every_plan_with_the_calibration(slow_gemms: Path) -> None:
+    args = ["search", *SMALL, "--set", "plan.global_batch_size=32", "--json", "--top", "1", "--workers", "1"]
+    plain = _json(args)["plans"][0]
+    slow = _json([*args, "--calibration", str(slow_gemms)])["plans"][0]
+    job = Job.from_dicts({"preset": "gpt3-1.3b", "num_layers": 4}, slow["plan"], {"preset": "dgx-a100", "num_nodes": 1})
+    # the graph's re-score is predict's with the calibration, and the fast path agrees with it
+    assert slow["step_time_s"] == pytest.approx(predict(job, load_calibration(slow_gemms)).step_time_s, rel=1e-9)
+    assert slow["fast_step_time_s"] == pytest.approx(slow["step_time_s"], rel=0.02)
+    assert slow["step_time_s"] > 1.5 * plain["step_time_s"]
+
+
+def test_variability_samples_the_calibrated_step(slow_gemms: Path) -> None:
+    args = ["variability", *SMALL, "--json", "--samples", "200"]
+    plain = _json(args)["deterministic_s"]
+    slow = _json([*args, "--calibration", str(slow_gemms)])["deterministic_s"]
+    job = Job.load(model="gpt3-1.3b", system="dgx-a100", overrides=["model.num_layers=4"])
+    # the slower GEMMs add to variability's step what they add to predict's (whose step prices a little more
+    # than the sampled graph's one GPU per stage: 0.64 ms here, calibrated or not)
+    added_s = predict(job, load_calibration(slow_gemms)).step_time_s - predict(job).step_time_s
+    assert slow - plain == pytest.approx(added_s, rel=1e-3)
+    assert slow > 1.5 * plain
+
+
+def test_report_of_a_job_with_its_calibration(slow_gemms: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(app, ["report", *SMALL, "--out", str(out), "--calibration", str(slow_gemms)])
+    assert res.exit_code == 0, res.output
+    job = Job.load(model="gpt3-1.3b", system="dgx-a100", overrides=["model.num_layers=4"])
+    step_s = predict(job, load_calibration(slow_gemms)).step_time_s  # 0.054 s; 0.034 s on the built-in curves
+    assert f"step time</td><td>{step_s:.3f} s<" in out.read_text()
+    both = CliRunner().invoke(app, ["report", "--result", str(out), "--calibration", str(slow_gemms)])
+    assert both.exit_code == 2 and "--result, not both" in both.output
+
+
+def test_a_dlrm_search_prices_its_shardings_with_the_calibration(tmp_path: Path) -> None:
+    """dlrm-small (fp32: TF32 GEMMs) with its TF32 GEMMs and elementwise kernels slowed: the search's best at
+    4,096 samples per GPU is `shard`'s best at that batch with the same file."""
+    slow = {name: {"alpha_s": 6e-6, "e_max": 0.05, "log_half": 19.6, "gamma": 0.5} for name in ("tf32", "elementwise")}
+    path = tmp_path / "cal.json"
+    fields = {"gemm": {"tf32": slow["tf32"]}, "memory": {"elementwise": slow["elementwise"]}}
+    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "system": "dgx-a100", **fields}))
+    job = ["--model", "dlrm-small", "--system", "dgx-a100", "--json"]
+    search = ["search", *job, "--top", "1", "--batches", "4096"]
+    plain = _json(search)["plans"][0]["step_time_s"]
+    found = _json([*search, "--calibration", str(path)])["plans"][0]["step_time_s"]
+    shard = _json(["shard", *job, "--batch-per-rank", "4096", "--calibration", str(path)])["plans"][0]["step_time_s"]
+    assert found == pytest.approx(shard, rel=1e-12)
+    assert found > 3 * plain
