@@ -137,14 +137,25 @@ class DLRMPrediction(Forecast):
         }
 
 
+def simulate_transformer_step(
+    job: Job, calibration: dict[str, Any] | None = None
+) -> tuple[TransformerStepBuilder, SimResult]:
+    """The step graph of `job` priced by `calibration`'s curves (profile.calibrate.load_calibration; None:
+    the built-in ones), and its simulation with each compute task slowed by the communication beside it
+    (sim/contention.py: the result's graph carries the stretched durations). What `predict` summarises and
+    `variability` samples."""
+    builder = TransformerStepBuilder(job, AnalyticCostModel(job.system, job.plan.dtype, calibration))
+    slowdown = np.array([gpu.overlap_compute_slowdown for gpu in job.stage_gpus()])  # rank r = stage r
+    return builder, simulate_with_contention(builder.build(), slowdown)
+
+
 def predict(job: Job, calibration: dict[str, Any] | None = None) -> Prediction:
     """Build the step graph of `job`, simulate it (compute slowed by the communication beside it:
-    sim/contention.py) and summarise. `calibration`: curves from profile.calibrate.load_calibration
-    (else the built-in ones). family_time_s gains 'overlap_contention': that stretch, in seconds."""
-    builder = TransformerStepBuilder(job, AnalyticCostModel(job.system, job.plan.dtype, calibration))
-    graph = builder.build()
-    slowdown = np.array([gpu.overlap_compute_slowdown for gpu in job.stage_gpus()])  # rank r = stage r
-    sim = simulate_with_contention(graph, slowdown)
+    sim/contention.py) and summarise (simulate_transformer_step). family_time_s gains
+    'overlap_contention': that stretch, in seconds."""
+    builder, sim = simulate_transformer_step(job, calibration)
+    graph = builder.graph
+    assert graph is not None  # built by simulate_transformer_step
     bd = breakdown(sim)
     families = dict(builder.family_time_s[bd.rank])
     on_rank = graph.resource_rank[graph.resource] == bd.rank

@@ -38,13 +38,12 @@ import numpy as np
 from scipy import signal, special
 
 from itercast.config.job import Job
-from itercast.costs.analytic import AnalyticCostModel
 from itercast.graph.execgraph import Category, ExecGraph
 from itercast.measurements import Measurement
+from itercast.predict import simulate_transformer_step
 from itercast.sim.analysis import critical_path
 from itercast.sim.engine import simulate
 from itercast.sim.montecarlo import simulate_samples
-from itercast.workloads.transformer import TransformerStepBuilder
 
 
 @dataclass(frozen=True)
@@ -173,10 +172,11 @@ def transformer_step(
 
 def build_transformer_step(job: Job, calibration: dict[str, Any] | None = None) -> StepGraph:
     """`job`'s step graph priced by `calibration`'s curves (profile.calibrate.load_calibration; None: the
-    built-in ones), with its routed-expert shares."""
-    builder = TransformerStepBuilder(job, AnalyticCostModel(job.system, job.plan.dtype, calibration))
-    graph = builder.build()
-    return transformer_step(job, graph, builder.expert_share(), builder.family_shares())
+    built-in ones), each compute task stretched by the communication beside it as `predict` stretches it
+    (predict.simulate_transformer_step: the graph its simulation returns), so that the deterministic step is
+    predict's; with its routed-expert shares."""
+    builder, sim = simulate_transformer_step(job, calibration)
+    return transformer_step(job, sim.graph, builder.expert_share(), builder.family_shares())
 
 
 class GraphSampler:
