@@ -174,7 +174,8 @@ def build_transformer_step(job: Job, calibration: dict[str, Any] | None = None) 
     """`job`'s step graph priced by `calibration`'s curves (profile.calibrate.load_calibration; None: the
     built-in ones), each compute task stretched by the communication beside it as `predict` stretches it
     (predict.simulate_transformer_step: the graph its simulation returns), so that the deterministic step is
-    predict's; with its routed-expert shares."""
+    predict's; with its routed-expert shares. The stretch is kept as it is under sampling: a draw that moves
+    a task's overlap with the communication beside it does not re-price its contention (an approximation)."""
     builder, sim = simulate_transformer_step(job, calibration)
     return transformer_step(job, sim.graph, builder.expert_share(), builder.family_shares())
 
