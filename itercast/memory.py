@@ -324,7 +324,7 @@ def cross_entropy_saved_bytes(plan: PlanConfig) -> int:
 
 
 def state_bytes_per_param(
-    base: PlanConfig, zero: np.ndarray | int, shard: np.ndarray | int
+    base: PlanConfig, zero: np.ndarray | int, shard: np.ndarray | int, pp: np.ndarray | int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bytes per local parameter of weights, gradients and optimizer state on one GPU: weights as
     kept (PlanConfig.stored_weight_bytes: 16-bit, fp32 in fp32 training), gradients in
@@ -334,8 +334,9 @@ def state_bytes_per_param(
     (main_params fp32_weights, torchtitan's FSDP2) are sharded from ZeRO 2 on: FSDP2 shards every
     parameter, and at ZeRO 2 (reshard_after_forward False) also keeps the 16-bit weights it gathered
     from the forward until the backward: 16-bit bytes whole beside the fp32 shard. FSDP2 under pipelining
-    (plan.grad_accumulation fp32_add) keeps each parameter's fp32 sum of the micro-batches' gradients whole
-    until the last micro-batch's reduce-scatter (_fsdp_param.py unsharded_accumulated_grad): 4 bytes, unsharded."""
+    (plan.grad_accumulation fp32_add, and fsdp2 where `pp` > 1 with ZeRO 2-3: PlanConfig.fsdp2_accumulates)
+    keeps each parameter's fp32 sum of the micro-batches' gradients whole until the last micro-batch's
+    reduce-scatter (_fsdp_param.py unsharded_accumulated_grad): 4 bytes, unsharded."""
     w_b, g_b = base.stored_weight_bytes, 4 if base.dtype == "fp32" else base.grad_bytes
     o_b = base.optimizer_state_bytes
     z = np.asarray(zero)
@@ -344,9 +345,12 @@ def state_bytes_per_param(
     # DeepSpeed ZeRO-3 keeps 16-bit gradient partitions whatever the reduction (v0.3.13 stage3.py
     # partition_previous_reduced_grads: grads_in_partition dtype torch.half)
     grad_b = np.where((z >= 3) & (base.zero3_fetch == "deepspeed"), min(g_b, base.dtype_bytes), g_b)
+    grads = grad_b / np.where(z >= 2, shard, 1)
     if base.grad_accumulation == "fp32_add":
-        return weights, np.full_like(grad_b, 4.0, dtype=np.float64), o_b / np.where(z >= 1, shard, 1)
-    return weights, grad_b / np.where(z >= 2, shard, 1), o_b / np.where(z >= 1, shard, 1)
+        grads = np.full_like(grads, 4.0, dtype=np.float64)
+    elif base.grad_accumulation == "fsdp2":
+        grads = np.where((np.asarray(pp) > 1) & (z >= 2), 4.0, grads)
+    return weights, grads, o_b / np.where(z >= 1, shard, 1)
 
 
 #: DeepSpeed ZeRO-3 defaults (deepspeed/runtime/zero/constants.py at v0.3.13, 12a53b4, March 2021):
@@ -413,8 +417,8 @@ class StageMemory:
         self.tokens = c["mbs"] * m.seq_length / c["cp"]
         self.per_layer = _activation_bytes(m, t) * self.tokens
         self.per_moe_layer = _activation_bytes(m, t, moe=True) * self.tokens if m.is_moe else 0.0
-        self.state = state_bytes_per_param(base, c["zero"], shard)
-        self.expert_state = state_bytes_per_param(base, c["zero"], expert_shard)
+        self.state = state_bytes_per_param(base, c["zero"], shard, c["pp"])
+        self.expert_state = state_bytes_per_param(base, c["zero"], expert_shard, c["pp"])
         whole_w_b = base.dtype_bytes  # ZeRO-3's gathered layers: whole, in the compute dtype
         # full recompute: one layer's whole activations live while it is recomputed (any stage)
         no_rc = np.zeros_like(c["zero"])

@@ -153,6 +153,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "the word table's gradients not accumulated", _t("grad_accumulation")),
     M(MEM, 'if base.grad_accumulation == "fp32_add":', 'if base.grad_accumulation == "fp32_add" and False:',
       "FSDP2's fp32 sums under pipelining sharded like its reduced gradients", _t("grad_accumulation")),
+    M(PLAN, "pipelined_fsdp = self.pipeline_parallel > 1 and self.zero_stage >= 2",
+      "pipelined_fsdp = self.zero_stage >= 2", "FSDP2 accumulates whole fp32 sums without pipelining too",
+      _t("grad_accumulation")),
+    M(FAST, "        key += tuple(k for k in _FSDP2_KEY if k not in key)\n", "",
+      "the fast path's unit costs not told apart by pp and ZeRO under fsdp2", _t("grad_accumulation")),
+    M(MEM, "grads = np.where((np.asarray(pp) > 1) & (z >= 2), 4.0, grads)", "grads = np.where(z >= 2, 4.0, grads)",
+      "FSDP2's whole fp32 sums held without pipelining too", _t("grad_accumulation")),
     # -- one calibration in every command -------------------------------------------------------------
     M("search/plan_search.py", "FastEstimator(model, system, calibration)", "FastEstimator(model, system)",
       "the search's fast path on the built-in curves under --calibration", _t("calibration_everywhere")),

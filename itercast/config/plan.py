@@ -219,7 +219,7 @@ class PlanConfig(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training)."
     )
-    grad_accumulation: Literal["fused", "autograd", "fp32_copy_add", "fp32_add"] = Field(
+    grad_accumulation: Literal["fused", "autograd", "fp32_copy_add", "fp32_add", "fsdp2"] = Field(
         "fused",
         description="How each micro-batch's weight gradients join the step's (workloads/transformer_ops.py "
         "grad_accumulation_ops: a memory-bound pass over the unit's parameters after its backward, on every "
@@ -234,8 +234,12 @@ class PlanConfig(BaseModel):
         "grad_accum_dtype fp32 with ZeRO-1). fp32_add: an fp32 accumulator += the 16-bit gradient in one "
         "kernel, 4 + 2 + 4 bytes (FSDP2 under torch.distributed.pipelining with reduce_dtype fp32: "
         "set_requires_gradient_sync(False) until the last micro-batch, _fsdp_param.py "
-        "accumulate_unsharded_grad_if_needed). Priced on every micro-batch: autograd's first writes rather "
-        "than adds, fp32_add's first is a 6-byte cast (one micro-batch's pass over-counted).",
+        "accumulate_unsharded_grad_if_needed; its fp32 sums held whole until the last reduce-scatter). fsdp2: "
+        "as torchtitan runs FSDP2, fp32_add under pipelining with FSDP (zero_stage 2-3; in fp32 training "
+        "autograd's fp32 add, the gradients already in the reduction's dtype), nothing otherwise "
+        "(without pipelining FSDP2 reduce-scatters every micro-batch and adds only its shard; DDP's adds of "
+        "fp32 gradients left out). Priced on every micro-batch: autograd's first writes rather than adds, "
+        "fp32_add's first is a 6-byte cast (one micro-batch's pass over-counted).",
     )
     main_params: Literal["fp32", "fp32_remainders", "bf16", "none", "fp32_weights"] = Field(
         "fp32",
@@ -414,6 +418,13 @@ class PlanConfig(BaseModel):
                 f"{self.recompute_num_layers}"
             )
         return self
+
+    @property
+    def fsdp2_accumulates(self) -> bool:
+        """FSDP2 sums the micro-batches' gradients in whole fp32 tensors before one reduce-scatter: under
+        grad_accumulation fp32_add, and fsdp2 with pipelining and FSDP (zero_stage 2-3)."""
+        pipelined_fsdp = self.pipeline_parallel > 1 and self.zero_stage >= 2
+        return self.grad_accumulation == "fp32_add" or (self.grad_accumulation == "fsdp2" and pipelined_fsdp)
 
     @property
     def dp(self) -> int:

@@ -126,6 +126,7 @@ from itercast.workloads.transformer import (
 
 _LAYER_KEY = ("tp", "cp", "mbs", "sp", "recompute", "ep", "etp")
 _CHUNK_KEY = ("pp", "vp")  # also a layer's, where the recomputed share depends on the chunks
+_FSDP2_KEY = ("pp", "zero")  # also a unit's under grad_accumulation fsdp2 (transformer_ops.grad_accumulation_cost)
 _GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero", "ep", "etp")
 _STAGE_KEY = ("pp", "vp")
 #: one pass of each unit: layer, embedding, head, MoE layer; forward and backward
@@ -501,8 +502,7 @@ class FastEstimator:
         """Seconds of one pass of each unit (compute + blocking communication, and its stream's wait for its
         host: _moe_waited), kernel counts, blocking communication and the host's waits (w_)."""
         base = t.base
-        per_chunk = base.recompute_method == "block" or base.recompute_every > 1  # memory.full_recompute_share
-        keys, inverse = _distinct(t, _LAYER_KEY + (_CHUNK_KEY if per_chunk else ()))
+        keys, inverse = _distinct(t, _unit_key(base))
         rows: dict[str, list[float]] = {k: [] for n in UNIT_PASSES for k in (n, f"k_{n}", f"c_{n}", f"w_{n}")}
         launch_s = self.system.gpu.kernel_launch_overhead_s
         for key in keys:
@@ -521,17 +521,11 @@ class FastEstimator:
         cached: tuple[str | int, ...] = (_shared(base), *key)
         found = self._units.get(cached)
         if found is None:
-            tp, cp, mbs, sp, rc, ep, etp, *chunks = key
-            job = self._job(
-                base.model_copy(update={"recompute": RECOMPUTE[rc]}),
-                tp=tp,
-                cp=cp,
-                mbs=mbs,
-                sp=sp,
-                ep=ep,
-                etp=etp,
-                **dict(zip(_CHUNK_KEY, chunks, strict=False)),
-            )
+            sizes = dict(zip(_unit_key(base), key, strict=True))
+            update: dict[str, Any] = {"recompute": RECOMPUTE[sizes.pop("recompute")]}
+            if "zero" in sizes:
+                update["zero_stage"] = sizes.pop("zero")
+            job = self._job(base.model_copy(update=update), **sizes)
             found = self._units[cached] = UnitCosts.of(job, self._cost_model(base.dtype), Groups.of(job))
         return found
 
@@ -906,6 +900,18 @@ def _moe_waited(split: WaitSplit | None, launch_s: float) -> tuple[float, float]
 def _sum(params: list[tuple[float, float]]) -> tuple[float, float]:
     """(routed experts', the rest) of a list of units' parameters."""
     return sum(w[0] for w in params), sum(w[1] for w in params)
+
+
+def _unit_key(base: PlanConfig) -> tuple[str, ...]:
+    """The plan columns a unit's costs depend on: the layer's shapes, and the pipeline's chunks where the
+    recomputed share depends on them (memory.full_recompute_share), the pipeline and ZeRO stage where the
+    gradient accumulation does (grad_accumulation fsdp2: transformer_ops.grad_accumulation_cost)."""
+    key: tuple[str, ...] = _LAYER_KEY
+    if base.recompute_method == "block" or base.recompute_every > 1:
+        key += _CHUNK_KEY
+    if base.grad_accumulation == "fsdp2":
+        key += tuple(k for k in _FSDP2_KEY if k not in key)
+    return key
 
 
 def _distinct(t: PlanTable, columns: tuple[str, ...]) -> tuple[list[tuple[int, ...]], np.ndarray]:

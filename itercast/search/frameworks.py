@@ -214,6 +214,10 @@ FRAMEWORKS: dict[str, Framework] = {
             # config/configs.py Training.dtype float32, mixed_precision_param bfloat16: fp32 weights the
             # optimizer updates, bf16 casts for compute (FSDP2 MixedPrecisionPolicy, or autocast under DDP)
             "main_params": "fp32_weights",
+            # mixed_precision_reduce float32: under torch.distributed.pipelining FSDP2 sums each micro-batch's
+            # bf16 gradients into whole fp32 tensors before one reduce-scatter (pipelining/stage.py
+            # set_requires_gradient_sync(False), _fsdp_param.py accumulate_unsharded_grad_if_needed)
+            "grad_accumulation": "fsdp2",
         },
         cross_entropies=("torch_compiled", "torch"),
         # fp32 parameters (training.dtype float32) cast to bf16 by FSDP2 or autocast, torch.optim.AdamW's fp32

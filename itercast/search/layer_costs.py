@@ -47,7 +47,7 @@ def job_layer_costs(job: Job, calibration: dict[str, Any] | None = None) -> tupl
         return fwd.compute_s + fwd.comm_s + bwd.compute_s + bwd.comm_s
 
     def per_param(shard: int) -> float:
-        return float(sum(state_bytes_per_param(p, p.zero_stage, shard)))
+        return float(sum(state_bytes_per_param(p, p.zero_stage, shard, p.pipeline_parallel)))
 
     rest_b, experts_b = per_param(groups.grad.size), per_param(groups.expert_grad.size)
     tokens = p.micro_batch_size * m.seq_length / p.context_parallel

@@ -972,8 +972,11 @@ def grad_accumulation_cost(plan: PlanConfig) -> tuple[int, int]:
     fused 0; autograd, param.grad += grad in place, read 2e, write e; fp32_copy_add, grad.to(fp32) (read e,
     write 4) then hp_grad.add_ (read 4 + 4, write 4), DeepSpeed bf16_optimizer.py _update_hp_grad; fp32_add,
     acc += grad with the dtypes mixed in one kernel (read 4 + e, write 4), FSDP2 _fsdp_param.py
-    accumulate_unsharded_grad_if_needed."""
+    accumulate_unsharded_grad_if_needed; fsdp2, fp32_add where FSDP runs under pipelining (plan.fsdp2_accumulates),
+    else 0."""
     e = plan.dtype_bytes
+    if plan.grad_accumulation == "fsdp2":  # fp32 training: its gradients are fp32 already, autograd adds them
+        return ((3 * 4 if plan.dtype == "fp32" else 4 + e + 4), 1) if plan.fsdp2_accumulates else (0, 0)
     return {
         "fused": (0, 0),
         "autograd": (3 * e, 1),
