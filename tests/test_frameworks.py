@@ -169,6 +169,11 @@ def test_torchtitan_and_deepspeed_launch_texts_carry_the_sizes():
     assert config["gradient_accumulation_steps"] == 1536 // (1 * 32)  # 48
     assert config["zero_optimization"]["stage"] == 1
     assert "--pipeline-model-parallel-size 8" in ds
+    assert "data_types" not in config  # autograd's accumulation: DeepSpeed's default grad_accum_dtype
+    bf16_optimizer = {**PLAN, "virtual_pipeline": 1, "schedule": "1f1b", "grad_accumulation": "fp32_copy_add"}
+    ds = launch_settings("deepspeed", bf16_optimizer, GPT3)  # type: ignore[arg-type]
+    config = json.loads(ds.split("# Megatron-DeepSpeed arguments")[0].removeprefix("# ds_config.json\n"))
+    assert config["data_types"] == {"grad_accum_dtype": "fp32"}
 
 
 def test_launch_settings_carry_the_recompute_the_plan_priced():
