@@ -10,6 +10,7 @@ import numpy as np
 
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.host_overheads import host_calibrated
 from itercast.memory import MemoryEstimate, estimate_memory, full_recompute_share
 from itercast.sim.analysis import Breakdown, breakdown, critical_path
 from itercast.sim.contention import simulate_with_contention
@@ -143,7 +144,9 @@ def simulate_transformer_step(
     """The step graph of `job` priced by `calibration`'s curves (profile.calibrate.load_calibration; None:
     the built-in ones), and its simulation with each compute task slowed by the communication beside it
     (sim/contention.py: the result's graph carries the stretched durations). What `predict` summarises and
-    `variability` samples."""
+    `variability` samples. A calibration with host overheads sets the host's cost per kernel
+    (costs/host_overheads.py host_calibrated)."""
+    job = Job(job.model, job.plan, host_calibrated(job.system, calibration))
     builder = TransformerStepBuilder(job, AnalyticCostModel(job.system, job.plan.dtype, calibration))
     slowdown = np.array([gpu.overlap_compute_slowdown for gpu in job.stage_gpus()])  # rank r = stage r
     return builder, simulate_with_contention(builder.build(), slowdown)

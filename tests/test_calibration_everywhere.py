@@ -82,3 +82,34 @@ def test_a_dlrm_search_prices_its_shardings_with_the_calibration(tmp_path: Path)
     shard = _json(["shard", *job, "--batch-per-rank", "4096", "--calibration", str(path)])["plans"][0]["step_time_s"]
     assert found == pytest.approx(shard, rel=1e-12)
     assert found > 3 * plain
+
+
+#: a host calibration (`itercast calibrate --host-trace`): T1 20 µs, T2 10, the launch call (T4) 8, T3 2, no
+#: operator that launches nothing: one launching operator 20 + 10 + 8 + 2 = 40 µs of host time
+HOST = {
+    "version": 1,
+    "t1_us": 20.0,
+    "t4_us": {"cudaLaunchKernel": 8.0},
+    "per_op": {},
+    "pooled": {"t2_us": 10.0, "t3_us": 2.0, "t5_us": 0.0, "no_call_us": 0.0},
+}
+TINY = [*SMALL, "--set", "model.seq_length=64", "--set", "plan.global_batch_size=8"]
+
+
+def test_a_host_calibration_prices_a_transformers_launches(tmp_path: Path) -> None:
+    """A transformer step's host cost per kernel is the calibration's 40 µs per launching operator (the
+    DLRM step's figure for one operator), in predict and in search's fast path and re-score alike: the
+    same step as the preset with kernel_launch_overhead_s 40 µs, which this small, host-bound step feels."""
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "system": "dgx-a100", "host_overheads": HOST}))
+    calibrated = _json(["predict", *TINY, "--json", "--calibration", str(path)])["step_time_s"]
+    by_hand = _json(["predict", *TINY, "--json", "--set", "system.gpu.kernel_launch_overhead_s=4e-05"])
+    default = _json(["predict", *TINY, "--json"])["step_time_s"]
+    assert calibrated == pytest.approx(by_hand["step_time_s"], rel=1e-12)
+    assert calibrated > 1.1 * default
+    search = ["search", *TINY, "--json", "--top", "1", "--workers", "1", "--calibration", str(path)]
+    found = _json(search)["plans"][0]
+    model = {"preset": "gpt3-1.3b", "num_layers": 4, "seq_length": 64}
+    job = Job.from_dicts(model, found["plan"], {"preset": "dgx-a100", "num_nodes": 1})
+    assert found["step_time_s"] == pytest.approx(predict(job, load_calibration(path)).step_time_s, rel=1e-9)
+    assert found["fast_step_time_s"] == pytest.approx(found["step_time_s"], rel=0.02)

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from itercast.config.system import GPUSpec, SystemConfig
+
 VERSION = 1
 KINDS = ("t2_us", "t3_us", "t5_us", "no_call_us")
 #: runtime calls that wait for the GPU (CUDA runtime API, "API synchronization behavior"); their time is
@@ -148,6 +150,20 @@ class HostOverheads:
         t4 = sum(n * (0.0 if c == WAITING_CALLS else self.t4_us.get(c, launch_us)) for c, n in counts.items())
         return self.op_us("t2_us", name) + t4 + max(sum(counts.values()) - 1.0, 0.0) * self.op_us("t5_us", name)
 
+    @property
+    def silent_per_launching(self) -> float:
+        """Operators that launch nothing per operator that launches (their sample counts; 0 without)."""
+        launching = self.samples.get("t2", 0)
+        return self.samples.get("no_call", 0) / launching if launching else 0.0
+
+    def launching_op_us(self, on_host: bool = False) -> float:
+        """Host µs of one operator that launches a kernel, with its share of the operators that launch
+        nothing: T1 + T2 + T4 + T3 and silent_per_launching × (T1 + no-call time); `on_host` (an accelerator
+        that is the host, gpu.executes_on_host) T1 and the silent operators alone: T2 and T3 are inside the
+        operator's measured time and nothing is launched (workloads/dlrm/host.py)."""
+        around_launch_us = 0.0 if on_host else self.pooled["t2_us"] + self.t4_us.get(LAUNCH, 0.0) + self.pooled["t3_us"]
+        return self.t1_us + around_launch_us + self.silent_per_launching * (self.t1_us + self.pooled["no_call_us"])
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": VERSION,
@@ -212,3 +228,20 @@ def _number(value: Any, where: str, unit: str = "µs") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value) or value < 0:
         raise HostOverheadError(f"{where}: expected a finite number ≥ 0 ({unit}), got {value!r}")
     return float(value)
+
+
+def host_calibrated(system: SystemConfig, calibration: dict[str, Any] | None) -> SystemConfig:
+    """`system` with the host cost per kernel of a model-built transformer step (GPUSpec.kernel_launch_overhead_s,
+    every GPU kind of it) taken from the calibration's host overheads when it has a host_overheads section
+    (`itercast calibrate --host-trace`: one launching operator's HostOverheads.launching_op_us, the same figure
+    a DLRM step prices an operator at); unchanged otherwise (the preset's: Lin et al.'s 5 µs, 11.3 µs measured
+    on an H100 host)."""
+    if calibration is None or "host_overheads" not in calibration:
+        return system
+    h = HostOverheads.from_dict(calibration["host_overheads"])
+
+    def calibrated(gpu: GPUSpec) -> GPUSpec:
+        return gpu.model_copy(update={"kernel_launch_overhead_s": h.launching_op_us(gpu.executes_on_host) * 1e-6})
+
+    groups = tuple(g.model_copy(update={"gpu": calibrated(g.gpu)}) for g in system.device_groups)
+    return system.model_copy(update={"gpu": calibrated(system.gpu), "device_groups": groups})

@@ -100,6 +100,7 @@ from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
 from itercast.memory import memory_columns
@@ -149,10 +150,12 @@ class FastEstimator:
         calibration: dict[str, Any] | None = None,
     ) -> None:
         """`model`, `system`: validated configs, or raw sections (`preset: NAME` plus overrides);
-        `calibration`: curves from profile.calibrate.load_calibration (None: the built-in ones), as predict's."""
+        `calibration`: curves from profile.calibrate.load_calibration (None: the built-in ones) and its host
+        overheads (costs/host_overheads.py host_calibrated), as predict's."""
         self.model = model if isinstance(model, ModelConfig) else cast(ModelConfig, parse_section("model", model))
-        self.system = (
-            system if isinstance(system, SystemConfig) else cast(SystemConfig, parse_section("system", system))
+        self.system = host_calibrated(
+            system if isinstance(system, SystemConfig) else cast(SystemConfig, parse_section("system", system)),
+            calibration,
         )
         self.calibration = calibration
         # keyed by the tables' shared fields too: one estimator may price tables of several bases

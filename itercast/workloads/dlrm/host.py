@@ -96,8 +96,8 @@ def host_model(
 ) -> HostModel:
     """`overheads` when given, else the calibration's host_overheads section ("own trace", or "other
     trace" where `host_overheads_source` names the traces it was measured on), else the TorchRec
-    defaults ("other trace"). One launching operator costs T1 + T2 + T4 + T3 and
-    `silent_per_launching` × (T1 + no-call time); on a system whose accelerator is the host
+    defaults ("other trace"). One launching operator costs HostOverheads.launching_op_us: T1 + T2 + T4 +
+    T3 and `silent_per_launching` × (T1 + no-call time); on a system whose accelerator is the host
     (gpu.executes_on_host) T1 and the silent operators alone (module docstring: T2 and T3 are inside
     the operator's measured time, nothing is launched) and the host time adds to the compute."""
     if overheads is not None:
@@ -110,15 +110,7 @@ def host_model(
         h, where = default_overheads()
         source = f"other trace: costs/host_overheads.json, {where.split(' (')[0]}"
     on_host = system.gpu.executes_on_host
-    around_launch_us = 0.0 if on_host else h.pooled["t2_us"] + h.t4_us.get(LAUNCH, 0.0) + h.pooled["t3_us"]
-    op_us = h.t1_us + around_launch_us + silent_per_launching(h) * (h.t1_us + h.pooled["no_call_us"])
-    return HostModel(op_us * 1e-6, on_host, source)
-
-
-def silent_per_launching(h: HostOverheads) -> float:
-    """Operators that launch nothing per operator that launches (their sample counts; 0 without)."""
-    launching = h.samples.get("t2", 0)
-    return h.samples.get("no_call", 0) / launching if launching else 0.0
+    return HostModel(h.launching_op_us(on_host) * 1e-6, on_host, source)
 
 
 POOLED = ("table_wise", "column_wise")
