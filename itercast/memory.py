@@ -326,18 +326,21 @@ def cross_entropy_saved_bytes(plan: PlanConfig) -> int:
 def state_bytes_per_param(
     base: PlanConfig, zero: np.ndarray | int, shard: np.ndarray | int, pp: np.ndarray | int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Bytes per local parameter of weights, gradients and optimizer state on one GPU: weights as
-    kept (PlanConfig.stored_weight_bytes: 16-bit, fp32 in fp32 training), gradients in
-    plan.grad_bytes, the optimizer's copy of the weights and Adam m, v (PlanConfig.optimizer_state_bytes:
-    4 + 8 by default; fp32 training: 4, 4, 8), each divided by the `shard` ranks from the ZeRO stage
-    that shards it (3: weights, 2: gradients, 1: optimizer). fp32 weights of 16-bit training
-    (main_params fp32_weights, torchtitan's FSDP2) are sharded from ZeRO 2 on: FSDP2 shards every
-    parameter, and at ZeRO 2 (reshard_after_forward False) also keeps the 16-bit weights it gathered
-    from the forward until the backward: 16-bit bytes whole beside the fp32 shard. FSDP2 under pipelining
+    """Bytes per local parameter of weights, gradients and optimizer state on one GPU: weights as kept
+    (PlanConfig.stored_weight_bytes: 16-bit, fp32 in fp32 training), gradients in plan.grad_bytes (under
+    grad_accumulation autograd the parameters' own .grad, in the 16-bit dtype autograd writes: DeepSpeed's FP16
+    and ZeRO-0/1 optimizers), the optimizer's copy of the weights and Adam m, v
+    (PlanConfig.optimizer_state_bytes: 4 + 8 by default; fp32 training: 4, 4, 8), each divided by the `shard`
+    ranks from the ZeRO stage that shards it (3: weights, 2: gradients, 1: optimizer). fp32 weights of 16-bit
+    training (main_params fp32_weights, torchtitan's FSDP2) are sharded from ZeRO 2 on: FSDP2 shards every
+    parameter, and at ZeRO 2 (reshard_after_forward False) also keeps the 16-bit weights it gathered from the
+    forward until the backward: 16-bit bytes whole beside the fp32 shard. FSDP2 under pipelining
     (plan.grad_accumulation fp32_add, and fsdp2 where `pp` > 1 with ZeRO 2-3: PlanConfig.fsdp2_accumulates)
     keeps each parameter's fp32 sum of the micro-batches' gradients whole until the last micro-batch's
     reduce-scatter (_fsdp_param.py unsharded_accumulated_grad): 4 bytes, unsharded."""
     w_b, g_b = base.stored_weight_bytes, 4 if base.dtype == "fp32" else base.grad_bytes
+    if base.grad_accumulation == "autograd":  # param.grad, in the dtype autograd writes it
+        g_b = base.dtype_bytes
     o_b = base.optimizer_state_bytes
     z = np.asarray(zero)
     fsdp2 = base.main_params == "fp32_weights" and base.dtype != "fp32"

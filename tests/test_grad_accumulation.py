@@ -184,3 +184,12 @@ def test_fast_path_agrees_with_graph_under_torchtitans_accumulation():
     ]
     valid, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-h100", "num_nodes": 2}, plans)
     assert len(valid) == 60 and rel.max() < 0.02 and rel.mean() < 0.005
+
+
+def test_autograd_keeps_its_gradients_in_the_parameters_dtype():
+    """The GPT job above on 8 A100 (tp 2 × dp 4, ZeRO 0): 4 layers of 6,301,184 parameters, the vocab shard
+    2,048 × 1,024 and the 512 × 1,024 position table, 27,826,176 in all, the head tied on this one stage.
+    Megatron's fused accumulation keeps fp32 gradients (4 bytes), BF16_Optimizer its fp32 buffer (4), autograd
+    the parameters' own bf16 .grad (2)."""
+    grads = {mode: estimate_memory(gpt_job(mode)).gradients_bytes for mode in ("fused", "fp32_copy_add", "autograd")}
+    assert grads == {"fused": 4 * 27_826_176, "fp32_copy_add": 4 * 27_826_176, "autograd": 2 * 27_826_176}

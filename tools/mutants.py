@@ -151,6 +151,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "routed experts' gradients not accumulated", _t("grad_accumulation")),
     M(TF, "ops_mod.backward_of(emb, p) + embed_acc", "ops_mod.backward_of(emb, p)",
       "the word table's gradients not accumulated", _t("grad_accumulation")),
+    M(MEM, "autograd writes it\n        g_b = base.dtype_bytes\n", "autograd writes it\n        g_b = g_b\n",
+      "autograd's gradients counted in the fp32 reduction's bytes", _t("grad_accumulation")),
     M(MEM, 'if base.grad_accumulation == "fp32_add":', 'if base.grad_accumulation == "fp32_add" and False:',
       "FSDP2's fp32 sums under pipelining sharded like its reduced gradients", _t("grad_accumulation")),
     M(PLAN, "pipelined_fsdp = self.pipeline_parallel > 1 and self.zero_stage >= 2",
