@@ -28,6 +28,7 @@ from itercast.cli.app import (
     show_table,
     warn,
 )
+from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError, DeadlockError
 from itercast.predict import Forecast
 from itercast.traces.perfetto import write_chrome_trace
@@ -126,6 +127,14 @@ def predict_cmd(
         echo_json(result.to_dict())
     else:
         print_forecast(w, result, trace)
+        if isinstance(w, TransformerWorkload) and cal is not None and "host_overheads" in cal:
+            host_s = host_calibrated(w.job.system, cal).gpu.kernel_launch_overhead_s
+            console.print(
+                f"host per kernel: {host_s * 1e6:.1f} µs from {calibration}'s host overheads (T1 + T2 + T4 + T3 "
+                f"per launching operator; the preset's {w.job.system.gpu.kernel_launch_overhead_s * 1e6:.1f} µs)",
+                highlight=False,
+                markup=False,
+            )
     if result.memory.oom:
         mem = result.memory
         warn(
