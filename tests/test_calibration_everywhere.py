@@ -115,3 +115,17 @@ def test_a_host_calibration_prices_a_transformers_launches(tmp_path: Path) -> No
     job = Job.from_dicts(model, found["plan"], {"preset": "dgx-a100", "num_nodes": 1})
     assert found["step_time_s"] == pytest.approx(predict(job, load_calibration(path)).step_time_s, rel=1e-9)
     assert found["fast_step_time_s"] == pytest.approx(found["step_time_s"], rel=0.02)
+
+
+def test_compare_prices_both_jobs_with_the_calibration(slow_gemms: Path, tmp_path: Path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("model: {preset: gpt3-1.3b, num_layers: 4}\nsystem: dgx-a100\nplan: {tensor_parallel: 2}\n")
+    b.write_text("model: {preset: gpt3-1.3b, num_layers: 4}\nsystem: dgx-a100\nplan: {tensor_parallel: 4}\n")
+    data = _json(["compare", str(a), str(b), "--json", "--calibration", str(slow_gemms)])
+    cal = load_calibration(slow_gemms)
+    pa, pb = (predict(Job.load(path), cal).step_time_s for path in (a, b))
+    assert data["step_time_s"] == {"a": pa, "b": pb, "b_minus_a": pb - pa}
+    saved = CliRunner().invoke(
+        app, ["compare", str(tmp_path / "x.json"), str(tmp_path / "y.json"), "--calibration", str(slow_gemms)]
+    )
+    assert saved.exit_code == 2 and "saved results carry the prices" in saved.output

@@ -175,6 +175,8 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("calibration_everywhere")),
     M("cli/search_cmds.py", "search_dlrm(w.job, sizes, calibration)", "search_dlrm(w.job, sizes)",
       "a DLRM search on the built-in curves under --calibration", _t("calibration_everywhere")),
+    M("cli/predict_cmds.py", "compare_figures(a, a.predict(cal_a))", "compare_figures(a, a.predict())",
+      "compare prices its first job on the built-in curves under --calibration", _t("calibration_everywhere")),
     M("predict.py", "    job = Job(job.model, job.plan, host_calibrated(job.system, calibration))\n", "",
       "a host calibration's T1-T5 ignored by a transformer step", _t("calibration_everywhere")),
     M(FAST, "        self.system = host_calibrated(", "        self.system = (lambda s, c: s)(",

@@ -179,22 +179,26 @@ def compare_cmd(
     set_: SetOpt = None,
     as_json: JsonOpt = False,
     fmt: FormatOpt = "table",
+    calibration: CalibrationOpt = None,
 ) -> None:
     """Two jobs of one workload side by side: step time, throughput, memory, and the difference per
-    breakdown part (`--set` applies to both); or two saved `search --json` results (their fastest
-    plans) or two `replay --json` results."""
+    breakdown part (`--set` and `--calibration` apply to both); or two saved `search --json` results
+    (their fastest plans) or two `replay --json` results."""
     from itercast.cli.report_cmds import result_figures
 
     fmt = output_format(fmt, as_json)
     try:
         if {job_a.suffix, job_b.suffix} == {".json"}:
+            if calibration is not None:
+                raise ConfigError("--calibration prices two jobs; saved results carry the prices they were made with")
             (kind_a, fig_a), (kind_b, fig_b) = result_figures(job_a), result_figures(job_b)
             if kind_a != kind_b:
                 raise ConfigError(f"{job_a} is a {kind_a} result and {job_b} a {kind_b} result: compare like with like")
         else:
             a, b = (load_workload(path, set_ or []) for path in (job_a, job_b))
             same_kind(a, b, f"{job_a} and {job_b}")
-            fig_a, fig_b = compare_figures(a, a.predict()), compare_figures(b, b.predict())
+            cal_a, cal_b = (calibration_curves(calibration, w.job.system) for w in (a, b))
+            fig_a, fig_b = compare_figures(a, a.predict(cal_a)), compare_figures(b, b.predict(cal_b))
         rows = {k: (v, fig_b[k]) for k, v in fig_a.items() if k in fig_b}
     except (ConfigError, DeadlockError, ValueError) as exc:
         fail(str(exc).replace("\n", "\n  "))
