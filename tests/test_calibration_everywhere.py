@@ -37,7 +37,10 @@ def _json(args: list[str]) -> dict:
 def test_search_prices_every_plan_with_the_calibration(slow_gemms: Path) -> None:
     args = ["search", *SMALL, "--set", "plan.global_batch_size=32", "--json", "--top", "1", "--workers", "1"]
     plain = _json(args)["plans"][0]
-    slow = _json([*args, "--calibration", str(slow_gemms)])["plans"][0]
+    calibrated = _json([*args, "--calibration", str(slow_gemms)])
+    slow = calibrated["plans"][0]
+    assert calibrated["priced_with"] == "a calibration fitted for dgx-a100"
+    assert _json(args)["priced_with"] == "the built-in curves"
     job = Job.from_dicts({"preset": "gpt3-1.3b", "num_layers": 4}, slow["plan"], {"preset": "dgx-a100", "num_nodes": 1})
     # the graph's re-score is predict's with the calibration, and the fast path agrees with it
     assert slow["step_time_s"] == pytest.approx(predict(job, load_calibration(slow_gemms)).step_time_s, rel=1e-9)

@@ -383,7 +383,7 @@ def _print(result: SearchResult, request: SearchRequest, notes: list[str]) -> No
     )
     title = f"fastest {len(result.plans)}: graph simulation (fast path within {result.fast_vs_graph_max:.1%})"
     show_table(*_plan_rows(result, request), "table", title)
-    console.print(f"{result.framework}; {result.headroom}", highlight=False)
+    console.print(f"{result.framework}; {result.headroom}; priced with {result.priced_with}", highlight=False)
     if result.ranking_note:
         console.print(result.ranking_note, highlight=False)
     for note in notes:

@@ -110,6 +110,7 @@ class SearchResult:
     objective: str = "step"
     token_budget: float | None = None
     ranking_note: str = ""  # distribution objectives: distribution_rank.rank_by_distribution's sentence
+    priced_with: str = "the built-in curves"  # or the calibration's (calibration_source)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +128,7 @@ class SearchResult:
             "objective": self.objective,
             "token_budget": self.token_budget,
             "ranking_note": self.ranking_note,
+            "priced_with": self.priced_with,
         }
 
 
@@ -250,7 +252,17 @@ def run_search(
         headroom=describe_margin(request.system.gpu, request.memory_margin_bytes),
         objective=request.objective,
         token_budget=request.token_budget,
+        priced_with=calibration_source(request.calibration),
     )
+
+
+def calibration_source(calibration: dict[str, Any] | None) -> str:
+    """What a search's plans were priced with, said in its result: the built-in curves, or a calibration
+    fitted for a system (its `system`; with host overheads, those too)."""
+    if calibration is None:
+        return "the built-in curves"
+    host = " and its host overheads" if "host_overheads" in calibration else ""
+    return f"a calibration fitted for {calibration.get('system') or 'an unnamed system'}{host}"
 
 
 def _run_pieces(request: SearchRequest, backend: str, workers: int, progress: Progress | None) -> list[Candidates]:
