@@ -55,7 +55,7 @@ import numpy as np
 
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig
+from itercast.config.plan import PlanConfig, whole_fp32_sums
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
@@ -335,7 +335,7 @@ def state_bytes_per_param(
     training (main_params fp32_weights, torchtitan's FSDP2) are sharded from ZeRO 2 on: FSDP2 shards every
     parameter, and at ZeRO 2 (reshard_after_forward False) also keeps the 16-bit weights it gathered from the
     forward until the backward: 16-bit bytes whole beside the fp32 shard. FSDP2 under pipelining
-    (plan.grad_accumulation fp32_add, and fsdp2 where `pp` > 1 with ZeRO 2-3: PlanConfig.fsdp2_accumulates)
+    (plan.grad_accumulation fp32_add, and fsdp2 where `pp` > 1 with ZeRO 2-3: config/plan.py whole_fp32_sums)
     keeps each parameter's fp32 sum of the micro-batches' gradients whole until the last micro-batch's
     reduce-scatter (_fsdp_param.py unsharded_accumulated_grad): 4 bytes, unsharded."""
     w_b, g_b = base.stored_weight_bytes, 4 if base.dtype == "fp32" else base.grad_bytes
@@ -348,11 +348,7 @@ def state_bytes_per_param(
     # DeepSpeed ZeRO-3 keeps 16-bit gradient partitions whatever the reduction (v0.3.13 stage3.py
     # partition_previous_reduced_grads: grads_in_partition dtype torch.half)
     grad_b = np.where((z >= 3) & (base.zero3_fetch == "deepspeed"), min(g_b, base.dtype_bytes), g_b)
-    grads = grad_b / np.where(z >= 2, shard, 1)
-    if base.grad_accumulation == "fp32_add":
-        grads = np.full_like(grads, 4.0, dtype=np.float64)
-    elif base.grad_accumulation == "fsdp2":
-        grads = np.where((np.asarray(pp) > 1) & (z >= 2), 4.0, grads)
+    grads = np.where(whole_fp32_sums(base.grad_accumulation, pp, z), 4.0, grad_b / np.where(z >= 2, shard, 1))
     return weights, grads, o_b / np.where(z >= 1, shard, 1)
 
 

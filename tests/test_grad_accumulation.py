@@ -193,3 +193,23 @@ def test_autograd_keeps_its_gradients_in_the_parameters_dtype():
     the parameters' own bf16 .grad (2)."""
     grads = {mode: estimate_memory(gpt_job(mode)).gradients_bytes for mode in ("fused", "fp32_copy_add", "autograd")}
     assert grads == {"fused": 4 * 27_826_176, "fp32_copy_add": 4 * 27_826_176, "autograd": 2 * 27_826_176}
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_a_dense_layers_tensor_count_is_the_tensors_deepspeed_zero3_lists(family):
+    """Two views of one layer's tensors agree: the accumulation's kernel count and the per-tensor sizes DeepSpeed
+    v0.3's ZeRO-3 gathers (GPT: 2 LayerNorms × 2, QKV, projection, 2 MLP linears, 4 biases = 12; llama: 2
+    RMSNorms, 4 linears = 6)."""
+    from itercast.workloads.transformer import unit_tensors
+
+    job = (
+        gpt_job("autograd")
+        if family == "gpt"
+        else Job.from_dicts(
+            {"family": "llama", "num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8, "seq_length": 256},
+            {"global_batch_size": 8},
+            {"preset": "dgx-h100"},
+        )
+    )
+    count = {"gpt": 12, "llama": 6}[family]
+    assert ops.layer_param_tensors(job.model, job.plan) == len(unit_tensors(job, "layer")) == count

@@ -31,6 +31,15 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 TORCH_DDP_BUCKET_BYTES = 25 * 2**20
 
 
+def whole_fp32_sums(grad_accumulation: str, pp: Any, zero: Any) -> Any:
+    """Whether FSDP2 sums the micro-batches' gradients in whole fp32 tensors before one reduce-scatter (bool, or
+    an array over `pp` and `zero`): under grad_accumulation fp32_add, and fsdp2 with pipelining (pp > 1) and FSDP
+    (zero 2-3). The one rule for the accumulation's price (transformer_ops.grad_accumulation_cost) and its
+    memory (memory.state_bytes_per_param)."""
+    pipelined_fsdp = (np.asarray(pp) > 1) & (np.asarray(zero) >= 2)
+    return (grad_accumulation == "fp32_add") | ((grad_accumulation == "fsdp2") & pipelined_fsdp)
+
+
 def local_vocab_rows(vocab_size: int, tp: Any, divisible_by: int) -> Any:
     """Vocabulary rows per tensor-parallel rank (int, or an array over `tp`): the vocabulary padded up to a
     multiple of divisible_by × tp, as Megatron-LM's _vocab_size_with_padding does, then split in tp
@@ -421,10 +430,9 @@ class PlanConfig(BaseModel):
 
     @property
     def fsdp2_accumulates(self) -> bool:
-        """FSDP2 sums the micro-batches' gradients in whole fp32 tensors before one reduce-scatter: under
-        grad_accumulation fp32_add, and fsdp2 with pipelining and FSDP (zero_stage 2-3)."""
-        pipelined_fsdp = self.pipeline_parallel > 1 and self.zero_stage >= 2
-        return self.grad_accumulation == "fp32_add" or (self.grad_accumulation == "fsdp2" and pipelined_fsdp)
+        """FSDP2 sums the micro-batches' gradients in whole fp32 tensors before one reduce-scatter
+        (whole_fp32_sums of this plan)."""
+        return bool(whole_fp32_sums(self.grad_accumulation, self.pipeline_parallel, self.zero_stage))
 
     @property
     def dp(self) -> int:

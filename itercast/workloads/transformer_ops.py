@@ -991,7 +991,8 @@ def layer_param_tensors(model: ModelConfig, plan: PlanConfig, moe: bool = False)
     fused QKV and output projection (multi-latent attention: the key-value down projection, its norm, its up
     projection, the query's down, norm and up projections or its one projection, the output projection); the
     MLP's fused first and its second linear, or in an MoE layer the router, two per local expert and two per
-    shared MLP; with biases one per linear."""
+    shared MLP; with biases one per linear. A dense layer's count is that of the tensors
+    workloads/transformer.py unit_tensors sizes (which lists no experts or latent projections)."""
     norms = (2 if model.family == "llama" else 4) + (2 if model.qk_norm else 0)
     attention = 2 if not model.mla else 4 + (3 if model.q_lora_rank else 1)
     mlp = 2
