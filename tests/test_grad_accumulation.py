@@ -213,3 +213,16 @@ def test_a_dense_layers_tensor_count_is_the_tensors_deepspeed_zero3_lists(family
     )
     count = {"gpt": 12, "llama": 6}[family]
     assert ops.layer_param_tensors(job.model, job.plan) == len(unit_tensors(job, "layer")) == count
+
+
+def test_a_deepspeed_pipeline_left_at_fused_says_its_accumulation_is_not_priced():
+    from typer.testing import CliRunner
+
+    from itercast.cli import app
+
+    base = ["predict", "--model", "gpt3-1.3b", "--system", "dgx-a100", "--set", "model.num_layers=4"]
+    pipeline = [*base, "--set", "plan.pipeline_parallel=2", "--set", "plan.pipeline_p2p=deepspeed"]
+    said = CliRunner().invoke(app, pipeline).output
+    assert "gradient accumulation is priced at nothing" in said
+    for quiet in ([*pipeline, "--set", "plan.grad_accumulation=autograd"], base):
+        assert "priced at nothing" not in CliRunner().invoke(app, quiet).output

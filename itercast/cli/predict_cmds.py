@@ -34,7 +34,7 @@ from itercast.predict import Forecast
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload, same_kind
 from itercast.workloads.dlrm import unmeasured_embedding_ops
-from itercast.workloads.transformer_ops import unaligned_logits_note
+from itercast.workloads.transformer_ops import grad_accumulation_note, unaligned_logits_note
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
 
@@ -121,8 +121,10 @@ def predict_cmd(
     if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand
         for note in unmeasured_embedding_ops(w.job.system.gpu.name, cal, eager_update=w.job.model.eager_update):
             warn(note)
-    elif (unaligned := unaligned_logits_note(w.job.model, w.job.plan)) is not None:
-        warn(unaligned)
+    else:
+        notes = (unaligned_logits_note(w.job.model, w.job.plan), grad_accumulation_note(w.job.plan))
+        for note in filter(None, notes):
+            warn(note)
     if as_json:
         echo_json(result.to_dict())
     else:

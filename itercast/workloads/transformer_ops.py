@@ -1117,3 +1117,17 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     if plan.tensor_parallel > 1:  # max and sum-exp across the vocab shards: tiny all-reduces
         ops.append(Op("cross_entropy.tp", "tp_comm", 2 * sh.tokens * 4, "all_reduce"))
     return _tp_overlapped(ops, plan)
+
+
+def grad_accumulation_note(plan: PlanConfig) -> str | None:
+    """What a DeepSpeed pipeline (plan.pipeline_p2p deepspeed, pp > 1) left at grad_accumulation fused leaves out:
+    fused is Megatron's accumulation inside the weight-gradient GEMM, which DeepSpeed's engines do not run (their
+    optimizers add each micro-batch's gradients in a pass of their own: grad_accumulation_cost). None otherwise."""
+    if plan.pipeline_p2p != "deepspeed" or plan.pipeline_parallel == 1 or plan.grad_accumulation != "fused":
+        return None
+    return (
+        "plan.grad_accumulation is fused (Megatron's, inside the weight-gradient GEMMs), so this DeepSpeed pipeline's "
+        "per-micro-batch gradient accumulation is priced at nothing; DeepSpeed adds each micro-batch's gradients in "
+        "a pass of its own: set plan.grad_accumulation=autograd (its default grad_accum_dtype) or fp32_copy_add "
+        "(its BF16_Optimizer: bf16 with ZeRO-0)"
+    )
