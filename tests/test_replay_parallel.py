@@ -152,3 +152,34 @@ def test_measured_gloo_ddp_traces_replay_every_step_and_match_every_rank():
     assert base.to_dict()["matched_ranks"] == [0, 1]
     assert len(base.replay_graph.cpu_comm) == 2 * 6 * 2  # ranks × steps × buckets
     assert [s.replayed_s for s in same.steps] == pytest.approx([s.replayed_s for s in base.steps])
+
+
+def test_a_rank_that_resumed_before_its_peer_arrived_did_not_wait_for_the_collective(tmp_path):
+    # Rank 1's c10d::broadcast_ runs 100–1,500 µs (the OS took its core: data/measured-like noise)
+    # while its gloo thread receives 200–2,100; the root, rank 0, only starts sending at 2,015. The
+    # thread resumed at 1,500, before the last peer arrived, so it cannot have waited for the data:
+    # replay keeps its measured 3,000 µs instead of holding it until the root's 2,015 (3,515 µs).
+    info = {"world_size": 2, "backend": "gloo"}
+    gloo = {"ph": "X", "cat": "user_annotation", "name": "gloo:broadcast", "pid": 100, "tid": 200}
+    root = [
+        step(1, 0, 3000),
+        cpu_op("aten::mm", 0, 2000),
+        cpu_op("c10d::broadcast_", 2000, 10),
+        gloo | {"ts": 2015, "dur": 35},
+        cpu_op("aten::add_", 2060, 940),
+    ]
+    receiver = [
+        step(1, 0, 3000),
+        cpu_op("c10d::broadcast_", 100, 1400),
+        gloo | {"ts": 200, "dur": 1900},
+        cpu_op("aten::mm", 1500, 1500),
+    ]
+    paths = [
+        str(write(tmp_path / "r0.json", root, distributedInfo=info | {"rank": 0})),
+        str(write(tmp_path / "r1.json", receiver, distributedInfo=info | {"rank": 1})),
+    ]
+    result = replay(paths)
+    assert result.to_dict()["matched_ranks"] == [0, 1]
+    assert [s.replayed_s for s in result.steps] == pytest.approx([3000e-6, 3000e-6])
+    note = "CPU collectives done for a rank before its last peer arrived (not waited for)"
+    assert result.replay_graph.notes[note] == 1

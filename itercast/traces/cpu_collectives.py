@@ -15,7 +15,9 @@ gloo thread closes its annotation when it is scheduled again, up to 6 ms after t
 resumed (data/measured/gloo_parallelism ws2: rank 1 resumes at 138.8 ms, the annotation ends at
 144.7 ms). Across the loaded ranks the k-th collective of a kind is one rendezvous over the default
 group (the trace's world); each member lasts from the last member's measured start to its own end
-(its time after every peer had arrived: gloo's ring lets members end apart).
+(its time after every peer had arrived: gloo's ring lets members end apart); a thread that resumed
+before the last peer arrived did not wait for it (a 7 ms broadcast of tests/torch_trace_workload.py
+on a loaded CPU whose launch op ran 5.5 ms and returned 1.6 ms before the root started).
 
 The marks are extra zero-length "runtime calls" appended after the trace's own calls (a view of the
 trace: the trace's call indices keep their meaning), so the host chains are cut at them.
@@ -225,12 +227,10 @@ def add_cpu_collectives(
     call_task: np.ndarray,
     before_call: np.ndarray,
 ) -> dict[int, dict]:
-    """Each collective a task on its gloo thread after its launch mark; each resume mark's idle piece
-    waits for the collectives it waited for and keeps only the measured part after the last of them.
-    Returns task → metadata (kind, bytes, group size, rank) for re-timing and rendezvous."""
+    """Each collective a task on its gloo thread after its launch mark. Returns task → metadata (kind,
+    bytes, group size, rank; the idle piece before its resume mark and when that mark is, µs) for
+    re-timing, rendezvous and the waits (`add_cpu_waits`)."""
     meta: dict[int, dict] = {}
-    last_end: dict[int, float] = {}
-    waited: dict[int, list[int]] = defaultdict(list)
     for c in sorted(collectives, key=lambda c: float(t.comm_ts_us[c.op])):
         res = b.resource(rank, f"gloo:{int(t.comm_tid[c.op])}")
         name = t.names[t.comm_name[c.op]]
@@ -244,22 +244,34 @@ def add_cpu_collectives(
             "rank": rank,
             "start_us": start_us,
             "end_us": c.end_us,
+            "piece": int(before_call[c.resume_call]) if c.resume_call >= 0 else -1,
+            "resume_us": float(t.call_ts_us[c.resume_call]) if c.resume_call >= 0 else None,
         }
-        if c.resume_call >= 0:
-            last_end[c.resume_call] = max(last_end.get(c.resume_call, c.end_us), c.end_us)
-            waited[c.resume_call].append(task)
-    for call, tasks in waited.items():
-        piece = int(before_call[call])
+    return meta
+
+
+def add_cpu_waits(b: GraphBuilder, comm_meta: dict[int, dict]) -> None:
+    """Each resume mark's idle piece waits for the collectives it waited for and keeps only the
+    measured part after the last of them; not for one done before its last peer arrived
+    (`match_cpu_collectives`: the thread resumed while it was still open)."""
+    waited: dict[int, list[int]] = defaultdict(list)
+    for task, m in comm_meta.items():
+        if m["piece"] >= 0 and not m.get("done_before_peers"):
+            waited[m["piece"]].append(task)
+    for piece, tasks in waited.items():
+        last_end_us = max(comm_meta[task]["end_us"] for task in tasks)
         for task in tasks:
             b.edge(task, piece)
-        b.set_duration(piece, min(b.duration(piece), max(0.0, float(t.call_ts_us[call]) - last_end[call]) * 1e-6))
-    return meta
+        resume_us = comm_meta[tasks[0]]["resume_us"]
+        b.set_duration(piece, min(b.duration(piece), max(0.0, resume_us - last_end_us) * 1e-6))
 
 
 def match_cpu_collectives(b: GraphBuilder, world: int, comm_meta: dict[int, dict], notes: Counter) -> tuple[int, ...]:
     """The k-th collective of a kind on every loaded rank is one rendezvous when all `world` ranks are
-    loaded; each member lasts from the last member's start to its own end (`transfer_s`). Returns
-    the matched ranks."""
+    loaded; each member lasts from the last member's start to its own end (`transfer_s`). A member
+    done for its rank before the last member started (its waiting thread resumed then: the OS had
+    taken the core inside the launch op, or a root's buffered sends) was not waited for there
+    (`done_before_peers`, left out by `add_cpu_waits`). Returns the matched ranks."""
     ranks = {m["rank"] for m in comm_meta.values()}
     if len(ranks) < 2 or len(ranks) != world:
         if comm_meta:
@@ -278,6 +290,10 @@ def match_cpu_collectives(b: GraphBuilder, world: int, comm_meta: dict[int, dict
         last_start_us = max(comm_meta[task]["start_us"] for task in members.values())
         for task in members.values():
             b.join_collective(task, coll)
-            comm_meta[task]["transfer_s"] = max(0.0, comm_meta[task]["end_us"] - last_start_us) * 1e-6
+            m = comm_meta[task]
+            m["transfer_s"] = max(0.0, m["end_us"] - last_start_us) * 1e-6
+            if m["end_us"] < last_start_us - EPS_US and m["piece"] >= 0:
+                m["done_before_peers"] = True
+                notes["CPU collectives done for a rank before its last peer arrived (not waited for)"] += 1
         notes["CPU collectives matched across ranks"] += 1
     return tuple(sorted(ranks))

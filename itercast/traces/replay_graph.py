@@ -36,7 +36,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
-from itercast.traces.cpu_collectives import add_cpu_collectives, match_cpu_collectives, with_collective_marks
+from itercast.traces.cpu_collectives import (
+    add_cpu_collectives,
+    add_cpu_waits,
+    match_cpu_collectives,
+    with_collective_marks,
+)
 from itercast.traces.host_overheads import thread_ops, waiting_stretches
 from itercast.traces.host_waits import EPS_US, host_waits
 from itercast.traces.kineto import RankTrace
@@ -112,6 +117,7 @@ def build_replay_graph(traces: list[RankTrace]) -> ReplayGraph:
     matched = match_collectives(b, traces, gpu_task, nccl_meta, notes)
     world = max((t.world_size or 0 for t in traces), default=0)
     matched_cpu = match_cpu_collectives(b, world, cpu_comm, notes)
+    add_cpu_waits(b, cpu_comm)
     graph = b.build()
     durations = graph.duration_s.copy()
     for task, meta in (nccl_meta | cpu_comm).items():
