@@ -45,8 +45,7 @@ class Framework:
     """What one framework runs. `zero_stages`: itercast zero_stage values it offers (its names in
     `zero_names`); `zero_stages_with_pp`: those it combines with pipelining (why: `zero_with_pp_source`);
     `schedules`: pipeline schedules (SCHEDULES names); `context_parallel`: ring/all-gather context
-    parallelism; `defaults`: its switches' defaults (what a launch without the flag runs);
-    `plan_fields`: plan fields its launches run that the search prices unless the job sets them (its
+    parallelism; `plan_fields`: plan fields its launches run that the search prices unless the job sets them (its
     fused attention kernel, gradient bucket, kind of selective checkpointing); `cross_entropies`: the
     PlanConfig.cross_entropy implementations its models can run; `fp8_recipes`: the
     PlanConfig.fp8_recipe scalings its FP8 training runs; `fp8_weight_casts`: when it casts the weights
@@ -63,7 +62,6 @@ class Framework:
     zero_with_pp_source: str
     context_parallel: bool
     tp_comm_overlap: bool
-    defaults: dict[str, Any]
     plan_fields: dict[str, Any]  # plan fields a launch of it runs unless the job sets them
     rules: tuple[tuple[str, Callable[[Columns, bool], np.ndarray]], ...] = field(default=())
     cross_entropies: tuple[str, ...] = ("megatron", "megatron_fused", "te")
@@ -135,8 +133,6 @@ MEGATRON_CORE = Framework(
     zero_with_pp_source=_MEGATRON_FSDP_WITHOUT_PP,
     context_parallel=True,
     tp_comm_overlap=True,
-    # arguments.py: --overlap-grad-reduce and --overlap-param-gather are store_true (off by default)
-    defaults={"overlap_grad_reduce": False, "overlap_param_gather": False},
     # Transformer Engine's DotProductAttention prefers FusedAttention (cuDNN) on compute capability >= 9.0;
     # gradient buckets: Megatron-Core's DP-scaled default (PlanConfig.bucket_params); pipeline exchanges:
     # arguments.py forces overlap_p2p_comm off without interleaving (batch_p2p_comm = not overlap_p2p_comm,
@@ -153,8 +149,6 @@ FRAMEWORKS: dict[str, Framework] = {
     "nemo": replace(
         MEGATRON_CORE,
         name="nemo",
-        # recipes (gpt3_175b.py): DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True)
-        defaults={"overlap_grad_reduce": True, "overlap_param_gather": True},
         # NeMo 2's MoE configs set moe_grouped_gemm = True: gpt/model/deepseek.py, gpt_oss.py, qwen3.py, llama.py
         # (Llama 4); mixtral.py leaves Megatron-Core's False.
         # nemo/collections/llm/gpt/model/base.py GPTConfig: cross_entropy_loss_fusion = True (native impl);
@@ -177,8 +171,6 @@ FRAMEWORKS: dict[str, Framework] = {
         zero_with_pp_source="parallelize.py apply_fsdp shards pipeline stages too; DDP only as 1-D parallelism",
         context_parallel=True,
         tp_comm_overlap=True,  # enable_async_tensor_parallel
-        # FSDP2 prefetches all-gathers and reduce-scatters per layer; torch DDP reduces buckets in backward
-        defaults={"overlap_grad_reduce": True, "overlap_param_gather": True, "fsdp_reshard_after_forward": "default"},
         # torch SDPA: FLASH_ATTENTION (FlashAttention-2) first below capability 10.0 (torchtitan#1196); cuDNN
         # attention is opt-in until cuDNN 9.15 (pytorch/pytorch#138522). Its selective checkpointing is per
         # op (activation_checkpoint.selective_ac_option "op"; no core-attention-only mode)
@@ -252,8 +244,6 @@ FRAMEWORKS: dict[str, Framework] = {
         zero_with_pp_source="pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'",
         context_parallel=False,  # DeepSpeed-Ulysses splits heads: not the ring context parallelism priced here
         tp_comm_overlap=False,
-        # zero/config.py: overlap_comm None -> True for stage 3 only; reduce_bucket_size 5e8
-        defaults={"overlap_comm": "stage 3 only", "reduce_bucket_size": 500_000_000},
         # Megatron-DeepSpeed's --use-flash-attn-v2 (the flash_attn package's FlashAttention-2); its PipelineEngine's
         # blocking, partitioned transfers (runtime/config.py pipeline pipe_partitioned / grad_partitioned: true)
         plan_fields={

@@ -2,9 +2,9 @@
 what-ifs (d), peak memory by configuration (e) and 1,000 consecutive step times (f).
 
 The model is what itercast calls family `llama` (RMSNorm, rotary positions, SwiGLU MLP, grouped-query
-attention, no biases, untied output layer), so that `itercast predict` prices the same job:
-`LlamaShape.itercast_model()` is its model section. Training runs as PyTorch users run it: fp32
-parameters, bf16 autocast, fused AdamW, fp32 cross-entropy.
+attention, no biases, untied output layer), so that `itercast predict` prices the same job
+(validation/gpu_campaign_check.py one_gpu_job builds it from each output row). Training runs as
+PyTorch users run it: fp32 parameters, bf16 autocast, fused AdamW, fp32 cross-entropy.
 """
 
 from __future__ import annotations
@@ -37,18 +37,6 @@ class LlamaShape:
     vocab: int
     seq: int
     batch: int
-
-    def itercast_model(self) -> dict[str, Any]:
-        return {
-            "family": "llama",
-            "num_layers": self.layers,
-            "hidden_size": self.hidden,
-            "num_attention_heads": self.heads,
-            "num_query_groups": self.kv_heads,
-            "ffn_hidden_size": self.ffn,
-            "vocab_size": self.vocab,
-            "seq_length": self.seq,
-        }
 
 
 @dataclass(frozen=True)
