@@ -65,8 +65,15 @@ def test_the_h200_optimizer_step_by_hand():
     rows = read_csv_rows(H200 / "training_steps.csv")
     (_config, pred_ms, meas_ms) = check.optimizer_rows(H200, [r for r in rows if r["config"] == "base"], "h200")[0]
     # fused AdamW over 401,631,232 fp32 parameters: read weight, gradient, m, v and write weight, m, v,
-    # 28 bytes each = 11,245,674,496 B at 4.8 TB/s × 0.904 (the elementwise curve's asymptote) = 2.592 ms
-    assert pred_ms == pytest.approx(11_245_674_496 / (4.8e12 * 0.904) * 1e3, rel=3e-3)
+    # 28 bytes each = 11,245,674,496 B at 4.8 TB/s × the optimizer curve's ceiling: the median fraction
+    # of 4.8 TB/s the campaign's four traced steps reached (in sample): 11.246 GB in 3.377, 3.324 and
+    # 3.346 ms, 22.153 GB (791,190,528 parameters) in 6.575 ms
+    fractions = sorted(
+        b / (ms * 1e-3) / 4.8e12
+        for b, ms in ((11.246e9, 3.377), (11.246e9, 3.324), (11.246e9, 3.346), (22.153e9, 6.575))
+    )
+    ceiling = (fractions[1] + fractions[2]) / 2  # 0.7011
+    assert pred_ms == pytest.approx(11_245_674_496 / (4.8e12 * ceiling) * 1e3, rel=3e-3)  # 3.342 ms
     # measured: 21 multi_tensor_apply kernels a step, 3.35–3.39 ms in each of the traced steps
     assert 3.3 < meas_ms < 3.4
 

@@ -11,7 +11,7 @@ the link, a memory-bound kernel its bytes over HBM, a GEMM its FLOPs over the pe
 from __future__ import annotations
 
 import pytest
-from test_golden import HBM, LINK, MODEL, PEAK, SYSTEM, linear_calibration
+from test_golden import HBM, LINK, MODEL, PEAK, SYSTEM, flat, linear_calibration
 
 from itercast.config.job import Job
 from itercast.hardware.topology import GroupPlacement
@@ -37,9 +37,9 @@ def job(model: dict | None = None, gpus_per_node: int | None = None, **plan: obj
     return Job.from_dicts({**MODEL, **(model or {})}, plan, system)
 
 
-def task_seconds(j: Job, name: str) -> list[float]:
-    """Durations of the step graph's tasks called `name`, on the linear calibration."""
-    g = predict(j, linear_calibration()).sim.graph
+def task_seconds(j: Job, name: str, calibration: dict | None = None) -> list[float]:
+    """Durations of the step graph's tasks called `name`, on `calibration` (the linear one by default)."""
+    g = predict(j, calibration or linear_calibration()).sim.graph
     return [float(g.duration_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]] == name]
 
 
@@ -66,6 +66,14 @@ def test_without_zero_every_gpu_steps_every_parameter():
     # bf16 gradient buffers: the step reads 2-byte gradients (4 + 2 + 8 read, 14 written)
     bf16 = job(data_parallel=4, grad_reduce_dtype="bf16")
     assert task_seconds(bf16, "optimizer_step") == [pytest.approx(28 * PARAMS / HBM)]
+
+
+def test_the_optimizer_step_runs_at_the_optimizer_curves_efficiency():
+    # the linear calibration has no optimizer curve: the step is an elementwise pass (efficiency 1, above);
+    # with one of e_max 1 (1 / (1 + e^0) = 0.5) the 30 bytes a parameter take twice as long
+    cal = linear_calibration()
+    cal["memory"]["optimizer"] = flat(e_max=1.0)
+    assert task_seconds(job(data_parallel=4), "optimizer_step", cal) == [pytest.approx(30 * PARAMS / (0.5 * HBM))]
 
 
 def test_fp32_training_gathers_fp32_weights_under_zero():

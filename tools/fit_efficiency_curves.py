@@ -193,12 +193,44 @@ def fit_memory(data: Path) -> dict:
     out: dict = {
         "source": "microsoft/vidur@7d47513 compute__{a100,h100}__Llama-2-{7b,70b}-hf__mlp.csv "
         "(elementwise: add; norm: input_layernorm (RMSNorm); activation: mlp_act (SiLU·mul)); elementwise "
-        "e_max: data/measured/h100_profile.db's pointwise kernels beyond 1 GiB (h100_pointwise_efficiency)"
+        "e_max: data/measured/h100_profile.db's pointwise kernels beyond 1 GiB (h100_pointwise_efficiency); "
+        "optimizer: the elementwise shape, e_max: data/measured/h200_campaign's fused AdamW (h200_adam_efficiency)"
     }
     for kind, (b_, t_, bw_) in samples.items():
         pin = h100_pointwise_efficiency() if kind == "elementwise" else None
         out[kind] = fit_latency_curve(np.array(b_, float), np.array(t_), np.array(bw_), e_max=pin)
+    out["optimizer"] = optimizer_curve(out["elementwise"])
     return out
+
+
+def optimizer_curve(elementwise: dict) -> dict:
+    """The optimizer step's curve (multi-tensor fused Adam, memory kind "optimizer"): the elementwise
+    curve's shape with the ceiling the lent H200's fused AdamW reached (h200_adam_efficiency)."""
+    e_max, points = h200_adam_efficiency()
+    return {**elementwise, "e_max": e_max, "fit_mean_abs_err": 0.0, "points": points}
+
+
+def h200_adam_efficiency() -> tuple[float, int]:
+    """(Median fraction of the H200's HBM bandwidth, configurations) that PyTorch's fused AdamW
+    (multi_tensor_apply kernels, fp32 weights, gradients and moments: 28 bytes a parameter,
+    transformer.optimizer_step_bytes) reaches in the traced steps of data/measured/h200_campaign
+    (validation/gpu_campaign_check.py optimizer_kernel_s: each step's kernels, the median step):
+    0.70 on 0.4 and 0.8 B parameters, 11 and 22 GB a step, far beyond the curve's knee."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+    from gpu_campaign_check import one_gpu_job, optimizer_kernel_s
+
+    from itercast.workloads.transformer import optimizer_step_bytes
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "measured" / "h200_campaign"
+    fractions = []
+    for r in read_csv_rows(folder / "training_steps.csv"):
+        if r["status"] != "ok" or not (folder / r["trace"]).exists():
+            continue
+        job = one_gpu_job("h200", r)
+        seconds = float(np.median(optimizer_kernel_s(folder / r["trace"])))
+        nbytes = optimizer_step_bytes(job, int(r["params"]))
+        fractions.append(nbytes / seconds / job.system.gpu.hbm_bandwidth_bytes_per_s)
+    return float(np.median(fractions)), len(fractions)
 
 
 #: pointwise ops of the H100 profile whose recorded size is the bytes they move (inputs read, output

@@ -21,8 +21,9 @@ of the GPU the campaign ran on (GPU_PRESETS), one GPU per node:
   weights under bf16 autocast, PyTorch's own kernels one by one, F.cross_entropy on fp32 logits:
   plan main_params fp32_weights, pointwise_kernels eager, cross_entropy torch; SDPA chose cuDNN);
 - traces/*.kineto.json.gz: the optimizer step (PyTorch's fused AdamW, its multi_tensor_apply kernels,
-  the median over the traced steps) against memory_s of transformer.optimizer_step_bytes (fp32
-  weights, gradients and moments: 28 bytes a parameter);
+  the median over the traced steps) against memory_s("optimizer") of transformer.optimizer_step_bytes
+  (fp32 weights, gradients and moments: 28 bytes a parameter): in sample, the optimizer curve's ceiling
+  is fitted on these steps (tools/fit_efficiency_curves.py h200_adam_efficiency);
 - memory.csv: estimate_memory of those jobs against the allocator's peak (max_allocated), the whole
   device's use after the step (device_used) and the activations held after the forward.
 - embedding_bag.csv: the forward lookup (F.embedding_bag) as workloads/dlrm/embedding.embedding_seconds
@@ -232,7 +233,7 @@ def optimizer_rows(folder: Path, rows: list[dict[str, str]], preset: str) -> lis
             continue
         job = one_gpu_job(preset, r)
         nbytes = optimizer_step_bytes(job, int(r["params"]))
-        pred = float(AnalyticCostModel(job.system, "bf16").memory_s("elementwise", nbytes))
+        pred = float(AnalyticCostModel(job.system, "bf16").memory_s("optimizer", nbytes))
         # the first group can be a partial step's (the profiler's warm-up ends mid-step): the median
         out.append((r["config"], pred * 1e3, statistics.median(optimizer_kernel_s(folder / r["trace"])) * 1e3))
     return out

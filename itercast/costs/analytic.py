@@ -83,6 +83,9 @@ class AnalyticCostModel:
         high_ceiling = ceiling.get("bf16", np.inf) if dtype == "fp8" else self.gemm_ceiling_flops
         self._outside_fp8 = (float(high["alpha_s"]), curve(high), self.attention_peak_flops, high_ceiling)
         self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
+        # curves without an optimizer curve of their own (a test's, or written before it existed) price the
+        # optimizer step as an elementwise pass
+        self.memory.setdefault("optimizer", self.memory["elementwise"])
         self.intra = data["collectives"]["intra_node"]
         # the network's measured cluster, with a calibration's own inter-node fits over it
         measured = data["collectives"].get("inter_node_networks", {}).get(system.network.collective_curves, {})
@@ -125,9 +128,11 @@ class AnalyticCostModel:
         return time_s(fit, f, problems, shape.head_dim, shape.causal, self.attention_peak_flops, shape.calls)
 
     def memory_s(self, kind: str, nbytes: np.ndarray | float) -> np.ndarray:
-        """Memory-bound kernel of `kind` (elementwise | norm | activation) moving `nbytes` of HBM; an
-        elementwise pass reaches at most 0.90 of the datasheet bandwidth, what this project's H100
-        kernels measure beyond 1 GiB with caches flushed (tools/fit_efficiency_curves.py fit_memory)."""
+        """Memory-bound kernel of `kind` (elementwise | norm | activation | optimizer) moving `nbytes` of
+        HBM; an elementwise pass reaches at most 0.90 of the datasheet bandwidth, what this project's
+        H100 kernels measure beyond 1 GiB with caches flushed, and a fused multi-tensor Adam step 0.70,
+        what the lent H200's fused AdamW measured, taken as the same fraction on every GPU (measured on the
+        H200 alone; tools/fit_efficiency_curves.py fit_memory)."""
         floor_s, c = self.memory[kind]
         b = np.asarray(nbytes, dtype=np.float64)
         return np.where(b > 0, floor_s + b / (self.system.gpu.hbm_bandwidth_bytes_per_s * c(b)), 0.0)

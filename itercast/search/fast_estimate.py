@@ -642,7 +642,7 @@ class FastEstimator:
                 # a forward waits for the gathers in the mirror image of a backward's reductions
                 slots.update(_bucket_tails(f"{name}_{label}", chunk0 if label == "grad" else chunk0[::-1]))
         tail = float(
-            costs.memory_s("elementwise", optimizer_step_bytes(job, local_optimizer_params(job, groups, params)))
+            costs.memory_s("optimizer", optimizer_step_bytes(job, local_optimizer_params(job, groups, params)))
         )
         if pp > 1:
             tail += costs.collective_s("all_reduce", GRAD_NORM_BYTES, groups.model)

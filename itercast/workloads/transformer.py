@@ -1007,7 +1007,7 @@ class TransformerStepBuilder:
             ]
         optimizer_bytes = optimizer_step_bytes(job, local_optimizer_params(job, self.groups, stage_params(job, stage)))
         opt = self._task(
-            ("memory", stage, "elementwise", optimizer_bytes),
+            ("memory", stage, "optimizer", optimizer_bytes),
             "optimizer_step",
             comp,
             Category.COMPUTE,
