@@ -52,6 +52,30 @@ def test_the_optimizer_step_is_its_kernels_between_gaps(tmp_path):
     assert check.optimizer_kernel_s(trace) == pytest.approx([200e-6, 350e-6, 80e-6])
 
 
+def test_traced_steps_by_kernel_family_by_hand(tmp_path):
+    # µs: an optimizer step ends at 100; step 1: a GEMM, cuDNN attention, an elementwise kernel, its
+    # optimizer ending at 20,300; step 2: a GEMM, an elementwise kernel, its optimizer ending at 40,050
+    kernels = [
+        ("multi_tensor_apply_kernel<...>", 0, 100),
+        ("nvjet_sm90_tst_256x128", 6_000, 1_000),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 8_000, 500),
+        ("vectorized_elementwise_kernel<bfloat16_copy_kernel_cuda>", 9_000, 200),
+        ("multi_tensor_apply_kernel<...>", 20_000, 300),
+        ("nvjet_sm90_tst_192x192", 26_000, 800),
+        ("elementwise_kernel<BinaryFunctor>", 27_000, 100),
+        ("multi_tensor_apply_kernel<...>", 40_000, 50),
+    ]
+    events = [{"cat": "kernel", "name": n, "ts": ts, "dur": d} for n, ts, d in kernels]
+    trace = tmp_path / "t.kineto.json.gz"
+    with gzip.open(trace, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    # two whole steps; the median of two is their mean: gemm (1.0 + 0.8) / 2, attention (0.5 + 0) / 2,
+    # optimizer (0.3 + 0.05) / 2, memory (0.2 + 0.1) / 2 ms
+    assert check.step_family_ms(trace) == pytest.approx(
+        {"gemm": 0.9, "attention": 0.25, "optimizer": 0.175, "memory": 0.15}
+    )
+
+
 def test_the_campaign_names_its_gpu_and_an_unknown_one_is_refused(tmp_path):
     assert check.campaign_preset(H200) == "h200"
     (tmp_path / "run_1.json").write_text(json.dumps({"machine": {"gpu": "NVIDIA B200"}}))

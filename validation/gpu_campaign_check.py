@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import math
 import statistics
@@ -206,23 +207,59 @@ def step_rows(rows: list[dict[str, str]], preset: str) -> list[tuple[str, float,
 STEP_GAP_US = 5000.0
 
 
-def optimizer_kernel_s(trace: Path) -> list[float]:
-    """Seconds of each traced step's fused AdamW kernels (names with multi_tensor_apply), the kernels
-    split into steps where more than STEP_GAP_US separates two of them."""
+def _trace_kernels(trace: Path) -> list[dict]:
     with gzip.open(trace, "rt") as fh:
         events = json.load(fh)["traceEvents"]
-    kernels = sorted(
-        (e for e in events if e.get("cat") == "kernel" and "multi_tensor_apply" in e.get("name", "")),
-        key=lambda e: e["ts"],
-    )
-    steps: list[float] = []
+    return sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+
+
+def _optimizer_groups(kernels: list[dict]) -> list[tuple[float, float, float]]:
+    """(first start µs, last end µs, busy seconds) of each traced step's fused AdamW kernels (names with
+    multi_tensor_apply), the kernels split into steps where more than STEP_GAP_US separates two of them."""
+    groups: list[tuple[float, float, float]] = []
     end = -math.inf
     for k in kernels:
+        if "multi_tensor_apply" not in k.get("name", ""):
+            continue
         if k["ts"] - end > STEP_GAP_US:
-            steps.append(0.0)
-        steps[-1] += k["dur"] * 1e-6
+            groups.append((k["ts"], k["ts"], 0.0))
+        first, _, busy = groups[-1]
         end = k["ts"] + k["dur"]
-    return steps
+        groups[-1] = (first, end, busy + k["dur"] * 1e-6)
+    return groups
+
+
+def optimizer_kernel_s(trace: Path) -> list[float]:
+    """Seconds of each traced step's fused AdamW kernels (_optimizer_groups)."""
+    return [busy for _, _, busy in _optimizer_groups(_trace_kernels(trace))]
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's family by its name: optimizer (multi_tensor_apply), gemm (cuBLAS nvjet, CUTLASS, xmma
+    GEMMs), attention (cuDNN SDPA, flash, fmha), else memory (the memory-bound rest: elementwise, norms,
+    casts, copies, the loss)."""
+    if "multi_tensor_apply" in name:
+        return "optimizer"
+    if any(s in name for s in ("nvjet", "gemm", "cutlass", "xmma")):
+        return "gemm"
+    if any(s in name for s in ("sdpa", "flash", "fmha", "cudnn")):
+        return "attention"
+    return "memory"
+
+
+def step_family_ms(trace: Path) -> dict[str, float]:
+    """Milliseconds of kernels per kernel_family in the traced steps, the median over the whole steps
+    (each from the end of one optimizer step to the end of the next)."""
+    kernels = _trace_kernels(trace)
+    ends = [end for _, end, _ in _optimizer_groups(kernels)]
+    steps = []
+    for a, b in itertools.pairwise(ends):
+        ms: dict[str, float] = dict.fromkeys(("gemm", "attention", "optimizer", "memory"), 0.0)
+        for k in kernels:
+            if a <= k["ts"] < b:
+                ms[kernel_family(k["name"])] += k["dur"] * 1e-3
+        steps.append(ms)
+    return {f: statistics.median(s[f] for s in steps) for f in ("gemm", "attention", "optimizer", "memory")}
 
 
 def optimizer_rows(folder: Path, rows: list[dict[str, str]], preset: str) -> list[tuple[str, float, float]]:
@@ -236,6 +273,32 @@ def optimizer_rows(folder: Path, rows: list[dict[str, str]], preset: str) -> lis
         pred = float(AnalyticCostModel(job.system, "bf16").memory_s("optimizer", nbytes))
         # the first group can be a partial step's (the profiler's warm-up ends mid-step): the median
         out.append((r["config"], pred * 1e3, statistics.median(optimizer_kernel_s(folder / r["trace"])) * 1e3))
+    return out
+
+
+def step_family_rows(
+    folder: Path, rows: list[dict[str, str]], preset: str
+) -> list[tuple[str, dict[str, float], dict[str, float]]]:
+    """(config, measured ms, predicted ms) per kernel_family of each traced configuration: measured from
+    its trace (step_family_ms), predicted from `predict`'s step (gemm and attention as its families,
+    the optimizer step on the optimizer curve, memory the rest of the step)."""
+    out = []
+    for r in rows:
+        if r["status"] != "ok" or not (folder / r["trace"]).exists():
+            continue
+        job = one_gpu_job(preset, r)
+        p = predict(job)
+        opt_s = float(
+            AnalyticCostModel(job.system, "bf16").memory_s("optimizer", optimizer_step_bytes(job, int(r["params"])))
+        )
+        gemm_s, att_s = p.family_time_s.get("gemm", 0.0), p.family_time_s.get("attention", 0.0)
+        pred = {
+            "gemm": gemm_s,
+            "attention": att_s,
+            "optimizer": opt_s,
+            "memory": p.step_time_s - gemm_s - att_s - opt_s,
+        }
+        out.append((r["config"], step_family_ms(folder / r["trace"]), {k: v * 1e3 for k, v in pred.items()}))
     return out
 
 
@@ -374,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\noptimizer step, fused AdamW (predicted ms, measured median ms, ratio)")
         for config, pred, meas in optimizer_rows(folder, read_csv_rows(folder / "training_steps.csv"), preset):
             print(f"  {config:14s} {pred:8.3f} {meas:8.3f}  {pred / meas:.3f}")
+        print("\nthe traced steps by kernel family (measured ms of the median step / predicted ms)")
+        for config, meas_ms, pred_ms in step_family_rows(folder, read_csv_rows(folder / "training_steps.csv"), preset):
+            cells = "  ".join(f"{f} {meas_ms[f]:6.2f} / {pred_ms[f]:6.2f}" for f in meas_ms)
+            print(f"  {config:14s} {cells}")
     if (folder / "dlrm_steps.csv").exists():
         steps("single-GPU DLRM steps", dlrm_step_rows(read_csv_rows(folder / "dlrm_steps.csv"), preset))
     if (folder / "memory.csv").exists():

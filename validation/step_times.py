@@ -427,12 +427,17 @@ def distinct_configs(rows: list[Row]) -> dict[tuple[str, str, str], float]:
     return {k: predicted[k] / statistics.median(v) - 1 for k, v in measured.items()}
 
 
+def all_rows(data: Path) -> list[Row]:
+    """Every row of the fitting table, in its printed order."""
+    return dgxc_rows(data) + grok_rows(data) + nemo_rows(data) + megatron_rows(data) + llama3_rows(data)
+
+
 def main() -> None:
     data = shared_data_dir()
     if data is None:
         print("no shared data (set ITERCAST_DATA or place ../shared/data beside the repo): nothing to validate")
         return
-    rows = dgxc_rows(data) + grok_rows(data) + nemo_rows(data) + megatron_rows(data) + llama3_rows(data)
+    rows = all_rows(data)
     run(rows)
     report(rows)
 
