@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 from pathlib import Path
 
@@ -72,6 +73,18 @@ def test_presets_show_writes_a_job_file_section(tmp_path: Path) -> None:
     assert code == 0 and "--dlrm" not in text and yaml.safe_load(text)["model"]["name"] == "dlrm-small"
 
 
+@pytest.mark.parametrize("name", ["llama3-8b", "deepseek-v3", "gpt-oss-20b"])
+def test_presets_show_writes_every_field_of_a_one_line_model_preset(tmp_path: Path, name: str) -> None:
+    # models.yaml writes each model on one line (`NAME: {field: value, …}  # source`): every field shown
+    code, text = invoke("presets", "show", name)
+    assert code == 0, text
+    job = tmp_path / "job.yaml"
+    job.write_text(text + "\nplan: {global_batch_size: 8}\nsystem: dgx-h100\n")
+    pasted, named = load_workload(job), load_workload(None, ["plan.global_batch_size=8"], name, "dgx-h100")
+    assert pasted.job.model == named.job.model
+    assert yaml.safe_load(text)["model"]["num_layers"] == named.job.model.num_layers
+
+
 def test_set_takes_any_float_literal_and_blames_itself_for_a_bad_value() -> None:
     job = load_workload(
         None, ["system.gpu.hbm_bandwidth_bytes_per_s=2e12", "model.hidden_size=2.048e3"], "gpt3-1.3b", "dgx-h100"
@@ -101,6 +114,28 @@ def test_slice_auto_tries_only_stage_counts_the_gpus_allow_and_prints_stage_laye
     assert sum(pasted["stage_layers"]) == 24  # gpt3-1.3b's layers
     code, text = invoke("slice", *job, "--stages", "3")
     assert code == 2 and text.startswith("error:")
+
+
+def test_slice_of_an_interleaved_job_prints_a_plan_predict_prices_as_slice_does() -> None:
+    # 8 GPUs at tp 2 × pp 2 × 2 chunks a stage: 4 virtual stages of gpt3-1.3b's 24 layers; the paste is
+    # the plan (data 2 × pipeline 2, 2 chunks a stage), not the 4 chunks as pipeline stages
+    job = ["--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.tensor_parallel=2"]
+    job += ["--set", "plan.pipeline_parallel=2", "--set", "plan.virtual_pipeline=2"]
+    job += ["--set", "plan.schedule=interleaved-1f1b", "--set", "plan.global_batch_size=16"]
+    code, text = invoke("slice", *job)
+    assert code == 0, text
+    lines = text[text.index("paste under `plan:`") :].splitlines()[1:]
+    pasted = yaml.safe_load("plan:\n" + "\n".join(lines))["plan"]
+    assert {k: v for k, v in pasted.items() if k != "stage_layers"} == {
+        "data_parallel": 2,
+        "pipeline_parallel": 2,
+        "virtual_pipeline": 2,
+    }
+    assert len(pasted["stage_layers"]) == 4 and sum(pasted["stage_layers"]) == 24
+    step = json.loads(invoke("slice", *job, "--json")[1])["step_time_s"]
+    code, text = invoke("predict", *job, "--set", f"plan.stage_layers={pasted['stage_layers']}", "--json")
+    assert code == 0, text
+    assert json.loads(text)["step_time_s"] == pytest.approx(step, rel=1e-9)
 
 
 def test_the_readme_job_file_fits_in_memory(tmp_path: Path) -> None:

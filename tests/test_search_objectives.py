@@ -145,6 +145,19 @@ def test_a_list_of_node_counts_gives_the_front_in_json(tmp_path):
     assert bad.exit_code == 2 and "--objective: expected" in bad.output
 
 
+def test_a_list_of_node_counts_prints_the_front_as_a_table_without_a_budget(tmp_path):
+    args = ["search", job_file(tmp_path), *SMALL, "--num-nodes-range", "1,2", "--top", "3"]
+    table = CliRunner().invoke(app, args)
+    assert table.exit_code == 0, table.output
+    doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    # the front's rows, as the JSON gives them: tokens per second (1 / seconds a token) and GPU-hours a
+    # million tokens; no days or GPU-hours to a budget, none was given
+    assert "time × GPU-hours per token front (fast path)" in table.output and "to budget" not in table.output
+    for r in doc["pareto_time_gpu_hours"]:
+        assert f"{1 / r['fast_seconds_per_token']:,.0f}" in table.output
+        assert f"{r['fast_gpu_hours_per_token'] * 1e6:.3g}" in table.output
+
+
 def test_without_variability_every_distribution_figure_is_the_deterministic_step():
     # all CVs 0: every sample is the graph's own step, so p50 = p95 = p99 = mean = step_time_s
     request = request_over((1,), objective="mean", top_k=3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+import yaml
 
 from itercast.cli.app import Group, app, console, fail
 from itercast.config.presets import preset_names, preset_source
@@ -83,7 +84,14 @@ def presets_show_cmd(name: Annotated[str, typer.Argument(help="A preset name (se
         fail(str(exc))
     key = "system" if section == "system" else "model"
     flag = f"--{key} {name}"
-    _, *fields = text.splitlines()  # the first line is `NAME:`; the fields below it are indented by two
+    first, *fields = text.splitlines()  # `NAME:` with the fields below it indented by two, or
+    flow = first.partition(":")[2]  # `NAME: {field: value, …}  # source` on one line (the model presets)
+    if flow.lstrip().startswith("{"):
+        mapping, _, comment = flow.rpartition("}")
+        parsed = yaml.safe_load(mapping + "}")
+        fields = [f"  # {comment.strip().lstrip('#').strip()}"] if comment.strip() else []
+        block = yaml.safe_dump(parsed, sort_keys=False, default_flow_style=False, width=1000)
+        fields += [f"  {line}" for line in block.splitlines()]
     typer.echo(
         f"# {section} preset {name}: a job file's `{key}:` section as written (or `{key}: {name}`, {flag});\n"
         f"# edit the fields and append it to a job file with model/plan sections\n{key}:\n  name: {name}"

@@ -413,13 +413,15 @@ def _print_cost_front(result: SearchResult) -> None:
     for r in result.pareto_cost:
         p = r["plan"]
         sizes = f"{p['data_parallel']}×{p['tensor_parallel']}×{p['pipeline_parallel']}×{p['context_parallel']}"
-        to_budget = (f"{r['fast_time_to_budget_s'] / 86400:,.2f}", f"{r['fast_gpu_hours_to_budget']:,.0f}")
+        to_budget = (
+            (f"{r['fast_time_to_budget_s'] / 86400:,.2f}", f"{r['fast_gpu_hours_to_budget']:,.0f}") if budget else ()
+        )
         table.add_row(
             str(r["num_nodes"]),
             str(r["num_gpus"]),
             sizes,
             f"{1 / r['fast_seconds_per_token']:,.0f}",
             f"{r['fast_gpu_hours_per_token'] * 1e6:.3g}",
-            *(to_budget if budget else ()),
+            *to_budget,
         )
     console.print(table)

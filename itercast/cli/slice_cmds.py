@@ -262,6 +262,10 @@ def _job_dict(js: JobSlicing, seconds: float, calibration: dict[str, Any] | None
         "microbatches": js.job.num_microbatches,
         "memory_limit_bytes": r.memory.capacity_bytes,
         "stage_layers": list(js.stage_layers),
+        # the plan the slicing is for (--stages auto picks the pipeline size, and with it data_parallel)
+        "data_parallel": js.job.plan.data_parallel,
+        "pipeline_parallel": js.job.plan.pipeline_parallel,
+        "virtual_pipeline": js.job.plan.virtual_pipeline,
         "stages": len(s.boundaries),
         "boundaries": s.boundaries,
         "first_layer_names": [names[b] for b in s.boundaries],
@@ -331,14 +335,22 @@ def _print(out: dict[str, Any]) -> None:
     found = f"bottleneck {bottleneck_ms:.3f} ms (found in {out['seconds']:.2f} s)"
     if "lumped_step_time_s" in out:
         lumped = out["lumped_step_time_s"]
-        console.print(f"step {step:.4f} s as `predict` prices it ((m − 1)·max + Σ: {lumped:.4f} s), {found}")
+        vp = out["virtual_pipeline"]
+        objective = (
+            f"the slicer's (m − 1)·max + Σ over its {out['stages']} chunks, not an interleaved step: {lumped:.4f} s"
+            if vp > 1
+            else f"(m − 1)·max + Σ: {lumped:.4f} s"
+        )
+        console.print(f"step {step:.4f} s as `predict` prices it ({objective}), {found}")
     else:
         console.print(f"step {step:.4f} s, {found}")
     if "stage_layers" in out:  # plain lines, never wrapped: they are pasted into a job file
-        typer.echo(
-            f"paste under `plan:` in the job file:\n  pipeline_parallel: {out['stages']}\n"
-            f"  stage_layers: {out['stage_layers']}"
-        )
+        plan = {k: out[k] for k in ("data_parallel", "pipeline_parallel", "virtual_pipeline") if k in out}
+        if plan.get("virtual_pipeline") == 1:
+            del plan["virtual_pipeline"]
+        plan = plan or {"pipeline_parallel": out["stages"]}  # a layer-costs file: its stages
+        lines = "".join(f"  {k}: {v}\n" for k, v in plan.items())
+        typer.echo(f"paste under `plan:` in the job file:\n{lines}  stage_layers: {out['stage_layers']}")
     if "stage_groups" in out:
         console.print("stages on groups: " + ", ".join(out["stage_groups"]), highlight=False)
     if "relaxed" in out:
