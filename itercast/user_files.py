@@ -13,10 +13,12 @@ inputs, a directory, a symlink, or in a directory that does not exist.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from itercast.errors import ConfigError
 
@@ -32,6 +34,18 @@ def read_small_text(path: Path, what: str, max_bytes: int) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def read_json_file(path: Path, what: str, max_bytes: int) -> Any:
+    """A small JSON input file parsed (read_small_text's checks); malformed or too deeply nested JSON is
+    a ConfigError naming the file, not a traceback."""
+    text = read_small_text(path, what, max_bytes)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: {what} nested too deeply to be one") from None
 
 
 def write_output(path: str | Path, data: bytes | str, inputs: Iterable[str | Path | None] = ()) -> Path:

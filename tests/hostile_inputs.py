@@ -168,7 +168,103 @@ def cases() -> list[Case]:
             "no sharding fits",
         ),
         Case("profile on a missing GPU", {}, ["profile", "run", "--device", "cuda", "--db", "{dir}/p.db"], "cuda"),
+        # found by a new-user check (session 20): each a traceback, a hang or a number before
+        Case(
+            "--set into a value",
+            {},
+            ["predict", "--example", "--set", "plan.tensor_parallel.x=2"],
+            "`plan.tensor_parallel` is a value (8)",
+        ),
+        Case(
+            "a key given twice in a job",
+            {"j.yaml": b"model: gpt3-1.3b\nplan: {tensor_parallel: 1, tensor_parallel: 2}\nsystem: dgx-h100\n"},
+            ["predict", "{dir}/j.yaml"],
+            "line 2: key `tensor_parallel` given twice",
+        ),
+        Case(
+            "an execution trace whose nodes are numbers",
+            {"et.json": b'{"schema": "1.0.1", "nodes": [1, 2, 3]}'},
+            ["predict", "--et", "{dir}/et.json", "--system", "dgx-h100"],
+            "a node is int",
+        ),
+        Case(
+            "an execution trace node whose inputs are a string",
+            {"et.json": b'{"schema": "1.0.1", "nodes": [{"id": 1, "name": "aten::mm", "inputs": "oops"}]}'},
+            ["predict", "--et", "{dir}/et.json", "--system", "dgx-h100"],
+            "inputs and outputs: expected two lists or two objects",
+        ),
+        Case(
+            "an execution trace without nodes",
+            {"et.json": b'{"schema": "1.0.1", "nodes": []}'},
+            ["predict", "--et", "{dir}/et.json", "--system", "dgx-h100"],
+            "`nodes`: expected the operators of a traced step",
+        ),
+        Case(
+            "a calibration nested 100,000 deep",
+            {"c.json": b"[" * 100_000 + b"]" * 100_000},
+            [*predict[:-1], "--calibration", "{dir}/c.json"],
+            "nested too deeply",
+        ),
+        Case(
+            "a saved result nested 100,000 deep",
+            {"r.json": b"[" * 100_000 + b"]" * 100_000},
+            ["report", "--result", "{dir}/r.json", "-o", "{dir}/r.html"],
+            "nested too deeply",
+        ),
+        Case(
+            "a calibration curve that is a list",
+            {"c.json": _calibration('"gemm": {"tf32": [1, 2]}')},
+            [*predict[:-1], "--calibration", "{dir}/c.json"],
+            "`gemm.tf32`: expected a curve",
+        ),
+        Case(
+            "a calibration curve of efficiency 0",
+            {"c.json": _calibration('"gemm": {"bf16": {"alpha_s": 0, "e_max": 0, "log_half": 1, "gamma": 0}}')},
+            [*predict[:-1], "--calibration", "{dir}/c.json"],
+            "0 < e_max ≤ 4; got 0",
+        ),
+        Case(
+            "a calibration curve of efficiency 50",
+            {"c.json": _calibration('"gemm": {"bf16": {"alpha_s": 0, "e_max": 50, "log_half": 1, "gamma": 0}}')},
+            [*predict[:-1], "--calibration", "{dir}/c.json"],
+            "0 < e_max ≤ 4; got 50",
+        ),
+        Case(
+            "a sharding with a Python tag",
+            {"s.yaml": b"t1: !!python/object/apply:os.system ['true']\n"},
+            ["shard", "--model", "dlrm-small", "--sharding", "{dir}/s.yaml"],
+            "malformed YAML",
+        ),
+        Case(
+            "a DLRM model file that is no YAML",
+            {"m.yaml": b"\tdense_features: 4\n"},
+            ["shard", "--model", "{dir}/m.yaml"],
+            "malformed YAML",
+        ),
+        Case(
+            "a binary file imported as a table",
+            {"t.csv": bytes(range(128, 256))},
+            ["profile", "import", "xla-matmul", "{dir}/t.csv", "--db", "{dir}/p.db"],
+            "not UTF-8 text",
+        ),
+        Case(
+            "a truncated JSON imported as a table",
+            {"t.json": b"[1,2"},
+            ["profile", "import", "xla-matmul", "{dir}/t.json", "--db", "{dir}/p.db"],
+            "found no rows",
+        ),
+        Case(
+            "a search over 100,000 node counts",
+            {},
+            ["search", *predict[1:], "plan.global_batch_size=8", "--num-nodes-range", "1:100000"],
+            "100000 node counts; expected at most 1024",
+        ),
     ]
+
+
+def _calibration(curves: str) -> bytes:
+    """A calibration file of this itercast's format and version with `curves` as its fields."""
+    return ('{"format": "itercast-calibration", "version": "3", ' + curves + "}").encode()
 
 
 def write(directory: Path) -> None:

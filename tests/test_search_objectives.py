@@ -126,7 +126,7 @@ def job_file(tmp_path) -> str:
 SMALL = ["--micro-batch-sizes", "1,2", "--max-context-parallel", "2", "--max-virtual-pipeline", "2", "--workers", "1"]
 
 
-@pytest.mark.parametrize("nodes", ["4:2", "0:2", "0", "1.5:3", "a:b", "2,x", "1,0", "2:"])
+@pytest.mark.parametrize("nodes", ["4:2", "0:2", "0", "1.5:3", "a:b", "2,x", "1,0", "2:", "1:1025"])
 def test_a_bad_node_range_is_one_line(tmp_path, nodes):
     out = CliRunner().invoke(app, ["search", job_file(tmp_path), *SMALL, "--num-nodes-range", nodes])
     assert out.exit_code == 2 and "Traceback" not in out.output

@@ -128,6 +128,8 @@ def profile_import_cmd(
 
     if kind not in IMPORTERS:
         fail(f"import kind {kind!r}: expected one of {', '.join(IMPORTERS)}")
+    created = not db.exists()
+    target = None
     try:
         target = ProfileDB(db)
         if kind == "nccl-log":
@@ -140,6 +142,11 @@ def profile_import_cmd(
                 "xla-collective": importers.import_xla_collectives,
             }[kind](target, file)
     except ProfileError as exc:
+        if target is not None:
+            target.close()
+        if created:  # a database this failed import created holds nothing: leave none behind
+            for leftover in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+                leftover.unlink(missing_ok=True)
         fail(str(exc))
     console.print(f"{db}: " + "; ".join(f"{k}: {v}" for k, v in counts.items()), highlight=False)
 

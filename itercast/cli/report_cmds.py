@@ -3,7 +3,6 @@ a saved `itercast search --json` / `itercast replay --json` result."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +25,7 @@ from itercast.cli.app import (
 )
 from itercast.errors import ConfigError, DeadlockError
 from itercast.report import html_report as rep
-from itercast.user_files import read_small_text, write_output
+from itercast.user_files import read_json_file, write_output
 from itercast.workload import DLRMWorkload, TransformerWorkload, report_sections
 
 MAX_RESULT_BYTES = 256 << 20  # a search or replay result is a few MB at most
@@ -98,10 +97,7 @@ def _job_sections(
 
 def read_result(path: Path) -> tuple[str, dict[str, Any]]:
     """A saved `search --json` ("search") or `replay --json` ("replay") result."""
-    try:
-        doc = json.loads(read_small_text(path, "result file", MAX_RESULT_BYTES))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    doc = read_json_file(path, "result file", MAX_RESULT_BYTES)
     if isinstance(doc, dict) and "plans" in doc:
         return "search", doc
     if isinstance(doc, dict) and "steps" in doc:

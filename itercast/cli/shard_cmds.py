@@ -22,13 +22,12 @@ from itercast.cli.app import (
     warn,
     working,
 )
-from itercast.config.job import parse_section, plain_yaml, raw_sections
+from itercast.config.job import parse_section, raw_sections, read_yaml_file
 from itercast.config.presets import preset, preset_names
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.profile.calibrate import load_calibration
 from itercast.sim.analysis import breakdown, critical_path
-from itercast.user_files import read_small_text
 from itercast.workload import sharding_summary
 from itercast.workloads.dlrm import (
     DLRMConfig,
@@ -178,7 +177,7 @@ def _index_samples(items: list[str], dlrm: DLRMConfig) -> dict[str, np.ndarray]:
 
 def load_sharding(path: Path, dlrm: DLRMConfig, world: int) -> dict[str, Shard]:
     """A sharding file, every problem named."""
-    doc = plain_yaml(read_small_text(path, "sharding", MAX_MODEL_BYTES), str(path))
+    doc = read_yaml_file(path, "sharding", MAX_MODEL_BYTES)
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a mapping TABLE: {{strategy, ranks}}; got {type(doc).__name__}")
     plan: dict[str, Shard] = {}
@@ -204,7 +203,7 @@ def load_dlrm(text: str, overrides: dict[str, Any] | None = None) -> DLRMConfig:
         path = Path(text)
         if not path.is_file():
             raise ConfigError(f"--model {text}: neither a DLRM preset ({', '.join(preset_names('dlrm'))}) nor a file")
-        fields, source = plain_yaml(read_small_text(path, "DLRM model", MAX_MODEL_BYTES), str(path)), str(path)
+        fields, source = read_yaml_file(path, "DLRM model", MAX_MODEL_BYTES), str(path)
         if not isinstance(fields, dict):
             raise ConfigError(f"{path}: expected a mapping of DLRM fields; got {type(fields).__name__}")
     if overrides:

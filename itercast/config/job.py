@@ -119,18 +119,38 @@ def plain_yaml(text: str, where: str) -> Any:
                 raise ConfigError(f"{where}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
+    nodes = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    while nodes:  # a key given twice: YAML keeps the last silently; say which
+        node = nodes.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in seen:
+                        line = key.start_mark.line + 1
+                        raise ConfigError(f"{where}: line {line}: key `{key.value}` given twice; keep one")
+                    seen.add(key.value)
+                nodes.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            nodes.extend(node.value)
     return yaml.safe_load(text)
 
 
-def read_job_file(path: Path) -> dict[str, Any]:
-    """Read a YAML job file with sections model / plan / system (safe loader, bounded size)."""
-    text = read_small_text(path, "job file", MAX_JOB_FILE_BYTES)
+def read_yaml_file(path: Path, what: str, max_bytes: int) -> Any:
+    """A small YAML input file (a job, a sharding, a DLRM model) parsed by plain_yaml; malformed YAML or
+    a tag the safe loader refuses is a ConfigError naming the line."""
+    text = read_small_text(path, what, max_bytes)
     try:
-        data = plain_yaml(text, str(path))
+        return plain_yaml(text, str(path))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}:{where} malformed YAML ({getattr(exc, 'problem', exc)})") from None
+
+
+def read_job_file(path: Path) -> dict[str, Any]:
+    """Read a YAML job file with sections model / plan / system (safe loader, bounded size)."""
+    data = read_yaml_file(path, "job file", MAX_JOB_FILE_BYTES)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with sections model, plan, system; got {type(data).__name__}")
     unknown = [k for k in data if k not in _SCHEMAS]
@@ -161,8 +181,11 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     target = raw.setdefault(parts[0], {})
     if isinstance(target, str):
         target = raw[parts[0]] = {"preset": target}
-    for part in parts[1:-1]:
+    for i, part in enumerate(parts[1:-1], start=1):
         target = target.setdefault(part, {})
+        if not isinstance(target, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"--set {item!r}: `{where}` is a value ({target!r}), not a section with fields")
     target[parts[-1]] = value
 
 

@@ -35,11 +35,12 @@ from itercast.costs.fitting import (
     geomean_abs_err,
 )
 from itercast.costs.op_model import fit_operator_models
+from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
 from itercast.measurements import Measurement
 from itercast.profile.db import ProfileDB
 from itercast.traces.host_overheads import HostOverheadError, HostOverheads
-from itercast.user_files import write_output
+from itercast.user_files import read_json_file, write_output
 
 #: version 3: norms are shape models (operator family "norm"), embedding-bag backward has a term per
 #: byte of distinct rows, operators may carry host issue times (host_issue_s) and host costs a launch
@@ -47,6 +48,7 @@ from itercast.user_files import write_output
 #: or beyond their break at the higher rate (version 1: only the bytes past it); collectives may
 #: carry alpha_per_peer_s. An older file is refused with the advice to re-run calibrate.
 FORMAT, VERSION = "itercast-calibration", "3"
+MAX_CALIBRATION_BYTES = 64 << 20  # a calibration is curves and host overheads: kilobytes
 #: a measured dtype (ours, Alpa's, OpenXLA's "bf16xbf16->bf16") → the plan dtype whose peak and curve apply
 PLAN_DTYPES = {
     "fp32": "fp32",
@@ -240,8 +242,8 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
     """The built-in curves with a calibration file merged over them (checked: format and version)."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        doc = read_json_file(path, "calibration file", MAX_CALIBRATION_BYTES)
+    except (OSError, ConfigError) as exc:
         raise CalibrationError(f"{path}: not readable as a calibration file ({exc})") from None
     found = doc.get("format") if isinstance(doc, dict) else None
     if found != FORMAT:
@@ -255,6 +257,9 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
     return merge_calibration(doc, str(path))
 
 
+#: a curve's ceiling, a fraction of the peak it is relative to (the built-in fits reach 1.5, a flat
+#: test curve 2): more than this is no efficiency, and 0 would price every kernel at infinity
+MAX_E_MAX = 4.0
 #: curve parameters (costs/curves.py, costs/collectives.py, the embedding's linear fit): finite numbers;
 #: all but log_half (a log2 of bytes) also ≥ 0, as times, rates and efficiencies are
 _PARAMETER = re.compile(r"e_max|gamma|log_half|alpha\w*|s_per_\w+|\w+_s")
@@ -275,6 +280,10 @@ def _check_curves(doc: dict[str, Any], path: Path) -> None:
             field = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]"
             if isinstance(key, str) and _PARAMETER.fullmatch(key):
                 _check_parameter(path, field, value, negative=key == "log_half")
+                if key == "e_max" and not 0 < value <= MAX_E_MAX:
+                    raise CalibrationError(
+                        f"{path}: `{field}`: expected a ceiling of efficiency, 0 < e_max ≤ {MAX_E_MAX:g}; got {value!r}"
+                    )
             elif isinstance(value, dict | list):
                 stack.append((field, value))
 
@@ -306,7 +315,10 @@ def merge_calibration(doc: dict[str, Any], where: str = "<calibration>") -> dict
         merged["host_overheads"] = doc["host_overheads"]
     try:  # every entry must be a usable curve
         for section in ("gemm", "memory"):
-            for entry in merged[section].values():
+            for key, entry in merged[section].items():
+                if key != "source" and not isinstance(entry, dict):
+                    got = type(entry).__name__
+                    raise CalibrationError(f"{path}: `{section}.{key}`: expected a curve (its parameters); got {got}")
                 if isinstance(entry, dict):
                     curve(entry)
     except (KeyError, TypeError) as exc:

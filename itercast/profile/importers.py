@@ -36,11 +36,17 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
         raise ProfileError(f"{path}: no such file")
     if path.stat().st_size > MAX_FILE_BYTES:
         raise ProfileError(f"{path}: {path.stat().st_size} bytes; expected at most {MAX_FILE_BYTES}")
-    with path.open(newline="") as fh:
-        lines = [(i + 1, line) for i, line in enumerate(fh) if not line.startswith("#")]
-    reader = csv.DictReader(line for _, line in lines)
-    for (number, _), row in zip(lines[1:], reader, strict=False):
-        yield number, row
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            lines = [(i + 1, line) for i, line in enumerate(fh) if not line.startswith("#")]
+        rows = list(csv.DictReader(line for _, line in lines))
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); expected a CSV table") from None
+    except csv.Error as exc:
+        raise ProfileError(f"{path}: not a CSV table ({exc})") from None
+    if not rows:
+        raise ProfileError(f"{path}: expected a CSV table with a header and rows; found no rows")
+    yield from zip((number for number, _ in lines[1:]), rows, strict=False)
 
 
 def _store(

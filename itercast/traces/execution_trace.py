@@ -93,12 +93,21 @@ def read_execution_trace(path: str | Path) -> ExecutionTrace:
     schema = _top_level_value(tap.edges(), "schema")
     if schema is None:
         raise TraceError(f"{path}: not a PyTorch execution trace (no `schema` and `nodes`)")
+    if not nodes:
+        raise TraceError(f"{path}: `nodes`: expected the operators of a traced step; got none")
     return ExecutionTrace(str(path), str(schema), nodes)
 
 
 def _node(n: dict[str, Any]) -> ETNode:
+    if not isinstance(n, dict):
+        raise TypeError(f"a node is {type(n).__name__} {str(n)[:40]!r}, not an object")
     attrs = {a["name"]: a.get("value") for a in n.get("attrs", []) if isinstance(a, dict) and "name" in a}
-    inputs, outputs = n.get("inputs", []), n.get("outputs", [])
+    inputs: Any = n.get("inputs", [])
+    outputs: Any = n.get("outputs", [])
+    if not all(isinstance(x, list) for x in (inputs, outputs)) and not all(
+        isinstance(x, dict) for x in (inputs, outputs)
+    ):
+        raise TypeError(f"inputs and outputs: expected two lists or two objects; got {str(inputs)[:40]!r}")
     if isinstance(inputs, dict):  # schema 1.1: {"values": [...], "shapes": [...], "types": [...], "strides"}
         in_shapes, out_shapes, in_types = inputs.get("shapes", []), outputs.get("shapes", []), inputs.get("types", [])
         in_strides, out_types = inputs.get("strides", []), outputs.get("types", [])
@@ -106,7 +115,7 @@ def _node(n: dict[str, Any]) -> ETNode:
     else:
         in_shapes, out_shapes = n.get("input_shapes", []), n.get("output_shapes", [])
         in_types, out_types, in_strides = n.get("input_types", []), n.get("output_types", []), []
-    parent = n.get("parent", n.get("ctrl_deps", -1))  # 1.1.x calls the parent ctrl_deps
+    parent: Any = n.get("parent", n.get("ctrl_deps", -1))  # 1.1.x calls the parent ctrl_deps
     return ETNode(
         int(n["id"]),
         int(n.get("rf_id", attrs.get("rf_id", -1)) or -1),
