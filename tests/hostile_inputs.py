@@ -253,6 +253,7 @@ def cases() -> list[Case]:
             ["profile", "import", "xla-matmul", "{dir}/t.json", "--db", "{dir}/p.db"],
             "found no rows",
         ),
+        Case("--kineto without --et", {}, ["predict", "--example", "--kineto", "{dir}/k.json"], "--kineto: for an"),
         Case(
             "a search over 100,000 node counts",
             {},

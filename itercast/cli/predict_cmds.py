@@ -110,6 +110,9 @@ def predict_cmd(
             measured_starts=measured_starts,
         )
         return
+    et_only = {"--db": db, "--kineto": kineto, "--indices": indices, "--gpu": gpu, "--measured-starts": measured_starts}
+    if given := [flag for flag, value in et_only.items() if value]:
+        fail(f"{', '.join(given)}: for an execution trace (--et); a job is priced without them")
     w = load_job(job_file, example, model, system, set_)
     cal = calibration_curves(calibration, w.job.system)
     try:
