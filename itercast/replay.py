@@ -16,7 +16,7 @@ from itercast.sim.analysis import Breakdown, breakdown
 from itercast.sim.engine import SimResult, simulate
 from itercast.sim.sharing import resimulate_shared, simulate_shared
 from itercast.traces.execution_trace import link, read_execution_trace
-from itercast.traces.kineto import RankTrace, read_traces
+from itercast.traces.kineto import RankTrace, TraceError, read_traces
 from itercast.traces.replay_graph import ReplayGraph, StepMark, build_replay_graph
 from itercast.traces.restage import restage
 from itercast.traces.whatif import (
@@ -58,6 +58,7 @@ class ReplayResult:
     steps: list[StepReplay]
     breakdown: Breakdown
     span_gpu_busy: float  # measured share of its span during which some GPU op ran (busiest rank)
+    measured_span_s: float = 0.0  # first to last measured event, the longest rank's (_span_us)
 
     def to_dict(self) -> dict[str, Any]:
         ignored: dict[str, int] = {}
@@ -78,6 +79,7 @@ class ReplayResult:
                 for s in self.steps
             ],
             "replayed_span_s": self.sim.step_time_s,
+            "measured_span_s": self.measured_span_s,
             "gpu_busy": self.span_gpu_busy,
             "breakdown": self.breakdown.as_dict(),
             "critical_path": summarise_path(self.sim),
@@ -100,6 +102,9 @@ def replay(paths: list[str | Path], graph: ReplayGraph | None = None) -> ReplayR
 
 def replay_graph(traces: list[RankTrace], rg: ReplayGraph, sim: SimResult | None = None) -> ReplayResult:
     """The replayed steps of `rg` (built from `traces`); `sim`: its simulation, if already run."""
+    if rg.graph.num_tasks == 0:
+        files = ", ".join(t.path for t in traces)
+        raise TraceError(f"{files}: nothing to replay: no CUDA runtime call, GPU op or collective became a task")
     sim = sim or simulate(rg.graph)
     own = {t.rank if t.rank is not None else i: t for i, t in enumerate(traces)}
     steps = []
@@ -110,7 +115,8 @@ def replay_graph(traces: list[RankTrace], rg: ReplayGraph, sim: SimResult | None
             StepReplay(m.rank, m.step, m.measured_s, _step_s(sim, m), measured_gpu_busy(t, ts_us, ts_us + dur_us))
         )
     span = max((measured_gpu_busy(t, *_span_us(t)) for t in traces), default=0.0)
-    return ReplayResult(traces, rg, sim, steps, breakdown(sim), span)
+    measured_s = max((end - start for start, end in map(_span_us, traces)), default=0.0) * 1e-6
+    return ReplayResult(traces, rg, sim, steps, breakdown(sim), span, measured_s)
 
 
 def restaged_result(traces: list[RankTrace], rg: ReplayGraph, host_cores: int | None = None) -> ReplayResult:

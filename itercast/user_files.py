@@ -48,8 +48,10 @@ def read_json_file(path: Path, what: str, max_bytes: int) -> Any:
         raise ConfigError(f"{path}: {what} nested too deeply to be one") from None
 
 
-def write_output(path: str | Path, data: bytes | str, inputs: Iterable[str | Path | None] = ()) -> Path:
-    """Write `data` to `path` atomically after the checks above; the error names the path."""
+def check_output(path: str | Path, inputs: Iterable[str | Path | None] = ()) -> Path:
+    """An output path a command may write: not a symbolic link or a directory, in a directory that
+    exists, and not one of the command's `inputs` (files, or directories whose files it reads: an
+    existing file inside one is refused too); a ConfigError naming the path otherwise."""
     path = Path(path)
     if path.is_symlink():
         raise ConfigError(f"{path}: is a symbolic link; give the real path to write")
@@ -59,8 +61,19 @@ def write_output(path: str | Path, data: bytes | str, inputs: Iterable[str | Pat
     if not parent.is_dir():
         raise ConfigError(f"{path}: directory {parent} does not exist")
     for source in inputs:
-        if source is not None and path.exists() and Path(source).exists() and path.samefile(source):
+        if source is None or not path.exists() or not Path(source).exists():
+            continue
+        if path.samefile(source):
             raise ConfigError(f"{path}: is an input of this command; write the output elsewhere")
+        if Path(source).is_dir() and path.resolve().is_relative_to(Path(source).resolve()):
+            raise ConfigError(f"{path}: is a file of {source}, an input of this command; write the output elsewhere")
+    return path
+
+
+def write_output(path: str | Path, data: bytes | str, inputs: Iterable[str | Path | None] = ()) -> Path:
+    """Write `data` to `path` atomically after check_output; the error names the path."""
+    path = check_output(path, inputs)
+    parent = path.parent if str(path.parent) else Path(".")
     raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
     try:

@@ -14,6 +14,7 @@ from itercast.errors import ConfigError
 from itercast.profile.calibrate import CalibrationError
 from itercast.profile.microbench import FLUSH_BYTES
 from itercast.traces.host_overheads import HostOverheads
+from itercast.user_files import check_output
 
 profile_app = typer.Typer(
     cls=Group,
@@ -131,6 +132,7 @@ def profile_import_cmd(
     created = not db.exists()
     target = None
     try:
+        check_output(db, [file])
         target = ProfileDB(db)
         if kind == "nccl-log":
             counts = importers.import_nccl_log(target, file, collective, nodes, device_name)
@@ -141,6 +143,8 @@ def profile_import_cmd(
                 "xla-matmul": importers.import_xla_matmul,
                 "xla-collective": importers.import_xla_collectives,
             }[kind](target, file)
+    except ConfigError as exc:  # the database path: a link, a missing directory, the file imported
+        fail(str(exc))
     except ProfileError as exc:
         if target is not None:
             target.close()
@@ -203,6 +207,8 @@ def calibrate_cmd(
     try:
         if db is None and not host_trace:
             raise CalibrationError("give a profiling database, or --host-trace, or both")
+        if db is not None and out is None and not report and not host_trace:
+            raise CalibrationError(f"{db}: nothing to do; give --out FILE (the calibration) or --report (its fit)")
         doc: dict = {}
         if db is not None:
             target = ProfileDB(db, readonly=True)

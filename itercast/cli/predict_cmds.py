@@ -25,6 +25,7 @@ from itercast.cli.app import (
     fail,
     load_job,
     output_format,
+    resolve_job_file,
     show_table,
     warn,
 )
@@ -118,7 +119,7 @@ def predict_cmd(
     try:
         result = w.predict(cal)
         if trace is not None:
-            write_chrome_trace(result.sim, trace, [job_file, calibration])
+            write_chrome_trace(result.sim, trace, [resolve_job_file(job_file, example, model, system), calibration])
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no sharding fits
         fail(str(exc).replace("\n", "\n  "))
     if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand

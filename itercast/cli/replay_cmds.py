@@ -191,7 +191,15 @@ def _print_replay(base: ReplayResult, changed: ReplayResult | None, counts: dict
     for s, w in zip(base.steps, whatif_steps, strict=True):
         row = [str(s.rank), str(s.step), f"{s.measured_s * 1e3:.3f}", f"{s.replayed_s * 1e3:.3f}", f"{s.error:+.2%}"]
         table.add_row(*row, f"{s.gpu_busy:.0%}", *((f"{w.replayed_s * 1e3:.3f}",) if beside else ()))
-    console.print(table)
+    if base.steps:
+        console.print(table)
+    else:  # no ProfilerStep marks: the whole trace is the one span to compare
+        whatif = f"; what-if {changed.sim.step_time_s * 1e3:.3f} ms" if beside and changed is not None else ""
+        console.print(
+            f"no ProfilerStep marks: the whole trace, measured {base.measured_span_s * 1e3:.3f} ms (first to last "
+            f"event), replayed {base.sim.step_time_s * 1e3:.3f} ms{whatif}",
+            highlight=False,
+        )
     rg = base.replay_graph
     console.print(_ranks_line(d["ranks"], d["matched_ranks"], rg.nccl_meta or rg.cpu_comm), highlight=False)
     busy = [s.gpu_busy for s in base.steps] or [base.span_gpu_busy]

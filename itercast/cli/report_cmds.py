@@ -21,6 +21,7 @@ from itercast.cli.app import (
     fail,
     finite,
     load_job,
+    resolve_job_file,
     working,
 )
 from itercast.errors import ConfigError, DeadlockError
@@ -70,7 +71,7 @@ def report_cmd(
             cal = calibration_curves(calibration, w.job.system)
             with working("predicting the step and sampling its variability…"):
                 title, subtitle, sections = _job_sections(w, samples, within_s, seed, cal)
-            inputs = [job_file]
+            inputs = [resolve_job_file(job_file, example, model, system), calibration]
         with working("drawing the report…"):
             written = write_output(out, rep.render_html(title, subtitle, sections), inputs)
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no DLRM sharding fits

@@ -27,6 +27,7 @@ from itercast.cli.app import (
     fail,
     finite,
     load_job,
+    resolve_job_file,
     seconds,
     working,
 )
@@ -228,7 +229,8 @@ def variability_cmd(
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": shown.probability_within(within_s)}
     if plot is not None:
-        _plot(shown, plot, f"{w.name} on {w.num_gpus} GPUs", [job_file, noise_from_db])
+        inputs = [resolve_job_file(job_file, example, model, system), noise_from_db, calibration, speed_map]
+        _plot(shown, plot, f"{w.name} on {w.num_gpus} GPUs", inputs)
     if slow_gpus is not None:
         out["placement"] = _placement(step, slow_gpus, slow_factor)
     if speeds is not None:
