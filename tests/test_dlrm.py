@@ -492,3 +492,13 @@ def test_a_shard_beyond_the_profiled_lookups_is_reported():
     assert "t0's owner looks up 4,096 rows per call, 4.1× the largest call" in note and "(1,000)" in note
     assert beyond_profile(model(2), 2, 512, {"operators": {"models": {"aten::mm:gemm": {}}}}) == ""
     assert beyond_profile(model(2), 2, 512, None) == ""
+
+
+def test_the_greedy_planner_prices_and_lists_each_plan_once():
+    # dlrm-small on 8 A100: the greedy choice is the uniform table-wise round robin (t0..t3 on ranks
+    # 0..3); it used to be priced and listed twice
+    out = CliRunner().invoke(app, ["shard", "--model", "dlrm-small", "--system", "dgx-a100", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    shardings = [json.dumps(p["tables"], sort_keys=True) for p in doc["plans"]]
+    assert doc["method"] == "greedy" and len(shardings) == len(set(shardings)) == 3

@@ -99,6 +99,10 @@ def test_a_trace_without_profiler_steps_shows_its_measured_and_replayed_span(tmp
     assert "no ProfilerStep marks: the whole trace, measured 1.000 ms (first to last event), replayed 1.000 ms" in (
         out.output
     )
+    # the JSON carries the spans, the what-if's too (GEMMs halved: this trace has none, so 1 ms again)
+    doc = json.loads(CliRunner().invoke(app, ["replay", str(path), "--json", "--scale", "gemm=0.5"]).stdout)
+    assert doc["measured_span_s"] == pytest.approx(1e-3) and doc["replayed_span_s"] == pytest.approx(1e-3)
+    assert doc["whatif_span_s"] == pytest.approx(1e-3)
     # CPU ops alone become no task: nothing to replay, said in one line
     only_ops = write(tmp_path / "o.json", [cpu_op("aten::mm", 0, 400), cpu_op("aten::add", 500, 500)])
     out = CliRunner().invoke(app, ["replay", str(only_ops)])

@@ -77,6 +77,24 @@ def test_without_failures_only_checkpoints_cost_time():
     assert expected_time_s(10 * HOUR_S, HOUR_S, 0.0, FM) == pytest.approx(11 * HOUR_S)
 
 
+def test_a_last_segment_shorter_than_the_interval_by_hand():
+    # 4.5 h of work in 1 h segments: four of 1 h + 0.1 h checkpoint and a last of 0.5 h + 0.1 h = 5.0 h
+    # without failures (rounding to 4 or 5 whole segments made 4.4 or 5.5 h); every sample the same
+    assert expected_time_s(4.5 * HOUR_S, HOUR_S, 0.0, FM) == pytest.approx(5.0 * HOUR_S)
+    draws, _ = sample_time_s(4.5 * HOUR_S, HOUR_S, 0.0, FM, 10, seed=1)
+    assert draws == pytest.approx([5.0 * HOUR_S] * 10)
+    # at λ = 0.1/h: 4 × (e^{0.11} − 1)/0.1 × e^{0.02} h + (e^{0.06} − 1)/0.1 × e^{0.02} h = 4.745082 + 0.630857
+    rate = FM.job_failure_rate(100)
+    hand_h = 4 * math.expm1(0.11) / 0.1 * math.exp(0.02) + math.expm1(0.06) / 0.1 * math.exp(0.02)
+    assert expected_time_s(4.5 * HOUR_S, HOUR_S, rate, FM) / HOUR_S == pytest.approx(hand_h)
+    assert hand_h == pytest.approx(5.375939, abs=5e-6)
+    # the Monte Carlo mean agrees where the interval leaves 0.64 of a segment over (200.32 h in 0.5 h)
+    draws, _ = sample_time_s(200.32 * HOUR_S, 0.5 * HOUR_S, FM.job_failure_rate(2000), FM, 40_000, seed=2)
+    assert draws.mean() == pytest.approx(
+        expected_time_s(200.32 * HOUR_S, 0.5 * HOUR_S, FM.job_failure_rate(2000), FM), rel=0.005
+    )
+
+
 def test_monte_carlo_mean_matches_the_closed_form():
     rate = FM.job_failure_rate(2000)  # 2 failures per hour
     work, tau = 200 * HOUR_S, 0.5 * HOUR_S

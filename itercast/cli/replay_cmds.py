@@ -110,6 +110,7 @@ def replay_cmd(
             for row, new in zip(out["steps"], changed.steps, strict=True):
                 row["whatif_s"] = new.replayed_s
         out["whatif_changes"] = dict(counts)
+        out["whatif_span_s"] = changed.sim.step_time_s  # the whole replayed what-if, steps marked or not
         echo_json(out)
     else:
         _print_replay(base, None if restaged else changed, counts)

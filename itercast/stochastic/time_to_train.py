@@ -90,18 +90,31 @@ class TimeToTrain:
     expected_interruptions: float
 
 
-def expected_time_s(work_s: float, interval_s: float, rate: float, fm: FailureModel) -> float:
-    """E[wall time] for `work_s` seconds of training in segments of `interval_s` (closed form)."""
-    segments = work_s / interval_s
-    s = interval_s + fm.checkpoint_s
+def _segment_s(length_s: float, rate: float, fm: FailureModel) -> float:
+    """E[time] of one segment of `length_s` seconds (work and its checkpoint) with its failures and
+    restarts: e^{λR} (e^{λs} − 1) / λ (module docstring); s itself without failures."""
     if rate == 0:
-        return segments * s
-    return segments * math.expm1(rate * s) / rate * math.exp(rate * fm.restart_s)
+        return length_s
+    return math.expm1(rate * length_s) / rate * math.exp(rate * fm.restart_s)
+
+
+def _segments(work_s: float, interval_s: float) -> tuple[int, float]:
+    """(Whole segments of `interval_s`, the last segment's work, 0 when it divides) of `work_s`."""
+    whole = math.floor(work_s / interval_s * (1 + 1e-12))  # 5 intervals of work are 5, not 4 and a sliver
+    return whole, max(0.0, work_s - whole * interval_s)
+
+
+def expected_time_s(work_s: float, interval_s: float, rate: float, fm: FailureModel) -> float:
+    """E[wall time] for `work_s` seconds of training in segments of `interval_s`, each with its
+    checkpoint, the last one shorter when the interval does not divide the work (closed form)."""
+    whole, rest_s = _segments(work_s, interval_s)
+    last = _segment_s(rest_s + fm.checkpoint_s, rate, fm) if rest_s > 0 else 0.0
+    return whole * _segment_s(interval_s + fm.checkpoint_s, rate, fm) + last
 
 
 def effective_training_time(interval_s: float, rate: float, fm: FailureModel) -> float:
     """Useful training over elapsed time in a long run: interval_s / E[segment]."""
-    return interval_s / expected_time_s(interval_s, interval_s, rate, fm)
+    return interval_s / _segment_s(interval_s + fm.checkpoint_s, rate, fm)
 
 
 def best_interval_s(work_s: float, rate: float, fm: FailureModel) -> float:
@@ -111,7 +124,7 @@ def best_interval_s(work_s: float, rate: float, fm: FailureModel) -> float:
     if young >= work_s:  # the run is shorter than a checkpoint interval: one segment
         return work_s
     res = optimize.minimize_scalar(
-        lambda t: expected_time_s(1.0, t, rate, fm),
+        lambda t: _segment_s(t + fm.checkpoint_s, rate, fm) / t,
         bounds=(max(young / 100, 1e-3), min(work_s, young * 100)),
         method="bounded",
         options={"xatol": 1e-6 * young},
@@ -157,19 +170,24 @@ def sample_time_s(
     """(wall-time samples, interruption counts): failed segments are negative-binomial over the
     segments, failed restarts negative-binomial over the failures."""
     rng = np.random.default_rng(seed)
-    segments = max(1, round(work_s / interval_s))
+    whole, rest_s = _segments(work_s, interval_s)
     s = interval_s + fm.checkpoint_s
+    last = rest_s + fm.checkpoint_s if rest_s > 0 else 0.0  # the shorter last segment (expected_time_s)
     if rate == 0:
-        return np.full(samples, segments * s), np.zeros(samples, dtype=np.int64)
-    failures = _negative_binomial(rng, segments, math.exp(-rate * s), samples)
-    failed_restarts = _negative_binomial(rng, failures, math.exp(-rate * fm.restart_s), samples)
+        return np.full(samples, whole * s + last), np.zeros(samples, dtype=np.int64)
+    failures = _negative_binomial(rng, whole, math.exp(-rate * s), samples)
+    last_failures = _negative_binomial(rng, int(last > 0), math.exp(-rate * last), samples)
+    interrupted = failures + last_failures
+    failed_restarts = _negative_binomial(rng, interrupted, math.exp(-rate * fm.restart_s), samples)
     wall = (
-        segments * s
+        whole * s
+        + last
         + _truncated_exponential_sums(rng, failures, rate, s)
-        + failures * fm.restart_s
+        + _truncated_exponential_sums(rng, last_failures, rate, last)
+        + interrupted * fm.restart_s
         + _truncated_exponential_sums(rng, failed_restarts, rate, fm.restart_s)
     )
-    return wall, failures + failed_restarts
+    return wall, interrupted + failed_restarts
 
 
 def speed_factors(

@@ -104,10 +104,9 @@ def plan_sharding(
         ]
         if world > 1:
             uniform.append({t.name: Shard("row_wise", everyone) for t in model.tables})
-        priced = [
-            (p, dlrm_step(model, system, p, batch_per_rank, calibration, index_counts)) for p in (chosen, *uniform)
-        ]
-        method, combos = "greedy", evaluated + len(uniform) + 1
+        plans = [chosen, *(u for u in uniform if u != chosen)]  # the greedy choice can be a uniform plan
+        priced = [(p, dlrm_step(model, system, p, batch_per_rank, calibration, index_counts)) for p in plans]
+        method, combos = "greedy", evaluated + len(plans)
     priced.sort(key=lambda ps: (not ps[1].fits, ps[1].step_time_s))
     if not priced[0][1].fits:
         least = min(step.memory_per_gpu_bytes for _, step in priced)
