@@ -27,6 +27,11 @@ from itercast.stochastic.variability import StepGraph, build_transformer_step
 from itercast.workloads.dlrm import DLRMJob, is_dlrm_model
 
 
+def seconds(value_s: float) -> str:
+    """A duration as a reader takes it in: `1.234 s`, or below a second `12.345 ms` (a DLRM step)."""
+    return f"{value_s:.3f} s" if value_s >= 1 else f"{value_s * 1e3:.3f} ms"
+
+
 class Workload(Protocol):
     """What every command asks of a job (the implementations below)."""
 
@@ -268,8 +273,9 @@ def report_sections(
     per_unit = [breakdown(r.sim, u) for u in units]
     unit = "pipeline stage" if w.kind == "transformer" else "rank"
     q = np.percentile(samples_s, [50, 95, 99])
-    deadline = "" if within_s is None else f"; P(step ≤ {within_s:.3f} s) = {float(np.mean(samples_s <= within_s)):.1%}"
-    rows = [*w.summary_rows(r), *((part, f"{getattr(r.breakdown, key):.3f} s") for key, (part, _) in rep.PARTS.items())]
+    within = None if within_s is None else float(np.mean(samples_s <= within_s))
+    deadline = "" if within_s is None else f"; P(step ≤ {seconds(within_s)}) = {within:.1%}"
+    rows = [*w.summary_rows(r), *((part, seconds(getattr(r.breakdown, key))) for key, (part, _) in rep.PARTS.items())]
     return [
         rep.Section("Summary", rep.table_html(["", "value"], rows)),
         rep.Section(
@@ -283,7 +289,7 @@ def report_sections(
         rep.Section(
             "Step-time distribution (Monte Carlo under itercast variability's defaults)",
             rep.cdf_svg(samples_s, deterministic_s, within_s)
-            + f'<p class="note">p50 {q[0]:.3f} s, p95 {q[1]:.3f} s, p99 {q[2]:.3f} s{deadline}. '
+            + f'<p class="note">p50 {seconds(q[0])}, p95 {seconds(q[1])}, p99 {seconds(q[2])}{deadline}. '
             "The p50 lies above the deterministic step: each rendezvous waits for the slowest GPU's draw.</p>",
         ),
         rep.Section(

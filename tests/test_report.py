@@ -191,3 +191,15 @@ def test_compare_two_saved_replays_per_breakdown_part(tmp_path: Path):
     (tmp_path / "s.json").write_text('{"plans": []}')
     code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "s.json"))
     assert code == 2 and "plans[0]: expected an object" in text
+
+
+def test_a_dlrm_report_gives_its_millisecond_step_in_milliseconds(tmp_path: Path):
+    # dlrm-small steps take ~1.6 ms: its parts and quantiles in ms, not "0.002 s"
+    out = tmp_path / "dlrm.html"
+    code, text = run("report", "--model", "dlrm-small", "--system", "dgx-a100", "--samples", "200", "-o", str(out))
+    assert code == 0, text
+    predicted = CliRunner().invoke(app, ["predict", "--model", "dlrm-small", "--system", "dgx-a100", "--json"])
+    compute_s = json.loads(predicted.stdout)["breakdown"]["compute_s"]  # warnings go to stderr
+    page = out.read_text()
+    assert 0 < compute_s < 1 and f"<td>{compute_s * 1e3:.3f} ms</td>" in page
+    assert re.search(r"p50 \d+\.\d{3} ms, p95 \d+\.\d{3} ms, p99 \d+\.\d{3} ms", page)

@@ -211,11 +211,6 @@ def _plain(cell: str) -> str:
     return cell.replace(",", "") if re.fullmatch(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?", cell) else cell
 
 
-def seconds(value_s: float) -> str:
-    """A duration as a reader takes it in: `1.234 s`, or below a second `12.345 ms` (a DLRM step)."""
-    return f"{value_s:.3f} s" if value_s >= 1 else f"{value_s * 1e3:.3f} ms"
-
-
 def warn(message: str) -> None:
     """A warning on stderr (the answer on stdout stays parseable)."""
     Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {message}", highlight=False)

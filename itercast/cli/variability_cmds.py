@@ -28,7 +28,6 @@ from itercast.cli.app import (
     finite,
     load_job,
     resolve_job_file,
-    seconds,
     working,
 )
 from itercast.config.job import Job
@@ -37,7 +36,7 @@ from itercast.search.job_slicing import slice_job_at_speeds
 from itercast.stochastic import variability as var
 from itercast.stochastic.placement import SpeedMapping, map_speeds, place_slow_on_graph, read_speed_map
 from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
-from itercast.workload import TransformerWorkload
+from itercast.workload import TransformerWorkload, seconds
 
 # The variability model's options, one definition for `variability` and `search --objective p95`
 # (defaults: VariabilityModel's); variability_model() turns them into the model.
