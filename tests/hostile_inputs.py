@@ -253,6 +253,12 @@ def cases() -> list[Case]:
             ["profile", "import", "xla-matmul", "{dir}/t.json", "--db", "{dir}/p.db"],
             "found no rows",
         ),
+        Case(
+            "a DLRM search result given to report",
+            {"r.json": b'{"plans": [{"tables": [], "step_time_s": 0.001}]}'},
+            ["report", "--result", "{dir}/r.json", "-o", "{dir}/r.html"],
+            "a DLRM sharding search",
+        ),
         Case("--kineto without --et", {}, ["predict", "--example", "--kineto", "{dir}/k.json"], "--kineto: for an"),
         Case(
             "a search over 100,000 node counts",

@@ -100,6 +100,12 @@ def read_result(path: Path) -> tuple[str, dict[str, Any]]:
     """A saved `search --json` ("search") or `replay --json` ("replay") result."""
     doc = read_json_file(path, "result file", MAX_RESULT_BYTES)
     if isinstance(doc, dict) and "plans" in doc:
+        first = doc["plans"][0] if isinstance(doc["plans"], list) and doc["plans"] else None
+        if isinstance(first, dict) and "tables" in first:  # `search` / `shard` of a DLRM: its shardings
+            raise ConfigError(
+                f"{path}: a DLRM sharding search (plans of `tables`); reports and compare take a transformer "
+                "search or a replay: report the DLRM job itself (itercast report --model …)"
+            )
         return "search", doc
     if isinstance(doc, dict) and "steps" in doc:
         return "replay", doc
