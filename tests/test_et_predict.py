@@ -109,3 +109,16 @@ def test_a_kineto_trace_of_the_same_run_checks_the_prediction(tmp_path):
     empty.write_text('{"traceEvents": [{"ph": "X", "name": "aten::add", "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}')
     code, text = run("--et", str(ET), "--db", str(DB), "--kineto", str(empty))
     assert code == 2 and "neither GPU activity nor ProfilerStep marks" in text
+
+
+def test_a_gpu_database_without_gpu_says_its_one_clock_adds_host_and_kernels():
+    # the H100 database profiled a GPU (fingerprint device cuda): on one clock host and kernels add up,
+    # which a GPU does not do, so it warns; with --gpu (two clocks) it does not
+    one = CliRunner().invoke(
+        app, ["predict", "--et", str(MEASURED / "h100_traces" / "gpt_64.et.json.gz"), "--db", str(DB)]
+    )
+    assert one.exit_code == 0 and "profiled a GPU: without --gpu the host's and the kernels' times add up" in one.output
+    two = CliRunner().invoke(
+        app, ["predict", "--et", str(MEASURED / "h100_traces" / "gpt_64.et.json.gz"), "--db", str(DB), "--gpu"]
+    )
+    assert two.exit_code == 0 and "profiled a GPU" not in two.output

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from itercast.cli.app import console, echo_json, fail
+from itercast.cli.app import console, echo_json, fail, warn
 from itercast.costs.aten_ops import OpFeatures
 from itercast.errors import ConfigError
 from itercast.traces.execution_trace import ExecutionTrace
@@ -149,6 +149,12 @@ def predict_single(
     try:
         profile = ProfileDB(db, readonly=True)
         dev = profile.choose_device(device_id, "--device-id")
+        fingerprint = next((fp for i, _, fp in profile.devices() if i == dev), {})
+        if not gpu and isinstance(fingerprint, dict) and fingerprint.get("device") == "cuda":
+            warn(
+                f"{db} profiled a GPU: without --gpu the host's and the kernels' times add up on one clock, as on a "
+                "CPU; --gpu prices them on two clocks, the host launching ahead of the GPU"
+            )
         model = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
         pred = predict_iteration(et, model, index, gpu=gpu)
         check: dict[str, float | str] = {}
