@@ -259,6 +259,18 @@ def cases() -> list[Case]:
             ["report", "--result", "{dir}/r.json", "-o", "{dir}/r.html"],
             "a DLRM sharding search",
         ),
+        Case(
+            "--json beside --format csv",
+            {},
+            ["search", *predict[1:], "plan.global_batch_size=8", "--json", "--format", "csv"],
+            "--json and --format csv",
+        ),
+        Case(
+            "variability of a trace with a job's options",
+            {"t.json": _kineto([_kernel(), _step(1, 0), _step(2, 100)])},
+            ["variability", "--trace", "{dir}/t.json", "--plot", "{dir}/v.png"],
+            "--plot: for a job's",
+        ),
         Case("--kineto without --et", {}, ["predict", "--example", "--kineto", "{dir}/k.json"], "--kineto: for an"),
         Case(
             "a search over 100,000 node counts",

@@ -185,6 +185,8 @@ def output_format(fmt: str, as_json: bool) -> str:
     """--format's value (--json stands for --format json); a wrong one is one error line."""
     if fmt not in ("table", "csv", "json"):
         fail(f"--format: expected table, csv or json; got {fmt!r}")
+    if as_json and fmt == "csv":
+        fail("--json and --format csv: give one (--json is --format json)")
     return "json" if as_json else fmt
 
 
