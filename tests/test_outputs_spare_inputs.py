@@ -17,12 +17,11 @@ from kineto_fixtures import call, cpu_op, write
 from typer.testing import CliRunner
 
 from itercast.cli import app, predict_cmds
-from itercast.profile.calibrate import FORMAT, VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 app_module = importlib.import_module("itercast.cli.app")  # the module (the package's `app` is the command)
 JOB = ["--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.global_batch_size=8"]
-CALIBRATION = {"format": FORMAT, "version": VERSION}  # no curves: the built-in ones
+CALIBRATION = {"format": "itercast-calibration", "version": "3"}  # no curves: the built-in ones
 GLOO = ROOT / "data" / "measured" / "gloo_parallelism"
 
 

@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import metadata, resources
 from pathlib import Path
@@ -222,6 +222,13 @@ def fail(message: str) -> NoReturn:
     """A user error: the message on stderr, exit code 2, no traceback."""
     Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(2)
+
+
+def refuse_options(options: Mapping[str, object], reason: str) -> None:
+    """One error line naming every option of `options` (flag → value) that was given (a true value),
+    for options the command's mode does not use: `reason` says whose they are."""
+    if given := [flag for flag, value in options.items() if value]:
+        fail(f"{', '.join(given)}: {reason}")
 
 
 def calibration_curves(path: Path | None, system: SystemConfig) -> dict[str, Any] | None:

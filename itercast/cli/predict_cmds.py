@@ -25,6 +25,7 @@ from itercast.cli.app import (
     fail,
     load_job,
     output_format,
+    refuse_options,
     resolve_job_file,
     show_table,
     warn,
@@ -112,8 +113,7 @@ def predict_cmd(
         )
         return
     et_only = {"--db": db, "--kineto": kineto, "--indices": indices, "--gpu": gpu, "--measured-starts": measured_starts}
-    if given := [flag for flag, value in et_only.items() if value]:
-        fail(f"{', '.join(given)}: for an execution trace (--et); a job is priced without them")
+    refuse_options(et_only, "for an execution trace (--et); a job is priced without them")
     w = load_job(job_file, example, model, system, set_)
     cal = calibration_curves(calibration, w.job.system)
     try:

@@ -8,7 +8,7 @@ import typer
 import yaml
 
 from itercast.cli.app import Group, app, console, fail
-from itercast.config.presets import preset_names, preset_source
+from itercast.config.presets import preset, preset_names, preset_source
 from itercast.errors import ConfigError
 
 
@@ -87,11 +87,10 @@ def presets_show_cmd(name: Annotated[str, typer.Argument(help="A preset name (se
     first, *fields = text.splitlines()  # `NAME:` with the fields below it indented by two, or
     flow = first.partition(":")[2]  # `NAME: {field: value, …}  # source` on one line (the model presets)
     if flow.lstrip().startswith("{"):
-        mapping, _, comment = flow.rpartition("}")
-        parsed = yaml.safe_load(mapping + "}")
-        fields = [f"  # {comment.strip().lstrip('#').strip()}"] if comment.strip() else []
+        comment = flow.rpartition("}")[2].strip().lstrip("#").strip()
+        parsed = {k: v for k, v in preset(section, name).items() if k != "name"}
         block = yaml.safe_dump(parsed, sort_keys=False, default_flow_style=False, width=1000)
-        fields += [f"  {line}" for line in block.splitlines()]
+        fields = [f"  # {comment}"] * bool(comment) + [f"  {line}" for line in block.splitlines()]
     typer.echo(
         f"# {section} preset {name}: a job file's `{key}:` section as written (or `{key}: {name}`, {flag});\n"
         f"# edit the fields and append it to a job file with model/plan sections\n{key}:\n  name: {name}"

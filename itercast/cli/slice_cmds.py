@@ -345,10 +345,11 @@ def _print(out: dict[str, Any]) -> None:
     else:
         console.print(f"step {step:.4f} s, {found}")
     if "stage_layers" in out:  # plain lines, never wrapped: they are pasted into a job file
-        plan = {k: out[k] for k in ("data_parallel", "pipeline_parallel", "virtual_pipeline") if k in out}
-        if plan.get("virtual_pipeline") == 1:
-            del plan["virtual_pipeline"]
-        plan = plan or {"pipeline_parallel": out["stages"]}  # a layer-costs file: its stages
+        if "pipeline_parallel" in out:  # a job's slicing: the plan it is for
+            plan = {"data_parallel": out["data_parallel"], "pipeline_parallel": out["pipeline_parallel"]}
+            plan |= {"virtual_pipeline": out["virtual_pipeline"]} if out["virtual_pipeline"] > 1 else {}
+        else:  # a layer-costs file's slicing: its stages
+            plan = {"pipeline_parallel": out["stages"]}
         lines = "".join(f"  {k}: {v}\n" for k, v in plan.items())
         typer.echo(f"paste under `plan:` in the job file:\n{lines}  stage_layers: {out['stage_layers']}")
     if "stage_groups" in out:

@@ -27,6 +27,7 @@ from itercast.cli.app import (
     fail,
     finite,
     load_job,
+    refuse_options,
     resolve_job_file,
     working,
 )
@@ -183,12 +184,21 @@ def variability_cmd(
     of any job: a transformer's graph has one GPU per pipeline stage, a DLRM's every GPU. --calibration
     prices the step (and any re-slicing for a speed map) with that file's curves, as `predict` does."""
     if trace:
-        job_only: dict[str, object] = {"JOB.yaml": job_file, "--model": model, "--system": system, "--set": set_}
-        job_only["--example"] = example
-        job_only |= {"--noise-from-db": noise_from_db, "--across-runs": across_runs, "--steps": steps}
-        job_only |= {"--slow-gpus": slow_gpus, "--speed-map": speed_map, "--plot": plot, "--calibration": calibration}
-        if given := [flag for flag, value in job_only.items() if value]:
-            fail(f"--trace fits the spread of measured steps; {', '.join(given)}: for a job's (give one or the other)")
+        job_only: dict[str, object] = {
+            "JOB.yaml": job_file,
+            "--model": model,
+            "--system": system,
+            "--set": set_,
+            "--example": example,
+            "--noise-from-db": noise_from_db,
+            "--across-runs": across_runs,
+            "--steps": steps,
+            "--slow-gpus": slow_gpus,
+            "--speed-map": speed_map,
+            "--plot": plot,
+            "--calibration": calibration,
+        }
+        refuse_options(job_only, "for a job's spread, not --trace's measured steps (give one or the other)")
         _trace_variability(trace, samples, seed, within_s, as_json)
         return
     if deadline_hours is not None and steps is None:

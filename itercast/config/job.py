@@ -119,21 +119,26 @@ def plain_yaml(text: str, where: str) -> Any:
                 raise ConfigError(f"{where}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
-    nodes = [yaml.compose(text, Loader=yaml.SafeLoader)]
-    while nodes:  # a key given twice: YAML keeps the last silently; say which
-        node = nodes.pop()
-        if isinstance(node, yaml.MappingNode):
-            seen: set[str] = set()
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode):
-                    if key.value in seen:
-                        line = key.start_mark.line + 1
-                        raise ConfigError(f"{where}: line {line}: key `{key.value}` given twice; keep one")
-                    seen.add(key.value)
-                nodes.append(value)
-        elif isinstance(node, yaml.SequenceNode):
-            nodes.extend(node.value)
-    return yaml.safe_load(text)
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        nodes = [root]
+        while nodes:  # a key given twice: YAML keeps the last silently; say which
+            node = nodes.pop()
+            if isinstance(node, yaml.MappingNode):
+                seen: set[str] = set()
+                for key, value in node.value:
+                    if isinstance(key, yaml.ScalarNode):
+                        if key.value in seen:
+                            line = key.start_mark.line + 1
+                            raise ConfigError(f"{where}: line {line}: key `{key.value}` given twice; keep one")
+                        seen.add(key.value)
+                    nodes.append(value)
+            elif isinstance(node, yaml.SequenceNode):
+                nodes.extend(node.value)
+        return None if root is None else loader.construct_document(root)
+    finally:
+        loader.dispose()
 
 
 def read_yaml_file(path: Path, what: str, max_bytes: int) -> Any:

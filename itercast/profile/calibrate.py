@@ -316,11 +316,12 @@ def merge_calibration(doc: dict[str, Any], where: str = "<calibration>") -> dict
     try:  # every entry must be a usable curve
         for section in ("gemm", "memory"):
             for key, entry in merged[section].items():
-                if key != "source" and not isinstance(entry, dict):
+                if key == "source":  # where the fits came from, text
+                    continue
+                if not isinstance(entry, dict):
                     got = type(entry).__name__
                     raise CalibrationError(f"{path}: `{section}.{key}`: expected a curve (its parameters); got {got}")
-                if isinstance(entry, dict):
-                    curve(entry)
+                curve(entry)
     except (KeyError, TypeError) as exc:
         raise CalibrationError(f"{path}: a curve lacks its parameters ({exc})") from None
     return merged
