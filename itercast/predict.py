@@ -61,12 +61,13 @@ class Prediction(Forecast):
         full: one more forward of the recomputed share of the layers (memory.full_recompute_share:
         all under Megatron's uniform method, Narayanan et al. SC'21 count 4 forward passes; the
         first recompute_num_layers of each chunk under its block method; every n-th layer under
-        torchtitan's recompute_every). selective, core attention: unfused attention's score and
-        value matmuls (fused attention recomputes inside its own backward, counted in neither
-        figure). selective, per op (torchtitan, transformer_ops._op_recompute): per token and layer
-        the keys' share of QKV and the output projection, 2·h·d·(g + a), and one h×f MLP matmul,
-        2·h·f; an MoE layer's router and shared and routed experts whole (grouped GEMMs are not saved); unfused
-        attention's scores again."""
+        torchtitan's recompute_every). selective, core attention (Megatron): the score and value
+        matmuls of every layer again, unfused or in one fused kernel (Megatron-Core checkpoints the fused
+        attention call too, transformer/attention.py `_checkpointed_attention_forward`; what the step runs:
+        transformer_ops.layer_backward). selective, per op (torchtitan, transformer_ops._op_recompute): per
+        token and layer the keys' share of QKV and the output projection, 2·h·d·(g + a), and one h×f MLP
+        matmul, 2·h·f; an MoE layer's router and shared and routed experts whole (grouped GEMMs are not
+        saved); unfused attention's scores again (its policy saves fused attention's outputs)."""
         job = self.job
         m, p = job.model, job.plan
         tokens = p.gbs * m.seq_length
@@ -75,17 +76,17 @@ class Prediction(Forecast):
             return self.model_flops_per_step + share * m.layers_forward_flops_per_token() * tokens
         if p.recompute == "selective" and p.selective_recompute == "op":
             h, d = m.hidden_size, m.head_dim
-            attention = 2.0 * h * d * (m.kv_heads + m.num_attention_heads)
+            attention = m.num_layers * 2.0 * h * d * (m.kv_heads + m.num_attention_heads)
             if not p.flash_attention:
-                attention += m.attention_score_flops_per_token()
+                attention += m.layers_attention_score_flops_per_token()
             moe = m.num_moe_layers
             dense_mlp = 2 * h * m.ffn
             projections = 2 * sum(m.attention_params())
             moe_mlp = m.layer_forward_flops_per_token(moe=True) - projections - m.attention_score_flops_per_token()
-            extra = m.num_layers * attention + (m.num_layers - moe) * dense_mlp + moe * moe_mlp
+            extra = attention + (m.num_layers - moe) * dense_mlp + moe * moe_mlp
             return self.model_flops_per_step + extra * tokens
-        if p.recompute == "selective" and not p.flash_attention:
-            return self.model_flops_per_step + m.num_layers * 4 * m.seq_length * m.hidden_size * tokens
+        if p.recompute == "selective":
+            return self.model_flops_per_step + m.layers_attention_score_flops_per_token() * tokens
         return self.model_flops_per_step
 
     @property

@@ -430,6 +430,11 @@ def test_hardware_flops_count_only_the_recompute_that_runs():
     # = 8,192, the MLP's up matmul 2·64·256 = 32,768 → 49,152 per token, 32 tokens
     r = predict(job(recompute="selective", selective_recompute="op", flash_attention=True), linear_calibration())
     assert r.hardware_flops_per_step - r.model_flops_per_step == 49_152 * 32
+    # Megatron's selective recompute runs the fused attention kernel again: QKᵀ and AV, 4·32·64 =
+    # 8,192 per token in the model-FLOPs convention (the full 32 keys per query), 32 tokens
+    for fused in (True, False):
+        r = predict(job(recompute="selective", flash_attention=fused), linear_calibration())
+        assert r.hardware_flops_per_step - r.model_flops_per_step == 8_192 * 32
 
 
 def test_fp8_runs_only_transformer_engine_gemms_in_fp8():

@@ -394,6 +394,13 @@ class ModelConfig(BaseModel):
         local = self.attention_score_flops_per_token(True) - self.attention_score_flops_per_token()
         return dense + moe * self.layer_forward_flops_per_token(moe=True) + self.num_windowed_layers * local
 
+    def layers_attention_score_flops_per_token(self) -> float:
+        """QKᵀ and AV FLOPs per token of all layers (windowed and global), in the model-FLOPs convention."""
+        windowed = self.num_windowed_layers
+        return (self.num_layers - windowed) * self.attention_score_flops_per_token() + (
+            windowed * self.attention_score_flops_per_token(True)
+        )
+
     def flops_per_token(self) -> float:
         """Model FLOPs of one token, forward + backward (3× forward), no recompute."""
         logits = 2 * self.hidden_size * self.vocab_size
