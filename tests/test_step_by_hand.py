@@ -268,6 +268,27 @@ def test_moe_tokens_are_permuted_before_and_unpermuted_after_the_experts():
     assert ops["moe_unpermute"] == (2 * 64 + 32) * 64 * 2
 
 
+def test_received_tokens_are_sorted_by_local_expert_and_back():
+    # Megatron-Core's permutation 2: with 2 local experts (4 over ep 2) the 64 received rows of h = 64
+    # are copied into expert order before the experts and back after, read and write each way
+    # (2·64·64·2 bytes), the backward the same copies of the gradients; one local expert (ep 4): none.
+    # torchtitan sorts whenever ep > 1, its backward an index scatter priced at twice the bytes
+    moe = {"family": "llama", "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
+    copy = 2 * 64 * 64 * 2
+    for dispatcher, ep, backward in (("alltoall", 2, copy), ("torchtitan", 2, 2 * copy), ("torchtitan", 4, 2 * copy)):
+        j = job(moe, data_parallel=ep, expert_parallel=ep, moe_token_dispatcher=dispatcher)
+        fwd = [o.name for o in layer_forward(j.model, j.plan, moe=True)]
+        assert fwd.index("moe_dispatch") < fwd.index("moe_sort") < fwd.index("expert_up")
+        assert fwd.index("expert_down") < fwd.index("moe_unsort") < fwd.index("moe_combine")
+        bwd = {o.name: o.amount for o in layer_backward(j.model, j.plan, moe=True)}
+        fwd_amount = {o.name: o.amount for o in layer_forward(j.model, j.plan, moe=True)}
+        assert (fwd_amount["moe_sort"], fwd_amount["moe_unsort"]) == (copy, copy)
+        assert (bwd["moe_sort.bwd"], bwd["moe_unsort.bwd"]) == (backward, backward)
+    for dispatcher, ep in (("alltoall", 4), ("torchtitan", 1)):
+        j = job(moe, data_parallel=ep, expert_parallel=ep, moe_token_dispatcher=dispatcher)
+        assert not any(o.name.startswith("moe_sort") for o in layer_forward(j.model, j.plan, moe=True))
+
+
 def test_megatron_rank_order_places_tensor_then_context_then_data_parallel_ranks():
     # tp 2 × cp 2 × dp 2 on nodes of 2 GPUs: tensor-parallel ranks adjacent (0, 1: one node);
     # context-parallel ranks tp = 2 apart (0, 2: two nodes); gradients over the 4 data × context

@@ -729,7 +729,9 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         )
     te = plan.fp8_experts  # Transformer Engine (FP8-capable) expert GEMMs
     pad, unpad = _expert_copies(model, plan, rows, local)
+    sort, unsort = _expert_sort(model, plan, rows, local)
     ops += [
+        *sort,
         *pad,
         Op(
             "expert_up",
@@ -755,6 +757,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             kn=(fe / etp, h) if te else (),
         ),
         *unpad,
+        *unsort,
     ]
     if etp > 1:
         ops.append(
@@ -838,6 +841,29 @@ def moe_host_wait(model: ModelConfig, plan: PlanConfig) -> tuple[str, str] | Non
 #: rows of an FP8 GEMM operand come in multiples of this (Transformer Engine's FP8 alignment:
 #: Megatron-Core get_align_size_for_quantization, 16 for FP8 recipes)
 FP8_ROW_ALIGN = 16
+
+
+def _expert_sort(model: ModelConfig, plan: PlanConfig, rows: float, local: int) -> tuple[list[Op], list[Op]]:
+    """The second permutation: the `rows` rows of h a rank received, in source-rank order, copied into
+    local-expert order before the expert GEMMs and copied back after them (a read and a write each way):
+    - Megatron-Core's MoEAlltoAllTokenDispatcher with more than one local expert (token_dispatcher.py
+      dispatch_postprocess "Permutation 2: Sort tokens by local expert", sort_chunks_by_idxs, or with
+      drop-and-pad a transpose(0, 1).contiguous(); combine_preprocess "Unpermutation 2" the reverse):
+      the backward of each is the same copy of the gradients (torch.cat's backward of a split, or
+      TE's fused moe_sort_chunks_by_index).
+    - torchtitan's AllToAllTokenDispatcher with expert parallelism (models/common/token_dispatcher.py
+      _permute after the all-to-all: routed_input_RD[permuted_indices] from rank-major to
+      expert-major; _unpermute before the combine's all-to-all: out[permuted_indices] = output): the
+      backward as the first permutation's (moe_permute), twice the forward's bytes.
+    Each is one kernel forward and one backward; the routing probabilities sorted beside the rows
+    (fp32, 1/h of them) are left out."""
+    nbytes = rows * model.hidden_size * plan.dtype_bytes
+    titan = plan.moe_token_dispatcher == "torchtitan"
+    if (titan and plan.expert_parallel == 1) or (not titan and local == 1):
+        return [], []
+    backward = 4 * nbytes if titan else 2 * nbytes
+    sort = Op("moe_sort", "elementwise", 2 * nbytes, backward_amount=backward)
+    return [sort], [replace(sort, name="moe_unsort")]
 
 
 def _expert_copies(model: ModelConfig, plan: PlanConfig, rows: float, local: int) -> tuple[list[Op], list[Op]]:
