@@ -84,6 +84,26 @@ def test_rowwise_is_torchaos_and_casts_every_micro_batch_when_left_out():
     assert weight_cast_ops(j) == (3 * WEIGHTS, 4, 7 * WEIGHTS, 4 * 2)
 
 
+def rescales(j: Job) -> tuple[float, int, float, int]:
+    """(forward bytes, kernels, backward bytes, kernels) of the layer's rowwise output rescales."""
+    fwd = [o for o in layer_forward(j.model, j.plan) if o.name.endswith(".fp8_rescale")]
+    bwd = backward_of(fwd, j.plan)
+    return sum(o.amount for o in fwd), sum(o.count for o in fwd), sum(o.amount for o in bwd), sum(o.count for o in bwd)
+
+
+def test_rowwise_backward_gemms_rescale_their_outputs():
+    # torchao runs rowwise grad_input and grad_weight GEMMs with unit scales, then output *= the outer
+    # product of the inverse scales. Compiled: each grad_weight (the 49,152 weight elements) read and
+    # written once more in bf16, 4 bytes, one kernel per GEMM; grad_input's inlined into its consumer.
+    assert rescales(fp8_job(fp8_recipe="rowwise")) == (0, 0, 4 * WEIGHTS, 4)
+    # eager: grad_weight and grad_input (32 tokens × k: QKV, projection and MLP up read 64, down 256)
+    # each get the fp32 outer product written (4) and read with the output and written (2 + 4 + 2)
+    grad_inputs = 32 * (64 + 64 + 64 + 256)
+    eager = fp8_job(fp8_recipe="rowwise", pointwise_kernels="eager")
+    assert rescales(eager) == (0, 0, 12 * (WEIGHTS + grad_inputs), 4 * 4)
+    assert rescales(fp8_job(fp8_recipe="tensorwise", fp8_weight_cast="per_microbatch")) == (0, 0, 0, 0)
+
+
 @pytest.mark.parametrize(
     ("recipe", "cast", "runs"),
     [("delayed", "per_microbatch", "per_step"), ("rowwise", "per_step", "per_microbatch")],

@@ -490,6 +490,38 @@ def weight_cast_step_bytes(model: ModelConfig, plan: PlanConfig, moe: bool = Fal
     return fp8_cast_bytes(plan.fp8_recipe, after_norm=False) * weights
 
 
+def _rowwise_rescales(op: Op, plan: PlanConfig, rows: float) -> list[Op]:
+    """torchao rowwise's backward GEMMs run without fast accumulation, which torchao runs as the per-tensor
+    cuBLAS kernel with unit scales and then scales the bf16 output by the outer product of the two
+    operands' inverse row scales (torchao/float8/float8_ops.py addmm_float8_unwrapped at pytorch/ao@36027d82:
+    `output *= a_inverse_scale * b_inverse_scale`, "hoping Inductor will be able to fuse it"; the forward
+    GEMM takes fast accumulation and scales inside the kernel). Compiled (torchtitan's torch.compile per
+    block): the grad_input's product is inlined into the op that consumes it, while the grad_weight, an
+    output of the compiled backward that FSDP takes, is read and written once more (2 + 2 bytes per weight
+    element, one kernel). Eager (plan.pointwise_kernels eager or eager_fused_norm, no compile): both
+    outputs, each the m × n fp32 outer product written (4) and the output read with it and written
+    (2 + 4 + 2): 12 bytes per element, two kernels. Dense Float8Linear GEMMs only (routed experts run
+    torchao's grouped kernels, which are not this path)."""
+    if plan.fp8_recipe != "rowwise" or op.count != 1 or op.label == "experts":
+        return []
+    k, n = op.kn
+    if plan.pointwise_kernels == "fused":
+        nbytes, kernels = 4 * k * n, 1
+    else:
+        nbytes, kernels = 12 * (k * n + rows * k), 4
+    return [
+        Op(
+            f"{op.name}.fp8_rescale",
+            "elementwise",
+            0.0,
+            count=0,
+            label="fp8_cast",
+            backward_amount=nbytes,
+            backward_count=kernels,
+        )
+    ]
+
+
 def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
     """Under fp8 training, before each Transformer Engine GEMM the cast of its m × k input to FP8
     with the copy its weight gradient reads and, backward, the same of its m × n output gradient
@@ -529,7 +561,7 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
                 backward_amount=fp8_cast_bytes(recipe, False) * rows * n,
                 backward_count=fp8_cast_kernels(recipe, False, op.count, grouped),
             )
-            out += [cast, *_weight_casts(op, plan)]
+            out += [*_rowwise_rescales(op, plan, rows), cast, *_weight_casts(op, plan)]
         out.append(op)
         if op.family not in COMM_FAMILIES:
             before = op.family
