@@ -120,6 +120,15 @@ def test_tbe_call_reads_tables_widths_bags_and_indices_from_fbgemm_arguments():
     assert (call.optimizer, call.tables, call.dim, call.rows, call.bags, call.lookups) == ("adagrad", 2, 4, 100, 3, 12)
 
 
+def test_one_tables_bags_are_its_offsets_less_the_closing_one():
+    # FBGEMM's offsets hold each bag's start and one closing end: T × B + 1 of them. One table of
+    # 4 columns (weights_offsets [0], total_D 4), 400 weights → 100 rows; 5 offsets → (5 − 1) / 1 = 4 bags
+    a = tbe_args(indices=8, offsets=5, total_d=4, weights=400)
+    a[5] = t(105, 105, [1], "long int")
+    call = tbe_call(TBE, [x[1] for x in a], [x[2] for x in a], tuple(x[0] if x[2] == "Int" else None for x in a))
+    assert (call.tables, call.dim, call.rows, call.bags, call.lookups) == (1, 4, 100, 4, 8)
+
+
 def test_tbe_forward_and_fused_adagrad_backward_on_the_embedding_model():
     pricer = ETPricer(LinearCosts())  # type: ignore[arg-type]
     fwd_node = _tbe_node(tbe_args())
@@ -163,6 +172,22 @@ def test_uneven_alltoall_is_priced_for_its_busiest_direction():
     assert call.send_bytes == (4, 20) and call.recv_bytes == (8, 32) and call.member_bytes == 40
     with pytest.raises(DistOpError, match="sum to"):
         collective_call("c10d::alltoall_base_", shapes, types, [None, None, None, [2, 8], [1, 1]])
+
+
+def test_gathers_and_scatters_are_priced_on_their_full_buffer_not_a_shard():
+    # 4 ranks, a 256-element bf16 shard each (512 B), the full buffer 4 × 512 = 2,048 B. c10d's schemas
+    # (Ops.cpp): allgather_(Tensor[][] outputs, Tensor[] inputs), _allgather_base_(output, input),
+    # reduce_scatter_(Tensor[] outputs, Tensor[][] inputs), _reduce_scatter_base_(output, input)
+    shard, bf16 = [256], "Tensor(c10::BFloat16)"
+    nested = "GenericList[GenericList[" + ",".join(["Tensor(c10::BFloat16)"] * 4) + "]]"
+    flat = "GenericList[Tensor(c10::BFloat16)]"
+    calls = {"c10d::allgather_": ([[shard] * 4], [shard]), "c10d::reduce_scatter_": ([shard], [[shard] * 4])}
+    for name, (first, second) in calls.items():
+        types = [nested, flat] if name == "c10d::allgather_" else [flat, nested]
+        assert collective_call(name, [first, second, []], [*types, "Object"], []).nbytes == 2048
+    full = [1024]
+    assert collective_call("c10d::_allgather_base_", [full, shard, []], [bf16, bf16, "Object"], []).nbytes == 2048
+    assert collective_call("c10d::_reduce_scatter_base_", [shard, full, []], [bf16, bf16, "Object"], []).nbytes == 2048
 
 
 def test_two_ranks_meet_at_the_all_reduce_and_the_slowest_gates(tmp_path):

@@ -179,15 +179,23 @@ def itemsize(type_name: str) -> int:
 
 
 def tensor_bytes(shapes: list[Any], types: list[str]) -> float:
-    """Bytes of every tensor among the arguments, lists of tensors included."""
+    """Bytes of every tensor among the arguments, lists of tensors included, and lists of lists (c10d's
+    Tensor[][], recorded as "GenericList[GenericList[Tensor(float),…],…]" over nested shapes); a list's
+    tensors at its first tensor's element type."""
     total = 0.0
     for shape, kind in zip(shapes, types, strict=False):
         if kind.startswith("Tensor(") and _is_shape(shape):
             total += math.prod(shape) * itemsize(kind)
-        elif kind.startswith("GenericList[Tensor") and isinstance(shape, list):
-            size = itemsize(kind[len("GenericList[") :].split(",")[0])
-            total += sum(math.prod(s) * size for s in shape if _is_shape(s))
+        elif kind.startswith("GenericList[") and "Tensor(" in kind and isinstance(shape, list):
+            first = kind[kind.index("Tensor(") :]
+            size = itemsize(first[: first.index(")") + 1])
+            total += sum(math.prod(s) * size for s in _leaf_shapes(shape))
     return total
+
+
+def _leaf_shapes(items: list[Any]) -> list[list[int]]:
+    """The tensor shapes in a list of them, or of lists of them ([] is a 0-dim tensor's shape)."""
+    return [leaf for s in items if isinstance(s, list) for leaf in ([s] if _is_shape(s) else _leaf_shapes(s))]
 
 
 def features(call: OpArgs) -> OpFeatures:

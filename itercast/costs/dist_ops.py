@@ -34,14 +34,17 @@ TBE_SPLIT = re.compile(r"fbgemm::split_embedding_codegen_lookup_(\w+?)_function(
 TBE_DENSE = "fbgemm::dense_embedding_codegen_lookup_function"
 #: argument positions (in the recorded inputs) of weights_offsets, total_D, indices and offsets
 _TBE_ARGS = {"split": (5, 7, 11, 12), "dense": (1, 3, 7, 8)}
-#: c10d operator → (collective kind of the cost model, index of its main tensor argument)
+#: c10d operator → (collective kind of the cost model, index of its argument that holds the full buffer: an
+#: all-gather's output, a reduce-scatter's input; Ops.cpp: allgather_(Tensor[][] output_tensors, Tensor[]
+#: input_tensors, …), _allgather_base_(output, input), reduce_scatter_(Tensor[] output_tensors, Tensor[][]
+#: input_tensors, …), _reduce_scatter_base_(output, input))
 COLLECTIVES = {
     "c10d::allreduce_": ("all_reduce", 0),
     "c10d::alltoall_base_": ("alltoall", 1),
-    "c10d::allgather_": ("all_gather", 1),
+    "c10d::allgather_": ("all_gather", 0),
     "c10d::_allgather_base_": ("all_gather", 0),
-    "c10d::reduce_scatter_": ("reduce_scatter", 0),
-    "c10d::_reduce_scatter_base_": ("reduce_scatter", 0),
+    "c10d::reduce_scatter_": ("reduce_scatter", 1),
+    "c10d::_reduce_scatter_base_": ("reduce_scatter", 1),
     "c10d::broadcast_": ("broadcast", 0),
 }
 #: FBGEMM's sparse-data helpers around a TBE lookup: memory-bound, priced by the bytes they touch
