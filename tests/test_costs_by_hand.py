@@ -7,13 +7,17 @@ The system here has one NIC of LINK / 8 per node, so a GPU's share of the scale-
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from test_golden import LINK, PEAK, SYSTEM, linear_calibration
 
 from itercast.config.job import Job
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
-from itercast.hardware.topology import GroupPlacement, place_group
+from itercast.costs.attention import AttentionShape
+from itercast.costs.fitting import collective_time_s
+from itercast.hardware.topology import GroupPlacement, place_group, same_node
 
 NIC = LINK / 8  # one per node
 GPU = {**SYSTEM["gpu"], "peak_flops": {"fp32": PEAK, "bf16": PEAK, "fp8": 2 * PEAK}}
@@ -57,3 +61,90 @@ def test_one_node_all_to_all_reproduces_the_measured_h100_node():
     nccl-tests' (n − 1)/n bus bytes; fitted with ten nodes' NIC bytes instead, it was 17% slow."""
     costs = AnalyticCostModel(Job.from_presets("llama3-8b", "dgx-h100").system, "bf16")
     assert 0.95 < costs.collective_s("alltoall", 2**30, place_group(8, 1, 8)) / 2830e-6 < 1.05
+
+
+def latency_costs() -> AnalyticCostModel:
+    """costs() with hop latencies: 1 µs a hop inside a node, 10 µs across the network."""
+    node = {**SLOW_NETWORK["node"], "intra_node_latency_s": 1e-6}
+    network = {**SLOW_NETWORK["network"], "latency_s": 1e-5}
+    system = SystemConfig.model_validate({**SLOW_NETWORK, "node": node, "network": network, "num_nodes": 2})
+    return AnalyticCostModel(system, "bf16", linear_calibration())
+
+
+def test_a_broadcast_moves_its_whole_buffer_on_the_all_gathers_curve():
+    # nccl-tests PERFORMANCE.md: broadcast's bus bandwidth is its algorithm bandwidth (factor 1, where
+    # the all-gather's is (n − 1)/n); it runs the all-gather's ring pipeline, so its curve. Curves here:
+    # the all-gather's efficiency 2 / (1 + 1) = 1, the all-reduce's 1 / (1 + 1) = 0.5. Over 4 GPUs of a
+    # node: 1e6 B × 1 / (LINK 1e10 B/s × 1) = 1e-4 s (on the all-reduce's curve 2e-4 s; at (n − 1)/n 7.5e-5 s)
+    cal = linear_calibration()
+    cal["collectives"]["intra_node"]["all_reduce"] = {**cal["collectives"]["intra_node"]["all_reduce"], "e_max": 1.0}
+    system = SystemConfig.model_validate({**SLOW_NETWORK, "num_nodes": 2})
+    costs = AnalyticCostModel(system, "bf16", cal)
+    assert costs.collective_s("broadcast", 1e6, GroupPlacement(4, 1, 4)) == pytest.approx(1e-4)
+
+
+def test_an_all_to_alls_latency_floor_is_one_round_of_concurrent_exchanges():
+    # 1 B, so the bandwidth terms (under 1e-8 s) leave the floor: every peer exchanges at once, so one
+    # NVLink hop (1 µs) within a node, plus one network hop (10 µs) across nodes: 1.1e-5 s. A hop per
+    # peer would be 7 µs in one node of 8 and 7 + 10 = 17 µs over 2 nodes of 8
+    costs = latency_costs()
+    assert costs.collective_s("alltoall", 1.0, GroupPlacement(8, 1, 8)) == pytest.approx(1e-6)
+    assert costs.collective_s("alltoall", 1.0, GroupPlacement(16, 2, 8)) == pytest.approx(1.1e-5)
+
+
+def test_an_all_reduces_latency_floor_is_a_trees_depth_up_and_down():
+    # NCCL's tree: ⌈log2 6⌉ = 3 NVLink hops up and 3 down: 2 × 3 × 1 µs = 6e-6 s; over 2 nodes of 8:
+    # 2 × (⌈log2 8⌉ × 1 µs + ⌈log2 2⌉ × 10 µs) = 2 × 13 µs = 2.6e-5 s
+    costs = latency_costs()
+    assert costs.collective_s("all_reduce", 1.0, GroupPlacement(6, 1, 6)) == pytest.approx(6e-6)
+    assert costs.collective_s("all_reduce", 1.0, GroupPlacement(16, 2, 8)) == pytest.approx(2.6e-5)
+
+
+def test_a_send_takes_at_least_the_hop_latency_of_the_link_it_crosses():
+    # 1 B: 1 / LINK = 1e-10 s on NVLink, 1 / (LINK / 64) = 6.4e-9 s on a GPU's NIC share; the hop's
+    # latency bounds it below: 1 µs within a node, 10 µs across the network
+    costs = latency_costs()
+    assert costs.p2p_s(1.0, cross_node=False) == pytest.approx(1e-6)
+    assert costs.p2p_s(1.0, cross_node=True) == pytest.approx(1e-5)
+
+
+def test_a_group_that_part_fills_its_last_node_spans_that_node_too():
+    # consecutive ranks fill nodes in order: 3 ranks on nodes of 2 GPUs take 2 nodes (2 + 1);
+    # 12 on nodes of 8 take 2 (8 + 4): ⌈size / per_node⌉
+    assert place_group(3, 1, 2) == GroupPlacement(3, 2, 2)
+    assert place_group(12, 1, 8) == GroupPlacement(12, 2, 8)
+    assert not place_group(3, 1, 2).intra_node
+
+
+def test_ranks_share_a_node_when_their_rank_divided_by_the_node_size_agrees():
+    # ranks 0-7 on node 0, 8-15 on node 1 (8 GPUs a node): 0 and 8 share a local index, not a node
+    assert not same_node(0, 8, 8)
+    assert not same_node(3, 11, 8)
+    assert same_node(8, 15, 8)
+
+
+def test_a_curve_ramped_on_one_ring_step_divides_the_bus_bytes_by_n_minus_1():
+    # NCCL's ring moves the bus bytes in n − 1 steps: 4e6 B over 5 ranks is 1e6 B a step, where
+    # eff = 2 / (1 + exp(1 · (ln 1e6 − ln 1e6))) = 1: 4e6 B / 1e10 B/s = 4e-4 s
+    # (1/n of it, 8e5 B, would give eff 2 / (1 + 1.25) and 4.5e-4 s)
+    fit = {"alpha0_s": 0.0, "e_max": 2.0, "log_half": math.log(1e6), "gamma": 1.0, "ramp_of": "step"}
+    assert float(collective_time_s(fit, 4e6, 1, 5, 1e10)) == pytest.approx(4e-4)
+
+
+def test_an_all_to_alls_fitted_latency_grows_with_its_peers_not_its_ranks():
+    # 5 ranks: 4 peers × 1 µs = 4e-6 s (1 B at eff 1 over 1e10 B/s adds 1e-10 s)
+    fit = {"alpha0_s": 0.0, "alpha_per_peer_s": 1e-6, "e_max": 2.0, "log_half": 0.0, "gamma": 0.0}
+    assert float(collective_time_s(fit, 1.0, 1, 5, 1e10)) == pytest.approx(4e-6 + 1e-10)
+
+
+def test_context_parallel_calls_split_the_attention_flops_into_more_problems():
+    # a fitted kernel: eff = 0.8 · d / (d + 64) · ramp, ramp = 1 / (1 + exp(ln 1e6 − ln x)), x the FLOPs
+    # of one (batch · head) problem of one call. 16e6 FLOPs over 8 heads in 2 calls: 16 problems of
+    # 1e6 FLOPs, ramp 1/2, eff 0.8 · 64/128 · 1/2 = 0.2: 2 calls × 1 µs + 16e6 / (1e12 · 0.2) = 8.2e-5 s
+    # (8 problems of 2e6 would give ramp 2/3 and 6.2e-5 s)
+    fit = {"alpha_s": 1e-6, "e_max": 0.8, "d_half": 64.0, "causal_factor": 0.9, "log_half": math.log(1e6)}
+    fit["gamma"] = 1.0
+    cal = {**linear_calibration(), "attention": {"k": {"gpu_name_prefixes": ["linear"], "fwd": fit, "bwd": fit}}}
+    costs = AnalyticCostModel(SystemConfig.model_validate({**SLOW_NETWORK, "num_nodes": 2}), "bf16", cal)
+    shape = AttentionShape(heads=8, head_dim=64, causal=False, calls=2)
+    assert float(costs.attention_s(16e6, shape)) == pytest.approx(8.2e-5)

@@ -96,3 +96,46 @@ def test_retiming_collectives_of_a_trace_without_any_is_one_line_exit_2(tmp_path
         and "hold no NCCL kernels to re-time" in out.output
         and "Traceback" not in out.output
     )
+
+
+def sizes_of(paths: list) -> list:
+    traces = read_traces(paths)
+    rg = build_replay_graph(traces)
+    sizes, _ = collective_sizes(traces, rg.gpu_task, rg.nccl_meta, rg.graph.duration_s)
+    return [sizes[task] for task in sorted(sizes)]
+
+
+def test_an_all_gathers_size_is_its_gathered_bf16_buffer(tmp_path):
+    # PyTorch records an all-gather's shard as "In msg nelems" and the gathered buffer as "Out msg
+    # nelems"; the cost model's all-gather takes the whole buffer: 2^20 bf16 elements × 2 B = 2 MiB
+    meta = {"Collective name": "allgather", "In msg nelems": 1 << 18, "Out msg nelems": 1 << 20}
+    meta |= {"dtype": "BFloat16", "Group size": 4}
+    events = [step(1, 0, 100), call("cudaLaunchKernel", 10, 5, corr=1)]
+    events += [kernel("ncclDevKernel_AllGather_RING_LL", 20, 50, corr=1, **meta)]
+    (size,) = sizes_of([write(tmp_path / "t.json", events)])
+    assert (size.kind, size.nbytes, size.group_size, size.inferred) == ("all_gather", 2 * MIB, 4, False)
+
+
+def test_a_sub_groups_size_is_its_process_group_ranks_not_the_world(tmp_path):
+    # ranks 0 and 2 of a world of 4: a group of 2; 2^20 fp32 elements = 4 MiB
+    meta = {"Collective name": "allreduce", "In msg nelems": MIB, "dtype": "Float", "Process Group Ranks": "[0, 2]"}
+    events = [step(1, 0, 100), call("cudaLaunchKernel", 10, 5, corr=1)]
+    events += [kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 20, 50, corr=1, **meta)]
+    (size,) = sizes_of([write(tmp_path / "t.json", events, distributedInfo={"rank": 0, "world_size": 4})])
+    assert (size.kind, size.nbytes, size.group_size) == ("all_reduce", 4 * MIB, 2)
+
+
+def test_a_matched_collective_infers_one_size_from_its_transfer_not_a_members_wait(tmp_path):
+    # both members of one all-reduce move the same 4 MiB: rank 1 arrived last, its kernel is the
+    # transfer (t); rank 0's kernel also holds its 200 µs wait for rank 1, which is not data
+    t_us = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2) * 1e6
+    name = "ncclKernel_AllReduce_RING_LL_Sum_float"
+    paths = []
+    for rank, wait_us in ((0, 200.0), (1, 0.0)):
+        events = [step(1, 0, 500 + t_us), call("cudaLaunchKernel", 10, 5, corr=1)]
+        events += [kernel(name, 220 - wait_us, wait_us + t_us, corr=1)]
+        info = {"rank": rank, "world_size": 2}
+        paths.append(write(tmp_path / f"r{rank}.json", events, distributedInfo=info, **V100))
+    sizes = sizes_of(paths)
+    assert [s.inferred for s in sizes] == [True, True]
+    assert [s.nbytes for s in sizes] == pytest.approx([4 * MIB, 4 * MIB], rel=1e-6)
