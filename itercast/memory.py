@@ -315,12 +315,21 @@ def full_recompute_share(m: ModelConfig, p: PlanConfig, pp: Any, vp: Any) -> Any
     return np.ones_like(np.asarray(pp), dtype=np.float64)
 
 
-def cross_entropy_saved_bytes(plan: PlanConfig) -> int:
-    """Bytes per local logit the loss keeps for its backward: the fp32 softmax (Megatron, fused or
-    not) or log-softmax (torch), or the logits themselves, overwritten by their gradient (te) or read
-    again by Inductor's backward with each row's max and sum (torch_compiled).
+def cross_entropy_peak_bytes(plan: PlanConfig) -> int:
+    """Bytes per local logit the loss holds at its peak, its backward on the last stage, where the
+    micro-batch's activations are all live too (e = the 16-bit dtype's bytes):
+    - megatron, megatron_fused: the fp32 softmax kept for the backward (4), turned into the gradient in
+      place (tensor_parallel/cross_entropy.py VocabParallelCrossEntropy.backward: grad_input = softmax,
+      mul_), then cast by autograd to the logits' dtype for the output layer's backward (e): 4 + e.
+    - torch (F.cross_entropy on logits.float(), eager): the fp32 log-softmax kept (4), nll_loss's dense
+      fp32 gradient (4) and log_softmax's fp32 input gradient (4) live together in LogSoftmaxBackward: 12.
+    - te: the logits themselves, overwritten by their gradient in the forward (e).
+    - torch_compiled: the logits, read again by Inductor's backward with each row's max and sum, and
+      their gradient written in the logits' dtype: 2e; flash_attn the same (the logits saved, a new
+      gradient written: flash_attn/losses/cross_entropy.py with inplace_backward False).
     workloads/transformer_ops.cross_entropy_bytes counts what each moves."""
-    return plan.dtype_bytes if plan.cross_entropy in ("te", "torch_compiled") else 4
+    e = plan.dtype_bytes
+    return {"te": e, "torch_compiled": 2 * e, "flash_attn": 2 * e, "torch": 12}.get(plan.cross_entropy, 4 + e)
 
 
 def state_bytes_per_param(
@@ -445,8 +454,8 @@ class StageMemory:
         (w_b, g_b, o_b), (ew_b, eg_b, eo_b) = self.state, self.expert_state
         held = in_flight_microbatches(c["schedule"], index, c["pp"], t.microbatches, c["vp"])
         acts = ((layers - moe_layers) * self.per_layer + moe_layers * self.per_moe_layer) * held + self.recomputing
-        logits = self.tokens * t.local_vocab(m.vocab_size) * cross_entropy_saved_bytes(self.t.base)
-        acts = acts + np.where(last, logits, 0)  # what the loss keeps of one micro-batch's logits
+        logits = self.tokens * t.local_vocab(m.vocab_size) * cross_entropy_peak_bytes(self.t.base)
+        acts = acts + np.where(last, logits, 0)  # what the loss holds of one micro-batch's logits at its peak
         out = {
             "weights": params * w_b + experts * ew_b + self.gathered,
             "gradients": params * g_b + experts * eg_b + self.live_grads,

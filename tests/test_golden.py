@@ -320,20 +320,30 @@ def test_context_parallel_ring_exposes_what_attention_does_not_hide():
     assert cost.family_s["cp_p2p_exposed"] == pytest.approx(ring.amount / LINK - 1.25 * attention_s)
 
 
-def test_last_stage_keeps_fp32_logits_of_one_microbatch():
+def test_last_stage_holds_the_losss_peak_bytes_of_one_microbatchs_logits():
     j = job(pipeline_parallel=1, data_parallel=1)
     est = estimate_memory(j)
     unpadded = {"data_parallel": 1, "make_vocab_size_divisible_by": 1}  # else 1 row pads to 128 like 128 rows
     none = estimate_memory(Job.from_dicts({**MODEL, "vocab_size": 1}, unpadded, j.system.model_dump()))
-    # the logits term alone: T × V × 4 bytes of Megatron's fp32 softmax (vocab 128 vs 1 changes
-    # nothing else in activations); Transformer Engine's kernel keeps the bf16 logits: 2 bytes
-    assert est.activations_bytes - none.activations_bytes == 32 * (128 - 1) * 4
-    te = estimate_memory(Job.from_dicts(MODEL, {"data_parallel": 1, "cross_entropy": "te"}, j.system.model_dump()))
-    assert est.activations_bytes - te.activations_bytes == 32 * 128 * (4 - 2)
-    # Inductor's compiled F.cross_entropy reads the bf16 logits again in its backward: 2 bytes kept too
-    compiled = {"data_parallel": 1, "cross_entropy": "torch_compiled"}
-    inductor = estimate_memory(Job.from_dicts(MODEL, compiled, j.system.model_dump()))
-    assert est.activations_bytes - inductor.activations_bytes == 32 * 128 * (4 - 2)
+    # the logits term alone (vocab 128 vs 1 changes nothing else in activations), T = 32 tokens: Megatron's
+    # fp32 softmax, turned into the gradient in place and cast to bf16 for the output layer: 4 + 2 bytes
+    assert est.activations_bytes - none.activations_bytes == 32 * (128 - 1) * 6
+    system = j.system.model_dump()
+
+    def loss(kind: str) -> float:
+        return estimate_memory(
+            Job.from_dicts(MODEL, {"data_parallel": 1, "cross_entropy": kind}, system)
+        ).activations_bytes
+
+    # Transformer Engine's kernel overwrites the bf16 logits with their gradient: 2 bytes
+    assert est.activations_bytes - loss("te") == 32 * 128 * (6 - 2)
+    # Inductor's compiled loss: the bf16 logits read again and their bf16 gradient written: 2 + 2
+    assert est.activations_bytes - loss("torch_compiled") == 32 * 128 * (6 - 4)
+    # flash-attn's CrossEntropyLoss (llm-foundry's MPT): the bf16 logits saved, a new bf16 gradient: 2 + 2
+    assert est.activations_bytes - loss("flash_attn") == 32 * 128 * (6 - 4)
+    # eager F.cross_entropy on fp32 logits: in LogSoftmaxBackward the kept fp32 log-softmax, nll_loss's
+    # fp32 gradient and the fp32 input gradient live together: 4 + 4 + 4
+    assert loss("torch") - est.activations_bytes == 32 * 128 * (12 - 6)
 
 
 def test_norm_weights_and_positions_are_not_split_by_tensor_parallelism():

@@ -17,7 +17,9 @@ from itercast.memory import activation_bytes_per_token_layer, estimate_memory
 H, V, T = 64, 128, 32  # MODEL's hidden size, vocabulary, tokens of one micro-batch
 LAYER = 12 * H * H + 13 * H  # one gpt layer's weights and biases
 KORTHIKANTI = 34 * H  # bytes per token of one gpt layer in 16-bit training, fused attention (no s×s scores)
-LOGITS = T * V * 4  # the last stage's fp32 logits of one micro-batch
+# the last stage's logits of one micro-batch at the loss's peak: Megatron's fp32 softmax, turned into the
+# gradient in place, beside the bf16 copy autograd casts it to for the output layer: 4 + 2 bytes
+LOGITS = T * V * (4 + 2)
 
 
 def test_zero_shards_states_over_data_times_context_parallel_ranks():
@@ -69,7 +71,7 @@ def test_full_recompute_keeps_each_layer_input_and_one_whole_layer():
 
 
 def test_context_parallel_ranks_keep_their_share_of_the_tokens():
-    assert estimate_memory(job(context_parallel=2)).activations_bytes == pytest.approx((KORTHIKANTI + V * 4) * T / 2)
+    assert estimate_memory(job(context_parallel=2)).activations_bytes == pytest.approx((KORTHIKANTI + V * (4 + 2)) * T / 2)
 
 
 def test_activations_count_query_groups_and_the_gated_mlp():

@@ -193,6 +193,9 @@ def test_output_layer_splits_the_vocabulary_over_tensor_parallel_ranks():
         # the same under torch.compile (Inductor): one online-softmax read of the bf16 logits forward;
         # backward one read of them and the bf16 gradient written
         ("torch_compiled", 2, 2 + 2),
+        # flash-attn's CrossEntropyLoss: one kernel reads the logits forward; backward reads them, writes
+        # a new bf16 gradient
+        ("flash_attn", 2, 2 + 2),
     ],
 )
 def test_cross_entropy_kernels_move_the_bytes_their_sources_show(kernel: str, forward_b: int, backward_b: int):

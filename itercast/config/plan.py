@@ -188,14 +188,15 @@ class PlanConfig(BaseModel):
         "passed around the ring, the last send exposed. Their keys and values are the query heads' "
         "(torchtitan repeats the key-value groups before SDPA).",
     )
-    cross_entropy: Literal["megatron", "megatron_fused", "te", "torch", "torch_compiled"] = Field(
+    cross_entropy: Literal["megatron", "megatron_fused", "te", "torch", "torch_compiled", "flash_attn"] = Field(
         "megatron",
         description="The loss kernels over the vocab-parallel logits (bytes per logit: "
         "workloads/transformer_ops.cross_entropy_bytes): megatron, Megatron-Core's vocab_parallel_cross_entropy "
         "(TransformerConfig.cross_entropy_loss_fusion False, its default); megatron_fused, the same fused by "
         "jit (--cross-entropy-loss-fusion, NeMo 2's GPTConfig default); te, Transformer Engine's Triton kernel "
         "(--cross-entropy-fusion-impl te); torch, F.cross_entropy on the logits cast to fp32 (torchtitan, "
-        "eager); torch_compiled, the same under torch.compile (torchtitan's [compile] components 'loss').",
+        "eager); torch_compiled, the same under torch.compile (torchtitan's [compile] components 'loss'); "
+        "flash_attn, flash-attn's fused CrossEntropyLoss (llm-foundry MPT's loss_fn fused_crossentropy, its default).",
     )
     make_vocab_size_divisible_by: int = Field(
         128,

@@ -24,7 +24,7 @@ import numpy as np
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError, non_negative
-from itercast.memory import activation_bytes_per_token_layer, cross_entropy_saved_bytes, state_bytes_per_param
+from itercast.memory import activation_bytes_per_token_layer, cross_entropy_peak_bytes, state_bytes_per_param
 from itercast.search.stage_slicing import LayerCosts
 from itercast.user_files import read_small_text
 from itercast.workloads.transformer import Groups, UnitCosts, p2p_message_bytes, unit_params
@@ -52,7 +52,7 @@ def job_layer_costs(job: Job, calibration: dict[str, Any] | None = None) -> tupl
     rest_b, experts_b = per_param(groups.grad.size), per_param(groups.expert_grad.size)
     tokens = p.micro_batch_size * m.seq_length / p.context_parallel
     static = {k: e * experts_b + r * rest_b for k, (e, r) in unit_params(job).items()}
-    static["head"] += tokens * p.local_vocab(m.vocab_size) * cross_entropy_saved_bytes(p)  # the loss's logits
+    static["head"] += tokens * p.local_vocab(m.vocab_size) * cross_entropy_peak_bytes(p)  # the loss's logits
     send = costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node)
     activations = {
         "layer": activation_bytes_per_token_layer(job) * tokens,

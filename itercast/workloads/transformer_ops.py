@@ -1131,14 +1131,18 @@ def cross_entropy_bytes(plan: PlanConfig) -> tuple[int, int]:
       prepare_softmax_online, CUDA with Triton, config.online_softmax on by default), and a backward that
       reads them once and writes the gradient in their dtype (the code Inductor generates for
       F.cross_entropy(x.float(), y) with x bf16 on this project's CPU build: backward one pass, load
-      bf16 logits, store bf16 gradient; forward no tensor of the logits' size written): e / 2·e."""
+      bf16 logits, store bf16 gradient; forward no tensor of the logits' size written): e / 2·e.
+    - flash_attn (flash_attn/losses/cross_entropy.py CrossEntropyLoss, inplace_backward False, as
+      llm-foundry's MPT builds it for loss_fn fused_crossentropy): one forward kernel reads the logits and
+      writes each row's loss and log-sum-exp, the backward kernel reads the logits and writes a new
+      gradient in their dtype: e / 2·e."""
     e = plan.dtype_bytes
     cast = 0 if e == 4 else e + 4
     if plan.cross_entropy == "megatron":
         return cast + 32, 8 + cast
     if plan.cross_entropy == "megatron_fused":
         return (e + 4 if e != 4 else 4) + 20, 8 + cast
-    if plan.cross_entropy in ("te", "torch_compiled"):
+    if plan.cross_entropy in ("te", "torch_compiled", "flash_attn"):
         return e, 2 * e
     return cast + 16, 20 + cast
 
