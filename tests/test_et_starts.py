@@ -7,7 +7,7 @@ import json
 
 import pytest
 from kineto_fixtures import call, kernel, step, write
-from test_et_distributed import HOST, LinearCosts, node, rank_trace, t
+from test_et_distributed import ALLREDUCE, HOST, LinearCosts, node, rank_trace, t
 
 from itercast.hardware.topology import GroupPlacement
 from itercast.traces.et_pricing import ETPricer
@@ -92,3 +92,23 @@ def test_measured_starts_align_the_ranks_on_their_first_collective(tmp_path):
     silent = read_kineto(write(tmp_path / "w2.json", [step(1, 0, 50), kernel("volta_sgemm_128x64", 10, 5, corr=2)]))
     with pytest.raises(TraceError, match="no NCCL kernel"):
         measured_starts_s([traces[0], silent])
+
+
+def test_a_collective_waits_for_the_compute_streams_work_before_it(tmp_path):
+    # ProcessGroupNCCL makes its stream wait for the caller's current stream (syncStream), so an
+    # all-reduce of an unrelated tensor still starts after the kernels launched before it.
+    # add_ of 10,000 floats (3 × 40,000 B at 1 ns/B = 120 µs): T1 10, launch 5 + T2 1 → runs 16–136,
+    # T3 2 → host 18. all-reduce of 1,000 floats: T1 10 + 5 + 1 → issued at 34, ready at the compute
+    # stream's 136, 4,000 B → 136–140; T3 2 → host 36. The iteration: 140 µs (not 136)
+    add_args = [t(21, 30, [10_000]), t(22, 31, [10_000]), (1, [], "Int")]
+    nodes = [
+        {"name": THREAD, "id": 1, "rf_id": 0, "parent": 1, "tid": 1, "inputs": [], "input_shapes": []},
+        node(2, "aten::add_", add_args, [t(21, 30, [10_000])]),
+        node(3, "c10d::allreduce_", ALLREDUCE),
+    ]
+    path = tmp_path / "et.json"
+    path.write_text(json.dumps({"schema": "1.0.1", "nodes": nodes}))
+    pricer = ETPricer(LinearCosts())  # type: ignore[arg-type]
+    (s,) = predict_step([read_execution_trace(path)], [pricer], HOST, GroupPlacement(1, 1, 1))
+    assert s.seconds_by_family == pytest.approx({"memory": 120e-6, "collective:all_reduce": 4e-6})
+    assert s.iteration_s == pytest.approx(140e-6)

@@ -183,3 +183,31 @@ def test_a_rank_that_resumed_before_its_peer_arrived_did_not_wait_for_the_collec
     assert [s.replayed_s for s in result.steps] == pytest.approx([3000e-6, 3000e-6])
     note = "CPU collectives done for a rank before its last peer arrived (not waited for)"
     assert result.replay_graph.notes[note] == 1
+
+
+def test_dp_retimes_only_the_reductions_over_the_whole_world(tmp_path):
+    # World of 4 V100s (one 8-GPU node: NVLink at 150e9 B/s). Two all-reduces of 1.5e8 B on one stream:
+    # over all 4 ranks (the gradient reduction) 20–70 µs, then over a group of 2 (a sub-group: not data
+    # parallelism) 70–110 µs, queued behind it. The sync 15–115 waits for it, 5 µs own; host 85 → 200.
+    # --dp 8: t(4) = 1e-3 + 1.5e8 × 2·3/4 / 150e9 = 2.5e-3 s, t(8) = 1e-3 + 1.5e8 × 2·7/8 / 150e9
+    # = 2.75e-3 s: the first × 1.1 = 55 µs (20–75); the sub-group's kept at 40 µs (75–115); sync → 120, +85
+    def all_reduce(ts: float, dur: float, corr: int, group: int) -> dict:
+        meta = {"Collective name": "allreduce", "In msg nelems": 37_500_000, "dtype": "Float", "Group size": group}
+        return kernel("ncclKernel_AllReduce_RING_LL_Sum_float", ts, dur, corr, **meta)
+
+    events = [
+        step(1, 0, 200),
+        call("cudaLaunchKernel", 10, 1, corr=1),
+        call("cudaLaunchKernel", 12, 1, corr=2),
+        all_reduce(20, 50, 1, group=4),
+        all_reduce(70, 40, 2, group=2),
+        call("cudaDeviceSynchronize", 15, 100),
+    ]
+    top = {"distributedInfo": {"rank": 0, "world_size": 4}, "deviceProperties": [{"name": "Tesla V100-SXM2-32GB"}]}
+    path = write(tmp_path / "t.json", events, **top)
+    _, moved, counts = replay_whatif([path], WhatIf(dp=8, curves=alpha_beta("intra_node")))
+    assert counts == {
+        "gradient all_reduce re-timed from data-parallel 4 to 8 on v100-p3.16xlarge's model": 1,
+        "collectives kept at measured time (not a gradient reduction over the whole world)": 1,
+    }
+    assert moved.steps[0].replayed_s == pytest.approx((20 + 50 * 2.75e-3 / 2.5e-3 + 40 + 5 + 85) * 1e-6)

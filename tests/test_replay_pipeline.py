@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 from kineto_fixtures import cpu_op, step, write
 from typer.testing import CliRunner
@@ -17,8 +18,8 @@ from itercast.cli import app
 from itercast.costs.curves import curves
 from itercast.replay import replay_whatif
 from itercast.traces.kineto import read_traces
-from itercast.traces.pipeline_stages import stage_steps
-from itercast.traces.restage import schedule_order
+from itercast.traces.pipeline_stages import StageStep, stage_steps
+from itercast.traces.restage import new_warmups, restage_steps, schedule_order
 from itercast.traces.whatif import WhatIf
 
 RUN = CliRunner()
@@ -152,3 +153,26 @@ def test_the_measured_gloo_pipeline_reads_as_eight_micro_batches_under_gpipe():
                 assert st.order == tuple(schedule_order(8, 8))
                 work_s = st.forward_s.sum() + st.backward_s.sum() + st.rest_s
                 assert 0 < work_s < dur_us * 1e-6  # the receives' waits are not work
+
+
+def unit_stage(rank: int, order: str, activation_bytes: float | None = None) -> StageStep:
+    """A stage of 4 micro-batches, 1 ms forwards and 2 ms backwards, that ran `order` ("F0 B0 …")."""
+    units = tuple((u[0], int(u[1:])) for u in order.split())
+    return StageStep(rank, 1, np.full(4, 1e-3), np.full(4, 2e-3), 0.0, units, activation_bytes)
+
+
+def test_a_1f1b_split_keeps_p_minus_s_forwards_before_each_new_stages_first_backward():
+    # 1F1B (Megatron-LM schedules.py forward_backward_pipelining_without_interleaving): stage s of p runs
+    # p − s − 1 warm-up forwards, then one forward before its first backward: p − s forwards, at most M.
+    # Traced on 2 stages, M = 4: stage 0 two, stage 1 one. On 4 stages: min(4, 4 − j) = 4, 3, 2, 1
+    stages = [unit_stage(0, "F0 F1 B0 F2 B1 F3 B2 B3"), unit_stage(1, "F0 B0 F1 B1 F2 B2 F3 B3")]
+    assert new_warmups(stages, 4) == ([4, 3, 2, 1], "1F1B")
+
+
+def test_a_merged_stage_sends_the_activation_of_the_last_stage_it_merges():
+    # 4 stages → 2: new stage 0 runs stages 0 and 1, so it sends what stage 1 sent (200 B), not stage 0's;
+    # its forward units are the two stages' 1 ms forwards in series
+    order = "F0 F1 F2 F3 B0 B1 B2 B3"
+    merged, nbytes = restage_steps([unit_stage(s, order, 100.0 * (s + 1)) for s in range(4)], 2)
+    assert nbytes == [200.0]
+    assert merged[0].forward_s.tolist() == pytest.approx([2e-3] * 4)

@@ -170,3 +170,76 @@ def test_a_queue_never_full_in_the_trace_holds_the_host_at_the_default_depth(tmp
     # still goes at 1,025 (GEMM 0 ended at 1,002); 1,026 waits until 2,002 (+1 µs), 1,027 until 3,002,
     # 1,028 until 4,002, 1,029 until 5,002 → 5,003; the host's last 10 µs → 5,013
     assert steps_us(path, {"gemm": 10}) == pytest.approx((1040, 1040, 5013))
+
+
+def test_a_sync_that_finds_the_gpu_done_keeps_only_its_own_time(tmp_path):
+    # GEMM 20–40; cudaStreamSynchronize 50–53 starts after it ended: nothing to wait for, its own
+    # 3 µs; host 47 µs more until the step ends at 100
+    events = [
+        step(1, 0, 100),
+        call("cudaLaunchKernel", 10, 5, corr=1),
+        kernel("volta_sgemm_128x64", 20, 20, corr=1),
+        call("cudaStreamSynchronize", 50, 3),
+    ]
+    path = [write(tmp_path / "t.json", events)]
+    # ×2: GEMM 20–60, the sync from 50 waits until 60, then 3 µs → 63, host 47 → 110
+    assert steps_us(path, {"gemm": 2}) == pytest.approx((100, 100, 110))
+
+
+def test_a_device_synchronisation_waits_for_every_streams_last_op(tmp_path):
+    # GEMM 20–70 on stream 7, an elementwise kernel 25–60 on stream 8; cudaDeviceSynchronize 30–75
+    # waits for both (the later ends at 70) and takes 5 µs of its own; host 25 µs more → 100
+    events = [
+        step(1, 0, 100),
+        call("cudaLaunchKernel", 10, 1, corr=1),
+        call("cudaLaunchKernel", 12, 1, corr=2),
+        kernel("volta_sgemm_128x64", 20, 50, corr=1, stream=7),
+        kernel("vectorized_elementwise_kernel", 25, 35, corr=2, stream=8),
+        call("cudaDeviceSynchronize", 30, 45),
+    ]
+    path = [write(tmp_path / "t.json", events)]
+    # elementwise ×3: 25–130 on stream 8, the sync ends 130 + 5 = 135, host 25 → 160
+    assert steps_us(path, {"elementwise": 3}) == pytest.approx((100, 100, 160))
+
+
+def test_a_stream_wait_holds_the_next_launch_until_the_latest_op_on_the_other_streams(tmp_path):
+    # cudaStreamWaitEvent at 14 after launches onto stream 7 (elementwise 20–40) and stream 8 (GEMM
+    # 22–62): the kernel launched next, on stream 9, waited for the one that ended last (the GEMM:
+    # it starts at 62, lasts 10); cudaDeviceSynchronize 20–77 waits for it, 5 µs own; host 23 → 100
+    events = [
+        step(1, 0, 100),
+        call("cudaLaunchKernel", 10, 1, corr=1),
+        call("cudaLaunchKernel", 12, 1, corr=2),
+        call("cudaStreamWaitEvent", 14, 1),
+        call("cudaLaunchKernel", 16, 1, corr=3),
+        kernel("vectorized_elementwise_kernel", 20, 20, corr=1, stream=7),
+        kernel("volta_sgemm_128x64", 22, 40, corr=2, stream=8),
+        kernel("vectorized_elementwise_kernel", 62, 10, corr=3, stream=9),
+        call("cudaDeviceSynchronize", 20, 57),
+    ]
+    path = [write(tmp_path / "t.json", events)]
+    # GEMM ×2: 22–102, the waiting kernel 102–112, the sync ends 117, host 23 → 140
+    assert steps_us(path, {"gemm": 2}) == pytest.approx((100, 100, 140))
+
+
+def test_an_unmeasured_launch_latency_is_the_median_of_the_measured_ones(tmp_path):
+    # Launches onto an idle stream measure 5, 5 and 20 µs (median 5, mean 10). The last kernel was
+    # launched at 70 while the GEMM still ran: queued, no latency measured, so it takes the median.
+    events = [
+        step(1, 0, 200),
+        call("cudaLaunchKernel", 10, 1, corr=1),
+        kernel("vectorized_elementwise_kernel", 15, 5, corr=1),  # 15–20, latency 5
+        call("cudaLaunchKernel", 25, 1, corr=2),
+        kernel("vectorized_elementwise_kernel", 30, 5, corr=2),  # 30–35, latency 5
+        call("cudaLaunchKernel", 40, 1, corr=3),
+        kernel("volta_sgemm_128x64", 60, 100, corr=3),  # 60–160, latency 20
+        call("cudaLaunchKernel", 70, 1, corr=4),
+        kernel("vectorized_elementwise_kernel", 160, 10, corr=4),  # queued behind the GEMM: 160–170
+        call("cudaDeviceSynchronize", 75, 100),  # waits until 170, then 5 µs of its own
+    ]
+    path = [write(tmp_path / "t.json", events)]
+    base, _, _ = replay_whatif(path, WhatIf({"gemm": 0.1}))
+    assert base.replay_graph.notes["rank 0 median launch latency ns"] == 5000
+    # GEMM ×0.1: 60–70; the queued kernel starts at its launch (70) + 5 µs = 75, ends 85; the sync
+    # ends 90, host 25 → 115
+    assert steps_us(path, {"gemm": 0.1}) == pytest.approx((200, 200, 115))

@@ -208,3 +208,16 @@ def test_tp_comm_overlap_keeps_the_search_to_sequence_parallel_plans():
     tp, sp = 0, 9  # positions in table_plans' tuples
     assert plans == {p for p in everything if p[tp] == 1 or p[sp]}
     assert any(p[tp] > 1 for p in plans)
+
+
+def test_context_parallel_sizes_split_the_sequence_into_two_chunks_per_rank():
+    # Megatron-LM's load-balanced context parallelism cuts the sequence into 2·cp chunks (utils.py
+    # get_batch_on_this_cp_rank: view(2 * cp_size, s / (2 * cp_size))): 2,052 tokens = 4 × 513 allow
+    # cp 2 (2,052 / 4 = 513) but not cp 4 (2,052 / 8 = 256.5), though 4 divides 2,052
+    model = parse_section("model", {**MODEL, "seq_length": 2052})
+    system, base = parse_section("system", SYSTEM), parse_section("plan", {"global_batch_size": 16})
+    fixed = {"tensor_parallel": 1, "pipeline_parallel": 1, "micro_batch_size": 1}
+    fixed |= {"overlap_grad_reduce": True, "overlap_param_gather": True, "zero_stage": 0, "recompute": "none"}
+    options = SpaceOptions(max_context_parallel=4, fixed=fixed)
+    table, _ = enumerate_plans(model, system, base, 8, options)  # type: ignore[arg-type]
+    assert sorted({table.plan_fields(row)["context_parallel"] for row in range(len(table))}) == [1, 2]

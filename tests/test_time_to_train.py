@@ -130,3 +130,21 @@ def test_deadline_probability_and_goodput():
 def test_a_run_shorter_than_an_interval_checkpoints_once():
     rate = FM.job_failure_rate(8)
     assert best_interval_s(3600.0, rate, FM) == 3600.0
+
+
+def test_a_failure_free_run_ending_exactly_at_its_deadline_meets_it():
+    # MTBF infinite: λ = 1,000 / ∞ = 0, no failures. 100 steps of 2 s = 200 s of work; Young's √(2δ/λ) is
+    # infinite, so one segment: 200 s + one 10 s checkpoint = 210 s in every sample. P(wall ≤ deadline)
+    # counts a run that ends at the deadline: 1 at 210 s, 0 a tenth of a second before
+    fm = FailureModel(mtbf_per_gpu_s=math.inf, checkpoint_s=10.0, restart_s=60.0)
+    on_time = time_to_train(2.0, 100, 1000, fm, deadline_s=210.0, samples=100)
+    assert on_time.expected_s == 210.0
+    assert on_time.deadline_probability == 1.0
+    assert time_to_train(2.0, 100, 1000, fm, deadline_s=209.9, samples=100).deadline_probability == 0.0
+
+
+def test_youngs_interval_is_the_root_of_twice_the_checkpoint_over_the_failure_rate():
+    # Young (CACM 1974): τ ≈ √(2δM), M = 1/λ the job's MTBF. 1,000 GPUs of 10⁷ s each: λ = 1,000 / 10⁷
+    # = 10⁻⁴ /s; δ = 50 s: √(2 × 50 / 10⁻⁴) = √10⁶ = 1,000 s
+    fm = FailureModel(mtbf_per_gpu_s=1e7, checkpoint_s=50.0, restart_s=600.0)
+    assert time_to_train(1.0, 100_000, 1000, fm, samples=100).young_interval_s == pytest.approx(1000.0)

@@ -118,3 +118,25 @@ def test_trace_sensitivity_by_hand(tmp_path):
     assert got["gemm"]["critical_path_share"] == pytest.approx(150 / 2100)
     ag = got["nccl all-gather × unknown group"]
     assert ag["dp95_per_cv_s"] == 0.0 and ag["critical_path_s"] == 0.0 and ag["total_s"] == pytest.approx(30e-6)
+
+
+def test_a_steps_class_factor_is_the_median_of_its_ratios_not_their_mean(tmp_path):
+    """Two steps of three GEMMs: the first takes 10 then 30 µs (its median 20: ratios 0.5 and 1.5), the
+    others 20 µs in both (ratios 1). Step 1's GEMM ratios 0.5, 1, 1 have median 1 (mean 0.83), step 2's
+    1.5, 1, 1 median 1 (mean 1.17): step factors 1 and 1, and the residuals the ratios themselves."""
+    events = []
+    for i, first_us in enumerate((10, 30)):
+        t0, corr = 1000 * i, 3 * i
+        events += [
+            step(i + 1, t0, 100),
+            call("cudaLaunchKernel", t0 + 10, 1, corr=corr + 1),
+            call("cudaLaunchKernel", t0 + 12, 1, corr=corr + 2),
+            call("cudaLaunchKernel", t0 + 14, 1, corr=corr + 3),
+            kernel("volta_sgemm_a", t0 + 20, first_us, corr=corr + 1),
+            kernel("volta_sgemm_b", t0 + 20 + first_us, 20, corr=corr + 2),
+            kernel("volta_sgemm_c", t0 + 40 + first_us, 20, corr=corr + 3),
+            call("cudaDeviceSynchronize", t0 + 16, 49 + first_us),  # until the last GEMM's end + 5 µs
+        ]
+    model = fit_trace_variability(build_replay_graph(read_traces([write(tmp_path / "t.json", events)])))
+    assert sorted(model.step_factors["gemm"].tolist()) == pytest.approx([1.0, 1.0])
+    assert sorted(model.residuals["gemm"].tolist()) == pytest.approx([0.5, 1.0, 1.0, 1.0, 1.0, 1.5])

@@ -259,3 +259,16 @@ def test_collective_sizes_come_from_record_param_comms_around_the_launch(tmp_pat
 def test_a_step_recorded_twice_counts_once(tmp_path):
     path = write(tmp_path / "t.json", [step(3, 0, 40), step(3, 0, 40), kernel("k", 5, 5, corr=1)])
     assert [s[::2] for s in read_kineto(path).steps] == [(3, 0.0)]
+
+
+def test_an_operator_starting_as_the_previous_one_ends_is_top_level(tmp_path):
+    # aten::linear 0–10 encloses aten::addmm 2–8; aten::relu starts at 10, where linear ends: a new
+    # top-level operator, not linear's child; aten::add 12–14 lies inside relu 10–15
+    events = [
+        cpu_op("aten::linear", 0, 10),
+        cpu_op("aten::addmm", 2, 6),
+        cpu_op("aten::relu", 10, 5),
+        cpu_op("aten::add", 12, 2),
+    ]
+    t = read_kineto(write(tmp_path / "t.json", events))
+    assert [t.names[t.cpu_name[k]] for k in t.top_level_ops(100)] == ["aten::linear", "aten::relu"]

@@ -11,10 +11,13 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from itercast.cli import app
-from itercast.graph.execgraph import Category
+from itercast.graph.execgraph import Category, GraphBuilder
 from itercast.measurements import Measurement
 from itercast.profile.db import ProfileDB
 from itercast.stochastic.variability import (
+    GraphSampler,
+    StepDistribution,
+    StepGraph,
     StepSampler,
     VariabilityModel,
     attribution,
@@ -196,3 +199,31 @@ def test_collectives_are_named_by_kind_and_group():
     assert class_label("pp_p2p") == "send/recv × PP"
     assert class_label("etp_all_gather") == "all-gather × expert TP"
     assert class_label("gemm") == "gemm"
+
+
+def test_a_step_ending_exactly_at_the_target_is_within_it():
+    dist = StepDistribution(1.0, np.array([1.0, 2.0, 3.0, 4.0]))
+    # P(step ≤ t): at t = 2 s the samples 1 and 2 s, 2 of 4 (the one ending at 2 s included); at 1.5 s, 1 of 4
+    assert dist.probability_within(2.0) == 0.5
+    assert dist.probability_within(1.5) == 0.25
+
+
+def test_rows_timed_exactly_the_minimum_number_of_repeats_give_the_noise():
+    rows = [Measurement("gemm", "mm", 1e6, 1.0, time_std_s=cv, repeats=3) for cv in (0.1, 0.3)]
+    rows += [Measurement("collective", "all_reduce", 1e6, 2.0, 2, time_std_s=0.5, repeats=3)]
+    # 3 repeats meet min_repeats 3: compute CV the median of 0.1 / 1 and 0.3 / 1 = 0.2; comm 0.5 / 2.0 = 0.25
+    assert noise_from_profile(rows, min_repeats=3) == pytest.approx({"compute_cv": 0.2, "comm_cv": 0.25})
+
+
+def test_the_routers_load_scales_only_the_routed_experts_share_of_a_task():
+    # One 1 s compute task, half of it the routed experts' work (share 0.5); only moe_imbalance_cv = 0.2
+    # varies. Its duration is 1 s × (1 + 0.5 (L − 1)), L log-normal of mean 1 and CV 0.2: mean 1 s,
+    # std 0.5 × 0.2 = 0.1 s, and never below the unrouted half (L > 0: above 1 − 0.5 = 0.5 s)
+    b = GraphBuilder()
+    b.task("expert_gemm", b.resource(0, "compute"), 1.0, Category.COMPUTE, "gemm")
+    step = StepGraph(b.build(), 1, 1, expert_share=np.array([0.5]))
+    model = VariabilityModel(0.0, 0.0, 0.0, 0.0, moe_imbalance_cv=0.2)
+    dur = GraphSampler(step, model)(np.random.default_rng(0), 20_000)[0]
+    assert dur.mean() == pytest.approx(1.0, abs=3e-3)  # standard error 0.1 / √20,000 = 7e-4
+    assert dur.std() == pytest.approx(0.1, rel=0.03)
+    assert dur.min() > 0.5
