@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_golden import LINK, PEAK, SYSTEM, linear_calibration
+from test_golden import LINK, MODEL, PEAK, SYSTEM, linear_calibration
 
 from itercast.config.job import Job
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.attention import AttentionShape
 from itercast.costs.fitting import collective_time_s
-from itercast.hardware.topology import GroupPlacement, place_group, same_node
+from itercast.hardware.topology import GroupPlacement, pair_groups, place_group, same_node
+from itercast.workloads.transformer import Groups
 
 NIC = LINK / 8  # one per node
 GPU = {**SYSTEM["gpu"], "peak_flops": {"fp32": PEAK, "bf16": PEAK, "fp8": 2 * PEAK}}
@@ -148,3 +149,19 @@ def test_context_parallel_calls_split_the_attention_flops_into_more_problems():
     costs = AnalyticCostModel(SystemConfig.model_validate({**SLOW_NETWORK, "num_nodes": 2}), "bf16", cal)
     shape = AttentionShape(heads=8, head_dim=64, causal=False, calls=2)
     assert float(costs.attention_s(16e6, shape)) == pytest.approx(8.2e-5)
+
+
+def test_embedding_pairs_share_a_node_unless_one_pair_crosses_it():
+    # pp 4, a stage of 2 ranks, nodes of 8: pairs {0, 6} and {1, 7} on node 0 (an all-reduce over NVLink)
+    assert pair_groups(3 * 2, 2, 8) == GroupPlacement(2, 1, 2)
+    # pp 3, a stage of 3 ranks: {0, 6}, {1, 7} on node 0 but {2, 8} spans nodes 0 and 1: the slowest pair crosses
+    assert pair_groups(2 * 3, 3, 8) == GroupPlacement(2, 2, 1)
+    # pp 2 with a full node a stage: {r, r + 8} never share a node
+    assert pair_groups(8, 8, 8) == GroupPlacement(2, 2, 1)
+    assert pair_groups(0, 8, 8) == GroupPlacement(1, 1, 1)  # pp 1: no embedding group
+    # a job's tied embedding: gpt, tp 1 × pp 4 × dp 2 on one node of 8
+    node = {**SYSTEM["node"], "gpus_per_node": 8}
+    j = Job.from_dicts(
+        {**MODEL, "num_layers": 4}, {"pipeline_parallel": 4, "data_parallel": 2}, {**SYSTEM, "node": node}
+    )
+    assert Groups.of(j).embedding == GroupPlacement(2, 1, 2)

@@ -1009,6 +1009,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "slow GPUs packed into ⌊k/g⌋ stages, fewer than they fill (⌈k/g⌉)"),
     M("search/job_slicing.py", 'return tuple(sum(k in ("layer", "moe") for k', 'return tuple(sum(k == "layer" for k',
       "a stage's MoE layers left out of plan.stage_layers"),
+    M(TOPO, "crosses = offset >= gpus_per_node or min(count - 1, gpus_per_node - 1) + offset >= gpus_per_node",
+      "crosses = offset >= gpus_per_node", "an embedding pair that spans two nodes taken for one on a single node",
+      _t("costs_by_hand")),
+    M(TF, "embedding=pair_groups((pp - 1) * stage_stride, stage_stride, gpn),",
+      "embedding=place_group(2 if pp > 1 else 1, (pp - 1) * stage_stride, gpn),",
+      "the embedding pairs placed as a strided group (ranks 0 and 6 of a node of 8 on two nodes)", _t("costs_by_hand")),
 )
 # fmt: on
 

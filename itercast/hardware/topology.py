@@ -35,5 +35,16 @@ def place_group(size: int, stride: int, gpus_per_node: int) -> GroupPlacement:
     return GroupPlacement(size, nodes, per_node)
 
 
+def pair_groups(offset: int, count: int, gpus_per_node: int) -> GroupPlacement:
+    """The 2-rank groups {r, r + offset} for r = 0 … count − 1 (Megatron's embedding groups: each first-stage
+    rank with its last-stage peer, `offset` = (pp − 1) × a stage's ranks), placed as the slowest of them: on
+    one node when every pair shares a node, else across two. A pair shares a node iff r mod g + offset < g
+    (g GPUs a node), so some pair crosses iff offset ≥ g or min(count − 1, g − 1) + offset ≥ g."""
+    if offset < 1 or count < 1:
+        return GroupPlacement(1, 1, 1)
+    crosses = offset >= gpus_per_node or min(count - 1, gpus_per_node - 1) + offset >= gpus_per_node
+    return GroupPlacement(2, 2, 1) if crosses else GroupPlacement(2, 1, 2)
+
+
 def same_node(rank_a: int, rank_b: int, gpus_per_node: int) -> bool:
     return rank_a // gpus_per_node == rank_b // gpus_per_node

@@ -26,7 +26,7 @@ from itercast.config.plan import DTYPE_BYTES, TE_PIPELINE_SPLITS
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
-from itercast.hardware.topology import GroupPlacement, place_group, same_node
+from itercast.hardware.topology import GroupPlacement, pair_groups, place_group, same_node
 from itercast.memory import embedding_unit_params, full_recompute_share, stage_params
 from itercast.parallel.schedules import Pass, schedule
 from itercast.workloads import transformer_ops as ops_mod
@@ -401,7 +401,7 @@ class Groups:
             tp=place_group(t, 1, gpn),
             cp=place_group(c, t, gpn),
             grad=place_group(d * c, t, gpn),
-            embedding=place_group(2 if pp > 1 else 1, (pp - 1) * stage_stride, gpn),
+            embedding=pair_groups((pp - 1) * stage_stride, stage_stride, gpn),
             model=GroupPlacement(t * pp, pipe.nodes, max(1, t * pp // pipe.nodes)),
             stage_cross_node=not same_node(0, stage_stride, gpn),
             ep=place_group(ep, etp, gpn),
