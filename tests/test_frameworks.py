@@ -298,13 +298,15 @@ def test_the_search_prices_the_attention_kernel_its_framework_runs(framework, ex
 
 
 def test_megatron_cores_bucket_grows_with_the_data_parallel_ranks():
-    # DistributedDataParallelConfig.bucket_size None: max(40M, 1M × dp × cp) parameters
+    # DistributedDataParallel, bucket_size None: max(40M, 1M × dp) parameters, dp the data-parallel group
+    # without the context-parallel ranks (get_data_parallel_group(with_context_parallel=False))
     def bucket(**plan) -> int:
         return parse_section("plan", {"data_parallel": 1, **plan}).bucket_params  # type: ignore[attr-defined]
 
     assert bucket(data_parallel=8) == 40_000_000  # 8M < 40M
     assert bucket(data_parallel=64) == 64_000_000
-    assert bucket(data_parallel=32, context_parallel=2) == 64_000_000
+    assert bucket(data_parallel=32, context_parallel=2) == 40_000_000  # 32M < 40M: cp 2 adds nothing
+    assert bucket(data_parallel=64, context_parallel=2) == 64_000_000
     assert bucket(data_parallel=64, grad_bucket_size_params=5) == 5  # the plan's own wins
 
 

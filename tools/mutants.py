@@ -1015,6 +1015,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M(TF, "embedding=pair_groups((pp - 1) * stage_stride, stage_stride, gpn),",
       "embedding=place_group(2 if pp > 1 else 1, (pp - 1) * stage_stride, gpn),",
       "the embedding pairs placed as a strided group (ranks 0 and 6 of a node of 8 on two nodes)", _t("costs_by_hand")),
+    M(PLAN, "return max(40_000_000, 1_000_000 * self.dp)",
+      "return max(40_000_000, 1_000_000 * self.dp * self.context_parallel)",
+      "Megatron's default gradient bucket scaled by the context-parallel ranks too", _t("frameworks")),
 )
 # fmt: on
 

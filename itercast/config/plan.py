@@ -223,8 +223,8 @@ class PlanConfig(BaseModel):
     grad_bucket_size_params: Batch | None = Field(
         None,
         description="DP gradient bucket, in parameters. Left out: Megatron-Core's default, max(40M, 1M × the "
-        "data × context parallel ranks) (DistributedDataParallelConfig.bucket_size: 'larger DP sizes need larger "
-        "buckets to ensure collectives do not become latency-bound').",
+        "data parallel ranks, context parallel ones not counted) (DistributedDataParallel: 'make buckets larger to "
+        "ensure that chunks used in NCCL ring-reduce implementations are large enough').",
     )
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training)."
@@ -445,11 +445,13 @@ class PlanConfig(BaseModel):
     @property
     def bucket_params(self) -> int:
         """Parameters per gradient bucket: grad_bucket_size_params, else Megatron-Core's default
-        max(40,000,000, 1,000,000 × data_parallel × context_parallel)
-        (megatron/core/distributed/distributed_data_parallel.py, bucket_size None)."""
+        max(40,000,000, 1,000,000 × data_parallel): megatron/core/distributed/distributed_data_parallel.py with
+        bucket_size None sizes it on dp_group, the data-parallel group without context parallelism
+        (process_groups_config.py setup_process_groups_for_ddp: get_data_parallel_group(with_context_parallel=False);
+        core_r0.8.0: get_data_parallel_world_size(), the same)."""
         if self.grad_bucket_size_params is not None:
             return self.grad_bucket_size_params
-        return max(40_000_000, 1_000_000 * self.dp * self.context_parallel)
+        return max(40_000_000, 1_000_000 * self.dp)
 
     @property
     def etp(self) -> int:
