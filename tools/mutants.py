@@ -1018,6 +1018,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(PLAN, "return max(40_000_000, 1_000_000 * self.dp)",
       "return max(40_000_000, 1_000_000 * self.dp * self.context_parallel)",
       "Megatron's default gradient bucket scaled by the context-parallel ranks too", _t("frameworks")),
+    M(PLAN, 'return {**data, "overlap_grad_reduce": False}', "return data",
+      "DeepSpeed's pipeline engine left to overlap its gradient reduction with the backward", _t("deepspeed_pipeline")),
 )
 # fmt: on
 

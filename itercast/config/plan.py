@@ -368,6 +368,12 @@ class PlanConfig(BaseModel):
                 "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'): expected schedule 1f1b, "
                 f"virtual_pipeline 1, zero_stage 0-1; got {self.schedule}, {self.virtual_pipeline}, {self.zero_stage}"
             )
+        if ds_pipeline and self.overlap_grad_reduce:
+            raise ValueError(
+                "plan.pipeline_p2p(deepspeed): DeepSpeed's pipeline engine reduces the gradients after the last "
+                "micro-batch's backward, in TrainSchedule's last step (pipe/schedule.py ReduceGrads, pipe/engine.py "
+                "_exec_reduce_grads), not during it: expected overlap_grad_reduce false; got true"
+            )
         if self.pipeline_p2p == "megatron" and self.pipeline_parallel > 1 and self.schedule == "gpipe":
             raise ValueError(
                 "plan.pipeline_p2p(megatron) runs Megatron-Core's schedules (pipeline_parallel/schedules.py "
@@ -380,6 +386,14 @@ class PlanConfig(BaseModel):
         """The pipeline exchanges block both stages' compute streams (pipeline_p2p deepspeed; megatron
         under 1f1b); else each send runs beside the compute (transformer.py _send, _exchange)."""
         return self.pipeline_p2p == "deepspeed" or (self.pipeline_p2p == "megatron" and self.schedule == "1f1b")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_deepspeed_grad_overlap(cls, data: Any) -> Any:
+        """overlap_grad_reduce left out under DeepSpeed's pipeline engine: False, what it runs (below)."""
+        if isinstance(data, dict) and data.get("pipeline_p2p") == "deepspeed" and "overlap_grad_reduce" not in data:
+            return {**data, "overlap_grad_reduce": False}
+        return data
 
     @model_validator(mode="before")
     @classmethod
