@@ -278,6 +278,37 @@ def cases() -> list[Case]:
             ["search", *predict[1:], "plan.global_batch_size=8", "--num-nodes-range", "1:100000"],
             "100000 node counts; expected at most 1024",
         ),
+        *(
+            Case(
+                f"search: --set {field} beside {option}",
+                {},
+                ["search", *predict[1:], "plan.global_batch_size=8", "--set", f"{field}=2", option, "4"],
+                f"--set {field} and {option}: give one",
+            )
+            for field, option in (
+                ("plan.global_batch_size", "--global-batch-sizes"),
+                ("plan.micro_batch_size", "--micro-batch-sizes"),
+                ("system.num_nodes", "--num-nodes-range"),
+            )
+        ),
+        Case(
+            "a DLRM search with its sharding fixed",
+            {},
+            ["search", "--model", "dlrm-small", "--system", "dgx-h100", "--set", "plan.sharding={}"],
+            "a DLRM search searches the sharding",
+        ),
+        Case(
+            "report --result with --set",
+            {"r.json": b"{}"},
+            ["report", "--result", "{dir}/r.json", "--set", "plan.tensor_parallel=4", "-o", "{dir}/r.html"],
+            "give a job (with its --set and --calibration) or --result, not both",
+        ),
+        Case(
+            "compare two saved results with --set",
+            {"a.json": b"{}", "b.json": b"{}"},
+            ["compare", "{dir}/a.json", "{dir}/b.json", "--set", "plan.tensor_parallel=4"],
+            "--set applies to two jobs",
+        ),
     ]
 
 

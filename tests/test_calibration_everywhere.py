@@ -131,4 +131,15 @@ def test_compare_prices_both_jobs_with_the_calibration(slow_gemms: Path, tmp_pat
     saved = CliRunner().invoke(
         app, ["compare", str(tmp_path / "x.json"), str(tmp_path / "y.json"), "--calibration", str(slow_gemms)]
     )
-    assert saved.exit_code == 2 and "saved results carry the prices" in saved.output
+    assert saved.exit_code == 2 and "saved results carry the plans and prices" in saved.output
+
+
+@pytest.mark.parametrize("command", ["predict", "slice"])
+def test_a_calibration_of_another_system_is_said_by_every_command(slow_gemms: Path, command: str) -> None:
+    # fitted for dgx-a100, the job on dgx-h100: the curves describe the other machine, and each command says so
+    args = [command, "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "model.num_layers=4"]
+    if command == "slice":
+        args += ["--set", "plan.pipeline_parallel=2", "--set", "system.node.gpus_per_node=2"]
+    res = CliRunner().invoke(app, [*args, "--calibration", str(slow_gemms)])
+    assert res.exit_code == 0, res.output
+    assert "was fitted for system 'dgx-a100'; this job runs on 'dgx-h100'" in res.output

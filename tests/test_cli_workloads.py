@@ -120,3 +120,21 @@ def test_the_transformer_keeps_its_variability_numbers() -> None:
     assert code == 0, text
     dist = step_distribution(Job.from_presets("gpt3-1.3b", "dgx-h100"), VariabilityModel(), 300, 0)
     assert json.loads(text)["p95_s"] == dist.quantiles()["p95_s"]
+
+
+def test_a_searched_transformer_plan_predicts_to_the_searched_step(tmp_path: Path) -> None:
+    # one model behind both commands: the search's top plan, written as a job with every plan field the search
+    # priced (its framework's own pipeline_p2p among them, which the search names), predicts the same step
+    code, text = invoke(
+        "search", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.global_batch_size=64", "--top", "1",
+        "--workers", "1", "--json",
+    )  # fmt: skip
+    assert code == 0, text
+    doc = json.loads(text)
+    assert doc["framework_settings"] == {"pipeline_p2p": {"search": "megatron", "predict": "overlapped"}}
+    best = doc["plans"][0]
+    plan = {k: v for k, v in best["plan"].items() if v is not None}
+    job = tmp_path / "best.yaml"
+    system = {"preset": "dgx-h100", "num_nodes": best["num_nodes"]}
+    job.write_text(json.dumps({"model": "gpt3-1.3b", "system": system, "plan": plan}))  # JSON is YAML
+    assert load_workload(job).predict().step_time_s == pytest.approx(best["step_time_s"], rel=1e-12)

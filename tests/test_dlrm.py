@@ -368,7 +368,7 @@ def test_shard_takes_system_overrides_and_a_calibration(tmp_path):
     assert two.exit_code == 0, two.output
     assert (one["world_size"], json.loads(two.stdout)["world_size"]) == (1, 2)
     bad = CliRunner().invoke(app, [*args, "--set", "plan.tensor_parallel=2"])
-    assert bad.exit_code == 2 and "it has no plan section" in bad.output
+    assert bad.exit_code == 2 and "shard takes the plan's batch as --batch-per-rank" in bad.output
     # a model field: 2 ranks whose indices need no distribution are as fast or faster
     two_args = [*args, "--set", "system.node.gpus_per_node=2"]
     local = CliRunner().invoke(app, [*two_args, "--set", "model.input_distribution=false"])

@@ -101,6 +101,8 @@ def test_cli_habits_version_fields_presets_show_and_strict():
     assert runner.invoke(app, ["--version"]).stdout.strip() == f"itercast {metadata.version('itercast')}"
     fields = runner.invoke(app, ["fields"], terminal_width=200).stdout
     assert "plan.stage_layers" in fields and "system.gpu.hbm_bandwidth_bytes_per_s" in fields
+    assert "plan.batch_per_rank" in fields and "plan.sharding" in fields  # a DLRM job's plan too
+    assert "PydanticUndefined" not in fields  # a default made by a factory is shown as its value
     assert "'gpt' | 'llama' | 'bert'" in fields and "model.num_experts                        int | None " in fields
     shown = runner.invoke(app, ["presets", "show", "dgx-h100"]).stdout
     assert "hbm_bandwidth_bytes_per_s: 3350.0e+9  # datasheet (SXM): 3.35 TB/s" in shown

@@ -240,12 +240,17 @@ def calibration_curves(path: Path | None, system: SystemConfig) -> dict[str, Any
         cal = load_calibration(path)
     except CalibrationError as exc:
         fail(str(exc))
+    warn_other_system(path, cal, system)
+    return cal
+
+
+def warn_other_system(path: Path, cal: dict[str, Any], system: SystemConfig) -> None:
+    """A warning when the calibration at `path` was fitted for another system than the job's."""
     if cal.get("system") not in (None, system.name):
         warn(
             f"{path} was fitted for system {cal['system']!r}; this job runs on {system.name!r} "
             f"({system.gpu.name}): the curves describe the other machine"
         )
-    return cal
 
 
 def load_job(

@@ -195,8 +195,11 @@ def compare_cmd(
     fmt = output_format(fmt, as_json)
     try:
         if {job_a.suffix, job_b.suffix} == {".json"}:
-            if calibration is not None:
-                raise ConfigError("--calibration prices two jobs; saved results carry the prices they were made with")
+            if calibration is not None or set_:
+                option = "--calibration" if calibration is not None else "--set"
+                raise ConfigError(
+                    f"{option} applies to two jobs; saved results carry the plans and prices they were made with"
+                )
             (kind_a, fig_a), (kind_b, fig_b) = result_figures(job_a), result_figures(job_b)
             if kind_a != kind_b:
                 raise ConfigError(f"{job_a} is a {kind_a} result and {job_b} a {kind_b} result: compare like with like")

@@ -14,13 +14,15 @@ from itercast.errors import ConfigError
 
 @app.command("fields")
 def fields_cmd() -> None:
-    """The canonical job fields, one a line: section.field, type, default, meaning (units in the names).
-    Set them with `--set SECTION.FIELD=VALUE`, or as the same keys in a job file."""
+    """The canonical job fields, one a line: section.field, type, default, meaning (units in the names),
+    a transformer's first, then a DLRM's model and plan (a job whose model is a DLRM). Set them with
+    `--set SECTION.FIELD=VALUE`, or as the same keys in a job file."""
     from pydantic import BaseModel
 
     from itercast.config.model import ModelConfig
     from itercast.config.plan import PlanConfig
     from itercast.config.system import SystemConfig
+    from itercast.workloads.dlrm.config import DLRMConfig, DLRMPlan
 
     def lines(prefix: str, schema: type[BaseModel]) -> list[str]:
         out = []
@@ -30,12 +32,16 @@ def fields_cmd() -> None:
                 out += lines(f"{prefix}.{name}", ann)
                 continue
             kind = _type_name(ann)
-            default = "required" if info.is_required() else repr(info.default)
+            default = "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
             out.append(f"{prefix}.{name:<34} {kind:<44} {default:<12} {info.description or ''}".rstrip())
         return out
 
-    for section, schema in (("model", ModelConfig), ("plan", PlanConfig), ("system", SystemConfig)):
-        typer.echo("\n".join(lines(section, schema)))
+    Sections = list[tuple[str, type[BaseModel]]]
+    transformer: Sections = [("model", ModelConfig), ("plan", PlanConfig), ("system", SystemConfig)]
+    dlrm: Sections = [("model", DLRMConfig), ("plan", DLRMPlan)]
+    typer.echo("\n".join(line for section, schema in transformer for line in lines(section, schema)))
+    typer.echo("\n# a DLRM job (model: a DLRM preset or file; system as above)")
+    typer.echo("\n".join(line for section, schema in dlrm for line in lines(section, schema)))
 
 
 def _type_name(ann: object) -> str:

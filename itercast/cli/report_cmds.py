@@ -62,8 +62,8 @@ def report_cmd(
     `predict` does."""
     try:
         if result is not None:
-            if job_file is not None or example or model or system or calibration:
-                fail("give a job (with its --calibration) or --result, not both")
+            if job_file is not None or example or model or system or calibration or set_:
+                fail("give a job (with its --set and --calibration) or --result, not both")
             title, subtitle, sections = _result_sections(result)
             inputs: list[Path | None] = [result]
         else:

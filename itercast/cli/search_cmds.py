@@ -111,7 +111,9 @@ def search_cmd(
             "default: 15% of its activations, for the allocator's fragmentation).",
         ),
     ] = None,
-    micro_batch_sizes: Annotated[str, typer.Option(metavar="N,N,…", help="Micro-batch sizes to try.")] = "1,2,4,8",
+    micro_batch_sizes: Annotated[
+        str | None, typer.Option(metavar="N,N,…", help="Micro-batch sizes to try (default 1,2,4,8).")
+    ] = None,
     global_batch_sizes: Annotated[
         str | None,
         typer.Option(metavar="N,N,…", help="Global batches to try (ranked per sequence); default the plan's."),
@@ -163,14 +165,26 @@ def search_cmd(
         raw = raw_sections(job_file, set_ or [], model, system)
     except ConfigError as exc:
         fail(str(exc).replace("\n", "\n  "))
+    given = {item.partition("=")[0].strip() for item in set_ or []}
+    for field, option, value in (
+        ("plan.global_batch_size", "--global-batch-sizes", global_batch_sizes),
+        ("plan.micro_batch_size", "--micro-batch-sizes", micro_batch_sizes),
+        ("system.num_nodes", "--num-nodes-range", num_nodes_range),
+        ("plan.batch_per_rank", "--batches", batches),
+    ):
+        if field in given and value is not None:
+            fail(f"--set {field} and {option}: give one (the --set fixes the value, {option} tries several)")
     if is_dlrm_model(raw["model"]):
+        if "plan.sharding" in given:
+            fail("--set plan.sharding: a DLRM search searches the sharding; `itercast predict` prices a given one")
         w = load_job(job_file, False, model, system, set_)
         assert isinstance(w, DLRMWorkload)
-        _search_dlrm(w, batches, top, fmt, calibration_curves(calibration, w.job.system))
+        fixed_batch = str(w.job.plan.batch_per_rank) if "plan.batch_per_rank" in given else None
+        _search_dlrm(w, batches or fixed_batch, top, fmt, calibration_curves(calibration, w.job.system))
         return
     try:
         options = SpaceOptions(
-            micro_batch_sizes=sizes_option(micro_batch_sizes, "--micro-batch-sizes"),
+            micro_batch_sizes=sizes_option(micro_batch_sizes or "1,2,4,8", "--micro-batch-sizes"),
             global_batch_sizes=sizes_option(global_batch_sizes, "--global-batch-sizes") if global_batch_sizes else (),
             max_context_parallel=max_context_parallel,
             max_virtual_pipeline=max_virtual_pipeline,
@@ -203,8 +217,10 @@ def search_cmd(
         if sampling is None
         else run_level_notes(sampling.model, across_runs, f"the sampled steps ranked by {objective}")
     )
+    settings = framework_settings(raw["plan"], framework)
     if fmt == "json":
         doc = result.to_dict()
+        doc["framework_settings"] = {k: {"search": v, "predict": d} for k, (v, d) in settings.items()}
         if sampling is not None:
             doc["distribution"] = {
                 "model": sampling.model.__dict__,
@@ -218,7 +234,12 @@ def search_cmd(
     elif fmt == "csv":
         show_table(*_plan_rows(result, request), "csv")
     else:
-        _print(result, request, notes)
+        if len(settings) <= 3:
+            fields = ", ".join(f"plan.{k}={v} (predict's default: {d})" for k, (v, d) in settings.items())
+        else:  # the values: --json's framework_settings
+            fields = f"{', '.join(settings)} (--json: framework_settings)"
+        own = f"priced with {result.framework}'s own {fields}, left out by the job: --set for predict to match"
+        _print(result, request, [*notes, *([own] if settings else [])])
 
 
 def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str, calibration: dict[str, Any] | None) -> None:
@@ -300,6 +321,14 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
             "the search needs plan.global_batch_size (--set plan.global_batch_size=N) or --global-batch-sizes"
         )
     return SearchRequest(m, s, base, _node_counts(nodes, s), replace(options, fixed=fixed))
+
+
+def framework_settings(raw_plan: dict[str, Any], framework_name: str) -> dict[str, tuple[Any, Any]]:
+    """The framework's own plan fields the job leaves out and that differ from PlanConfig's defaults:
+    field -> (what the search prices, what `predict` of the same job uses)."""
+    fw = framework(framework_name)
+    defaults = {k: PlanConfig.model_fields[k].get_default(call_default_factory=True) for k in fw.plan_fields}
+    return {k: (v, defaults[k]) for k, v in fw.plan_fields.items() if k not in raw_plan and v != defaults[k]}
 
 
 #: node counts one search compares (each is searched in full: 1,000 take about 20 s on 2 cores)

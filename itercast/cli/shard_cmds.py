@@ -91,7 +91,7 @@ def shard_cmd(
         highlight=False,
     )
     table = Table()
-    for col in ("#", "s/step", "GiB/GPU", "sharding"):
+    for col in ("#", "step", "GiB/GPU", "sharding"):
         table.add_column(col, justify="right" if col != "sharding" else "left")
     for i, (plan, step) in enumerate(result.plans[:top], 1):
         table.add_row(
@@ -119,7 +119,10 @@ def _price(
     try:
         raw = raw_sections(overrides=set_ or [], system=system)
         if raw["plan"]:
-            raise ConfigError("--set: a DLRM takes model.FIELD=VALUE and system.FIELD=VALUE (it has no plan section)")
+            raise ConfigError(
+                "--set plan.*: shard takes the plan's batch as --batch-per-rank and a sharding to price as --sharding "
+                "FILE (its --set: model.FIELD=VALUE, system.FIELD=VALUE)"
+            )
         dlrm = load_dlrm(model, raw["model"])
         sys_cfg = cast(SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set"))
         cal = load_calibration(calibration) if calibration else None

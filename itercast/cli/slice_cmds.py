@@ -31,9 +31,11 @@ from itercast.cli.app import (
     fail,
     finite,
     resolve_job_file,
+    warn_other_system,
 )
 from itercast.config.job import parse_section, raw_sections
 from itercast.config.model import ModelConfig
+from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError, DeadlockError
 from itercast.profile.calibrate import load_calibration
 from itercast.search.job_slicing import JobSlicing, job_with_stages, slice_job, slice_job_on_groups
@@ -111,6 +113,9 @@ def slice_cmd(
                 fail("slice: slicing layers into pipeline stages is for pipelined transformers; this job is a DLRM")
             if memory_gib is not None:
                 raise ConfigError("--memory-gib is for --layer-times; a job's stages use its GPUs' memory")
+            if calibration is not None and src.calibration is not None:
+                system_of = cast(SystemConfig, parse_section("system", raw["system"], source))
+                warn_other_system(calibration, src.calibration, system_of)
             out = _slice_job(src, raw, source, stages, max_stages, device_groups, method, starts, workers, as_json)
     except (ConfigError, DeadlockError, ValueError) as exc:
         fail(str(exc).replace("\n", "\n  "))

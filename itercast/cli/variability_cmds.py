@@ -37,7 +37,7 @@ from itercast.search.job_slicing import slice_job_at_speeds
 from itercast.stochastic import variability as var
 from itercast.stochastic.placement import SpeedMapping, map_speeds, place_slow_on_graph, read_speed_map
 from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
-from itercast.workload import TransformerWorkload, seconds
+from itercast.workload import P50_ABOVE_REL, TransformerWorkload, seconds
 
 # The variability model's options, one definition for `variability` and `search --objective p95`
 # (defaults: VariabilityModel's); variability_model() turns them into the model.
@@ -452,7 +452,7 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
         ("slowdown from variability", f"{out['slowdown']:.3f}× (mean over deterministic)"),
     ]
     rows += [("note", note) for note in out["notes"]]
-    if out["p50_s"] > det:
+    if out["p50_s"] > det * (1 + P50_ABOVE_REL):
         rows.append(
             (
                 "why p50 > `predict`",
