@@ -69,11 +69,12 @@ def test_only_the_first_stages_first_chunk_is_split_into_buckets():
     assert sum(n.startswith("param_all_gather") for n in names) == 6
 
 
-def test_megatron_bucketing_exposes_a_later_chunk_whole():
+def test_megatron_bucketing_exposes_the_first_chunk_whole_when_interleaved():
     # 2 stages × 2 chunks, 3 s passes, a stage 4 s (pass + send) behind the one before it. Stage 0:
     # chunk 0's 5 s in 2 buckets of one 1.5 s layer each, chunk 1's 5 s in one bucket released 2·3 s
-    # earlier: max(5/2, 5 − 1.5, 5 + (5 − 2·3)) = 4 (every chunk split: 3.5, above). Stage 1: both
-    # chunks whole, max(5, 5, 4) = 5, ending one hop early: 5 − 4 = 1. The step's excess: 4
+    # earlier, done 1 s before the end. Under Megatron-LM's align_grad_reduce both of chunk 0's buckets
+    # leave at its end: 5 + max(0, 5 − 2·3) = 5 (released one by one it would be max(5/2, 5 − 1.5,
+    # 5 + (5 − 6)) = 4). Stage 1: both chunks whole, 5, ending one hop early: 5 − 4 = 1. The excess: 5
     one = np.array([1.0])
     g = {"first_stage": 0 * one, "second_stage": one, "last_stage": one}
     g |= {f"{n}_grad0": 5 * one for n in ("first", "second", "last")}
@@ -83,4 +84,29 @@ def test_megatron_bucketing_exposes_a_later_chunk_whole():
         g |= {k: v * one for k, v in _bucket_tails(f"{n}_grad", chunk0).items()}
     f = {name: (1.5 if name == "lb" else 0.0) * one for name in ("lb", "eb", "mb", "hb")}
     got = _first_chunk_exposed(g, f, "grad", 3 * one, 4 * one, 2 * one, 2 * one)
-    assert got == pytest.approx([4.0])
+    assert got == pytest.approx([5.0])
+    # the parameter gathers are released bucket by bucket as before (Megatron's forward pre-hooks): the same
+    # chunk-0 buckets give max(5/2, 5 − 1.5, 5 + (5 − 6)) = 4
+    g |= {f"{n}_gather0": 5 * one for n in ("first", "second", "last")}
+    g |= {f"{n}_gather_later": 5 * one for n in ("first", "second", "last")}
+    for n, chunk0 in buckets.items():
+        g |= {k: v * one for k, v in _bucket_tails(f"{n}_gather", chunk0).items()}
+    f |= {name: (1.5 if name == "lf" else 0.0) * one for name in ("lf", "ef", "mf", "hf")}
+    assert _first_chunk_exposed(g, f, "gather", 3 * one, 4 * one, 2 * one, 2 * one) == pytest.approx([4.0])
+
+
+def test_interleaved_first_chunks_reductions_leave_after_its_last_backward():
+    # Megatron-LM's align_grad_reduce: stage 0's chunk 0 (embedding, layers 0-1: 3 one-unit buckets) starts
+    # reducing only when its last backward (micro-batch 1 of 2 a rank) ends; without interleaving, the stage's
+    # one chunk (embedding, layers 0-3: 5 buckets) releases its first bucket mid-pass
+    plan = dict(data_parallel=2, zero_stage=1, grad_bucket_size_params=1, micro_batch_size=1, global_batch_size=4)
+    for v, after_pass in ((2, True), (1, False)):
+        interleaved = {"virtual_pipeline": 2, "schedule": "interleaved-1f1b"} if v == 2 else {}
+        j = job({"num_layers": 8}, pipeline_parallel=2, **interleaved, **plan)
+        r = predict(j, linear_calibration())
+        g, start, end = r.sim.graph, r.sim.start_s, r.sim.end_s
+        stage0 = [t for t in range(g.num_tasks) if g.resource_rank[g.resource[t]] == 0]
+        name = {t: g.names[g.name[t]] for t in stage0}
+        grads = [start[t] for t in stage0 if name[t].startswith("grad_reduce_scatter.m1.c0.")]
+        backward = max(end[t] for t in stage0 if name[t].startswith("B1.c0."))
+        assert len(grads) == (3 if v == 2 else 5) and bool(min(grads) >= backward) == after_pass

@@ -1020,6 +1020,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "Megatron's default gradient bucket scaled by the context-parallel ranks too", _t("frameworks")),
     M(PLAN, 'return {**data, "overlap_grad_reduce": False}', "return data",
       "DeepSpeed's pipeline engine left to overlap its gradient reduction with the backward", _t("deepspeed_pipeline")),
+    M(TF, "aligned = v > 1 and p.zero_stage <= 1", "aligned = False",
+      "interleaved gradient buckets released one by one (align_grad_reduce ignored)", _t("bounds_by_hand")),
+    M(FAST, "own = np.where(chunks > 1, c0 + np.where(x < 0, 0.0, (chunks - 1) * x), own)",
+      "own = np.where(chunks > 1, c0 + np.where(x < 0, x, (chunks - 1) * x), own)",
+      "the fast path's interleaved first chunk leaves its buckets before its end", _t("bounds_by_hand")),
 )
 # fmt: on
 

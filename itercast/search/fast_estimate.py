@@ -1017,7 +1017,9 @@ def _first_chunk_exposed(
     the embedding's bucket, larger than a layer's and released last, sets the gradients' tail), c0
     their sum, L a later chunk's seconds, W a chunk's pass, chunk k released k·p passes early; a
     stage s ends (starts) s hops of a pass and a send before (after) the first, so its excess counts
-    less by s·hop. The worst of the first, second and last stages. `f`: the units' pass seconds."""
+    less by s·hop. Interleaved gradients under Megatron-LM's align_grad_reduce (the graph's `aligned`):
+    every bucket of the first chunk leaves at its end, c0 + max(0, (v − 1)(L − p W)). The worst of the
+    first, second and last stages. `f`: the units' pass seconds."""
     direction = "b" if label == "grad" else "f"
     out = np.zeros_like(pass_s)
     for name in ("first", "second", "last"):
@@ -1029,6 +1031,8 @@ def _first_chunk_exposed(
             key = f"{name}_{label}_tail{tail}"
             after_s = sum(g[f"{key}_{u}"] * f[f"{u}{direction}"] for u in "lmeh")
             own = np.maximum(own, g[key] - after_s)
+        if label == "grad":  # interleaved under align_grad_reduce: the first chunk's buckets all leave at its end
+            own = np.where(chunks > 1, c0 + np.where(x < 0, 0.0, (chunks - 1) * x), own)
         out = np.maximum(out, own - g[f"{name}_stage"] * hop_s)
     return out
 

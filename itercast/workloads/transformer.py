@@ -694,6 +694,12 @@ class TransformerStepBuilder:
             cost = cost + c
         return cost, (sum(w[0] for _, w in pieces), sum(w[1] for _, w in pieces))
 
+    def _grad_task(self, stage: int, recipe: Recipe, name: str, split: str, after: int, kind: str) -> int:
+        """A bucket's gradient reduction after task `after`: on the DP stream when overlapped, else (ZeRO-2's
+        reductions without overlap, split 'none') blocking the compute stream."""
+        stream = self.g.resource(stage, "dp_comm" if split != "none" else "compute")
+        return self._task(recipe, name, stream, Category.COMMUNICATION, f"dp_{kind}", [after])
+
     def _run_segment(self, stage: int, name: str, key: SegmentKey, deps: list[int]) -> tuple[int, int]:
         """Launch on the host, then compute (+ blocking TP/CP comm) on the stream; (first, last) task,
         the first being what waits for the pass's input (_receive). A segment with MoE layers whose host waits
@@ -901,6 +907,10 @@ class TransformerStepBuilder:
                     for _, w in self._segments_of(stage, chunk, True, "bucket")
                 ]
         grad_tasks: list[int] = []
+        # Megatron-LM's align_grad_reduce (its default; training.py sets config.grad_sync_func to each chunk's
+        # start_grad_sync): interleaved, a chunk's buckets all leave once its last backward ends
+        # (schedules.py backward_step_helper_postprocess; the hooks' own launches disabled), not one by one
+        aligned = v > 1 and p.zero_stage <= 1
         seen_first_fwd: set[int] = set()
         previous: list[int] = []  # the last compute task of each segment run so far
         for i, ps in enumerate(passes):
@@ -927,6 +937,7 @@ class TransformerStepBuilder:
                 previous.extend(self._weight_cast(stage, ps))
             per_tensor = p.zero_stage == 3 and sync_dp and p.zero3_collectives == "per_tensor_list"
             kinds = unit_kinds(job, stage, ps.chunk)[:: 1 if ps.forward else -1] if per_tensor else []
+            leaving: list[tuple[Recipe, str, str, int]] = []  # each bucket's reduction and the task it follows
             for j, (cost, params) in enumerate(segs):
                 seg_deps = [gathers[j]] if gathers else []
                 if per_tensor:
@@ -954,16 +965,10 @@ class TransformerStepBuilder:
                         if per_tensor
                         else ("dp", stage, grad_kind, params, grad_bytes)
                     )
-                    grad_tasks.append(
-                        self._task(
-                            grad_recipe,
-                            f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}",
-                            dp_res if split != "none" else self.g.resource(stage, "compute"),
-                            Category.COMMUNICATION,
-                            f"dp_{grad_kind}",
-                            [last],
-                        )
-                    )
+                    leaving.append((grad_recipe, f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}", split, last))
+                    if not aligned:  # released as its bucket's backward ends (created now: a stream runs in order)
+                        grad_tasks.append(self._grad_task(stage, *leaving.pop(), grad_kind))
+            grad_tasks += [self._grad_task(stage, r, name, s, previous[-1], grad_kind) for r, name, s, _ in leaving]
             self._send(stage, ps, previous[-1])
         previous.extend(self._exchange(stage, passes, len(passes)))
         end_of_passes = previous[-1]
