@@ -269,6 +269,10 @@ def test_moe_tokens_are_permuted_before_and_unpermuted_after_the_experts():
     ops = {o.name: o.amount for o in layer_forward(j.model, j.plan, moe=True)}
     assert ops["moe_permute"] == 2 * 64 * 64 * 2
     assert ops["moe_unpermute"] == (2 * 64 + 32) * 64 * 2
+    # the permute's backward (index_select's): 32 rows zero-filled, the 64 routed rows' gradients read and
+    # index-added into them (read and write 32): (64 + 2·32)·64·2 bytes
+    bwd = {o.name: o.amount for o in layer_backward(j.model, j.plan, moe=True)}
+    assert bwd["moe_permute.bwd"] == (64 + 2 * 32) * 64 * 2
 
 
 def test_received_tokens_are_sorted_by_local_expert_and_back():

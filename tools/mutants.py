@@ -1025,6 +1025,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M(FAST, "own = np.where(chunks > 1, c0 + np.where(x < 0, 0.0, (chunks - 1) * x), own)",
       "own = np.where(chunks > 1, c0 + np.where(x < 0, x, (chunks - 1) * x), own)",
       "the fast path's interleaved first chunk leaves its buckets before its end", _t("bounds_by_hand")),
+    M(OPS, 'Op("moe_permute", "elementwise", 2 * routed * h * e, backward_amount=(routed + 2 * n) * h * e),',
+      'Op("moe_permute", "elementwise", 2 * routed * h * e),',
+      "the MoE permute's backward priced as twice its gather, not index_select's zero-fill and index-add"),
 )
 # fmt: on
 

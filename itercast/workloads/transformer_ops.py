@@ -735,7 +735,9 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         Op("router", "gemm", 2 * n * h * E),
         Op("router_topk", "elementwise", 3 * n * E * 4),  # fp32 logits: softmax read + write, top-k read
         *([] if titan else counts),
-        Op("moe_permute", "elementwise", 2 * routed * h * e),
+        # a gather of the n tokens' rows (index_select / x[idx]): its backward zero-fills n rows and index-adds
+        # the routed rows' gradients into them (index_select_backward, torchtitan's index_put accumulate)
+        Op("moe_permute", "elementwise", 2 * routed * h * e, backward_amount=(routed + 2 * n) * h * e),
         *(counts if titan else []),
         *shared,
         Op(
