@@ -292,6 +292,24 @@ def cases() -> list[Case]:
             )
         ),
         Case(
+            "variability: --slow-factor without --slow-gpus",
+            {},
+            ["variability", *predict[1:3], "--samples", "100", "--slow-factor", "2"],
+            "--slow-factor: the slow GPUs' speed, which needs --slow-gpus",
+        ),
+        Case(
+            "variability: failures without --steps",
+            {},
+            ["variability", *predict[1:3], "--samples", "100", "--mtbf-hours", "10", "--restart-s", "60"],
+            "--mtbf-hours, --restart-s: for time to train, which needs --steps",
+        ),
+        Case(
+            "variability --trace with a job's variability model",
+            {},
+            ["variability", "--trace", "{dir}/t.json", "--compute-cv", "0.5", "--deadline-hours", "3"],
+            "--deadline-hours, --compute-cv: for a job's spread",
+        ),
+        Case(
             "a DLRM search with its sharding fixed",
             {},
             ["search", "--model", "dlrm-small", "--system", "dgx-h100", "--set", "plan.sharding={}"],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -47,7 +47,12 @@ ComputeCvOpt = Annotated[float, typer.Option(callback=finite(0, 10), help="Per-t
 CommCvOpt = Annotated[float, typer.Option(callback=finite(0, 10), help="Per-task communication noise (CV).")]
 NetworkCvOpt = Annotated[float, typer.Option(callback=finite(0, 10), help="Per-step shared network factor (CV).")]
 GpuCvOpt = Annotated[
-    float, typer.Option(callback=finite(0, 10), help="Persistent per-GPU speed across the fleet (CV).")
+    float,
+    typer.Option(
+        callback=finite(0, 10),
+        help="Per-GPU speed across the fleet (CV), drawn again each sampled step: the slowest of a stage's GPUs "
+        "over allocations, not one run's fixed GPUs (those: --run-cv).",
+    ),
 ]
 StepCvOpt = Annotated[
     float,
@@ -114,6 +119,15 @@ def _profile_noise(path: Path, quiet: bool) -> dict[str, float]:
     return noise
 
 
+#: time to train's and slow GPUs' defaults (the options' values when not given)
+MTBF_HOURS, CHECKPOINT_S, RESTART_S, SLOW_FACTOR = 50_000.0, 300.0, 900.0, 1.5
+
+
+def changed(options: Mapping[str, tuple[float, float]]) -> dict[str, bool]:
+    """flag -> whether it was given a value other than its default (the options a mode does not use)."""
+    return {flag: given != default for flag, (given, default) in options.items()}
+
+
 @app.command("variability")
 def variability_cmd(
     job_file: JobFileArg = None,
@@ -144,13 +158,13 @@ def variability_cmd(
     ] = None,
     mtbf_hours: Annotated[
         float, typer.Option(callback=finite(0, above=True), help="Mean time between failures of one GPU (hours).")
-    ] = 50_000.0,
+    ] = MTBF_HOURS,
     checkpoint_s: Annotated[
         float, typer.Option(callback=finite(0, above=True), help="Time to write a checkpoint (s).")
-    ] = 300.0,
+    ] = CHECKPOINT_S,
     restart_s: Annotated[
         float, typer.Option(callback=finite(0), help="Time from a failure to training again (s).")
-    ] = 900.0,
+    ] = RESTART_S,
     deadline_hours: Annotated[
         float | None,
         typer.Option(callback=finite(0, above=True), help="Report P(training ends within this); needs --steps."),
@@ -160,7 +174,7 @@ def variability_cmd(
     ] = None,
     slow_factor: Annotated[
         float, typer.Option(callback=finite(1, 1000), help="How much slower each slow GPU is.")
-    ] = 1.5,
+    ] = SLOW_FACTOR,
     speed_map: Annotated[
         Path | None,
         typer.Option(
@@ -183,6 +197,21 @@ def variability_cmd(
     """Step-time distribution (Monte Carlo), what drives its spread, slow-GPU placement, time to train,
     of any job: a transformer's graph has one GPU per pipeline stage, a DLRM's every GPU. --calibration
     prices the step (and any re-slicing for a speed map) with that file's curves, as `predict` does."""
+    model_options = {  # the job's variability model: flag -> (given, default)
+        "--compute-cv": (compute_cv, var.VariabilityModel.compute_cv),
+        "--comm-cv": (comm_cv, var.VariabilityModel.comm_cv),
+        "--network-cv": (network_cv, var.VariabilityModel.network_cv),
+        "--gpu-cv": (gpu_cv, var.VariabilityModel.gpu_cv),
+        "--moe-imbalance-cv": (moe_imbalance_cv, var.VariabilityModel.moe_imbalance_cv),
+        "--step-cv": (step_cv, var.VariabilityModel.step_cv),
+        "--run-cv": (run_cv, var.VariabilityModel.run_cv),
+    }
+    training_options = {  # time to train
+        "--mtbf-hours": (mtbf_hours, MTBF_HOURS),
+        "--checkpoint-s": (checkpoint_s, CHECKPOINT_S),
+        "--restart-s": (restart_s, RESTART_S),
+        "--step-autocorrelation": (step_autocorrelation, var.VariabilityModel.step_autocorrelation),
+    }
     if trace:
         job_only: dict[str, object] = {
             "JOB.yaml": job_file,
@@ -197,12 +226,20 @@ def variability_cmd(
             "--speed-map": speed_map,
             "--plot": plot,
             "--calibration": calibration,
+            "--deadline-hours": deadline_hours,
+            **changed(model_options),
+            **changed(training_options),
+            "--slow-factor": slow_factor != SLOW_FACTOR,
         }
         refuse_options(job_only, "for a job's spread, not --trace's measured steps (give one or the other)")
         _trace_variability(trace, samples, seed, within_s, as_json)
         return
     if deadline_hours is not None and steps is None:
         fail("--deadline-hours needs --steps: the deadline is for training that many steps")
+    if steps is None:
+        refuse_options(changed(training_options), "for time to train, which needs --steps")
+    if slow_gpus is None:
+        refuse_options({"--slow-factor": slow_factor != SLOW_FACTOR}, "the slow GPUs' speed, which needs --slow-gpus")
     w = load_job(job_file, example, model, system, set_)
     cal = calibration_curves(calibration, w.job.system)
     if slow_gpus is not None and slow_gpus > w.num_gpus:
@@ -456,8 +493,9 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
         rows.append(
             (
                 "why p50 > `predict`",
-                f"`predict` times every task at its mean; here each rendezvous waits for the slowest of its "
-                f"{gpus:,} GPUs' draws, and the maximum of many draws lies above their mean",
+                "`predict` times every task at its mean; here each rendezvous waits for the slowest draw of the "
+                "GPUs it joins (a tensor-parallel group, a pipeline stage's GPUs), and the maximum of many draws "
+                "lies above their mean",
             )
         )
     if "p_within" in out:

@@ -4,7 +4,8 @@ Sources (coefficients of variation of log-normal factors with mean 1):
 - compute_cv: per-task, per-step noise of compute (temporal);
 - comm_cv: per-task, per-step noise of communication (heavier: network contention);
 - network_cv: one factor per step shared by all communication (a congested or quiet network);
-- gpu_cv: persistent per-GPU speed across the fleet (spatial: manufacturing, power, thermals);
+- gpu_cv: per-GPU speed across the fleet (spatial: manufacturing, power, thermals), drawn again for
+  each sampled step (below): the spread over allocations of GPUs, not one run's fixed GPUs (run_cv);
 - step_cv: one factor per step shared by every compute and communication task (a machine-wide state:
   ranks sharing a host's cores with other processes are descheduled together; measured on this 2-core
   CPU, validation/variability_cpu.py: log compute times of two ranks correlate 0.43 within a step);
