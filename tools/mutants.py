@@ -1028,6 +1028,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(OPS, 'Op("moe_permute", "elementwise", 2 * routed * h * e, backward_amount=(routed + 2 * n) * h * e),',
       'Op("moe_permute", "elementwise", 2 * routed * h * e),',
       "the MoE permute's backward priced as twice its gather, not index_select's zero-fill and index-add"),
+    M(TTT, "    if most > 0:\n", "    if False:\n",
+      "few failures' lost time from the clipped normal approximation (a lump at no loss)"),
 )
 # fmt: on
 

@@ -141,11 +141,17 @@ def longest_restart_s(target: float, rate: float, checkpoint_s: float) -> float:
     return math.log(best / target) / rate
 
 
+#: interruption counts up to this are summed draw by draw (exactly); above, by the normal approximation
+EXACT_COUNTS = 64
+
+
 def _truncated_exponential_sums(
     rng: np.random.Generator, counts: np.ndarray, rate: float, length_s: float
 ) -> np.ndarray:
     """Sums of `counts` draws of an exponential of `rate` conditioned below `length_s` (the time a
-    failure interrupts into a span of that length), by their first two moments (normal approximation)."""
+    failure interrupts into a span of that length): draw by draw (inverse CDF, −ln(1 − u·q)/rate with
+    q = 1 − e^(−rate·length)) for counts up to EXACT_COUNTS, else by their first two moments (normal
+    approximation, clipped at 0: with few failures that clip would put a lump at no time lost)."""
     if length_s <= 0:
         return np.zeros(counts.shape)
     p = math.exp(-rate * length_s)
@@ -153,7 +159,13 @@ def _truncated_exponential_sums(
     m1 = 1 / rate - length_s * p / q
     m2 = 2 / rate**2 - (length_s * length_s + 2 * length_s / rate) * p / q
     noise = np.sqrt(counts * max(m2 - m1 * m1, 0.0)) * rng.standard_normal(counts.shape)
-    return np.maximum(counts * m1 + noise, 0.0)
+    out = np.maximum(counts * m1 + noise, 0.0)
+    few = counts <= EXACT_COUNTS
+    most = int(counts[few].max()) if few.any() else 0
+    if most > 0:
+        draws = -np.log1p(-rng.random((int(few.sum()), most)) * q) / rate
+        out[few] = np.where(np.arange(most) < counts[few][:, None], draws, 0.0).sum(axis=1)
+    return out
 
 
 def _negative_binomial(rng: np.random.Generator, successes: np.ndarray | int, p: float, samples: int) -> np.ndarray:
