@@ -26,6 +26,12 @@ def cpu_op(name: str, ts: float, dur: float, tid: int = 100) -> dict:
     return {"ph": "X", "cat": "cpu_op", "name": name, **HOST, "tid": tid, "ts": ts, "dur": dur}
 
 
+def fp32_all_reduce_comms(ts: float, dur: float, nelems: int, group_size: int) -> dict:
+    """PyTorch's record_param_comms host op around an NCCL launch: an fp32 all-reduce of `nelems` elements."""
+    args = {"Collective name": "allreduce", "In msg nelems": nelems, "dtype": "Float", "Group size": group_size}
+    return {**cpu_op("record_param_comms", ts, dur), "args": args}
+
+
 def kernel(name: str, ts: float, dur: float, corr: int, stream: int = 7, **meta) -> dict:
     return {
         "ph": "X",

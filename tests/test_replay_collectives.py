@@ -4,7 +4,7 @@ own system (flagged), else kept and counted; `replay` says how many it re-timed 
 from __future__ import annotations
 
 import pytest
-from kineto_fixtures import call, cpu_op, kernel, step, write
+from kineto_fixtures import call, fp32_all_reduce_comms, kernel, step, write
 from typer.testing import CliRunner
 
 from itercast.cli import app
@@ -64,8 +64,7 @@ def test_retiming_an_inferred_collective_on_a_larger_group(tmp_path):
 
 
 def test_sizes_from_record_param_comms_are_not_inferred(tmp_path):
-    comms = cpu_op("record_param_comms", 5, 20)
-    comms["args"] = {"Collective name": "allreduce", "In msg nelems": MIB, "dtype": "Float", "Group size": 2}
+    comms = fp32_all_reduce_comms(5, 20, MIB, 2)
     path = write(tmp_path / "t.json", [comms, *nccl_step(50)], **V100)
     _, moved, counts = replay_whatif([path], WhatIf(system="dgx-h100"))
     assert counts == {"re-timed all_reduce on dgx-h100": 1}

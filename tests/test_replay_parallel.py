@@ -9,7 +9,7 @@ import copy
 from pathlib import Path
 
 import pytest
-from kineto_fixtures import call, cpu_op, kernel, step, write
+from kineto_fixtures import call, cpu_op, fp32_all_reduce_comms, kernel, step, write
 from typer.testing import CliRunner
 
 from itercast.cli import app
@@ -94,8 +94,7 @@ def test_dp_1_drops_the_reductions_and_their_rendezvous(tmp_path):
 def test_dp_on_an_nccl_all_reduce_with_sizes_from_record_param_comms(tmp_path):
     # V100 node: 8 GPUs, so 2 and 4 GPUs sit in one node on 150e9 B/s NVLink (systems.yaml);
     # 1.5e8 bytes: t(2) = 1e-3 + 1.5e8 × 1 / 150e9 = 2e-3 s, t(4) = 1e-3 + 1.5e8 × 1.5 / 150e9 = 2.5e-3 s
-    comms = cpu_op("record_param_comms", 5, 20)
-    comms["args"] = {"Collective name": "allreduce", "In msg nelems": 37_500_000, "dtype": "Float", "Group size": 2}
+    comms = fp32_all_reduce_comms(5, 20, 37_500_000, 2)
     events = [
         step(1, 0, 90),
         comms,

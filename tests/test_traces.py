@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kineto_fixtures import call, cpu_op, gpu_bound_step, kernel, step, write
+from kineto_fixtures import call, cpu_op, fp32_all_reduce_comms, gpu_bound_step, kernel, step, write
 
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
@@ -236,8 +236,7 @@ def test_queued_kernels_keep_their_gaps_not_their_queueing_as_launch_latency(tmp
 
 
 def test_collective_sizes_come_from_record_param_comms_around_the_launch(tmp_path):
-    comms = cpu_op("record_param_comms", 5, 20)
-    comms["args"] = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "dtype": "Float", "Group size": 8}
+    comms = fp32_all_reduce_comms(5, 20, 1 << 20, 8)
     events = [step(1, 0, 100), comms, call("cudaLaunchKernel", 10, 5, corr=1)]
     events += [kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 50, corr=1), call("cudaDeviceSynchronize", 30, 45)]
     path = write(tmp_path / "nccl.json", events)

@@ -4,7 +4,7 @@ re-timed on the calibrated curves the what-if carries."""
 from __future__ import annotations
 
 import pytest
-from kineto_fixtures import call, cpu_op, kernel, step, write
+from kineto_fixtures import call, fp32_all_reduce_comms, kernel, step, write
 from test_golden import linear_calibration
 
 from itercast.replay import replay_whatif
@@ -29,8 +29,7 @@ def test_a_collective_is_retimed_on_the_what_ifs_calibrated_curves(tmp_path):
     # 450 GB/s, 2 µs a hop) with the calibration's curves (efficiency 1, no latency): bus bytes
     # 2 × (2 − 1) / 2 × 4,194,304 = 4,194,304 B / 450e9 B/s = 9.3206756e-6 s, above the tree's floor
     # 2 × ⌈log2 2⌉ × 2 µs = 4e-6 s
-    comms = cpu_op("record_param_comms", 5, 20)
-    comms["args"] = {"Collective name": "allreduce", "In msg nelems": 1 << 20, "dtype": "Float", "Group size": 2}
+    comms = fp32_all_reduce_comms(5, 20, 1 << 20, 2)
     events = [step(1, 0, 100), comms, call("cudaLaunchKernel", 10, 1, corr=1)]
     events += [kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 20, 50, corr=1), call("cudaDeviceSynchronize", 15, 60)]
     path = write(tmp_path / "t.json", events)

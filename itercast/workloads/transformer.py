@@ -937,7 +937,7 @@ class TransformerStepBuilder:
                 previous.extend(self._weight_cast(stage, ps))
             per_tensor = p.zero_stage == 3 and sync_dp and p.zero3_collectives == "per_tensor_list"
             kinds = unit_kinds(job, stage, ps.chunk)[:: 1 if ps.forward else -1] if per_tensor else []
-            leaving: list[tuple[Recipe, str, str, int]] = []  # each bucket's reduction and the task it follows
+            leaving: list[tuple[Recipe, str, str]] = []  # aligned: the chunk's buckets, released at its end
             for j, (cost, params) in enumerate(segs):
                 seg_deps = [gathers[j]] if gathers else []
                 if per_tensor:
@@ -965,10 +965,12 @@ class TransformerStepBuilder:
                         if per_tensor
                         else ("dp", stage, grad_kind, params, grad_bytes)
                     )
-                    leaving.append((grad_recipe, f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}", split, last))
-                    if not aligned:  # released as its bucket's backward ends (created now: a stream runs in order)
-                        grad_tasks.append(self._grad_task(stage, *leaving.pop(), grad_kind))
-            grad_tasks += [self._grad_task(stage, r, name, s, previous[-1], grad_kind) for r, name, s, _ in leaving]
+                    bucket = (grad_recipe, f"grad_{grad_kind}.m{ps.microbatch}.c{ps.chunk}.{j}", split)
+                    if aligned:
+                        leaving.append(bucket)
+                    else:  # released as its bucket's backward ends (created now: a stream runs in creation order)
+                        grad_tasks.append(self._grad_task(stage, *bucket, last, grad_kind))
+            grad_tasks += [self._grad_task(stage, *bucket, previous[-1], grad_kind) for bucket in leaving]
             self._send(stage, ps, previous[-1])
         previous.extend(self._exchange(stage, passes, len(passes)))
         end_of_passes = previous[-1]
