@@ -122,7 +122,7 @@ def test_deadline_probability_and_goodput():
         deadline_s=14 * 24 * HOUR_S,
     )
     assert 0 < r.goodput < 1 and r.expected_s > r.work_s
-    assert r.quantiles_s["p50"] <= r.quantiles_s["p99"]
+    assert r.quantiles_s["p50_s"] <= r.quantiles_s["p99_s"]
     loose = time_to_train(10.0, 100_000, 16_384, FailureModel(50_000 * HOUR_S, 300, 900), deadline_s=1e12)
     assert loose.deadline_probability == 1.0
 

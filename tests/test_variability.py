@@ -98,6 +98,7 @@ def test_cli_json_has_quantiles_and_time_to_train():
     assert out["placement"]["worth"] >= 1.0
     # expected interruptions: the job's failure rate × the expected wall time, 8 GPUs at 50,000 h each
     t = out["time_to_train"]
+    assert t["p50_s"] <= t["p90_s"] <= t["p95_s"] <= t["p99_s"]  # seconds, named as the step's quantiles
     assert t["expected_interruptions"] == pytest.approx(8 / (50_000 * 3600) * t["expected_s"], rel=1e-9)
     assert out["sensitivity"] and {"class", "dp95_per_cv_s", "critical_path_share"} <= set(out["sensitivity"][0])
     assert out["p50_s"] <= out["p90_s"] <= out["p95_s"] <= out["p99_s"] and out["p_within"]["probability"] == 1.0

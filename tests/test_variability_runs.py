@@ -106,7 +106,7 @@ def test_time_to_train_p95_with_run_cv_by_hand():
     # p95 = 2000 × e^{1.6449σ − σ²/2} = 2000 × e^{0.082194 − 0.001248} = 2000 × 1.084311 = 2168.62 s
     ttt = time_to_train(2.0, 1000, 8, NO_FAILURES, run_cv=0.05)
     assert ttt.expected_s == pytest.approx(2000.0)
-    assert ttt.quantiles_s["p95"] == pytest.approx(2168.62, rel=0.005)
+    assert ttt.quantiles_s["p95_s"] == pytest.approx(2168.62, rel=0.005)
 
 
 def test_time_to_train_p95_of_correlated_steps_by_hand():
@@ -114,7 +114,7 @@ def test_time_to_train_p95_of_correlated_steps_by_hand():
     # = 2.96; the mean's log-variance ln(1.01)/100 × 2.96 = 0.00995033 × 0.0296 = 0.000294530, σ = 0.0171619;
     # p95 = 100 × e^{1.6449σ − σ²/2} = 100 × e^{0.028230 − 0.000147} = 102.848 s (independent steps: 101.64 s)
     ttt = time_to_train(1.0, 100, 8, NO_FAILURES, step_cv=0.10, step_autocorrelation=0.5)
-    assert ttt.quantiles_s["p95"] == pytest.approx(102.848, rel=0.002)
+    assert ttt.quantiles_s["p95_s"] == pytest.approx(102.848, rel=0.002)
 
 
 def test_model_refuses_a_correlation_outside_minus_one_to_one():

@@ -76,7 +76,7 @@ class FailureModel:
 @dataclass(frozen=True)
 class TimeToTrain:
     """work_s: failure-free training time; interval_s: work between checkpoints; expected_s: expected
-    wall time; quantiles_s: its p50/p90/p95/p99; goodput: work_s / expected_s (effective training
+    wall time; quantiles_s: its p50_s/p90_s/p95_s/p99_s (seconds); goodput: work_s / expected_s (effective training
     time); young_interval_s: Young's √(2δ/λ); deadline_probability: P(wall ≤ deadline);
     expected_interruptions: failures expected during the wall time (restarts included)."""
 
@@ -237,7 +237,7 @@ def time_to_train(
     draws, _ = sample_time_s(work, tau, rate, fm, samples, seed)
     if step_cv > 0 or run_cv > 0:
         draws = draws + (speed_factors(steps, step_cv, step_autocorrelation, run_cv, samples, seed) - 1) * work
-    qs = dict(zip(("p50", "p90", "p95", "p99"), np.percentile(draws, [50, 90, 95, 99]).tolist(), strict=True))
+    qs = dict(zip(("p50_s", "p90_s", "p95_s", "p99_s"), np.percentile(draws, [50, 90, 95, 99]).tolist(), strict=True))
     expected = expected_time_s(work, tau, rate, fm)
     return TimeToTrain(
         work,
