@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +178,8 @@ def replay_whatif(
             raise ConfigError("--pp-stages re-stages the traces on its own: give it without other what-ifs")
         staged, counts = restage(base, traces, whatif.pp_stages, whatif.curves, cores)
         return replay_graph(traces, base), restaged_result(traces, staged, cores), counts
+    if execution_traces and whatif.gpu is None:
+        raise ConfigError("--et: the execution traces give the GEMM shapes --gpu re-times; give --gpu too")
     flops = gemm_shapes(traces, base, list(execution_traces)) if execution_traces else None
     changed, counts = apply_whatif(base, traces, whatif, flops)
     if whatif.host is not None:
@@ -203,15 +205,19 @@ def replay_whatif(
 
 def gemm_shapes(
     traces: list[RankTrace], rg: ReplayGraph, et_paths: Sequence[str | Path]
-) -> dict[int, tuple[float, str]]:
-    """GPU task → (FLOPs, dtype) for GEMM kernels launched by a matmul operator of a linked execution trace."""
+) -> dict[int, tuple[float, str, float]]:
+    """GPU task → (FLOPs, dtype, share) for GEMM kernels launched by a matmul operator of a linked execution
+    trace: the operator's FLOPs and dtype, and the kernel's share of the measured time of that operator's GEMM
+    kernels (a split-K GEMM and its reduction kernel share one matmul's time; a lone kernel has share 1)."""
     if len(et_paths) != len(traces):
         raise ConfigError(f"--et: give one execution trace per Kineto trace ({len(traces)}); got {len(et_paths)}")
-    out: dict[int, tuple[float, str]] = {}
+    out: dict[int, tuple[float, str, float]] = {}
     for index, (trace, et_path) in enumerate(zip(traces, et_paths, strict=True)):
         et = read_execution_trace(et_path)
         tl = link(et, trace)
         rank = trace.rank if trace.rank is not None else index
+        kernels: dict[int, list[int]] = defaultdict(list)  # ET node id → its GEMM-class GPU ops
+        matmuls: dict[int, tuple[float, str]] = {}
         for op in range(trace.num_ops):
             node = tl.node_of_gpu_op(et, op)
             if node is None or kernel_class(trace.names[trace.op_name[op]]) != "gemm":
@@ -219,5 +225,12 @@ def gemm_shapes(
             flops = matmul_flops(node.name, node.input_shapes)
             if flops:
                 dtype = ET_DTYPES.get(next((t for t in node.input_types if t.startswith("Tensor")), ""), "fp32")
-                out[int(rg.gpu_task[rank][op])] = (flops, dtype)
+                kernels[node.id].append(op)
+                matmuls[node.id] = (flops, dtype)
+        for node_id, ops in kernels.items():
+            measured_us = trace.op_dur_us[ops]
+            total_us = float(measured_us.sum())
+            for op, us in zip(ops, measured_us.tolist(), strict=True):
+                share = us / total_us if total_us > 0 else 1 / len(ops)
+                out[int(rg.gpu_task[rank][op])] = (*matmuls[node_id], share)
     return out

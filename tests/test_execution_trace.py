@@ -33,8 +33,9 @@ def tensor(tid, numel):
     return [tid, tid, 0, numel, 4, "cuda:0"]
 
 
-def pair(tmp_path, rf_in_kineto: bool):
-    """An addmm (bias 256, [64,512]×[512,256]) then a relu reading its output."""
+def pair(tmp_path, rf_in_kineto: bool, split_k: bool = False):
+    """An addmm (bias 256, [64,512]×[512,256]) then a relu reading its output. `split_k`: the addmm's
+    200 µs on the GPU are a 150 µs GEMM kernel and a 50 µs split-K reduction, launched apart."""
     nodes = [
         et_node(
             2,
@@ -60,7 +61,15 @@ def pair(tmp_path, rf_in_kineto: bool):
         step(1, 0, 400),
         cpu("aten::addmm", 10, 30, 10),
         call("cudaLaunchKernel", 20, 5, corr=1),
-        kernel("ampere_sgemm_64x64_nn", 30, 200, corr=1),
+        *(
+            (
+                kernel("ampere_sgemm_64x64_nn", 30, 150, corr=1),
+                call("cudaLaunchKernel", 27, 3, corr=3),
+                kernel("void splitKreduce_kernel<float>(cublasSplitKParams<float>)", 180, 50, corr=3),
+            )
+            if split_k
+            else (kernel("ampere_sgemm_64x64_nn", 30, 200, corr=1),)
+        ),
         cpu("aten::relu", 50, 20, 11),
         call("cudaLaunchKernel", 55, 5, corr=2),
         kernel("vectorized_elementwise_kernel", 230, 10, corr=2),
@@ -97,6 +106,39 @@ def test_gpu_what_if_retimes_the_gemm_from_its_shapes(tmp_path):
     # its own 1 µs, and the 159 µs of CPU work that followed it ends the step at 235 µs instead of 400.
     assert gemm_s < 25e-6
     assert (base.steps[0].replayed_s, moved.steps[0].replayed_s) == pytest.approx((400e-6, 235e-6), abs=1e-9)
+
+
+def test_gpu_what_if_splits_a_split_k_matmuls_time_between_its_kernels_then_scales(tmp_path):
+    from itercast.config.job import Job
+    from itercast.costs.analytic import AnalyticCostModel
+
+    et_path, k_path = pair(tmp_path, True, split_k=True)
+    gemm_s = float(
+        AnalyticCostModel(Job.from_presets("gpt3-1.3b", "dgx-h100").system, "fp32").gemm_s(2 * 64 * 512 * 256)
+    )
+
+    def kernels(whatif):
+        _, moved, changes = replay_whatif([k_path], whatif, [et_path])
+        g = moved.sim.graph
+        by_name = {g.names[g.name[t]][:12]: float(g.duration_s[t]) for t in range(g.num_tasks)}
+        return by_name["ampere_sgemm"], by_name["void splitKr"], changes
+
+    # one matmul's time on the H100, shared as measured: 150 / 200 and 50 / 200 (each kernel got all of it)
+    gemm, reduce, changes = kernels(WhatIf(gpu="dgx-h100"))
+    assert changes == {"re-timed GEMMs from shapes on dgx-h100": 2}
+    assert (gemm, reduce) == pytest.approx((0.75 * gemm_s, 0.25 * gemm_s))
+    # a scale applies to the re-timed kernels (it was overwritten by the re-timing)
+    gemm, reduce, changes = kernels(WhatIf(gpu="dgx-h100", scale={"gemm": 0.5}))
+    assert (gemm, reduce) == pytest.approx((0.375 * gemm_s, 0.125 * gemm_s)) and changes["scaled gemm"] == 2
+    # a class the traces lack is said, not silently ignored
+    _, _, changes = kernels(WhatIf(gpu="dgx-h100", scale={"attention": 0.5}))
+    assert changes["scaled attention: the traces have no such kernel, nothing changed"] == 0
+
+
+def test_execution_traces_without_gpu_are_refused(tmp_path):
+    et_path, k_path = pair(tmp_path, True)
+    with pytest.raises(ConfigError, match="give --gpu too"):
+        replay_whatif([k_path], WhatIf(scale={"gemm": 0.5}), [et_path])
 
 
 def test_gpu_what_if_needs_execution_traces(tmp_path):

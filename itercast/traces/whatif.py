@@ -24,18 +24,22 @@ from itercast.traces.replay_graph import ReplayGraph
 from itercast.traces.tensor_parallel import retime_tensor_parallel
 
 #: Kernel classes by name, first match wins (kept as data: add rules, not code).
+#: Kernel classes by name, the first match wins: batch norms before convolutions (cuDNN runs both),
+#: convolutions before GEMMs (cuDNN's and CUTLASS's implicit-GEMM fprop/dgrad/wgrad kernels and their
+#: split-K reductions), fbgemm_gpu's kernels (embedding tables and their index permutes) not GEMMs for
+#: the "gemm" inside "fbgemm"; cuDNN's layout transposes are elementwise (memory-bound copies)
 KERNEL_CLASSES: list[tuple[str, re.Pattern[str]]] = [
     (name, re.compile(pattern, re.IGNORECASE))
     for name, pattern in (
         ("nccl", r"nccl"),
         ("attention", r"flash|fmha|attention|sdpa"),
-        ("gemm", r"gemm|cutlass|cublas|xmma|matmul|wgmma|s884|h884|s1688|h1688|s16816|sm\d+_mma"),
-        ("conv", r"conv|cudnn|winograd|implicit_convolve|dgrad|wgrad"),
-        ("embedding", r"embedding|lookup|index_select|indexselect|gather|scatter"),
-        ("norm", r"norm|softmax"),
+        ("embedding", r"embedding|fbgemm_gpu|lookup|index_select|indexselect|gather|scatter"),
+        ("norm", r"norm|softmax|bn_fw|bn_bw|gammabeta"),
+        ("conv", r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|scudnn|cask_cudnn|cutlass_cudnn"),
+        ("gemm", r"(?<!fb)gemm|cutlass|cublas|xmma|matmul|wgmma|s884|h884|s1688|h1688|s16816|sm\d+_mma|gemv"),
         ("reduce", r"reduce|sum_kernel|mean"),
         ("optimizer", r"adam|sgd|multi_tensor"),
-        ("elementwise", r"elementwise|vectorized|unrolled|pointwise|copy_kernel|fill"),
+        ("elementwise", r"elementwise|vectorized|unrolled|pointwise|copy_kernel|fill|nchwtonhwc|nhwctonchw"),
     )
 ]
 OP_FAMILY_CLASSES = {"memcpy": "memcpy", "memset": "memset"}
@@ -107,10 +111,11 @@ def apply_whatif(
     rg: ReplayGraph,
     traces: list[RankTrace],
     whatif: WhatIf,
-    gemm_flops: dict[int, tuple[float, str]] | None = None,
+    gemm_flops: dict[int, tuple[float, str, float]] | None = None,
 ) -> tuple[ReplayGraph, Counter]:
     """A copy of the replay graph (built from `traces`) with changed GPU durations, and counts of
-    what changed. gemm_flops: GPU task → (FLOPs, dtype) for GEMMs whose shapes an execution trace gave."""
+    what changed. gemm_flops: GPU task → (FLOPs, dtype, share) for GEMM kernels whose matmul's shapes an
+    execution trace gave (replay.gemm_shapes). Scale factors apply last, to the re-timed durations too."""
     g = rg.graph
     durations = g.duration_s.copy()
     changes: Counter = Counter()
@@ -120,12 +125,6 @@ def apply_whatif(
         raise ConfigError(f"what-if: unknown kernel class {sorted(unknown)}; known: {sorted(known)}")
     if any(f < 0 for f in whatif.scale.values()):
         raise ConfigError(f"what-if: scale factors must be ≥ 0; got {whatif.scale}")
-    gpu_tasks = sorted(set(np.concatenate(list(rg.gpu_task.values())).tolist())) if rg.gpu_task else []
-    for task in gpu_tasks:
-        cls = kernel_class(g.names[g.name[task]], g.families[g.family[task]])
-        if cls in whatif.scale:
-            durations[task] *= whatif.scale[cls]
-            changes[f"scaled {cls}"] += 1
     if whatif.pp_stages is not None:
         raise ConfigError("what-if: --pp-stages builds a new step graph (restage.restage), not new durations")
     if whatif.dp is not None and whatif.world_size is not None:
@@ -143,6 +142,15 @@ def apply_whatif(
         alone = retime_tensor_parallel(rg, traces, whatif.tp, durations, changes, whatif.curves, whatif.host_cores)
     if whatif.gpu is not None:
         _retime_gemms(whatif.gpu, gemm_flops or {}, durations, changes)
+    # scaled last, so that a class re-timed above (--system, --gpu) is scaled (or dropped) at its new time
+    gpu_tasks = sorted(set(np.concatenate(list(rg.gpu_task.values())).tolist())) if rg.gpu_task else []
+    for task in gpu_tasks:
+        cls = kernel_class(g.names[g.name[task]], g.families[g.family[task]])
+        if cls in whatif.scale:
+            durations[task] *= whatif.scale[cls]
+            changes[f"scaled {cls}"] += 1
+    for cls in sorted(set(whatif.scale) - {k.removeprefix("scaled ") for k in changes}):
+        changes[f"scaled {cls}: the traces have no such kernel, nothing changed"] = 0
     changed = rg.without_rendezvous(alone) if alone.size else rg
     return changed.with_durations(durations), changes
 
@@ -166,14 +174,17 @@ def _retime_collectives(
         changes[f"NCCL kernels kept at measured time ({why})"] += n
 
 
-def _retime_gemms(gpu: str, gemm_flops: dict[int, tuple[float, str]], durations: np.ndarray, changes: Counter) -> None:
+def _retime_gemms(
+    gpu: str, gemm_flops: dict[int, tuple[float, str, float]], durations: np.ndarray, changes: Counter
+) -> None:
+    """Each GEMM kernel at its share of its matmul's time on `gpu`'s GEMM model."""
     if not gemm_flops:
         raise ConfigError("what-if: --gpu re-times GEMMs from their shapes; give the execution traces (--et)")
     system = load_system(gpu)
     models: dict[str, AnalyticCostModel] = {}
-    for task, (flops, dtype) in gemm_flops.items():
+    for task, (flops, dtype, share) in gemm_flops.items():
         model = models.setdefault(dtype, AnalyticCostModel(system, dtype))
-        durations[task] = float(model.gemm_s(flops))
+        durations[task] = float(model.gemm_s(flops)) * share
         changes[f"re-timed GEMMs from shapes on {gpu}"] += 1
 
 
