@@ -18,6 +18,15 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   were left out; a curve fitted on XLA alone misses them by 21% (too fast), one fitted on vidur
   alone misses XLA's by 61%, so both count and neither is dropped. Checked (not fitted) against
   vidur's A100 projections and the cuBLASLt A100 fp16 GEMMs, at A100's peak.
+- GEMM on V100 (gemm_by_gpu, by GPU name prefix "V100": every V100 part is the same GV100 die and SMs, each
+  priced at its own datasheet peak): the H100 curve at V100's peak prices Alpa's measured
+  V100 matmuls (profiling/alpa_v100_p3.16xlarge_prof_db.csv, square fp16 and fp32 dots, n = 128..8064,
+  one V100-SXM2-16GB) 23% too slow beyond 2048³ (measured 114 TFLOP/s fp16 at 8064³, 0.91 of the
+  125 TFLOP/s peak; the H100 curve's e_max 0.72): V100 has its own curves, fitted on those dots alone
+  (latency pinned to the H100 bf16 curve's: Alpa's timings carry ~29 µs of its profiler's overhead,
+  which a free fit takes as the kernel's latency and answers with e_max > 1). A100 keeps the H100 curve:
+  fitted on A100's own GEMMs (vidur's projections and the cuBLASLt fp16 table, each weighing the same)
+  its e_max is 0.71, the H100 curve's 0.72 (validation/kernel_tables.py, own_gemm_curves, prints both).
   The fp8 rule, stated because the fp8 curve was first chosen in a session that had the step-time
   table in view (issue #14): every curve is least squares on log time over ALL rows of its source,
   nothing dropped; fp8 has one usable source, and its 9 shapes include a skinny GEMM (802816 × 192 ×
@@ -146,6 +155,25 @@ def fit_gemm(data: Path) -> dict:
         "AI-benchmarking-guide cuBLASLt H100 table (fork samuel-bohman@26d18e9), latency pinned to bf16's; "
         "see tools/fit_efficiency_curves.py"
     )
+    return out
+
+
+#: Alpa's V100 dots: the curve key they price, the datasheet peak of that dtype (V100 SXM2: 125 TFLOP/s
+#: tensor fp16, 15.7 TFLOP/s fp32; V100 has no bf16 or tf32, so its fp16 and fp32 GEMMs take these keys)
+ALPA_V100_DOTS = {"bf16": ("f16", 125.0e12), "tf32": ("f32", 15.7e12)}
+
+
+def fit_gemm_v100(data: Path, alpha_s: float) -> dict:
+    """V100's own GEMM curves from Alpa's measured square dots (module docstring), latency `alpha_s`."""
+    rows = [r for r in read_csv_rows(data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv") if r["op"] == "dot"]
+    out: dict = {
+        "source": "Alpa OSDI'22 artifact profiling database (p3.16xlarge, one V100-SXM2-16GB): square dots, "
+        "x = 2 n^3 FLOPs, n = 128..8064; latency pinned to the H100 bf16 curve's; see tools/fit_efficiency_curves.py"
+    }
+    for key, (dtype, peak) in ALPA_V100_DOTS.items():
+        sel = [r for r in rows if r["dtype"] == dtype and float(r["x"]) > 0]
+        flops, seconds = (np.array([float(r[c]) for r in sel]) for c in ("x", "time_s"))
+        out[key] = fit_latency_curve(flops, seconds, peak, alpha_s=alpha_s)
     return out
 
 
@@ -569,6 +597,7 @@ def main() -> None:
     gemm = fit_gemm(data)
     curves = {
         "gemm": gemm,
+        "gemm_by_gpu": {"V100": fit_gemm_v100(data, gemm["bf16"]["alpha_s"])},
         "memory": fit_memory(data),
         "collectives": fit_collectives(data),
         "attention": fit_attention_hopper(gemm["bf16"]["alpha_s"]),

@@ -113,6 +113,7 @@ def main() -> None:
     fp8_rowwise()
     power_limits()
     gemm_shapes()
+    own_gemm_curves()
 
 
 def _seconds(row: dict[str, str]) -> float:
@@ -252,6 +253,56 @@ def gemm_shapes() -> None:
             log_err = np.mean(np.log(predicted / rows.seconds))
             print(f"{mean_abs_err(predicted, rows.seconds):>18.1%} / {worst:6.1%} / {log_err:+.3f}", end="  ")
         print()
+
+
+def own_gemm_curves() -> None:
+    """Which GPUs need GEMM curves of their own: V100's from Alpa's dots (curves.json gemm_by_gpu) against
+    the H100 curve at V100's peak; and the same curve form fitted on A100's own GEMMs (vidur's projections
+    and the cuBLASLt fp16 table, each weighing the same), whose e_max beside the H100 curve's says whether
+    A100 needs one."""
+    from fit_efficiency_curves import ALPA_V100_DOTS
+
+    from itercast.costs.curves import curve, curves
+    from itercast.costs.fitting import fit_latency_curve
+
+    data = shared_data_dir()
+    if data is None:
+        print("\nGEMM curves by GPU: no shared data (set ITERCAST_DATA), skipped")
+        return
+    shared = curves()["gemm"]
+    v100 = Job.from_dicts({"preset": "gpt3-175b"}, {"dtype": "fp16"}, {"preset": "v100-p3.16xlarge"}).system
+    dots = [r for r in read_csv_rows(data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv") if r["op"] == "dot"]
+    print("\nGEMM curves by GPU: Alpa's V100 dots (one per size), mean |error| / mean signed error at n >= 2048")
+    for key, (dtype, peak) in ALPA_V100_DOTS.items():
+        sel = {r["x"]: r for r in dots if r["dtype"] == dtype and float(r["x"]) > 0}.values()
+        flops, seconds = (np.array([float(r[c]) for r in sel]) for c in ("x", "time_s"))
+        big = flops >= 2 * 2048**3
+        h100 = shared[key]
+        as_h100 = h100["alpha_s"] + flops / (peak * curve(h100)(flops))
+        own = AnalyticCostModel(v100, "fp16" if key == "bf16" else "fp32").gemm_s(flops)
+        for name, predicted in (("H100 curve", as_h100), ("V100's own", own)):
+            signed = predicted[big] / seconds[big] - 1
+            print(
+                f"  {dtype} {len(flops):>3} sizes  {name:10} "
+                f"{mean_abs_err(predicted, seconds):6.1%} / {signed.mean():+6.1%}"
+            )
+    lt = [
+        r
+        for r in read_csv_rows(data / "kernels" / "azure_ai_benchmarking_guide_gemm_cublaslt.csv")
+        if r["dtype"] == "fp16"
+    ]
+    m, n, k = (np.array([float(r[c]) for r in lt]) for c in "mnk")
+    cublaslt = GemmRows(np.ones_like(m), m, n, k, 2 * m * n * k / (np.array([float(r["TFLOPs"]) for r in lt]) * 1e12))
+    vidur = vidur_gemms(data, "a100")
+    both = vidur + cublaslt
+    weights = np.r_[np.full(len(vidur.m), 1 / len(vidur.m)), np.full(len(lt), 1 / len(lt))]
+    a100 = fit_latency_curve(
+        both.flops, both.seconds, A100_BF16_PEAK, alpha_s=shared["bf16"]["alpha_s"], weights=weights
+    )
+    print(
+        f"  A100's own GEMMs fitted alike: e_max {a100['e_max']:.3f} (H100 curve {shared['bf16']['e_max']:.3f}), "
+        f"mean |error| {a100['fit_mean_abs_err']:.1%}: no curve of its own"
+    )
 
 
 if __name__ == "__main__":

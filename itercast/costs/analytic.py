@@ -17,7 +17,7 @@ import numpy as np
 
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.costs.attention import AttentionShape, fitted_kernel, time_s
-from itercast.costs.curves import Curve, curve, curves
+from itercast.costs.curves import Curve, built_in_gemms, curve, curves
 from itercast.costs.fitting import collective_time_s
 from itercast.hardware.topology import GroupPlacement
 
@@ -71,7 +71,8 @@ class AnalyticCostModel:
         self.attention_peak_flops = (gpu.peak_flops.get("bf16", nominal) if dtype == "fp8" else nominal) * fraction
         data = calibration if calibration is not None else curves()
         self._calibration = calibration
-        gemm = data["gemm"][{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
+        gemms = data["gemm"] | (built_in_gemms(gpu.name) if calibration is None else {})
+        gemm = gemms[{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
         # the rate a GEMM sustains at the power limit (GPUSpec.sustained_gemm_flops; inf: none measured)
@@ -79,7 +80,7 @@ class AnalyticCostModel:
         self.gemm_ceiling_flops = ceiling.get(peak_key, np.inf)
         # GEMMs outside Transformer Engine's FP8 autocast (Megatron-Core's output layer is its own
         # ColumnParallelLinear, the MoE router a plain linear) run in bf16 under FP8 training
-        high = data["gemm"]["bf16"] if dtype == "fp8" else gemm
+        high = gemms["bf16"] if dtype == "fp8" else gemm
         high_ceiling = ceiling.get("bf16", np.inf) if dtype == "fp8" else self.gemm_ceiling_flops
         self._outside_fp8 = (float(high["alpha_s"]), curve(high), self.attention_peak_flops, high_ceiling)
         self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}

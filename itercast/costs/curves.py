@@ -36,3 +36,10 @@ def curves() -> dict[str, Any]:
 
 def curve(entry: dict[str, Any]) -> Curve:
     return Curve(entry["e_max"], entry["log_half"], entry["gamma"])
+
+
+def built_in_gemms(gpu_name: str) -> dict[str, Any]:
+    """The built-in GEMM curves fitted on this GPU's own measured kernels, by dtype key (curves.json
+    gemm_by_gpu, matched by GPU name prefix: V100 from Alpa's V100 matmuls), to use over the
+    H100-fitted `gemm` curves; empty for a GPU without its own."""
+    return next((v for k, v in curves()["gemm_by_gpu"].items() if gpu_name.startswith(k)), {})
