@@ -192,10 +192,16 @@ def _activation_bytes(
     column-wise data (module/linear.py and grouped_linear.py forward: "Discard row-wise data since
     it is not needed in backward pass"); tensors another op keeps stay 16-bit (the router's input,
     RouterGatingLinearFunction; the attention output the fused attention kernel keeps, beside which
-    the projection keeps its own 1-byte copy). Recompute: `_recompute_kept`."""
+    the projection keeps its own 1-byte copy). torchao's Float8Linear (plan.fp8_weight_cast per_microbatch,
+    torchtitan's float8) keeps its high-precision input instead (float8_linear.py
+    matmul_with_hp_or_float8_args: `ctx.save_for_backward(input_hp, weight_hp_t)`, recast in the backward;
+    eager semantics: what torch.compile's partitioner saves is not modelled); routed experts outside FP8
+    (plan.fp8_experts false: torchtitan's GroupedExperts, `_grouped_mm(x.bfloat16(), …)`) keep 16-bit
+    inputs. Recompute: `_recompute_kept`."""
     h, d, e = m.hidden_size, m.head_dim, t.base.dtype_bytes
-    fp8 = 1 if t.base.dtype == "fp8" else 0
+    fp8 = 1 if t.base.dtype == "fp8" and t.base.fp8_weight_cast == "per_step" else 0
     gemm_in = 1 if fp8 else e  # bytes of a GEMM input kept for the weight gradient
+    expert_in = gemm_in if t.base.fp8_experts else e
     f = m.moe_shared_ffn_hidden_size if moe else m.ffn
     a, g = m.num_attention_heads, m.kv_heads
     tp = t.cols["tp"]
@@ -225,10 +231,14 @@ def _activation_bytes(
     experts = 0.0
     if moe:
         copies = m.moe_top_k * m.moe_load() / rep
-        per_copy = gemm_in * t.cols["etp"] * h + (e * up + gemm_in) * m.expert_ffn + 4
+        per_copy = expert_in * t.cols["etp"] * h + (e * up + expert_in) * m.expert_ffn + 4
         experts = copies * per_copy + 4 * m.experts / rep
     attention_again = replicated / rep + latents + sharded / tp + experts
-    return _recompute_kept(m, t, rc, attention_again + scores / tp, attention_again, experts, f, rep)
+    # torchtitan's per-op policy saves all_to_all_single's outputs (distributed/activation_checkpoint.py
+    # _get_default_save_ops: comm ops) but not _grouped_mm's: a routed copy keeps the tokens its dispatch
+    # and its combine exchanges delivered (with expert parallelism), the experts run again
+    op_experts = m.moe_top_k * m.moe_load() / rep * np.where(t.cols["ep"] > 1, 2 * e * h, 0) if moe else 0.0
+    return _recompute_kept(m, t, rc, attention_again + scores / tp, attention_again, op_experts, f, rep)
 
 
 def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[int, int]:
@@ -273,13 +283,14 @@ def _recompute_kept(
     rep: np.ndarray,
 ) -> np.ndarray:
     """Bytes per token a layer keeps under each row's recompute, from what it keeps without
-    (`kept`), with core attention recomputed (`attention_again`) and its routed experts' share
-    (`experts`). full: the layer input of the
+    (`kept`), with core attention recomputed (`attention_again`) and what its routed experts keep
+    under the per-op policy (`experts`). full: the layer input of the
     recomputed share r of the layers (full_recompute_share), one per recompute_num_layers layers
     under Megatron-Core's uniform method (it checkpoints each group's input), the rest as without.
     selective op (torchtitan, transformer_ops._op_recompute): the layer input, the saved mm outputs
     (q, v, the MLP's first up projection, a gated MLP's down projection) and the SDPA output with its
-    fp32 log-sum-exp per head; an MoE layer's expert terms as without recompute (an upper bound)."""
+    fp32 log-sum-exp per head; an MoE layer's routed experts only what `experts` says they keep (their
+    exchanges' outputs), as predict prices them recomputed whole."""
     p, e, h = t.base, t.base.dtype_bytes, m.hidden_size
     a, g, tp = m.num_attention_heads, m.kv_heads, t.cols["tp"]
     group = p.recompute_num_layers if p.recompute_method == "uniform" else 1

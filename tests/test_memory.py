@@ -56,3 +56,36 @@ def test_one_f_one_b_first_stage_holds_the_most_activations():
 
 def test_oom_flag_for_175b_on_one_node():
     assert estimate_memory(Job.from_presets("gpt3-175b", "dgx-a100", 1, {"tensor_parallel": 8})).oom
+
+
+def _mixtral(plan: dict) -> Job:
+    return Job.from_dicts({"preset": "mixtral-8x7b"}, {"expert_parallel": 2, **plan}, {"preset": "dgx-h100"})
+
+
+def test_fp8_keeps_one_byte_gemm_inputs_only_where_transformer_engine_runs_the_gemm():
+    # Mixtral 8x7B at tp 1: h 4096, expert ffn 14336, top-2, so 2 routed copies per token
+    kept = {
+        name: activation_bytes_per_token_layer(_mixtral(plan), moe=True)
+        for name, plan in {
+            "te": {"dtype": "fp8"},
+            "bf16_experts": {"dtype": "fp8", "fp8_experts": False},
+            "torchao": {"dtype": "fp8", "fp8_recipe": "tensorwise", "fp8_weight_cast": "per_microbatch"},
+            "bf16": {"dtype": "bf16"},
+        }.items()
+    }
+    # experts outside FP8 keep their fc1 input (h) and fc2 input (ffn) in 2 bytes, not 1: 2 x (4096 + 14336)
+    assert kept["bf16_experts"] - kept["te"] == 2 * (4096 + 14336)
+    # torchao's Float8Linear saves its high-precision input (float8_linear.py save_for_backward(input_hp, ...)):
+    # every GEMM input as bf16 keeps it, and no extra 1-byte copies
+    assert kept["torchao"] == kept["bf16"]
+
+
+def test_torchtitans_per_op_recompute_keeps_only_the_expert_exchanges_outputs():
+    # _get_default_save_ops saves all_to_all_single's outputs, not _grouped_mm's: with expert parallelism
+    # each of the 2 routed copies keeps its dispatched and its combined token, 2 x 2 bytes x 4096
+    op = {"recompute": "selective", "selective_recompute": "op"}
+    with_ep = activation_bytes_per_token_layer(_mixtral(op), moe=True)
+    without = activation_bytes_per_token_layer(_mixtral({**op, "expert_parallel": 1}), moe=True)
+    assert with_ep - without == 2 * 2 * 2 * 4096
+    # and far less than without recompute, which keeps the experts' inputs and outputs whole
+    assert with_ep < activation_bytes_per_token_layer(_mixtral({}), moe=True) / 3
