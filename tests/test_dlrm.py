@@ -84,8 +84,10 @@ def test_memory_per_rank_by_hand():
     m = model(2)
     plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("row_wise", (0, 1))}
     assert m.interaction_width() == 3 + 16  # F = 3 vectors: 3 pairs, and the dense vector's 16
-    # weights and biases, 16 bytes each with Adam, and 4 more in DDP's bucket with 2 ranks
-    mlp = ((8 * 16 + 16) + (19 * 8 + 8) + (8 * 1 + 1)) * (16 + 4)
+    # weights and biases, 16 bytes each with Adam (weight, gradient, m, v); TorchRec's DDP views its buckets
+    # as the gradients (gradient_as_bucket_view=True): no second copy
+    params = (8 * 16 + 16) + (19 * 8 + 8) + (8 * 1 + 1)
+    mlp = params * 16
     row = 16 * 4 + 4  # fp32 row + its Adagrad state
     dense = 100 * 4 * 64
     assert [p["activations"] for p in memory_parts_per_rank(m, plan, 2, 64)] == [dense + 4608 + 2560, dense + 2560]
@@ -93,13 +95,18 @@ def test_memory_per_rank_by_hand():
         [mlp + 1000 * row + 500 * row + dense + 4608 + 2560, mlp + 500 * row + dense + 2560]
     )
     replica = {"t0": Shard("data_parallel", (0, 1)), "t1": Shard("column_wise", (0, 1))}
-    # a replica keeps its dense fp32 gradient and its bucket copy; a column-wise half holds 8 of the 16 columns
+    # a replica keeps its dense fp32 gradient; a column-wise half holds 8 of the 16 columns
     assert memory_per_rank(m, replica, 2, 64) == pytest.approx(
-        [mlp + 1000 * (row + 2 * 16 * 4) + 1000 * (8 * 4 + 4) + dense + 2304 + 4608] * 2
+        [mlp + 1000 * (row + 16 * 4) + 1000 * (8 * 4 + 4) + dense + 2304 + 4608] * 2
+    )
+    # the point-to-point emulation copies every dense gradient into one flat buffer: 4 bytes more each
+    p2p = m.model_copy(update={"exchange": "point_to_point"})
+    assert memory_per_rank(p2p, replica, 2, 64) == pytest.approx(
+        [(params * 20) + 1000 * (row + 2 * 16 * 4) + 1000 * (8 * 4 + 4) + dense + 2304 + 4608] * 2
     )
     alone = {"t0": Shard("data_parallel", (0,)), "t1": Shard("table_wise", (0,))}
     assert memory_per_rank(m, alone, 1, 64) == pytest.approx(
-        [mlp * 16 / 20 + 1000 * (row + 16 * 4) + 1000 * row + dense + 2304 + 2304]
+        [mlp + 1000 * (row + 16 * 4) + 1000 * row + dense + 2304 + 2304]
     )
 
 
@@ -407,6 +414,11 @@ def test_an_index_sample_sets_the_distinct_rows(tmp_path):
     harmonic = sum(1 / r for r in range(1, 1001))
     assert index_stats(zipf, rw).hot_fraction == pytest.approx(4 / harmonic)
     assert index_stats(zipf, work).hot_fraction == pytest.approx(1 / harmonic)
+    # and its distinct rows are 1/4 of the table's among all 32 lookups, the rows spread at random over
+    # the shards: each row i drawn at least once with 1 - (1 - p_i)^32, p_i = (1/i) / H_1000
+    p_i = np.array([1 / r for r in range(1, 1001)]) / harmonic
+    table_distinct = float(np.sum(1 - (1 - p_i) ** 32))
+    assert index_stats(zipf, rw).unique_fraction * rw.lookups == pytest.approx(table_distinct / 4, rel=0.01)
     np.save(tmp_path / "big.npy", np.array([0, 999, 1000]))
     with pytest.raises(
         ValueError, match=r"indices 0\.\.1000; the table has rows 0\.\.999 \(the file of another table\?\)"
@@ -454,15 +466,16 @@ def test_predict_prices_a_dlrm_step_with_its_breakdown(tmp_path):
     assert json.loads(shard.stdout)["plans"][0]["step_time_s"] == out["step_time_s"]  # one model for both
 
 
-@pytest.mark.parametrize(("exchange", "mlp_copied_back"), [("torchrec", 0), ("point_to_point", 2 * 313 * 4)])
-def test_dense_gradients_pass_through_ddp_buckets_or_one_buffer(exchange: str, mlp_copied_back: int):
+@pytest.mark.parametrize(("exchange", "p2p"), [("torchrec", 0), ("point_to_point", 1)])
+def test_dense_gradients_pass_through_ddp_buckets_or_one_buffer(exchange: str, p2p: int):
     """Both tables data-parallel on 2 ranks: the MLPs' and tables' gradients, (8·16 + 16 + 19·8 + 8 +
     8 + 1 = 313 parameters (the top MLP reads 3 pairwise dots and the 16-wide dense vector) + 2 ×
     1000 × 16) × 4 bytes, read and written into DDP's buckets, divided as they are copied (2× the
-    bytes), copied back after (2×); or, as tools/measure_dlrm_sharding.py ShardedDLRM.step runs them
-    (exchange point_to_point), into one buffer (2×), the buffer divided in place after the all-reduce
-    (2×) and the MLPs' 313 gradients copied back (2 × 313 × 4); on the linear memory curve; one rank
-    exchanges none."""
+    bytes), nothing copied back (TorchRec's DDP, gradient_as_bucket_view=True: the gradients are the
+    buckets); or, as tools/measure_dlrm_sharding.py ShardedDLRM.step runs them (exchange
+    point_to_point), into one buffer (2×), the buffer divided in place after the all-reduce (2×) and
+    the MLPs' 313 gradients copied back (2 × 313 × 4); on the linear memory curve; one rank exchanges
+    none."""
     m = model(2).model_copy(update={"exchange": exchange})
     replicas = {"t0": Shard("data_parallel", (0, 1)), "t1": Shard("data_parallel", (0, 1))}
     dense = (m.mlp_params() + 2 * 1000 * 16) * 4
@@ -474,7 +487,7 @@ def test_dense_gradients_pass_through_ddp_buckets_or_one_buffer(exchange: str, m
 
     step = dlrm_step(m, system(2), replicas, 64, linear_calibration(), host_overheads=no_overheads())
     assert seconds(step, "ddp_to_buckets") == pytest.approx([2 * dense / HBM] * 2)
-    assert seconds(step, "ddp_from_buckets") == pytest.approx([(2 * dense + mlp_copied_back) / HBM] * 2)
+    assert seconds(step, "ddp_from_buckets") == pytest.approx([p2p * (2 * dense + 2 * 313 * 4) / HBM] * 2)
     one = {"t0": Shard("data_parallel", (0,)), "t1": Shard("data_parallel", (0,))}
     alone = dlrm_step(m, system(1), one, 64, host_overheads=no_overheads())
     assert seconds(alone, "ddp_to_buckets") == seconds(alone, "ddp_from_buckets") == [0.0]

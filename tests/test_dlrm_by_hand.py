@@ -37,6 +37,16 @@ def test_pooled_all_to_all_is_set_by_the_busiest_rank():
     assert stacked["pooled_grad_exchange"] == pytest.approx([1 / 2 * 2 * B * D * 4 / LINK] * 2)
 
 
+def test_table_wise_and_column_wise_shards_exchange_in_one_all_to_all_each():
+    # TorchRec runs one output dist per sharding type: t0 table-wise on rank 0 sends B × 16 × 4 bytes,
+    # t1 column-wise on both ranks 8 of its 16 columns each, B × 8 × 4 bytes; two all-to-alls, each as
+    # long as its busiest rank's half leaving it (one all-to-all of the larger, before)
+    mixed = seconds({"t0": Shard("table_wise", (0,)), "t1": Shard("column_wise", (0, 1))})
+    two = 1 / 2 * B * D * 4 / LINK + 1 / 2 * B * 8 * 4 / LINK
+    assert mixed["pooled_exchange"] == pytest.approx([two] * 2)
+    assert mixed["pooled_grad_exchange"] == pytest.approx([two] * 2)
+
+
 def test_row_wise_partial_sums_of_every_sample_are_reduce_scattered():
     # each rank's shard of a row-wise table pools partial sums for all B samples (B × 16 × 4
     # bytes a table), reduce-scattered forward and their gradients all-gathered backward

@@ -118,8 +118,13 @@ def test_operators_per_task_by_hand():
     rows = ops_per_task(model(2), dict.fromkeys(("t0", "t1"), Shard("row_wise", (0, 1))), 0, 2, True)
     assert (rows["pooled_exchange"], rows["pooled_grad_exchange"], rows["embedding_bwd"]) == (1, 1, 2)
     # DDP: the 3 layers' (weight, bias) and the replica's gradient, 7 tensors, each copied into its
-    # bucket (dividing) and back; (313 + 1000 × 16) × 4 = 65,252 bytes: one 25 MiB bucket
-    assert (ops["ddp_to_buckets"], ops["ddp_from_buckets"], ops["grad_all_reduce"]) == (7, 7, 1)
+    # bucket (dividing), none back (TorchRec's DDP: gradient_as_bucket_view=True); (313 + 1000 × 16) × 4
+    # = 65,252 bytes: one 25 MiB bucket
+    assert (ops["ddp_to_buckets"], ops["ddp_from_buckets"], ops["grad_all_reduce"]) == (7, 0, 1)
+    # a table-wise and a column-wise table: TorchRec runs one output dist per sharding type, two all-to-alls
+    mixed = {"t0": Shard("table_wise", (0,)), "t1": Shard("column_wise", (0, 1))}
+    both = ops_per_task(model(2), mixed, 1, 2, foreach_optimizer=True)
+    assert (both["pooled_exchange"], both["pooled_grad_exchange"]) == (2, 2)
     # foreach Adam; the replica's dense Adagrad: norm, pow_, div_, add_, sqrt, + ε, reciprocal, mul, addcmul_
     assert ops["optimizer"] == 8 + 9
     assert ops_per_task(model(2), plan, 1, 2, foreach_optimizer=False)["optimizer"] == 8 * 6 + 9

@@ -48,9 +48,9 @@ def test_a_dlrm_forecast_holds_the_busiest_ranks_memory_by_hand(tmp_path: Path) 
     mlp = (13 * 64 + 64) + (64 * 32 + 32) + (42 * 64 + 64) + (64 * 1 + 1)
     assert mlp == 5793
     # rank 0 holds t0 (1M × 32) and the replica of t3 (1000 × 32); fp32 rows, an fp32 Adagrad state per row;
-    # MLPs: fp32 weights, gradients (+ DDP's bucket copy on 2 ranks), Adam m and v
+    # MLPs: fp32 weights, gradients (TorchRec's DDP views its buckets as them: no copy), Adam m and v
     weights = mlp * 4 + 1_000_000 * 32 * 4 + 1000 * 32 * 4
-    gradients = mlp * (4 + 4) + 1000 * 32 * (4 + 4)  # the replica's dense gradient and its bucket copy
+    gradients = mlp * 4 + 1000 * 32 * 4  # and the replica's dense gradient
     optimizer = mlp * 8 + 1_000_000 * 4 + 1000 * 4
     assert (r.memory.stage, r.memory.weights_bytes) == (0, weights)
     # activations, fp32 per sample: 13 dense features, the MLPs' outputs 64 + 32 + 64 + 1, the interaction's

@@ -77,9 +77,12 @@ def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | Ind
     """What the shard's lookups are: as given (an IndexStats, e.g. IndexStats.from_sequence of a real
     sample in its order), from a sample of real indices (`counts`, load_index_sample),
     else from the table's named distribution (uniform or Zipf). A row-wise shard of 1/k of the rows
-    sees 1/k of the distinct rows of k times its lookups (and between two lookups of one of its
-    rows, 1/k of the table's distinct rows); its most loaded shard holds the most frequent row,
-    whose lookups are then k times the share they have of the whole table's."""
+    (the rows' popularity spread over the shards at random, as hashed ids are) sees 1/k of the distinct
+    rows of the table's k times its lookups (and between two lookups of one of its rows, 1/k of the
+    table's distinct rows): the shard's rows are a random 1/k of the table's, not a Zipf law of their
+    own over N/k ranks (which overstates them: +11.6% at a million rows, 163,840 lookups, alpha 1.05,
+    k 4); its most loaded shard holds the most frequent row, whose lookups are then k times the share
+    they have of the whole table's."""
     if isinstance(counts, IndexStats):
         return counts
     k = table.num_rows / work.rows
@@ -88,11 +91,11 @@ def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | Ind
         lookups_all = max(1, round(work.lookups * k))
         whole = IndexStats.sampled(counts, lookups_all, row_bytes / k)
         return IndexStats(whole.unique_fraction, min(1.0, k * whole.hot_fraction), whole.reuse_beyond)
-    shard = IndexStats.zipf(max(1, round(work.rows)), lookups, table.zipf_alpha, row_bytes)
     if k == 1:
-        return shard
+        return IndexStats.zipf(max(1, round(work.rows)), lookups, table.zipf_alpha, row_bytes)
+    whole = IndexStats.zipf(table.num_rows, max(1, round(work.lookups * k)), table.zipf_alpha, row_bytes / k)
     hot = zipf_hot_fraction(table.num_rows, table.zipf_alpha)  # alpha 0: 1 / rows
-    return IndexStats(shard.unique_fraction, min(1.0, k * hot), shard.reuse_beyond)
+    return IndexStats(whole.unique_fraction, min(1.0, k * hot), whole.reuse_beyond)
 
 
 @cache

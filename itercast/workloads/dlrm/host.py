@@ -158,21 +158,24 @@ def ops_per_task(
         "optimizer": (ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)) + DENSE_ADAGRAD_OPS * replicas,
     }
     if model.exchange == "torchrec":
-        pooled = any(s.strategy in POOLED for s in plan.values())
-        exchanges = (int(pooled) + int(any(s.strategy == "row_wise" for s in plan.values()))) * ddp
+        # one output dist per sharding type (torchrec/distributed/embeddingbag.py _output_dists)
+        kinds = {s.strategy for s in plan.values()} & {*POOLED, "row_wise"}
+        exchanges = len(kinds) * ddp
         dense_tensors = mlp_tensors + replicas  # and each replica table's dense gradient
         replicated = [t for t in model.tables if t.name in plan and plan[t.name].strategy == "data_parallel"]
         dense_bytes = (model.mlp_params() + sum(t.num_rows * t.embedding_dim for t in replicated)) * F32
         return ops | {
-            "pooled_exchange": exchanges,  # one all-to-all (table/column-wise), one reduce-scatter (row-wise)
+            # an all-to-all per table- and column-wise, a reduce-scatter for row-wise
+            "pooled_exchange": exchanges,
             "replica_embedding_bwd": replicas,  # FBGEMM's dense table-batched backward
             # DDP copies each gradient into its bucket dividing it (c10d reducer.cpp copy_grad_to_bucket,
-            # at::mul_out), all-reduces each bucket, and copies each gradient back after
+            # at::mul_out) or divides its bucket view, all-reduces each bucket; TorchRec's DDP views the
+            # buckets as the gradients (gradient_as_bucket_view=True): nothing copied back
             "ddp_to_buckets": dense_tensors if ddp else 0,
             "grad_all_reduce": math.ceil(dense_bytes / TORCH_DDP_BUCKET_BYTES) if ddp else 0,
             "pooled_grad_exchange": exchanges,
             "embedding_bwd": sharded,  # FBGEMM's backward with its fused optimizer: one operator per shard
-            "ddp_from_buckets": dense_tensors if ddp else 0,
+            "ddp_from_buckets": 0,
         }
     owned_pooled = sum(s.strategy in POOLED for s in mine)
     forward, backward, received = (n * ddp for n in exchange_ops(plan, rank, world))

@@ -17,16 +17,22 @@ One step, per rank:
   memory traffic on the cost model (every looked-up row read, pooled vectors written) or on a
   calibration's operator models (embedding_seconds); an all-to-all of pooled vectors
   (a table- or column-wise shard serves all B samples: its rank sends B·d_shard·4 bytes, the busiest
-  rank sets the pace) and a reduce-scatter of row-wise partial sums (B·d·4); the interaction (dot:
+  rank sets the pace), one per sharding type under TorchRec (ShardedEmbeddingBagCollection runs one
+  output dist per sharding type, torchrec/distributed/embeddingbag.py _output_dists: table-wise and
+  column-wise shards exchange in two all-to-alls), one for all in the point-to-point emulation, and a
+  reduce-scatter of row-wise partial sums (B·d·4); the interaction (dot:
   pairwise products of the F = tables + 1 vectors; dcnv2: low-rank cross layers); the top MLP (its
   last layer the logit, without ReLU).
 - backward: the mirror; the pooled gradients come back by all-to-all (row-wise: all-gather); each
   shard's backward reads its lookups' gradients and updates its distinct rows (weights and
   Adagrad state read and written): distinct rows from the index distribution (uniform, or Zipf with
   table.zipf_alpha; costs/op_model.py); a data-parallel table's dense gradient is all-reduced with
-  the MLPs' gradients beside the other tables' backward, through PyTorch DDP's buckets (each gradient
-  copied in and divided by the world size at once, c10d reducer.cpp copy_grad_to_bucket, at::mul_out:
-  2× its bytes; copied back after: 2×), or, for a model whose `exchange` is point_to_point, as
+  the MLPs' gradients beside the other tables' backward, through PyTorch DDP's buckets as TorchRec
+  builds it, gradient_as_bucket_view=True (torchrec/distributed/model_parallel.py
+  DefaultDataParallelWrapper): each gradient copied in and divided by the world size at once (c10d
+  reducer.cpp copy_grad_to_bucket, at::mul_out), or divided in place once it is the bucket's view: 2×
+  its bytes; nothing copied back, the gradients are the buckets), or, for a model whose `exchange` is
+  point_to_point, as
   tools/measure_dlrm_sharding.py (ShardedDLRM.step) runs it: every dense gradient copied into one
   buffer (2×), one all-reduce, the buffer divided by the world size (2×) and the MLPs' gradients
   copied back (2× the MLPs'; a replica reads its gradient from the buffer); then Adam on the MLPs
@@ -139,10 +145,11 @@ def _memory_parts(model: DLRMConfig, plan: dict[str, Shard], world: int, batch_p
     """Bytes each rank holds as weights, gradients and optimizer state: its shards' rows (fp32) and
     row-wise Adagrad state (a replica also its dense fp32 gradient), and the MLPs with Adam (fp32
     weight and gradient, m and v); tables the plan does not name are left out. With more than one
-    rank, DDP's buckets: another copy of every dense gradient (dlrm_step). And the activations that
+    rank, the point-to-point emulation's flat buffer: another copy of every dense gradient (TorchRec's
+    DDP views its buckets as the gradients: none; dlrm_step). And the activations that
     the backward keeps (dense_activation_bytes per sample × the local batch, and each shard's indices
     and bag lengths: FBGEMM's table-batched embedding saves them for its backward)."""
-    bucket = F32 if world > 1 else 0
+    bucket = F32 if world > 1 and model.exchange == "point_to_point" else 0
     mlp = model.mlp_params()
     held = {
         "weights": np.full(world, mlp * F32, dtype=np.float64),
@@ -321,7 +328,9 @@ def _step_graph(
         else:
             top_fwd += float(costs.gemm_s(2.0 * b * f * f * model.dim))
             top_bwd += 2 * float(costs.gemm_s(2.0 * b * f * f * model.dim))
-    emb_fwd, emb_bwd, replica_bwd, a2a_bytes, index_bytes = (np.zeros(world) for _ in range(5))
+    emb_fwd, emb_bwd, replica_bwd, index_bytes = (np.zeros(world) for _ in range(4))
+    # pooled bytes each rank sends, per exchange: one per sharding type under TorchRec, one in the emulation
+    a2a_bytes = {k: np.zeros(world) for k in ("table_wise", "column_wise")}
     rw_bytes = dp_bytes = update_bytes = 0.0
     for t in model.tables:
         shard = plan.get(t.name)
@@ -339,21 +348,22 @@ def _step_graph(
         on = np.asarray(shard.ranks)
         emb_fwd[on] += fwd
         (replica_bwd if work.replica else emb_bwd)[on] += bwd
-        if shard.strategy in ("table_wise", "column_wise"):
-            a2a_bytes[on] += work.pooled_out_bytes
+        if shard.strategy in a2a_bytes:
+            kind = shard.strategy if model.exchange == "torchrec" else "table_wise"
+            a2a_bytes[kind][on] += work.pooled_out_bytes
         if model.input_distribution and not work.replica:  # the shard's indices and bag lengths arrive
             index_bytes[on] += work.index_bytes
-    exchange = costs.collective_s("alltoall", float(a2a_bytes.max()), group)
+    exchange = sum(costs.collective_s("alltoall", float(sent.max()), group) for sent in a2a_bytes.values())
     index_exchange = costs.collective_s("alltoall", float(index_bytes.max()), group)
     fwd_comm = exchange + costs.collective_s("reduce_scatter", rw_bytes, group)
     bwd_comm = exchange + costs.collective_s("all_gather", rw_bytes, group)
     # the dense gradients (module docstring): read and written into DDP's buckets or the emulation's flat
-    # buffer before the all-reduce; after it copied back (DDP), or the buffer divided in place and the
-    # MLPs' gradients copied out of it (point_to_point)
+    # buffer before the all-reduce; after it nothing (TorchRec's DDP: the gradients are the buckets'
+    # views), or the buffer divided in place and the MLPs' gradients copied out of it (point_to_point)
     mlp_bytes = model.mlp_params() * F32
     dense_bytes = mlp_bytes + dp_bytes
     reduce = costs.collective_s("all_reduce", dense_bytes, group)
-    back_bytes = 2 * dense_bytes + (2 * mlp_bytes if model.exchange == "point_to_point" else 0.0)
+    back_bytes = 2 * dense_bytes + 2 * mlp_bytes if model.exchange == "point_to_point" else 0.0
     to_buckets, from_buckets = (
         (float(costs.memory_s("elementwise", 2 * dense_bytes)), float(costs.memory_s("elementwise", back_bytes)))
         if world > 1
