@@ -187,7 +187,9 @@ def replay_whatif(
         counts.update(host_counts)
     measured = replay_graph(traces, base)
     if cores is None:
-        return measured, replay_graph(traces, changed), counts
+        result = replay_graph(traces, changed)
+        _note_gpu_past_steps(measured, result, counts)
+        return measured, result, counts
     # every rank of the run on the host; each loaded rank stands for world / loaded of them (symmetry)
     world = max((t.world_size or 0 for t in traces), default=0) or len(traces)
     ranks = [t.rank if t.rank is not None else i for i, t in enumerate(traces)]
@@ -200,7 +202,41 @@ def replay_whatif(
         {r: after / len(ranks) for r in ranks},
     )
     counts[f"CPU work shares {cores} host cores: {world} processes measured, {after} in the what-if"] += 1
-    return measured, replay_graph(traces, changed, sim), counts
+    result = replay_graph(traces, changed, sim)
+    _note_gpu_past_steps(measured, result, counts)
+    return measured, result, counts
+
+
+#: GPU work running on this much longer past a rank's last marked step than in the replayed trace is said
+GPU_PAST_STEPS_NOTICE_S = 1e-4
+
+
+def _gpu_past_steps_s(result: ReplayResult) -> dict[int, float]:
+    """Per rank with marked steps: how long its GPU work runs on after the end of its last marked step."""
+    rg, sim = result.replay_graph, result.sim
+    out = {}
+    for rank, tasks in rg.gpu_task.items():
+        marks = [m for m in rg.steps if m.rank == rank]
+        if not marks or not len(tasks):
+            continue
+        last = marks[-1]
+        end = float(sim.end_s[last.end_task] if last.end_is_task_end else sim.start_s[last.end_task])
+        out[rank] = float(sim.end_s[tasks].max()) - end
+    return out
+
+
+def _note_gpu_past_steps(measured: ReplayResult, changed: ReplayResult, counts: Counter) -> None:
+    """Say when the what-if's GPU work runs on past the last marked step (a step is bounded by its host
+    marks, ProfilerStep): the steps shown leave that time out, the whole what-if span holds it."""
+    before, after = _gpu_past_steps_s(measured), _gpu_past_steps_s(changed)
+    left_out = {r: after[r] - max(before.get(r, 0.0), 0.0) for r in after}
+    longer = {r: s for r, s in left_out.items() if s > GPU_PAST_STEPS_NOTICE_S}
+    if longer:
+        worst = max(longer.values())
+        counts[
+            f"ranks whose GPU work runs on up to {worst * 1e3:.3f} ms past their last marked step, longer than "
+            "replayed: the steps shown leave it out (the what-if's whole span holds it)"
+        ] = len(longer)
 
 
 def gemm_shapes(

@@ -182,3 +182,20 @@ def test_real_execution_trace_links_by_record_function_id(tmp_path):
     addmm = [n for n in et.nodes if n.name == "aten::addmm"]
     assert tl.method == "record function id" and tl.stats["linked CPU ops"] >= 0.9 * len(k.cpu_ts_us)
     assert matmul_flops("aten::addmm", addmm[0].input_shapes) == 2 * 32 * 64 * 128
+
+
+def test_gpu_work_a_what_if_pushes_past_the_last_step_is_said(tmp_path):
+    # a 200 µs GEMM launched at 20 µs in a 300 µs step ends at 220 µs, 80 µs before the step's host mark;
+    # twice as long it ends at 420 µs, 120 µs past it, and no host call waits for it: the step stays 300 µs
+    events = [
+        step(1, 0, 300),
+        call("cudaLaunchKernel", 10, 5, corr=1),
+        kernel("ampere_sgemm_64x64_nn", 20, 200, corr=1),
+    ]
+    path = write(tmp_path / "k.json", events)
+    base, moved, changes = replay_whatif([path], WhatIf(scale={"gemm": 2.0}))
+    assert (base.steps[0].replayed_s, moved.steps[0].replayed_s) == pytest.approx((300e-6, 300e-6))
+    said = [k for k in changes if k.startswith("ranks whose GPU work runs on up to 0.120 ms past")]
+    assert len(said) == 1 and changes[said[0]] == 1
+    _, _, calm = replay_whatif([path], WhatIf(scale={"gemm": 1.2}))  # ends at 260 µs, inside the step
+    assert not any(k.startswith("ranks whose GPU work") for k in calm)
