@@ -110,3 +110,27 @@ def test_interleaved_first_chunks_reductions_leave_after_its_last_backward():
         grads = [start[t] for t in stage0 if name[t].startswith("grad_reduce_scatter.m1.c0.")]
         backward = max(end[t] for t in stage0 if name[t].startswith("B1.c0."))
         assert len(grads) == (3 if v == 2 else 5) and bool(min(grads) >= backward) == after_pass
+
+
+def test_a_later_stages_chunk_reductions_wait_one_backward_per_stage_rank():
+    # Megatron-LM's backward_step_helper_postprocess launches a chunk's grad sync `pipeline_parallel_rank`
+    # backward passes after the chunk's last one ("at the same time across the pipeline-parallel group"):
+    # stage 1 of 2, 2 chunks, 2 micro-batches a rank. Its backward order (schedule): chunk 1's last backward
+    # is followed by one more backward pass; chunk 1's buckets leave when that one ends, not before
+    from itercast.parallel.schedules import schedule
+
+    plan = dict(data_parallel=2, zero_stage=1, grad_bucket_size_params=1, micro_batch_size=1, global_batch_size=4)
+    j = job({"num_layers": 8}, pipeline_parallel=2, virtual_pipeline=2, schedule="interleaved-1f1b", **plan)
+    r = predict(j, linear_calibration())
+    g, start, end = r.sim.graph, r.sim.start_s, r.sim.end_s
+    stage1 = [t for t in range(g.num_tasks) if g.resource_rank[g.resource[t]] == 1]
+    name = {t: g.names[g.name[t]] for t in stage1}
+    backwards = [ps for ps in schedule("interleaved-1f1b", 1, 2, 2, 2) if not ps.forward]
+    k = max(i for i, ps in enumerate(backwards) if ps.chunk == 1)
+    assert k + 1 < len(backwards)  # one backward follows it on this stage
+
+    def pass_end(ps) -> float:
+        return max(end[t] for t in stage1 if name[t].startswith(f"B{ps.microbatch}.c{ps.chunk}."))
+
+    grads = [start[t] for t in stage1 if name[t].startswith("grad_reduce_scatter.") and ".c1." in name[t]]
+    assert grads and min(grads) >= pass_end(backwards[k + 1]) > pass_end(backwards[k])

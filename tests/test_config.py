@@ -117,3 +117,11 @@ def test_interleaving_needs_its_schedule_and_divisible_microbatches():
             {"tensor_parallel": 8, "pipeline_parallel": 8, "virtual_pipeline": 2, "global_batch_size": 12},
         )
     assert "needs plan.schedule=interleaved-1f1b" in str(err.value)
+    # and the schedule needs chunks: Megatron-LM runs a virtual pipeline of 1 as plain 1F1B
+    with pytest.raises(ConfigError, match=r"interleaved-1f1b needs plan.virtual_pipeline >= 2; got 1"):
+        Job.from_presets(
+            "gpt3-175b",
+            "dgx-a100",
+            8,
+            {"tensor_parallel": 8, "pipeline_parallel": 8, "schedule": "interleaved-1f1b", "global_batch_size": 16},
+        )

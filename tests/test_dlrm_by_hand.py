@@ -38,13 +38,17 @@ def test_pooled_all_to_all_is_set_by_the_busiest_rank():
 
 
 def test_table_wise_and_column_wise_shards_exchange_in_one_all_to_all_each():
-    # TorchRec runs one output dist per sharding type: t0 table-wise on rank 0 sends B × 16 × 4 bytes,
-    # t1 column-wise on both ranks 8 of its 16 columns each, B × 8 × 4 bytes; two all-to-alls, each as
-    # long as its busiest rank's half leaving it (one all-to-all of the larger, before)
-    mixed = seconds({"t0": Shard("table_wise", (0,)), "t1": Shard("column_wise", (0, 1))})
-    two = 1 / 2 * B * D * 4 / LINK + 1 / 2 * B * 8 * 4 / LINK
-    assert mixed["pooled_exchange"] == pytest.approx([two] * 2)
-    assert mixed["pooled_grad_exchange"] == pytest.approx([two] * 2)
+    # 4 ranks of 32 samples (B = 128). TorchRec runs one output dist per sharding type: t0 table-wise on
+    # rank 0 sends B × 16 × 4 bytes, t1 column-wise on ranks 2 and 3 8 of its 16 columns each, B × 8 × 4;
+    # two all-to-alls, each as long as its busiest rank's 3/4 leaving it (one all-to-all of rank 0's
+    # bytes alone, the busiest of a merged exchange, before)
+    plan = {"t0": Shard("table_wise", (0,)), "t1": Shard("column_wise", (2, 3))}
+    step = dlrm_step(model(2), system(4), plan, B // 4, linear_calibration(), host_overheads=no_overheads())
+    g = step.graph
+    names = [g.names[g.name[t]] for t in range(g.num_tasks)]
+    two = 3 / 4 * B * D * 4 / LINK + 3 / 4 * B * 8 * 4 / LINK
+    for name in ("pooled_exchange", "pooled_grad_exchange"):
+        assert [float(g.duration_s[t]) for t, n in enumerate(names) if n == name] == pytest.approx([two] * 4)
 
 
 def test_row_wise_partial_sums_of_every_sample_are_reduce_scattered():

@@ -53,8 +53,10 @@ def test_fast_path_agrees_with_graph_simulation_on_a_grid():
     # Measured: every plan within 1.62%, mean 0.18% (ZeRO-3 × pipeline, 54 plans: mean 0.22%); before the
     # 1F1B round-trip bound, ZeRO-3 passes unit by unit and the ZeRO-2 fixes: mean 0.5% / 3.3%, worst 12.6%.
     # With the presets' contention (s = 0.189): worst 1.89%, mean 0.22% (before sends and ZeRO-2's
-    # reductions were priced beside the passes after them: worst 3.17%)
-    assert rel.max() < 0.02 and rel.mean() < 0.005
+    # reductions were priced beside the passes after them: worst 3.17%). Since interleaved plans count
+    # micro-batch 0's sends over every virtual stage (2 (pv − 1), session 22): worst 2.06% (ZeRO-3,
+    # interleaved, pp 2, already +1.85% before), the interleaved plans' signed mean -0.11% -> +0.17%
+    assert rel.max() < 0.025 and rel.mean() < 0.005
 
 
 def test_fast_path_agrees_with_graph_when_the_host_binds():
@@ -73,8 +75,9 @@ def test_fast_path_agrees_with_graph_when_the_host_binds():
     gpipe_fsdp = np.array([j.plan.schedule == "gpipe" and j.plan.zero_stage == 3 for j in valid])
     assert gpipe_fsdp.sum() == 25 and rel[gpipe_fsdp].max() < 0.006
     # measured: worst 1.60%, mean 0.21% (without GPipe's phases, stage 0's host lead and the last
-    # backward's blocking communication after its last launch: worst 7.9%); at s = 0.189: 1.92%, 0.17%
-    assert rel.max() < 0.02 and rel.mean() < 0.005
+    # backward's blocking communication after its last launch: worst 7.9%); at s = 0.189: 1.92%, 0.17%;
+    # with every virtual stage's sends in the fill and drain: 2.09%
+    assert rel.max() < 0.025 and rel.mean() < 0.005
 
 
 def test_fast_path_agrees_with_graph_under_tp_comm_overlap():
@@ -317,6 +320,21 @@ def test_fast_path_agrees_with_graph_over_a_slow_network():
     # Measured: worst 1.86% (interleaved, 2 chunks, at 50 GB/s), 0.53% at 1 and 0.2 GB/s; before the interleaved cycles
     # and the 1F1B drain: interleaved 65.5% low at 1 GB/s, 75.2% at 0.2 GB/s, 1F1B 5.8% / 6.1% high
     assert max(rels) < 0.02
+
+
+def test_interleaved_fill_and_drain_cross_every_virtual_stage():
+    """gpt3-1.3b, tp 8, pp 4 over 4 nodes, few micro-batches: micro-batch 0 goes down all p·v virtual
+    stages and the last micro-batch's backward back up, 2 (pv − 1) sends on the step's path where the
+    passes set the pace (a helper's schedule simulator of Megatron-Core's order: 14 sends at v = 2, 22 at
+    v = 3, for every M). Counting 1F1B's 2 (p − 1) put the fast path 11% under the graph at v = 3, M = 4."""
+    plans = [
+        {"tensor_parallel": 8, "pipeline_parallel": 4, "virtual_pipeline": v, "schedule": "interleaved-1f1b"}
+        | {"global_batch_size": m}
+        for v, m in ((2, 4), (2, 8), (3, 4), (3, 8))
+    ]
+    _, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-h100", "num_nodes": 4}, plans)
+    # measured: 1.7%, 1.0%, 2.7%, 1.7% (before: 5.2%, 3.2%, 10.9%, 6.7%, every one low)
+    assert rel.max() < 0.03
 
 
 def test_invalid_plans_are_reported_not_dropped():

@@ -355,9 +355,13 @@ def test_norm_weights_and_positions_are_not_split_by_tensor_parallelism():
     assert stage_params(t2, 0) == pytest.approx((0.0, layer + 256 * h / 2 + s * h))
 
 
-def test_interleaved_runs_every_forward_first_when_microbatches_equal_stages():
-    passes = schedule("interleaved-1f1b", 1, 2, 2, 2)  # Megatron's all_warmup_microbatches
-    assert [p.forward for p in passes] == [True] * 4 + [False] * 4
+def test_interleaved_warm_up_with_as_many_microbatches_as_stages_is_megatron_cores():
+    # get_pp_rank_microbatches at HEAD: min(2 (p − s − 1) + (v − 1) p, m v) warm-up forwards; p = m = v = 2.
+    # Stage 0: min(2 + 2, 4), every forward first; stage 1: 2, then 1F1B (core_v0.8.0 ran every forward
+    # first on every stage when m = p, all_warmup_microbatches; gone since a606486, March 2025)
+    assert [p.forward for p in schedule("interleaved-1f1b", 0, 2, 2, 2)] == [True] * 4 + [False] * 4
+    last = schedule("interleaved-1f1b", 1, 2, 2, 2)
+    assert [p.forward for p in last] == [True, True, True, False, True, False, False, False]
 
 
 def test_network_latency_floors_collectives_across_nodes():

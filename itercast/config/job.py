@@ -371,6 +371,11 @@ def _schedule_problems(p: PlanConfig, microbatches: int) -> list[str]:
         problems.append(
             f"plan.virtual_pipeline({p.virtual_pipeline}) > 1 needs plan.schedule=interleaved-1f1b; got {p.schedule}"
         )
+    if p.schedule == "interleaved-1f1b" and p.pipeline_parallel > 1 and p.virtual_pipeline == 1:
+        problems.append(
+            "plan.schedule=interleaved-1f1b needs plan.virtual_pipeline >= 2; got 1 (Megatron-LM runs one chunk a "
+            "stage as 1F1B: arguments.py drops a virtual pipeline size of 1): set plan.schedule=1f1b"
+        )
     if p.schedule == "interleaved-1f1b" and p.pipeline_parallel > 1 and microbatches % p.pipeline_parallel:
         problems.append(
             f"interleaved-1f1b: micro-batches per replica ({microbatches}) not divisible by "

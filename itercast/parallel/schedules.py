@@ -36,10 +36,11 @@ def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[Pass]:
 
 def interleaved_one_f_one_b(stage: int, stages: int, microbatches: int, chunks: int) -> list[Pass]:
     """Megatron-LM interleaved 1F1B (Narayanan et al. SC'21, schedules.py): needs microbatches % stages == 0.
-    With as many micro-batches as stages every forward runs first (Megatron's
-    `all_warmup_microbatches`: forward_backward_pipelining_with_interleaving)."""
+    Warm-up as Megatron-Core's get_pp_rank_microbatches (d98e8a64): min(2 (p − s − 1) + (v − 1) p, all
+    chunk passes), also with as many micro-batches as stages (every forward first on every stage only
+    before a606486, March 2025: core_v0.8.0's all_warmup_microbatches)."""
     total = microbatches * chunks
-    warmup = total if microbatches == stages else min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+    warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
 
     def locate(k: int, forward: bool) -> Pass:
         chunk = (k // stages) % chunks
@@ -83,7 +84,7 @@ def in_flight_microbatches(
     total = m * v
     warmup = np.where(
         code == SCHEDULES.index("interleaved-1f1b"),
-        np.where(m == p, total, np.minimum((p - s - 1) * 2 + (v - 1) * p, total)),
+        np.minimum((p - s - 1) * 2 + (v - 1) * p, total),  # get_pp_rank_microbatches
         np.minimum(p - s - 1, m),
     )
     peak = np.where(warmup < total, warmup + 1, warmup)

@@ -8,7 +8,9 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
 
     stage time     S_s = v · (t_f + t_b) + embedding (first stage) + head (last stage)
                    (+ ZeRO-2 without overlap: each backward pass's blocking reduction)
-    pipeline       M · P + (Σ_s S'_s − S'_max) / v + 2 (p − 1) · t_p2p
+    pipeline       M · P + (Σ_s S'_s − S'_max) / v + 2 (p − 1) · t_p2p, and at least, where the passes
+                   set the pace (P = S_max), M · S_max + (Σ_s S'_s − S'_max) / v + 2 (pv − 1) · t_p2p
+                   (micro-batch 0 forward over every virtual stage, the last one's backward back)
                    P, the steady state's period: max_s S_s, and under 1F1B the round trip of
                    stage s's p − s micro-batches in flight, max_s (Σ_{j≥s} S_j + 2 (p − 1 − s) t_p2p)
                    / (p − s) (a max-plus cycle: the sends' latency slows the steady state); S'_s,
@@ -32,7 +34,8 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    and the step at least the last micro-batch's first chunk there and back, (M − p) P
                    + (2pv + p − 3) t_p2p + Σ_s S_s. On a max-plus model of the graph's schedules and
                    streams with uniform stages: 1F1B exact; interleaved exact once a send outlasts
-                   about two chunk passes, in between up to ~7% low (cycles not modelled here);
+                   about two chunk passes, in between up to ~7% low (cycles not modelled here), with
+                   short sends and few micro-batches up to ~3% high (tests/test_fast_estimate.py);
                    tests/test_fast_estimate.py bounds the slow-network grid against the graph
     exposed DP     DDP and ZeRO-1 as Megatron-Core buckets them (_first_chunk_exposed): stage 0's
                    first chunk in buckets, each released when its units' backward ends (each
@@ -378,7 +381,10 @@ class FastEstimator:
         # the module docstring's pipeline
         fill_drain = (total - slowest) / v + 2 * (p - 1) * g["p2p"]
         on_trips = np.where((v == 1) & ~gpipe & (period > slowest), 2 * g["p2p"], 0.0)  # 1F1B: 2 (p − 2) t_p2p
-        pipeline = np.maximum(M * slowest + fill_drain, M * period + fill_drain - on_trips)
+        # where the passes set the pace, micro-batch 0 goes down every virtual stage and the last one comes
+        # back up: 2 (pv − 1) sends (interleaved: 2 p (v − 1) more than 1F1B's)
+        every_hop = 2 * p * (v - 1) * g["p2p"]
+        pipeline = np.maximum(M * slowest + fill_drain + every_hop, M * period + fill_drain - on_trips)
         pipeline = np.maximum(pipeline, chunk_trip)
         pipeline = np.where(blocking, lockstep, pipeline)
         buckets = g["buckets"]

@@ -908,9 +908,14 @@ class TransformerStepBuilder:
                 ]
         grad_tasks: list[int] = []
         # Megatron-LM's align_grad_reduce (its default; training.py sets config.grad_sync_func to each chunk's
-        # start_grad_sync): interleaved, a chunk's buckets all leave once its last backward ends
-        # (schedules.py backward_step_helper_postprocess; the hooks' own launches disabled), not one by one
+        # start_grad_sync): interleaved, a chunk's buckets all leave together, not one by one (the hooks'
+        # own launches disabled), after the backward `stage` passes after the chunk's last one, "at the same
+        # time across the pipeline-parallel group" (schedules.py backward_step_helper_postprocess:
+        # virtual_microbatch_id - pipeline_parallel_rank); those past the last backward at the step's end
+        # ("Launch any remaining grad reductions")
         aligned = v > 1 and p.zero_stage <= 1
+        backward_ordinal = {i: k for k, i in enumerate(i for i, ps in enumerate(passes) if not ps.forward)}
+        pending: dict[int, list[tuple[Recipe, str, str]]] = {}  # aligned: buckets by the backward they follow
         seen_first_fwd: set[int] = set()
         previous: list[int] = []  # the last compute task of each segment run so far
         for i, ps in enumerate(passes):
@@ -970,10 +975,15 @@ class TransformerStepBuilder:
                         leaving.append(bucket)
                     else:  # released as its bucket's backward ends (created now: a stream runs in creation order)
                         grad_tasks.append(self._grad_task(stage, *bucket, last, grad_kind))
-            grad_tasks += [self._grad_task(stage, *bucket, previous[-1], grad_kind) for bucket in leaving]
+            if leaving:
+                pending.setdefault(backward_ordinal[i] + stage, []).extend(leaving)
+            released = pending.pop(backward_ordinal[i], []) if not ps.forward else []
+            grad_tasks += [self._grad_task(stage, *bucket, previous[-1], grad_kind) for bucket in released]
             self._send(stage, ps, previous[-1])
         previous.extend(self._exchange(stage, passes, len(passes)))
         end_of_passes = previous[-1]
+        for ordinal in sorted(pending):  # the step's remaining grad reductions
+            grad_tasks += [self._grad_task(stage, *bucket, end_of_passes, grad_kind) for bucket in pending[ordinal]]
         if sync_dp and not grad_tasks:  # no overlap: reduce all gradients after the last backward
             grad_tasks.append(
                 self._task(
