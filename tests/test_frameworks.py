@@ -138,6 +138,9 @@ def test_megatron_launch_arguments_of_nemos_gpt3_recipe_field_by_field():
     text = launch_settings("megatron-core", PLAN, GPT3)  # type: ignore[arg-type]
     args = [line.strip(" \\") for line in text.splitlines()]
     assert args == [
+        # arguments.py asserts it on Hopper with tensor parallelism (and refuses it with Megatron-FSDP)
+        "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM on Hopper, tensor or context parallel)",
+        "# Megatron-LM arguments",
         "--tensor-model-parallel-size 4",
         "--pipeline-model-parallel-size 8",
         "--context-parallel-size 1",
@@ -176,6 +179,27 @@ def test_torchtitan_and_deepspeed_launch_texts_carry_the_sizes():
     assert config["data_types"] == {"grad_accum_dtype": "fp32"}
 
 
+def test_launch_settings_run_what_was_priced_under_each_frameworks_parser():
+    """What each framework's own parser needs to run the priced plan (a helper's audit ran them):"""
+    lines = launch_settings("megatron-core", {**PLAN, "grad_reduce_dtype": "bf16"}, GPT3).splitlines()  # type: ignore[arg-type]
+    # under --bf16 arguments.py reduces gradients in fp32 unless --grad-reduce-in-bf16
+    assert "  --grad-reduce-in-bf16" in lines and not any("accumulate-allreduce" in line for line in lines)
+    fsdp = launch_settings("megatron-core", {**PLAN, "zero_stage": 3}, GPT3)  # type: ignore[arg-type]
+    # Megatron-FSDP's gradients take their dtype from its own flag (default auto: bf16 parameters')
+    assert "--megatron-fsdp-main-grads-dtype fp32" in fsdp and "--accumulate-allreduce-grads-in-fp32" not in fsdp
+    assert fsdp.startswith("# environment: CUDA_DEVICE_MAX_CONNECTIONS unset or > 1")
+    uneven = {**PLAN, "virtual_pipeline": 1, "schedule": "1f1b", "stage_layers": [11, *[12] * 6, 13]}
+    args = launch_settings("megatron-core", uneven, GPT3)  # type: ignore[arg-type]
+    assert "--decoder-first-pipeline-num-layers 11" in args and "--decoder-last-pipeline-num-layers 13" in args
+    # torchtitan counts the embedding and the output as a layer of the first and last stages by default
+    titan = launch_settings("torchtitan", {**PLAN, "zero_stage": 3}, GPT3)  # type: ignore[arg-type]
+    assert "pipeline_parallel_first_stage_less_layers = 0" in titan.splitlines()
+    assert "pipeline_parallel_last_stage_less_layers = 0" in titan.splitlines()
+    # Megatron-DeepSpeed: FlashAttention-2 and the JSON's checkpointing each need their flag
+    ds = launch_settings("deepspeed", {**PLAN, "virtual_pipeline": 1, "schedule": "1f1b"}, GPT3)  # type: ignore[arg-type]
+    assert "--use-flash-attn-v2" in ds and "--deepspeed-activation-checkpointing" in ds
+
+
 def test_launch_settings_carry_the_recompute_the_plan_priced():
     block = {**PLAN, "recompute_method": "block", "recompute_num_layers": 5}
     mcore = launch_settings("megatron-core", block, GPT3)  # type: ignore[arg-type]
@@ -211,10 +235,16 @@ def test_torchtitan_toml_compiles_the_model_and_loss_whose_fused_kernels_were_pr
 def test_launch_settings_name_the_loss_kernels_the_plan_priced():
     fused = launch_settings("megatron-core", {**PLAN, "cross_entropy": "megatron_fused"}, GPT3)  # type: ignore[arg-type]
     assert "--cross-entropy-loss-fusion" in fused and "--cross-entropy-fusion-impl" not in fused
-    te = launch_settings("megatron-core", {**PLAN, "cross_entropy": "te"}, GPT3)  # type: ignore[arg-type]
-    assert te.splitlines()[-2:] == ["  --cross-entropy-loss-fusion \\", "  --cross-entropy-fusion-impl te"]
     nemo = launch_settings("nemo", PLAN, GPT3)  # type: ignore[arg-type]
     assert "model.config.cross_entropy_loss_fusion=False" in nemo.splitlines()
+    # Megatron-LM's arguments.py refuses Transformer Engine's loss ("disabled due to stability issues"); NeMo's
+    # GPTConfig passes it to Megatron-Core without that check
+    te = launch_settings("nemo", {**PLAN, "cross_entropy": "te"}, GPT3)  # type: ignore[arg-type]
+    assert "model.config.cross_entropy_fusion_impl=te" in te.splitlines()
+    refused = CliRunner().invoke(app, ["search", "--example", "--set", "plan.cross_entropy=te"])
+    assert (
+        refused.exit_code == 2 and "plan.cross_entropy: megatron-core runs megatron or megatron_fused" in refused.output
+    )
 
 
 @pytest.mark.parametrize(

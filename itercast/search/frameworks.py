@@ -141,6 +141,8 @@ MEGATRON_CORE = Framework(
     # passes "p2p" when the config's cp_comm_type is None (Megatron-Bridge's Llama providers leave it so)
     plan_fields={"attention_kernel": "cudnn", "pipeline_p2p": "megatron", "cp_comm": "p2p"},
     rules=_megatron_rules("megatron-core"),
+    # arguments.py (d98e8a64) refuses --cross-entropy-fusion-impl te: "disabled due to stability issues"
+    cross_entropies=("megatron", "megatron_fused"),
 )
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -161,6 +163,8 @@ FRAMEWORKS: dict[str, Framework] = {
             "cp_comm": "p2p",
         },
         rules=_megatron_rules("nemo (MegatronStrategy on Megatron-Core)"),
+        # GPTConfig's cross_entropy_fusion_impl reaches Megatron-Core without arguments.py's refusal of te
+        cross_entropies=("megatron", "megatron_fused", "te"),
     ),
     "torchtitan": Framework(
         name="torchtitan",

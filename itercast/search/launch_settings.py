@@ -102,21 +102,44 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
     elif p["dtype"] in ("bf16", "fp16"):
         out.append(f"--{p['dtype']}")
     if p["grad_reduce_dtype"] == "fp32" and p["dtype"] != "fp32":
-        out.append("--accumulate-allreduce-grads-in-fp32")
+        # Megatron-FSDP takes its gradients' dtype from its own flag (default auto: the parameters', bf16)
+        out.append("--megatron-fsdp-main-grads-dtype fp32" if zero >= 2 else "--accumulate-allreduce-grads-in-fp32")
+    elif p["dtype"] in ("bf16", "fp8"):  # arguments.py turns fp32 reduction on under --bf16 unless told
+        out.append("--grad-reduce-in-bf16")
     if p["main_params"] == "fp32_remainders":  # TE FusedAdam's remainders: OptimizerConfig's default
         out.append("--use-precision-aware-optimizer")
         if p["adam_state_dtype"] == "bf16":
             out.append("--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")
     if not p["flash_attention"]:
         out.append("--attention-backend unfused")
-    if p["cross_entropy"] in ("megatron_fused", "te"):
+    if p["cross_entropy"] == "megatron_fused":  # arguments.py refuses the te implementation (frameworks.py)
         out.append("--cross-entropy-loss-fusion")
-        if p["cross_entropy"] == "te":
-            out.append("--cross-entropy-fusion-impl te")
     if p["make_vocab_size_divisible_by"] != 128:  # arguments.py's default, which the plan priced otherwise
         out.append(f"--make-vocab-size-divisible-by {p['make_vocab_size_divisible_by']}")
+    out += _megatron_stage_layers(p, model)
     args = " \\\n  ".join(out)
-    return "\n".join(["# tp_comm_overlap.yaml", *cfg, "# Megatron-LM arguments", args]) if cfg else args
+    head = []
+    if zero >= 2:  # arguments.py asserts it for Megatron-FSDP
+        head = ["# environment: CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 (Megatron-FSDP requires it)"]
+    elif (p["tensor_parallel"] > 1 or p["context_parallel"] > 1) and not p.get("moe_a2a_overlap"):
+        # arguments.py asserts 1 with tensor or context parallelism on Hopper and before (not with MoE overlap)
+        head = ["# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM on Hopper, tensor or context parallel)"]
+    if cfg:
+        head += ["# tp_comm_overlap.yaml", *cfg]
+    return "\n".join([*head, "# Megatron-LM arguments", args]) if head else args
+
+
+def _megatron_stage_layers(p: dict[str, Any], model: ModelConfig) -> list[str]:
+    """plan.stage_layers as Megatron-LM's uneven split: the first and last stages' own layer counts, the
+    others even (--decoder-first/last-pipeline-num-layers); a split that is not of that form has no
+    arguments: said in a comment line instead of launching the even split silently."""
+    layers = p.get("stage_layers")
+    if not layers or p["pipeline_parallel"] == 1 or len(set(layers)) == 1:
+        return []
+    middle = layers[1:-1]
+    if len(set(middle)) > 1 or p["virtual_pipeline"] > 1:
+        return [f"# stage_layers {list(layers)}: no Megatron-LM arguments give this split (set it in code)"]
+    return [f"--decoder-first-pipeline-num-layers {layers[0]}", f"--decoder-last-pipeline-num-layers {layers[-1]}"]
 
 
 def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
@@ -235,6 +258,10 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
         par += [
             f'pipeline_parallel_schedule = "{_TITAN_SCHEDULES[p["schedule"]]}"',
             f"pipeline_parallel_layers_per_stage = {per_stage}",
+            # its default counts the embedding and the output as a layer each of the first and last stages
+            # (distributed/pipeline_parallel.py): the plan priced every stage the same layers
+            "pipeline_parallel_first_stage_less_layers = 0",
+            "pipeline_parallel_last_stage_less_layers = 0",
             f"pipeline_parallel_microbatch_size = {p['micro_batch_size']}",
         ]
     par.append(f"context_parallel_degree = {p['context_parallel']}")
@@ -254,7 +281,8 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
         f"seq_len = {model.seq_length}",
         f'mixed_precision_param = "{"float32" if p["dtype"] == "fp32" else "bfloat16"}"',
     ]
-    parts = ["[parallelism]", *par, "", "[training]", *training, "", "[activation_checkpoint]"]
+    parts = ["# torchtitan before 9810191, its last TOML-configured version (config/job_config.py)"]
+    parts += ["[parallelism]", *par, "", "[training]", *training, "", "[activation_checkpoint]"]
     # torchtitan's every-n-th-layer checkpointing is its mode "selective" with an integer option
     if p["recompute"] == "full" and p["recompute_every"] > 1:
         parts += ['mode = "selective"', f'selective_ac_option = "{p["recompute_every"]}"']
@@ -307,8 +335,14 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         args.append("--no-pipeline-parallel")
     if p["sequence_parallel"]:
         args.append("--sequence-parallel")
-    if model.is_moe:
-        args.append(f"--expert-model-parallel-size {p['expert_parallel']}")
+    if model.is_moe:  # Megatron-DeepSpeed's name (megatron/arguments.py)
+        args.append(f"--moe-expert-parallel-size {p['expert_parallel']}")
+    if p["flash_attention"]:  # else Megatron-DeepSpeed runs its unfused attention (model/transformer.py)
+        args.append("--use-flash-attn-v2")
+    if p["dtype"] == "fp8":
+        args += ["--transformer-impl transformer_engine", "--fp8-hybrid"]
+    if p["recompute"] == "full":  # the JSON's activation_checkpointing is read only with it (initialize.py)
+        args.append("--deepspeed-activation-checkpointing")
     args += [*_recompute_megatron(p), "--deepspeed", "--deepspeed_config ds_config.json"]
     text = json.dumps(config, indent=2)
     return f"# ds_config.json\n{text}\n# Megatron-DeepSpeed arguments\n" + " \\\n  ".join(args)
