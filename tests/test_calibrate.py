@@ -153,3 +153,35 @@ def test_intra_node_groups_of_several_sizes_get_their_rank_latency(tmp_path):
     fit = calibrate(db, 1, system)["collectives"]["intra_node"]["all_reduce"]
     assert fit["fit_mean_abs_err"] < 1e-3
     assert fit["alpha_per_log2_ranks_s"] == pytest.approx(6e-6, rel=0.05)
+
+
+def test_a_damaged_or_impossible_database_is_one_error_naming_it(tmp_path):
+    import sqlite3
+
+    from itercast.profile.db import ProfileDB, ProfileError
+
+    path = tmp_path / "neg.db"
+    db = ProfileDB(path)
+    dev = db.device("synthetic", {"synthetic": True})
+    db.add(dev, [Measurement("gemm", "mm", 1e9, 1e-3, "bf16"), Measurement("gemm", "mm", 2e9, 2e-3, "bf16")])
+    db.close()
+    with sqlite3.connect(path) as conn:  # a row written by something else: a negative time
+        conn.execute("UPDATE measurements SET time_s = -1e-3 WHERE size = 2e9")
+    with pytest.raises(ProfileError, match=r"neg\.db: measurement gemm/mm: expected a time_s > 0 and a size ≥ 0"):
+        list(ProfileDB(path, readonly=True).measurements())
+
+
+def test_calibrate_says_what_it_leaves_built_in_and_which_fits_miss(tmp_path):
+    """3 GEMM rows are too few (8 needed): the file calibrates nothing and says which family stays built-in."""
+    db = ProfileDB(tmp_path / "few.db")
+    dev = db.device("synthetic", {"synthetic": True})
+    flops = np.logspace(6, 10, 3)
+    db.add(dev, [Measurement("gemm", "mm", float(f), 1e-3, "bf16") for f in flops])  # no law: a flat 1 ms
+    res = CliRunner().invoke(
+        app, ["calibrate", str(tmp_path / "few.db"), "--system", SYSTEM, "--out", str(tmp_path / "c.json")]
+    )
+    assert res.exit_code == 0, res.output
+    assert (
+        "nothing calibrated" in res.output
+        and "gemm.bf16: 3 rows (< 8): not fitted, the built-in curve stays" in res.output
+    )

@@ -28,6 +28,14 @@ BAD = {
         {"collectives": {"intra_node": {"all_reduce": {"regimes": [{**CURVE, "e_max": True}]}}}},
         "`collectives.intra_node.all_reduce.regimes[0].e_max`: expected a finite number ≥ 0; got True",
     ),
+    "collective": (
+        {"collectives": {"intra_node": {"all_reduce": {"e_max": 0.5}}}},
+        "`collectives.intra_node.all_reduce`: expected a curve with alpha0_s, log_half, gamma; got {'e_max': 0.5}",
+    ),
+    "operators": (
+        {"operators": {"models": "x"}},
+        "`operators.models`: expected a mapping of operator fits; got 'x'",
+    ),
 }
 COMMANDS = {
     "predict": ["predict", "--example"],
@@ -62,3 +70,17 @@ def test_log_half_may_be_negative_but_must_be_a_number(tmp_path: Path) -> None:
     path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "gemm": {"bf16": {**CURVE, "log_half": None}}}))
     with pytest.raises(CalibrationError, match=r"`gemm.bf16.log_half`: expected a finite number; got None"):
         load_calibration(path)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["shard", "--model", "dlrm-small", "--system", "dgx-h100"],
+        ["replay", "data/measured/gloo_tensor_parallel", "--system", "dgx-h100", "--tp", "2"],
+    ],
+)
+def test_a_calibration_of_another_system_is_said_by_every_command(tmp_path: Path, command: list[str]) -> None:
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "system": "dgx-a100", "gemm": {"bf16": CURVE}}))
+    res = CliRunner().invoke(app, [*command, "--calibration", str(path)])
+    assert f"{path} was fitted for system 'dgx-a100'; this job runs on 'dgx-h100'" in res.output, res.output

@@ -180,3 +180,8 @@ def test_v100_gemms_run_at_the_rates_alpa_measured_on_a_v100_unless_a_calibratio
     # a user's calibration of their own GEMMs replaces the built-in curves, V100's included
     calibrated = AnalyticCostModel(v100, "fp16", linear_calibration())
     assert float(calibrated.gemm_s(1e9)) == pytest.approx(1e9 / 125e12)
+    # one that fitted no GEMM (host overheads, collectives only) keeps V100's own
+    from itercast.profile.calibrate import merge_calibration
+
+    no_gemms = AnalyticCostModel(v100, "fp16", merge_calibration({"system": "v100-p3.16xlarge"}))
+    assert float(no_gemms.gemm_s(2 * 8064**3)) == pytest.approx(9.178e-3, rel=0.05)

@@ -305,3 +305,26 @@ def test_slice_prices_a_jobs_layers_with_a_calibration(tmp_path):
     assert json.loads(res.output)["step_time_s"] == pytest.approx(chosen.prediction.step_time_s)
     both = CliRunner().invoke(app, ["slice", "--layer-times", str(cal), "--calibration", str(cal)])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_a_host_bound_layer_is_sliced_by_its_launches():
+    """A pass takes no less than its host's launches (predict's segments): at 1 ms of host a kernel every
+    layer of gpt3-1.3b is host-bound, its time its forward's and backward's kernels × 1 ms; at the preset's
+    11.3 µs it is its GPU time, far less."""
+    from itercast.config.job import Job
+    from itercast.costs.analytic import AnalyticCostModel
+    from itercast.workloads.transformer import Groups, UnitCosts
+
+    def layer_s(launch_s: float) -> tuple[float, int]:
+        job = Job.from_dicts(
+            {"preset": "gpt3-1.3b"},
+            {"pipeline_parallel": 2},
+            {"preset": "dgx-h100", "gpu": {"kernel_launch_overhead_s": launch_s}},
+        )
+        u = UnitCosts.of(job, AnalyticCostModel(job.system, job.plan.dtype), Groups.of(job))
+        kernels = u.forward("layer").kernels + u.backward("layer").kernels
+        return float(job_layer_costs(job)[0].time_s[1]), kernels
+
+    slow, kernels = layer_s(1e-3)
+    fast, _ = layer_s(11.3e-6)
+    assert slow == pytest.approx(kernels * 1e-3) and fast < slow / 5

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from itercast.cli.app import Group, app, console, fail, sizes_option
+from itercast.cli.app import Group, app, console, fail, sizes_option, warn
 from itercast.config.job import load_system
 from itercast.errors import ConfigError
 from itercast.profile.calibrate import CalibrationError
@@ -219,6 +219,7 @@ def calibrate_cmd(
             sys_cfg = load_system(system)
             dev = target.choose_device(device)
             doc = cal.calibrate(target, dev, sys_cfg) if out is not None else {}
+            notes = cal.fit_notes(target, dev, doc) if out is not None else []
             if report:
                 _print_calibration_report(cal.report(target, dev, sys_cfg))
                 operators = operator_report(list(target.measurements(device_id=dev)))
@@ -232,9 +233,10 @@ def calibrate_cmd(
             doc = doc | cal.host_overheads_only(overheads)
         if out is not None:
             cal.write_calibration(doc, out, [db, *(host_trace or [])])
-            console.print(
-                f"wrote {out}: " + ", ".join(k for k in doc if k not in ("format", "version", "system", "device"))
-            )
+            written = [k for k in doc if k not in ("format", "version", "system", "device")]
+            console.print(f"wrote {out}: " + (", ".join(written) or "nothing calibrated"))
+            for note in notes if db is not None else []:
+                warn(note)
     except (ProfileError, CalibrationError, ConfigError, TraceError, HostOverheadError) as exc:
         fail(str(exc))
 

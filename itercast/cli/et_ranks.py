@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from itercast.cli.app import console, echo_json, fail, warn
+from itercast.cli.app import console, echo_json, fail, warn, warn_other_system
 from itercast.cli.et_cmds import print_family_table
 from itercast.errors import ConfigError
 from itercast.traces.et_step import RankStep
@@ -122,6 +122,8 @@ def predict_ranks(
         gpu_us = [_gpu_us_by_node(et, k) for et, k in zip(traces, runs, strict=True)] if runs else None
     except (ConfigError, DistOpError, TraceError, ProfileError, CalibrationError, HostOverheadError, ValueError) as exc:
         fail(" ".join(str(exc).split()))
+    if cal is not None and calibration is not None:
+        warn_other_system(calibration, cal, sys_cfg)
     ranks = [
         _rank_doc(s, measured[r] if measured else None, own[r] if own else None, gpu_us[r] if gpu_us else None)
         for r, s in enumerate(steps)
@@ -133,7 +135,7 @@ def predict_ranks(
         "host_overheads": host_source,
         "runtime_calls": calls_source,
         "measured_starts_s": starts,
-        "costs": "analytic" + (f" refined by {db}" if db else ""),
+        "costs": ("analytic" if cal is None else f"{calibration}'s curves") + (f" refined by {db}" if db else ""),
     }
     if measured:
         pred, meas = np.array([s.iteration_s for s in steps]), np.array([m[0] for m in measured])

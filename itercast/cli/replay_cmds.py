@@ -9,6 +9,8 @@ import typer
 from rich.table import Table
 
 from itercast.cli import JsonOpt, app, console, echo_json, fail, working
+from itercast.cli.app import warn_other_system
+from itercast.config.job import load_system
 from itercast.errors import ConfigError, DeadlockError, non_negative
 from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.replay import GPU_BOUND_BUSY, ReplayResult, replay_whatif
@@ -91,6 +93,8 @@ def replay_cmd(
             else None
         )
         whatif = WhatIf(factors, system, world_size, gpu, host, dp, pp_stages, curves, host_cores, tp)
+        if curves is not None and system is not None and calibration is not None:  # the what-if's system
+            warn_other_system(calibration, curves, load_system(system))
         with working("replaying the traces…", as_json):
             base, changed, counts = replay_whatif(list(traces), whatif, et or [])
     except (ConfigError, TraceError, DeadlockError, CalibrationError) as exc:

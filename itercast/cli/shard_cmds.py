@@ -20,6 +20,7 @@ from itercast.cli.app import (
     echo_json,
     fail,
     warn,
+    warn_other_system,
     working,
 )
 from itercast.config.job import parse_section, raw_sections, read_yaml_file
@@ -137,6 +138,8 @@ def _price(
     except (ConfigError, ValueError) as exc:  # CalibrationError is a ValueError
         fail(str(exc).replace("\n", "\n  "))
     # what the prices rest on, said once they stand (bad input is one error line, nothing before it)
+    if cal is not None and calibration is not None:
+        warn_other_system(calibration, cal, sys_cfg)
     gpu_name = sys_cfg.gpu.name
     notes = (
         beyond_profile(dlrm, sys_cfg.num_gpus, batch_per_rank, cal, gpu_name),

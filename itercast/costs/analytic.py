@@ -71,7 +71,10 @@ class AnalyticCostModel:
         self.attention_peak_flops = (gpu.peak_flops.get("bf16", nominal) if dtype == "fp8" else nominal) * fraction
         data = calibration if calibration is not None else curves()
         self._calibration = calibration
-        gemms = data["gemm"] | (built_in_gemms(gpu.name) if calibration is None else {})
+        # a GPU's own built-in GEMM curves, except for the dtypes a calibration fitted (all of a calibration
+        # that does not say which: a hand-made one)
+        fitted = set() if calibration is None else set(calibration.get("gemm_calibrated", calibration["gemm"]))
+        gemms = data["gemm"] | {k: v for k, v in built_in_gemms(gpu.name).items() if k not in fitted}
         gemm = gemms[{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak

@@ -162,7 +162,9 @@ def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int
         "device": dict(next((d for i, _, d in db.devices() if i == device_id), {})),
     }
     for (section, key), rows in sorted(_groups(db, device_id).items()):
-        if len(rows) < min_rows:
+        # lookups are priced by their operator model (`operators`, fitted below from the same rows); the
+        # size-only curve is --report's comparison, which no command reads: not written
+        if len(rows) < min_rows or section == "embedding":
             continue
         t = np.array([m.time_s for m in rows])
         fit = _fit(section, _x(section, key, rows), t, _rate(section, key, rows, system), _aux(section, rows, system))
@@ -174,6 +176,38 @@ def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int
     if operators["models"] or "host_s" in operators:
         doc["operators"] = operators
     return doc
+
+
+#: an in-sample fit this far off its own rows is said when the calibration is written (its --report holds out)
+POOR_FIT = 0.25
+
+
+def fit_notes(db: ProfileDB, device_id: int, doc: dict[str, Any], min_rows: int = 8) -> list[str]:
+    """What the written calibration leaves to the built-in curves, and fits that miss their own rows: one
+    line each (a family with fewer than `min_rows` rows is not fitted; calibrate())."""
+    groups = _groups(db, device_id)
+    notes = [
+        f"{section}.{key}: {len(rows)} rows (< {min_rows}): not fitted, the built-in curve stays"
+        for (section, key), rows in sorted(groups.items())
+        if len(rows) < min_rows and section != "embedding"  # lookups: their operator model's (calibrate)
+    ]
+    left: dict[str, int] = {}  # exchanges no curve is fitted to (other families: operator models, calibrate)
+    for m in db.measurements(device_id=device_id):
+        if m.family in ("collective", "p2p") and m.op not in BUS_FACTOR:
+            left[f"{m.family} {m.op}"] = left.get(f"{m.family} {m.op}", 0) + 1
+    notes += [f"{kind}: {n} rows, no curve fitted to them (the built-in stays)" for kind, n in sorted(left.items())]
+    if doc.get("memory"):  # what no profiled family fits (a calibration's memory curves keep the built-in ones)
+        notes.append(
+            "memory.activation and memory.optimizer: not fitted (the activation functions' rows fit "
+            "memory.elementwise): the built-in curves, at this system's bandwidth, price activations and Adam"
+        )
+    fits = [(f"{s}.{k}", f) for s in ("gemm", "memory") for k, f in doc.get(s, {}).items()]
+    fits += [(f"{p}.{k}", f) for p, group in doc.get("collectives", {}).items() for k, f in group.items()]
+    for name, fit in fits:
+        err = fit.get("fit_mean_abs_err", 0.0) if isinstance(fit, dict) else 0.0
+        if err > POOR_FIT:
+            notes.append(f"{name}: its curve misses its own rows by {err:.0%} on average (held out: --report)")
+    return notes
 
 
 def report(db: ProfileDB, device_id: int, system: SystemConfig, folds: int = 5, seed: int = 0) -> list[dict[str, Any]]:
@@ -286,6 +320,35 @@ def _check_curves(doc: dict[str, Any], path: Path) -> None:
                     )
             elif isinstance(value, dict | list):
                 stack.append((field, value))
+    _check_collective_fits(doc.get("collectives", {}), "collectives", path)
+    models = doc.get("operators", {}).get("models", {})
+    if not isinstance(models, dict) or not all(isinstance(m, dict) for m in models.values()):
+        raise CalibrationError(f"{path}: `operators.models`: expected a mapping of operator fits; got {models!r:.60}")
+
+
+#: what every collective curve (or each of its regimes) needs (costs/fitting.collective_time_s)
+COLLECTIVE_PARAMETERS = ("alpha0_s", "e_max", "log_half", "gamma")
+
+
+def _check_collective_fits(node: Any, where: str, path: Path) -> None:
+    """A collectives section: mappings down to curves, each with its parameters or a list of regimes
+    that have them (a section's `source` is text)."""
+    if not isinstance(node, dict):
+        raise CalibrationError(f"{path}: `{where}`: expected a mapping of collective fits; got {node!r:.60}")
+    regimes = node.get("regimes")
+    if regimes is not None or any(k in node for k in COLLECTIVE_PARAMETERS):
+        if regimes is not None and (not isinstance(regimes, list) or not regimes):
+            raise CalibrationError(f"{path}: `{where}.regimes`: expected a list of curves; got {regimes!r:.60}")
+        for i, curve_ in enumerate(regimes if regimes is not None else [node]):
+            at = f"{where}.regimes[{i}]" if regimes is not None else where
+            missing = [k for k in COLLECTIVE_PARAMETERS if not isinstance(curve_, dict) or k not in curve_]
+            if missing:
+                needs = ", ".join(missing)
+                raise CalibrationError(f"{path}: `{at}`: expected a curve with {needs}; got {curve_!r:.60}")
+        return
+    for key, value in node.items():
+        if key != "source":
+            _check_collective_fits(value, f"{where}.{key}", path)
 
 
 def _check_parameter(path: Path, field: str, value: Any, negative: bool) -> None:
@@ -301,6 +364,9 @@ def merge_calibration(doc: dict[str, Any], where: str = "<calibration>") -> dict
     path = where
     merged = json.loads(json.dumps(curves()))
     merged["system"] = doc.get("system")  # the system the curves were fitted for (None: host overheads only)
+    # the dtypes whose GEMM curves the calibration fitted: the others keep the built-in ones, a GPU's own
+    # (curves.json gemm_by_gpu) where it has them (AnalyticCostModel)
+    merged["gemm_calibrated"] = sorted(k for k in doc.get("gemm", {}) if k != "source")
     for section in ("gemm", "memory", "embedding"):
         merged.setdefault(section, {}).update(doc.get(section, {}))
     for placement, fits in doc.get("collectives", {}).items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -261,9 +262,17 @@ class ProfileDB:
             if val is not None:
                 sql += f" AND {col}=?"
                 args.append(val)
-        for family, op_, size, time_s, dtype, group, nodes, std, repeats, params, source in self.conn.execute(
-            sql + " ORDER BY id", args
-        ):
+        try:
+            rows = self.conn.execute(sql + " ORDER BY id", args).fetchall()
+        except sqlite3.DatabaseError as exc:  # a damaged page reads only when its rows are asked for
+            raise ProfileError(f"{self.path}: the measurements cannot be read ({exc})") from None
+        for family, op_, size, time_s, dtype, group, nodes, std, repeats, params, source in rows:
+            number = isinstance(time_s, int | float) and isinstance(size, int | float)
+            if not number or not math.isfinite(time_s) or time_s <= 0 or not math.isfinite(size) or size < 0:
+                raise ProfileError(
+                    f"{self.path}: measurement {family}/{op_}: expected a time_s > 0 and a size ≥ 0; "
+                    f"got time_s={time_s!r}, size={size!r}"
+                )
             yield Measurement(family, op_, size, time_s, dtype, group, nodes, std, repeats, json.loads(params), source)
 
     def arrays(self, **where: Any) -> dict[str, np.ndarray]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError, non_negative
 from itercast.memory import activation_bytes_per_token_layer, cross_entropy_peak_bytes, state_bytes_per_param
 from itercast.search.stage_slicing import LayerCosts
@@ -35,8 +36,13 @@ REQUIRED, OPTIONAL = ("layer", "time_s"), ("activation_bytes", "memory_bytes")
 
 def job_layer_costs(job: Job, calibration: dict[str, Any] | None = None) -> tuple[LayerCosts, list[str]]:
     """Costs of the embedding, every layer (dense or MoE) and the head of `job`, and their names;
-    `calibration`: curves fitted on a profiling database (`itercast calibrate`), else the built-in."""
+    `calibration`: curves fitted on a profiling database (`itercast calibrate`), else the built-in, and
+    its host overheads, as predict takes them (host_calibrated). A unit's pass takes no less than its
+    host's launches (kernels × the host's cost per kernel: predict's segments, transformer.py
+    _run_segment), so host-bound layers are sliced by the time they take."""
     m, p = job.model, job.plan
+    job = Job(m, p, host_calibrated(job.system, calibration))
+    launch_s = job.system.gpu.kernel_launch_overhead_s
     groups = Groups.of(job)
     costs = AnalyticCostModel(job.system, p.dtype, calibration)
     u = UnitCosts.of(job, costs, groups)
@@ -44,7 +50,7 @@ def job_layer_costs(job: Job, calibration: dict[str, Any] | None = None) -> tupl
 
     def seconds(kind: str) -> float:
         fwd, bwd = u.forward(kind), u.backward(kind)
-        return fwd.compute_s + fwd.comm_s + bwd.compute_s + bwd.comm_s
+        return sum(max(c.compute_s + c.comm_s, c.kernels * launch_s) for c in (fwd, bwd))
 
     def per_param(shard: int) -> float:
         return float(sum(state_bytes_per_param(p, p.zero_stage, shard, p.pipeline_parallel)))
