@@ -301,3 +301,29 @@ def test_a_kineto_trace_of_another_rank_is_one_line(tmp_path):
     args = [x for k in kinetos for x in ("--kineto", str(k))]
     code, text = run("--et", str(tmp_path / "dlrm_pytorch_et"), "--system", "v100-p3.16xlarge", *args)
     assert code == 2 and "dlrm_eg_0.json does not match" in " ".join(text.split())
+
+
+def test_a_cast_that_returned_its_input_is_free_and_copy_moves_its_source_and_destination():
+    """PARAM DLRM's ET casts long to long with aten::to: its output is its input (tensor 630 -> 630), no
+    _to_copy under it, no kernel. copy_([16, 13] fp32 into [16, 13] fp32) reads its source and writes self:
+    2 x 832 bytes, not self read as well; fill_ writes 64 bytes of a [16] fp32, reading nothing (a helper's
+    audit of the PARAM ET's pricing)."""
+    from itercast.config.job import load_system
+    from itercast.costs.analytic import AnalyticCostModel
+    from itercast.costs.aten_ops import features
+    from itercast.traces.et_pricing import ETPricer
+    from itercast.traces.execution_trace import ETNode
+
+    def node(name, shapes, types, tensors, out_tensors, out_shapes, out_types):
+        return ETNode(1, 1, 0, name, 1, shapes, out_shapes, types, tensors, out_tensors, output_types=out_types)
+
+    pricer = ETPricer(AnalyticCostModel(load_system("v100-p3.16xlarge"), "fp32"))
+    cast = node("aten::to", [[16, 3]], ["Tensor(long int)"], (630,), (630,), [[16, 3]], ["Tensor(long int)"])
+    assert pricer.price(cast, has_children=False) is None
+    real = node("aten::to", [[16, 3]], ["Tensor(long int)"], (630,), (631,), [[16, 3]], ["Tensor(float)"])
+    assert pricer.price(real, has_children=False) is not None
+    f32 = "Tensor(float)"
+    copy = node("aten::copy_", [[16, 13], [16, 13]], [f32, f32], (5, 6), (5,), [[16, 13]], [f32])
+    assert features(copy).size == 2 * 16 * 13 * 4
+    fill = node("aten::fill_", [[16]], [f32], (7,), (7,), [[16]], [f32])
+    assert features(fill).size == 16 * 4

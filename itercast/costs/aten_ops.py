@@ -90,6 +90,8 @@ NORM_OPS = {
     "aten::_log_softmax_backward_data": (1, False),
 }
 #: operators that only make views or allocate (no data moved)
+#: in-place operators that overwrite self without reading it (copy_ reads its source, fill_ and zero_ nothing)
+OVERWRITES_SELF = {"aten::copy_", "aten::fill_", "aten::zero_"}
 FREE_OPS = {
     "aten::view",
     "aten::_unsafe_view",
@@ -231,6 +233,8 @@ def features(call: OpArgs) -> OpFeatures:
     if name in FREE_OPS or not name.startswith("aten::"):
         return OpFeatures("free")
     moved = tensor_bytes(shapes, call.input_types) + tensor_bytes(call.output_shapes, call.output_types)
+    if name in OVERWRITES_SELF:  # self is written, not read: its bytes once, as the output
+        moved -= tensor_bytes(shapes[:1], call.input_types[:1])
     if name in NORM_OPS and _is_shape(shapes[NORM_OPS[name][0]]) and len(shapes[NORM_OPS[name][0]]) >= 2:
         x, channels_first = shapes[NORM_OPS[name][0]], NORM_OPS[name][1]
         rows, length = (x[1], math.prod(x) // max(x[1], 1)) if channels_first else (math.prod(x[:-1]), x[-1])

@@ -36,6 +36,9 @@ from itercast.workloads.dlrm import EmbeddingTable, ShardWork, embedding_seconds
 #: Split{nobag}LookupFunction_{optimizer}_Op, and the dense lookup's SplitLookupFunction_Dense_Op
 TBE_BACKWARD = re.compile(r"torch::autograd::CppNode<Split\w*LookupFunction_(\w+?)_Op(_pt2)?>$")
 ANALYTIC_MEMORY_KIND = {"norm": "norm", "memory": "elementwise"}
+#: operators that return their input itself when there is nothing to convert (aten::to of the same dtype and
+#: device: its output tensor is its input's, and no _to_copy runs under it)
+RETURNS_SELF_WHEN_NOTHING_TO_DO = {"aten::to", "aten::contiguous", "aten::type_as"}
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,12 @@ class ETPricer:
         f = features(node)
         if f.family == "free" or (f.family == "memory" and has_children and not self._db_has(name)):
             return None
+        if (
+            name in RETURNS_SELF_WHEN_NOTHING_TO_DO
+            and not has_children
+            and node.output_tensors == node.input_tensors[:1]
+        ):
+            return None  # returned its input (same dtype and device): no kernel, no bytes
         seconds, model = self._aten_s(node, f)
         return Priced(f.family, model, seconds, whole=f.family != "gemm")
 
