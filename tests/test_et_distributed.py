@@ -225,6 +225,26 @@ def test_cli_prices_every_rank_without_a_database_and_lists_unpriced_ops(tmp_pat
     assert "GPU time is unknown without --kineto" in text
 
 
+def test_an_operator_whose_own_kernel_goes_unpriced_is_listed(tmp_path):
+    """aten::index launches its gather beside its children, which only copy the indices: the rule that a
+    composite's children do its work leaves its kernel unpriced, so it is listed; an aten::mean that calls
+    an inner aten::mean (the one that runs the reduction) is not, the inner one is."""
+    rank_trace(tmp_path / "rank0.json", with_mm=False)
+    doc = json.loads((tmp_path / "rank0.json").read_text())
+    doc["nodes"] += [
+        node(8, "aten::index", [t(50, 50, [16, 27, 27]), t(51, 51, [351], "long int")], [t(52, 52, [16, 351])]),
+        {**node(9, "aten::copy_", [t(53, 53, [351], "long int"), t(51, 51, [351], "long int")]), "parent": 8},
+        node(10, "aten::mean", [t(54, 54, [16, 8])], [t(55, 55, [16])]),
+        {**node(11, "aten::mean", [t(54, 54, [16, 8])], [t(55, 55, [16])]), "parent": 10},
+        {**node(12, "aten::as_strided", [t(55, 55, [16])], [t(55, 55, [16])]), "parent": 11},
+    ]
+    (tmp_path / "rank0.json").write_text(json.dumps(doc))
+    code, text = run("--et", str(tmp_path / "rank0.json"), "--system", "v100-p3.16xlarge", "--json")
+    assert code == 0, text
+    out = json.loads(text[text.index("{") :])
+    assert {u["name"]: u["calls"] for u in out["ranks"][0]["unpriced"]} == {"aten::index": 1, "aten::mean": 1}
+
+
 def test_cli_index_sample_order_changes_the_lookup_price(tmp_path):
     # two tables of 10,000 rows, 30,000 lookups each; a sample of every row 6 times
     big = tbe_args(indices=60_000, weights=80_000)
