@@ -195,6 +195,9 @@ def test_launch_settings_run_what_was_priced_under_each_frameworks_parser():
     titan = launch_settings("torchtitan", {**PLAN, "zero_stage": 3}, GPT3)  # type: ignore[arg-type]
     assert "pipeline_parallel_first_stage_less_layers = 0" in titan.splitlines()
     assert "pipeline_parallel_last_stage_less_layers = 0" in titan.splitlines()
+    # the output layer's GEMM was priced in bf16: torchtitan's float8 converter must skip it (filter_fqns)
+    fp8 = launch_settings("torchtitan", {**PLAN, "zero_stage": 3, "dtype": "fp8", "fp8_recipe": "tensorwise"}, GPT3)  # type: ignore[arg-type]
+    assert 'filter_fqns = ["output"]' in fp8.splitlines()
     # Megatron-DeepSpeed: FlashAttention-2 and the JSON's checkpointing each need their flag
     ds = launch_settings("deepspeed", {**PLAN, "virtual_pipeline": 1, "schedule": "1f1b"}, GPT3)  # type: ignore[arg-type]
     assert "--use-flash-attn-v2" in ds and "--deepspeed-activation-checkpointing" in ds

@@ -296,6 +296,9 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
         names = ", ".join(f'"quantize.{n}.float8"' for n in ("linear", "grouped_mm")[: 2 if experts else 1])
         parts += ["", "[model]", f"converters = [{names}]", "", "[quantize.linear.float8]"]
         parts.append(f'recipe_name = "{p["fp8_recipe"]}"')
+        # the plan priced the output layer's GEMM in bf16; Float8Linear's filter_fqns is empty by default
+        # (job_config.py Float8Linear at 9810191^), which would convert it too
+        parts.append('filter_fqns = ["output"]')
         if experts:
             parts += ["", "[quantize.grouped_mm.float8]", 'fqns = ["experts"]']
     return "\n".join(parts)
