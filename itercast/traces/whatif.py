@@ -144,12 +144,14 @@ def apply_whatif(
         _retime_gemms(whatif.gpu, gemm_flops or {}, durations, changes)
     # scaled last, so that a class re-timed above (--system, --gpu) is scaled (or dropped) at its new time
     gpu_tasks = sorted(set(np.concatenate(list(rg.gpu_task.values())).tolist())) if rg.gpu_task else []
+    matched: set[str] = set()
     for task in gpu_tasks:
         cls = kernel_class(g.names[g.name[task]], g.families[g.family[task]])
         if cls in whatif.scale:
             durations[task] *= whatif.scale[cls]
             changes[f"scaled {cls}"] += 1
-    for cls in sorted(set(whatif.scale) - {k.removeprefix("scaled ") for k in changes}):
+            matched.add(cls)
+    for cls in sorted(set(whatif.scale) - matched):
         changes[f"scaled {cls}: the traces have no such kernel, nothing changed"] = 0
     changed = rg.without_rendezvous(alone) if alone.size else rg
     return changed.with_durations(durations), changes
