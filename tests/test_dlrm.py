@@ -208,7 +208,11 @@ def test_the_greedy_planner_prices_one_rank_of_equals_and_chooses_as_if_it_price
     assert fast.method == full.method == "greedy"
     assert fast.plans[0][0] == full.plans[0][0]
     assert fast.plans[0][1].step_time_s == full.plans[0][1].step_time_s
-    assert fast.evaluated < full.evaluated == 6 * len(candidate_shards(TABLE, 8)) + 4
+    # the full planner prices 17 candidates for each of the 6 tables, then its choice and the uniform plans it
+    # is not: here the choice is one table per rank (t0 on 0 … t5 on 5), the round-robin plan itself, so the
+    # row-wise and data-parallel plans are the 2 others: 6 × 17 + 1 + 2
+    assert fast.plans[0][0] == {f"t{i}": Shard("table_wise", (i,)) for i in range(6)}
+    assert fast.evaluated < full.evaluated == 6 * len(candidate_shards(TABLE, 8)) + 3
 
 
 def test_the_planners_step_holds_one_rank_of_each_load_and_prices_the_same_step():

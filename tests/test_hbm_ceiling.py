@@ -67,3 +67,29 @@ def test_the_fitting_tool_pins_the_curve_from_the_profile():
     from fit_efficiency_curves import h100_pointwise_efficiency
 
     assert h100_pointwise_efficiency() == pytest.approx(0.904, abs=0.002)
+
+
+def test_a_memory_bound_kernel_below_the_curves_least_time_size_takes_the_time_it_takes_there():
+    """gamma 1.25, log_half ln 1e6, e_max 1 on HBM = 1e11 B/s: x / eff(x) = x + 1e7.5 · x^−0.25 is least where
+    x^1.25 = 0.25 · 1e7.5, x* = 1e6 · 0.25^0.8 = 1e6 · e^(0.8 · −1.386294) = 329,877 B; there
+    eff = 1 / (1 + 1 / 0.25) = 0.2, so t* = 329,877 / (0.2 · 1e11) = 16.494 µs. One byte was 1e6^1.25 / 1e11
+    = 316 µs before; a kernel does not take longer for moving less (test_golden: the linear curves)."""
+    from test_golden import SYSTEM, linear_calibration
+
+    from itercast.config.system import SystemConfig
+    from itercast.costs.analytic import AnalyticCostModel
+    from itercast.costs.curves import Curve
+
+    rising = Curve(1.0, math.log(1e6), 1.25)
+    assert rising.least_time_size() == pytest.approx(329_877, rel=1e-5)
+    assert Curve(1.0, math.log(1e6), 1.0).least_time_size() == 0.0  # gamma 1: x / eff(x) = x + 1e6 never falls
+    calibration = linear_calibration()
+    calibration["memory"]["elementwise"] = {"alpha_s": 0.0, "e_max": 1.0, "log_half": math.log(1e6), "gamma": 1.25}
+    costs = AnalyticCostModel(SystemConfig.model_validate(SYSTEM), "bf16", calibration)
+    for nbytes in (1, 1_000, 329_000):
+        assert float(costs.memory_s("elementwise", nbytes)) == pytest.approx(16.494e-6, rel=1e-4)
+    # above x* the curve as fitted: 1e7 B, eff = 1 / (1 + (1e6 / 1e7)^1.25) = 1 / 1.056234, 1e7 · 1.056234 / 1e11
+    assert float(costs.memory_s("elementwise", 1e7)) == pytest.approx(105.6234e-6, rel=1e-5)
+    assert float(costs.memory_s("elementwise", 0)) == 0.0
+    # the linear norm curve (gamma 0) is untouched: 1 byte in 1e-11 s
+    assert float(costs.memory_s("norm", 1)) == pytest.approx(1e-11)

@@ -136,10 +136,16 @@ class AnalyticCostModel:
         HBM; an elementwise pass reaches at most 0.90 of the datasheet bandwidth, what this project's
         H100 kernels measure beyond 1 GiB with caches flushed, and a fused multi-tensor Adam step 0.70,
         what the lent H200's fused AdamW measured, taken as the same fraction on every GPU (measured on the
-        H200 alone; tools/fit_efficiency_curves.py fit_memory)."""
+        H200 alone; tools/fit_efficiency_curves.py fit_memory). Below the curve's least-time size
+        (Curve.least_time_size, about 0.7 MB for the elementwise curve) a kernel takes the time it takes
+        there (1.1 µs on an H100), not more: kernels this small measure flat, vidur's H100 `add` at 1.0 µs
+        from 24 KB (one token of Llama-2-7B, microsoft/vidur@7d47513) and this project's H100 profile's
+        pointwise kernels at 3.9–4.3 µs from 12 KB to 0.8 MB (data/measured/h100_profile.db, CUDA events
+        after a cache flush, which both add to a kernel inside a step)."""
         floor_s, c = self.memory[kind]
         b = np.asarray(nbytes, dtype=np.float64)
-        return np.where(b > 0, floor_s + b / (self.system.gpu.hbm_bandwidth_bytes_per_s * c(b)), 0.0)
+        moved = np.maximum(b, c.least_time_size())
+        return np.where(b > 0, floor_s + moved / (self.system.gpu.hbm_bandwidth_bytes_per_s * c(moved)), 0.0)
 
     def collective_s(self, kind: str, nbytes: float, group: GroupPlacement) -> float:
         """NCCL-style collective of a full buffer of `nbytes` over `group`.
