@@ -434,3 +434,23 @@ def test_torchtitan_refuses_a_userbuffers_margin(tmp_path):
     assert (
         result.output.strip() == "error: plan.tp_comm_overlap_rs: torchtitan runs ring_exchange, the job sets pipeline"
     )
+
+
+def test_nemo_sets_precision_on_its_plugin_which_overwrites_the_strategys_ddp_config():
+    # NeMo 8cfedd7: MegatronStrategy copies the precision plugin's DtypeConfig over its DDP config
+    # (update_config_with_dtype_overrides), and bf16_mixed() sets grad_reduce_in_fp32=True, so a strategy.ddp
+    # field would be overwritten: the reduction dtype goes on the plugin
+    bf16 = launch_settings("nemo", PLAN, GPT3).splitlines()  # type: ignore[arg-type]
+    assert "trainer.plugins=bf16_mixed" in bf16 and "trainer.plugins.grad_reduce_in_fp32=True" in bf16
+    assert not any("ddp.grad_reduce_in_fp32" in line or ".fp8" in line for line in bf16)
+    reduce_bf16 = launch_settings("nemo", {**PLAN, "grad_reduce_dtype": "bf16"}, GPT3).splitlines()  # type: ignore[arg-type]
+    assert "trainer.plugins.grad_reduce_in_fp32=False" in reduce_bf16
+    # FP8 on the same plugin, every layer in FP8 and 16-bit gathers as priced (the plugin's defaults, which
+    # NeMo's own current-scaling recipe changes: first_last_layers_bf16 True, fp8_param_gather True)
+    tensorwise = launch_settings("nemo", {**PLAN, "dtype": "fp8", "fp8_recipe": "tensorwise"}, GPT3).splitlines()  # type: ignore[arg-type]
+    assert "trainer.plugins.fp8=hybrid" in tensorwise and "trainer.plugins.fp8_recipe=tensorwise" in tensorwise
+    assert not any("amax" in line for line in tensorwise)
+    delayed = launch_settings("nemo", {**PLAN, "dtype": "fp8", "fp8_recipe": "delayed"}, GPT3).splitlines()  # type: ignore[arg-type]
+    assert {"trainer.plugins.fp8_recipe=delayed", "trainer.plugins.fp8_amax_history_len=1024"} <= set(delayed)
+    fp16 = launch_settings("nemo", {**PLAN, "dtype": "fp16", "grad_reduce_dtype": "bf16"}, GPT3).splitlines()  # type: ignore[arg-type]
+    assert "trainer.plugins=fp16_mixed" in fp16 and "trainer.plugins.grad_reduce_in_fp32=False" in fp16

@@ -2,7 +2,8 @@
 
 - megatron-core: pretrain_gpt.py command-line arguments (Megatron-LM megatron/training/arguments.py names).
 - nemo: NeMo 2 recipe overrides (nemo/collections/llm/recipes/*.py: trainer.strategy = MegatronStrategy,
-  its `ddp` DistributedDataParallelConfig, data.* batch sizes, model.config recompute fields).
+  its `ddp` DistributedDataParallelConfig, data.* batch sizes, model.config recompute fields, trainer.plugins
+  the MegatronMixedPrecision plugin: dtype, FP8 and the gradients' reduction dtype).
 - torchtitan: a TOML fragment (torchtitan/config/job_config.py at 9810191^, the last TOML-configured version:
   sections [parallelism], [training], [activation_checkpoint], [compile], [model]).
 - deepspeed: a DeepSpeed JSON config (deepspeed/runtime/zero/config.py, runtime/config.py) and the
@@ -142,6 +143,26 @@ def _megatron_stage_layers(p: dict[str, Any], model: ModelConfig) -> list[str]:
     return [f"--decoder-first-pipeline-num-layers {layers[0]}", f"--decoder-last-pipeline-num-layers {layers[-1]}"]
 
 
+def _nemo_precision(p: dict[str, Any]) -> list[str]:
+    """The recipe's precision plugin fields (NeMo 8cfedd7 nemo/collections/llm/recipes/precision/
+    mixed_precision.py bf16_mixed, fp16_mixed; nemo/lightning/pytorch/plugins/mixed_precision.py DtypeConfig).
+    MegatronStrategy copies the plugin's fields over the strategy's DDP config (megatron_strategy.py
+    update_config_with_dtype_overrides), so the gradients' reduction dtype is set here: a
+    `trainer.strategy.ddp.grad_reduce_in_fp32` would be overwritten by bf16_mixed's True. FP8 is set on the
+    recipe's plugin field by field, as the plan priced it: every transformer layer in FP8 (the plugin's
+    first_last_layers_bf16 default False, where bf16_with_fp8_current_scaling_mixed sets True) and 16-bit
+    parameter gathers (fp8_param_gather default False, where NeMo's FP8 recipes set True)."""
+    if p["dtype"] == "fp32":
+        return ["# fp32: NeMo's recipes train under a bf16_mixed precision plugin; drop it (trainer.plugins)"]
+    plugin = "fp16_mixed" if p["dtype"] == "fp16" else "bf16_mixed"
+    out = [f"trainer.plugins={plugin}", f"trainer.plugins.grad_reduce_in_fp32={p['grad_reduce_dtype'] == 'fp32'}"]
+    if p["dtype"] == "fp8":
+        out += ["trainer.plugins.fp8=hybrid", f"trainer.plugins.fp8_recipe={p['fp8_recipe']}"]
+        if p["fp8_recipe"] == "delayed":  # bf16_with_fp8_mixed's scaling history (no effect on the time)
+            out += ["trainer.plugins.fp8_amax_history_len=1024", "trainer.plugins.fp8_amax_compute_algo=max"]
+    return out
+
+
 def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
     """NeMo 2 recipe overrides (nemo llm pretrain ... KEY=VALUE), as the recipes name the fields."""
     p = plan
@@ -177,8 +198,8 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
     out += [
         f"{s}.ddp.overlap_grad_reduce={p['overlap_grad_reduce']}",
         f"{s}.ddp.overlap_param_gather={bool(p['overlap_param_gather'] and zero >= 1)}",
-        f"{s}.ddp.grad_reduce_in_fp32={p['grad_reduce_dtype'] == 'fp32'}",
     ]
+    out += _nemo_precision(p)
     if p["main_params"] == "fp32_remainders":
         out.append("optim.config.use_precision_aware_optimizer=True")
         if p["adam_state_dtype"] == "bf16":
