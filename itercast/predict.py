@@ -49,6 +49,8 @@ class Prediction(Forecast):
 
     job: Job
     model_flops_per_step: float
+    #: calibrated curves priced beyond the sizes they were fitted on (AnalyticCostModel.extrapolations)
+    extrapolated: tuple[str, ...] = ()
 
     @property
     def model_tflops_per_gpu(self) -> float:
@@ -110,6 +112,7 @@ class Prediction(Forecast):
             "hardware_flops_per_step": self.hardware_flops_per_step,
             "tokens_per_s": self.tokens_per_s,
             "num_microbatches": self.job.num_microbatches,
+            "extrapolated": list(self.extrapolated),
             "job": self.job.to_dict(),
         }
 
@@ -177,6 +180,7 @@ def predict(job: Job, calibration: dict[str, Any] | None = None) -> Prediction:
         sim,
         job,
         model_flops,
+        tuple(dict.fromkeys(line for costs in builder.stage_costs for line in costs.extrapolations())),
     )
 
 

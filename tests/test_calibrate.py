@@ -185,3 +185,51 @@ def test_calibrate_says_what_it_leaves_built_in_and_which_fits_miss(tmp_path):
         "nothing calibrated" in res.output
         and "gemm.bf16: 3 rows (< 8): not fitted, the built-in curve stays" in res.output
     )
+
+
+def test_a_calibrated_curve_priced_beyond_the_sizes_it_was_fitted_on_is_said(tmp_path):
+    """GEMMs of 1e5–1e9 FLOPs (LAW, 20 rows): the file keeps that range; a model priced within 2× of it says
+    nothing, one priced at 3e9 names the curve and both ranges; a job whose GEMMs reach ~1e11 warns."""
+    db = ProfileDB(tmp_path / "small.db")
+    dev = db.device("synthetic", {"synthetic": True})
+    peak = load_system(SYSTEM).gpu.peak_flops["bf16"]
+    flops = np.logspace(5, 9, 20)
+    db.add(
+        dev,
+        [
+            Measurement("gemm", "mm", float(f), float(t), "bf16")
+            for f, t in zip(flops, law_time(flops, peak), strict=True)
+        ],
+    )
+    doc = calibrate(db, dev, load_system(SYSTEM))
+    assert doc["gemm"]["bf16"]["measured_range"] == [pytest.approx(1e5), pytest.approx(1e9)]
+    cal = load_calibration(write_calibration(doc, tmp_path / "cal.json"))
+    model = AnalyticCostModel(load_system(SYSTEM), "bf16", cal)
+    model.gemm_s(np.array([0.0, 1e6, 2e9]))  # 2e9: twice the largest row, not beyond
+    model.memory_s("elementwise", 1e12)  # a built-in curve: no measured range, nothing to say
+    assert model.extrapolations() == []
+    model.gemm_s(3e9)
+    assert model.extrapolations() == [
+        "calibrated gemm.bf16 was fitted on 1e+05–1e+09 FLOPs; this job prices 1e+06–3e+09 on it: beyond that "
+        "range the curve is extrapolated (profile larger or smaller sizes to measure them)"
+    ]
+    small = AnalyticCostModel(load_system(SYSTEM), "bf16", cal)
+    small.gemm_s(5e4)  # half the smallest row: within 2×
+    assert small.extrapolations() == []
+    small.gemm_s(4e4)
+    assert small.extrapolations()[0].startswith(
+        "calibrated gemm.bf16 was fitted on 1e+05–1e+09 FLOPs; this job prices 4e+04–5e+04"
+    )
+    # gpt3-1.3b's GEMMs (h 2048, 2048 tokens a micro-batch): 2 · 2048 · 2048 · 8192 ≈ 6.9e10 FLOPs, 69× the rows
+    args = ["predict", "--model", "gpt3-1.3b", "--system", SYSTEM, "--set", "model.num_layers=2"]
+    res = CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "cal.json")])
+    assert res.exit_code == 0, res.output
+    assert "calibrated gemm.bf16 was fitted on 1e+05–1e+09 FLOPs; this job prices" in res.output
+    data = json.loads(CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "cal.json"), "--json"]).stdout)
+    assert len(data["extrapolated"]) == 1 and data["extrapolated"][0].startswith("calibrated gemm.bf16")
+    # a range that is no [least, most] is refused where the file is read
+    bad = {**json.loads((tmp_path / "cal.json").read_text())}
+    bad["gemm"]["bf16"]["measured_range"] = [1e9, 1e5]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(CalibrationError, match=r"`gemm\.bf16\.measured_range`: expected \[least, most\] size"):
+        load_calibration(tmp_path / "bad.json")

@@ -32,7 +32,7 @@ from itercast.cli.app import (
 )
 from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError, DeadlockError
-from itercast.predict import Forecast
+from itercast.predict import Forecast, Prediction
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload, same_kind
 from itercast.workloads.dlrm import unmeasured_embedding_ops
@@ -126,8 +126,9 @@ def predict_cmd(
         for note in unmeasured_embedding_ops(w.job.system.gpu.name, cal, eager_update=w.job.model.eager_update):
             warn(note)
     else:
+        assert isinstance(result, Prediction)
         notes = (unaligned_logits_note(w.job.model, w.job.plan), grad_accumulation_note(w.job.plan))
-        for note in filter(None, notes):
+        for note in (*filter(None, notes), *result.extrapolated):
             warn(note)
     if as_json:
         echo_json(result.to_dict())

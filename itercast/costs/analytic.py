@@ -32,6 +32,10 @@ BUS_FACTOR = {
 }
 #: collectives without a fitted curve of their own use the curve of a like one (same ring pipelining)
 CURVE_OF = {"broadcast": "all_gather"}
+#: a calibrated fit's key for the [least, most] size (FLOPs, bytes, bus bytes) of the rows it was fitted on
+MEASURED_RANGE = "measured_range"
+#: sizes priced this many times beyond a calibrated fit's measured range are reported as extrapolated
+EXTRAPOLATION_FACTOR = 2.0
 
 
 def bus_bytes(kind: str, nbytes: float | np.ndarray, ranks: int, nodes: int) -> float | np.ndarray:
@@ -86,6 +90,8 @@ class AnalyticCostModel:
         high = gemms["bf16"] if dtype == "fp8" else gemm
         high_ceiling = ceiling.get("bf16", np.inf) if dtype == "fp8" else self.gemm_ceiling_flops
         self._outside_fp8 = (float(high["alpha_s"]), curve(high), self.attention_peak_flops, high_ceiling)
+        gemm_keys = {k: v for k, v in gemms.items() if isinstance(v, dict)}
+        self._gemm_names = (self._name_of(gemm_keys, gemm, "gemm"), self._name_of(gemm_keys, high, "gemm"))
         self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
         # curves without an optimizer curve of their own (a test's, or written before it existed) price the
         # optimizer step as an elementwise pass
@@ -96,6 +102,50 @@ class AnalyticCostModel:
         self.inter = {**measured, **data["collectives"].get("inter_node", {})}
         self.p2p = data["collectives"]["p2p"]
         self._attention_tables: dict = data.get("attention", {})
+        # the sizes each calibrated curve was fitted on (profile.calibrate writes MEASURED_RANGE) and the least
+        # and most this model has priced on it since: `extrapolations` says where the two part
+        self._measured: dict[str, tuple[float, float]] = {
+            f"{section}.{key}": (float(fit[MEASURED_RANGE][0]), float(fit[MEASURED_RANGE][1]))
+            for section, fits in (
+                ("gemm", data["gemm"]),
+                ("memory", data["memory"]),
+                ("collectives.intra_node", self.intra),
+                ("collectives.inter_node", data["collectives"].get("inter_node", {})),
+            )
+            for key, fit in fits.items()
+            if isinstance(fit, dict) and MEASURED_RANGE in fit
+        }
+        self._priced: dict[str, tuple[float, float]] = {}
+
+    @staticmethod
+    def _name_of(entries: dict[str, Any], entry: dict[str, Any], section: str) -> str:
+        """`section.key` of the curve `entry` among `entries` (the GEMM curve a dtype was given)."""
+        return next((f"{section}.{k}" for k, v in entries.items() if v is entry), section)
+
+    def _note(self, name: str, sizes: np.ndarray | float) -> None:
+        """Widen the range of sizes priced on curve `name`, when it is a calibrated one."""
+        if name not in self._measured:
+            return
+        x = np.asarray(sizes, dtype=np.float64)
+        x = x[x > 0]
+        if x.size:
+            lo, hi = self._priced.get(name, (np.inf, 0.0))
+            self._priced[name] = (min(lo, float(x.min())), max(hi, float(x.max())))
+
+    def extrapolations(self, beyond: float = EXTRAPOLATION_FACTOR) -> list[str]:
+        """One line per calibrated curve this model priced sizes on more than `beyond` times outside the
+        sizes it was fitted on: its fit there is the curve's shape carried on, not a measurement."""
+        lines = []
+        for name, (lo, hi) in sorted(self._priced.items()):
+            fit_lo, fit_hi = self._measured[name]
+            if lo * beyond < fit_lo or hi > fit_hi * beyond:
+                unit = "FLOPs" if name.startswith("gemm") else "bytes"
+                lines.append(
+                    f"calibrated {name} was fitted on {fit_lo:.3g}–{fit_hi:.3g} {unit}; this job prices "
+                    f"{lo:.3g}–{hi:.3g} on it: beyond that range the curve is extrapolated (profile larger "
+                    f"or smaller sizes to measure them)"
+                )
+        return lines
 
     def on_gpu(self, gpu: GPUSpec) -> AnalyticCostModel:
         """The same curves on another GPU of the system (a device group of a mixed cluster)."""
@@ -116,6 +166,7 @@ class AnalyticCostModel:
         alpha_s, c, peak, ceiling = (
             (self.gemm_alpha_s, self.gemm_curve, self.peak_flops, self.gemm_ceiling_flops) if te else self._outside_fp8
         )
+        self._note(self._gemm_names[0 if te else 1], f)
         return np.where(f > 0, alpha_s + f / np.minimum(peak * c(f), ceiling), 0.0)
 
     def attention_s(self, flops: np.ndarray | float, shape: AttentionShape | None = None) -> np.ndarray:
@@ -144,6 +195,7 @@ class AnalyticCostModel:
         after a cache flush, which both add to a kernel inside a step)."""
         floor_s, c = self.memory[kind]
         b = np.asarray(nbytes, dtype=np.float64)
+        self._note(f"memory.{kind}", b)
         moved = np.maximum(b, c.least_time_size())
         return np.where(b > 0, floor_s + moved / (self.system.gpu.hbm_bandwidth_bytes_per_s * c(moved)), 0.0)
 
@@ -170,7 +222,9 @@ class AnalyticCostModel:
         curve_kind = kind if kind in self.intra else CURVE_OF.get(kind, kind)
         if group.intra_node:
             fit, bw, node_nic_bw = self.intra[curve_kind], node.intra_node_bandwidth_bytes_per_s, None
+            self._note(f"collectives.intra_node.{curve_kind}", bus)
         else:
+            self._note(f"collectives.inter_node.{curve_kind if curve_kind in self.inter else 'all_reduce'}", bus)
             fit = _regime(self.inter.get(curve_kind, self.inter["all_reduce"]), bus)
             bw = min(
                 node.intra_node_bandwidth_bytes_per_s, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s()

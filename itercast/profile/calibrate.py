@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.system import SystemConfig
-from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel, bus_bytes
+from itercast.costs.analytic import BUS_FACTOR, MEASURED_RANGE, AnalyticCostModel, bus_bytes
 from itercast.costs.curves import curve, curves
 from itercast.costs.fitting import (
     collective_time_s,
@@ -166,8 +166,9 @@ def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int
         # size-only curve is --report's comparison, which no command reads: not written
         if len(rows) < min_rows or section == "embedding":
             continue
-        t = np.array([m.time_s for m in rows])
-        fit = _fit(section, _x(section, key, rows), t, _rate(section, key, rows, system), _aux(section, rows, system))
+        t, x = np.array([m.time_s for m in rows]), _x(section, key, rows)
+        fit = _fit(section, x, t, _rate(section, key, rows, system), _aux(section, rows, system))
+        fit[MEASURED_RANGE] = [float(x.min()), float(x.max())]  # what AnalyticCostModel.extrapolations reads
         if section in ("intra_node", "inter_node"):
             doc.setdefault("collectives", {}).setdefault(section, {})[key] = fit
         else:
@@ -317,6 +318,16 @@ def _check_curves(doc: dict[str, Any], path: Path) -> None:
                 if key == "e_max" and not 0 < value <= MAX_E_MAX:
                     raise CalibrationError(
                         f"{path}: `{field}`: expected a ceiling of efficiency, 0 < e_max ≤ {MAX_E_MAX:g}; got {value!r}"
+                    )
+            elif key == MEASURED_RANGE:
+                if not (
+                    isinstance(value, list)
+                    and len(value) == 2
+                    and all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf for v in value)
+                    and value[0] <= value[1]
+                ):
+                    raise CalibrationError(
+                        f"{path}: `{field}`: expected [least, most] size fitted on, 0 ≤ least ≤ most; got {value!r:.60}"
                     )
             elif isinstance(value, dict | list):
                 stack.append((field, value))
