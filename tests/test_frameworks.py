@@ -404,19 +404,20 @@ def test_launch_settings_write_the_userbuffers_cfg_priced():
     args = launch_settings("megatron-core", plan, GPT3)  # type: ignore[arg-type]
     assert "--tp-comm-overlap-cfg tp_comm_overlap.yaml" in args
     assert "proj_fprop:\n  num_sm: 24\n  set_sm_margin: true\nqkv_dgrad:\n  set_sm_margin: false" in args
-    nemo = launch_settings("nemo", plan, GPT3).splitlines()  # type: ignore[arg-type]
-    assert "MegatronCommOverlapCallback.tp_comm_overlap_cfg.proj_fprop: num_sm=24,set_sm_margin=True" in nemo
+    # NeMo: only MegatronCommOverlapCallback (performance mode) runs it, its cfg a Python object: a comment
+    nemo = launch_settings("nemo", plan, GPT3)  # type: ignore[arg-type]
+    assert (
+        "set that callback's tp_comm_overlap=True and its tp_comm_overlap_cfg, a TransformerLayerTPOverlapCfg" in nemo
+    )
+    assert "proj_fprop num_sm=24,set_sm_margin=True; qkv_dgrad set_sm_margin=False" in nemo
+    assert "MegatronCommOverlapCallback." not in nemo  # no KEY=VALUE path reaches a callback (nemo-run's parser)
     assert "--tp-comm-overlap-cfg" not in launch_settings("megatron-core", {**plan, "tp_comm_overlap_sms": {}}, GPT3)  # type: ignore[arg-type]
     # Megatron-Bridge's FP8 H100 cfgs: the reduce-scatters after proj and fc2 by ring exchange, 1 SM with margin
     ring = {**plan, "tp_comm_overlap_sms": {"proj_fprop": 1}, "tp_comm_overlap_rs": "ring_exchange"}
     args = launch_settings("megatron-core", ring, GPT3)  # type: ignore[arg-type]
     assert "fc2_fprop:\n  method: ring_exchange\nproj_fprop:\n  method: ring_exchange\n  num_sm: 1\n" in args
-    nemo = launch_settings("nemo", ring, GPT3).splitlines()  # type: ignore[arg-type]
-    assert "MegatronCommOverlapCallback.tp_comm_overlap_cfg.fc2_fprop: method=ring_exchange" in nemo
-    assert (
-        "MegatronCommOverlapCallback.tp_comm_overlap_cfg.proj_fprop: method=ring_exchange,num_sm=1,set_sm_margin=True"
-        in nemo
-    )
+    nemo = launch_settings("nemo", ring, GPT3)  # type: ignore[arg-type]
+    assert "with fc2_fprop method=ring_exchange; proj_fprop method=ring_exchange,num_sm=1,set_sm_margin=True" in nemo
 
 
 def test_torchtitan_refuses_a_userbuffers_margin(tmp_path):
@@ -454,3 +455,17 @@ def test_nemo_sets_precision_on_its_plugin_which_overwrites_the_strategys_ddp_co
     assert {"trainer.plugins.fp8_recipe=delayed", "trainer.plugins.fp8_amax_history_len=1024"} <= set(delayed)
     fp16 = launch_settings("nemo", {**PLAN, "dtype": "fp16", "grad_reduce_dtype": "bf16"}, GPT3).splitlines()  # type: ignore[arg-type]
     assert "trainer.plugins=fp16_mixed" in fp16 and "trainer.plugins.grad_reduce_in_fp32=False" in fp16
+
+
+def test_nemo_names_its_trainers_gpus_the_bucket_and_megatron_fsdps_averaging():
+    # 1536 sequences, tp 4 × pp 8 × dp 32 = 1024 GPUs on 128 nodes: 8 a node
+    nemo = launch_settings("nemo", PLAN, GPT3, num_nodes=128).splitlines()  # type: ignore[arg-type]
+    assert nemo[:2] == ["trainer.num_nodes=128", "trainer.devices=8"]
+    assert "trainer.strategy.ddp.bucket_size=40000000" in nemo
+    assert "model.config.overlap_p2p_comm=True" in nemo and "model.config.batch_p2p_comm=False" in nemo
+    assert "average_in_collective" not in "\n".join(nemo)
+    # Megatron-FSDP raises on the recipes' average_in_collective=True
+    fsdp = launch_settings("nemo", {**PLAN, "zero_stage": 3}, GPT3).splitlines()  # type: ignore[arg-type]
+    assert "trainer.strategy.ddp.average_in_collective=False" in fsdp
+    assert "trainer.strategy.ddp.data_parallel_sharding_strategy=optim_grads_params" in fsdp
+    assert not any(line.startswith("trainer.num_nodes") for line in fsdp)  # no node count given: none written

@@ -153,7 +153,11 @@ def _nemo_precision(p: dict[str, Any]) -> list[str]:
     first_last_layers_bf16 default False, where bf16_with_fp8_current_scaling_mixed sets True) and 16-bit
     parameter gathers (fp8_param_gather default False, where NeMo's FP8 recipes set True)."""
     if p["dtype"] == "fp32":
-        return ["# fp32: NeMo's recipes train under a bf16_mixed precision plugin; drop it (trainer.plugins)"]
+        return [
+            "# fp32: NeMo's recipes train under a bf16_mixed plugin and optim.config.bf16=True (recipes/optim/"
+            "adam.py): set the plugin's precision=32, params_dtype and pipeline_dtype torch.float32, and "
+            "optim.config.bf16=False"
+        ]
     plugin = "fp16_mixed" if p["dtype"] == "fp16" else "bf16_mixed"
     out = [f"trainer.plugins={plugin}", f"trainer.plugins.grad_reduce_in_fp32={p['grad_reduce_dtype'] == 'fp32'}"]
     if p["dtype"] == "fp8":
@@ -163,12 +167,19 @@ def _nemo_precision(p: dict[str, Any]) -> list[str]:
     return out
 
 
-def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
-    """NeMo 2 recipe overrides (nemo llm pretrain ... KEY=VALUE), as the recipes name the fields."""
+def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | None = None) -> str:
+    """NeMo 2 recipe overrides (nemo llm pretrain ... KEY=VALUE), as the recipes name the fields (NeMo 8cfedd7,
+    Megatron-Core's configs they set; a helper's check of each line against nemo-run's CLI parser). What no
+    KEY=VALUE can set is a comment: the tensor-parallel overlap lives only in MegatronCommOverlapCallback, which
+    a recipe adds to trainer.callbacks in performance mode alone and whose userbuffers cfg is a Python object."""
     p = plan
     vp = p["virtual_pipeline"] if p["virtual_pipeline"] > 1 else None
     s = "trainer.strategy"
-    out = [
+    out = []
+    if num_nodes:  # NeMo takes its data parallelism from the trainer's GPUs (the recipes' defaults differ)
+        gpus = p["tensor_parallel"] * p["pipeline_parallel"] * p["context_parallel"] * p["data_parallel"]
+        out += [f"trainer.num_nodes={num_nodes}", f"trainer.devices={gpus // num_nodes}"]
+    out += [
         f"{s}.tensor_model_parallel_size={p['tensor_parallel']}",
         f"{s}.pipeline_model_parallel_size={p['pipeline_parallel']}",
         f"{s}.virtual_pipeline_model_parallel_size={vp}",
@@ -192,27 +203,47 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig) -> str:
             out += [f"model.config.recompute_method={method}", f"model.config.recompute_num_layers={layers}"]
     zero = p["zero_stage"]
     out.append(f"optim.config.use_distributed_optimizer={zero >= 1}")
-    if zero >= 2:
+    if zero >= 2:  # Megatron-FSDP raises on the recipes' average_in_collective=True (megatron_fsdp.py)
         strategy = "optim_grads" if zero == 2 else "optim_grads_params"
-        out += [f"{s}.fsdp=megatron", f"{s}.ddp.data_parallel_sharding_strategy={strategy}"]
-    out += [
-        f"{s}.ddp.overlap_grad_reduce={p['overlap_grad_reduce']}",
-        f"{s}.ddp.overlap_param_gather={bool(p['overlap_param_gather'] and zero >= 1)}",
-    ]
+        out += [
+            f"{s}.fsdp=megatron",
+            f"{s}.ddp.data_parallel_sharding_strategy={strategy}",
+            f"{s}.ddp.average_in_collective=False",
+            "# Megatron-FSDP: NeMo turns gradient_accumulation_fusion off (megatron_parallel.py), which this plan "
+            "priced on",
+        ]
+    overlaps = {
+        "overlap_grad_reduce": p["overlap_grad_reduce"],
+        "overlap_param_gather": bool(p["overlap_param_gather"] and zero >= 1),
+    }
+    out += [f"{s}.ddp.{k}={v}" for k, v in overlaps.items()]
+    if p["grad_bucket_size_params"] is not None:  # else Megatron-Core's own default, which the plan priced
+        out.append(f"{s}.ddp.bucket_size={p['grad_bucket_size_params']}")
     out += _nemo_precision(p)
     if p["main_params"] == "fp32_remainders":
         out.append("optim.config.use_precision_aware_optimizer=True")
         if p["adam_state_dtype"] == "bf16":
             out += ["optim.config.exp_avg_dtype=torch.bfloat16", "optim.config.exp_avg_sq_dtype=torch.bfloat16"]
     if p["tp_comm_overlap"]:
-        out.append("MegatronCommOverlapCallback.tp_comm_overlap=True")
-        for layer, values in sorted(_ub_fields(p).items()):  # its TransformerLayerTPOverlapCfg's fields
-            fields = ",".join(f"{k}={v}" for k, v in values.items())
-            out.append(f"MegatronCommOverlapCallback.tp_comm_overlap_cfg.{layer}: {fields}")
-    if p["pipeline_parallel"] > 1:  # the callback's own choice, named since the plan was priced by it
+        cfg = "; ".join(
+            f"{layer} " + ",".join(f"{k}={v}" for k, v in values.items())
+            for layer, values in sorted(_ub_fields(p).items())
+        )
+        out += [
+            "# tensor-parallel overlap: only MegatronCommOverlapCallback runs it (a recipe's performance_mode=True "
+            "adds it to trainer.callbacks): set that callback's tp_comm_overlap=True"
+            + (
+                f" and its tp_comm_overlap_cfg, a TransformerLayerTPOverlapCfg built in Python, with {cfg}"
+                if cfg
+                else ""
+            ),
+            "# the callback also sets ddp overlap_grad_reduce and overlap_param_gather (True) and bucket_size "
+            "(128 Mi): set its own fields to the values above",
+        ]
+    if p["pipeline_parallel"] > 1:  # Megatron-Core's defaults are overlap False, batch True; set both
         interleaved = p["virtual_pipeline"] > 1
-        out.append(f"MegatronCommOverlapCallback.overlap_p2p_comm={interleaved}")
-        out.append(f"MegatronCommOverlapCallback.batch_p2p_comm={not interleaved}")
+        out.append(f"model.config.overlap_p2p_comm={interleaved}")
+        out.append(f"model.config.batch_p2p_comm={not interleaved}")
     out.append(f"model.config.cross_entropy_loss_fusion={p['cross_entropy'] in ('megatron_fused', 'te')}")
     if p["cross_entropy"] == "te":
         out.append("model.config.cross_entropy_fusion_impl=te")
@@ -380,6 +411,9 @@ LAUNCH: dict[str, Callable[[dict[str, Any], ModelConfig], str]] = {
 }
 
 
-def launch_settings(framework_name: str, plan: dict[str, Any], model: ModelConfig) -> str:
-    """The framework's launch settings for `plan` (canonical plan fields, data_parallel resolved)."""
+def launch_settings(framework_name: str, plan: dict[str, Any], model: ModelConfig, num_nodes: int | None = None) -> str:
+    """The framework's launch settings for `plan` (canonical plan fields, data_parallel resolved) on `num_nodes`
+    nodes (NeMo's trainer takes them; the other frameworks take the GPUs from their launcher)."""
+    if framework_name == "nemo":
+        return nemo_overrides(plan, model, num_nodes)
     return LAUNCH[framework_name](plan, model)

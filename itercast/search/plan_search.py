@@ -234,7 +234,7 @@ def run_search(
     fw_name = framework(request.options.framework).name
     best = [_rescore(request, r) for r in rows[: request.top_k]]
     for r in best:
-        r["launch"] = launch_settings(fw_name, r["plan"], request.model)
+        r["launch"] = launch_settings(fw_name, r["plan"], request.model, r["num_nodes"])
     best.sort(key=lambda r: _objective(request, r, r["step_time_s"]))
     gaps = [abs(r["fast_step_time_s"] / r["step_time_s"] - 1) for r in best]
     fast_rows = [r for r in rows if r["fits"] or request.include_oom]
