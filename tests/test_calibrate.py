@@ -233,3 +233,20 @@ def test_a_calibrated_curve_priced_beyond_the_sizes_it_was_fitted_on_is_said(tmp
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(CalibrationError, match=r"`gemm\.bf16\.measured_range`: expected \[least, most\] size"):
         load_calibration(tmp_path / "bad.json")
+
+
+def test_a_collectives_asymptote_is_held_to_the_bandwidth_it_is_priced_against_when_asked():
+    """Rows of a law whose bus bandwidth tends to 1.2 × bw (log_half 20, gamma 1; no latency): free, the fit
+    recovers e_max 1.2; bounded at 1 (tools/fit_efficiency_curves.py _h100_400g: a ring moves no more than its
+    links), e_max sits at the bound and every other parameter stays inside its own bounds."""
+    law = {"alpha0_s": 0.0, "e_max": 1.2, "log_half": 20.0, "gamma": 1.0}
+    size = np.logspace(6, 11, 20)
+    t = collective_time_s(law, size, 2, 2, 1e9)
+    free = fit_collective(size, t, np.full_like(size, 2.0), 1e9)
+    assert free["e_max"] == pytest.approx(1.2, rel=1e-3)
+    held = fit_collective(size, t, np.full_like(size, 2.0), 1e9, e_max_at_most=1.0)
+    assert held["e_max"] == pytest.approx(1.0, abs=1e-6)
+    # the largest rows, at 1e11 bytes: 1e11 / (1e9 · 1.2 / (1 + e^(20 − 25.33))) = 83.73 s measured; the bounded
+    # curve cannot go below 1e11 / 1e9 = 100 s there
+    assert float(t[-1]) == pytest.approx(1e11 / (1e9 * 1.2 / (1 + np.exp(20 - np.log(1e11)))), rel=1e-9)
+    assert float(collective_time_s(held, size[-1], 2, 2, 1e9)) >= 100.0

@@ -1054,6 +1054,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "a calibrated curve priced below the sizes it was fitted on not said", _t("calibrate")),
     M(COST, "self._note(self._gemm_names[0 if te else 1], f)", "pass",
       "GEMMs priced on a calibrated curve never checked against its measured range", _t("calibrate")),
+    M(FIT, "hi_v[i] = min(hi_v[i], e_max_at_most)", "hi_v[i] = hi_v[i]",
+      "a collective fit's asymptote left free above the bandwidth it is priced against", _t("calibrate")),
     M(CURVES, "np.log(self.gamma - 1.0) / self.gamma", "np.log(self.gamma - 1.0) * self.gamma",
       "the memory curves' least-time size off its minimum of x / eff(x)", _t("hbm_ceiling")),
     M(COST, "moved = np.maximum(b, c.least_time_size())", "moved = b",

@@ -130,8 +130,10 @@ def fit_collective(
     ranks: np.ndarray | list | None = None,
     starts: int = 1,
     node_nic_bw: np.ndarray | list | None = None,
+    e_max_at_most: float = COLLECTIVE_PARAMS["e_max"][2],
 ) -> dict:
-    """Fit the collective curve (collective_time_s); `fixed` pins some parameters.
+    """Fit the collective curve (collective_time_s); `fixed` pins some parameters, `e_max_at_most` bounds
+    the asymptotic efficiency (1: no faster than the bandwidth each point is priced against).
 
     Without `ranks`: alpha0, alpha per log2(nodes) and the eff curve of the bus bytes. With `ranks`
     (groups of several sizes, as across nodes): also a latency that grows with the group, and the
@@ -159,7 +161,7 @@ def fit_collective(
         fixed.setdefault("alpha_per_log2_ranks_s", 0.0)
         fixed.setdefault("alpha_per_peer_s", 0.0)
     if {"alpha_per_log2_ranks_s", "alpha_per_peer_s"} & set(fixed):
-        return _fit_collective_form(x, t, m, k, bw, cap, fixed, starts)
+        return _fit_collective_form(x, t, m, k, bw, cap, fixed, starts, e_max_at_most)
     forms = {"log2_ranks": {"alpha_per_peer_s": 0.0}, "peers": {"alpha_per_log2_ranks_s": 0.0}}
     choice_err = {}
     if np.unique(k).shape[0] >= 3:
@@ -168,23 +170,43 @@ def fit_collective(
         for name, pins in forms.items():
             cap_small, cap_largest = (None, None) if cap is None else (cap[small], cap[largest])
             f = _fit_collective_form(
-                x[small], t[small], m[small], k[small], bw_arr[small], cap_small, {**fixed, **pins}, starts
+                x[small],
+                t[small],
+                m[small],
+                k[small],
+                bw_arr[small],
+                cap_small,
+                {**fixed, **pins},
+                starts,
+                e_max_at_most,
             )
             pred = collective_time_s(f, x[largest], m[largest], k[largest], bw_arr[largest], cap_largest)
             choice_err[name] = geomean_abs_err(pred, t[largest])
     form = min(choice_err, key=lambda name: choice_err[name]) if choice_err else "log2_ranks"
-    fit = _fit_collective_form(x, t, m, k, bw, cap, {**fixed, **forms[form]}, starts)
+    fit = _fit_collective_form(x, t, m, k, bw, cap, {**fixed, **forms[form]}, starts, e_max_at_most)
     return {**fit, "latency_of": form} | ({"latency_choice_err": choice_err[form]} if choice_err else {})
 
 
 def _fit_collective_form(
-    x: np.ndarray, t: np.ndarray, m: np.ndarray, k: np.ndarray, bw, cap: np.ndarray | None, fixed: dict, starts: int
+    x: np.ndarray,
+    t: np.ndarray,
+    m: np.ndarray,
+    k: np.ndarray,
+    bw,
+    cap: np.ndarray | None,
+    fixed: dict,
+    starts: int,
+    e_max_at_most: float = COLLECTIVE_PARAMS["e_max"][2],
 ) -> dict:
     """Least squares on log time of the collective curve's parameters not in `fixed`; the node NIC
     fraction only where `cap` (the node's NIC bandwidth per point) is given."""
     free = [n for n in COLLECTIVE_PARAMS if n not in fixed and (cap is not None or n != "node_nic_fraction")]
     scale = {n: 1e-6 if n.startswith("alpha") else 1.0 for n in free}  # latencies solved in µs
     first, lo_v, hi_v = ([COLLECTIVE_PARAMS[n][j] / scale[n] for n in free] for j in range(3))
+    if "e_max" in free:
+        i = free.index("e_max")
+        hi_v[i] = min(hi_v[i], e_max_at_most)
+        first[i] = min(first[i], hi_v[i])
 
     def params(v):
         out = dict(fixed)
