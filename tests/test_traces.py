@@ -262,7 +262,9 @@ def test_collective_sizes_come_from_record_param_comms_around_the_launch(tmp_pat
         "Group size": 8,
     }
     _, changed, counts = replay_whatif([path], WhatIf(system="dgx-h100"))
-    assert counts == {"re-timed all_reduce on dgx-h100": 1}
+    # one rank, no GPU named in the trace: its wait for peers cannot be told from its transfer, and is said
+    dropped = "unmatched collectives re-timed without their wait for peers (no preset for the GPU)"
+    assert counts == {"re-timed all_reduce on dgx-h100": 1, dropped: 1}
     costs = AnalyticCostModel(Job.from_presets("gpt3-1.3b", "dgx-h100").system, "bf16")
     all_reduce_s = costs.collective_s("all_reduce", 4 * (1 << 20), GroupPlacement(8, 1, 8))
     # kernel from 20 µs; the sync's 5 µs after it; the CPU's 25 µs after the sync

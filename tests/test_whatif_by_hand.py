@@ -34,7 +34,9 @@ def test_a_collective_is_retimed_on_the_what_ifs_calibrated_curves(tmp_path):
     events += [kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 20, 50, corr=1), call("cudaDeviceSynchronize", 15, 60)]
     path = write(tmp_path / "t.json", events)
     _, moved, counts = replay_whatif([path], WhatIf(system="dgx-h100", curves=linear_calibration()))
-    assert counts == {"re-timed all_reduce on dgx-h100": 1}
+    # one rank whose trace names no GPU: no wait for peers can be told apart, none is added (and that is said)
+    dropped = "unmatched collectives re-timed without their wait for peers (no preset for the GPU)"
+    assert counts == {"re-timed all_reduce on dgx-h100": 1, dropped: 1}
     g = moved.sim.graph
     (task,) = [t for t in range(g.num_tasks) if g.names[g.name[t]].startswith("ncclKernel")]
     assert g.duration_s[task] == pytest.approx(9.3206756e-6)

@@ -70,12 +70,14 @@ MAX_INFERRED_BYTES = 1 << 40  # no training collective moves a TiB: a time the m
 
 @dataclass(frozen=True)
 class CollectiveSize:
-    """A collective's kind, full-buffer bytes and group size; `inferred` where the bytes came from its time."""
+    """A collective's kind, full-buffer bytes and group size; `inferred` where the bytes came from its time;
+    `own_system`: the system preset of the trace's GPU (trace_system), None where no preset has it."""
 
     kind: str
     nbytes: float
     group_size: int
     inferred: bool
+    own_system: str | None = None
 
 
 def collective_kind(meta: dict, kernel_name: str) -> str | None:
@@ -115,13 +117,13 @@ def collective_sizes(
             if kind is None or group < 2:
                 missing["no collective kind or group size"] += 1
             elif elems is not None and item is not None:
-                sizes[task] = CollectiveSize(kind, float(elems) * item, group, False)
+                sizes[task] = CollectiveSize(kind, float(elems) * item, group, False, system)
             elif system is None:
                 missing[f"no size metadata, and no system preset for GPU {t.device_name!r}"] += 1
             elif (nbytes := infer_bytes(system, kind, group, float(meta.get("transfer_s", duration_s[task])))) is None:
                 missing["no size metadata, and a time the collective model cannot reach"] += 1
             else:
-                sizes[task] = CollectiveSize(kind, nbytes, group, True)
+                sizes[task] = CollectiveSize(kind, nbytes, group, True, system)
     return sizes, missing
 
 
@@ -133,7 +135,8 @@ def _group_size(meta: dict, t: RankTrace) -> int:
 
 
 @functools.cache
-def _model(system: str) -> AnalyticCostModel:
+def builtin_model(system: str) -> AnalyticCostModel:
+    """The system preset's collective model on the built-in curves (what sizes are inferred on)."""
     return AnalyticCostModel(load_system(system), "bf16")
 
 
@@ -141,7 +144,7 @@ def infer_bytes(system: str, kind: str, group_size: int, time_s: float) -> float
     """Bytes for which `kind` over `group_size` GPUs of `system` takes `time_s` on the collective
     model (bisection on the log of the size; the model's time grows with the size), None where the
     time is at or below the model's latency floor or beyond MAX_INFERRED_BYTES."""
-    model = _model(system)
+    model = builtin_model(system)
     group = place_group(group_size, 1, model.system.node.gpus_per_node)
     lo, hi = 1.0, float(MAX_INFERRED_BYTES)
     if model.collective_s(kind, lo, group) >= time_s or model.collective_s(kind, hi, group) < time_s:

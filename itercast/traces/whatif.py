@@ -16,7 +16,7 @@ from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.hardware.topology import place_group
-from itercast.traces.collective_sizes import collective_sizes
+from itercast.traces.collective_sizes import builtin_model, collective_sizes
 from itercast.traces.host_overheads import HostOverheads, modelled_host_us, synchronising_calls, thread_ops
 from itercast.traces.kineto import RankTrace
 from itercast.traces.parallel_whatifs import retime_data_parallel
@@ -161,7 +161,16 @@ def _retime_collectives(
     rg: ReplayGraph, traces: list[RankTrace], whatif: WhatIf, durations: np.ndarray, changes: Counter
 ) -> None:
     """Collectives re-timed on `whatif.system`'s model (over `whatif.world_size` GPUs if given) from
-    their sizes (collective_sizes: metadata, else inferred from their time on the trace's system)."""
+    their sizes (collective_sizes: metadata, else inferred from their time on the trace's system).
+
+    A collective matched across the loaded ranks waits for its peers through the replay graph's
+    rendezvous; one that is not (a single rank's trace) holds its wait for peers inside its measured
+    time. That wait is kept: the measured time less the trace's own system's model time for the same
+    bytes (collective_sizes' own_system), added to the new model time, since a faster network does not
+    make the other ranks arrive sooner. Where the bytes were inferred from that measured time the wait
+    is in the size instead (an upper bound, flagged), and without a preset for the trace's GPU it cannot
+    be told apart and is dropped: both are counted in `changes`. The own model is the built-in one, on
+    which collective_sizes infers sizes too (a calibration describes the system asked about)."""
     if whatif.system is None:
         raise ConfigError("what-if: --world-size re-times collectives with a system's model; also give --system")
     if not rg.nccl_meta:
@@ -170,7 +179,18 @@ def _retime_collectives(
     sizes, missing = collective_sizes(traces, rg.gpu_task, rg.nccl_meta, rg.graph.duration_s)
     for task, size in sizes.items():
         group = place_group(whatif.world_size or size.group_size, 1, costs.system.node.gpus_per_node)
-        durations[task] = costs.collective_s(size.kind, size.nbytes, group)
+        wait_s = 0.0
+        if "transfer_s" not in rg.nccl_meta[task] and not size.inferred:  # unmatched: its peers' wait is inside
+            if size.own_system is None:
+                changes["unmatched collectives re-timed without their wait for peers (no preset for the GPU)"] += 1
+            else:
+                own = builtin_model(size.own_system)
+                own_group = place_group(size.group_size, 1, own.system.node.gpus_per_node)
+                wait_s = max(0.0, float(durations[task]) - own.collective_s(size.kind, size.nbytes, own_group))
+                changes[
+                    f"unmatched collectives kept their measured wait for peers beyond {size.own_system}'s model"
+                ] += 1
+        durations[task] = costs.collective_s(size.kind, size.nbytes, group) + wait_s
         changes[f"re-timed {size.kind} on {whatif.system}" + (" (size inferred)" if size.inferred else "")] += 1
     for why, n in missing.items():
         changes[f"NCCL kernels kept at measured time ({why})"] += n
