@@ -167,15 +167,23 @@ def test_torchtitan_and_deepspeed_launch_texts_carry_the_sizes():
     assert 'pipeline_parallel_schedule = "Interleaved1F1B"' in titan
     assert "local_batch_size = 48" in titan  # 1536 sequences / 32 data-parallel ranks, split into micro-batches
     ds = launch_settings("deepspeed", {**PLAN, "virtual_pipeline": 1, "schedule": "1f1b"}, GPT3)  # type: ignore[arg-type]
-    config = json.loads(ds.split("# Megatron-DeepSpeed arguments")[0].removeprefix("# ds_config.json\n"))
+    # sequence parallel: Megatron-DeepSpeed's arguments.py raises without CUDA_DEVICE_MAX_CONNECTIONS=1
+    assert ds.startswith("# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed, sequence parallel)\n")
+    config = json.loads(ds.split("# Megatron-DeepSpeed arguments")[0].split("# ds_config.json\n")[1])
     assert config["train_batch_size"] == 1536
     assert config["gradient_accumulation_steps"] == 1536 // (1 * 32)  # 48
     assert config["zero_optimization"]["stage"] == 1
     assert "--pipeline-model-parallel-size 8" in ds
+    assert "--zero-stage 1" in ds  # Megatron-DeepSpeed's own copy, which decides zero.Init (stage 3)
+    zero3 = launch_settings("deepspeed", {**PLAN, "pipeline_parallel": 1, "virtual_pipeline": 1, "zero_stage": 3}, GPT3)  # type: ignore[arg-type]
+    assert (
+        "--zero-stage 3" in zero3
+        and json.loads(zero3.split("# ds_config.json\n")[1].split("\n# Megatron")[0])["zero_optimization"]["stage"] == 3
+    )
     assert "data_types" not in config  # autograd's accumulation: DeepSpeed's default grad_accum_dtype
     bf16_optimizer = {**PLAN, "virtual_pipeline": 1, "schedule": "1f1b", "grad_accumulation": "fp32_copy_add"}
     ds = launch_settings("deepspeed", bf16_optimizer, GPT3)  # type: ignore[arg-type]
-    config = json.loads(ds.split("# Megatron-DeepSpeed arguments")[0].removeprefix("# ds_config.json\n"))
+    config = json.loads(ds.split("# Megatron-DeepSpeed arguments")[0].split("# ds_config.json\n")[1])
     assert config["data_types"] == {"grad_accum_dtype": "fp32"}
 
 
@@ -372,6 +380,11 @@ def test_megatron_launch_settings_name_the_moe_dispatcher_priced():
     mcore = launch_settings("megatron-core", moe, mixtral)  # type: ignore[arg-type]
     assert "  --moe-token-dispatcher-type alltoall \\\n" in mcore
     assert "model.config.moe_token_dispatcher_type=alltoall" in launch_settings("nemo", moe, mixtral)  # type: ignore[arg-type]
+    # Megatron-DeepSpeed splits experts over tp only when told (--enable-expert-tensor-parallelism, off by default)
+    ds = launch_settings("deepspeed", {**moe, "pipeline_parallel": 1}, mixtral)  # type: ignore[arg-type]
+    assert "--moe-expert-parallel-size 8" in ds and "--enable-expert-tensor-parallelism" in ds  # etp 4 = tp 4
+    unsplit = launch_settings("deepspeed", {**moe, "pipeline_parallel": 1, "expert_tensor_parallel": 1}, mixtral)  # type: ignore[arg-type]
+    assert "--enable-expert-tensor-parallelism" not in unsplit
     assert "moe-token-dispatcher" not in launch_settings("megatron-core", PLAN, GPT3)  # type: ignore[arg-type]
 
 

@@ -4,6 +4,7 @@ ranking by each objective, and --num-nodes-range / --objective on the command li
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -35,7 +36,8 @@ def request_over(node_counts: tuple[int, ...], **fields) -> SearchRequest:
     base = parse_section("plan", {"global_batch_size": 16})
     model = parse_section("model", MODEL)
     system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 1})
-    return SearchRequest(model, system, base, node_counts, OPTIONS, **fields)  # type: ignore[arg-type]
+    options = fields.pop("options", OPTIONS)
+    return SearchRequest(model, system, base, node_counts, options, **fields)  # type: ignore[arg-type]
 
 
 def test_seconds_and_gpu_hours_per_token_by_hand():
@@ -181,15 +183,39 @@ def one_task(duration_s: float, category: Category) -> StepGraph:
 
 
 def rank_graphs(
-    monkeypatch, graphs: dict[str, StepGraph], objective: str, options: DistributionOptions
+    monkeypatch,
+    graphs: dict[str, StepGraph],
+    objective: str,
+    options: DistributionOptions,
+    batches: dict[str, int] | None = None,
 ) -> SearchResult:
     """Plans named after their one-task step graphs, in the dict's (deterministic) order, sampled and
-    re-ranked by `objective`."""
+    re-ranked by `objective`; `batches`: each plan's global batch, searched over those sizes (else 16 each)."""
     monkeypatch.setattr(distribution_rank, "plan_job", lambda request, row: row["plan"]["name"])
     monkeypatch.setattr(distribution_rank, "build_transformer_step", lambda name, calibration: graphs[name])
-    plans = [{"plan": {"name": n}, "step_time_s": float(g.graph.duration_s.sum())} for n, g in graphs.items()]
+    gbs = batches or dict.fromkeys(graphs, 16)
+    plans = [
+        {
+            "plan": {"name": n, "global_batch_size": gbs[n]},
+            "num_gpus": 8,
+            "step_time_s": float(g.graph.duration_s.sum()),
+        }
+        for n, g in graphs.items()
+    ]
     result = SearchResult(plans, [], [], [], 2, 2, 2, 0.0, 0.0, objective=objective)
-    return rank_by_distribution(result, request_over((1,), objective=objective), options)
+    searched = replace(OPTIONS, global_batch_sizes=tuple(sorted(set(gbs.values()))))
+    return rank_by_distribution(result, request_over((1,), objective=objective, options=searched), options)
+
+
+def test_over_several_global_batches_the_distribution_ranks_per_sequence(monkeypatch):
+    """A: 3.2486 s for 64 sequences (0.050759 s each), B: 12.8526 s for 256 (0.050205 s each), no variability:
+    by p50 B stays first, as the step objective ranks them over several batches (per sequence), though its
+    step is 4× A's."""
+    graphs = {"B": one_task(12.8526, Category.COMPUTE), "A": one_task(3.2486, Category.COMPUTE)}
+    still = DistributionOptions(VariabilityModel(0.0, 0.0, 0.0, 0.0, 0.0), samples=50, top=2)
+    ranked = rank_graphs(monkeypatch, graphs, "p50", still, batches={"A": 64, "B": 256})
+    assert [r["plan"]["name"] for r in ranked.plans] == ["B", "A"]
+    assert ranked.ranking_note.startswith("variability does not change the ranking")
 
 
 def two_plans(monkeypatch, objective: str, compute_cv: float) -> SearchResult:

@@ -159,3 +159,20 @@ def test_a_deadline_met_only_without_failures_has_the_probability_of_none():
     fm = FailureModel(mtbf_per_gpu_s=5e7, checkpoint_s=600.0, restart_s=3600.0)
     got = time_to_train(5.0, 20_000, 512, fm, deadline_s=109_600.0, samples=20_000).deadline_probability
     assert got == pytest.approx(0.33775, abs=4 * 0.0033)
+
+
+def test_a_job_that_would_never_finish_is_refused_and_bad_arguments_named():
+    # 1,000 GPUs of 10 h MTBF fail every 36 s (λ = 100/h); a 0.1 h checkpoint and a 0.2 h restart alone are
+    # λ · 0.3 h = 30 > 13.8 (e^13.8 ≈ a million attempts a segment): refused before any interval is searched
+    fm = FailureModel(mtbf_per_gpu_s=10 * HOUR_S, checkpoint_s=0.1 * HOUR_S, restart_s=0.2 * HOUR_S)
+    with pytest.raises(ValueError, match=r"would not finish: its 1000 GPUs fail every 36 s on average, and a 360 s "):
+        time_to_train(1.0, 1000, 1000, fm)
+    # 100 GPUs of 1000 h (λ = 0.1/h) with a 200 h interval: λ · (200 + 0.3) h = 20.03 > 13.8
+    with pytest.raises(ValueError, match=r"7\.2e\+05 s of work with its 360 s checkpoint and a 720 s restart needs"):
+        time_to_train(1.0, 720_000, 100, FM, interval_s=200 * HOUR_S)
+    # 100 h (λ · 100.3 h = 10.03): it runs
+    assert time_to_train(1.0, 360_000, 100, FM, interval_s=100 * HOUR_S, samples=100).expected_s > 100 * HOUR_S
+    with pytest.raises(ValueError, match=r"expected step_s > 0, steps ≥ 1, num_gpus ≥ 1 and interval_s > 0; got"):
+        time_to_train(1.0, 0, 16, FM)
+    with pytest.raises(ValueError, match=r"interval_s -5"):
+        time_to_train(1.0, 10, 16, FM, interval_s=-5)

@@ -147,11 +147,13 @@ def lognormal_draws(cv: float, shape: tuple[int, ...]) -> np.ndarray:
 
 def test_a_compute_task_varies_as_the_slowest_of_its_tensor_and_context_parallel_peers():
     # tp 2 × cp 2: the task stands for 4 GPUs that meet at the next collective: the maximum of 4
-    # draws (order statistics), against drawing the 4 and keeping the largest
-    job = tiny_job(tensor_parallel=2, context_parallel=2, global_batch_size=2)
+    # draws (order statistics), against drawing the 4 and keeping the largest. One data-parallel replica
+    # (pp 2 fills the node): no slowest replica's sum to condition on (test_variability_runs has that)
+    job = tiny_job(tensor_parallel=2, context_parallel=2, pipeline_parallel=2, global_batch_size=2)
     ratio = sampled_ratios(job, VariabilityModel(0.1, 0, 0, 0), Category.COMPUTE)[0]
     assert stats.ks_2samp(ratio, lognormal_draws(0.1, (20_000, 4)).max(axis=1)).statistic < 0.02
-    alone = sampled_ratios(tiny_job(global_batch_size=8), VariabilityModel(0.1, 0, 0, 0), Category.COMPUTE)[0]
+    alone_job = tiny_job(pipeline_parallel=8, global_batch_size=8)
+    alone = sampled_ratios(alone_job, VariabilityModel(0.1, 0, 0, 0), Category.COMPUTE)[0]
     assert stats.ks_2samp(alone, lognormal_draws(0.1, (20_000,))).statistic < 0.02
 
 

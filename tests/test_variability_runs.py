@@ -202,3 +202,34 @@ def test_sensitivity_adds_class_noise_to_the_run_level_base_by_hand():
     assert [r["class"] for r in across] == ["gemm"]
     assert across[0]["dp95_per_cv_s"] == pytest.approx(0.012876, rel=0.03)
     assert within[0]["dp95_per_cv_s"] == pytest.approx(0.018182, rel=0.03)
+
+
+def test_a_stages_compute_is_its_slowest_data_parallel_replicas():
+    """Two 1 s compute tasks in a row on one stage of 2 replicas, compute_cv 0.1 alone (σ = √ln 1.01 =
+    0.099751): a replica takes e^(σz1 − σ²/2) + e^(σz2 − σ²/2) s, and the step is the longer replica's. By
+    hand to first order, 2 + σ·√2·E[max of 2 normals] = 2 + 0.099751 · 1.414214 · 0.564190 = 2.07959 s;
+    an independent draw of both replicas (second order included) gives the reference the sampler must meet,
+    within 0.1% (200,000 steps: standard error ~0.0002 s)."""
+    b = GraphBuilder()
+    r = b.resource(0, "compute")
+    first = b.task("a", r, 1.0, Category.COMPUTE, "gemm")
+    b.task("b", r, 1.0, Category.COMPUTE, "gemm", [first])
+    noise = VariabilityModel(0.1, 0.0, 0.0, 0.0, 0.0)
+    n, rng = 200_000, np.random.default_rng(1)
+    one = GraphSampler(StepGraph(b.build(), 1, 1), noise)(rng, n).sum(axis=0)
+    two = GraphSampler(StepGraph(b.build(), 1, 1, replicas=2), noise)(rng, n).sum(axis=0)
+    sigma = math.sqrt(math.log(1.01))
+    z = np.random.default_rng(2).standard_normal((n, 2, 2))
+    replicas = np.exp(sigma * z - sigma * sigma / 2).sum(axis=2)  # each replica's two tasks
+    assert one.mean() == pytest.approx(2.0, rel=1e-3)  # one replica: no maximum, mean 1 a task
+    assert two.mean() == pytest.approx(replicas.max(axis=1).mean(), rel=1e-3)
+    assert two.mean() == pytest.approx(2 + sigma * math.sqrt(2) * 0.564190, rel=1e-3)
+    assert np.percentile(two, 95) == pytest.approx(np.percentile(replicas.max(axis=1), 95), rel=2e-3)
+
+
+def test_variability_refuses_a_job_that_would_never_finish_in_one_line():
+    # 8 GPUs of 1e-9 h MTBF fail every 4.5e-7 s: no checkpoint of 300 s ever completes
+    args = ["variability", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "model.num_layers=2"]
+    res = CliRunner().invoke(app, [*args, "--samples", "200", "--steps", "1000", "--mtbf-hours", "1e-9"])
+    assert res.exit_code == 2 and "the job would not finish: its 8 GPUs fail every 4.5e-07 s" in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1

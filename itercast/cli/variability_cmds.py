@@ -292,7 +292,12 @@ def variability_cmd(
         failures = FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s)
         deadline_s = deadline_hours * HOUR_S if deadline_hours else None
         step_cv = float(dist.samples_s.std() / dist.samples_s.mean())
-        out["time_to_train"] = _time_to_train(out["mean_s"], steps, w.num_gpus, failures, deadline_s, seed, vm, step_cv)
+        try:
+            out["time_to_train"] = _time_to_train(
+                out["mean_s"], steps, w.num_gpus, failures, deadline_s, seed, vm, step_cv
+            )
+        except ValueError as exc:  # a job that would never finish at this failure rate
+            fail(str(exc))
     if as_json:
         echo_json(out)
         return

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from itercast.search.objectives import DISTRIBUTION_OBJECTIVES
-from itercast.search.plan_search import SearchRequest, SearchResult, plan_job
+from itercast.search.plan_search import SearchRequest, SearchResult, objective_of, plan_job
 from itercast.stochastic.variability import VariabilityModel, build_transformer_step, graph_distribution
 
 PlanProgress = Callable[[int, int], None]  # (plans sampled, plans to sample)
@@ -57,7 +57,8 @@ def rank_by_distribution(
         row["distribution"] = {**dist.quantiles(), "mean_s": float(dist.samples_s.mean())}
         if progress is not None:
             progress(done, len(sampled))
-    sampled.sort(key=lambda r: r["distribution"][key])
+    # the figure in the objective's unit: per sequence when the searched batches vary (objective_values)
+    sampled.sort(key=lambda r: objective_of(request, r, r["distribution"][key]))
     note = ranking_note(request.objective, [r["deterministic_rank"] for r in sampled])
     return replace(result, plans=sampled + plans[len(sampled) :], ranking_note=note)
 

@@ -390,17 +390,26 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         args.append("--no-pipeline-parallel")
     if p["sequence_parallel"]:
         args.append("--sequence-parallel")
-    if model.is_moe:  # Megatron-DeepSpeed's name (megatron/arguments.py)
+    if model.is_moe:  # Megatron-DeepSpeed's names (megatron/arguments.py)
         args.append(f"--moe-expert-parallel-size {p['expert_parallel']}")
+        etp, tp = p["expert_tensor_parallel"], p["tensor_parallel"]
+        if etp > 1 and etp == tp:  # off by default: the experts unsplit (model/transformer.py)
+            args.append("--enable-expert-tensor-parallelism")
+        elif etp > 1:
+            args.append(f"# expert tensor parallel {etp}: Megatron-DeepSpeed splits experts over all tp {tp} or none")
     if p["flash_attention"]:  # else Megatron-DeepSpeed runs its unfused attention (model/transformer.py)
         args.append("--use-flash-attn-v2")
     if p["dtype"] == "fp8":
         args += ["--transformer-impl transformer_engine", "--fp8-hybrid"]
     if p["recompute"] == "full":  # the JSON's activation_checkpointing is read only with it (initialize.py)
         args.append("--deepspeed-activation-checkpointing")
-    args += [*_recompute_megatron(p), "--deepspeed", "--deepspeed_config ds_config.json"]
+    # its own --zero-stage (default 1) decides whether pretrain_gpt.py builds the model under zero.Init (stage 3)
+    args += [*_recompute_megatron(p), f"--zero-stage {zero}", "--deepspeed", "--deepspeed_config ds_config.json"]
     text = json.dumps(config, indent=2)
-    return f"# ds_config.json\n{text}\n# Megatron-DeepSpeed arguments\n" + " \\\n  ".join(args)
+    # megatron/arguments.py raises on sequence parallelism without it (on CUDA)
+    env = "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed, sequence parallel)\n"
+    head = env if p["sequence_parallel"] else ""
+    return f"{head}# ds_config.json\n{text}\n# Megatron-DeepSpeed arguments\n" + " \\\n  ".join(args)
 
 
 LAUNCH: dict[str, Callable[[dict[str, Any], ModelConfig], str]] = {

@@ -230,12 +230,12 @@ def run_search(
             f"over the {fraction:.0%} of {request.system.gpu.hbm_bytes / 2**30:.0f} GiB allowed "
             "(--max-memory-fraction, --memory-headroom-gib); try more GPUs, a smaller global batch, recompute or ZeRO"
         )
-    rows.sort(key=lambda r: _objective(request, r, r["fast_step_time_s"]))
+    rows.sort(key=lambda r: objective_of(request, r, r["fast_step_time_s"]))
     fw_name = framework(request.options.framework).name
     best = [_rescore(request, r) for r in rows[: request.top_k]]
     for r in best:
         r["launch"] = launch_settings(fw_name, r["plan"], request.model, r["num_nodes"])
-    best.sort(key=lambda r: _objective(request, r, r["step_time_s"]))
+    best.sort(key=lambda r: objective_of(request, r, r["step_time_s"]))
     gaps = [abs(r["fast_step_time_s"] / r["step_time_s"] - 1) for r in best]
     fast_rows = [r for r in rows if r["fits"] or request.include_oom]
     return SearchResult(
@@ -326,7 +326,7 @@ def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _objective(request: SearchRequest, row: dict[str, Any], step_time_s: float) -> float:
+def objective_of(request: SearchRequest, row: dict[str, Any], step_time_s: float) -> float:
     """A row's objective (smaller is better) for the step time given: the fast path's or the graph's."""
     batches_vary = len(request.options.global_batch_sizes) > 1
     gbs, seq = row["plan"]["global_batch_size"], request.model.seq_length

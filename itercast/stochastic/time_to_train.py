@@ -90,6 +90,25 @@ class TimeToTrain:
     expected_interruptions: float
 
 
+#: ln of the expected attempts of one segment (λ × (work + checkpoint + restart)) beyond which a job is refused
+#: as never finishing: e^13.8 ≈ a million tries, where e^(λs) would soon overflow and the samplers' failure
+#: probability underflow
+MAX_LOG_ATTEMPTS = 13.8
+
+
+def _refuse_unfinishable(work_s: float, rate: float, fm: FailureModel, num_gpus: int) -> None:
+    """A ValueError when a segment of `work_s` seconds with its checkpoint and a restart needs more than
+    e^MAX_LOG_ATTEMPTS attempts at `rate` failures a second: the job would not finish."""
+    tries = rate * (work_s + fm.checkpoint_s + fm.restart_s)
+    if tries > MAX_LOG_ATTEMPTS:
+        overheads = f"{fm.checkpoint_s:g} s checkpoint and a {fm.restart_s:g} s restart"
+        what = f"a {overheads} alone need" if work_s == 0 else f"{work_s:.3g} s of work with its {overheads} needs"
+        raise ValueError(
+            f"time to train: the job would not finish: its {num_gpus} GPUs fail every {1 / rate:.3g} s on average, "
+            f"and {what} about e^{tries:.0f} attempts (a longer MTBF, or shorter checkpoints and restarts)"
+        )
+
+
 def _segment_s(length_s: float, rate: float, fm: FailureModel) -> float:
     """E[time] of one segment of `length_s` seconds (work and its checkpoint) with its failures and
     restarts: e^{λR} (e^{λs} − 1) / λ (module docstring); s itself without failures."""
@@ -231,9 +250,16 @@ def time_to_train(
     checkpoints. `step_cv`: one step's CV within a run, taken whole as an AR(1) of lag-1
     `step_autocorrelation` (an upper bound on the job's spread when only part of the step, the shared
     step factor, is correlated: independent parts average out faster); `run_cv`: the run's factor."""
+    if not (step_s > 0 and steps >= 1 and num_gpus >= 1 and (interval_s is None or interval_s > 0)):
+        raise ValueError(
+            f"time to train: expected step_s > 0, steps ≥ 1, num_gpus ≥ 1 and interval_s > 0; got step_s {step_s}, "
+            f"steps {steps}, num_gpus {num_gpus}, interval_s {interval_s}"
+        )
     work = step_s * steps
     rate = fm.job_failure_rate(num_gpus)
+    _refuse_unfinishable(0.0, rate, fm, num_gpus)  # before the interval's search, whose segments would overflow
     tau = interval_s if interval_s is not None else best_interval_s(work, rate, fm)
+    _refuse_unfinishable(min(tau, work), rate, fm, num_gpus)
     draws, _ = sample_time_s(work, tau, rate, fm, samples, seed)
     if step_cv > 0 or run_cv > 0:
         draws = draws + (speed_factors(steps, step_cv, step_autocorrelation, run_cv, samples, seed) - 1) * work

@@ -22,6 +22,8 @@ ones from a profiling database's repeats (noise_from_profile).
 How they combine on a step graph whose ranks each stand for some GPUs (StepGraph; approximations, stated):
 - a compute task stands for the GPUs that meet at its next collective (a transformer's tp·cp, a DLRM
   rank's one GPU): its noise is the maximum of that many draws, sampled directly (order statistics);
+  and a transformer stage's compute is that of the slowest of its dp replicas, which meet at the gradient
+  reduction (GraphSampler._slowest_replica: the stage's sum conditioned on being the largest of dp);
 - a graph rank runs at the pace of its slowest GPU: per step, one factor per rank, the maximum of the
   persistent factors of the GPUs it stands for (a transformer's pipeline stage: dp·tp·cp GPUs, an
   upper bound: a slow GPU in one data-parallel replica only delays that replica until the gradient
@@ -31,12 +33,13 @@ How they combine on a step graph whose ranks each stand for some GPUs (StepGraph
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy import signal, special
+from scipy import integrate, signal, special
 
 from itercast.config.job import Job
 from itercast.graph.execgraph import Category, ExecGraph
@@ -112,6 +115,21 @@ def _z_max(rng: np.random.Generator, k: int, shape: tuple[int, int]) -> np.ndarr
     return special.ndtri(rng.random(shape) ** (1.0 / k)) if k > 1 else rng.standard_normal(shape)
 
 
+@functools.cache
+def _z_max_moments(k: int) -> tuple[float, float]:
+    """Mean and standard deviation of the maximum of k i.i.d. standard normals (density k·φ(z)·Φ(z)^(k−1),
+    integrated numerically; k = 1: 0 and 1)."""
+    if k == 1:
+        return 0.0, 1.0
+
+    def density(x: float) -> float:
+        return k * float(special.ndtr(x)) ** (k - 1) * np.exp(-x * x / 2) / np.sqrt(2 * np.pi)
+
+    mean = integrate.quad(lambda x: x * density(x), -np.inf, np.inf)[0]
+    second = integrate.quad(lambda x: x * x * density(x), -np.inf, np.inf)[0]
+    return mean, float(np.sqrt(second - mean * mean))
+
+
 def lognormal(cv: float, z: np.ndarray) -> np.ndarray:
     """Log-normal factors of mean 1 and coefficient of variation `cv` from standard normals `z`."""
     sigma = np.sqrt(np.log1p(cv * cv))
@@ -154,6 +172,9 @@ class StepGraph:
     #: per class (kernel family or collective), per task, the share of its duration; none: each
     #: non-host task wholly its graph family (class_shares_of)
     class_shares: dict[str, np.ndarray] | None = None
+    #: data-parallel replicas each graph rank stands for (a transformer's dp), which meet at the step's
+    #: gradient reduction: a stage's compute is its slowest replica's (GraphSampler._slowest_replica)
+    replicas: int = 1
 
 
 def transformer_step(
@@ -168,7 +189,7 @@ def transformer_step(
     p, m = job.plan, job.model
     padded = m.moe_capacity_factor is not None and m.moe_pad_to_capacity
     k_task = p.tensor_parallel * p.context_parallel
-    return StepGraph(graph, k_task, p.dp * k_task, None if padded else expert_share, class_shares)
+    return StepGraph(graph, k_task, p.dp * k_task, None if padded else expert_share, class_shares, p.dp)
 
 
 def build_transformer_step(job: Job, calibration: dict[str, Any] | None = None) -> StepGraph:
@@ -204,6 +225,7 @@ class GraphSampler:
         self.stages = int(ranks.max()) + 1 if ranks.size else 1
         self.k_task = step.gpus_per_task
         self.gpus_per_stage = step.gpus_per_rank
+        self.replicas = step.replicas
         self.run_steps = run_steps
         self.run_cv = model.run_cv if run_steps is not None else 0.0
 
@@ -213,7 +235,10 @@ class GraphSampler:
         if self.compute.size:
             factor = np.ones((self.compute.size, n))
             if m.compute_cv > 0:
-                factor *= lognormal(m.compute_cv, _z_max(rng, self.k_task, (self.compute.size, n)))
+                z = _z_max(rng, self.k_task, (self.compute.size, n))
+                if self.replicas > 1:
+                    z = self._slowest_replica(rng, z)
+                factor *= lognormal(m.compute_cv, z)
             if m.gpu_cv > 0:
                 per_stage = lognormal(m.gpu_cv, _z_max(rng, self.gpus_per_stage, (self.stages, n)))
                 factor *= per_stage[self.stage_of_compute]
@@ -233,6 +258,27 @@ class GraphSampler:
             load = lognormal(m.moe_imbalance_cv, rng.standard_normal((self.imbalanced.size, n)))
             dur[self.imbalanced] *= 1 + self.imbalanced_share[:, None] * (load - 1)
         return dur
+
+    def _slowest_replica(self, rng: np.random.Generator, z: np.ndarray) -> np.ndarray:
+        """Compute noise `z` (compute tasks × samples, each the maximum of k_task standard normals) redrawn as
+        the slowest of `replicas` data-parallel replicas' per stage: the replicas run the same tasks and meet
+        at the gradient reduction, so the stage takes the replica whose tasks sum longest. To first order
+        in the noise a replica's stage time is Σ b_i·y_i (b the tasks' durations, y their noise standardised
+        by the mean and sd of a maximum of k_task normals, _z_max_moments), whose projection u = d·y on
+        d = b / |b| is standard normal; the slowest replica's is the maximum of `replicas` of them (_z_max),
+        and its tasks are y conditioned on that sum (a Gaussian's conditional): y + d·(u_max − u). Exact
+        for normal y; with many tasks a stage's sum is near normal whatever y (central limit)."""
+        mean, sd = _z_max_moments(self.k_task)
+        y = (z - mean) / sd
+        u_max = _z_max(rng, self.replicas, (self.stages, z.shape[1]))
+        base = self.base[self.compute]
+        for stage in range(self.stages):
+            rows = self.stage_of_compute == stage
+            norm = float(np.linalg.norm(base[rows]))
+            if norm > 0:
+                d = base[rows] / norm
+                y[rows] += d[:, None] * (u_max[stage] - d @ y[rows])[None, :]
+        return mean + sd * y
 
     def _shared(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """(1, n) factors shared by every compute and communication task of a step: step_cv's factor
