@@ -176,3 +176,18 @@ def test_a_job_that_would_never_finish_is_refused_and_bad_arguments_named():
         time_to_train(1.0, 0, 16, FM)
     with pytest.raises(ValueError, match=r"interval_s -5"):
         time_to_train(1.0, 10, 16, FM, interval_s=-5)
+
+
+def test_a_short_run_checkpoints_in_equal_segments_when_that_is_shorter():
+    """λ = 3 failures/h = 1/1200 s, δ = 300 s, R = 600 s: Young's interval √(2δ/λ) = √720,000 = 848.5 s; a run of
+    2.5 of them (2,121.3 s of work) in 3 equal segments of 707.1 s: each (e^(λ·1007.1) − 1)/λ · e^(λR)
+    = (e^0.83927 − 1) · 1200 · e^0.5 = 1.31474 · 1200 · 1.64872 = 2,601.2 s, 7,803.5 s in all, less than cutting
+    it at the long-run interval and paying a whole checkpoint on the last half (Daly's E[segment]/τ alone)."""
+    fm = FailureModel(mtbf_per_gpu_s=HOUR_S / 3, checkpoint_s=300.0, restart_s=600.0)
+    rate = fm.job_failure_rate(1)
+    work = 2.5 * math.sqrt(2 * 300.0 / rate)
+    best = best_interval_s(work, rate, fm)
+    assert best == pytest.approx(work / 3)
+    assert expected_time_s(work, best, rate, fm) == pytest.approx(7803.5, rel=1e-4)
+    long_run = best_interval_s(math.inf, rate, fm)
+    assert expected_time_s(work, long_run, rate, fm) > expected_time_s(work, best, rate, fm) * 1.04
