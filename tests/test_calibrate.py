@@ -227,6 +227,24 @@ def test_a_calibrated_curve_priced_beyond_the_sizes_it_was_fitted_on_is_said(tmp
     assert "calibrated gemm.bf16 was fitted on 1e+05–1e+09 FLOPs; this job prices" in res.output
     data = json.loads(CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "cal.json"), "--json"]).stdout)
     assert len(data["extrapolated"]) == 1 and data["extrapolated"][0].startswith("calibrated gemm.bf16")
+    # search says it of the plans it shows, each priced by predict's graph
+    found = CliRunner().invoke(
+        app,
+        [
+            "search",
+            *args[1:],
+            "--set",
+            "plan.global_batch_size=8",
+            "--top",
+            "1",
+            "--calibration",
+            str(tmp_path / "cal.json"),
+        ],
+    )
+    assert found.exit_code == 0, found.output
+    assert (
+        "calibrated gemm.bf16 was fitted on 1e+05–1e+09 FLOPs" in found.output and "(the plans shown)" in found.output
+    )
     # a range that is no [least, most] is refused where the file is read
     bad = {**json.loads((tmp_path / "cal.json").read_text())}
     bad["gemm"]["bf16"]["measured_range"] = [1e9, 1e5]

@@ -35,6 +35,7 @@ from itercast.cli.app import (
     resolve_job_file,
     show_table,
     sizes_option,
+    warn,
     working,
 )
 from itercast.cli.variability_cmds import (
@@ -217,6 +218,8 @@ def search_cmd(
         if sampling is None
         else run_level_notes(sampling.model, across_runs, f"the sampled steps ranked by {objective}")
     )
+    for note in dict.fromkeys(line for row in result.plans for line in row.get("extrapolated", [])):
+        warn(f"{note} (the plans shown)")
     settings = framework_settings(raw["plan"], framework)
     if fmt == "json":
         doc = result.to_dict()

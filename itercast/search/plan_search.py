@@ -323,6 +323,7 @@ def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
         "model_tflops_per_gpu": r.model_tflops_per_gpu,
         "memory_per_gpu_bytes": r.memory.total_bytes,
         "breakdown": r.breakdown.as_dict(),
+        "extrapolated": list(r.extrapolated),  # calibrated curves priced beyond their rows (predict)
     }
 
 
