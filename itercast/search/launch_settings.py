@@ -238,7 +238,9 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
                 else ""
             ),
             "# the callback also sets ddp overlap_grad_reduce and overlap_param_gather (True) and bucket_size "
-            "(128 Mi): set its own fields to the values above",
+            "(128 Mi): set its own fields to the values above; performance mode adds callbacks this plan did not "
+            "price too (mixtral_8x7b's MegatronTokenDropCallback: capacity 1.0, padded; gpt3_175b's deferred "
+            "embedding wgrad): remove them",
         ]
     if p["pipeline_parallel"] > 1:  # Megatron-Core's defaults are overlap False, batch True; set both
         interleaved = p["virtual_pipeline"] > 1
