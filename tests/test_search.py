@@ -152,6 +152,9 @@ def test_bad_options_are_one_line_errors():
     assert "global_batch_size" in runner.invoke(app, args).output
     out = runner.invoke(app, [*args, "--set", "plan.global_batch_size=8", "--num-nodes-range", "4:2"])
     assert out.exit_code == 2 and "--num-nodes-range" in out.output
+    # a list takes the range's ceiling too (it allowed 10,000,000 nodes where LO:HI stopped at 100,000)
+    out = runner.invoke(app, [*args, "--set", "plan.global_batch_size=8", "--num-nodes-range", "2,200000"])
+    assert out.exit_code == 2 and "expected node counts ≤ 100000; got '2,200000'" in out.output
     out = runner.invoke(app, [*args, "--set", "plan.global_batch_size=8", "--backend", "spark"])
     assert out.exit_code == 2 and "local or ray" in out.output
 

@@ -336,6 +336,8 @@ def framework_settings(raw_plan: dict[str, Any], framework_name: str) -> dict[st
 
 #: node counts one search compares (each is searched in full: 1,000 take about 20 s on 2 cores)
 MAX_NODE_COUNTS = 1024
+#: the most nodes a searched count may have, however the counts are given (LO:HI or a list)
+MAX_NODES = 100_000
 
 
 def _node_counts(text: str | None, system: SystemConfig) -> tuple[int, ...]:
@@ -344,14 +346,16 @@ def _node_counts(text: str | None, system: SystemConfig) -> tuple[int, ...]:
         return (system.num_nodes,)
     if ":" not in text:
         counts = sizes_option(text, "--num-nodes-range")
+        if counts[-1] > MAX_NODES:
+            raise ConfigError(f"--num-nodes-range: expected node counts ≤ {MAX_NODES}; got {text!r}")
     else:
         lo, _, hi = text.partition(":")
         try:
             low, high = int(lo), int(hi)
         except ValueError:
             raise ConfigError(f"--num-nodes-range: expected LO:HI (whole numbers); got {text!r}") from None
-        if not 1 <= low <= high <= 100_000:
-            raise ConfigError(f"--num-nodes-range: expected 1 ≤ LO ≤ HI ≤ 100000; got {text!r}")
+        if not 1 <= low <= high <= MAX_NODES:
+            raise ConfigError(f"--num-nodes-range: expected 1 ≤ LO ≤ HI ≤ {MAX_NODES}; got {text!r}")
         counts = tuple(range(low, high + 1))
     if len(counts) > MAX_NODE_COUNTS:
         raise ConfigError(
