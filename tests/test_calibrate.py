@@ -245,6 +245,10 @@ def test_a_calibrated_curve_priced_beyond_the_sizes_it_was_fitted_on_is_said(tmp
     assert (
         "calibrated gemm.bf16 was fitted on 1e+05–1e+09 FLOPs" in found.output and "(the plans shown)" in found.output
     )
+    # slice says it of the slicing it chose (predict's graph of it)
+    sliced = CliRunner().invoke(app, ["slice", *args[1:], "--calibration", str(tmp_path / "cal.json")])
+    assert sliced.exit_code == 0, sliced.output
+    assert "calibrated gemm.bf16 was fitted on 1e+05–1e+09 FLOPs" in sliced.output
     # a range that is no [least, most] is refused where the file is read
     bad = {**json.loads((tmp_path / "cal.json").read_text())}
     bad["gemm"]["bf16"]["measured_range"] = [1e9, 1e5]

@@ -31,6 +31,7 @@ from itercast.cli.app import (
     fail,
     finite,
     resolve_job_file,
+    warn,
     warn_other_system,
 )
 from itercast.config.job import parse_section, raw_sections
@@ -239,6 +240,8 @@ def _slice_job(
     if not found:
         raise ValueError(f"no stage count in 1..{counts[-1]} gives a valid plan that fits the GPUs' memory")
     best = min(found, key=lambda js: js.prediction.step_time_s)
+    for note in best.prediction.extrapolated:  # calibrated curves priced beyond their rows (predict)
+        warn(note)
     out = _job_dict(best, time.perf_counter() - t0, src.calibration)
     if method in ("relaxed", "both"):
         costs, names = job_layer_costs(best.job, src.calibration)
