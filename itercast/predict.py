@@ -126,6 +126,8 @@ class DLRMPrediction(Forecast):
     sharding: dict[str, Shard]
     sharding_from: str
     evaluated: int
+    #: calibrated curves priced beyond the sizes they were fitted on (AnalyticCostModel.extrapolations)
+    extrapolated: tuple[str, ...] = ()
 
     @property
     def samples_per_s(self) -> float:
@@ -138,6 +140,7 @@ class DLRMPrediction(Forecast):
             "samples_per_s": self.samples_per_s,
             "sharding_from": self.sharding_from,
             "tables": tables,
+            "extrapolated": list(self.extrapolated),
             "job": self.job.to_dict(),
         }
 
@@ -236,6 +239,7 @@ def _dlrm_forecast(
         sharding,
         source,
         evaluated,
+        step.extrapolated,
     )
 
 

@@ -272,3 +272,23 @@ def test_a_collectives_asymptote_is_held_to_the_bandwidth_it_is_priced_against_w
     # curve cannot go below 1e11 / 1e9 = 100 s there
     assert float(t[-1]) == pytest.approx(1e11 / (1e9 * 1.2 / (1 + np.exp(20 - np.log(1e11)))), rel=1e-9)
     assert float(collective_time_s(held, size[-1], 2, 2, 1e9)) >= 100.0
+
+
+def test_a_dlrm_step_says_which_calibrated_curve_it_priced_beyond_its_rows(tmp_path):
+    """fp32 GEMMs of 1e5–1e7 FLOPs (20 rows): dlrm-small's MLPs at 65,536 samples a rank run GEMMs up to
+    2 · 65,536 · 64 · 42 = 3.5e8 FLOPs (its (42, 64) layer), 35× the largest row: predict warns, and --json lists it."""
+    db = ProfileDB(tmp_path / "small.db")
+    dev = db.device("synthetic", {"synthetic": True})
+    peak = load_system(SYSTEM).gpu.peak_flops["bf16"]
+    flops = np.logspace(5, 7, 20)
+    rows = [
+        Measurement("gemm", "mm", float(f), float(t), "fp32") for f, t in zip(flops, law_time(flops, peak), strict=True)
+    ]
+    db.add(dev, rows)
+    write_calibration(calibrate(db, dev, load_system(SYSTEM)), tmp_path / "cal.json")
+    args = ["predict", "--model", "dlrm-small", "--system", SYSTEM, "--set", "plan.batch_per_rank=65536"]
+    res = CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "cal.json")])
+    assert res.exit_code == 0, res.output
+    assert "calibrated gemm.tf32 was fitted on 1e+05–1e+07 FLOPs; this job prices" in res.output
+    doc = json.loads(CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "cal.json"), "--json"]).stdout)
+    assert len(doc["extrapolated"]) == 1 and doc["extrapolated"][0].startswith("calibrated gemm.tf32")

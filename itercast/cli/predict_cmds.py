@@ -32,7 +32,7 @@ from itercast.cli.app import (
 )
 from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError, DeadlockError
-from itercast.predict import Forecast, Prediction
+from itercast.predict import DLRMPrediction, Forecast, Prediction
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload, same_kind
 from itercast.workloads.dlrm import unmeasured_embedding_ops
@@ -123,7 +123,9 @@ def predict_cmd(
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no sharding fits
         fail(str(exc).replace("\n", "\n  "))
     if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand
-        for note in unmeasured_embedding_ops(w.job.system.gpu.name, cal, eager_update=w.job.model.eager_update):
+        assert isinstance(result, DLRMPrediction)
+        unmeasured = unmeasured_embedding_ops(w.job.system.gpu.name, cal, eager_update=w.job.model.eager_update)
+        for note in (*unmeasured, *result.extrapolated):
             warn(note)
     else:
         assert isinstance(result, Prediction)

@@ -108,6 +108,7 @@ class DLRMStep:
     capacity_bytes: float  # the GPU's memory
     reserved_bytes: float  # kept from it on every GPU beyond the tensors (memory.reserve_bytes)
     host_source: str  # where the host overheads came from: own trace, other trace, given
+    extrapolated: tuple[str, ...] = ()  # calibrated curves priced beyond their rows (AnalyticCostModel)
 
     @property
     def step_time_s(self) -> float:
@@ -268,7 +269,7 @@ def dlrm_step(
         for r, load in enumerate(rank_loads(plan, system.num_gpus)):
             first.setdefault(load, r)
         ranks = sorted(first.values())
-    graph = _step_graph(model, system, plan, batch_per_rank, calibration, index_counts, host, ranks)
+    graph, extrapolated = _step_graph(model, system, plan, batch_per_rank, calibration, index_counts, host, ranks)
     if co_running is None and shared_cores:
         # the ranks share their cores (module docstring, "Cores"); each task then lasts what it ran there, so
         # that the graph alone replays this schedule (breakdown, variability: the sharing stays as predicted)
@@ -277,7 +278,7 @@ def dlrm_step(
     elif co_running is None:
         sim = simulate(graph)
     else:
-        corun = _step_graph(model, system, plan, batch_per_rank, co_running, index_counts, host, ranks)
+        corun, _ = _step_graph(model, system, plan, batch_per_rank, co_running, index_counts, host, ranks)
         node_of_rank = np.arange(system.num_gpus) // system.node.gpus_per_node
         sim = simulate_with_corunning(graph, corunning_slowdown(graph, corun), node_of_rank)
     gpu = system.gpu
@@ -289,6 +290,7 @@ def dlrm_step(
         gpu.hbm_bytes,
         float(reserve_bytes(gpu, int(system.num_gpus > 1))),
         host.source,
+        extrapolated,
     )
 
 
@@ -311,8 +313,9 @@ def _step_graph(
     index_counts: dict[str, np.ndarray] | None,
     host: HostModel,
     ranks: Iterable[int],
-) -> ExecGraph:
-    """The step's graph (module docstring) on `ranks`, priced on `calibration` (dlrm_step) and `host`."""
+) -> tuple[ExecGraph, tuple[str, ...]]:
+    """The step's graph (module docstring) on `ranks`, priced on `calibration` (dlrm_step) and `host`, and
+    the calibrated curves it priced beyond their rows (AnalyticCostModel.extrapolations)."""
     world, b = system.num_gpus, batch_per_rank
     costs = AnalyticCostModel(system, "fp32", calibration)
     ops = OperatorCostModel(calibration["operators"]) if calibration and "operators" in calibration else None
@@ -398,7 +401,7 @@ def _step_graph(
         emb_b = issue("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back])
         grads = issue("ddp_from_buckets", comp, from_buckets, comp_, "ddp", [ar])
         issue("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, grads])
-    return g.build()
+    return g.build(), tuple(costs.extrapolations())
 
 
 def host_issuer(g: GraphBuilder, host: HostModel, host_resource: int, ops: dict[str, int]) -> Callable[..., int]:
