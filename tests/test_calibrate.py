@@ -222,11 +222,9 @@ def test_a_calibrated_curve_priced_beyond_the_sizes_it_was_fitted_on_is_said(tmp
     )
     # gpt3-1.3b's GEMMs (h 2048, 2048 tokens a micro-batch): 2 · 2048 · 2048 · 8192 ≈ 6.9e10 FLOPs, 69× the rows
     args = ["predict", "--model", "gpt3-1.3b", "--system", SYSTEM, "--set", "model.num_layers=2"]
-    res = CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "cal.json")])
-    assert res.exit_code == 0, res.output
-    assert "calibrated gemm.bf16 was fitted on 1e+05–1e+09 FLOPs; this job prices" in res.output
-    data = json.loads(CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "cal.json"), "--json"]).stdout)
-    assert len(data["extrapolated"]) == 1 and data["extrapolated"][0].startswith("calibrated gemm.bf16")
+    said_and_listed(
+        args, tmp_path / "cal.json", "calibrated gemm.bf16 was fitted on 1e+05–1e+09 FLOPs; this job prices"
+    )
     # search says it of the plans it shows, each priced by predict's graph
     found = CliRunner().invoke(
         app,
@@ -287,8 +285,15 @@ def test_a_dlrm_step_says_which_calibrated_curve_it_priced_beyond_its_rows(tmp_p
     db.add(dev, rows)
     write_calibration(calibrate(db, dev, load_system(SYSTEM)), tmp_path / "cal.json")
     args = ["predict", "--model", "dlrm-small", "--system", SYSTEM, "--set", "plan.batch_per_rank=65536"]
-    res = CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "cal.json")])
+    said_and_listed(
+        args, tmp_path / "cal.json", "calibrated gemm.tf32 was fitted on 1e+05–1e+07 FLOPs; this job prices"
+    )
+
+
+def said_and_listed(args: list[str], calibration, said: str) -> None:
+    """`args` with `calibration` warn `said`, and with --json list exactly one extrapolated curve, that one."""
+    res = CliRunner().invoke(app, [*args, "--calibration", str(calibration)])
     assert res.exit_code == 0, res.output
-    assert "calibrated gemm.tf32 was fitted on 1e+05–1e+07 FLOPs; this job prices" in res.output
-    doc = json.loads(CliRunner().invoke(app, [*args, "--calibration", str(tmp_path / "cal.json"), "--json"]).stdout)
-    assert len(doc["extrapolated"]) == 1 and doc["extrapolated"][0].startswith("calibrated gemm.tf32")
+    assert said in res.output
+    doc = json.loads(CliRunner().invoke(app, [*args, "--calibration", str(calibration), "--json"]).stdout)
+    assert len(doc["extrapolated"]) == 1 and doc["extrapolated"][0].startswith(said.split(" was ")[0])
