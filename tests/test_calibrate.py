@@ -285,9 +285,13 @@ def test_a_dlrm_step_says_which_calibrated_curve_it_priced_beyond_its_rows(tmp_p
     db.add(dev, rows)
     write_calibration(calibrate(db, dev, load_system(SYSTEM)), tmp_path / "cal.json")
     args = ["predict", "--model", "dlrm-small", "--system", SYSTEM, "--set", "plan.batch_per_rank=65536"]
-    said_and_listed(
-        args, tmp_path / "cal.json", "calibrated gemm.tf32 was fitted on 1e+05–1e+07 FLOPs; this job prices"
-    )
+    said = "calibrated gemm.tf32 was fitted on 1e+05–1e+07 FLOPs; this job prices"
+    said_and_listed(args, tmp_path / "cal.json", said)
+    # shard says it of the sharding it chose
+    shard = ["shard", "--model", "dlrm-small", "--system", SYSTEM, "--batch-per-rank", "65536"]
+    sharded = CliRunner().invoke(app, [*shard, "--calibration", str(tmp_path / "cal.json")])
+    assert sharded.exit_code == 0, sharded.output
+    assert said in sharded.output
 
 
 def said_and_listed(args: list[str], calibration, said: str) -> None:

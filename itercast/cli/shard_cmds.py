@@ -144,6 +144,7 @@ def _price(
     notes = (
         beyond_profile(dlrm, sys_cfg.num_gpus, batch_per_rank, cal, gpu_name),
         *unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.eager_update),
+        *found.plans[0][1].extrapolated,  # calibrated curves the chosen sharding's step priced beyond their rows
     )
     for note in filter(None, notes):
         warn(note)
