@@ -34,7 +34,8 @@ BUS_FACTOR = {
 CURVE_OF = {"broadcast": "all_gather"}
 #: a calibrated fit's key for the [least, most] size (FLOPs, bytes, bus bytes) of the rows it was fitted on
 MEASURED_RANGE = "measured_range"
-#: sizes priced this many times beyond a calibrated fit's measured range are reported as extrapolated
+#: sizes priced this many times beyond a calibrated fit's measured range are reported as extrapolated (also a
+#: DLRM shard's lookups beyond its profile's largest call: dlrm/embedding.beyond_profile)
 EXTRAPOLATION_FACTOR = 2.0
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.analytic import EXTRAPOLATION_FACTOR, AnalyticCostModel
 from itercast.costs.aten_ops import EMBEDDING_UPDATE, lookup_features
 from itercast.costs.curves import curves
 from itercast.costs.op_model import IndexStats, OperatorCostModel, zipf_hot_fraction
@@ -175,10 +175,6 @@ def update_seconds(model: OperatorCostModel, work: ShardWork, index: IndexStats)
     its rows, width, lookups (one gradient row each) and their distinct rows."""
     features = lookup_features("embedding_bag_update", work.rows, work.dim, work.lookups, work.lookups)
     return model.price(EMBEDDING_UPDATE, features, index)
-
-
-#: a shard's lookups beyond this many times the profile's largest call are reported (beyond_profile)
-EXTRAPOLATION_FACTOR = 2.0
 
 
 def beyond_profile(
