@@ -26,20 +26,25 @@ def law_time(flops: np.ndarray, peak: float) -> np.ndarray:
     return LAW["alpha_s"] + flops / (peak * eff(flops, LAW["e_max"], LAW["log_half"], LAW["gamma"]))
 
 
-@pytest.fixture
-def synthetic_db(tmp_path):
-    """bf16 GEMMs on cpu-host that follow LAW exactly."""
-    db = ProfileDB(tmp_path / "p.db")
+def law_db(path, flops: np.ndarray, dtype: str = "bf16") -> tuple[ProfileDB, int]:
+    """GEMMs of `flops` on cpu-host in `dtype` that follow LAW exactly (at the bf16 peak), in a database at `path`."""
+    db = ProfileDB(path)
     dev = db.device("synthetic", {"synthetic": True})
     peak = load_system(SYSTEM).gpu.peak_flops["bf16"]
-    flops = np.logspace(5, 12, 40)
     db.add(
         dev,
         [
-            Measurement("gemm", "mm", float(f), float(t), "bf16")
+            Measurement("gemm", "mm", float(f), float(t), dtype)
             for f, t in zip(flops, law_time(flops, peak), strict=True)
         ],
     )
+    return db, dev
+
+
+@pytest.fixture
+def synthetic_db(tmp_path):
+    """bf16 GEMMs on cpu-host that follow LAW exactly."""
+    db, dev = law_db(tmp_path / "p.db", np.logspace(5, 12, 40))
     return db, dev, tmp_path
 
 
@@ -190,17 +195,7 @@ def test_calibrate_says_what_it_leaves_built_in_and_which_fits_miss(tmp_path):
 def test_a_calibrated_curve_priced_beyond_the_sizes_it_was_fitted_on_is_said(tmp_path):
     """GEMMs of 1e5–1e9 FLOPs (LAW, 20 rows): the file keeps that range; a model priced within 2× of it says
     nothing, one priced at 3e9 names the curve and both ranges; a job whose GEMMs reach ~1e11 warns."""
-    db = ProfileDB(tmp_path / "small.db")
-    dev = db.device("synthetic", {"synthetic": True})
-    peak = load_system(SYSTEM).gpu.peak_flops["bf16"]
-    flops = np.logspace(5, 9, 20)
-    db.add(
-        dev,
-        [
-            Measurement("gemm", "mm", float(f), float(t), "bf16")
-            for f, t in zip(flops, law_time(flops, peak), strict=True)
-        ],
-    )
+    db, dev = law_db(tmp_path / "small.db", np.logspace(5, 9, 20))
     doc = calibrate(db, dev, load_system(SYSTEM))
     assert doc["gemm"]["bf16"]["measured_range"] == [pytest.approx(1e5), pytest.approx(1e9)]
     cal = load_calibration(write_calibration(doc, tmp_path / "cal.json"))
@@ -275,14 +270,7 @@ def test_a_collectives_asymptote_is_held_to_the_bandwidth_it_is_priced_against_w
 def test_a_dlrm_step_says_which_calibrated_curve_it_priced_beyond_its_rows(tmp_path):
     """fp32 GEMMs of 1e5–1e7 FLOPs (20 rows): dlrm-small's MLPs at 65,536 samples a rank run GEMMs up to
     2 · 65,536 · 64 · 42 = 3.5e8 FLOPs (its (42, 64) layer), 35× the largest row: predict warns, and --json lists it."""
-    db = ProfileDB(tmp_path / "small.db")
-    dev = db.device("synthetic", {"synthetic": True})
-    peak = load_system(SYSTEM).gpu.peak_flops["bf16"]
-    flops = np.logspace(5, 7, 20)
-    rows = [
-        Measurement("gemm", "mm", float(f), float(t), "fp32") for f, t in zip(flops, law_time(flops, peak), strict=True)
-    ]
-    db.add(dev, rows)
+    db, dev = law_db(tmp_path / "small.db", np.logspace(5, 7, 20), "fp32")
     write_calibration(calibrate(db, dev, load_system(SYSTEM)), tmp_path / "cal.json")
     args = ["predict", "--model", "dlrm-small", "--system", SYSTEM, "--set", "plan.batch_per_rank=65536"]
     said = "calibrated gemm.tf32 was fitted on 1e+05–1e+07 FLOPs; this job prices"

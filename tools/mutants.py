@@ -1052,7 +1052,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "few failures' lost time from the clipped normal approximation (a lump at no loss)"),
     M(COST, "if lo * beyond < fit_lo or hi > fit_hi * beyond:", "if hi > fit_hi * beyond:",
       "a calibrated curve priced below the sizes it was fitted on not said", _t("calibrate")),
-    M(COST, "self._note(self._gemm_names[0 if te else 1], f)", "pass",
+    M(COST, 'self._note("gemm", self._gemm_keys[0 if te else 1], f)', "pass",
       "GEMMs priced on a calibrated curve never checked against its measured range", _t("calibrate")),
     M(FIT, "hi_v[i] = min(hi_v[i], e_max_at_most)", "hi_v[i] = hi_v[i]",
       "a collective fit's asymptote left free above the bandwidth it is priced against", _t("calibrate")),

@@ -80,7 +80,8 @@ class AnalyticCostModel:
         # that does not say which: a hand-made one)
         fitted = set() if calibration is None else set(calibration.get("gemm_calibrated", calibration["gemm"]))
         gemms = data["gemm"] | {k: v for k, v in built_in_gemms(gpu.name).items() if k not in fitted}
-        gemm = gemms[{"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")]
+        gemm_key = {"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")
+        gemm = gemms[gemm_key]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
         # the rate a GEMM sustains at the power limit (GPUSpec.sustained_gemm_flops; inf: none measured)
@@ -91,8 +92,7 @@ class AnalyticCostModel:
         high = gemms["bf16"] if dtype == "fp8" else gemm
         high_ceiling = ceiling.get("bf16", np.inf) if dtype == "fp8" else self.gemm_ceiling_flops
         self._outside_fp8 = (float(high["alpha_s"]), curve(high), self.attention_peak_flops, high_ceiling)
-        gemm_keys = {k: v for k, v in gemms.items() if isinstance(v, dict)}
-        self._gemm_names = (self._name_of(gemm_keys, gemm, "gemm"), self._name_of(gemm_keys, high, "gemm"))
+        self._gemm_keys = (gemm_key, "bf16" if dtype == "fp8" else gemm_key)  # inside TE's modules, outside them
         self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
         # curves without an optimizer curve of their own (a test's, or written before it existed) price the
         # optimizer step as an elementwise pass
@@ -118,14 +118,10 @@ class AnalyticCostModel:
         }
         self._priced: dict[str, tuple[float, float]] = {}
 
-    @staticmethod
-    def _name_of(entries: dict[str, Any], entry: dict[str, Any], section: str) -> str:
-        """`section.key` of the curve `entry` among `entries` (the GEMM curve a dtype was given)."""
-        return next((f"{section}.{k}" for k, v in entries.items() if v is entry), section)
-
-    def _note(self, name: str, sizes: np.ndarray | float) -> None:
-        """Widen the range of sizes priced on curve `name`, when it is a calibrated one."""
-        if name not in self._measured:
+    def _note(self, section: str, key: str, sizes: np.ndarray | float) -> None:
+        """Widen the range of sizes priced on curve `section.key`, when it is a calibrated one (nothing to do,
+        and no name built, without a calibrated range: the built-in curves' hot paths)."""
+        if not self._measured or (name := f"{section}.{key}") not in self._measured:
             return
         x = np.asarray(sizes, dtype=np.float64)
         x = x[x > 0]
@@ -167,7 +163,7 @@ class AnalyticCostModel:
         alpha_s, c, peak, ceiling = (
             (self.gemm_alpha_s, self.gemm_curve, self.peak_flops, self.gemm_ceiling_flops) if te else self._outside_fp8
         )
-        self._note(self._gemm_names[0 if te else 1], f)
+        self._note("gemm", self._gemm_keys[0 if te else 1], f)
         return np.where(f > 0, alpha_s + f / np.minimum(peak * c(f), ceiling), 0.0)
 
     def attention_s(self, flops: np.ndarray | float, shape: AttentionShape | None = None) -> np.ndarray:
@@ -196,7 +192,7 @@ class AnalyticCostModel:
         after a cache flush, which both add to a kernel inside a step)."""
         floor_s, c = self.memory[kind]
         b = np.asarray(nbytes, dtype=np.float64)
-        self._note(f"memory.{kind}", b)
+        self._note("memory", kind, b)
         moved = np.maximum(b, c.least_time_size())
         return np.where(b > 0, floor_s + moved / (self.system.gpu.hbm_bandwidth_bytes_per_s * c(moved)), 0.0)
 
@@ -223,9 +219,9 @@ class AnalyticCostModel:
         curve_kind = kind if kind in self.intra else CURVE_OF.get(kind, kind)
         if group.intra_node:
             fit, bw, node_nic_bw = self.intra[curve_kind], node.intra_node_bandwidth_bytes_per_s, None
-            self._note(f"collectives.intra_node.{curve_kind}", bus)
+            self._note("collectives.intra_node", curve_kind, bus)
         else:
-            self._note(f"collectives.inter_node.{curve_kind if curve_kind in self.inter else 'all_reduce'}", bus)
+            self._note("collectives.inter_node", curve_kind if curve_kind in self.inter else "all_reduce", bus)
             fit = _regime(self.inter.get(curve_kind, self.inter["all_reduce"]), bus)
             bw = min(
                 node.intra_node_bandwidth_bytes_per_s, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s()
