@@ -122,3 +122,30 @@ def test_a_gpu_database_without_gpu_says_its_one_clock_adds_host_and_kernels():
         app, ["predict", "--et", str(MEASURED / "h100_traces" / "gpt_64.et.json.gz"), "--db", str(DB), "--gpu"]
     )
     assert two.exit_code == 0 and "profiled a GPU" not in two.output
+
+
+def test_a_trace_priced_beyond_its_profile_says_so(tmp_path):
+    """One aten::mm of 4096 × 8192 by 8192 × 16384: 2 · 4096 · 8192 · 16384 = 1.0995e12 FLOPs, priced on the
+    committed CPU profile, whose aten::mm rows stop far below (at most 1.72e10 FLOPs): said on the console
+    and listed under `extrapolated` in --json; a tiny add below that profile's least row is not."""
+    f = "Tensor(float)"
+    nodes = [
+        {"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 1},
+        {"id": 2, "name": "[pytorch|profiler|execution_trace|thread]", "ctrl_deps": 1},
+    ]
+    for nid, name, shapes, out in (
+        (3, "aten::mm", [[4096, 8192], [8192, 16384]], [[4096, 16384]]),
+        (4, "aten::add", [[2], [2]], [[2]]),
+    ):
+        inputs = {"values": [], "shapes": shapes, "types": [f] * len(shapes), "strides": []}
+        outputs = {"values": [], "shapes": out, "types": [f], "strides": []}
+        nodes.append({"id": nid, "name": name, "ctrl_deps": 2, "inputs": inputs, "outputs": outputs})
+    et = tmp_path / "et.json"
+    et.write_text(json.dumps({"schema": "1.1.1-chakra.0.0.4", "nodes": nodes}))
+    res = CliRunner().invoke(app, ["predict", "--et", str(et), "--db", str(MEASURED / "cpu_profile.db"), "--json"])
+    assert res.exit_code == 0, res.output
+    (line,) = json.loads(res.stdout)["extrapolated"]
+    assert line.startswith("profiled operator model aten::mm was fitted on ")
+    assert " FLOPs; this job prices 1.1e+12–1.1e+12 on it: beyond that range the model is extrapolated" in line
+    said = CliRunner().invoke(app, ["predict", "--et", str(et), "--db", str(MEASURED / "cpu_profile.db")])
+    assert said.exit_code == 0 and "profiled operator model aten::mm" in said.output

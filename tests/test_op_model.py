@@ -22,6 +22,7 @@ from itercast.costs.op_model import (
     unique_fraction_uniform,
 )
 from itercast.measurements import Measurement
+from itercast.profile.calibrate import CalibrationError, load_calibration
 from itercast.traces.execution_trace import read_execution_trace
 from itercast.traces.iteration_model import host_counts, predict_iteration
 
@@ -357,6 +358,37 @@ def test_memory_and_host_models_recover_their_laws():
     sub = OpCall("aten::sub", [[1 << 20], [1 << 20]], [F, F], [], [[1 << 20]], [F])  # priced as aten::add
     # 12 MiB moved (3 tensors of 4 MiB): a call beyond the 1 MiB break, every byte at 2 GB/s
     assert model.measured_s(sub) == pytest.approx(2e-6 + 12 * 2**20 * 5e-10)
+
+
+def test_operator_models_say_when_priced_beyond_the_most_their_rows_spanned(tmp_path):
+    """aten::add fitted on 1,024 … 2^23 elements (12 bytes each, two inputs and an output): 12,288 …
+    100,663,296 bytes. A call up to twice the most is not reported, nor one far below the least (a linear
+    model tends to its constant there); one of 2^25 elements, 402,653,184 bytes, 4× the most, is."""
+    rows = []
+    for k in range(10, 24):
+        n = 1 << k
+        rows.append(_row("aten::add", [[n], [n]], [F, F], 2e-6 + 12 * n * 1e-10, out=[[n]], elements=n))
+    doc = fit_operator_models(rows)
+    assert doc["models"]["aten::add:memory"]["measured_range"] == [12288.0, 100663296.0]
+    model = OperatorCostModel(doc)
+
+    def sub(n):  # priced on aten::add's model (FALLBACK_MEMORY_OPS)
+        return OpCall("aten::sub", [[n], [n]], [F, F], [], [[n]], [F])
+
+    model.measured_s(sub(8))  # 96 bytes, far below the least
+    model.measured_s(sub(1 << 24))  # 201,326,592 bytes: exactly twice the most
+    assert model.extrapolations() == []
+    model.measured_s(sub(1 << 25))
+    assert model.extrapolations() == [
+        "profiled operator model aten::add was fitted on 1.23e+04–1.01e+08 bytes; this job prices 96–4.03e+08 on "
+        "it: beyond that range the model is extrapolated (profile larger or smaller sizes to measure them)"
+    ]
+    # a calibration file's operator range is checked where it is read, like the curves'
+    doc["models"]["aten::add:memory"]["measured_range"] = [5.0, 1.0]
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps({"format": "itercast-calibration", "version": "3", "operators": doc}))
+    with pytest.raises(CalibrationError, match=r"operators\.models\.aten::add:memory\.measured_range`: expected"):
+        load_calibration(bad)
 
 
 def _et(tmp_path, nodes, devices=None):

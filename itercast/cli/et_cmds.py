@@ -173,6 +173,10 @@ def predict_single(
             check |= {"measured_s": seen, "predicted_s": priced, "error": priced / seen - 1}
     except (ProfileError, TraceError, ConfigError, ValueError) as exc:
         fail(str(exc))
+    # operator models priced beyond the sizes their profile's rows spanned
+    extrapolated = model.extrapolations()
+    for note in extrapolated:
+        warn(note)
     out = {
         "iteration_s": pred.total_s,
         "host_s": pred.host_s,
@@ -180,6 +184,7 @@ def predict_single(
         "calls_by_category": dict(pred.calls_by_category),
         "index_distribution": "sample" if sample is not None else named,
         "device_id": dev,
+        "extrapolated": extrapolated,
     }
     if check:
         out["kineto_check"] = check

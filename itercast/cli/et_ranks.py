@@ -124,6 +124,10 @@ def predict_ranks(
         fail(" ".join(str(exc).split()))
     if cal is not None and calibration is not None:
         warn_other_system(calibration, cal, sys_cfg)
+    # calibrated curves and profiled operator models priced beyond the sizes they were fitted on
+    extrapolated = costs.extrapolations() + (ops.extrapolations() if ops is not None else [])
+    for note in extrapolated:
+        warn(note)
     ranks = [
         _rank_doc(s, measured[r] if measured else None, own[r] if own else None, gpu_us[r] if gpu_us else None)
         for r, s in enumerate(steps)
@@ -136,6 +140,7 @@ def predict_ranks(
         "runtime_calls": calls_source,
         "measured_starts_s": starts,
         "costs": ("analytic" if cal is None else f"{calibration}'s curves") + (f" refined by {db}" if db else ""),
+        "extrapolated": extrapolated,
     }
     if measured:
         pred, meas = np.array([s.iteration_s for s in steps]), np.array([m[0] for m in measured])

@@ -18,6 +18,7 @@ import numpy as np
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.costs.attention import AttentionShape, fitted_kernel, time_s
 from itercast.costs.curves import Curve, built_in_gemms, curve, curves
+from itercast.costs.fitted_ranges import MEASURED_RANGE, FittedRanges
 from itercast.costs.fitting import collective_time_s
 from itercast.hardware.topology import GroupPlacement
 
@@ -32,11 +33,6 @@ BUS_FACTOR = {
 }
 #: collectives without a fitted curve of their own use the curve of a like one (same ring pipelining)
 CURVE_OF = {"broadcast": "all_gather"}
-#: a calibrated fit's key for the [least, most] size (FLOPs, bytes, bus bytes) of the rows it was fitted on
-MEASURED_RANGE = "measured_range"
-#: sizes priced this many times beyond a calibrated fit's measured range are reported as extrapolated (also a
-#: DLRM shard's lookups beyond its profile's largest call: dlrm/embedding.beyond_profile)
-EXTRAPOLATION_FACTOR = 2.0
 
 
 def bus_bytes(kind: str, nbytes: float | np.ndarray, ranks: int, nodes: int) -> float | np.ndarray:
@@ -105,7 +101,7 @@ class AnalyticCostModel:
         self._attention_tables: dict = data.get("attention", {})
         # the sizes each calibrated curve was fitted on (profile.calibrate writes MEASURED_RANGE) and the least
         # and most this model has priced on it since: `extrapolations` says where the two part
-        self._measured: dict[str, tuple[float, float]] = {
+        measured = {
             f"{section}.{key}": (float(fit[MEASURED_RANGE][0]), float(fit[MEASURED_RANGE][1]))
             for section, fits in (
                 ("gemm", data["gemm"]),
@@ -116,33 +112,20 @@ class AnalyticCostModel:
             for key, fit in fits.items()
             if isinstance(fit, dict) and MEASURED_RANGE in fit
         }
-        self._priced: dict[str, tuple[float, float]] = {}
+        self._ranges = FittedRanges(
+            measured, "calibrated", "curve", lambda name: "FLOPs" if name.startswith("gemm") else "bytes"
+        )
 
     def _note(self, section: str, key: str, sizes: np.ndarray | float) -> None:
         """Widen the range of sizes priced on curve `section.key`, when it is a calibrated one (nothing to do,
         and no name built, without a calibrated range: the built-in curves' hot paths)."""
-        if not self._measured or (name := f"{section}.{key}") not in self._measured:
-            return
-        x = np.asarray(sizes, dtype=np.float64)
-        x = x[x > 0]
-        if x.size:
-            lo, hi = self._priced.get(name, (np.inf, 0.0))
-            self._priced[name] = (min(lo, float(x.min())), max(hi, float(x.max())))
+        if self._ranges.fitted:
+            self._ranges.note(f"{section}.{key}", sizes)
 
-    def extrapolations(self, beyond: float = EXTRAPOLATION_FACTOR) -> list[str]:
-        """One line per calibrated curve this model priced sizes on more than `beyond` times outside the
-        sizes it was fitted on: its fit there is the curve's shape carried on, not a measurement."""
-        lines = []
-        for name, (lo, hi) in sorted(self._priced.items()):
-            fit_lo, fit_hi = self._measured[name]
-            if lo * beyond < fit_lo or hi > fit_hi * beyond:
-                unit = "FLOPs" if name.startswith("gemm") else "bytes"
-                lines.append(
-                    f"calibrated {name} was fitted on {fit_lo:.3g}–{fit_hi:.3g} {unit}; this job prices "
-                    f"{lo:.3g}–{hi:.3g} on it: beyond that range the curve is extrapolated (profile larger "
-                    f"or smaller sizes to measure them)"
-                )
-        return lines
+    def extrapolations(self) -> list[str]:
+        """One line per calibrated curve this model priced sizes on more than EXTRAPOLATION_FACTOR times
+        outside the sizes it was fitted on: its fit there is the curve's shape carried on, not a measurement."""
+        return self._ranges.lines()
 
     def on_gpu(self, gpu: GPUSpec) -> AnalyticCostModel:
         """The same curves on another GPU of the system (a device group of a mixed cluster)."""

@@ -75,6 +75,7 @@ import numpy as np
 from scipy.optimize import least_squares, nnls
 
 from itercast.costs.aten_ops import OpArgs, OpCall, OpFeatures, features
+from itercast.costs.fitted_ranges import MEASURED_RANGE, FittedRanges
 from itercast.costs.fitting import eff, fit_latency_curve, fit_nonneg_linear, mean_abs_err
 from itercast.costs.index_stats import REUSE_BREAKS_BYTES, IndexStats, zipf_hot_fraction
 from itercast.costs.index_stats import unique_fraction_uniform as unique_fraction_uniform  # re-exported for importers
@@ -302,8 +303,11 @@ def fit_one(rows: list[Measurement], feats: list[OpFeatures]) -> dict[str, Any]:
     """The model of one operator from its rows (form by family: module docstring)."""
     t = np.array([m.time_s for m in rows])
     family = feats[0].family
+    sizes = np.array([f.size for f in feats])
+    # the FLOPs or bytes the rows spanned (OperatorCostModel.extrapolations); lookups keep max_lookups
+    fitted = {MEASURED_RANGE: [float(sizes.min()), float(sizes.max())]}
     if family in COMPUTE:
-        return fit_shape_model([f.dims for f in feats], np.array([f.size for f in feats]), t)
+        return fit_shape_model([f.dims for f in feats], sizes, t) | fitted
     if family.startswith("embedding_bag"):
         best: dict[str, Any] = {}
         stats = [row_index_stats(m) for m in rows]
@@ -315,13 +319,12 @@ def fit_one(rows: list[Measurement], feats: list[OpFeatures]) -> dict[str, Any]:
                 best = {"form": "lookup", "cache_bytes": cache, **fit} | ({second: n} if n < math.inf else {})
         # how far the profile went: a linear model's price beyond it is an extrapolation
         return best | {"max_lookups": max(float(f.dims["lookups"]) for f in feats)}
-    x = np.array([f.size for f in feats])
     best = {}
     for brk in MEMORY_BREAKS_BYTES:
-        fit = fit_nonneg_linear({"byte": x, "byte_if_large": x * (x >= brk)}, t)
+        fit = fit_nonneg_linear({"byte": sizes, "byte_if_large": sizes * (sizes >= brk)}, t)
         if not best or fit["fit_mean_abs_err"] < best["fit_mean_abs_err"]:
             best = {"form": "cache_linear", "break_bytes": brk, **fit}
-    return best
+    return best | fitted
 
 
 class OperatorCostModel:
@@ -332,6 +335,22 @@ class OperatorCostModel:
         self.host_s: dict[str, float] = doc.get("host_s", dict.fromkeys(HOST, 0.0))
         self._by_name: dict[str, dict[str, Any]] = {k.rsplit(":", 1)[0]: v for k, v in self.models.items()}
         self._issue_s: dict[str, float] = doc.get("host_issue_s", {})
+        # the FLOPs (a norm's, a memory-bound operator's: bytes) each model was fitted on (a calibration fitted
+        # before they were recorded: none, nothing checked), and those priced on it since; only the most is
+        # checked: below the least a shape model holds its ramp at the least size measured and a memory-bound
+        # one tends to its constant, as small kernels measure flat (AnalyticCostModel.memory_s)
+        fitted, units = {}, {}
+        for key, fit in self.models.items():
+            name, family = key.rsplit(":", 1)
+            if MEASURED_RANGE in fit:
+                fitted[name] = (float(fit[MEASURED_RANGE][0]), float(fit[MEASURED_RANGE][1]))
+                units[name] = "FLOPs" if family in COMPUTE and family != "norm" else "bytes"
+        self._ranges = FittedRanges(fitted, "profiled operator model", "model", units.__getitem__, below=False)
+
+    def extrapolations(self) -> list[str]:
+        """One line per operator model priced on FLOPs or bytes more than EXTRAPOLATION_FACTOR times the most
+        its profile's rows spanned (embedding bags: dlrm/embedding.beyond_profile checks their lookups)."""
+        return self._ranges.lines()
 
     def issue_s(self, name: str) -> float | None:
         """Host seconds to issue one call of `name` from Python on a GPU, where measured."""
@@ -346,14 +365,12 @@ class OperatorCostModel:
         """What a microbenchmark of a call of operator `op` with features `f` would measure."""
         if f.family == "free":
             return 0.0
-        fit = (
-            self._by_name.get(op)
-            or self._by_name.get(SAME_KERNEL.get(op, ""))
-            or self._by_name.get(OTHER_BACKEND.get(op, ""))
-        )
+        name = next((n for n in (op, SAME_KERNEL.get(op, ""), OTHER_BACKEND.get(op, "")) if n in self._by_name), "")
+        fit = self._by_name.get(name)
         if f.family in COMPUTE:
             if fit is None:
                 raise OpModelError(f"{op}: no model for this operator (profile family {f.family!r} first)")
+            self._ranges.note(name, f.size)
             return shape_model_s(fit, f)
         if f.family.startswith("embedding_bag"):
             if fit is None:
@@ -364,9 +381,11 @@ class OperatorCostModel:
             # a calibration fitted before a column existed prices it at zero
             return float(fit["alpha_s"] + sum(fit.get(f"s_per_{name}", 0.0) * col[0] for name, col in cols.items()))
         fallback = FALLBACK_MEMORY_OPS[op.endswith("_")]
-        fit = fit or self._by_name.get(fallback)
+        if fit is None:
+            name, fit = fallback, self._by_name.get(fallback)
         if fit is None:
             raise OpModelError(f"{op}: no model for it nor for {fallback} (profile 'elementwise' first)")
+        self._ranges.note(name, f.size)
         rate_s_per_byte = fit["s_per_byte"] + fit["s_per_byte_if_large"] * (f.size >= fit["break_bytes"])
         return float(fit["alpha_s"] + rate_s_per_byte * f.size)
 

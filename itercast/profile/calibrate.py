@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from itercast.config.system import SystemConfig
-from itercast.costs.analytic import BUS_FACTOR, MEASURED_RANGE, AnalyticCostModel, bus_bytes
+from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel, bus_bytes
 from itercast.costs.curves import curve, curves
+from itercast.costs.fitted_ranges import MEASURED_RANGE
 from itercast.costs.fitting import (
     collective_time_s,
     eff,
@@ -320,21 +321,29 @@ def _check_curves(doc: dict[str, Any], path: Path) -> None:
                         f"{path}: `{field}`: expected a ceiling of efficiency, 0 < e_max ≤ {MAX_E_MAX:g}; got {value!r}"
                     )
             elif key == MEASURED_RANGE:
-                if not (
-                    isinstance(value, list)
-                    and len(value) == 2
-                    and all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf for v in value)
-                    and value[0] <= value[1]
-                ):
-                    raise CalibrationError(
-                        f"{path}: `{field}`: expected [least, most] size fitted on, 0 ≤ least ≤ most; got {value!r:.60}"
-                    )
+                _check_range(path, field, value)
             elif isinstance(value, dict | list):
                 stack.append((field, value))
     _check_collective_fits(doc.get("collectives", {}), "collectives", path)
     models = doc.get("operators", {}).get("models", {})
     if not isinstance(models, dict) or not all(isinstance(m, dict) for m in models.values()):
         raise CalibrationError(f"{path}: `operators.models`: expected a mapping of operator fits; got {models!r:.60}")
+    for name, fit in models.items():
+        if MEASURED_RANGE in fit:
+            _check_range(path, f"operators.models.{name}.{MEASURED_RANGE}", fit[MEASURED_RANGE])
+
+
+def _check_range(path: Path, field: str, value: Any) -> None:
+    """A fit's MEASURED_RANGE: [least, most] finite sizes, 0 ≤ least ≤ most."""
+    if not (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf for v in value)
+        and value[0] <= value[1]
+    ):
+        raise CalibrationError(
+            f"{path}: `{field}`: expected [least, most] size fitted on, 0 ≤ least ≤ most; got {value!r:.60}"
+        )
 
 
 #: what every collective curve (or each of its regimes) needs (costs/fitting.collective_time_s)

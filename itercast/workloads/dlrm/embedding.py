@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from itercast.costs.analytic import EXTRAPOLATION_FACTOR, AnalyticCostModel
+from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.aten_ops import EMBEDDING_UPDATE, lookup_features
 from itercast.costs.curves import curves
+from itercast.costs.fitted_ranges import EXTRAPOLATION_FACTOR
 from itercast.costs.op_model import IndexStats, OperatorCostModel, zipf_hot_fraction
 from itercast.errors import ConfigError
 from itercast.workloads.dlrm.config import DLRMConfig, EmbeddingTable, Shard

@@ -108,7 +108,7 @@ class DLRMStep:
     capacity_bytes: float  # the GPU's memory
     reserved_bytes: float  # kept from it on every GPU beyond the tensors (memory.reserve_bytes)
     host_source: str  # where the host overheads came from: own trace, other trace, given
-    extrapolated: tuple[str, ...] = ()  # calibrated curves priced beyond their rows (AnalyticCostModel)
+    extrapolated: tuple[str, ...] = ()  # calibrated curves and operator models priced beyond their rows
 
     @property
     def step_time_s(self) -> float:
@@ -315,7 +315,8 @@ def _step_graph(
     ranks: Iterable[int],
 ) -> tuple[ExecGraph, tuple[str, ...]]:
     """The step's graph (module docstring) on `ranks`, priced on `calibration` (dlrm_step) and `host`, and
-    the calibrated curves it priced beyond their rows (AnalyticCostModel.extrapolations)."""
+    the calibrated curves and operator models it priced beyond their rows (AnalyticCostModel.extrapolations,
+    OperatorCostModel.extrapolations)."""
     world, b = system.num_gpus, batch_per_rank
     costs = AnalyticCostModel(system, "fp32", calibration)
     ops = OperatorCostModel(calibration["operators"]) if calibration and "operators" in calibration else None
@@ -401,7 +402,7 @@ def _step_graph(
         emb_b = issue("embedding_bwd", comp, emb_bwd[r], comp_, "embedding", [back])
         grads = issue("ddp_from_buckets", comp, from_buckets, comp_, "ddp", [ar])
         issue("optimizer", comp, optimizer, comp_, "optimizer", [emb_b, grads])
-    return g.build(), tuple(costs.extrapolations())
+    return g.build(), tuple(costs.extrapolations() + (ops.extrapolations() if ops is not None else []))
 
 
 def host_issuer(g: GraphBuilder, host: HostModel, host_resource: int, ops: dict[str, int]) -> Callable[..., int]:
