@@ -6,8 +6,9 @@ GEMM writes 2 × 32 = 64), top-2, expert parallel 2: each rank holds 2 experts a
 Bytes per element of a bf16 operand: e = 2; an FP8 copy 1.
 - delayed (Transformer Engine): a cast-transpose reads 2 and writes 1 + 1 = 4; both experts' rows go
   through one multi-tensor kernel (TE multi_tensor_quantize_impl).
-- tensorwise (TE current scaling): an amax read first, 2 + 4 = 6; amax, scale and cast kernels, 3 per
-  operand, per expert; 2 after a layer norm, which computed the amax.
+- tensorwise (TE current scaling): an amax read first, 2 + 4 = 6; the amax zeroed, then amax, scale and
+  cast kernels, 4 per operand, per expert; 3 after a layer norm, which computed the amax (zeroed first).
+  torchao's tensorwise (weights cast every micro-batch): amax, scale and cast, 3; 2 after a norm.
 - grouped experts under TE: each expert's rows copied into a buffer padded to a multiple of 16 and
   the output copied back (Fp8Padding / Fp8Unpadding): read 2 + write 2 per element, one kernel
   forward, one backward, each.
@@ -30,20 +31,20 @@ from itercast.workloads.transformer_ops import Op, backward_of, layer_forward
 ROWS, H, FE2, FE = 64, 64, 64, 32  # rows per rank, hidden, expert up width (gate + up), expert down width
 
 
-def moe_fp8(recipe: str, dtype: str = "fp8") -> Job:
+def moe_fp8(recipe: str, dtype: str = "fp8", **plan_fields) -> Job:
     node = {**FP8_SYSTEM["node"], "gpus_per_node": 2}
     plan = {"expert_parallel": 2, "data_parallel": 2, "dtype": dtype, "fp8_recipe": recipe, "moe_grouped_gemm": True}
-    return Job.from_dicts(MOE, plan, {**FP8_SYSTEM, "node": node, "num_nodes": 1})
+    return Job.from_dicts(MOE, plan | plan_fields, {**FP8_SYSTEM, "node": node, "num_nodes": 1})
 
 
-def moe_ops(recipe: str, dtype: str = "fp8") -> tuple[list[Op], list[Op]]:
-    j = moe_fp8(recipe, dtype)
+def moe_ops(recipe: str, dtype: str = "fp8", **plan_fields) -> tuple[list[Op], list[Op]]:
+    j = moe_fp8(recipe, dtype, **plan_fields)
     fwd = layer_forward(j.model, j.plan, moe=True)
     return fwd, backward_of(fwd, j.plan)
 
 
-def by_name(recipe: str) -> dict[str, Op]:
-    fwd, bwd = moe_ops(recipe)
+def by_name(recipe: str, **plan_fields) -> dict[str, Op]:
+    fwd, bwd = moe_ops(recipe, **plan_fields)
     return {op.name: op for op in fwd + bwd}
 
 
@@ -75,13 +76,16 @@ def test_padding_wraps_the_expert_gemms():
     assert "moe_fp8_pad" not in [op.name for op in moe_ops("delayed", dtype="bf16")[0]]
 
 
-def test_tensorwise_casts_each_expert_with_three_kernels():
+def test_tensorwise_casts_each_expert_with_four_kernels_under_te_three_under_torchao():
     got = by_name("tensorwise")
     up = got["expert_up.fp8_cast"]
-    assert (up.amount, up.count) == (6 * ROWS * H, 3 * 2)  # 24,576 bytes; amax, scale, cast × 2 experts
-    assert (got["expert_up.fp8_cast.bwd"].amount, got["expert_up.fp8_cast.bwd"].count) == (6 * ROWS * FE2, 6)
-    assert got["qkv.fp8_cast"].count == 2  # after the input norm: scale and cast
-    assert got["qkv.fp8_cast.bwd"].count == 3
+    assert (up.amount, up.count) == (6 * ROWS * H, 4 * 2)  # 24,576 bytes; zero, amax, scale, cast × 2 experts
+    assert (got["expert_up.fp8_cast.bwd"].amount, got["expert_up.fp8_cast.bwd"].count) == (6 * ROWS * FE2, 8)
+    assert got["qkv.fp8_cast"].count == 3  # after the input norm: the amax zeroed (the norm writes it), scale, cast
+    assert got["qkv.fp8_cast.bwd"].count == 4
+    titan = by_name("tensorwise", fp8_weight_cast="per_microbatch")  # torchao's Float8Linear
+    assert (titan["expert_up.fp8_cast"].count, titan["expert_up.fp8_cast.bwd"].count) == (3 * 2, 3 * 2)
+    assert (titan["qkv.fp8_cast"].count, titan["qkv.fp8_cast.bwd"].count) == (2, 3)
 
 
 def test_host_launches_the_fp8_kernels_of_an_moe_layer():
@@ -92,9 +96,9 @@ def test_host_launches_the_fp8_kernels_of_an_moe_layer():
     assert kernels(fwd, "delayed") - base_fwd == 4 + 2
     assert kernels(bwd, "delayed") - base_bwd == 4 + 2
     fwd, bwd = moe_ops("tensorwise")
-    # tensorwise: qkv 2 (after the norm), attn_proj 3, expert_up 3 × 2, expert_down 3 × 2, pad, unpad
-    assert kernels(fwd, "tensorwise") - base_fwd == 2 + 3 + 6 + 6 + 2
-    assert kernels(bwd, "tensorwise") - base_bwd == 3 + 3 + 6 + 6 + 2
+    # tensorwise: qkv 3 (after the norm), attn_proj 4, expert_up 4 × 2, expert_down 4 × 2, pad, unpad
+    assert kernels(fwd, "tensorwise") - base_fwd == 3 + 4 + 8 + 8 + 2
+    assert kernels(bwd, "tensorwise") - base_bwd == 4 + 4 + 8 + 8 + 2
 
 
 def test_padding_costs_its_bytes_at_hbm_speed():

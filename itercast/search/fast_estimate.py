@@ -56,6 +56,8 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
     + exposed parameter gathers (ZeRO-1/2, same form as DP, behind the first forward) + embedding and
     gradient-norm all-reduces + optimizer + the first launch + Transformer Engine's once-per-step FP8
     weight casts of every chunk (transformer.weight_cast_bytes: each on micro-batch 0's way down).
+    Transformer Engine 1.x DelayedScaling: every chunk pass ends in its blocking amax reduction
+    (transformer.py _amax_reduction), counted in the stage's forward and backward seconds.
     host           the graph's semantics (transformer.py _run_segment): each stage's host issues its
                    kernels in stream order, h = GPUSpec.kernel_launch_overhead_s each, never waiting
                    for the stream; a segment's first kernel waits for its own launch, its last for all
@@ -114,6 +116,7 @@ from itercast.workloads.transformer import (
     Groups,
     UnitCosts,
     WaitSplit,
+    amax_reduction_bytes,
     bucket_spans,
     dp_collective_s,
     grad_collective,
@@ -244,8 +247,8 @@ class FastEstimator:
         for key_index, (pp, vp) in enumerate(keys):  # stage by stage, per pipeline shape
             rows = inverse == key_index
             dense_n, moe_n = self._stage_layers(t.base, pp, vp)
-            forward = _per_stage(f, "f", rows, dense_n, moe_n)
-            backward = _per_stage(f, "b", rows, dense_n, moe_n)
+            forward = _per_stage(f, "f", rows, dense_n, moe_n) + vp * g["amax_f"][rows, None]
+            backward = _per_stage(f, "b", rows, dense_n, moe_n) + vp * g["amax_b"][rows, None]
             if deepspeed:  # DeepSpeed's all-gathers of partitioned tensors, its copies (transformer.py _exchange)
                 forward[:, 1:] += (g["p2p_gather"] + 2 * g["p2p_receive"])[rows, None]
                 forward[:, :-1] += g["p2p_partition"][rows, None]
@@ -264,6 +267,9 @@ class FastEstimator:
                 stage[fsdp_rows], passes[fsdp_rows], fsdp_back[fsdp_rows] = self._fsdp_stages(
                     t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"]
                 )
+                amax = vp * (g["amax_f"] + g["amax_b"])[rows][fsdp_rows, None]  # each chunk pass's (as above)
+                stage[fsdp_rows] += amax
+                passes[fsdp_rows] += amax
             # compute slowed beside the sends and ZeRO-2 reductions its passes release (_released_beside)
             released = _released_beside(
                 forward,
@@ -322,8 +328,8 @@ class FastEstimator:
             fill[rows] = forward.sum(axis=1) + (stage - forward)[:, 1:].sum(axis=1) + late
             # a chunk pass of the most loaded stage, for the windows below
             busiest = (dense_n + moe_n).argmax()
-            tf[rows] = (dense_n[busiest] * f["lf"][rows] + moe_n[busiest] * f["mf"][rows]) / vp
-            tb[rows] = (dense_n[busiest] * f["lb"][rows] + moe_n[busiest] * f["mb"][rows]) / vp
+            tf[rows] = (dense_n[busiest] * f["lf"][rows] + moe_n[busiest] * f["mf"][rows]) / vp + g["amax_f"][rows]
+            tb[rows] = (dense_n[busiest] * f["lb"][rows] + moe_n[busiest] * f["mb"][rows]) / vp + g["amax_b"][rows]
             tf_blocking[rows] = (dense_n[busiest] * f["c_lf"][rows] + moe_n[busiest] * f["c_mf"][rows]) / vp
             tb_blocking[rows] = (dense_n[busiest] * f["c_lb"][rows] + moe_n[busiest] * f["c_mb"][rows]) / vp
             tb_host[rows] = (dense_n[busiest] * host_pace["lb"][rows] + moe_n[busiest] * host_pace["mb"][rows]) / vp
@@ -450,6 +456,7 @@ class FastEstimator:
         exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
         # ZeRO-3 without pipelining: the embedding's reduce-scatter ends the step (_fsdp_step)
         fsdp = np.maximum(_fsdp_step(f, g, self.model, M, slowdown) + launch_s, host_end + g["rs_e"])
+        fsdp += M * (g["amax_f"] + g["amax_b"])  # each pass's amax reduction (TE DelayedScaling), blocking
         step = np.where((zero == 3) & sync & (p == 1), fsdp, passes_end + exposed_grad + gather_after)
         return step + g["weight_cast"] + g["tail"]  # Transformer Engine's once-per-step FP8 weight casts
 
@@ -656,6 +663,16 @@ class FastEstimator:
                 vocab = job.plan.local_vocab(m.vocab_size) * m.hidden_size
                 tail += costs.collective_s("all_reduce", vocab * grad_bytes, groups.embedding)
         counted = Counter(buckets)
+        # Transformer Engine 1.x DelayedScaling: each chunk pass ends in a blocking amax reduction
+        # (transformer.py _amax_reduction): the buffer's concatenation, its all-reduce, the scale update
+        amax = amax_reduction_bytes(job)
+        fwd, bwd, updates = amax[stage] if amax else (0.0, 0.0, [0.0])
+
+        def amax_s(buffer: float) -> float:
+            if not amax:
+                return 0.0
+            kernels = costs.memory_s("elementwise", 2 * buffer) + costs.memory_s("elementwise", max(updates))
+            return float(kernels) + collective("all_reduce", buffer, groups.amax)
 
         def blocking(stages: list[int]) -> float:
             """ZeRO-2 without overlap: each backward pass's gradients reduced at its end, on the compute stream."""
@@ -676,6 +693,8 @@ class FastEstimator:
             "gather_whole": dp_s("all_gather", params, w_bytes),
             "tail": tail,
             "weight_cast": sum(float(costs.memory_s("elementwise", b)) for b in weight_cast_bytes(job)),
+            "amax_f": amax_s(fwd),  # per chunk pass
+            "amax_b": amax_s(bwd),
             **slots,
         }
         for name, w in sizes.items():  # ZeRO-3: per-unit gathers and reduce-scatters

@@ -217,6 +217,31 @@ def weight_cast_bytes(job: Job) -> list[float]:
     return [float((n - k) * dense + k * moe) for n, k in zip(per_virtual, moe_n, strict=True)]
 
 
+def amax_reduction_bytes(job: Job) -> list[tuple[float, float, list[float]]]:
+    """Per pipeline stage, under Transformer Engine 1.x's DelayedScaling (dtype fp8, plan.fp8_recipe delayed;
+    else []): the bytes of its forward and backward global amax buffers, which hold every layer of every
+    chunk on the stage (one buffer per rank: its key is the direction, the recipe and the group, not the
+    chunk), and each chunk's scale-update bytes (transformer_ops.delayed_amax_bytes per layer)."""
+    m, p = job.model, job.plan
+    if p.dtype != "fp8" or p.fp8_recipe != "delayed":
+        return []
+    dense = ops_mod.delayed_amax_bytes(m, p)
+    moe = ops_mod.delayed_amax_bytes(m, p, moe=True) if m.is_moe else (0, 0, 0)
+    per_virtual = p.virtual_stage_layers(m.num_layers)
+    starts = np.cumsum((0, *per_virtual))
+    moe_n = m.moe_layers_before(starts[1:]) - m.moe_layers_before(starts[:-1])
+    chunk = [
+        [float((n - k) * d + k * e) for d, e in zip(dense, moe, strict=True)]
+        for n, k in zip(per_virtual, moe_n, strict=True)
+    ]
+    pp, v = p.pipeline_parallel, p.virtual_pipeline
+    out = []
+    for stage in range(pp):
+        mine = [chunk[c * pp + stage] for c in range(v)]
+        out.append((sum(x[0] for x in mine), sum(x[1] for x in mine), [x[2] for x in mine]))
+    return out
+
+
 def bucket_spans(params: list[float], bucket_params: float) -> list[tuple[int, int]]:
     """[start, end) of consecutive units merged into gradient buckets: a bucket closes once it holds
     `bucket_params` parameters (Megatron DDP's bucket size); the units left over form the last."""
@@ -387,6 +412,9 @@ class Groups:
     ep: GroupPlacement  # expert parallel: the token all-to-alls
     etp: GroupPlacement  # expert tensor parallel
     expert_grad: GroupPlacement  # expert data parallel: routed experts' gradients and ZeRO shards
+    # a stage's tensor × context × data ranks: Transformer Engine's amax reductions (Megatron-Core
+    # get_amax_reduction_group(with_context_parallel=True))
+    amax: GroupPlacement
 
     @classmethod
     def of(cls, job: Job) -> Groups:
@@ -407,6 +435,7 @@ class Groups:
             ep=place_group(ep, etp, gpn),
             etp=place_group(etp, 1, gpn),
             expert_grad=place_group(stage_stride // (ep * etp) if job.model.is_moe else 1, ep * etp, gpn),
+            amax=place_group(stage_stride, 1, gpn),
         )
 
 
@@ -621,6 +650,7 @@ class TransformerStepBuilder:
             for s in range(pp)
             for d in ((s + 1) % pp, (s - 1) % pp)
         }
+        self._amax = amax_reduction_bytes(job)  # per stage: TE 1.x DelayedScaling's reductions (_amax_reduction)
         self.g = GraphBuilder()
         self._sends: dict[tuple[bool, int, int], int] = {}  # (forward, virtual stage, micro) -> send task
         self._pairs: dict[tuple[Message, ...], int] = {}  # blocking: the messages of an exchange -> its collective
@@ -975,6 +1005,8 @@ class TransformerStepBuilder:
                         leaving.append(bucket)
                     else:  # released as its bucket's backward ends (created now: a stream runs in creation order)
                         grad_tasks.append(self._grad_task(stage, *bucket, last, grad_kind))
+            if self._amax:
+                previous.append(self._amax_reduction(stage, ps, previous[-1]))
             if leaving:
                 pending.setdefault(backward_ordinal[i] + stage, []).extend(leaving)
             released = pending.pop(backward_ordinal[i], []) if not ps.forward else []
@@ -1040,6 +1072,32 @@ class TransformerStepBuilder:
                 "dp_all_gather",
                 [opt],
             )
+
+    def _amax_reduction(self, stage: int, ps: Pass, after: int) -> int:
+        """Transformer Engine 1.x DelayedScaling's amax reduction at the end of a chunk pass, blocking the compute
+        stream (amax_reduction_bytes): forward at fp8_autocast's exit, which Megatron-Core enters once around a
+        TransformerBlock's layers (after its last layer, before the pipeline send); backward at the end of the
+        backward of the autocast's first FP8 module, the first layer's QKV (TE 1.11 fp8.py
+        reduce_and_update_fp8_tensors, layernorm_linear.py _LayerNormLinear.backward). Each: the buffer's amax
+        rows concatenated (torch.cat: read and write), all-reduced (MAX) over the stage's tensor × context ×
+        data ranks with async_op=False (the stream waits for it), and the scales updated from the rolled
+        histories of the chunk's operands (tex.fused_amax_and_scale_update_after_reduction, one kernel).
+        Not modelled: TE ≤ 1.11 skips the backward one under full recompute (fixed in 1.12), FP8 parameters'
+        second buffer and per-step reduction. Returns the last task."""
+        fwd, bwd, updates = self._amax[stage]
+        buffer = fwd if ps.forward else bwd
+        comp = self.g.resource(stage, "compute")
+        name = f"{'F' if ps.forward else 'B'}{ps.microbatch}.c{ps.chunk}"
+        recipes: list[tuple[Recipe, str, Category]] = [
+            (("memory", stage, "elementwise", 2 * buffer), "fp8_amax_cat", Category.COMPUTE),
+            (("collective", stage, "all_reduce", buffer, "amax"), "fp8_amax_all_reduce", Category.COMMUNICATION),
+            (("memory", stage, "elementwise", updates[ps.chunk]), "fp8_scale_update", Category.COMPUTE),
+        ]
+        family = self.family_time_s[stage]
+        for recipe, label, category in recipes:
+            after = self._task(recipe, f"{label}.{name}", comp, category, "fp8_amax", [after])
+            family["fp8_amax"] = family.get("fp8_amax", 0.0) + self._priced[recipe]
+        return after
 
     def _weight_cast(self, stage: int, ps: Pass) -> list[int]:
         """Transformer Engine's once-per-step FP8 weight casts of the chunk (weight_cast_bytes), on the

@@ -419,22 +419,28 @@ def fp8_cast_bytes(recipe: str, after_norm: bool) -> int:
 MULTI_CAST_TENSORS = 64
 
 
-def fp8_cast_kernels(recipe: str, after_norm: bool, tensors: int, grouped: bool = True) -> int:
-    """Kernels that cast `tensors` operands of one (grouped) GEMM to FP8 (`fp8_cast_bytes` moves their bytes):
+def fp8_cast_kernels(recipe: str, after_norm: bool, tensors: int, grouped: bool = True, te: bool = True) -> int:
+    """Kernels that cast `tensors` operands of one (grouped) GEMM to FP8 (`fp8_cast_bytes` moves their bytes);
+    `te`: Transformer Engine's casts (plan.fp8_weight_cast per_step), else torchao's:
     - delayed: one cast-transpose per operand; a `grouped` GEMM's per-expert operands go through one
       multi-tensor kernel per MULTI_CAST_TENSORS (TE pytorch/csrc/extensions/cast.cpp multi_tensor_quantize_impl:
       nvte_multi_cast_transpose when every quantizer is delayed-scaling; TE 2.x: TE 1.x's GroupedLinear
       under sequence parallelism cast each expert apart and transposed it again in the backward).
-    - tensorwise: TE's Float8CurrentScalingQuantizer::quantize_impl (pytorch/csrc/quantizer.cpp) runs
-      nvte_compute_amax, nvte_compute_scale_from_amax and nvte_quantize_v2: 3 per operand, 2 `after_norm`
-      (quantize_with_amax: the norm computed the amax); per expert, since current scaling takes the
-      loop of quantize calls in multi_tensor_quantize_impl.
+    - tensorwise under TE: Float8CurrentScalingQuantizer::quantize_impl (pytorch/csrc/quantizer.cpp) zeroes
+      the amax (cudaMemsetAsync in TE 2.2–2.7, zero_amax_kernel from 2.8: common/recipe/current_scaling.cu
+      launch_amax_kernel), then runs nvte_compute_amax, nvte_compute_scale_from_amax and nvte_quantize_v2: 4
+      per operand; 3 `after_norm` (create_unquantized_tensor_with_amax zeroes the amax the norm then
+      computes: amax.zero_(), scale, cast); per expert, since current scaling takes the loop of quantize
+      calls in multi_tensor_quantize_impl. Under torchao (Float8Linear's hp_tensor_to_float8_dynamic:
+      amax, scale, cast): 3, 2 `after_norm`.
     - rowwise (torchao): the roofline's two kernels per operand (roofline_utils.py
       get_tensor_memory_traffic_ovhd_s: a row-scaled cast with a bf16 transpose, then a column-scaled cast).
     """
     if recipe == "delayed":
         return -(-tensors // MULTI_CAST_TENSORS) if grouped else tensors
-    return tensors * (2 if recipe == "rowwise" or after_norm else 3)
+    if recipe == "rowwise":
+        return 2 * tensors
+    return tensors * ((3 if te else 2) if after_norm else (4 if te else 3))
 
 
 #: torchao's casts of one weight element on every micro-batch, (bytes, kernels) forward and backward, per
@@ -473,6 +479,31 @@ def _weight_casts(op: Op, plan: PlanConfig) -> list[Op]:
             backward_count=bwd_kernels * op.count,
         )
     ]
+
+
+#: fp32 amax entries Transformer Engine's DelayedScaling registers in its global buffers per GEMM of a module,
+#: forward (input, weight, output) and backward (output gradient, input gradient): TE 1.x module/base.py
+#: set_meta_tensor (3 · num_gemms, 2 · num_gemms), fp8.py add_fp8_tensors_to_global_buffer
+AMAX_ENTRIES_PER_GEMM = (3, 2)
+#: the "GEMMs" of DotProductAttention, a TE module of its own under fused attention (TE 1.8 on: 9 forward
+#: and 6 backward entries, every one zero without fp8_dpa)
+ATTENTION_AMAX_GEMMS = 3
+#: bytes the scale update reads and writes per operand whose amax is not zero (the GEMM inputs forward, the
+#: output gradients backward): its fp32 amax history of fp8_amax_history_len 1024, NeMo's recipes' setting
+#: (the dgxc-benchmarking YAMLs), rolled (TE common/recipe/delayed_scaling.cu kernel_bulk)
+AMAX_HISTORY_BYTES = 2 * 4 * 1024
+
+
+def delayed_amax_bytes(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> tuple[int, int, int]:
+    """What one layer (an MoE layer when `moe`) adds to Transformer Engine 1.x DelayedScaling's per-pass amax
+    reduction (TransformerStepBuilder._amax_reduction): fp32 bytes of its entries in the global forward and
+    backward buffers (AMAX_ENTRIES_PER_GEMM per GEMM of its TE modules, every routed expert's, and fused
+    attention's ATTENTION_AMAX_GEMMS), and the history bytes the scale update rolls for it per pass (one
+    operand per GEMM)."""
+    gemms = sum(op.count for op in layer_forward(model, plan, moe) if op.family == "gemm" and op.te)
+    modules = gemms + (ATTENTION_AMAX_GEMMS if plan.flash_attention else 0)
+    fwd, bwd = AMAX_ENTRIES_PER_GEMM
+    return 4 * fwd * modules, 4 * bwd * modules, AMAX_HISTORY_BYTES * gemms
 
 
 def weight_cast_step_bytes(model: ModelConfig, plan: PlanConfig, moe: bool = False) -> float:
@@ -543,6 +574,7 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
     recipe = plan.fp8_recipe
     reduce_amax = recipe == "tensorwise" and plan.sequence_parallel and plan.tensor_parallel > 1
     grouped = plan.moe_grouped_gemm
+    te = plan.fp8_weight_cast == "per_step"  # Transformer Engine's cache; torchao casts every micro-batch
     out: list[Op] = []
     before = ""  # family of the last non-collective op
     for op in ops:
@@ -556,10 +588,10 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
                 f"{op.name}.fp8_cast",
                 "elementwise",
                 fp8_cast_bytes(recipe, norm) * rows * k,
-                count=fp8_cast_kernels(recipe, norm, op.count, grouped),
+                count=fp8_cast_kernels(recipe, norm, op.count, grouped, te),
                 label="fp8_cast",
                 backward_amount=fp8_cast_bytes(recipe, False) * rows * n,
-                backward_count=fp8_cast_kernels(recipe, False, op.count, grouped),
+                backward_count=fp8_cast_kernels(recipe, False, op.count, grouped, te),
             )
             out += [*_rowwise_rescales(op, plan, rows), cast, *_weight_casts(op, plan)]
         out.append(op)
