@@ -26,7 +26,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,7 +34,8 @@ from checking_step_times import load_rows as checking_rows
 from published_step_times import job as korthikanti_job
 from published_step_times import rows as korthikanti_rows
 
-from itercast.config.job import Job, apply_override
+from itercast.config.job import Job, apply_override, parse_section
+from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.predict import predict
 
@@ -60,10 +61,13 @@ def _plan_job(r: dict[str, str]) -> Job:
     if r["stage_layers"]:
         plan["stage_layers"] = [int(n) for n in r["stage_layers"].split()]
     model: dict[str, object] = {"seq_length": int(r["seq_length"])} | ({"preset": r["model"]} if r["model"] else {})
-    system = {"preset": r.get("system") or "dgx-h100", "num_nodes": int(r["gpus"]) // 8}
+    system = {"preset": r.get("system") or "dgx-h100"}
     raw: dict[str, Any] = {"model": model, "plan": plan, "system": system}
     for item in (r.get("overrides") or "").split():
         apply_override(raw, item)
+    # the row's GPUs over its nodes, of the preset's size unless an override sets it
+    per_node = cast(SystemConfig, parse_section("system", raw["system"])).node.gpus_per_node
+    raw["system"]["num_nodes"] = max(1, int(r["gpus"]) // per_node)
     return Job.from_dicts(raw["model"], raw["plan"], raw["system"])
 
 
@@ -91,6 +95,7 @@ def jobs() -> dict[str, list[tuple[str, Job, float]]]:
             label = f"dp{r['data_parallel']} tp{r['tensor_parallel']} pp{r['pipeline_parallel']} "
             label += (
                 f"vp{r['virtual_pipeline']} mbs{r['micro_batch_size']} {r['schedule']} asyncTP={r['tp_comm_overlap']}"
+                f" rc={r['recompute']}"
             )
             out[r["job"]].append((label, _plan_job(r), measured_time_like(r, f"{path.name} data row {n}")))
     for r in korthikanti_rows():
@@ -170,13 +175,14 @@ def rank(found: dict[str, list[tuple[str, Job, float]]]) -> tuple[str, list[floa
         pick = min(range(len(plans)), key=predicted.__getitem__)
         loss = measured[pick] / measured[best] - 1
         spread = max(measured) / min(measured) - 1
+        first = loss == 0  # a plan tied with the measured fastest (times printed in whole seconds) counts as it
         taus.append(tau)
         if spread >= DISTINCT:
             counted += 1
-            picked += pick == best
+            picked += first
             losses.append(loss)
         print(f"{name}: {len(plans)} plans, measured spread {spread:.1%}, τ {tau:+.2f}, ", end="")
-        print("fastest ranked first" if pick == best else f"picked {plans[pick][0]} (loss {loss:.1%})")
+        print("fastest ranked first" if first else f"picked {plans[pick][0]} (loss {loss:.1%})")
         for (label, _, m), p in zip(plans, predicted, strict=True):
             print(f"    {label:55} measured {m / measured[best]:.3f}× best, predicted {p:.3f} s")
     return summary(taus, picked, counted, losses), taus, losses, picked, counted
