@@ -163,7 +163,8 @@ def test_output_layer_splits_the_vocabulary_over_tensor_parallel_ranks():
     # unfused vocab-parallel cross-entropy over them, bytes per bf16 logit: forward .float() (read 2,
     # write 4), max (read 4), subtract (4 + 4), exp (4 + 4), sum (4), divide (4 + 4) = 38; backward
     # mul_ by the loss gradient (4 + 4) and the cast of the fp32 gradient back to bf16 (4 + 2) = 14.
-    # The max and the sum of exponentials over the two vocabulary shards: two fp32 all-reduces a token.
+    # The max, the target's logit and the sum of exponentials over the two vocabulary shards: three fp32
+    # all-reduces of one value a token (VocabParallelCrossEntropy.forward).
     # Unpadded (make_vocab_size_divisible_by 1): 128 / 2 = 64 rows a rank.
     j = job(tensor_parallel=2, make_vocab_size_divisible_by=1)
     head = head_forward(j.model, j.plan)
@@ -172,7 +173,18 @@ def test_output_layer_splits_the_vocabulary_over_tensor_parallel_ranks():
     assert ops["cross_entropy"] == 32 * 128 / 2 * 38
     back = {o.name: o.amount for o in layer_backward_of_head(j)}
     assert back["cross_entropy.bwd"] == 32 * 128 / 2 * 14
-    assert ops["cross_entropy.tp"] == 2 * 32 * 4
+    losses = [(o.name, o.comm_kind, o.amount) for o in head if o.name.startswith("cross_entropy.tp")]
+    assert losses == [(f"cross_entropy.tp{s}", "all_reduce", 32 * 4) for s in ("", "1", "2")]
+    # fused: the max, then the other two batched; TE's Triton loss: one all-gather of 3 values a token from
+    # each of the 2 ranks (3 · 32 · 4 · 2 bytes in all); flash-attn's: the log-sum-exp gathered, the losses summed
+    for kernel, want in (
+        ("megatron_fused", [("all_reduce", 32 * 4), ("all_reduce", 2 * 32 * 4)]),
+        ("te", [("all_gather", 3 * 32 * 4 * 2)]),
+        ("flash_attn", [("all_gather", 32 * 4 * 2), ("all_reduce", 32 * 4)]),
+    ):
+        k = job(tensor_parallel=2, make_vocab_size_divisible_by=1, cross_entropy=kernel)
+        got = [(o.comm_kind, o.amount) for o in head_forward(k.model, k.plan) if o.name.startswith("cross_entropy.tp")]
+        assert got == want, kernel
     # Megatron's default pads 128 up to a multiple of 128 × tp = 256: 128 rows a rank, twice the logits
     padded = {o.name: o.amount for o in head_forward(job(tensor_parallel=2).model, job(tensor_parallel=2).plan)}
     assert padded["logits"] == 2 * 32 * 64 * 128

@@ -1210,9 +1210,31 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
         Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e),
         Op("cross_entropy", "elementwise", sh.tokens * v_loc * fwd_b, backward_amount=sh.tokens * v_loc * bwd_b),
     ]
-    if plan.tensor_parallel > 1:  # max and sum-exp across the vocab shards: tiny all-reduces
-        ops.append(Op("cross_entropy.tp", "tp_comm", 2 * sh.tokens * 4, "all_reduce"))
+    if plan.tensor_parallel > 1:  # each token's statistics across the vocab shards (LOSS_COLLECTIVES)
+        for i, (kind, floats) in enumerate(LOSS_COLLECTIVES[plan.cross_entropy]):
+            nbytes = floats * sh.tokens * 4 * (plan.tensor_parallel if kind == "all_gather" else 1)
+            ops.append(Op(f"cross_entropy.tp{i}" if i else "cross_entropy.tp", "tp_comm", nbytes, kind))
     return _tp_overlapped(ops, plan)
+
+
+#: the collectives a vocab-parallel loss runs over the tensor-parallel group, forward, per plan.cross_entropy:
+#: (kind, fp32 values a token each rank brings), each blocking:
+#: - megatron: the max, the target's logit and the sum of exponentials, one all-reduce each (Megatron-Core
+#:   tensor_parallel/cross_entropy.py VocabParallelCrossEntropy.forward);
+#: - megatron_fused: the max, then the other two batched in one (fusions/fused_cross_entropy.py);
+#: - te: one all-gather of each row's (max, sum, target logit) (TE pytorch/triton/cross_entropy.py
+#:   all_gather_into_tensor of m_d_X_y);
+#: - torch, torch_compiled: DTensor's loss_parallel, the max and the sum in log_softmax, the target's in
+#:   nll_loss (torch/distributed/tensor/parallel/loss.py), as torchtitan runs its TP loss;
+#: - flash_attn: the log-sum-exp all-gathered, the losses all-reduced (flash_attn ops/triton/cross_entropy.py).
+LOSS_COLLECTIVES: dict[str, tuple[tuple[str, int], ...]] = {
+    "megatron": (("all_reduce", 1), ("all_reduce", 1), ("all_reduce", 1)),
+    "megatron_fused": (("all_reduce", 1), ("all_reduce", 2)),
+    "te": (("all_gather", 3),),
+    "torch": (("all_reduce", 1), ("all_reduce", 1), ("all_reduce", 1)),
+    "torch_compiled": (("all_reduce", 1), ("all_reduce", 1), ("all_reduce", 1)),
+    "flash_attn": (("all_gather", 1), ("all_reduce", 1)),
+}
 
 
 def grad_accumulation_note(plan: PlanConfig) -> str | None:
