@@ -293,7 +293,7 @@ def _recompute_kept(
     exchanges' outputs), as predict prices them recomputed whole."""
     p, e, h = t.base, t.base.dtype_bytes, m.hidden_size
     a, g, tp = m.num_attention_heads, m.kv_heads, t.cols["tp"]
-    group = p.recompute_num_layers if p.recompute_method == "uniform" else 1
+    group = recompute_group(m, p, t.cols["pp"], t.cols["vp"])
     r = full_recompute_share(m, p, t.cols["pp"], t.cols["vp"])
     full = r * e * h / rep / group + (1 - r) * kept
     selective = attention_again
@@ -301,6 +301,18 @@ def _recompute_kept(
         saved = e * a * m.qk_head_dim + e * g * m.value_head_dim + e * a * m.value_head_dim + 4 * a + e * mlp_width
         selective = e * h / rep * (2 if m.gated_mlp else 1) + saved / tp + experts
     return np.where(rc == _FULL, full, np.where(rc == _SELECTIVE, selective, kept))
+
+
+def recompute_group(m: ModelConfig, p: PlanConfig, pp: Any, vp: Any) -> Any:
+    """Layers recomputed together under recompute=full (per row of `pp`, `vp`): Megatron-Core's uniform method
+    checkpoints recompute_num_layers layers at a time, but no more than a model chunk holds
+    (transformer_block.py `_checkpointed_forward`: `while layer_idx < self.num_layers_per_pipeline_rank`,
+    each group ending at the chunk's last layer), the largest chunk of plan.stage_layers when set; 1 otherwise
+    (block method, torchtitan's per-layer checkpoints)."""
+    if p.recompute_method != "uniform":
+        return 1
+    chunk = max(p.stage_layers) if p.stage_layers is not None else m.num_layers / (np.asarray(pp) * vp)
+    return np.minimum(p.recompute_num_layers, np.maximum(chunk, 1))
 
 
 def full_recompute_share(m: ModelConfig, p: PlanConfig, pp: Any, vp: Any) -> Any:
@@ -444,8 +456,8 @@ class StageMemory:
         whole = _activation_bytes(m, t, no_rc)
         if m.is_moe:
             whole = np.maximum(whole, _activation_bytes(m, t, no_rc, moe=True))
-        # uniform method: a group of recompute_num_layers layers is recomputed at once
-        group = base.recompute_num_layers if base.recompute_method == "uniform" else 1
+        # uniform method: a group of recompute_num_layers layers (at most a chunk's) is recomputed at once
+        group = recompute_group(m, base, c["pp"], c["vp"])
         # torchtitan's per-op policy: what one layer recomputes lives during its backward
         op_again = whole - _activation_bytes(m, t, np.full_like(no_rc, _SELECTIVE), moe=m.is_moe)
         again = np.where(c["recompute"] == _FULL, group * whole, 0)

@@ -161,6 +161,20 @@ def test_megatron_uniform_checkpoints_one_input_per_group():
     )
 
 
+def test_megatron_uniform_groups_end_at_the_chunk():
+    """4 layers on one stage: a group of 8 is the chunk's 4 (transformer_block.py _checkpointed_forward ends
+    each group at the chunk's last layer): one 128-byte input per 4 layers kept, the 4 layers' 2048 B a token
+    live while recomputed (a group of 1000 had priced 1000 layers' there)."""
+    eight, four = job(recompute="full", recompute_num_layers=8), job(recompute="full", recompute_num_layers=4)
+    assert activation_bytes_per_token_layer(eight) == activation_bytes_per_token_layer(four) == 128 / 4
+    assert estimate_memory(eight).activations_bytes == estimate_memory(four).activations_bytes
+    # against groups of 1: inputs 4 × 8 × (32 − 128) B fewer, 3 more layers' 2048 B × 8 tokens live
+    one = job(recompute="full")
+    assert estimate_memory(eight).activations_bytes - estimate_memory(one).activations_bytes == pytest.approx(
+        4 * 8 * (32 - 128) + 3 * 2048 * 8
+    )
+
+
 def test_torchtitan_every_nth_layer_is_checkpointed():
     j = job(recompute="full", recompute_every=2)  # layers 2 and 4 of 4
     assert activation_bytes_per_token_layer(j) == 0.5 * 128 + 0.5 * 2048 == 1088

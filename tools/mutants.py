@@ -297,6 +297,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "eager chains priced on the fused norm and activation curves"),
     # -- the step graph: groups, bytes, optimizer ------------------------------------------------
     M(TF, "grad=place_group(d * c, t, gpn)", "grad=place_group(d, t * c, gpn)", "gradients reduced over dp, not dp×cp"),
+    M(MEM, "return np.minimum(p.recompute_num_layers, np.maximum(chunk, 1))", "return p.recompute_num_layers",
+      "a uniform recompute group larger than its chunk priced whole", _t("model_fields")),
     M(TF, "amax=place_group(stage_stride, 1, gpn)", "amax=place_group(t, 1, gpn)",
       "TE's amax reduction over the tensor-parallel group, not the stage's tensor × context × data ranks",
       _t("fp8_amax_reduction")),
