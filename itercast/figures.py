@@ -36,6 +36,7 @@ from itercast.data_paths import shared_data_dir
 from itercast.predict import Prediction, predict
 from itercast.search.job_slicing import JobSlicing, slice_job, slice_job_on_groups
 from itercast.search.plan_search import SearchRequest, SearchResult, run_search
+from itercast.workload import load_workload
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 GIB = 2**30
@@ -92,6 +93,12 @@ def _predicted(name: str) -> Prediction:
         "mixed all a100": lambda: _mixed_job({"preset": "dgx-a100", "num_nodes": 2}, None),
     }
     return predict(jobs[name]())
+
+
+def _dlrm_small_ms(batch_per_rank: int) -> Callable[[], float]:
+    """`itercast predict --model dlrm-small --system dgx-h100` on 2 GPUs at `batch_per_rank`, in ms."""
+    sets = ["system.node.gpus_per_node=2", f"plan.batch_per_rank={batch_per_rank}"]
+    return lambda: 1e3 * load_workload(None, sets, "dlrm-small", "dgx-h100").predict().step_time_s
 
 
 def _mixed_job(system: dict[str, Any], stage_layers: list[int] | None) -> Job:
@@ -170,6 +177,11 @@ FIGURES: tuple[Figure, ...] = (
     Figure("job.yaml: memory per GPU", r"s per step, " + NUMBER + " GiB of 80 per GPU", _gib("llama tp8"), 0.05),
     Figure("job.yaml at tp 4: step", r"faster, " + NUMBER + " s, but needs", _step("llama tp4"), 0.05),
     Figure("job.yaml at tp 4: memory", r"but needs " + NUMBER + " GiB: out of memory", _gib("llama tp4"), 0.05),
+    Figure("dlrm-small on 2 H100, host-bound", r"`dlrm-small` on 2 H100: " + NUMBER + " ms from 64", _dlrm_small_ms(64),
+           0.005),
+    Figure("dlrm-small on 2 H100, at 4,096", r"`dlrm-small` on 2 H100: " + NUMBER + " ms from 64", _dlrm_small_ms(4096),
+           0.005),
+    Figure("dlrm-small on 2 H100, at 65,536", NUMBER + " ms at 65,536, where its GPU", _dlrm_small_ms(65536), 0.005),
     Figure("Mixtral at tp 2: step", r"# " + NUMBER + r" s, [0-9.]+ GiB \(tp 1", _step("mixtral tp2"), 0.05),
     Figure("Mixtral at tp 2: memory", r" s, " + NUMBER + r" GiB \(tp 1", _gib("mixtral tp2"), 0.05),
     Figure("Mixtral at tp 1: memory", r"\(tp 1: " + NUMBER + " GiB, out of memory", _gib("mixtral tp1"), 0.5),

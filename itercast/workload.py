@@ -20,6 +20,7 @@ import numpy as np
 
 from itercast.config.job import Job, blame_overrides, raw_sections
 from itercast.errors import ConfigError
+from itercast.memory import MemoryEstimate
 from itercast.predict import DLRMPrediction, Forecast, Prediction, predict, predict_dlrm
 from itercast.report import html_report as rep
 from itercast.sim.analysis import breakdown
@@ -253,6 +254,14 @@ def compare_figures(w: TransformerWorkload | DLRMWorkload, r: Forecast) -> dict[
         out["mfu"] = r.mfu
     out["memory_per_gpu_bytes"] = r.memory.total_bytes
     return out | {f"breakdown.{k}": v for k, v in r.breakdown.as_dict().items() if k != "rank"}
+
+
+def oom_note(mem: MemoryEstimate, what: str = "the plan") -> str:
+    """What `predict`, `compare` and `variability` say of a plan whose most loaded GPU does not fit."""
+    return (
+        f"{what} does not fit: {mem.total_bytes / 2**30:.1f} GiB per GPU on stage {mem.stage}, "
+        f"{mem.capacity_bytes / 2**30:.0f} GiB available (`itercast search` finds plans that fit)"
+    )
 
 
 def same_kind(a: TransformerWorkload | DLRMWorkload, b: TransformerWorkload | DLRMWorkload, what: str) -> None:

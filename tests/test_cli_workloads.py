@@ -64,6 +64,21 @@ def test_compare_sets_two_dlrm_jobs_side_by_side(tmp_path: Path) -> None:
     assert code == 2 and "a dlrm and a transformer job" in text
 
 
+def test_compare_and_variability_say_when_a_plan_does_not_fit(tmp_path: Path) -> None:
+    """gpt3-1.3b on one 80 GiB H100 fits; on a 1 GiB one it cannot (its bf16 weights alone are 2.6 GB)."""
+    fits, tight = tmp_path / "fits.yaml", tmp_path / "tight.yaml"
+    system = "{preset: dgx-h100, num_nodes: 1, node: {gpus_per_node: 1}}"
+    fits.write_text(f"model: {{preset: gpt3-1.3b, num_layers: 2}}\nsystem: {system}\n")
+    tight.write_text(fits.read_text().replace("gpus_per_node: 1}", "gpus_per_node: 1}, gpu: {hbm_bytes: 1073741824}"))
+    res = CliRunner().invoke(app, ["compare", str(fits), str(tight), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["fits_in_memory"] == {"a": True, "b": False}
+    assert "B (" in res.stderr and "does not fit" in res.stderr
+    res = CliRunner().invoke(app, ["variability", str(tight), "--samples", "100", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["fits_in_memory"] is False and "does not fit" in res.stderr
+
+
 def test_variability_of_a_dlrm_samples_its_every_gpu_graph(tmp_path: Path) -> None:
     # on 2 H100s dlrm-small's step is host-bound (workloads/dlrm/host.py): its GPU spread would not
     # show; on the CPU host the operators run on the compute thread

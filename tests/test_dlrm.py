@@ -511,6 +511,17 @@ def test_a_shard_beyond_the_profiled_lookups_is_reported():
     assert beyond_profile(model(2), 2, 512, None) == ""
 
 
+def test_predict_says_what_shard_says_of_lookups_beyond_the_profile():
+    """dlrm-dcnv2-criteo on one DGX H100 at 8,192 samples a rank: t20's owner (100 lookups a bag) looks up
+    100 × 8,192 × 8 = 6,553,600 rows a call, beyond twice the built-in H100 lookup model's largest call."""
+    args = ["--model", "dlrm-dcnv2-criteo", "--system", "dgx-h100"]
+    said = "t20's owner looks up 6,553,600 rows per call"
+    shard = CliRunner().invoke(app, ["shard", *args, "--batch-per-rank", "8192"])
+    predict = CliRunner().invoke(app, ["predict", *args, "--set", "plan.batch_per_rank=8192"])
+    assert shard.exit_code == predict.exit_code == 0, predict.output
+    assert said in shard.stderr and said in predict.stderr
+
+
 def test_the_greedy_planner_prices_and_lists_each_plan_once():
     # dlrm-small on 8 A100: the greedy choice is the uniform table-wise round robin (t0..t3 on ranks
     # 0..3); it used to be priced and listed twice

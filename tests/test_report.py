@@ -191,6 +191,15 @@ def test_compare_two_saved_replays_per_breakdown_part(tmp_path: Path):
     (tmp_path / "s.json").write_text('{"plans": []}')
     code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "s.json"))
     assert code == 2 and "plans[0]: expected an object" in text
+    # a what-if's span moves where the replay's own does not: compared too (absent from either: not shown)
+    for name, whatif in (("w1.json", 0.325), ("w2.json", 0.227)):
+        (tmp_path / name).write_text(json.dumps(json.loads(_replay_doc(0.30, 0.25, 0.05)) | {"whatif_span_s": whatif}))
+    code, text = run("compare", str(tmp_path / "w1.json"), str(tmp_path / "w2.json"), "--json")
+    assert code == 0, text
+    assert json.loads(text)["whatif_span_s"] == {"a": 0.325, "b": 0.227, "b_minus_a": pytest.approx(-0.098)}
+    assert "whatif_span_s" not in json.loads(
+        run("compare", *(str(tmp_path / n) for n in ("a.json", "w2.json")), "--json")[1]
+    )
 
 
 def test_a_dlrm_report_gives_its_millisecond_step_in_milliseconds(tmp_path: Path):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -34,8 +34,15 @@ from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError, DeadlockError
 from itercast.predict import DLRMPrediction, Forecast, Prediction
 from itercast.traces.perfetto import write_chrome_trace
-from itercast.workload import DLRMWorkload, TransformerWorkload, compare_figures, load_workload, same_kind
-from itercast.workloads.dlrm import unmeasured_embedding_ops
+from itercast.workload import (
+    DLRMWorkload,
+    TransformerWorkload,
+    compare_figures,
+    load_workload,
+    oom_note,
+    same_kind,
+)
+from itercast.workloads.dlrm import beyond_profile, unmeasured_embedding_ops
 from itercast.workloads.transformer_ops import grad_accumulation_note, unaligned_logits_note
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
@@ -124,8 +131,10 @@ def predict_cmd(
         fail(str(exc).replace("\n", "\n  "))
     if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand
         assert isinstance(result, DLRMPrediction)
-        unmeasured = unmeasured_embedding_ops(w.job.system.gpu.name, cal, eager_update=w.job.model.eager_update)
-        for note in (*unmeasured, *result.extrapolated):
+        gpu_name, dlrm = w.job.system.gpu.name, w.job.model
+        unmeasured = unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.eager_update)
+        beyond = beyond_profile(dlrm, w.job.system.num_gpus, w.job.plan.batch_per_rank, cal, gpu_name)
+        for note in (*filter(None, (beyond,)), *unmeasured, *result.extrapolated):  # as `shard` says them
             warn(note)
     else:
         assert isinstance(result, Prediction)
@@ -145,11 +154,7 @@ def predict_cmd(
                 markup=False,
             )
     if result.memory.oom:
-        mem = result.memory
-        warn(
-            f"the plan does not fit: {mem.total_bytes / 2**30:.1f} GiB per GPU on stage {mem.stage}, "
-            f"{mem.capacity_bytes / 2**30:.0f} GiB available (`itercast search` finds plans that fit)"
-        )
+        warn(oom_note(result.memory))
         if strict:
             raise typer.Exit(EXIT_OOM)
 
@@ -196,6 +201,7 @@ def compare_cmd(
     from itercast.cli.report_cmds import result_figures
 
     fmt = output_format(fmt, as_json)
+    fits: dict[str, bool] = {}  # two jobs: whether each fits its GPUs' memory (saved results say it themselves)
     try:
         if {job_a.suffix, job_b.suffix} == {".json"}:
             if calibration is not None or set_:
@@ -210,12 +216,18 @@ def compare_cmd(
             a, b = (load_workload(path, set_ or []) for path in (job_a, job_b))
             same_kind(a, b, f"{job_a} and {job_b}")
             cal_a, cal_b = (calibration_curves(calibration, w.job.system) for w in (a, b))
-            fig_a, fig_b = compare_figures(a, a.predict(cal_a)), compare_figures(b, b.predict(cal_b))
+            res_a, res_b = a.predict(cal_a), b.predict(cal_b)
+            fig_a, fig_b = compare_figures(a, res_a), compare_figures(b, res_b)
+            fits = {"a": not res_a.memory.oom, "b": not res_b.memory.oom}
+            for name, path, r in (("A", job_a, res_a), ("B", job_b, res_b)):
+                if r.memory.oom:
+                    warn(oom_note(r.memory, f"{name} ({path})"))
         rows = {k: (v, fig_b[k]) for k, v in fig_a.items() if k in fig_b}
     except (ConfigError, DeadlockError, ValueError) as exc:
         fail(str(exc).replace("\n", "\n  "))
     if fmt == "json":
-        echo_json({k: {"a": x, "b": y, "b_minus_a": y - x} for k, (x, y) in rows.items()})
+        doc: dict[str, Any] = {k: {"a": x, "b": y, "b_minus_a": y - x} for k, (x, y) in rows.items()}
+        echo_json(doc | ({"fits_in_memory": fits} if fits else {}))
         return
     cells = [
         [key, f"{x:,.4g}", f"{y:,.4g}", f"{y - x:+,.4g}", f"{y / x:.3f}" if x else ""] for key, (x, y) in rows.items()

@@ -118,7 +118,7 @@ def read_result(path: Path) -> tuple[str, dict[str, Any]]:
 
 def result_figures(path: Path) -> tuple[str, dict[str, float]]:
     """The figures `itercast compare` sets side by side for a saved result: a search's fastest plan,
-    a replay's span and mean step."""
+    a replay's span, its what-if's span (where it ran one) and mean step."""
     kind, doc = read_result(path)
     if kind == "search":
         need = ("step_time_s", "tokens_per_s", "mfu", "memory_per_gpu_bytes", "breakdown")
@@ -129,6 +129,8 @@ def result_figures(path: Path) -> tuple[str, dict[str, float]]:
         steps = [_fields(path, f"steps[{i}]", s, ("measured_s", "replayed_s")) for i, s in enumerate(doc["steps"])]
         row = _fields(path, "the result", doc, ("replayed_span_s", "breakdown"))
         figures = {"replayed_span_s": row["replayed_span_s"]}
+        if "whatif_span_s" in doc:  # a replay with a what-if: its span is the figure that moved
+            figures["whatif_span_s"] = doc["whatif_span_s"]
         if steps:
             figures["mean_step_measured_s"] = sum(s["measured_s"] for s in steps) / len(steps)
             figures["mean_step_replayed_s"] = sum(s["replayed_s"] for s in steps) / len(steps)

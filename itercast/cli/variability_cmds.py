@@ -29,15 +29,17 @@ from itercast.cli.app import (
     load_job,
     refuse_options,
     resolve_job_file,
+    warn,
     working,
 )
 from itercast.config.job import Job
 from itercast.errors import ConfigError, DeadlockError
+from itercast.memory import estimate_memory
 from itercast.search.job_slicing import slice_job_at_speeds
 from itercast.stochastic import variability as var
 from itercast.stochastic.placement import SpeedMapping, map_speeds, place_slow_on_graph, read_speed_map
 from itercast.stochastic.time_to_train import HOUR_S, FailureModel, time_to_train
-from itercast.workload import P50_ABOVE_REL, TransformerWorkload, seconds
+from itercast.workload import P50_ABOVE_REL, TransformerWorkload, oom_note, seconds
 
 # The variability model's options, one definition for `variability` and `search --objective p95`
 # (defaults: VariabilityModel's); variability_model() turns them into the model.
@@ -242,6 +244,10 @@ def variability_cmd(
         refuse_options({"--slow-factor": slow_factor != SLOW_FACTOR}, "the slow GPUs' speed, which needs --slow-gpus")
     w = load_job(job_file, example, model, system, set_)
     cal = calibration_curves(calibration, w.job.system)
+    # a transformer plan that does not fit is said, as predict says it (a DLRM's planned sharding fits)
+    mem = estimate_memory(w.job) if isinstance(w, TransformerWorkload) else None
+    if mem is not None and mem.oom:
+        warn(oom_note(mem))
     if slow_gpus is not None and slow_gpus > w.num_gpus:
         fail(f"--slow-gpus {slow_gpus}: the job has {w.num_gpus} GPUs")
     speeds = None
@@ -278,6 +284,8 @@ def variability_cmd(
             vm, across_runs, "the step quantiles, attribution, sensitivity or speed-map p95 (time to train has it)"
         ),
     }
+    if mem is not None:
+        out["fits_in_memory"] = not mem.oom
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": shown.probability_within(within_s)}
     if plot is not None:
