@@ -522,6 +522,19 @@ def test_predict_says_what_shard_says_of_lookups_beyond_the_profile():
     assert said in shard.stderr and said in predict.stderr
 
 
+def test_shard_refuses_two_node_counts_that_disagree():
+    res = CliRunner().invoke(app, ["shard", "--model", "dlrm-small", "--nodes", "2", "--set", "system.num_nodes=4"])
+    assert res.exit_code == 2 and "--nodes 2 and --set system.num_nodes=4 disagree" in res.output
+
+
+def test_a_dlrm_search_refuses_a_transformer_searchs_options_and_names_its_batches():
+    args = ["search", "--model", "dlrm-small", "--system", "dgx-h100", "--batches", "1024"]
+    res = CliRunner().invoke(app, [*args, "--num-nodes-range", "2:3", "--objective", "p99"])
+    assert res.exit_code == 2 and "--num-nodes-range, --objective: a transformer search's options" in res.output
+    res = CliRunner().invoke(app, [*args, "--top", "1"])
+    assert res.exit_code == 0 and "dlrm-small on 8 GPUs, 1024 samples per GPU:" in res.output
+
+
 def test_the_greedy_planner_prices_and_lists_each_plan_once():
     # dlrm-small on 8 A100: the greedy choice is the uniform table-wise round robin (t0..t3 on ranks
     # 0..3); it used to be priced and listed twice

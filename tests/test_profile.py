@@ -205,6 +205,22 @@ def test_cli_import_and_bad_kind(tmp_path):
     assert res.exit_code == 2 and "expected one of alpa" in res.output
 
 
+def test_a_table_of_another_kind_or_a_bad_run_leaves_no_database(tmp_path):
+    """A CSV without XLA's columns is refused (line 2, the first row), not imported as zero rows; neither it nor
+    a run of an unknown family leaves the database it would have created."""
+    other = tmp_path / "other.csv"
+    other.write_text("layer,time_s\n1,2\n")
+    with pytest.raises(ProfileError, match=r"line 2: missing column `opcode`"):
+        import_xla_collectives(ProfileDB(tmp_path / "direct.db"), other)
+    for args in (
+        ["profile", "import", "xla-collective", str(other), "--db", str(tmp_path / "a.db")],
+        ["profile", "run", "--db", str(tmp_path / "b.db"), "--families", "bogus"],
+    ):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2, res.output
+    assert not (tmp_path / "a.db").exists() and not (tmp_path / "b.db").exists()
+
+
 def test_alpa_import_drops_empty_shards_and_make_monotonic_points(tmp_path):
     """An all-gather over 16 ranks: 8 elements leave every rank nothing; 32 elements at exactly
     twice the time of 16 is make_monotonic's clamp (same bandwidth to 1e-6); 64 is measured."""

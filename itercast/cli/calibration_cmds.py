@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -87,6 +87,8 @@ def profile_run_cmd(
     from itercast.profile.db import ProfileDB
     from itercast.profile.microbench import check_device, run
 
+    created = not db.exists()
+    target = None
     try:
         chosen = tuple(f.strip() for f in families.split(","))
         batches = sizes_option(embedding_batches, "--embedding-batches") if embedding_batches else None
@@ -95,8 +97,9 @@ def profile_run_cmd(
         if ranks and ranks[0] < 2:
             raise ConfigError(f"--collective-ranks: expected groups of 2 or more ranks; got {collective_ranks!r}")
         check_device(device)  # before the database is created
+        target = ProfileDB(db)
         counts = run(
-            ProfileDB(db),
+            target,
             device,
             quick,
             chosen,
@@ -109,6 +112,7 @@ def profile_run_cmd(
             flush_bytes=flush_mib << 20,
         )
     except (ProfileError, ConfigError) as exc:
+        _forget_new_database(db, created, target)
         fail(str(exc))
     console.print(f"{db}: {counts['measured']} configurations measured, {counts['already there']} already there")
 
@@ -146,13 +150,19 @@ def profile_import_cmd(
     except ConfigError as exc:  # the database path: a link, a missing directory, the file imported
         fail(str(exc))
     except ProfileError as exc:
-        if target is not None:
-            target.close()
-        if created:  # a database this failed import created holds nothing: leave none behind
-            for leftover in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
-                leftover.unlink(missing_ok=True)
+        _forget_new_database(db, created, target)
         fail(str(exc))
     console.print(f"{db}: " + "; ".join(f"{k}: {v}" for k, v in counts.items()), highlight=False)
+
+
+def _forget_new_database(db: Path, created: bool, target: Any) -> None:
+    """After a failed run or import: a database it created holds nothing of use, so none is left behind
+    (closed first); one that existed keeps what it held."""
+    if target is not None:
+        target.close()
+    if created:
+        for leftover in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+            leftover.unlink(missing_ok=True)
 
 
 @app.command("calibrate")

@@ -32,6 +32,7 @@ from itercast.cli.app import (
     finite,
     load_job,
     output_format,
+    refuse_options,
     resolve_job_file,
     show_table,
     sizes_option,
@@ -178,6 +179,25 @@ def search_cmd(
     if is_dlrm_model(raw["model"]):
         if "plan.sharding" in given:
             fail("--set plan.sharding: a DLRM search searches the sharding; `itercast predict` prices a given one")
+        refuse_options(
+            {
+                "--num-nodes-range": num_nodes_range is not None,
+                "--objective": objective != "step",
+                "--token-budget": token_budget is not None,
+                "--framework": framework != "megatron-core",
+                "--memory-headroom-gib": memory_headroom_gib is not None,
+                "--micro-batch-sizes": micro_batch_sizes is not None,
+                "--global-batch-sizes": global_batch_sizes is not None,
+                "--tp-across-nodes": tp_across_nodes,
+                "--max-virtual-pipeline": max_virtual_pipeline is not None,
+                "--max-context-parallel": max_context_parallel != 8,
+                "--backend": backend != "local",
+                "--include-oom": include_oom,
+                "--max-memory-fraction": max_memory_fraction != 1.0,
+            },
+            "a transformer search's options; a DLRM search ranks its shardings × --batches by samples per second on "
+            "the job's GPUs",
+        )
         w = load_job(job_file, False, model, system, set_)
         assert isinstance(w, DLRMWorkload)
         fixed_batch = str(w.job.plan.batch_per_rank) if "plan.batch_per_rank" in given else None
@@ -279,7 +299,12 @@ def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str, calib
         for i, r in enumerate(found[:top], 1)
     ]
     if fmt == "table":
-        console.print(f"{w.headline()}: {evaluated:,} plans priced", highlight=False, markup=False)
+        searched = ", ".join(str(n) for n in sizes)
+        console.print(
+            f"{w.name} on {w.num_gpus} GPUs, {searched} samples per GPU: {evaluated:,} plans priced",
+            highlight=False,
+            markup=False,
+        )
     show_table(["#", "batch/GPU", "samples/s", "ms/step", "GiB", "sharding"], rows, fmt)
 
 

@@ -124,6 +124,10 @@ def _price(
                 "--set plan.*: shard takes the plan's batch as --batch-per-rank and a sharding to price as --sharding "
                 "FILE (its --set: model.FIELD=VALUE, system.FIELD=VALUE)"
             )
+        if "num_nodes" in raw["system"] and raw["system"]["num_nodes"] != nodes and nodes != 1:
+            raise ConfigError(
+                f"--nodes {nodes} and --set system.num_nodes={raw['system']['num_nodes']} disagree: give one of them"
+            )
         dlrm = load_dlrm(model, raw["model"])
         sys_cfg = cast(SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set"))
         cal = load_calibration(calibration) if calibration else None

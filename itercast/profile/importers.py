@@ -264,6 +264,8 @@ def import_xla_collectives(db: ProfileDB, path: Path) -> Counter:
     counts: Counter = Counter()
     batches: dict[str, list[Measurement]] = {}
     for line, r in _rows(path):
+        if "opcode" not in r:  # a table of another kind: refused, not skipped row by row
+            raise ProfileError(f"{path}: line {line}: missing column `opcode`")
         op = XLA_COLLECTIVES.get(r.get("opcode", ""))
         if op is None:
             counts[f"skipped ({r.get('opcode')!r}: no bytes_transferred in XLA's cost analysis)"] += 1
