@@ -93,6 +93,11 @@ def test_set_takes_any_float_literal_and_blames_itself_for_a_bad_value() -> None
     code, text = invoke("predict", "--example", "--set", "plan.tensor_parallel=two")
     assert code == 2 and text.startswith("error: --set plan.tensor_parallel=two: `plan.tensor_parallel`")
     assert "gpt3-175b-a100.yaml" not in text
+    # a rule across fields, or an unknown field, names the --set that gave the value beside the file
+    code, text = invoke("predict", "--example", "--set", "plan.tensor_parallel=3")
+    assert code == 2 and "not divisible by tensor_parallel(3) (given by --set plan.tensor_parallel=3)" in text
+    code, text = invoke("predict", "--example", "--set", "plan.nonexistent=1")
+    assert code == 2 and "unknown field `plan.nonexistent` (given by --set plan.nonexistent=1)" in text
 
 
 @pytest.mark.parametrize("command", ["", "predict", "search", "slice", "variability", "presets", "profile run"])

@@ -214,7 +214,12 @@ def blame_overrides(exc: ConfigError, source: str, overrides: list[str] | tuple[
     lines = []
     for line in str(exc).splitlines():
         key = next((k for k in given if line.startswith(f"{source}: `{k}`")), None)
-        lines.append(f"--set {given[key]}{line.removeprefix(source)}" if key else line)
+        if key:
+            lines.append(f"--set {given[key]}{line.removeprefix(source)}")
+            continue
+        # a rule across fields, or an unknown one, that names a field a --set gave (`plan.x`, or x(value))
+        named = [item for k, item in given.items() if f"`{k}`" in line or f"{k.rpartition('.')[2]}(" in line]
+        lines.append(line + (f" (given by --set {', --set '.join(named)})" if named else ""))
     return ConfigError("\n".join(lines))
 
 
