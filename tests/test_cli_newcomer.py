@@ -95,7 +95,8 @@ def test_set_takes_any_float_literal_and_blames_itself_for_a_bad_value() -> None
     assert "gpt3-175b-a100.yaml" not in text
     # a rule across fields, or an unknown field, names the --set that gave the value beside the file
     code, text = invoke("predict", "--example", "--set", "plan.tensor_parallel=3")
-    assert code == 2 and "not divisible by tensor_parallel(3) (given by --set plan.tensor_parallel=3)" in text
+    # the example's 1,024 GPUs over tp 3 × pp 8: data_parallel ⌊1024 / 24⌋ = 42, and 42 × 24 = 1008 ≠ 1024
+    assert code == 2 and "= 1008 ≠ 1024 GPUs (num_nodes(128) × gpus_per_node(8)) (given by --set plan.tensor" in text
     code, text = invoke("predict", "--example", "--set", "plan.nonexistent=1")
     assert code == 2 and "unknown field `plan.nonexistent` (given by --set plan.nonexistent=1)" in text
 
