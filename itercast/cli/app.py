@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import metadata, resources
 from pathlib import Path
@@ -95,13 +95,14 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def working(message: str, quiet: bool = False) -> Iterator[None]:
-    """A spinner on stderr while a long step runs (none with --json or when stderr is no terminal)."""
+def working(message: str, quiet: bool = False) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr while a long step runs (none with --json or when stderr is no terminal); yields a
+    function that replaces its message, for work done in phases."""
     if quiet:
-        yield
+        yield lambda _: None
         return
-    with Console(stderr=True).status(message):
-        yield
+    with Console(stderr=True).status(message) as status:
+        yield status.update
 
 
 def resolve_job_file(job_file: Path | None, example: bool, model: str | None, system: str | None) -> Path | None:

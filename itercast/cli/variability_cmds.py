@@ -259,11 +259,15 @@ def variability_cmd(
     vm = variability_model(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv, noise_from_db, as_json)
     vm = replace(vm, run_cv=run_cv, step_autocorrelation=step_autocorrelation)
     try:
-        with working(f"sampling {samples:,} steps…", as_json):
+        with working("building the step graph…", as_json) as phase:
             step = w.step_graph(cal)
+            phase(f"1 of 4: sampling {samples:,} steps of {step.graph.num_tasks:,} tasks…")
             dist = var.graph_distribution(step, vm, samples, seed)  # one run: what time to train sums
+            phase("2 of 4: across runs…" if across_runs else "2 of 4: done (one run)")
             shown = var.graph_distribution(step, vm, samples, seed, across_runs=True) if across_runs else dist
+            phase(f"3 of 4: attribution ({min(samples, 4_000):,} steps per source)…")
             attribution = var.graph_attribution(step, vm, min(samples, 4_000), seed, across_runs)
+            phase("4 of 4: sensitivity per kernel family…")
             sensitivity = var.graph_sensitivity(
                 step, vm, samples=min(samples, 4_000), seed=seed, across_runs=across_runs
             )
