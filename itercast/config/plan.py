@@ -196,7 +196,9 @@ class PlanConfig(BaseModel):
         "jit (--cross-entropy-loss-fusion, NeMo 2's GPTConfig default); te, Transformer Engine's Triton kernel "
         "(--cross-entropy-fusion-impl te); torch, F.cross_entropy on the logits cast to fp32 (torchtitan, "
         "eager); torch_compiled, the same under torch.compile (torchtitan's [compile] components 'loss'); "
-        "flash_attn, flash-attn's fused CrossEntropyLoss (llm-foundry MPT's loss_fn fused_crossentropy, its default).",
+        "flash_attn, flash-attn's fused CrossEntropyLoss (llm-foundry MPT's loss_fn fused_crossentropy, its default). "
+        "With tensor parallelism each runs its own collectives over the vocabulary shards "
+        "(workloads/transformer_ops.LOSS_COLLECTIVES).",
     )
     make_vocab_size_divisible_by: int = Field(
         128,
