@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 from test_fp8_recipes import FP8_SYSTEM
-from test_golden import MODEL, SYSTEM, linear_calibration
+from test_golden import HBM, LINK, MODEL, SYSTEM, linear_calibration
 
 import itercast.search.fast_estimate as fast_estimate
 import itercast.workloads.transformer as transformer
@@ -23,8 +23,6 @@ from itercast.costs.analytic import AnalyticCostModel
 from itercast.search.fast_estimate import FastEstimator
 from itercast.workloads.transformer import TransformerStepBuilder
 from itercast.workloads.transformer_ops import delayed_amax_bytes
-
-HBM, LINK = 1e11, 1e10
 
 
 def fp8_job(recipe: str = "delayed", layers: int = 1, **plan: object) -> Job:
