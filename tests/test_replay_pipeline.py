@@ -132,6 +132,15 @@ def test_bad_restaging_is_one_line_and_exit_2(tmp_path, args, message):
     assert message in result.output and "Traceback" not in result.output
 
 
+def test_a_split_says_its_stages_divide_each_traced_stage_evenly(tmp_path):
+    """2 traced stages as 4: each split in 2 equal parts, which the traces cannot confirm; a merge says nothing."""
+    split = RUN.invoke(app, ["replay", *two_stage_trace(tmp_path), "--pp-stages", "4"])
+    assert split.exit_code == 0, split.output
+    assert "--pp-stages 4: each traced stage's work is split into 2 equal stages" in split.stderr
+    merged = RUN.invoke(app, ["replay", *two_stage_trace(tmp_path), "--pp-stages", "1"])
+    assert merged.exit_code == 0 and "split into" not in merged.stderr
+
+
 def test_one_stage_of_two_is_refused(tmp_path):
     result = RUN.invoke(app, ["replay", two_stage_trace(tmp_path)[0], "--pp-stages", "4"])
     assert result.exit_code == 2

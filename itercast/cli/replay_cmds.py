@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from itercast.cli import JsonOpt, app, console, echo_json, fail, working
-from itercast.cli.app import warn_other_system
+from itercast.cli.app import warn, warn_other_system
 from itercast.config.job import load_system
 from itercast.errors import ConfigError, DeadlockError, non_negative
 from itercast.profile.calibrate import CalibrationError, load_calibration
@@ -99,6 +99,12 @@ def replay_cmd(
             base, changed, counts = replay_whatif(list(traces), whatif, et or [])
     except (ConfigError, TraceError, DeadlockError, CalibrationError) as exc:
         fail(str(exc).replace("\n", "\n  "))
+    traced = len({s.rank for s in base.steps})  # the traced stages (a directory argument holds several)
+    if pp_stages is not None and pp_stages > traced:  # said once the what-if stands
+        warn(
+            f"--pp-stages {pp_stages}: each traced stage's work is split into {pp_stages // traced} equal "
+            "stages; the traces do not say how its layers divide, and a stage holds at least one layer"
+        )
     result = changed
     if trace is not None:
         try:
