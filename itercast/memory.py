@@ -128,12 +128,18 @@ def embedding_unit_params(job: Job) -> float:
     return job.plan.local_vocab(m.vocab_size) * m.hidden_size + m.position_params()
 
 
+def virtual_stage_layer_counts(m: ModelConfig, p: PlanConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Transformer layers of each virtual stage (chunk c of stage s is virtual stage c·pp + s) and how many
+    of them are MoE layers."""
+    layers = np.asarray(p.virtual_stage_layers(m.num_layers))
+    starts = np.concatenate(([0], np.cumsum(layers)))
+    return layers, m.moe_layers_before(starts[1:]) - m.moe_layers_before(starts[:-1])
+
+
 def stage_moe_layers(m: ModelConfig, p: PlanConfig, stage: int) -> int:
     """MoE layers held by pipeline stage `stage` (its chunks together)."""
-    per_virtual = p.virtual_stage_layers(m.num_layers)
-    starts = np.cumsum((0, *per_virtual))
-    chunks = [c * p.pipeline_parallel + stage for c in range(p.virtual_pipeline)]
-    return int(sum(m.moe_layers_before(starts[v + 1]) - m.moe_layers_before(starts[v]) for v in chunks))
+    moe_n = virtual_stage_layer_counts(m, p)[1]
+    return int(sum(moe_n[c * p.pipeline_parallel + stage] for c in range(p.virtual_pipeline)))
 
 
 def stage_params(job: Job, stage: int) -> tuple[float, float]:

@@ -108,7 +108,7 @@ from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
-from itercast.memory import memory_columns
+from itercast.memory import memory_columns, virtual_stage_layer_counts
 from itercast.parallel.plan_table import COLUMNS, RECOMPUTE, VARIED, PlanTable
 from itercast.parallel.schedules import SCHEDULES, in_flight_microbatches
 from itercast.workloads.transformer import (
@@ -506,10 +506,8 @@ class FastEstimator:
         """Dense and MoE layers of each pipeline stage."""
         m = self.model
         shaped = base.model_copy(update={"pipeline_parallel": pp, "virtual_pipeline": vp})
-        per_virtual = shaped.virtual_stage_layers(m.num_layers)
-        starts = np.cumsum((0, *per_virtual))
-        moe_virtual = m.moe_layers_before(starts[1:]) - m.moe_layers_before(starts[:-1])
-        layers = np.asarray(per_virtual).reshape(vp, pp).sum(axis=0)
+        per_virtual, moe_virtual = virtual_stage_layer_counts(m, shaped)
+        layers = per_virtual.reshape(vp, pp).sum(axis=0)
         moe_n = moe_virtual.reshape(vp, pp).sum(axis=0)
         return (layers - moe_n).astype(np.float64), moe_n.astype(np.float64)
 

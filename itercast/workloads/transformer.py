@@ -27,7 +27,7 @@ from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import GroupPlacement, pair_groups, place_group, same_node
-from itercast.memory import embedding_unit_params, full_recompute_share, stage_params
+from itercast.memory import embedding_unit_params, full_recompute_share, stage_params, virtual_stage_layer_counts
 from itercast.parallel.schedules import Pass, schedule
 from itercast.workloads import transformer_ops as ops_mod
 from itercast.workloads.transformer_ops import COMM_FAMILIES, Op
@@ -209,12 +209,8 @@ def weight_cast_bytes(job: Job) -> list[float]:
     m, p = job.model, job.plan
     dense = ops_mod.weight_cast_step_bytes(m, p)
     moe = ops_mod.weight_cast_step_bytes(m, p, moe=True) if m.is_moe else 0.0
-    per_virtual = p.virtual_stage_layers(m.num_layers)
-    if not dense and not moe:
-        return [0.0] * len(per_virtual)
-    starts = np.cumsum((0, *per_virtual))
-    moe_n = m.moe_layers_before(starts[1:]) - m.moe_layers_before(starts[:-1])
-    return [float((n - k) * dense + k * moe) for n, k in zip(per_virtual, moe_n, strict=True)]
+    layers, moe_n = virtual_stage_layer_counts(m, p)
+    return [float((n - k) * dense + k * moe) for n, k in zip(layers, moe_n, strict=True)]
 
 
 def amax_reduction_bytes(job: Job) -> list[tuple[float, float, list[float]]]:
@@ -227,19 +223,14 @@ def amax_reduction_bytes(job: Job) -> list[tuple[float, float, list[float]]]:
         return []
     dense = ops_mod.delayed_amax_bytes(m, p)
     moe = ops_mod.delayed_amax_bytes(m, p, moe=True) if m.is_moe else (0, 0, 0)
-    per_virtual = p.virtual_stage_layers(m.num_layers)
-    starts = np.cumsum((0, *per_virtual))
-    moe_n = m.moe_layers_before(starts[1:]) - m.moe_layers_before(starts[:-1])
-    chunk = [
-        [float((n - k) * d + k * e) for d, e in zip(dense, moe, strict=True)]
-        for n, k in zip(per_virtual, moe_n, strict=True)
+    layers, moe_n = virtual_stage_layer_counts(m, p)
+    per_virtual = np.outer(layers - moe_n, dense) + np.outer(moe_n, moe)  # virtual stage × (fwd, bwd, update)
+    chunks = per_virtual.reshape(p.virtual_pipeline, p.pipeline_parallel, 3)  # [chunk, stage]
+    buffers = chunks[..., :2].sum(axis=0)  # every chunk of a stage shares its buffers
+    return [
+        (float(buffers[s, 0]), float(buffers[s, 1]), [float(x) for x in chunks[:, s, 2]])
+        for s in range(p.pipeline_parallel)
     ]
-    pp, v = p.pipeline_parallel, p.virtual_pipeline
-    out = []
-    for stage in range(pp):
-        mine = [chunk[c * pp + stage] for c in range(v)]
-        out.append((sum(x[0] for x in mine), sum(x[1] for x in mine), [x[2] for x in mine]))
-    return out
 
 
 def bucket_spans(params: list[float], bucket_params: float) -> list[tuple[int, int]]:
