@@ -37,8 +37,12 @@ def test_read_table_requires_the_frozen_header(tmp_path):
     path.write_text("# SOURCE: somewhere\nlabel\nrow\n")
     with pytest.raises(ValueError, match="frozen-set header"):
         chk.read_table(path)
-    path.write_text(chk.FROZEN + "\n# SOURCE: somewhere\nlabel\nrow\n")
+    frozen = "# CHECKING SET, frozen 2026-11-30: itercast's models were not tuned on these rows"
+    path.write_text(frozen + "\n# SOURCE: somewhere\nlabel\nrow\n")
     assert chk.read_table(path) == [{"label": "row"}]
+    path.write_text(frozen.replace("2026-11-30", "last week") + "\n# SOURCE: somewhere\nlabel\nrow\n")
+    with pytest.raises(ValueError, match="frozen YYYY-MM-DD"):
+        chk.read_table(path)
 
 
 def test_sections_fold_gpus_into_nodes_of_the_system():

@@ -2,13 +2,15 @@
 
     python validation/checking_step_times.py
 
-Data: data/published/checking/*.csv, frozen 2026-11-25 before any prediction was made on them (issue 27:
-fitting apart from checking). Each file starts with `#` lines naming its source (repository@commit:path
-or paper and table), the hardware, and how step_time_s follows from the published number (seconds per
-iteration as printed, or tokens/s or TFLOP/s per GPU with the global batch, sequence and the stated FLOP
-count). One row is one published measurement with every plan field the source states; the rest is in its
-`assumed` column with the reason. A row the source describes but itercast cannot express carries the
-reason in `not_expressible` and is listed as skipped; a row the tool refuses is listed with its error.
+Data: data/published/checking/*.csv, each frozen before any prediction was made on its rows, on the date its
+first line gives (issue 27: fitting apart from checking; megatron_bridge_h100_2026.csv, Megatron-Bridge's
+2026 releases, on 2026-11-30, the others on 2026-11-25). Each file starts with `#` lines naming its source
+(repository@commit:path or paper and table), the hardware, and how step_time_s follows from the published
+number (seconds per iteration as printed, or tokens/s or TFLOP/s per GPU with the global batch, sequence and
+the stated FLOP count). One row is one published measurement with every plan field the source states; the
+rest is in its `assumed` column with the reason. A row the source describes but itercast cannot express
+carries the reason in `not_expressible` and is listed as skipped; a row the tool refuses is listed with its
+error.
 
 Not a fitting table: validation/step_times.py, published_step_times.py and search_ranks.py read the
 tables the models were chosen on. The rows here must not be edited, dropped or re-derived after seeing
@@ -25,6 +27,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -37,7 +40,8 @@ from itercast.errors import ConfigError
 from itercast.predict import predict
 
 CHECKING = Path(__file__).resolve().parents[1] / "data" / "published" / "checking"
-FROZEN = "# CHECKING SET, frozen 2026-11-25: itercast's models were not tuned on these rows"
+#: a checking file's first line, with the date it was frozen (before any prediction on its rows)
+FROZEN = re.compile(r"# CHECKING SET, frozen (\d{4}-\d{2}-\d{2}): itercast's models were not tuned on these rows")
 
 #: Plan columns passed to itercast as they are (typed by `typed`); blanks are left to itercast's defaults.
 PLAN_COLUMNS = (
@@ -124,8 +128,11 @@ def read_table(path: Path) -> list[dict[str, str]]:
     """One checking CSV: its first line must be the frozen-set line, then `#` comments, then the rows."""
     with path.open(newline="") as fh:
         lines = fh.read().splitlines()
-    if not lines or lines[0] != FROZEN:
-        raise ValueError(f"{path.name}: first line is not the frozen-set header `{FROZEN}`")
+    if not lines or not FROZEN.fullmatch(lines[0]):
+        raise ValueError(
+            f"{path.name}: first line is not the frozen-set header "
+            "`# CHECKING SET, frozen YYYY-MM-DD: itercast's models were not tuned on these rows`"
+        )
     return list(csv.DictReader(line for line in lines if not line.startswith("#")))
 
 
