@@ -1128,6 +1128,8 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("bounds_by_hand")),
     M(COST, 'set(calibration.get("gemm_calibrated", calibration["gemm"]))', 'set(calibration["gemm"])',
       "a calibration that fitted no GEMM switches a GPU's own built-in GEMM curves off"),
+    M(FAST, "whole = np.where(waited, after_wait, whole) / vp", "whole = whole / vp",
+      "a recomputed MoE backward's every layer's blocking communication after its host's last launch"),
 )
 # fmt: on
 

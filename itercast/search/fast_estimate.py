@@ -349,7 +349,15 @@ class FastEstimator:
             # the last backward starts once all else is issued, then takes its stream time; or after the
             # last launch: its last kernel, its blocking communication (one segment) and ZeRO-2 reduction
             # (ZeRO-3: a layer's); in gradient buckets, _after_last_launch
-            whole = _per_stage(comms, "b", rows, dense_n, moe_n) / vp * (zero != 3)[rows, None]
+            whole = _per_stage(comms, "b", rows, dense_n, moe_n)
+            # a backward whose MoE layers recompute their forward waits for its stream in each of them
+            # (transformer.py moe_wait_split): after its last launch only what follows its last wait is
+            # left, the rest of that layer and the units after it, the dense layers and the embedding
+            # (every dense layer counted as after it: where they alternate, an overcount)
+            waited = np.isfinite(f["z_mb"][rows])[:, None] & (moe_n > 0)[None, :]
+            after_wait = whole - moe_n[None, :] * f["c_mb"][rows, None] + np.nan_to_num(f["z_mb"][rows, None])
+            after_wait[:, -1] -= f["c_hb"][rows]  # the head's backward ran before the layers'
+            whole = np.where(waited, after_wait, whole) / vp * (zero != 3)[rows, None]
             split = np.zeros_like(whole, dtype=bool)
             split[:, 0], split[:, 1:] = bucketed[rows], (bucketed & (zero == 2))[rows, None]
             slots = ["first", *["second"] * (pp - 2), "last"][:pp]  # _group_costs's stages
@@ -518,6 +526,7 @@ class FastEstimator:
         base = t.base
         keys, inverse = _distinct(t, _unit_key(base))
         rows: dict[str, list[float]] = {k: [] for n in UNIT_PASSES for k in (n, f"k_{n}", f"c_{n}", f"w_{n}")}
+        rows["z_mb"] = []  # an MoE layer's backward: its blocking communication after its host's wait (_moe_waited)
         launch_s = self.system.gpu.kernel_launch_overhead_s
         for key in keys:
             u = self._unit_costs(t.base, key)
@@ -529,6 +538,9 @@ class FastEstimator:
                 rows[f"w_{name}"].append(host_s)
                 rows[f"k_{name}"].append(pc.kernels)
                 rows[f"c_{name}"].append(pc.comm_s)
+            # NaN where the backward never waits (no recomputed forward, _after_last_launch's `whole`)
+            split = u.moe_bwd_wait
+            rows["z_mb"].append(np.nan if split is None else split[1].comm_s + split[2].comm_s)
         return {k: np.asarray(v, dtype=np.float64)[inverse] for k, v in rows.items()}
 
     def _unit_costs(self, base: PlanConfig, key: tuple[int, ...]) -> UnitCosts:
