@@ -482,3 +482,90 @@ def test_nemo_names_its_trainers_gpus_the_bucket_and_megatron_fsdps_averaging():
     assert "trainer.strategy.ddp.average_in_collective=False" in fsdp
     assert "trainer.strategy.ddp.data_parallel_sharding_strategy=optim_grads_params" in fsdp
     assert not any(line.startswith("trainer.num_nodes") for line in fsdp)  # no node count given: none written
+
+
+def test_launch_settings_switch_on_the_moe_overlaps_the_plan_priced():
+    """transformer_ops._moe_block hides an MoE layer's all-to-alls behind another micro-batch's attention
+    (plan.moe_a2a_overlap) or else behind the shared experts: Megatron-Core runs neither unless told
+    (overlap_moe_expert_parallel_comm, moe_shared_expert_overlap default False), and refuses both together."""
+    mixtral = parse_section("model", {"preset": "mixtral-8x7b"})
+    qwen2 = parse_section("model", {"preset": "qwen2-57b-a14b"})  # shared experts
+    moe = {**PLAN, "pipeline_parallel": 4, "expert_parallel": 8, "moe_grouped_gemm": True}
+    for model, a2a, flag in (
+        (mixtral, True, "--overlap-moe-expert-parallel-comm"),
+        (qwen2, True, "--overlap-moe-expert-parallel-comm"),
+        (qwen2, False, "--moe-shared-expert-overlap"),
+    ):
+        mcore = launch_settings("megatron-core", {**moe, "moe_a2a_overlap": a2a}, model)  # type: ignore[arg-type]
+        nemo = launch_settings("nemo", {**moe, "moe_a2a_overlap": a2a}, model).splitlines()  # type: ignore[arg-type]
+        other = ({"--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap"} - {flag}).pop()
+        assert f"  {flag} \\\n" in mcore and other not in mcore
+        name = flag.removeprefix("--").replace("-", "_")
+        assert f"model.config.{name}=True" in nemo
+    plain = launch_settings("megatron-core", {**moe, "moe_a2a_overlap": False}, mixtral)  # type: ignore[arg-type]
+    assert "overlap-moe" not in plain and "shared-expert-overlap" not in plain  # no shared experts to hide behind
+
+
+def test_nemo_megatron_fsdp_saves_its_own_checkpoint_format_and_unfused_attention_is_a_note():
+    # MegatronStrategy's save_ckpt_format torch_dist raises under Megatron-FSDP (megatron_strategy.py)
+    fsdp = launch_settings("nemo", {**PLAN, "zero_stage": 3}, GPT3).splitlines()  # type: ignore[arg-type]
+    assert "trainer.strategy.save_ckpt_format=fsdp_dtensor" in fsdp
+    unfused = launch_settings("nemo", {**PLAN, "flash_attention": False}, GPT3)  # type: ignore[arg-type]
+    assert "model.config.attention_backend = AttnBackend.unfused" in unfused
+    assert "attention_backend" not in launch_settings("nemo", PLAN, GPT3)  # type: ignore[arg-type]
+
+
+def test_megatron_overlaps_moe_all_to_alls_only_where_transformer_config_allows():
+    """transformer_config.py: overlap_moe_expert_parallel_comm needs expert parallelism, a virtual pipeline when
+    pipelined, and no full recompute."""
+    model = parse_section("model", {"preset": "mixtral-8x7b", "num_layers": 8, "seq_length": 256})
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 2})
+    base = parse_section("plan", {"global_batch_size": 32, "moe_a2a_overlap": True})
+    options = SpaceOptions(micro_batch_sizes=(1,), max_context_parallel=1, framework="megatron-core")
+    table, _ = enumerate_plans(model, system, base, GPUS, options)  # type: ignore[arg-type]
+    found = [table.plan_fields(r) for r in range(len(table))]
+    without, _ = enumerate_plans(model, system, base.model_copy(update={"moe_a2a_overlap": False}), GPUS, options)  # type: ignore[arg-type]
+    assert "full" in {without.plan_fields(r)["recompute"] for r in range(len(without))}
+    assert found and "full" not in {p["recompute"] for p in found}
+    assert all(p["expert_parallel"] > 1 for p in found)
+    assert all(p["virtual_pipeline"] > 1 for p in found if p["pipeline_parallel"] > 1)
+    assert any(p["pipeline_parallel"] > 1 for p in found) and any(p["pipeline_parallel"] == 1 for p in found)
+
+
+def test_deepspeed_runs_moe_without_zero3():
+    # runtime/engine.py: 'Native DeepSpeed MoE is not supported with ZeRO Stage 3'
+    model = parse_section("model", {"preset": "mixtral-8x7b", "num_layers": 8, "seq_length": 256})
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 2})
+    base = parse_section("plan", {"global_batch_size": 32})
+    options = SpaceOptions(micro_batch_sizes=(1,), max_context_parallel=1, framework="deepspeed")
+    table, _ = enumerate_plans(model, system, base, GPUS, options)  # type: ignore[arg-type]
+    assert {table.plan_fields(r)["zero_stage"] for r in range(len(table))} == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    ("framework", "sets", "message"),
+    [
+        ("megatron-core", ["selective_recompute=op"], "plan.selective_recompute: megatron-core runs core-attention"),
+        ("torchtitan", ["selective_recompute=core-attention"], "plan.selective_recompute: torchtitan runs op"),
+        (
+            "torchtitan",
+            ["recompute_method=block", "recompute_num_layers=2"],
+            "plan.recompute_method/recompute_num_layers: torchtitan's full recompute checkpoints every layer",
+        ),
+        ("deepspeed", ["recompute_every=2"], "plan.recompute_every: deepspeed recomputes groups of layers"),
+        ("nemo", ["recompute_every=3"], "plan.recompute_every: nemo recomputes groups of layers"),
+        ("torchtitan", ["moe_a2a_overlap=true"], "plan.moe_a2a_overlap: torchtitan has no expert all-to-all overlap"),
+        (
+            "megatron-core",
+            ["moe_token_dispatcher=torchtitan"],
+            "plan.moe_token_dispatcher: megatron-core runs alltoall",
+        ),
+    ],
+)
+def test_a_recompute_or_dispatcher_the_framework_cannot_run_is_a_one_line_error(framework, sets, message):
+    args = ["search", "--model", "mixtral-8x7b", "--system", "dgx-h100", "--num-nodes-range", "1", "--framework"]
+    args += [framework, "--set", "plan.global_batch_size=64"]
+    for s in sets:
+        args += ["--set", f"plan.{s}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1

@@ -1130,6 +1130,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "a calibration that fitted no GEMM switches a GPU's own built-in GEMM curves off"),
     M(FAST, "whole = np.where(waited, after_wait, whole) / vp", "whole = whole / vp",
       "a recomputed MoE backward's every layer's blocking communication after its host's last launch"),
+    M("search/frameworks.py", 'lambda c, moe: ~np.bool_(moe) | (c["zero"] <= 2),', 'lambda c, moe: c["zero"] <= 3,',
+      "DeepSpeed offers ZeRO-3 to MoE models, which its engine refuses"),
+    M("search/frameworks.py", '& ((c["pp"] == 1) | (c["vp"] > 1)) & (c["recompute"] != RECOMPUTE.index("full")))',
+      ")", "Megatron-Core's all-to-all overlap offered under full recompute and without interleaving"),
+    M("search/launch_settings.py", 'return ["--moe-shared-expert-overlap"] if model.moe_shared_ffn_hidden_size else []',
+      "return []", "shared experts priced beside the dispatch but launched before the router", _t("frameworks")),
 )
 # fmt: on
 

@@ -62,7 +62,7 @@ from itercast.errors import ConfigError
 from itercast.parallel.plan_table import VARIED
 from itercast.search.distribution_rank import DistributionOptions, rank_by_distribution
 from itercast.search.dlrm_search import default_batches, search_dlrm
-from itercast.search.frameworks import framework
+from itercast.search.frameworks import RECOMPUTE_FIELDS, check_recompute, framework
 from itercast.search.objectives import DISTRIBUTION_OBJECTIVES, check_objective
 from itercast.search.plan_search import Progress, SearchRequest, SearchResult, check_fast_path_plan, run_search
 from itercast.search.plan_space import SpaceOptions
@@ -323,13 +323,16 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     # what the framework runs, checked before the plan's own rules (they would name its fields first)
     plan = {**shared, **fixed}
     kernels: list[tuple[str, tuple[str, ...]]] = [("cross_entropy", fw.cross_entropies), ("cp_comm", fw.cp_comms)]
-    kernels.append(("tp_comm_overlap_rs", fw.tp_comm_overlap_rs))
+    kernels += [("tp_comm_overlap_rs", fw.tp_comm_overlap_rs), ("selective_recompute", fw.selective_recomputes)]
+    if m.is_moe:
+        kernels.append(("moe_token_dispatcher", fw.moe_token_dispatchers))
     if plan.get("dtype") == "fp8":
         kernels += [("fp8_recipe", fw.fp8_recipes), ("fp8_weight_cast", fw.fp8_weight_casts)]
     for name, runs in kernels:
         value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
+    check_recompute(fw, {k: plan.get(k, PlanConfig.model_fields[k].default) for k in RECOMPUTE_FIELDS})
     taken = {k: v for k, v in (plan.get("tp_comm_overlap_sms") or {}).items() if v}
     if fw.name == "torchtitan" and (taken or len(plan.get("tp_comm_overlap_sms") or {}) < len(TE_OVERLAP_LAYERS)):
         raise ConfigError(

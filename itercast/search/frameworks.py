@@ -28,6 +28,7 @@ import numpy as np
 
 from itercast.config.plan import TE_OVERLAP_LAYERS, TORCH_DDP_BUCKET_BYTES
 from itercast.errors import ConfigError
+from itercast.parallel.plan_table import RECOMPUTE
 from itercast.parallel.schedules import SCHEDULES
 
 Columns = dict[str, np.ndarray]
@@ -83,6 +84,17 @@ class Framework:
         ("fp32_remainders", "fp32"),
         ("fp32_remainders", "bf16"),
     )
+    # PlanConfig.selective_recompute: what its selective recompute runs again (Megatron-Core --recompute-granularity
+    # selective: recompute_modules default ["core_attn"], transformer_config.py)
+    selective_recomputes: tuple[str, ...] = ("core-attention",)
+    # full recompute in groups (PlanConfig.recompute_method, recompute_num_layers: --recompute-method uniform|block,
+    # --recompute-num-layers); every n-th layer only (PlanConfig.recompute_every > 1)
+    recompute_groups: bool = True
+    recompute_every: bool = False
+    # PlanConfig.moe_token_dispatcher: whose dispatcher its MoE layers run (--moe-token-dispatcher-type alltoall)
+    moe_token_dispatchers: tuple[str, ...] = ("alltoall",)
+    # PlanConfig.moe_a2a_overlap: Megatron-Core's overlap_moe_expert_parallel_comm (model_parallel_config.py)
+    moe_a2a_overlap: bool = True
 
 
 #: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
@@ -216,6 +228,13 @@ FRAMEWORKS: dict[str, Framework] = {
             "grad_accumulation": "fsdp2",
         },
         cross_entropies=("torch_compiled", "torch"),
+        selective_recomputes=("op",),
+        # activation_checkpoint.py: mode "full" checkpoints every block (_apply_full_ac); selective_ac_option an
+        # integer n checkpoints every n-th block (_apply_layer_sac)
+        recompute_groups=False,
+        recompute_every=True,
+        moe_token_dispatchers=("torchtitan",),
+        moe_a2a_overlap=False,
         # fp32 parameters (training.dtype float32) cast to bf16 by FSDP2 or autocast, torch.optim.AdamW's fp32
         # moments over them (components/optimizer.py)
         optimizer_states=(("fp32_weights", "fp32"),),
@@ -264,6 +283,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "grad_accumulation": "autograd",
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
+        moe_a2a_overlap=False,
         # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)
         optimizer_states=(("fp32", "fp32"),),
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling
@@ -272,6 +292,11 @@ FRAMEWORKS: dict[str, Framework] = {
                 "deepspeed: gradient reduction overlaps backward only with ZeRO overlap_comm and no pipelining; "
                 "ZeRO-1/2 gather parameters in the optimizer step (pipe/schedule.py, zero/stage_1_and_2.py)",
                 _deepspeed_overlap,
+            ),
+            (
+                "deepspeed: MoE runs with ZeRO 0-2 (runtime/engine.py: 'Native DeepSpeed MoE is not supported with "
+                "ZeRO Stage 3'; Megatron-DeepSpeed's MoE is deepspeed.moe.layer.MoE)",
+                lambda c, moe: ~np.bool_(moe) | (c["zero"] <= 2),
             ),
         ),
     ),
@@ -286,8 +311,12 @@ def framework(name: str) -> Framework:
     return found
 
 
-def framework_rules(fw: Framework, moe: bool) -> list[Rule]:
-    """The framework's rules over plan columns, named by the source they come from."""
+def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False) -> list[Rule]:
+    """The framework's rules over plan columns, named by the source they come from; `a2a_overlap`: the plans'
+    PlanConfig.moe_a2a_overlap, which Megatron-Core's TransformerConfig allows only with expert parallelism,
+    interleaving under pipelining and no full recompute (transformer_config.py __post_init__: 'If enabling EP
+    A2A overlap, virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1',
+    'disable full recomputation when enabling overlap_moe_expert_parallel_comm')."""
     allowed_pp = np.asarray(fw.zero_stages_with_pp)
     schedules = np.asarray([SCHEDULES.index(s) for s in fw.schedules])
     rules: list[Rule] = [
@@ -304,6 +333,14 @@ def framework_rules(fw: Framework, moe: bool) -> list[Rule]:
             lambda c: (c["pp"] == 1) | np.isin(c["schedule"], schedules),
         ),
         (f"{fw.name}: no context parallelism", lambda c: np.bool_(fw.context_parallel) | (c["cp"] == 1)),
+        (
+            f"{fw.name}: plan.moe_a2a_overlap needs expert_parallel > 1, virtual pipelining with pipelining and no "
+            "full recompute (Megatron-Core transformer_config.py overlap_moe_expert_parallel_comm)",
+            lambda c: (
+                np.bool_(not a2a_overlap)
+                | ((c["ep"] > 1) & ((c["pp"] == 1) | (c["vp"] > 1)) & (c["recompute"] != RECOMPUTE.index("full")))
+            ),
+        ),
     ]
     return rules + [(name, lambda c, ok=ok: ok(c, moe)) for name, ok in fw.rules]
 
@@ -337,6 +374,33 @@ def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, poi
             "plan.tp_comm_overlap: torchtitan's async tensor parallelism needs torch.compile (parallelize.py: "
             f"'Async TP requires torch.compile'), and plan.pointwise_kernels {pointwise_kernels!r} runs without it; "
             "got true"
+        )
+
+
+#: the plan fields that say which layers a recompute runs again (check_recompute)
+RECOMPUTE_FIELDS = ("recompute_method", "recompute_num_layers", "recompute_every", "moe_a2a_overlap")
+
+
+def check_recompute(fw: Framework, plan: dict[str, Any]) -> None:
+    """The job's recompute layout and MoE overlap (RECOMPUTE_FIELDS, with PlanConfig's defaults) as the framework
+    can run them: one line naming its rule otherwise."""
+    grouped = plan["recompute_method"] != "uniform" or int(plan["recompute_num_layers"]) != 1
+    if grouped and not fw.recompute_groups:
+        raise ConfigError(
+            f"plan.recompute_method/recompute_num_layers: {fw.name}'s full recompute checkpoints every layer "
+            "(torchtitan activation_checkpoint.py: mode full, _apply_full_ac; every n-th layer: plan.recompute_every);"
+            f" the job sets {plan['recompute_method']} of {plan['recompute_num_layers']}"
+        )
+    if int(plan["recompute_every"]) > 1 and not fw.recompute_every:
+        raise ConfigError(
+            f"plan.recompute_every: {fw.name} recomputes groups of layers (--recompute-method uniform|block, "
+            f"--recompute-num-layers), not every n-th layer (torchtitan's selective_ac_option n); the job sets "
+            f"{plan['recompute_every']}"
+        )
+    if plan["moe_a2a_overlap"] and not fw.moe_a2a_overlap:
+        raise ConfigError(
+            f"plan.moe_a2a_overlap: {fw.name} has no expert all-to-all overlap (Megatron-Core's "
+            "overlap_moe_expert_parallel_comm); the job sets true"
         )
 
 

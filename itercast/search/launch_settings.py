@@ -77,6 +77,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         ]
         if p["moe_grouped_gemm"]:
             out.append("--moe-grouped-gemm")
+        out += _moe_overlap_megatron(p, model)
     if p["sequence_parallel"]:
         out.append("--sequence-parallel")
     out += [f"--micro-batch-size {p['micro_batch_size']}", f"--global-batch-size {p['global_batch_size']}"]
@@ -128,6 +129,17 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
     if cfg:
         head += ["# tp_comm_overlap.yaml", *cfg]
     return "\n".join([*head, "# Megatron-LM arguments", args]) if head else args
+
+
+def _moe_overlap_megatron(p: dict[str, Any], model: ModelConfig) -> list[str]:
+    """Megatron-Core's switches for what hides an MoE layer's all-to-alls as the plan priced it
+    (transformer_ops._moe_block), both off by default (model_parallel_config.py overlap_moe_expert_parallel_comm,
+    transformer_config.py moe_shared_expert_overlap: 'Without this, the shared experts execute before the
+    router'): behind another micro-batch's attention (plan.moe_a2a_overlap), else behind the shared experts.
+    TransformerConfig refuses the two together."""
+    if p.get("moe_a2a_overlap"):
+        return ["--overlap-moe-expert-parallel-comm"]
+    return ["--moe-shared-expert-overlap"] if model.moe_shared_ffn_hidden_size else []
 
 
 def _megatron_stage_layers(p: dict[str, Any], model: ModelConfig) -> list[str]:
@@ -195,6 +207,14 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
             f"model.config.moe_grouped_gemm={p['moe_grouped_gemm']}",
             "model.config.moe_token_dispatcher_type=alltoall",
         ]
+        out += [
+            f"model.config.{name}=True"
+            for flag, name in (
+                ("--overlap-moe-expert-parallel-comm", "overlap_moe_expert_parallel_comm"),
+                ("--moe-shared-expert-overlap", "moe_shared_expert_overlap"),
+            )
+            if flag in _moe_overlap_megatron(p, model)
+        ]
     out += [f"data.micro_batch_size={p['micro_batch_size']}", f"data.global_batch_size={p['global_batch_size']}"]
     if p["recompute"] != "none":
         out.append(f"model.config.recompute_granularity={p['recompute']}")
@@ -209,6 +229,9 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
             f"{s}.fsdp=megatron",
             f"{s}.ddp.data_parallel_sharding_strategy={strategy}",
             f"{s}.ddp.average_in_collective=False",
+            # MegatronStrategy saves torch_dist by default and raises on it under Megatron-FSDP
+            # (nemo/lightning/pytorch/strategies/megatron_strategy.py save_ckpt_format)
+            f"{s}.save_ckpt_format=fsdp_dtensor",
             "# Megatron-FSDP: NeMo turns gradient_accumulation_fusion off (megatron_parallel.py), which this plan "
             "priced on",
         ]
@@ -246,6 +269,8 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
         interleaved = p["virtual_pipeline"] > 1
         out.append(f"model.config.overlap_p2p_comm={interleaved}")
         out.append(f"model.config.batch_p2p_comm={not interleaved}")
+    if not p["flash_attention"]:  # TransformerConfig.attention_backend: an AttnBackend, which nemo-run's CLI cannot set
+        out.append("# unfused attention: set model.config.attention_backend = AttnBackend.unfused in the recipe")
     out.append(f"model.config.cross_entropy_loss_fusion={p['cross_entropy'] in ('megatron_fused', 'te')}")
     if p["cross_entropy"] == "te":
         out.append("model.config.cross_entropy_fusion_impl=te")

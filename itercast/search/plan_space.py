@@ -104,7 +104,7 @@ def enumerate_plans(
         "overlap_param": _choices("overlap_param_gather", [1, 0], fixed),
     }
     counts = SpaceCounts(generated=int(np.prod([len(v) for v in axes.values()])))
-    pending = _rules(model, base, num_gpus, axes, fixed, framework_rules(fw, model.is_moe))
+    pending = _rules(model, base, num_gpus, axes, fixed, framework_rules(fw, model.is_moe, base.moe_a2a_overlap))
     cols: dict[str, np.ndarray] = {"tp": np.asarray(axes["tp"], dtype=np.int64)}
     for name in list(axes)[1:]:  # cross one axis in at a time; filter as soon as a rule can
         values = np.asarray(axes[name], dtype=np.int64)
