@@ -558,8 +558,9 @@ def test_deepspeed_runs_moe_without_zero3():
         (
             "megatron-core",
             ["moe_token_dispatcher=torchtitan"],
-            "plan.moe_token_dispatcher: megatron-core runs alltoall",
+            "plan.moe_token_dispatcher: megatron-core runs alltoall or flex",
         ),
+        ("deepspeed", ["moe_token_dispatcher=flex"], "plan.moe_token_dispatcher: deepspeed runs alltoall, the job"),
     ],
 )
 def test_a_recompute_or_dispatcher_the_framework_cannot_run_is_a_one_line_error(framework, sets, message):
@@ -569,3 +570,20 @@ def test_a_recompute_or_dispatcher_the_framework_cannot_run_is_a_one_line_error(
         args += ["--set", f"plan.{s}"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_launch_settings_name_the_flex_dispatcher_priced():
+    # transformer_config.py: moe_token_dispatcher_type flex, moe_flex_dispatcher_backend deepep (its default)
+    mixtral = parse_section("model", {"preset": "mixtral-8x7b"})
+    moe = {
+        **PLAN,
+        "pipeline_parallel": 4,
+        "expert_parallel": 8,
+        "moe_grouped_gemm": True,
+        "moe_token_dispatcher": "flex",
+    }
+    mcore = launch_settings("megatron-core", moe, mixtral)  # type: ignore[arg-type]
+    assert "  --moe-token-dispatcher-type flex \\\n  --moe-flex-dispatcher-backend deepep \\\n" in mcore
+    nemo = launch_settings("nemo", moe, mixtral).splitlines()  # type: ignore[arg-type]
+    assert "model.config.moe_token_dispatcher_type=flex" in nemo
+    assert "model.config.moe_flex_dispatcher_backend=deepep" in nemo

@@ -21,7 +21,7 @@ from itercast.errors import ConfigError
 from itercast.memory import estimate_memory
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 from itercast.workloads.transformer import Groups, TransformerStepBuilder, pass_cost
-from itercast.workloads.transformer_ops import layer_backward, layer_forward
+from itercast.workloads.transformer_ops import dispatch_share, layer_backward, layer_forward
 
 # one MoE layer: h 64, 4 heads of 16, s 32, 4 experts of width 32, top-2; llama: SwiGLU, RMSNorm, untied
 MOE = {"family": "llama", "num_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
@@ -247,3 +247,29 @@ def test_deepseek_v3_multi_latent_attention_by_hand():
     scores = a / t * T * T
     assert ops["core_attention"].amount == (2 * scores * (nope + rope) + 2 * scores * v) / 2  # causal half
     assert ops["attn_proj"].amount == 2 * T * a * v * h / t
+
+
+def test_flex_dispatch_sends_a_token_once_per_rank_by_hand():
+    """Megatron-Core's flex dispatcher (DeepEP, HybridEP) sends a token once to each rank holding one of its
+    experts: 2 ranks of 2 experts each, top-2 drawn evenly from 4, a rank is hit unless both experts lie on the
+    other, 1 − 1/6 of the time: 5/3 copies a token where the all-to-all dispatcher sends 2 (one per expert)."""
+    a2a_s = 32 * 2 * 64 * 2 / 2 / LINK  # the all-to-all dispatcher's, as in test_moe_layer_ops_by_hand
+    flex = moe_job(moe_token_dispatcher="flex")
+    assert layer_cost(flex).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s * (5 / 3) / 2)
+    assert layer_cost(flex, backward=True).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s * (5 / 3) / 2)
+    # one expert a rank (ep 4): a token's 2 experts are always on 2 ranks, nothing to share
+    wide = {"moe_token_dispatcher": "flex", "expert_parallel": 4}
+    assert layer_cost(moe_job(gpus=4, **wide)).family_s["ep_alltoall"] == pytest.approx(
+        layer_cost(moe_job(gpus=4, expert_parallel=4)).family_s["ep_alltoall"]
+    )
+
+
+def test_flex_dispatch_share_across_nodes_by_hand():
+    """8 of 128 experts (Qwen3 30B-A3B): over 2 nodes a token reaches the other node unless all 8 lie on its
+    own, so 1 NIC copy (times P) where the all-to-all sends 8 · 1/2; over 8 GPUs of one node P·8 copies of 8."""
+    misses_node = np.prod([(64 - i) / (128 - i) for i in range(8)])  # all 8 on one node's 64
+    assert dispatch_share((8, 128), 16, 2) == pytest.approx(2 * (1 - misses_node) / 8)
+    assert dispatch_share((8, 128), 16, 2) == pytest.approx(0.2492, abs=1e-4)
+    misses_gpu = np.prod([(112 - i) / (128 - i) for i in range(8)])  # none on a given GPU's 16
+    assert dispatch_share((8, 128), 8, 1) == pytest.approx(1 - misses_gpu)
+    assert dispatch_share((), 8, 1) == 1.0 and dispatch_share((1, 8), 8, 1) == 1.0

@@ -1134,6 +1134,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "DeepSpeed offers ZeRO-3 to MoE models, which its engine refuses"),
     M("search/frameworks.py", '& ((c["pp"] == 1) | (c["vp"] > 1)) & (c["recompute"] != RECOMPUTE.index("full")))',
       ")", "Megatron-Core's all-to-all overlap offered under full recompute and without interleaving"),
+    M(OPS, "return groups * hit / k", "return hit",
+      "a flex dispatch's share counted as the chance a group is hit, not its copies per expert copy", _t("moe")),
+    M(TF, "amount = op.amount * ops_mod.dispatch_share(op.dedup, placed.size, placed.nodes)", "amount = op.amount",
+      "the flex dispatcher priced as the all-to-all dispatcher, a copy per expert", _t("moe")),
     M("search/launch_settings.py", 'return ["--moe-shared-expert-overlap"] if model.moe_shared_ffn_hidden_size else []',
       "return []", "shared experts priced beside the dispatch but launched before the router", _t("frameworks")),
 )

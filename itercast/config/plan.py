@@ -312,13 +312,15 @@ class PlanConfig(BaseModel):
         description="Hide the expert all-to-alls behind another micro-batch's attention (DeepEP / "
         "Megatron-Core --overlap-moe-expert-parallel-comm).",
     )
-    moe_token_dispatcher: Literal["alltoall", "torchtitan"] = Field(
+    moe_token_dispatcher: Literal["alltoall", "flex", "torchtitan"] = Field(
         "alltoall",
         description="Whose code sends an MoE layer's tokens to their experts, which sets where the host waits for "
-        "the device in every MoE layer's forward (workloads/transformer_ops.py moe_host_wait). alltoall: "
-        "Megatron-Core's MoEAlltoAllTokenDispatcher (--moe-token-dispatcher-type alltoall, NeMo and "
-        "Megatron-Bridge's MoE recipes); torchtitan: torchtitan's ExpertParallel (distributed/expert_parallel.py), "
-        "which waits only with expert_parallel > 1.",
+        "the device in every MoE layer's forward (workloads/transformer_ops.py moe_host_wait) and how many copies "
+        "of a token cross the links. alltoall: Megatron-Core's MoEAlltoAllTokenDispatcher (--moe-token-dispatcher-type "
+        "alltoall, NeMo and Megatron-Bridge's MoE recipes), a copy per selected expert; flex: its "
+        "MoEFlexTokenDispatcher over DeepEP or HybridEP (--moe-token-dispatcher-type flex), a copy per GPU within a "
+        "node and per remote node across nodes (transformer_ops.dispatch_share); torchtitan: torchtitan's "
+        "ExpertParallel (distributed/expert_parallel.py), which waits only with expert_parallel > 1.",
     )
     cuda_launch_blocking: bool = Field(
         False,

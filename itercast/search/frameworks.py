@@ -91,8 +91,9 @@ class Framework:
     # --recompute-num-layers); every n-th layer only (PlanConfig.recompute_every > 1)
     recompute_groups: bool = True
     recompute_every: bool = False
-    # PlanConfig.moe_token_dispatcher: whose dispatcher its MoE layers run (--moe-token-dispatcher-type alltoall)
-    moe_token_dispatchers: tuple[str, ...] = ("alltoall",)
+    # PlanConfig.moe_token_dispatcher: whose dispatcher its MoE layers run (--moe-token-dispatcher-type alltoall, or
+    # flex over DeepEP/HybridEP: transformer_config.py moe_flex_dispatcher_backend); the first is the search's
+    moe_token_dispatchers: tuple[str, ...] = ("alltoall", "flex")
     # PlanConfig.moe_a2a_overlap: Megatron-Core's overlap_moe_expert_parallel_comm (model_parallel_config.py)
     moe_a2a_overlap: bool = True
 
@@ -284,6 +285,7 @@ FRAMEWORKS: dict[str, Framework] = {
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         moe_a2a_overlap=False,
+        moe_token_dispatchers=("alltoall",),  # deepspeed.moe's all-to-all of each expert's rows
         # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)
         optimizer_states=(("fp32", "fp32"),),
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling

@@ -73,7 +73,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
             f"--expert-tensor-parallel-size {p['expert_tensor_parallel']}",
             # the dispatcher priced (its all-to-all and host wait); TransformerConfig's default is allgather
             # (megatron/core/transformer/transformer_config.py moe_token_dispatcher_type at d98e8a64)
-            "--moe-token-dispatcher-type alltoall",
+            *_dispatcher_megatron(p, "--moe-token-dispatcher-type {}", "--moe-flex-dispatcher-backend {}"),
         ]
         if p["moe_grouped_gemm"]:
             out.append("--moe-grouped-gemm")
@@ -129,6 +129,15 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
     if cfg:
         head += ["# tp_comm_overlap.yaml", *cfg]
     return "\n".join([*head, "# Megatron-LM arguments", args]) if head else args
+
+
+def _dispatcher_megatron(p: dict[str, Any], kind: str, backend: str) -> list[str]:
+    """Megatron-Core's token dispatcher as priced (plan.moe_token_dispatcher): alltoall, or flex over DeepEP
+    (transformer_config.py moe_flex_dispatcher_backend's default; HybridEP is priced alike), in `kind`'s and
+    `backend`'s spelling."""
+    if p.get("moe_token_dispatcher") == "flex":
+        return [kind.format("flex"), backend.format("deepep")]
+    return [kind.format("alltoall")]
 
 
 def _moe_overlap_megatron(p: dict[str, Any], model: ModelConfig) -> list[str]:
@@ -205,7 +214,9 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
             f"{s}.expert_model_parallel_size={p['expert_parallel']}",
             f"{s}.expert_tensor_parallel_size={p['expert_tensor_parallel']}",
             f"model.config.moe_grouped_gemm={p['moe_grouped_gemm']}",
-            "model.config.moe_token_dispatcher_type=alltoall",
+            *_dispatcher_megatron(
+                p, "model.config.moe_token_dispatcher_type={}", "model.config.moe_flex_dispatcher_backend={}"
+            ),
         ]
         out += [
             f"model.config.{name}=True"

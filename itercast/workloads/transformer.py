@@ -549,7 +549,9 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
             cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)
             continue
         if op.family in COMM_FAMILIES:
-            group, one = op.group, costs.collective_s(op.comm_kind, op.amount, getattr(groups, op.group))
+            placed: GroupPlacement = getattr(groups, op.group)
+            amount = op.amount * ops_mod.dispatch_share(op.dedup, placed.size, placed.nodes)
+            group, one = op.group, costs.collective_s(op.comm_kind, amount, placed)
         elif op.family == "cp_comm" and op.comm_kind == "send":  # a CP send waited at once: exposed
             group, one = "cp", costs.p2p_s(op.amount, not groups.cp.intra_node)
         elif op.family == "cp_comm":  # collectives over the CP group

@@ -61,6 +61,7 @@ Recomputation re-runs the same chains.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from itercast.config.model import ModelConfig
@@ -100,6 +101,9 @@ class Op:
     sm_margin: int = 0  # a TP collective under tp_comm_overlap: SMs it takes from the GEMM it overlaps
     # a TP collective under tp_comm_overlap that splits the GEMM it overlaps: ring_exchange | pipeline
     chunked: str = ""
+    # an expert all-to-all that sends a token once per rank or node its experts are on (experts per token,
+    # experts): dispatch_share of `amount` crosses the links
+    dedup: tuple[int, int] | tuple[()] = ()
 
     @property
     def te(self) -> bool:
@@ -763,6 +767,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         dispatch_hides, combine_hides = ("shared_up", "shared_down") if shared else ("", "")
     counts = _moe_counts(model, plan)
     titan = plan.moe_token_dispatcher == "torchtitan"
+    dedup = (k, E) if plan.moe_token_dispatcher == "flex" else ()
     ops = [
         Op("router", "gemm", 2 * n * h * E),
         Op("router_topk", "elementwise", 3 * n * E * 4),  # fp32 logits: softmax read + write, top-k read
@@ -780,6 +785,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             overlaps=dispatch_hides,
             backward_comm="alltoall",
             group="ep",
+            dedup=dedup,
         ),
     ]
     if etp > 1:
@@ -845,10 +851,31 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             overlaps=combine_hides,
             backward_comm="alltoall",
             group="ep",
+            dedup=dedup,
         ),
         Op("moe_unpermute", "elementwise", (2 * routed + n) * h * e),  # read the copies and their weights, write n rows
     ]
     return ops
+
+
+def dispatch_share(dedup: tuple[int, int] | tuple[()], ranks: int, nodes: int) -> float:
+    """The share of a per-expert all-to-all's bytes that a deduplicating dispatch moves over the link that
+    bounds it: Megatron-Core's flex dispatcher (moe/fused_a2a.py FusedDispatch: DeepEP's get_dispatch_layout gives
+    is_token_in_rank and num_tokens_per_rdma_rank, and buffer.dispatch sends a token once to each GPU of its node
+    that holds one of its experts and once over RDMA to each other node that does, forwarding it there over
+    NVLink). `dedup`: (k experts per token, E experts), the k drawn evenly without replacement (balanced
+    routing), E/G experts on each of G groups: G = `nodes` across nodes (the NIC-bound part: the per-expert
+    all-to-all sends k (nodes − 1)/nodes copies off a node, the flex one (nodes − 1)·P), else G = `ranks`
+    (k copies against ranks·P); P = 1 − C(E − E/G, k) / C(E, k), the chance a group holds one of the k.
+    The share is G·P/k: 8 of 128 experts over 2 nodes 0.249, over 8 GPUs of one node 0.671."""
+    if not dedup:
+        return 1.0
+    k, experts = dedup
+    groups = nodes if nodes > 1 else ranks
+    if groups <= 1 or k <= 1:
+        return 1.0
+    hit = 1.0 - math.comb(experts - experts // groups, k) / math.comb(experts, k)
+    return groups * hit / k
 
 
 def _moe_counts(model: ModelConfig, plan: PlanConfig) -> list[Op]:
