@@ -90,7 +90,8 @@ class TransformerWorkload:
 
     def headline(self) -> str:
         job, p = self.job, self.job.plan
-        experts = f", experts ep {p.expert_parallel} × etp {p.etp}" if job.model.is_moe else ""
+        flex = " over the flex dispatcher" if p.moe_token_dispatcher == "flex" else ""
+        experts = f", experts ep {p.expert_parallel} × etp {p.etp}{flex}" if job.model.is_moe else ""
         gpus = job.stage_gpus()
         kinds = " + ".join(
             f"{job.system.num_gpus * sum(g == k for g in gpus) // len(gpus)}× {k.name}"

@@ -40,9 +40,17 @@ def test_read_table_requires_the_frozen_header(tmp_path):
     frozen = "# CHECKING SET, frozen 2026-11-30: itercast's models were not tuned on these rows"
     path.write_text(frozen + "\n# SOURCE: somewhere\nlabel\nrow\n")
     assert chk.read_table(path) == [{"label": "row"}]
-    path.write_text(frozen.replace("2026-11-30", "last week") + "\n# SOURCE: somewhere\nlabel\nrow\n")
-    with pytest.raises(ValueError, match="frozen YYYY-MM-DD"):
+    path.write_text("\ufeff" + frozen + "\n# SOURCE: somewhere\nlabel\nrow\n", encoding="utf-8")  # a spreadsheet's BOM
+    assert chk.read_table(path) == [{"label": "row"}]
+    for bad in ("last week", "2026-13-01", "2999-01-01"):  # not a date, no such month, not frozen yet
+        path.write_text(frozen.replace("2026-11-30", bad) + "\n# SOURCE: somewhere\nlabel\nrow\n")
+        with pytest.raises(ValueError, match=f"frozen YYYY-MM-DD.*got .*{bad}"):
+            chk.read_table(path)
+    path.write_text(frozen + "\n# SOURCE: somewhere\nlabel\n")
+    with pytest.raises(ValueError, match="no rows after its header"):
         chk.read_table(path)
+    with pytest.raises(ValueError, match="no checking tables"):
+        chk.load_rows(tmp_path / "empty")
 
 
 def test_sections_fold_gpus_into_nodes_of_the_system():

@@ -561,6 +561,11 @@ def test_deepspeed_runs_moe_without_zero3():
             "plan.moe_token_dispatcher: megatron-core runs alltoall or flex",
         ),
         ("deepspeed", ["moe_token_dispatcher=flex"], "plan.moe_token_dispatcher: deepspeed runs alltoall, the job"),
+        (
+            "megatron-core",
+            ["moe_a2a_overlap=true", "recompute=full"],
+            "plan.moe_a2a_overlap: megatron-core refuses it with full recompute",
+        ),
     ],
 )
 def test_a_recompute_or_dispatcher_the_framework_cannot_run_is_a_one_line_error(framework, sets, message):

@@ -157,6 +157,20 @@ def test_gradient_reduction_of_experts_runs_over_their_group():
         ({}, {"expert_parallel": 4}, "does not divide"),
         ({}, {"tensor_parallel": 2, "data_parallel": 1, "expert_parallel": 1}, "needs plan.sequence_parallel"),
         ({"num_experts": None, "moe_top_k": 2}, {"expert_parallel": 1}, "needs model.num_experts"),
+        # Megatron-Core's flex dispatcher: 'DeepEP dispatcher requires TPxEP > 1', no padding to capacity, and
+        # its expert-tensor × expert group is not priced
+        ({}, {"expert_parallel": 1, "moe_token_dispatcher": "flex"}, "needs expert_parallel > 1"),
+        (
+            {"moe_capacity_factor": 1.0, "moe_pad_to_capacity": True},
+            {"moe_token_dispatcher": "flex"},
+            "does not run with model.moe_pad_to_capacity",
+        ),
+        (
+            {},
+            {"tensor_parallel": 2, "sequence_parallel": True, "data_parallel": 1, "expert_tensor_parallel": 2}
+            | {"expert_parallel": 1, "moe_token_dispatcher": "flex"},
+            "with expert_tensor_parallel(2) > 1 is not priced",
+        ),
     ],
 )
 def test_bad_moe_input_is_one_clear_error(model, plan, needle):
@@ -273,3 +287,26 @@ def test_flex_dispatch_share_across_nodes_by_hand():
     misses_gpu = np.prod([(112 - i) / (128 - i) for i in range(8)])  # none on a given GPU's 16
     assert dispatch_share((8, 128), 8, 1) == pytest.approx(1 - misses_gpu)
     assert dispatch_share((), 8, 1) == 1.0 and dispatch_share((1, 8), 8, 1) == 1.0
+
+
+def test_flex_dispatch_share_over_unevenly_filled_nodes_by_hand():
+    """8 experts top-2 on 8 ranks of 3 GPUs a node: 3, 3 and 2 experts on the nodes. A node with e experts is hit
+    1 − C(8 − e, 2)/C(8, 2) of the time: 18/28 (e = 3), 13/28 (e = 2), 49/28 together. From a node of 3 the flex
+    dispatcher sends 49/28 − 18/28 = 31/28 copies off it, the per-expert one 2 · 5/8; from the node of 2,
+    36/28 against 2 · 6/8; over the 8 senders (3 + 3 + 2): (6 · 31/28 + 2 · 36/28) / (6 · 10/8 + 2 · 12/8)."""
+    expected = (6 * 31 / 28 + 2 * 36 / 28) / (6 * 10 / 8 + 2 * 12 / 8)
+    assert dispatch_share((2, 8), 8, 3, 3) == pytest.approx(expected)
+    assert expected == pytest.approx(0.8776, abs=1e-4)
+
+
+def test_the_headline_names_the_flex_dispatcher():
+    from itercast.workload import TransformerWorkload
+
+    assert "over the flex dispatcher" in TransformerWorkload(moe_job(moe_token_dispatcher="flex")).headline()
+    assert "flex" not in TransformerWorkload(moe_job()).headline()
+
+
+def test_cli_refuses_the_flex_dispatcher_on_a_dense_model():
+    args = ["predict", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.moe_token_dispatcher=flex"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "plan.moe_token_dispatcher(flex) needs a mixture-of-experts model" in res.output

@@ -24,6 +24,7 @@ overall, per GPU family and per source; and the rows itercast judges out of memo
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
@@ -31,6 +32,7 @@ import re
 import statistics
 import sys
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -126,14 +128,23 @@ def parse_fields(text: str) -> dict[str, Any]:
 
 def read_table(path: Path) -> list[dict[str, str]]:
     """One checking CSV: its first line must be the frozen-set line, then `#` comments, then the rows."""
-    with path.open(newline="") as fh:
+    with path.open(newline="", encoding="utf-8-sig") as fh:  # utf-8-sig: a spreadsheet's byte-order mark
         lines = fh.read().splitlines()
-    if not lines or not FROZEN.fullmatch(lines[0]):
+    first = lines[0] if lines else ""
+    found = FROZEN.fullmatch(first)
+    try:
+        frozen_on = date.fromisoformat(found.group(1)) if found else None
+    except ValueError:
+        frozen_on = None
+    if frozen_on is None or frozen_on > date.today():
         raise ValueError(
-            f"{path.name}: first line is not the frozen-set header "
-            "`# CHECKING SET, frozen YYYY-MM-DD: itercast's models were not tuned on these rows`"
+            f"{path.name}: first line is not the frozen-set header `# CHECKING SET, frozen YYYY-MM-DD: itercast's "
+            f"models were not tuned on these rows` with a past date; got {first[:100]!r}"
         )
-    return list(csv.DictReader(line for line in lines if not line.startswith("#")))
+    rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
+    if not rows:
+        raise ValueError(f"{path.name}: no rows after its header")
+    return rows
 
 
 def sections(r: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -162,6 +173,8 @@ def load_rows(folder: Path = CHECKING) -> list[Row]:
                 except (ConfigError, ValueError) as exc:
                     row.skipped = str(exc).splitlines()[0]
             rows.append(row)
+    if not rows:
+        raise ValueError(f"{folder}: no checking tables (*.csv)")
     return rows
 
 
@@ -239,6 +252,9 @@ def report_summary(rows: list[Row]) -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     rows = load_rows()
     run(rows)
     report_rows(rows)

@@ -403,10 +403,34 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
     the attention are, in an MoE layer, expert-tensor × expert × expert-data-parallel ranks."""
     ep = p.expert_parallel
     if not model.is_moe:
-        wrong = [(n, v) for n, v in (("expert_parallel", ep), ("expert_tensor_parallel", etp)) if v != 1]
+        wrong: list[tuple[str, object]] = [
+            (n, v) for n, v in (("expert_parallel", ep), ("expert_tensor_parallel", etp)) if v != 1
+        ]
         wrong += [("moe_a2a_overlap", True)] if p.moe_a2a_overlap else []
+        wrong += [("moe_token_dispatcher", "flex")] if p.moe_token_dispatcher == "flex" else []
         return [f"plan.{n}({v}) needs a mixture-of-experts model (model.num_experts)" for n, v in wrong]
     problems = []
+    if p.moe_token_dispatcher == "flex":
+        # Megatron-Core token_dispatcher.py MoEFlexTokenDispatcher: 'DeepEP dispatcher requires TPxEP > 1', over
+        # the expert-tensor × expert group as tp·k of tp·E slots; transformer_config.py: 'Flex token dispatcher
+        # with deepep backend does not support moe_pad_expert_input_to_capacity'
+        if ep == 1 and etp == 1:
+            problems.append(
+                "plan.moe_token_dispatcher(flex) needs expert_parallel > 1 (Megatron-Core: 'DeepEP "
+                "dispatcher requires TPxEP > 1')"
+            )
+        if etp > 1:
+            problems.append(
+                f"plan.moe_token_dispatcher(flex) with expert_tensor_parallel({etp}) > 1 is not priced "
+                "(Megatron-Core's flex dispatcher sends over the expert-tensor × expert group, tp·k of tp·E "
+                "expert slots): use expert_tensor_parallel 1 or the alltoall dispatcher"
+            )
+        if model.moe_pad_to_capacity:
+            problems.append(
+                "plan.moe_token_dispatcher(flex) does not run with model.moe_pad_to_capacity "
+                "(Megatron-Core: 'Flex token dispatcher with deepep backend does not support "
+                "moe_pad_expert_input_to_capacity')"
+            )
     if model.experts % ep:
         problems.append(f"model.num_experts({model.experts}) not divisible by plan.expert_parallel({ep})")
     folded = p.tensor_parallel * p.context_parallel * dp

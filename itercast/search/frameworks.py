@@ -384,8 +384,8 @@ RECOMPUTE_FIELDS = ("recompute_method", "recompute_num_layers", "recompute_every
 
 
 def check_recompute(fw: Framework, plan: dict[str, Any]) -> None:
-    """The job's recompute layout and MoE overlap (RECOMPUTE_FIELDS, with PlanConfig's defaults) as the framework
-    can run them: one line naming its rule otherwise."""
+    """The job's recompute layout and MoE overlap (RECOMPUTE_FIELDS, with PlanConfig's defaults, and a fixed
+    plan.recompute) as the framework can run them: one line naming its rule otherwise."""
     grouped = plan["recompute_method"] != "uniform" or int(plan["recompute_num_layers"]) != 1
     if grouped and not fw.recompute_groups:
         raise ConfigError(
@@ -403,6 +403,11 @@ def check_recompute(fw: Framework, plan: dict[str, Any]) -> None:
         raise ConfigError(
             f"plan.moe_a2a_overlap: {fw.name} has no expert all-to-all overlap (Megatron-Core's "
             "overlap_moe_expert_parallel_comm); the job sets true"
+        )
+    if plan["moe_a2a_overlap"] and plan.get("recompute") == "full":
+        raise ConfigError(
+            f"plan.moe_a2a_overlap: {fw.name} refuses it with full recompute (transformer_config.py: 'disable full "
+            "recomputation when enabling overlap_moe_expert_parallel_comm'); the job sets recompute full"
         )
 
 

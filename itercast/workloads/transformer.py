@@ -550,7 +550,7 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
             continue
         if op.family in COMM_FAMILIES:
             placed: GroupPlacement = getattr(groups, op.group)
-            amount = op.amount * ops_mod.dispatch_share(op.dedup, placed.size, placed.nodes)
+            amount = op.amount * ops_mod.dispatch_share(op.dedup, placed.size, placed.nodes, placed.per_node)
             group, one = op.group, costs.collective_s(op.comm_kind, amount, placed)
         elif op.family == "cp_comm" and op.comm_kind == "send":  # a CP send waited at once: exposed
             group, one = "cp", costs.p2p_s(op.amount, not groups.cp.intra_node)

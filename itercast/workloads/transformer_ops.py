@@ -858,7 +858,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     return ops
 
 
-def dispatch_share(dedup: tuple[int, int] | tuple[()], ranks: int, nodes: int) -> float:
+def dispatch_share(dedup: tuple[int, int] | tuple[()], ranks: int, nodes: int, per_node: int = 0) -> float:
     """The share of a per-expert all-to-all's bytes that a deduplicating dispatch moves over the link that
     bounds it: Megatron-Core's flex dispatcher (moe/fused_a2a.py FusedDispatch: DeepEP's get_dispatch_layout gives
     is_token_in_rank and num_tokens_per_rdma_rank, and buffer.dispatch sends a token once to each GPU of its node
@@ -867,15 +867,26 @@ def dispatch_share(dedup: tuple[int, int] | tuple[()], ranks: int, nodes: int) -
     routing), E/G experts on each of G groups: G = `nodes` across nodes (the NIC-bound part: the per-expert
     all-to-all sends k (nodes − 1)/nodes copies off a node, the flex one (nodes − 1)·P), else G = `ranks`
     (k copies against ranks·P); P = 1 − C(E − E/G, k) / C(E, k), the chance a group holds one of the k.
-    The share is G·P/k: 8 of 128 experts over 2 nodes 0.249, over 8 GPUs of one node 0.671."""
+    The share is G·P/k: 8 of 128 experts over 2 nodes 0.249, over 8 GPUs of one node 0.671. Nodes holding unequal
+    numbers of the group's `per_node` ranks (the last one fewer): each node's own P from its experts, a sender's
+    copies off its node against the per-expert dispatcher's k·(experts off its node)/E, over the senders."""
     if not dedup:
         return 1.0
     k, experts = dedup
-    groups = nodes if nodes > 1 else ranks
-    if groups <= 1 or k <= 1:
+    if k <= 1 or ranks <= 1:
         return 1.0
-    hit = 1.0 - math.comb(experts - experts // groups, k) / math.comb(experts, k)
-    return groups * hit / k
+    per_rank = experts // ranks
+    if nodes > 1:
+        full = per_node or -(-ranks // nodes)
+        held = [full * per_rank] * (nodes - 1) + [(ranks - full * (nodes - 1)) * per_rank]  # experts on each node
+    else:
+        held = [per_rank] * ranks
+    total = math.comb(experts, k)
+    hit = [1.0 - math.comb(experts - e, k) / total for e in held]
+    senders = [e / per_rank for e in held]  # ranks on each group
+    dedup_copies = sum(w * (sum(hit) - own) for w, own in zip(senders, hit, strict=True))
+    plain_copies = sum(w * k * (experts - e) / experts for w, e in zip(senders, held, strict=True))
+    return dedup_copies / plain_copies
 
 
 def _moe_counts(model: ModelConfig, plan: PlanConfig) -> list[Op]:
@@ -889,7 +900,8 @@ def _moe_counts(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     E, ep, etp = model.experts, plan.expert_parallel, plan.etp
     if plan.moe_token_dispatcher == "torchtitan":
         return [Op("moe_counts", "ep_comm", 4 * E, "alltoall", group="ep")] if ep > 1 else []
-    if model.moe_pad_to_capacity or ep * etp == 1:
+    if model.moe_pad_to_capacity or ep * etp == 1 or plan.moe_token_dispatcher == "flex":
+        # flex: DeepEP's get_dispatch_layout counts on the rank; its notify step travels inside the dispatch
         return []
     return [Op("moe_counts", "ep_comm", 8 * E * ep * etp, "all_gather", group="ep" if ep > 1 else "etp")]
 
