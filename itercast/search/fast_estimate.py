@@ -89,7 +89,12 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    and the overlapped pipeline sends, each beside the pass after it.
 Approximations: stages are uniform but for the embedding and head, sends cost the same on every
 hop, and a pass either runs back to back or waits long enough. tests/test_fast_estimate.py bounds
-the disagreement with the graph simulation (every plan of its grids within 2%).
+the disagreement with the graph simulation (every plan of its grids within 2%). Known larger, from a
+random audit of 1,043 plans (session 25; 3.2% of them more than 5% off the graph): interleaved ZeRO-2
+with overlapped reductions at few micro-batches, up to 26% above (the backlog term takes the DP stream
+as fed steadily from the first backward; the cooldown feeds it in a bunch), GPipe × ZeRO-3 at 32
+stages 19-21% above, ZeRO-2 reduced after the backward beside overlapped pipeline sends (no framework
+runs it) -25% to +21%, DeepSpeed's lockstep sends with host-bound SequentialMLP layers to 13% below.
 """
 
 from __future__ import annotations
@@ -382,7 +387,8 @@ class FastEstimator:
             # time, which against the graph counted the host twice where forwards are host-bound and
             # backwards nearly stream-bound (GPipe between host- and stream-bound, 600 jobs of two
             # small llamas: 14 moved, worst 6.3% -> 0.8% above the graph, none worse; with ZeRO-3, 23
-            # moved, none worse, their worst 17.7% -> 12.5%; that corner's worst stays 13.1% above it)
+            # moved, none worse, their worst 17.7% -> 12.5%; that corner's worst stays 13.1% above it, and
+            # 19-21% at 32 stages in session 25's audit of random plans: each hop down priced as fsdp_back)
             fwd = np.where(fsdp_rows[:, None], stage - fsdp_back, forward)
             done = np.maximum(M[rows, None] * issued_f, (M[rows, None] - 1) * issued_f + launch_s + fwd)
             for s in range(1, pp):  # and the stage before it done with its last forward
