@@ -310,3 +310,12 @@ def test_cli_refuses_the_flex_dispatcher_on_a_dense_model():
     args = ["predict", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.moe_token_dispatcher=flex"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "plan.moe_token_dispatcher(flex) needs a mixture-of-experts model" in res.output
+
+
+def test_predict_says_what_the_flex_dispatcher_price_leaves_out():
+    args = ["predict", "--model", "qwen3-30b-a3b", "--system", "dgx-h100", "--set", "system.num_nodes=2"]
+    args += ["--set", "plan.expert_parallel=16", "--set", "plan.moe_token_dispatcher=flex"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0 and "the NVLink forwarding on the receiving node are not priced" in res.output
+    plain = CliRunner().invoke(app, args[:-2])
+    assert plain.exit_code == 0 and "moe_token_dispatcher flex" not in plain.output

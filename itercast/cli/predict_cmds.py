@@ -43,7 +43,7 @@ from itercast.workload import (
     same_kind,
 )
 from itercast.workloads.dlrm import beyond_profile, unmeasured_embedding_ops
-from itercast.workloads.transformer_ops import grad_accumulation_note, unaligned_logits_note
+from itercast.workloads.transformer_ops import flex_dispatch_note, grad_accumulation_note, unaligned_logits_note
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
 
@@ -138,7 +138,8 @@ def predict_cmd(
             warn(note)
     else:
         assert isinstance(result, Prediction)
-        notes = (unaligned_logits_note(w.job.model, w.job.plan), grad_accumulation_note(w.job.plan))
+        p = w.job.plan
+        notes = (unaligned_logits_note(w.job.model, p), grad_accumulation_note(p), flex_dispatch_note(p))
         for note in (*filter(None, notes), *result.extrapolated):
             warn(note)
     if as_json:

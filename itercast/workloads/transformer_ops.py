@@ -1276,6 +1276,17 @@ LOSS_COLLECTIVES: dict[str, tuple[tuple[str, int], ...]] = {
 }
 
 
+def flex_dispatch_note(plan: PlanConfig) -> str | None:
+    """What the flex dispatcher's price (dispatch_share) leaves out, said where it is priced; None otherwise."""
+    if plan.moe_token_dispatcher != "flex":
+        return None
+    return (
+        "plan.moe_token_dispatcher flex: its all-to-alls are priced on the all-to-all curves over the bytes DeepEP / "
+        "HybridEP send (a copy per GPU of a node and per remote node, experts drawn evenly); their own kernels, the "
+        "SMs they take from compute and the NVLink forwarding on the receiving node are not priced"
+    )
+
+
 def grad_accumulation_note(plan: PlanConfig) -> str | None:
     """What a DeepSpeed pipeline (plan.pipeline_p2p deepspeed, pp > 1) left at grad_accumulation fused leaves out:
     fused is Megatron's accumulation inside the weight-gradient GEMM, which DeepSpeed's engines do not run (their
