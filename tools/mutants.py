@@ -1139,7 +1139,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M(TF, "amount = op.amount * ops_mod.dispatch_share(op.dedup, placed.size, placed.nodes, placed.per_node)",
       "amount = op.amount",
       "the flex dispatcher priced as the all-to-all dispatcher, a copy per expert", _t("moe")),
-    M("search/launch_settings.py", 'return ["--moe-shared-expert-overlap"] if model.moe_shared_ffn_hidden_size else []',
+    M("search/launch_settings.py", 'return ["moe_shared_expert_overlap"] if model.moe_shared_ffn_hidden_size else []',
       "return []", "shared experts priced beside the dispatch but launched before the router", _t("frameworks")),
 )
 # fmt: on

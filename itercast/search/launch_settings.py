@@ -77,7 +77,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         ]
         if p["moe_grouped_gemm"]:
             out.append("--moe-grouped-gemm")
-        out += _moe_overlap_megatron(p, model)
+        out += [f"--{name.replace('_', '-')}" for name in _moe_overlaps(p, model)]
     if p["sequence_parallel"]:
         out.append("--sequence-parallel")
     out += [f"--micro-batch-size {p['micro_batch_size']}", f"--global-batch-size {p['global_batch_size']}"]
@@ -140,15 +140,15 @@ def _dispatcher_megatron(p: dict[str, Any], kind: str, backend: str) -> list[str
     return [kind.format("alltoall")]
 
 
-def _moe_overlap_megatron(p: dict[str, Any], model: ModelConfig) -> list[str]:
-    """Megatron-Core's switches for what hides an MoE layer's all-to-alls as the plan priced it
-    (transformer_ops._moe_block), both off by default (model_parallel_config.py overlap_moe_expert_parallel_comm,
-    transformer_config.py moe_shared_expert_overlap: 'Without this, the shared experts execute before the
-    router'): behind another micro-batch's attention (plan.moe_a2a_overlap), else behind the shared experts.
-    TransformerConfig refuses the two together."""
+def _moe_overlaps(p: dict[str, Any], model: ModelConfig) -> list[str]:
+    """Megatron-Core's config fields (its arguments: the same with dashes) for what hides an MoE layer's
+    all-to-alls as the plan priced it (transformer_ops._moe_block), both off by default (model_parallel_config.py
+    overlap_moe_expert_parallel_comm, transformer_config.py moe_shared_expert_overlap: 'Without this, the shared
+    experts execute before the router'): behind another micro-batch's attention (plan.moe_a2a_overlap), else
+    behind the shared experts. TransformerConfig refuses the two together."""
     if p.get("moe_a2a_overlap"):
-        return ["--overlap-moe-expert-parallel-comm"]
-    return ["--moe-shared-expert-overlap"] if model.moe_shared_ffn_hidden_size else []
+        return ["overlap_moe_expert_parallel_comm"]
+    return ["moe_shared_expert_overlap"] if model.moe_shared_ffn_hidden_size else []
 
 
 def _megatron_stage_layers(p: dict[str, Any], model: ModelConfig) -> list[str]:
@@ -218,14 +218,7 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
                 p, "model.config.moe_token_dispatcher_type={}", "model.config.moe_flex_dispatcher_backend={}"
             ),
         ]
-        out += [
-            f"model.config.{name}=True"
-            for flag, name in (
-                ("--overlap-moe-expert-parallel-comm", "overlap_moe_expert_parallel_comm"),
-                ("--moe-shared-expert-overlap", "moe_shared_expert_overlap"),
-            )
-            if flag in _moe_overlap_megatron(p, model)
-        ]
+        out += [f"model.config.{name}=True" for name in _moe_overlaps(p, model)]
     out += [f"data.micro_batch_size={p['micro_batch_size']}", f"data.global_batch_size={p['global_batch_size']}"]
     if p["recompute"] != "none":
         out.append(f"model.config.recompute_granularity={p['recompute']}")
