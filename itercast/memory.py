@@ -235,16 +235,43 @@ def _activation_bytes(
     # 1-byte mask and output (eq. 1's 5·a·s in 16-bit training with dropout)
     scores = 0 if t.base.flash_attention else a * m.seq_length * (e + (1 + e if m.has_dropout else 0))
     experts = 0.0
+    # GPT-OSS's clamp (model.glu_clamp; fused_bias_geglu.py): the fused activation keeps the clamped halves' cat
+    # and the clamps their fc1 output: e · 2 per unit of the expert width more than the fc1 output alone
+    clamped = 2 * e if m.glu_clamp is not None and m.gated_mlp else 0
     if moe:
         copies = m.moe_top_k * m.moe_load() / rep
-        per_copy = expert_in * t.cols["etp"] * h + (e * up + expert_in) * m.expert_ffn + 4
+        per_copy = expert_in * t.cols["etp"] * h + (e * up + expert_in + clamped) * m.expert_ffn + 4
         experts = copies * per_copy + 4 * m.experts / rep
     attention_again = replicated / rep + latents + sharded / tp + experts
+    modules = _modules_kept(m, t, attention_again, attention_again + scores / tp, moe, rep)
+    modules -= (copies * (expert_in + clamped) * m.expert_ffn) if moe and "moe_act" in t.base.recompute_modules else 0.0
     # torchtitan's per-op policy saves all_to_all_single's outputs (distributed/activation_checkpoint.py
     # _get_default_save_ops: comm ops) but not _grouped_mm's: a routed copy keeps the tokens its dispatch
     # and its combine exchanges delivered (with expert parallelism), the experts run again
     op_experts = m.moe_top_k * m.moe_load() / rep * np.where(t.cols["ep"] > 1, 2 * e * h, 0) if moe else 0.0
-    return _recompute_kept(m, t, rc, attention_again + scores / tp, attention_again, op_experts, f, rep)
+    return _recompute_kept(m, t, rc, attention_again + scores / tp, modules, op_experts, f, rep)
+
+
+def _modules_kept(m: ModelConfig, t: PlanTable, attention_again: Any, kept: Any, moe: bool, rep: np.ndarray) -> Any:
+    """Bytes per token a layer keeps under Megatron-Core's selective recompute of plan.recompute_modules
+    (transformer_layer.py and moe/experts.py at d98e8a64), beside the routed experts' moe_act (its caller):
+    core_attn keeps what the attention kernels' inputs are (`attention_again`, the scores of unfused
+    attention not kept); layernorm, in an MoE layer, discards the pre-MLP norm's output after its consumers
+    ran (CheckpointWithoutOutput.discard_output_and_register_recompute; the router's 16-bit input, and
+    under fp8 the shared experts' copy too, set_for_recompute_pre_mlp_layernorm having them keep that output;
+    the other norms are fused into Transformer Engine's linears, IdentityOp, and not recomputed); mlp, in a
+    dense layer, checkpoints the MLP whole (tensor_parallel.checkpoint): its input, the pre-MLP norm's
+    input, stays and its fc1 input, fc1 output(s) and activation output go."""
+    p, e, h = t.base, t.base.dtype_bytes, m.hidden_size
+    fp8 = 1 if p.dtype == "fp8" and p.fp8_weight_cast == "per_step" else 0
+    gemm_in = 1 if fp8 else e
+    out = attention_again if "core_attn" in p.recompute_modules else kept
+    if moe and "layernorm" in p.recompute_modules:
+        out = out - (e + (fp8 if m.moe_shared_ffn_hidden_size else 0)) * h / rep
+    if not moe and "mlp" in p.recompute_modules:
+        up = 2 if m.gated_mlp else 1
+        out = out - gemm_in * h / rep - (e * up + gemm_in) * m.ffn / t.cols["tp"]
+    return out
 
 
 def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[int, int]:
@@ -283,13 +310,13 @@ def _recompute_kept(
     t: PlanTable,
     rc: np.ndarray,
     kept: Any,
-    attention_again: Any,
+    modules: Any,
     experts: Any,
     mlp_width: int,
     rep: np.ndarray,
 ) -> np.ndarray:
     """Bytes per token a layer keeps under each row's recompute, from what it keeps without
-    (`kept`), with core attention recomputed (`attention_again`) and what its routed experts keep
+    (`kept`), under Megatron-Core's selective recompute of its modules (`modules`) and what its routed experts keep
     under the per-op policy (`experts`). full: the layer input of the
     recomputed share r of the layers (full_recompute_share), one per recompute_num_layers layers
     under Megatron-Core's uniform method (it checkpoints each group's input), the rest as without.
@@ -302,7 +329,7 @@ def _recompute_kept(
     group = recompute_group(m, p, t.cols["pp"], t.cols["vp"])
     r = full_recompute_share(m, p, t.cols["pp"], t.cols["vp"])
     full = r * e * h / rep / group + (1 - r) * kept
-    selective = attention_again
+    selective = modules
     if p.selective_recompute == "op":
         saved = e * a * m.qk_head_dim + e * g * m.value_head_dim + e * a * m.value_head_dim + 4 * a + e * mlp_width
         selective = e * h / rep * (2 if m.gated_mlp else 1) + saved / tp + experts
@@ -464,11 +491,14 @@ class StageMemory:
             whole = np.maximum(whole, _activation_bytes(m, t, no_rc, moe=True))
         # uniform method: a group of recompute_num_layers layers (at most a chunk's) is recomputed at once
         group = recompute_group(m, base, c["pp"], c["vp"])
-        # torchtitan's per-op policy: what one layer recomputes lives during its backward
-        op_again = whole - _activation_bytes(m, t, np.full_like(no_rc, _SELECTIVE), moe=m.is_moe)
+        # selective: what one layer recomputes lives during its backward
+        sel = np.full_like(no_rc, _SELECTIVE)
+        selective_again = _activation_bytes(m, t, no_rc) - _activation_bytes(m, t, sel)
+        if m.is_moe:
+            moe_again = _activation_bytes(m, t, no_rc, moe=True) - _activation_bytes(m, t, sel, moe=True)
+            selective_again = np.maximum(selective_again, moe_again)
         again = np.where(c["recompute"] == _FULL, group * whole, 0)
-        if base.selective_recompute == "op":
-            again = np.where(c["recompute"] == _SELECTIVE, op_again, again)
+        again = np.where(c["recompute"] == _SELECTIVE, selective_again, again)
         self.recomputing = again * self.tokens
         live_params, self.live_grads = zero3_live_columns(m, t)
         self.gathered = live_params * whole_w_b

@@ -63,10 +63,11 @@ class Prediction(Forecast):
         full: one more forward of the recomputed share of the layers (memory.full_recompute_share:
         all under Megatron's uniform method, Narayanan et al. SC'21 count 4 forward passes; the
         first recompute_num_layers of each chunk under its block method; every n-th layer under
-        torchtitan's recompute_every). selective, core attention (Megatron): the score and value
+        torchtitan's recompute_every). selective, Megatron-Core's modules: core_attn the score and value
         matmuls of every layer again, unfused or in one fused kernel (Megatron-Core checkpoints the fused
         attention call too, transformer/attention.py `_checkpointed_attention_forward`; what the step runs:
-        transformer_ops.layer_backward). selective, per op (torchtitan, transformer_ops._op_recompute): per
+        transformer_ops.layer_backward), mlp a dense layer's MLP matmuls, 2·(up + 1)·h·f per token (layernorm
+        and moe_act run no matmul). selective, per op (torchtitan, transformer_ops._op_recompute): per
         token and layer the keys' share of QKV and the output projection, 2·h·d·(g + a), and one h×f MLP
         matmul, 2·h·f; an MoE layer's router and shared and routed experts whole (grouped GEMMs are not
         saved); unfused attention's scores again (its policy saves fused attention's outputs)."""
@@ -88,7 +89,10 @@ class Prediction(Forecast):
             extra = attention + (m.num_layers - moe) * dense_mlp + moe * moe_mlp
             return self.model_flops_per_step + extra * tokens
         if p.recompute == "selective":
-            return self.model_flops_per_step + m.layers_attention_score_flops_per_token() * tokens
+            attention = m.layers_attention_score_flops_per_token() if "core_attn" in p.recompute_modules else 0.0
+            up = 2 if m.gated_mlp else 1
+            mlp = (m.num_layers - m.num_moe_layers) * 2.0 * (up + 1) * m.hidden_size * m.ffn
+            return self.model_flops_per_step + (attention + (mlp if "mlp" in p.recompute_modules else 0.0)) * tokens
         return self.model_flops_per_step
 
     @property

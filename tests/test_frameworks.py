@@ -114,7 +114,7 @@ PLAN = {
     "recompute_method": "uniform",
     "recompute_num_layers": 1,
     "recompute_every": 1,
-    "selective_recompute": "core-attention",
+    "selective_recompute": "modules",
     "zero_stage": 1,
     "main_params": "fp32",
     "adam_state_dtype": "fp32",
@@ -545,8 +545,8 @@ def test_deepspeed_runs_moe_without_zero3():
 @pytest.mark.parametrize(
     ("framework", "sets", "message"),
     [
-        ("megatron-core", ["selective_recompute=op"], "plan.selective_recompute: megatron-core runs core-attention"),
-        ("torchtitan", ["selective_recompute=core-attention"], "plan.selective_recompute: torchtitan runs op"),
+        ("megatron-core", ["selective_recompute=op"], "plan.selective_recompute: megatron-core runs modules"),
+        ("torchtitan", ["selective_recompute=modules"], "plan.selective_recompute: torchtitan runs op"),
         (
             "torchtitan",
             ["recompute_method=block", "recompute_num_layers=2"],

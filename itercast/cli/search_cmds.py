@@ -332,7 +332,8 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
-    check_recompute(fw, {k: plan.get(k, PlanConfig.model_fields[k].default) for k in RECOMPUTE_FIELDS} | fixed)
+    defaults = {k: PlanConfig.model_fields[k].get_default(call_default_factory=True) for k in RECOMPUTE_FIELDS}
+    check_recompute(fw, {k: plan.get(k, defaults[k]) for k in RECOMPUTE_FIELDS} | fixed)
     taken = {k: v for k, v in (plan.get("tp_comm_overlap_sms") or {}).items() if v}
     if fw.name == "torchtitan" and (taken or len(plan.get("tp_comm_overlap_sms") or {}) < len(TE_OVERLAP_LAYERS)):
         raise ConfigError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, NonNegativeInt, model_validator
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveFloat, model_validator
 
 from itercast.config.strict import STRICT, Layers, Width
 
@@ -63,6 +63,17 @@ class ModelConfig(BaseModel):
         None,
         description="With sliding_window: layer i (from 0) attends globally when (i + 1) % n == 0 "
         "(Gemma 2 and GPT-OSS: 2; Gemma 3: 6); absent: every layer is windowed.",
+    )
+    glu_clamp: PositiveFloat | None = Field(
+        None,
+        description="GPT-OSS's clamped gated activation in the routed experts (HF `swiglu_limit` 7.0, Megatron-Core "
+        "activation_func_clamp_value): the gate clamped above and the linear half on both sides before the "
+        "activation; absent: no clamp.",
+    )
+    rope_mscale: PositiveFloat = Field(
+        1.0,
+        description="YaRN's attention scaling folded into the rotary embedding's cos and sin (GPT-OSS: 1 + 0.1 ln 32 "
+        "= 1.3466 from rope_scaling factor 32); 1: none. Megatron-Core rotates q and k unfused when it is not 1.",
     )
     dropout: bool | None = Field(
         None,

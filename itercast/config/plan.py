@@ -11,6 +11,8 @@ from itercast.config.strict import STRICT, Batch, Layers, Ranks
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
+#: Megatron-Core's selective recompute modules itercast prices (TransformerConfig.recompute_modules)
+RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mlp"]
 DType = Literal["fp32", "bf16", "fp16", "fp8"]
 #: Transformer Engine's userbuffers layers whose overlap may reserve SMs (module/base.py initialize_ub)
 TEOverlapLayer = Literal["proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"]
@@ -80,11 +82,19 @@ class PlanConfig(BaseModel):
     )
     schedule: Schedule = "1f1b"
     recompute: Recompute = "none"
-    selective_recompute: Literal["core-attention", "op"] = Field(
-        "core-attention",
-        description="What recompute=selective runs again: core attention (Megatron --recompute-granularity "
-        "selective) or every op but the saved matmuls and attention kernels (torchtitan "
-        "activation_checkpoint.selective_ac_option=op).",
+    selective_recompute: Literal["modules", "op"] = Field(
+        "modules",
+        description="What recompute=selective runs again: Megatron-Core's recompute_modules "
+        "(--recompute-granularity selective) or every op but the saved matmuls and attention kernels "
+        "(torchtitan activation_checkpoint.selective_ac_option=op).",
+    )
+    recompute_modules: list[RecomputeModule] = Field(
+        default_factory=lambda: list[RecomputeModule](["core_attn"]),
+        description="selective_recompute=modules: what Megatron-Core runs again (--recompute-modules; "
+        "transformer_config.py, default core_attn): core_attn the attention kernels; layernorm an MoE layer's "
+        "pre-MLP norm (the others are fused into Transformer Engine's linears) without keeping its output; "
+        "moe_act the routed experts' activation without keeping its output (needs moe_grouped_gemm); mlp a "
+        "dense layer's MLP whole, keeping its input. Its moe, shared_experts and mla_up_proj are not priced.",
     )
     recompute_method: Literal["uniform", "block"] = Field(
         "uniform",
@@ -165,13 +175,15 @@ class PlanConfig(BaseModel):
         description="Fused attention: no s×s scores kept in memory. Left out: true where every GPU of the "
         "system supports it (GPUSpec.supports_flash_attention), else false.",
     )
-    attention_kernel: Literal["cudnn", "fa2", "fa3"] = Field(
+    attention_kernel: Literal["cudnn", "fa2", "fa3", "triton"] = Field(
         "cudnn",
         description="The fused attention kernel the framework runs, priced from its fitted benchmarks where the "
         "GPU has them (Hopper: costs/curves.json attention): cudnn, Transformer Engine's FusedAttention, which "
         "Megatron-Core and NeMo run on Hopper; fa2, FlashAttention-2, which torch SDPA's flash backend runs "
         "(torchtitan on H100, PyTorch before cuDNN 9.15: pytorch/pytorch#138522, #142132) and llm-foundry's "
-        "attn_impl flash; fa3, FlashAttention-3. On a GPU without fits every kernel takes the FLOPs-only guess.",
+        "attn_impl flash; fa3, FlashAttention-3; triton, Tri Dao's Triton FlashAttention (llm-foundry's attn_impl "
+        "triton, its default until 2024), FlashAttention-2's time × 1.4 forward, × 2 backward (the FlashAttention-2 "
+        "paper §4.1). On a GPU without fits every kernel takes the FLOPs-only guess.",
     )
     cp_comm: Literal["p2p", "all_gather", "torch_allgather", "torch_alltoall"] = Field(
         "p2p",
@@ -444,6 +456,30 @@ class PlanConfig(BaseModel):
                 f"plan.recompute_every({self.recompute_every}) is torchtitan's per-layer checkpointing: it needs "
                 f"recompute_method=uniform and recompute_num_layers=1; got {self.recompute_method}, "
                 f"{self.recompute_num_layers}"
+            )
+        if self.recompute_modules != ["core_attn"] and not (
+            self.recompute == "selective" and self.selective_recompute == "modules"
+        ):
+            raise ValueError(
+                f"plan.recompute_modules{list(self.recompute_modules)} is Megatron-Core's selective recompute: it "
+                f"needs recompute=selective and selective_recompute=modules; got recompute={self.recompute}, "
+                f"selective_recompute={self.selective_recompute}"
+            )
+        if not self.recompute_modules or len(set(self.recompute_modules)) < len(self.recompute_modules):
+            raise ValueError(
+                f"plan.recompute_modules: expected one or more distinct modules; got {list(self.recompute_modules)}"
+            )
+        if "moe_act" in self.recompute_modules and not self.moe_grouped_gemm:
+            raise ValueError(  # transformer_config.py __post_init__
+                "plan.recompute_modules: moe_act needs moe_grouped_gemm=true ('moe_act in recompute_modules is only "
+                "supported with moe_grouped_gemm', Megatron-Core); got moe_grouped_gemm=false"
+            )
+        drops_output = {"moe_act", "layernorm"} & set(self.recompute_modules)
+        if drops_output and self.dtype == "fp8" and self.fp8_recipe == "delayed":
+            raise ValueError(  # transformer_config.py __post_init__
+                f"plan.recompute_modules: {', '.join(sorted(drops_output))} under fp8 needs a current-scaling "
+                "fp8_recipe ('Delayed scaling does not support moe_act and layernorm recompute for fp8', "
+                "Megatron-Core); got fp8_recipe=delayed"
             )
         return self
 

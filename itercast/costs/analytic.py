@@ -11,12 +11,13 @@ lengths); on other GPUs a guess, labelled as such below.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from itercast.config.system import GPUSpec, SystemConfig
-from itercast.costs.attention import AttentionShape, fitted_kernel, time_s
+from itercast.costs.attention import TRITON_VS_FA2, AttentionShape, fitted_kernel, time_s
 from itercast.costs.curves import Curve, built_in_gemms, curve, curves
 from itercast.costs.fitted_ranges import MEASURED_RANGE, FittedRanges
 from itercast.costs.fitting import collective_time_s
@@ -152,7 +153,11 @@ class AnalyticCostModel:
     def attention_s(self, flops: np.ndarray | float, shape: AttentionShape | None = None) -> np.ndarray:
         """Fused (flash) attention of the given FLOPs: latency + FLOPs / (bf16 peak · the efficiency
         at `shape` of its kernel, fitted for this GPU) (costs/attention.time_s); on a GPU without a
-        fit of that kernel, or without a shape, the guess of ATTENTION_VS_GEMM."""
+        fit of that kernel, or without a shape, the guess of ATTENTION_VS_GEMM; llm-foundry's Triton kernel
+        FlashAttention-2's time × TRITON_VS_FA2."""
+        if shape is not None and shape.kernel == "triton":  # FlashAttention-2's time, slower by TRITON_VS_FA2
+            slower = TRITON_VS_FA2["bwd" if shape.backward else "fwd"]
+            return slower * self.attention_s(flops, replace(shape, kernel="fa2"))
         f = np.asarray(flops, dtype=np.float64)
         kernel = None if shape is None else fitted_kernel(self._attention_tables, self.system.gpu.name, shape.kernel)
         if kernel is None or shape is None:

@@ -70,6 +70,8 @@ class PlanTable:
                 out[name] = bool(value)
             else:
                 out[name] = value
+        if out["recompute"] != "selective":  # Megatron-Core reads its modules under selective recompute only
+            out["recompute_modules"] = ["core_attn"]
         return out
 
     @classmethod

@@ -86,11 +86,13 @@ class Framework:
     )
     # PlanConfig.selective_recompute: what its selective recompute runs again (Megatron-Core --recompute-granularity
     # selective: recompute_modules default ["core_attn"], transformer_config.py)
-    selective_recomputes: tuple[str, ...] = ("core-attention",)
+    selective_recomputes: tuple[str, ...] = ("modules",)
     # full recompute in groups (PlanConfig.recompute_method, recompute_num_layers: --recompute-method uniform|block,
     # --recompute-num-layers); every n-th layer only (PlanConfig.recompute_every > 1)
     recompute_groups: bool = True
     recompute_every: bool = False
+    # PlanConfig.recompute_modules beyond core attention (Megatron-Core --recompute-modules)
+    recompute_modules: bool = True
     # PlanConfig.moe_token_dispatcher: whose dispatcher its MoE layers run (--moe-token-dispatcher-type alltoall, or
     # flex over DeepEP/HybridEP: transformer_config.py moe_flex_dispatcher_backend); the first is the search's
     moe_token_dispatchers: tuple[str, ...] = ("alltoall", "flex")
@@ -190,7 +192,7 @@ FRAMEWORKS: dict[str, Framework] = {
         tp_comm_overlap=True,  # enable_async_tensor_parallel
         # torch SDPA: FLASH_ATTENTION (FlashAttention-2) first below capability 10.0 (torchtitan#1196); cuDNN
         # attention is opt-in until cuDNN 9.15 (pytorch/pytorch#138522). Its selective checkpointing is per
-        # op (activation_checkpoint.selective_ac_option "op"; no core-attention-only mode)
+        # op (activation_checkpoint.selective_ac_option "op"; no per-module mode)
         plan_fields={
             "attention_kernel": "fa2",
             # models/llama3 build nn.Embedding and the output Linear with the tokenizer's vocab_size: no padding
@@ -234,6 +236,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # integer n checkpoints every n-th block (_apply_layer_sac)
         recompute_groups=False,
         recompute_every=True,
+        recompute_modules=False,
         moe_token_dispatchers=("torchtitan",),
         moe_a2a_overlap=False,
         # fp32 parameters (training.dtype float32) cast to bf16 by FSDP2 or autocast, torch.optim.AdamW's fp32
@@ -285,6 +288,7 @@ FRAMEWORKS: dict[str, Framework] = {
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         moe_a2a_overlap=False,
+        recompute_modules=False,  # Megatron-DeepSpeed's selective recompute: core attention (--recompute-activations)
         moe_token_dispatchers=("alltoall",),  # deepspeed.moe's all-to-all of each expert's rows
         # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)
         optimizer_states=(("fp32", "fp32"),),
@@ -380,7 +384,13 @@ def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, poi
 
 
 #: the plan fields that say which layers a recompute runs again (check_recompute)
-RECOMPUTE_FIELDS = ("recompute_method", "recompute_num_layers", "recompute_every", "moe_a2a_overlap")
+RECOMPUTE_FIELDS = (
+    "recompute_method",
+    "recompute_num_layers",
+    "recompute_every",
+    "recompute_modules",
+    "moe_a2a_overlap",
+)
 
 
 def check_recompute(fw: Framework, plan: dict[str, Any]) -> None:
@@ -398,6 +408,13 @@ def check_recompute(fw: Framework, plan: dict[str, Any]) -> None:
             f"plan.recompute_every: {fw.name} recomputes groups of layers (--recompute-method uniform|block, "
             f"--recompute-num-layers), not every n-th layer (torchtitan's selective_ac_option n); the job sets "
             f"{plan['recompute_every']}"
+        )
+    if list(plan["recompute_modules"]) != ["core_attn"] and not fw.recompute_modules:
+        raise ConfigError(
+            f"plan.recompute_modules: {fw.name}'s selective recompute is not Megatron-Core's per module "
+            "(--recompute-modules; Megatron-DeepSpeed's --recompute-activations reruns core attention, torchtitan's "
+            "selective_ac_option op every op but matmuls and attention); the job sets "
+            f"{list(plan['recompute_modules'])}"
         )
     if plan["moe_a2a_overlap"] and not fw.moe_a2a_overlap:
         raise ConfigError(

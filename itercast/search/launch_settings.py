@@ -25,11 +25,17 @@ from itercast.search.frameworks import DEEPSPEED_BUCKET_PARAMS
 
 def _recompute_megatron(p: dict[str, Any]) -> list[str]:
     """Megatron's recompute arguments: full with the plan's method and layers (uniform, 1: one layer
-    input kept per layer, Korthikanti et al. 2022 "full"), or selective (core attention)."""
+    input kept per layer, Korthikanti et al. 2022 "full"), or selective (core attention, its default, or the
+    plan's recompute_modules)."""
     if p["recompute"] == "full":
         method, layers = p["recompute_method"], p["recompute_num_layers"]
         return ["--recompute-granularity full", f"--recompute-method {method}", f"--recompute-num-layers {layers}"]
-    return ["--recompute-granularity selective"] if p["recompute"] == "selective" else []
+    if p["recompute"] != "selective":
+        return []
+    modules = list(p["recompute_modules"])
+    return ["--recompute-granularity selective"] + (
+        [] if modules == ["core_attn"] else [f"--recompute-modules {' '.join(modules)}"]
+    )
 
 
 def _ub_fields(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -225,6 +231,8 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
         if p["recompute"] == "full":
             method, layers = p["recompute_method"], p["recompute_num_layers"]
             out += [f"model.config.recompute_method={method}", f"model.config.recompute_num_layers={layers}"]
+        elif list(p["recompute_modules"]) != ["core_attn"]:
+            out.append(f"model.config.recompute_modules=[{','.join(p['recompute_modules'])}]")
     zero = p["zero_stage"]
     out.append(f"optim.config.use_distributed_optimizer={zero >= 1}")
     if zero >= 2:  # Megatron-FSDP raises on the recipes' average_in_collective=True (megatron_fsdp.py)

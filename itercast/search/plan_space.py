@@ -170,7 +170,8 @@ def _rules(
     # without recompute holds as much and is faster. Not so torchtitan's per-op selective recompute
     same_recompute = (
         base.flash_attention
-        and base.selective_recompute == "core-attention"
+        and base.selective_recompute == "modules"
+        and base.recompute_modules == ["core_attn"]
         and RECOMPUTE.index("none") in axes["recompute"]
     )
     return [

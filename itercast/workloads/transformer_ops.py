@@ -62,6 +62,7 @@ Recomputation re-runs the same chains.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from itercast.config.model import ModelConfig
@@ -343,6 +344,8 @@ def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             return ops
         rotary = Op("rope", "elementwise", 2 * T * (a + g) * d / t * e)
         if not _eager_llama(model, plan):
+            if model.rope_mscale != 1:  # Megatron-Core rotates unfused (rope_utils.py apply_rotary_pos_emb)
+                rotary = _eager(rotary, T * (a + g) * d / t, megatron_unfused_rotary_cost(e), tensors=2)
             return [*ops, rotary]
         return [*ops, _eager(rotary, T * (a + g) * d / t, eager_rotary_cost(e), tensors=2), *_repeat_kv(model, sh)]
     kv_lora, q_lora, rope = model.kv_lora_rank or 0, model.q_lora_rank, model.qk_rope_head_dim
@@ -690,6 +693,18 @@ def eager_rotary_cost(e: int) -> EagerCost:
     return 2 * cast + 8, 1 + 2 * cast_kernels, 2 * cast + 8, 2 + 2 * cast_kernels
 
 
+def megatron_unfused_rotary_cost(e: int) -> EagerCost:
+    """Megatron-Core's unfused rotary embedding on one of q, k (rope_utils.py `_apply_rotary_pos_emb_bshd` at
+    b0cc2706), which it runs instead of Transformer Engine's fused kernel when YaRN's mscale is not 1
+    (`apply_rotary_pos_emb`: 'mscale ... is not supported by TE's fused RoPE'), per element: t · cos (read e, write
+    e), _rotate_half's neg of one half (e/2 + e/2) and cat (2e), · sin (2e), + (3e), and the final cat with the
+    empty pass-through part (2e): 12e, 6 kernels (the [s, d] cos and sin tables left out). Backward (a CPU
+    profile of the same code: two mul, a neg, a cat, two add_): the products' gradients (2e each), neg (e), the
+    halves' cat (2e), the two accumulations into t's gradient (3e each): 13e, 6 kernels. Fused: 2e forward, 4e
+    backward."""
+    return 12 * e, 6, 13 * e, 6
+
+
 def eager_swiglu_cost(e: int) -> EagerCost:
     """torchtitan's FeedForward `w2(F.silu(w1(x)) * w3(x))` between its GEMMs, eagerly, per element of the
     ffn width: silu (read e, write e: 2e) and × (read 2e, write e: 3e): 5e, 2 kernels. Backward: the
@@ -802,6 +817,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     te = plan.fp8_experts  # Transformer Engine (FP8-capable) expert GEMMs
     pad, unpad = _expert_copies(model, plan, rows, local)
     sort, unsort = _expert_sort(model, plan, rows, local)
+    clamp, bias = _megatron_expert_extras(model, plan, rows, local) if not titan else ([], [])
     ops += [
         *sort,
         *pad,
@@ -813,6 +829,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             label="experts",
             kn=(h, up * fe / etp) if te else (),
         ),
+        *clamp,
         Op(
             "expert_act",
             "activation",
@@ -828,6 +845,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             label="experts",
             kn=(fe / etp, h) if te else (),
         ),
+        *bias,
         *unpad,
         *unsort,
     ]
@@ -856,6 +874,52 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         Op("moe_unpermute", "elementwise", (2 * routed + n) * h * e),  # read the copies and their weights, write n rows
     ]
     return ops
+
+
+def _megatron_expert_extras(model: ModelConfig, plan: PlanConfig, rows: float, local: int) -> tuple[list[Op], list[Op]]:
+    """Eager work Megatron-Core's grouped experts (TEGroupedMLP, moe/experts.py at b0cc2706) run beside the
+    GEMMs and the fused activation, over this rank's `rows` routed rows of `local` experts (e the activations'
+    bytes):
+    - model.glu_clamp (GPT-OSS): fused_bias_geglu.py weighted_bias_quick_geglu_impl clamps the gate and the
+      linear half and concatenates them before its fused kernel: two clamps (2e each per element of the
+      fc1 output's 2·f) and a cat (2e): 8e per element of the width f, 3 kernels; backward, autograd's clamp
+      masks, le + where for the gate (3e + 2), ge + le + logical_and + where for the linear half (4e + 6), and
+      chunk's cat of the two gradients (4e): 11e + 8, 7 kernels. Run again under recompute_modules moe_act.
+    - model.biases: linear_fc2 returns its bias (skip_bias_add) and `_apply_bias` adds it per local expert,
+      `t + b * p` with the copy's routing probability (16-bit, the router's dtype), then a cat: forward the
+      outer product written (2e), the add (3e), the cat (2e) per element of the output (rows × h); backward
+      the two products' gradients and their sums (3e each side) and the cat of the split gradients (2e): 6e
+      forward in 2·local + 1 kernels, 8e backward in 4·local + 1. fc1's bias is added inside its GEMM."""
+    e, width = plan.dtype_bytes, model.expert_ffn / plan.etp
+    clamp = []
+    if model.glu_clamp is not None and model.gated_mlp:
+        n = rows * width
+        clamp = [
+            Op(
+                "expert_act_clamp",
+                "elementwise",
+                8 * e * n,
+                count=3,
+                label="experts",
+                backward_amount=(11 * e + 8) * n,
+                backward_count=7,
+            )
+        ]
+    bias = []
+    if model.biases:
+        n = rows * model.hidden_size
+        bias = [
+            Op(
+                "expert_down_bias",
+                "elementwise",
+                6 * e * n,
+                count=2 * local + 1,
+                label="experts",
+                backward_amount=8 * e * n,
+                backward_count=4 * local + 1,
+            )
+        ]
+    return clamp, bias
 
 
 def dispatch_share(dedup: tuple[int, int] | tuple[()], ranks: int, nodes: int, per_node: int = 0) -> float:
@@ -1069,13 +1133,9 @@ def layer_backward(
     and the micro-batch's gradient accumulation last (grad_accumulation_ops over the layer's parameters on
     this GPU, its routed experts' included).
 
-    full: the whole layer forward runs again. selective (core-attention, Megatron): core attention
-    runs again before its backward — also fused (flash) attention, whose kernel Megatron-Core wraps in
-    tensor_parallel.checkpoint like the unfused one (transformer/attention.py
-    `_checkpointed_attention_forward`, taken whenever recompute_granularity is selective), so its
-    forward runs twice, and under context parallelism its K/V ring with it (Transformer Engine's ring
-    runs inside the attention call). selective op (torchtitan): `_op_recompute` (its policy saves the
-    SDPA outputs: fused attention does not run again).
+    full: the whole layer forward runs again. selective (Megatron-Core's modules): `_module_ops`.
+    selective op (torchtitan): `_op_recompute` (its policy saves the SDPA outputs: fused attention does
+    not run again).
     """
     fwd = layer_forward(model, plan, moe, windowed)
     kind = recompute or plan.recompute
@@ -1088,8 +1148,9 @@ def layer_backward(
         again = [
             replace(o, name=f"recompute.{o.name}", overlaps=o.overlaps and f"recompute.{o.overlaps}")
             for o in fwd
-            if o.name.startswith(CORE_ATTENTION_RUN)
+            if o.name.startswith(_module_ops(plan.recompute_modules, moe))
         ]
+        again += _restored_outputs(model, plan, moe)
     params = model.layer_params_per_rank(plan.tensor_parallel, moe)
     if moe:
         params += model.expert_params_per_rank(plan.expert_parallel, plan.etp)
@@ -1142,6 +1203,48 @@ def grad_accumulation_ops(plan: PlanConfig, params: float, tensors: int) -> list
         return []
     count = per_tensor * max(tensors, 1)
     return [Op("grad_accumulation", "elementwise", per_param * params, count=count, label="grad_accumulation")]
+
+
+def _module_ops(modules: Sequence[str], moe: bool) -> tuple[str, ...]:
+    """Name prefixes of the forward ops Megatron-Core's selective recompute runs again before a layer's
+    backward (plan.recompute_modules; transformer_layer.py and moe/experts.py at d98e8a64). core_attn: the
+    attention kernels — also fused (flash) attention, whose call Megatron-Core wraps in
+    tensor_parallel.checkpoint like the unfused one (transformer/attention.py `_checkpointed_attention_forward`,
+    taken whenever recompute_granularity is selective), so its forward runs twice, and under context
+    parallelism its K/V ring with it (Transformer Engine's ring runs inside the attention call). layernorm: an
+    MoE layer's pre-MLP norm (the input norm, and a dense layer's pre-MLP norm, are fused into Transformer
+    Engine's LayerNormLinear: IdentityOp, not recomputed). moe_act: the routed experts' activation. mlp: a dense
+    layer's MLP whole with the norm its first linear fuses, its tensor-parallel collectives and casts included."""
+    prefixes: list[str] = []
+    for module in modules:
+        if module == "core_attn":
+            prefixes += CORE_ATTENTION_RUN
+        elif module == "layernorm" and moe:
+            prefixes.append("post_attn_norm")
+        elif module == "moe_act" and moe:
+            prefixes.append("expert_act")
+        elif module == "mlp" and not moe:  # Transformer Engine's fc1 holds the pre-MLP norm
+            prefixes += ("post_attn_norm", "mlp_")
+    return tuple(prefixes)
+
+
+def _restored_outputs(model: ModelConfig, plan: PlanConfig, moe: bool) -> list[Op]:
+    """The copies Megatron-Core's output-discarding checkpoint makes of what layernorm and moe_act recompute:
+    CheckpointWithoutOutput._recompute copies the recomputed output into the storage the forward discarded
+    (tensor_parallel/random.py at b0cc2706, `output.untyped_storage().copy_(...)`): its bytes read and written
+    once more — the pre-MLP norm's output (sequence-parallel tokens × h) and the routed experts' activation
+    output (routed rows × expert width / etp). Dense layers recompute neither."""
+    if not moe:
+        return []
+    sh = Shapes.of(model, plan)
+    out = []
+    if "layernorm" in plan.recompute_modules:
+        out.append(Op("recompute.post_attn_norm.restore", "elementwise", 2 * sh.sp_tokens * model.hidden_size * sh.e))
+    if "moe_act" in plan.recompute_modules:
+        rows = sh.sp_tokens * model.moe_top_k * model.moe_load() * plan.etp
+        width = model.expert_ffn / plan.etp
+        out.append(Op("recompute.expert_act.restore", "elementwise", 2 * rows * width * sh.e, label="experts"))
+    return out
 
 
 def _op_recompute(model: ModelConfig, fwd: list[Op]) -> list[Op]:
