@@ -241,6 +241,12 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("gpt_oss_megatron")),
     M(MEM, "clamped = 2 * e if m.glu_clamp is not None and m.gated_mlp else 0", "clamped = 0",
       "the clamped activation input kept for free", _t("gpt_oss_megatron")),
+    M(OPS, "return (0 if e == 4 else e + 4) + 16", "return (0 if e == 4 else e + 4) + 12",
+      "a metric's log_softmax reads its fp32 logits twice, not three times", _t("training_metrics")),
+    M(OPS, "elif op.backward_amount != 0:", "else:", "a metric run without gradient given a backward",
+      _t("training_metrics")),
+    M(OPS, 'Op(f"{CORE_ATTENTION}.unpad", "elementwise", 2 * qkv,', 'Op(f"{CORE_ATTENTION}.unpad", "elementwise", qkv,',
+      "llm-foundry's unpadding gather reads q, k, v but writes nothing", _t("training_metrics")),
     # -- Megatron-Core's recompute_modules (tests/test_recompute_modules.py)
     M(OPS, 'prefixes += ("post_attn_norm", "mlp_")', 'prefixes.append("mlp_")',
       "a recomputed dense MLP leaves out the norm its fc1 fuses", _t("recompute_modules")),

@@ -222,6 +222,21 @@ class PlanConfig(BaseModel):
         "output layer, logits and loss run on the padded rows. 1: the tokenizer's size as it is (torchtitan, "
         "Hugging Face models). Model FLOPs and MFU count the unpadded vocabulary.",
     )
+    attention_unpad: bool = Field(
+        False,
+        description="llm-foundry's attn_impl flash (layers/attention.py flash_attn_fn at 5e85bd62): q, k and v "
+        "gathered to their unpadded rows before flash_attn_varlen_func and the output scattered back into a zeroed "
+        "padded tensor (flash_attn.bert_padding unpad_input, pad_input), whatever the padding. Its host syncs "
+        "(nonzero, .item()) are not priced.",
+    )
+    metric_cross_entropies: NonNegativeInt = Field(
+        0,
+        le=8,
+        description="Cross-entropies a training loop computes again over each micro-batch's logits for its "
+        "training metrics, eagerly in fp32 without gradient: Composer's LanguageCrossEntropy and "
+        "LanguagePerplexity, 2 (trainer.py _eval_train_metrics after every micro-batch's backward; metrics/nlp.py "
+        "CrossEntropyLoss). 0: none (Megatron, torchtitan).",
+    )
     pointwise_kernels: Literal["fused", "eager", "eager_fused_norm"] = Field(
         "fused",
         description="How a llama layer's RMSNorms, rotary embeddings and SwiGLU activation run (bytes and "

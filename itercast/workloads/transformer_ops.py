@@ -96,7 +96,7 @@ class Op:
     group: str = "tp"  # a collective's process group: tp | ep (expert parallel) | etp (expert tensor parallel)
     label: str = ""  # the family it is reported under, when not `family` (routed experts: "experts")
     kn: tuple[float, ...] = ()  # a Transformer Engine GEMM's inner and output widths (its FP8 casts)
-    backward_amount: float = -1.0  # a memory-bound op whose backward moves other than twice its bytes
+    backward_amount: float = -1.0  # a memory-bound op whose backward moves other than twice its bytes (0: none)
     backward_count: int = 0  # a memory-bound op whose backward launches other than `count` kernels
     attention: AttentionShape | None = None  # a fused attention kernel's shape (its efficiency)
     sm_margin: int = 0  # a TP collective under tp_comm_overlap: SMs it takes from the GEMM it overlaps
@@ -167,7 +167,7 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: 
         shape = AttentionShape(heads, d, model.causal, kernel=plan.attention_kernel)
         if plan.context_parallel > 1:
             return _cp_attention(model, plan, sh, (qk + av) * kept, shape)
-        return [Op(CORE_ATTENTION, "attention", (qk + av) * kept, attention=shape)]
+        return _unpadded(model, plan, sh, Op(CORE_ATTENTION, "attention", (qk + av) * kept, attention=shape))
     ops = [
         Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
         Op(f"{CORE_ATTENTION}.softmax", "norm", 2 * scores * e),
@@ -175,6 +175,25 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: 
     if model.has_dropout:  # attention dropout: read, write, 1-byte mask
         ops.append(Op(f"{CORE_ATTENTION}.dropout", "elementwise", scores * (2 * e + 1)))
     return [*ops, Op(f"{CORE_ATTENTION}.values", "gemm", av)]
+
+
+def _unpadded(model: ModelConfig, plan: PlanConfig, sh: Shapes, attention: Op) -> list[Op]:
+    """The fused attention kernel, between llm-foundry's unpadding and padding copies where the plan runs them
+    (plan.attention_unpad; flash_attn/bert_padding.py at 2.4.2): unpad_input gathers q, k and v by their
+    rows' indices (index_first_axis: read and write each, 2e per element; backward a zeroed tensor and a
+    scatter, 3e), after a sum, a nonzero, a max with .item() and a cumsum of the mask (6 kernels a tensor,
+    backward 2); pad_input scatters the output into zeros (zeros, index_put: 3e, 2 kernels; backward a gather,
+    2e, 1)."""
+    if not plan.attention_unpad:
+        return [attention]
+    a, g, d, dv = model.num_attention_heads, model.kv_heads, model.qk_head_dim, model.value_head_dim
+    qkv = sh.tokens * (a * d + g * d + g * dv) / sh.t * sh.e
+    out = sh.tokens * a * dv / sh.t * sh.e
+    return [
+        Op(f"{CORE_ATTENTION}.unpad", "elementwise", 2 * qkv, count=18, backward_amount=3 * qkv, backward_count=6),
+        attention,
+        Op(f"{CORE_ATTENTION}.pad", "elementwise", 3 * out, count=2, backward_amount=2 * out, backward_count=1),
+    ]
 
 
 def _cp_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, flops: float, shape: AttentionShape) -> list[Op]:
@@ -1119,7 +1138,7 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
                 )
         elif op.family == "cp_comm":
             out += _cp_backward(op, plan)
-        else:
+        elif op.backward_amount != 0:  # 0: an op run without gradient (a training metric) has no backward
             amount = op.backward_amount if op.backward_amount >= 0 else 2 * op.amount
             out.append(replace(op, name=f"{op.name}.bwd", amount=amount, count=op.backward_count or op.count))
     return out
@@ -1323,6 +1342,17 @@ def cross_entropy_bytes(plan: PlanConfig) -> tuple[int, int]:
     return cast + 16, 20 + cast
 
 
+def metric_cross_entropy_bytes(plan: PlanConfig) -> int:
+    """HBM bytes per local logit of one training metric's cross-entropy (plan.metric_cross_entropies): Composer's
+    LanguageCrossEntropy.update (composer/metrics/nlp.py at v0.17.2, torch.nn.CrossEntropyLoss(reduction='sum')
+    under the bf16 autocast of trainer.py _eval_train_metrics, which runs cross_entropy in fp32): the up-cast
+    (read e, write 4; none on fp32 logits) and log_softmax on a row too long for shared memory (max, sum and
+    write passes: 3 reads + 1 write of 4 bytes); nll_loss reads one logit a row. 4 kernels with the metric's
+    sum and state update. No backward (torch.no_grad)."""
+    e = plan.dtype_bytes
+    return (0 if e == 4 else e + 4) + 16
+
+
 def unaligned_logits_note(model: ModelConfig, plan: PlanConfig) -> str | None:
     """What the price of the logits GEMMs leaves out when one rank's vocabulary rows are not a multiple of 16
     bytes (cuBLAS's tensor-core kernels need 16-byte-aligned leading dimensions; without make_vocab_size_
@@ -1352,6 +1382,10 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
         Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e),
         Op("cross_entropy", "elementwise", sh.tokens * v_loc * fwd_b, backward_amount=sh.tokens * v_loc * bwd_b),
     ]
+    if plan.metric_cross_entropies:  # priced beside the loss; Composer runs them after the micro-batch's backward
+        n = plan.metric_cross_entropies
+        nbytes = n * sh.tokens * v_loc * metric_cross_entropy_bytes(plan)
+        ops.append(Op("metric_cross_entropy", "elementwise", nbytes, count=4 * n, backward_amount=0.0))
     if plan.tensor_parallel > 1:  # each token's statistics across the vocab shards (LOSS_COLLECTIVES)
         for i, (kind, floats) in enumerate(LOSS_COLLECTIVES[plan.cross_entropy]):
             nbytes = floats * sh.tokens * 4 * (plan.tensor_parallel if kind == "all_gather" else 1)
