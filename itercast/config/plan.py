@@ -222,6 +222,16 @@ class PlanConfig(BaseModel):
         "output layer, logits and loss run on the padded rows. 1: the tokenizer's size as it is (torchtitan, "
         "Hugging Face models). Model FLOPs and MFU count the unpadded vocabulary.",
     )
+    tp_layout: Literal["megatron", "dtensor"] = Field(
+        "megatron",
+        description="How tensor parallelism runs its collectives: megatron, [s, b, h] activations gathered and "
+        "scattered on dim 0, a column-parallel GEMM's input re-gathered in its backward beside the input-gradient "
+        "GEMM and the input gradient's reduce-scatter beside the weight-gradient GEMM (Megatron-Core "
+        "LinearWithGradAccumulationAndAsyncCommunication); dtensor, torchtitan's DTensor TP: [b, s, h] sharded on "
+        "the sequence, dim 1, each collective copying its tensor once more (a micro-batch of one sequence excepted), "
+        "its backward collectives run where their results are used, not beside a GEMM, and the input re-gathered "
+        "only where selective recompute runs its all-gather again. Async TP (tp_comm_overlap) priced as megatron's.",
+    )
     attention_unpad: bool = Field(
         False,
         description="llm-foundry's attn_impl flash (layers/attention.py flash_attn_fn at 5e85bd62): q, k and v "

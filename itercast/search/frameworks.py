@@ -199,6 +199,8 @@ FRAMEWORKS: dict[str, Framework] = {
             "make_vocab_size_divisible_by": 1,
             "grad_bucket_size_params": TORCH_DDP_BUCKET_PARAMS,
             "selective_recompute": "op",
+            # DTensor tensor parallelism: activations sharded on the sequence, dim 1 (parallelize.py SequenceParallel)
+            "tp_layout": "dtensor",
             # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...), compiled with the model by the
             # [compile] section search writes (launch_settings._titan_compile)
             "cross_entropy": "torch_compiled",

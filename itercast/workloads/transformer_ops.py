@@ -133,20 +133,50 @@ class Shapes:
 
 def _f(name: str, nbytes: float, plan: PlanConfig) -> list[Op]:
     """Megatron's f before a column-parallel GEMM: forward, an all-gather with sequence parallelism
-    (its backward runs with the GEMM's backward, `backward_of`), else nothing."""
+    (its backward runs with the GEMM's backward, `backward_of`), else nothing; under DTensor's layout
+    (`_dim1_copies`) the gathered tensor copied once more, and its backward's reduce-scatter input."""
     if plan.tensor_parallel == 1 or not plan.sequence_parallel:
         return []
-    return [Op(f"{name}.all_gather", "tp_comm", nbytes, "all_gather")]
+    moved = _float8_gathered(nbytes, plan)
+    gather = Op(f"{name}.all_gather", "tp_comm", moved, "all_gather")
+    if not _dim1_copies(plan):
+        return [gather]
+    # the forward's cat copies what the all-gather moved; its backward, the 16-bit gradient's chunks
+    return [gather, Op(f"{name}.cat", "elementwise", 2 * moved, backward_amount=2 * nbytes)]
+
+
+def _float8_gathered(nbytes: float, plan: PlanConfig) -> float:
+    """Bytes a sequence-parallel all-gather before a column-parallel GEMM moves: under DTensor's layout with
+    float8 tensorwise, torchao's Float8ColwiseParallel and PrepareFloat8ModuleInput cast the local shard to
+    float8 first and gather that (torchao/float8/float8_tensor_parallel.py: 'all-gather in float8'), 1 byte an
+    element of the `nbytes` 16-bit tensor; else `nbytes`. The input gradients' collectives stay 16-bit."""
+    if plan.tp_layout == "dtensor" and plan.dtype == "fp8" and plan.fp8_recipe == "tensorwise":
+        return nbytes / plan.dtype_bytes
+    return nbytes
 
 
 def _g(name: str, nbytes: float, plan: PlanConfig) -> list[Op]:
     """Megatron's g after a row-parallel GEMM: all-reduce forward (identity backward), or with
-    sequence parallelism reduce-scatter forward, all-gather backward."""
+    sequence parallelism reduce-scatter forward, all-gather backward; under DTensor's layout
+    (`_dim1_copies`) the reduce-scatter's input copied once more first, and its backward's gathered output."""
     if plan.tensor_parallel == 1:
         return []
     if plan.sequence_parallel:
-        return [Op(f"{name}.reduce_scatter", "tp_comm", nbytes, "reduce_scatter", backward_comm="all_gather")]
+        scatter = Op(f"{name}.reduce_scatter", "tp_comm", nbytes, "reduce_scatter", backward_comm="all_gather")
+        if not _dim1_copies(plan):
+            return [scatter]
+        return [Op(f"{name}.chunk_cat", "elementwise", 2 * nbytes, backward_amount=2 * nbytes), scatter]
     return [Op(f"{name}.all_reduce", "tp_comm", nbytes, "all_reduce")]
+
+
+def _dim1_copies(plan: PlanConfig) -> bool:
+    """plan.tp_layout dtensor with vanilla TP: torchtitan shards the [b, s, h] activations on the sequence, dim 1
+    (parallelize_llama.py SequenceParallel Shard(1)), and PyTorch's functional collectives gather and scatter
+    along dim 0, so one off it costs a chunk and a cat of the whole tensor (_functional_collectives.py
+    all_gather_tensor / reduce_scatter_tensor; torchtitan#437: 'an extra aten.cat after each collective'), read
+    and written once: 2 × its bytes. A micro-batch of one sequence is a view instead. Async TP (tp_comm_overlap)
+    fuses them with its GEMMs: not priced apart."""
+    return plan.tp_layout == "dtensor" and not plan.tp_comm_overlap and plan.micro_batch_size > 1
 
 
 def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: bool = False) -> list[Op]:
@@ -1109,15 +1139,24 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
             dgrad, wgrad = f"{op.name}.dgrad", f"{op.name}.wgrad"
             out += [replace(op, name=dgrad, f_bytes=0.0), replace(op, name=wgrad, f_bytes=0.0)]
             if op.f_bytes and plan.tensor_parallel > 1:
-                # Transformer Engine's bulk overlaps under tp_comm_overlap take SMs from dgrad and wgrad
-                if plan.sequence_parallel:
+                # Transformer Engine's bulk overlaps under tp_comm_overlap take SMs from dgrad and wgrad;
+                # DTensor's (vanilla TP) run where their results are first used, beside nothing
+                dtensor = plan.tp_layout == "dtensor" and not plan.tp_comm_overlap
+                if plan.sequence_parallel and (not dtensor or plan.recompute == "selective"):
                     margin = _sm_margin(plan, op.name, "dgrad")
+                    beside = "" if dtensor else dgrad
+                    moved = _float8_gathered(op.f_bytes, plan)
                     out.append(
-                        Op(f"{op.name}.regather", "tp_comm", op.f_bytes, "all_gather", overlaps=dgrad, sm_margin=margin)
+                        Op(f"{op.name}.regather", "tp_comm", moved, "all_gather", overlaps=beside, sm_margin=margin)
                     )
+                    if _dim1_copies(plan):
+                        out.append(Op(f"{op.name}.regather_cat", "elementwise", 2 * moved))
                 kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
                 margin = _sm_margin(plan, op.name, "wgrad")
-                out.append(Op(f"{op.name}.dgrad_{kind}", "tp_comm", op.f_bytes, kind, overlaps=wgrad, sm_margin=margin))
+                beside = "" if dtensor else wgrad
+                out.append(
+                    Op(f"{op.name}.dgrad_{kind}", "tp_comm", op.f_bytes, kind, overlaps=beside, sm_margin=margin)
+                )
         elif op.family == "attention":
             shape = op.attention and replace(op.attention, backward=True)
             out.append(replace(Op(f"{op.name}.bwd", "attention", 2.5 * op.amount), attention=shape))
