@@ -69,3 +69,14 @@ def test_float8_tensorwise_gathers_one_byte_elements_and_reduces_gradients_in_16
     back = {o.name: o.amount for o in backward_of(fwd, j.plan)}
     assert back["qkv.regather"] == 4096 and back["qkv.regather_cat"] == 8192
     assert back["qkv.dgrad_reduce_scatter"] == 8192
+
+
+def test_async_tp_leaves_the_summed_input_gradients_reduce_scatter_unfused_and_copied():
+    # PyTorch's micro-pipeline TP fuses a reduce-scatter only into the matmul that feeds it; the input gradient of
+    # wq, wk, wv is their sum: its reduce-scatter runs beside nothing after a chunk and cat of 8,192 B read and
+    # written (16,384 B); the re-gather before the weight-gradient matmul stays fused with it
+    j = job(tp_comm_overlap=True, recompute="selective", selective_recompute="op")
+    back = {o.name: o for o in backward_of(layer_forward(j.model, j.plan), j.plan)}
+    assert back["qkv.dgrad_reduce_scatter"].overlaps == "" and back["qkv.dgrad_chunk_cat"].amount == 16384
+    assert back["qkv.regather"].overlaps == "qkv.dgrad"
+    assert not [n for n in back if n.endswith(("regather_cat", ".cat.bwd"))]

@@ -230,7 +230,9 @@ class PlanConfig(BaseModel):
         "LinearWithGradAccumulationAndAsyncCommunication); dtensor, torchtitan's DTensor TP: [b, s, h] sharded on "
         "the sequence, dim 1, each collective copying its tensor once more (a micro-batch of one sequence excepted), "
         "its backward collectives run where their results are used, not beside a GEMM, and the input re-gathered "
-        "only where selective recompute runs its all-gather again. Async TP (tp_comm_overlap) priced as megatron's.",
+        "only where selective recompute runs its all-gather again; under async TP (tp_comm_overlap) the collectives "
+        "fused with their GEMMs as megatron's, but the input gradients' reduce-scatters, which follow a sum of the "
+        "separate projections' gradients, unfused and copied.",
     )
     attention_unpad: bool = Field(
         False,

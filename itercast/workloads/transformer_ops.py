@@ -175,7 +175,8 @@ def _dim1_copies(plan: PlanConfig) -> bool:
     along dim 0, so one off it costs a chunk and a cat of the whole tensor (_functional_collectives.py
     all_gather_tensor / reduce_scatter_tensor; torchtitan#437: 'an extra aten.cat after each collective'), read
     and written once: 2 × its bytes. A micro-batch of one sequence is a view instead. Async TP (tp_comm_overlap)
-    fuses them with its GEMMs: not priced apart."""
+    fuses them with its GEMMs (torch/_inductor/fx_passes/micro_pipeline_tp.py): not priced apart, but for the
+    input gradients' reduce-scatters, which follow a sum, not a matmul (`backward_of`)."""
     return plan.tp_layout == "dtensor" and not plan.tp_comm_overlap and plan.micro_batch_size > 1
 
 
@@ -1153,7 +1154,12 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
                         out.append(Op(f"{op.name}.regather_cat", "elementwise", 2 * moved))
                 kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
                 margin = _sm_margin(plan, op.name, "wgrad")
-                beside = "" if dtensor else wgrad
+                # async TP's micro-pipeline fuses a reduce-scatter only into the matmul that feeds it: DTensor's
+                # input gradient is a sum of its separate projections' (wq, wk, wv; w1, w3), so it runs unfused
+                summed = plan.tp_layout == "dtensor"
+                beside = "" if summed else wgrad
+                if summed and plan.tp_comm_overlap and plan.sequence_parallel and plan.micro_batch_size > 1:
+                    out.append(Op(f"{op.name}.dgrad_chunk_cat", "elementwise", 2 * op.f_bytes))
                 out.append(
                     Op(f"{op.name}.dgrad_{kind}", "tp_comm", op.f_bytes, kind, overlaps=beside, sm_margin=margin)
                 )
