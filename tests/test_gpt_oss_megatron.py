@@ -5,6 +5,9 @@ expert biases): its eager clamp before the fused activation (fused_bias_geglu.py
 
 from __future__ import annotations
 
+from typer.testing import CliRunner
+
+from itercast.cli.app import app
 from itercast.config.job import Job
 from itercast.memory import activation_bytes_per_token_layer
 from itercast.workloads.transformer_ops import layer_forward
@@ -55,3 +58,19 @@ def test_the_clamp_keeps_the_clamped_cat_beside_the_fc1_output_unless_moe_act_re
     assert plain == 1688 + 256
     modules = {"recompute": "selective", "recompute_modules": ["moe_act"]}
     assert activation_bytes_per_token_layer(job({"glu_clamp": 7.0}, **modules), moe=True) == plain - 384
+
+
+def test_predict_says_what_gpt_osss_price_leaves_out():
+    args = ["predict", "--model", "gpt-oss-20b", "--system", "dgx-h100", "--set", "system.num_nodes=2"]
+    args += [
+        "--set",
+        "plan.expert_parallel=8",
+        "--set",
+        "plan.global_batch_size=64",
+        "--set",
+        "plan.moe_grouped_gemm=true",
+    ]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0 and "the attention sinks (priced as plain fused attention)" in res.output
+    plain = CliRunner().invoke(app, [*args, "--set", "model.glu_clamp=null"])
+    assert plain.exit_code == 0 and "model.glu_clamp (GPT-OSS)" not in plain.output

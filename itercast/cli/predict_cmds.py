@@ -43,7 +43,12 @@ from itercast.workload import (
     same_kind,
 )
 from itercast.workloads.dlrm import beyond_profile, unmeasured_embedding_ops
-from itercast.workloads.transformer_ops import flex_dispatch_note, grad_accumulation_note, unaligned_logits_note
+from itercast.workloads.transformer_ops import (
+    flex_dispatch_note,
+    gpt_oss_note,
+    grad_accumulation_note,
+    unaligned_logits_note,
+)
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
 
@@ -139,7 +144,8 @@ def predict_cmd(
     else:
         assert isinstance(result, Prediction)
         p = w.job.plan
-        notes = (unaligned_logits_note(w.job.model, p), grad_accumulation_note(p), flex_dispatch_note(p))
+        m = w.job.model
+        notes = (unaligned_logits_note(m, p), grad_accumulation_note(p), flex_dispatch_note(p), gpt_oss_note(m))
         for note in (*filter(None, notes), *result.extrapolated):
             warn(note)
     if as_json:

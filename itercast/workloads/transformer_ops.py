@@ -1469,6 +1469,19 @@ def flex_dispatch_note(plan: PlanConfig) -> str | None:
     )
 
 
+def gpt_oss_note(model: ModelConfig) -> str | None:
+    """What the price of GPT-OSS's Megatron-Core layers leaves out (a session-26 audit of Megatron-Core b0cc2706),
+    said where a model with its clamped activation (model.glu_clamp) is priced; None otherwise."""
+    if model.glu_clamp is None:
+        return None
+    return (
+        "model.glu_clamp (GPT-OSS): not priced are Megatron-Core's host sync in every clamped activation call "
+        "(fused_bias_geglu.py torch.tensor(linear_offset, device=...), forward and recompute), its routing "
+        "probabilities' own all-to-all, an attention output bias added outside a fused bias-dropout-add, and the "
+        "attention sinks (priced as plain fused attention)"
+    )
+
+
 def grad_accumulation_note(plan: PlanConfig) -> str | None:
     """What a DeepSpeed pipeline (plan.pipeline_p2p deepspeed, pp > 1) left at grad_accumulation fused leaves out:
     fused is Megatron's accumulation inside the weight-gradient GEMM, which DeepSpeed's engines do not run (their
