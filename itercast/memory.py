@@ -243,35 +243,25 @@ def _activation_bytes(
         per_copy = expert_in * t.cols["etp"] * h + (e * up + expert_in + clamped) * m.expert_ffn + 4
         experts = copies * per_copy + 4 * m.experts / rep
     attention_again = replicated / rep + latents + sharded / tp + experts
-    modules = _modules_kept(m, t, attention_again, attention_again + scores / tp, moe, rep)
-    modules -= (copies * (expert_in + clamped) * m.expert_ffn) if moe and "moe_act" in t.base.recompute_modules else 0.0
+    # what Megatron-Core's selective recompute of each of plan.recompute_modules stops keeping (transformer_layer.py,
+    # moe/experts.py at d98e8a64): core_attn the unfused attention's scores; layernorm, in an MoE layer, the
+    # pre-MLP norm's output, discarded once its consumers ran (CheckpointWithoutOutput: the router's 16-bit input,
+    # and under fp8 the shared experts' copy, set_for_recompute_pre_mlp_layernorm having them keep that output; the
+    # other norms are fused into Transformer Engine's linears, IdentityOp); moe_act each routed copy's activation
+    # output and clamped cat; mlp, in a dense layer checkpointed whole (tensor_parallel.checkpoint), the fc1 input,
+    # fc1 output(s) and activation output (its input, the pre-MLP norm's, stays)
+    dropped = {
+        "core_attn": scores / tp,
+        "layernorm": mlp_in / rep if moe else 0.0,
+        "moe_act": copies * (expert_in + clamped) * m.expert_ffn if moe else 0.0,
+        "mlp": 0.0 if moe else mlp_in / rep + (e * up + gemm_in) * f / tp,
+    }
+    modules = attention_again + scores / tp - sum(dropped[k] for k in t.base.recompute_modules)
     # torchtitan's per-op policy saves all_to_all_single's outputs (distributed/activation_checkpoint.py
     # _get_default_save_ops: comm ops) but not _grouped_mm's: a routed copy keeps the tokens its dispatch
     # and its combine exchanges delivered (with expert parallelism), the experts run again
     op_experts = m.moe_top_k * m.moe_load() / rep * np.where(t.cols["ep"] > 1, 2 * e * h, 0) if moe else 0.0
     return _recompute_kept(m, t, rc, attention_again + scores / tp, modules, op_experts, f, rep)
-
-
-def _modules_kept(m: ModelConfig, t: PlanTable, attention_again: Any, kept: Any, moe: bool, rep: np.ndarray) -> Any:
-    """Bytes per token a layer keeps under Megatron-Core's selective recompute of plan.recompute_modules
-    (transformer_layer.py and moe/experts.py at d98e8a64), beside the routed experts' moe_act (its caller):
-    core_attn keeps what the attention kernels' inputs are (`attention_again`, the scores of unfused
-    attention not kept); layernorm, in an MoE layer, discards the pre-MLP norm's output after its consumers
-    ran (CheckpointWithoutOutput.discard_output_and_register_recompute; the router's 16-bit input, and
-    under fp8 the shared experts' copy too, set_for_recompute_pre_mlp_layernorm having them keep that output;
-    the other norms are fused into Transformer Engine's linears, IdentityOp, and not recomputed); mlp, in a
-    dense layer, checkpoints the MLP whole (tensor_parallel.checkpoint): its input, the pre-MLP norm's
-    input, stays and its fc1 input, fc1 output(s) and activation output go."""
-    p, e, h = t.base, t.base.dtype_bytes, m.hidden_size
-    fp8 = 1 if p.dtype == "fp8" and p.fp8_weight_cast == "per_step" else 0
-    gemm_in = 1 if fp8 else e
-    out = attention_again if "core_attn" in p.recompute_modules else kept
-    if moe and "layernorm" in p.recompute_modules:
-        out = out - (e + (fp8 if m.moe_shared_ffn_hidden_size else 0)) * h / rep
-    if not moe and "mlp" in p.recompute_modules:
-        up = 2 if m.gated_mlp else 1
-        out = out - gemm_in * h / rep - (e * up + gemm_in) * m.ffn / t.cols["tp"]
-    return out
 
 
 def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[int, int]:

@@ -821,7 +821,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
     ep, etp, fe = plan.expert_parallel, plan.etp, model.expert_ffn
     n = sh.sp_tokens
-    routed = n * k * model.moe_load()  # rows this rank sends and the busiest rank receives
+    routed = _routed_rows(model, sh)
     local = E // ep
     rows = routed * etp  # rows through each local expert shard, all experts together
     up = 2 if model.gated_mlp else 1
@@ -924,6 +924,12 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         Op("moe_unpermute", "elementwise", (2 * routed + n) * h * e),  # read the copies and their weights, write n rows
     ]
     return ops
+
+
+def _routed_rows(model: ModelConfig, sh: Shapes) -> float:
+    """Routed token copies this rank sends and the busiest rank receives: top_k of each sequence-parallel token,
+    times the router's load (ModelConfig.moe_load)."""
+    return sh.sp_tokens * model.moe_top_k * model.moe_load()
 
 
 def _megatron_expert_extras(model: ModelConfig, plan: PlanConfig, rows: float, local: int) -> tuple[list[Op], list[Op]]:
@@ -1142,10 +1148,11 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
             if op.f_bytes and plan.tensor_parallel > 1:
                 # Transformer Engine's bulk overlaps under tp_comm_overlap take SMs from dgrad and wgrad;
                 # DTensor's (vanilla TP) run where their results are first used, beside nothing
-                dtensor = plan.tp_layout == "dtensor" and not plan.tp_comm_overlap
-                if plan.sequence_parallel and (not dtensor or plan.recompute == "selective"):
+                dtensor = plan.tp_layout == "dtensor"
+                vanilla = dtensor and not plan.tp_comm_overlap
+                if plan.sequence_parallel and (not vanilla or plan.recompute == "selective"):
                     margin = _sm_margin(plan, op.name, "dgrad")
-                    beside = "" if dtensor else dgrad
+                    beside = "" if vanilla else dgrad
                     moved = _float8_gathered(op.f_bytes, plan)
                     out.append(
                         Op(f"{op.name}.regather", "tp_comm", moved, "all_gather", overlaps=beside, sm_margin=margin)
@@ -1156,9 +1163,8 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
                 margin = _sm_margin(plan, op.name, "wgrad")
                 # async TP's micro-pipeline fuses a reduce-scatter only into the matmul that feeds it: DTensor's
                 # input gradient is a sum of its separate projections' (wq, wk, wv; w1, w3), so it runs unfused
-                summed = plan.tp_layout == "dtensor"
-                beside = "" if summed else wgrad
-                if summed and plan.tp_comm_overlap and plan.sequence_parallel and plan.micro_batch_size > 1:
+                beside = "" if dtensor else wgrad
+                if dtensor and plan.tp_comm_overlap and plan.sequence_parallel and plan.micro_batch_size > 1:
                     out.append(Op(f"{op.name}.dgrad_chunk_cat", "elementwise", 2 * op.f_bytes))
                 out.append(
                     Op(f"{op.name}.dgrad_{kind}", "tp_comm", op.f_bytes, kind, overlaps=beside, sm_margin=margin)
@@ -1305,7 +1311,7 @@ def _restored_outputs(model: ModelConfig, plan: PlanConfig, moe: bool) -> list[O
     if "layernorm" in plan.recompute_modules:
         out.append(Op("recompute.post_attn_norm.restore", "elementwise", 2 * sh.sp_tokens * model.hidden_size * sh.e))
     if "moe_act" in plan.recompute_modules:
-        rows = sh.sp_tokens * model.moe_top_k * model.moe_load() * plan.etp
+        rows = _routed_rows(model, sh) * plan.etp
         width = model.expert_ffn / plan.etp
         out.append(Op("recompute.expert_act.restore", "elementwise", 2 * rows * width * sh.e, label="experts"))
     return out
