@@ -5,12 +5,14 @@ expert biases): its eager clamp before the fused activation (fused_bias_geglu.py
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from itercast.cli.app import app
 from itercast.config.job import Job
+from itercast.errors import ConfigError
 from itercast.memory import activation_bytes_per_token_layer
-from itercast.workloads.transformer_ops import layer_forward
+from itercast.workloads.transformer_ops import gpt_oss_note, layer_forward
 
 # llama: h 64, 4 heads of 16 in 4 groups, 32 tokens; 4 experts of SwiGLU width 32, top-2, grouped GEMM, bf16
 MODEL = {"family": "llama", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 128}
@@ -74,3 +76,15 @@ def test_predict_says_what_gpt_osss_price_leaves_out():
     assert res.exit_code == 0 and "the attention sinks (priced as plain fused attention)" in res.output
     plain = CliRunner().invoke(app, [*args, "--set", "model.glu_clamp=null"])
     assert plain.exit_code == 0 and "model.glu_clamp (GPT-OSS)" not in plain.output
+
+
+def test_what_the_gpt_oss_features_cannot_be_priced_on_is_refused_or_said():
+    # the clamp is priced on gated routed experts only: a dense model is refused
+    dense = {k: v for k, v in MODEL.items() if not k.startswith(("num_experts", "moe_"))}
+    with pytest.raises(ConfigError, match=r"model\.glu_clamp is priced on gated routed experts"):
+        Job.from_dicts(dense | {"glu_clamp": 7.0}, {}, {"preset": "dgx-h100", "num_nodes": 1})
+    # under torchtitan's dispatcher the clamp and the experts' biases are not priced: predict says so
+    j = job(GPT_OSS, expert_parallel=1)
+    titan = j.plan.model_copy(update={"moe_token_dispatcher": "torchtitan"})
+    assert "not priced at all" in (gpt_oss_note(j.model, titan) or "")
+    assert "not priced at all" not in (gpt_oss_note(j.model, j.plan) or "")

@@ -5,7 +5,10 @@ v0.17.2), and its flash path's unpadding copies (plan.attention_unpad). Expected
 
 from __future__ import annotations
 
+import pytest
+
 from itercast.config.job import Job
+from itercast.errors import ConfigError
 from itercast.workloads.transformer_ops import backward_of, head_forward, layer_forward
 
 
@@ -41,3 +44,15 @@ def test_llm_foundrys_flash_path_gathers_q_k_v_and_scatters_the_output():
         == names.index("core_attention")
         == names.index("core_attention.pad") - 1
     )
+
+
+def test_unpadding_is_refused_where_the_layer_has_no_single_fused_kernel_to_wrap():
+    model = {"family": "gpt", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
+    system = {"preset": "dgx-h100", "num_nodes": 1, "node": {"gpus_per_node": 2}}
+    for plan, got in (
+        ({"flash_attention": False}, "flash_attention=False"),
+        ({"context_parallel": 2}, "context_parallel=2"),
+    ):
+        with pytest.raises(ConfigError, match=r"plan\.attention_unpad is llm-foundry's flash path") as err:
+            Job.from_dicts(model, {"tensor_parallel": 1, "attention_unpad": True} | plan, system)
+        assert got in str(err.value)

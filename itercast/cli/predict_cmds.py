@@ -145,7 +145,7 @@ def predict_cmd(
         assert isinstance(result, Prediction)
         p = w.job.plan
         m = w.job.model
-        notes = (unaligned_logits_note(m, p), grad_accumulation_note(p), flex_dispatch_note(p), gpt_oss_note(m))
+        notes = (unaligned_logits_note(m, p), grad_accumulation_note(p), flex_dispatch_note(p), gpt_oss_note(m, p))
         for note in (*filter(None, notes), *result.extrapolated):
             warn(note)
     if as_json:

@@ -146,6 +146,11 @@ class ModelConfig(BaseModel):
                 f"model.num_query_groups({self.kv_heads})"
             )
         problems += self._moe_problems()
+        if self.glu_clamp is not None and (self.num_experts is None or not self.gated_mlp):
+            problems.append(  # transformer_ops._megatron_expert_extras prices it on the routed experts only
+                "model.glu_clamp is priced on gated routed experts (GPT-OSS's); got "
+                f"num_experts={self.num_experts}, family={self.family}"
+            )
         if not self.mla:
             fields = type(self).model_fields
             mla_fields = ("q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")

@@ -477,6 +477,15 @@ class PlanConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_attention_unpad(self) -> PlanConfig:
+        if self.attention_unpad and (not self.flash_attention or self.context_parallel > 1):
+            raise ValueError(  # transformer_ops._unpadded wraps the one fused kernel of a context-parallel-free layer
+                "plan.attention_unpad is llm-foundry's flash path (fused attention, no context parallelism); got "
+                f"flash_attention={self.flash_attention}, context_parallel={self.context_parallel}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_recompute(self) -> PlanConfig:
         if self.recompute_every > 1 and (self.recompute_method != "uniform" or self.recompute_num_layers > 1):
             raise ValueError(

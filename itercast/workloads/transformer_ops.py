@@ -1475,16 +1475,22 @@ def flex_dispatch_note(plan: PlanConfig) -> str | None:
     )
 
 
-def gpt_oss_note(model: ModelConfig) -> str | None:
+def gpt_oss_note(model: ModelConfig, plan: PlanConfig) -> str | None:
     """What the price of GPT-OSS's Megatron-Core layers leaves out (a session-26 audit of Megatron-Core b0cc2706),
     said where a model with its clamped activation (model.glu_clamp) is priced; None otherwise."""
     if model.glu_clamp is None:
         return None
+    titan = (
+        "; under moe_token_dispatcher torchtitan the clamp and the experts' biases are not priced at all (only "
+        "Megatron-Core's grouped experts are)"
+        if plan.moe_token_dispatcher == "torchtitan"
+        else ""
+    )
     return (
         "model.glu_clamp (GPT-OSS): not priced are Megatron-Core's host sync in every clamped activation call "
         "(fused_bias_geglu.py torch.tensor(linear_offset, device=...), forward and recompute), its routing "
         "probabilities' own all-to-all, an attention output bias added outside a fused bias-dropout-add, and the "
-        "attention sinks (priced as plain fused attention)"
+        f"attention sinks (priced as plain fused attention){titan}"
     )
 
 
