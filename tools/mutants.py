@@ -145,7 +145,7 @@ M = Mutant
 # fmt: off
 MUTANTS: tuple[Mutant, ...] = (
     # -- the layer's ops: FLOPs and bytes per micro-batch (Megatron-LM shapes) --------------------
-    M(OPS, "2 * T * h * (a + 2 * g) * d / t, f_bytes", "2 * T * h * 3 * a * d / t, f_bytes", "QKV GEMM ignores GQA"),
+    M(OPS, "qkv = 2 * T * h * (a + 2 * g) * d / t", "qkv = 2 * T * h * 3 * a * d / t", "QKV GEMM ignores GQA"),
     M(OPS, '"rope", "elementwise", 2 * T * (a + g) * d / t * e)', '"rope", "elementwise", 2 * T * a * d / t * e)',
       "rotary embedding skips the keys"),
     M(OPS, "(qk + av) * kept, attention=shape)", "(qk + av), attention=shape)",
@@ -258,6 +258,21 @@ MUTANTS: tuple[Mutant, ...] = (
       "torchao's float8 TP all-gathers 16-bit elements", _t("dtensor_tp")),
     M(OPS, 'beside = "" if dtensor else wgrad', 'beside = "" if vanilla else wgrad',
       "async TP fuses DTensor's summed input-gradient reduce-scatter", _t("dtensor_tp")),
+    # -- separate projections (plan.projections; tests/test_separate_projections.py)
+    M(OPS, "return tuple(w / sum(widths) for w in widths)", "return tuple(1 / len(widths) for w in widths)",
+      "q, k and v projections split evenly whatever their widths", _t("separate_projections")),
+    M(OPS, 'return [Op(name, "elementwise", (k + 1) * op.f_bytes)]', 'return [Op(name, "elementwise", k * op.f_bytes)]',
+      "the compiled sum reads its k gradients but writes nothing", _t("separate_projections")),
+    M(OPS, 'return [Op(name, "elementwise", 3 * (k - 1) * op.f_bytes, count=k - 1)]',
+      'return [Op(name, "elementwise", 3 * k * op.f_bytes, count=k)]',
+      "autograd adds every projection's gradient, the first too", _t("separate_projections")),
+    M(OPS, "f_bytes=0.0, parts=()))", "f_bytes=0.0))",
+      "per-op recompute's one projection priced as split again", _t("separate_projections")),
+    M(TF, "kernels += op.count * chunks.get(op.name, 1) * max(len(op.parts), 1)",
+      "kernels += op.count * chunks.get(op.name, 1)", "separate projections launched as one kernel",
+      _t("separate_projections")),
+    M(TF, "float(costs.gemm_s(op.amount * parts / n, op.te).sum())", "float(costs.gemm_s(op.amount / n, op.te))",
+      "separate projections priced as one GEMM", _t("separate_projections")),
     # -- Megatron-Core's recompute_modules (tests/test_recompute_modules.py)
     M(OPS, 'prefixes += ("post_attn_norm", "mlp_")', 'prefixes.append("mlp_")',
       "a recomputed dense MLP leaves out the norm its fc1 fuses", _t("recompute_modules")),
@@ -517,8 +532,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(TF, "return (n - 1) * max(0.0, step_s - chunk_s - stretch_s) + tail_s,",
       "return max(0.0, step_s - chunk_s - stretch_s) + tail_s,",
       "one chunk step exposed, not n - 1"),
-    M(TF, "sec = op.count * n * float(costs.gemm_s(op.amount / n, op.te)) * share",
-      "sec = op.count * float(costs.gemm_s(op.amount, op.te)) * share", "a chunked GEMM runs whole"),
+    M(TF, "sec = op.count * n * float(costs.gemm_s(op.amount * parts / n, op.te).sum()) * share",
+      "sec = op.count * float(costs.gemm_s(op.amount * parts, op.te).sum()) * share", "a chunked GEMM runs whole"),
     M(TF, "kernels += op.count * chunks.get(op.name, 1)", "kernels += op.count", "a chunked GEMM launched once"),
     M(PLAN, "self.tp_comm_overlap_sms.get(layer, TE_OVERLAP_DEFAULT_SMS)", "self.tp_comm_overlap_sms.get(layer, 0)",
       "TE's default margin dropped"),

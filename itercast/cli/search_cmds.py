@@ -324,6 +324,7 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     plan = {**shared, **fixed}
     kernels: list[tuple[str, tuple[str, ...]]] = [("cross_entropy", fw.cross_entropies), ("cp_comm", fw.cp_comms)]
     kernels += [("tp_comm_overlap_rs", fw.tp_comm_overlap_rs), ("selective_recompute", fw.selective_recomputes)]
+    kernels.append(("projections", (fw.plan_fields.get("projections", "fused"),)))  # its models' linears
     if m.is_moe:
         kernels.append(("moe_token_dispatcher", fw.moe_token_dispatchers))
     if plan.get("dtype") == "fp8":

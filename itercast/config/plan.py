@@ -234,6 +234,17 @@ class PlanConfig(BaseModel):
         "fused with their GEMMs as megatron's, but the input gradients' reduce-scatters, which follow a sum of the "
         "separate projections' gradients, unfused and copied.",
     )
+    projections: Literal["fused", "separate"] = Field(
+        "fused",
+        description="How a layer's query, key and value projections and a gated MLP's gate and up projections "
+        "run: fused, one GEMM each (Megatron-Core linear_qkv and linear_fc1, Megatron-DeepSpeed, llm-foundry's "
+        "Wqkv); separate, one linear each (torchtitan models/llama3/model.py at 820504e: wq, wk, wv and w1, w3; "
+        "Hugging Face's Llama), each GEMM priced on its own FLOPs forward and backward, and the input gradients of "
+        "the input they share summed: eagerly (plan.pointwise_kernels eager, eager_fused_norm) autograd adds "
+        "each arriving gradient to the sum so far (k − 1 kernels of 3 tensors for k projections), compiled "
+        "(fused) one kernel reads the k gradients and writes their sum. The FP8 casts of their shared input "
+        "are priced once (torchao casts it in each Float8Linear: not priced apart).",
+    )
     attention_unpad: bool = Field(
         False,
         description="llm-foundry's attn_impl flash (layers/attention.py flash_attn_fn at 5e85bd62): q, k and v "

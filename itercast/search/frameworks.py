@@ -201,6 +201,8 @@ FRAMEWORKS: dict[str, Framework] = {
             "selective_recompute": "op",
             # DTensor tensor parallelism: activations sharded on the sequence, dim 1 (parallelize.py SequenceParallel)
             "tp_layout": "dtensor",
+            # models/llama3/model.py: wq, wk, wv and w1, w3 are nn.Linear modules of their own
+            "projections": "separate",
             # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...), compiled with the model by the
             # [compile] section search writes (launch_settings._titan_compile)
             "cross_entropy": "torch_compiled",

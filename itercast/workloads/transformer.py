@@ -518,7 +518,8 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
     runs beside it (its own stream) and costs only what it takes beyond that kernel; one that takes
     `sm_margin` SMs from it (Transformer Engine's userbuffers) leaves that GEMM sm_count − sm_margin
     SMs: its time × sm_count / (sm_count − sm_margin); one that splits it (`chunked`) runs it as n
-    GEMMs of 1/n of its FLOPs each; `_beside_s` prices each (the kernel slowed beside it, reported as
+    GEMMs of 1/n of its FLOPs each, and one of separate projections (Op.parts) as a GEMM per projection;
+    `_beside_s` prices each (the kernel slowed beside it, reported as
     overlap_contention, and the collective's excess). The context-parallel ring's steps run beside the
     pass's attention kernels, NCCL's send and receive kernels slowing them the same way."""
     fam: dict[str, float] = {}
@@ -531,7 +532,8 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         if op.family == "gemm":
             n = chunks.get(op.name, 1)
             share = _sm_share(costs, margins.get(op.name, 0))
-            sec = op.count * n * float(costs.gemm_s(op.amount / n, op.te)) * share
+            parts = np.asarray(op.parts or (1.0,))  # separate projections: a GEMM each
+            sec = op.count * n * float(costs.gemm_s(op.amount * parts / n, op.te).sum()) * share
         elif op.family == "attention":
             sec = float(costs.attention_s(op.amount, op.attention))
             attention += sec
@@ -543,7 +545,7 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         compute += sec
         label = op.label or op.family
         fam[label] = fam.get(label, 0.0) + sec
-        kernels += op.count * chunks.get(op.name, 1)
+        kernels += op.count * chunks.get(op.name, 1) * max(len(op.parts), 1)
     for op in ops:
         if op.family == "cp_comm" and op.comm_kind == "p2p":  # ring steps overlap the attention kernels
             cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)

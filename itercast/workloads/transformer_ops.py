@@ -105,6 +105,9 @@ class Op:
     # an expert all-to-all that sends a token once per rank or node its experts are on (experts per token,
     # experts): dispatch_share of `amount` crosses the links
     dedup: tuple[int, int] | tuple[()] = ()
+    # a GEMM run as separate matmuls, these shares of `amount` each (plan.projections separate: wq, wk, wv;
+    # w1, w3), each priced on its own FLOPs; () one GEMM
+    parts: tuple[float, ...] = ()
 
     @property
     def te(self) -> bool:
@@ -387,7 +390,9 @@ def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     h, d, t, e = model.hidden_size, model.head_dim, sh.t, sh.e
     a, g, T = model.num_attention_heads, model.kv_heads, sh.tokens
     if not model.mla:
-        ops = [Op("qkv", "gemm", 2 * T * h * (a + 2 * g) * d / t, f_bytes=T * h * e, kn=(h, (a + 2 * g) * d / t))]
+        qkv = 2 * T * h * (a + 2 * g) * d / t
+        parts = _separate(plan, (a, g, g))
+        ops = [Op("qkv", "gemm", qkv, f_bytes=T * h * e, kn=(h, (a + 2 * g) * d / t), parts=parts)]
         if model.qk_norm:  # RMSNorm over each query and key head: read and write q and k
             ops.append(Op("qk_norm", "norm", 2 * T * (a + g) * d / t * e))
         if model.learned_positions:
@@ -415,6 +420,29 @@ def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         Op("kv_up", "gemm", 2 * T * kv_lora * a * (dqk - rope + dv) / t, kn=(kv_lora, a * (dqk - rope + dv) / t)),
         Op("rope", "elementwise", 2 * T * (a / t + 1) * rope * e),
     ]
+
+
+def _separate(plan: PlanConfig, widths: tuple[int, ...]) -> tuple[float, ...]:
+    """Op.parts of a fused GEMM whose outputs are `widths` wide (q, k, v heads; gate, up) under
+    plan.projections separate: each projection's share of its FLOPs; () under fused."""
+    if plan.projections == "fused":
+        return ()
+    return tuple(w / sum(widths) for w in widths)
+
+
+def _dgrad_sum(op: Op, plan: PlanConfig) -> list[Op]:
+    """The sum of the input gradients of a GEMM's separate projections (Op.parts, k of them), each
+    `op.f_bytes` (the input they share, gathered under tensor parallelism; plan.projections): eagerly the
+    autograd engine adds each arriving gradient to the sum so far (torch/csrc/autograd/input_buffer.cpp
+    InputBuffer::add), k − 1 kernels that read two tensors and write one; compiled, Inductor's one
+    pointwise kernel reads the k and writes the sum."""
+    k = len(op.parts)
+    if k < 2:
+        return []
+    name = f"{op.name}.dgrad_sum"
+    if plan.pointwise_kernels == "fused":
+        return [Op(name, "elementwise", (k + 1) * op.f_bytes)]
+    return [Op(name, "elementwise", 3 * (k - 1) * op.f_bytes, count=k - 1)]
 
 
 def te_overlap_layer(gemm: str) -> str:
@@ -689,9 +717,10 @@ def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes
     act = Op(f"{name}_act", "activation", (3 if model.gated_mlp else 2) * T * width / t * e)
     if _eager_llama(model, plan):  # SwiGLU
         act = _eager(act, T * width / t, eager_swiglu_cost(e))
+    parts = _separate(plan, (1, 1)) if model.gated_mlp else ()
     return [
         *_f(f"{name}_in", T * h * e, plan),
-        Op(f"{name}_up", "gemm", 2 * T * h * up * width / t, f_bytes=T * h * e, kn=(h, up * width / t)),
+        Op(f"{name}_up", "gemm", 2 * T * h * up * width / t, f_bytes=T * h * e, kn=(h, up * width / t), parts=parts),
         act,
         Op(f"{name}_down", "gemm", 2 * T * width * h / t, kn=(width / t, h)),
         *_g(f"{name}_out", T * h * e, plan),
@@ -1144,7 +1173,7 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
     for op in reversed(forward):
         if op.family == "gemm":
             dgrad, wgrad = f"{op.name}.dgrad", f"{op.name}.wgrad"
-            out += [replace(op, name=dgrad, f_bytes=0.0), replace(op, name=wgrad, f_bytes=0.0)]
+            out += [replace(op, name=dgrad, f_bytes=0.0), replace(op, name=wgrad, f_bytes=0.0), *_dgrad_sum(op, plan)]
             if op.f_bytes and plan.tensor_parallel > 1:
                 # Transformer Engine's bulk overlaps under tp_comm_overlap take SMs from dgrad and wgrad;
                 # DTensor's (vanilla TP) run where their results are first used, beside nothing
@@ -1336,8 +1365,8 @@ def _op_recompute(model: ModelConfig, fwd: list[Op]) -> list[Op]:
     for op in fwd:
         if op.family == "gemm":
             k = share.get(op.name, 1.0)
-            if k:
-                out.append(replace(op, name=f"recompute.{op.name}", amount=op.amount * k, f_bytes=0.0))
+            if k:  # one projection's matmul (wk; w3) where the GEMM runs as separate ones (Op.parts)
+                out.append(replace(op, name=f"recompute.{op.name}", amount=op.amount * k, f_bytes=0.0, parts=()))
         elif op.family in ("elementwise", "norm", "activation") and op.label != "cp_merge":  # SDPA's output
             out.append(replace(op, name=f"recompute.{op.name}"))
     return out
