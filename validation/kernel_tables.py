@@ -114,6 +114,7 @@ def main() -> None:
     power_limits()
     gemm_shapes()
     own_gemm_curves()
+    own_all_reduce()
 
 
 def _seconds(row: dict[str, str]) -> float:
@@ -304,6 +305,48 @@ def own_gemm_curves() -> None:
         f"  A100's own GEMMs fitted alike: e_max {a100['e_max']:.3f} (H100 curve {shared['bf16']['e_max']:.3f}), "
         f"mean |error| {a100['fit_mean_abs_err']:.1%}: no curve of its own"
     )
+
+
+def own_all_reduce() -> None:
+    """One A100 node's all-reduce: the H100 node's curve (fitted with NVLink SHARP's in-switch reduction) at
+    A100's 300 GB/s links against A100's own (curves.json collectives.intra_node_by_gpu), on vidur's DGX A100
+    medians (2, 4, 8 GPUs) and Azure's ND A100 v4 nccl-tests (8 GPUs): mean |error|, mean signed from 8 MB."""
+    from itercast.costs.analytic import bus_bytes
+    from itercast.costs.curves import curves
+    from itercast.costs.fitting import collective_time_s
+
+    data = shared_data_dir()
+    if data is None:
+        print("\nA100 all-reduce: no shared data (set ITERCAST_DATA), skipped")
+        return
+    points: dict[str, list[tuple[int, float, float]]] = {f"vidur {n} GPUs": [] for n in (2, 4, 8)}
+    for r in read_csv_rows(data / "kernels" / "vidur" / "network__a100_dgx__all_reduce.csv"):
+        if r["devices_per_node"] == r["num_workers"]:
+            n = int(r["num_workers"])
+            points[f"vidur {n} GPUs"].append((n, float(r["size"]), float(r["time_stats.all_reduce.median"]) * 1e-3))
+    azure = read_csv_rows(data / "collectives" / "azure_ai_benchmarking_guide_allreduce_1node.csv")
+    points["azure 8 GPUs"] = [
+        (
+            8,
+            float(r["bytes"]),
+            float(bus_bytes("all_reduce", float(r["bytes"]), 8, 1)) / (float(r["A100_ND_v4_busbw_GBs"]) * 1e9),
+        )
+        for r in azure
+    ]
+    table = curves()["collectives"]
+    fits = {
+        "H100 curve": table["intra_node"]["all_reduce"],
+        "A100's own": table["intra_node_by_gpu"]["A100"]["all_reduce"],
+    }
+    print("\nA100 one-node all-reduce at 300 GB/s: mean |error| / mean signed at >= 8 MB")
+    for source, rows in points.items():
+        n, size, seconds = (np.array(c, dtype=np.float64) for c in zip(*rows, strict=True))
+        bus = np.array([float(bus_bytes("all_reduce", x, int(k), 1)) for k, x in zip(n, size, strict=True)])
+        print(f"  {source:13} {len(rows):>4} sizes", end="")
+        for name, fit in fits.items():
+            signed = collective_time_s(fit, bus, 1, n, 300e9) / seconds - 1
+            print(f"  {name} {np.mean(np.abs(signed)):6.1%} / {signed[size >= 8e6].mean():+6.1%}", end="")
+        print()
 
 
 if __name__ == "__main__":

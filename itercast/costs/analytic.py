@@ -18,7 +18,7 @@ import numpy as np
 
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.costs.attention import TRITON_VS_FA2, AttentionShape, fitted_kernel, time_s
-from itercast.costs.curves import Curve, built_in_gemms, curve, curves
+from itercast.costs.curves import Curve, curve, curves, own_curves
 from itercast.costs.fitted_ranges import MEASURED_RANGE, FittedRanges
 from itercast.costs.fitting import collective_time_s
 from itercast.hardware.topology import GroupPlacement
@@ -73,10 +73,10 @@ class AnalyticCostModel:
         self.attention_peak_flops = (gpu.peak_flops.get("bf16", nominal) if dtype == "fp8" else nominal) * fraction
         data = calibration if calibration is not None else curves()
         self._calibration = calibration
-        # a GPU's own built-in GEMM curves, except for the dtypes a calibration fitted (all of a calibration
-        # that does not say which: a hand-made one)
+        # a GPU's own built-in GEMM and intra-node curves, except for those a calibration fitted (all of a
+        # calibration that does not say which: a hand-made one)
         fitted = set() if calibration is None else set(calibration.get("gemm_calibrated", calibration["gemm"]))
-        gemms = data["gemm"] | {k: v for k, v in built_in_gemms(gpu.name).items() if k not in fitted}
+        gemms = own_curves(curves()["gemm_by_gpu"], gpu.name, data["gemm"], fitted)
         gemm_key = {"fp32": "tf32", "fp8": "fp8"}.get(dtype, "bf16")
         gemm = gemms[gemm_key]
         self.gemm_curve: Curve = curve(gemm)
@@ -94,7 +94,9 @@ class AnalyticCostModel:
         # curves without an optimizer curve of their own (a test's, or written before it existed) price the
         # optimizer step as an elementwise pass
         self.memory.setdefault("optimizer", self.memory["elementwise"])
-        self.intra = data["collectives"]["intra_node"]
+        intra = data["collectives"]["intra_node"]
+        calibrated = set() if calibration is None else set(calibration.get("intra_node_calibrated", intra))
+        self.intra = own_curves(curves()["collectives"]["intra_node_by_gpu"], gpu.name, intra, calibrated)
         # the network's measured cluster, with a calibration's own inter-node fits over it
         measured = data["collectives"].get("inter_node_networks", {}).get(system.network.collective_curves, {})
         self.inter = {**measured, **data["collectives"].get("inter_node", {})}

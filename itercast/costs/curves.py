@@ -50,8 +50,10 @@ def curve(entry: dict[str, Any]) -> Curve:
     return Curve(entry["e_max"], entry["log_half"], entry["gamma"])
 
 
-def built_in_gemms(gpu_name: str) -> dict[str, Any]:
-    """The built-in GEMM curves fitted on this GPU's own measured kernels, by dtype key (curves.json
-    gemm_by_gpu, matched by GPU name prefix: V100 from Alpa's V100 matmuls), to use over the
-    H100-fitted `gemm` curves; empty for a GPU without its own."""
-    return next((v for k, v in curves()["gemm_by_gpu"].items() if gpu_name.startswith(k)), {})
+def own_curves(by_gpu: dict[str, Any], gpu_name: str, shared: dict[str, Any], calibrated: set[str]) -> dict[str, Any]:
+    """`shared` curves (fitted on H100s) with the built-in ones fitted on this GPU's own measured kernels over
+    them (`by_gpu`, matched by GPU name prefix: curves.json gemm_by_gpu, V100's GEMMs from Alpa's matmuls;
+    collectives.intra_node_by_gpu, A100's all-reduce from vidur's and Azure's), except those `calibrated`
+    names: a calibration's own curves win."""
+    own: dict[str, Any] = next((v for k, v in by_gpu.items() if gpu_name.startswith(k)), {})
+    return shared | {k: v for k, v in own.items() if k not in calibrated}

@@ -387,6 +387,9 @@ def merge_calibration(doc: dict[str, Any], where: str = "<calibration>") -> dict
     # the dtypes whose GEMM curves the calibration fitted: the others keep the built-in ones, a GPU's own
     # (curves.json gemm_by_gpu) where it has them (AnalyticCostModel)
     merged["gemm_calibrated"] = sorted(k for k in doc.get("gemm", {}) if k != "source")
+    # likewise the intra-node collectives it measured (curves.json collectives.intra_node_by_gpu for the others)
+    measured = doc.get("collectives", {}).get("intra_node", {})
+    merged["intra_node_calibrated"] = sorted(k for k in measured if k != "source")
     for section in ("gemm", "memory", "embedding"):
         merged.setdefault(section, {}).update(doc.get(section, {}))
     for placement, fits in doc.get("collectives", {}).items():
