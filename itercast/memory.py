@@ -266,7 +266,7 @@ def _activation_bytes(
 
 def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[int, int]:
     """Bytes per token a llama layer's autograd keeps beyond the fused kernels' under
-    plan.pointwise_kernels eager or eager_fused_norm: (replicated, sharded over tensor parallelism), 0
+    plan.pointwise_kernels eager, eager_fused_norm or compiled: (replicated, sharded over tensor parallelism), 0
     under fused and for other families (the layers transformer_ops._eager_llama prices eagerly; memory sits
     under workloads, tests/test_layering.py, so the test is written here). torchtitan 9dec370a / 1ea476e9,
     PyTorch's derivatives.yaml:
@@ -283,6 +283,10 @@ def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[in
     - SwiGLU (model.py FeedForward `w2(F.silu(w1(x)) * w3(x))`): silu saves its input (w1's output,
       counted) and the product saves both factors: w3's output (counted) and the silu output, e per
       element of the ffn width more.
+    Compiled (plan.pointwise_kernels compiled): the norms and SwiGLU are Inductor kernels whose saved tensors
+    AOTAutograd's partitioner chooses (the fused kernels' inputs, counted; their cheap outputs recomputed in
+    the backward), the rotary embedding saves nothing as eagerly, and repeat_kv's copies are SDPA's inputs:
+    (0, 2e(a - g)d).
     Recompute: torchtitan's op-level policy saves mm and SDPA outputs only (`_recompute_kept`), so
     these are recomputed, and live only while their layer's backward runs (StageMemory.recomputing);
     full recompute keeps the layer input. The final norm's saved tensors (one per stage) are not
@@ -290,8 +294,10 @@ def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[in
     if p.pointwise_kernels == "fused" or m.family != "llama":
         return 0, 0
     e, h, a, g = p.dtype_bytes, m.hidden_size, m.num_attention_heads, m.kv_heads
-    norms = 0 if p.pointwise_kernels == "eager_fused_norm" else 2 * (4 * h + 4)
     repeated_kv = 0 if m.mla else 2 * e * (a - g) * m.head_dim
+    if not p.eager_pointwise:  # compiled: only the repeated keys and values, SDPA's inputs, are kept apart
+        return 0, repeated_kv
+    norms = 0 if p.pointwise_kernels == "eager_fused_norm" else 2 * (4 * h + 4)
     return norms, repeated_kv + e * mlp_width
 
 

@@ -1,4 +1,5 @@
-"""plan.pointwise_kernels: torchtitan's llama norms, rotary and SwiGLU run op by op (eager), counted by hand.
+"""plan.pointwise_kernels: torchtitan's llama norms, rotary and SwiGLU run op by op (eager), or under torch.compile
+(compiled: the complex rotary and repeat_kv as eagerly, the rest fused), counted by hand.
 
 LAYER: llama, hidden h = 64, ffn f = 128, 4 query heads and 2 key-value groups of d = 16, sequence 1024,
 micro-batch 1, bf16 (e = 2), one GPU: T = 1024 tokens. Elements: a norm's T·h = 65,536; rotary's q and k
@@ -131,9 +132,30 @@ def test_torchtitans_op_recompute_reruns_the_eager_chains():
     assert op(again, "recompute.repeat_kv").amount == 393_216
 
 
+def test_compiled_fuses_the_norms_and_swiglu_but_runs_the_complex_rotary_and_repeat_kv_as_eagerly():
+    # torch.compile: Inductor's norm and SwiGLU kernels (4 and 6 bytes per element, one kernel), its fallback
+    # to eager's complex product between its casts (20 bytes, 6 and 8 kernels), repeat_kv's copies (393,216)
+    j = job(pointwise_kernels="compiled")
+    assert fwd_bwd(j, "input_norm") == (4 * NORM, 1, 8 * NORM, 1)
+    assert fwd_bwd(j, "mlp_act") == (6 * FFN, 1, 12 * FFN, 1)
+    assert fwd_bwd(j, "rope") == (20 * ROTARY, 6, 20 * ROTARY, 8)
+    assert fwd_bwd(j, "repeat_kv") == (393_216, 2, 393_216, 2)
+    # the projections' input gradients summed by one Inductor kernel (plan.projections separate): q, k, v's
+    # 3 gradients read and the sum written, 4 · 1024 tokens · 64 · 2 bytes
+    separate = job(pointwise_kernels="compiled", projections="separate")
+    total = op(layer_backward(separate.model, separate.plan), "qkv.dgrad_sum")
+    assert (total.amount, total.count) == (4 * 1024 * 64 * 2, 1)
+
+
+def test_compiled_keeps_only_the_repeated_keys_and_values_beyond_the_fused_count():
+    # the repeated keys and values, SDPA's inputs, 2 · 2 · (4 - 2) · 16 = 128 bytes per token more
+    assert activation_bytes_per_token_layer(job(pointwise_kernels="compiled")) == 1664 + 128
+
+
 def test_an_unknown_value_names_the_field_and_its_choices():
-    with pytest.raises(ConfigError, match=r"pointwise_kernels(.|\n)*'fused', 'eager' or 'eager_fused_norm'"):
-        job(pointwise_kernels="compiled")
+    choices = r"'fused', 'compiled', 'eager' or 'eager_fused_norm'"
+    with pytest.raises(ConfigError, match=r"pointwise_kernels(.|\n)*" + choices):
+        job(pointwise_kernels="inductor")
 
 
 # What autograd keeps for backward, per token of the LAYER above (memory.eager_saved_bytes; tp = 1, no SP).

@@ -96,6 +96,9 @@ def test_eager_pointwise_kernels_are_torchtitans_alone_and_never_with_its_async_
         check_fixed(framework("torchtitan"), {}, True, "eager_fused_norm")
     check_fixed(framework("torchtitan"), {}, False, "eager")  # eager without async TP runs
     check_fixed(framework("torchtitan"), {}, True, "fused")  # compiled with async TP runs
+    check_fixed(framework("torchtitan"), {}, True, "compiled")
+    with pytest.raises(ConfigError, match=r"plan.pointwise_kernels: nemo runs fused .* got 'compiled'"):
+        check_fixed(framework("nemo"), {}, False, "compiled")
 
 
 PLAN = {
@@ -235,6 +238,8 @@ def test_torchtitan_toml_compiles_the_model_and_loss_whose_fused_kernels_were_pr
     assert section[1:] == ["enable = true", 'components = ["model", "loss"]']
     # the loss priced eager: the model alone compiled
     assert compile_section({"cross_entropy": "torch"})[1:] == ["enable = true", 'components = ["model"]']
+    compiled = {"pointwise_kernels": "compiled", "cross_entropy": "torch"}
+    assert compile_section(compiled)[1:] == ["enable = true", 'components = ["model"]']
     # eager pointwise kernels with the compiled loss: the loss alone
     eager_model = {"pointwise_kernels": "eager", "cross_entropy": "torch_compiled"}
     assert compile_section(eager_model)[1:] == ["enable = true", 'components = ["loss"]']

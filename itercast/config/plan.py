@@ -260,11 +260,15 @@ class PlanConfig(BaseModel):
         "LanguagePerplexity, 2 (trainer.py _eval_train_metrics after every micro-batch's backward; metrics/nlp.py "
         "CrossEntropyLoss). 0: none (Megatron, torchtitan).",
     )
-    pointwise_kernels: Literal["fused", "eager", "eager_fused_norm"] = Field(
+    pointwise_kernels: Literal["fused", "compiled", "eager", "eager_fused_norm"] = Field(
         "fused",
         description="How a llama layer's RMSNorms, rotary embeddings and SwiGLU activation run (bytes and "
         "kernels: workloads/transformer_ops.py eager_rmsnorm_cost, eager_rotary_cost, eager_swiglu_cost). "
-        "fused: one kernel each (Transformer Engine, Apex, Megatron-Core, torch.compile's Inductor). eager: "
+        "fused: one kernel each (Transformer Engine, Apex, Megatron-Core). compiled: torchtitan's model code "
+        "under torch.compile (each TransformerBlock compiled): Inductor fuses the norms and SwiGLU into one "
+        "kernel each, but falls back to eager for the complex product of the rotary embedding (Inductor "
+        "lowering.py: complex tensors are not generated, make_fallback(aten.view_as_complex); its casts Inductor "
+        "kernels of the same bytes), so the rotary embedding and repeat_kv's copies run as under eager. eager: "
         "torchtitan's model code run op by op, without torch.compile (train_configs compile = false; "
         "torchtitan 9dec370a models/norms.py RMSNorm, models/llama/model.py apply_rotary_emb, repeat_kv, "
         "FeedForward): each op a kernel over the whole tensor, the norm and rotary in fp32 after .float(), "
@@ -579,6 +583,12 @@ class PlanConfig(BaseModel):
         """Transformer layers held by each pipeline stage (its chunks together)."""
         per_virtual, pp = self.virtual_stage_layers(num_layers), self.pipeline_parallel
         return tuple(sum(per_virtual[c * pp + s] for c in range(self.virtual_pipeline)) for s in range(pp))
+
+    @property
+    def eager_pointwise(self) -> bool:
+        """torchtitan's model code run op by op, without torch.compile (pointwise_kernels eager or
+        eager_fused_norm): every elementwise op a kernel of its own, autograd's backward op by op."""
+        return self.pointwise_kernels in ("eager", "eager_fused_norm")
 
     @property
     def dtype_bytes(self) -> int:

@@ -203,6 +203,8 @@ FRAMEWORKS: dict[str, Framework] = {
             "tp_layout": "dtensor",
             # models/llama3/model.py: wq, wk, wv and w1, w3 are nn.Linear modules of their own
             "projections": "separate",
+            # its model under torch.compile (the [compile] section search writes, launch_settings._titan_compile)
+            "pointwise_kernels": "compiled",
             # components/loss.py: F.cross_entropy(pred.flatten(0, 1).float(), ...), compiled with the model by the
             # [compile] section search writes (launch_settings._titan_compile)
             "cross_entropy": "torch_compiled",
@@ -357,9 +359,9 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False) -> list
 
 def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, pointwise_kernels: str = "fused") -> None:
     """A field the user fixed (--set plan.X) that the framework never runs: one line naming its rule.
-    Eager pointwise kernels (PlanConfig.pointwise_kernels) are torchtitan's model code without
-    torch.compile, so torchtitan's alone, and not with its async tensor parallelism, which needs the
-    compiled model (torchtitan parallelize.py: 'Async TP requires torch.compile')."""
+    Eager and compiled pointwise kernels (PlanConfig.pointwise_kernels) are torchtitan's model code without
+    and with torch.compile, so torchtitan's alone, and eager not with its async tensor parallelism, which needs
+    the compiled model (torchtitan parallelize.py: 'Async TP requires torch.compile')."""
     zero = fixed.get("zero_stage")
     if zero is not None and int(zero) not in fw.zero_stages:
         raise ConfigError(
@@ -376,10 +378,10 @@ def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, poi
         raise ConfigError(f"plan.tp_comm_overlap: {fw.name} has no tensor-parallel communication overlap; got true")
     if pointwise_kernels != "fused" and fw.name != "torchtitan":
         raise ConfigError(
-            f"plan.pointwise_kernels: {fw.name} runs fused norms and activations (expected fused; eager is "
-            f"torchtitan's model code without torch.compile); got {pointwise_kernels!r}"
+            f"plan.pointwise_kernels: {fw.name} runs fused norms and activations (expected fused; eager and "
+            f"compiled are torchtitan's model code without and with torch.compile); got {pointwise_kernels!r}"
         )
-    if pointwise_kernels != "fused" and tp_comm_overlap:
+    if pointwise_kernels in ("eager", "eager_fused_norm") and tp_comm_overlap:
         raise ConfigError(
             "plan.tp_comm_overlap: torchtitan's async tensor parallelism needs torch.compile (parallelize.py: "
             f"'Async TP requires torch.compile'), and plan.pointwise_kernels {pointwise_kernels!r} runs without it; "

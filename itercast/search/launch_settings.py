@@ -300,15 +300,16 @@ def _titan_compile(plan: dict[str, Any]) -> list[str]:
     """torchtitan's [compile] section (job_config.py Compile at 9810191^, since 08b8b244 in 2025-08; before it
     [training] compile): `enable` defaults to false, which runs the norms, rotary embeddings and SwiGLU op by op
     and the loss as eager F.cross_entropy. The components compiled are those the plan priced so: "model" when
-    its pointwise kernels are fused (plan.pointwise_kernels fused, the default; search does not offer eager,
-    only a job that sets it is priced so), "loss" when plan.cross_entropy is torch_compiled (torchtitan's
-    framework default in search). Its async tensor parallelism needs the compiled model (distributed/
-    tensor_parallel.py maybe_enable_async_tp raises without it). eager_fused_norm's norm_type fused_rmsnorm
+    its pointwise kernels are compiled (plan.pointwise_kernels compiled, torchtitan's framework default in
+    search, or fused; search does not offer eager, only a job that sets it is priced so), "loss" when
+    plan.cross_entropy is torch_compiled (torchtitan's framework default in search). Its async tensor
+    parallelism needs the compiled model (distributed/tensor_parallel.py maybe_enable_async_tp raises without
+    it). eager_fused_norm's norm_type fused_rmsnorm
     is gone by 9810191^: not written."""
     components = [
         name
         for name, compiled in (
-            ("model", plan["pointwise_kernels"] == "fused"),
+            ("model", plan["pointwise_kernels"] in ("fused", "compiled")),
             ("loss", plan["cross_entropy"] == "torch_compiled"),
         )
         if compiled

@@ -53,9 +53,10 @@ are a tensor-parallel MLP that runs beside the dispatch and combine (Megatron-Co
 --moe-shared-expert-overlap); plan.moe_a2a_overlap hides the all-to-alls behind attention instead.
 
 Norms, rotary embeddings and the gated activation are one fused kernel each (Transformer Engine, Apex,
-Megatron-Core, torch.compile), or with plan.pointwise_kernels eager the op-by-op chains of torchtitan's
+Megatron-Core), or with plan.pointwise_kernels eager the op-by-op chains of torchtitan's
 model code without torch.compile (`eager_rmsnorm_cost`, `eager_rotary_cost`, `eager_swiglu_cost`,
-`_repeat_kv`; a llama model's RMSNorms, the dense and shared-expert SwiGLU, not the routed experts').
+`_repeat_kv`; a llama model's RMSNorms, the dense and shared-expert SwiGLU, not the routed experts'), or with
+compiled those of its rotary embedding and repeat_kv alone (`_complex_rotary`).
 Recomputation re-runs the same chains.
 """
 
@@ -384,7 +385,7 @@ def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     """Query, key and value projections (and rotary embeddings). Standard: one column-parallel
     QKV GEMM (GQA), with model.qk_norm an RMSNorm over every query and key head after it (Qwen3,
     OLMo 2: memory-bound, its input kept for the backward, memory.py), rotary embeddings on q and k
-    (plan.pointwise_kernels eager: `eager_rotary_cost`, then `_repeat_kv`). Multi-latent attention
+    (plan.pointwise_kernels eager or compiled: `eager_rotary_cost`, then `_repeat_kv`). Multi-latent attention
     (DeepSeek-V2 §2.1): down projections to the latents (whole on every tensor-parallel rank) and
     their RMSNorms, then column-parallel up projections (its rotary always priced fused)."""
     h, d, t, e = model.hidden_size, model.head_dim, sh.t, sh.e
@@ -398,7 +399,7 @@ def _projections(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         if model.learned_positions:
             return ops
         rotary = Op("rope", "elementwise", 2 * T * (a + g) * d / t * e)
-        if not _eager_llama(model, plan):
+        if not _complex_rotary(model, plan):
             if model.rope_mscale != 1:  # Megatron-Core rotates unfused (rope_utils.py apply_rotary_pos_emb)
                 rotary = _eager(rotary, T * (a + g) * d / t, megatron_unfused_rotary_cost(e), tensors=2)
             return [*ops, rotary]
@@ -440,7 +441,7 @@ def _dgrad_sum(op: Op, plan: PlanConfig) -> list[Op]:
     if k < 2:
         return []
     name = f"{op.name}.dgrad_sum"
-    if plan.pointwise_kernels == "fused":
+    if not plan.eager_pointwise:
         return [Op(name, "elementwise", (k + 1) * op.f_bytes)]
     return [Op(name, "elementwise", 3 * (k - 1) * op.f_bytes, count=k - 1)]
 
@@ -621,7 +622,7 @@ def _rowwise_rescales(op: Op, plan: PlanConfig, rows: float) -> list[Op]:
     if plan.fp8_recipe != "rowwise" or op.count != 1 or op.label == "experts":
         return []
     k, n = op.kn
-    if plan.pointwise_kernels == "fused":
+    if not plan.eager_pointwise:
         nbytes, kernels = 4 * k * n, 1
     else:
         nbytes, kernels = 12 * (k * n + rows * k), 4
@@ -817,6 +818,14 @@ def _eager_llama(model: ModelConfig, plan: PlanConfig) -> bool:
     """plan.pointwise_kernels eager (or eager_fused_norm) on a llama model: torchtitan's llama code, op
     by op. Other families keep their fused pricing: their nn.LayerNorm and GELU are one kernel each
     eagerly too (native_layer_norm, gelu)."""
+    return plan.eager_pointwise and model.family == "llama"
+
+
+def _complex_rotary(model: ModelConfig, plan: PlanConfig) -> bool:
+    """torchtitan's llama rotary embedding, a complex product, and its repeat_kv copies: run as `eager_rotary_cost`
+    and `_repeat_kv` price them eagerly, and compiled too (plan.pointwise_kernels compiled: Inductor generates no
+    complex code and falls back to eager's aten.mul; the reshape of the expanded keys and values is a copy SDPA,
+    an extern kernel, reads)."""
     return plan.pointwise_kernels != "fused" and model.family == "llama"
 
 
