@@ -149,11 +149,13 @@ def test_dgx_h100_collectives_reproduce_the_measured_h100_cluster():
 
 
 def polaris_costs() -> AnalyticCostModel:
-    """The dgx-a100 preset as a Polaris node: 4 A100 and 2 NICs (docs.alcf.anl.gov/polaris/hardware-overview)."""
+    """The dgx-a100 preset as a Polaris node: 4 A100 and 2 Slingshot-11 NICs (docs.alcf.anl.gov/polaris/
+    hardware-overview), priced on Polaris's own measured curves (dgx-a100's are InfiniBand's)."""
+    network = {"nics_per_node": 2, "collective_curves": "polaris-slingshot11"}
     job = Job.from_dicts(
         {"preset": "gpt3-175b"},
         {"data_parallel": 4},
-        {"preset": "dgx-a100", "node": {"gpus_per_node": 4}, "network": {"nics_per_node": 2}},
+        {"preset": "dgx-a100", "node": {"gpus_per_node": 4}, "network": network},
     )
     return AnalyticCostModel(job.system, "fp16")
 

@@ -1,4 +1,4 @@
-"""The dgx-h100 preset's inter-node collectives against public nccl-tests results beyond 10 nodes.
+"""The dgx-h100 and dgx-a100 presets' inter-node collectives against public nccl-tests results beyond one node.
 
     python validation/collectives_at_scale.py       # the shared data's 10-node rows too, if present
 
@@ -12,12 +12,19 @@ Rows that leave the GPUs per node empty are priced at 8, the HGX/DGX H100 node (
 guide), and marked '*'. Rows without a message size (NVIDIA/nccl#1229) are priced at 1 GiB and
 8 GiB and kept out of the band summaries. Bands: nodes 2–10 / 11–32 / 33–128 / > 128; message
 < 1 MiB / 1–64 MiB / ≥ 64 MiB (DP and FSDP buckets).
+
+A100 (data/published/collectives/a100_multinode_nccl_tests.csv, InfiniBand HDR clusters): each row priced on
+dgx-a100 with the NICs the row states ("4x HDR 200Gb": 4 NICs of 25 GB/s a node; unstated: DGX A100's 8), under
+both measured clusters' curves (SystemConfig network.collective_curves): polaris-slingshot11 (Slingshot 11, the
+preset's until 2026-12-01) and h100-400g (InfiniBand NDR, the same NCCL IB transport as HDR). Rows the source
+calls misconfigured ('stated misconfigured' in their note) are printed and kept out of the summaries.
 """
 
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +35,11 @@ from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
 from itercast.data_paths import read_csv_rows, shared_data_dir
 from itercast.hardware.topology import GroupPlacement
 
-POINTS = Path(__file__).resolve().parents[1] / "data" / "published" / "collectives" / "h100_multinode_nccl_tests.csv"
-ASSUMED_GPUS_PER_NODE = 8  # HGX/DGX H100: 8 GPUs a node (DGX H100 user guide)
+PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "published" / "collectives"
+POINTS = PUBLISHED / "h100_multinode_nccl_tests.csv"
+A100_POINTS = PUBLISHED / "a100_multinode_nccl_tests.csv"
+ASSUMED_GPUS_PER_NODE = 8  # HGX/DGX H100 and DGX A100: 8 GPUs a node (their user guides)
+HDR_NIC_BYTES_PER_S = 25e9  # InfiniBand HDR: 200 Gb/s a port
 UNSTATED_SIZES_B = (1 << 30, 8 << 30)  # a message size the source does not give: priced at both
 NODE_BANDS = ((2, 11, "2-10"), (11, 33, "11-32"), (33, 129, "33-128"), (129, float("inf"), ">128"))
 SIZE_BANDS = ((0, 1 << 20, "<1MiB"), (1 << 20, 64 << 20, "1-64MiB"), (64 << 20, float("inf"), ">=64MiB"))
@@ -56,24 +66,25 @@ def summary(errors: list[float]) -> str:
     return f"geomean |err| {np.exp(np.mean(np.log(np.abs(e) + 1e-12))):6.1%}  mean {np.mean(e):+6.1%}  n={len(e)}"
 
 
-def main() -> None:
-    model = AnalyticCostModel(load_system("dgx-h100"), "bf16")
+def check(points: Path, model_of: Callable[[dict[str, str]], AnalyticCostModel]) -> None:
+    """Every row of `points` priced by the cost model `model_of` gives for it, and the summaries by band."""
     by_nodes, by_size, by_both = defaultdict(list), defaultdict(list), defaultdict(list)
     print(f"{'source':22s} {'coll':14s} {'nodes':>5s} {'g/n':>4s} {'size':>11s} {'meas us':>9s} {'pred us':>9s} err")
-    for r in read_csv_rows(POINTS):
+    for r in read_csv_rows(points):
         per_node = int(r["gpus_per_node"] or ASSUMED_GPUS_PER_NODE)
         nodes = int(r["nodes"])
         group = GroupPlacement(nodes * per_node, nodes, per_node)
         mark = "" if r["gpus_per_node"] else "*"
+        kept = "stated misconfigured" not in r["note"]
         for size in (float(r["size_B"]),) if r["size_B"] else UNSTATED_SIZES_B:
             meas = measured_time_s(r["collective"], size, group.size, r["oop_time_us"], r["busbw_GBs"])
-            err = model.collective_s(r["collective"], size, group) / meas - 1
+            err = model_of(r).collective_s(r["collective"], size, group) / meas - 1
             label = f"{int(size)}" if r["size_B"] else f"{int(size)}?"
             print(
                 f"{r['source']:22s} {r['collective']:14s} {nodes:5d} {per_node:3d}{mark:1s} {label:>11s} "
-                f"{meas * 1e6:9.1f} {(err + 1) * meas * 1e6:9.1f} {err:+6.1%}"
+                f"{meas * 1e6:9.1f} {(err + 1) * meas * 1e6:9.1f} {err:+6.1%}{'' if kept else ' (misconfigured)'}"
             )
-            if r["size_B"]:
+            if r["size_B"] and kept:
                 nb, sb = band(nodes, NODE_BANDS), band(size, SIZE_BANDS)
                 by_nodes[nb].append(err)
                 by_size[sb].append(err)
@@ -87,7 +98,30 @@ def main() -> None:
             print(f"  size  {sb:8s}           {summary(by_size[sb])}")
     for (nb, sb), errs in sorted(by_both.items()):
         print(f"  nodes {nb:7s} size {sb:8s} {summary(errs)}")
+
+
+def a100_model(curves: str) -> Callable[[dict[str, str]], AnalyticCostModel]:
+    """dgx-a100 priced on the `curves` cluster's inter-node fits, with the NICs a row states."""
+
+    def model_of(r: dict[str, str]) -> AnalyticCostModel:
+        nics = int(r["nic"].split("x")[0]) if r["nic"][:1].isdigit() else None
+        network: dict[str, object] = {"collective_curves": curves}
+        if nics is not None:
+            network |= {"nics_per_node": nics, "nic_bandwidth_bytes_per_s": HDR_NIC_BYTES_PER_S}
+        return AnalyticCostModel(load_system("dgx-a100", network=network), "bf16")
+
+    return model_of
+
+
+def main() -> None:
+    model = AnalyticCostModel(load_system("dgx-h100"), "bf16")
+    print("H100 (dgx-h100):")
+    check(POINTS, lambda r: model)
     _fitting_reference(model)
+    if A100_POINTS.exists():
+        for curves in ("polaris-slingshot11", "h100-400g"):
+            print(f"\nA100 (dgx-a100, collective_curves {curves}):")
+            check(A100_POINTS, a100_model(curves))
 
 
 def _fitting_reference(model: AnalyticCostModel) -> None:

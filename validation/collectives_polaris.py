@@ -10,7 +10,7 @@ all_gather and alltoall (4 A100 and 2 Slingshot-11 NICs a node), the fit's own p
 (fit_efficiency_curves.polaris_points: the fastest of the runs with the Slingshot plugin per (nodes, size));
 the all-to-alls of fewer than A2A_MIN_PEER_BYTES a peer, which the fit leaves out, in a band of their own
 ("tiny"). Priced by
-the dgx-a100 preset with 4 GPUs and 2 NICs of 25 GB/s a node (Polaris's node). Error = predicted /
+the dgx-a100 preset with 4 GPUs and 2 NICs of 25 GB/s a node (Polaris's node) on Polaris's curves. Error = predicted /
 measured − 1, summarised per collective, group size and message band (< 1 MiB, ≥ 1 MiB) as geomean
 |error|, mean and worst.
 """
@@ -43,7 +43,11 @@ def main() -> None:
     job = Job.from_dicts(
         {"preset": "gpt3-175b"},
         {"data_parallel": GPUS_PER_NODE},
-        {"preset": "dgx-a100", "node": {"gpus_per_node": GPUS_PER_NODE}, "network": {"nics_per_node": 2}},
+        {
+            "preset": "dgx-a100",
+            "node": {"gpus_per_node": GPUS_PER_NODE},
+            "network": {"nics_per_node": 2, "collective_curves": "polaris-slingshot11"},
+        },
     )
     costs = AnalyticCostModel(job.system, "fp16")
     errors: dict[tuple[str, int, str], list[float]] = defaultdict(list)
