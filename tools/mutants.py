@@ -262,7 +262,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M(OPS, 'return plan.pointwise_kernels != "fused" and model.family == "llama"',
       'return plan.eager_pointwise and model.family == "llama"', "Inductor generates the complex rotary's code",
       _t("eager_pointwise")),
-    M(PLAN, 'return self.pointwise_kernels in ("eager", "eager_fused_norm")',
+    M(PLAN, 'return self.pointwise_kernels in EAGER_POINTWISE',
       'return self.pointwise_kernels != "fused"', "torch.compile's norms and SwiGLU run op by op",
       _t("eager_pointwise")),
     M(MEM, "return 0, repeated_kv\n", "return 0, 0\n", "the compiled model's repeated keys and values kept for free",
@@ -882,7 +882,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "NeMo's Megatron-FSDP launched with the recipes' average_in_collective, which it refuses", _t("frameworks")),
     M("search/launch_settings.py", 'f"trainer.devices={gpus // num_nodes}"', 'f"trainer.devices={gpus}"',
       "NeMo's trainer given every GPU of the job on each node", _t("frameworks")),
-    M("search/frameworks.py", 'if pointwise_kernels in ("eager", "eager_fused_norm") and tp_comm_overlap:',
+    M("search/frameworks.py", 'if pointwise_kernels in EAGER_POINTWISE and tp_comm_overlap:',
       'if pointwise_kernels != "fused" and tp_comm_overlap:',
       "torchtitan's async TP searched without the torch.compile it needs", _t("frameworks")),
     # -- tools/ analyses the cost model does not use (their files relative to itercast/ too) -----------

@@ -17,7 +17,7 @@ A100 (data/published/collectives/a100_multinode_nccl_tests.csv, InfiniBand HDR c
 dgx-a100 with the NICs the row states ("4x HDR 200Gb": 4 NICs of 25 GB/s a node; unstated: DGX A100's 8), under
 both measured clusters' curves (SystemConfig network.collective_curves): polaris-slingshot11 (Slingshot 11, the
 preset's until 2026-12-01) and h100-400g (InfiniBand NDR, the same NCCL IB transport as HDR). Rows the source
-calls misconfigured ('stated misconfigured' in their note) are printed and kept out of the summaries.
+calls misconfigured ('stated misconfigured' in their note) and 0-byte lines are printed and kept out of the summaries.
 """
 
 from __future__ import annotations
@@ -61,9 +61,14 @@ def band(value: float, bands: tuple) -> str:
 
 
 def summary(errors: list[float]) -> str:
-    """Geomean |error|, mean signed error (%) and count of a band's errors."""
+    """Geomean |error|, mean |error|, mean signed error, the worst (%) and count of a band's errors."""
     e = np.asarray(errors)
-    return f"geomean |err| {np.exp(np.mean(np.log(np.abs(e) + 1e-12))):6.1%}  mean {np.mean(e):+6.1%}  n={len(e)}"
+    geomean = np.exp(np.mean(np.log(np.abs(e) + 1e-12)))
+    worst = e[np.argmax(np.abs(e))]
+    return (
+        f"geomean |err| {geomean:6.1%}  mean |err| {np.mean(np.abs(e)):6.1%}  mean {np.mean(e):+6.1%}  "
+        f"worst {worst:+7.1%}  n={len(e)}"
+    )
 
 
 def check(points: Path, model_of: Callable[[dict[str, str]], AnalyticCostModel]) -> None:
@@ -76,15 +81,16 @@ def check(points: Path, model_of: Callable[[dict[str, str]], AnalyticCostModel])
         group = GroupPlacement(nodes * per_node, nodes, per_node)
         mark = "" if r["gpus_per_node"] else "*"
         kept = "stated misconfigured" not in r["note"]
+        model = model_of(r)
         for size in (float(r["size_B"]),) if r["size_B"] else UNSTATED_SIZES_B:
             meas = measured_time_s(r["collective"], size, group.size, r["oop_time_us"], r["busbw_GBs"])
-            err = model_of(r).collective_s(r["collective"], size, group) / meas - 1
+            err = model.collective_s(r["collective"], size, group) / meas - 1
             label = f"{int(size)}" if r["size_B"] else f"{int(size)}?"
             print(
                 f"{r['source']:22s} {r['collective']:14s} {nodes:5d} {per_node:3d}{mark:1s} {label:>11s} "
                 f"{meas * 1e6:9.1f} {(err + 1) * meas * 1e6:9.1f} {err:+6.1%}{'' if kept else ' (misconfigured)'}"
             )
-            if r["size_B"] and kept:
+            if r["size_B"] and size > 0 and kept:  # an empty collective (nccl-tests' 0 B line) is no message
                 nb, sb = band(nodes, NODE_BANDS), band(size, SIZE_BANDS)
                 by_nodes[nb].append(err)
                 by_size[sb].append(err)

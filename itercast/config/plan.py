@@ -26,6 +26,8 @@ TE_PIPELINE_SPLITS = 4
 #: Bytes of one element of each training dtype. fp8 training keeps bf16 activations and
 #: communication (NVIDIA Transformer Engine casts only GEMM inputs), so it moves 2 bytes.
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+#: PlanConfig.pointwise_kernels values that run torchtitan's model code op by op, without torch.compile
+EAGER_POINTWISE = ("eager", "eager_fused_norm")
 
 
 #: PyTorch DDP's gradient bucket, bucket_cap_mb = 25 (torch/nn/parallel/distributed.py): one all-reduce
@@ -242,8 +244,8 @@ class PlanConfig(BaseModel):
         "Hugging Face's Llama), each GEMM priced on its own FLOPs forward and backward, and the input gradients of "
         "the input they share summed: eagerly (plan.pointwise_kernels eager, eager_fused_norm) autograd adds "
         "each arriving gradient to the sum so far (k − 1 kernels of 3 tensors for k projections), compiled "
-        "(fused) one kernel reads the k gradients and writes their sum. The FP8 casts of their shared input "
-        "are priced once (torchao casts it in each Float8Linear: not priced apart).",
+        "(pointwise_kernels compiled or fused) one kernel reads the k gradients and writes their sum. The FP8 "
+        "casts of their shared input are priced once (torchao casts it in each Float8Linear: not priced apart).",
     )
     attention_unpad: bool = Field(
         False,
@@ -588,7 +590,7 @@ class PlanConfig(BaseModel):
     def eager_pointwise(self) -> bool:
         """torchtitan's model code run op by op, without torch.compile (pointwise_kernels eager or
         eager_fused_norm): every elementwise op a kernel of its own, autograd's backward op by op."""
-        return self.pointwise_kernels in ("eager", "eager_fused_norm")
+        return self.pointwise_kernels in EAGER_POINTWISE
 
     @property
     def dtype_bytes(self) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from itercast.config.plan import TE_OVERLAP_LAYERS, TORCH_DDP_BUCKET_BYTES
+from itercast.config.plan import EAGER_POINTWISE, TE_OVERLAP_LAYERS, TORCH_DDP_BUCKET_BYTES
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import RECOMPUTE
 from itercast.parallel.schedules import SCHEDULES
@@ -381,7 +381,7 @@ def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, poi
             f"plan.pointwise_kernels: {fw.name} runs fused norms and activations (expected fused; eager and "
             f"compiled are torchtitan's model code without and with torch.compile); got {pointwise_kernels!r}"
         )
-    if pointwise_kernels in ("eager", "eager_fused_norm") and tp_comm_overlap:
+    if pointwise_kernels in EAGER_POINTWISE and tp_comm_overlap:
         raise ConfigError(
             "plan.tp_comm_overlap: torchtitan's async tensor parallelism needs torch.compile (parallelize.py: "
             f"'Async TP requires torch.compile'), and plan.pointwise_kernels {pointwise_kernels!r} runs without it; "

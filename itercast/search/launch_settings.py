@@ -304,8 +304,7 @@ def _titan_compile(plan: dict[str, Any]) -> list[str]:
     search, or fused; search does not offer eager, only a job that sets it is priced so), "loss" when
     plan.cross_entropy is torch_compiled (torchtitan's framework default in search). Its async tensor
     parallelism needs the compiled model (distributed/tensor_parallel.py maybe_enable_async_tp raises without
-    it). eager_fused_norm's norm_type fused_rmsnorm
-    is gone by 9810191^: not written."""
+    it). eager_fused_norm's norm_type fused_rmsnorm is gone by 9810191^: not written."""
     components = [
         name
         for name, compiled in (
