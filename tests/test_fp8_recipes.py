@@ -13,12 +13,14 @@ a norm.
 from __future__ import annotations
 
 import pytest
-from test_golden import MODEL, SYSTEM
+from test_golden import HBM, MODEL, SYSTEM, linear_calibration
 from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.config.job import Job
+from itercast.costs.analytic import AnalyticCostModel
 from itercast.search.launch_settings import megatron_core_args, torchtitan_toml
+from itercast.workloads.transformer import Groups, pass_cost
 from itercast.workloads.transformer_ops import backward_of, layer_forward
 
 TOKENS, H = 32, 64
@@ -54,6 +56,27 @@ def test_rowwise_casts_a_row_and_a_column_scaled_copy():
     assert got["qkv.fp8_cast"] == pytest.approx((3 + 3) * TOKENS * H)  # 12,288
     assert got["qkv.fp8_cast.bwd"] == pytest.approx((5 + 3) * TOKENS * 3 * H)  # 49,152
     assert got["attn_proj.fp8_cast"] == pytest.approx((5 + 3) * TOKENS * H)  # 16,384
+
+
+@pytest.mark.parametrize(
+    ("recipe", "nbytes", "share"),
+    [
+        # torchao rowwise as torch.compile runs it reaches 0.30 of the elementwise bandwidth (fitted on torchao's
+        # LayerNorm -> Linear -> Sigmoid kernel table, validation/fp8_linear_speedup.py): 16,384 bytes take
+        # 16,384 / 0.30 / 1e11 s = 0.546 us; tensorwise's 12,288 bytes run at the curve, 0.123 us
+        ("rowwise", (5 + 3) * TOKENS * H, 0.30),
+        ("tensorwise", 6 * TOKENS * H, 1.0),
+    ],
+)
+def test_rowwise_casts_run_at_a_share_of_the_elementwise_bandwidth(recipe: str, nbytes: int, share: float):
+    one_gpu = {**FP8_SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 1}}
+    j = Job.from_dicts(MODEL, {"data_parallel": 1, "dtype": "fp8", "fp8_recipe": recipe}, one_gpu)
+    fwd = layer_forward(j.model, j.plan)
+    casts = [op for op in fwd + backward_of(fwd, j.plan) if op.label == "fp8_cast"]
+    assert casts and {op.bandwidth_share for op in casts} == {share}
+    proj = next(op for op in fwd if op.name == "attn_proj.fp8_cast")
+    costs = AnalyticCostModel(j.system, "fp8", linear_calibration())
+    assert pass_cost([proj], costs, Groups.of(j)).compute_s == pytest.approx(nbytes / share / HBM)
 
 
 def test_tensorwise_all_reduces_the_amax_of_sequence_parallel_inputs():

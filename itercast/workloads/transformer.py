@@ -538,7 +538,7 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
             sec = float(costs.attention_s(op.amount, op.attention))
             attention += sec
         elif op.family in ("elementwise", "norm", "activation"):
-            sec = float(costs.memory_s(op.family, op.amount))
+            sec = float(costs.memory_s(op.family, op.amount / op.bandwidth_share))
         else:
             continue
         kernel_s[op.name] = sec

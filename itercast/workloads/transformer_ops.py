@@ -33,7 +33,7 @@ projections and MLPs, shared and routed experts. Megatron-Core's output layer (i
 ColumnParallelLinear), the MoE router (a plain linear) and unfused attention's batched GEMMs are
 not Transformer Engine modules (no `Op.kn`) and stay in bf16 (`Op.te`), as fused attention does
 (costs/analytic.py). Each FP8 GEMM's input, and backward its output gradient, is cast to FP8 with
-its transpose (Transformer Engine's cast-transpose kernels, memory-bound: `_fp8_casts`); current
+its transpose (Transformer Engine's cast-transpose kernels, memory-bound: `fp8_casts`); current
 scaling recipes add an amax pass and reduction (plan.fp8_recipe, `fp8_cast_bytes`, `fp8_cast_kernels`);
 the weights are cast once per step (Transformer Engine: `weight_cast_step_bytes`, priced by the
 step graph) or on every micro-batch (torchao: `_weight_casts`), plan.fp8_weight_cast; experts pad
@@ -109,6 +109,9 @@ class Op:
     # a GEMM run as separate matmuls, these shares of `amount` each (plan.projections separate: wq, wk, wv;
     # w1, w3), each priced on its own FLOPs; () one GEMM
     parts: tuple[float, ...] = ()
+    # a memory-bound op that reaches this share of its curve's bandwidth (torchao's row-wise FP8 casts:
+    # ROWWISE_CAST_BANDWIDTH_SHARE); transformer.pass_cost prices amount / bandwidth_share bytes
+    bandwidth_share: float = 1.0
 
     @property
     def te(self) -> bool:
@@ -500,6 +503,17 @@ def fp8_cast_bytes(recipe: str, after_norm: bool) -> int:
     return {"delayed": 4, "tensorwise": 6 - fused_read, "rowwise": 8 - fused_read}[recipe]
 
 
+#: Share of the elementwise curve's bandwidth torchao's row-wise FP8 casts and rescales reach as torch.compile
+#: generates them (each tensor cast along both dims, the column-scaled copy through a transpose): FITTED, by least
+#: squares in log speedup, on torchao's own H100 kernel-time table of a compiled LayerNorm -> Linear -> Sigmoid,
+#: bf16 against float8 rowwise, forward and backward, at its 108 shapes with M >= 8,192 (pytorch/ao@fdddb2cf,
+#: data/published/kernels/torchao_float8_rowwise_linear_h100.csv; validation/fp8_linear_speedup.py prints the fit
+#: and the held-out M <= 4,096 shapes). At the roofline's bytes (share 1) itercast priced float8 rowwise 1.32x
+#: too fast there; the same table's tensorwise examples agree within 3% at a large shape, so the excess is in
+#: what rowwise alone runs. torchao's maintainers report torch.compile's casts along both dims slow (pytorch/ao
+#: #1788, #1869: a hand-written Triton cast ~2x faster). Measured compiled only; eager casts assumed no faster.
+ROWWISE_CAST_BANDWIDTH_SHARE = 0.30
+
 #: tensors one Transformer Engine multi-tensor cast-transpose launch takes (transformer_engine/common/
 #: transpose/multi_cast_transpose.cu kMaxTensorsPerKernel, 'Args must be <4 KB')
 MULTI_CAST_TENSORS = 64
@@ -639,7 +653,7 @@ def _rowwise_rescales(op: Op, plan: PlanConfig, rows: float) -> list[Op]:
     ]
 
 
-def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
+def fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
     """Under fp8 training, before each Transformer Engine GEMM the cast of its m × k input to FP8
     with the copy its weight gradient reads and, backward, the same of its m × n output gradient
     (`fp8_cast_bytes` per element, `fp8_cast_kernels`, by plan.fp8_recipe; an input is `after_norm`
@@ -647,7 +661,8 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
     micro-batch (`_weight_casts`). Routed experts (`count` GEMMs) cast each expert's rows and
     weights, in one multi-tensor launch when grouped (plan.moe_grouped_gemm). Delayed scaling is
     counted at 4 bytes also where TE fuses the cast into the layer norm
-    (which saves the 2-byte read there).
+    (which saves the 2-byte read there). rowwise: its casts, weight casts and rescales at
+    ROWWISE_CAST_BANDWIDTH_SHARE of the elementwise bandwidth (Op.bandwidth_share).
 
     tensorwise with sequence parallelism: the amax of a column-parallel GEMM's input (forward) and of
     a row-parallel GEMM's output gradient (backward) is all-reduced over the tensor-parallel group
@@ -679,7 +694,10 @@ def _fp8_casts(ops: list[Op], plan: PlanConfig) -> list[Op]:
                 backward_amount=fp8_cast_bytes(recipe, False) * rows * n,
                 backward_count=fp8_cast_kernels(recipe, False, op.count, grouped, te),
             )
-            out += [*_rowwise_rescales(op, plan, rows), cast, *_weight_casts(op, plan)]
+            casts = [*_rowwise_rescales(op, plan, rows), cast, *_weight_casts(op, plan)]
+            if recipe == "rowwise":
+                casts = [replace(c, bandwidth_share=ROWWISE_CAST_BANDWIDTH_SHARE) for c in casts]
+            out += casts
         out.append(op)
         if op.family not in COMM_FAMILIES:
             before = op.family
@@ -705,7 +723,7 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False, windo
     ops += [Op("residual_1", "elementwise", residual), post_attn_norm]
     ops += _moe_block(model, plan, sh) if moe else _mlp("mlp", f, model, plan, sh)
     ops.append(Op("residual_2", "elementwise", residual))
-    return _fp8_casts(_tp_overlapped(ops, plan), plan)
+    return fp8_casts(_tp_overlapped(ops, plan), plan)
 
 
 def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
@@ -801,7 +819,7 @@ def _eager(op: Op, elements: float, cost: EagerCost, tensors: int = 1) -> Op:
     activation kernels the norm and activation curves were fitted on (vidur's vLLM RMSNorm and
     silu-and-mul: 40% and 52% of HBM bandwidth at their peak); tools/eager_kernels.py checks the
     elementwise curve on eager H100 kernels. An FP8 cast after an eager norm is not fused with it
-    (`_fp8_casts`: the op before it is no longer a norm)."""
+    (`fp8_casts`: the op before it is no longer a norm)."""
     fwd, kernels, bwd, bwd_kernels = cost
     return replace(
         op,
