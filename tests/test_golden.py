@@ -237,6 +237,25 @@ def test_tp_comm_overlap_chunks_launch_more_gemms_and_ring_reduce_scatter_sums_t
     assert pass_cost(fwd, AnalyticCostModel(ring.system, "bf16", linear), groups).comm_s == pytest.approx(exposed)
 
 
+def test_pytorch_async_tp_sums_its_reduce_scatter_chunks_at_a_third_of_the_bandwidth():
+    # PyTorch's async TP (tp_layout dtensor) sums the partials of its matmul-reduce-scatter with torch.sum, at
+    # 23-43% of HBM peak (pytorch/pytorch#191803): 0.35 of the elementwise curve. The ring exchange of the test
+    # above, each step hidden behind 1 us of GEMM latency: what is left after each of the 2 reduce-scatters
+    # reads the 2 halves received and writes one, T·h·e · 3/2 = 6,144 bytes, at 0.35 × 1e11 B/s: 1.755e-7 s.
+    zero = {k: 0 for k in ("proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")}
+    plan = {"tensor_parallel": 2, "sequence_parallel": True, "tp_comm_overlap_sms": zero, "tp_layout": "dtensor"}
+    ring = job(tp_comm_overlap=True, tp_comm_overlap_rs="ring_exchange", **plan)
+    calibration = linear_calibration()
+    calibration["gemm"]["bf16"] = flat(alpha_s=1e-6)
+    costs, groups = AnalyticCostModel(ring.system, "bf16", calibration), Groups.of(ring)
+    fwd = layer_forward(ring.model, ring.plan)
+    assert [o.bandwidth_share for o in fwd if o.family == "tp_comm"] == [1.0, 0.35, 1.0, 0.35]
+    T, h = 32, 64
+    reduce_s = (T * h * 2 + T * h * 2 / 2) / 0.35 / HBM
+    assert reduce_s == pytest.approx(1.755e-7, rel=1e-3)
+    assert pass_cost(fwd, costs, groups).comm_s == pytest.approx(2 * reduce_s)
+
+
 def _contended(s: float, link: float = LINK, **plan) -> Job:
     """tp 2 with sequence parallelism on one node (NVLink of `link` bytes/s) of the linear GPU whose compute
     runs 1 + s times as long beside a collective (GPUSpec.overlap_compute_slowdown)."""

@@ -495,7 +495,8 @@ def _beside_s(
     transfer runs beside chunk i + 1's GEMM, so each of n − 1 steps takes the longer of the two. Ring exchange sends one
     chunk of amount / n to a neighbour per step; the first GEMM runs on the rank's own chunk
     (split_overlap_ag), and a reduce-scatter's last GEMM is its own chunk too, after which one kernel sums the
-    n chunks received (split_overlap_rs: reads amount, writes amount / n). Pipeline reduce-scatters each
+    n chunks received (split_overlap_rs: reads amount, writes amount / n), at the op's bandwidth_share of the
+    elementwise curve (PyTorch's torch.sum: transformer_ops.ASYNC_TP_SUM_BANDWIDTH_SHARE). Pipeline reduce-scatters each
     chunk of amount / n over the group, the last one after the last GEMM."""
     s = 0.0 if op.sm_margin or op.chunked == "ring_exchange" else costs.system.gpu.overlap_compute_slowdown
     if not op.chunked:
@@ -507,7 +508,7 @@ def _beside_s(
     else:
         step_s = costs.p2p_s(op.amount / n, not group.intra_node)
         rs = op.comm_kind == "reduce_scatter"
-        tail_s = float(costs.memory_s("elementwise", op.amount * (n + 1) / n)) if rs else 0.0
+        tail_s = float(costs.memory_s("elementwise", op.amount * (n + 1) / n / op.bandwidth_share)) if rs else 0.0
     chunk_s = kernel_s / n
     stretch_s = _stretch_s(s, step_s, chunk_s)  # each GEMM chunk beside one step
     return (n - 1) * max(0.0, step_s - chunk_s - stretch_s) + tail_s, (n - 1) * stretch_s

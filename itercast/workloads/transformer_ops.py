@@ -110,7 +110,8 @@ class Op:
     # w1, w3), each priced on its own FLOPs; () one GEMM
     parts: tuple[float, ...] = ()
     # a memory-bound op that reaches this share of its curve's bandwidth (torchao's row-wise FP8 casts:
-    # ROWWISE_CAST_BANDWIDTH_SHARE); transformer.pass_cost prices amount / bandwidth_share bytes
+    # ROWWISE_CAST_BANDWIDTH_SHARE; transformer.pass_cost prices amount / bandwidth_share bytes), or a chunked
+    # reduce-scatter whose final sum does (PyTorch's async TP: ASYNC_TP_SUM_BANDWIDTH_SHARE, transformer._beside_s)
     bandwidth_share: float = 1.0
 
     @property
@@ -467,10 +468,21 @@ def _sm_margin(plan: PlanConfig, gemm: str, use: str) -> int:
     return plan.overlap_sms(f"{layer}_{use}") if layer else 0
 
 
+#: Share of the elementwise curve's bandwidth the final sum of PyTorch's async-TP reduce-scatter reaches: its
+#: fused_matmul_reduce_scatter exchanges the GEMM's partials, then sums them with torch.sum(dim=0)
+#: (torch/distributed/_symmetric_memory/__init__.py _fused_matmul_reduce_scatter_impl, torch 2.13), which "reaches
+#: 23-43% of HBM peak" on its shapes, "instruction-bound: for a reduction of extent 2-8" (pytorch/pytorch#191803,
+#: 2026-07, its author's kernel measurements, replacing it with a Triton kernel at 82-88%): their geometric mean,
+#: 0.31 of peak, over the curve's 0.90 asymptote (costs/analytic.py memory_s). Transformer Engine's userbuffers
+#: reduce-scatter (tp_layout megatron) sums its chunks in a kernel of its own, priced at the curve.
+ASYNC_TP_SUM_BANDWIDTH_SHARE = 0.35
+
+
 def _tp_overlapped(ops: list[Op], plan: PlanConfig) -> list[Op]:
     """With plan.tp_comm_overlap: a tensor-parallel all-gather overlaps the GEMM right after it
     (Transformer Engine's ring exchange), a reduce-scatter the GEMM right before it (plan.tp_comm_overlap_rs,
-    which takes PlanConfig.overlap_sms SMs from that GEMM; module docstring)."""
+    which takes PlanConfig.overlap_sms SMs from that GEMM; module docstring); PyTorch's async TP (tp_layout
+    dtensor) sums a reduce-scatter's chunks at ASYNC_TP_SUM_BANDWIDTH_SHARE of the elementwise bandwidth."""
     if not plan.tp_comm_overlap:
         return ops
     out = list(ops)
@@ -482,7 +494,8 @@ def _tp_overlapped(ops: list[Op], plan: PlanConfig) -> list[Op]:
             rs = op.comm_kind == "reduce_scatter"
             margin = _sm_margin(plan, ops[j].name, "fprop") if rs else 0
             chunked = plan.tp_comm_overlap_rs if rs else "ring_exchange"
-            out[i] = replace(op, overlaps=ops[j].name, sm_margin=margin, chunked=chunked)
+            share = ASYNC_TP_SUM_BANDWIDTH_SHARE if rs and plan.tp_layout == "dtensor" else 1.0
+            out[i] = replace(op, overlaps=ops[j].name, sm_margin=margin, chunked=chunked, bandwidth_share=share)
     return out
 
 
