@@ -21,7 +21,7 @@ from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.search.launch_settings import megatron_core_args, torchtitan_toml
 from itercast.workloads.transformer import Groups, pass_cost
-from itercast.workloads.transformer_ops import backward_of, layer_forward
+from itercast.workloads.transformer_ops import backward_of, layer_forward, rowwise_note
 
 TOKENS, H = 32, 64
 #: test_golden's linear GPU with an fp8 rate (the op amounts here do not depend on it)
@@ -77,6 +77,17 @@ def test_rowwise_casts_run_at_a_share_of_the_elementwise_bandwidth(recipe: str, 
     proj = next(op for op in fwd if op.name == "attn_proj.fp8_cast")
     costs = AnalyticCostModel(j.system, "fp8", linear_calibration())
     assert pass_cost([proj], costs, Groups.of(j)).compute_s == pytest.approx(nbytes / share / HBM)
+
+
+def test_predict_says_what_the_rowwise_price_rests_on():
+    one_gpu = {**FP8_SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 1}}
+    plan = {"data_parallel": 1, "dtype": "fp8", "fp8_recipe": "rowwise"}
+    compiled = rowwise_note(Job.from_dicts(MODEL, {**plan, "pointwise_kernels": "compiled"}, one_gpu).plan)
+    assert compiled is not None and "0.3 of the elementwise bandwidth" in compiled and "Eager" not in compiled
+    eager = rowwise_note(Job.from_dicts(MODEL, {**plan, "pointwise_kernels": "eager"}, one_gpu).plan)
+    assert eager is not None and "Eager casts (no torch.compile) are priced the same: not measured." in eager
+    tensorwise = Job.from_dicts(MODEL, {**plan, "fp8_recipe": "tensorwise"}, one_gpu).plan
+    assert rowwise_note(tensorwise) is None
 
 
 def test_tensorwise_all_reduces_the_amax_of_sequence_parallel_inputs():

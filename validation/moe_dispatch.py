@@ -13,8 +13,9 @@ priced as itercast's flex dispatcher (a copy per GPU of the node holding one of 
 remote node holding one: transformer_ops.dispatch_share), on the same all-to-all curves.
 
 Read once, 2026-12-01, after transcription: the all-to-all dispatcher within -9.1% to +6.3% of every row
-(mean |error| 3.9%, mean signed -0.5%), across 1-8 nodes; HybridEP +37% to +45% at EP 8 (its NVLink kernel moves ~410 GB/s where
-NCCL's all-to-all reaches ~325: a faster kernel, not fewer bytes), -8% to -20% at EP 16, +18% to +41% at EP 32-64.
+(mean |error| 3.9%, mean signed -0.5%), across 1-8 nodes; HybridEP +37% to +45% at EP 8 (its NVLink kernel moves
+~410 GB/s where NCCL's all-to-all reaches ~325: a faster kernel, not fewer bytes), -8% to -20% at EP 16, +18% to
++41% at EP 32-64.
 No model change: the table states neither the router's node limit (DeepSeek-V3 sends a token to at most 4 nodes,
 which would cut the bytes HybridEP sends across nodes) nor the tokens' dtype, and HybridEP's own kernel
 efficiency is one measurement a size.

@@ -47,6 +47,7 @@ from itercast.workloads.transformer_ops import (
     flex_dispatch_note,
     gpt_oss_note,
     grad_accumulation_note,
+    rowwise_note,
     unaligned_logits_note,
 )
 
@@ -145,7 +146,13 @@ def predict_cmd(
         assert isinstance(result, Prediction)
         p = w.job.plan
         m = w.job.model
-        notes = (unaligned_logits_note(m, p), grad_accumulation_note(p), flex_dispatch_note(p), gpt_oss_note(m, p))
+        notes = (
+            unaligned_logits_note(m, p),
+            grad_accumulation_note(p),
+            flex_dispatch_note(p),
+            gpt_oss_note(m, p),
+            rowwise_note(p),
+        )
         for note in (*filter(None, notes), *result.extrapolated):
             warn(note)
     if as_json:

@@ -1540,7 +1540,21 @@ def flex_dispatch_note(plan: PlanConfig) -> str | None:
     return (
         "plan.moe_token_dispatcher flex: its all-to-alls are priced on the all-to-all curves over the bytes DeepEP / "
         "HybridEP send (a copy per GPU of a node and per remote node, experts drawn evenly); their own kernels, the "
-        "SMs they take from compute and the NVLink forwarding on the receiving node are not priced"
+        "SMs they take from compute and the NVLink forwarding on the receiving node are not priced (against "
+        "Megatron-Core's HybridEP latencies on H100, EP 8-64: +21% mean, +37% to +45% within one node; "
+        "validation/moe_dispatch.py)"
+    )
+
+
+def rowwise_note(plan: PlanConfig) -> str | None:
+    """What the price of torchao's float8 rowwise casts rests on, said where it is priced; None otherwise."""
+    if plan.dtype != "fp8" or plan.fp8_recipe != "rowwise":
+        return None
+    eager = " Eager casts (no torch.compile) are priced the same: not measured." if plan.eager_pointwise else ""
+    return (
+        f"plan.fp8_recipe rowwise: torchao's casts at {ROWWISE_CAST_BANDWIDTH_SHARE} of the elementwise bandwidth, "
+        "fitted on torchao's H100 table of a compiled LayerNorm -> Linear -> Sigmoid, where linears of N <= 2,048 "
+        "outputs remain priced ~1.4x too fast against bf16 (validation/fp8_linear_speedup.py)." + eager
     )
 
 
