@@ -1541,8 +1541,8 @@ def flex_dispatch_note(plan: PlanConfig) -> str | None:
         "plan.moe_token_dispatcher flex: its all-to-alls are priced on the all-to-all curves over the bytes DeepEP / "
         "HybridEP send (a copy per GPU of a node and per remote node, experts drawn evenly); their own kernels, the "
         "SMs they take from compute and the NVLink forwarding on the receiving node are not priced (against "
-        "Megatron-Core's HybridEP latencies on H100, EP 8-64: +21% mean, +37% to +45% within one node; "
-        "validation/moe_dispatch.py)"
+        "Megatron-Core's HybridEP latencies on H100, EP 8-64, priced 21% slow on average, 37-45% slow within one "
+        "node; validation/moe_dispatch.py)"
     )
 
 
