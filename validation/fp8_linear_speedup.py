@@ -16,8 +16,9 @@ table's month). Kernel time only, as the table's: no launch cost, no host.
 The rule, fixed before any predicted speedup was computed: on the cells of training size (M ≥ 8,192: the
 torchtitan rows' linears see 16K-131K local tokens), if the geomean of predicted / measured speedup departs
 from 1 by more than 5%, find from the sources which priced term departs (the GEMMs' curves or the casts'
-bytes) and correct it; otherwise no model change. Printed: per M band the geomean and worst ratio, and the
-cells of M ≥ 8,192 with N ≤ 2,048 (the narrow linears torchao's auto-filter leaves in bf16, pytorch/ao#2410:
+bytes) and correct it; otherwise no model change. Printed, at the roofline's bytes and as priced: per M band
+(each shape a distinct configuration) the geomean, mean |ratio − 1| and worst ratio, then on M ≥ 8,192 the
+geomean at N = 1,024 and 32,768 (the narrowest linears, where torchao's auto-filter keeps bf16, pytorch/ao#2410:
 "attention.wk and attention.wv layers were so small that float8 rowwise conversion resulted in significant
 slowdown (approx 40%)").
 
@@ -36,7 +37,8 @@ its script (benchmarks/float8/bench_linear_float8.py at pytorch/ao@8369268a) bac
 gradient is a broadcast of ones, so the output-gradient casts there run on no real data. The correction, fitted
 on this table: ROWWISE_CAST_BANDWIDTH_SHARE (transformer_ops), the share of the elementwise bandwidth the rowwise
 casts reach, the least-squares share on M ≥ 8,192: 0.30 (printed below). With it, at 700 W: fitted band x1.32 ->
-x0.995 (worst x1.60), held-out M ≤ 4,096 x1.60 -> x0.99 (worst x1.74). What it leaves: a trend in N (M ≥ 8,192:
+x0.995 (mean |ratio − 1| 34.6% -> 16.3%, worst x1.60), held-out M ≤ 4,096 x1.60 -> x0.99 (62.8% -> 20.4%,
+worst x1.74). What it leaves: a trend in N (M ≥ 8,192:
 x1.38 at N = 1,024, x0.84 at N = 32,768): the casts' cost does not scale with the bytes as priced, so a narrow
 linear's rowwise overhead stays underpriced and a wide one's overpriced.
 """
@@ -50,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.optimize import minimize_scalar
+from scipy.stats import gmean
 
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.data_paths import read_csv_rows
@@ -103,10 +106,6 @@ def ratios(
     return out
 
 
-def geomean(values: list[float]) -> float:
-    return float(np.exp(np.mean(np.log(values))))
-
-
 def main() -> None:
     argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0]).parse_args()
     rows = read_csv_rows(TABLE)
@@ -130,9 +129,10 @@ def main() -> None:
                 worst = band[np.argmax(np.abs(np.log(band)))]
                 held = " (held out)" if hi < 8192 else " (fitted)"
                 print(
-                    f"    M {lo:>5}-{hi:<5} geomean x{geomean(list(band)):.3f}  worst x{worst:.3f}  n={band.size}{held}"
+                    f"    M {lo:>5}-{hi:<5} geomean x{gmean(band):.3f}  mean |ratio - 1| "
+                    f"{np.mean(np.abs(band - 1)):.1%}  worst x{worst:.3f}  n={band.size}{held}"
                 )
-            by_n = {n: geomean([v for (m, _, nn), v in seen.items() if m >= 8192 and nn == n]) for n in (1024, 32768)}
+            by_n = {n: gmean([v for (m, _, nn), v in seen.items() if m >= 8192 and nn == n]) for n in (1024, 32768)}
             print("    M >= 8192, by N: " + "  ".join(f"N {n}: x{v:.3f}" for n, v in by_n.items()))
     print(f"\n{TENSORWISE.name}: the README's two tensorwise examples, dgx-h100 (700 W)")
     for r in read_csv_rows(TENSORWISE):

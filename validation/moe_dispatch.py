@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.fitting import geomean_abs_err, mean_abs_err
 from itercast.data_paths import read_csv_rows
 from itercast.workload import Job
 from itercast.workloads.transformer import Groups, pass_cost
@@ -63,23 +64,21 @@ def main() -> None:
     argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0]).parse_args()
     rows = [r for r in read_csv_rows(TABLE) if r["gpu"] == "h100"]
     print(f"{'op':9} {'dispatcher':10} {'EP':>3} {'nodes':>5} {'measured us':>11} {'priced us':>9} {'error':>7}")
-    errors: dict[str, list[float]] = {}
+    seen: dict[str, list[tuple[float, float]]] = {}  # dispatcher → (priced, measured) µs per row
     for r in rows:
         ep = int(r["ep"])
-        priced = priced_us(f"moe_{r['op']}", ep, DISPATCHER[r["dispatcher"]])
-        err = priced / float(r["microseconds"]) - 1
-        errors.setdefault(r["dispatcher"], []).append(err)
+        priced, measured = priced_us(f"moe_{r['op']}", ep, DISPATCHER[r["dispatcher"]]), float(r["microseconds"])
+        seen.setdefault(r["dispatcher"], []).append((priced, measured))
         nodes = max(ep // GPUS_PER_NODE, 1)
-        measured = float(r["microseconds"])
+        err = priced / measured - 1
         print(f"{r['op']:9} {r['dispatcher']:10} {ep:>3} {nodes:>5} {measured:>11.0f} {priced:>9.0f} {err:>+7.1%}")
-    print()
-    for dispatcher, errs in errors.items():
-        e = np.array(errs)
-        geo = float(np.exp(np.mean(np.log1p(np.abs(e))))) - 1
-        worst = e[np.argmax(np.abs(e))]
+    print("\nper dispatcher, each row a distinct configuration:")
+    for dispatcher, pairs in seen.items():
+        pred, meas = (np.array(x) for x in zip(*pairs, strict=True))
+        e = pred / meas - 1
         print(
-            f"{dispatcher:10} n={e.size}  geomean |error| {geo:.1%}  mean |error| {np.mean(np.abs(e)):.1%}  "
-            f"mean signed {np.mean(e):+.1%}  worst {worst:+.1%}"
+            f"{dispatcher:10} n={e.size}  geomean |error| {geomean_abs_err(pred, meas):.1%}  mean |error| "
+            f"{mean_abs_err(pred, meas):.1%}  mean signed {np.mean(e):+.1%}  max |error| {e[np.argmax(np.abs(e))]:+.1%}"
         )
 
 
