@@ -47,6 +47,7 @@ from itercast.workloads.transformer_ops import (
     flex_dispatch_note,
     gpt_oss_note,
     grad_accumulation_note,
+    moe_a2a_overlap_note,
     rowwise_note,
     unaligned_logits_note,
 )
@@ -150,6 +151,7 @@ def predict_cmd(
             unaligned_logits_note(m, p),
             grad_accumulation_note(p),
             flex_dispatch_note(p),
+            moe_a2a_overlap_note(p),
             gpt_oss_note(m, p),
             rowwise_note(p),
         )

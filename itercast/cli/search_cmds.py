@@ -64,11 +64,19 @@ from itercast.search.distribution_rank import DistributionOptions, rank_by_distr
 from itercast.search.dlrm_search import default_batches, search_dlrm
 from itercast.search.frameworks import RECOMPUTE_FIELDS, check_recompute, framework
 from itercast.search.objectives import DISTRIBUTION_OBJECTIVES, check_objective
-from itercast.search.plan_search import Progress, SearchRequest, SearchResult, check_fast_path_plan, run_search
+from itercast.search.plan_search import (
+    Progress,
+    SearchRequest,
+    SearchResult,
+    check_fast_path_plan,
+    plan_job,
+    run_search,
+)
 from itercast.search.plan_space import SpaceOptions
 from itercast.stochastic.variability import VariabilityModel
 from itercast.workload import DLRMWorkload, sharding_summary
 from itercast.workloads.dlrm import is_dlrm_model
+from itercast.workloads.transformer_ops import moe_a2a_overlap_note
 
 
 @app.command("search")
@@ -240,6 +248,9 @@ def search_cmd(
     )
     for note in dict.fromkeys(line for row in result.plans for line in row.get("extrapolated", [])):
         warn(f"{note} (the plans shown)")
+    overlapped = next((row for row in result.plans if row["plan"].get("moe_a2a_overlap")), None)
+    if overlapped is not None and (note := moe_a2a_overlap_note(plan_job(request, overlapped).plan)):
+        warn(f"{note} (the plans shown with it)")
     settings = framework_settings(raw["plan"], framework)
     if fmt == "json":
         doc = result.to_dict()

@@ -1,0 +1,52 @@
+"""The warning that goes with plan.moe_a2a_overlap states what the checking table's runs of it measured against
+the price: recomputed here from those rows, so the note fails this test once a model change moves the figures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+import checking_step_times as chk
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.config.job import Job
+from itercast.predict import predict
+from itercast.workloads.transformer_ops import moe_a2a_overlap_note
+
+ROWS = [r for r in chk.load_rows() if r.plan.get("moe_a2a_overlap")]
+
+
+def test_the_note_is_said_only_where_the_overlap_is_priced():
+    plan = Job.from_dicts(ROWS[0].model, ROWS[0].plan, ROWS[0].system).plan
+    assert moe_a2a_overlap_note(plan.model_copy(update={"moe_a2a_overlap": False})) is None
+    assert "combined_1f1b.py" in (moe_a2a_overlap_note(plan) or "")
+
+
+def test_the_note_states_the_measured_over_predicted_ratios_of_the_checking_runs_of_it():
+    ratios: dict[str, list[float]] = {}
+    for r in ROWS:
+        predicted_s = predict(Job.from_dicts(r.model, r.plan, r.system)).step_time_s
+        ratios.setdefault(r.model["preset"], []).append(r.measured_s / predicted_s)
+    # the table's runs of it: 2 of Qwen3 30B-A3B, 5 of Qwen3 235B-A22B, 1 of DeepSeek-V3
+    assert {k: len(v) for k, v in ratios.items()} == {"qwen3-30b-a3b": 2, "qwen3-235b-a22b": 5, "deepseek-v3": 1}
+    note = moe_a2a_overlap_note(Job.from_dicts(ROWS[0].model, ROWS[0].plan, ROWS[0].system).plan) or ""
+    for preset, said in (("qwen3-30b-a3b", "Qwen3 30B-A3B"), ("qwen3-235b-a22b", "Qwen3 235B-A22B")):
+        lo, hi = min(ratios[preset]), max(ratios[preset])
+        assert f"{said} (hidden" in note and f") {lo:.2f}-{hi:.2f}x" in note
+    assert f") {ratios['deepseek-v3'][0]:.2f}x" in note
+
+
+def test_predict_and_search_say_it_where_the_plan_overlaps_the_all_to_alls():
+    args = ["--model", "qwen3-30b-a3b", "--system", "dgx-h100", "--set", "system.num_nodes=2"]
+    args += ["--set", "plan.global_batch_size=64", "--set", "plan.moe_a2a_overlap=true"]
+    pipelined = ["--set", "plan.pipeline_parallel=2", "--set", "plan.virtual_pipeline=12"]
+    pipelined += ["--set", "plan.schedule=interleaved-1f1b", "--set", "plan.expert_parallel=8"]
+    said = "not priced: the combined 1F1B schedule's own work"
+    res = CliRunner().invoke(app, ["predict", *args, *pipelined])
+    assert res.exit_code == 0 and said in res.output
+    plain = CliRunner().invoke(app, ["predict", *args[:-2], *pipelined])
+    assert plain.exit_code == 0 and said not in plain.output
+    found = CliRunner().invoke(app, ["search", *args, "--top", "2"])
+    assert found.exit_code == 0 and f"{said}" in found.output and "(the plans shown with it)" in found.output
