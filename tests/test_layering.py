@@ -10,7 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "itercast"
 #: lowest first. sim runs any ExecGraph and knows no workload, so it sits under the workloads that build
 #: graphs (DESIGN.md §8 lists it above them); memory under workloads (the transformer graph reads the
 #: stage parameters it counts); traces and profile above the cost models they feed and read; workload,
-#: the one interface the commands use, over all of them; figures (README figures recomputed) beside the CLI
+#: the one interface the commands use, over all of them; figures (README figures recomputed) beside the CLI;
+#: checked_runs (the checking table's steps kept, to say beside a forecast) beside predict
 FLOORS: list[set[str]] = [
     {"errors", "user_files", "measurements", "data_paths"},
     {"config"},
@@ -21,7 +22,7 @@ FLOORS: list[set[str]] = [
     {"workloads"},
     {"traces"},
     {"profile"},
-    {"predict"},
+    {"predict", "checked_runs"},
     {"replay"},
     {"search", "stochastic"},
     {"report"},

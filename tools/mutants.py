@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("itercast", "tests", "tools")  # copied (mutated, and tests import the copy); the rest is linked
+COPIED = ("itercast", "tests", "tools", "validation")  # copied (mutated; tests, and the validation scripts tests
+#: import, which put their own checkout first on sys.path, import the copy); the rest is linked
 NOT_LINKED = {".git", ".venv", "itercast.egg-info", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
 
@@ -1224,6 +1225,17 @@ MUTANTS: tuple[Mutant, ...] = (
       "the flex dispatcher priced as the all-to-all dispatcher, a copy per expert", _t("moe")),
     M("search/launch_settings.py", 'return ["moe_shared_expert_overlap"] if model.moe_shared_ffn_hidden_size else []',
       "return []", "shared experts priced beside the dispatch but launched before the router", _t("frameworks")),
+    # -- session 29: how a model's checking runs compared, said beside its forecast -------------------------
+    M("checked_runs.py", "return self.measured_s / self.predicted_s", "return self.predicted_s / self.measured_s",
+      "a checked run's ratio upside down (predicted over measured)", _t("checked_runs")),
+    M("checked_runs.py", "if r.gpu_family == family and r.model == signature]", "if r.model == signature]",
+      "another GPU family's runs of the model counted as this one's", _t("checked_runs")),
+    M("checked_runs.py", "farthest = max(runs, key=lambda r: abs(r.ratio - 1))",
+      "farthest = max(runs, key=lambda r: r.ratio)",
+      "the farthest run taken as the most too-fast one, not the one farthest from the price", _t("checked_runs")),
+    M("checked_runs.py", 'return model.model_dump(mode="json", exclude=set(NOT_THE_MODEL))',
+      'return model.model_dump(mode="json", exclude={"name"})',
+      "a run at another sequence length no longer counted as the same model", _t("checked_runs")),
 )
 # fmt: on
 

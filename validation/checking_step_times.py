@@ -31,12 +31,13 @@ import math
 import re
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.checked_runs import CheckedRun, model_signature
 from itercast.config.job import Job, parse_section
 from itercast.errors import ConfigError
 from itercast.predict import predict
@@ -254,14 +255,60 @@ def report_summary(rows: list[Row]) -> None:
         print(f"  {row.source:40} {row.label[:72]:72}  {row.memory_gib:.1f} GiB > {row.capacity_gib:.1f} GiB")
 
 
+def checked(rows: list[Row]) -> list[CheckedRun]:
+    """The predicted rows per distinct configuration (as `distinct` groups them), its measured step the median of
+    its measurements, for itercast/checked_runs.py."""
+    out = []
+    for row, error in distinct(rows):
+        assert row.predicted_s is not None
+        job = Job.from_dicts(row.model, row.plan, row.system)
+        out.append(
+            CheckedRun(
+                label=row.label,
+                source=row.source,
+                gpu_family=row.family,
+                gpus=row.gpus,
+                seq_length=job.model.seq_length,
+                measured_s=row.predicted_s / (1 + error),
+                predicted_s=row.predicted_s,
+                model=model_signature(job.model),
+            )
+        )
+    return out
+
+
+def write_checked(rows: list[Row], path: Path) -> None:
+    """Write `checked(rows)` as itercast/checked_runs.py reads it."""
+    runs = [asdict(run) for run in checked(rows)]
+    models = list({json.dumps(run["model"], sort_keys=True): run["model"] for run in runs}.values())
+    for run in runs:  # each model once: the runs name it by its place in `models`
+        run["model"] = models.index(run["model"])
+    doc = {
+        "written_by": "python validation/checking_step_times.py --write-checked itercast/checked_runs.json",
+        "models": models,
+        "runs": runs,
+    }
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"\nwrote {len(doc['runs'])} configurations to {path}")
+
+
 def main() -> None:
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    ).parse_args()
+    )
+    parser.add_argument(
+        "--write-checked",
+        type=Path,
+        metavar="PATH",
+        help="also write each configuration's measured and predicted step (itercast/checked_runs.json)",
+    )
+    args = parser.parse_args()
     rows = load_rows()
     run(rows)
     report_rows(rows)
     report_summary(rows)
+    if args.write_checked is not None:
+        write_checked(rows, args.write_checked)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
@@ -216,7 +217,7 @@ def _plain(cell: str) -> str:
 
 def warn(message: str) -> None:
     """A warning on stderr (the answer on stdout stays parseable)."""
-    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {escape(message)}", highlight=False)
 
 
 def fail(message: str) -> NoReturn:

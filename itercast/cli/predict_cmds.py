@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from itercast.checked_runs import checked_note
 from itercast.cli.app import (
     EXIT_OOM,
     CalibrationOpt,
@@ -154,6 +155,7 @@ def predict_cmd(
             moe_a2a_overlap_note(p),
             gpt_oss_note(m, p),
             rowwise_note(p),
+            checked_note(w.job),
         )
         for note in (*filter(None, notes), *result.extrapolated):
             warn(note)

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from itercast.checked_runs import checked_note
 from itercast.cli.app import (
     CalibrationOpt,
     ExampleOpt,
@@ -251,6 +252,8 @@ def search_cmd(
     overlapped = next((row for row in result.plans if row["plan"].get("moe_a2a_overlap")), None)
     if overlapped is not None and (note := moe_a2a_overlap_note(plan_job(request, overlapped).plan)):
         warn(f"{note} (the plans shown with it)")
+    if result.plans and (note := checked_note(plan_job(request, result.plans[0]))):
+        warn(note)
     settings = framework_settings(raw["plan"], framework)
     if fmt == "json":
         doc = result.to_dict()

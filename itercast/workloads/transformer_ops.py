@@ -1556,10 +1556,10 @@ def moe_a2a_overlap_note(plan: PlanConfig) -> str | None:
         "priced: the combined 1F1B schedule's own work (Megatron-Core pipeline_parallel/combined_1f1b.py: each "
         "layer run as sub-module nodes on a compute and a communication stream with events between them, each "
         "node's backward its own autograd call; delay_wgrad_compute's deferred weight gradients). Measured / priced "
-        "on the checking table's runs of it (validation/checking_step_times.py): Qwen3 30B-A3B (hidden 2,048; 16 "
-        "H100, PP 2, EP 8) 2.42-2.57x, Qwen3 235B-A22B (hidden 4,096; 256 H100, TP 2, PP 8, EP 32) 0.89-0.96x, "
-        "DeepSeek-V3 (hidden 7,168; 1,024 H100, EP 64) 1.08x: what is left out weighs most where a layer's kernels "
-        "are short"
+        "on the checking table's configurations of it (validation/checking_step_times.py, a configuration measured "
+        "in several releases at their median): Qwen3 30B-A3B (hidden 2,048; 16 H100, PP 2, EP 8) 2.42-2.57x, "
+        "Qwen3 235B-A22B (hidden 4,096; 256 H100, TP 2, PP 8, EP 32) 0.92-0.96x, DeepSeek-V3 (hidden 7,168; 1,024 "
+        "H100, EP 64) 1.08x: what is left out weighs most where a layer's kernels are short"
     )
 
 

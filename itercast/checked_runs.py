@@ -1,0 +1,95 @@
+"""How itercast's step compared with published runs of the same model on the same GPU family.
+
+The checking table (data/published/checking/: published runs nothing in itercast was tuned on, read by
+validation/checking_step_times.py) is kept here per distinct configuration, its measured step (the median of a
+configuration's measurements, seconds) beside itercast's (seconds) and the model it ran, in checked_runs.json
+(each model once),
+written by `python validation/checking_step_times.py --write-checked itercast/checked_runs.json`.
+tests/test_checked_runs.py predicts every kept configuration again, so a model change that moves one fails the
+tests until the file is written again. `checked_note` says, for a job, how its model's runs on its GPU family
+compared: a forecast's error bar where one was measured, said beside the forecast.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from itercast.config.job import Job
+from itercast.config.model import ModelConfig
+
+CHECKED_RUNS_PATH = Path(__file__).with_name("checked_runs.json")
+#: ModelConfig fields a run of "the same model" may differ in: the preset's name and the sequence length
+NOT_THE_MODEL = frozenset({"name", "seq_length"})
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """One distinct configuration of the checking table: where it comes from, and its two step times."""
+
+    label: str
+    source: str  # the checking file's stem
+    gpu_family: str  # A100, H100, H200, V100: the GPU's name up to its first dash
+    gpus: int
+    seq_length: int
+    measured_s: float  # median of the configuration's published measurements
+    predicted_s: float  # itercast's step when the file was written
+    model: dict[str, Any]  # model_signature of the run's model (in the file: its place in "models")
+
+    @property
+    def ratio(self) -> float:
+        """Measured over predicted step: above 1 where itercast is too fast."""
+        return self.measured_s / self.predicted_s
+
+
+def model_signature(model: ModelConfig) -> dict[str, Any]:
+    """The model's architecture: every validated field but NOT_THE_MODEL, JSON-typed."""
+    return model.model_dump(mode="json", exclude=set(NOT_THE_MODEL))
+
+
+def gpu_family(gpu_name: str) -> str:
+    """A GPU's family: its name up to the first dash (H100-SXM5-80GB: H100)."""
+    return gpu_name.split("-")[0]
+
+
+@cache
+def checked_runs(path: Path = CHECKED_RUNS_PATH) -> tuple[CheckedRun, ...]:
+    """The kept configurations (empty where the file is absent)."""
+    if not path.is_file():
+        return ()
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    models = doc["models"]
+    return tuple(CheckedRun(**{**run, "model": models[run["model"]]}) for run in doc["runs"])
+
+
+def runs_like(job: Job, path: Path = CHECKED_RUNS_PATH) -> list[CheckedRun]:
+    """The kept runs of the job's model (any sequence length) on its GPU family."""
+    signature, family = model_signature(job.model), gpu_family(job.system.gpu.name)
+    return [r for r in checked_runs(path) if r.gpu_family == family and r.model == signature]
+
+
+def checked_note(job: Job, path: Path = CHECKED_RUNS_PATH) -> str | None:
+    """How the job's model's published runs on its GPU family compared with itercast's step, or None without
+    any: their count, the range and median of measured / predicted, and the farthest run."""
+    runs = runs_like(job, path)
+    if not runs:
+        return None
+    ratios = [r.ratio for r in runs]
+    farthest = max(runs, key=lambda r: abs(r.ratio - 1))
+    family = runs[0].gpu_family
+    if len(runs) == 1:
+        spread = f"measured / predicted {ratios[0]:.2f}x"
+    else:
+        spread = (
+            f"measured / predicted {min(ratios):.2f}x to {max(ratios):.2f}x, median "
+            f"{statistics.median(ratios):.2f}x; farthest: {farthest.label}, {farthest.ratio:.2f}x"
+        )
+    configurations = "configuration" if len(runs) == 1 else "configurations"
+    return (
+        f"checked: published runs of this model on {family} GPUs in {len(runs)} {configurations} (plans and sizes "
+        f"of their own; the checking table, {', '.join(sorted({r.source for r in runs}))}): {spread}"
+    )

@@ -1,0 +1,104 @@
+"""itercast/checked_runs.py: the checking table's configurations kept with their measured and predicted steps, and
+the note that says how a job's model fared on its GPU family. The kept file must be what the checking table and
+the current models give: a model change that moves a configuration fails here until the file is written again
+(`python validation/checking_step_times.py --write-checked itercast/checked_runs.json`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+import checking_step_times as chk
+
+from itercast.checked_runs import CHECKED_RUNS_PATH, checked_note, checked_runs, model_signature, runs_like
+from itercast.cli import app
+from itercast.config.job import Job
+
+
+def test_the_kept_file_is_what_the_checking_table_and_the_models_give_now():
+    rows = chk.load_rows()
+    chk.run(rows)
+    now = {r.label: r for r in chk.checked(rows)}
+    kept = {r.label: r for r in checked_runs(CHECKED_RUNS_PATH)}
+    again = "write it again: python validation/checking_step_times.py --write-checked itercast/checked_runs.json"
+    assert set(kept) == set(now), again
+    for label, run in kept.items():
+        assert run.predicted_s == pytest.approx(now[label].predicted_s, rel=1e-9), f"{label}: {again}"
+        assert run.measured_s == pytest.approx(now[label].measured_s, rel=1e-12), f"{label}: {again}"
+        assert run.model == now[label].model and run.gpu_family == now[label].gpu_family, f"{label}: {again}"
+
+
+def _write(path: Path, job: Job, runs: list[tuple[str, str, float, float]]) -> Path:
+    """A kept file of `runs` (label, GPU family, measured s, predicted s), all of the job's model."""
+    doc = {
+        "models": [model_signature(job.model)],
+        "runs": [
+            {
+                "label": label,
+                "source": "hand",
+                "gpu_family": family,
+                "gpus": 8,
+                "seq_length": 4096,
+                "measured_s": measured,
+                "predicted_s": predicted,
+                "model": 0,
+            }
+            for label, family, measured, predicted in runs
+        ],
+    }
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_the_note_by_hand(tmp_path):
+    job = Job.from_dicts({"preset": "llama3-8b"}, {}, {"preset": "dgx-h100"})
+    path = _write(
+        tmp_path / "kept.json",
+        job,
+        [("a", "H100", 12.0, 10.0), ("b", "H100", 5.0, 10.0), ("c", "H100", 26.0, 20.0), ("d", "A100", 50.0, 10.0)],
+    )
+    # H100's three: 12/10 = 1.20, 5/10 = 0.50 (the farthest from 1, though not the largest), 26/20 = 1.30; A100's
+    # 5.00 is another family
+    note = checked_note(job, path) or ""
+    assert (
+        "on H100 GPUs in 3 configurations" in note
+        and "(plans and sizes of their own; the checking table, hand)" in note
+    )
+    assert note.endswith("measured / predicted 0.50x to 1.30x, median 1.20x; farthest: b, 0.50x")
+    one = _write(tmp_path / "one.json", job, [("a", "H100", 12.0, 10.0)])
+    assert (checked_note(job, one) or "").endswith(
+        "in 1 configuration (plans and sizes of their own; the checking table, hand): measured / predicted 1.20x"
+    )
+
+
+def test_a_run_counts_for_the_same_model_at_any_sequence_length_on_the_same_gpu_family_only(tmp_path):
+    job = Job.from_dicts({"preset": "llama3-8b"}, {}, {"preset": "dgx-h100"})
+    path = _write(tmp_path / "kept.json", job, [("a", "H100", 12.0, 10.0)])
+    longer = Job.from_dicts({"preset": "llama3-8b", "seq_length": 32768}, {}, {"preset": "dgx-h100"})
+    assert [r.label for r in runs_like(longer, path)] == ["a"]
+    wider = Job.from_dicts({"preset": "llama3-8b", "hidden_size": 4224}, {}, {"preset": "dgx-h100"})
+    assert runs_like(wider, path) == [] and checked_note(wider, path) is None
+    a100 = Job.from_dicts({"preset": "llama3-8b"}, {}, {"preset": "dgx-a100"})
+    assert runs_like(a100, path) == []
+    assert checked_runs(tmp_path / "absent.json") == ()
+
+
+def test_predict_says_how_the_models_published_runs_compared():
+    args = ["predict", "--model", "gpt-oss-120b", "--system", "dgx-h100", "--set", "system.num_nodes=8"]
+    args += [
+        "--set",
+        "plan.expert_parallel=8",
+        "--set",
+        "plan.pipeline_parallel=4",
+        "--set",
+        "plan.global_batch_size=64",
+    ]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0 and "checked: published runs of this model on H100 GPUs in 2 configurations" in res.output
+    plain = CliRunner().invoke(app, ["predict", "--example"])  # GPT-3 175B's checking runs are custom models
+    assert plain.exit_code == 0 and "checked:" not in plain.output
