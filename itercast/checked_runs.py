@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ class CheckedRun:
     seq_length: int
     measured_s: float  # median of the configuration's published measurements
     predicted_s: float  # itercast's step when the file was written
-    model: dict[str, Any]  # model_signature of the run's model (in the file: its place in "models")
+    model: dict[str, Any] = field(repr=False)  # model_signature of the run's model (in the file: its place in "models")
 
     @property
     def ratio(self) -> float:

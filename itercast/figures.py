@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from itercast.checked_runs import runs_like
 from itercast.config.job import Job, parse_section
 from itercast.data_paths import shared_data_dir
 from itercast.predict import Prediction, predict
@@ -93,6 +95,13 @@ def _predicted(name: str) -> Prediction:
         "mixed all a100": lambda: _mixed_job({"preset": "dgx-a100", "num_nodes": 2}, None),
     }
     return predict(jobs[name]())
+
+
+def _checked_llama() -> list[float]:
+    """Measured over predicted steps of the kept checking runs of job.yaml's model on its GPU family (the note
+    `predict job.yaml` prints: checked_runs.checked_note)."""
+    job = Job.from_presets("llama3-70b", "dgx-h100", 8, LLAMA_JOB_PLAN | {"tensor_parallel": 8})
+    return [run.ratio for run in runs_like(job)]
 
 
 def _dlrm_small_ms(batch_per_rank: int) -> Callable[[], float]:
@@ -177,6 +186,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure("job.yaml: memory per GPU", r"s per step, " + NUMBER + " GiB of 80 per GPU", _gib("llama tp8"), 0.05),
     Figure("job.yaml at tp 4: step", r"faster, " + NUMBER + " s, but needs", _step("llama tp4"), 0.05),
     Figure("job.yaml at tp 4: memory", r"but needs " + NUMBER + " GiB: out of memory", _gib("llama tp4"), 0.05),
+    Figure("job.yaml: checked configurations", r"on H100 GPUs in " + NUMBER + r" configurations \(…\)",
+           lambda: len(_checked_llama()), 0.5),
+    Figure("job.yaml: checked, lowest", r"predicted " + NUMBER + r"x to ", lambda: min(_checked_llama()), 0.005),
+    Figure("job.yaml: checked, highest", r"x to " + NUMBER + r"x, median", lambda: max(_checked_llama()), 0.005),
+    Figure("job.yaml: checked, median", r"median " + NUMBER + r"x`\. A ratio",
+           lambda: statistics.median(_checked_llama()), 0.005),
     Figure("dlrm-small on 2 H100, host-bound", r"`dlrm-small` on 2 H100: " + NUMBER + " ms from 64", _dlrm_small_ms(64),
            0.005),
     Figure("dlrm-small on 2 H100, at 4,096", r"`dlrm-small` on 2 H100: " + NUMBER + " ms from 64", _dlrm_small_ms(4096),

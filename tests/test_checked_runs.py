@@ -102,3 +102,17 @@ def test_predict_says_how_the_models_published_runs_compared():
     assert res.exit_code == 0 and "checked: published runs of this model on H100 GPUs in 2 configurations" in res.output
     plain = CliRunner().invoke(app, ["predict", "--example"])  # GPT-3 175B's checking runs are custom models
     assert plain.exit_code == 0 and "checked:" not in plain.output
+
+
+def test_predict_json_lists_those_runs_with_their_ratio():
+    args = ["predict", "--model", "gpt-oss-120b", "--system", "dgx-h100", "--set", "system.num_nodes=8", "--json"]
+    args += ["--set", "plan.expert_parallel=8", "--set", "plan.pipeline_parallel=4"]
+    args += ["--set", "plan.global_batch_size=64"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)
+    kept = {r.label: r for r in checked_runs()}
+    assert len(doc["checked_runs"]) == 2 and "model" not in doc["checked_runs"][0]
+    for run in doc["checked_runs"]:
+        assert run["measured_s"] == kept[run["label"]].measured_s and run["gpu_family"] == "H100"
+        assert run["ratio"] == pytest.approx(run["measured_s"] / run["predicted_s"])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from itercast.checked_runs import checked_note
+from itercast.checked_runs import checked_note, runs_like
 from itercast.cli.app import (
     EXIT_OOM,
     CalibrationOpt,
@@ -160,7 +161,11 @@ def predict_cmd(
         for note in (*filter(None, notes), *result.extrapolated):
             warn(note)
     if as_json:
-        echo_json(result.to_dict())
+        doc = result.to_dict()
+        if isinstance(w, TransformerWorkload):  # the published runs of its model the note above summed up
+            runs = [{k: v for k, v in asdict(r).items() if k != "model"} for r in runs_like(w.job)]
+            doc["checked_runs"] = [{**run, "ratio": run["measured_s"] / run["predicted_s"]} for run in runs]
+        echo_json(doc)
     else:
         print_forecast(w, result, trace)
         if isinstance(w, TransformerWorkload) and cal is not None and "host_overheads" in cal:
