@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from itercast.checked_runs import runs_like
 from itercast.config.job import Job, blame_overrides, raw_sections
 from itercast.errors import ConfigError
 from itercast.memory import MemoryEstimate
@@ -312,4 +313,26 @@ def report_sections(
         rep.Section(
             "Critical path by family", rep.seconds_by_family_svg(r.critical_path, "seconds on the critical path")
         ),
+        *_checked_section(w),
+    ]
+
+
+def _checked_section(w: TransformerWorkload | DLRMWorkload) -> list[rep.Section]:
+    """The checking table's runs of a transformer job's model on its GPU family (checked_runs.runs_like), one row
+    each, or nothing where there are none."""
+    runs = runs_like(w.job) if isinstance(w, TransformerWorkload) else []
+    if not runs:
+        return []
+    headers = ["published run", "source", "GPUs", "tokens a sequence", "measured", "itercast", "measured / itercast"]
+    rows = [
+        (r.label, r.source, r.gpus, r.seq_length, seconds(r.measured_s), seconds(r.predicted_s), f"{r.ratio:.2f}x")
+        for r in sorted(runs, key=lambda r: (r.gpus, r.label))
+    ]
+    return [
+        rep.Section(
+            f"Published runs of this model on {runs[0].gpu_family} GPUs (the checking table)",
+            rep.table_html(headers, rows)
+            + '<p class="note">Each its own plan and size, measured by its source, against itercast\'s step for it '
+            "(validation/checking_step_times.py): above 1x itercast was too fast.</p>",
+        )
     ]

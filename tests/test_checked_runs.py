@@ -116,3 +116,35 @@ def test_predict_json_lists_those_runs_with_their_ratio():
     for run in doc["checked_runs"]:
         assert run["measured_s"] == kept[run["label"]].measured_s and run["gpu_family"] == "H100"
         assert run["ratio"] == pytest.approx(run["measured_s"] / run["predicted_s"])
+
+
+def test_a_job_report_tables_those_runs_and_a_model_without_any_gets_none(tmp_path):
+    out = tmp_path / "oss.html"
+    args = ["report", "--model", "gpt-oss-120b", "--system", "dgx-h100", "--set", "system.num_nodes=8"]
+    args += ["--set", "plan.expert_parallel=8", "--set", "plan.pipeline_parallel=4", "--samples", "100"]
+    res = CliRunner().invoke(app, [*args, "--set", "plan.global_batch_size=64", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    section = page[page.index("Published runs of this model on H100 GPUs (the checking table)") :]
+    for run in checked_runs():
+        if run.model["num_experts"] == 128 and run.model["hidden_size"] == 2880:  # GPT-OSS 120B's two
+            assert f"<td>{run.label}</td>" in section and f"<td>{run.measured_s / run.predicted_s:.2f}x</td>" in section
+    assert section.count("<tr>") == 1 + 2  # the header and the two configurations
+    plain = tmp_path / "tiny.html"
+    res = CliRunner().invoke(
+        app,
+        [
+            "report",
+            "--model",
+            "moe-tiny",
+            "--system",
+            "dgx-h100",
+            "--samples",
+            "100",
+            "--set",
+            "plan.global_batch_size=32",
+            "-o",
+            str(plain),
+        ],
+    )
+    assert res.exit_code == 0 and "Published runs of this model" not in plain.read_text()
