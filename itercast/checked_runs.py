@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -93,3 +93,9 @@ def checked_note(job: Job, path: Path = CHECKED_RUNS_PATH) -> str | None:
         f"checked: published runs of this model on {family} GPUs in {len(runs)} {configurations} (plans and sizes "
         f"of their own; the checking table, {', '.join(sorted({r.source for r in runs}))}): {spread}"
     )
+
+
+def checked_runs_json(job: Job, path: Path = CHECKED_RUNS_PATH) -> list[dict[str, Any]]:
+    """`runs_like(job)` as JSON objects (without the model), each with its ratio, measured over predicted."""
+    runs = [{k: v for k, v in asdict(r).items() if k != "model"} for r in runs_like(job, path)]
+    return [{**run, "ratio": run["measured_s"] / run["predicted_s"]} for run in runs]

@@ -148,3 +148,13 @@ def test_a_job_report_tables_those_runs_and_a_model_without_any_gets_none(tmp_pa
         ],
     )
     assert res.exit_code == 0 and "Published runs of this model" not in plain.read_text()
+
+
+def test_search_json_lists_them_too():
+    args = ["search", "--model", "gpt-oss-120b", "--system", "dgx-h100", "--set", "system.num_nodes=8"]
+    res = CliRunner().invoke(app, [*args, "--set", "plan.global_batch_size=64", "--top", "2", "--json"])
+    assert res.exit_code == 0
+    listed = json.loads(res.stdout)["checked_runs"]
+    assert sorted(run["label"] for run in listed) == sorted(
+        run.label for run in checked_runs() if run.model["hidden_size"] == 2880 and run.gpu_family == "H100"
+    )

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from itercast.checked_runs import checked_note, runs_like
+from itercast.checked_runs import checked_note, checked_runs_json
 from itercast.cli.app import (
     EXIT_OOM,
     CalibrationOpt,
@@ -163,8 +162,7 @@ def predict_cmd(
     if as_json:
         doc = result.to_dict()
         if isinstance(w, TransformerWorkload):  # the published runs of its model the note above summed up
-            runs = [{k: v for k, v in asdict(r).items() if k != "model"} for r in runs_like(w.job)]
-            doc["checked_runs"] = [{**run, "ratio": run["measured_s"] / run["predicted_s"]} for run in runs]
+            doc["checked_runs"] = checked_runs_json(w.job)
         echo_json(doc)
     else:
         print_forecast(w, result, trace)

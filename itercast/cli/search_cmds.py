@@ -15,7 +15,7 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from itercast.checked_runs import checked_note
+from itercast.checked_runs import checked_note, checked_runs_json
 from itercast.cli.app import (
     CalibrationOpt,
     ExampleOpt,
@@ -258,6 +258,7 @@ def search_cmd(
     if fmt == "json":
         doc = result.to_dict()
         doc["framework_settings"] = {k: {"search": v, "predict": d} for k, (v, d) in settings.items()}
+        doc["checked_runs"] = checked_runs_json(plan_job(request, result.plans[0])) if result.plans else []
         if sampling is not None:
             doc["distribution"] = {
                 "model": sampling.model.__dict__,
