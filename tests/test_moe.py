@@ -75,12 +75,18 @@ def test_moe_layer_ops_by_hand():
     assert ops["expert_up"].amount == 2 * rows * h * 2 * fe / 2
     assert ops["expert_down"].amount == 2 * rows * fe * h / 2
     assert "mlp_up" not in ops
+    # Megatron-Core >= 0.13 sends each routed copy's fp32 routing probability in an all-to-all of its own
+    assert ops["moe_dispatch.probs"].amount == rows * 4 and ops["moe_dispatch.probs"].comm_kind == "alltoall"
+    assert ops["moe_dispatch.probs"].group == "ep" and not ops["moe_dispatch.probs"].overlaps
     fwd = layer_cost(j)
     a2a_s = rows * h * e * (2 - 1) / 2 / LINK  # all-to-all over 2 ranks: half the buffer leaves
-    assert fwd.family_s["ep_alltoall"] == pytest.approx(2 * a2a_s)
+    probs_s = rows * 4 * (2 - 1) / 2 / LINK
+    assert fwd.family_s["ep_alltoall"] == pytest.approx(2 * a2a_s + probs_s)
     bwd_ops = ops_by_name(j, backward=True)
     assert bwd_ops["expert_up.dgrad"].count == bwd_ops["expert_up.wgrad"].count == 2
-    assert layer_cost(j, backward=True).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s)
+    assert layer_cost(j, backward=True).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s + probs_s)
+    # before Megatron-Core 0.13 the combine weighted the copies on the sending rank: no probabilities sent
+    assert layer_cost(moe_job(moe_probs_alltoall=False)).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s)
 
 
 @pytest.mark.parametrize(
@@ -101,15 +107,17 @@ def test_shared_experts_hide_the_all_to_alls():
     j = moe_job({"moe_shared_ffn_hidden_size": 64})
     fwd = layer_cost(j)
     a2a_s = 32 * 2 * 64 * 2 / 2 / LINK
+    probs_s = 32 * 2 * 4 / 2 / LINK  # the routing probabilities' all-to-all, after the shared fc1: exposed
     shared_up_s = 2 * 32 * 64 * 2 * 64 / PEAK  # gate + up of width 64 over 32 tokens
     shared_down_s = 2 * 32 * 64 * 64 / PEAK
     assert shared_up_s > a2a_s > shared_down_s
     # the dispatch hides behind the shared experts' up projection, the combine partly behind the down
-    assert fwd.family_s["ep_alltoall"] == pytest.approx(a2a_s - shared_down_s)
-    # plan.moe_a2a_overlap: both hide behind attention instead (fused attention: 0.75 of the GEMM rate)
+    assert fwd.family_s["ep_alltoall"] == pytest.approx(a2a_s - shared_down_s + probs_s)
+    # plan.moe_a2a_overlap: all three hide behind attention instead (fused attention: 0.75 of the GEMM rate)
     overlapped = layer_cost(moe_job({"moe_shared_ffn_hidden_size": 64}, moe_a2a_overlap=True))
     attention_s = 4 * 4 * 32 * 32 * 16 / 2 / PEAK / 0.75
-    assert overlapped.family_s["ep_alltoall"] == pytest.approx(2 * max(0.0, a2a_s - attention_s))
+    hidden = 2 * max(0.0, a2a_s - attention_s) + max(0.0, probs_s - attention_s)
+    assert overlapped.family_s["ep_alltoall"] == pytest.approx(hidden)
 
 
 def test_expert_tensor_parallel_gathers_and_scatters_rows():
@@ -120,6 +128,15 @@ def test_expert_tensor_parallel_gathers_and_scatters_rows():
     assert ops["moe_dispatch"].amount == n * 2 * 64 * 2
     assert ops["moe_dispatch.gather"].amount == ops["moe_combine.scatter"].amount == rows * 64 * 2
     assert ops["expert_up"].amount == 2 * rows * 64 * 2 * (32 / 2) / 2  # width split by ETP, 2 local experts
+    # the probabilities: an all-to-all of the n · k copies' over EP, then gathered over ETP like the tokens
+    assert ops["moe_dispatch.probs"].amount == n * 2 * 4 and ops["moe_dispatch.probs"].group == "ep"
+    gather = ops["moe_dispatch.probs_gather"]
+    assert (gather.amount, gather.comm_kind, gather.backward_comm, gather.group) == (
+        rows * 4,
+        "all_gather",
+        "reduce_scatter",
+        "etp",
+    )
     g = Groups.of(j)
     assert (g.ep.size, g.etp.size, g.expert_grad.size, g.grad.size) == (2, 2, 1, 2)
 
@@ -274,8 +291,9 @@ def test_flex_dispatch_sends_a_token_once_per_rank_by_hand():
     # one expert a rank (ep 4): a token's 2 experts are always on 2 ranks, nothing to share
     wide = {"moe_token_dispatcher": "flex", "expert_parallel": 4}
     assert layer_cost(moe_job(gpus=4, **wide)).family_s["ep_alltoall"] == pytest.approx(
-        layer_cost(moe_job(gpus=4, expert_parallel=4)).family_s["ep_alltoall"]
-    )
+        layer_cost(moe_job(gpus=4, expert_parallel=4, moe_probs_alltoall=False)).family_s["ep_alltoall"]
+    )  # flex's kernels carry the probabilities with the tokens: nothing of their own
+    assert "moe_dispatch.probs" not in ops_by_name(flex)
 
 
 def test_flex_dispatch_share_across_nodes_by_hand():
@@ -319,3 +337,10 @@ def test_predict_says_what_the_flex_dispatcher_price_leaves_out():
     assert res.exit_code == 0 and "the NVLink forwarding on the receiving node are not priced" in res.output
     plain = CliRunner().invoke(app, args[:-2])
     assert plain.exit_code == 0 and "moe_token_dispatcher flex" not in plain.output
+
+
+def test_the_routing_probabilities_travel_only_under_megatron_cores_alltoall_dispatcher_across_ranks():
+    assert "moe_dispatch.probs" in ops_by_name(moe_job())
+    assert "moe_dispatch.probs" not in ops_by_name(moe_job(gpus=1, expert_parallel=1))  # nothing leaves the rank
+    assert "moe_dispatch.probs" not in ops_by_name(moe_job(moe_token_dispatcher="torchtitan"))
+    assert "moe_dispatch.probs" not in ops_by_name(moe_job(moe_probs_alltoall=False))  # Megatron-Core < 0.13

@@ -1225,6 +1225,18 @@ MUTANTS: tuple[Mutant, ...] = (
       "the flex dispatcher priced as the all-to-all dispatcher, a copy per expert", _t("moe")),
     M("search/launch_settings.py", 'return ["moe_shared_expert_overlap"] if model.moe_shared_ffn_hidden_size else []',
       "return []", "shared experts priced beside the dispatch but launched before the router", _t("frameworks")),
+    # -- session 29: the routing probabilities' own all-to-all (Megatron-Core >= 0.13) -----------------------
+    M(OPS, 'probs = Op("moe_dispatch.probs", "ep_comm", 4 * routed,',
+      'probs = Op("moe_dispatch.probs", "ep_comm", 2 * routed,',
+      "the routing probabilities sent as 16-bit values, not fp32", _t("moe")),
+    M(OPS, "if not plan.moe_probs_alltoall or plan.moe_token_dispatcher != \"alltoall\" or plan.expert_parallel == 1:",
+      "if not plan.moe_probs_alltoall or plan.expert_parallel == 1:",
+      "the flex and torchtitan dispatchers priced a probabilities' all-to-all their kernels do not run", _t("moe")),
+    M(OPS, 'hides = dispatch_hides if plan.moe_a2a_overlap else ""', "hides = dispatch_hides",
+      "the probabilities' all-to-all hidden behind the shared experts' fc1, which is launched before it", _t("moe")),
+    M(OPS, 'gather = Op("moe_dispatch.probs_gather", "ep_comm", 4 * rows,',
+      'gather = Op("moe_dispatch.probs_gather", "ep_comm", 4 * routed,',
+      "the probabilities' expert-tensor gather priced at one rank's copies, not the gathered rows", _t("moe")),
     # -- session 29: how a model's checking runs compared, said beside its forecast -------------------------
     M("checked_runs.py", "return self.measured_s / self.predicted_s", "return self.predicted_s / self.measured_s",
       "a checked run's ratio upside down (predicted over measured)", _t("checked_runs")),

@@ -255,6 +255,9 @@ def grok_rows(data: Path) -> list[Row]:
         # grok1_314b.yaml @35a9aecc sets moe_grouped_gemm: False (SequentialMLP, data/published/dgxc_grok1_configs.csv);
         # grok1/configure.sh (35a9aecc, e6afea3a, 8f5cbb37) overrides model.ub_tp_comm_overlap=true
         plan |= {"expert_parallel": c["expert_parallel"], "grad_reduce_dtype": "bf16", "moe_grouped_gemm": False}
+        # the releases of README_314b.md (v24.11.1, v25.01.1, 25.04.02) run NeMo containers of Megatron-Core 0.9-0.12,
+        # before 0.13 sent the routing probabilities in an all-to-all of their own (plan.moe_probs_alltoall)
+        plan["moe_probs_alltoall"] = False
         plan["tp_comm_overlap"] = c["tensor_parallel"] > 1
         plan["tp_comm_overlap_sms"] = TE1_DEFAULT_SMS  # no ub_tp_comm_overlap_cfg
         model = {"preset": "grok1-314b", "num_layers": c["num_layers"], "seq_length": c["seq_length"]}

@@ -378,6 +378,16 @@ class PlanConfig(BaseModel):
         "node and per remote node across nodes (transformer_ops.dispatch_share); torchtitan: torchtitan's "
         "ExpertParallel (distributed/expert_parallel.py), which waits only with expert_parallel > 1.",
     )
+    moe_probs_alltoall: bool = Field(
+        True,
+        description="Megatron-Core's alltoall dispatcher sends each routed copy's routing probability (fp32) to its "
+        "expert in an all-to-all of its own after the tokens' (and, with expert_tensor_parallel > 1, all-gathers "
+        "them), the experts' activation weighting by it, and the probabilities' gradients back the same way "
+        "(token_dispatcher.py token_dispatch, dispatch_postprocess; since Megatron-Core 0.13, 2659630721 'Memory "
+        "efficient token permutation'). False: Megatron-Core before 0.13, whose combine weighted the copies on "
+        "the sending rank and sent no probabilities. Priced with moe_token_dispatcher alltoall and "
+        "expert_parallel > 1 only.",
+    )
     cuda_launch_blocking: bool = Field(
         False,
         description="CUDA_LAUNCH_BLOCKING=1 in the job's environment (BigScience's BLOOM slurm scripts export it): "

@@ -291,6 +291,9 @@ FRAMEWORKS: dict[str, Framework] = {
             # plan.grad_accumulation=fp32_copy_add), ZeRO-2/3 copy each micro-batch's gradients into their
             # reduction buckets (priced as this add)
             "grad_accumulation": "autograd",
+            # deepspeed.moe's MOELayer weights its experts' outputs by the gates on the sending rank after the
+            # combine's all-to-all (moe/sharded_moe.py combine_weights, einsum "sec,ecm->sm"): no probabilities sent
+            "moe_probs_alltoall": False,
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         moe_a2a_overlap=False,

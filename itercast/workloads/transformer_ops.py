@@ -921,6 +921,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             group="ep",
             dedup=dedup,
         ),
+        *_moe_probs(plan, routed, rows, dispatch_hides),
     ]
     if etp > 1:
         ops.append(
@@ -993,6 +994,23 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         Op("moe_unpermute", "elementwise", (2 * routed + n) * h * e),  # read the copies and their weights, write n rows
     ]
     return ops
+
+
+def _moe_probs(plan: PlanConfig, routed: float, rows: float, dispatch_hides: str) -> list[Op]:
+    """The routing probabilities' own exchange under Megatron-Core's alltoall dispatcher (plan.moe_probs_alltoall,
+    Megatron-Core >= 0.13, token_dispatcher.py at d98e8a64): token_dispatch sends the `routed` copies' fp32
+    probabilities (4 bytes each) in an all-to-all after the tokens' and the shared experts' fc1 ("Forward launch
+    order: tokens A2A -> shared experts fc1 -> probs A2A"), so only plan.moe_a2a_overlap's attention hides it;
+    dispatch_postprocess all-gathers them over the expert-tensor group (`rows`, 4 bytes each) with
+    expert_tensor_parallel > 1. Their gradients return by the same collectives' backward."""
+    if not plan.moe_probs_alltoall or plan.moe_token_dispatcher != "alltoall" or plan.expert_parallel == 1:
+        return []
+    hides = dispatch_hides if plan.moe_a2a_overlap else ""
+    probs = Op("moe_dispatch.probs", "ep_comm", 4 * routed, "alltoall", overlaps=hides, backward_comm="alltoall")
+    if plan.etp == 1:
+        return [replace(probs, group="ep")]
+    gather = Op("moe_dispatch.probs_gather", "ep_comm", 4 * rows, "all_gather", backward_comm="reduce_scatter")
+    return [replace(probs, group="ep"), replace(gather, group="etp")]
 
 
 def _routed_rows(model: ModelConfig, sh: Shapes) -> float:
