@@ -1606,9 +1606,8 @@ def gpt_oss_note(model: ModelConfig, plan: PlanConfig) -> str | None:
     )
     return (
         "model.glu_clamp (GPT-OSS): not priced are Megatron-Core's host sync in every clamped activation call "
-        "(fused_bias_geglu.py torch.tensor(linear_offset, device=...), forward and recompute), its routing "
-        "probabilities' own all-to-all, an attention output bias added outside a fused bias-dropout-add, and the "
-        f"attention sinks (priced as plain fused attention){titan}"
+        "(fused_bias_geglu.py torch.tensor(linear_offset, device=...), forward and recompute), an attention output "
+        f"bias added outside a fused bias-dropout-add, and the attention sinks (priced as plain fused attention){titan}"
     )
 
 
