@@ -100,8 +100,7 @@ def _predicted(name: str) -> Prediction:
 def _checked_llama() -> list[float]:
     """Measured over predicted steps of the kept checking runs of job.yaml's model on its GPU family (the note
     `predict job.yaml` prints: checked_runs.checked_note)."""
-    job = Job.from_presets("llama3-70b", "dgx-h100", 8, LLAMA_JOB_PLAN | {"tensor_parallel": 8})
-    return [run.ratio for run in runs_like(job)]
+    return [run.ratio for run in runs_like(_predicted("llama tp8").job)]
 
 
 def _dlrm_small_ms(batch_per_rank: int) -> Callable[[], float]:

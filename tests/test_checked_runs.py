@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
 import checking_step_times as chk
 
-from itercast.checked_runs import CHECKED_RUNS_PATH, checked_note, checked_runs, model_signature, runs_like
+from itercast.checked_runs import checked_note, checked_runs, model_signature, runs_like
 from itercast.cli import app
 from itercast.config.job import Job
 
@@ -24,7 +24,7 @@ def test_the_kept_file_is_what_the_checking_table_and_the_models_give_now():
     rows = chk.load_rows()
     chk.run(rows)
     now = {r.label: r for r in chk.checked(rows)}
-    kept = {r.label: r for r in checked_runs(CHECKED_RUNS_PATH)}
+    kept = {r.label: r for r in checked_runs()}
     again = "write it again: python validation/checking_step_times.py --write-checked itercast/checked_runs.json"
     assert set(kept) == set(now), again
     for label, run in kept.items():

@@ -1006,11 +1006,29 @@ def _moe_probs(plan: PlanConfig, routed: float, rows: float, dispatch_hides: str
     if not plan.moe_probs_alltoall or plan.moe_token_dispatcher != "alltoall" or plan.expert_parallel == 1:
         return []
     hides = dispatch_hides if plan.moe_a2a_overlap else ""
-    probs = Op("moe_dispatch.probs", "ep_comm", 4 * routed, "alltoall", overlaps=hides, backward_comm="alltoall")
-    if plan.etp == 1:
-        return [replace(probs, group="ep")]
-    gather = Op("moe_dispatch.probs_gather", "ep_comm", 4 * rows, "all_gather", backward_comm="reduce_scatter")
-    return [replace(probs, group="ep"), replace(gather, group="etp")]
+    probs = [
+        Op(
+            "moe_dispatch.probs",
+            "ep_comm",
+            4 * routed,
+            "alltoall",
+            overlaps=hides,
+            backward_comm="alltoall",
+            group="ep",
+        )
+    ]
+    if plan.etp > 1:
+        probs.append(
+            Op(
+                "moe_dispatch.probs_gather",
+                "ep_comm",
+                4 * rows,
+                "all_gather",
+                backward_comm="reduce_scatter",
+                group="etp",
+            )
+        )
+    return probs
 
 
 def _routed_rows(model: ModelConfig, sh: Shapes) -> float:
