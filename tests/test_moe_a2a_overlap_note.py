@@ -27,18 +27,36 @@ def test_the_note_is_said_only_where_the_overlap_is_priced():
 def test_the_note_states_the_measured_over_predicted_ratios_of_the_checking_runs_of_it():
     # the kept configurations (itercast/checked_runs.json, which tests/test_checked_runs.py holds to the models)
     kept = {run.label: run for run in checked_runs()}
-    ratios: dict[str, list[float]] = {}
-    for r in ROWS:  # a configuration measured in several releases is kept once, under its first row's label
+    ratios: dict[tuple[str, bool], list[float]] = {}
+    for r in ROWS:  # a configuration measured several times is kept once, under its first row's label
         if r.label in kept:
-            ratios.setdefault(r.model["preset"], []).append(kept[r.label].ratio)
-    # the table's configurations of it: 2 of Qwen3 30B-A3B, 2 of Qwen3 235B-A22B (one measured in 4 releases), 1 of
-    # DeepSeek-V3
-    assert {k: len(v) for k, v in ratios.items()} == {"qwen3-30b-a3b": 2, "qwen3-235b-a22b": 2, "deepseek-v3": 1}
+            pipelined = r.plan["pipeline_parallel"] > 1
+            ratios.setdefault((r.model["preset"], pipelined), []).append(kept[r.label].ratio)
+    # the table's configurations of it: 2 of Qwen3 30B-A3B pipelined, 2 without (alltoall, flex), 2 of Qwen3
+    # 235B-A22B (one measured in 4 releases), 1 of DeepSeek-V3
+    counts = {("qwen3-30b-a3b", True): 2, ("qwen3-30b-a3b", False): 2, ("qwen3-235b-a22b", True): 2}
+    assert {k: len(v) for k, v in ratios.items()} == counts | {("deepseek-v3", True): 1}
     note = moe_a2a_overlap_note(Job.from_dicts(ROWS[0].model, ROWS[0].plan, ROWS[0].system).plan) or ""
-    for preset, said in (("qwen3-30b-a3b", "Qwen3 30B-A3B"), ("qwen3-235b-a22b", "Qwen3 235B-A22B")):
-        lo, hi = min(ratios[preset]), max(ratios[preset])
-        assert f"{said} (hidden" in note and f") {lo:.2f}-{hi:.2f}x" in note
-    assert f") {ratios['deepseek-v3'][0]:.2f}x" in note
+    for preset, said in (("qwen3-30b-a3b", "pipelined (PP 2"), ("qwen3-235b-a22b", "Qwen3 235B-A22B (hidden")):
+        lo, hi = min(ratios[(preset, True)]), max(ratios[(preset, True)])
+        assert said in note and f") {lo:.2f}-{hi:.2f}x" in note
+    assert f") {ratios[('deepseek-v3', True)][0]:.2f}x" in note
+    # without pipelining: each overlapped run beside its A/B twin (the same source and plan, no overlap)
+    said_ratio, said_twin, said_gain = [], [], []
+    for r in ROWS:
+        if r.label not in kept or r.plan["pipeline_parallel"] > 1:
+            continue
+        plan_off = {k: v for k, v in r.plan.items() if k != "moe_a2a_overlap"}  # its twin's row leaves it out
+        twin = next(t for t in chk.load_rows() if t.source == r.source and t.label in kept and t.plan == plan_off)
+        on, off = kept[r.label], kept[twin.label]
+        dispatcher = "HybridEP" if r.plan.get("moe_token_dispatcher") == "flex" else "Megatron-Core's alltoall"
+        said_ratio.append(f"{on.ratio:.2f}x over {dispatcher}")
+        said_twin.append(f"{off.ratio:.2f}x")
+        said_gain.append((f"{off.measured_s / on.measured_s:.2f}x", f"{off.predicted_s / on.predicted_s:.2f}x"))
+    assert len(said_ratio) == 2 and all(text in note for text in said_ratio)
+    assert f"({said_twin[0]}, {said_twin[1]}: " in note
+    measured, priced = zip(*said_gain, strict=True)
+    assert f"measured gains {measured[0]} and {measured[1]}, priced {priced[0]} and {priced[1]}" in note
 
 
 def test_predict_and_search_say_it_where_the_plan_overlaps_the_all_to_alls():
