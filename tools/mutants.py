@@ -1248,6 +1248,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("checked_runs.py", 'return model.model_dump(mode="json", exclude=set(NOT_THE_MODEL))',
       'return model.model_dump(mode="json", exclude={"name"})',
       "a run at another sequence length no longer counted as the same model", _t("checked_runs")),
+    # -- session 30: the even routing said where experts are spread --------------------------------------------
+    M(OPS, "if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0 or padded:",
+      "if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0:",
+      "the even routing said for experts padded to their capacity, whose rows the routing does not move",
+      _t("moe_routing_note")),
+    M(OPS, "if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0 or padded:",
+      "if model.experts < 2 or model.moe_token_imbalance != 1.0 or padded:",
+      "the even routing said where every expert sits on one rank and the routing moves no step",
+      _t("moe_routing_note")),
 )
 # fmt: on
 

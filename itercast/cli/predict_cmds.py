@@ -49,6 +49,7 @@ from itercast.workloads.transformer_ops import (
     gpt_oss_note,
     grad_accumulation_note,
     moe_a2a_overlap_note,
+    moe_routing_note,
     rowwise_note,
     unaligned_logits_note,
 )
@@ -153,6 +154,7 @@ def predict_cmd(
             grad_accumulation_note(p),
             flex_dispatch_note(p),
             moe_a2a_overlap_note(p),
+            moe_routing_note(m, p),
             gpt_oss_note(m, p),
             rowwise_note(p),
             checked_note(w.job),

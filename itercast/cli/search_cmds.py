@@ -77,7 +77,7 @@ from itercast.search.plan_space import SpaceOptions
 from itercast.stochastic.variability import VariabilityModel
 from itercast.workload import DLRMWorkload, sharding_summary
 from itercast.workloads.dlrm import is_dlrm_model
-from itercast.workloads.transformer_ops import moe_a2a_overlap_note
+from itercast.workloads.transformer_ops import moe_a2a_overlap_note, moe_routing_note
 
 
 @app.command("search")
@@ -252,6 +252,9 @@ def search_cmd(
     overlapped = next((row for row in result.plans if row["plan"].get("moe_a2a_overlap")), None)
     if overlapped is not None and (note := moe_a2a_overlap_note(plan_job(request, overlapped).plan)):
         warn(f"{note} (the plans shown with it)")
+    spread = next((plan_job(request, row) for row in result.plans if row["plan"].get("expert_parallel", 1) > 1), None)
+    if spread is not None and (note := moe_routing_note(spread.model, spread.plan)):
+        warn(f"{note} (the plans shown with experts spread)")
     if result.plans and (note := checked_note(plan_job(request, result.plans[0]))):
         warn(note)
     settings = framework_settings(raw["plan"], framework)

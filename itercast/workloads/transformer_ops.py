@@ -1582,6 +1582,24 @@ def flex_dispatch_note(plan: PlanConfig) -> str | None:
     )
 
 
+def moe_routing_note(model: ModelConfig, plan: PlanConfig) -> str | None:
+    """That an MoE model's experts spread over ranks are priced with their tokens drawn evenly
+    (model.moe_token_imbalance 1, the default), and what natural routing cost in the one published pair that
+    differs in it, said where the experts are spread, the imbalance is not set and the experts are not padded to
+    their capacity (whose rows do not follow the routing); None otherwise."""
+    padded = model.moe_pad_to_capacity  # ModelConfig allows it only with a capacity factor
+    if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0 or padded:
+        return None
+    return (
+        "model.moe_token_imbalance 1: every expert-parallel rank priced with an even share of the routed tokens, as "
+        "Megatron-Core runs them under moe_router_force_load_balancing (NVIDIA's MoE benchmarks force it); under "
+        "natural routing the busiest rank sets the pace of each layer's all-to-alls and expert GEMMs: set "
+        "model.moe_token_imbalance to its tokens over the mean. For scale: Megatron-Bridge's Qwen3 30B-A3B on 16 "
+        "H100 (EP 16, HybridEP) ran 30.29 s a step with natural routing on real data and 24.71 s forced even on "
+        "mock data, two commits apart (data/published/checking/megatron_bridge_skills_cards_h100.csv)"
+    )
+
+
 def moe_a2a_overlap_note(plan: PlanConfig) -> str | None:
     """What the price of Megatron-Core's expert all-to-all overlap (plan.moe_a2a_overlap) leaves out, and how it
     compared with the runs of it measured, said where it is priced; None otherwise."""

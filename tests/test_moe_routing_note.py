@@ -1,0 +1,61 @@
+"""The warning that an MoE plan's experts are priced with their tokens drawn evenly: said only where the routing
+could move the step, and its published figures are the checking table's own rows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
+import checking_step_times as chk
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.config.job import Job
+from itercast.workloads.transformer_ops import moe_routing_note
+
+SOURCE = "megatron_bridge_skills_cards_h100"
+JOB = ["--model", "qwen3-30b-a3b", "--system", "dgx-h100", "--set", "system.num_nodes=2"]
+JOB += ["--set", "plan.global_batch_size=64"]
+SAID = "model.moe_token_imbalance 1: every expert-parallel rank priced with an even share"
+
+
+def _job(**model: object) -> Job:
+    plan = {"global_batch_size": 64, "expert_parallel": 8, "data_parallel": 8}
+    return Job.from_dicts({"preset": "qwen3-30b-a3b", **model}, plan, {"preset": "dgx-h100"})
+
+
+def test_the_note_is_said_only_where_uneven_routing_would_move_the_step():
+    job = _job()
+    assert SAID in (moe_routing_note(job.model, job.plan) or "")
+    assert moe_routing_note(job.model, job.plan.model_copy(update={"expert_parallel": 1})) is None
+    uneven = _job(moe_token_imbalance=1.3)
+    assert moe_routing_note(uneven.model, uneven.plan) is None
+    padded = _job(moe_capacity_factor=1.0, moe_pad_to_capacity=True)  # rows fixed at the capacity
+    assert moe_routing_note(padded.model, padded.plan) is None
+    dropping = _job(moe_capacity_factor=1.25)  # up to the capacity the routing still moves the busiest rank
+    assert SAID in (moe_routing_note(dropping.model, dropping.plan) or "")
+    dense = Job.from_dicts({"preset": "llama3-8b"}, {"global_batch_size": 64}, {"preset": "dgx-h100"})
+    assert moe_routing_note(dense.model, dense.plan) is None
+
+
+def test_its_published_pair_is_the_checking_tables_natural_and_forced_runs():
+    rows = {r.label: r for r in chk.load_rows() if r.source == SOURCE}
+    natural = rows["Qwen3_30B_a3B BF16 EP16 x16 HybridEP natural routing (card pretrain)"]
+    forced = rows["Qwen3_30B_a3B BF16 EP16 x16 HybridEP no EP overlap (skill B)"]
+    job = _job()
+    note = moe_routing_note(job.model, job.plan) or ""
+    assert f"ran {natural.measured_s:.2f} s a step with natural routing" in note
+    assert f"and {forced.measured_s:.2f} s forced even" in note
+    assert f"checking/{SOURCE}.csv" in note
+
+
+def test_predict_and_search_say_it_where_the_experts_are_spread():
+    spread = CliRunner().invoke(app, ["predict", *JOB, "--set", "plan.expert_parallel=8"])
+    assert spread.exit_code == 0 and SAID in spread.output
+    measured = CliRunner().invoke(
+        app, ["predict", *JOB, "--set", "plan.expert_parallel=8", "--set", "model.moe_token_imbalance=1.2"]
+    )
+    assert measured.exit_code == 0 and SAID not in measured.output
+    found = CliRunner().invoke(app, ["search", *JOB, "--top", "2"])
+    assert found.exit_code == 0 and SAID in found.output and "(the plans shown with experts spread)" in found.output
