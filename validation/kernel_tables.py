@@ -10,7 +10,8 @@ checked on 1K/4K/16K (a head-dim hold-out cannot be run: d / (d + d_half) needs 
 dims to be identified). Then each kernel's paper fit against another source's measurements of the
 same kernel class (pytorch/benchmark commit tables: FlashAttention-3 and PyTorch SDPA's
 FlashAttention-2 backend on H100), and the guess itercast used before (the bf16 GEMM curve ×
-ATTENTION_VS_GEMM) on the paper's cuDNN bars.
+ATTENTION_VS_GEMM) on the paper's cuDNN bars. Then cuDNN 9.19 on an H200, held out (NVIDIA cudnn-frontend's
+published sdpa_benchmark_training results: Llama, DeepSeek-V3 and GPT-OSS heads), priced as a step prices it.
 
 Then FP8 GEMMs with row-wise scales (torchao float8 rowwise), data/published/kernels/
 fp8_rowwise_gemm_h100.csv: per source, row-wise kernel / per-tensor cuBLAS time (the kernel TE and
@@ -52,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.config.job import Job
 from itercast.config.system import POWER_LIMITS
 from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.attention import AttentionShape
 from itercast.costs.fitting import attention_points, attention_times_s, mean_abs_err
 from itercast.data_paths import read_csv_rows, shared_data_dir
 
@@ -110,11 +112,40 @@ def main() -> None:
         sel = np.array([r["direction"] == direction for r in cudnn])
         print(f"  {direction}: {mean_abs_err(guess[sel], points.seconds[sel]):.1%} (signed mean ", end="")
         print(f"{np.mean(guess[sel] / points.seconds[sel] - 1):+.1%})")
+    cudnn_frontend_h200()
     fp8_rowwise()
     power_limits()
     gemm_shapes()
     own_gemm_curves()
     own_all_reduce()
+
+
+def cudnn_frontend_h200() -> None:
+    """cuDNN 9.19's fused attention on an H200 (NVIDIA's cudnn-frontend sdpa_benchmark_training results,
+    data/published/kernels/attention_cudnn_frontend_h200.csv: Llama 3.1 8B/70B heads, head 128, causal or not;
+    DeepSeek-V3's MLA, head 192/128, causal, deterministic backward; GPT-OSS's GQA, head 64, a 1,024-token window),
+    held out: priced as a step prices Megatron-Core's attention (the cuDNN fit, the query-key pairs the mask lets
+    through by ModelConfig.causal_keys_per_query, H100 and H200 on one fit), each row's priced / measured time."""
+    rows = read_csv_rows(KERNELS / "attention_cudnn_frontend_h200.csv")
+    costs = AnalyticCostModel(Job.from_presets("llama3-8b", "h200").system, "bf16")
+    print("\ncuDNN 9.19 on an H200 (cudnn-frontend's published results), held out: priced / measured kernel time")
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        s, window = int(r["seqlen"]), int(r["sliding_window"] or 0)
+        causal = r["attn_mask"] != "no_mask"
+        if window:  # GPT-OSS's shape at this sequence and window: W - W²/2S keys a query
+            model = {"preset": "gpt-oss-20b", "seq_length": s, "sliding_window": window}
+            keys = Job.from_dicts(model, {}, {"preset": "h200"}).model.causal_keys_per_query(windowed=True)
+        else:
+            keys = s / 2 if causal else s
+        heads, d = int(r["batch"]) * int(r["q_heads"]), (int(r["head_dim_qk"]) + int(r["head_dim_vo"])) / 2
+        flops = 4 * d * heads * s * keys  # 4·d per query-key score (transformer_ops._core_attention)
+        for direction, amount, measured_ms in (("fwd", flops, r["fwd_ms"]), ("bwd", 2.5 * flops, r["bwd_ms"])):
+            shape = AttentionShape(heads, d, causal, backward=direction == "bwd")
+            ratio = float(costs.attention_s(amount, shape)) * 1e3 / float(measured_ms)
+            ratios.setdefault((f"{r['model']} {r['attn_mask']}", direction), []).append(ratio)
+    for (group, direction), found in ratios.items():
+        print(f"  {group:18} {direction}  {len(found)} rows  priced / measured {min(found):.2f}-{max(found):.2f}")
 
 
 def _seconds(row: dict[str, str]) -> float:
