@@ -43,11 +43,12 @@ def test_the_note_states_the_measured_over_predicted_ratios_of_the_checking_runs
     assert f") {ratios[('deepseek-v3', True)][0]:.2f}x" in note
     # without pipelining: each overlapped run beside its A/B twin (the same source and plan, no overlap)
     said_ratio, said_twin, said_gain = [], [], []
+    every = chk.load_rows()
     for r in ROWS:
         if r.label not in kept or r.plan["pipeline_parallel"] > 1:
             continue
         plan_off = {k: v for k, v in r.plan.items() if k != "moe_a2a_overlap"}  # its twin's row leaves it out
-        twin = next(t for t in chk.load_rows() if t.source == r.source and t.label in kept and t.plan == plan_off)
+        twin = next(t for t in every if t.source == r.source and t.label in kept and t.plan == plan_off)
         on, off = kept[r.label], kept[twin.label]
         dispatcher = "HybridEP" if r.plan.get("moe_token_dispatcher") == "flex" else "Megatron-Core's alltoall"
         said_ratio.append(f"{on.ratio:.2f}x over {dispatcher}")

@@ -1249,12 +1249,14 @@ MUTANTS: tuple[Mutant, ...] = (
       'return model.model_dump(mode="json", exclude={"name"})',
       "a run at another sequence length no longer counted as the same model", _t("checked_runs")),
     # -- session 30: the even routing said where experts are spread --------------------------------------------
-    M(OPS, "if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0 or padded:",
+    M(OPS, "if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0 "
+      "or model.moe_pad_to_capacity:",
       "if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0:",
       "the even routing said for experts padded to their capacity, whose rows the routing does not move",
       _t("moe_routing_note")),
-    M(OPS, "if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0 or padded:",
-      "if model.experts < 2 or model.moe_token_imbalance != 1.0 or padded:",
+    M(OPS, "if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0 "
+      "or model.moe_pad_to_capacity:",
+      "if model.experts < 2 or model.moe_token_imbalance != 1.0 or model.moe_pad_to_capacity:",
       "the even routing said where every expert sits on one rank and the routing moves no step",
       _t("moe_routing_note")),
 )

@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from itercast.config.job import Job
+from itercast.config.job import Job, parse_section
 from itercast.config.system import POWER_LIMITS
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.attention import AttentionShape
@@ -134,8 +134,8 @@ def cudnn_frontend_h200() -> None:
         s, window = int(r["seqlen"]), int(r["sliding_window"] or 0)
         causal = r["attn_mask"] != "no_mask"
         if window:  # GPT-OSS's shape at this sequence and window: W - W²/2S keys a query
-            model = {"preset": "gpt-oss-20b", "seq_length": s, "sliding_window": window}
-            keys = Job.from_dicts(model, {}, {"preset": "h200"}).model.causal_keys_per_query(windowed=True)
+            model = parse_section("model", {"preset": "gpt-oss-20b", "seq_length": s, "sliding_window": window})
+            keys = model.causal_keys_per_query(windowed=True)  # type: ignore[attr-defined]
         else:
             keys = s / 2 if causal else s
         heads, d = int(r["batch"]) * int(r["q_heads"]), (int(r["head_dim_qk"]) + int(r["head_dim_vo"])) / 2
@@ -144,8 +144,12 @@ def cudnn_frontend_h200() -> None:
             shape = AttentionShape(heads, d, causal, backward=direction == "bwd")
             ratio = float(costs.attention_s(amount, shape)) * 1e3 / float(measured_ms)
             ratios.setdefault((f"{r['model']} {r['attn_mask']}", direction), []).append(ratio)
-    for (group, direction), found in ratios.items():
-        print(f"  {group:18} {direction}  {len(found)} rows  priced / measured {min(found):.2f}-{max(found):.2f}")
+    for (group, direction), found in [*ratios.items(), (("all", "both"), [x for v in ratios.values() for x in v])]:
+        err = np.abs(np.array(found) - 1)
+        print(
+            f"  {group:18} {direction:4}  {len(found):>2} rows  priced / measured {min(found):.2f}-{max(found):.2f}, "
+            f"mean |error| {err.mean():.1%}, max {err.max():.1%}"
+        )
 
 
 def _seconds(row: dict[str, str]) -> float:

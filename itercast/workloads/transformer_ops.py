@@ -1586,9 +1586,9 @@ def moe_routing_note(model: ModelConfig, plan: PlanConfig) -> str | None:
     """That an MoE model's experts spread over ranks are priced with their tokens drawn evenly
     (model.moe_token_imbalance 1, the default), and what natural routing cost in the one published pair that
     differs in it, said where the experts are spread, the imbalance is not set and the experts are not padded to
-    their capacity (whose rows do not follow the routing); None otherwise."""
-    padded = model.moe_pad_to_capacity  # ModelConfig allows it only with a capacity factor
-    if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0 or padded:
+    their capacity (moe_pad_to_capacity, which ModelConfig allows only with a capacity factor: rows that do not
+    follow the routing); None otherwise."""
+    if model.experts < 2 or plan.expert_parallel < 2 or model.moe_token_imbalance != 1.0 or model.moe_pad_to_capacity:
         return None
     return (
         "model.moe_token_imbalance 1: every expert-parallel rank priced with an even share of the routed tokens, as "
