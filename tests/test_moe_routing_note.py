@@ -3,6 +3,7 @@ could move the step, and its published figures are the checking table's own rows
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -57,5 +58,9 @@ def test_predict_and_search_say_it_where_the_experts_are_spread():
         app, ["predict", *JOB, "--set", "plan.expert_parallel=8", "--set", "model.moe_token_imbalance=1.2"]
     )
     assert measured.exit_code == 0 and SAID not in measured.output
+    as_json = CliRunner().invoke(app, ["predict", *JOB, "--set", "plan.expert_parallel=8", "--json"])
+    assert as_json.exit_code == 0
+    notes = json.loads(as_json.stdout)["notes"]  # listed for scripts, not only warned
+    assert any(note.startswith(SAID) for note in notes)
     found = CliRunner().invoke(app, ["search", *JOB, "--top", "2"])
     assert found.exit_code == 0 and SAID in found.output and "(the plans shown with experts spread)" in found.output

@@ -143,8 +143,7 @@ def predict_cmd(
         gpu_name, dlrm = w.job.system.gpu.name, w.job.model
         unmeasured = unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.eager_update)
         beyond = beyond_profile(dlrm, w.job.system.num_gpus, w.job.plan.batch_per_rank, cal, gpu_name)
-        for note in (*filter(None, (beyond,)), *unmeasured, *result.extrapolated):  # as `shard` says them
-            warn(note)
+        said = [*filter(None, (beyond,)), *unmeasured]
     else:
         assert isinstance(result, Prediction)
         p = w.job.plan
@@ -159,10 +158,12 @@ def predict_cmd(
             rowwise_note(p),
             checked_note(w.job),
         )
-        for note in (*filter(None, notes), *result.extrapolated):
-            warn(note)
+        said = [note for note in notes if note]
+    for note in (*said, *result.extrapolated):  # DLRM's as `shard` says them
+        warn(note)
     if as_json:
         doc = result.to_dict()
+        doc["notes"] = said  # what its prices leave out, as warned (the extrapolated ones under their own key)
         if isinstance(w, TransformerWorkload):  # the published runs of its model the note above summed up
             doc["checked_runs"] = checked_runs_json(w.job)
         echo_json(doc)
