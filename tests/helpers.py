@@ -99,4 +99,4 @@ def searched_top_plan(framework: str, *extra: str) -> dict[str, Any]:
     args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework, *extra]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    return json.loads(result.output)["plans"][0]["plan"]
+    return json.loads(result.stdout)["plans"][0]["plan"]

@@ -319,7 +319,7 @@ def test_search_and_predict_judge_a_plan_by_one_memory_model():
     predict's judgement too (search had priced its own reserve in place of predict's flat 2 GiB: a plan
     could fit in one and not in the other); the search keeps 15% of the activations free beside it."""
     runner = CliRunner()
-    found = json.loads(runner.invoke(app, ["search", "--example", "--json", "--top", "3", "--workers", "1"]).output)
+    found = json.loads(runner.invoke(app, ["search", "--example", "--json", "--top", "3", "--workers", "1"]).stdout)
     for plan in found["plans"]:
         system = {"preset": "dgx-a100", "num_nodes": plan["num_nodes"]}
         est = estimate_memory(Job.from_dicts({"preset": "gpt3-175b"}, plan["plan"], system))

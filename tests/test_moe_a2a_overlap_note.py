@@ -71,4 +71,4 @@ def test_predict_and_search_say_it_where_the_plan_overlaps_the_all_to_alls():
     plain = CliRunner().invoke(app, ["predict", *args[:-2], *pipelined])
     assert plain.exit_code == 0 and said not in plain.output
     found = CliRunner().invoke(app, ["search", *args, "--top", "2"])
-    assert found.exit_code == 0 and f"{said}" in found.output and "(the plans shown with it)" in found.output
+    assert found.exit_code == 0 and f"{said}" in found.output and "(every plan shown)" in found.output

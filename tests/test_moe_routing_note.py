@@ -62,5 +62,8 @@ def test_predict_and_search_say_it_where_the_experts_are_spread():
     assert as_json.exit_code == 0
     notes = json.loads(as_json.stdout)["notes"]  # listed for scripts, not only warned
     assert any(note.startswith(SAID) for note in notes)
-    found = CliRunner().invoke(app, ["search", *JOB, "--top", "2"])
-    assert found.exit_code == 0 and SAID in found.output and "(the plans shown with experts spread)" in found.output
+    found = CliRunner().invoke(app, ["search", *JOB, "--top", "4", "--json"])
+    assert found.exit_code == 0
+    plans = json.loads(found.stdout)["plans"]  # each shown plan lists its own notes, as predict's JSON does
+    spread_out = [any(n.startswith(SAID) for n in row["notes"]) for row in plans]
+    assert spread_out == [row["plan"]["expert_parallel"] > 1 for row in plans] and any(spread_out)

@@ -190,8 +190,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- one calibration in every command -------------------------------------------------------------
     M("search/plan_search.py", "FastEstimator(model, system, calibration)", "FastEstimator(model, system)",
       "the search's fast path on the built-in curves under --calibration", _t("calibration_everywhere")),
-    M("search/plan_search.py", "predict(plan_job(request, row), request.calibration)",
-      "predict(plan_job(request, row))", "the search's re-score on the built-in curves under --calibration",
+    M("search/plan_search.py", "predict(job, request.calibration)",
+      "predict(job)", "the search's re-score on the built-in curves under --calibration",
       _t("calibration_everywhere")),
     M("stochastic/variability.py", "builder, sim = simulate_transformer_step(job, calibration)",
       "builder, sim = simulate_transformer_step(job)", "variability's step graph on the built-in curves",
@@ -1259,6 +1259,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "if model.experts < 2 or model.moe_token_imbalance != 1.0 or model.moe_pad_to_capacity:",
       "the even routing said where every expert sits on one rank and the routing moves no step",
       _t("moe_routing_note")),
+    # -- session 31: search says each plan's notes, with their ranks ---------------------------------------------
+    M("cli/search_cmds.py", "if runs and rank == runs[-1][-1] + 1:", "if runs and rank == runs[-1][-1]:",
+      "ranks said one by one, never as ranges", _t("search_notes")),
+    M("cli/search_cmds.py", "for rank, row in enumerate(plans, 1):", "for rank, row in enumerate(plans):",
+      "the ranks of a note counted from 0, not as the table's # column", _t("search_notes")),
+    M("search/plan_search.py", '"notes": priced_notes(job.model, job.plan),', '"notes": [],',
+      "the plans shown carry none of the notes predict says", _t("moe_routing_note")),
 )
 # fmt: on
 

@@ -44,15 +44,7 @@ from itercast.workload import (
     same_kind,
 )
 from itercast.workloads.dlrm import beyond_profile, unmeasured_embedding_ops
-from itercast.workloads.transformer_ops import (
-    flex_dispatch_note,
-    gpt_oss_note,
-    grad_accumulation_note,
-    moe_a2a_overlap_note,
-    moe_routing_note,
-    rowwise_note,
-    unaligned_logits_note,
-)
+from itercast.workloads.transformer_ops import priced_notes
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
 
@@ -146,19 +138,8 @@ def predict_cmd(
         said = [*filter(None, (beyond,)), *unmeasured]
     else:
         assert isinstance(result, Prediction)
-        p = w.job.plan
-        m = w.job.model
-        notes = (
-            unaligned_logits_note(m, p),
-            grad_accumulation_note(p),
-            flex_dispatch_note(p),
-            moe_a2a_overlap_note(p),
-            moe_routing_note(m, p),
-            gpt_oss_note(m, p),
-            rowwise_note(p),
-            checked_note(w.job),
-        )
-        said = [note for note in notes if note]
+        checked = checked_note(w.job)
+        said = [*priced_notes(w.job.model, w.job.plan), *([checked] if checked else [])]
     for note in (*said, *result.extrapolated):  # DLRM's as `shard` says them
         warn(note)
     if as_json:

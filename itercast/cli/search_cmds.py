@@ -77,7 +77,6 @@ from itercast.search.plan_space import SpaceOptions
 from itercast.stochastic.variability import VariabilityModel
 from itercast.workload import DLRMWorkload, sharding_summary
 from itercast.workloads.dlrm import is_dlrm_model
-from itercast.workloads.transformer_ops import moe_a2a_overlap_note, moe_routing_note
 
 
 @app.command("search")
@@ -249,12 +248,10 @@ def search_cmd(
     )
     for note in dict.fromkeys(line for row in result.plans for line in row.get("extrapolated", [])):
         warn(f"{note} (the plans shown)")
-    overlapped = next((row for row in result.plans if row["plan"].get("moe_a2a_overlap")), None)
-    if overlapped is not None and (note := moe_a2a_overlap_note(plan_job(request, overlapped).plan)):
-        warn(f"{note} (the plans shown with it)")
-    spread = next((plan_job(request, row) for row in result.plans if row["plan"].get("expert_parallel", 1) > 1), None)
-    if spread is not None and (note := moe_routing_note(spread.model, spread.plan)):
-        warn(f"{note} (the plans shown with experts spread)")
+    for note, ranks in noted_plans(result.plans).items():
+        warn(
+            f"{note} ({'every plan shown' if len(ranks) == len(result.plans) else 'plans shown: ' + ranks_text(ranks)})"
+        )
     if result.plans and (note := checked_note(plan_job(request, result.plans[0]))):
         warn(note)
     settings = framework_settings(raw["plan"], framework)
@@ -281,6 +278,27 @@ def search_cmd(
             fields = f"{', '.join(settings)} (--json: framework_settings)"
         own = f"priced with {result.framework}'s own {fields}, left out by the job: --set for predict to match"
         _print(result, request, [*notes, *([own] if settings else [])])
+
+
+def noted_plans(plans: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Each note the plans shown carry (their rows' `notes`, `priced_notes` of each), in the order first said,
+    with the ranks (from 1) of the plans it holds for."""
+    ranks: dict[str, list[int]] = {}
+    for rank, row in enumerate(plans, 1):
+        for note in row.get("notes", []):
+            ranks.setdefault(note, []).append(rank)
+    return ranks
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """Ranks as the table's `#` column names them, consecutive ones as ranges: [1, 2, 3, 5] -> '1-3, 5'."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str, calibration: dict[str, Any] | None) -> None:

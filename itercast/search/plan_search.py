@@ -36,6 +36,7 @@ from itercast.search.frameworks import framework, runnable_plan
 from itercast.search.launch_settings import launch_settings
 from itercast.search.objectives import check_objective, objective_values, pareto_front, time_cost_front, token_figures
 from itercast.search.plan_space import SpaceCounts, SpaceOptions, enumerate_plans
+from itercast.workloads.transformer_ops import priced_notes
 
 Progress = Callable[[int, int], None]  # (pieces done, pieces in all)
 
@@ -311,8 +312,10 @@ def plan_job(request: SearchRequest, row: dict[str, Any]) -> Job:
 
 
 def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
-    """The graph simulation's figures for one candidate (the same fields through Job validation)."""
-    r = predict(plan_job(request, row), request.calibration)
+    """The graph simulation's figures for one candidate (the same fields through Job validation), with what
+    its price leaves out (`priced_notes`, as `predict` says them)."""
+    job = plan_job(request, row)
+    r = predict(job, request.calibration)
     gbs, seq = row["plan"]["global_batch_size"], request.model.seq_length
     return {
         **row,
@@ -324,6 +327,7 @@ def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
         "memory_per_gpu_bytes": r.memory.total_bytes,
         "breakdown": r.breakdown.as_dict(),
         "extrapolated": list(r.extrapolated),  # calibrated curves priced beyond their rows (predict)
+        "notes": priced_notes(job.model, job.plan),
     }
 
 

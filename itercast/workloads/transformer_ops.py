@@ -1662,3 +1662,18 @@ def grad_accumulation_note(plan: PlanConfig) -> str | None:
         "a pass of its own: set plan.grad_accumulation=autograd (its default grad_accum_dtype) or fp32_copy_add "
         "(its BF16_Optimizer: bf16 with ZeRO-0)"
     )
+
+
+def priced_notes(model: ModelConfig, plan: PlanConfig) -> list[str]:
+    """Every note above that holds for this model and plan, in one order for `predict` and `search`: what the
+    forecast leaves out or rests on, said beside its figures."""
+    notes = (
+        unaligned_logits_note(model, plan),
+        grad_accumulation_note(plan),
+        flex_dispatch_note(plan),
+        moe_a2a_overlap_note(plan),
+        moe_routing_note(model, plan),
+        gpt_oss_note(model, plan),
+        rowwise_note(plan),
+    )
+    return [note for note in notes if note]
