@@ -5,7 +5,8 @@
 Data: data/published/checking/*.csv, each frozen before any prediction was made on its rows, on the date its
 first line gives (issue 27: fitting apart from checking; megatron_bridge_h100_2026.csv, Megatron-Bridge's
 2026 releases, on 2026-11-30; megatron_bridge_cuda_graph_ab_h100.csv, megatron_bridge_skills_cards_h100.csv and
-megatron_lm_moe_recipes_h100.csv on 2026-12-01; the others on 2026-11-25). Each file starts with `#` lines naming
+megatron_lm_moe_recipes_h100.csv on 2026-12-01; nemo_long_sequence_h100.csv on 2026-12-02; the others on
+2026-11-25). Each file starts with `#` lines naming
 its source (repository@commit:path or paper and table), the hardware, and how step_time_s follows from the published
 number (seconds per iteration as printed, or tokens/s or TFLOP/s per GPU with the global batch, sequence and
 the stated FLOP count). One row is one published measurement with every plan field the source states; the
