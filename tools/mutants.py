@@ -1266,6 +1266,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "the ranks of a note counted from 0, not as the table's # column", _t("search_notes")),
     M("search/plan_search.py", '"notes": priced_notes(job.model, job.plan),', '"notes": [],',
       "the plans shown carry none of the notes predict says", _t("moe_routing_note")),
+    M("search/plan_space.py", "return max(8, seq_length // CP_CAP_TOKENS_PER_RANK)", "return 8",
+      "context parallelism capped at 8 at any sequence", _t("context_parallel_cap")),
+    M("search/plan_space.py", "cp_cap = options.max_context_parallel or context_parallel_cap(model.seq_length)",
+      "cp_cap = context_parallel_cap(model.seq_length)", "--max-context-parallel ignored",
+      _t("context_parallel_cap")),
 )
 # fmt: on
 

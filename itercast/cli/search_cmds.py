@@ -132,7 +132,12 @@ def search_cmd(
     max_virtual_pipeline: Annotated[
         int | None, typer.Option(min=1, max=1024, help="Largest interleaving (default: one layer per chunk).")
     ] = None,
-    max_context_parallel: Annotated[int, typer.Option(min=1, max=1024, help="Largest context parallel.")] = 8,
+    max_context_parallel: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=1024, help="Largest context parallel (default 8, or beyond 128K tokens one rank per 16,384)."
+        ),
+    ] = None,
     backend: Annotated[str, typer.Option(metavar="local|ray", help="Where node counts are searched.")] = "local",
     workers: Annotated[
         int, typer.Option(min=1, max=256, help="Local processes (default: the CPU count).")
@@ -198,7 +203,7 @@ def search_cmd(
                 "--global-batch-sizes": global_batch_sizes is not None,
                 "--tp-across-nodes": tp_across_nodes,
                 "--max-virtual-pipeline": max_virtual_pipeline is not None,
-                "--max-context-parallel": max_context_parallel != 8,
+                "--max-context-parallel": max_context_parallel is not None,
                 "--backend": backend != "local",
                 "--include-oom": include_oom,
                 "--max-memory-fraction": max_memory_fraction != 1.0,

@@ -31,11 +31,12 @@ _INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
 @dataclass(frozen=True)
 class SpaceOptions:
     """What the search may vary. `fixed`: plan field -> the one value it keeps; `framework`: whose plan
-    space (frameworks.FRAMEWORKS); `max_virtual_pipeline`: None for every size the layers allow."""
+    space (frameworks.FRAMEWORKS); `max_virtual_pipeline`: None for every size the layers allow;
+    `max_context_parallel`: None for `context_parallel_cap` of the model's sequence."""
 
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     global_batch_sizes: tuple[int, ...] = ()  # empty: the base plan's global_batch_size
-    max_context_parallel: int = 8
+    max_context_parallel: int | None = None
     max_virtual_pipeline: int | None = None
     framework: str = "megatron-core"
     tp_across_nodes: bool = False
@@ -53,6 +54,18 @@ class SpaceCounts:
         self.generated += other.generated
         for k, v in other.removed.items():
             self.removed[k] = self.removed.get(k, 0) + v
+
+
+#: tokens of a sequence each context-parallel rank keeps at the largest size the search tries by default: NeMo's
+#: long-sequence runs keep 32,768 (Llama 2 7B at 128K-1M tokens on CP 4-32, NVIDIA/NeMo
+#: docs/source/performance/performance_long_sequence.md); the search tries one halving beyond
+CP_CAP_TOKENS_PER_RANK = 16384
+
+
+def context_parallel_cap(seq_length: int) -> int:
+    """The largest context parallel size the search tries by default: 8, or for sequences longer than
+    8 × CP_CAP_TOKENS_PER_RANK tokens as many ranks as keep CP_CAP_TOKENS_PER_RANK each (1M tokens: 64)."""
+    return max(8, seq_length // CP_CAP_TOKENS_PER_RANK)
 
 
 def _divisors(n: int) -> list[int]:
@@ -84,7 +97,8 @@ def enumerate_plans(
         raise ValueError("the search needs plan.global_batch_size (e.g. --set plan.global_batch_size=1536)")
     divisors = _divisors(num_gpus)
     tp_max = num_gpus if options.tp_across_nodes else gpn
-    cp_values = [c for c in divisors if c <= options.max_context_parallel and c & (c - 1) == 0]
+    cp_cap = options.max_context_parallel or context_parallel_cap(model.seq_length)
+    cp_values = [c for c in divisors if c <= cp_cap and c & (c - 1) == 0]
     axes = {
         "tp": _choices("tensor_parallel", [d for d in divisors if d <= tp_max], fixed),
         "gbs": batches,
