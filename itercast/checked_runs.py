@@ -72,27 +72,39 @@ def runs_like(job: Job, path: Path = CHECKED_RUNS_PATH) -> list[CheckedRun]:
     return [r for r in checked_runs(path) if r.gpu_family == family and r.model == signature]
 
 
+def _spread(runs: list[CheckedRun]) -> str:
+    """Measured / predicted of `runs`: the one ratio, or their range and median and the farthest run."""
+    ratios = [r.ratio for r in runs]
+    if len(runs) == 1:
+        return f"measured / predicted {ratios[0]:.2f}x"
+    farthest = max(runs, key=lambda r: abs(r.ratio - 1))
+    return (
+        f"measured / predicted {min(ratios):.2f}x to {max(ratios):.2f}x, median "
+        f"{statistics.median(ratios):.2f}x; farthest: {farthest.label}, {farthest.ratio:.2f}x"
+    )
+
+
 def checked_note(job: Job, path: Path = CHECKED_RUNS_PATH) -> str | None:
     """How the job's model's published runs on its GPU family compared with itercast's step, or None without
-    any: their count, the range and median of measured / predicted, and the farthest run."""
+    any: their count, the range and median of measured / predicted, and the farthest run; where the runs span
+    several sequence lengths, also the same for the runs at the job's own (or, without any, the nearest)."""
     runs = runs_like(job, path)
     if not runs:
         return None
-    ratios = [r.ratio for r in runs]
-    farthest = max(runs, key=lambda r: abs(r.ratio - 1))
     family = runs[0].gpu_family
-    if len(runs) == 1:
-        spread = f"measured / predicted {ratios[0]:.2f}x"
-    else:
-        spread = (
-            f"measured / predicted {min(ratios):.2f}x to {max(ratios):.2f}x, median "
-            f"{statistics.median(ratios):.2f}x; farthest: {farthest.label}, {farthest.ratio:.2f}x"
-        )
     configurations = "configuration" if len(runs) == 1 else "configurations"
-    return (
+    note = (
         f"checked: published runs of this model on {family} GPUs in {len(runs)} {configurations} (plans and sizes "
-        f"of their own; the checking table, {', '.join(sorted({r.source for r in runs}))}): {spread}"
+        f"of their own; the checking table, {', '.join(sorted({r.source for r in runs}))}): {_spread(runs)}"
     )
+    lengths = {r.seq_length for r in runs}
+    if len(lengths) == 1:
+        return note
+    seq = job.model.seq_length
+    nearest = min(lengths, key=lambda n: (abs(n - seq), n))
+    at = [r for r in runs if r.seq_length == nearest]
+    where = f"at this job's {seq:,} tokens a sequence" if nearest == seq else f"none at {seq:,} tokens; at {nearest:,}"
+    return f"{note}; {where}: {_spread(at)}"
 
 
 def checked_runs_json(job: Job, path: Path = CHECKED_RUNS_PATH) -> list[dict[str, Any]]:

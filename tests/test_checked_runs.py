@@ -33,8 +33,9 @@ def test_the_kept_file_is_what_the_checking_table_and_the_models_give_now():
         assert run.model == now[label].model and run.gpu_family == now[label].gpu_family, f"{label}: {again}"
 
 
-def _write(path: Path, job: Job, runs: list[tuple[str, str, float, float]]) -> Path:
-    """A kept file of `runs` (label, GPU family, measured s, predicted s), all of the job's model."""
+def _write(path: Path, job: Job, runs: list[tuple[str, str, float, float]], seqs: tuple[int, ...] = ()) -> Path:
+    """A kept file of `runs` (label, GPU family, measured s, predicted s), all of the job's model, at sequence
+    lengths `seqs` (one a run; 4,096 each without them)."""
     doc = {
         "models": [model_signature(job.model)],
         "runs": [
@@ -43,12 +44,12 @@ def _write(path: Path, job: Job, runs: list[tuple[str, str, float, float]]) -> P
                 "source": "hand",
                 "gpu_family": family,
                 "gpus": 8,
-                "seq_length": 4096,
+                "seq_length": seq,
                 "measured_s": measured,
                 "predicted_s": predicted,
                 "model": 0,
             }
-            for label, family, measured, predicted in runs
+            for (label, family, measured, predicted), seq in zip(runs, seqs or [4096] * len(runs), strict=True)
         ],
     }
     path.write_text(json.dumps(doc), encoding="utf-8")
@@ -74,6 +75,25 @@ def test_the_note_by_hand(tmp_path):
     assert (checked_note(job, one) or "").endswith(
         "in 1 configuration (plans and sizes of their own; the checking table, hand): measured / predicted 1.20x"
     )
+
+
+def test_runs_of_several_sequence_lengths_are_also_said_at_the_jobs_own_or_the_nearest(tmp_path):
+    job = Job.from_dicts({"preset": "llama3-8b", "seq_length": 8192}, {}, {"preset": "dgx-h100"})
+    runs = [("a", "H100", 11.0, 10.0), ("b", "H100", 12.0, 10.0), ("c", "H100", 15.0, 10.0)]
+    path = _write(tmp_path / "kept.json", job, runs, (8192, 8192, 1048576))
+    # all three: 1.10x, 1.20x, 1.50x (median 1.20x, farthest c); at 8,192 tokens a and b alone: 1.10x to 1.20x,
+    # median (1.10 + 1.20) / 2 = 1.15x, farthest b
+    assert (checked_note(job, path) or "").endswith(
+        "measured / predicted 1.10x to 1.50x, median 1.20x; farthest: c, 1.50x; at this job's 8,192 tokens a "
+        "sequence: measured / predicted 1.10x to 1.20x, median 1.15x; farthest: b, 1.20x"
+    )
+    longer = Job.from_dicts({"preset": "llama3-8b", "seq_length": 524288}, {}, {"preset": "dgx-h100"})
+    # 524,288 is 516,096 from 8,192 and 524,288 from 1,048,576: the nearest is 8,192
+    assert (checked_note(longer, path) or "").endswith(
+        "; none at 524,288 tokens; at 8,192: measured / predicted 1.10x to 1.20x, median 1.15x; farthest: b, 1.20x"
+    )
+    same = _write(tmp_path / "same.json", job, runs, (4096, 4096, 4096))
+    assert "tokens" not in (checked_note(job, same) or "")  # one length: nothing more to say
 
 
 def test_a_run_counts_for_the_same_model_at_any_sequence_length_on_the_same_gpu_family_only(tmp_path):
