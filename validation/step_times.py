@@ -186,6 +186,26 @@ def dgxc_settings(preset: str, version: str, dtype: str) -> dict:
     return {"grad_reduce_dtype": "bf16", "main_params": "fp32" if fp8_params else "fp32_remainders"} | overlap
 
 
+#: dgxc-benchmarking releases whose launch scripts export NVTE_FUSED_ATTN=0 for a model, so that Transformer Engine
+#: runs FlashAttention-2 (its flash-attn back end, plan.attention_kernel fa2) instead of cuDNN's fused attention
+#: (the default it picks on Hopper): grok1/configure.sh at every release in the data (35a9aecc v24.11.1, e6afea3a
+#: v25.01.1, 8f5cbb37 v25.02, 0efdb235 25.04.02); nemotron/configure.sh's 340b branch (NVTE_FUSED_ATTN=0; its 15b
+#: branch sets 1) at 35a9aecc, e6afea3a and 8f5cbb37; nemo_megatron/launch.sh at 35a9aecc and configure.sh at
+#: e6afea3a (1 at 8f5cbb37 and 0efdb235). The llama3.1 scripts set NVTE_FUSED_ATTN=1, and v25.05.05 (c5c765f2) sets
+#: neither. Release by the commit the row's source names.
+DGXC_FA2 = {
+    "nemotron4-340b": ("35a9aecc", "e6afea3a", "8f5cbb37"),
+    "gpt3-175b": ("35a9aecc", "e6afea3a"),
+}
+
+
+def dgxc_attention_kernel(preset: str, source: str) -> str:
+    """plan.attention_kernel of a dgxc-benchmarking row: fa2 where its release's scripts disable cuDNN's fused
+    attention for its model (DGXC_FA2), else cudnn."""
+    commit = re.search(r"@\s*([0-9a-f]{8})", source)
+    return "fa2" if commit and commit.group(1) in DGXC_FA2.get(preset, ()) else "cudnn"
+
+
 def dgxc_rows(data: Path) -> list[Row]:
     """NVIDIA dgxc-benchmarking: rows whose model_config states TP/PP/CP/VP/MBS/GA."""
     rows, seen = [], set()
@@ -216,7 +236,8 @@ def dgxc_rows(data: Path) -> list[Row]:
             float(r["step_time_s"].replace(" ", "")),
             model,
             _plan(tp, pp, cp, vp, mbs, max(gbs, 1), dtype)
-            | dgxc_settings(DGXC_MODELS[name], version.group(1) if version else "", dtype),
+            | dgxc_settings(DGXC_MODELS[name], version.group(1) if version else "", dtype)
+            | {"attention_kernel": dgxc_attention_kernel(DGXC_MODELS[name], r["source"])},
         )
         if dp * tp * pp * cp != gpus:
             row.skipped = (
@@ -258,6 +279,8 @@ def grok_rows(data: Path) -> list[Row]:
         # the releases of README_314b.md (v24.11.1, v25.01.1, 25.04.02) run NeMo containers of Megatron-Core 0.9-0.12,
         # before 0.13 sent the routing probabilities in an all-to-all of their own (plan.moe_probs_alltoall)
         plan["moe_probs_alltoall"] = False
+        # grok1/configure.sh at every release in the data exports NVTE_FUSED_ATTN=0: FlashAttention-2 (DGXC_FA2's note)
+        plan["attention_kernel"] = "fa2"
         plan["tp_comm_overlap"] = c["tensor_parallel"] > 1
         plan["tp_comm_overlap_sms"] = TE1_DEFAULT_SMS  # no ub_tp_comm_overlap_cfg
         model = {"preset": "grok1-314b", "num_layers": c["num_layers"], "seq_length": c["seq_length"]}
@@ -281,6 +304,11 @@ def nemo_rows(data: Path) -> list[Row]:
         plan["tp_comm_overlap"] = preset in ("llama2-70b", "llama3-70b") and int(r["TP"]) > 1
         # their tp_overlap@model.ub_tp_comm_overlap_cfg: ub_cfg_h100_h8192_tp4_mbs1_seqlen{4096,8192}.yaml
         plan["tp_comm_overlap_sms"] = _pipeline_sms(24, 16)
+        # NeMo-Framework-Launcher's conf/config.yaml env_vars set NVTE_FUSED_ATTN: 0 ("Disable cudnn FA until we've
+        # tested it more", 562dcb45 2024-02-13 to 04b8d098 2024-08-29, over these 24.07 figures of 2024-08), so
+        # Transformer Engine ran FlashAttention-2; examples/training/gpt/h100/175b_fp8_16node.sh sets it to 1 for
+        # GPT-3 175B (95c77b59, 2024-07-17)
+        plan["attention_kernel"] = "cudnn" if preset == "gpt3-175b" else "fa2"
         row = Row(
             "nemo-24.07",
             label,
