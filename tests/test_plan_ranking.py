@@ -97,3 +97,42 @@ def test_checking_jobs_group_the_checking_tables_plans_and_leave_out_what_the_ra
     # each of Narayanan et al.'s ZeRO-3 vs PTD-P pairs, five GPU counts
     zero3 = [plans for name, plans in jobs.items() if "narayanan2021" in name]
     assert len(zero3) == 5 and all({j.plan.zero_stage for _, j, _ in plans} == {0, 3} for plans in zero3)
+
+
+def _file_rows(name: str) -> list[dict[str, str]]:
+    return pr._read(pr.DATA / name)
+
+
+def test_zero_bubble_rows_give_the_first_and_last_stage_one_layer_fewer():
+    # Table 4's 1.5B model: 22 layers on 8 stages. 1F1B: (22 + 2) / 8 = 3 layers a stage, 2 on the first and last;
+    # 1F1B-I: one layer a chunk, (22 + 2) / 8 = 3 chunks a stage, the first and the last chunk empty.
+    jobs = pr.jobs()
+    (one_f, inter) = [job for _, job, _ in jobs["zb gpt-1.5B 8 A100 gbs144"]]
+    assert one_f.plan.stage_layers == (2, 3, 3, 3, 3, 3, 3, 2) and one_f.plan.virtual_pipeline == 1
+    assert inter.plan.virtual_pipeline == 3 and inter.plan.schedule == "interleaved-1f1b"
+    assert inter.plan.stage_layers == (0, *[1] * 22, 0) and sum(inter.plan.stage_layers) == 22
+    # samples/s per GPU x 1024 tokens: 11.8 and 13.1 in the paper's table
+    assert [float(r["tokens_per_s_per_gpu"]) for r in _file_rows("zero_bubble_a100.csv")[:2]] == [
+        pytest.approx(11.8 * 1024),
+        pytest.approx(13.1 * 1024),
+    ]
+
+
+def test_lucie_rows_block_on_each_launch_and_reduce_fp32_gradients_only_without_zero():
+    rows = _file_rows("lucie7b_a100_jean_zay.csv")
+    for r in rows:
+        job = pr._plan_job(r)
+        assert job.plan.cuda_launch_blocking is True
+        assert job.plan.grad_reduce_dtype == ("fp32" if job.plan.zero_stage == 0 else "bf16")
+        assert job.plan.global_batch_size % (job.plan.micro_batch_size * job.plan.data_parallel) == 0
+        assert (job.model.num_layers, job.model.hidden_size, job.model.ffn_hidden_size) == (32, 4096, 11008)
+    # 32 GPUs, sequence 4096, GBS 512, TP 1 PP 2 MBS 2: 102,907.904 tokens/s over 32 GPUs in the summary (3,215.87)
+    (first,) = [
+        r
+        for r in rows
+        if r["job"] == "lucie7b 32 A100 seq4096 gbs512"
+        and r["micro_batch_size"] == "2"
+        and r["pipeline_parallel"] == "2"
+        and r["tensor_parallel"] == "1"
+    ]
+    assert float(first["tokens_per_s_per_gpu"]) == pytest.approx(3215.9, abs=0.05)

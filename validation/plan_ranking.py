@@ -4,8 +4,10 @@
 
 Data: data/published/plan_ranking/*.csv (each file's header cites its sources and states what the sources left
 unsaid: torchtitan's H100 tables, BLOOM's 3D-layout benchmarks on Jean Zay A100s, TWIST's Megatron-LM baseline on
-H800s) and data/published/korthikanti2022_a100_iteration_times.csv (Korthikanti et al. 2022: full recompute vs
-sequence parallel + selective recompute, four GPT models). A job is one model, GPU count and global batch; its
+H800s, DLPerf's and BigScience's V100 tables; since 2026-12-02 Lucie-7B's layout search on Jean Zay A100s, the Zero
+Bubble paper's 1F1B against interleaved 1F1B, InternLM-7B's TP 1 against TP 2) and
+data/published/korthikanti2022_a100_iteration_times.csv (Korthikanti et al. 2022: full recompute vs sequence
+parallel + selective recompute, four GPT models). A job is one model, GPU count and global batch; its
 rows are plans. A row's model and system are a preset (blank model: none) with `section.field=value` overrides
 (the `overrides` column, the CLI's --set syntax); its measurement is seconds per step (`s_per_step`), or
 tokens/s per GPU or MFU, whose inverse orders the plans of one job alike. Each plan is predicted by the graph
