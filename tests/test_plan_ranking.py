@@ -118,13 +118,19 @@ def test_zero_bubble_rows_give_the_first_and_last_stage_one_layer_fewer():
     ]
 
 
-def test_lucie_rows_block_on_each_launch_and_reduce_fp32_gradients_only_without_zero():
+def test_lucie_rows_run_deepspeed_0_12_6s_optimizers():
+    """ZeRO 0 in bf16 is BF16_Optimizer: fp32 accumulation, fp32 all-reduce, weights sharded and gathered (itercast's
+    ZeRO-1); ZeRO 1 is DeepSpeedZeroOptimizer: autograd's bf16 sums, a bf16 all-reduce of each bucket."""
     rows = _file_rows("lucie7b_a100_jean_zay.csv")
+    bf16_optimizer = [r for r in rows if r["source"].endswith("(ZeRO stage 0: DeepSpeed's BF16_Optimizer)")]
+    assert 0 < len(bf16_optimizer) < len(rows)
     for r in rows:
         job = pr._plan_job(r)
-        assert job.plan.cuda_launch_blocking is True
-        assert job.plan.grad_reduce_dtype == ("fp32" if job.plan.zero_stage == 0 else "bf16")
-        assert job.plan.global_batch_size % (job.plan.micro_batch_size * job.plan.data_parallel) == 0
+        p = job.plan
+        assert p.cuda_launch_blocking is True and p.zero_stage == 1 and p.zero_grad_reduce == "all_reduce"
+        expected = ("fp32", "fp32_copy_add") if r in bf16_optimizer else ("bf16", "autograd")
+        assert (p.grad_reduce_dtype, p.grad_accumulation) == expected
+        assert p.global_batch_size % (p.micro_batch_size * p.data_parallel) == 0
         assert (job.model.num_layers, job.model.hidden_size, job.model.ffn_hidden_size) == (32, 4096, 11008)
     # 32 GPUs, sequence 4096, GBS 512, TP 1 PP 2 MBS 2: 102,907.904 tokens/s over 32 GPUs in the summary (3,215.87)
     (first,) = [

@@ -111,6 +111,18 @@ class PlanConfig(BaseModel):
         "layers n, 2n, ... counted from 1); 1: every layer.",
     )
     zero_stage: NonNegativeInt = Field(0, le=3, description="0: DDP; 1–2: distributed optimizer; 3: FSDP.")
+    zero_grad_reduce: Literal["reduce_scatter", "all_reduce", "reduce_per_rank"] = Field(
+        "reduce_scatter",
+        description="zero_stage=1/2: how each gradient bucket is reduced to the ranks that own its shards (ZeRO-0 "
+        "all-reduces, ZeRO-3 and FSDP reduce-scatter, whatever this says). reduce_scatter: one reduce-scatter "
+        "(Megatron-Core's distributed optimizer). all_reduce: DeepSpeed v0.12.4 on, the whole bucket all-reduced and "
+        "each rank's slices copied out (zero/stage_1_and_2.py average_tensor -> allreduce_and_scatter, "
+        "use_multi_rank_bucket_allreduce default true; at v0.12.6 allreduce_bucket also sets rank = None on the "
+        "other path): twice a reduce-scatter's bytes. reduce_per_rank: DeepSpeed before v0.12.4 (average_tensor at "
+        "v0.6.0 and 3401d2516: one dist.reduce of its slices to each destination rank, in turn): priced as data-"
+        "parallel-size reduce-scatters of 1/size of the bucket each, a reduce-scatter's bytes and size times its "
+        "latency (workloads/transformer.py dp_collective_s).",
+    )
     zero3_fetch: Literal["layer", "deepspeed"] = Field(
         "layer",
         description="zero_stage=3: which parameters are gathered at once (memory.zero3_live_columns). layer: "

@@ -13,9 +13,10 @@ Sources (the files the rules cite):
   both overlaps on); NeMo-Framework-Launcher conf/training/gpt3/175b.yaml runs VP 12 (pp 8 × vp 12 = 96 layers).
 - torchtitan 9810191^: torchtitan/config/job_config.py, torchtitan/models/llama3/infra/parallelize.py.
 - DeepSpeed 38327e0: deepspeed/runtime/pipe/engine.py, deepspeed/runtime/pipe/schedule.py,
-  deepspeed/runtime/zero/config.py; its pipeline transfers (PlanConfig.pipeline_p2p) also at 3401d2516 (Feb. 2022,
-  BLOOM's): the same blocking sends and partitioning, the two transfers of a step issued in the other order until
-  b528f50e3 (2023): the graph's step times of uniform stages are the same either way.
+  deepspeed/runtime/zero/config.py, deepspeed/runtime/zero/stage_1_and_2.py; its pipeline transfers
+  (PlanConfig.pipeline_p2p) also at 3401d2516 (Feb. 2022, BLOOM's): the same blocking sends and partitioning, the
+  two transfers of a step issued in the other order until b528f50e3 (2023): the graph's step times of uniform
+  stages are the same either way.
 """
 
 from __future__ import annotations
@@ -282,6 +283,9 @@ FRAMEWORKS: dict[str, Framework] = {
         plan_fields={
             "attention_kernel": "fa2",
             "grad_bucket_size_params": DEEPSPEED_BUCKET_PARAMS,
+            # ZeRO-1/2 all-reduce each gradient bucket and keep their slices (zero/stage_1_and_2.py average_tensor ->
+            # allreduce_and_scatter, use_multi_rank_bucket_allreduce default true since v0.12.4)
+            "zero_grad_reduce": "all_reduce",
             "pipeline_p2p": "deepspeed",
             # ZeRO-3's per-submodule fetch (PartitionedParameterCoordinator), its fp16 gradients (d94f89d)
             "zero3_fetch": "deepspeed",

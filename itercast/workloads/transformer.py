@@ -38,8 +38,12 @@ GRAD_NORM_BYTES = 4  # one fp32 scalar: the global gradient norm for clipping (M
 
 
 def grad_collective(job: Job) -> str:
-    """DDP all-reduces gradients; ZeRO (distributed optimizer, FSDP) reduce-scatters them."""
-    return "all_reduce" if job.plan.zero_stage == 0 else "reduce_scatter"
+    """DDP all-reduces gradients; ZeRO-3 (FSDP) reduce-scatters them; ZeRO-1/2 as plan.zero_grad_reduce says
+    (Megatron-Core's distributed optimizer a reduce-scatter, DeepSpeed an all-reduce or one reduce per rank)."""
+    p = job.plan
+    if p.zero_stage == 0:
+        return "all_reduce"
+    return "reduce_scatter" if p.zero_stage == 3 else p.zero_grad_reduce
 
 
 def weight_bytes(job: Job) -> int:
@@ -442,9 +446,15 @@ def dp_collective_s(
     then routed experts over expert-data-parallel ranks (Megatron-Core keeps them in buffers of
     their own)."""
     experts, rest = params
-    return collective_s(kind, rest * bytes_per_param, groups.grad) + collective_s(
-        kind, experts * bytes_per_param, groups.expert_grad
-    )
+
+    def over(group: GroupPlacement, nbytes: float) -> float:
+        if kind != "reduce_per_rank":
+            return collective_s(kind, nbytes, group)
+        # DeepSpeed's one reduce per destination rank, in turn (PlanConfig.zero_grad_reduce): each moves a
+        # reduce-scatter's bytes of its 1/size and pays a ring's latency
+        return group.size * collective_s("reduce_scatter", nbytes / group.size, group) if group.size > 1 else 0.0
+
+    return over(groups.grad, rest * bytes_per_param) + over(groups.expert_grad, experts * bytes_per_param)
 
 
 def local_optimizer_params(job: Job, groups: Groups, params: Params) -> float:
