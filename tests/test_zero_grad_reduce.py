@@ -93,3 +93,14 @@ def test_the_graph_reduces_the_stage_once_at_the_boundary_with_the_chosen_collec
 def test_deepspeed_searches_all_reduce_its_zero_buckets_and_megatron_core_reduce_scatters_them():
     assert FRAMEWORKS["deepspeed"].plan_fields["zero_grad_reduce"] == "all_reduce"
     assert "zero_grad_reduce" not in FRAMEWORKS["megatron-core"].plan_fields
+
+
+def test_predict_says_when_a_deepspeed_job_leaves_its_zero_buckets_at_megatrons_reduce_scatter():
+    from itercast.workloads.transformer_ops import zero_grad_reduce_note
+
+    left = job(1).plan.model_copy(update={"pipeline_p2p": "deepspeed"})
+    note = zero_grad_reduce_note(left)
+    assert note is not None and note.startswith("plan.zero_grad_reduce is reduce_scatter (Megatron-Core's)")
+    assert zero_grad_reduce_note(left.model_copy(update={"zero_grad_reduce": "all_reduce"})) is None
+    assert zero_grad_reduce_note(left.model_copy(update={"zero_stage": 0})) is None  # DDP's all-reduce anyway
+    assert zero_grad_reduce_note(job(1).plan) is None  # Megatron-Core's own reduce-scatter

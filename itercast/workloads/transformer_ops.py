@@ -1664,12 +1664,26 @@ def grad_accumulation_note(plan: PlanConfig) -> str | None:
     )
 
 
+def zero_grad_reduce_note(plan: PlanConfig) -> str | None:
+    """What a DeepSpeed job (plan.pipeline_p2p deepspeed) with ZeRO-1/2 left at zero_grad_reduce reduce_scatter
+    prices: Megatron-Core's reduce-scatter, where DeepSpeed all-reduces each bucket (v0.12.4 on) or sends one reduce
+    per rank (before): grad_collective. None otherwise."""
+    if plan.pipeline_p2p != "deepspeed" or plan.zero_stage not in (1, 2) or plan.zero_grad_reduce != "reduce_scatter":
+        return None
+    return (
+        "plan.zero_grad_reduce is reduce_scatter (Megatron-Core's), so this DeepSpeed job's ZeRO gradient buckets are "
+        "priced as one reduce-scatter; DeepSpeed all-reduces each bucket from v0.12.4 (twice the bytes) and sent one "
+        "reduce per rank before it: set plan.zero_grad_reduce=all_reduce or reduce_per_rank"
+    )
+
+
 def priced_notes(model: ModelConfig, plan: PlanConfig) -> list[str]:
     """Every note above that holds for this model and plan, in one order for `predict` and `search`: what the
     forecast leaves out or rests on, said beside its figures."""
     notes = (
         unaligned_logits_note(model, plan),
         grad_accumulation_note(plan),
+        zero_grad_reduce_note(plan),
         flex_dispatch_note(plan),
         moe_a2a_overlap_note(plan),
         moe_routing_note(model, plan),
