@@ -188,6 +188,14 @@ def test_torchtitan_and_deepspeed_launch_texts_carry_the_sizes():
     ds = launch_settings("deepspeed", bf16_optimizer, GPT3)  # type: ignore[arg-type]
     config = json.loads(ds.split("# Megatron-DeepSpeed arguments")[0].split("# ds_config.json\n")[1])
     assert config["data_types"] == {"grad_accum_dtype": "fp32"}
+    # the bucket reduction the plan priced (PlanConfig.zero_grad_reduce): DeepSpeed's all-reduce unless one reduce
+    # per rank was priced; ZeRO-3 has no such switch
+    assert config["zero_optimization"]["use_multi_rank_bucket_allreduce"] is True
+    per_rank = launch_settings("deepspeed", {**bf16_optimizer, "zero_grad_reduce": "reduce_per_rank"}, GPT3)  # type: ignore[arg-type]
+    config = json.loads(per_rank.split("# Megatron-DeepSpeed arguments")[0].split("# ds_config.json\n")[1])
+    assert config["zero_optimization"]["use_multi_rank_bucket_allreduce"] is False
+    zero3_config = json.loads(zero3.split("# ds_config.json\n")[1].split("\n# Megatron")[0])
+    assert "use_multi_rank_bucket_allreduce" not in zero3_config["zero_optimization"]
 
 
 def test_launch_settings_run_what_was_priced_under_each_frameworks_parser():

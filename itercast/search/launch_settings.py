@@ -406,6 +406,9 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
             "contiguous_gradients": True,
             "reduce_bucket_size": p["grad_bucket_size_params"] or DEEPSPEED_BUCKET_PARAMS,
         }
+        if zero <= 2:  # how the plan priced each bucket's reduction (PlanConfig.zero_grad_reduce): DeepSpeed's
+            # all-reduce of the bucket (true, its default), or its one reduce per destination rank (false)
+            zero_cfg["use_multi_rank_bucket_allreduce"] = p.get("zero_grad_reduce", "all_reduce") != "reduce_per_rank"
     config: dict[str, Any] = {
         "train_batch_size": p["global_batch_size"],
         "train_micro_batch_size_per_gpu": p["micro_batch_size"],
