@@ -142,3 +142,20 @@ def test_lucie_rows_run_deepspeed_0_12_6s_optimizers():
         and r["tensor_parallel"] == "1"
     ]
     assert float(first["tokens_per_s_per_gpu"]) == pytest.approx(3215.9, abs=0.05)
+
+
+def test_internlm_rows_run_july_2023s_hybrid_zero():
+    """InternLM's HybridZeroOptimizer at the table's commit (c18bec9): bf16 buckets all-reduced from the last
+    micro-batch's backward, autograd's sums in between, each rank's updated shard broadcast in turn after the step."""
+    rows = _file_rows("internlm7b_a100.csv")
+    assert len(rows) == 16
+    for r in rows:
+        p = pr._plan_job(r).plan
+        assert (p.zero_stage, p.zero_grad_reduce, p.zero_param_gather) == (1, "all_reduce", "broadcast_per_rank")
+        assert (p.overlap_grad_reduce, p.overlap_param_gather) == (True, False)
+        assert (p.grad_reduce_dtype, p.grad_accumulation) == ("bf16", "autograd")
+        # the same tokens per GPU in every iteration: micro_num 4 of micro_bsz 2 (tp 1) or 4 (tp 2), sequence 2048
+        assert (
+            p.global_batch_size * 2048 / int(r["gpus"])
+            == 4 * {1: 2, 2: 4}[p.tensor_parallel] * 2048 / p.tensor_parallel
+        )

@@ -366,6 +366,9 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     kernels: list[tuple[str, tuple[str, ...]]] = [("cross_entropy", fw.cross_entropies), ("cp_comm", fw.cp_comms)]
     kernels += [("tp_comm_overlap_rs", fw.tp_comm_overlap_rs), ("selective_recompute", fw.selective_recomputes)]
     kernels.append(("projections", (fw.plan_fields.get("projections", "fused"),)))  # its models' linears
+    # every framework searched all-gathers ZeRO-1/2's updated shards (Megatron-Core's distributed optimizer, DeepSpeed's
+    # all_gather_dp_groups; FSDP has no ZeRO-1/2): InternLM's broadcast per rank is priced by predict alone
+    kernels.append(("zero_param_gather", ("all_gather",)))
     if m.is_moe:
         kernels.append(("moe_token_dispatcher", fw.moe_token_dispatchers))
     if plan.get("dtype") == "fp8":

@@ -123,6 +123,15 @@ class PlanConfig(BaseModel):
         "parallel-size reduce-scatters of 1/size of the bucket each, a reduce-scatter's bytes and size times its "
         "latency (workloads/transformer.py dp_collective_s).",
     )
+    zero_param_gather: Literal["all_gather", "broadcast_per_rank"] = Field(
+        "all_gather",
+        description="zero_stage=1/2: how the updated parameter shards reach every rank after the optimizer step "
+        "(ZeRO-3 and FSDP all-gather, whatever this says). all_gather: one all-gather (Megatron-Core's distributed "
+        "optimizer, DeepSpeed's all_gather_dp_groups). broadcast_per_rank: one dist.broadcast of each rank's shard "
+        "from it, in turn (InternLM's HybridZeroOptimizer.broadcast_params of July 2023, c18bec9, after "
+        "ColossalAI's low-level ZeRO): priced as data-parallel-size all-gathers of 1/size of the parameters each, "
+        "an all-gather's bytes and size times its latency (workloads/transformer.py dp_collective_s).",
+    )
     zero3_fetch: Literal["layer", "deepspeed"] = Field(
         "layer",
         description="zero_stage=3: which parameters are gathered at once (memory.zero3_live_columns). layer: "

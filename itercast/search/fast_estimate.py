@@ -128,6 +128,7 @@ from itercast.workloads.transformer import (
     local_optimizer_params,
     optimizer_step_bytes,
     p2p_send_s,
+    param_collective,
     pipe_copy_s,
     stage_output_bytes,
     unit_kinds,
@@ -637,6 +638,7 @@ class FastEstimator:
         stage = max(stage_units, key=stage_total)
         params = _sum([w for chunk in stage_units[stage] for w in chunk])  # = memory.stage_params
         kind, grad_bytes, w_bytes = grad_collective(job), job.plan.grad_bytes, weight_bytes(job)
+        gather_kind = param_collective(job)
 
         def dp_s(kind: str, w: tuple[float, float], bytes_per_param: int) -> float:
             return dp_collective_s(collective, groups, kind, w, bytes_per_param)
@@ -657,7 +659,7 @@ class FastEstimator:
             forward = list(zip(stage_units[held][0], (k[0] for k in unit_kinds(job, held, 0)), strict=True))
             for label, op, nbytes, units in (
                 ("grad", kind, grad_bytes, forward[::-1]),
-                ("gather", "all_gather", w_bytes, forward),
+                ("gather", gather_kind, w_bytes, forward),
             ):
                 whole = [(0, len(units))]
                 spans = bucket_spans([sum(w) for w, _ in units], job.plan.bucket_params) if s == 0 else whole
@@ -704,10 +706,10 @@ class FastEstimator:
             "grad_ranks": float(max(groups.grad.size, groups.expert_grad.size)),
             "buckets": float(len(buckets)),
             "grad": sum(n * dp_s(kind, b, grad_bytes) for b, n in counted.items()),
-            "gather": sum(n * dp_s("all_gather", b, w_bytes) for b, n in counted.items()),
+            "gather": sum(n * dp_s(gather_kind, b, w_bytes) for b, n in counted.items()),
             # without overlap the graph reduces (and gathers) the whole buffer at once
             "grad_whole": dp_s(kind, params, grad_bytes),
-            "gather_whole": dp_s("all_gather", params, w_bytes),
+            "gather_whole": dp_s(gather_kind, params, w_bytes),
             "tail": tail,
             "weight_cast": sum(float(costs.memory_s("elementwise", b)) for b in weight_cast_bytes(job)),
             "amax_f": amax_s(fwd),  # per chunk pass

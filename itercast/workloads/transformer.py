@@ -46,6 +46,13 @@ def grad_collective(job: Job) -> str:
     return "reduce_scatter" if p.zero_stage == 3 else p.zero_grad_reduce
 
 
+def param_collective(job: Job) -> str:
+    """How ZeRO-1/2 bring the updated parameter shards to every rank, as plan.zero_param_gather says (an
+    all-gather, or InternLM's one broadcast per rank); ZeRO-3 (FSDP) all-gathers."""
+    p = job.plan
+    return p.zero_param_gather if p.zero_stage in (1, 2) else "all_gather"
+
+
 def weight_bytes(job: Job) -> int:
     """Bytes per parameter as stored for compute (16-bit, or fp32 when training in fp32)."""
     return 4 if job.plan.dtype == "fp32" else 2
@@ -434,6 +441,10 @@ class Groups:
         )
 
 
+#: the data-parallel collectives issued once per rank, and the collective whose bytes and latency each one is priced as
+PER_RANK = {"reduce_per_rank": "reduce_scatter", "broadcast_per_rank": "all_gather"}
+
+
 def dp_collective_s(
     collective_s: Callable[[str, float, GroupPlacement], float],
     groups: Groups,
@@ -448,11 +459,13 @@ def dp_collective_s(
     experts, rest = params
 
     def over(group: GroupPlacement, nbytes: float) -> float:
-        if kind != "reduce_per_rank":
+        per_rank = PER_RANK.get(kind)
+        if per_rank is None:
             return collective_s(kind, nbytes, group)
-        # DeepSpeed's one reduce per destination rank, in turn (PlanConfig.zero_grad_reduce): each moves a
-        # reduce-scatter's bytes of its 1/size and pays a ring's latency
-        return group.size * collective_s("reduce_scatter", nbytes / group.size, group) if group.size > 1 else 0.0
+        # one collective per rank, in turn: DeepSpeed's reduce to each destination (PlanConfig.zero_grad_reduce),
+        # InternLM's broadcast from each source (zero_param_gather); each moves a reduce-scatter's (all-gather's)
+        # bytes of its 1/size and pays a ring's latency
+        return group.size * collective_s(per_rank, nbytes / group.size, group) if group.size > 1 else 0.0
 
     return over(groups.grad, rest * bytes_per_param) + over(groups.expert_grad, experts * bytes_per_param)
 
@@ -926,7 +939,7 @@ class TransformerStepBuilder:
         last_bwd = {ps.chunk: i for i, ps in enumerate(passes) if not ps.forward}
         sync_dp = self.groups.grad.size > 1 or self.groups.expert_grad.size > 1
         dp_res = self.g.resource(stage, "dp_comm")
-        grad_kind = grad_collective(job)
+        grad_kind, gather_kind = grad_collective(job), param_collective(job)
         grad_bytes = p.grad_bytes
         w_bytes = weight_bytes(job)
         first_fwd_gathers: dict[int, list[int]] = {}
@@ -934,11 +947,11 @@ class TransformerStepBuilder:
             for chunk in range(v):  # last step's updated parameters, gathered during this forward
                 first_fwd_gathers[chunk] = [
                     self._task(
-                        ("dp", stage, "all_gather", w, w_bytes),
-                        f"param_all_gather.c{chunk}",
+                        ("dp", stage, gather_kind, w, w_bytes),
+                        f"param_{gather_kind}.c{chunk}",
                         dp_res,
                         Category.COMMUNICATION,
-                        "dp_all_gather",
+                        f"dp_{gather_kind}",
                     )
                     for _, w in self._segments_of(stage, chunk, True, "bucket")
                 ]
@@ -1071,11 +1084,11 @@ class TransformerStepBuilder:
         )
         if p.zero_stage in (1, 2) and sync_dp and not p.overlap_param_gather:
             self._task(
-                ("dp", stage, "all_gather", stage_params(job, stage), w_bytes),
-                "param_all_gather",
+                ("dp", stage, gather_kind, stage_params(job, stage), w_bytes),
+                f"param_{gather_kind}",
                 dp_res,
                 Category.COMMUNICATION,
-                "dp_all_gather",
+                f"dp_{gather_kind}",
                 [opt],
             )
 
