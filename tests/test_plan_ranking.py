@@ -11,7 +11,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "validation"))
 import plan_ranking as pr
 
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.data_paths import read_csv_rows
 from itercast.errors import ConfigError
+from itercast.hardware.topology import GroupPlacement
+
+MEASURED = Path(__file__).resolve().parents[1] / "data" / "published" / "collectives" / "jean_zay_all_reduce.csv"
 
 
 def test_kendall_tau_of_three_plans_counts_each_pair_once():
@@ -159,3 +164,17 @@ def test_internlm_rows_run_july_2023s_hybrid_zero():
             p.global_batch_size * 2048 / int(r["gpus"])
             == 4 * {1: 2, 2: 4}[p.tensor_parallel] * 2048 / p.tensor_parallel
         )
+
+
+@pytest.mark.parametrize("name", ["lucie7b_a100_jean_zay.csv", "bloom_a100_jean_zay.csv"])
+def test_jean_zay_rows_price_the_all_reduce_measured_on_that_cluster(name):
+    """BigScience's fp32 all-reduce of 4e9 bytes on 4 Jean Zay nodes of 8 A100 took 1.529 s (trials 2-5; the committed
+    measurement): every Jean Zay A100 row's network prices it within 1%, where Omni-Path's port speed priced 0.187 s."""
+    (a100,) = [r for r in read_csv_rows(MEASURED) if r["gpu"].startswith("A100")]
+    assert float(a100["seconds"]) == pytest.approx(1.529)
+    systems = {pr._plan_job(r).system.network for r in _file_rows(name)}
+    assert len(systems) == 1
+    (network,) = systems
+    system = pr._plan_job(_file_rows(name)[0]).system.model_copy(update={"network": network, "num_nodes": 4})
+    seconds = AnalyticCostModel(system, "fp32").collective_s("all_reduce", 4e9, GroupPlacement(32, 4, 8))
+    assert seconds == pytest.approx(1.529, rel=0.01)
