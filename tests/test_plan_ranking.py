@@ -153,9 +153,11 @@ def test_internlm_rows_run_july_2023s_hybrid_zero():
     """InternLM's HybridZeroOptimizer at the table's commit (c18bec9): bf16 buckets all-reduced from the last
     micro-batch's backward, autograd's sums in between, each rank's updated shard broadcast in turn after the step."""
     rows = _file_rows("internlm7b_a100.csv")
-    assert len(rows) == 16
+    assert len(rows) == 32 and sum("plan.zero_shard_ranks=" in r["overrides"] for r in rows) == 16
     for r in rows:
         p = pr._plan_job(r).plan
+        # version 3: zero1=8 (tp 1) and zero1=4 (tp 2), one node's data-parallel ranks; version 1: all of them
+        assert p.zero_shard_ranks in (None, 8 // p.tensor_parallel)
         assert (p.zero_stage, p.zero_grad_reduce, p.zero_param_gather) == (1, "all_reduce", "broadcast_per_rank")
         assert (p.overlap_grad_reduce, p.overlap_param_gather) == (True, False)
         assert (p.grad_reduce_dtype, p.grad_accumulation) == ("bf16", "autograd")

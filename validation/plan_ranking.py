@@ -99,7 +99,10 @@ def jobs() -> dict[str, list[tuple[str, Job, float]]]:
                 f"vp{r['virtual_pipeline']} mbs{r['micro_batch_size']} {r['schedule']} asyncTP={r['tp_comm_overlap']}"
                 f" rc={r['recompute']}"
             )
-            out[r["job"]].append((label, _plan_job(r), measured_time_like(r, f"{path.name} data row {n}")))
+            job = _plan_job(r)
+            if job.plan.zero_shard_ranks is not None:
+                label += f" zero-shard{job.plan.zero_shard_ranks}"
+            out[r["job"]].append((label, job, measured_time_like(r, f"{path.name} data row {n}")))
     for r in korthikanti_rows():
         out[f"gpt-{r['model']} {r['gpus']} A100 (Korthikanti)"].append(
             (r["mode"], korthikanti_job(r), float(r["measured_s"]))

@@ -377,6 +377,11 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
+    if plan.get("zero_shard_ranks") is not None:  # priced by predict; the search's rows vary data_parallel
+        raise ConfigError(
+            f"plan.zero_shard_ranks: search shards ZeRO's state over every data-parallel rank (expected it unset; "
+            f"predict prices partial sharding); the job sets {plan['zero_shard_ranks']}"
+        )
     defaults = {k: PlanConfig.model_fields[k].get_default(call_default_factory=True) for k in RECOMPUTE_FIELDS}
     check_recompute(fw, {k: plan.get(k, defaults[k]) for k in RECOMPUTE_FIELDS} | fixed)
     taken = {k: v for k, v in (plan.get("tp_comm_overlap_sms") or {}).items() if v}

@@ -316,6 +316,7 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
             problems.append(f"system.device_groups: {exc}")
     etp = p.expert_tensor_parallel or (p.tensor_parallel if model.is_moe else 1)
     problems += _expert_problems(model, p, dp, etp)
+    problems += _zero_shard_problems(model, p, dp)
     if problems:
         raise ConfigError("\n".join(f"{source}: {x}" for x in problems))
     resolved = {"data_parallel": dp, "global_batch_size": gbs, "expert_tensor_parallel": etp}
@@ -348,6 +349,33 @@ def _divisibility_problems(model: ModelConfig, p: PlanConfig, dp: int, gbs: int)
         ),
     ]
     return [f"{what}({value}) not divisible by {by}" for what, value, div, by in checks if value % div]
+
+
+def _zero_shard_problems(model: ModelConfig, p: PlanConfig, dp: int) -> list[str]:
+    """plan.zero_shard_ranks: groups of data × context-parallel ranks that each hold one copy of ZeRO's state."""
+    shard = p.zero_shard_ranks
+    if shard is None:
+        return []
+    ranks = dp * p.context_parallel
+    problems = []
+    if p.zero_stage == 0:
+        problems.append(f"plan.zero_shard_ranks({shard}) shards ZeRO's state: needs zero_stage >= 1; got 0")
+    if ranks % shard:
+        problems.append(
+            f"plan.zero_shard_ranks({shard}) does not divide data_parallel({dp}) × context_parallel"
+            f"({p.context_parallel}) = {ranks}"
+        )
+    if model.is_moe:
+        problems.append(
+            "plan.zero_shard_ranks is priced for dense models only (routed experts keep their expert-data-parallel "
+            "shards): leave it unset"
+        )
+    if p.zero_stage == 3 and p.zero3_fetch == "deepspeed":
+        problems.append(
+            "plan.zero_shard_ranks: DeepSpeed's ZeRO-3 (zero3_fetch deepspeed) is priced sharded over every rank "
+            "(its MiCS and hpZ are not): expected zero3_fetch layer"
+        )
+    return problems
 
 
 def _stage_layer_problems(model: ModelConfig, p: PlanConfig) -> list[str]:

@@ -132,6 +132,16 @@ class PlanConfig(BaseModel):
         "ColossalAI's low-level ZeRO): priced as data-parallel-size all-gathers of 1/size of the parameters each, "
         "an all-gather's bytes and size times its latency (workloads/transformer.py dp_collective_s).",
     )
+    zero_shard_ranks: Ranks | None = Field(
+        None,
+        description="zero_stage >= 1: the data × context-parallel ranks ZeRO's state is sharded over. Unset: all of "
+        "them. Else the innermost groups of this many ranks each hold one copy, replicated across the groups: "
+        "Megatron-Core's partial distributed optimizer (--num-distributed-optimizer-instances = ranks / this; each "
+        "bucket reduce-scattered within the group, then its shard all-reduced across the groups, "
+        "param_and_grad_buffer.py start_grad_sync), FSDP's hybrid sharding (torchtitan data_parallel_shard_degree; "
+        "ZeRO-3 gathers within the group), InternLM's zero1 (gradients all-reduced over all ranks as "
+        "zero_grad_reduce all_reduce says, shards gathered within the group). Dense models only.",
+    )
     zero3_fetch: Literal["layer", "deepspeed"] = Field(
         "layer",
         description="zero_stage=3: which parameters are gathered at once (memory.zero3_live_columns). layer: "

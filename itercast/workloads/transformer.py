@@ -403,6 +403,10 @@ def wait_parts(pieces: list[PassCost], waits: list[WaitSplit | None]) -> list[Pa
     return parts
 
 
+#: a group of one rank: nothing to communicate
+LONE = GroupPlacement(1, 1, 1)
+
+
 @dataclass(frozen=True)
 class Groups:
     tp: GroupPlacement
@@ -417,6 +421,15 @@ class Groups:
     # a stage's tensor × context × data ranks: Transformer Engine's amax reductions (Megatron-Core
     # get_amax_reduction_group(with_context_parallel=True))
     amax: GroupPlacement
+    # plan.zero_shard_ranks: the innermost data × context ranks that shard ZeRO's state (None: all of grad), and the
+    # groups' copies across which their shards are all-reduced (Megatron-Core's inter-instance group)
+    shard: GroupPlacement | None = None
+    replica: GroupPlacement = LONE
+
+    @property
+    def zero(self) -> GroupPlacement:
+        """The ranks ZeRO shards the dense parameters' state over."""
+        return self.grad if self.shard is None else self.shard
 
     @classmethod
     def of(cls, job: Job) -> Groups:
@@ -438,6 +451,8 @@ class Groups:
             etp=place_group(etp, 1, gpn),
             expert_grad=place_group(stage_stride // (ep * etp) if job.model.is_moe else 1, ep * etp, gpn),
             amax=place_group(stage_stride, 1, gpn),
+            shard=None if p.zero_shard_ranks is None else place_group(p.zero_shard_ranks, t, gpn),
+            replica=place_group(d * c // (p.zero_shard_ranks or d * c), t * (p.zero_shard_ranks or 1), gpn),
         )
 
 
@@ -455,7 +470,9 @@ def dp_collective_s(
     """A data-parallel collective (gradient reduction, ZeRO parameter gather) of `params`, priced by
     `collective_s` (a cost model's, or a memo of it): the rest over data × context parallel ranks,
     then routed experts over expert-data-parallel ranks (Megatron-Core keeps them in buffers of
-    their own)."""
+    their own). With plan.zero_shard_ranks the rest's gathers run within the shard group, its
+    reductions to shards reduce within it and all-reduce each shard across the groups (all-reduces
+    stay over every rank)."""
     experts, rest = params
 
     def over(group: GroupPlacement, nbytes: float) -> float:
@@ -467,7 +484,14 @@ def dp_collective_s(
         # bytes of its 1/size and pays a ring's latency
         return group.size * collective_s(per_rank, nbytes / group.size, group) if group.size > 1 else 0.0
 
-    return over(groups.grad, rest * bytes_per_param) + over(groups.expert_grad, experts * bytes_per_param)
+    nbytes = rest * bytes_per_param
+    if groups.shard is None or kind == "all_reduce":
+        dense = over(groups.grad, nbytes)
+    elif kind in ("all_gather", "broadcast_per_rank"):
+        dense = over(groups.shard, nbytes)
+    else:  # a reduction to shards: within the shard group, then each shard across the groups' copies
+        dense = over(groups.shard, nbytes) + collective_s("all_reduce", nbytes / groups.shard.size, groups.replica)
+    return dense + over(groups.expert_grad, experts * bytes_per_param)
 
 
 def local_optimizer_params(job: Job, groups: Groups, params: Params) -> float:
@@ -475,7 +499,7 @@ def local_optimizer_params(job: Job, groups: Groups, params: Params) -> float:
     experts, rest = params
     if job.plan.zero_stage == 0:
         return experts + rest
-    return experts / groups.expert_grad.size + rest / groups.grad.size
+    return experts / groups.expert_grad.size + rest / groups.zero.size
 
 
 def _sm_share(costs: AnalyticCostModel, margin: int) -> float:

@@ -1,0 +1,144 @@
+"""ZeRO's state sharded within groups of data-parallel ranks and replicated across them (PlanConfig.zero_shard_ranks):
+Megatron-Core's partial distributed optimizer reduce-scatters a bucket within its instance and all-reduces the shard
+across instances (param_and_grad_buffer.py start_grad_sync), gathers within the instance; FSDP's hybrid sharding alike
+for ZeRO-3; InternLM's zero1 all-reduces gradients over every rank and gathers within the group. Counted by hand.
+
+MODEL (test_golden): 60,224 parameters on its one stage (test_zero_grad_reduce's count)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from helpers import fast_vs_graph
+from test_golden import MODEL, SYSTEM
+from typer.testing import CliRunner
+
+from itercast.cli import app
+from itercast.config.job import Job
+from itercast.errors import ConfigError
+from itercast.hardware.topology import GroupPlacement
+from itercast.memory import estimate_memory
+from itercast.workloads.transformer import Groups, dp_collective_s, local_optimizer_params
+
+PARAMS = 12 * 64**2 + 13 * 64 + 128 * 64 + 32 * 64  # 60,224
+
+
+def job(zero: int, shard: int | None, dp: int = 8, **plan: object) -> Job:
+    fields = {"data_parallel": dp, "global_batch_size": dp, "zero_stage": zero, "zero_shard_ranks": shard, **plan}
+    system = {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": dp}, "num_nodes": 1}
+    return Job.from_dicts(MODEL, fields, system)
+
+
+def test_the_shard_group_is_innermost_and_its_copies_stride_over_it():
+    # tp 2, dp 16 on 8-GPU nodes, shards of 4: a shard group's ranks 0, 2, 4, 6 share node 0; its copies stride 8
+    j = Job.from_dicts(
+        MODEL | {"num_attention_heads": 4},
+        {"tensor_parallel": 2, "data_parallel": 16, "global_batch_size": 16, "zero_stage": 1, "zero_shard_ranks": 4},
+        {"preset": "dgx-h100", "num_nodes": 4},
+    )
+    g = Groups.of(j)
+    assert g.grad == GroupPlacement(16, 4, 4)
+    assert g.shard == GroupPlacement(4, 1, 4) and g.replica == GroupPlacement(4, 4, 1)
+    assert g.zero == g.shard
+    assert Groups.of(job(1, None)).zero == Groups.of(job(1, None)).grad
+
+
+def test_reductions_to_shards_add_an_all_reduce_of_a_shard_across_the_copies():
+    """A collective of b bytes over n ranks taking 1 ms + b ns; 1,000 bf16 parameters (2,000 bytes), shards of 4 over
+    8 ranks (2 copies): a reduce-scatter within the 4 (1e-3 + 2000e-9) then an all-reduce of the 500-byte shard across
+    the 2 (1e-3 + 500e-9); a gather within the 4 only; an all-reduce over all 8, as without sharding."""
+    calls: list[tuple[str, float, int]] = []
+
+    def collective_s(kind: str, nbytes: float, group: GroupPlacement) -> float:
+        calls.append((kind, nbytes, group.size))
+        return 0.0 if nbytes == 0 or group.size == 1 else 1e-3 + nbytes * 1e-9
+
+    lone = GroupPlacement(1, 1, 1)
+    grad, shard, replica = GroupPlacement(8, 1, 8), GroupPlacement(4, 1, 4), GroupPlacement(2, 1, 2)
+    groups = Groups(lone, lone, grad, lone, lone, False, lone, lone, lone, lone, shard, replica)
+    params = (0.0, 1000.0)
+    assert dp_collective_s(collective_s, groups, "reduce_scatter", params, 2) == pytest.approx(2e-3 + 2500e-9)
+    assert ("all_reduce", 500.0, 2) in calls
+    assert dp_collective_s(collective_s, groups, "all_gather", params, 2) == pytest.approx(1e-3 + 2000e-9)
+    assert dp_collective_s(collective_s, groups, "all_reduce", params, 2) == pytest.approx(1e-3 + 2000e-9)
+    assert calls[-2] == ("all_reduce", 2000.0, 8)  # the last call is the experts' empty group
+    # InternLM's zero1 = 4: a broadcast from each of the 4 ranks of a quarter each, 4 · (1e-3 + 500e-9)
+    assert dp_collective_s(collective_s, groups, "broadcast_per_rank", params, 2) == pytest.approx(4 * (1e-3 + 500e-9))
+
+
+@pytest.mark.parametrize(
+    ("zero", "shard", "weights", "grads", "optimizer"),
+    [
+        # bf16 weights 2 B, fp32 gradients 4 B (Megatron's default buffer), fp32 copy + Adam m, v 12 B, each divided by
+        # the ranks that shard it: ZeRO-1 the optimizer, ZeRO-2 the gradients too (ZeRO-3: the next test)
+        (1, None, 2 * PARAMS, 4 * PARAMS, 12 * PARAMS / 8),
+        (1, 2, 2 * PARAMS, 4 * PARAMS, 12 * PARAMS / 2),
+        (2, 4, 2 * PARAMS, 4 * PARAMS / 4, 12 * PARAMS / 4),
+    ],
+)
+def test_each_copy_holds_a_whole_state_over_its_shard_ranks(zero, shard, weights, grads, optimizer):
+    j = job(zero, shard)
+    m = estimate_memory(j)
+    assert (m.weights_bytes, m.gradients_bytes, m.optimizer_bytes) == (
+        pytest.approx(weights),
+        pytest.approx(grads),
+        pytest.approx(optimizer),
+    )
+    assert local_optimizer_params(j, Groups.of(j), (0.0, PARAMS)) == pytest.approx(PARAMS / (shard or 8))
+
+
+def test_zero3_shards_its_weights_over_the_shard_ranks_beside_the_gathered_layers():
+    """ZeRO-3 over shards of 4 rather than all 8 ranks: the weights' shard grows from 2 B / 8 to 2 B / 4 a parameter
+    (the layers gathered for compute are the same either way), gradients and optimizer state alike."""
+    full, half = estimate_memory(job(3, None)), estimate_memory(job(3, 4))
+    assert half.weights_bytes - full.weights_bytes == pytest.approx(2 * PARAMS / 4 - 2 * PARAMS / 8)
+    assert half.optimizer_bytes == pytest.approx(12 * PARAMS / 4)
+
+
+def test_the_fast_path_prices_partial_sharding_as_the_graph_does():
+    """Llama 2 7B on 4 DGX H100 nodes, data parallel 16-32, shards of 8 (one node at tp 1, two at tp 2): ZeRO-1 and
+    ZeRO-3 (FSDP's hybrid sharding), gathers overlapped or not: the fast path within 2% of the graph."""
+    for zero in (1, 3):
+        plans = [
+            {
+                "tensor_parallel": tp,
+                "data_parallel": 32 // tp,
+                "global_batch_size": 64,
+                "zero_stage": zero,
+                "zero_shard_ranks": 8,
+                "overlap_param_gather": overlap,
+            }
+            for tp in (1, 2)
+            for overlap in (False, True)
+        ]
+        jobs, rel = fast_vs_graph("llama2-7b", {"preset": "dgx-h100", "num_nodes": 4}, plans)
+        assert len(jobs) == 4 and max(rel) < 0.02, (zero, rel)
+
+
+@pytest.mark.parametrize(
+    ("zero", "shard", "extra", "message"),
+    [
+        (0, 2, {}, "plan.zero_shard_ranks(2) shards ZeRO's state: needs zero_stage >= 1; got 0"),
+        (1, 3, {}, "plan.zero_shard_ranks(3) does not divide data_parallel(8) × context_parallel(1) = 8"),
+        (3, 2, {"zero3_fetch": "deepspeed"}, "plan.zero_shard_ranks: DeepSpeed's ZeRO-3 (zero3_fetch deepspeed)"),
+    ],
+)
+def test_shards_the_plan_cannot_hold_are_one_line_errors(zero, shard, extra, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        job(zero, shard, **extra)
+
+
+def test_search_leaves_partial_sharding_to_predict_in_one_line():
+    args = ["search", "--example", "--set", "plan.zero_stage=1", "--set", "plan.zero_shard_ranks=8"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "plan.zero_shard_ranks: search shards ZeRO's state over every" in result.output
+
+
+def test_an_moe_model_keeps_its_shards_over_every_rank():
+    with pytest.raises(ConfigError, match=r"plan\.zero_shard_ranks is priced for dense models only"):
+        Job.from_dicts(
+            MODEL | {"num_experts": 4, "moe_top_k": 2},
+            {"data_parallel": 8, "global_batch_size": 8, "zero_stage": 1, "zero_shard_ranks": 2},
+            {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 8}, "num_nodes": 1},
+        )
