@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import fast_vs_graph
+from helpers import fast_vs_graph, tiny_job
 from test_golden import MODEL, SYSTEM
 from typer.testing import CliRunner
 
@@ -19,6 +19,7 @@ from itercast.config.job import Job
 from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
 from itercast.memory import estimate_memory
+from itercast.search.layer_costs import job_layer_costs
 from itercast.workloads.transformer import Groups, dp_collective_s, local_optimizer_params
 
 PARAMS = 12 * 64**2 + 13 * 64 + 128 * 64 + 32 * 64  # 60,224
@@ -142,3 +143,11 @@ def test_an_moe_model_keeps_its_shards_over_every_rank():
             {"data_parallel": 8, "global_batch_size": 8, "zero_stage": 1, "zero_shard_ranks": 2},
             {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 8}, "num_nodes": 1},
         )
+
+
+def test_the_slicer_holds_a_layers_state_over_the_shard_ranks():
+    """The stage slicer's bytes per layer (search/layer_costs): 2 B bf16 weights, 4 B fp32 gradients and 12 B of fp32
+    copy and Adam moments over the 2 ranks of a shard (of 8 data-parallel ranks), 2 + 4 + 6 = 12 B a parameter."""
+    job = tiny_job(tensor_parallel=1, data_parallel=8, global_batch_size=8, zero_stage=1, zero_shard_ranks=2)
+    costs, _ = job_layer_costs(job)
+    assert costs.static_bytes[1] == pytest.approx(job.model.layer_params_per_rank(1) * (2 + 4 + 12 / 2))
