@@ -93,6 +93,7 @@ class TransformerWorkload:
         job, p = self.job, self.job.plan
         flex = " over the flex dispatcher" if p.moe_token_dispatcher == "flex" else ""
         experts = f", experts ep {p.expert_parallel} × etp {p.etp}{flex}" if job.model.is_moe else ""
+        shard = "" if p.zero_shard_ranks is None else f" sharded within {p.zero_shard_ranks} ranks"
         gpus = job.stage_gpus()
         kinds = " + ".join(
             f"{job.system.num_gpus * sum(g == k for g in gpus) // len(gpus)}× {k.name}"
@@ -102,7 +103,7 @@ class TransformerWorkload:
         return (
             f"{job.model.name} on {kinds} ({job.system.name}, {job.system.num_nodes} nodes) — dp {p.dp} × tp "
             f"{p.tensor_parallel} × pp {p.pipeline_parallel} × cp {p.context_parallel}{experts}, {p.schedule}, "
-            f"{job.num_microbatches} micro-batches of {p.micro_batch_size}, ZeRO {p.zero_stage}, "
+            f"{job.num_microbatches} micro-batches of {p.micro_batch_size}, ZeRO {p.zero_stage}{shard}, "
             f"recompute {p.recompute}"
         )
 

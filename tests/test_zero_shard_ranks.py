@@ -130,6 +130,12 @@ def test_shards_the_plan_cannot_hold_are_one_line_errors(zero, shard, extra, mes
         job(zero, shard, **extra)
 
 
+def test_predict_says_how_the_state_is_sharded():
+    args = ["predict", "--example", "--set", "plan.zero_stage=1", "--set", "plan.zero_shard_ranks=8"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0 and "ZeRO 1 sharded within 8 ranks" in result.output
+
+
 def test_search_leaves_partial_sharding_to_predict_in_one_line():
     args = ["search", "--example", "--set", "plan.zero_stage=1", "--set", "plan.zero_shard_ranks=8"]
     result = CliRunner().invoke(app, args)
