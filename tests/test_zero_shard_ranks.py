@@ -7,10 +7,12 @@ MODEL (test_golden): 60,224 parameters on its one stage (test_zero_grad_reduce's
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 from helpers import fast_vs_graph, tiny_job
+from test_frameworks import GPT3, PLAN, plans
 from test_golden import MODEL, SYSTEM
 from typer.testing import CliRunner
 
@@ -19,6 +21,7 @@ from itercast.config.job import Job
 from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
 from itercast.memory import estimate_memory
+from itercast.search.launch_settings import launch_settings
 from itercast.search.layer_costs import job_layer_costs
 from itercast.workloads.transformer import Groups, dp_collective_s, local_optimizer_params
 
@@ -136,19 +139,55 @@ def test_predict_says_how_the_state_is_sharded():
     assert result.exit_code == 0 and "ZeRO 1 sharded within 8 ranks" in result.output
 
 
-def test_search_leaves_partial_sharding_to_predict_in_one_line():
-    args = ["search", "--example", "--set", "plan.zero_stage=1", "--set", "plan.zero_shard_ranks=8"]
+def _searched(*extra: str) -> dict:
+    """The plan `itercast search --example` ranks first with ZeRO's state sharded within 8 ranks, and its launch."""
+    args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--set", "plan.zero_shard_ranks=8"]
+    result = CliRunner().invoke(app, [*args, *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["plans"][0]
+
+
+def test_megatron_core_searches_partial_distributed_optimizers_and_launches_them():
+    top = _searched()
+    p = top["plan"]
+    ranks = p["data_parallel"] * p["context_parallel"]
+    copies = ranks // 8
+    assert p["zero_shard_ranks"] == 8 and p["zero_stage"] >= 1 and copies * 8 == ranks
+    assert f"--num-distributed-optimizer-instances {copies}" in top["launch"]
+
+
+def test_torchtitan_searches_hsdp_and_launches_it():
+    top = _searched("--framework", "torchtitan")
+    p = top["plan"]
+    shard = 8 // p["context_parallel"]  # torchtitan's FSDP mesh is dp_shard × cp
+    assert p["zero_stage"] in (2, 3)
+    assert f"data_parallel_shard_degree = {shard}" in top["launch"]
+    assert f"data_parallel_replicate_degree = {p['data_parallel'] // shard}" in top["launch"]
+
+
+@pytest.mark.parametrize(("framework", "stages"), [("megatron-core", {1, 2, 3}), ("torchtitan", {2, 3})])
+def test_the_search_keeps_only_plans_that_shard_within_groups_of_four(framework, stages):
+    """16 GPUs, shards of 4: every plan a ZeRO stage the framework shards in groups (Megatron-Core's instances with
+    its distributed optimizer and Megatron-FSDP, torchtitan's HSDP with FSDP2), data × context ranks a multiple of 4
+    and context parallel ranks dividing 4; plans with 1 or 2 data-parallel ranks are gone."""
+    found = plans(framework, zero_shard_ranks=4)
+    assert {p["zero_stage"] for p in found} == stages
+    ranks = [p["data_parallel"] * p["context_parallel"] for p in found]
+    assert all(r % 4 == 0 for r in ranks) and {4, 8, 16} <= set(ranks)
+    assert all(4 % p["context_parallel"] == 0 for p in found)
+
+
+def test_nemo_launches_the_instances_as_a_ddp_override():
+    plan = {**PLAN, "zero_stage": 1, "data_parallel": 32, "zero_shard_ranks": 8}
+    assert "trainer.strategy.ddp.num_distributed_optimizer_instances=4" in launch_settings("nemo", plan, GPT3)
+
+
+def test_deepspeed_refuses_partial_sharding_in_one_line():
+    args = ["search", "--example", "--framework", "deepspeed", "--set", "plan.zero_shard_ranks=8"]
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2 and "plan.zero_shard_ranks: search shards ZeRO's state over every" in result.output
-
-
-def test_an_moe_model_keeps_its_shards_over_every_rank():
-    with pytest.raises(ConfigError, match=r"plan\.zero_shard_ranks is priced for dense models only"):
-        Job.from_dicts(
-            MODEL | {"num_experts": 4, "moe_top_k": 2},
-            {"data_parallel": 8, "global_batch_size": 8, "zero_stage": 1, "zero_shard_ranks": 2},
-            {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 8}, "num_nodes": 1},
-        )
+    assert result.exit_code == 2 and "plan.zero_shard_ranks: deepspeed is searched with ZeRO's state over every" in (
+        result.output
+    )
 
 
 def test_the_slicer_holds_a_layers_state_over_the_shard_ranks():

@@ -377,10 +377,12 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
-    if plan.get("zero_shard_ranks") is not None:  # priced by predict; the search's rows vary data_parallel
+    shard = plan.get("zero_shard_ranks")
+    if shard is not None and (not fw.zero_shard_stages or m.is_moe):
+        why = "its MiCS and hpZ are not priced" if not fw.zero_shard_stages else "priced for dense models only"
         raise ConfigError(
-            f"plan.zero_shard_ranks: search shards ZeRO's state over every data-parallel rank (expected it unset; "
-            f"predict prices partial sharding); the job sets {plan['zero_shard_ranks']}"
+            f"plan.zero_shard_ranks: {fw.name} is searched with ZeRO's state over every data-parallel rank ({why}; "
+            f"expected it unset); the job sets {shard}"
         )
     defaults = {k: PlanConfig.model_fields[k].get_default(call_default_factory=True) for k in RECOMPUTE_FIELDS}
     check_recompute(fw, {k: plan.get(k, defaults[k]) for k in RECOMPUTE_FIELDS} | fixed)

@@ -67,6 +67,10 @@ class Framework:
     plan_fields: dict[str, Any]  # plan fields a launch of it runs unless the job sets them
     rules: tuple[tuple[str, Callable[[Columns, bool], np.ndarray]], ...] = field(default=())
     cross_entropies: tuple[str, ...] = ("megatron", "megatron_fused", "te")
+    # PlanConfig.zero_shard_ranks: the ZeRO stages it shards within groups of data-parallel ranks, one copy a group.
+    # Megatron-Core: --num-distributed-optimizer-instances, the distributed optimizer's partial sharding
+    # (param_and_grad_buffer.py) and Megatron-FSDP's hybrid sharding (mcore_fsdp_adapter.py enable_hsdp)
+    zero_shard_stages: tuple[int, ...] = (1, 2, 3)
     # Megatron-Core arguments.py --fp8-recipe: delayed (default) and tensorwise (TE Float8CurrentScaling);
     # its mxfp8 and blockwise need Blackwell or are not priced here
     fp8_recipes: tuple[str, ...] = ("delayed", "tensorwise")
@@ -238,6 +242,9 @@ FRAMEWORKS: dict[str, Framework] = {
             "grad_accumulation": "fsdp2",
         },
         cross_entropies=("torch_compiled", "torch"),
+        # HSDP: FSDP2 over data_parallel_shard_degree, replicated over data_parallel_replicate_degree (parallelize.py
+        # apply_fsdp on the dp_replicate × dp_shard mesh)
+        zero_shard_stages=(2, 3),
         selective_recomputes=("op",),
         # activation_checkpoint.py: mode "full" checkpoints every block (_apply_full_ac); selective_ac_option an
         # integer n checkpoints every n-th block (_apply_layer_sac)
@@ -300,6 +307,7 @@ FRAMEWORKS: dict[str, Framework] = {
             "moe_probs_alltoall": False,
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
+        zero_shard_stages=(),  # its MiCS and hpZ (ZeRO++) are not priced
         moe_a2a_overlap=False,
         recompute_modules=False,  # Megatron-DeepSpeed's selective recompute: core attention (--recompute-activations)
         moe_token_dispatchers=("alltoall",),  # deepspeed.moe's all-to-all of each expert's rows
@@ -330,12 +338,13 @@ def framework(name: str) -> Framework:
     return found
 
 
-def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False) -> list[Rule]:
+def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, sharded: bool = False) -> list[Rule]:
     """The framework's rules over plan columns, named by the source they come from; `a2a_overlap`: the plans'
     PlanConfig.moe_a2a_overlap, which Megatron-Core's TransformerConfig allows only with expert parallelism,
     interleaving under pipelining and no full recompute (transformer_config.py __post_init__: 'If enabling EP
     A2A overlap, virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1',
-    'disable full recomputation when enabling overlap_moe_expert_parallel_comm')."""
+    'disable full recomputation when enabling overlap_moe_expert_parallel_comm'); `sharded`: the plans set
+    PlanConfig.zero_shard_ranks, which the framework runs with its zero_shard_stages only."""
     allowed_pp = np.asarray(fw.zero_stages_with_pp)
     schedules = np.asarray([SCHEDULES.index(s) for s in fw.schedules])
     rules: list[Rule] = [
@@ -352,6 +361,10 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False) -> list
             lambda c: (c["pp"] == 1) | np.isin(c["schedule"], schedules),
         ),
         (f"{fw.name}: no context parallelism", lambda c: np.bool_(fw.context_parallel) | (c["cp"] == 1)),
+        (
+            f"{fw.name}: plan.zero_shard_ranks with zero_stage one of {list(fw.zero_shard_stages)}",
+            lambda c: np.bool_(not sharded) | np.isin(c["zero"], fw.zero_shard_stages),
+        ),
         (
             f"{fw.name}: plan.moe_a2a_overlap needs expert_parallel > 1, virtual pipelining with pipelining and no "
             "full recompute (Megatron-Core transformer_config.py overlap_moe_expert_parallel_comm)",

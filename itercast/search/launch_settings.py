@@ -94,6 +94,8 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
     elif zero >= 2:
         strategy = "optim_grads" if zero == 2 else "optim_grads_params"
         out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", "--ckpt-format fsdp_dtensor"]
+    if p.get("zero_shard_ranks"):  # copies of the sharded state (PlanConfig.zero_shard_ranks)
+        out.append(f"--num-distributed-optimizer-instances {_shard_copies(p)}")
     if p["overlap_grad_reduce"]:
         out.append("--overlap-grad-reduce")
     if p["overlap_param_gather"] and zero >= 1:
@@ -194,6 +196,11 @@ def _nemo_precision(p: dict[str, Any]) -> list[str]:
     return out
 
 
+def _shard_copies(p: dict[str, Any]) -> int:
+    """Copies of ZeRO's state under PlanConfig.zero_shard_ranks: data × context ranks over the shard size."""
+    return int(p["data_parallel"] * p["context_parallel"] // p["zero_shard_ranks"])
+
+
 def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | None = None) -> str:
     """NeMo 2 recipe overrides (nemo llm pretrain ... KEY=VALUE), as the recipes name the fields (NeMo 8cfedd7,
     Megatron-Core's configs they set; a helper's check of each line against nemo-run's CLI parser). What no
@@ -252,6 +259,8 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
         "overlap_param_gather": bool(p["overlap_param_gather"] and zero >= 1),
     }
     out += [f"{s}.ddp.{k}={v}" for k, v in overlaps.items()]
+    if p.get("zero_shard_ranks"):
+        out.append(f"{s}.ddp.num_distributed_optimizer_instances={_shard_copies(p)}")
     if p["grad_bucket_size_params"] is not None:  # else Megatron-Core's own default, which the plan priced
         out.append(f"{s}.ddp.bucket_size={p['grad_bucket_size_params']}")
     out += _nemo_precision(p)
@@ -333,9 +342,11 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
     p = plan
     dp, zero = p["data_parallel"], p["zero_stage"]
     ddp = zero == 0 and dp > 1
+    # HSDP (PlanConfig.zero_shard_ranks counts data × context ranks; torchtitan's FSDP mesh is dp_shard × cp)
+    shard = p["zero_shard_ranks"] // p["context_parallel"] if p.get("zero_shard_ranks") else dp
     par = [
-        f"data_parallel_replicate_degree = {dp if ddp else 1}",
-        f"data_parallel_shard_degree = {1 if ddp else dp}",
+        f"data_parallel_replicate_degree = {dp if ddp else dp // shard}",
+        f"data_parallel_shard_degree = {1 if ddp else shard}",
     ]
     if zero >= 2:
         par.append(f'fsdp_reshard_after_forward = "{"never" if zero == 2 else "always"}"')

@@ -118,7 +118,8 @@ def enumerate_plans(
         "overlap_param": _choices("overlap_param_gather", [1, 0], fixed),
     }
     counts = SpaceCounts(generated=int(np.prod([len(v) for v in axes.values()])))
-    pending = _rules(model, base, num_gpus, axes, fixed, framework_rules(fw, model.is_moe, base.moe_a2a_overlap))
+    fw_rules = framework_rules(fw, model.is_moe, base.moe_a2a_overlap, base.zero_shard_ranks is not None)
+    pending = _rules(model, base, num_gpus, axes, fixed, fw_rules)
     cols: dict[str, np.ndarray] = {"tp": np.asarray(axes["tp"], dtype=np.int64)}
     for name in list(axes)[1:]:  # cross one axis in at a time; filter as soon as a rule can
         values = np.asarray(axes[name], dtype=np.int64)
@@ -178,6 +179,7 @@ def _rules(
     want_dp = int(fixed.get("data_parallel") or 0)
     uneven = np.bool_(base.stage_layers is not None)
     moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
+    unsharded, shard = np.bool_(base.zero_shard_ranks is None), base.zero_shard_ranks or 1
     fits_stages = base.stage_layers is None or len(base.stage_layers) == base.pipeline_parallel * base.virtual_pipeline
     # Megatron's selective recompute of fused attention runs its forward again and frees nothing
     # the projection does not keep (transformer_ops.layer_backward, memory._recompute_kept): the plan
@@ -227,6 +229,10 @@ def _rules(
             lambda c: (not base.tp_comm_overlap) | (c["tp"] == 1) | (c["sp"] == 1),
         ),
         ("context_parallel needs flash attention", lambda c: (c["cp"] == 1) | base.flash_attention),
+        (
+            "plan.zero_shard_ranks must divide data_parallel × context_parallel and be a multiple of context_parallel",
+            lambda c: unsharded | (((c["dp"] * c["cp"]) % shard == 0) & (shard % c["cp"] == 0)),
+        ),
         *framework_specific,
         (
             "same plan (param-gather overlap acts only with ZeRO 1-2)",
