@@ -473,8 +473,8 @@ class StageMemory:
         c, base = t.cols, t.base
         self.m, self.t, self.gpu = m, t, system.gpu
         shard = c["dp"] * c["cp"]  # Megatron's distributed optimizer shards over DP×CP
-        if t.base.zero_shard_ranks is not None:  # or within groups of that many, one copy a group
-            shard = np.full_like(shard, t.base.zero_shard_ranks)
+        if base.zero_shard_ranks is not None:  # or within groups of that many, one copy a group
+            shard = np.full_like(shard, base.zero_shard_ranks)
         expert_shard = c["tp"] * shard // (c["ep"] * c["etp"])  # routed experts: over expert data parallel
         self.tokens = c["mbs"] * m.seq_length / c["cp"]
         self.per_layer = _activation_bytes(m, t) * self.tokens

@@ -440,6 +440,8 @@ class Groups:
         # Megatron-Core's expert rank order within a stage: expert-tensor innermost, then expert,
         # then expert-data parallel (together the stage's tensor × context × data ranks)
         ep, etp = p.expert_parallel, p.etp
+        # plan.zero_shard_ranks s: the innermost s of the data × context ranks, the d·c/s copies at stride t·s
+        s = p.zero_shard_ranks
         return cls(
             tp=place_group(t, 1, gpn),
             cp=place_group(c, t, gpn),
@@ -451,8 +453,8 @@ class Groups:
             etp=place_group(etp, 1, gpn),
             expert_grad=place_group(stage_stride // (ep * etp) if job.model.is_moe else 1, ep * etp, gpn),
             amax=place_group(stage_stride, 1, gpn),
-            shard=None if p.zero_shard_ranks is None else place_group(p.zero_shard_ranks, t, gpn),
-            replica=place_group(d * c // (p.zero_shard_ranks or d * c), t * (p.zero_shard_ranks or 1), gpn),
+            shard=None if s is None else place_group(s, t, gpn),
+            replica=LONE if s is None else place_group(d * c // s, t * s, gpn),
         )
 
 
