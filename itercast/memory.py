@@ -472,9 +472,8 @@ class StageMemory:
     def __init__(self, m: ModelConfig, system: SystemConfig, t: PlanTable) -> None:
         c, base = t.cols, t.base
         self.m, self.t, self.gpu = m, t, system.gpu
-        shard = c["dp"] * c["cp"]  # Megatron's distributed optimizer shards over DP×CP
-        if base.zero_shard_ranks is not None:  # or within groups of that many, one copy a group
-            shard = np.full_like(shard, base.zero_shard_ranks)
+        # Megatron's distributed optimizer shards over DP×CP, or within plan.zero_shard_ranks (one copy a group)
+        shard = np.where(c["shard"] > 0, c["shard"], c["dp"] * c["cp"])
         expert_shard = c["tp"] * shard // (c["ep"] * c["etp"])  # routed experts: over expert data parallel
         self.tokens = c["mbs"] * m.seq_length / c["cp"]
         self.per_layer = _activation_bytes(m, t) * self.tokens

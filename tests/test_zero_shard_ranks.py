@@ -13,19 +13,22 @@ import re
 import pytest
 from helpers import fast_vs_graph, tiny_job
 from test_frameworks import GPT3, PLAN, plans
+from test_frameworks import MODEL as DENSE
 from test_golden import MODEL, SYSTEM
 from typer.testing import CliRunner
 
 from itercast.cli import app
-from itercast.config.job import Job
+from itercast.config.job import Job, parse_section
 from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
 from itercast.memory import estimate_memory
 from itercast.search.launch_settings import launch_settings
 from itercast.search.layer_costs import job_layer_costs
+from itercast.search.plan_space import SpaceOptions, enumerate_plans
 from itercast.workloads.transformer import Groups, dp_collective_s, local_optimizer_params
 
 PARAMS = 12 * 64**2 + 13 * 64 + 128 * 64 + 32 * 64  # 60,224
+MOE = DENSE | {"num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 128}
 
 
 def job(zero: int, shard: int | None, dp: int = 8, **plan: object) -> Job:
@@ -196,3 +199,75 @@ def test_the_slicer_holds_a_layers_state_over_the_shard_ranks():
     job = tiny_job(tensor_parallel=1, data_parallel=8, global_batch_size=8, zero_stage=1, zero_shard_ranks=2)
     costs, _ = job_layer_costs(job)
     assert costs.static_bytes[1] == pytest.approx(job.model.layer_params_per_rank(1) * (2 + 4 + 12 / 2))
+
+
+def _shards(framework: str, model: dict | None = None) -> dict[tuple[int, int, int, int], set[int | None]]:
+    """plan.zero_shard_ranks the search tries, per (tp, pp, cp, dp), among its ZeRO ≥ 1 plans of 16 H100 on 2 nodes
+    (test_frameworks' space: the field not fixed)."""
+    out: dict[tuple[int, int, int, int], set[int | None]] = {}
+    for p in plans(framework) if model is None else _plans_of(framework, model):
+        if p["zero_stage"]:
+            key = (p["tensor_parallel"], p["pipeline_parallel"], p["context_parallel"], p["data_parallel"])
+            out.setdefault(key, set()).add(p["zero_shard_ranks"])
+    return out
+
+
+def _plans_of(framework: str, model: dict) -> list[dict]:
+    options = SpaceOptions(micro_batch_sizes=(1,), max_context_parallel=1, framework=framework)
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 2})
+    base = parse_section("plan", {"global_batch_size": 32})
+    table, _ = enumerate_plans(parse_section("model", model), system, base, 16, options)  # type: ignore[arg-type]
+    return [table.plan_fields(r) for r in range(len(table))]
+
+
+def test_the_search_tries_shard_groups_of_whole_nodes():
+    """8 GPUs a node hold 8 / tp data × context ranks of a stage (tensor ranks innermost); the search tries groups
+    of whole nodes, 2 ranks or more and fewer than dp × cp, besides every rank (None). By hand: tp 1 dp 16: 8;
+    tp 2 dp 8: 4 (8 would be all); tp 4 dp 4: 2; tp 8 dp 2: a group of one, none; pp 2 dp 8: one node is all 8;
+    cp 2 dp 8: 8 of the 16 data × context ranks."""
+    found = _shards("megatron-core")
+    assert found[(1, 1, 1, 16)] == {None, 8}
+    assert found[(2, 1, 1, 8)] == {None, 4}
+    assert found[(4, 1, 1, 4)] == {None, 2}
+    assert found[(8, 1, 1, 2)] == {None}
+    assert found[(1, 2, 1, 8)] == {None}
+    assert found[(1, 1, 2, 8)] == {None, 8}
+    assert all(p["zero_shard_ranks"] is None for p in plans("megatron-core") if not p["zero_stage"])
+
+
+def test_only_frameworks_that_shard_in_groups_search_it_and_only_for_dense_models():
+    """torchtitan's HSDP with FSDP2 (ZeRO 2-3), not DeepSpeed (MiCS and hpZ unpriced), not an MoE model."""
+    assert {p["zero_stage"] for p in plans("torchtitan") if p["zero_shard_ranks"]} == {2, 3}
+    assert _shards("torchtitan")[(1, 1, 1, 16)] == {None, 8}
+    assert not [p for p in plans("deepspeed") if p["zero_shard_ranks"]]
+    moe = _shards("megatron-core", MOE)
+    assert moe and all(shards == {None} for shards in moe.values())
+    assert _shards("megatron-core", DENSE)[(1, 1, 1, 16)] == {None, 8}  # the same model without experts
+
+
+def test_a_searched_sharded_plan_is_priced_as_it_is_alone():
+    """Each ZeRO-1 plan of the space sharded within 8 ranks (tp 1, dp 16), priced in the whole table by one fast path
+    and alone by another: the same step time and memory (the shard column reaches the groups and the memory)."""
+    from itercast.parallel.plan_table import PlanTable
+    from itercast.search.fast_estimate import FastEstimator
+
+    model = parse_section("model", DENSE)
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 2})
+    base = parse_section("plan", {"global_batch_size": 32})
+    options = SpaceOptions(micro_batch_sizes=(1,), max_context_parallel=1)
+    table, _ = enumerate_plans(model, system, base, 16, options)  # type: ignore[arg-type]
+    whole = FastEstimator(model, system).evaluate(table)
+    rows = [r for r in range(len(table)) if table.cols["shard"][r] == 8 and table.cols["zero"][r] == 1]
+    assert rows
+    for r in rows:
+        job = Job(model, parse_section("plan", table.plan_fields(r)), system)  # type: ignore[arg-type]
+        alone = FastEstimator(model, system).evaluate(PlanTable.of_jobs([job]))
+        for key in ("step_time_s", "memory_per_gpu_bytes", "memory_optimizer_bytes"):
+            assert whole[key][r] == pytest.approx(alone[key][0], rel=1e-12), key
+    unsharded = [r for r in range(len(table)) if table.cols["shard"][r] == 0 and table.cols["zero"][r] == 1]
+    pair = {tuple(table.cols[k][r] for k in table.cols if k != "shard"): r for r in unsharded}
+    r = rows[0]
+    other = pair[tuple(table.cols[k][r] for k in table.cols if k != "shard")]
+    # fp32 copy and Adam moments, 12 B a parameter, over 8 ranks rather than 16
+    ratio = whole["memory_optimizer_bytes"][r] / whole["memory_optimizer_bytes"][other]
+    assert ratio == pytest.approx(2.0)

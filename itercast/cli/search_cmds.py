@@ -164,8 +164,10 @@ def search_cmd(
     calibration: CalibrationOpt = None,
 ) -> None:
     """Search data/tensor/pipeline/context (and, for MoE models, expert) parallel sizes, micro-batch,
-    ZeRO, recompute, sequence parallelism, schedule and interleaving, overlap switches (and with
-    --num-nodes-range the GPU count) for the fastest plans that fit. The job's plan gives the fields
+    ZeRO (and, for dense models under megatron-core, nemo and torchtitan, its state sharded within
+    groups of whole nodes: ZeRO column "1 in 16", plan.zero_shard_ranks), recompute, sequence
+    parallelism, schedule and interleaving, overlap switches (and with --num-nodes-range the GPU
+    count) for the fastest plans that fit. The job's plan gives the fields
     every plan shares (dtype, global batch, …); `--set plan.FIELD=VALUE` fixes a searched field.
     A DLRM job: its embedding shardings × samples per GPU (--batches), by samples per second.
     --objective p50|p95|p99|mean: the --distribution-top best plans by the deterministic step are
@@ -482,7 +484,7 @@ def _plan_rows(result: SearchResult, request: SearchRequest) -> tuple[list[str],
                 str(p["global_batch_size"]),
                 str(p["micro_batch_size"]),
                 {"interleaved-1f1b": "i-1f1b"}.get(p["schedule"], p["schedule"]),
-                str(p["zero_stage"]),
+                str(p["zero_stage"]) + (f" in {p['zero_shard_ranks']}" if p.get("zero_shard_ranks") else ""),
                 p["recompute"],
                 "y" if p["sequence_parallel"] else "n",
                 ("g" if p["overlap_grad_reduce"] else "-") + ("p" if p["overlap_param_gather"] else "-"),

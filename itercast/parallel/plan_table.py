@@ -35,6 +35,7 @@ COLUMNS = {
     "sp": "sequence_parallel",
     "overlap_grad": "overlap_grad_reduce",
     "overlap_param": "overlap_param_gather",
+    "shard": "zero_shard_ranks",  # 0: ZeRO's state over every data × context rank (the field unset)
 }
 VARIED = set(COLUMNS.values())
 
@@ -68,6 +69,8 @@ class PlanTable:
                 out[name] = RECOMPUTE[value]
             elif col in ("sp", "overlap_grad", "overlap_param"):
                 out[name] = bool(value)
+            elif col == "shard":
+                out[name] = value or None
             else:
                 out[name] = value
         if out["recompute"] != "selective":  # Megatron-Core reads its modules under selective recompute only
@@ -94,5 +97,5 @@ class PlanTable:
                     value = SCHEDULES.index(value)
                 elif col == "recompute":
                     value = RECOMPUTE.index(value)
-                cols[col].append(int(value))
+                cols[col].append(int(value or 0))
         return cls({k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}, base)

@@ -140,7 +140,7 @@ from itercast.workloads.transformer import (
 _LAYER_KEY = ("tp", "cp", "mbs", "sp", "recompute", "ep", "etp")
 _CHUNK_KEY = ("pp", "vp")  # also a layer's, where the recomputed share depends on the chunks
 _FSDP2_KEY = ("pp", "zero")  # also a unit's under grad_accumulation fsdp2 (transformer_ops.grad_accumulation_cost)
-_GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero", "ep", "etp")
+_GROUP_KEY = ("tp", "cp", "dp", "pp", "vp", "zero", "ep", "etp", "shard")
 _STAGE_KEY = ("pp", "vp")
 #: one pass of each unit: layer, embedding, head, MoE layer; forward and backward
 UNIT_PASSES = ("lf", "lb", "ef", "eb", "hf", "hb", "mf", "mb")
@@ -175,6 +175,7 @@ class FastEstimator:
         self._groups: dict[tuple[str | int, ...], dict[str, float]] = {}
         self._costs: dict[str, AnalyticCostModel] = {}
         self._collectives: dict[int, dict[tuple[str, float, GroupPlacement], float]] = {}
+        self._kinds: dict[tuple[str | int, ...], list[str]] = {}  # unit_kinds by (shared fields, pp, vp, stage, chunk)
 
     # -- the list-of-plans interface (validation through Job) ------------------------------------
     def jobs(self, plans: Sequence[dict[str, Any]]) -> tuple[list[Job | None], list[str]]:
@@ -593,7 +594,9 @@ class FastEstimator:
 
     def _job(self, base: PlanConfig, **sizes: int) -> Job:
         """A job of `base` with some plan fields set (unvalidated: the table's rows were validated)."""
-        fields = {COLUMNS[k]: (bool(v) if k == "sp" else v) for k, v in sizes.items()}
+        fields: dict[str, Any] = {COLUMNS[k]: (bool(v) if k == "sp" else v) for k, v in sizes.items()}
+        if not fields.get("zero_shard_ranks", 1):  # the column's 0: the field unset
+            fields["zero_shard_ranks"] = None
         dp, mbs = fields.setdefault("data_parallel", 1), fields.setdefault("micro_batch_size", 1)
         tp = fields.get("tensor_parallel", base.tensor_parallel)
         fields.setdefault("expert_tensor_parallel", base.expert_tensor_parallel or (tp if self.model.is_moe else 1))
@@ -617,20 +620,28 @@ class FastEstimator:
         return p2p_send_s(costs, job, groups.stage_cross_node), gather, receive, partition
 
     def _group_costs(self, base: PlanConfig, key: tuple[int, ...]) -> dict[str, float]:
-        """Data-parallel and tail costs of one (tp, cp, dp, pp, vp, zero), for the most loaded stage."""
+        """Data-parallel and tail costs of one (tp, cp, dp, pp, vp, zero, ep, etp, shard), for the most loaded stage."""
         cached: tuple[str | int, ...] = (_shared(base), *key)
         found = self._groups.get(cached)
         if found is not None:
             return found
-        tp, cp, dp, pp, vp, zero, ep, etp = key
-        job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, vp=vp, zero=zero, ep=ep, etp=etp)
+        tp, cp, dp, pp, vp, zero, ep, etp, shard = key
+        job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, vp=vp, zero=zero, ep=ep, etp=etp, shard=shard)
         m, costs, groups = self.model, self._cost_model(base.dtype), Groups.of(job)
         collective = self._collective_memo(costs)
         sizes = unit_params(job)
         candidates = (  # where the most params sit; an inner stage stands for the others
             range(pp) if base.stage_layers is not None or m.is_moe else {0, min(1, pp - 1), pp - 1}
         )
-        stage_units = {s: [[sizes[k] for k in unit_kinds(job, s, ch)] for ch in range(vp)] for s in candidates}
+
+        def kinds(s: int, ch: int) -> list[str]:  # plans that differ in their groups only share their units
+            at = (cached[0], pp, vp, s, ch)
+            found = self._kinds.get(at)
+            if found is None:
+                found = self._kinds[at] = unit_kinds(job, s, ch)
+            return found
+
+        stage_units = {s: [[sizes[k] for k in kinds(s, ch)] for ch in range(vp)] for s in candidates}
 
         def stage_total(s: int) -> float:
             return sum(sum(w) for chunk in stage_units[s] for w in chunk)
@@ -656,7 +667,7 @@ class FastEstimator:
             later = [_sum(chunk) for chunk in stage_units[held][1:]]
             slots[f"{name}_stage"] = float(s)
             # the graph's buckets: gradients in backward order, gathers in forward order (_segments_of)
-            forward = list(zip(stage_units[held][0], (k[0] for k in unit_kinds(job, held, 0)), strict=True))
+            forward = list(zip(stage_units[held][0], (k[0] for k in kinds(held, 0)), strict=True))
             for label, op, nbytes, units in (
                 ("grad", kind, grad_bytes, forward[::-1]),
                 ("gather", gather_kind, w_bytes, forward),

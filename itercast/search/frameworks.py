@@ -338,13 +338,13 @@ def framework(name: str) -> Framework:
     return found
 
 
-def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, sharded: bool = False) -> list[Rule]:
+def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False) -> list[Rule]:
     """The framework's rules over plan columns, named by the source they come from; `a2a_overlap`: the plans'
     PlanConfig.moe_a2a_overlap, which Megatron-Core's TransformerConfig allows only with expert parallelism,
     interleaving under pipelining and no full recompute (transformer_config.py __post_init__: 'If enabling EP
     A2A overlap, virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1',
-    'disable full recomputation when enabling overlap_moe_expert_parallel_comm'); `sharded`: the plans set
-    PlanConfig.zero_shard_ranks, which the framework runs with its zero_shard_stages only."""
+    'disable full recomputation when enabling overlap_moe_expert_parallel_comm'). A plan setting
+    PlanConfig.zero_shard_ranks (column shard > 0) runs with the framework's zero_shard_stages only."""
     allowed_pp = np.asarray(fw.zero_stages_with_pp)
     schedules = np.asarray([SCHEDULES.index(s) for s in fw.schedules])
     rules: list[Rule] = [
@@ -363,7 +363,7 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, sharded
         (f"{fw.name}: no context parallelism", lambda c: np.bool_(fw.context_parallel) | (c["cp"] == 1)),
         (
             f"{fw.name}: plan.zero_shard_ranks with zero_stage one of {list(fw.zero_shard_stages)}",
-            lambda c: np.bool_(not sharded) | np.isin(c["zero"], fw.zero_shard_stages),
+            lambda c: (c["shard"] == 0) | np.isin(c["zero"], fw.zero_shard_stages),
         ),
         (
             f"{fw.name}: plan.moe_a2a_overlap needs expert_parallel > 1, virtual pipelining with pipelining and no "

@@ -8,7 +8,9 @@ a node unless allowed across; virtual pipeline sizes that divide the layers of a
 layer per virtual stage (Megatron-LM --num-layers-per-virtual-pipeline-stage ≥ 1; NeMo's GPT-3 175B
 recipe runs 12 on pp 8) unless capped; context parallel in powers of two dividing seq_length / 2. A
 mixture-of-experts model adds expert parallel sizes dividing num_experts and expert tensor parallel
-1 or tp (Megatron-Core's default and the common alternative); a dense model keeps both at 1.
+1 or tp (Megatron-Core's default and the common alternative); a dense model keeps both at 1, and
+under a framework that shards ZeRO's state within groups of ranks adds those groups' sizes
+(plan.zero_shard_ranks: whole nodes, `_shard_sizes`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.parallel.plan_table import COLUMNS, RECOMPUTE, PlanTable
 from itercast.parallel.schedules import SCHEDULES
-from itercast.search.frameworks import Rule, check_fixed, framework, framework_rules, no_data_parallel
+from itercast.search.frameworks import Framework, Rule, check_fixed, framework, framework_rules, no_data_parallel
 
 _INTERLEAVED = SCHEDULES.index("interleaved-1f1b")
 
@@ -81,7 +83,7 @@ def _choices(name: str, default: list[int], fixed: dict[str, Any]) -> list[int]:
         return [SCHEDULES.index(value)]
     if name == "recompute":
         return [RECOMPUTE.index(value)]
-    return [int(value)]
+    return [int(value or 0)]  # zero_shard_ranks None: the column's 0
 
 
 def enumerate_plans(
@@ -116,10 +118,11 @@ def enumerate_plans(
         "sp": _choices("sequence_parallel", [0, 1], fixed),
         "overlap_grad": _choices("overlap_grad_reduce", [1, 0], fixed),
         "overlap_param": _choices("overlap_param_gather", [1, 0], fixed),
+        "shard": _choices("zero_shard_ranks", _shard_sizes(model, fw, num_gpus), fixed),
     }
     counts = SpaceCounts(generated=int(np.prod([len(v) for v in axes.values()])))
-    fw_rules = framework_rules(fw, model.is_moe, base.moe_a2a_overlap, base.zero_shard_ranks is not None)
-    pending = _rules(model, base, num_gpus, axes, fixed, fw_rules)
+    fw_rules = framework_rules(fw, model.is_moe, base.moe_a2a_overlap)
+    pending = _rules(model, base, num_gpus, gpn, axes, fixed, fw_rules)
     cols: dict[str, np.ndarray] = {"tp": np.asarray(axes["tp"], dtype=np.int64)}
     for name in list(axes)[1:]:  # cross one axis in at a time; filter as soon as a rule can
         values = np.asarray(axes[name], dtype=np.int64)
@@ -131,6 +134,16 @@ def enumerate_plans(
         pending, cols = _apply(pending, cols, counts)
     assert not pending, [rule for rule, _ in pending]  # every rule's columns exist by now
     return PlanTable({k: cols[k] for k in COLUMNS}, base), counts
+
+
+def _shard_sizes(model: ModelConfig, fw: Framework, num_gpus: int) -> list[int]:
+    """plan.zero_shard_ranks to try: 0 (ZeRO's state over every data × context rank) and, where the framework
+    shards within groups (Megatron-Core's --num-distributed-optimizer-instances, torchtitan's HSDP) and the model
+    is dense (the only case priced), powers of two; the rules keep groups of whole nodes of 2 ranks or more and
+    fewer than dp × cp (a group of one is ZeRO 0's state, a group of all the unset field)."""
+    if model.is_moe or not fw.zero_shard_stages:
+        return [0]
+    return [0] + [d for d in _divisors(num_gpus) if d & (d - 1) == 0]
 
 
 def _virtual_sizes(model: ModelConfig, base: PlanConfig, cap: int | None) -> list[int]:
@@ -160,6 +173,7 @@ def _rules(
     model: ModelConfig,
     base: PlanConfig,
     gpus: int,
+    gpn: int,
     axes: dict[str, list[int]],
     fixed: dict[str, Any],
     framework_specific: list[Rule],
@@ -179,7 +193,7 @@ def _rules(
     want_dp = int(fixed.get("data_parallel") or 0)
     uneven = np.bool_(base.stage_layers is not None)
     moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
-    unsharded, shard = np.bool_(base.zero_shard_ranks is None), base.zero_shard_ranks or 1
+    shard_fixed = np.bool_("zero_shard_ranks" in fixed)
     fits_stages = base.stage_layers is None or len(base.stage_layers) == base.pipeline_parallel * base.virtual_pipeline
     # Megatron's selective recompute of fused attention runs its forward again and frees nothing
     # the projection does not keep (transformer_ops.layer_backward, memory._recompute_kept): the plan
@@ -231,7 +245,18 @@ def _rules(
         ("context_parallel needs flash attention", lambda c: (c["cp"] == 1) | base.flash_attention),
         (
             "plan.zero_shard_ranks must divide data_parallel × context_parallel and be a multiple of context_parallel",
-            lambda c: unsharded | (((c["dp"] * c["cp"]) % shard == 0) & (shard % c["cp"] == 0)),
+            lambda c: (
+                (c["shard"] == 0)
+                | (((c["dp"] * c["cp"]) % np.maximum(c["shard"], 1) == 0) & (c["shard"] % c["cp"] == 0))
+            ),
+        ),
+        (
+            "search: ZeRO shard groups of whole nodes, of 2 to fewer than data_parallel × context_parallel ranks",
+            lambda c: (
+                shard_fixed
+                | (c["shard"] == 0)
+                | (((c["shard"] * c["tp"]) % gpn == 0) & (c["shard"] > 1) & (c["shard"] < c["dp"] * c["cp"]))
+            ),
         ),
         *framework_specific,
         (
