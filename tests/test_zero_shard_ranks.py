@@ -235,14 +235,54 @@ def test_the_search_tries_shard_groups_of_whole_nodes():
     assert all(p["zero_shard_ranks"] is None for p in plans("megatron-core") if not p["zero_stage"])
 
 
-def test_only_frameworks_that_shard_in_groups_search_it_and_only_for_dense_models():
-    """torchtitan's HSDP with FSDP2 (ZeRO 2-3), not DeepSpeed (MiCS and hpZ unpriced), not an MoE model."""
+def test_only_frameworks_that_shard_in_groups_search_it():
+    """torchtitan's HSDP with FSDP2 (ZeRO 2-3) for dense models only (its experts' meshes are not priced), Megatron-Core
+    for an MoE model too, not DeepSpeed (MiCS and hpZ unpriced)."""
     assert {p["zero_stage"] for p in plans("torchtitan") if p["zero_shard_ranks"]} == {2, 3}
     assert _shards("torchtitan")[(1, 1, 1, 16)] == {None, 8}
     assert not [p for p in plans("deepspeed") if p["zero_shard_ranks"]]
-    moe = _shards("megatron-core", MOE)
-    assert moe and all(shards == {None} for shards in moe.values())
-    assert _shards("megatron-core", DENSE)[(1, 1, 1, 16)] == {None, 8}  # the same model without experts
+    titan_moe = _shards("torchtitan", MOE)
+    assert titan_moe and all(shards == {None} for shards in titan_moe.values())
+    assert _shards("megatron-core", MOE)[(1, 1, 1, 16)] == {None, 8}
+
+
+def _moe_job(ep: int, shard: int | None, tp: int = 1) -> Job:
+    plan = {"tensor_parallel": tp, "data_parallel": 16 // tp, "expert_parallel": ep, "expert_tensor_parallel": 1}
+    plan |= {"global_batch_size": 16, "zero_stage": 1, "zero_shard_ranks": shard, "sequence_parallel": tp > 1}
+    return Job.from_dicts(MOE, plan, {"preset": "dgx-h100", "num_nodes": 2})
+
+
+def test_the_experts_data_parallel_ranks_split_by_the_same_copies():
+    """16 GPUs on 2 nodes, tp 1, ep 2, shards of 8 (2 copies): the experts' 8 data-parallel ranks 0, 2, …, 14 (stride
+    ep = 2, 4 a node) split as Megatron-Core's intra- and inter-partial expert groups: the innermost 8 / 2 = 4, ranks
+    0, 2, 4, 6 on node 0, and their 2 copies at stride 2 · 4 = 8, ranks 0 and 8 on two nodes."""
+    g = Groups.of(_moe_job(2, 8))
+    assert g.expert_grad == GroupPlacement(8, 2, 4)
+    assert g.expert_shard == GroupPlacement(4, 1, 4) and g.expert_replica == GroupPlacement(2, 2, 1)
+    assert g.expert_zero == g.expert_shard
+    assert Groups.of(_moe_job(2, None)).expert_zero == GroupPlacement(8, 2, 4)
+
+
+def test_experts_reduce_within_their_shard_and_all_reduce_it_across_the_copies():
+    """A collective of b bytes taking 1 ms + b ns (none over one rank); 1,000 bf16 expert parameters (2,000 bytes) and
+    none else, expert shards of 4 with 2 copies: a reduce-scatter within the 4 (1e-3 + 2000e-9), then the 500-byte
+    shard all-reduced across the 2 (1e-3 + 500e-9); gathered within the 4 only."""
+
+    def collective_s(kind: str, nbytes: float, group: GroupPlacement) -> float:
+        return 0.0 if nbytes == 0 or group.size == 1 else 1e-3 + nbytes * 1e-9
+
+    g = Groups.of(_moe_job(2, 8))
+    assert dp_collective_s(collective_s, g, "reduce_scatter", (1000.0, 0.0), 2) == pytest.approx(2e-3 + 2500e-9)
+    assert dp_collective_s(collective_s, g, "all_gather", (1000.0, 0.0), 2) == pytest.approx(1e-3 + 2000e-9)
+    assert local_optimizer_params(_moe_job(2, 8), g, (1000.0, 0.0)) == pytest.approx(1000 / 4)
+
+
+def test_an_expert_copy_must_hold_whole_expert_data_parallel_ranks():
+    """tp 1, ep 4, shards of 2 over 16 ranks: 8 copies of the experts' 16 / 4 = 4 data-parallel ranks, half a rank
+    each: a one-line error quoting Megatron-Core's assertion. Shards of 4: one rank a copy, fine."""
+    with pytest.raises(ConfigError, match=re.escape("each of the 8 copies would hold tensor_parallel(1) × 2 / (")):
+        _moe_job(4, 2)
+    assert Groups.of(_moe_job(4, 4)).expert_shard == GroupPlacement(1, 1, 1)
 
 
 def test_a_searched_sharded_plan_is_priced_as_it_is_alone():
@@ -271,3 +311,37 @@ def test_a_searched_sharded_plan_is_priced_as_it_is_alone():
     # fp32 copy and Adam moments, 12 B a parameter, over 8 ranks rather than 16
     ratio = whole["memory_optimizer_bytes"][r] / whole["memory_optimizer_bytes"][other]
     assert ratio == pytest.approx(2.0)
+
+
+def test_the_fast_path_prices_an_moe_models_partial_sharding_as_the_graph_does():
+    """Mixtral 8x7B on 4 DGX H100 nodes, tp 2 (etp 2), ep 8, data parallel 16, shards of 8 (two copies of the
+    experts' 2 data-parallel ranks, one each) and of 16: ZeRO-1, gathers overlapped or not: the fast path within 2%
+    of the graph."""
+    plans = [
+        {
+            "tensor_parallel": 2,
+            "data_parallel": 16,
+            "expert_parallel": 8,
+            "sequence_parallel": True,
+            "global_batch_size": 32,
+            "zero_stage": 1,
+            "zero_shard_ranks": shard,
+            "overlap_param_gather": overlap,
+        }
+        for shard in (8, 16)
+        for overlap in (False, True)
+    ]
+    jobs, rel = fast_vs_graph("mixtral-8x7b", {"preset": "dgx-h100", "num_nodes": 4}, plans)
+    assert len(jobs) == 4 and max(rel) < 0.02, rel
+
+
+def test_every_sharded_moe_plan_the_search_keeps_is_a_valid_job():
+    """tp 4 × etp 4 × ep 4 on 16 GPUs leaves dp 4, whose whole-node shard of 2 would give each expert copy
+    4 · 2 / 16 of a rank: the search drops it; every sharded MoE plan it keeps validates as a job."""
+    found = [p for p in _plans_of("megatron-core", MOE) if p["zero_shard_ranks"]]
+    assert found
+    kept = {(p["tensor_parallel"], p["expert_parallel"], p["expert_tensor_parallel"]) for p in found}
+    assert (4, 4, 4) not in kept and (4, 4, 1) in kept
+    system = {"preset": "dgx-h100", "num_nodes": 2}
+    for p in found:
+        Job.from_dicts(MOE, p, system)

@@ -164,7 +164,7 @@ def search_cmd(
     calibration: CalibrationOpt = None,
 ) -> None:
     """Search data/tensor/pipeline/context (and, for MoE models, expert) parallel sizes, micro-batch,
-    ZeRO (and, for dense models under megatron-core, nemo and torchtitan, its state sharded within
+    ZeRO (and under megatron-core and nemo, or torchtitan for dense models, its state sharded within
     groups of whole nodes: ZeRO column "1 in 16", plan.zero_shard_ranks), recompute, sequence
     parallelism, schedule and interleaving, overlap switches (and with --num-nodes-range the GPU
     count) for the fastest plans that fit. The job's plan gives the fields
@@ -380,8 +380,8 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
     shard = plan.get("zero_shard_ranks")
-    if shard is not None and (not fw.zero_shard_stages or m.is_moe):
-        why = "its MiCS and hpZ are not priced" if not fw.zero_shard_stages else "priced for dense models only"
+    if shard is not None and (not fw.zero_shard_stages or (m.is_moe and not fw.zero_shard_moe)):
+        why = "its MiCS and hpZ are not priced" if not fw.zero_shard_stages else "its experts' meshes are not priced"
         raise ConfigError(
             f"plan.zero_shard_ranks: {fw.name} is searched with ZeRO's state over every data-parallel rank ({why}; "
             f"expected it unset); the job sets {shard}"

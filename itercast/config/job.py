@@ -316,7 +316,7 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
             problems.append(f"system.device_groups: {exc}")
     etp = p.expert_tensor_parallel or (p.tensor_parallel if model.is_moe else 1)
     problems += _expert_problems(model, p, dp, etp)
-    problems += _zero_shard_problems(model, p, dp)
+    problems += _zero_shard_problems(model, p, dp, etp)
     if problems:
         raise ConfigError("\n".join(f"{source}: {x}" for x in problems))
     resolved = {"data_parallel": dp, "global_batch_size": gbs, "expert_tensor_parallel": etp}
@@ -351,7 +351,7 @@ def _divisibility_problems(model: ModelConfig, p: PlanConfig, dp: int, gbs: int)
     return [f"{what}({value}) not divisible by {by}" for what, value, div, by in checks if value % div]
 
 
-def _zero_shard_problems(model: ModelConfig, p: PlanConfig, dp: int) -> list[str]:
+def _zero_shard_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> list[str]:
     """plan.zero_shard_ranks: groups of data × context-parallel ranks that each hold one copy of ZeRO's state."""
     shard = p.zero_shard_ranks
     if shard is None:
@@ -365,10 +365,13 @@ def _zero_shard_problems(model: ModelConfig, p: PlanConfig, dp: int) -> list[str
             f"plan.zero_shard_ranks({shard}) does not divide data_parallel({dp}) × context_parallel"
             f"({p.context_parallel}) = {ranks}"
         )
-    if model.is_moe:
+    tp, ep = p.tensor_parallel, p.expert_parallel
+    if model.is_moe and not ranks % shard and (tp * shard) % (ep * etp):
         problems.append(
-            "plan.zero_shard_ranks is priced for dense models only (routed experts keep their expert-data-parallel "
-            "shards): leave it unset"
+            f"plan.zero_shard_ranks({shard}): each of the {ranks // shard} copies would hold tensor_parallel({tp}) × "
+            f"{shard} / (expert_parallel({ep}) × expert_tensor_parallel({etp})) expert-data-parallel ranks, not a "
+            "whole number (Megatron-Core parallel_state.py: 'Expert data parallel size should be divisible by "
+            "partial DistOpt shard factor')"
         )
     if p.zero_stage == 3 and p.zero3_fetch == "deepspeed":
         problems.append(

@@ -140,7 +140,9 @@ class PlanConfig(BaseModel):
         "bucket reduce-scattered within the group, then its shard all-reduced across the groups, "
         "param_and_grad_buffer.py start_grad_sync), FSDP's hybrid sharding (torchtitan data_parallel_shard_degree; "
         "ZeRO-3 gathers within the group), InternLM's zero1 (gradients all-reduced over all ranks as "
-        "zero_grad_reduce all_reduce says, shards gathered within the group). Dense models only.",
+        "zero_grad_reduce all_reduce says, shards gathered within the group). An MoE model's routed experts split "
+        "their expert-data-parallel ranks by the same copies (Megatron-Core parallel_state.py: intra- and "
+        "inter-partial expert data parallel groups).",
     )
     zero3_fetch: Literal["layer", "deepspeed"] = Field(
         "layer",

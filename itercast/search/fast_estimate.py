@@ -595,8 +595,8 @@ class FastEstimator:
     def _job(self, base: PlanConfig, **sizes: int) -> Job:
         """A job of `base` with some plan fields set (unvalidated: the table's rows were validated)."""
         fields: dict[str, Any] = {COLUMNS[k]: (bool(v) if k == "sp" else v) for k, v in sizes.items()}
-        if not fields.get("zero_shard_ranks", 1):  # the column's 0: the field unset
-            fields["zero_shard_ranks"] = None
+        # the column's 0, or a job for what the shard size does not change (units, sends): the field unset
+        fields["zero_shard_ranks"] = fields.get("zero_shard_ranks") or None
         dp, mbs = fields.setdefault("data_parallel", 1), fields.setdefault("micro_batch_size", 1)
         tp = fields.get("tensor_parallel", base.tensor_parallel)
         fields.setdefault("expert_tensor_parallel", base.expert_tensor_parallel or (tp if self.model.is_moe else 1))

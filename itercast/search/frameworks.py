@@ -71,6 +71,9 @@ class Framework:
     # Megatron-Core: --num-distributed-optimizer-instances, the distributed optimizer's partial sharding
     # (param_and_grad_buffer.py) and Megatron-FSDP's hybrid sharding (mcore_fsdp_adapter.py enable_hsdp)
     zero_shard_stages: tuple[int, ...] = (1, 2, 3)
+    # and for MoE models: Megatron-Core splits the expert data parallel group by the same instances
+    # (parallel_state.py intra/inter-partial expert data parallel groups)
+    zero_shard_moe: bool = True
     # Megatron-Core arguments.py --fp8-recipe: delayed (default) and tensorwise (TE Float8CurrentScaling);
     # its mxfp8 and blockwise need Blackwell or are not priced here
     fp8_recipes: tuple[str, ...] = ("delayed", "tensorwise")
@@ -245,6 +248,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # HSDP: FSDP2 over data_parallel_shard_degree, replicated over data_parallel_replicate_degree (parallelize.py
         # apply_fsdp on the dp_replicate × dp_shard mesh)
         zero_shard_stages=(2, 3),
+        zero_shard_moe=False,  # its experts' FSDP meshes under expert parallelism (dp_shard_in_ep) are not priced
         selective_recomputes=("op",),
         # activation_checkpoint.py: mode "full" checkpoints every block (_apply_full_ac); selective_ac_option an
         # integer n checkpoints every n-th block (_apply_layer_sac)

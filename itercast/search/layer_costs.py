@@ -55,7 +55,7 @@ def job_layer_costs(job: Job, calibration: dict[str, Any] | None = None) -> tupl
     def per_param(shard: int) -> float:
         return float(sum(state_bytes_per_param(p, p.zero_stage, shard, p.pipeline_parallel)))
 
-    rest_b, experts_b = per_param(groups.zero.size), per_param(groups.expert_grad.size)
+    rest_b, experts_b = per_param(groups.zero.size), per_param(groups.expert_zero.size)
     tokens = p.micro_batch_size * m.seq_length / p.context_parallel
     static = {k: e * experts_b + r * rest_b for k, (e, r) in unit_params(job).items()}
     static["head"] += tokens * p.local_vocab(m.vocab_size) * cross_entropy_peak_bytes(p)  # the loss's logits

@@ -138,10 +138,10 @@ def enumerate_plans(
 
 def _shard_sizes(model: ModelConfig, fw: Framework, num_gpus: int) -> list[int]:
     """plan.zero_shard_ranks to try: 0 (ZeRO's state over every data × context rank) and, where the framework
-    shards within groups (Megatron-Core's --num-distributed-optimizer-instances, torchtitan's HSDP) and the model
-    is dense (the only case priced), powers of two; the rules keep groups of whole nodes of 2 ranks or more and
+    shards within groups (Megatron-Core's --num-distributed-optimizer-instances, for MoE models too; torchtitan's
+    HSDP, for dense models), powers of two; the rules keep groups of whole nodes of 2 ranks or more and
     fewer than dp × cp (a group of one is ZeRO 0's state, a group of all the unset field)."""
-    if model.is_moe or not fw.zero_shard_stages:
+    if not fw.zero_shard_stages or (model.is_moe and not fw.zero_shard_moe):
         return [0]
     return [0] + [d for d in _divisors(num_gpus) if d & (d - 1) == 0]
 
@@ -249,6 +249,10 @@ def _rules(
                 (c["shard"] == 0)
                 | (((c["dp"] * c["cp"]) % np.maximum(c["shard"], 1) == 0) & (c["shard"] % c["cp"] == 0))
             ),
+        ),
+        (
+            "plan.zero_shard_ranks: tp × shard not divisible by ep × etp (the experts' copies split their ranks)",
+            lambda c: (c["shard"] == 0) | ~moe | ((c["tp"] * c["shard"]) % (c["ep"] * c["etp"]) == 0),
         ),
         (
             "search: ZeRO shard groups of whole nodes, of 2 to fewer than data_parallel × context_parallel ranks",

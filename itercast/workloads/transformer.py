@@ -422,14 +422,23 @@ class Groups:
     # get_amax_reduction_group(with_context_parallel=True))
     amax: GroupPlacement
     # plan.zero_shard_ranks: the innermost data × context ranks that shard ZeRO's state (None: all of grad), and the
-    # groups' copies across which their shards are all-reduced (Megatron-Core's inter-instance group)
+    # groups' copies across which their shards are all-reduced (Megatron-Core's inter-instance group); the routed
+    # experts' alike within and across their expert-data-parallel ranks (parallel_state.py: the intra- and
+    # inter-partial expert data parallel groups, expert data parallel size / instances and instances)
     shard: GroupPlacement | None = None
     replica: GroupPlacement = LONE
+    expert_shard: GroupPlacement | None = None
+    expert_replica: GroupPlacement = LONE
 
     @property
     def zero(self) -> GroupPlacement:
         """The ranks ZeRO shards the dense parameters' state over."""
         return self.grad if self.shard is None else self.shard
+
+    @property
+    def expert_zero(self) -> GroupPlacement:
+        """The ranks ZeRO shards the routed experts' state over."""
+        return self.expert_grad if self.expert_shard is None else self.expert_shard
 
     @classmethod
     def of(cls, job: Job) -> Groups:
@@ -440,8 +449,11 @@ class Groups:
         # Megatron-Core's expert rank order within a stage: expert-tensor innermost, then expert,
         # then expert-data parallel (together the stage's tensor × context × data ranks)
         ep, etp = p.expert_parallel, p.etp
-        # plan.zero_shard_ranks s: the innermost s of the data × context ranks, the d·c/s copies at stride t·s
+        # plan.zero_shard_ranks s: the innermost s of the data × context ranks, the d·c/s copies at stride t·s; the
+        # experts' e data-parallel ranks (stride ep·etp) split alike into the innermost e·s/(d·c) and their copies
         s = p.zero_shard_ranks
+        e = stage_stride // (ep * etp) if job.model.is_moe else 1
+        e_shard = None if s is None or e == 1 else e * s // (d * c)
         return cls(
             tp=place_group(t, 1, gpn),
             cp=place_group(c, t, gpn),
@@ -451,10 +463,12 @@ class Groups:
             stage_cross_node=not same_node(0, stage_stride, gpn),
             ep=place_group(ep, etp, gpn),
             etp=place_group(etp, 1, gpn),
-            expert_grad=place_group(stage_stride // (ep * etp) if job.model.is_moe else 1, ep * etp, gpn),
+            expert_grad=place_group(e, ep * etp, gpn),
             amax=place_group(stage_stride, 1, gpn),
             shard=None if s is None else place_group(s, t, gpn),
             replica=LONE if s is None else place_group(d * c // s, t * s, gpn),
+            expert_shard=None if e_shard is None else place_group(e_shard, ep * etp, gpn),
+            expert_replica=LONE if e_shard is None else place_group(e // e_shard, ep * etp * e_shard, gpn),
         )
 
 
@@ -472,7 +486,7 @@ def dp_collective_s(
     """A data-parallel collective (gradient reduction, ZeRO parameter gather) of `params`, priced by
     `collective_s` (a cost model's, or a memo of it): the rest over data × context parallel ranks,
     then routed experts over expert-data-parallel ranks (Megatron-Core keeps them in buffers of
-    their own). With plan.zero_shard_ranks the rest's gathers run within the shard group, its
+    their own). With plan.zero_shard_ranks each part's gathers run within its shard group, its
     reductions to shards reduce within it and all-reduce each shard across the groups (all-reduces
     stay over every rank)."""
     experts, rest = params
@@ -486,14 +500,16 @@ def dp_collective_s(
         # bytes of its 1/size and pays a ring's latency
         return group.size * collective_s(per_rank, nbytes / group.size, group) if group.size > 1 else 0.0
 
-    nbytes = rest * bytes_per_param
-    if groups.shard is None or kind == "all_reduce":
-        dense = over(groups.grad, nbytes)
-    elif kind in ("all_gather", "broadcast_per_rank"):
-        dense = over(groups.shard, nbytes)
-    else:  # a reduction to shards: within the shard group, then each shard across the groups' copies
-        dense = over(groups.shard, nbytes) + collective_s("all_reduce", nbytes / groups.shard.size, groups.replica)
-    return dense + over(groups.expert_grad, experts * bytes_per_param)
+    def part(ranks: GroupPlacement, shard: GroupPlacement | None, replica: GroupPlacement, nbytes: float) -> float:
+        if shard is None or kind == "all_reduce":
+            return over(ranks, nbytes)
+        if kind in ("all_gather", "broadcast_per_rank"):
+            return over(shard, nbytes)
+        # a reduction to shards: within the shard group, then each shard across the groups' copies
+        return over(shard, nbytes) + collective_s("all_reduce", nbytes / shard.size, replica)
+
+    dense = part(groups.grad, groups.shard, groups.replica, rest * bytes_per_param)
+    return dense + part(groups.expert_grad, groups.expert_shard, groups.expert_replica, experts * bytes_per_param)
 
 
 def local_optimizer_params(job: Job, groups: Groups, params: Params) -> float:
@@ -501,7 +517,7 @@ def local_optimizer_params(job: Job, groups: Groups, params: Params) -> float:
     experts, rest = params
     if job.plan.zero_stage == 0:
         return experts + rest
-    return experts / groups.expert_grad.size + rest / groups.zero.size
+    return experts / groups.expert_zero.size + rest / groups.zero.size
 
 
 def _sm_share(costs: AnalyticCostModel, margin: int) -> float:
