@@ -55,3 +55,19 @@ def test_every_transcribed_point_names_its_source_and_carries_a_time_or_a_busbw(
             assert float(r["oop_time_us"]) > 0 and float(r["size_B"]) > 0
         else:
             assert not r["oop_time_us"] and float(r["busbw_GBs"]) > 0
+
+
+def test_the_aws_efa_rows_are_the_sources_grid_and_a_busbw_becomes_a_time() -> None:
+    """crazyguitar/aws-gpu-communication-benchmark: all-gather at 32 MiB-2 GiB (7 sizes) and all-reduce at 32 MiB-8 GiB
+    (9) on 2, 4, 8, 16 and 32 nodes of 8 H100: 80 rows. Its 32-node all-gather of 32 MiB at 12.38 GB/s: 33554432 x
+    255 / 256 = 33423360 bus bytes, 2.6998 ms, 10.59 us for each of the ring's 255 steps."""
+    rows = read_csv_rows(cas.EFA_POINTS)
+    assert len(rows) == 80
+    grid = {(r["collective"], int(r["nodes"]), int(r["size_B"]) >> 20) for r in rows}
+    assert len(grid) == 80 and {n for _, n, _ in grid} == {2, 4, 8, 16, 32}
+    assert {mb for k, _, mb in grid if k == "all_gather"} == {32, 64, 128, 256, 512, 1024, 2048}
+    assert {mb for k, _, mb in grid if k == "all_reduce"} == {32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
+    assert all(r["evidence"] == "table" and r["gpus_per_node"] == "8" and float(r["busbw_GBs"]) > 0 for r in rows)
+    (row,) = [r for r in rows if (r["collective"], r["nodes"], r["size_B"]) == ("all_gather", "32", "33554432")]
+    seconds = cas.measured_time_s("all_gather", 33554432, 256, row["oop_time_us"], row["busbw_GBs"])
+    assert seconds == pytest.approx(33423360 / 12.38e9) and seconds / 255 == pytest.approx(10.587e-6, rel=1e-3)

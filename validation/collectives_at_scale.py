@@ -13,6 +13,11 @@ guide), and marked '*'. Rows without a message size (NVIDIA/nccl#1229) are price
 8 GiB and kept out of the band summaries. Bands: nodes 2–10 / 11–32 / 33–128 / > 128; message
 < 1 MiB / 1–64 MiB / ≥ 64 MiB (DP and FSDP buckets).
 
+H100 on AWS EFA (data/published/collectives/h100_aws_efa_nccl_tests.csv): one p5.48xlarge cluster measured at 2 to 32
+nodes, all-gather and all-reduce of 32 MiB to 8 GiB, priced on dgx-h100 as it is: the same 3.2 Tb/s a node, but over EFA
+(SRD, aws-ofi-nccl), whose per-step latency the InfiniBand preset does not claim; what it shows is how the measured
+time grows with the nodes at each size against how the priced one does.
+
 A100 (data/published/collectives/a100_multinode_nccl_tests.csv, InfiniBand HDR clusters): each row priced on
 dgx-a100 with the NICs the row states ("4x HDR 200Gb": 4 NICs of 25 GB/s a node; unstated: DGX A100's 8), under
 both measured clusters' curves (SystemConfig network.collective_curves): polaris-slingshot11 (Slingshot 11, the
@@ -38,6 +43,7 @@ from itercast.hardware.topology import GroupPlacement
 PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "published" / "collectives"
 POINTS = PUBLISHED / "h100_multinode_nccl_tests.csv"
 A100_POINTS = PUBLISHED / "a100_multinode_nccl_tests.csv"
+EFA_POINTS = PUBLISHED / "h100_aws_efa_nccl_tests.csv"
 ASSUMED_GPUS_PER_NODE = 8  # HGX/DGX H100 and DGX A100: 8 GPUs a node (their user guides)
 HDR_NIC_BYTES_PER_S = 25e9  # InfiniBand HDR: 200 Gb/s a port
 UNSTATED_SIZES_B = (1 << 30, 8 << 30)  # a message size the source does not give: priced at both
@@ -124,6 +130,8 @@ def main() -> None:
     print("H100 (dgx-h100):")
     check(POINTS, lambda r: model)
     _fitting_reference(model)
+    print("\nH100 on AWS EFA (p5.48xlarge, priced on dgx-h100: the same bytes a node, not its InfiniBand latency):")
+    check(EFA_POINTS, lambda r: model)
     if A100_POINTS.exists():
         for curves in ("polaris-slingshot11", "h100-400g"):
             print(f"\nA100 (dgx-a100, collective_curves {curves}):")
