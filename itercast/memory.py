@@ -163,14 +163,16 @@ def stage_param_columns(
 ) -> np.ndarray:
     """Per row: its `layers` layers (`moe_layers` of them MoE layers; norms, routers and row-parallel
     biases whole on every tensor-parallel rank; routed experts apart, stage_expert_param_columns),
-    the embedding on the first stage, the output layer on the last (a tied one too when it is a copy)."""
+    the embedding on the first stage, the final norm and the output layer on the last (a tied one too
+    when it is a copy)."""
     tp, pp = t.cols["tp"], t.cols["pp"]
     layer = m.layer_sharded_params() / tp + m.layer_replicated_params()
     moe_layer = m.layer_sharded_params(moe=True) / tp + m.layer_replicated_params(moe=True)
     vocab = t.local_vocab(m.vocab_size) * m.hidden_size
     params = (layers - moe_layers) * layer + moe_layers * moe_layer
     params = params + np.where(first, vocab + m.position_params(), 0.0)
-    return params + np.where(last & ((not m.tied) | (pp > 1)), vocab, 0.0)
+    head = np.where(last & ((not m.tied) | (pp > 1)), vocab, 0.0)
+    return params + np.where(last, m.final_norm_params(), 0.0) + head
 
 
 def stage_expert_param_columns(m: ModelConfig, t: PlanTable, moe_layers: float | np.ndarray) -> np.ndarray:

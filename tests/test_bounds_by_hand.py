@@ -21,7 +21,8 @@ def summed_seconds(j, prefix: str) -> float:
 
 
 def test_zero3_on_one_stage_gathers_and_reduces_a_tied_head_once():
-    # one stage, tied head: the 60,224 parameters are gathered once per pass in bf16 over dp 2
+    # one stage, tied head: the 60,352 parameters (the final LayerNorm's 128 with them) are gathered once per pass
+    # in bf16 over dp 2
     # ((n − 1)/n · 2 bytes each) and their fp32 gradients reduce-scattered once ((n − 1)/n · 4 bytes);
     # a head counted apart from the embedding would add V·h = 8,192 parameters to both
     j = job(data_parallel=2, zero_stage=3)

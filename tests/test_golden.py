@@ -89,7 +89,8 @@ def test_one_layer_on_one_gpu_step_time_by_hand():
     mem_fwd = 3 * 2 * T * h * 2 + 2 * T * h * (3 * 2 + 1) + 2 * T * 4 * h * 2 + 2 * T * h * 2 + 3 * T * h * 2
     loss = T * V * (38 + 14)
     # Adam: 30 bytes per parameter (fp32 master, grad, m, v read; master, m, v, bf16 copy written)
-    params = 12 * h * h + 13 * h + V * h + 32 * h  # layer weights + biases + norms, embedding, positions
+    # layer weights + biases + norms, embedding, positions, the final LayerNorm (weight and bias)
+    params = 12 * h * h + 13 * h + V * h + 32 * h + 2 * h
     seconds = flops / PEAK + (3 * mem_fwd + loss) / HBM + 30 * params / HBM
     assert predict(j, linear_calibration()).step_time_s == pytest.approx(seconds, rel=1e-9)
 
@@ -369,9 +370,10 @@ def test_norm_weights_and_positions_are_not_split_by_tensor_parallelism():
     h, s = 64, 32
     t2 = job(tensor_parallel=2, data_parallel=1)
     # layer: 12h² weights and 3h + 4h column biases split; 2 LayerNorms (4h) and 2 row biases (2h) whole;
-    # the vocabulary padded to a multiple of 128 · tp = 256 (Megatron's default), 128 rows a rank
+    # the vocabulary padded to a multiple of 128 · tp = 256 (Megatron's default), 128 rows a rank; the final
+    # LayerNorm (2h) whole
     layer = (12 * h * h + 7 * h) / 2 + 6 * h
-    assert stage_params(t2, 0) == pytest.approx((0.0, layer + 256 * h / 2 + s * h))
+    assert stage_params(t2, 0) == pytest.approx((0.0, layer + 256 * h / 2 + s * h + 2 * h))
 
 
 def test_interleaved_warm_up_with_as_many_microbatches_as_stages_is_megatron_cores():
@@ -440,7 +442,7 @@ def test_a_built_graph_recosted_equals_one_built_with_those_costs():
 def test_zero3_weights_are_a_shard_plus_two_whole_gathered_layers():
     j = job(data_parallel=4, zero_stage=3)
     layer = 12 * 64 * 64 + 13 * 64  # the one layer, whole on every rank (tp 1)
-    params = layer + 128 * 64 + 32 * 64  # and the embedding and positions (the head is tied)
+    params = layer + 128 * 64 + 32 * 64 + 2 * 64  # the embedding, positions, final LayerNorm (the head is tied)
     assert estimate_memory(j).weights_bytes == pytest.approx(params * 2 / 4 + 2 * layer * 2)
     assert estimate_memory(j).gradients_bytes == pytest.approx(params * 4 / 4)  # fp32 gradients, sharded
     assert estimate_memory(j).optimizer_bytes == pytest.approx(params * 12 / 4)

@@ -61,7 +61,8 @@ def test_a_layers_backward_ends_with_its_accumulation_by_hand():
 def test_the_pass_pays_one_memory_bound_pass_over_its_parameters():
     """A layer's backward under autograd (fp16) is the fused one plus 6 bytes per parameter priced as one
     elementwise pass, 12 kernels more; the embedding's adds its vocab shard (4096 / 2 × 1024) and the 512 ×
-    1024 position table, 2 kernels; the head's nothing (its weight is the tied embedding's on this stage)."""
+    1024 position table, 2 kernels; the head's its final LayerNorm (weight and bias, 2 × 1024), 2 kernels (its
+    output weight is the tied embedding's on this stage)."""
     fused, added = gpt_job("fused", "fp16"), gpt_job("autograd", "fp16")
     costs = AnalyticCostModel(added.system, "fp16")
     a, b = (UnitCosts.of(j, costs, Groups.of(j)) for j in (fused, added))
@@ -72,7 +73,9 @@ def test_the_pass_pays_one_memory_bound_pass_over_its_parameters():
     embed_s = float(costs.memory_s("elementwise", 6 * (2048 * 1024 + 512 * 1024)))
     assert b.embed_bwd.compute_s - a.embed_bwd.compute_s == pytest.approx(embed_s, rel=1e-12)
     assert b.embed_bwd.kernels - a.embed_bwd.kernels == 2
-    assert b.head_bwd == a.head_bwd
+    head_s = float(costs.memory_s("elementwise", 6 * 2 * 1024))
+    assert b.head_bwd.compute_s - a.head_bwd.compute_s == pytest.approx(head_s, rel=1e-12)
+    assert b.head_bwd.kernels - a.head_bwd.kernels == 2
     assert b.layer_fwd == a.layer_fwd  # the forward pays nothing
 
 
@@ -158,8 +161,8 @@ def test_torchtitans_fsdp2_accumulates_only_under_pipelining(pp, zero, dtype, ex
 def test_fsdp2_holds_whole_fp32_sums_only_under_pipelining():
     """The llama of test_fsdp2_under_pipelining_holds_its_fp32_sums_whole under fsdp2: 4 bytes a parameter at
     pp 2, its 71,311,360 stage-0 parameters; at pp 1 on 8 data-parallel ranks the whole model on one stage,
-    8 layers and the untied word table and output layer, 142,622,720 parameters, with fp32 gradients
-    sharded 8 ways (half a byte a parameter)."""
+    8 layers, the untied word table and output layer and the final RMSNorm (1,024), 142,623,744 parameters,
+    with fp32 gradients sharded 8 ways (half a byte a parameter)."""
     model = {"family": "llama", "num_layers": 8, "hidden_size": 1024, "num_attention_heads": 8, "seq_length": 256}
     grads = {}
     for pp in (1, 2):
@@ -167,7 +170,7 @@ def test_fsdp2_holds_whole_fp32_sums_only_under_pipelining():
         job = Job.from_dicts(model | {"vocab_size": 4096}, plan, {"preset": "dgx-h100", "num_nodes": 1})
         grads[pp] = estimate_memory(job).gradients_bytes
     assert grads[2] == 4 * 71_311_360
-    assert grads[1] == (8 * 16_779_264 + 2 * 4_194_304) * 4 / 8
+    assert grads[1] == (8 * 16_779_264 + 2 * 4_194_304 + 1_024) * 4 / 8
 
 
 def test_fast_path_agrees_with_graph_under_torchtitans_accumulation():
@@ -188,11 +191,12 @@ def test_fast_path_agrees_with_graph_under_torchtitans_accumulation():
 
 def test_autograd_keeps_its_gradients_in_the_parameters_dtype():
     """The GPT job above on 8 A100 (tp 2 × dp 4, ZeRO 0): 4 layers of 6,301,184 parameters, the vocab shard
-    2,048 × 1,024 and the 512 × 1,024 position table, 27,826,176 in all, the head tied on this one stage.
+    2,048 × 1,024, the 512 × 1,024 position table and the final LayerNorm's 2 × 1,024, 27,828,224 in all, the
+    head tied on this one stage.
     Megatron's fused accumulation keeps fp32 gradients (4 bytes), BF16_Optimizer its fp32 buffer (4), autograd
     the parameters' own bf16 .grad (2)."""
     grads = {mode: estimate_memory(gpt_job(mode)).gradients_bytes for mode in ("fused", "fp32_copy_add", "autograd")}
-    assert grads == {"fused": 4 * 27_826_176, "fp32_copy_add": 4 * 27_826_176, "autograd": 2 * 27_826_176}
+    assert grads == {"fused": 4 * 27_828_224, "fp32_copy_add": 4 * 27_828_224, "autograd": 2 * 27_828_224}
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])

@@ -47,13 +47,14 @@ def test_routed_expert_states_shard_over_expert_data_parallel_ranks():
     # (2 experts × 3·64·32 / etp = 6,144 parameters), and 2 copies of the rest (dp × cp):
     # attention 4·64·64 / tp = 8,192, two RMSNorms 128, router 64·4 = 256, embedding and head each the
     # vocabulary of 128 padded to a multiple of 128 · tp = 256 (Megatron's make_vocab_size_divisible_by),
-    # 128 rows × 64 a rank: 8,192 each; 24,960 in all. ZeRO-1: 12 bytes of each, over its own group.
+    # 128 rows × 64 a rank: 8,192 each; the final RMSNorm 64; 25,024 in all. ZeRO-1: 12 bytes of each, over
+    # its own group.
     moe = {"family": "llama", "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
     plan = {"tensor_parallel": 2, "data_parallel": 2, "expert_parallel": 2, "expert_tensor_parallel": 2}
     plan |= {"sequence_parallel": True, "zero_stage": 1}  # Megatron-Core's MoE with tp > 1 needs SP
     system = {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": 4}, "num_nodes": 1}
     j = Job.from_dicts({**MODEL, **moe}, plan, system)
-    assert estimate_memory(j).optimizer_bytes == pytest.approx(12 * (24_960 / 2 + 6_144 / 1))
+    assert estimate_memory(j).optimizer_bytes == pytest.approx(12 * (25_024 / 2 + 6_144 / 1))
 
 
 def test_full_recompute_keeps_each_layer_input_and_one_whole_layer():

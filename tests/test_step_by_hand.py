@@ -21,8 +21,9 @@ from itercast.workloads.transformer_ops import backward_of, head_forward, layer_
 
 H, V, S = 64, 128, 32  # MODEL: gpt, one layer, hidden 64, 4 heads of 16, MLP 256, vocab 128, 32 tokens
 # one layer: QKV h·3h + projection h² + MLP 2·h·4h weights, biases 3h + 4h (column) + 2h (row), two
-# LayerNorms 4h: 12h² + 13h; the embedding V·h and learned positions S·h; the tied head is the embedding
-PARAMS = 12 * H * H + 13 * H + V * H + S * H  # = 60,224 on one GPU (tp 1, pp 1)
+# LayerNorms 4h: 12h² + 13h; the embedding V·h and learned positions S·h; the tied head is the embedding,
+# after the final LayerNorm (weight and bias, 2h)
+PARAMS = 12 * H * H + 13 * H + V * H + S * H + 2 * H  # = 60,352 on one GPU (tp 1, pp 1)
 
 
 def job(model: dict | None = None, gpus_per_node: int | None = None, **plan: object) -> Job:
@@ -44,8 +45,8 @@ def task_seconds(j: Job, name: str, calibration: dict | None = None) -> list[flo
 
 
 def test_gradients_are_all_reduced_over_data_times_context_parallel_ranks():
-    # dp 2 × cp 2: every GPU holds all 60,224 parameters; fp32 gradients (Megatron's default):
-    # 240,896 bytes all-reduced over 4 ranks: 2·3/4 of them per rank
+    # dp 2 × cp 2: every GPU holds all 60,352 parameters; fp32 gradients (Megatron's default):
+    # 241,408 bytes all-reduced over 4 ranks: 2·3/4 of them per rank
     j = job(data_parallel=2, context_parallel=2, overlap_grad_reduce=False)
     assert task_seconds(j, "grad_all_reduce") == [pytest.approx(2 * 3 / 4 * 4 * PARAMS / LINK)]
 

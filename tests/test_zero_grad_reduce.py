@@ -6,8 +6,8 @@ before v0.12.4 issues one dist.reduce per destination rank (average_tensor at v0
 hybrid_zero_optim.py broadcast_params) broadcasts each rank's shard in turn, priced as dp all-gathers of 1/dp each.
 
 MODEL (test_golden): gpt, one layer of hidden 64 and FFN 256 (12·64² + 13·64 = 49,984 parameters), tied
-vocabulary 128 × 64 = 8,192, learned positions 32 × 64 = 2,048: 60,224 parameters (the final LayerNorm's 2 · 64 are
-not among a stage's parameters in itercast: memory.stage_params). With
+vocabulary 128 × 64 = 8,192, learned positions 32 × 64 = 2,048 and the final LayerNorm's 2 · 64 = 128: 60,352
+parameters. With
 `linear_calibration()` a collective takes its bus bytes / link (1e10 B/s) and no latency; over n ranks a
 reduce-scatter moves (n − 1)/n of its bytes, an all-reduce 2 (n − 1)/n."""
 
@@ -33,7 +33,7 @@ from itercast.workloads.transformer import (
 )
 from itercast.workloads.transformer_ops import zero_grad_reduce_note
 
-PARAMS = 12 * 64**2 + 13 * 64 + 128 * 64 + 32 * 64  # 60,224
+PARAMS = 12 * 64**2 + 13 * 64 + 128 * 64 + 32 * 64 + 2 * 64  # 60,352
 
 
 def job(zero: int, reduce: str = "reduce_scatter", dp: int = 4, gather: str = "all_gather") -> Job:
@@ -93,8 +93,8 @@ def test_one_collective_per_rank_pays_the_group_size_times_its_latency(
 
 
 def test_the_graph_reduces_the_stage_once_at_the_boundary_with_the_chosen_collective():
-    """dp 4, no overlap: one gradient task of the stage's 60,224 bf16 gradients (120,448 bytes) after the last
-    backward: a reduce-scatter 3/4 · 120,448 / LINK, an all-reduce twice that, one reduce per rank (no latency
+    """dp 4, no overlap: one gradient task of the stage's 60,352 bf16 gradients (120,704 bytes) after the last
+    backward: a reduce-scatter 3/4 · 120,704 / LINK, an all-reduce twice that, one reduce per rank (no latency
     here) the reduce-scatter's time."""
     assert stage_params(job(1), 0) == (0.0, PARAMS)
     cal = linear_calibration()
@@ -142,8 +142,8 @@ def test_the_gather_field_chooses_the_collective_of_zero_1_and_2_only(zero, gath
 
 
 def test_the_graph_gathers_the_stage_after_the_step_with_the_chosen_collective():
-    """dp 4, no overlap: one gather of the stage's 60,224 bf16 parameters after the optimizer step. No latency here,
-    so the four broadcasts of a quarter each take one all-gather's 3/4 · 120,448 / LINK."""
+    """dp 4, no overlap: one gather of the stage's 60,352 bf16 parameters after the optimizer step. No latency here,
+    so the four broadcasts of a quarter each take one all-gather's 3/4 · 120,704 / LINK."""
     cal = linear_calibration()
     for gather in ("all_gather", "broadcast_per_rank"):
         j = job(1, gather=gather)

@@ -3,7 +3,7 @@ Megatron-Core's partial distributed optimizer reduce-scatters a bucket within it
 across instances (param_and_grad_buffer.py start_grad_sync), gathers within the instance; FSDP's hybrid sharding alike
 for ZeRO-3; InternLM's zero1 all-reduces gradients over every rank and gathers within the group. Counted by hand.
 
-MODEL (test_golden): 60,224 parameters on its one stage (test_zero_grad_reduce's count)."""
+MODEL (test_golden): 60,352 parameters on its one stage (test_zero_grad_reduce's count)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from itercast.search.layer_costs import job_layer_costs
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 from itercast.workloads.transformer import Groups, dp_collective_s, local_optimizer_params
 
-PARAMS = 12 * 64**2 + 13 * 64 + 128 * 64 + 32 * 64  # 60,224
+PARAMS = 12 * 64**2 + 13 * 64 + 128 * 64 + 32 * 64 + 2 * 64  # 60,352 (the final LayerNorm's 2 · 64 included)
 MOE = DENSE | {"num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 128}
 
 

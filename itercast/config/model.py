@@ -382,13 +382,16 @@ class ModelConfig(BaseModel):
         emb = self.vocab_size * self.hidden_size
         return emb + self.position_params() + (0 if self.tied else emb)
 
+    def final_norm_params(self) -> int:
+        """The norm before the output layer, whole on every tensor-parallel rank of the last stage
+        (RMSNorm: a weight; LayerNorm: weight and bias)."""
+        return self.hidden_size if self.family == "llama" else 2 * self.hidden_size
+
     def num_params(self) -> int:
-        """All parameters (every expert counted), the final norm included (RMSNorm: a weight;
-        LayerNorm: weight and bias)."""
+        """All parameters (every expert counted), the final norm included."""
         moe = self.num_moe_layers
         layers = (self.num_layers - moe) * self.params_per_layer() + moe * self.params_per_layer(moe=True)
-        final_norm = self.hidden_size if self.family == "llama" else 2 * self.hidden_size
-        return layers + self.embedding_params() + final_norm
+        return layers + self.embedding_params() + self.final_norm_params()
 
     def layer_forward_flops_per_token(self, moe: bool = False, windowed: bool = False) -> float:
         """Forward FLOPs of one layer per token: its matmuls (2 FLOPs per multiply-add) and attention

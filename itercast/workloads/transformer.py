@@ -150,11 +150,11 @@ def pipe_copy_s(costs: AnalyticCostModel, job: Job, site: str) -> float:
 
 def unit_params(job: Job) -> dict[str, tuple[float, float]]:
     """Parameters of one GPU's share of each unit kind, as (routed experts', the rest): the
-    experts' are reduced and sharded over the expert-data-parallel group. The head's are the
-    embedding's when tied on a single stage: nothing more to hold, gather or reduce."""
+    experts' are reduced and sharded over the expert-data-parallel group. The head's: the final
+    norm and the output layer, whose weights are the embedding's when tied on a single stage."""
     m, p = job.model, job.plan
     vocab = p.local_vocab(m.vocab_size) * m.hidden_size
-    head = vocab if not m.tied or p.pipeline_parallel > 1 else 0.0
+    head = m.final_norm_params() + (vocab if output_weight_held(job) else 0.0)
     experts = m.expert_params_per_rank(p.expert_parallel, p.etp) if m.is_moe else 0.0
     return {
         "embed": (0.0, embedding_unit_params(job)),
@@ -162,6 +162,18 @@ def unit_params(job: Job) -> dict[str, tuple[float, float]]:
         "moe": (experts, m.layer_params_per_rank(p.tensor_parallel, moe=True)),
         "head": (0.0, head),
     }
+
+
+def output_weight_held(job: Job) -> bool:
+    """Whether the head's stage holds an output weight of its own: untied, or a tied copy on the last of
+    several stages (on one stage the tied head is the embedding's table)."""
+    return not job.model.tied or job.plan.pipeline_parallel > 1
+
+
+def head_param_tensors(job: Job) -> int:
+    """The head's parameter tensors: the final norm's (RMSNorm a weight, LayerNorm weight and bias) and the
+    output weight where its stage holds one."""
+    return (1 if job.model.family == "llama" else 2) + int(output_weight_held(job))
 
 
 def unit_tensors(job: Job, kind: str) -> tuple[float, ...]:
@@ -668,7 +680,7 @@ class UnitCosts:
         # gradient accumulation after their backward (a layer's is in its ops: transformer_ops.layer_backward)
         params = unit_params(job)
         embed_acc = ops_mod.grad_accumulation_ops(p, params["embed"][1], 2 if m.learned_positions else 1)
-        head_acc = ops_mod.grad_accumulation_ops(p, params["head"][1], 1)
+        head_acc = ops_mod.grad_accumulation_ops(p, params["head"][1], head_param_tensors(job))
         return cls(
             layer_fwd=layer[0],
             layer_bwd=layer[1],
