@@ -47,7 +47,8 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   a lent H200's lookups (validation/gpu_campaign_check.py, 0.998 geomean where HBM streaming gave 0.29).
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
   m nodes; intra-node curves on one 8×H100 node (B = 450 GB/s NVLink4 per GPU; see
-  fit_collectives) and A100's own all-reduce (intra_node_by_gpu, B = 300 GB/s: _a100_all_reduce), p2p
+  fit_collectives) and A100's and V100's own all-reduces (intra_node_by_gpu, B = 300 GB/s: _a100_all_reduce;
+  B = 150 GB/s: _v100_all_reduce), p2p
   on vidur's H100 send/recv, inter-node all-reduce, all-gather and all-to-all on ALCF Polaris (4×A100
   and 2 Slingshot-11 NICs per node: B = 4 × 12.5 GB/s per node-local group;
   docs.alcf.anl.gov/polaris/hardware-overview; _polaris_regimes), the all-gather's and all-to-all's
@@ -59,6 +60,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -80,6 +82,7 @@ from itercast.costs.op_model import fit_operator_models
 from itercast.data_paths import read_csv_rows, shared_data_dir
 from itercast.measurements import Measurement
 from itercast.profile.db import ProfileDB
+from itercast.profile.importers import import_alpa
 from itercast.workloads.dlrm.embedding import LOOKUP_OP
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
@@ -411,7 +414,10 @@ def fit_collectives(data: Path) -> dict:
     }
     return {
         "intra_node": intra,
-        "intra_node_by_gpu": {"A100": {"all_reduce": _a100_all_reduce(data)}},
+        "intra_node_by_gpu": {
+            "A100": {"all_reduce": _a100_all_reduce(data)},
+            "V100": {"all_reduce": _v100_all_reduce(data, intra["all_reduce"]["alpha0_s"])},
+        },
         "inter_node_networks": {"polaris-slingshot11": polaris, "h100-400g": _h100_400g(rows, small)},
         "p2p": p2p,
         "source": "nccl-tests: NVIDIA/dgxc-benchmarking@841f546 nccl/README.md (1 node 8×H100 all-reduce), "
@@ -420,7 +426,8 @@ def fit_collectives(data: Path) -> dict:
         "400 Gb/s per GPU); microsoft/vidur@7d47513 network__h100_dgx__send_recv.csv; one A100 node's "
         "all-reduce (intra_node_by_gpu): microsoft/vidur@7d47513 network__a100_dgx__all_reduce.csv, "
         "Azure/AI-benchmarking-guide@3bb66ca ND_A100_v4_results.md "
-        "(data/collectives/azure_ai_benchmarking_guide_allreduce_1node.csv)",
+        "(data/collectives/azure_ai_benchmarking_guide_allreduce_1node.csv); V100's: the Alpa OSDI'22 artifact "
+        "profiling database (profiling/alpa_v100_p3.16xlarge_prof_db.csv), one p3.16xlarge's 8-GPU all-reduces",
     }
 
 
@@ -445,6 +452,45 @@ def _a100_all_reduce(data: Path) -> dict:
         sizes.append(bus)
         times.append(bus / (float(r["A100_ND_v4_busbw_GBs"]) * 1e9))
     return fit_collective(sizes, times, [1] * len(sizes), 300e9, e_max_at_most=1.0)
+
+
+#: Alpa's all-reduces fitted for V100's curve: messages from this size up (`_v100_all_reduce`)
+ALPA_ALL_REDUCE_MIN_BYTES = 2**20
+
+
+def _v100_all_reduce(data: Path, alpha0_s: float) -> dict:
+    """One V100 node's all-reduce (NVLink2, 6 links of 25 GB/s per GPU each way: B = 150 GB/s): Alpa's measured
+    all-reduces of one group of all 8 GPUs of one p3.16xlarge, fp16 and fp32, 1 MiB-4 GiB (the importer's filter
+    drops the points Alpa's make_monotonic() wrote). Alpa's all-reduce of 0 bytes takes 0.21 ms, where NCCL
+    launches nothing for an empty message (and Alpa's all-gather of 0 bytes takes 0.02 ms): its harness's time,
+    subtracted from every all-reduce of the series, dtype by dtype; the latency is pinned to the H100 curve's, as
+    V100's GEMM latency is (`fit_gemm_v100`). V100's NVLink has no in-switch reduction, so the H100 node's curve
+    (`intra_node`, NVLink SHARP: e_max 1.22) priced it at up to 183 GB/s of bus bandwidth on 150 GB/s links;
+    Alpa measures 123-132 GB/s from 64 MiB to 4 GiB once the harness's time is taken off. Groups of 2 and 4 GPUs
+    of the p3.16xlarge's hybrid cube mesh are left out: they ride fewer links (Alpa: 22 and 82 GB/s at 4 GiB), a
+    topology this curve does not describe (a DGX-2's NVSwitch gives every group its links)."""
+    path = data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv"
+    one_group = [
+        r
+        for r in read_csv_rows(path)
+        if (r["op"], r["mesh_hosts"], r["n_groups"], r["group_size"]) == ("all_reduce", "1", "1", "8")
+    ]
+    harness_s = {r["dtype"]: float(r["time_s"]) for r in one_group if float(r["bytes"]) == 0}
+    with tempfile.TemporaryDirectory() as tmp:
+        db = ProfileDB(Path(tmp) / "alpa.db")
+        import_alpa(db, path)
+        rows = [
+            r
+            for r in db.measurements(family="collective")
+            if r.op == "all_reduce"
+            and r.group_size == 8
+            and r.nodes == 1
+            and str(r.params.get("n_groups")) == "1"
+            and r.size >= ALPA_ALL_REDUCE_MIN_BYTES
+        ]
+    sizes = [float(bus_bytes("all_reduce", r.size, 8, 1)) for r in rows]
+    times = [r.time_s - harness_s[r.dtype] for r in rows]
+    return fit_collective(sizes, times, [1] * len(sizes), 150e9, fixed={"alpha0_s": alpha0_s}, e_max_at_most=1.0)
 
 
 def _polaris_regimes(rows: list[dict], coll: str, small_bus_bytes: int, by_ranks: bool) -> list[dict]:

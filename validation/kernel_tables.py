@@ -28,6 +28,9 @@ ratio was computed: every ratio < 1, max / min <= 1.15, geomean >= limit / nomin
 gives beside GPUSpec's POWER_LIMITS; then every row's signed error at nominal power and at the limit
 (gpu.power_limit_w), the fp8 rows a held-out check of the one-clock assumption.
 
+Then one node's all-reduce on A100 and V100, which have no NVLink SHARP (needs ../shared/data or
+$ITERCAST_DATA): the H100 node's curve at their links against each GPU's own (own_all_reduce).
+
 Then the GEMM curve's form (needs ../shared/data or $ITERCAST_DATA; skipped without): per source of
 measured GEMMs (OpenXLA's autotuned H100 table, vidur's PyTorch cuBLAS H100 projections, and held out
 vidur's A100 projections and the cuBLASLt A100 fp16 and H100 fp8 tables) the mean |error|, max |error| and
@@ -343,24 +346,32 @@ def own_gemm_curves() -> None:
 
 
 def own_all_reduce() -> None:
-    """One A100 node's all-reduce: the H100 node's curve (fitted with NVLink SHARP's in-switch reduction) at
-    A100's 300 GB/s links against A100's own (curves.json collectives.intra_node_by_gpu), on vidur's DGX A100
-    medians (2, 4, 8 GPUs) and Azure's ND A100 v4 nccl-tests (8 GPUs): mean |error|, mean signed from 8 MB."""
+    """One node's all-reduce on GPUs without NVLink SHARP: the H100 node's curve (fitted with its in-switch
+    reduction) at their links' bandwidth against each GPU's own curve (curves.json
+    collectives.intra_node_by_gpu): A100 at 300 GB/s on vidur's DGX A100 medians (2, 4, 8 GPUs) and Azure's
+    ND A100 v4 nccl-tests (8 GPUs); V100 at 150 GB/s on Alpa's p3.16xlarge all-reduces from 1 MiB less its
+    harness's time (its all-reduce of 0 bytes), the 8-GPU groups its curve was fitted on and the groups of 2
+    and 4 on the hybrid cube mesh's fewer links, which no curve here describes. Mean |error| and mean signed
+    error from 8 MB."""
+    import tempfile
+
     from itercast.costs.analytic import bus_bytes
     from itercast.costs.curves import curves
     from itercast.costs.fitting import collective_time_s
+    from itercast.profile.db import ProfileDB
+    from itercast.profile.importers import import_alpa
 
     data = shared_data_dir()
     if data is None:
-        print("\nA100 all-reduce: no shared data (set ITERCAST_DATA), skipped")
+        print("\nA100 and V100 all-reduce: no shared data (set ITERCAST_DATA), skipped")
         return
-    points: dict[str, list[tuple[int, float, float]]] = {f"vidur {n} GPUs": [] for n in (2, 4, 8)}
+    a100: dict[str, list[tuple[int, float, float]]] = {f"vidur {n} GPUs": [] for n in (2, 4, 8)}
     for r in read_csv_rows(data / "kernels" / "vidur" / "network__a100_dgx__all_reduce.csv"):
         if r["devices_per_node"] == r["num_workers"]:
             n = int(r["num_workers"])
-            points[f"vidur {n} GPUs"].append((n, float(r["size"]), float(r["time_stats.all_reduce.median"]) * 1e-3))
+            a100[f"vidur {n} GPUs"].append((n, float(r["size"]), float(r["time_stats.all_reduce.median"]) * 1e-3))
     azure = read_csv_rows(data / "collectives" / "azure_ai_benchmarking_guide_allreduce_1node.csv")
-    points["azure 8 GPUs"] = [
+    a100["azure 8 GPUs"] = [
         (
             8,
             float(r["bytes"]),
@@ -368,20 +379,37 @@ def own_all_reduce() -> None:
         )
         for r in azure
     ]
-    table = curves()["collectives"]
-    fits = {
-        "H100 curve": table["intra_node"]["all_reduce"],
-        "A100's own": table["intra_node_by_gpu"]["A100"]["all_reduce"],
+    # Alpa's all-reduces from 1 MiB, less its harness's time (its all-reduce of 0 bytes, per group size and dtype)
+    path = data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv"
+    harness_s = {
+        (int(r["group_size"]), r["dtype"]): float(r["time_s"])
+        for r in read_csv_rows(path)
+        if (r["op"], r["mesh_hosts"], r["n_groups"], r["bytes"]) == ("all_reduce", "1", "1", "0")
     }
-    print("\nA100 one-node all-reduce at 300 GB/s: mean |error| / mean signed at >= 8 MB")
-    for source, rows in points.items():
-        n, size, seconds = (np.array(c, dtype=np.float64) for c in zip(*rows, strict=True))
-        bus = np.array([float(bus_bytes("all_reduce", x, int(k), 1)) for k, x in zip(n, size, strict=True)])
-        print(f"  {source:13} {len(rows):>4} sizes", end="")
-        for name, fit in fits.items():
-            signed = collective_time_s(fit, bus, 1, n, 300e9) / seconds - 1
-            print(f"  {name} {np.mean(np.abs(signed)):6.1%} / {signed[size >= 8e6].mean():+6.1%}", end="")
-        print()
+    v100: dict[str, list[tuple[int, float, float]]] = {"alpa 8 (fitted)": [], "alpa 4 (mesh)": [], "alpa 2 (mesh)": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        db = ProfileDB(Path(tmp) / "alpa.db")
+        import_alpa(db, path)
+        for m in db.measurements(family="collective"):
+            if m.op == "all_reduce" and m.nodes == 1 and str(m.params.get("n_groups")) == "1" and m.size >= 2**20:
+                key = "alpa 8 (fitted)" if m.group_size == 8 else f"alpa {m.group_size} (mesh)"
+                if key in v100:
+                    v100[key].append((m.group_size, m.size, m.time_s - harness_s[m.group_size, m.dtype]))
+    table = curves()["collectives"]
+    for gpu, points, links in (("A100", a100, 300e9), ("V100", v100, 150e9)):
+        fits = {
+            "H100 curve": table["intra_node"]["all_reduce"],
+            f"{gpu}'s own": table["intra_node_by_gpu"][gpu]["all_reduce"],
+        }
+        print(f"\n{gpu} one-node all-reduce at {links / 1e9:.0f} GB/s: mean |error| / mean signed at >= 8 MB")
+        for source, rows in points.items():
+            n, size, seconds = (np.array(c, dtype=np.float64) for c in zip(*rows, strict=True))
+            bus = np.array([float(bus_bytes("all_reduce", x, int(k), 1)) for k, x in zip(n, size, strict=True)])
+            print(f"  {source:16} {len(rows):>4} sizes", end="")
+            for name, fit in fits.items():
+                signed = collective_time_s(fit, bus, 1, n, links) / seconds - 1
+                print(f"  {name} {np.mean(np.abs(signed)):6.1%} / {signed[size >= 8e6].mean():+6.1%}", end="")
+            print()
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def curve(entry: dict[str, Any]) -> Curve:
 def own_curves(by_gpu: dict[str, Any], gpu_name: str, shared: dict[str, Any], calibrated: set[str]) -> dict[str, Any]:
     """`shared` curves (fitted on H100s) with the built-in ones fitted on this GPU's own measured kernels over
     them (`by_gpu`, matched by GPU name prefix: curves.json gemm_by_gpu, V100's GEMMs from Alpa's matmuls;
-    collectives.intra_node_by_gpu, A100's all-reduce from vidur's and Azure's), except those `calibrated`
-    names: a calibration's own curves win."""
+    collectives.intra_node_by_gpu, A100's all-reduce from vidur's and Azure's, V100's from Alpa's), except those
+    `calibrated` names: a calibration's own curves win."""
     own: dict[str, Any] = next((v for k, v in by_gpu.items() if gpu_name.startswith(k)), {})
     return shared | {k: v for k, v in own.items() if k not in calibrated}
