@@ -151,3 +151,16 @@ def test_the_readme_job_file_fits_in_memory(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(block.group(1))
     assert not load_workload(job).predict().memory.oom
+
+
+def test_predict_and_search_on_v100_need_no_precision_or_attention_set() -> None:
+    # V100 has no bf16 and runs no FlashAttention: left out, both commands take fp16 and unfused attention
+    res = CliRunner().invoke(app, ["predict", "--model", "gpt3-1.3b", "--system", "v100-p3.16xlarge", "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)["job"]["plan"]  # stderr warns that this plan does not fit: stdout alone
+    assert (plan["dtype"], plan["flash_attention"]) == ("fp16", False)
+    v100 = ["search", "--model", "gpt3-1.3b", "--system", "v100-p3.16xlarge", "--set", "plan.global_batch_size=64"]
+    res = CliRunner().invoke(app, [*v100, "--top", "1", "--workers", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    best = json.loads(res.stdout)["plans"][0]["plan"]
+    assert (best["dtype"], best["flash_attention"]) == ("fp16", False)

@@ -203,6 +203,15 @@ def test_v100_defaults_to_unfused_attention_and_rejects_flash():
         job(system="v100-p3.16xlarge", dtype="fp16", flash_attention=True)
 
 
+def test_a_gpu_without_bf16_trains_in_fp16_unless_told_otherwise():
+    # V100's datasheet lists fp16 and fp32 tensor throughput, no bf16: a job that leaves the precision out runs fp16
+    assert job(system="v100-p3.16xlarge").plan.dtype == "fp16"
+    assert job(system="dgx-a100").plan.dtype == "bf16"
+    assert job(system="v100-p3.16xlarge", dtype="fp32").plan.dtype == "fp32"
+    with pytest.raises(ConfigError, match=r"plan\.dtype\(bf16\) not supported by V100-SXM2-16GB \(has fp32, fp16\)"):
+        job(system="v100-p3.16xlarge", dtype="bf16")
+
+
 def test_presets_carry_their_published_parameter_counts():
     def billions(name: str) -> float:
         return round(Job.from_presets(name, "dgx-h100").model.num_params() / 1e9, 1)

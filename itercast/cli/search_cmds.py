@@ -55,7 +55,7 @@ from itercast.cli.variability_cmds import (
     run_level_notes,
     variability_model,
 )
-from itercast.config.job import parse_section, raw_sections
+from itercast.config.job import parse_section, raw_sections, with_system_defaults
 from itercast.config.model import ModelConfig
 from itercast.config.plan import TE_OVERLAP_LAYERS, PlanConfig
 from itercast.config.system import SystemConfig
@@ -401,7 +401,7 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
             f"plan.main_params/adam_state_dtype: {fw.name} runs {kept}, the job sets {state[0]}/{state[1]}"
         )
     check_fast_path_plan(plan)
-    base = cast(PlanConfig, parse_section("plan", plan, "plan"))
+    base = with_system_defaults(cast(PlanConfig, parse_section("plan", plan, "plan")), s)
     if base.global_batch_size is None and not options.global_batch_sizes:
         raise ConfigError(
             "the search needs plan.global_batch_size (--set plan.global_batch_size=N) or --global-batch-sizes"

@@ -276,13 +276,23 @@ def _schema_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]
     return schema
 
 
+def with_system_defaults(plan: PlanConfig, system: SystemConfig) -> PlanConfig:
+    """The plan with the fields it leaves out that depend on the GPUs set for them: dtype fp16 where a GPU has no
+    bf16, flash_attention where every GPU runs FlashAttention (SystemConfig.supports_flash_attention)."""
+    update: dict[str, object] = {}
+    gpus_of = [g.gpu for g in system.device_groups] or [system.gpu]
+    if "dtype" not in plan.model_fields_set and any("bf16" not in g.peak_flops for g in gpus_of):
+        update["dtype"] = "fp16"
+    if "flash_attention" not in plan.model_fields_set:
+        update["flash_attention"] = system.supports_flash_attention
+    return plan.model_copy(update=update) if update else plan
+
+
 def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, source: str) -> Job:
     """Checks that involve more than one section. Resolves data_parallel and global_batch_size."""
-    p, gpus = plan, system.num_gpus
+    p, gpus = with_system_defaults(plan, system), system.num_gpus
     problems: list[str] = []
-    if "flash_attention" not in p.model_fields_set:  # left out: what the GPUs run
-        p = p.model_copy(update={"flash_attention": system.supports_flash_attention})
-    elif p.flash_attention and not system.supports_flash_attention:
+    if p.flash_attention and not system.supports_flash_attention:
         gpus_of = [g.gpu for g in system.device_groups] or [system.gpu]
         lacking = next(g.name for g in gpus_of if not g.supports_flash_attention)
         problems.append(

@@ -164,7 +164,11 @@ class PlanConfig(BaseModel):
         "torch.cuda.synchronize() calls: one collective per tensor, each paying its latency "
         "(workloads/transformer.py _deepspeed_fetch, unit_tensors).",
     )
-    dtype: DType = "bf16"
+    dtype: DType = Field(
+        "bf16",
+        description="Training precision (mixed: 16-bit compute, fp32 master weights). Left out: bf16, or fp16 where a "
+        "GPU of the system has no bf16 (V100: Megatron-LM's --fp16, DeepSpeed's fp16 with loss scaling).",
+    )
     fp8_recipe: Literal["delayed", "tensorwise", "rowwise"] = Field(
         "delayed",
         description="dtype=fp8: how each GEMM operand's scale is found (HBM bytes per element of each cast: "
