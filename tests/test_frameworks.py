@@ -423,6 +423,18 @@ def test_an_optimizer_state_the_framework_cannot_keep_is_a_one_line_error(framew
     assert message in result.output and len(result.output.strip().splitlines()) == 1
 
 
+def test_torchtitan_trains_in_no_fp16_and_says_so_in_one_line():
+    # torchtitan's job_config.py: mixed_precision_param: Literal["bfloat16", "float32"], no loss scaling
+    v100 = ["search", "--model", "gpt3-1.3b", "--system", "v100-p3.16xlarge", "--set", "plan.global_batch_size=64"]
+    result = CliRunner().invoke(app, [*v100, "--framework", "torchtitan"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "plan.dtype: torchtitan runs bf16 or fp32 or fp8, the job sets fp16 (left out:" in result.output
+    set_fp16 = CliRunner().invoke(app, ["search", "--example", "--framework", "torchtitan", "--set", "plan.dtype=fp16"])
+    assert set_fp16.exit_code == 2 and "the job sets fp16\n" in set_fp16.output  # set, not left out
+    # Megatron-Core runs --fp16: the same V100 job is searched
+    assert CliRunner().invoke(app, [*v100, "--top", "1", "--workers", "1"]).exit_code == 0
+
+
 def test_launch_settings_write_the_userbuffers_cfg_priced():
     # a recipe's cfg: proj_fprop 24 SMs with the margin, qkv_dgrad without; Megatron-LM reads it from
     # --tp-comm-overlap-cfg (a YAML handed to TE's initialize_ub), NeMo from its callback's cfg

@@ -455,6 +455,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "an MoE shard that splits an expert-data-parallel rank is accepted", _t("zero_shard_ranks")),
     M("config/job.py", 'update["dtype"] = "fp16"', 'update["dtype"] = "bf16"',
       "a V100 job that leaves its precision out trains in bf16, which V100 lacks", _t("model_fields")),
+    M("search/frameworks.py", '        dtypes=("bf16", "fp32", "fp8"),\n', "",
+      "torchtitan is searched in fp16, which it cannot train in", _t("frameworks")),
     M("cli/search_cmds.py", 'base = with_system_defaults(cast(PlanConfig, parse_section("plan", plan, "plan")), s)',
       'base = cast(PlanConfig, parse_section("plan", plan, "plan"))',
       "the search's shared plan keeps bf16 and FlashAttention on GPUs without them", _t("cli_newcomer")),

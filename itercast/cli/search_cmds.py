@@ -402,6 +402,9 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         )
     check_fast_path_plan(plan)
     base = with_system_defaults(cast(PlanConfig, parse_section("plan", plan, "plan")), s)
+    if base.dtype not in fw.dtypes:
+        left_out = "" if "dtype" in plan else f" (left out: {s.gpu.name} has no bf16)"
+        raise ConfigError(f"plan.dtype: {fw.name} runs {' or '.join(fw.dtypes)}, the job sets {base.dtype}{left_out}")
     if base.global_batch_size is None and not options.global_batch_sizes:
         raise ConfigError(
             "the search needs plan.global_batch_size (--set plan.global_batch_size=N) or --global-batch-sizes"

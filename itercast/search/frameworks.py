@@ -106,6 +106,8 @@ class Framework:
     moe_token_dispatchers: tuple[str, ...] = ("alltoall", "flex")
     # PlanConfig.moe_a2a_overlap: Megatron-Core's overlap_moe_expert_parallel_comm (model_parallel_config.py)
     moe_a2a_overlap: bool = True
+    # PlanConfig.dtype values its launches train in (Megatron-Core --bf16 / --fp16 / fp32 / --fp8-format)
+    dtypes: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8")
 
 
 #: DeepSpeed's reduce_bucket_size and allreduce_bucket_size default, in elements (zero/config.py,
@@ -262,6 +264,9 @@ FRAMEWORKS: dict[str, Framework] = {
         optimizer_states=(("fp32_weights", "fp32"),),
         fp8_recipes=("tensorwise", "rowwise"),  # torchao float8 has no delayed scaling
         fp8_weight_casts=("per_microbatch",),
+        # job_config.py Training.mixed_precision_param: Literal["bfloat16", "float32"] (no fp16 loss scaling), with
+        # torchao's float8 GEMMs over bf16
+        dtypes=("bf16", "fp32", "fp8"),
         cp_comms=("torch_allgather", "torch_alltoall"),  # context_parallel_rotate_method
         tp_comm_overlap_rs=("ring_exchange",),
         rules=(
