@@ -60,7 +60,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import tempfile
 from collections import defaultdict
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -82,7 +81,7 @@ from itercast.costs.op_model import fit_operator_models
 from itercast.data_paths import read_csv_rows, shared_data_dir
 from itercast.measurements import Measurement
 from itercast.profile.db import ProfileDB
-from itercast.profile.importers import import_alpa
+from itercast.profile.importers import alpa_one_host_all_reduces
 from itercast.workloads.dlrm.embedding import LOOKUP_OP
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
@@ -470,26 +469,9 @@ def _v100_all_reduce(data: Path, alpha0_s: float) -> dict:
     of the p3.16xlarge's hybrid cube mesh are left out: they ride fewer links (Alpa: 22 and 82 GB/s at 4 GiB), a
     topology this curve does not describe (a DGX-2's NVSwitch gives every group its links)."""
     path = data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv"
-    one_group = [
-        r
-        for r in read_csv_rows(path)
-        if (r["op"], r["mesh_hosts"], r["n_groups"], r["group_size"]) == ("all_reduce", "1", "1", "8")
-    ]
-    harness_s = {r["dtype"]: float(r["time_s"]) for r in one_group if float(r["bytes"]) == 0}
-    with tempfile.TemporaryDirectory() as tmp:
-        db = ProfileDB(Path(tmp) / "alpa.db")
-        import_alpa(db, path)
-        rows = [
-            r
-            for r in db.measurements(family="collective")
-            if r.op == "all_reduce"
-            and r.group_size == 8
-            and r.nodes == 1
-            and str(r.params.get("n_groups")) == "1"
-            and r.size >= ALPA_ALL_REDUCE_MIN_BYTES
-        ]
-    sizes = [float(bus_bytes("all_reduce", r.size, 8, 1)) for r in rows]
-    times = [r.time_s - harness_s[r.dtype] for r in rows]
+    rows = [(size, s) for k, size, s in alpa_one_host_all_reduces(path, ALPA_ALL_REDUCE_MIN_BYTES) if k == 8]
+    sizes = [float(bus_bytes("all_reduce", size, 8, 1)) for size, _ in rows]
+    times = [s for _, s in rows]
     return fit_collective(sizes, times, [1] * len(sizes), 150e9, fixed={"alpha0_s": alpha0_s}, e_max_at_most=1.0)
 
 

@@ -353,13 +353,10 @@ def own_all_reduce() -> None:
     harness's time (its all-reduce of 0 bytes), the 8-GPU groups its curve was fitted on and the groups of 2
     and 4 on the hybrid cube mesh's fewer links, which no curve here describes. Mean |error| and mean signed
     error from 8 MB."""
-    import tempfile
-
     from itercast.costs.analytic import bus_bytes
     from itercast.costs.curves import curves
     from itercast.costs.fitting import collective_time_s
-    from itercast.profile.db import ProfileDB
-    from itercast.profile.importers import import_alpa
+    from itercast.profile.importers import alpa_one_host_all_reduces
 
     data = shared_data_dir()
     if data is None:
@@ -380,21 +377,11 @@ def own_all_reduce() -> None:
         for r in azure
     ]
     # Alpa's all-reduces from 1 MiB, less its harness's time (its all-reduce of 0 bytes, per group size and dtype)
-    path = data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv"
-    harness_s = {
-        (int(r["group_size"]), r["dtype"]): float(r["time_s"])
-        for r in read_csv_rows(path)
-        if (r["op"], r["mesh_hosts"], r["n_groups"], r["bytes"]) == ("all_reduce", "1", "1", "0")
-    }
     v100: dict[str, list[tuple[int, float, float]]] = {"alpa 8 (fitted)": [], "alpa 4 (mesh)": [], "alpa 2 (mesh)": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        db = ProfileDB(Path(tmp) / "alpa.db")
-        import_alpa(db, path)
-        for m in db.measurements(family="collective"):
-            if m.op == "all_reduce" and m.nodes == 1 and str(m.params.get("n_groups")) == "1" and m.size >= 2**20:
-                key = "alpa 8 (fitted)" if m.group_size == 8 else f"alpa {m.group_size} (mesh)"
-                if key in v100:
-                    v100[key].append((m.group_size, m.size, m.time_s - harness_s[m.group_size, m.dtype]))
+    for k, size, seconds in alpa_one_host_all_reduces(data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv", 2**20):
+        key = "alpa 8 (fitted)" if k == 8 else f"alpa {k} (mesh)"
+        if key in v100:
+            v100[key].append((k, size, seconds))
     table = curves()["collectives"]
     for gpu, points, links in (("A100", a100, 300e9), ("V100", v100, 150e9)):
         fits = {

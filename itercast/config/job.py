@@ -280,8 +280,7 @@ def with_system_defaults(plan: PlanConfig, system: SystemConfig) -> PlanConfig:
     """The plan with the fields it leaves out that depend on the GPUs set for them: dtype fp16 where a GPU has no
     bf16, flash_attention where every GPU runs FlashAttention (SystemConfig.supports_flash_attention)."""
     update: dict[str, object] = {}
-    gpus_of = [g.gpu for g in system.device_groups] or [system.gpu]
-    if "dtype" not in plan.model_fields_set and any("bf16" not in g.peak_flops for g in gpus_of):
+    if "dtype" not in plan.model_fields_set and any("bf16" not in g.peak_flops for g in system.gpu_kinds):
         update["dtype"] = "fp16"
     if "flash_attention" not in plan.model_fields_set:
         update["flash_attention"] = system.supports_flash_attention
@@ -293,8 +292,7 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
     p, gpus = with_system_defaults(plan, system), system.num_gpus
     problems: list[str] = []
     if p.flash_attention and not system.supports_flash_attention:
-        gpus_of = [g.gpu for g in system.device_groups] or [system.gpu]
-        lacking = next(g.name for g in gpus_of if not g.supports_flash_attention)
+        lacking = next(g.name for g in system.gpu_kinds if not g.supports_flash_attention)
         problems.append(
             f"plan.flash_attention: true, but {lacking} runs no FlashAttention (compute capability < 8.0, "
             "gpu.supports_flash_attention); expected false or left out"

@@ -202,13 +202,14 @@ class SystemConfig(BaseModel):
         return {**data, "num_nodes": total}
 
     @property
+    def gpu_kinds(self) -> list[GPUSpec]:
+        """The GPU of each device group, or the system's one GPU without groups."""
+        return [g.gpu for g in self.device_groups] or [self.gpu]
+
+    @property
     def supports_flash_attention(self) -> bool:
         """Every GPU of the system runs FlashAttention (GPUSpec.supports_flash_attention)."""
-        return (
-            all(g.gpu.supports_flash_attention for g in self.device_groups)
-            if self.device_groups
-            else (self.gpu.supports_flash_attention)
-        )
+        return all(g.supports_flash_attention for g in self.gpu_kinds)
 
     def stage_gpus(self, stages: int, gpus_per_stage: int) -> list[GPUSpec]:
         """The GPU of each of `stages` pipeline stages of `gpus_per_stage` GPUs each: the groups in

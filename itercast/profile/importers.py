@@ -152,6 +152,13 @@ def import_nccl_log(db: ProfileDB, path: Path, collective: str, nodes: int, devi
 
 
 def import_alpa(db: ProfileDB, path: Path) -> Counter:
+    """Alpa's profiling database (CSV form) into `db`: `alpa_measurements`' rows, its counts returned."""
+    rows, counts = alpa_measurements(path)
+    _store(db, counts, path, "alpa", "V100 p3.16xlarge (Alpa)", {"source": path.name}, rows)
+    return counts
+
+
+def alpa_measurements(path: Path) -> tuple[list[Measurement], Counter]:
     """Alpa's profiling database (CSV form): collectives over every group layout and square dots.
 
     Skipped and counted: rows whose time is not finite (Alpa could not profile them); collectives
@@ -215,8 +222,25 @@ def import_alpa(db: ProfileDB, path: Path) -> Counter:
                 source=path.name,
             )
         )
-    _store(db, counts, path, "alpa", "V100 p3.16xlarge (Alpa)", {"source": path.name}, rows)
-    return counts
+    return rows, counts
+
+
+def alpa_one_host_all_reduces(path: Path, min_bytes: float) -> list[tuple[int, float, float]]:
+    """(ranks, bytes, seconds) of Alpa's all-reduces of one group within one host, from `min_bytes` (those
+    `alpa_measurements` keeps), each less the time Alpa's harness took for the same group size and dtype at 0
+    bytes: 0.21 ms for 8 V100 where NCCL launches nothing for an empty message (Alpa's all-gather of 0 bytes
+    takes 0.02 ms). What V100's one-node all-reduce curve is fitted on (tools/fit_efficiency_curves.py) and
+    checked against (validation/kernel_tables.py)."""
+    harness_s = {
+        (int(r["group_size"]), r["dtype"]): float(r["time_s"])
+        for _, r in _rows(path)
+        if (r.get("op"), r.get("mesh_hosts"), r.get("n_groups"), r.get("bytes")) == ("all_reduce", "1", "1", "0")
+    }
+    return [
+        (m.group_size, m.size, m.time_s - harness_s[m.group_size, m.dtype])
+        for m in alpa_measurements(path)[0]
+        if m.op == "all_reduce" and m.nodes == 1 and str(m.params.get("n_groups")) == "1" and m.size >= min_bytes
+    ]
 
 
 def import_xla_matmul(db: ProfileDB, path: Path) -> Counter:
