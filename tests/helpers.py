@@ -31,7 +31,7 @@ class FreeCosts:
     def collective_s(self, kind, nbytes, group):
         return 0.0
 
-    def p2p_s(self, nbytes, cross_node):
+    def p2p_s(self, nbytes, cross_node, stride):
         return 0.0
 
 

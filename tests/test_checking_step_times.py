@@ -19,6 +19,7 @@ def test_typed_reads_bools_ints_floats_and_text():
     assert chk.typed("8") == 8 and isinstance(chk.typed("8"), int)
     assert chk.typed("1.555e12") == 1.555e12
     assert chk.typed("V100-SXM3-32GB") == "V100-SXM3-32GB"
+    assert chk.typed("null") is None  # a preset's field unset (node.nvlink_links=null: a switch)
     # a list in brackets, space-separated (a comma would split the CSV cell)
     assert chk.typed("[layernorm moe_act]") == ["layernorm", "moe_act"] and chk.typed("[1 true]") == [1, True]
 

@@ -52,8 +52,8 @@ def test_a_collective_across_nodes_shares_each_nodes_nics_among_its_ranks():
 
 
 def test_a_pipeline_send_runs_on_nvlink_in_a_node_and_on_one_gpus_nic_share_across():
-    assert costs().p2p_s(1e6, cross_node=False) == pytest.approx(1e6 / LINK)
-    assert costs().p2p_s(1e6, cross_node=True) == pytest.approx(1e6 / (NIC / 8))
+    assert costs().p2p_s(1e6, cross_node=False, stride=1) == pytest.approx(1e6 / LINK)
+    assert costs().p2p_s(1e6, cross_node=True, stride=8) == pytest.approx(1e6 / (NIC / 8))
 
 
 def test_one_node_all_to_all_reproduces_the_measured_h100_node():
@@ -105,8 +105,8 @@ def test_a_send_takes_at_least_the_hop_latency_of_the_link_it_crosses():
     # 1 B: 1 / LINK = 1e-10 s on NVLink, 1 / (LINK / 64) = 6.4e-9 s on a GPU's NIC share; the hop's
     # latency bounds it below: 1 µs within a node, 10 µs across the network
     costs = latency_costs()
-    assert costs.p2p_s(1.0, cross_node=False) == pytest.approx(1e-6)
-    assert costs.p2p_s(1.0, cross_node=True) == pytest.approx(1e-5)
+    assert costs.p2p_s(1.0, cross_node=False, stride=1) == pytest.approx(1e-6)
+    assert costs.p2p_s(1.0, cross_node=True, stride=8) == pytest.approx(1e-5)
 
 
 def test_a_group_that_part_fills_its_last_node_spans_that_node_too():
@@ -152,8 +152,8 @@ def test_context_parallel_calls_split_the_attention_flops_into_more_problems():
 
 
 def test_embedding_pairs_share_a_node_unless_one_pair_crosses_it():
-    # pp 4, a stage of 2 ranks, nodes of 8: pairs {0, 6} and {1, 7} on node 0 (an all-reduce over NVLink)
-    assert pair_groups(3 * 2, 2, 8) == GroupPlacement(2, 1, 2)
+    # pp 4, a stage of 2 ranks, nodes of 8: pairs {0, 6} and {1, 7} on node 0, 6 apart (an all-reduce over NVLink)
+    assert pair_groups(3 * 2, 2, 8) == GroupPlacement(2, 1, 2, 6)
     # pp 3, a stage of 3 ranks: {0, 6}, {1, 7} on node 0 but {2, 8} spans nodes 0 and 1: the slowest pair crosses
     assert pair_groups(2 * 3, 3, 8) == GroupPlacement(2, 2, 1)
     # pp 2 with a full node a stage: {r, r + 8} never share a node
@@ -164,7 +164,7 @@ def test_embedding_pairs_share_a_node_unless_one_pair_crosses_it():
     j = Job.from_dicts(
         {**MODEL, "num_layers": 4}, {"pipeline_parallel": 4, "data_parallel": 2}, {**SYSTEM, "node": node}
     )
-    assert Groups.of(j).embedding == GroupPlacement(2, 1, 2)
+    assert Groups.of(j).embedding == GroupPlacement(2, 1, 2, 6)  # stage 0 {0,1}, stage 3 {6,7}: 6 apart
 
 
 def test_v100_gemms_run_at_the_rates_alpa_measured_on_a_v100_unless_a_calibration_says_otherwise():

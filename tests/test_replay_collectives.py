@@ -69,21 +69,23 @@ def test_sizes_from_record_param_comms_are_not_inferred(tmp_path):
     _, moved, counts = replay_whatif([path], WhatIf(system="dgx-h100"))
     wait = "unmatched collectives kept their measured wait for peers beyond v100-p3.16xlarge's model"
     assert counts == {"re-timed all_reduce on dgx-h100": 1, wait: 1}
-    # measured 50 µs, under the V100 model's 79.7 µs for these 4 MiB: no wait to keep
+    # measured 50 µs, under the V100 model's 270.9 µs for these 4 MiB on one link: no wait to keep
     assert all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2) > 50e-6
     assert moved.steps[0].replayed_s == pytest.approx(40e-6 + all_reduce_s("dgx-h100", 4 * MIB, 2))
 
 
 def test_a_single_ranks_collective_keeps_its_wait_for_peers_on_another_network(tmp_path):
-    """One rank's 4 MiB all-reduce measured at 200 µs, which its own V100 model moves in 79.7 µs (V100's own
-    one-node curve: 18.18 µs + 4,194,304 bus bytes / (150 GB/s × 0.9305 / (1 + e^(0.5357 × (15.3372 − ln
-    4,194,304)))) = 18.18 + 61.55): the other 120.3 µs were spent waiting for its peer, which a faster network
-    does not shorten, so on dgx-h100 it takes the H100 model's 39.1 µs plus that wait, not the 39.1 alone."""
+    """One rank's 4 MiB all-reduce measured at 400 µs, which its own V100 model moves in 270.9 µs: two GPUs of
+    the p3.16xlarge's mesh share one 25 GB/s link (GPUs 0 and 1: NV1), its curve's ramp on 150 / 25 = 6 times the
+    bytes (V100's own one-node curve: 18.18 µs + 4,194,304 bus bytes / (25 GB/s × 0.9305 / (1 + e^(0.5357 ×
+    (15.3372 − ln 25,165,824)))) = 18.18 + 252.68): the other 129.1 µs were spent waiting for its peer, which a
+    faster network does not shorten, so on dgx-h100 it takes the H100 model's 39.1 µs plus that wait, not the
+    39.1 alone."""
     comms = fp32_all_reduce_comms(5, 20, MIB, 2)
-    path = write(tmp_path / "t.json", [comms, *nccl_step(200)], **V100)
+    path = write(tmp_path / "t.json", [comms, *nccl_step(400)], **V100)
     _, moved, _ = replay_whatif([path], WhatIf(system="dgx-h100"))
-    waited_s = 200e-6 - all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2)
-    assert waited_s == pytest.approx(120.3e-6, abs=0.1e-6)
+    waited_s = 400e-6 - all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2)
+    assert waited_s == pytest.approx(129.1e-6, abs=0.1e-6)
     assert moved.steps[0].replayed_s == pytest.approx(40e-6 + all_reduce_s("dgx-h100", 4 * MIB, 2) + waited_s)
 
 

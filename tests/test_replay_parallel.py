@@ -92,8 +92,9 @@ def test_dp_1_drops_the_reductions_and_their_rendezvous(tmp_path):
 
 
 def test_dp_on_an_nccl_all_reduce_with_sizes_from_record_param_comms(tmp_path):
-    # V100 node: 8 GPUs, so 2 and 4 GPUs sit in one node on 150e9 B/s NVLink (systems.yaml);
-    # 1.5e8 bytes: t(2) = 1e-3 + 1.5e8 × 1 / 150e9 = 2e-3 s, t(4) = 1e-3 + 1.5e8 × 1.5 / 150e9 = 2.5e-3 s
+    # V100 node: 8 GPUs on the p3.16xlarge's cube mesh of 25e9 B/s links (systems.yaml), so 2 GPUs share 1 link
+    # (GPUs 0 and 1) and 4 have 4 (GPU 0's to 1, 2 and 3: 1 + 1 + 2); 1.5e8 bytes:
+    # t(2) = 1e-3 + 1.5e8 × 1 / 25e9 = 7e-3 s, t(4) = 1e-3 + 1.5e8 × 1.5 / 100e9 = 3.25e-3 s
     comms = fp32_all_reduce_comms(5, 20, 37_500_000, 2)
     events = [
         step(1, 0, 90),
@@ -106,8 +107,8 @@ def test_dp_on_an_nccl_all_reduce_with_sizes_from_record_param_comms(tmp_path):
     path = write(tmp_path / "t.json", events, **top)
     _, moved, counts = replay_whatif([path], WhatIf(dp=4, curves=alpha_beta("intra_node")))
     assert counts == {"gradient all_reduce re-timed from data-parallel 2 to 4 on v100-p3.16xlarge's model": 1}
-    # the kernel from 20 µs for 50 µs × 2.5/2, then the sync's 5 µs and the host's 15 µs
-    assert moved.steps[0].replayed_s == pytest.approx((20 + 50 * 2.5e-3 / 2e-3 + 5 + 15) * 1e-6)
+    # the kernel from 20 µs for 50 µs × 3.25/7, then the sync's 5 µs and the host's 15 µs
+    assert moved.steps[0].replayed_s == pytest.approx((20 + 50 * 3.25e-3 / 7e-3 + 5 + 15) * 1e-6)
 
 
 @pytest.mark.parametrize(
@@ -185,11 +186,11 @@ def test_a_rank_that_resumed_before_its_peer_arrived_did_not_wait_for_the_collec
 
 
 def test_dp_retimes_only_the_reductions_over_the_whole_world(tmp_path):
-    # World of 4 V100s (one 8-GPU node: NVLink at 150e9 B/s). Two all-reduces of 1.5e8 B on one stream:
-    # over all 4 ranks (the gradient reduction) 20–70 µs, then over a group of 2 (a sub-group: not data
-    # parallelism) 70–110 µs, queued behind it. The sync 15–115 waits for it, 5 µs own; host 85 → 200.
-    # --dp 8: t(4) = 1e-3 + 1.5e8 × 2·3/4 / 150e9 = 2.5e-3 s, t(8) = 1e-3 + 1.5e8 × 2·7/8 / 150e9
-    # = 2.75e-3 s: the first × 1.1 = 55 µs (20–75); the sub-group's kept at 40 µs (75–115); sync → 120, +85
+    # World of 4 V100s (one 8-GPU p3.16xlarge: GPUs 0–3 on 4 of their 25e9 B/s links, all 8 on 6). Two
+    # all-reduces of 1.5e8 B on one stream: over all 4 ranks (the gradient reduction) 20–70 µs, then over a group
+    # of 2 (a sub-group: not data parallelism) 70–110 µs, queued behind it. The sync 15–115 waits for it, 5 µs
+    # own; host 85 → 200. --dp 8: t(4) = 1e-3 + 1.5e8 × 2·3/4 / 100e9 = 3.25e-3 s, t(8) = 1e-3 + 1.5e8 × 2·7/8
+    # / 150e9 = 2.75e-3 s: the first × 11/13 = 42.3 µs (20–62.3); the sub-group's kept at 40 µs; sync 5, +85
     def all_reduce(ts: float, dur: float, corr: int, group: int) -> dict:
         meta = {"Collective name": "allreduce", "In msg nelems": 37_500_000, "dtype": "Float", "Group size": group}
         return kernel("ncclKernel_AllReduce_RING_LL_Sum_float", ts, dur, corr, **meta)
@@ -209,4 +210,4 @@ def test_dp_retimes_only_the_reductions_over_the_whole_world(tmp_path):
         "gradient all_reduce re-timed from data-parallel 4 to 8 on v100-p3.16xlarge's model": 1,
         "collectives kept at measured time (not a gradient reduction over the whole world)": 1,
     }
-    assert moved.steps[0].replayed_s == pytest.approx((20 + 50 * 2.75e-3 / 2.5e-3 + 40 + 5 + 85) * 1e-6)
+    assert moved.steps[0].replayed_s == pytest.approx((20 + 50 * 2.75e-3 / 3.25e-3 + 40 + 5 + 85) * 1e-6)

@@ -45,8 +45,8 @@ def test_the_shard_group_is_innermost_and_its_copies_stride_over_it():
         {"preset": "dgx-h100", "num_nodes": 4},
     )
     g = Groups.of(j)
-    assert g.grad == GroupPlacement(16, 4, 4)
-    assert g.shard == GroupPlacement(4, 1, 4) and g.replica == GroupPlacement(4, 4, 1)
+    assert g.grad == GroupPlacement(16, 4, 4, 2)
+    assert g.shard == GroupPlacement(4, 1, 4, 2) and g.replica == GroupPlacement(4, 4, 1)
     assert g.zero == g.shard
     assert Groups.of(job(1, None)).zero == Groups.of(job(1, None)).grad
 
@@ -257,10 +257,10 @@ def test_the_experts_data_parallel_ranks_split_by_the_same_copies():
     ep = 2, 4 a node) split as Megatron-Core's intra- and inter-partial expert groups: the innermost 8 / 2 = 4, ranks
     0, 2, 4, 6 on node 0, and their 2 copies at stride 2 · 4 = 8, ranks 0 and 8 on two nodes."""
     g = Groups.of(_moe_job(2, 8))
-    assert g.expert_grad == GroupPlacement(8, 2, 4)
-    assert g.expert_shard == GroupPlacement(4, 1, 4) and g.expert_replica == GroupPlacement(2, 2, 1)
+    assert g.expert_grad == GroupPlacement(8, 2, 4, 2)
+    assert g.expert_shard == GroupPlacement(4, 1, 4, 2) and g.expert_replica == GroupPlacement(2, 2, 1)
     assert g.expert_zero == g.expert_shard
-    assert Groups.of(_moe_job(2, None)).expert_zero == GroupPlacement(8, 2, 4)
+    assert Groups.of(_moe_job(2, None)).expert_zero == GroupPlacement(8, 2, 4, 2)
 
 
 def test_experts_reduce_within_their_shard_and_all_reduce_it_across_the_copies():

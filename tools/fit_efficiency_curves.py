@@ -81,7 +81,7 @@ from itercast.costs.op_model import fit_operator_models
 from itercast.data_paths import read_csv_rows, shared_data_dir
 from itercast.measurements import Measurement
 from itercast.profile.db import ProfileDB
-from itercast.profile.importers import alpa_one_host_all_reduces
+from itercast.profile.importers import alpa_one_host_collectives
 from itercast.workloads.dlrm.embedding import LOOKUP_OP
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
@@ -466,10 +466,15 @@ def _v100_all_reduce(data: Path, alpha0_s: float) -> dict:
     V100's GEMM latency is (`fit_gemm_v100`). V100's NVLink has no in-switch reduction, so the H100 node's curve
     (`intra_node`, NVLink SHARP: e_max 1.22) priced it at up to 183 GB/s of bus bandwidth on 150 GB/s links;
     Alpa measures 123-132 GB/s from 64 MiB to 4 GiB once the harness's time is taken off. Groups of 2 and 4 GPUs
-    of the p3.16xlarge's hybrid cube mesh are left out: they ride fewer links (Alpa: 22 and 82 GB/s at 4 GiB), a
-    topology this curve does not describe (a DGX-2's NVSwitch gives every group its links)."""
+    of the p3.16xlarge's hybrid cube mesh are left out: they ride fewer links (Alpa: 22 and 82 GB/s at 4 GiB), which
+    the cost model gives them on this curve (NodeSpec.group_bandwidth_bytes_per_s; validation/kernel_tables.py
+    checks it on those groups; a DGX-2's NVSwitch gives every group its links)."""
     path = data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv"
-    rows = [(size, s) for k, size, s in alpa_one_host_all_reduces(path, ALPA_ALL_REDUCE_MIN_BYTES) if k == 8]
+    rows = [
+        (size, s)
+        for k, _, size, s in alpa_one_host_collectives(path, ALPA_ALL_REDUCE_MIN_BYTES, "all_reduce")
+        if k == 8
+    ]
     sizes = [float(bus_bytes("all_reduce", size, 8, 1)) for size, _ in rows]
     times = [s for _, s in rows]
     return fit_collective(sizes, times, [1] * len(sizes), 150e9, fixed={"alpha0_s": alpha0_s}, e_max_at_most=1.0)

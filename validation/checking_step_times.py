@@ -100,11 +100,13 @@ class Row:
 
 
 def typed(text: str) -> Any:
-    """A CSV cell as a list (`[a b]`: its space-separated items, each typed), bool, int, float or str (in that
-    order of preference)."""
+    """A CSV cell as a list (`[a b]`: its space-separated items, each typed), None (`null`: a field unset from
+    its preset's value), bool, int, float or str (in that order of preference)."""
     low = text.strip().lower()
     if low.startswith("[") and low.endswith("]"):
         return [typed(item) for item in text.strip()[1:-1].split()]
+    if low == "null":
+        return None
     if low in ("true", "false"):
         return low == "true"
     for kind in (int, float):

@@ -38,7 +38,9 @@ def jean_zay_system(gpu: str, nodes: int, nic_bytes_per_s: float) -> SystemConfi
     if gpu.startswith("A100"):
         return load_system("dgx-a100", num_nodes=nodes, network=network)
     v100_network = network | {"latency_s": 5e-6}
-    return load_system("v100-p3.16xlarge", num_nodes=nodes, node={"gpus_per_node": 4}, network=v100_network)
+    return load_system(
+        "v100-p3.16xlarge", num_nodes=nodes, node={"gpus_per_node": 4, "nvlink_links": None}, network=v100_network
+    )
 
 
 def all_reduce_s(row: dict[str, str], nic_bytes_per_s: float) -> float:

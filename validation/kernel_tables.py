@@ -121,6 +121,7 @@ def main() -> None:
     gemm_shapes()
     own_gemm_curves()
     own_all_reduce()
+    mesh_collectives()
 
 
 def cudnn_frontend_h200() -> None:
@@ -349,14 +350,15 @@ def own_all_reduce() -> None:
     """One node's all-reduce on GPUs without NVLink SHARP: the H100 node's curve (fitted with its in-switch
     reduction) at their links' bandwidth against each GPU's own curve (curves.json
     collectives.intra_node_by_gpu): A100 at 300 GB/s on vidur's DGX A100 medians (2, 4, 8 GPUs) and Azure's
-    ND A100 v4 nccl-tests (8 GPUs); V100 at 150 GB/s on Alpa's p3.16xlarge all-reduces from 1 MiB less its
-    harness's time (its all-reduce of 0 bytes), the 8-GPU groups its curve was fitted on and the groups of 2
-    and 4 on the hybrid cube mesh's fewer links, which no curve here describes. Mean |error| and mean signed
-    error from 8 MB."""
+    ND A100 v4 nccl-tests (8 GPUs); V100 on Alpa's p3.16xlarge all-reduces from 1 MiB less its harness's time
+    (its all-reduce of 0 bytes, layout by layout), the 8-GPU group its curve was fitted on at 150 GB/s and, not
+    fitted on, the groups of 2 and 4 (`stride` GPUs apart, several at once where the host holds them) at the links
+    the hybrid cube mesh gives them (the preset's NodeSpec.group_bandwidth_bytes_per_s). Mean |error| from 1 MiB
+    and mean signed error from 8 MB."""
     from itercast.costs.analytic import bus_bytes
     from itercast.costs.curves import curves
     from itercast.costs.fitting import collective_time_s
-    from itercast.profile.importers import alpa_one_host_all_reduces
+    from itercast.profile.importers import alpa_one_host_collectives
 
     data = shared_data_dir()
     if data is None:
@@ -377,26 +379,64 @@ def own_all_reduce() -> None:
         for r in azure
     ]
     # Alpa's all-reduces from 1 MiB, less its harness's time (its all-reduce of 0 bytes, per group size and dtype)
-    v100: dict[str, list[tuple[int, float, float]]] = {"alpa 8 (fitted)": [], "alpa 4 (mesh)": [], "alpa 2 (mesh)": []}
-    for k, size, seconds in alpa_one_host_all_reduces(data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv", 2**20):
-        key = "alpa 8 (fitted)" if k == 8 else f"alpa {k} (mesh)"
-        if key in v100:
-            v100[key].append((k, size, seconds))
+    node = Job.from_dicts({"preset": "gpt3-175b"}, {"dtype": "fp16"}, {"preset": "v100-p3.16xlarge"}).system.node
+    v100: dict[str, list[tuple[int, float, float]]] = {}
+    links_of = {"A100": dict.fromkeys(a100, 300e9), "V100": {}}
+    for k, stride, size, seconds in alpa_one_host_collectives(
+        data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv", 2**20, "all_reduce"
+    ):
+        key = "alpa 8 (fitted)" if k == 8 else f"alpa {k} stride {stride}"
+        v100.setdefault(key, []).append((k, size, seconds))
+        links_of["V100"][key] = node.group_bandwidth_bytes_per_s(k, stride)
     table = curves()["collectives"]
-    for gpu, points, links in (("A100", a100, 300e9), ("V100", v100, 150e9)):
+    for gpu, points in (("A100", a100), ("V100", v100)):
         fits = {
             "H100 curve": table["intra_node"]["all_reduce"],
             f"{gpu}'s own": table["intra_node_by_gpu"][gpu]["all_reduce"],
         }
-        print(f"\n{gpu} one-node all-reduce at {links / 1e9:.0f} GB/s: mean |error| / mean signed at >= 8 MB")
-        for source, rows in points.items():
+        print(f"\n{gpu} one-node all-reduce: mean |error| from 1 MiB / mean signed from 8 MB")
+        for source, rows in sorted(points.items()):
+            links = links_of[gpu][source]
             n, size, seconds = (np.array(c, dtype=np.float64) for c in zip(*rows, strict=True))
             bus = np.array([float(bus_bytes("all_reduce", x, int(k), 1)) for k, x in zip(n, size, strict=True)])
-            print(f"  {source:16} {len(rows):>4} sizes", end="")
+            print(f"  {source:16} {links / 1e9:4.0f} GB/s {len(rows):>4} sizes", end="")
+            full = 300e9 if gpu == "A100" else node.intra_node_bandwidth_bytes_per_s
             for name, fit in fits.items():
-                signed = collective_time_s(fit, bus, 1, n, links) / seconds - 1
+                signed = collective_time_s(fit, bus, 1, n, links, ramp_scale=full / links) / seconds - 1
                 print(f"  {name} {np.mean(np.abs(signed)):6.1%} / {signed[size >= 8e6].mean():+6.1%}", end="")
             print()
+
+
+def mesh_collectives() -> None:
+    """Every collective Alpa measured within one p3.16xlarge (2, 4 and 8 GPUs; groups `stride` GPUs apart, several
+    at once where the host holds them), less its harness's 0-byte time, against the v100-p3.16xlarge preset's cost
+    model, which prices a group on the links its GPUs have to each other (NodeSpec.group_bandwidth_bytes_per_s).
+    Mean signed and mean |error| from 8 MiB. Fitted on: the all-reduce of all 8 (curves.json V100); the all-gather,
+    reduce-scatter and all-to-all run on the H100 node's curves."""
+    from itercast.config.job import load_system
+    from itercast.hardware.topology import place_group
+    from itercast.profile.importers import alpa_one_host_collectives
+
+    data = shared_data_dir()
+    if data is None:
+        print("\np3.16xlarge collectives: no shared data (set ITERCAST_DATA), skipped")
+        return
+    costs = AnalyticCostModel(load_system("v100-p3.16xlarge"), "fp16")
+    print("\np3.16xlarge collectives priced on the cube mesh's links: mean signed / mean |error| from 8 MiB")
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "alltoall"):
+        rows = alpa_one_host_collectives(data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv", 2**23, op)
+        for k, stride in sorted({(k, stride) for k, stride, _, _ in rows}):
+            signed = np.array(
+                [
+                    costs.collective_s(op, size, place_group(k, stride, 8)) / seconds - 1
+                    for n, st, size, seconds in rows
+                    if (n, st) == (k, stride)
+                ]
+            )
+            print(
+                f"  {op:14} {k} GPUs {stride} apart {len(signed):>3} sizes  {signed.mean():+7.1%} / "
+                f"{np.abs(signed).mean():6.1%}"
+            )
 
 
 if __name__ == "__main__":

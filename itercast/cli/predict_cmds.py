@@ -139,7 +139,7 @@ def predict_cmd(
     else:
         assert isinstance(result, Prediction)
         checked = checked_note(w.job)
-        said = [*priced_notes(w.job.model, w.job.plan), *([checked] if checked else [])]
+        said = [*priced_notes(w.job.model, w.job.plan, w.job.system.node), *([checked] if checked else [])]
     for note in (*said, *result.extrapolated):  # DLRM's as `shard` says them
         warn(note)
     if as_json:

@@ -597,6 +597,12 @@ class PlanConfig(BaseModel):
         return self.data_parallel
 
     @property
+    def stage_ranks(self) -> int:
+        """A pipeline stage's GPUs, tensor × context × data parallel: in Megatron's rank order (tensor, context,
+        data, pipeline) a stage's rank and its next stage's lie this many ranks apart."""
+        return self.tensor_parallel * self.context_parallel * self.dp
+
+    @property
     def bucket_params(self) -> int:
         """Parameters per gradient bucket: grad_bucket_size_params, else Megatron-Core's default
         max(40,000,000, 1,000,000 × data_parallel): megatron/core/distributed/distributed_data_parallel.py with

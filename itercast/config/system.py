@@ -136,6 +136,97 @@ class NodeSpec(BaseModel):
     intra_node_latency_s: NonNegativeFloat = Field(
         2e-6, description="One NVLink/NVSwitch hop; an order-of-magnitude estimate. Floors collectives in a node."
     )
+    nvlink_links: Annotated[
+        tuple[Annotated[tuple[Annotated[int, Field(ge=0, le=64)], ...], Field(strict=False, max_length=64)], ...]
+        | None,
+        Field(strict=False, max_length=64),
+    ] = Field(
+        None,
+        description="A node whose GPUs are joined by direct links, not a switch (DGX-1's and the p3.16xlarge's "
+        "hybrid cube-mesh): the links between each two of its GPUs, `nvidia-smi topo -m`'s NV# (0 where it says "
+        "SYS), symmetric with a zero diagonal. One link carries intra_node_bandwidth_bytes_per_s / the most links "
+        "a GPU has. A node of fewer GPUs than the matrix (gpus_per_node set below it: a job on GPUs 0 … k − 1) uses "
+        "the links among its first gpus_per_node GPUs. Left out: a switch, on which every group of the node's GPUs "
+        "gets the GPU's whole bandwidth.",
+    )
+
+    @model_validator(mode="after")
+    def _mesh_shape(self) -> NodeSpec:
+        """A link matrix is square, of gpus_per_node GPUs or more, symmetric, zero on its diagonal, and joins every
+        two of the node's GPUs by a link or through one other GPU (the paths NCCL uses, PATH_NVL and PATH_NVB:
+        src/graph/paths.cc; a pair joined only through PCIe is not priced)."""
+        links, n = self.nvlink_links, self.gpus_per_node
+        if links is None:
+            return self
+        size = len(links)
+        if size < n or any(len(row) != size for row in links):
+            got = [len(row) for row in links]
+            raise ValueError(
+                f"nvlink_links: expected {n} rows (gpus_per_node) or more, each as long as there are rows; got rows "
+                f"of {got}: give the links of this node's GPUs, or null for a switch"
+            )
+        for i in range(size):
+            for j in range(size):
+                if links[i][j] != links[j][i] or (i == j and links[i][j]):
+                    raise ValueError(
+                        f"nvlink_links: expected a symmetric matrix with a zero diagonal; got [{i}][{j}] = "
+                        f"{links[i][j]} and [{j}][{i}] = {links[j][i]}"
+                    )
+                if i != j and i < n and j < n and not _path_links(links, i, j):
+                    raise ValueError(
+                        f"nvlink_links: GPUs {i} and {j} are joined neither by a link nor through one other GPU "
+                        "(a path through PCIe is not priced)"
+                    )
+        return self
+
+    def group_bandwidth_bytes_per_s(self, size: int, stride: int) -> float:
+        """Per GPU, one direction: what a collective's ring over `size` GPUs of this node, `stride` apart, can
+        send at once, in the worst of the node's groups so laid out (Megatron's: blocks of size × stride GPUs
+        holding `stride` interleaved groups; pairs wider than half the node: every pair that fits), which the
+        others wait for.
+
+        On a switch (no nvlink_links) the GPU's bandwidth. On a mesh, one link's bandwidth × the links the
+        worst-joined GPU of the worst group has to the rest of its group (the rings NCCL lays over a group pass
+        each GPU through those links alone, in both directions); a GPU with none reaches the group through one
+        other GPU, over the fewer links of that path's two (NCCL's PATH_NVB). On the p3.16xlarge this gives
+        1 link for any 2 GPUs, 4 for GPUs 0–3, 2 for GPUs 0, 2, 4, 6 and 6 for all 8, where Alpa's measured
+        all-reduces from 128 MiB reach 22.4, 82, 44 and 131 GB/s of bus bandwidth, 0.82–0.90 of those links at
+        25 GB/s (data/profiling/alpa_v100_p3.16xlarge_prof_db.csv; validation/kernel_tables.py)."""
+        links, n = self.nvlink_links, self.gpus_per_node
+        if links is None or size <= 1:
+            return self.intra_node_bandwidth_bytes_per_s
+        link_bw = self.intra_node_bandwidth_bytes_per_s / max(sum(row) for row in links)
+        block, span = size * stride, (size - 1) * stride
+        if span >= n:
+            raise ValueError(f"a group of {size} GPUs {stride} apart does not fit in a node of {n}")
+        # wider blocks than the node: the pairs {r, r + stride} of Megatron's embedding groups, as many as fit
+        starts = (
+            [s + o for s in range(0, n - block + 1, block) for o in range(stride)] if block <= n else range(n - span)
+        )
+        groups = [[b + k * stride for k in range(size)] for b in starts]
+        worst = min(
+            sum(links[i][j] for j in group) or max(_path_links(links, i, j) for j in group if j != i)
+            for group in groups
+            for i in group
+        )
+        return link_bw * worst
+
+    def pair_bandwidth_bytes_per_s(self, stride: int) -> float:
+        """Per GPU, one direction: what every GPU of this node sends at once to the GPU `stride` after it (pipeline
+        stages `stride` GPUs apart, a context-parallel ring's neighbours), in the worst pair. On a switch the
+        GPU's bandwidth; on a mesh one link's × the links of the pair, or of its best path through one other GPU
+        (NCCL's PATH_NVB) where it has none (the p3.16xlarge: 1 link for GPUs 0 and 1, 2 for 3 and 4 through 0)."""
+        links, n = self.nvlink_links, self.gpus_per_node
+        if links is None or stride >= n:
+            return self.intra_node_bandwidth_bytes_per_s
+        link_bw = self.intra_node_bandwidth_bytes_per_s / max(sum(row) for row in links)
+        return link_bw * min(_path_links(links, r, r + stride) for r in range(n - stride))
+
+
+def _path_links(links: tuple[tuple[int, ...], ...], i: int, j: int) -> int:
+    """The links between GPUs i and j of a mesh: their own, or else the fewer of the two of the best path
+    through one other GPU (NCCL's PATH_NVB, NVLink through an intermediate GPU); 0: neither."""
+    return links[i][j] or max(min(links[i][k], links[k][j]) for k in range(len(links)))
 
 
 class NetworkSpec(BaseModel):

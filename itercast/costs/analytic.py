@@ -189,11 +189,13 @@ class AnalyticCostModel:
     def collective_s(self, kind: str, nbytes: float, group: GroupPlacement) -> float:
         """NCCL-style collective of a full buffer of `nbytes` over `group`.
 
-        One node: the group's NVLink/NVSwitch bandwidth per GPU. Several nodes: the ring is limited by
-        the slowest hop, min(intra-node bandwidth, per_node × NIC bandwidth per GPU) (a
-        hierarchical/rail approximation), and by the curve's `node_nic_fraction` of the node's NICs ×
-        NIC bandwidth, what a ring reaches when every GPU of the node drives its NIC at once
-        (fitting.collective_time_s; 1, no cap, where a curve has none), with the latency its fit chose:
+        One node: the group's NVLink/NVSwitch bandwidth per GPU (on a mesh node, the links its GPUs have to each
+        other: NodeSpec.group_bandwidth_bytes_per_s, its curve's ramp scaled alike: fitting.collective_time_s).
+        Several nodes: the ring is limited by the slowest hop, min(that bandwidth of a node's per_node GPUs,
+        per_node × NIC bandwidth per GPU) (a hierarchical/rail approximation), and by the curve's
+        `node_nic_fraction` of the node's NICs × NIC bandwidth, what a ring reaches when every GPU of the node
+        drives its NIC at once (fitting.collective_time_s; 1, no cap, where a curve has none), with the latency
+        its fit chose:
         growing in log2(nodes) (the all-reduce's tree) or with the ranks − 1 steps of NCCL's ring (the
         all-gather and reduce-scatter measured on Polaris up to 2,160 ranks) or with the ranks − 1 peers
         of an all-to-all (Polaris's, to 2,160 ranks); an all-to-all's bytes across nodes are those
@@ -207,17 +209,18 @@ class AnalyticCostModel:
         bus = float(bus_bytes(kind, nbytes, n, group.nodes))
         node = self.system.node
         curve_kind = kind if kind in self.intra else CURVE_OF.get(kind, kind)
+        in_node_bw = node.group_bandwidth_bytes_per_s(group.per_node, group.stride)
         if group.intra_node:
-            fit, bw, node_nic_bw = self.intra[curve_kind], node.intra_node_bandwidth_bytes_per_s, None
+            fit, bw, node_nic_bw = self.intra[curve_kind], in_node_bw, None
+            ramp_scale = node.intra_node_bandwidth_bytes_per_s / in_node_bw  # > 1 on a share of a mesh's links
             self._note("collectives.intra_node", curve_kind, bus)
         else:
             self._note("collectives.inter_node", curve_kind if curve_kind in self.inter else "all_reduce", bus)
             fit = _regime(self.inter.get(curve_kind, self.inter["all_reduce"]), bus)
-            bw = min(
-                node.intra_node_bandwidth_bytes_per_s, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s()
-            )
+            bw = min(in_node_bw, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s())
             node_nic_bw = self.system.network.nics_per_node * self.system.network.nic_bandwidth_bytes_per_s
-        time_s = float(collective_time_s(fit, bus, group.nodes, n, bw, node_nic_bw))
+            ramp_scale = 1.0
+        time_s = float(collective_time_s(fit, bus, group.nodes, n, bw, node_nic_bw, ramp_scale))
         return max(time_s, self.latency_floor_s(kind, group))
 
     def latency_floor_s(self, kind: str, group: GroupPlacement) -> float:
@@ -240,19 +243,19 @@ class AnalyticCostModel:
         one_way = hops_intra * self.system.node.intra_node_latency_s + hops_inter * self.system.network.latency_s
         return float(one_way * (2 if kind == "all_reduce" else 1))
 
-    def p2p_s(self, nbytes: float, cross_node: bool) -> float:
-        """Point-to-point send of `nbytes` (pipeline activations): vidur's H100 send_recv fits, in one
-        node on the NVLink bandwidth, across nodes on one GPU's share of the NICs."""
+    def p2p_s(self, nbytes: float, cross_node: bool, stride: int) -> float:
+        """Point-to-point send of `nbytes` (pipeline activations) to the GPU `stride` ranks on: vidur's H100
+        send_recv fits, in one node on the NVLink bandwidth of such pairs (on a mesh node, their links:
+        NodeSpec.pair_bandwidth_bytes_per_s, the curve's ramp scaled alike as a collective's), across nodes on one
+        GPU's share of the NICs."""
         if nbytes <= 0:
             return 0.0
         fit = self.p2p["inter_node" if cross_node else "intra_node"]
-        bw = (
-            self.system.nic_bandwidth_per_gpu_bytes_per_s()
-            if cross_node
-            else self.system.node.intra_node_bandwidth_bytes_per_s
-        )
-        hop_s = self.system.network.latency_s if cross_node else self.system.node.intra_node_latency_s
-        return max(float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes))), hop_s)
+        node = self.system.node
+        bw = self.system.nic_bandwidth_per_gpu_bytes_per_s() if cross_node else node.pair_bandwidth_bytes_per_s(stride)
+        ramp_scale = 1.0 if cross_node else node.intra_node_bandwidth_bytes_per_s / bw
+        hop_s = self.system.network.latency_s if cross_node else node.intra_node_latency_s
+        return max(float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes * ramp_scale))), hop_s)
 
 
 def _regime(entry: dict, bus_bytes: float) -> dict:

@@ -100,18 +100,22 @@ def collective_time_s(
     ranks: np.ndarray | float,
     bw: np.ndarray | float,
     node_nic_bw: np.ndarray | float | None = None,
+    ramp_scale: np.ndarray | float = 1.0,
 ) -> np.ndarray:
     """The collective curve in seconds: bus bytes per rank over a group of `ranks` on `nodes` nodes,
     `bw` the placement's bandwidth per rank (bytes/s). Across nodes, `node_nic_bw` (bytes/s: NICs
     per node × NIC bandwidth) caps `bw` at the fit's `node_nic_fraction` of it: the bus bandwidth a
     ring reaches when every GPU of the node drives its NIC at once (tools/fit_efficiency_curves.py
-    _h100_400g). Fits without `alpha_per_log2_ranks_s`, `alpha_per_peer_s`, `ramp_of` or
-    `node_nic_fraction` (every file before them) read as 0, 0, "bus" and 1 (no cap)."""
+    _h100_400g). `ramp_scale` multiplies the bytes the efficiency ramps on: a group on a 1/r share of a mesh
+    node's links (NodeSpec.group_bandwidth_bytes_per_s) passes r, as its ramp is the time a ring takes to fill,
+    r times as long a byte there (Alpa's p3.16xlarge groups of 2 and 4: validation/kernel_tables.py). Fits
+    without `alpha_per_log2_ranks_s`, `alpha_per_peer_s`, `ramp_of` or `node_nic_fraction` (every file before
+    them) read as 0, 0, "bus" and 1 (no cap)."""
     x = np.asarray(bus_bytes, dtype=np.float64)
     if node_nic_bw is not None:
         bw = np.minimum(bw, fit.get("node_nic_fraction", 1.0) * np.asarray(node_nic_bw, dtype=np.float64))
     k = np.maximum(np.asarray(ranks, dtype=np.float64), 2.0)
-    ramp_x = x / (k - 1) if fit.get("ramp_of", "bus") == "step" else x
+    ramp_x = (x / (k - 1) if fit.get("ramp_of", "bus") == "step" else x) * ramp_scale
     return (
         fit["alpha0_s"]
         + fit.get("alpha_per_log2_nodes_s", 0.0) * np.log2(np.maximum(nodes, 1))
@@ -131,9 +135,11 @@ def fit_collective(
     starts: int = 1,
     node_nic_bw: np.ndarray | list | None = None,
     e_max_at_most: float = COLLECTIVE_PARAMS["e_max"][2],
+    ramp_scale: np.ndarray | list | float = 1.0,
 ) -> dict:
     """Fit the collective curve (collective_time_s); `fixed` pins some parameters, `e_max_at_most` bounds
-    the asymptotic efficiency (1: no faster than the bandwidth each point is priced against).
+    the asymptotic efficiency (1: no faster than the bandwidth each point is priced against); `ramp_scale`
+    per point as collective_time_s takes it.
 
     Without `ranks`: alpha0, alpha per log2(nodes) and the eff curve of the bus bytes. With `ranks`
     (groups of several sizes, as across nodes): also a latency that grows with the group, and the
@@ -154,6 +160,7 @@ def fit_collective(
     x, t, m = np.array(sizes, float), np.array(times_s), np.array(nodes, float)
     k = np.array(ranks, float) if ranks is not None else np.full_like(x, 2.0)
     cap = None if node_nic_bw is None else np.array(node_nic_bw, float)
+    r = np.broadcast_to(np.asarray(ramp_scale, float), x.shape)
     fixed = {"ramp_of": "step" if ranks is not None else "bus", **(fixed or {})}
     if np.all(m == 1):
         fixed.setdefault("alpha_per_log2_nodes_s", 0.0)
@@ -161,7 +168,7 @@ def fit_collective(
         fixed.setdefault("alpha_per_log2_ranks_s", 0.0)
         fixed.setdefault("alpha_per_peer_s", 0.0)
     if {"alpha_per_log2_ranks_s", "alpha_per_peer_s"} & set(fixed):
-        return _fit_collective_form(x, t, m, k, bw, cap, fixed, starts, e_max_at_most)
+        return _fit_collective_form(x, t, m, k, bw, cap, fixed, starts, e_max_at_most, r)
     forms = {"log2_ranks": {"alpha_per_peer_s": 0.0}, "peers": {"alpha_per_log2_ranks_s": 0.0}}
     choice_err = {}
     if np.unique(k).shape[0] >= 3:
@@ -179,11 +186,12 @@ def fit_collective(
                 {**fixed, **pins},
                 starts,
                 e_max_at_most,
+                r[small],
             )
-            pred = collective_time_s(f, x[largest], m[largest], k[largest], bw_arr[largest], cap_largest)
+            pred = collective_time_s(f, x[largest], m[largest], k[largest], bw_arr[largest], cap_largest, r[largest])
             choice_err[name] = geomean_abs_err(pred, t[largest])
     form = min(choice_err, key=lambda name: choice_err[name]) if choice_err else "log2_ranks"
-    fit = _fit_collective_form(x, t, m, k, bw, cap, {**fixed, **forms[form]}, starts, e_max_at_most)
+    fit = _fit_collective_form(x, t, m, k, bw, cap, {**fixed, **forms[form]}, starts, e_max_at_most, r)
     return {**fit, "latency_of": form} | ({"latency_choice_err": choice_err[form]} if choice_err else {})
 
 
@@ -196,7 +204,8 @@ def _fit_collective_form(
     cap: np.ndarray | None,
     fixed: dict,
     starts: int,
-    e_max_at_most: float = COLLECTIVE_PARAMS["e_max"][2],
+    e_max_at_most: float,
+    ramp_scale: np.ndarray,
 ) -> dict:
     """Least squares on log time of the collective curve's parameters not in `fixed`; the node NIC
     fraction only where `cap` (the node's NIC bandwidth per point) is given."""
@@ -214,7 +223,7 @@ def _fit_collective_form(
         return out
 
     def residual(v):
-        return np.log(collective_time_s(params(v), x, m, k, bw, cap)) - np.log(t)
+        return np.log(collective_time_s(params(v), x, m, k, bw, cap, ramp_scale)) - np.log(t)
 
     rng = np.random.default_rng(0)
     tries = [first] + [list(rng.uniform(lo_v, hi_v)) for _ in range(starts - 1)]
@@ -224,7 +233,7 @@ def _fit_collective_form(
         **q,
         "points": len(x),
         "size_range_bytes": [float(x.min()), float(x.max())],
-        "fit_mean_abs_err": mean_abs_err(collective_time_s(q, x, m, k, bw, cap), t),
+        "fit_mean_abs_err": mean_abs_err(collective_time_s(q, x, m, k, bw, cap, ramp_scale), t),
     }
 
 

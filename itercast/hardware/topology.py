@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class GroupPlacement:
-    """A process group: `size` ranks over `nodes` nodes, `per_node` of them in each."""
+    """A process group: `size` ranks over `nodes` nodes, `per_node` of them in each, `stride` GPUs apart within a
+    node (what a mesh node's links depend on: NodeSpec.group_bandwidth_bytes_per_s; 1 when per_node is 1)."""
 
     size: int
     nodes: int
     per_node: int
+    stride: int = 1
 
     @property
     def intra_node(self) -> bool:
@@ -32,7 +34,7 @@ def place_group(size: int, stride: int, gpus_per_node: int) -> GroupPlacement:
         return GroupPlacement(size, size, 1)
     per_node = max(1, min(size, gpus_per_node // stride))
     nodes = -(-size // per_node)
-    return GroupPlacement(size, nodes, per_node)
+    return GroupPlacement(size, nodes, per_node, stride if per_node > 1 else 1)
 
 
 def pair_groups(offset: int, count: int, gpus_per_node: int) -> GroupPlacement:
@@ -43,7 +45,7 @@ def pair_groups(offset: int, count: int, gpus_per_node: int) -> GroupPlacement:
     if offset < 1 or count < 1:
         return GroupPlacement(1, 1, 1)
     crosses = offset >= gpus_per_node or min(count - 1, gpus_per_node - 1) + offset >= gpus_per_node
-    return GroupPlacement(2, 2, 1) if crosses else GroupPlacement(2, 1, 2)
+    return GroupPlacement(2, 2, 1) if crosses else GroupPlacement(2, 1, 2, offset)
 
 
 def same_node(rank_a: int, rank_b: int, gpus_per_node: int) -> bool:

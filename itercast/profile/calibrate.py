@@ -97,8 +97,28 @@ def _rate(section: str, key: str, rows: list[Measurement], system: SystemConfig)
         return np.array([AnalyticCostModel(system, _plan_dtype(m.dtype)).peak_flops for m in rows])
     if section in ("memory", "embedding"):
         return np.full(len(rows), system.gpu.hbm_bandwidth_bytes_per_s)
-    intra, nic = system.node.intra_node_bandwidth_bytes_per_s, system.nic_bandwidth_per_gpu_bytes_per_s()
-    return np.array([intra if m.nodes == 1 else min(intra, m.group_size / m.nodes * nic) for m in rows])
+    nic = system.nic_bandwidth_per_gpu_bytes_per_s()
+    return np.array(
+        [
+            _in_node_bw(m, system) if m.nodes == 1 else min(_in_node_bw(m, system), m.group_size / m.nodes * nic)
+            for m in rows
+        ]
+    )
+
+
+def _placement(m: Measurement) -> GroupPlacement:
+    """The group a collective was measured on: its ranks per node and, where the measurement names its ranks
+    (Alpa's replica_groups), how far apart they sit in a node (what a mesh node's links depend on)."""
+    per_node = max(1, m.group_size // m.nodes)
+    ranks = m.params.get("replica_groups") or []
+    stride = ranks[1] - ranks[0] if per_node > 1 and len(ranks) > 1 and isinstance(ranks[0], int) else 1
+    return GroupPlacement(m.group_size, m.nodes, per_node, max(1, stride))
+
+
+def _in_node_bw(m: Measurement, system: SystemConfig) -> float:
+    """The bandwidth the measured group's GPUs in one node have (NodeSpec.group_bandwidth_bytes_per_s)."""
+    group = _placement(m)
+    return system.node.group_bandwidth_bytes_per_s(group.per_node, group.stride)
 
 
 def _x(section: str, key: str, rows: list[Measurement]) -> np.ndarray:
@@ -111,8 +131,9 @@ def _x(section: str, key: str, rows: list[Measurement]) -> np.ndarray:
 
 
 def _aux(section: str, rows: list[Measurement], system: SystemConfig) -> np.ndarray:
-    """The other features of a row: (nodes, ranks) for collectives, or for lookups the bytes of
-    distinct rows of tables larger than the cache (system.gpu.l2_bytes), which must come from memory."""
+    """The other features of a row: (nodes, ranks, ramp scale: collective_time_s's, as the cost model prices the
+    group) for collectives, or for lookups the bytes of distinct rows of tables larger than the cache
+    (system.gpu.l2_bytes), which must come from memory."""
     if section == "embedding":
         return np.array(
             [
@@ -122,7 +143,10 @@ def _aux(section: str, rows: list[Measurement], system: SystemConfig) -> np.ndar
                 for m in rows
             ]
         )
-    return np.array([(m.nodes, m.group_size) for m in rows], dtype=float)
+    full = system.node.intra_node_bandwidth_bytes_per_s
+    return np.array(
+        [(m.nodes, m.group_size, full / _in_node_bw(m, system) if m.nodes == 1 else 1.0) for m in rows], dtype=float
+    )
 
 
 def _gathered(m: Measurement) -> float:
@@ -135,9 +159,9 @@ def _fit(section: str, x: np.ndarray, t: np.ndarray, rate: np.ndarray, aux: np.n
     if section == "embedding":
         return fit_lookup_linear(x, aux, t)
     if section == "inter_node" or np.unique(aux[:, 1]).shape[0] > 1:  # groups of several sizes: their latency
-        return fit_collective(x, t, aux[:, 0], rate, ranks=aux[:, 1], starts=8)
+        return fit_collective(x, t, aux[:, 0], rate, ranks=aux[:, 1], starts=8, ramp_scale=aux[:, 2])
     if section == "intra_node":
-        return fit_collective(x, t, aux[:, 0], rate)
+        return fit_collective(x, t, aux[:, 0], rate, ramp_scale=aux[:, 2])
     return fit_latency_curve(x, t, rate)
 
 
@@ -145,7 +169,7 @@ def _predict(section: str, fit: dict[str, Any], x: np.ndarray, rate: np.ndarray,
     if section == "embedding":
         return fit["alpha_s"] + fit["s_per_gathered_byte"] * x + fit["s_per_missed_byte"] * aux
     if section in ("intra_node", "inter_node"):
-        return collective_time_s(fit, x, aux[:, 0], aux[:, 1], rate)
+        return collective_time_s(fit, x, aux[:, 0], aux[:, 1], rate, ramp_scale=aux[:, 2])
     return fit["alpha_s"] + x / (rate * eff(x, fit["e_max"], fit["log_half"], fit["gamma"]))
 
 
@@ -263,8 +287,7 @@ def _analytic(section: str, key: str, rows: list[Measurement], system: SystemCon
     else:
 
         def one(m: Measurement) -> float:
-            per_node = max(1, m.group_size // m.nodes)
-            return model.collective_s(key, m.size, GroupPlacement(m.group_size, m.nodes, per_node))
+            return model.collective_s(key, m.size, _placement(m))
 
     return np.array([one(m) for m in rows])
 

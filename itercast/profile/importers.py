@@ -225,22 +225,29 @@ def alpa_measurements(path: Path) -> tuple[list[Measurement], Counter]:
     return rows, counts
 
 
-def alpa_one_host_all_reduces(path: Path, min_bytes: float) -> list[tuple[int, float, float]]:
-    """(ranks, bytes, seconds) of Alpa's all-reduces of one group within one host, from `min_bytes` (those
-    `alpa_measurements` keeps), each less the time Alpa's harness took for the same group size and dtype at 0
-    bytes: 0.21 ms for 8 V100 where NCCL launches nothing for an empty message (Alpa's all-gather of 0 bytes
-    takes 0.02 ms). What V100's one-node all-reduce curve is fitted on (tools/fit_efficiency_curves.py) and
-    checked against (validation/kernel_tables.py)."""
+def alpa_one_host_collectives(path: Path, min_bytes: float, op: str) -> list[tuple[int, int, float, float]]:
+    """(ranks, stride, bytes, seconds) of Alpa's collectives `op` (a Measurement op: all_reduce, all_gather,
+    reduce_scatter, alltoall, whose bytes are a rank's buffer) within one host, from `min_bytes` (those
+    `alpa_measurements` keeps), for every layout it measured: one group of 2, 4 or 8 GPUs, or groups of a host's 8
+    run at once, `stride` GPUs apart (the time the slowest group's). Each is less the time Alpa's harness took for
+    the same op, layout and dtype at 0 bytes: 0.21 ms for an all-reduce of 8 V100 where NCCL launches nothing for
+    an empty message (Alpa's all-gather of 0 bytes takes 0.02 ms). What V100's one-node all-reduce curve is fitted
+    on (its 8-GPU group: tools/fit_efficiency_curves.py) and the mesh's groups are checked against
+    (validation/kernel_tables.py)."""
     harness_s = {
-        (int(r["group_size"]), r["dtype"]): float(r["time_s"])
+        (r["mesh_gpus_per_host"], r["n_groups"], json.dumps(json.loads(r["replica_groups"])[0]), r["dtype"]): float(
+            r["time_s"]
+        )
         for _, r in _rows(path)
-        if (r.get("op"), r.get("mesh_hosts"), r.get("n_groups"), r.get("bytes")) == ("all_reduce", "1", "1", "0")
+        if NCCL_OPS.get(r.get("op", "")) == op and (r.get("mesh_hosts"), r.get("bytes")) == ("1", "0")
     }
-    return [
-        (m.group_size, m.size, m.time_s - harness_s[m.group_size, m.dtype])
-        for m in alpa_measurements(path)[0]
-        if m.op == "all_reduce" and m.nodes == 1 and str(m.params.get("n_groups")) == "1" and m.size >= min_bytes
-    ]
+    out = []
+    for m in alpa_measurements(path)[0]:
+        if m.op == op and m.params["mesh"][0] == "1" and m.group_size > 1 and m.size >= min_bytes:
+            first = m.params["replica_groups"]
+            layout = (str(m.params["mesh"][1]), m.params["n_groups"], json.dumps(first), m.dtype)
+            out.append((m.group_size, first[1] - first[0], m.size, m.time_s - harness_s[layout]))
+    return out
 
 
 def import_xla_matmul(db: ProfileDB, path: Path) -> Counter:

@@ -169,7 +169,7 @@ def slice_job_on_groups(
         job = Job.from_dicts(model, plan, {"preset": preset, "num_nodes": total})
         costs, _ = job_layer_costs(job, calibration)
         p, gpu = job.plan, job.system.gpu
-        slots = nodes * job.system.node.gpus_per_node // (p.tensor_parallel * p.context_parallel * p.dp)
+        slots = nodes * job.system.node.gpus_per_node // p.stage_ranks
         per_group.append(DeviceGroup(f"{preset}:{nodes}", costs, slots, gpu.hbm_bytes, stage_bytes_of(job)))
     kinds = unit_kinds_of(job)
     found = group_candidates(per_group, job.plan.pipeline_parallel, job.num_microbatches, slack)

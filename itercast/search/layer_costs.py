@@ -59,7 +59,7 @@ def job_layer_costs(job: Job, calibration: dict[str, Any] | None = None) -> tupl
     tokens = p.micro_batch_size * m.seq_length / p.context_parallel
     static = {k: e * experts_b + r * rest_b for k, (e, r) in unit_params(job).items()}
     static["head"] += tokens * p.local_vocab(m.vocab_size) * cross_entropy_peak_bytes(p)  # the loss's logits
-    send = costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node)
+    send = costs.p2p_s(p2p_message_bytes(job), groups.stage_cross_node, p.stage_ranks)
     activations = {
         "layer": activation_bytes_per_token_layer(job) * tokens,
         "moe": activation_bytes_per_token_layer(job, moe=True) * tokens,

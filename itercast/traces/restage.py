@@ -141,7 +141,7 @@ def restage(
     last: list[int] = [-1] * new_stages  # the last task of each new stage
     for number in numbers:
         stages, nbytes = restage_steps([per_rank[s][number] for s in range(p)], new_stages)
-        hop_s = [model.p2p_s(n, (j + 1) % per_node == 0) for j, n in enumerate(nbytes)]
+        hop_s = [model.p2p_s(n, (j + 1) % per_node == 0, 1) for j, n in enumerate(nbytes)]  # stage j on rank j
         marks = [
             b.task("step", b.resource(j, "stage"), 0.0, Category.HOST, "step", [x for x in (last[j],) if x >= 0])
             for j in range(new_stages)

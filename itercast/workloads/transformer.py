@@ -103,7 +103,8 @@ def p2p_message_bytes(job: Job) -> float:
 def p2p_send_s(costs: AnalyticCostModel, job: Job, cross_node: bool) -> float:
     """Seconds of one pipeline send of one micro-batch: the message, and under DeepSpeed's partitioning its
     header, a send of its own (partition_header_bytes)."""
-    return sum(costs.p2p_s(n, cross_node) for n in (partition_header_bytes(job), p2p_message_bytes(job)))
+    messages = (partition_header_bytes(job), p2p_message_bytes(job))
+    return sum(costs.p2p_s(n, cross_node, job.plan.stage_ranks) for n in messages)
 
 
 def partition_header_bytes(job: Job) -> float:
@@ -456,7 +457,7 @@ class Groups:
     def of(cls, job: Job) -> Groups:
         p, gpn = job.plan, job.system.node.gpus_per_node
         t, c, d, pp = p.tensor_parallel, p.context_parallel, p.dp, p.pipeline_parallel
-        stage_stride = t * c * d
+        stage_stride = p.stage_ranks
         pipe = place_group(pp, stage_stride, gpn)
         # Megatron-Core's expert rank order within a stage: expert-tensor innermost, then expert,
         # then expert-data parallel (together the stage's tensor × context × data ranks)
@@ -583,7 +584,7 @@ def _beside_s(
     if op.chunked == "pipeline":
         step_s = tail_s = costs.collective_s(op.comm_kind, op.amount / n, group)
     else:
-        step_s = costs.p2p_s(op.amount / n, not group.intra_node)
+        step_s = costs.p2p_s(op.amount / n, not group.intra_node, group.stride)
         rs = op.comm_kind == "reduce_scatter"
         tail_s = float(costs.memory_s("elementwise", op.amount * (n + 1) / n / op.bandwidth_share)) if rs else 0.0
     chunk_s = kernel_s / n
@@ -626,14 +627,14 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         kernels += op.count * chunks.get(op.name, 1) * max(len(op.parts), 1)
     for op in ops:
         if op.family == "cp_comm" and op.comm_kind == "p2p":  # ring steps overlap the attention kernels
-            cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node)
+            cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node, groups.cp.stride)
             continue
         if op.family in COMM_FAMILIES:
             placed: GroupPlacement = getattr(groups, op.group)
             amount = op.amount * ops_mod.dispatch_share(op.dedup, placed.size, placed.nodes, placed.per_node)
             group, one = op.group, costs.collective_s(op.comm_kind, amount, placed)
         elif op.family == "cp_comm" and op.comm_kind == "send":  # a CP send waited at once: exposed
-            group, one = "cp", costs.p2p_s(op.amount, not groups.cp.intra_node)
+            group, one = "cp", costs.p2p_s(op.amount, not groups.cp.intra_node, groups.cp.stride)
         elif op.family == "cp_comm":  # collectives over the CP group
             group, one = "cp", costs.collective_s(op.comm_kind, op.amount, groups.cp)
         else:

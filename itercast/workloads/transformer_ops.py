@@ -68,6 +68,7 @@ from dataclasses import dataclass, replace
 
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
+from itercast.config.system import NodeSpec
 from itercast.costs.attention import AttentionShape
 
 COMPUTE_FAMILIES = ("gemm", "attention", "elementwise", "norm", "activation")
@@ -1677,9 +1678,23 @@ def zero_grad_reduce_note(plan: PlanConfig) -> str | None:
     )
 
 
-def priced_notes(model: ModelConfig, plan: PlanConfig) -> list[str]:
-    """Every note above that holds for this model and plan, in one order for `predict` and `search`: what the
-    forecast leaves out or rests on, said beside its figures."""
+def mesh_alltoall_note(model: ModelConfig, plan: PlanConfig, node: NodeSpec) -> str | None:
+    """That expert all-to-alls on a mesh node (NodeSpec.nvlink_links) are priced on the links of the expert-parallel
+    GPUs as a ring collective is, which measured all-to-alls there do not bear out, said where experts are spread over
+    such a node's GPUs; None otherwise."""
+    if node.nvlink_links is None or not model.is_moe or plan.expert_parallel == 1:
+        return None
+    return (
+        "system.node.nvlink_links: the expert all-to-alls within a node are priced on the links the expert-parallel "
+        "GPUs have to each other, as a ring collective is; Alpa's p3.16xlarge all-to-alls ran slower than that "
+        "(priced 17% fast for 2 GPUs, 40% for GPUs 0-3, 91% for all 8, from 8 MiB: a pair without a link goes "
+        "through PCIe and the CPUs; validation/kernel_tables.py), so these are priced too fast"
+    )
+
+
+def priced_notes(model: ModelConfig, plan: PlanConfig, node: NodeSpec) -> list[str]:
+    """Every note above that holds for this model, plan and node, in one order for `predict` and `search`: what
+    the forecast leaves out or rests on, said beside its figures."""
     notes = (
         unaligned_logits_note(model, plan),
         grad_accumulation_note(plan),
@@ -1689,5 +1704,6 @@ def priced_notes(model: ModelConfig, plan: PlanConfig) -> list[str]:
         moe_routing_note(model, plan),
         gpt_oss_note(model, plan),
         rowwise_note(plan),
+        mesh_alltoall_note(model, plan, node),
     )
     return [note for note in notes if note]

@@ -1,0 +1,190 @@
+"""A node whose GPUs are joined by direct links (the p3.16xlarge's and DGX-1's hybrid cube-mesh): a group rides
+the links its GPUs have to each other, not the GPU's six. Expected values: link counts read off `nvidia-smi topo
+-m` as typed below, and Alpa's measured all-reduces typed from its profiling database."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from itercast.config.job import Job, parse_section
+from itercast.config.system import NodeSpec, SystemConfig
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.fitting import collective_time_s
+from itercast.errors import ConfigError
+from itercast.hardware.topology import pair_groups, place_group
+from itercast.measurements import Measurement
+from itercast.profile.calibrate import calibrate, merge_calibration
+from itercast.profile.db import ProfileDB
+from itercast.workloads.transformer_ops import priced_notes
+
+GIB = 2**30
+
+# nvidia-smi topo -m on 8 V100-SXM2 "close to a DGX-1" (Oneflow-Inc/OneFlow-Benchmark's reports): NV1 = 1, NV2 = 2,
+# SYS = 0; six links a GPU, 25 GB/s each way
+CUBE_MESH = (
+    (0, 1, 1, 2, 2, 0, 0, 0),
+    (1, 0, 2, 1, 0, 2, 0, 0),
+    (1, 2, 0, 2, 0, 0, 1, 0),
+    (2, 1, 2, 0, 0, 0, 0, 1),
+    (2, 0, 0, 0, 0, 1, 1, 2),
+    (0, 2, 0, 0, 1, 0, 2, 1),
+    (0, 0, 1, 0, 1, 2, 0, 2),
+    (0, 0, 0, 1, 2, 1, 2, 0),
+)
+
+
+def mesh(links=CUBE_MESH) -> NodeSpec:
+    return NodeSpec(gpus_per_node=8, intra_node_bandwidth_bytes_per_s=150e9, nvlink_links=links)
+
+
+@pytest.mark.parametrize(
+    ("size", "stride", "links"),
+    [
+        (2, 1, 1),  # {0,1}: NV1, {2,3}: NV2 -> the worst pair's 1
+        (2, 4, 1),  # {0,4}, {1,5}: NV2 but {2,6}, {3,7}: NV1
+        (4, 1, 4),  # {0,1,2,3}: GPU 0 has 1 + 1 + 2 links to the others, GPU 1 1 + 2 + 1, GPUs 2 and 3 five
+        (4, 2, 2),  # {0,2,4,6}: GPU 2 has 1 to GPU 0 and 1 to GPU 6, none to 4
+        (8, 1, 6),  # the whole node: every GPU's six
+        # {0,6} and {1,7} (an embedding group's pairs): no link; 0 -> 2 -> 6 and 0 -> 4 -> 6 both have a 1-link hop
+        (2, 6, 1),
+        # {0,7}: no link; 0 -> 4 -> 7 over NV2 and NV2
+        (2, 7, 2),
+    ],
+)
+def test_a_group_rides_the_links_its_worst_joined_gpu_has_to_the_rest(size, stride, links):
+    assert mesh().group_bandwidth_bytes_per_s(size, stride) == pytest.approx(links * 25e9, rel=1e-12)
+
+
+def test_a_node_of_fewer_gpus_than_its_mesh_uses_the_links_among_its_first_ones():
+    # a job on GPUs 0-3 of the p3.16xlarge (gpus_per_node 4): still 25 GB/s a link (six a GPU in the matrix), the
+    # four GPUs on GPU 0's 4 links to the others, pairs 2 apart ({0,2}, {1,3}) on 1; on GPUs 0 and 1, their 1 link
+    first_four = NodeSpec(gpus_per_node=4, intra_node_bandwidth_bytes_per_s=150e9, nvlink_links=CUBE_MESH)
+    assert first_four.group_bandwidth_bytes_per_s(4, 1) == pytest.approx(100e9, rel=1e-12)
+    assert first_four.group_bandwidth_bytes_per_s(2, 2) == pytest.approx(25e9, rel=1e-12)
+    first_two = NodeSpec(gpus_per_node=2, intra_node_bandwidth_bytes_per_s=150e9, nvlink_links=CUBE_MESH)
+    assert first_two.group_bandwidth_bytes_per_s(2, 1) == pytest.approx(25e9, rel=1e-12)
+    assert first_two.pair_bandwidth_bytes_per_s(1) == pytest.approx(25e9, rel=1e-12)
+
+
+def test_a_switch_gives_every_group_the_gpus_whole_bandwidth():
+    switch = NodeSpec(gpus_per_node=8, intra_node_bandwidth_bytes_per_s=300e9)
+    assert switch.group_bandwidth_bytes_per_s(2, 1) == 300e9
+    assert switch.group_bandwidth_bytes_per_s(4, 2) == 300e9
+
+
+def test_the_placement_of_a_group_carries_how_far_apart_its_gpus_sit():
+    assert place_group(4, 2, 8).stride == 2  # data parallel over tp 2: {0,2,4,6}
+    assert place_group(4, 8, 8).stride == 1  # one GPU a node: nothing to space
+    assert pair_groups(6, 2, 8).stride == 6
+
+
+@pytest.mark.parametrize(
+    ("size", "stride", "busbw_gb_s"),
+    [
+        # Alpa's p3.16xlarge profiling database, fp16 all-reduce of 1 GiB less its harness's time at 0 bytes:
+        # GPUs {0,1}: 48.050 - 0.050 ms, 1 GiB of bus bytes at 22.4 GB/s;
+        (2, 1, 22.4),
+        # {0,1,2,3}: 19.863 - 0.100 ms, 2 x 3/4 GiB at 81.5 GB/s;
+        (4, 1, 81.5),
+        # {0,2,4,6} and {1,3,5,7} at once: 36.642 - 0.103 ms at 44.1 GB/s
+        (4, 2, 44.1),
+    ],
+)
+def test_a_p3_16xlarge_group_all_reduces_at_its_measured_bus_bandwidth(size, stride, busbw_gb_s):
+    system = parse_section("system", {"preset": "v100-p3.16xlarge"}, "system")
+    assert isinstance(system, SystemConfig)
+    bus_bytes = 2 * (size - 1) / size * GIB
+    measured_s = bus_bytes / (busbw_gb_s * 1e9)
+    priced_s = AnalyticCostModel(system, "fp16").collective_s("all_reduce", GIB, place_group(size, stride, 8))
+    assert priced_s == pytest.approx(measured_s, rel=0.10)  # GPUs 0-3 reach 0.82 of their links, the curve 0.91
+
+
+@pytest.mark.parametrize(
+    ("links", "says"),
+    [
+        (((0, 1), (1, 0)), r"expected 8 rows \(gpus_per_node\) or more"),
+        (tuple((0,) * 8 for _ in range(8)), "GPUs 0 and 1 are joined neither by a link nor through one other GPU"),
+        (
+            tuple(tuple(3 if (i, j) == (0, 1) else v for j, v in enumerate(row)) for i, row in enumerate(CUBE_MESH)),
+            "symmetric",
+        ),
+    ],
+)
+def test_a_link_matrix_that_is_no_mesh_is_refused_in_one_line(links, says):
+    node = {"gpus_per_node": 8, "intra_node_bandwidth_bytes_per_s": 150e9, "nvlink_links": [list(r) for r in links]}
+    with pytest.raises(ConfigError, match=says):
+        parse_section("system", {"preset": "v100-p3.16xlarge", "node": node}, "system")
+
+
+def test_a_send_rides_the_links_of_the_pairs_it_joins():
+    # every GPU to the one after it: {0,1} has 1 link (NV1), {3,4} none but 3 -> 0 -> 4 over NV2 and NV2: the
+    # worst pair's 1 link; 4 apart: {2,6} and {3,7} NV1
+    assert mesh().pair_bandwidth_bytes_per_s(1) == pytest.approx(25e9, rel=1e-12)
+    assert mesh().pair_bandwidth_bytes_per_s(4) == pytest.approx(25e9, rel=1e-12)
+    # a ring of 4 GPUs with 2 links between neighbours (4 a GPU, 25 GB/s a link): neighbours 2 links; 2 apart none,
+    # through either neighbour over 2 and 2
+    ring = NodeSpec(
+        gpus_per_node=4,
+        intra_node_bandwidth_bytes_per_s=100e9,
+        nvlink_links=((0, 2, 0, 2), (2, 0, 2, 0), (0, 2, 0, 2), (2, 0, 2, 0)),
+    )
+    assert ring.pair_bandwidth_bytes_per_s(1) == pytest.approx(50e9, rel=1e-12)
+    assert ring.pair_bandwidth_bytes_per_s(2) == pytest.approx(50e9, rel=1e-12)
+    assert ring.group_bandwidth_bytes_per_s(2, 2) == pytest.approx(50e9, rel=1e-12)
+    assert ring.group_bandwidth_bytes_per_s(4, 1) == pytest.approx(100e9, rel=1e-12)
+
+
+def test_a_pipeline_send_in_a_p3_16xlarge_is_no_faster_than_one_link():
+    # 1 GiB from each GPU to the next over 25 GB/s takes at least 42.9 ms; the node's six links would allow 7.2
+    system = parse_section("system", {"preset": "v100-p3.16xlarge"}, "system")
+    assert isinstance(system, SystemConfig)
+    assert AnalyticCostModel(system, "fp16").p2p_s(GIB, False, 1) >= GIB / 25e9
+
+
+def test_expert_all_to_alls_on_a_mesh_node_say_they_are_priced_too_fast():
+    def notes(system: str, ep: int) -> list[str]:
+        plan = {"expert_parallel": ep, "global_batch_size": 8, "data_parallel": 8}
+        j = Job.from_dicts({"preset": "mixtral-8x7b", "num_layers": 2}, plan, {"preset": system})
+        return [n for n in priced_notes(j.model, j.plan, j.system.node) if n.startswith("system.node.nvlink_links")]
+
+    (said,) = notes("v100-p3.16xlarge", 2)
+    assert "91% for all 8" in said and "priced too fast" in said
+    assert notes("v100-p3.16xlarge", 1) == []  # no expert all-to-all
+    assert notes("dgx-a100", 2) == []  # a switch
+
+
+def test_a_calibration_on_a_mesh_prices_each_measured_layout_on_its_own_links(tmp_path):
+    """All-reduces measured on a p3.16xlarge that follow one law at each layout's links (by hand above: GPUs {0,1}
+    25 GB/s, {0,1,2,3} 100, {0,2,4,6} 50, all 8 150; the ramp on 150 / that times the bytes): calibration recovers
+    the law, and prices the 2-apart quads as it does, 4 links' worth slower than the neighbouring ones."""
+    law = {"alpha0_s": 8e-6, "alpha_per_log2_nodes_s": 0.0, "alpha_per_log2_ranks_s": 6e-6}
+    law |= {"e_max": 0.7, "log_half": 14.0, "gamma": 1.1, "ramp_of": "step"}
+    layouts = {(2, 1): ([0, 1], 25e9), (4, 1): ([0, 1, 2, 3], 100e9), (4, 2): ([0, 2, 4, 6], 50e9)}
+    layouts[8, 1] = (list(range(8)), 150e9)
+    db = ProfileDB(tmp_path / "p.db")
+    rows = []
+    for (ranks, _), (first, bw) in layouts.items():
+        for size in np.logspace(4, 9, 11):
+            t = collective_time_s(law, 2 * (ranks - 1) / ranks * size, 1, ranks, bw, None, 150e9 / bw)
+            params = {"replica_groups": first}
+            rows.append(Measurement("collective", "all_reduce", float(size), float(t), "f16", ranks, 1, params=params))
+    db.add(db.device("p3", {}), rows)
+    system = parse_section("system", {"preset": "v100-p3.16xlarge"}, "system")
+    assert isinstance(system, SystemConfig)
+    doc = calibrate(db, 1, system)
+    assert doc["collectives"]["intra_node"]["all_reduce"]["fit_mean_abs_err"] < 1e-3
+    want = collective_time_s(law, 2 * 3 / 4 * 2**26, 1, 4, 50e9, None, 3.0)
+    priced = AnalyticCostModel(system, "fp16", merge_calibration(doc)).collective_s(
+        "all_reduce", 2**26, place_group(4, 2, 8)
+    )
+    assert priced == pytest.approx(float(want), rel=1e-2)
+
+
+def test_a_pipeline_send_of_one_mib_on_one_link_by_hand():
+    # vidur's H100 send_recv fit (curves.json p2p intra_node: 7.1907 µs, e_max 0.8317, gamma 0.4922, log_half
+    # 10.9592) over GPU 0's one link to GPU 1, 25 GB/s, its ramp on 150 / 25 = 6 times the bytes:
+    # 7.19 µs + 1,048,576 B / (25e9 × 0.8317 / (1 + e^(0.4922 × (10.9592 − ln 6,291,456)))) = 7.19 + 55.43 µs
+    system = parse_section("system", {"preset": "v100-p3.16xlarge"}, "system")
+    assert isinstance(system, SystemConfig)
+    assert AnalyticCostModel(system, "fp16").p2p_s(2**20, False, 1) == pytest.approx(62.62e-6, rel=1e-3)
