@@ -16,6 +16,7 @@ from itercast.hardware.topology import pair_groups, place_group
 from itercast.measurements import Measurement
 from itercast.profile.calibrate import calibrate, merge_calibration
 from itercast.profile.db import ProfileDB
+from itercast.workloads.dlrm import Shard, lookup_alltoall_note
 from itercast.workloads.transformer_ops import priced_notes
 
 GIB = 2**30
@@ -149,7 +150,7 @@ def test_expert_all_to_alls_on_a_mesh_node_say_they_are_priced_too_fast():
         return [n for n in priced_notes(j.model, j.plan, j.system.node) if n.startswith("system.node.nvlink_links")]
 
     (said,) = notes("v100-p3.16xlarge", 2)
-    assert "91% for all 8" in said and "priced too fast" in said
+    assert "all-to-alls within a node" in said and "91% for all 8" in said and "priced too fast" in said
     assert notes("v100-p3.16xlarge", 1) == []  # no expert all-to-all
     assert notes("dgx-a100", 2) == []  # a switch
 
@@ -188,3 +189,16 @@ def test_a_pipeline_send_of_one_mib_on_one_link_by_hand():
     system = parse_section("system", {"preset": "v100-p3.16xlarge"}, "system")
     assert isinstance(system, SystemConfig)
     assert AnalyticCostModel(system, "fp16").p2p_s(2**20, False, 1) == pytest.approx(62.62e-6, rel=1e-3)
+
+
+def test_a_dlrms_lookup_all_to_alls_on_a_mesh_node_say_they_are_priced_too_fast():
+    system = parse_section("system", {"preset": "v100-p3.16xlarge"}, "system")
+    lone = parse_section(
+        "system", {"preset": "v100-p3.16xlarge", "num_nodes": 8, "node": {"gpus_per_node": 1}}, "system"
+    )
+    assert isinstance(system, SystemConfig) and isinstance(lone, SystemConfig)
+    owned, replicated = {"t0": Shard("table_wise", (0,))}, {"t0": Shard("data_parallel", tuple(range(8)))}
+    said = lookup_alltoall_note(system, owned)
+    assert said is not None and "91% for all 8" in said
+    assert lookup_alltoall_note(system, replicated) is None  # every table replicated: no exchange
+    assert lookup_alltoall_note(lone, owned) is None  # 8 nodes of one GPU: no exchange within a node

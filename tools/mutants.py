@@ -1390,8 +1390,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "a calibration's measured groups all taken for neighbouring GPUs", _t("mesh_node")),
     M("profile/calibrate.py", "full / _in_node_bw(m, system) if m.nodes == 1 else 1.0", "1.0",
       "a calibration fits a mesh's groups without the ramp the cost model prices them with", _t("mesh_node")),
-    M("workloads/transformer_ops.py", "if node.nvlink_links is None or not model.is_moe", "if not model.is_moe",
-      "every node's expert all-to-alls said too fast, not only a mesh's", _t("mesh_node")),
+    M("config/system.py", "if self.nvlink_links is None:\n            return None\n        return (",
+      "if False:\n            return None\n        return (",
+      "every node's all-to-alls said too fast, not only a mesh's", _t("mesh_node")),
+    M("workloads/dlrm/step.py", "alltoall_note() if exchanged and min(", "alltoall_note() if min(",
+      "a DLRM whose tables are all replicated said to exchange lookups", _t("mesh_node")),
+    M("workloads/dlrm/step.py", "min(system.num_gpus, system.node.gpus_per_node) > 1", "system.num_gpus > 1",
+      "a DLRM of one GPU a node said to exchange lookups within one", _t("mesh_node")),
 )
 # fmt: on
 

@@ -222,6 +222,18 @@ class NodeSpec(BaseModel):
         link_bw = self.intra_node_bandwidth_bytes_per_s / max(sum(row) for row in links)
         return link_bw * min(_path_links(links, r, r + stride) for r in range(n - stride))
 
+    def alltoall_note(self) -> str | None:
+        """What pricing an all-to-all on a mesh node's links leaves out, for the forecasts that run one within a
+        node (experts' tokens, a DLRM's lookups); None on a switch."""
+        if self.nvlink_links is None:
+            return None
+        return (
+            "system.node.nvlink_links: all-to-alls within a node are priced on the links its GPUs have to each other, "
+            "as a ring collective is; Alpa's p3.16xlarge all-to-alls ran slower than that (priced 17% fast for 2 "
+            "GPUs, 40% for GPUs 0-3, 91% for all 8, from 8 MiB: a pair without a link goes through PCIe and the "
+            "CPUs; validation/kernel_tables.py), so these are priced too fast"
+        )
+
 
 def _path_links(links: tuple[tuple[int, ...], ...], i: int, j: int) -> int:
     """The links between GPUs i and j of a mesh: their own, or else the fewer of the two of the best path

@@ -1679,17 +1679,8 @@ def zero_grad_reduce_note(plan: PlanConfig) -> str | None:
 
 
 def mesh_alltoall_note(model: ModelConfig, plan: PlanConfig, node: NodeSpec) -> str | None:
-    """That expert all-to-alls on a mesh node (NodeSpec.nvlink_links) are priced on the links of the expert-parallel
-    GPUs as a ring collective is, which measured all-to-alls there do not bear out, said where experts are spread over
-    such a node's GPUs; None otherwise."""
-    if node.nvlink_links is None or not model.is_moe or plan.expert_parallel == 1:
-        return None
-    return (
-        "system.node.nvlink_links: the expert all-to-alls within a node are priced on the links the expert-parallel "
-        "GPUs have to each other, as a ring collective is; Alpa's p3.16xlarge all-to-alls ran slower than that "
-        "(priced 17% fast for 2 GPUs, 40% for GPUs 0-3, 91% for all 8, from 8 MiB: a pair without a link goes "
-        "through PCIe and the CPUs; validation/kernel_tables.py), so these are priced too fast"
-    )
+    """NodeSpec.alltoall_note where experts spread over a mesh node's GPUs exchange their tokens; None otherwise."""
+    return node.alltoall_note() if model.is_moe and plan.expert_parallel > 1 else None
 
 
 def priced_notes(model: ModelConfig, plan: PlanConfig, node: NodeSpec) -> list[str]:
