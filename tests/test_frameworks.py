@@ -142,7 +142,7 @@ def test_megatron_launch_arguments_of_nemos_gpt3_recipe_field_by_field():
     args = [line.strip(" \\") for line in text.splitlines()]
     assert args == [
         # arguments.py asserts it on Hopper with tensor parallelism (and refuses it with Megatron-FSDP)
-        "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM on Hopper, tensor or context parallel)",
+        "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM up to Hopper, tensor or context parallel)",
         "# Megatron-LM arguments",
         "--tensor-model-parallel-size 4",
         "--pipeline-model-parallel-size 8",

@@ -133,7 +133,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         head = ["# environment: CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 (Megatron-FSDP requires it)"]
     elif (p["tensor_parallel"] > 1 or p["context_parallel"] > 1) and not p.get("moe_a2a_overlap"):
         # arguments.py asserts 1 with tensor or context parallelism on Hopper and before (not with MoE overlap)
-        head = ["# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM on Hopper, tensor or context parallel)"]
+        head = ["# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM up to Hopper, tensor or context parallel)"]
     if cfg:
         head += ["# tp_comm_overlap.yaml", *cfg]
     return "\n".join([*head, "# Megatron-LM arguments", args]) if head else args
