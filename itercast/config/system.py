@@ -195,7 +195,7 @@ class NodeSpec(BaseModel):
         links, n = self.nvlink_links, self.gpus_per_node
         if links is None or size <= 1:
             return self.intra_node_bandwidth_bytes_per_s
-        link_bw = self.intra_node_bandwidth_bytes_per_s / max(sum(row) for row in links)
+        link_bw = self._link_bandwidth_bytes_per_s(links)
         block, span = size * stride, (size - 1) * stride
         if span >= n:
             raise ValueError(f"a group of {size} GPUs {stride} apart does not fit in a node of {n}")
@@ -211,6 +211,10 @@ class NodeSpec(BaseModel):
         )
         return link_bw * worst
 
+    def _link_bandwidth_bytes_per_s(self, links: tuple[tuple[int, ...], ...]) -> float:
+        """One link's bandwidth, one direction: the GPU's over the most links a GPU of the matrix has."""
+        return self.intra_node_bandwidth_bytes_per_s / max(sum(row) for row in links)
+
     def pair_bandwidth_bytes_per_s(self, stride: int) -> float:
         """Per GPU, one direction: what every GPU of this node sends at once to the GPU `stride` after it (pipeline
         stages `stride` GPUs apart, a context-parallel ring's neighbours), in the worst pair. On a switch the
@@ -219,7 +223,7 @@ class NodeSpec(BaseModel):
         links, n = self.nvlink_links, self.gpus_per_node
         if links is None or stride >= n:
             return self.intra_node_bandwidth_bytes_per_s
-        link_bw = self.intra_node_bandwidth_bytes_per_s / max(sum(row) for row in links)
+        link_bw = self._link_bandwidth_bytes_per_s(links)
         return link_bw * min(_path_links(links, r, r + stride) for r in range(n - stride))
 
     def alltoall_note(self) -> str | None:

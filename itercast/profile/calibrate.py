@@ -98,12 +98,8 @@ def _rate(section: str, key: str, rows: list[Measurement], system: SystemConfig)
     if section in ("memory", "embedding"):
         return np.full(len(rows), system.gpu.hbm_bandwidth_bytes_per_s)
     nic = system.nic_bandwidth_per_gpu_bytes_per_s()
-    return np.array(
-        [
-            _in_node_bw(m, system) if m.nodes == 1 else min(_in_node_bw(m, system), m.group_size / m.nodes * nic)
-            for m in rows
-        ]
-    )
+    in_node = [(m, _in_node_bw(m, system)) for m in rows]
+    return np.array([bw if m.nodes == 1 else min(bw, m.group_size / m.nodes * nic) for m, bw in in_node])
 
 
 def _placement(m: Measurement) -> GroupPlacement:
