@@ -4,9 +4,13 @@ the links its GPUs have to each other, not the GPU's six. Expected values: link 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from itercast.cli import app
 from itercast.config.job import Job, parse_section
 from itercast.config.system import NodeSpec, SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
@@ -202,3 +206,10 @@ def test_a_dlrms_lookup_all_to_alls_on_a_mesh_node_say_they_are_priced_too_fast(
     assert said is not None and "91% for all 8" in said
     assert lookup_alltoall_note(system, replicated) is None  # every table replicated: no exchange
     assert lookup_alltoall_note(lone, owned) is None  # 8 nodes of one GPU: no exchange within a node
+
+
+def test_shard_lists_its_notes_in_json_as_it_warns_them():
+    out = CliRunner().invoke(app, ["shard", "--model", "dlrm-small", "--system", "v100-p3.16xlarge", "--json"])
+    assert out.exit_code == 0, out.output
+    notes = json.loads(out.stdout)["notes"]
+    assert any(n.startswith("system.node.nvlink_links: all-to-alls within a node") for n in notes)

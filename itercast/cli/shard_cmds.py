@@ -75,7 +75,9 @@ def shard_cmd(
     """Shard a DLRM's embedding tables over the GPUs (table-, column-, row-wise, data-parallel and
     mixes) for the least step time: every combination when there are few, else greedily, each plan
     priced by simulating its step on every rank; plans that fit first."""
-    dlrm, sys_cfg, result = _price(model, system, nodes, set_, calibration, indices, sharding, batch_per_rank, as_json)
+    dlrm, sys_cfg, result, notes = _price(
+        model, system, nodes, set_, calibration, indices, sharding, batch_per_rank, as_json
+    )
     out: dict[str, Any] = {
         "plans": [_plan_dict(plan, step) for plan, step in result.plans[:top]],
         "world_size": sys_cfg.num_gpus,
@@ -83,6 +85,7 @@ def shard_cmd(
         "method": result.method,
         "evaluated": result.evaluated,
         "host_overheads": result.plans[0][1].host_source,
+        "notes": notes,  # what the prices leave out, as warned
     }
     if as_json:
         echo_json(out)
@@ -115,9 +118,9 @@ def _price(
     sharding: Path | None,
     batch_per_rank: int,
     quiet: bool,
-) -> tuple[DLRMConfig, SystemConfig, ShardingResult]:
-    """The model, the system and the priced sharding(s): the given one, else the planner's; every
-    input problem is one error line and exit 2."""
+) -> tuple[DLRMConfig, SystemConfig, ShardingResult, list[str]]:
+    """The model, the system, the priced sharding(s) (the given one, else the planner's) and the notes on what
+    their prices leave out, each warned; every input problem is one error line and exit 2."""
     try:
         raw = raw_sections(overrides=set_ or [], system=system)
         if raw["plan"]:
@@ -152,9 +155,10 @@ def _price(
         *unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.eager_update),
         *found.plans[0][1].extrapolated,  # calibrated curves the chosen sharding's step priced beyond their rows
     )
-    for note in filter(None, notes):
+    said = [note for note in notes if note]
+    for note in said:
         warn(note)
-    return dlrm, sys_cfg, found
+    return dlrm, sys_cfg, found, said
 
 
 def _plan_dict(plan: dict[str, Shard], step: DLRMStep) -> dict[str, Any]:
