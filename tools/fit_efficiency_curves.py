@@ -48,11 +48,11 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
 - Collectives: time = alpha(m) + bus_bytes / (B · eff(bus_bytes)), alpha(m) = a0 + a1·log2(m) for
   m nodes; intra-node curves on one 8×H100 node (B = 450 GB/s NVLink4 per GPU; see
   fit_collectives) and A100's and V100's own all-reduces (intra_node_by_gpu, B = 300 GB/s: _a100_all_reduce;
-  B = 150 GB/s: _v100_all_reduce), p2p
-  on vidur's H100 send/recv, inter-node all-reduce, all-gather and all-to-all on ALCF Polaris (4×A100
-  and 2 Slingshot-11 NICs per node: B = 4 × 12.5 GB/s per node-local group;
-  docs.alcf.anl.gov/polaris/hardware-overview; _polaris_regimes), the all-gather's and all-to-all's
-  latency and ramp by the group's ranks (NCCL's ring of ranks − 1 steps; ranks − 1 peers).
+  B = 150 GB/s: _v100_all_reduce), an all-to-all within a mesh node on Alpa's 2-GPU p3.16xlarge all-to-alls
+  (mesh_alltoall, B = one NVLink2 link: _mesh_alltoall), p2p on vidur's H100 send/recv, inter-node all-reduce,
+  all-gather and all-to-all on ALCF Polaris (4×A100 and 2 Slingshot-11 NICs per node: B = 4 × 12.5 GB/s per
+  node-local group; docs.alcf.anl.gov/polaris/hardware-overview; _polaris_regimes), the all-gather's and
+  all-to-all's latency and ramp by the group's ranks (NCCL's ring of ranks − 1 steps; ranks − 1 peers).
 """
 
 from __future__ import annotations
@@ -65,12 +65,15 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import minimize_scalar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.config.job import load_system
 from itercast.costs.aten_ops import EMBEDDING_UPDATE
 from itercast.costs.fitting import (
     attention_err,
     attention_points,
+    collective_time_s,
     eff,
     fit_attention,
     fit_collective,
@@ -417,6 +420,7 @@ def fit_collectives(data: Path) -> dict:
             "A100": {"all_reduce": _a100_all_reduce(data)},
             "V100": {"all_reduce": _v100_all_reduce(data, intra["all_reduce"]["alpha0_s"])},
         },
+        "mesh_alltoall": _mesh_alltoall(data, intra["all_reduce"]["alpha0_s"]),
         "inter_node_networks": {"polaris-slingshot11": polaris, "h100-400g": _h100_400g(rows, small)},
         "p2p": p2p,
         "source": "nccl-tests: NVIDIA/dgxc-benchmarking@841f546 nccl/README.md (1 node 8×H100 all-reduce), "
@@ -426,7 +430,8 @@ def fit_collectives(data: Path) -> dict:
         "all-reduce (intra_node_by_gpu): microsoft/vidur@7d47513 network__a100_dgx__all_reduce.csv, "
         "Azure/AI-benchmarking-guide@3bb66ca ND_A100_v4_results.md "
         "(data/collectives/azure_ai_benchmarking_guide_allreduce_1node.csv); V100's: the Alpa OSDI'22 artifact "
-        "profiling database (profiling/alpa_v100_p3.16xlarge_prof_db.csv), one p3.16xlarge's 8-GPU all-reduces",
+        "profiling database (profiling/alpa_v100_p3.16xlarge_prof_db.csv), one p3.16xlarge's 8-GPU all-reduces; "
+        "a mesh node's all-to-all (mesh_alltoall): the same database's 2-GPU all-to-alls",
     }
 
 
@@ -478,6 +483,46 @@ def _v100_all_reduce(data: Path, alpha0_s: float) -> dict:
     sizes = [float(bus_bytes("all_reduce", size, 8, 1)) for size, _ in rows]
     times = [s for _, s in rows]
     return fit_collective(sizes, times, [1] * len(sizes), 150e9, fixed={"alpha0_s": alpha0_s}, e_max_at_most=1.0)
+
+
+def _mesh_alltoall(data: Path, alpha0_s: float) -> dict:
+    """An all-to-all within a mesh node (NodeSpec.alltoall_bandwidth_bytes_per_s: a point-to-point exchange with
+    each peer, a linked one at one link's bandwidth): fitted on Alpa's all-to-alls of 2 GPUs of one p3.16xlarge,
+    GPUs 1, 2 and 4 apart (one peer over 1, 1 and 2 NVLink2 links: B = 25 GB/s, the ramp on 6 times the bytes as a
+    ring on one of a GPU's six links: fitting.collective_time_s), fp16 and fp32, from 1 MiB, less the harness's
+    0-byte time (alpa_one_host_collectives); latency pinned to the H100 curve's, as V100's all-reduce's. Then,
+    on that curve, the p3.16xlarge's host path (NodeSpec.host_path_bandwidth_bytes_per_s: the preset carries the
+    value this prints) fitted on the 4-GPU all-to-alls of GPUs 0, 2, 4 and 6, whose GPUs each have one peer
+    without a link (least squares on log time). The other layouts (GPUs 0-3, all linked; all 8, three unlinked
+    peers a GPU) are held out: validation/kernel_tables.py prints them."""
+    path = data / "profiling" / "alpa_v100_p3.16xlarge_prof_db.csv"
+    node = load_system("v100-p3.16xlarge").node
+    full = node.intra_node_bandwidth_bytes_per_s
+
+    def layout(k: int, strides: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = [
+            (float(bus_bytes("alltoall", size, k, 1)), st, s)
+            for n, st, size, s in alpa_one_host_collectives(path, ALPA_ALL_REDUCE_MIN_BYTES, "alltoall")
+            if n == k and st in strides
+        ]
+        return tuple(np.array(col, dtype=float) for col in zip(*rows, strict=True))  # type: ignore[return-value]
+
+    bus, strides, times = layout(2, (1, 2, 4))
+    bw = np.array([node.alltoall_bandwidth_bytes_per_s(2, int(st)) for st in strides])
+    fit = fit_collective(
+        bus, times, np.ones_like(bus), bw, fixed={"alpha0_s": alpha0_s}, e_max_at_most=1.0, ramp_scale=full / bw
+    )
+    bus4, _, times4 = layout(4, (2,))
+
+    def misses(log_host: float) -> float:
+        host = node.model_copy(update={"host_path_bandwidth_bytes_per_s": math.exp(log_host)})
+        bw4 = host.alltoall_bandwidth_bytes_per_s(4, 2)
+        priced = collective_time_s(fit, bus4, 1, 4, bw4, None, full / bw4)
+        return float(np.mean(np.log(priced / times4) ** 2))
+
+    host_bw = math.exp(minimize_scalar(misses, bounds=(math.log(1e8), math.log(1e11)), method="bounded").x)
+    print(f"mesh all-to-all: the p3.16xlarge's host path {host_bw:.4g} bytes/s per GPU (systems.yaml)")
+    return fit | {"p3.16xlarge_host_path_bytes_per_s": host_bw}
 
 
 def _polaris_regimes(rows: list[dict], coll: str, small_bus_bytes: int, by_ranks: bool) -> list[dict]:

@@ -410,9 +410,11 @@ def own_all_reduce() -> None:
 def mesh_collectives() -> None:
     """Every collective Alpa measured within one p3.16xlarge (2, 4 and 8 GPUs; groups `stride` GPUs apart, several
     at once where the host holds them), less its harness's 0-byte time, against the v100-p3.16xlarge preset's cost
-    model, which prices a group on the links its GPUs have to each other (NodeSpec.group_bandwidth_bytes_per_s).
-    Mean signed and mean |error| from 8 MiB. Fitted on: the all-reduce of all 8 (curves.json V100); the all-gather,
-    reduce-scatter and all-to-all run on the H100 node's curves."""
+    model, which prices a ring on the links its GPUs have to each other (NodeSpec.group_bandwidth_bytes_per_s) and an
+    all-to-all on its exchanges with each peer (NodeSpec.alltoall_bandwidth_bytes_per_s). Mean signed and mean |error|
+    from 8 MiB. Fitted on: the all-reduce of all 8 (curves.json V100); the all-to-alls of 2 GPUs (curves.json
+    mesh_alltoall) and of GPUs 0, 2, 4 and 6 (the preset's host path); the all-gather and reduce-scatter run on the
+    H100 node's curves. Held out: every other layout."""
     from itercast.config.job import load_system
     from itercast.hardware.topology import place_group
     from itercast.profile.importers import alpa_one_host_collectives

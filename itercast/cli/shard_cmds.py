@@ -39,7 +39,6 @@ from itercast.workloads.dlrm import (
     check_sharding,
     dlrm_step,
     load_index_sample,
-    lookup_alltoall_note,
     plan_sharding,
     unmeasured_embedding_ops,
 )
@@ -151,7 +150,6 @@ def _price(
     gpu_name = sys_cfg.gpu.name
     notes = (
         beyond_profile(dlrm, sys_cfg.num_gpus, batch_per_rank, cal, gpu_name),
-        lookup_alltoall_note(sys_cfg, found.plans[0][0]),
         *unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.eager_update),
         *found.plans[0][1].extrapolated,  # calibrated curves the chosen sharding's step priced beyond their rows
     )

@@ -149,6 +149,13 @@ class NodeSpec(BaseModel):
         "the links among its first gpus_per_node GPUs. Left out: a switch, on which every group of the node's GPUs "
         "gets the GPU's whole bandwidth.",
     )
+    host_path_bandwidth_bytes_per_s: PositiveFloat | None = Field(
+        None,
+        description="Per GPU, one direction, on a node with nvlink_links: what a GPU sends in all, at once, to the "
+        "GPUs of its node it has no link to, through PCIe and the CPUs (NCCL's PATH_SYS): an all-to-all's exchanges "
+        "with such peers, which NCCL's point-to-point does not route over another GPU's links. Required where "
+        "nvlink_links leaves two of the node's GPUs without a link.",
+    )
 
     @model_validator(mode="after")
     def _mesh_shape(self) -> NodeSpec:
@@ -177,6 +184,13 @@ class NodeSpec(BaseModel):
                         f"nvlink_links: GPUs {i} and {j} are joined neither by a link nor through one other GPU "
                         "(a path through PCIe is not priced)"
                     )
+        unlinked = next(((i, j) for i in range(n) for j in range(i + 1, n) if not links[i][j]), None)
+        if unlinked is not None and self.host_path_bandwidth_bytes_per_s is None:
+            raise ValueError(
+                f"host_path_bandwidth_bytes_per_s: expected a bandwidth (bytes/s per GPU) where nvlink_links leaves "
+                f"GPUs {unlinked[0]} and {unlinked[1]} without a link (an all-to-all's exchanges between them go "
+                "through PCIe and the CPUs); got none"
+            )
         return self
 
     def group_bandwidth_bytes_per_s(self, size: int, stride: int) -> float:
@@ -192,24 +206,53 @@ class NodeSpec(BaseModel):
         1 link for any 2 GPUs, 4 for GPUs 0–3, 2 for GPUs 0, 2, 4, 6 and 6 for all 8, where Alpa's measured
         all-reduces from 128 MiB reach 22.4, 82, 44 and 131 GB/s of bus bandwidth, 0.82–0.90 of those links at
         25 GB/s (data/profiling/alpa_v100_p3.16xlarge_prof_db.csv; validation/kernel_tables.py)."""
-        links, n = self.nvlink_links, self.gpus_per_node
+        links = self.nvlink_links
+        if links is None or size <= 1:
+            return self.intra_node_bandwidth_bytes_per_s
+        worst = min(
+            sum(links[i][j] for j in group) or max(_path_links(links, i, j) for j in group if j != i)
+            for group in self._groups(size, stride)
+            for i in group
+        )
+        return self._link_bandwidth_bytes_per_s(links) * worst
+
+    def alltoall_bandwidth_bytes_per_s(self, size: int, stride: int) -> float:
+        """Per GPU, one direction: what an all-to-all over `size` GPUs of this node, `stride` apart, sends at once,
+        in the worst of the node's groups so laid out (as group_bandwidth_bytes_per_s lays them): size − 1 times
+        the slowest peer's rate, as every GPU sends each peer as much and the exchange ends with the slowest.
+
+        On a switch the GPU's bandwidth. On a mesh NCCL's all-to-all sends each peer over a point-to-point
+        connection of its own: a linked peer at one link's bandwidth whatever the links between them (Alpa's
+        p3.16xlarge all-to-alls of GPUs 0 and 4, joined by 2 links, ran as fast as those of GPUs 0 and 1 or 0 and
+        2, joined by 1: 14.2 GB/s a peer from 1 GiB), a peer without a link at an even share of what the GPU
+        sends through the host to all such peers of its group (host_path_bandwidth_bytes_per_s; NCCL's
+        point-to-point does not go through another GPU's links: the same database's 4-GPU all-to-all of GPUs
+        0, 2, 4 and 6, which a ring rides at 2 links a GPU, reaches 3.2 GB/s a peer)."""
+        links, host_bw = self.nvlink_links, self.host_path_bandwidth_bytes_per_s
         if links is None or size <= 1:
             return self.intra_node_bandwidth_bytes_per_s
         link_bw = self._link_bandwidth_bytes_per_s(links)
+        slowest = min(
+            link_bw if links[i][j] else host_bw / sum(not links[i][k] for k in group if k != i)  # type: ignore[operator]
+            for group in self._groups(size, stride)
+            for i in group
+            for j in group
+            if j != i
+        )
+        return (size - 1) * slowest
+
+    def _groups(self, size: int, stride: int) -> list[list[int]]:
+        """The groups of `size` GPUs `stride` apart Megatron lays over this node: blocks of size × stride GPUs
+        holding `stride` interleaved groups; where a block is wider than the node, the pairs {r, r + stride} of its
+        embedding groups, as many as fit."""
+        n = self.gpus_per_node
         block, span = size * stride, (size - 1) * stride
         if span >= n:
             raise ValueError(f"a group of {size} GPUs {stride} apart does not fit in a node of {n}")
-        # wider blocks than the node: the pairs {r, r + stride} of Megatron's embedding groups, as many as fit
         starts = (
             [s + o for s in range(0, n - block + 1, block) for o in range(stride)] if block <= n else range(n - span)
         )
-        groups = [[b + k * stride for k in range(size)] for b in starts]
-        worst = min(
-            sum(links[i][j] for j in group) or max(_path_links(links, i, j) for j in group if j != i)
-            for group in groups
-            for i in group
-        )
-        return link_bw * worst
+        return [[b + k * stride for k in range(size)] for b in starts]
 
     def _link_bandwidth_bytes_per_s(self, links: tuple[tuple[int, ...], ...]) -> float:
         """One link's bandwidth, one direction: the GPU's over the most links a GPU of the matrix has."""
@@ -225,18 +268,6 @@ class NodeSpec(BaseModel):
             return self.intra_node_bandwidth_bytes_per_s
         link_bw = self._link_bandwidth_bytes_per_s(links)
         return link_bw * min(_path_links(links, r, r + stride) for r in range(n - stride))
-
-    def alltoall_note(self) -> str | None:
-        """What pricing an all-to-all on a mesh node's links leaves out, for the forecasts that run one within a
-        node (experts' tokens, a DLRM's lookups); None on a switch."""
-        if self.nvlink_links is None:
-            return None
-        return (
-            "system.node.nvlink_links: all-to-alls within a node are priced on the links its GPUs have to each other, "
-            "as a ring collective is; Alpa's p3.16xlarge all-to-alls ran slower than that (priced 17% fast for 2 "
-            "GPUs, 40% for GPUs 0-3, 91% for all 8, from 8 MiB: a pair without a link goes through PCIe and the "
-            "CPUs; validation/kernel_tables.py), so these are priced too fast"
-        )
 
 
 def _path_links(links: tuple[tuple[int, ...], ...], i: int, j: int) -> int:

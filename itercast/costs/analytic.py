@@ -97,6 +97,10 @@ class AnalyticCostModel:
         intra = data["collectives"]["intra_node"]
         calibrated = set() if calibration is None else set(calibration.get("intra_node_calibrated", intra))
         self.intra = own_curves(curves()["collectives"]["intra_node_by_gpu"], gpu.name, intra, calibrated)
+        # an all-to-all within a mesh node: a calibration's, fitted on the same bandwidths, or the built-in one
+        self.mesh_alltoall = (
+            self.intra["alltoall"] if "alltoall" in calibrated else curves()["collectives"]["mesh_alltoall"]
+        )
         # the network's measured cluster, with a calibration's own inter-node fits over it
         measured = data["collectives"].get("inter_node_networks", {}).get(system.network.collective_curves, {})
         self.inter = {**measured, **data["collectives"].get("inter_node", {})}
@@ -190,7 +194,9 @@ class AnalyticCostModel:
         """NCCL-style collective of a full buffer of `nbytes` over `group`.
 
         One node: the group's NVLink/NVSwitch bandwidth per GPU (on a mesh node, the links its GPUs have to each
-        other: NodeSpec.group_bandwidth_bytes_per_s, its curve's ramp scaled alike: fitting.collective_time_s).
+        other: NodeSpec.group_bandwidth_bytes_per_s, its curve's ramp scaled alike: fitting.collective_time_s; an
+        all-to-all there, its exchanges with each peer, NodeSpec.alltoall_bandwidth_bytes_per_s, on the curve
+        fitted on such exchanges, curves.json collectives.mesh_alltoall).
         Several nodes: the ring is limited by the slowest hop, min(that bandwidth of a node's per_node GPUs,
         per_node × NIC bandwidth per GPU) (a hierarchical/rail approximation), and by the curve's
         `node_nic_fraction` of the node's NICs × NIC bandwidth, what a ring reaches when every GPU of the node
@@ -209,9 +215,11 @@ class AnalyticCostModel:
         bus = float(bus_bytes(kind, nbytes, n, group.nodes))
         node = self.system.node
         curve_kind = kind if kind in self.intra else CURVE_OF.get(kind, kind)
-        in_node_bw = node.group_bandwidth_bytes_per_s(group.per_node, group.stride)
+        mesh_alltoall = kind == "alltoall" and node.nvlink_links is not None
+        in_node = node.alltoall_bandwidth_bytes_per_s if mesh_alltoall else node.group_bandwidth_bytes_per_s
+        in_node_bw = in_node(group.per_node, group.stride)
         if group.intra_node:
-            fit, bw, node_nic_bw = self.intra[curve_kind], in_node_bw, None
+            fit, bw, node_nic_bw = self.mesh_alltoall if mesh_alltoall else self.intra[curve_kind], in_node_bw, None
             ramp_scale = node.intra_node_bandwidth_bytes_per_s / in_node_bw  # > 1 on a share of a mesh's links
             self._note("collectives.intra_node", curve_kind, bus)
         else:

@@ -68,7 +68,6 @@ from dataclasses import dataclass, replace
 
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
-from itercast.config.system import NodeSpec
 from itercast.costs.attention import AttentionShape
 
 COMPUTE_FAMILIES = ("gemm", "attention", "elementwise", "norm", "activation")
@@ -1678,13 +1677,8 @@ def zero_grad_reduce_note(plan: PlanConfig) -> str | None:
     )
 
 
-def mesh_alltoall_note(model: ModelConfig, plan: PlanConfig, node: NodeSpec) -> str | None:
-    """NodeSpec.alltoall_note where experts spread over a mesh node's GPUs exchange their tokens; None otherwise."""
-    return node.alltoall_note() if model.is_moe and plan.expert_parallel > 1 else None
-
-
-def priced_notes(model: ModelConfig, plan: PlanConfig, node: NodeSpec) -> list[str]:
-    """Every note above that holds for this model, plan and node, in one order for `predict` and `search`: what
+def priced_notes(model: ModelConfig, plan: PlanConfig) -> list[str]:
+    """Every note above that holds for this model and plan, in one order for `predict` and `search`: what
     the forecast leaves out or rests on, said beside its figures."""
     notes = (
         unaligned_logits_note(model, plan),
@@ -1695,6 +1689,5 @@ def priced_notes(model: ModelConfig, plan: PlanConfig, node: NodeSpec) -> list[s
         moe_routing_note(model, plan),
         gpt_oss_note(model, plan),
         rowwise_note(plan),
-        mesh_alltoall_note(model, plan, node),
     )
     return [note for note in notes if note]

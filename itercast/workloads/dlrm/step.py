@@ -304,13 +304,6 @@ def corunning_slowdown(alone: ExecGraph, corun: ExecGraph) -> np.ndarray:
     return np.where(positive, corun.duration_s / np.where(positive, alone.duration_s, 1.0) - 1.0, 0.0)
 
 
-def lookup_alltoall_note(system: SystemConfig, plan: dict[str, Shard]) -> str | None:
-    """NodeSpec.alltoall_note where this step exchanges lookups by all-to-all among a mesh node's GPUs (a table not
-    data parallel over several GPUs of a node); None otherwise."""
-    exchanged = any(shard.strategy != "data_parallel" for shard in plan.values())
-    return system.node.alltoall_note() if exchanged and min(system.num_gpus, system.node.gpus_per_node) > 1 else None
-
-
 def _step_graph(
     model: DLRMConfig,
     system: SystemConfig,
