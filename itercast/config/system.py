@@ -153,8 +153,8 @@ class NodeSpec(BaseModel):
         None,
         description="Per GPU, one direction, on a node with nvlink_links: what a GPU sends in all, at once, to the "
         "GPUs of its node it has no link to, through PCIe and the CPUs (NCCL's PATH_SYS): an all-to-all's exchanges "
-        "with such peers, which NCCL's point-to-point does not route over another GPU's links. Required where "
-        "nvlink_links leaves two of the node's GPUs without a link.",
+        "with such peers, which the NCCL of Alpa's measurements did not route over another GPU's links. Required "
+        "where nvlink_links leaves two of the node's GPUs without a link.",
     )
 
     @model_validator(mode="after")
@@ -182,7 +182,7 @@ class NodeSpec(BaseModel):
                 if i != j and i < n and j < n and not _path_links(links, i, j):
                     raise ValueError(
                         f"nvlink_links: GPUs {i} and {j} are joined neither by a link nor through one other GPU "
-                        "(a path through PCIe is not priced)"
+                        "(a ring through PCIe is not priced)"
                     )
         unlinked = next(((i, j) for i in range(n) for j in range(i + 1, n) if not links[i][j]), None)
         if unlinked is not None and self.host_path_bandwidth_bytes_per_s is None:
@@ -225,9 +225,9 @@ class NodeSpec(BaseModel):
         connection of its own: a linked peer at one link's bandwidth whatever the links between them (Alpa's
         p3.16xlarge all-to-alls of GPUs 0 and 4, joined by 2 links, ran as fast as those of GPUs 0 and 1 or 0 and
         2, joined by 1: 14.2 GB/s a peer from 1 GiB), a peer without a link at an even share of what the GPU
-        sends through the host to all such peers of its group (host_path_bandwidth_bytes_per_s; NCCL's
-        point-to-point does not go through another GPU's links: the same database's 4-GPU all-to-all of GPUs
-        0, 2, 4 and 6, which a ring rides at 2 links a GPU, reaches 3.2 GB/s a peer)."""
+        sends through the host to all such peers of its group (host_path_bandwidth_bytes_per_s; the NCCL Alpa
+        ran did not send them through another GPU's links: the same database's 4-GPU all-to-all of GPUs 0, 2, 4
+        and 6, which a ring rides at 2 links a GPU, reaches 3.2 GB/s a peer)."""
         links, host_bw = self.nvlink_links, self.host_path_bandwidth_bytes_per_s
         if links is None or size <= 1:
             return self.intra_node_bandwidth_bytes_per_s
