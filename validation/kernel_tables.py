@@ -43,6 +43,12 @@ FLOPs curve (fp8 most) where the fitting step table is already too fast (measure
 pass_cost, fp8's latency pinned to bf16's as the fitted curves do, fp8 efficiency 0.681: 6.3% → 9.2%
 geomean, fp8 4.4% → 9.7%, bf16 8.8% unchanged). The kernel tables do not explain the steps' slowness; a
 whole-step measurement on a GPU has to.
+
+Last, MoE expert GEMMs (data/published/kernels/moe_grouped_gemm_h100.csv, in the repo): Qwen3-30B-A3B's expert up_proj
+as one grouped GEMM on an H100, 128 experts of 512 rows, forward and backward, five implementations, against the price
+a step gives those experts (one GEMM per expert on the FLOPs curve, each with its latency). A check, not a fit: on
+2026-12-03 it priced them 1.35-1.85x slower than measured (0.98x for cuBLAS's batched kernel), the per-expert GEMM's
+fixed latency (5.3 us x 384 GEMMs, 2.0 ms) about the gap; one shape from one source, so no model was changed.
 """
 
 from __future__ import annotations
@@ -122,6 +128,7 @@ def main() -> None:
     own_gemm_curves()
     own_all_reduce()
     mesh_collectives()
+    moe_grouped_gemms()
 
 
 def cudnn_frontend_h200() -> None:
@@ -439,6 +446,27 @@ def mesh_collectives() -> None:
                 f"  {op:14} {k} GPUs {stride} apart {len(signed):>3} sizes  {signed.mean():+7.1%} / "
                 f"{np.abs(signed).mean():6.1%}"
             )
+
+
+def moe_grouped_gemms() -> None:
+    """Qwen3-30B-A3B's expert up_proj as one grouped GEMM on an H100 (data/published/kernels/moe_grouped_gemm_h100.csv:
+    128 experts of 512 rows, K 2048, N 1536, bf16; each step the forward, out.sum() and the backward's input and
+    weight gradients, kernels' device time) against the dgx-h100 preset's price of the same work as a step prices an
+    MoE layer's experts (workloads/transformer_ops.py: one GEMM per expert on the FLOPs curve, count = experts): three
+    GEMMs of 2 · 512 · 2048 · 1536 FLOPs an expert, and the sum's two passes over the output (read it; write its
+    gradient of ones) as elementwise memory traffic. Only the uniform rows: the skewed ones print no expert's size."""
+    rows = [r for r in read_csv_rows(KERNELS / "moe_grouped_gemm_h100.csv") if r["distribution"] == "uniform"]
+    costs = AnalyticCostModel(Job.from_presets("llama3-8b", "dgx-h100").system, "bf16")
+    print("\nMoE expert GEMMs, one grouped launch on an H100 (moe_grouped_gemm_h100.csv, uniform): priced / measured")
+    for r in rows:
+        experts, total, k, n = (int(r[c]) for c in ("experts", "rows_total", "k", "n"))
+        gemms_s = 3 * experts * float(costs.gemm_s(2 * total / experts * k * n))
+        sum_s = 2 * float(costs.memory_s("elementwise", total * n * 2))
+        measured_s = float(r["ms_per_step"]) * 1e-3
+        print(
+            f"  {r['implementation']:26} measured {measured_s * 1e3:6.3f} ms  priced {(gemms_s + sum_s) * 1e3:6.3f} ms "
+            f"(GEMMs {gemms_s * 1e3:.3f}, sum {sum_s * 1e3:.3f})  x{(gemms_s + sum_s) / measured_s:.2f}"
+        )
 
 
 if __name__ == "__main__":
