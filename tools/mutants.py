@@ -1385,7 +1385,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "return GroupPlacement(size, nodes, per_node)", "every group taken for neighbouring GPUs", _t("mesh_node")),
     M(COST, "ramp_scale = node.intra_node_bandwidth_bytes_per_s / in_node_bw", "ramp_scale = 1.0",
       "a group on a share of a mesh's links ramps as on all of them", _t("mesh_node", "replay_collectives")),
-    M(COST, "in_node_bw = in_node(group.per_node, group.stride)",
+    M(COST, "in_node_bw = node.in_node_bandwidth_bytes_per_s(kind, group.per_node, group.stride)",
       "in_node_bw = node.intra_node_bandwidth_bytes_per_s", "a mesh group priced on every link of its GPUs",
       _t("mesh_node", "replay_collectives")),
     M(COST, "ramp_scale = 1.0 if cross_node else node.intra_node_bandwidth_bytes_per_s / bw", "ramp_scale = 1.0",
@@ -1406,8 +1406,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "a mesh node's all-to-all priced as its ring collectives", _t("mesh_node")),
     M(COST, "self.mesh_alltoall if mesh_alltoall else self.intra[curve_kind]", "self.intra[curve_kind]",
       "a mesh node's all-to-all on the switch's curve", _t("mesh_node")),
-    M("profile/calibrate.py", 'mesh_alltoall = m.op == "alltoall" and node.nvlink_links is not None',
-      "mesh_alltoall = False", "a calibration fits a mesh's all-to-alls on its ring bandwidths", _t("mesh_node")),
+    M("profile/calibrate.py", "in_node_bandwidth_bytes_per_s(m.op, group.per_node",
+      'in_node_bandwidth_bytes_per_s("all_reduce", group.per_node',
+      "a calibration fits a mesh's all-to-alls on its ring bandwidths", _t("mesh_node")),
+    M("config/system.py", 'if kind == "alltoall":\n            return self.alltoall_bandwidth_bytes_per_s',
+      'if False:\n            return self.alltoall_bandwidth_bytes_per_s', "every collective on a mesh priced on its "
+      "ring bandwidths, all-to-alls too", _t("mesh_node")),
 )
 # fmt: on
 

@@ -216,6 +216,14 @@ class NodeSpec(BaseModel):
         )
         return self._link_bandwidth_bytes_per_s(links) * worst
 
+    def in_node_bandwidth_bytes_per_s(self, kind: str, size: int, stride: int) -> float:
+        """Per GPU, one direction: what collective `kind` over `size` GPUs of this node, `stride` apart, rides: an
+        all-to-all its exchanges with each peer (alltoall_bandwidth_bytes_per_s), any other collective its ring
+        (group_bandwidth_bytes_per_s). What the cost model prices a group with and a calibration fits it against."""
+        if kind == "alltoall":
+            return self.alltoall_bandwidth_bytes_per_s(size, stride)
+        return self.group_bandwidth_bytes_per_s(size, stride)
+
     def alltoall_bandwidth_bytes_per_s(self, size: int, stride: int) -> float:
         """Per GPU, one direction: what an all-to-all over `size` GPUs of this node, `stride` apart, sends at once,
         in the worst of the node's groups so laid out (as group_bandwidth_bytes_per_s lays them): size − 1 times

@@ -215,11 +215,11 @@ class AnalyticCostModel:
         bus = float(bus_bytes(kind, nbytes, n, group.nodes))
         node = self.system.node
         curve_kind = kind if kind in self.intra else CURVE_OF.get(kind, kind)
-        mesh_alltoall = kind == "alltoall" and node.nvlink_links is not None
-        in_node = node.alltoall_bandwidth_bytes_per_s if mesh_alltoall else node.group_bandwidth_bytes_per_s
-        in_node_bw = in_node(group.per_node, group.stride)
+        in_node_bw = node.in_node_bandwidth_bytes_per_s(kind, group.per_node, group.stride)
         if group.intra_node:
-            fit, bw, node_nic_bw = self.mesh_alltoall if mesh_alltoall else self.intra[curve_kind], in_node_bw, None
+            mesh_alltoall = kind == "alltoall" and node.nvlink_links is not None
+            fit = self.mesh_alltoall if mesh_alltoall else self.intra[curve_kind]
+            bw, node_nic_bw = in_node_bw, None
             ramp_scale = node.intra_node_bandwidth_bytes_per_s / in_node_bw  # > 1 on a share of a mesh's links
             self._note("collectives.intra_node", curve_kind, bus)
         else:

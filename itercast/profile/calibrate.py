@@ -112,13 +112,10 @@ def _placement(m: Measurement) -> GroupPlacement:
 
 
 def _in_node_bw(m: Measurement, system: SystemConfig) -> float:
-    """The bandwidth the measured group's GPUs in one node have, as the cost model prices its op: an all-to-all on
-    a mesh node its exchanges' (NodeSpec.alltoall_bandwidth_bytes_per_s), else its ring's
-    (NodeSpec.group_bandwidth_bytes_per_s)."""
-    group, node = _placement(m), system.node
-    mesh_alltoall = m.op == "alltoall" and node.nvlink_links is not None
-    in_node = node.alltoall_bandwidth_bytes_per_s if mesh_alltoall else node.group_bandwidth_bytes_per_s
-    return in_node(group.per_node, group.stride)
+    """The bandwidth the measured group's GPUs in one node have for its op, as the cost model prices it
+    (NodeSpec.in_node_bandwidth_bytes_per_s)."""
+    group = _placement(m)
+    return system.node.in_node_bandwidth_bytes_per_s(m.op, group.per_node, group.stride)
 
 
 def _x(section: str, key: str, rows: list[Measurement]) -> np.ndarray:
