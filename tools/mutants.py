@@ -1404,7 +1404,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "a mesh with unlinked GPUs and no host path accepted", _t("mesh_node")),
     M(COST, 'mesh_alltoall = kind == "alltoall" and node.nvlink_links is not None', "mesh_alltoall = False",
       "a mesh node's all-to-all priced as its ring collectives", _t("mesh_node")),
-    M(COST, "self.mesh_alltoall if mesh_alltoall else self.intra[curve_kind]", "self.intra[curve_kind]",
+    M(COST, "self.mesh_alltoall_curve if mesh_alltoall else self.intra[curve_kind]", "self.intra[curve_kind]",
       "a mesh node's all-to-all on the switch's curve", _t("mesh_node")),
     M("profile/calibrate.py", "in_node_bandwidth_bytes_per_s(m.op, group.per_node",
       'in_node_bandwidth_bytes_per_s("all_reduce", group.per_node',

@@ -135,7 +135,7 @@ def predict_cmd(
         gpu_name, dlrm = w.job.system.gpu.name, w.job.model
         unmeasured = unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.eager_update)
         beyond = beyond_profile(dlrm, w.job.system.num_gpus, w.job.plan.batch_per_rank, cal, gpu_name)
-        said = [*filter(None, (beyond,)), *unmeasured]
+        said = [*([beyond] if beyond else []), *unmeasured]
     else:
         assert isinstance(result, Prediction)
         checked = checked_note(w.job)

@@ -98,7 +98,7 @@ class AnalyticCostModel:
         calibrated = set() if calibration is None else set(calibration.get("intra_node_calibrated", intra))
         self.intra = own_curves(curves()["collectives"]["intra_node_by_gpu"], gpu.name, intra, calibrated)
         # an all-to-all within a mesh node: a calibration's, fitted on the same bandwidths, or the built-in one
-        self.mesh_alltoall = (
+        self.mesh_alltoall_curve = (
             self.intra["alltoall"] if "alltoall" in calibrated else curves()["collectives"]["mesh_alltoall"]
         )
         # the network's measured cluster, with a calibration's own inter-node fits over it
@@ -218,7 +218,7 @@ class AnalyticCostModel:
         in_node_bw = node.in_node_bandwidth_bytes_per_s(kind, group.per_node, group.stride)
         if group.intra_node:
             mesh_alltoall = kind == "alltoall" and node.nvlink_links is not None
-            fit = self.mesh_alltoall if mesh_alltoall else self.intra[curve_kind]
+            fit = self.mesh_alltoall_curve if mesh_alltoall else self.intra[curve_kind]
             bw, node_nic_bw = in_node_bw, None
             ramp_scale = node.intra_node_bandwidth_bytes_per_s / in_node_bw  # > 1 on a share of a mesh's links
             self._note("collectives.intra_node", curve_kind, bus)
