@@ -327,10 +327,13 @@ def megatron_rows(data: Path) -> list[Row]:
     """Megatron-Core weak scaling (GPT, vocab 131072, seq 4096); measured step time derived from
     the reported TFLOP/s per GPU with Megatron's FLOP formula (identical to ours for GPT).
     The source does not give the micro-batch size: 1 is assumed. It states --tp-comm-overlap
-    (plan.tp_comm_overlap where tp > 1). It does not state --accumulate-allreduce-grads-in-fp32,
-    so gradients are reduced in bf16, Megatron-Core's default (DistributedDataParallelConfig
-    grad_reduce_in_fp32 = False). Stated because both were set after seeing this table's errors
-    (issue #14): each is what the source or its framework says, not a fitted factor."""
+    (plan.tp_comm_overlap where tp > 1). Gradients are accumulated and reduced in fp32 (plan.grad_reduce_dtype's
+    default): the runs are Megatron-LM's training script, whose arguments.py at the table's commit
+    (f2e5db402c, 2024-07-15, as at core_r0.8.0) sets accumulate_allreduce_grads_in_fp32 under --bf16 ("bfloat16
+    requires gradient accumulation and all-reduce to be done in fp32"), which training.py hands to
+    DistributedDataParallelConfig(grad_reduce_in_fp32=...); there was no flag to turn it off (--grad-reduce-in-bf16
+    came in 2025). Until session 38 these rows reduced in bf16, read as Megatron-Core's DistributedDataParallelConfig
+    default, set after seeing this table's errors (issue #14)."""
     rows = []
     for r in read_csv_rows(data / "step_times" / "megatron_core_h100_weak_scaling.csv"):
         h, layers, heads = int(r["hidden_size"]), int(r["layers"]), int(r["attention_heads"])
@@ -347,7 +350,6 @@ def megatron_rows(data: Path) -> list[Row]:
         plan = _plan(int(r["TP"]), int(r["PP"]), 1, 1, 1, gbs, "bf16")
         plan |= {
             "tp_comm_overlap": int(r["TP"]) > 1,
-            "grad_reduce_dtype": "bf16",
             "tp_comm_overlap_sms": TE1_DEFAULT_SMS,
         }
         flops = (
