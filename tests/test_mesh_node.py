@@ -119,30 +119,61 @@ def test_a_link_matrix_that_is_no_mesh_is_refused_in_one_line(links, says):
         parse_section("system", {"preset": "v100-p3.16xlarge", "node": node}, "system")
 
 
-def test_a_send_rides_the_links_of_the_pairs_it_joins():
-    # every GPU to the one after it: {0,1} has 1 link (NV1), {3,4} none but 3 -> 0 -> 4 over NV2 and NV2: the
-    # worst pair's 1 link; 4 apart: {2,6} and {3,7} NV1
-    assert mesh().pair_bandwidth_bytes_per_s(1) == pytest.approx(25e9, rel=1e-12)
-    assert mesh().pair_bandwidth_bytes_per_s(4) == pytest.approx(25e9, rel=1e-12)
-    # a ring of 4 GPUs with 2 links between neighbours (4 a GPU, 25 GB/s a link): neighbours 2 links; 2 apart none,
-    # through either neighbour over 2 and 2
+@pytest.mark.parametrize(
+    ("stride", "gb_s"),
+    [
+        # every GPU to the one after it: {0,1} NV1, {1,2} NV2 ... but {3,4} no link: the worst pair on the whole
+        # 6 GB/s host path (not 2 links through GPU 0, a ring's path)
+        (1, 6.0),
+        (2, 6.0),  # {2,4} no link
+        (4, 25.0),  # {0,4}, {1,5} NV2, {2,6}, {3,7} NV1: one link's 25 GB/s, however many join the pair
+    ],
+)
+def test_a_send_rides_one_link_or_the_host_path(stride, gb_s):
+    assert mesh().pair_bandwidth_bytes_per_s(stride) == pytest.approx(gb_s * 1e9, rel=1e-12)
+
+
+def test_a_send_between_neighbours_with_two_links_gets_one_links_worth():
+    # a ring of 4 GPUs with 2 links between neighbours (4 a GPU, 25 GB/s a link): neighbours one link's 25 GB/s, 2
+    # apart no link: the host path; a ring over them still rides 2 links a GPU
     ring = NodeSpec(
         gpus_per_node=4,
         intra_node_bandwidth_bytes_per_s=100e9,
         nvlink_links=((0, 2, 0, 2), (2, 0, 2, 0), (0, 2, 0, 2), (2, 0, 2, 0)),
         host_path_bandwidth_bytes_per_s=6e9,
     )
-    assert ring.pair_bandwidth_bytes_per_s(1) == pytest.approx(50e9, rel=1e-12)
-    assert ring.pair_bandwidth_bytes_per_s(2) == pytest.approx(50e9, rel=1e-12)
+    assert ring.pair_bandwidth_bytes_per_s(1) == pytest.approx(25e9, rel=1e-12)
+    assert ring.pair_bandwidth_bytes_per_s(2) == pytest.approx(6e9, rel=1e-12)
     assert ring.group_bandwidth_bytes_per_s(2, 2) == pytest.approx(50e9, rel=1e-12)
     assert ring.group_bandwidth_bytes_per_s(4, 1) == pytest.approx(100e9, rel=1e-12)
 
 
 def test_a_pipeline_send_in_a_p3_16xlarge_is_no_faster_than_one_link():
-    # 1 GiB from each GPU to the next over 25 GB/s takes at least 42.9 ms; the node's six links would allow 7.2
+    # 1 GiB from each GPU to the one 4 on (every such pair linked) over 25 GB/s takes at least 42.9 ms; the node's
+    # six links would allow 7.2
     system = parse_section("system", {"preset": "v100-p3.16xlarge"}, "system")
     assert isinstance(system, SystemConfig)
-    assert AnalyticCostModel(system, "fp16").p2p_s(GIB, False, 1) >= GIB / 25e9
+    assert AnalyticCostModel(system, "fp16").p2p_s(GIB, False, 4) >= GIB / 25e9
+
+
+@pytest.mark.parametrize(
+    ("stride", "want_s"),
+    [
+        # the 2-GPU all-to-all curve (curves.json mesh_alltoall: 18.180 µs, e_max 0.565157, gamma 1.334325, log_half
+        # 14.869089) over one link, 25 GB/s, its ramp on 150 / 25 = 6 times the bytes: ln 6,291,456 = 15.654703,
+        # e = 0.565157 / (1 + e^(1.334325 × (14.869089 − 15.654703))) = 0.418464;
+        # 18.180 µs + 1,048,576 B / (25e9 × 0.418464) = 18.180 + 100.231 µs
+        (4, 118.41e-6),
+        # GPUs 3 and 4 have no link: the preset's 4.96 GB/s host path, ramp on 150 / 4.96 = 30.2419 times the bytes:
+        # ln 31,710,968 = 17.272173, e = 0.565157 / (1 + e^(1.334325 × (14.869089 − 17.272173))) = 0.543160;
+        # 18.180 µs + 1,048,576 B / (4.96e9 × 0.543160) = 18.180 + 389.22 µs
+        (1, 407.40e-6),
+    ],
+)
+def test_a_pipeline_send_of_one_mib_on_a_p3_16xlarge_by_hand(stride, want_s):
+    system = parse_section("system", {"preset": "v100-p3.16xlarge"}, "system")
+    assert isinstance(system, SystemConfig)
+    assert AnalyticCostModel(system, "fp16").p2p_s(2**20, False, stride) == pytest.approx(want_s, rel=1e-3)
 
 
 def test_a_calibration_on_a_mesh_prices_each_measured_layout_on_its_own_links(tmp_path):
@@ -157,15 +188,6 @@ def test_a_calibration_on_a_mesh_prices_each_measured_layout_on_its_own_links(tm
     want = collective_time_s(law, 2 * 3 / 4 * 2**26, 1, 4, 50e9, None, 3.0)
     priced = costs.collective_s("all_reduce", 2**26, place_group(4, 2, 8))
     assert priced == pytest.approx(float(want), rel=1e-2)
-
-
-def test_a_pipeline_send_of_one_mib_on_one_link_by_hand():
-    # vidur's H100 send_recv fit (curves.json p2p intra_node: 7.1907 µs, e_max 0.8317, gamma 0.4922, log_half
-    # 10.9592) over GPU 0's one link to GPU 1, 25 GB/s, its ramp on 150 / 25 = 6 times the bytes:
-    # 7.19 µs + 1,048,576 B / (25e9 × 0.8317 / (1 + e^(0.4922 × (10.9592 − ln 6,291,456)))) = 7.19 + 55.43 µs
-    system = parse_section("system", {"preset": "v100-p3.16xlarge"}, "system")
-    assert isinstance(system, SystemConfig)
-    assert AnalyticCostModel(system, "fp16").p2p_s(2**20, False, 1) == pytest.approx(62.62e-6, rel=1e-3)
 
 
 @pytest.mark.parametrize(

@@ -153,7 +153,8 @@ class NodeSpec(BaseModel):
         None,
         description="Per GPU, one direction, on a node with nvlink_links: what a GPU sends in all, at once, to the "
         "GPUs of its node it has no link to, through PCIe and the CPUs (NCCL's PATH_SYS): an all-to-all's exchanges "
-        "with such peers, which the NCCL of Alpa's measurements did not route over another GPU's links. Required "
+        "with such peers, which the NCCL of Alpa's measurements did not route over another GPU's links, and a "
+        "pipeline's or a context-parallel ring's sends to one, priced alike. Required "
         "where nvlink_links leaves two of the node's GPUs without a link.",
     )
 
@@ -188,8 +189,8 @@ class NodeSpec(BaseModel):
         if unlinked is not None and self.host_path_bandwidth_bytes_per_s is None:
             raise ValueError(
                 f"host_path_bandwidth_bytes_per_s: expected a bandwidth (bytes/s per GPU) where nvlink_links leaves "
-                f"GPUs {unlinked[0]} and {unlinked[1]} without a link (an all-to-all's exchanges between them go "
-                "through PCIe and the CPUs); got none"
+                f"GPUs {unlinked[0]} and {unlinked[1]} without a link (an all-to-all's exchanges and the sends between "
+                "them go through PCIe and the CPUs); got none"
             )
         return self
 
@@ -236,18 +237,25 @@ class NodeSpec(BaseModel):
         sends through the host to all such peers of its group (host_path_bandwidth_bytes_per_s; the NCCL Alpa
         ran did not send them through another GPU's links: the same database's 4-GPU all-to-all of GPUs 0, 2, 4
         and 6, which a ring rides at 2 links a GPU, reaches 3.2 GB/s a peer)."""
-        links, host_bw = self.nvlink_links, self.host_path_bandwidth_bytes_per_s
+        links = self.nvlink_links
         if links is None or size <= 1:
             return self.intra_node_bandwidth_bytes_per_s
-        link_bw = self._link_bandwidth_bytes_per_s(links)
         slowest = min(
-            link_bw if links[i][j] else host_bw / sum(not links[i][k] for k in group if k != i)  # type: ignore[operator]
+            self._peer_rate_bytes_per_s(links, i, j, sum(not links[i][k] for k in group if k != i))
             for group in self._groups(size, stride)
             for i in group
             for j in group
             if j != i
         )
         return (size - 1) * slowest
+
+    def _peer_rate_bytes_per_s(self, links: tuple[tuple[int, ...], ...], i: int, j: int, unlinked_peers: int) -> float:
+        """One direction, from GPU i of this mesh to GPU j over NCCL's point-to-point connection while i sends to
+        `unlinked_peers` GPUs it has no link to at once: one link's bandwidth where i and j share a link, however
+        many; else an even share of the host path (alltoall_bandwidth_bytes_per_s gives the measurements)."""
+        if links[i][j]:
+            return self._link_bandwidth_bytes_per_s(links)
+        return self.host_path_bandwidth_bytes_per_s / unlinked_peers  # type: ignore[operator]
 
     def _groups(self, size: int, stride: int) -> list[list[int]]:
         """The groups of `size` GPUs `stride` apart Megatron lays over this node: blocks of size × stride GPUs
@@ -267,15 +275,19 @@ class NodeSpec(BaseModel):
         return self.intra_node_bandwidth_bytes_per_s / max(sum(row) for row in links)
 
     def pair_bandwidth_bytes_per_s(self, stride: int) -> float:
-        """Per GPU, one direction: what every GPU of this node sends at once to the GPU `stride` after it (pipeline
-        stages `stride` GPUs apart, a context-parallel ring's neighbours), in the worst pair. On a switch the
-        GPU's bandwidth; on a mesh one link's × the links of the pair, or of its best path through one other GPU
-        (NCCL's PATH_NVB) where it has none (the p3.16xlarge: 1 link for GPUs 0 and 1, 2 for 3 and 4 through 0)."""
+        """Per GPU, one direction: what every GPU of this node sends at once to the GPU `stride` after it over NCCL's
+        point-to-point transport (pipeline stages `stride` GPUs apart, a context-parallel ring's neighbours), in the
+        worst pair. On a switch the GPU's bandwidth; on a mesh what one exchange of an all-to-all with that peer
+        rides (alltoall_bandwidth_bytes_per_s): one link's bandwidth however many links join the pair, the whole
+        host path where none does. On the p3.16xlarge: 25 GB/s for GPUs 0 and 1 (1 link) and for 0 and 4 (2), 4.96
+        GB/s for 3 and 4 (none), where the path through GPU 0 a ring is priced on (NCCL's PATH_NVB) gave 50 until
+        session 38. An NCCL that relays such a send through an intermediate GPU of its communicator (p2p.cc's
+        P2P/indirect) could do better; the only measured exchange without a link (Alpa's all-to-all of GPUs 0, 2, 4
+        and 6) ran at the host path's rate."""
         links, n = self.nvlink_links, self.gpus_per_node
         if links is None or stride >= n:
             return self.intra_node_bandwidth_bytes_per_s
-        link_bw = self._link_bandwidth_bytes_per_s(links)
-        return link_bw * min(_path_links(links, r, r + stride) for r in range(n - stride))
+        return min(self._peer_rate_bytes_per_s(links, r, r + stride, 1) for r in range(n - stride))
 
 
 def _path_links(links: tuple[tuple[int, ...], ...], i: int, j: int) -> int:

@@ -253,17 +253,26 @@ class AnalyticCostModel:
 
     def p2p_s(self, nbytes: float, cross_node: bool, stride: int) -> float:
         """Point-to-point send of `nbytes` (pipeline activations) to the GPU `stride` ranks on: vidur's H100
-        send_recv fits, in one node on the NVLink bandwidth of such pairs (on a mesh node, their links:
-        NodeSpec.pair_bandwidth_bytes_per_s, the curve's ramp scaled alike as a collective's), across nodes on one
-        GPU's share of the NICs."""
+        send_recv fits, in one node on the NVLink bandwidth per GPU, across nodes on one GPU's share of the NICs.
+        In a mesh node (nvlink_links) a send is one exchange of a 2-GPU all-to-all of twice its bytes, priced as
+        such: on the pair's exchange bandwidth (NodeSpec.pair_bandwidth_bytes_per_s), on the curve fitted on Alpa's
+        p3.16xlarge 2-GPU all-to-alls (mesh_alltoall_curve), its ramp scaled as a collective's. Those exchanges
+        reach 0.57 of one link, where vidur's H100 sends reach 0.83 of the bandwidth they are given, so on the
+        pair's links that fit had priced them 32% too fast (validation/kernel_tables.py)."""
         if nbytes <= 0:
             return 0.0
-        fit = self.p2p["inter_node" if cross_node else "intra_node"]
         node = self.system.node
-        bw = self.system.nic_bandwidth_per_gpu_bytes_per_s() if cross_node else node.pair_bandwidth_bytes_per_s(stride)
-        ramp_scale = 1.0 if cross_node else node.intra_node_bandwidth_bytes_per_s / bw
-        hop_s = self.system.network.latency_s if cross_node else node.intra_node_latency_s
-        return max(float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes * ramp_scale))), hop_s)
+        if cross_node:
+            fit, bw = self.p2p["inter_node"], self.system.nic_bandwidth_per_gpu_bytes_per_s()
+            return max(float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes))), self.system.network.latency_s)
+        bw = node.pair_bandwidth_bytes_per_s(stride)
+        if node.nvlink_links is None:
+            fit = self.p2p["intra_node"]
+            send_s = float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes)))
+        else:
+            ramp_scale = node.intra_node_bandwidth_bytes_per_s / bw
+            send_s = float(collective_time_s(self.mesh_alltoall_curve, nbytes, 1, 2, bw, None, ramp_scale))
+        return max(send_s, node.intra_node_latency_s)
 
 
 def _regime(entry: dict, bus_bytes: float) -> dict:
