@@ -33,6 +33,20 @@ CUBE_MESH = (
 )
 
 
+#: 4 GPUs in a ring, 2 links between neighbours, none between GPUs 2 apart
+RING_OF_FOUR = ((0, 2, 0, 2), (2, 0, 2, 0), (0, 2, 0, 2), (2, 0, 2, 0))
+
+
+def four_gpus(links, host_bytes_per_s: float = 6e9) -> NodeSpec:
+    # 100 GB/s a GPU: 25 GB/s a link where a GPU has 4, 100 where it has 1
+    return NodeSpec(
+        gpus_per_node=4,
+        intra_node_bandwidth_bytes_per_s=100e9,
+        nvlink_links=links,
+        host_path_bandwidth_bytes_per_s=host_bytes_per_s,
+    )
+
+
 def mesh(links=CUBE_MESH) -> NodeSpec:
     # 6 GB/s a GPU through the host: a round number for the hand computations below, not the preset's
     return NodeSpec(
@@ -41,21 +55,33 @@ def mesh(links=CUBE_MESH) -> NodeSpec:
 
 
 @pytest.mark.parametrize(
-    ("size", "stride", "links"),
+    ("size", "stride", "gb_s"),
     [
-        (2, 1, 1),  # {0,1}: NV1, {2,3}: NV2 -> the worst pair's 1
-        (2, 4, 1),  # {0,4}, {1,5}: NV2 but {2,6}, {3,7}: NV1
-        (4, 1, 4),  # {0,1,2,3}: GPU 0 has 1 + 1 + 2 links to the others, GPU 1 1 + 2 + 1, GPUs 2 and 3 five
-        (4, 2, 2),  # {0,2,4,6}: GPU 2 has 1 to GPU 0 and 1 to GPU 6, none to 4
-        (8, 1, 6),  # the whole node: every GPU's six
-        # {0,6} and {1,7} (an embedding group's pairs): no link; 0 -> 2 -> 6 and 0 -> 4 -> 6 both have a 1-link hop
-        (2, 6, 1),
-        # {0,7}: no link; 0 -> 4 -> 7 over NV2 and NV2
-        (2, 7, 2),
+        (2, 1, 25.0),  # {0,1}: NV1, {2,3}: NV2 -> the worst pair's 1 link, 25 GB/s
+        (2, 4, 25.0),  # {0,4}, {1,5}: NV2 but {2,6}, {3,7}: NV1
+        (4, 1, 100.0),  # {0,1,2,3}: GPU 0 has 1 + 1 + 2 links to the others, GPU 1 1 + 2 + 1, GPUs 2 and 3 five
+        (4, 2, 50.0),  # {0,2,4,6}: GPU 2 has 1 to GPU 0 and 1 to GPU 6, none to 4
+        (8, 1, 150.0),  # the whole node: every GPU's six
+        # {0,6} and {1,7} (an embedding group's pairs): no link, and no GPU between them in their communicator: the
+        # 6 GB/s host path (not 0 -> 2 -> 6's 1 link, GPU 2 being outside the group)
+        (2, 6, 6.0),
+        # {0,7}: no link; the host path (not 0 -> 4 -> 7's 2)
+        (2, 7, 6.0),
     ],
 )
-def test_a_group_rides_the_links_its_worst_joined_gpu_has_to_the_rest(size, stride, links):
-    assert mesh().group_bandwidth_bytes_per_s(size, stride) == pytest.approx(links * 25e9, rel=1e-12)
+def test_a_group_rides_the_links_its_worst_joined_gpu_has_to_the_rest(size, stride, gb_s):
+    assert mesh().group_bandwidth_bytes_per_s(size, stride) == pytest.approx(gb_s * 1e9, rel=1e-12)
+
+
+def test_a_gpu_without_a_link_to_its_group_rides_the_host_path_even_beside_linked_ones():
+    # {0,5,6,7} is no group Megatron lays out, so a node of 4 GPUs whose GPU 0 has no link to the other three (which
+    # are joined by 2 links each): GPU 0 on the 6 GB/s host path, not 2 links' 50
+    lone = four_gpus(((0, 0, 0, 0), (0, 0, 2, 2), (0, 2, 0, 2), (0, 2, 2, 0)))
+    assert lone.group_bandwidth_bytes_per_s(4, 1) == pytest.approx(6e9, rel=1e-12)
+    # a host path faster than the links a GPU has (not the p3.16xlarge's): the linked GPU's 1 link still bounds it
+    fast_host = four_gpus(((0, 0, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (1, 0, 0, 0)), 40e9)
+    assert fast_host.group_bandwidth_bytes_per_s(2, 1) == pytest.approx(40e9, rel=1e-12)  # {0,1}, {2,3}: none
+    assert fast_host.group_bandwidth_bytes_per_s(4, 1) == pytest.approx(100e9, rel=1e-12)  # one link: 100 / 1
 
 
 def test_a_node_of_fewer_gpus_than_its_mesh_uses_the_links_among_its_first_ones():
@@ -106,7 +132,6 @@ def test_a_p3_16xlarge_group_all_reduces_at_its_measured_bus_bandwidth(size, str
     ("links", "says"),
     [
         (((0, 1), (1, 0)), r"expected 8 rows \(gpus_per_node\) or more"),
-        (tuple((0,) * 8 for _ in range(8)), "GPUs 0 and 1 are joined neither by a link nor through one other GPU"),
         (
             tuple(tuple(3 if (i, j) == (0, 1) else v for j, v in enumerate(row)) for i, row in enumerate(CUBE_MESH)),
             "symmetric",
@@ -135,16 +160,12 @@ def test_a_send_rides_one_link_or_the_host_path(stride, gb_s):
 
 def test_a_send_between_neighbours_with_two_links_gets_one_links_worth():
     # a ring of 4 GPUs with 2 links between neighbours (4 a GPU, 25 GB/s a link): neighbours one link's 25 GB/s, 2
-    # apart no link: the host path; a ring over them still rides 2 links a GPU
-    ring = NodeSpec(
-        gpus_per_node=4,
-        intra_node_bandwidth_bytes_per_s=100e9,
-        nvlink_links=((0, 2, 0, 2), (2, 0, 2, 0), (0, 2, 0, 2), (2, 0, 2, 0)),
-        host_path_bandwidth_bytes_per_s=6e9,
-    )
+    # apart no link: the host path, for a send and for a ring of the two alike (no GPU between them in their
+    # communicator); a ring over all four rides 2 links each way a GPU
+    ring = four_gpus(RING_OF_FOUR)
     assert ring.pair_bandwidth_bytes_per_s(1) == pytest.approx(25e9, rel=1e-12)
     assert ring.pair_bandwidth_bytes_per_s(2) == pytest.approx(6e9, rel=1e-12)
-    assert ring.group_bandwidth_bytes_per_s(2, 2) == pytest.approx(50e9, rel=1e-12)
+    assert ring.group_bandwidth_bytes_per_s(2, 2) == pytest.approx(6e9, rel=1e-12)
     assert ring.group_bandwidth_bytes_per_s(4, 1) == pytest.approx(100e9, rel=1e-12)
 
 
@@ -209,12 +230,7 @@ def test_a_mesh_all_to_all_ends_with_its_slowest_peer(size, stride, gb_s):
 def test_a_linked_peer_of_an_all_to_all_gets_one_links_worth_however_many_join_them():
     # the ring of 4 GPUs with 2 links between neighbours (25 GB/s a link): pairs {0,1} and {2,3} exchange at 25 GB/s,
     # not the 50 their 2 links carry a ring; a switch gives every all-to-all the GPU's bandwidth
-    ring = NodeSpec(
-        gpus_per_node=4,
-        intra_node_bandwidth_bytes_per_s=100e9,
-        nvlink_links=((0, 2, 0, 2), (2, 0, 2, 0), (0, 2, 0, 2), (2, 0, 2, 0)),
-        host_path_bandwidth_bytes_per_s=6e9,
-    )
+    ring = four_gpus(RING_OF_FOUR)
     assert ring.alltoall_bandwidth_bytes_per_s(2, 1) == pytest.approx(25e9, rel=1e-12)
     switch = NodeSpec(gpus_per_node=8, intra_node_bandwidth_bytes_per_s=300e9)
     assert switch.alltoall_bandwidth_bytes_per_s(4, 2) == 300e9

@@ -160,9 +160,8 @@ class NodeSpec(BaseModel):
 
     @model_validator(mode="after")
     def _mesh_shape(self) -> NodeSpec:
-        """A link matrix is square, of gpus_per_node GPUs or more, symmetric, zero on its diagonal, and joins every
-        two of the node's GPUs by a link or through one other GPU (the paths NCCL uses, PATH_NVL and PATH_NVB:
-        src/graph/paths.cc; a pair joined only through PCIe is not priced)."""
+        """A link matrix is square, of gpus_per_node GPUs or more, symmetric and zero on its diagonal; where it
+        leaves two of the node's GPUs without a link, the node says what they send each other through the host."""
         links, n = self.nvlink_links, self.gpus_per_node
         if links is None:
             return self
@@ -179,11 +178,6 @@ class NodeSpec(BaseModel):
                     raise ValueError(
                         f"nvlink_links: expected a symmetric matrix with a zero diagonal; got [{i}][{j}] = "
                         f"{links[i][j]} and [{j}][{i}] = {links[j][i]}"
-                    )
-                if i != j and i < n and j < n and not _path_links(links, i, j):
-                    raise ValueError(
-                        f"nvlink_links: GPUs {i} and {j} are joined neither by a link nor through one other GPU "
-                        "(a ring through PCIe is not priced)"
                     )
         unlinked = next(((i, j) for i in range(n) for j in range(i + 1, n) if not links[i][j]), None)
         if unlinked is not None and self.host_path_bandwidth_bytes_per_s is None:
@@ -202,20 +196,22 @@ class NodeSpec(BaseModel):
 
         On a switch (no nvlink_links) the GPU's bandwidth. On a mesh, one link's bandwidth × the links the
         worst-joined GPU of the worst group has to the rest of its group (the rings NCCL lays over a group pass
-        each GPU through those links alone, in both directions); a GPU with none reaches the group through one
-        other GPU, over the fewer links of that path's two (NCCL's PATH_NVB). On the p3.16xlarge this gives
-        1 link for any 2 GPUs, 4 for GPUs 0–3, 2 for GPUs 0, 2, 4, 6 and 6 for all 8, where Alpa's measured
-        all-reduces from 128 MiB reach 22.4, 82, 44 and 131 GB/s of bus bandwidth, 0.82–0.90 of those links at
-        25 GB/s (data/profiling/alpa_v100_p3.16xlarge_prof_db.csv; validation/kernel_tables.py)."""
+        each GPU through those links alone, in both directions). A GPU with none rides the host path: NCCL's
+        topology holds only the communicator's own GPUs (src/graph/topo.cc ncclTopoGetSystem: "Detect only the
+        GPU managed by this process. We'll get any others through XML fusion" of the local ranks;
+        ncclTopoAddNvLinks adds no link to a GPU outside it), so it has no path through another GPU's links
+        (PATH_NVB) to one of the group, and Alpa's measured exchanges without a link ran at the host path's rate
+        (alltoall_bandwidth_bytes_per_s). On the p3.16xlarge this gives 1 link for GPUs 0 and 1, 4 for GPUs 0–3,
+        2 for GPUs 0, 2, 4, 6 and 6 for all 8, where Alpa's measured all-reduces from 128 MiB reach 22.4, 82, 44
+        and 131 GB/s of bus bandwidth, 0.82–0.90 of those links at 25 GB/s
+        (data/profiling/alpa_v100_p3.16xlarge_prof_db.csv; validation/kernel_tables.py), and the host path for
+        GPUs 0 and 7 (no link; 2 links through GPU 4 until session 38)."""
         links = self.nvlink_links
         if links is None or size <= 1:
             return self.intra_node_bandwidth_bytes_per_s
-        worst = min(
-            sum(links[i][j] for j in group) or max(_path_links(links, i, j) for j in group if j != i)
-            for group in self._groups(size, stride)
-            for i in group
-        )
-        return self._link_bandwidth_bytes_per_s(links) * worst
+        link_bw, host_bw = self._link_bandwidth_bytes_per_s(links), self.host_path_bandwidth_bytes_per_s
+        joined = (sum(links[i][j] for j in group) for group in self._groups(size, stride) for i in group)
+        return min(link_bw * count if count else host_bw for count in joined)  # type: ignore[type-var, return-value]
 
     def in_node_bandwidth_bytes_per_s(self, kind: str, size: int, stride: int) -> float:
         """Per GPU, one direction: what collective `kind` over `size` GPUs of this node, `stride` apart, rides: an
@@ -280,20 +276,14 @@ class NodeSpec(BaseModel):
         worst pair. On a switch the GPU's bandwidth; on a mesh what one exchange of an all-to-all with that peer
         rides (alltoall_bandwidth_bytes_per_s): one link's bandwidth however many links join the pair, the whole
         host path where none does. On the p3.16xlarge: 25 GB/s for GPUs 0 and 1 (1 link) and for 0 and 4 (2), 4.96
-        GB/s for 3 and 4 (none), where the path through GPU 0 a ring is priced on (NCCL's PATH_NVB) gave 50 until
-        session 38. An NCCL that relays such a send through an intermediate GPU of its communicator (p2p.cc's
-        P2P/indirect) could do better; the only measured exchange without a link (Alpa's all-to-all of GPUs 0, 2, 4
-        and 6) ran at the host path's rate."""
+        GB/s for 3 and 4 (none), where the path through GPU 0 (NCCL's PATH_NVB) gave 50 until session 38. An NCCL
+        that relays such a send through an intermediate GPU of its communicator (p2p.cc's P2P/indirect) could do
+        better; the only measured exchange without a link (Alpa's all-to-all of GPUs 0, 2, 4 and 6, whose 2 and 4
+        have GPU 0 between them in the communicator) ran at the host path's rate."""
         links, n = self.nvlink_links, self.gpus_per_node
         if links is None or stride >= n:
             return self.intra_node_bandwidth_bytes_per_s
         return min(self._peer_rate_bytes_per_s(links, r, r + stride, 1) for r in range(n - stride))
-
-
-def _path_links(links: tuple[tuple[int, ...], ...], i: int, j: int) -> int:
-    """The links between GPUs i and j of a mesh: their own, or else the fewer of the two of the best path
-    through one other GPU (NCCL's PATH_NVB, NVLink through an intermediate GPU); 0: neither."""
-    return links[i][j] or max(min(links[i][k], links[k][j]) for k in range(len(links)))
 
 
 class NetworkSpec(BaseModel):
