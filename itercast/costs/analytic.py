@@ -262,17 +262,15 @@ class AnalyticCostModel:
         if nbytes <= 0:
             return 0.0
         node = self.system.node
-        if cross_node:
-            fit, bw = self.p2p["inter_node"], self.system.nic_bandwidth_per_gpu_bytes_per_s()
-            return max(float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes))), self.system.network.latency_s)
-        bw = node.pair_bandwidth_bytes_per_s(stride)
-        if node.nvlink_links is None:
-            fit = self.p2p["intra_node"]
-            send_s = float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes)))
-        else:
+        if not cross_node and node.nvlink_links is not None:
+            bw = node.pair_bandwidth_bytes_per_s(stride)
             ramp_scale = node.intra_node_bandwidth_bytes_per_s / bw
             send_s = float(collective_time_s(self.mesh_alltoall_curve, nbytes, 1, 2, bw, None, ramp_scale))
-        return max(send_s, node.intra_node_latency_s)
+            return max(send_s, node.intra_node_latency_s)
+        fit = self.p2p["inter_node" if cross_node else "intra_node"]
+        bw = self.system.nic_bandwidth_per_gpu_bytes_per_s() if cross_node else node.intra_node_bandwidth_bytes_per_s
+        hop_s = self.system.network.latency_s if cross_node else node.intra_node_latency_s
+        return max(float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes))), hop_s)
 
 
 def _regime(entry: dict, bus_bytes: float) -> dict:
