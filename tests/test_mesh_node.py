@@ -132,6 +132,7 @@ def test_a_p3_16xlarge_group_all_reduces_at_its_measured_bus_bandwidth(size, str
     ("links", "says"),
     [
         (((0, 1), (1, 0)), r"expected 8 rows \(gpus_per_node\) or more"),
+        (tuple((0,) * 8 for _ in range(8)), "nvlink_links: expected at least one link; got none"),
         (
             tuple(tuple(3 if (i, j) == (0, 1) else v for j, v in enumerate(row)) for i, row in enumerate(CUBE_MESH)),
             "symmetric",

@@ -1371,6 +1371,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("config/system.py", "for group in self._groups(size, stride) for i in group)",
       "for group in self._groups(size, stride)[:1] for i in group)",
       "a mesh's first group taken for all, not its worst", _t("mesh_node")),
+    M("config/system.py", "if not any(map(any, links)):", "if False:",
+      "a link matrix without a link accepted (and a ring on it divides by zero links)", _t("mesh_node")),
     M("config/system.py", "return min(link_bw * count if count else host_bw for count in joined)",
       "return min(link_bw * count if count else link_bw for count in joined)",
       "a GPU of a mesh group without a link to it priced on one link, not the host path", _t("mesh_node")),

@@ -160,8 +160,9 @@ class NodeSpec(BaseModel):
 
     @model_validator(mode="after")
     def _mesh_shape(self) -> NodeSpec:
-        """A link matrix is square, of gpus_per_node GPUs or more, symmetric and zero on its diagonal; where it
-        leaves two of the node's GPUs without a link, the node says what they send each other through the host."""
+        """A link matrix is square, of gpus_per_node GPUs or more, symmetric, zero on its diagonal and holds a link;
+        where it leaves two of the node's GPUs without one, the node says what they send each other through the
+        host."""
         links, n = self.nvlink_links, self.gpus_per_node
         if links is None:
             return self
@@ -179,6 +180,11 @@ class NodeSpec(BaseModel):
                         f"nvlink_links: expected a symmetric matrix with a zero diagonal; got [{i}][{j}] = "
                         f"{links[i][j]} and [{j}][{i}] = {links[j][i]}"
                     )
+        if not any(map(any, links)):
+            raise ValueError(
+                "nvlink_links: expected at least one link; got none (a node whose GPUs share no NVLink, PCIe only, is "
+                "not priced): give the links of this node's GPUs, or null for a switch"
+            )
         unlinked = next(((i, j) for i in range(n) for j in range(i + 1, n) if not links[i][j]), None)
         if unlinked is not None and self.host_path_bandwidth_bytes_per_s is None:
             raise ValueError(
