@@ -127,6 +127,7 @@ def main() -> None:
     gemm_shapes()
     own_gemm_curves()
     own_all_reduce()
+    a100_sends()
     mesh_collectives()
     moe_grouped_gemms()
 
@@ -412,6 +413,28 @@ def own_all_reduce() -> None:
                 signed = collective_time_s(fit, bus, 1, n, links, ramp_scale=full / links) / seconds - 1
                 print(f"  {name} {np.mean(np.abs(signed)):6.1%} / {signed[size >= 8e6].mean():+6.1%}", end="")
             print()
+
+
+def a100_sends() -> None:
+    """Sends between two A100s of one node (vidur's DGX A100 send_recv medians, devices_per_node 2, 2 KB-67 MB), held
+    out of every fit: priced by the dgx-a100 preset on the only send curve, vidur's H100 one, at the A100's 300 GB/s.
+    Mean |error| over every size, mean signed from 8 MiB. Its sends across two nodes are left out: vidur's A100
+    cluster reaches about 6 GB/s of bus bandwidth a GPU across nodes (its 2-node all-reduces), not a DGX A100's
+    25 GB/s NICs, so they say nothing of the preset."""
+    data = shared_data_dir()
+    if data is None:
+        print("\nA100 sends: no shared data (set ITERCAST_DATA), skipped")
+        return
+    costs = AnalyticCostModel(Job.from_presets("llama3-8b", "dgx-a100").system, "bf16")
+    rows = read_csv_rows(data / "kernels" / "vidur" / "network__a100_dgx__send_recv.csv")
+    one_node = [r for r in rows if r["devices_per_node"] == "2"]
+    sent = [(float(r["size"]), float(r["time_stats.send_recv.median"]) * 1e-3) for r in one_node]
+    size, seconds = (np.array(c) for c in zip(*sent, strict=True))
+    signed = np.array([costs.p2p_s(x, False, 1) for x in size]) / seconds - 1
+    print(
+        f"\nA100 sends in one node (vidur's DGX A100, held out) on the H100 send curve at 300 GB/s: {len(sent)} sizes, "
+        f"mean |error| {np.abs(signed).mean():.1%}, mean signed from 8 MiB {signed[size >= 2**23].mean():+.1%}"
+    )
 
 
 def mesh_collectives() -> None:
