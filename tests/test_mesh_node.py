@@ -152,19 +152,19 @@ def test_a_link_matrix_that_is_no_mesh_is_refused_in_one_line(links, says):
         # 6 GB/s host path (not 2 links through GPU 0, a ring's path)
         (1, 6.0),
         (2, 6.0),  # {2,4} no link
-        (4, 25.0),  # {0,4}, {1,5} NV2, {2,6}, {3,7} NV1: one link's 25 GB/s, however many join the pair
+        (4, 25.0),  # {0,4}, {1,5} NV2 (50 GB/s), but {2,6}, {3,7} NV1: the worst pair's 25
     ],
 )
-def test_a_send_rides_one_link_or_the_host_path(stride, gb_s):
+def test_a_send_rides_the_pairs_links_or_the_host_path(stride, gb_s):
     assert mesh().pair_bandwidth_bytes_per_s(stride) == pytest.approx(gb_s * 1e9, rel=1e-12)
 
 
-def test_a_send_between_neighbours_with_two_links_gets_one_links_worth():
-    # a ring of 4 GPUs with 2 links between neighbours (4 a GPU, 25 GB/s a link): neighbours one link's 25 GB/s, 2
-    # apart no link: the host path, for a send and for a ring of the two alike (no GPU between them in their
-    # communicator); a ring over all four rides 2 links each way a GPU
+def test_a_send_between_neighbours_with_two_links_rides_both():
+    # a ring of 4 GPUs with 2 links between neighbours (4 a GPU, 25 GB/s a link): neighbours 2 × 25 GB/s, 2 apart no
+    # link: the host path, for a send and for a ring of the two alike (no GPU between them in their communicator); a
+    # ring over all four rides 2 links each way a GPU
     ring = four_gpus(RING_OF_FOUR)
-    assert ring.pair_bandwidth_bytes_per_s(1) == pytest.approx(25e9, rel=1e-12)
+    assert ring.pair_bandwidth_bytes_per_s(1) == pytest.approx(50e9, rel=1e-12)
     assert ring.pair_bandwidth_bytes_per_s(2) == pytest.approx(6e9, rel=1e-12)
     assert ring.group_bandwidth_bytes_per_s(2, 2) == pytest.approx(6e9, rel=1e-12)
     assert ring.group_bandwidth_bytes_per_s(4, 1) == pytest.approx(100e9, rel=1e-12)
@@ -228,11 +228,15 @@ def test_a_mesh_all_to_all_ends_with_its_slowest_peer(size, stride, gb_s):
     assert mesh().alltoall_bandwidth_bytes_per_s(size, stride) == pytest.approx(gb_s * 1e9, rel=1e-12)
 
 
-def test_a_linked_peer_of_an_all_to_all_gets_one_links_worth_however_many_join_them():
-    # the ring of 4 GPUs with 2 links between neighbours (25 GB/s a link): pairs {0,1} and {2,3} exchange at 25 GB/s,
-    # not the 50 their 2 links carry a ring; a switch gives every all-to-all the GPU's bandwidth
+def test_a_linked_peer_of_an_all_to_all_rides_every_link_of_the_pair():
+    # the ring of 4 GPUs with 2 links between neighbours (25 GB/s a link): pairs {0,1} and {2,3} exchange at 2 × 25
+    # GB/s; two A100s joined by 12 NVLink3 links (three NVLink bridges, 300 GB/s a GPU): 12 × 25 = 300 GB/s, not
+    # one link's 25; a switch gives every all-to-all the GPU's bandwidth
     ring = four_gpus(RING_OF_FOUR)
-    assert ring.alltoall_bandwidth_bytes_per_s(2, 1) == pytest.approx(25e9, rel=1e-12)
+    assert ring.alltoall_bandwidth_bytes_per_s(2, 1) == pytest.approx(50e9, rel=1e-12)
+    pair = NodeSpec(gpus_per_node=2, intra_node_bandwidth_bytes_per_s=300e9, nvlink_links=((0, 12), (12, 0)))
+    assert pair.alltoall_bandwidth_bytes_per_s(2, 1) == pytest.approx(300e9, rel=1e-12)
+    assert pair.pair_bandwidth_bytes_per_s(1) == pytest.approx(300e9, rel=1e-12)
     switch = NodeSpec(gpus_per_node=8, intra_node_bandwidth_bytes_per_s=300e9)
     assert switch.alltoall_bandwidth_bytes_per_s(4, 2) == 300e9
 

@@ -233,12 +233,17 @@ class NodeSpec(BaseModel):
         the slowest peer's rate, as every GPU sends each peer as much and the exchange ends with the slowest.
 
         On a switch the GPU's bandwidth. On a mesh NCCL's all-to-all sends each peer over a point-to-point
-        connection of its own: a linked peer at one link's bandwidth whatever the links between them (Alpa's
-        p3.16xlarge all-to-alls of GPUs 0 and 4, joined by 2 links, ran as fast as those of GPUs 0 and 1 or 0 and
-        2, joined by 1: 14.2 GB/s a peer from 1 GiB), a peer without a link at an even share of what the GPU
-        sends through the host to all such peers of its group (host_path_bandwidth_bytes_per_s; the NCCL Alpa
-        ran did not send them through another GPU's links: the same database's 4-GPU all-to-all of GPUs 0, 2, 4
-        and 6, which a ring rides at 2 links a GPU, reaches 3.2 GB/s a peer)."""
+        connection of its own: a linked peer at the bandwidth of the links between them, a peer without a link at
+        an even share of what the GPU sends through the host to all such peers of its group
+        (host_path_bandwidth_bytes_per_s; the NCCL Alpa ran did not send them through another GPU's links: the same
+        database's 4-GPU all-to-all of GPUs 0, 2, 4 and 6, which a ring rides at 2 links a GPU, reaches 3.2 GB/s a
+        peer). Alpa's p3.16xlarge all-to-alls of 2 and 4 GPUs cannot tell one link a peer from all of the pair's:
+        every layout it ran (GPUs 0 and 4 beside 2 and 6, …) has a slowest pair joined by one link, 14.2 GB/s a peer
+        from 1 GiB. All the pair's, since a 2-GPU exchange over many links is far faster than one: vidur's 2-GPU
+        all-reduces on Azure's NC A100 v4 pairs (network__a100_pairwise_nvlink__all_reduce.csv), a ring of the
+        same point-to-point connection, reach 195 GB/s of bus bandwidth at 512 MiB, where one NVLink3 link carries
+        25 (three NVLink bridges join two A100s by 12). Until session 38's end a linked peer took one link's
+        bandwidth however many."""
         links = self.nvlink_links
         if links is None or size <= 1:
             return self.intra_node_bandwidth_bytes_per_s
@@ -253,10 +258,10 @@ class NodeSpec(BaseModel):
 
     def _peer_rate_bytes_per_s(self, links: tuple[tuple[int, ...], ...], i: int, j: int, unlinked_peers: int) -> float:
         """One direction, from GPU i of this mesh to GPU j over NCCL's point-to-point connection while i sends to
-        `unlinked_peers` GPUs it has no link to at once: one link's bandwidth where i and j share a link, however
-        many; else an even share of the host path (alltoall_bandwidth_bytes_per_s gives the measurements)."""
+        `unlinked_peers` GPUs it has no link to at once: the links i and j share × one link's bandwidth; without
+        one, an even share of the host path (alltoall_bandwidth_bytes_per_s gives the measurements)."""
         if links[i][j]:
-            return self._link_bandwidth_bytes_per_s(links)
+            return self._link_bandwidth_bytes_per_s(links) * links[i][j]
         return self.host_path_bandwidth_bytes_per_s / unlinked_peers  # type: ignore[operator]
 
     def _groups(self, size: int, stride: int) -> list[list[int]]:
@@ -280,9 +285,9 @@ class NodeSpec(BaseModel):
         """Per GPU, one direction: what every GPU of this node sends at once to the GPU `stride` after it over NCCL's
         point-to-point transport (pipeline stages `stride` GPUs apart, a context-parallel ring's neighbours), in the
         worst pair. On a switch the GPU's bandwidth; on a mesh what one exchange of an all-to-all with that peer
-        rides (alltoall_bandwidth_bytes_per_s): one link's bandwidth however many links join the pair, the whole
-        host path where none does. On the p3.16xlarge: 25 GB/s for GPUs 0 and 1 (1 link) and for 0 and 4 (2), 4.96
-        GB/s for 3 and 4 (none), where the path through GPU 0 (NCCL's PATH_NVB) gave 50 until session 38. An NCCL
+        rides (alltoall_bandwidth_bytes_per_s): the pair's links, the whole host path where it has none. On the
+        p3.16xlarge: 25 GB/s for GPUs 0 and 1 (1 link), 50 for 0 and 4 (2), 4.96 GB/s for 3 and 4 (none), where the
+        path through GPU 0 (NCCL's PATH_NVB) gave 50 until session 38. An NCCL
         that relays such a send through an intermediate GPU of its communicator (p2p.cc's P2P/indirect) could do
         better; the only measured exchange without a link (Alpa's all-to-all of GPUs 0, 2, 4 and 6, whose 2 and 4
         have GPU 0 between them in the communicator) ran at the host path's rate."""
