@@ -29,7 +29,8 @@ gives beside GPUSpec's POWER_LIMITS; then every row's signed error at nominal po
 (gpu.power_limit_w), the fp8 rows a held-out check of the one-clock assumption.
 
 Then one node's all-reduce on A100 and V100, which have no NVLink SHARP (needs ../shared/data or
-$ITERCAST_DATA): the H100 node's curve at their links against each GPU's own (own_all_reduce).
+$ITERCAST_DATA): the H100 node's curve at their links against each GPU's own (own_all_reduce); and A100 sends
+in one node, held out, on the H100 send curve (a100_sends).
 
 Then the GEMM curve's form (needs ../shared/data or $ITERCAST_DATA; skipped without): per source of
 measured GEMMs (OpenXLA's autotuned H100 table, vidur's PyTorch cuBLAS H100 projections, and held out
@@ -445,8 +446,8 @@ def mesh_collectives() -> None:
     from 8 MiB, and the worst size's signed error. Fitted on: the all-reduce of all 8 (curves.json V100); the
     all-to-alls of 2 GPUs (curves.json mesh_alltoall) and of GPUs 0, 2, 4 and 6 (the preset's host path); the
     all-gather and reduce-scatter run on the H100 node's curves. Held out: every other layout. Then a pipeline send
-    (AnalyticCostModel.p2p_s, vidur's H100 send/recv curve on the pair's links) of half a 2-GPU all-to-all's buffer
-    against that all-to-all, which is one such exchange each way."""
+    (AnalyticCostModel.p2p_s, priced on a mesh as one exchange of a 2-GPU all-to-all) of half such an all-to-all's
+    buffer against it, on the pairs 4 apart."""
     from itercast.config.job import load_system
     from itercast.hardware.topology import place_group
     from itercast.profile.importers import alpa_one_host_collectives

@@ -153,8 +153,9 @@ class NodeSpec(BaseModel):
         None,
         description="Per GPU, one direction, on a node with nvlink_links: what a GPU sends in all, at once, to the "
         "GPUs of its node it has no link to, through PCIe and the CPUs (NCCL's PATH_SYS): an all-to-all's exchanges "
-        "with such peers, which the NCCL of Alpa's measurements did not route over another GPU's links, and a "
-        "pipeline's or a context-parallel ring's sends to one, priced alike. Required "
+        "with such peers, which the NCCL of Alpa's measurements did not route over another GPU's links, a "
+        "pipeline's or a context-parallel ring's sends to one, and a ring collective's GPU with no link to its "
+        "group, priced alike. Required "
         "where nvlink_links leaves two of the node's GPUs without a link.",
     )
 
