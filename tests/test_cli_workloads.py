@@ -122,6 +122,18 @@ def test_search_of_a_dlrm_ranks_shardings_times_batches(tmp_path: Path) -> None:
     assert load_workload(again).predict().step_time_s == best["step_time_s"]  # the plan predicts as searched
 
 
+def test_search_of_a_dlrm_says_what_its_plans_prices_rest_on_as_predict_does(tmp_path: Path) -> None:
+    # dgx-h100 has no measured row-wise Adagrad update: predict and shard say so, and search of the same job too
+    job = dlrm_job(tmp_path)
+    code, text = invoke("search", str(job), "--batches", "256", "--top", "2", "--json")
+    assert code == 0, text
+    notes = json.loads(text)["notes"]
+    assert len(notes) == 1 and notes[0].startswith("the row-wise Adagrad update of sharded tables on H100-SXM5-80GB")
+    code, text = invoke("predict", str(job), "--json")
+    assert code == 0, text
+    assert json.loads(text)["notes"] == notes
+
+
 def test_slice_says_in_one_line_that_it_is_for_pipelined_transformers(tmp_path: Path) -> None:
     code, text = invoke("slice", str(dlrm_job(tmp_path)))
     assert code == 2 and "for pipelined transformers" in text and text.count("\n") == 1

@@ -26,6 +26,6 @@ def test_priced_notes_are_the_notes_that_hold_for_the_plan():
         return Job.from_dicts({"preset": "gpt3-1.3b", "vocab_size": 50257}, plan, system)
 
     padded, unpadded = job(128), job(1)
-    assert priced_notes(padded.model, padded.plan) == []
-    (said,) = priced_notes(unpadded.model, unpadded.plan)
+    assert priced_notes(padded.model, padded.plan, padded.system) == []
+    (said,) = priced_notes(unpadded.model, unpadded.plan, unpadded.system)
     assert said.startswith("the logits GEMMs run over 50,257 vocabulary rows per rank")

@@ -414,6 +414,7 @@ def fit_collectives(data: Path) -> dict:
         "all_gather": polaris["all_gather"]["regimes"][0],
         "reduce_scatter": polaris["all_gather"]["regimes"][0],
     }
+    h100_400g = _h100_400g(rows, small)
     return {
         "intra_node": intra,
         "intra_node_by_gpu": {
@@ -421,7 +422,11 @@ def fit_collectives(data: Path) -> dict:
             "V100": {"all_reduce": _v100_all_reduce(data, intra["all_reduce"]["alpha0_s"])},
         },
         "mesh_alltoall": _mesh_alltoall(data, intra["all_reduce"]["alpha0_s"]),
-        "inter_node_networks": {"polaris-slingshot11": polaris, "h100-400g": _h100_400g(rows, small)},
+        "inter_node_networks": {
+            "polaris-slingshot11": polaris,
+            "h100-400g": h100_400g,
+            "h100-efa": _h100_efa(h100_400g),
+        },
         "p2p": p2p,
         "source": "nccl-tests: NVIDIA/dgxc-benchmarking@841f546 nccl/README.md (1 node 8×H100 all-reduce), "
         "xxrjun/nccl-tests-cluster@455de4f (1 node 8×H100), argonne-lcf/alcf-nccl-tests@385be33 "
@@ -431,7 +436,9 @@ def fit_collectives(data: Path) -> dict:
         "Azure/AI-benchmarking-guide@3bb66ca ND_A100_v4_results.md "
         "(data/collectives/azure_ai_benchmarking_guide_allreduce_1node.csv); V100's: the Alpa OSDI'22 artifact "
         "profiling database (profiling/alpa_v100_p3.16xlarge_prof_db.csv), one p3.16xlarge's 8-GPU all-reduces; "
-        "a mesh node's all-to-all (mesh_alltoall): the same database's 2-GPU all-to-alls",
+        "a mesh node's all-to-all (mesh_alltoall): the same database's 2-GPU all-to-alls; AWS EFA (h100-efa): "
+        "crazyguitar/aws-gpu-communication-benchmark@a77f70d (p5.48xlarge, 2..16 nodes × 8 H100, 32 held out; "
+        "data/published/collectives/h100_aws_efa_nccl_tests.csv)",
     }
 
 
@@ -654,6 +661,51 @@ def _h100_400g(rows: list[dict], small: dict[str, dict]) -> dict:
             e_max_at_most=1.0,
         )
         out[coll] = {"regimes": [small[coll], {"max_bus_bytes": None, **fit}]}
+    return out
+
+
+#: AWS p5.48xlarge nccl-tests (crazyguitar/aws-gpu-communication-benchmark, 2-32 nodes; the file's header cites it)
+EFA_POINTS = Path(__file__).resolve().parents[1] / "data" / "published" / "collectives" / "h100_aws_efa_nccl_tests.csv"
+#: the EFA cluster's node count left out of its fit, to check the fit's growth with the nodes where it extrapolates
+EFA_HELD_OUT_NODES = 32
+
+
+def _h100_efa(h100_400g: dict) -> dict:
+    """Inter-node collectives over AWS's Elastic Fabric Adapter (SRD transport, aws-ofi-nccl) between p5.48xlarge
+    nodes of 8 H100 and 32 EFA interfaces of 100 Gb/s (3.2 Tb/s a node, as DGX H100's 8 NDR NICs): the all-gather and
+    all-reduce fitted on one cluster's nccl-tests at 2, 4, 8 and 16 nodes, 32 MiB to 8 GiB (EFA_POINTS, busbw to
+    seconds as nccl-tests' PERFORMANCE.md defines it), 32 nodes held out (EFA_HELD_OUT_NODES; validation/
+    collectives_at_scale.py prints both). Bus bytes and bandwidth as _h100_400g's: 8 × 50 GB/s a node, e_max at
+    most 1; every point fills its nodes, so a node cap cannot be told from e_max and none is fitted: a group with
+    fewer GPUs a node is priced at the full node's efficiency (not measured). Groups of four sizes: the latency's
+    form (log2 of the ranks, or per peer) is chosen by fit_collective on the 16-, 32- and 64-GPU groups' forecast
+    of the 128-GPU ones (2, 4 and 8 nodes forecasting 16: log2 of the ranks for both collectives), and the ramp
+    runs on one ring step's bytes (fit_collective's rule with ranks), which is what makes the time at a fixed size
+    grow with the nodes as EFA's does (an all-gather of 32 MiB: 0.24 ms on 2 nodes, 2.7 ms on 32). Not measured
+    on EFA: the reduce-scatter takes the all-gather's fit (the same ring, run the other way, as Polaris's does); the
+    all-to-all and messages below the small regimes' bound take h100-400g's (InfiniBand), which predict, shard and
+    search say beside each forecast that crosses nodes (costs/analytic.unmeasured_network_note)."""
+    rows = read_csv_rows(EFA_POINTS)
+    out: dict = {}
+    for coll in ("all_gather", "all_reduce"):
+        sel = [r for r in rows if r["collective"] == coll and int(r["nodes"]) != EFA_HELD_OUT_NODES]
+        nodes = [int(r["nodes"]) for r in sel]
+        ranks = [n * int(r["gpus_per_node"]) for n, r in zip(nodes, sel, strict=True)]
+        sizes = [float(bus_bytes(coll, float(r["size_B"]), k, n)) for r, k, n in zip(sel, ranks, nodes, strict=True)]
+        fit = fit_collective(
+            sizes,
+            [x / (float(r["busbw_GBs"]) * 1e9) for x, r in zip(sizes, sel, strict=True)],  # busbw = bus bytes / t
+            nodes,
+            [8 * 50e9] * len(sel),
+            fixed={"alpha0_s": 0.0},
+            ranks=ranks,
+            starts=8,
+            e_max_at_most=1.0,
+        )
+        fit["fitted_nodes"] = sorted(set(nodes))
+        out[coll] = {"regimes": [h100_400g[coll]["regimes"][0], {"max_bus_bytes": None, **fit}]}
+    out["reduce_scatter"] = out["all_gather"]
+    out["alltoall"] = h100_400g["alltoall"]
     return out
 
 

@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.config.job import load_system
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel
+from itercast.costs.curves import curves
 from itercast.data_paths import read_csv_rows, shared_data_dir
 from itercast.hardware.topology import GroupPlacement
 
@@ -112,6 +113,28 @@ def check(points: Path, model_of: Callable[[dict[str, str]], AnalyticCostModel])
         print(f"  nodes {nb:7s} size {sb:8s} {summary(errs)}")
 
 
+def efa_split(models: dict[str, AnalyticCostModel]) -> None:
+    """The EFA rows by collective, on the nodes the h100-efa curves were fitted on and on those held out of the fit
+    (each fit's `fitted_nodes`, tools/fit_efficiency_curves.py _h100_efa), priced by each of `models`."""
+    fits = curves()["collectives"]["inter_node_networks"]["h100-efa"]
+    rows = read_csv_rows(EFA_POINTS)
+    print("\nEFA rows by collective, on the nodes h100-efa was fitted on and on those held out:")
+    for name, model in models.items():
+        for coll in sorted({r["collective"] for r in rows}):
+            fitted = set(fits[coll]["regimes"][-1]["fitted_nodes"])
+            for part, keep in (("fitted", True), ("held out", False)):
+                errs = []
+                for r in rows:
+                    nodes, per_node = int(r["nodes"]), int(r["gpus_per_node"])
+                    if r["collective"] != coll or (nodes in fitted) != keep:
+                        continue
+                    group = GroupPlacement(nodes * per_node, nodes, per_node)
+                    size = float(r["size_B"])
+                    meas = measured_time_s(coll, size, group.size, r["oop_time_us"], r["busbw_GBs"])
+                    errs.append(model.collective_s(coll, size, group) / meas - 1)
+                print(f"  {name:17s} {coll:11s} {part:9s} {summary(errs)}")
+
+
 def a100_model(curves: str) -> Callable[[dict[str, str]], AnalyticCostModel]:
     """dgx-a100 priced on the `curves` cluster's inter-node fits, with the NICs a row states."""
 
@@ -132,6 +155,7 @@ def main() -> None:
     _fitting_reference(model)
     print("\nH100 on AWS EFA (p5.48xlarge, priced on dgx-h100: the same bytes a node, not its InfiniBand latency):")
     check(EFA_POINTS, lambda r: model)
+    efa_split({"dgx-h100": model, "h100-p5.48xlarge": AnalyticCostModel(load_system("h100-p5.48xlarge"), "bf16")})
     if A100_POINTS.exists():
         for curves in ("polaris-slingshot11", "h100-400g"):
             print(f"\nA100 (dgx-a100, collective_curves {curves}):")

@@ -43,7 +43,7 @@ from itercast.workload import (
     oom_note,
     same_kind,
 )
-from itercast.workloads.dlrm import beyond_profile, unmeasured_embedding_ops
+from itercast.workloads.dlrm import dlrm_notes
 from itercast.workloads.transformer_ops import priced_notes
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
@@ -132,14 +132,11 @@ def predict_cmd(
         fail(str(exc).replace("\n", "\n  "))
     if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand
         assert isinstance(result, DLRMPrediction)
-        gpu_name, dlrm = w.job.system.gpu.name, w.job.model
-        unmeasured = unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.eager_update)
-        beyond = beyond_profile(dlrm, w.job.system.num_gpus, w.job.plan.batch_per_rank, cal, gpu_name)
-        said = [*([beyond] if beyond else []), *unmeasured]
+        said = dlrm_notes(w.job.model, w.job.system, w.job.plan.batch_per_rank, cal)
     else:
         assert isinstance(result, Prediction)
         checked = checked_note(w.job)
-        said = [*priced_notes(w.job.model, w.job.plan), *([checked] if checked else [])]
+        said = [*priced_notes(w.job.model, w.job.plan, w.job.system), *([checked] if checked else [])]
     for note in (*said, *result.extrapolated):  # DLRM's as `shard` says them
         warn(note)
     if as_json:

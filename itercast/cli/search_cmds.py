@@ -76,7 +76,7 @@ from itercast.search.plan_search import (
 from itercast.search.plan_space import SpaceOptions
 from itercast.stochastic.variability import VariabilityModel
 from itercast.workload import DLRMWorkload, sharding_summary
-from itercast.workloads.dlrm import is_dlrm_model
+from itercast.workloads.dlrm import dlrm_notes, is_dlrm_model
 
 
 @app.command("search")
@@ -327,9 +327,15 @@ def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str, calib
         }
         for r in found[:top]
     ]
+    # what the prices of the plans shown rest on, as predict and shard say it (dlrm_notes), once each
+    shown_batches = dict.fromkeys(r.batch_per_rank for r in found[:top])
+    notes = list(dict.fromkeys(n for b in shown_batches for n in dlrm_notes(w.job.model, w.job.system, b, calibration)))
     if fmt == "json":
-        echo_json({"model": w.name, "world_size": w.num_gpus, "evaluated": evaluated, "plans": plans})
+        doc = {"model": w.name, "world_size": w.num_gpus, "evaluated": evaluated, "plans": plans, "notes": notes}
+        echo_json(doc)
         return
+    for note in notes:
+        warn(note)
     rows = [
         [
             str(i),

@@ -35,12 +35,11 @@ from itercast.workloads.dlrm import (
     DLRMStep,
     Shard,
     ShardingResult,
-    beyond_profile,
     check_sharding,
+    dlrm_notes,
     dlrm_step,
     load_index_sample,
     plan_sharding,
-    unmeasured_embedding_ops,
 )
 
 MAX_MODEL_BYTES = 4 << 20
@@ -147,13 +146,8 @@ def _price(
     # what the prices rest on, said once they stand (bad input is one error line, nothing before it)
     if cal is not None and calibration is not None:
         warn_other_system(calibration, cal, sys_cfg)
-    gpu_name = sys_cfg.gpu.name
-    notes = (
-        beyond_profile(dlrm, sys_cfg.num_gpus, batch_per_rank, cal, gpu_name),
-        *unmeasured_embedding_ops(gpu_name, cal, eager_update=dlrm.eager_update),
-        *found.plans[0][1].extrapolated,  # calibrated curves the chosen sharding's step priced beyond their rows
-    )
-    said = [note for note in notes if note]
+    # and the calibrated curves the chosen sharding's step priced beyond their rows
+    said = [*dlrm_notes(dlrm, sys_cfg, batch_per_rank, cal), *found.plans[0][1].extrapolated]
     for note in said:
         warn(note)
     return dlrm, sys_cfg, found, said

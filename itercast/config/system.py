@@ -308,13 +308,16 @@ class NetworkSpec(BaseModel):
     latency_s: NonNegativeFloat = Field(
         20e-6, description="One hop between nodes (NIC + switch). Floors collectives and sends across nodes."
     )
-    collective_curves: Literal["polaris-slingshot11", "h100-400g"] = Field(
+    collective_curves: Literal["polaris-slingshot11", "h100-400g", "h100-efa"] = Field(
         "polaris-slingshot11",
         description="The measured cluster whose inter-node collective curves price this network "
         "(costs/curves.json, tools/fit_efficiency_curves.py): ALCF Polaris, Slingshot 11 with 2 NICs "
         "per 4 A100, whose large all-reduces reach 0.65 of the NICs; or 10 nodes of 8×H100 with "
         "400 Gb/s per GPU (xxrjun/nccl-tests-cluster): 0.97–0.98 of the NICs a group's GPUs drive, a full node's "
-        "ring capped at 0.65–0.82 of its 8 NICs (all-to-all uncapped). A calibration's inter-node fits replace either.",
+        "ring capped at 0.65–0.82 of its 8 NICs (all-to-all uncapped); or AWS p5.48xlarge nodes over EFA "
+        "(crazyguitar/aws-gpu-communication-benchmark, 2–16 nodes of 8 H100): all-gather and all-reduce measured, "
+        "their latency growing with the ranks, reduce-scatter as the all-gather, all-to-all as h100-400g's "
+        "(not measured on EFA). A calibration's inter-node fits replace any of them.",
     )
 
 

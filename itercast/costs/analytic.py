@@ -54,6 +54,22 @@ def bus_bytes(kind: str, nbytes: float | np.ndarray, ranks: int, nodes: int) -> 
 ATTENTION_VS_GEMM = 0.75
 
 
+def unmeasured_network_note(system: SystemConfig) -> str | None:
+    """What the built-in curves of the system's network price without a measurement of that network, said beside
+    a forecast that crosses nodes: on EFA (collective_curves h100-efa) the reduce-scatter takes the all-gather's
+    fit and the all-to-all and messages below the small regime's bound take InfiniBand's (tools/
+    fit_efficiency_curves.py _h100_efa). None on the other networks, whose four collectives were measured, and
+    on one node."""
+    if system.network.collective_curves != "h100-efa" or system.num_nodes < 2:
+        return None
+    return (
+        "network h100-efa: all-gathers and all-reduces across nodes are priced on EFA's measured curves (2-16 "
+        "nodes of p5.48xlarge), reduce-scatters as those all-gathers; all-to-alls, and messages under 128 KiB "
+        "(all-gather) or 1 MiB (all-reduce) of bus bytes, on the curves of h100-400g: none of these is measured "
+        "on EFA"
+    )
+
+
 class AnalyticCostModel:
     """Seconds per op on one GPU of `system`, for training in `dtype`."""
 

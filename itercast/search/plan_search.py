@@ -327,7 +327,7 @@ def _rescore(request: SearchRequest, row: dict[str, Any]) -> dict[str, Any]:
         "memory_per_gpu_bytes": r.memory.total_bytes,
         "breakdown": r.breakdown.as_dict(),
         "extrapolated": list(r.extrapolated),  # calibrated curves priced beyond their rows (predict)
-        "notes": priced_notes(job.model, job.plan),
+        "notes": priced_notes(job.model, job.plan, job.system),
     }
 
 

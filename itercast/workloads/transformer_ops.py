@@ -68,6 +68,8 @@ from dataclasses import dataclass, replace
 
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig
+from itercast.config.system import SystemConfig
+from itercast.costs.analytic import unmeasured_network_note
 from itercast.costs.attention import AttentionShape
 
 COMPUTE_FAMILIES = ("gemm", "attention", "elementwise", "norm", "activation")
@@ -1677,9 +1679,10 @@ def zero_grad_reduce_note(plan: PlanConfig) -> str | None:
     )
 
 
-def priced_notes(model: ModelConfig, plan: PlanConfig) -> list[str]:
-    """Every note above that holds for this model and plan, in one order for `predict` and `search`: what
-    the forecast leaves out or rests on, said beside its figures."""
+def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> list[str]:
+    """Every note above that holds for this model and plan, and the system's network's (costs/analytic.
+    unmeasured_network_note), in one order for `predict` and `search`: what the forecast leaves out or rests
+    on, said beside its figures."""
     notes = (
         unaligned_logits_note(model, plan),
         grad_accumulation_note(plan),
@@ -1689,5 +1692,6 @@ def priced_notes(model: ModelConfig, plan: PlanConfig) -> list[str]:
         moe_routing_note(model, plan),
         gpt_oss_note(model, plan),
         rowwise_note(plan),
+        unmeasured_network_note(system),
     )
     return [note for note in notes if note]

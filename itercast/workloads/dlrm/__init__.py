@@ -24,6 +24,7 @@ from itercast.workloads.dlrm.config import (
 from itercast.workloads.dlrm.embedding import (
     ShardWork,
     beyond_profile,
+    dlrm_notes,
     embedding_seconds,
     index_stats,
     load_index_sample,
@@ -64,6 +65,7 @@ __all__ = [
     "dense_activation_bytes",
     "distinct_candidates",
     "dlrm_model",
+    "dlrm_notes",
     "dlrm_step",
     "embedding_seconds",
     "host_model",

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from itercast.costs.analytic import AnalyticCostModel
+from itercast.config.system import SystemConfig
+from itercast.costs.analytic import AnalyticCostModel, unmeasured_network_note
 from itercast.costs.aten_ops import EMBEDDING_UPDATE, lookup_features
 from itercast.costs.curves import curves
 from itercast.costs.fitted_ranges import EXTRAPOLATION_FACTOR
@@ -238,8 +239,23 @@ def unmeasured_update(gpu_name: str, calibration: dict[str, Any] | None, eager_u
 def unmeasured_embedding_ops(
     gpu_name: str, calibration: dict[str, Any] | None, eager_update: bool = False
 ) -> list[str]:
-    """The warnings of unmeasured_lookups and unmeasured_update that apply (what `predict` and `shard` say)."""
+    """The warnings of unmeasured_lookups and unmeasured_update that apply."""
     notes = (unmeasured_lookups(gpu_name, calibration), unmeasured_update(gpu_name, calibration, eager_update))
+    return [n for n in notes if n]
+
+
+def dlrm_notes(
+    model: DLRMConfig, system: SystemConfig, batch_per_rank: int, calibration: dict[str, Any] | None
+) -> list[str]:
+    """What a DLRM step's price rests on, said beside it by `predict`, `shard` and `search`: lookups beyond the
+    profiled calls (beyond_profile), embedding operators no measurement prices (unmeasured_embedding_ops) and
+    the network's unmeasured collectives (costs/analytic.unmeasured_network_note)."""
+    gpu = system.gpu.name
+    notes = (
+        beyond_profile(model, system.num_gpus, batch_per_rank, calibration, gpu),
+        *unmeasured_embedding_ops(gpu, calibration, eager_update=model.eager_update),
+        unmeasured_network_note(system),
+    )
     return [n for n in notes if n]
 
 
