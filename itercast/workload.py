@@ -12,6 +12,7 @@ schedules, ZeRO, recompute; search/dlrm_search.py for a DLRM: shardings × batch
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,7 +27,8 @@ from itercast.predict import DLRMPrediction, Forecast, Prediction, predict, pred
 from itercast.report import html_report as rep
 from itercast.sim.analysis import breakdown
 from itercast.stochastic.variability import StepGraph, build_transformer_step
-from itercast.workloads.dlrm import DLRMJob, is_dlrm_model
+from itercast.workloads.dlrm import DLRMJob, dlrm_notes, is_dlrm_model
+from itercast.workloads.transformer_ops import priced_notes
 
 
 def seconds(value_s: float) -> str:
@@ -53,6 +55,10 @@ class Workload(Protocol):
         ...
 
     def predict(self, calibration: dict[str, Any] | None = None) -> Forecast: ...
+
+    def notes(self, calibration: dict[str, Any] | None = None) -> list[str]:
+        """What the forecast's price leaves out or rests on, said beside it by every command that prices the job."""
+        ...
 
     def throughput(self, forecast: Forecast) -> tuple[str, float]:
         """(name with its unit, value): tokens or samples per second."""
@@ -109,6 +115,10 @@ class TransformerWorkload:
 
     def predict(self, calibration: dict[str, Any] | None = None) -> Prediction:
         return predict(self.job, calibration)
+
+    def notes(self, calibration: dict[str, Any] | None = None) -> list[str]:
+        """transformer_ops.priced_notes of the job (the calibration changes none of them)."""
+        return priced_notes(self.job.model, self.job.plan, self.job.system)
 
     def throughput(self, forecast: Forecast) -> tuple[str, float]:
         assert isinstance(forecast, Prediction)
@@ -175,6 +185,10 @@ class DLRMWorkload:
 
     def predict(self, calibration: dict[str, Any] | None = None) -> DLRMPrediction:
         return predict_dlrm(self.job, calibration, self.index_counts)
+
+    def notes(self, calibration: dict[str, Any] | None = None) -> list[str]:
+        """dlrm_notes of the job under `calibration`'s operator models."""
+        return dlrm_notes(self.job.model, self.job.system, self.job.plan.batch_per_rank, calibration)
 
     def throughput(self, forecast: Forecast) -> tuple[str, float]:
         assert isinstance(forecast, DLRMPrediction)
@@ -284,9 +298,11 @@ def report_sections(
     samples_s: np.ndarray,
     deterministic_s: float,
     within_s: float | None,
+    notes: list[str],
 ) -> list[rep.Section]:
     """A job's report: its summary, the step per pipeline stage (a DLRM: per rank), the simulated
-    timeline, memory per GPU, the step-time distribution and the critical path by family."""
+    timeline, memory per GPU, the step-time distribution, the critical path by family and `notes`, what the
+    forecast leaves out or rests on (Workload.notes)."""
     units = sorted({int(x) for x in r.sim.graph.resource_rank.tolist()})
     per_unit = [breakdown(r.sim, u) for u in units]
     unit = "pipeline stage" if w.kind == "transformer" else "rank"
@@ -314,8 +330,17 @@ def report_sections(
         rep.Section(
             "Critical path by family", rep.seconds_by_family_svg(r.critical_path, "seconds on the critical path")
         ),
+        *_notes_section(notes),
         *_checked_section(w),
     ]
+
+
+def _notes_section(notes: list[str]) -> list[rep.Section]:
+    """What the forecast's price leaves out or rests on (Workload.notes), one paragraph each, or nothing."""
+    if not notes:
+        return []
+    body = "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes)
+    return [rep.Section("What this forecast leaves out or rests on", body)]
 
 
 def _checked_section(w: TransformerWorkload | DLRMWorkload) -> list[rep.Section]:

@@ -3,10 +3,14 @@ note that says what on it is not measured."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import Result
+from typer.testing import CliRunner
 
+from itercast.cli import app
 from itercast.config.job import Job, load_system
 from itercast.costs.analytic import AnalyticCostModel, unmeasured_network_note
 from itercast.data_paths import read_csv_rows
@@ -78,3 +82,33 @@ def test_a_dlrm_across_efa_nodes_is_told_of_its_all_to_alls_priced_on_infiniband
         unmeasured_network_note(load_system("h100-p5.48xlarge", num_nodes=2))
     ]
     assert efa[: len(ib)] == ib and len(efa) == len(ib) + 1
+
+
+def test_every_command_that_prices_a_job_says_what_efa_leaves_unmeasured(tmp_path: Path) -> None:
+    # Workload.notes, said by predict, variability, slice, report and compare alike: a GPT-3 1.3B on 2 nodes of
+    # p5.48xlarge (16 GPUs: pipeline 2 x data 8) against the same job on DGX H100s, whose four collectives were measured
+    def job_file(system: str) -> Path:
+        path = tmp_path / f"{system}.yaml"
+        plan = "{global_batch_size: 16, data_parallel: 8, pipeline_parallel: 2}"
+        path.write_text(f"model: gpt3-1.3b\nsystem: {{preset: {system}, num_nodes: 2}}\nplan: {plan}\n")
+        return path
+
+    efa, ib = job_file("h100-p5.48xlarge"), job_file("dgx-h100")
+    said = "network h100-efa: all-gathers and all-reduces across nodes"
+
+    def run(*args: str) -> Result:
+        res = CliRunner().invoke(app, list(args))
+        assert res.exit_code == 0, res.output
+        return res
+
+    for args in (("predict",), ("variability", "--samples", "200"), ("slice",)):
+        res = run(*args, str(efa), "--json")
+        assert sum(n.startswith(said) for n in json.loads(res.stdout)["notes"]) == 1, args
+        if args[0] != "variability":  # variability says its notes in its table, not as warnings
+            assert said in res.stderr, args
+        assert not any(n.startswith(said) for n in json.loads(run(*args, str(ib), "--json").stdout)["notes"]), args
+    run("report", str(efa), "--samples", "200", "--out", str(tmp_path / "r.html"))
+    page = (tmp_path / "r.html").read_text()
+    assert "What this forecast leaves out or rests on" in page and said in page
+    compared = run("compare", str(efa), str(ib)).stderr
+    assert f"{said}" in compared and "on EFA (A)" in compared

@@ -33,7 +33,7 @@ from itercast.cli.app import (
 )
 from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError, DeadlockError
-from itercast.predict import DLRMPrediction, Forecast, Prediction
+from itercast.predict import Forecast
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.workload import (
     DLRMWorkload,
@@ -43,8 +43,6 @@ from itercast.workload import (
     oom_note,
     same_kind,
 )
-from itercast.workloads.dlrm import dlrm_notes
-from itercast.workloads.transformer_ops import priced_notes
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
 
@@ -130,13 +128,9 @@ def predict_cmd(
             write_chrome_trace(result.sim, trace, [resolve_job_file(job_file, example, model, system), calibration])
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no sharding fits
         fail(str(exc).replace("\n", "\n  "))
-    if isinstance(w, DLRMWorkload):  # what its prices rest on, said once they stand
-        assert isinstance(result, DLRMPrediction)
-        said = dlrm_notes(w.job.model, w.job.system, w.job.plan.batch_per_rank, cal)
-    else:
-        assert isinstance(result, Prediction)
-        checked = checked_note(w.job)
-        said = [*priced_notes(w.job.model, w.job.plan, w.job.system), *([checked] if checked else [])]
+    # what its prices rest on, said once they stand; a transformer's the published runs of its model too
+    checked = checked_note(w.job) if isinstance(w, TransformerWorkload) else None
+    said = [*w.notes(cal), *([checked] if checked else [])]
     for note in (*said, *result.extrapolated):  # DLRM's as `shard` says them
         warn(note)
     if as_json:
@@ -224,6 +218,10 @@ def compare_cmd(
             for name, path, r in (("A", job_a, res_a), ("B", job_b, res_b)):
                 if r.memory.oom:
                     warn(oom_note(r.memory, f"{name} ({path})"))
+            notes_a, notes_b = a.notes(cal_a), b.notes(cal_b)
+            for note in dict.fromkeys([*notes_a, *notes_b]):  # each once, with the jobs it holds for
+                held = [name for name, notes in (("A", notes_a), ("B", notes_b)) if note in notes]
+                warn(f"{note} ({' and '.join(held)})")
         rows = {k: (v, fig_b[k]) for k, v in fig_a.items() if k in fig_b}
     except (ConfigError, DeadlockError, ValueError) as exc:
         fail(str(exc).replace("\n", "\n  "))

@@ -92,7 +92,7 @@ def _job_sections(
 
     r = w.predict(calibration)
     dist = graph_distribution(w.step_graph(calibration), VariabilityModel(), samples, seed)
-    sections = report_sections(w, r, dist.samples_s, dist.deterministic_s, within_s)
+    sections = report_sections(w, r, dist.samples_s, dist.deterministic_s, within_s, w.notes(calibration))
     return f"{w.name}: predicted training step", w.headline(), sections
 
 

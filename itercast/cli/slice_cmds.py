@@ -43,6 +43,7 @@ from itercast.search.job_slicing import JobSlicing, job_with_stages, slice_job, 
 from itercast.search.layer_costs import job_layer_costs, read_layer_csv
 from itercast.search.stage_slicing import LayerCosts, Slicing, slice_best_stages, slice_exact, slice_relaxed
 from itercast.workloads.dlrm import is_dlrm_model
+from itercast.workloads.transformer_ops import priced_notes
 
 
 @app.command("slice")
@@ -240,9 +241,11 @@ def _slice_job(
     if not found:
         raise ValueError(f"no stage count in 1..{counts[-1]} gives a valid plan that fits the GPUs' memory")
     best = min(found, key=lambda js: js.prediction.step_time_s)
-    for note in best.prediction.extrapolated:  # calibrated curves priced beyond their rows (predict)
+    # what the slicing's price rests on and calibrated curves priced beyond their rows, as predict says them
+    notes = priced_notes(best.job.model, best.job.plan, best.job.system)
+    for note in (*notes, *best.prediction.extrapolated):
         warn(note)
-    out = _job_dict(best, time.perf_counter() - t0, src.calibration)
+    out = _job_dict(best, time.perf_counter() - t0, src.calibration) | {"notes": notes}
     if method in ("relaxed", "both"):
         costs, names = job_layer_costs(best.job, src.calibration)
         out |= _relaxed(costs, out["stages"], out["microbatches"], starts, workers, names, method, math.inf)

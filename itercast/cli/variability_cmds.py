@@ -284,9 +284,12 @@ def variability_cmd(
         "model": vm.__dict__,
         "attribution": attribution,
         "sensitivity": sensitivity,
-        "notes": run_level_notes(
-            vm, across_runs, "the step quantiles, attribution, sensitivity or speed-map p95 (time to train has it)"
-        ),
+        "notes": [  # what the priced step rests on (predict's notes), then what the sampling leaves out
+            *w.notes(cal),
+            *run_level_notes(
+                vm, across_runs, "the step quantiles, attribution, sensitivity or speed-map p95 (time to train has it)"
+            ),
+        ],
     }
     if mem is not None:
         out["fits_in_memory"] = not mem.oom
