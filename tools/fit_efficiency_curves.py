@@ -682,15 +682,15 @@ def _h100_efa(h100_400g: dict) -> dict:
     most 1; every point fills its nodes, so a node cap cannot be told from e_max and none is fitted: a group with
     fewer GPUs a node is priced at the full node's efficiency (not measured). Groups of four sizes: the latency's
     form (log2 of the ranks, or per peer) is chosen by fit_collective on the 16-, 32- and 64-GPU groups' forecast
-    of the 128-GPU ones (2, 4 and 8 nodes forecasting 16: log2 of the ranks for both collectives), and the ramp
-    runs on one ring step's bytes (fit_collective's rule with ranks), which is what makes the time at a fixed size
-    grow with the nodes as EFA's does (an all-gather of 32 MiB: 0.24 ms on 2 nodes, 2.7 ms on 32). The ramp's
-    exponent is bounded at EFA_GAMMA_AT_MOST: free, the all-gather's fitted 1.17, which priced an all-gather of 137 KB
-    on 64 nodes at 16.5 ms and a larger one less; bounded, its latency fits as 8.75 us per ring step (peers), the
-    ramp flat (held out: mean |error| 6.0% free, 9.3% bounded). Not measured
+    of the 128-GPU ones (2, 4 and 8 nodes forecasting 16), the ramp on one ring step's bytes (fit_collective's rule
+    with ranks). The ramp's exponent is bounded at EFA_GAMMA_AT_MOST: free, the all-gather's fitted 1.17, which
+    priced an all-gather of 137 KB on 64 nodes at 16.5 ms and a larger one less (held out: mean |error| 6.0%).
+    Bounded, the all-gather's latency fits per peer, 8.75 us a ring step, its ramp flat (held out: 9.3%), and the
+    all-reduce's (free exponent 0.62) as log2 of the nodes: what makes the time at a fixed size grow with the nodes
+    as EFA's does (an all-gather of 32 MiB: 0.24 ms on 2 nodes, 2.7 ms on 32). Not measured
     on EFA: the reduce-scatter takes the all-gather's fit (the same ring, run the other way, as Polaris's does); the
-    all-to-all and messages below the small regimes' bound take h100-400g's (InfiniBand), which predict, shard and
-    search say beside each forecast that crosses nodes (costs/analytic.unmeasured_network_note)."""
+    all-to-all and messages below the small regimes' bound take h100-400g's (InfiniBand), which every command that
+    prices a job says beside a forecast that crosses nodes (costs/analytic.unmeasured_network_note)."""
     rows = read_csv_rows(EFA_POINTS)
     out: dict = {}
     for coll in ("all_gather", "all_reduce"):

@@ -316,7 +316,8 @@ class NetworkSpec(BaseModel):
         "400 Gb/s per GPU (xxrjun/nccl-tests-cluster): 0.97–0.98 of the NICs a group's GPUs drive, a full node's "
         "ring capped at 0.65–0.82 of its 8 NICs (all-to-all uncapped); or AWS p5.48xlarge nodes over EFA "
         "(crazyguitar/aws-gpu-communication-benchmark, 2–16 nodes of 8 H100): all-gather and all-reduce measured, "
-        "their latency growing with the ranks, reduce-scatter as the all-gather, all-to-all as h100-400g's "
+        "the all-gather's latency growing with the ring's steps, the all-reduce's with log2 of the nodes, "
+        "reduce-scatter as the all-gather, all-to-all as h100-400g's "
         "(not measured on EFA). A calibration's inter-node fits replace any of them.",
     )
 
