@@ -1,0 +1,67 @@
+"""Does a larger collective ever cost less? Every system preset's price of each collective, swept over message sizes.
+
+    python validation/collective_monotonicity.py
+
+NCCL's tuner can always run a smaller message as it would a larger one, so a measured collective's time does not
+fall as its message grows. Each preset's AnalyticCostModel.collective_s is swept over SIZES_BYTES (1 KB to 16 GB, a
+buffer's bytes) on groups of 1 and of every GPU a node over NODE_COUNTS nodes (one node: the node's GPUs); printed:
+every (preset, collective, group) whose price falls somewhere, the largest fall (the size before it, the prices on
+both sides) and how many times it falls. A check of the model's form, no measurement: where a price falls, one side
+of the fall is wrong, and which one is for measurements to say. On 2026-12-03 (session 39, after the EFA all-gather's
+exponent was bounded) the falls left were: at the bound between an inter-node curve's small-message regime
+(Polaris's, on every preset) and its large one (at 128 nodes x 8, InfiniBand's all-gather 4.33 -> 2.43 ms and
+all-to-all 5.14 -> 0.47 ms); and on v100-p3.16xlarge, whose 25 Gb/s a node is 1/16 of Polaris's, inside Polaris's
+curves, whose efficiency ramps carry latency as lost bandwidth (an all-reduce of 1 MB across 2 nodes 45.8 ms, of a
+little more 4.5 ms; an all-to-all on 64 x 8 V100 of 137 KB 93 ms).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from itercast.config.job import load_system
+from itercast.config.presets import preset_names
+from itercast.costs.analytic import AnalyticCostModel
+from itercast.hardware.topology import GroupPlacement
+
+SIZES_BYTES = np.geomspace(1e3, 16e9, 200)
+NODE_COUNTS = (1, 2, 8, 64, 128)
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
+
+
+def falls(costs: AnalyticCostModel, kind: str, group: GroupPlacement) -> tuple[int, int, np.ndarray]:
+    """How many times the price falls between neighbouring sizes, the index of the largest relative fall and the
+    prices (seconds)."""
+    prices = np.array([costs.collective_s(kind, float(s), group) for s in SIZES_BYTES])
+    step = np.diff(prices) / prices[:-1]
+    return int(np.sum(step < -1e-9)), int(np.argmin(step)), prices
+
+
+def main() -> None:
+    print("price falls as the message grows (preset, collective, nodes x GPUs a node): size before -> after")
+    clean = 0
+    for name in preset_names("system"):
+        system = load_system(name)
+        if system.node.gpus_per_node < 2 or name == "cpu-host":
+            continue
+        costs = AnalyticCostModel(system, "bf16")
+        for kind in KINDS:
+            for nodes in NODE_COUNTS:
+                for per_node in sorted({1, system.node.gpus_per_node} if nodes > 1 else {system.node.gpus_per_node}):
+                    count, worst, prices = falls(costs, kind, GroupPlacement(nodes * per_node, nodes, per_node))
+                    if not count:
+                        clean += 1
+                        continue
+                    print(
+                        f"  {name:17s} {kind:14s} {nodes:3d} x {per_node}: at {SIZES_BYTES[worst]:9.3g} B "
+                        f"{prices[worst] * 1e3:8.3f} -> {prices[worst + 1] * 1e3:8.3f} ms ({count} falls)"
+                    )
+    print(f"groups whose price never falls: {clean}")
+
+
+if __name__ == "__main__":
+    main()
