@@ -124,4 +124,4 @@ def test_every_command_that_prices_a_job_says_what_efa_leaves_unmeasured(tmp_pat
     page = (tmp_path / "r.html").read_text()
     assert "What this forecast leaves out or rests on" in page and said in page
     compared = run("compare", str(efa), str(ib)).stderr
-    assert f"{said}" in compared and "on EFA (A)" in compared
+    assert said in compared and "on EFA (A)" in compared

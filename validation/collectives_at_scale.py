@@ -78,20 +78,31 @@ def summary(errors: list[float]) -> str:
     )
 
 
+def row_group(r: dict[str, str]) -> GroupPlacement:
+    """The row's group: its nodes of its GPUs a node (ASSUMED_GPUS_PER_NODE where the source leaves it out)."""
+    per_node, nodes = int(r["gpus_per_node"] or ASSUMED_GPUS_PER_NODE), int(r["nodes"])
+    return GroupPlacement(nodes * per_node, nodes, per_node)
+
+
+def row_error(model: AnalyticCostModel, r: dict[str, str], size: float) -> tuple[float, float]:
+    """The row's measured time at `size` bytes (seconds) and the model's error against it (predicted / measured − 1)."""
+    group = row_group(r)
+    meas = measured_time_s(r["collective"], size, group.size, r["oop_time_us"], r["busbw_GBs"])
+    return meas, model.collective_s(r["collective"], size, group) / meas - 1
+
+
 def check(points: Path, model_of: Callable[[dict[str, str]], AnalyticCostModel]) -> None:
     """Every row of `points` priced by the cost model `model_of` gives for it, and the summaries by band."""
     by_nodes, by_size, by_both = defaultdict(list), defaultdict(list), defaultdict(list)
     print(f"{'source':22s} {'coll':14s} {'nodes':>5s} {'g/n':>4s} {'size':>11s} {'meas us':>9s} {'pred us':>9s} err")
     for r in read_csv_rows(points):
-        per_node = int(r["gpus_per_node"] or ASSUMED_GPUS_PER_NODE)
-        nodes = int(r["nodes"])
-        group = GroupPlacement(nodes * per_node, nodes, per_node)
+        group = row_group(r)
+        nodes, per_node = group.nodes, group.per_node
         mark = "" if r["gpus_per_node"] else "*"
         kept = "stated misconfigured" not in r["note"]
         model = model_of(r)
         for size in (float(r["size_B"]),) if r["size_B"] else UNSTATED_SIZES_B:
-            meas = measured_time_s(r["collective"], size, group.size, r["oop_time_us"], r["busbw_GBs"])
-            err = model.collective_s(r["collective"], size, group) / meas - 1
+            meas, err = row_error(model, r, size)
             label = f"{int(size)}" if r["size_B"] else f"{int(size)}?"
             print(
                 f"{r['source']:22s} {r['collective']:14s} {nodes:5d} {per_node:3d}{mark:1s} {label:>11s} "
@@ -123,15 +134,8 @@ def efa_split(models: dict[str, AnalyticCostModel]) -> None:
         for coll in sorted({r["collective"] for r in rows}):
             fitted = set(fits[coll]["regimes"][-1]["fitted_nodes"])
             for part, keep in (("fitted", True), ("held out", False)):
-                errs = []
-                for r in rows:
-                    nodes, per_node = int(r["nodes"]), int(r["gpus_per_node"])
-                    if r["collective"] != coll or (nodes in fitted) != keep:
-                        continue
-                    group = GroupPlacement(nodes * per_node, nodes, per_node)
-                    size = float(r["size_B"])
-                    meas = measured_time_s(coll, size, group.size, r["oop_time_us"], r["busbw_GBs"])
-                    errs.append(model.collective_s(coll, size, group) / meas - 1)
+                chosen = [r for r in rows if r["collective"] == coll and (int(r["nodes"]) in fitted) == keep]
+                errs = [row_error(model, r, float(r["size_B"]))[1] for r in chosen]
                 print(f"  {name:17s} {coll:11s} {part:9s} {summary(errs)}")
 
 
