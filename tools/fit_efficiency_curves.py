@@ -92,6 +92,9 @@ KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"
 SMALL_BUS_BYTES = 1 << 20  # inter-node fits: latency regime below, bandwidth regime above
 RING_SMALL_BUS_BYTES = 128 << 10  # the same for all-gather / reduce-scatter (_polaris_regimes)
 A2A_MIN_PEER_BYTES = 256  # Polaris's all-to-alls of fewer bytes a peer are left out of its fit (_polaris_regimes)
+#: an inter-node fit's NIC bandwidth per GPU of the network it was measured on, bytes/s: the ramp runs faster in bytes
+#: on a slower network by the ratio (costs/analytic.AnalyticCostModel._network_ramp_scale)
+FITTED_NIC_KEY = "fitted_nic_bandwidth_per_gpu_bytes_per_s"
 H100_BF16_PEAK, H100_TF32_PEAK, H100_FP8_PEAK = 989.4e12, 494.7e12, 1978.9e12  # dense, H100 SXM datasheet
 A100_BF16_PEAK = 312e12  # A100 datasheet, dense
 HBM = {"h100": 3350e9, "a100": 2039e9}
@@ -402,6 +405,7 @@ def fit_collectives(data: Path) -> dict:
             bw,
             fixed={"alpha_per_log2_nodes_s": 0.0},
         )
+    p2p["inter_node"][FITTED_NIC_KEY] = 50e9  # one 400 Gb/s NIC a GPU (analytic._network_ramp_scale)
     polaris = {
         "all_reduce": {"regimes": _polaris_regimes(rows, "all_reduce", SMALL_BUS_BYTES, by_ranks=False)},
         "all_gather": {"regimes": _polaris_regimes(rows, "all_gather", RING_SMALL_BUS_BYTES, by_ranks=True)},
@@ -581,7 +585,8 @@ def _polaris_regimes(rows: list[dict], coll: str, small_bus_bytes: int, by_ranks
         else:  # the small regime: a latency (of the form fit_collective picks) and a ramp that never falls in size
             sane = {"ramp_of": "bus", "gamma": 1.0} if top_bytes else {}
             fit = fit_collective(x[sel], t[sel], m[sel], 4 * 12.5e9, fixed=sane, ranks=k[sel], starts=8)
-        regimes.append({"max_bus_bytes": top_bytes, **fit})
+        # 2 NICs of 25 GB/s a node of 4 GPUs: the ramp's network (analytic._network_ramp_scale)
+        regimes.append({"max_bus_bytes": top_bytes, **fit, FITTED_NIC_KEY: 12.5e9})
     return regimes
 
 
@@ -660,7 +665,7 @@ def _h100_400g(rows: list[dict], small: dict[str, dict]) -> dict:
             node_nic_bw=[8 * 50e9] * len(sel),
             e_max_at_most=1.0,
         )
-        out[coll] = {"regimes": [small[coll], {"max_bus_bytes": None, **fit}]}
+        out[coll] = {"regimes": [small[coll], {"max_bus_bytes": None, **fit, FITTED_NIC_KEY: 50e9}]}
     return out
 
 
@@ -705,7 +710,8 @@ def _h100_efa(h100_400g: dict) -> dict:
             fixed["gamma"] = EFA_GAMMA_AT_MOST
             fit = fit_collective(sizes, times, nodes, [8 * 50e9] * len(sel), fixed, ranks, 8, e_max_at_most=1.0)
         fit["fitted_nodes"] = sorted(set(nodes))
-        out[coll] = {"regimes": [h100_400g[coll]["regimes"][0], {"max_bus_bytes": None, **fit}]}
+        # 4 EFA interfaces of 12.5 GB/s a GPU (analytic._network_ramp_scale)
+        out[coll] = {"regimes": [h100_400g[coll]["regimes"][0], {"max_bus_bytes": None, **fit, FITTED_NIC_KEY: 50e9}]}
     out["reduce_scatter"] = out["all_gather"]
     out["alltoall"] = h100_400g["alltoall"]
     return out

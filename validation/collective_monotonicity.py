@@ -12,7 +12,11 @@ exponent was bounded) the falls left were: at the bound between an inter-node cu
 (Polaris's, on every preset) and its large one (at 128 nodes x 8, InfiniBand's all-gather 4.33 -> 2.43 ms and
 all-to-all 5.14 -> 0.47 ms); and on v100-p3.16xlarge, whose 25 Gb/s a node is 1/16 of Polaris's, inside Polaris's
 curves, whose efficiency ramps carry latency as lost bandwidth (an all-reduce of 1 MB across 2 nodes 45.8 ms, of a
-little more 4.5 ms; an all-to-all on 64 x 8 V100 of 137 KB 93 ms).
+little more 4.5 ms; an all-to-all on 64 x 8 V100 of 137 KB 93 ms). Since session 40 a ramp runs on bytes scaled by the
+network's bandwidth against its fit's (costs/analytic.network_ramp_scale): v100-p3.16xlarge's falls are now those of
+every preset, at the small regime's bound (an all-reduce across 2 nodes x 1 GPU of 30 KB 1.42 -> 0.32 ms), its 64 x 8
+all-to-all of 137 KB 2.6 ms (Polaris's large all-to-all, its ramp's exponent 1.12, still falls by ~1% in places); the
+falls at the bound remain on every preset (124 groups never fall).
 """
 
 from __future__ import annotations

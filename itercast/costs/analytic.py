@@ -223,7 +223,8 @@ class AnalyticCostModel:
         of an all-to-all (Polaris's, to 2,160 ranks); an all-to-all's bytes across nodes are those
         through the NIC (bus_bytes). A collective without an inter-node curve of its own on the
         system's network (a calibration's that fits the all-reduce alone) reuses the all-reduce curve
-        per bus byte.
+        per bus byte. Across nodes the curve's ramp, and the size regime it is chosen by, run on the bytes scaled by
+        the network's NIC bandwidth against the one the curve was fitted on (network_ramp_scale, _regime).
         """
         n = group.size
         if n <= 1 or nbytes <= 0:
@@ -240,10 +241,11 @@ class AnalyticCostModel:
             self._note("collectives.intra_node", curve_kind, bus)
         else:
             self._note("collectives.inter_node", curve_kind if curve_kind in self.inter else "all_reduce", bus)
-            fit = _regime(self.inter.get(curve_kind, self.inter["all_reduce"]), bus)
-            bw = min(in_node_bw, group.per_node * self.system.nic_bandwidth_per_gpu_bytes_per_s())
+            nic_per_gpu = self.system.nic_bandwidth_per_gpu_bytes_per_s()
+            fit = _regime(self.inter.get(curve_kind, self.inter["all_reduce"]), bus, nic_per_gpu)
+            bw = min(in_node_bw, group.per_node * nic_per_gpu)
             node_nic_bw = self.system.network.nics_per_node * self.system.network.nic_bandwidth_bytes_per_s
-            ramp_scale = 1.0
+            ramp_scale = network_ramp_scale(fit, nic_per_gpu)
         time_s = float(collective_time_s(fit, bus, group.nodes, n, bw, node_nic_bw, ramp_scale))
         return max(time_s, self.latency_floor_s(kind, group))
 
@@ -274,7 +276,8 @@ class AnalyticCostModel:
         such: on the pair's exchange bandwidth (NodeSpec.pair_bandwidth_bytes_per_s), on the curve fitted on Alpa's
         p3.16xlarge 2-GPU all-to-alls (mesh_alltoall_curve), its ramp scaled as a collective's. Those exchanges
         reach 0.57 of one link, where vidur's H100 sends reach 0.83 of the bandwidth they are given, so on the
-        pair's links that fit had priced them 32% too fast (validation/kernel_tables.py)."""
+        pair's links that fit had priced them 32% too fast (validation/kernel_tables.py). Across nodes the curve's ramp
+        runs on the bytes scaled by the network's NIC bandwidth against vidur's (network_ramp_scale)."""
         if nbytes <= 0:
             return 0.0
         node = self.system.node
@@ -286,12 +289,36 @@ class AnalyticCostModel:
         fit = self.p2p["inter_node" if cross_node else "intra_node"]
         bw = self.system.nic_bandwidth_per_gpu_bytes_per_s() if cross_node else node.intra_node_bandwidth_bytes_per_s
         hop_s = self.system.network.latency_s if cross_node else node.intra_node_latency_s
-        return max(float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(nbytes))), hop_s)
+        ramp_bytes = nbytes * (network_ramp_scale(fit, bw) if cross_node else 1.0)
+        return max(float(fit["alpha0_s"] + nbytes / (bw * curve(fit)(ramp_bytes))), hop_s)
 
 
-def _regime(entry: dict, bus_bytes: float) -> dict:
-    """A fit may be piecewise in size: the first regime whose `max_bus_bytes` covers the size."""
+def network_ramp_scale(fit: dict, nic_bandwidth_per_gpu_bytes_per_s: float) -> float:
+    """How many times faster an inter-node fit's efficiency ramp runs, in bytes, on a network of this NIC bandwidth per
+    GPU (bytes/s; SystemConfig.nic_bandwidth_per_gpu_bytes_per_s) than on the one it was measured on (the fit's
+    `fitted_nic_bandwidth_per_gpu_bytes_per_s`): their ratio. A ramp in bytes is latency seen as lost bandwidth:
+    Hockney's t = α + n/β has the efficiency n / (n + αβ), half at n = αβ bytes, fewer on a slower network by its
+    bandwidth's ratio, as a mesh node's share of its links scales the intra-node ramp (AnalyticCostModel.collective_s).
+    Unscaled, Polaris's small-message ramp (fitted at 12.5 GB/s a GPU) priced a 1 MB all-reduce across 2 nodes of
+    v100-p3.16xlarge (25 Gb/s a node: 0.39 GB/s a GPU) at 45.8 ms and a larger one at 4.5 ms
+    (validation/collective_monotonicity.py), and Alpa's measured all-gathers of 1-16 MB across p3.16xlarge hosts
+    +263% (mean; scaled, −16%: validation/alpa_collectives.py). A fit without the field (a calibration's, fitted on
+    the user's own network) runs as fitted: 1."""
+    fitted = fit.get("fitted_nic_bandwidth_per_gpu_bytes_per_s", nic_bandwidth_per_gpu_bytes_per_s)
+    return float(fitted) / nic_bandwidth_per_gpu_bytes_per_s
+
+
+def _regime(entry: dict, bus_bytes: float, nic_bandwidth_per_gpu_bytes_per_s: float) -> dict:
+    """A fit may be piecewise in size: the first regime whose `max_bus_bytes` covers the size both in bytes and as
+    the bytes it would be on the network the regime was measured on (× network_ramp_scale). NCCL's protocol and
+    algorithm switches lie where one's latency stops paying for another's bandwidth, at sizes in proportion to the
+    bandwidth, as the ramps': on a network r times slower a regime measured below B bytes covers those below B / r.
+    On a faster one it is not carried past B, the sizes it was measured on: Polaris's small-message all-reduce, carried
+    to 4 MB on InfiniBand's 4× faster NICs, priced a 4 MB all-reduce across 2 H100 nodes at 1.48 ms where the large
+    regime measured at such sizes prices 0.22 ms."""
     for regime in entry.get("regimes", [entry]):
-        if regime.get("max_bus_bytes") is None or bus_bytes < regime["max_bus_bytes"]:
+        bound = regime.get("max_bus_bytes")
+        scale = max(network_ramp_scale(regime, nic_bandwidth_per_gpu_bytes_per_s), 1.0)
+        if bound is None or bus_bytes * scale < bound:
             return regime
     return entry["regimes"][-1]
