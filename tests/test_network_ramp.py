@@ -1,6 +1,7 @@
-"""An inter-node curve's efficiency ramp runs in bytes scaled by its network's bandwidth (costs/analytic.py
+"""A collective curve's efficiency ramp in bytes: across nodes scaled by its network's bandwidth (costs/analytic.py
 network_ramp_scale, _regime): a ramp in bytes is latency seen as lost bandwidth, so on a network r times slower
-than the one a fit was measured on the same latency is r times fewer bytes."""
+than the one a fit was measured on the same latency is r times fewer bytes; below its least-time size a message
+takes that size's time (costs/fitting.collective_time_s)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from test_golden import SYSTEM, linear_calibration
 
 from itercast.config.job import Job, load_system
 from itercast.costs.analytic import AnalyticCostModel
+from itercast.costs.fitting import collective_time_s
 from itercast.data_paths import shared_data_dir
 from itercast.hardware.topology import GroupPlacement
 from itercast.profile.db import ProfileDB
@@ -111,3 +113,13 @@ def test_alpa_all_gathers_across_p3_hosts_of_1_to_16_mb_as_measured():
     ]
     assert len(rows) >= 50
     assert abs(np.mean(errors)) < 0.20
+
+
+def test_a_message_below_the_ramps_least_time_size_takes_that_sizes_time():
+    """A ramp steeper than 1 (e_max 1, half at 1e6 bytes, gamma 2) makes x / eff(x) = x + 1e12 / x rise as x shrinks
+    below its least-time size, e^(ln 1e6 + ln(2 − 1) / 2) = 1e6 bytes. At 1e9 bytes/s, 1e6 bytes take
+    1e6 / (1e9 · 0.5) = 2 ms; 2.5e5 bytes take as long (the curve's tail: 2.5e5 · (1 + 16) / 1e9 = 4.25 ms), 4e6 bytes
+    4e6 / (1e9 · 16/17) = 4.25 ms."""
+    steep = {"alpha0_s": 0.0, "e_max": 1.0, "log_half": math.log(1e6), "gamma": 2.0}
+    times = collective_time_s(steep, np.array([2.5e5, 1e6, 4e6]), 1, 2, 1e9)
+    assert times == pytest.approx([2e-3, 2e-3, 4.25e-3])

@@ -15,8 +15,10 @@ curves, whose efficiency ramps carry latency as lost bandwidth (an all-reduce of
 little more 4.5 ms; an all-to-all on 64 x 8 V100 of 137 KB 93 ms). Since session 40 a ramp runs on bytes scaled by the
 network's bandwidth against its fit's (costs/analytic.network_ramp_scale): v100-p3.16xlarge's falls are now those of
 every preset, at the small regime's bound (an all-reduce across 2 nodes x 1 GPU of 30 KB 1.42 -> 0.32 ms), its 64 x 8
-all-to-all of 137 KB 2.6 ms (Polaris's large all-to-all, its ramp's exponent 1.12, still falls by ~1% in places); the
-falls at the bound remain on every preset (124 groups never fall).
+all-to-all of 137 KB 2.6 ms; and below a ramp's least-time size a message takes that size's time
+(costs/fitting.collective_time_s), which ended the falls within the p3.16xlarge's mesh all-to-all (exponent 1.33, 57
+falls below 1 MB on one node) and Polaris's large all-to-all (refitted so). The falls at the regimes' bound remain on
+every preset: 131 groups never fall.
 """
 
 from __future__ import annotations

@@ -115,13 +115,18 @@ def collective_time_s(
     if node_nic_bw is not None:
         bw = np.minimum(bw, fit.get("node_nic_fraction", 1.0) * np.asarray(node_nic_bw, dtype=np.float64))
     k = np.maximum(np.asarray(ranks, dtype=np.float64), 2.0)
-    ramp_x = (x / (k - 1) if fit.get("ramp_of", "bus") == "step" else x) * ramp_scale
+    ramp_per_byte = (1.0 / (k - 1) if fit.get("ramp_of", "bus") == "step" else 1.0) * np.asarray(ramp_scale, float)
+    ramp = Curve(fit["e_max"], fit["log_half"], fit["gamma"])
+    # below the ramp's least-time size (a ramp whose exponent exceeds 1, where x / eff(x) grows as x shrinks) a
+    # message takes the time one of that size takes, not more: NCCL can always run a smaller message as it would a
+    # larger one (as memory-bound kernels, AnalyticCostModel.memory_s)
+    ramp_x = np.maximum(x * ramp_per_byte, ramp.least_time_size())
     return (
         fit["alpha0_s"]
         + fit.get("alpha_per_log2_nodes_s", 0.0) * np.log2(np.maximum(nodes, 1))
         + fit.get("alpha_per_log2_ranks_s", 0.0) * np.log2(k)
         + fit.get("alpha_per_peer_s", 0.0) * (k - 1)
-        + x / (bw * eff(ramp_x, fit["e_max"], fit["log_half"], fit["gamma"]))
+        + ramp_x / ramp_per_byte / (bw * ramp(ramp_x))
     )
 
 
