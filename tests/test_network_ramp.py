@@ -64,17 +64,32 @@ def test_a_send_across_nodes_keeps_its_latency_on_a_slower_network():
     assert _model(50e9, p2p=HOCKNEY).p2p_s(1e6, cross_node=True, stride=8) == pytest.approx(40e-6)
 
 
-def test_a_regime_covers_the_bytes_it_would_be_on_its_network_and_no_more_than_it_was_measured_on():
-    """Two flat regimes (efficiency 1), the small one below 1e6 bus bytes with a 1 ms latency, the large without:
-    which one priced a message shows in its time. On a network 4 times slower (12.5 GB/s) 5e5 bytes are 2e6 on the
-    fitted one: the large regime, 5e5 / 12.5e9 = 40 µs (unscaled: the small one, 1.04 ms). On one 4 times faster
-    (200 GB/s) 2e6 bytes are 5e5 there, but the small regime was measured below 1e6 bytes only: the large one,
-    2e6 / 200e9 = 10 µs (carried past its bytes: 1.01 ms); 5e5 bytes take the small one there, 1 ms + 2.5 µs."""
+def _two_regimes(small_alpha_s: float, large_alpha_s: float) -> dict:
+    """Two flat regimes (efficiency 1), the small one below 1e6 bus bytes, each with its latency."""
     flat = {"alpha0_s": 0.0, "e_max": 2.0, "log_half": 1.0, "gamma": 0.0, **FITTED}
-    regimes = {"regimes": [{**flat, "alpha0_s": 1e-3, "max_bus_bytes": 1e6}, {**flat, "max_bus_bytes": None}]}
-    assert _model(12.5e9, regimes).collective_s("all_reduce", 5e5, TWO_NODES_ONE_GPU) == pytest.approx(40e-6)
-    assert _model(200e9, regimes).collective_s("all_reduce", 2e6, TWO_NODES_ONE_GPU) == pytest.approx(10e-6)
-    assert _model(200e9, regimes).collective_s("all_reduce", 5e5, TWO_NODES_ONE_GPU) == pytest.approx(1.0025e-3)
+    small = {**flat, "alpha0_s": small_alpha_s, "max_bus_bytes": 1e6}
+    return {"regimes": [small, {**flat, "alpha0_s": large_alpha_s, "max_bus_bytes": None}]}
+
+
+def test_a_regime_covers_the_bytes_it_would_be_on_its_network_and_no_more_than_it_was_measured_on():
+    """The large regime with a 1 ms latency, the small one none: which one priced a message shows in its time. On a
+    network 4 times slower (12.5 GB/s) 5e5 bytes are 2e6 on the fitted one: the large regime, 1 ms + 5e5 / 12.5e9 =
+    1.04 ms (unscaled: the small one, 40 µs). On one 4 times faster (200 GB/s) 2e6 bytes are 5e5 there, but the small
+    regime was measured below 1e6 bytes only: the large one, 1 ms + 2e6 / 200e9 = 1.01 ms (carried past its bytes:
+    10 µs); 5e5 bytes take the small one there, 5e5 / 200e9 = 2.5 µs."""
+    regimes = _two_regimes(0.0, 1e-3)
+    assert _model(12.5e9, regimes).collective_s("all_reduce", 5e5, TWO_NODES_ONE_GPU) == pytest.approx(1.04e-3)
+    assert _model(200e9, regimes).collective_s("all_reduce", 2e6, TWO_NODES_ONE_GPU) == pytest.approx(1.01e-3)
+    assert _model(200e9, regimes).collective_s("all_reduce", 5e5, TWO_NODES_ONE_GPU) == pytest.approx(2.5e-6)
+
+
+def test_a_small_message_costs_no_more_than_the_next_regimes_smallest():
+    """The small regime with a 1 ms latency, the large one none, on the fitted 50 GB/s: 2e6 bytes take the large one,
+    2e6 / 50e9 = 40 µs; 5e5 bytes would take 1 ms + 5e5 / 50e9 = 1.01 ms on the small one, but a smaller message can
+    run as the large regime's smallest, 1e6 bytes: 1e6 / 50e9 = 20 µs."""
+    regimes = _two_regimes(1e-3, 0.0)
+    assert _model(50e9, regimes).collective_s("all_reduce", 2e6, TWO_NODES_ONE_GPU) == pytest.approx(40e-6)
+    assert _model(50e9, regimes).collective_s("all_reduce", 5e5, TWO_NODES_ONE_GPU) == pytest.approx(20e-6)
 
 
 def _alpa_rows(op: str) -> list:
