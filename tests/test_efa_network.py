@@ -34,8 +34,9 @@ def test_a_held_out_32_node_all_gather_of_32_mib_is_priced_near_its_measured_tim
     measured_s = 33423360 / 12.38e9
     assert measured_s == pytest.approx(2.6998e-3, rel=1e-4)
     assert _all_gather_s("h100-p5.48xlarge", 32, 33554432) == pytest.approx(measured_s, rel=0.15)
-    # the InfiniBand preset prices the same bytes a node at 0.60 ms: EFA's per-step latency is what differs
-    assert _all_gather_s("dgx-h100", 32, 33554432) < 0.3 * measured_s
+    # the InfiniBand preset prices the same bytes a node with its own per-step latency, fitted on another cluster:
+    # 1.70 ms, 255 ring steps at ~6.2 µs against EFA's 8.75; what differs is that latency, not the bytes
+    assert 0.5 * measured_s < _all_gather_s("dgx-h100", 32, 33554432) < 0.75 * measured_s
 
 
 def test_every_held_out_all_gather_is_priced_within_20_percent_and_10_on_average() -> None:

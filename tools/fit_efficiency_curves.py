@@ -621,13 +621,20 @@ def _polaris_run(row: dict) -> tuple[str, str]:
     return prefix[0] + "__" + prefix[1], row["source_file"].rsplit(".", 1)[1]
 
 
+#: the most a ring's ramp exponent may be on a step-bytes ramp (_ring_fit): with gamma > 1 the priced time
+#: x / eff(x / (k - 1)) rises as the message x shrinks (x^(1 - gamma)), so a smaller all-gather would cost more; at 1,
+#: NCCL's ring alpha-beta
+RING_GAMMA_AT_MOST = 1.0
+
+
 def _h100_400g(rows: list[dict], small: dict[str, dict]) -> dict:
     """Inter-node all-reduce, all-gather, reduce-scatter and all-to-all on xxrjun's 10 nodes of 8×H100, 400 Gb/s
     per GPU (48.8 GB/s of 50 at 16 GiB, one GPU per node), 1, 2, 4 and 8 GPUs per node, 32 MiB to
     16 GiB. Bus bytes and bandwidth are the cost model's (analytic.bus_bytes; min(NVLink, per_node ×
     NIC per GPU, node_nic_fraction × the node's 8 × 50 GB/s of NICs)), so an all-to-all counts the
     bytes through the NICs. With one node count the latency cannot be split into a constant and a
-    log2(nodes) term: it is fitted as log2(nodes) alone (Polaris's form, whose constant fitted to 0).
+    log2(nodes) term: the all-reduce's and all-to-all's is fitted as log2(nodes) alone (Polaris's form, whose
+    constant fitted to 0); the rings' below.
     Messages below 1 MiB of bus bytes, which this cluster was not measured at, take Polaris's small
     regime of the same ring (`small`: the all-reduce's for all-reduce and all-to-all, the all-gather's,
     which grows with the ranks, for all-gather and reduce-scatter).
@@ -649,7 +656,22 @@ def _h100_400g(rows: list[dict], small: dict[str, dict]) -> dict:
     per_node × 50 GB/s at 2–16 GiB). Free, it fitted 1.02–1.05 (the ramp's shape traded against the 8-GPU
     rows), pricing one GPU a node at 51–52 GB/s, 7% faster than the 48 measured at 16 GiB; bounded, the fits'
     mean |error| falls 0.057 / 0.114 / 0.132 → 0.054 / 0.108 / 0.121 (all-reduce, all-gather, reduce-scatter;
-    the all-to-all's e_max is 0.91 either way)."""
+    the all-to-all's e_max is 0.91 either way).
+
+    The all-gather's and reduce-scatter's latency is one per ring step, ranks − 1 of them, as NCCL's own tuning
+    model prices a ring (src/graph/tuning.cc: a latency per intra- and per inter-node step); NCCL's tree serves
+    all-reduce alone, PAT (2.23 on) only groups of one GPU a node, NVLS and CollNet switches this model does not
+    assume. The ramp on one step's bytes, bounded as EFA's (_ring_fit). These rows' 10 to 80 ranks cannot tell that
+    latency from log2(nodes) (one node count; messages of 32 MiB and more, where bandwidth rules), but every ring
+    measured at scale pays one per step: Polaris's small all-gathers 7.5–7.9 µs a step at 512–2,160 ranks, EFA's
+    all-gather 8.75 µs at 16–128, NVIDIA/nccl-tests#322's forced ring all-reduce ~9.5 µs at 1,024; fitted here, 6.2
+    µs (all-gather) and 7.1 µs (reduce-scatter) a step. Until session 41 they took a latency by log2(nodes), 85 and
+    94 µs a doubling, and ramps of exponent 3.9 and 3.0 whose least-time sizes (costs/fitting.collective_time_s)
+    priced every all-gather of 1 MB to 256 MB over 128 nodes of 8 at 2.43 ms and over 280 at 5.32 ms, where rings of
+    2,160 ranks take ~17 ms for a small message (Polaris); fit mean |error| 0.108 and 0.121, now 0.048 and 0.054
+    (in-sample 8-GPU rows: worst −40% and −37%, now −23% and −22%). All-reduce keeps log2(nodes): NCCL runs it as a
+    tree at scale (NVIDIA/nccl-tests#283's default all-reduce on 248 nodes is priced +39% by it; per step, session
+    39 found +387%)."""
     out = {}
     for coll in ("all_reduce", "all_gather", "reduce_scatter", "alltoall"):
         sel = [
@@ -657,28 +679,46 @@ def _h100_400g(rows: list[dict], small: dict[str, dict]) -> dict:
             for r in rows
             if r["system"].startswith("H100 cluster01") and r["nodes"] == "10" and r["collective"] == coll
         ]
-        fit = fit_collective(
-            [float(bus_bytes(coll, float(r["size_B"]), int(r["ranks"]), int(r["nodes"]))) for r in sel],
-            [float(r["oop_time_us"]) * 1e-6 for r in sel],
-            [10] * len(sel),
-            [min(450e9, int(r["gpus_per_node"]) * 50e9) for r in sel],
-            fixed={"alpha0_s": 0.0},
-            # 8 GPUs × 50 GB/s: the source does not document its fabric; 400 Gb/s per GPU is what its
-            # 1-GPU-per-node rows reach (48.8 GB/s at 16 GiB), as the per-point bandwidth above assumes
-            node_nic_bw=[8 * 50e9] * len(sel),
-            e_max_at_most=1.0,
-        )
+        sizes = [float(bus_bytes(coll, float(r["size_B"]), int(r["ranks"]), int(r["nodes"]))) for r in sel]
+        times = [float(r["oop_time_us"]) * 1e-6 for r in sel]
+        bw = [min(450e9, int(r["gpus_per_node"]) * 50e9) for r in sel]
+        # 8 GPUs × 50 GB/s: the source does not document its fabric; 400 Gb/s per GPU is what its
+        # 1-GPU-per-node rows reach (48.8 GB/s at 16 GiB), as the per-point bandwidth above assumes
+        node_nic_bw = [8 * 50e9] * len(sel)
+        if coll in ("all_gather", "reduce_scatter"):
+            per_step = {"alpha0_s": 0.0, "alpha_per_log2_nodes_s": 0.0, "alpha_per_log2_ranks_s": 0.0}
+            ranks = [int(r["ranks"]) for r in sel]
+            fit = _ring_fit(sizes, times, [10] * len(sel), bw, per_step, ranks, node_nic_bw)
+        else:
+            fit = fit_collective(
+                sizes, times, [10] * len(sel), bw, {"alpha0_s": 0.0}, node_nic_bw=node_nic_bw, e_max_at_most=1.0
+            )
         out[coll] = {"regimes": [small[coll], {"max_bus_bytes": None, **fit, FITTED_NIC_KEY: 50e9}]}
     return out
+
+
+def _ring_fit(
+    sizes: list[float],
+    times: list[float],
+    nodes: list[int],
+    bw: list[float] | float,
+    fixed: dict,
+    ranks: list[int],
+    node_nic_bw: list[float] | None = None,
+) -> dict:
+    """fit_collective of a ring across nodes (8 seeded starts; e_max at most 1, as _h100_400g says): with the ranks,
+    so the ramp runs on one ring step's bytes, its exponent bounded at RING_GAMMA_AT_MOST when free it fits above."""
+    fit = fit_collective(sizes, times, nodes, bw, fixed, ranks, 8, node_nic_bw=node_nic_bw, e_max_at_most=1.0)
+    if fit["gamma"] > RING_GAMMA_AT_MOST:  # a ring's time must not fall as its message grows
+        bounded = {**fixed, "gamma": RING_GAMMA_AT_MOST}
+        fit = fit_collective(sizes, times, nodes, bw, bounded, ranks, 8, node_nic_bw=node_nic_bw, e_max_at_most=1.0)
+    return fit
 
 
 #: AWS p5.48xlarge nccl-tests (crazyguitar/aws-gpu-communication-benchmark, 2-32 nodes; the file's header cites it)
 EFA_POINTS = Path(__file__).resolve().parents[1] / "data" / "published" / "collectives" / "h100_aws_efa_nccl_tests.csv"
 #: the EFA cluster's node count left out of its fit, to check the fit's growth with the nodes where it extrapolates
 EFA_HELD_OUT_NODES = 32
-#: the most the ramp's exponent may be on a step-bytes ramp: with gamma > 1 the priced time x / eff(x / (k - 1)) rises
-#: as the message x shrinks (x^(1 - gamma)), so a smaller all-gather would cost more; at 1, NCCL's ring alpha-beta
-EFA_GAMMA_AT_MOST = 1.0
 
 
 def _h100_efa(h100_400g: dict) -> dict:
@@ -691,14 +731,14 @@ def _h100_efa(h100_400g: dict) -> dict:
     fewer GPUs a node is priced at the full node's efficiency (not measured). Groups of four sizes: the latency's
     form (log2 of the ranks, or per peer) is chosen by fit_collective on the 16-, 32- and 64-GPU groups' forecast
     of the 128-GPU ones (2, 4 and 8 nodes forecasting 16), the ramp on one ring step's bytes (fit_collective's rule
-    with ranks). The ramp's exponent is bounded at EFA_GAMMA_AT_MOST: free, the all-gather's fitted 1.17, which
-    priced an all-gather of 137 KB on 64 nodes at 16.5 ms and a larger one less (held out: mean |error| 6.0%).
-    Bounded, the all-gather's latency fits per peer, 8.75 us a ring step, its ramp flat (held out: 9.3%), and the
-    all-reduce's (free exponent 0.62) as log2 of the nodes: what makes the time at a fixed size grow with the nodes
-    as EFA's does (an all-gather of 32 MiB: 0.24 ms on 2 nodes, 2.7 ms on 32). Not measured
-    on EFA: the reduce-scatter takes the all-gather's fit (the same ring, run the other way, as Polaris's does); the
-    all-to-all and messages below the small regimes' bound take h100-400g's (InfiniBand), which every command that
-    prices a job says beside a forecast that crosses nodes (costs/analytic.unmeasured_network_note)."""
+    with ranks). The ramp's exponent is bounded at RING_GAMMA_AT_MOST (_ring_fit): free, the all-gather's fitted
+    1.17, which priced an all-gather of 137 KB on 64 nodes at 16.5 ms and a larger one less (held out: mean |error|
+    6.0%). Bounded, the all-gather's latency fits per peer, 8.75 us a ring step, its ramp flat (held out: 9.3%), and
+    the all-reduce's (free exponent 0.62) as log2 of the nodes: what makes the time at a fixed size grow with the
+    nodes as EFA's does (an all-gather of 32 MiB: 0.24 ms on 2 nodes, 2.7 ms on 32). Not measured on EFA: the
+    reduce-scatter takes the all-gather's fit (the same ring, run the other way, as Polaris's does); the all-to-all
+    and messages below the small regimes' bound take h100-400g's (InfiniBand), which every command that prices a job
+    says beside a forecast that crosses nodes (costs/analytic.unmeasured_network_note)."""
     rows = read_csv_rows(EFA_POINTS)
     out: dict = {}
     for coll in ("all_gather", "all_reduce"):
@@ -707,11 +747,7 @@ def _h100_efa(h100_400g: dict) -> dict:
         ranks = [n * int(r["gpus_per_node"]) for n, r in zip(nodes, sel, strict=True)]
         sizes = [float(bus_bytes(coll, float(r["size_B"]), k, n)) for r, k, n in zip(sel, ranks, nodes, strict=True)]
         times = [x / (float(r["busbw_GBs"]) * 1e9) for x, r in zip(sizes, sel, strict=True)]  # busbw = bus bytes / t
-        fixed: dict = {"alpha0_s": 0.0}
-        fit = fit_collective(sizes, times, nodes, [8 * 50e9] * len(sel), fixed, ranks, 8, e_max_at_most=1.0)
-        if fit["gamma"] > 1:  # the bound: a ring's time must not fall as its message grows (EFA_GAMMA_AT_MOST)
-            fixed["gamma"] = EFA_GAMMA_AT_MOST
-            fit = fit_collective(sizes, times, nodes, [8 * 50e9] * len(sel), fixed, ranks, 8, e_max_at_most=1.0)
+        fit = _ring_fit(sizes, times, nodes, [8 * 50e9] * len(sel), {"alpha0_s": 0.0}, ranks)
         fit["fitted_nodes"] = sorted(set(nodes))
         # 4 EFA interfaces of 12.5 GB/s a GPU (analytic._network_ramp_scale)
         out[coll] = {"regimes": [h100_400g[coll]["regimes"][0], {"max_bus_bytes": None, **fit, FITTED_NIC_KEY: 50e9}]}

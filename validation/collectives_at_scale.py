@@ -15,8 +15,9 @@ guide), and marked '*'. Rows without a message size (NVIDIA/nccl#1229) are price
 
 H100 on AWS EFA (data/published/collectives/h100_aws_efa_nccl_tests.csv): one p5.48xlarge cluster measured at 2 to 32
 nodes, all-gather and all-reduce of 32 MiB to 8 GiB, priced on dgx-h100 as it is: the same 3.2 Tb/s a node, but over EFA
-(SRD, aws-ofi-nccl), whose per-step latency the InfiniBand preset does not claim; what it shows is how the measured
-time grows with the nodes at each size against how the priced one does.
+(SRD, aws-ofi-nccl), whose per-step latency is its own (its all-gather's fits 8.75 µs a ring step, InfiniBand's 6.2
+since session 41); what it shows is how the measured time grows with the nodes at each size against how the priced
+one does.
 
 A100 (data/published/collectives/a100_multinode_nccl_tests.csv, InfiniBand HDR clusters): each row priced on
 dgx-a100 with the NICs the row states ("4x HDR 200Gb": 4 NICs of 25 GB/s a node; unstated: DGX A100's 8), under
