@@ -313,7 +313,13 @@ class FastEstimator:
                 bound = (passes[:, ::-1].cumsum(axis=1)[:, ::-1] + trip) / (pp - np.arange(pp))[None, :]
                 # a stage whose warm-up takes every micro-batch (p − s − 1 ≥ M) has no steady state
                 bound[np.arange(pp)[None, :] < pp - 1 - M[rows, None]] = 0.0
-                period[rows] = np.where(gpipe[rows], slowest[rows], np.maximum(slowest[rows], bound.max(axis=1)))
+                # GPipe: a phase moves one micro-batch a send, so it runs at its slowest pass or its send, whichever
+                # is longer (the link carries the forward phase's activations, then the backward's gradients)
+                send = g["p2p"][rows, None]
+                phases = np.maximum(forward, send).max(axis=1) + np.maximum(passes - forward, send).max(axis=1)
+                period[rows] = np.where(
+                    gpipe[rows], np.maximum(slowest[rows], phases), np.maximum(slowest[rows], bound.max(axis=1))
+                )
             elif pp > 1:  # interleaved: the module docstring's three cycles (overlapped sends)
                 send = g["p2p"][rows]
                 n = np.arange(pp * vp, 0, -1)  # from virtual stage c·p + s, n virtual stages to the last
