@@ -682,17 +682,16 @@ def _h100_400g(rows: list[dict], small: dict[str, dict]) -> dict:
         sizes = [float(bus_bytes(coll, float(r["size_B"]), int(r["ranks"]), int(r["nodes"]))) for r in sel]
         times = [float(r["oop_time_us"]) * 1e-6 for r in sel]
         bw = [min(450e9, int(r["gpus_per_node"]) * 50e9) for r in sel]
+        nodes = [10] * len(sel)
         # 8 GPUs × 50 GB/s: the source does not document its fabric; 400 Gb/s per GPU is what its
         # 1-GPU-per-node rows reach (48.8 GB/s at 16 GiB), as the per-point bandwidth above assumes
         node_nic_bw = [8 * 50e9] * len(sel)
         if coll in ("all_gather", "reduce_scatter"):
             per_step = {"alpha0_s": 0.0, "alpha_per_log2_nodes_s": 0.0, "alpha_per_log2_ranks_s": 0.0}
             ranks = [int(r["ranks"]) for r in sel]
-            fit = _ring_fit(sizes, times, [10] * len(sel), bw, per_step, ranks, node_nic_bw)
+            fit = _ring_fit(sizes, times, nodes, bw, per_step, ranks, node_nic_bw)
         else:
-            fit = fit_collective(
-                sizes, times, [10] * len(sel), bw, {"alpha0_s": 0.0}, node_nic_bw=node_nic_bw, e_max_at_most=1.0
-            )
+            fit = fit_collective(sizes, times, nodes, bw, {"alpha0_s": 0.0}, node_nic_bw=node_nic_bw, e_max_at_most=1.0)
         out[coll] = {"regimes": [small[coll], {"max_bus_bytes": None, **fit, FITTED_NIC_KEY: 50e9}]}
     return out
 
