@@ -379,16 +379,21 @@ def llama3_rows(data: Path) -> list[Row]:
     assumed V = 2 and [3, 4 × 30, 3] layers, which contradicts that sentence: −7.3% / +4.9% / −8.0%
     then, a change of configuration only, decided on the paper's text.) Not stated, assumed:
     micro-batch 1, the cluster as DGX H100 (Llama 3: 400 Gb/s RoCE per GPU, as our preset's InfiniBand).
-    FSDP without resharding after the forward
-    (the data file's note) under pipelining gathers the parameters once for all micro-batches and
-    reduce-scatters the accumulated gradients once (torchtitan's pipeline + FSDP): the traffic of
-    ZeRO-1's distributed optimizer, the recipe's default (ZeRO-3 would gather every unit for every
-    micro-batch, twice)."""
+    FSDP (§3.3.2): "Our use of FSDP for Llama 3 shards the optimizer states and gradients, but for model
+    shards we do not reshard after forward computation"; §3.3.4: FP32 gradient accumulation over the
+    micro-batches and FP32 reduce-scatters across the data-parallel workers. Sharded fp32 sums of the
+    micro-batches are ZeRO-2's: each micro-batch's gradients reduce-scattered in fp32 after its backward
+    (plan.grad_reduce_dtype fp32, the default). The weights are held whole and gathered once a step
+    (assumed, the least traffic the text allows). Until session 42 the rows ran ZeRO-1 (torchtitan's
+    pipeline + FSDP: whole fp32 sums reduce-scattered once), which holds 12.8 GB of whole fp32 gradients
+    beside the 8K rows' 68-75 GB of activations (no activation checkpointing, §3.3.2) and judged all three
+    runs out of memory (89.8, 83.1, 83.3 GiB); a change of configuration, decided on the paper's text and
+    on the runs having run."""
     rows = []
     for r in read_csv_rows(data / "step_times" / "llama3_405b_table4_mfu.csv"):
         tp, cp, pp, dp, seq = (int(r[k]) for k in ("TP", "CP", "PP", "DP", "seq_len"))
         gpus, sequences = int(r["GPUs"]), int(r["batch_size_per_DP"]) * dp
-        plan = _plan(tp, pp, cp, 8, 1, sequences, "bf16")
+        plan = _plan(tp, pp, cp, 8, 1, sequences, "bf16") | {"zero_stage": 2}
         plan["pipeline_p2p"] = "overlapped"  # Meta's own trainer: its exchanges are not published
         # §3.3.2: K and V all-gathered, exposed, before the local query chunks' attention (Transformer
         # Engine's AttnFuncWithCPAndKVAllGather cites it); the 8K-token rows have cp 1
