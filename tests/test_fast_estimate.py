@@ -22,6 +22,7 @@ from itercast.search.fast_estimate import (
     _released_beside,
     _slowed,
 )
+from itercast.search.frameworks import FRAMEWORKS
 from itercast.sim.engine import simulate
 
 
@@ -56,6 +57,25 @@ def test_fast_path_agrees_with_graph_simulation_on_a_grid():
     # reductions were priced beside the passes after them: worst 3.17%). Since interleaved plans count
     # micro-batch 0's sends over every virtual stage (2 (pv − 1), session 22): worst 2.06% (ZeRO-3,
     # interleaved, pp 2, already +1.85% before), the interleaved plans' signed mean -0.11% -> +0.17%
+    assert rel.max() < 0.025 and rel.mean() < 0.005
+
+
+def test_fast_path_agrees_with_graph_on_torchtitans_pipelined_fsdp():
+    """torchtitan's plan fields (FSDP2 under torch.distributed.pipelining: whole fp32 sums, each chunk's
+    reduce-scatters after its last backward, the compute stream waiting) over pp 2-4, every schedule, ZeRO 2-3.
+    Measured: 144 plans, mean 0.31%, worst 1.69% (interleaved ZeRO-3, tp 2 × pp 4); before the fast path
+    took the accumulation (a reduce-scatter after every micro-batch, as the graph then did too), against the
+    graph that reduces once: mean 9.6%, worst 36.2%. On 5 GB/s NICs: mean 1.2%, worst 5.5% (interleaved)."""
+    fields = dict(FRAMEWORKS["torchtitan"].plan_fields)
+    plans = [
+        fields | plan_of(tp, pp, 1, sched, zero, global_batch_size=gbs, overlap_grad_reduce=o, overlap_param_gather=o)
+        for tp, pp, sched, zero, gbs, o in itertools.product(
+            [1, 2, 8], [2, 4], ["1f1b", "gpipe", "interleaved-1f1b"], [2, 3], [64, 256], [True, False]
+        )
+        if tp * pp <= 32
+    ]
+    valid, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-h100", "num_nodes": 4}, plans)
+    assert len(valid) == 144 and all(j.plan.fsdp2_accumulates for j in valid)
     assert rel.max() < 0.025 and rel.mean() < 0.005
 
 

@@ -17,7 +17,13 @@ from itercast.config.job import Job
 from itercast.hardware.topology import GroupPlacement
 from itercast.predict import predict
 from itercast.workloads.transformer import Groups
-from itercast.workloads.transformer_ops import backward_of, head_forward, layer_backward, layer_forward
+from itercast.workloads.transformer_ops import (
+    backward_of,
+    fsdp2_pipeline_gathers_note,
+    head_forward,
+    layer_backward,
+    layer_forward,
+)
 
 H, V, S = 64, 128, 32  # MODEL: gpt, one layer, hidden 64, 4 heads of 16, MLP 256, vocab 128, 32 tokens
 # one layer: QKV h·3h + projection h² + MLP 2·h·4h weights, biases 3h + 4h (column) + 2h (row), two
@@ -60,6 +66,29 @@ def test_zero1_reduce_scatters_gradients_gathers_weights_and_steps_its_shard():
     assert task_seconds(j, "grad_reduce_scatter") == [pytest.approx(3 / 4 * 4 * PARAMS / LINK)]
     assert task_seconds(j, "param_all_gather") == [pytest.approx(3 / 4 * 2 * PARAMS / LINK)]
     assert task_seconds(j, "optimizer_step") == [pytest.approx(30 * PARAMS / 4 / HBM)]
+
+
+def test_fsdp2_under_pipelining_reduce_scatters_each_stage_once_after_its_last_backward():
+    # torchtitan's FSDP2 under torch.distributed.pipelining (grad_accumulation fsdp2, pp 2, dp 2, 4 micro-batches
+    # a stage): every backward sums into whole fp32 gradients; one reduce-scatter a stage after its last backward
+    # (REDUCE_GRAD), 1/2 of 4 bytes a parameter, the compute stream waiting for it. Stage 0: one layer
+    # (12h² + 13h), the embedding V·h and positions S·h; stage 1: one layer, the final LayerNorm 2h and the tied
+    # head's copy of the embedding V·h
+    layer = 12 * H * H + 13 * H
+    fields = dict(pipeline_parallel=2, data_parallel=2, zero_stage=2, main_params="fp32_weights", global_batch_size=8)
+    j = job({"num_layers": 2}, grad_accumulation="fsdp2", **fields)
+    expected = [1 / 2 * 4 * (layer + 2 * H + V * H) / LINK, 1 / 2 * 4 * (layer + V * H + S * H) / LINK]
+    assert sorted(task_seconds(j, "grad_reduce_scatter.c0")) == pytest.approx(expected)
+    g = predict(j, linear_calibration()).sim.graph
+    labels = [g.task_label(t) for t in range(g.num_tasks) if "reduce_scatter" in g.names[g.name[t]]]
+    assert len(labels) == 2 and all(label.endswith(":compute") for label in labels)
+    # said where not priced as it runs: ZeRO-3's gathers after a backward (reshard_after_backward False)
+    assert fsdp2_pipeline_gathers_note(j.plan) is None
+    zero3 = job({"num_layers": 2}, grad_accumulation="fsdp2", **(fields | {"zero_stage": 3}))
+    assert "over-prices those gathers" in str(fsdp2_pipeline_gathers_note(zero3.plan))
+    # Megatron-Core-style ZeRO-2 (fused accumulation) reduce-scatters after every micro-batch's backward instead
+    fused = predict(job({"num_layers": 2}, grad_accumulation="fused", **fields), linear_calibration()).sim.graph
+    assert sum("grad_reduce_scatter.m" in fused.names[fused.name[t]] for t in range(fused.num_tasks)) == 2 * 4
 
 
 def test_without_zero_every_gpu_steps_every_parameter():

@@ -557,7 +557,7 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("grad_accumulation")),
     M(MEM, "return params + np.where(last, m.final_norm_params(), 0.0) + head", "return params + head",
       "the last stage's memory without the final norm", _t("golden", "stage_slicing")),
-    M(TF, "(p.zero_stage >= 2 or i == last_bwd[ps.chunk])", "(i == last_bwd[ps.chunk])",
+    M(TF, "every = p.zero_stage >= 2 and not accumulating", "every = False",
       "ZeRO-2/3 reduce once, not after every micro-batch"),
     # -- memory per GPU (Korthikanti et al. 2022; ZeRO) ------------------------------------------
     M(MEM, 'c["shard"], c["dp"] * c["cp"])', 'c["shard"], c["dp"])', "ZeRO shards over dp, not dp×cp"),
@@ -1465,6 +1465,23 @@ MUTANTS: tuple[Mutant, ...] = (
     M("config/system.py", 'if kind == "alltoall":\n            return self.alltoall_bandwidth_bytes_per_s',
       'if False:\n            return self.alltoall_bandwidth_bytes_per_s', "every collective on a mesh priced on its "
       "ring bandwidths, all-to-alls too", _t("mesh_node")),
+    # -- session 42: FSDP2 under torch.distributed.pipelining reduces each chunk once, after its last backward -----
+    M(TF, "accumulating = p.fsdp2_accumulates and p.zero_stage >= 2 and pp > 1", "accumulating = False",
+      "torchtitan's pipelined FSDP2 reduce-scatters after every micro-batch, not once per chunk"),
+    M(TF, 'grad_tasks.append(self._grad_task(stage, recipe, name, "none", previous[-1], grad_kind))',
+      'grad_tasks.append(self._grad_task(stage, recipe, name, "bucket", previous[-1], grad_kind))',
+      "torchtitan's per-chunk reduce-scatters overlap the passes after them (the compute stream does not wait)"),
+    M(FAST, 'exposed_grad = np.where(accum, g["block_first"], exposed_grad)', "",
+      "the fast path leaves the pipelined FSDP2 reduce-scatters after the last backward unpriced"),
+    M(FAST, 'rs = [np.where(accum[rows], 0.0, g[f"rs_{k}"][rows]) for k in kinds[::-1]]',
+      'rs = [g[f"rs_{k}"][rows] for k in kinds[::-1]]',
+      "the fast path's pipelined FSDP2 ZeRO-3 passes reduce-scatter every micro-batch"),
+    M(FAST, "zero2_blocking = (zero == 2) & sync & ~overlap_grad & ~accum",
+      "zero2_blocking = (zero == 2) & sync & ~overlap_grad",
+      "the fast path's pipelined FSDP2 without overlap blocks on a reduction every micro-batch"),
+    M(OPS, "if not (plan.fsdp2_accumulates and plan.zero_stage == 3 and plan.pipeline_parallel > 1):",
+      "if not (plan.fsdp2_accumulates and plan.pipeline_parallel > 1):",
+      "pipelined FSDP2's ZeRO-2, priced as it runs, said to over-price its gathers", _t("step_by_hand")),
 )
 # fmt: on
 

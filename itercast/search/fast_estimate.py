@@ -46,7 +46,10 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    max(G / n, max_k ((k + 1) G / v − k p W − W (n/v − 1)/(n/v)));
                    ZeRO-2 reduces after every micro-batch: also the backlog M·G − window when the
                    DP stream cannot keep up, whose window opens when micro-batch 0 has gone down
-                   the pipeline and back to the first stage
+                   the pipeline and back to the first stage. FSDP2 under torch.distributed.pipelining
+                   (ZeRO 2-3 with whole fp32 sums, plan.fsdp2_accumulates, pp > 1): nothing during the
+                   passes; each chunk's reduce-scatters after its last backward, the compute stream
+                   waiting: the first stage's chunks' one after another after the passes
     ZeRO-3         pp = 1: per unit (embedding, layer, head) max(its compute, the next unit's
                    gather, plus the previous unit's reduce-scatter in backward): FSDP's one-ahead
                    prefetch. With pipelining, each stage's chunk passes unit by unit in the graph's
@@ -107,7 +110,7 @@ import numpy as np
 
 from itercast.config.job import Job, parse_section
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig
+from itercast.config.plan import PlanConfig, whole_fp32_sums
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.host_overheads import host_calibrated
@@ -217,8 +220,11 @@ class FastEstimator:
         p, v, M = c["pp"], c["vp"], t.microbatches
         zero, sync = c["zero"], g["grad_ranks"] > 1
         fsdp_pp = (zero == 3) & sync & (p > 1)
+        # FSDP2 under torch.distributed.pipelining: whole fp32 sums, each chunk's reduce-scatters after its last
+        # backward, the compute stream waiting for them (transformer.py, `accumulating`)
+        accum = whole_fp32_sums(t.base.grad_accumulation, p, zero) & (zero >= 2) & (p > 1) & sync
         overlap_grad = c["overlap_grad"] > 0
-        zero2_blocking = (zero == 2) & sync & ~overlap_grad
+        zero2_blocking = (zero == 2) & sync & ~overlap_grad & ~accum
         slowest, total = np.zeros(len(t)), np.zeros(len(t))
         tf, tb, host_s = np.zeros(len(t)), np.zeros(len(t)), np.zeros(len(t))
         tf_blocking, tb_blocking = np.zeros(len(t)), np.zeros(len(t))  # their blocking communication
@@ -241,7 +247,7 @@ class FastEstimator:
         host_pace = {n: kernels[n] * launch_s + f[f"w_{n}"] for n in ("lb", "mb", "eb", "hb")}
         # a chunk's last backward in segments, one per gradient bucket (transformer.py _segments_of):
         # Megatron-Core's on stage 0, ZeRO-2's on every stage; ZeRO-3's one per unit; else one segment
-        bucketed = overlap_grad & sync & (zero <= 2)
+        bucketed = overlap_grad & sync & (zero <= 2) & ~accum
         fill = np.zeros(len(t))  # micro-batch 0 down the pipeline and back up to the first stage's backward
         period = np.zeros(len(t))  # the steady state's seconds per micro-batch
         chunk_trip = np.zeros(len(t))  # interleaved: the last micro-batch's first chunk there and back
@@ -272,7 +278,7 @@ class FastEstimator:
             fsdp_back = np.zeros_like(stage)  # ZeRO-3 × pipeline: a backward's steady seconds beside its DP stream
             if fsdp_rows.any():  # ZeRO-3 × pipeline: each stage's passes beside its DP stream, unit by unit
                 stage[fsdp_rows], passes[fsdp_rows], fsdp_back[fsdp_rows] = self._fsdp_stages(
-                    t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"]
+                    t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"], accum
                 )
                 amax = vp * (g["amax_f"] + g["amax_b"])[rows][fsdp_rows, None]  # each chunk pass's (as above)
                 stage[fsdp_rows] += amax
@@ -284,7 +290,7 @@ class FastEstimator:
                 _per_stage(comms, "f", rows, dense_n, moe_n),
                 _per_stage(comms, "b", rows, dense_n, moe_n),
                 np.where(blocking[rows], 0.0, g["p2p"][rows]),
-                np.where((zero == 2)[rows] & overlap_grad[rows] & sync[rows], g["grad"][rows], 0.0),
+                np.where((zero == 2)[rows] & overlap_grad[rows] & sync[rows] & ~accum[rows], g["grad"][rows], 0.0),
                 g["buckets"][rows],
                 gpipe[rows],
                 vp,
@@ -477,6 +483,7 @@ class FastEstimator:
         backlog = M * grad - (passes_end - opens)
         zero2 = np.where(overlap_grad, np.maximum(last_bwd, backlog), 0.0)  # else inside the stages
         exposed_grad = np.where(zero == 2, zero2, np.where(fsdp_pp, g["rs_e"], last_bwd))
+        exposed_grad = np.where(accum, g["block_first"], exposed_grad)  # stage 0's chunks, one after another
         # ZeRO-3 without pipelining: the embedding's reduce-scatter ends the step (_fsdp_step)
         fsdp = np.maximum(_fsdp_step(f, g, self.model, M, slowdown) + launch_s, host_end + g["rs_e"])
         fsdp += M * (g["amax_f"] + g["amax_b"])  # each pass's amax reduction (TE DelayedScaling), blocking
@@ -492,12 +499,14 @@ class FastEstimator:
         g: dict[str, np.ndarray],
         rows: np.ndarray,
         sched: np.ndarray,
+        accum: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Seconds per micro-batch of each stage (columns) for ZeRO-3 rows with pipeline parallelism:
         each chunk's forward and backward pass unit by unit beside the DP stream (_fsdp_pass), (1)
         back to back as in the steady state, where a forward after a backward inherits its trailing
         reduce-scatters (1F1B, interleaved) and under GPipe backwards follow backwards; (2) after
-        a wait for their input that hid their first gathers (the fill and drain)."""
+        a wait for their input that hid their first gathers (the fill and drain). Rows where `accum` (FSDP2
+        under torch.distributed.pipelining) reduce-scatter nothing in their passes: after the last backward."""
         job = self._job(base, pp=pp, vp=vp)
         slowdown = self.system.gpu.overlap_compute_slowdown
         gpipe = sched[rows] == SCHEDULES.index("gpipe")
@@ -511,7 +520,7 @@ class FastEstimator:
                 sf = [f[f"c_{k}f"][rows] for k in kinds]  # each unit's blocking communication
                 sb = [f[f"c_{k}b"][rows] for k in kinds[::-1]]
                 ag = [g[f"ag_{k}"][rows] for k in kinds]
-                rs = [g[f"rs_{k}"][rows] for k in kinds[::-1]]
+                rs = [np.where(accum[rows], 0.0, g[f"rs_{k}"][rows]) for k in kinds[::-1]]
                 backward, left = _fsdp_pass(cb, ag[::-1], rs, zero, slowdown=slowdown, blocking=sb)
                 backward, left = _fsdp_pass(
                     cb, ag[::-1], rs, np.where(gpipe, left, zero), slowdown=slowdown, blocking=sb

@@ -1022,10 +1022,16 @@ class TransformerStepBuilder:
         pending: dict[int, list[tuple[Recipe, str, str]]] = {}  # aligned: buckets by the backward they follow
         seen_first_fwd: set[int] = set()
         previous: list[int] = []  # the last compute task of each segment run so far
+        # FSDP2 under torch.distributed.pipelining (plan.fsdp2_accumulates): every backward runs with
+        # set_requires_gradient_sync(False) into whole fp32 sums; the chunk's REDUCE_GRAD action, after its last
+        # backward, reduce-scatters all its parameter groups, and the compute stream waits for them
+        # (pipelining/stage.py perform_reduce_grad, fully_shard _root_post_backward_final_callback, torch 2.13)
+        accumulating = p.fsdp2_accumulates and p.zero_stage >= 2 and pp > 1
         for i, ps in enumerate(passes):
             # Gradients leave after the last backward of each chunk; with sharded gradients
             # (ZeRO-2/3, FSDP) after every micro-batch's backward, as memory.py assumes.
-            reduce_now = not ps.forward and sync_dp and (p.zero_stage >= 2 or i == last_bwd[ps.chunk])
+            every = p.zero_stage >= 2 and not accumulating
+            reduce_now = not ps.forward and sync_dp and (every or i == last_bwd[ps.chunk])
             gathers: list[int] = []  # one per bucket: each bucket's forward waits for its own
             first_forward = ps.forward and ps.chunk not in seen_first_fwd
             if first_forward:
@@ -1033,7 +1039,7 @@ class TransformerStepBuilder:
                 gathers = first_fwd_gathers.get(ps.chunk, [])
             if p.zero_stage == 3:
                 split = "layer"
-            elif gathers or (reduce_now and p.overlap_grad_reduce):
+            elif gathers or (reduce_now and p.overlap_grad_reduce and not accumulating):
                 split = "bucket"
             else:
                 split = "none"
@@ -1067,7 +1073,7 @@ class TransformerStepBuilder:
                 if j == 0:
                     self._receive(stage, ps, first)
                 previous.append(last)
-                if reduce_now and (split != "none" or p.zero_stage >= 2):
+                if reduce_now and not accumulating and (split != "none" or p.zero_stage >= 2):
                     # overlapped: on the DP stream; not overlapped (ZeRO-2 only): blocking the compute stream
                     grad_recipe: Recipe = (
                         ("dp_tensors", stage, grad_kind, unit_tensors(job, kinds[j]), grad_bytes)
@@ -1081,6 +1087,11 @@ class TransformerStepBuilder:
                         grad_tasks.append(self._grad_task(stage, *bucket, last, grad_kind))
             if self._amax:
                 previous.append(self._amax_reduction(stage, ps, previous[-1]))
+            if reduce_now and accumulating:  # the chunk's parameter groups at once, blocking the compute stream
+                chunk_params = (sum(w[0] for _, w in segs), sum(w[1] for _, w in segs))
+                recipe: Recipe = ("dp", stage, grad_kind, chunk_params, grad_bytes)
+                name = f"grad_{grad_kind}.c{ps.chunk}"
+                grad_tasks.append(self._grad_task(stage, recipe, name, "none", previous[-1], grad_kind))
             if leaving:
                 pending.setdefault(backward_ordinal[i] + stage, []).extend(leaving)
             released = pending.pop(backward_ordinal[i], []) if not ps.forward else []
