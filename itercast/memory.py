@@ -386,6 +386,15 @@ def cross_entropy_peak_bytes(plan: PlanConfig) -> int:
     return {"te": e, "torch_compiled": 2 * e, "flash_attn": 2 * e, "torch": 12}.get(plan.cross_entropy, 4 + e)
 
 
+def zero3_kept(grad_accumulation: str, pp: np.ndarray | int, zero: np.ndarray | int) -> np.ndarray:
+    """Whether a ZeRO-3 plan keeps each chunk's weights gathered from a backward to its next pass: FSDP2 under
+    torch.distributed.pipelining (whole_fp32_sums with pp > 1), which runs every backward but the last with
+    set_reshard_after_backward(False) (pipelining/stage.py backward_maybe_with_nosync, torch 2.13). The one
+    rule for its memory (state_bytes_per_param) and its gathers (workloads/transformer.py, fast_estimate.py)."""
+    z, stages = np.asarray(zero), np.asarray(pp)
+    return (z == 3) & (stages > 1) & whole_fp32_sums(grad_accumulation, stages, z)
+
+
 def state_bytes_per_param(
     base: PlanConfig, zero: np.ndarray | int, shard: np.ndarray | int, pp: np.ndarray | int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -400,14 +409,16 @@ def state_bytes_per_param(
     forward until the backward: 16-bit bytes whole beside the fp32 shard. FSDP2 under pipelining
     (plan.grad_accumulation fp32_add, and fsdp2 where `pp` > 1 with ZeRO 2-3: config/plan.py whole_fp32_sums)
     keeps each parameter's fp32 sum of the micro-batches' gradients whole until the last micro-batch's
-    reduce-scatter (_fsdp_param.py unsharded_accumulated_grad): 4 bytes, unsharded."""
+    reduce-scatter (_fsdp_param.py unsharded_accumulated_grad): 4 bytes, unsharded; under ZeRO-3 there it also
+    keeps the weights it gathered for a backward until the next pass (zero3_kept): their bytes whole too."""
     w_b, g_b = base.stored_weight_bytes, 4 if base.dtype == "fp32" else base.grad_bytes
     if base.grad_accumulation == "autograd":  # param.grad, in the dtype autograd writes it
         g_b = base.dtype_bytes
     o_b = base.optimizer_state_bytes
     z = np.asarray(zero)
     fsdp2 = base.main_params == "fp32_weights" and base.dtype != "fp32"
-    weights = w_b / np.where(z >= (2 if fsdp2 else 3), shard, 1) + np.where(fsdp2 & (z == 2), base.dtype_bytes, 0)
+    gathered = (fsdp2 & (z == 2)) | zero3_kept(base.grad_accumulation, pp, z)  # 16-bit weights held whole
+    weights = w_b / np.where(z >= (2 if fsdp2 else 3), shard, 1) + np.where(gathered, base.dtype_bytes, 0)
     # DeepSpeed ZeRO-3 keeps 16-bit gradient partitions whatever the reduction (v0.3.13 stage3.py
     # partition_previous_reduced_grads: grads_in_partition dtype torch.half)
     grad_b = np.where((z >= 3) & (base.zero3_fetch == "deepspeed"), min(g_b, base.dtype_bytes), g_b)
@@ -422,8 +433,9 @@ DS_MAX_LIVE_PARAMS, DS_PREFETCH_BUCKET, DS_REDUCE_BUCKET = 1e9, 5e7, 5e8
 
 def zero3_live_columns(m: ModelConfig, t: PlanTable) -> tuple[np.ndarray, np.ndarray]:
     """Per row: parameters gathered whole at the peak and bytes of full gradients waiting for their
-    reduction, beside the ZeRO-3 shards (0 below ZeRO-3). plan.zero3_fetch layer (FSDP): two whole
-    layers, the running one and the next one prefetched; no whole gradient outlives its reduce-scatter.
+    reduction, beside the ZeRO-3 shards (0 below ZeRO-3, and where zero3_kept: its weights whole already).
+    plan.zero3_fetch layer (FSDP): two whole layers, the running one and the next one prefetched; no whole
+    gradient outlives its reduce-scatter.
     deepspeed (v0.3.13 stage3.py): a submodule's own parameters are fetched (fetch_sub_module), then,
     only while fewer than DS_MAX_LIVE_PARAMS are gathered, the next ones of the trace until
     DS_PREFETCH_BUCKET elements (prefetch_next_sub_modules, get_params_to_prefetch); released after the
@@ -435,7 +447,8 @@ def zero3_live_columns(m: ModelConfig, t: PlanTable) -> tuple[np.ndarray, np.nda
     gradient beside the previous module's (below DS_REDUCE_BUCKET, up to a bucket of them). Not counted:
     DeepSpeed's gathered embedding and output layer (vocab × hidden, beside no layer module: under 5h²
     at GPT-3 530B's shapes) and the flattened bucket copy on its reduction stream (an underestimate)."""
-    tp, zero3 = t.cols["tp"], t.cols["zero"] >= 3
+    tp = t.cols["tp"]
+    zero3 = (t.cols["zero"] >= 3) & ~zero3_kept(t.base.grad_accumulation, t.cols["pp"], t.cols["zero"])  # kept: whole
     layer = m.layer_sharded_params(m.is_moe) / tp + m.layer_replicated_params(m.is_moe)
     layer = layer + (m.expert_params_per_rank(t.cols["ep"], t.cols["etp"]) if m.is_moe else 0)
     if t.base.zero3_fetch == "layer":

@@ -62,10 +62,12 @@ def test_fast_path_agrees_with_graph_simulation_on_a_grid():
 
 def test_fast_path_agrees_with_graph_on_torchtitans_pipelined_fsdp():
     """torchtitan's plan fields (FSDP2 under torch.distributed.pipelining: whole fp32 sums, each chunk's
-    reduce-scatters after its last backward, the compute stream waiting) over pp 2-4, every schedule, ZeRO 2-3.
-    Measured: 144 plans, mean 0.31%, worst 1.69% (interleaved ZeRO-3, tp 2 × pp 4); before the fast path
-    took the accumulation (a reduce-scatter after every micro-batch, as the graph then did too), against the
-    graph that reduces once: mean 9.6%, worst 36.2%. On 5 GB/s NICs: mean 1.2%, worst 5.5% (interleaved)."""
+    reduce-scatters after its last backward, the compute stream waiting; under ZeRO-3 a chunk's parameters
+    kept gathered from a backward to its next pass) over pp 2-4, every schedule, ZeRO 2-3. Measured: 144 plans,
+    mean 0.38%, worst 2.28% (interleaved ZeRO-3, tp 1 × pp 2, 4 micro-batches); before the fast path took the
+    accumulation (a reduce-scatter after every micro-batch), against the graph that reduces once: mean 9.6%,
+    worst 36.2%. On 5 GB/s NICs: mean 2.3%, worst 11.3% (ZeRO-3 at 4 micro-batches: the warm-up forwards'
+    gathers, fast_estimate's docstring)."""
     fields = dict(FRAMEWORKS["torchtitan"].plan_fields)
     plans = [
         fields | plan_of(tp, pp, 1, sched, zero, global_batch_size=gbs, overlap_grad_reduce=o, overlap_param_gather=o)

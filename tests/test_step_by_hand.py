@@ -17,13 +17,7 @@ from itercast.config.job import Job
 from itercast.hardware.topology import GroupPlacement
 from itercast.predict import predict
 from itercast.workloads.transformer import Groups
-from itercast.workloads.transformer_ops import (
-    backward_of,
-    fsdp2_pipeline_gathers_note,
-    head_forward,
-    layer_backward,
-    layer_forward,
-)
+from itercast.workloads.transformer_ops import backward_of, head_forward, layer_backward, layer_forward
 
 H, V, S = 64, 128, 32  # MODEL: gpt, one layer, hidden 64, 4 heads of 16, MLP 256, vocab 128, 32 tokens
 # one layer: QKV h·3h + projection h² + MLP 2·h·4h weights, biases 3h + 4h (column) + 2h (row), two
@@ -82,10 +76,18 @@ def test_fsdp2_under_pipelining_reduce_scatters_each_stage_once_after_its_last_b
     g = predict(j, linear_calibration()).sim.graph
     labels = [g.task_label(t) for t in range(g.num_tasks) if "reduce_scatter" in g.names[g.name[t]]]
     assert len(labels) == 2 and all(label.endswith(":compute") for label in labels)
-    # said where not priced as it runs: ZeRO-3's gathers after a backward (reshard_after_backward False)
-    assert fsdp2_pipeline_gathers_note(j.plan) is None
-    zero3 = job({"num_layers": 2}, grad_accumulation="fsdp2", **(fields | {"zero_stage": 3}))
-    assert "over-prices those gathers" in str(fsdp2_pipeline_gathers_note(zero3.plan))
+    # ZeRO-3 (reshard after forward) keeps a chunk's parameters gathered from a backward to its next pass
+    # (set_reshard_after_backward(False)): 1F1B over 4 micro-batches, stage 0 F0 F1 B0 F2 B1 F3 B2 B3 gathers
+    # in F0, F1, B0, B1, B2; stage 1 F0 B0 F1 B1 F2 B2 F3 B3 in F0, B0, B1, B2, B3: 10 passes of 2 units each
+    # (embedding and layer, layer and head), where every pass gathers under Megatron-style ZeRO-3: 16
+    for accumulation, gathers in (("fsdp2", 10 * 2), ("fused", 16 * 2)):
+        g3 = predict(job({"num_layers": 2}, grad_accumulation=accumulation, **(fields | {"zero_stage": 3}))).sim.graph
+        assert sum("fsdp_all_gather" in g3.names[g3.name[t]] for t in range(g3.num_tasks)) == gathers
+    # and in memory, stage 0: its fp32 weights sharded over 2 ranks beside the bf16 copies kept whole, 4 / 2 + 2
+    # bytes a parameter, and the whole fp32 sums, 4
+    kept = predict(job({"num_layers": 2}, grad_accumulation="fsdp2", **(fields | {"zero_stage": 3}))).memory
+    stage0 = layer + V * H + S * H
+    assert (kept.weights_bytes, kept.gradients_bytes) == (stage0 * (4 / 2 + 2), stage0 * 4)
     # Megatron-Core-style ZeRO-2 (fused accumulation) reduce-scatters after every micro-batch's backward instead
     fused = predict(job({"num_layers": 2}, grad_accumulation="fused", **fields), linear_calibration()).sim.graph
     assert sum("grad_reduce_scatter.m" in fused.names[fused.name[t]] for t in range(fused.num_tasks)) == 2 * 4

@@ -597,7 +597,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(PLAN, '"fp32_remainders": 2, "bf16": 2', '"fp32_remainders": 4, "bf16": 2',
       "remainders counted as a whole fp32 copy"),
     M(PLAN, '"bf16": 2, "none": 0,', '"bf16": 4, "none": 0,', "a bf16 copy counted as fp32"),
-    M(MEM, "np.where(fsdp2 & (z == 2), base.dtype_bytes, 0)", "0", "FSDP2 without resharding keeps no 16-bit weights"),
+    M(MEM, "gathered = (fsdp2 & (z == 2)) | zero3_kept(", "gathered = (fsdp2 & (z == 5)) | zero3_kept(",
+      "FSDP2 without resharding keeps no 16-bit weights"),
     M(MEM, "(2 if fsdp2 else 3)", "3", "FSDP2's fp32 weights sharded only at ZeRO 3"),
     M(MEM, "whole_w_b = base.dtype_bytes", "whole_w_b = base.stored_weight_bytes", "layers gathered in fp32"),
     M(PLAN, 'return 4 if self.dtype == "fp32" or self.main_params == "fp32_weights" else 2',
@@ -1479,9 +1480,14 @@ MUTANTS: tuple[Mutant, ...] = (
     M(FAST, "zero2_blocking = (zero == 2) & sync & ~overlap_grad & ~accum",
       "zero2_blocking = (zero == 2) & sync & ~overlap_grad",
       "the fast path's pipelined FSDP2 without overlap blocks on a reduction every micro-batch"),
-    M(OPS, "if not (plan.fsdp2_accumulates and plan.zero_stage == 3 and plan.pipeline_parallel > 1):",
-      "if not (plan.fsdp2_accumulates and plan.pipeline_parallel > 1):",
-      "pipelined FSDP2's ZeRO-2, priced as it runs, said to over-price its gathers", _t("step_by_hand")),
+    M(TF, "elif p.zero_stage == 3 and sync_dp and ps.chunk not in kept:", "elif p.zero_stage == 3 and sync_dp:",
+      "pipelined FSDP2's ZeRO-3 gathers again after a backward that kept its parameters"),
+    M(MEM, "gathered = (fsdp2 & (z == 2)) | zero3_kept(base.grad_accumulation, pp, z)", "gathered = fsdp2 & (z == 2)",
+      "pipelined FSDP2's ZeRO-3 weights kept from a backward left out of memory", _t("step_by_hand")),
+    M(FAST, "ag_f = [np.where(kept[rows] & ~gpipe, 0.0, a) for a in ag]", "ag_f = ag",
+      "the fast path's pipelined FSDP2 ZeRO-3 forwards gather again after a backward that kept them"),
+    M(FAST, "ag_b = [np.where(kept[rows] & gpipe, 0.0, a) for a in ag[::-1]]", "ag_b = ag[::-1]",
+      "the fast path's pipelined FSDP2 ZeRO-3 GPipe backwards gather again after a backward that kept them"),
 )
 # fmt: on
 

@@ -98,6 +98,10 @@ with overlapped reductions at few micro-batches, up to 26% above (the backlog te
 as fed steadily from the first backward; the cooldown feeds it in a bunch), GPipe × ZeRO-3 at 32
 stages 19-21% above, ZeRO-2 reduced after the backward beside overlapped pipeline sends (no framework
 runs it) -25% to +21%, DeepSpeed's lockstep sends with host-bound SequentialMLP layers to 13% below.
+FSDP2's ZeRO-3 under pipelining (memory.zero3_kept) at few micro-batches on slow networks: its passes count
+the steady state's gathers (a forward after a backward gathers nothing), not the warm-up forwards' (a forward
+after a forward gathers again): 4 micro-batches of gpt3-1.3b on 5 GB/s NICs up to 11% below the graph
+(tests/test_fast_estimate.py's torchtitan grid: 2.3% at the preset's 50 GB/s).
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError
 from itercast.hardware.topology import GroupPlacement
-from itercast.memory import memory_columns, virtual_stage_layer_counts
+from itercast.memory import memory_columns, virtual_stage_layer_counts, zero3_kept
 from itercast.parallel.plan_table import COLUMNS, RECOMPUTE, VARIED, PlanTable
 from itercast.parallel.schedules import SCHEDULES, in_flight_microbatches
 from itercast.workloads.transformer import (
@@ -223,6 +227,7 @@ class FastEstimator:
         # FSDP2 under torch.distributed.pipelining: whole fp32 sums, each chunk's reduce-scatters after its last
         # backward, the compute stream waiting for them (transformer.py, `accumulating`)
         accum = whole_fp32_sums(t.base.grad_accumulation, p, zero) & (zero >= 2) & (p > 1) & sync
+        kept = zero3_kept(t.base.grad_accumulation, p, zero)
         overlap_grad = c["overlap_grad"] > 0
         zero2_blocking = (zero == 2) & sync & ~overlap_grad & ~accum
         slowest, total = np.zeros(len(t)), np.zeros(len(t))
@@ -278,7 +283,7 @@ class FastEstimator:
             fsdp_back = np.zeros_like(stage)  # ZeRO-3 × pipeline: a backward's steady seconds beside its DP stream
             if fsdp_rows.any():  # ZeRO-3 × pipeline: each stage's passes beside its DP stream, unit by unit
                 stage[fsdp_rows], passes[fsdp_rows], fsdp_back[fsdp_rows] = self._fsdp_stages(
-                    t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"], accum
+                    t.base, pp, vp, f, g, np.flatnonzero(rows)[fsdp_rows], c["schedule"], accum, kept
                 )
                 amax = vp * (g["amax_f"] + g["amax_b"])[rows][fsdp_rows, None]  # each chunk pass's (as above)
                 stage[fsdp_rows] += amax
@@ -500,13 +505,15 @@ class FastEstimator:
         rows: np.ndarray,
         sched: np.ndarray,
         accum: np.ndarray,
+        kept: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Seconds per micro-batch of each stage (columns) for ZeRO-3 rows with pipeline parallelism:
         each chunk's forward and backward pass unit by unit beside the DP stream (_fsdp_pass), (1)
         back to back as in the steady state, where a forward after a backward inherits its trailing
         reduce-scatters (1F1B, interleaved) and under GPipe backwards follow backwards; (2) after
         a wait for their input that hid their first gathers (the fill and drain). Rows where `accum` (FSDP2
-        under torch.distributed.pipelining) reduce-scatter nothing in their passes: after the last backward."""
+        under torch.distributed.pipelining) reduce-scatter nothing in their passes: after the last backward; and
+        where `kept` (memory.zero3_kept) a pass after a backward of its chunk gathers nothing."""
         job = self._job(base, pp=pp, vp=vp)
         slowdown = self.system.gpu.overlap_compute_slowdown
         gpipe = sched[rows] == SCHEDULES.index("gpipe")
@@ -521,16 +528,20 @@ class FastEstimator:
                 sb = [f[f"c_{k}b"][rows] for k in kinds[::-1]]
                 ag = [g[f"ag_{k}"][rows] for k in kinds]
                 rs = [np.where(accum[rows], 0.0, g[f"rs_{k}"][rows]) for k in kinds[::-1]]
-                backward, left = _fsdp_pass(cb, ag[::-1], rs, zero, slowdown=slowdown, blocking=sb)
+                # kept from a backward (memory.zero3_kept): a steady forward after a backward (1F1B, interleaved)
+                # or backward after a backward (GPipe) gathers nothing
+                ag_f = [np.where(kept[rows] & ~gpipe, 0.0, a) for a in ag]
+                ag_b = [np.where(kept[rows] & gpipe, 0.0, a) for a in ag[::-1]]
+                backward, left = _fsdp_pass(cb, ag_b, rs, zero, slowdown=slowdown, blocking=sb)
                 backward, left = _fsdp_pass(
-                    cb, ag[::-1], rs, np.where(gpipe, left, zero), slowdown=slowdown, blocking=sb
+                    cb, ag_b, rs, np.where(gpipe, left, zero), slowdown=slowdown, blocking=sb
                 )  # GPipe
-                forward, _ = _fsdp_pass(cf, ag, None, np.where(gpipe, zero, left), slowdown=slowdown, blocking=sf)
+                forward, _ = _fsdp_pass(cf, ag_f, None, np.where(gpipe, zero, left), slowdown=slowdown, blocking=sf)
                 out[:, s] += forward + backward
                 backs[:, s] += backward
                 waited[:, s] += (
-                    _fsdp_pass(cf, ag, None, zero, True, slowdown, sf)[0]
-                    + _fsdp_pass(cb, ag[::-1], rs, zero, True, slowdown, sb)[0]
+                    _fsdp_pass(cf, ag_f, None, zero, True, slowdown, sf)[0]
+                    + _fsdp_pass(cb, ag_b, rs, zero, True, slowdown, sb)[0]
                 )
         return out, waited, backs
 

@@ -27,7 +27,13 @@ from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
 from itercast.hardware.topology import GroupPlacement, pair_groups, place_group, same_node
-from itercast.memory import embedding_unit_params, full_recompute_share, stage_params, virtual_stage_layer_counts
+from itercast.memory import (
+    embedding_unit_params,
+    full_recompute_share,
+    stage_params,
+    virtual_stage_layer_counts,
+    zero3_kept,
+)
 from itercast.parallel.schedules import Pass, schedule
 from itercast.workloads import transformer_ops as ops_mod
 from itercast.workloads.transformer_ops import COMM_FAMILIES, Op
@@ -1027,6 +1033,10 @@ class TransformerStepBuilder:
         # backward, reduce-scatters all its parameter groups, and the compute stream waits for them
         # (pipelining/stage.py perform_reduce_grad, fully_shard _root_post_backward_final_callback, torch 2.13)
         accumulating = p.fsdp2_accumulates and p.zero_stage >= 2 and pp > 1
+        # and runs every backward with set_reshard_after_backward(False): under ZeRO-3 (reshard after forward) a
+        # chunk's parameters stay gathered from a backward to its next pass, which gathers nothing (memory.zero3_kept)
+        kept: set[int] = set()
+        keeps = bool(zero3_kept(p.grad_accumulation, pp, p.zero_stage))
         for i, ps in enumerate(passes):
             # Gradients leave after the last backward of each chunk; with sharded gradients
             # (ZeRO-2/3, FSDP) after every micro-batch's backward, as memory.py assumes.
@@ -1058,7 +1068,7 @@ class TransformerStepBuilder:
                 if per_tensor:
                     name = f"zero3_all_gather.{kind}{ps.microbatch}.c{ps.chunk}.{j}"
                     seg_deps.append(self._deepspeed_fetch(stage, name, params, kinds[j], ps.forward))
-                elif p.zero_stage == 3 and sync_dp:
+                elif p.zero_stage == 3 and sync_dp and ps.chunk not in kept:
                     # FSDP's prefetch (BACKWARD_PRE): the next unit's gather is issued before this
                     # unit runs, once the unit before it is done (two units gathered at most)
                     for k in (j, j + 1):
@@ -1097,6 +1107,10 @@ class TransformerStepBuilder:
             released = pending.pop(backward_ordinal[i], []) if not ps.forward else []
             grad_tasks += [self._grad_task(stage, *bucket, previous[-1], grad_kind) for bucket in released]
             self._send(stage, ps, previous[-1])
+            if keeps and ps.forward:  # resharded after a forward
+                kept.discard(ps.chunk)
+            elif keeps:  # kept gathered after a backward
+                kept.add(ps.chunk)
         previous.extend(self._exchange(stage, passes, len(passes)))
         end_of_passes = previous[-1]
         for ordinal in sorted(pending):  # the step's remaining grad reductions

@@ -1666,22 +1666,6 @@ def grad_accumulation_note(plan: PlanConfig) -> str | None:
     )
 
 
-def fsdp2_pipeline_gathers_note(plan: PlanConfig) -> str | None:
-    """What a ZeRO-3 plan of FSDP2 under pipelining (plan.fsdp2_accumulates, zero_stage 3, pp > 1: torchtitan's
-    reshard "always") over-prices: the graph gathers every unit's parameters for every forward and backward,
-    where torch.distributed.pipelining runs each backward with set_reshard_after_backward(False) (pipelining/
-    stage.py backward_maybe_with_nosync, torch 2.13), so a forward that follows a backward finds them gathered.
-    None otherwise."""
-    if not (plan.fsdp2_accumulates and plan.zero_stage == 3 and plan.pipeline_parallel > 1):
-        return None
-    return (
-        "FSDP2 ZeRO-3 under pipelining: every forward and backward is priced with its parameter all-gathers, but "
-        "torch.distributed.pipelining keeps the parameters gathered after each backward, so a forward that follows "
-        "a backward gathers nothing; this forecast over-prices those gathers (torchtitan's default with pipelining, "
-        "zero_stage 2, is priced as it runs)"
-    )
-
-
 def zero_grad_reduce_note(plan: PlanConfig) -> str | None:
     """What a DeepSpeed job (plan.pipeline_p2p deepspeed) with ZeRO-1/2 left at zero_grad_reduce reduce_scatter
     prices: Megatron-Core's reduce-scatter, where DeepSpeed all-reduces each bucket (v0.12.4 on) or sends one reduce
@@ -1703,7 +1687,6 @@ def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> 
         unaligned_logits_note(model, plan),
         grad_accumulation_note(plan),
         zero_grad_reduce_note(plan),
-        fsdp2_pipeline_gathers_note(plan),
         flex_dispatch_note(plan),
         moe_a2a_overlap_note(plan),
         moe_routing_note(model, plan),
