@@ -55,7 +55,7 @@ import numpy as np
 
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig, whole_fp32_sums
+from itercast.config.plan import PlanConfig, pipelined_fsdp2, whole_fp32_sums
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
@@ -388,11 +388,10 @@ def cross_entropy_peak_bytes(plan: PlanConfig) -> int:
 
 def zero3_kept(grad_accumulation: str, pp: np.ndarray | int, zero: np.ndarray | int) -> np.ndarray:
     """Whether a ZeRO-3 plan keeps each chunk's weights gathered from a backward to its next pass: FSDP2 under
-    torch.distributed.pipelining (whole_fp32_sums with pp > 1), which runs every backward but the last with
+    torch.distributed.pipelining (config/plan.py pipelined_fsdp2), which runs every backward but the last with
     set_reshard_after_backward(False) (pipelining/stage.py backward_maybe_with_nosync, torch 2.13). The one
     rule for its memory (state_bytes_per_param) and its gathers (workloads/transformer.py, fast_estimate.py)."""
-    z, stages = np.asarray(zero), np.asarray(pp)
-    return (z == 3) & (stages > 1) & whole_fp32_sums(grad_accumulation, stages, z)
+    return (np.asarray(zero) == 3) & pipelined_fsdp2(grad_accumulation, pp, zero)
 
 
 def state_bytes_per_param(

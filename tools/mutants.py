@@ -1467,7 +1467,7 @@ MUTANTS: tuple[Mutant, ...] = (
       'if False:\n            return self.alltoall_bandwidth_bytes_per_s', "every collective on a mesh priced on its "
       "ring bandwidths, all-to-alls too", _t("mesh_node")),
     # -- session 42: FSDP2 under torch.distributed.pipelining reduces each chunk once, after its last backward -----
-    M(TF, "accumulating = p.fsdp2_accumulates and p.zero_stage >= 2 and pp > 1", "accumulating = False",
+    M(TF, "accumulating = bool(pipelined_fsdp2(p.grad_accumulation, pp, p.zero_stage))", "accumulating = False",
       "torchtitan's pipelined FSDP2 reduce-scatters after every micro-batch, not once per chunk"),
     M(TF, 'grad_tasks.append(self._grad_task(stage, recipe, name, "none", previous[-1], grad_kind))',
       'grad_tasks.append(self._grad_task(stage, recipe, name, "bucket", previous[-1], grad_kind))',

@@ -44,6 +44,13 @@ def whole_fp32_sums(grad_accumulation: str, pp: Any, zero: Any) -> Any:
     return (grad_accumulation == "fp32_add") | ((grad_accumulation == "fsdp2") & pipelined_fsdp)
 
 
+def pipelined_fsdp2(grad_accumulation: str, pp: Any, zero: Any) -> Any:
+    """Whether FSDP2 runs under torch.distributed.pipelining (bool, or an array over `pp` and `zero`): whole fp32 sums
+    (whole_fp32_sums) with FSDP (zero 2-3) and pipelining (pp > 1). Such a plan reduce-scatters nothing during the
+    passes, each stage's gradients after its last backward (workloads/transformer.py, search/fast_estimate.py)."""
+    return whole_fp32_sums(grad_accumulation, pp, zero) & (np.asarray(zero) >= 2) & (np.asarray(pp) > 1)
+
+
 def local_vocab_rows(vocab_size: int, tp: Any, divisible_by: int) -> Any:
     """Vocabulary rows per tensor-parallel rank (int, or an array over `tp`): the vocabulary padded up to a
     multiple of divisible_by × tp, as Megatron-LM's _vocab_size_with_padding does, then split in tp

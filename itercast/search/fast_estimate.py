@@ -114,7 +114,7 @@ import numpy as np
 
 from itercast.config.job import Job, parse_section
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig, whole_fp32_sums
+from itercast.config.plan import PlanConfig, pipelined_fsdp2
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.host_overheads import host_calibrated
@@ -226,7 +226,7 @@ class FastEstimator:
         fsdp_pp = (zero == 3) & sync & (p > 1)
         # FSDP2 under torch.distributed.pipelining: whole fp32 sums, each chunk's reduce-scatters after its last
         # backward, the compute stream waiting for them (transformer.py, `accumulating`)
-        accum = whole_fp32_sums(t.base.grad_accumulation, p, zero) & (zero >= 2) & (p > 1) & sync
+        accum = pipelined_fsdp2(t.base.grad_accumulation, p, zero) & sync
         kept = zero3_kept(t.base.grad_accumulation, p, zero)
         overlap_grad = c["overlap_grad"] > 0
         zero2_blocking = (zero == 2) & sync & ~overlap_grad & ~accum

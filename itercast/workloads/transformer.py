@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.job import Job
-from itercast.config.plan import DTYPE_BYTES, TE_PIPELINE_SPLITS
+from itercast.config.plan import DTYPE_BYTES, TE_PIPELINE_SPLITS, pipelined_fsdp2
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.graph.execgraph import Category, ExecGraph, GraphBuilder
@@ -1028,11 +1028,12 @@ class TransformerStepBuilder:
         pending: dict[int, list[tuple[Recipe, str, str]]] = {}  # aligned: buckets by the backward they follow
         seen_first_fwd: set[int] = set()
         previous: list[int] = []  # the last compute task of each segment run so far
-        # FSDP2 under torch.distributed.pipelining (plan.fsdp2_accumulates): every backward runs with
+        # FSDP2 under torch.distributed.pipelining (config/plan.py pipelined_fsdp2): every backward runs with
         # set_requires_gradient_sync(False) into whole fp32 sums; the chunk's REDUCE_GRAD action, after its last
         # backward, reduce-scatters all its parameter groups, and the compute stream waits for them
         # (pipelining/stage.py perform_reduce_grad, fully_shard _root_post_backward_final_callback, torch 2.13)
-        accumulating = p.fsdp2_accumulates and p.zero_stage >= 2 and pp > 1
+        accumulating = bool(pipelined_fsdp2(p.grad_accumulation, pp, p.zero_stage))
+        every = p.zero_stage >= 2 and not accumulating  # sharded gradients leave after every micro-batch
         # and runs every backward with set_reshard_after_backward(False): under ZeRO-3 (reshard after forward) a
         # chunk's parameters stay gathered from a backward to its next pass, which gathers nothing (memory.zero3_kept)
         kept: set[int] = set()
@@ -1040,7 +1041,6 @@ class TransformerStepBuilder:
         for i, ps in enumerate(passes):
             # Gradients leave after the last backward of each chunk; with sharded gradients
             # (ZeRO-2/3, FSDP) after every micro-batch's backward, as memory.py assumes.
-            every = p.zero_stage >= 2 and not accumulating
             reduce_now = not ps.forward and sync_dp and (every or i == last_bwd[ps.chunk])
             gathers: list[int] = []  # one per bucket: each bucket's forward waits for its own
             first_forward = ps.forward and ps.chunk not in seen_first_fwd
