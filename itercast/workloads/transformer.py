@@ -1098,8 +1098,7 @@ class TransformerStepBuilder:
             if self._amax:
                 previous.append(self._amax_reduction(stage, ps, previous[-1]))
             if reduce_now and accumulating:  # the chunk's parameter groups at once, blocking the compute stream
-                chunk_params = (sum(w[0] for _, w in segs), sum(w[1] for _, w in segs))
-                recipe: Recipe = ("dp", stage, grad_kind, chunk_params, grad_bytes)
+                recipe: Recipe = ("dp", stage, grad_kind, self._merged(segs)[1], grad_bytes)
                 name = f"grad_{grad_kind}.c{ps.chunk}"
                 grad_tasks.append(self._grad_task(stage, recipe, name, "none", previous[-1], grad_kind))
             if leaving:
