@@ -93,6 +93,37 @@ def test_fsdp2_under_pipelining_reduce_scatters_each_stage_once_after_its_last_b
     assert sum("grad_reduce_scatter.m" in fused.names[fused.name[t]] for t in range(fused.num_tasks)) == 2 * 4
 
 
+def test_megatron_zeroes_checks_and_scales_its_gradient_buffer():
+    # Megatron's contiguous fp32 gradient buffer (grad_accumulation fused, the default), dp 4 without overlap:
+    # zeroed each step (4 bytes a parameter written), and before the one reduction its NaN check's norm (4 read)
+    # and the scaling by 1/4 (4 read, 4 written)
+    passes = [f"grad_buffer_pass.{i}" for i in range(3)]
+    j = job(data_parallel=4, overlap_grad_reduce=False)
+    assert [task_seconds(j, n) for n in passes] == [[pytest.approx(4 * PARAMS / HBM)], [12 * PARAMS / HBM], []]
+    # averaged inside the collective (NeMo 2, Megatron-Bridge): the norm alone; without the NaN check, nothing
+    avg = dict(data_parallel=4, overlap_grad_reduce=False, grad_average_in_collective=True)
+    assert task_seconds(job(**avg), passes[1]) == [pytest.approx(4 * PARAMS / HBM)]
+    assert task_seconds(job(**avg, grad_nan_check=False), passes[1]) == []
+    # bf16 buffers: 2 bytes each; one rank: the norm, no scaling (its factor is 1)
+    bf16 = job(data_parallel=4, overlap_grad_reduce=False, grad_reduce_dtype="bf16")
+    assert task_seconds(bf16, passes[1]) == [pytest.approx(6 * PARAMS / HBM)]
+    assert task_seconds(job(), passes[1]) == [pytest.approx(4 * PARAMS / HBM)]
+    # overlapped, in buckets of 10,000 parameters: a pass per bucket, together the same 12 bytes a parameter
+    g = predict(job(data_parallel=4, grad_bucket_size_params=10_000), linear_calibration()).sim.graph
+    names = [g.names[g.name[t]] for t in range(g.num_tasks)]
+    buckets = [g.duration_s[t] for t, n in enumerate(names) if n.startswith("grad_buffer_pass.") and n != passes[0]]
+    assert sum(buckets) == pytest.approx(12 * PARAMS / HBM)
+    assert len(buckets) == sum(n.startswith("grad_all_reduce") for n in names) > 1
+    # PyTorch's own accumulation and FSDP keep no such buffer
+    assert task_seconds(job(data_parallel=4, grad_accumulation="autograd"), passes[0]) == []
+    assert task_seconds(job(data_parallel=4, zero_stage=3), passes[0]) == []
+    # the routed experts averaged in the collective are still scaled, by expert dp / dp = 1/2 (dp 2, ep 2):
+    # 2 local experts of gate + up 64·2·32 and down 32·64 weights, 8 bytes each; the rest, nothing
+    moe = {"family": "llama", "num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 32}
+    j = job(moe, **(avg | dict(data_parallel=2, expert_parallel=2, grad_nan_check=False)))
+    assert task_seconds(j, passes[1]) == [pytest.approx(8 * 2 * (64 * 2 * 32 + 32 * 64) / HBM)]
+
+
 def test_without_zero_every_gpu_steps_every_parameter():
     assert task_seconds(job(data_parallel=4), "optimizer_step") == [pytest.approx(30 * PARAMS / HBM)]
     # bf16 gradient buffers: the step reads 2-byte gradients (4 + 2 + 8 read, 14 written)

@@ -1488,6 +1488,21 @@ MUTANTS: tuple[Mutant, ...] = (
       "the fast path's pipelined FSDP2 ZeRO-3 forwards gather again after a backward that kept them"),
     M(FAST, "ag_b = [np.where(kept[rows] & gpipe, 0.0, a) for a in ag[::-1]]", "ag_b = ag[::-1]",
       "the fast path's pipelined FSDP2 ZeRO-3 GPipe backwards gather again after a backward that kept them"),
+    # -- session 43: Megatron's gradient buffer zeroed, each bucket's NaN-check norm and 1/dp scaling -----------------
+    M(TF, 'return p.grad_bytes if p.grad_accumulation == "fused" and p.zero_stage <= 1 else 0',
+      'return p.grad_bytes if p.grad_accumulation == "fused" else 0',
+      "FSDP-like ZeRO-2/3 plans priced with Megatron's gradient buffer", _t("step_by_hand")),
+    M(TF, "dense_scaled = dp > 1 and not p.grad_average_in_collective", "dense_scaled = dp > 1",
+      "gradients averaged in the collective still scaled by 1/dp", _t("step_by_hand")),
+    M(TF, "expert_scaled = dense_scaled or (p.grad_average_in_collective and edp != dp)",
+      "expert_scaled = dense_scaled", "routed experts averaged in the collective not scaled by expert dp / dp",
+      _t("step_by_hand")),
+    M(TF, "norm = p.grad_bytes * int(p.grad_nan_check)", "norm = p.grad_bytes",
+      "the NaN check's norm read with the check off", _t("step_by_hand")),
+    M(TF, "self._reduced[stage].append(recipe[3])", "pass",
+      "the buckets' passes priced as one pass over the whole buffer", _t("step_by_hand")),
+    M(FAST, 'buffer = g["grad_zero"] + grad_pass', "buffer = grad_pass",
+      "the fast path leaves the gradient buffer's zeroing unpriced"),
 )
 # fmt: on
 

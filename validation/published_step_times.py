@@ -41,6 +41,9 @@ def job(r: dict[str, str]) -> Job:
         "dtype": "fp16",
         "flash_attention": False,
         "zero_stage": 0,
+        # 2022's Megatron-LM had no NaN check of the gradient buffer before its all-reduce (d66807759c added it,
+        # 2023-12-05); its contiguous buffer was zeroed and scaled by 1/dp as today's
+        "grad_nan_check": False,
     }
     return Job.from_dicts(model, plan, {"preset": "dgx-a100", "num_nodes": int(r["gpus"]) // 8})
 

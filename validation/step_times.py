@@ -46,6 +46,15 @@ RECIPE = {
     "recompute": "none",
 }
 
+#: Megatron's gradient-buffer switches (plan.grad_nan_check, plan.grad_average_in_collective) under NeMo 1, which
+#: every NeMo source here ran (dgxc-benchmarking's YAMLs, Grok-1's, NeMo-Framework-Launcher 24.07): its
+#: megatron_gpt_model.py builds Megatron-Core's DistributedDataParallelConfig with
+#: check_for_nan_in_grad=optim.get('check_for_nan_in_grad', False) and average_in_collective=optim.get(
+#: 'average_in_collective', True), and none of these YAMLs names either; under distributed_fused_adam (Apex's
+#: optimizer, no Megatron DDP) neither pass runs either. Megatron-LM's training script (megatron-core rows)
+#: keeps the fields' defaults: its --check-for-nan-in-loss-and-grad on, --ddp-average-in-collective off.
+NEMO1_GRAD_BUFFER = {"grad_nan_check": False, "grad_average_in_collective": True}
+
 DGXC_MODELS = {
     "Llama 3.1 8b": "llama3-8b",
     "Llama 3.1 70b": "llama3-70b",
@@ -237,7 +246,8 @@ def dgxc_rows(data: Path) -> list[Row]:
             model,
             _plan(tp, pp, cp, vp, mbs, max(gbs, 1), dtype)
             | dgxc_settings(DGXC_MODELS[name], version.group(1) if version else "", dtype)
-            | {"attention_kernel": dgxc_attention_kernel(DGXC_MODELS[name], r["source"])},
+            | {"attention_kernel": dgxc_attention_kernel(DGXC_MODELS[name], r["source"])}
+            | NEMO1_GRAD_BUFFER,
         )
         if dp * tp * pp * cp != gpus:
             row.skipped = (
@@ -279,6 +289,7 @@ def grok_rows(data: Path) -> list[Row]:
         # the releases of README_314b.md (v24.11.1, v25.01.1, 25.04.02) run NeMo containers of Megatron-Core 0.9-0.12,
         # before 0.13 sent the routing probabilities in an all-to-all of their own (plan.moe_probs_alltoall)
         plan["moe_probs_alltoall"] = False
+        plan |= NEMO1_GRAD_BUFFER
         # grok1/configure.sh at every release in the data exports NVTE_FUSED_ATTN=0: FlashAttention-2 (DGXC_FA2's note)
         plan["attention_kernel"] = "fa2"
         plan["tp_comm_overlap"] = c["tensor_parallel"] > 1
@@ -309,6 +320,7 @@ def nemo_rows(data: Path) -> list[Row]:
         # Transformer Engine ran FlashAttention-2; examples/training/gpt/h100/175b_fp8_16node.sh sets it to 1 for
         # GPT-3 175B (95c77b59, 2024-07-17)
         plan["attention_kernel"] = "cudnn" if preset == "gpt3-175b" else "fa2"
+        plan |= NEMO1_GRAD_BUFFER
         row = Row(
             "nemo-24.07",
             label,

@@ -353,6 +353,26 @@ class PlanConfig(BaseModel):
         "fp32 gradients left out). Priced on every micro-batch: autograd's first writes rather than adds, "
         "fp32_add's first is a 6-byte cast (one micro-batch's pass over-counted).",
     )
+    grad_nan_check: bool = Field(
+        True,
+        description="Under grad_accumulation fused with zero_stage 0-1 (Megatron's contiguous gradient buffer, "
+        "zeroed every step: workloads/transformer.py grad_buffer_zero_bytes): an L2 norm over each "
+        "gradient bucket, reading it once on the compute stream, before the bucket's reduction "
+        "(DistributedDataParallelConfig.check_for_nan_in_grad; param_and_grad_buffer.py start_grad_sync at "
+        "core_r0.8.0, check_grads at d98e8a64). On in Megatron-LM's training script (--check-for-nan-in-loss-and-"
+        "grad, unless dynamic loss scaling) and in NeMo 2's and Megatron-Bridge's recipes; the config's own "
+        "default, and NeMo 1's optim.check_for_nan_in_grad, leave it off.",
+    )
+    grad_average_in_collective: bool = Field(
+        False,
+        description="Under grad_accumulation fused with zero_stage 0-1: DistributedDataParallelConfig."
+        "average_in_collective. False "
+        "(its default, and Megatron-LM's without --ddp-average-in-collective) scales each gradient bucket by "
+        "1 / its data-parallel ranks before the reduction, a read and a write of it on the compute stream "
+        "(grad_data *= gradient_scaling_factor, when that factor is not 1); True (NeMo 2's and Megatron-Bridge's "
+        "recipes, NeMo 1's default) averages inside the collective: no pass, but for the routed experts, scaled "
+        "by their expert data-parallel ranks / the data-parallel ranks where those differ.",
+    )
     main_params: Literal["fp32", "fp32_remainders", "bf16", "none", "fp32_weights"] = Field(
         "fp32",
         description="16-bit training: the optimizer's own copy of each weight (PlanConfig.master_param_bytes). fp32: "

@@ -131,6 +131,8 @@ from itercast.workloads.transformer import (
     amax_reduction_bytes,
     bucket_spans,
     dp_collective_s,
+    grad_bucket_pass_bytes,
+    grad_buffer_zero_bytes,
     grad_collective,
     local_optimizer_params,
     optimizer_step_bytes,
@@ -493,7 +495,11 @@ class FastEstimator:
         fsdp = np.maximum(_fsdp_step(f, g, self.model, M, slowdown) + launch_s, host_end + g["rs_e"])
         fsdp += M * (g["amax_f"] + g["amax_b"])  # each pass's amax reduction (TE DelayedScaling), blocking
         step = np.where((zero == 3) & sync & (p == 1), fsdp, passes_end + exposed_grad + gather_after)
-        return step + g["weight_cast"] + g["tail"]  # Transformer Engine's once-per-step FP8 weight casts
+        # Megatron's gradient buffer (ZeRO 0-1), after the reductions as the graph places it (_buffer_passes):
+        # zeroed, and each reduction's pass over its bucket (without overlap, or on one rank, the whole buffer)
+        grad_pass = np.where(overlap_grad & sync, g["grad_pass_buckets"], g["grad_pass_whole"])
+        buffer = g["grad_zero"] + grad_pass
+        return step + buffer + g["weight_cast"] + g["tail"]  # Transformer Engine's once-per-step FP8 weight casts
 
     def _fsdp_stages(
         self,
@@ -719,6 +725,12 @@ class FastEstimator:
                 vocab = job.plan.local_vocab(m.vocab_size) * m.hidden_size
                 tail += costs.collective_s("all_reduce", vocab * grad_bytes, groups.embedding)
         counted = Counter(buckets)
+        # Megatron's gradient buffer (transformer.py grad_buffer_zero_bytes, grad_bucket_pass_bytes)
+        pass_e, pass_d = grad_bucket_pass_bytes(job, groups)
+
+        def pass_s(w: tuple[float, float]) -> float:
+            return float(costs.memory_s("elementwise", w[0] * pass_e + w[1] * pass_d))
+
         # Transformer Engine 1.x DelayedScaling: each chunk pass ends in a blocking amax reduction
         # (transformer.py _amax_reduction): the buffer's concatenation, its all-reduce, the scale update
         amax = amax_reduction_bytes(job)
@@ -748,6 +760,9 @@ class FastEstimator:
             "grad_whole": dp_s(kind, params, grad_bytes),
             "gather_whole": dp_s(gather_kind, params, w_bytes),
             "tail": tail,
+            "grad_zero": float(costs.memory_s("elementwise", grad_buffer_zero_bytes(job) * sum(params))),
+            "grad_pass_buckets": sum(n * pass_s(b) for b, n in counted.items()),
+            "grad_pass_whole": pass_s(params),
             "weight_cast": sum(float(costs.memory_s("elementwise", b)) for b in weight_cast_bytes(job)),
             "amax_f": amax_s(fwd),  # per chunk pass
             "amax_b": amax_s(bwd),

@@ -72,6 +72,35 @@ def host_launch_split(kernels: int, launch_s: float) -> tuple[float, float]:
     return first * launch_s, (kernels - first) * launch_s
 
 
+def grad_buffer_zero_bytes(job: Job) -> int:
+    """HBM bytes per local parameter Megatron's DDP writes at each step's start: its contiguous gradient buffer
+    zeroed whole (train_step's zero_grad_buffer, grad_data.zero_(), core_r0.8.0 to d98e8a64; the buffer holds
+    every parameter of the GPU's model chunks, the distributed optimizer sharding only its states), in the
+    buffer's dtype (plan.grad_bytes). Only under grad_accumulation fused with zero_stage 0-1 (Megatron's DDP and
+    distributed optimizer); 0 otherwise: ZeRO-2/3 with fused accumulation stand for FSDP-like sharding, whose
+    buffers are not Megatron's, and PyTorch's zero_grad sets gradients to None (nothing to write)."""
+    p = job.plan
+    return p.grad_bytes if p.grad_accumulation == "fused" and p.zero_stage <= 1 else 0
+
+
+def grad_bucket_pass_bytes(job: Job, groups: Groups) -> Params:
+    """HBM bytes per parameter (routed experts', the rest's) Megatron's DDP moves on the compute stream over a
+    gradient bucket before reducing it (start_grad_sync): plan.grad_nan_check's norm reads it (grad_bytes), and
+    a scaling by gradient_scaling_factor reads and writes it (2 · grad_bytes) where that factor is not 1
+    (distributed_data_parallel.py, core_r0.8.0 to d98e8a64): without plan.grad_average_in_collective 1 / the
+    data-parallel ranks (groups.grad, context ranks included) for every parameter; with it 1 for the rest and
+    expert data-parallel ranks / data-parallel ranks for the routed experts. 0 outside Megatron's buffer
+    (grad_buffer_zero_bytes). The host's wait for the norm's NaN test (a sync per bucket, a launch latency or
+    two each) is not priced."""
+    if not grad_buffer_zero_bytes(job):
+        return 0.0, 0.0
+    p, dp, edp = job.plan, groups.grad.size, groups.expert_grad.size
+    dense_scaled = dp > 1 and not p.grad_average_in_collective
+    expert_scaled = dense_scaled or (p.grad_average_in_collective and edp != dp)
+    norm = p.grad_bytes * int(p.grad_nan_check)
+    return float(norm + 2 * p.grad_bytes * expert_scaled), float(norm + 2 * p.grad_bytes * dense_scaled)
+
+
 def optimizer_step_bytes(job: Job, params: float) -> float:
     """HBM traffic of a fused Adam step over `params` local parameters (apex/TE FusedAdam): read
     the optimizer's copy of the weight (plan.master_param_bytes), the gradient (plan.grad_bytes) and
@@ -742,6 +771,7 @@ class TransformerStepBuilder:
         self._priced: dict[Recipe, float] = {}
         self._tails: list[dict[int, int]] = [{} for _ in range(pp)]  # per stage: resource -> its last task
         self._synced: dict[int, int] = {}  # stage -> its last host synchronisation (_host_sync)
+        self._reduced: dict[int, list[Params]] = {s: [] for s in range(job.plan.pipeline_parallel)}  # _grad_task
         self.graph: ExecGraph | None = None
 
     # -- units of one pass --------------------------------------------------------------------
@@ -806,9 +836,32 @@ class TransformerStepBuilder:
 
     def _grad_task(self, stage: int, recipe: Recipe, name: str, split: str, after: int, kind: str) -> int:
         """A bucket's gradient reduction after task `after`: on the DP stream when overlapped, else (ZeRO-2's
-        reductions without overlap, split 'none') blocking the compute stream."""
+        reductions without overlap, split 'none') blocking the compute stream. Its bucket's params join the
+        stage's gradient-buffer passes (_buffer_passes)."""
+        if recipe[0] == "dp":
+            self._reduced[stage].append(recipe[3])
         stream = self.g.resource(stage, "dp_comm" if split != "none" else "compute")
         return self._task(recipe, name, stream, Category.COMMUNICATION, f"dp_{kind}", [after])
+
+    def _buffer_passes(self, stage: int, after: list[int]) -> list[int]:
+        """Megatron's gradient buffer on the compute stream once `after` have ended: the buffer zeroed
+        (grad_buffer_zero_bytes), then each reduced bucket's norm and scaling (grad_bucket_pass_bytes; one rank:
+        the whole buffer's norm). An approximation, written so that the fast path adds them as it adds the
+        optimizer step: Megatron zeroes at the step's start (the same delay on stage 0, which every stage waits
+        for) and runs a bucket's passes before its reduction (the same where the backward outlasts its
+        reductions, each pass delaying its own bucket's; where the reductions outlast it, all but the first pass
+        would hide behind them: over-counted by those). Returns [the last pass] or `after` where there is none."""
+        job = self.job
+        params = stage_params(job, stage)
+        (expert_b, dense_b), comp = grad_bucket_pass_bytes(job, self.groups), self.g.resource(stage, "compute")
+        buckets = self._reduced[stage] or [params]
+        sizes = [grad_buffer_zero_bytes(job) * sum(params), *(e * expert_b + d * dense_b for e, d in buckets)]
+        family = self.family_time_s[stage]
+        for i, nbytes in enumerate(b for b in sizes if b):
+            recipe: Recipe = ("memory", stage, "elementwise", nbytes)
+            after = [self._task(recipe, f"grad_buffer_pass.{i}", comp, Category.COMPUTE, "grad_buffer", after)]
+            family["grad_buffer"] = family.get("grad_buffer", 0.0) + self._priced[recipe]
+        return after
 
     def _run_segment(self, stage: int, name: str, key: SegmentKey, deps: list[int]) -> tuple[int, int]:
         """Launch on the host, then compute (+ blocking TP/CP comm) on the stream; (first, last) task,
@@ -1125,6 +1178,7 @@ class TransformerStepBuilder:
                     [end_of_passes],
                 )
             )
+            self._reduced[stage].append(stage_params(job, stage))
         sync = [end_of_passes, *grad_tasks]
         if tied_sync >= 0 and stage in (0, p.pipeline_parallel - 1):
             vocab = p.local_vocab(job.model.vocab_size) * job.model.hidden_size
@@ -1152,6 +1206,7 @@ class TransformerStepBuilder:
                     collective=grad_norm,
                 )
             ]
+        sync = self._buffer_passes(stage, sync)
         optimizer_bytes = optimizer_step_bytes(job, local_optimizer_params(job, self.groups, stage_params(job, stage)))
         opt = self._task(
             ("memory", stage, "optimizer", optimizer_bytes),
