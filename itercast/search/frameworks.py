@@ -186,6 +186,9 @@ FRAMEWORKS: dict[str, Framework] = {
             "moe_grouped_gemm": True,
             "pipeline_p2p": "megatron",
             "cp_comm": "p2p",
+            # its recipes' DistributedDataParallelConfig(check_for_nan_in_grad=True, ..., average_in_collective=True)
+            # (gpt3_175b.py): no 1/dp scaling pass over the gradient buffer (workloads/transformer.py)
+            "grad_average_in_collective": True,
         },
         rules=_megatron_rules("nemo (MegatronStrategy on Megatron-Core)"),
         # GPTConfig's cross_entropy_fusion_impl reaches Megatron-Core without arguments.py's refusal of te
