@@ -856,12 +856,16 @@ class TransformerStepBuilder:
         (expert_b, dense_b), comp = grad_bucket_pass_bytes(job, self.groups), self.g.resource(stage, "compute")
         buckets = self._reduced[stage] or [params]
         sizes = [grad_buffer_zero_bytes(job) * sum(params), *(e * expert_b + d * dense_b for e, d in buckets)]
-        family = self.family_time_s[stage]
         for i, nbytes in enumerate(b for b in sizes if b):
             recipe: Recipe = ("memory", stage, "elementwise", nbytes)
             after = [self._task(recipe, f"grad_buffer_pass.{i}", comp, Category.COMPUTE, "grad_buffer", after)]
-            family["grad_buffer"] = family.get("grad_buffer", 0.0) + self._priced[recipe]
+            self._add_time(stage, "grad_buffer", self._priced[recipe])
         return after
+
+    def _add_time(self, stage: int, family: str, seconds: float) -> None:
+        """Add `seconds` to `family`'s time on `stage` (family_time_s)."""
+        times = self.family_time_s[stage]
+        times[family] = times.get(family, 0.0) + seconds
 
     def _run_segment(self, stage: int, name: str, key: SegmentKey, deps: list[int]) -> tuple[int, int]:
         """Launch on the host, then compute (+ blocking TP/CP comm) on the stream; (first, last) task,
@@ -1107,7 +1111,6 @@ class TransformerStepBuilder:
             else:
                 split = "none"
             segs = self._segments_of(stage, ps.chunk, ps.forward, split)
-            family_time = self.family_time_s[stage]
             kind = "F" if ps.forward else "B"
             fsdp: dict[int, int] = {}  # ZeRO-3: segment -> its parameter all-gather
             previous.extend(self._exchange(stage, passes, i))
@@ -1132,7 +1135,7 @@ class TransformerStepBuilder:
                 key = (stage, ps.chunk, ps.forward, split, j)
                 first, last = self._run_segment(stage, f"{kind}{ps.microbatch}.c{ps.chunk}.{j}", key, seg_deps)
                 for fam, sec in cost.family_s.items():
-                    family_time[fam] = family_time.get(fam, 0.0) + sec
+                    self._add_time(stage, fam, sec)
                 if j == 0:
                     self._receive(stage, ps, first)
                 previous.append(last)
@@ -1246,10 +1249,9 @@ class TransformerStepBuilder:
             (("collective", stage, "all_reduce", buffer, "amax"), "fp8_amax_all_reduce", Category.COMMUNICATION),
             (("memory", stage, "elementwise", updates[ps.chunk]), "fp8_scale_update", Category.COMPUTE),
         ]
-        family = self.family_time_s[stage]
         for recipe, label, category in recipes:
             after = self._task(recipe, f"{label}.{name}", comp, category, "fp8_amax", [after])
-            family["fp8_amax"] = family.get("fp8_amax", 0.0) + self._priced[recipe]
+            self._add_time(stage, "fp8_amax", self._priced[recipe])
         return after
 
     def _weight_cast(self, stage: int, ps: Pass) -> list[int]:
