@@ -122,6 +122,19 @@ def test_unfused_attention_times_its_score_kernels():
     assert rec[:4] == [f"recompute.core_attention.{k}" for k in ("scores", "softmax", "dropout", "values")]
 
 
+def test_unfused_softmax_streams_at_its_measured_share_of_the_elementwise_bandwidth():
+    """The H100 profile's softmax kernels reach 0.805 (forward) and 0.493 (backward) of the elementwise curve
+    (transformer_ops.SOFTMAX_BANDWIDTH_SHARE, tools/fit_efficiency_curves.h100_softmax_shares); the backward
+    reads the probabilities and their gradient and writes the scores' gradient: 3 tensors, not 4."""
+    j = job(flash_attention=False)
+    costs, groups = AnalyticCostModel(j.system, "bf16", linear_calibration()), Groups.of(j)
+    scores = 4 * 32 * 32  # heads × s × s, bf16
+    fwd = [o for o in layer_forward(j.model, j.plan) if o.name == "core_attention.softmax"]
+    bwd = [o for o in layer_backward(j.model, j.plan) if o.name == "core_attention.softmax.bwd"]
+    assert pass_cost(fwd, costs, groups).family_s == pytest.approx({"softmax": 2 * scores * 2 / (0.805 * HBM)})
+    assert pass_cost(bwd, costs, groups).family_s == pytest.approx({"softmax": 3 * scores * 2 / (0.493 * HBM)})
+
+
 def test_full_recompute_reruns_the_whole_forward_not_only_gemms():
     j = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True, recompute="full")
     fwd = layer_forward(j.model, j.plan)

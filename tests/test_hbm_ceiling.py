@@ -69,6 +69,15 @@ def test_the_fitting_tool_pins_the_curve_from_the_profile():
     assert h100_pointwise_efficiency() == pytest.approx(0.904, abs=0.002)
 
 
+def test_the_fitting_tool_measures_the_softmax_shares_from_the_profile():
+    """Rows of 512 and 4,096 elements from 64 MiB on: forward 0.71-0.89 of HBM, backward 0.40-0.46; over the
+    elementwise curve (0.89-0.90 there) medians 0.805 and 0.493 (transformer_ops.SOFTMAX_BANDWIDTH_SHARE)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from fit_efficiency_curves import h100_softmax_shares
+
+    assert h100_softmax_shares() == pytest.approx({"fwd": 0.805, "bwd": 0.493}, abs=5e-4)
+
+
 def test_a_memory_bound_kernel_below_the_curves_least_time_size_takes_the_time_it_takes_there():
     """gamma 1.25, log_half ln 1e6, e_max 1 on HBM = 1e11 B/s: x / eff(x) = x + 1e7.5 · x^−0.25 is least where
     x^1.25 = 0.25 · 1e7.5, x* = 1e6 · 0.25^0.8 = 1e6 · e^(0.8 · −1.386294) = 329,877 B; there

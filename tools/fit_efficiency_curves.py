@@ -70,6 +70,8 @@ from scipy.optimize import minimize_scalar
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.config.job import load_system
 from itercast.costs.aten_ops import EMBEDDING_UPDATE
+from itercast.costs.curves import curve
+from itercast.costs.curves import curves as committed_curves
 from itercast.costs.fitting import (
     attention_err,
     attention_points,
@@ -285,6 +287,31 @@ def h100_pointwise_efficiency() -> float:
     rows = [m for m in db.measurements(family="elementwise") if m.op in H100_POINTWISE_OPS]
     db.close()
     return float(np.median([m.size / m.time_s / HBM["h100"] for m in rows if m.size >= HBM_BOUND_BYTES]))
+
+
+#: the H100 profile's softmax rows that stand for an attention softmax: rows of at least this many elements
+#: (a sequence's keys: 512 to 8,192) and tensors of at least SOFTMAX_BOUND_BYTES (past the curves' knee)
+SOFTMAX_MIN_COLS, SOFTMAX_BOUND_BYTES = 512, 64 << 20
+
+
+def h100_softmax_shares() -> dict[str, float]:
+    """Share of the elementwise curve's bandwidth PyTorch's row-wise softmax reaches, forward and backward: the
+    median over the H100 profile's softmax_fwd / softmax_bwd configurations of SOFTMAX_MIN_COLS columns or more
+    and SOFTMAX_BOUND_BYTES or more of (bytes of their tensors / time / HBM) over the committed elementwise
+    curve at those bytes (transformer_ops.SOFTMAX_BANDWIDTH_SHARE)."""
+    db = ProfileDB(Path(__file__).resolve().parents[1] / "data" / "measured" / "h100_profile.db", readonly=True)
+    rows = list(db.measurements(family="norm"))
+    db.close()
+    elementwise = curve(committed_curves()["memory"]["elementwise"])
+    shares = {}
+    for direction in ("fwd", "bwd"):
+        kept = [
+            m
+            for m in rows
+            if m.op == f"softmax_{direction}" and m.params["cols"] >= SOFTMAX_MIN_COLS and m.size >= SOFTMAX_BOUND_BYTES
+        ]
+        shares[direction] = float(np.median([m.size / m.time_s / HBM["h100"] / elementwise(m.size) for m in kept]))
+    return shares
 
 
 def fit_embedding_lookup_hopper() -> dict:

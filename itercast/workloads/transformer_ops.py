@@ -115,6 +115,8 @@ class Op:
     # ROWWISE_CAST_BANDWIDTH_SHARE; transformer.pass_cost prices amount / bandwidth_share bytes), or a chunked
     # reduce-scatter whose final sum does (PyTorch's async TP: ASYNC_TP_SUM_BANDWIDTH_SHARE, transformer._beside_s)
     bandwidth_share: float = 1.0
+    # a memory-bound op whose backward reaches another share of its curve's bandwidth (0: bandwidth_share)
+    backward_share: float = 0.0
 
     @property
     def te(self) -> bool:
@@ -190,14 +192,27 @@ def _dim1_copies(plan: PlanConfig) -> bool:
     return plan.tp_layout == "dtensor" and not plan.tp_comm_overlap and plan.micro_batch_size > 1
 
 
+#: Share of the elementwise curve's bandwidth an unfused attention's row-wise softmax reaches (scores read and
+#: probabilities written forward; probabilities and their gradient read, the scores' gradient written backward):
+#: MEASURED, this project's H100 profile (data/measured/h100_profile.db, aten::_softmax and
+#: aten::_softmax_backward_data in fp32, caches flushed), the median over its 6 configurations of rows of 512 to
+#: 4,096 elements and 64 MiB or more of (bytes / time / HBM) over the elementwise curve there: forward 0.71-0.89
+#: of HBM (median 0.72), backward 0.40-0.46 (median 0.445); `python -c "import sys; sys.path.insert(0, 'tools');
+#: from fit_efficiency_curves import h100_softmax_shares; print(h100_softmax_shares())"`. Taken for Megatron's
+#: fused scale-mask-softmax kernels in 16-bit and on every GPU, as every memory curve's fraction is (not
+#: measured). Until session 44 the softmax was priced on the norm curve (vidur's RMSNorm, 0.40 of HBM), its
+#: backward as twice the forward's bytes.
+SOFTMAX_BANDWIDTH_SHARE = {"fwd": 0.805, "bwd": 0.493}
+
+
 def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: bool = False) -> list[Op]:
     """Attention scores and values: one fused kernel that computes only the query-key pairs the mask
     lets through (FlashAttention: the causal half; a sliding window, `windowed`, the pairs of
     ModelConfig.causal_keys_per_query, its block-skipping of window_size = (W − 1, 0)), or unfused,
     two batched GEMMs over the full s×s scores (masked, not skipped) with softmax (and dropout,
     where the family has it) between them, each reading and writing the b·(a/t)·s² scores
-    (Korthikanti §4.1). Under context parallelism each rank holds 1/c of the pairs (load-balanced
-    chunks, `_cp_attention`)."""
+    (Korthikanti §4.1), the softmax at SOFTMAX_BANDWIDTH_SHARE of the elementwise bandwidth. Under
+    context parallelism each rank holds 1/c of the pairs (load-balanced chunks, `_cp_attention`)."""
     a, t, e = model.num_attention_heads, sh.t, sh.e
     heads = plan.micro_batch_size * a / t
     scores = heads * sh.seq_local * sh.seq_full
@@ -211,7 +226,15 @@ def _core_attention(model: ModelConfig, plan: PlanConfig, sh: Shapes, windowed: 
         return _unpadded(model, plan, sh, Op(CORE_ATTENTION, "attention", (qk + av) * kept, attention=shape))
     ops = [
         Op(f"{CORE_ATTENTION}.scores", "gemm", qk),
-        Op(f"{CORE_ATTENTION}.softmax", "norm", 2 * scores * e),
+        Op(
+            f"{CORE_ATTENTION}.softmax",
+            "elementwise",
+            2 * scores * e,
+            label="softmax",
+            backward_amount=3 * scores * e,
+            bandwidth_share=SOFTMAX_BANDWIDTH_SHARE["fwd"],
+            backward_share=SOFTMAX_BANDWIDTH_SHARE["bwd"],
+        ),
     ]
     if model.has_dropout:  # attention dropout: read, write, 1-byte mask
         ops.append(Op(f"{CORE_ATTENTION}.dropout", "elementwise", scores * (2 * e + 1)))
@@ -1298,7 +1321,12 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
             out += _cp_backward(op, plan)
         elif op.backward_amount != 0:  # 0: an op run without gradient (a training metric) has no backward
             amount = op.backward_amount if op.backward_amount >= 0 else 2 * op.amount
-            out.append(replace(op, name=f"{op.name}.bwd", amount=amount, count=op.backward_count or op.count))
+            share = op.backward_share or op.bandwidth_share
+            out.append(
+                replace(
+                    op, name=f"{op.name}.bwd", amount=amount, count=op.backward_count or op.count, bandwidth_share=share
+                )
+            )
     return out
 
 
