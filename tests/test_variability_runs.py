@@ -22,6 +22,7 @@ from itercast.stochastic.variability import (
     graph_attribution,
     graph_distribution,
     graph_sensitivity,
+    p95_shift_per_cv,
 )
 
 NO_FAILURES = FailureModel(mtbf_per_gpu_s=math.inf, checkpoint_s=0.0, restart_s=0.0)
@@ -202,6 +203,28 @@ def test_sensitivity_adds_class_noise_to_the_run_level_base_by_hand():
     assert [r["class"] for r in across] == ["gemm"]
     assert across[0]["dp95_per_cv_s"] == pytest.approx(0.012876, rel=0.03)
     assert within[0]["dp95_per_cv_s"] == pytest.approx(0.018182, rel=0.03)
+
+
+def test_a_constant_shift_has_no_sampling_error():
+    """Every sample 2 ms slower: the p95 moves by exactly 2 ms, 8 ms per unit of CV at δ 0.25, and every
+    paired resample moves by the same 2 ms, so the standard error is 0."""
+    base = np.random.default_rng(3).lognormal(-5.0, 0.3, 4_000)
+    shift_s, se_s = p95_shift_per_cv(base, base + 0.002, 0.25)
+    assert shift_s == pytest.approx(0.008, rel=1e-9)
+    assert se_s == pytest.approx(0.0, abs=1e-15)
+
+
+def test_sensitivity_standard_error_is_the_p95s_by_hand():
+    """Within one run the base is the bare 10 ms, so the error is the noisy p95's alone. A sample p95 of
+    N draws has standard error √(p(1 − p)/N) / f(q); for the log-normal of σ = 0.246221 (CV 0.25, the
+    test above) f(q) = φ(z)/(q·σ), z = 1.644854, φ(z) = e^{−1.352772}/√(2π) = 0.103136, q = 14.5455 ms:
+    √(0.0475/20,000) × 14.5455 × 0.246221 / 0.103136 = 0.0015411 × 34.725 ms = 0.053515 ms, per unit of CV
+    0.21406 ms. The bootstrap's own error is of order N^(−1/4) ≈ 8%: 15% allowed. The estimate of
+    18.182 ms (the test above) lies within 3 of these standard errors."""
+    model = shared_only(run_cv=0.10)
+    (row,) = graph_sensitivity(one_task(TEN_MS), model, 0.25, 20_000, seed=0)
+    assert row["dp95_per_cv_se_s"] == pytest.approx(0.21406e-3, rel=0.15)
+    assert abs(row["dp95_per_cv_s"] - 0.018182) < 3 * row["dp95_per_cv_se_s"]
 
 
 def test_a_stages_compute_is_its_slowest_data_parallel_replicas():

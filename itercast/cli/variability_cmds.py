@@ -483,14 +483,20 @@ def _print(out: dict[str, Any], gpus: int) -> None:
 
 
 def _print_sensitivity(rows: list[dict[str, Any]], share: str, total: str) -> None:
-    """The top 10 classes by dp95 per unit of CV added (graph_sensitivity, trace_sensitivity)."""
-    table = Table(title="which kernels and collectives to steady: p95 per unit of CV added to each (top 10)")
+    """The top 10 classes by dp95 per unit of CV added (graph_sensitivity, trace_sensitivity), each ± its
+    Monte Carlo standard error; one within two standard errors of zero is marked as sampling noise."""
+    table = Table(
+        title="which kernels and collectives to steady: p95 per unit of CV added to each (top 10)",
+        caption="± one Monte Carlo standard error (paired bootstrap); 'noise': within two of zero",
+    )
     for col in ("class", "dp95 s per CV", "on critical path", share, total):
         table.add_column(col, justify="right" if col != "class" else "left")
     for r in rows[:10]:
+        shift_s, se_s = r["dp95_per_cv_s"], r["dp95_per_cv_se_s"]
+        noise = " (noise)" if se_s > 0 and abs(shift_s) <= 2 * se_s else ""
         table.add_row(
             r["class"],
-            f"{r['dp95_per_cv_s']:.4g}",
+            f"{shift_s:.3g} ± {se_s:.1g}{noise}",
             seconds(r["critical_path_s"]),
             f"{r['critical_path_share']:.1%}",
             seconds(r["total_s"]),

@@ -40,7 +40,7 @@ import numpy as np
 from itercast.sim.analysis import critical_path
 from itercast.sim.engine import compile_graph, simulate
 from itercast.sim.kernels import run_max_plus_samples
-from itercast.stochastic.variability import collective_label, lognormal
+from itercast.stochastic.variability import collective_label, lognormal, p95_shift_per_cv
 from itercast.traces.collective_sizes import collective_kind
 from itercast.traces.replay_graph import ReplayGraph
 from itercast.traces.whatif import kernel_class
@@ -279,7 +279,8 @@ def trace_sensitivity(
 ) -> list[dict[str, Any]]:
     """Per attribution class (attribution_classes: kernel class, NCCL collective kind × group): how
     much the pooled step p95 grows per unit of CV added to that class's tasks (`dp95_per_cv_s`:
-    (p95 with `delta_cv` more − p95) / delta_cv, common random numbers), its seconds on the critical
+    (p95 with `delta_cv` more − p95) / delta_cv, common random numbers; `dp95_per_cv_se_s` its Monte
+    Carlo standard error, variability.p95_shift_per_cv), its seconds on the critical
     path of the measured trace replayed and their share of that path (`critical_path_share`), and
     its seconds in the whole trace (`total_s`; both over every traced step of every rank). The
     graph-model counterpart is stochastic/variability.py graph_sensitivity. Sorted by dp95, largest
@@ -289,16 +290,18 @@ def trace_sensitivity(
     sim = simulate(g)
     on_path = np.zeros(g.num_tasks, dtype=bool)
     on_path[critical_path(sim)] = True
-    base = np.quantile(trace_step_distribution(rg, model, samples, seed).pooled(), 0.95)
+    base = trace_step_distribution(rg, model, samples, seed).pooled()
     out = []
     for c in sorted(set(classes.tolist()) - {""}):
         tasks = np.flatnonzero(classes == c)
         noisy = trace_step_distribution(rg, model, samples, seed, added_cv=(tasks, delta_cv)).pooled()
         path_s = float(g.duration_s[tasks][on_path[tasks]].sum())
+        shift_s, se_s = p95_shift_per_cv(base, noisy, delta_cv, seed)
         out.append(
             {
                 "class": c,
-                "dp95_per_cv_s": float((np.quantile(noisy, 0.95) - base) / delta_cv),
+                "dp95_per_cv_s": shift_s,
+                "dp95_per_cv_se_s": se_s,
                 "critical_path_s": path_s,
                 "critical_path_share": path_s / sim.step_time_s,
                 "total_s": float(g.duration_s[tasks].sum()),

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy import integrate, signal, special
+from scipy import integrate, signal, special, stats
 
 from itercast.config.job import Job
 from itercast.graph.execgraph import Category, ExecGraph
@@ -433,6 +433,37 @@ class _ClassNoise(GraphSampler):
         return dur
 
 
+#: paired bootstrap resamples behind a sensitivity's Monte Carlo standard error (p95_shift_per_cv)
+SENSITIVITY_RESAMPLES = 200
+
+
+def p95_shift_per_cv(base: np.ndarray, noisy: np.ndarray, delta_cv: float, seed: int = 0) -> tuple[float, float]:
+    """(p95 of `noisy` − p95 of `base`) / `delta_cv`, seconds per unit of CV, and its Monte Carlo standard
+    error: the standard deviation of the same difference over SENSITIVITY_RESAMPLES paired bootstrap
+    resamples of the samples (scipy.stats.bootstrap, paired: sample i of both arrays drawn together, as
+    common random numbers draw them; Efron & Tibshirani 1993, ch. 6). A figure within about two standard
+    errors of zero is noise of the sampling, not a class that moves the p95. Resamples are evaluated in
+    batches of at most ~2M values, so memory stays bounded for long pooled arrays."""
+    base, noisy = np.asarray(base, dtype=float), np.asarray(noisy, dtype=float)
+    shift = float((np.percentile(noisy, 95) - np.percentile(base, 95)) / delta_cv)
+    res = stats.bootstrap(
+        (base, noisy),
+        _p95_difference,
+        paired=True,
+        vectorized=True,
+        n_resamples=SENSITIVITY_RESAMPLES,
+        batch=max(1, 2_000_000 // base.size),
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
+    return shift, float(res.standard_error) / delta_cv
+
+
+def _p95_difference(base: np.ndarray, noisy: np.ndarray, axis: int = -1) -> np.ndarray:
+    """p95 of `noisy` − p95 of `base` along `axis` (p95_shift_per_cv's bootstrap statistic)."""
+    return np.percentile(noisy, 95, axis=axis) - np.percentile(base, 95, axis=axis)
+
+
 def graph_sensitivity(
     step: StepGraph,
     model: VariabilityModel,
@@ -443,27 +474,30 @@ def graph_sensitivity(
 ) -> list[dict[str, Any]]:
     """Per class (kernel family, collective kind × group): how much the step's p95 grows per unit
     of CV added to that class's time (`dp95_per_cv_s`: (p95 with `delta_cv` more − p95) / delta_cv,
-    common random numbers), its seconds on the deterministic critical path and their share of the
+    common random numbers) and that figure's Monte Carlo standard error (`dp95_per_cv_se_s`,
+    p95_shift_per_cv), its seconds on the deterministic critical path and their share of the
     step, and its seconds in the whole graph. A class can be large and noisy yet off the critical
     path (dp95 ≈ 0), or small and on it (PRISM, arXiv 2510.15596: where a kernel sits on the critical
     path matters more than its own CV). Sorted by dp95, largest first. Noise added to many short
-    tasks in series averages out, so such a class moves the p95 little; figures within about ±1% of
-    the p95 per unit of CV are Monte Carlo noise (a different seed moves them). Steps of one run at the
+    tasks in series averages out, so such a class moves the p95 little; a figure within about two
+    standard errors of zero is Monte Carlo noise (a different seed moves it). Steps of one run at the
     mean speed or, `across_runs`, each of a fresh run (graph_distribution's convention): the run level
     (model.run_cv) widens the base a class's noise adds to, so it moves every row."""
     g, runs = step.graph, run_steps_of(across_runs)
     det = simulate(g)
     on_path = np.zeros(g.num_tasks, dtype=bool)
     on_path[critical_path(det)] = True
-    base = np.percentile(simulate_samples(g, GraphSampler(step, model, runs), samples, seed), 95)
+    base = simulate_samples(g, GraphSampler(step, model, runs), samples, seed)
     out = []
     for name, share in class_shares_of(step).items():
         noisy = simulate_samples(g, _ClassNoise(step, model, share, delta_cv, runs), samples, seed)
         path_s = float(np.sum(g.duration_s * share * on_path))
+        shift_s, se_s = p95_shift_per_cv(base, noisy, delta_cv, seed)
         out.append(
             {
                 "class": class_label(name),
-                "dp95_per_cv_s": float((np.percentile(noisy, 95) - base) / delta_cv),
+                "dp95_per_cv_s": shift_s,
+                "dp95_per_cv_se_s": se_s,
                 "critical_path_s": path_s,
                 "critical_path_share": path_s / det.step_time_s,
                 "total_s": float(np.sum(g.duration_s * share)),
