@@ -97,6 +97,7 @@ def test_set_takes_any_float_literal_and_blames_itself_for_a_bad_value() -> None
     code, text = invoke("predict", "--example", "--set", "plan.tensor_parallel=3")
     # the example's 1,024 GPUs over tp 3 × pp 8: data_parallel ⌊1024 / 24⌋ = 42, and 42 × 24 = 1008 ≠ 1024
     assert code == 2 and "= 1008 ≠ 1024 GPUs (num_nodes(128) × gpus_per_node(8)) (given by --set plan.tensor" in text
+    assert "data_parallel(42: left out, 1024 GPUs ÷ 24 rounded down) × tensor_parallel(3)" in text
     code, text = invoke("predict", "--example", "--set", "plan.nonexistent=1")
     assert code == 2 and "unknown field `plan.nonexistent` (given by --set plan.nonexistent=1)" in text
 

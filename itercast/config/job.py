@@ -301,8 +301,9 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
     dp = p.data_parallel if p.data_parallel is not None else max(gpus // inner, 1)
     gbs = p.global_batch_size if p.global_batch_size is not None else p.micro_batch_size * dp
     if dp * inner != gpus:
+        derived = "" if p.data_parallel is not None else f": left out, {gpus} GPUs ÷ {inner} rounded down"
         problems.append(
-            f"data_parallel({dp}) × tensor_parallel({p.tensor_parallel}) × pipeline_parallel"
+            f"data_parallel({dp}{derived}) × tensor_parallel({p.tensor_parallel}) × pipeline_parallel"
             f"({p.pipeline_parallel}) × context_parallel({p.context_parallel}) = {dp * inner} ≠ "
             f"{gpus} GPUs (num_nodes({system.num_nodes}) × gpus_per_node({system.node.gpus_per_node}))"
         )
