@@ -38,6 +38,7 @@ from itercast.data_paths import shared_data_dir
 from itercast.predict import Prediction, predict
 from itercast.search.job_slicing import JobSlicing, slice_job, slice_job_on_groups
 from itercast.search.plan_search import SearchRequest, SearchResult, run_search
+from itercast.stochastic.variability import VariabilityModel, build_transformer_step, graph_sensitivity
 from itercast.workload import load_workload
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -112,6 +113,14 @@ def _dlrm_small_ms(batch_per_rank: int) -> Callable[[], float]:
 def _mixed_job(system: dict[str, Any], stage_layers: list[int] | None) -> Job:
     plan = MIXED_PLAN | ({"stage_layers": stage_layers} if stage_layers else {})
     return Job.from_dicts({"preset": "gpt3-13b"}, plan, {"preset": "dgx-h100", "num_nodes": 2} | system)
+
+
+@cache
+def _example_sensitivity() -> dict[str, dict[str, Any]]:
+    """`itercast variability --example`'s sensitivity rows by class: the default model, seed 0, the
+    4,000 samples a sensitivity draws at the default 10,000."""
+    rows = graph_sensitivity(build_transformer_step(_example_job()), VariabilityModel(), samples=4_000, seed=0)
+    return {r["class"]: r for r in rows}
 
 
 @cache
@@ -217,6 +226,12 @@ FIGURES: tuple[Figure, ...] = (
            lambda: _example_slicing().prediction.step_time_s, 0.005, cheap=False),
     Figure("slice --example: lumped objective", r"\(m − 1\)·max \+ Σ " + NUMBER + r" s\)",
            lambda: _example_slicing().slicing.step_time_s, 0.005, cheap=False),
+    Figure("variability --example: GEMMs' p95 per CV", r"GEMMs first \(" + NUMBER + " ± ",
+           lambda: _example_sensitivity()["gemm"]["dp95_per_cv_s"], 0.05, cheap=False),
+    Figure("variability --example: GEMMs' share of the path", r"s per CV, " + NUMBER + "% of the critical path",
+           lambda: 100 * _example_sensitivity()["gemm"]["critical_path_share"], 0.05, cheap=False),
+    Figure("variability --example: DP all-reduce's p95 per CV", r"then the DP all-reduce\n\(" + NUMBER + " ± ",
+           lambda: _example_sensitivity()["all-reduce × DP"]["dp95_per_cv_s"], 0.005, cheap=False),
     Figure("search 1024 A100: generated", r"1024 GPUs: " + NUMBER + " generated",
            lambda: _searched((128,)).evaluated, 0, cheap=False),
     Figure("search 1024 A100: valid", r"generated, " + NUMBER + " valid, [0-9.]+ s on one",
