@@ -69,6 +69,8 @@ from scipy.optimize import minimize_scalar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.config.job import load_system
+from itercast.config.plan import PlanConfig
+from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.aten_ops import EMBEDDING_UPDATE
 from itercast.costs.curves import curve
 from itercast.costs.curves import curves as committed_curves
@@ -88,6 +90,7 @@ from itercast.measurements import Measurement
 from itercast.profile.db import ProfileDB
 from itercast.profile.importers import alpa_one_host_collectives
 from itercast.workloads.dlrm.embedding import LOOKUP_OP
+from itercast.workloads.transformer_ops import cross_entropy_bytes
 
 OUT = Path(__file__).resolve().parents[1] / "itercast" / "costs" / "curves.json"
 KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"  # transcribed tables, in the repo
@@ -312,6 +315,25 @@ def h100_softmax_shares() -> dict[str, float]:
         ]
         shares[direction] = float(np.median([m.size / m.time_s / HBM["h100"] / elementwise(m.size) for m in kept]))
     return shares
+
+
+def h200_cross_entropy_share() -> float:
+    """Share of the elementwise curve's bandwidth PyTorch's fp32 cross-entropy reaches, forward and backward
+    together: the median over the lent H200's ce_fp32_fwd_bwd rows (data/measured/h200_campaign/
+    cross_entropy.csv: F.cross_entropy(logits.float()) on bf16 logits and its gradient, 32,000-256,000 vocab,
+    4,096 and 8,192 tokens) of the time the elementwise curve gives its bytes (transformer_ops.cross_entropy_bytes,
+    plan.cross_entropy torch, forward and backward priced apart as the model prices them) over the time measured
+    (transformer_ops.CROSS_ENTROPY_BANDWIDTH_SHARE)."""
+    costs = AnalyticCostModel(load_system("h200"), "bf16")
+    fwd_b, bwd_b = cross_entropy_bytes(PlanConfig(cross_entropy="torch", dtype="bf16"))
+    path = Path(__file__).resolve().parents[1] / "data" / "measured" / "h200_campaign" / "cross_entropy.csv"
+    shares = []
+    for r in read_csv_rows(path):
+        if r["op"] == "ce_fp32_fwd_bwd" and r["status"] == "ok":
+            logits = int(r["tokens"]) * int(r["vocab"])
+            priced_s = costs.memory_s("elementwise", logits * fwd_b) + costs.memory_s("elementwise", logits * bwd_b)
+            shares.append(float(priced_s) / (float(r["median_ms"]) * 1e-3))
+    return float(np.median(shares))
 
 
 def fit_embedding_lookup_hopper() -> dict:

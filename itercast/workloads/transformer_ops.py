@@ -1488,6 +1488,20 @@ def embedding_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     return ops + _g("embedding.tp", sh.tokens * h * e, plan)
 
 
+#: Share of the elementwise curve's bandwidth a loss over the logits reaches (its bytes per logit:
+#: cross_entropy_bytes), forward and backward alike: MEASURED, the lent H200's PyTorch fp32 cross-entropy
+#: (data/measured/h200_campaign/cross_entropy.csv, F.cross_entropy(logits.float()) and its gradient at 32,000-256,000
+#: vocab, 4,096 and 8,192 tokens), the median over its 12 rows of the time the elementwise curve gives their bytes
+#: over the time measured: 0.84-0.87 (`python -c "import sys; sys.path.insert(0, 'tools'); from
+#: fit_efficiency_curves import h200_cross_entropy_share; print(h200_cross_entropy_share())"`). Its kernels are
+#: row reductions over the vocabulary (max, sum) and passes beside them; this project's H100 profile has a full
+#: torch.sum at 0.85 of the same curve (data/measured/h100_profile.db, 64 MiB and more), where its elementwise
+#: kernels reach 0.96-0.98. Taken for every loss implementation (Megatron's, Transformer Engine's and the fused
+#: ones' passes are the same reductions and passes) and every GPU, as every memory curve's fraction is (not
+#: measured). Until session 45 the loss was priced at the curve's full bandwidth.
+CROSS_ENTROPY_BANDWIDTH_SHARE = 0.853
+
+
 def cross_entropy_bytes(plan: PlanConfig) -> tuple[int, int]:
     """HBM bytes per local logit that the loss moves forward and backward, counted kernel by kernel
     from each implementation's source; e = the logits' bytes (plan.dtype_bytes), cast = the
@@ -1566,12 +1580,21 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     ops = [final_norm, *_f("head_in", sh.tokens * h * e, plan)]
     ops += [
         Op("logits", "gemm", 2 * sh.tokens * h * v_loc, f_bytes=sh.tokens * h * e),
-        Op("cross_entropy", "elementwise", sh.tokens * v_loc * fwd_b, backward_amount=sh.tokens * v_loc * bwd_b),
+        Op(
+            "cross_entropy",
+            "elementwise",
+            sh.tokens * v_loc * fwd_b,
+            backward_amount=sh.tokens * v_loc * bwd_b,
+            bandwidth_share=CROSS_ENTROPY_BANDWIDTH_SHARE,
+        ),
     ]
     if plan.metric_cross_entropies:  # priced beside the loss; Composer runs them after the micro-batch's backward
         n = plan.metric_cross_entropies
         nbytes = n * sh.tokens * v_loc * metric_cross_entropy_bytes(plan)
-        ops.append(Op("metric_cross_entropy", "elementwise", nbytes, count=4 * n, backward_amount=0.0))
+        share = CROSS_ENTROPY_BANDWIDTH_SHARE
+        ops.append(
+            Op("metric_cross_entropy", "elementwise", nbytes, count=4 * n, backward_amount=0.0, bandwidth_share=share)
+        )
     if plan.tensor_parallel > 1:  # each token's statistics across the vocab shards (LOSS_COLLECTIVES)
         for i, (kind, floats) in enumerate(LOSS_COLLECTIVES[plan.cross_entropy]):
             nbytes = floats * sh.tokens * 4 * (plan.tensor_parallel if kind == "all_gather" else 1)
