@@ -23,6 +23,7 @@ from itercast.stochastic.variability import (
     graph_distribution,
     graph_sensitivity,
     p95_shift_per_cv,
+    paired_standard_error,
 )
 
 NO_FAILURES = FailureModel(mtbf_per_gpu_s=math.inf, checkpoint_s=0.0, restart_s=0.0)
@@ -225,6 +226,31 @@ def test_sensitivity_standard_error_is_the_p95s_by_hand():
     (row,) = graph_sensitivity(one_task(TEN_MS), model, 0.25, 20_000, seed=0)
     assert row["dp95_per_cv_se_s"] == pytest.approx(0.21406e-3, rel=0.15)
     assert abs(row["dp95_per_cv_s"] - 0.018182) < 3 * row["dp95_per_cv_se_s"]
+
+
+def test_a_paired_statistic_that_every_resample_holds_has_no_sampling_error():
+    """Every sample 1.1 times its base: any paired resample's p95 is 1.1 times its base's, so the change
+    +10% has no sampling error (unpaired resamples would give it one)."""
+    base = np.random.default_rng(5).lognormal(-5.0, 0.3, 4_000)
+
+    def p95_change(b: np.ndarray, o: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.percentile(o, 95, axis=axis) / np.percentile(b, 95, axis=axis) - 1
+
+    assert float(p95_change(base, 1.1 * base)) == pytest.approx(0.1, rel=1e-12)
+    assert paired_standard_error(base, 1.1 * base, p95_change) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_attribution_p95_change_and_its_standard_error_by_hand():
+    """One 10 ms task, compute_cv 0.2 alone, halved to 0.1: σ1 = √ln 1.04 = 0.198042, σ2 = √ln 1.01 = 0.099751,
+    the same draws z (common random numbers), so both p95s sit at z's sample p95 and their ratio is
+    e^{(σ2 − σ1)·1.644854 − (σ2² − σ1²)/2} = e^{−0.161675 + 0.014635} = 0.86326: a −13.674% change. Its
+    standard error is that of z's sample p95, √(0.0475/N)/φ(1.644854) = 0.0015411/0.103136 = 0.014943 at
+    N = 20,000, times |σ2 − σ1| · 0.86326 = 0.084851: 0.1268 points. 15% allowed for the bootstrap's own error."""
+    model = VariabilityModel(compute_cv=0.2, comm_cv=0.0, network_cv=0.0, gpu_cv=0.0, moe_imbalance_cv=0.0)
+    (row,) = graph_attribution(one_task(TEN_MS), model, 20_000, seed=0)
+    assert row["source"] == "compute_cv"
+    assert row["p95_change_se"] == pytest.approx(0.001268, rel=0.15)
+    assert abs(row["p95_change"] - (-0.13674)) < 3 * row["p95_change_se"]
 
 
 def test_a_stages_compute_is_its_slowest_data_parallel_replicas():

@@ -473,13 +473,24 @@ def _print(out: dict[str, Any], gpus: int) -> None:
     for name, value in _summary_rows(out, gpus):
         head.add_row(name, value)
     console.print(head)
-    table = Table(title="what drives the spread: the source's CV halved")
+    table = Table(title="what drives the spread: the source's CV halved", caption=_NOISE_CAPTION)
     for col in ("source", "p95 change", "p50→p99 spread change"):
         table.add_column(col, justify="right" if col != "source" else "left")
     for r in out["attribution"]:
-        table.add_row(r["source"], f"{r['p95_change']:+.2%}", f"{r['spread_change']:+.1%}")
+        p95_se, spread_se = r["p95_change_se"], r["spread_change_se"]
+        p95 = _with_error(f"{r['p95_change']:+.2%}", f"{100 * p95_se:.1g}%", r["p95_change"], p95_se)
+        spread = _with_error(f"{r['spread_change']:+.1%}", f"{100 * spread_se:.1g}%", r["spread_change"], spread_se)
+        table.add_row(r["source"], p95, spread)
     console.print(table)
     _print_sensitivity(out["sensitivity"], "share of step", "in graph")
+
+
+_NOISE_CAPTION = "± one Monte Carlo standard error (paired bootstrap); 'noise': within two of zero"
+
+
+def _with_error(value: str, error: str, x: float, se: float) -> str:
+    """`value ± error`, marked as sampling noise where `x` is within two standard errors `se` of zero."""
+    return f"{value} ± {error}" + (" (noise)" if se > 0 and abs(x) <= 2 * se else "")
 
 
 def _print_sensitivity(rows: list[dict[str, Any]], share: str, total: str) -> None:
@@ -487,16 +498,15 @@ def _print_sensitivity(rows: list[dict[str, Any]], share: str, total: str) -> No
     Monte Carlo standard error; one within two standard errors of zero is marked as sampling noise."""
     table = Table(
         title="which kernels and collectives to steady: p95 per unit of CV added to each (top 10)",
-        caption="± one Monte Carlo standard error (paired bootstrap); 'noise': within two of zero",
+        caption=_NOISE_CAPTION,
     )
     for col in ("class", "dp95 s per CV", "on critical path", share, total):
         table.add_column(col, justify="right" if col != "class" else "left")
     for r in rows[:10]:
         shift_s, se_s = r["dp95_per_cv_s"], r["dp95_per_cv_se_s"]
-        noise = " (noise)" if se_s > 0 and abs(shift_s) <= 2 * se_s else ""
         table.add_row(
             r["class"],
-            f"{shift_s:.3g} ± {se_s:.1g}{noise}",
+            _with_error(f"{shift_s:.3g}", f"{se_s:.1g}", shift_s, se_s),
             seconds(r["critical_path_s"]),
             f"{r['critical_path_share']:.1%}",
             seconds(r["total_s"]),

@@ -34,7 +34,7 @@ How they combine on a step graph whose ranks each stand for some GPUs (StepGraph
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -355,12 +355,14 @@ def attribution(
 def graph_attribution(
     step: StepGraph, model: VariabilityModel, samples: int = 4_000, seed: int = 0, across_runs: bool = False
 ) -> list[dict[str, Any]]:
-    """For each source: the p95 and the p50→p99 spread with that source's CV halved (same seed), of steps
-    of one run at the mean speed or, `across_runs`, each of a fresh run (graph_distribution's convention).
-    The run level (run_cv) is a source only across runs: within one run its factor is 1 (GraphSampler)."""
+    """For each source: the relative change of the p95 (`p95_change`) and of the p50→p99 spread
+    (`spread_change`) with that source's CV halved (same seed), each with its Monte Carlo standard error
+    (`p95_change_se`, `spread_change_se`: paired_standard_error), of steps of one run at the mean speed or,
+    `across_runs`, each of a fresh run (graph_distribution's convention). The run level (run_cv) is a
+    source only across runs: within one run its factor is 1 (GraphSampler)."""
     graph, share, runs = step.graph, step.expert_share, run_steps_of(across_runs)
     base = simulate_samples(graph, GraphSampler(step, model, runs), samples, seed)
-    b95, bspread = np.percentile(base, 95), np.percentile(base, 99) - np.percentile(base, 50)
+    spread = np.percentile(base, 99) - np.percentile(base, 50)
     out = []
     for source in SOURCES:
         if (
@@ -370,14 +372,17 @@ def graph_attribution(
         ):
             continue
         s = simulate_samples(graph, GraphSampler(step, model.halved(source), runs), samples, seed)
-        spread = np.percentile(s, 99) - np.percentile(s, 50)
-        out.append(
-            {
-                "source": source,
-                "p95_change": float(np.percentile(s, 95) / b95 - 1),
-                "spread_change": float(spread / bspread - 1) if bspread > 0 else 0.0,
-            }
-        )
+        row = {
+            "source": source,
+            "p95_change": float(_p95_change(base, s)),
+            "p95_change_se": paired_standard_error(base, s, _p95_change, seed),
+            "spread_change": 0.0,
+            "spread_change_se": 0.0,
+        }
+        if spread > 0:
+            row["spread_change"] = float(_spread_change(base, s))
+            row["spread_change_se"] = paired_standard_error(base, s, _spread_change, seed)
+        out.append(row)
     return sorted(out, key=lambda r: r["p95_change"])
 
 
@@ -433,35 +438,55 @@ class _ClassNoise(GraphSampler):
         return dur
 
 
-#: paired bootstrap resamples behind a sensitivity's Monte Carlo standard error (p95_shift_per_cv)
-SENSITIVITY_RESAMPLES = 200
+#: paired bootstrap resamples behind a sampled figure's Monte Carlo standard error (paired_standard_error)
+BOOTSTRAP_RESAMPLES = 200
+
+#: a statistic of two paired sample arrays along an axis (scipy.stats.bootstrap's vectorized form)
+PairedStatistic = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
 
 
-def p95_shift_per_cv(base: np.ndarray, noisy: np.ndarray, delta_cv: float, seed: int = 0) -> tuple[float, float]:
-    """(p95 of `noisy` − p95 of `base`) / `delta_cv`, seconds per unit of CV, and its Monte Carlo standard
-    error: the standard deviation of the same difference over SENSITIVITY_RESAMPLES paired bootstrap
-    resamples of the samples (scipy.stats.bootstrap, paired: sample i of both arrays drawn together, as
-    common random numbers draw them; Efron & Tibshirani 1993, ch. 6). A figure within about two standard
-    errors of zero is noise of the sampling, not a class that moves the p95. Resamples are evaluated in
-    batches of at most ~2M values, so memory stays bounded for long pooled arrays."""
-    base, noisy = np.asarray(base, dtype=float), np.asarray(noisy, dtype=float)
-    shift = float((np.percentile(noisy, 95) - np.percentile(base, 95)) / delta_cv)
+def paired_standard_error(base: np.ndarray, other: np.ndarray, statistic: PairedStatistic, seed: int = 0) -> float:
+    """Monte Carlo standard error of `statistic`(base, other): its standard deviation over BOOTSTRAP_RESAMPLES
+    paired bootstrap resamples of the samples (scipy.stats.bootstrap, paired: sample i of both arrays drawn
+    together, as common random numbers draw them; Efron & Tibshirani 1993, ch. 6). A figure within about two
+    standard errors of zero is noise of the sampling. Resamples are evaluated in batches of at most ~2M
+    values, so memory stays bounded for long pooled arrays."""
+    base, other = np.asarray(base, dtype=float), np.asarray(other, dtype=float)
     res = stats.bootstrap(
-        (base, noisy),
-        _p95_difference,
+        (base, other),
+        statistic,
         paired=True,
         vectorized=True,
-        n_resamples=SENSITIVITY_RESAMPLES,
+        n_resamples=BOOTSTRAP_RESAMPLES,
         batch=max(1, 2_000_000 // base.size),
         method="percentile",
         random_state=np.random.default_rng(seed),
     )
-    return shift, float(res.standard_error) / delta_cv
+    return float(res.standard_error)
+
+
+def p95_shift_per_cv(base: np.ndarray, noisy: np.ndarray, delta_cv: float, seed: int = 0) -> tuple[float, float]:
+    """(p95 of `noisy` − p95 of `base`) / `delta_cv`, seconds per unit of CV, and its Monte Carlo standard
+    error (paired_standard_error)."""
+    shift = float(_p95_difference(base, noisy) / delta_cv)
+    return shift, paired_standard_error(base, noisy, _p95_difference, seed) / delta_cv
 
 
 def _p95_difference(base: np.ndarray, noisy: np.ndarray, axis: int = -1) -> np.ndarray:
-    """p95 of `noisy` − p95 of `base` along `axis` (p95_shift_per_cv's bootstrap statistic)."""
+    """p95 of `noisy` − p95 of `base` along `axis` (p95_shift_per_cv's statistic)."""
     return np.percentile(noisy, 95, axis=axis) - np.percentile(base, 95, axis=axis)
+
+
+def _p95_change(base: np.ndarray, other: np.ndarray, axis: int = -1) -> np.ndarray:
+    """p95 of `other` over p95 of `base`, − 1, along `axis` (graph_attribution's p95_change)."""
+    return np.percentile(other, 95, axis=axis) / np.percentile(base, 95, axis=axis) - 1
+
+
+def _spread_change(base: np.ndarray, other: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The p50→p99 spread of `other` over `base`'s, − 1, along `axis` (graph_attribution's spread_change)."""
+    b50, b99 = np.percentile(base, [50, 99], axis=axis)
+    o50, o99 = np.percentile(other, [50, 99], axis=axis)
+    return (o99 - o50) / (b99 - b50) - 1
 
 
 def graph_sensitivity(
