@@ -118,8 +118,8 @@ def _mixed_job(system: dict[str, Any], stage_layers: list[int] | None) -> Job:
 @cache
 def _example_sensitivity() -> dict[str, dict[str, Any]]:
     """`itercast variability --example`'s sensitivity rows by class: the default model, seed 0, the
-    4,000 samples a sensitivity draws at the default 10,000."""
-    rows = graph_sensitivity(build_transformer_step(_example_job()), VariabilityModel(), samples=4_000, seed=0)
+    ATTRIBUTION_SAMPLES a sensitivity draws at the default 10,000."""
+    rows = graph_sensitivity(build_transformer_step(_example_job()), VariabilityModel(), seed=0)
     return {r["class"]: r for r in rows}
 
 

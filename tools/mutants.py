@@ -357,7 +357,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "unfused softmax at the elementwise curve's full bandwidth"),
     M(OPS, "            bandwidth_share=CROSS_ENTROPY_BANDWIDTH_SHARE,\n", "",
       "the loss over the logits at the elementwise curve's full bandwidth"),
-    M(OPS, "        share = CROSS_ENTROPY_BANDWIDTH_SHARE\n", "        share = 1.0\n",
+    M(OPS, "ops.append(replace(metric, bandwidth_share=CROSS_ENTROPY_BANDWIDTH_SHARE))", "ops.append(metric)",
       "Composer's metric cross-entropies at the elementwise curve's full bandwidth", _t("training_metrics")),
     M(OPS, 'backward_share=SOFTMAX_BANDWIDTH_SHARE["bwd"],', "",
       "unfused softmax's backward at its forward's bandwidth"),

@@ -258,6 +258,7 @@ def variability_cmd(
             fail(str(exc))
     vm = variability_model(compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv, noise_from_db, as_json)
     vm = replace(vm, run_cv=run_cv, step_autocorrelation=step_autocorrelation)
+    per_source = min(samples, var.ATTRIBUTION_SAMPLES)  # the attribution's, sensitivity's and speed map's
     try:
         with working("building the step graph…", as_json) as phase:
             step = w.step_graph(cal)
@@ -265,12 +266,10 @@ def variability_cmd(
             dist = var.graph_distribution(step, vm, samples, seed)  # one run: what time to train sums
             phase("2 of 4: across runs…" if across_runs else "2 of 4: done (one run)")
             shown = var.graph_distribution(step, vm, samples, seed, across_runs=True) if across_runs else dist
-            phase(f"3 of 4: attribution ({min(samples, 4_000):,} steps per source)…")
-            attribution = var.graph_attribution(step, vm, min(samples, 4_000), seed, across_runs)
+            phase(f"3 of 4: attribution ({per_source:,} steps per source)…")
+            attribution = var.graph_attribution(step, vm, per_source, seed, across_runs)
             phase("4 of 4: sensitivity per kernel family…")
-            sensitivity = var.graph_sensitivity(
-                step, vm, samples=min(samples, 4_000), seed=seed, across_runs=across_runs
-            )
+            sensitivity = var.graph_sensitivity(step, vm, samples=per_source, seed=seed, across_runs=across_runs)
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no DLRM sharding fits
         fail(str(exc).replace("\n", "\n  "))
     out: dict[str, Any] = {
@@ -302,7 +301,7 @@ def variability_cmd(
         out["placement"] = _placement(step, slow_gpus, slow_factor)
     if speeds is not None:
         job = w.job if isinstance(w, TransformerWorkload) else None
-        out["speed_map"] = _speed_mapping(step, job, speeds, vm, min(samples, 4_000), seed, across_runs, cal)
+        out["speed_map"] = _speed_mapping(step, job, speeds, vm, per_source, seed, across_runs, cal)
     if steps is not None:
         failures = FailureModel(mtbf_hours * HOUR_S, checkpoint_s, restart_s)
         deadline_s = deadline_hours * HOUR_S if deadline_hours else None

@@ -345,15 +345,24 @@ def run_steps_of(across_runs: bool) -> int | None:
     return 1 if across_runs else None
 
 
+#: steps sampled per source or class by the attribution and the sensitivity (and the CLI's cap on them: each
+#: resamples the whole step once per source or class)
+ATTRIBUTION_SAMPLES = 4_000
+
+
 def attribution(
-    job: Job, model: VariabilityModel, samples: int = 4_000, seed: int = 0, across_runs: bool = False
+    job: Job, model: VariabilityModel, samples: int = ATTRIBUTION_SAMPLES, seed: int = 0, across_runs: bool = False
 ) -> list[dict[str, Any]]:
     """A transformer job's attribution (graph_attribution of build_transformer_step)."""
     return graph_attribution(build_transformer_step(job), model, samples, seed, across_runs)
 
 
 def graph_attribution(
-    step: StepGraph, model: VariabilityModel, samples: int = 4_000, seed: int = 0, across_runs: bool = False
+    step: StepGraph,
+    model: VariabilityModel,
+    samples: int = ATTRIBUTION_SAMPLES,
+    seed: int = 0,
+    across_runs: bool = False,
 ) -> list[dict[str, Any]]:
     """For each source: the relative change of the p95 (`p95_change`) and of the p50→p99 spread
     (`spread_change`) with that source's CV halved (same seed), each with its Monte Carlo standard error
@@ -493,7 +502,7 @@ def graph_sensitivity(
     step: StepGraph,
     model: VariabilityModel,
     delta_cv: float = 0.25,
-    samples: int = 4_000,
+    samples: int = ATTRIBUTION_SAMPLES,
     seed: int = 0,
     across_runs: bool = False,
 ) -> list[dict[str, Any]]:

@@ -1591,10 +1591,8 @@ def head_forward(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     if plan.metric_cross_entropies:  # priced beside the loss; Composer runs them after the micro-batch's backward
         n = plan.metric_cross_entropies
         nbytes = n * sh.tokens * v_loc * metric_cross_entropy_bytes(plan)
-        share = CROSS_ENTROPY_BANDWIDTH_SHARE
-        ops.append(
-            Op("metric_cross_entropy", "elementwise", nbytes, count=4 * n, backward_amount=0.0, bandwidth_share=share)
-        )
+        metric = Op("metric_cross_entropy", "elementwise", nbytes, count=4 * n, backward_amount=0.0)
+        ops.append(replace(metric, bandwidth_share=CROSS_ENTROPY_BANDWIDTH_SHARE))
     if plan.tensor_parallel > 1:  # each token's statistics across the vocab shards (LOSS_COLLECTIVES)
         for i, (kind, floats) in enumerate(LOSS_COLLECTIVES[plan.cross_entropy]):
             nbytes = floats * sh.tokens * 4 * (plan.tensor_parallel if kind == "all_gather" else 1)
