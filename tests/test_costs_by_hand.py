@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_golden import LINK, MODEL, PEAK, SYSTEM, linear_calibration
+from test_golden import LINK, MODEL, PEAK, SYSTEM, flat, linear_calibration
 
 from itercast.config.job import Job
 from itercast.config.system import SystemConfig
@@ -185,3 +185,29 @@ def test_v100_gemms_run_at_the_rates_alpa_measured_on_a_v100_unless_a_calibratio
 
     no_gemms = AnalyticCostModel(v100, "fp16", merge_calibration({"system": "v100-p3.16xlarge"}))
     assert float(no_gemms.gemm_s(2 * 8064**3)) == pytest.approx(9.178e-3, rel=0.05)
+
+
+def test_a_calibration_without_the_jobs_gemm_dtype_says_its_gemms_keep_the_built_in_curve():
+    from itercast.profile.calibrate import merge_calibration
+
+    h100 = Job.from_dicts({"preset": "gpt3-175b"}, {}, {"preset": "dgx-h100"}).system
+    tf32_only = merge_calibration({"system": "dgx-h100", "gemm": {"tf32": flat()}})
+    bf16 = AnalyticCostModel(h100, "bf16", tf32_only)
+    assert bf16.extrapolations() == []  # nothing priced yet
+    bf16.gemm_s(2 * 4096**3)
+    assert bf16.extrapolations() == [
+        "the calibration fitted GEMM curves for tf32 only: this job's bf16 GEMMs are priced on the built-in bf16 "
+        "curve (profile bf16 GEMMs on the device, then calibrate)"
+    ]
+    # the built-in bf16 curve it kept: the same price as without a calibration
+    assert float(bf16.gemm_s(2 * 4096**3)) == float(AnalyticCostModel(h100, "bf16").gemm_s(2 * 4096**3))
+    # an fp32 job prices on the calibrated tf32 curve (efficiency 1, no latency, relative to the H100's FP32
+    # peak, 67 TFLOP/s on the datasheet: PyTorch's matmuls leave TF32 off by default), and says nothing
+    fp32 = AnalyticCostModel(h100, "fp32", tf32_only)
+    assert float(fp32.gemm_s(1e12)) == pytest.approx(1e12 / 66.9e12)
+    assert fp32.extrapolations() == []
+    # no calibration, or one that fitted no GEMM: no line
+    for cal in (None, merge_calibration({"system": "dgx-h100"})):
+        model = AnalyticCostModel(h100, "bf16", cal)
+        model.gemm_s(1e12)
+        assert model.extrapolations() == []

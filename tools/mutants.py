@@ -1524,6 +1524,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "the buckets' passes priced as one pass over the whole buffer", _t("step_by_hand")),
     M(FAST, 'buffer = g["grad_zero"] + grad_pass', "buffer = grad_pass",
       "the fast path leaves the gradient buffer's zeroing unpriced"),
+    # -- session 46: a calibration without the job's GEMM dtype says so ----------------------------------------------
+    M(COST, "self._builtin_gemms_priced.add(key)", "pass",
+      "a calibration's GEMM curves of another dtype silently unused"),
+    M(COST, "self._uncalibrated_gemms = {k for k in self._gemm_keys if fitted and k not in fitted}",
+      "self._uncalibrated_gemms = {k for k in self._gemm_keys if k not in fitted}",
+      "the built-in GEMM curve said unused-calibration of a job priced without any calibrated GEMM"),
 )
 # fmt: on
 

@@ -106,6 +106,11 @@ class AnalyticCostModel:
         high_ceiling = ceiling.get("bf16", np.inf) if dtype == "fp8" else self.gemm_ceiling_flops
         self._outside_fp8 = (float(high["alpha_s"]), curve(high), self.attention_peak_flops, high_ceiling)
         self._gemm_keys = (gemm_key, "bf16" if dtype == "fp8" else gemm_key)  # inside TE's modules, outside them
+        # a calibration that fitted GEMM curves, but not this dtype's: its GEMMs keep the built-in curve, said once
+        # priced (`extrapolations`), never silently (a tf32-only profile does not describe bf16 GEMMs)
+        self._gemm_fitted = sorted(fitted)
+        self._uncalibrated_gemms = {k for k in self._gemm_keys if fitted and k not in fitted}
+        self._builtin_gemms_priced: set[str] = set()
         self.memory = {k: (v["alpha_s"], curve(v)) for k, v in data["memory"].items() if isinstance(v, dict)}
         # curves without an optimizer curve of their own (a test's, or written before it existed) price the
         # optimizer step as an elementwise pass
@@ -147,8 +152,15 @@ class AnalyticCostModel:
 
     def extrapolations(self) -> list[str]:
         """One line per calibrated curve this model priced sizes on more than EXTRAPOLATION_FACTOR times
-        outside the sizes it was fitted on: its fit there is the curve's shape carried on, not a measurement."""
-        return self._ranges.lines()
+        outside the sizes it was fitted on: its fit there is the curve's shape carried on, not a measurement;
+        and one per GEMM dtype it priced on the built-in curve although the calibration fitted GEMMs of
+        other dtypes only."""
+        unfitted = [
+            f"the calibration fitted GEMM curves for {', '.join(self._gemm_fitted)} only: this job's {key} GEMMs "
+            f"are priced on the built-in {key} curve (profile {key} GEMMs on the device, then calibrate)"
+            for key in sorted(self._builtin_gemms_priced)
+        ]
+        return unfitted + self._ranges.lines()
 
     def on_gpu(self, gpu: GPUSpec) -> AnalyticCostModel:
         """The same curves on another GPU of the system (a device group of a mixed cluster)."""
@@ -169,7 +181,10 @@ class AnalyticCostModel:
         alpha_s, c, peak, ceiling = (
             (self.gemm_alpha_s, self.gemm_curve, self.peak_flops, self.gemm_ceiling_flops) if te else self._outside_fp8
         )
-        self._note("gemm", self._gemm_keys[0 if te else 1], f)
+        key = self._gemm_keys[0 if te else 1]
+        self._note("gemm", key, f)
+        if key in self._uncalibrated_gemms:
+            self._builtin_gemms_priced.add(key)
         return np.where(f > 0, alpha_s + f / np.minimum(peak * c(f), ceiling), 0.0)
 
     def attention_s(self, flops: np.ndarray | float, shape: AttentionShape | None = None) -> np.ndarray:
