@@ -6,6 +6,7 @@ preset's), so a command that ignored it would answer a step about half as long."
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -145,3 +146,28 @@ def test_a_calibration_of_another_system_is_said_by_every_command(slow_gemms: Pa
     res = CliRunner().invoke(app, [*args, "--calibration", str(slow_gemms)])
     assert res.exit_code == 0, res.output
     assert "was fitted for system 'dgx-a100'; this job runs on 'dgx-h100'" in res.output
+
+
+@pytest.mark.parametrize("command", ["predict", "search", "slice", "variability", "report", "compare"])
+def test_a_calibration_without_the_jobs_gemm_dtype_is_said_by_every_command(
+    slow_gemms: Path, tmp_path: Path, command: str
+) -> None:
+    # the calibration fitted bf16 GEMMs only; an fp32 job's GEMMs keep the built-in tf32 curve, and each command
+    # that prices the job says so (before: in silence, the calibration's GEMM section simply unused)
+    args = {
+        "search": ["search", *SMALL, "--set", "plan.global_batch_size=32", "--top", "1", "--workers", "1"],
+        "slice": ["slice", *SMALL, "--set", "plan.pipeline_parallel=2", "--set", "system.node.gpus_per_node=2"],
+        "variability": ["variability", *SMALL, "--samples", "100"],
+        "report": ["report", *SMALL, "--samples", "100", "-o", str(tmp_path / "r.html")],
+    }.get(command, [command, *SMALL])
+    if command == "compare":
+        job = tmp_path / "a.yaml"
+        job.write_text("model: {preset: gpt3-1.3b, num_layers: 4}\nsystem: dgx-a100\nplan: {dtype: fp32}\n")
+        args = ["compare", str(job), str(job)]
+    else:
+        args += ["--set", "plan.dtype=fp32"]
+    res = CliRunner().invoke(app, [*args, "--calibration", str(slow_gemms)])
+    assert res.exit_code == 0, res.output
+    said = "the calibration fitted GEMM curves for bf16 only: this job's tf32 GEMMs are priced on the built-in tf32"
+    shown = html.unescape((tmp_path / "r.html").read_text()) if command == "report" else " ".join(res.output.split())
+    assert said in shown

@@ -1530,6 +1530,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M(COST, "self._uncalibrated_gemms = {k for k in self._gemm_keys if fitted and k not in fitted}",
       "self._uncalibrated_gemms = {k for k in self._gemm_keys if k not in fitted}",
       "the built-in GEMM curve said unused-calibration of a job priced without any calibrated GEMM"),
+    M("cli/variability_cmds.py", "            *(w.predict(cal).extrapolated if cal is not None else ()),", "",
+      "variability silent on a calibration's unused or extrapolated curves", _t("calibration_everywhere")),
+    M("cli/report_cmds.py", "notes = [*w.notes(calibration), *r.extrapolated]", "notes = w.notes(calibration)",
+      "the report silent on a calibration's unused or extrapolated curves", _t("calibration_everywhere")),
+    M("cli/predict_cmds.py", "([*w.notes(c), *r.extrapolated] for", "([*w.notes(c)] for",
+      "compare silent on a calibration's unused or extrapolated curves", _t("calibration_everywhere")),
 )
 # fmt: on
 

@@ -218,7 +218,7 @@ def compare_cmd(
             for name, path, r in (("A", job_a, res_a), ("B", job_b, res_b)):
                 if r.memory.oom:
                     warn(oom_note(r.memory, f"{name} ({path})"))
-            notes_a, notes_b = a.notes(cal_a), b.notes(cal_b)
+            notes_a, notes_b = ([*w.notes(c), *r.extrapolated] for w, c, r in ((a, cal_a, res_a), (b, cal_b, res_b)))
             for note in dict.fromkeys([*notes_a, *notes_b]):  # each once, with the jobs it holds for
                 held = [name for name, notes in (("A", notes_a), ("B", notes_b)) if note in notes]
                 warn(f"{note} ({' and '.join(held)})")

@@ -285,6 +285,7 @@ def variability_cmd(
         "sensitivity": sensitivity,
         "notes": [  # what the priced step rests on (predict's notes), then what the sampling leaves out
             *w.notes(cal),
+            *(w.predict(cal).extrapolated if cal is not None else ()),  # a calibration's curves beyond their fit
             *run_level_notes(
                 vm, across_runs, "the step quantiles, attribution, sensitivity or speed-map p95 (time to train has it)"
             ),
