@@ -220,3 +220,30 @@ def test_fast_path_agrees_with_graph_on_deepspeed_plans():
         plans.append(plan)
     valid, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-a100", "num_nodes": 4}, plans)
     assert len(valid) == 30 and rel.max() < 0.01  # measured: 30 plans, worst 2e-14
+
+
+def test_a_mixture_of_experts_pipeline_sends_whole_activations_under_tensor_parallelism():
+    # Megatron-DeepSpeed's MoE runs the pipe engine with pipe_partitioned and grad_partitioned off. MODEL's
+    # activation S is 4,096 bytes; a dense stage over tp 2 sends half of it with a 72-byte header. The MoE
+    # stage (sequence parallel, as a mixture of experts under tp needs: each rank holds S / 2 = 2,048 bytes)
+    # sends those 2,048 bytes whole, no header, no all-gather, no partition copy; the receiver clones them twice
+    import json
+
+    from itercast.search.launch_settings import launch_settings
+    from itercast.workloads.transformer import p2p_message_bytes, partition_header_bytes, pipe_copy_bytes
+
+    dense = job("deepspeed", 2, 2, tp=2, layers=2)
+    plan = {**dense.plan.model_dump(), "sequence_parallel": True}
+    moe_model = {**MODEL, "num_layers": 2, "num_experts": 2, "moe_top_k": 1}
+    moe = Job.from_dicts(moe_model, plan, dense.system.model_dump())
+    assert (p2p_message_bytes(dense), partition_header_bytes(dense)) == (2048, 72)
+    assert (p2p_message_bytes(moe), partition_header_bytes(moe)) == (2048, 0)
+    assert pipe_copy_bytes(moe) == {"receive": [4096]}
+    graph = predict(moe, linear_calibration()).sim.graph
+    names = {graph.names[graph.name[t]] for t in range(graph.num_tasks)}
+    assert "pipe_copy.receive.F0" in names
+    assert not any(n.startswith(("pipe_all_gather", "pipe_copy.partition", "pipe_copy.gather")) for n in names)
+    # its launch settings switch the partitioning off; a dense model's keep DeepSpeed's default
+    for j, pipeline in ((moe, {"pipe_partitioned": False, "grad_partitioned": False}), (dense, None)):
+        text = launch_settings("deepspeed", j.plan.model_dump(), j.model)
+        assert json.loads(text.split("# ds_config.json\n")[1].split("\n# Megatron")[0]).get("pipeline") == pipeline

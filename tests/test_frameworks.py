@@ -177,6 +177,8 @@ def test_torchtitan_and_deepspeed_launch_texts_carry_the_sizes():
     assert config["gradient_accumulation_steps"] == 1536 // (1 * 32)  # 48
     assert config["zero_optimization"]["stage"] == 1
     assert "--pipeline-model-parallel-size 8" in ds
+    # Megatron-DeepSpeed asserts a micro-batch size and takes its batch sizes from its own arguments, not the JSON
+    assert "--micro-batch-size 1 \\\n  --global-batch-size 1536" in ds
     assert "--zero-stage 1" in ds  # Megatron-DeepSpeed's own copy, which decides zero.Init (stage 3)
     zero3 = launch_settings("deepspeed", {**PLAN, "pipeline_parallel": 1, "virtual_pipeline": 1, "zero_stage": 3}, GPT3)  # type: ignore[arg-type]
     assert (
@@ -617,3 +619,28 @@ def test_launch_settings_name_the_flex_dispatcher_priced():
     nemo = launch_settings("nemo", moe, mixtral).splitlines()  # type: ignore[arg-type]
     assert "model.config.moe_token_dispatcher_type=flex" in nemo
     assert "model.config.moe_flex_dispatcher_backend=deepep" in nemo
+
+
+def test_deepspeed_trains_in_fp8_only_transformer_engines_own_layer_and_without_pipelining():
+    # Megatron-DeepSpeed's --transformer-impl transformer_engine builds TE's TransformerLayer (LayerNorm, GeLU, no
+    # GQA: 'Transformer_engine does not support GQA'); its pipelined GPTModelPipe runs its local layers, no FP8
+    gpt = parse_section("model", {"preset": "gpt3-175b", "num_layers": 8, "seq_length": 256})
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 2})
+    options = SpaceOptions(micro_batch_sizes=(1,), max_context_parallel=1, framework="deepspeed")
+    found = {}
+    for dtype in ("bf16", "fp8"):
+        base = parse_section("plan", {"global_batch_size": 32, "dtype": dtype})
+        table, _ = enumerate_plans(gpt, system, base, GPUS, options)  # type: ignore[arg-type]
+        found[dtype] = {table.plan_fields(r)["pipeline_parallel"] for r in range(len(table))}
+    assert found == {"bf16": {1, 2, 4, 8}, "fp8": {1}}
+    args = ["search", "--system", "dgx-h100", "--num-nodes-range", "1", "--framework", "deepspeed"]
+    args += ["--set", "plan.global_batch_size=64", "--set", "plan.dtype=fp8"]
+    for model, extra, message in (
+        ("llama3-8b", [], "plan.dtype: deepspeed trains in FP8 only in Transformer Engine's TransformerLayer"),
+        ("mixtral-8x7b", [], "mixtral-8x7b is a llama model with 8 key-value heads of 32, with experts"),
+        ("gpt3-175b", ["--set", "model.num_query_groups=8"], "gpt3-175b is a gpt model with 8 key-value heads of 96"),
+        ("gpt3-175b", ["--set", "plan.pipeline_parallel=2"], "plan.pipeline_parallel: deepspeed trains in FP8 without"),
+    ):
+        result = CliRunner().invoke(app, [*args, "--model", model, *extra])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1

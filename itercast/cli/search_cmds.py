@@ -385,6 +385,19 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
+    te_layer = m.family == "gpt" and not m.is_moe and m.kv_heads == m.num_attention_heads
+    if plan.get("dtype") == "fp8" and fw.fp8_te_layer_only and not te_layer:
+        raise ConfigError(
+            f"plan.dtype: {fw.name} trains in FP8 only in Transformer Engine's TransformerLayer (LayerNorm, GeLU, "
+            "as many key-value heads as query heads, no experts: Megatron-DeepSpeed model/transformer.py "
+            f"'Transformer_engine does not support GQA'); {m.name} is a {m.family} model with {m.kv_heads} "
+            f"key-value heads of {m.num_attention_heads}{', with experts' if m.is_moe else ''}, the job sets fp8"
+        )
+    if plan.get("dtype") == "fp8" and fw.fp8_te_layer_only and int(fixed.get("pipeline_parallel", 1)) > 1:
+        raise ConfigError(
+            f"plan.pipeline_parallel: {fw.name} trains in FP8 without pipelining only (Megatron-DeepSpeed's "
+            f"GPTModelPipe layers run no FP8 autocast); the job sets {fixed['pipeline_parallel']} with dtype fp8"
+        )
     shard = plan.get("zero_shard_ranks")
     if shard is not None and (not fw.zero_shard_stages or (m.is_moe and not fw.zero_shard_moe)):
         why = "its MiCS and hpZ are not priced" if not fw.zero_shard_stages else "its experts' meshes are not priced"

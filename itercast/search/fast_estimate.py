@@ -139,6 +139,7 @@ from itercast.workloads.transformer import (
     p2p_send_s,
     param_collective,
     pipe_copy_s,
+    pipe_partitioned,
     stage_output_bytes,
     unit_kinds,
     unit_params,
@@ -645,7 +646,7 @@ class FastEstimator:
         job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, mbs=mbs, sp=sp)
         costs, groups = self._cost_model(base.dtype), Groups.of(job)
         gather = 0.0
-        if base.pipeline_p2p == "deepspeed":
+        if pipe_partitioned(job):
             gather = costs.collective_s("all_gather", stage_output_bytes(job), groups.tp)
             gather += pipe_copy_s(costs, job, "gather")
         receive, partition = (pipe_copy_s(costs, job, site) for site in ("receive", "partition"))

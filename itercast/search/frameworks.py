@@ -77,6 +77,12 @@ class Framework:
     # Megatron-Core arguments.py --fp8-recipe: delayed (default) and tensorwise (TE Float8CurrentScaling);
     # its mxfp8 and blockwise need Blackwell or are not priced here
     fp8_recipes: tuple[str, ...] = ("delayed", "tensorwise")
+    # FP8 only in Transformer Engine's own TransformerLayer (its LayerNorm, GeLU MLP, as many key-value heads as
+    # query heads, no experts) and not under pipelining: Megatron-DeepSpeed builds that layer for
+    # --transformer-impl transformer_engine (model/transformer.py ParallelTransformer build_layer: 'Transformer_engine
+    # does not support GQA'), and its pipelined GPTModelPipe stacks the local ParallelTransformerLayerPipe, whose
+    # layers run no FP8 autocast
+    fp8_te_layer_only: bool = False
     # Transformer Engine's weight cache: each weight cast on the step's first micro-batch (is_first_microbatch)
     fp8_weight_casts: tuple[str, ...] = ("per_step",)
     # Transformer Engine's context parallelism (Megatron-Core --cp-comm-type; a2a and a2a+p2p not priced)
@@ -326,6 +332,7 @@ FRAMEWORKS: dict[str, Framework] = {
         # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)
         optimizer_states=(("fp32", "fp32"),),
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling
+        fp8_te_layer_only=True,
         rules=(
             (
                 "deepspeed: gradient reduction overlaps backward only with ZeRO overlap_comm and no pipelining; "
@@ -350,8 +357,9 @@ def framework(name: str) -> Framework:
     return found
 
 
-def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False) -> list[Rule]:
-    """The framework's rules over plan columns, named by the source they come from; `a2a_overlap`: the plans'
+def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bool = False) -> list[Rule]:
+    """The framework's rules over plan columns, named by the source they come from; `fp8`: the plans train in
+    FP8, which a framework with fp8_te_layer_only runs without pipelining only; `a2a_overlap`: the plans'
     PlanConfig.moe_a2a_overlap, which Megatron-Core's TransformerConfig allows only with expert parallelism,
     interleaving under pipelining and no full recompute (transformer_config.py __post_init__: 'If enabling EP
     A2A overlap, virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1',
@@ -386,6 +394,13 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False) -> list
             ),
         ),
     ]
+    if fp8 and fw.fp8_te_layer_only:
+        rules.append(
+            (
+                f"{fw.name}: FP8 without pipelining (Megatron-DeepSpeed's GPTModelPipe layers run no FP8 autocast)",
+                lambda c: c["pp"] == 1,
+            )
+        )
     return rules + [(name, lambda c, ok=ok: ok(c, moe)) for name, ok in fw.rules]
 
 

@@ -435,12 +435,17 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     if p["recompute"] == "full":
         config["activation_checkpointing"] = {"partition_activations": p["tensor_parallel"] > 1}
+    if model.is_moe and p["pipeline_parallel"] > 1:  # transfers unpartitioned, as priced (transformer.pipe_partitioned)
+        config["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     args = [
         f"--tensor-model-parallel-size {p['tensor_parallel']}",
         f"--pipeline-model-parallel-size {p['pipeline_parallel']}",
     ]
     if p["pipeline_parallel"] == 1:
         args.append("--no-pipeline-parallel")
+    # Megatron-DeepSpeed requires the micro-batch (arguments.py: assert args.micro_batch_size is not None) and reads its
+    # batch sizes from these, not from the JSON (training.py _create_ds_config_dict writes them into it)
+    args += [f"--micro-batch-size {p['micro_batch_size']}", f"--global-batch-size {p['global_batch_size']}"]
     if p["sequence_parallel"]:
         args.append("--sequence-parallel")
     if model.is_moe:  # Megatron-DeepSpeed's names (megatron/arguments.py)

@@ -125,14 +125,23 @@ def stage_output_bytes(job: Job) -> float:
     return nbytes / p.tensor_parallel if p.sequence_parallel else nbytes
 
 
+def pipe_partitioned(job: Job) -> bool:
+    """DeepSpeed's pipe engine (plan.pipeline_p2p deepspeed) partitions each transfer over the tensor-parallel
+    ranks: whenever tp > 1 (engine.py is_pipe_partitioned = is_model_parallel and the config's pipe_partitioned,
+    true by default: runtime/config.py get_pipeline_config), except for a mixture-of-experts model, which
+    Megatron-DeepSpeed runs with pipe_partitioned and grad_partitioned off (model/gpt_model.py: partitioning is not
+    supported with MoE; its MoE pretraining scripts set both false), as its launch settings say."""
+    p = job.plan
+    return p.pipeline_p2p == "deepspeed" and p.tensor_parallel > 1 and not job.model.is_moe
+
+
 def p2p_message_bytes(job: Job) -> float:
     """Activations (or their gradients) one GPU of a pipeline stage sends per micro-batch: what it holds
     (stage_output_bytes; Megatron's scatter-gather under sequence parallelism); DeepSpeed's pipe engine
-    (plan.pipeline_p2p deepspeed) sends 1/tp of that whenever tp > 1 and all-gathers it on the receiver
-    (engine.py is_pipe_partitioned = is_model_parallel; PartitionedTensor.data, .full)."""
-    p = job.plan
+    sends 1/tp of that where it partitions (pipe_partitioned) and all-gathers it on the receiver
+    (PartitionedTensor.data, .full)."""
     nbytes = stage_output_bytes(job)
-    return nbytes / p.tensor_parallel if p.pipeline_p2p == "deepspeed" else nbytes
+    return nbytes / job.plan.tensor_parallel if pipe_partitioned(job) else nbytes
 
 
 def p2p_send_s(costs: AnalyticCostModel, job: Job, cross_node: bool) -> float:
@@ -143,25 +152,26 @@ def p2p_send_s(costs: AnalyticCostModel, job: Job, cross_node: bool) -> float:
 
 
 def partition_header_bytes(job: Job) -> float:
-    """DeepSpeed's pipe engine with tp > 1: the int64 header sent ahead of each partitioned tensor
-    (PartitionedTensor.to_meta: ndims, the 3 dims of [s, b, h], parts, rank, the tp + 1 offsets); 0 otherwise.
-    A send of its own (engine.py _exec_send_activations / _exec_send_grads send every tensor of the tuple)."""
-    p = job.plan
-    if p.pipeline_p2p != "deepspeed" or p.tensor_parallel == 1:
+    """DeepSpeed's pipe engine where it partitions (pipe_partitioned): the int64 header sent ahead of each
+    partitioned tensor (PartitionedTensor.to_meta: ndims, the 3 dims of [s, b, h], parts, rank, the tp + 1
+    offsets); 0 otherwise. A send of its own (engine.py _exec_send_activations / _exec_send_grads send every
+    tensor of the tuple)."""
+    if not pipe_partitioned(job):
         return 0.0
-    return 8.0 * (1 + 3 + 2 + p.tensor_parallel + 1)
+    return 8.0 * (1 + 3 + 2 + job.plan.tensor_parallel + 1)
 
 
 def pipe_copy_bytes(job: Job) -> dict[str, list[float]]:
     """DeepSpeed's pipe engine (plan.pipeline_p2p deepspeed): HBM bytes (read + write) of each device copy it
-    runs around one micro-batch's pipeline transfer, by site; {} otherwise. S = stage_output_bytes, and with
-    tp > 1 P = S / tp and H = partition_header_bytes (DeepSpeed 3401d2516, runtime/pipe/engine.py):
+    runs around one micro-batch's pipeline transfer, by site; {} otherwise. S = stage_output_bytes, and where it
+    partitions (pipe_partitioned) P = S / tp and H = partition_header_bytes (DeepSpeed 3401d2516,
+    runtime/pipe/engine.py):
     - "receive", twice per received activation: _exec_recv_activations clones what it received
       (pipe_recv_buf.clone(); with tp > 1 the header and the part), _exec_forward_pass clones its inputs
       again: 2S, or 2H + 2P;
-    - "partition" (tp > 1), per send: the sender's PartitionedTensor keeps its part
+    - "partition" (partitioned), per send: the sender's PartitionedTensor keeps its part
       (runtime/utils.py _partition_tensor: .narrow().clone()): 2P;
-    - "gather" (tp > 1), per PartitionedTensor.full() (one per all-gather): torch.zeros of S (S written),
+    - "gather" (partitioned), per PartitionedTensor.full() (one per all-gather): torch.zeros of S (S written),
       the local part copied in (2P), PyTorch's list all_gather copying its flat output to each of the tp
       parts (ProcessGroupNCCL::allgather, torch 1.11, BLOOM's: tp × 2P), the whole .clone()d (2S).
     Gradients are received in place (_exec_recv_grads: no clone)."""
@@ -169,7 +179,7 @@ def pipe_copy_bytes(job: Job) -> dict[str, list[float]]:
     if p.pipeline_p2p != "deepspeed" or p.pipeline_parallel == 1:
         return {}
     full, tp = stage_output_bytes(job), p.tensor_parallel
-    if tp == 1:
+    if not pipe_partitioned(job):
         return {"receive": [2 * full]}
     part, header = full / tp, partition_header_bytes(job)
     return {
@@ -1343,9 +1353,10 @@ class TransformerStepBuilder:
         leaves at the stage's next step, its input arrives at its own step: within one step a forward
         receives and then sends, a backward sends and then receives. Each is a blocking dist.send /
         dist.recv (p2p.py: async_op False): the compute stream waits for the transfer, whose two ends
-        meet (a two-member collective). With tp > 1 the pass then all-gathers what came partitioned
-        over its tensor-parallel group (engine.py _exec_forward_pass: the input; _exec_backward_pass: its
-        own output, cleared after sending, and the gradient). Pass orders agree with Megatron's 1F1B."""
+        meet (a two-member collective). Where it partitions (pipe_partitioned) the pass then all-gathers what
+        came partitioned over its tensor-parallel group (engine.py _exec_forward_pass: the input;
+        _exec_backward_pass: its own output, cleared after sending, and the gradient). Pass orders agree with
+        Megatron's 1F1B."""
         p = self.job.plan
         if not p.blocking_p2p or p.pipeline_parallel == 1:
             return []
@@ -1365,7 +1376,7 @@ class TransformerStepBuilder:
             forward_after = prev is not None and cur.forward and step(cur) == step(prev) + 1
             ops = [receive, *ops] if forward_after else [*ops, receive]
         comp = self.g.resource(stage, "compute")
-        tp = p.tensor_parallel > 1
+        tp = pipe_partitioned(self.job)
         tasks = []  # in stream order: an activation is partitioned at the end of its forward, a gradient as sent
         if tp and prev is not None and prev.forward and (True, True, prev.microbatch) in ops:
             tasks.append(self._pipe_copy(stage, "partition", f"F{prev.microbatch}"))
