@@ -133,6 +133,9 @@ def test_gpu_what_if_splits_a_split_k_matmuls_time_between_its_kernels_then_scal
     # a class the traces lack is said, not silently ignored
     _, _, changes = kernels(WhatIf(gpu="dgx-h100", scale={"attention": 0.5}))
     assert changes["scaled attention: the traces have no such kernel, nothing changed"] == 0
+    # a factor of 0 (--drop) is counted as dropped, its kernels take no time
+    gemm, reduce, changes = kernels(WhatIf(gpu="dgx-h100", scale={"gemm": 0.0}))
+    assert (gemm, reduce, changes["dropped gemm"], changes["scaled gemm"]) == (0.0, 0.0, 2, 0)
 
 
 def test_execution_traces_without_gpu_are_refused(tmp_path):

@@ -77,21 +77,51 @@ def test_steps_choose_the_operators(tmp_path):
 def test_replay_waits_for_the_other_thread_and_prices_the_host(tmp_path):
     path = write(tmp_path / "t.json", two_thread_step())
     assert replay([path]).steps[0].replayed_s == pytest.approx(200e-6)
-    assert replay([path]).replay_graph.notes["host threads waiting for another thread"] == 1
+    # two waits: the main thread's for backward (75→180) and the autograd thread's first operator at
+    # 80, after main's operators covered 56 of the 70 µs since the first operator (10): its first call
+    # (90) waits for main's call ending at 74, 16 µs after it, not for a gap pinned at the trace's start
+    assert replay([path]).replay_graph.notes["host threads waiting for another thread"] == 2
     model = measure(read_traces([path]))
     _, changed, counts = replay_whatif([path], WhatIf(host=model))
     # main: 15 (before its first call: kept) + 4 calls of T4 = 27/7 + gaps T5 5, T3+T1+view+T1+T2 =
-    # 12+3+5+3+8 = 31, T3+T1+T2 = 6+3+1 = 10 → waits for the autograd thread: 90 (kept) + 27/7 + T5 55
-    # + 27/7, then 27 µs after its call (kept), _foreach_mul_'s call 27/7 and the 14 µs tail (kept)
-    assert changed.steps[0].replayed_s == pytest.approx((90 + 55 + 27 + 14 + 3 * 27 / 7) * 1e-6)
+    # 12+3+5+3+8 = 31, T3+T1+T2 = 6+3+1 = 10 → the autograd thread 16 µs after main's 4th call (kept),
+    # 27/7 + T5 55 + 27/7 → main 27 µs after its call (kept), _foreach_mul_'s call 27/7 and the 14 µs tail
+    assert changed.steps[0].replayed_s == pytest.approx((15 + 5 + 31 + 10 + 16 + 55 + 27 + 14 + 7 * 27 / 7) * 1e-6)
     assert counts["runtime calls from T4"] == 7
-    # halve every overhead: the autograd thread still gates the main thread
+    # halve every overhead (no per-operator figures: the pooled ones, halved): main 15 + T5 15 + 3+1.5+
+    # 2.5+1.5+2.5 + 3+1.5+2.5 and 4 calls of 27/14; then autograd 16 + T5 15, main 27 + 14, 7 calls in all.
+    # Before the autograd thread waited for main it started at 90 whatever main did: 151.8 µs
     half = HostOverheads(
         model.t1_us / 2, {LAUNCH: model.t4_us[LAUNCH] / 2}, {}, {k: v / 2 for k, v in model.pooled.items()}
     )
     _, changed, _ = replay_whatif([path], WhatIf(host=half))
-    # autograd: 90 + T4 + pooled T5 (30 / 2) + T4, then 27 + T4 + 14
-    assert changed.steps[0].replayed_s == pytest.approx((90 + 15 + 27 + 14 + 3 * 27 / 14) * 1e-6)
+    assert changed.steps[0].replayed_s == pytest.approx((15 + 15 + 11 + 7 + 16 + 15 + 27 + 14 + 7 * 27 / 14) * 1e-6)
+
+
+def test_a_what_if_before_backward_moves_the_autograd_threads_start(tmp_path):
+    """Step [0, 110]. Main: mm 2–55 launches a GEMM (call 5–8, kernel 10–50) and synchronises 12–52;
+    the autograd thread's first operator 60–98 calls 70–75; main's _foreach_mul_ 100–106 calls 101–103.
+    With GEMMs twice as fast the kernel runs 10–30, the sync ends at 30 + its own 2 µs; the autograd
+    thread's call 18 µs after it (50–55, measured 52 → 70), main's 26 µs after that (81–83, measured
+    75 → 101) and its 7 µs tail: 90 µs. Before the autograd thread waited for main's forward, its first
+    gap ran from the trace's start and pinned its call at 70: the step stayed at 110."""
+    path = write(
+        tmp_path / "t.json",
+        [
+            step(1, 0, 110),
+            cpu_op("aten::mm", 2, 53),
+            call(LAUNCH, 5, 3, corr=1),
+            kernel("volta_sgemm_128x64", 10, 40, corr=1),
+            call("cudaDeviceSynchronize", 12, 40),
+            cpu_op("autograd::engine::evaluate_function: MmBackward0", 60, 38, tid=BACKWARD),
+            call(LAUNCH, 70, 5, tid=BACKWARD),
+            cpu_op("aten::_foreach_mul_", 100, 6),
+            call(LAUNCH, 101, 2),
+        ],
+    )
+    base, changed, _ = replay_whatif([path], WhatIf(scale={"gemm": 0.5}))
+    assert base.steps[0].replayed_s == pytest.approx(110e-6)
+    assert changed.steps[0].replayed_s == pytest.approx((30 + 2 + 18 + 5 + 26 + 2 + 7) * 1e-6)
 
 
 def test_copy_to_pageable_memory_waits_for_the_gpu(tmp_path):
@@ -134,7 +164,9 @@ def test_calibration_file_carries_host_overheads(tmp_path):
     assert HostOverheads.from_dict(load_calibration(cal)["host_overheads"]).t1_us == pytest.approx(3.0)
     res = runner.invoke(app, ["replay", str(path), "--calibration", str(cal), "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["steps"][0]["whatif_s"] == pytest.approx((90 + 55 + 27 + 14 + 3 * 27 / 7) * 1e-6)
+    # as the same overheads measured in place (test_replay_waits_for_the_other_thread_and_prices_the_host)
+    by_hand = (15 + 5 + 31 + 10 + 16 + 55 + 27 + 14 + 7 * 27 / 7) * 1e-6
+    assert json.loads(res.output)["steps"][0]["whatif_s"] == pytest.approx(by_hand)
     doc = json.loads(cal.read_text())
     doc["host_overheads"]["t1_us"] = -1
     cal.write_text(json.dumps(doc))

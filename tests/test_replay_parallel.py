@@ -117,6 +117,12 @@ def test_dp_on_an_nccl_all_reduce_with_sizes_from_record_param_comms(tmp_path):
         (["--pp-stages", "2"], "--pp-stages: the traces hold no pipeline sends"),
         (["--dp", "0"], "--dp: expected a data-parallel size ≥ 1; got 0"),
         (["--dp", "4", "--world-size", "4", "--system", "cpu-host"], "give one"),
+        # a group of 0 or fewer GPUs was once taken as "the trace's own group" (0 is falsy) or priced
+        (["--world-size", "0", "--system", "cpu-host"], "--world-size: expected a data-parallel group size ≥ 1; got 0"),
+        (["--world-size", "-3", "--system", "cpu-host"], "got -3"),
+        # a class given twice was once the last one given, in silence
+        (["--scale", "gemm=2", "--drop", "gemm"], "expected one factor per kernel class; got 'gemm' twice, factors 2"),
+        (["--scale", "gemm=2", "--scale", "gemm=0.5"], "factors 2 and 0.5"),
     ],
 )
 def test_a_parallelism_whatif_the_trace_cannot_support_is_one_line_exit_2(tmp_path, args, message):

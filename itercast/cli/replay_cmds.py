@@ -83,8 +83,7 @@ def replay_cmd(
 ) -> None:
     """Replay profiler traces: measured vs replayed time per step, and what-if changes."""
     try:
-        factors = dict(_factor(item) for item in scale or [])
-        factors.update({cls: 0.0 for cls in drop or []})
+        factors = _factors(scale or [], drop or [])
         curves = load_calibration(calibration) if calibration is not None else None
         retimes_collectives = any(x is not None for x in (system, world_size, dp, tp))
         host = (
@@ -181,6 +180,20 @@ def _host_overheads(path: Path, doc: dict, retimes_collectives: bool) -> HostOve
             return None
         raise CalibrationError(f"{path}: no host_overheads section (write one with `itercast calibrate --host-trace`)")
     return HostOverheads.from_dict(doc["host_overheads"], f"{path}: host_overheads")
+
+
+def _factors(scale: list[str], drop: list[str]) -> dict[str, float]:
+    """Kernel class → factor from --scale CLASS=FACTOR and --drop CLASS (factor 0); a class given twice is
+    refused rather than the last one silently kept."""
+    factors: dict[str, float] = {}
+    for item, (name, factor) in [*((i, _factor(i)) for i in scale), *((c, (c.strip(), 0.0)) for c in drop)]:
+        if name in factors:
+            raise ConfigError(
+                f"--scale/--drop {item!r}: expected one factor per kernel class; got {name!r} twice, "
+                f"factors {factors[name]:g} and {factor:g}"
+            )
+        factors[name] = factor
+    return factors
 
 
 def _factor(item: str) -> tuple[str, float]:

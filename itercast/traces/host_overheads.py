@@ -14,7 +14,8 @@ Differences from the paper, and why:
   so the model prices exactly the chain it replaces;
 - T4 leaves out synchronising calls (their time is the GPU's: the replay graph makes them wait);
 - idle stretches in which another thread ran its operators (`waiting_stretches`: the main thread
-  during backward) are waits, not T1 (the paper drops gaps ≥ 200 µs as data loading instead);
+  during backward; `late_starts`: the autograd thread before its first operator) are waits, not T1
+  (the paper drops gaps ≥ 200 µs as data loading instead);
 - the runtime calls each operator makes are counted per operator name (`calls_per_op`: the mean over
   the operators of that name that make at least one call), so that a model pricing an operator from
   its name charges every call it makes, not one launch (a TorchRec/FBGEMM TBE backward makes 32-47).
@@ -130,6 +131,24 @@ def waiting_stretches(threads: list[ThreadOps]) -> dict[int, list[tuple[np.ndarr
             waited = np.flatnonzero(covered >= WAIT_COVERAGE * (idle_to - idle_from))
             if waited.size:
                 out[a.tid].append((waited, b.tid))
+    return out
+
+
+def late_starts(threads: list[ThreadOps]) -> dict[int, list[int]]:
+    """tid → [other tids]: threads whose first top-level operator started after other threads'
+    operators covered at least WAIT_COVERAGE of the time since the first operator of any thread (the
+    autograd thread, started by the main thread's backward call): a wait, as in `waiting_stretches`."""
+    first_us = min((float(t.start_us[0]) for t in threads if t.start_us.size), default=0.0)
+    out: dict[int, list[int]] = defaultdict(list)
+    for a in threads:
+        if not a.start_us.size or a.start_us[0] <= first_us:
+            continue
+        idle = np.array([first_us, a.start_us[0]])
+        for b in threads:
+            if b.tid != a.tid and b.start_us.size:
+                covered = np.diff(busy_until(idle, b.start_us, b.end_us))[0]
+                if covered >= WAIT_COVERAGE * (idle[1] - idle[0]):
+                    out[a.tid].append(b.tid)
     return out
 
 

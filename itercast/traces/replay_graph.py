@@ -17,8 +17,9 @@ Per rank (graph rank = trace rank):
   launches held by a full launch queue) wait for the GPU ops they waited for and keep only their
   own time, so a GPU-bound step follows its kernels under what-ifs;
 - host threads that sat idle while another thread ran its operators (the main thread during
-  backward, the autograd thread during forward) wait for that thread's last runtime call in the
-  stretch (_thread_waits), so a what-if that shortens one thread moves the other;
+  backward, the autograd thread during forward and before its first operator) wait for that
+  thread's last runtime call in the stretch (_thread_waits), so a what-if that shortens one thread
+  moves the other;
 - NCCL kernels are matched across the loaded ranks into rendezvous collectives (rendezvous.py);
   without peers, measured durations are kept;
 - CPU collectives (gloo) run on their worker threads after their `c10d::` launch and the launching
@@ -42,7 +43,7 @@ from itercast.traces.cpu_collectives import (
     match_cpu_collectives,
     with_collective_marks,
 )
-from itercast.traces.host_overheads import thread_ops, waiting_stretches
+from itercast.traces.host_overheads import ThreadOps, late_starts, thread_ops, waiting_stretches
 from itercast.traces.host_waits import EPS_US, host_waits
 from itercast.traces.kineto import RankTrace
 from itercast.traces.rendezvous import match_collectives
@@ -227,29 +228,39 @@ class _RankBuilder:
 
     def _thread_waits(self) -> None:
         """A thread that sat idle while another thread ran its operators waited for that thread (the
-        main thread during backward, the autograd thread during forward; host_overheads.waiting_stretches).
+        main thread during backward, the autograd thread during forward; host_overheads.waiting_stretches),
+        and so did a thread whose first operator started late (the autograd thread, before the main
+        thread's backward call; host_overheads.late_starts): without that wait its first gap would run
+        from the trace's start and pin it where it was measured, whatever a what-if moves before it.
         The gap piece that ends at the waiting thread's next runtime call then depends on the other
         thread's last runtime call inside the stretch, and its own time is the part after that call."""
         t = self.t
         threads = {int(tid): thread_ops(t, int(tid)) for tid in np.unique(t.cpu_tid)}
-        call_end = t.call_ts_us + t.call_dur_us
         for a, stretches in waiting_stretches(list(threads.values())).items():
             th = threads[a]
             for waited, other in stretches:
-                idle_from, idle_to = th.end_us[waited], th.start_us[waited + 1]
-                b_calls = threads[other].calls[np.argsort(call_end[threads[other].calls], kind="stable")]
-                src = np.searchsorted(call_end[b_calls], idle_to + EPS_US, side="right") - 1
-                dst = np.searchsorted(t.call_ts_us[th.calls], idle_to - EPS_US, side="left")
-                ok = (src >= 0) & (dst < th.calls.shape[0])
-                ok[ok] &= call_end[b_calls[src[ok]]] > idle_from[ok]  # the other thread called inside it
-                for sc, dc in zip(src[ok].tolist(), dst[ok].tolist(), strict=True):
-                    call = int(th.calls[dc])
-                    piece = int(self.before_call[call])
-                    self.b.edge(int(self.call_task[b_calls[sc]]), piece)
-                    after = max(0.0, float(t.call_ts_us[call] - call_end[b_calls[sc]])) * 1e-6
-                    self.b.set_duration(piece, min(self.b.duration(piece), after))
-                    self.waiting_calls.add(call)
-                    self.notes["host threads waiting for another thread"] += 1
+                self._wait(th, threads[other], th.end_us[waited], th.start_us[waited + 1])
+        for a, others in late_starts(list(threads.values())).items():
+            for other in others:  # idle since the trace began
+                self._wait(threads[a], threads[other], np.array([-np.inf]), threads[a].start_us[:1])
+
+    def _wait(self, th: ThreadOps, other: ThreadOps, idle_from: np.ndarray, idle_to: np.ndarray) -> None:
+        """Thread `th` idle over the stretches [idle_from, idle_to) (µs) waited for thread `other`."""
+        t = self.t
+        call_end = t.call_ts_us + t.call_dur_us
+        b_calls = other.calls[np.argsort(call_end[other.calls], kind="stable")]
+        src = np.searchsorted(call_end[b_calls], idle_to + EPS_US, side="right") - 1
+        dst = np.searchsorted(t.call_ts_us[th.calls], idle_to - EPS_US, side="left")
+        ok = (src >= 0) & (dst < th.calls.shape[0])
+        ok[ok] &= call_end[b_calls[src[ok]]] > idle_from[ok]  # the other thread called inside it
+        for sc, dc in zip(src[ok].tolist(), dst[ok].tolist(), strict=True):
+            call = int(th.calls[dc])
+            piece = int(self.before_call[call])
+            self.b.edge(int(self.call_task[b_calls[sc]]), piece)
+            after = max(0.0, float(t.call_ts_us[call] - call_end[b_calls[sc]])) * 1e-6
+            self.b.set_duration(piece, min(self.b.duration(piece), after))
+            self.waiting_calls.add(call)
+            self.notes["host threads waiting for another thread"] += 1
 
     def _record_steps(self, marks: dict) -> None:
         for number, _, _, dur in self.t.steps:

@@ -125,6 +125,8 @@ def apply_whatif(
         raise ConfigError(f"what-if: unknown kernel class {sorted(unknown)}; known: {sorted(known)}")
     if any(f < 0 for f in whatif.scale.values()):
         raise ConfigError(f"what-if: scale factors must be ≥ 0; got {whatif.scale}")
+    if whatif.world_size is not None and whatif.world_size < 1:
+        raise ConfigError(f"--world-size: expected a data-parallel group size ≥ 1; got {whatif.world_size}")
     if whatif.pp_stages is not None:
         raise ConfigError("what-if: --pp-stages builds a new step graph (restage.restage), not new durations")
     if whatif.dp is not None and whatif.world_size is not None:
@@ -149,12 +151,17 @@ def apply_whatif(
         cls = kernel_class(g.names[g.name[task]], g.families[g.family[task]])
         if cls in whatif.scale:
             durations[task] *= whatif.scale[cls]
-            changes[f"scaled {cls}"] += 1
+            changes[f"{_scale_verb(whatif.scale[cls])} {cls}"] += 1
             matched.add(cls)
     for cls in sorted(set(whatif.scale) - matched):
-        changes[f"scaled {cls}: the traces have no such kernel, nothing changed"] = 0
+        changes[f"{_scale_verb(whatif.scale[cls])} {cls}: the traces have no such kernel, nothing changed"] = 0
     changed = rg.without_rendezvous(alone) if alone.size else rg
     return changed.with_durations(durations), changes
+
+
+def _scale_verb(factor: float) -> str:
+    """How a scale factor's change is counted: a factor of 0 (--drop) removes the class."""
+    return "dropped" if factor == 0 else "scaled"
 
 
 def _retime_collectives(
