@@ -53,6 +53,24 @@ def test_job_files_refuse_aliases_and_deep_nesting(tmp_path, text, message):
     assert out.exit_code == 2 and message in out.output
 
 
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"model": "dlrm-small", "world_size": 8, "plans": []}, "got the saved result of `itercast search --json`"),
+        ({"steps": [], "ranks": [0]}, "got the saved result of `itercast replay --json` (field `steps`)"),
+        ({"model": "gpt3-1.3b", "sytem": "dgx-h100"}, "unknown section `sytem`"),
+    ],
+)
+def test_a_saved_result_given_as_a_job_says_where_it_goes(tmp_path, doc, message):
+    # a search's JSON as the job once read "unknown section `world_size`", its first field not a section
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(doc))
+    out = RUN.invoke(app, ["report", str(path), "-o", str(tmp_path / "r.html")])
+    assert out.exit_code == 2 and message in out.output and out.output.count("\n") == 1, out.output
+    if "saved result" in message:
+        assert "`itercast report --result FILE` and `itercast compare A B` read those" in out.output
+
+
 def test_a_job_file_that_is_not_utf8_is_one_line(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_bytes(b"model: gpt3-1.3b\n\xff\xfe")

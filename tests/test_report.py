@@ -96,6 +96,25 @@ def test_search_and_replay_results_become_reports(tmp_path: Path):
     assert code == 0, text
     page = (tmp_path / "r.html").read_text()
     assert "<td>+5.00%</td>" in page and "Critical path by kernel class" in page
+    assert "what-if" not in page  # no what-if was run
+
+
+def test_a_replays_what_if_is_in_its_report(tmp_path: Path):
+    """kineto_fixtures.gpu_bound_step with GEMMs twice as fast: the GEMM runs 20–45, the sync returns 5 µs
+    after it (50) and the host's 25 µs after the sync end the step at 75 µs (measured 100). Before, the
+    report of the replay's JSON showed measured and replayed steps only, the what-if dropped."""
+    from kineto_fixtures import gpu_bound_step, write
+
+    trace = write(tmp_path / "t.json", gpu_bound_step())
+    code, text = run("replay", str(trace), "--scale", "gemm=0.5", "--json")
+    assert code == 0, text
+    (tmp_path / "replay.json").write_text(text)
+    code, text = run("report", "--result", str(tmp_path / "replay.json"), "-o", str(tmp_path / "r.html"))
+    assert code == 0, text
+    page = (tmp_path / "r.html").read_text()
+    assert "<th>what-if ms</th>" in page and "<td>0.100</td><td>0.100</td><td>+0.00%</td>" in page
+    assert "<td>host</td><td>0.075</td></tr>" in page
+    assert "What-if (not measured)" in page and "<td>scaled gemm</td><td>1</td>" in page
 
 
 @pytest.mark.parametrize(

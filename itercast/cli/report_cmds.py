@@ -221,24 +221,29 @@ def _replay_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[re
         _fields(path, f"critical_path[{i}]", r, ("family", "start_s", "end_s"))
         for i, r in enumerate(doc.get("critical_path", []))
     ]
+    whatif = any("whatif_s" in s for s in steps)  # a what-if that kept the ranks: its step beside each
     rows = [
         (
             s["rank"],
             s["step"],
-            f"{s['measured_s']:.4f}",
-            f"{s['replayed_s']:.4f}",
+            _ms(s["measured_s"]),
+            _ms(s["replayed_s"]),
             f"{s.get('error', 0.0):+.2%}",
             s.get("bound", ""),
+            *((_ms(s.get("whatif_s")),) if whatif else ()),
         )
         for s in steps
     ]
+    headers = ["rank", "step", "measured ms", "replayed ms", "error", "bound", *(["what-if ms"] if whatif else [])]
     sections = [
         rep.Section(
             "Measured vs replayed, per step",
             (rep.replay_steps_svg(steps) if steps else "<p>No step marks in the trace.</p>")
-            + rep.table_html(["rank", "step", "measured s", "replayed s", "error", "bound"], rows),
+            + rep.table_html(headers, rows),
         ),
     ]
+    if "whatif_changes" in doc or "whatif_steps" in doc:
+        sections.append(_whatif_section(path, doc))
     if runs:
         sections.append(
             rep.Section(
@@ -247,3 +252,30 @@ def _replay_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[re
         )
     files = ", ".join(Path(str(f)).name for f in doc.get("files", [])) or path.name
     return "itercast replay: measured vs replayed", f"{files}: {doc.get('events', '?')} events", sections
+
+
+def _ms(seconds: Any) -> str:
+    """Seconds as milliseconds to the microsecond, as `replay` prints them; "" where not a number."""
+    return f"{seconds * 1e3:.3f}" if isinstance(seconds, int | float) and not isinstance(seconds, bool) else ""
+
+
+def _whatif_section(path: Path, doc: dict[str, Any]) -> rep.Section:
+    """A replay's what-if: what it changed (`whatif_changes`), its span against the replay's, and the new
+    stages' steps where it re-staged the pipeline (`whatif_steps`)."""
+    changes = doc.get("whatif_changes") or {}
+    if not isinstance(changes, dict):
+        raise ConfigError(f"{path}: whatif_changes: expected an object; got {type(changes).__name__}")
+    span = (
+        f"<p>What-if span {_ms(doc['whatif_span_s'])} ms; replayed {_ms(doc.get('replayed_span_s'))} ms.</p>"
+        if "whatif_span_s" in doc
+        else ""
+    )
+    body = span + rep.table_html(["what the what-if changed", "count"], sorted(changes.items()))
+    restaged = [
+        _fields(path, f"whatif_steps[{i}]", s, ("rank", "step", "whatif_s"))
+        for i, s in enumerate(doc.get("whatif_steps") or [])
+    ]
+    if restaged:
+        rows = [(s["rank"], s["step"], _ms(s["whatif_s"])) for s in restaged]
+        body += rep.table_html(["new stage", "step", "what-if ms"], rows)
+    return rep.Section("What-if (not measured)", body)

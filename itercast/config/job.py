@@ -159,6 +159,12 @@ def read_job_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with sections model, plan, system; got {type(data).__name__}")
     unknown = [k for k in data if k not in _SCHEMAS]
+    if unknown and ("plans" in data or "steps" in data):  # JSON is YAML: a saved search or replay
+        raise ConfigError(
+            f"{path}: expected a job (sections model, plan, system); got the saved result of `itercast "
+            f"{'search' if 'plans' in data else 'replay'} --json` (field `{'plans' if 'plans' in data else 'steps'}`):"
+            " `itercast report --result FILE` and `itercast compare A B` read those"
+        )
     if unknown:
         raise ConfigError(f"{path}: unknown section `{unknown[0]}`{did_you_mean(unknown[0], _SCHEMAS)}")
     out: dict[str, Any] = {}
