@@ -434,6 +434,34 @@ def test_an_index_sample_sets_the_distinct_rows(tmp_path):
     (tmp_path / "w.txt").write_text("1 two 3")
     with pytest.raises(ValueError, match="expected integers"):
         load_index_sample(tmp_path / "w.txt", TABLE)
+    (tmp_path / "huge.txt").write_text("1 99999999999999999999")  # once an OverflowError traceback
+    with pytest.raises(ValueError, match=r"expected integer indices within int64 \(< 2\*\*63\); got a larger one"):
+        load_index_sample(tmp_path / "huge.txt", TABLE)
+
+
+def test_a_text_index_file_is_read_block_by_block_in_bounded_memory(tmp_path, monkeypatch):
+    import tracemalloc
+
+    from itercast.workloads.dlrm import embedding
+
+    # blocks of 7 bytes cut "1 22,333\n4444 55555, 6 7" inside 333, 55555 and after ", ": carried whole
+    monkeypatch.setattr(embedding, "TEXT_BLOCK_BYTES", 7)
+    (tmp_path / "a.txt").write_text("1 22,333\n4444 55555, 6 7\n")
+    assert embedding.read_index_sequence(tmp_path / "a.txt", "a").tolist() == [1, 22, 333, 4444, 55555, 6, 7]
+    (tmp_path / "long.txt").write_text("1 " + "9" * 100)
+    with pytest.raises(ValueError, match="characters without a separator, not an integer"):  # carried: 68
+        embedding.read_index_sequence(tmp_path / "long.txt", "long")
+    # 262,144 indices of 8 bytes each ("1234567 "): 2 MiB of text, 2 MiB as int64. Split whole (the text,
+    # its copy and a Python string a token) the peak was 18.2 MiB under tracemalloc; by 64 KiB blocks it
+    # is the blocks' arrays and their concatenation (2 + 2 MiB) and one block's tokens: 4.0 MiB
+    monkeypatch.setattr(embedding, "TEXT_BLOCK_BYTES", 1 << 16)
+    (tmp_path / "big.txt").write_text("1234567 " * (1 << 18))
+    tracemalloc.start()
+    idx = embedding.read_index_sequence(tmp_path / "big.txt", "big")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert idx.shape == (1 << 18,) and int(idx.sum()) == 1234567 * (1 << 18)
+    assert peak < 3 * (2 << 20)
 
 
 def test_shard_reads_index_samples_and_names_bad_ones(tmp_path):

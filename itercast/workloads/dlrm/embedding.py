@@ -289,24 +289,46 @@ def load_index_sample(path: Path, table: EmbeddingTable) -> np.ndarray:
     return np.unique(idx, return_counts=True)[1]
 
 
+#: a text index file is parsed this many bytes at a time: the tokens of one block, as Python strings,
+#: take about ten times its size, so the whole file is never split at once (a 1 GiB file would take 12)
+TEXT_BLOCK_BYTES = 1 << 24
+
+
 def read_index_sequence(path: Path, where: str) -> np.ndarray:
     """A sample of real indices in the order they were looked up: a NumPy .npy array of integers
-    (read without pickles), or a text file of integers separated by whitespace or commas. Refused
+    (read without pickles), or an ASCII text file of integers separated by whitespace or commas,
+    parsed TEXT_BLOCK_BYTES at a time (memory: the int64 array and one block's tokens). Refused
     (ConfigError naming `where`): a missing or larger-than-MAX_INDEX_FILE_BYTES file, non-integers,
-    an empty sample."""
+    integers beyond int64, an empty sample."""
     if not path.is_file():
         raise ConfigError(f"{where}: no such file")
     if path.stat().st_size > MAX_INDEX_FILE_BYTES:
         raise ConfigError(f"{where}: {path.stat().st_size} bytes; expected at most {MAX_INDEX_FILE_BYTES}")
     try:
-        if path.suffix == ".npy":
-            idx = np.load(path, allow_pickle=False, mmap_mode="r")
-        else:
-            idx = np.array(path.read_text(encoding="utf-8").replace(",", " ").split(), dtype=np.int64)
+        idx = np.load(path, allow_pickle=False, mmap_mode="r") if path.suffix == ".npy" else _text_indices(path)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: expected integers (.npy, or text); {str(exc).splitlines()[0][:120]}") from None
+    except OverflowError:
+        raise ConfigError(f"{where}: expected integer indices within int64 (< 2**63); got a larger one") from None
     if idx.dtype.kind not in "iu":
         raise ConfigError(f"{where}: expected integer indices; got dtype {idx.dtype}")
     if idx.size == 0:
         raise ConfigError(f"{where}: no indices")
     return np.asarray(idx).ravel()
+
+
+def _text_indices(path: Path) -> np.ndarray:
+    """The integers of an ASCII text file (whitespace or commas between them), TEXT_BLOCK_BYTES at a
+    time; each block is cut after its last separator, the token it splits carried to the next."""
+    blocks: list[np.ndarray] = []
+    carry = b""
+    with path.open("rb") as f:
+        while block := f.read(TEXT_BLOCK_BYTES):
+            block = carry + block
+            cut = max(block.rfind(sep) for sep in b" \t\r\n\v\f,") + 1
+            blocks.append(np.array(block[:cut].decode("ascii").replace(",", " ").split(), dtype=np.int64))
+            carry = block[cut:]
+            if len(carry) > 64:  # an int64 takes at most 20 characters: never carry a huge token along
+                raise ValueError(f"{len(carry):,} characters without a separator, not an integer")
+    blocks.append(np.array(carry.decode("ascii").replace(",", " ").split(), dtype=np.int64))
+    return np.concatenate(blocks)
