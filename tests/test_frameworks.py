@@ -85,6 +85,17 @@ def test_a_fixed_field_the_framework_does_not_run_is_a_one_line_error():
         plans("colossal")
     result = CliRunner().invoke(app, ["search", "--example", "--framework", "colossal"])
     assert result.exit_code == 2 and "--framework: expected one of" in result.output
+    # ZeRO-3 fixed beside a fixed pipeline: DeepSpeed's rule in one line, where the plan's own validator
+    # once answered first, naming plan.pipeline_p2p and printing the whole plan as a dict
+    args = ["search", "--example", "--framework", "deepspeed", "--set", "plan.zero_stage=3"]
+    result = CliRunner().invoke(app, [*args, "--set", "plan.pipeline_parallel=2"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(
+        "error: plan.zero_stage: deepspeed runs zero_stage [0, 1] with pipelining (pipe/engine.py: 'ZeRO-2 and "
+        "ZeRO-3 are incompatible with pipeline parallelism'); got 3 with pipeline_parallel 2"
+    )
+    with pytest.raises(ConfigError, match=r"torchtitan runs zero_stage \[2, 3\] with pipelining .* got 0 with"):
+        plans("torchtitan", zero_stage=0, pipeline_parallel=2)
 
 
 def test_eager_pointwise_kernels_are_torchtitans_alone_and_never_with_its_async_tp():
@@ -401,6 +412,11 @@ def test_megatron_launch_settings_name_the_moe_dispatcher_priced():
     unsplit = launch_settings("deepspeed", {**moe, "pipeline_parallel": 1, "expert_tensor_parallel": 1}, mixtral)  # type: ignore[arg-type]
     assert "--enable-expert-tensor-parallelism" not in unsplit
     assert "moe-token-dispatcher" not in launch_settings("megatron-core", PLAN, GPT3)  # type: ignore[arg-type]
+    # no tensor or context parallelism, no environment line: the arguments keep their heading all the same
+    alone = {**moe, "tensor_parallel": 1, "expert_tensor_parallel": 1}
+    assert launch_settings("megatron-core", alone, mixtral).startswith(  # type: ignore[arg-type]
+        "# Megatron-LM arguments\n--tensor-model-parallel-size 1 \\\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -644,3 +660,15 @@ def test_deepspeed_trains_in_fp8_only_transformer_engines_own_layer_and_without_
         result = CliRunner().invoke(app, [*args, "--model", model, *extra])
         assert result.exit_code == 2 and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+def test_deepspeed_refuses_multi_latent_attention_which_megatron_deepspeed_does_not_build():
+    # Megatron-DeepSpeed's model/transformer.py has no kv_lora_rank: DeepSeek-V3 was once planned under it
+    args = ["search", "--model", "deepseek-v3", "--system", "dgx-h100", "--num-nodes-range", "64"]
+    args += ["--set", "plan.global_batch_size=1024", "--framework"]
+    result = CliRunner().invoke(app, [*args, "deepspeed"])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "model.kv_lora_rank: deepspeed has no multi-latent attention" in result.output
+    assert "deepseek-v3 sets 512" in result.output
+    # Megatron-Core builds it (MLASelfAttention), torchtitan too (its deepseek_v3 model)
+    assert framework("megatron-core").multi_latent_attention and framework("torchtitan").multi_latent_attention

@@ -63,7 +63,7 @@ from itercast.errors import ConfigError
 from itercast.parallel.plan_table import VARIED
 from itercast.search.distribution_rank import DistributionOptions, rank_by_distribution
 from itercast.search.dlrm_search import default_batches, search_dlrm
-from itercast.search.frameworks import RECOMPUTE_FIELDS, check_recompute, framework
+from itercast.search.frameworks import RECOMPUTE_FIELDS, check_fixed, check_recompute, framework
 from itercast.search.objectives import DISTRIBUTION_OBJECTIVES, check_objective
 from itercast.search.plan_search import (
     Progress,
@@ -385,6 +385,11 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
+    if m.mla and not fw.multi_latent_attention:
+        raise ConfigError(
+            f"model.kv_lora_rank: {fw.name} has no multi-latent attention (Megatron-DeepSpeed's model/transformer.py "
+            f"builds none; expected a model without kv_lora_rank); {m.name} sets {m.kv_lora_rank}"
+        )
     te_layer = m.family == "gpt" and not m.is_moe and m.kv_heads == m.num_attention_heads
     if plan.get("dtype") == "fp8" and fw.fp8_te_layer_only and not te_layer:
         raise ConfigError(
@@ -420,6 +425,9 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
             f"plan.main_params/adam_state_dtype: {fw.name} runs {kept}, the job sets {state[0]}/{state[1]}"
         )
     check_fast_path_plan(plan)
+    # the fixed sizes' framework rules before the plan's own, which would name its fields and dump the plan
+    # (its overlap and kernels are checked on the parsed plan: plan_space.enumerate_plans)
+    check_fixed(fw, fixed, tp_comm_overlap=False)
     base = with_system_defaults(cast(PlanConfig, parse_section("plan", plan, "plan")), s)
     if base.dtype not in fw.dtypes:
         left_out = "" if "dtype" in plan else f" (left out: {s.gpu.name} has no bf16)"

@@ -83,6 +83,9 @@ class Framework:
     # does not support GQA'), and its pipelined GPTModelPipe stacks the local ParallelTransformerLayerPipe, whose
     # layers run no FP8 autocast
     fp8_te_layer_only: bool = False
+    # multi-latent attention (DeepSeek-V2/V3's kv_lora_rank): Megatron-Core's MLASelfAttention, torchtitan's
+    # deepseek_v3 model; Megatron-DeepSpeed's model/transformer.py has none (no kv_lora_rank anywhere in it)
+    multi_latent_attention: bool = True
     # Transformer Engine's weight cache: each weight cast on the step's first micro-batch (is_first_microbatch)
     fp8_weight_casts: tuple[str, ...] = ("per_step",)
     # Transformer Engine's context parallelism (Megatron-Core --cp-comm-type; a2a and a2a+p2p not priced)
@@ -333,6 +336,7 @@ FRAMEWORKS: dict[str, Framework] = {
         optimizer_states=(("fp32", "fp32"),),
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling
         fp8_te_layer_only=True,
+        multi_latent_attention=False,
         rules=(
             (
                 "deepspeed: gradient reduction overlaps backward only with ZeRO overlap_comm and no pipelining; "
@@ -414,6 +418,12 @@ def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, poi
         raise ConfigError(
             f"plan.zero_stage: {fw.name} runs zero_stage {list(fw.zero_stages)} "
             f"({', '.join(fw.zero_names.values())}); got {zero}"
+        )
+    pp = int(fixed.get("pipeline_parallel", 1))
+    if zero is not None and pp > 1 and int(zero) not in fw.zero_stages_with_pp:
+        raise ConfigError(
+            f"plan.zero_stage: {fw.name} runs zero_stage {list(fw.zero_stages_with_pp)} with pipelining "
+            f"({fw.zero_with_pp_source}); got {zero} with pipeline_parallel {pp}"
         )
     schedule = fixed.get("schedule")
     if schedule is not None and schedule not in fw.schedules and int(fixed.get("pipeline_parallel", 2)) > 1:

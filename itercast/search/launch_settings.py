@@ -136,7 +136,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         head = ["# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM up to Hopper, tensor or context parallel)"]
     if cfg:
         head += ["# tp_comm_overlap.yaml", *cfg]
-    return "\n".join([*head, "# Megatron-LM arguments", args]) if head else args
+    return "\n".join([*head, "# Megatron-LM arguments", args])  # a heading though nothing precedes it
 
 
 def _dispatcher_megatron(p: dict[str, Any], kind: str, backend: str) -> list[str]:
