@@ -230,3 +230,46 @@ def test_a_deepspeed_pipeline_left_at_fused_says_its_accumulation_is_not_priced(
     assert "gradient accumulation is priced at nothing" in said
     for quiet in ([*pipeline, "--set", "plan.grad_accumulation=autograd"], base):
         assert "priced at nothing" not in CliRunner().invoke(app, quiet).output
+
+
+@pytest.mark.parametrize(
+    ("zero", "dtype", "grad_reduce_dtype", "expected"),
+    [
+        (1, "bf16", "fp32", (0, 0)),  # Megatron's DDP buffer: the weight-gradient GEMMs add into it (fused)
+        (0, "bf16", "fp32", (0, 0)),
+        (3, "bf16", "fp32", (6, 1)),  # Megatron-FSDP: main_grad.copy_(param.grad), read 2 bf16, write 4 fp32
+        (2, "bf16", "bf16", (4, 1)),  # a bf16 bucket: read 2, write 2
+        (3, "fp32", "fp32", (8, 1)),  # fp32 training: read 4, write 4
+    ],
+)
+def test_nemo_copies_each_micro_batchs_gradient_into_megatron_fsdps_bucket(zero, dtype, grad_reduce_dtype, expected):
+    """NeMo sets gradient_accumulation_fusion False under Megatron-FSDP (megatron_parallel.py), so autograd
+    writes param.grad and Megatron-FSDP's post-backward hook copies it into the unsharded bucket
+    (megatron_fsdp.py _grad_acc); without Megatron-FSDP NeMo's accumulation is Megatron's fused one."""
+    plan = {"zero_stage": zero, "dtype": dtype, "grad_reduce_dtype": grad_reduce_dtype}
+    job = gpt_job("megatron_fsdp", **plan)
+    assert ops.grad_accumulation_cost(job.plan) == expected
+    assert job.plan.accumulates_in_gemm == (zero <= 1)
+    assert framework("nemo").plan_fields["grad_accumulation"] == "megatron_fsdp"
+
+
+def test_fast_path_agrees_with_graph_where_nemo_copies_under_megatron_fsdp_only():
+    """One table of NeMo's accumulation over ZeRO 1 and 3 (its rows share the field, their costs differ by
+    the ZeRO stage): a ZeRO-3 layer's backward of gpt3-1.3b copies its 12h² + 13h = 50,358,272 parameters
+    (h 2,048: QKV, projection and MLP weights, 9 h of biases, two LayerNorms' 4 h) at 6 bytes each, in 12
+    kernels, about a tenth of the backward: a fast path that priced every row at one ZeRO stage would be
+    far off the graph."""
+    plans = [
+        plan_of(tp, 1, 1, "1f1b", zero, micro_batch_size=mbs, global_batch_size=64)
+        | {"grad_accumulation": "megatron_fsdp"}
+        for tp, zero, mbs in itertools.product([1, 2], [1, 3], [1, 4])
+    ]
+    valid, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-a100", "num_nodes": 2}, plans)
+    assert len(valid) == 8 and rel.max() < 0.002
+    step = {(j.plan.tensor_parallel, j.plan.zero_stage, j.plan.micro_batch_size): j for j in valid}
+    job = step[1, 3, 1]
+    copied = [op for op in ops.layer_backward(job.model, job.plan) if op.name == "grad_accumulation"]
+    assert [(op.amount, op.count) for op in copied] == [(6 * 50_358_272, 12)]
+    assert not [
+        op for op in ops.layer_backward(step[1, 1, 1].model, step[1, 1, 1].plan) if op.name == "grad_accumulation"
+    ]

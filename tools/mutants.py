@@ -1510,8 +1510,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(FAST, "ag_b = [np.where(kept[rows] & gpipe, 0.0, a) for a in ag[::-1]]", "ag_b = ag[::-1]",
       "the fast path's pipelined FSDP2 ZeRO-3 GPipe backwards gather again after a backward that kept them"),
     # -- session 43: Megatron's gradient buffer zeroed, each bucket's NaN-check norm and 1/dp scaling -----------------
-    M(TF, 'return p.grad_bytes if p.grad_accumulation == "fused" and p.zero_stage <= 1 else 0',
-      'return p.grad_bytes if p.grad_accumulation == "fused" else 0',
+    M(TF, "return p.grad_bytes if p.accumulates_in_gemm and p.zero_stage <= 1 else 0",
+      "return p.grad_bytes if p.accumulates_in_gemm else 0",
       "FSDP-like ZeRO-2/3 plans priced with Megatron's gradient buffer", _t("step_by_hand")),
     M(TF, "dense_scaled = dp > 1 and not p.grad_average_in_collective", "dense_scaled = dp > 1",
       "gradients averaged in the collective still scaled by 1/dp", _t("step_by_hand")),
@@ -1586,6 +1586,18 @@ MUTANTS: tuple[Mutant, ...] = (
       "a replay's report in seconds to the millisecond, microsecond steps all 0.000", _t("report")),
     M("config/job.py", 'if unknown and ("plans" in data or "steps" in data):', "if False:",
       "a saved result given as a job: its first field named as an unknown section", _t("hardening")),
+    M(OPS, "return (0, 0) if plan.accumulates_in_gemm else (e + plan.grad_bytes, 1)", "return (0, 0)",
+      "NeMo's Megatron-FSDP priced with the fused accumulation it turns off", _t("grad_accumulation")),
+    M(OPS, "return (0, 0) if plan.accumulates_in_gemm else (e + plan.grad_bytes, 1)",
+      "return (0, 0) if plan.accumulates_in_gemm else (e + e, 1)",
+      "Megatron-FSDP's bucket taken in the gradient's dtype, not its own", _t("grad_accumulation")),
+    M(FAST, '    if base.grad_accumulation == "megatron_fsdp":', "    if False:",
+      "the fast path prices NeMo's rows at one ZeRO stage's accumulation", _t("grad_accumulation")),
+    M("search/frameworks.py", '            "grad_accumulation": "megatron_fsdp",\n', "",
+      "NeMo searched with Megatron's fused accumulation under Megatron-FSDP", _t("grad_accumulation")),
+    M("config/plan.py", '(self.grad_accumulation == "megatron_fsdp" and self.zero_stage <= 1)',
+      '(self.grad_accumulation == "megatron_fsdp")',
+      "NeMo's accumulation taken as fused under Megatron-FSDP too", _t("grad_accumulation")),
 )
 # fmt: on
 

@@ -331,7 +331,7 @@ class PlanConfig(BaseModel):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training)."
     )
-    grad_accumulation: Literal["fused", "autograd", "fp32_copy_add", "fp32_add", "fsdp2"] = Field(
+    grad_accumulation: Literal["fused", "autograd", "fp32_copy_add", "fp32_add", "fsdp2", "megatron_fsdp"] = Field(
         "fused",
         description="How each micro-batch's weight gradients join the step's (workloads/transformer_ops.py "
         "grad_accumulation_ops: a memory-bound pass over the unit's parameters after its backward, on every "
@@ -350,8 +350,13 @@ class PlanConfig(BaseModel):
         "as torchtitan runs FSDP2, fp32_add under pipelining with FSDP (zero_stage 2-3; in fp32 training "
         "autograd's fp32 add, the gradients already in the reduction's dtype), nothing otherwise "
         "(without pipelining FSDP2 reduce-scatters every micro-batch and adds only its shard; DDP's adds of "
-        "fp32 gradients left out). Priced on every micro-batch: autograd's first writes rather than adds, "
-        "fp32_add's first is a 6-byte cast (one micro-batch's pass over-counted).",
+        "fp32 gradients left out). megatron_fsdp: as NeMo runs Megatron-Core, fused with zero_stage 0-1; "
+        "under Megatron-FSDP (zero_stage 2-3), where NeMo turns gradient_accumulation_fusion off "
+        "(nemo/lightning/megatron_parallel.py), autograd writes each micro-batch's gradient and Megatron-FSDP's "
+        "post-backward hook copies it into the unsharded main-gradient bucket (megatron_fsdp.py _grad_acc: "
+        "main_grad.copy_(param.grad); the reduce-scatter then adds it to the shard): its bytes plus the "
+        "buffer's (plan.grad_bytes), a kernel per tensor. Priced on every micro-batch: autograd's first "
+        "writes rather than adds, fp32_add's first is a 6-byte cast (one micro-batch's pass over-counted).",
     )
     grad_nan_check: bool = Field(
         True,
@@ -609,6 +614,12 @@ class PlanConfig(BaseModel):
                 "Megatron-Core); got fp8_recipe=delayed"
             )
         return self
+
+    @property
+    def accumulates_in_gemm(self) -> bool:
+        """The weight-gradient GEMMs add into Megatron's gradient buffer (gradient_accumulation_fusion):
+        grad_accumulation fused, or megatron_fsdp without Megatron-FSDP (zero_stage 0-1)."""
+        return self.grad_accumulation == "fused" or (self.grad_accumulation == "megatron_fsdp" and self.zero_stage <= 1)
 
     @property
     def fsdp2_accumulates(self) -> bool:

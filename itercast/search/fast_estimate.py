@@ -1005,12 +1005,14 @@ def _sum(params: list[tuple[float, float]]) -> tuple[float, float]:
 def _unit_key(base: PlanConfig) -> tuple[str, ...]:
     """The plan columns a unit's costs depend on: the layer's shapes, and the pipeline's chunks where the
     recomputed share depends on them (memory.full_recompute_share), the pipeline and ZeRO stage where the
-    gradient accumulation does (grad_accumulation fsdp2: transformer_ops.grad_accumulation_cost)."""
+    gradient accumulation does (grad_accumulation fsdp2 and megatron_fsdp: transformer_ops.grad_accumulation_cost)."""
     key: tuple[str, ...] = _LAYER_KEY
     if base.recompute_method == "block" or base.recompute_every > 1:
         key += _CHUNK_KEY
     if base.grad_accumulation == "fsdp2":
         key += tuple(k for k in _FSDP2_KEY if k not in key)
+    if base.grad_accumulation == "megatron_fsdp":  # copied into Megatron-FSDP's bucket under ZeRO 2-3 only
+        key += ("zero",)
     return key
 
 

@@ -198,6 +198,8 @@ FRAMEWORKS: dict[str, Framework] = {
             # its recipes' DistributedDataParallelConfig(check_for_nan_in_grad=True, ..., average_in_collective=True)
             # (gpt3_175b.py): no 1/dp scaling pass over the gradient buffer (workloads/transformer.py)
             "grad_average_in_collective": True,
+            # fused, but off under Megatron-FSDP (megatron_parallel.py): each gradient copied into its bucket
+            "grad_accumulation": "megatron_fsdp",
         },
         rules=_megatron_rules("nemo (MegatronStrategy on Megatron-Core)"),
         # GPTConfig's cross_entropy_fusion_impl reaches Megatron-Core without arguments.py's refusal of te

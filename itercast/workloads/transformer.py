@@ -80,7 +80,7 @@ def grad_buffer_zero_bytes(job: Job) -> int:
     distributed optimizer); 0 otherwise: ZeRO-2/3 with fused accumulation stand for FSDP-like sharding, whose
     buffers are not Megatron's, and PyTorch's zero_grad sets gradients to None (nothing to write)."""
     p = job.plan
-    return p.grad_bytes if p.grad_accumulation == "fused" and p.zero_stage <= 1 else 0
+    return p.grad_bytes if p.accumulates_in_gemm and p.zero_stage <= 1 else 0
 
 
 def grad_bucket_pass_bytes(job: Job, groups: Groups) -> Params:

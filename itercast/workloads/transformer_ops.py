@@ -1370,8 +1370,11 @@ def grad_accumulation_cost(plan: PlanConfig) -> tuple[int, int]:
     write 4) then hp_grad.add_ (read 4 + 4, write 4), DeepSpeed bf16_optimizer.py _update_hp_grad; fp32_add,
     acc += grad with the dtypes mixed in one kernel (read 4 + e, write 4), FSDP2 _fsdp_param.py
     accumulate_unsharded_grad_if_needed; fsdp2, fp32_add where FSDP runs under pipelining (plan.fsdp2_accumulates),
-    else 0."""
+    else 0; megatron_fsdp, fused without Megatron-FSDP (plan.accumulates_in_gemm), else the copy of autograd's
+    gradient into the main-gradient bucket (read e, write plan.grad_bytes)."""
     e = plan.dtype_bytes
+    if plan.grad_accumulation == "megatron_fsdp":
+        return (0, 0) if plan.accumulates_in_gemm else (e + plan.grad_bytes, 1)
     if plan.grad_accumulation == "fsdp2":  # fp32 training: its gradients are fp32 already, autograd adds them
         return ((3 * 4 if plan.dtype == "fp32" else 4 + e + 4), 1) if plan.fsdp2_accumulates else (0, 0)
     return {
@@ -1705,7 +1708,7 @@ def grad_accumulation_note(plan: PlanConfig) -> str | None:
     """What a DeepSpeed pipeline (plan.pipeline_p2p deepspeed, pp > 1) left at grad_accumulation fused leaves out:
     fused is Megatron's accumulation inside the weight-gradient GEMM, which DeepSpeed's engines do not run (their
     optimizers add each micro-batch's gradients in a pass of their own: grad_accumulation_cost). None otherwise."""
-    if plan.pipeline_p2p != "deepspeed" or plan.pipeline_parallel == 1 or plan.grad_accumulation != "fused":
+    if plan.pipeline_p2p != "deepspeed" or plan.pipeline_parallel == 1 or not plan.accumulates_in_gemm:
         return None
     return (
         "plan.grad_accumulation is fused (Megatron's, inside the weight-gradient GEMMs), so this DeepSpeed pipeline's "
