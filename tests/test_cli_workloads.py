@@ -165,3 +165,21 @@ def test_a_searched_transformer_plan_predicts_to_the_searched_step(tmp_path: Pat
     system = {"preset": "dgx-h100", "num_nodes": best["num_nodes"]}
     job.write_text(json.dumps({"model": "gpt3-1.3b", "system": system, "plan": plan}))  # JSON is YAML
     assert load_workload(job).predict().step_time_s == pytest.approx(best["step_time_s"], rel=1e-12)
+
+
+def test_a_set_reaches_one_item_of_a_presets_list():
+    """`--set model.tables.0.pooling_factor=50` changes table t0 of dlrm-small alone; it once replaced the
+    whole list with a mapping ("Input should be a valid tuple"). An index beyond the 4 tables names them."""
+    w = load_workload(None, ["model.tables.0.pooling_factor=50", "model.tables.2.name=big"], "dlrm-small", "dgx-h100")
+    tables = [(t.name, t.num_rows, t.pooling_factor) for t in w.job.model.tables]  # type: ignore[union-attr]
+    assert tables == [("t0", 1_000_000, 50), ("t1", 500_000, 10), ("big", 100_000, 5), ("t3", 1_000, 1)]
+    code, out = invoke("predict", "--model", "dlrm-small", "--system", "dgx-h100", "--set", "model.tables.4.dim=8")
+    assert code == 2 and out.count("\n") == 1, out
+    assert out.startswith("error: <command line>: `model.tables.4`: expected an index below 4 (the list's items)")
+
+
+def test_an_unknown_model_names_the_dlrm_presets_too():
+    code, out = invoke("predict", "--model", "dlrm-smal", "--system", "dgx-h100")
+    assert code == 2 and "did you mean `dlrm-small`?" in out and "; DLRM: dlrm-dcnv2-criteo, dlrm-small)" in out
+    code, out = invoke("predict", "--model", "job.yaml", "--system", "dgx-h100")
+    assert code == 2 and "(a file's fields go in a job file's section, not a preset name)" in out

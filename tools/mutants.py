@@ -1598,6 +1598,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("config/plan.py", '(self.grad_accumulation == "megatron_fsdp" and self.zero_stage <= 1)',
       '(self.grad_accumulation == "megatron_fsdp")',
       "NeMo's accumulation taken as fused under Megatron-FSDP too", _t("grad_accumulation")),
+    M("config/job.py", "elif isinstance(v, dict) and isinstance(old, list) and v and all(str(i).isdigit() for i in v):",
+      "elif False:", "a --set into one item of a preset's list replaces the whole list", _t("cli_workloads")),
+    M("config/job.py", "if int(i) >= len(items):", "if False:",
+      "a --set beyond a preset's list is an IndexError traceback", _t("cli_workloads")),
+    M("workloads/dlrm/config.py", 'fields = merge_fields(preset("dlrm", str(name)), fields, "model.")',
+      'fields = {**preset("dlrm", str(name)), **fields}', "a DLRM preset's fields replaced, not merged, by a --set",
+      _t("cli_workloads")),
+    M("config/presets/__init__.py", 'dlrm = sorted(_table("dlrm")) if section == "model" else []', "dlrm = []",
+      "an unknown model preset lists the transformers alone", _t("cli_workloads")),
 )
 # fmt: on
 

@@ -233,7 +233,7 @@ def _parse(section: str, raw: dict[str, Any], source: str) -> BaseModel:
     fields = dict(raw)
     name = fields.pop("preset", None)
     if name is not None:
-        fields = _merge(preset(section, name), fields)
+        fields = merge_fields(preset(section, name), fields)
     if section == "system" and isinstance(fields.get("device_groups"), list):
         fields["device_groups"] = [_group_gpu(g) for g in fields["device_groups"]]
     try:
@@ -247,13 +247,28 @@ def _group_gpu(group: Any) -> Any:
     if not isinstance(group, dict) or "preset" not in group:
         return group
     rest = {k: v for k, v in group.items() if k != "preset"}
-    return {"gpu": _merge(preset("system", str(group["preset"]))["gpu"], rest.pop("gpu", {})), **rest}
+    return {"gpu": merge_fields(preset("system", str(group["preset"]))["gpu"], rest.pop("gpu", {})), **rest}
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge_fields(base: dict[str, Any], over: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """`over`'s fields over a preset's `base`, mapping by mapping. A list of `base` takes a mapping of its
+    indices (`--set model.tables.0.pooling_factor=50` gives tables {"0": {...}}), each merged into its item;
+    an index beyond the list is a ConfigError naming the field (`where`: the path so far)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        old, path = out.get(k), f"{where}{k}"
+        if isinstance(v, dict) and isinstance(old, dict):
+            out[k] = merge_fields(old, v, f"{path}.")
+        elif isinstance(v, dict) and isinstance(old, list) and v and all(str(i).isdigit() for i in v):
+            items = list(old)
+            for i, item in v.items():
+                if int(i) >= len(items):
+                    raise ConfigError(f"`{path}.{i}`: expected an index below {len(items)} (the list's items); got {i}")
+                fits = isinstance(item, dict) and isinstance(items[int(i)], dict)
+                items[int(i)] = merge_fields(items[int(i)], item, f"{path}.{i}.") if fits else item
+            out[k] = items
+        else:
+            out[k] = v
     return out
 
 

@@ -43,8 +43,13 @@ def preset(section: str, name: str) -> dict[str, Any]:
     """The raw fields of a preset (a fresh copy), with its name."""
     table = _table(section)
     if name not in table:
+        # a job's model is a transformer or a DLRM preset (workload.py): both are named
+        dlrm = sorted(_table("dlrm")) if section == "model" else []
+        known = ", ".join(sorted(table)) + (f"; DLRM: {', '.join(dlrm)}" if dlrm else "")
+        is_file = name.endswith((".yaml", ".yml"))
+        file = " (a file's fields go in a job file's section, not a preset name)" if is_file else ""
         raise ConfigError(
-            f"{section}: unknown preset `{name}`{did_you_mean(name, table)} (known: {', '.join(sorted(table))})"
+            f"{section}: unknown preset `{name}`{did_you_mean(name, [*table, *dlrm])}{file} (known: {known})"
         )
     return {"name": name, **_deep_copy(table[name])}
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from itercast.config.job import parse_section
+from itercast.config.job import merge_fields, parse_section
 from itercast.config.presets import preset, preset_names
 from itercast.config.strict import STRICT, Width
 from itercast.config.system import SystemConfig
@@ -165,7 +165,10 @@ def dlrm_model(fields: dict[str, Any], source: str = "<input>") -> DLRMConfig:
     fields = dict(fields)
     name = fields.pop("preset", None)
     if name is not None:
-        fields = {**preset("dlrm", str(name)), **fields}
+        try:
+            fields = merge_fields(preset("dlrm", str(name)), fields, "model.")
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
     return _validated(DLRMConfig, fields, f"{source}: model")
 
 
