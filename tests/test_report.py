@@ -58,7 +58,7 @@ def test_job_report_is_self_contained_and_holds_every_section(job_report: Path):
     assert page.count("<svg") == 5
     assert "<script" not in page and not re.search(r'(src|href)="https?:', page)  # nothing fetched
     assert "experts ep 1" in page  # an MoE model's expert plan in the subtitle
-    assert "deadline 0.050 s" in page
+    assert "deadline 50.000 ms" in page  # the 0.05 s deadline in the unit of the step (ms)
 
 
 def test_job_report_numbers_are_the_prediction(job_report: Path):
@@ -231,3 +231,23 @@ def test_a_dlrm_report_gives_its_millisecond_step_in_milliseconds(tmp_path: Path
     page = out.read_text()
     assert 0 < compute_s < 1 and f"<td>{compute_s * 1e3:.3f} ms</td>" in page
     assert re.search(r"p50 \d+\.\d{3} ms, p95 \d+\.\d{3} ms, p99 \d+\.\d{3} ms", page)
+
+
+@pytest.mark.parametrize(
+    ("step_s", "unit", "label"),
+    [(2.5, "s", "deterministic 2.500 s"), (1.436e-3, "ms", "deterministic 1.436 ms"), (50e-6, "µs", "50.000 µs")],
+)
+def test_the_step_cdf_is_drawn_in_the_unit_of_its_step(step_s, unit, label):
+    """A 1.436 ms DLRM step was labelled 0.001 s: the axis and the marks take the step's unit."""
+    import numpy as np
+
+    from itercast.report.plots import step_cdf_figure
+
+    per_second = {"s": 1, "ms": 1e3, "µs": 1e6}[unit]
+    fig = step_cdf_figure(np.full(100, step_s), step_s, within_s=2 * step_s)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ax.get_xlabel() == f"step time ({unit})"
+    assert texts[1] == label or texts[1].endswith(label)
+    assert texts[-1] == f"deadline {2 * step_s * per_second:.3f} {unit}: P = 100.0%"
+    assert ax.lines[0].get_xdata()[0] == pytest.approx(step_s * per_second)

@@ -1607,6 +1607,10 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("cli_workloads")),
     M("config/presets/__init__.py", 'dlrm = sorted(_table("dlrm")) if section == "model" else []', "dlrm = []",
       "an unknown model preset lists the transformers alone", _t("cli_workloads")),
+    M("report/plots.py", 'for factor, unit in ((1.0, "s"), (1e3, "ms")):', 'for factor, unit in ((1.0, "s"),):',
+      "a millisecond step's CDF labelled in microseconds", _t("report")),
+    M("report/plots.py", "ax.plot(x * factor, y,", "ax.plot(x, y,",
+      "the step-time CDF drawn in seconds under an axis in its step's unit", _t("report")),
 )
 # fmt: on
 

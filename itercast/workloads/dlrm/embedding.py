@@ -144,6 +144,10 @@ def embedding_seconds(
     the update (itercast::rowwise_adagrad_update), each at this shard's rows, width, lookups and
     distinct-row fraction. PyTorch's aten::_embedding_bag_backward, which the profile also
     measures, writes a dense table-sized gradient: it is not the sparse update and is not used.
+    Skewed indices (fewer distinct rows) make the update cheaper, never slower: FBGEMM's split TBE backward
+    sorts the lookups by row and splits a row's run longer than max_segment_length_per_cta (1,024) across
+    thread blocks (embedding_backward_split_template.cu; one block a run under deterministic algorithms,
+    not priced), so a hot row is no serial chain; aten's _embedding_bag_backward is not this operator.
     `counts`: the row frequencies of a sample of the table's real indices (load_index_sample).
     `eager_update`: the step runs the update as itercast::rowwise_adagrad_update in eager PyTorch (the
     point-to-point emulation, DLRMConfig.exchange): on a Hopper GPU without a calibration's update model,
