@@ -254,10 +254,10 @@ def cases() -> list[Case]:
             "found no rows",
         ),
         Case(
-            "a DLRM search result given to report",
+            "a DLRM search result without its plans' memory given to report",
             {"r.json": b'{"plans": [{"tables": [], "step_time_s": 0.001}]}'},
             ["report", "--result", "{dir}/r.json", "-o", "{dir}/r.html"],
-            "a DLRM sharding search",
+            "plans[0]: missing field memory_per_gpu_bytes, fits",
         ),
         Case(
             "--json beside --format csv",

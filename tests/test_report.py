@@ -209,7 +209,7 @@ def test_compare_two_saved_replays_per_breakdown_part(tmp_path: Path):
     assert doc["breakdown.compute_s"]["b_minus_a"] == pytest.approx(-0.01)
     (tmp_path / "s.json").write_text('{"plans": []}')
     code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "s.json"))
-    assert code == 2 and "plans[0]: expected an object" in text
+    assert code == 2 and "`plans`: expected a non-empty list of plans; got []" in text
     # a what-if's span moves where the replay's own does not: compared too (absent from either: not shown)
     for name, whatif in (("w1.json", 0.325), ("w2.json", 0.227)):
         (tmp_path / name).write_text(json.dumps(json.loads(_replay_doc(0.30, 0.25, 0.05)) | {"whatif_span_s": whatif}))
@@ -251,3 +251,40 @@ def test_the_step_cdf_is_drawn_in_the_unit_of_its_step(step_s, unit, label):
     assert texts[1] == label or texts[1].endswith(label)
     assert texts[-1] == f"deadline {2 * step_s * per_second:.3f} {unit}: P = 100.0%"
     assert ax.lines[0].get_xdata()[0] == pytest.approx(step_s * per_second)
+
+
+def _sharding_doc(step_s: float, samples_per_s: float) -> dict:
+    """A DLRM's `search --json`, by hand: two shardings of two tables on 2 GPUs, the fastest first."""
+    tables = [
+        {"name": "t0", "strategy": "table_wise", "ranks": [0]},
+        {"name": "t1", "strategy": "row_wise", "ranks": [0, 1]},
+    ]
+    plan = {"batch_per_rank": 4096, "samples_per_s": samples_per_s, "step_time_s": step_s, "fits": True}
+    second = plan | {"step_time_s": 2 * step_s, "fits": False, "memory_per_gpu_bytes": 90 * 2**30, "tables": tables[:1]}
+    return {
+        "model": "dlrm-small",
+        "world_size": 2,
+        "evaluated": 7,
+        "plans": [plan | {"memory_per_gpu_bytes": 2**30, "tables": tables}, second],
+    }
+
+
+def test_a_dlrm_sharding_search_becomes_a_report_and_compares(tmp_path: Path):
+    """Reports and compare once refused a DLRM's saved search ("a DLRM sharding search"): every command
+    for every workload. Its shardings, fastest first: ms a step, samples/s, GiB, each table's placement."""
+    (tmp_path / "a.json").write_text(json.dumps(_sharding_doc(0.0015, 5.4e6)))
+    (tmp_path / "b.json").write_text(json.dumps(_sharding_doc(0.0012, 6.8e6)))
+    code, text = run("report", "--result", str(tmp_path / "a.json"), "-o", str(tmp_path / "d.html"))
+    assert code == 0, text
+    page = (tmp_path / "d.html").read_text()
+    assert "dlrm-small on 2 GPUs, 7 shardings priced" in page
+    row = (
+        "<td>1</td><td>4096</td><td>1.500</td><td>5,400,000</td><td>1.00</td><td>t0 table_wise 0; t1 row_wise 0,1</td>"
+    )
+    assert row in page and "<td>3.000</td><td>5,400,000</td><td>90.00 OOM</td><td>t0 table_wise 0</td>" in page
+    code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json")
+    assert code == 0, text
+    doc = json.loads(text)
+    assert set(doc) == {"step_time_s", "samples_per_s", "memory_per_gpu_bytes"}
+    assert doc["step_time_s"]["b_minus_a"] == pytest.approx(-0.0003)
+    assert doc["samples_per_s"]["b_minus_a"] == pytest.approx(1.4e6)

@@ -1611,6 +1611,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "a millisecond step's CDF labelled in microseconds", _t("report")),
     M("report/plots.py", "ax.plot(x * factor, y,", "ax.plot(x, y,",
       "the step-time CDF drawn in seconds under an axis in its step's unit", _t("report")),
+    M("cli/report_cmds.py", 'return ("sharding" if isinstance(first, dict) and "tables" in first else "search"), doc',
+      'return "search", doc', "a DLRM's saved sharding search read as a transformer's", _t("report")),
+    M("cli/report_cmds.py", 'for k in ("step_time_s", "samples_per_s", "memory_per_gpu_bytes") if k in best}',
+      'for k in ("step_time_s", "memory_per_gpu_bytes") if k in best}',
+      "two DLRM searches compared without their throughput", _t("report")),
 )
 # fmt: on
 

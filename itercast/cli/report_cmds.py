@@ -45,7 +45,8 @@ def report_cmd(
     result: Annotated[
         Path | None,
         typer.Option(
-            metavar="FILE", help="Report a saved `itercast search --json` or `itercast replay --json` result instead."
+            metavar="FILE",
+            help="Report a saved `itercast search --json`, `shard --json` or `replay --json` result instead.",
         ),
     ] = None,
     samples: Annotated[int, typer.Option(min=100, max=1_000_000, help="Monte Carlo samples of the step.")] = 2_000,
@@ -98,16 +99,14 @@ def _job_sections(
 
 
 def read_result(path: Path) -> tuple[str, dict[str, Any]]:
-    """A saved `search --json` ("search") or `replay --json` ("replay") result."""
+    """A saved `search --json` of a transformer ("search") or a DLRM, or `shard --json` ("sharding": plans
+    of `tables`), or `replay --json` ("replay") result."""
     doc = read_json_file(path, "result file", MAX_RESULT_BYTES)
     if isinstance(doc, dict) and "plans" in doc:
-        first = doc["plans"][0] if isinstance(doc["plans"], list) and doc["plans"] else None
-        if isinstance(first, dict) and "tables" in first:  # `search` / `shard` of a DLRM: its shardings
-            raise ConfigError(
-                f"{path}: a DLRM sharding search (plans of `tables`); reports and compare take a transformer "
-                "search or a replay: report the DLRM job itself (itercast report --model …)"
-            )
-        return "search", doc
+        if not isinstance(doc["plans"], list) or not doc["plans"]:
+            raise ConfigError(f"{path}: `plans`: expected a non-empty list of plans; got {doc['plans']!r:.80}")
+        first = doc["plans"][0]
+        return ("sharding" if isinstance(first, dict) and "tables" in first else "search"), doc
     if isinstance(doc, dict) and "steps" in doc:
         return "replay", doc
     raise ConfigError(
@@ -123,9 +122,15 @@ def result_figures(path: Path) -> tuple[str, dict[str, float]]:
     kind, doc = read_result(path)
     if kind == "search":
         need = ("step_time_s", "tokens_per_s", "mfu", "memory_per_gpu_bytes", "breakdown")
-        best = _fields(path, "plans[0]", (doc["plans"] or [None])[0], need)
+        best = _fields(path, "plans[0]", doc["plans"][0], need)
         figures = {k: best[k] for k in need[:-1]}
         breakdown_doc = best["breakdown"]
+    elif kind == "sharding":  # a DLRM's fastest sharding; `shard` gives its breakdown, `search` its throughput
+        best = _fields(path, "plans[0]", doc["plans"][0], ("step_time_s", "memory_per_gpu_bytes"))
+        figures = {k: best[k] for k in ("step_time_s", "samples_per_s", "memory_per_gpu_bytes") if k in best}
+        breakdown_doc = best.get("breakdown")
+        if breakdown_doc is None:
+            return kind, _numbers(path, figures)
     else:
         steps = [_fields(path, f"steps[{i}]", s, ("measured_s", "replayed_s")) for i, s in enumerate(doc["steps"])]
         row = _fields(path, "the result", doc, ("replayed_span_s", "breakdown"))
@@ -138,16 +143,21 @@ def result_figures(path: Path) -> tuple[str, dict[str, float]]:
         breakdown_doc = row["breakdown"]
     parts = _fields(path, "breakdown", breakdown_doc, tuple(rep.PARTS))
     figures |= {f"breakdown.{k}": parts[k] for k in rep.PARTS}
+    return kind, _numbers(path, figures)
+
+
+def _numbers(path: Path, figures: dict[str, Any]) -> dict[str, float]:
     bad = [k for k, v in figures.items() if not isinstance(v, int | float) or isinstance(v, bool)]
     if bad:
         raise ConfigError(f"{path}: expected numbers in {', '.join(bad)}")
-    return kind, {k: float(v) for k, v in figures.items()}
+    return {k: float(v) for k, v in figures.items()}
 
 
 def _result_sections(path: Path) -> tuple[str, str, list[rep.Section]]:
     """Sections of a saved search or replay JSON; every missing field is named."""
     kind, doc = read_result(path)
-    return _search_sections(path, doc) if kind == "search" else _replay_sections(path, doc)
+    sections = {"search": _search_sections, "sharding": _sharding_sections, "replay": _replay_sections}
+    return sections[kind](path, doc)
 
 
 def _fields(path: Path, where: str, item: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -210,6 +220,38 @@ def _search_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[re
         rep.Section("Step time against memory per GPU", rep.pareto_svg(plans, front or plans[:1])),
     ]
     return "itercast search: the fastest plans", f"{path.name}: {counts}", sections
+
+
+def _sharding_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[rep.Section]]:
+    """A DLRM's saved `search --json` or `shard --json`: its shardings, fastest first."""
+    need = ("tables", "step_time_s", "memory_per_gpu_bytes", "fits")
+    plans = [_fields(path, f"plans[{i}]", p, need) for i, p in enumerate(doc["plans"])]
+    rows = []
+    for i, r in enumerate(plans, 1):
+        tables = [
+            _fields(path, f"plans[{i - 1}].tables[{j}]", t, ("name", "strategy", "ranks"))
+            for j, t in enumerate(r["tables"])
+        ]
+        placed = "; ".join(f"{t['name']} {t['strategy']} {','.join(map(str, t['ranks']))}" for t in tables)
+        rows.append(
+            (
+                i,
+                r.get("batch_per_rank", doc.get("batch_per_rank", "")),
+                _ms(r["step_time_s"]),
+                f"{r['samples_per_s']:,.0f}" if "samples_per_s" in r else "",
+                f"{r['memory_per_gpu_bytes'] / 2**30:.2f}" + ("" if r["fits"] else " OOM"),
+                placed,
+            )
+        )
+    headers = ["#", "batch per GPU", "ms/step", "samples/s", "GiB", "tables: strategy, ranks"]
+    subtitle = f"{path.name}: {doc.get('model', 'DLRM')} on {doc.get('world_size', '?')} GPUs"
+    if isinstance(doc.get("evaluated"), int):
+        subtitle += f", {doc['evaluated']:,} shardings priced"
+    return (
+        "itercast: the fastest embedding shardings",
+        subtitle,
+        [rep.Section("Fastest shardings (each rank's step simulated)", rep.table_html(headers, rows))],
+    )
 
 
 def _replay_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[rep.Section]]:
