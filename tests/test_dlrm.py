@@ -557,8 +557,15 @@ def test_shard_refuses_two_node_counts_that_disagree():
 
 def test_a_dlrm_search_refuses_a_transformer_searchs_options_and_names_its_batches():
     args = ["search", "--model", "dlrm-small", "--system", "dgx-h100", "--batches", "1024"]
-    res = CliRunner().invoke(app, [*args, "--num-nodes-range", "2:3", "--objective", "p99"])
-    assert res.exit_code == 2 and "--num-nodes-range, --objective: a transformer search's options" in res.output
+    res = CliRunner().invoke(app, [*args, "--num-nodes-range", "2:3", "--objective", "tokens-per-s"])
+    assert res.exit_code == 2
+    assert "--num-nodes-range, --objective tokens-per-s/gpu-hours-per-token: a transformer search" in res.output
+    # a sampled step's objective is a DLRM's too: its plans with their p99 and deterministic rank
+    res = CliRunner().invoke(app, [*args, "--top", "2", "--objective", "p99", "--samples", "200", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["distribution"]["objective"] == "p99" and {p["deterministic_rank"] for p in doc["plans"]} <= {1, 2, 3, 4}
+    assert all(p["distribution"]["p99_s"] >= p["distribution"]["p50_s"] for p in doc["plans"])
     res = CliRunner().invoke(app, [*args, "--top", "1"])
     assert res.exit_code == 0 and "dlrm-small on 8 GPUs, 1024 samples per GPU:" in res.output
 

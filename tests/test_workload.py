@@ -84,3 +84,39 @@ def test_dlrm_search_ranks_shardings_by_samples_per_second(tmp_path: Path) -> No
     rates = [r.batch_per_rank * 2 / r.step.step_time_s for r in found]
     assert rates == sorted(rates, reverse=True)
     assert [r.samples_per_s for r in found] == pytest.approx(rates)
+
+
+def test_a_dlrm_search_ranks_its_shardings_by_samples_per_second_at_a_sampled_step(tmp_path: Path, monkeypatch) -> None:
+    """`search --objective p95` of a DLRM (refused before): the first plans sampled and re-ranked by batch ×
+    GPUs / p95. Without noise each p95 is the step itself, nothing moves; with given p95s, by hand."""
+    import types
+
+    import numpy as np
+
+    from itercast.search import dlrm_search
+    from itercast.search.distribution_rank import DistributionOptions
+    from itercast.stochastic.variability import VariabilityModel
+
+    w = load_workload(dlrm_job(tmp_path, "{batch_per_rank: 256}"))
+    assert isinstance(w, DLRMWorkload)
+    found, _ = search_dlrm(w.job, [128, 256])
+    still = VariabilityModel(compute_cv=0, comm_cv=0, network_cv=0, gpu_cv=0, moe_imbalance_cv=0)
+    ranked, note = dlrm_search.rank_by_distribution(found, "p95", DistributionOptions(still, samples=50, top=3))
+    assert [rank for _, _, rank in ranked] == list(range(1, len(found) + 1))
+    assert [d["p95_s"] for _, d, _ in ranked[:3]] == pytest.approx([r.step.step_time_s for r in found[:3]])  # type: ignore[index]
+    assert [d for _, d, _ in ranked[3:]] == [None] * (len(found) - 3)
+    assert note == "variability does not change the ranking: by p95 the 3 plans sampled keep their order"
+    # p95s given: plan 1 (its batch b1) twice as slow as its step, plans 2 and 3 at theirs. Samples per
+    # second at p95: b1·2 / (2 s1) against b2·2 / s2 and b3·2 / s3, so plan 1 drops below both
+    step_s = {id(r.step.graph): r.step.step_time_s for r in found}
+    step_s[id(found[0].step.graph)] *= 2
+
+    def given(step, *_args):  # graph_distribution's figures, given: each graph's p95 as set above
+        return types.SimpleNamespace(quantiles=lambda: {"p95_s": step_s[id(step.graph)]}, samples_s=np.zeros(1))
+
+    monkeypatch.setattr(dlrm_search, "graph_distribution", given)
+    ranked, note = dlrm_search.rank_by_distribution(found, "p95", DistributionOptions(still, top=3))
+    rates = {rank: r.batch_per_rank * 2 / d["p95_s"] for r, d, rank in ranked[:3]}  # type: ignore[index]
+    assert rates[1] == pytest.approx(found[0].samples_per_s / 2)
+    assert [rank for _, _, rank in ranked[:3]] == sorted(rates, key=lambda k: -rates[k])
+    assert [rank for _, _, rank in ranked[:3]][-1] == 1 and note.startswith("variability changes the ranking")

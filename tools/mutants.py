@@ -1616,6 +1616,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/report_cmds.py", 'for k in ("step_time_s", "samples_per_s", "memory_per_gpu_bytes") if k in best}',
       'for k in ("step_time_s", "memory_per_gpu_bytes") if k in best}',
       "two DLRM searches compared without their throughput", _t("report")),
+    M("search/dlrm_search.py", "-row[0].batch_per_rank * row[0].world / row[1][key]",
+      "-row[0].batch_per_rank * row[0].world / row[0].step.step_time_s",
+      "a DLRM's sampled shardings kept in their deterministic order", _t("workload")),
+    M("cli/search_cmds.py", 'objective not in ("step", *DISTRIBUTION_OBJECTIVES),', 'objective != "step",',
+      "a DLRM search refuses a sampled step's objective", _t("dlrm")),
 )
 # fmt: on
 

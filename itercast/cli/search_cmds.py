@@ -62,7 +62,8 @@ from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import VARIED
 from itercast.search.distribution_rank import DistributionOptions, rank_by_distribution
-from itercast.search.dlrm_search import default_batches, search_dlrm
+from itercast.search.dlrm_search import DLRMPlanResult, default_batches, search_dlrm
+from itercast.search.dlrm_search import rank_by_distribution as rank_dlrm_by_distribution
 from itercast.search.frameworks import RECOMPUTE_FIELDS, check_fixed, check_recompute, framework
 from itercast.search.objectives import DISTRIBUTION_OBJECTIVES, check_objective
 from itercast.search.plan_search import (
@@ -197,7 +198,7 @@ def search_cmd(
         refuse_options(
             {
                 "--num-nodes-range": num_nodes_range is not None,
-                "--objective": objective != "step",
+                "--objective tokens-per-s/gpu-hours-per-token": objective not in ("step", *DISTRIBUTION_OBJECTIVES),
                 "--token-budget": token_budget is not None,
                 "--framework": framework != "megatron-core",
                 "--memory-headroom-gib": memory_headroom_gib is not None,
@@ -211,12 +212,24 @@ def search_cmd(
                 "--max-memory-fraction": max_memory_fraction != 1.0,
             },
             "a transformer search's options; a DLRM search ranks its shardings × --batches by samples per second on "
-            "the job's GPUs",
+            "the job's GPUs (at a sampled step with --objective p50|p95|p99|mean)",
         )
         w = load_job(job_file, False, model, system, set_)
         assert isinstance(w, DLRMWorkload)
         fixed_batch = str(w.job.plan.batch_per_rank) if "plan.batch_per_rank" in given else None
-        _search_dlrm(w, batches or fixed_batch, top, fmt, calibration_curves(calibration, w.job.system))
+        dlrm_sampling = None
+        if objective in DISTRIBUTION_OBJECTIVES:
+            try:
+                vm = variability_model(
+                    compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv, noise_from_db, fmt != "table"
+                )
+            except ConfigError as exc:
+                fail(str(exc))
+            dlrm_sampling = DistributionOptions(
+                replace(vm, run_cv=run_cv), samples, seed, distribution_top, across_runs
+            )
+        cal = calibration_curves(calibration, w.job.system)
+        _search_dlrm(w, batches or fixed_batch, top, fmt, cal, objective, dlrm_sampling)
         return
     try:
         options = SpaceOptions(
@@ -308,14 +321,32 @@ def ranks_text(ranks: list[int]) -> str:
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
-def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str, calibration: dict[str, Any] | None) -> None:
-    """A DLRM's shardings × batch per GPU (search/dlrm_search.py), fastest in samples per second first."""
+def _search_dlrm(
+    w: DLRMWorkload,
+    batches: str | None,
+    top: int,
+    fmt: str,
+    calibration: dict[str, Any] | None,
+    objective: str = "step",
+    sampling: DistributionOptions | None = None,
+) -> None:
+    """A DLRM's shardings × batch per GPU (search/dlrm_search.py), fastest in samples per second first; with
+    `sampling`, the first `sampling.top` re-ranked by samples per second at the `objective`'s sampled step."""
     try:
         sizes = sizes_option(batches, "--batches") if batches else default_batches(w.job.plan.batch_per_rank)
         with working("pricing shardings × batches…", fmt != "table"):
             found, evaluated = search_dlrm(w.job, sizes, calibration)
+        ranked: list[tuple[DLRMPlanResult, dict[str, float] | None, int]] = [
+            (r, None, rank) for rank, r in enumerate(found, 1)
+        ]
+        ranking = ""
+        if sampling is not None:
+            sampling = replace(sampling, top=min(sampling.top, len(found)))
+            with _progress(sampling.top, fmt != "table", f"sampling {sampling.samples:,} steps of each plan") as report:
+                ranked, ranking = rank_dlrm_by_distribution(found, objective, sampling, report)
     except (ConfigError, ValueError) as exc:  # ValueError: no sharding fits
         fail(str(exc).replace("\n", "\n  "))
+    shown = ranked[:top]
     plans = [
         {
             "batch_per_rank": r.batch_per_rank,
@@ -324,28 +355,53 @@ def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str, calib
             "memory_per_gpu_bytes": r.step.memory_per_gpu_bytes,
             "fits": r.step.fits,
             "tables": [{"name": n, "strategy": s.strategy, "ranks": list(s.ranks)} for n, s in r.sharding.items()],
+            **({"distribution": dist, "deterministic_rank": rank} if sampling is not None else {}),
         }
-        for r in found[:top]
+        for r, dist, rank in shown
     ]
     # what the prices of the plans shown rest on, as predict and shard say it (dlrm_notes), once each
-    shown_batches = dict.fromkeys(r.batch_per_rank for r in found[:top])
+    shown_batches = dict.fromkeys(r.batch_per_rank for r, _, _ in shown)
     notes = list(dict.fromkeys(n for b in shown_batches for n in dlrm_notes(w.job.model, w.job.system, b, calibration)))
+    if sampling is not None:
+        notes += [
+            ranking,
+            *run_level_notes(sampling.model, sampling.across_runs, f"the sampled steps ranked by {objective}"),
+        ]
     if fmt == "json":
-        doc = {"model": w.name, "world_size": w.num_gpus, "evaluated": evaluated, "plans": plans, "notes": notes}
+        doc: dict[str, Any] = {"model": w.name, "world_size": w.num_gpus, "evaluated": evaluated, "plans": plans}
+        doc["notes"] = notes
+        if sampling is not None:
+            doc["distribution"] = {
+                "objective": objective,
+                "samples": sampling.samples,
+                "seed": sampling.seed,
+                "top": sampling.top,
+                "across_runs": sampling.across_runs,
+            }
         echo_json(doc)
         return
     for note in notes:
         warn(note)
+    key = DISTRIBUTION_OBJECTIVES.get(objective)
     rows = [
         [
             str(i),
             str(r.batch_per_rank),
             f"{r.samples_per_s:,.0f}",
             f"{r.step.step_time_s * 1e3:.3f}",
+            *(
+                [
+                    f"{dist[key] * 1e3:.3f}" if dist else "",
+                    f"{r.batch_per_rank * r.world / dist[key]:,.0f}" if dist else "",
+                ]
+                if key
+                else []
+            ),
+            *([str(rank)] if key else []),
             f"{r.step.memory_per_gpu_bytes / 2**30:.1f}" + ("" if r.step.fits else " OOM"),
             sharding_summary(r.sharding),
         ]
-        for i, r in enumerate(found[:top], 1)
+        for i, (r, dist, rank) in enumerate(shown, 1)
     ]
     if fmt == "table":
         searched = ", ".join(str(n) for n in sizes)
@@ -354,7 +410,8 @@ def _search_dlrm(w: DLRMWorkload, batches: str | None, top: int, fmt: str, calib
             highlight=False,
             markup=False,
         )
-    show_table(["#", "batch/GPU", "samples/s", "ms/step", "GiB", "sharding"], rows, fmt)
+    sampled = [f"{objective} ms", f"samples/s at {objective}", "det #"] if key else []
+    show_table(["#", "batch/GPU", "samples/s", "ms/step", *sampled, "GiB", "sharding"], rows, fmt)
 
 
 def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, options: SpaceOptions) -> SearchRequest:
