@@ -1621,6 +1621,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "a DLRM's sampled shardings kept in their deterministic order", _t("workload")),
     M("cli/search_cmds.py", 'objective not in ("step", *DISTRIBUTION_OBJECTIVES),', 'objective != "step",',
       "a DLRM search refuses a sampled step's objective", _t("dlrm")),
+    M(WHATIF, "if whatif.scale[cls] == 0 and g.collective[task] >= 0 and task not in freed:", "if False:",
+      "a dropped collective's kept rendezvous unsaid", _t("replay_collectives")),
 )
 # fmt: on
 

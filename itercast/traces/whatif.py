@@ -43,6 +43,9 @@ KERNEL_CLASSES: list[tuple[str, re.Pattern[str]]] = [
     )
 ]
 OP_FAMILY_CLASSES = {"memcpy": "memcpy", "memset": "memset"}
+#: a dropped collective matched across the loaded ranks keeps its rendezvous: no transfer, but each member
+#: still waits for the last to arrive (NCCL's collectives synchronise their ranks), so rank skew stays
+DROPPED_RENDEZVOUS = "dropped collectives that still wait for their peers (zero transfer; a late rank still holds them)"
 
 
 def kernel_class(name: str, family: str = "kernel") -> str:
@@ -147,12 +150,15 @@ def apply_whatif(
     # scaled last, so that a class re-timed above (--system, --gpu) is scaled (or dropped) at its new time
     gpu_tasks = sorted(set(np.concatenate(list(rg.gpu_task.values())).tolist())) if rg.gpu_task else []
     matched: set[str] = set()
+    freed = set(alone.tolist())  # collectives a --dp/--tp what-if took out of their rendezvous
     for task in gpu_tasks:
         cls = kernel_class(g.names[g.name[task]], g.families[g.family[task]])
         if cls in whatif.scale:
             durations[task] *= whatif.scale[cls]
             changes[f"{_scale_verb(whatif.scale[cls])} {cls}"] += 1
             matched.add(cls)
+            if whatif.scale[cls] == 0 and g.collective[task] >= 0 and task not in freed:
+                changes[DROPPED_RENDEZVOUS] += 1
     for cls in sorted(set(whatif.scale) - matched):
         changes[f"{_scale_verb(whatif.scale[cls])} {cls}: the traces have no such kernel, nothing changed"] = 0
     changed = rg.without_rendezvous(alone) if alone.size else rg
