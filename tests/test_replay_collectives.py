@@ -142,18 +142,26 @@ def test_a_sub_groups_size_is_its_process_group_ranks_not_the_world(tmp_path):
     assert (size.kind, size.nbytes, size.group_size) == ("all_reduce", 4 * MIB, 2)
 
 
-def test_a_matched_collective_infers_one_size_from_its_transfer_not_a_members_wait(tmp_path):
-    # both members of one all-reduce move the same 4 MiB: rank 1 arrived last, its kernel is the
-    # transfer (t); rank 0's kernel also holds its 200 µs wait for rank 1, which is not data
+ALL_REDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float"
+
+
+def late_peer_all_reduce(tmp_path) -> list:
+    """Two ranks' traces of one 4 MiB all-reduce on V100s, launched at 10 µs on each: rank 1 arrived last
+    (its kernel 220 → 220 + t, the transfer); rank 0's kernel (20 → 220 + t) also holds its 200 µs wait."""
     t_us = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2) * 1e6
-    name = "ncclKernel_AllReduce_RING_LL_Sum_float"
     paths = []
     for rank, wait_us in ((0, 200.0), (1, 0.0)):
         events = [step(1, 0, 500 + t_us), call("cudaLaunchKernel", 10, 5, corr=1)]
-        events += [kernel(name, 220 - wait_us, wait_us + t_us, corr=1)]
+        events += [kernel(ALL_REDUCE, 220 - wait_us, wait_us + t_us, corr=1)]
         info = {"rank": rank, "world_size": 2}
         paths.append(write(tmp_path / f"r{rank}.json", events, distributedInfo=info, **V100))
-    sizes = sizes_of(paths)
+    return paths
+
+
+def test_a_matched_collective_infers_one_size_from_its_transfer_not_a_members_wait(tmp_path):
+    # both members of one all-reduce move the same 4 MiB: rank 1 arrived last, its kernel is the
+    # transfer (t); rank 0's kernel also holds its 200 µs wait for rank 1, which is not data
+    sizes = sizes_of(late_peer_all_reduce(tmp_path))
     assert [s.inferred for s in sizes] == [True, True]
     assert [s.nbytes for s in sizes] == pytest.approx([4 * MIB, 4 * MIB], rel=1e-6)
 
@@ -162,17 +170,10 @@ def test_a_dropped_collective_still_waits_for_its_peers_and_says_so(tmp_path):
     """--drop nccl on an all-reduce matched across two ranks: no transfer, but rank 0 (launched at 10, its
     kernel from 20) still waits for rank 1's, which started at 220: rank 0's kernel ends at 220 (was 220 + t).
     Said: a what-if without communication that still holds a rank for a late peer looked like a bug."""
-    t_us = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2) * 1e6
-    name = "ncclKernel_AllReduce_RING_LL_Sum_float"
-    paths = []
-    for rank, wait_us in ((0, 200.0), (1, 0.0)):
-        events = [step(1, 0, 500 + t_us), call("cudaLaunchKernel", 10, 5, corr=1)]
-        events += [kernel(name, 220 - wait_us, wait_us + t_us, corr=1)]
-        paths.append(write(tmp_path / f"r{rank}.json", events, distributedInfo={"rank": rank, "world_size": 2}, **V100))
-    _, moved, counts = replay_whatif(paths, WhatIf(scale={"nccl": 0.0}))
+    _, moved, counts = replay_whatif(late_peer_all_reduce(tmp_path), WhatIf(scale={"nccl": 0.0}))
     assert counts["dropped nccl"] == 2
     kept = "dropped collectives that still wait for their peers (zero transfer; a late rank still holds them)"
     assert counts[kept] == 2
     g = moved.sim.graph
-    ends = sorted(float(moved.sim.end_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]] == name)
+    ends = sorted(float(moved.sim.end_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]] == ALL_REDUCE)
     assert ends == pytest.approx([220e-6, 220e-6])

@@ -184,6 +184,17 @@ def search_cmd(
     except ConfigError as exc:
         fail(str(exc).replace("\n", "\n  "))
     given = {item.partition("=")[0].strip() for item in set_ or []}
+
+    def sampling_options() -> DistributionOptions | None:
+        """How a distribution objective's plans are sampled (`variability`'s CV options), for either workload;
+        None for a deterministic objective. ConfigError: a bad --noise-from-db."""
+        if objective not in DISTRIBUTION_OBJECTIVES:
+            return None
+        vm = variability_model(
+            compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv, noise_from_db, fmt != "table"
+        )
+        return DistributionOptions(replace(vm, run_cv=run_cv), samples, seed, distribution_top, across_runs)
+
     for field, option, value in (
         ("plan.global_batch_size", "--global-batch-sizes", global_batch_sizes),
         ("plan.micro_batch_size", "--micro-batch-sizes", micro_batch_sizes),
@@ -217,17 +228,10 @@ def search_cmd(
         w = load_job(job_file, False, model, system, set_)
         assert isinstance(w, DLRMWorkload)
         fixed_batch = str(w.job.plan.batch_per_rank) if "plan.batch_per_rank" in given else None
-        dlrm_sampling = None
-        if objective in DISTRIBUTION_OBJECTIVES:
-            try:
-                vm = variability_model(
-                    compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv, noise_from_db, fmt != "table"
-                )
-            except ConfigError as exc:
-                fail(str(exc))
-            dlrm_sampling = DistributionOptions(
-                replace(vm, run_cv=run_cv), samples, seed, distribution_top, across_runs
-            )
+        try:
+            dlrm_sampling = sampling_options()
+        except ConfigError as exc:
+            fail(str(exc))
         cal = calibration_curves(calibration, w.job.system)
         _search_dlrm(w, batches or fixed_batch, top, fmt, cal, objective, dlrm_sampling)
         return
@@ -246,13 +250,7 @@ def search_cmd(
         request = replace(request, calibration=calibration_curves(calibration, request.system))
         if memory_headroom_gib is not None:
             request = replace(request, memory_margin_bytes=memory_headroom_gib * 2**30)
-        sampling = None
-        if request.objective in DISTRIBUTION_OBJECTIVES:  # read --noise-from-db before the search
-            vm = variability_model(
-                compute_cv, comm_cv, network_cv, gpu_cv, moe_imbalance_cv, step_cv, noise_from_db, fmt != "table"
-            )
-            vm = replace(vm, run_cv=run_cv)
-            sampling = DistributionOptions(vm, samples, seed, distribution_top, across_runs)
+        sampling = sampling_options()  # read --noise-from-db before the search
         with _progress(len(request.node_counts), quiet=fmt != "table") as report:
             result = run_search(request, backend, workers, report)
         if sampling is not None:

@@ -236,18 +236,21 @@ class _RankBuilder:
         thread's last runtime call inside the stretch, and its own time is the part after that call."""
         t = self.t
         threads = {int(tid): thread_ops(t, int(tid)) for tid in np.unique(t.cpu_tid)}
+        call_end = t.call_ts_us + t.call_dur_us
         for a, stretches in waiting_stretches(list(threads.values())).items():
             th = threads[a]
             for waited, other in stretches:
-                self._wait(th, threads[other], th.end_us[waited], th.start_us[waited + 1])
+                self._wait(th, threads[other], th.end_us[waited], th.start_us[waited + 1], call_end)
         for a, others in late_starts(list(threads.values())).items():
             for other in others:  # idle since the trace began
-                self._wait(threads[a], threads[other], np.array([-np.inf]), threads[a].start_us[:1])
+                self._wait(threads[a], threads[other], np.array([-np.inf]), threads[a].start_us[:1], call_end)
 
-    def _wait(self, th: ThreadOps, other: ThreadOps, idle_from: np.ndarray, idle_to: np.ndarray) -> None:
-        """Thread `th` idle over the stretches [idle_from, idle_to) (µs) waited for thread `other`."""
+    def _wait(
+        self, th: ThreadOps, other: ThreadOps, idle_from: np.ndarray, idle_to: np.ndarray, call_end: np.ndarray
+    ) -> None:
+        """Thread `th` idle over the stretches [idle_from, idle_to) (µs) waited for thread `other`;
+        `call_end`: every runtime call's end (µs)."""
         t = self.t
-        call_end = t.call_ts_us + t.call_dur_us
         b_calls = other.calls[np.argsort(call_end[other.calls], kind="stable")]
         src = np.searchsorted(call_end[b_calls], idle_to + EPS_US, side="right") - 1
         dst = np.searchsorted(t.call_ts_us[th.calls], idle_to - EPS_US, side="left")
