@@ -174,8 +174,41 @@ def test_a_set_reaches_one_item_of_a_presets_list():
     tables = [(t.name, t.num_rows, t.pooling_factor) for t in w.job.model.tables]  # type: ignore[union-attr]
     assert tables == [("t0", 1_000_000, 50), ("t1", 500_000, 10), ("big", 100_000, 5), ("t3", 1_000, 1)]
     code, out = invoke("predict", "--model", "dlrm-small", "--system", "dgx-h100", "--set", "model.tables.4.dim=8")
-    assert code == 2 and out.count("\n") == 1, out
-    assert out.startswith("error: <command line>: `model.tables.4`: expected an index below 4 (the list's items)")
+    said = "--set model.tables.4.dim=8: `model.tables.4`: expected an index below 4 (the list's items); got 4"
+    assert (code, out) == (2, f"error: {said}\n")
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        # a field of one table: its option named, the expected value and what it gave
+        (
+            "model.tables.0.pooling_factor=-5",
+            "--set model.tables.0.pooling_factor=-5: `model.tables.0.pooling_factor`: Input should be greater than 0; "
+            "got -5",
+        ),
+        # an unknown field of a table: the nearest field of a table (EmbeddingTable), not of the model
+        (
+            "model.tables.0.rows=9",
+            "<command line>: unknown field `model.tables.0.rows` — did you mean `num_rows`? "
+            "(given by --set model.tables.0.rows=9)",
+        ),
+        # a check across tables: its own message, what it got, no "Value error" nor the whole section's input
+        ("model.tables.0.name=t1", "<command line>: `model`: table names must be unique; got t1 more than once"),
+        (
+            "model.tables.1.embedding_dim=16",
+            "<command line>: `model`: embedding_dim must equal the bottom MLP's output (32): the interaction combines "
+            "them; got tables t1(16)",
+        ),
+        ("plan.sharding=3", "--set plan.sharding=3: `plan.sharding`: Input should be a valid dictionary; got 3"),
+    ],
+)
+def test_a_dlrm_field_error_reads_as_a_transformers(given: str, said: str):
+    """A DLRM's model and plan errors take the transformer's form (config/job.py format_validation): they once
+    read `<command line>: model.tables.0.pooling_factor: Input should be greater than 0`, with no value and the
+    option that gave it unnamed, and `model.: Value error, table names must be unique`."""
+    code, out = invoke("predict", "--model", "dlrm-small", "--system", "dgx-h100", "--set", given)
+    assert (code, out) == (2, f"error: {said}\n")
 
 
 def test_an_unknown_model_names_the_dlrm_presets_too():

@@ -1623,6 +1623,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "a DLRM search refuses a sampled step's objective", _t("dlrm")),
     M(WHATIF, "if whatif.scale[cls] == 0 and g.collective[task] >= 0 and task not in freed:", "if False:",
       "a dropped collective's kept rendezvous unsaid", _t("replay_collectives")),
+    M("workloads/dlrm/config.py", "raise ConfigError(format_validation(exc, schema, section, source)) from None",
+      'raise ConfigError(f"{source}: {section}: {exc.errors()[0][\'msg\']}") from None',
+      "a DLRM's field errors without the value given nor the --set that gave it", _t("cli_workloads")),
+    M("config/job.py", 'elif err["type"] == "value_error":', 'elif False:',
+      "a check across fields read as `Value error, …` with the whole section's input", _t("cli_workloads")),
+    M("config/job.py", 'if get_origin(ann) in (tuple, list):', 'if False:',
+      "an unknown field of a list item (a DLRM table's) without the nearest known one", _t("cli_workloads")),
+    M("config/job.py", 'key = next((k for k in given if "." in field and f"{k}.".startswith(f"{field}.")), None)',
+      'key = next((k for k in given if field == k), None)',
+      "an index beyond a preset's list not blamed on the --set that gave it", _t("cli_workloads")),
 )
 # fmt: on
 

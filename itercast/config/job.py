@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -214,12 +214,14 @@ def _float_literal(text: str) -> Any:
 
 
 def blame_overrides(exc: ConfigError, source: str, overrides: list[str] | tuple[str, ...]) -> ConfigError:
-    """The error with each line about a field a `--set` gave naming that option instead of `source`
-    (a packaged example or a job file the user did not write that value in)."""
+    """The error with each line about a field a `--set` gave, or about the list item or mapping it lies in
+    (`model.tables.4` of `--set model.tables.4.dim=8`), naming that option instead of `source` (a packaged
+    example or a job file the user did not write that value in)."""
     given = {item.partition("=")[0].strip(): item for item in overrides}
     lines = []
     for line in str(exc).splitlines():
-        key = next((k for k in given if line.startswith(f"{source}: `{k}`")), None)
+        field = line.removeprefix(f"{source}: `").partition("`")[0] if line.startswith(f"{source}: `") else ""
+        key = next((k for k in given if "." in field and f"{k}.".startswith(f"{field}.")), None)
         if key:
             lines.append(f"--set {given[key]}{line.removeprefix(source)}")
             continue
@@ -239,7 +241,7 @@ def _parse(section: str, raw: dict[str, Any], source: str) -> BaseModel:
     try:
         return _SCHEMAS[section].model_validate(fields)
     except ValidationError as exc:
-        raise ConfigError(_format_validation(exc, section, source)) from None
+        raise ConfigError(format_validation(exc, _SCHEMAS[section], section, source)) from None
 
 
 def _group_gpu(group: Any) -> Any:
@@ -272,25 +274,36 @@ def merge_fields(base: dict[str, Any], over: dict[str, Any], where: str = "") ->
     return out
 
 
-def _format_validation(exc: ValidationError, section: str, source: str) -> str:
+def format_validation(exc: ValidationError, schema: type[BaseModel], section: str, source: str) -> str:
+    """A section's validation errors, one line each naming the source and the field (`section.a.0.b`, an index of a
+    list field as a number): an unknown field with the nearest known one, a missing one, a check's own message
+    (a validator's, which says what it got) or the expected value and what the input gave."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in (section, *err["loc"]))
         if err["type"] == "extra_forbidden":
-            schema = _schema_at(_SCHEMAS[section], err["loc"][:-1])
-            hint = did_you_mean(str(err["loc"][-1]), schema.model_fields) if schema else ""
+            at = _schema_at(schema, err["loc"][:-1])
+            hint = did_you_mean(str(err["loc"][-1]), at.model_fields) if at else ""
             lines.append(f"{source}: unknown field `{loc}`{hint}")
         elif err["type"] == "missing":
             lines.append(f"{source}: missing field `{loc}`")
+        elif err["type"] == "value_error":
+            lines.append(f"{source}: `{loc}`: {err['ctx']['error']}")
         else:
             lines.append(f"{source}: `{loc}`: {err['msg']}; got {err.get('input')!r}")
     return "\n".join(lines)
 
 
 def _schema_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model a validation error's location leads to: a field's, or the items' of a tuple or list field (the
+    index that follows it skipped); None where it leads to no model."""
     for part in loc:
+        if isinstance(part, int):
+            continue
         field = schema.model_fields.get(str(part))
         ann = getattr(field, "annotation", None)
+        if get_origin(ann) in (tuple, list):
+            ann = get_args(ann)[0]
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return None
         schema = ann

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from itercast.config.job import merge_fields, parse_section
+from itercast.config.job import format_validation, merge_fields, parse_section
 from itercast.config.presets import preset, preset_names
 from itercast.config.strict import STRICT, Width
 from itercast.config.system import SystemConfig
@@ -66,14 +66,16 @@ class DLRMConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> DLRMConfig:
-        wrong = [t.name for t in self.tables if t.embedding_dim != self.bottom_mlp[-1]]
+        wrong = [f"{t.name}({t.embedding_dim})" for t in self.tables if t.embedding_dim != self.bottom_mlp[-1]]
         if wrong:
             raise ValueError(
-                f"tables {', '.join(wrong[:5])}: embedding_dim must equal the bottom MLP's output "
-                f"({self.bottom_mlp[-1]}): the interaction combines them"
+                f"embedding_dim must equal the bottom MLP's output ({self.bottom_mlp[-1]}): the interaction combines "
+                f"them; got tables {', '.join(wrong[:5])}"
             )
-        if len({t.name for t in self.tables}) != len(self.tables):
-            raise ValueError("table names must be unique")
+        names = [t.name for t in self.tables]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"table names must be unique; got {', '.join(twice[:5])} more than once")
         return self
 
     @property
@@ -169,15 +171,14 @@ def dlrm_model(fields: dict[str, Any], source: str = "<input>") -> DLRMConfig:
             fields = merge_fields(preset("dlrm", str(name)), fields, "model.")
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
-    return _validated(DLRMConfig, fields, f"{source}: model")
+    return _validated(DLRMConfig, fields, "model", source)
 
 
-def _validated(schema: type[BaseModel], fields: dict[str, Any], where: str) -> Any:
+def _validated(schema: type[BaseModel], fields: dict[str, Any], section: str, source: str) -> Any:
     try:
         return schema.model_validate(fields)
     except ValidationError as exc:
-        problems = [f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError("\n".join(problems)) from None
+        raise ConfigError(format_validation(exc, schema, section, source)) from None
 
 
 def is_dlrm_model(fields: dict[str, Any]) -> bool:
@@ -198,7 +199,7 @@ class DLRMJob:
         cls, model: dict[str, Any], plan: dict[str, Any], system: dict[str, Any], source: str = "<input>"
     ) -> DLRMJob:
         dlrm = dlrm_model(model, source)
-        p = _validated(DLRMPlan, plan, f"{source}: plan")
+        p = _validated(DLRMPlan, plan, "plan", source)
         sys_cfg = cast(SystemConfig, parse_section("system", system, source))
         if p.sharding is not None:
             problems = check_sharding(
