@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from itercast.cli import app
+from itercast.cli.shard_cmds import load_dlrm
 from itercast.workload import load_workload
 
 SHARDING = "{t0: {strategy: table_wise, ranks: [0]}, t1: {strategy: table_wise, ranks: [1]}, " + (
@@ -216,3 +217,13 @@ def test_an_unknown_model_names_the_dlrm_presets_too():
     assert code == 2 and "did you mean `dlrm-small`?" in out and "; DLRM: dlrm-dcnv2-criteo, dlrm-small)" in out
     code, out = invoke("predict", "--model", "job.yaml", "--system", "dgx-h100")
     assert code == 2 and "(a file's fields go in a job file's section, not a preset name)" in out
+
+
+def test_shard_sets_one_table_of_a_preset_as_predict_does():
+    """`itercast shard --set model.tables.0.pooling_factor=50` merges into table t0 alone (it once replaced the
+    whole list: "`tables`: Input should be a valid tuple"), and a bad value names the --set that gave it."""
+    dlrm = load_dlrm("dlrm-small", {"tables": {"0": {"pooling_factor": 50}}})
+    assert [(t.name, t.pooling_factor) for t in dlrm.tables] == [("t0", 50), ("t1", 10), ("t2", 5), ("t3", 1)]
+    code, out = invoke("shard", "--model", "dlrm-small", "--set", "model.tables.0.pooling_factor=-5")
+    said = "--set model.tables.0.pooling_factor=-5: `model.tables.0.pooling_factor`: Input should be greater than 0"
+    assert (code, out) == (2, f"error: {said}; got -5\n")

@@ -1633,6 +1633,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("config/job.py", 'key = next((k for k in given if "." in field and f"{k}.".startswith(f"{field}.")), None)',
       'key = next((k for k in given if field == k), None)',
       "an index beyond a preset's list not blamed on the --set that gave it", _t("cli_workloads")),
+    M("cli/shard_cmds.py", "return dlrm_model(overrides or {}, source, fields)",
+      "return dlrm_model({**fields, **(overrides or {})}, source)",
+      "shard's --set into one table of a preset replaces the whole list", _t("cli_workloads")),
+    M("cli/shard_cmds.py", "raise blame_overrides(exc, source, given) from None", "raise",
+      "shard's error about a --set field names the preset, not the --set", _t("cli_workloads")),
 )
 # fmt: on
 

@@ -7,7 +7,6 @@ from typing import Annotated, Any, cast
 
 import numpy as np
 import typer
-from pydantic import ValidationError
 from rich.table import Table
 
 from itercast.cli.app import (
@@ -23,7 +22,7 @@ from itercast.cli.app import (
     warn_other_system,
     working,
 )
-from itercast.config.job import parse_section, raw_sections, read_yaml_file
+from itercast.config.job import blame_overrides, parse_section, raw_sections, read_yaml_file
 from itercast.config.presets import preset, preset_names
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
@@ -36,6 +35,7 @@ from itercast.workloads.dlrm import (
     Shard,
     ShardingResult,
     check_sharding,
+    dlrm_model,
     dlrm_notes,
     dlrm_step,
     load_index_sample,
@@ -130,7 +130,7 @@ def _price(
             raise ConfigError(
                 f"--nodes {nodes} and --set system.num_nodes={raw['system']['num_nodes']} disagree: give one of them"
             )
-        dlrm = load_dlrm(model, raw["model"])
+        dlrm = load_dlrm(model, raw["model"], set_ or [])
         sys_cfg = cast(SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set"))
         cal = load_calibration(calibration) if calibration else None
         counts = _index_samples(indices or [], dlrm)
@@ -203,9 +203,11 @@ def load_sharding(path: Path, dlrm: DLRMConfig, world: int) -> dict[str, Shard]:
     return plan
 
 
-def load_dlrm(text: str, overrides: dict[str, Any] | None = None) -> DLRMConfig:
-    """A DLRM preset by name, or a YAML file of the same fields; `overrides` (`--set model.X=…`)
-    replace fields of either."""
+def load_dlrm(
+    text: str, overrides: dict[str, Any] | None = None, given: list[str] | tuple[str, ...] = ()
+) -> DLRMConfig:
+    """A DLRM preset by name, or a YAML file of the same fields; `overrides` (`--set model.X=…`, as `given`, one
+    table's field as `model.tables.0.X`) merged over either's fields, an error about one naming its --set."""
     if text in preset_names("dlrm"):
         fields, source = preset("dlrm", text), f"preset {text}"
     else:
@@ -215,10 +217,7 @@ def load_dlrm(text: str, overrides: dict[str, Any] | None = None) -> DLRMConfig:
         fields, source = read_yaml_file(path, "DLRM model", MAX_MODEL_BYTES), str(path)
         if not isinstance(fields, dict):
             raise ConfigError(f"{path}: expected a mapping of DLRM fields; got {type(fields).__name__}")
-    if overrides:
-        fields, source = {**fields, **overrides}, f"{source} with --set model.{', model.'.join(overrides)}"
     try:
-        return DLRMConfig.model_validate(fields)
-    except ValidationError as exc:
-        problems = [f"{source}: `{'.'.join(map(str, e['loc']))}`: {e['msg']}" for e in exc.errors()]
-        raise ConfigError("\n".join(problems)) from None
+        return dlrm_model(overrides or {}, source, fields)
+    except ConfigError as exc:
+        raise blame_overrides(exc, source, given) from None

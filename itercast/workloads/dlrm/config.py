@@ -162,13 +162,16 @@ class DLRMPlan(BaseModel):
     )
 
 
-def dlrm_model(fields: dict[str, Any], source: str = "<input>") -> DLRMConfig:
-    """A DLRM model section: `preset: NAME` plus overrides, or every field; problems name the field."""
+def dlrm_model(fields: dict[str, Any], source: str = "<input>", base: dict[str, Any] | None = None) -> DLRMConfig:
+    """A DLRM model section: `preset: NAME` (or `base`, a file's fields) plus overrides merged over it
+    (config/job.py merge_fields: `tables.0.X` one table's field), or every field; problems name the field."""
     fields = dict(fields)
     name = fields.pop("preset", None)
     if name is not None:
+        base = preset("dlrm", str(name))
+    if base is not None:
         try:
-            fields = merge_fields(preset("dlrm", str(name)), fields, "model.")
+            fields = merge_fields(base, fields, "model.")
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
     return _validated(DLRMConfig, fields, "model", source)
