@@ -238,10 +238,15 @@ def _parse(section: str, raw: dict[str, Any], source: str) -> BaseModel:
         fields = merge_fields(preset(section, name), fields)
     if section == "system" and isinstance(fields.get("device_groups"), list):
         fields["device_groups"] = [_group_gpu(g) for g in fields["device_groups"]]
+    return validated(_SCHEMAS[section], fields, section, source)
+
+
+def validated(schema: type[BaseModel], fields: dict[str, Any], section: str, source: str) -> Any:
+    """`fields` as a `schema` (section `section` of `source`); a ConfigError of _format_validation's lines otherwise."""
     try:
-        return _SCHEMAS[section].model_validate(fields)
+        return schema.model_validate(fields)
     except ValidationError as exc:
-        raise ConfigError(format_validation(exc, _SCHEMAS[section], section, source)) from None
+        raise ConfigError(_format_validation(exc, schema, section, source)) from None
 
 
 def _group_gpu(group: Any) -> Any:
@@ -274,7 +279,7 @@ def merge_fields(base: dict[str, Any], over: dict[str, Any], where: str = "") ->
     return out
 
 
-def format_validation(exc: ValidationError, schema: type[BaseModel], section: str, source: str) -> str:
+def _format_validation(exc: ValidationError, schema: type[BaseModel], section: str, source: str) -> str:
     """A section's validation errors, one line each naming the source and the field (`section.a.0.b`, an index of a
     list field as a number): an unknown field with the nearest known one, a missing one, a check's own message
     (a validator's, which says what it got) or the expected value and what the input gave."""

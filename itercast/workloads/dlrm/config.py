@@ -8,12 +8,13 @@ data-parallel); Wang et al. 2021 (DCN-V2 low-rank cross layers).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from itercast.config.job import format_validation, merge_fields, parse_section
+from itercast.config.job import merge_fields, parse_section, validated
 from itercast.config.presets import preset, preset_names
 from itercast.config.strict import STRICT, Width
 from itercast.config.system import SystemConfig
@@ -72,8 +73,7 @@ class DLRMConfig(BaseModel):
                 f"embedding_dim must equal the bottom MLP's output ({self.bottom_mlp[-1]}): the interaction combines "
                 f"them; got tables {', '.join(wrong[:5])}"
             )
-        names = [t.name for t in self.tables]
-        twice = sorted({n for n in names if names.count(n) > 1})
+        twice = sorted(n for n, count in Counter(t.name for t in self.tables).items() if count > 1)
         if twice:
             raise ValueError(f"table names must be unique; got {', '.join(twice[:5])} more than once")
         return self
@@ -174,14 +174,7 @@ def dlrm_model(fields: dict[str, Any], source: str = "<input>", base: dict[str, 
             fields = merge_fields(base, fields, "model.")
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}") from None
-    return _validated(DLRMConfig, fields, "model", source)
-
-
-def _validated(schema: type[BaseModel], fields: dict[str, Any], section: str, source: str) -> Any:
-    try:
-        return schema.model_validate(fields)
-    except ValidationError as exc:
-        raise ConfigError(format_validation(exc, schema, section, source)) from None
+    return validated(DLRMConfig, fields, "model", source)
 
 
 def is_dlrm_model(fields: dict[str, Any]) -> bool:
@@ -202,7 +195,7 @@ class DLRMJob:
         cls, model: dict[str, Any], plan: dict[str, Any], system: dict[str, Any], source: str = "<input>"
     ) -> DLRMJob:
         dlrm = dlrm_model(model, source)
-        p = _validated(DLRMPlan, plan, "plan", source)
+        p = validated(DLRMPlan, plan, "plan", source)
         sys_cfg = cast(SystemConfig, parse_section("system", system, source))
         if p.sharding is not None:
             problems = check_sharding(
