@@ -534,19 +534,86 @@ def test_launch_settings_switch_on_the_moe_overlaps_the_plan_priced():
     mixtral = parse_section("model", {"preset": "mixtral-8x7b"})
     qwen2 = parse_section("model", {"preset": "qwen2-57b-a14b"})  # shared experts
     moe = {**PLAN, "pipeline_parallel": 4, "expert_parallel": 8, "moe_grouped_gemm": True}
-    for model, a2a, flag in (
-        (mixtral, True, "--overlap-moe-expert-parallel-comm"),
-        (qwen2, True, "--overlap-moe-expert-parallel-comm"),
-        (qwen2, False, "--moe-shared-expert-overlap"),
+    for model, a2a, shared, flag in (
+        (mixtral, True, False, "--overlap-moe-expert-parallel-comm"),
+        (qwen2, True, False, "--overlap-moe-expert-parallel-comm"),
+        (qwen2, False, True, "--moe-shared-expert-overlap"),
     ):
-        mcore = launch_settings("megatron-core", {**moe, "moe_a2a_overlap": a2a}, model)  # type: ignore[arg-type]
-        nemo = launch_settings("nemo", {**moe, "moe_a2a_overlap": a2a}, model).splitlines()  # type: ignore[arg-type]
+        plan = {**moe, "moe_a2a_overlap": a2a, "moe_shared_expert_overlap": shared}
+        mcore = launch_settings("megatron-core", plan, model)  # type: ignore[arg-type]
+        nemo = launch_settings("nemo", plan, model).splitlines()  # type: ignore[arg-type]
         other = ({"--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap"} - {flag}).pop()
         assert f"  {flag} \\\n" in mcore and other not in mcore
         name = flag.removeprefix("--").replace("-", "_")
         assert f"model.config.{name}=True" in nemo
     plain = launch_settings("megatron-core", {**moe, "moe_a2a_overlap": False}, mixtral)  # type: ignore[arg-type]
     assert "overlap-moe" not in plain and "shared-expert-overlap" not in plain  # no shared experts to hide behind
+    # shared experts priced in turn with the all-to-alls (the flex dispatcher's, say): no switch
+    alone = launch_settings("megatron-core", {**moe, "moe_shared_expert_overlap": False}, qwen2)  # type: ignore[arg-type]
+    assert "shared-expert-overlap" not in alone
+
+
+SHARED_MOE = MODEL | {"num_experts": 4, "moe_top_k": 2, "moe_ffn_hidden_size": 128, "moe_shared_ffn_hidden_size": 128}
+
+
+def moe_plans(framework: str, model: dict, **fixed) -> list[dict]:
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 2})
+    base = parse_section("plan", {"global_batch_size": 32, **fixed})
+    options = SpaceOptions(micro_batch_sizes=(1,), max_context_parallel=1, framework=framework, fixed=fixed)
+    table, _ = enumerate_plans(parse_section("model", model), system, base, GPUS, options)  # type: ignore[arg-type]
+    return [table.plan_fields(r) for r in range(len(table))]
+
+
+def test_deepspeed_slices_a_shared_expert_only_with_expert_tensor_parallelism():
+    """PR-MoE's residual MLP is the expert module (deepspeed/moe/layer.py), which Megatron-DeepSpeed's
+    ParallelMLP(moe=True) slices over the tensor-parallel ranks only with --enable-expert-tensor-parallelism."""
+    tp = [p for p in moe_plans("deepspeed", SHARED_MOE) if p["tensor_parallel"] > 1]
+    assert tp and all(p["expert_tensor_parallel"] == p["tensor_parallel"] for p in tp)
+    # without shared experts, or under Megatron-Core, experts may stay whole beside tensor parallelism
+    plain = {k: v for k, v in SHARED_MOE.items() if k != "moe_shared_ffn_hidden_size"}
+    for found in (moe_plans("deepspeed", plain), moe_plans("megatron-core", SHARED_MOE)):
+        assert [p for p in found if p["tensor_parallel"] > 1 and p["expert_tensor_parallel"] == 1]
+
+
+def test_deepspeed_runs_a_routed_experts_copy_as_pr_moe_and_says_what_it_leaves_unpriced():
+    args = ["search", "--model", "moe-tiny", "--system", "dgx-h100", "--num-nodes-range", "1", "--framework"]
+    args += ["deepspeed", "--set", "plan.global_batch_size=64", "--top", "1", "--workers", "1", "--json"]
+    result = CliRunner().invoke(app, [*args, "--set", "model.moe_shared_ffn_hidden_size=512"])  # moe-tiny's expert
+    assert result.exit_code == 0, result.output
+    assert "deepspeed runs the shared expert as PR-MoE's residual MLP: its mixing coefficient" in result.stderr
+    assert "  --mlp-type residual \\" in json.loads(result.stdout)["plans"][0]["launch"]
+    plain = CliRunner().invoke(app, [*args, "--set", "model.moe_shared_ffn_hidden_size=0"])
+    assert "PR-MoE" not in plain.stderr and "mlp-type" not in json.loads(plain.stdout)["plans"][0]["launch"]
+
+
+def test_frameworks_refuse_shared_experts_they_do_not_run():
+    args = ["search", "--system", "dgx-h100", "--num-nodes-range", "8", "--set", "plan.global_batch_size=512"]
+    for model, framework_name, extra, message in (
+        # Qwen2-57B's shared expert is 8 routed experts wide: not a copy of one
+        (
+            "qwen2-57b-a14b",
+            "deepspeed",
+            [],
+            "model.moe_shared_ffn_hidden_size: deepspeed runs a shared expert only as PR-MoE's residual MLP, a "
+            "copy of a routed expert (deepspeed/moe/layer.py MoE use_residual: expected 0 or 2560); "
+            "qwen2-57b-a14b sets 20480",
+        ),
+        (
+            "llama4-scout",
+            "deepspeed",
+            ["--set", "plan.moe_shared_expert_overlap=true"],
+            "plan.moe_shared_expert_overlap: deepspeed has no Megatron-Core shared-expert overlap",
+        ),
+        (
+            "llama4-scout",
+            "torchtitan",
+            ["--set", "plan.moe_shared_expert_overlap=true"],
+            "plan.moe_shared_expert_overlap: torchtitan has no Megatron-Core shared-expert overlap",
+        ),
+    ):
+        result = CliRunner().invoke(app, [*args, "--model", model, "--framework", framework_name, *extra])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
 
 
 def test_nemo_megatron_fsdp_saves_its_own_checkpoint_format_and_unfused_attention_is_a_note():
@@ -672,3 +739,19 @@ def test_deepspeed_refuses_multi_latent_attention_which_megatron_deepspeed_does_
     assert "deepseek-v3 sets 512" in result.output
     # Megatron-Core builds it (MLASelfAttention), torchtitan too (its deepseek_v3 model)
     assert framework("megatron-core").multi_latent_attention and framework("torchtitan").multi_latent_attention
+
+
+def test_megatron_searches_price_and_launch_the_shared_expert_overlap():
+    """Megatron-Core's --moe-shared-expert-overlap is off by default: the search turns it on for shared experts
+    under the alltoall dispatcher, says so beside predict's default, and leaves it off under flex (Megatron-Bridge
+    apply_flex_dispatcher_backend)."""
+    args = ["search", "--model", "moe-tiny", "--system", "dgx-h100", "--num-nodes-range", "1", "--json"]
+    args += ["--set", "plan.global_batch_size=64", "--top", "1", "--workers", "1"]
+    found = json.loads(CliRunner().invoke(app, args).stdout)
+    assert found["framework_settings"]["moe_shared_expert_overlap"] == {"search": True, "predict": False}
+    top = found["plans"][0]
+    assert top["plan"]["moe_shared_expert_overlap"] and "  --moe-shared-expert-overlap \\" in top["launch"]
+    flex = json.loads(CliRunner().invoke(app, [*args, "--set", "plan.moe_token_dispatcher=flex"]).stdout)
+    assert "moe_shared_expert_overlap" not in flex["framework_settings"]
+    assert not flex["plans"][0]["plan"]["moe_shared_expert_overlap"]
+    assert "shared-expert-overlap" not in flex["plans"][0]["launch"]

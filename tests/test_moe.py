@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import fast_vs_graph
-from test_golden import LINK, PEAK, SYSTEM, linear_calibration
+from test_golden import HBM, LINK, PEAK, SYSTEM, linear_calibration
 from typer.testing import CliRunner
 
 from itercast.cli import app
@@ -104,20 +104,40 @@ def test_capacity_and_imbalance_scale_the_routed_rows(fields, load):
 
 
 def test_shared_experts_hide_the_all_to_alls():
-    j = moe_job({"moe_shared_ffn_hidden_size": 64})
-    fwd = layer_cost(j)
     a2a_s = 32 * 2 * 64 * 2 / 2 / LINK
     probs_s = 32 * 2 * 4 / 2 / LINK  # the routing probabilities' all-to-all, after the shared fc1: exposed
+    # Megatron-Core's default: the shared experts run in turn with the all-to-alls, both passes exposed
+    j = moe_job({"moe_shared_ffn_hidden_size": 64})
+    assert layer_cost(j).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s + probs_s)
+    assert layer_cost(j, backward=True).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s + probs_s)
+    fwd = layer_cost(moe_job({"moe_shared_ffn_hidden_size": 64}, moe_shared_expert_overlap=True))
     shared_up_s = 2 * 32 * 64 * 2 * 64 / PEAK  # gate + up of width 64 over 32 tokens
     shared_down_s = 2 * 32 * 64 * 64 / PEAK
     assert shared_up_s > a2a_s > shared_down_s
-    # the dispatch hides behind the shared experts' up projection, the combine partly behind the down
+    # --moe-shared-expert-overlap: the dispatch hides behind the shared experts' up projection, the combine
+    # partly behind the down
     assert fwd.family_s["ep_alltoall"] == pytest.approx(a2a_s - shared_down_s + probs_s)
     # plan.moe_a2a_overlap: all three hide behind attention instead (fused attention: 0.75 of the GEMM rate)
     overlapped = layer_cost(moe_job({"moe_shared_ffn_hidden_size": 64}, moe_a2a_overlap=True))
     attention_s = 4 * 4 * 32 * 32 * 16 / 2 / PEAK / 0.75
     hidden = 2 * max(0.0, a2a_s - attention_s) + max(0.0, probs_s - attention_s)
     assert overlapped.family_s["ep_alltoall"] == pytest.approx(hidden)
+
+
+def test_torchtitan_runs_its_shared_expert_beside_the_forward_combine():
+    j = moe_job({"moe_shared_ffn_hidden_size": 32}, moe_token_dispatcher="torchtitan")
+    a2a_s = 32 * 2 * 64 * 2 / 2 / LINK
+    counts_s = 4 * 4 / 2 / LINK  # the 4 experts' float32 counts, all-to-all over 2 ranks
+    up_s, down_s = 2 * 32 * 64 * 2 * 32 / PEAK, 2 * 32 * 32 * 64 / PEAK  # gate + up, down: width 32, 32 tokens
+    act_s = 3 * 32 * 32 * 2 / HBM  # SwiGLU reads gate and up, writes one, bf16
+    assert up_s + down_s < a2a_s < up_s + act_s + down_s  # only the whole shared expert hides it
+    # forward: the dispatch exposed, the combine behind the shared expert; backward: both exposed
+    assert layer_cost(j).family_s["ep_alltoall"] == pytest.approx(a2a_s + counts_s)
+    assert layer_cost(j, backward=True).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s)
+    with pytest.raises(ConfigError, match="moe_shared_expert_overlap is Megatron-Core's"):
+        moe_job({"moe_shared_ffn_hidden_size": 32}, moe_token_dispatcher="torchtitan", moe_shared_expert_overlap=True)
+    with pytest.raises(ConfigError, match="moe_shared_expert_overlap is Megatron-Core's"):
+        moe_job({"moe_shared_ffn_hidden_size": 32}, moe_a2a_overlap=True, moe_shared_expert_overlap=True)
 
 
 def test_expert_tensor_parallel_gathers_and_scatters_rows():
@@ -345,3 +365,9 @@ def test_the_routing_probabilities_travel_only_under_megatron_cores_alltoall_dis
     assert "moe_dispatch.probs" not in ops_by_name(moe_job(gpus=1, expert_parallel=1))  # nothing leaves the rank
     assert "moe_dispatch.probs" not in ops_by_name(moe_job(moe_token_dispatcher="torchtitan"))
     assert "moe_dispatch.probs" not in ops_by_name(moe_job(moe_probs_alltoall=False))  # Megatron-Core < 0.13
+
+
+def test_cli_refuses_the_shared_expert_overlap_on_a_dense_model():
+    args = ["predict", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.moe_shared_expert_overlap=true"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "plan.moe_shared_expert_overlap(True) needs a mixture-of-experts model" in res.output

@@ -64,7 +64,14 @@ from itercast.parallel.plan_table import VARIED
 from itercast.search.distribution_rank import DistributionOptions, rank_by_distribution
 from itercast.search.dlrm_search import DLRMPlanResult, default_batches, search_dlrm
 from itercast.search.dlrm_search import rank_by_distribution as rank_dlrm_by_distribution
-from itercast.search.frameworks import RECOMPUTE_FIELDS, check_fixed, check_recompute, framework
+from itercast.search.frameworks import (
+    FRAMEWORKS,
+    RECOMPUTE_FIELDS,
+    check_fixed,
+    check_recompute,
+    framework,
+    framework_fields,
+)
 from itercast.search.objectives import DISTRIBUTION_OBJECTIVES, check_objective
 from itercast.search.plan_search import (
     Progress,
@@ -272,7 +279,12 @@ def search_cmd(
         )
     if result.plans and (note := checked_note(plan_job(request, result.plans[0]))):
         warn(note)
-    settings = framework_settings(raw["plan"], framework)
+    if FRAMEWORKS[framework].residual_moe and request.model.moe_shared_ffn_hidden_size:
+        warn(
+            f"{framework} runs the shared expert as PR-MoE's residual MLP: its mixing coefficient (a linear layer of "
+            "2 outputs, a softmax and a weighted sum per token, deepspeed/moe/layer.py) is not priced"
+        )
+    settings = framework_settings(raw["plan"], framework, request.model)
     if fmt == "json":
         doc = result.to_dict()
         doc["framework_settings"] = {k: {"search": v, "predict": d} for k, (v, d) in settings.items()}
@@ -421,8 +433,8 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     fixed = {k: v for k, v in plan_raw.items() if k in set_fields and k in VARIED and k != "global_batch_size"}
     shared = {k: v for k, v in plan_raw.items() if k not in VARIED or k == "global_batch_size"}
     fw = framework(options.framework)
-    shared = fw.plan_fields | shared  # the job's own fields win
     m = cast(ModelConfig, parse_section("model", raw["model"], "model"))
+    shared = framework_fields(fw, m, plan_raw) | shared  # the job's own fields win
     s = cast(SystemConfig, parse_section("system", raw["system"], "system"))
     # what the framework runs, checked before the plan's own rules (they would name its fields first)
     plan = {**shared, **fixed}
@@ -440,6 +452,18 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         value = plan.get(name, PlanConfig.model_fields[name].default)
         if value not in runs:
             raise ConfigError(f"plan.{name}: {fw.name} runs {' or '.join(runs)}, the job sets {value}")
+    if plan.get("moe_shared_expert_overlap") and not fw.moe_shared_expert_overlap:
+        raise ConfigError(
+            f"plan.moe_shared_expert_overlap: {fw.name} has no Megatron-Core shared-expert overlap (expected "
+            "false; torchtitan runs its shared expert beside the combine, DeepSpeed after the experts); the job "
+            "sets true"
+        )
+    if fw.residual_moe and m.moe_shared_ffn_hidden_size not in (0, m.expert_ffn):
+        raise ConfigError(
+            f"model.moe_shared_ffn_hidden_size: {fw.name} runs a shared expert only as PR-MoE's residual MLP, a "
+            f"copy of a routed expert (deepspeed/moe/layer.py MoE use_residual: expected 0 or {m.expert_ffn}); "
+            f"{m.name} sets {m.moe_shared_ffn_hidden_size}"
+        )
     if m.mla and not fw.multi_latent_attention:
         raise ConfigError(
             f"model.kv_lora_rank: {fw.name} has no multi-latent attention (Megatron-DeepSpeed's model/transformer.py "
@@ -494,12 +518,12 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     return SearchRequest(m, s, base, _node_counts(nodes, s), replace(options, fixed=fixed))
 
 
-def framework_settings(raw_plan: dict[str, Any], framework_name: str) -> dict[str, tuple[Any, Any]]:
-    """The framework's own plan fields the job leaves out and that differ from PlanConfig's defaults:
-    field -> (what the search prices, what `predict` of the same job uses)."""
-    fw = framework(framework_name)
-    defaults = {k: PlanConfig.model_fields[k].get_default(call_default_factory=True) for k in fw.plan_fields}
-    return {k: (v, defaults[k]) for k, v in fw.plan_fields.items() if k not in raw_plan and v != defaults[k]}
+def framework_settings(raw_plan: dict[str, Any], framework_name: str, model: ModelConfig) -> dict[str, tuple[Any, Any]]:
+    """The framework's own plan fields (frameworks.framework_fields) the job leaves out and that differ from
+    PlanConfig's defaults: field -> (what the search prices, what `predict` of the same job uses)."""
+    fields = framework_fields(framework(framework_name), model, raw_plan)
+    defaults = {k: PlanConfig.model_fields[k].get_default(call_default_factory=True) for k in fields}
+    return {k: (v, defaults[k]) for k, v in fields.items() if k not in raw_plan and v != defaults[k]}
 
 
 #: node counts one search compares (each is searched in full: 1,000 take about 20 s on 2 cores)

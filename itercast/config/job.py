@@ -486,6 +486,7 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
             (n, v) for n, v in (("expert_parallel", ep), ("expert_tensor_parallel", etp)) if v != 1
         ]
         wrong += [("moe_a2a_overlap", True)] if p.moe_a2a_overlap else []
+        wrong += [("moe_shared_expert_overlap", True)] if p.moe_shared_expert_overlap else []
         wrong += [("moe_token_dispatcher", "flex")] if p.moe_token_dispatcher == "flex" else []
         return [f"plan.{n}({v}) needs a mixture-of-experts model (model.num_experts)" for n, v in wrong]
     problems = []

@@ -437,6 +437,15 @@ class PlanConfig(BaseModel):
         description="Hide the expert all-to-alls behind another micro-batch's attention (DeepEP / "
         "Megatron-Core --overlap-moe-expert-parallel-comm).",
     )
+    moe_shared_expert_overlap: bool = Field(
+        False,
+        description="Megatron-Core's --moe-shared-expert-overlap (transformer_config.py moe_shared_expert_overlap, "
+        "default False: 'Without this, the shared experts execute before the router'): the shared experts' fc1 runs "
+        "on a stream of its own beside the token dispatch's all-to-all and their fc2 beside the combine's, in both "
+        "passes (moe/shared_experts.py). Megatron-Core's dispatchers only, and not with moe_a2a_overlap, which "
+        "TransformerConfig refuses beside it. torchtitan's dispatcher runs its own order, priced whatever this "
+        "says: the forward combine beside the whole shared expert (workloads/transformer_ops.py _moe_a2a_hides).",
+    )
     moe_token_dispatcher: Literal["alltoall", "flex", "torchtitan"] = Field(
         "alltoall",
         description="Whose code sends an MoE layer's tokens to their experts, which sets where the host waits for "
@@ -495,6 +504,17 @@ class PlanConfig(BaseModel):
             raise ValueError(
                 "plan.zero3_collectives(per_tensor_list) is DeepSpeed v0.3's ZeRO-3: expected zero_stage 3 and "
                 f"zero3_fetch deepspeed; got zero_stage {self.zero_stage}, zero3_fetch {self.zero3_fetch}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_shared_expert_overlap(self) -> PlanConfig:
+        if self.moe_shared_expert_overlap and (self.moe_a2a_overlap or self.moe_token_dispatcher == "torchtitan"):
+            got = "moe_a2a_overlap true" if self.moe_a2a_overlap else "moe_token_dispatcher torchtitan"
+            raise ValueError(
+                "plan.moe_shared_expert_overlap is Megatron-Core's, which refuses it beside its expert all-to-all "
+                "overlap (transformer_config.py): expected moe_a2a_overlap false and the alltoall or flex "
+                f"dispatcher; got {got}"
             )
         return self
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from itercast.config.model import ModelConfig
 from itercast.config.plan import EAGER_POINTWISE, TE_OVERLAP_LAYERS, TORCH_DDP_BUCKET_BYTES
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import RECOMPUTE
@@ -115,6 +116,15 @@ class Framework:
     moe_token_dispatchers: tuple[str, ...] = ("alltoall", "flex")
     # PlanConfig.moe_a2a_overlap: Megatron-Core's overlap_moe_expert_parallel_comm (model_parallel_config.py)
     moe_a2a_overlap: bool = True
+    # PlanConfig.moe_shared_expert_overlap: Megatron-Core's --moe-shared-expert-overlap, which the search launches
+    # and prices for a model with shared experts under the alltoall dispatcher without moe_a2a_overlap
+    # (`framework_fields`; Megatron-Bridge's apply_flex_dispatcher_backend turns it off under flex)
+    moe_shared_expert_overlap: bool = True
+    # a shared expert only as DeepSpeed's residual MoE (PR-MoE; deepspeed/moe/layer.py MoE use_residual: the shared
+    # MLP is the expert module itself, `self.mlp = expert`, so a routed expert's width, sliced over the
+    # tensor-parallel ranks only with expert tensor parallelism: Megatron-DeepSpeed's ParallelMLP(moe=True)
+    # slices nothing without --enable-expert-tensor-parallelism)
+    residual_moe: bool = False
     # PlanConfig.dtype values its launches train in (Megatron-Core --bf16 / --fp16 / fp32 / --fp8-format)
     dtypes: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8")
 
@@ -273,6 +283,9 @@ FRAMEWORKS: dict[str, Framework] = {
         recompute_modules=False,
         moe_token_dispatchers=("torchtitan",),
         moe_a2a_overlap=False,
+        # its MoE.forward runs the shared expert beside the combine's all-to-all, forward only (models/moe/moe.py),
+        # priced as the torchtitan dispatcher's (transformer_ops._moe_a2a_hides): no switch
+        moe_shared_expert_overlap=False,
         # fp32 parameters (training.dtype float32) cast to bf16 by FSDP2 or autocast, torch.optim.AdamW's fp32
         # moments over them (components/optimizer.py)
         optimizer_states=(("fp32_weights", "fp32"),),
@@ -332,6 +345,9 @@ FRAMEWORKS: dict[str, Framework] = {
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         zero_shard_stages=(),  # its MiCS and hpZ (ZeRO++) are not priced
         moe_a2a_overlap=False,
+        # deepspeed/moe/layer.py MoE.forward runs the residual MLP after the experts' layer returns: no overlap
+        moe_shared_expert_overlap=False,
+        residual_moe=True,
         recompute_modules=False,  # Megatron-DeepSpeed's selective recompute: core attention (--recompute-activations)
         moe_token_dispatchers=("alltoall",),  # deepspeed.moe's all-to-all of each expert's rows
         # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)
@@ -363,14 +379,34 @@ def framework(name: str) -> Framework:
     return found
 
 
-def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bool = False) -> list[Rule]:
+def framework_fields(fw: Framework, model: ModelConfig, plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan fields `fw` runs a job of `model` with, where the job's `plan` leaves them out: its plan_fields, and
+    Megatron-Core's shared-expert overlap (PlanConfig.moe_shared_expert_overlap) for a model with shared experts
+    under the alltoall dispatcher without moe_a2a_overlap, which its launch settings turn on."""
+    fields = dict(fw.plan_fields)
+    given = fields | plan
+    if (
+        fw.moe_shared_expert_overlap
+        and model.moe_shared_ffn_hidden_size
+        and not given.get("moe_a2a_overlap")
+        and given.get("moe_token_dispatcher", "alltoall") == "alltoall"
+    ):
+        fields["moe_shared_expert_overlap"] = True
+    return fields
+
+
+def framework_rules(
+    fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bool = False, shared_experts: bool = False
+) -> list[Rule]:
     """The framework's rules over plan columns, named by the source they come from; `fp8`: the plans train in
     FP8, which a framework with fp8_te_layer_only runs without pipelining only; `a2a_overlap`: the plans'
     PlanConfig.moe_a2a_overlap, which Megatron-Core's TransformerConfig allows only with expert parallelism,
     interleaving under pipelining and no full recompute (transformer_config.py __post_init__: 'If enabling EP
     A2A overlap, virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1',
     'disable full recomputation when enabling overlap_moe_expert_parallel_comm'). A plan setting
-    PlanConfig.zero_shard_ranks (column shard > 0) runs with the framework's zero_shard_stages only."""
+    PlanConfig.zero_shard_ranks (column shard > 0) runs with the framework's zero_shard_stages only.
+    `shared_experts`: the model has shared experts, which a residual_moe framework slices over the
+    tensor-parallel ranks only with expert tensor parallelism (as transformer_ops._mlp prices them)."""
     allowed_pp = np.asarray(fw.zero_stages_with_pp)
     schedules = np.asarray([SCHEDULES.index(s) for s in fw.schedules])
     rules: list[Rule] = [
@@ -400,6 +436,15 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bo
             ),
         ),
     ]
+    if shared_experts and fw.residual_moe:
+        rules.append(
+            (
+                f"{fw.name}: a shared expert with tensor parallelism only with expert tensor parallelism (PR-MoE's "
+                "residual MLP is the expert module: Megatron-DeepSpeed's ParallelMLP(moe=True) slices nothing "
+                "without --enable-expert-tensor-parallelism)",
+                lambda c: (c["tp"] == 1) | (c["etp"] == c["tp"]),
+            )
+        )
     if fp8 and fw.fp8_te_layer_only:
         rules.append(
             (

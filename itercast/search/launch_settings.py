@@ -83,7 +83,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         ]
         if p["moe_grouped_gemm"]:
             out.append("--moe-grouped-gemm")
-        out += [f"--{name.replace('_', '-')}" for name in _moe_overlaps(p, model)]
+        out += [f"--{name.replace('_', '-')}" for name in _moe_overlaps(p)]
     if p["sequence_parallel"]:
         out.append("--sequence-parallel")
     out += [f"--micro-batch-size {p['micro_batch_size']}", f"--global-batch-size {p['global_batch_size']}"]
@@ -148,15 +148,15 @@ def _dispatcher_megatron(p: dict[str, Any], kind: str, backend: str) -> list[str
     return [kind.format("alltoall")]
 
 
-def _moe_overlaps(p: dict[str, Any], model: ModelConfig) -> list[str]:
+def _moe_overlaps(p: dict[str, Any]) -> list[str]:
     """Megatron-Core's config fields (its arguments: the same with dashes) for what hides an MoE layer's
     all-to-alls as the plan priced it (transformer_ops._moe_block), both off by default (model_parallel_config.py
     overlap_moe_expert_parallel_comm, transformer_config.py moe_shared_expert_overlap: 'Without this, the shared
-    experts execute before the router'): behind another micro-batch's attention (plan.moe_a2a_overlap), else
-    behind the shared experts. TransformerConfig refuses the two together."""
+    experts execute before the router'): behind another micro-batch's attention (plan.moe_a2a_overlap), or
+    behind the shared experts (plan.moe_shared_expert_overlap). TransformerConfig refuses the two together."""
     if p.get("moe_a2a_overlap"):
         return ["overlap_moe_expert_parallel_comm"]
-    return ["moe_shared_expert_overlap"] if model.moe_shared_ffn_hidden_size else []
+    return ["moe_shared_expert_overlap"] if p.get("moe_shared_expert_overlap") else []
 
 
 def _megatron_stage_layers(p: dict[str, Any], model: ModelConfig) -> list[str]:
@@ -231,7 +231,7 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
                 p, "model.config.moe_token_dispatcher_type={}", "model.config.moe_flex_dispatcher_backend={}"
             ),
         ]
-        out += [f"model.config.{name}=True" for name in _moe_overlaps(p, model)]
+        out += [f"model.config.{name}=True" for name in _moe_overlaps(p)]
     out += [f"data.micro_batch_size={p['micro_batch_size']}", f"data.global_batch_size={p['global_batch_size']}"]
     if p["recompute"] != "none":
         out.append(f"model.config.recompute_granularity={p['recompute']}")
@@ -455,6 +455,8 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
             args.append("--enable-expert-tensor-parallelism")
         elif etp > 1:
             args.append(f"# expert tensor parallel {etp}: Megatron-DeepSpeed splits experts over all tp {tp} or none")
+        if model.moe_shared_ffn_hidden_size:  # the shared expert as PR-MoE's residual MLP (MoE use_residual)
+            args.append("--mlp-type residual")
     if p["flash_attention"]:  # else Megatron-DeepSpeed runs its unfused attention (model/transformer.py)
         args.append("--use-flash-attn-v2")
     if p["dtype"] == "fp8":

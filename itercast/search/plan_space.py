@@ -121,7 +121,9 @@ def enumerate_plans(
         "shard": _choices("zero_shard_ranks", _shard_sizes(model, fw, num_gpus), fixed),
     }
     counts = SpaceCounts(generated=int(np.prod([len(v) for v in axes.values()])))
-    fw_rules = framework_rules(fw, model.is_moe, base.moe_a2a_overlap, base.dtype == "fp8")
+    fw_rules = framework_rules(
+        fw, model.is_moe, base.moe_a2a_overlap, base.dtype == "fp8", model.moe_shared_ffn_hidden_size > 0
+    )
     pending = _rules(model, base, num_gpus, gpn, axes, fixed, fw_rules)
     cols: dict[str, np.ndarray] = {"tp": np.asarray(axes["tp"], dtype=np.int64)}
     for name in list(axes)[1:]:  # cross one axis in at a time; filter as soon as a rule can

@@ -638,8 +638,8 @@ def _beside_s(
 
 
 def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCost:
-    """Seconds of a list of ops run in order on one GPU. A collective that `overlaps` a kernel
-    runs beside it (its own stream) and costs only what it takes beyond that kernel; one that takes
+    """Seconds of a list of ops run in order on one GPU. A collective that `overlaps` a kernel (or several:
+    their summed time) runs beside it (its own stream) and costs only what it takes beyond that kernel; one that takes
     `sm_margin` SMs from it (Transformer Engine's userbuffers) leaves that GEMM sm_count − sm_margin
     SMs: its time × sm_count / (sm_count − sm_margin); one that splits it (`chunked`) runs it as n
     GEMMs of 1/n of its FLOPs each, and one of separate projections (Op.parts) as a GEMM per projection;
@@ -686,7 +686,8 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
             continue
         sec = op.count * one
         if op.overlaps:  # beside the kernel (as it runs alone): exposed beyond it, the kernel slowed
-            sec, stretch_s = _beside_s(op, sec, kernel_s[op.overlaps], chunks.get(op.overlaps, 1), costs, groups)
+            hidden_s = sum(kernel_s[name] for name in op.overlaps.split("+"))
+            sec, stretch_s = _beside_s(op, sec, hidden_s, chunks.get(op.overlaps, 1), costs, groups)
             contention += stretch_s
         comm += sec
         label = f"{group}_{op.comm_kind}"

@@ -93,7 +93,10 @@ class Op:
     amount: float  # of one repetition
     comm_kind: str = ""  # all_reduce | all_gather | reduce_scatter | alltoall; cp_comm: p2p (ring) | send (exposed)
     count: int = 1  # repetitions (ring steps, one GEMM per local expert) or a memory-bound op's kernels
-    overlaps: str = ""  # a communication op: the name of the kernel it runs beside (exposed: the excess)
+    # a communication op: the name of the kernel it runs beside (exposed: the excess), or of several joined by
+    # "+" (it runs beside all of them: their summed time)
+    overlaps: str = ""
+    overlaps_backward: bool = True  # its backward collective runs beside those kernels' backward (False: forward only)
     backward_comm: str = ""  # a forward collective: the collective its backward runs ("" = identity)
     f_bytes: float = 0.0  # a column-parallel GEMM: bytes of the f operator's collective before it
     group: str = "tp"  # a collective's process group: tp | ep (expert parallel) | etp (expert tensor parallel)
@@ -920,12 +923,9 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     rows = routed * etp  # rows through each local expert shard, all experts together
     up = 2 if model.gated_mlp else 1
     shared = _mlp("shared", model.moe_shared_ffn_hidden_size, model, plan, sh)
-    if plan.moe_a2a_overlap:
-        dispatch_hides = combine_hides = CORE_ATTENTION if plan.flash_attention else f"{CORE_ATTENTION}.values"
-    else:
-        dispatch_hides, combine_hides = ("shared_up", "shared_down") if shared else ("", "")
-    counts = _moe_counts(model, plan)
     titan = plan.moe_token_dispatcher == "torchtitan"
+    dispatch_hides, combine_hides = _moe_a2a_hides(plan, shared)
+    counts = _moe_counts(model, plan)
     dedup = (k, E) if plan.moe_token_dispatcher == "flex" else ()
     ops = [
         Op("router", "gemm", 2 * n * h * E),
@@ -1012,6 +1012,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             routed * h * e,
             "alltoall",
             overlaps=combine_hides,
+            overlaps_backward=not titan,
             backward_comm="alltoall",
             group="ep",
             dedup=dedup,
@@ -1019,6 +1020,26 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         Op("moe_unpermute", "elementwise", (2 * routed + n) * h * e),  # read the copies and their weights, write n rows
     ]
     return ops
+
+
+def _moe_a2a_hides(plan: PlanConfig, shared: list[Op]) -> tuple[str, str]:
+    """The kernels (Op.overlaps) the token dispatch's and the combine's all-to-alls run beside: another
+    micro-batch's attention with plan.moe_a2a_overlap; with plan.moe_shared_expert_overlap (Megatron-Core
+    moe/shared_experts.py, its own stream) the shared experts' fc1 beside the dispatch and their fc2 beside the
+    combine; under torchtitan's dispatcher the forward combine beside the whole shared expert, which its
+    MoE.forward runs between the routed experts and the combine's first use (models/moe/moe.py: 'we execute the
+    shared expert before scoring the output of the routed expert to "implicitly" overlap the shared expert
+    compute with token combine communication'; the backward runs the shared expert's gradients first, then
+    the combine's all-to-all: none there). Otherwise nothing: the shared experts run in turn with the
+    all-to-alls ('Without this, the shared experts execute before the router')."""
+    if plan.moe_a2a_overlap:
+        hides = CORE_ATTENTION if plan.flash_attention else f"{CORE_ATTENTION}.values"
+        return hides, hides
+    if shared and plan.moe_shared_expert_overlap:
+        return "shared_up", "shared_down"
+    if shared and plan.moe_token_dispatcher == "torchtitan":
+        return "", "+".join(op.name for op in shared if op.family in COMPUTE_FAMILIES)
+    return "", ""
 
 
 def _moe_probs(plan: PlanConfig, routed: float, rows: float, dispatch_hides: str) -> list[Op]:
@@ -1304,7 +1325,8 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
             out.append(replace(Op(f"{op.name}.bwd", "attention", 2.5 * op.amount), attention=shape))
         elif op.family in COMM_FAMILIES:
             if op.backward_comm:  # beside the backward of the kernel it hid behind forward
-                hides = op.overlaps and op.overlaps + (".dgrad" if op.overlaps in gemms else ".bwd")
+                beside = op.overlaps if op.overlaps_backward else ""
+                hides = beside and beside + (".dgrad" if beside in gemms else ".bwd")
                 # a reduce-scatter's backward all-gather beside the dgrad: TE's ring exchange, no margin
                 chunked = "ring_exchange" if op.chunked else ""
                 out.append(
@@ -1330,6 +1352,12 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
     return out
 
 
+def _recomputed(op: Op) -> Op:
+    """`op` run again in the backward: named recompute.<name>, beside the recomputed kernels it overlaps."""
+    hides = "+".join(f"recompute.{name}" for name in op.overlaps.split("+")) if op.overlaps else ""
+    return replace(op, name=f"recompute.{op.name}", overlaps=hides)
+
+
 def layer_backward(
     model: ModelConfig, plan: PlanConfig, moe: bool = False, windowed: bool = False, recompute: str = ""
 ) -> list[Op]:
@@ -1346,15 +1374,11 @@ def layer_backward(
     kind = recompute or plan.recompute
     again: list[Op] = []
     if kind == "full":
-        again = [replace(o, name=f"recompute.{o.name}", overlaps=o.overlaps and f"recompute.{o.overlaps}") for o in fwd]
+        again = [_recomputed(o) for o in fwd]
     elif kind == "selective" and plan.selective_recompute == "op":
         again = _op_recompute(model, fwd)
     elif kind == "selective":
-        again = [
-            replace(o, name=f"recompute.{o.name}", overlaps=o.overlaps and f"recompute.{o.overlaps}")
-            for o in fwd
-            if o.name.startswith(_module_ops(plan.recompute_modules, moe))
-        ]
+        again = [_recomputed(o) for o in fwd if o.name.startswith(_module_ops(plan.recompute_modules, moe))]
         again += _restored_outputs(model, plan, moe)
     params = model.layer_params_per_rank(plan.tensor_parallel, moe)
     if moe:
