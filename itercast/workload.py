@@ -97,7 +97,8 @@ class TransformerWorkload:
 
     def headline(self) -> str:
         job, p = self.job, self.job.plan
-        flex = " over the flex dispatcher" if p.moe_token_dispatcher == "flex" else ""
+        dispatch = {"flex": " over the flex dispatcher", "einsum": " in DeepSpeed's einsum MoE layer"}
+        flex = dispatch.get(p.moe_token_dispatcher, "")
         experts = f", experts ep {p.expert_parallel} × etp {p.etp}{flex}" if job.model.is_moe else ""
         shard = "" if p.zero_shard_ranks is None else f" sharded within {p.zero_shard_ranks} ranks"
         gpus = job.stage_gpus()

@@ -564,20 +564,25 @@ def moe_plans(framework: str, model: dict, **fixed) -> list[dict]:
     return [table.plan_fields(r) for r in range(len(table))]
 
 
-def test_deepspeed_slices_a_shared_expert_only_with_expert_tensor_parallelism():
-    """PR-MoE's residual MLP is the expert module (deepspeed/moe/layer.py), which Megatron-DeepSpeed's
-    ParallelMLP(moe=True) slices over the tensor-parallel ranks only with --enable-expert-tensor-parallelism."""
-    tp = [p for p in moe_plans("deepspeed", SHARED_MOE) if p["tensor_parallel"] > 1]
-    assert tp and all(p["expert_tensor_parallel"] == p["tensor_parallel"] for p in tp)
-    # without shared experts, or under Megatron-Core, experts may stay whole beside tensor parallelism
-    plain = {k: v for k, v in SHARED_MOE.items() if k != "moe_shared_ffn_hidden_size"}
-    for found in (moe_plans("deepspeed", plain), moe_plans("megatron-core", SHARED_MOE)):
-        assert [p for p in found if p["tensor_parallel"] > 1 and p["expert_tensor_parallel"] == 1]
+def test_deepspeed_moe_plans_split_experts_over_every_tensor_parallel_rank_without_sequence_parallelism():
+    """DeepSpeed's MOELayer (the einsum dispatcher) takes the whole sequence on every tensor-parallel rank and is
+    priced with its experts, and PR-MoE's residual copy of one, split over all of them (--enable-expert-tensor-
+    parallelism), their tokens gathered back with expert parallelism only; Megatron-Core folds experts freely
+    and runs tensor parallelism of an MoE model with sequence parallelism."""
+    padded = SHARED_MOE | {"moe_capacity_factor": 1.0, "moe_pad_to_capacity": True}
+    ds = moe_plans("deepspeed", padded, moe_token_dispatcher="einsum")
+    tp = [p for p in ds if p["tensor_parallel"] > 1]
+    assert tp and all(p["expert_tensor_parallel"] == p["tensor_parallel"] and p["expert_parallel"] > 1 for p in tp)
+    assert not any(p["sequence_parallel"] for p in ds)
+    mcore = [p for p in moe_plans("megatron-core", SHARED_MOE) if p["tensor_parallel"] > 1]
+    assert all(p["sequence_parallel"] for p in mcore)
+    assert [p for p in mcore if p["expert_tensor_parallel"] == 1] and [p for p in mcore if p["expert_parallel"] == 1]
 
 
 def test_deepspeed_runs_a_routed_experts_copy_as_pr_moe_and_says_what_it_leaves_unpriced():
     args = ["search", "--model", "moe-tiny", "--system", "dgx-h100", "--num-nodes-range", "1", "--framework"]
     args += ["deepspeed", "--set", "plan.global_batch_size=64", "--top", "1", "--workers", "1", "--json"]
+    args += ["--set", "model.moe_capacity_factor=1.0", "--set", "model.moe_pad_to_capacity=true"]
     result = CliRunner().invoke(app, [*args, "--set", "model.moe_shared_ffn_hidden_size=512"])  # moe-tiny's expert
     assert result.exit_code == 0, result.output
     assert "deepspeed runs the shared expert as PR-MoE's residual MLP: its mixing coefficient" in result.stderr
@@ -670,7 +675,7 @@ def test_deepspeed_runs_moe_without_zero3():
             ["moe_token_dispatcher=torchtitan"],
             "plan.moe_token_dispatcher: megatron-core runs alltoall or flex",
         ),
-        ("deepspeed", ["moe_token_dispatcher=flex"], "plan.moe_token_dispatcher: deepspeed runs alltoall, the job"),
+        ("deepspeed", ["moe_token_dispatcher=flex"], "plan.moe_token_dispatcher: deepspeed runs einsum, the job"),
         (
             "megatron-core",
             ["moe_a2a_overlap=true", "recompute=full"],

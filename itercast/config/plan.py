@@ -446,7 +446,7 @@ class PlanConfig(BaseModel):
         "TransformerConfig refuses beside it. torchtitan's dispatcher runs its own order, priced whatever this "
         "says: the forward combine beside the whole shared expert (workloads/transformer_ops.py _moe_a2a_hides).",
     )
-    moe_token_dispatcher: Literal["alltoall", "flex", "torchtitan"] = Field(
+    moe_token_dispatcher: Literal["alltoall", "flex", "torchtitan", "einsum"] = Field(
         "alltoall",
         description="Whose code sends an MoE layer's tokens to their experts, which sets where the host waits for "
         "the device in every MoE layer's forward (workloads/transformer_ops.py moe_host_wait) and how many copies "
@@ -454,7 +454,11 @@ class PlanConfig(BaseModel):
         "alltoall, NeMo and Megatron-Bridge's MoE recipes), a copy per selected expert; flex: its "
         "MoEFlexTokenDispatcher over DeepEP or HybridEP (--moe-token-dispatcher-type flex), a copy per GPU within a "
         "node and per remote node across nodes (transformer_ops.dispatch_share); torchtitan: torchtitan's "
-        "ExpertParallel (distributed/expert_parallel.py), which waits only with expert_parallel > 1.",
+        "ExpertParallel (distributed/expert_parallel.py), which waits only with expert_parallel > 1; einsum: "
+        "DeepSpeed's MOELayer (deepspeed/moe/sharded_moe.py before v0.19.4, Megatron-DeepSpeed's MoE), GShard's "
+        "dense dispatch and combine, two matmuls over a tokens × experts × capacity one-hot tensor, every expert "
+        "padded to its capacity (model.moe_capacity_factor with moe_pad_to_capacity), the whole sequence on every "
+        "tensor-parallel rank (no sequence parallelism), no host wait (transformer_ops._einsum_moe_block).",
     )
     moe_probs_alltoall: bool = Field(
         True,
@@ -509,8 +513,10 @@ class PlanConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_shared_expert_overlap(self) -> PlanConfig:
-        if self.moe_shared_expert_overlap and (self.moe_a2a_overlap or self.moe_token_dispatcher == "torchtitan"):
-            got = "moe_a2a_overlap true" if self.moe_a2a_overlap else "moe_token_dispatcher torchtitan"
+        own_order = self.moe_token_dispatcher in ("torchtitan", "einsum")
+        if self.moe_shared_expert_overlap and (self.moe_a2a_overlap or own_order):
+            dispatcher = f"moe_token_dispatcher {self.moe_token_dispatcher}"
+            got = "moe_a2a_overlap true" if self.moe_a2a_overlap else dispatcher
             raise ValueError(
                 "plan.moe_shared_expert_overlap is Megatron-Core's, which refuses it beside its expert all-to-all "
                 "overlap (transformer_config.py): expected moe_a2a_overlap false and the alltoall or flex "

@@ -349,7 +349,8 @@ FRAMEWORKS: dict[str, Framework] = {
         moe_shared_expert_overlap=False,
         residual_moe=True,
         recompute_modules=False,  # Megatron-DeepSpeed's selective recompute: core attention (--recompute-activations)
-        moe_token_dispatchers=("alltoall",),  # deepspeed.moe's all-to-all of each expert's rows
+        # deepspeed.moe's MOELayer: GShard's einsum dispatch over every expert's padded capacity (sharded_moe.py)
+        moe_token_dispatchers=("einsum",),
         # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)
         optimizer_states=(("fp32", "fp32"),),
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling
@@ -380,10 +381,13 @@ def framework(name: str) -> Framework:
 
 
 def framework_fields(fw: Framework, model: ModelConfig, plan: dict[str, Any]) -> dict[str, Any]:
-    """The plan fields `fw` runs a job of `model` with, where the job's `plan` leaves them out: its plan_fields, and
-    Megatron-Core's shared-expert overlap (PlanConfig.moe_shared_expert_overlap) for a model with shared experts
-    under the alltoall dispatcher without moe_a2a_overlap, which its launch settings turn on."""
+    """The plan fields `fw` runs a job of `model` with, where the job's `plan` leaves them out: its plan_fields, an
+    MoE model's token dispatcher (its first moe_token_dispatchers), and Megatron-Core's shared-expert overlap
+    (PlanConfig.moe_shared_expert_overlap) for a model with shared experts under the alltoall dispatcher without
+    moe_a2a_overlap, which its launch settings turn on."""
     fields = dict(fw.plan_fields)
+    if model.is_moe:
+        fields.setdefault("moe_token_dispatcher", fw.moe_token_dispatchers[0])
     given = fields | plan
     if (
         fw.moe_shared_expert_overlap
@@ -395,18 +399,16 @@ def framework_fields(fw: Framework, model: ModelConfig, plan: dict[str, Any]) ->
     return fields
 
 
-def framework_rules(
-    fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bool = False, shared_experts: bool = False
-) -> list[Rule]:
+def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bool = False) -> list[Rule]:
     """The framework's rules over plan columns, named by the source they come from; `fp8`: the plans train in
     FP8, which a framework with fp8_te_layer_only runs without pipelining only; `a2a_overlap`: the plans'
     PlanConfig.moe_a2a_overlap, which Megatron-Core's TransformerConfig allows only with expert parallelism,
     interleaving under pipelining and no full recompute (transformer_config.py __post_init__: 'If enabling EP
     A2A overlap, virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1',
     'disable full recomputation when enabling overlap_moe_expert_parallel_comm'). A plan setting
-    PlanConfig.zero_shard_ranks (column shard > 0) runs with the framework's zero_shard_stages only.
-    `shared_experts`: the model has shared experts, which a residual_moe framework slices over the
-    tensor-parallel ranks only with expert tensor parallelism (as transformer_ops._mlp prices them)."""
+    PlanConfig.zero_shard_ranks (column shard > 0) runs with the framework's zero_shard_stages only. (DeepSpeed's MoE
+    layers, the einsum dispatcher, split their experts, and a shared expert, PR-MoE's copy of one, over all
+    tensor-parallel ranks: plan_space.py's rules, from job.py's.)"""
     allowed_pp = np.asarray(fw.zero_stages_with_pp)
     schedules = np.asarray([SCHEDULES.index(s) for s in fw.schedules])
     rules: list[Rule] = [
@@ -436,15 +438,6 @@ def framework_rules(
             ),
         ),
     ]
-    if shared_experts and fw.residual_moe:
-        rules.append(
-            (
-                f"{fw.name}: a shared expert with tensor parallelism only with expert tensor parallelism (PR-MoE's "
-                "residual MLP is the expert module: Megatron-DeepSpeed's ParallelMLP(moe=True) slices nothing "
-                "without --enable-expert-tensor-parallelism)",
-                lambda c: (c["tp"] == 1) | (c["etp"] == c["tp"]),
-            )
-        )
     if fp8 and fw.fp8_te_layer_only:
         rules.append(
             (

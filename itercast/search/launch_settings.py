@@ -448,7 +448,9 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
     args += [f"--micro-batch-size {p['micro_batch_size']}", f"--global-batch-size {p['global_batch_size']}"]
     if p["sequence_parallel"]:
         args.append("--sequence-parallel")
-    if model.is_moe:  # Megatron-DeepSpeed's names (megatron/arguments.py)
+    if model.is_moe:  # Megatron-DeepSpeed's names (megatron/arguments.py); its MoE pads every expert to the capacity
+        args += [f"--num-experts {model.experts}", f"--topk {model.moe_top_k}"]
+        args.append(f"--moe-train-capacity-factor {model.moe_capacity_factor}")
         args.append(f"--moe-expert-parallel-size {p['expert_parallel']}")
         etp, tp = p["expert_tensor_parallel"], p["tensor_parallel"]
         if etp > 1 and etp == tp:  # off by default: the experts unsplit (model/transformer.py)

@@ -121,9 +121,7 @@ def enumerate_plans(
         "shard": _choices("zero_shard_ranks", _shard_sizes(model, fw, num_gpus), fixed),
     }
     counts = SpaceCounts(generated=int(np.prod([len(v) for v in axes.values()])))
-    fw_rules = framework_rules(
-        fw, model.is_moe, base.moe_a2a_overlap, base.dtype == "fp8", model.moe_shared_ffn_hidden_size > 0
-    )
+    fw_rules = framework_rules(fw, model.is_moe, base.moe_a2a_overlap, base.dtype == "fp8")
     pending = _rules(model, base, num_gpus, gpn, axes, fixed, fw_rules)
     cols: dict[str, np.ndarray] = {"tp": np.asarray(axes["tp"], dtype=np.int64)}
     for name in list(axes)[1:]:  # cross one axis in at a time; filter as soon as a rule can
@@ -195,6 +193,7 @@ def _rules(
     want_dp = int(fixed.get("data_parallel") or 0)
     uneven = np.bool_(base.stage_layers is not None)
     moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
+    einsum = np.bool_(base.moe_token_dispatcher == "einsum")  # job.py _einsum_problems
     shard_fixed = np.bool_("zero_shard_ranks" in fixed)
     fits_stages = base.stage_layers is None or len(base.stage_layers) == base.pipeline_parallel * base.virtual_pipeline
     # Megatron's selective recompute of fused attention runs its forward again and frees nothing
@@ -239,7 +238,14 @@ def _rules(
             "expert_tensor_parallel is 1 or tp in the search",
             lambda c: (c["etp"] == 1) | (c["etp"] == c["tp"]) | ("expert_tensor_parallel" in fixed),
         ),
-        ("MoE with tp > 1 needs sequence_parallel", lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == 1)),
+        (
+            "MoE with tp > 1 needs sequence_parallel (DeepSpeed's einsum dispatcher: none)",
+            lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == (0 if einsum else 1)),
+        ),
+        (
+            "MoE under the einsum dispatcher: expert_tensor_parallel = tp, expert_parallel > 1 with tp > 1",
+            lambda c: ~moe | ~einsum | ((c["etp"] == c["tp"]) & ((c["tp"] == 1) | (c["ep"] > 1))),
+        ),
         (
             "plan.tp_comm_overlap needs sequence_parallel with tp > 1",
             lambda c: (not base.tp_comm_overlap) | (c["tp"] == 1) | (c["sp"] == 1),

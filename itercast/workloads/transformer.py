@@ -674,6 +674,8 @@ def pass_cost(ops: list[Op], costs: AnalyticCostModel, groups: Groups) -> PassCo
         if op.family == "cp_comm" and op.comm_kind == "p2p":  # ring steps overlap the attention kernels
             cp_ring += op.count * costs.p2p_s(op.amount, not groups.cp.intra_node, groups.cp.stride)
             continue
+        if op.family in COMM_FAMILIES and not op.comm_kind:  # a view forward; its backward collective is priced
+            continue
         if op.family in COMM_FAMILIES:
             placed: GroupPlacement = getattr(groups, op.group)
             amount = op.amount * ops_mod.dispatch_share(op.dedup, placed.size, placed.nodes, placed.per_node)

@@ -51,6 +51,8 @@ its capacity (cf × an even share); dropless, the router's imbalance (model.moe_
 scales the rows; with a capacity but no padding, the imbalance up to the capacity. Shared experts
 are a tensor-parallel MLP that runs beside the dispatch and combine (Megatron-Core
 --moe-shared-expert-overlap); plan.moe_a2a_overlap hides the all-to-alls behind attention instead.
+DeepSpeed's MoE layer (plan.moe_token_dispatcher einsum) dispatches and combines by matmuls over a one-hot
+tokens × experts × capacity tensor instead (`_einsum_moe_block`).
 
 Norms, rotary embeddings and the gated activation are one fused kernel each (Transformer Engine, Apex,
 Megatron-Core), or with plan.pointwise_kernels eager the op-by-op chains of torchtitan's
@@ -91,7 +93,9 @@ class Op:
     name: str
     family: str  # gemm | attention | elementwise | norm | activation | tp_comm | ep_comm | cp_comm
     amount: float  # of one repetition
-    comm_kind: str = ""  # all_reduce | all_gather | reduce_scatter | alltoall; cp_comm: p2p (ring) | send (exposed)
+    # all_reduce | all_gather | reduce_scatter | alltoall; cp_comm: p2p (ring) | send (exposed); "": a view forward
+    # whose backward runs backward_comm (DeepSpeed's drop_tokens)
+    comm_kind: str = ""
     count: int = 1  # repetitions (ring steps, one GEMM per local expert) or a memory-bound op's kernels
     # a communication op: the name of the kernel it runs beside (exposed: the excess), or of several joined by
     # "+" (it runs beside all of them: their summed time)
@@ -120,6 +124,9 @@ class Op:
     bandwidth_share: float = 1.0
     # a memory-bound op whose backward reaches another share of its curve's bandwidth (0: bandwidth_share)
     backward_share: float = 0.0
+    # a GEMM whose second operand takes a gradient too (False: DeepSpeed's dispatch einsum, whose one-hot mask
+    # needs none: its backward is the input's gradient alone)
+    weight_grad: bool = True
 
     @property
     def te(self) -> bool:
@@ -914,7 +921,9 @@ def _repeat_kv(model: ModelConfig, sh: Shapes) -> list[Op]:
 
 
 def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
-    """The MoE layer's MLP on one rank, as the module docstring states."""
+    """The MoE layer's MLP on one rank, as the module docstring states (DeepSpeed's: `_einsum_moe_block`)."""
+    if plan.moe_token_dispatcher == "einsum":
+        return _einsum_moe_block(model, plan, sh)
     h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
     ep, etp, fe = plan.expert_parallel, plan.etp, model.expert_ffn
     n = sh.sp_tokens
@@ -1018,6 +1027,121 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             dedup=dedup,
         ),
         Op("moe_unpermute", "elementwise", (2 * routed + n) * h * e),  # read the copies and their weights, write n rows
+    ]
+    return ops
+
+
+def einsum_gating_cost(k: int, e: int) -> tuple[int, int, int, int]:
+    """(forward bytes, forward kernels, backward bytes, backward kernels) per element of the tokens × experts ×
+    capacity tensors DeepSpeed's gating builds for its einsums (deepspeed/moe/sharded_moe.py at 38327e0), `e`
+    the activations' bytes:
+    - top-1 (top1gating): combine_weights = einsum("se,sc->sec") written in fp32 (4), dispatch_mask =
+      its .bool() (read 4, write 1), and MOELayer's casts of the mask (read 1, write e) and of the weights
+      (read 4, write e) to the activations' dtype: 14 + 2e, 4 kernels.
+    - top-2 (top2gating): two such products (8) and their sum (read 8, write 4): 30 + 2e, 6 kernels.
+    - top-k, k > 2 (topkgating): F.one_hot of the slots over the capacity, int64 (8), its .float() (read 8,
+      write 4), einsum("se,sec->sec") (read 4, write 4), the bool and the casts: 38 + 2e, 6 kernels.
+    Backward, from the combine einsum's gradient of the weights: its cast to fp32 (read e, write 4), then per
+    product its gates' gradient, a sum over the slots (top-1/2: read 4 each, k kernels), or for top-k the
+    product with the saved one-hot (read 8, write 4) and its sum (read 4): e + 4 + 4k or e + 20."""
+    if k > 2:
+        return 38 + 2 * e, 6, e + 20, 3
+    return 4 * k + 12 * (k - 1) + 10 + 2 * e, 2 * k + 2, e + 4 + 4 * k, 1 + k
+
+
+#: the family DeepSpeed's dense dispatch reports under (its gating tensors and its two einsums)
+EINSUM = "moe_einsum"
+
+
+def _token_drop(name: str, full: float, tp: int) -> list[Op]:
+    """DeepSpeed's drop_tokens before an all-to-all with tensor parallelism (deepspeed/moe/mappings.py at 38327e0):
+    a narrow of the capacity to this rank's 1/tp share of `full` bytes, which the all-to-all makes contiguous
+    (read and write the share); its backward, _gather_tokens: an all-gather of `full` over the tensor-parallel
+    ranks, then torch.cat along the capacity (read and write `full`)."""
+    if tp == 1:
+        return []
+    return [
+        Op(f"{name}.drop", "elementwise", 2 * full / tp, backward_amount=2 * full),
+        Op(f"{name}.drop_gather", "ep_comm", full, "", backward_comm="all_gather", group="tp"),
+    ]
+
+
+def _token_gather(name: str, full: float, tp: int) -> list[Op]:
+    """DeepSpeed's gather_tokens after an all-to-all with tensor parallelism: an all-gather of `full` bytes over the
+    tensor-parallel ranks and torch.cat along the capacity (read and write `full`); its backward, a narrow that
+    the next all-to-all makes contiguous (read and write the 1/tp share)."""
+    if tp == 1:
+        return []
+    return [
+        Op(f"{name}.gather", "ep_comm", full, "all_gather", group="tp"),
+        Op(f"{name}.gather_cat", "elementwise", 2 * full, backward_amount=2 * full / tp),
+    ]
+
+
+def _einsum_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+    """DeepSpeed's MoE layer on one rank (plan.moe_token_dispatcher einsum: deepspeed/moe/sharded_moe.py TopKGate
+    and MOELayer at 38327e0, GShard's Algorithm 2, with drop_tokens as Megatron-DeepSpeed runs it; where it is
+    priced: config/job.py _einsum_problems). S, the micro-batch's tokens, whole on every tensor-parallel rank;
+    EC = S·k·cf (model.moe_load) slots, every expert's capacity C = k·cf·S/E padded (its ceiling and
+    Megatron-DeepSpeed's --moe-min-capacity, 4, left out), so every expert runs C rows whatever the balance.
+    - router: an fp32 gate (input.float(), priced with its S×E work; the fp32 GEMM at the training dtype's
+      curve, E / (3·k·expert_ffn) of the experts' FLOPs) and its ~30 small S×E kernels (softmax, argmax or top-k,
+      cumsum, the auxiliary loss) priced as one pass over the fp32 logits, as the other dispatchers' routers.
+    - the S×EC gating tensors (`einsum_gating_cost`).
+    - dispatch, einsum("sec,sm->ecm"): a GEMM of 2·S·EC·h FLOPs whose mask takes no gradient (backward, the
+      input's gradient alone); combine, einsum("sec,ecm->sm"): as many, backward both operands' gradients.
+    - with tensor parallelism (expert tensor parallel = tp and expert parallel > 1): drop_tokens before each
+      all-to-all, gather_tokens after it (`_token_drop`, `_token_gather`); each all-to-all sends EC·h/tp.
+    - experts (deepspeed/moe/experts.py): each local expert runs its chunk of the slots, a strided view with
+      expert parallelism that its first matmul copies (backward: chunk's cat of the input gradients), their
+      outputs concatenated (`_expert_copies`, sequential); Megatron-DeepSpeed's ParallelMLP(moe=True) over tp,
+      its f and g all-reduces priced as one each way over all local experts' rows (local of them run, each
+      1/local of the bytes).
+    - a shared expert is PR-MoE's residual MLP, run after the experts' layer returns (deepspeed/moe/layer.py).
+    No host wait (the capacity comes from shapes on the host), no counts exchanged, no probabilities sent."""
+    h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
+    tp, ep, fe = plan.tensor_parallel, plan.expert_parallel, model.expert_ffn
+    local, up = E // ep, 2 if model.gated_mlp else 1
+    n = sh.tokens
+    slots = n * k * model.moe_load()  # EC, all experts' capacity; every rank's experts run all of it
+    full = slots * h * e
+    gating, kernels, gating_bwd, kernels_bwd = einsum_gating_cost(k, e)
+    ops = [
+        Op("router", "gemm", 2 * n * h * E),
+        Op("router_topk", "elementwise", 3 * n * E * 4 + (e + 4) * n * h),  # + the input's cast to fp32
+        Op(
+            "moe_gating",
+            "elementwise",
+            gating * n * slots,
+            count=kernels,
+            label=EINSUM,
+            backward_amount=gating_bwd * n * slots,
+            backward_count=kernels_bwd,
+        ),
+        Op("moe_dispatch_einsum", "gemm", 2 * n * slots * h, label=EINSUM, weight_grad=False),
+        *_token_drop("moe_dispatch", full, tp),
+        Op("moe_dispatch", "ep_comm", full / tp, "alltoall", backward_comm="alltoall", group="ep"),
+        *_token_gather("moe_dispatch", full, tp),
+    ]
+    if local > 1:  # the chunks: copied by their matmuls with expert parallelism (strided), cat backward
+        chunked = 2 * full if ep > 1 else 0.0
+        ops.append(
+            Op("moe_sort", "elementwise", chunked, count=int(ep > 1), backward_amount=2 * full, backward_count=1)
+        )
+    pad, cat = _expert_copies(model, plan, slots, local)
+    act_bytes = (3 if model.gated_mlp else 2) * slots * fe / tp * e
+    ops += [
+        *pad,
+        Op("expert_up", "gemm", 2 * slots * h * up * fe / tp / local, count=local, label="experts", f_bytes=full),
+        Op("expert_act", "activation", act_bytes, count=local, label="experts"),
+        Op("expert_down", "gemm", 2 * slots * fe / tp * h / local, count=local, label="experts"),
+        *_g("expert_out", full, plan),
+        *cat,
+        *_token_drop("moe_experts", full, tp),
+        Op("moe_combine", "ep_comm", full / tp, "alltoall", backward_comm="alltoall", group="ep"),
+        *_token_gather("moe_combine", full, tp),
+        Op("moe_combine_einsum", "gemm", 2 * n * slots * h, label=EINSUM),
+        *_mlp("shared", model.moe_shared_ffn_hidden_size, model, plan, sh),
     ]
     return ops
 
@@ -1201,7 +1325,11 @@ def moe_host_wait(model: ModelConfig, plan: PlanConfig) -> tuple[str, str] | Non
     counts; the shared experts run after the routed ones, models/moe/moe.py MoE.forward). With expert_parallel 1
     the grouped GEMM takes the counts on the device: no wait. Not priced: torchtitan's for-loop experts
     (moe_grouped_gemm false), whose num_tokens_per_expert.tolist() waits again before the experts
-    (models/moe/moe.py _run_experts_for_loop)."""
+    (models/moe/moe.py _run_experts_for_loop).
+
+    einsum, DeepSpeed's MOELayer with drop_tokens, always padded to its capacity: the capacity comes from the
+    tokens' count and the capacity factor on the host (sharded_moe.py _capacity over CPU tensors), one_hot takes
+    it as num_classes: no wait."""
     if plan.moe_token_dispatcher == "torchtitan":
         return ("moe_counts", "moe_counts") if plan.expert_parallel > 1 else None
     if model.moe_pad_to_capacity:
@@ -1295,7 +1423,9 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
     for op in reversed(forward):
         if op.family == "gemm":
             dgrad, wgrad = f"{op.name}.dgrad", f"{op.name}.wgrad"
-            out += [replace(op, name=dgrad, f_bytes=0.0), replace(op, name=wgrad, f_bytes=0.0), *_dgrad_sum(op, plan)]
+            out.append(replace(op, name=dgrad, f_bytes=0.0))
+            out += [replace(op, name=wgrad, f_bytes=0.0)] if op.weight_grad else []
+            out += _dgrad_sum(op, plan)
             if op.f_bytes and plan.tensor_parallel > 1:
                 # Transformer Engine's bulk overlaps under tp_comm_overlap take SMs from dgrad and wgrad;
                 # DTensor's (vanilla TP) run where their results are first used, beside nothing

@@ -1,0 +1,241 @@
+"""DeepSpeed's MoE layer, plan.moe_token_dispatcher einsum (deepspeed/moe/sharded_moe.py at 38327e0: TopKGate,
+MOELayer; mappings.py drop_tokens / gather_tokens; Megatron-DeepSpeed's --moe-train-capacity-factor), computed by
+hand (issue 28: each framework's plan space priced as it runs).
+
+The job: moe-tiny (hidden 256, 8 experts of width 512, gated, top-2) without its shared expert, capacity factor 1.25
+padded, micro-batch 2 of 512 tokens, bf16, on one DGX H100: S = 1,024 tokens a micro-batch on every rank and
+EC = S·k·cf = 1,024 × 2 × 1.25 = 2,560 slots (every expert's capacity, 320 each); their rows are
+2,560 × 256 × 2 = 1,310,720 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from itercast.cli.app import app
+from itercast.config.job import Job
+from itercast.errors import ConfigError
+from itercast.memory import activation_bytes_per_token_layer, einsum_expert_bytes
+from itercast.parallel.plan_table import PlanTable
+from itercast.predict import predict
+from itercast.workload import TransformerWorkload
+from itercast.workloads.transformer import TransformerStepBuilder, pass_cost
+from itercast.workloads.transformer_ops import einsum_gating_cost, layer_backward, layer_forward, moe_host_wait
+
+MODEL = {"preset": "moe-tiny", "moe_capacity_factor": 1.25, "moe_pad_to_capacity": True}
+MODEL["moe_shared_ffn_hidden_size"] = 0  # moe-tiny's shared expert left out
+ROWS = 1_310_720  # EC slots × h × 2 bytes
+
+
+def job(model: dict[str, Any] | None = None, **plan: Any) -> Job:
+    fields = {"global_batch_size": 16, "micro_batch_size": 2, "moe_token_dispatcher": "einsum", **plan}
+    return Job.from_dicts(model or MODEL, fields, {"preset": "dgx-h100", "num_nodes": 1})
+
+
+def moe_ops(j: Job) -> list[tuple[str, str, float, str, int]]:
+    """(name, family, amount, comm kind, count) of the MoE layer's forward from its router on."""
+    fwd = layer_forward(j.model, j.plan, moe=True)
+    start = [op.name for op in fwd].index("router")
+    return [(op.name, op.family, op.amount, op.comm_kind, op.count) for op in fwd[start:-1]]  # residual_2 after
+
+
+def test_gating_tensors_bytes_per_element_from_the_source():
+    # bf16 (e = 2). top-1: the fp32 product written (4), its bool (read 4, write 1), the mask's cast (read 1, write
+    # 2) and the weights' (read 4, write 2): 18 bytes, 4 kernels; backward the weights' gradient cast to fp32 (read 2,
+    # write 4) and the gate's gradient summed over the slots (read 4): 10 bytes, 2 kernels
+    assert einsum_gating_cost(1, 2) == (18, 4, 10, 2)
+    # top-2: two products (8) and their sum (read 8, write 4) before the bool and casts (5 + 3 + 6): 34, 6 kernels;
+    # backward 6 + 4 + 4 = 14, 3 kernels
+    assert einsum_gating_cost(2, 2) == (34, 6, 14, 3)
+    # top-4: one_hot in int64 (8), .float() (read 8, write 4), the product (read 4, write 4), bool and casts (14):
+    # 42, 6 kernels; backward 6, the product with the one-hot (read 8, write 4) and its sum (read 4): 22, 3 kernels
+    assert einsum_gating_cost(4, 2) == (42, 6, 22, 3)
+
+
+def test_dispatch_and_combine_are_matmuls_over_the_padded_capacity():
+    # EP 2: 4 local experts, each of 640 slots (EC / 4)
+    assert moe_ops(job(expert_parallel=2)) == [
+        ("router", "gemm", 2 * 1024 * 256 * 8, "", 1),  # 4,194,304
+        # fp32 logits read and written thrice (3 × 1,024 × 8 × 4 = 98,304) + the input's cast to fp32 (6 × 1,024 × 256)
+        ("router_topk", "elementwise", 98_304 + 1_572_864, "", 1),
+        ("moe_gating", "elementwise", 34 * 1024 * 2560, "", 6),  # S × EC elements, top-2
+        ("moe_dispatch_einsum", "gemm", 2 * 1024 * 2560 * 256, "", 1),  # 1,342,177,280
+        ("moe_dispatch", "ep_comm", ROWS, "alltoall", 1),
+        ("moe_sort", "elementwise", 2 * ROWS, "", 1),  # each expert's strided chunk copied by its matmul
+        ("expert_up", "gemm", 2 * 640 * 256 * 1024, "", 4),  # gate and up, 2 × 512 wide
+        ("expert_act", "activation", 3 * 2560 * 512 * 2, "", 4),
+        ("expert_down", "gemm", 2 * 640 * 512 * 256, "", 4),
+        ("moe_expert_cat", "elementwise", 2 * ROWS, "", 1),
+        ("moe_combine", "ep_comm", ROWS, "alltoall", 1),
+        ("moe_combine_einsum", "gemm", 2 * 1024 * 2560 * 256, "", 1),
+    ]
+    # the dispatch's mask takes no gradient: its backward is one matmul; the combine's two
+    names = [op.name for op in layer_backward(job().model, job().plan, moe=True) if "einsum" in op.name]
+    assert names == ["moe_combine_einsum.dgrad", "moe_combine_einsum.wgrad", "moe_dispatch_einsum.dgrad"]
+    # without expert parallelism each expert's chunk is contiguous: no forward copy, the chunks' cat backward
+    sort = next(op for op in layer_forward(job().model, job().plan, moe=True) if op.name == "moe_sort")
+    assert (sort.amount, sort.count, sort.backward_amount, sort.backward_count) == (0, 0, 2 * ROWS, 1)
+
+
+def test_tensor_parallel_ranks_drop_and_gather_the_capacity():
+    # TP 2 = expert TP, EP 2, no sequence parallelism: every TP rank routes the whole micro-batch (the same 2,560
+    # slots), sends half of each expert's slots (655,360 bytes) and gathers the other half after each all-to-all;
+    # the experts split over TP: half the GEMM FLOPs, their output all-reduced (one all-reduce for all 4 experts)
+    j = job(tensor_parallel=2, expert_tensor_parallel=2, expert_parallel=2, sequence_parallel=False)
+    ops = {name: (family, amount, kind, count) for name, family, amount, kind, count in moe_ops(j)}
+    assert ops["moe_dispatch_einsum"] == ("gemm", 2 * 1024 * 2560 * 256, "", 1)
+    assert ops["moe_dispatch.drop"] == ("elementwise", ROWS, "", 1)  # the all-to-all's copy of the half kept
+    assert ops["moe_dispatch.drop_gather"] == ("ep_comm", ROWS, "", 1)  # a view forward
+    assert ops["moe_dispatch"] == ops["moe_combine"] == ("ep_comm", ROWS / 2, "alltoall", 1)
+    assert ops["moe_dispatch.gather"] == ops["moe_combine.gather"] == ("ep_comm", ROWS, "all_gather", 1)
+    assert ops["moe_dispatch.gather_cat"] == ("elementwise", 2 * ROWS, "", 1)
+    assert ops["expert_up"] == ("gemm", 2 * 640 * 256 * 512, "", 4)
+    assert ops["expert_out.all_reduce"] == ("tp_comm", ROWS, "all_reduce", 1)
+    # backward: a drop is a gather (all-gather and cat), a gather a drop; each all-to-all back; the experts' input
+    # gradient all-reduced beside their weight gradient
+    bwd = [
+        (op.name, op.comm_kind, op.amount, op.group)
+        for op in layer_backward(j.model, j.plan, moe=True)
+        if op.family == "ep_comm" or op.name.startswith("expert_up.dgrad_")
+    ]
+    assert bwd == [
+        ("moe_combine.bwd", "alltoall", ROWS / 2, "ep"),
+        ("moe_experts.drop_gather.bwd", "all_gather", ROWS, "tp"),
+        ("expert_up.dgrad_all_reduce", "all_reduce", ROWS, "tp"),
+        ("moe_dispatch.bwd", "alltoall", ROWS / 2, "ep"),
+        ("moe_dispatch.drop_gather.bwd", "all_gather", ROWS, "tp"),
+    ]
+    cats = {op.name: op.amount for op in layer_backward(j.model, j.plan, moe=True) if "drop.bwd" in op.name}
+    assert cats == {"moe_experts.drop.bwd": 2 * ROWS, "moe_dispatch.drop.bwd": 2 * ROWS}
+
+
+def test_a_drop_moves_nothing_forward_and_gathers_backward():
+    j = job(tensor_parallel=2, expert_tensor_parallel=2, expert_parallel=2, sequence_parallel=False)
+    b = TransformerStepBuilder(j)
+    fwd = [op for op in layer_forward(j.model, j.plan, moe=True) if op.name == "moe_dispatch.drop_gather"]
+    bwd = [op for op in layer_backward(j.model, j.plan, moe=True) if op.name == "moe_dispatch.drop_gather.bwd"]
+    assert pass_cost(fwd, b.costs, b.groups).comm_s == 0.0
+    gathered = b.costs.collective_s("all_gather", ROWS, b.groups.tp)
+    assert gathered > 0 and pass_cost(bwd, b.costs, b.groups).comm_s == gathered
+
+
+def test_no_host_wait_and_no_counts_exchanged():
+    j = job(expert_parallel=2)
+    assert moe_host_wait(j.model, j.plan) is None
+    assert not [op for op in layer_forward(j.model, j.plan, moe=True) if "counts" in op.name or "probs" in op.name]
+
+
+def test_activation_memory_keeps_the_masks_and_the_gathered_outputs():
+    """Per token of an MoE layer, against Megatron-Core's alltoall dispatcher on the same padded job (hidden 256,
+    expert width 512, k·cf = 2.5 slots a token, bf16, TP 1): the einsum layer keeps its router's fp32 input (4h)
+    where the alltoall one keeps the 16-bit (2h): +512; per slot its experts keep as Megatron-Core's do but no fp32
+    routing probability (−4 × 2.5 = −10); the combine keeps the experts' output, 2h a slot (+512 × 2.5 = +1,280),
+    and both einsums their S × EC operand in bf16, 2 × 2 bytes × S·k·cf = 4 × 1,024 × 2.5 = +10,240 a token."""
+    einsum = activation_bytes_per_token_layer(job(), moe=True)
+    alltoall = activation_bytes_per_token_layer(job(moe_token_dispatcher="alltoall"), moe=True)
+    assert einsum - alltoall == pytest.approx(512 - 10 + 1280 + 10240)
+    # the gating tensors grow with the micro-batch: twice the tokens, twice the 10,240 a token
+    longer = activation_bytes_per_token_layer(job(micro_batch_size=4, global_batch_size=32), moe=True)
+    assert longer - einsum == pytest.approx(10240)
+
+
+def test_experts_split_over_tensor_parallel_ranks_keep_their_share_of_the_width():
+    # per token, 2.5 slots each keeping its fc1 input (2 × 256), fc1 outputs and activation output over the width
+    # (2 × 2 + 2 = 6 bytes × 512 / tp) and the experts' gathered output (2 × 256); the two einsums' S × EC operands
+    # (4 bytes × 1,024 × 2.5 = 10,240), whatever tp; the router's 8 fp32 scores (32)
+    for tp, width in ((1, 6 * 512), (2, 6 * 512 / 2)):
+        plan = {"tensor_parallel": tp, "expert_tensor_parallel": tp, "expert_parallel": 2, "sequence_parallel": False}
+        j = job(**plan)
+        kept = einsum_expert_bytes(j.model, PlanTable.of_jobs([j]), expert_in=2, clamped=0)
+        assert kept[0] == pytest.approx(2.5 * (512 + width + 512) + 10240 + 32)
+
+
+@pytest.mark.parametrize(
+    ("model", "plan", "message"),
+    [
+        (
+            {"preset": "moe-tiny"},
+            {},
+            "plan.moe_token_dispatcher(einsum) pads every expert to its capacity (DeepSpeed's drop_tokens, "
+            "Megatron-DeepSpeed --moe-train-capacity-factor, default 1.0; its dropless gating is not priced): expected "
+            "model.moe_capacity_factor set and model.moe_pad_to_capacity true; got moe_capacity_factor None, "
+            "moe_pad_to_capacity False",
+        ),
+        (
+            {**MODEL, "moe_pad_to_capacity": False},
+            {},
+            "got moe_capacity_factor 1.25, moe_pad_to_capacity False",
+        ),
+        (
+            MODEL,
+            {"tensor_parallel": 2, "expert_tensor_parallel": 2, "expert_parallel": 2, "sequence_parallel": True},
+            "expected sequence_parallel false; got true",
+        ),
+        (
+            MODEL,
+            {"tensor_parallel": 2, "expert_tensor_parallel": 1, "expert_parallel": 2, "sequence_parallel": False},
+            "expected expert_tensor_parallel = tensor_parallel(2) and expert_parallel > 1; got expert_tensor_parallel "
+            "1, expert_parallel 2",
+        ),
+        (
+            MODEL,
+            {"tensor_parallel": 2, "expert_tensor_parallel": 2, "expert_parallel": 1, "sequence_parallel": False},
+            "got expert_tensor_parallel 2, expert_parallel 1",
+        ),
+        (MODEL, {"moe_grouped_gemm": True}, "plan.moe_grouped_gemm: DeepSpeed's MOELayer (moe_token_dispatcher"),
+        (MODEL, {"dtype": "fp8"}, "expected dtype bf16, fp16 or fp32; got fp8"),
+        (MODEL, {"context_parallel": 2}, "expected context_parallel 1; got 2"),
+        (
+            {"preset": "llama3-8b", "num_layers": 2},
+            {},
+            "plan.moe_token_dispatcher(einsum) needs a mixture-of-experts model (model.num_experts)",
+        ),
+    ],
+)
+def test_what_deepspeed_does_not_run_or_itercast_does_not_price_is_refused(model, plan, message):
+    with pytest.raises(ConfigError) as err:
+        job(model, **plan)
+    assert message in str(err.value)
+
+
+def test_shared_expert_overlap_is_refused_under_deepspeeds_layer():
+    with pytest.raises(ConfigError) as err:
+        job({**MODEL, "moe_shared_ffn_hidden_size": 512}, moe_shared_expert_overlap=True)
+    assert "expected moe_a2a_overlap false and the alltoall or flex dispatcher; got moe_token_dispatcher einsum" in str(
+        err.value
+    )
+
+
+def test_search_deepspeed_prices_its_einsum_layer_and_launches_its_capacity():
+    args = ["search", "--model", "moe-tiny", "--system", "dgx-h100", "--num-nodes-range", "1", "--framework"]
+    args += ["deepspeed", "--set", "plan.global_batch_size=64", "--top", "3", "--workers", "1", "--json"]
+    args += ["--set", "model.moe_shared_ffn_hidden_size=0"]  # moe-tiny's 256-wide shared expert: no PR-MoE copy
+    dropless = CliRunner().invoke(app, args)
+    assert dropless.exit_code == 2 and len(dropless.output.strip().splitlines()) == 1
+    assert "model.moe_capacity_factor: deepspeed runs MoE layers with a capacity" in dropless.output
+    padded = ["--set", "model.moe_capacity_factor=1.25", "--set", "model.moe_pad_to_capacity=true"]
+    result = CliRunner().invoke(app, [*args, *padded])
+    assert result.exit_code == 0, result.output
+    plans = json.loads(result.stdout)["plans"]
+    assert plans and all(p["plan"]["moe_token_dispatcher"] == "einsum" for p in plans)
+    assert all(not p["plan"]["sequence_parallel"] for p in plans)
+    launch = plans[0]["launch"]
+    for flag in ("--num-experts 8", "--topk 2", "--moe-train-capacity-factor 1.25"):
+        assert f"  {flag} \\" in launch
+
+
+def test_the_headline_names_deepspeeds_layer():
+    headline = TransformerWorkload(job(expert_parallel=2)).headline()
+    assert "experts ep 2 × etp 1 in DeepSpeed's einsum MoE layer," in headline
+
+
+def test_the_dense_dispatch_reports_under_its_own_family():
+    # the gating tensors and both einsums, forward and backward, under moe_einsum; none under Megatron-Core's layer
+    ops = [op for op in layer_forward(job().model, job().plan, moe=True) if op.label == "moe_einsum"]
+    assert [op.name for op in ops] == ["moe_gating", "moe_dispatch_einsum", "moe_combine_einsum"]
+    assert predict(job(expert_parallel=2)).family_time_s["moe_einsum"] > 0
+    assert "moe_einsum" not in predict(job(expert_parallel=2, moe_token_dispatcher="alltoall")).family_time_s
