@@ -219,7 +219,8 @@ def _activation_bytes(
     # the MLP input: a dense MLP's fc1 keeps it; in an MoE layer the router keeps it 16-bit and the
     # shared experts' fc1 its own copy under fp8
     einsum = moe and t.base.moe_token_dispatcher == "einsum"
-    mlp_in = 4 * h if einsum else (e + (fp8 if f else 0)) * h if moe else gemm_in * h
+    # (DeepSpeed's: its router's fp32 copy, and a PR-MoE residual MLP's fc1 and mixing coefficient the 16-bit one)
+    mlp_in = (4 + (e if f else 0)) * h if einsum else (e + (fp8 if f else 0)) * h if moe else gemm_in * h
     replicated = 2 * e * h + gemm_in * h + mlp_in + 2 * dropout  # two norm inputs, QKV and MLP inputs, masks
     # q, k, v; with QK-norm the norms' inputs (q and k before it); the projection input (the
     # attention output, heads × head_dim)
@@ -279,13 +280,16 @@ def einsum_expert_bytes(m: ModelConfig, t: PlanTable, expert_in: int, clamped: i
     gathered output (h a slot) and its weights, the dispatch einsum its mask, both cast to the activations'
     dtype: 2e per element of the S × S·k·cf gating tensors, so per token 2e·S·k·cf, which grows with the
     micro-batch; top-k (k > 2) gating's product keeps its fp32 one-hot slots too (4 an element); the router's
-    fp32 scores (E a token). The top-1/2 gating's saved S × E and S × C factors (4(E + C) a token) are left out."""
+    fp32 scores (E a token); with a shared expert, PR-MoE's mix keeps the experts' and the residual MLP's outputs
+    for its coefficient's gradient (2eh; deepspeed/moe/layer.py). The top-1/2 gating's saved S × E and S × C factors
+    (4(E + C) a token) are left out."""
     e, h, k = t.base.dtype_bytes, m.hidden_size, m.moe_top_k
     slots = k * m.moe_load()  # a token's slots
     tokens = t.cols["mbs"] * m.seq_length / t.cols["cp"]  # S
     per_slot = expert_in * h + (e * (2 if m.gated_mlp else 1) + expert_in + clamped) * m.expert_ffn / t.cols["tp"]
     gating = (2 * e + (4 if k > 2 else 0)) * tokens * slots
-    return slots * (per_slot + e * h) + gating + 4 * m.experts
+    mix = 2 * e * h if m.moe_shared_ffn_hidden_size else 0
+    return slots * (per_slot + e * h) + gating + 4 * m.experts + mix
 
 
 def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[int, int]:

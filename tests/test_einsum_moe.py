@@ -143,6 +143,29 @@ def test_activation_memory_keeps_the_masks_and_the_gathered_outputs():
     assert longer - einsum == pytest.approx(10240)
 
 
+def test_a_shared_expert_is_pr_moes_residual_mlp_mixed_in_by_a_coefficient():
+    """moe-tiny's expert width, 512, as the residual MLP (deepspeed/moe/layer.py use_residual), TP 1: after the
+    combine, the MLP (gate and up 2 × 1,024 × 256 × 1,024 FLOPs, SwiGLU 3 × 1,024 × 512 × 2 bytes, down
+    2 × 1,024 × 512 × 256), the coefficient's Linear(256, 2), 2 × 1,024 × 256 × 2 FLOPs, and the mix: two products
+    and their sum over 1,024 × 256 bf16 elements, 7 × 524,288 bytes, and the softmax's 2 reads and 2 writes of
+    2 bytes a token, 4 × 1,024 × 2 (4 kernels); backward 12 × 524,288 + 4 × 1,024 × 2 in 7 kernels."""
+    j = job({**MODEL, "moe_shared_ffn_hidden_size": 512})
+    fwd = layer_forward(j.model, j.plan, moe=True)
+    after = fwd[[op.name for op in fwd].index("moe_combine_einsum") + 1 : -1]
+    got = [(op.name, op.amount, op.count, op.backward_amount, op.backward_count) for op in after]
+    assert got == [
+        ("shared_up", 2 * 1024 * 256 * 1024, 1, -1, 0),
+        ("shared_act", 3 * 1024 * 512 * 2, 1, -1, 0),
+        ("shared_down", 2 * 1024 * 512 * 256, 1, -1, 0),
+        ("residual_coef", 2 * 1024 * 256 * 2, 1, -1, 0),
+        ("residual_mix", 7 * 524_288 + 4 * 1024 * 2, 4, 12 * 524_288 + 4 * 1024 * 2, 7),
+    ]
+    # memory per token: the MLP's fc1 outputs and activation output ((2 × 2 + 2) × 512 = 3,072), its (and the
+    # coefficient's) 16-bit input (2 × 256 = 512), and the experts' and the MLP's outputs kept by the mix (1,024)
+    pr_moe = activation_bytes_per_token_layer(j, moe=True)
+    assert pr_moe - activation_bytes_per_token_layer(job(), moe=True) == pytest.approx(3072 + 512 + 1024)
+
+
 def test_experts_split_over_tensor_parallel_ranks_keep_their_share_of_the_width():
     # per token, 2.5 slots each keeping its fc1 input (2 × 256), fc1 outputs and activation output over the width
     # (2 × 2 + 2 = 6 bytes × 512 / tp) and the experts' gathered output (2 × 256); the two einsums' S × EC operands
@@ -189,6 +212,12 @@ def test_experts_split_over_tensor_parallel_ranks_keep_their_share_of_the_width(
         (MODEL, {"moe_grouped_gemm": True}, "plan.moe_grouped_gemm: DeepSpeed's MOELayer (moe_token_dispatcher"),
         (MODEL, {"dtype": "fp8"}, "expected dtype bf16, fp16 or fp32; got fp8"),
         (MODEL, {"context_parallel": 2}, "expected context_parallel 1; got 2"),
+        (
+            {**MODEL, "moe_shared_ffn_hidden_size": 256},
+            {},
+            "model.moe_shared_ffn_hidden_size: DeepSpeed runs a shared expert only as PR-MoE's residual MLP, a copy "
+            "of a routed expert (deepspeed/moe/layer.py MoE use_residual: expected 0 or 512); moe-tiny sets 256",
+        ),
         (
             {"preset": "llama3-8b", "num_layers": 2},
             {},

@@ -55,7 +55,7 @@ from itercast.cli.variability_cmds import (
     run_level_notes,
     variability_model,
 )
-from itercast.config.job import parse_section, raw_sections, with_system_defaults
+from itercast.config.job import parse_section, pr_moe_problem, raw_sections, with_system_defaults
 from itercast.config.model import ModelConfig
 from itercast.config.plan import TE_OVERLAP_LAYERS, PlanConfig
 from itercast.config.system import SystemConfig
@@ -65,7 +65,6 @@ from itercast.search.distribution_rank import DistributionOptions, rank_by_distr
 from itercast.search.dlrm_search import DLRMPlanResult, default_batches, search_dlrm
 from itercast.search.dlrm_search import rank_by_distribution as rank_dlrm_by_distribution
 from itercast.search.frameworks import (
-    FRAMEWORKS,
     RECOMPUTE_FIELDS,
     check_fixed,
     check_recompute,
@@ -279,11 +278,6 @@ def search_cmd(
         )
     if result.plans and (note := checked_note(plan_job(request, result.plans[0]))):
         warn(note)
-    if FRAMEWORKS[framework].residual_moe and request.model.moe_shared_ffn_hidden_size:
-        warn(
-            f"{framework} runs the shared expert as PR-MoE's residual MLP: its mixing coefficient (a linear layer of "
-            "2 outputs, a softmax and a weighted sum per token, deepspeed/moe/layer.py) is not priced"
-        )
     settings = framework_settings(raw["plan"], framework, request.model)
     if fmt == "json":
         doc = result.to_dict()
@@ -458,12 +452,8 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
             "false; torchtitan runs its shared expert beside the combine, DeepSpeed after the experts); the job "
             "sets true"
         )
-    if fw.residual_moe and m.moe_shared_ffn_hidden_size not in (0, m.expert_ffn):
-        raise ConfigError(
-            f"model.moe_shared_ffn_hidden_size: {fw.name} runs a shared expert only as PR-MoE's residual MLP, a "
-            f"copy of a routed expert (deepspeed/moe/layer.py MoE use_residual: expected 0 or {m.expert_ffn}); "
-            f"{m.name} sets {m.moe_shared_ffn_hidden_size}"
-        )
+    if fw.residual_moe and (problem := pr_moe_problem(m)):
+        raise ConfigError(problem)
     if m.mla and not fw.multi_latent_attention:
         raise ConfigError(
             f"model.kv_lora_rank: {fw.name} has no multi-latent attention (Megatron-DeepSpeed's model/transformer.py "

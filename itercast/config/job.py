@@ -530,6 +530,18 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
     return problems
 
 
+def pr_moe_problem(model: ModelConfig) -> str | None:
+    """DeepSpeed runs a shared expert only as PR-MoE's residual MLP, a copy of one routed expert (deepspeed/moe/
+    layer.py MoE use_residual: `self.mlp = expert`): a one-line problem for another width, else None."""
+    if model.moe_shared_ffn_hidden_size in (0, model.expert_ffn):
+        return None
+    return (
+        "model.moe_shared_ffn_hidden_size: DeepSpeed runs a shared expert only as PR-MoE's residual MLP, a copy of a "
+        f"routed expert (deepspeed/moe/layer.py MoE use_residual: expected 0 or {model.expert_ffn}); {model.name} "
+        f"sets {model.moe_shared_ffn_hidden_size}"
+    )
+
+
 def _einsum_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list[str]:
     """plan.moe_token_dispatcher einsum as DeepSpeed's MOELayer runs it (deepspeed/moe/sharded_moe.py at 38327e0):
     drop_tokens=True pads every expert to its capacity (Megatron-DeepSpeed --moe-train-capacity-factor, default
@@ -541,7 +553,7 @@ def _einsum_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list[str]:
     (whole experts beside tensor parallelism, its default, are not priced: their gradients and ZeRO groups
     differ from Megatron-Core's folding that itercast prices); its experts run one after another
     (deepspeed/moe/experts.py), beside no all-to-all."""
-    problems = []
+    problems = [problem] if (problem := pr_moe_problem(model)) else []
     if model.moe_capacity_factor is None or not model.moe_pad_to_capacity:
         got = f"moe_capacity_factor {model.moe_capacity_factor}, moe_pad_to_capacity {model.moe_pad_to_capacity}"
         problems.append(

@@ -1097,7 +1097,8 @@ def _einsum_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[
       outputs concatenated (`_expert_copies`, sequential); Megatron-DeepSpeed's ParallelMLP(moe=True) over tp,
       its f and g all-reduces priced as one each way over all local experts' rows (local of them run, each
       1/local of the bytes).
-    - a shared expert is PR-MoE's residual MLP, run after the experts' layer returns (deepspeed/moe/layer.py).
+    - a shared expert is PR-MoE's residual MLP, run after the experts' layer returns, and mixed in
+      (`_residual_moe`).
     No host wait (the capacity comes from shapes on the host), no counts exchanged, no probabilities sent."""
     h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
     tp, ep, fe = plan.tensor_parallel, plan.expert_parallel, model.expert_ffn
@@ -1141,9 +1142,36 @@ def _einsum_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[
         Op("moe_combine", "ep_comm", full / tp, "alltoall", backward_comm="alltoall", group="ep"),
         *_token_gather("moe_combine", full, tp),
         Op("moe_combine_einsum", "gemm", 2 * n * slots * h, label=EINSUM),
-        *_mlp("shared", model.moe_shared_ffn_hidden_size, model, plan, sh),
+        *_residual_moe(model, plan, sh),
     ]
     return ops
+
+
+def _residual_moe(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+    """PR-MoE's residual MLP, DeepSpeed's shared expert (deepspeed/moe/layer.py MoE.forward with use_residual at
+    38327e0), after the experts' layer returns: the MLP (a routed expert's copy, `_mlp`), then its mixing
+    coefficient over the n tokens (e the activations' bytes): `self.coefficient`, a Linear(h, 2) (2·n·h·2 FLOPs),
+    its softmax over the 2 (read and write 2e a token), and `output * coef[..., 0:1] + output_mlp * coef[..., 1:]`:
+    two products (read n·h·e, write n·h·e each) and their sum (read 2, write 1): 7·n·h·e + 4·n·e in 4 kernels.
+    Backward: each product's gradient for its tensor (read and write n·h·e) and for its coefficient (the product
+    with the saved tensor written, then summed over h: read 2, write 1, read 1), 12·n·h·e + 4·n·e (with the
+    softmax's) in 7 kernels; the sum's passes through."""
+    width = model.moe_shared_ffn_hidden_size
+    if width == 0:
+        return []
+    n, h, e = sh.tokens, model.hidden_size, sh.e
+    return [
+        *_mlp("shared", width, model, plan, sh),
+        Op("residual_coef", "gemm", 2 * n * h * 2),
+        Op(
+            "residual_mix",
+            "elementwise",
+            7 * n * h * e + 4 * n * e,
+            count=4,
+            backward_amount=12 * n * h * e + 4 * n * e,
+            backward_count=7,
+        ),
+    ]
 
 
 def _moe_a2a_hides(plan: PlanConfig, shared: list[Op]) -> tuple[str, str]:
