@@ -218,9 +218,9 @@ def _activation_bytes(
     dropout = h if m.has_dropout else 0  # 1-byte masks, two per layer
     # the MLP input: a dense MLP's fc1 keeps it; in an MoE layer the router keeps it 16-bit and the
     # shared experts' fc1 its own copy under fp8
-    einsum = moe and t.base.moe_token_dispatcher == "einsum"
+    deepspeed = moe and t.base.deepspeed_moe
     # (DeepSpeed's: its router's fp32 copy, and a PR-MoE residual MLP's fc1 and mixing coefficient the 16-bit one)
-    mlp_in = (4 + (e if f else 0)) * h if einsum else (e + (fp8 if f else 0)) * h if moe else gemm_in * h
+    mlp_in = (4 + (e if f else 0)) * h if deepspeed else (e + (fp8 if f else 0)) * h if moe else gemm_in * h
     replicated = 2 * e * h + gemm_in * h + mlp_in + 2 * dropout  # two norm inputs, QKV and MLP inputs, masks
     # q, k, v; with QK-norm the norms' inputs (q and k before it); the projection input (the
     # attention output, heads × head_dim)
@@ -246,8 +246,8 @@ def _activation_bytes(
         copies = m.moe_top_k * m.moe_load() / rep
         per_copy = expert_in * t.cols["etp"] * h + (e * up + expert_in + clamped) * m.expert_ffn + 4
         experts = copies * per_copy + 4 * m.experts / rep
-    if einsum:
-        experts = einsum_expert_bytes(m, t, expert_in, clamped)
+    if deepspeed:
+        experts = deepspeed_expert_bytes(m, t, expert_in, clamped)
     attention_again = replicated / rep + latents + sharded / tp + experts
     # what Megatron-Core's selective recompute of each of plan.recompute_modules stops keeping (transformer_layer.py,
     # moe/experts.py at d98e8a64): core_attn the unfused attention's scores; layernorm, in an MoE layer, the
@@ -270,26 +270,30 @@ def _activation_bytes(
     return _recompute_kept(m, t, rc, attention_again + scores / tp, modules, op_experts, f, rep)
 
 
-def einsum_expert_bytes(m: ModelConfig, t: PlanTable, expert_in: int, clamped: int) -> np.ndarray:
+def deepspeed_expert_bytes(m: ModelConfig, t: PlanTable, expert_in: int, clamped: int) -> np.ndarray:
     """Bytes per token of the micro-batch an MoE layer of DeepSpeed's MOELayer keeps for backward beyond its
-    shared MLP and its router's fp32 input (plan.moe_token_dispatcher einsum; deepspeed/moe/sharded_moe.py at
-    38327e0, transformer_ops._einsum_moe_block), per row: with S tokens a micro-batch on the rank and k·cf slots
-    a token (model.moe_load), every rank's experts run all S·k·cf slots (gathered over the tensor-parallel
-    ranks), each keeping its fc1 input, fc1 output(s) and activation output over the expert width / tp
-    (Megatron-DeepSpeed's ParallelMLP, expert tensor parallel = tp); the combine einsum keeps the experts'
-    gathered output (h a slot) and its weights, the dispatch einsum its mask, both cast to the activations'
-    dtype: 2e per element of the S × S·k·cf gating tensors, so per token 2e·S·k·cf, which grows with the
-    micro-batch; top-k (k > 2) gating's product keeps its fp32 one-hot slots too (4 an element); the router's
-    fp32 scores (E a token); with a shared expert, PR-MoE's mix keeps the experts' and the residual MLP's outputs
-    for its coefficient's gradient (2eh; deepspeed/moe/layer.py). The top-1/2 gating's saved S × E and S × C factors
-    (4(E + C) a token) are left out."""
+    shared MLP and its router's fp32 input (plan.moe_token_dispatcher einsum or gather; deepspeed/moe/
+    sharded_moe.py at 38327e0 and from v0.19.4, transformer_ops._deepspeed_moe_block), per row: with S tokens a
+    micro-batch on the rank and k·cf slots a token (model.moe_load), every rank's experts run all S·k·cf slots
+    (gathered over the tensor-parallel ranks), each keeping its fc1 input, fc1 output(s) and activation output over
+    the expert width / tp (Megatron-DeepSpeed's ParallelMLP, expert tensor parallel = tp); the router's fp32 scores
+    (E a token); with a shared expert, PR-MoE's mix keeps the experts' and the residual MLP's outputs for its
+    coefficient's gradient (2eh; deepspeed/moe/layer.py). Then:
+    - einsum: the combine keeps the experts' gathered output (h a slot) and its weights, the dispatch its mask, both
+      cast to the activations' dtype: 2e per element of the S × S·k·cf gating tensors, so per token 2e·S·k·cf,
+      which grows with the micro-batch; top-k (k > 2) gating's product keeps its fp32 one-hot slots too (4 an
+      element). The top-1/2 gating's saved S × E and S × C factors (4(E + C) a token) are left out.
+    - gather: the combine's weighting keeps each route's gathered row and its fp32 weight (k·(eh + 4) a token);
+      index_select keeps only its indices."""
     e, h, k = t.base.dtype_bytes, m.hidden_size, m.moe_top_k
     slots = k * m.moe_load()  # a token's slots
-    tokens = t.cols["mbs"] * m.seq_length / t.cols["cp"]  # S
     per_slot = expert_in * h + (e * (2 if m.gated_mlp else 1) + expert_in + clamped) * m.expert_ffn / t.cols["tp"]
-    gating = (2 * e + (4 if k > 2 else 0)) * tokens * slots
     mix = 2 * e * h if m.moe_shared_ffn_hidden_size else 0
-    return slots * (per_slot + e * h) + gating + 4 * m.experts + mix
+    kept = slots * per_slot + 4 * m.experts + mix
+    if t.base.moe_token_dispatcher == "gather":
+        return kept + k * (e * h + 4)
+    tokens = t.cols["mbs"] * m.seq_length / t.cols["cp"]  # S
+    return kept + slots * e * h + (2 * e + (4 if k > 2 else 0)) * tokens * slots
 
 
 def eager_saved_bytes(m: ModelConfig, p: PlanConfig, mlp_width: int) -> tuple[int, int]:

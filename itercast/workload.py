@@ -97,7 +97,11 @@ class TransformerWorkload:
 
     def headline(self) -> str:
         job, p = self.job, self.job.plan
-        dispatch = {"flex": " over the flex dispatcher", "einsum": " in DeepSpeed's einsum MoE layer"}
+        dispatch = {
+            "flex": " over the flex dispatcher",
+            "einsum": " in DeepSpeed's einsum MoE layer",
+            "gather": " in DeepSpeed's index-gather MoE layer",
+        }
         flex = dispatch.get(p.moe_token_dispatcher, "")
         experts = f", experts ep {p.expert_parallel} × etp {p.etp}{flex}" if job.model.is_moe else ""
         shard = "" if p.zero_shard_ranks is None else f" sharded within {p.zero_shard_ranks} ranks"

@@ -494,7 +494,7 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
             f"plan.main_params/adam_state_dtype: {fw.name} runs {kept}, the job sets {state[0]}/{state[1]}"
         )
     padded = m.moe_capacity_factor is not None and m.moe_pad_to_capacity
-    if m.is_moe and plan.get("moe_token_dispatcher") == "einsum" and not padded:
+    if m.is_moe and plan.get("moe_token_dispatcher") in ("einsum", "gather") and not padded:
         raise ConfigError(
             f"model.moe_capacity_factor: {fw.name} runs MoE layers with a capacity, every expert padded to it "
             "(Megatron-DeepSpeed --moe-train-capacity-factor, default 1.0; its dropless gating is not priced): "

@@ -487,7 +487,7 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
         ]
         wrong += [("moe_a2a_overlap", True)] if p.moe_a2a_overlap else []
         wrong += [("moe_shared_expert_overlap", True)] if p.moe_shared_expert_overlap else []
-        if p.moe_token_dispatcher in ("flex", "einsum"):
+        if p.moe_token_dispatcher == "flex" or p.deepspeed_moe:
             wrong.append(("moe_token_dispatcher", p.moe_token_dispatcher))
         return [f"plan.{n}({v}) needs a mixture-of-experts model (model.num_experts)" for n, v in wrong]
     problems = []
@@ -521,8 +521,8 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
             f"tensor_parallel({p.tensor_parallel}) × context_parallel({p.context_parallel}) × data_parallel({dp}) "
             f"= {folded} (Megatron-Core folds expert ranks into those)"
         )
-    if p.moe_token_dispatcher == "einsum":
-        problems += _einsum_problems(model, p, etp)
+    if p.deepspeed_moe:
+        problems += _deepspeed_moe_problems(model, p, etp)
     elif p.tensor_parallel > 1 and not p.sequence_parallel:
         problems.append(
             "a mixture-of-experts model with tensor_parallel > 1 needs plan.sequence_parallel (Megatron-Core)"
@@ -542,8 +542,9 @@ def pr_moe_problem(model: ModelConfig) -> str | None:
     )
 
 
-def _einsum_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list[str]:
-    """plan.moe_token_dispatcher einsum as DeepSpeed's MOELayer runs it (deepspeed/moe/sharded_moe.py at 38327e0):
+def _deepspeed_moe_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list[str]:
+    """plan.moe_token_dispatcher einsum or gather, DeepSpeed's MOELayer, as it runs (deepspeed/moe/sharded_moe.py at
+    38327e0 and from v0.19.4):
     drop_tokens=True pads every expert to its capacity (Megatron-DeepSpeed --moe-train-capacity-factor, default
     1.0; its dropless gating, --disable-moe-token-dropping, sizes the capacity from the busiest expert, all-reduced
     and read by the host: not priced); every tensor-parallel rank holds the whole sequence, whose capacity
@@ -553,23 +554,24 @@ def _einsum_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list[str]:
     (whole experts beside tensor parallelism, its default, are not priced: their gradients and ZeRO groups
     differ from Megatron-Core's folding that itercast prices); its experts run one after another
     (deepspeed/moe/experts.py), beside no all-to-all."""
+    d = p.moe_token_dispatcher
     problems = [problem] if (problem := pr_moe_problem(model)) else []
     if model.moe_capacity_factor is None or not model.moe_pad_to_capacity:
         got = f"moe_capacity_factor {model.moe_capacity_factor}, moe_pad_to_capacity {model.moe_pad_to_capacity}"
         problems.append(
-            "plan.moe_token_dispatcher(einsum) pads every expert to its capacity (DeepSpeed's drop_tokens, "
+            f"plan.moe_token_dispatcher({d}) pads every expert to its capacity (DeepSpeed's drop_tokens, "
             "Megatron-DeepSpeed --moe-train-capacity-factor, default 1.0; its dropless gating is not priced): "
             f"expected model.moe_capacity_factor set and model.moe_pad_to_capacity true; got {got}"
         )
     if p.tensor_parallel > 1 and p.sequence_parallel:
         problems.append(
-            "plan.moe_token_dispatcher(einsum) takes the whole sequence on every tensor-parallel rank (DeepSpeed's "
+            f"plan.moe_token_dispatcher({d}) takes the whole sequence on every tensor-parallel rank (DeepSpeed's "
             "drop_tokens splits its capacity over them): expected sequence_parallel false; got true"
         )
     tp = p.tensor_parallel
     if etp != tp or (tp > 1 and p.expert_parallel == 1):
         problems.append(
-            "plan.moe_token_dispatcher(einsum) is priced with the experts split over all tensor-parallel ranks "
+            f"plan.moe_token_dispatcher({d}) is priced with the experts split over all tensor-parallel ranks "
             "(Megatron-DeepSpeed --enable-expert-tensor-parallelism), their tokens gathered back over them, which "
             "DeepSpeed's MOELayer does with expert parallelism only (sharded_moe.py gather_tokens); its default, "
             "whole experts beside tensor parallelism, is not priced: expected expert_tensor_parallel = "
@@ -578,17 +580,17 @@ def _einsum_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list[str]:
         )
     if p.context_parallel > 1:
         problems.append(
-            "plan.moe_token_dispatcher(einsum): Megatron-DeepSpeed has no ring context parallelism (DeepSpeed-Ulysses "
+            f"plan.moe_token_dispatcher({d}): Megatron-DeepSpeed has no ring context parallelism (DeepSpeed-Ulysses "
             f"splits heads): expected context_parallel 1; got {p.context_parallel}"
         )
     if p.dtype == "fp8":
         problems.append(
-            "plan.moe_token_dispatcher(einsum): DeepSpeed's experts are Megatron-DeepSpeed's ParallelMLP, outside "
+            f"plan.moe_token_dispatcher({d}): DeepSpeed's experts are Megatron-DeepSpeed's ParallelMLP, outside "
             "Transformer Engine's FP8 modules: expected dtype bf16, fp16 or fp32; got fp8"
         )
     running = [("moe_grouped_gemm", p.moe_grouped_gemm), ("moe_a2a_overlap", p.moe_a2a_overlap)]
     problems += [
-        f"plan.{name}: DeepSpeed's MOELayer (moe_token_dispatcher einsum) runs its experts in turn and overlaps "
+        f"plan.{name}: DeepSpeed's MOELayer (moe_token_dispatcher {d}) runs its experts in turn and overlaps "
         "no all-to-all: expected false; got true"
         for name, on in running
         if on

@@ -446,7 +446,7 @@ class PlanConfig(BaseModel):
         "TransformerConfig refuses beside it. torchtitan's dispatcher runs its own order, priced whatever this "
         "says: the forward combine beside the whole shared expert (workloads/transformer_ops.py _moe_a2a_hides).",
     )
-    moe_token_dispatcher: Literal["alltoall", "flex", "torchtitan", "einsum"] = Field(
+    moe_token_dispatcher: Literal["alltoall", "flex", "torchtitan", "einsum", "gather"] = Field(
         "alltoall",
         description="Whose code sends an MoE layer's tokens to their experts, which sets where the host waits for "
         "the device in every MoE layer's forward (workloads/transformer_ops.py moe_host_wait) and how many copies "
@@ -458,7 +458,10 @@ class PlanConfig(BaseModel):
         "DeepSpeed's MOELayer (deepspeed/moe/sharded_moe.py before v0.19.4, Megatron-DeepSpeed's MoE), GShard's "
         "dense dispatch and combine, two matmuls over a tokens × experts × capacity one-hot tensor, every expert "
         "padded to its capacity (model.moe_capacity_factor with moe_pad_to_capacity), the whole sequence on every "
-        "tensor-parallel rank (no sequence parallelism), no host wait (transformer_ops._einsum_moe_block).",
+        "tensor-parallel rank (no sequence parallelism), no host wait (transformer_ops._deepspeed_moe_block); "
+        "gather: DeepSpeed's MOELayer from v0.19.4 (pull request 8195), the same layer with its dispatch an index "
+        "gather of the routed rows into the padded capacity and its combine a gather of each token's k rows, "
+        "weighted in fp32.",
     )
     moe_probs_alltoall: bool = Field(
         True,
@@ -513,7 +516,7 @@ class PlanConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_shared_expert_overlap(self) -> PlanConfig:
-        own_order = self.moe_token_dispatcher in ("torchtitan", "einsum")
+        own_order = self.moe_token_dispatcher == "torchtitan" or self.deepspeed_moe
         if self.moe_shared_expert_overlap and (self.moe_a2a_overlap or own_order):
             dispatcher = f"moe_token_dispatcher {self.moe_token_dispatcher}"
             got = "moe_a2a_overlap true" if self.moe_a2a_overlap else dispatcher
@@ -640,6 +643,12 @@ class PlanConfig(BaseModel):
                 "Megatron-Core); got fp8_recipe=delayed"
             )
         return self
+
+    @property
+    def deepspeed_moe(self) -> bool:
+        """MoE layers of DeepSpeed's MOELayer (moe_token_dispatcher einsum or gather: transformer_ops
+        _deepspeed_moe_block; job.py _deepspeed_moe_problems)."""
+        return self.moe_token_dispatcher in ("einsum", "gather")
 
     @property
     def accumulates_in_gemm(self) -> bool:

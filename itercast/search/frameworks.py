@@ -349,8 +349,9 @@ FRAMEWORKS: dict[str, Framework] = {
         moe_shared_expert_overlap=False,
         residual_moe=True,
         recompute_modules=False,  # Megatron-DeepSpeed's selective recompute: core attention (--recompute-activations)
-        # deepspeed.moe's MOELayer: GShard's einsum dispatch over every expert's padded capacity (sharded_moe.py)
-        moe_token_dispatchers=("einsum",),
+        # deepspeed.moe's MOELayer over every expert's padded capacity (sharded_moe.py): GShard's einsum dispatch as
+        # at the commit these rules were read at, or the index gathers of v0.19.4 on
+        moe_token_dispatchers=("einsum", "gather"),
         # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)
         optimizer_states=(("fp32", "fp32"),),
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling

@@ -471,6 +471,10 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
     # megatron/arguments.py raises on sequence parallelism without it (on CUDA)
     env = "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed, sequence parallel)\n"
     head = env if p["sequence_parallel"] else ""
+    # the MOELayer priced (plan.moe_token_dispatcher): deepspeed/moe/sharded_moe.py before or from pull request 8195
+    if model.is_moe and (dispatch := p.get("moe_token_dispatcher")) in ("einsum", "gather"):
+        version = "deepspeed<0.19.4" if dispatch == "einsum" else "deepspeed>=0.19.4"
+        head += f"# MoE layers priced as DeepSpeed's {dispatch} dispatch: pip install '{version}'\n"
     return f"{head}# ds_config.json\n{text}\n# Megatron-DeepSpeed arguments\n" + " \\\n  ".join(args)
 
 

@@ -193,7 +193,7 @@ def _rules(
     want_dp = int(fixed.get("data_parallel") or 0)
     uneven = np.bool_(base.stage_layers is not None)
     moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
-    einsum = np.bool_(base.moe_token_dispatcher == "einsum")  # job.py _einsum_problems
+    deepspeed = np.bool_(base.deepspeed_moe)  # job.py _deepspeed_moe_problems
     shard_fixed = np.bool_("zero_shard_ranks" in fixed)
     fits_stages = base.stage_layers is None or len(base.stage_layers) == base.pipeline_parallel * base.virtual_pipeline
     # Megatron's selective recompute of fused attention runs its forward again and frees nothing
@@ -239,12 +239,12 @@ def _rules(
             lambda c: (c["etp"] == 1) | (c["etp"] == c["tp"]) | ("expert_tensor_parallel" in fixed),
         ),
         (
-            "MoE with tp > 1 needs sequence_parallel (DeepSpeed's einsum dispatcher: none)",
-            lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == (0 if einsum else 1)),
+            "MoE with tp > 1 needs sequence_parallel (DeepSpeed's MoE layer: none)",
+            lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == (0 if deepspeed else 1)),
         ),
         (
-            "MoE under the einsum dispatcher: expert_tensor_parallel = tp, expert_parallel > 1 with tp > 1",
-            lambda c: ~moe | ~einsum | ((c["etp"] == c["tp"]) & ((c["tp"] == 1) | (c["ep"] > 1))),
+            "DeepSpeed's MoE layer: expert_tensor_parallel = tp, expert_parallel > 1 with tp > 1",
+            lambda c: ~moe | ~deepspeed | ((c["etp"] == c["tp"]) & ((c["tp"] == 1) | (c["ep"] > 1))),
         ),
         (
             "plan.tp_comm_overlap needs sequence_parallel with tp > 1",

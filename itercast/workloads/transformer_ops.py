@@ -52,7 +52,7 @@ scales the rows; with a capacity but no padding, the imbalance up to the capacit
 are a tensor-parallel MLP that runs beside the dispatch and combine (Megatron-Core
 --moe-shared-expert-overlap); plan.moe_a2a_overlap hides the all-to-alls behind attention instead.
 DeepSpeed's MoE layer (plan.moe_token_dispatcher einsum) dispatches and combines by matmuls over a one-hot
-tokens × experts × capacity tensor instead (`_einsum_moe_block`).
+tokens × experts × capacity tensor, or from v0.19.4 by index gathers, instead (`_deepspeed_moe_block`).
 
 Norms, rotary embeddings and the gated activation are one fused kernel each (Transformer Engine, Apex,
 Megatron-Core), or with plan.pointwise_kernels eager the op-by-op chains of torchtitan's
@@ -921,9 +921,9 @@ def _repeat_kv(model: ModelConfig, sh: Shapes) -> list[Op]:
 
 
 def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
-    """The MoE layer's MLP on one rank, as the module docstring states (DeepSpeed's: `_einsum_moe_block`)."""
-    if plan.moe_token_dispatcher == "einsum":
-        return _einsum_moe_block(model, plan, sh)
+    """The MoE layer's MLP on one rank, as the module docstring states (DeepSpeed's: `_deepspeed_moe_block`)."""
+    if plan.deepspeed_moe:
+        return _deepspeed_moe_block(model, plan, sh)
     h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
     ep, etp, fe = plan.expert_parallel, plan.etp, model.expert_ffn
     n = sh.sp_tokens
@@ -1049,10 +1049,6 @@ def einsum_gating_cost(k: int, e: int) -> tuple[int, int, int, int]:
     return 4 * k + 12 * (k - 1) + 10 + 2 * e, 2 * k + 2, e + 4 + 4 * k, 1 + k
 
 
-#: the family DeepSpeed's dense dispatch reports under (its gating tensors and its two einsums)
-EINSUM = "moe_einsum"
-
-
 def _token_drop(name: str, full: float, tp: int) -> list[Op]:
     """DeepSpeed's drop_tokens before an all-to-all with tensor parallelism (deepspeed/moe/mappings.py at 38327e0):
     a narrow of the capacity to this rank's 1/tp share of `full` bytes, which the all-to-all makes contiguous
@@ -1078,18 +1074,73 @@ def _token_gather(name: str, full: float, tp: int) -> list[Op]:
     ]
 
 
-def _einsum_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
-    """DeepSpeed's MoE layer on one rank (plan.moe_token_dispatcher einsum: deepspeed/moe/sharded_moe.py TopKGate
-    and MOELayer at 38327e0, GShard's Algorithm 2, with drop_tokens as Megatron-DeepSpeed runs it; where it is
-    priced: config/job.py _einsum_problems). S, the micro-batch's tokens, whole on every tensor-parallel rank;
-    EC = S·k·cf (model.moe_load) slots, every expert's capacity C = k·cf·S/E padded (its ceiling and
-    Megatron-DeepSpeed's --moe-min-capacity, 4, left out), so every expert runs C rows whatever the balance.
+def _deepspeed_dispatch(model: ModelConfig, plan: PlanConfig, n: float, slots: float) -> tuple[list[Op], list[Op]]:
+    """(dispatch, combine) of DeepSpeed's MOELayer for `n` tokens into `slots` padded slots (S and EC of
+    `_deepspeed_moe_block`), reported under the family moe_einsum or moe_gather, e the activations' bytes.
+    einsum (before v0.19.4): the S×EC gating tensors (`einsum_gating_cost`); dispatch, einsum("sec,sm->ecm"), a GEMM
+    of 2·S·EC·h FLOPs whose mask takes no gradient (backward, the input's alone); combine, einsum("sec,ecm->sm"), as
+    many FLOPs, backward both operands' gradients.
+    gather (from v0.19.4, sharded_moe.py _sparse_encode, _sparse_decode): the gate hands back each route's expert,
+    slot and weight; dispatch, the input with a zero row appended (torch.cat: read S rows, write them) and
+    index_select of the EC slots' rows (read and write EC rows), 6 kernels with the slot map's; backward,
+    index_select's zero-filled S rows and index_add of the EC (EC + 2S rows, 2 kernels). Combine, the expert
+    output with a zero row appended (2·EC rows), index_select of each token's k rows (2·k·S), their product with
+    the fp32 weights (read e, write 4 a k·S element), its sum over the k (read 4, write 4 an S element) and the
+    cast back (read 4, write e): 2·EC·e + k·S·(3e + 8) + S·(8 + e) bytes a unit of h, 6 kernels; backward the
+    cast's (e + 4 an S element), the product's for the rows (read 4, write 4, cast: read 4, write e) and for the
+    weights (read 4 and e, write 4, summed: read 4) and index_select's into EC rows (k·S + 2·EC rows of e):
+    S·(e + 4) + k·S·(24 + 3e) + 2·EC·e a unit of h, 7 kernels. The slot map's int64 work (about 8 bytes a slot
+    against 2h of a row) is left out."""
+    h, e, k = model.hidden_size, plan.dtype_bytes, model.moe_top_k
+    family = f"moe_{plan.moe_token_dispatcher}"
+    if plan.moe_token_dispatcher == "einsum":
+        gating, kernels, gating_bwd, kernels_bwd = einsum_gating_cost(k, e)
+        dispatch = [
+            Op(
+                "moe_gating",
+                "elementwise",
+                gating * n * slots,
+                count=kernels,
+                label=family,
+                backward_amount=gating_bwd * n * slots,
+                backward_count=kernels_bwd,
+            ),
+            Op("moe_dispatch_einsum", "gemm", 2 * n * slots * h, label=family, weight_grad=False),
+        ]
+        return dispatch, [Op("moe_combine_einsum", "gemm", 2 * n * slots * h, label=family)]
+    encode = Op(
+        "moe_dispatch_gather",
+        "elementwise",
+        2 * (n + slots) * h * e,
+        count=6,
+        label=family,
+        backward_amount=(slots + 2 * n) * h * e,
+        backward_count=2,
+    )
+    routes = k * n
+    decode = Op(
+        "moe_combine_gather",
+        "elementwise",
+        (2 * slots * e + routes * (3 * e + 8) + n * (8 + e)) * h,
+        count=6,
+        label=family,
+        backward_amount=(n * (e + 4) + routes * (24 + 3 * e) + 2 * slots * e) * h,
+        backward_count=7,
+    )
+    return [encode], [decode]
+
+
+def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+    """DeepSpeed's MoE layer on one rank (plan.moe_token_dispatcher einsum or gather: deepspeed/moe/sharded_moe.py
+    TopKGate and MOELayer at 38327e0 and from v0.19.4, GShard's Algorithm 2, with drop_tokens as Megatron-DeepSpeed
+    runs it; where it is priced: config/job.py _deepspeed_moe_problems). S, the micro-batch's tokens, whole on
+    every tensor-parallel rank; EC = S·k·cf (model.moe_load) slots, every expert's capacity C = k·cf·S/E padded
+    (its ceiling and Megatron-DeepSpeed's --moe-min-capacity, 4, left out), so every expert runs C rows whatever
+    the balance.
     - router: an fp32 gate (input.float(), priced with its S×E work; the fp32 GEMM at the training dtype's
       curve, E / (3·k·expert_ffn) of the experts' FLOPs) and its ~30 small S×E kernels (softmax, argmax or top-k,
       cumsum, the auxiliary loss) priced as one pass over the fp32 logits, as the other dispatchers' routers.
-    - the S×EC gating tensors (`einsum_gating_cost`).
-    - dispatch, einsum("sec,sm->ecm"): a GEMM of 2·S·EC·h FLOPs whose mask takes no gradient (backward, the
-      input's gradient alone); combine, einsum("sec,ecm->sm"): as many, backward both operands' gradients.
+    - dispatch into the slots and combine out of them (`_deepspeed_dispatch`).
     - with tensor parallelism (expert tensor parallel = tp and expert parallel > 1): drop_tokens before each
       all-to-all, gather_tokens after it (`_token_drop`, `_token_gather`); each all-to-all sends EC·h/tp.
     - experts (deepspeed/moe/experts.py): each local expert runs its chunk of the slots, a strided view with
@@ -1100,26 +1151,17 @@ def _einsum_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[
     - a shared expert is PR-MoE's residual MLP, run after the experts' layer returns, and mixed in
       (`_residual_moe`).
     No host wait (the capacity comes from shapes on the host), no counts exchanged, no probabilities sent."""
-    h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
+    h, e, E = model.hidden_size, sh.e, model.experts
     tp, ep, fe = plan.tensor_parallel, plan.expert_parallel, model.expert_ffn
     local, up = E // ep, 2 if model.gated_mlp else 1
     n = sh.tokens
-    slots = n * k * model.moe_load()  # EC, all experts' capacity; every rank's experts run all of it
+    slots = n * model.moe_top_k * model.moe_load()  # EC, all experts' capacity; every rank's experts run all of it
     full = slots * h * e
-    gating, kernels, gating_bwd, kernels_bwd = einsum_gating_cost(k, e)
+    dispatch, combine = _deepspeed_dispatch(model, plan, n, slots)
     ops = [
         Op("router", "gemm", 2 * n * h * E),
         Op("router_topk", "elementwise", 3 * n * E * 4 + (e + 4) * n * h),  # + the input's cast to fp32
-        Op(
-            "moe_gating",
-            "elementwise",
-            gating * n * slots,
-            count=kernels,
-            label=EINSUM,
-            backward_amount=gating_bwd * n * slots,
-            backward_count=kernels_bwd,
-        ),
-        Op("moe_dispatch_einsum", "gemm", 2 * n * slots * h, label=EINSUM, weight_grad=False),
+        *dispatch,
         *_token_drop("moe_dispatch", full, tp),
         Op("moe_dispatch", "ep_comm", full / tp, "alltoall", backward_comm="alltoall", group="ep"),
         *_token_gather("moe_dispatch", full, tp),
@@ -1141,7 +1183,7 @@ def _einsum_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[
         *_token_drop("moe_experts", full, tp),
         Op("moe_combine", "ep_comm", full / tp, "alltoall", backward_comm="alltoall", group="ep"),
         *_token_gather("moe_combine", full, tp),
-        Op("moe_combine_einsum", "gemm", 2 * n * slots * h, label=EINSUM),
+        *combine,
         *_residual_moe(model, plan, sh),
     ]
     return ops
