@@ -195,11 +195,15 @@ def test_a_set_reaches_one_item_of_a_presets_list():
             "(given by --set model.tables.0.rows=9)",
         ),
         # a check across tables: its own message, what it got, no "Value error" nor the whole section's input
-        ("model.tables.0.name=t1", "<command line>: `model`: table names must be unique; got t1 more than once"),
+        (
+            "model.tables.0.name=t1",
+            "<command line>: `model`: table names must be unique; got t1 more than once (`model.tables.0.name`, "
+            "`model.tables.1.name`) (given by --set model.tables.0.name=t1)",
+        ),
         (
             "model.tables.1.embedding_dim=16",
             "<command line>: `model`: embedding_dim must equal the bottom MLP's output (32): the interaction combines "
-            "them; got tables t1(16)",
+            "them; got tables t1(16) (`model.tables.1.embedding_dim`) (given by --set model.tables.1.embedding_dim=16)",
         ),
         ("plan.sharding=3", "--set plan.sharding=3: `plan.sharding`: Input should be a valid dictionary; got 3"),
     ],
@@ -227,3 +231,8 @@ def test_shard_sets_one_table_of_a_preset_as_predict_does():
     code, out = invoke("shard", "--model", "dlrm-small", "--set", "model.tables.0.pooling_factor=-5")
     said = "--set model.tables.0.pooling_factor=-5: `model.tables.0.pooling_factor`: Input should be greater than 0"
     assert (code, out) == (2, f"error: {said}; got -5\n")
+    # a check across tables names the --set that broke it too (it once blamed the preset alone)
+    code, out = invoke("shard", "--model", "dlrm-small", "--set", "model.tables.1.name=t0")
+    assert code == 2 and out.endswith(
+        "more than once (`model.tables.0.name`, `model.tables.1.name`) (given by --set model.tables.1.name=t0)\n"
+    ), out

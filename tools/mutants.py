@@ -1481,6 +1481,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("search/launch_settings.py", 'version = "deepspeed<0.19.4" if dispatch == "einsum" else',
       'version = "deepspeed>=0.19.4" if dispatch == "einsum" else',
       "a DeepSpeed MoE plan launched on the release whose dispatch it was not priced as", _t("deepspeed_moe")),
+    M("workloads/dlrm/config.py", "if t.name in twice][:10]", "if False][:10]",
+      "a DLRM's duplicate table name not blamed on the --set that gave it", _t("cli_workloads")),
+    M("workloads/dlrm/config.py", "({', '.join(f'`model.tables.{i}.embedding_dim`' for i in wrong)})", "",
+      "a DLRM's mismatched embedding width not blamed on the --set that gave it", _t("cli_workloads")),
     # -- session 29: the routing probabilities' own all-to-all (Megatron-Core >= 0.13) -----------------------
     M(OPS, '"moe_dispatch.probs",\n            "ep_comm",\n            4 * routed,',
       '"moe_dispatch.probs",\n            "ep_comm",\n            2 * routed,',

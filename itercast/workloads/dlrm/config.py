@@ -67,15 +67,19 @@ class DLRMConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> DLRMConfig:
-        wrong = [f"{t.name}({t.embedding_dim})" for t in self.tables if t.embedding_dim != self.bottom_mlp[-1]]
+        # each offending table also named by its field's path, so that the --set which gave it is named too
+        # (config/job.py blame_overrides)
+        wrong = [i for i, t in enumerate(self.tables) if t.embedding_dim != self.bottom_mlp[-1]][:5]
         if wrong:
+            got = ", ".join(f"{self.tables[i].name}({self.tables[i].embedding_dim})" for i in wrong)
             raise ValueError(
                 f"embedding_dim must equal the bottom MLP's output ({self.bottom_mlp[-1]}): the interaction combines "
-                f"them; got tables {', '.join(wrong[:5])}"
+                f"them; got tables {got} ({', '.join(f'`model.tables.{i}.embedding_dim`' for i in wrong)})"
             )
-        twice = sorted(n for n, count in Counter(t.name for t in self.tables).items() if count > 1)
+        twice = sorted(n for n, count in Counter(t.name for t in self.tables).items() if count > 1)[:5]
         if twice:
-            raise ValueError(f"table names must be unique; got {', '.join(twice[:5])} more than once")
+            fields = [f"`model.tables.{i}.name`" for i, t in enumerate(self.tables) if t.name in twice][:10]
+            raise ValueError(f"table names must be unique; got {', '.join(twice)} more than once ({', '.join(fields)})")
         return self
 
     @property
