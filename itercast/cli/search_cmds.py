@@ -493,14 +493,12 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         raise ConfigError(
             f"plan.main_params/adam_state_dtype: {fw.name} runs {kept}, the job sets {state[0]}/{state[1]}"
         )
-    padded = m.moe_capacity_factor is not None and m.moe_pad_to_capacity
-    if m.is_moe and plan.get("moe_token_dispatcher") in ("einsum", "gather") and not padded:
+    deepspeed = plan.get("moe_token_dispatcher") in ("einsum", "gather")
+    if m.is_moe and deepspeed and m.moe_capacity_factor is not None and not m.moe_pad_to_capacity:
         raise ConfigError(
-            f"model.moe_capacity_factor: {fw.name} runs MoE layers with a capacity, every expert padded to it "
-            "(Megatron-DeepSpeed --moe-train-capacity-factor, default 1.0; its dropless gating is not priced): "
-            "expected model.moe_capacity_factor set and model.moe_pad_to_capacity true (--set "
-            f"model.moe_capacity_factor=1.0 --set model.moe_pad_to_capacity=true); {m.name} sets "
-            f"{m.moe_capacity_factor} and {str(m.moe_pad_to_capacity).lower()}"
+            f"model.moe_pad_to_capacity: {fw.name} pads every expert to its capacity (DeepSpeed's drop_tokens, "
+            f"Megatron-DeepSpeed --moe-train-capacity-factor): expected true with model.moe_capacity_factor "
+            f"{m.moe_capacity_factor}, or no capacity factor (its dropless gating); {m.name} sets false"
         )
     check_fast_path_plan(plan)
     # the fixed sizes' framework rules before the plan's own, which would name its fields and dump the plan

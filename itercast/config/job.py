@@ -546,8 +546,9 @@ def _deepspeed_moe_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list
     """plan.moe_token_dispatcher einsum or gather, DeepSpeed's MOELayer, as it runs (deepspeed/moe/sharded_moe.py at
     38327e0 and from v0.19.4):
     drop_tokens=True pads every expert to its capacity (Megatron-DeepSpeed --moe-train-capacity-factor, default
-    1.0; its dropless gating, --disable-moe-token-dropping, sizes the capacity from the busiest expert, all-reduced
-    and read by the host: not priced); every tensor-parallel rank holds the whole sequence, whose capacity
+    1.0), and its dropless gating (--disable-moe-token-dropping, model.moe_capacity_factor unset) pads every expert
+    to the busiest one's count (transformer_ops._deepspeed_moe_block): a capacity factor without padding is not
+    DeepSpeed's; every tensor-parallel rank holds the whole sequence, whose capacity
     drop_tokens splits (sequence parallelism would split it twice); with tensor parallelism, experts split over
     all its ranks (Megatron-DeepSpeed --enable-expert-tensor-parallelism, the expert-tensor group DeepSpeed's
     groups.py makes) with their tokens gathered back over them, which MOELayer does with expert parallelism only
@@ -556,12 +557,12 @@ def _deepspeed_moe_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list
     (deepspeed/moe/experts.py), beside no all-to-all."""
     d = p.moe_token_dispatcher
     problems = [problem] if (problem := pr_moe_problem(model)) else []
-    if model.moe_capacity_factor is None or not model.moe_pad_to_capacity:
-        got = f"moe_capacity_factor {model.moe_capacity_factor}, moe_pad_to_capacity {model.moe_pad_to_capacity}"
+    if model.moe_capacity_factor is not None and not model.moe_pad_to_capacity:
         problems.append(
             f"plan.moe_token_dispatcher({d}) pads every expert to its capacity (DeepSpeed's drop_tokens, "
-            "Megatron-DeepSpeed --moe-train-capacity-factor, default 1.0; its dropless gating is not priced): "
-            f"expected model.moe_capacity_factor set and model.moe_pad_to_capacity true; got {got}"
+            "Megatron-DeepSpeed --moe-train-capacity-factor): expected model.moe_pad_to_capacity true with "
+            f"model.moe_capacity_factor {model.moe_capacity_factor}, or no capacity factor (its dropless gating); "
+            "got false"
         )
     if p.tensor_parallel > 1 and p.sequence_parallel:
         problems.append(

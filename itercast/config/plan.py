@@ -457,8 +457,9 @@ class PlanConfig(BaseModel):
         "ExpertParallel (distributed/expert_parallel.py), which waits only with expert_parallel > 1; einsum: "
         "DeepSpeed's MOELayer (deepspeed/moe/sharded_moe.py before v0.19.4, Megatron-DeepSpeed's MoE), GShard's "
         "dense dispatch and combine, two matmuls over a tokens × experts × capacity one-hot tensor, every expert "
-        "padded to its capacity (model.moe_capacity_factor with moe_pad_to_capacity), the whole sequence on every "
-        "tensor-parallel rank (no sequence parallelism), no host wait (transformer_ops._deepspeed_moe_block); "
+        "padded to its capacity (model.moe_capacity_factor with moe_pad_to_capacity; dropless, without a capacity "
+        "factor, to the busiest expert's count, all-reduced and read by the host), the whole sequence on every "
+        "tensor-parallel rank (no sequence parallelism) (transformer_ops._deepspeed_moe_block); "
         "gather: DeepSpeed's MOELayer from v0.19.4 (pull request 8195), the same layer with its dispatch an index "
         "gather of the routed rows into the padded capacity and its combine a gather of each token's k rows, "
         "weighted in fp32.",

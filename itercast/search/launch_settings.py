@@ -450,7 +450,10 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         args.append("--sequence-parallel")
     if model.is_moe:  # Megatron-DeepSpeed's names (megatron/arguments.py); its MoE pads every expert to the capacity
         args += [f"--num-experts {model.experts}", f"--topk {model.moe_top_k}"]
-        args.append(f"--moe-train-capacity-factor {model.moe_capacity_factor}")
+        if model.moe_capacity_factor is None:  # capacity from the busiest expert, all-reduced (dropless)
+            args.append("--disable-moe-token-dropping")
+        else:
+            args.append(f"--moe-train-capacity-factor {model.moe_capacity_factor}")
         args.append(f"--moe-expert-parallel-size {p['expert_parallel']}")
         etp, tp = p["expert_tensor_parallel"], p["tensor_parallel"]
         if etp > 1 and etp == tp:  # off by default: the experts unsplit (model/transformer.py)

@@ -1130,13 +1130,24 @@ def _deepspeed_dispatch(model: ModelConfig, plan: PlanConfig, n: float, slots: f
     return [encode], [decode]
 
 
+def _deepspeed_capacity(model: ModelConfig, plan: PlanConfig) -> list[Op]:
+    """DeepSpeed's dropless gating (drop_tokens False: model.moe_capacity_factor unset; sharded_moe.py top1/2/k
+    gating at 38327e0 and from v0.19.4): the capacity is the busiest expert's count, torch.max over the rank's
+    counts, all-reduced (max) as one int64 over the expert-parallel group (from v0.19.4 only when it has more than
+    one rank; priced so), which the host then reads (`moe_host_wait`). None with a capacity factor."""
+    if model.moe_capacity_factor is not None or plan.expert_parallel == 1:
+        return []
+    return [Op("moe_capacity", "ep_comm", 8, "all_reduce", group="ep")]
+
+
 def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     """DeepSpeed's MoE layer on one rank (plan.moe_token_dispatcher einsum or gather: deepspeed/moe/sharded_moe.py
     TopKGate and MOELayer at 38327e0 and from v0.19.4, GShard's Algorithm 2, with drop_tokens as Megatron-DeepSpeed
     runs it; where it is priced: config/job.py _deepspeed_moe_problems). S, the micro-batch's tokens, whole on
     every tensor-parallel rank; EC = S·k·cf (model.moe_load) slots, every expert's capacity C = k·cf·S/E padded
     (its ceiling and Megatron-DeepSpeed's --moe-min-capacity, 4, left out), so every expert runs C rows whatever
-    the balance.
+    the balance; dropless (no capacity factor), C is the busiest expert's count, k·S/E times
+    model.moe_token_imbalance (taken as the busiest expert's share: `_deepspeed_capacity`).
     - router: an fp32 gate (input.float(), priced with its S×E work; the fp32 GEMM at the training dtype's
       curve, E / (3·k·expert_ffn) of the experts' FLOPs) and its ~30 small S×E kernels (softmax, argmax or top-k,
       cumsum, the auxiliary loss) priced as one pass over the fp32 logits, as the other dispatchers' routers.
@@ -1150,7 +1161,7 @@ def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> li
       1/local of the bytes).
     - a shared expert is PR-MoE's residual MLP, run after the experts' layer returns, and mixed in
       (`_residual_moe`).
-    No host wait (the capacity comes from shapes on the host), no counts exchanged, no probabilities sent."""
+    With a capacity factor no host wait (the capacity comes from shapes on the host); no probabilities sent."""
     h, e, E = model.hidden_size, sh.e, model.experts
     tp, ep, fe = plan.tensor_parallel, plan.expert_parallel, model.expert_ffn
     local, up = E // ep, 2 if model.gated_mlp else 1
@@ -1161,6 +1172,7 @@ def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> li
     ops = [
         Op("router", "gemm", 2 * n * h * E),
         Op("router_topk", "elementwise", 3 * n * E * 4 + (e + 4) * n * h),  # + the input's cast to fp32
+        *_deepspeed_capacity(model, plan),
         *dispatch,
         *_token_drop("moe_dispatch", full, tp),
         Op("moe_dispatch", "ep_comm", full / tp, "alltoall", backward_comm="alltoall", group="ep"),
@@ -1397,11 +1409,15 @@ def moe_host_wait(model: ModelConfig, plan: PlanConfig) -> tuple[str, str] | Non
     (moe_grouped_gemm false), whose num_tokens_per_expert.tolist() waits again before the experts
     (models/moe/moe.py _run_experts_for_loop).
 
-    einsum, DeepSpeed's MOELayer with drop_tokens, always padded to its capacity: the capacity comes from the
-    tokens' count and the capacity factor on the host (sharded_moe.py _capacity over CPU tensors), one_hot takes
-    it as num_classes: no wait."""
+    einsum and gather, DeepSpeed's MOELayer: with drop_tokens the capacity comes from the tokens' count and the
+    capacity factor on the host (sharded_moe.py _capacity over CPU tensors), one_hot takes it as num_classes: no
+    wait; dropless, the host reads the all-reduced busiest count (38327e0: one_hot's num_classes; from v0.19.4
+    MOELayer's `C = int(C)`) right after the gate's exchange, which it waits for."""
     if plan.moe_token_dispatcher == "torchtitan":
         return ("moe_counts", "moe_counts") if plan.expert_parallel > 1 else None
+    if plan.deepspeed_moe:
+        waited = "moe_capacity" if _deepspeed_capacity(model, plan) else "router_topk"
+        return None if model.moe_capacity_factor is not None else (waited, waited)
     if model.moe_pad_to_capacity:
         return None
     waited = "moe_counts" if _moe_counts(model, plan) else "router_topk"
