@@ -28,7 +28,13 @@ from itercast.predict import predict
 from itercast.search.fast_estimate import FastEstimator
 from itercast.workload import TransformerWorkload
 from itercast.workloads.transformer import TransformerStepBuilder, pass_cost
-from itercast.workloads.transformer_ops import einsum_gating_cost, layer_backward, layer_forward, moe_host_wait
+from itercast.workloads.transformer_ops import (
+    einsum_gating_cost,
+    layer_backward,
+    layer_forward,
+    moe_host_wait,
+    priced_notes,
+)
 
 MODEL = {"preset": "moe-tiny", "moe_capacity_factor": 1.25, "moe_pad_to_capacity": True}
 MODEL["moe_shared_ffn_hidden_size"] = 0  # moe-tiny's shared expert left out
@@ -364,3 +370,12 @@ def test_the_fast_path_prices_deepspeeds_layer_as_the_graph_does(dispatcher: str
     # moe-tiny's host-bound layers, dropless, with the host's wait in every MoE forward: measured worst 5.0% (einsum)
     # and 5.1% (gather), as Megatron-Core's waits (tests/test_moe_host_sync.py)
     assert _fast_vs_graph({"preset": "moe-tiny", "moe_shared_ffn_hidden_size": 512}, dispatcher) < 0.06
+
+
+def test_predict_says_what_deepspeeds_layer_leaves_unpriced():
+    said = "plan.moe_token_dispatcher einsum (DeepSpeed's MOELayer, before v0.19.4): the capacity's rounding up"
+    assert said in "\n".join(priced_notes(job().model, job().plan, job().system))
+    gather = job(moe_token_dispatcher="gather")
+    assert "(DeepSpeed's MOELayer, from v0.19.4)" in "\n".join(priced_notes(gather.model, gather.plan, gather.system))
+    megatron = job(moe_token_dispatcher="alltoall")
+    assert "MOELayer" not in "\n".join(priced_notes(megatron.model, megatron.plan, megatron.system))

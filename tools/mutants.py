@@ -1491,6 +1491,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "a DLRM's duplicate table name not blamed on the --set that gave it", _t("cli_workloads")),
     M("workloads/dlrm/config.py", "({', '.join(f'`model.tables.{i}.embedding_dim`' for i in wrong)})", "",
       "a DLRM's mismatched embedding width not blamed on the --set that gave it", _t("cli_workloads")),
+    M(OPS, "        deepspeed_moe_note(plan),\n", "",
+      "what DeepSpeed's MoE price leaves out left unsaid", _t("deepspeed_moe")),
     # -- session 29: the routing probabilities' own all-to-all (Megatron-Core >= 0.13) -----------------------
     M(OPS, '"moe_dispatch.probs",\n            "ep_comm",\n            4 * routed,',
       '"moe_dispatch.probs",\n            "ep_comm",\n            2 * routed,',

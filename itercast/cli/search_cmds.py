@@ -57,7 +57,7 @@ from itercast.cli.variability_cmds import (
 )
 from itercast.config.job import parse_section, pr_moe_problem, raw_sections, with_system_defaults
 from itercast.config.model import ModelConfig
-from itercast.config.plan import TE_OVERLAP_LAYERS, PlanConfig
+from itercast.config.plan import DEEPSPEED_MOE_DISPATCHERS, TE_OVERLAP_LAYERS, PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import VARIED
@@ -493,7 +493,7 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
         raise ConfigError(
             f"plan.main_params/adam_state_dtype: {fw.name} runs {kept}, the job sets {state[0]}/{state[1]}"
         )
-    deepspeed = plan.get("moe_token_dispatcher") in ("einsum", "gather")
+    deepspeed = plan.get("moe_token_dispatcher") in DEEPSPEED_MOE_DISPATCHERS
     if m.is_moe and deepspeed and m.moe_capacity_factor is not None and not m.moe_pad_to_capacity:
         raise ConfigError(
             f"model.moe_pad_to_capacity: {fw.name} pads every expert to its capacity (DeepSpeed's drop_tokens, "

@@ -23,6 +23,9 @@ TE_OVERLAP_DEFAULT_SMS = 16
 #: of dgxc-benchmarking's and Megatron-Bridge's comm_overlap.py sets 4 too); ring exchange into tensor_parallel
 TE_PIPELINE_SPLITS = 4
 
+#: PlanConfig.moe_token_dispatcher values that are DeepSpeed's MOELayer: its dense einsum dispatch (before v0.19.4)
+#: and its index gathers (from v0.19.4)
+DEEPSPEED_MOE_DISPATCHERS = ("einsum", "gather")
 #: Bytes of one element of each training dtype. fp8 training keeps bf16 activations and
 #: communication (NVIDIA Transformer Engine casts only GEMM inputs), so it moves 2 bytes.
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -649,7 +652,7 @@ class PlanConfig(BaseModel):
     def deepspeed_moe(self) -> bool:
         """MoE layers of DeepSpeed's MOELayer (moe_token_dispatcher einsum or gather: transformer_ops
         _deepspeed_moe_block; job.py _deepspeed_moe_problems)."""
-        return self.moe_token_dispatcher in ("einsum", "gather")
+        return self.moe_token_dispatcher in DEEPSPEED_MOE_DISPATCHERS
 
     @property
     def accumulates_in_gemm(self) -> bool:

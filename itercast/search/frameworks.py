@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.model import ModelConfig
-from itercast.config.plan import EAGER_POINTWISE, TE_OVERLAP_LAYERS, TORCH_DDP_BUCKET_BYTES
+from itercast.config.plan import DEEPSPEED_MOE_DISPATCHERS, EAGER_POINTWISE, TE_OVERLAP_LAYERS, TORCH_DDP_BUCKET_BYTES
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import RECOMPUTE
 from itercast.parallel.schedules import SCHEDULES
@@ -351,7 +351,7 @@ FRAMEWORKS: dict[str, Framework] = {
         recompute_modules=False,  # Megatron-DeepSpeed's selective recompute: core attention (--recompute-activations)
         # deepspeed.moe's MOELayer over every expert's padded capacity (sharded_moe.py): GShard's einsum dispatch as
         # at the commit these rules were read at, or the index gathers of v0.19.4 on
-        moe_token_dispatchers=("einsum", "gather"),
+        moe_token_dispatchers=DEEPSPEED_MOE_DISPATCHERS,
         # ZeRO's fp32 partitions of the weights and fp32 Adam moments (zero/stage_1_and_2.py, stage3.py)
         optimizer_states=(("fp32", "fp32"),),
         fp8_recipes=("delayed",),  # Megatron-DeepSpeed's --fp8-hybrid: Transformer Engine's DelayedScaling

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from itercast.config.model import ModelConfig
+from itercast.config.plan import DEEPSPEED_MOE_DISPATCHERS
 from itercast.search.frameworks import DEEPSPEED_BUCKET_PARAMS
 
 
@@ -475,7 +476,7 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
     env = "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-DeepSpeed, sequence parallel)\n"
     head = env if p["sequence_parallel"] else ""
     # the MOELayer priced (plan.moe_token_dispatcher): deepspeed/moe/sharded_moe.py before or from pull request 8195
-    if model.is_moe and (dispatch := p.get("moe_token_dispatcher")) in ("einsum", "gather"):
+    if model.is_moe and (dispatch := p.get("moe_token_dispatcher")) in DEEPSPEED_MOE_DISPATCHERS:
         version = "deepspeed<0.19.4" if dispatch == "einsum" else "deepspeed>=0.19.4"
         head += f"# MoE layers priced as DeepSpeed's {dispatch} dispatch: pip install '{version}'\n"
     return f"{head}# ds_config.json\n{text}\n# Megatron-DeepSpeed arguments\n" + " \\\n  ".join(args)

@@ -1863,6 +1863,20 @@ LOSS_COLLECTIVES: dict[str, tuple[tuple[str, int], ...]] = {
 }
 
 
+def deepspeed_moe_note(plan: PlanConfig) -> str | None:
+    """What the price of DeepSpeed's MoE layer (`_deepspeed_moe_block`) leaves out, said where it is priced; None
+    otherwise."""
+    if not plan.deepspeed_moe:
+        return None
+    return (
+        f"plan.moe_token_dispatcher {plan.moe_token_dispatcher} (DeepSpeed's MOELayer, "
+        f"{'before' if plan.moe_token_dispatcher == 'einsum' else 'from'} v0.19.4): the capacity's rounding up and "
+        "Megatron-DeepSpeed's --moe-min-capacity (4) are not priced, nor the gate's int64 slot map; its fp32 gate "
+        "GEMM is priced at the training dtype's rate; a dropless layer's busiest expert is model.moe_token_imbalance "
+        "times an even share"
+    )
+
+
 def flex_dispatch_note(plan: PlanConfig) -> str | None:
     """What the flex dispatcher's price (dispatch_share) leaves out, said where it is priced; None otherwise."""
     if plan.moe_token_dispatcher != "flex":
@@ -1980,6 +1994,7 @@ def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> 
         grad_accumulation_note(plan),
         zero_grad_reduce_note(plan),
         flex_dispatch_note(plan),
+        deepspeed_moe_note(plan),
         moe_a2a_overlap_note(plan),
         moe_routing_note(model, plan),
         gpt_oss_note(model, plan),
