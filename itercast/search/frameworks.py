@@ -408,7 +408,7 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bo
     A2A overlap, virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1',
     'disable full recomputation when enabling overlap_moe_expert_parallel_comm'). A plan setting
     PlanConfig.zero_shard_ranks (column shard > 0) runs with the framework's zero_shard_stages only. (DeepSpeed's MoE
-    layers, the einsum dispatcher, split their experts, and a shared expert, PR-MoE's copy of one, over all
+    layers, the einsum or gather dispatcher, split experts, and a shared expert, PR-MoE's copy of one, over all
     tensor-parallel ranks: plan_space.py's rules, from job.py's.)"""
     allowed_pp = np.asarray(fw.zero_stages_with_pp)
     schedules = np.asarray([SCHEDULES.index(s) for s in fw.schedules])
