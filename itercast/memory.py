@@ -166,8 +166,8 @@ def stage_param_columns(
     the embedding on the first stage, the final norm and the output layer on the last (a tied one too
     when it is a copy)."""
     tp, pp = t.cols["tp"], t.cols["pp"]
-    layer = m.layer_sharded_params() / tp + m.layer_replicated_params()
-    moe_layer = m.layer_sharded_params(moe=True) / tp + m.layer_replicated_params(moe=True)
+    layer = m.layer_params_per_rank(tp)
+    moe_layer = m.layer_params_per_rank(tp, moe=True, whole_mlp=t.whole_residual_mlp)
     vocab = t.local_vocab(m.vocab_size) * m.hidden_size
     params = (layers - moe_layers) * layer + moe_layers * moe_layer
     params = params + np.where(first, vocab + m.position_params(), 0.0)
@@ -232,7 +232,8 @@ def _activation_bytes(
         # the latents' norm inputs and up-projection inputs, and the shared rotary key
         latents = (e + gemm_in) * ((m.q_lora_rank or 0) + (m.kv_lora_rank or 0)) + e * m.qk_rope_head_dim
     up = 2 if m.gated_mlp else 1
-    sharded += (e * up + gemm_in) * f  # MLP up output(s) and activation output
+    mlp_kept = (e * up + gemm_in) * f  # MLP up output(s) and activation output, split over tp unless whole
+    mlp_ranks = np.where(t.whole_residual_mlp, 1, tp) if moe else tp
     eager_replicated, eager_sharded = eager_saved_bytes(m, t.base, f)
     replicated, sharded = replicated + eager_replicated, sharded + eager_sharded
     # unfused attention keeps, per key, the softmax output and, with attention dropout, its
@@ -248,7 +249,7 @@ def _activation_bytes(
         experts = copies * per_copy + 4 * m.experts / rep
     if deepspeed:
         experts = deepspeed_expert_bytes(m, t, expert_in, clamped)
-    attention_again = replicated / rep + latents + sharded / tp + experts
+    attention_again = replicated / rep + latents + sharded / tp + mlp_kept / mlp_ranks + experts
     # what Megatron-Core's selective recompute of each of plan.recompute_modules stops keeping (transformer_layer.py,
     # moe/experts.py at d98e8a64): core_attn the unfused attention's scores; layernorm, in an MoE layer, the
     # pre-MLP norm's output, discarded once its consumers ran (CheckpointWithoutOutput: the router's 16-bit input,
@@ -260,7 +261,7 @@ def _activation_bytes(
         "core_attn": scores / tp,
         "layernorm": mlp_in / rep if moe else 0.0,
         "moe_act": copies * (expert_in + clamped) * m.expert_ffn if moe else 0.0,
-        "mlp": 0.0 if moe else mlp_in / rep + (e * up + gemm_in) * f / tp,
+        "mlp": 0.0 if moe else mlp_in / rep + mlp_kept / tp,
     }
     modules = attention_again + scores / tp - sum(dropped[k] for k in t.base.recompute_modules)
     # torchtitan's per-op policy saves all_to_all_single's outputs (distributed/activation_checkpoint.py
@@ -274,9 +275,10 @@ def deepspeed_expert_bytes(m: ModelConfig, t: PlanTable, expert_in: int, clamped
     """Bytes per token of the micro-batch an MoE layer of DeepSpeed's MOELayer keeps for backward beyond its
     shared MLP and its router's fp32 input (plan.moe_token_dispatcher einsum or gather; deepspeed/moe/
     sharded_moe.py at 38327e0 and from v0.19.4, transformer_ops._deepspeed_moe_block), per row: with S tokens a
-    micro-batch on the rank and k·cf slots a token (model.moe_load), every rank's experts run all S·k·cf slots
-    (gathered over the tensor-parallel ranks), each keeping its fc1 input, fc1 output(s) and activation output over
-    the expert width / tp (Megatron-DeepSpeed's ParallelMLP, expert tensor parallel = tp); the router's fp32 scores
+    micro-batch on the rank and k·cf slots a token (model.moe_load), a rank's experts run S·k·cf·etp/tp slots
+    (whole experts a 1/tp share, split ones all, gathered over the tensor-parallel ranks), each keeping its fc1
+    input, fc1 output(s) and activation output over the expert width / etp (Megatron-DeepSpeed's ParallelMLP); the
+    router's fp32 scores
     (E a token); with a shared expert, PR-MoE's mix keeps the experts' and the residual MLP's outputs for its
     coefficient's gradient (2eh; deepspeed/moe/layer.py). Then:
     - einsum: the combine keeps the experts' gathered output (h a slot) and its weights, the dispatch its mask, both
@@ -287,9 +289,10 @@ def deepspeed_expert_bytes(m: ModelConfig, t: PlanTable, expert_in: int, clamped
       index_select keeps only its indices."""
     e, h, k = t.base.dtype_bytes, m.hidden_size, m.moe_top_k
     slots = k * m.moe_load()  # a token's slots
-    per_slot = expert_in * h + (e * (2 if m.gated_mlp else 1) + expert_in + clamped) * m.expert_ffn / t.cols["tp"]
+    etp = t.cols["etp"]
+    per_slot = expert_in * h + (e * (2 if m.gated_mlp else 1) + expert_in + clamped) * m.expert_ffn / etp
     mix = 2 * e * h if m.moe_shared_ffn_hidden_size else 0
-    kept = slots * per_slot + 4 * m.experts + mix
+    kept = slots * etp / t.cols["tp"] * per_slot + 4 * m.experts + mix
     if t.base.moe_token_dispatcher == "gather":
         return kept + k * (e * h + 4)
     tokens = t.cols["mbs"] * m.seq_length / t.cols["cp"]  # S
@@ -478,7 +481,7 @@ def zero3_live_columns(m: ModelConfig, t: PlanTable) -> tuple[np.ndarray, np.nda
     at GPT-3 530B's shapes) and the flattened bucket copy on its reduction stream (an underestimate)."""
     tp = t.cols["tp"]
     zero3 = (t.cols["zero"] >= 3) & ~zero3_kept(t.base.grad_accumulation, t.cols["pp"], t.cols["zero"])  # kept: whole
-    layer = m.layer_sharded_params(m.is_moe) / tp + m.layer_replicated_params(m.is_moe)
+    layer = m.layer_params_per_rank(tp, m.is_moe, whole_mlp=m.is_moe & t.whole_residual_mlp)
     layer = layer + (m.expert_params_per_rank(t.cols["ep"], t.cols["etp"]) if m.is_moe else 0)
     if t.base.zero3_fetch == "layer":
         return np.where(zero3, 2 * layer, 0.0), np.zeros_like(layer)

@@ -22,12 +22,12 @@ from typer.testing import CliRunner
 from itercast.cli.app import app
 from itercast.config.job import Job
 from itercast.errors import ConfigError
-from itercast.memory import activation_bytes_per_token_layer, deepspeed_expert_bytes
+from itercast.memory import activation_bytes_per_token_layer, deepspeed_expert_bytes, stage_params
 from itercast.parallel.plan_table import PlanTable
 from itercast.predict import predict
 from itercast.search.fast_estimate import FastEstimator
 from itercast.workload import TransformerWorkload
-from itercast.workloads.transformer import TransformerStepBuilder, pass_cost
+from itercast.workloads.transformer import TransformerStepBuilder, pass_cost, unit_params
 from itercast.workloads.transformer_ops import (
     einsum_gating_cost,
     layer_backward,
@@ -123,6 +123,37 @@ def test_tensor_parallel_ranks_drop_and_gather_the_capacity():
     assert cats == {"moe_experts.drop.bwd": 2 * ROWS, "moe_dispatch.drop.bwd": 2 * ROWS}
 
 
+def test_whole_experts_beside_tensor_parallelism_run_their_ranks_share_of_the_capacity():
+    # DeepSpeed's default with TP 2 (expert_tensor_parallel unset: 1, --enable-expert-tensor-parallelism off), EP 2:
+    # each TP rank keeps half of every expert's slots (1,280 of 2,560) and sends them (655,360 bytes) to the expert
+    # group; its 4 local experts, whole, run 320 rows each: gate and up 2 × 320 × 256 × 1,024 FLOPs, down
+    # 2 × 320 × 512 × 256; the strided chunks' copy reads and writes the 1,280 rows (2 × 655,360 bytes); no
+    # all-reduce around the experts; the combine's half gathered back over TP after its all-to-all
+    j = job(tensor_parallel=2, expert_parallel=2, sequence_parallel=False)
+    assert j.plan.etp == 1
+    ops = {name: (family, amount, kind, count) for name, family, amount, kind, count in moe_ops(j)}
+    assert ops["moe_dispatch.drop"] == ("elementwise", ROWS, "", 1)
+    assert ops["moe_dispatch"] == ops["moe_combine"] == ("ep_comm", ROWS / 2, "alltoall", 1)
+    assert ops["moe_sort"] == ("elementwise", ROWS, "", 1)
+    assert ops["expert_up"] == ("gemm", 2 * 320 * 256 * 1024, "", 4)
+    assert ops["expert_act"] == ("activation", 3 * 1280 * 512 * 2, "", 4)
+    assert ops["expert_down"] == ("gemm", 2 * 320 * 512 * 256, "", 4)
+    assert ops["moe_combine.gather"] == ("ep_comm", ROWS, "all_gather", 1)
+    for absent in ("moe_dispatch.gather", "expert_out.all_reduce", "moe_experts.drop"):
+        assert absent not in ops
+    bwd = [(op.name, op.comm_kind, op.amount) for op in layer_backward(j.model, j.plan, moe=True) if op.comm_kind]
+    assert [b for b in bwd if "moe" in b[0] or "expert" in b[0]] == [
+        ("moe_combine.bwd", "alltoall", ROWS / 2),
+        ("moe_dispatch.bwd", "alltoall", ROWS / 2),
+        ("moe_dispatch.drop_gather.bwd", "all_gather", ROWS),
+    ]
+    # split experts need no expert parallelism: DeepSpeed gathers over the expert-tensor ranks
+    # (_get_expert_model_parallel_world_size) whatever the expert group
+    split = job(tensor_parallel=2, expert_tensor_parallel=2, sequence_parallel=False)
+    names = [name for name, *_ in moe_ops(split)]
+    assert {"moe_dispatch.drop", "moe_dispatch.gather", "expert_out.all_reduce", "moe_experts.drop"} <= set(names)
+
+
 def test_a_drop_moves_nothing_forward_and_gathers_backward():
     j = job(tensor_parallel=2, expert_tensor_parallel=2, expert_parallel=2, sequence_parallel=False)
     b = TransformerStepBuilder(j)
@@ -176,6 +207,44 @@ def test_a_shared_expert_is_pr_moes_residual_mlp_mixed_in_by_a_coefficient():
     assert pr_moe - activation_bytes_per_token_layer(job(), moe=True) == pytest.approx(3072 + 512 + 1024)
 
 
+def test_beside_whole_experts_pr_moes_residual_mlp_runs_whole_on_every_tensor_parallel_rank():
+    """The residual MLP is the expert module (deepspeed/moe/layer.py `self.mlp = expert`), which Megatron-DeepSpeed
+    slices only with --enable-expert-tensor-parallelism. TP 2 beside whole experts (EP 2): every TP rank runs the
+    whole MLP on the whole micro-batch, the same ops as at TP 1 (gate and up 2 × 1,024 × 256 × 1,024 FLOPs, SwiGLU
+    3 × 1,024 × 512 × 2 bytes, down 2 × 1,024 × 512 × 256) without f or g; it holds its 3 × 256 × 512 = 393,216
+    weights whole, 196,608 more than a split half; and per token keeps its fc1 outputs and activation output
+    whole ((2 × 2 + 2) × 512 = 3,072), its input (512) and the mix's two outputs (1,024), as at TP 1."""
+    pr_moe = {**MODEL, "moe_shared_ffn_hidden_size": 512}
+    plan = {"tensor_parallel": 2, "expert_parallel": 2, "sequence_parallel": False}
+    whole, split = job(pr_moe, **plan), job(pr_moe, **plan, expert_tensor_parallel=2)
+    assert whole.plan.whole_residual_mlp and not split.plan.whole_residual_mlp
+    fwd = layer_forward(whole.model, whole.plan, moe=True)
+    shared = [(op.name, op.amount) for op in fwd if op.name.startswith("shared")]
+    assert shared == [
+        ("shared_up", 2 * 1024 * 256 * 1024),
+        ("shared_act", 3 * 1024 * 512 * 2),
+        ("shared_down", 2 * 1024 * 512 * 256),
+    ]
+    halves = [(op.name, op.amount) for op in layer_forward(split.model, split.plan, moe=True) if "shared" in op.name]
+    assert halves[:2] == [("shared_up", 2 * 1024 * 256 * 512), ("shared_act", 3 * 1024 * 256 * 2)]
+    assert ("shared_out.all_reduce", 524_288) in halves
+    m = whole.model
+    assert m.layer_params_per_rank(2, moe=True, whole_mlp=True) - m.layer_params_per_rank(2, moe=True) == 196_608
+    # the one stage holds moe-tiny's 3 MoE layers (the first is dense): 3 × 196,608 more, in memory and gradients
+    assert stage_params(whole, 0)[1] - stage_params(split, 0)[1] == 3 * 196_608
+    assert unit_params(whole)["moe"][1] - unit_params(split)["moe"][1] == 196_608
+    # autograd's accumulation (param.grad += grad: read 2 and write 1 bf16 value a parameter) runs over the 4 local
+    # experts' 4 × 393,216 weights, halves of them split, and the MLP: 6 × (786,432 + 196,608) bytes more whole
+    accumulated = [
+        sum(op.amount for op in layer_backward(j.model, j.plan, moe=True) if op.name == "grad_accumulation")
+        for j in (job(pr_moe, **plan, grad_accumulation="autograd", expert_tensor_parallel=etp) for etp in (1, 2))
+    ]
+    assert accumulated[0] - accumulated[1] == 6 * (786_432 + 196_608)
+    kept = activation_bytes_per_token_layer(whole, moe=True)
+    alone = job(tensor_parallel=2, expert_parallel=2, sequence_parallel=False)
+    assert kept - activation_bytes_per_token_layer(alone, moe=True) == pytest.approx(3072 + 512 + 1024)
+
+
 def test_experts_split_over_tensor_parallel_ranks_keep_their_share_of_the_width():
     # per token, 2.5 slots each keeping its fc1 input (2 × 256), fc1 outputs and activation output over the width
     # (2 × 2 + 2 = 6 bytes × 512 / tp) and the experts' gathered output (2 × 256); the two einsums' S × EC operands
@@ -185,6 +254,11 @@ def test_experts_split_over_tensor_parallel_ranks_keep_their_share_of_the_width(
         j = job(**plan)
         kept = deepspeed_expert_bytes(j.model, PlanTable.of_jobs([j]), expert_in=2, clamped=0)
         assert kept[0] == pytest.approx(2.5 * (512 + width + 512) + 10240 + 32)
+    # whole experts beside TP 2: half the slots, 1.25 a token, each over the whole width; the gathered output and
+    # the einsums' operands as before
+    j = job(tensor_parallel=2, expert_tensor_parallel=1, expert_parallel=2, sequence_parallel=False)
+    kept = deepspeed_expert_bytes(j.model, PlanTable.of_jobs([j]), expert_in=2, clamped=0)
+    assert kept[0] == pytest.approx(1.25 * (512 + 6 * 512) + 2.5 * 512 + 10240 + 32)
 
 
 @pytest.mark.parametrize(
@@ -204,18 +278,15 @@ def test_experts_split_over_tensor_parallel_ranks_keep_their_share_of_the_width(
         ),
         (
             MODEL,
-            {"tensor_parallel": 2, "expert_tensor_parallel": 1, "expert_parallel": 2, "sequence_parallel": False},
-            "expected expert_tensor_parallel = tensor_parallel(2) and expert_parallel > 1; got expert_tensor_parallel "
-            "1, expert_parallel 2",
-        ),
-        (
-            MODEL,
-            {"tensor_parallel": 2, "expert_tensor_parallel": 2, "expert_parallel": 1, "sequence_parallel": False},
-            "got expert_tensor_parallel 2, expert_parallel 1",
+            {"tensor_parallel": 4, "expert_tensor_parallel": 2, "expert_parallel": 2, "sequence_parallel": False},
+            "plan.moe_token_dispatcher(einsum): Megatron-DeepSpeed runs whole experts or splits them over all "
+            "tensor-parallel ranks (--enable-expert-tensor-parallelism; megatron/core/tensor_parallel/layers.py): "
+            "expected expert_tensor_parallel 1 or tensor_parallel(4); got 2",
         ),
         (MODEL, {"moe_grouped_gemm": True}, "plan.moe_grouped_gemm: DeepSpeed's MOELayer (moe_token_dispatcher"),
         (MODEL, {"dtype": "fp8"}, "expected dtype bf16, fp16 or fp32; got fp8"),
         (MODEL, {"context_parallel": 2}, "expected context_parallel 1; got 2"),
+        (MODEL, {"zero_stage": 3}, "'Native DeepSpeed MoE is not supported with ZeRO Stage 3'): expected zero_stage 0"),
         (
             {**MODEL, "moe_shared_ffn_hidden_size": 256},
             {},
@@ -343,17 +414,17 @@ def test_deepspeed_launches_name_the_release_whose_dispatch_was_priced():
 
 
 def _fast_vs_graph(model: dict[str, Any], dispatcher: str) -> float:
-    """Worst |fast path / graph − 1| on one H100 node over EP 1-4, TP 1-2, PP 1-2, full recompute or none."""
+    """Worst |fast path / graph − 1| on one H100 node over EP 1-4, TP 1-2, PP 1-2, full recompute or none; with TP 2
+    whole experts at EP 1 and 4, split ones at EP 2."""
     fe = FastEstimator(model, {"preset": "dgx-h100", "num_nodes": 1})
     plans = [
-        {"tensor_parallel": tp, "expert_tensor_parallel": tp, "sequence_parallel": False, "expert_parallel": ep}
+        {"tensor_parallel": tp, "expert_tensor_parallel": tp if ep == 2 else 1, "expert_parallel": ep}
         | {"pipeline_parallel": pp, "data_parallel": 8 // pp // tp, "recompute": rc, "global_batch_size": 32 // pp}
-        | {"moe_token_dispatcher": dispatcher}
+        | {"moe_token_dispatcher": dispatcher, "sequence_parallel": False}
         for ep, rc, pp, tp in itertools.product((1, 2, 4), ("none", "full"), (1, 2), (1, 2))
-        if tp == 1 or (ep > 1 and ep * tp <= 8 // pp)
     ]
     jobs, errors = fe.jobs(plans)
-    assert not any(errors) and len(jobs) == 18
+    assert not any(errors) and len(jobs) == 24
     valid = [j for j in jobs if j is not None]
     exact = np.array([predict(j).step_time_s for j in valid])
     return float(np.abs(fe.step_time_s(valid) / exact - 1).max())

@@ -564,15 +564,17 @@ def moe_plans(framework: str, model: dict, **fixed) -> list[dict]:
     return [table.plan_fields(r) for r in range(len(table))]
 
 
-def test_deepspeed_moe_plans_split_experts_over_every_tensor_parallel_rank_without_sequence_parallelism():
-    """DeepSpeed's MOELayer (the einsum dispatcher) takes the whole sequence on every tensor-parallel rank and is
-    priced with its experts, and PR-MoE's residual copy of one, split over all of them (--enable-expert-tensor-
-    parallelism), their tokens gathered back with expert parallelism only; Megatron-Core folds experts freely
-    and runs tensor parallelism of an MoE model with sequence parallelism."""
+def test_deepspeed_moe_plans_run_whole_experts_or_split_them_over_every_tensor_parallel_rank():
+    """DeepSpeed's MOELayer (the einsum dispatcher) takes the whole sequence on every tensor-parallel rank, its
+    experts whole (its default) or, and PR-MoE's residual copy of one, split over all of them (--enable-expert-
+    tensor-parallelism), with or without expert parallelism; Megatron-Core folds experts freely and runs tensor
+    parallelism of an MoE model with sequence parallelism."""
     padded = SHARED_MOE | {"moe_capacity_factor": 1.0, "moe_pad_to_capacity": True}
     ds = moe_plans("deepspeed", padded, moe_token_dispatcher="einsum")
     tp = [p for p in ds if p["tensor_parallel"] > 1]
-    assert tp and all(p["expert_tensor_parallel"] == p["tensor_parallel"] and p["expert_parallel"] > 1 for p in tp)
+    assert tp and all(p["expert_tensor_parallel"] in (1, p["tensor_parallel"]) for p in tp)
+    kinds = {(p["expert_tensor_parallel"] == 1, p["expert_parallel"] == 1) for p in tp}
+    assert kinds == {(True, True), (True, False), (False, True), (False, False)}
     assert not any(p["sequence_parallel"] for p in ds)
     mcore = [p for p in moe_plans("megatron-core", SHARED_MOE) if p["tensor_parallel"] > 1]
     assert all(p["sequence_parallel"] for p in mcore)

@@ -362,7 +362,7 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
             system.stage_gpus(p.pipeline_parallel, dp * p.tensor_parallel * p.context_parallel)
         except ValueError as exc:
             problems.append(f"system.device_groups: {exc}")
-    etp = p.expert_tensor_parallel or (p.tensor_parallel if model.is_moe else 1)
+    etp = p.expert_tensor_parallel or p.default_etp(model.is_moe, p.tensor_parallel)
     problems += _expert_problems(model, p, dp, etp)
     problems += _zero_shard_problems(model, p, dp, etp)
     if problems:
@@ -549,11 +549,13 @@ def _deepspeed_moe_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list
     1.0), and its dropless gating (--disable-moe-token-dropping, model.moe_capacity_factor unset) pads every expert
     to the busiest one's count (transformer_ops._deepspeed_moe_block): a capacity factor without padding is not
     DeepSpeed's; every tensor-parallel rank holds the whole sequence, whose capacity
-    drop_tokens splits (sequence parallelism would split it twice); with tensor parallelism, experts split over
-    all its ranks (Megatron-DeepSpeed --enable-expert-tensor-parallelism, the expert-tensor group DeepSpeed's
-    groups.py makes) with their tokens gathered back over them, which MOELayer does with expert parallelism only
-    (whole experts beside tensor parallelism, its default, are not priced: their gradients and ZeRO groups
-    differ from Megatron-Core's folding that itercast prices); its experts run one after another
+    drop_tokens splits (sequence parallelism would split it twice); with tensor parallelism, either whole experts
+    (expert_tensor_parallel 1, its default: groups.py _create_expert_and_data_parallel folds the expert-parallel
+    and expert-data-parallel groups over the pipeline stage's tensor × data ranks, consecutive ranks an expert
+    group, as Megatron-Core's folding) or experts split over all its ranks (Megatron-DeepSpeed
+    --enable-expert-tensor-parallelism, the expert-tensor group groups.py _create_expert_data_and_model_parallel
+    makes) with their tokens gathered back over them (sharded_moe.py: `if tensor_model_world_size > 1 and
+    groups._get_expert_model_parallel_world_size() > 1`, the expert-tensor size); its experts run one after another
     (deepspeed/moe/experts.py), beside no all-to-all."""
     d = p.moe_token_dispatcher
     problems = [problem] if (problem := pr_moe_problem(model)) else []
@@ -570,14 +572,17 @@ def _deepspeed_moe_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list
             "drop_tokens splits its capacity over them): expected sequence_parallel false; got true"
         )
     tp = p.tensor_parallel
-    if etp != tp or (tp > 1 and p.expert_parallel == 1):
+    if etp not in (1, tp):
         problems.append(
-            f"plan.moe_token_dispatcher({d}) is priced with the experts split over all tensor-parallel ranks "
-            "(Megatron-DeepSpeed --enable-expert-tensor-parallelism), their tokens gathered back over them, which "
-            "DeepSpeed's MOELayer does with expert parallelism only (sharded_moe.py gather_tokens); its default, "
-            "whole experts beside tensor parallelism, is not priced: expected expert_tensor_parallel = "
-            f"tensor_parallel({tp}){' and expert_parallel > 1' if tp > 1 else ''}; got expert_tensor_parallel "
-            f"{etp}, expert_parallel {p.expert_parallel}"
+            f"plan.moe_token_dispatcher({d}): Megatron-DeepSpeed runs whole experts or splits them over all "
+            "tensor-parallel ranks (--enable-expert-tensor-parallelism; megatron/core/tensor_parallel/layers.py): "
+            f"expected expert_tensor_parallel 1 or tensor_parallel({tp}); got {etp}"
+        )
+
+    if p.zero_stage == 3:
+        problems.append(
+            f"plan.moe_token_dispatcher({d}): DeepSpeed runs its MoE layer with ZeRO 0-2 (runtime/engine.py: 'Native "
+            "DeepSpeed MoE is not supported with ZeRO Stage 3'): expected zero_stage 0, 1 or 2; got 3"
         )
     if p.context_parallel > 1:
         problems.append(

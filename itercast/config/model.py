@@ -346,14 +346,17 @@ class ModelConfig(BaseModel):
         """Width of the tensor-parallel MLP of a layer: the MLP, or in an MoE layer its shared experts."""
         return self.moe_shared_ffn_hidden_size if moe else self.ffn
 
+    def mlp_params(self, moe: bool = False) -> int:
+        """The tensor-parallel MLP's weights and its up projection's bias (an MoE layer: its shared experts')."""
+        f = self._mlp_width(moe)
+        return (3 if self.gated_mlp else 2) * self.hidden_size * f + (f if self.biases else 0)
+
     def layer_sharded_params(self, moe: bool = False) -> int:
         """Parameters of one layer that tensor parallelism splits: attention's weight matrices, the
         MLP's (an MoE layer: its shared experts') and the biases of the column-parallel layers (QKV,
         MLP up), Megatron-LM's ColumnParallelLinear. Routed experts are counted apart."""
-        h, d, f = self.hidden_size, self.head_dim, self._mlp_width(moe)
-        mlp = (3 if self.gated_mlp else 2) * h * f
-        column_biases = ((self.num_attention_heads + 2 * self.kv_heads) * d + f) if self.biases else 0
-        return self.attention_params()[0] + mlp + column_biases
+        qkv_biases = (self.num_attention_heads + 2 * self.kv_heads) * self.head_dim if self.biases else 0
+        return self.attention_params()[0] + self.mlp_params(moe) + qkv_biases
 
     def layer_replicated_params(self, moe: bool = False) -> int:
         """Parameters of one layer that every tensor-parallel rank holds whole: the two norms
@@ -364,9 +367,12 @@ class ModelConfig(BaseModel):
         norms = (2 * h if self.family == "llama" else 4 * h) + (2 * self.head_dim if self.qk_norm else 0)
         return norms + (2 * h if self.biases else 0) + (h * self.experts if moe else 0) + self.attention_params()[1]
 
-    def layer_params_per_rank(self, tensor_parallel: int, moe: bool = False) -> float:
-        """Parameters of one layer on one tensor-parallel rank, routed experts excluded."""
-        return self.layer_sharded_params(moe) / tensor_parallel + self.layer_replicated_params(moe)
+    def layer_params_per_rank(self, tensor_parallel: Any, moe: bool = False, whole_mlp: Any = False) -> Any:
+        """Parameters of one layer on one tensor-parallel rank, routed experts excluded; `whole_mlp` (a bool or an
+        array of them, as `tensor_parallel` an int or an array): the MLP whole on every rank (DeepSpeed's PR-MoE
+        residual MLP beside whole experts, PlanConfig.whole_residual_mlp)."""
+        whole = self.mlp_params(moe) * whole_mlp
+        return (self.layer_sharded_params(moe) - whole) / tensor_parallel + self.layer_replicated_params(moe) + whole
 
     def params_per_layer(self, moe: bool = False) -> int:
         """Weights and biases of one transformer layer (attention + MLP or experts + two norms)."""

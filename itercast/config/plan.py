@@ -78,7 +78,9 @@ class PlanConfig(BaseModel):
     context_parallel: Ranks = 1
     expert_parallel: Ranks = Field(1, description="Ranks the routed experts of an MoE layer are spread over.")
     expert_tensor_parallel: Ranks | None = Field(
-        None, description="Tensor parallelism inside each expert; default tensor_parallel (Megatron-Core)."
+        None,
+        description="Tensor parallelism inside each expert; default tensor_parallel (Megatron-Core), 1 under "
+        "DeepSpeed's MoE layer (moe_token_dispatcher einsum or gather: whole experts, its default).",
     )
     virtual_pipeline: Ranks = Field(1, description="Model chunks per pipeline rank (interleaving).")
     stage_layers: Annotated[tuple[NonNegativeInt, ...] | None, Field(strict=False)] = Field(
@@ -655,6 +657,14 @@ class PlanConfig(BaseModel):
         return self.moe_token_dispatcher in DEEPSPEED_MOE_DISPATCHERS
 
     @property
+    def whole_residual_mlp(self) -> bool:
+        """DeepSpeed's PR-MoE residual MLP whole on every tensor-parallel rank: the expert module itself
+        (deepspeed/moe/layer.py `self.mlp = expert`), sliced only with --enable-expert-tensor-parallelism
+        (Megatron-DeepSpeed megatron/core/tensor_parallel/layers.py is_expert_without_slicing): expert tensor
+        parallel 1 under DeepSpeed's MoE layer."""
+        return self.deepspeed_moe and self.etp == 1
+
+    @property
     def accumulates_in_gemm(self) -> bool:
         """The weight-gradient GEMMs add into Megatron's gradient buffer (gradient_accumulation_fusion):
         grad_accumulation fused, or megatron_fsdp without Megatron-FSDP (zero_stage 0-1)."""
@@ -689,6 +699,14 @@ class PlanConfig(BaseModel):
         if self.grad_bucket_size_params is not None:
             return self.grad_bucket_size_params
         return max(40_000_000, 1_000_000 * self.dp)
+
+    def default_etp(self, moe: bool, tensor_parallel: int) -> int:
+        """expert_tensor_parallel when unset, with `tensor_parallel` ranks: 1 for a dense model; under DeepSpeed's
+        MoE layer 1, whole experts (Megatron-DeepSpeed's default: --enable-expert-tensor-parallelism off,
+        megatron/core/tensor_parallel/layers.py `if moe and (not enable_expert_tensor_parallelism): world_size = 1`);
+        else tensor_parallel (Megatron-LM megatron/training/arguments.py: `args.expert_tensor_parallel_size =
+        args.tensor_model_parallel_size` when unset)."""
+        return tensor_parallel if moe and not self.deepspeed_moe else 1
 
     @property
     def etp(self) -> int:

@@ -54,6 +54,12 @@ class PlanTable:
     def microbatches(self) -> np.ndarray:
         return self.cols["gbs"] // (self.cols["mbs"] * self.cols["dp"])
 
+    @property
+    def whole_residual_mlp(self) -> np.ndarray:
+        """Per row, PlanConfig.whole_residual_mlp: DeepSpeed's PR-MoE residual MLP whole on every tensor-parallel
+        rank (expert tensor parallel 1 under its MoE layer)."""
+        return self.base.deepspeed_moe & (self.cols["etp"] == 1)
+
     def local_vocab(self, vocab_size: int) -> np.ndarray:
         """Vocabulary rows one tensor-parallel rank holds, per row (PlanConfig.local_vocab's padding)."""
         return local_vocab_rows(vocab_size, self.cols["tp"], self.base.make_vocab_size_divisible_by)

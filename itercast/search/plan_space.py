@@ -243,8 +243,8 @@ def _rules(
             lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == (0 if deepspeed else 1)),
         ),
         (
-            "DeepSpeed's MoE layer: expert_tensor_parallel = tp, expert_parallel > 1 with tp > 1",
-            lambda c: ~moe | ~deepspeed | ((c["etp"] == c["tp"]) & ((c["tp"] == 1) | (c["ep"] > 1))),
+            "DeepSpeed's MoE layer: expert_tensor_parallel 1 or tp",
+            lambda c: ~moe | ~deepspeed | (c["etp"] == 1) | (c["etp"] == c["tp"]),
         ),
         (
             "plan.tp_comm_overlap needs sequence_parallel with tp > 1",

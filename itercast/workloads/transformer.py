@@ -205,7 +205,7 @@ def unit_params(job: Job) -> dict[str, tuple[float, float]]:
     return {
         "embed": (0.0, embedding_unit_params(job)),
         "layer": (0.0, m.layer_params_per_rank(p.tensor_parallel)),
-        "moe": (experts, m.layer_params_per_rank(p.tensor_parallel, moe=True)),
+        "moe": (experts, m.layer_params_per_rank(p.tensor_parallel, moe=True, whole_mlp=p.whole_residual_mlp)),
         "head": (0.0, head),
     }
 

@@ -774,23 +774,25 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False, windo
     return fp8_casts(_tp_overlapped(ops, plan), plan)
 
 
-def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
+def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes, whole: bool = False) -> list[Op]:
     """A tensor-parallel MLP of `width` (the layer's MLP, or an MoE layer's shared experts): f,
-    column-parallel up (gate + up when gated), activation, row-parallel down, g."""
+    column-parallel up (gate + up when gated), activation, row-parallel down, g; `whole`: the MLP unsplit on every
+    tensor-parallel rank, without f and g (DeepSpeed's PR-MoE residual MLP beside whole experts)."""
     if width == 0:
         return []
-    T, h, t, e = sh.tokens, model.hidden_size, sh.t, sh.e
+    T, h, t, e = sh.tokens, model.hidden_size, 1 if whole else sh.t, sh.e
     up = 2 if model.gated_mlp else 1
     act = Op(f"{name}_act", "activation", (3 if model.gated_mlp else 2) * T * width / t * e)
     if _eager_llama(model, plan):  # SwiGLU
         act = _eager(act, T * width / t, eager_swiglu_cost(e))
     parts = _separate(plan, (1, 1)) if model.gated_mlp else ()
+    comm = 0.0 if whole else T * h * e  # the f and g collectives' bytes
     return [
-        *_f(f"{name}_in", T * h * e, plan),
-        Op(f"{name}_up", "gemm", 2 * T * h * up * width / t, f_bytes=T * h * e, kn=(h, up * width / t), parts=parts),
+        *(_f(f"{name}_in", comm, plan) if comm else []),
+        Op(f"{name}_up", "gemm", 2 * T * h * up * width / t, f_bytes=comm, kn=(h, up * width / t), parts=parts),
         act,
         Op(f"{name}_down", "gemm", 2 * T * width * h / t, kn=(width / t, h)),
-        *_g(f"{name}_out", T * h * e, plan),
+        *(_g(f"{name}_out", comm, plan) if comm else []),
     ]
 
 
@@ -1152,22 +1154,27 @@ def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> li
       curve, E / (3·k·expert_ffn) of the experts' FLOPs) and its ~30 small S×E kernels (softmax, argmax or top-k,
       cumsum, the auxiliary loss) priced as one pass over the fp32 logits, as the other dispatchers' routers.
     - dispatch into the slots and combine out of them (`_deepspeed_dispatch`).
-    - with tensor parallelism (expert tensor parallel = tp and expert parallel > 1): drop_tokens before each
-      all-to-all, gather_tokens after it (`_token_drop`, `_token_gather`); each all-to-all sends EC·h/tp.
+    - with tensor parallelism: drop_tokens before the dispatch's all-to-all and gather_tokens after the
+      combine's (`_token_drop`, `_token_gather`); each all-to-all sends EC·h/tp. Whole experts (expert tensor
+      parallel 1, its default) run this rank's EC/tp slots; experts split over the tensor-parallel ranks
+      (expert tensor parallel = tp) run all EC, gathered after the dispatch and dropped before the combine.
     - experts (deepspeed/moe/experts.py): each local expert runs its chunk of the slots, a strided view with
       expert parallelism that its first matmul copies (backward: chunk's cat of the input gradients), their
-      outputs concatenated (`_expert_copies`, sequential); Megatron-DeepSpeed's ParallelMLP(moe=True) over tp,
-      its f and g all-reduces priced as one each way over all local experts' rows (local of them run, each
-      1/local of the bytes).
+      outputs concatenated (`_expert_copies`, sequential); Megatron-DeepSpeed's ParallelMLP(moe=True), over the
+      expert width / etp, with etp > 1 its f and g all-reduces priced as one each way over all local experts'
+      rows (local of them run, each 1/local of the bytes); whole experts have none (layers.py
+      is_expert_without_slicing).
     - a shared expert is PR-MoE's residual MLP, run after the experts' layer returns, and mixed in
       (`_residual_moe`).
     With a capacity factor no host wait (the capacity comes from shapes on the host); no probabilities sent."""
     h, e, E = model.hidden_size, sh.e, model.experts
-    tp, ep, fe = plan.tensor_parallel, plan.expert_parallel, model.expert_ffn
+    tp, etp, ep, fe = plan.tensor_parallel, plan.etp, plan.expert_parallel, model.expert_ffn
     local, up = E // ep, 2 if model.gated_mlp else 1
     n = sh.tokens
-    slots = n * model.moe_top_k * model.moe_load()  # EC, all experts' capacity; every rank's experts run all of it
+    slots = n * model.moe_top_k * model.moe_load()  # EC, all experts' capacity
     full = slots * h * e
+    rows = slots * etp / tp  # the slots this rank's experts run: all EC split over tp, EC/tp whole
+    run, split = rows * h * e, full if etp > 1 else 0.0  # split: the f collective's bytes (none whole)
     dispatch, combine = _deepspeed_dispatch(model, plan, n, slots)
     ops = [
         Op("router", "gemm", 2 * n * h * E),
@@ -1176,23 +1183,21 @@ def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> li
         *dispatch,
         *_token_drop("moe_dispatch", full, tp),
         Op("moe_dispatch", "ep_comm", full / tp, "alltoall", backward_comm="alltoall", group="ep"),
-        *_token_gather("moe_dispatch", full, tp),
+        *_token_gather("moe_dispatch", full, etp),
     ]
     if local > 1:  # the chunks: copied by their matmuls with expert parallelism (strided), cat backward
-        chunked = 2 * full if ep > 1 else 0.0
-        ops.append(
-            Op("moe_sort", "elementwise", chunked, count=int(ep > 1), backward_amount=2 * full, backward_count=1)
-        )
-    pad, cat = _expert_copies(model, plan, slots, local)
-    act_bytes = (3 if model.gated_mlp else 2) * slots * fe / tp * e
+        chunked = 2 * run if ep > 1 else 0.0
+        ops.append(Op("moe_sort", "elementwise", chunked, count=int(ep > 1), backward_amount=2 * run, backward_count=1))
+    pad, cat = _expert_copies(model, plan, rows, local)
+    act_bytes = (3 if model.gated_mlp else 2) * rows * fe / etp * e
     ops += [
         *pad,
-        Op("expert_up", "gemm", 2 * slots * h * up * fe / tp / local, count=local, label="experts", f_bytes=full),
+        Op("expert_up", "gemm", 2 * rows * h * up * fe / etp / local, count=local, label="experts", f_bytes=split),
         Op("expert_act", "activation", act_bytes, count=local, label="experts"),
-        Op("expert_down", "gemm", 2 * slots * fe / tp * h / local, count=local, label="experts"),
-        *_g("expert_out", full, plan),
+        Op("expert_down", "gemm", 2 * rows * fe / etp * h / local, count=local, label="experts"),
+        *(_g("expert_out", full, plan) if etp > 1 else []),
         *cat,
-        *_token_drop("moe_experts", full, tp),
+        *_token_drop("moe_experts", full, etp),
         Op("moe_combine", "ep_comm", full / tp, "alltoall", backward_comm="alltoall", group="ep"),
         *_token_gather("moe_combine", full, tp),
         *combine,
@@ -1215,7 +1220,7 @@ def _residual_moe(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         return []
     n, h, e = sh.tokens, model.hidden_size, sh.e
     return [
-        *_mlp("shared", width, model, plan, sh),
+        *_mlp("shared", width, model, plan, sh, whole=plan.whole_residual_mlp),
         Op("residual_coef", "gemm", 2 * n * h * 2),
         Op(
             "residual_mix",
@@ -1596,7 +1601,7 @@ def layer_backward(
     elif kind == "selective":
         again = [_recomputed(o) for o in fwd if o.name.startswith(_module_ops(plan.recompute_modules, moe))]
         again += _restored_outputs(model, plan, moe)
-    params = model.layer_params_per_rank(plan.tensor_parallel, moe)
+    params = model.layer_params_per_rank(plan.tensor_parallel, moe, whole_mlp=moe and plan.whole_residual_mlp)
     if moe:
         params += model.expert_params_per_rank(plan.expert_parallel, plan.etp)
     accumulate = grad_accumulation_ops(plan, params, layer_param_tensors(model, plan, moe))
