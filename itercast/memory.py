@@ -275,27 +275,26 @@ def deepspeed_expert_bytes(m: ModelConfig, t: PlanTable, expert_in: int, clamped
     """Bytes per token of the micro-batch an MoE layer of DeepSpeed's MOELayer keeps for backward beyond its
     shared MLP and its router's fp32 input (plan.moe_token_dispatcher einsum or gather; deepspeed/moe/
     sharded_moe.py at 38327e0 and from v0.19.4, transformer_ops._deepspeed_moe_block), per row: with S tokens a
-    micro-batch on the rank and k·cf slots a token (model.moe_load), a rank's experts run S·k·cf·etp/tp slots
-    (whole experts a 1/tp share, split ones all, gathered over the tensor-parallel ranks), each keeping its fc1
-    input, fc1 output(s) and activation output over the expert width / etp (Megatron-DeepSpeed's ParallelMLP); the
-    router's fp32 scores
-    (E a token); with a shared expert, PR-MoE's mix keeps the experts' and the residual MLP's outputs for its
-    coefficient's gradient (2eh; deepspeed/moe/layer.py). Then:
+    micro-batch on the rank and EC slots (ModelConfig.deepspeed_capacity: about S·k·cf), a rank's experts run
+    EC·etp/tp of them (whole experts a 1/tp share, split ones all, gathered over the tensor-parallel ranks), each
+    keeping its fc1 input, fc1 output(s) and activation output over the expert width / etp (Megatron-DeepSpeed's
+    ParallelMLP); the router's fp32 scores (E a token); with a shared expert, PR-MoE's mix keeps the experts'
+    and the residual MLP's outputs for its coefficient's gradient (2eh; deepspeed/moe/layer.py). Then:
     - einsum: the combine keeps the experts' gathered output (h a slot) and its weights, the dispatch its mask, both
-      cast to the activations' dtype: 2e per element of the S × S·k·cf gating tensors, so per token 2e·S·k·cf,
+      cast to the activations' dtype: 2e per element of the S × EC gating tensors, so per token 2e·EC,
       which grows with the micro-batch; top-k (k > 2) gating's product keeps its fp32 one-hot slots too (4 an
       element). The top-1/2 gating's saved S × E and S × C factors (4(E + C) a token) are left out.
     - gather: the combine's weighting keeps each route's gathered row and its fp32 weight (k·(eh + 4) a token);
       index_select keeps only its indices."""
     e, h, k = t.base.dtype_bytes, m.hidden_size, m.moe_top_k
-    slots = k * m.moe_load()  # a token's slots
+    tokens = t.cols["mbs"] * m.seq_length / t.cols["cp"]  # S
+    slots = m.experts * m.deepspeed_capacity(tokens) / tokens  # a token's slots: EC / S
     etp = t.cols["etp"]
     per_slot = expert_in * h + (e * (2 if m.gated_mlp else 1) + expert_in + clamped) * m.expert_ffn / etp
     mix = 2 * e * h if m.moe_shared_ffn_hidden_size else 0
     kept = slots * etp / t.cols["tp"] * per_slot + 4 * m.experts + mix
     if t.base.moe_token_dispatcher == "gather":
         return kept + k * (e * h + 4)
-    tokens = t.cols["mbs"] * m.seq_length / t.cols["cp"]  # S
     return kept + slots * e * h + (2 * e + (4 if k > 2 else 0)) * tokens * slots
 
 

@@ -20,12 +20,13 @@ import pytest
 from typer.testing import CliRunner
 
 from itercast.cli.app import app
-from itercast.config.job import Job
+from itercast.config.job import Job, parse_section
 from itercast.errors import ConfigError
 from itercast.memory import activation_bytes_per_token_layer, deepspeed_expert_bytes, stage_params
 from itercast.parallel.plan_table import PlanTable
 from itercast.predict import predict
 from itercast.search.fast_estimate import FastEstimator
+from itercast.search.plan_space import SpaceOptions, enumerate_plans
 from itercast.workload import TransformerWorkload
 from itercast.workloads.transformer import TransformerStepBuilder, pass_cost, unit_params
 from itercast.workloads.transformer_ops import (
@@ -89,6 +90,42 @@ def test_dispatch_and_combine_are_matmuls_over_the_padded_capacity():
     # without expert parallelism each expert's chunk is contiguous: no forward copy, the chunks' cat backward
     sort = next(op for op in layer_forward(job().model, job().plan, moe=True) if op.name == "moe_sort")
     assert (sort.amount, sort.count, sort.backward_amount, sort.backward_count) == (0, 0, 2 * ROWS, 1)
+
+
+def test_the_capacity_rounds_up_to_at_least_megatron_deepspeeds_minimum():
+    """sharded_moe.py _capacity: ceil(S / E × k·cf) in float32, at least --moe-min-capacity (4). Capacity factor 1.1,
+    top-2: 1,024 / 8 × 2.2 = 281.6 → 282 slots an expert, EC = 2,256; 8 tokens: 8 / 8 × 2.2 = 2.2 → 3 → 4, EC = 32."""
+    cf = {**MODEL, "moe_capacity_factor": 1.1}
+    for model, tokens, slots in ((cf, 1024, 2256), ({**cf, "seq_length": 4}, 8, 32)):
+        ops = {name: amount for name, _, amount, _, _ in moe_ops(job(model))}
+        assert ops["moe_dispatch_einsum"] == 2 * tokens * slots * 256
+        assert ops["expert_up"] == 2 * slots * 256 * 1024 / 8
+    # memory per token at TP 1: 2,256 / 1,024 slots a token, each keeping its fc1 input (512), fc1 outputs and
+    # activation output (3,072) and the combine's gathered output (512); the einsums' operands 4 bytes × 2,256;
+    # the router's 8 fp32 scores
+    j = job(cf)
+    kept = deepspeed_expert_bytes(j.model, PlanTable.of_jobs([j]), expert_in=2, clamped=0)
+    assert kept[0] == pytest.approx(2256 / 1024 * (512 + 3072 + 512) + 4 * 2256 + 32)
+
+
+def test_a_capacity_the_tensor_parallel_ranks_do_not_divide_is_refused():
+    # drop_tokens asserts the tensor-parallel size divides every expert's capacity: 282 slots split over 2, not 4
+    cf = {**MODEL, "moe_capacity_factor": 1.1}
+    assert job(cf, tensor_parallel=2, expert_parallel=2, sequence_parallel=False).plan.etp == 1
+    with pytest.raises(ConfigError) as err:
+        job(cf, tensor_parallel=4, expert_parallel=2, sequence_parallel=False)
+    assert (
+        "expected a capacity divisible by tensor_parallel(4); got 282 slots (micro_batch_size 2 × seq_length 512 "
+        "tokens / 8 experts × top-2 × capacity factor 1.1, rounded up)"
+    ) in str(err.value)
+    # the search leaves those plans out: micro-batch 1 (ceil(64 × 2.2) = 141 slots) runs at TP 1 only, 2 (282) at
+    # TP 1-2, 4 (ceil(256 × 2.2) = 564) at TP 1, 2 and 4
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 1})
+    base = parse_section("plan", {"global_batch_size": 32, "moe_token_dispatcher": "einsum"})
+    options = SpaceOptions(micro_batch_sizes=(1, 2, 4), max_context_parallel=1, framework="deepspeed")
+    table, _ = enumerate_plans(parse_section("model", cf), system, base, 8, options)  # type: ignore[arg-type]
+    seen = {(int(m), int(t)) for m, t in zip(table.cols["mbs"], table.cols["tp"], strict=True)}
+    assert seen == {(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4)}
 
 
 def test_tensor_parallel_ranks_drop_and_gather_the_capacity():
@@ -444,7 +481,7 @@ def test_the_fast_path_prices_deepspeeds_layer_as_the_graph_does(dispatcher: str
 
 
 def test_predict_says_what_deepspeeds_layer_leaves_unpriced():
-    said = "plan.moe_token_dispatcher einsum (DeepSpeed's MOELayer, before v0.19.4): the capacity's rounding up"
+    said = "plan.moe_token_dispatcher einsum (DeepSpeed's MOELayer, before v0.19.4): the gate's int64 slot map"
     assert said in "\n".join(priced_notes(job().model, job().plan, job().system))
     gather = job(moe_token_dispatcher="gather")
     assert "(DeepSpeed's MOELayer, from v0.19.4)" in "\n".join(priced_notes(gather.model, gather.plan, gather.system))

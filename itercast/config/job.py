@@ -579,6 +579,15 @@ def _deepspeed_moe_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list
             f"expected expert_tensor_parallel 1 or tensor_parallel({tp}); got {etp}"
         )
 
+    tokens = p.micro_batch_size * model.seq_length
+    if tp > 1 and model.moe_capacity_factor is not None and (capacity := int(model.deepspeed_capacity(tokens))) % tp:
+        problems.append(
+            f"plan.moe_token_dispatcher({d}): DeepSpeed's drop_tokens splits every expert's capacity over the "
+            "tensor-parallel ranks (deepspeed/moe/mappings.py _drop_tokens asserts they divide it): expected a "
+            f"capacity divisible by tensor_parallel({tp}); got {capacity} slots (micro_batch_size "
+            f"{p.micro_batch_size} × seq_length {model.seq_length} tokens / {model.experts} experts × top-"
+            f"{model.moe_top_k} × capacity factor {model.moe_capacity_factor}, rounded up)"
+        )
     if p.zero_stage == 3:
         problems.append(
             f"plan.moe_token_dispatcher({d}): DeepSpeed runs its MoE layer with ZeRO 0-2 (runtime/engine.py: 'Native "

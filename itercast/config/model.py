@@ -9,6 +9,10 @@ from pydantic import BaseModel, Field, NonNegativeInt, PositiveFloat, model_vali
 
 from itercast.config.strict import STRICT, Layers, Width
 
+#: Megatron-DeepSpeed's --moe-min-capacity default (megatron/arguments.py), the fewest slots of an expert in
+#: DeepSpeed's MOELayer with a capacity factor (deepspeed/moe/sharded_moe.py _capacity)
+DEEPSPEED_MIN_CAPACITY = 4
+
 TransformerFamily = Literal["gpt", "llama", "bert"]
 PositionEmbedding = Literal["learned", "rope"]
 
@@ -315,6 +319,19 @@ class ModelConfig(BaseModel):
         if cf is None:
             return self.moe_token_imbalance
         return cf if self.moe_pad_to_capacity else min(self.moe_token_imbalance, cf)
+
+    def deepspeed_capacity(self, tokens: Any) -> Any:
+        """Slots of one expert in DeepSpeed's MOELayer for `tokens` tokens a micro-batch on the rank (a number or an
+        array). With a capacity factor cf (padded: drop_tokens), deepspeed/moe/sharded_moe.py _capacity at 38327e0
+        and from v0.19.4: `torch.ceil((num_tokens / num_experts) * capacity_factor)` in float32 (the factor a
+        float32 tensor: cf for top-1, cf·2 for top-2, cf·k for top-k), at least DEEPSPEED_MIN_CAPACITY. Dropless,
+        the busiest expert's count, taken as k·tokens/E × moe_token_imbalance (its rounding up to a multiple of
+        the tensor-parallel size beside whole experts left out)."""
+        E, k = self.experts, self.moe_top_k
+        if self.moe_capacity_factor is None:
+            return tokens * k * self.moe_token_imbalance / E
+        scaled = np.float32(np.asarray(tokens) / E) * np.float32(self.moe_capacity_factor * k)
+        return np.maximum(np.ceil(scaled), DEEPSPEED_MIN_CAPACITY).astype(np.float64)
 
     def moe_layers_before(self, index: int | np.ndarray) -> np.ndarray:
         """MoE layers among layers 0 … index − 1 (vectorised over `index`)."""

@@ -194,6 +194,15 @@ def _rules(
     uneven = np.bool_(base.stage_layers is not None)
     moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
     deepspeed = np.bool_(base.deepspeed_moe)  # job.py _deepspeed_moe_problems
+    padded = np.bool_(model.is_moe and model.moe_capacity_factor is not None)
+
+    def capacity(mbs: np.ndarray) -> np.ndarray:
+        """An expert's slots in DeepSpeed's MOELayer at micro-batch `mbs` (context parallelism 1 there); 0 without a
+        capacity factor."""
+        if not padded:
+            return np.zeros_like(mbs)
+        return np.asarray(model.deepspeed_capacity(mbs * model.seq_length)).astype(np.int64)
+
     shard_fixed = np.bool_("zero_shard_ranks" in fixed)
     fits_stages = base.stage_layers is None or len(base.stage_layers) == base.pipeline_parallel * base.virtual_pipeline
     # Megatron's selective recompute of fused attention runs its forward again and frees nothing
@@ -245,6 +254,10 @@ def _rules(
         (
             "DeepSpeed's MoE layer: expert_tensor_parallel 1 or tp",
             lambda c: ~moe | ~deepspeed | (c["etp"] == 1) | (c["etp"] == c["tp"]),
+        ),
+        (
+            "DeepSpeed's MoE layer: every expert's capacity divisible by tp (mappings.py _drop_tokens)",
+            lambda c: ~deepspeed | (capacity(c["mbs"]) % c["tp"] == 0),
         ),
         (
             "plan.tp_comm_overlap needs sequence_parallel with tp > 1",

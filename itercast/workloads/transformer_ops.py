@@ -1146,10 +1146,10 @@ def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> li
     """DeepSpeed's MoE layer on one rank (plan.moe_token_dispatcher einsum or gather: deepspeed/moe/sharded_moe.py
     TopKGate and MOELayer at 38327e0 and from v0.19.4, GShard's Algorithm 2, with drop_tokens as Megatron-DeepSpeed
     runs it; where it is priced: config/job.py _deepspeed_moe_problems). S, the micro-batch's tokens, whole on
-    every tensor-parallel rank; EC = S·k·cf (model.moe_load) slots, every expert's capacity C = k·cf·S/E padded
-    (its ceiling and Megatron-DeepSpeed's --moe-min-capacity, 4, left out), so every expert runs C rows whatever
-    the balance; dropless (no capacity factor), C is the busiest expert's count, k·S/E times
-    model.moe_token_imbalance (taken as the busiest expert's share: `_deepspeed_capacity`).
+    every tensor-parallel rank; EC slots, every expert's capacity C (ModelConfig.deepspeed_capacity: with a
+    capacity factor, k·cf·S/E rounded up, at least Megatron-DeepSpeed's --moe-min-capacity, 4) padded, so every
+    expert runs C rows whatever the balance; dropless (no capacity factor), C is the busiest expert's count,
+    k·S/E times model.moe_token_imbalance (taken as the busiest expert's share: `_deepspeed_capacity`).
     - router: an fp32 gate (input.float(), priced with its S×E work; the fp32 GEMM at the training dtype's
       curve, E / (3·k·expert_ffn) of the experts' FLOPs) and its ~30 small S×E kernels (softmax, argmax or top-k,
       cumsum, the auxiliary loss) priced as one pass over the fp32 logits, as the other dispatchers' routers.
@@ -1171,7 +1171,7 @@ def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> li
     tp, etp, ep, fe = plan.tensor_parallel, plan.etp, plan.expert_parallel, model.expert_ffn
     local, up = E // ep, 2 if model.gated_mlp else 1
     n = sh.tokens
-    slots = n * model.moe_top_k * model.moe_load()  # EC, all experts' capacity
+    slots = E * float(model.deepspeed_capacity(n))  # EC, all experts' capacity
     full = slots * h * e
     rows = slots * etp / tp  # the slots this rank's experts run: all EC split over tp, EC/tp whole
     run, split = rows * h * e, full if etp > 1 else 0.0  # split: the f collective's bytes (none whole)
@@ -1875,10 +1875,10 @@ def deepspeed_moe_note(plan: PlanConfig) -> str | None:
         return None
     return (
         f"plan.moe_token_dispatcher {plan.moe_token_dispatcher} (DeepSpeed's MOELayer, "
-        f"{'before' if plan.moe_token_dispatcher == 'einsum' else 'from'} v0.19.4): the capacity's rounding up and "
-        "Megatron-DeepSpeed's --moe-min-capacity (4) are not priced, nor the gate's int64 slot map; its fp32 gate "
-        "GEMM is priced at the training dtype's rate; a dropless layer's busiest expert is model.moe_token_imbalance "
-        "times an even share"
+        f"{'before' if plan.moe_token_dispatcher == 'einsum' else 'from'} v0.19.4): the gate's int64 slot map is "
+        "not priced; its fp32 gate GEMM is priced at the training dtype's rate; the capacity's minimum is "
+        "Megatron-DeepSpeed's default --moe-min-capacity (4); a dropless layer's busiest expert is "
+        "model.moe_token_imbalance times an even share, not rounded up to a multiple of the tensor-parallel size"
     )
 
 
