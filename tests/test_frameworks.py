@@ -357,7 +357,8 @@ def test_search_and_predict_judge_a_plan_by_one_memory_model():
     [
         ("torchtitan", [], "fa2"),  # torch SDPA's flash backend on H100 (FlashAttention-2)
         ("megatron-core", [], "cudnn"),  # Transformer Engine's FusedAttention on Hopper
-        ("torchtitan", ["--set", "plan.attention_kernel=fa3"], "fa3"),  # the job's own choice wins
+        # the job's own choice wins (a small space: tp fixed)
+        ("torchtitan", ["--set", "plan.attention_kernel=fa3", "--set", "plan.tensor_parallel=8"], "fa3"),
     ],
 )
 def test_the_search_prices_the_attention_kernel_its_framework_runs(framework, extra, kernel):
