@@ -21,7 +21,7 @@ from itercast.errors import ConfigError
 from itercast.memory import estimate_memory
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 from itercast.workloads.transformer import Groups, TransformerStepBuilder, pass_cost
-from itercast.workloads.transformer_ops import dispatch_share, layer_backward, layer_forward
+from itercast.workloads.transformer_ops import dispatch_share, layer_backward, layer_forward, priced_notes
 
 # one MoE layer: h 64, 4 heads of 16, s 32, 4 experts of width 32, top-2; llama: SwiGLU, RMSNorm, untied
 MOE = {"family": "llama", "num_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
@@ -122,6 +122,15 @@ def test_shared_experts_hide_the_all_to_alls():
     attention_s = 4 * 4 * 32 * 32 * 16 / 2 / PEAK / 0.75
     hidden = 2 * max(0.0, a2a_s - attention_s) + max(0.0, probs_s - attention_s)
     assert overlapped.family_s["ep_alltoall"] == pytest.approx(hidden)
+
+
+def test_torchtitans_moe_layer_under_tensor_parallelism_says_what_is_not_priced():
+    said = "plan.moe_token_dispatcher torchtitan with tensor_parallel 2: priced as Megatron-Core's sequence-parallel"
+    tp = moe_job(gpus=4, data_parallel=2, tensor_parallel=2, sequence_parallel=True, moe_token_dispatcher="torchtitan")
+    assert said in "\n".join(priced_notes(tp.model, tp.plan, tp.system))
+    for plan in ({"moe_token_dispatcher": "torchtitan"}, {"tensor_parallel": 2, "sequence_parallel": True}):
+        j = moe_job(gpus=4, **{"data_parallel": 4 // plan.get("tensor_parallel", 1), **plan})
+        assert "torchtitan with tensor_parallel" not in "\n".join(priced_notes(j.model, j.plan, j.system))
 
 
 def test_torchtitan_runs_its_shared_expert_beside_the_forward_combine():

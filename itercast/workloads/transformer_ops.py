@@ -1913,6 +1913,25 @@ def moe_routing_note(model: ModelConfig, plan: PlanConfig) -> str | None:
     )
 
 
+def torchtitan_moe_tp_note(model: ModelConfig, plan: PlanConfig) -> str | None:
+    """What the price of torchtitan's MoE layer under tensor parallelism leaves out, said where it is priced; None
+    otherwise. torchtitan (models/*/infra/parallelize.py apply_moe_ep_tp) wraps the layer in
+    PrepareModuleInputOutput: its input all-gathered over the tensor-parallel ranks (Shard(1) to Replicate), the
+    router run on every token on each of them (NoParallel), the output reduce-scattered (Partial to Shard(1));
+    with expert_tensor_parallel 1 its ReordererSequenceParallel then splits the routed tokens over the
+    tensor-parallel ranks, with expert_tensor_parallel = tp every rank dispatches all of them over the expert
+    group. `_moe_block` prices Megatron-Core's sequence-parallel fold instead."""
+    if not model.is_moe or plan.moe_token_dispatcher != "torchtitan" or plan.tensor_parallel == 1:
+        return None
+    return (
+        f"plan.moe_token_dispatcher torchtitan with tensor_parallel {plan.tensor_parallel}: priced as Megatron-Core's "
+        "sequence-parallel MoE layer; not priced: torchtitan's all-gather of the layer's input and reduce-scatter "
+        "of its output over the tensor-parallel ranks, its router run on every token on each of them, and with "
+        "expert_tensor_parallel = tensor_parallel each rank's all-to-all of all the tokens (priced as its share "
+        "gathered over the expert-tensor ranks)"
+    )
+
+
 def moe_a2a_overlap_note(plan: PlanConfig) -> str | None:
     """What the price of Megatron-Core's expert all-to-all overlap (plan.moe_a2a_overlap) leaves out, and how it
     compared with the runs of it measured, said where it is priced; None otherwise."""
@@ -2000,6 +2019,7 @@ def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> 
         zero_grad_reduce_note(plan),
         flex_dispatch_note(plan),
         deepspeed_moe_note(plan),
+        torchtitan_moe_tp_note(model, plan),
         moe_a2a_overlap_note(plan),
         moe_routing_note(model, plan),
         gpt_oss_note(model, plan),
