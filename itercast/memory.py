@@ -221,7 +221,11 @@ def _activation_bytes(
     deepspeed = moe and t.base.deepspeed_moe
     # (DeepSpeed's: its router's fp32 copy, and a PR-MoE residual MLP's fc1 and mixing coefficient the 16-bit one)
     mlp_in = (4 + (e if f else 0)) * h if deepspeed else (e + (fp8 if f else 0)) * h if moe else gemm_in * h
-    replicated = 2 * e * h + gemm_in * h + mlp_in + 2 * dropout  # two norm inputs, QKV and MLP inputs, masks
+    # torchtitan's MoE layer keeps its input all-gathered over the tensor-parallel ranks, whole on each (its router
+    # and shared experts' input: transformer_ops._titan_moe_tp); elsewhere it is split with sequence parallelism
+    gathered_in = mlp_in if moe and t.base.moe_token_dispatcher == "torchtitan" else 0
+    # two norm inputs, QKV and MLP inputs, masks
+    replicated = 2 * e * h + gemm_in * h + mlp_in - gathered_in + 2 * dropout
     # q, k, v; with QK-norm the norms' inputs (q and k before it); the projection input (the
     # attention output, heads × head_dim)
     sharded = e * (a + 2 * g) * d + (e * (a + g) * d if m.qk_norm else 0) + (e + fp8) * a * d
@@ -249,7 +253,7 @@ def _activation_bytes(
         experts = copies * per_copy + 4 * m.experts / rep
     if deepspeed:
         experts = deepspeed_expert_bytes(m, t, expert_in, clamped)
-    attention_again = replicated / rep + latents + sharded / tp + mlp_kept / mlp_ranks + experts
+    attention_again = replicated / rep + gathered_in + latents + sharded / tp + mlp_kept / mlp_ranks + experts
     # what Megatron-Core's selective recompute of each of plan.recompute_modules stops keeping (transformer_layer.py,
     # moe/experts.py at d98e8a64): core_attn the unfused attention's scores; layernorm, in an MoE layer, the
     # pre-MLP norm's output, discarded once its consumers ran (CheckpointWithoutOutput: the router's 16-bit input,

@@ -582,6 +582,24 @@ def test_deepspeed_moe_plans_run_whole_experts_or_split_them_over_every_tensor_p
     assert [p for p in mcore if p["expert_tensor_parallel"] == 1] and [p for p in mcore if p["expert_parallel"] == 1]
 
 
+def test_torchtitan_moe_plans_follow_its_parallel_dims():
+    """torchtitan's ParallelDims (distributed/parallel_dims.py _validate) with expert parallelism: whole experts
+    (etp 1) take an expert group that tp divides (it borrows every tensor-parallel rank), split ones (etp = tp) a
+    group within the data-parallel ranks; without expert parallelism the experts are split over tp."""
+    plans = moe_plans("torchtitan", SHARED_MOE, moe_token_dispatcher="torchtitan")  # the search sets it
+    tp = [p for p in plans if p["tensor_parallel"] > 1]
+    for p in tp:
+        ep, etp, t, dp = p["expert_parallel"], p["expert_tensor_parallel"], p["tensor_parallel"], p["data_parallel"]
+        if ep == 1:
+            assert etp == t
+        elif etp == 1:
+            assert ep % t == 0 and (dp * t) % ep == 0
+        else:
+            assert etp == t and dp % ep == 0
+    kinds = {(p["expert_tensor_parallel"] == 1, p["expert_parallel"] == 1) for p in tp}
+    assert kinds == {(True, False), (False, True), (False, False)}
+
+
 def test_deepspeed_runs_a_routed_experts_copy_as_pr_moe():
     args = ["search", "--model", "moe-tiny", "--system", "dgx-h100", "--num-nodes-range", "1", "--framework"]
     args += ["deepspeed", "--set", "plan.global_batch_size=64", "--top", "1", "--workers", "1", "--json"]

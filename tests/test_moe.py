@@ -18,10 +18,10 @@ from itercast.config.job import Job
 from itercast.config.model import ModelConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
-from itercast.memory import estimate_memory
+from itercast.memory import activation_bytes_per_token_layer, estimate_memory
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 from itercast.workloads.transformer import Groups, TransformerStepBuilder, pass_cost
-from itercast.workloads.transformer_ops import dispatch_share, layer_backward, layer_forward, priced_notes
+from itercast.workloads.transformer_ops import dispatch_share, layer_backward, layer_forward
 
 # one MoE layer: h 64, 4 heads of 16, s 32, 4 experts of width 32, top-2; llama: SwiGLU, RMSNorm, untied
 MOE = {"family": "llama", "num_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
@@ -124,13 +124,84 @@ def test_shared_experts_hide_the_all_to_alls():
     assert overlapped.family_s["ep_alltoall"] == pytest.approx(hidden)
 
 
-def test_torchtitans_moe_layer_under_tensor_parallelism_says_what_is_not_priced():
-    said = "plan.moe_token_dispatcher torchtitan with tensor_parallel 2: priced as Megatron-Core's sequence-parallel"
-    tp = moe_job(gpus=4, data_parallel=2, tensor_parallel=2, sequence_parallel=True, moe_token_dispatcher="torchtitan")
-    assert said in "\n".join(priced_notes(tp.model, tp.plan, tp.system))
-    for plan in ({"moe_token_dispatcher": "torchtitan"}, {"tensor_parallel": 2, "sequence_parallel": True}):
-        j = moe_job(gpus=4, **{"data_parallel": 4 // plan.get("tensor_parallel", 1), **plan})
-        assert "torchtitan with tensor_parallel" not in "\n".join(priced_notes(j.model, j.plan, j.system))
+def test_torchtitan_gathers_its_moe_layer_over_tensor_parallel_ranks_and_routes_every_token():
+    """torchtitan's MoE layer under TP 2 with sequence parallelism (apply_moe_ep_tp, PrepareModuleInputOutput): 32
+    tokens of h 64 in bf16, 16 a rank between layers. Its input all-gathered (32 × 64 × 2 = 4,096 bytes; backward a
+    reduce-scatter) and its output reduce-scattered (backward an all-gather); the router on all 32 tokens
+    (2 × 32 × 64 × 4 FLOPs); the shared expert (width 32) split over TP on all 32 tokens, 2 × 32 × 64 × 64 / 2, with
+    no collective of its own. Expert TP 1: the reorderer splits the 64 routed copies, 32 a rank (4,096 bytes an
+    all-to-all); expert TP 2: every rank routes all 64 (8,192 bytes) and no expert-tensor collective runs; either
+    way 64 × 32 / 2 routed GEMM rows × width per rank: up 2 × 64 × 64 × 64 / 2 / 2 local experts."""
+    plan = {"gpus": 4, "data_parallel": 2, "tensor_parallel": 2, "sequence_parallel": True}
+    for etp, sent in ((1, 4096), (2, 8192)):
+        titan = {"expert_tensor_parallel": etp, "moe_token_dispatcher": "torchtitan"}
+        ops = ops_by_name(moe_job({"moe_shared_ffn_hidden_size": 32}, **plan, **titan))
+        gather, scatter = ops["moe_in.all_gather"], ops["moe_out.reduce_scatter"]
+        assert (gather.amount, gather.backward_comm, scatter.amount, scatter.backward_comm) == (
+            4096,
+            "reduce_scatter",
+            4096,
+            "all_gather",
+        )
+        assert ops["router"].amount == 2 * 32 * 64 * 4
+        assert ops["shared_up"].amount == 2 * 32 * 64 * 64 / 2 and ops["shared_up"].f_bytes == 0
+        assert ops["moe_dispatch"].amount == ops["moe_combine"].amount == sent
+        assert ops["expert_up"].amount == 2 * 64 * 64 * 64 / 2 / 2
+        names = list(ops)  # the gather right before the router, the reduce-scatter right after the unpermute
+        assert names[names.index("router") - 1] == "moe_in.all_gather"
+        assert names[names.index("moe_unpermute") + 1] == "moe_out.reduce_scatter"
+        for absent in ("shared_in.all_gather", "shared_out.reduce_scatter", "moe_dispatch.gather"):
+            assert absent not in ops and "moe_combine.scatter" not in ops
+    # Megatron-Core's alltoall dispatcher on the same plan: the router on its 16 tokens, the shared expert's own
+    # all-gather and reduce-scatter, expert TP 2 gathering the 32 copies a rank sent
+    mcore = ops_by_name(moe_job({"moe_shared_ffn_hidden_size": 32}, **plan, expert_tensor_parallel=2))
+    assert mcore["router"].amount == 2 * 16 * 64 * 4 and mcore["moe_dispatch"].amount == 4096
+    assert {"shared_in.all_gather", "shared_out.reduce_scatter", "moe_dispatch.gather"} <= set(mcore)
+    assert "moe_in.all_gather" not in mcore
+    # memory: the gathered input, 2 × 64 bytes a token, kept whole (not 64 a token's share over TP 2)
+    titan = moe_job(**plan, expert_tensor_parallel=1, moe_token_dispatcher="torchtitan")
+    alltoall = moe_job(**plan, expert_tensor_parallel=1)
+    kept = [activation_bytes_per_token_layer(j, moe=True) for j in (titan, alltoall)]
+    assert kept[0] - kept[1] == 64
+
+
+def test_the_fast_path_prices_torchtitans_gathered_moe_layer_as_the_graph_does():
+    # Qwen3 30B-A3B on 16 H100 under TP 2: whole experts (EP 2, 8) and split ones (EP 1, 2, 4), PP 1-2: measured
+    # worst 0.75%, mean 0.19%
+    layouts = [(1, 2, 1), (2, 2, 1), (4, 2, 1), (2, 1, 1), (8, 1, 1), (1, 2, 2), (4, 2, 2), (8, 1, 2)]
+    plans = [
+        {"tensor_parallel": 2, "sequence_parallel": True, "expert_parallel": ep, "expert_tensor_parallel": etp}
+        | {"pipeline_parallel": pp, "data_parallel": 8 // pp, "global_batch_size": 32, "micro_batch_size": 1}
+        | {"moe_token_dispatcher": "torchtitan", "moe_grouped_gemm": True}
+        for ep, etp, pp in layouts
+    ]
+    valid, rel = fast_vs_graph("qwen3-30b-a3b", {"preset": "dgx-h100", "num_nodes": 2}, plans)
+    assert len(valid) == 8 and rel.max() < 0.01
+
+
+def test_torchtitans_expert_layouts_and_default_are_its_parallel_dims():
+    # job_config.py: expert_tensor_parallel_degree 1 by default; with expert parallelism 1 its experts then run
+    # whole, without it TensorParallel over tp
+    plan = {"gpus": 8, "data_parallel": 4, "tensor_parallel": 2, "sequence_parallel": True}
+    assert moe_job(**plan, moe_token_dispatcher="torchtitan").plan.etp == 1
+    assert moe_job(**plan, expert_parallel=1, moe_token_dispatcher="torchtitan").plan.etp == 2
+    assert moe_job(**plan).plan.etp == 2  # Megatron-Core: tp
+    refused = [
+        (
+            {"tensor_parallel": 4, "data_parallel": 2, "expert_parallel": 2, "expert_tensor_parallel": 1},
+            "torchtitan's ParallelDims takes with expert_tensor_parallel 1 an expert_parallel that context_parallel "
+            "× tensor_parallel (4) divides and that divides data_parallel × context_parallel × tensor_parallel (8) "
+            "(torchtitan/distributed/parallel_dims.py); got expert_parallel 2, expert_tensor_parallel 1",
+        ),
+        (
+            {"expert_parallel": 1, "expert_tensor_parallel": 1},
+            "takes expert_tensor_parallel = tensor_parallel(2) with expert_parallel 1",
+        ),
+    ]
+    for fields, message in refused:
+        with pytest.raises(ConfigError) as err:
+            moe_job(**{**plan, **fields}, moe_token_dispatcher="torchtitan")
+        assert message in str(err.value)
 
 
 def test_torchtitan_runs_its_shared_expert_beside_the_forward_combine():

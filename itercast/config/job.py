@@ -362,7 +362,7 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
             system.stage_gpus(p.pipeline_parallel, dp * p.tensor_parallel * p.context_parallel)
         except ValueError as exc:
             problems.append(f"system.device_groups: {exc}")
-    etp = p.expert_tensor_parallel or p.default_etp(model.is_moe, p.tensor_parallel)
+    etp = p.expert_tensor_parallel or p.default_etp(model.is_moe, p.tensor_parallel, p.expert_parallel)
     problems += _expert_problems(model, p, dp, etp)
     problems += _zero_shard_problems(model, p, dp, etp)
     if problems:
@@ -521,6 +521,8 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
             f"tensor_parallel({p.tensor_parallel}) × context_parallel({p.context_parallel}) × data_parallel({dp}) "
             f"= {folded} (Megatron-Core folds expert ranks into those)"
         )
+    if p.moe_token_dispatcher == "torchtitan":
+        problems += _torchtitan_expert_problems(p, dp, etp)
     if p.deepspeed_moe:
         problems += _deepspeed_moe_problems(model, p, etp)
     elif p.tensor_parallel > 1 and not p.sequence_parallel:
@@ -528,6 +530,33 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
             "a mixture-of-experts model with tensor_parallel > 1 needs plan.sequence_parallel (Megatron-Core)"
         )
     return problems
+
+
+def _torchtitan_expert_problems(p: PlanConfig, dp: int, etp: int) -> list[str]:
+    """torchtitan's expert layouts (torchtitan/distributed/parallel_dims.py ParallelDims._validate,
+    models/llama4/infra/parallelize.py apply_moe_ep_tp): with expert parallelism whole experts (expert tensor
+    parallel 1: the expert group borrows every context- and tensor-parallel rank and some data-parallel ones) or
+    experts split over the tensor-parallel ranks (= tp: it borrows every context-parallel rank and some
+    data-parallel ones); without, the experts split over the tensor-parallel ranks (TensorParallel)."""
+    tp, cp, ep = p.tensor_parallel, p.context_parallel, p.expert_parallel
+    if ep == 1:
+        ok, want = etp == tp, f"expert_tensor_parallel = tensor_parallel({tp}) with expert_parallel 1"
+    elif etp == tp:
+        ok = ep % cp == 0 and (dp * cp) % ep == 0
+        want = f"with expert_tensor_parallel = tensor_parallel an expert_parallel that context_parallel({cp}) divides "
+        want += f"and that divides data_parallel × context_parallel ({dp * cp})"
+    elif etp == 1:
+        ok = ep % (cp * tp) == 0 and (dp * cp * tp) % ep == 0
+        want = f"with expert_tensor_parallel 1 an expert_parallel that context_parallel × tensor_parallel ({cp * tp}) "
+        want += f"divides and that divides data_parallel × context_parallel × tensor_parallel ({dp * cp * tp})"
+    else:
+        ok, want = False, f"expert_tensor_parallel 1 or tensor_parallel({tp})"
+    if ok:
+        return []
+    return [
+        f"plan.moe_token_dispatcher(torchtitan): torchtitan's ParallelDims takes {want} "
+        f"(torchtitan/distributed/parallel_dims.py); got expert_parallel {ep}, expert_tensor_parallel {etp}"
+    ]
 
 
 def pr_moe_problem(model: ModelConfig) -> str | None:

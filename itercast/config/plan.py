@@ -700,13 +700,19 @@ class PlanConfig(BaseModel):
             return self.grad_bucket_size_params
         return max(40_000_000, 1_000_000 * self.dp)
 
-    def default_etp(self, moe: bool, tensor_parallel: int) -> int:
-        """expert_tensor_parallel when unset, with `tensor_parallel` ranks: 1 for a dense model; under DeepSpeed's
-        MoE layer 1, whole experts (Megatron-DeepSpeed's default: --enable-expert-tensor-parallelism off,
-        megatron/core/tensor_parallel/layers.py `if moe and (not enable_expert_tensor_parallelism): world_size = 1`);
-        else tensor_parallel (Megatron-LM megatron/training/arguments.py: `args.expert_tensor_parallel_size =
-        args.tensor_model_parallel_size` when unset)."""
-        return tensor_parallel if moe and not self.deepspeed_moe else 1
+    def default_etp(self, moe: bool, tensor_parallel: int, expert_parallel: int) -> int:
+        """expert_tensor_parallel when unset, with `tensor_parallel` and `expert_parallel` ranks: 1 for a dense
+        model; under DeepSpeed's MoE layer 1, whole experts (Megatron-DeepSpeed's default:
+        --enable-expert-tensor-parallelism off, megatron/core/tensor_parallel/layers.py `if moe and (not
+        enable_expert_tensor_parallelism): world_size = 1`); under torchtitan's dispatcher 1 with expert parallelism
+        (job_config.py expert_tensor_parallel_degree = 1), else tensor_parallel (its experts then TensorParallel:
+        apply_moe_ep_tp); else tensor_parallel (Megatron-LM megatron/training/arguments.py:
+        `args.expert_tensor_parallel_size = args.tensor_model_parallel_size` when unset)."""
+        if not moe or self.deepspeed_moe:
+            return 1
+        if self.moe_token_dispatcher == "torchtitan" and expert_parallel > 1:
+            return 1
+        return tensor_parallel
 
     @property
     def etp(self) -> int:

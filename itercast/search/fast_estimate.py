@@ -632,7 +632,8 @@ class FastEstimator:
         fields["zero_shard_ranks"] = fields.get("zero_shard_ranks") or None
         dp, mbs = fields.setdefault("data_parallel", 1), fields.setdefault("micro_batch_size", 1)
         tp = fields.get("tensor_parallel", base.tensor_parallel)
-        etp = base.expert_tensor_parallel or base.default_etp(self.model.is_moe, tp)
+        ep = fields.get("expert_parallel", base.expert_parallel)
+        etp = base.expert_tensor_parallel or base.default_etp(self.model.is_moe, tp, ep)
         fields.setdefault("expert_tensor_parallel", etp)
         return Job(self.model, base.model_copy(update={**fields, "global_batch_size": mbs * dp}), self.system)
 

@@ -169,6 +169,16 @@ def _apply(
     return waiting, cols
 
 
+def _titan_experts_ok(c: dict[str, np.ndarray]) -> np.ndarray:
+    """Per row, torchtitan's expert layouts (config/job.py _torchtitan_expert_problems): without expert
+    parallelism experts split over tp; with it whole (etp 1, the expert group a multiple of cp × tp within
+    dp × cp × tp) or split over tp (etp = tp, a multiple of cp within dp × cp)."""
+    ep, etp, tp, cp, dp = c["ep"], c["etp"], c["tp"], c["cp"], c["dp"]
+    split = (etp == tp) & (ep % cp == 0) & ((dp * cp) % ep == 0)
+    whole = (etp == 1) & (ep % (cp * tp) == 0) & ((dp * cp * tp) % ep == 0)
+    return np.where(ep == 1, etp == tp, split | whole)
+
+
 def _rules(
     model: ModelConfig,
     base: PlanConfig,
@@ -194,6 +204,7 @@ def _rules(
     uneven = np.bool_(base.stage_layers is not None)
     moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
     deepspeed = np.bool_(base.deepspeed_moe)  # job.py _deepspeed_moe_problems
+    titan = np.bool_(model.is_moe and base.moe_token_dispatcher == "torchtitan")  # job.py _torchtitan_expert_problems
     padded = np.bool_(model.is_moe and model.moe_capacity_factor is not None)
 
     def capacity(mbs: np.ndarray) -> np.ndarray:
@@ -251,6 +262,7 @@ def _rules(
             "MoE with tp > 1 needs sequence_parallel (DeepSpeed's MoE layer: none)",
             lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == (0 if deepspeed else 1)),
         ),
+        ("torchtitan's expert layouts (distributed/parallel_dims.py)", lambda c: ~titan | _titan_experts_ok(c)),
         (
             "DeepSpeed's MoE layer: expert_tensor_parallel 1 or tp",
             lambda c: ~moe | ~deepspeed | (c["etp"] == 1) | (c["etp"] == c["tp"]),

@@ -774,10 +774,20 @@ def layer_forward(model: ModelConfig, plan: PlanConfig, moe: bool = False, windo
     return fp8_casts(_tp_overlapped(ops, plan), plan)
 
 
-def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes, whole: bool = False) -> list[Op]:
+def _mlp(
+    name: str,
+    width: int,
+    model: ModelConfig,
+    plan: PlanConfig,
+    sh: Shapes,
+    whole: bool = False,
+    collectives: bool = True,
+) -> list[Op]:
     """A tensor-parallel MLP of `width` (the layer's MLP, or an MoE layer's shared experts): f,
     column-parallel up (gate + up when gated), activation, row-parallel down, g; `whole`: the MLP unsplit on every
-    tensor-parallel rank, without f and g (DeepSpeed's PR-MoE residual MLP beside whole experts)."""
+    tensor-parallel rank, without f and g (DeepSpeed's PR-MoE residual MLP beside whole experts); `collectives`
+    False: split, without f and g, its caller gathering the input and reducing the output (torchtitan's MoE
+    layer, `_titan_moe_tp`)."""
     if width == 0:
         return []
     T, h, t, e = sh.tokens, model.hidden_size, 1 if whole else sh.t, sh.e
@@ -786,7 +796,7 @@ def _mlp(name: str, width: int, model: ModelConfig, plan: PlanConfig, sh: Shapes
     if _eager_llama(model, plan):  # SwiGLU
         act = _eager(act, T * width / t, eager_swiglu_cost(e))
     parts = _separate(plan, (1, 1)) if model.gated_mlp else ()
-    comm = 0.0 if whole else T * h * e  # the f and g collectives' bytes
+    comm = T * h * e if collectives and not whole else 0.0  # the f and g collectives' bytes
     return [
         *(_f(f"{name}_in", comm, plan) if comm else []),
         Op(f"{name}_up", "gemm", 2 * T * h * up * width / t, f_bytes=comm, kn=(h, up * width / t), parts=parts),
@@ -928,17 +938,20 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         return _deepspeed_moe_block(model, plan, sh)
     h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
     ep, etp, fe = plan.expert_parallel, plan.etp, model.expert_ffn
-    n = sh.sp_tokens
-    routed = _routed_rows(model, sh)
-    local = E // ep
-    rows = routed * etp  # rows through each local expert shard, all experts together
-    up = 2 if model.gated_mlp else 1
-    shared = _mlp("shared", model.moe_shared_ffn_hidden_size, model, plan, sh)
     titan = plan.moe_token_dispatcher == "torchtitan"
+    gathered = titan and plan.tensor_parallel > 1  # `_titan_moe_tp`
+    n = sh.tokens if gathered else sh.sp_tokens
+    routed = _routed_rows(model, sh) * (etp if gathered else 1)
+    local = E // ep
+    rows = routed if gathered else routed * etp  # rows through each local expert shard, all experts together
+    up = 2 if model.gated_mlp else 1
+    shared = _mlp("shared", model.moe_shared_ffn_hidden_size, model, plan, sh, collectives=not gathered)
     dispatch_hides, combine_hides = _moe_a2a_hides(plan, shared)
     counts = _moe_counts(model, plan)
     dedup = (k, E) if plan.moe_token_dispatcher == "flex" else ()
+    moe_in, moe_out = _titan_moe_tp(n * h * e) if gathered else ([], [])
     ops = [
+        *moe_in,
         Op("router", "gemm", 2 * n * h * E),
         Op("router_topk", "elementwise", 3 * n * E * 4),  # fp32 logits: softmax read + write, top-k read
         *([] if titan else counts),
@@ -959,7 +972,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         ),
         *_moe_probs(plan, routed, rows, dispatch_hides),
     ]
-    if etp > 1:
+    if etp > 1 and not gathered:
         ops.append(
             Op(
                 "moe_dispatch.gather",
@@ -1005,7 +1018,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         *unpad,
         *unsort,
     ]
-    if etp > 1:
+    if etp > 1 and not gathered:
         ops.append(
             Op(
                 "moe_combine.scatter",
@@ -1029,8 +1042,26 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             dedup=dedup,
         ),
         Op("moe_unpermute", "elementwise", (2 * routed + n) * h * e),  # read the copies and their weights, write n rows
+        *moe_out,
     ]
     return ops
+
+
+def _titan_moe_tp(nbytes: float) -> tuple[list[Op], list[Op]]:
+    """torchtitan's MoE layer under tensor parallelism (models/llama4/infra/parallelize.py apply_moe_ep_tp, the
+    same for its other MoE models; torch.distributed.tensor.parallel PrepareModuleInputOutput): the layer's input,
+    `nbytes` once gathered, all-gathered over the tensor-parallel ranks before it (Shard(1) to Replicate; its
+    gradient, Partial, reduce-scattered back) and its output, Partial, reduce-scattered after it (Shard(1); its
+    gradient all-gathered), both blocking. Within it the router runs on every token on each rank (NoParallel) and
+    the shared experts, column- then row-parallel, take the gathered input and leave their output Partial with no
+    collective of their own; with expert_tensor_parallel 1 its ReordererSequenceParallel splits the routed tokens
+    over the tensor-parallel ranks (Megatron-Core's sequence-parallel share), with expert_tensor_parallel = tp
+    (ExpertTensorParallel) every rank routes and sends all of them over its expert group, with no expert-tensor
+    collective (`_moe_block`). As the newer torchtitan runs it (the gradients Partial: local_output_grad_placements,
+    ColwiseParallelWithGradPlacement); before, the shared experts' input gradient was all-reduced and the layer's
+    taken as Replicate."""
+    gather = Op("moe_in.all_gather", "tp_comm", nbytes, "all_gather", backward_comm="reduce_scatter")
+    return [gather], [Op("moe_out.reduce_scatter", "tp_comm", nbytes, "reduce_scatter", backward_comm="all_gather")]
 
 
 def einsum_gating_cost(k: int, e: int) -> tuple[int, int, int, int]:
@@ -1913,25 +1944,6 @@ def moe_routing_note(model: ModelConfig, plan: PlanConfig) -> str | None:
     )
 
 
-def torchtitan_moe_tp_note(model: ModelConfig, plan: PlanConfig) -> str | None:
-    """What the price of torchtitan's MoE layer under tensor parallelism leaves out, said where it is priced; None
-    otherwise. torchtitan (models/*/infra/parallelize.py apply_moe_ep_tp) wraps the layer in
-    PrepareModuleInputOutput: its input all-gathered over the tensor-parallel ranks (Shard(1) to Replicate), the
-    router run on every token on each of them (NoParallel), the output reduce-scattered (Partial to Shard(1));
-    with expert_tensor_parallel 1 its ReordererSequenceParallel then splits the routed tokens over the
-    tensor-parallel ranks, with expert_tensor_parallel = tp every rank dispatches all of them over the expert
-    group. `_moe_block` prices Megatron-Core's sequence-parallel fold instead."""
-    if not model.is_moe or plan.moe_token_dispatcher != "torchtitan" or plan.tensor_parallel == 1:
-        return None
-    return (
-        f"plan.moe_token_dispatcher torchtitan with tensor_parallel {plan.tensor_parallel}: priced as Megatron-Core's "
-        "sequence-parallel MoE layer; not priced: torchtitan's all-gather of the layer's input and reduce-scatter "
-        "of its output over the tensor-parallel ranks, its router run on every token on each of them, and with "
-        "expert_tensor_parallel = tensor_parallel each rank's all-to-all of all the tokens (priced as its share "
-        "gathered over the expert-tensor ranks)"
-    )
-
-
 def moe_a2a_overlap_note(plan: PlanConfig) -> str | None:
     """What the price of Megatron-Core's expert all-to-all overlap (plan.moe_a2a_overlap) leaves out, and how it
     compared with the runs of it measured, said where it is priced; None otherwise."""
@@ -2019,7 +2031,6 @@ def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> 
         zero_grad_reduce_note(plan),
         flex_dispatch_note(plan),
         deepspeed_moe_note(plan),
-        torchtitan_moe_tp_note(model, plan),
         moe_a2a_overlap_note(plan),
         moe_routing_note(model, plan),
         gpt_oss_note(model, plan),
