@@ -607,7 +607,6 @@ def _deepspeed_moe_problems(model: ModelConfig, p: PlanConfig, etp: int) -> list
             "tensor-parallel ranks (--enable-expert-tensor-parallelism; megatron/core/tensor_parallel/layers.py): "
             f"expected expert_tensor_parallel 1 or tensor_parallel({tp}); got {etp}"
         )
-
     tokens = p.micro_batch_size * model.seq_length
     if tp > 1 and model.moe_capacity_factor is not None and (capacity := int(model.deepspeed_capacity(tokens))) % tp:
         problems.append(

@@ -80,7 +80,8 @@ class PlanConfig(BaseModel):
     expert_tensor_parallel: Ranks | None = Field(
         None,
         description="Tensor parallelism inside each expert; default tensor_parallel (Megatron-Core), 1 under "
-        "DeepSpeed's MoE layer (moe_token_dispatcher einsum or gather: whole experts, its default).",
+        "DeepSpeed's MoE layer (moe_token_dispatcher einsum or gather: whole experts, its default) and under "
+        "torchtitan's with expert parallelism (PlanConfig.default_etp).",
     )
     virtual_pipeline: Ranks = Field(1, description="Model chunks per pipeline rank (interleaving).")
     stage_layers: Annotated[tuple[NonNegativeInt, ...] | None, Field(strict=False)] = Field(

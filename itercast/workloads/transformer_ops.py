@@ -53,6 +53,8 @@ are a tensor-parallel MLP that runs beside the dispatch and combine (Megatron-Co
 --moe-shared-expert-overlap); plan.moe_a2a_overlap hides the all-to-alls behind attention instead.
 DeepSpeed's MoE layer (plan.moe_token_dispatcher einsum) dispatches and combines by matmuls over a one-hot
 tokens × experts × capacity tensor, or from v0.19.4 by index gathers, instead (`_deepspeed_moe_block`).
+torchtitan's under tensor parallelism gathers the layer's tokens over the tensor-parallel ranks first and
+reduce-scatters its output after (`_titan_moe_tp`).
 
 Norms, rotary embeddings and the gated activation are one fused kernel each (Transformer Engine, Apex,
 Megatron-Core), or with plan.pointwise_kernels eager the op-by-op chains of torchtitan's
