@@ -33,6 +33,7 @@ import math
 import re
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
@@ -186,18 +187,28 @@ def load_rows(folder: Path = CHECKING) -> list[Row]:
     return rows
 
 
-def run(rows: list[Row]) -> None:
-    for row in rows:
-        if row.skipped:
+def _predicted(row: Row) -> tuple[float, float, float, bool] | str:
+    """(step s, memory GiB, capacity GiB, out of memory) of one row's prediction, or the first line of its error."""
+    try:
+        p = predict(Job.from_dicts(row.model, row.plan, row.system, source=row.label))
+    except ConfigError as exc:
+        return str(exc).splitlines()[0]
+    return p.step_time_s, p.memory.total_bytes / 2**30, p.memory.capacity_bytes / 2**30, p.memory.oom
+
+
+def run(rows: list[Row], workers: int = 1) -> None:
+    """Predict every row not skipped, in `workers` processes (each row's prediction is independent)."""
+    todo = [row for row in rows if not row.skipped]
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(_predicted, todo, chunksize=8))
+    else:
+        results = [_predicted(row) for row in todo]
+    for row, result in zip(todo, results, strict=True):
+        if isinstance(result, str):
+            row.skipped = result
             continue
-        try:
-            p = predict(Job.from_dicts(row.model, row.plan, row.system, source=row.label))
-        except ConfigError as exc:
-            row.skipped = str(exc).splitlines()[0]
-            continue
-        row.predicted_s = p.step_time_s
-        row.memory_gib, row.capacity_gib = p.memory.total_bytes / 2**30, p.memory.capacity_bytes / 2**30
-        row.oom = p.memory.oom
+        row.predicted_s, row.memory_gib, row.capacity_gib, row.oom = result
 
 
 def report_rows(rows: list[Row]) -> None:
