@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig
+from itercast.config.plan import PlanConfig, torchtitan_expert_layout_ok
 from itercast.config.presets import preset
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.errors import ConfigError, did_you_mean
@@ -533,26 +533,20 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
 
 
 def _torchtitan_expert_problems(p: PlanConfig, dp: int, etp: int) -> list[str]:
-    """torchtitan's expert layouts (torchtitan/distributed/parallel_dims.py ParallelDims._validate,
-    models/llama4/infra/parallelize.py apply_moe_ep_tp): with expert parallelism whole experts (expert tensor
-    parallel 1: the expert group borrows every context- and tensor-parallel rank and some data-parallel ones) or
-    experts split over the tensor-parallel ranks (= tp: it borrows every context-parallel rank and some
-    data-parallel ones); without, the experts split over the tensor-parallel ranks (TensorParallel)."""
+    """torchtitan's expert layouts (config/plan.py torchtitan_expert_layout_ok): one line naming its rule, or none."""
     tp, cp, ep = p.tensor_parallel, p.context_parallel, p.expert_parallel
+    if torchtitan_expert_layout_ok(ep, etp, tp, cp, dp):
+        return []
     if ep == 1:
-        ok, want = etp == tp, f"expert_tensor_parallel = tensor_parallel({tp}) with expert_parallel 1"
+        want = f"expert_tensor_parallel = tensor_parallel({tp}) with expert_parallel 1"
     elif etp == tp:
-        ok = ep % cp == 0 and (dp * cp) % ep == 0
         want = f"with expert_tensor_parallel = tensor_parallel an expert_parallel that context_parallel({cp}) divides "
         want += f"and that divides data_parallel × context_parallel ({dp * cp})"
     elif etp == 1:
-        ok = ep % (cp * tp) == 0 and (dp * cp * tp) % ep == 0
         want = f"with expert_tensor_parallel 1 an expert_parallel that context_parallel × tensor_parallel ({cp * tp}) "
         want += f"divides and that divides data_parallel × context_parallel × tensor_parallel ({dp * cp * tp})"
     else:
-        ok, want = False, f"expert_tensor_parallel 1 or tensor_parallel({tp})"
-    if ok:
-        return []
+        want = f"expert_tensor_parallel 1 or tensor_parallel({tp})"
     return [
         f"plan.moe_token_dispatcher(torchtitan): torchtitan's ParallelDims takes {want} "
         f"(torchtitan/distributed/parallel_dims.py); got expert_parallel {ep}, expert_tensor_parallel {etp}"

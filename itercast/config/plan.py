@@ -54,6 +54,18 @@ def pipelined_fsdp2(grad_accumulation: str, pp: Any, zero: Any) -> Any:
     return whole_fp32_sums(grad_accumulation, pp, zero) & (np.asarray(zero) >= 2) & (np.asarray(pp) > 1)
 
 
+def torchtitan_expert_layout_ok(ep: Any, etp: Any, tp: Any, cp: Any, dp: Any) -> Any:
+    """Whether torchtitan runs these expert layouts (ints, or arrays over plans; torchtitan/distributed/
+    parallel_dims.py ParallelDims._validate, models/llama4/infra/parallelize.py apply_moe_ep_tp): without expert
+    parallelism the experts split over the tensor-parallel ranks (TensorParallel: etp = tp); with it whole experts
+    (etp 1: the expert group borrows every context- and tensor-parallel rank and some data-parallel ones, so
+    cp × tp divides ep and ep divides dp × cp × tp) or experts split over tp (etp = tp: it borrows every
+    context-parallel rank and some data-parallel ones, so cp divides ep and ep divides dp × cp)."""
+    split = (etp == tp) & (ep % cp == 0) & ((dp * cp) % ep == 0)
+    whole = (etp == 1) & (ep % (cp * tp) == 0) & ((dp * cp * tp) % ep == 0)
+    return np.where(ep == 1, etp == tp, split | whole)
+
+
 def local_vocab_rows(vocab_size: int, tp: Any, divisible_by: int) -> Any:
     """Vocabulary rows per tensor-parallel rank (int, or an array over `tp`): the vocabulary padded up to a
     multiple of divisible_by × tp, as Megatron-LM's _vocab_size_with_padding does, then split in tp

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig
+from itercast.config.plan import PlanConfig, torchtitan_expert_layout_ok
 from itercast.config.system import SystemConfig
 from itercast.parallel.plan_table import COLUMNS, RECOMPUTE, PlanTable
 from itercast.parallel.schedules import SCHEDULES
@@ -169,16 +169,6 @@ def _apply(
     return waiting, cols
 
 
-def _titan_experts_ok(c: dict[str, np.ndarray]) -> np.ndarray:
-    """Per row, torchtitan's expert layouts (config/job.py _torchtitan_expert_problems): without expert
-    parallelism experts split over tp; with it whole (etp 1, the expert group a multiple of cp × tp within
-    dp × cp × tp) or split over tp (etp = tp, a multiple of cp within dp × cp)."""
-    ep, etp, tp, cp, dp = c["ep"], c["etp"], c["tp"], c["cp"], c["dp"]
-    split = (etp == tp) & (ep % cp == 0) & ((dp * cp) % ep == 0)
-    whole = (etp == 1) & (ep % (cp * tp) == 0) & ((dp * cp * tp) % ep == 0)
-    return np.where(ep == 1, etp == tp, split | whole)
-
-
 def _rules(
     model: ModelConfig,
     base: PlanConfig,
@@ -262,7 +252,10 @@ def _rules(
             "MoE with tp > 1 needs sequence_parallel (DeepSpeed's MoE layer: none)",
             lambda c: ~moe | (c["tp"] == 1) | (c["sp"] == (0 if deepspeed else 1)),
         ),
-        ("torchtitan's expert layouts (distributed/parallel_dims.py)", lambda c: ~titan | _titan_experts_ok(c)),
+        (
+            "torchtitan's expert layouts (distributed/parallel_dims.py)",
+            lambda c: ~titan | torchtitan_expert_layout_ok(c["ep"], c["etp"], c["tp"], c["cp"], c["dp"]),
+        ),
         (
             "DeepSpeed's MoE layer: expert_tensor_parallel 1 or tp",
             lambda c: ~moe | ~deepspeed | (c["etp"] == 1) | (c["etp"] == c["tp"]),
