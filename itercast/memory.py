@@ -223,7 +223,7 @@ def _activation_bytes(
     mlp_in = (4 + (e if f else 0)) * h if deepspeed else (e + (fp8 if f else 0)) * h if moe else gemm_in * h
     # torchtitan's MoE layer keeps its input all-gathered over the tensor-parallel ranks, whole on each (its router
     # and shared experts' input: transformer_ops._titan_moe_tp); elsewhere it is split with sequence parallelism
-    gathered_in = mlp_in if moe and t.base.moe_token_dispatcher == "torchtitan" else 0
+    gathered_in = mlp_in if moe and t.base.torchtitan_moe else 0
     # two norm inputs, QKV and MLP inputs, masks
     replicated = 2 * e * h + gemm_in * h + mlp_in - gathered_in + 2 * dropout
     # q, k, v; with QK-norm the norms' inputs (q and k before it); the projection input (the
@@ -272,6 +272,12 @@ def _activation_bytes(
     # _get_default_save_ops: comm ops) but not _grouped_mm's: a routed copy keeps the tokens its dispatch
     # and its combine exchanges delivered (with expert parallelism), the experts run again
     op_experts = m.moe_top_k * m.moe_load() / rep * np.where(t.cols["ep"] > 1, 2 * e * h, 0) if moe else 0.0
+    if moe and t.base.moe_token_dispatcher == "torchtitan_deepep":
+        # its DeepEP backend adds deepep.dispatch and deepep.combine to that list (parallelize.py at 9810191^):
+        # the rows the dispatch delivered, a token once per rank holding one of its experts, and the combine's one
+        # row a token (tensor_parallel 1: job.py)
+        delivered = np.array([m.deepep_rows_per_token(int(ep)) for ep in t.cols["ep"]])
+        op_experts = (delivered + 1) * e * h
     return _recompute_kept(m, t, rc, attention_again + scores / tp, modules, op_experts, f, rep)
 
 

@@ -99,6 +99,7 @@ class TransformerWorkload:
         job, p = self.job, self.job.plan
         dispatch = {
             "flex": " over the flex dispatcher",
+            "torchtitan_deepep": " over torchtitan's DeepEP backend",
             "einsum": " in DeepSpeed's einsum MoE layer",
             "gather": " in DeepSpeed's index-gather MoE layer",
         }

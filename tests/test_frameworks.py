@@ -734,6 +734,18 @@ def test_launch_settings_name_the_flex_dispatcher_priced():
     assert "model.config.moe_flex_dispatcher_backend=deepep" in nemo
 
 
+def test_torchtitan_launch_settings_name_the_expert_parallel_backend_priced():
+    # job_config.py at 9810191^: Parallelism.expert_parallel_comm_backend "standard" (default) or "deepep"
+    qwen3 = parse_section("model", {"preset": "qwen3-30b-a3b"})
+    moe = {**PLAN, "zero_stage": 3, "tensor_parallel": 1, "expert_parallel": 8, "expert_tensor_parallel": 1}
+    standard = launch_settings("torchtitan", {**moe, "moe_token_dispatcher": "torchtitan"}, qwen3).splitlines()  # type: ignore[arg-type]
+    deepep = launch_settings("torchtitan", {**moe, "moe_token_dispatcher": "torchtitan_deepep"}, qwen3).splitlines()  # type: ignore[arg-type]
+    assert 'expert_parallel_comm_backend = "standard"' in standard
+    assert 'expert_parallel_comm_backend = "deepep"' in deepep
+    assert "expert_parallel_degree = 8" in deepep
+    assert not any("expert_parallel" in line for line in launch_settings("torchtitan", PLAN, GPT3).splitlines())  # type: ignore[arg-type]
+
+
 def test_deepspeed_trains_in_fp8_only_transformer_engines_own_layer_and_without_pipelining():
     # Megatron-DeepSpeed's --transformer-impl transformer_engine builds TE's TransformerLayer (LayerNorm, GeLU, no
     # GQA: 'Transformer_engine does not support GQA'); its pipelined GPTModelPipe runs its local layers, no FP8

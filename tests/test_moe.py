@@ -220,6 +220,103 @@ def test_torchtitan_runs_its_shared_expert_beside_the_forward_combine():
         moe_job({"moe_shared_ffn_hidden_size": 32}, moe_a2a_overlap=True, moe_shared_expert_overlap=True)
 
 
+def test_torchtitans_deepep_backend_sends_a_token_once_to_each_rank_that_holds_one_of_its_experts():
+    """torchtitan's DeepEP backend (expert_parallel_comm_backend deepep, DeepEPMoE / DeepEPExpertParallel at
+    9810191^) on the one-layer model: 32 tokens a rank of h 64 in bf16, 4 experts, top-2, EP 2, a shared expert of
+    width 32. A rank holds 2 of the 4 experts: a token selects neither with chance C(2, 2) / C(4, 2) = 1/6, so
+    each rank receives 32 × 2 × 5/6 = 160/3 rows, not the 64 copies of a per-expert all-to-all, whose off-GPU bytes
+    shrink to 5/6 too. No counts' all-to-all (its layout is counted on the rank), no sort (one gather after the
+    dispatch puts the rows in expert order), the unpermutation (a scatter-add into the received rows) before the
+    combine, the host waiting for the router before the dispatch."""
+    from itercast.workloads.transformer_ops import moe_host_wait
+
+    j = moe_job({"moe_shared_ffn_hidden_size": 32}, moe_token_dispatcher="torchtitan_deepep")
+    ops = ops_by_name(j)
+    held, routed = 32 * 2 * 5 / 6, 32 * 2
+    assert dispatch_share(ops["moe_dispatch"].dedup, 2, 1) == pytest.approx(5 / 6)
+    assert ops["moe_dispatch"].amount == ops["moe_combine"].amount == routed * 64 * 2
+    assert ops["moe_permute"].amount == 2 * routed * 64 * 2
+    assert ops["moe_permute"].backward_amount == pytest.approx((routed + 2 * held) * 64 * 2)
+    assert ops["moe_unpermute"].amount == pytest.approx((2 * routed + held) * 64 * 2)
+    assert "moe_counts" not in ops and "moe_sort" not in ops and "moe_unsort" not in ops
+    names = list(ops)
+    assert names.index("moe_dispatch") < names.index("moe_permute") < names.index("expert_up")
+    assert names.index("moe_unpermute") + 1 == names.index("moe_combine")
+    assert moe_host_wait(j.model, j.plan) == ("router_topk", "router_topk")
+    # the combine hides behind the whole shared expert forward, the dispatch does not; backward both exposed
+    a2a_s = routed * 64 * 2 * 5 / 6 / 2 / LINK  # over 2 ranks half the (deduplicated) buffer leaves
+    assert layer_cost(j).family_s["ep_alltoall"] == pytest.approx(a2a_s)
+    assert layer_cost(j, backward=True).family_s["ep_alltoall"] == pytest.approx(2 * a2a_s)
+    # per-op recompute keeps what the exchanges delivered: the dispatch's 160/3 rows and the combine's 32 (per token:
+    # 5/3 + 1 rows of 128 bytes), against the standard backend's two all-to-alls of 2 copies each (4 rows)
+    op = {"recompute": "selective", "selective_recompute": "op"}
+    deepep = moe_job(moe_token_dispatcher="torchtitan_deepep", **op)
+    standard = moe_job(moe_token_dispatcher="torchtitan", **op)
+    kept = [activation_bytes_per_token_layer(x, moe=True) for x in (standard, deepep)]
+    assert kept[0] - kept[1] == pytest.approx((4 - (5 / 3 + 1)) * 64 * 2)
+
+
+@pytest.mark.parametrize(
+    ("plan", "needle"),
+    [
+        ({"expert_parallel": 1}, "plan.moe_token_dispatcher(torchtitan_deepep) needs expert_parallel > 1"),
+        (
+            {"gpus": 4, "tensor_parallel": 2, "sequence_parallel": True, "data_parallel": 2}
+            | {"expert_parallel": 2, "expert_tensor_parallel": 2},
+            "takes whole experts (torchtitan: 'DeepEP with Expert Tensor Parallelism (ETP) is not supported yet'): "
+            "expected expert_tensor_parallel 1; got 2",
+        ),
+        (
+            {"gpus": 4, "tensor_parallel": 2, "sequence_parallel": True, "data_parallel": 2}
+            | {"expert_parallel": 2, "expert_tensor_parallel": 1},
+            "with tensor_parallel(2) > 1 is not priced",
+        ),
+    ],
+)
+def test_torchtitans_deepep_backend_refuses_what_it_does_not_run(plan, needle):
+    with pytest.raises(ConfigError) as err:
+        moe_job(moe_token_dispatcher="torchtitan_deepep", **plan)
+    assert needle in str(err.value)
+    dense = {k: v for k, v in MOE.items() if k not in ("num_experts", "moe_top_k", "moe_ffn_hidden_size")}
+    with pytest.raises(ConfigError, match=r"plan.moe_token_dispatcher\(torchtitan_deepep\) needs a mixture-of-"):
+        Job.from_dicts(dense, {"moe_token_dispatcher": "torchtitan_deepep"}, SYSTEM)
+
+
+def test_the_search_offers_torchtitans_deepep_backend_only_whole_experts_over_expert_parallel_ranks():
+    job = Job.from_presets("moe-tiny", "dgx-h100", plan={"global_batch_size": 16})
+    base = job.plan.model_copy(update={"moe_token_dispatcher": "torchtitan_deepep"})
+    options = SpaceOptions(micro_batch_sizes=(1,), max_virtual_pipeline=1, framework="torchtitan")
+    table, _ = enumerate_plans(job.model, job.system, base, 8, options)
+    assert len(table) > 0
+    assert set(table.cols["tp"].tolist()) == {1} and set(table.cols["etp"].tolist()) == {1}
+    assert set(table.cols["ep"].tolist()) == {2, 4, 8}
+
+
+def test_the_cli_searches_torchtitans_deepep_backend_launches_it_and_says_what_its_price_leaves_out():
+    import json
+
+    args = ["search", "--model", "moe-tiny", "--system", "dgx-h100", "--num-nodes-range", "1", "--framework"]
+    args += ["torchtitan", "--set", "plan.moe_token_dispatcher=torchtitan_deepep", "--set", "plan.global_batch_size=16"]
+    result = CliRunner().invoke(app, [*args, "--top", "1", "--json", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.stdout)["plans"][0]
+    assert best["plan"]["moe_token_dispatcher"] == "torchtitan_deepep" and best["plan"]["tensor_parallel"] == 1
+    assert 'expert_parallel_comm_backend = "deepep"' in best["launch"].splitlines()
+    assert "plan.moe_token_dispatcher torchtitan_deepep: its all-to-alls are priced" in result.stderr
+    assert "the host's wait for the notify step is priced from the router's end" in result.stderr
+
+
+def test_the_fast_path_prices_torchtitans_deepep_backend_as_the_graph_does():
+    # Qwen3 30B-A3B on 16 H100: EP 2-16 within and across nodes, PP 1-2: measured worst 0.034%, mean 0.017%
+    plans = [
+        {"expert_parallel": ep, "pipeline_parallel": pp, "data_parallel": 16 // pp, "global_batch_size": 32}
+        | {"micro_batch_size": 1, "moe_token_dispatcher": "torchtitan_deepep", "moe_grouped_gemm": True}
+        for ep, pp in ((2, 1), (8, 1), (16, 1), (4, 2), (8, 2))
+    ]
+    valid, rel = fast_vs_graph("qwen3-30b-a3b", {"preset": "dgx-h100", "num_nodes": 2}, plans)
+    assert len(valid) == 5 and rel.max() < 0.01
+
+
 def test_expert_tensor_parallel_gathers_and_scatters_rows():
     j = moe_job(gpus=4, tensor_parallel=2, data_parallel=2, sequence_parallel=True, expert_tensor_parallel=2)
     ops = ops_by_name(j)

@@ -487,7 +487,7 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
         ]
         wrong += [("moe_a2a_overlap", True)] if p.moe_a2a_overlap else []
         wrong += [("moe_shared_expert_overlap", True)] if p.moe_shared_expert_overlap else []
-        if p.moe_token_dispatcher == "flex" or p.deepspeed_moe:
+        if p.dedup_dispatch or p.deepspeed_moe:
             wrong.append(("moe_token_dispatcher", p.moe_token_dispatcher))
         return [f"plan.{n}({v}) needs a mixture-of-experts model (model.num_experts)" for n, v in wrong]
     problems = []
@@ -521,7 +521,7 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
             f"tensor_parallel({p.tensor_parallel}) × context_parallel({p.context_parallel}) × data_parallel({dp}) "
             f"= {folded} (Megatron-Core folds expert ranks into those)"
         )
-    if p.moe_token_dispatcher == "torchtitan":
+    if p.torchtitan_moe:
         problems += _torchtitan_expert_problems(p, dp, etp)
     if p.deepspeed_moe:
         problems += _deepspeed_moe_problems(model, p, etp)
@@ -535,8 +535,11 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
 def _torchtitan_expert_problems(p: PlanConfig, dp: int, etp: int) -> list[str]:
     """torchtitan's expert layouts (config/plan.py torchtitan_expert_layout_ok): one line naming its rule, or none."""
     tp, cp, ep = p.tensor_parallel, p.context_parallel, p.expert_parallel
-    if torchtitan_expert_layout_ok(ep, etp, tp, cp, dp):
+    deepep = p.moe_token_dispatcher == "torchtitan_deepep"
+    if torchtitan_expert_layout_ok(ep, etp, tp, cp, dp, deepep):
         return []
+    if deepep and torchtitan_expert_layout_ok(ep, etp, tp, cp, dp):
+        return [_torchtitan_deepep_problem(ep, etp, tp)]
     if ep == 1:
         want = f"expert_tensor_parallel = tensor_parallel({tp}) with expert_parallel 1"
     elif etp == tp:
@@ -548,9 +551,27 @@ def _torchtitan_expert_problems(p: PlanConfig, dp: int, etp: int) -> list[str]:
     else:
         want = f"expert_tensor_parallel 1 or tensor_parallel({tp})"
     return [
-        f"plan.moe_token_dispatcher(torchtitan): torchtitan's ParallelDims takes {want} "
+        f"plan.moe_token_dispatcher({p.moe_token_dispatcher}): torchtitan's ParallelDims takes {want} "
         f"(torchtitan/distributed/parallel_dims.py); got expert_parallel {ep}, expert_tensor_parallel {etp}"
     ]
+
+
+def _torchtitan_deepep_problem(ep: int, etp: int, tp: int) -> str:
+    """Why torchtitan's DeepEP backend does not take a layout ParallelDims takes (its models' parallelize.py at
+    9810191^, e.g. models/llama4/infra/parallelize.py; config/plan.py torchtitan_expert_layout_ok): one line."""
+    name = "plan.moe_token_dispatcher(torchtitan_deepep)"
+    if ep == 1:
+        return f"{name} needs expert_parallel > 1 (torchtitan: 'DeepEP requires expert parallelism (ep_degree > 1)')"
+    if etp > 1:
+        return (
+            f"{name} takes whole experts (torchtitan: 'DeepEP with Expert Tensor Parallelism (ETP) is not supported "
+            f"yet'): expected expert_tensor_parallel 1; got {etp}"
+        )
+    return (
+        f"{name} with tensor_parallel({tp}) > 1 is not priced: torchtitan's DeepEPMoE drops the reorderer that splits "
+        "the layer's gathered tokens over the tensor-parallel ranks (models/moe/moe_deepep.py `self.reorderer = "
+        "None`), so each rank would send all of them: expected tensor_parallel 1, or the torchtitan dispatcher"
+    )
 
 
 def pr_moe_problem(model: ModelConfig) -> str | None:

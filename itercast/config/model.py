@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -15,6 +16,12 @@ DEEPSPEED_MIN_CAPACITY = 4
 
 TransformerFamily = Literal["gpt", "llama", "bert"]
 PositionEmbedding = Literal["learned", "rope"]
+
+
+def expert_hit_chance(experts: int, k: int, held: int) -> float:
+    """The chance that a token's k experts, drawn evenly without replacement from `experts`, include at least one
+    of `held` given ones: 1 − C(experts − held, k) / C(experts, k). 8 of 128 experts, 16 held: 0.667."""
+    return 1.0 - math.comb(experts - held, k) / math.comb(experts, k)
 
 
 class ModelConfig(BaseModel):
@@ -319,6 +326,15 @@ class ModelConfig(BaseModel):
         if cf is None:
             return self.moe_token_imbalance
         return cf if self.moe_pad_to_capacity else min(self.moe_token_imbalance, cf)
+
+    def deepep_rows_per_token(self, expert_parallel: int) -> float:
+        """Rows DeepEP's dispatch delivers to one of `expert_parallel` ranks per token of each sender, a token once
+        however many of the rank's experts it selected (torchtitan's DeepEP backend, distributed/deepep/deepep.py:
+        is_token_in_rank from get_dispatch_layout): ep × the chance it selected one of the rank's E/ep experts
+        (expert_hit_chance), times the router's load (moe_load). 8 of 128 experts over 8 ranks: 8 × 0.667 = 5.34
+        rows, against the 8 copies a per-expert dispatch delivers."""
+        held = self.experts // expert_parallel
+        return self.moe_load() * expert_parallel * expert_hit_chance(self.experts, self.moe_top_k, held)
 
     def deepspeed_capacity(self, tokens: Any) -> Any:
         """Slots of one expert in DeepSpeed's MOELayer for `tokens` tokens a micro-batch on the rank (a number or an

@@ -26,6 +26,13 @@ TE_PIPELINE_SPLITS = 4
 #: PlanConfig.moe_token_dispatcher values that are DeepSpeed's MOELayer: its dense einsum dispatch (before v0.19.4)
 #: and its index gathers (from v0.19.4)
 DEEPSPEED_MOE_DISPATCHERS = ("einsum", "gather")
+#: PlanConfig.moe_token_dispatcher values that are torchtitan's MoE layer: its all-to-all ExpertParallel and its
+#: DeepEPExpertParallel (parallelism.expert_parallel_comm_backend standard and deepep)
+TORCHTITAN_DISPATCHERS = ("torchtitan", "torchtitan_deepep")
+#: PlanConfig.moe_token_dispatcher values that send a token once to each GPU (and each remote node) holding one of
+#: its experts, over DeepEP's kernels: Megatron-Core's flex dispatcher and torchtitan's DeepEP backend
+#: (transformer_ops.dispatch_share)
+DEDUP_DISPATCHERS = ("flex", "torchtitan_deepep")
 #: Bytes of one element of each training dtype. fp8 training keeps bf16 activations and
 #: communication (NVIDIA Transformer Engine casts only GEMM inputs), so it moves 2 bytes.
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -54,16 +61,20 @@ def pipelined_fsdp2(grad_accumulation: str, pp: Any, zero: Any) -> Any:
     return whole_fp32_sums(grad_accumulation, pp, zero) & (np.asarray(zero) >= 2) & (np.asarray(pp) > 1)
 
 
-def torchtitan_expert_layout_ok(ep: Any, etp: Any, tp: Any, cp: Any, dp: Any) -> Any:
+def torchtitan_expert_layout_ok(ep: Any, etp: Any, tp: Any, cp: Any, dp: Any, deepep: Any = False) -> Any:
     """Whether torchtitan runs these expert layouts (ints, or arrays over plans; torchtitan/distributed/
     parallel_dims.py ParallelDims._validate, models/llama4/infra/parallelize.py apply_moe_ep_tp): without expert
     parallelism the experts split over the tensor-parallel ranks (TensorParallel: etp = tp); with it whole experts
     (etp 1: the expert group borrows every context- and tensor-parallel rank and some data-parallel ones, so
     cp × tp divides ep and ep divides dp × cp × tp) or experts split over tp (etp = tp: it borrows every
-    context-parallel rank and some data-parallel ones, so cp divides ep and ep divides dp × cp)."""
+    context-parallel rank and some data-parallel ones, so cp divides ep and ep divides dp × cp).
+    `deepep` (its DeepEP backend, plan.moe_token_dispatcher torchtitan_deepep) takes whole experts with expert
+    parallelism only (parallelize.py at 9810191^: 'DeepEP requires expert parallelism (ep_degree > 1)', ETP 'not
+    supported yet') and, as priced, no tensor parallelism (job.py _torchtitan_expert_problems says why)."""
     split = (etp == tp) & (ep % cp == 0) & ((dp * cp) % ep == 0)
     whole = (etp == 1) & (ep % (cp * tp) == 0) & ((dp * cp * tp) % ep == 0)
-    return np.where(ep == 1, etp == tp, split | whole)
+    ok = np.where(ep == 1, etp == tp, split | whole)
+    return ok & (~np.bool_(deepep) | ((ep > 1) & (etp == 1) & (tp == 1)))
 
 
 def local_vocab_rows(vocab_size: int, tp: Any, divisible_by: int) -> Any:
@@ -464,7 +475,7 @@ class PlanConfig(BaseModel):
         "TransformerConfig refuses beside it. torchtitan's dispatcher runs its own order, priced whatever this "
         "says: the forward combine beside the whole shared expert (workloads/transformer_ops.py _moe_a2a_hides).",
     )
-    moe_token_dispatcher: Literal["alltoall", "flex", "torchtitan", "einsum", "gather"] = Field(
+    moe_token_dispatcher: Literal["alltoall", "flex", "torchtitan", "torchtitan_deepep", "einsum", "gather"] = Field(
         "alltoall",
         description="Whose code sends an MoE layer's tokens to their experts, which sets where the host waits for "
         "the device in every MoE layer's forward (workloads/transformer_ops.py moe_host_wait) and how many copies "
@@ -472,7 +483,10 @@ class PlanConfig(BaseModel):
         "alltoall, NeMo and Megatron-Bridge's MoE recipes), a copy per selected expert; flex: its "
         "MoEFlexTokenDispatcher over DeepEP or HybridEP (--moe-token-dispatcher-type flex), a copy per GPU within a "
         "node and per remote node across nodes (transformer_ops.dispatch_share); torchtitan: torchtitan's "
-        "ExpertParallel (distributed/expert_parallel.py), which waits only with expert_parallel > 1; einsum: "
+        "ExpertParallel (distributed/expert_parallel.py), which waits only with expert_parallel > 1; "
+        "torchtitan_deepep: the same MoE layer over DeepEP (parallelism.expert_parallel_comm_backend deepep, "
+        "DeepEPExpertParallel at 9810191^), a copy per GPU and per remote node as flex, expert_parallel > 1 and "
+        "whole experts only, tensor_parallel 1 as priced; einsum: "
         "DeepSpeed's MOELayer (deepspeed/moe/sharded_moe.py before v0.19.4, Megatron-DeepSpeed's MoE), GShard's "
         "dense dispatch and combine, two matmuls over a tokens × experts × capacity one-hot tensor, every expert "
         "padded to its capacity (model.moe_capacity_factor with moe_pad_to_capacity; dropless, without a capacity "
@@ -535,7 +549,7 @@ class PlanConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_shared_expert_overlap(self) -> PlanConfig:
-        own_order = self.moe_token_dispatcher == "torchtitan" or self.deepspeed_moe
+        own_order = self.torchtitan_moe or self.deepspeed_moe
         if self.moe_shared_expert_overlap and (self.moe_a2a_overlap or own_order):
             dispatcher = f"moe_token_dispatcher {self.moe_token_dispatcher}"
             got = "moe_a2a_overlap true" if self.moe_a2a_overlap else dispatcher
@@ -664,6 +678,18 @@ class PlanConfig(BaseModel):
         return self
 
     @property
+    def torchtitan_moe(self) -> bool:
+        """MoE layers of torchtitan's MoE module, over either of its expert-parallel backends (moe_token_dispatcher
+        torchtitan or torchtitan_deepep: transformer_ops._moe_block; job.py _torchtitan_expert_problems)."""
+        return self.moe_token_dispatcher in TORCHTITAN_DISPATCHERS
+
+    @property
+    def dedup_dispatch(self) -> bool:
+        """Whether the token dispatch sends a token once to each GPU holding one of its experts (DEDUP_DISPATCHERS:
+        DeepEP's kernels) rather than a copy per selected expert."""
+        return self.moe_token_dispatcher in DEDUP_DISPATCHERS
+
+    @property
     def deepspeed_moe(self) -> bool:
         """MoE layers of DeepSpeed's MOELayer (moe_token_dispatcher einsum or gather: transformer_ops
         _deepspeed_moe_block; job.py _deepspeed_moe_problems)."""
@@ -723,7 +749,7 @@ class PlanConfig(BaseModel):
         `args.expert_tensor_parallel_size = args.tensor_model_parallel_size` when unset)."""
         if not moe or self.deepspeed_moe:
             return 1
-        if self.moe_token_dispatcher == "torchtitan" and expert_parallel > 1:
+        if self.torchtitan_moe and expert_parallel > 1:
             return 1
         return tensor_parallel
 

@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 
 from itercast.config.model import ModelConfig
-from itercast.config.plan import DEEPSPEED_MOE_DISPATCHERS, EAGER_POINTWISE, TE_OVERLAP_LAYERS, TORCH_DDP_BUCKET_BYTES
+from itercast.config.plan import (
+    DEEPSPEED_MOE_DISPATCHERS,
+    EAGER_POINTWISE,
+    TE_OVERLAP_LAYERS,
+    TORCH_DDP_BUCKET_BYTES,
+    TORCHTITAN_DISPATCHERS,
+)
 from itercast.errors import ConfigError
 from itercast.parallel.plan_table import RECOMPUTE
 from itercast.parallel.schedules import SCHEDULES
@@ -255,6 +261,7 @@ FRAMEWORKS: dict[str, Framework] = {
             # models/common/moe.py GroupedExperts: torch._grouped_mm over every local expert
             "moe_grouped_gemm": True,
             # distributed/expert_parallel.py ExpertParallel._token_dispatch: its counts' all-to-all and host wait
+            # (parallelism.expert_parallel_comm_backend's default, standard; deepep, torchtitan_deepep, when fixed)
             "moe_token_dispatcher": "torchtitan",
             # its async TP (enable_async_tensor_parallel: PyTorch's symmetric-memory micro-pipelined collectives
             # under torch.compile) sets no SM margin: TE userbuffers' tp_comm_overlap_sms do not apply
@@ -281,7 +288,7 @@ FRAMEWORKS: dict[str, Framework] = {
         recompute_groups=False,
         recompute_every=True,
         recompute_modules=False,
-        moe_token_dispatchers=("torchtitan",),
+        moe_token_dispatchers=TORCHTITAN_DISPATCHERS,
         moe_a2a_overlap=False,
         # its MoE.forward runs the shared expert beside the combine's all-to-all, forward only (models/moe/moe.py),
         # priced as the torchtitan dispatcher's (transformer_ops._moe_a2a_hides): no switch

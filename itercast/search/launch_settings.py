@@ -371,9 +371,12 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
     if p["context_parallel"] > 1:
         par.append(f'context_parallel_rotate_method = "{_TITAN_ROTATE[p["cp_comm"]]}"')
     if model.is_moe:
+        # job_config.py Parallelism.expert_parallel_comm_backend: standard (its all-to-all) or deepep
+        backend = "deepep" if p.get("moe_token_dispatcher") == "torchtitan_deepep" else "standard"
         par += [
             f"expert_parallel_degree = {p['expert_parallel']}",
             f"expert_tensor_parallel_degree = {p['expert_tensor_parallel']}",
+            f'expert_parallel_comm_backend = "{backend}"',
         ]
     # with pipelining the local batch is split into micro-batches; without, it is one micro-batch and the
     # global batch accumulates gradients (job_config.py Training.local_batch_size / global_batch_size)

@@ -194,7 +194,8 @@ def _rules(
     uneven = np.bool_(base.stage_layers is not None)
     moe = np.bool_(model.is_moe)  # a numpy bool: `~` negates it (a Python bool's is −2)
     deepspeed = np.bool_(base.deepspeed_moe)  # job.py _deepspeed_moe_problems
-    titan = np.bool_(model.is_moe and base.moe_token_dispatcher == "torchtitan")  # job.py _torchtitan_expert_problems
+    titan = np.bool_(model.is_moe and base.torchtitan_moe)  # job.py _torchtitan_expert_problems
+    deepep = np.bool_(base.moe_token_dispatcher == "torchtitan_deepep")
     padded = np.bool_(model.is_moe and model.moe_capacity_factor is not None)
 
     def capacity(mbs: np.ndarray) -> np.ndarray:
@@ -254,7 +255,7 @@ def _rules(
         ),
         (
             "torchtitan's expert layouts (distributed/parallel_dims.py)",
-            lambda c: ~titan | torchtitan_expert_layout_ok(c["ep"], c["etp"], c["tp"], c["cp"], c["dp"]),
+            lambda c: ~titan | torchtitan_expert_layout_ok(c["ep"], c["etp"], c["tp"], c["cp"], c["dp"], deepep),
         ),
         (
             "DeepSpeed's MoE layer: expert_tensor_parallel 1 or tp",

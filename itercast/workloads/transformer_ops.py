@@ -66,11 +66,10 @@ Recomputation re-runs the same chains.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from itercast.config.model import ModelConfig
+from itercast.config.model import ModelConfig, expert_hit_chance
 from itercast.config.plan import PlanConfig
 from itercast.config.system import SystemConfig
 from itercast.costs.analytic import unmeasured_network_note
@@ -940,7 +939,8 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
         return _deepspeed_moe_block(model, plan, sh)
     h, e, E, k = model.hidden_size, sh.e, model.experts, model.moe_top_k
     ep, etp, fe = plan.expert_parallel, plan.etp, model.expert_ffn
-    titan = plan.moe_token_dispatcher == "torchtitan"
+    titan = plan.torchtitan_moe
+    deepep = plan.moe_token_dispatcher == "torchtitan_deepep"  # tensor_parallel 1 (job.py)
     gathered = titan and plan.tensor_parallel > 1  # `_titan_moe_tp`
     n = sh.tokens if gathered else sh.sp_tokens
     routed = _routed_rows(model, sh) * (etp if gathered else 1)
@@ -950,16 +950,21 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
     shared = _mlp("shared", model.moe_shared_ffn_hidden_size, model, plan, sh, collectives=not gathered)
     dispatch_hides, combine_hides = _moe_a2a_hides(plan, shared)
     counts = _moe_counts(model, plan)
-    dedup = (k, E) if plan.moe_token_dispatcher == "flex" else ()
+    dedup = (k, E) if plan.dedup_dispatch else ()
+    # the rows the gather below reads from and the unpermutation writes: the rank's n tokens, or under torchtitan's
+    # DeepEP backend the rows its dispatch delivered (deepep.py _permute_tokens expands them after the dispatch,
+    # _unpermute_tokens sums them back before the combine)
+    held = n * model.deepep_rows_per_token(ep) if deepep else n
     moe_in, moe_out = _titan_moe_tp(n * h * e) if gathered else ([], [])
+    # a gather of the held rows into the routed ones (index_select / x[idx]): its backward zero-fills the held rows
+    # and index-adds the routed rows' gradients into them (index_select_backward, torchtitan's index_put accumulate)
+    permute = Op("moe_permute", "elementwise", 2 * routed * h * e, backward_amount=(routed + 2 * held) * h * e)
     ops = [
         *moe_in,
         Op("router", "gemm", 2 * n * h * E),
         Op("router_topk", "elementwise", 3 * n * E * 4),  # fp32 logits: softmax read + write, top-k read
         *([] if titan else counts),
-        # a gather of the n tokens' rows (index_select / x[idx]): its backward zero-fills n rows and index-adds
-        # the routed rows' gradients into them (index_select_backward, torchtitan's index_put accumulate)
-        Op("moe_permute", "elementwise", 2 * routed * h * e, backward_amount=(routed + 2 * n) * h * e),
+        *([] if deepep else [permute]),
         *(counts if titan else []),
         *shared,
         Op(
@@ -973,6 +978,7 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
             dedup=dedup,
         ),
         *_moe_probs(plan, routed, rows, dispatch_hides),
+        *([permute] if deepep else []),
     ]
     if etp > 1 and not gathered:
         ops.append(
@@ -1031,22 +1037,21 @@ def _moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> list[Op]:
                 group="etp",
             )
         )
-    ops += [
-        Op(
-            "moe_combine",
-            "ep_comm",
-            routed * h * e,
-            "alltoall",
-            overlaps=combine_hides,
-            overlaps_backward=not titan,
-            backward_comm="alltoall",
-            group="ep",
-            dedup=dedup,
-        ),
-        Op("moe_unpermute", "elementwise", (2 * routed + n) * h * e),  # read the copies and their weights, write n rows
-        *moe_out,
-    ]
-    return ops
+    combine = Op(
+        "moe_combine",
+        "ep_comm",
+        routed * h * e,
+        "alltoall",
+        overlaps=combine_hides,
+        overlaps_backward=not titan,
+        backward_comm="alltoall",
+        group="ep",
+        dedup=dedup,
+    )
+    # read the copies and their weights, write the held rows: after the combine, or before it under DeepEP, whose
+    # combine sums each token's rows from the ranks that held it
+    unpermute = Op("moe_unpermute", "elementwise", (2 * routed + held) * h * e)
+    return [*ops, *((unpermute, combine) if deepep else (combine, unpermute)), *moe_out]
 
 
 def _titan_moe_tp(nbytes: float) -> tuple[list[Op], list[Op]]:
@@ -1274,14 +1279,17 @@ def _moe_a2a_hides(plan: PlanConfig, shared: list[Op]) -> tuple[str, str]:
     MoE.forward runs between the routed experts and the combine's first use (models/moe/moe.py: 'we execute the
     shared expert before scoring the output of the routed expert to "implicitly" overlap the shared expert
     compute with token combine communication'; the backward runs the shared expert's gradients first, then
-    the combine's all-to-all: none there). Otherwise nothing: the shared experts run in turn with the
-    all-to-alls ('Without this, the shared experts execute before the router')."""
+    the combine's all-to-all: none there); its DeepEP backend alike (models/moe/moe_deepep.py DeepEPMoE: the combine
+    returns before it ends, the shared experts run, then sync_combine; backward, each of DeepEP's exchanges waits
+    for its end on the compute stream, deepep.py `after_event.current_stream_wait()`). Otherwise nothing: the
+    shared experts run in turn with the all-to-alls ('Without this, the shared experts execute before the
+    router')."""
     if plan.moe_a2a_overlap:
         hides = CORE_ATTENTION if plan.flash_attention else f"{CORE_ATTENTION}.values"
         return hides, hides
     if shared and plan.moe_shared_expert_overlap:
         return "shared_up", "shared_down"
-    if shared and plan.moe_token_dispatcher == "torchtitan":
+    if shared and plan.torchtitan_moe:
         return "", "+".join(op.name for op in shared if op.family in COMPUTE_FAMILIES)
     return "", ""
 
@@ -1382,7 +1390,7 @@ def dispatch_share(dedup: tuple[int, int] | tuple[()], ranks: int, nodes: int, p
     routing), E/G experts on each of G groups: G = `nodes` across nodes (the NIC-bound part: the per-expert
     all-to-all sends k (nodes − 1)/nodes copies off a node, the flex one (nodes − 1)·P), else G = `ranks`
     (k copies against ranks·P); P = 1 − C(E − E/G, k) / C(E, k), the chance a group holds one of the k.
-    The share is G·P/k: 8 of 128 experts over 2 nodes 0.249, over 8 GPUs of one node 0.671. Nodes holding unequal
+    The share is G·P/k: 8 of 128 experts over 2 nodes 0.249, over 8 GPUs of one node 0.667. Nodes holding unequal
     numbers of the group's `per_node` ranks (the last one fewer): each node's own P from its experts, a sender's
     copies off its node against the per-expert dispatcher's k·(experts off its node)/E, over the senders."""
     if not dedup:
@@ -1396,8 +1404,7 @@ def dispatch_share(dedup: tuple[int, int] | tuple[()], ranks: int, nodes: int, p
         held = [full * per_rank] * (nodes - 1) + [(ranks - full * (nodes - 1)) * per_rank]  # experts on each node
     else:
         held = [per_rank] * ranks
-    total = math.comb(experts, k)
-    hit = [1.0 - math.comb(experts - e, k) / total for e in held]
+    hit = [expert_hit_chance(experts, k, e) for e in held]
     senders = [e / per_rank for e in held]  # ranks on each group
     dedup_copies = sum(w * (sum(hit) - own) for w, own in zip(senders, hit, strict=True))
     plain_copies = sum(w * k * (experts - e) / experts for w, e in zip(senders, held, strict=True))
@@ -1411,12 +1418,12 @@ def _moe_counts(model: ModelConfig, plan: PlanConfig) -> list[Op]:
     region; not when padding to capacity, nor with expert_parallel and expert_tensor_parallel 1), priced over the
     EP group (the expert-TP group with EP 1) with the gathered bytes; torchtitan's ExpertParallel._token_dispatch
     all-to-alls its E float32 counts (torch.histc) over the EP group with EP > 1, after the tokens' reordering.
-    The counts carry no gradient: no backward collective."""
+    DeepEP's (flex, torchtitan_deepep) get_dispatch_layout counts on the rank and its notify step travels inside
+    the dispatch: none. The counts carry no gradient: no backward collective."""
     E, ep, etp = model.experts, plan.expert_parallel, plan.etp
     if plan.moe_token_dispatcher == "torchtitan":
         return [Op("moe_counts", "ep_comm", 4 * E, "alltoall", group="ep")] if ep > 1 else []
-    if model.moe_pad_to_capacity or ep * etp == 1 or plan.moe_token_dispatcher == "flex":
-        # flex: DeepEP's get_dispatch_layout counts on the rank; its notify step travels inside the dispatch
+    if model.moe_pad_to_capacity or ep * etp == 1 or plan.dedup_dispatch:
         return []
     return [Op("moe_counts", "ep_comm", 8 * E * ep * etp, "all_gather", group="ep" if ep > 1 else "etp")]
 
@@ -1447,12 +1454,19 @@ def moe_host_wait(model: ModelConfig, plan: PlanConfig) -> tuple[str, str] | Non
     (moe_grouped_gemm false), whose num_tokens_per_expert.tolist() waits again before the experts
     (models/moe/moe.py _run_experts_for_loop).
 
+    torchtitan_deepep, its DeepEP backend (distributed/deepep/deepep.py at 9810191^): buffer.dispatch without a
+    handle nor num_worst_tokens spins the host until the notify step has told it how many rows arrive, before it
+    allocates them and launches the dispatch (DeepEP's normal-mode dispatch); the notify runs after the router's
+    kernels, which the host waits for (the notify's own latency is not priced).
+
     einsum and gather, DeepSpeed's MOELayer: with drop_tokens the capacity comes from the tokens' count and the
     capacity factor on the host (sharded_moe.py _capacity over CPU tensors), one_hot takes it as num_classes: no
     wait; dropless, the host reads the all-reduced busiest count (38327e0: one_hot's num_classes; from v0.19.4
     MOELayer's `C = int(C)`) right after the gate's exchange, which it waits for."""
     if plan.moe_token_dispatcher == "torchtitan":
         return ("moe_counts", "moe_counts") if plan.expert_parallel > 1 else None
+    if plan.moe_token_dispatcher == "torchtitan_deepep":
+        return "router_topk", "router_topk"
     if plan.deepspeed_moe:
         waited = "moe_capacity" if _deepspeed_capacity(model, plan) else "router_topk"
         return None if model.moe_capacity_factor is not None else (waited, waited)
@@ -1484,9 +1498,12 @@ def _expert_sort(model: ModelConfig, plan: PlanConfig, rows: float, local: int) 
       expert-major; _unpermute before the combine's all-to-all: out[permuted_indices] = output): the
       backward as the first permutation's (moe_permute), twice the forward's bytes.
     Each is one kernel forward and one backward; the routing probabilities sorted beside the rows
-    (fp32, 1/h of them) are left out."""
+    (fp32, 1/h of them) are left out. torchtitan's DeepEP backend has none: its one gather after the dispatch
+    (moe_permute) puts the rows in expert order."""
     nbytes = rows * model.hidden_size * plan.dtype_bytes
     titan = plan.moe_token_dispatcher == "torchtitan"
+    if plan.moe_token_dispatcher == "torchtitan_deepep":
+        return [], []
     if (titan and plan.expert_parallel == 1) or (not titan and local == 1):
         return [], []
     backward = 4 * nbytes if titan else 2 * nbytes
@@ -1916,15 +1933,22 @@ def deepspeed_moe_note(plan: PlanConfig) -> str | None:
 
 
 def flex_dispatch_note(plan: PlanConfig) -> str | None:
-    """What the flex dispatcher's price (dispatch_share) leaves out, said where it is priced; None otherwise."""
-    if plan.moe_token_dispatcher != "flex":
+    """What the price of DeepEP's dispatch (flex or torchtitan_deepep: dispatch_share) leaves out, said where it is
+    priced; None otherwise."""
+    if not plan.dedup_dispatch:
         return None
+    titan = (
+        "; torchtitan's: the host's wait for the notify step is priced from the router's end (its latency is not), "
+        "and DeepEP's communication buffers are not counted in memory"
+        if plan.moe_token_dispatcher == "torchtitan_deepep"
+        else ""
+    )
     return (
-        "plan.moe_token_dispatcher flex: its all-to-alls are priced on the all-to-all curves over the bytes DeepEP / "
-        "HybridEP send (a copy per GPU of a node and per remote node, experts drawn evenly); their own kernels, the "
-        "SMs they take from compute and the NVLink forwarding on the receiving node are not priced (against "
-        "Megatron-Core's HybridEP latencies on H100, EP 8-64, priced 21% slow on average, 37-45% slow within one "
-        "node; validation/moe_dispatch.py)"
+        f"plan.moe_token_dispatcher {plan.moe_token_dispatcher}: its all-to-alls are priced on the all-to-all curves "
+        "over the bytes DeepEP / HybridEP send (a copy per GPU of a node and per remote node, experts drawn evenly); "
+        "their own kernels, the SMs they take from compute and the NVLink forwarding on the receiving node are not "
+        "priced (against Megatron-Core's HybridEP latencies on H100, EP 8-64, priced 21% slow on average, 37-45% "
+        f"slow within one node; validation/moe_dispatch.py){titan}"
     )
 
 
