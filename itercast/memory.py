@@ -298,8 +298,9 @@ def deepspeed_expert_bytes(m: ModelConfig, t: PlanTable, expert_in: int, clamped
       index_select keeps only its indices."""
     e, h, k = t.base.dtype_bytes, m.hidden_size, m.moe_top_k
     tokens = t.cols["mbs"] * m.seq_length / t.cols["cp"]  # S
-    slots = m.experts * m.deepspeed_capacity(tokens) / tokens  # a token's slots: EC / S
     etp = t.cols["etp"]
+    # dropless: rounded to the tensor-parallel size beside whole experts
+    slots = m.experts * m.deepspeed_capacity(tokens, np.where(etp == 1, t.cols["tp"], 1)) / tokens  # EC / S
     per_slot = expert_in * h + (e * (2 if m.gated_mlp else 1) + expert_in + clamped) * m.expert_ffn / etp
     mix = 2 * e * h if m.moe_shared_ffn_hidden_size else 0
     kept = slots * etp / t.cols["tp"] * per_slot + 4 * m.experts + mix

@@ -389,6 +389,27 @@ def test_dropless_gating_pads_to_the_busiest_expert_all_reduced_and_read_by_the_
         assert sum(g.names[g.name[t]] == "moe_host_wait" for t in range(g.num_tasks)) == waits
 
 
+def test_dropless_capacity_is_whole_tokens_rounded_to_the_tensor_parallel_size_beside_whole_experts():
+    """sharded_moe.py's dropless gating at 38327e0: the busiest expert's count (here 1,024 tokens × 2 / 8 experts ×
+    1.3 = 332.8, so 333 tokens), rounded up to a multiple of tp = 4 beside whole experts (the expert-tensor size 1:
+    `torch.ceil(new_capacity / tp).mul(tp)`), 336 slots an expert, EC = 2,688; split experts (expert-tensor size 4)
+    keep 333, EC = 2,664. Whole experts run EC / tp = 672 rows a rank, split ones all 2,664."""
+    dropless = {"preset": "moe-tiny", "moe_shared_ffn_hidden_size": 0, "moe_token_imbalance": 1.3}
+    plan = {"tensor_parallel": 4, "expert_parallel": 2, "sequence_parallel": False}
+    for etp, slots, rows in ((1, 2688, 672), (4, 2664, 2664)):
+        j = job(dropless, **plan, expert_tensor_parallel=etp)
+        ops = {op[0]: op for op in moe_ops(j)}
+        assert ops["moe_dispatch_einsum"][2] == 2 * 1024 * slots * 256
+        assert ops["expert_down"][2] == pytest.approx(2 * rows * j.model.expert_ffn / etp * 256 / 4)
+    assert j.model.deepspeed_capacity(1024) == 333 and j.model.deepspeed_capacity(1024, 4) == 336
+    # memory per token, whole experts: 2,688 / 1,024 slots a token, a quarter of them run here, each keeping its fc1
+    # input (512) and fc1 outputs and activation output (3,072); all keep the gathered output (512); the einsums'
+    # operands (4 × 2,688) and the router's 8 fp32 scores (32)
+    j = job(dropless, **plan, expert_tensor_parallel=1)
+    kept = deepspeed_expert_bytes(j.model, PlanTable.of_jobs([j]), expert_in=2, clamped=0)
+    assert kept[0] == pytest.approx(2688 / 1024 / 4 * (512 + 3072) + 2688 / 1024 * 512 + 4 * 2688 + 32)
+
+
 def test_the_headline_names_deepspeeds_layer():
     headline = TransformerWorkload(job(expert_parallel=2)).headline()
     assert "experts ep 2 × etp 1 in DeepSpeed's einsum MoE layer," in headline

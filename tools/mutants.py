@@ -1552,6 +1552,17 @@ MUTANTS: tuple[Mutant, ...] = (
       "if self.torchtitan_moe:",
       "torchtitan's experts defaulting to whole without expert parallelism, where it splits them over tp",
       _t("moe")),
+    # -- DeepSpeed's dropless capacity in whole tokens, rounded to tp beside whole experts (tests/test_deepspeed_moe.py)
+    M("config/model.py", "return (np.ceil(busiest / round_to) * round_to).astype(np.float64)",
+      "return busiest.astype(np.float64)", "DeepSpeed's dropless capacity not rounded to the tensor-parallel size",
+      _t("deepspeed_moe")),
+    M("config/model.py", "return (np.ceil(busiest / round_to) * round_to).astype(np.float64)",
+      "return (busiest / round_to * round_to).astype(np.float64)",
+      "DeepSpeed's busiest expert counting a fraction of a token", _t("deepspeed_moe")),
+    M(OPS, "model.deepspeed_capacity(n, tp if etp == 1 else 1)", "model.deepspeed_capacity(n, tp)",
+      "DeepSpeed's dropless capacity rounded to tp beside split experts too", _t("deepspeed_moe")),
+    M(MEM, 'np.where(etp == 1, t.cols["tp"], 1)', "1",
+      "DeepSpeed's dropless experts kept on an unrounded capacity", _t("deepspeed_moe")),
     # -- torchtitan's DeepEP backend (plan.moe_token_dispatcher torchtitan_deepep; tests/test_moe.py)
     M("config/model.py", "held = self.experts // expert_parallel", "held = self.experts",
       "DeepEP's delivered rows priced as if each rank held every expert", _t("moe")),

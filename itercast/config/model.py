@@ -336,16 +336,20 @@ class ModelConfig(BaseModel):
         held = self.experts // expert_parallel
         return self.moe_load() * expert_parallel * expert_hit_chance(self.experts, self.moe_top_k, held)
 
-    def deepspeed_capacity(self, tokens: Any) -> Any:
+    def deepspeed_capacity(self, tokens: Any, round_to: Any = 1) -> Any:
         """Slots of one expert in DeepSpeed's MOELayer for `tokens` tokens a micro-batch on the rank (a number or an
         array). With a capacity factor cf (padded: drop_tokens), deepspeed/moe/sharded_moe.py _capacity at 38327e0
         and from v0.19.4: `torch.ceil((num_tokens / num_experts) * capacity_factor)` in float32 (the factor a
         float32 tensor: cf for top-1, cf·2 for top-2, cf·k for top-k), at least DEEPSPEED_MIN_CAPACITY. Dropless,
-        the busiest expert's count, taken as k·tokens/E × moe_token_imbalance (its rounding up to a multiple of
-        the tensor-parallel size beside whole experts left out)."""
+        the busiest expert's count, taken as k·tokens/E × moe_token_imbalance rounded up to a whole token, then up
+        to a multiple of `round_to` (a number or an array): the tensor-parallel size beside whole experts, so that
+        drop_tokens can split it (sharded_moe.py top1gating/top2gating/topkgating: `if
+        groups._get_expert_model_parallel_world_size() == 1: ... torch.ceil(new_capacity / tp).mul(tp)`, that size
+        the expert-tensor one, 1 unless --enable-expert-tensor-parallelism); 1: none."""
         E, k = self.experts, self.moe_top_k
         if self.moe_capacity_factor is None:
-            return tokens * k * self.moe_token_imbalance / E
+            busiest = np.asarray(tokens) * k * self.moe_token_imbalance / E
+            return (np.ceil(busiest / round_to) * round_to).astype(np.float64)
         scaled = np.float32(np.asarray(tokens) / E) * np.float32(self.moe_capacity_factor * k)
         return np.maximum(np.ceil(scaled), DEEPSPEED_MIN_CAPACITY).astype(np.float64)
 

@@ -1187,7 +1187,8 @@ def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> li
     every tensor-parallel rank; EC slots, every expert's capacity C (ModelConfig.deepspeed_capacity: with a
     capacity factor, k·cf·S/E rounded up, at least Megatron-DeepSpeed's --moe-min-capacity, 4) padded, so every
     expert runs C rows whatever the balance; dropless (no capacity factor), C is the busiest expert's count,
-    k·S/E times model.moe_token_imbalance (taken as the busiest expert's share: `_deepspeed_capacity`).
+    k·S/E times model.moe_token_imbalance (taken as the busiest expert's share: `_deepspeed_capacity`), in whole
+    tokens, rounded up to a multiple of tp beside whole experts.
     - router: an fp32 gate (input.float(), priced with its S×E work; the fp32 GEMM at the training dtype's
       curve, E / (3·k·expert_ffn) of the experts' FLOPs) and its ~30 small S×E kernels (softmax, argmax or top-k,
       cumsum, the auxiliary loss) priced as one pass over the fp32 logits, as the other dispatchers' routers.
@@ -1209,7 +1210,7 @@ def _deepspeed_moe_block(model: ModelConfig, plan: PlanConfig, sh: Shapes) -> li
     tp, etp, ep, fe = plan.tensor_parallel, plan.etp, plan.expert_parallel, model.expert_ffn
     local, up = E // ep, 2 if model.gated_mlp else 1
     n = sh.tokens
-    slots = E * float(model.deepspeed_capacity(n))  # EC, all experts' capacity
+    slots = E * float(model.deepspeed_capacity(n, tp if etp == 1 else 1))  # EC, all experts' capacity
     full = slots * h * e
     rows = slots * etp / tp  # the slots this rank's experts run: all EC split over tp, EC/tp whole
     run, split = rows * h * e, full if etp > 1 else 0.0  # split: the f collective's bytes (none whole)
