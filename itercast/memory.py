@@ -276,7 +276,8 @@ def _activation_bytes(
         # its DeepEP backend adds deepep.dispatch and deepep.combine to that list (parallelize.py at 9810191^):
         # the rows the dispatch delivered, a token once per rank holding one of its experts, and the combine's one
         # row a token (tensor_parallel 1: job.py)
-        delivered = np.array([m.deepep_rows_per_token(int(ep)) for ep in t.cols["ep"]])
+        eps, of_row = np.unique(t.cols["ep"], return_inverse=True)  # a few sizes over many plans
+        delivered = np.array([m.deepep_rows_per_token(int(ep)) for ep in eps])[of_row]
         op_experts = (delivered + 1) * e * h
     return _recompute_kept(m, t, rc, attention_again + scores / tp, modules, op_experts, f, rep)
 

@@ -106,9 +106,11 @@ def fast_vs_graph(model: str, system: dict, plans: list[dict]) -> tuple[list[Job
 
 @cache
 def searched_top_plan(framework: str, *extra: str) -> dict[str, Any]:
-    """The plan `itercast search --example --framework framework *extra` ranks first (one search per
-    distinct call: several tests read fields of the same plan)."""
+    """The plan `itercast search --example --framework framework *extra` ranks first over a small space (pipeline 8,
+    micro-batch 1: the fields the tests read are the framework's, whichever plan ranks first), one search per
+    distinct call: several tests read fields of the same plan."""
     args = ["search", "--example", "--json", "--top", "1", "--workers", "1", "--framework", framework, *extra]
+    args += ["--set", "plan.pipeline_parallel=8", "--set", "plan.micro_batch_size=1"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)["plans"][0]["plan"]

@@ -322,7 +322,7 @@ def test_default_reserve_and_margin_by_hand():
 
 def test_margin_excludes_plans_and_is_shown():
     runner = CliRunner()
-    args = ["search", "--example", "--json", "--top", "2", "--workers", "1"]
+    args = ["search", "--example", "--json", "--top", "2", "--workers", "1", "--set", "plan.pipeline_parallel=8"]
     small = json.loads(runner.invoke(app, [*args, "--memory-headroom-gib", "0"]).output)
     large = json.loads(runner.invoke(app, [*args, "--memory-headroom-gib", "40"]).output)
     assert large["fitting"] < small["fitting"]
