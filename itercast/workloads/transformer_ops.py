@@ -1929,7 +1929,8 @@ def deepspeed_moe_note(plan: PlanConfig) -> str | None:
         f"{'before' if plan.moe_token_dispatcher == 'einsum' else 'from'} v0.19.4): the gate's int64 slot map is "
         "not priced; its fp32 gate GEMM is priced at the training dtype's rate; the capacity's minimum is "
         "Megatron-DeepSpeed's default --moe-min-capacity (4); a dropless layer's busiest expert is "
-        "model.moe_token_imbalance times an even share, not rounded up to a multiple of the tensor-parallel size"
+        "model.moe_token_imbalance times an even share (in whole tokens, beside whole experts rounded up to a "
+        "multiple of the tensor-parallel size as its gating does)"
     )
 
 
@@ -2009,9 +2010,9 @@ def gpt_oss_note(model: ModelConfig, plan: PlanConfig) -> str | None:
     if model.glu_clamp is None:
         return None
     titan = (
-        "; under moe_token_dispatcher torchtitan the clamp and the experts' biases are not priced at all (only "
-        "Megatron-Core's grouped experts are)"
-        if plan.moe_token_dispatcher == "torchtitan"
+        f"; under moe_token_dispatcher {plan.moe_token_dispatcher} the clamp and the experts' biases are not priced "
+        "at all (only Megatron-Core's grouped experts are)"
+        if plan.torchtitan_moe
         else ""
     )
     return (
