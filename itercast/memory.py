@@ -36,6 +36,9 @@ gpu.reserved_bytes replaces it with that flat reserve), memory outside PyTorch's
   connections (send and receive peers of a ring) per channel, up to 32 channels (NCCL's MAXCHANNELS,
   src/include/device.h): 256 MiB per communicator, for each process group of more than one rank the plan
   uses (`communicators`: tensor, context, data × context, pipeline, expert; a DLRM's one world group).
+- DeepEP's buffers under torchtitan's DeepEP backend (plan.moe_token_dispatcher torchtitan_deepep), on a GPU whose
+  stage has MoE layers: 62–288 MiB at hidden 2048 in bf16 for EP 2–64 (parallel/deepep_buffer.py, from DeepEP's
+  sources); a plan's, so it stays on top of a flat gpu.reserved_bytes.
 The caching allocator's fragmentation is not in it: how much memory its cached but unusable blocks
 hold depends on the allocation pattern and the allocator's settings (expandable segments remove most
 of it), and it frees its cached blocks and retries before it reports out of memory. `itercast search`
@@ -57,6 +60,7 @@ from itercast.config.job import Job
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig, pipelined_fsdp2, whole_fp32_sums
 from itercast.config.system import GPUSpec, SystemConfig
+from itercast.parallel.deepep_buffer import deepep_buffer_bytes
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
 
@@ -557,11 +561,17 @@ class StageMemory:
         self.recomputing = again * self.tokens
         live_params, self.live_grads = zero3_live_columns(m, t)
         self.gathered = live_params * whole_w_b
+        self.deepep = np.zeros(len(c["ep"]))  # torchtitan's DeepEP Buffer, on a GPU whose stage has MoE layers
+        if m.is_moe and base.moe_token_dispatcher == "torchtitan_deepep":
+            eps, of_row = np.unique(c["ep"], return_inverse=True)
+            sizes = [deepep_buffer_bytes(m.hidden_size, base.dtype_bytes, int(ep)) for ep in eps]
+            self.deepep = np.array(sizes, dtype=np.float64)[of_row]
 
     def columns(self, first: Any, last: Any, index: Any, layers: Any, moe_layers: Any) -> dict[str, np.ndarray]:
         """Weights, gradients, optimizer state, activations and total bytes of stage `index` holding
         `layers` transformer layers (`moe_layers` of them MoE), the embedding if `first`, the output
-        layer and the fp32 logits of one micro-batch if `last`; the reserve beyond them (reserve_bytes)."""
+        layer and the fp32 logits of one micro-batch if `last`; the reserve beyond them (reserve_bytes, and DeepEP's
+        buffers where its stage has MoE layers)."""
         m, t, c = self.m, self.t, self.t.cols
         params = stage_param_columns(m, t, first, last, layers, moe_layers)
         experts = stage_expert_param_columns(m, t, moe_layers)
@@ -577,7 +587,8 @@ class StageMemory:
             "activations": acts,
         }
         # the activations' shape: `layers` may be an array over candidate stages (job_slicing)
-        out["reserved"] = reserve_bytes(self.gpu, communicators(c)) + np.zeros_like(acts)
+        deepep = np.where(moe_layers > 0, self.deepep, 0)
+        out["reserved"] = reserve_bytes(self.gpu, communicators(c)) + deepep + np.zeros_like(acts)
         out["total"] = sum(out.values())
         return out
 

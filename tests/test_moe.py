@@ -7,6 +7,8 @@ bytes / 1e10 (an all-to-all of B bytes over n ranks in one node moves B·(n − 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from helpers import fast_vs_graph
@@ -16,9 +18,11 @@ from typer.testing import CliRunner
 from itercast.cli import app
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
+from itercast.config.plan import torchtitan_expert_layout_ok
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
-from itercast.memory import activation_bytes_per_token_layer, estimate_memory
+from itercast.memory import StageMemory, activation_bytes_per_token_layer, estimate_memory
+from itercast.parallel.plan_table import PlanTable
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 from itercast.workloads.transformer import Groups, TransformerStepBuilder, pass_cost
 from itercast.workloads.transformer_ops import dispatch_share, layer_backward, layer_forward
@@ -271,11 +275,16 @@ def test_torchtitans_deepep_backend_sends_a_token_once_to_each_rank_that_holds_o
             | {"expert_parallel": 2, "expert_tensor_parallel": 1},
             "with tensor_parallel(2) > 1 is not priced",
         ),
+        (  # torchtitan's ParallelDims takes 12 whole experts over 12 ranks; DeepEP has no kernel config for 12
+            {"gpus": 12, "expert_parallel": 12},
+            "DeepEP has kernel configurations for expert_parallel in 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160 "
+            "(deep_ep/buffer.py Buffer.get_dispatch_config: 'Unsupported number of EP ranks'); got 12",
+        ),
     ],
 )
 def test_torchtitans_deepep_backend_refuses_what_it_does_not_run(plan, needle):
     with pytest.raises(ConfigError) as err:
-        moe_job(moe_token_dispatcher="torchtitan_deepep", **plan)
+        moe_job({"num_experts": 12}, moe_token_dispatcher="torchtitan_deepep", **plan)
     assert needle in str(err.value)
     dense = {k: v for k, v in MOE.items() if k not in ("num_experts", "moe_top_k", "moe_ffn_hidden_size")}
     with pytest.raises(ConfigError, match=r"plan.moe_token_dispatcher\(torchtitan_deepep\) needs a mixture-of-"):
@@ -290,6 +299,46 @@ def test_the_search_offers_torchtitans_deepep_backend_only_whole_experts_over_ex
     assert len(table) > 0
     assert set(table.cols["tp"].tolist()) == {1} and set(table.cols["etp"].tolist()) == {1}
     assert set(table.cols["ep"].tolist()) == {2, 4, 8}
+    # and only the expert-parallel sizes DeepEP has kernel configurations for: 12 and 256 divide 768 ranks
+    eps = np.array([2, 12, 16, 256])
+    assert torchtitan_expert_layout_ok(eps, 1, 1, 1, 768, deepep=True).tolist() == [True, False, True, False]
+    assert torchtitan_expert_layout_ok(eps, 1, 1, 1, 768).tolist() == [True] * 4
+
+
+def test_deepeps_buffers_by_hand_and_in_the_memory_of_a_gpu_whose_stage_has_moe_layers():
+    """DeepEP 567632d's config.hpp hints at num_sms 20 (10 channels), per received token its hidden bytes, an
+    8-byte SourceMeta, 128 int64 top-k indices, 128 fp32 weights and 128 fp32 scales (2,056 bytes); 128-byte
+    aligned; the larger of the dispatch and combine configs; a 32 MiB workspace."""
+    from itercast.parallel.deepep_buffer import deepep_buffer_bytes
+
+    def align(n: int) -> int:
+        return -(-n // 128) * 128
+
+    # EP 16, hidden 2048 in bf16 (4,096 bytes): 8 NVLink peers over 2 nodes, both configs receive 288 tokens
+    nvl = align(10 * 8 * (2 * 2 + 3) * 4 + 10 * 8 * 288 * (4096 + 2056))  # 141,744,384
+    # RDMA: receive chunks of 128 tokens aligned up to the send chunk, 20 (dispatch: 140) or 12 (combine: 132);
+    # 2 nodes, each slot twice, 16 more bytes a token
+    rdma = align(10 * 2 * (8 * 2 + 2) * 2 * 4 + 10 * 2 * 140 * 2 * (4096 + 2056 + 16))  # 34,543,744
+    assert deepep_buffer_bytes(2048, 2, 16) == nvl + rdma + 32 * 2**20 == 209_842_560
+    # EP 8 within a node: no RDMA buffer; fp32 hidden states take 4 bytes an element
+    assert deepep_buffer_bytes(2048, 2, 8) == align(10 * 8 * 5 * 4 + 10 * 8 * 256 * (4096 + 2056)) + 32 * 2**20
+    assert deepep_buffer_bytes(2048, 4, 8) == align(10 * 8 * 5 * 4 + 10 * 8 * 256 * (8192 + 2056)) + 32 * 2**20
+    with pytest.raises(ValueError, match="no configuration for 12 expert-parallel ranks"):
+        deepep_buffer_bytes(2048, 2, 12)
+    # the one-layer model (h 64, bf16) at EP 2: 2 peers, 256 tokens received; on top of a flat reserve too
+    buffer = align(10 * 2 * 5 * 4 + 10 * 2 * 256 * (128 + 2056)) + 32 * 2**20  # 44,737,024
+    for reserved in (0.0, None):  # test_golden's flat 0, then the CUDA context and NCCL's buffers
+        std, deepep = (moe_job(moe_token_dispatcher=d) for d in ("torchtitan", "torchtitan_deepep"))
+        gpu = std.system.gpu.model_copy(update={"reserved_bytes": reserved})
+        system = std.system.model_copy(update={"gpu": gpu})
+        std, deepep = (estimate_memory(replace(j, system=system)) for j in (std, deepep))
+        assert deepep.reserved_bytes - std.reserved_bytes == buffer
+        assert deepep.total_bytes - std.total_bytes == pytest.approx(buffer)  # the rest alike (no per-op recompute)
+    # a stage of dense layers only never dispatches, so never makes the buffer
+    j = moe_job(moe_token_dispatcher="torchtitan_deepep")
+    stage = StageMemory(j.model, j.system, PlanTable.of_jobs([j]))
+    dense, moe = (stage.columns(True, True, 0, 1, n)["reserved"][0] for n in (0, 1))
+    assert (dense, moe) == (0, buffer)
 
 
 def test_the_cli_searches_torchtitans_deepep_backend_launches_it_and_says_what_its_price_leaves_out():

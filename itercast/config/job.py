@@ -18,6 +18,7 @@ from itercast.config.plan import PlanConfig, torchtitan_expert_layout_ok
 from itercast.config.presets import preset
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.errors import ConfigError, did_you_mean
+from itercast.parallel.deepep_buffer import DEEPEP_EP_SIZES
 from itercast.user_files import read_small_text
 
 _SCHEMAS: dict[str, type[BaseModel]] = {"model": ModelConfig, "plan": PlanConfig, "system": SystemConfig}
@@ -562,6 +563,11 @@ def _torchtitan_deepep_problem(ep: int, etp: int, tp: int) -> str:
     name = "plan.moe_token_dispatcher(torchtitan_deepep)"
     if ep == 1:
         return f"{name} needs expert_parallel > 1 (torchtitan: 'DeepEP requires expert parallelism (ep_degree > 1)')"
+    if ep not in DEEPEP_EP_SIZES:
+        return (
+            f"{name}: DeepEP has kernel configurations for expert_parallel in {', '.join(map(str, DEEPEP_EP_SIZES))} "
+            f"(deep_ep/buffer.py Buffer.get_dispatch_config: 'Unsupported number of EP ranks'); got {ep}"
+        )
     if etp > 1:
         return (
             f"{name} takes whole experts (torchtitan: 'DeepEP with Expert Tensor Parallelism (ETP) is not supported "

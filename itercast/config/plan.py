@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import BaseModel, Field, NonNegativeInt, model_validator
 
 from itercast.config.strict import STRICT, Batch, Layers, Ranks
+from itercast.parallel.deepep_buffer import DEEPEP_EP_SIZES
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
@@ -70,11 +71,12 @@ def torchtitan_expert_layout_ok(ep: Any, etp: Any, tp: Any, cp: Any, dp: Any, de
     context-parallel rank and some data-parallel ones, so cp divides ep and ep divides dp × cp).
     `deepep` (its DeepEP backend, plan.moe_token_dispatcher torchtitan_deepep) takes whole experts with expert
     parallelism only (parallelize.py at 9810191^: 'DeepEP requires expert parallelism (ep_degree > 1)', ETP 'not
-    supported yet') and, as priced, no tensor parallelism (job.py _torchtitan_expert_problems says why)."""
+    supported yet'), as priced no tensor parallelism (job.py _torchtitan_expert_problems says why), and an expert-
+    parallel size DeepEP has kernel configurations for (parallel/deepep_buffer.py DEEPEP_EP_SIZES)."""
     split = (etp == tp) & (ep % cp == 0) & ((dp * cp) % ep == 0)
     whole = (etp == 1) & (ep % (cp * tp) == 0) & ((dp * cp * tp) % ep == 0)
     ok = np.where(ep == 1, etp == tp, split | whole)
-    return ok & (~np.bool_(deepep) | ((ep > 1) & (etp == 1) & (tp == 1)))
+    return ok & (~np.bool_(deepep) | ((ep > 1) & (etp == 1) & (tp == 1) & np.isin(ep, DEEPEP_EP_SIZES)))
 
 
 def local_vocab_rows(vocab_size: int, tp: Any, divisible_by: int) -> Any:

@@ -73,7 +73,7 @@ class GPUSpec(BaseModel):
         None,
         description="Memory per GPU not available to tensors. None (the default): per plan, the CUDA context "
         "(0.75 GiB, measured) and NCCL's buffers (256 MiB per communicator the plan uses): memory.reserve_bytes, "
-        "with sources. A number: that flat reserve instead.",
+        "with sources. A number: that flat reserve instead (torchtitan's DeepEP buffers, a plan's, stay on top).",
     )
     sustained_gemm_flops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8"], PositiveFloat] = Field(
         default_factory=dict,

@@ -1940,10 +1940,10 @@ def flex_dispatch_note(plan: PlanConfig) -> str | None:
     if not plan.dedup_dispatch:
         return None
     titan = (
-        "; torchtitan's: the host's wait for the notify step is priced from the router's end (its latency is not), "
-        "and DeepEP's communication buffers are not counted in memory"
+        "; torchtitan's: the host's wait for the notify step is priced from the router's end (its latency is not); "
+        "DeepEP's buffers are counted in memory (parallel/deepep_buffer.py), NVSHMEM's own heap beyond them is not"
         if plan.moe_token_dispatcher == "torchtitan_deepep"
-        else ""
+        else "; DeepEP's and HybridEP's communication buffers are not counted in memory"
     )
     return (
         f"plan.moe_token_dispatcher {plan.moe_token_dispatcher}: its all-to-alls are priced on the all-to-all curves "
