@@ -233,12 +233,13 @@ def _activation_bytes(
     # q, k, v; with QK-norm the norms' inputs (q and k before it); the projection input (the
     # attention output, heads × head_dim)
     sharded = e * (a + 2 * g) * d + (e * (a + g) * d if m.qk_norm else 0) + (e + fp8) * a * d
-    latents = 0  # multi-latent attention: whole on every tensor-parallel rank
+    latents, latent_width = 0, 0  # multi-latent attention: whole on every tensor-parallel rank
     if m.mla:
+        latent_width = (m.q_lora_rank or 0) + (m.kv_lora_rank or 0)
         dqk, dv = m.qk_head_dim, m.value_head_dim
         sharded = e * a * (2 * dqk + dv) + (e + fp8) * a * dv
         # the latents' norm inputs and up-projection inputs, and the shared rotary key
-        latents = (e + gemm_in) * ((m.q_lora_rank or 0) + (m.kv_lora_rank or 0)) + e * m.qk_rope_head_dim
+        latents = (e + gemm_in) * latent_width + e * m.qk_rope_head_dim
     up = 2 if m.gated_mlp else 1
     mlp_kept = (e * up + gemm_in) * f  # MLP up output(s) and activation output, split over tp unless whole
     mlp_ranks = np.where(t.whole_residual_mlp, 1, tp) if moe else tp
@@ -264,12 +265,19 @@ def _activation_bytes(
     # and under fp8 the shared experts' copy, set_for_recompute_pre_mlp_layernorm having them keep that output; the
     # other norms are fused into Transformer Engine's linears, IdentityOp); moe_act each routed copy's activation
     # output and clamped cat; mlp, in a dense layer checkpointed whole (tensor_parallel.checkpoint), the fc1 input,
-    # fc1 output(s) and activation output (its input, the pre-MLP norm's, stays)
+    # fc1 output(s) and activation output (its input, the pre-MLP norm's, stays); mla_up_proj multi-latent
+    # attention's query, key and value (CheckpointWithoutOutput keeps its inputs, the normed latents, 16-bit where
+    # under fp8 the up projections kept 1-byte copies); shared_experts, in an MoE
+    # layer checkpointed whole, the shared experts' fc1 output(s) and activation output and under fp8 their fc1's
+    # 1-byte input (the 16-bit one the router keeps; with layernorm that copy is dropped already)
+    shared_fp8_in = fp8 * h / rep if f and "layernorm" not in t.base.recompute_modules else 0
     dropped = {
         "core_attn": scores / tp,
         "layernorm": mlp_in / rep if moe else 0.0,
         "moe_act": copies * (expert_in + clamped) * m.expert_ffn if moe else 0.0,
         "mlp": 0.0 if moe else mlp_in / rep + mlp_kept / tp,
+        "mla_up_proj": e * a * (2 * dqk + dv) / tp - (e - gemm_in) * latent_width if m.mla else 0.0,
+        "shared_experts": mlp_kept / mlp_ranks + shared_fp8_in if moe else 0.0,
     }
     modules = attention_again + scores / tp - sum(dropped[k] for k in t.base.recompute_modules)
     # torchtitan's per-op policy saves all_to_all_single's outputs (distributed/activation_checkpoint.py

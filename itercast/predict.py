@@ -66,7 +66,8 @@ class Prediction(Forecast):
         torchtitan's recompute_every). selective, Megatron-Core's modules: core_attn the score and value
         matmuls of every layer again, unfused or in one fused kernel (Megatron-Core checkpoints the fused
         attention call too, transformer/attention.py `_checkpointed_attention_forward`; what the step runs:
-        transformer_ops.layer_backward), mlp a dense layer's MLP matmuls, 2·(up + 1)·h·f per token (layernorm
+        transformer_ops.layer_backward), mlp a dense layer's MLP matmuls, 2·(up + 1)·h·f per token, shared_experts
+        an MoE layer's shared experts' alike, mla_up_proj every layer's query and key-value up projections (layernorm
         and moe_act run no matmul). selective, per op (torchtitan, transformer_ops._op_recompute): per
         token and layer the keys' share of QKV and the output projection, 2·h·d·(g + a), and one h×f MLP
         matmul, 2·h·f; an MoE layer's router and shared and routed experts whole (grouped GEMMs are not
@@ -90,9 +91,15 @@ class Prediction(Forecast):
             return self.model_flops_per_step + extra * tokens
         if p.recompute == "selective":
             attention = m.layers_attention_score_flops_per_token() if "core_attn" in p.recompute_modules else 0.0
-            up = 2 if m.gated_mlp else 1
-            mlp = (m.num_layers - m.num_moe_layers) * 2.0 * (up + 1) * m.hidden_size * m.ffn
-            return self.model_flops_per_step + (attention + (mlp if "mlp" in p.recompute_modules else 0.0)) * tokens
+            up, h, a = 2 if m.gated_mlp else 1, m.hidden_size, m.num_attention_heads
+            modules = {
+                "mlp": (m.num_layers - m.num_moe_layers) * 2.0 * (up + 1) * h * m.ffn,
+                "shared_experts": m.num_moe_layers * 2.0 * (up + 1) * h * m.moe_shared_ffn_hidden_size,
+                # the up projections: the split attention weights less the output projection's
+                "mla_up_proj": m.num_layers * 2.0 * (m.attention_params()[0] - a * m.value_head_dim * h),
+            }
+            again = sum(flops for name, flops in modules.items() if name in p.recompute_modules)
+            return self.model_flops_per_step + (attention + again) * tokens
         return self.model_flops_per_step
 
     @property

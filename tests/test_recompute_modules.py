@@ -81,6 +81,68 @@ def test_mlp_recompute_counts_the_dense_mlp_matmuls_in_hardware_flops():
     assert again.hardware_flops_per_step - plain.hardware_flops_per_step == pytest.approx(2 * 32 * 49152)
 
 
+# multi-latent attention: query latent 48, key-value latent 32, heads of 16 + 8 rotary (query and key) and 16 (value)
+MLA = {"q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
+
+
+def test_mla_up_proj_drops_query_key_and_value_and_runs_the_up_projections_again():
+    # the fused attention kernel keeps q, k and v: 4 heads × (24 + 24 + 16) × 2 B = 512 B a token, which the
+    # output-discarding checkpoint frees; its inputs, the normed latents, stay (in bf16 the up projections' own)
+    plain = activation_bytes_per_token_layer(job(MLA))
+    assert plain - activation_bytes_per_token_layer(job(MLA, **selective("mla_up_proj"))) == 512
+    # under fp8 the up projections kept 1-byte copies of the 48 + 32 latents; the checkpoint keeps them 16-bit
+    fp8 = {"dtype": "fp8", "fp8_recipe": "tensorwise"}
+    fp8_plain = activation_bytes_per_token_layer(job(MLA, **fp8))
+    assert fp8_plain - activation_bytes_per_token_layer(job(MLA, **fp8, **selective("mla_up_proj"))) == 512 - 80
+    j = job(MLA, **selective("mla_up_proj"))
+    again = {o.name: o.amount for o in layer_backward(j.model, j.plan) if o.name.startswith("recompute.")}
+    # 32 tokens: query up 2 · 32 · 48 · (4 · 24) FLOPs, key-value up 2 · 32 · 32 · 4 · (16 + 16), the rotary part
+    # of 4 query heads and the one shared key, read and written: 2 · 32 · 5 · 8 · 2 B; q, k and v copied back
+    # into the discarded storage: 2 · 32 · 4 · 64 · 2 B
+    assert again == {
+        "recompute.q_up": 2 * 32 * 48 * 96,
+        "recompute.kv_up": 2 * 32 * 32 * 128,
+        "recompute.rope": 2 * 32 * 5 * 8 * 2,
+        "recompute.mla_up_proj.restore": 2 * 32 * 4 * 64 * 2,
+    }
+    # without a query latent the query's one projection from h 64 runs again
+    no_q = job(MLA | {"q_lora_rank": None}, **selective("mla_up_proj"))
+    names = [o.name for o in layer_backward(no_q.model, no_q.plan) if o.name.startswith("recompute.")]
+    assert names[0] == "recompute.q_proj"
+    # hardware FLOPs: both up projections again, 2 layers × 32 tokens × 2 · (48 · 96 + 32 · 128)
+    assert predict(j).hardware_flops_per_step - predict(job(MLA)).hardware_flops_per_step == pytest.approx(
+        2 * 32 * 2 * (48 * 96 + 32 * 128)
+    )
+
+
+def test_shared_experts_keep_their_input_only_and_run_again_whole():
+    shared = MOE | {"moe_shared_ffn_hidden_size": 32, "moe_first_dense_layers": 1}  # a dense layer, an MoE layer
+    # the shared SwiGLU of width 32 keeps gate and up outputs 2 · 2 · 32 and the activation output 2 · 32 = 192 B
+    # a token; its input is the router's, kept either way
+    plain = activation_bytes_per_token_layer(job(shared), moe=True)
+    assert plain - activation_bytes_per_token_layer(job(shared, **selective("shared_experts")), moe=True) == 192
+    # under fp8 their fc1 kept its own 1-byte copy of the input, 64 B, and their fc1 input 1 B a unit of width:
+    # 2 · 2 · 32 + 32 + 64; with layernorm that copy is dropped already (its drop: the norm output, both copies)
+    fp8 = {"dtype": "fp8", "fp8_recipe": "tensorwise"}
+    fp8_plain = activation_bytes_per_token_layer(job(shared, **fp8), moe=True)
+    fp8_again = activation_bytes_per_token_layer(job(shared, **fp8, **selective("shared_experts")), moe=True)
+    assert fp8_plain - fp8_again == 224
+    norm, both = (job(shared, **fp8, **selective(*m)) for m in (("layernorm",), ("layernorm", "shared_experts")))
+    assert activation_bytes_per_token_layer(norm, moe=True) - activation_bytes_per_token_layer(both, moe=True) == 160
+    j = job(shared, **selective("shared_experts"))
+    again = {o.name: o.amount for o in layer_backward(j.model, j.plan, moe=True) if o.name.startswith("recompute.")}
+    # gate and up 2 · 32 · 64 · 64 FLOPs, SwiGLU reads two and writes one 3 · 32 · 32 · 2 B, down 2 · 32 · 32 · 64
+    assert again == {
+        "recompute.shared_up": 2 * 32 * 64 * 64,
+        "recompute.shared_act": 3 * 32 * 32 * 2,
+        "recompute.shared_down": 2 * 32 * 32 * 64,
+    }
+    # 1 MoE layer × 32 tokens × the three matmuls, 2 · 3 · 64 · 32 FLOPs a token
+    assert predict(j).hardware_flops_per_step - predict(job(shared)).hardware_flops_per_step == pytest.approx(
+        32 * 2 * 3 * 64 * 32
+    )
+
+
 @pytest.mark.parametrize(
     ("model", "plan", "message"),
     [
@@ -91,6 +153,12 @@ def test_mlp_recompute_counts_the_dense_mlp_matmuls_in_hardware_flops():
         ({}, selective("mlp", "mlp"), "got ['mlp', 'mlp']"),
         ({}, {"dtype": "fp8", "fp8_recipe": "delayed", **selective("layernorm")}, "got fp8_recipe=delayed"),
         ({}, selective("moe"), "plan.recompute_modules"),
+        ({}, selective("mla_up_proj"), "'mla_up_proj in recompute_modules is only supported with multi_latent_"),
+        (
+            MOE | {"moe_shared_ffn_hidden_size": 32},
+            {"moe_shared_expert_overlap": True, **selective("shared_experts")},
+            "shared_experts does not run with moe_shared_expert_overlap",
+        ),
     ],
 )
 def test_modules_megatron_core_refuses_or_itercast_does_not_price_are_config_errors(model, plan, message):

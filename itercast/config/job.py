@@ -349,6 +349,11 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
         )
     problems += _divisibility_problems(model, p, dp, gbs)
     problems += _stage_layer_problems(model, p)
+    if "mla_up_proj" in p.recompute_modules and not model.mla:
+        problems.append(  # transformer_config.py __post_init__
+            "plan.recompute_modules: mla_up_proj recomputes multi-latent attention's up projections ('mla_up_proj in "
+            f"recompute_modules is only supported with multi_latent_attention', Megatron-Core); {model.name} has none"
+        )
     micro = gbs // max(p.micro_batch_size * dp, 1)
     passes = p.pipeline_parallel * p.virtual_pipeline * micro
     if passes > MAX_PASSES:

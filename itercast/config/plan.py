@@ -13,7 +13,7 @@ from itercast.parallel.deepep_buffer import DEEPEP_EP_SIZES
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
 #: Megatron-Core's selective recompute modules itercast prices (TransformerConfig.recompute_modules)
-RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mlp"]
+RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mlp", "mla_up_proj", "shared_experts"]
 DType = Literal["fp32", "bf16", "fp16", "fp8"]
 #: Transformer Engine's userbuffers layers whose overlap may reserve SMs (module/base.py initialize_ub)
 TEOverlapLayer = Literal["proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"]
@@ -134,7 +134,9 @@ class PlanConfig(BaseModel):
         "transformer_config.py, default core_attn): core_attn the attention kernels; layernorm an MoE layer's "
         "pre-MLP norm (the others are fused into Transformer Engine's linears) without keeping its output; "
         "moe_act the routed experts' activation without keeping its output (needs moe_grouped_gemm); mlp a "
-        "dense layer's MLP whole, keeping its input. Its moe, shared_experts and mla_up_proj are not priced.",
+        "dense layer's MLP whole, keeping its input; mla_up_proj multi-latent attention's up projections and "
+        "rotary embedding without keeping their outputs (query, key, value); shared_experts an MoE layer's shared "
+        "experts whole, keeping their input (not with moe_shared_expert_overlap). Its moe is not priced.",
     )
     recompute_method: Literal["uniform", "block"] = Field(
         "uniform",
@@ -669,6 +671,11 @@ class PlanConfig(BaseModel):
             raise ValueError(  # transformer_config.py __post_init__
                 "plan.recompute_modules: moe_act needs moe_grouped_gemm=true ('moe_act in recompute_modules is only "
                 "supported with moe_grouped_gemm', Megatron-Core); got moe_grouped_gemm=false"
+            )
+        if "shared_experts" in self.recompute_modules and self.moe_shared_expert_overlap:
+            raise ValueError(  # transformer_config.py __post_init__
+                "plan.recompute_modules: shared_experts does not run with moe_shared_expert_overlap ('shared_experts "
+                "recompute cannot work with --moe-shared-expert-overlap', Megatron-Core)"
             )
         drops_output = {"moe_act", "layernorm"} & set(self.recompute_modules)
         if drops_output and self.dtype == "fp8" and self.fp8_recipe == "delayed":

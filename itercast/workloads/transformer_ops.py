@@ -1650,7 +1650,8 @@ def layer_backward(
     elif kind == "selective" and plan.selective_recompute == "op":
         again = _op_recompute(model, fwd)
     elif kind == "selective":
-        again = [_recomputed(o) for o in fwd if o.name.startswith(_module_ops(plan.recompute_modules, moe))]
+        prefixes = _module_ops(plan.recompute_modules, moe, model.mla)
+        again = [_recomputed(o) for o in fwd if o.name.startswith(prefixes)]
         again += _restored_outputs(model, plan, moe)
     params = model.layer_params_per_rank(plan.tensor_parallel, moe, whole_mlp=moe and plan.whole_residual_mlp)
     if moe:
@@ -1709,7 +1710,7 @@ def grad_accumulation_ops(plan: PlanConfig, params: float, tensors: int) -> list
     return [Op("grad_accumulation", "elementwise", per_param * params, count=count, label="grad_accumulation")]
 
 
-def _module_ops(modules: Sequence[str], moe: bool) -> tuple[str, ...]:
+def _module_ops(modules: Sequence[str], moe: bool, mla: bool) -> tuple[str, ...]:
     """Name prefixes of the forward ops Megatron-Core's selective recompute runs again before a layer's
     backward (plan.recompute_modules; transformer_layer.py and moe/experts.py at d98e8a64). core_attn: the
     attention kernels — also fused (flash) attention, whose call Megatron-Core wraps in
@@ -1718,7 +1719,11 @@ def _module_ops(modules: Sequence[str], moe: bool) -> tuple[str, ...]:
     parallelism its K/V ring with it (Transformer Engine's ring runs inside the attention call). layernorm: an
     MoE layer's pre-MLP norm (the input norm, and a dense layer's pre-MLP norm, are fused into Transformer
     Engine's LayerNormLinear: IdentityOp, not recomputed). moe_act: the routed experts' activation. mlp: a dense
-    layer's MLP whole with the norm its first linear fuses, its tensor-parallel collectives and casts included."""
+    layer's MLP whole with the norm its first linear fuses, its tensor-parallel collectives and casts included.
+    mla_up_proj (multi-latent attention, multi_latent_attention.py qkv_up_proj_and_rope_apply under
+    CheckpointWithoutOutput): the query's up projection (or its one projection without a query latent), the key-value
+    up projection and the rotary embedding. shared_experts (moe_layer.py shared_experts_compute under
+    tensor_parallel.checkpoint): an MoE layer's shared experts whole, their tensor-parallel collectives included."""
     prefixes: list[str] = []
     for module in modules:
         if module == "core_attn":
@@ -1727,6 +1732,10 @@ def _module_ops(modules: Sequence[str], moe: bool) -> tuple[str, ...]:
             prefixes.append("post_attn_norm")
         elif module == "moe_act" and moe:
             prefixes.append("expert_act")
+        elif module == "mla_up_proj" and mla:
+            prefixes += ("q_up", "q_proj", "kv_up", "rope")
+        elif module == "shared_experts" and moe:
+            prefixes.append("shared_")
         elif module == "mlp" and not moe:  # Transformer Engine's fc1 holds the pre-MLP norm
             prefixes += ("post_attn_norm", "mlp_")
     return tuple(prefixes)
@@ -1737,11 +1746,15 @@ def _restored_outputs(model: ModelConfig, plan: PlanConfig, moe: bool) -> list[O
     CheckpointWithoutOutput._recompute copies the recomputed output into the storage the forward discarded
     (tensor_parallel/random.py at b0cc2706, `output.untyped_storage().copy_(...)`): its bytes read and written
     once more — the pre-MLP norm's output (sequence-parallel tokens × h) and the routed experts' activation
-    output (routed rows × expert width / etp). Dense layers recompute neither."""
-    if not moe:
-        return []
+    output (routed rows × expert width / etp) in an MoE layer; under mla_up_proj the query, key and value of
+    multi-latent attention (tokens × heads / tp × (2 · qk_head_dim + v_head_dim)) in every layer."""
     sh = Shapes.of(model, plan)
     out = []
+    if "mla_up_proj" in plan.recompute_modules and model.mla:
+        qkv = sh.tokens * model.num_attention_heads / sh.t * (2 * model.qk_head_dim + model.value_head_dim)
+        out.append(Op("recompute.mla_up_proj.restore", "elementwise", 2 * qkv * sh.e))
+    if not moe:
+        return out
     if "layernorm" in plan.recompute_modules:
         out.append(Op("recompute.post_attn_norm.restore", "elementwise", 2 * sh.sp_tokens * model.hidden_size * sh.e))
     if "moe_act" in plan.recompute_modules:
