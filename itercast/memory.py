@@ -279,6 +279,9 @@ def _activation_bytes(
         "mla_up_proj": e * a * (2 * dqk + dv) / tp - (e - gemm_in) * latent_width if m.mla else 0.0,
         "shared_experts": mlp_kept / mlp_ranks + shared_fp8_in if moe else 0.0,
     }
+    # moe, an MoE layer checkpointed whole: everything it keeps but its 16-bit input (the router's), the routed
+    # copies' and the router's scores (`experts`) and the shared experts' (moe_act and shared_experts: refused beside)
+    dropped["moe"] = experts + dropped["shared_experts"] if moe else 0.0
     modules = attention_again + scores / tp - sum(dropped[k] for k in t.base.recompute_modules)
     # torchtitan's per-op policy saves all_to_all_single's outputs (distributed/activation_checkpoint.py
     # _get_default_save_ops: comm ops) but not _grouped_mm's: a routed copy keeps the tokens its dispatch

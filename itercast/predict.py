@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from itercast.config.job import Job
+from itercast.config.model import ModelConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.host_overheads import host_calibrated
 from itercast.memory import MemoryEstimate, estimate_memory, full_recompute_share
@@ -17,6 +18,12 @@ from itercast.sim.contention import simulate_with_contention
 from itercast.sim.engine import SimResult
 from itercast.workloads.dlrm import DLRMJob, DLRMStep, Shard, dlrm_step, memory_parts_per_rank, plan_sharding
 from itercast.workloads.transformer import TransformerStepBuilder
+
+
+def _moe_mlp_flops_per_token(m: ModelConfig) -> float:
+    """An MoE layer's router, shared and routed experts' matmul FLOPs per token (its forward less attention)."""
+    projections = 2 * sum(m.attention_params())
+    return m.layer_forward_flops_per_token(moe=True) - projections - m.attention_score_flops_per_token()
 
 
 @dataclass(frozen=True)
@@ -60,18 +67,18 @@ class Prediction(Forecast):
     def hardware_flops_per_step(self) -> float:
         """Model FLOPs plus what recomputation runs again (FLOPs per step).
 
-        full: one more forward of the recomputed share of the layers (memory.full_recompute_share:
-        all under Megatron's uniform method, Narayanan et al. SC'21 count 4 forward passes; the
-        first recompute_num_layers of each chunk under its block method; every n-th layer under
-        torchtitan's recompute_every). selective, Megatron-Core's modules: core_attn the score and value
-        matmuls of every layer again, unfused or in one fused kernel (Megatron-Core checkpoints the fused
-        attention call too, transformer/attention.py `_checkpointed_attention_forward`; what the step runs:
-        transformer_ops.layer_backward), mlp a dense layer's MLP matmuls, 2·(up + 1)·h·f per token, shared_experts
-        an MoE layer's shared experts' alike, mla_up_proj every layer's query and key-value up projections (layernorm
-        and moe_act run no matmul). selective, per op (torchtitan, transformer_ops._op_recompute): per
-        token and layer the keys' share of QKV and the output projection, 2·h·d·(g + a), and one h×f MLP
-        matmul, 2·h·f; an MoE layer's router and shared and routed experts whole (grouped GEMMs are not
-        saved); unfused attention's scores again (its policy saves fused attention's outputs)."""
+        full: one more forward of the recomputed share of the layers (memory.full_recompute_share: all under
+        Megatron's uniform method, Narayanan et al. SC'21 count 4 forward passes; the first recompute_num_layers of
+        each chunk under its block method; every n-th layer under torchtitan's recompute_every). selective,
+        Megatron-Core's modules: core_attn the score and value matmuls of every layer again, unfused or in one fused
+        kernel (Megatron-Core checkpoints the fused attention call too, transformer/attention.py
+        `_checkpointed_attention_forward`; what the step runs: transformer_ops.layer_backward), mlp a dense layer's
+        MLP matmuls, 2·(up + 1)·h·f per token, shared_experts an MoE layer's shared experts' alike, mla_up_proj
+        every layer's query and key-value up projections, moe an MoE layer's router and experts (layernorm and
+        moe_act run no matmul). selective, per op (torchtitan, transformer_ops._op_recompute): per token and layer
+        the keys' share of QKV and the output projection, 2·h·d·(g + a), and one h×f MLP matmul, 2·h·f; an MoE
+        layer's router and shared and routed experts whole (grouped GEMMs are not saved); unfused attention's scores
+        again (its policy saves fused attention's outputs)."""
         job = self.job
         m, p = job.model, job.plan
         tokens = p.gbs * m.seq_length
@@ -85,9 +92,7 @@ class Prediction(Forecast):
                 attention += m.layers_attention_score_flops_per_token()
             moe = m.num_moe_layers
             dense_mlp = 2 * h * m.ffn
-            projections = 2 * sum(m.attention_params())
-            moe_mlp = m.layer_forward_flops_per_token(moe=True) - projections - m.attention_score_flops_per_token()
-            extra = attention + (m.num_layers - moe) * dense_mlp + moe * moe_mlp
+            extra = attention + (m.num_layers - moe) * dense_mlp + moe * _moe_mlp_flops_per_token(m)
             return self.model_flops_per_step + extra * tokens
         if p.recompute == "selective":
             attention = m.layers_attention_score_flops_per_token() if "core_attn" in p.recompute_modules else 0.0
@@ -97,6 +102,7 @@ class Prediction(Forecast):
                 "shared_experts": m.num_moe_layers * 2.0 * (up + 1) * h * m.moe_shared_ffn_hidden_size,
                 # the up projections: the split attention weights less the output projection's
                 "mla_up_proj": m.num_layers * 2.0 * (m.attention_params()[0] - a * m.value_head_dim * h),
+                "moe": m.num_moe_layers * _moe_mlp_flops_per_token(m),
             }
             again = sum(flops for name, flops in modules.items() if name in p.recompute_modules)
             return self.model_flops_per_step + (attention + again) * tokens

@@ -87,12 +87,13 @@ def graph_step_time_s(job: Job) -> float:
     return predict(job).step_time_s
 
 
-def fast_vs_graph(model: str, system: dict, plans: list[dict]) -> tuple[list[Job], np.ndarray]:
-    """The valid jobs of `plans` (every plan must be valid) and |fast path / graph simulation − 1| of each; from 8
-    jobs on, the graph simulations run in two processes (each is independent of the others)."""
+def fast_vs_graph(model: str | dict, system: dict, plans: list[dict]) -> tuple[list[Job], np.ndarray]:
+    """The valid jobs of `plans` (every plan must be valid) on `model` (a preset's name, or a model section) and
+    |fast path / graph simulation − 1| of each; from 8 jobs on, the graph simulations run in two processes (each is
+    independent of the others)."""
     from itercast.search.fast_estimate import FastEstimator
 
-    fe = FastEstimator({"preset": model}, system)
+    fe = FastEstimator({"preset": model} if isinstance(model, str) else model, system)
     jobs, errors = fe.jobs(plans)
     assert not any(errors), [e for e in errors if e][:3]
     valid = [j for j in jobs if j is not None]

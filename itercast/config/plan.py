@@ -13,7 +13,7 @@ from itercast.parallel.deepep_buffer import DEEPEP_EP_SIZES
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
 #: Megatron-Core's selective recompute modules itercast prices (TransformerConfig.recompute_modules)
-RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mlp", "mla_up_proj", "shared_experts"]
+RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mlp", "mla_up_proj", "shared_experts", "moe"]
 DType = Literal["fp32", "bf16", "fp16", "fp8"]
 #: Transformer Engine's userbuffers layers whose overlap may reserve SMs (module/base.py initialize_ub)
 TEOverlapLayer = Literal["proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"]
@@ -136,7 +136,9 @@ class PlanConfig(BaseModel):
         "moe_act the routed experts' activation without keeping its output (needs moe_grouped_gemm); mlp a "
         "dense layer's MLP whole, keeping its input; mla_up_proj multi-latent attention's up projections and "
         "rotary embedding without keeping their outputs (query, key, value); shared_experts an MoE layer's shared "
-        "experts whole, keeping their input (not with moe_shared_expert_overlap). Its moe is not priced.",
+        "experts whole, keeping their input (not with moe_shared_expert_overlap); moe an MoE layer whole, its "
+        "all-to-alls and host wait included, keeping its input (not with moe_a2a_overlap; with moe_act or "
+        "shared_experts, checkpoints nested in it, not priced).",
     )
     recompute_method: Literal["uniform", "block"] = Field(
         "uniform",
@@ -676,6 +678,18 @@ class PlanConfig(BaseModel):
             raise ValueError(  # transformer_config.py __post_init__
                 "plan.recompute_modules: shared_experts does not run with moe_shared_expert_overlap ('shared_experts "
                 "recompute cannot work with --moe-shared-expert-overlap', Megatron-Core)"
+            )
+        if "moe" in self.recompute_modules and self.moe_a2a_overlap:
+            raise ValueError(  # transformer_config.py __post_init__
+                "plan.recompute_modules: moe does not run with moe_a2a_overlap ('disable moe in recompute_modules "
+                "when enabling overlap_moe_expert_parallel_comm', Megatron-Core)"
+            )
+        nested = {"moe_act", "shared_experts"} & set(self.recompute_modules)
+        if "moe" in self.recompute_modules and nested:
+            raise ValueError(
+                f"plan.recompute_modules: moe with {', '.join(sorted(nested))} is not priced (a checkpoint inside the "
+                "checkpointed MoE layer runs again, and discards again, within its recomputation): expected moe "
+                "without moe_act and shared_experts"
             )
         drops_output = {"moe_act", "layernorm"} & set(self.recompute_modules)
         if drops_output and self.dtype == "fp8" and self.fp8_recipe == "delayed":

@@ -397,25 +397,26 @@ WaitSplit = tuple[PassCost, PassCost, PassCost]
 def moe_wait_split(job: Job, costs: AnalyticCostModel, groups: Groups, forward: bool) -> WaitSplit | None:
     """The mean MoE layer's forward (or backward) cut at its host's wait (transformer_ops.moe_host_wait), or None
     where it has none: the backward waits only when it recomputes the forward (Megatron-Core's full recompute
-    runs the dispatcher again; token_dispatcher.py keeps the split lists of the forward for the backward
-    otherwise). Each part priced as the pass's prefixes (pass_cost of the ops up to the cut, so a collective
-    hidden behind an earlier kernel stays so), weighted as layer_passes weights the attention kinds. Priced
-    where every layer is recomputed (memory.full_recompute_share 1); a partial recomputation (recompute_method
-    block, recompute_every) leaves its recomputed layers' waits out, in the graph as in the fast path."""
+    and its moe recompute module run the dispatcher again; token_dispatcher.py keeps the split lists of the
+    forward for the backward otherwise). Each part priced as the pass's prefixes (pass_cost of the ops up to the
+    cut, so a collective hidden behind an earlier kernel stays so), weighted as layer_passes weights the attention
+    kinds. Priced where every layer is recomputed (memory.full_recompute_share 1); a partial recomputation
+    (recompute_method block, recompute_every) leaves its recomputed layers' waits out, in the graph as in the fast
+    path."""
     m, p = job.model, job.plan
     cut = ops_mod.moe_host_wait(m, p)
     if cut is None:
         return None
     again = full_recompute_share(m, p, p.pipeline_parallel, p.virtual_pipeline)
-    if not forward and (p.recompute != "full" or again < 1):
+    whole_moe = p.recompute == "selective" and p.selective_recompute == "modules" and "moe" in p.recompute_modules
+    if not forward and not whole_moe and (p.recompute != "full" or again < 1):
         return None
     prefix = "" if forward else "recompute."
     splits: list[tuple[float, WaitSplit]] = []
     for w, windowed in _attention_kinds(job):
-        if forward:
-            ops = ops_mod.layer_forward(m, p, True, windowed)
-        else:
-            ops = ops_mod.layer_backward(m, p, True, windowed, "full")
+        # the backward: the plan's full recompute or its moe module
+        pass_ops = ops_mod.layer_forward if forward else ops_mod.layer_backward
+        ops = pass_ops(m, p, True, windowed)
         names = [op.name for op in ops]
         waited, launched = (names.index(prefix + name) + 1 for name in cut)
         before, up_to, whole = (pass_cost(ops[:i], costs, groups) for i in (waited, launched, len(ops)))

@@ -1723,7 +1723,9 @@ def _module_ops(modules: Sequence[str], moe: bool, mla: bool) -> tuple[str, ...]
     mla_up_proj (multi-latent attention, multi_latent_attention.py qkv_up_proj_and_rope_apply under
     CheckpointWithoutOutput): the query's up projection (or its one projection without a query latent), the key-value
     up projection and the rotary embedding. shared_experts (moe_layer.py shared_experts_compute under
-    tensor_parallel.checkpoint): an MoE layer's shared experts whole, their tensor-parallel collectives included."""
+    tensor_parallel.checkpoint): an MoE layer's shared experts whole, their tensor-parallel collectives included.
+    moe (moe_layer.py MoELayer.forward's custom_forward under tensor_parallel.checkpoint): the MoE layer whole, from
+    the router to the combine and the unpermutation, its all-to-alls, counts and shared experts included."""
     prefixes: list[str] = []
     for module in modules:
         if module == "core_attn":
@@ -1736,6 +1738,8 @@ def _module_ops(modules: Sequence[str], moe: bool, mla: bool) -> tuple[str, ...]
             prefixes += ("q_up", "q_proj", "kv_up", "rope")
         elif module == "shared_experts" and moe:
             prefixes.append("shared_")
+        elif module == "moe" and moe:
+            prefixes += ("router", "moe_", "shared_", "expert_")
         elif module == "mlp" and not moe:  # Transformer Engine's fc1 holds the pre-MLP norm
             prefixes += ("post_attn_norm", "mlp_")
     return tuple(prefixes)
