@@ -37,7 +37,7 @@ gpu.reserved_bytes replaces it with that flat reserve), memory outside PyTorch's
   src/include/device.h): 256 MiB per communicator, for each process group of more than one rank the plan
   uses (`communicators`: tensor, context, data × context, pipeline, expert; a DLRM's one world group).
 - DeepEP's buffers under torchtitan's DeepEP backend (plan.moe_token_dispatcher torchtitan_deepep), on a GPU whose
-  stage has MoE layers: 62–288 MiB at hidden 2048 in bf16 for EP 2–64 (parallel/deepep_buffer.py, from DeepEP's
+  stage has MoE layers: 62–288 MiB at hidden 2048 in bf16 for EP 2–64 (config/deepep_buffer.py, from DeepEP's
   sources); a plan's, so it stays on top of a flat gpu.reserved_bytes.
 The caching allocator's fragmentation is not in it: how much memory its cached but unusable blocks
 hold depends on the allocation pattern and the allocator's settings (expandable segments remove most
@@ -56,11 +56,11 @@ from typing import Any
 
 import numpy as np
 
+from itercast.config.deepep_buffer import deepep_buffer_bytes
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig, pipelined_fsdp2, whole_fp32_sums
 from itercast.config.system import GPUSpec, SystemConfig
-from itercast.parallel.deepep_buffer import deepep_buffer_bytes
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
 

@@ -309,7 +309,7 @@ def test_deepeps_buffers_by_hand_and_in_the_memory_of_a_gpu_whose_stage_has_moe_
     """DeepEP 567632d's config.hpp hints at num_sms 20 (10 channels), per received token its hidden bytes, an
     8-byte SourceMeta, 128 int64 top-k indices, 128 fp32 weights and 128 fp32 scales (2,056 bytes); 128-byte
     aligned; the larger of the dispatch and combine configs; a 32 MiB workspace."""
-    from itercast.parallel.deepep_buffer import deepep_buffer_bytes
+    from itercast.config.deepep_buffer import deepep_buffer_bytes
 
     def align(n: int) -> int:
         return -(-n // 128) * 128

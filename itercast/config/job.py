@@ -13,12 +13,12 @@ from typing import Any, cast, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from itercast.config.deepep_buffer import DEEPEP_EP_SIZES
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig, torchtitan_expert_layout_ok
 from itercast.config.presets import preset
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.errors import ConfigError, did_you_mean
-from itercast.parallel.deepep_buffer import DEEPEP_EP_SIZES
 from itercast.user_files import read_small_text
 
 _SCHEMAS: dict[str, type[BaseModel]] = {"model": ModelConfig, "plan": PlanConfig, "system": SystemConfig}

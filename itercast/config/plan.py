@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal, get_args
 import numpy as np
 from pydantic import BaseModel, Field, NonNegativeInt, model_validator
 
+from itercast.config.deepep_buffer import DEEPEP_EP_SIZES
 from itercast.config.strict import STRICT, Batch, Layers, Ranks
-from itercast.parallel.deepep_buffer import DEEPEP_EP_SIZES
 
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Recompute = Literal["none", "selective", "full"]
@@ -72,7 +72,7 @@ def torchtitan_expert_layout_ok(ep: Any, etp: Any, tp: Any, cp: Any, dp: Any, de
     `deepep` (its DeepEP backend, plan.moe_token_dispatcher torchtitan_deepep) takes whole experts with expert
     parallelism only (parallelize.py at 9810191^: 'DeepEP requires expert parallelism (ep_degree > 1)', ETP 'not
     supported yet'), as priced no tensor parallelism (job.py _torchtitan_expert_problems says why), and an expert-
-    parallel size DeepEP has kernel configurations for (parallel/deepep_buffer.py DEEPEP_EP_SIZES)."""
+    parallel size DeepEP has kernel configurations for (config/deepep_buffer.py DEEPEP_EP_SIZES)."""
     split = (etp == tp) & (ep % cp == 0) & ((dp * cp) % ep == 0)
     whole = (etp == 1) & (ep % (cp * tp) == 0) & ((dp * cp * tp) % ep == 0)
     ok = np.where(ep == 1, etp == tp, split | whole)

@@ -1958,7 +1958,7 @@ def flex_dispatch_note(plan: PlanConfig) -> str | None:
         return None
     titan = (
         "; torchtitan's: the host's wait for the notify step is priced from the router's end (its latency is not); "
-        "DeepEP's buffers are counted in memory (parallel/deepep_buffer.py), NVSHMEM's own heap beyond them is not"
+        "DeepEP's buffers are counted in memory (config/deepep_buffer.py), NVSHMEM's own heap beyond them is not"
         if plan.moe_token_dispatcher == "torchtitan_deepep"
         else "; DeepEP's and HybridEP's communication buffers are not counted in memory"
     )
@@ -2004,7 +2004,7 @@ def moe_a2a_overlap_note(plan: PlanConfig) -> str | None:
         "stages of 1-2 layers, EP 8, FP8) 2.42-2.57x, without pipelining (PP 1, EP 16, BF16) 1.07x over "
         "Megatron-Core's alltoall dispatcher and 1.15x over HybridEP, near the same runs without the overlap "
         "(1.13x, 1.11x: measured gains 1.32x and 1.18x, priced 1.25x and 1.22x); Qwen3 235B-A22B (hidden 4,096; "
-        "256 H100, TP 2, PP 8, EP 32) 0.92-1.02x, DeepSeek-V3 (hidden 7,168; 1,024 H100, EP 64) 1.08x: what is "
+        "256 H100, TP 2, PP 8, EP 32) 0.92-1.02x, DeepSeek-V3 (hidden 7,168; 1,024 H100, EP 64) 1.09x: what is "
         "left out weighs most where short layers are pipelined in virtual stages"
     )
 
