@@ -36,9 +36,10 @@ gpu.reserved_bytes replaces it with that flat reserve), memory outside PyTorch's
   connections (send and receive peers of a ring) per channel, up to 32 channels (NCCL's MAXCHANNELS,
   src/include/device.h): 256 MiB per communicator, for each process group of more than one rank the plan
   uses (`communicators`: tensor, context, data × context, pipeline, expert; a DLRM's one world group).
-- DeepEP's buffers under torchtitan's DeepEP backend (plan.moe_token_dispatcher torchtitan_deepep), on a GPU whose
-  stage has MoE layers: 62–288 MiB at hidden 2048 in bf16 for EP 2–64 (config/deepep_buffer.py, from DeepEP's
-  sources); a plan's, so it stays on top of a flat gpu.reserved_bytes.
+- DeepEP's buffers under torchtitan's DeepEP backend or Megatron-Core's flex dispatcher over DeepEP
+  (PlanConfig.deepep_buffers), on a GPU whose stage has MoE layers: 62–288 MiB at hidden 2048 in bf16 for EP 2–64
+  (config/deepep_buffer.py, from DeepEP's sources); a plan's, so it stays on top of a flat gpu.reserved_bytes.
+  HybridEP's (moe_flex_backend hybridep) are not counted.
 The caching allocator's fragmentation is not in it: how much memory its cached but unusable blocks
 hold depends on the allocation pattern and the allocator's settings (expandable segments remove most
 of it), and it frees its cached blocks and retries before it reports out of memory. `itercast search`
@@ -56,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from itercast.config.deepep_buffer import deepep_buffer_bytes
+from itercast.config.deepep_buffer import DEEPEP_EP_SIZES, deepep_buffer_bytes
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig, pipelined_fsdp2, whole_fp32_sums
@@ -572,10 +573,14 @@ class StageMemory:
         self.recomputing = again * self.tokens
         live_params, self.live_grads = zero3_live_columns(m, t)
         self.gathered = live_params * whole_w_b
-        self.deepep = np.zeros(len(c["ep"]))  # torchtitan's DeepEP Buffer, on a GPU whose stage has MoE layers
-        if m.is_moe and base.moe_token_dispatcher == "torchtitan_deepep":
+        self.deepep = np.zeros(len(c["ep"]))  # DeepEP's Buffer, on a GPU whose stage has MoE layers
+        if m.is_moe and base.deepep_buffers:
             eps, of_row = np.unique(c["ep"], return_inverse=True)
-            sizes = [deepep_buffer_bytes(m.hidden_size, base.dtype_bytes, int(ep)) for ep in eps]
+            # a size DeepEP does not run is refused (job.py) and not searched (plan_space.py): none held
+            sizes = [
+                deepep_buffer_bytes(m.hidden_size, base.dtype_bytes, int(ep)) if ep in DEEPEP_EP_SIZES else 0
+                for ep in eps
+            ]
             self.deepep = np.array(sizes, dtype=np.float64)[of_row]
 
     def columns(self, first: Any, last: Any, index: Any, layers: Any, moe_layers: Any) -> dict[str, np.ndarray]:

@@ -732,6 +732,9 @@ def test_launch_settings_name_the_flex_dispatcher_priced():
     nemo = launch_settings("nemo", moe, mixtral).splitlines()  # type: ignore[arg-type]
     assert "model.config.moe_token_dispatcher_type=flex" in nemo
     assert "model.config.moe_flex_dispatcher_backend=deepep" in nemo
+    # over HybridEP (plan.moe_flex_backend) as the plan says
+    hybrid = launch_settings("megatron-core", {**moe, "moe_flex_backend": "hybridep"}, mixtral)  # type: ignore[arg-type]
+    assert "  --moe-flex-dispatcher-backend hybridep \\\n" in hybrid
 
 
 def test_torchtitan_launch_settings_name_the_expert_parallel_backend_priced():

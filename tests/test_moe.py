@@ -25,7 +25,7 @@ from itercast.memory import StageMemory, activation_bytes_per_token_layer, estim
 from itercast.parallel.plan_table import PlanTable
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 from itercast.workloads.transformer import Groups, TransformerStepBuilder, pass_cost
-from itercast.workloads.transformer_ops import dispatch_share, layer_backward, layer_forward
+from itercast.workloads.transformer_ops import dispatch_share, flex_dispatch_note, layer_backward, layer_forward
 
 # one MoE layer: h 64, 4 heads of 16, s 32, 4 experts of width 32, top-2; llama: SwiGLU, RMSNorm, untied
 MOE = {"family": "llama", "num_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
@@ -291,6 +291,31 @@ def test_torchtitans_deepep_backend_refuses_what_it_does_not_run(plan, needle):
         Job.from_dicts(dense, {"moe_token_dispatcher": "torchtitan_deepep"}, SYSTEM)
 
 
+def test_the_flex_backend_is_refused_where_megatron_core_or_deepep_does_not_run_it():
+    with pytest.raises(ConfigError, match=r"\(hybridep\) chooses the kernels under moe_token_dispatcher flex; got"):
+        moe_job(moe_flex_backend="hybridep")
+    twelve = {"moe_token_dispatcher": "flex", "gpus": 12, "expert_parallel": 12}
+    with pytest.raises(ConfigError, match=r"plan.moe_flex_backend\(deepep\): DeepEP has kernel configurations"):
+        moe_job({"num_experts": 12}, **twelve)
+    # HybridEP has no such table: 12 ranks are priced
+    hybrid = moe_job({"num_experts": 12}, **twelve, moe_flex_backend="hybridep")
+    assert hybrid.plan.expert_parallel == 12
+    # and the note says whose buffers memory counts
+    assert "HybridEP's communication buffers are not counted in memory" in (flex_dispatch_note(hybrid.plan) or "")
+    deepep = moe_job(moe_token_dispatcher="flex").plan
+    assert "DeepEP's buffers are counted in memory" in (flex_dispatch_note(deepep) or "")
+
+
+def test_the_search_offers_flex_over_deepep_only_at_the_sizes_deepep_runs():
+    # 12 experts on 12 GPUs: expert_parallel 2, 3, 4, 6, 12 divide both; DeepEP runs 2 and 4 of them
+    job = moe_job({"num_experts": 12}, gpus=12)
+    options = SpaceOptions(micro_batch_sizes=(1,), max_virtual_pipeline=1)
+    for backend, sizes in (("deepep", {2, 4}), ("hybridep", {2, 3, 4, 6, 12})):
+        base = job.plan.model_copy(update={"moe_token_dispatcher": "flex", "moe_flex_backend": backend})
+        table, _ = enumerate_plans(job.model, job.system, base, 12, options)
+        assert set(table.cols["ep"].tolist()) == sizes and set(table.cols["etp"].tolist()) == {1}
+
+
 def test_the_search_offers_torchtitans_deepep_backend_only_whole_experts_over_expert_parallel_ranks():
     job = Job.from_presets("moe-tiny", "dgx-h100", plan={"global_batch_size": 16})
     base = job.plan.model_copy(update={"moe_token_dispatcher": "torchtitan_deepep"})
@@ -334,6 +359,12 @@ def test_deepeps_buffers_by_hand_and_in_the_memory_of_a_gpu_whose_stage_has_moe_
         std, deepep = (estimate_memory(replace(j, system=system)) for j in (std, deepep))
         assert deepep.reserved_bytes - std.reserved_bytes == buffer
         assert deepep.total_bytes - std.total_bytes == pytest.approx(buffer)  # the rest alike (no per-op recompute)
+    # Megatron-Core's flex dispatcher over DeepEP sizes the same buffer (fused_a2a.py get_buffer); over HybridEP
+    # none is counted
+    deepep, hybrid = (
+        estimate_memory(moe_job(moe_token_dispatcher="flex", moe_flex_backend=b)) for b in ("deepep", "hybridep")
+    )
+    assert (deepep.reserved_bytes, hybrid.reserved_bytes) == (buffer, 0)
     # a stage of dense layers only never dispatches, so never makes the buffer
     j = moe_job(moe_token_dispatcher="torchtitan_deepep")
     stage = StageMemory(j.model, j.system, PlanTable.of_jobs([j]))

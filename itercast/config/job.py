@@ -529,6 +529,8 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
         )
     if p.torchtitan_moe:
         problems += _torchtitan_expert_problems(p, dp, etp)
+    if p.moe_token_dispatcher == "flex" and p.moe_flex_backend == "deepep" and p.expert_parallel not in DEEPEP_EP_SIZES:
+        problems.append(_deepep_sizes_problem("plan.moe_flex_backend(deepep)", p.expert_parallel))
     if p.deepspeed_moe:
         problems += _deepspeed_moe_problems(model, p, etp)
     elif p.tensor_parallel > 1 and not p.sequence_parallel:
@@ -569,10 +571,7 @@ def _torchtitan_deepep_problem(ep: int, etp: int, tp: int) -> str:
     if ep == 1:
         return f"{name} needs expert_parallel > 1 (torchtitan: 'DeepEP requires expert parallelism (ep_degree > 1)')"
     if ep not in DEEPEP_EP_SIZES:
-        return (
-            f"{name}: DeepEP has kernel configurations for expert_parallel in {', '.join(map(str, DEEPEP_EP_SIZES))} "
-            f"(deep_ep/buffer.py Buffer.get_dispatch_config: 'Unsupported number of EP ranks'); got {ep}"
-        )
+        return _deepep_sizes_problem(name, ep)
     if etp > 1:
         return (
             f"{name} takes whole experts (torchtitan: 'DeepEP with Expert Tensor Parallelism (ETP) is not supported "
@@ -582,6 +581,14 @@ def _torchtitan_deepep_problem(ep: int, etp: int, tp: int) -> str:
         f"{name} with tensor_parallel({tp}) > 1 is not priced: torchtitan's DeepEPMoE drops the reorderer that splits "
         "the layer's gathered tokens over the tensor-parallel ranks (models/moe/moe_deepep.py `self.reorderer = "
         "None`), so each rank would send all of them: expected tensor_parallel 1, or the torchtitan dispatcher"
+    )
+
+
+def _deepep_sizes_problem(name: str, ep: int) -> str:
+    """That DeepEP runs no expert-parallel group of `ep` ranks (config/deepep_buffer.py DEEPEP_EP_SIZES): one line."""
+    return (
+        f"{name}: DeepEP has kernel configurations for expert_parallel in {', '.join(map(str, DEEPEP_EP_SIZES))} "
+        f"(deep_ep/buffer.py Buffer.get_dispatch_config: 'Unsupported number of EP ranks'); got {ep}"
     )
 
 

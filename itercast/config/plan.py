@@ -502,6 +502,13 @@ class PlanConfig(BaseModel):
         "gather of the routed rows into the padded capacity and its combine a gather of each token's k rows, "
         "weighted in fp32.",
     )
+    moe_flex_backend: Literal["deepep", "hybridep"] = Field(
+        "deepep",
+        description="moe_token_dispatcher flex: the kernels under Megatron-Core's flex dispatcher "
+        "(--moe-flex-dispatcher-backend, transformer_config.py, default deepep): deepep, whose buffers memory "
+        "counts (config/deepep_buffer.py; expert_parallel a size DeepEP has kernel configurations for), or hybridep, "
+        "whose buffers it does not; their exchanges are priced alike.",
+    )
     moe_probs_alltoall: bool = Field(
         True,
         description="Megatron-Core's alltoall dispatcher sends each routed copy's routing probability (fp32) to its "
@@ -552,6 +559,22 @@ class PlanConfig(BaseModel):
                 f"zero3_fetch deepspeed; got zero_stage {self.zero_stage}, zero3_fetch {self.zero3_fetch}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_flex_backend(self) -> PlanConfig:
+        if self.moe_flex_backend != "deepep" and self.moe_token_dispatcher != "flex":
+            raise ValueError(
+                f"plan.moe_flex_backend({self.moe_flex_backend}) chooses the kernels under moe_token_dispatcher flex; "
+                f"got moe_token_dispatcher {self.moe_token_dispatcher}"
+            )
+        return self
+
+    @property
+    def deepep_buffers(self) -> bool:
+        """Whether each MoE GPU holds DeepEP's buffers: torchtitan's DeepEP backend, or Megatron-Core's flex
+        dispatcher over DeepEP (its fused_a2a.get_buffer sizes them as torchtitan's deepep.py does)."""
+        deepep_flex = self.moe_token_dispatcher == "flex" and self.moe_flex_backend == "deepep"
+        return self.moe_token_dispatcher == "torchtitan_deepep" or deepep_flex
 
     @model_validator(mode="after")
     def _check_shared_expert_overlap(self) -> PlanConfig:

@@ -141,11 +141,11 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
 
 
 def _dispatcher_megatron(p: dict[str, Any], kind: str, backend: str) -> list[str]:
-    """Megatron-Core's token dispatcher as priced (plan.moe_token_dispatcher): alltoall, or flex over DeepEP
-    (transformer_config.py moe_flex_dispatcher_backend's default; HybridEP is priced alike), in `kind`'s and
-    `backend`'s spelling."""
+    """Megatron-Core's token dispatcher as priced (plan.moe_token_dispatcher): alltoall, or flex over the plan's
+    backend (plan.moe_flex_backend: DeepEP, transformer_config.py moe_flex_dispatcher_backend's default, or
+    HybridEP), in `kind`'s and `backend`'s spelling."""
     if p.get("moe_token_dispatcher") == "flex":
-        return [kind.format("flex"), backend.format("deepep")]
+        return [kind.format("flex"), backend.format(p.get("moe_flex_backend", "deepep"))]
     return [kind.format("alltoall")]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from itercast.config.deepep_buffer import DEEPEP_EP_SIZES
 from itercast.config.model import ModelConfig
 from itercast.config.plan import PlanConfig, torchtitan_expert_layout_ok
 from itercast.config.system import SystemConfig
@@ -196,6 +197,8 @@ def _rules(
     deepspeed = np.bool_(base.deepspeed_moe)  # job.py _deepspeed_moe_problems
     titan = np.bool_(model.is_moe and base.torchtitan_moe)  # job.py _torchtitan_expert_problems
     deepep = np.bool_(base.moe_token_dispatcher == "torchtitan_deepep")
+    flex = np.bool_(model.is_moe and base.moe_token_dispatcher == "flex")  # job.py _expert_problems
+    flex_deepep = np.bool_(base.moe_flex_backend == "deepep")
     padded = np.bool_(model.is_moe and model.moe_capacity_factor is not None)
 
     def capacity(mbs: np.ndarray) -> np.ndarray:
@@ -256,6 +259,10 @@ def _rules(
         (
             "torchtitan's expert layouts (distributed/parallel_dims.py)",
             lambda c: ~titan | torchtitan_expert_layout_ok(c["ep"], c["etp"], c["tp"], c["cp"], c["dp"], deepep),
+        ),
+        (
+            "Megatron-Core's flex dispatcher: expert_parallel > 1, expert_tensor_parallel 1, over DeepEP a size it has",
+            lambda c: ~flex | ((c["ep"] > 1) & (c["etp"] == 1) & (~flex_deepep | np.isin(c["ep"], DEEPEP_EP_SIZES))),
         ),
         (
             "DeepSpeed's MoE layer: expert_tensor_parallel 1 or tp",

@@ -1957,17 +1957,21 @@ def flex_dispatch_note(plan: PlanConfig) -> str | None:
     if not plan.dedup_dispatch:
         return None
     titan = (
-        "; torchtitan's: the host's wait for the notify step is priced from the router's end (its latency is not); "
-        "DeepEP's buffers are counted in memory (config/deepep_buffer.py), NVSHMEM's own heap beyond them is not"
+        "; torchtitan's: the host's wait for the notify step is priced from the router's end (its latency is not)"
         if plan.moe_token_dispatcher == "torchtitan_deepep"
-        else "; DeepEP's and HybridEP's communication buffers are not counted in memory"
+        else ""
+    )
+    buffers = (
+        "; DeepEP's buffers are counted in memory (config/deepep_buffer.py), NVSHMEM's own heap beyond them is not"
+        if plan.deepep_buffers
+        else "; HybridEP's communication buffers are not counted in memory (plan.moe_flex_backend hybridep)"
     )
     return (
         f"plan.moe_token_dispatcher {plan.moe_token_dispatcher}: its all-to-alls are priced on the all-to-all curves "
         "over the bytes DeepEP / HybridEP send (a copy per GPU of a node and per remote node, experts drawn evenly); "
         "their own kernels, the SMs they take from compute and the NVLink forwarding on the receiving node are not "
         "priced (against Megatron-Core's HybridEP latencies on H100, EP 8-64, priced 21% slow on average, 37-45% "
-        f"slow within one node; validation/moe_dispatch.py){titan}"
+        f"slow within one node; validation/moe_dispatch.py){titan}{buffers}"
     )
 
 
