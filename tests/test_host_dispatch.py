@@ -5,13 +5,18 @@ path's host bounds say the same (search/fast_estimate.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import tiny_job
 from test_fast_estimate import _zero1_exposed
 
-from itercast.config.job import Job
+from itercast.config.job import Job, load_system
+from itercast.config.system import GPUSpec
+from itercast.costs.op_model import fit_operator_models
 from itercast.predict import predict
+from itercast.profile.db import ProfileDB
 from itercast.search.fast_estimate import FastEstimator, _after_last_launch, _behind_either
 from itercast.workloads.transformer import host_launch_split
 
@@ -124,3 +129,19 @@ def test_a_host_bound_step_with_gradient_buckets_agrees_with_the_graph(launch_s:
     job = Job(job.model, job.plan, job.system.model_copy(update={"gpu": gpu}))
     fast = float(FastEstimator(job.model, job.system).step_time_s([job])[0])
     assert fast == pytest.approx(predict(job).step_time_s, rel=1e-9)
+
+
+def test_the_default_host_cost_per_kernel_is_what_an_h100_host_measured():
+    """Every GPU whose host was not measured (the default, the A100 and V100 presets) and the measured
+    H100 and H200 presets cost 11.3 µs of host per launching operator: the `launch` term that calibrate's
+    NNLS (fit_operator_models) finds over data/measured/h100_profile.db's 21 host-program rows, 11.28 µs
+    (Lin et al.'s 4–6 µs T_launch is the runtime call alone). The CPU host keeps its own 2 µs (its
+    operators run on the host)."""
+    db = ProfileDB(Path(__file__).resolve().parents[1] / "data" / "measured" / "h100_profile.db", readonly=True)
+    host_rows = [m for m in db.measurements(device_id=db.choose_device(None)) if m.family == "host"]
+    assert fit_operator_models(host_rows)["host_s"]["launch"] == pytest.approx(11.28e-6, abs=0.005e-6)
+    spec = GPUSpec(name="x", peak_flops={"bf16": 1e15}, hbm_bytes=1e10, hbm_bandwidth_bytes_per_s=1e12, l2_bytes=1e7)
+    assert spec.kernel_launch_overhead_s == 11.3e-6
+    for preset in ("v100-p3.16xlarge", "dgx-a100", "dgx-h100", "h200"):
+        assert load_system(preset).gpu.kernel_launch_overhead_s == 11.3e-6, preset
+    assert load_system("cpu-host").gpu.kernel_launch_overhead_s == 2.0e-6

@@ -2024,6 +2024,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "shard's --set into one table of a preset replaces the whole list", _t("cli_workloads")),
     M("cli/shard_cmds.py", "raise blame_overrides(exc, source, given) from None", "raise",
       "shard's error about a --set field names the preset, not the --set", _t("cli_workloads")),
+    # -- session 53: the host's cost per launching operator, measured on an H100 host, for every GPU ------------------
+    M("config/system.py", "        11.3e-6,\n        description=\"Host time per operator",
+      "        5e-6,\n        description=\"Host time per operator",
+      "an unmeasured host's operators at Lin et al.'s runtime call alone", _t("host_dispatch")),
+    M("config/presets/systems.yaml", "A100, 108 SMs\n    kernel_launch_overhead_s: 11.3e-6",
+      "A100, 108 SMs\n    kernel_launch_overhead_s: 5.0e-6",
+      "the A100 host's operators at the runtime call alone", _t("host_dispatch")),
+    M("config/presets/systems.yaml", "V100, 80 SMs\n    kernel_launch_overhead_s: 11.3e-6",
+      "V100, 80 SMs\n    kernel_launch_overhead_s: 5.0e-6",
+      "the V100 host's operators at the runtime call alone", _t("host_dispatch")),
 )
 # fmt: on
 

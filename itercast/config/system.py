@@ -41,7 +41,11 @@ class GPUSpec(BaseModel):
     hbm_bandwidth_bytes_per_s: PositiveFloat
     l2_bytes: PositiveFloat
     kernel_launch_overhead_s: NonNegativeFloat = Field(
-        5e-6, description="CPU time to launch one kernel (Lin et al. HiPC'22, T_launch ≈ 4–6 µs)."
+        11.3e-6,
+        description="Host time per operator that launches one kernel: PyTorch's dispatch and the CUDA driver's "
+        "launch, 11.28 µs measured on an H100 host (`itercast calibrate data/measured/h100_profile.db --system "
+        "dgx-h100`, NNLS over its 21 `host` program rows), the default for every GPU whose host was not measured. "
+        "Lin et al. HiPC'22's T_launch ≈ 4–6 µs is the runtime call alone; their T1–T3 around it are host time too.",
     )
     supports_flash_attention: bool = Field(
         True,

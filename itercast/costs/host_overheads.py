@@ -234,7 +234,7 @@ def host_calibrated(system: SystemConfig, calibration: dict[str, Any] | None) ->
     """`system` with the host cost per kernel of a model-built transformer step (GPUSpec.kernel_launch_overhead_s,
     every GPU kind of it) taken from the calibration's host overheads when it has a host_overheads section
     (`itercast calibrate --host-trace`: one launching operator's HostOverheads.launching_op_us, the same figure
-    a DLRM step prices an operator at); unchanged otherwise (the preset's: Lin et al.'s 5 µs, 11.3 µs measured
+    a DLRM step prices an operator at); unchanged otherwise (the preset's: 11.3 µs measured
     on an H100 host)."""
     if calibration is None or "host_overheads" not in calibration:
         return system
