@@ -35,23 +35,62 @@ def test_each_tensor_is_copied_apart_once_per_rank_and_list_collective():
     t = tasks(job(zero3_collectives="per_tensor_list"))
     # gpt, one layer: the embedding's word and learned position tables (2 tensors); the layer's two
     # LayerNorms (weight, bias) and four linears with biases (2·2 + 4·2 = 12); the tied head's final
-    # LayerNorm (2). Forward: one gathering list each; backward (units in reverse) a gather and a
-    # gradient reduce-scatter each. dp 2: two copies a tensor and list, 1 µs each
-    expected = {"F0.c0.0": 2 * 2, "F0.c0.1": 12 * 2, "F0.c0.2": 2 * 2}
-    expected |= {"B0.c0.0": 2 * 2 * 2, "B0.c0.1": 12 * 2 * 2, "B0.c0.2": 2 * 2 * 2}
-    for unit, copies in expected.items():
-        assert t[f"list_copies.zero3_all_gather.{unit}"][0] == pytest.approx(copies * LAUNCH_S)
-        # blocking: the gather after its copies, the unit's compute after the gather
-        gather = t[f"zero3_all_gather.{unit}"]
-        assert gather[1] >= t[f"list_copies.zero3_all_gather.{unit}"][2] - 1e-15
+    # LayerNorm (2). Each unit, forward and backward, gathers each tensor through a list (its copies out
+    # launched after the gather is enqueued, beside it); a backward also reduce-scatters each gradient
+    # through a list (its copies in launched before). dp 2: two copies a tensor and list, 1 µs each
+    tensors = {"0": 2, "1": 12, "2": 2}
+    for unit, n in tensors.items():
+        for p in ("F", "B"):
+            name = f"zero3_all_gather.{p}0.c0.{unit}"
+            copies, gather = t[f"list_copies.{name}"], t[name]
+            assert copies[0] == pytest.approx(n * 2 * LAUNCH_S)
+            assert copies[1] == pytest.approx(gather[1], abs=1e-15)  # beside the gather, from its start
+            launch = t[f"launch.{p}0.c0.{unit}"]  # the unit's compute, issued after both have ended
+            assert launch[1] == pytest.approx(max(copies[2], gather[2]), abs=1e-15)
+            scatter = t.get(f"scatter_copies.{name}")
+            if p == "F":
+                assert scatter is None
+            else:  # before the gather and its copies
+                assert scatter[0] == pytest.approx(n * 2 * LAUNCH_S)
+                assert gather[1] == pytest.approx(scatter[2], abs=1e-15)
+    # the layer's gathers, 49,984 parameters (LayerNorms 4·64, QKV 12,288 + 192, output 4,096 + 64, fc1 16,384
+    # + 256, fc2 16,384 + 64) in bf16 over dp 2 at 1e10 B/s: 1/2 · 2 · 49,984 / 1e10 = 4.9984 µs on the linear
+    # calibration; its 24 copies 24 µs: the host binds
+    forward = t["zero3_all_gather.F0.c0.1"]
+    assert forward[0] == pytest.approx(4.9984e-6)
+    assert t["launch.F0.c0.1"][1] - forward[1] == pytest.approx(24e-6)
     assert not any(name.startswith("fsdp_all_gather") for name in t)
     # FSDP's coalesced gathers (the default): no copies, the next unit's gather prefetched
     coalesced = tasks(job())
-    assert not any(name.startswith("list_copies") for name in coalesced)
+    assert not any(name.startswith(("list_copies", "scatter_copies")) for name in coalesced)
     assert any(name.startswith("fsdp_all_gather") for name in coalesced)
 
 
+@pytest.mark.parametrize(
+    ("launch_s", "expected_s"),
+    [
+        # 0.01 µs a launch, 0.02 µs a tensor's 2 copies: the weights' gathers bind (QKV 12,288 parameters 1.2288 µs,
+        # output 0.4096, fc1 and fc2 1.6384 each, fc1's bias 0.0256), the other 7 tensors' copies (their gathers
+        # 0.0064 or 0.0192 µs): 4.9408 + 7 · 0.02 = 5.0808 µs
+        (1e-8, 5.0808e-6),
+        # 0.5 µs a launch, 1 µs a tensor: QKV's, fc1's and fc2's gathers bind, 1.2288 + 2 · 1.6384, the other 9
+        # tensors' copies: 4.5056 + 9 = 13.5056 µs, where the gathers beside the copies take max(4.9984, 12) = 12
+        (0.5e-6, 13.5056e-6),
+        # 1 µs a launch, 2 µs a tensor: every tensor's copies bind, 12 · 2 = 24 µs
+        (1e-6, 24e-6),
+    ],
+)
+def test_each_tensor_takes_its_gather_or_its_copies_whichever_is_longer(launch_s: float, expected_s: float):
+    # the layer's 12 tensors, each gathered over dp 2 at 1e10 B/s in bf16: n · 1e-10 s for n parameters
+    gpu = {**SYSTEM["gpu"], "kernel_launch_overhead_s": launch_s}
+    j = job(zero3_collectives="per_tensor_list")
+    t = tasks(Job.from_dicts(MODEL, j.plan.model_dump(), {**j.system.model_dump(), "gpu": gpu}))
+    forward = t["zero3_all_gather.F0.c0.1"]
+    assert t["launch.F0.c0.1"][1] - forward[1] == pytest.approx(expected_s)
+
+
 def test_the_per_tensor_lists_lengthen_the_step_by_at_least_their_copies():
+    # here every unit's gathers are shorter than its copies (above), so every copy is on the step's path
     slow = predict(job(zero3_collectives="per_tensor_list"), linear_calibration()).step_time_s
     fast = predict(job(), linear_calibration()).step_time_s
     copies = (2 + 12 + 2) * 2 * (1 + 2) * LAUNCH_S  # 16 tensors, dp 2, one forward and two backward lists

@@ -836,8 +836,6 @@ MUTANTS: tuple[Mutant, ...] = (
     M(TOPO, "per_node = max(1, min(size, gpus_per_node // stride))", "per_node = max(1, min(size, gpus_per_node))",
       "placement ignores the stride"),
     # -- DeepSpeed v0.3's ZeRO-3: per-tensor list collectives (workloads/transformer.py _deepspeed_fetch) ---------
-    M(TF, "lists = len(tensors) * (1 if forward else 2)", "lists = len(tensors)",
-      "the backward's gradient reduce-scatter lists not copied apart", _t("deepspeed_zero3")),
     M(TF, 'norm = (h,) if m.family == "llama" else (h, h)', "norm = (h,)", "a LayerNorm's bias not a tensor of its own",
       _t("deepspeed_zero3")),
     M(TF, "((m.seq_length * h,) if m.learned_positions else ())", "()",
@@ -2034,6 +2032,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("config/presets/systems.yaml", "V100, 80 SMs\n    kernel_launch_overhead_s: 11.3e-6",
       "V100, 80 SMs\n    kernel_launch_overhead_s: 5.0e-6",
       "the V100 host's operators at the runtime call alone", _t("host_dispatch")),
+    # -- session 53: ProcessGroupNCCL's all-gather copies launched beside the gather, a reduce-scatter's before it
+    M(TF, 'self._task(copies, f"list_copies.{name}", host, Category.HOST, "list_copies", deps)',
+      'self._task(copies, f"list_copies.{name}", host, Category.HOST, "list_copies", [gather])',
+      "DeepSpeed v0.3's gathered views copied only once the gather ends", _t("deepspeed_zero3")),
+    M(TF, "        if not forward:  # the gradients' reduce-scatter lists: copied in before each collective",
+      "        if False:  # the gradients' reduce-scatter lists: copied in before each collective",
+      "DeepSpeed v0.3's gradient reduce-scatter lists priced without their copies", _t("deepspeed_zero3")),
+    M(TF, "return sum(max(g, copies_s) for g in gathers) - overlapped", "return 0.0",
+      "DeepSpeed v0.3's tensors overlapped as whole sums, not tensor by tensor", _t("deepspeed_zero3")),
 )
 # fmt: on
 

@@ -986,6 +986,12 @@ class TransformerStepBuilder:
         if kind == "dp_tensors":  # DeepSpeed v0.3's ZeRO-3: one collective per parameter tensor, in turn
             op, tensors, nbytes = args[1:]
             return sum(costs.collective_s(op, n * nbytes, self.groups.grad) for n in tensors)
+        if kind == "list_turns":  # _deepspeed_fetch: Σ max(copies, gather) tensor by tensor, less max of the sums
+            op, tensors, nbytes = args[1:]
+            gathers = [costs.collective_s(op, n * nbytes, self.groups.grad) for n in tensors]
+            copies_s = self.groups.grad.size * self.stage_gpus[args[0]].kernel_launch_overhead_s
+            overlapped = max(sum(gathers), len(tensors) * copies_s)
+            return sum(max(g, copies_s) for g in gathers) - overlapped
         if kind == "pipe_copy":
             return pipe_copy_s(costs, self.job, args[1])
         if kind == "collective":
@@ -1287,22 +1293,31 @@ class TransformerStepBuilder:
         synchronises again once they are done (stage3.py _synchronize_communication); the unit's compute is issued
         after. Each tensor's all-gather is a collective of its own, issued after the previous one ended (the synchronize
         waits for it): priced one by one on unit_tensors' sizes, each with its ring's latency (the "dp_tensors" recipe).
-        PyTorch's ProcessGroupNCCL copies a list collective's every view apart (allgather: each output view from its
-        flat buffer after the collective; reduce_scatter: each input view into one before), one copy kernel per data-
-        parallel rank and tensor: the host launches world-size kernels per tensor and collective, at the GPU's
-        kernel_launch_overhead_s each. A backward also reduce-scatters each tensor's gradient so
-        (_reduce_scatter_gradient; the graph's gradient task, one collective per tensor too). The prefetch of the next
-        unit is not priced apart (its gathers are issued after the same synchronisations), nor the Python loops that
-        make the views. Returns the gather the unit's compute waits for."""
+        PyTorch's ProcessGroupNCCL copies a list collective's every view apart, one copy kernel per data-parallel rank
+        and tensor, the host launching each at the GPU's kernel_launch_overhead_s. Its `collective` runs `pre`, then
+        enqueues the NCCL kernel, then `post`: an all-gather's copies out of its flat buffer are `post`, launched while
+        the GPU gathers (a host task beside the gathers, both after the synchronisation); a reduce-scatter's copies
+        into one are `pre`, launched before it. A backward also reduce-scatters each tensor's gradient so
+        (_reduce_scatter_gradient; the graph's gradient task, one collective per tensor too): its copies are priced
+        here, before the gathers. Tensor by tensor the host's copies and the gather overlap: the unit's tensors take
+        Σ max(copies, gather), the gathers and the copies side by side (the max of their sums) and then the host's
+        waits between tensors where one binds and the next the other (`list_turns`, the difference). The prefetch
+        of the next unit is not priced apart (its gathers are issued after the same synchronisations), nor the
+        Python loops that make the views. Returns the gather the unit's compute waits for."""
         self._host_sync(stage)
         tensors = unit_tensors(self.job, kind)
-        lists = len(tensors) * (1 if forward else 2)
         host = self.g.resource(stage, "host")
-        copies = self._task(("list_copies", stage, lists), f"list_copies.{name}", host, Category.HOST, "list_copies")
+        copies: Recipe = ("list_copies", stage, len(tensors))
+        deps: list[int] = []
+        if not forward:  # the gradients' reduce-scatter lists: copied in before each collective
+            deps = [self._task(copies, f"scatter_copies.{name}", host, Category.HOST, "list_copies")]
         recipe: Recipe = ("dp_tensors", stage, "all_gather", tensors, weight_bytes(self.job))
         gather = self._task(
-            recipe, name, self.g.resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", [copies]
+            recipe, name, self.g.resource(stage, "dp_comm"), Category.COMMUNICATION, "dp_all_gather", deps
         )
+        self._task(copies, f"list_copies.{name}", host, Category.HOST, "list_copies", deps)
+        turns: Recipe = ("list_turns", stage, "all_gather", tensors, weight_bytes(self.job))
+        self._task(turns, f"list_turns.{name}", host, Category.HOST, "list_copies", [gather])
         self._host_sync(stage)
         return gather
 
