@@ -983,15 +983,14 @@ class TransformerStepBuilder:
         if kind == "list_copies":  # _deepspeed_fetch: one copy launched per data-parallel rank and tensor
             return args[1] * self.groups.grad.size * self.stage_gpus[args[0]].kernel_launch_overhead_s
         costs = self.stage_costs[args[0]]
-        if kind == "dp_tensors":  # DeepSpeed v0.3's ZeRO-3: one collective per parameter tensor, in turn
+        if kind in ("dp_tensors", "list_turns"):  # DeepSpeed v0.3's ZeRO-3: one collective per tensor, in turn
             op, tensors, nbytes = args[1:]
-            return sum(costs.collective_s(op, n * nbytes, self.groups.grad) for n in tensors)
-        if kind == "list_turns":  # _deepspeed_fetch: Σ max(copies, gather) tensor by tensor, less max of the sums
-            op, tensors, nbytes = args[1:]
-            gathers = [costs.collective_s(op, n * nbytes, self.groups.grad) for n in tensors]
+            each_s = [costs.collective_s(op, n * nbytes, self.groups.grad) for n in tensors]
+            if kind == "dp_tensors":
+                return sum(each_s)
+            # _deepspeed_fetch: Σ max(copies, collective) tensor by tensor, less the max of the two sums
             copies_s = self.groups.grad.size * self.stage_gpus[args[0]].kernel_launch_overhead_s
-            overlapped = max(sum(gathers), len(tensors) * copies_s)
-            return sum(max(g, copies_s) for g in gathers) - overlapped
+            return sum(max(c, copies_s) for c in each_s) - max(sum(each_s), len(tensors) * copies_s)
         if kind == "pipe_copy":
             return pipe_copy_s(costs, self.job, args[1])
         if kind == "collective":
