@@ -14,8 +14,8 @@ from itercast.predict import predict
 LAUNCH_S = 1e-6
 
 
-def job(dp: int = 2, **plan: object) -> Job:
-    gpu = {**SYSTEM["gpu"], "kernel_launch_overhead_s": LAUNCH_S}
+def job(dp: int = 2, launch_s: float = LAUNCH_S, **plan: object) -> Job:
+    gpu = {**SYSTEM["gpu"], "kernel_launch_overhead_s": launch_s}
     system = {**SYSTEM, "gpu": gpu, "node": {**SYSTEM["node"], "gpus_per_node": dp}, "num_nodes": 1}
     base = {"data_parallel": dp, "zero_stage": 3, "zero3_fetch": "deepspeed"}
     return Job.from_dicts(MODEL, base | plan, system)
@@ -82,9 +82,7 @@ def test_each_tensor_is_copied_apart_once_per_rank_and_list_collective():
 )
 def test_each_tensor_takes_its_gather_or_its_copies_whichever_is_longer(launch_s: float, expected_s: float):
     # the layer's 12 tensors, each gathered over dp 2 at 1e10 B/s in bf16: n · 1e-10 s for n parameters
-    gpu = {**SYSTEM["gpu"], "kernel_launch_overhead_s": launch_s}
-    j = job(zero3_collectives="per_tensor_list")
-    t = tasks(Job.from_dicts(MODEL, j.plan.model_dump(), {**j.system.model_dump(), "gpu": gpu}))
+    t = tasks(job(launch_s=launch_s, zero3_collectives="per_tensor_list"))
     forward = t["zero3_all_gather.F0.c0.1"]
     assert t["launch.F0.c0.1"][1] - forward[1] == pytest.approx(expected_s)
 
