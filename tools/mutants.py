@@ -4,6 +4,7 @@
     python tools/mutants.py --list           # the mutants, numbered, with the physics each one breaks
     python tools/mutants.py --only dlrm      # those whose file, snippet or description contains "dlrm"
     python tools/mutants.py --jobs 2         # two at a time, each in a copy of its own
+    python tools/mutants.py --first 579      # from mutant 579 on (a long run resumed where it stopped)
 
 A mutant replaces one exact snippet of one source file with a plausible mistake (a factor dropped,
 the wrong group, the wrong dtype). The working tree is never touched: the repository is copied to a
@@ -2110,10 +2111,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="run the mutants whose file, snippet or description contains this")
     ap.add_argument("--jobs", type=int, default=1, help="mutants at a time, each in its own copy")
+    ap.add_argument("--first", type=int, default=1, help="start at this mutant's number (as --list numbers them)")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant before it counts as killed")
     args = ap.parse_args()
-    chosen = [(i, m) for i, m in enumerate(MUTANTS, 1) if args.only in f"{m.file} {m.before} {m.breaks}"]
+    chosen = [
+        (i, m) for i, m in enumerate(MUTANTS, 1) if i >= args.first and args.only in f"{m.file} {m.before} {m.breaks}"
+    ]
     if args.list:
         for i, m in chosen:
             found = (ROOT / "itercast" / m.file).read_text().count(m.before)
@@ -2121,7 +2125,7 @@ def main() -> int:
             print(f"{i:3d}  {m.file}: {m.breaks}{state}\n     - {m.before!r}\n     + {m.after!r}")
         return 0
     if not chosen:
-        sys.exit(f"no mutant matches --only {args.only!r}")
+        sys.exit(f"no mutant from number {args.first} matches --only {args.only!r}")
     with tempfile.TemporaryDirectory(prefix="itercast-mutants-") as tmp:
         copies: queue.Queue[Path] = queue.Queue()
         for j in range(max(1, args.jobs)):
