@@ -104,6 +104,25 @@ def test_checking_jobs_group_the_checking_tables_plans_and_leave_out_what_the_ra
     assert len(zero3) == 5 and all({j.plan.zero_stage for _, j, _ in plans} == {0, 3} for plans in zero3)
 
 
+def test_rows_of_one_configuration_are_one_plan_at_the_median_of_their_measurements():
+    # ZeRO-1's state sharded within groups of 2 of 2 data-parallel ranks is one copy over every rank: the same plan
+    plain = pr._plan_job(_row())
+    whole = pr._plan_job(_row(overrides=_row()["overrides"] + " plan.zero_shard_ranks=2"))
+    assert whole.plan.zero_shard_ranks == 2 and pr.configuration_key(whole) == pr.configuration_key(plain)
+    # 2 groups of 2 over 4 data-parallel ranks: two copies of the state, another plan
+    four = dict(data_parallel="4", tensor_parallel="1", gpus="8")
+    halved = pr._plan_job(_row(**four, overrides=_row()["overrides"] + " plan.zero_shard_ranks=2"))
+    assert pr.configuration_key(halved) != pr.configuration_key(pr._plan_job(_row(**four)))
+    merged = pr.one_row_per_configuration([("a", plain, 10.0), ("b", halved, 11.0), ("c", whole, 13.0)])
+    assert [(label, m) for label, _, m in merged] == [("a", 11.5), ("b", 11.0)]  # (10 + 13) / 2
+
+
+def test_internlm_8_gpu_job_has_each_plan_once():
+    # at 8 GPUs zero1=8 (tp 1, dp 8) and zero1=4 (tp 2, dp 4) shard over every data-parallel rank: 4 rows, 2 plans
+    (eight,) = [plans for name, plans in pr.jobs().items() if name == "internlm7b 8 A100 gbs64"]
+    assert sorted(job.plan.tensor_parallel for _, job, _ in eight) == [1, 2]
+
+
 def _file_rows(name: str) -> list[dict[str, str]]:
     return pr._read(pr.DATA / name)
 

@@ -107,7 +107,26 @@ def jobs() -> dict[str, list[tuple[str, Job, float]]]:
         out[f"gpt-{r['model']} {r['gpus']} A100 (Korthikanti)"].append(
             (r["mode"], korthikanti_job(r), float(r["measured_s"]))
         )
-    return out
+    return {name: one_row_per_configuration(plans) for name, plans in out.items()}
+
+
+def configuration_key(job: Job) -> str:
+    """What makes two rows one configuration: every field of the job, ZeRO's state sharded within groups of all
+    the data × context-parallel ranks (plan.zero_shard_ranks = dp · cp: one copy of the state, InternLM's zero1=8
+    on 8 data-parallel GPUs) written as sharded over every rank (zero_shard_ranks unset), which it is."""
+    doc, p = job.to_dict(), job.plan
+    if p.zero_shard_ranks == p.dp * p.context_parallel:
+        doc["plan"]["zero_shard_ranks"] = None
+    return json.dumps(doc, sort_keys=True)
+
+
+def one_row_per_configuration(plans: list[tuple[str, Job, float]]) -> list[tuple[str, Job, float]]:
+    """A job's rows of one configuration (configuration_key) as one plan at the median of their measurements, as
+    checking_jobs takes a plan measured in several rows; labelled by its first row."""
+    rows: dict[str, list[tuple[str, Job, float]]] = defaultdict(list)
+    for plan in plans:
+        rows[configuration_key(plan[1])].append(plan)
+    return [(same[0][0], same[0][1], statistics.median(m for _, _, m in same)) for same in rows.values()]
 
 
 def checking_jobs() -> dict[str, list[tuple[str, Job, float]]]:
