@@ -305,11 +305,12 @@ def gemm_shapes() -> None:
 
 
 def own_gemm_curves() -> None:
-    """Which GPUs need GEMM curves of their own: V100's from Alpa's dots (curves.json gemm_by_gpu) against
-    the H100 curve at V100's peak; and the same curve form fitted on A100's own GEMMs (vidur's projections
-    and the cuBLASLt fp16 table, each weighing the same), whose e_max beside the H100 curve's says whether
-    A100 needs one."""
-    from fit_efficiency_curves import ALPA_V100_DOTS
+    """Which GPUs need GEMM curves of their own: V100's (curves.json gemm_by_gpu: Alpa's dots, and for fp16
+    DeepBench's training-shaped GEMMs too) against the H100 curve at V100's peak, and on DeepBench's V100 GEMMs
+    against the fp16 curve fitted on Alpa's squares alone (until session 54); and the same curve form fitted on
+    A100's own GEMMs (vidur's projections and the cuBLASLt fp16 table, each weighing the same), whose e_max
+    beside the H100 curve's says whether A100 needs one."""
+    from fit_efficiency_curves import ALPA_V100_DOTS, deepbench_v100_gemms, training_shaped
 
     from itercast.costs.curves import curve, curves
     from itercast.costs.fitting import fit_latency_curve
@@ -335,6 +336,23 @@ def own_gemm_curves() -> None:
                 f"  {dtype} {len(flops):>3} sizes  {name:10} "
                 f"{mean_abs_err(predicted, seconds):6.1%} / {np.max(np.abs(predicted / seconds - 1)):6.1%} / "
                 f"{signed.mean():+6.1%}"
+            )
+    bench = deepbench_v100_gemms()
+    training = training_shaped(bench)
+    own = AnalyticCostModel(v100, "fp16").gemm_s(bench.flops)
+    fp16 = {r["x"]: r for r in dots if r["dtype"] == "f16" and float(r["x"]) > 0}.values()
+    alpha_s, peak = curves()["gemm_by_gpu"]["V100"]["bf16"]["alpha_s"], ALPA_V100_DOTS["bf16"][1]
+    squares = fit_latency_curve(  # the fp16 curve as fitted until session 54: Alpa's dots alone
+        *(np.array([float(r[c]) for r in fp16]) for c in ("x", "time_s")), peak, alpha_s=alpha_s
+    )
+    alpa_only = alpha_s + bench.flops / (peak * curve(squares)(bench.flops))
+    print("  DeepBench's V100 fp16 GEMMs (cuBLAS 10.1, DGX-1), geomean predicted / measured, mean |error|:")
+    for name, keep in (("training shapes (fitted since session 54)", training), ("every row", np.ones_like(training))):
+        for label, predicted in (("V100's own", own), ("squares only", alpa_only)):
+            ratio = predicted[keep] / bench.seconds[keep]
+            print(
+                f"    {name:42} {int(keep.sum()):>3} rows  {label:12} {np.exp(np.log(ratio).mean()):.3f}  "
+                f"{mean_abs_err(predicted[keep], bench.seconds[keep]):6.1%}"
             )
     lt = [
         r
