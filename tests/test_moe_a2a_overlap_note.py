@@ -72,3 +72,26 @@ def test_predict_and_search_say_it_where_the_plan_overlaps_the_all_to_alls():
     assert plain.exit_code == 0 and said not in plain.output
     found = CliRunner().invoke(app, ["search", *args, "--top", "2"])
     assert found.exit_code == 0 and f"{said}" in found.output and "(every plan shown)" in found.output
+
+
+def test_the_overlap_is_refused_where_megatron_core_refuses_it_one_line_each():
+    # Megatron-Core's TransformerConfig.__post_init__ (transformer_config.py at b0cc2706): expert parallelism,
+    # interleaving under pipelining, no full recompute, a 16-bit model, its own alltoall or flex dispatcher
+    runner = CliRunner()
+    base = ["predict", "--model", "mixtral-8x7b", "--system", "dgx-h100", "--set", "system.num_nodes=2"]
+    base += ["--set", "plan.moe_a2a_overlap=true"]
+    cases = [
+        (["plan.expert_parallel=1"], "expected expert_parallel > 1; got 1"),
+        (["plan.expert_parallel=8", "plan.pipeline_parallel=2"], "virtual_pipeline > 1 with pipeline_parallel 2"),
+        (["plan.expert_parallel=8", "plan.recompute=full"], "expected recompute none or selective; got full"),
+        (["plan.expert_parallel=8", "plan.dtype=fp32"], "expected dtype bf16, fp16 or fp8; got fp32"),
+        (["plan.expert_parallel=8", "plan.moe_token_dispatcher=torchtitan"], "alltoall or flex; got torchtitan"),
+    ]
+    for fields, said in cases:
+        result = runner.invoke(app, base + [a for f in fields for a in ("--set", f)])
+        assert result.exit_code == 2, fields
+        assert said in result.output and result.output.count("plan.moe_a2a_overlap") == 1, result.output
+    # interleaved under pipelining, selective recompute, bf16 over Megatron-Core's dispatcher: priced
+    ok = ["plan.expert_parallel=8", "plan.pipeline_parallel=2", "plan.virtual_pipeline=2", "plan.recompute=selective"]
+    ok += ["plan.schedule=interleaved-1f1b", "plan.global_batch_size=32"]
+    assert runner.invoke(app, base + [a for f in ok for a in ("--set", f)]).exit_code == 0

@@ -2045,6 +2045,15 @@ MUTANTS: tuple[Mutant, ...] = (
       "DeepSpeed v0.3's gradient reduce-scatter lists priced without their copies", _t("deepspeed_zero3")),
     M(TF, "return sum(max(c, copies_s) for c in each_s) - max(sum(each_s), len(tensors) * copies_s)", "return 0.0",
       "DeepSpeed v0.3's tensors overlapped as whole sums, not tensor by tensor", _t("deepspeed_zero3")),
+    M("config/job.py", "            p.pipeline_parallel > 1 and p.virtual_pipeline == 1,", "            False,",
+      "Megatron-Core's expert all-to-all overlap accepted under pipelining without interleaving",
+      _t("moe_a2a_overlap_note")),
+    M("config/job.py", "            p.expert_parallel == 1,", "            False,",
+      "Megatron-Core's expert all-to-all overlap accepted without expert parallelism", _t("moe_a2a_overlap_note")),
+    M("config/job.py", '            p.recompute == "full",', "            False,",
+      "Megatron-Core's expert all-to-all overlap accepted with full recompute", _t("moe_a2a_overlap_note")),
+    M("config/job.py", "if p.moe_a2a_overlap and not p.deepspeed_moe:", "if False:",
+      "Megatron-Core's expert all-to-all overlap rules not checked at all", _t("moe_a2a_overlap_note")),
 )
 # fmt: on
 

@@ -527,6 +527,8 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
             f"tensor_parallel({p.tensor_parallel}) × context_parallel({p.context_parallel}) × data_parallel({dp}) "
             f"= {folded} (Megatron-Core folds expert ranks into those)"
         )
+    if p.moe_a2a_overlap and not p.deepspeed_moe:  # DeepSpeed's MOELayer: _deepspeed_moe_problems
+        problems += _a2a_overlap_problems(p)
     if p.torchtitan_moe:
         problems += _torchtitan_expert_problems(p, dp, etp)
     if p.moe_token_dispatcher == "flex" and p.moe_flex_backend == "deepep" and p.expert_parallel not in DEEPEP_EP_SIZES:
@@ -538,6 +540,40 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
             "a mixture-of-experts model with tensor_parallel > 1 needs plan.sequence_parallel (Megatron-Core)"
         )
     return problems
+
+
+def _a2a_overlap_problems(p: PlanConfig) -> list[str]:
+    """plan.moe_a2a_overlap as Megatron-Core's TransformerConfig accepts overlap_moe_expert_parallel_comm
+    (transformer_config.py __post_init__ at b0cc2706 and d98e8a64): one line per rule it breaks."""
+    rules = [
+        (
+            p.torchtitan_moe,
+            "is Megatron-Core's ('overlap_moe_expert_parallel_comm is supported with alltoall/flex token "
+            f"dispatcher'): expected moe_token_dispatcher alltoall or flex; got {p.moe_token_dispatcher}",
+        ),
+        (
+            p.expert_parallel == 1,
+            "needs expert parallelism ('overlap_moe_expert_parallel_comm is only supported with expert model "
+            "parallelism'): expected expert_parallel > 1; got 1",
+        ),
+        (
+            p.pipeline_parallel > 1 and p.virtual_pipeline == 1,
+            "needs virtual pipelining under pipelining ('virtual_pipeline_model_parallel_size must be specified "
+            f"when pipeline_model_parallel_size > 1'): expected virtual_pipeline > 1 with pipeline_parallel "
+            f"{p.pipeline_parallel}; got 1",
+        ),
+        (
+            p.recompute == "full",
+            "does not run with full recompute ('disable full recomputation when enabling "
+            "overlap_moe_expert_parallel_comm'): expected recompute none or selective; got full",
+        ),
+        (
+            p.dtype == "fp32",
+            "runs a 16-bit model only ('overlap_moe_expert_parallel_comm is only supported with bf16 or fp16 "
+            "model'): expected dtype bf16, fp16 or fp8; got fp32",
+        ),
+    ]
+    return [f"plan.moe_a2a_overlap {why}" for broken, why in rules if broken]
 
 
 def _torchtitan_expert_problems(p: PlanConfig, dp: int, etp: int) -> list[str]:
