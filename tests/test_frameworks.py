@@ -15,7 +15,7 @@ from itercast.cli import app
 from itercast.config.job import Job, parse_section
 from itercast.errors import ConfigError
 from itercast.memory import communicators, estimate_memory, reserve_bytes
-from itercast.search.frameworks import check_fixed, framework
+from itercast.search.frameworks import check_fixed, framework, runnable_plan
 from itercast.search.launch_settings import launch_settings
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 
@@ -666,6 +666,31 @@ def test_megatron_overlaps_moe_all_to_alls_only_where_transformer_config_allows(
     assert all(p["expert_parallel"] > 1 for p in found)
     assert all(p["virtual_pipeline"] > 1 for p in found if p["pipeline_parallel"] > 1)
     assert any(p["pipeline_parallel"] > 1 for p in found) and any(p["pipeline_parallel"] == 1 for p in found)
+
+
+def test_a_plan_without_tensor_parallelism_is_shown_without_its_overlap():
+    # Megatron-LM arguments.py: sequence parallelism off at tensor_parallel 1, then 'Tensor parallel
+    # communication/GEMM overlap can happen only when sequence parallelism is enabled'
+    found = plans("megatron-core", tp_comm_overlap=True)
+    shown = {p["tensor_parallel"]: runnable_plan(framework("megatron-core"), p)["tp_comm_overlap"] for p in found}
+    assert shown == {1: False, 2: True, 4: True, 8: True}
+    one = next(p for p in found if p["tensor_parallel"] == 1)
+    shown_one = runnable_plan(framework("megatron-core"), one)
+    assert "--tp-comm-overlap" not in launch_settings("megatron-core", shown_one, parse_section("model", MODEL))
+
+
+def test_megatron_splits_no_expert_with_biases_over_tensor_ranks():
+    """transformer_config.py: 'Bias in Moe is only supported when ETP==1' (GPT-OSS's experts have biases); the
+    same model without biases is searched with its experts split over the tensor-parallel ranks too."""
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 2})
+    base = parse_section("plan", {"global_batch_size": 32})
+    options = SpaceOptions(micro_batch_sizes=(1,), max_context_parallel=1, framework="megatron-core")
+    etps = {}
+    for bias in (True, False):
+        model = parse_section("model", {"preset": "gpt-oss-20b", "num_layers": 4, "seq_length": 256, "add_bias": bias})
+        table, _ = enumerate_plans(model, system, base, GPUS, options)  # type: ignore[arg-type]
+        etps[bias] = {table.plan_fields(r)["expert_tensor_parallel"] for r in range(len(table))}
+    assert etps[True] == {1} and etps[False] > {1}
 
 
 def test_deepspeed_runs_moe_without_zero3():

@@ -95,3 +95,35 @@ def test_the_overlap_is_refused_where_megatron_core_refuses_it_one_line_each():
     ok = ["plan.expert_parallel=8", "plan.pipeline_parallel=2", "plan.virtual_pipeline=2", "plan.recompute=selective"]
     ok += ["plan.schedule=interleaved-1f1b", "plan.global_batch_size=32"]
     assert runner.invoke(app, base + [a for f in ok for a in ("--set", f)]).exit_code == 0
+
+
+def test_configurations_megatron_refuses_are_refused_with_its_words():
+    # Megatron-Core b0cc2706: transformer_config.py 'Bias in Moe is only supported when ETP==1' (GPT-OSS's experts
+    # have biases; expert_tensor_parallel defaults to tensor_parallel), arguments.py 'When interleaved schedule is
+    # used, pipeline-model-parallel size should be greater than 1' and 'Group query attention is mutually
+    # exclusive with multi latent attention'
+    runner = CliRunner()
+    base = ["predict", "--system", "dgx-h100", "--set", "system.num_nodes=1"]
+    cases = [
+        (
+            ["--model", "gpt-oss-20b", "--set", "plan.tensor_parallel=2", "--set", "plan.sequence_parallel=true"],
+            "Bias in Moe is only supported when ETP==1')",
+            "expected expert_tensor_parallel 1; got 2",
+        ),
+        (
+            ["--model", "llama3-8b", "--set", "plan.virtual_pipeline=2", "--set", "plan.schedule=interleaved-1f1b"],
+            "pipeline-model-parallel size should be greater than 1'",
+            "plan.virtual_pipeline(2) > 1 needs pipeline_parallel > 1",
+        ),
+        (
+            ["--model", "llama3-8b", "--set", "model.kv_lora_rank=512"],
+            "mutually exclusive with multi latent attention'",
+            "model.num_query_groups(8) with multi-latent attention",
+        ),
+    ]
+    for args, rule, said in cases:
+        result = runner.invoke(app, base + args)
+        assert result.exit_code == 2 and rule in result.output and said in result.output, result.output
+    # the same GPT-OSS layout with its experts unsplit, as Megatron-Bridge's configs set them: priced
+    etp1 = cases[0][0] + ["--set", "plan.expert_tensor_parallel=1"]
+    assert runner.invoke(app, base + etp1).exit_code == 0

@@ -2054,6 +2054,19 @@ MUTANTS: tuple[Mutant, ...] = (
       "Megatron-Core's expert all-to-all overlap accepted with full recompute", _t("moe_a2a_overlap_note")),
     M("config/job.py", "if p.moe_a2a_overlap and not p.deepspeed_moe:", "if False:",
       "Megatron-Core's expert all-to-all overlap rules not checked at all", _t("moe_a2a_overlap_note")),
+    M("config/job.py", "if model.biases and etp > 1 and not (p.torchtitan_moe or p.deepspeed_moe):", "if False:",
+      "Megatron-Core's experts with biases split over expert-tensor ranks, which it refuses",
+      _t("moe_a2a_overlap_note")),
+    M("config/job.py", "if p.virtual_pipeline > 1 and p.pipeline_parallel == 1:", "if False:",
+      "virtual pipeline stages without pipelining accepted", _t("moe_a2a_overlap_note")),
+    M("config/model.py", "if self.mla and self.num_query_groups not in (None, self.num_attention_heads):", "if False:",
+      "query groups beside multi-latent attention silently ignored", _t("moe_a2a_overlap_note")),
+    M("search/plan_space.py", '~(moe & np.bool_(model.biases)) | titan | deepspeed | (c["etp"] == 1)',
+      '~(moe & np.bool_(model.biases)) | titan | deepspeed | (c["etp"] >= 1)',
+      "the search splitting Megatron-Core's experts with biases over expert-tensor ranks", _t("frameworks")),
+    M("search/frameworks.py", '    if plan["tensor_parallel"] == 1:\n        out["tp_comm_overlap"] = False', "",
+      "a plan without tensor parallelism launched with --tp-comm-overlap, which Megatron-LM refuses",
+      _t("frameworks")),
 )
 # fmt: on
 

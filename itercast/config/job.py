@@ -461,6 +461,11 @@ def _schedule_problems(p: PlanConfig, microbatches: int) -> list[str]:
         problems.append(
             f"plan.virtual_pipeline({p.virtual_pipeline}) > 1 needs plan.schedule=interleaved-1f1b; got {p.schedule}"
         )
+    if p.virtual_pipeline > 1 and p.pipeline_parallel == 1:
+        problems.append(
+            f"plan.virtual_pipeline({p.virtual_pipeline}) > 1 needs pipeline_parallel > 1 (Megatron-LM arguments.py: "
+            "'When interleaved schedule is used, pipeline-model-parallel size should be greater than 1'); got 1"
+        )
     if p.schedule == "interleaved-1f1b" and p.pipeline_parallel > 1 and p.virtual_pipeline == 1:
         problems.append(
             "plan.schedule=interleaved-1f1b needs plan.virtual_pipeline >= 2; got 1 (Megatron-LM runs one chunk a "
@@ -526,6 +531,12 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
             f"plan.expert_parallel({ep}) × expert_tensor_parallel({etp}) = {ep * etp} does not divide "
             f"tensor_parallel({p.tensor_parallel}) × context_parallel({p.context_parallel}) × data_parallel({dp}) "
             f"= {folded} (Megatron-Core folds expert ranks into those)"
+        )
+    if model.biases and etp > 1 and not (p.torchtitan_moe or p.deepspeed_moe):
+        problems.append(
+            f"plan.expert_tensor_parallel({etp}): Megatron-Core's experts with biases (model.add_bias) run with "
+            "expert_tensor_parallel 1 only (transformer_config.py: 'Bias in Moe is only supported when ETP==1'): "
+            f"expected expert_tensor_parallel 1; got {etp}"
         )
     if p.moe_a2a_overlap and not p.deepspeed_moe:  # DeepSpeed's MOELayer: _deepspeed_moe_problems
         problems += _a2a_overlap_problems(p)

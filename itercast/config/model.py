@@ -180,6 +180,12 @@ class ModelConfig(BaseModel):
             problems.append("model.global_attention_every needs model.sliding_window")
         if self.sliding_window is not None and not self.causal:
             problems.append(f"model.sliding_window needs a causal family; got {self.family}")
+        if self.mla and self.num_query_groups not in (None, self.num_attention_heads):
+            problems.append(  # its keys and values are decompressed from the latent for every head
+                f"model.num_query_groups({self.num_query_groups}) with multi-latent attention (model.kv_lora_rank): "
+                "Megatron-LM: 'Group query attention is mutually exclusive with multi latent attention': expected it "
+                f"unset or num_attention_heads({self.num_attention_heads})"
+            )
         if self.mla and self.qk_norm:
             problems.append("model.qk_norm needs standard attention (multi-latent attention norms its latents)")
         return problems

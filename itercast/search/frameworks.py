@@ -541,8 +541,12 @@ def check_recompute(fw: Framework, plan: dict[str, Any]) -> None:
 
 def runnable_plan(fw: Framework, plan: dict[str, Any]) -> dict[str, Any]:
     """The plan's switches as the framework runs them where itercast folded them (they do not act:
-    overlap switches without data parallelism or outside ZeRO 1-2)."""
+    overlap switches without data parallelism or outside ZeRO 1-2, the tensor-parallel overlap without tensor
+    parallelism, which Megatron-LM refuses at tensor_parallel 1: arguments.py turns sequence parallelism off
+    there and asserts it for --tp-comm-overlap)."""
     out = dict(plan)
+    if plan["tensor_parallel"] == 1:
+        out["tp_comm_overlap"] = False
     if plan["zero_stage"] not in (1, 2) and fw.name in ("megatron-core", "nemo", "deepspeed"):
         out["overlap_param_gather"] = plan["zero_stage"] == 3 and fw.name != "deepspeed" and plan["overlap_grad_reduce"]
     if fw.name == "deepspeed" and (plan["pipeline_parallel"] > 1 or plan["zero_stage"] == 0):

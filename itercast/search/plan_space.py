@@ -265,6 +265,11 @@ def _rules(
             lambda c: ~flex | ((c["ep"] > 1) & (c["etp"] == 1) & (~flex_deepep | np.isin(c["ep"], DEEPEP_EP_SIZES))),
         ),
         (
+            "Megatron-Core's experts with biases: expert_tensor_parallel 1 ('Bias in Moe is only supported when "
+            "ETP==1')",
+            lambda c: ~(moe & np.bool_(model.biases)) | titan | deepspeed | (c["etp"] == 1),
+        ),
+        (
             "DeepSpeed's MoE layer: expert_tensor_parallel 1 or tp",
             lambda c: ~moe | ~deepspeed | (c["etp"] == 1) | (c["etp"] == c["tp"]),
         ),
