@@ -102,9 +102,10 @@ def test_eager_pointwise_kernels_are_torchtitans_alone_and_never_with_its_async_
     # eager is torchtitan's model code without torch.compile: Megatron-Core runs fused kernels
     with pytest.raises(ConfigError, match=r"plan.pointwise_kernels: megatron-core runs fused .* got 'eager'"):
         check_fixed(framework("megatron-core"), {}, False, "eager")
-    # torchtitan's async TP raises 'Async TP requires torch.compile' without the compiled model
-    with pytest.raises(ConfigError, match=r"plan.tp_comm_overlap: torchtitan's async tensor parallelism needs"):
-        check_fixed(framework("torchtitan"), {}, True, "eager_fused_norm")
+    # torchtitan's async TP raises 'Async TP requires torch.compile' without the compiled model: every command
+    for kernels in ("eager", "eager_fused_norm"):
+        with pytest.raises(ConfigError, match=r"plan.tp_comm_overlap: torchtitan's async tensor parallelism needs"):
+            parse_section("plan", {"tp_comm_overlap": True, "pointwise_kernels": kernels})
     check_fixed(framework("torchtitan"), {}, False, "eager")  # eager without async TP runs
     check_fixed(framework("torchtitan"), {}, True, "fused")  # compiled with async TP runs
     check_fixed(framework("torchtitan"), {}, True, "compiled")
@@ -677,6 +678,20 @@ def test_a_plan_without_tensor_parallelism_is_shown_without_its_overlap():
     one = next(p for p in found if p["tensor_parallel"] == 1)
     shown_one = runnable_plan(framework("megatron-core"), one)
     assert "--tp-comm-overlap" not in launch_settings("megatron-core", shown_one, parse_section("model", MODEL))
+
+
+def test_the_search_splits_a_sequence_over_the_tensor_ranks_only_evenly():
+    # 260 tokens: 2 context ranks of 130, each 4 chunks of 65 at tp 2 but not 32.5 at tp 4; 8 tensor ranks: 32.5
+    model = parse_section("model", MODEL | {"seq_length": 260})
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 2})
+    base = parse_section("plan", {"global_batch_size": 32})
+    options = SpaceOptions(micro_batch_sizes=(1,), max_context_parallel=2, framework="megatron-core")
+    table, _ = enumerate_plans(model, system, base, GPUS, options)  # type: ignore[arg-type]
+    found = [table.plan_fields(r) for r in range(len(table))]
+    split = {(p["tensor_parallel"], p["context_parallel"]) for p in found if p["sequence_parallel"]}
+    whole = {(p["tensor_parallel"], p["context_parallel"]) for p in found if not p["sequence_parallel"]}
+    assert (2, 1) in split and (4, 1) in split and (2, 2) in split
+    assert not split & {(8, 1), (4, 2), (8, 2)} and {(8, 1), (4, 2)} <= whole
 
 
 def test_megatron_splits_no_expert_with_biases_over_tensor_ranks():

@@ -127,3 +127,20 @@ def test_configurations_megatron_refuses_are_refused_with_its_words():
     # the same GPT-OSS layout with its experts unsplit, as Megatron-Bridge's configs set them: priced
     etp1 = cases[0][0] + ["--set", "plan.expert_tensor_parallel=1"]
     assert runner.invoke(app, base + etp1).exit_code == 0
+
+
+def test_a_sequence_sequence_parallelism_cannot_split_evenly_is_refused():
+    # Megatron-Core mappings.py: 'First dimension of the tensor should be divisible by tensor parallel size'
+    # (each context-parallel rank's seq / cp tokens scattered over the tensor ranks); 8193 is odd
+    runner = CliRunner()
+    base = ["predict", "--model", "llama3-8b", "--system", "dgx-h100", "--set", "plan.tensor_parallel=2"]
+    result = runner.invoke(app, [*base, "--set", "model.seq_length=8193", "--set", "plan.sequence_parallel=true"])
+    assert result.exit_code == 2
+    assert "model.seq_length(8193) not divisible by context_parallel(1) × tensor_parallel(2)" in result.output
+    # 8196 splits over 2 context ranks (2 × 2 chunks: 2049 each), but their 4098 tokens over 4 tensor ranks do not
+    four = ["--set", "plan.tensor_parallel=4", "--set", "plan.context_parallel=2", "--set", "model.seq_length=8196"]
+    result = runner.invoke(app, base + four + ["--set", "plan.sequence_parallel=true"])
+    assert result.exit_code == 2 and "context_parallel(2) × tensor_parallel(4)" in result.output
+    # without sequence parallelism every tensor rank holds the whole sequence: priced
+    odd = [*base, "--set", "model.seq_length=8193", "--set", "plan.sequence_parallel=false"]
+    assert runner.invoke(app, odd).exit_code == 0

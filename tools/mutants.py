@@ -1057,9 +1057,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "NeMo's Megatron-FSDP launched with the recipes' average_in_collective, which it refuses", _t("frameworks")),
     M("search/launch_settings.py", 'f"trainer.devices={gpus // num_nodes}"', 'f"trainer.devices={gpus}"',
       "NeMo's trainer given every GPU of the job on each node", _t("frameworks")),
-    M("search/frameworks.py", 'if pointwise_kernels in EAGER_POINTWISE and tp_comm_overlap:',
-      'if pointwise_kernels != "fused" and tp_comm_overlap:',
-      "torchtitan's async TP searched without the torch.compile it needs", _t("frameworks")),
+    M("config/plan.py", "if self.tp_comm_overlap and self.eager_pointwise:", "if False:",
+      "torchtitan's async TP accepted without the torch.compile it needs", _t("frameworks")),
     # -- tools/ analyses the cost model does not use (their files relative to itercast/ too) -----------
     M("../tools/gemm_waves.py", "return t / (sm_count * np.ceil(t / sm_count))", "return t / (sm_count * t / sm_count)",
       "a GEMM's last wave of tiles fills every SM", _t("gemm_shape")),
@@ -2067,6 +2066,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M("search/frameworks.py", '    if plan["tensor_parallel"] == 1:\n        out["tp_comm_overlap"] = False', "",
       "a plan without tensor parallelism launched with --tp-comm-overlap, which Megatron-LM refuses",
       _t("frameworks")),
+    M("config/job.py", "    if p.sequence_parallel:  # each rank's tokens scattered",
+      "    if False:  # each rank's tokens scattered",
+      "a sequence that sequence parallelism cannot split evenly over the tensor ranks accepted",
+      _t("moe_a2a_overlap_note")),
+    M("search/plan_space.py", 'lambda c: (c["sp"] == 0) | (model.seq_length % (c["cp"] * c["tp"]) == 0),',
+      'lambda c: (c["sp"] == 0) | (model.seq_length % (2 * c["cp"]) == 0),',
+      "the search splitting a sequence unevenly over the tensor ranks", _t("frameworks")),
 )
 # fmt: on
 

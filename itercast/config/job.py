@@ -402,6 +402,17 @@ def _divisibility_problems(model: ModelConfig, p: PlanConfig, dp: int, gbs: int)
             f"micro_batch_size({p.micro_batch_size}) × data_parallel({dp})",
         ),
     ]
+    if p.sequence_parallel:  # each rank's tokens scattered over the tensor ranks (Megatron-Core mappings.py: 'First
+        # dimension of the tensor should be divisible by tensor parallel size'; torchtitan trainer.py alike)
+        checks.append(
+            (
+                "model.seq_length",
+                model.seq_length,
+                p.context_parallel * p.tensor_parallel,
+                f"context_parallel({p.context_parallel}) × tensor_parallel({p.tensor_parallel}) under sequence "
+                "parallelism",
+            )
+        )
     return [f"{what}({value}) not divisible by {by}" for what, value, div, by in checks if value % div]
 
 

@@ -561,6 +561,16 @@ class PlanConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_async_tp_compiled(self) -> PlanConfig:
+        if self.tp_comm_overlap and self.eager_pointwise:  # eager pointwise kernels are torchtitan's model code
+            raise ValueError(
+                "plan.tp_comm_overlap: torchtitan's async tensor parallelism needs torch.compile (parallelize.py: "
+                f"'Async TP requires torch.compile'), and plan.pointwise_kernels {self.pointwise_kernels!r} runs "
+                "without it; got true"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_flex_backend(self) -> PlanConfig:
         if self.moe_flex_backend != "deepep" and self.moe_token_dispatcher != "flex":
             raise ValueError(

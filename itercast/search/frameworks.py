@@ -30,7 +30,6 @@ import numpy as np
 from itercast.config.model import ModelConfig
 from itercast.config.plan import (
     DEEPSPEED_MOE_DISPATCHERS,
-    EAGER_POINTWISE,
     TE_OVERLAP_LAYERS,
     TORCH_DDP_BUCKET_BYTES,
     TORCHTITAN_DISPATCHERS,
@@ -459,8 +458,8 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bo
 def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, pointwise_kernels: str = "fused") -> None:
     """A field the user fixed (--set plan.X) that the framework never runs: one line naming its rule.
     Eager and compiled pointwise kernels (PlanConfig.pointwise_kernels) are torchtitan's model code without
-    and with torch.compile, so torchtitan's alone, and eager not with its async tensor parallelism, which needs
-    the compiled model (torchtitan parallelize.py: 'Async TP requires torch.compile')."""
+    and with torch.compile, so torchtitan's alone (eager beside its async tensor parallelism: PlanConfig refuses
+    it, 'Async TP requires torch.compile')."""
     zero = fixed.get("zero_stage")
     if zero is not None and int(zero) not in fw.zero_stages:
         raise ConfigError(
@@ -485,12 +484,6 @@ def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, poi
         raise ConfigError(
             f"plan.pointwise_kernels: {fw.name} runs fused norms and activations (expected fused; eager and "
             f"compiled are torchtitan's model code without and with torch.compile); got {pointwise_kernels!r}"
-        )
-    if pointwise_kernels in EAGER_POINTWISE and tp_comm_overlap:
-        raise ConfigError(
-            "plan.tp_comm_overlap: torchtitan's async tensor parallelism needs torch.compile (parallelize.py: "
-            f"'Async TP requires torch.compile'), and plan.pointwise_kernels {pointwise_kernels!r} runs without it; "
-            "got true"
         )
 
 

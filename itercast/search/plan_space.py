@@ -241,6 +241,10 @@ def _rules(
             lambda c: (c["cp"] == 1) | (model.seq_length % (2 * c["cp"]) == 0),
         ),
         ("global_batch_size not divisible by mbs × dp", lambda c: c["gbs"] % (c["mbs"] * c["dp"]) == 0),
+        (
+            "sequence parallelism: model.seq_length not divisible by cp × tp",
+            lambda c: (c["sp"] == 0) | (model.seq_length % (c["cp"] * c["tp"]) == 0),
+        ),
         ("schedule: interleaving needs vp > 1 and micro-batches divisible by pp", schedule_ok),
         ("sequence_parallel needs tp > 1", lambda c: (c["sp"] == 0) | (c["tp"] > 1)),
         ("model.num_experts not divisible by ep", lambda c: model.experts % c["ep"] == 0),
