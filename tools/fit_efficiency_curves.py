@@ -27,7 +27,7 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   kernel's latency and answers with e_max > 1). Its fp16 curve ("bf16" key) is fitted as H100's is, on
   two sources weighing the same: Alpa's square dots and DeepBench's V100 training GEMMs
   (data/published/kernels/deepbench_v100_gemm_fp16.csv, cuBLAS 10.1 on a DGX-1's V100-SXM2), those
-  whose m, n and k are all multiples of 8 and at least 512 (DEEPBENCH_TRAINING_SHAPES: the tensor-core
+  whose m, n and k are all multiples of 8 and at least 512 (`training_shaped`: the tensor-core
   shapes of a transformer's layers; DeepBench's inference-sized n of 8-128, its k of 500,000 and its
   unaligned widths are not, and a curve in FLOPs alone fitted on all 160 rows answers e_max 1.06). On
   squares alone (until session 54) the curve priced those 52 training GEMMs 5.1% too fast (geomean);
@@ -212,12 +212,11 @@ def fit_gemm_v100(data: Path, alpha_s: float) -> dict:
     for key, (dtype, peak) in ALPA_V100_DOTS.items():
         sel = [r for r in rows if r["dtype"] == dtype and float(r["x"]) > 0]
         flops, seconds = (np.array([float(r[c]) for r in sel]) for c in ("x", "time_s"))
-        if key == "bf16":
+        weights = None
+        if key == "bf16":  # fp16: DeepBench's training GEMMs beside the squares, each source weighing the same
             weights = np.r_[np.full(len(flops), 1 / len(flops)), np.full(len(training.m), 1 / len(training.m))]
             flops, seconds = np.r_[flops, training.flops], np.r_[seconds, training.seconds]
-            out[key] = fit_latency_curve(flops, seconds, peak, alpha_s=alpha_s, weights=weights)
-            continue
-        out[key] = fit_latency_curve(flops, seconds, peak, alpha_s=alpha_s)
+        out[key] = fit_latency_curve(flops, seconds, peak, alpha_s=alpha_s, weights=weights)
     return out
 
 
