@@ -12,7 +12,7 @@ import itertools
 
 import numpy as np
 import pytest
-from helpers import FreeCosts, fast_vs_graph, pipeline_builder, plan_of
+from helpers import FreeCosts, fast_vs_graph, pipeline_builder, plan_of, tiny_job
 from test_golden import HBM, LINK, MODEL, SYSTEM, linear_calibration
 
 from itercast.config.job import Job
@@ -22,6 +22,7 @@ from itercast.predict import predict
 from itercast.search.frameworks import FRAMEWORKS
 from itercast.sim.engine import simulate
 from itercast.workloads.transformer import PassCost, TransformerStepBuilder, UnitCosts
+from itercast.workloads.transformer_ops import tp_allreduce_note
 
 F, B, T = 1.0, 2.0, 0.25  # seconds: a stage's forward, its backward, one transfer
 
@@ -247,3 +248,15 @@ def test_a_mixture_of_experts_pipeline_sends_whole_activations_under_tensor_para
     for j, pipeline in ((moe, {"pipe_partitioned": False, "grad_partitioned": False}), (dense, None)):
         text = launch_settings("deepspeed", j.plan.model_dump(), j.model)
         assert json.loads(text.split("# ds_config.json\n")[1].split("\n# Megatron")[0]).get("pipeline") == pipeline
+
+
+def test_a_deepspeed_job_left_with_megatrons_asynchronous_all_reduce_is_told_so():
+    # Megatron-DeepSpeed turns the asynchronous input-gradient all-reduce off under DeepSpeed: a DeepSpeed job whose
+    # plan keeps it on is priced beside the wgrad, and the note names the field that prices it as DeepSpeed runs it
+    left = tiny_job(tensor_parallel=2, pipeline_parallel=2, pipeline_p2p="deepspeed", global_batch_size=8).plan
+    note = tp_allreduce_note(left)
+    assert note is not None and "plan.tp_allreduce_overlap=false" in note
+    assert tp_allreduce_note(left.model_copy(update={"tp_allreduce_overlap": False})) is None
+    assert tp_allreduce_note(left.model_copy(update={"sequence_parallel": True})) is None  # its reduce-scatter: async
+    assert tp_allreduce_note(left.model_copy(update={"tensor_parallel": 1})) is None
+    assert tp_allreduce_note(left.model_copy(update={"pipeline_p2p": "megatron"})) is None  # Megatron-LM's own

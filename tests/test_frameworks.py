@@ -392,6 +392,8 @@ def test_the_search_prices_each_frameworks_gradient_bucket(framework, bucket):
     assert plan["zero3_fetch"] == ("deepspeed" if framework == "deepspeed" else "layer")
     if framework == "torchtitan":  # its selective checkpointing is per op, the only kind it has
         assert plan["selective_recompute"] == "op"
+    # Megatron-DeepSpeed turns Megatron's asynchronous input-gradient all-reduce off under DeepSpeed (validate_args)
+    assert plan.get("tp_allreduce_overlap", True) is (framework != "deepspeed")
 
 
 def test_zero3_plans_are_not_repeated_for_overlap_switches_that_do_not_act():

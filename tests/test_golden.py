@@ -164,6 +164,25 @@ def test_tensor_parallel_backward_collectives_hide_behind_their_gemms():
     assert pass_cost(bwd, costs, Groups.of(j)).comm_s == pytest.approx(exposed)
 
 
+def test_a_synchronous_tensor_parallel_all_reduce_waits_for_the_weight_gradient_and_hides_nothing():
+    # Megatron-LM before 2021-09 and Megatron-DeepSpeed (plan.tp_allreduce_overlap false): the f's backward
+    # all-reduces the input gradient after F.linear's backward, both GEMMs done, so each is exposed whole
+    j = job(tensor_parallel=2, data_parallel=1, tp_allreduce_overlap=False)
+    costs = AnalyticCostModel(j.system, "bf16", linear_calibration())
+    bwd = layer_backward(j.model, j.plan)
+    assert [o.overlaps for o in bwd if o.family == "tp_comm"] == ["", ""]
+    T, h = 32, 64
+    all_reduce_s = 2 * (2 - 1) / 2 * T * h * 2 / LINK
+    assert pass_cost(bwd, costs, Groups.of(j)).comm_s == pytest.approx(2 * all_reduce_s)
+    # the forward's two all-reduces (the g's) are blocking either way; sequence parallelism's reduce-scatter
+    # stays beside the wgrad (every Megatron that has it issues it asynchronously)
+    on = job(tensor_parallel=2, data_parallel=1)
+    assert layer_forward(j.model, j.plan) == layer_forward(on.model, on.plan)
+    sp = job(tensor_parallel=2, data_parallel=1, sequence_parallel=True, tp_allreduce_overlap=False)
+    beside = {o.name: o.overlaps for o in layer_backward(sp.model, sp.plan) if o.family == "tp_comm"}
+    assert beside["qkv.dgrad_reduce_scatter"] == "qkv.wgrad" and beside["mlp_up.dgrad_reduce_scatter"] == "mlp_up.wgrad"
+
+
 def test_tp_comm_overlap_hides_each_gather_and_scatter_behind_its_gemm():
     # tp 2, SP: forward AG(T·h·e) → qkv, proj → RS, AG → mlp_up, mlp_down → RS; backward each RS's
     # all-gather beside the row-parallel GEMM's dgrad. Transformer Engine's pipeline reduce-scatters (after

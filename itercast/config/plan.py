@@ -467,6 +467,21 @@ class PlanConfig(BaseModel):
         "the chunks received (CommOverlapP2PBase::split_overlap_rs). The all-gathers before qkv and fc1 and "
         "beside the proj and fc2 data-gradient GEMMs run as a ring exchange of tensor_parallel chunks in both.",
     )
+    tp_allreduce_overlap: bool = Field(
+        True,
+        description="Without sequence parallelism, each column-parallel linear's input-gradient all-reduce over the "
+        "tensor-parallel ranks runs beside its weight-gradient GEMM: Megatron-LM's "
+        "async_tensor_model_parallel_allreduce (mpu/layers.py LinearWithGradAccumulationAndAsyncAllreduce, from "
+        "cf7efd4f 2021-08-30, on by default from 3f652469 2021-09-02; Megatron-Core's "
+        "LinearWithGradAccumulationAndAsyncCommunication). false: after that GEMM, beside nothing, as Megatron-LM "
+        "ran it before (mpu/mappings.py _CopyToModelParallelRegion.backward all-reduces the gradient F.linear's "
+        "backward returns: Megatron-LM 2020 and the SC'21 runs) and as every Megatron-DeepSpeed runs it "
+        "(bigscience-workshop's fork never took the async path; microsoft's took it in 2023 and turns it off "
+        "under DeepSpeed: arguments.py validate_args 'if args.deepspeed: "
+        "args.async_tensor_model_parallel_allreduce = False', f90b8877). No effect with sequence parallelism, "
+        "whose reduce-scatter runs beside the weight-gradient GEMM in every version that has it, nor with "
+        "tp_layout dtensor, whose collectives run where their results are used.",
+    )
     moe_a2a_overlap: bool = Field(
         False,
         description="Hide the expert all-to-alls behind another micro-batch's attention (DeepEP / "

@@ -347,6 +347,9 @@ FRAMEWORKS: dict[str, Framework] = {
             # deepspeed.moe's MOELayer weights its experts' outputs by the gates on the sending rank after the
             # combine's all-to-all (moe/sharded_moe.py combine_weights, einsum "sec,ecm->sm"): no probabilities sent
             "moe_probs_alltoall": False,
+            # Megatron-DeepSpeed's validate_args: 'if args.deepspeed: args.async_tensor_model_parallel_allreduce =
+            # False' (microsoft/Megatron-DeepSpeed f90b8877, at f4157bea): the input gradient's all-reduce after wgrad
+            "tp_allreduce_overlap": False,
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         zero_shard_stages=(),  # its MiCS and hpZ (ZeRO++) are not priced

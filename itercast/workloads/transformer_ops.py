@@ -18,7 +18,9 @@ backward. So with sequence parallelism one layer runs 2 all-gathers + 2 reduce-s
 and 4 all-gathers + 2 reduce-scatters backward (Korthikanti §4.2.2). Megatron-LM's
 LinearWithGradAccumulationAndAsyncCommunication issues the f's backward collectives
 asynchronously: the re-gather hides behind the data-gradient GEMM, the input-gradient reduction
-behind the weight-gradient GEMM (`Op.overlaps`). With plan.tp_comm_overlap (Megatron-Core
+behind the weight-gradient GEMM (`Op.overlaps`); its all-reduce (no sequence parallelism) only
+where that path is taken (plan.tp_allreduce_overlap: not before Megatron-LM 2021-09, nor under
+Megatron-DeepSpeed), else after the weight-gradient GEMM. With plan.tp_comm_overlap (Megatron-Core
 --tp-comm-overlap: Transformer Engine's userbuffers split the GEMM and exchange chunks as it
 runs) the forward all-gather hides behind the column-parallel GEMM it feeds and the forward
 reduce-scatter behind the row-parallel GEMM before it, whose data-gradient GEMM then hides the
@@ -1585,8 +1587,10 @@ def backward_of(forward: list[Op], plan: PlanConfig) -> list[Op]:
                 kind = "reduce_scatter" if plan.sequence_parallel else "all_reduce"
                 margin = _sm_margin(plan, op.name, "wgrad")
                 # async TP's micro-pipeline fuses a reduce-scatter only into the matmul that feeds it: DTensor's
-                # input gradient is a sum of its separate projections' (wq, wk, wv; w1, w3), so it runs unfused
-                beside = "" if dtensor else wgrad
+                # input gradient is a sum of its separate projections' (wq, wk, wv; w1, w3), so it runs unfused;
+                # Megatron's all-reduce runs beside the wgrad only where it is asynchronous (plan.tp_allreduce_overlap)
+                synchronous = kind == "all_reduce" and not plan.tp_allreduce_overlap
+                beside = "" if dtensor or synchronous else wgrad
                 if dtensor and plan.tp_comm_overlap and plan.sequence_parallel and plan.micro_batch_size > 1:
                     out.append(Op(f"{op.name}.dgrad_chunk_cat", "elementwise", 2 * op.f_bytes))
                 out.append(
@@ -2070,6 +2074,22 @@ def zero_grad_reduce_note(plan: PlanConfig) -> str | None:
     )
 
 
+def tp_allreduce_note(plan: PlanConfig) -> str | None:
+    """What a DeepSpeed job (plan.pipeline_p2p deepspeed: Megatron-DeepSpeed) with tensor parallelism and no sequence
+    parallelism left at tp_allreduce_overlap true prices: Megatron-LM's asynchronous input-gradient all-reduce,
+    which Megatron-DeepSpeed turns off under DeepSpeed (backward_of). None otherwise."""
+    off = plan.pipeline_p2p != "deepspeed" or plan.tensor_parallel == 1 or plan.sequence_parallel
+    if off or not plan.tp_allreduce_overlap or plan.tp_layout == "dtensor":
+        return None
+    return (
+        "plan.tp_allreduce_overlap is true (Megatron-LM's asynchronous all-reduce), so this DeepSpeed job's "
+        "tensor-parallel input-gradient all-reduces are priced beside the weight-gradient GEMMs; Megatron-DeepSpeed "
+        "turns that off under DeepSpeed (arguments.py validate_args: 'if args.deepspeed: "
+        "args.async_tensor_model_parallel_allreduce = False') and its forks before 2023 never had it: set "
+        "plan.tp_allreduce_overlap=false"
+    )
+
+
 def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> list[str]:
     """Every note above that holds for this model and plan, and the system's network's (costs/analytic.
     unmeasured_network_note), in one order for `predict` and `search`: what the forecast leaves out or rests
@@ -2078,6 +2098,7 @@ def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> 
         unaligned_logits_note(model, plan),
         grad_accumulation_note(plan),
         zero_grad_reduce_note(plan),
+        tp_allreduce_note(plan),
         flex_dispatch_note(plan),
         deepspeed_moe_note(plan),
         moe_a2a_overlap_note(plan),
