@@ -534,6 +534,16 @@ class PlanConfig(BaseModel):
         "the sending rank and sent no probabilities. Priced with moe_token_dispatcher alltoall and "
         "expert_parallel > 1 only.",
     )
+    p2p_scatter_gather: bool = Field(
+        False,
+        description="Megatron-LM's scatter-gather of pipeline sends (p2p_communication.py _communicate, from 27fc4689 "
+        "2021-01-20, on by default from 72e4230b 2021-02-16 until the pipeline moved into Megatron-Core, 39b83c79 "
+        "2023-01-31): without sequence parallelism each GPU sends 1/tensor_parallel of the stage's output "
+        "(mpu.split_tensor_into_1d_equal_chunks) and the receiver, once the exchange is done, all-gathers it over "
+        "its tensor-parallel group on the compute stream (mpu.gather_split_1d_tensor). With pipeline_p2p megatron "
+        "only; no effect at tensor or pipeline parallel 1 or with sequence parallelism, whose sends are 1/tp "
+        "already.",
+    )
     cuda_launch_blocking: bool = Field(
         False,
         description="CUDA_LAUNCH_BLOCKING=1 in the job's environment (BigScience's BLOOM slurm scripts export it): "
@@ -582,6 +592,15 @@ class PlanConfig(BaseModel):
                 "plan.tp_comm_overlap: torchtitan's async tensor parallelism needs torch.compile (parallelize.py: "
                 f"'Async TP requires torch.compile'), and plan.pointwise_kernels {self.pointwise_kernels!r} runs "
                 "without it; got true"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_scatter_gather(self) -> PlanConfig:
+        if self.p2p_scatter_gather and self.pipeline_p2p != "megatron":
+            raise ValueError(
+                "plan.p2p_scatter_gather is Megatron-LM's pipeline exchange (p2p_communication.py, 2021-2023) and "
+                f"needs pipeline_p2p megatron; got pipeline_p2p {self.pipeline_p2p!r}"
             )
         return self
 

@@ -140,6 +140,7 @@ from itercast.workloads.transformer import (
     param_collective,
     pipe_copy_s,
     pipe_partitioned,
+    scatter_gathered,
     stage_output_bytes,
     unit_kinds,
     unit_params,
@@ -275,6 +276,15 @@ class FastEstimator:
                 forward[:, :-1] += g["p2p_partition"][rows, None]
                 backward[:, :-1] += 2 * g["p2p_gather"][rows, None]
                 backward[:, 1:] += g["p2p_partition"][rows, None]
+            received = np.zeros((int(rows.sum()), 1))
+            if not deepspeed and t.base.p2p_scatter_gather:  # Megatron-LM's all-gather of each received input
+                # (_scatter_gather): every chunk pass but the first virtual stage's forwards and the last one's
+                # backwards
+                received = g["p2p_gather"][rows, None]
+                forward += vp * received
+                forward[:, 0] -= received[:, 0]
+                backward += vp * received
+                backward[:, -1] -= received[:, 0]
             stage = forward + backward
             passes = stage.copy()  # the passes alone: what a micro-batch's round trip waits for
             blocked = np.where(zero2_blocking[rows], 1.0, 0.0)
@@ -313,7 +323,7 @@ class FastEstimator:
                     c_f, c_b, n_f, n_b = (
                         _per_stage(x, d, rows, dense_n, moe_n) for x in (comms, kernels) for d in "fb"
                     )
-                    synced = _host_synced((forward, backward), (c_f, c_b), (n_f, n_b), launch_s)
+                    synced = _host_synced((forward, backward), (c_f, c_b), (n_f, n_b), launch_s, received)
                 lockstep[rows] = _blocking_pipeline(stage + synced, M[rows], g["p2p"][rows], deepspeed)
             # The fill and drain wait for the other stages' passes, not for what follows their sends:
             # a blocking ZeRO-2 reduction, of which (v − 1)/v lies ahead of the chunk that comes back
@@ -641,7 +651,8 @@ class FastEstimator:
         """One pipeline send of one micro-batch's activations; under DeepSpeed's pipe engine
         (transformer.py _exchange, pipe_copy_bytes) with tp > 1 one all-gather of them over the
         tensor-parallel group and its copies, one received activation's copies and one partitioning
-        before a send; 0 without pipeline parallelism."""
+        before a send; under Megatron-LM's scatter-gather (transformer.py scatter_gathered) the all-gather
+        alone; 0 without pipeline parallelism."""
         tp, cp, dp, pp, mbs, sp = key
         if pp == 1:
             return 0.0, 0.0, 0.0, 0.0
@@ -651,6 +662,8 @@ class FastEstimator:
         if pipe_partitioned(job):
             gather = costs.collective_s("all_gather", stage_output_bytes(job), groups.tp)
             gather += pipe_copy_s(costs, job, "gather")
+        elif scatter_gathered(job):  # Megatron-LM's (transformer.py _scatter_gather): no copies priced
+            gather = costs.collective_s("all_gather", stage_output_bytes(job), groups.tp)
         receive, partition = (pipe_copy_s(costs, job, site) for site in ("receive", "partition"))
         return p2p_send_s(costs, job, groups.stage_cross_node), gather, receive, partition
 
@@ -956,13 +969,16 @@ def _host_synced(
     comms: tuple[np.ndarray, np.ndarray],
     kernels: tuple[np.ndarray, np.ndarray],
     launch_s: float,
+    gathered: np.ndarray | float = 0.0,
 ) -> np.ndarray:
     """Megatron-Core's 1F1B synchronises the host after every exchange (transformer.py _host_sync): the pass
     after one starts with its host, no launch ahead, and one segment of n kernels, C seconds of compute (P with
     its blocking communication), ends max(h + C, n·h + C/n) after the exchange instead of C: δ = max(h, n·h
-    + C/n − C) later. Per micro-batch (rows × stages, from the forward and backward passes, their blocking
-    communication and kernels): a stage's forward follows an exchange but on the first stage, its backward but
-    on the last (whose forward's send and backward's receive are no-ops; schedules.py
+    + C/n − C) later. Where Megatron-LM's scatter-gather runs its all-gather of G seconds first (`gathered`, per
+    row, in P; transformer.py _scatter_gather: no launch of its own), the pass ends max(G + C, h + C, n·h + C/n)
+    after: δ = max(0, max(h, n·h + C/n − C) − G). Per micro-batch (rows × stages, from the forward and backward
+    passes, their blocking communication and kernels): a stage's forward follows an exchange but on the first
+    stage, its backward but on the last (whose forward's send and backward's receive are no-ops; schedules.py
     forward_backward_pipelining_without_interleaving). Approximations: the first stage's warm-up forwards, which
     follow their sends, are left out, whole passes are one segment (gradient buckets), the host never runs
     behind its stream, and nothing waits for the DP stream (Megatron-Core pipelines with ZeRO 0-1 only, whose
@@ -970,8 +986,9 @@ def _host_synced(
     (fwd, bwd), pp = passes, passes[0].shape[1]
 
     def delay(pass_s: np.ndarray, comm_s: np.ndarray, n: np.ndarray) -> np.ndarray:
-        compute, many = pass_s - comm_s, np.maximum(n, 1.0)
-        return np.where(n > 0, np.maximum(launch_s, n * launch_s + compute / many - compute), 0.0)
+        compute, many = pass_s - comm_s - gathered, np.maximum(n, 1.0)
+        late = np.maximum(launch_s, n * launch_s + compute / many - compute)
+        return np.where(n > 0, np.maximum(late - gathered, 0.0), 0.0)
 
     d_f, d_b = delay(fwd, comms[0], kernels[0]), delay(bwd, comms[1], kernels[1])
     return d_f * (np.arange(pp) > 0) + d_b * (np.arange(pp) < pp - 1)

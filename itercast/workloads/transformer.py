@@ -135,13 +135,20 @@ def pipe_partitioned(job: Job) -> bool:
     return p.pipeline_p2p == "deepspeed" and p.tensor_parallel > 1 and not job.model.is_moe
 
 
+def scatter_gathered(job: Job) -> bool:
+    """Megatron-LM's scatter-gather of pipeline sends acts (plan.p2p_scatter_gather): under its pipeline exchanges
+    (pipeline_p2p megatron) with pipelining and tp > 1 and without sequence parallelism."""
+    p = job.plan
+    return p.p2p_scatter_gather and p.pipeline_parallel > 1 and p.tensor_parallel > 1 and not p.sequence_parallel
+
+
 def p2p_message_bytes(job: Job) -> float:
     """Activations (or their gradients) one GPU of a pipeline stage sends per micro-batch: what it holds
-    (stage_output_bytes; Megatron's scatter-gather under sequence parallelism); DeepSpeed's pipe engine
-    sends 1/tp of that where it partitions (pipe_partitioned) and all-gathers it on the receiver
-    (PartitionedTensor.data, .full)."""
+    (stage_output_bytes; 1/tp of the stage output under sequence parallelism); DeepSpeed's pipe engine
+    sends 1/tp of that where it partitions (pipe_partitioned), Megatron-LM of 2021-2023 where it scatters
+    (scatter_gathered), and the receiver all-gathers it (PartitionedTensor.data, .full; gather_split_1d_tensor)."""
     nbytes = stage_output_bytes(job)
-    return nbytes / job.plan.tensor_parallel if pipe_partitioned(job) else nbytes
+    return nbytes / job.plan.tensor_parallel if pipe_partitioned(job) or scatter_gathered(job) else nbytes
 
 
 def p2p_send_s(costs: AnalyticCostModel, job: Job, cross_node: bool) -> float:
@@ -1133,6 +1140,7 @@ class TransformerStepBuilder:
             kind = "F" if ps.forward else "B"
             fsdp: dict[int, int] = {}  # ZeRO-3: segment -> its parameter all-gather
             previous.extend(self._exchange(stage, passes, i))
+            previous.extend(self._gather_received(stage, ps))
             if first_forward:
                 previous.extend(self._weight_cast(stage, ps))
             per_tensor = p.zero_stage == 3 and sync_dp and p.zero3_collectives == "per_tensor_list"
@@ -1341,6 +1349,20 @@ class TransformerStepBuilder:
         if 0 <= src < total:
             self._waits.append(((ps.forward, src, ps.microbatch), consumer))
 
+    def _gather_received(self, stage: int, ps: Pass) -> list[int]:
+        """Overlapped exchanges (not blocking_p2p: Megatron's interleaved schedule) where Megatron-LM scatters its
+        sends (scatter_gathered): the all-gather of the pass's input on the compute stream before it, once the
+        matching send has arrived (the edge is added in build, as _receive's); [] otherwise."""
+        if self.job.plan.blocking_p2p or not scatter_gathered(self.job):
+            return []
+        vs = self._virtual(stage, ps.chunk)
+        src = vs - 1 if ps.forward else vs + 1
+        if not 0 <= src < self.job.plan.pipeline_parallel * self.job.plan.virtual_pipeline:
+            return []
+        gather = self._scatter_gather(stage, (ps.forward, src, ps.microbatch))
+        self._waits.append(((ps.forward, src, ps.microbatch), gather))
+        return [gather]
+
     def _send(self, stage: int, ps: Pass, after: int) -> None:
         """An overlapped send: on the stage's p2p stream once `after` has ended."""
         if self.job.plan.blocking_p2p:
@@ -1438,7 +1460,9 @@ class TransformerStepBuilder:
         training/argument_utils.py core_transformer_config_from_args, overlap_p2p_comm forced off without
         interleaving by arguments.py validate_args; Megatron-Bridge 5776a6d9 comm_overlap.py
         CommOverlapConfig._get_model_comm_overlap_cfgs: batch_p2p_comm True for pp > 1 without VP). Its next
-        launch is exposed: the pass after an exchange takes max(h + its compute, n·h + its last kernel)."""
+        launch is exposed: the pass after an exchange takes max(h + its compute, n·h + its last kernel).
+        Megatron-LM's scatter-gather (scatter_gathered) then all-gathers what came, after the synchronize
+        (_scatter_gather)."""
         pp = self.job.plan.pipeline_parallel
         prev, cur = passes[i - 1] if i > 0 else None, passes[i] if i < len(passes) else None
         send = recv = None
@@ -1458,7 +1482,19 @@ class TransformerStepBuilder:
         for messages in exchanges:  # one _communicate, one synchronize, per exchange
             transfers.append(self._transfer(stage, comp, messages))
             self._host_sync(stage)
+            if recv in messages and scatter_gathered(self.job):
+                transfers.append(self._scatter_gather(stage, recv))
         return transfers
+
+    def _scatter_gather(self, stage: int, message: Message) -> int:
+        """Megatron-LM's all-gather of a message that came scattered (scatter_gathered): the whole stage output
+        over the receiver's tensor-parallel group, on its compute stream (p2p_communication.py _communicate at
+        50a4b5fa: mpu.gather_split_1d_tensor of each received tensor, after the exchange's torch.cuda.synchronize)."""
+        forward, src, micro = message
+        recipe: Recipe = ("collective", stage, "all_gather", stage_output_bytes(self.job), "tp")
+        name = f"pipe_all_gather.{'act' if forward else 'grad'}.m{micro}.from{src}"
+        comp = self.g.resource(stage, "compute")
+        return self._task(recipe, name, comp, Category.COMMUNICATION, "tp_all_gather")
 
     def _transfer(self, stage: int, comp: int, messages: tuple[Message, ...]) -> int:
         """This stage's end of one blocking exchange on its compute stream (_exchange): one message
