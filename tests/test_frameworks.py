@@ -748,6 +748,15 @@ def test_deepspeed_runs_moe_without_zero3():
             ["moe_a2a_overlap=true", "recompute=full"],
             "plan.moe_a2a_overlap: megatron-core refuses it with full recompute",
         ),
+        # Megatron-Core's input-gradient all-reduce is always asynchronous, Megatron-DeepSpeed's never; neither sends
+        # Megatron-LM 2021's scattered pipeline messages
+        ("nemo", ["tp_allreduce_overlap=false"], "plan.tp_allreduce_overlap: nemo runs true"),
+        ("deepspeed", ["tp_allreduce_overlap=true"], "plan.tp_allreduce_overlap: deepspeed runs false"),
+        (
+            "megatron-core",
+            ["pipeline_p2p=megatron", "p2p_scatter_gather=true"],
+            "plan.p2p_scatter_gather: Megatron-LM's pipeline exchange of 2021-2023, which megatron-core does not run",
+        ),
     ],
 )
 def test_a_recompute_or_dispatcher_the_framework_cannot_run_is_a_one_line_error(framework, sets, message):

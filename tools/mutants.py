@@ -2106,6 +2106,11 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("megatron_pipeline")),
     M(PLAN, 'if self.p2p_scatter_gather and self.pipeline_p2p != "megatron":', "if False:",
       "Megatron-LM's scatter-gather accepted beside another pipeline engine", _t("megatron_pipeline")),
+    M("cli/search_cmds.py", 'if fw.name != "torchtitan" and given != runs_async:', "if False:",
+      "a search priced with an input-gradient all-reduce its framework does not run", _t("frameworks")),
+    M("cli/search_cmds.py", '    if plan.get("p2p_scatter_gather"):', "    if False:",
+      "a search priced with Megatron-LM 2021's scattered pipeline sends, which no framework searched runs",
+      _t("frameworks")),
 )
 # fmt: on
 

@@ -500,6 +500,24 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
             f"Megatron-DeepSpeed --moe-train-capacity-factor): expected true with model.moe_capacity_factor "
             f"{m.moe_capacity_factor}, or no capacity factor (its dropless gating); {m.name} sets false"
         )
+    runs_async = fw.plan_fields.get("tp_allreduce_overlap", True)
+    given = plan.get("tp_allreduce_overlap", runs_async)
+    if fw.name != "torchtitan" and given != runs_async:
+        why = (
+            "Megatron-DeepSpeed's validate_args turns Megatron's asynchronous all-reduce off under DeepSpeed"
+            if fw.name == "deepspeed"
+            else "Megatron-Core all-reduces a column-parallel input gradient beside its weight-gradient GEMM, no "
+            "switch (tensor_parallel/layers.py allreduce_dgrad; Transformer Engine's linears alike)"
+        )
+        raise ConfigError(
+            f"plan.tp_allreduce_overlap: {fw.name} runs {str(runs_async).lower()} ({why}); the job sets "
+            f"{str(given).lower()}"
+        )
+    if plan.get("p2p_scatter_gather"):
+        raise ConfigError(
+            f"plan.p2p_scatter_gather: Megatron-LM's pipeline exchange of 2021-2023, which {fw.name} does not run "
+            "(Megatron-Core sends each stage's output whole since 39b83c79); expected false; the job sets true"
+        )
     check_fast_path_plan(plan)
     # the fixed sizes' framework rules before the plan's own, which would name its fields and dump the plan
     # (its overlap and kernels are checked on the parsed plan: plan_space.enumerate_plans)

@@ -276,15 +276,13 @@ class FastEstimator:
                 forward[:, :-1] += g["p2p_partition"][rows, None]
                 backward[:, :-1] += 2 * g["p2p_gather"][rows, None]
                 backward[:, 1:] += g["p2p_partition"][rows, None]
-            received = np.zeros((int(rows.sum()), 1))
-            if not deepspeed and t.base.p2p_scatter_gather:  # Megatron-LM's all-gather of each received input
-                # (_scatter_gather): every chunk pass but the first virtual stage's forwards and the last one's
-                # backwards
-                received = g["p2p_gather"][rows, None]
-                forward += vp * received
-                forward[:, 0] -= received[:, 0]
-                backward += vp * received
-                backward[:, -1] -= received[:, 0]
+            # Megatron-LM's all-gather of each received input (_scatter_gather; 0 where it does not act): every
+            # chunk pass but the first virtual stage's forwards and the last one's backwards
+            received = g["p2p_gather"][rows, None] if t.base.p2p_scatter_gather else np.zeros((int(rows.sum()), 1))
+            forward += vp * received
+            forward[:, 0] -= received[:, 0]
+            backward += vp * received
+            backward[:, -1] -= received[:, 0]
             stage = forward + backward
             passes = stage.copy()  # the passes alone: what a micro-batch's round trip waits for
             blocked = np.where(zero2_blocking[rows], 1.0, 0.0)
