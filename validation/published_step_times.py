@@ -44,6 +44,12 @@ def job(r: dict[str, str]) -> Job:
         # 2022's Megatron-LM had no NaN check of the gradient buffer before its all-reduce (d66807759c added it,
         # 2023-12-05); its contiguous buffer was zeroed and scaled by 1/dp as today's
         "grad_nan_check": False,
+        # its pipeline exchanges (p2p_communication.py _communicate at 35a3fa8b7c, 2022-05-13, the paper's month, and
+        # 748a9a7db3, 2022-07-11): batched, waited for and followed by torch.cuda.synchronize(); without sequence
+        # parallelism each GPU sends 1/tp of the stage output and the receiver all-gathers it
+        # (scatter_gather_tensors_in_pipeline, on by default; 748a9a7db3 turns it off under sequence parallelism)
+        "pipeline_p2p": "megatron",
+        "p2p_scatter_gather": True,
     }
     return Job.from_dicts(model, plan, {"preset": "dgx-a100", "num_nodes": int(r["gpus"]) // 8})
 
