@@ -542,7 +542,9 @@ class PlanConfig(BaseModel):
         "(mpu.split_tensor_into_1d_equal_chunks) and the receiver, once the exchange is done, all-gathers it over "
         "its tensor-parallel group on the compute stream (mpu.gather_split_1d_tensor). With pipeline_p2p megatron "
         "only; no effect at tensor or pipeline parallel 1 or with sequence parallelism, whose sends are 1/tp "
-        "already.",
+        "already. Not priced: before 37181ef4 (2022-02-17) that gather was torch.distributed.all_gather into a "
+        "list, whose NCCL process group copies each part out of a flat buffer (about twice the stage output's "
+        "bytes of memory traffic a gather); from then _all_gather_base, no copies.",
     )
     cuda_launch_blocking: bool = Field(
         False,

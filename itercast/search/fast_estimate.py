@@ -657,11 +657,9 @@ class FastEstimator:
         job = self._job(base, tp=tp, cp=cp, dp=dp, pp=pp, mbs=mbs, sp=sp)
         costs, groups = self._cost_model(base.dtype), Groups.of(job)
         gather = 0.0
-        if pipe_partitioned(job):
+        if pipe_partitioned(job) or scatter_gathered(job):  # transformer.py _pipe_all_gather
             gather = costs.collective_s("all_gather", stage_output_bytes(job), groups.tp)
-            gather += pipe_copy_s(costs, job, "gather")
-        elif scatter_gathered(job):  # Megatron-LM's (transformer.py _scatter_gather): no copies priced
-            gather = costs.collective_s("all_gather", stage_output_bytes(job), groups.tp)
+            gather += pipe_copy_s(costs, job, "gather")  # DeepSpeed's copies; Megatron-LM's: none priced
         receive, partition = (pipe_copy_s(costs, job, site) for site in ("receive", "partition"))
         return p2p_send_s(costs, job, groups.stage_cross_node), gather, receive, partition
 

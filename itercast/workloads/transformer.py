@@ -1432,12 +1432,9 @@ class TransformerStepBuilder:
             tasks.append(self._pipe_copy(stage, "receive", f"F{cur.microbatch}"))  # _exec_forward_pass's clone
         if cur is not None and tp:
             gathers = (1 if stage > 0 else 0) if cur.forward else (2 if stage < pp - 1 else 0)
-            recipe: Recipe = ("collective", stage, "all_gather", stage_output_bytes(self.job), "tp")
             name = f"{'F' if cur.forward else 'B'}{cur.microbatch}"
             for _ in range(gathers):
-                tasks.append(
-                    self._task(recipe, f"pipe_all_gather.{name}", comp, Category.COMMUNICATION, "tp_all_gather")
-                )
+                tasks.append(self._pipe_all_gather(stage, name))
                 tasks.append(self._pipe_copy(stage, "gather", name))
         return tasks
 
@@ -1487,14 +1484,19 @@ class TransformerStepBuilder:
         return transfers
 
     def _scatter_gather(self, stage: int, message: Message) -> int:
-        """Megatron-LM's all-gather of a message that came scattered (scatter_gathered): the whole stage output
-        over the receiver's tensor-parallel group, on its compute stream (p2p_communication.py _communicate at
-        50a4b5fa: mpu.gather_split_1d_tensor of each received tensor, after the exchange's torch.cuda.synchronize)."""
+        """Megatron-LM's all-gather of a message that came scattered (scatter_gathered; p2p_communication.py
+        _communicate at 50a4b5fa: mpu.gather_split_1d_tensor of each received tensor, after the exchange's
+        torch.cuda.synchronize)."""
         forward, src, micro = message
+        return self._pipe_all_gather(stage, f"{'act' if forward else 'grad'}.m{micro}.from{src}")
+
+    def _pipe_all_gather(self, stage: int, name: str) -> int:
+        """The whole stage output all-gathered over the receiving stage's tensor-parallel group on its compute
+        stream: a pipeline message that came in 1/tp parts (DeepSpeed's partitioned transfers, Megatron-LM's
+        scatter-gather)."""
         recipe: Recipe = ("collective", stage, "all_gather", stage_output_bytes(self.job), "tp")
-        name = f"pipe_all_gather.{'act' if forward else 'grad'}.m{micro}.from{src}"
         comp = self.g.resource(stage, "compute")
-        return self._task(recipe, name, comp, Category.COMMUNICATION, "tp_all_gather")
+        return self._task(recipe, f"pipe_all_gather.{name}", comp, Category.COMMUNICATION, "tp_all_gather")
 
     def _transfer(self, stage: int, comp: int, messages: tuple[Message, ...]) -> int:
         """This stage's end of one blocking exchange on its compute stream (_exchange): one message
