@@ -25,6 +25,7 @@ from itercast.predict import simulate_transformer_step
 from itercast.search.fast_estimate import _blocking_pipeline
 from itercast.search.frameworks import FRAMEWORKS
 from itercast.search.launch_settings import launch_settings
+from itercast.search.plan_search import check_fast_path_plan
 from itercast.sim.engine import simulate
 from itercast.workloads.transformer import Groups, p2p_message_bytes
 
@@ -81,6 +82,95 @@ def test_interleaved_sends_stay_overlapped():
         return simulate(pipeline_builder(j, F, B, T).build()).step_time_s
 
     assert interleaved("megatron") == interleaved("overlapped")
+
+
+def interleaved_job(overlap: bool, stages: int = 2, micro: int = 2, **plan: object) -> Job:
+    """MODEL with one layer a chunk, 2 chunks a stage, `micro` micro-batches, Megatron's exchanges."""
+    fields = dict(
+        pipeline_parallel=stages,
+        virtual_pipeline=2,
+        schedule="interleaved-1f1b",
+        data_parallel=1,
+        micro_batch_size=1,
+        global_batch_size=micro,
+        pipeline_p2p="megatron",
+        overlap_p2p_comm=overlap,
+    )
+    system = {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": stages}, "num_nodes": 1}
+    return Job.from_dicts({**MODEL, "num_layers": 2 * stages}, fields | plan, system)
+
+
+def test_interleaved_exchanges_without_overlap_by_hand():
+    # overlap_p2p_comm false (Megatron-LM before 2023-10): 2 stages × 2 chunks (virtual stages v0 v1 on GPUs 0 1,
+    # v2 v3 on 0 1), 2 micro-batches; a chunk's forward f = F/2, backward b = B/2, each message T.
+    # GPU 0 runs its 4 forwards as warm-up, then 4 backwards; GPU 1 two warm-up forwards, the pairs (F, B) of its
+    # second chunk, then 2 backwards. Each exchange point meets its peers' (NCCL: a send ends once its receive is
+    # posted) and the compute stream waits for all its messages:
+    #   F0 | v0→v1 m0 (GPU 1's recv_forward) ........................ f + T
+    #   F1 ∥ F0, then v0→v1 m1 with v1→v2 m0 ........................ 2f + 2T
+    #   F2 ∥ F1, then v2→v3 m0 with v1→v2 m1 ........................ 3f + 3T
+    #   GPU 1: F2, B0 of v3; GPU 0 (F3) waits: v2→v3 m1 with grad v3→v2 m0 ... 4f + b + 4T
+    #   GPU 1: F3, B1 (v3); GPU 0: B0 (v2): grad v3→v2 m1 with v2→v1 m0 ..... 5f + 2b + 5T
+    #   B1 (v2) ∥ B2 (v1): grad v2→v1 m1 with v1→v0 m0 ...................... 5f + 3b + 6T
+    #   B2 (v0) ∥ B3 (v1): grad v1→v0 m1 .................................... 5f + 4b + 7T
+    #   B3 (v0) ............................................................. 5f + 5b + 7T
+    f, b = F / 2, B / 2
+    blocking = simulate(pipeline_builder(interleaved_job(False), F, B, T).build()).step_time_s
+    assert blocking == pytest.approx(5 * f + 5 * b + 7 * T)  # 9.25
+    overlapped = simulate(pipeline_builder(interleaved_job(True), F, B, T).build()).step_time_s
+    assert overlapped < blocking
+
+
+def test_interleaved_exchanges_without_overlap_synchronise_at_every_point():
+    g = pipeline_builder(interleaved_job(False), F, B, T).build()
+    rank, kind = g.resource_rank[g.resource], np.array(g.kinds, dtype=object)[g.resource_kind[g.resource]]
+    names = np.array(g.names, dtype=object)[g.name]
+    syncs = names == "cuda_synchronize"
+    # GPU 0: after each of its 8 passes (its first forward receives nothing: no recv_forward); GPU 1: before its
+    # first forward, after its 2 warm-up forwards, its 2 pairs and its 2 cool-down backwards
+    assert [int((syncs & (rank == s)).sum()) for s in range(2)] == [8, 7]
+    # every message on streams of its own, each end a collective member; the compute stream waits, priced 0 s
+    ends = {end: np.array([str(n).startswith(end) for n in names]) for end in ("send_", "recv_")}
+    assert int((ends["send_"] | ends["recv_"]).sum()) == 2 * 12  # 12 messages (6 forward, 6 backward), two ends each
+    # an activation leaves for the next GPU and arrives from the previous one, a gradient the other way round
+    for end, stream in (("send_act", "p2p_next"), ("recv_act", "p2p_prev_recv"), ("send_grad", "p2p_prev")):
+        assert set(kind[np.char.startswith(names.astype(str), end)]) == {stream}
+    assert set(kind[np.char.startswith(names.astype(str), "recv_grad")]) == {"p2p_next_recv"}
+    # with 4 micro-batches GPU 0 has steady pairs too (4 warm-up forwards of its 8 chunk passes), whose forward of
+    # the first chunk goes to GPU 1: every message still leaves once and arrives once, (4 − 1) virtual hops × 4
+    # micro-batches each way
+    g4 = pipeline_builder(interleaved_job(False, micro=4), F, B, T).build()
+    names4 = np.array(g4.names, dtype=str)[g4.name]
+    assert int(np.char.startswith(names4, "send_").sum()) == int(np.char.startswith(names4, "recv_").sum()) == 24
+    waits = np.array([str(n).startswith("p2p_wait") for n in names])
+    assert set(kind[waits]) == {"compute"} and not g.duration_s[waits].any()
+    # under 1F1B the field changes nothing: its exchanges always block
+
+    def one_f_one_b(overlap: bool) -> float:
+        j = interleaved_job(overlap, virtual_pipeline=1, schedule="1f1b")
+        return simulate(pipeline_builder(j, F, B, T).build()).step_time_s
+
+    assert one_f_one_b(False) == one_f_one_b(True) == step_s("megatron", 2, 2)
+
+
+def test_interleaved_exchanges_without_overlap_gather_what_came_scattered():
+    # Megatron-LM of 2021 (p2p_scatter_gather): each received tensor all-gathered after the point's synchronize,
+    # as many as with overlap: every chunk's input but the first virtual stage's forwards and the last one's
+    # backwards, 8 micro-batches on 4 GPUs × 2 chunks
+    plan = {"tensor_parallel": 8, "pipeline_parallel": 4, "global_batch_size": 8, "pipeline_p2p": "megatron"}
+    plan |= {"schedule": "interleaved-1f1b", "virtual_pipeline": 2, "p2p_scatter_gather": True}
+    j = Job.from_presets("gpt3-1.3b", "dgx-a100", 4, plan | {"overlap_p2p_comm": False})
+    g = simulate_transformer_step(j)[0].graph
+    names, rank = np.array(g.names, dtype=str)[g.name], g.resource_rank[g.resource]
+    gathers = np.char.startswith(names, "pipe_all_gather")
+    assert [int((gathers & (rank == s)).sum()) for s in range(4)] == [24, 32, 32, 24]
+
+
+def test_overlap_p2p_comm_false_is_megatrons_and_the_graphs_alone():
+    with pytest.raises(ConfigError, match=r"overlap_p2p_comm is Megatron's switch .* got false with pipeline_p2p"):
+        Job.from_dicts(MODEL | {"num_layers": 4}, {"pipeline_parallel": 2, "overlap_p2p_comm": False}, SYSTEM)
+    with pytest.raises(ConfigError, match=r"plan.overlap_p2p_comm false .* not by the search's fast path"):
+        check_fast_path_plan({"overlap_p2p_comm": False})
 
 
 def test_megatron_exchanges_refuse_gpipe():

@@ -50,6 +50,10 @@ def job(r: dict[str, str]) -> Job:
         # (scatter_gather_tensors_in_pipeline, on by default; 748a9a7db3 turns it off under sequence parallelism)
         "pipeline_p2p": "megatron",
         "p2p_scatter_gather": True,
+        # and its interleaved schedule's exchanges were each waited for and synchronised too (schedules.py
+        # forward_backward_pipelining_with_interleaving at 35a3fa8b7c: send_forward_backward_recv_forward_backward
+        # and the others through _communicate); the overlap came in f9283c5a8a (2023-05-31)
+        "overlap_p2p_comm": False,
     }
     return Job.from_dicts(model, plan, {"preset": "dgx-a100", "num_nodes": int(r["gpus"]) // 8})
 

@@ -567,15 +567,29 @@ class PlanConfig(BaseModel):
         "and batch_p2p_sync, both on under 1F1B: transformer.py _host_sync) and a send is batched with the "
         "receive that follows it from the same neighbour (send_forward_recv_backward, "
         "send_backward_recv_forward: one batch_isend_irecv, both directions at once, as long as the longer "
-        "message); warm-up sends and cool-down receives go alone. Interleaved: overlapped, as overlap_p2p_comm "
-        "runs it (set for VP > 1 by Megatron-LM's arguments.py, NeMo's MegatronCommOverlapCallback and "
-        "Megatron-Bridge's CommOverlapConfig; the library's own default False is not priced). "
+        "message); warm-up sends and cool-down receives go alone. Interleaved: as overlap_p2p_comm says. "
         "deepspeed: DeepSpeed's PipelineEngine (deepspeed/runtime/pipe at 3401d2516, Feb. 2022): every send and "
         "receive is a blocking dist.send/recv on the compute stream (p2p.py), both sides of each pair meet in "
         "the order of schedule.py TrainSchedule (a stage's output leaves at its next step); with tp > 1 each "
         "GPU sends 1/tp of the stage output plus a partition header, which the receiver all-gathers over the "
         "tensor-parallel group (engine.py is_pipe_partitioned, PartitionedTensor): one all-gather before a "
         "forward, two before a backward (its own output and the gradient). Runs 1f1b with ZeRO 0-1 only.",
+    )
+    overlap_p2p_comm: bool = Field(
+        True,
+        description="pipeline_p2p megatron under interleaved-1f1b: true, each exchange beside the next chunk's "
+        "compute, waited for only where its input is used (overlap_p2p_comm, which Megatron-LM sets for VP > 1 "
+        "since 4eeff55d1f, 2023-10-12, NeMo's MegatronCommOverlapCallback and Megatron-Bridge's CommOverlapConfig "
+        "too); false, Megatron-Core's own default and Megatron-LM's before it (from the 2021 interleaved schedule, "
+        "schedules.py forward_backward_pipelining_with_interleaving at de7dc40f, to f9283c5a8a's option of "
+        "2023-05-31, off by default): each exchange point (before the first forward, after each warm-up "
+        "forward, after each steady forward-backward pair, after each cool-down backward) is one "
+        "_communicate: the stage's outputs since the last point and its inputs until the next, with both "
+        "neighbours, in one batch_isend_irecv that the compute stream waits for whole, then "
+        "torch.cuda.synchronize() (workloads/transformer.py _interleaved_exchange). No effect under 1f1b, whose "
+        "exchanges always block (Megatron-LM's arguments.py forces it off without interleaving). Graph only: "
+        "the search refuses false (every framework it searches overlaps) and `slice` shortlists its slicings "
+        "on the overlapped fast path before `predict` prices the best.",
     )
 
     @model_validator(mode="after")
@@ -598,11 +612,16 @@ class PlanConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _check_scatter_gather(self) -> PlanConfig:
+    def _check_megatron_exchange(self) -> PlanConfig:
         if self.p2p_scatter_gather and self.pipeline_p2p != "megatron":
             raise ValueError(
                 "plan.p2p_scatter_gather is Megatron-LM's pipeline exchange (p2p_communication.py, 2021-2023) and "
                 f"needs pipeline_p2p megatron; got pipeline_p2p {self.pipeline_p2p!r}"
+            )
+        if not self.overlap_p2p_comm and self.pipeline_p2p != "megatron":
+            raise ValueError(
+                "plan.overlap_p2p_comm is Megatron's switch for its interleaved schedule's exchanges and needs "
+                f"pipeline_p2p megatron; got false with pipeline_p2p {self.pipeline_p2p!r}"
             )
         return self
 
@@ -660,8 +679,10 @@ class PlanConfig(BaseModel):
     @property
     def blocking_p2p(self) -> bool:
         """The pipeline exchanges block both stages' compute streams (pipeline_p2p deepspeed; megatron
-        under 1f1b); else each send runs beside the compute (transformer.py _send, _exchange)."""
-        return self.pipeline_p2p == "deepspeed" or (self.pipeline_p2p == "megatron" and self.schedule == "1f1b")
+        under 1f1b, or interleaved without overlap_p2p_comm); else each send runs beside the compute
+        (transformer.py _send, _exchange)."""
+        megatron_blocks = self.schedule == "1f1b" or not self.overlap_p2p_comm
+        return self.pipeline_p2p == "deepspeed" or (self.pipeline_p2p == "megatron" and megatron_blocks)
 
     @model_validator(mode="before")
     @classmethod

@@ -40,7 +40,7 @@ def interleaved_one_f_one_b(stage: int, stages: int, microbatches: int, chunks: 
     chunk passes), also with as many micro-batches as stages (every forward first on every stage only
     before a606486, March 2025: core_v0.8.0's all_warmup_microbatches)."""
     total = microbatches * chunks
-    warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+    warmup = interleaved_warmup(stage, stages, microbatches, chunks)
 
     def locate(k: int, forward: bool) -> Pass:
         chunk = (k // stages) % chunks
@@ -52,6 +52,12 @@ def interleaved_one_f_one_b(stage: int, stages: int, microbatches: int, chunks: 
         out += [locate(warmup + i, True), locate(i, False)]
     out += [locate(k, False) for k in range(total - warmup, total)]
     return out
+
+
+def interleaved_warmup(stage: int, stages: int, microbatches: int, chunks: int) -> int:
+    """Chunk passes `stage` runs forward before its first backward under interleaved 1F1B (then one forward and
+    one backward in turn): Megatron-Core's get_pp_rank_microbatches, min(2 (p − s − 1) + (v − 1) p, all of them)."""
+    return min((stages - stage - 1) * 2 + (chunks - 1) * stages, microbatches * chunks)
 
 
 def schedule(name: str, stage: int, stages: int, microbatches: int, chunks: int = 1) -> list[Pass]:

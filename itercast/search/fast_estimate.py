@@ -261,7 +261,8 @@ class FastEstimator:
         period = np.zeros(len(t))  # the steady state's seconds per micro-batch
         chunk_trip = np.zeros(len(t))  # interleaved: the last micro-batch's first chunk there and back
         deepspeed = t.base.pipeline_p2p == "deepspeed"
-        # PlanConfig.blocking_p2p, row by row: DeepSpeed's transfers, Megatron-Core's under 1f1b
+        # PlanConfig.blocking_p2p, row by row: DeepSpeed's transfers, Megatron-Core's under 1f1b (interleaved
+        # without overlap_p2p_comm is the graph's alone: search refuses it, `slice` shortlists on this overlapped price)
         blocking = deepspeed | ((t.base.pipeline_p2p == "megatron") & (c["schedule"] == SCHEDULES.index("1f1b")))
         lockstep = np.zeros(len(t))  # blocking: the pipeline of _blocking_pipeline
         gpipe = c["schedule"] == SCHEDULES.index("gpipe")

@@ -34,7 +34,7 @@ from itercast.memory import (
     virtual_stage_layer_counts,
     zero3_kept,
 )
-from itercast.parallel.schedules import Pass, schedule
+from itercast.parallel.schedules import Pass, interleaved_warmup, schedule
 from itercast.workloads import transformer_ops as ops_mod
 from itercast.workloads.transformer_ops import COMM_FAMILIES, Op
 
@@ -1400,8 +1400,10 @@ class TransformerStepBuilder:
         p = self.job.plan
         if not p.blocking_p2p or p.pipeline_parallel == 1:
             return []
-        if p.pipeline_p2p == "megatron":
+        if p.pipeline_p2p == "megatron" and p.schedule == "1f1b":
             return self._megatron_exchange(stage, passes, i)
+        if p.pipeline_p2p == "megatron":
+            return self._interleaved_exchange(stage, passes, i)
         pp = p.pipeline_parallel
 
         def step(ps: Pass) -> int:
@@ -1482,6 +1484,67 @@ class TransformerStepBuilder:
             if recv in messages and scatter_gathered(self.job):
                 transfers.append(self._scatter_gather(stage, recv))
         return transfers
+
+    def _interleaved_exchange(self, stage: int, passes: list[Pass], i: int) -> list[int]:
+        """Megatron's interleaved schedule without overlap_p2p_comm (PlanConfig.overlap_p2p_comm false;
+        schedules.py forward_backward_pipelining_with_interleaving at de7dc40f, the same calls in Megatron-Core
+        d98e8a64 under batch_p2p_comm): an exchange point before the first forward (recv_forward, none on the
+        first stage), after each warm-up forward (send_forward_recv_forward; the last one
+        send_forward_backward_recv_forward_backward), after each steady forward-backward pair
+        (send_forward_backward_recv_forward_backward) and after each cool-down backward
+        (send_backward_recv_backward). Each point is one _communicate: the outputs of the stage's passes since
+        the last point go out and the inputs of its passes until the next come in (from and to virtual stages
+        ∓ 1, the last GPU's next being the first's), one batch_isend_irecv with both neighbours that the compute
+        stream waits for whole (req.wait()), then torch.cuda.synchronize(), with or without messages (its
+        batch_p2p_sync), then with scatter-gather each received tensor all-gathered (_scatter_gather). A message
+        runs on a stream of its own at either end, a two-member collective (NCCL: a send completes once its
+        receive is posted, and the other way round), every message of a point at once, after the compute issued
+        before it (ProcessGroupNCCL's stream waits for it); the compute stream then waits for them all (a task
+        of no duration). Messages are (forward, sending virtual stage, micro-batch) here."""
+        p = self.job.plan
+        pp, total = p.pipeline_parallel, p.pipeline_parallel * p.virtual_pipeline
+        warmup = interleaved_warmup(stage, pp, self.job.num_microbatches, p.virtual_pipeline)
+        steady_end = 2 * p.virtual_pipeline * self.job.num_microbatches - warmup  # past the last steady pair
+
+        def paired(k: int) -> bool:  # pass k is the backward of a steady pair
+            return warmup <= k < steady_end and (k - warmup) % 2 == 1
+
+        if i < len(passes) and paired(i):
+            return []  # a steady pair's forward and backward run back to back
+        sent = [k for k in (i - 2, i - 1) if k >= 0 and (k == i - 1 or paired(i - 1))]
+        received = [k for k in (i, i + 1) if k < len(passes) and (k == i or paired(i + 1))]
+        messages: list[tuple[Message, bool]] = []  # (message, this stage sends it)
+        for k in sent:
+            ps = passes[k]
+            vs = self._virtual(stage, ps.chunk)
+            if 0 <= (vs + 1 if ps.forward else vs - 1) < total:
+                messages.append(((ps.forward, vs, ps.microbatch), True))
+        for k in received:
+            ps = passes[k]
+            vs = self._virtual(stage, ps.chunk)
+            src = vs - 1 if ps.forward else vs + 1
+            if 0 <= src < total:
+                messages.append(((ps.forward, src, ps.microbatch), False))
+        if i == 0 and not messages:
+            return []  # recv_forward on the first stage calls no _communicate
+        comp = self.g.resource(stage, "compute")
+        issued = [self._tails[stage][comp]] if comp in self._tails[stage] else []
+        ends = []
+        for message, sending in messages:
+            forward, src, micro = message
+            dst = src + 1 if forward else src - 1
+            to_next = forward == sending  # a forward leaves for the next GPU, a gradient arrives from it
+            stream = self.g.resource(stage, ("p2p_next" if to_next else "p2p_prev") + ("" if sending else "_recv"))
+            if (message,) not in self._pairs:
+                self._pairs[(message,)] = self.g.new_collective()
+            recipe: Recipe = ("p2p", src % pp, dst % pp)
+            name = f"{'send' if sending else 'recv'}_{'act' if forward else 'grad'}.m{micro}.v{src}"
+            task = self._task(recipe, name, stream, Category.COMMUNICATION, "pp_p2p", issued, self._pairs[(message,)])
+            ends.append(task)
+        waited = self._task(("sync", stage), f"p2p_wait.{i}", comp, Category.COMMUNICATION, "pp_p2p", ends)
+        self._host_sync(stage)
+        arrived = [m for m, sending in messages if not sending] if scatter_gathered(self.job) else []
+        return [waited, *(self._scatter_gather(stage, m) for m in arrived)]
 
     def _scatter_gather(self, stage: int, message: Message) -> int:
         """Megatron-LM's all-gather of a message that came scattered (scatter_gathered; p2p_communication.py
