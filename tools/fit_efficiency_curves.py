@@ -41,6 +41,12 @@ here, so validation/step_times.py stays an independent check. Curve form (satura
   768: 0.34 of peak at 2.4e11 FLOPs) that pulls e_max to 0.615 where the square shapes reach 0.70.
   A curve in FLOPs alone cannot tell a skinny GEMM from a square one; dropping the row would be a
   choice made after seeing its effect on step times, so it stays (the bias is a known limitation).
+  Session 56 tried a second source, the per-tensor cuBLAS FP8 kernels of data/published/kernels/
+  fp8_rowwise_gemm_h100.csv (`fp8_cublas_h100`), the two files weighing the same: it prices the lent
+  H200's 581 fp8 GEMMs at training shapes (held out) at 0.997× their time against this curve's 1.058×,
+  but makes the fitting table's FP8 rows 5-12% faster, too fast (validation/kernel_tables.py fp8_refit;
+  validation/HISTORY.md): not adopted while the FP8 step costs this curve's slowness stands in for are
+  not found.
 - Memory-bound: time = alpha + bytes / (hbm_bw · eff(bytes)); vidur's A100 and H100 profiles of
   residual add, RMSNorm and SiLU·mul (bytes counted from the shapes). Vidur's adds alone put the
   elementwise curve's e_max at 1.04 of the datasheet's HBM bandwidth, more than HBM can move: they
@@ -135,6 +141,35 @@ class GemmRows:
         return GemmRows(*(np.r_[a, b] for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
+def cublaslt_gemms(data: Path, dtype: str) -> GemmRows:
+    """The GEMMs of `dtype` (fp8 on H100, fp16 on A100) in Azure AI-benchmarking-guide's cuBLASLt table, timed from
+    their TFLOP/s."""
+    rows = read_csv_rows(data / "kernels" / "azure_ai_benchmarking_guide_gemm_cublaslt.csv")
+    sel = [r for r in rows if r["dtype"] == dtype]
+    m, n, k = (np.array([float(r[c]) for r in sel]) for c in "mnk")
+    return GemmRows(np.ones_like(m), m, n, k, 2 * m * n * k / (np.array([float(r["TFLOPs"]) for r in sel]) * 1e12))
+
+
+def fp8_kernel_seconds(row: dict[str, str]) -> float:
+    """Kernel time of a row of data/published/kernels/fp8_rowwise_gemm_h100.csv: its microseconds, or 2mnk / its
+    TFLOP/s (the figure its source prints)."""
+    if row["microseconds"]:
+        return float(row["microseconds"]) * 1e-6
+    return 2.0 * float(row["m"]) * float(row["n"]) * float(row["k"]) / (float(row["tflops"]) * 1e12)
+
+
+def fp8_cublas_h100() -> GemmRows:
+    """The per-tensor cuBLAS FP8 GEMMs of fp8_rowwise_gemm_h100.csv measured on H100 at its nominal power (pytorch/
+    FBGEMM PR #2764's four training shapes, meta-pytorch/tritonbench PR #1149's 4096³)."""
+    rows = [
+        r
+        for r in read_csv_rows(KERNELS / "fp8_rowwise_gemm_h100.csv")
+        if (r["gpu"], r["kernel"], r["scaling"]) == ("h100", "cublas", "tensorwise")
+    ]
+    m, n, k = (np.array([float(r[c]) for r in rows]) for c in "mnk")
+    return GemmRows(np.ones_like(m), m, n, k, np.array([fp8_kernel_seconds(r) for r in rows]))
+
+
 def xla_gemms(data: Path, dtype: str) -> GemmRows:
     """OpenXLA's measured H100 (sm_90) matmuls of `dtype` (e.g. bf16xbf16->bf16)."""
     rows = [
@@ -155,17 +190,11 @@ def fit_gemm(data: Path) -> dict:
     weights = np.r_[np.full(len(xla.m), 1 / len(xla.m)), np.full(len(vidur.m), 1 / len(vidur.m))]
     both = xla + vidur
     out["bf16"] = fit_latency_curve(both.flops, both.seconds, H100_BF16_PEAK, weights=weights)
-    lt = read_csv_rows(data / "kernels" / "azure_ai_benchmarking_guide_gemm_cublaslt.csv")
-    fp8 = [r for r in lt if r["dtype"] == "fp8"]
-    flops = np.array([2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) for r in fp8])
-    times = flops / (np.array([float(r["TFLOPs"]) for r in fp8]) * 1e12)
-    out["fp8"] = fit_latency_curve(flops, times, H100_FP8_PEAK, alpha_s=out["bf16"]["alpha_s"])
+    fp8 = cublaslt_gemms(data, "fp8")
+    out["fp8"] = fit_latency_curve(fp8.flops, fp8.seconds, H100_FP8_PEAK, alpha_s=out["bf16"]["alpha_s"])
     # held-out checks (not fitted): the bf16 curve, fitted on H100, predicting A100 GEMMs at A100's peak
-    a100 = [r for r in lt if r["dtype"] == "fp16"]
-    m, n, k = (np.array([float(r[c]) for r in a100]) for c in "mnk")
-    cublaslt = GemmRows(np.ones_like(m), m, n, k, 2 * m * n * k / (np.array([float(r["TFLOPs"]) for r in a100]) * 1e12))
     for check, rows in (
-        ("check_a100_fp16_cublaslt_mean_abs_err", cublaslt),
+        ("check_a100_fp16_cublaslt_mean_abs_err", cublaslt_gemms(data, "fp16")),
         ("check_a100_vidur_projections_mean_abs_err", vidur_gemms(data, "a100")),
     ):
         b, f = out["bf16"], rows.flops

@@ -68,10 +68,10 @@ from scipy.optimize import least_squares
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from itercast.costs.fitting import eff, geomean_abs_err, mean_abs_err
-from itercast.data_paths import read_csv_rows, shared_data_dir
+from itercast.data_paths import shared_data_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit_efficiency_curves import GemmRows, vidur_gemms, xla_gemms
+from fit_efficiency_curves import GemmRows, cublaslt_gemms, vidur_gemms, xla_gemms
 
 H100_BF16_PEAK, A100_BF16_PEAK, H100_FP32_PEAK = 989.4e12, 312e12, 66.9e12  # dense, datasheets
 # Streaming multiprocessors of the presets' GPUs (itercast/config/presets/systems.yaml names):
@@ -159,14 +159,7 @@ def load(data: Path) -> dict[str, Points]:
     out = {"h100 xla": Points("h100 xla", "h100", xla_gemms(data, "bf16xbf16->bf16"))}
     for gpu in ("h100", "a100"):
         out[f"{gpu} vidur"] = Points(f"{gpu} vidur", gpu, vidur_gemms(data, gpu))
-    lt = [
-        r
-        for r in read_csv_rows(data / "kernels" / "azure_ai_benchmarking_guide_gemm_cublaslt.csv")
-        if r["dtype"] == "fp16"
-    ]
-    m, n, k = (np.array([float(r[c]) for r in lt]) for c in "mnk")
-    seconds = 2 * m * n * k / (np.array([float(r["TFLOPs"]) for r in lt]) * 1e12)
-    out["a100 cublaslt"] = Points("a100 cublaslt", "a100", GemmRows(np.ones_like(m), m, n, k, seconds))
+    out["a100 cublaslt"] = Points("a100 cublaslt", "a100", cublaslt_gemms(data, "fp16"))
     db = Path(__file__).resolve().parents[1] / "data" / "measured" / "h100_profile.db"
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     cols: list[list[float]] = [[], [], [], [], []]

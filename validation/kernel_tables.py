@@ -64,7 +64,7 @@ from itercast.config.job import Job, parse_section
 from itercast.config.system import POWER_LIMITS
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.attention import AttentionShape
-from itercast.costs.fitting import attention_points, attention_times_s, mean_abs_err
+from itercast.costs.fitting import attention_points, attention_times_s, fit_latency_curve, mean_abs_err
 from itercast.data_paths import read_csv_rows, shared_data_dir
 
 KERNELS = Path(__file__).resolve().parents[1] / "data" / "published" / "kernels"
@@ -75,7 +75,10 @@ from fit_efficiency_curves import (  # noqa: E402
     H100_FP8_PEAK,
     HBM,
     GemmRows,
+    cublaslt_gemms,
     fit_attention_kernel,
+    fp8_cublas_h100,
+    fp8_kernel_seconds,
     vidur_gemms,
     xla_gemms,
 )
@@ -124,6 +127,7 @@ def main() -> None:
         print(f"{np.mean(guess[sel] / points.seconds[sel] - 1):+.1%})")
     cudnn_frontend_h200()
     fp8_rowwise()
+    fp8_refit()
     power_limits()
     gemm_shapes()
     own_gemm_curves()
@@ -165,13 +169,6 @@ def cudnn_frontend_h200() -> None:
         )
 
 
-def _seconds(row: dict[str, str]) -> float:
-    """Kernel time of a row of fp8_rowwise_gemm_h100.csv: its microseconds, or 2mnk / its TFLOP/s."""
-    if row["microseconds"]:
-        return float(row["microseconds"]) * 1e-6
-    return _flops(row) / (float(row["tflops"]) * 1e12)
-
-
 def _flops(row: dict[str, str]) -> float:
     return 2.0 * float(row["m"]) * float(row["n"]) * float(row["k"])
 
@@ -186,7 +183,7 @@ def fp8_rowwise() -> None:
         for ref in (r for r in rows if r["kernel"] == "cublas" and r["scaling"] == "tensorwise"):
             if (ref["source"], ref["m"], ref["n"], ref["k"]) != shape:
                 continue
-            ratio = _seconds(row) / _seconds(ref)
+            ratio = fp8_kernel_seconds(row) / fp8_kernel_seconds(ref)
             if row["kernel"] in CURRENT_ROWWISE:
                 current.append(ratio)
             print(f"  {row['kernel']:21} {row['m']:>5} x {row['n']:>5} x {row['k']:>5}  x{ratio:.3f}")
@@ -201,9 +198,49 @@ def fp8_rowwise() -> None:
         for scaling in scalings:
             for kernel, gpu in sorted({(r["kernel"], r["gpu"]) for r in rows if r["scaling"] == scaling}):
                 sel = [r for r in rows if (r["scaling"], r["kernel"], r["gpu"]) == (scaling, kernel, gpu)]
-                err = [float(costs.gemm_s(_flops(r))) / _seconds(r) - 1 for r in sel]
+                err = [float(costs.gemm_s(_flops(r))) / fp8_kernel_seconds(r) - 1 for r in sel]
                 print(f"    {dtype:4} curve on {scaling:10} {kernel:21} {gpu:9} {len(sel)} rows: ", end="")
                 print(", ".join(f"{e:+.1%}" for e in err))
+
+
+def fp8_refit() -> None:
+    """The fp8 curve refitted on a second source (session 56, not adopted: fit_efficiency_curves.py's docstring):
+    the Azure cuBLASLt table and the per-tensor cuBLAS kernels of fp8_rowwise_gemm_h100.csv, each file weighing the
+    same, latency pinned as fitted; each curve's time / measured on both files and on the lent H200's fp8 GEMMs
+    at training shapes (data/measured/h200_campaign/gemm.csv: torch._scaled_mm as Transformer Engine runs it,
+    forward with fast accumulation, gradients without; held out), by pass."""
+    from itercast.costs.curves import Curve, curves
+
+    data = shared_data_dir()
+    if data is None:
+        print("\nfp8 refit: no shared data (set ITERCAST_DATA), skipped")
+        return
+    fitted = curves()["gemm"]["fp8"]
+    azure, cublas = cublaslt_gemms(data, "fp8"), fp8_cublas_h100()
+    both = azure + cublas
+    weights = np.r_[np.full(len(azure.m), 1 / len(azure.m)), np.full(len(cublas.m), 1 / len(cublas.m))]
+    refit = fit_latency_curve(both.flops, both.seconds, H100_FP8_PEAK, alpha_s=fitted["alpha_s"], weights=weights)
+    campaign = [
+        r
+        for r in read_csv_rows(Path(__file__).resolve().parents[1] / "data/measured/h200_campaign/gemm.csv")
+        if r["dtype"] == "fp8" and r["status"] == "ok" and r["model"] != "square"
+    ]
+    print("\nfp8 curve refitted on both H100 files (not adopted): geomean of priced / measured time")
+    print(f"  {'curve':8} {'e_max':>6} {'log_half':>8} {'gamma':>6}  {'Azure':>6} {'cuBLAS':>6}", end="")
+    print("".join(f" {'H200 ' + p:>12}" for p in ("fprop", "dgrad", "wgrad")))
+    for name, fit in (("fitted", fitted), ("refit", refit)):
+        c = Curve(fit["e_max"], fit["log_half"], fit["gamma"])
+
+        def ratio(flops: np.ndarray, seconds: np.ndarray, c: Curve = c, fit: dict = fit) -> float:
+            return float(np.exp(np.mean(np.log((fit["alpha_s"] + flops / (H100_FP8_PEAK * c(flops))) / seconds))))
+
+        print(f"  {name:8} {fit['e_max']:6.3f} {fit['log_half']:8.2f} {fit['gamma']:6.2f}  ", end="")
+        print(f"{ratio(azure.flops, azure.seconds):6.3f} {ratio(cublas.flops, cublas.seconds):6.3f}", end="")
+        for pas in ("fprop", "dgrad", "wgrad"):
+            sel = [r for r in campaign if r["pass"] == pas]
+            flops = np.array([2.0 * float(r["m"]) * float(r["n"]) * float(r["k"]) for r in sel])
+            print(f" {ratio(flops, np.array([float(r['median_ms']) * 1e-3 for r in sel])):12.3f}", end="")
+        print()
 
 
 def power_limits() -> None:
@@ -264,18 +301,14 @@ def gemm_shapes() -> None:
         print("\nGEMM curve form: no shared data (set ITERCAST_DATA), skipped")
         return
     xla, vidur = xla_gemms(data, "bf16xbf16->bf16"), vidur_gemms(data, "h100")
-    lt = read_csv_rows(data / "kernels" / "azure_ai_benchmarking_guide_gemm_cublaslt.csv")
     tables: dict[str, tuple[GemmRows, str, float]] = {
         "xla h100 bf16 (fitted)": (xla, "h100", H100_BF16_PEAK),
         "vidur h100 bf16 (fitted)": (vidur, "h100", H100_BF16_PEAK),
         "vidur a100 bf16 (held out)": (vidur_gemms(data, "a100"), "a100", A100_BF16_PEAK),
     }
     for dtype, gpu, peak in (("fp16", "a100", A100_BF16_PEAK), ("fp8", "h100", H100_FP8_PEAK)):
-        sel = [r for r in lt if r["dtype"] == dtype]
-        m, n, k = (np.array([float(r[c]) for r in sel]) for c in "mnk")
-        seconds = 2 * m * n * k / (np.array([float(r["TFLOPs"]) for r in sel]) * 1e12)
         role = "held out" if dtype == "fp16" else "fitted apart"
-        tables[f"cublasLt {gpu} {dtype} ({role})"] = (GemmRows(np.ones_like(m), m, n, k, seconds), gpu, peak)
+        tables[f"cublasLt {gpu} {dtype} ({role})"] = (cublaslt_gemms(data, dtype), gpu, peak)
     both = xla + vidur
     weights = np.sqrt(np.r_[np.full(len(xla.m), 1 / len(xla.m)), np.full(len(vidur.m), 1 / len(vidur.m))])
     h100 = GEMM_GPUS["h100"]
@@ -354,16 +387,10 @@ def own_gemm_curves() -> None:
                 f"    {name:42} {int(keep.sum()):>3} rows  {label:12} {np.exp(np.log(ratio).mean()):.3f}  "
                 f"{mean_abs_err(predicted[keep], bench.seconds[keep]):6.1%} / {np.max(np.abs(ratio - 1)):6.1%}"
             )
-    lt = [
-        r
-        for r in read_csv_rows(data / "kernels" / "azure_ai_benchmarking_guide_gemm_cublaslt.csv")
-        if r["dtype"] == "fp16"
-    ]
-    m, n, k = (np.array([float(r[c]) for r in lt]) for c in "mnk")
-    cublaslt = GemmRows(np.ones_like(m), m, n, k, 2 * m * n * k / (np.array([float(r["TFLOPs"]) for r in lt]) * 1e12))
+    cublaslt = cublaslt_gemms(data, "fp16")
     vidur = vidur_gemms(data, "a100")
     both = vidur + cublaslt
-    weights = np.r_[np.full(len(vidur.m), 1 / len(vidur.m)), np.full(len(lt), 1 / len(lt))]
+    weights = np.r_[np.full(len(vidur.m), 1 / len(vidur.m)), np.full(len(cublaslt.m), 1 / len(cublaslt.m))]
     a100 = fit_latency_curve(
         both.flops, both.seconds, A100_BF16_PEAK, alpha_s=shared["bf16"]["alpha_s"], weights=weights
     )
