@@ -2136,6 +2136,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "the steady state's pairs ending early: its last exchanges split", _t("megatron_pipeline")),
     M("search/plan_search.py", '    if not plan.get("overlap_p2p_comm", True):', "    if False:",
       "a search priced with blocking interleaved exchanges on the overlapped fast path", _t("megatron_pipeline")),
+    M("search/job_slicing.py", 'if p.pipeline_p2p == "megatron" and not p.overlap_p2p_comm and p.virtual_pipeline > 1:',
+      "if False:", "slice shortlisting blocking interleaved exchanges on the overlapped price without a word",
+      _t("job_slicing")),
 )
 # fmt: on
 

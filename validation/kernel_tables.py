@@ -228,19 +228,17 @@ def fp8_refit() -> None:
     print("\nfp8 curve refitted on both H100 files (not adopted): geomean of priced / measured time")
     print(f"  {'curve':8} {'e_max':>6} {'log_half':>8} {'gamma':>6}  {'Azure':>6} {'cuBLAS':>6}", end="")
     print("".join(f" {'H200 ' + p:>12}" for p in ("fprop", "dgrad", "wgrad")))
+    by_pass = {}  # the H200's (FLOPs, seconds) per pass
+    for pas in ("fprop", "dgrad", "wgrad"):
+        sel = [r for r in campaign if r["pass"] == pas]
+        flops = np.array([2.0 * float(r["m"]) * float(r["n"]) * float(r["k"]) for r in sel])
+        by_pass[pas] = flops, np.array([float(r["median_ms"]) * 1e-3 for r in sel])
     for name, fit in (("fitted", fitted), ("refit", refit)):
         c = Curve(fit["e_max"], fit["log_half"], fit["gamma"])
-
-        def ratio(flops: np.ndarray, seconds: np.ndarray, c: Curve = c, fit: dict = fit) -> float:
-            return float(np.exp(np.mean(np.log((fit["alpha_s"] + flops / (H100_FP8_PEAK * c(flops))) / seconds))))
-
+        tables = [(azure.flops, azure.seconds), (cublas.flops, cublas.seconds), *by_pass.values()]
+        ratios = [np.exp(np.mean(np.log((fit["alpha_s"] + f / (H100_FP8_PEAK * c(f))) / t))) for f, t in tables]
         print(f"  {name:8} {fit['e_max']:6.3f} {fit['log_half']:8.2f} {fit['gamma']:6.2f}  ", end="")
-        print(f"{ratio(azure.flops, azure.seconds):6.3f} {ratio(cublas.flops, cublas.seconds):6.3f}", end="")
-        for pas in ("fprop", "dgrad", "wgrad"):
-            sel = [r for r in campaign if r["pass"] == pas]
-            flops = np.array([2.0 * float(r["m"]) * float(r["n"]) * float(r["k"]) for r in sel])
-            print(f" {ratio(flops, np.array([float(r['median_ms']) * 1e-3 for r in sel])):12.3f}", end="")
-        print()
+        print(f"{ratios[0]:6.3f} {ratios[1]:6.3f}" + "".join(f" {r:12.3f}" for r in ratios[2:]))
 
 
 def power_limits() -> None:

@@ -589,7 +589,7 @@ class PlanConfig(BaseModel):
         "torch.cuda.synchronize() (workloads/transformer.py _interleaved_exchange). No effect under 1f1b, whose "
         "exchanges always block (Megatron-LM's arguments.py forces it off without interleaving). Graph only: "
         "the search refuses false (every framework it searches overlaps) and `slice` shortlists its slicings "
-        "on the overlapped fast path before `predict` prices the best.",
+        "on the overlapped fast path before `predict` prices the best, and says so.",
     )
 
     @model_validator(mode="after")
