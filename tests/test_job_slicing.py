@@ -13,7 +13,6 @@ from itercast.memory import estimate_memory
 from itercast.predict import predict
 from itercast.search.job_slicing import (
     job_with_stages,
-    shortlist_note,
     slice_job,
     slice_job_on_groups,
     stage_bytes_of,
@@ -101,12 +100,3 @@ def test_a_mixed_cluster_slicing_is_what_predict_simulates_on_those_groups() -> 
     per_stage = got.stage_layers
     h100_layers = sum(per_stage[2 * h100 : 2 * h100 + 2])
     assert h100_layers > sum(per_stage) - h100_layers  # the faster GPUs take more of the 40 layers
-
-
-def test_slice_says_when_its_shortlist_priced_blocking_exchanges_as_overlapped() -> None:
-    # the fast path prices Megatron's interleaved exchanges as overlapped; with overlap_p2p_comm false slice says so
-    plan = {"pipeline_parallel": 2, "virtual_pipeline": 2, "schedule": "interleaved-1f1b", "pipeline_p2p": "megatron"}
-    blocking = Job.from_presets("gpt3-1.3b", "dgx-a100", 1, plan | {"overlap_p2p_comm": False, "global_batch_size": 8})
-    note = shortlist_note(blocking)
-    assert note is not None and note.startswith("plan.overlap_p2p_comm false: the slicings were shortlisted")
-    assert shortlist_note(Job.from_presets("gpt3-1.3b", "dgx-a100", 1, plan | {"global_batch_size": 8})) is None

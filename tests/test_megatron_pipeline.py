@@ -18,14 +18,14 @@ from helpers import fast_vs_graph, pipeline_builder, plan_of
 from test_deepspeed_pipeline import B, F, T, _stages_step_s, job, step_s
 from test_golden import MODEL, SYSTEM
 
-from itercast.config.job import Job
+from itercast.config.job import Job, parse_section
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.predict import simulate_transformer_step
-from itercast.search.fast_estimate import _blocking_pipeline
+from itercast.search.fast_estimate import _blocking_interleaved, _blocking_pipeline
 from itercast.search.frameworks import FRAMEWORKS
 from itercast.search.launch_settings import launch_settings
-from itercast.search.plan_search import check_fast_path_plan
+from itercast.search.plan_space import SpaceOptions, enumerate_plans
 from itercast.sim.engine import simulate
 from itercast.workloads.transformer import Groups, p2p_message_bytes
 
@@ -84,11 +84,11 @@ def test_interleaved_sends_stay_overlapped():
     assert interleaved("megatron") == interleaved("overlapped")
 
 
-def interleaved_job(overlap: bool, stages: int = 2, micro: int = 2, **plan: object) -> Job:
-    """MODEL with one layer a chunk, 2 chunks a stage, `micro` micro-batches, Megatron's exchanges."""
+def interleaved_job(overlap: bool, stages: int = 2, micro: int = 2, chunks: int = 2, **plan: object) -> Job:
+    """MODEL with one layer a chunk, `chunks` chunks a stage, `micro` micro-batches, Megatron's exchanges."""
     fields = dict(
         pipeline_parallel=stages,
-        virtual_pipeline=2,
+        virtual_pipeline=chunks,
         schedule="interleaved-1f1b",
         data_parallel=1,
         micro_batch_size=1,
@@ -97,53 +97,69 @@ def interleaved_job(overlap: bool, stages: int = 2, micro: int = 2, **plan: obje
         overlap_p2p_comm=overlap,
     )
     system = {**SYSTEM, "node": {**SYSTEM["node"], "gpus_per_node": stages}, "num_nodes": 1}
-    return Job.from_dicts({**MODEL, "num_layers": 2 * stages}, fields | plan, system)
+    return Job.from_dicts({**MODEL, "num_layers": chunks * stages}, fields | plan, system)
 
 
 def test_interleaved_exchanges_without_overlap_by_hand():
-    # overlap_p2p_comm false (Megatron-LM before 2023-10): 2 stages × 2 chunks (virtual stages v0 v1 on GPUs 0 1,
-    # v2 v3 on 0 1), 2 micro-batches; a chunk's forward f = F/2, backward b = B/2, each message T.
-    # GPU 0 runs its 4 forwards as warm-up, then 4 backwards; GPU 1 two warm-up forwards, the pairs (F, B) of its
-    # second chunk, then 2 backwards. Each exchange point meets its peers' (NCCL: a send ends once its receive is
-    # posted) and the compute stream waits for all its messages:
-    #   F0 | v0→v1 m0 (GPU 1's recv_forward) ........................ f + T
-    #   F1 ∥ F0, then v0→v1 m1 with v1→v2 m0 ........................ 2f + 2T
-    #   F2 ∥ F1, then v2→v3 m0 with v1→v2 m1 ........................ 3f + 3T
-    #   GPU 1: F2, B0 of v3; GPU 0 (F3) waits: v2→v3 m1 with grad v3→v2 m0 ... 4f + b + 4T
-    #   GPU 1: F3, B1 (v3); GPU 0: B0 (v2): grad v3→v2 m1 with v2→v1 m0 ..... 5f + 2b + 5T
-    #   B1 (v2) ∥ B2 (v1): grad v2→v1 m1 with v1→v0 m0 ...................... 5f + 3b + 6T
-    #   B2 (v0) ∥ B3 (v1): grad v1→v0 m1 .................................... 5f + 4b + 7T
-    #   B3 (v0) ............................................................. 5f + 5b + 7T
+    # overlap_p2p_comm false (Megatron-LM before 2023-10; it interleaves more than 2 stages only): 3 stages × 2 chunks
+    # (virtual stages v0 v1 v2 on GPUs 0 1 2, v3 v4 v5 on 0 1 2), 3 micro-batches; a chunk's forward f = F/2, backward
+    # b = B/2, each message T. Megatron's warm-up, (p − s − 1)·2 + (v − 1)·p forwards: GPU 0 all 6 (then 6
+    # backwards), GPU 1 five (one steady pair, five backwards), GPU 2 three (then its three pairs F, B of v5 and
+    # three backwards of v2). Each exchange point meets its peers' (NCCL: a send ends once its receive is posted)
+    # and the compute stream waits for all its messages. The longest chain:
+    #   v0 m0 on GPU 0, v1 m0 on GPU 1, then GPU 2's warm-up v2 m0, m1, m2, each forward followed by
+    #   an exchange (GPU 2's next input leaves GPU 1 at the same point) ......... 5f + 5T
+    #   GPU 2's three steady pairs, an exchange after each (v4's next output) ....... 3 (f + b) + 3T
+    #   GPU 2's three backwards of v2, each sending its gradient to GPU 1 ............ 3b + 3T
+    #   m2's backward of v1 on GPU 1, its gradient to GPU 0, m2's of v0 ............. 2b + T
+    # in all 8f + 8b + 12T; with overlapped sends it is shorter
     f, b = F / 2, B / 2
-    blocking = simulate(pipeline_builder(interleaved_job(False), F, B, T).build()).step_time_s
-    assert blocking == pytest.approx(5 * f + 5 * b + 7 * T)  # 9.25
-    overlapped = simulate(pipeline_builder(interleaved_job(True), F, B, T).build()).step_time_s
+    blocking = simulate(pipeline_builder(interleaved_job(False, 3, 3), F, B, T).build()).step_time_s
+    assert blocking == pytest.approx(8 * f + 8 * b + 12 * T)  # 15.0
+    overlapped = simulate(pipeline_builder(interleaved_job(True, 3, 3), F, B, T).build()).step_time_s
     assert overlapped < blocking
 
 
 def test_interleaved_exchanges_without_overlap_synchronise_at_every_point():
-    g = pipeline_builder(interleaved_job(False), F, B, T).build()
+    g = pipeline_builder(interleaved_job(False, 3, 3), F, B, T).build()
     rank, kind = g.resource_rank[g.resource], np.array(g.kinds, dtype=object)[g.resource_kind[g.resource]]
     names = np.array(g.names, dtype=object)[g.name]
     syncs = names == "cuda_synchronize"
-    # GPU 0: after each of its 8 passes (its first forward receives nothing: no recv_forward); GPU 1: before its
-    # first forward, after its 2 warm-up forwards, its 2 pairs and its 2 cool-down backwards
-    assert [int((syncs & (rank == s)).sum()) for s in range(2)] == [8, 7]
+    # GPU 0: after each of its 12 passes (its first forward receives nothing: no recv_forward); GPU 1: before its
+    # first forward, after its 5 warm-up forwards, its pair and its 5 cool-down backwards; GPU 2: 1 + 3 + 3 + 3
+    assert [int((syncs & (rank == s)).sum()) for s in range(3)] == [12, 12, 10]
     # every message on streams of its own, each end a collective member; the compute stream waits, priced 0 s
     ends = {end: np.array([str(n).startswith(end) for n in names]) for end in ("send_", "recv_")}
-    assert int((ends["send_"] | ends["recv_"]).sum()) == 2 * 12  # 12 messages (6 forward, 6 backward), two ends each
+    assert int((ends["send_"] | ends["recv_"]).sum()) == 2 * 30  # (6 − 1) hops × 3 micro-batches each way, two ends
     # an activation leaves for the next GPU and arrives from the previous one, a gradient the other way round
     for end, stream in (("send_act", "p2p_next"), ("recv_act", "p2p_prev_recv"), ("send_grad", "p2p_prev")):
         assert set(kind[np.char.startswith(names.astype(str), end)]) == {stream}
     assert set(kind[np.char.startswith(names.astype(str), "recv_grad")]) == {"p2p_next_recv"}
     waits = np.array([str(n).startswith("p2p_wait") for n in names])
     assert set(kind[waits]) == {"compute"} and not g.duration_s[waits].any()
-    # with 4 micro-batches GPU 0 has steady pairs too (4 warm-up forwards of its 8 chunk passes), whose forward of
-    # the first chunk goes to GPU 1: every message still leaves once and arrives once, (4 − 1) virtual hops × 4
-    # micro-batches each way
-    g4 = pipeline_builder(interleaved_job(False, micro=4), F, B, T).build()
-    names4 = np.array(g4.names, dtype=str)[g4.name]
-    assert int(np.char.startswith(names4, "send_").sum()) == int(np.char.startswith(names4, "recv_").sum()) == 24
+    # with 6 micro-batches GPU 0 has steady pairs too (7 warm-up forwards of its 12), whose forward of the first
+    # chunk goes to GPU 1: every message still leaves once and arrives once, (6 − 1) virtual hops × 6 micro-batches
+    # each way
+    g6 = pipeline_builder(interleaved_job(False, 3, 6), F, B, T).build()
+    names6 = np.array(g6.names, dtype=str)[g6.name]
+    assert int(np.char.startswith(names6, "send_").sum()) == int(np.char.startswith(names6, "recv_").sum()) == 60
+
+
+def test_blocking_interleaving_needs_more_than_two_stages():
+    # Megatron-LM's arguments.py, 2021 (de7dc40f) to today (d98e8a64): a point's batch would exchange twice with
+    # the same rank; the overlapped schedule runs on 2 stages
+    with pytest.raises(ConfigError, match=r"more than 2 pipeline stages only .* got pipeline_parallel 2"):
+        interleaved_job(False)
+    assert interleaved_job(True).plan.pipeline_parallel == 2
+    # the search's space holds the same rule: gpt3-1.3b's 24 layers interleave over 2 (vp 2, 3), 4 (2, 3) or 8 (3)
+    # stages on 8 GPUs; blocking, over 4 and 8 only
+    model = parse_section("model", {"preset": "gpt3-1.3b"})
+    system = parse_section("system", {"preset": "dgx-a100", "num_nodes": 1})
+    base = parse_section("plan", {"global_batch_size": 64, "pipeline_p2p": "megatron", "overlap_p2p_comm": False})
+    options = SpaceOptions(micro_batch_sizes=(1,), max_virtual_pipeline=3)
+    table, _ = enumerate_plans(model, system, base, 8, options)  # type: ignore[arg-type]
+    stages = {p["pipeline_parallel"] for p in map(table.plan_fields, range(len(table))) if p["virtual_pipeline"] > 1}
+    assert stages == {4, 8}
 
 
 def test_overlap_p2p_comm_changes_nothing_under_1f1b():
@@ -168,11 +184,39 @@ def test_interleaved_exchanges_without_overlap_gather_what_came_scattered():
     assert [int((gathers & (rank == s)).sum()) for s in range(4)] == [24, 32, 32, 24]
 
 
-def test_overlap_p2p_comm_false_is_megatrons_and_the_graphs_alone():
+def test_overlap_p2p_comm_false_is_megatrons():
     with pytest.raises(ConfigError, match=r"overlap_p2p_comm is Megatron's switch .* got false with pipeline_p2p"):
         Job.from_dicts(MODEL | {"num_layers": 4}, {"pipeline_parallel": 2, "overlap_p2p_comm": False}, SYSTEM)
-    with pytest.raises(ConfigError, match=r"plan.overlap_p2p_comm false .* not by the search's fast path"):
-        check_fast_path_plan({"overlap_p2p_comm": False})
+
+
+def test_fast_path_blocking_interleaved_by_hand():
+    # the by-hand graph above: stage seconds a micro-batch S = 2 chunks × (f + b) = F + B = 3 on both stages, M = 2,
+    # v = 2, p = 2: M·S + (ΣS − max S)/v = 6 + 1.5 = 7.5 (= 5f + 5b), exchanges v(M + p) + p − 3 = 7: 7.5 + 7T = 9.25
+    stage = np.array([[F + B, F + B]])
+    assert _blocking_interleaved(stage, np.array([2]), 2, np.array([T]))[0] == pytest.approx(9.25)
+    # 3 stages × 3 chunks, M = 6, a chunk's f = 1/3, b = 2/3: passes 6·3 + 2·3/3 = 20, exchanges 3·9 + 0 = 27
+    stage = np.full((1, 3), F + B)
+    assert _blocking_interleaved(stage, np.array([6]), 3, np.array([T]))[0] == pytest.approx(20 + 27 * T)  # 26.75
+
+
+def test_fast_path_blocking_interleaved_agrees_with_the_graph():
+    # uniform stages (pipeline_builder: each chunk pass F/v and B/v, each message T): exact for every p, v and M
+    for stages, chunks, groups in itertools.product((3, 4, 5), (2, 3), (1, 2, 3)):
+        micro = stages * groups  # Megatron's interleaved schedule takes micro-batches in multiples of the stages
+        job = interleaved_job(False, stages, micro, chunks)
+        graph = simulate(pipeline_builder(job, F, B, T).build()).step_time_s
+        fast = _blocking_interleaved(np.full((1, stages), F + B), np.array([micro]), chunks, np.array([T]))[0]
+        assert fast == pytest.approx(graph)
+    # priced plans (host synchronisation, embedding and head, sequence parallel or scatter-gather): measured worst
+    # 0.52% over 40 plans of tp 1-4, pp 3-4, vp 2-4, ZeRO 0-1 on 48 GPUs; eight of them here
+    plans = []
+    for i, (tp, (pp, vp)) in enumerate(itertools.product([1, 4], [(3, 2), (3, 4), (4, 2), (4, 3)])):
+        fields = {"sequence_parallel": tp > 1, "overlap_p2p_comm": False, "pipeline_p2p": "megatron"}
+        plan = plan_of(tp, pp, 1, "interleaved-1f1b", i % 2, **fields) | {"virtual_pipeline": vp}
+        plan |= {"global_batch_size": (96, 192)[i % 2], "overlap_grad_reduce": False, "overlap_param_gather": False}
+        plans.append(plan)
+    valid, rel = fast_vs_graph("gpt3-1.3b", {"preset": "dgx-a100", "num_nodes": 6}, plans)
+    assert len(valid) == 8 and rel.max() < 0.01
 
 
 def test_megatron_exchanges_refuse_gpipe():
@@ -192,8 +236,13 @@ def test_megatron_frameworks_price_its_exchanges_and_nemo_names_the_switches():
     settings = launch_settings("nemo", flat | {"virtual_pipeline": 2}, model)
     assert "overlap_p2p_comm=True" in settings and "batch_p2p_comm=False" in settings
     assert "p2p" not in launch_settings("nemo", base, model)  # no pipeline, no switch
-    # Megatron-LM: overlap is on by default with interleaving and forced off without: no flag either way
+    # Megatron-LM: overlap is on by default with interleaving and forced off without: no flag either way, but to
+    # interleave with blocking exchanges (arguments.py --no-overlap-p2p-communication)
     assert "p2p" not in launch_settings("megatron-core", flat | {"virtual_pipeline": 2}, model)
+    blocking = flat | {"pipeline_parallel": 4, "virtual_pipeline": 2, "overlap_p2p_comm": False}
+    assert "--no-overlap-p2p-communication" in launch_settings("megatron-core", blocking, model)
+    settings = launch_settings("nemo", blocking, model)
+    assert "overlap_p2p_comm=False" in settings and "batch_p2p_comm=True" in settings
 
 
 def test_fast_path_blocking_pipeline_agrees_with_the_graph():

@@ -39,7 +39,7 @@ from itercast.config.model import ModelConfig
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError, DeadlockError
 from itercast.profile.calibrate import load_calibration
-from itercast.search.job_slicing import JobSlicing, job_with_stages, shortlist_note, slice_job, slice_job_on_groups
+from itercast.search.job_slicing import JobSlicing, job_with_stages, slice_job, slice_job_on_groups
 from itercast.search.layer_costs import job_layer_costs, read_layer_csv
 from itercast.search.stage_slicing import LayerCosts, Slicing, slice_best_stages, slice_exact, slice_relaxed
 from itercast.workloads.dlrm import is_dlrm_model
@@ -243,8 +243,6 @@ def _slice_job(
     best = min(found, key=lambda js: js.prediction.step_time_s)
     # what the slicing's price rests on and calibrated curves priced beyond their rows, as predict says them
     notes = priced_notes(best.job.model, best.job.plan, best.job.system)
-    shortlisted = shortlist_note(best.job) if groups is None else None  # a mixed cluster's shortlist is predict's
-    notes = [*notes, shortlisted] if shortlisted else notes
     for note in (*notes, *best.prediction.extrapolated):
         warn(note)
     out = _job_dict(best, time.perf_counter() - t0, src.calibration) | {"notes": notes}

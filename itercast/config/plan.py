@@ -587,9 +587,8 @@ class PlanConfig(BaseModel):
         "_communicate: the stage's outputs since the last point and its inputs until the next, with both "
         "neighbours, in one batch_isend_irecv that the compute stream waits for whole, then "
         "torch.cuda.synchronize() (workloads/transformer.py _interleaved_exchange). No effect under 1f1b, whose "
-        "exchanges always block (Megatron-LM's arguments.py forces it off without interleaving). Graph only: "
-        "the search refuses false (every framework it searches overlaps) and `slice` shortlists its slicings "
-        "on the overlapped fast path before `predict` prices the best, and says so.",
+        "exchanges always block (Megatron-LM's arguments.py forces it off without interleaving). The search's "
+        "fast path prices false in closed form (search/fast_estimate.py _blocking_interleaved).",
     )
 
     @model_validator(mode="after")
@@ -622,6 +621,14 @@ class PlanConfig(BaseModel):
             raise ValueError(
                 "plan.overlap_p2p_comm is Megatron's switch for its interleaved schedule's exchanges and needs "
                 f"pipeline_p2p megatron; got false with pipeline_p2p {self.pipeline_p2p!r}"
+            )
+        if not self.overlap_p2p_comm and self.schedule == "interleaved-1f1b" and self.pipeline_parallel < 3:
+            # arguments.py at de7dc40f (2021) and d98e8a64 (validate_args: 'to avoid having multiple p2p sends and
+            # recvs between same 2 ranks per communication batch')
+            raise ValueError(
+                "plan.overlap_p2p_comm false under interleaved-1f1b: Megatron-LM runs it on more than 2 pipeline "
+                f"stages only (a point's batch would exchange twice with the same rank); got pipeline_parallel "
+                f"{self.pipeline_parallel}"
             )
         return self
 

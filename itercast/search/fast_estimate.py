@@ -36,7 +36,12 @@ data-parallel collectives once per distinct group and size; the rest is numpy ov
                    streams with uniform stages: 1F1B exact; interleaved exact once a send outlasts
                    about two chunk passes, in between up to ~7% low (cycles not modelled here), with
                    short sends and few micro-batches up to ~3% high (tests/test_fast_estimate.py);
-                   tests/test_fast_estimate.py bounds the slow-network grid against the graph
+                   tests/test_fast_estimate.py bounds the slow-network grid against the graph.
+                   Blocking exchanges (PlanConfig.blocking_p2p) instead: DeepSpeed's and Megatron-Core's
+                   1F1B in lockstep, max_k (M (S_k + c_k t_p2p) + e_k t_p2p) + Σ_s S_s − max_s S_s
+                   (_blocking_pipeline); Megatron-LM's interleaved without overlap_p2p_comm, M max_s S_s
+                   + (Σ_s S_s − max_s S_s) / v + (v (M + p) + p − 3) t_p2p (_blocking_interleaved); each
+                   pass after an exchange later by its host's first launches (_host_synced)
     exposed DP     DDP and ZeRO-1 as Megatron-Core buckets them (_first_chunk_exposed): stage 0's
                    first chunk in buckets, each released when its units' backward ends (each
                    its own size: the embedding's, released last, _bucket_tails), every later
@@ -261,10 +266,13 @@ class FastEstimator:
         period = np.zeros(len(t))  # the steady state's seconds per micro-batch
         chunk_trip = np.zeros(len(t))  # interleaved: the last micro-batch's first chunk there and back
         deepspeed = t.base.pipeline_p2p == "deepspeed"
-        # PlanConfig.blocking_p2p, row by row: DeepSpeed's transfers, Megatron-Core's under 1f1b (interleaved
-        # without overlap_p2p_comm is the graph's alone: search refuses it, `slice` shortlists on this overlapped price)
-        blocking = deepspeed | ((t.base.pipeline_p2p == "megatron") & (c["schedule"] == SCHEDULES.index("1f1b")))
-        lockstep = np.zeros(len(t))  # blocking: the pipeline of _blocking_pipeline
+        # PlanConfig.blocking_p2p, row by row: DeepSpeed's transfers, Megatron-Core's under 1f1b, and Megatron's
+        # interleaved without overlap_p2p_comm
+        megatron_blocks = (c["schedule"] == SCHEDULES.index("1f1b")) | (
+            (c["schedule"] == SCHEDULES.index("interleaved-1f1b")) & (not t.base.overlap_p2p_comm)
+        )
+        blocking = deepspeed | ((t.base.pipeline_p2p == "megatron") & megatron_blocks)
+        lockstep = np.zeros(len(t))  # blocking: the pipeline of _blocking_pipeline or _blocking_interleaved
         gpipe = c["schedule"] == SCHEDULES.index("gpipe")
         keys, inverse = _distinct(t, _STAGE_KEY)
         for key_index, (pp, vp) in enumerate(keys):  # stage by stage, per pipeline shape
@@ -322,8 +330,12 @@ class FastEstimator:
                     c_f, c_b, n_f, n_b = (
                         _per_stage(x, d, rows, dense_n, moe_n) for x in (comms, kernels) for d in "fb"
                     )
-                    synced = _host_synced((forward, backward), (c_f, c_b), (n_f, n_b), launch_s, received)
-                lockstep[rows] = _blocking_pipeline(stage + synced, M[rows], g["p2p"][rows], deepspeed)
+                    chunked = (vp, M[rows]) if vp > 1 else None
+                    synced = _host_synced((forward, backward), (c_f, c_b), (n_f, n_b), launch_s, received, chunked)
+                if vp > 1:
+                    lockstep[rows] = _blocking_interleaved(stage + synced, M[rows], vp, g["p2p"][rows])
+                else:
+                    lockstep[rows] = _blocking_pipeline(stage + synced, M[rows], g["p2p"][rows], deepspeed)
             # The fill and drain wait for the other stages' passes, not for what follows their sends:
             # a blocking ZeRO-2 reduction, of which (v − 1)/v lies ahead of the chunk that comes back
             # to the stage next (interleaved); without interleaving a ZeRO-3 pass's first gathers
@@ -961,12 +973,26 @@ def _blocking_pipeline(stage: np.ndarray, M: np.ndarray, send_s: np.ndarray, dee
     return bottleneck + stage.sum(axis=1) - stage.max(axis=1)
 
 
+def _blocking_interleaved(stage: np.ndarray, M: np.ndarray, vp: int, send_s: np.ndarray) -> np.ndarray:
+    """Megatron-LM's interleaved schedule with blocking exchanges (plan.overlap_p2p_comm false, transformer.py
+    _interleaved_exchange): at every exchange point each stage sends and receives with both neighbours in one batch
+    that its compute stream waits for, so the stages move in lockstep. With S_s stage s's seconds per micro-batch
+    (rows × stages: its v chunks' forwards and backwards) over M micro-batches, each exchange send_s long, the
+    step is M max_s S_s + (Σ_s S_s − max_s S_s) / v + (v (M + p) + p − 3) send_s: the overlapped schedule's
+    passes and one exchange after each of the M v + p − 1 chunk passes of the critical path, and p v − 2 more.
+    Exact on the graph for uniform stages, every p, v and M it accepts (tests/test_megatron_pipeline.py)."""
+    pp = stage.shape[1]
+    slowest = stage.max(axis=1)
+    return M * slowest + (stage.sum(axis=1) - slowest) / vp + (vp * (M + pp) + pp - 3) * send_s
+
+
 def _host_synced(
     passes: tuple[np.ndarray, np.ndarray],
     comms: tuple[np.ndarray, np.ndarray],
     kernels: tuple[np.ndarray, np.ndarray],
     launch_s: float,
     gathered: np.ndarray | float = 0.0,
+    interleaved: tuple[int, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Megatron-Core's 1F1B synchronises the host after every exchange (transformer.py _host_sync): the pass
     after one starts with its host, no launch ahead, and one segment of n kernels, C seconds of compute (P with
@@ -979,15 +1005,27 @@ def _host_synced(
     forward_backward_pipelining_without_interleaving). Approximations: the first stage's warm-up forwards, which
     follow their sends, are left out, whole passes are one segment (gradient buckets), the host never runs
     behind its stream, and nothing waits for the DP stream (Megatron-Core pipelines with ZeRO 0-1 only, whose
-    reductions start after the last backward); tests/test_host_sync.py bounds the error."""
+    reductions start after the last backward); tests/test_host_sync.py bounds the error.
+    `interleaved` (v, M per row: Megatron-LM's blocking exchanges, plan.overlap_p2p_comm false): an exchange
+    point, and its synchronisation, comes after each warm-up forward, each steady forward-backward pair and each
+    cool-down backward (schedules.py; transformer.py _interleaved_exchange), so a chunk pass (1/v of the stage's
+    passes, communication and kernels) is δ later where one precedes it: every forward, and the cool-down's
+    backwards. The longest chain runs through the last stage's steady pairs, whose backward follows its forward
+    with no exchange between: per micro-batch v forwards and min(v M, (v − 1) p) / M backwards, the last stage's
+    cool-down, on every stage; tests/test_host_sync.py bounds the error."""
     (fwd, bwd), pp = passes, passes[0].shape[1]
+    chunks = interleaved[0] if interleaved else 1
 
     def delay(pass_s: np.ndarray, comm_s: np.ndarray, n: np.ndarray) -> np.ndarray:
+        pass_s, comm_s, n = pass_s / chunks, comm_s / chunks, n / chunks
         compute, many = pass_s - comm_s - gathered, np.maximum(n, 1.0)
         late = np.maximum(launch_s, n * launch_s + compute / many - compute)
         return np.where(n > 0, np.maximum(late - gathered, 0.0), 0.0)
 
     d_f, d_b = delay(fwd, comms[0], kernels[0]), delay(bwd, comms[1], kernels[1])
+    if interleaved:
+        micro = interleaved[1][:, None]
+        return chunks * d_f + np.minimum(chunks * micro, (chunks - 1) * pp) / micro * d_b
     return d_f * (np.arange(pp) > 0) + d_b * (np.arange(pp) < pp - 1)
 
 

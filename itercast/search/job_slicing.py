@@ -128,20 +128,6 @@ def slice_job(job: Job, calibration: dict[str, Any] | None = None, slack: float 
     return _best(found, jobs, ranked[:REFINE], calibration, len(found))
 
 
-def shortlist_note(job: Job) -> str | None:
-    """Where slice_job shortlists on another price than predict's, said in one line: Megatron's blocking
-    interleaved exchanges (plan.overlap_p2p_comm false), which the fast path prices as overlapped (_fitting);
-    None otherwise."""
-    p = job.plan
-    if p.pipeline_p2p == "megatron" and not p.overlap_p2p_comm and p.virtual_pipeline > 1:
-        return (
-            "plan.overlap_p2p_comm false: the slicings were shortlisted by the fast path, which prices the "
-            "interleaved exchanges as overlapped; the step reported is predict's, with them blocking, but a slicing "
-            "that price left out of the shortlist was not simulated"
-        )
-    return None
-
-
 def _capacity_bytes(job: Job) -> float:
     """What one stage may hold in the dynamic programme: the GPU's memory; unbounded under
     interleaving, where the candidates' memory is checked whole by the fast path (_fitting)."""

@@ -74,6 +74,8 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
     if p["virtual_pipeline"] > 1:
         per_chunk = model.num_layers // (p["pipeline_parallel"] * p["virtual_pipeline"])
         out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
+        if not p.get("overlap_p2p_comm", True):  # Megatron-LM's default with interleaving is on
+            out.append("--no-overlap-p2p-communication")
     if model.is_moe:
         out += [
             f"--expert-model-parallel-size {p['expert_parallel']}",
@@ -288,9 +290,9 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
             "embedding wgrad): remove them",
         ]
     if p["pipeline_parallel"] > 1:  # Megatron-Core's defaults are overlap False, batch True; set both
-        interleaved = p["virtual_pipeline"] > 1
-        out.append(f"model.config.overlap_p2p_comm={interleaved}")
-        out.append(f"model.config.batch_p2p_comm={not interleaved}")
+        overlapped = p["virtual_pipeline"] > 1 and p.get("overlap_p2p_comm", True)
+        out.append(f"model.config.overlap_p2p_comm={overlapped}")
+        out.append(f"model.config.batch_p2p_comm={not overlapped}")
     if not p["flash_attention"]:  # TransformerConfig.attention_backend: an AttnBackend, which nemo-run's CLI cannot set
         out.append("# unfused attention: set model.config.attention_backend = AttnBackend.unfused in the recipe")
     out.append(f"model.config.cross_entropy_loss_fusion={p['cross_entropy'] in ('megatron_fused', 'te')}")

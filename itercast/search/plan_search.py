@@ -190,18 +190,12 @@ def _estimator(model: ModelConfig, system: SystemConfig, calibration: dict[str, 
 
 def check_fast_path_plan(plan: dict[str, Any]) -> None:
     """Plan fields the search's fast path does not price (one line naming the field), which only the graph
-    simulation (`itercast predict`) prices: DeepSpeed v0.3's per-tensor ZeRO-3 collectives (plan.zero3_collectives)
-    and Megatron's interleaved exchanges without overlap (plan.overlap_p2p_comm false)."""
+    simulation (`itercast predict`) prices: DeepSpeed v0.3's per-tensor ZeRO-3 collectives (plan.zero3_collectives)."""
     value = plan.get("zero3_collectives", "coalesced")
     if value != "coalesced":
         raise ConfigError(
             f"plan.zero3_collectives {value} (DeepSpeed v0.3's ZeRO-3) is priced by `itercast predict`, not by the "
             "search's fast path: expected coalesced"
-        )
-    if not plan.get("overlap_p2p_comm", True):
-        raise ConfigError(
-            "plan.overlap_p2p_comm false (Megatron's interleaved schedule with blocking exchanges, Megatron-LM before "
-            "2023-10) is priced by `itercast predict`, not by the search's fast path: expected true"
         )
 
 

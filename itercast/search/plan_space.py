@@ -246,6 +246,10 @@ def _rules(
             lambda c: (c["sp"] == 0) | (model.seq_length % (c["cp"] * c["tp"]) == 0),
         ),
         ("schedule: interleaving needs vp > 1 and micro-batches divisible by pp", schedule_ok),
+        (
+            "plan.overlap_p2p_comm false: Megatron-LM interleaves more than 2 pipeline stages only",
+            lambda c: np.bool_(base.overlap_p2p_comm) | (c["schedule"] != _INTERLEAVED) | (c["pp"] > 2),
+        ),
         ("sequence_parallel needs tp > 1", lambda c: (c["sp"] == 0) | (c["tp"] > 1)),
         ("model.num_experts not divisible by ep", lambda c: model.experts % c["ep"] == 0),
         (
