@@ -351,3 +351,19 @@ def test_a_cast_that_returned_its_input_is_free_and_copy_moves_its_source_and_de
     assert features(copy).size == 2 * 16 * 13 * 4
     fill = node("aten::fill_", [[16]], [f32], (7,), (7,), [[16]], [f32])
     assert features(fill).size == 16 * 4
+
+
+def test_a_profile_of_another_device_is_said():
+    # the database's operator models keep their device's times on another system: a warning; on its own GPU none
+    from itercast.cli.et_ranks import other_device_note
+    from itercast.config.job import load_system
+
+    h100 = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}
+    note = other_device_note(Path("p.db"), h100, load_system("v100-p3.16xlarge"))
+    assert note is not None and note.startswith(
+        "p.db profiled NVIDIA H100 80GB HBM3; this step runs on 'v100-p3.16xlarge'"
+    )
+    assert other_device_note(Path("p.db"), h100, load_system("dgx-h100")) is None
+    cpu = {"device": "cpu", "cpu": "AMD EPYC"}
+    assert other_device_note(Path("p.db"), cpu, load_system("cpu-host")) is None
+    assert "profiled a CPU (AMD EPYC)" in str(other_device_note(Path("p.db"), cpu, load_system("dgx-a100")))

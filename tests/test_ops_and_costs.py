@@ -6,6 +6,7 @@ import pytest
 
 from itercast.config.job import Job
 from itercast.costs.analytic import BUS_FACTOR, AnalyticCostModel, bus_bytes
+from itercast.errors import ConfigError
 from itercast.hardware.topology import place_group
 from itercast.workloads.transformer_ops import layer_backward, layer_forward
 
@@ -85,6 +86,23 @@ def test_gemm_time_is_flops_over_efficient_peak_below_the_sustained_ceiling():
     fp8 = AnalyticCostModel(Job.from_presets("gpt3-175b", "dgx-h100").system, "fp8")
     assert float(fp8.gemm_s(2.0 * 8192**3, te=False)) == pytest.approx(1.66194e-3, rel=1e-5)
     assert fp8.gemm_ceiling_flops == float("inf")
+    # fp16 runs bf16's curve and, with no measurement of its own, its ceiling: the same 1.66194 ms (it was priced on
+    # the curve alone, 1.58040 ms, faster than bf16 on the same tensor cores)
+    fp16 = AnalyticCostModel(Job.from_presets("gpt3-175b", "dgx-h100").system, "fp16")
+    assert float(fp16.gemm_s(2.0 * 8192**3)) == pytest.approx(1.66194e-3, rel=1e-5)
+
+
+def test_another_gpus_peak_on_a_preset_must_say_its_sustained_rate():
+    # a faster GPU's peak over dgx-h100 would keep H100's measured 664 TFLOP/s ceiling on every GEMM: refused
+    with pytest.raises(ConfigError, match=r"gpu.peak_flops`: changed for bf16 from preset dgx-h100.*bf16 664 TFLOP/s"):
+        Job.from_dicts({"preset": "gpt3-1.3b"}, {}, {"preset": "dgx-h100", "gpu": {"peak_flops": {"bf16": 2.25e15}}})
+    # an empty mapping clears the preset's ceiling: 8192³ on the curve alone at the new peak, 6.0524 µs + 1.0995e12 /
+    # (0.70587 · 2.25e15) = 698.35 µs; or the new GPU's own rate, 1,500 TFLOP/s: 6.0524 µs + 733.00 µs
+    for sustained, expected in (({}, 698.35e-6), ({"bf16": 1.5e15}, 739.05e-6)):
+        gpu = {"peak_flops": {"bf16": 2.25e15}, "sustained_gemm_flops": sustained}
+        system = Job.from_dicts({"preset": "gpt3-1.3b"}, {}, {"preset": "dgx-h100", "gpu": gpu}).system
+        assert system.gpu.sustained_gemm_flops == sustained
+        assert float(AnalyticCostModel(system, "bf16").gemm_s(2.0 * 8192**3)) == pytest.approx(expected, rel=1e-4)
 
 
 def test_fp8_gemms_use_their_measured_curve_and_peak():

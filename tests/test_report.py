@@ -219,6 +219,15 @@ def test_compare_two_saved_replays_per_breakdown_part(tmp_path: Path):
     assert "whatif_span_s" not in json.loads(
         run("compare", *(str(tmp_path / n) for n in ("a.json", "w2.json")), "--json")[1]
     )
+    # and its breakdown's parts (a what-if that scaled the compute: 0.20 → 0.80 s), the replays' own unchanged
+    for name, compute in (("p1.json", 0.20), ("p2.json", 0.80)):
+        parts = {"compute_s": compute, "exposed_comm_s": 0.05, "bubble_s": 0.0, "host_overhead_s": 0.0, "idle_s": 0.0}
+        doc = json.loads(_replay_doc(0.30, 0.25, 0.05)) | {"whatif_span_s": compute + 0.05, "whatif_breakdown": parts}
+        (tmp_path / name).write_text(json.dumps(doc))
+    code, text = run("compare", str(tmp_path / "p1.json"), str(tmp_path / "p2.json"), "--json")
+    assert code == 0, text
+    assert json.loads(text)["whatif_breakdown.compute_s"]["b_minus_a"] == pytest.approx(0.60)
+    assert json.loads(text)["breakdown.compute_s"]["b_minus_a"] == 0.0
 
 
 def test_a_dlrm_report_gives_its_millisecond_step_in_milliseconds(tmp_path: Path):

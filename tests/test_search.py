@@ -224,3 +224,15 @@ def test_context_parallel_sizes_split_the_sequence_into_two_chunks_per_rank():
     options = SpaceOptions(max_context_parallel=4, fixed=fixed)
     table, _ = enumerate_plans(model, system, base, 8, options)  # type: ignore[arg-type]
     assert sorted({table.plan_fields(row)["context_parallel"] for row in range(len(table))}) == [1, 2]
+
+
+def test_a_job_files_searched_fields_are_still_checked(tmp_path):
+    # the search replaces tensor_parallel, but a value predict refuses in the job file is refused here too (it ran)
+    for value, message in (('"two"', "Input should be a valid integer"), ("-4", "Input should be greater than 0")):
+        job = tmp_path / "job.yaml"
+        job.write_text(
+            f"model: gpt3-1.3b\nsystem: dgx-a100\nplan: {{tensor_parallel: {value}, global_batch_size: 64}}\n"
+        )
+        for command in (["search", str(job), "--top", "1"], ["predict", str(job)]):
+            res = CliRunner().invoke(app, command)
+            assert res.exit_code == 2 and f"`plan.tensor_parallel`: {message}" in res.output, (command, res.output)

@@ -271,6 +271,36 @@ def test_slice_on_a_mixed_cluster_places_stages_on_groups():
     assert bad.exit_code == 2 and "expected PRESET:NODES" in bad.output
 
 
+def test_slice_places_stages_on_the_job_files_own_groups(tmp_path):
+    # a job file with system.device_groups: the same slicing as --device-groups gives (predict prices the A100
+    # stage on its A100; before, slice priced both stages on the job's preset GPU and recommended a slower split)
+    plan = "plan: {tensor_parallel: 4, pipeline_parallel: 4, global_batch_size: 64}\n"
+    groups = "device_groups: [{preset: dgx-h100, num_nodes: 1}, {preset: dgx-a100, num_nodes: 1}]"
+    job = tmp_path / "mixed.yaml"
+    job.write_text(f"model: gpt3-1.3b\nsystem: {{preset: dgx-h100, num_nodes: 2, {groups}}}\n{plan}")
+    own = CliRunner().invoke(app, ["slice", str(job), "--json"])
+    assert own.exit_code == 0, own.output
+    flat = tmp_path / "flat.yaml"
+    flat.write_text(f"model: gpt3-1.3b\nsystem: {{preset: dgx-h100, num_nodes: 2}}\n{plan}")
+    given = CliRunner().invoke(app, ["slice", str(flat), "--device-groups", "dgx-h100:1,dgx-a100:1", "--json"])
+    assert json.loads(own.output)["stage_layers"] == json.loads(given.output)["stage_layers"]
+    assert sorted(json.loads(own.output)["stage_groups"]) == ["dgx-a100:1"] * 2 + ["dgx-h100:1"] * 2
+    # a group with fields of its own is not what slice can place: one line, exit 2
+    job.write_text(
+        job.read_text().replace("{preset: dgx-a100, num_nodes: 1}", "{preset: dgx-a100, num_nodes: 1, x: 1}")
+    )
+    bad = CliRunner().invoke(app, ["slice", str(job)])
+    assert bad.exit_code == 2 and "system.device_groups[1]: slice places stages on groups of a preset" in bad.output
+
+
+def test_slice_refuses_the_layer_table_options_for_a_job():
+    # a job's micro-batches and memory are its plan's and its GPUs': the CSV's options would be ignored silently
+    job = ["slice", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.pipeline_parallel=4"]
+    for option, said in (("--microbatches", "plan.global_batch_size"), ("--memory-gib", "its GPUs' memory")):
+        res = CliRunner().invoke(app, [*job, option, "4"])
+        assert res.exit_code == 2 and f"{option} is for --layer-times" in res.output and said in res.output
+
+
 def test_a_job_whose_layers_do_not_divide_into_its_stages_can_be_sliced():
     # 9 layers into 4 stages: validation needs stage_layers, which slicing is about to find
     job = ["--set", "model.num_layers=9", "--set", "plan.pipeline_parallel=4", "--set", "plan.global_batch_size=32"]

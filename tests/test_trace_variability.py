@@ -140,3 +140,16 @@ def test_a_steps_class_factor_is_the_median_of_its_ratios_not_their_mean(tmp_pat
     model = fit_trace_variability(build_replay_graph(read_traces([write(tmp_path / "t.json", events)])))
     assert sorted(model.step_factors["gemm"].tolist()) == pytest.approx([1.0, 1.0])
     assert sorted(model.residuals["gemm"].tolist()) == pytest.approx([0.5, 1.0, 1.0, 1.0, 1.0, 1.5])
+
+
+def test_the_cli_says_when_few_steps_carry_the_quantiles(tmp_path):
+    # 3 profiled steps: every task's spread rests on 3 draws, and a p95 is seen once in 20 steps
+    from typer.testing import CliRunner
+
+    from itercast.cli import app
+
+    three_steps(tmp_path)
+    res = CliRunner().invoke(app, ["variability", "--trace", str(tmp_path / "t.json"), "--samples", "200", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "3 profiled steps per rank: each task's spread is fitted on 3 draws" in res.output
+    assert "a p95 is seen once in 20 steps" in res.output

@@ -20,6 +20,7 @@ import numpy as np
 
 from itercast.cli.app import console, echo_json, fail, warn, warn_other_system
 from itercast.cli.et_cmds import print_family_table
+from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.traces.et_step import RankStep
 from itercast.traces.execution_trace import ExecutionTrace
@@ -51,6 +52,25 @@ def world_of(traces: list[ExecutionTrace]) -> int:
         if n is not None and n != world:
             raise ConfigError(f"{path}: its all-to-all splits name {n} ranks; expected {world} (the traces given)")
     return world
+
+
+def other_device_note(db: Path, fingerprint: Any, system: SystemConfig) -> str | None:
+    """A warning when the profiling database's device (its fingerprint: `device` cuda or cpu, `gpu` the CUDA name)
+    is not the system's GPU, whose family name (H100 of H100-SXM5-80GB) its CUDA name does not hold: the operators
+    its models cover keep the profiled device's times while the rest is priced on the system; None when they agree."""
+    fp = fingerprint if isinstance(fingerprint, dict) else {}
+    on_gpu = fp.get("device") == "cuda"
+    if system.gpu.executes_on_host:
+        same = not on_gpu
+    else:
+        same = on_gpu and system.gpu.name.split("-")[0].lower() in str(fp.get("gpu", "")).lower()
+    if same:
+        return None
+    profiled = str(fp.get("gpu")) if on_gpu else f"a CPU ({fp.get('cpu', 'unnamed')})"
+    return (
+        f"{db} profiled {profiled}; this step runs on {system.name!r} ({system.gpu.name}): the operators its models "
+        "cover keep that device's times, the rest is priced on the system"
+    )
 
 
 def predict_ranks(
@@ -97,11 +117,12 @@ def predict_ranks(
         if cal is not None and "host_overheads" in cal:
             host, host_source = HostOverheads.from_dict(cal["host_overheads"]), f"{calibration}"
         costs = AnalyticCostModel(sys_cfg, "fp32", cal)  # TorchRec DLRMs train in fp32 (workloads/dlrm.py)
-        ops = None
+        ops, profiled = None, None
         if db is not None:
             profile = ProfileDB(db, readonly=True)
             dev = profile.choose_device(device_id, "--device-id")
             ops = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
+            profiled = next(fp for i, _, fp in profile.devices() if i == dev)
         group = place_group(world_of(traces), 1, sys_cfg.node.gpus_per_node)
         runs = [read_kineto(k) for k in kinetos]
         starts = measured_starts_s(runs) if measured_starts else None
@@ -124,6 +145,8 @@ def predict_ranks(
         fail(" ".join(str(exc).split()))
     if cal is not None and calibration is not None:
         warn_other_system(calibration, cal, sys_cfg)
+    if db is not None and (note := other_device_note(db, profiled, sys_cfg)):
+        warn(note)
     # calibrated curves and profiled operator models priced beyond the sizes they were fitted on
     extrapolated = costs.extrapolations() + (ops.extrapolations() if ops is not None else [])
     for note in extrapolated:

@@ -120,6 +120,7 @@ def replay_cmd(
                 row["whatif_s"] = new.replayed_s
         out["whatif_changes"] = dict(counts)
         out["whatif_span_s"] = changed.sim.step_time_s  # the whole replayed what-if, steps marked or not
+        out["whatif_breakdown"] = changed.breakdown.as_dict()  # its parts, as "breakdown" holds the replay's
         echo_json(out)
     else:
         _print_replay(base, None if restaged else changed, counts)

@@ -118,7 +118,7 @@ def read_result(path: Path) -> tuple[str, dict[str, Any]]:
 
 def result_figures(path: Path) -> tuple[str, dict[str, float]]:
     """The figures `itercast compare` sets side by side for a saved result: a search's fastest plan,
-    a replay's span, its what-if's span (where it ran one) and mean step."""
+    a replay's span, its what-if's span and breakdown (where it ran one) and mean step."""
     kind, doc = read_result(path)
     if kind == "search":
         need = ("step_time_s", "tokens_per_s", "mfu", "memory_per_gpu_bytes", "breakdown")
@@ -141,6 +141,9 @@ def result_figures(path: Path) -> tuple[str, dict[str, float]]:
             figures["mean_step_measured_s"] = sum(s["measured_s"] for s in steps) / len(steps)
             figures["mean_step_replayed_s"] = sum(s["replayed_s"] for s in steps) / len(steps)
         breakdown_doc = row["breakdown"]
+        if "whatif_breakdown" in doc:  # and the what-if's parts, which moved with its span
+            moved = _fields(path, "whatif_breakdown", doc["whatif_breakdown"], tuple(rep.PARTS))
+            figures |= {f"whatif_breakdown.{k}": moved[k] for k in rep.PARTS}
     parts = _fields(path, "breakdown", breakdown_doc, tuple(rep.PARTS))
     figures |= {f"breakdown.{k}": parts[k] for k in rep.PARTS}
     return kind, _numbers(path, figures)

@@ -55,7 +55,7 @@ from itercast.cli.variability_cmds import (
     run_level_notes,
     variability_model,
 )
-from itercast.config.job import parse_section, pr_moe_problem, raw_sections, with_system_defaults
+from itercast.config.job import check_values, parse_section, pr_moe_problem, raw_sections, with_system_defaults
 from itercast.config.model import ModelConfig
 from itercast.config.plan import DEEPSPEED_MOE_DISPATCHERS, TE_OVERLAP_LAYERS, PlanConfig
 from itercast.config.system import SystemConfig
@@ -426,6 +426,8 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     plan_raw = dict(raw["plan"])
     fixed = {k: v for k, v in plan_raw.items() if k in set_fields and k in VARIED and k != "global_batch_size"}
     shared = {k: v for k, v in plan_raw.items() if k not in VARIED or k == "global_batch_size"}
+    # the job's values of the searched fields, which the search replaces: still refused where predict would
+    check_values(PlanConfig, {k: v for k, v in plan_raw.items() if k not in fixed and k not in shared}, "plan", "plan")
     fw = framework(options.framework)
     m = cast(ModelConfig, parse_section("model", raw["model"], "model"))
     shared = framework_fields(fw, m, plan_raw) | shared  # the job's own fields win

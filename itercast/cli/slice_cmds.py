@@ -65,7 +65,13 @@ def slice_cmd(
     ] = None,
     max_stages: Annotated[int, typer.Option(min=1, max=4096, help="Largest stage count --stages auto tries.")] = 64,
     microbatches: Annotated[
-        int | None, typer.Option(min=1, max=10_000_000, help="Micro-batches per step (default: the job's; CSV: 1).")
+        int | None,
+        typer.Option(
+            min=1,
+            max=10_000_000,
+            help="Micro-batches per step of --layer-times (default 1); a job's are its plan's global_batch_size / "
+            "(micro_batch_size × data_parallel).",
+        ),
     ] = None,
     memory_gib: Annotated[
         float | None,
@@ -90,7 +96,8 @@ def slice_cmd(
         typer.Option(
             metavar="PRESET:NODES,…",
             help="A mixed cluster: system presets and their nodes (e.g. dgx-h100:2,dgx-a100:2); each group's "
-            "GPUs price the layers and the search also places the stages on the groups.",
+            "GPUs price the layers and the search also places the stages on the groups. Default: the job's "
+            "system.device_groups, if it has them.",
         ),
     ] = None,
 ) -> None:
@@ -115,6 +122,11 @@ def slice_cmd(
                 fail("slice: slicing layers into pipeline stages is for pipelined transformers; this job is a DLRM")
             if memory_gib is not None:
                 raise ConfigError("--memory-gib is for --layer-times; a job's stages use its GPUs' memory")
+            if microbatches is not None:
+                raise ConfigError(
+                    "--microbatches is for --layer-times; a job's micro-batches are its plan's global_batch_size / "
+                    "(micro_batch_size × data_parallel): set those (--set plan.global_batch_size=…)"
+                )
             if calibration is not None and src.calibration is not None:
                 system_of = cast(SystemConfig, parse_section("system", raw["system"], source))
                 warn_other_system(calibration, src.calibration, system_of)
@@ -214,9 +226,9 @@ def _slice_job(
 ) -> dict[str, Any]:
     """A job's slicing as `predict` prices it: into the plan's (or --stages) pipeline stages, or with
     --stages auto into every stage count its GPUs and layers allow, the fastest that fits."""
-    if _method(method) != "exact" and device_groups is not None:
+    groups = _groups(device_groups) if device_groups is not None else _job_groups(raw["system"], source)
+    if _method(method) != "exact" and groups is not None:
         raise ConfigError("--device-groups: the search is exact (the relaxation prices one device)")
-    groups = _groups(device_groups) if device_groups is not None else None
     layers = cast(ModelConfig, parse_section("model", raw["model"], source)).num_layers
     units = layers + 2  # the embedding, every layer, the head
     k = _stage_count(stages, int(raw["plan"].get("pipeline_parallel", 1)), units)
@@ -299,6 +311,25 @@ def _groups(spec: str) -> list[tuple[str, int]]:
         if not preset or not nodes.isdigit() or int(nodes) < 1:
             raise ConfigError(f"--device-groups: expected PRESET:NODES (e.g. dgx-a100:2); got {item.strip()!r}")
         out.append((preset, int(nodes)))
+    return out
+
+
+def _job_groups(system: dict[str, Any], source: str) -> list[tuple[str, int]] | None:
+    """The job file's mixed cluster (system.device_groups) as --device-groups takes it, [(preset, nodes)]; None
+    without one. A group that sets more than its preset and nodes is refused: slice prices each group as its
+    preset."""
+    groups = system.get("device_groups") or None
+    if groups is None:
+        return None
+    out = []
+    for i, group in enumerate(groups):
+        extra = sorted(set(group) - {"preset", "num_nodes"}) if isinstance(group, dict) else ["(not a mapping)"]
+        if extra or not isinstance(group.get("preset"), str) or not isinstance(group.get("num_nodes"), int):
+            raise ConfigError(
+                f"{source}: system.device_groups[{i}]: slice places stages on groups of a preset and its num_nodes; "
+                f"got {group!r} (give them with --device-groups PRESET:NODES,…)"
+            )
+        out.append((group["preset"], group["num_nodes"]))
     return out
 
 

@@ -407,7 +407,10 @@ def _plan_change(
     if job.plan.pipeline_parallel == 1:
         return "no pipeline to re-slice: pipeline_parallel is 1"
     if job.system.device_groups:
-        return "not computed: a mixed cluster's stages are priced per device group (`search` re-slices it)"
+        return (
+            "not computed: a mixed cluster's stages are priced per device group (`slice` re-slices it on the groups' "
+            "GPUs, at their nominal speeds)"
+        )
     try:
         alone = slice_job_at_speeds(job, np.array(m.naive_speeds), calibration)
         both = slice_job_at_speeds(job, np.array(m.best_speeds), calibration)
@@ -587,6 +590,10 @@ def _plan_change_line(pc: dict[str, Any] | str) -> str:
     )
 
 
+#: profiled steps per rank below which `variability --trace` says its quantiles rest on few draws (1 / (1 − 0.95))
+FEW_STEPS = 20
+
+
 def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: float | None, as_json: bool) -> None:
     """Variability fitted on the traces' repeated steps (stochastic/trace_variability.py)."""
     import numpy as np
@@ -610,6 +617,11 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
         fail(
             f"{', '.join(map(str, paths))}: {max(per_rank.values(), default=0)} profiled step per rank; "
             "variability needs repeated steps (ranks are not steps)"
+        )
+    if (steps := min(per_rank.values())) < FEW_STEPS:
+        warn(
+            f"{steps} profiled steps per rank: each task's spread is fitted on {steps} draws, and the p95 and p99 "
+            f"sampled from it rest on them (a p95 is seen once in {FEW_STEPS} steps)"
         )
     with working(f"fitting the spread and sampling {samples:,} steps…", as_json):
         model = fit_trace_variability(rg)

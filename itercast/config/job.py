@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast, get_args, get_origin
+from typing import Annotated, Any, cast, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from itercast.config.deepep_buffer import DEEPEP_EP_SIZES
 from itercast.config.model import ModelConfig
@@ -236,7 +236,10 @@ def _parse(section: str, raw: dict[str, Any], source: str) -> BaseModel:
     fields = dict(raw)
     name = fields.pop("preset", None)
     if name is not None:
-        fields = merge_fields(preset(section, name), fields)
+        base = preset(section, name)
+        if section == "system":
+            _check_kept_ceiling(base.get("gpu", {}), fields.get("gpu"), f"{source}: `system", name)
+        fields = merge_fields(base, fields)
     if section == "system" and isinstance(fields.get("device_groups"), list):
         fields["device_groups"] = [_group_gpu(g) for g in fields["device_groups"]]
     return validated(_SCHEMAS[section], fields, section, source)
@@ -250,22 +253,56 @@ def validated(schema: type[BaseModel], fields: dict[str, Any], section: str, sou
         raise ConfigError(_format_validation(exc, schema, section, source)) from None
 
 
+def check_values(schema: type[BaseModel], fields: dict[str, Any], section: str, source: str) -> None:
+    """Each of `fields` against its own field of `schema` (type and bounds, no rule across fields): what a command that
+    replaces them (search varies the plan's sizes) still refuses as predict would, one line each."""
+    lines = []
+    for name, value in fields.items():
+        info = schema.model_fields[name]
+        try:
+            TypeAdapter(cast(Any, Annotated[info.annotation, info])).validate_python(value)
+        except ValidationError as exc:
+            lines += [f"{source}: `{section}.{name}`: {err['msg']}; got {value!r}" for err in exc.errors()[:1]]
+    if lines:
+        raise ConfigError("\n".join(lines))
+
+
 def _group_gpu(group: Any) -> Any:
     """A device group `{preset: SYSTEM, num_nodes: N}` takes that system preset's GPU."""
     if not isinstance(group, dict) or "preset" not in group:
         return group
     rest = {k: v for k, v in group.items() if k != "preset"}
-    return {"gpu": merge_fields(preset("system", str(group["preset"]))["gpu"], rest.pop("gpu", {})), **rest}
+    base = preset("system", str(group["preset"]))["gpu"]
+    _check_kept_ceiling(base, rest.get("gpu"), "`system.device_groups", str(group["preset"]))
+    return {"gpu": merge_fields(base, rest.pop("gpu", {})), **rest}
+
+
+def _check_kept_ceiling(base: dict[str, Any], over: Any, where: str, name: str) -> None:
+    """A preset's GPU whose peak FLOP/s an override changes keeps the sustained GEMM rate measured on the preset's
+    GPU (GPUSpec.sustained_gemm_flops), a ceiling that would silently hold a faster GPU's GEMMs to it: unless the
+    override sets that field too (an empty mapping clears it), a ConfigError naming both fields (`where`: the
+    source and the section's path, a backtick opening it)."""
+    if not isinstance(over, dict) or "sustained_gemm_flops" in over or not isinstance(over.get("peak_flops"), dict):
+        return
+    kept = sorted(set(over["peak_flops"]) & set(base.get("sustained_gemm_flops", {})))
+    if kept:
+        ceilings = ", ".join(f"{k} {base['sustained_gemm_flops'][k] / 1e12:g}" for k in kept)
+        raise ConfigError(
+            f"{where}.gpu.peak_flops`: changed for {', '.join(kept)} from preset {name}, whose GEMMs are held to the "
+            f"rate measured sustained on its GPU at its power limit (system.gpu.sustained_gemm_flops: {ceilings} "
+            "TFLOP/s): set system.gpu.sustained_gemm_flops too (the new GPU's measured rate, or {} for none)"
+        )
 
 
 def merge_fields(base: dict[str, Any], over: dict[str, Any], where: str = "") -> dict[str, Any]:
-    """`over`'s fields over a preset's `base`, mapping by mapping. A list of `base` takes a mapping of its
+    """`over`'s fields over a preset's `base`, mapping by mapping (an empty mapping replaces the preset's: `{}`
+    clears it). A list of `base` takes a mapping of its
     indices (`--set model.tables.0.pooling_factor=50` gives tables {"0": {...}}), each merged into its item;
     an index beyond the list is a ConfigError naming the field (`where`: the path so far)."""
     out = dict(base)
     for k, v in over.items():
         old, path = out.get(k), f"{where}{k}"
-        if isinstance(v, dict) and isinstance(old, dict):
+        if isinstance(v, dict) and isinstance(old, dict) and v:  # an empty mapping clears the preset's
             out[k] = merge_fields(old, v, f"{path}.")
         elif isinstance(v, dict) and isinstance(old, list) and v and all(str(i).isdigit() for i in v):
             items = list(old)

@@ -84,7 +84,8 @@ class GPUSpec(BaseModel):
         description="Dense GEMM FLOP/s the GPU sustains at its nominal power limit once its clocks settle (tensor "
         "cores busy for seconds, as through a training step): a ceiling on every GEMM of that dtype, above the "
         "fitted curve's short-burst rate where that is higher. Presets cite their measurement; a dtype left out "
-        "has no ceiling (the curve alone).",
+        "has no ceiling (the curve alone), but fp16, which takes bf16's (the same tensor cores, operand width and "
+        "GEMM curve).",
     )
     power_limit_w: PositiveFloat | None = Field(
         None,

@@ -97,9 +97,11 @@ class AnalyticCostModel:
         gemm = gemms[gemm_key]
         self.gemm_curve: Curve = curve(gemm)
         self.gemm_alpha_s = float(gemm["alpha_s"])  # fixed kernel latency: absolute, not scaled by the peak
-        # the rate a GEMM sustains at the power limit (GPUSpec.sustained_gemm_flops; inf: none measured)
+        # the rate a GEMM sustains at the power limit (GPUSpec.sustained_gemm_flops; inf: none measured); fp16
+        # GEMMs take bf16's where they have none of their own, as they take its curve (gemm_key)
         ceiling = gpu.sustained_gemm_flops
-        self.gemm_ceiling_flops = ceiling.get(peak_key, np.inf)
+        fp16_ceiling = ceiling.get("bf16", np.inf) if dtype == "fp16" else np.inf
+        self.gemm_ceiling_flops = ceiling.get(peak_key, fp16_ceiling)
         # GEMMs outside Transformer Engine's FP8 autocast (Megatron-Core's output layer is its own
         # ColumnParallelLinear, the MoE router a plain linear) run in bf16 under FP8 training
         high = gemms["bf16"] if dtype == "fp8" else gemm
