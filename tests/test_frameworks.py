@@ -757,6 +757,12 @@ def test_deepspeed_runs_moe_without_zero3():
             ["pipeline_p2p=megatron", "p2p_scatter_gather=true"],
             "plan.p2p_scatter_gather: Megatron-LM's pipeline exchange of 2021-2023, which megatron-core does not run",
         ),
+        # Megatron's blocking interleaved exchanges: torchtitan's and DeepSpeed's pipelines send otherwise
+        (
+            "torchtitan",
+            ["overlap_p2p_comm=false"],
+            "plan.overlap_p2p_comm: Megatron's switch for its interleaved exchanges, which torchtitan does not run",
+        ),
     ],
 )
 def test_a_recompute_or_dispatcher_the_framework_cannot_run_is_a_one_line_error(framework, sets, message):

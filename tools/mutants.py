@@ -2181,6 +2181,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/variability_cmds.py", "if (steps := min(per_rank.values())) < FEW_STEPS:",
       "if (steps := min(per_rank.values())) < 0:", "a trace's p95 sampled from 3 steps without a word",
       _t("trace_variability")),
+    M("cli/search_cmds.py", 'if not plan.get("overlap_p2p_comm", True) and engine != "megatron":', "if False:",
+      "a search of torchtitan refusing Megatron's overlap switch with the plan's rule, not the framework's",
+      _t("frameworks")),
     M("cli/report_cmds.py", '        if "whatif_breakdown" in doc:', "        if False:",
       "compare showing a what-if's span but not its breakdown", _t("report")),
 )

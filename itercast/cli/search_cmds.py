@@ -520,6 +520,12 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
             f"plan.p2p_scatter_gather: Megatron-LM's pipeline exchange of 2021-2023, which {fw.name} does not run "
             "(Megatron-Core sends each stage's output whole since 39b83c79); expected false; the job sets true"
         )
+    engine = plan.get("pipeline_p2p", "overlapped")
+    if not plan.get("overlap_p2p_comm", True) and engine != "megatron":
+        raise ConfigError(
+            f"plan.overlap_p2p_comm: Megatron's switch for its interleaved exchanges, which {fw.name} does not run "
+            f"(its pipeline sends: pipeline_p2p {engine}); expected true; the job sets false"
+        )
     check_fast_path_plan(plan)
     # the fixed sizes' framework rules before the plan's own, which would name its fields and dump the plan
     # (its overlap and kernels are checked on the parsed plan: plan_space.enumerate_plans)
