@@ -64,6 +64,23 @@ def test_shard_work_by_hand():
     assert (dp.lookups, dp.rows, dp.pooled_out_bytes) == (32, 1000, 0)  # the local batch only
 
 
+def test_a_row_wise_shard_of_skewed_indices_serves_its_hot_row():
+    # 4 rows at Zipf 1: weights 1, 1/2, 1/3, 1/4, sum 25/12, the hottest row 12/25 = 0.48 of the lookups. Row-wise
+    # over 2 ranks (2 rows each, popularity hashed over the blocks): the first shard holds that row and one of the
+    # 3 others, 0.48 + 0.52 · 1/3 = 0.65333 of the lookups; the second 0.52 · 2/3 = 0.34667 (B = 16 samples × 2
+    # lookups = 32: 20.907 and 11.093); uniform draws give 16 each
+    table = EmbeddingTable(name="t", num_rows=4, embedding_dim=16, pooling_factor=2, zipf_alpha=1.0)
+    rw = Shard("row_wise", (0, 1))
+    first, second = shard_work(table, rw, 0, 2, 8), shard_work(table, rw, 1, 2, 8)
+    assert (first.lookups, second.lookups) == (
+        pytest.approx(32 * 0.65333, rel=1e-4),
+        pytest.approx(32 * 0.34667, rel=1e-4),
+    )
+    assert shard_work(table.model_copy(update={"zipf_alpha": 0.0}), rw, 0, 2, 8).lookups == pytest.approx(16)
+    # the first shard's lookups: its hot row 0.48 / 0.65333 = 0.73469 of them
+    assert index_stats(table, first).hot_fraction == pytest.approx(0.73469, rel=1e-4)
+
+
 def test_embedding_traffic_on_a_linear_cost_model():
     costs = AnalyticCostModel(system(1), "fp32", linear_calibration())
     work = shard_work(TABLE, Shard("table_wise", (0,)), 0, 1, 8)  # 32 lookups, 8 pooled vectors

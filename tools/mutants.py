@@ -868,7 +868,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M(DLRM, 'float(sent.max()), group) for sent in a2a_bytes.values())',
       'float(sum(a2a_bytes.values()).max()), group) for _ in (0,))',
       "TorchRec's table- and column-wise pooled vectors in one all-to-all, not one per sharding type"),
-    M(EMB, "whole = IndexStats.zipf(table.num_rows, max(1, round(work.lookups * k))",
+    M(EMB, "whole = IndexStats.zipf(table.num_rows, max(1, round(total))",
       "whole = IndexStats.zipf(max(1, round(work.rows)), max(1, round(work.lookups))",
       "a row-wise shard's Zipf rows a law of their own over N/k rows, not 1/k of the table's distinct rows"),
     M(MEM, 'expert_in = gemm_in if t.base.fp8_experts else e', "expert_in = gemm_in",
@@ -885,7 +885,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "a replica's backward one operator, not zeros_like, index and index_add_"),
     M(HOST, '"ddp_from_buckets": 1 + mlp_tensors if ddp', '"ddp_from_buckets": mlp_tensors if ddp',
       "the all-reduced buffer never divided by the world size"),
-    M(EMB, "ShardWork(B * P / world, table.num_rows / world", "ShardWork(B * P, table.num_rows / world",
+    M(EMB, "ShardWork(B * P * row_wise_share(table, world, rank == shard.ranks[0]), table.num_rows / world",
+      "ShardWork(B * P, table.num_rows / world",
       "row-wise shard looks up every index"),
     M(EMB, "part = d // len(shard.ranks)", "part = d", "column-wise shard holds every column"),
     M(DLRM, "model.dense_features + outputs + f * d + model.interaction_width() + cross_inputs",
@@ -2186,6 +2187,12 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("frameworks")),
     M("cli/report_cmds.py", '        if "whatif_breakdown" in doc:', "        if False:",
       "compare showing a what-if's span but not its breakdown", _t("report")),
+    M("workloads/dlrm/embedding.py", "return hot + (1.0 - hot) * max(per_shard - 1.0, 0.0) / (rows - 1)",
+      "return (1.0 - hot) * per_shard / (rows - 1)",
+      "a row-wise shard of skewed indices priced without its hot row (every shard 1/k of the rest)", _t("dlrm")),
+    M("workloads/dlrm/embedding.py", "min(1.0, hot / share), whole.reuse_beyond)",
+      "min(1.0, k * hot), whole.reuse_beyond)",
+      "the busiest row-wise shard's hot row share taken as if it served 1/k of the lookups", _t("dlrm")),
 )
 # fmt: on
 

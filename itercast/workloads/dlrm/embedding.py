@@ -71,8 +71,26 @@ def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch
         part = d // len(shard.ranks)
         return ShardWork(B * P, table.num_rows, part, B)
     if shard.strategy == "row_wise":
-        return ShardWork(B * P / world, table.num_rows / world, d, B)
+        return ShardWork(B * P * row_wise_share(table, world, rank == shard.ranks[0]), table.num_rows / world, d, B)
     return ShardWork(batch * P, table.num_rows, d, batch, replica=True)  # data_parallel: the local batch only
+
+
+def row_wise_share(table: EmbeddingTable, k: int, holds_hot: bool) -> float:
+    """The share of a table's lookups one of its k row-wise shards serves. TorchRec's row-wise sharding gives each
+    rank a block of about N/k consecutive rows (torchrec/distributed/sharding/rw_sharding.py, block_size ⌈N/k⌉)
+    and routes every lookup to its row's block; with hashed ids the rows' popularity falls on the blocks at random,
+    so one block holds the most frequent row, a share `hot` of the lookups (zipf_hot_fraction), and its other
+    r − 1 rows (r = N/k) are drawn from the other N − 1 at random: hot + (1 − hot)(r − 1)/(N − 1) on that shard
+    (`holds_hot`: the shard's first rank, the one the step and the memory price), (1 − hot) r/(N − 1) on each
+    other; uniform draws (hot 1/N) give 1/k on every shard. The next most frequent rows, each on a block at random,
+    are taken as spread (a lower bound on the busiest shard's share)."""
+    rows = table.num_rows
+    if rows <= 1:
+        return 1.0 if holds_hot else 0.0
+    hot, per_shard = zipf_hot_fraction(rows, table.zipf_alpha), rows / k
+    if holds_hot:
+        return hot + (1.0 - hot) * max(per_shard - 1.0, 0.0) / (rows - 1)
+    return (1.0 - hot) * per_shard / (rows - 1)
 
 
 def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | IndexStats | None = None) -> IndexStats:
@@ -83,21 +101,26 @@ def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | Ind
     rows of the table's k times its lookups (and between two lookups of one of its rows, 1/k of the
     table's distinct rows): the shard's rows are a random 1/k of the table's, not a Zipf law of their
     own over N/k ranks (which overstates them: +11.6% at a million rows, 163,840 lookups, alpha 1.05,
-    k 4); its most loaded shard holds the most frequent row, whose lookups are then k times the share
-    they have of the whole table's."""
+    k 4). The shard priced, the most loaded, holds the most frequent row (row_wise_share): of its share s of
+    the table's lookups, the distinct rows are 1/k of the table's (a fraction 1/(k s) of the table's unique
+    fraction) and that row's lookups hot/s (k hot where every shard serves 1/k)."""
     if isinstance(counts, IndexStats):
         return counts
     k = table.num_rows / work.rows
     lookups, row_bytes = max(1, round(work.lookups)), work.dim * F32
+    total = work.bags * table.pooling_factor  # the table's lookups (a row-wise shard's bags are every sample's)
+    share = work.lookups / total
     if counts is not None:
-        lookups_all = max(1, round(work.lookups * k))
-        whole = IndexStats.sampled(counts, lookups_all, row_bytes / k)
-        return IndexStats(whole.unique_fraction, min(1.0, k * whole.hot_fraction), whole.reuse_beyond)
+        whole = IndexStats.sampled(counts, max(1, round(total)), row_bytes / k)
+        if k == 1:
+            return whole
+        spread = min(1.0, whole.unique_fraction / (k * share))
+        return IndexStats(spread, min(1.0, whole.hot_fraction / share), whole.reuse_beyond)
     if k == 1:
         return IndexStats.zipf(max(1, round(work.rows)), lookups, table.zipf_alpha, row_bytes)
-    whole = IndexStats.zipf(table.num_rows, max(1, round(work.lookups * k)), table.zipf_alpha, row_bytes / k)
+    whole = IndexStats.zipf(table.num_rows, max(1, round(total)), table.zipf_alpha, row_bytes / k)
     hot = zipf_hot_fraction(table.num_rows, table.zipf_alpha)  # alpha 0: 1 / rows
-    return IndexStats(whole.unique_fraction, min(1.0, k * hot), whole.reuse_beyond)
+    return IndexStats(min(1.0, whole.unique_fraction / (k * share)), min(1.0, hot / share), whole.reuse_beyond)
 
 
 @cache
