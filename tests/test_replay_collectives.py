@@ -177,3 +177,34 @@ def test_a_dropped_collective_still_waits_for_its_peers_and_says_so(tmp_path):
     g = moved.sim.graph
     ends = sorted(float(moved.sim.end_s[t]) for t in range(g.num_tasks) if g.names[g.name[t]] == ALL_REDUCE)
     assert ends == pytest.approx([220e-6, 220e-6])
+
+
+def test_scaling_a_single_ranks_collective_keeps_its_wait_for_peers(tmp_path):
+    """The same rank's 400 µs all-reduce (270.9 µs of V100 transfer, 129.1 µs of wait for its peer): halving NCCL's
+    kernels halves the transfer, 129.1 + 135.4 = 264.6 µs, not the 200 µs that halving the wait too would give;
+    dropping them leaves the wait, as a dropped collective matched across ranks keeps its rendezvous."""
+    comms = fp32_all_reduce_comms(5, 20, MIB, 2)
+    path = write(tmp_path / "t.json", [comms, *nccl_step(400)], **V100)
+    transfer_s = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2)
+    wait = "unmatched collectives kept their measured wait for peers beyond v100-p3.16xlarge's model"
+    _, halved, counts = replay_whatif([path], WhatIf(scale={"nccl": 0.5}))
+    assert counts == {"scaled nccl": 1, wait: 1}
+    assert halved.steps[0].replayed_s == pytest.approx(40e-6 + 129.1e-6 + 0.5 * transfer_s, abs=0.1e-6)
+    assert halved.steps[0].replayed_s == pytest.approx(304.55e-6, abs=0.1e-6)
+    _, dropped, _ = replay_whatif([path], WhatIf(scale={"nccl": 0.0}))
+    assert dropped.steps[0].replayed_s == pytest.approx(40e-6 + 129.1e-6, abs=0.1e-6)
+    # on dgx-h100 and halved: the H100 model's time halved, the wait once (counted once)
+    _, both, counts = replay_whatif([path], WhatIf(scale={"nccl": 0.5}, system="dgx-h100"))
+    assert counts == {"re-timed all_reduce on dgx-h100": 1, wait: 1, "scaled nccl": 1}
+    assert both.steps[0].replayed_s == pytest.approx(
+        40e-6 + 400e-6 - transfer_s + 0.5 * all_reduce_s("dgx-h100", 4 * MIB, 2)
+    )
+
+
+def test_scaling_a_collective_whose_wait_cannot_be_told_apart_says_so(tmp_path):
+    # no size metadata: the 400 µs cannot be split into transfer and wait; all of it is halved, and said
+    path = write(tmp_path / "t.json", nccl_step(400), distributedInfo={"rank": 0, "world_size": 2}, **V100)
+    _, halved, counts = replay_whatif([path], WhatIf(scale={"nccl": 0.5}))
+    whole = "unmatched collectives scaled whole (no wait for peers told from the transfer)"
+    assert counts == {"scaled nccl": 1, whole: 1}
+    assert halved.steps[0].replayed_s == pytest.approx(40e-6 + 200e-6)

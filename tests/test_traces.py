@@ -263,7 +263,7 @@ def test_collective_sizes_come_from_record_param_comms_around_the_launch(tmp_pat
     }
     _, changed, counts = replay_whatif([path], WhatIf(system="dgx-h100"))
     # one rank, no GPU named in the trace: its wait for peers cannot be told from its transfer, and is said
-    dropped = "unmatched collectives re-timed without their wait for peers (no preset for the GPU)"
+    dropped = "unmatched collectives re-timed without a wait (no wait for peers told from the transfer)"
     assert counts == {"re-timed all_reduce on dgx-h100": 1, dropped: 1}
     costs = AnalyticCostModel(Job.from_presets("gpt3-1.3b", "dgx-h100").system, "bf16")
     all_reduce_s = costs.collective_s("all_reduce", 4 * (1 << 20), GroupPlacement(8, 1, 8))

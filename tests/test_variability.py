@@ -11,6 +11,7 @@ from scipy import stats
 from typer.testing import CliRunner
 
 from itercast.cli import app
+from itercast.cli.variability_cmds import _deadline_interval
 from itercast.graph.execgraph import Category, GraphBuilder
 from itercast.measurements import Measurement
 from itercast.profile.db import ProfileDB
@@ -230,3 +231,10 @@ def test_the_routers_load_scales_only_the_routed_experts_share_of_a_task():
     assert dur.mean() == pytest.approx(1.0, abs=3e-3)  # standard error 0.1 / √20,000 = 7e-4
     assert dur.std() == pytest.approx(0.1, rel=0.03)
     assert dur.min() > 0.5
+
+
+def test_the_summary_names_the_interval_that_best_meets_the_deadline_only_where_it_beats_the_least_expected():
+    t = {"deadline_probability": 0.90, "best_deadline_probability": 0.99, "deadline_interval_s": 1800.0}
+    assert _deadline_interval(t) == " (99.0% checkpointing every 30 min, the best for the deadline)"
+    assert _deadline_interval({**t, "best_deadline_probability": 0.90}) == ""
+    assert _deadline_interval({**t, "best_deadline_probability": None}) == ""

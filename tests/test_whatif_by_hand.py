@@ -35,7 +35,7 @@ def test_a_collective_is_retimed_on_the_what_ifs_calibrated_curves(tmp_path):
     path = write(tmp_path / "t.json", events)
     _, moved, counts = replay_whatif([path], WhatIf(system="dgx-h100", curves=linear_calibration()))
     # one rank whose trace names no GPU: no wait for peers can be told apart, none is added (and that is said)
-    dropped = "unmatched collectives re-timed without their wait for peers (no preset for the GPU)"
+    dropped = "unmatched collectives re-timed without a wait (no wait for peers told from the transfer)"
     assert counts == {"re-timed all_reduce on dgx-h100": 1, dropped: 1}
     g = moved.sim.graph
     (task,) = [t for t in range(g.num_tasks) if g.names[g.name[t]].startswith("ncclKernel")]

@@ -2193,6 +2193,20 @@ MUTANTS: tuple[Mutant, ...] = (
     M("workloads/dlrm/embedding.py", "min(1.0, hot / share), whole.reuse_beyond)",
       "min(1.0, k * hot), whole.reuse_beyond)",
       "the busiest row-wise shard's hot row share taken as if it served 1/k of the lookups", _t("dlrm")),
+    M(WHATIF, "durations[task] = wait_s + (durations[task] - wait_s) * whatif.scale[cls]",
+      "durations[task] = durations[task] * whatif.scale[cls]",
+      "a single rank's collective scaled with its wait for peers, as if a faster kernel made them arrive sooner"),
+    M(WHATIF, "said = None if task in retimed else changes", "said = changes",
+      "a re-timed collective's kept wait counted again when scaled"),
+    M(WHATIF, "if size is None or size.inferred or size.own_system is None:",
+      "if size is None or size.own_system is None:",
+      "a wait for peers told from the transfer of a size inferred from the time that holds it"),
+    M(TTT, "best = max(grid, key=score)", "best = ends",
+      "P(deadline) only at the least expected interval's neighbours, not the best interval for the deadline"),
+    M(TTT, "if p_best - p_least <= 2 * math.sqrt((p_best * (1 - p_best) + p_least * (1 - p_least)) / samples):",
+      "if True:", "the interval that best meets a deadline never reported"),
+    M("cli/variability_cmds.py", 'if best is None or best <= t["deadline_probability"]:', "if best is None:",
+      "the summary naming a deadline interval that meets it no more often", _t("variability")),
 )
 # fmt: on
 

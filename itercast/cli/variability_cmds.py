@@ -467,7 +467,17 @@ def _time_to_train(
         "young_interval_s": ttt.young_interval_s,
         **ttt.quantiles_s,
         "deadline_probability": ttt.deadline_probability,
+        "deadline_interval_s": ttt.deadline_interval_s,
+        "best_deadline_probability": ttt.best_deadline_probability,
     }
+
+
+def _deadline_interval(t: dict[str, Any]) -> str:
+    """The interval that best meets the deadline, where it meets it more often than the least expected one."""
+    best = t["best_deadline_probability"]
+    if best is None or best <= t["deadline_probability"]:
+        return ""
+    return f" ({best:.1%} checkpointing every {t['deadline_interval_s'] / 60:.0f} min, the best for the deadline)"
 
 
 def _print(out: dict[str, Any], gpus: int) -> None:
@@ -548,7 +558,8 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
                 f"{t['expected_s'] / 86400:.2f} days expected, goodput {t['goodput']:.1%}, "
                 f"{t['expected_interruptions']:.0f} interruptions expected, "
                 f"checkpoint every {t['checkpoint_interval_s'] / 60:.0f} min"
-                + (f", P(deadline) {deadline:.1%}" if deadline is not None else ""),
+                + (f", P(deadline) {deadline:.1%}" if deadline is not None else "")
+                + _deadline_interval(t),
             )
         )
     if "speed_map" in out:

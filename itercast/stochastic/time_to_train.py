@@ -77,8 +77,10 @@ class FailureModel:
 class TimeToTrain:
     """work_s: failure-free training time; interval_s: work between checkpoints; expected_s: expected
     wall time; quantiles_s: its p50_s/p90_s/p95_s/p99_s (seconds); goodput: work_s / expected_s (effective training
-    time); young_interval_s: Young's √(2δ/λ); deadline_probability: P(wall ≤ deadline);
-    expected_interruptions: failures expected during the wall time (restarts included)."""
+    time); young_interval_s: Young's √(2δ/λ); deadline_probability: P(wall ≤ deadline) at interval_s;
+    expected_interruptions: failures expected during the wall time (restarts included);
+    deadline_interval_s, best_deadline_probability: the interval that maximises P(wall ≤ deadline) and that
+    probability (deadline_interval; None without a deadline, interval_s where the interval was given)."""
 
     work_s: float
     interval_s: float
@@ -88,6 +90,8 @@ class TimeToTrain:
     young_interval_s: float
     deadline_probability: float | None
     expected_interruptions: float
+    deadline_interval_s: float | None = None
+    best_deadline_probability: float | None = None
 
 
 #: ln of the expected attempts of one segment (λ × (work + checkpoint + restart)) beyond which a job is refused
@@ -230,6 +234,55 @@ def sample_time_s(
     return wall, interrupted + failed_restarts
 
 
+#: equal-segment counts tried by deadline_interval: a geometric grid from one segment to the most the deadline
+#: leaves room for, then as many between the best one's neighbours
+DEADLINE_GRID = 48
+
+
+def deadline_interval(
+    work_s: float, deadline_s: float, rate: float, fm: FailureModel, samples: int, seed: int, stretch_s: np.ndarray
+) -> tuple[float, float]:
+    """(The checkpoint interval maximising P(wall ≤ deadline), that probability) for `work_s` seconds of work cut
+    into k equal segments. The interval least in expectation (best_interval_s) minimises the mean, not the tail
+    the deadline reads: with rare failures it is long, and one failure then loses much of it, so P(deadline) at
+    that interval can rise as failures grow more frequent and the interval shorter; the best P(deadline) cannot
+    (for one k, more failures never make a run shorter). Every segment pays its checkpoint δ, so k is at most
+    (deadline − work)/δ (beyond, no run is in time), and at least what keeps a segment's attempts within
+    e^MAX_LOG_ATTEMPTS (fewer never finish); counts between the two on a geometric grid of
+    DEADLINE_GRID, then as many between the best one's neighbours, each sampled by sample_time_s with the same
+    seed and `stretch_s` (the step variability's added seconds per sample, speed_factors); of equal
+    probabilities the one least in expectation is kept, and the least expected interval unless the best beats
+    it by more than two standard errors of their difference (a sampling noise's lead is no reason to move)."""
+    most = int(min((deadline_s - work_s) / fm.checkpoint_s, 1e7)) if fm.checkpoint_s > 0 else 10**7
+    if most < 1 or rate == 0:  # no run in time, or every run the same: the least expected interval
+        interval = best_interval_s(work_s, rate, fm)
+        wall, _ = sample_time_s(work_s, interval, rate, fm, samples, seed)
+        return interval, float(np.mean(wall + stretch_s <= deadline_s))
+    # the fewest segments a run can finish in: λ (s + δ + R) within MAX_LOG_ATTEMPTS (_refuse_unfinishable)
+    fewest = max(1, math.ceil(rate * work_s / max(MAX_LOG_ATTEMPTS - rate * (fm.checkpoint_s + fm.restart_s), 1e-9)))
+    if fewest > most:
+        return best_interval_s(work_s, rate, fm), 0.0
+    tried: dict[int, tuple[float, float]] = {}
+
+    def score(k: int) -> tuple[float, float]:
+        if k not in tried:
+            wall, _ = sample_time_s(work_s, work_s / k, rate, fm, samples, seed)
+            tried[k] = (float(np.mean(wall + stretch_s <= deadline_s)), -expected_time_s(work_s, work_s / k, rate, fm))
+        return tried[k]
+
+    least = max(1, round(work_s / best_interval_s(work_s, rate, fm)))
+    ends = min(max(least, fewest), most)
+    grid = sorted({*np.unique(np.geomspace(fewest, most, DEADLINE_GRID).round().astype(int)).tolist(), ends})
+    best = max(grid, key=score)
+    at = grid.index(best)
+    low, high = grid[max(at - 1, 0)], grid[min(at + 1, len(grid) - 1)]
+    best = max([best, *np.unique(np.geomspace(low, high, DEADLINE_GRID).round().astype(int)).tolist()], key=score)
+    (p_best, _), (p_least, _) = tried[best], tried[ends]
+    if p_best - p_least <= 2 * math.sqrt((p_best * (1 - p_best) + p_least * (1 - p_least)) / samples):
+        best = ends  # within two standard errors of the least expected interval's: not told apart from it
+    return work_s / best, tried[best][0]
+
+
 def speed_factors(
     steps: int, step_cv: float, step_autocorrelation: float, run_cv: float, samples: int, seed: int
 ) -> np.ndarray:
@@ -270,8 +323,15 @@ def time_to_train(
     tau = interval_s if interval_s is not None else best_interval_s(work, rate, fm)
     _refuse_unfinishable(min(tau, work), rate, fm, num_gpus)
     draws, _ = sample_time_s(work, tau, rate, fm, samples, seed)
+    stretch_s = np.zeros(samples)
     if step_cv > 0 or run_cv > 0:
-        draws = draws + (speed_factors(steps, step_cv, step_autocorrelation, run_cv, samples, seed) - 1) * work
+        stretch_s = (speed_factors(steps, step_cv, step_autocorrelation, run_cv, samples, seed) - 1) * work
+    draws = draws + stretch_s
+    in_time = float(np.mean(draws <= deadline_s)) if deadline_s is not None else None
+    best: tuple[float | None, float | None] = (None, None)
+    if deadline_s is not None:
+        fixed = interval_s is not None  # its own probability is the best there is
+        best = (tau, in_time) if fixed else deadline_interval(work, deadline_s, rate, fm, samples, seed, stretch_s)
     qs = dict(zip(("p50_s", "p90_s", "p95_s", "p99_s"), np.percentile(draws, [50, 90, 95, 99]).tolist(), strict=True))
     expected = expected_time_s(work, tau, rate, fm)
     return TimeToTrain(
@@ -281,6 +341,7 @@ def time_to_train(
         qs,
         work / expected,
         math.sqrt(2 * fm.checkpoint_s / rate) if rate else work,
-        float(np.mean(draws <= deadline_s)) if deadline_s is not None else None,
+        in_time,
         rate * expected,
+        *best,
     )

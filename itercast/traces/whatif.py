@@ -16,7 +16,7 @@ from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.hardware.topology import place_group
-from itercast.traces.collective_sizes import builtin_model, collective_sizes
+from itercast.traces.collective_sizes import CollectiveSize, builtin_model, collective_sizes
 from itercast.traces.host_overheads import HostOverheads, modelled_host_us, synchronising_calls, thread_ops
 from itercast.traces.kineto import RankTrace
 from itercast.traces.parallel_whatifs import retime_data_parallel
@@ -136,8 +136,15 @@ def apply_whatif(
         raise ConfigError("what-if: --dp and --world-size both set the data-parallel group size; give one")
     if whatif.tp is not None and (whatif.dp is not None or whatif.world_size is not None):
         raise ConfigError("what-if: --tp re-times a tensor-parallel-only trace; give it without --dp/--world-size")
+    sizes, missing = (
+        collective_sizes(traces, rg.gpu_task, rg.nccl_meta, rg.graph.duration_s)
+        if whatif.system is not None or "nccl" in whatif.scale
+        else ({}, Counter())
+    )
+    waits = _peer_waits(rg, sizes)
+    retimed: set[int] = set()
     if whatif.system is not None or whatif.world_size is not None:
-        _retime_collectives(rg, traces, whatif, durations, changes)
+        retimed = _retime_collectives(rg, whatif, durations, changes, sizes, missing, waits)
     alone = np.zeros(0, np.int64)
     if whatif.dp is not None:
         alone = retime_data_parallel(
@@ -154,8 +161,12 @@ def apply_whatif(
     for task in gpu_tasks:
         cls = kernel_class(g.names[g.name[task]], g.families[g.family[task]])
         if cls in whatif.scale:
-            durations[task] *= whatif.scale[cls]
-            changes[f"{_scale_verb(whatif.scale[cls])} {cls}"] += 1
+            said = None if task in retimed else changes  # a re-timed collective's wait was said there
+            verb = _scale_verb(whatif.scale[cls])
+            wait_s = _kept_wait_s(task, waits, said, f"{verb} whole") if cls == "nccl" else 0.0
+            wait_s = min(wait_s, float(durations[task]))  # a what-if above may have shortened it below the wait
+            durations[task] = wait_s + (durations[task] - wait_s) * whatif.scale[cls]
+            changes[f"{verb} {cls}"] += 1
             matched.add(cls)
             if whatif.scale[cls] == 0 and g.collective[task] >= 0 and task not in freed:
                 changes[DROPPED_RENDEZVOUS] += 1
@@ -170,43 +181,77 @@ def _scale_verb(factor: float) -> str:
     return "dropped" if factor == 0 else "scaled"
 
 
-def _retime_collectives(
-    rg: ReplayGraph, traces: list[RankTrace], whatif: WhatIf, durations: np.ndarray, changes: Counter
-) -> None:
-    """Collectives re-timed on `whatif.system`'s model (over `whatif.world_size` GPUs if given) from
-    their sizes (collective_sizes: metadata, else inferred from their time on the trace's system).
+def _peer_waits(rg: ReplayGraph, sizes: dict[int, CollectiveSize]) -> dict[int, tuple[float, str] | None]:
+    """NCCL task → (its measured wait for peers in seconds, the preset it was told apart on), for each
+    collective not matched across the loaded ranks (a single rank's trace), None where it cannot be told
+    apart; matched collectives are absent (they wait through the replay graph's rendezvous).
 
-    A collective matched across the loaded ranks waits for its peers through the replay graph's
-    rendezvous; one that is not (a single rank's trace) holds its wait for peers inside its measured
-    time. That wait is kept: the measured time less the trace's own system's model time for the same
-    bytes (collective_sizes' own_system), added to the new model time, since a faster network does not
-    make the other ranks arrive sooner. Where the bytes were inferred from that measured time the wait
-    is in the size instead (an upper bound, flagged), and without a preset for the trace's GPU it cannot
-    be told apart and is dropped: both are counted in `changes`. The own model is the built-in one, on
-    which collective_sizes infers sizes too (a calibration describes the system asked about)."""
+    An unmatched collective holds its wait for peers inside its measured time: the measured time less the
+    trace's own system's model time for the same bytes (collective_sizes' own_system), on the built-in
+    model on which collective_sizes infers sizes too. A what-if keeps that wait, since neither a faster
+    network nor a faster kernel makes the other ranks arrive sooner. It cannot be told apart (None) where
+    the bytes were inferred from that measured time (the wait is in the size: an upper bound, flagged), where
+    no preset has the trace's GPU, or where no size is known (`sizes`: collective_sizes'; none, no waits)."""
+    if not sizes:
+        return {}
+    waits: dict[int, tuple[float, str] | None] = {}
+    for task, meta in rg.nccl_meta.items():
+        if "transfer_s" in meta:
+            continue
+        size = sizes.get(task)
+        if size is None or size.inferred or size.own_system is None:
+            waits[task] = None
+            continue
+        own = builtin_model(size.own_system)
+        own_group = place_group(size.group_size, 1, own.system.node.gpus_per_node)
+        measured_s = float(rg.graph.duration_s[task])
+        waits[task] = (max(0.0, measured_s - own.collective_s(size.kind, size.nbytes, own_group)), size.own_system)
+    return waits
+
+
+def _kept_wait_s(
+    task: int, waits: dict[int, tuple[float, str] | None], changes: Counter | None, verb: str = ""
+) -> float:
+    """The wait for peers a what-if keeps for `task` (_peer_waits; 0 for a matched collective or one whose wait
+    cannot be told apart), counted in `changes` unless None: kept beyond its preset's model, or `verb` without."""
+    wait = waits.get(task)
+    if changes is not None and task in waits:
+        if wait is None:
+            changes[f"unmatched collectives {verb} (no wait for peers told from the transfer)"] += 1
+        else:
+            changes[f"unmatched collectives kept their measured wait for peers beyond {wait[1]}'s model"] += 1
+    return wait[0] if wait is not None else 0.0
+
+
+def _retime_collectives(
+    rg: ReplayGraph,
+    whatif: WhatIf,
+    durations: np.ndarray,
+    changes: Counter,
+    sizes: dict[int, CollectiveSize],
+    missing: Counter,
+    waits: dict[int, tuple[float, str] | None],
+) -> set[int]:
+    """Collectives re-timed on `whatif.system`'s model (over `whatif.world_size` GPUs if given) from
+    their `sizes` (collective_sizes: metadata, else inferred from their time on the trace's system; `missing`,
+    why the others have none), an
+    unmatched one's wait for peers (`waits`, _peer_waits) added to the new model time; where that wait
+    cannot be told apart it is dropped (with inferred bytes it is in the size instead): counted in `changes`.
+    Returns the tasks re-timed."""
     if whatif.system is None:
         raise ConfigError("what-if: --world-size re-times collectives with a system's model; also give --system")
     if not rg.nccl_meta:
         raise ConfigError("what-if --system/--world-size: the traces hold no NCCL kernels to re-time")
     costs = AnalyticCostModel(load_system(whatif.system), "bf16", whatif.curves)
-    sizes, missing = collective_sizes(traces, rg.gpu_task, rg.nccl_meta, rg.graph.duration_s)
     for task, size in sizes.items():
         group = place_group(whatif.world_size or size.group_size, 1, costs.system.node.gpus_per_node)
-        wait_s = 0.0
-        if "transfer_s" not in rg.nccl_meta[task] and not size.inferred:  # unmatched: its peers' wait is inside
-            if size.own_system is None:
-                changes["unmatched collectives re-timed without their wait for peers (no preset for the GPU)"] += 1
-            else:
-                own = builtin_model(size.own_system)
-                own_group = place_group(size.group_size, 1, own.system.node.gpus_per_node)
-                wait_s = max(0.0, float(durations[task]) - own.collective_s(size.kind, size.nbytes, own_group))
-                changes[
-                    f"unmatched collectives kept their measured wait for peers beyond {size.own_system}'s model"
-                ] += 1
+        said = None if size.inferred else changes  # an inferred size holds the wait: nothing to say
+        wait_s = _kept_wait_s(task, waits, said, "re-timed without a wait")
         durations[task] = costs.collective_s(size.kind, size.nbytes, group) + wait_s
         changes[f"re-timed {size.kind} on {whatif.system}" + (" (size inferred)" if size.inferred else "")] += 1
     for why, n in missing.items():
         changes[f"NCCL kernels kept at measured time ({why})"] += n
+    return set(sizes)
 
 
 def _retime_gemms(
