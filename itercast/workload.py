@@ -224,7 +224,7 @@ def _memory_rows(r: Forecast, where: str) -> list[tuple[str, str]]:
     return [
         (
             "memory per GPU",
-            f"{mem.total_bytes / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.0f} GiB{oom} ({where} {mem.stage})",
+            f"{mem.total_bytes / 2**30:.1f} GiB of {mem.capacity_bytes / 2**30:.3g} GiB{oom} ({where} {mem.stage})",
         )
     ]
 

@@ -628,3 +628,34 @@ def test_cli_refuses_the_shared_expert_overlap_on_a_dense_model():
     args = ["predict", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.moe_shared_expert_overlap=true"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "plan.moe_shared_expert_overlap(True) needs a mixture-of-experts model" in res.output
+
+
+def test_an_imbalance_routing_cannot_reach_is_refused_one_line():
+    # Megatron-Core: the busiest of ep ranks gets at most min(k, E/ep) copies of a token, of a mean k/ep: at most
+    # min(ep, E/k). 8 experts, top-2: ep 1 at most 1 (every copy on the one rank), ep 2 at most 2, ep 8 at most 4
+    def refused(imbalance: float, ep: int) -> bool:
+        try:
+            Job.from_dicts(
+                {"preset": "moe-tiny", "moe_token_imbalance": imbalance},
+                {"global_batch_size": 16, "expert_parallel": ep, "data_parallel": 8},
+                {"preset": "dgx-h100"},
+            )
+        except ConfigError as exc:
+            assert f"cannot exceed {min(ep, 4):g} with 8 experts, top-2 routing and expert_parallel {ep}" in str(exc)
+            return True
+        return False
+
+    assert [refused(x, 1) for x in (1.0, 1.01)] == [False, True]
+    assert [refused(x, 2) for x in (2.0, 2.01)] == [False, True]
+    assert [refused(x, 8) for x in (4.0, 4.01)] == [False, True]
+
+
+def test_search_leaves_out_the_expert_parallel_sizes_that_cannot_hold_the_imbalance():
+    # 8 experts, top-2 at an imbalance of 3: ep 1 and 2 hold at most 1 and 2, ep 4 and 8 at most min(ep, 4)
+    m = Job.from_dicts(
+        {"preset": "moe-tiny", "moe_token_imbalance": 3.0}, {"expert_parallel": 4}, {"preset": "dgx-h100"}
+    )
+    system = Job.from_presets("moe-tiny", "dgx-h100").system
+    base = Job.from_presets("moe-tiny", "dgx-h100", plan={"global_batch_size": 16}).plan
+    table, _ = enumerate_plans(m.model, system, base, 8, SpaceOptions(micro_batch_sizes=(1,), max_virtual_pipeline=1))
+    assert set(table.cols["ep"].tolist()) == {4, 8}

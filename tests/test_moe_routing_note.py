@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.config.job import Job
-from itercast.workloads.transformer_ops import moe_routing_note
+from itercast.workloads.transformer_ops import dropped_tokens_note, moe_routing_note
 
 SOURCE = "megatron_bridge_skills_cards_h100"
 JOB = ["--model", "qwen3-30b-a3b", "--system", "dgx-h100", "--set", "system.num_nodes=2"]
@@ -67,3 +67,23 @@ def test_predict_and_search_say_it_where_the_experts_are_spread():
     plans = json.loads(found.stdout)["plans"]  # each shown plan lists its own notes, as predict's JSON does
     spread_out = [any(n.startswith(SAID) for n in row["notes"]) for row in plans]
     assert spread_out == [row["plan"]["expert_parallel"] > 1 for row in plans] and any(spread_out)
+
+
+def test_a_capacity_below_the_load_says_the_tokens_it_drops_and_that_the_model_flops_still_count_them():
+    # padded at cf 0.1: every expert keeps 0.1 of an even share, 10%; dropping at cf 1.2 under an imbalance of 1.5:
+    # the busiest rank keeps 1.2 / 1.5 = 80%; cf 1.25 at even routing, or padded at 1.0, drops none
+    padded = _job(moe_capacity_factor=0.1, moe_pad_to_capacity=True)
+    assert (
+        "moe_capacity_factor 0.1 below the busiest expert-parallel rank's load (1 of an even share): it keeps 10%"
+        in (dropped_tokens_note(padded.model) or "")
+    )
+    uneven = _job(moe_capacity_factor=1.2, moe_token_imbalance=1.5)
+    assert "load (1.5 of an even share): it keeps 80% of its routed tokens" in (dropped_tokens_note(uneven.model) or "")
+    assert dropped_tokens_note(_job(moe_capacity_factor=1.25).model) is None
+    assert dropped_tokens_note(_job(moe_capacity_factor=1.0, moe_pad_to_capacity=True).model) is None
+    assert dropped_tokens_note(_job().model) is None
+    out = CliRunner().invoke(
+        app,
+        ["predict", *JOB, "--set", "plan.expert_parallel=8", "--set", "model.moe_capacity_factor=0.5"],
+    )
+    assert out.exit_code == 0 and "it keeps 50% of its routed tokens" in " ".join(out.output.split())

@@ -64,6 +64,19 @@ def test_a_send_across_nodes_keeps_its_latency_on_a_slower_network():
     assert _model(50e9, p2p=HOCKNEY).p2p_s(1e6, cross_node=True, stride=8) == pytest.approx(40e-6)
 
 
+def test_a_nic_faster_than_the_ring_can_use_does_not_slow_it():
+    """An all-reduce of 1e6 bytes over 2 nodes × 8 GPUs: 2 · 15/16 · 1e6 = 1.875e6 bus bytes, at the ring's bandwidth
+    min(450e9 in the node, 8 GPUs × the NIC a GPU). On the Hockney ramp, t = x / bw + 1e6 / (r · bw), r the ramp's
+    scale. The fitted 50 GB/s: bw 400e9, r 1: 4.6875 + 2.5 = 7.1875 µs. At 56.25 GB/s the node's 450 GB/s binds
+    (8 × 56.25): bw 450e9, r 50/56.25, r · bw 400e9: 4.1667 + 2.5 = 6.6667 µs. At 100 GB/s the ring still runs at
+    450e9, so its ramp is the one of 56.25 GB/s: 6.6667 µs, where scaling it by the NIC's own 100 GB/s (r 0.5) had
+    priced 4.1667 + 4.4444 = 8.6111 µs, slower than the slower NIC."""
+    group = GroupPlacement(16, 2, 8)
+    assert _model(50e9, HOCKNEY).collective_s("all_reduce", 1e6, group) == pytest.approx(7.1875e-6)
+    assert _model(56.25e9, HOCKNEY).collective_s("all_reduce", 1e6, group) == pytest.approx(6.6667e-6, rel=1e-4)
+    assert _model(100e9, HOCKNEY).collective_s("all_reduce", 1e6, group) == pytest.approx(6.6667e-6, rel=1e-4)
+
+
 def _two_regimes(small_alpha_s: float, large_alpha_s: float) -> dict:
     """Two flat regimes (efficiency 1), the small one below 1e6 bus bytes, each with its latency."""
     flat = {"alpha0_s": 0.0, "e_max": 2.0, "log_half": 1.0, "gamma": 0.0, **FITTED}

@@ -282,7 +282,7 @@ def test_a_dlrm_sharding_search_becomes_a_report_and_compares(tmp_path: Path):
     """Reports and compare once refused a DLRM's saved search ("a DLRM sharding search"): every command
     for every workload. Its shardings, fastest first: ms a step, samples/s, GiB, each table's placement."""
     (tmp_path / "a.json").write_text(json.dumps(_sharding_doc(0.0015, 5.4e6)))
-    (tmp_path / "b.json").write_text(json.dumps(_sharding_doc(0.0012, 6.8e6)))
+    (tmp_path / "b.json").write_text(json.dumps(_sharding_doc(0.0012, 6.75e6)))  # 8,100 samples a step, as a's
     code, text = run("report", "--result", str(tmp_path / "a.json"), "-o", str(tmp_path / "d.html"))
     assert code == 0, text
     page = (tmp_path / "d.html").read_text()
@@ -296,4 +296,10 @@ def test_a_dlrm_sharding_search_becomes_a_report_and_compares(tmp_path: Path):
     doc = json.loads(text)
     assert set(doc) == {"step_time_s", "samples_per_s", "memory_per_gpu_bytes"}
     assert doc["step_time_s"]["b_minus_a"] == pytest.approx(-0.0003)
-    assert doc["samples_per_s"]["b_minus_a"] == pytest.approx(1.4e6)
+    assert doc["samples_per_s"]["b_minus_a"] == pytest.approx(1.35e6)
+    # a sharding of twice the samples a step (13.5e6 samples/s × 1.2 ms = 16,200): said, its step is other work
+    (tmp_path / "c.json").write_text(json.dumps(_sharding_doc(0.0012, 13.5e6)))
+    code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "c.json"))
+    assert code == 0 and "A trains 8,100 samples a step and B 16,200: their steps are not the same work" in text
+    code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert code == 0 and "not the same work" not in text

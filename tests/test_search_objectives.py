@@ -145,6 +145,16 @@ def test_a_list_of_node_counts_gives_the_front_in_json(tmp_path):
     assert {p["num_gpus"] for p in doc["plans"]} <= {8, 16}
     bad = CliRunner().invoke(app, ["search", job_file(tmp_path), *SMALL, "--objective", "p96"])
     assert bad.exit_code == 2 and "--objective: expected" in bad.output
+    # the table and the report call its plans by the objective that ranked them, not "fastest"
+    text = " ".join(CliRunner().invoke(app, [*args[:-1], "--objective", "gpu-hours-per-token"]).output.split())
+    assert "best by gpu-hours-per-token 3: graph simulation" in text and "fastest 3" not in text
+    saved = tmp_path / "s.json"
+    saved.write_text(out.stdout)
+    report = CliRunner().invoke(app, ["report", "--result", str(saved), "-o", str(tmp_path / "r.html")])
+    assert report.exit_code == 0, report.output
+    page = (tmp_path / "r.html").read_text()
+    assert "itercast search: the best by gpu-hours-per-token plans" in page and "token budget 1,000,000,000" in page
+    assert "the fastest plans" not in page
 
 
 def test_a_list_of_node_counts_prints_the_front_as_a_table_without_a_budget(tmp_path):

@@ -190,6 +190,28 @@ def test_the_plan_change_re_slices_around_a_half_speed_stage():
     assert got.step_s == simulate(got.step.graph).step_time_s  # the graph it returns is the one it timed
 
 
+def test_an_interleaved_plan_is_re_sliced_by_its_stages_totals():
+    # 16 layers, pp 4 × vp 2, stage 1 at 0.5: totals in proportion to the speeds, 16 × (1, 0.5, 1, 1) / 3.5 =
+    # 4.571, 2.286, 4.571, 4.571, floors 4, 2, 4, 4 (14), the two largest remainders (0.571, stages 0 and 2) up:
+    # (5, 2, 5, 4), bottleneck max(5, 2/0.5, 5, 4) = 5. Moving one layer from stage 0 or 2 to stage 3: (4, 2, 5, 5)
+    # or (5, 2, 4, 5), also 5; to stage 1, (4, 3, 5, 4): 3/0.5 = 6. Each stage's total over its 2 chunks, the
+    # first the larger, virtual stage c on stage c mod 4: (5, 2, 5, 4) → chunks 3, 1, 3, 2 then 2, 1, 2, 2
+    from itercast.search.job_slicing import interleaved_layers
+
+    speed = np.array([1.0, 0.5, 1.0, 1.0])
+    found = interleaved_layers(16, 4, 2, speed)
+    assert found[0] == (3, 1, 3, 2, 2, 1, 2, 2)
+    assert {tuple(sum(f[s::4]) for s in range(4)) for f in found[:3]} == {(5, 2, 5, 4), (4, 2, 5, 5), (5, 2, 4, 5)}
+    assert all(max(sum(f[s::4]) / speed[s] for s in range(4)) == 5 for f in found[:3])
+    assert all(min(f) >= 1 and sum(f) == 16 for f in found)
+    # the job: the plan as it was (2 layers a chunk) or one of these, whichever the simulation at the speeds prices
+    # least, and not slower than as it was
+    job = Job.from_dicts(SMALL, PLAN | {"virtual_pipeline": 2, "schedule": "interleaved-1f1b"}, NODE)
+    got = slice_job_at_speeds(job, speed)
+    naive_s = simulate(with_speeds(build_transformer_step(job).graph, speed)).step_time_s
+    assert got.stage_layers in found[:3] and got.step_s < naive_s
+
+
 def job_file(tmp_path, plan):
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps({"model": SMALL, "plan": plan, "system": NODE}))  # YAML reads JSON

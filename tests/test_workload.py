@@ -120,3 +120,14 @@ def test_a_dlrm_search_ranks_its_shardings_by_samples_per_second_at_a_sampled_st
     assert rates[1] == pytest.approx(found[0].samples_per_s / 2)
     assert [rank for _, _, rank in ranked[:3]] == sorted(rates, key=lambda k: -rates[k])
     assert [rank for _, _, rank in ranked[:3]][-1] == 1 and note.startswith("variability changes the ranking")
+
+
+def test_the_memory_row_names_a_capacity_that_is_not_whole_gibibytes(tmp_path: Path) -> None:
+    # 1.5e9 bytes of HBM are 1.397 GiB: "of 1.4 GiB", not a rounded-down "of 1 GiB" below the 1.9 GiB used
+    path = tmp_path / "job.yaml"
+    path.write_text("model: gpt3-1.3b\nsystem: {preset: dgx-h100, gpu: {hbm_bytes: 1500000000}}\nplan: {}\n")
+    w = load_workload(path, [])
+    assert isinstance(w, TransformerWorkload)
+    rows = dict(w.summary_rows(w.predict()))
+    memory = next(v for k, v in rows.items() if "GiB of" in v)
+    assert "GiB of 1.4 GiB" in memory

@@ -194,7 +194,7 @@ def compare_cmd(
     """Two jobs of one workload side by side: step time, throughput, memory, and the difference per
     breakdown part (`--set` and `--calibration` apply to both); or two saved `search --json` results
     (their fastest plans) or two `replay --json` results."""
-    from itercast.cli.report_cmds import result_figures
+    from itercast.cli.report_cmds import result_figures, work_per_step
 
     fmt = output_format(fmt, as_json)
     fits: dict[str, bool] = {}  # two jobs: whether each fits its GPUs' memory (saved results say it themselves)
@@ -208,6 +208,12 @@ def compare_cmd(
             (kind_a, fig_a), (kind_b, fig_b) = result_figures(job_a), result_figures(job_b)
             if kind_a != kind_b:
                 raise ConfigError(f"{job_a} is a {kind_a} result and {job_b} a {kind_b} result: compare like with like")
+            work_a, work_b = work_per_step(fig_a), work_per_step(fig_b)
+            if work_a and work_b and abs(work_b[0] / work_a[0] - 1) > 1e-3:
+                warn(
+                    f"A trains {work_a[0]:,.0f} {work_a[1]} a step and B {work_b[0]:,.0f}: their steps are not the "
+                    "same work, so compare their throughput, not their step times"
+                )
         else:
             a, b = (load_workload(path, set_ or []) for path in (job_a, job_b))
             same_kind(a, b, f"{job_a} and {job_b}")

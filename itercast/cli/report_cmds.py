@@ -26,6 +26,7 @@ from itercast.cli.app import (
 )
 from itercast.errors import ConfigError, DeadlockError
 from itercast.report import html_report as rep
+from itercast.search.objectives import ranked_as
 from itercast.user_files import read_json_file, write_output
 from itercast.workload import DLRMWorkload, TransformerWorkload, report_sections
 
@@ -128,6 +129,8 @@ def result_figures(path: Path) -> tuple[str, dict[str, float]]:
     elif kind == "sharding":  # a DLRM's fastest sharding; `shard` gives its breakdown, `search` its throughput
         best = _fields(path, "plans[0]", doc["plans"][0], ("step_time_s", "memory_per_gpu_bytes"))
         figures = {k: best[k] for k in ("step_time_s", "samples_per_s", "memory_per_gpu_bytes") if k in best}
+        if isinstance(doc.get("world_size"), int) and isinstance(doc.get("batch_per_rank"), int):
+            figures["samples_per_step"] = doc["world_size"] * doc["batch_per_rank"]
         breakdown_doc = best.get("breakdown")
         if breakdown_doc is None:
             return kind, _numbers(path, figures)
@@ -147,6 +150,17 @@ def result_figures(path: Path) -> tuple[str, dict[str, float]]:
     parts = _fields(path, "breakdown", breakdown_doc, tuple(rep.PARTS))
     figures |= {f"breakdown.{k}": parts[k] for k in rep.PARTS}
     return kind, _numbers(path, figures)
+
+
+def work_per_step(figures: dict[str, float]) -> tuple[float, str] | None:
+    """What one step of a saved result trains (result_figures): a sharding's samples, else a search's tokens or
+    samples (its throughput × its step); None where the result does not say (a replay)."""
+    if "samples_per_step" in figures:
+        return figures["samples_per_step"], "samples"
+    for rate, unit in (("tokens_per_s", "tokens"), ("samples_per_s", "samples")):
+        if rate in figures and "step_time_s" in figures:
+            return figures[rate] * figures["step_time_s"], unit
+    return None
 
 
 def _numbers(path: Path, figures: dict[str, Any]) -> dict[str, float]:
@@ -218,11 +232,14 @@ def _search_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[re
         for k, label in (("evaluated", "plans generated"), ("valid", "valid"), ("fitting", "fit"))
         if isinstance(doc.get(k), int)
     )
+    ranked = ranked_as(str(doc.get("objective") or "step"))
+    if doc.get("token_budget") is not None:
+        counts += f"; token budget {doc['token_budget']:,.0f}"
     sections = [
-        rep.Section("Fastest plans (graph simulation)", rep.table_html(headers, rows)),
+        rep.Section(f"{ranked.capitalize()} plans (graph simulation)", rep.table_html(headers, rows)),
         rep.Section("Step time against memory per GPU", rep.pareto_svg(plans, front or plans[:1])),
     ]
-    return "itercast search: the fastest plans", f"{path.name}: {counts}", sections
+    return f"itercast search: the {ranked} plans", f"{path.name}: {counts}", sections
 
 
 def _sharding_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[rep.Section]]:

@@ -71,7 +71,7 @@ from itercast.search.frameworks import (
     framework,
     framework_fields,
 )
-from itercast.search.objectives import DISTRIBUTION_OBJECTIVES, check_objective
+from itercast.search.objectives import DISTRIBUTION_OBJECTIVES, check_objective, ranked_as
 from itercast.search.plan_search import (
     Progress,
     SearchRequest,
@@ -643,7 +643,8 @@ def _print(result: SearchResult, request: SearchRequest, notes: list[str]) -> No
         f"({result.seconds:.1f} s)",
         highlight=False,
     )
-    title = f"fastest {len(result.plans)}: graph simulation (fast path within {result.fast_vs_graph_max:.1%})"
+    title = f"{ranked_as(request.objective)} {len(result.plans)}: graph simulation (fast path within "
+    title += f"{result.fast_vs_graph_max:.1%})"
     show_table(*_plan_rows(result, request), "table", title)
     console.print(f"{result.framework}; {result.headroom}; priced with {result.priced_with}", highlight=False)
     if result.ranking_note:

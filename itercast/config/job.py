@@ -536,6 +536,23 @@ def _schedule_problems(p: PlanConfig, microbatches: int) -> list[str]:
     return problems
 
 
+def _imbalance_problems(model: ModelConfig, p: PlanConfig) -> list[str]:
+    """model.moe_token_imbalance beyond what routing can reach. Megatron-Core's (and torchtitan's) is the busiest
+    expert-parallel rank's routed copies over the mean: a token sends at most min(k, E/ep) copies to one rank, whose
+    mean is k/ep, so at most min(ep, E/k), 1 without expert parallelism (every copy on the one rank). DeepSpeed's
+    dropless gating reads it per expert (the busiest expert's count, which pads every expert: sharded_moe.py): a
+    token reaches an expert once, of a mean k/E, so at most E/k."""
+    e, k, ep = model.experts, model.moe_top_k, p.expert_parallel
+    most = e / k if p.deepspeed_moe else min(ep, e / k)
+    if model.moe_token_imbalance <= most:
+        return []
+    what = "busiest expert's (DeepSpeed)" if p.deepspeed_moe else "busiest expert-parallel rank's"
+    return [
+        f"model.moe_token_imbalance({model.moe_token_imbalance:g}), the {what} routed tokens over the mean, cannot "
+        f"exceed {most:g} with {e} experts, top-{k} routing and expert_parallel {ep}: expected ≤ {most:g}"
+    ]
+
+
 def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> list[str]:
     """Expert parallelism as Megatron-Core folds it: the tensor × context × data-parallel ranks of
     the attention are, in an MoE layer, expert-tensor × expert × expert-data-parallel ranks."""
@@ -573,6 +590,7 @@ def _expert_problems(model: ModelConfig, p: PlanConfig, dp: int, etp: int) -> li
             )
     if model.experts % ep:
         problems.append(f"model.num_experts({model.experts}) not divisible by plan.expert_parallel({ep})")
+    problems += _imbalance_problems(model, p)
     folded = p.tensor_parallel * p.context_parallel * dp
     if folded % (ep * etp):
         problems.append(

@@ -268,18 +268,25 @@ class AnalyticCostModel:
         128 nodes x 8 an InfiniBand all-gather of 128 KB 4.33 ms, of a little more 2.43 ms; an all-reduce of 1 MB
         across 2 nodes x 1 0.58 ms, of a little more 0.15 ms, where Polaris measured 0.14 ms across 2 nodes x 4)."""
         nic_per_gpu = self.system.nic_bandwidth_per_gpu_bytes_per_s()
-        bw = min(in_node_bw, group.per_node * nic_per_gpu)
         node_nic_bw = self.system.network.nics_per_node * self.system.network.nic_bandwidth_bytes_per_s
+        bw = min(in_node_bw, group.per_node * nic_per_gpu)
+
+        def used_nic(fit: dict) -> float:
+            """The NIC bandwidth a GPU's share of the ring reaches on `fit`: its own, or the least at which the ring's
+            bandwidth stops growing with it (in-node bandwidth, or the fit's share of the node's NICs, binding)."""
+            per_nic = min(float(group.per_node), fit.get("node_nic_fraction", 1.0) * node_nic_bw / nic_per_gpu)
+            return min(nic_per_gpu, in_node_bw / per_nic)
 
         def price_s(fit: dict, nbytes: float) -> float:
-            scale = network_ramp_scale(fit, nic_per_gpu)
+            scale = network_ramp_scale(fit, used_nic(fit))
             return float(collective_time_s(fit, nbytes, group.nodes, group.size, bw, node_nic_bw, scale))
 
-        fit = _regime(entry, bus, nic_per_gpu)
+        nic_per_gpu_used = used_nic(entry.get("regimes", [entry])[0])
+        fit = _regime(entry, bus, nic_per_gpu_used)
         if fit.get("max_bus_bytes") is None:
             return price_s(fit, bus)
-        bound = fit["max_bus_bytes"] / max(network_ramp_scale(fit, nic_per_gpu), 1.0)  # as _regime takes it
-        return min(price_s(fit, bus), price_s(_regime(entry, bound, nic_per_gpu), bound))
+        bound = fit["max_bus_bytes"] / max(network_ramp_scale(fit, nic_per_gpu_used), 1.0)  # as _regime takes it
+        return min(price_s(fit, bus), price_s(_regime(entry, bound, nic_per_gpu_used), bound))
 
     def latency_floor_s(self, kind: str, group: GroupPlacement) -> float:
         """The least time a collective takes on the spec's hop latencies: ⌈log2⌉ hops within a node

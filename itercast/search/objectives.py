@@ -43,6 +43,11 @@ def check_objective(name: str) -> str:
     return name
 
 
+def ranked_as(objective: str) -> str:
+    """How a search's plans are called by the objective that ranked them: "fastest" by the step, else "best by …"."""
+    return "fastest" if objective == "step" else f"best by {objective}"
+
+
 def tokens_per_step(global_batch_size: Any, seq_length: int) -> Any:
     """Tokens one step trains: global batch (sequences) × sequence length (tokens)."""
     return global_batch_size * seq_length

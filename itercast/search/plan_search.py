@@ -228,7 +228,7 @@ def run_search(
         raise ConfigError(
             f"no plan fits: the least memory any of the {valid:,} valid plans needs is "
             f"{least / 2**30:.1f} GiB per GPU with its margin, "
-            f"over the {fraction:.0%} of {request.system.gpu.hbm_bytes / 2**30:.0f} GiB allowed "
+            f"over the {fraction:.0%} of {request.system.gpu.hbm_bytes / 2**30:.3g} GiB allowed "
             "(--max-memory-fraction, --memory-headroom-gib); try more GPUs, a smaller global batch, recompute or ZeRO"
         )
     rows.sort(key=lambda r: objective_of(request, r, r["fast_step_time_s"]))

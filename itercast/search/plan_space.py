@@ -252,6 +252,13 @@ def _rules(
         ),
         ("sequence_parallel needs tp > 1", lambda c: (c["sp"] == 0) | (c["tp"] > 1)),
         ("model.num_experts not divisible by ep", lambda c: model.experts % c["ep"] == 0),
+        (  # config/job.py _imbalance_problems
+            "model.moe_token_imbalance above what ep ranks can hold, min(ep, num_experts / top_k)",
+            lambda c: (
+                np.bool_(base.deepspeed_moe or not model.is_moe)
+                | (model.moe_token_imbalance <= np.minimum(c["ep"], model.experts / max(model.moe_top_k, 1)))
+            ),
+        ),
         (
             "ep × etp does not divide tp × cp × dp",
             lambda c: (c["tp"] * c["cp"] * c["dp"]) % (c["ep"] * c["etp"]) == 0,

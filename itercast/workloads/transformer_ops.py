@@ -1997,6 +1997,27 @@ def moe_routing_note(model: ModelConfig, plan: PlanConfig) -> str | None:
     )
 
 
+def dropped_tokens_note(model: ModelConfig) -> str | None:
+    """That an MoE model's capacity factor drops routed tokens, and that its model FLOPs still count them, said
+    where the busiest rank's capacity is below its load: without padding, cf below model.moe_token_imbalance (it
+    keeps cf / imbalance of its rows, moe_load); padded, cf below 1 (at even routing every expert keeps cf of an
+    even share); None otherwise. Megatron's throughput counts every routed token (training.py
+    num_floating_point_operations: moe_router_topk, no capacity), and so do model_flops_per_step and MFU here: with
+    most tokens dropped they exceed what the GPUs run, MFU above 100% at a capacity factor of 0.1."""
+    cf = model.moe_capacity_factor
+    if model.experts < 2 or cf is None:
+        return None
+    load = 1.0 if model.moe_pad_to_capacity else model.moe_token_imbalance
+    if cf >= load:
+        return None
+    return (
+        f"model.moe_capacity_factor {cf:g} below the busiest expert-parallel rank's load ({load:g} of an even "
+        f"share): it keeps {cf / load:.0%} of its routed tokens and drops the rest, and the step prices the rows "
+        "kept; the model FLOPs (TFLOP/s per GPU, MFU) and hardware_flops_per_step count every routed token, as "
+        "Megatron's throughput does, so they exceed what the GPUs run"
+    )
+
+
 def moe_a2a_overlap_note(plan: PlanConfig) -> str | None:
     """What the price of Megatron-Core's expert all-to-all overlap (plan.moe_a2a_overlap) leaves out, and how it
     compared with the runs of it measured, said where it is priced; None otherwise."""
@@ -2103,6 +2124,7 @@ def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> 
         deepspeed_moe_note(plan),
         moe_a2a_overlap_note(plan),
         moe_routing_note(model, plan),
+        dropped_tokens_note(model),
         gpt_oss_note(model, plan),
         rowwise_note(plan),
         unmeasured_network_note(system),
