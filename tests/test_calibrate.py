@@ -289,3 +289,20 @@ def said_and_listed(args: list[str], calibration, said: str) -> None:
     assert said in res.output
     doc = json.loads(CliRunner().invoke(app, [*args, "--calibration", str(calibration), "--json"]).stdout)
     assert len(doc["extrapolated"]) == 1 and doc["extrapolated"][0].startswith(said.split(" was ")[0])
+
+
+def test_calibrating_an_imported_device_of_another_gpu_says_so(tmp_path):
+    # nccl-tests rows imported under 'ALCF Polaris' (A100s) fitted to dgx-h100's model: said, as a profile of this
+    # machine on another GPU is; a device whose name says H100 is not
+    db = ProfileDB(tmp_path / "n.db")
+    for name in ("ALCF Polaris", "H100 cluster01"):
+        dev = db.device(name, {"source": "nccl_tests_tidy.csv", "system": name})
+        db.add(dev, [Measurement("collective", "all_reduce", float(s), 1e-4 + s / 1e11, "bf16") for s in (1e6, 1e8)])
+    db.close()
+    said = "does not name H100-SXM5-80GB, the GPU of 'dgx-h100'"
+    for device, warned in (("1", True), ("2", False)):
+        res = CliRunner().invoke(
+            app, ["calibrate", str(tmp_path / "n.db"), "--system", "dgx-h100", "--device", device, "--report"]
+        )
+        assert res.exit_code == 0, res.output
+        assert (said in " ".join(res.output.split())) is warned

@@ -2230,6 +2230,8 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("speed_map")),
     M("workload.py", "GiB of {mem.capacity_bytes / 2**30:.3g} GiB", "GiB of {mem.capacity_bytes / 2**30:.0f} GiB",
       "a capacity of 1.4 GiB shown as 1 GiB beside 1.9 GiB used", _t("workload")),
+    M("cli/calibration_cmds.py", 'if "source" not in fingerprint or family in', 'if True or family in',
+      "an imported device of another GPU calibrated onto the system without a word", _t("calibrate")),
 )
 # fmt: on
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -15,6 +16,10 @@ from itercast.profile.calibrate import CalibrationError
 from itercast.profile.microbench import FLUSH_BYTES
 from itercast.traces.host_overheads import HostOverheads
 from itercast.user_files import check_output
+
+if TYPE_CHECKING:
+    from itercast.config.system import SystemConfig
+    from itercast.profile.db import ProfileDB
 
 profile_app = typer.Typer(
     cls=Group,
@@ -228,6 +233,8 @@ def calibrate_cmd(
                 )
             sys_cfg = load_system(system)
             dev = target.choose_device(device)
+            if note := measured_elsewhere_note(db, target, dev, sys_cfg):
+                warn(note)
             doc = cal.calibrate(target, dev, sys_cfg) if out is not None else {}
             notes = cal.fit_notes(target, dev, doc) if out is not None else []
             if report:
@@ -249,6 +256,27 @@ def calibrate_cmd(
                 warn(note)
     except (ProfileError, CalibrationError, ConfigError, TraceError, HostOverheadError) as exc:
         fail(str(exc))
+
+
+def measured_elsewhere_note(db: Path, target: ProfileDB, device: int, system: SystemConfig) -> str | None:
+    """A warning when the database's device is not the system's GPU: a profile of this machine by its fingerprint
+    (et_ranks.other_device_note), an imported one (nccl-tests logs, Alpa's table) by whether its name or its
+    fingerprint names the system's GPU family (H100 of H100-SXM5-80GB); None when they agree, or where the device
+    says neither (a synthetic one, no `device` or `source` in its fingerprint). Its measurements are
+    fitted to the system's model all the same: curves of another GPU's or another network's speed."""
+    from itercast.cli.et_ranks import other_device_note
+
+    name, fingerprint = next((n, f) for i, n, f in target.devices() if i == device)
+    if "device" in fingerprint:
+        return other_device_note(db, fingerprint, system)
+    family = system.gpu.name.split("-")[0].lower()
+    if "source" not in fingerprint or family in f"{name} {json.dumps(fingerprint)}".lower():
+        return None
+    return (
+        f"{db}: device {device} ({name!r}) does not name {system.gpu.name}, the GPU of {system.name!r}: its "
+        "measurements are fitted to that system's model as if measured on it; check they were, or give the "
+        "system that ran them (--system)"
+    )
 
 
 def _print_host_overheads(o: HostOverheads) -> None:
