@@ -20,6 +20,12 @@ all-to-all of 137 KB 2.6 ms; and below a ramp's least-time size a message takes 
 falls below 1 MB on one node) and Polaris's large all-to-all (refitted so); and a message below a regime's bound
 costs at most what the next regime's smallest costs (AnalyticCostModel._inter_node_s), which ended the falls at the
 bound: all 180 groups never fall.
+
+Does a faster NIC ever cost more? Each preset with each network's curves (CURVE_SETS) at NIC_BANDWIDTHS a GPU: every
+(preset, curves, collective, group, size) whose price rises with the NIC. On 2026-12-07 (session 58, a user probe:
+on dgx-h100 x 4 with Polaris's curves a reduce-scatter of 1 MB took 0.216 ms at 50 GB/s a GPU and 0.931 ms at 400)
+the inter-node ramp was scaled by the NIC's nominal bandwidth even where the ring could not use it; since, by the
+bandwidth the ring reaches (AnalyticCostModel._inter_node_s): 1,794 of 2,880 rose before, none now.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ from itercast.hardware.topology import GroupPlacement
 SIZES_BYTES = np.geomspace(1e3, 16e9, 200)
 NODE_COUNTS = (1, 2, 8, 64, 128)
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "alltoall")
+CURVE_SETS = ("polaris-slingshot11", "h100-400g", "h100-efa")
+NIC_BANDWIDTHS = (3e9, 6e9, 12.5e9, 25e9, 50e9, 100e9, 200e9, 400e9, 800e9)
+NIC_SIZES_BYTES = np.geomspace(1e3, 1e10, 8)
 
 
 def falls(costs: AnalyticCostModel, kind: str, group: GroupPlacement) -> tuple[int, int, np.ndarray]:
@@ -68,6 +77,42 @@ def main() -> None:
                         f"{prices[worst] * 1e3:8.3f} -> {prices[worst + 1] * 1e3:8.3f} ms ({count} falls)"
                     )
     print(f"groups whose price never falls: {clean}")
+    rises()
+
+
+def rises() -> None:
+    """Every (preset, curves, collective, group, size) priced more on a faster NIC, and how many were swept."""
+    print("prices that rise with the NIC (preset, curves, collective, nodes x GPUs a node, size): NIC GB/s a GPU")
+    swept = risen = 0
+    for name in preset_names("system"):
+        base = load_system(name)
+        gpn = base.node.gpus_per_node
+        if gpn < 2 or name == "cpu-host":
+            continue
+        for curves in CURVE_SETS:
+            models = []
+            for nic in NIC_BANDWIDTHS:
+                network = base.network.model_copy(
+                    update={"collective_curves": curves, "nic_bandwidth_bytes_per_s": nic}
+                )
+                models.append(AnalyticCostModel(base.model_copy(update={"num_nodes": 128, "network": network}), "bf16"))
+            for kind in KINDS:
+                for nodes in (2, 8, 64):
+                    for per_node in sorted({1, gpn}):
+                        group = GroupPlacement(nodes * per_node, nodes, per_node)
+                        for size in NIC_SIZES_BYTES:
+                            prices = [m.collective_s(kind, float(size), group) for m in models]
+                            swept += 1
+                            up = [i for i in range(len(prices) - 1) if prices[i + 1] > prices[i] * (1 + 1e-9)]
+                            risen += bool(up)
+                            if up and risen <= 10:
+                                i = up[0]
+                                print(
+                                    f"  {name:17s} {curves:19s} {kind:14s} {nodes:3d} x {per_node} {size:8.2g} B: "
+                                    f"{NIC_BANDWIDTHS[i] / 1e9:g} -> {NIC_BANDWIDTHS[i + 1] / 1e9:g} GB/s "
+                                    f"{prices[i] * 1e3:.3f} -> {prices[i + 1] * 1e3:.3f} ms"
+                                )
+    print(f"priced collectives that rise with the NIC: {risen} of {swept} (the first 10 shown)")
 
 
 if __name__ == "__main__":
