@@ -179,6 +179,21 @@ def test_a_set_reaches_one_item_of_a_presets_list():
     assert (code, out) == (2, f"error: {said}\n")
 
 
+def test_a_set_reaches_one_item_of_a_job_files_own_list(tmp_path):
+    """The same on a job file's own tables, a list where the preset's merge took a mapping of indices: it once said
+    "`model.tables` is a value, not a section with fields"."""
+    path = tmp_path / "own.yaml"
+    table = "embedding_dim: 32, pooling_factor: 1"
+    tables = f"[{{name: a, num_rows: 1000, {table}}}, {{name: b, num_rows: 2000, {table}}}]"
+    path.write_text(f"model: {{preset: dlrm-small, tables: {tables}}}\nsystem: dgx-h100\nplan: {{}}\n")
+    w = load_workload(path, ["model.tables.1.zipf_alpha=3", "model.tables.0.num_rows=10"])
+    got = [(t.name, t.num_rows, t.zipf_alpha) for t in w.job.model.tables]  # type: ignore[union-attr]
+    assert got == [("a", 10, 0.0), ("b", 2000, 3.0)]
+    code, out = invoke("predict", str(path), "--set", "model.tables.2.dim=8")
+    said = "--set model.tables.2.dim=8: `model.tables.2`: expected an index below 2 (the list's items); got 2"
+    assert (code, out) == (2, f"error: {said}\n")
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [

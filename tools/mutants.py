@@ -2232,6 +2232,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "a capacity of 1.4 GiB shown as 1 GiB beside 1.9 GiB used", _t("workload")),
     M("cli/calibration_cmds.py", 'if "source" not in fingerprint or family in', 'if True or family in',
       "an imported device of another GPU calibrated onto the system without a word", _t("calibrate")),
+    M("config/job.py", "        if isinstance(target, list):  # a job file's own list", "        if False:",
+      "--set unable to reach an item of a job file's own list (model.tables)", _t("cli_workloads")),
 )
 # fmt: on
 

@@ -193,12 +193,24 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     target = raw.setdefault(parts[0], {})
     if isinstance(target, str):
         target = raw[parts[0]] = {"preset": target}
-    for i, part in enumerate(parts[1:-1], start=1):
-        target = target.setdefault(part, {})
-        if not isinstance(target, dict):
-            where = ".".join(parts[: i + 1])
+    for i, part in enumerate(parts[1:], start=1):
+        where = ".".join(parts[: i + 1])
+        if isinstance(target, list):  # a job file's own list (model.tables): an item by its index
+            if not (part.isdigit() and int(part) < len(target)):
+                raise ConfigError(
+                    f"--set {item}: `{where}`: expected an index below {len(target)} (the list's items); got {part}"
+                )
+            if i == len(parts) - 1:
+                target[int(part)] = value
+                return
+            target = target[int(part)]
+        elif i == len(parts) - 1:
+            target[part] = value
+            return
+        else:
+            target = target.setdefault(part, {})
+        if not isinstance(target, dict | list):
             raise ConfigError(f"--set {item!r}: `{where}` is a value ({target!r}), not a section with fields")
-    target[parts[-1]] = value
 
 
 def _float_literal(text: str) -> Any:
