@@ -330,7 +330,8 @@ def time_to_train(
     in_time = float(np.mean(draws <= deadline_s)) if deadline_s is not None else None
     best: tuple[float | None, float | None] = (None, None)
     if deadline_s is not None:
-        fixed = interval_s is not None  # its own probability is the best there is
+        # a given interval's own probability is the best there is, and none beats every sample in time
+        fixed = interval_s is not None or in_time == 1.0
         best = (tau, in_time) if fixed else deadline_interval(work, deadline_s, rate, fm, samples, seed, stretch_s)
     qs = dict(zip(("p50_s", "p90_s", "p95_s", "p99_s"), np.percentile(draws, [50, 90, 95, 99]).tolist(), strict=True))
     expected = expected_time_s(work, tau, rate, fm)
