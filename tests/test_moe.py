@@ -23,7 +23,7 @@ from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.memory import StageMemory, activation_bytes_per_token_layer, estimate_memory
 from itercast.parallel.plan_table import PlanTable
-from itercast.search.plan_space import SpaceOptions, enumerate_plans
+from itercast.search.plan_space import SpaceOptions, enumerate_plans, imbalance_note
 from itercast.workloads.transformer import Groups, TransformerStepBuilder, pass_cost
 from itercast.workloads.transformer_ops import dispatch_share, flex_dispatch_note, layer_backward, layer_forward
 
@@ -659,3 +659,7 @@ def test_search_leaves_out_the_expert_parallel_sizes_that_cannot_hold_the_imbala
     base = Job.from_presets("moe-tiny", "dgx-h100", plan={"global_batch_size": 16}).plan
     table, _ = enumerate_plans(m.model, system, base, 8, SpaceOptions(micro_batch_sizes=(1,), max_virtual_pipeline=1))
     assert set(table.cols["ep"].tolist()) == {4, 8}
+    # and the search says what the rule left out
+    note = imbalance_note(m.model, base) or ""
+    assert "model.moe_token_imbalance 3: plans with fewer expert-parallel ranks than it are left out" in note
+    assert imbalance_note(Job.from_presets("moe-tiny", "dgx-h100").model, base) is None

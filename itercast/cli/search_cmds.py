@@ -80,7 +80,7 @@ from itercast.search.plan_search import (
     plan_job,
     run_search,
 )
-from itercast.search.plan_space import SpaceOptions
+from itercast.search.plan_space import SpaceOptions, imbalance_note
 from itercast.stochastic.variability import VariabilityModel
 from itercast.workload import DLRMWorkload, sharding_summary
 from itercast.workloads.dlrm import dlrm_notes, is_dlrm_model
@@ -277,6 +277,8 @@ def search_cmd(
             f"{note} ({'every plan shown' if len(ranks) == len(result.plans) else 'plans shown: ' + ranks_text(ranks)})"
         )
     if result.plans and (note := checked_note(plan_job(request, result.plans[0]))):
+        warn(note)
+    if note := imbalance_note(request.model, request.base):
         warn(note)
     settings = framework_settings(raw["plan"], framework, request.model)
     if fmt == "json":

@@ -71,6 +71,18 @@ def context_parallel_cap(seq_length: int) -> int:
     return max(8, seq_length // CP_CAP_TOKENS_PER_RANK)
 
 
+def imbalance_note(model: ModelConfig, base: PlanConfig) -> str | None:
+    """What the search's imbalance rule (_rules; config/job.py _imbalance_problems) leaves out, said where it can:
+    an MoE model routed unevenly outside DeepSpeed's layer; None otherwise."""
+    if not model.is_moe or base.deepspeed_moe or model.moe_token_imbalance <= 1:
+        return None
+    return (
+        f"model.moe_token_imbalance {model.moe_token_imbalance:g}: plans with fewer expert-parallel ranks than it "
+        "are left out (the busiest of ep ranks holds at most min(ep, num_experts / top_k) times the mean), and the "
+        "others are priced at it, though it was measured at one expert-parallel size"
+    )
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 

@@ -240,7 +240,14 @@ DEADLINE_GRID = 48
 
 
 def deadline_interval(
-    work_s: float, deadline_s: float, rate: float, fm: FailureModel, samples: int, seed: int, stretch_s: np.ndarray
+    work_s: float,
+    deadline_s: float,
+    rate: float,
+    fm: FailureModel,
+    least_s: float,
+    samples: int,
+    seed: int,
+    stretch_s: np.ndarray,
 ) -> tuple[float, float]:
     """(The checkpoint interval maximising P(wall ≤ deadline), that probability) for `work_s` seconds of work cut
     into k equal segments. The interval least in expectation (best_interval_s) minimises the mean, not the tail
@@ -250,18 +257,18 @@ def deadline_interval(
     (deadline − work)/δ (beyond, no run is in time), and at least what keeps a segment's attempts within
     e^MAX_LOG_ATTEMPTS (fewer never finish); counts between the two on a geometric grid of
     DEADLINE_GRID, then as many between the best one's neighbours, each sampled by sample_time_s with the same
-    seed and `stretch_s` (the step variability's added seconds per sample, speed_factors); of equal
+    seed and `stretch_s` (the step variability's added seconds per sample, speed_factors); `least_s` the least
+    expected interval (best_interval_s); of equal
     probabilities the one least in expectation is kept, and the least expected interval unless the best beats
     it by more than two standard errors of their difference (a sampling noise's lead is no reason to move)."""
     most = int(min((deadline_s - work_s) / fm.checkpoint_s, 1e7)) if fm.checkpoint_s > 0 else 10**7
     if most < 1 or rate == 0:  # no run in time, or every run the same: the least expected interval
-        interval = best_interval_s(work_s, rate, fm)
-        wall, _ = sample_time_s(work_s, interval, rate, fm, samples, seed)
-        return interval, float(np.mean(wall + stretch_s <= deadline_s))
+        wall, _ = sample_time_s(work_s, least_s, rate, fm, samples, seed)
+        return least_s, float(np.mean(wall + stretch_s <= deadline_s))
     # the fewest segments a run can finish in: λ (s + δ + R) within MAX_LOG_ATTEMPTS (_refuse_unfinishable)
     fewest = max(1, math.ceil(rate * work_s / max(MAX_LOG_ATTEMPTS - rate * (fm.checkpoint_s + fm.restart_s), 1e-9)))
     if fewest > most:
-        return best_interval_s(work_s, rate, fm), 0.0
+        return least_s, 0.0
     tried: dict[int, tuple[float, float]] = {}
 
     def score(k: int) -> tuple[float, float]:
@@ -270,7 +277,7 @@ def deadline_interval(
             tried[k] = (float(np.mean(wall + stretch_s <= deadline_s)), -expected_time_s(work_s, work_s / k, rate, fm))
         return tried[k]
 
-    least = max(1, round(work_s / best_interval_s(work_s, rate, fm)))
+    least = max(1, round(work_s / least_s))
     ends = min(max(least, fewest), most)
     grid = sorted({*np.unique(np.geomspace(fewest, most, DEADLINE_GRID).round().astype(int)).tolist(), ends})
     best = max(grid, key=score)
@@ -332,7 +339,7 @@ def time_to_train(
     if deadline_s is not None:
         # a given interval's own probability is the best there is, and none beats every sample in time
         fixed = interval_s is not None or in_time == 1.0
-        best = (tau, in_time) if fixed else deadline_interval(work, deadline_s, rate, fm, samples, seed, stretch_s)
+        best = (tau, in_time) if fixed else deadline_interval(work, deadline_s, rate, fm, tau, samples, seed, stretch_s)
     qs = dict(zip(("p50_s", "p90_s", "p95_s", "p99_s"), np.percentile(draws, [50, 90, 95, 99]).tolist(), strict=True))
     expected = expected_time_s(work, tau, rate, fm)
     return TimeToTrain(
