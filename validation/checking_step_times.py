@@ -197,18 +197,27 @@ def _predicted(row: Row) -> tuple[float, float, float, bool] | str:
 
 
 def run(rows: list[Row], workers: int = 1) -> None:
-    """Predict every row not skipped, in `workers` processes (each row's prediction is independent)."""
+    """Predict every row not skipped, in `workers` processes (each row's prediction is independent), once per
+    distinct job: rows of one job measured several times (releases of one recipe) share its prediction; a job
+    the tool refuses is tried row by row, so that each row's error names its own label."""
     todo = [row for row in rows if not row.skipped]
+    jobs: dict[str, list[Row]] = {}
+    for row in todo:
+        jobs.setdefault(json.dumps([row.model, row.plan, row.system], sort_keys=True), []).append(row)
+    first = [same[0] for same in jobs.values()]
     if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(_predicted, todo, chunksize=8))
+        with ProcessPoolExecutor(max_workers=workers) as pool:  # one row at a time: their costs differ 1,000-fold
+            results = list(pool.map(_predicted, first))
     else:
-        results = [_predicted(row) for row in todo]
-    for row, result in zip(todo, results, strict=True):
-        if isinstance(result, str):
-            row.skipped = result
-            continue
-        row.predicted_s, row.memory_gib, row.capacity_gib, row.oom = result
+        results = [_predicted(row) for row in first]
+    for same, result in zip(jobs.values(), results, strict=True):
+        for row in same:
+            if isinstance(result, str):
+                found = result if row is same[0] else _predicted(row)
+                assert isinstance(found, str), f"{row.label}: refused as {same[0].label}, not alone"
+                row.skipped = found
+                continue
+            row.predicted_s, row.memory_gib, row.capacity_gib, row.oom = result
 
 
 def report_rows(rows: list[Row]) -> None:
