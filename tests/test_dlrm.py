@@ -179,7 +179,12 @@ def test_the_indices_go_to_their_owners_first():
 def test_exhaustive_planning_on_a_small_case_puts_equal_tables_apart():
     result = plan_sharding(model(2), system(2), 64)
     assert result.method == "exhaustive"
-    assert result.evaluated == len(candidate_shards(TABLE, 2)) ** 2
+    # 5 candidates a table (table-wise on 0, on 1, row-wise, data-parallel, column-wise over both), 25 pairs; swapping
+    # the ranks fixes the 3 × 3 pairs without a table-wise shard and pairs the other 16: 9 + 16 / 2 = 17 distinct
+    assert len(candidate_shards(TABLE, 2)) == 5 and result.evaluated == len(result.plans) == 17
+    placed = [tuple((s.strategy, s.ranks) for s in plan.values()) for plan, _ in result.plans]
+    assert (("table_wise", (0,)), ("table_wise", (1,))) in placed
+    assert (("table_wise", (1,)), ("table_wise", (0,))) not in placed  # the same step, ranks swapped
     best, step = result.plans[0]
     assert step.fits and step.step_time_s == min(s.step_time_s for _, s in result.plans)
     # the stacked table-wise plans are never the best

@@ -727,11 +727,15 @@ def test_deepspeed_runs_moe_without_zero3():
         ("torchtitan", ["selective_recompute=modules"], "plan.selective_recompute: torchtitan runs op"),
         (
             "torchtitan",
-            ["recompute_method=block", "recompute_num_layers=2"],
+            ["recompute=full", "recompute_method=block", "recompute_num_layers=2"],
             "plan.recompute_method/recompute_num_layers: torchtitan's full recompute checkpoints every layer",
         ),
-        ("deepspeed", ["recompute_every=2"], "plan.recompute_every: deepspeed recomputes groups of layers"),
-        ("nemo", ["recompute_every=3"], "plan.recompute_every: nemo recomputes groups of layers"),
+        (
+            "deepspeed",
+            ["recompute=full", "recompute_every=2"],
+            "plan.recompute_every: deepspeed recomputes groups of layers",
+        ),
+        ("nemo", ["recompute=full", "recompute_every=3"], "plan.recompute_every: nemo recomputes groups of layers"),
         ("torchtitan", ["moe_a2a_overlap=true"], "plan.moe_a2a_overlap: torchtitan has no expert all-to-all overlap"),
         (
             "megatron-core",
@@ -857,3 +861,22 @@ def test_megatron_searches_price_and_launch_the_shared_expert_overlap():
     assert "moe_shared_expert_overlap" not in flex["framework_settings"]
     assert not flex["plans"][0]["plan"]["moe_shared_expert_overlap"]
     assert "shared-expert-overlap" not in flex["plans"][0]["launch"]
+
+
+def test_a_searched_plan_without_full_recompute_drops_the_jobs_full_recompute_layers():
+    """A job of full recompute by blocks of 2 layers, its recompute searched: the plans without recompute carry
+    Megatron's defaults (uniform, 1), which Job validation takes, not the job's block method, which it refuses
+    there (PlanConfig: the layers of full recompute need recompute=full)."""
+    model = parse_section("model", {"preset": "gpt3-1.3b", "num_layers": 8, "seq_length": 256})
+    system = parse_section("system", {"preset": "dgx-h100", "num_nodes": 1})
+    fields = {"global_batch_size": 32, "recompute": "full", "recompute_method": "block", "recompute_num_layers": 2}
+    base = parse_section("plan", fields)
+    options = SpaceOptions(micro_batch_sizes=(1,), max_context_parallel=1)
+    table, _ = enumerate_plans(model, system, base, 8, options)  # type: ignore[arg-type]
+    rows = [table.plan_fields(r) for r in range(len(table))]
+    kinds = {(p["recompute"], p["recompute_method"], p["recompute_num_layers"], p["recompute_every"]) for p in rows}
+    assert kinds == {("none", "uniform", 1, 1), ("full", "block", 2, 1)}
+    plain = next(p for p in rows if p["recompute"] == "none")
+    assert Job.from_dicts(model.model_dump(), plain, system.model_dump()).plan.recompute_method == "uniform"
+    with pytest.raises(ConfigError, match=r"need recompute=full; got recompute=none"):
+        Job.from_dicts(model.model_dump(), plain | {"recompute_method": "block"}, system.model_dump())

@@ -182,6 +182,19 @@ def test_torchtitan_every_nth_layer_is_checkpointed():
         job(recompute="full", recompute_every=2, recompute_method="block")
 
 
+@pytest.mark.parametrize(
+    ("recompute", "fields"),
+    [
+        ("selective", {"recompute_method": "block"}),  # Megatron-LM refuses it
+        ("none", {"recompute_num_layers": 2}),  # and ignores it: said, not dropped
+        ("selective", {"recompute_every": 2}),
+    ],
+)
+def test_the_layers_of_full_recompute_need_full_recompute(recompute, fields):
+    with pytest.raises(ConfigError, match=rf"need recompute=full; got recompute={recompute} \(Megatron-LM"):
+        job(recompute=recompute, **fields)
+
+
 # -- FSDP over data × context parallel -----------------------------------------------------------
 def test_zero3_shards_and_gathers_over_data_times_context_parallel():
     j = job({"seq_length": 16}, gpus=8, context_parallel=2, zero_stage=3)

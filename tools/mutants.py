@@ -2234,6 +2234,17 @@ MUTANTS: tuple[Mutant, ...] = (
       "an imported device of another GPU calibrated onto the system without a word", _t("calibrate")),
     M("config/job.py", "        if isinstance(target, list):  # a job file's own list", "        if False:",
       "--set unable to reach an item of a job file's own list (model.tables)", _t("cli_workloads")),
+    M("workloads/dlrm/sharding.py", "            if key not in seen:", "            if True:",
+      "the exhaustive planner listing shardings a rank permutation makes the same step, each priced again",
+      _t("dlrm")),
+    M("workloads/dlrm/sharding.py", "return everyone, tuple(sorted(rank_loads(plan, world)))",
+      "return everyone, tuple(rank_loads(plan, world))",
+      "shardings of the same step told apart by which rank carries which load", _t("dlrm")),
+    M("config/plan.py", 'if grouped and self.recompute != "full":', "if False:",
+      "full recompute's method and layers taken without full recompute, where they do nothing", _t("model_fields")),
+    M("parallel/plan_table.py", 'if out["recompute"] != "full":  # and the layers', 'if False:  # and the layers',
+      "a searched plan without recompute keeping the job's full-recompute layers, which validation refuses",
+      _t("frameworks")),
 )
 # fmt: on
 

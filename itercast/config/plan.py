@@ -748,6 +748,14 @@ class PlanConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_recompute(self) -> PlanConfig:
+        grouped = self.recompute_method != "uniform" or self.recompute_num_layers != 1 or self.recompute_every != 1
+        if grouped and self.recompute != "full":
+            raise ValueError(
+                f"plan.recompute_method({self.recompute_method}), recompute_num_layers({self.recompute_num_layers}) "
+                f"and recompute_every({self.recompute_every}) choose the layers of full recompute: they need "
+                f"recompute=full; got recompute={self.recompute} (Megatron-LM arguments.py: 'recompute method is not "
+                "yet supported for selective recomputing granularity'; without recompute they do nothing)"
+            )
         if self.recompute_every > 1 and (self.recompute_method != "uniform" or self.recompute_num_layers > 1):
             raise ValueError(
                 f"plan.recompute_every({self.recompute_every}) is torchtitan's per-layer checkpointing: it needs "

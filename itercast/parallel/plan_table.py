@@ -81,6 +81,8 @@ class PlanTable:
                 out[name] = value
         if out["recompute"] != "selective":  # Megatron-Core reads its modules under selective recompute only
             out["recompute_modules"] = ["core_attn"]
+        if out["recompute"] != "full":  # and the layers it recomputes under full recompute only
+            out |= {"recompute_method": "uniform", "recompute_num_layers": 1, "recompute_every": 1}
         return out
 
     @classmethod

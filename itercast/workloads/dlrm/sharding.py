@@ -53,6 +53,16 @@ def distinct_candidates(shards: list[Shard], chosen: dict[str, Shard], world: in
     return out
 
 
+def same_step_key(plan: dict[str, Shard], world: int) -> tuple:
+    """What a rank permutation leaves of a plan: its row-wise and data-parallel tables (every rank alike) and
+    its ranks' loads (rank_loads) as a multiset. Two plans of one key are the same step (distinct_candidates:
+    the step is symmetric in the ranks), the ranks of a table- or column-wise shard being those whose loads
+    name it."""
+    spread = ("row_wise", "data_parallel")
+    everyone = tuple(sorted((name, s.strategy) for name, s in plan.items() if s.strategy in spread))
+    return everyone, tuple(sorted(rank_loads(plan, world)))
+
+
 @dataclass(frozen=True)
 class ShardingResult:
     plans: list[tuple[dict[str, Shard], DLRMStep]]  # fastest first, plans that fit before those that do not
@@ -69,7 +79,8 @@ def plan_sharding(
     index_counts: dict[str, np.ndarray] | None = None,
 ) -> ShardingResult:
     """The fastest shardings, priced by dlrm_step: every combination when there are at most
-    `exhaustive_limit`, else greedily (tables by lookup traffic, largest first, each given the
+    `exhaustive_limit` (one of each set a rank permutation makes the same step, same_step_key), else greedily
+    (tables by lookup traffic, largest first, each given the
     candidate with the least step time of the plan so far among those that fit), and beside it
     the uniform plans (all table-wise round-robin, all row-wise, all data-parallel)."""
     world = system.num_gpus
@@ -79,10 +90,14 @@ def plan_sharding(
         combos *= len(shards)
     priced: list[tuple[dict[str, Shard], DLRMStep]] = []
     if combos <= exhaustive_limit:
+        seen: set[tuple] = set()
         for choice in itertools.product(*options.values()):
             plan = dict(zip(options, choice, strict=True))
-            priced.append((plan, dlrm_step(model, system, plan, batch_per_rank, calibration, index_counts)))
-        method = "exhaustive"
+            key = same_step_key(plan, world)
+            if key not in seen:  # the first of the plans a rank permutation makes the same step
+                seen.add(key)
+                priced.append((plan, dlrm_step(model, system, plan, batch_per_rank, calibration, index_counts)))
+        method, combos = "exhaustive", len(priced)
     else:
         chosen: dict[str, Shard] = {}
         evaluated = 0
