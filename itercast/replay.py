@@ -58,7 +58,7 @@ class ReplayResult:
     steps: list[StepReplay]
     breakdown: Breakdown
     span_gpu_busy: float  # measured share of its span during which some GPU op ran (busiest rank)
-    measured_span_s: float = 0.0  # first to last measured event, the longest rank's (_span_us)
+    measured_span_s: float = 0.0  # first to last measured event or step mark, the longest rank's (_span_us)
 
     def to_dict(self) -> dict[str, Any]:
         ignored: dict[str, int] = {}
@@ -150,9 +150,12 @@ def measured_gpu_busy(t: RankTrace, start_us: float, end_us: float) -> float:
 
 
 def _span_us(t: RankTrace) -> tuple[float, float]:
-    """First to last measured event (runtime call or GPU op) of a trace, µs."""
+    """First to last measured event (runtime call, GPU op or ProfilerStep mark) of a trace, µs: the replay's span
+    starts at its first step's mark too, so a step is never longer than the span that holds it."""
     starts = [float(a.min()) for a in (t.call_ts_us, t.op_ts_us) if a.size]
     ends = [float((a + d).max()) for a, d in ((t.call_ts_us, t.call_dur_us), (t.op_ts_us, t.op_dur_us)) if a.size]
+    starts += [ts for _, _, ts, _ in t.steps]
+    ends += [ts + dur for _, _, ts, dur in t.steps]
     return (min(starts), max(ends)) if starts else (0.0, 0.0)
 
 

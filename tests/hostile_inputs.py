@@ -193,6 +193,46 @@ def cases() -> list[Case]:
             ["predict", "--et", "{dir}/et.json", "--system", "dgx-h100"],
             "inputs and outputs: expected two lists or two objects",
         ),
+        replay(
+            "trace whose rank is a word",
+            _kineto([_kernel()], '"distributedInfo": {"rank": "one", "world_size": 2}, '),
+            "distributedInfo.rank: expected an integer of at least 0; got 'one'",
+        ),
+        replay(
+            "trace of rank 5 in a world of 2",
+            _kineto([_kernel()], '"distributedInfo": {"rank": 5, "world_size": 2}, '),
+            "distributedInfo.rank: expected below its world_size 2; got 5",
+        ),
+        replay(
+            "trace of a world of 0",
+            _kineto([_kernel()], '"distributedInfo": {"rank": 0, "world_size": 0}, '),
+            "distributedInfo.world_size: expected an integer of at least 1; got 0",
+        ),
+        Case(
+            "an execution trace whose GEMM has a dimension in words",
+            {
+                "et.json": b'{"schema": "1.0.1", "nodes": [{"id": 1, "name": "r", "inputs": [], "outputs": []}, '
+                b'{"id": 2, "name": "aten::mm", "inputs": [1, 2], "input_shapes": [[4, "8"], [8, 2]], "outputs": []}]}'
+            },
+            ["predict", "--et", "{dir}/et.json", "--system", "dgx-h100"],
+            "node 1: expected fields id, name and inputs/outputs (input shapes: expected per argument a list of "
+            "non-negative integer dimensions",
+        ),
+        Case(
+            "an execution trace whose GEMM has a negative dimension",
+            {
+                "et.json": b'{"schema": "1.0.1", "nodes": [{"id": 1, "name": "r", "inputs": [], "outputs": []}, '
+                b'{"id": 2, "name": "aten::mm", "inputs": [1, 2], "input_shapes": [[4, -8], [8, 2]], "outputs": []}]}'
+            },
+            ["predict", "--et", "{dir}/et.json", "--system", "dgx-h100"],
+            "got '[[4, -8], [8, 2]]'",
+        ),
+        Case(
+            "an execution trace whose operator name is a number",
+            {"et.json": b'{"schema": "1.0.1", "nodes": [{"id": 1, "name": 5, "inputs": [], "outputs": []}]}'},
+            ["predict", "--et", "{dir}/et.json", "--system", "dgx-h100"],
+            "node 0: expected fields id, name and inputs/outputs (name: expected a string; got 5)",
+        ),
         Case(
             "an execution trace without nodes",
             {"et.json": b'{"schema": "1.0.1", "nodes": []}'},

@@ -367,3 +367,52 @@ def test_a_profile_of_another_device_is_said():
     cpu = {"device": "cpu", "cpu": "AMD EPYC"}
     assert other_device_note(Path("p.db"), cpu, load_system("cpu-host")) is None
     assert "profiled a CPU (AMD EPYC)" in str(other_device_note(Path("p.db"), cpu, load_system("dgx-a100")))
+
+
+def test_an_index_distribution_that_moves_no_price_is_said(tmp_path):
+    """On a V100 (no lookup model) a TBE forward is priced as the bytes it moves, whatever the indices: Zipf 2 is
+    said to move nothing there; with the fused backward in the trace the update's distinct rows move its price (not
+    at the default 6 lookups a table, where every price is at its memory latency floor: said there too)."""
+    big = tbe_args(indices=60_000, weights=80_000)  # two tables of 10,000 rows, 30,000 lookups each
+    rank_trace(tmp_path / "fwd.json", with_mm=False, tbe=big)
+    rank_trace(tmp_path / "both.json", with_mm=False, backward=True, tbe=big)
+    said = "--index-distribution moves no price here"
+    texts = {}
+    for name in ("fwd", "both"):
+        for dist in ("uniform", "zipf:2"):
+            code, texts[name, dist] = run(
+                "--et",
+                str(tmp_path / f"{name}.json"),
+                "--system",
+                "v100-p3.16xlarge",
+                "--index-distribution",
+                dist,
+                "--json",
+            )
+            assert code == 0, texts[name, dist]
+    assert said in texts["fwd", "zipf:2"] and said not in texts["fwd", "uniform"]
+    assert said not in texts["both", "zipf:2"]
+    step = {k: json.loads(v[v.index("{") :])["ranks"][0]["iteration_s"] for k, v in texts.items()}
+    assert step["fwd", "zipf:2"] == step["fwd", "uniform"] and step["both", "zipf:2"] != step["both", "uniform"]
+
+
+def test_an_imported_profile_of_the_systems_gpu_that_prices_nothing_here_is_said(tmp_path):
+    """A database imported from another tool (its device named, its fingerprint only its source) whose one model is a
+    collective these traces do not run: it is not said to be 'a CPU' (its name says V100, the system's GPU), and
+    since no operator of the traces is priced from it, that is said instead of every price passing as refined by it."""
+    from itercast.measurements import Measurement
+    from itercast.profile.db import ProfileDB
+
+    db = ProfileDB(tmp_path / "imported.db")
+    device = db.device("V100 p3.16xlarge (imported)", {"source": "table.csv"})
+    rows = [Measurement("collective", "all_to_all", float(n), 1e-5 * n / 1024, "fp32", 2) for n in (1024, 4096, 16384)]
+    db.add(device, rows)
+    rank_trace(tmp_path / "r.json", with_mm=True)
+    code, text = run("--et", str(tmp_path / "r.json"), "--system", "v100-p3.16xlarge", "--db", str(db.path))
+    assert code == 0, text
+    flat = " ".join(text.split())
+    assert "profiled a CPU" not in flat and "does not name" not in flat
+    assert "imported.db: none of its operator models prices an operator of these traces" in flat
+    # on another system's GPU its name does not name: said
+    code, text = run("--et", str(tmp_path / "r.json"), "--system", "dgx-h100", "--db", str(db.path))
+    assert code == 0 and "device 1 ('V100 p3.16xlarge (imported)') does not name H100-SXM5-80GB" in text, text

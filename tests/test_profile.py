@@ -385,3 +385,21 @@ def test_embedding_sizes_set_the_grid_and_bad_ones_are_refused(tmp_path, monkeyp
     )
     assert refused.exit_code == 2 and f"{flag}: {refusal}" in refused.output
     assert not (tmp_path / "q.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ('default,2,8,all_reduce,8,2,"[[0, 8]]",f16,1024,num_elements,2048,-0.001,1', "`time_s`: expected seconds ≥ 0"),
+        ('default,2,8,all_reduce,8,2,"[[0, 8]]",f16,1024,num_elements,2048,nan,1', "got nan"),
+        ('default,2,8,all_reduce,8,2,"[[0, 8]]",f16,1024,num_elements,-100,3.5e-05,1', "got -100.0, 2"),
+        ('default,2,8,all_reduce,8,0,"[[0, 8]]",f16,1024,num_elements,2048,3.5e-05,1', "got 2048.0, 0"),
+    ],
+)
+def test_a_corrupt_alpa_row_is_one_line_naming_its_line_not_skipped_as_unprofiled(tmp_path, row, message):
+    # Alpa writes inf for what it could not profile (skipped, counted); a negative or NaN time, a negative size or an
+    # empty group is no measurement at all
+    csv = tmp_path / "alpa.csv"
+    csv.write_text(ALPA.splitlines()[0] + "\n" + row + "\n")
+    res = CliRunner().invoke(app, ["profile", "import", "alpa", str(csv), "--db", str(tmp_path / "p.db")])
+    assert res.exit_code == 2 and f"{csv}: line 2: " in res.output and message in res.output, res.output

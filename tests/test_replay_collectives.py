@@ -20,6 +20,7 @@ from itercast.traces.whatif import WhatIf
 RUN = CliRunner()
 V100 = {"deviceProperties": [{"id": 0, "name": "Tesla V100-SXM2-32GB"}]}
 MIB = 1 << 20
+LOAD_ALL = "(load every rank's trace to tell them apart)"
 
 
 def all_reduce_s(system: str, nbytes: float, gpus: int) -> float:
@@ -57,10 +58,21 @@ def test_retiming_an_inferred_collective_on_a_larger_group(tmp_path):
     t_s = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2)
     path = write(tmp_path / "t.json", nccl_step(t_s * 1e6), distributedInfo={"rank": 0, "world_size": 2}, **V100)
     base, moved, counts = replay_whatif([path], WhatIf(system="v100-p3.16xlarge", world_size=8))
-    assert counts == {"re-timed all_reduce on v100-p3.16xlarge (size inferred)": 1}
+    # one rank alone: the size inferred from a time that holds any wait for the peer, which is re-timed with it
+    whole = "unmatched collectives re-timed whole: the wait for peers their measured time holds re-timed as transfer"
+    assert counts == {"re-timed all_reduce on v100-p3.16xlarge (size inferred)": 1, f"{whole} {LOAD_ALL}": 1}
     # the step: kernel from 20 µs, then the sync's 5 µs and the host's 15 µs
     assert moved.steps[0].replayed_s == pytest.approx(40e-6 + all_reduce_s("v100-p3.16xlarge", 4 * MIB, 8))
     assert base.steps[0].replayed_s == pytest.approx(40e-6 + t_s)
+
+
+def test_a_single_ranks_gradient_reduction_rescaled_by_data_parallel_size_says_its_wait_goes_with_it(tmp_path):
+    t_s = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2)
+    path = write(tmp_path / "t.json", nccl_step(t_s * 1e6), distributedInfo={"rank": 0, "world_size": 2}, **V100)
+    _, moved, counts = replay_whatif([path], WhatIf(dp=4))
+    whole = "unmatched collectives re-timed whole: the wait for peers their measured time holds re-timed as transfer"
+    assert counts[f"{whole} {LOAD_ALL}"] == 1
+    assert moved.steps[0].replayed_s == pytest.approx(40e-6 + all_reduce_s("v100-p3.16xlarge", 4 * MIB, 4))
 
 
 def test_sizes_from_record_param_comms_are_not_inferred(tmp_path):
@@ -93,7 +105,7 @@ def test_cli_counts_retimed_and_kept_collectives_and_names_the_ranks(tmp_path):
     # SendRecv names no collective and has no metadata: it keeps its time; the all-reduce is inferred
     t_us = all_reduce_s("v100-p3.16xlarge", 4 * MIB, 2) * 1e6
     names = ("ncclKernel_AllReduce_RING_LL_Sum_float", "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8")
-    path = write(tmp_path / "t.json", nccl_step(t_us, names), distributedInfo={"rank": 3, "world_size": 2}, **V100)
+    path = write(tmp_path / "t.json", nccl_step(t_us, names), distributedInfo={"rank": 3, "world_size": 4}, **V100)
     out = RUN.invoke(app, ["replay", str(path), "--system", "dgx-h100"])
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())

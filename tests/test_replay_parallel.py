@@ -17,6 +17,11 @@ from itercast.costs.curves import curves
 from itercast.replay import replay, replay_whatif
 from itercast.traces.whatif import WhatIf
 
+WHOLE = (
+    "unmatched collectives re-timed whole: the wait for peers their measured time holds re-timed as transfer "
+    "(load every rank's trace to tell them apart)"
+)
+
 RUN = CliRunner()
 ELEMENTS = 3_125_000  # fp32: 12.5e6 bytes
 ALPHA_S = 1e-3
@@ -106,7 +111,8 @@ def test_dp_on_an_nccl_all_reduce_with_sizes_from_record_param_comms(tmp_path):
     top = {"distributedInfo": {"rank": 0, "world_size": 2}, "deviceProperties": [{"name": "Tesla V100-SXM2-32GB"}]}
     path = write(tmp_path / "t.json", events, **top)
     _, moved, counts = replay_whatif([path], WhatIf(dp=4, curves=alpha_beta("intra_node")))
-    assert counts == {"gradient all_reduce re-timed from data-parallel 2 to 4 on v100-p3.16xlarge's model": 1}
+    # one rank alone: its all-reduce's measured time, any wait for its peer in it, re-timed whole (said)
+    assert counts == {"gradient all_reduce re-timed from data-parallel 2 to 4 on v100-p3.16xlarge's model": 1, WHOLE: 1}
     # the kernel from 20 µs for 50 µs × 3.25/7, then the sync's 5 µs and the host's 15 µs
     assert moved.steps[0].replayed_s == pytest.approx((20 + 50 * 3.25e-3 / 7e-3 + 5 + 15) * 1e-6)
 
@@ -215,5 +221,6 @@ def test_dp_retimes_only_the_reductions_over_the_whole_world(tmp_path):
     assert counts == {
         "gradient all_reduce re-timed from data-parallel 4 to 8 on v100-p3.16xlarge's model": 1,
         "collectives kept at measured time (not a gradient reduction over the whole world)": 1,
+        WHOLE: 1,
     }
     assert moved.steps[0].replayed_s == pytest.approx((20 + 50 * 2.75e-3 / 3.25e-3 + 40 + 5 + 85) * 1e-6)

@@ -153,3 +153,32 @@ def test_the_cli_says_when_few_steps_carry_the_quantiles(tmp_path):
     assert res.exit_code == 0, res.output
     assert "3 profiled steps per rank: each task's spread is fitted on 3 draws" in res.output
     assert "a p95 is seen once in 20 steps" in res.output
+
+
+def test_what_the_classes_leave_of_the_critical_path_is_said():
+    from itercast.stochastic.variability import uncovered_note
+
+    # 50% + 30% of the path in the classes: 80% covered, the other 20% said; 60% + 35% = 95%: nothing to say
+    (note,) = uncovered_note([{"critical_path_share": 0.5}, {"critical_path_share": 0.3}])
+    assert note.startswith("the kernel and collective classes cover 80% of the step's critical path: the other 20%")
+    assert uncovered_note([{"critical_path_share": 0.6}, {"critical_path_share": 0.35}]) == []
+
+
+def test_the_cli_says_a_trace_whose_path_is_host_gaps_varies_with_no_class(tmp_path):
+    # three steps of 100 µs 1,000 µs apart: the trace's 2,100 µs path is mostly the gaps between steps
+    import json
+
+    from typer.testing import CliRunner
+
+    from itercast.cli import app
+
+    three_steps(tmp_path)
+    res = CliRunner().invoke(app, ["variability", "--trace", str(tmp_path / "t.json"), "--samples", "200", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{") :])
+    covered = sum(r["critical_path_share"] for r in out["sensitivity"])
+    assert covered < 0.2 and out["uncovered"] == [
+        f"the kernel and collective classes cover {covered:.0%} of the step's critical path: the other "
+        f"{1 - covered:.0%} (host time between launches, gaps) varies with no noise source here, so the quantiles "
+        "and the table of what to steady hold it fixed"
+    ]

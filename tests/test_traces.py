@@ -287,3 +287,13 @@ def test_an_operator_starting_as_the_previous_one_ends_is_top_level(tmp_path):
     ]
     t = read_kineto(write(tmp_path / "t.json", events))
     assert [t.names[t.cpu_name[k]] for k in t.top_level_ops(100)] == ["aten::linear", "aten::relu"]
+
+
+def test_the_measured_span_holds_the_steps_it_contains(tmp_path):
+    """A step marked from 0 to 100 µs whose first launch is at 10 µs and last kernel ends at 60 µs: the measured span
+    is the mark's 100 µs (first to last event alone it was 50, shorter than the step it holds)."""
+    events = [step(1, 0, 100), call("cudaLaunchKernel", 10, 5, corr=1), kernel("sgemm", 20, 40, corr=1)]
+    result = replay([write(tmp_path / "t.json", events)])
+    assert result.steps[0].measured_s == pytest.approx(100e-6)
+    assert result.measured_span_s == pytest.approx(100e-6)
+    assert result.span_gpu_busy == pytest.approx(40 / 100)  # the kernel's 40 µs of the span

@@ -138,8 +138,10 @@ def predict_single(
     from itercast.traces.kineto import TraceError, read_kineto
 
     named, alpha = distribution
+    asked: list[int] = []  # the embedding operators priced at the indices asked for
 
     def index(node: object, f: OpFeatures) -> IndexStats:
+        asked.append(1)
         rows, lookups = int(f.dims["rows"]), int(f.dims["lookups"])
         row_bytes = f.dims["table_bytes"] / max(rows, 1)
         if sample is not None:
@@ -177,6 +179,11 @@ def predict_single(
     extrapolated = model.extrapolations()
     for note in extrapolated:
         warn(note)
+    if (sample is not None or alpha) and not asked:
+        warn(
+            f"{'--indices' if sample is not None else '--index-distribution'} moves no price here: {db.name} has "
+            f"no model of the trace's embedding operators that reads the indices (or the trace has none)"
+        )
     out = {
         "iteration_s": pred.total_s,
         "host_s": pred.host_s,

@@ -87,6 +87,7 @@ def predict_ranks(
     measured_starts: bool = False,
 ) -> None:
     """`predict --et` over every rank (module docstring)."""
+    from itercast.cli.calibration_cmds import measured_elsewhere_note
     from itercast.config.job import load_system
     from itercast.costs.analytic import AnalyticCostModel
     from itercast.costs.dist_ops import DistOpError
@@ -117,12 +118,12 @@ def predict_ranks(
         if cal is not None and "host_overheads" in cal:
             host, host_source = HostOverheads.from_dict(cal["host_overheads"]), f"{calibration}"
         costs = AnalyticCostModel(sys_cfg, "fp32", cal)  # TorchRec DLRMs train in fp32 (workloads/dlrm.py)
-        ops, profiled = None, None
+        ops, elsewhere = None, None
         if db is not None:
             profile = ProfileDB(db, readonly=True)
             dev = profile.choose_device(device_id, "--device-id")
             ops = OperatorCostModel(fit_operator_models(list(profile.measurements(device_id=dev))))
-            profiled = next(fp for i, _, fp in profile.devices() if i == dev)
+            elsewhere = measured_elsewhere_note(db, profile, dev, sys_cfg)
         group = place_group(world_of(traces), 1, sys_cfg.node.gpus_per_node)
         runs = [read_kineto(k) for k in kinetos]
         starts = measured_starts_s(runs) if measured_starts else None
@@ -131,8 +132,11 @@ def predict_ranks(
             hosts = [with_calls_of(host, m) for m in left_out(runs)]
             calls_source = "the other ranks' Kineto traces (leave one rank out)"
 
+        made: list[ETPricer] = []
+
         def pricers() -> list[ETPricer]:
-            return [ETPricer(costs, ops, sample, alpha) for _ in traces]
+            made.extend(ETPricer(costs, ops, sample, alpha) for _ in traces)
+            return made[-len(traces) :]
 
         def run(models: list[HostOverheads]) -> list[RankStep]:
             return predict_each_rank(traces, pricers, models, group, starts)
@@ -145,8 +149,16 @@ def predict_ranks(
         fail(" ".join(str(exc).split()))
     if cal is not None and calibration is not None:
         warn_other_system(calibration, cal, sys_cfg)
-    if db is not None and (note := other_device_note(db, profiled, sys_cfg)):
-        warn(note)
+    if elsewhere is not None:
+        warn(elsewhere)
+    if db is not None and not any(m.startswith("db:") for s in steps for m in s.calls_by_model):
+        warn(f"{db}: none of its operator models prices an operator of these traces: every price is {system}'s")
+    if (sample is not None or alpha) and not any(p.moved_by_indices for p in made):
+        warn(
+            f"{'--indices' if sample is not None else '--index-distribution'} moves no price here: the traces' "
+            f"embedding lookups and updates are priced as memory traffic on {sys_cfg.gpu.name} (no lookup model for "
+            "it: a --db with `itercast profile` embedding microbenchmarks prices the indices' reuse), or have none"
+        )
     # calibrated curves and profiled operator models priced beyond the sizes they were fitted on
     extrapolated = costs.extrapolations() + (ops.extrapolations() if ops is not None else [])
     for note in extrapolated:

@@ -289,6 +289,7 @@ def variability_cmd(
             *run_level_notes(
                 vm, across_runs, "the step quantiles, attribution, sensitivity or speed-map p95 (time to train has it)"
             ),
+            *var.uncovered_note(sensitivity),
         ],
     }
     if mem is not None:
@@ -650,7 +651,8 @@ def _trace_variability(paths: list[Path], samples: int, seed: int, within_s: flo
         "classes": model.summary(),
         "attribution_p95_change_with_half_spread": attribution,
         "sensitivity": sensitivity,
-        "notes": model.notes,
+        "notes": model.notes,  # counts of what the fit did
+        "uncovered": var.uncovered_note(sensitivity),
     }
     if within_s is not None:
         out["p_within"] = {"t_s": within_s, "probability": float(np.mean(sampled <= within_s))}
@@ -682,3 +684,5 @@ def _print_trace(out: dict[str, Any], measured: Any) -> None:
         )
     console.print(table)
     _print_sensitivity(out["sensitivity"], "share of the trace's path", "in the trace")
+    for note in out["uncovered"]:
+        console.print(f"note: {note}", highlight=False)

@@ -176,7 +176,9 @@ def alpa_measurements(path: Path) -> tuple[list[Measurement], Counter]:
         last = previous.get(series)
         if r.get("op") != "dot":
             previous[series] = (_field(path, line, r, "bytes"), time_s)
-        if not math.isfinite(time_s) or time_s <= 0:
+        if math.isnan(time_s) or time_s < 0:
+            raise ProfileError(f"{path}: line {line}: `time_s`: expected seconds ≥ 0 (inf: not profiled); got {time_s}")
+        if math.isinf(time_s) or time_s == 0:
             counts["skipped (not profiled: time inf or 0)"] += 1
             continue
         op, x = r.get("op", ""), _field(path, line, r, "x")
@@ -194,7 +196,12 @@ def alpa_measurements(path: Path) -> tuple[list[Measurement], Counter]:
             )
             continue
         size, ranks = _field(path, line, r, "bytes"), int(_field(path, line, r, "group_size", int))
-        if size <= 0 or x < ranks ** SPLIT_POWER.get(op, 0):
+        if not math.isfinite(size) or size < 0 or ranks < 1:
+            raise ProfileError(
+                f"{path}: line {line}: `bytes` and `group_size`: expected a finite size ≥ 0 and ≥ 1 rank; got "
+                f"{size}, {ranks}"
+            )
+        if size == 0 or x < ranks ** SPLIT_POWER.get(op, 0):
             counts["skipped (empty message, shard or peer chunk)"] += 1
             continue
         if last is not None and 0 < last[0] < size and abs(time_s / last[1] - size / last[0]) < 1e-6 * size / last[0]:

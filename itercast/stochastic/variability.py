@@ -474,6 +474,24 @@ def paired_standard_error(base: np.ndarray, other: np.ndarray, statistic: Paired
     return float(res.standard_error)
 
 
+#: below this share of the critical path in the classes the sensitivity varies, the rest is said (uncovered_note)
+COVERED_PATH_MIN = 0.9
+
+
+def uncovered_note(rows: list[dict[str, Any]]) -> list[str]:
+    """What the sensitivity's classes (graph_sensitivity, trace_sensitivity rows) leave of the step's critical path,
+    said where they cover less than COVERED_PATH_MIN of it: the rest is host time (launches, gaps between operators)
+    or edge latencies, which none of the noise sources varies, so the quantiles hold it fixed."""
+    covered = sum(r["critical_path_share"] for r in rows)
+    if covered >= COVERED_PATH_MIN:
+        return []
+    return [
+        f"the kernel and collective classes cover {covered:.0%} of the step's critical path: the other "
+        f"{1 - covered:.0%} (host time between launches, gaps) varies with no noise source here, so the quantiles "
+        "and the table of what to steady hold it fixed"
+    ]
+
+
 def p95_shift_per_cv(base: np.ndarray, noisy: np.ndarray, delta_cv: float, seed: int = 0) -> tuple[float, float]:
     """(p95 of `noisy` − p95 of `base`) / `delta_cv`, seconds per unit of CV, and its Monte Carlo standard
     error (paired_standard_error)."""

@@ -25,12 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from itercast.costs.analytic import AnalyticCostModel
-from itercast.costs.aten_ops import OpFeatures, features, tensor_bytes
+from itercast.costs.aten_ops import EMBEDDING_UPDATE, OpFeatures, features, tensor_bytes
 from itercast.costs.dist_ops import COLLECTIVES, FBGEMM_MEMORY_OPS, TBECall, is_tbe, tbe_call
 from itercast.costs.index_stats import IndexStats
 from itercast.costs.op_model import OperatorCostModel, OpModelError
 from itercast.traces.execution_trace import ETNode
 from itercast.workloads.dlrm import EmbeddingTable, ShardWork, embedding_seconds
+from itercast.workloads.dlrm.embedding import LOOKUP_OP
 
 #: the autograd node that runs a TBE's backward (and its fused optimizer): FBGEMM's
 #: Split{nobag}LookupFunction_{optimizer}_Op, and the dense lookup's SplitLookupFunction_Dense_Op
@@ -74,6 +75,9 @@ class ETPricer:
         self.costs, self.ops, self.alpha = costs, ops, zipf_alpha
         self.index_sample = index_sample
         self._forwards: dict[str, list[TBECall]] = {}
+        #: whether the indices asked for (a sample, or Zipf) moved any embedding price from uniform indices' (False
+        #: where every lookup and update is priced as memory traffic, which no distribution changes)
+        self.moved_by_indices = False
 
     def price(self, node: ETNode, has_children: bool) -> Priced | None:
         """The node's GPU work, or None when it has none of its own (a view, a scope, a composite
@@ -82,13 +86,13 @@ class ETPricer:
         if is_tbe(name):
             call = tbe_call(name, node.input_shapes, node.input_types, node.input_scalars)
             self._forwards.setdefault(call.optimizer.lower(), []).append(call)
-            return Priced("embedding:tbe_fwd", self._embedding_model(), self._tbe_s(call)[0])
+            return Priced("embedding:tbe_fwd", self._embedding_model(LOOKUP_OP), self._tbe_s(call, 0))
         backward = TBE_BACKWARD.match(name)
         if backward:
             pending = self._forwards.get(backward.group(1).lower(), [])
             if not pending:
                 return None  # a backward whose forward is not in this trace: nothing known of it
-            return Priced("embedding:tbe_bwd", self._embedding_model(), self._tbe_s(pending.pop(0))[1])
+            return Priced("embedding:tbe_bwd", self._embedding_model(EMBEDDING_UPDATE), self._tbe_s(pending.pop(0), 1))
         if name in FBGEMM_MEMORY_OPS:
             moved = tensor_bytes(node.input_shapes, node.input_types) + tensor_bytes(
                 node.output_shapes, node.output_types
@@ -126,12 +130,14 @@ class ETPricer:
             return float(c.memory_s("elementwise", f.size)), f"analytic:{f.family}"
         return float(c.memory_s(ANALYTIC_MEMORY_KIND.get(f.family, "elementwise"), f.size)), f"analytic:{f.family}"
 
-    def _embedding_model(self) -> str:
-        return "db:embedding" if self.ops is not None else "analytic:embedding"
+    def _embedding_model(self, op: str) -> str:
+        """What prices a TBE pass: the database's model of `op` (the lookup, the update) where it has one, else the
+        analytic model (embedding_seconds)."""
+        return "db:embedding" if self.ops is not None and self.ops.has_model(op) else "analytic:embedding"
 
-    def _tbe_s(self, call: TBECall) -> tuple[float, float]:
-        """(forward, backward with the fused optimizer) seconds of the call's tables, each a shard
-        of the DLRM model (module docstring)."""
+    def _tbe_s(self, call: TBECall, part: int) -> float:
+        """Seconds of the call's tables' forward (`part` 0) or backward with the fused optimizer (1), each table a
+        shard of the DLRM model (module docstring); notes whether the indices asked for moved it (moved_by_indices)."""
         rows, dim = max(1, round(call.rows)), max(1, round(call.dim))
         per_table = call.lookups / call.tables
         table = EmbeddingTable(
@@ -145,5 +151,8 @@ class ETPricer:
         index = None
         if self.index_sample is not None:
             index = IndexStats.from_sequence(self.index_sample, max(1, round(per_table)), dim * call.item_bytes)
-        fwd_s, bwd_s = embedding_seconds(self.costs, table, work, self.ops, index)
-        return call.tables * fwd_s, call.tables * bwd_s
+        seconds = embedding_seconds(self.costs, table, work, self.ops, index)[part]
+        if (index is not None or self.alpha) and not self.moved_by_indices:
+            uniform = table.model_copy(update={"zipf_alpha": 0.0})
+            self.moved_by_indices = embedding_seconds(self.costs, uniform, work, self.ops)[part] != seconds
+        return call.tables * seconds

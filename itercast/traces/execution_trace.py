@@ -82,7 +82,8 @@ def read_execution_trace(path: str | Path) -> ExecutionTrace:
     try:
         with _open(path) as raw:
             tap = _HeadTailReader(raw, path)
-            nodes = [_node(n) for n in ijson.items(tap, "nodes.item", use_float=True)]
+            for n in ijson.items(tap, "nodes.item", use_float=True):
+                nodes.append(_node(n))  # appended one by one: an error names the node it is in
     except (ijson.JSONError, EOFError, OSError, UnicodeDecodeError) as exc:
         detail = " ".join(str(exc).split())
         raise TraceError(
@@ -96,6 +97,24 @@ def read_execution_trace(path: str | Path) -> ExecutionTrace:
     if not nodes:
         raise TraceError(f"{path}: `nodes`: expected the operators of a traced step; got none")
     return ExecutionTrace(str(path), str(schema), nodes)
+
+
+def _shapes(value: Any, field: str) -> list[Any]:
+    """An argument list's shapes as the trace gives them: per argument a tensor's dimensions (non-negative
+    integers), a tensor list's (a list of such lists), or [] (no tensor)."""
+    if not isinstance(value, list) or not all(_is_shape(s) for s in value):
+        raise TypeError(
+            f"{field}: expected per argument a list of non-negative integer dimensions (or a list of such lists); "
+            f"got {str(value)[:60]!r}"
+        )
+    return value
+
+
+def _is_shape(value: Any) -> bool:
+    if not isinstance(value, list):
+        return False
+    dims = all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value)
+    return dims or all(_is_shape(x) for x in value)
 
 
 def _node(n: dict[str, Any]) -> ETNode:
@@ -116,14 +135,16 @@ def _node(n: dict[str, Any]) -> ETNode:
         in_shapes, out_shapes = n.get("input_shapes", []), n.get("output_shapes", [])
         in_types, out_types, in_strides = n.get("input_types", []), n.get("output_types", []), []
     parent: Any = n.get("parent", n.get("ctrl_deps", -1))  # 1.1.x calls the parent ctrl_deps
+    if not isinstance(n["name"], str):
+        raise TypeError(f"name: expected a string; got {n['name']!r}")
     return ETNode(
         int(n["id"]),
         int(n.get("rf_id", attrs.get("rf_id", -1)) or -1),
         int(parent),
-        str(n["name"]),
+        n["name"],
         int(n.get("tid", attrs.get("tid", 0)) or 0),
-        in_shapes,
-        out_shapes,
+        _shapes(in_shapes, "input shapes"),
+        _shapes(out_shapes, "output shapes"),
         [str(x) for x in in_types],
         _tensor_ids(inputs),
         _tensor_ids(outputs),

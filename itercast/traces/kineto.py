@@ -290,14 +290,26 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
         c.ignored[f"other ({ph}, {cat})"] += 1
 
 
+def _count(path: Path, info: dict[str, Any], field: str, least: int) -> int | None:
+    """distributedInfo's `field` (rank, world_size): an integer of at least `least`, or None where absent."""
+    value = info.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < least:
+        raise TraceError(f"{path}: distributedInfo.{field}: expected an integer of at least {least}; got {value!r}")
+    return int(value)
+
+
 def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> RankTrace:
     calls, cpu, ops, gloo = c.calls.column, c.cpu.column, c.ops.column, c.gloo.column
-    rank = info.get("rank")
-    world = info.get("world_size")
+    world = _count(path, info, "world_size", 1)
+    rank = _count(path, info, "rank", 0)
+    if rank is not None and world is not None and rank >= world:
+        raise TraceError(f"{path}: distributedInfo.rank: expected below its world_size {world}; got {rank}")
     return RankTrace(
         path=str(path),
-        rank=int(rank) if rank is not None else None,
-        world_size=int(world) if world is not None else None,
+        rank=rank,
+        world_size=world,
         names=c.names.names,
         call_tid=calls("tid"),
         call_name=calls("name"),

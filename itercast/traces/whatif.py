@@ -46,6 +46,11 @@ OP_FAMILY_CLASSES = {"memcpy": "memcpy", "memset": "memset"}
 #: a dropped collective matched across the loaded ranks keeps its rendezvous: no transfer, but each member
 #: still waits for the last to arrive (NCCL's collectives synchronise their ranks), so rank skew stays
 DROPPED_RENDEZVOUS = "dropped collectives that still wait for their peers (zero transfer; a late rank still holds them)"
+#: an unmatched collective (a single rank's) whose measured time, wait for peers included, a what-if re-timed whole
+WAIT_AS_TRANSFER = (
+    "unmatched collectives re-timed whole: the wait for peers their measured time holds re-timed as transfer "
+    "(load every rank's trace to tell them apart)"
+)
 
 
 def kernel_class(name: str, family: str = "kernel") -> str:
@@ -147,9 +152,13 @@ def apply_whatif(
         retimed = _retime_collectives(rg, whatif, durations, changes, sizes, missing, waits)
     alone = np.zeros(0, np.int64)
     if whatif.dp is not None:
+        before = durations.copy()
         alone = retime_data_parallel(
             rg, traces, whatif.dp, durations, changes, whatif.system, whatif.curves, whatif.host_cores
         )
+        unmatched = [t for t, meta in rg.nccl_meta.items() if "transfer_s" not in meta]
+        if whole := sum(int(durations[t] != before[t]) for t in unmatched):
+            changes[WAIT_AS_TRANSFER] += whole
     if whatif.tp is not None:
         alone = retime_tensor_parallel(rg, traces, whatif.tp, durations, changes, whatif.curves, whatif.host_cores)
     if whatif.gpu is not None:
@@ -245,8 +254,10 @@ def _retime_collectives(
     costs = AnalyticCostModel(load_system(whatif.system), "bf16", whatif.curves)
     for task, size in sizes.items():
         group = place_group(whatif.world_size or size.group_size, 1, costs.system.node.gpus_per_node)
-        said = None if size.inferred else changes  # an inferred size holds the wait: nothing to say
+        said = None if size.inferred else changes  # an inferred size holds the wait, re-timed as bytes:
         wait_s = _kept_wait_s(task, waits, said, "re-timed without a wait")
+        if size.inferred and task in waits:  # said so for an unmatched collective
+            changes[WAIT_AS_TRANSFER] += 1
         durations[task] = costs.collective_s(size.kind, size.nbytes, group) + wait_s
         changes[f"re-timed {size.kind} on {whatif.system}" + (" (size inferred)" if size.inferred else "")] += 1
     for why, n in missing.items():
