@@ -23,6 +23,7 @@ read; the graph builder converts to seconds.
 from __future__ import annotations
 
 import json
+import math
 import re
 from array import array
 from collections import Counter
@@ -295,7 +296,8 @@ def _count(path: Path, info: dict[str, Any], field: str, least: int) -> int | No
     value = info.get(field)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < least:
+    number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or value != int(value) or value < least:
         raise TraceError(f"{path}: distributedInfo.{field}: expected an integer of at least {least}; got {value!r}")
     return int(value)
 
