@@ -113,6 +113,11 @@ def predict_et(
     predict_ranks(files, traces, kfiles, db, device_id, system, calibration, alpha, sample, as_json, measured_starts)
 
 
+def unmoved_indices_note(sample: np.ndarray | None, why: str) -> str:
+    """The warning where the indices asked for (--indices' sample, else --index-distribution) move no price: `why`."""
+    return f"{'--indices' if sample is not None else '--index-distribution'} moves no price here: {why}"
+
+
 def predict_single(
     path: Path,
     et: ExecutionTrace,
@@ -180,10 +185,8 @@ def predict_single(
     for note in extrapolated:
         warn(note)
     if (sample is not None or alpha) and not asked:
-        warn(
-            f"{'--indices' if sample is not None else '--index-distribution'} moves no price here: {db.name} has "
-            f"no model of the trace's embedding operators that reads the indices (or the trace has none)"
-        )
+        why = f"{db.name} has no model of the trace's embedding operators that reads the indices"
+        warn(unmoved_indices_note(sample, f"{why} (or the trace has none)"))
     out = {
         "iteration_s": pred.total_s,
         "host_s": pred.host_s,

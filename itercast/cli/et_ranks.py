@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from itercast.cli.app import console, echo_json, fail, warn, warn_other_system
-from itercast.cli.et_cmds import print_family_table
+from itercast.cli.et_cmds import print_family_table, unmoved_indices_note
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.traces.et_step import RankStep
@@ -154,11 +154,12 @@ def predict_ranks(
     if db is not None and not any(m.startswith("db:") for s in steps for m in s.calls_by_model):
         warn(f"{db}: none of its operator models prices an operator of these traces: every price is {system}'s")
     if (sample is not None or alpha) and not any(p.moved_by_indices for p in made):
-        warn(
-            f"{'--indices' if sample is not None else '--index-distribution'} moves no price here: the traces' "
-            f"embedding lookups and updates are priced as memory traffic on {sys_cfg.gpu.name} (no lookup model for "
-            "it: a --db with `itercast profile` embedding microbenchmarks prices the indices' reuse), or have none"
+        why = (
+            f"the traces' embedding lookups and updates are priced as memory traffic on {sys_cfg.gpu.name} (no lookup "
+            "model for it: a --db with `itercast profile` embedding microbenchmarks prices the indices' reuse), or "
+            "have none"
         )
+        warn(unmoved_indices_note(sample, why))
     # calibrated curves and profiled operator models priced beyond the sizes they were fitted on
     extrapolated = costs.extrapolations() + (ops.extrapolations() if ops is not None else [])
     for note in extrapolated:
