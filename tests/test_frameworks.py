@@ -198,6 +198,13 @@ def test_torchtitan_and_deepspeed_launch_texts_carry_the_sizes():
         and json.loads(zero3.split("# ds_config.json\n")[1].split("\n# Megatron")[0])["zero_optimization"]["stage"] == 3
     )
     assert "data_types" not in config  # autograd's accumulation: DeepSpeed's default grad_accum_dtype
+    assert config["communication_data_type"] == "fp32"  # PLAN prices an fp32 reduction
+    for dtype, wire in (("bf16", "bf16"), ("fp16", "fp16"), ("fp8", "bf16")):
+        sixteen = launch_settings("deepspeed", {**PLAN, "dtype": dtype, "grad_reduce_dtype": "bf16"}, GPT3)  # type: ignore[arg-type]
+        sent = json.loads(sixteen.split("# ds_config.json\n")[1].split("\n# Megatron")[0])["communication_data_type"]
+        assert sent == wire
+    # DeepSpeed's own default: the training's 16-bit dtype on the wire (engine.py communication_data_type)
+    assert framework("deepspeed").plan_fields["grad_reduce_dtype"] == "bf16"
     bf16_optimizer = {**PLAN, "virtual_pipeline": 1, "schedule": "1f1b", "grad_accumulation": "fp32_copy_add"}
     ds = launch_settings("deepspeed", bf16_optimizer, GPT3)  # type: ignore[arg-type]
     config = json.loads(ds.split("# Megatron-DeepSpeed arguments")[0].split("# ds_config.json\n")[1])

@@ -193,10 +193,13 @@ def test_autograd_keeps_its_gradients_in_the_parameters_dtype():
     """The GPT job above on 8 A100 (tp 2 × dp 4, ZeRO 0): 4 layers of 6,301,184 parameters, the vocab shard
     2,048 × 1,024, the 512 × 1,024 position table and the final LayerNorm's 2 × 1,024, 27,828,224 in all, the
     head tied on this one stage.
-    Megatron's fused accumulation keeps fp32 gradients (4 bytes), BF16_Optimizer its fp32 buffer (4), autograd
-    the parameters' own bf16 .grad (2)."""
+    Megatron's fused accumulation keeps fp32 gradients (4 bytes), BF16_Optimizer its fp32 buffer (4) beside the
+    bf16 .grad it only zeroes (2), autograd the parameters' own bf16 .grad (2). BF16_Optimizer's buffers are the
+    same whatever its reduction sends (DeepSpeed casts them to bf16 for the all-reduce)."""
     grads = {mode: estimate_memory(gpt_job(mode)).gradients_bytes for mode in ("fused", "fp32_copy_add", "autograd")}
-    assert grads == {"fused": 4 * 27_828_224, "fp32_copy_add": 4 * 27_828_224, "autograd": 2 * 27_828_224}
+    assert grads == {"fused": 4 * 27_828_224, "fp32_copy_add": 6 * 27_828_224, "autograd": 2 * 27_828_224}
+    bf16_wire = estimate_memory(gpt_job("fp32_copy_add", grad_reduce_dtype="bf16")).gradients_bytes
+    assert bf16_wire == 6 * 27_828_224
 
 
 @pytest.mark.parametrize("family", ["gpt", "llama"])

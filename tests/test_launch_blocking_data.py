@@ -57,4 +57,6 @@ def test_a_row_reads_into_a_job_with_launch_blocking_set():
     assert job.plan.cuda_launch_blocking
     assert (job.model.num_layers, job.model.hidden_size, job.model.num_attention_heads) == (80, 14400, 96)
     assert (job.model.vocab_size, job.plan.pipeline_p2p, job.plan.flash_attention) == (250880, "deepspeed", False)
+    # fp16 with ZeRO 1: DeepSpeed reduces the fp16 bucket as it is, 2 bytes a gradient
+    assert (job.plan.dtype, job.plan.grad_bytes, job.plan.zero_grad_reduce) == ("fp16", 2, "reduce_per_rank")
     assert not _plan_job(r).plan.cuda_launch_blocking

@@ -143,7 +143,8 @@ def test_zero_bubble_rows_give_the_first_and_last_stage_one_layer_fewer():
 
 
 def test_lucie_rows_run_deepspeed_0_12_6s_optimizers():
-    """ZeRO 0 in bf16 is BF16_Optimizer: fp32 accumulation, fp32 all-reduce, weights sharded and gathered (itercast's
+    """ZeRO 0 in bf16 is BF16_Optimizer: fp32 accumulation, cast to bf16 for the all-reduce (the engine's
+    communication_data_type, bf16 under bf16 when no config names one), weights sharded and gathered (itercast's
     ZeRO-1); ZeRO 1 is DeepSpeedZeroOptimizer: autograd's bf16 sums, a bf16 all-reduce of each bucket."""
     rows = _file_rows("lucie7b_a100_jean_zay.csv")
     bf16_optimizer = [r for r in rows if r["source"].endswith("(ZeRO stage 0: DeepSpeed's BF16_Optimizer)")]
@@ -152,7 +153,7 @@ def test_lucie_rows_run_deepspeed_0_12_6s_optimizers():
         job = pr._plan_job(r)
         p = job.plan
         assert p.cuda_launch_blocking is True and p.zero_stage == 1 and p.zero_grad_reduce == "all_reduce"
-        expected = ("fp32", "fp32_copy_add") if r in bf16_optimizer else ("bf16", "autograd")
+        expected = ("bf16", "fp32_copy_add") if r in bf16_optimizer else ("bf16", "autograd")
         assert (p.grad_reduce_dtype, p.grad_accumulation) == expected
         assert p.global_batch_size % (p.micro_batch_size * p.data_parallel) == 0
         assert (job.model.num_layers, job.model.hidden_size, job.model.ffn_hidden_size) == (32, 4096, 11008)
@@ -166,6 +167,17 @@ def test_lucie_rows_run_deepspeed_0_12_6s_optimizers():
         and r["tensor_parallel"] == "1"
     ]
     assert float(first["tokens_per_s_per_gpu"]) == pytest.approx(3215.9, abs=0.05)
+
+
+def test_bloom_prequel_rows_reduce_their_fp16_buckets_in_fp16():
+    """BigScience's February 2022 candidates ran fp16 with ZeRO 1 (DeepSpeed 3401d2516): autograd's fp16 sums,
+    each bucket's slices reduced to their rank as they are, 2 bytes on the wire."""
+    rows = _file_rows("bloom_a100_jean_zay.csv")
+    assert len(rows) == 45
+    for r in rows:
+        p = pr._plan_job(r).plan
+        assert (p.dtype, p.grad_bytes, p.grad_accumulation) == ("fp16", 2, "autograd")
+        assert p.zero_grad_reduce == "reduce_per_rank"
 
 
 def test_internlm_rows_run_july_2023s_hybrid_zero():

@@ -2275,6 +2275,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "    if True:\n        return []",
       "a step whose critical path is host gaps no noise varies, its quantiles given as if it varied",
       _t("trace_variability")),
+    M("memory.py", "        g_b = 4 + base.dtype_bytes", "        g_b = 4",
+      "BF16_Optimizer's bf16 .grad left out of its memory beside the fp32 sums", _t("grad_accumulation")),
+    M("search/launch_settings.py", 'return "fp16" if dtype == "fp16" else "bf16"', 'return "bf16"',
+      "a DeepSpeed config of fp16 training told to reduce in bf16", _t("frameworks")),
+    M("search/frameworks.py", '"grad_reduce_dtype": "bf16",', '"grad_reduce_dtype": "fp32",',
+      "DeepSpeed searched with fp32 gradient reductions where its engine sends its 16-bit dtype", _t("frameworks")),
 )
 # fmt: on
 

@@ -364,7 +364,13 @@ class PlanConfig(BaseModel):
         "ensure that chunks used in NCCL ring-reduce implementations are large enough').",
     )
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
-        "fp32", description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training)."
+        "fp32",
+        description="Gradient buffers and their reduction (Megatron-LM: fp32 with bf16 training). DeepSpeed sends "
+        "its communication_data_type, which is the training's 16-bit dtype unless its config names one (engine.py "
+        "communication_data_type at v0.12.6 and v0.15.1, and 2022's bf16 branch for ZeRO-0): BF16_Optimizer casts "
+        "its fp32 sums to bf16 for the all-reduce (allreduce_bucket) and ZeRO-1/2 reduce the 16-bit bucket, so "
+        "bf16 there (2 bytes, fp16's too); its fp32 sums are priced by plan.grad_accumulation fp32_copy_add. "
+        "BF16_Optimizer's cast to bf16 and back, 6 + 6 bytes per parameter once a step, is not priced.",
     )
     grad_accumulation: Literal["fused", "autograd", "fp32_copy_add", "fp32_add", "fsdp2", "megatron_fsdp"] = Field(
         "fused",

@@ -335,6 +335,9 @@ FRAMEWORKS: dict[str, Framework] = {
             # ZeRO-1/2 all-reduce each gradient bucket and keep their slices (zero/stage_1_and_2.py average_tensor ->
             # allreduce_and_scatter, use_multi_rank_bucket_allreduce default true since v0.12.4)
             "zero_grad_reduce": "all_reduce",
+            # its engine's communication_data_type, the training's 16-bit dtype unless the config names one
+            # (engine.py communication_data_type; BF16_Optimizer's fp32 sums cast to it, allreduce_bucket)
+            "grad_reduce_dtype": "bf16",
             "pipeline_p2p": "deepspeed",
             # ZeRO-3's per-submodule fetch (PartitionedParameterCoordinator), its fp16 gradients (d94f89d)
             "zero3_fetch": "deepspeed",

@@ -412,6 +412,11 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
     return "\n".join(parts)
 
 
+def _16_bit(dtype: str) -> str:
+    """The 16-bit dtype a training in `dtype` (bf16, fp16 or fp8) keeps its gradients in: fp8 training's are bf16."""
+    return "fp16" if dtype == "fp16" else "bf16"
+
+
 def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
     """DeepSpeed JSON config, then the Megatron-DeepSpeed arguments for the model-parallel sizes."""
     p = plan
@@ -431,7 +436,8 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         "train_micro_batch_size_per_gpu": p["micro_batch_size"],
         "gradient_accumulation_steps": p["global_batch_size"] // (p["micro_batch_size"] * dp),
         "zero_optimization": zero_cfg,
-        "communication_data_type": "fp32" if p["grad_reduce_dtype"] == "fp32" else "bf16",
+        # the reduction's dtype as priced (PlanConfig.grad_bytes): fp32, or the training's 16-bit dtype
+        "communication_data_type": "fp32" if "fp32" in (p["grad_reduce_dtype"], p["dtype"]) else _16_bit(p["dtype"]),
     }
     if p["dtype"] in ("bf16", "fp8"):
         config["bf16"] = {"enabled": True}
