@@ -460,10 +460,10 @@ def state_bytes_per_param(
     """Bytes per local parameter of weights, gradients and optimizer state on one GPU: weights as kept
     (PlanConfig.stored_weight_bytes: 16-bit, fp32 in fp32 training), gradients in plan.grad_bytes (under
     grad_accumulation autograd the parameters' own .grad, in the 16-bit dtype autograd writes: DeepSpeed's FP16
-    and ZeRO-0/1 optimizers; under fp32_copy_add both that .grad and the fp32 sums it is added into, 4 + 2 bytes:
-    DeepSpeed's BF16_Optimizer keeps fp32_groups_gradients_flat, one fp32 gradient per parameter, unsharded, and
-    only zeroes each .grad before the next backward (bf16_optimizer.py clear_lp_grads at v0.12.6; None at
-    BLOOM's 5ea1c60f8, rewritten by that backward), whatever dtype the reduction sends (plan.grad_reduce_dtype);
+    and ZeRO-0/1 optimizers; under fp32_copy_add(_zeroed) both that .grad and the fp32 sums it is added into,
+    4 + 2 bytes: DeepSpeed's BF16_Optimizer keeps fp32_groups_gradients_flat, one fp32 gradient per parameter,
+    unsharded, and only zeroes each .grad before the next backward (bf16_optimizer.py clear_lp_grads at v0.12.6;
+    None at BLOOM's 5ea1c60f8, rewritten by that backward), whatever dtype the reduction sends (plan.grad_reduce_dtype);
     where gradients are sharded (ZeRO 2-3) both are divided), the optimizer's copy of the weights and Adam m, v
     (PlanConfig.optimizer_state_bytes: 4 + 8 by default; fp32 training: 4, 4, 8), each divided by the `shard`
     ranks from the ZeRO stage that shards it (3: weights, 2: gradients, 1: optimizer). fp32 weights of 16-bit
@@ -477,7 +477,7 @@ def state_bytes_per_param(
     w_b, g_b = base.stored_weight_bytes, 4 if base.dtype == "fp32" else base.grad_bytes
     if base.grad_accumulation == "autograd":  # param.grad, in the dtype autograd writes it
         g_b = base.dtype_bytes
-    elif base.grad_accumulation == "fp32_copy_add":  # the fp32 sums beside the 16-bit .grad autograd writes
+    elif base.grad_accumulation in ("fp32_copy_add", "fp32_copy_add_zeroed"):  # fp32 sums beside autograd's .grad
         g_b = 4 + base.dtype_bytes
     o_b = base.optimizer_state_bytes
     z = np.asarray(zero)

@@ -41,6 +41,8 @@ def gpt_job(mode: str, dtype: str = "bf16", **plan: object) -> Job:
         ("autograd", "fp16", 6, 1),  # param.grad += grad: read 2 + 2, write 2
         ("autograd", "fp32", 12, 1),  # the same in fp32
         ("fp32_copy_add", "bf16", 18, 2),  # grad.to(fp32): read 2, write 4; hp += it: read 4 + 4, write 4
+        # DeepSpeed v0.12.6: .grad.zero_(): write 2; autograd's .grad += grad: read 2 + 2, write 2; then the 18 above
+        ("fp32_copy_add_zeroed", "bf16", 26, 4),
         ("fp32_add", "bf16", 10, 1),  # acc += grad, the dtypes mixed: read 4 + 2, write 4
     ],
 )
@@ -196,8 +198,14 @@ def test_autograd_keeps_its_gradients_in_the_parameters_dtype():
     Megatron's fused accumulation keeps fp32 gradients (4 bytes), BF16_Optimizer its fp32 buffer (4) beside the
     bf16 .grad it only zeroes (2), autograd the parameters' own bf16 .grad (2). BF16_Optimizer's buffers are the
     same whatever its reduction sends (DeepSpeed casts them to bf16 for the all-reduce)."""
-    grads = {mode: estimate_memory(gpt_job(mode)).gradients_bytes for mode in ("fused", "fp32_copy_add", "autograd")}
-    assert grads == {"fused": 4 * 27_828_224, "fp32_copy_add": 6 * 27_828_224, "autograd": 2 * 27_828_224}
+    modes = ("fused", "fp32_copy_add", "fp32_copy_add_zeroed", "autograd")
+    grads = {mode: estimate_memory(gpt_job(mode)).gradients_bytes for mode in modes}
+    assert grads == {
+        "fused": 4 * 27_828_224,
+        "fp32_copy_add": 6 * 27_828_224,
+        "fp32_copy_add_zeroed": 6 * 27_828_224,
+        "autograd": 2 * 27_828_224,
+    }
     bf16_wire = estimate_memory(gpt_job("fp32_copy_add", grad_reduce_dtype="bf16")).gradients_bytes
     assert bf16_wire == 6 * 27_828_224
 

@@ -143,7 +143,8 @@ def test_zero_bubble_rows_give_the_first_and_last_stage_one_layer_fewer():
 
 
 def test_lucie_rows_run_deepspeed_0_12_6s_optimizers():
-    """ZeRO 0 in bf16 is BF16_Optimizer: fp32 accumulation, cast to bf16 for the all-reduce (the engine's
+    """ZeRO 0 in bf16 is BF16_Optimizer: fp32 accumulation after autograd's add into the bf16 .grad it zeroed
+    (clear_lp_grads at v0.12.6), cast to bf16 for the all-reduce (the engine's
     communication_data_type, bf16 under bf16 when no config names one), weights sharded and gathered (itercast's
     ZeRO-1); ZeRO 1 is DeepSpeedZeroOptimizer: autograd's bf16 sums, a bf16 all-reduce of each bucket."""
     rows = _file_rows("lucie7b_a100_jean_zay.csv")
@@ -153,7 +154,7 @@ def test_lucie_rows_run_deepspeed_0_12_6s_optimizers():
         job = pr._plan_job(r)
         p = job.plan
         assert p.cuda_launch_blocking is True and p.zero_stage == 1 and p.zero_grad_reduce == "all_reduce"
-        expected = ("bf16", "fp32_copy_add") if r in bf16_optimizer else ("bf16", "autograd")
+        expected = ("bf16", "fp32_copy_add_zeroed") if r in bf16_optimizer else ("bf16", "autograd")
         assert (p.grad_reduce_dtype, p.grad_accumulation) == expected
         assert p.global_batch_size % (p.micro_batch_size * p.data_parallel) == 0
         assert (job.model.num_layers, job.model.hidden_size, job.model.ffn_hidden_size) == (32, 4096, 11008)

@@ -2281,6 +2281,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "a DeepSpeed config of fp16 training told to reduce in bf16", _t("frameworks")),
     M("search/frameworks.py", '"grad_reduce_dtype": "bf16",', '"grad_reduce_dtype": "fp32",',
       "DeepSpeed searched with fp32 gradient reductions where its engine sends its 16-bit dtype", _t("frameworks")),
+    M("workloads/transformer_ops.py", '"fp32_copy_add_zeroed": (e + 3 * e + e + 4 + 4 + 4 + 4, 4),',
+      '"fp32_copy_add_zeroed": (e + 4 + 4 + 4 + 4, 2),',
+      "DeepSpeed 0.12.6's zeroing of each .grad and autograd's add into it left out", _t("grad_accumulation")),
+    M("memory.py", 'elif base.grad_accumulation in ("fp32_copy_add", "fp32_copy_add_zeroed"):',
+      'elif base.grad_accumulation == "fp32_copy_add":',
+      "DeepSpeed 0.12.6's BF16_Optimizer's fp32 sums left out of its memory", _t("grad_accumulation")),
 )
 # fmt: on
 

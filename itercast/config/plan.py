@@ -372,7 +372,9 @@ class PlanConfig(BaseModel):
         "bf16 there (2 bytes, fp16's too); its fp32 sums are priced by plan.grad_accumulation fp32_copy_add. "
         "BF16_Optimizer's cast to bf16 and back, 6 + 6 bytes per parameter once a step, is not priced.",
     )
-    grad_accumulation: Literal["fused", "autograd", "fp32_copy_add", "fp32_add", "fsdp2", "megatron_fsdp"] = Field(
+    grad_accumulation: Literal[
+        "fused", "autograd", "fp32_copy_add", "fp32_copy_add_zeroed", "fp32_add", "fsdp2", "megatron_fsdp"
+    ] = Field(
         "fused",
         description="How each micro-batch's weight gradients join the step's (workloads/transformer_ops.py "
         "grad_accumulation_ops: a memory-bound pass over the unit's parameters after its backward, on every "
@@ -384,7 +386,11 @@ class PlanConfig(BaseModel):
         "optimizers). fp32_copy_add: each micro-batch's 16-bit gradient copied to fp32, then added into an "
         "fp32 buffer, 2 + 4 then 4 + 4 + 4 bytes, two kernels per tensor (DeepSpeed's BF16_Optimizer "
         "update_hp_grads after every micro-batch's backward: bf16 with ZeRO-0 under its pipeline engine, or "
-        "grad_accum_dtype fp32 with ZeRO-1). fp32_add: an fp32 accumulator += the 16-bit gradient in one "
+        "grad_accum_dtype fp32 with ZeRO-1). fp32_copy_add_zeroed: fp32_copy_add as DeepSpeed v0.12.6 to "
+        "v0.14.1 run BF16_Optimizer: before every backward it zeroes each 16-bit .grad in place "
+        "(bf16_optimizer.py clear_lp_grads, param.grad.zero_(), from d5a7c1e0b until c66bc4269 set them to None "
+        "again), so autograd adds each micro-batch's gradient into it in place: also 2, then 2 + 2 + 2 bytes, "
+        "two more kernels per tensor. fp32_add: an fp32 accumulator += the 16-bit gradient in one "
         "kernel, 4 + 2 + 4 bytes (FSDP2 under torch.distributed.pipelining with reduce_dtype fp32: "
         "set_requires_gradient_sync(False) until the last micro-batch, _fsdp_param.py "
         "accumulate_unsharded_grad_if_needed; its fp32 sums held whole until the last reduce-scatter). fsdp2: "
@@ -730,7 +736,7 @@ class PlanConfig(BaseModel):
                 "plan.main_params: fp32 training updates its fp32 weights, with no copy beside them (expected fp32 "
                 f"or fp32_weights); got {self.main_params}"
             )
-        if self.grad_accumulation in ("fp32_copy_add", "fp32_add") and self.dtype == "fp32":
+        if self.grad_accumulation in ("fp32_copy_add", "fp32_copy_add_zeroed", "fp32_add") and self.dtype == "fp32":
             raise ValueError(
                 f"plan.grad_accumulation: {self.grad_accumulation} adds 16-bit gradients into an fp32 buffer, so it "
                 "needs 16-bit training (dtype bf16, fp16 or fp8); got dtype fp32 (its gradients are fp32: autograd "

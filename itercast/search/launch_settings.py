@@ -443,7 +443,8 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         config["bf16"] = {"enabled": True}
     elif p["dtype"] == "fp16":
         config["fp16"] = {"enabled": True}
-    if p.get("grad_accumulation") == "fp32_copy_add":  # runtime/engine.py: bf16 + fp32 accumulation: BF16_Optimizer
+    # runtime/engine.py: bf16 with fp32 accumulation runs BF16_Optimizer (zeroed: v0.12.6-v0.14.1's)
+    if p.get("grad_accumulation") in ("fp32_copy_add", "fp32_copy_add_zeroed"):
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     if p["recompute"] == "full":
         config["activation_checkpointing"] = {"partition_activations": p["tensor_parallel"] > 1}

@@ -1668,7 +1668,9 @@ def grad_accumulation_cost(plan: PlanConfig) -> tuple[int, int]:
     """(HBM bytes per parameter, kernels per parameter tensor) of one micro-batch's gradient accumulation
     outside the weight-gradient GEMMs (plan.grad_accumulation), e the gradient's bytes (plan.dtype_bytes):
     fused 0; autograd, param.grad += grad in place, read 2e, write e; fp32_copy_add, grad.to(fp32) (read e,
-    write 4) then hp_grad.add_ (read 4 + 4, write 4), DeepSpeed bf16_optimizer.py _update_hp_grad; fp32_add,
+    write 4) then hp_grad.add_ (read 4 + 4, write 4), DeepSpeed bf16_optimizer.py _update_hp_grad;
+    fp32_copy_add_zeroed, those after param.grad.zero_() (write e) and autograd's add into it (read 2e, write e),
+    DeepSpeed v0.12.6-v0.14.1 clear_lp_grads; fp32_add,
     acc += grad with the dtypes mixed in one kernel (read 4 + e, write 4), FSDP2 _fsdp_param.py
     accumulate_unsharded_grad_if_needed; fsdp2, fp32_add where FSDP runs under pipelining (plan.fsdp2_accumulates),
     else 0; megatron_fsdp, fused without Megatron-FSDP (plan.accumulates_in_gemm), else the copy of autograd's
@@ -1682,6 +1684,7 @@ def grad_accumulation_cost(plan: PlanConfig) -> tuple[int, int]:
         "fused": (0, 0),
         "autograd": (3 * e, 1),
         "fp32_copy_add": (e + 4 + 4 + 4 + 4, 2),
+        "fp32_copy_add_zeroed": (e + 3 * e + e + 4 + 4 + 4 + 4, 4),
         "fp32_add": (4 + e + 4, 1),
     }[plan.grad_accumulation]
 
@@ -2078,7 +2081,7 @@ def grad_accumulation_note(plan: PlanConfig) -> str | None:
         "plan.grad_accumulation is fused (Megatron's, inside the weight-gradient GEMMs), so this DeepSpeed pipeline's "
         "per-micro-batch gradient accumulation is priced at nothing; DeepSpeed adds each micro-batch's gradients in "
         "a pass of its own: set plan.grad_accumulation=autograd (its default grad_accum_dtype) or fp32_copy_add "
-        "(its BF16_Optimizer: bf16 with ZeRO-0)"
+        "(its BF16_Optimizer: bf16 with ZeRO-0; fp32_copy_add_zeroed as DeepSpeed v0.12.6 to v0.14.1 run it)"
     )
 
 
