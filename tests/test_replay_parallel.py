@@ -129,6 +129,9 @@ def test_dp_on_an_nccl_all_reduce_with_sizes_from_record_param_comms(tmp_path):
         # a class given twice was once the last one given, in silence
         (["--scale", "gemm=2", "--drop", "gemm"], "expected one factor per kernel class; got 'gemm' twice, factors 2"),
         (["--scale", "gemm=2", "--scale", "gemm=0.5"], "factors 2 and 0.5"),
+        # both once counted the same collectives, re-timed and dropped
+        (["--dp", "4", "--drop", "nccl"], "--drop nccl removes the collectives --dp re-times; give one of them"),
+        (["--system", "cpu-host", "--drop", "nccl"], "the collectives --system re-times"),
     ],
 )
 def test_a_parallelism_whatif_the_trace_cannot_support_is_one_line_exit_2(tmp_path, args, message):

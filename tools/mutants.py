@@ -2287,6 +2287,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("memory.py", 'elif base.grad_accumulation in ("fp32_copy_add", "fp32_copy_add_zeroed"):',
       'elif base.grad_accumulation == "fp32_copy_add":',
       "DeepSpeed 0.12.6's BF16_Optimizer's fp32 sums left out of its memory", _t("grad_accumulation")),
+    M("traces/whatif.py", 'if whatif.scale.get("nccl") == 0 and retiming:', "if False:",
+      "--drop nccl beside --dp counting the same collectives re-timed and dropped", _t("replay_parallel")),
 )
 # fmt: on
 

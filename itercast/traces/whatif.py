@@ -141,6 +141,10 @@ def apply_whatif(
         raise ConfigError("what-if: --dp and --world-size both set the data-parallel group size; give one")
     if whatif.tp is not None and (whatif.dp is not None or whatif.world_size is not None):
         raise ConfigError("what-if: --tp re-times a tensor-parallel-only trace; give it without --dp/--world-size")
+    options = (("--system", whatif.system), ("--world-size", whatif.world_size), ("--dp", whatif.dp))
+    retiming = "/".join(o for o, v in options if v is not None)
+    if whatif.scale.get("nccl") == 0 and retiming:  # the re-timed collectives would be counted, then dropped
+        raise ConfigError(f"what-if: --drop nccl removes the collectives {retiming} re-times; give one of them")
     sizes, missing = (
         collective_sizes(traces, rg.gpu_task, rg.nccl_meta, rg.graph.duration_s)
         if whatif.system is not None or "nccl" in whatif.scale
