@@ -15,7 +15,7 @@ from itercast.predict import summarise_path
 from itercast.sim.analysis import Breakdown, breakdown
 from itercast.sim.engine import SimResult, simulate
 from itercast.sim.sharing import resimulate_shared, simulate_shared
-from itercast.traces.execution_trace import link, read_execution_trace
+from itercast.traces.execution_trace import link, other_process_note, read_execution_trace
 from itercast.traces.kineto import RankTrace, TraceError, read_traces
 from itercast.traces.replay_graph import ReplayGraph, StepMark, build_replay_graph
 from itercast.traces.restage import restage
@@ -183,8 +183,10 @@ def replay_whatif(
         return replay_graph(traces, base), restaged_result(traces, staged, cores), counts
     if execution_traces and whatif.gpu is None:
         raise ConfigError("--et: the execution traces give the GEMM shapes --gpu re-times; give --gpu too")
-    flops = gemm_shapes(traces, base, list(execution_traces)) if execution_traces else None
+    linked: Counter = Counter()  # what linking the execution traces found (other_process_note)
+    flops = gemm_shapes(traces, base, list(execution_traces), linked) if execution_traces else None
     changed, counts = apply_whatif(base, traces, whatif, flops)
+    counts.update(linked)
     if whatif.host is not None:
         changed, host_counts = apply_host_overheads(changed, traces, whatif.host)
         counts.update(host_counts)
@@ -243,17 +245,20 @@ def _note_gpu_past_steps(measured: ReplayResult, changed: ReplayResult, counts: 
 
 
 def gemm_shapes(
-    traces: list[RankTrace], rg: ReplayGraph, et_paths: Sequence[str | Path]
+    traces: list[RankTrace], rg: ReplayGraph, et_paths: Sequence[str | Path], notes: Counter
 ) -> dict[int, tuple[float, str, float]]:
     """GPU task → (FLOPs, dtype, share) for GEMM kernels launched by a matmul operator of a linked execution
     trace: the operator's FLOPs and dtype, and the kernel's share of the measured time of that operator's GEMM
-    kernels (a split-K GEMM and its reduction kernel share one matmul's time; a lone kernel has share 1)."""
+    kernels (a split-K GEMM and its reduction kernel share one matmul's time; a lone kernel has share 1).
+    `notes` counts each pair recorded by two processes (other_process_note)."""
     if len(et_paths) != len(traces):
         raise ConfigError(f"--et: give one execution trace per Kineto trace ({len(traces)}); got {len(et_paths)}")
     out: dict[int, tuple[float, str, float]] = {}
     for index, (trace, et_path) in enumerate(zip(traces, et_paths, strict=True)):
         et = read_execution_trace(et_path)
         tl = link(et, trace)
+        if note := other_process_note(et, trace):
+            notes[note] += 1
         rank = trace.rank if trace.rank is not None else index
         kernels: dict[int, list[int]] = defaultdict(list)  # ET node id → its GEMM-class GPU ops
         matmuls: dict[int, tuple[float, str]] = {}

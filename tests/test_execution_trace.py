@@ -33,9 +33,10 @@ def tensor(tid, numel):
     return [tid, tid, 0, numel, 4, "cuda:0"]
 
 
-def pair(tmp_path, rf_in_kineto: bool, split_k: bool = False):
+def pair(tmp_path, rf_in_kineto: bool, split_k: bool = False, et_pid: int = 100):
     """An addmm (bias 256, [64,512]×[512,256]) then a relu reading its output. `split_k`: the addmm's
-    200 µs on the GPU are a 150 µs GEMM kernel and a 50 µs split-K reduction, launched apart."""
+    200 µs on the GPU are a 150 µs GEMM kernel and a 50 µs split-K reduction, launched apart. The Kineto
+    trace's CPU operators ran in process 100; the execution trace says it was recorded by `et_pid`."""
     nodes = [
         et_node(
             2,
@@ -49,7 +50,7 @@ def pair(tmp_path, rf_in_kineto: bool, split_k: bool = False):
         et_node(3, "aten::relu", 11, [tensor(4, 64 * 256)], [[64, 256]], [tensor(5, 64 * 256)], [[64, 256]]),
     ]
     et = tmp_path / "et.json"
-    et.write_text(json.dumps({"schema": "1.0.1", "pid": 1, "nodes": nodes}))
+    et.write_text(json.dumps({"schema": "1.0.1", "pid": et_pid, "nodes": nodes}))
 
     def cpu(name, ts, dur, rf):
         args = {"Input Dims": [[256], [64, 512], [512, 256]] if name == "aten::addmm" else [[64, 256]]}
@@ -106,6 +107,30 @@ def test_gpu_what_if_retimes_the_gemm_from_its_shapes(tmp_path):
     # its own 1 µs, and the 159 µs of CPU work that followed it ends the step at 235 µs instead of 400.
     assert gemm_s < 25e-6
     assert (base.steps[0].replayed_s, moved.steps[0].replayed_s) == pytest.approx((400e-6, 235e-6), abs=1e-9)
+
+
+def test_an_execution_trace_of_another_process_is_said_and_still_linked(tmp_path):
+    """PARAM's DLRM pairs (dlrm_eg_<r>.json with worker<r>'s Kineto trace) share their pid, 59811 + r; another
+    rank's execution trace links just as well where the ranks run the same operators: said, not refused."""
+    et_path, k_path = pair(tmp_path, True, et_pid=101)
+    assert read_execution_trace(et_path).pid == 101 and read_kineto(k_path).host_pid == 100
+    _, _, changes = replay_whatif([k_path], WhatIf(gpu="dgx-h100"), [et_path])
+    (note,) = [k for k in changes if "recorded by process 101" in k]
+    assert f"{k_path} by process 100: not one process's pair" in note
+    assert changes["re-timed GEMMs from shapes on dgx-h100"] == 1
+
+
+def test_predict_says_an_execution_trace_of_another_process_beside_its_kineto_trace(tmp_path):
+    from typer.testing import CliRunner
+
+    from itercast.cli import app
+
+    for et_pid, said in ((101, True), (100, False)):
+        et_path, k_path = pair(tmp_path, True, et_pid=et_pid)
+        args = ["predict", "--et", str(et_path), "--kineto", str(k_path), "--system", "dgx-h100"]
+        out = CliRunner().invoke(app, args)
+        assert out.exit_code == 0, out.output
+        assert ("was recorded by process 101" in " ".join(out.output.split())) is said
 
 
 def test_gpu_what_if_splits_a_split_k_matmuls_time_between_its_kernels_then_scales(tmp_path):

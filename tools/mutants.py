@@ -2289,6 +2289,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "DeepSpeed 0.12.6's BF16_Optimizer's fp32 sums left out of its memory", _t("grad_accumulation")),
     M("traces/whatif.py", 'if whatif.scale.get("nccl") == 0 and retiming:', "if False:",
       "--drop nccl beside --dp counting the same collectives re-timed and dropped", _t("replay_parallel")),
+    M("traces/execution_trace.py", "if et.pid is None or kineto.host_pid is None or et.pid == kineto.host_pid:",
+      "if True:", "an execution trace of another process linked to a Kineto trace without a word",
+      _t("execution_trace")),
 )
 # fmt: on
 

@@ -23,7 +23,7 @@ from itercast.cli.et_cmds import print_family_table, unmoved_indices_note
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.traces.et_step import RankStep
-from itercast.traces.execution_trace import ExecutionTrace
+from itercast.traces.execution_trace import ExecutionTrace, other_process_note
 from itercast.traces.host_overheads import HostOverheads
 from itercast.traces.kineto import RankTrace
 
@@ -151,6 +151,9 @@ def predict_ranks(
         warn_other_system(calibration, cal, sys_cfg)
     if elsewhere is not None:
         warn(elsewhere)
+    for et, k in zip(traces, runs, strict=True) if runs else ():
+        if note := other_process_note(et, k):
+            warn(note)
     if db is not None and not any(m.startswith("db:") for s in steps for m in s.calls_by_model):
         warn(f"{db}: none of its operator models prices an operator of these traces: every price is {system}'s")
     if (sample is not None or alpha) and not any(p.moved_by_indices for p in made):

@@ -55,6 +55,7 @@ class ExecutionTrace:
     path: str
     schema: str
     nodes: list[ETNode]
+    pid: int | None = None  # the process that recorded it (top-level `pid`), None where absent
 
     def node(self, node_id: int) -> ETNode | None:
         if not hasattr(self, "_by_id"):
@@ -96,7 +97,21 @@ def read_execution_trace(path: str | Path) -> ExecutionTrace:
         raise TraceError(f"{path}: not a PyTorch execution trace (no `schema` and `nodes`)")
     if not nodes:
         raise TraceError(f"{path}: `nodes`: expected the operators of a traced step; got none")
-    return ExecutionTrace(str(path), str(schema), nodes)
+    pid = _top_level_value(tap.edges(), "pid")
+    pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+    return ExecutionTrace(str(path), str(schema), nodes, pid)
+
+
+def other_process_note(et: ExecutionTrace, kineto: RankTrace) -> str | None:
+    """Where the execution trace and the Kineto trace it is linked to were recorded by different processes (their
+    `pid`s; PyTorch's ExecutionTraceObserver and Kineto record the same one in one run), the sentence that says so:
+    another rank's trace links just as well where the ranks run the same operators, with its own shapes."""
+    if et.pid is None or kineto.host_pid is None or et.pid == kineto.host_pid:
+        return None
+    return (
+        f"{et.path} was recorded by process {et.pid} and {kineto.path} by process {kineto.host_pid}: "
+        "not one process's pair (another rank's or another run's execution trace?), linked by operator all the same"
+    )
 
 
 def _shapes(value: Any, field: str) -> list[Any]:

@@ -91,6 +91,7 @@ class RankTrace:
     ignored: Counter = field(default_factory=Counter)
     num_events: int = 0
     device_name: str | None = None  # the GPU's name (first entry of `deviceProperties`), None if absent
+    host_pid: int | None = None  # the process that ran its CPU operators (their `pid`), None if not an integer
     # `distributedInfo.pg_config`: the run's process groups (pg_desc, pg_size, ranks), as recorded
     process_groups: list[dict[str, Any]] = field(default_factory=list)
 
@@ -147,6 +148,7 @@ class _Columns:
     dims_seen: dict[str, str] = field(default_factory=dict)  # one string object per distinct Input Dims
     waits: list[tuple[int, int, int, int]] = field(default_factory=list)
     comms: list[tuple[int, float, float, dict[str, Any]]] = field(default_factory=list)  # (tid, ts, dur, NCCL fields)
+    cpu_pids: Counter = field(default_factory=Counter)  # the process ids of the CPU operators
     ignored: Counter = field(default_factory=Counter)
     count: int = 0
 
@@ -282,6 +284,7 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
             _time(e, "dur", 0.0),
             int(args.get("Record function id", -1)),
         )
+        c.cpu_pids[e.get("pid")] += 1
         dims = args.get("Input Dims")
         text = json.dumps(dims, separators=(",", ":"))[:MAX_NAME_CHARS] if dims is not None else ""
         c.cpu_dims.append(c.dims_seen.setdefault(text, text))
@@ -339,7 +342,14 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         comm_dur_us=gloo("dur"),
         ignored=c.ignored,
         num_events=c.count,
+        host_pid=_process_id(c.cpu_pids),
     )
+
+
+def _process_id(pids: Counter) -> int | None:
+    """The process that ran the most CPU operators (Kineto's `pid`), where it is an integer; else None."""
+    pid = pids.most_common(1)[0][0] if pids else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
 
 
 def _unique_steps(
