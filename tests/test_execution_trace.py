@@ -118,6 +118,9 @@ def test_an_execution_trace_of_another_process_is_said_and_still_linked(tmp_path
     (note,) = [k for k in changes if "recorded by process 101" in k]
     assert f"{k_path} by process 100: not one process's pair" in note
     assert changes["re-timed GEMMs from shapes on dgx-h100"] == 1
+    # a trace whose operators name no integer process has none, and is read as before
+    odd = [{"ph": "X", "cat": "cpu_op", "name": "mm", "pid": pid, "tid": 1, "ts": 0, "dur": 1} for pid in ([1], "a")]
+    assert read_kineto(write(tmp_path / "odd.json", odd)).host_pid is None
 
 
 def test_predict_says_an_execution_trace_of_another_process_beside_its_kineto_trace(tmp_path):

@@ -284,7 +284,8 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
             _time(e, "dur", 0.0),
             int(args.get("Record function id", -1)),
         )
-        c.cpu_pids[e.get("pid")] += 1
+        if isinstance(pid := e.get("pid"), int):  # a list or an object would not hash
+            c.cpu_pids[pid] += 1
         dims = args.get("Input Dims")
         text = json.dumps(dims, separators=(",", ":"))[:MAX_NAME_CHARS] if dims is not None else ""
         c.cpu_dims.append(c.dims_seen.setdefault(text, text))
@@ -347,9 +348,9 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
 
 
 def _process_id(pids: Counter) -> int | None:
-    """The process that ran the most CPU operators (Kineto's `pid`), where it is an integer; else None."""
+    """The process that ran the most CPU operators (Kineto's integer `pid`s); None where none has one."""
     pid = pids.most_common(1)[0][0] if pids else None
-    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+    return None if isinstance(pid, bool) else pid
 
 
 def _unique_steps(
