@@ -288,6 +288,15 @@ def cases() -> list[Case]:
             "not UTF-8 text",
         ),
         Case(
+            "an nccl-tests time of 1e300 µs (it once calibrated a 1e6 s step)",
+            {
+                "n.txt": b"#  Rank  0 Group  0 Pid 1 on h device  0 [0x18] NVIDIA H100 80GB HBM3\n"
+                b"   134217728   33554432  float  sum  -1   1e300  228.89  400.55  0   586.1  229.01  400.77  0\n"
+            },
+            ["profile", "import", "nccl-log", "{dir}/n.txt", "--db", "{dir}/p.db"],
+            "n.txt: measurement all_reduce size 134217728.0: expected 0 < time_s ≤ 3600 s",
+        ),
+        Case(
             "a truncated JSON imported as a table",
             {"t.json": b"[1,2"},
             ["profile", "import", "xla-matmul", "{dir}/t.json", "--db", "{dir}/p.db"],

@@ -172,8 +172,59 @@ def test_a_damaged_or_impossible_database_is_one_error_naming_it(tmp_path):
     db.close()
     with sqlite3.connect(path) as conn:  # a row written by something else: a negative time
         conn.execute("UPDATE measurements SET time_s = -1e-3 WHERE size = 2e9")
-    with pytest.raises(ProfileError, match=r"neg\.db: measurement gemm/mm: expected a time_s > 0 and a size ≥ 0"):
+    with pytest.raises(ProfileError, match=r"neg\.db: measurement gemm/mm: expected 0 < time_s ≤ 3600 s and a finite"):
         list(ProfileDB(path, readonly=True).measurements())
+    with sqlite3.connect(path) as conn:  # an hour and more: no kernel a profile times (1e300 s once priced a step)
+        conn.execute("UPDATE measurements SET time_s = 3600.5 WHERE size = 2e9")
+    with pytest.raises(ProfileError, match=r"got time_s=3600\.5"):
+        list(ProfileDB(path, readonly=True).measurements())
+    with pytest.raises(ProfileError, match=r"expected 0 < time_s ≤ 3600 s"):
+        Measurement("gemm", "mm", 1e9, 3600.5, "bf16").check()
+    with sqlite3.connect(path) as conn:  # params that are no JSON object: one line, not a traceback
+        conn.execute("UPDATE measurements SET time_s = 2e-3, params = '{not json' WHERE size = 2e9")
+    with pytest.raises(
+        ProfileError, match=r"neg\.db: a measurement's params: expected a JSON object; got '\{not json'"
+    ):
+        list(ProfileDB(path, readonly=True).measurements())
+
+
+def test_a_profile_no_curve_can_fit_is_refused_and_one_faster_than_the_peak_is_said(tmp_path):
+    """LAW's rows with every other time 1,000× longer: the curve misses them by hundreds of times their time on
+    average, so nothing is written. LAW's rows at 0.7 / 1.1 of their time: an efficiency of about 1.1, faster
+    than the bf16 peak, written and said. A dtype no profile names is refused where it was taken as bf16."""
+    flops = np.logspace(5, 10, 40)
+    peak = load_system(SYSTEM).gpu.peak_flops["bf16"]
+    t = law_time(flops, peak)
+
+    def calibrated(name, times, dtype="bf16"):
+        db = ProfileDB(tmp_path / f"{name}.db")
+        dev = db.device("synthetic", {"synthetic": True})
+        db.add(dev, [Measurement("gemm", "mm", float(f), float(x), dtype) for f, x in zip(flops, times, strict=True)])
+        out = tmp_path / f"{name}.json"
+        res = CliRunner().invoke(
+            app, ["calibrate", str(tmp_path / f"{name}.db"), "--system", SYSTEM, "--out", str(out)]
+        )
+        return res, out
+
+    res, out = calibrated("scattered", np.where(np.arange(40) % 2, t * 1000, t))
+    assert res.exit_code == 2 and not out.exists()
+    assert "gemm.bf16 misses its own rows by" in res.output and "nothing written" in res.output
+    res, out = calibrated("fast", t * 0.7 / 1.1)
+    assert res.exit_code == 0 and out.exists()
+    assert 1.05 < json.loads(out.read_text())["gemm"]["bf16"]["e_max"] < 1.15
+    assert "gemm.bf16: its rows run faster than the GPU's peak (fitted efficiency 1.1" in " ".join(res.output.split())
+    res, out = calibrated("q7", t, dtype="q7")
+    assert res.exit_code == 2 and "a GEMM row's dtype 'q7': expected one of fp32, f32, bf16" in res.output
+
+
+def test_a_curve_of_sizes_beyond_its_half_size_bound_is_fitted_not_a_traceback():
+    """Rows of 1e290 FLOPs (a corrupt size) once started the half-size at log(1e290) = 668, beyond its bound of 40,
+    which scipy refuses with a traceback; the fit now starts at the bound."""
+    from itercast.costs.fitting import fit_latency_curve
+
+    x = np.logspace(288, 292, 10)
+    fit = fit_latency_curve(x, x / 1e15, 1e15)
+    assert fit["log_half"] <= 40 and fit["points"] == 10
 
 
 def test_calibrate_says_what_it_leaves_built_in_and_which_fits_miss(tmp_path):

@@ -2292,6 +2292,14 @@ MUTANTS: tuple[Mutant, ...] = (
     M("traces/execution_trace.py", "if et.pid is None or kineto.host_pid is None or et.pid == kineto.host_pid:",
       "if True:", "an execution trace of another process linked to a Kineto trace without a word",
       _t("execution_trace")),
+    M("measurements.py", "timed = 0 < self.time_s <= MAX_MEASURED_S and", "timed = 0 < self.time_s and",
+      "a profiled time of 1e300 s stored, to price steps of 1e31 s", _t("calibrate")),
+    M("cli/calibration_cmds.py", "if bad := cal.unusable_fits(doc):", "if False:",
+      "a curve missing its own rows by hundreds of times written as a calibration", _t("calibrate")),
+    M("profile/calibrate.py", "if name and name not in PLAN_DTYPES:", "if False:",
+      "a GEMM row of an unknown dtype fitted as bf16 in silence", _t("calibrate")),
+    M("costs/fitting.py", "start = np.clip(x0, lo, hi)", "start = np.asarray(x0)",
+      "a fit of huge sizes a scipy traceback", _t("calibrate")),
 )
 # fmt: on
 

@@ -236,6 +236,11 @@ def calibrate_cmd(
             if note := measured_elsewhere_note(db, target, dev, sys_cfg):
                 warn(note)
             doc = cal.calibrate(target, dev, sys_cfg) if out is not None else {}
+            if bad := cal.unusable_fits(doc):
+                raise CalibrationError(
+                    f"{db}: " + "; ".join(bad) + ": not one kernel's times (a unit slip or corrupt rows?); "
+                    "nothing written"
+                )
             notes = cal.fit_notes(target, dev, doc) if out is not None else []
             if report:
                 _print_calibration_report(cal.report(target, dev, sys_cfg))

@@ -67,7 +67,8 @@ def fit_latency_curve(
     lo, hi, x0 = lo[len(pinned) :], hi[len(pinned) :], x0[len(pinned) :]
     if alpha_s is None:
         lo, hi, x0 = [0, *lo], [50, *hi], [3.0, *x0]
-    fit = least_squares(lambda p: (np.log(model(p)) - np.log(t)) * np.sqrt(w), x0=x0, bounds=(lo, hi))
+    start = np.clip(x0, lo, hi)  # rows of sizes beyond e^40 start the half-size at its bound
+    fit = least_squares(lambda p: (np.log(model(p)) - np.log(t)) * np.sqrt(w), x0=start, bounds=(lo, hi))
     e_fit, log_half, gamma = curve_params(fit.x)
     return {
         "alpha_s": alpha_s if alpha_s is not None else fit.x[0] * 1e-6,

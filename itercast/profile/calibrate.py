@@ -68,8 +68,13 @@ class CalibrationError(ValueError):
     """A calibration file or request is unusable; the message says why."""
 
 
-def _plan_dtype(dtype: str) -> str:
-    return PLAN_DTYPES.get(dtype.split("x")[0].lower(), "bf16")
+def _plan_dtype(dtype: str, where: object = "a profile") -> str:
+    """The plan dtype of a GEMM row's `dtype` (bf16 where it names none); CalibrationError for a name it does not
+    know, which had been taken as bf16 in silence."""
+    name = dtype.split("x")[0].lower()
+    if name and name not in PLAN_DTYPES:
+        raise CalibrationError(f"{where}: a GEMM row's dtype {dtype!r}: expected one of {', '.join(PLAN_DTYPES)}")
+    return PLAN_DTYPES.get(name, "bf16")
 
 
 def _groups(db: ProfileDB, device_id: int) -> dict[tuple[str, str], list[Measurement]]:
@@ -78,7 +83,7 @@ def _groups(db: ProfileDB, device_id: int) -> dict[tuple[str, str], list[Measure
     out: dict[tuple[str, str], list[Measurement]] = {}
     for m in db.measurements(device_id=device_id):
         if m.family == "gemm":
-            key = ("gemm", CURVE_KEYS.get(_plan_dtype(m.dtype), "bf16"))
+            key = ("gemm", CURVE_KEYS.get(_plan_dtype(m.dtype, db.path), "bf16"))
         elif m.family in ("elementwise", "norm"):
             key = ("memory", m.family)
         elif m.family == "embedding" and m.op == "embedding_bag_fwd":
@@ -203,6 +208,25 @@ def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int
 
 #: an in-sample fit this far off its own rows is said when the calibration is written (its --report holds out)
 POOR_FIT = 0.25
+#: a curve that misses its own rows by more than this on average (100%) is refused, not written: no one kernel's
+#: times scatter so (the V100's intra-node all-to-all, the worst fit of the shared data, misses by 51%)
+UNUSABLE_FIT = 1.0
+
+
+def _fits(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, fit) of every fitted curve of a calibration document: gemm, memory and collective curves."""
+    fits = [(f"{s}.{k}", f) for s in ("gemm", "memory") for k, f in doc.get(s, {}).items()]
+    fits += [(f"{p}.{k}", f) for p, group in doc.get("collectives", {}).items() for k, f in group.items()]
+    return [(name, fit) for name, fit in fits if isinstance(fit, dict)]
+
+
+def unusable_fits(doc: dict[str, Any]) -> list[str]:
+    """The curves of `doc` that miss their own rows by more than UNUSABLE_FIT on average, one line each."""
+    return [
+        f"{name} misses its own rows by {fit['fit_mean_abs_err']:.3g}× their time on average"
+        for name, fit in _fits(doc)
+        if fit.get("fit_mean_abs_err", 0.0) > UNUSABLE_FIT
+    ]
 
 
 def fit_notes(db: ProfileDB, device_id: int, doc: dict[str, Any], min_rows: int = 8) -> list[str]:
@@ -224,12 +248,14 @@ def fit_notes(db: ProfileDB, device_id: int, doc: dict[str, Any], min_rows: int 
             "memory.activation and memory.optimizer: not fitted (the activation functions' rows fit "
             "memory.elementwise): the built-in curves, at this system's bandwidth, price activations and Adam"
         )
-    fits = [(f"{s}.{k}", f) for s in ("gemm", "memory") for k, f in doc.get(s, {}).items()]
-    fits += [(f"{p}.{k}", f) for p, group in doc.get("collectives", {}).items() for k, f in group.items()]
-    for name, fit in fits:
-        err = fit.get("fit_mean_abs_err", 0.0) if isinstance(fit, dict) else 0.0
-        if err > POOR_FIT:
+    for name, fit in _fits(doc):
+        if (err := fit.get("fit_mean_abs_err", 0.0)) > POOR_FIT:
             notes.append(f"{name}: its curve misses its own rows by {err:.0%} on average (held out: --report)")
+        if name.startswith(("gemm.", "memory.")) and (e := fit.get("e_max", 0.0)) > 1:
+            notes.append(
+                f"{name}: its rows run faster than the GPU's peak (fitted efficiency {e:.2f} > 1): profiled on "
+                "another GPU or clock, or times too short?"
+            )
     return notes
 
 

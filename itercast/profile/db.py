@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from itercast.measurements import Measurement, ProfileError
+from itercast.measurements import MAX_MEASURED_S, Measurement, ProfileError
 
 SCHEMA_VERSION = "1.1"  # 1.1: the imports table (1.0 files gain it when opened for writing)
 BUSY_S = 60.0  # how long a writer waits for another to finish
@@ -268,12 +268,23 @@ class ProfileDB:
             raise ProfileError(f"{self.path}: the measurements cannot be read ({exc})") from None
         for family, op_, size, time_s, dtype, group, nodes, std, repeats, params, source in rows:
             number = isinstance(time_s, int | float) and isinstance(size, int | float)
-            if not number or not math.isfinite(time_s) or time_s <= 0 or not math.isfinite(size) or size < 0:
+            if not number or not 0 < time_s <= MAX_MEASURED_S or not math.isfinite(size) or size < 0:
                 raise ProfileError(
-                    f"{self.path}: measurement {family}/{op_}: expected a time_s > 0 and a size ≥ 0; "
-                    f"got time_s={time_s!r}, size={size!r}"
+                    f"{self.path}: measurement {family}/{op_}: expected 0 < time_s ≤ {MAX_MEASURED_S:.0f} s and a "
+                    f"finite size ≥ 0; got time_s={time_s!r}, size={size!r}"
                 )
-            yield Measurement(family, op_, size, time_s, dtype, group, nodes, std, repeats, json.loads(params), source)
+            fields = self._params(params)
+            yield Measurement(family, op_, size, time_s, dtype, group, nodes, std, repeats, fields, source)
+
+    def _params(self, text: Any) -> dict[str, Any]:
+        """A row's `params` column: a JSON object (ProfileError otherwise, naming the database)."""
+        try:
+            params = json.loads(text)
+        except (TypeError, ValueError):
+            params = None
+        if not isinstance(params, dict):
+            raise ProfileError(f"{self.path}: a measurement's params: expected a JSON object; got {str(text)[:60]!r}")
+        return params
 
     def arrays(self, **where: Any) -> dict[str, np.ndarray]:
         """Columns of the selected rows as arrays (size, time_s, time_std_s, group_size, nodes)."""
