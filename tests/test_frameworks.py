@@ -774,6 +774,12 @@ def test_deepspeed_runs_moe_without_zero3():
             ["overlap_p2p_comm=false"],
             "plan.overlap_p2p_comm: Megatron's switch for its interleaved exchanges, which torchtitan does not run",
         ),
+        # torchtitan's launch settings cannot ask for a bf16 reduction (a probe's finding: priced, then run in fp32)
+        (
+            "torchtitan",
+            ["grad_reduce_dtype=bf16"],
+            "plan.grad_reduce_dtype: torchtitan reduces gradients in float32 only",
+        ),
     ],
 )
 def test_a_recompute_or_dispatcher_the_framework_cannot_run_is_a_one_line_error(framework, sets, message):

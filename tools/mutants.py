@@ -2300,6 +2300,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "a GEMM row of an unknown dtype fitted as bf16 in silence", _t("calibrate")),
     M("costs/fitting.py", "start = np.clip(x0, lo, hi)", "start = np.asarray(x0)",
       "a fit of huge sizes a scipy traceback", _t("calibrate")),
+    M("cli/search_cmds.py", 'if fw.name == "torchtitan" and base.grad_bytes != 4:', "if False:",
+      "torchtitan searched with a bf16 reduction its launch settings run in fp32", _t("frameworks")),
 )
 # fmt: on
 

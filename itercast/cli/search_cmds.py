@@ -536,6 +536,11 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     if base.dtype not in fw.dtypes:
         left_out = "" if "dtype" in plan else f" (left out: {s.gpu.name} has no bf16)"
         raise ConfigError(f"plan.dtype: {fw.name} runs {' or '.join(fw.dtypes)}, the job sets {base.dtype}{left_out}")
+    if fw.name == "torchtitan" and base.grad_bytes != 4:  # its launch settings could not ask for what was priced
+        raise ConfigError(
+            "plan.grad_reduce_dtype: torchtitan reduces gradients in float32 only (job_config.py "
+            "mixed_precision_reduce: Literal['float32']); expected fp32; the job sets bf16"
+        )
     if base.global_batch_size is None and not options.global_batch_sizes:
         raise ConfigError(
             "the search needs plan.global_batch_size (--set plan.global_batch_size=N) or --global-batch-sizes"
