@@ -265,6 +265,9 @@ def test_shard_command_json_and_errors():
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)  # stderr: what the prices rest on (unmeasured_embedding_ops)
     assert out["world_size"] == 8 and len(out["plans"]) == 2
+    # the throughput `search` gives, which reports and compare read: 8 GPUs × 4,096 samples a step over its time
+    assert out["batch_per_rank"] == 4096
+    assert all(p["samples_per_s"] == pytest.approx(8 * 4096 / p["step_time_s"], rel=1e-12) for p in out["plans"])
     first = out["plans"][0]
     assert {t["name"] for t in first["tables"]} == {"t0", "t1", "t2", "t3"}
     assert first["step_time_s"] <= out["plans"][1]["step_time_s"] and first["fits"] is True

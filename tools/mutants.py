@@ -2302,6 +2302,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "a fit of huge sizes a scipy traceback", _t("calibrate")),
     M("cli/search_cmds.py", 'if fw.name == "torchtitan" and base.grad_bytes != 4:', "if False:",
       "torchtitan searched with a bf16 reduction its launch settings run in fp32", _t("frameworks")),
+    M("cli/shard_cmds.py", '"samples_per_s": samples_per_step / step.step_time_s,',
+      '"samples_per_s": step.step_time_s,',
+      "a saved sharding's throughput not the samples a second its step trains", _t("dlrm")),
 )
 # fmt: on
 

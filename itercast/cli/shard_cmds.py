@@ -77,7 +77,7 @@ def shard_cmd(
         model, system, nodes, set_, calibration, indices, sharding, batch_per_rank, as_json
     )
     out: dict[str, Any] = {
-        "plans": [_plan_dict(plan, step) for plan, step in result.plans[:top]],
+        "plans": [_plan_dict(plan, step, batch_per_rank * sys_cfg.num_gpus) for plan, step in result.plans[:top]],
         "world_size": sys_cfg.num_gpus,
         "batch_per_rank": batch_per_rank,
         "method": result.method,
@@ -153,14 +153,16 @@ def _price(
     return dlrm, sys_cfg, found, said
 
 
-def _plan_dict(plan: dict[str, Shard], step: DLRMStep) -> dict[str, Any]:
-    """A priced sharding as JSON: tables, step time, memory, the step by cause on the rank that
-    finishes last, and the critical path (task names in order, repeats merged)."""
+def _plan_dict(plan: dict[str, Shard], step: DLRMStep, samples_per_step: int) -> dict[str, Any]:
+    """A priced sharding as JSON: tables, step time, throughput (the step's `samples_per_step` over its time, as
+    `search` of a DLRM gives it), memory, the step by cause on the rank that finishes last, and the critical
+    path (task names in order, repeats merged)."""
     g = step.graph
     path = [g.names[g.name[t]] for t in critical_path(step.sim)]
     return {
         "tables": [{"name": n, "strategy": s.strategy, "ranks": list(s.ranks)} for n, s in plan.items()],
         "step_time_s": step.step_time_s,
+        "samples_per_s": samples_per_step / step.step_time_s,
         "memory_per_gpu_bytes": step.memory_per_gpu_bytes,
         "fits": step.fits,
         "breakdown": breakdown(step.sim).as_dict(),
