@@ -357,3 +357,22 @@ def test_calibrating_an_imported_device_of_another_gpu_says_so(tmp_path):
         )
         assert res.exit_code == 0, res.output
         assert (said in " ".join(res.output.split())) is warned
+
+
+def test_an_nccl_tests_log_is_judged_by_the_gpu_its_ranks_name(tmp_path):
+    """nccl-tests prints each rank's GPU; an imported log of H100s fitted to dgx-h100 is not 'a CPU (unnamed)'
+    (a probe's finding: the import's fingerprint looked like a profile of this machine's), and to dgx-a100 it is
+    said to be another GPU's."""
+    log = tmp_path / "ar.txt"
+    rows = "".join(
+        f"  {s}  {s // 4}  float  sum  -1  {10 + s / 1e5:.1f}  1  1  0  10.0  1  1  0\n" for s in (2**20, 2**24)
+    )
+    log.write_text("#  Rank  0 Group  0 Pid 7 on node1 device  0 [0x18] NVIDIA H100 80GB HBM3\n" + rows)
+    db = tmp_path / "n.db"
+    assert CliRunner().invoke(app, ["profile", "import", "nccl-log", str(log), "--db", str(db)]).exit_code == 0
+    for system, said in (("dgx-h100", None), ("dgx-a100", "does not name A100-SXM4-80GB")):
+        res = CliRunner().invoke(app, ["calibrate", str(db), "--system", system, "--report"])
+        assert res.exit_code == 0 and "a CPU" not in res.output
+        assert (said is not None and said in " ".join(res.output.split())) or (
+            said is None and "warning" not in res.output
+        )

@@ -2305,6 +2305,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/shard_cmds.py", '"samples_per_s": samples_per_step / step.step_time_s,',
       '"samples_per_s": step.step_time_s,',
       "a saved sharding's throughput not the samples a second its step trains", _t("dlrm")),
+    M("profile/importers.py", 'fingerprint = {"source": path.name, "machine": device,',
+      'fingerprint = {"source": path.name, "device": device,',
+      "an nccl-tests log of H100s called a CPU's profile", _t("calibrate")),
 )
 # fmt: on
 

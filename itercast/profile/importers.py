@@ -121,6 +121,8 @@ def import_nccl_log(db: ProfileDB, path: Path, collective: str, nodes: int, devi
     if text is None:
         raise ProfileError(f"{path}: no such file")
     ranks = len(re.findall(r"^#\s+Rank\s+\d+", text, flags=re.MULTILINE))
+    # each rank's line ends in its GPU's name: "#  Rank  0 Group  0 Pid 1 on host device  0 [0x18] NVIDIA H100 ..."
+    gpu = re.search(r"^#\s+Rank\s+\d+.*\sdevice\s+\d+\s+\[[^\]]*\]\s+(\S.*?)\s*$", text, flags=re.MULTILINE)
     rows: list[Measurement] = []
     counts: Counter = Counter()
     for number, line in enumerate(text.splitlines(), 1):
@@ -152,7 +154,10 @@ def import_nccl_log(db: ProfileDB, path: Path, collective: str, nodes: int, devi
         )
     if not rows:
         raise ProfileError(f"{path}: no nccl-tests result lines found")
-    _store(db, counts, path, f"nccl-log {collective} {nodes}", device, {"source": path.name, "device": device}, rows)
+    # the log's GPU, by which `calibrate` tells whether it was measured on the system it is given (not "device":
+    # that key is a profile of this machine's, `itercast profile run`'s torch device)
+    fingerprint = {"source": path.name, "machine": device, **({"gpu": gpu.group(1)} if gpu else {})}
+    _store(db, counts, path, f"nccl-log {collective} {nodes}", device, fingerprint, rows)
     return counts
 
 
