@@ -321,3 +321,19 @@ def test_bad_distribution_options_are_one_line(tmp_path, option, value):
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 2 and "Traceback" not in out.output
     assert option in out.output and len(out.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--samples", "5000", "--compute-cv", "0.5"], "--samples, --compute-cv"),
+        (["--across-runs", "--run-cv", "0.1"], "--run-cv, --across-runs"),
+        (["--objective", "tokens-per-s", "--seed", "3"], "--seed"),
+    ],
+)
+def test_sampling_options_under_a_deterministic_objective_are_one_error_line(options, named):
+    """A probe found them accepted and ignored: the output identical with and without them."""
+    args = ["search", "--model", "llama3-8b", "--system", "dgx-h100", "--set", "plan.global_batch_size=64", *options]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 2 and out.output.count("\n") == 1
+    assert out.output.startswith(f"error: {named}: they sample the plans' steps for --objective p50|p95|p99|mean")

@@ -2308,6 +2308,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("profile/importers.py", 'fingerprint = {"source": path.name, "machine": device,',
       'fingerprint = {"source": path.name, "device": device,',
       "an nccl-tests log of H100s called a CPU's profile", _t("calibrate")),
+    M("cli/search_cmds.py", '                "--samples": samples != DistributionOptions.samples,\n', "",
+      "search --samples under the step objective accepted and ignored", _t("search_objectives")),
 )
 # fmt: on
 

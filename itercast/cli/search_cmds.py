@@ -209,6 +209,26 @@ def search_cmd(
     ):
         if field in given and value is not None:
             fail(f"--set {field} and {option}: give one (the --set fixes the value, {option} tries several)")
+    if objective not in DISTRIBUTION_OBJECTIVES:  # given, they had changed nothing without a word
+        vm = VariabilityModel
+        refuse_options(
+            {
+                "--distribution-top": distribution_top != DistributionOptions.top,
+                "--samples": samples != DistributionOptions.samples,
+                "--seed": seed != DistributionOptions.seed,
+                "--compute-cv": compute_cv != vm.compute_cv,
+                "--comm-cv": comm_cv != vm.comm_cv,
+                "--network-cv": network_cv != vm.network_cv,
+                "--gpu-cv": gpu_cv != vm.gpu_cv,
+                "--moe-imbalance-cv": moe_imbalance_cv != vm.moe_imbalance_cv,
+                "--step-cv": step_cv != vm.step_cv,
+                "--noise-from-db": noise_from_db is not None,
+                "--run-cv": run_cv != vm.run_cv,
+                "--across-runs": across_runs,
+            },
+            f"they sample the plans' steps for --objective {'|'.join(DISTRIBUTION_OBJECTIVES)}; the objective is "
+            f"{objective}",
+        )
     if is_dlrm_model(raw["model"]):
         if "plan.sharding" in given:
             fail("--set plan.sharding: a DLRM search searches the sharding; `itercast predict` prices a given one")
