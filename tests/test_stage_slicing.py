@@ -134,6 +134,14 @@ def test_slice_cli_from_a_csv(tmp_path):
         ("layer,time_s\nl0,1\nl1\n", [], "line 3: 1 fields; the header has 2"),
         ("layer,seconds\nl0,1\n", [], "missing ['time_s']"),
         ("layer,time_s\nl0,nan\n", [], "expected a finite number"),
+        # a probe's findings: a layer twice was taken as two; 1e308 s overflowed the step and blamed the memory
+        ("layer,time_s\nl0,1\nl0,2\nl1,1\n", [], "layer 'l0' is given 2 times; expected one row a layer"),
+        ("layer,time_s\nl0,1e308\nl1,1e308\n", [], "field time_s: expected a layer's seconds ≤ 3600; got 1e+308"),
+        (
+            "layer,time_s,memory_bytes\nl0,1,5e10\nl1,1,5e10\nl2,1,5e10\n",
+            ["--stages", "2", "--memory-gib", "60"],
+            "no slicing into 2 stages fits 60 GiB per stage",
+        ),
     ],
 )
 def test_slice_cli_bad_input_is_one_line_and_exit_2(tmp_path, text, args, message):

@@ -2310,6 +2310,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "an nccl-tests log of H100s called a CPU's profile", _t("calibrate")),
     M("cli/search_cmds.py", '                "--samples": samples != DistributionOptions.samples,\n', "",
       "search --samples under the step objective accepted and ignored", _t("search_objectives")),
+    M("search/layer_costs.py", "if twice := sorted(n for n, k in Counter(names).items() if k > 1):", "if twice := []:",
+      "a layer given twice in --layer-times sliced as two layers", _t("stage_slicing")),
+    M("search/stage_slicing.py", 'return f"{memory_bytes / 2**30:.4g} GiB per stage"',
+      'return f"{memory_bytes:.4g} GiB per stage"', "a stage's memory limit said in bytes as GiB", _t("stage_slicing")),
 )
 # fmt: on
 

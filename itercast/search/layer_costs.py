@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from itercast.config.job import Job
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError, non_negative
+from itercast.measurements import MAX_MEASURED_S
 from itercast.memory import activation_bytes_per_token_layer, cross_entropy_peak_bytes, state_bytes_per_param
 from itercast.search.stage_slicing import LayerCosts
 from itercast.user_files import read_small_text
@@ -101,6 +103,11 @@ def read_layer_csv(path: Path, send_bytes_per_s: float) -> tuple[LayerCosts, lis
             values[col].append(non_negative(cell, f"{path}: line {line}, field {col}"))
     if not names:
         raise ConfigError(f"{path}: a header but no layers")
+    if twice := sorted(n for n, k in Counter(names).items() if k > 1):
+        times = names.count(twice[0])
+        raise ConfigError(f"{path}: layer {twice[0]!r} is given {times} times; expected one row a layer")
+    if (longest := max(values["time_s"])) > MAX_MEASURED_S:  # 1e308 s overflowed the step to inf, then "no fit"
+        raise ConfigError(f"{path}: field time_s: expected a layer's seconds ≤ {MAX_MEASURED_S:.0f}; got {longest:.3g}")
     activation = np.array(values.get("activation_bytes", [0.0] * len(names)))
     return (
         LayerCosts.of(

@@ -158,7 +158,7 @@ def exact_candidates(
         raise ValueError(f"stages must be in 1..{L} (the number of layers); got {stages}")
     found = _slice_on([_Priced.of(costs, memory_bytes, stage_bytes)], [0] * stages, microbatches, slack)
     if not found:
-        raise ValueError(f"no slicing into {stages} stages fits {memory_bytes:.3g} bytes per stage")
+        raise ValueError(f"no slicing into {stages} stages fits {_per_stage_gib(memory_bytes)}")
     return found
 
 
@@ -177,8 +177,13 @@ def stage_candidates(
     devices = [_Priced.of(c, memory_bytes, stage_bytes) for c in per_stage]
     found = _slice_on(devices, list(range(stages)), microbatches, slack)
     if not found:
-        raise ValueError(f"no slicing into {stages} stages fits {memory_bytes:.3g} bytes per stage")
+        raise ValueError(f"no slicing into {stages} stages fits {_per_stage_gib(memory_bytes)}")
     return found
+
+
+def _per_stage_gib(memory_bytes: float) -> str:
+    """A stage's memory limit as the errors say it: in GiB, as --memory-gib and the GPUs' memory are given."""
+    return f"{memory_bytes / 2**30:.4g} GiB per stage"
 
 
 @dataclass(frozen=True)
@@ -299,7 +304,7 @@ def slice_best_stages(costs: LayerCosts, microbatches: int, max_stages: int, mem
     return best_stage_count(
         lambda k: slice_exact(costs, k, microbatches, memory_bytes),
         min(max_stages, costs.num_layers),
-        f"{memory_bytes:.3g} bytes per stage",
+        _per_stage_gib(memory_bytes),
     )
 
 
