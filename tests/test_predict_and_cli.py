@@ -125,3 +125,8 @@ def test_compare_gives_the_difference_per_breakdown_part(tmp_path):
     pb = predict(Job.load(b)).step_time_s
     assert data["step_time_s"] == {"a": pa, "b": pb, "b_minus_a": pb - pa}
     assert data["breakdown.compute_s"]["b_minus_a"] > 0  # full recompute runs the forward again
+    assert "different" not in out.output  # one model on one system: two plans of one job
+    c = tmp_path / "c.yaml"
+    c.write_text("model: gpt3-2.7b\nsystem: dgx-a100\nplan: {tensor_parallel: 2}\n")
+    said = " ".join(CliRunner().invoke(app, ["compare", str(a), str(c)]).output.split())
+    assert "A and B are different models gpt3-1.3b and gpt3-2.7b and systems dgx-h100 and dgx-a100" in said

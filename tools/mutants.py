@@ -2313,7 +2313,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("search/layer_costs.py", "if twice := sorted(n for n, k in Counter(names).items() if k > 1):", "if twice := []:",
       "a layer given twice in --layer-times sliced as two layers", _t("stage_slicing")),
     M("search/stage_slicing.py", 'return f"{memory_bytes / 2**30:.4g} GiB per stage"',
-      'return f"{memory_bytes:.4g} GiB per stage"', "a stage's memory limit said in bytes as GiB", _t("stage_slicing")),
+      'return f"{memory_bytes:.4g} GiB per stage"', "a stage's memory limit said in bytes as GiB",
+      _t("stage_slicing")),
+    M("cli/predict_cmds.py", "if differ := [f\"{what} {x} and {y}\" for what, x, y in pairs if x != y]:",
+      "if differ := []:",
+      "compare of two models' jobs read as two plans of one, without a word", _t("predict_and_cli")),
 )
 # fmt: on
 

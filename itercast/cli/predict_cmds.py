@@ -217,6 +217,9 @@ def compare_cmd(
         else:
             a, b = (load_workload(path, set_ or []) for path in (job_a, job_b))
             same_kind(a, b, f"{job_a} and {job_b}")
+            pairs = (("models", a.name, b.name), ("systems", a.job.system.name, b.job.system.name))
+            if differ := [f"{what} {x} and {y}" for what, x, y in pairs if x != y]:
+                warn(f"A and B are different {' and '.join(differ)}: B − A is two jobs' difference, not one plan's")
             cal_a, cal_b = (calibration_curves(calibration, w.job.system) for w in (a, b))
             res_a, res_b = a.predict(cal_a), b.predict(cal_b)
             fig_a, fig_b = compare_figures(a, res_a), compare_figures(b, res_b)
