@@ -297,6 +297,18 @@ def cases() -> list[Case]:
             "n.txt: measurement all_reduce size 134217728.0: expected 0 < time_s ≤ 3600 s",
         ),
         Case(
+            "calibrate of a missing database, without --out (it once said 'nothing to do')",
+            {},
+            ["calibrate", "{dir}/none.db", "--system", "dgx-h100"],
+            "none.db: no such profiling database",
+        ),
+        Case(
+            "a table of measurements given to calibrate",
+            {"t.csv": b"op,time_s\ndot,0.1\n"},
+            ["calibrate", "{dir}/t.csv", "--system", "dgx-h100", "--out", "{dir}/c.json"],
+            "becomes one with `itercast profile import KIND FILE --db DB`",
+        ),
+        Case(
             "a truncated JSON imported as a table",
             {"t.json": b"[1,2"},
             ["profile", "import", "xla-matmul", "{dir}/t.json", "--db", "{dir}/p.db"],

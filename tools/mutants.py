@@ -2318,6 +2318,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/predict_cmds.py", "if differ := [f\"{what} {x} and {y}\" for what, x, y in pairs if x != y]:",
       "if differ := []:",
       "compare of two models' jobs read as two plans of one, without a word", _t("predict_and_cli")),
+    M("cli/calibration_cmds.py", "if db is not None and not db.is_file():", "if False:",
+      "calibrate of a missing database told 'nothing to do'", _t("hostile_inputs")),
 )
 # fmt: on
 

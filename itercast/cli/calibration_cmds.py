@@ -222,6 +222,8 @@ def calibrate_cmd(
     try:
         if db is None and not host_trace:
             raise CalibrationError("give a profiling database, or --host-trace, or both")
+        if db is not None and not db.is_file():  # said first: a missing file is the first thing to fix
+            raise CalibrationError(f"{db}: no such profiling database")
         if db is not None and out is None and not report and not host_trace:
             raise CalibrationError(f"{db}: nothing to do; give --out FILE (the calibration) or --report (its fit)")
         doc: dict = {}

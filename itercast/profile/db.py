@@ -123,7 +123,10 @@ class ProfileDB:
                 _while_locked(lambda: self.conn.execute("PRAGMA journal_mode=WAL"))
                 _while_locked(self._init_schema)
         except sqlite3.DatabaseError as exc:
-            raise ProfileError(f"{self.path}: not a profiling database ({exc})") from None
+            raise ProfileError(
+                f"{self.path}: not a profiling database ({exc}); a table of measurements (Alpa's, nccl-tests', XLA's) "
+                "becomes one with `itercast profile import KIND FILE --db DB`"
+            ) from None
 
     def _write(self, sql_and_args: list[tuple[str, Any]]) -> None:
         """Statements in one immediate transaction (other writers wait up to BUSY_S seconds)."""
