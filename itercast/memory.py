@@ -60,7 +60,7 @@ import numpy as np
 from itercast.config.deepep_buffer import DEEPEP_EP_SIZES, deepep_buffer_bytes
 from itercast.config.job import Job
 from itercast.config.model import ModelConfig
-from itercast.config.plan import PlanConfig, pipelined_fsdp2, whole_fp32_sums
+from itercast.config.plan import BF16_OPTIMIZER_ACCUMULATIONS, PlanConfig, pipelined_fsdp2, whole_fp32_sums
 from itercast.config.system import GPUSpec, SystemConfig
 from itercast.parallel.plan_table import RECOMPUTE, PlanTable
 from itercast.parallel.schedules import in_flight_microbatches
@@ -477,7 +477,7 @@ def state_bytes_per_param(
     w_b, g_b = base.stored_weight_bytes, 4 if base.dtype == "fp32" else base.grad_bytes
     if base.grad_accumulation == "autograd":  # param.grad, in the dtype autograd writes it
         g_b = base.dtype_bytes
-    elif base.grad_accumulation in ("fp32_copy_add", "fp32_copy_add_zeroed"):  # fp32 sums beside autograd's .grad
+    elif base.grad_accumulation in BF16_OPTIMIZER_ACCUMULATIONS:  # fp32 sums beside autograd's .grad
         g_b = 4 + base.dtype_bytes
     o_b = base.optimizer_state_bytes
     z = np.asarray(zero)

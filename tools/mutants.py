@@ -2284,7 +2284,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("workloads/transformer_ops.py", '"fp32_copy_add_zeroed": (e + 3 * e + e + 4 + 4 + 4 + 4, 4),',
       '"fp32_copy_add_zeroed": (e + 4 + 4 + 4 + 4, 2),',
       "DeepSpeed 0.12.6's zeroing of each .grad and autograd's add into it left out", _t("grad_accumulation")),
-    M("memory.py", 'elif base.grad_accumulation in ("fp32_copy_add", "fp32_copy_add_zeroed"):',
+    M("memory.py", "elif base.grad_accumulation in BF16_OPTIMIZER_ACCUMULATIONS:",
       'elif base.grad_accumulation == "fp32_copy_add":',
       "DeepSpeed 0.12.6's BF16_Optimizer's fp32 sums left out of its memory", _t("grad_accumulation")),
     M("traces/whatif.py", 'if whatif.scale.get("nccl") == 0 and retiming:', "if False:",

@@ -46,6 +46,10 @@ EAGER_POINTWISE = ("eager", "eager_fused_norm")
 TORCH_DDP_BUCKET_BYTES = 25 * 2**20
 
 
+#: the grad_accumulation modes of DeepSpeed's BF16_Optimizer: fp32 sums beside the 16-bit .grad autograd writes
+BF16_OPTIMIZER_ACCUMULATIONS = ("fp32_copy_add", "fp32_copy_add_zeroed")
+
+
 def whole_fp32_sums(grad_accumulation: str, pp: Any, zero: Any) -> Any:
     """Whether FSDP2 sums the micro-batches' gradients in whole fp32 tensors before one reduce-scatter (bool, or
     an array over `pp` and `zero`): under grad_accumulation fp32_add, and fsdp2 with pipelining (pp > 1) and FSDP
@@ -736,7 +740,7 @@ class PlanConfig(BaseModel):
                 "plan.main_params: fp32 training updates its fp32 weights, with no copy beside them (expected fp32 "
                 f"or fp32_weights); got {self.main_params}"
             )
-        if self.grad_accumulation in ("fp32_copy_add", "fp32_copy_add_zeroed", "fp32_add") and self.dtype == "fp32":
+        if self.grad_accumulation in (*BF16_OPTIMIZER_ACCUMULATIONS, "fp32_add") and self.dtype == "fp32":
             raise ValueError(
                 f"plan.grad_accumulation: {self.grad_accumulation} adds 16-bit gradients into an fp32 buffer, so it "
                 "needs 16-bit training (dtype bf16, fp16 or fp8); got dtype fp32 (its gradients are fp32: autograd "

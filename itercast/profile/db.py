@@ -197,7 +197,10 @@ class ProfileDB:
         `source_key` (a source file's digest, see `file_key`) was imported before."""
         rows = list(rows)
         for r in rows:
-            r.check()
+            try:
+                r.check()
+            except ProfileError as exc:  # an imported row names its file (Measurement.source)
+                raise ProfileError(f"{r.source}: {exc}" if r.source else str(exc)) from None
         values = [
             (
                 device_id,

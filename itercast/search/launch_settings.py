@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from itercast.config.model import ModelConfig
-from itercast.config.plan import DEEPSPEED_MOE_DISPATCHERS
+from itercast.config.plan import BF16_OPTIMIZER_ACCUMULATIONS, DEEPSPEED_MOE_DISPATCHERS
 from itercast.search.frameworks import DEEPSPEED_BUCKET_PARAMS
 
 
@@ -444,7 +444,7 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
     elif p["dtype"] == "fp16":
         config["fp16"] = {"enabled": True}
     # runtime/engine.py: bf16 with fp32 accumulation runs BF16_Optimizer (zeroed: v0.12.6-v0.14.1's)
-    if p.get("grad_accumulation") in ("fp32_copy_add", "fp32_copy_add_zeroed"):
+    if p.get("grad_accumulation") in BF16_OPTIMIZER_ACCUMULATIONS:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     if p["recompute"] == "full":
         config["activation_checkpointing"] = {"partition_activations": p["tensor_parallel"] > 1}

@@ -23,7 +23,7 @@ from typing import Any
 import ijson
 import numpy as np
 
-from itercast.traces.kineto import RankTrace, TraceError, _HeadTailReader, _open, _top_level_value
+from itercast.traces.kineto import RankTrace, TraceError, _HeadTailReader, _open, _top_level_value, integer_or_none
 
 
 @dataclass(frozen=True)
@@ -92,14 +92,13 @@ def read_execution_trace(path: str | Path) -> ExecutionTrace:
         ) from None
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceError(f"{path}: node {len(nodes)}: expected fields id, name and inputs/outputs ({exc})") from None
-    schema = _top_level_value(tap.edges(), "schema")
+    edges = tap.edges()  # the file's head and tail, where its top-level fields are
+    schema = _top_level_value(edges, "schema")
     if schema is None:
         raise TraceError(f"{path}: not a PyTorch execution trace (no `schema` and `nodes`)")
     if not nodes:
         raise TraceError(f"{path}: `nodes`: expected the operators of a traced step; got none")
-    pid = _top_level_value(tap.edges(), "pid")
-    pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-    return ExecutionTrace(str(path), str(schema), nodes, pid)
+    return ExecutionTrace(str(path), str(schema), nodes, integer_or_none(_top_level_value(edges, "pid")))
 
 
 def other_process_note(et: ExecutionTrace, kineto: RankTrace) -> str | None:

@@ -284,7 +284,7 @@ def _take(e: dict[str, Any], c: _Columns) -> None:
             _time(e, "dur", 0.0),
             int(args.get("Record function id", -1)),
         )
-        if isinstance(pid := e.get("pid"), int):  # a list or an object would not hash
+        if (pid := integer_or_none(e.get("pid"))) is not None:  # a list or an object would not hash
             c.cpu_pids[pid] += 1
         dims = args.get("Input Dims")
         text = json.dumps(dims, separators=(",", ":"))[:MAX_NAME_CHARS] if dims is not None else ""
@@ -343,14 +343,13 @@ def _finish(path: Path, c: _Columns, base_us: float, info: dict[str, Any]) -> Ra
         comm_dur_us=gloo("dur"),
         ignored=c.ignored,
         num_events=c.count,
-        host_pid=_process_id(c.cpu_pids),
+        host_pid=c.cpu_pids.most_common(1)[0][0] if c.cpu_pids else None,  # the process of the most operators
     )
 
 
-def _process_id(pids: Counter) -> int | None:
-    """The process that ran the most CPU operators (Kineto's integer `pid`s); None where none has one."""
-    pid = pids.most_common(1)[0][0] if pids else None
-    return None if isinstance(pid, bool) else pid
+def integer_or_none(value: Any) -> int | None:
+    """`value` where it is an integer (a process id), else None (not a bool, float, string, list)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _unique_steps(
