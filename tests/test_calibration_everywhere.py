@@ -83,8 +83,10 @@ def test_a_dlrm_search_prices_its_shardings_with_the_calibration(tmp_path: Path)
     search = ["search", *job, "--top", "1", "--batches", "4096"]
     plain = _json(search)["plans"][0]["step_time_s"]
     found = _json([*search, "--calibration", str(path)])["plans"][0]["step_time_s"]
-    shard = _json(["shard", *job, "--batch-per-rank", "4096", "--calibration", str(path)])["plans"][0]["step_time_s"]
+    sharded = _json(["shard", *job, "--batch-per-rank", "4096", "--calibration", str(path)])
+    shard = sharded["plans"][0]["step_time_s"]
     assert found == pytest.approx(shard, rel=1e-12)
+    assert (sharded["model"], sharded["system"]) == ("dlrm-small", "dgx-a100")  # what compare checks
     assert found > 3 * plain
 
 

@@ -85,6 +85,7 @@ def test_search_and_replay_results_become_reports(tmp_path: Path):
     page = (tmp_path / "s.html").read_text()
     plans = json.loads((tmp_path / "search.json").read_text())["plans"]
     assert page.count("<tr>") == 1 + len(plans) and f"{plans[0]['step_time_s']:.3f}" in page
+    assert "search.json: gpt3-1.3b on dgx-h100: " in page  # the saved search names its job
     replayed = {
         "steps": [{"rank": 0, "step": 1, "measured_s": 0.2, "replayed_s": 0.21, "error": 0.05, "bound": "host"}],
         "critical_path": [{"rank": 0, "family": "gemm", "start_s": 0.0, "end_s": 0.1, "tasks": 3}],
@@ -97,6 +98,54 @@ def test_search_and_replay_results_become_reports(tmp_path: Path):
     page = (tmp_path / "r.html").read_text()
     assert "<td>+5.00%</td>" in page and "Critical path by kernel class" in page
     assert "what-if" not in page  # no what-if was run
+
+
+def _saved_search(model: str, system: str, plan: dict, **row: object) -> dict:
+    """A saved `search --json` of one plan, written by hand: a 4 × 2 × 1 × 1 plan of 8 GPUs."""
+    sizes = {"data_parallel": 4, "tensor_parallel": 2, "pipeline_parallel": 1, "context_parallel": 1}
+    base = sizes | {"virtual_pipeline": 1, "global_batch_size": 64, "micro_batch_size": 2, "schedule": "1f1b"}
+    base |= {"recompute": "none", "sequence_parallel": True, "overlap_grad_reduce": True, "overlap_param_gather": False}
+    plan = base | plan
+    figures = {"step_time_s": 0.5, "fast_step_time_s": 0.49, "memory_per_gpu_bytes": 3 * 2**30}
+    figures |= {"tokens_per_s": 262144.0, "gpu_hours_per_token": 8.5e-9, "mfu": 0.4, "fits": True}
+    parts = {"compute_s": 0.4, "exposed_comm_s": 0.05, "bubble_s": 0.0, "host_overhead_s": 0.05, "idle_s": 0.0}
+    one = {"plan": plan, "num_gpus": 8, "breakdown": parts} | figures | row
+    return {"model": model, "system": system, "model_is_moe": "expert_parallel" in plan, "plans": [one]}
+
+
+def test_a_saved_search_reports_the_columns_the_terminal_shows(tmp_path: Path):
+    """The report of a saved search once showed 9 of the terminal's columns: plans that differ in their
+    ZeRO shards or overlaps only looked alike. Its row is the terminal's (search_cmds.plan_rows), by hand."""
+    doc = _saved_search("gpt3-1.3b", "dgx-h100", {"zero_stage": 1, "zero_shard_ranks": 2})
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    code, text = run("report", "--result", str(tmp_path / "s.json"), "-o", str(tmp_path / "s.html"))
+    assert code == 0, text
+    page = (tmp_path / "s.html").read_text()
+    assert "s.json: gpt3-1.3b on dgx-h100: " in page
+    row = "<td>1</td><td>8</td><td>4×2×1×1</td><td>1</td><td>64</td><td>2</td><td>1f1b</td><td>1 in 2</td><td>none</td>"
+    row += "<td>y</td><td>g-</td><td>0.500</td><td>262,144</td><td>0.0085</td><td>40.0%</td><td>3.0</td>"
+    assert row in page and "<th>ep×etp</th>" not in page
+    experts = {"expert_parallel": 4, "expert_tensor_parallel": 1}
+    moe = _saved_search("moe-tiny", "dgx-h100", {"zero_stage": 0, "overlap_param_gather": True} | experts)
+    (tmp_path / "m.json").write_text(json.dumps(moe))
+    code, text = run("report", "--result", str(tmp_path / "m.json"), "-o", str(tmp_path / "m.html"))
+    page = (tmp_path / "m.html").read_text()
+    assert code == 0 and "<th>ep×etp</th>" in page and "<td>4×2×1×1</td><td>4×1</td>" in page
+    assert "<td>0</td><td>none</td><td>y</td><td>gp</td>" in page
+
+
+def test_compare_of_saved_searches_says_when_their_models_differ(tmp_path: Path):
+    """Saved searches named no model, so compare set a 1.3B model's plan against a 2.7B's without a word."""
+    jobs = (("a", "gpt3-1.3b", "dgx-h100"), ("b", "gpt3-2.7b", "dgx-h100"), ("c", "gpt3-1.3b", "x"))
+    for name, model, system in jobs:
+        (tmp_path / f"{name}.json").write_text(json.dumps(_saved_search(model, system, {"zero_stage": 1})))
+    code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    said = " ".join(text.split())
+    assert code == 0 and "A and B are different models gpt3-1.3b and gpt3-2.7b: B − A is two jobs'" in said
+    code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "c.json"))
+    assert code == 0 and "different systems dgx-h100 and x" in " ".join(text.split()) and "models" not in text
+    code, text = run("compare", str(tmp_path / "a.json"), str(tmp_path / "a.json"))
+    assert code == 0 and "different" not in text
 
 
 def test_a_replays_what_if_is_in_its_report(tmp_path: Path):
@@ -123,6 +172,8 @@ def test_a_replays_what_if_is_in_its_report(tmp_path: Path):
         ("{not json", "not JSON"),
         ('{"other": 1}', "expected the JSON of `itercast search --json`"),
         ('{"plans": [{"plan": {}}]}', "plans[0]: missing field num_gpus"),
+        (json.dumps(_saved_search("m", "s", {"zero_stage": 1}, mfu=None)), "expected numbers in plans[0].mfu"),
+        (json.dumps(_saved_search("m", "s", {})), "plans[0].plan: missing field zero_stage"),
         ('{"steps": [{"rank": 0}]}', "steps[0]: missing field step, measured_s, replayed_s"),
     ],
 )

@@ -2320,6 +2320,14 @@ MUTANTS: tuple[Mutant, ...] = (
       "compare of two models' jobs read as two plans of one, without a word", _t("predict_and_cli")),
     M("cli/calibration_cmds.py", "if db is not None and not db.is_file():", "if False:",
       "calibrate of a missing database told 'nothing to do'", _t("hostile_inputs")),
+    M("cli/report_cmds.py", 'identity = {k: v for k, v in doc.items() if k in ("model", "system") and isinstance(v, str)}',
+      "identity: dict[str, str] = {}", "compare of two saved searches of two models without a word", _t("report")),
+    M("cli/search_cmds.py", 'doc = {"model": request.model.name, "system": request.system.name, "model_is_moe"',
+      'doc = {"system": request.system.name, "model_is_moe"', "a saved search that names no model", _t("report")),
+    M("cli/report_cmds.py", "headers, rows = plan_rows(plans, moe)", "headers, rows = plan_rows(plans, False)",
+      "an MoE search's report without its expert sizes", _t("report")),
+    M("cli/shard_cmds.py", '"model": dlrm.name,', "", "a saved sharding that names no model",
+      _t("calibration_everywhere")),
 )
 # fmt: on
 

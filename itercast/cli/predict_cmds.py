@@ -155,6 +155,16 @@ def predict_cmd(
             raise typer.Exit(EXIT_OOM)
 
 
+def different_jobs_note(a: dict[str, str], b: dict[str, str]) -> str | None:
+    """What `compare` says when A and B name different models or systems (`{"model": …, "system": …}`; a
+    saved result that names neither, as results saved before they did, is not checked): B − A is then two
+    jobs' difference, not one plan's."""
+    pairs = [(f"{key}s", a[key], b[key]) for key in ("model", "system") if key in a and key in b]
+    if differ := [f"{what} {x} and {y}" for what, x, y in pairs if x != y]:
+        return f"A and B are different {' and '.join(differ)}: B − A is two jobs' difference, not one plan's"
+    return None
+
+
 def print_forecast(w: TransformerWorkload | DLRMWorkload, r: Forecast, trace: Path | None) -> None:
     """The headline, the summary, the breakdown of the rank that finishes last and memory per GPU."""
     console.print(w.headline(), highlight=False, markup=False)
@@ -205,9 +215,11 @@ def compare_cmd(
                 raise ConfigError(
                     f"{option} applies to two jobs; saved results carry the plans and prices they were made with"
                 )
-            (kind_a, fig_a), (kind_b, fig_b) = result_figures(job_a), result_figures(job_b)
+            (kind_a, fig_a, id_a), (kind_b, fig_b, id_b) = result_figures(job_a), result_figures(job_b)
             if kind_a != kind_b:
                 raise ConfigError(f"{job_a} is a {kind_a} result and {job_b} a {kind_b} result: compare like with like")
+            if note := different_jobs_note(id_a, id_b):
+                warn(note)
             work_a, work_b = work_per_step(fig_a), work_per_step(fig_b)
             if work_a and work_b and abs(work_b[0] / work_a[0] - 1) > 1e-3:
                 warn(
@@ -217,9 +229,9 @@ def compare_cmd(
         else:
             a, b = (load_workload(path, set_ or []) for path in (job_a, job_b))
             same_kind(a, b, f"{job_a} and {job_b}")
-            pairs = (("models", a.name, b.name), ("systems", a.job.system.name, b.job.system.name))
-            if differ := [f"{what} {x} and {y}" for what, x, y in pairs if x != y]:
-                warn(f"A and B are different {' and '.join(differ)}: B − A is two jobs' difference, not one plan's")
+            ids = [{"model": w.name, "system": w.job.system.name} for w in (a, b)]
+            if note := different_jobs_note(*ids):
+                warn(note)
             cal_a, cal_b = (calibration_curves(calibration, w.job.system) for w in (a, b))
             res_a, res_b = a.predict(cal_a), b.predict(cal_b)
             fig_a, fig_b = compare_figures(a, res_a), compare_figures(b, res_b)

@@ -117,10 +117,12 @@ def read_result(path: Path) -> tuple[str, dict[str, Any]]:
     )
 
 
-def result_figures(path: Path) -> tuple[str, dict[str, float]]:
+def result_figures(path: Path) -> tuple[str, dict[str, float], dict[str, str]]:
     """The figures `itercast compare` sets side by side for a saved result: a search's fastest plan,
-    a replay's span, its what-if's span and breakdown (where it ran one) and mean step."""
+    a replay's span, its what-if's span and breakdown (where it ran one) and mean step; and what the result
+    names of its job (`result_identity`: its model and system, where it says)."""
     kind, doc = read_result(path)
+    identity = {k: v for k, v in doc.items() if k in ("model", "system") and isinstance(v, str)}
     if kind == "search":
         need = ("step_time_s", "tokens_per_s", "mfu", "memory_per_gpu_bytes", "breakdown")
         best = _fields(path, "plans[0]", doc["plans"][0], need)
@@ -133,7 +135,7 @@ def result_figures(path: Path) -> tuple[str, dict[str, float]]:
             figures["samples_per_step"] = doc["world_size"] * doc["batch_per_rank"]
         breakdown_doc = best.get("breakdown")
         if breakdown_doc is None:
-            return kind, _numbers(path, figures)
+            return kind, _numbers(path, figures), identity
     else:
         steps = [_fields(path, f"steps[{i}]", s, ("measured_s", "replayed_s")) for i, s in enumerate(doc["steps"])]
         row = _fields(path, "the result", doc, ("replayed_span_s", "breakdown"))
@@ -149,7 +151,7 @@ def result_figures(path: Path) -> tuple[str, dict[str, float]]:
             figures |= {f"whatif_breakdown.{k}": moved[k] for k in rep.PARTS}
     parts = _fields(path, "breakdown", breakdown_doc, tuple(rep.PARTS))
     figures |= {f"breakdown.{k}": parts[k] for k in rep.PARTS}
-    return kind, _numbers(path, figures)
+    return kind, _numbers(path, figures), identity
 
 
 def work_per_step(figures: dict[str, float]) -> tuple[float, str] | None:
@@ -187,46 +189,32 @@ def _fields(path: Path, where: str, item: Any, names: tuple[str, ...]) -> dict[s
 
 
 def _search_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[rep.Section]]:
-    need = (
-        "plan",
-        "num_gpus",
-        "step_time_s",
-        "fast_step_time_s",
-        "memory_per_gpu_bytes",
-        "tokens_per_s",
-        "mfu",
-        "fits",
-    )
+    """A transformer's saved `search --json`: its plans in the terminal's columns (search_cmds.plan_rows),
+    every field they need named where missing, and its time × memory front."""
+    from itercast.cli.search_cmds import plan_rows
+
+    moe = doc.get("model_is_moe") is True
+    numbers = ("step_time_s", "fast_step_time_s", "memory_per_gpu_bytes", "tokens_per_s", "gpu_hours_per_token", "mfu")
+    need = ("plan", "num_gpus", *numbers, "fits")
+    need_plan: tuple[str, ...] = ("data_parallel", "tensor_parallel", "pipeline_parallel", "context_parallel")
+    need_plan += ("virtual_pipeline", "global_batch_size", "micro_batch_size", "schedule", "zero_stage", "recompute")
+    need_plan += ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather")
+    need_plan += ("expert_parallel", "expert_tensor_parallel") * moe
     plans = [_fields(path, f"plans[{i}]", p, need) for i, p in enumerate(doc["plans"])]
-    if not plans:
-        raise ConfigError(f"{path}: `plans` is empty")
+    sampled = "distribution" in plans[0]
+    for i, r in enumerate(plans):
+        _fields(path, f"plans[{i}].plan", r["plan"], need_plan)
+        _numbers(path, {f"plans[{i}].{k}": r[k] for k in numbers})
+        if sampled:
+            _fields(path, f"plans[{i}]", r, ("distribution", "deterministic_rank"))
+            if r["distribution"]:
+                d = _fields(path, f"plans[{i}].distribution", r["distribution"], ("p50_s", "p95_s", "p99_s", "mean_s"))
+                _numbers(path, {f"plans[{i}].distribution.{k}": v for k, v in d.items()})
     front = [
         _fields(path, f"pareto_time_memory[{i}]", p, ("fast_step_time_s", "memory_per_gpu_bytes"))
         for i, p in enumerate(doc.get("pareto_time_memory", []))
     ]
-    rows = []
-    for i, r in enumerate(plans, 1):
-        p = _fields(path, f"plans[{i - 1}].plan", r["plan"], ("data_parallel", "tensor_parallel", "pipeline_parallel"))
-        sizes = f"{p['data_parallel']}×{p['tensor_parallel']}×{p['pipeline_parallel']}×{p.get('context_parallel', 1)}"
-        rows.append(
-            (
-                i,
-                r["num_gpus"],
-                sizes,
-                p.get("expert_parallel", 1),
-                p.get("virtual_pipeline", 1),
-                p.get("micro_batch_size", ""),
-                p.get("schedule", ""),
-                p.get("zero_stage", ""),
-                p.get("recompute", ""),
-                f"{r['step_time_s']:.3f}",
-                f"{r['tokens_per_s']:,.0f}",
-                f"{r['mfu']:.1%}",
-                f"{r['memory_per_gpu_bytes'] / 2**30:.1f}" + ("" if r["fits"] else " OOM"),
-            )
-        )
-    headers = ["#", "GPUs", "dp×tp×pp×cp", "ep", "vp", "mbs", "schedule", "ZeRO", "recompute", "s/step"]
-    headers += ["tokens/s", "MFU", "GiB"]
+    headers, rows = plan_rows(plans, moe)
     counts = ", ".join(
         f"{doc[k]:,} {label}"
         for k, label in (("evaluated", "plans generated"), ("valid", "valid"), ("fitting", "fit"))
@@ -239,7 +227,13 @@ def _search_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[re
         rep.Section(f"{ranked.capitalize()} plans (graph simulation)", rep.table_html(headers, rows)),
         rep.Section("Step time against memory per GPU", rep.pareto_svg(plans, front or plans[:1])),
     ]
-    return f"itercast search: the {ranked} plans", f"{path.name}: {counts}", sections
+    return f"itercast search: the {ranked} plans", f"{path.name}: {_job_named(doc)}{counts}", sections
+
+
+def _job_named(doc: dict[str, Any]) -> str:
+    """The 'MODEL on SYSTEM: ' of a saved result that names them; '' for results saved before they did."""
+    model, system = doc.get("model"), doc.get("system")
+    return f"{model} on {system}: " if isinstance(model, str) and isinstance(system, str) else ""
 
 
 def _sharding_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[rep.Section]]:
@@ -265,6 +259,7 @@ def _sharding_sections(path: Path, doc: dict[str, Any]) -> tuple[str, str, list[
         )
     headers = ["#", "batch per GPU", "ms/step", "samples/s", "GiB", "tables: strategy, ranks"]
     subtitle = f"{path.name}: {doc.get('model', 'DLRM')} on {doc.get('world_size', '?')} GPUs"
+    subtitle += f" ({doc['system']})" if isinstance(doc.get("system"), str) else ""
     if isinstance(doc.get("evaluated"), int):
         subtitle += f", {doc['evaluated']:,} shardings priced"
     return (

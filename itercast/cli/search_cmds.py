@@ -302,7 +302,8 @@ def search_cmd(
         warn(note)
     settings = framework_settings(raw["plan"], framework, request.model)
     if fmt == "json":
-        doc = result.to_dict()
+        doc = {"model": request.model.name, "system": request.system.name, "model_is_moe": request.model.is_moe}
+        doc |= result.to_dict()
         doc["framework_settings"] = {k: {"search": v, "predict": d} for k, (v, d) in settings.items()}
         doc["checked_runs"] = checked_runs_json(plan_job(request, result.plans[0])) if result.plans else []
         if sampling is not None:
@@ -316,7 +317,7 @@ def search_cmd(
             }
         echo_json(doc)
     elif fmt == "csv":
-        show_table(*_plan_rows(result, request), "csv")
+        show_table(*plan_rows(result.plans, request.model.is_moe), "csv")
     else:
         if len(settings) <= 3:
             fields = ", ".join(f"plan.{k}={v} (predict's default: {d})" for k, (v, d) in settings.items())
@@ -394,7 +395,8 @@ def _search_dlrm(
             *run_level_notes(sampling.model, sampling.across_runs, f"the sampled steps ranked by {objective}"),
         ]
     if fmt == "json":
-        doc: dict[str, Any] = {"model": w.name, "world_size": w.num_gpus, "evaluated": evaluated, "plans": plans}
+        doc: dict[str, Any] = {"model": w.name, "system": w.job.system.name, "world_size": w.num_gpus}
+        doc |= {"evaluated": evaluated, "plans": plans}
         doc["notes"] = notes
         if sampling is not None:
             doc["distribution"] = {
@@ -621,16 +623,16 @@ def _progress(total: int, quiet: bool, what: str = "searching node counts") -> I
         yield lambda done, _total: bar.update(task, completed=done)
 
 
-def _plan_rows(result: SearchResult, request: SearchRequest) -> tuple[list[str], list[list[str]]]:
-    """The plans shown: headers and one row each."""
-    moe = request.model.is_moe
+def plan_rows(plans: list[dict[str, Any]], moe: bool) -> tuple[list[str], list[list[str]]]:
+    """The plans shown (SearchResult.plans, or a saved result's `plans`; an MoE model's with their expert
+    sizes): headers and one row each, the terminal's, --csv's and the HTML report's alike."""
     headers = ["#", "GPUs", "dp×tp×pp×cp", *(["ep×etp"] if moe else []), "vp", "gbs", "mbs", "sched", "ZeRO"]
     headers += ["recomp", "SP", "ovl", "s/step", "tok/s", "GPU-h/Mtok", "MFU", "GiB"]
-    sampled = result.plans and "distribution" in result.plans[0]
+    sampled = plans and "distribution" in plans[0]
     if sampled:  # a distribution objective: the sampled figures and the deterministic rank
         headers += ["p50 s", "p95 s", "p99 s", "mean s", "det #"]
     rows = []
-    for i, r in enumerate(result.plans, 1):
+    for i, r in enumerate(plans, 1):
         p = r["plan"]
         sizes = f"{p['data_parallel']}×{p['tensor_parallel']}×{p['pipeline_parallel']}×{p['context_parallel']}"
         rows.append(
@@ -672,7 +674,7 @@ def _print(result: SearchResult, request: SearchRequest, notes: list[str]) -> No
     )
     title = f"{ranked_as(request.objective)} {len(result.plans)}: graph simulation (fast path within "
     title += f"{result.fast_vs_graph_max:.1%})"
-    show_table(*_plan_rows(result, request), "table", title)
+    show_table(*plan_rows(result.plans, request.model.is_moe), "table", title)
     console.print(f"{result.framework}; {result.headroom}; priced with {result.priced_with}", highlight=False)
     if result.ranking_note:
         console.print(result.ranking_note, highlight=False)

@@ -77,6 +77,8 @@ def shard_cmd(
         model, system, nodes, set_, calibration, indices, sharding, batch_per_rank, as_json
     )
     out: dict[str, Any] = {
+        "model": dlrm.name,
+        "system": sys_cfg.name,
         "plans": [_plan_dict(plan, step, batch_per_rank * sys_cfg.num_gpus) for plan, step in result.plans[:top]],
         "world_size": sys_cfg.num_gpus,
         "batch_per_rank": batch_per_rank,
