@@ -47,6 +47,7 @@ def test_every_part_writes_its_files_and_the_readme_describes_them(dry_run: Path
         "memory.csv",
         "step_times.csv",
         "step_times_clocks.csv",
+        "launch_blocking.csv",
         "embedding_bag.csv",
         "dlrm_steps.csv",
     }
@@ -94,6 +95,19 @@ def test_traces_hold_the_three_active_steps_and_the_what_ifs_their_shapes(dry_ru
         events = json.loads(gzip.decompress((dry_run / row["trace"]).read_bytes()))["traceEvents"]
         steps = sorted({e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")})
         assert len(steps) == 3, (name, steps)  # schedule(wait=1, warmup=2, active=3)
+
+
+def test_launch_blocking_runs_each_configuration_in_both_modes(dry_run: Path) -> None:
+    """Each (configuration, mode) a child process with CUDA_LAUNCH_BLOCKING set: the chain's 1,000 adds counted
+    by construction, the step of the dry model (2 layers, hidden 64) at batch 1 with its kernels counted by the
+    profiler, which a CPU has none of."""
+    rows = read_rows(dry_run / "launch_blocking.csv")
+    assert [(r["config"], r["cuda_launch_blocking"]) for r in rows] == [
+        ("chain", "0"), ("chain", "1"), ("step_batch1", "0"), ("step_batch1", "1")
+    ]  # fmt: skip
+    assert all(r["status"] == "ok" and float(r["median_ms"]) > 0 and r["reps"] == "3" for r in rows)
+    assert [r["ops"] for r in rows] == ["1000", "1000", "", ""]
+    assert {(r["layers"], r["hidden"], r["batch"]) for r in rows[2:]} == {("2", "64", "1")}
 
 
 def test_step_distribution_has_one_row_per_step(dry_run: Path) -> None:

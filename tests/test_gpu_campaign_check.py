@@ -121,3 +121,23 @@ def test_campaign_budgets_parse_and_refuse_what_is_not_a_part_or_a_positive_time
         tool.parse_budgets("gemm=x")
     with pytest.raises(ValueError, match="seconds > 0 in 'gemm=0'"):
         tool.parse_budgets("gemm=0")
+
+
+def test_launch_blocking_rows_by_hand():
+    """The chain: 1,000 adds in 10 ms async, 30 ms blocking: 20 µs added a kernel; a configuration run in one
+    mode only, or failed in one, is left out; the step's ratio is predict's of its job with and without
+    plan.cuda_launch_blocking, above 1 (every launch's host time added to its kernel)."""
+    step = dict(layers="2", hidden="256", heads="4", kv_heads="2", ffn="512", vocab="1024", seq="128", batch="1")
+    blank = dict.fromkeys(step, "")
+    rows = [
+        {"config": "chain", "cuda_launch_blocking": "0", "ops": "1000", "status": "ok", "median_ms": "10"} | blank,
+        {"config": "chain", "cuda_launch_blocking": "1", "ops": "1000", "status": "ok", "median_ms": "30"} | blank,
+        {"config": "gemm", "cuda_launch_blocking": "0", "ops": "100", "status": "ok", "median_ms": "20"} | blank,
+        {"config": "gemm", "cuda_launch_blocking": "1", "ops": "100", "status": "error: x", "median_ms": ""} | blank,
+        {"config": "step", "cuda_launch_blocking": "0", "ops": "400", "status": "ok", "median_ms": "4.0"} | step,
+        {"config": "step", "cuda_launch_blocking": "1", "ops": "", "status": "ok", "median_ms": "6.0"} | step,
+    ]
+    (chain, stepped) = check.launch_blocking_rows(rows, "dgx-h100")
+    assert chain == ("chain", "10.000", "30.000", "20.00", "")
+    assert stepped[:4] == ("step", "4.000", "6.000", "5.00")  # (6 − 4) ms / 400 kernels
+    assert float(stepped[4]) > 1.0

@@ -10,7 +10,8 @@ Parts (tools/campaign/): attention (SDPA back ends, causal or not, 1K–32K, hea
 cross_entropy (logits and loss at 32K–256K vocabularies), gemm (bf16 and fp8 at training shapes, then a
 60-second sustained run of each), grouped_gemm (MoE experts), traces (a GPU-bound training step's Kineto trace
 and its measured what-ifs), memory (peaks of training-step configurations), step_times (1,000
-consecutive steps), embedding (embedding bags at DLRM shard sizes), dlrm (single-GPU DLRM steps).
+consecutive steps), launch_blocking (the same work under CUDA_LAUNCH_BLOCKING=1 and =0), embedding (embedding
+bags at DLRM shard sizes), dlrm (single-GPU DLRM steps).
 
 Everything lands under OUT: one CSV per part (rows written as measured, so a killed run keeps what it
 had), traces/, a record of the run (run_<UTC time>.json: the command, the machine read with nvidia-smi
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT)]
 
 import torch  # noqa: E402
-from campaign import kernels, recsys, training  # noqa: E402
+from campaign import kernels, launch_blocking, recsys, training  # noqa: E402
 from campaign.common import Budget, ClockSampler, Context, machine_readout, write_json  # noqa: E402
 
 #: part → (function, its time budget in seconds on a GPU)
@@ -47,6 +48,7 @@ PARTS: dict[str, tuple[Callable[[Context, Budget], str], float]] = {
     "traces": (training.run_traces, 120),
     "memory": (training.run_memory, 90),
     "step_times": (training.run_step_distribution, 120),
+    "launch_blocking": (launch_blocking.run_launch_blocking, 90),
     "embedding": (recsys.run_embedding, 150),
     "dlrm": (recsys.run_dlrm_steps, 90),
 }

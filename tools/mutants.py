@@ -2320,14 +2320,20 @@ MUTANTS: tuple[Mutant, ...] = (
       "compare of two models' jobs read as two plans of one, without a word", _t("predict_and_cli")),
     M("cli/calibration_cmds.py", "if db is not None and not db.is_file():", "if False:",
       "calibrate of a missing database told 'nothing to do'", _t("hostile_inputs")),
-    M("cli/report_cmds.py", 'identity = {k: v for k, v in doc.items() if k in ("model", "system") and isinstance(v, str)}',
-      "identity: dict[str, str] = {}", "compare of two saved searches of two models without a word", _t("report")),
+    M("cli/report_cmds.py", 'if k in ("model", "system") and isinstance(v, str)}', "if False}",
+      "compare of two saved searches of two models without a word", _t("report")),
     M("cli/search_cmds.py", 'doc = {"model": request.model.name, "system": request.system.name, "model_is_moe"',
       'doc = {"system": request.system.name, "model_is_moe"', "a saved search that names no model", _t("report")),
     M("cli/report_cmds.py", "headers, rows = plan_rows(plans, moe)", "headers, rows = plan_rows(plans, False)",
       "an MoE search's report without its expert sizes", _t("report")),
     M("cli/shard_cmds.py", '"model": dlrm.name,', "", "a saved sharding that names no model",
       _t("calibration_everywhere")),
+    M("../validation/gpu_campaign_check.py", "added = f\"{(b_ms - a_ms) * 1e3 / int(plain['ops']):.2f}\"",
+      "added = f\"{b_ms * 1e3 / int(plain['ops']):.2f}\"", "a blocking launch's added time counted with its kernel's",
+      _t("gpu_campaign_check")),
+    M("../tools/campaign/launch_blocking.py", 'env = os.environ | {"CUDA_LAUNCH_BLOCKING": mode}',
+      'env = os.environ | {"CUDA_LAUNCH_BLOCKING": "0"}', "the blocking runs launched asynchronously",
+      _t("gpu_campaign")),
 )
 # fmt: on
 

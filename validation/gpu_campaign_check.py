@@ -33,6 +33,9 @@ of the GPU the campaign ran on (GPU_PRESETS), one GPU per node:
   builtin_lookup_model; elsewhere the rows read and pooled vectors written as memory traffic);
 - dlrm_steps.csv: `predict` of the single-GPU DLRM steps (dlrm-dcnv2-criteo, rows capped, dot
   interaction, every table on the GPU, the measurement's own exchange: point_to_point) on the preset.
+- launch_blocking.csv: per configuration run with CUDA_LAUNCH_BLOCKING=0 and =1 (tools/campaign/launch_blocking.py),
+  the µs a blocking launch adds per kernel, and for the training steps `predict`'s blocking / async ratio of the
+  same job (plan.cuda_launch_blocking: each kernel's host launch time added to its own).
 Then the sustained GEMM run: TFLOP/s and SM clock over its windows.
 
 Which side of the fitting/checking line: every row here was read on 2026-11-30 (session 17) before
@@ -191,6 +194,27 @@ def cross_entropy_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, l
             nbytes = [logits * b / CROSS_ENTROPY_BANDWIDTH_SHARE for b in (fwd_b, bwd_b)]  # fitted on these rows
             pred = float(sum(costs.memory_s("elementwise", b) for b in nbytes))
         out.setdefault(r["op"], []).append(pred / (float(r["median_ms"]) * 1e-3))
+    return out
+
+
+def launch_blocking_rows(rows: list[dict[str, str]], preset: str) -> list[tuple[str, str, str, str, str]]:
+    """launch_blocking.csv's configurations measured in both modes: (config, async ms, blocking ms, µs a blocking
+    launch adds per kernel: (blocking − async) / the async run's kernel count, itercast's blocking / async ratio
+    of the step configurations: `predict` of the same job with plan.cuda_launch_blocking, whose host time per
+    launch is the preset's kernel_launch_overhead_s) as printed; '' where a figure does not apply."""
+    by = {(r["config"], r["cuda_launch_blocking"]): r for r in rows if r["status"] == "ok"}
+    out = []
+    for config in dict.fromkeys(c for c, _ in by):
+        if (config, "0") not in by or (config, "1") not in by:
+            continue
+        plain, blocking = by[config, "0"], by[config, "1"]
+        a_ms, b_ms = float(plain["median_ms"]), float(blocking["median_ms"])
+        added = f"{(b_ms - a_ms) * 1e3 / int(plain['ops']):.2f}" if plain["ops"] else ""
+        predicted = ""
+        if plain.get("layers"):
+            jobs = [one_gpu_job(preset, plain, {"cuda_launch_blocking": b}) for b in (False, True)]
+            predicted = f"{predict(jobs[1]).step_time_s / predict(jobs[0]).step_time_s:.3f}"
+        out.append((config, f"{a_ms:.3f}", f"{b_ms:.3f}", added, predicted))
     return out
 
 
@@ -444,6 +468,17 @@ def main(argv: list[str] | None = None) -> int:
         for config, meas_ms, pred_ms in step_family_rows(folder, read_csv_rows(folder / "training_steps.csv"), preset):
             cells = "  ".join(f"{f} {meas_ms[f]:6.2f} / {pred_ms[f]:6.2f}" for f in meas_ms)
             print(f"  {config:14s} {cells}")
+    if (folder / "launch_blocking.csv").exists():
+        launch_s = one_gpu_job(preset, _TINY).system.gpu.kernel_launch_overhead_s
+        print(
+            "\nCUDA_LAUNCH_BLOCKING=1 against =0 (measured ms async, blocking, ratio; µs added per kernel; itercast's "
+            f"ratio, its blocking launch {launch_s * 1e6:.1f} µs of host each)"
+        )
+        for config, a_ms, b_ms, added, predicted in launch_blocking_rows(
+            read_csv_rows(folder / "launch_blocking.csv"), preset
+        ):
+            ratio = float(b_ms) / float(a_ms)
+            print(f"  {config:14s} {a_ms:>9s} {b_ms:>9s}  {ratio:.3f}  {added:>8s}  {predicted}")
     if (folder / "dlrm_steps.csv").exists():
         steps("single-GPU DLRM steps", dlrm_step_rows(read_csv_rows(folder / "dlrm_steps.csv"), preset))
     if (folder / "memory.csv").exists():
