@@ -43,6 +43,7 @@ def test_every_part_writes_its_files_and_the_readme_describes_them(dry_run: Path
         "gemm.csv",
         "gemm_sustained.csv",
         "grouped_gemm.csv",
+        "moe_routing.csv",
         "training_steps.csv",
         "memory.csv",
         "step_times.csv",
@@ -108,6 +109,13 @@ def test_launch_blocking_runs_each_configuration_in_both_modes(dry_run: Path) ->
     assert all(r["status"] == "ok" and float(r["median_ms"]) > 0 and r["reps"] == "3" for r in rows)
     assert [r["ops"] for r in rows] == ["1000", "1000", "", ""]
     assert {(r["layers"], r["hidden"], r["batch"]) for r in rows[2:]} == {("2", "64", "1")}
+
+
+def test_moe_routing_times_each_kernel_of_the_dry_case(dry_run: Path) -> None:
+    rows = read_rows(dry_run / "moe_routing.csv")
+    assert [r["op"] for r in rows] == ["softmax_topk", "sort", "permute_fwd", "unpermute_fwd", "permute_bwd"]
+    assert {(r["tokens"], r["hidden"], r["experts"], r["top_k"]) for r in rows} == {("64", "32", "8", "2")}
+    assert all(r["status"] == "ok" and float(r["median_ms"]) > 0 for r in rows)
 
 
 def test_step_distribution_has_one_row_per_step(dry_run: Path) -> None:

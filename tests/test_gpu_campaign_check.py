@@ -141,3 +141,16 @@ def test_launch_blocking_rows_by_hand():
     assert chain == ("chain", "10.000", "30.000", "20.00", "")
     assert stepped[:4] == ("step", "4.000", "6.000", "5.00")  # (6 − 4) ms / 400 kernels
     assert float(stepped[4]) > 1.0
+
+
+def test_routing_bytes_are_the_moe_layers_by_hand():
+    """Qwen3 30B-A3B's routing at 8,192 tokens (hidden 2048, 128 experts, 8 a token: 65,536 routed rows of 4 KiB):
+    the fp32 scores' softmax read and write and top-k read 3 · 8192 · 128 · 4; the gather reads and writes each
+    routed row, 2 · 65536 · 4096; its backward reads the routed rows and reads and writes the 8,192 token rows,
+    (65536 + 2 · 8192) · 4096; the weighted scatter-add reads the rows and their copies' products and writes the
+    tokens, (2 · 65536 + 8192) · 4096. The sort of the routed copies is not priced."""
+    row = {"tokens": "8192", "hidden": "2048", "experts": "128", "top_k": "8"}
+    got = {op: check.routing_bytes(row | {"op": op}, "h200") for op in ("softmax_topk", "permute_fwd", "sort")}
+    assert got == {"softmax_topk": 12_582_912, "permute_fwd": 536_870_912, "sort": None}
+    assert check.routing_bytes(row | {"op": "permute_bwd"}, "h200") == 335_544_320
+    assert check.routing_bytes(row | {"op": "unpermute_fwd"}, "h200") == 570_425_344

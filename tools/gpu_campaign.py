@@ -8,7 +8,8 @@
 
 Parts (tools/campaign/): attention (SDPA back ends, causal or not, 1K–32K, head 64/128, GQA),
 cross_entropy (logits and loss at 32K–256K vocabularies), gemm (bf16 and fp8 at training shapes, then a
-60-second sustained run of each), grouped_gemm (MoE experts), traces (a GPU-bound training step's Kineto trace
+60-second sustained run of each), grouped_gemm (MoE experts), moe_routing
+(the router's top-k and the routed rows' permutation around them), traces (a GPU-bound training step's Kineto trace
 and its measured what-ifs), memory (peaks of training-step configurations), step_times (1,000
 consecutive steps), launch_blocking (the same work under CUDA_LAUNCH_BLOCKING=1 and =0), embedding (embedding
 bags at DLRM shard sizes), dlrm (single-GPU DLRM steps).
@@ -45,6 +46,7 @@ PARTS: dict[str, tuple[Callable[[Context, Budget], str], float]] = {
     "cross_entropy": (kernels.run_cross_entropy, 60),
     "gemm": (kernels.run_gemms, 150),  # then the sustained run (60 s) outside the budget
     "grouped_gemm": (kernels.run_grouped_gemms, 40),
+    "moe_routing": (kernels.run_moe_routing, 40),
     "traces": (training.run_traces, 120),
     "memory": (training.run_memory, 90),
     "step_times": (training.run_step_distribution, 120),

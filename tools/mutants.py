@@ -2334,6 +2334,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M("../tools/campaign/launch_blocking.py", 'env = os.environ | {"CUDA_LAUNCH_BLOCKING": mode}',
       'env = os.environ | {"CUDA_LAUNCH_BLOCKING": "0"}', "the blocking runs launched asynchronously",
       _t("gpu_campaign")),
+    M("../validation/gpu_campaign_check.py", 'return op.backward_amount if row["op"] == "permute_bwd" else op.amount',
+      "return op.amount", "the permutation's backward checked against its forward's bytes",
+      _t("gpu_campaign_check")),
+    M("../tools/campaign/kernels.py", "token_of_row = (torch.argsort(flat, stable=True) // k).to(dev)",
+      "token_of_row = torch.argsort(flat, stable=True).to(dev)", "routed copies gathered from rows past the tokens",
+      _t("gpu_campaign")),
 )
 # fmt: on
 

@@ -15,6 +15,9 @@ of the GPU the campaign ran on (GPU_PRESETS), one GPU per node:
 - grouped_gemm.csv: MoE experts' GEMMs as itercast prices them (one GEMM per local expert of its
   equal share of the FLOPs on the gemm curve, transformer_ops' expert_up / expert_down) against each
   way of running them (bmm, torch._grouped_mm over equal and skewed groups, a loop);
+- moe_routing.csv: the kernels around the experts (tools/campaign/kernels.py run_moe_routing) against the
+  elementwise bytes the MoE layer's ops of transformer_ops price them by (routing_bytes); the routed copies' sort, which
+  itercast does not price, printed as measured;
 - cross_entropy.csv: the logits GEMM (gemm_s) and the torch loss (memory_s over the bytes per logit of
   transformer_ops.cross_entropy_bytes with plan.cross_entropy torch, forward then backward, at
   CROSS_ENTROPY_BANDWIDTH_SHARE of the elementwise bandwidth: fitted on these rows since session 45, so the
@@ -75,7 +78,11 @@ from itercast.workloads.dlrm.embedding import (  # noqa: E402
     update_seconds,
 )
 from itercast.workloads.transformer import optimizer_step_bytes  # noqa: E402
-from itercast.workloads.transformer_ops import CROSS_ENTROPY_BANDWIDTH_SHARE, cross_entropy_bytes  # noqa: E402
+from itercast.workloads.transformer_ops import (  # noqa: E402
+    CROSS_ENTROPY_BANDWIDTH_SHARE,
+    cross_entropy_bytes,
+    layer_forward,
+)
 
 #: the system preset of each GPU a campaign may have run on (torch's device name → preset)
 GPU_PRESETS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "dgx-h100", "NVIDIA A100-SXM4-80GB": "dgx-a100"}
@@ -175,6 +182,35 @@ def grouped_gemm_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, li
         experts, flops = int(r["experts"]), 2.0 * int(r["tokens"]) * int(r["k"]) * int(r["n"])
         pred = experts * float(costs.gemm_s(flops / experts))
         out.setdefault(r["method"], []).append(pred / (float(r["median_ms"]) * 1e-3))
+    return out
+
+
+def routing_bytes(row: dict[str, str], preset: str) -> float | None:
+    """HBM bytes itercast prices for a moe_routing.csv op: the ops of transformer_ops.layer_forward's MoE layer of
+    the row's size (n tokens of h bf16 values, E experts, k a token; one GPU, no expert parallelism) that run it:
+    router_topk (the fp32 scores' softmax and top-k), moe_permute forward (the routed rows' gather) and backward
+    (`backward_amount`), moe_unpermute (their weighted scatter-add). None for the routed copies' sort, which
+    itercast does not price."""
+    names = {"softmax_topk": "router_topk", "permute_fwd": "moe_permute", "permute_bwd": "moe_permute"}
+    names |= {"unpermute_fwd": "moe_unpermute"}
+    if row["op"] not in names:
+        return None
+    h, experts = int(row["hidden"]), int(row["experts"])
+    model = {"family": "llama", "num_layers": 1, "hidden_size": h, "num_attention_heads": max(1, h // 128)}
+    model |= {"num_experts": experts, "moe_top_k": int(row["top_k"]), "seq_length": int(row["tokens"])}
+    job = Job.from_dicts(model, {"dtype": "bf16"}, {"preset": preset, "node": {"gpus_per_node": 1}})
+    (op,) = [o for o in layer_forward(job.model, job.plan, moe=True) if o.name == names[row["op"]]]
+    return op.backward_amount if row["op"] == "permute_bwd" else op.amount
+
+
+def routing_ratios(rows: list[dict[str, str]], preset: str) -> dict[str, list[float]]:
+    """Predicted / measured of moe_routing.csv's priced kernels: memory_s("elementwise", routing_bytes)."""
+    costs = AnalyticCostModel(one_gpu_job(preset, _TINY).system, "bf16")
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r["status"] == "ok" and (nbytes := routing_bytes(r, preset)) is not None:
+            pred = float(costs.memory_s("elementwise", nbytes))
+            out.setdefault(r["op"], []).append(pred / (float(r["median_ms"]) * 1e-3))
     return out
 
 
@@ -443,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio_tables = (
         ("attention.csv", "fused attention (SDPA back end, pass, mask, head size)", attention_ratios),
         ("grouped_gemm.csv", "MoE experts' GEMMs (by how they ran)", grouped_gemm_ratios),
+        ("moe_routing.csv", "MoE routing: top-k and the routed rows' permutation (elementwise bytes)", routing_ratios),
         ("cross_entropy.csv", "output layer (logits GEMM; fp32 loss forward and backward)", cross_entropy_ratios),
         (
             "embedding_bag.csv",
@@ -453,6 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, title, ratios in ratio_tables:
         if (folder / name).exists():
             table(title, ratios(read_csv_rows(folder / name), preset))
+
+    if (folder / "moe_routing.csv").exists():
+        sorts = [r for r in read_csv_rows(folder / "moe_routing.csv") if r["op"] == "sort" and r["status"] == "ok"]
+        cells = ", ".join(f"{r['case']} {float(r['median_ms']):.3f}" for r in sorts)
+        print(f"  not priced: the routed copies' sort, measured ms: {cells or 'none'}")
 
     def steps(title: str, rows: list[tuple[str, float, float, dict[str, float]]]) -> None:
         print(f"\n{title} (predicted ms, measured median ms, ratio; predicted families ms)")

@@ -371,6 +371,73 @@ def run_grouped_gemms(ctx: Context, budget: Budget) -> str:
     return f"{rows.count} rows, {budget.skipped} skipped for time"
 
 
+#: MoE routing cases: (name, tokens on the rank, hidden, experts, top-k), the routed models of MOE at 8,192 tokens
+ROUTING: dict[str, list[tuple[str, int, int, int, int]]] = {
+    "full": [
+        ("mixtral-8x7b", 8192, 4096, 8, 2),
+        ("qwen3-30b-a3b", 8192, 2048, 128, 8),
+        ("qwen3-30b-a3b-16k", 16384, 2048, 128, 8),
+        ("deepseek-v3", 8192, 7168, 256, 8),
+        ("llama4-scout", 8192, 5120, 16, 1),
+    ],
+    "dry": [("tiny", 64, 32, 8, 2)],
+}
+#: the routing kernels timed, in the order of an MoE layer's forward, then the permutation's backward
+ROUTING_OPS = ("softmax_topk", "sort", "permute_fwd", "unpermute_fwd", "permute_bwd")
+
+
+def run_moe_routing(ctx: Context, budget: Budget) -> str:
+    """(c') the kernels around an MoE layer's experts, one rank's tokens, in torch as torchtitan's local (no
+    expert-parallel) path runs them: the router's fp32 scores through softmax and top-k, the routed copies'
+    order (a stable argsort of the n·k expert ids), the gather of the copies' rows, their weighted scatter-add
+    back to the tokens, and the gather's backward (an index_add into zeros)."""
+    fields = ["case", "op", "tokens", "hidden", "experts", "top_k", *TIME_FIELDS]
+    rows = ctx.rows(
+        "moe_routing.csv",
+        fields,
+        [
+            "one rank's tokens (bf16 rows, fp32 router scores), experts drawn uniformly at random per token (seed 0)",
+            "softmax_topk: softmax over the experts and top-k of the scores; sort: argsort (stable) of the n·k "
+            "expert ids; permute_fwd: index_select of the n·k routed rows; unpermute_fwd: rows × their weights, "
+            "index_add_ into the n token rows (zeroed first); permute_bwd: index_add_ of the n·k row gradients "
+            "into zeros of the n token rows",
+        ],
+        "MoE routing and permutation kernels around the experts",
+    )
+    for case, tokens, hidden, experts, top_k in ROUTING["dry" if ctx.dry else "full"]:
+        for op in ROUTING_OPS:
+            if not budget.take():
+                continue
+
+            def once(op: str = op, n: int = tokens, h: int = hidden, e: int = experts, k: int = top_k) -> dict:
+                return ctx.timed(_routing_call(ctx.device, op, n, h, e, k), target_ms=100)
+
+            key = {"case": case, "op": op, "tokens": tokens, "hidden": hidden, "experts": experts, "top_k": top_k}
+            rows.add({**key, **attempt(once)})
+    rows.close()
+    return f"{rows.count} rows, {budget.skipped} skipped for time"
+
+
+def _routing_call(dev: str, op: str, n: int, h: int, experts: int, k: int) -> Any:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.rand(n, experts, generator=gen).topk(k, -1).indices.to(dev)  # k distinct experts a token
+    if op == "softmax_topk":
+        logits = torch.randn(n, experts, device=dev, dtype=torch.float32)
+        return lambda: logits.softmax(-1).topk(k, -1)
+    flat = ids.flatten()
+    if op == "sort":
+        return lambda: torch.argsort(flat, stable=True)
+    token_of_row = (torch.argsort(flat, stable=True) // k).to(dev)  # each routed copy's token, in expert order
+    x = torch.randn(n, h, device=dev, dtype=BF16)
+    routed = torch.randn(n * k, h, device=dev, dtype=BF16)
+    if op == "permute_fwd":
+        return lambda: x.index_select(0, token_of_row)
+    weights = torch.rand(n * k, 1, device=dev, dtype=BF16)
+    if op == "unpermute_fwd":
+        return lambda: x.zero_().index_add_(0, token_of_row, routed * weights)
+    return lambda: torch.zeros_like(x).index_add_(0, token_of_row, routed)  # permute_bwd
+
+
 def expert_token_counts(experts: int, per_expert: int, skewed: bool) -> list[int]:
     """Tokens per expert summing to experts × per_expert: equal, or ∝ 1/(rank+1) in multiples of 16
     (torchtitan pads each expert's group to 16 rows for torch._grouped_mm), the remainder on the first."""
