@@ -12,6 +12,7 @@ from itercast.config.job import Job
 from itercast.config.model import ModelConfig
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.costs.host_overheads import host_calibrated
+from itercast.errors import ConfigError
 from itercast.memory import MemoryEstimate, estimate_memory, full_recompute_share
 from itercast.sim.analysis import Breakdown, breakdown, critical_path
 from itercast.sim.contention import simulate_with_contention
@@ -181,6 +182,9 @@ def predict(job: Job, calibration: dict[str, Any] | None = None) -> Prediction:
     sim/contention.py) and summarise (simulate_transformer_step). family_time_s gains
     'overlap_contention': that stretch, in seconds."""
     builder, sim = simulate_transformer_step(job, calibration)
+    if not np.isfinite(sim.step_time_s):  # never printed or ranked: a curve that priced a task at inf or NaN
+        which = "the calibration's curves" if calibration is not None else "the built-in curves"
+        raise ConfigError(f"the step prices at {sim.step_time_s} s: a task of it is infinite or undefined on {which}")
     graph = builder.graph
     assert graph is not None  # built by simulate_transformer_step
     bd = breakdown(sim)

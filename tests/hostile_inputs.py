@@ -261,13 +261,36 @@ def cases() -> list[Case]:
             "a calibration curve of efficiency 0",
             {"c.json": _calibration('"gemm": {"bf16": {"alpha_s": 0, "e_max": 0, "log_half": 1, "gamma": 0}}')},
             [*predict[:-1], "--calibration", "{dir}/c.json"],
-            "0 < e_max ≤ 4; got 0",
+            "`gemm.bf16.e_max`: expected a curve's e_max, 0.001 ≤ e_max ≤ 4; got 0",
         ),
         Case(
             "a calibration curve of efficiency 50",
             {"c.json": _calibration('"gemm": {"bf16": {"alpha_s": 0, "e_max": 50, "log_half": 1, "gamma": 0}}')},
             [*predict[:-1], "--calibration", "{dir}/c.json"],
-            "0 < e_max ≤ 4; got 50",
+            "0.001 ≤ e_max ≤ 4; got 50",
+        ),
+        Case(
+            "a calibration curve whose half-size overflows the step to infinity",
+            {"c.json": _calibration('"gemm": {"bf16": {"alpha_s": 0, "e_max": 1, "log_half": 1000, "gamma": 1}}')},
+            [*predict[:-1], "--calibration", "{dir}/c.json"],
+            "`gemm.bf16.log_half`: expected a curve's log_half, -50 ≤ log_half ≤ 50; got 1000",
+        ),
+        Case(
+            "a collective's latency of 1e300 s",
+            {
+                "c.json": _calibration(
+                    '"collectives": {"intra_node": {"all_reduce": {"alpha0_s": 1e300, "e_max": 1, '
+                    '"log_half": 14, "gamma": 1}}}'
+                )
+            },
+            [*predict[:-1], "--calibration", "{dir}/c.json"],
+            "`collectives.intra_node.all_reduce.alpha0_s`: expected a curve's alpha0_s, 0 ≤ alpha0_s ≤ 1; got 1e+300",
+        ),
+        Case(
+            "a calibration curve of efficiency 1e-300",
+            {"c.json": _calibration('"memory": {"elementwise": {"e_max": 1e-300, "log_half": 14, "gamma": 1}}')},
+            [*predict[:-1], "--calibration", "{dir}/c.json"],
+            "0.001 ≤ e_max ≤ 4; got 1e-300",
         ),
         Case(
             "a sharding with a Python tag",

@@ -10,6 +10,7 @@ import html
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -173,3 +174,18 @@ def test_a_calibration_without_the_jobs_gemm_dtype_is_said_by_every_command(
     said = "the calibration fitted GEMM curves for bf16 only: this job's tf32 GEMMs are priced on the built-in tf32"
     shown = html.unescape((tmp_path / "r.html").read_text()) if command == "report" else " ".join(res.output.split())
     assert said in shown
+
+
+def test_a_step_priced_at_infinity_is_an_error_not_a_forecast():
+    """A curve whose efficiency underflows to 0 (log_half 1000, past what a calibration file may hold: the
+    hostile corpus) prices every GEMM at inf: predict said `step time inf s`, and search ranked such plans."""
+    from itercast.config.job import Job
+    from itercast.errors import ConfigError
+    from itercast.predict import predict
+    from itercast.profile.calibrate import merge_calibration
+
+    job = Job.from_dicts({"preset": "gpt3-1.3b"}, {"global_batch_size": 8}, {"preset": "dgx-a100"})
+    curve = {"alpha_s": 0, "e_max": 1, "log_half": 1000, "gamma": 1}
+    cal = merge_calibration({"system": "dgx-a100", "gemm": {"bf16": curve}})
+    with np.errstate(all="ignore"), pytest.raises(ConfigError, match="the step prices at inf s: a task of it is"):
+        predict(job, cal)

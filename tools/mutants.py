@@ -2340,6 +2340,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M("../tools/campaign/kernels.py", "token_of_row = (torch.argsort(flat, stable=True) // k).to(dev)",
       "token_of_row = torch.argsort(flat, stable=True).to(dev)", "routed copies gathered from rows past the tokens",
       _t("gpu_campaign")),
+    M("profile/calibrate.py", 'CURVE_RANGES = {"e_max": (1e-3, MAX_E_MAX), "log_half": (-50.0, 50.0),',
+      'CURVE_RANGES = {"e_max": (1e-3, MAX_E_MAX), "log_half": (-math.inf, math.inf),',
+      "a curve's half-size of 1000 priced the step at inf", _t("hostile_inputs")),
+    M("profile/calibrate.py", 'MAX_ALPHA_S if key.startswith("alpha") else math.inf', "math.inf",
+      "a collective's latency of 1e300 s accepted", _t("hostile_inputs")),
+    M("predict.py", "if not np.isfinite(sim.step_time_s):", "if False:", "an infinite step printed as a forecast",
+      _t("calibration_everywhere")),
 )
 # fmt: on
 

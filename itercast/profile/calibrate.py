@@ -342,6 +342,14 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
 #: a curve's ceiling, a fraction of the peak it is relative to (the built-in fits reach 1.5, a flat
 #: test curve 2): more than this is no efficiency, and 0 would price every kernel at infinity
 MAX_E_MAX = 4.0
+#: the ranges a curve's parameters may take in a calibration file beyond finite (e_max: MAX_E_MAX above): the
+#: fits span e_max 0.05–1.5, log_half 5–40 (the natural log of FLOPs or bytes at half the ceiling) and gamma
+#: 0.1–4 (costs/fitting.py's bounds; a flat curve has gamma 0); beyond these the curve prices a kernel at a
+#: thousand times its peak's time or more, or exp(gamma · (log_half − ln x)) overflows to an infinite step
+CURVE_RANGES = {"e_max": (1e-3, MAX_E_MAX), "log_half": (-50.0, 50.0), "gamma": (0.0, 10.0)}
+#: a curve's fixed latencies (alpha_s, a collective's alpha0_s and alpha_per_*_s): the fits' reach 1 ms
+#: (costs/fitting.py COLLECTIVE_PARAMS); a second or more is no latency of one kernel or collective
+MAX_ALPHA_S = 1.0
 #: curve parameters (costs/curves.py, costs/collectives.py, the embedding's linear fit): finite numbers;
 #: all but log_half (a log2 of bytes) also ≥ 0, as times, rates and efficiencies are
 _PARAMETER = re.compile(r"e_max|gamma|log_half|alpha\w*|s_per_\w+|\w+_s")
@@ -362,9 +370,10 @@ def _check_curves(doc: dict[str, Any], path: Path) -> None:
             field = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]"
             if isinstance(key, str) and _PARAMETER.fullmatch(key):
                 _check_parameter(path, field, value, negative=key == "log_half")
-                if key == "e_max" and not 0 < value <= MAX_E_MAX:
+                lo, hi = CURVE_RANGES.get(key, (0.0, MAX_ALPHA_S if key.startswith("alpha") else math.inf))
+                if not lo <= value <= hi:
                     raise CalibrationError(
-                        f"{path}: `{field}`: expected a ceiling of efficiency, 0 < e_max ≤ {MAX_E_MAX:g}; got {value!r}"
+                        f"{path}: `{field}`: expected a curve's {key}, {lo:g} ≤ {key} ≤ {hi:g}; got {value!r}"
                     )
             elif key == MEASURED_RANGE:
                 _check_range(path, field, value)
