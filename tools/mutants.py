@@ -2347,6 +2347,19 @@ MUTANTS: tuple[Mutant, ...] = (
       "a collective's latency of 1e300 s accepted", _t("hostile_inputs")),
     M("predict.py", "if not np.isfinite(sim.step_time_s):", "if False:", "an infinite step printed as a forecast",
       _t("calibration_everywhere")),
+    M("cli/predict_cmds.py", '"--device-id": device_id is not None,', '"--device-id": False,',
+      "predict --device-id without --et ignored", _t("hostile_inputs")),
+    M("cli/search_cmds.py", '{"--batches": batches is not None},', '{"--batches": False},',
+      "search --batches of a transformer ignored", _t("hostile_inputs")),
+    M("cli/variability_cmds.py", 'refuse_options({"--slow-factor": slow_factor is not None},',
+      'refuse_options({"--slow-factor": slow_factor != 1.5},', "variability --slow-factor 1.5 alone ignored",
+      _t("hostile_inputs")),
+    M("cli/report_cmds.py", '"--within-s": within_s is not None,', '"--within-s": False,',
+      "report --result --within-s ignored", _t("hostile_inputs")),
+    M("cli/slice_cmds.py", "            if device_groups is not None:\n", "            if False:\n",
+      "slice --layer-times --device-groups ignored", _t("hostile_inputs")),
+    M("cli/slice_cmds.py", "            if send_gbps is not None:\n", "            if False:\n",
+      "slice of a job --send-gbps ignored", _t("hostile_inputs")),
 )
 # fmt: on
 

@@ -119,6 +119,7 @@ def predict_cmd(
         )
         return
     et_only = {"--db": db, "--kineto": kineto, "--indices": indices, "--gpu": gpu, "--measured-starts": measured_starts}
+    et_only |= {"--device-id": device_id is not None, "--index-distribution": index_distribution != "uniform"}
     refuse_options(et_only, "for an execution trace (--et); a job is priced without them")
     w = load_job(job_file, example, model, system, set_)
     cal = calibration_curves(calibration, w.job.system)

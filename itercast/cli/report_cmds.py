@@ -21,6 +21,7 @@ from itercast.cli.app import (
     fail,
     finite,
     load_job,
+    refuse_options,
     resolve_job_file,
     working,
 )
@@ -31,6 +32,7 @@ from itercast.user_files import read_json_file, write_output
 from itercast.workload import DLRMWorkload, TransformerWorkload, report_sections
 
 MAX_RESULT_BYTES = 256 << 20  # a search or replay result is a few MB at most
+SAMPLES = 2_000  # Monte Carlo samples of a job's step (--samples)
 
 
 @app.command("report")
@@ -50,7 +52,7 @@ def report_cmd(
             help="Report a saved `itercast search --json`, `shard --json` or `replay --json` result instead.",
         ),
     ] = None,
-    samples: Annotated[int, typer.Option(min=100, max=1_000_000, help="Monte Carlo samples of the step.")] = 2_000,
+    samples: Annotated[int, typer.Option(min=100, max=1_000_000, help="Monte Carlo samples of the step.")] = SAMPLES,
     within_s: Annotated[
         float | None, typer.Option(callback=finite(0, above=True), help="Draw this deadline on the step-time CDF.")
     ] = None,
@@ -66,6 +68,8 @@ def report_cmd(
         if result is not None:
             if job_file is not None or example or model or system or calibration or set_:
                 fail("give a job (with its --set and --calibration) or --result, not both")
+            sampled = {"--samples": samples != SAMPLES, "--within-s": within_s is not None, "--seed": seed != 0}
+            refuse_options(sampled, "a job's step-time CDF; a saved result is reported as it was saved")
             title, subtitle, sections = _result_sections(result)
             inputs: list[Path | None] = [result]
         else:

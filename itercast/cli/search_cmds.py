@@ -261,6 +261,10 @@ def search_cmd(
         cal = calibration_curves(calibration, w.job.system)
         _search_dlrm(w, batches or fixed_batch, top, fmt, cal, objective, dlrm_sampling)
         return
+    refuse_options(
+        {"--batches": batches is not None},
+        "a DLRM search's samples per GPU; a transformer's global batches are --global-batch-sizes",
+    )
     try:
         options = SpaceOptions(
             micro_batch_sizes=sizes_option(micro_batch_sizes or "1,2,4,8", "--micro-batch-sizes"),

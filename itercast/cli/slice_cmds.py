@@ -45,6 +45,8 @@ from itercast.search.stage_slicing import LayerCosts, Slicing, slice_best_stages
 from itercast.workloads.dlrm import is_dlrm_model
 from itercast.workloads.transformer_ops import priced_notes
 
+SEND_GBPS = 25.0  # --send-gbps's default, GB/s: the link a --layer-times CSV's activation_bytes cross
+
 
 @app.command("slice")
 def slice_cmd(
@@ -80,9 +82,12 @@ def slice_cmd(
         ),
     ] = None,
     send_gbps: Annotated[
-        float,
-        typer.Option(callback=finite(0, above=True), help="CSV: link bandwidth for activation_bytes, GB/s (1e9 B/s)."),
-    ] = 25.0,
+        float | None,
+        typer.Option(
+            callback=finite(0, above=True),
+            help=f"CSV: link bandwidth for activation_bytes, GB/s (1e9 B/s) [default: {SEND_GBPS:g}].",
+        ),
+    ] = None,
     method: Annotated[
         str, typer.Option(metavar="exact|relaxed|both", help="Exact DP, the relaxation, or both.")
     ] = "exact",
@@ -115,13 +120,18 @@ def slice_cmd(
             load_calibration(calibration) if calibration else None,
         )
         if layer_times is not None:
-            out = _slice_csv(src, stages, max_stages, microbatches, memory_gib, send_gbps, method, starts, workers)
+            if device_groups is not None:
+                raise ConfigError("--device-groups is for a job; --layer-times are one device's measured times")
+            send = send_gbps or SEND_GBPS
+            out = _slice_csv(src, stages, max_stages, microbatches, memory_gib, send, method, starts, workers)
         else:
             raw, source = src.sections()
             if is_dlrm_model(raw["model"]):
                 fail("slice: slicing layers into pipeline stages is for pipelined transformers; this job is a DLRM")
             if memory_gib is not None:
                 raise ConfigError("--memory-gib is for --layer-times; a job's stages use its GPUs' memory")
+            if send_gbps is not None:
+                raise ConfigError("--send-gbps is for --layer-times; a job's sends are priced on its system's links")
             if microbatches is not None:
                 raise ConfigError(
                     "--microbatches is for --layer-times; a job's micro-batches are its plan's global_batch_size / "

@@ -175,8 +175,9 @@ def variability_cmd(
         int | None, typer.Option(min=1, help="Place this many slow GPUs (best vs worst stages).")
     ] = None,
     slow_factor: Annotated[
-        float, typer.Option(callback=finite(1, 1000), help="How much slower each slow GPU is.")
-    ] = SLOW_FACTOR,
+        float | None,
+        typer.Option(callback=finite(1, 1000), help=f"How much slower each slow GPU is [default: {SLOW_FACTOR}]."),
+    ] = None,
     speed_map: Annotated[
         Path | None,
         typer.Option(
@@ -231,7 +232,7 @@ def variability_cmd(
             "--deadline-hours": deadline_hours,
             **changed(model_options),
             **changed(training_options),
-            "--slow-factor": slow_factor != SLOW_FACTOR,
+            "--slow-factor": slow_factor is not None,
         }
         refuse_options(job_only, "for a job's spread, not --trace's measured steps (give one or the other)")
         _trace_variability(trace, samples, seed, within_s, as_json)
@@ -241,7 +242,7 @@ def variability_cmd(
     if steps is None:
         refuse_options(changed(training_options), "for time to train, which needs --steps")
     if slow_gpus is None:
-        refuse_options({"--slow-factor": slow_factor != SLOW_FACTOR}, "the slow GPUs' speed, which needs --slow-gpus")
+        refuse_options({"--slow-factor": slow_factor is not None}, "the slow GPUs' speed, which needs --slow-gpus")
     w = load_job(job_file, example, model, system, set_)
     cal = calibration_curves(calibration, w.job.system)
     # a transformer plan that does not fit is said, as predict says it (a DLRM's planned sharding fits)
@@ -300,7 +301,7 @@ def variability_cmd(
         inputs = [resolve_job_file(job_file, example, model, system), noise_from_db, calibration, speed_map]
         _plot(shown, plot, f"{w.name} on {w.num_gpus} GPUs", inputs)
     if slow_gpus is not None:
-        out["placement"] = _placement(step, slow_gpus, slow_factor)
+        out["placement"] = _placement(step, slow_gpus, slow_factor or SLOW_FACTOR)
     if speeds is not None:
         job = w.job if isinstance(w, TransformerWorkload) else None
         out["speed_map"] = _speed_mapping(step, job, speeds, vm, per_source, seed, across_runs, cal)
