@@ -411,6 +411,12 @@ def cases() -> list[Case]:
             ["compare", "{dir}/a.json", "{dir}/b.json", "--set", "plan.tensor_parallel=4"],
             "--set applies to two jobs",
         ),
+        Case(
+            "a DLRM on 100,000 GPUs",
+            {},
+            ["predict", "--model", "dlrm-small", "--system", "dgx-h100", "--set", "system.num_nodes=12500"],
+            "system: a DLRM step is simulated rank by rank, on at most 16,384 GPUs; got 100,000 (12,500 nodes)",
+        ),
         # options of another mode, accepted and ignored until a user probe (session 61) found them
         Case(
             "predict --device-id without --et", {}, ["predict", "--example", "--device-id", "3"], "--device-id: for an"

@@ -5,6 +5,7 @@ the prediction's; saved search and replay results; bad input; and a real headles
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -172,7 +173,12 @@ def test_a_replays_what_if_is_in_its_report(tmp_path: Path):
         ("{not json", "not JSON"),
         ('{"other": 1}', "expected the JSON of `itercast search --json`"),
         ('{"plans": [{"plan": {}}]}', "plans[0]: missing field num_gpus"),
-        (json.dumps(_saved_search("m", "s", {"zero_stage": 1}, mfu=None)), "expected numbers in plans[0].mfu"),
+        (json.dumps(_saved_search("m", "s", {"zero_stage": 1}, mfu=None)), "≥ 0 in plans[0].mfu (None)"),
+        (json.dumps(_saved_search("m", "s", {"zero_stage": 1}, step_time_s=-1)), "≥ 0 in plans[0].step_time_s (-1)"),
+        (
+            json.dumps(_saved_search("m", "s", {"zero_stage": 1}, memory_per_gpu_bytes=math.inf)),
+            "expected finite numbers ≥ 0 in plans[0].memory_per_gpu_bytes (inf)",
+        ),
         (json.dumps(_saved_search("m", "s", {})), "plans[0].plan: missing field zero_stage"),
         ('{"steps": [{"rank": 0}]}', "steps[0]: missing field step, measured_s, replayed_s"),
     ],

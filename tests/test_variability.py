@@ -69,6 +69,14 @@ def test_attribution_names_the_only_source_that_varies():
     assert [r["source"] for r in rows] == ["compute_cv"] and rows[0]["spread_change"] < -0.3
 
 
+def test_a_spread_of_a_millionth_of_the_step_has_no_change_to_report():
+    """compute_cv 1e-7: a p50→p99 spread of about 2.3 · 1e-7 of the step, under SPREAD_FLOOR's 0.1%; halving the
+    CV halved it, which read as '−50%' of a spread nobody can see (a user probe's DLRM: 15 ns of 1.4 ms)."""
+    job = tiny_job(tensor_parallel=2, pipeline_parallel=2, global_batch_size=8)
+    (row,) = attribution(job, VariabilityModel(compute_cv=1e-7, comm_cv=0, network_cv=0, gpu_cv=0), 500)
+    assert row["source"] == "compute_cv" and row["spread_change"] is None and row["spread_change_se"] is None
+
+
 def test_cli_json_has_quantiles_and_time_to_train():
     res = CliRunner().invoke(
         app,

@@ -2360,6 +2360,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "slice --layer-times --device-groups ignored", _t("hostile_inputs")),
     M("cli/slice_cmds.py", "            if send_gbps is not None:\n", "            if False:\n",
       "slice of a job --send-gbps ignored", _t("hostile_inputs")),
+    M("workloads/dlrm/config.py", "if sys_cfg.num_gpus > MAX_DLRM_GPUS:", "if False:",
+      "a DLRM on 100,000 GPUs simulated for minutes without a word", _t("hostile_inputs")),
+    M("cli/report_cmds.py", "or isinstance(v, bool) or not 0 <= v < math.inf", "or isinstance(v, bool)",
+      "a saved search of a negative step compared as one", _t("report")),
+    M("stochastic/variability.py", "spread_seen = spread > SPREAD_FLOOR * np.percentile(base, 50)",
+      "spread_seen = spread > 0", "a spread of 15 ns in 1.4 ms said to change by −41%", _t("variability")),
 )
 # fmt: on
 

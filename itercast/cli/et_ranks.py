@@ -286,7 +286,8 @@ def _print(doc: dict[str, Any], steps: list[RankStep]) -> None:
             line += f" predicted, {k['gpu_busy_s'] * 1e3:.3f} ms measured"
         if "own_trace_overheads" in rank:
             o = rank["own_trace_overheads"]
-            line += f"; own-trace overheads {o['iteration_s'] * 1e3:.3f} ms ({o['error']:+.1%})"
+            line += f"; overheads measured on these traces, the ranks pooled: {o['iteration_s'] * 1e3:.3f} ms"
+            line += f" ({o['error']:+.1%})"
         console.print(line, highlight=False)
     if "kineto_geomean_abs_error" in doc:
         console.print(f"per rank geomean |error| {doc['kineto_geomean_abs_error']:.1%}", highlight=False)

@@ -3,6 +3,7 @@ a saved `itercast search --json` / `itercast replay --json` result."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -170,9 +171,15 @@ def work_per_step(figures: dict[str, float]) -> tuple[float, str] | None:
 
 
 def _numbers(path: Path, figures: dict[str, Any]) -> dict[str, float]:
-    bad = [k for k, v in figures.items() if not isinstance(v, int | float) or isinstance(v, bool)]
+    """A saved result's figures (times, rates, bytes, shares: none below 0 or infinite) as floats; one error
+    naming every field that is not such a number."""
+    bad = [
+        f"{k} ({v!r:.20})"
+        for k, v in figures.items()
+        if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v < math.inf
+    ]
     if bad:
-        raise ConfigError(f"{path}: expected numbers in {', '.join(bad)}")
+        raise ConfigError(f"{path}: expected finite numbers ≥ 0 in {', '.join(bad)}")
     return {k: float(v) for k, v in figures.items()}
 
 

@@ -494,7 +494,10 @@ def _print(out: dict[str, Any], gpus: int) -> None:
     for r in out["attribution"]:
         p95_se, spread_se = r["p95_change_se"], r["spread_change_se"]
         p95 = _with_error(f"{r['p95_change']:+.2%}", f"{100 * p95_se:.1g}%", r["p95_change"], p95_se)
-        spread = _with_error(f"{r['spread_change']:+.1%}", f"{100 * spread_se:.1g}%", r["spread_change"], spread_se)
+        spread = "no spread to change (p99 − p50 < 0.1% of p50)"
+        if r["spread_change"] is not None:
+            change = r["spread_change"]
+            spread = _with_error(f"{change:+.1%}", f"{100 * spread_se:.1g}%", change, spread_se)
         table.add_row(r["source"], p95, spread)
     console.print(table)
     _print_sensitivity(out["sensitivity"], "share of step", "in graph")

@@ -186,6 +186,12 @@ def is_dlrm_model(fields: dict[str, Any]) -> bool:
     return "tables" in fields or str(fields.get("preset")) in preset_names("dlrm")
 
 
+#: the most GPUs a DLRM job may have: its step is simulated rank by rank (every rank's lookups and exchanges), 31 s
+#: and 0.5 GB at 16,384 GPUs (dlrm-small, 2,048 nodes of 8; a user probe, session 61), and 12,500 nodes did not
+#: finish in 2 minutes
+MAX_DLRM_GPUS = 16_384
+
+
 @dataclass(frozen=True)
 class DLRMJob:
     """A validated DLRM, its plan and the system it runs on (every GPU a rank)."""
@@ -201,6 +207,11 @@ class DLRMJob:
         dlrm = dlrm_model(model, source)
         p = validated(DLRMPlan, plan, "plan", source)
         sys_cfg = cast(SystemConfig, parse_section("system", system, source))
+        if sys_cfg.num_gpus > MAX_DLRM_GPUS:
+            raise ConfigError(
+                f"{source}: system: a DLRM step is simulated rank by rank, on at most {MAX_DLRM_GPUS:,} GPUs; got "
+                f"{sys_cfg.num_gpus:,} ({sys_cfg.num_nodes:,} nodes)"
+            )
         if p.sharding is not None:
             problems = check_sharding(
                 dlrm, {n: Shard(s.strategy, s.ranks) for n, s in p.sharding.items()}, sys_cfg.num_gpus
