@@ -412,6 +412,18 @@ def cases() -> list[Case]:
             "--set applies to two jobs",
         ),
         Case(
+            "a calibration with a field nothing reads",
+            {"c.json": _calibration('"foo": 1')},
+            [*predict[:-1], "--calibration", "{dir}/c.json"],
+            "unknown field foo: a calibration holds format, version, system, device, gemm,",
+        ),
+        Case(
+            "a calibration's GEMM curve of a dtype no plan prices on",
+            {"c.json": _calibration('"gemm": {"int4": {"alpha_s": 0, "e_max": 1, "log_half": 20, "gamma": 1}}')},
+            [*predict[:-1], "--calibration", "{dir}/c.json"],
+            "`gemm.int4`: no such curve; itercast reads gemm curves bf16, tf32, fp8",
+        ),
+        Case(
             "a DLRM on 100,000 GPUs",
             {},
             ["predict", "--model", "dlrm-small", "--system", "dgx-h100", "--set", "system.num_nodes=12500"],

@@ -2366,6 +2366,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "a saved search of a negative step compared as one", _t("report")),
     M("stochastic/variability.py", "spread_seen = spread > SPREAD_FLOOR * np.percentile(base, 50)",
       "spread_seen = spread > 0", "a spread of 15 ns in 1.4 ms said to change by −41%", _t("variability")),
+    M("profile/calibrate.py", "if unknown := [k for k in doc if k not in CALIBRATION_FIELDS]:", "if unknown := []:",
+      "a calibration's unknown field read by nothing, silently", _t("hostile_inputs")),
+    M("profile/calibrate.py", 'if unread := [k for k in doc.get(section, {}) if k not in (*names, "source")]:',
+      "if unread := []:", "a GEMM curve for int4 accepted and never read", _t("hostile_inputs")),
 )
 # fmt: on
 

@@ -355,13 +355,31 @@ MAX_ALPHA_S = 1.0
 _PARAMETER = re.compile(r"e_max|gamma|log_half|alpha\w*|s_per_\w+|\w+_s")
 
 
+#: what a calibration file may hold: its fields, and the curves of the sections whose keys the cost model reads
+#: by name (a GEMM's by CURVE_KEYS' dtype, bf16 otherwise; a memory-bound kernel's by kind); a field or curve of
+#: another name would be read by nothing, silently
+CALIBRATION_FIELDS = ("format", "version", "system", "device", "gemm", "memory", "embedding", "collectives")
+CALIBRATION_FIELDS += ("operators", "host_overheads", "source")
+CURVE_NAMES = {"gemm": ("bf16", "tf32", "fp8"), "memory": ("elementwise", "norm", "activation", "optimizer")}
+
+
 def _check_curves(doc: dict[str, Any], path: Path) -> None:
-    """Every curve section a mapping and every curve parameter a finite number in its range: one
-    CalibrationError naming the file, the field, what was expected and what it holds."""
+    """Every field one a calibration holds, every curve section a mapping, each curve of a name the cost model
+    reads, and every curve parameter a finite number in its range: one CalibrationError naming the file, the
+    field, what was expected and what it holds."""
+    if unknown := [k for k in doc if k not in CALIBRATION_FIELDS]:
+        raise CalibrationError(
+            f"{path}: unknown field {', '.join(map(str, unknown))}: a calibration holds {', '.join(CALIBRATION_FIELDS)}"
+        )
     for section in ("gemm", "memory", "embedding", "collectives", "operators"):
         if section in doc and not isinstance(doc[section], dict):
             got = type(doc[section]).__name__
             raise CalibrationError(f"{path}: `{section}`: expected a mapping of fits; got {got}")
+    for section, names in CURVE_NAMES.items():
+        if unread := [k for k in doc.get(section, {}) if k not in (*names, "source")]:
+            raise CalibrationError(
+                f"{path}: `{section}.{unread[0]}`: no such curve; itercast reads {section} curves {', '.join(names)}"
+            )
     stack: list[tuple[str, Any]] = [(s, doc[s]) for s in ("gemm", "memory", "embedding", "collectives") if s in doc]
     while stack:
         where, node = stack.pop()
