@@ -251,3 +251,37 @@ def test_shard_sets_one_table_of_a_preset_as_predict_does():
     assert code == 2 and out.endswith(
         "more than once (`model.tables.0.name`, `model.tables.1.name`) (given by --set model.tables.1.name=t0)\n"
     ), out
+
+
+def test_shard_takes_a_dlrm_job_file_and_prices_its_sharding(tmp_path: Path) -> None:
+    """`shard JOB.yaml` once said "Missing option '--model'": the job's model, system, samples per GPU and
+    plan.sharding (priced as given, as predict prices it); its presets' search finds the same plans."""
+    job = dlrm_job(tmp_path)
+    code, text = invoke("shard", str(job), "--json")
+    assert code == 0, text
+    out, api = json.loads(text), load_workload(job).predict()
+    assert out["method"] == "given" and out["batch_per_rank"] == 256 and out["world_size"] == 2
+    assert out["plans"][0]["step_time_s"] == api.step_time_s
+    assert [(t["name"], t["strategy"]) for t in out["plans"][0]["tables"]][-1] == ("t3", "data_parallel")
+    free = tmp_path / "free.yaml"
+    free.write_text(job.read_text().split("sharding:")[0].rstrip(", ") + "}\n")  # no plan.sharding: searched
+    presets = ["--model", "dlrm-small", "--set", "system.node.gpus_per_node=2", "--batch-per-rank", "256", "--json"]
+    (c1, searched), (c2, by_presets) = invoke("shard", str(free), "--json"), invoke("shard", *presets)
+    assert c1 == c2 == 0 and json.loads(searched)["plans"] == json.loads(by_presets)["plans"]
+    code, text = invoke("shard", str(job), "--model", "dlrm-small", "--batch-per-rank", "8")
+    assert code == 2 and "--model, --batch-per-rank: " in text and "dlrm.yaml gives them (--set changes them)" in text
+
+
+def test_a_saved_sharding_is_priced_again_by_shard_sharding(tmp_path: Path) -> None:
+    """`shard --json`'s output once was refused by `--sharding` ("table 'model': expected {strategy: …}"):
+    its first plan's tables, priced again, give its step."""
+    presets = ["--model", "dlrm-small", "--set", "system.node.gpus_per_node=2", "--batch-per-rank", "256"]
+    code, text = invoke("shard", *presets, "--json")
+    assert code == 0, text
+    saved = tmp_path / "saved.json"
+    saved.write_text(text)
+    code, again = invoke("shard", *presets, "--sharding", str(saved), "--json")
+    assert code == 0, again
+    first, priced = json.loads(text)["plans"][0], json.loads(again)
+    assert priced["method"] == "given" and priced["plans"][0]["step_time_s"] == first["step_time_s"]
+    assert priced["plans"][0]["tables"] == first["tables"]

@@ -2370,6 +2370,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "a calibration's unknown field read by nothing, silently", _t("hostile_inputs")),
     M("profile/calibrate.py", 'if unread := [k for k in doc.get(section, {}) if k not in (*names, "source")]:',
       "if unread := []:", "a GEMM curve for int4 accepted and never read", _t("hostile_inputs")),
+    M("cli/shard_cmds.py", "if sharding is not None else job_sharding", "if sharding is not None else None",
+      "shard of a job file searched past its plan.sharding", _t("cli_workloads")),
+    M("cli/shard_cmds.py", 'doc = {t["name"]: {k: v for k, v in t.items() if k != "name"} for t in tables}',
+      'doc = {t["name"]: t for t in tables}', "a saved sharding refused by --sharding", _t("cli_workloads")),
 )
 # fmt: on
 

@@ -10,14 +10,15 @@ import typer
 from rich.table import Table
 
 from itercast.cli.app import (
-    BatchPerRankOpt,
     CalibrationOpt,
+    JobFileArg,
     JsonOpt,
     SetOpt,
     app,
     console,
     echo_json,
     fail,
+    refuse_options,
     warn,
     warn_other_system,
     working,
@@ -28,9 +29,10 @@ from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.profile.calibrate import load_calibration
 from itercast.sim.analysis import breakdown, critical_path
-from itercast.workload import sharding_summary
+from itercast.workload import DLRMWorkload, load_workload, sharding_summary
 from itercast.workloads.dlrm import (
     DLRMConfig,
+    DLRMJob,
     DLRMStep,
     Shard,
     ShardingResult,
@@ -43,12 +45,17 @@ from itercast.workloads.dlrm import (
 )
 
 MAX_MODEL_BYTES = 4 << 20
+MAX_SHARDING_BYTES = 16 << 20  # a saved `shard --json` of its top plans, critical paths and all, is a few MB at most
+SYSTEM, BATCH_PER_RANK = "dgx-h100", 4096  # shard's defaults without a job file (--system, --batch-per-rank)
 
 
 @app.command("shard")
 def shard_cmd(
-    model: Annotated[str, typer.Option(metavar="NAME|FILE", help="A DLRM preset (itercast presets) or a YAML file.")],
-    system: Annotated[str, typer.Option(metavar="NAME", help="System preset.")] = "dgx-h100",
+    job_file: JobFileArg = None,
+    model: Annotated[
+        str | None, typer.Option(metavar="NAME|FILE", help="A DLRM preset (itercast presets) or a YAML file.")
+    ] = None,
+    system: Annotated[str | None, typer.Option(metavar="NAME", help="System preset [default: dgx-h100].")] = None,
     set_: SetOpt = None,
     calibration: CalibrationOpt = None,
     indices: Annotated[
@@ -58,24 +65,37 @@ def shard_cmd(
             help="A sample of a table's real indices (.npy or text integers), for its distinct rows (repeatable).",
         ),
     ] = None,
-    nodes: Annotated[int, typer.Option(min=1, max=4096, help="Nodes of the system.")] = 1,
-    batch_per_rank: BatchPerRankOpt = 4096,
+    nodes: Annotated[int | None, typer.Option(min=1, max=4096, help="Nodes of the system [default: 1].")] = None,
+    batch_per_rank: Annotated[
+        int | None,
+        typer.Option(min=1, max=10_000_000, help=f"Samples per GPU per step [default: {BATCH_PER_RANK}]."),
+    ] = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Plans to show.")] = 5,
     sharding: Annotated[
         Path | None,
         typer.Option(
             metavar="FILE",
-            help="Price this sharding instead of searching: YAML `TABLE: {strategy: …, ranks: [...]}`.",
+            help="Price this sharding instead of searching: YAML `TABLE: {strategy: …, ranks: [...]}`, or a saved "
+            "`shard --json` (its first plan).",
         ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Shard a DLRM's embedding tables over the GPUs (table-, column-, row-wise, data-parallel and
     mixes) for the least step time: every combination when there are few, else greedily, each plan
-    priced by simulating its step on every rank; plans that fit first."""
-    dlrm, sys_cfg, result, notes = _price(
-        model, system, nodes, set_, calibration, indices, sharding, batch_per_rank, as_json
-    )
+    priced by simulating its step on every rank; plans that fit first. A DLRM job file gives the model,
+    system, samples per GPU and (its plan.sharding) a sharding to price."""
+    if job_file is not None:
+        given = {"--model": model, "--system": system, "--nodes": nodes, "--batch-per-rank": batch_per_rank}
+        refuse_options({k: v is not None for k, v in given.items()}, f"{job_file} gives them (--set changes them)")
+        job, job_sharding = _job(job_file, set_ or [])
+        dlrm, sys_cfg, batch_per_rank = job.model, job.system, job.plan.batch_per_rank
+    else:
+        if model is None:
+            fail("shard: give a DLRM job file or --model NAME|FILE")
+        (dlrm, sys_cfg), job_sharding = _presets(model, system or SYSTEM, nodes or 1, set_ or []), None
+        batch_per_rank = batch_per_rank or BATCH_PER_RANK
+    result, notes = _price(dlrm, sys_cfg, calibration, indices, sharding, job_sharding, batch_per_rank, as_json)
     out: dict[str, Any] = {
         "model": dlrm.name,
         "system": sys_cfg.name,
@@ -108,21 +128,25 @@ def shard_cmd(
     console.print(table)
 
 
-def _price(
-    model: str,
-    system: str,
-    nodes: int,
-    set_: list[str] | None,
-    calibration: Path | None,
-    indices: list[str] | None,
-    sharding: Path | None,
-    batch_per_rank: int,
-    quiet: bool,
-) -> tuple[DLRMConfig, SystemConfig, ShardingResult, list[str]]:
-    """The model, the system, the priced sharding(s) (the given one, else the planner's) and the notes on what
-    their prices leave out, each warned; every input problem is one error line and exit 2."""
+def _job(path: Path, overrides: list[str]) -> tuple[DLRMJob, dict[str, Shard] | None]:
+    """A DLRM job file with its --set overrides, and its plan's sharding (None: the planner's); a transformer's
+    job or any problem is one error line."""
     try:
-        raw = raw_sections(overrides=set_ or [], system=system)
+        w = load_workload(path, overrides)
+    except ConfigError as exc:
+        fail(str(exc).replace("\n", "\n  "))
+    if not isinstance(w, DLRMWorkload):
+        fail(
+            f"shard: {path} is a transformer's job; shard places a DLRM's embedding tables (`itercast search` "
+            "searches a transformer's plans)"
+        )
+    return w.job, w.job.shards()
+
+
+def _presets(model: str, system: str, nodes: int, set_: list[str]) -> tuple[DLRMConfig, SystemConfig]:
+    """--model and --system with --nodes and --set (model.* and system.* fields); one error line each."""
+    try:
+        raw = raw_sections(overrides=set_, system=system)
         if raw["plan"]:
             raise ConfigError(
                 "--set plan.*: shard takes the plan's batch as --batch-per-rank and a sharding to price as --sharding "
@@ -132,13 +156,33 @@ def _price(
             raise ConfigError(
                 f"--nodes {nodes} and --set system.num_nodes={raw['system']['num_nodes']} disagree: give one of them"
             )
-        dlrm = load_dlrm(model, raw["model"], set_ or [])
-        sys_cfg = cast(SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set"))
+        dlrm = load_dlrm(model, raw["model"], set_)
+        return dlrm, cast(
+            SystemConfig, parse_section("system", {"num_nodes": nodes, **raw["system"]}, "--system/--set")
+        )
+    except ConfigError as exc:
+        fail(str(exc).replace("\n", "\n  "))
+
+
+def _price(
+    dlrm: DLRMConfig,
+    sys_cfg: SystemConfig,
+    calibration: Path | None,
+    indices: list[str] | None,
+    sharding: Path | None,
+    job_sharding: dict[str, Shard] | None,
+    batch_per_rank: int,
+    quiet: bool,
+) -> tuple[ShardingResult, list[str]]:
+    """The priced sharding(s) (--sharding's, else the job's plan.sharding, else the planner's) and the notes on
+    what their prices leave out, each warned; every input problem is one error line and exit 2."""
+    try:
         cal = load_calibration(calibration) if calibration else None
         counts = _index_samples(indices or [], dlrm)
         with working("pricing shardings…", quiet):
-            if sharding is not None:
-                plan = load_sharding(sharding, dlrm, sys_cfg.num_gpus)
+            given = load_sharding(sharding, dlrm, sys_cfg.num_gpus) if sharding is not None else job_sharding
+            if given is not None:
+                plan = given
                 step = dlrm_step(dlrm, sys_cfg, plan, batch_per_rank, cal, counts)
                 found = ShardingResult([(plan, step)], "given", 1)
             else:
@@ -152,7 +196,7 @@ def _price(
     said = [*dlrm_notes(dlrm, sys_cfg, batch_per_rank, cal), *found.plans[0][1].extrapolated]
     for note in said:
         warn(note)
-    return dlrm, sys_cfg, found, said
+    return found, said
 
 
 def _plan_dict(plan: dict[str, Shard], step: DLRMStep, samples_per_step: int) -> dict[str, Any]:
@@ -189,8 +233,15 @@ def _index_samples(items: list[str], dlrm: DLRMConfig) -> dict[str, np.ndarray]:
 
 
 def load_sharding(path: Path, dlrm: DLRMConfig, world: int) -> dict[str, Shard]:
-    """A sharding file, every problem named."""
-    doc = read_yaml_file(path, "sharding", MAX_MODEL_BYTES)
+    """A sharding file, every problem named: `TABLE: {strategy, ranks}`, or a saved `shard --json` (or a DLRM's
+    `search --json`), whose first plan's tables are read."""
+    doc = read_yaml_file(path, "sharding", MAX_SHARDING_BYTES)
+    if isinstance(doc, dict) and "plans" in doc:
+        plans = doc["plans"]
+        tables = plans[0].get("tables") if isinstance(plans, list) and plans and isinstance(plans[0], dict) else None
+        if not isinstance(tables, list) or not all(isinstance(t, dict) and "name" in t for t in tables):
+            raise ConfigError(f"{path}: `plans[0].tables`: expected a saved sharding's tables; got {tables!r:.80}")
+        doc = {t["name"]: {k: v for k, v in t.items() if k != "name"} for t in tables}
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a mapping TABLE: {{strategy, ranks}}; got {type(doc).__name__}")
     plan: dict[str, Shard] = {}

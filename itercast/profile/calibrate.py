@@ -358,8 +358,8 @@ _PARAMETER = re.compile(r"e_max|gamma|log_half|alpha\w*|s_per_\w+|\w+_s")
 #: what a calibration file may hold: its fields, and the curves of the sections whose keys the cost model reads
 #: by name (a GEMM's by CURVE_KEYS' dtype, bf16 otherwise; a memory-bound kernel's by kind); a field or curve of
 #: another name would be read by nothing, silently
-CALIBRATION_FIELDS = ("format", "version", "system", "device", "gemm", "memory", "embedding", "collectives")
-CALIBRATION_FIELDS += ("operators", "host_overheads", "source")
+CALIBRATION_FIELDS: tuple[str, ...] = ("format", "version", "system", "device", "gemm", "memory", "embedding")
+CALIBRATION_FIELDS += ("collectives", "operators", "host_overheads", "source")
 CURVE_NAMES = {"gemm": ("bf16", "tf32", "fp8"), "memory": ("elementwise", "norm", "activation", "optimizer")}
 
 
