@@ -48,10 +48,11 @@ def read_json_file(path: Path, what: str, max_bytes: int) -> Any:
         raise ConfigError(f"{path}: {what} nested too deeply to be one") from None
 
 
-def check_output(path: str | Path, inputs: Iterable[str | Path | None] = ()) -> Path:
+def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), suffixes: tuple[str, ...] = ()) -> Path:
     """An output path a command may write: not a symbolic link or a directory, in a directory that
-    exists, and not one of the command's `inputs` (files, or directories whose files it reads: an
-    existing file inside one is refused too); a ConfigError naming the path otherwise."""
+    exists, not one of the command's `inputs` (files, or directories whose files it reads: an
+    existing file inside one is refused too), and ending in one of `suffixes` where given (an HTML report
+    written over a job.yaml, a PNG into cdf.txt); a ConfigError naming the path otherwise."""
     path = Path(path)
     if path.is_symlink():
         raise ConfigError(f"{path}: is a symbolic link; give the real path to write")
@@ -67,12 +68,18 @@ def check_output(path: str | Path, inputs: Iterable[str | Path | None] = ()) -> 
             raise ConfigError(f"{path}: is an input of this command; write the output elsewhere")
         if Path(source).is_dir() and path.resolve().is_relative_to(Path(source).resolve()):
             raise ConfigError(f"{path}: is a file of {source}, an input of this command; write the output elsewhere")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ConfigError(
+            f"{path}: expected a file name ending in {' or '.join(suffixes)}; got {path.suffix or 'none'}"
+        )
     return path
 
 
-def write_output(path: str | Path, data: bytes | str, inputs: Iterable[str | Path | None] = ()) -> Path:
+def write_output(
+    path: str | Path, data: bytes | str, inputs: Iterable[str | Path | None] = (), suffixes: tuple[str, ...] = ()
+) -> Path:
     """Write `data` to `path` atomically after check_output; the error names the path."""
-    path = check_output(path, inputs)
+    path = check_output(path, inputs, suffixes)
     parent = path.parent if str(path.parent) else Path(".")
     raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)

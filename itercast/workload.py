@@ -76,6 +76,11 @@ class Workload(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
+def nodes_text(count: int) -> str:
+    """'1 node', '2 nodes': a headline's node count."""
+    return f"{count:,} node{'' if count == 1 else 's'}"
+
+
 @dataclass(frozen=True)
 class TransformerWorkload:
     """A dense or mixture-of-experts transformer job."""
@@ -113,7 +118,7 @@ class TransformerWorkload:
             if k not in gpus[:i]
         )
         return (
-            f"{job.model.name} on {kinds} ({job.system.name}, {job.system.num_nodes} nodes) — dp {p.dp} × tp "
+            f"{job.model.name} on {kinds} ({job.system.name}, {nodes_text(job.system.num_nodes)}) — dp {p.dp} × tp "
             f"{p.tensor_parallel} × pp {p.pipeline_parallel} × cp {p.context_parallel}{experts}, {p.schedule}, "
             f"{job.num_microbatches} micro-batches of {p.micro_batch_size}, ZeRO {p.zero_stage}{shard}, "
             f"recompute {p.recompute}"
@@ -185,7 +190,8 @@ class DLRMWorkload:
         j = self.job
         sharding = "its sharding" if j.plan.sharding is not None else "the sharding planner's fastest sharding"
         return (
-            f"{j.model.name} on {self.num_gpus}× {j.system.gpu.name} ({j.system.name}, {j.system.num_nodes} nodes) — "
+            f"{j.model.name} on {self.num_gpus}× {j.system.gpu.name} ({j.system.name}, "
+            f"{nodes_text(j.system.num_nodes)}) — "
             f"{j.plan.batch_per_rank} samples per GPU, {len(j.model.tables)} tables, {sharding}"
         )
 

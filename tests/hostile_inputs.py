@@ -429,6 +429,30 @@ def cases() -> list[Case]:
             ["predict", "--model", "dlrm-small", "--system", "dgx-h100", "--set", "system.num_nodes=12500"],
             "system: a DLRM step is simulated rank by rank, on at most 16,384 GPUs; got 100,000 (12,500 nodes)",
         ),
+        Case(
+            "a report written over a job file",
+            {"job.yaml": b"model: gpt3-1.3b\n"},
+            ["report", "--example", "--samples", "100", "-o", "{dir}/job.yaml"],
+            "job.yaml: expected a file name ending in .html or .htm; got .yaml",
+        ),
+        Case(
+            "a PNG plot named .txt",
+            {},
+            ["variability", "--example", "--samples", "200", "--plot", "{dir}/cdf.txt"],
+            "cdf.txt: expected a file name ending in .png; got .txt",
+        ),
+        Case(
+            "an index sample that is a pickled object array",
+            {"a.npy": _pickled_npy()},
+            ["shard", "--model", "dlrm-small", "--indices", "t0={dir}/a.npy"],
+            "a pickled object array, which itercast never loads: np.save an integer array instead",
+        ),
+        Case(
+            "one table's index sample given twice",
+            {"a.txt": b"1 2 3\n"},
+            ["shard", "--model", "dlrm-small", "--indices", "t0={dir}/a.txt", "--indices", "t0={dir}/a.txt"],
+            "table 't0' is given a sample twice; give it one",
+        ),
         # options of another mode, accepted and ignored until a user probe (session 61) found them
         Case(
             "predict --device-id without --et", {}, ["predict", "--example", "--device-id", "3"], "--device-id: for an"
@@ -470,6 +494,17 @@ def cases() -> list[Case]:
             "--send-gbps is for --layer-times; a job's sends are priced on its system's links",
         ),
     ]
+
+
+def _pickled_npy() -> bytes:
+    """A .npy of one Python object (None): numpy pickles object arrays, and loading one runs the pickle."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.array([None], dtype=object), allow_pickle=True)
+    return buf.getvalue()
 
 
 def _calibration(curves: str) -> bytes:

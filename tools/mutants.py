@@ -2374,6 +2374,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "shard of a job file searched past its plan.sharding", _t("cli_workloads")),
     M("cli/shard_cmds.py", 'doc = {t["name"]: {k: v for k, v in t.items() if k != "name"} for t in tables}',
       'doc = {t["name"]: t for t in tables}', "a saved sharding refused by --sharding", _t("cli_workloads")),
+    M("user_files.py", "if suffixes and path.suffix.lower() not in suffixes:", "if False:",
+      "an HTML report written over job.yaml", _t("hostile_inputs")),
+    M("cli/shard_cmds.py", "        if name in out:\n", "        if False:\n",
+      "one table's index sample given twice, the second silently kept", _t("hostile_inputs")),
 )
 # fmt: on
 

@@ -80,7 +80,7 @@ def report_cmd(
                 title, subtitle, sections = _job_sections(w, samples, within_s, seed, cal)
             inputs = [resolve_job_file(job_file, example, model, system), calibration]
         with working("drawing the report…"):
-            written = write_output(out, rep.render_html(title, subtitle, sections), inputs)
+            written = write_output(out, rep.render_html(title, subtitle, sections), inputs, (".html", ".htm"))
     except (ConfigError, DeadlockError, ValueError) as exc:  # ValueError: no DLRM sharding fits
         fail(str(exc).replace("\n", "\n  "))
     console.print(f"report written to {written}", highlight=False)

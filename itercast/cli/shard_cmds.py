@@ -228,6 +228,8 @@ def _index_samples(items: list[str], dlrm: DLRMConfig) -> dict[str, np.ndarray]:
             raise ConfigError(
                 f"--indices {item!r}: {dlrm.name} has no table {name!r} (tables: {', '.join(list(tables)[:10])}…)"
             )
+        if name in out:
+            raise ConfigError(f"--indices {item!r}: table {name!r} is given a sample twice; give it one")
         out[name] = load_index_sample(Path(file), tables[name])
     return out
 

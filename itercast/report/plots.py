@@ -77,4 +77,4 @@ def step_cdf_png(
     png = io.BytesIO()
     fig.savefig(png, format="png")
     pyplot().close(fig)
-    return write_output(path, png.getvalue(), inputs)
+    return write_output(path, png.getvalue(), inputs, (".png",))

@@ -334,7 +334,10 @@ def read_index_sequence(path: Path, where: str) -> np.ndarray:
     try:
         idx = np.load(path, allow_pickle=False, mmap_mode="r") if path.suffix == ".npy" else _text_indices(path)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: expected integers (.npy, or text); {str(exc).splitlines()[0][:120]}") from None
+        why = str(exc).splitlines()[0][:120]
+        if "pickled" in why or "Python objects" in why:  # numpy's advice to load it unsafely is not ours to give
+            why = "a pickled object array, which itercast never loads: np.save an integer array instead"
+        raise ConfigError(f"{where}: expected integers (.npy, or text); {why}") from None
     except OverflowError:
         raise ConfigError(f"{where}: expected integer indices within int64 (< 2**63); got a larger one") from None
     if idx.dtype.kind not in "iu":
