@@ -125,7 +125,7 @@ def read_result(path: Path) -> tuple[str, dict[str, Any]]:
 def result_figures(path: Path) -> tuple[str, dict[str, float], dict[str, str]]:
     """The figures `itercast compare` sets side by side for a saved result: a search's fastest plan,
     a replay's span, its what-if's span and breakdown (where it ran one) and mean step; and what the result
-    names of its job (`result_identity`: its model and system, where it says)."""
+    names of its job ({"model": …, "system": …}, those it names: predict_cmds.different_jobs_note reads them)."""
     kind, doc = read_result(path)
     identity = {k: v for k, v in doc.items() if k in ("model", "system") and isinstance(v, str)}
     if kind == "search":
