@@ -205,3 +205,26 @@ def test_random_jobs_answer_with_finite_numbers_or_one_clear_error(changes):
         assert _finite(json.loads(out.stdout))
     else:
         assert out.output.startswith("error:") and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["variability", "--example", "--samples", "1"],
+            "error: itercast variability: Invalid value for '--samples': Input should be greater than or equal "
+            "to 100 (itercast variability -h for help)",
+        ),
+        (
+            ["predict", "--example", "--zzz"],
+            "error: itercast predict: No such option: --zzz (itercast predict -h for help)",
+        ),
+        (["bogus"], "error: itercast: No such command 'bogus'. (itercast -h for help)"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args, line):
+    """click's usage errors (a value out of range, an unknown option or command) are one line naming the
+    command, as the commands' own errors, not typer's five-line box (issue 28: one line, exit 2)."""
+    out = RUN.invoke(app, args, prog_name="itercast")
+    assert out.exit_code == 2
+    assert out.output == line + "\n"

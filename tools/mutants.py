@@ -2378,6 +2378,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "an HTML report written over job.yaml", _t("hostile_inputs")),
     M("cli/shard_cmds.py", "        if name in out:\n", "        if False:\n",
       "one table's index sample given twice, the second silently kept", _t("hostile_inputs")),
+    M("cli/app.py", 'f"{ctx.command_path}: " if ctx is not None else ""', '""',
+      "a usage error's line not naming its command", _t("hardening")),
+    M("cli/app.py", "code = super().main(args, prog_name, standalone_mode=False, **call)",
+      "code = super().main(args, prog_name, standalone_mode=True, **call)", "usage errors in typer's box again",
+      _t("hardening")),
 )
 # fmt: on
 

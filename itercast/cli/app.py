@@ -10,7 +10,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import metadata, resources
 from pathlib import Path
@@ -21,6 +21,7 @@ from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer._click.exceptions import ClickException  # click as typer >= 0.29 vendors it
 from typer.core import TyperGroup
 
 from itercast.config.system import SystemConfig
@@ -30,7 +31,36 @@ from itercast.workload import DLRMWorkload, TransformerWorkload, load_workload
 
 
 class Group(TyperGroup):
-    """A command group whose `-h/--help`, and its commands', shows no type (click's flag reads `<bool>`)."""
+    """A command group whose `-h/--help`, and its commands', shows no type (click's flag reads `<bool>`),
+    and whose usage errors (an unknown option, a value out of range, a missing argument) are one line on
+    stderr, exit 2, as the commands' own errors (`fail`): typer frames them in a five-line box."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        call = {"complete_var": complete_var, "windows_expand_args": windows_expand_args, **extra}
+        if not standalone_mode:
+            return super().main(args, prog_name, standalone_mode=False, **call)
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **call)
+        except ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            hint = f" ({ctx.command_path} -h for help)" if ctx is not None else ""
+            Console(stderr=True, soft_wrap=True).print(
+                f"[bold red]error:[/] {escape(where + exc.format_message() + hint)}", highlight=False
+            )
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted.", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)  # a command's return value is not an exit code: 0
 
     def get_help_option(self, ctx: Any) -> Any:
         return _untyped(super().get_help_option(ctx))
