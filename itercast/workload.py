@@ -13,6 +13,7 @@ schedules, ZeRO, recompute; search/dlrm_search.py for a DLRM: shardings × batch
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +28,7 @@ from itercast.predict import DLRMPrediction, Forecast, Prediction, predict, pred
 from itercast.report import html_report as rep
 from itercast.sim.analysis import breakdown
 from itercast.stochastic.variability import StepGraph, build_transformer_step
-from itercast.workloads.dlrm import DLRMJob, dlrm_notes, is_dlrm_model
+from itercast.workloads.dlrm import DLRMJob, Shard, Strategy, dlrm_notes, is_dlrm_model
 from itercast.workloads.transformer_ops import priced_notes
 
 
@@ -235,14 +236,45 @@ def _memory_rows(r: Forecast, where: str) -> list[tuple[str, str]]:
     ]
 
 
+#: the sharding line's code of each TorchRec strategy (sharding_summary, parse_sharding_line)
+SHORT_STRATEGY: dict[Strategy, str] = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "data_parallel": "DP"}
+
+
 def sharding_summary(plan: dict[str, Any]) -> str:
     """`t0 TW@0, t1 RW, t2 CW@0-7, …`: a sharding on one line, consecutive ranks as a range."""
-    short = {"table_wise": "TW", "column_wise": "CW", "row_wise": "RW", "data_parallel": "DP"}
     parts = []
     for name, s in plan.items():
         where = f"@{rank_ranges(s.ranks)}" if s.strategy in ("table_wise", "column_wise") else ""
-        parts.append(f"{name} {short[s.strategy]}{where}")
+        parts.append(f"{name} {SHORT_STRATEGY[s.strategy]}{where}")
     return ", ".join(parts)
+
+
+def parse_sharding_line(text: str, world: int) -> dict[str, Shard]:
+    """The sharding a `sharding_summary` line states (`t0 TW@0, t1 RW, t2 CW@0-7`), as `shard` prints it: row-wise
+    and data-parallel tables span every one of the `world` ranks; table- and column-wise ones name theirs (`@` ranks
+    and `first-last` runs, in order). Each malformed part is named; what the ranks mean is checked by the caller
+    (check_sharding)."""
+    codes = {code: strategy for strategy, code in SHORT_STRATEGY.items()}
+    plan: dict[str, Shard] = {}
+    for part in (p.strip() for p in re.split(r",\s*(?=\D)", text) if p.strip()):  # `0-2,5`: one part
+        name, _, rest = part.partition(" ")
+        code, at, where = rest.strip().partition("@")
+        if not name or code not in codes:
+            raise ConfigError(f"--sharding {part!r}: expected `TABLE CODE[@RANKS]`, CODE one of {', '.join(codes)}")
+        strategy = codes[code]
+        if (strategy in ("table_wise", "column_wise")) != bool(at):
+            need = "names its ranks (@0, @0-3)" if not at else "spans every rank (no @)"
+            raise ConfigError(f"--sharding {part!r}: {strategy} {need}")
+        ranks: list[int] = []
+        for run in where.split(",") if at else []:
+            first, dash, last = run.partition("-")
+            if not first.isdigit() or (dash and not last.isdigit()) or len(first) + len(last) > 7:
+                raise ConfigError(f"--sharding {part!r}: ranks {where!r}: expected ranks like 0 or 0-7")
+            ranks += range(int(first), int(last if dash else first) + 1)
+        if name in plan:
+            raise ConfigError(f"--sharding: table {name!r} is given twice")
+        plan[name] = Shard(strategy, tuple(ranks) if at else tuple(range(world)))
+    return plan
 
 
 def rank_ranges(ranks: tuple[int, ...]) -> str:

@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.cli.shard_cmds import load_dlrm
-from itercast.workload import load_workload
+from itercast.errors import ConfigError
+from itercast.workload import load_workload, parse_sharding_line, sharding_summary
+from itercast.workloads.dlrm import Shard
 
 SHARDING = "{t0: {strategy: table_wise, ranks: [0]}, t1: {strategy: table_wise, ranks: [1]}, " + (
     "t2: {strategy: table_wise, ranks: [1]}, t3: {strategy: data_parallel, ranks: [0, 1]}}"
@@ -285,3 +287,49 @@ def test_a_saved_sharding_is_priced_again_by_shard_sharding(tmp_path: Path) -> N
     first, priced = json.loads(text)["plans"][0], json.loads(again)
     assert priced["method"] == "given" and priced["plans"][0]["step_time_s"] == first["step_time_s"]
     assert priced["plans"][0]["tables"] == first["tables"]
+
+
+def test_the_sharding_line_shard_prints_is_read_back() -> None:
+    """parse_sharding_line reads what sharding_summary writes: table- and column-wise ranks as named (runs
+    `first-last` and commas), row-wise and data-parallel over all 8 ranks, written by hand here."""
+    plan = parse_sharding_line("t0 TW@3, t1 CW@0-2,5, t2 RW,t3 DP", world=8)
+    assert plan == {
+        "t0": Shard("table_wise", (3,)),
+        "t1": Shard("column_wise", (0, 1, 2, 5)),
+        "t2": Shard("row_wise", (0, 1, 2, 3, 4, 5, 6, 7)),
+        "t3": Shard("data_parallel", (0, 1, 2, 3, 4, 5, 6, 7)),
+    }
+    assert sharding_summary(plan) == "t0 TW@3, t1 CW@0-2,5, t2 RW, t3 DP"
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("t0 XX, t1 RW", "--sharding 't0 XX': expected `TABLE CODE[@RANKS]`, CODE one of TW, CW, RW, DP"),
+        ("t0 TW, t1 RW", "--sharding 't0 TW': table_wise names its ranks (@0, @0-3)"),
+        ("t0 RW@1, t1 RW", "--sharding 't0 RW@1': row_wise spans every rank (no @)"),
+        ("t0 TW@a, t1 RW", "--sharding 't0 TW@a': ranks 'a': expected ranks like 0 or 0-7"),
+        ("t0 TW@0, t0 RW", "--sharding: table 't0' is given twice"),
+    ],
+)
+def test_a_malformed_sharding_line_is_named(line: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_sharding_line(line, world=8)
+    assert str(err.value) == message
+
+
+def test_shard_prices_the_line_it_printed() -> None:
+    """The table's sharding column, given back as --sharding, prices the same step as the plan it came from; a
+    rank that does not exist is one error line naming it."""
+    presets = ["--model", "dlrm-small", "--set", "system.node.gpus_per_node=2", "--batch-per-rank", "256"]
+    code, text = invoke("shard", *presets, "--json")
+    assert code == 0, text
+    first = json.loads(text)["plans"][0]
+    line = sharding_summary({t["name"]: Shard(t["strategy"], tuple(t["ranks"])) for t in first["tables"]})
+    code, again = invoke("shard", *presets, "--sharding", line, "--json")
+    assert code == 0, again
+    assert json.loads(again)["plans"][0]["step_time_s"] == first["step_time_s"]
+    code, text = invoke("shard", *presets, "--sharding", "t0 TW@9, t1 RW, t2 RW, t3 RW")
+    assert code == 2 and "--sharding: table 't0': ranks [9] do not exist (ranks 0..1)" in text
+    code, text = invoke("shard", *presets, "--sharding", "t0 XX, t1 RW")  # printed as written, no markup
+    assert code == 2 and "expected `TABLE CODE[@RANKS]`" in text

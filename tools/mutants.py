@@ -2383,6 +2383,16 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/app.py", "code = super().main(args, prog_name, standalone_mode=False, **call)",
       "code = super().main(args, prog_name, standalone_mode=True, **call)", "usage errors in typer's box again",
       _t("hardening")),
+    M("workload.py", "ranks += range(int(first), int(last if dash else first) + 1)",
+      "ranks += range(int(first), int(last if dash else first))", "a sharding line's rank run short of its last",
+      _t("cli_workloads")),
+    M("workload.py", "plan[name] = Shard(strategy, tuple(ranks) if at else tuple(range(world)))",
+      "plan[name] = Shard(strategy, tuple(ranks))", "a row-wise table of a sharding line on no rank",
+      _t("cli_workloads")),
+    M("workload.py", "for p in re.split(r\",\\s*(?=\\D)\", text)", "for p in text.split(\",\")",
+      "a sharding line's rank list split into tables", _t("cli_workloads")),
+    M("cli/app.py", 'print(f"[bold red]error:[/] {escape(message)}"', 'print(f"[bold red]error:[/] {message}"',
+      "an error naming `[@RANKS]` printed without it", _t("cli_workloads")),
 )
 # fmt: on
 

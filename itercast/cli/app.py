@@ -251,8 +251,9 @@ def warn(message: str) -> None:
 
 
 def fail(message: str) -> NoReturn:
-    """A user error: the message on stderr, exit code 2, no traceback."""
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    """A user error: the message on stderr, exit code 2, no traceback; printed as written (escaped: a `[@RANKS]` or a
+    file named `[x].yaml` is no markup)."""
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(2)
 
 

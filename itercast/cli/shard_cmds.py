@@ -29,7 +29,7 @@ from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.profile.calibrate import load_calibration
 from itercast.sim.analysis import breakdown, critical_path
-from itercast.workload import DLRMWorkload, load_workload, sharding_summary
+from itercast.workload import DLRMWorkload, load_workload, parse_sharding_line, sharding_summary
 from itercast.workloads.dlrm import (
     DLRMConfig,
     DLRMJob,
@@ -72,11 +72,11 @@ def shard_cmd(
     ] = None,
     top: Annotated[int, typer.Option(min=1, max=1000, help="Plans to show.")] = 5,
     sharding: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            metavar="FILE",
-            help="Price this sharding instead of searching: YAML `TABLE: {strategy: …, ranks: [...]}`, or a saved "
-            "`shard --json` (its first plan).",
+            metavar="FILE|LINE",
+            help="Price this sharding instead of searching: YAML `TABLE: {strategy: …, ranks: [...]}`, a saved "
+            "`shard --json` (its first plan), or the table's line as shard prints it (`t0 TW@0, t1 RW, t2 CW@0-3`).",
         ),
     ] = None,
     as_json: JsonOpt = False,
@@ -112,7 +112,8 @@ def shard_cmd(
         return
     console.print(
         f"{dlrm.name} on {sys_cfg.num_gpus}× {sys_cfg.gpu.name}, {batch_per_rank} samples per GPU: "
-        f"{result.evaluated:,} plans priced ({result.method}); host overheads: {out['host_overheads']}",
+        f"{result.evaluated:,} plan{'s' if result.evaluated != 1 else ''} priced ({result.method}); "
+        f"host overheads: {out['host_overheads']}",
         highlight=False,
     )
     table = Table()
@@ -169,7 +170,7 @@ def _price(
     sys_cfg: SystemConfig,
     calibration: Path | None,
     indices: list[str] | None,
-    sharding: Path | None,
+    sharding: str | None,
     job_sharding: dict[str, Shard] | None,
     batch_per_rank: int,
     quiet: bool,
@@ -234,9 +235,16 @@ def _index_samples(items: list[str], dlrm: DLRMConfig) -> dict[str, np.ndarray]:
     return out
 
 
-def load_sharding(path: Path, dlrm: DLRMConfig, world: int) -> dict[str, Shard]:
-    """A sharding file, every problem named: `TABLE: {strategy, ranks}`, or a saved `shard --json` (or a DLRM's
-    `search --json`), whose first plan's tables are read."""
+def load_sharding(given: str, dlrm: DLRMConfig, world: int) -> dict[str, Shard]:
+    """--sharding, every problem named: a file, `TABLE: {strategy, ranks}` or a saved `shard --json` (or a DLRM's
+    `search --json`), whose first plan's tables are read; else the line `shard` prints (workload.parse_sharding_line)
+    where no such file is and the text has a table's code (`t0 TW@0, t1 RW`)."""
+    path = Path(given)
+    if not path.exists() and " " in given.strip():
+        line = parse_sharding_line(given, world)
+        if problems := check_sharding(dlrm, line, world):
+            raise ConfigError("\n".join(f"--sharding: {p}" for p in problems))
+        return line
     doc = read_yaml_file(path, "sharding", MAX_SHARDING_BYTES)
     if isinstance(doc, dict) and "plans" in doc:
         plans = doc["plans"]
