@@ -13,6 +13,9 @@ from itercast.traces.execution_trace import link, read_execution_trace
 from itercast.traces.kineto import TraceError, read_kineto
 from itercast.traces.whatif import WhatIf, matmul_flops
 
+#: what the --gpu what-if says of a trace whose GPU no system preset has (the fixtures name none)
+ABSOLUTE = "re-timed GEMMs from shapes on dgx-h100, absolute (no system preset has the trace's GPU)"
+
 
 def et_node(nid, name, rf_id, inputs, shapes, outputs, out_shapes, types=None):
     return {
@@ -33,10 +36,11 @@ def tensor(tid, numel):
     return [tid, tid, 0, numel, 4, "cuda:0"]
 
 
-def pair(tmp_path, rf_in_kineto: bool, split_k: bool = False, et_pid: int = 100):
+def pair(tmp_path, rf_in_kineto: bool, split_k: bool = False, et_pid: int = 100, device: str | None = None):
     """An addmm (bias 256, [64,512]×[512,256]) then a relu reading its output. `split_k`: the addmm's
     200 µs on the GPU are a 150 µs GEMM kernel and a 50 µs split-K reduction, launched apart. The Kineto
-    trace's CPU operators ran in process 100; the execution trace says it was recorded by `et_pid`."""
+    trace's CPU operators ran in process 100; the execution trace says it was recorded by `et_pid`; `device`:
+    the GPU its deviceProperties name (none by default)."""
     nodes = [
         et_node(
             2,
@@ -76,7 +80,8 @@ def pair(tmp_path, rf_in_kineto: bool, split_k: bool = False, et_pid: int = 100)
         kernel("vectorized_elementwise_kernel", 230, 10, corr=2),
         call("cudaDeviceSynchronize", 70, 171),
     ]
-    return et, write(tmp_path / "k.json", events)
+    top = {"deviceProperties": [{"name": device}]} if device else {}
+    return et, write(tmp_path / "k.json", events, **top)
 
 
 @pytest.mark.parametrize("rf", [True, False])
@@ -101,12 +106,34 @@ def test_gpu_what_if_retimes_the_gemm_from_its_shapes(tmp_path):
     gemm_s = float(model.gemm_s(2 * 64 * 512 * 256))
     g = moved.sim.graph
     task = next(t for t in range(g.num_tasks) if g.names[g.name[t]].startswith("ampere_sgemm"))
-    assert changes == {"re-timed GEMMs from shapes on dgx-h100": 1} and g.duration_s[task] == pytest.approx(gemm_s)
+    assert changes == {ABSOLUTE: 1} and g.duration_s[task] == pytest.approx(gemm_s)
     # By hand: the GEMM now ends at 30 + ~11 µs, so the ReLU kernel is bound by its own launch at 55 µs
     # plus the trace's median launch latency (10 µs, the GEMM's): 65–75; the sync waits until 75, takes
     # its own 1 µs, and the 159 µs of CPU work that followed it ends the step at 235 µs instead of 400.
     assert gemm_s < 25e-6
     assert (base.steps[0].replayed_s, moved.steps[0].replayed_s) == pytest.approx((400e-6, 235e-6), abs=1e-9)
+
+
+def test_gpu_what_if_scales_the_measured_gemm_by_the_models_ratio(tmp_path):
+    """A trace of an A100 (deviceProperties): the 200 µs GEMM kernel is scaled by the model's H100 / A100 time of
+    its matmul; on its own GPU it keeps its measured time exactly (a FLOP model that misses a small GEMM misses it
+    on both GPUs alike)."""
+    from itercast.config.job import load_system
+    from itercast.costs.analytic import AnalyticCostModel
+
+    et_path, k_path = pair(tmp_path, True, device="NVIDIA A100-SXM4-80GB")
+    flops = 2 * 64 * 512 * 256
+    h100, a100 = (float(AnalyticCostModel(load_system(s), "fp32").gemm_s(flops)) for s in ("dgx-h100", "dgx-a100"))
+    for gpu, expected in (("dgx-h100", 200e-6 * h100 / a100), ("dgx-a100", 200e-6)):
+        _, moved, changes = replay_whatif([k_path], WhatIf(gpu=gpu), [et_path])
+        g = moved.sim.graph
+        task = next(t for t in range(g.num_tasks) if g.names[g.name[t]].startswith("ampere_sgemm"))
+        assert g.duration_s[task] == pytest.approx(expected, rel=1e-9)
+        said = f"re-timed GEMMs from shapes on {gpu}: measured × the model's {gpu} / dgx-a100 time"
+        assert changes == {
+            said if gpu != "dgx-a100" else "GEMMs kept at their measured time: dgx-a100 is the traces' own GPU": 1
+        }
+    assert h100 < a100  # the faster GPU shortens the measured kernel
 
 
 def test_an_execution_trace_of_another_process_is_said_and_still_linked(tmp_path):
@@ -117,7 +144,7 @@ def test_an_execution_trace_of_another_process_is_said_and_still_linked(tmp_path
     _, _, changes = replay_whatif([k_path], WhatIf(gpu="dgx-h100"), [et_path])
     (note,) = [k for k in changes if "recorded by process 101" in k]
     assert f"{k_path} by process 100: not one process's pair" in note
-    assert changes["re-timed GEMMs from shapes on dgx-h100"] == 1
+    assert changes[ABSOLUTE] == 1
     # a trace whose operators name no integer process has none, and is read as before
     odd = [{"ph": "X", "cat": "cpu_op", "name": "mm", "pid": pid, "tid": 1, "ts": 0, "dur": 1} for pid in ([1], "a")]
     assert read_kineto(write(tmp_path / "odd.json", odd)).host_pid is None
@@ -153,7 +180,7 @@ def test_gpu_what_if_splits_a_split_k_matmuls_time_between_its_kernels_then_scal
 
     # one matmul's time on the H100, shared as measured: 150 / 200 and 50 / 200 (each kernel got all of it)
     gemm, reduce, changes = kernels(WhatIf(gpu="dgx-h100"))
-    assert changes == {"re-timed GEMMs from shapes on dgx-h100": 2}
+    assert changes == {ABSOLUTE: 2}
     assert (gemm, reduce) == pytest.approx((0.75 * gemm_s, 0.25 * gemm_s))
     # a scale applies to the re-timed kernels (it was overwritten by the re-timing)
     gemm, reduce, changes = kernels(WhatIf(gpu="dgx-h100", scale={"gemm": 0.5}))

@@ -2393,6 +2393,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "a sharding line's rank list split into tables", _t("cli_workloads")),
     M("cli/app.py", 'print(f"[bold red]error:[/] {escape(message)}"', 'print(f"[bold red]error:[/] {message}"',
       "an error naming `[@RANKS]` printed without it", _t("cli_workloads")),
+    M("traces/whatif.py", "durations[task] *= model_s(gpu, dtype, flops) / model_s(source, dtype, flops)",
+      "durations[task] = model_s(gpu, dtype, flops) * share", "replay --gpu swapping measured GEMMs for model times",
+      _t("execution_trace")),
+    M("traces/whatif.py", "durations[task] *= model_s(gpu, dtype, flops) / model_s(source, dtype, flops)",
+      "durations[task] *= model_s(source, dtype, flops) / model_s(gpu, dtype, flops)",
+      "replay --gpu scaling GEMMs by the inverse ratio", _t("execution_trace")),
 )
 # fmt: on
 

@@ -63,7 +63,11 @@ def replay_cmd(
         ),
     ] = None,
     gpu: Annotated[
-        str | None, typer.Option(help="What-if: re-time GEMMs (shapes from --et) on this system's GPU.")
+        str | None,
+        typer.Option(
+            help="What-if: re-time GEMMs (shapes from --et) on this system's GPU: each measured kernel × the GEMM "
+            "model's time on it / on the traces' own GPU (absolute model time where no preset has that GPU)."
+        ),
     ] = None,
     et: Annotated[
         list[Path] | None, typer.Option(metavar="FILE", help="PyTorch execution trace per trace file, same order.")

@@ -16,7 +16,7 @@ from itercast.config.job import load_system
 from itercast.costs.analytic import AnalyticCostModel
 from itercast.errors import ConfigError
 from itercast.hardware.topology import place_group
-from itercast.traces.collective_sizes import CollectiveSize, builtin_model, collective_sizes
+from itercast.traces.collective_sizes import CollectiveSize, builtin_model, collective_sizes, trace_system
 from itercast.traces.host_overheads import HostOverheads, modelled_host_us, synchronising_calls, thread_ops
 from itercast.traces.kineto import RankTrace
 from itercast.traces.parallel_whatifs import retime_data_parallel
@@ -166,7 +166,12 @@ def apply_whatif(
     if whatif.tp is not None:
         alone = retime_tensor_parallel(rg, traces, whatif.tp, durations, changes, whatif.curves, whatif.host_cores)
     if whatif.gpu is not None:
-        _retime_gemms(whatif.gpu, gemm_flops or {}, durations, changes)
+        own = {
+            task: trace_system(t)
+            for index, t in enumerate(traces)
+            for task in rg.gpu_task.get(t.rank if t.rank is not None else index, np.zeros(0, np.int64)).tolist()
+        }
+        _retime_gemms(whatif.gpu, gemm_flops or {}, own, durations, changes)
     # scaled last, so that a class re-timed above (--system, --gpu) is scaled (or dropped) at its new time
     gpu_tasks = sorted(set(np.concatenate(list(rg.gpu_task.values())).tolist())) if rg.gpu_task else []
     matched: set[str] = set()
@@ -270,17 +275,36 @@ def _retime_collectives(
 
 
 def _retime_gemms(
-    gpu: str, gemm_flops: dict[int, tuple[float, str, float]], durations: np.ndarray, changes: Counter
+    gpu: str,
+    gemm_flops: dict[int, tuple[float, str, float]],
+    own: dict[int, str | None],
+    durations: np.ndarray,
+    changes: Counter,
 ) -> None:
-    """Each GEMM kernel at its share of its matmul's time on `gpu`'s GEMM model."""
+    """Each GEMM kernel's measured time scaled by the GEMM model's time of its matmul on `gpu` over that on the
+    trace's own GPU (`own`: task → the system preset of its trace's GPU, collective_sizes.trace_system): the
+    measurement keeps what the model misses on both GPUs alike (a small fp32 matmul's launch-bound kernels, which
+    the FLOP model prices 2.8× the measurement on PARAM's V100 DLRM trace), and the trace's own GPU changes
+    nothing. A trace whose GPU no preset has: the kernel at its share of its matmul's model time on `gpu`,
+    absolute, and said."""
     if not gemm_flops:
         raise ConfigError("what-if: --gpu re-times GEMMs from their shapes; give the execution traces (--et)")
-    system = load_system(gpu)
-    models: dict[str, AnalyticCostModel] = {}
+    models: dict[tuple[str, str], AnalyticCostModel] = {}
+
+    def model_s(system: str, dtype: str, flops: float) -> float:
+        if (system, dtype) not in models:
+            models[system, dtype] = AnalyticCostModel(load_system(system), dtype)
+        return float(models[system, dtype].gemm_s(flops))
+
     for task, (flops, dtype, share) in gemm_flops.items():
-        model = models.setdefault(dtype, AnalyticCostModel(system, dtype))
-        durations[task] = float(model.gemm_s(flops)) * share
-        changes[f"re-timed GEMMs from shapes on {gpu}"] += 1
+        if (source := own.get(task)) == gpu:
+            changes[f"GEMMs kept at their measured time: {gpu} is the traces' own GPU"] += 1
+        elif source is not None:
+            durations[task] *= model_s(gpu, dtype, flops) / model_s(source, dtype, flops)
+            changes[f"re-timed GEMMs from shapes on {gpu}: measured × the model's {gpu} / {source} time"] += 1
+        else:
+            durations[task] = model_s(gpu, dtype, flops) * share
+            changes[f"re-timed GEMMs from shapes on {gpu}, absolute (no system preset has the trace's GPU)"] += 1
 
 
 def apply_host_overheads(
