@@ -301,6 +301,35 @@ def test_slice_places_stages_on_the_job_files_own_groups(tmp_path):
     assert bad.exit_code == 2 and "system.device_groups[1]: slice places stages on groups of a preset" in bad.output
 
 
+def test_slice_names_the_group_order_its_slicing_needs(tmp_path):
+    """User probe 6: the job lists its H100 node first, the slicing runs the V100 node first; pasting only
+    stage_layers put 17 layers on a 16 GiB V100 (predict --strict: exit 3, 16.2 s). slice now prints the groups in
+    pipeline order, and the job with both pasted is predicted at slice's step, within each GPU's memory."""
+    plan = (
+        "plan: {tensor_parallel: 4, pipeline_parallel: 4, global_batch_size: 64, dtype: fp16, flash_attention: false}"
+    )
+    groups = "[{preset: dgx-h100, num_nodes: 1}, {preset: v100-p3.16xlarge, num_nodes: 1}]"
+    job = tmp_path / "mixed.yaml"
+    job.write_text(f"model: gpt3-13b\nsystem: {{preset: dgx-h100, device_groups: {groups}}}\n{plan}\n")
+    res = CliRunner().invoke(app, ["slice", str(job)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    pasted = lines[lines.index("and under `system:`, the groups in this order (the first stages on the first):") + 1]
+    order = "[{preset: v100-p3.16xlarge, num_nodes: 1}, {preset: dgx-h100, num_nodes: 1}]"
+    assert pasted == f"  device_groups: {order}"
+    out = json.loads(CliRunner().invoke(app, ["slice", str(job), "--json"]).output)
+    assert out["device_groups"] == [
+        {"preset": "v100-p3.16xlarge", "num_nodes": 1},
+        {"preset": "dgx-h100", "num_nodes": 1},
+    ]
+    layers = f"plan.stage_layers={out['stage_layers']}"
+    again = CliRunner().invoke(
+        app, ["predict", str(job), "--set", layers, "--set", f"system.device_groups={order}", "--strict", "--json"]
+    )
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["step_time_s"] == pytest.approx(out["step_time_s"], rel=1e-9)
+
+
 def test_slice_refuses_the_layer_table_options_for_a_job():
     # a job's micro-batches and memory are its plan's and its GPUs': the CSV's options would be ignored silently
     job = ["slice", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.pipeline_parallel=4"]

@@ -2399,6 +2399,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("traces/whatif.py", "durations[task] *= model_s(gpu, dtype, flops) / model_s(source, dtype, flops)",
       "durations[task] *= model_s(source, dtype, flops) / model_s(gpu, dtype, flops)",
       "replay --gpu scaling GEMMs by the inverse ratio", _t("execution_trace")),
+    M("cli/slice_cmds.py", "runs = [g for i, g in enumerate(stage_groups) if i == 0 or stage_groups[i - 1] != g]",
+      "runs = list(dict.fromkeys(stage_groups))[::-1]", "slice's groups printed in the job's order, not the pipeline's",
+      _t("stage_slicing")),
 )
 # fmt: on
 

@@ -309,8 +309,18 @@ def _job_dict(js: JobSlicing, seconds: float, calibration: dict[str, Any] | None
         "memory_per_gpu_bytes": r.memory.total_bytes,
         "candidates": js.candidates,
         "seconds": seconds,
-        **({"stage_groups": s.stage_groups} if s.stage_groups else {}),
+        **(
+            {"stage_groups": s.stage_groups, "device_groups": _pipeline_order(s.stage_groups)} if s.stage_groups else {}
+        ),
     }
+
+
+def _pipeline_order(stage_groups: list[str]) -> list[dict[str, Any]]:
+    """system.device_groups in the order the slicing runs the pipeline over them (job_slicing.slice_job_on_groups:
+    stages fill the groups in the order listed), from each stage's group `PRESET:NODES`; predict places the
+    stage_layers the same way only with the groups in this order."""
+    runs = [g for i, g in enumerate(stage_groups) if i == 0 or stage_groups[i - 1] != g]
+    return [{"preset": g.rpartition(":")[0], "num_nodes": int(g.rpartition(":")[2])} for g in runs]
 
 
 def _groups(spec: str) -> list[tuple[str, int]]:
@@ -406,6 +416,11 @@ def _print(out: dict[str, Any]) -> None:
         typer.echo(f"paste under `plan:` in the job file:\n{lines}  stage_layers: {out['stage_layers']}")
     if "stage_groups" in out:
         console.print("stages on groups: " + ", ".join(out["stage_groups"]), highlight=False)
+        groups = ", ".join(f"{{preset: {g['preset']}, num_nodes: {g['num_nodes']}}}" for g in out["device_groups"])
+        typer.echo(
+            f"and under `system:`, the groups in this order (the first stages on the first):\n"
+            f"  device_groups: [{groups}]"
+        )
     if "relaxed" in out:
         r = out["relaxed"]
         console.print(
