@@ -330,6 +330,18 @@ def test_slice_names_the_group_order_its_slicing_needs(tmp_path):
     assert json.loads(again.output)["step_time_s"] == pytest.approx(out["step_time_s"], rel=1e-9)
 
 
+def test_slice_device_groups_are_the_cluster():
+    """--device-groups holds the cluster's nodes, as system.device_groups does in a job file: 2 nodes here with no
+    system.num_nodes (it had said '16 ≠ 8 GPUs'), and a num_nodes the groups contradict is named."""
+    args = ["slice", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.pipeline_parallel=4"]
+    args += ["--set", "plan.tensor_parallel=4", "--set", "plan.global_batch_size=64", "--json"]
+    res = CliRunner().invoke(app, [*args, "--device-groups", "dgx-h100:1,dgx-a100:1"])
+    assert res.exit_code == 0, res.output
+    assert sorted(json.loads(res.output)["stage_groups"]) == ["dgx-a100:1"] * 2 + ["dgx-h100:1"] * 2
+    bad = CliRunner().invoke(app, [*args, "--set", "system.num_nodes=3", "--device-groups", "dgx-h100:1,dgx-a100:1"])
+    assert bad.exit_code == 2 and "num_nodes is 3 but the device groups hold 2 nodes" in bad.output
+
+
 def test_slice_refuses_the_layer_table_options_for_a_job():
     # a job's micro-batches and memory are its plan's and its GPUs': the CSV's options would be ignored silently
     job = ["slice", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--set", "plan.pipeline_parallel=4"]

@@ -2402,6 +2402,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/slice_cmds.py", "runs = [g for i, g in enumerate(stage_groups) if i == 0 or stage_groups[i - 1] != g]",
       "runs = list(dict.fromkeys(stage_groups))[::-1]", "slice's groups printed in the job's order, not the pipeline's",
       _t("stage_slicing")),
+    M("cli/slice_cmds.py", 'raw = {**raw, "system": {**raw["system"], "device_groups": given}}', "pass",
+      "slice --device-groups priced on the system's own node count", _t("stage_slicing")),
 )
 # fmt: on
 

@@ -237,6 +237,9 @@ def _slice_job(
     """A job's slicing as `predict` prices it: into the plan's (or --stages) pipeline stages, or with
     --stages auto into every stage count its GPUs and layers allow, the fastest that fits."""
     groups = _groups(device_groups) if device_groups is not None else _job_groups(raw["system"], source)
+    if device_groups is not None and groups is not None:  # the cluster is the groups' (their nodes), as in a job file
+        given = [{"preset": preset, "num_nodes": nodes} for preset, nodes in groups]
+        raw = {**raw, "system": {**raw["system"], "device_groups": given}}
     if _method(method) != "exact" and groups is not None:
         raise ConfigError("--device-groups: the search is exact (the relaxation prices one device)")
     layers = cast(ModelConfig, parse_section("model", raw["model"], source)).num_layers
