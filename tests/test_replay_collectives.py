@@ -75,6 +75,18 @@ def test_a_single_ranks_gradient_reduction_rescaled_by_data_parallel_size_says_i
     assert moved.steps[0].replayed_s == pytest.approx(40e-6 + all_reduce_s("v100-p3.16xlarge", 4 * MIB, 4))
 
 
+def test_system_and_data_parallel_what_ifs_count_each_collective_once(tmp_path):
+    """User probe 6: --system re-times every sized collective, then --dp the gradient reductions again; each
+    collective counts once, under --dp's label ('re-timed 48 of 64', '80 of 64 kept' before). The one all-reduce
+    here: on dgx-h100's model over 4 GPUs, whichever what-if is given with --dp."""
+    comms = fp32_all_reduce_comms(5, 20, MIB, 2)
+    path = write(tmp_path / "t.json", [comms, *nccl_step(50)], distributedInfo={"rank": 0, "world_size": 2}, **V100)
+    _, both, counts = replay_whatif([path], WhatIf(system="dgx-h100", dp=4))
+    retimed = {k: n for k, n in counts.items() if k.startswith(("re-timed", "gradient"))}
+    assert retimed == {"gradient all_reduce re-timed from data-parallel 2 to 4 on dgx-h100's model": 1}
+    assert both.steps[0].replayed_s == pytest.approx(40e-6 + all_reduce_s("dgx-h100", 4 * MIB, 4))
+
+
 def test_sizes_from_record_param_comms_are_not_inferred(tmp_path):
     comms = fp32_all_reduce_comms(5, 20, MIB, 2)
     path = write(tmp_path / "t.json", [comms, *nccl_step(50)], **V100)

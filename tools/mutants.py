@@ -2404,6 +2404,8 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("stage_slicing")),
     M("cli/slice_cmds.py", 'raw = {**raw, "system": {**raw["system"], "device_groups": given}}', "pass",
       "slice --device-groups priced on the system's own node count", _t("stage_slicing")),
+    M("traces/whatif.py", "changes[retimed[task]] -= 1\n", "changes[retimed[task]] -= 0\n",
+      "a collective re-timed by --system and --dp counted twice", _t("replay_collectives")),
 )
 # fmt: on
 

@@ -151,15 +151,23 @@ def apply_whatif(
         else ({}, Counter())
     )
     waits = _peer_waits(rg, sizes)
-    retimed: set[int] = set()
+    retimed: dict[int, str] = {}  # task → its label in `changes`
     if whatif.system is not None or whatif.world_size is not None:
         retimed = _retime_collectives(rg, whatif, durations, changes, sizes, missing, waits)
     alone = np.zeros(0, np.int64)
     if whatif.dp is not None:
         before = durations.copy()
+        dp_changes: Counter = Counter()
         alone = retime_data_parallel(
-            rg, traces, whatif.dp, durations, changes, whatif.system, whatif.curves, whatif.host_cores
+            rg, traces, whatif.dp, durations, dp_changes, whatif.system, whatif.curves, whatif.host_cores
         )
+        if retimed:  # --system re-timed every sized collective first: count each once, a gradient reduction as --dp's
+            for task in (t for t in retimed if durations[t] != before[t]):
+                changes[retimed[task]] -= 1
+                if not changes[retimed[task]]:
+                    del changes[retimed[task]]
+            dp_changes = Counter({k: n for k, n in dp_changes.items() if "kept at measured time" not in k})
+        changes.update(dp_changes)
         unmatched = [t for t, meta in rg.nccl_meta.items() if "transfer_s" not in meta]
         if whole := sum(int(durations[t] != before[t]) for t in unmatched):
             changes[WAIT_AS_TRANSFER] += whole
@@ -249,18 +257,19 @@ def _retime_collectives(
     sizes: dict[int, CollectiveSize],
     missing: Counter,
     waits: dict[int, tuple[float, str] | None],
-) -> set[int]:
+) -> dict[int, str]:
     """Collectives re-timed on `whatif.system`'s model (over `whatif.world_size` GPUs if given) from
     their `sizes` (collective_sizes: metadata, else inferred from their time on the trace's system; `missing`,
     why the others have none), an
     unmatched one's wait for peers (`waits`, _peer_waits) added to the new model time; where that wait
     cannot be told apart it is dropped (with inferred bytes it is in the size instead): counted in `changes`.
-    Returns the tasks re-timed."""
+    Returns the tasks re-timed, each with the label it is counted under."""
     if whatif.system is None:
         raise ConfigError("what-if: --world-size re-times collectives with a system's model; also give --system")
     if not rg.nccl_meta:
         raise ConfigError("what-if --system/--world-size: the traces hold no NCCL kernels to re-time")
     costs = AnalyticCostModel(load_system(whatif.system), "bf16", whatif.curves)
+    labels: dict[int, str] = {}
     for task, size in sizes.items():
         group = place_group(whatif.world_size or size.group_size, 1, costs.system.node.gpus_per_node)
         said = None if size.inferred else changes  # an inferred size holds the wait, re-timed as bytes:
@@ -268,10 +277,11 @@ def _retime_collectives(
         if size.inferred and task in waits:  # said so for an unmatched collective
             changes[WAIT_AS_TRANSFER] += 1
         durations[task] = costs.collective_s(size.kind, size.nbytes, group) + wait_s
-        changes[f"re-timed {size.kind} on {whatif.system}" + (" (size inferred)" if size.inferred else "")] += 1
+        labels[task] = f"re-timed {size.kind} on {whatif.system}" + (" (size inferred)" if size.inferred else "")
+        changes[labels[task]] += 1
     for why, n in missing.items():
         changes[f"NCCL kernels kept at measured time ({why})"] += n
-    return set(sizes)
+    return labels
 
 
 def _retime_gemms(
