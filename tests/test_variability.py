@@ -113,6 +113,20 @@ def test_cli_json_has_quantiles_and_time_to_train():
     assert out["p50_s"] <= out["p90_s"] <= out["p95_s"] <= out["p99_s"] and out["p_within"]["probability"] == 1.0
 
 
+def test_cli_text_says_a_rare_interruption_and_the_deadline_in_the_quantiles_unit():
+    """User probe 6: 0.167 expected interruptions printed as '0 interruptions expected', and a deadline of 0.078 s
+    beside quantiles in ms. Expected here: the JSON's count at two significant digits; the --within-s given in
+    the unit the step takes (a gpt3-1.3b step on 8 H100 is over a second: '100.000 s')."""
+    args = ["variability", "--model", "gpt3-1.3b", "--system", "dgx-h100", "--samples", "200", "--steps", "1000"]
+    args += ["--within-s", "100"]
+    out = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    n = out["time_to_train"]["expected_interruptions"]
+    assert 0 < n < 0.1  # 8 GPUs at 50,000 h each over about a thousand steps of a few seconds
+    text = " ".join(CliRunner().invoke(app, args).stdout.split())
+    assert f"{n:.2g} interruptions expected" in text and "0 interruptions expected" not in text
+    assert "P(step ≤ 100.000 s) 100.0%" in text
+
+
 def test_cdf_plot_is_a_png(tmp_path):
     import pytest
 

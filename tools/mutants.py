@@ -2406,6 +2406,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "slice --device-groups priced on the system's own node count", _t("stage_slicing")),
     M("traces/whatif.py", "changes[retimed[task]] -= 1\n", "changes[retimed[task]] -= 0\n",
       "a collective re-timed by --system and --dp counted twice", _t("replay_collectives")),
+    M("cli/variability_cmds.py", 'return f"{expected:,.0f}" if expected >= 10 else f"{expected:.2g}"',
+      'return f"{expected:,.0f}"', "0.17 interruptions printed as 0", _t("variability")),
 )
 # fmt: on
 

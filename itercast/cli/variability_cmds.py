@@ -532,6 +532,12 @@ def _print_sensitivity(rows: list[dict[str, Any]], share: str, total: str) -> No
     console.print(table)
 
 
+def _count(expected: float) -> str:
+    """An expected count as read: whole from 10 up (`419`), two significant digits below (`0.17`, `2.3`): a rare
+    interruption is not none."""
+    return f"{expected:,.0f}" if expected >= 10 else f"{expected:.2g}"
+
+
 def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
     det = out["deterministic_s"]
     rows = [
@@ -553,7 +559,7 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
             )
         )
     if "p_within" in out:
-        rows.append((f"P(step ≤ {out['p_within']['t_s']} s)", f"{out['p_within']['probability']:.1%}"))
+        rows.append((f"P(step ≤ {seconds(out['p_within']['t_s'])})", f"{out['p_within']['probability']:.1%}"))
     if "time_to_train" in out:
         t = out["time_to_train"]
         deadline = t["deadline_probability"]
@@ -561,7 +567,7 @@ def _summary_rows(out: dict[str, Any], gpus: int) -> list[tuple[str, str]]:
             (
                 "time to train",
                 f"{t['expected_s'] / 86400:.2f} days expected, goodput {t['goodput']:.1%}, "
-                f"{t['expected_interruptions']:.0f} interruptions expected, "
+                f"{_count(t['expected_interruptions'])} interruptions expected, "
                 f"checkpoint every {t['checkpoint_interval_s'] / 60:.0f} min"
                 + (f", P(deadline) {deadline:.1%}" if deadline is not None else "")
                 + _deadline_interval(t),
@@ -676,7 +682,7 @@ def _print_trace(out: dict[str, Any], measured: Any) -> None:
         "step quantiles", "  ".join(f"{k[:3]} {out[k] * 1e3:.2f} ms" for k in ("p50_s", "p90_s", "p95_s", "p99_s"))
     )
     if "p_within" in out:
-        head.add_row(f"P(step ≤ {out['p_within']['t_s']} s)", f"{out['p_within']['probability']:.1%}")
+        head.add_row(f"P(step ≤ {seconds(out['p_within']['t_s'])})", f"{out['p_within']['probability']:.1%}")
     console.print(head)
     table = Table(title="per class: spread fitted on the repeated steps, and p95 with half of it")
     for col in ("class", "tasks", "residual CV", "step-factor CV", "p95 change"):
