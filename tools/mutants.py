@@ -1382,7 +1382,7 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("intra_node_by_gpu")),
     M(COST, 'set(calibration.get("intra_node_calibrated", intra))', "set()",
       "a calibration's measured intra-node all-reduce overridden by the built-in A100 curve", _t("intra_node_by_gpu")),
-    M(WHATIF, "durations[task] = float(model.gemm_s(flops)) * share", "durations[task] = float(model.gemm_s(flops))",
+    M(WHATIF, "durations[task] = model_s(gpu, dtype, flops) * share", "durations[task] = model_s(gpu, dtype, flops)",
       "each kernel of a split-K matmul re-timed as the whole matmul", _t("execution_trace")),
     M(WHATIF, '("conv", r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|scudnn|cask_cudnn|cutlass_cudnn"),',
       '("conv", r"conv|winograd"),', "cuDNN's implicit-GEMM convolutions classed as GEMMs", _t("traces")),
