@@ -76,6 +76,24 @@ def test_deepspeed_pipelines_with_1f1b_only_and_reduces_after_the_schedule():
     assert {p["context_parallel"] for p in found} == {1}
 
 
+def test_deepspeed_runs_bf16_zero0_under_pipelining_as_its_sharded_bf16_optimizer():
+    """User probe 7: DeepSpeed's engine runs bf16 with ZeRO disabled under its pipeline engine as BF16_Optimizer,
+    whose fp32 weights and Adam state are split over the data-parallel ranks; the search priced it as an unsharded
+    ZeRO-0 (a 70B plan at 72.2 GiB where ZeRO-1's price is 34.1). Its bf16 pipelined plans are ZeRO-1 only; in fp16
+    (FP16_Optimizer, unsharded) ZeRO-0 stays; without pipelining (DDP_BFLOAT16, unsharded) too."""
+    bf16 = plans("deepspeed")
+    assert {p["zero_stage"] for p in bf16 if p["pipeline_parallel"] > 1} == {1}
+    assert 0 in {p["zero_stage"] for p in bf16 if p["pipeline_parallel"] == 1}
+    fp16 = plans("deepspeed", dtype="fp16")
+    assert {p["zero_stage"] for p in fp16 if p["pipeline_parallel"] > 1} == {0, 1}
+    with pytest.raises(ConfigError, match=r"deepspeed: runtime/engine.py _do_optimizer_sanity_check: bf16 with ZeRO"):
+        plans("deepspeed", zero_stage=0, pipeline_parallel=2)
+    args = ["search", "--example", "--framework", "deepspeed", "--set", "plan.zero_stage=0"]
+    result = CliRunner().invoke(app, [*args, "--set", "plan.pipeline_parallel=2", "--set", "plan.dtype=bf16"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "give zero_stage 1" in result.output and result.output.rstrip().endswith("got 0 with pipeline_parallel 2")
+
+
 def test_a_fixed_field_the_framework_does_not_run_is_a_one_line_error():
     with pytest.raises(ConfigError, match=r"plan.zero_stage: torchtitan runs zero_stage \[0, 2, 3\]"):
         plans("torchtitan", zero_stage=1)

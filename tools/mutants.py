@@ -2408,6 +2408,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "a collective re-timed by --system and --dp counted twice", _t("replay_collectives")),
     M("cli/variability_cmds.py", 'return f"{expected:,.0f}" if expected >= 10 else f"{expected:.2g}"',
       'return f"{expected:,.0f}"', "0.17 interruptions printed as 0", _t("variability")),
+    M("search/frameworks.py", 'lambda c: (c["pp"] == 1) | (c["zero"] != 0)))', 'lambda c: c["pp"] > 0))',
+      "DeepSpeed's bf16 pipelined ZeRO-0 searched as an unsharded optimizer", _t("frameworks")),
+    M("search/frameworks.py", 'if zero is not None and int(zero) == 0 and pp > 1 and dtype == "bf16"',
+      "if False", "DeepSpeed's bf16 pipelined ZeRO-0 fixed by the user searched unsharded", _t("frameworks")),
 )
 # fmt: on
 

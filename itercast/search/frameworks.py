@@ -77,6 +77,9 @@ class Framework:
     # Megatron-Core: --num-distributed-optimizer-instances, the distributed optimizer's partial sharding
     # (param_and_grad_buffer.py) and Megatron-FSDP's hybrid sharding (mcore_fsdp_adapter.py enable_hsdp)
     zero_shard_stages: tuple[int, ...] = (1, 2, 3)
+    # where bf16 at zero_stage 0 under pipelining runs a sharded optimizer the search does not price as ZeRO-0: why,
+    # and what to give instead ("": it runs as priced)
+    bf16_zero0_with_pp: str = ""
     # and for MoE models: Megatron-Core splits the expert data parallel group by the same instances
     # (parallel_state.py intra/inter-partial expert data parallel groups)
     zero_shard_moe: bool = True
@@ -342,10 +345,9 @@ FRAMEWORKS: dict[str, Framework] = {
             # ZeRO-3's per-submodule fetch (PartitionedParameterCoordinator), its fp16 gradients (d94f89d)
             "zero3_fetch": "deepspeed",
             # data_types.grad_accum_dtype left out is the model's (engine.py get_data_types): the FP16 and ZeRO-0/1
-            # optimizers leave param.grad to autograd, which adds each micro-batch's in place. Not told apart:
-            # bf16 with ZeRO-0 under the pipeline engine runs BF16_Optimizer (fp32_copy_add: --set
-            # plan.grad_accumulation=fp32_copy_add), ZeRO-2/3 copy each micro-batch's gradients into their
-            # reduction buckets (priced as this add)
+            # optimizers leave param.grad to autograd, which adds each micro-batch's in place (bf16 with ZeRO-0
+            # under the pipeline engine runs BF16_Optimizer instead: bf16_zero0_with_pp). Not told apart: ZeRO-2/3
+            # copy each micro-batch's gradients into their reduction buckets (priced as this add)
             "grad_accumulation": "autograd",
             # deepspeed.moe's MOELayer weights its experts' outputs by the gates on the sending rank after the
             # combine's all-to-all (moe/sharded_moe.py combine_weights, einsum "sec,ecm->sm"): no probabilities sent
@@ -356,6 +358,13 @@ FRAMEWORKS: dict[str, Framework] = {
         },
         cross_entropies=("megatron",),  # Megatron-DeepSpeed's vocab_parallel_cross_entropy, unfused
         zero_shard_stages=(),  # its MiCS and hpZ (ZeRO++) are not priced
+        bf16_zero0_with_pp=(
+            "runtime/engine.py _do_optimizer_sanity_check: bf16 with ZeRO disabled under the pipeline engine runs "
+            "BF16_Optimizer, which partitions the fp32 weights and Adam state over the data-parallel ranks and "
+            "accumulates gradients in fp32 (runtime/bf16_optimizer.py), not the unsharded ZeRO-0 the search prices: "
+            "give zero_stage 1 (predict prices BF16_Optimizer as zero_stage 1 with plan.grad_accumulation "
+            "fp32_copy_add)"
+        ),
         moe_a2a_overlap=False,
         # deepspeed/moe/layer.py MoE.forward runs the residual MLP after the experts' layer returns: no overlap
         moe_shared_expert_overlap=False,
@@ -412,7 +421,9 @@ def framework_fields(fw: Framework, model: ModelConfig, plan: dict[str, Any]) ->
     return fields
 
 
-def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bool = False) -> list[Rule]:
+def framework_rules(
+    fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bool = False, bf16: bool = False
+) -> list[Rule]:
     """The framework's rules over plan columns, named by the source they come from; `fp8`: the plans train in
     FP8, which a framework with fp8_te_layer_only runs without pipelining only; `a2a_overlap`: the plans'
     PlanConfig.moe_a2a_overlap, which Megatron-Core's TransformerConfig allows only with expert parallelism,
@@ -421,7 +432,8 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bo
     'disable full recomputation when enabling overlap_moe_expert_parallel_comm'). A plan setting
     PlanConfig.zero_shard_ranks (column shard > 0) runs with the framework's zero_shard_stages only. (DeepSpeed's MoE
     layers, the einsum or gather dispatcher, split experts, and a shared expert, PR-MoE's copy of one, over all
-    tensor-parallel ranks: plan_space.py's rules, from job.py's.)"""
+    tensor-parallel ranks: plan_space.py's rules, from job.py's.) `bf16`: the plans train in bf16, which a framework
+    with bf16_zero0_with_pp does not run at zero_stage 0 under pipelining as priced."""
     allowed_pp = np.asarray(fw.zero_stages_with_pp)
     schedules = np.asarray([SCHEDULES.index(s) for s in fw.schedules])
     rules: list[Rule] = [
@@ -451,6 +463,8 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bo
             ),
         ),
     ]
+    if bf16 and fw.bf16_zero0_with_pp:
+        rules.append((f"{fw.name}: {fw.bf16_zero0_with_pp}", lambda c: (c["pp"] == 1) | (c["zero"] != 0)))
     if fp8 and fw.fp8_te_layer_only:
         rules.append(
             (
@@ -461,8 +475,15 @@ def framework_rules(fw: Framework, moe: bool, a2a_overlap: bool = False, fp8: bo
     return rules + [(name, lambda c, ok=ok: ok(c, moe)) for name, ok in fw.rules]
 
 
-def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, pointwise_kernels: str = "fused") -> None:
-    """A field the user fixed (--set plan.X) that the framework never runs: one line naming its rule.
+def check_fixed(
+    fw: Framework,
+    fixed: dict[str, Any],
+    tp_comm_overlap: bool,
+    pointwise_kernels: str = "fused",
+    dtype: str | None = None,
+) -> None:
+    """A field the user fixed (--set plan.X) that the framework never runs as priced: one line naming its rule;
+    `dtype` the plans' (None: not known yet).
     Eager and compiled pointwise kernels (PlanConfig.pointwise_kernels) are torchtitan's model code without
     and with torch.compile, so torchtitan's alone (eager beside its async tensor parallelism: PlanConfig refuses
     it, 'Async TP requires torch.compile')."""
@@ -478,6 +499,8 @@ def check_fixed(fw: Framework, fixed: dict[str, Any], tp_comm_overlap: bool, poi
             f"plan.zero_stage: {fw.name} runs zero_stage {list(fw.zero_stages_with_pp)} with pipelining "
             f"({fw.zero_with_pp_source}); got {zero} with pipeline_parallel {pp}"
         )
+    if zero is not None and int(zero) == 0 and pp > 1 and dtype == "bf16" and fw.bf16_zero0_with_pp:
+        raise ConfigError(f"plan.zero_stage: {fw.name}: {fw.bf16_zero0_with_pp}; got 0 with pipeline_parallel {pp}")
     schedule = fixed.get("schedule")
     if schedule is not None and schedule not in fw.schedules and int(fixed.get("pipeline_parallel", 2)) > 1:
         raise ConfigError(f"plan.schedule: {fw.name} runs {', '.join(fw.schedules)}; got {schedule!r}")

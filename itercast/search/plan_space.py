@@ -106,7 +106,7 @@ def enumerate_plans(
     (unless options.global_batch_sizes lists several)."""
     fixed, gpn = options.fixed, system.node.gpus_per_node
     fw = framework(options.framework)
-    check_fixed(fw, fixed, base.tp_comm_overlap, base.pointwise_kernels)
+    check_fixed(fw, fixed, base.tp_comm_overlap, base.pointwise_kernels, base.dtype)
     batches = list(options.global_batch_sizes) or ([base.global_batch_size] if base.global_batch_size else [])
     if not batches:
         raise ValueError("the search needs plan.global_batch_size (e.g. --set plan.global_batch_size=1536)")
@@ -134,7 +134,7 @@ def enumerate_plans(
         "shard": _choices("zero_shard_ranks", _shard_sizes(model, fw, num_gpus), fixed),
     }
     counts = SpaceCounts(generated=int(np.prod([len(v) for v in axes.values()])))
-    fw_rules = framework_rules(fw, model.is_moe, base.moe_a2a_overlap, base.dtype == "fp8")
+    fw_rules = framework_rules(fw, model.is_moe, base.moe_a2a_overlap, base.dtype == "fp8", base.dtype == "bf16")
     pending = _rules(model, base, num_gpus, gpn, axes, fixed, fw_rules)
     cols: dict[str, np.ndarray] = {"tp": np.asarray(axes["tp"], dtype=np.int64)}
     for name in list(axes)[1:]:  # cross one axis in at a time; filter as soon as a rule can
