@@ -261,6 +261,43 @@ def test_launch_settings_run_what_was_priced_under_each_frameworks_parser():
     assert "--use-flash-attn-v2" in ds and "--deepspeed-activation-checkpointing" in ds
 
 
+def test_launch_settings_give_an_uneven_split_or_say_they_cannot():
+    """User probe 7: torchtitan's TOML printed an even 8/8/8/8 for stage_layers [7, 9, 9, 7] (priced 5.24 s, run as
+    the 4.83 s plan), NeMo and DeepSpeed dropped it silently, and Megatron-LM's layout was not used. GPT-3's 96
+    layers over pp 8 here, the middle stages uneven: [10, 13, 12, 12, 12, 12, 12, 13], written out by hand."""
+    split = [10, 13, 12, 12, 12, 12, 12, 13]
+    plan = {**PLAN, "virtual_pipeline": 1, "schedule": "1f1b", "stage_layers": split}
+    megatron = launch_settings("megatron-core", plan, GPT3)  # type: ignore[arg-type]
+    layout = "Et*10|t*13|t*12|t*12|t*12|t*12|t*12|t*13L"
+    assert f'  --pipeline-model-parallel-layout "{layout}"' in megatron.splitlines()
+    assert "--decoder-first-pipeline-num-layers" not in megatron and "#" not in megatron.split("arguments")[1]
+    # interleaved: one chunk a virtual stage, dealt round-robin; no --num-layers-per-virtual-pipeline-stage beside it
+    chunks = [6, *[6] * 14, 6]
+    chunks[0], chunks[1] = 5, 7
+    interleaved = launch_settings("megatron-core", {**PLAN, "virtual_pipeline": 2, "stage_layers": chunks}, GPT3)  # type: ignore[arg-type]
+    assert '--pipeline-model-parallel-layout "Et*5|t*7|' + "t*6|" * 13 + 't*6L"' in interleaved
+    assert "--num-layers-per-virtual-pipeline-stage" not in interleaved
+    titan = launch_settings("torchtitan", {**plan, "zero_stage": 3}, GPT3)  # type: ignore[arg-type]
+    parts = json.loads(titan.split("module_fqns_per_model_part = ")[1].splitlines()[0])
+    assert parts[0] == ["tok_embeddings", *(f"layers.{i}" for i in range(10))]
+    assert parts[1] == [f"layers.{i}" for i in range(10, 23)]
+    assert parts[-1] == [*(f"layers.{i}" for i in range(83, 96)), "norm", "output"]
+    assert "pipeline_parallel_layers_per_stage" not in titan
+    nemo = launch_settings("nemo", plan, GPT3)  # type: ignore[arg-type]
+    assert "# stage_layers [10, 13, 12, 12, 12, 12, 12, 13]: not of the first/last form" in nemo
+    ends = {**plan, "stage_layers": [11, *[12] * 6, 13]}
+    nemo_ends = launch_settings("nemo", ends, GPT3).splitlines()  # type: ignore[arg-type]
+    assert "model.config.num_layers_in_first_pipeline_stage=11" in nemo_ends
+    assert "model.config.num_layers_in_last_pipeline_stage=13" in nemo_ends
+    ds = launch_settings("deepspeed", plan, GPT3)  # type: ignore[arg-type]
+    head, command = ds.split("# Megatron-DeepSpeed arguments\n")
+    assert "# stage_layers [10, 13, 12, 12, 12, 12, 12, 13]: Megatron-DeepSpeed's GPTModelPipe splits" in head
+    assert "#" not in command  # a comment inside the continued command would end it
+    assert "  --bf16 \\" in command.splitlines()  # its params_dtype and casts, beside the JSON's bf16
+    fp16 = launch_settings("deepspeed", {**plan, "dtype": "fp16"}, GPT3).split("arguments\n")[1]  # type: ignore[arg-type]
+    assert "--fp16" in fp16 and "--bf16" not in fp16
+
+
 def test_launch_settings_carry_the_recompute_the_plan_priced():
     block = {**PLAN, "recompute_method": "block", "recompute_num_layers": 5}
     mcore = launch_settings("megatron-core", block, GPT3)  # type: ignore[arg-type]

@@ -2412,6 +2412,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "DeepSpeed's bf16 pipelined ZeRO-0 searched as an unsharded optimizer", _t("frameworks")),
     M("search/frameworks.py", 'if zero is not None and int(zero) == 0 and pp > 1 and dtype == "bf16"',
       "if False", "DeepSpeed's bf16 pipelined ZeRO-0 fixed by the user searched unsharded", _t("frameworks")),
+    M("search/launch_settings.py", 'if layers is None or (len(set(layers[1:-1])) <= 1 and p["virtual_pipeline"] == 1):',
+      "if True:", "an uneven split launched by Megatron-LM as its even one", _t("frameworks")),
+    M("search/launch_settings.py", "if (uneven := uneven_stage_layers(p)) is not None:\n            par.append(",
+      "if False:\n            par.append(", "torchtitan's TOML running an even split for an uneven plan",
+      _t("frameworks")),
+    M("search/launch_settings.py", "        args.append(f\"--{_16_bit(p['dtype'])}\")", "        pass",
+      "Megatron-DeepSpeed launched without its 16-bit dtype", _t("frameworks")),
 )
 # fmt: on
 

@@ -71,9 +71,11 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
     ]
     if p["context_parallel"] > 1:
         out.append(f"--cp-comm-type {p['cp_comm']}")  # Transformer Engine's names: p2p, all_gather
+    layout = _megatron_layout(p)
     if p["virtual_pipeline"] > 1:
-        per_chunk = model.num_layers // (p["pipeline_parallel"] * p["virtual_pipeline"])
-        out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
+        if not layout:  # --pipeline-model-parallel-layout sets the chunks itself (arguments.py: one of the two)
+            per_chunk = model.num_layers // (p["pipeline_parallel"] * p["virtual_pipeline"])
+            out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
         if not p.get("overlap_p2p_comm", True):  # Megatron-LM's default with interleaving is on
             out.append("--no-overlap-p2p-communication")
     if model.is_moe:
@@ -129,7 +131,7 @@ def megatron_core_args(plan: dict[str, Any], model: ModelConfig) -> str:
         out.append("--cross-entropy-loss-fusion")
     if p["make_vocab_size_divisible_by"] != 128:  # arguments.py's default, which the plan priced otherwise
         out.append(f"--make-vocab-size-divisible-by {p['make_vocab_size_divisible_by']}")
-    out += _megatron_stage_layers(p, model)
+    out += _megatron_stage_layers(p, layout)
     args = " \\\n  ".join(out)
     head = []
     if zero >= 2:  # arguments.py asserts it for Megatron-FSDP
@@ -162,16 +164,38 @@ def _moe_overlaps(p: dict[str, Any]) -> list[str]:
     return ["moe_shared_expert_overlap"] if p.get("moe_shared_expert_overlap") else []
 
 
-def _megatron_stage_layers(p: dict[str, Any], model: ModelConfig) -> list[str]:
-    """plan.stage_layers as Megatron-LM's uneven split: the first and last stages' own layer counts, the
-    others even (--decoder-first/last-pipeline-num-layers); a split that is not of that form has no
-    arguments: said in a comment line instead of launching the even split silently."""
+def uneven_stage_layers(p: dict[str, Any]) -> list[int] | None:
+    """plan.stage_layers where it is not the even split every framework runs by default (virtual stages in
+    pipeline order), else None."""
     layers = p.get("stage_layers")
     if not layers or p["pipeline_parallel"] == 1 or len(set(layers)) == 1:
+        return None
+    return list(layers)
+
+
+def _megatron_layout(p: dict[str, Any]) -> str:
+    """An uneven plan.stage_layers that --decoder-first/last-pipeline-num-layers cannot give (the stages between
+    differ, or interleaved chunks), as Megatron-Core's --pipeline-model-parallel-layout (megatron/core/transformer/
+    pipeline_parallel_layer_layout.py: `E` the embedding, `t*n` n transformer layers, `L` the loss and output
+    layer, `|` between virtual stages, dealt to the pipeline ranks round-robin as interleaving runs them); "" where
+    none is needed."""
+    layers = uneven_stage_layers(p)
+    if layers is None or (len(set(layers[1:-1])) <= 1 and p["virtual_pipeline"] == 1):
+        return ""
+    last = len(layers) - 1
+    return "|".join(
+        ("E" if i == 0 else "") + (f"t*{n}" if n else "") + ("L" if i == last else "") for i, n in enumerate(layers)
+    )
+
+
+def _megatron_stage_layers(p: dict[str, Any], layout: str) -> list[str]:
+    """plan.stage_layers as Megatron-LM's uneven split: the first and last stages' own layer counts, the
+    others even (--decoder-first/last-pipeline-num-layers), else its layout (`_megatron_layout`)."""
+    layers = uneven_stage_layers(p)
+    if layers is None:
         return []
-    middle = layers[1:-1]
-    if len(set(middle)) > 1 or p["virtual_pipeline"] > 1:
-        return [f"# stage_layers {list(layers)}: no Megatron-LM arguments give this split (set it in code)"]
+    if layout:
+        return [f'--pipeline-model-parallel-layout "{layout}"']
     return [f"--decoder-first-pipeline-num-layers {layers[0]}", f"--decoder-last-pipeline-num-layers {layers[-1]}"]
 
 
@@ -225,6 +249,20 @@ def nemo_overrides(plan: dict[str, Any], model: ModelConfig, num_nodes: int | No
     ]
     if p["context_parallel"] > 1:
         out.append(f"model.config.cp_comm_type={p['cp_comm']}")
+    if (
+        uneven := uneven_stage_layers(p)
+    ) is not None:  # Megatron-Core TransformerConfig's fields, on the recipe's model
+        if _megatron_layout(p):
+            out.append(
+                f"# stage_layers {uneven}: not of the first/last form that model.config.num_layers_in_first/"
+                "last_pipeline_stage give; Megatron-Core's model.config.pipeline_model_parallel_layout would "
+                "(not written: unchecked under NeMo's strategy)"
+            )
+        else:
+            out += [
+                f"model.config.num_layers_in_first_pipeline_stage={uneven[0]}",
+                f"model.config.num_layers_in_last_pipeline_stage={uneven[-1]}",
+            ]
     if model.is_moe:
         out += [
             f"{s}.expert_model_parallel_size={p['expert_parallel']}",
@@ -338,6 +376,20 @@ def _titan_compile(plan: dict[str, Any]) -> list[str]:
     ]
 
 
+def _titan_model_parts(layers: list[int]) -> str:
+    """An uneven plan.stage_layers as torchtitan's module_fqns_per_model_part (job_config.py Parallelism at
+    9810191^: each model chunk's module names, in pipeline order): its Llama and MoE models' tok_embeddings on the
+    first chunk, layers.<i> in order, norm and output on the last."""
+    parts: list[list[str]] = []
+    first = 0
+    for n in layers:
+        parts.append([f"layers.{i}" for i in range(first, first + n)])
+        first += n
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return json.dumps(parts)
+
+
 def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
     """torchtitan TOML: FSDP2 over every data-parallel rank (data_parallel_shard_degree; HSDP's replicate
     degree left 1), or DDP for zero 0; per-rank batch local_batch_size = global / dp; torch.compile as
@@ -360,15 +412,18 @@ def torchtitan_toml(plan: dict[str, Any], model: ModelConfig) -> str:
     ]
     if p["pipeline_parallel"] > 1:
         per_stage = model.num_layers // (p["pipeline_parallel"] * p["virtual_pipeline"])
-        par += [
-            f'pipeline_parallel_schedule = "{_TITAN_SCHEDULES[p["schedule"]]}"',
-            f"pipeline_parallel_layers_per_stage = {per_stage}",
-            # its default counts the embedding and the output as a layer each of the first and last stages
-            # (distributed/pipeline_parallel.py): the plan priced every stage the same layers
-            "pipeline_parallel_first_stage_less_layers = 0",
-            "pipeline_parallel_last_stage_less_layers = 0",
-            f"pipeline_parallel_microbatch_size = {p['micro_batch_size']}",
-        ]
+        par.append(f'pipeline_parallel_schedule = "{_TITAN_SCHEDULES[p["schedule"]]}"')
+        if (uneven := uneven_stage_layers(p)) is not None:
+            par.append(f"module_fqns_per_model_part = {_titan_model_parts(uneven)}")
+        else:
+            par += [
+                f"pipeline_parallel_layers_per_stage = {per_stage}",
+                # its default counts the embedding and the output as a layer each of the first and last stages
+                # (distributed/pipeline_parallel.py): the plan priced every stage the same layers
+                "pipeline_parallel_first_stage_less_layers = 0",
+                "pipeline_parallel_last_stage_less_layers = 0",
+            ]
+        par.append(f"pipeline_parallel_microbatch_size = {p['micro_batch_size']}")
     par.append(f"context_parallel_degree = {p['context_parallel']}")
     if p["context_parallel"] > 1:
         par.append(f'context_parallel_rotate_method = "{_TITAN_ROTATE[p["cp_comm"]]}"')
@@ -454,6 +509,7 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         f"--tensor-model-parallel-size {p['tensor_parallel']}",
         f"--pipeline-model-parallel-size {p['pipeline_parallel']}",
     ]
+    notes: list[str] = []  # what the arguments cannot set, said above them
     if p["pipeline_parallel"] == 1:
         args.append("--no-pipeline-parallel")
     # Megatron-DeepSpeed requires the micro-batch (arguments.py: assert args.micro_batch_size is not None) and reads its
@@ -471,10 +527,17 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
         etp, tp = p["expert_tensor_parallel"], p["tensor_parallel"]
         if etp > 1 and etp == tp:  # off by default: the experts unsplit (model/transformer.py)
             args.append("--enable-expert-tensor-parallelism")
-        elif etp > 1:
-            args.append(f"# expert tensor parallel {etp}: Megatron-DeepSpeed splits experts over all tp {tp} or none")
+        elif etp > 1:  # comments go above the command: inside it one would end the line continuation
+            notes.append(f"# expert tensor parallel {etp}: Megatron-DeepSpeed splits experts over all tp {tp} or none")
         if model.moe_shared_ffn_hidden_size:  # the shared expert as PR-MoE's residual MLP (MoE use_residual)
             args.append("--mlp-type residual")
+    if p["dtype"] in ("bf16", "fp8", "fp16"):  # its params_dtype and GPTModelPipe's casts (megatron/arguments.py)
+        args.append(f"--{_16_bit(p['dtype'])}")
+    if (uneven := uneven_stage_layers(p)) is not None:
+        notes.append(
+            f"# stage_layers {uneven}: Megatron-DeepSpeed's GPTModelPipe splits its layers evenly "
+            "(PipelineModule partition_method 'type:transformer'): set the partition in code"
+        )
     if p["flash_attention"]:  # else Megatron-DeepSpeed runs its unfused attention (model/transformer.py)
         args.append("--use-flash-attn-v2")
     if p["dtype"] == "fp8":
@@ -491,7 +554,8 @@ def deepspeed_config(plan: dict[str, Any], model: ModelConfig) -> str:
     if model.is_moe and (dispatch := p.get("moe_token_dispatcher")) in DEEPSPEED_MOE_DISPATCHERS:
         version = "deepspeed<0.19.4" if dispatch == "einsum" else "deepspeed>=0.19.4"
         head += f"# MoE layers priced as DeepSpeed's {dispatch} dispatch: pip install '{version}'\n"
-    return f"{head}# ds_config.json\n{text}\n# Megatron-DeepSpeed arguments\n" + " \\\n  ".join(args)
+    said = "".join(f"{n}\n" for n in notes)
+    return f"{head}# ds_config.json\n{text}\n{said}# Megatron-DeepSpeed arguments\n" + " \\\n  ".join(args)
 
 
 LAUNCH: dict[str, Callable[[dict[str, Any], ModelConfig], str]] = {
