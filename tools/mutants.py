@@ -1960,7 +1960,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("search/frameworks.py", "if zero is not None and pp > 1 and int(zero) not in fw.zero_stages_with_pp:",
       "if False:", "a fixed ZeRO stage the framework never pipelines is refused by the plan's own validator",
       _t("frameworks")),
-    M("cli/search_cmds.py", "    check_fixed(fw, fixed, tp_comm_overlap=False)\n", "",
+    M("cli/search_cmds.py", '    check_fixed(fw, fixed, tp_comm_overlap=False, dtype=plan.get("dtype"))\n', "",
       "the fixed sizes' framework rules checked after the plan's own, which dump the plan", _t("frameworks")),
     M("search/launch_settings.py", 'return "\\n".join([*head, "# Megatron-LM arguments", args])',
       'return "\\n".join([*head, "# Megatron-LM arguments", args]) if head else args',
