@@ -99,6 +99,12 @@ def test_a_fixed_field_the_framework_does_not_run_is_a_one_line_error():
         plans("torchtitan", zero_stage=1)
     with pytest.raises(ConfigError, match=r"plan.schedule: deepspeed runs 1f1b; got 'gpipe'"):
         plans("deepspeed", schedule="gpipe", pipeline_parallel=2)
+    # interleaving fixed by its chunks alone: the schedule's rule, not the plan validator's ZeRO quote (user probe 7)
+    args = ["search", "--example", "--framework", "deepspeed", "--set", "plan.pipeline_parallel=2"]
+    result = CliRunner().invoke(app, [*args, "--set", "plan.virtual_pipeline=2"])
+    assert result.exit_code == 2 and result.output == (
+        "error: plan.virtual_pipeline: deepspeed runs 1f1b, one model chunk a stage (expected 1); got 2\n"
+    )
     with pytest.raises(ConfigError, match="--framework: expected one of megatron-core, nemo, torchtitan, deepspeed"):
         plans("colossal")
     result = CliRunner().invoke(app, ["search", "--example", "--framework", "colossal"])

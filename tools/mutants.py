@@ -2419,6 +2419,8 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("frameworks")),
     M("search/launch_settings.py", "        args.append(f\"--{_16_bit(p['dtype'])}\")", "        pass",
       "Megatron-DeepSpeed launched without its 16-bit dtype", _t("frameworks")),
+    M("search/frameworks.py", 'if vp > 1 and "interleaved-1f1b" not in fw.schedules:', "if False:",
+      "DeepSpeed's fixed virtual stages refused by a ZeRO rule's quote", _t("frameworks")),
 )
 # fmt: on
 

@@ -558,7 +558,7 @@ def _request(raw: dict[str, Any], overrides: list[str], nodes: str | None, optio
     # the fixed sizes' framework rules before the plan's own, which would name its fields and dump the plan
     # (its overlap and kernels are checked on the parsed plan: plan_space.enumerate_plans)
     check_fixed(fw, fixed, tp_comm_overlap=False, dtype=plan.get("dtype"))
-    base = with_system_defaults(cast(PlanConfig, parse_section("plan", plan, "plan")), s)
+    base = with_system_defaults(cast(PlanConfig, parse_section("plan", plan, "search")), s)
     if base.dtype not in fw.dtypes:
         left_out = "" if "dtype" in plan else f" (left out: {s.gpu.name} has no bf16)"
         raise ConfigError(f"plan.dtype: {fw.name} runs {' or '.join(fw.dtypes)}, the job sets {base.dtype}{left_out}")

@@ -504,6 +504,12 @@ def check_fixed(
     schedule = fixed.get("schedule")
     if schedule is not None and schedule not in fw.schedules and int(fixed.get("pipeline_parallel", 2)) > 1:
         raise ConfigError(f"plan.schedule: {fw.name} runs {', '.join(fw.schedules)}; got {schedule!r}")
+    vp = int(fixed.get("virtual_pipeline", 1))
+    if vp > 1 and "interleaved-1f1b" not in fw.schedules:
+        raise ConfigError(
+            f"plan.virtual_pipeline: {fw.name} runs {', '.join(fw.schedules)}, one model chunk a stage (expected 1); "
+            f"got {vp}"
+        )
     if int(fixed.get("context_parallel", 1)) > 1 and not fw.context_parallel:
         got = fixed["context_parallel"]
         raise ConfigError(f"plan.context_parallel: {fw.name} has no context parallelism (expected 1); got {got}")
