@@ -71,11 +71,17 @@ CUDA_CONTEXT_BYTES = 0.75 * 2**30
 NCCL_COMMUNICATOR_BYTES = 4 * 2**20 * 2 * 32
 
 
-def communicators(cols: dict[str, np.ndarray]) -> np.ndarray:
-    """Process groups of more than one rank each GPU of a plan joins (NCCL allocates per communicator)."""
+def communicators(cols: dict[str, np.ndarray], embedding: Any = False) -> np.ndarray:
+    """Process groups of more than one rank each GPU of a plan joins (NCCL allocates per communicator): tensor,
+    context, data × context, pipeline and expert parallel groups; with the distributed optimizer sharded within
+    groups (plan.zero_shard_ranks under the data × context ranks) the groups' own and the one across them
+    (Megatron-Core's intra and inter distributed-optimizer instance groups, parallel_state.py); `embedding`:
+    the GPU is on the first or last stage of a pipeline whose embedding is tied, and joins Megatron's embedding
+    group (parallel_state.py _EMBEDDING_GROUP) for the tied copies' all-reduce."""
     c = cols
-    groups = (c["tp"] > 1, c["cp"] > 1, c["dp"] * c["cp"] > 1, c["pp"] > 1, c["ep"] > 1)
-    return np.sum(groups, axis=0)
+    partial = (c["shard"] > 0) & (c["shard"] < c["dp"] * c["cp"])
+    groups = (c["tp"] > 1, c["cp"] > 1, c["dp"] * c["cp"] > 1, c["pp"] > 1, c["ep"] > 1, partial)
+    return np.sum(groups, axis=0) + np.asarray(embedding, dtype=np.int64)
 
 
 def reserve_bytes(gpu: GPUSpec, communicator_count: Any) -> np.ndarray:
@@ -610,7 +616,8 @@ class StageMemory:
         }
         # the activations' shape: `layers` may be an array over candidate stages (job_slicing)
         deepep = np.where(moe_layers > 0, self.deepep, 0)
-        out["reserved"] = reserve_bytes(self.gpu, communicators(c)) + deepep + np.zeros_like(acts)
+        tied = m.tied & (c["pp"] > 1) & (np.asarray(first) | np.asarray(last))  # the embedding group's members
+        out["reserved"] = reserve_bytes(self.gpu, communicators(c, tied)) + deepep + np.zeros_like(acts)
         out["total"] = sum(out.values())
         return out
 

@@ -380,13 +380,29 @@ def test_the_search_prices_the_moe_host_wait_its_framework_runs(framework, dispa
 
 
 def test_default_reserve_and_margin_by_hand():
-    cols = {k: np.array([v]) for k, v in {"tp": 4, "cp": 1, "dp": 32, "pp": 8, "ep": 1}.items()}
+    cols = {k: np.array([v]) for k, v in {"tp": 4, "cp": 1, "dp": 32, "pp": 8, "ep": 1, "shard": 0}.items()}
     assert communicators(cols)[0] == 3  # tensor, data, pipeline groups
     # 0.75 GiB context + 3 × (4 MiB × 2 peers × 32 channels = 256 MiB)
     h100 = parse_section("system", {"preset": "dgx-h100"}).gpu
     assert reserve_bytes(h100, communicators(cols))[0] == 0.75 * 2**30 + 3 * 256 * 2**20
     flat = h100.model_copy(update={"reserved_bytes": 3 * 2**30})
     assert reserve_bytes(flat, communicators(cols))[0] == 3 * 2**30
+    # user probe 8: a tied embedding's group (first and last stage) and the optimizer sharded within groups of 8
+    # of the 32 data-parallel ranks (the groups' own and the one across them) are communicators too
+    assert communicators(cols, embedding=True)[0] == 4
+    assert communicators({**cols, "shard": np.array([8])})[0] == 4
+    assert communicators({**cols, "shard": np.array([32])})[0] == 3  # sharded over all of them: one group
+
+
+def test_the_tied_embedding_group_is_reserved_on_the_first_and_last_stage():
+    """A tied GPT over tp 2 × pp 2 × dp 2 on 8 H100: stage 0 and the last join the embedding group besides the
+    tensor, data and pipeline groups: 0.75 GiB + 4 × 256 MiB = 1.75 GiB; untied, 1.5 GiB."""
+    model = {"family": "gpt", "num_layers": 8, "hidden_size": 2048, "num_attention_heads": 16}
+    model |= {"seq_length": 2048, "vocab_size": 32768}
+    plan = {"tensor_parallel": 2, "pipeline_parallel": 2, "global_batch_size": 64}
+    for tied, reserved in ((True, 1.75 * 2**30), (False, 1.5 * 2**30)):
+        job = Job.from_dicts({**model, "tie_embeddings": tied}, plan, {"preset": "dgx-h100"})
+        assert estimate_memory(job).reserved_bytes == reserved
 
 
 def test_margin_excludes_plans_and_is_shown():
@@ -416,6 +432,9 @@ def test_search_and_predict_judge_a_plan_by_one_memory_model():
         assert plan["memory_per_gpu_bytes"] == pytest.approx(est.total_bytes, rel=1e-12)
         tp, pp, cp = (plan["plan"][k] for k in ("tensor_parallel", "pipeline_parallel", "context_parallel"))
         groups = (tp > 1) + (pp > 1) + (cp > 1) + (1024 // (tp * pp) > 1)  # data × context over 1,024 GPUs
+        shard = plan["plan"].get("zero_shard_ranks") or 0  # the optimizer in groups: theirs and the one across
+        groups += 0 < shard < 1024 // (tp * pp)
+        groups += pp > 1 and est.stage in (0, pp - 1)  # GPT-3's tied embedding: first and last stage's group
         assert plan["reserved_bytes"] == est.reserved_bytes == 0.75 * 2**30 + groups * 256 * 2**20
         assert plan["margin_bytes"] == pytest.approx(0.15 * est.activations_bytes, rel=1e-12)
         assert plan["fits"] and not est.oom and est.total_bytes + 0.15 * est.activations_bytes <= 80 * 2**30

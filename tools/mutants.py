@@ -625,7 +625,7 @@ MUTANTS: tuple[Mutant, ...] = (
       _t("memory_runs_that_ran", "frameworks")),
     M(MEM, "+ NCCL_COMMUNICATOR_BYTES * count", "+ NCCL_COMMUNICATOR_BYTES", "NCCL's buffers for one communicator only",
       _t("memory_runs_that_ran", "frameworks")),
-    M(MEM, 'out["reserved"] = reserve_bytes(self.gpu, communicators(c)) + deepep + np.zeros_like(acts)',
+    M(MEM, 'out["reserved"] = reserve_bytes(self.gpu, communicators(c, tied)) + deepep + np.zeros_like(acts)',
       'out["reserved"] = deepep + np.zeros_like(acts)', "predict's memory without the CUDA context and NCCL buffers",
       _t("memory_runs_that_ran", "frameworks", "workload")),
     M("search/plan_search.py", "needed = mem + margin", "needed = mem", "the search keeps no margin beside a plan",
@@ -2421,6 +2421,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "Megatron-DeepSpeed launched without its 16-bit dtype", _t("frameworks")),
     M("search/frameworks.py", 'if vp > 1 and "interleaved-1f1b" not in fw.schedules:', "if False:",
       "DeepSpeed's fixed virtual stages refused by a ZeRO rule's quote", _t("frameworks")),
+    M(MEM, "tied = m.tied & (c[\"pp\"] > 1) & (np.asarray(first) | np.asarray(last))", "tied = False",
+      "the tied embedding's group left out of the reserve", _t("frameworks")),
+    M(MEM, 'partial = (c["shard"] > 0) & (c["shard"] < c["dp"] * c["cp"])', 'partial = c["shard"] < 0',
+      "the optimizer's groups across its shards left out of the reserve", _t("frameworks")),
 )
 # fmt: on
 

@@ -184,10 +184,13 @@ def print_forecast(w: TransformerWorkload | DLRMWorkload, r: Forecast, trace: Pa
                 key.removesuffix("_s"), f"{float(part_s) * scale:.4f}", f"{float(part_s) / r.step_time_s:.1%}"
             )
     console.print(table)
-    mt = Table(title="memory per GPU (GiB)")
+    parts = [float(getattr(r.memory, k + "_bytes")) for k in MEMORY_PARTS]
+    # in MiB where a part would read 0.00 GiB though it is not zero (a DLRM's gradients and activations)
+    unit, scale_b = ("MiB", 2**20) if any(0 < b < 0.005 * 2**30 for b in parts) else ("GiB", 2**30)
+    mt = Table(title=f"memory per GPU ({unit})")
     for key in MEMORY_PARTS:
         mt.add_column(key, justify="right")
-    mt.add_row(*(f"{getattr(r.memory, k + '_bytes') / 2**30:.2f}" for k in MEMORY_PARTS))
+    mt.add_row(*(f"{b / scale_b:,.2f}" for b in parts))
     console.print(mt)
     if trace is not None:
         console.print(f"timeline written to {trace} (open in ui.perfetto.dev)")
