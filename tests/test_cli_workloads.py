@@ -45,6 +45,21 @@ def test_predict_of_a_dlrm_job_file_is_the_python_api(tmp_path: Path) -> None:
     assert code == 0 and f"{api.step_time_s * 1e3:.3f} ms" in text and "t3 DP" in text
 
 
+def test_predict_prints_a_dlrms_small_memory_parts_in_mib() -> None:
+    """User probe 8: a DLRM's gradients (0.15 MB), optimizer and activations read 0.00 GiB; in MiB they show as
+    the JSON has them, each part / 2**20 to two decimals (a transformer's table stays in GiB)."""
+    code, text = invoke("predict", "--model", "dlrm-small", "--system", "dgx-a100", "--json")
+    assert code == 0, text
+    memory = json.loads(text)["memory"]
+    code, table = invoke("predict", "--model", "dlrm-small", "--system", "dgx-a100")
+    assert code == 0 and "memory per GPU (MiB)" in table
+    cells = [cell.strip() for line in table.splitlines() if line.startswith("│") for cell in line.split("│")]
+    for part in ("weights", "gradients", "optimizer", "activations"):
+        assert f"{memory[part + '_bytes'] / 2**20:,.2f}" in cells  # gradients: 0.02
+    code, gpt = invoke("predict", "--example")
+    assert code == 0 and "memory per GPU (GiB)" in gpt
+
+
 def test_predict_takes_a_dlrm_preset_with_set_overrides() -> None:
     args = ["--model", "dlrm-small", "--system", "dgx-h100", "--set", "system.node.gpus_per_node=2"]
     code, text = invoke("predict", *args, "--set", "plan.batch_per_rank=128", "--json")

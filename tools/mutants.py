@@ -2425,6 +2425,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "the tied embedding's group left out of the reserve", _t("frameworks")),
     M(MEM, 'partial = (c["shard"] > 0) & (c["shard"] < c["dp"] * c["cp"])', 'partial = c["shard"] < 0',
       "the optimizer's groups across its shards left out of the reserve", _t("frameworks")),
+    M("cli/predict_cmds.py", 'if any(0 < b < 0.005 * 2**30 for b in parts) else ("GiB", 2**30)',
+      'if False else ("GiB", 2**30)', "a DLRM's gradients printed as 0.00 GiB", _t("cli_workloads")),
 )
 # fmt: on
 
