@@ -122,9 +122,17 @@ class Prediction(Forecast):
     def tokens_per_s(self) -> float:
         return self.job.plan.gbs * self.job.model.seq_length / self.step_time_s
 
+    @property
+    def stage_compute_s(self) -> list[float]:
+        """Each pipeline stage's compute seconds in the step (its compute stream's kernels, sim.analysis.breakdown;
+        the step graph's rank r is stage r): stages that differ wait for the slowest, and the breakdown of the last
+        to finish counts those waits as bubble beside the pipeline's fill and drain."""
+        return [breakdown(self.sim, rank).compute_s for rank in range(self.job.plan.pipeline_parallel)]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             **super().to_dict(),
+            "stage_compute_s": self.stage_compute_s,
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,
             "hardware_flops_per_step": self.hardware_flops_per_step,

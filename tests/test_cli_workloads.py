@@ -60,6 +60,26 @@ def test_predict_prints_a_dlrms_small_memory_parts_in_mib() -> None:
     assert code == 0 and "memory per GPU (GiB)" in gpt
 
 
+def test_predict_says_when_its_bubble_holds_waits_for_a_slower_stage(tmp_path: Path) -> None:
+    """User probe 8: a pp 2 GPT whose last stage also runs a 32,768-word head showed a 111.7 ms bubble on stage 0
+    where (p − 1)/m of its compute is 16 ms; the stages' compute is now printed beside the breakdown when they
+    differ by more than 5% (and in the JSON always), the head's stage the slower; a 256-word head keeps them within
+    5%, and nothing is said."""
+    job = tmp_path / "pp2.yaml"
+    model = "{family: gpt, num_layers: 8, hidden_size: 2048, num_attention_heads: 16, seq_length: 2048, vocab_size: V}"
+    plan = "{pipeline_parallel: 2, global_batch_size: 64, micro_batch_size: 1, zero_stage: 1}"
+    for vocab, said in ((32768, True), (256, False)):
+        job.write_text(f"model: {model.replace('V', str(vocab))}\nsystem: {{preset: dgx-a100}}\nplan: {plan}\n")
+        code, text = invoke("predict", str(job), "--json")
+        assert code == 0, text
+        first, last = json.loads(text)["stage_compute_s"]
+        assert (last > 1.05 * first) is said and last > first
+        code, text = invoke("predict", str(job))
+        line = " ".join(text.split())
+        ratio = f"{last / first:.2f}× apart: the bubble above holds the waits for the slowest stage"
+        assert (f"stage compute (ms): 0: {first * 1e3:.4g}, 1: {last * 1e3:.4g}, {ratio}" in line) is said
+
+
 def test_predict_takes_a_dlrm_preset_with_set_overrides() -> None:
     args = ["--model", "dlrm-small", "--system", "dgx-h100", "--set", "system.node.gpus_per_node=2"]
     code, text = invoke("predict", *args, "--set", "plan.batch_per_rank=128", "--json")

@@ -2427,6 +2427,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "the optimizer's groups across its shards left out of the reserve", _t("frameworks")),
     M("cli/predict_cmds.py", 'if any(0 < b < 0.005 * 2**30 for b in parts) else ("GiB", 2**30)',
       'if False else ("GiB", 2**30)', "a DLRM's gradients printed as 0.00 GiB", _t("cli_workloads")),
+    M("predict.py", "for rank in range(self.job.plan.pipeline_parallel)]", "for rank in range(1)]",
+      "the stages' compute of one stage only", _t("cli_workloads")),
+    M("cli/predict_cmds.py", "max(stages) > UNEVEN_STAGES * min(stages)", "max(stages) > 2 * min(stages)",
+      "a bubble that holds a slower stage's waits unsaid", _t("cli_workloads")),
 )
 # fmt: on
 

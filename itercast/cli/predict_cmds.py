@@ -33,7 +33,7 @@ from itercast.cli.app import (
 )
 from itercast.costs.host_overheads import host_calibrated
 from itercast.errors import ConfigError, DeadlockError
-from itercast.predict import Forecast
+from itercast.predict import Forecast, Prediction
 from itercast.traces.perfetto import write_chrome_trace
 from itercast.workload import (
     DLRMWorkload,
@@ -166,6 +166,10 @@ def different_jobs_note(a: dict[str, str], b: dict[str, str]) -> str | None:
     return None
 
 
+#: stage compute times further apart than this ratio are said beside the breakdown (print_forecast)
+UNEVEN_STAGES = 1.05
+
+
 def print_forecast(w: TransformerWorkload | DLRMWorkload, r: Forecast, trace: Path | None) -> None:
     """The headline, the summary, the breakdown of the rank that finishes last and memory per GPU."""
     console.print(w.headline(), highlight=False, markup=False)
@@ -184,6 +188,13 @@ def print_forecast(w: TransformerWorkload | DLRMWorkload, r: Forecast, trace: Pa
                 key.removesuffix("_s"), f"{float(part_s) * scale:.4f}", f"{float(part_s) / r.step_time_s:.1%}"
             )
     console.print(table)
+    if isinstance(r, Prediction) and len(stages := r.stage_compute_s) > 1 and max(stages) > UNEVEN_STAGES * min(stages):
+        each = ", ".join(f"{i}: {t * scale:.4g}" for i, t in enumerate(stages))
+        console.print(
+            f"stage compute ({unit}): {each}, {max(stages) / min(stages):.2f}× apart: the bubble above holds the waits "
+            "for the slowest stage beside the pipeline's fill and drain (`itercast slice` balances the stages)",
+            highlight=False,
+        )
     parts = [float(getattr(r.memory, k + "_bytes")) for k in MEMORY_PARTS]
     # in MiB where a part would read 0.00 GiB though it is not zero (a DLRM's gradients and activations)
     unit, scale_b = ("MiB", 2**20) if any(0 < b < 0.005 * 2**30 for b in parts) else ("GiB", 2**30)
