@@ -105,6 +105,12 @@ def test_a_kineto_trace_of_the_same_run_checks_the_prediction(tmp_path):
     assert check["what"] == "GPU busy" and check["measured_s"] == pytest.approx(busy)
     assert check["predicted_s"] == pytest.approx(sum(out["kernel_s_by_family"].values()))
     assert check["error"] == pytest.approx(check["predicted_s"] / busy - 1)
+    # user probe 9: the Kineto trace of another workload was "checked" against (a CNN's ET against this DLRM run:
+    # +7.7%); none of its 663 operators' record-function ids names an ET operator of its name: refused
+    cnn = MEASURED / "h100_traces" / "cnn_512.et.json.gz"
+    code, text = run("--et", str(cnn), "--db", str(DB), "--gpu", "--kineto", str(kineto))
+    line = " ".join(text.split())
+    assert code == 2 and "0 of 0 linked operators differ in input shapes, 663 Kineto operators have no ET node" in line
     empty = tmp_path / "empty.json"
     empty.write_text('{"traceEvents": [{"ph": "X", "name": "aten::add", "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}')
     code, text = run("--et", str(ET), "--db", str(DB), "--kineto", str(empty))

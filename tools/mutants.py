@@ -2431,6 +2431,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "the stages' compute of one stage only", _t("cli_workloads")),
     M("cli/predict_cmds.py", "max(stages) > UNEVEN_STAGES * min(stages)", "max(stages) > 2 * min(stages)",
       "a bubble that holds a slower stage's waits unsaid", _t("cli_workloads")),
+    M("cli/et_cmds.py", "            matched_link(et, measured)  # the same run's trace, or no check against it\n", "",
+      "predict --et checked against another workload's Kineto trace", _t("et_predict")),
+    M("traces/execution_trace.py", 'stats["Kineto CPU ops without an ET node"] = int(rf.size) - len(node_of)', "pass",
+      "a Kineto trace linked by record-function id never found to be another run's", _t("et_predict")),
 )
 # fmt: on
 

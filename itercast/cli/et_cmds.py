@@ -139,6 +139,7 @@ def predict_single(
     from itercast.costs.op_model import OperatorCostModel, fit_operator_models
     from itercast.measurements import ProfileError
     from itercast.profile.db import ProfileDB
+    from itercast.traces.execution_trace import matched_link
     from itercast.traces.iteration_model import predict_iteration
     from itercast.traces.kineto import TraceError, read_kineto
 
@@ -167,6 +168,7 @@ def predict_single(
         check: dict[str, float | str] = {}
         if kineto is not None:
             measured = read_kineto(kineto)
+            matched_link(et, measured)  # the same run's trace, or no check against it
             if measured.num_ops:
                 seen, priced = float(measured.op_dur_us.sum()) * 1e-6, sum(pred.kernel_s_by_family.values())
                 check["what"] = "GPU busy"

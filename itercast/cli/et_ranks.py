@@ -23,14 +23,11 @@ from itercast.cli.et_cmds import print_family_table, unmoved_indices_note
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
 from itercast.traces.et_step import RankStep
-from itercast.traces.execution_trace import ExecutionTrace, other_process_note
+from itercast.traces.execution_trace import ExecutionTrace, matched_link, other_process_note
 from itercast.traces.host_overheads import HostOverheads
 from itercast.traces.kineto import RankTrace
 
 UNPRICED_WARN_SHARE = 0.01  # more than 1% of a rank's GPU time unpriced: the prediction misses it
-#: an ET and a Kineto trace of the same rank and step link every operator with equal shapes (the PARAM
-#: DLRM's 8 pairs: 0 of 1,633 differ); rank 0's ET against rank 1's Kineto trace: 24 of 1,633 (1.5%)
-MISMATCH_SHARE = 0.01
 
 
 def world_of(traces: list[ExecutionTrace]) -> int:
@@ -206,20 +203,8 @@ def kineto_step_s(t: RankTrace) -> tuple[float, float]:
 
 
 def _gpu_us_by_node(et: ExecutionTrace, k: RankTrace) -> dict[int, float]:
-    """Measured GPU µs per ET node, through the Kineto link (traces/execution_trace.link). TraceError
-    when the two do not record the same operators: more than MISMATCH_SHARE of the linked ones
-    differ in input shapes, or of Kineto's find no ET node (the trace of another rank or step)."""
-    from itercast.traces.execution_trace import link
-    from itercast.traces.kineto import TraceError
-
-    tl = link(et, k)
-    linked = max(tl.stats["linked CPU ops"], 1)
-    differ, missing = tl.stats["linked ops whose input shapes differ"], tl.stats["Kineto CPU ops without an ET node"]
-    if differ > MISMATCH_SHARE * linked or missing > MISMATCH_SHARE * linked:
-        raise TraceError(
-            f"{et.path} does not match {k.path}: {differ} of {linked} linked operators differ in input shapes, "
-            f"{missing} Kineto operators have no ET node (the trace of another rank or step?)"
-        )
+    """Measured GPU µs per ET node, through the Kineto link of the pair (matched_link)."""
+    tl = matched_link(et, k)
     out: dict[int, float] = {}
     for op in range(k.num_ops):
         node = tl.node_of_gpu_op(et, op)
