@@ -5,6 +5,7 @@ hand-written traces below (times in µs)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from kineto_fixtures import call, cpu_op, kernel, step, write
@@ -176,3 +177,30 @@ def test_calibration_file_carries_host_overheads(tmp_path):
     assert res.exit_code != 0 and "give a profiling database, or --host-trace" in res.output
     res = runner.invoke(app, ["calibrate", "--host-trace", str(path), "--host-steps", "x"])
     assert res.exit_code != 0 and "--host-steps" in res.output
+
+
+def test_a_host_calibration_names_the_gpu_its_traces_ran_and_warns_on_another(tmp_path):
+    """User probe 9: host overheads measured on a CPU (gloo) run priced an H100 trace at 187 ms for 8 ms, and no
+    warning said so: the file named no machine. It now records the traces' GPU (deviceProperties), or that
+    they ran none, and a job on another kind of GPU is warned; the GPU's own is not. The fixture traces name no
+    GPU; one naming an A100 records it."""
+    plain = write(tmp_path / "cpu.json", two_thread_step())
+    a100 = write(tmp_path / "a100.json", two_thread_step(), deviceProperties=[{"name": "NVIDIA A100-SXM4-80GB"}])
+    runner = CliRunner()
+    for trace, device in ((plain, "cpu"), (a100, "NVIDIA A100-SXM4-80GB")):
+        cal = tmp_path / f"{trace.stem}.cal.json"
+        res = runner.invoke(app, ["calibrate", "--host-trace", str(trace), "--out", str(cal)])
+        assert res.exit_code == 0 and res.output.rstrip().endswith(f"wrote {cal}: host_overheads"), res.output
+        assert json.loads(cal.read_text())["host_device"] == device
+    args = ["predict", "--model", "gpt3-1.3b", "--set", "plan.global_batch_size=8", "--calibration"]
+    cpu_on_h100 = runner.invoke(app, [*args, str(tmp_path / "cpu.cal.json"), "--system", "dgx-h100"])
+    said = " ".join(cpu_on_h100.output.split())
+    assert "host overheads were measured on traces that ran no GPU; this job runs on H100-SXM5-80GB" in said
+    a100_on_h100 = runner.invoke(app, [*args, str(tmp_path / "a100.cal.json"), "--system", "dgx-h100"])
+    assert "measured on traces of NVIDIA A100-SXM4-80GB; this job runs on H100" in " ".join(a100_on_h100.output.split())
+    own = runner.invoke(app, [*args, str(tmp_path / "a100.cal.json"), "--system", "dgx-a100"])
+    assert own.exit_code == 0 and "host overheads were measured" not in own.output
+    # a host-only file prices no curve of its own: predict --et names the built-in ones ('analytic'), not the file's
+    et = Path(__file__).resolve().parents[1] / "data" / "measured" / "h100_traces" / "gpt_8.et.json.gz"
+    priced = runner.invoke(app, ["predict", "--et", str(et), "--system", "dgx-h100", "--calibration", str(cal)])
+    assert priced.exit_code == 0 and f"(analytic; host overheads: {cal})" in " ".join(priced.output.split())

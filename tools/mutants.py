@@ -2435,6 +2435,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "predict --et checked against another workload's Kineto trace", _t("et_predict")),
     M("traces/execution_trace.py", 'stats["Kineto CPU ops without an ET node"] = int(rf.size) - len(node_of)', "pass",
       "a Kineto trace linked by record-function id never found to be another run's", _t("et_predict")),
+    M("cli/app.py", "return bool(families) and all(f in system.gpu.name for f in families)", "return True",
+      "host overheads of another GPU's traces applied without a word", _t("host_overheads")),
+    M("cli/app.py", "        return system.gpu.executes_on_host\n", "        return True\n",
+      "a CPU run's host overheads applied to a GPU job without a word", _t("host_overheads")),
+    M("profile/calibrate.py", 'return merged.get("system") is not None or bool(own)', "return True",
+      "a host-only calibration labelled as the curves that priced a trace", _t("host_overheads")),
 )
 # fmt: on
 

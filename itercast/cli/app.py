@@ -26,7 +26,8 @@ from typer.core import TyperGroup
 
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
-from itercast.profile.calibrate import CalibrationError, load_calibration
+from itercast.profile.calibrate import HOST_DEVICE_CPU, CalibrationError, load_calibration
+from itercast.traces.collective_sizes import GPU_FAMILY
 from itercast.workload import DLRMWorkload, TransformerWorkload, load_workload
 
 
@@ -278,12 +279,30 @@ def calibration_curves(path: Path | None, system: SystemConfig) -> dict[str, Any
 
 
 def warn_other_system(path: Path, cal: dict[str, Any], system: SystemConfig) -> None:
-    """A warning when the calibration at `path` was fitted for another system than the job's."""
+    """A warning when the calibration at `path` was fitted for another system than the job's, and one when its host
+    overheads were measured on traces of another kind of GPU, or of none (`host_device`, calibrate --host-trace):
+    a CPU run's operators take milliseconds of host where a GPU's launch them in microseconds."""
     if cal.get("system") not in (None, system.name):
         warn(
             f"{path} was fitted for system {cal['system']!r}; this job runs on {system.name!r} "
             f"({system.gpu.name}): the curves describe the other machine"
         )
+    host = cal.get("host_device")
+    if host is not None and not same_gpu_kind(str(host), system):
+        ran = "traces that ran no GPU" if host == HOST_DEVICE_CPU else f"traces of {host}"
+        warn(
+            f"{path}'s host overheads were measured on {ran}; this job runs on {system.gpu.name}: "
+            "its per-operator host costs are the other machine's"
+        )
+
+
+def same_gpu_kind(device: str, system: SystemConfig) -> bool:
+    """Whether `device` (a GPU's name, or calibrate's HOST_DEVICE_CPU) is the kind of the system's GPU: its family
+    (A100 of 'NVIDIA A100-SXM4-80GB', collective_sizes.GPU_FAMILY) in the system's GPU name, or both a CPU."""
+    if device == HOST_DEVICE_CPU:
+        return system.gpu.executes_on_host
+    families = GPU_FAMILY.findall(device)
+    return bool(families) and all(f in system.gpu.name for f in families)
 
 
 def load_job(

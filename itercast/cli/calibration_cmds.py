@@ -250,14 +250,14 @@ def calibrate_cmd(
                 if operators:
                     _print_operator_report(operators)
         if host_trace:
-            overheads = measure(
-                read_traces(list(host_trace), one_job=False), steps, other_workloads=for_another_workload
-            )
+            traces = read_traces(list(host_trace), one_job=False)
+            overheads = measure(traces, steps, other_workloads=for_another_workload)
             _print_host_overheads(overheads)
-            doc = doc | cal.host_overheads_only(overheads)
+            gpus = sorted({t.device_name for t in traces if t.device_name})
+            doc = doc | cal.host_overheads_only(overheads, " and ".join(gpus) or cal.HOST_DEVICE_CPU)
         if out is not None:
             cal.write_calibration(doc, out, [db, *(host_trace or [])])
-            written = [k for k in doc if k not in ("format", "version", "system", "device")]
+            written = [k for k in doc if k not in ("format", "version", "system", "device", "host_device")]
             console.print(f"wrote {out}: " + (", ".join(written) or "nothing calibrated"))
             for note in notes if db is not None else []:
                 warn(note)

@@ -92,7 +92,7 @@ def predict_ranks(
     from itercast.costs.op_model import OperatorCostModel, fit_operator_models
     from itercast.hardware.topology import place_group
     from itercast.measurements import ProfileError
-    from itercast.profile.calibrate import CalibrationError, load_calibration
+    from itercast.profile.calibrate import CalibrationError, has_curves, load_calibration
     from itercast.profile.db import ProfileDB
     from itercast.traces.et_pricing import ETPricer
     from itercast.traces.et_step import predict_each_rank
@@ -175,7 +175,8 @@ def predict_ranks(
         "host_overheads": host_source,
         "runtime_calls": calls_source,
         "measured_starts_s": starts,
-        "costs": ("analytic" if cal is None else f"{calibration}'s curves") + (f" refined by {db}" if db else ""),
+        "costs": ("analytic" if not has_curves(cal) else f"{calibration}'s curves")
+        + (f" refined by {db}" if db else ""),
         "extrapolated": extrapolated,
     }
     if measured:

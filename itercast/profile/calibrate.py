@@ -175,9 +175,14 @@ def _predict(section: str, fit: dict[str, Any], x: np.ndarray, rate: np.ndarray,
     return fit["alpha_s"] + x / (rate * eff(x, fit["e_max"], fit["log_half"], fit["gamma"]))
 
 
-def host_overheads_only(overheads: HostOverheads) -> dict[str, Any]:
-    """A calibration document holding only host overheads (no profiling database)."""
-    return {"format": FORMAT, "version": VERSION, "host_overheads": overheads.to_dict()}
+#: `host_device` of host overheads measured on traces that ran no GPU (a CPU run's, gloo's)
+HOST_DEVICE_CPU = "cpu"
+
+
+def host_overheads_only(overheads: HostOverheads, device: str) -> dict[str, Any]:
+    """A calibration document holding only host overheads (no profiling database), with `host_device`: the GPU
+    their traces ran (the Kineto trace's deviceProperties name), HOST_DEVICE_CPU where they ran none."""
+    return {"format": FORMAT, "version": VERSION, "host_overheads": overheads.to_dict(), "host_device": device}
 
 
 def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int = 8) -> dict[str, Any]:
@@ -359,8 +364,18 @@ _PARAMETER = re.compile(r"e_max|gamma|log_half|alpha\w*|s_per_\w+|\w+_s")
 #: by name (a GEMM's by CURVE_KEYS' dtype, bf16 otherwise; a memory-bound kernel's by kind); a field or curve of
 #: another name would be read by nothing, silently
 CALIBRATION_FIELDS: tuple[str, ...] = ("format", "version", "system", "device", "gemm", "memory", "embedding")
-CALIBRATION_FIELDS += ("collectives", "operators", "host_overheads", "source")
+CALIBRATION_FIELDS += ("collectives", "operators", "host_overheads", "host_device", "source")
 CURVE_NAMES = {"gemm": ("bf16", "tf32", "fp8"), "memory": ("elementwise", "norm", "activation", "optimizer")}
+
+
+def has_curves(merged: dict[str, Any] | None) -> bool:
+    """Whether a loaded calibration (load_calibration's, merged over the built-in curves) prices anything of its
+    own beyond host overheads: a system's fits (calibrate names it), GEMM or intra-node curves, operator models.
+    A `calibrate --host-trace` file holds only host overheads: the built-in curves price the rest."""
+    if merged is None:
+        return False
+    own = merged.get("gemm_calibrated") or merged.get("intra_node_calibrated") or "operators" in merged
+    return merged.get("system") is not None or bool(own)
 
 
 def _check_curves(doc: dict[str, Any], path: Path) -> None:
@@ -457,6 +472,7 @@ def merge_calibration(doc: dict[str, Any], where: str = "<calibration>") -> dict
     path = where
     merged = json.loads(json.dumps(curves()))
     merged["system"] = doc.get("system")  # the system the curves were fitted for (None: host overheads only)
+    merged["host_device"] = doc.get("host_device")  # the GPU its host overheads' traces ran (None: not said)
     # the dtypes whose GEMM curves the calibration fitted: the others keep the built-in ones, a GPU's own
     # (curves.json gemm_by_gpu) where it has them (AnalyticCostModel)
     merged["gemm_calibrated"] = sorted(k for k in doc.get("gemm", {}) if k != "source")
