@@ -228,7 +228,8 @@ def test_a_curve_of_sizes_beyond_its_half_size_bound_is_fitted_not_a_traceback()
 
 
 def test_calibrate_says_what_it_leaves_built_in_and_which_fits_miss(tmp_path):
-    """3 GEMM rows are too few (8 needed): the file calibrates nothing and says which family stays built-in."""
+    """3 GEMM rows are too few (8 needed): nothing is calibrated, which family stays built-in is said, and no file
+    is written (user probe 9: an empty file that changes nothing, exit 0, read as a calibration)."""
     db = ProfileDB(tmp_path / "few.db")
     dev = db.device("synthetic", {"synthetic": True})
     flops = np.logspace(6, 10, 3)
@@ -236,11 +237,10 @@ def test_calibrate_says_what_it_leaves_built_in_and_which_fits_miss(tmp_path):
     res = CliRunner().invoke(
         app, ["calibrate", str(tmp_path / "few.db"), "--system", SYSTEM, "--out", str(tmp_path / "c.json")]
     )
-    assert res.exit_code == 0, res.output
-    assert (
-        "nothing calibrated" in res.output
-        and "gemm.bf16: 3 rows (< 8): not fitted, the built-in curve stays" in res.output
-    )
+    assert res.exit_code == 2 and not (tmp_path / "c.json").exists(), res.output
+    said = " ".join(res.output.split())
+    assert "gemm.bf16: 3 rows (< 8): not fitted, the built-in curve stays" in said
+    assert "nothing to calibrate (no family with 8 rows or more, no operator model); nothing written" in said
 
 
 def test_a_calibrated_curve_priced_beyond_the_sizes_it_was_fitted_on_is_said(tmp_path):

@@ -256,9 +256,16 @@ def calibrate_cmd(
             gpus = sorted({t.device_name for t in traces if t.device_name})
             doc = doc | cal.host_overheads_only(overheads, " and ".join(gpus) or cal.HOST_DEVICE_CPU)
         if out is not None:
-            cal.write_calibration(doc, out, [db, *(host_trace or [])])
             written = [k for k in doc if k not in ("format", "version", "system", "device", "host_device")]
-            console.print(f"wrote {out}: " + (", ".join(written) or "nothing calibrated"))
+            if not written:  # a file that changes nothing would read as a calibration
+                for note in notes if db is not None else []:
+                    warn(note)
+                raise CalibrationError(
+                    f"{db}: nothing to calibrate (no family with {cal.MIN_ROWS} rows or more, no operator model); "
+                    "nothing written"
+                )
+            cal.write_calibration(doc, out, [db, *(host_trace or [])])
+            console.print(f"wrote {out}: " + ", ".join(written))
             for note in notes if db is not None else []:
                 warn(note)
     except (ProfileError, CalibrationError, ConfigError, TraceError, HostOverheadError) as exc:

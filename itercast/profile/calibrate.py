@@ -185,7 +185,11 @@ def host_overheads_only(overheads: HostOverheads, device: str) -> dict[str, Any]
     return {"format": FORMAT, "version": VERSION, "host_overheads": overheads.to_dict(), "host_device": device}
 
 
-def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int = 8) -> dict[str, Any]:
+#: rows of a (family, key) a curve is refitted on at least (calibrate)
+MIN_ROWS = 8
+
+
+def calibrate(db: ProfileDB, device_id: int, system: SystemConfig, min_rows: int = MIN_ROWS) -> dict[str, Any]:
     """Refit every (family, key) with at least `min_rows` rows; returns the calibration document."""
     doc: dict[str, Any] = {
         "format": FORMAT,
