@@ -2441,7 +2441,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "a CPU run's host overheads applied to a GPU job without a word", _t("host_overheads")),
     M("profile/calibrate.py", 'return merged.get("system") is not None or bool(own)', "return True",
       "a host-only calibration labelled as the curves that priced a trace", _t("host_overheads")),
-    M("cli/calibration_cmds.py", "            if not written:  # a file that changes nothing", "            if False:  #",
+    M("cli/calibration_cmds.py", "if not written:  # a file that changes nothing", "if False:  #",
       "an empty calibration written and exit 0", _t("calibrate")),
 )
 # fmt: on
