@@ -2443,6 +2443,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "a host-only calibration labelled as the curves that priced a trace", _t("host_overheads")),
     M("cli/calibration_cmds.py", "if not written:  # a file that changes nothing", "if False:  #",
       "an empty calibration written and exit 0", _t("calibrate")),
+    M(OPS, "    if bucket is None or bucket >= layer:\n        return None", "    if True:\n        return None",
+      "a gradient bucket below a layer's parameters priced one a layer without a word", _t("search_notes")),
 )
 # fmt: on
 

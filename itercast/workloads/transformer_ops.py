@@ -2114,6 +2114,22 @@ def tp_allreduce_note(plan: PlanConfig) -> str | None:
     )
 
 
+def small_bucket_note(model: ModelConfig, plan: PlanConfig) -> str | None:
+    """What a gradient bucket smaller than one layer's parameters on a GPU leaves unpriced: the step graph's unit is
+    a layer (workloads/transformer.bucket_spans), so such buckets are priced one a layer, where Megatron's DDP closes
+    a bucket once it holds grad_bucket_size_params, one tensor at least (param_and_grad_buffer.py): up to a
+    reduction a weight, each with its latency and launch. None where the bucket holds a layer or more."""
+    bucket = plan.grad_bucket_size_params
+    layer = int(model.layer_params_per_rank(plan.tensor_parallel))
+    if bucket is None or bucket >= layer:
+        return None
+    return (
+        f"plan.grad_bucket_size_params {bucket:,}: below one layer's {layer:,} parameters a GPU, its buckets are "
+        "priced one a layer (the step graph's unit); Megatron closes one at that size, one tensor at least, so a "
+        "layer's gradients would reduce in several buckets, each with its own latency, which is not priced"
+    )
+
+
 def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> list[str]:
     """Every note above that holds for this model and plan, and the system's network's (costs/analytic.
     unmeasured_network_note), in one order for `predict` and `search`: what the forecast leaves out or rests
@@ -2123,6 +2139,7 @@ def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> 
         grad_accumulation_note(plan),
         zero_grad_reduce_note(plan),
         tp_allreduce_note(plan),
+        small_bucket_note(model, plan),
         flex_dispatch_note(plan),
         deepspeed_moe_note(plan),
         moe_a2a_overlap_note(plan),
