@@ -361,7 +361,7 @@ def test_a_profile_of_another_device_is_said():
     h100 = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}
     note = other_device_note(Path("p.db"), h100, load_system("v100-p3.16xlarge"))
     assert note is not None and note.startswith(
-        "p.db profiled NVIDIA H100 80GB HBM3; this step runs on 'v100-p3.16xlarge'"
+        "p.db profiled NVIDIA H100 80GB HBM3; the system here is 'v100-p3.16xlarge'"
     )
     assert other_device_note(Path("p.db"), h100, load_system("dgx-h100")) is None
     cpu = {"device": "cpu", "cpu": "AMD EPYC"}

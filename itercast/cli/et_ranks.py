@@ -65,7 +65,7 @@ def other_device_note(db: Path, fingerprint: Any, system: SystemConfig) -> str |
         return None
     profiled = str(fp.get("gpu")) if on_gpu else f"a CPU ({fp.get('cpu', 'unnamed')})"
     return (
-        f"{db} profiled {profiled}; this step runs on {system.name!r} ({system.gpu.name}): the operators its models "
+        f"{db} profiled {profiled}; the system here is {system.name!r} ({system.gpu.name}): the operators its models "
         "cover keep that device's times, the rest is priced on the system"
     )
 
