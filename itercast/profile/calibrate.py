@@ -179,10 +179,12 @@ def _predict(section: str, fit: dict[str, Any], x: np.ndarray, rate: np.ndarray,
 HOST_DEVICE_CPU = "cpu"
 
 
-def host_overheads_only(overheads: HostOverheads, device: str) -> dict[str, Any]:
-    """A calibration document holding only host overheads (no profiling database), with `host_device`: the GPU
-    their traces ran (the Kineto trace's deviceProperties name), HOST_DEVICE_CPU where they ran none."""
-    return {"format": FORMAT, "version": VERSION, "host_overheads": overheads.to_dict(), "host_device": device}
+def host_overheads_only(overheads: HostOverheads, device: str | None = None) -> dict[str, Any]:
+    """A calibration document holding only host overheads (no profiling database), with `host_device` where
+    `device` says it: the GPU their traces ran (the Kineto trace's deviceProperties name), HOST_DEVICE_CPU where
+    they ran none (None: not said, and no command can warn of another machine's)."""
+    doc = {"format": FORMAT, "version": VERSION, "host_overheads": overheads.to_dict()}
+    return doc | ({"host_device": device} if device is not None else {})
 
 
 #: rows of a (family, key) a curve is refitted on at least (calibrate)
