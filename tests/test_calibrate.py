@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -241,6 +242,22 @@ def test_calibrate_says_what_it_leaves_built_in_and_which_fits_miss(tmp_path):
     said = " ".join(res.output.split())
     assert "gemm.bf16: 3 rows (< 8): not fitted, the built-in curve stays" in said
     assert "nothing to calibrate (no family with 8 rows or more, no operator model); nothing written" in said
+
+
+def test_an_operator_model_of_few_rows_is_said(tmp_path):
+    """User probe 9: 4 aten::mm rows gave a multi-parameter operator model through them exactly, written without a
+    word, where a family's curve needs 8 rows. The committed CPU profile's first 4 mm rows: the model is written
+    (op_model fits one from 4) and said to rest on 4 rows."""
+    measured = ProfileDB(Path(__file__).resolve().parents[1] / "data" / "measured" / "cpu_profile_1thread.db", True)
+    rows = [m for m in measured.measurements(device_id=1) if m.op == "mm" and "call" in m.params][:4]
+    db = ProfileDB(tmp_path / "four.db")
+    dev = db.device("synthetic", {"synthetic": True})
+    db.add(dev, rows)
+    out = tmp_path / "four.json"
+    res = CliRunner().invoke(app, ["calibrate", str(tmp_path / "four.db"), "--system", "cpu-host", "--out", str(out)])
+    assert res.exit_code == 0 and json.loads(out.read_text())["operators"]["models"]["aten::mm:gemm"]["points"] == 4
+    said = " ".join(res.output.split())
+    assert "operators.aten::mm:gemm: its model is fitted on 4 rows (< 8): it runs through them" in said
 
 
 def test_a_calibrated_curve_priced_beyond_the_sizes_it_was_fitted_on_is_said(tmp_path):

@@ -2445,6 +2445,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "an empty calibration written and exit 0", _t("calibrate")),
     M(OPS, "    if bucket is None or bucket >= layer:\n        return None", "    if True:\n        return None",
       "a gradient bucket below a layer's parameters priced one a layer without a word", _t("search_notes")),
+    M("profile/calibrate.py", 'if (points := int(model.get("points", min_rows))) < min_rows:',
+      'if (points := int(model.get("points", min_rows))) < 0:', "an operator model of 4 rows written without a word",
+      _t("calibrate")),
 )
 # fmt: on
 

@@ -259,6 +259,12 @@ def fit_notes(db: ProfileDB, device_id: int, doc: dict[str, Any], min_rows: int 
             "memory.activation and memory.optimizer: not fitted (the activation functions' rows fit "
             "memory.elementwise): the built-in curves, at this system's bandwidth, price activations and Adam"
         )
+    for key, model in sorted(doc.get("operators", {}).get("models", {}).items()):
+        if (points := int(model.get("points", min_rows))) < min_rows:  # op_model fits one from 4 rows
+            notes.append(
+                f"operators.{key}: its model is fitted on {points} rows (< {min_rows}): it runs through them, "
+                "untested between and beyond (held out: --report, from 7 rows)"
+            )
     for name, fit in _fits(doc):
         if (err := fit.get("fit_mean_abs_err", 0.0)) > POOR_FIT:
             notes.append(f"{name}: its curve misses its own rows by {err:.0%} on average (held out: --report)")
