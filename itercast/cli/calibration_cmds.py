@@ -227,6 +227,7 @@ def calibrate_cmd(
         if db is not None and out is None and not report and not host_trace:
             raise CalibrationError(f"{db}: nothing to do; give --out FILE (the calibration) or --report (its fit)")
         doc: dict = {}
+        notes: list[str] = []  # what the database's fit leaves built-in or misses (cal.fit_notes)
         if db is not None:
             target = ProfileDB(db, readonly=True)
             if system is None:
@@ -258,7 +259,7 @@ def calibrate_cmd(
         if out is not None:
             written = [k for k in doc if k not in ("format", "version", "system", "device", "host_device")]
             if not written:  # a file that changes nothing would read as a calibration
-                for note in notes if db is not None else []:
+                for note in notes:
                     warn(note)
                 raise CalibrationError(
                     f"{db}: nothing to calibrate (no family with {cal.MIN_ROWS} rows or more, no operator model); "
@@ -266,7 +267,7 @@ def calibrate_cmd(
                 )
             cal.write_calibration(doc, out, [db, *(host_trace or [])])
             console.print(f"wrote {out}: " + ", ".join(written))
-            for note in notes if db is not None else []:
+            for note in notes:
                 warn(note)
     except (ProfileError, CalibrationError, ConfigError, TraceError, HostOverheadError) as exc:
         fail(str(exc))

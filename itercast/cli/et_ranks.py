@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from itercast.cli.app import console, echo_json, fail, warn, warn_other_system
+from itercast.cli.app import console, echo_json, fail, same_gpu_kind, warn, warn_other_system
 from itercast.cli.et_cmds import print_family_table, unmoved_indices_note
 from itercast.config.system import SystemConfig
 from itercast.errors import ConfigError
+from itercast.profile.calibrate import HOST_DEVICE_CPU
 from itercast.traces.et_step import RankStep
 from itercast.traces.execution_trace import ExecutionTrace, matched_link, other_process_note
 from itercast.traces.host_overheads import HostOverheads
@@ -57,11 +58,7 @@ def other_device_note(db: Path, fingerprint: Any, system: SystemConfig) -> str |
     its models cover keep the profiled device's times while the rest is priced on the system; None when they agree."""
     fp = fingerprint if isinstance(fingerprint, dict) else {}
     on_gpu = fp.get("device") == "cuda"
-    if system.gpu.executes_on_host:
-        same = not on_gpu
-    else:
-        same = on_gpu and system.gpu.name.split("-")[0].lower() in str(fp.get("gpu", "")).lower()
-    if same:
+    if same_gpu_kind(str(fp.get("gpu", "")) if on_gpu else HOST_DEVICE_CPU, system):
         return None
     profiled = str(fp.get("gpu")) if on_gpu else f"a CPU ({fp.get('cpu', 'unnamed')})"
     return (
