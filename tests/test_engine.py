@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from itercast.errors import DeadlockError
@@ -41,6 +42,47 @@ def test_breakdown_charges_waiting_for_another_rank_to_bubble():
     bd = breakdown(simulate(two_ranks_one_collective()))
     assert (bd.rank, bd.compute_s, bd.exposed_comm_s, bd.bubble_s, bd.idle_s) == (0, 2.0, 2.0, 2.0, 0.0)
     assert bd.total_s == 6.0
+
+
+def test_breakdown_charges_a_wait_for_its_own_side_stream_to_compute():
+    # rank 0 runs a (1 s) while its side stream computes s (3 s); b waits for s: 1..3 is this rank's compute
+    b = GraphBuilder()
+    gpu, side = b.resource(0, "compute"), b.resource(0, "side")
+    s = b.task("s", side, 3.0, C, "gemm")
+    b.task("a", gpu, 1.0, C, "gemm")
+    b.task("b", gpu, 1.0, C, "gemm", deps=[s])
+    bd = breakdown(simulate(b.build()))
+    assert (bd.compute_s, bd.bubble_s, bd.idle_s, bd.total_s) == (4.0, 0.0, 0.0, 4.0)
+
+
+def test_breakdown_charges_the_last_ranks_tail_to_what_ends_the_step():
+    # the step ends with an all-reduce on rank 0's comm stream, 1..3 after its last compute
+    b = GraphBuilder()
+    gpu, comm = b.resource(0, "compute"), b.resource(0, "dp_comm")
+    a = b.task("a", gpu, 1.0, C, "gemm")
+    b.task("grad_ar", comm, 2.0, M, "all_reduce", deps=[a])
+    bd = breakdown(simulate(b.build()))
+    assert (bd.compute_s, bd.exposed_comm_s, bd.idle_s) == (1.0, 2.0, 0.0)
+
+
+def test_breakdown_charges_a_host_task_on_the_stream_to_host_overhead():
+    b = GraphBuilder()
+    gpu = b.resource(0, "compute")
+    b.task("sync", gpu, 0.5, Category.HOST, "host_sync")
+    b.task("a", gpu, 1.0, C, "gemm")
+    bd = breakdown(simulate(b.build()))
+    assert (bd.host_overhead_s, bd.compute_s, bd.exposed_comm_s) == (0.5, 1.0, 0.0)
+
+
+def test_tasks_added_one_by_one_and_in_blocks_keep_their_rows():
+    b = GraphBuilder()
+    r = b.resource(0, "compute")
+    b.task("a", r, 1.0, C, "gemm")
+    name, fam = b.name_id("blk"), b.family_id("gemm")
+    b.add_tasks(np.full(2, name), np.full(2, r), np.array([2.0, 3.0]), np.full(2, int(C)), np.full(2, fam))
+    b.task("d", r, 4.0, C, "gemm")
+    assert [b.duration(t) for t in range(4)] == [1.0, 2.0, 3.0, 4.0]
+    assert b.build().duration_s.tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_stream_order_serialises_independent_tasks():

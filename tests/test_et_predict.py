@@ -11,7 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from itercast.cli import app
-from itercast.costs.index_stats import unique_fraction_uniform, unique_fraction_zipf, zipf_classes, zipf_hot_fraction
+from itercast.costs.index_stats import (
+    IndexStats,
+    unique_fraction_uniform,
+    unique_fraction_zipf,
+    zipf_classes,
+    zipf_hot_fraction,
+)
 
 MEASURED = Path(__file__).resolve().parents[1] / "data" / "measured"
 ET = MEASURED / "h100_traces" / "dlrm_16384.et.json.gz"
@@ -37,6 +43,26 @@ def test_zipf_distinct_rows_by_hand():
     assert zipf_hot_fraction(10**10, 0.0) == pytest.approx(1e-10)
     # skew means reuse: fewer distinct rows than uniform draws
     assert unique_fraction_zipf(10**6, 10**5, 1.05) < 0.5 * unique_fraction_uniform(10**6, 10**5)
+
+
+def test_zipf_tail_blocks_by_hand():
+    # 10 rows, 4 exact: rows 5..10 are blocks of one row each, priced at the mean of x^-alpha over
+    # [r - 1/2, r + 1/2]: for alpha 1, ln((r + 1/2) / (r - 1/2)); for alpha 2, 1/(r - 1/2) - 1/(r + 1/2)
+    p, rows = zipf_classes(10, 1.0, exact=4)
+    assert rows.tolist() == [1.0] * 10
+    assert p[4] / p[0] == pytest.approx(np.log(5.5 / 4.5))  # 0.2007, where row 5 exactly is 1/5
+    assert p[9] / p[0] == pytest.approx(np.log(10.5 / 9.5))
+    p, _ = zipf_classes(10, 2.0, exact=4)
+    assert p[4] / p[0] == pytest.approx(1 / 4.5 - 1 / 5.5)  # 0.0404
+
+
+def test_a_sequence_of_indices_by_hand():
+    # rows 1, 2, 3, 1: 3 distinct of 4; row 1 is half the lookups; its repeat has 2 other rows
+    # (2 and 3) between: 2 x 30,000 bytes stays within 64 KiB, 2 x 40,000 does not
+    near = IndexStats.from_sequence(np.array([1, 2, 3, 1]), 4, 30_000.0)
+    far = IndexStats.from_sequence(np.array([1, 2, 3, 1]), 4, 40_000.0)
+    assert (near.unique_fraction, near.hot_fraction, near.reuse_beyond) == (0.75, 0.5, (0.0, 0.0, 0.0))
+    assert (far.unique_fraction, far.hot_fraction, far.reuse_beyond) == (0.75, 0.5, (0.25, 0.0, 0.0))
 
 
 def run(*args: str) -> tuple[int, str]:

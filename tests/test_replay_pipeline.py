@@ -18,7 +18,7 @@ from itercast.cli import app
 from itercast.costs.curves import curves
 from itercast.replay import replay_whatif
 from itercast.traces.kineto import read_traces
-from itercast.traces.pipeline_stages import StageStep, stage_steps
+from itercast.traces.pipeline_stages import StageStep, stage_steps, work_stretches_us
 from itercast.traces.restage import new_warmups, restage_steps, schedule_order
 from itercast.traces.whatif import WhatIf
 
@@ -84,6 +84,32 @@ def test_stages_are_read_as_micro_batch_units(tmp_path):
     assert s0.rest_s * 1e6 == pytest.approx(20) and s1.rest_s * 1e6 == pytest.approx(20)
     assert s0.order == s1.order == (("F", 0), ("F", 1), ("B", 0), ("B", 1))
     assert s0.activation_bytes == 32 * 1024 * 4
+
+
+def test_a_stage_works_outside_its_receives_and_its_waits_for_sends(tmp_path):
+    # stage 0's second forward starts 50 µs after its first send, whose gloo transfer ends in that gap:
+    # the thread waited for the send, so the gap is not work (else the unit would read 150 µs)
+    stage0 = [
+        step(1, 0, 1000),
+        cpu_op("aten::linear", 0, 90),
+        p2o("c10d::send", 90, 10),
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:send", "pid": 100, "tid": 200, "ts": 95, "dur": 45},
+        cpu_op("aten::linear", 150, 90),
+        p2o("c10d::send", 240, 10),
+        p2o("c10d::recv_", 250, 320),
+        cpu_op(BACKWARD, 570, 200),
+        p2o("c10d::recv_", 770, 10),
+        cpu_op(BACKWARD, 780, 200),
+        cpu_op("aten::add_", 980, 20),
+    ]
+    info = {"rank": 0, "world_size": 2}
+    (trace,) = read_traces([str(write(tmp_path / "s0.json", stage0, distributedInfo=info))])
+    s0 = stage_steps(trace, 0)[0]
+    assert s0.forward_s * 1e6 == pytest.approx([100, 100]) and s0.backward_s * 1e6 == pytest.approx([200, 200])
+    # the stretches it worked in: its ops and the gaps before them, not its receives (330 µs) nor the
+    # 50 µs it waited for its send: 1,000 - 330 - 50 = 620 µs
+    starts, ends = work_stretches_us(trace)
+    assert float(np.sum(ends - starts)) == pytest.approx(620)
 
 
 def test_merging_two_stages_into_one_serialises_their_work(tmp_path):

@@ -73,7 +73,7 @@ def breakdown(result: SimResult, rank: int | None = None) -> Breakdown:
     if end > prev_end and rank != final_rank:
         buckets["idle_s"] += end - prev_end
     elif end > prev_end:
-        _charge_gap(result, final, end, prev_end, rank, buckets, include_first=True)
+        _charge_gap(result, final, end, prev_end, rank, buckets)
     return Breakdown(rank=rank, **buckets)
 
 
@@ -91,13 +91,11 @@ def _charge_gap(
     lo: float,
     rank: int,
     buckets: dict[str, float],
-    include_first: bool = False,
 ) -> None:
-    """Charge [lo, hi] to the chain of binding predecessors that ends at time hi."""
+    """Charge [lo, hi] to the chain of binding predecessors from `first` back (`first` ends at hi, or before
+    it by an edge's latency)."""
     g = result.graph
     cursor, t = hi, first
-    if include_first:
-        cursor = float(result.end_s[t])
     while cursor > lo and t >= 0:
         s, e = float(result.start_s[t]), float(result.end_s[t])
         if cursor > e:  # edge latency between t's end and its successor's start
