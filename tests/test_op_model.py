@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from itercast.costs.aten_ops import OpCall, features, host_category, tensor_bytes
+from itercast.costs.aten_ops import OpCall, OpFeatures, features, host_category, tensor_bytes
 from itercast.costs.op_model import (
     BOOST_MIN_ROWS,
     IndexStats,
@@ -234,6 +234,33 @@ def test_a_lookup_pays_for_its_far_repeats():
     assert priced == pytest.approx(gathered * (0.3 * 1e-9 + 0.1 * 3e-9))
 
 
+def test_a_lookup_misses_and_a_backward_maps_afresh_only_beyond_the_cache():
+    """Only the terms of tables beyond the 1 MiB cache: 1 ns per byte of distinct rows missed (forward), 2 ns
+    per byte of the dense gradient (backward); 4,096 lookups of 128-byte rows, half distinct."""
+    fwd = {"form": "lookup", "cache_bytes": 1 << 20, "alpha_s": 0.0, "s_per_missed_byte": 1e-9}
+    bwd = {"form": "lookup", "cache_bytes": 1 << 20, "alpha_s": 0.0, "s_per_table_byte_if_large": 2e-9}
+    model = OperatorCostModel({"models": {"f:embedding_bag_fwd": fwd, "b:embedding_bag_bwd": bwd}})
+    half = IndexStats(0.5, 0.01)
+
+    def priced(op: str, family: str, table_bytes: float) -> float:
+        dims = {"lookups": 4096, "bags": 512, "table_bytes": table_bytes, "rows": table_bytes // 128}
+        return model.price(op, OpFeatures(family, 4096 * 128.0, dims), half)
+
+    assert priced("f", "embedding_bag_fwd", 128_000) == 0.0  # 1,000 rows: in cache
+    assert priced("f", "embedding_bag_fwd", 12_800_000) == pytest.approx(4096 * 128 * 0.5 * 1e-9)
+    assert priced("b", "embedding_bag_bwd", 128_000) == 0.0
+    assert priced("b", "embedding_bag_bwd", 12_800_000) == pytest.approx(12_800_000 * 2e-9)
+
+
+def test_a_gemm_below_the_smallest_profiled_size_holds_its_ramp_there():
+    """Halves at 64 in each dimension, gamma 1, profiled from 128: a 16^3 product is priced at the ramp of
+    128 ((1 + 64/128)^3 = 3.375 times its FLOPs at 1 TFLOP/s), not at 16's ((1 + 4)^3 = 125)."""
+    fit = {"alpha_s": 0.0, "rate_flops_per_s": 1e12, "gamma": 1.0, "layout_factor": {"nn": 1.0}}
+    fit |= {f"half_{d}": 64.0 for d in "mnk"} | {f"min_{d}": 128.0 for d in "mnk"}
+    small = OpFeatures("gemm", 2.0 * 16**3, {"m": 16, "n": 16, "k": 16, "layout": "nn"})
+    assert shape_model_s(fit, small) == pytest.approx(2.0 * 16**3 / 1e12 * 3.375)
+
+
 def test_profile_rows_carry_their_index_stats():
     recorded = Measurement("embedding", "embedding_bag_bwd", 1, 1e-4, params={"rows": 10, "distribution": "zipf"})
     recorded.params["features"] = {"unique_fraction": 0.5, "hot_fraction": 0.2}
@@ -358,6 +385,9 @@ def test_memory_and_host_models_recover_their_laws():
     sub = OpCall("aten::sub", [[1 << 20], [1 << 20]], [F, F], [], [[1 << 20]], [F])  # priced as aten::add
     # 12 MiB moved (3 tensors of 4 MiB): a call beyond the 1 MiB break, every byte at 2 GB/s
     assert model.measured_s(sub) == pytest.approx(2e-6 + 12 * 2**20 * 5e-10)
+    # 12 KiB moved: below the break, at 10 GB/s
+    small = OpCall("aten::sub", [[1024], [1024]], [F, F], [], [[1024]], [F])
+    assert model.measured_s(small) == pytest.approx(2e-6 + 12 * 1024 * 1e-10)
 
 
 def test_operator_models_say_when_priced_beyond_the_most_their_rows_spanned(tmp_path):
