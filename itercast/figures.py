@@ -94,6 +94,11 @@ def _predicted(name: str) -> Prediction:
         "mixed even": lambda: _mixed_job({"device_groups": MIXED_GROUPS}, None),
         "mixed all h100": lambda: _mixed_job({"num_nodes": 2}, None),  # one GPU kind: even stages
         "mixed all a100": lambda: _mixed_job({"preset": "dgx-a100", "num_nodes": 2}, None),
+        "llama3-8b 131k": lambda: Job.from_dicts(
+            {"preset": "llama3-8b", "seq_length": 131072},
+            {"global_batch_size": 8, "zero_stage": 1},
+            {"preset": "dgx-h100"},
+        ),
     }
     return predict(jobs[name]())
 
@@ -191,6 +196,18 @@ FIGURES: tuple[Figure, ...] = (
     Figure("predict --example: memory per GPU", r"s step, " + NUMBER + r" GiB of 80", _gib("example"), 0.05),
     Figure("predict --example: MFU", r"and an MFU of " + NUMBER + "%", lambda: 100 * _predicted("example").mfu, 0.05),
     Figure("job.yaml: step", r"`itercast predict job.yaml`: " + NUMBER + " s per step", _step("llama tp8"), 0.05),
+    Figure(
+        "llama3-8b at 131,072 tokens: MFU",
+        r"8 H100 reads MFU " + NUMBER + "%",
+        lambda: 100 * _predicted("llama3-8b 131k").mfu,
+        0.05,
+    ),
+    Figure(
+        "llama3-8b at 131,072 tokens: MFU counted causally",
+        r"MFU [0-9.]+%, " + NUMBER + "% counted causally",
+        lambda: 100 * _predicted("llama3-8b 131k").mfu_causal,
+        0.05,
+    ),
     Figure("job.yaml: memory per GPU", r"s per step, " + NUMBER + " GiB of 80 per GPU", _gib("llama tp8"), 0.05),
     Figure("job.yaml at tp 4: step", r"faster, " + NUMBER + " s, but needs", _step("llama tp4"), 0.05),
     Figure("job.yaml at tp 4: memory", r"but needs " + NUMBER + " GiB: out of memory", _gib("llama tp4"), 0.05),

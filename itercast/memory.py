@@ -35,7 +35,8 @@ gpu.reserved_bytes replaces it with that flat reserve), memory outside PyTorch's
 - NCCL buffers: NCCL_BUFFSIZE (4 MiB default, NCCL environment-variable docs) per connection, 2
   connections (send and receive peers of a ring) per channel, up to 32 channels (NCCL's MAXCHANNELS,
   src/include/device.h): 256 MiB per communicator, for each process group of more than one rank the plan
-  uses (`communicators`: tensor, context, data × context, pipeline, expert; a DLRM's one world group).
+  uses (`communicators`: tensor, context, data × context, pipeline, expert and, on a stage with MoE layers, the
+  experts' data-parallel, tensor-parallel and Megatron-Core's tensor × expert groups; a DLRM's one world group).
 - DeepEP's buffers under torchtitan's DeepEP backend or Megatron-Core's flex dispatcher over DeepEP
   (PlanConfig.deepep_buffers), on a GPU whose stage has MoE layers: 62–288 MiB at hidden 2048 in bf16 for EP 2–64
   (config/deepep_buffer.py, from DeepEP's sources); a plan's, so it stays on top of a flat gpu.reserved_bytes.
@@ -71,17 +72,28 @@ CUDA_CONTEXT_BYTES = 0.75 * 2**30
 NCCL_COMMUNICATOR_BYTES = 4 * 2**20 * 2 * 32
 
 
-def communicators(cols: dict[str, np.ndarray], embedding: Any = False) -> np.ndarray:
+def communicators(
+    cols: dict[str, np.ndarray], embedding: Any = False, moe: Any = False, megatron_moe: bool = False
+) -> np.ndarray:
     """Process groups of more than one rank each GPU of a plan joins (NCCL allocates per communicator): tensor,
     context, data × context, pipeline and expert parallel groups; with the distributed optimizer sharded within
     groups (plan.zero_shard_ranks under the data × context ranks) the groups' own and the one across them
     (Megatron-Core's intra and inter distributed-optimizer instance groups, parallel_state.py); `embedding`:
     the GPU is on the first or last stage of a pipeline whose embedding is tied, and joins Megatron's embedding
-    group (parallel_state.py _EMBEDDING_GROUP) for the tied copies' all-reduce."""
+    group (parallel_state.py _EMBEDDING_GROUP) for the tied copies' all-reduce. `moe`: the GPU's stage has MoE
+    layers, whose experts' gradients are reduced over their own data-parallel group (tp·cp·dp / (ep·etp) ranks,
+    parallel_state.py _EXPERT_DATA_PARALLEL_GROUP) and whose expert-tensor collectives run over their own group
+    (_EXPERT_TENSOR_PARALLEL_GROUP, a group of its own even where it holds the attention's tensor ranks);
+    `megatron_moe`: Megatron-Core's token dispatchers, which also gather the routed counts or tokens over the
+    tensor × expert group (token_dispatcher.py tp_ep_group; _EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, created apart
+    from the expert group even where they hold the same ranks)."""
     c = cols
     partial = (c["shard"] > 0) & (c["shard"] < c["dp"] * c["cp"])
     groups = (c["tp"] > 1, c["cp"] > 1, c["dp"] * c["cp"] > 1, c["pp"] > 1, c["ep"] > 1, partial)
-    return np.sum(groups, axis=0) + np.asarray(embedding, dtype=np.int64)
+    expert_dp = c["tp"] * c["cp"] * c["dp"] // (c["ep"] * c["etp"])
+    moe = np.asarray(moe, dtype=bool)
+    expert = (moe & (expert_dp > 1), moe & (c["etp"] > 1), moe & megatron_moe & (c["ep"] * c["etp"] > 1))
+    return np.sum(groups, axis=0) + np.sum(expert, axis=0) + np.asarray(embedding, dtype=np.int64)
 
 
 def reserve_bytes(gpu: GPUSpec, communicator_count: Any) -> np.ndarray:
@@ -617,7 +629,9 @@ class StageMemory:
         # the activations' shape: `layers` may be an array over candidate stages (job_slicing)
         deepep = np.where(moe_layers > 0, self.deepep, 0)
         tied = m.tied & (c["pp"] > 1) & (np.asarray(first) | np.asarray(last))  # the embedding group's members
-        out["reserved"] = reserve_bytes(self.gpu, communicators(c, tied)) + deepep + np.zeros_like(acts)
+        megatron_moe = self.t.base.moe_token_dispatcher in ("alltoall", "flex")
+        groups = communicators(c, tied, np.asarray(moe_layers) > 0, megatron_moe)
+        out["reserved"] = reserve_bytes(self.gpu, groups) + deepep + np.zeros_like(acts)
         out["total"] = sum(out.values())
         return out
 

@@ -17,7 +17,15 @@ from itercast.memory import MemoryEstimate, estimate_memory, full_recompute_shar
 from itercast.sim.analysis import Breakdown, breakdown, critical_path
 from itercast.sim.contention import simulate_with_contention
 from itercast.sim.engine import SimResult
-from itercast.workloads.dlrm import DLRMJob, DLRMStep, Shard, dlrm_step, memory_parts_per_rank, plan_sharding
+from itercast.workloads.dlrm import (
+    DLRMJob,
+    DLRMStep,
+    IndexSample,
+    Shard,
+    dlrm_step,
+    memory_parts_per_rank,
+    plan_sharding,
+)
 from itercast.workloads.transformer import TransformerStepBuilder
 
 
@@ -119,6 +127,19 @@ class Prediction(Forecast):
         return self.model_tflops_per_gpu * 1e12 / (sum(peaks) / len(peaks))  # a mixed cluster: its mean peak
 
     @property
+    def mfu_causal(self) -> float:
+        """MFU with a causal model's attention scores counted as the work they are: half of what the model-FLOPs
+        convention counts (ModelConfig.attention_score_flops_per_token: every key per query, as Megatron-LM's
+        num_floating_point_operations and torchtitan's get_num_flop_per_token count; FlashAttention's causal
+        benchmarks count half). Forward and backward: 3 × the forward's half. The same as `mfu` without causal
+        attention (bert)."""
+        m = self.job.model
+        if not m.causal:
+            return self.mfu
+        half = 1.5 * m.layers_attention_score_flops_per_token() * self.job.plan.gbs * m.seq_length
+        return self.mfu * (1 - half / self.model_flops_per_step)
+
+    @property
     def tokens_per_s(self) -> float:
         return self.job.plan.gbs * self.job.model.seq_length / self.step_time_s
 
@@ -135,6 +156,7 @@ class Prediction(Forecast):
             "stage_compute_s": self.stage_compute_s,
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,
+            "mfu_causal": self.mfu_causal,
             "hardware_flops_per_step": self.hardware_flops_per_step,
             "tokens_per_s": self.tokens_per_s,
             "num_microbatches": self.job.num_microbatches,
@@ -217,10 +239,10 @@ def predict(job: Job, calibration: dict[str, Any] | None = None) -> Prediction:
 
 
 def predict_dlrm(
-    job: DLRMJob, calibration: dict[str, Any] | None = None, index_counts: dict[str, np.ndarray] | None = None
+    job: DLRMJob, calibration: dict[str, Any] | None = None, index_counts: dict[str, IndexSample] | None = None
 ) -> DLRMPrediction:
     """One DLRM step under the plan's sharding, else under the fastest the planner finds
-    (workloads/dlrm.plan_sharding); `index_counts`: row frequencies of real index samples per table."""
+    (workloads/dlrm.plan_sharding); `index_counts`: samples of real indices per table."""
     given = job.shards()
     if given is not None:
         step, sharding, source, evaluated = (
@@ -234,14 +256,19 @@ def predict_dlrm(
             job.model, job.system, job.plan.batch_per_rank, calibration=calibration, index_counts=index_counts
         )
         (sharding, step), source, evaluated = found.plans[0], f"planner ({found.method})", found.evaluated
-    return _dlrm_forecast(job, step, sharding, source, evaluated)
+    return _dlrm_forecast(job, step, sharding, source, evaluated, index_counts)
 
 
 def _dlrm_forecast(
-    job: DLRMJob, step: DLRMStep, sharding: dict[str, Shard], source: str, evaluated: int
+    job: DLRMJob,
+    step: DLRMStep,
+    sharding: dict[str, Shard],
+    source: str,
+    evaluated: int,
+    index_counts: dict[str, IndexSample] | None = None,
 ) -> DLRMPrediction:
     bd = breakdown(step.sim)
-    parts = memory_parts_per_rank(job.model, sharding, job.system.num_gpus, job.plan.batch_per_rank)
+    parts = memory_parts_per_rank(job.model, sharding, job.system.num_gpus, job.plan.batch_per_rank, index_counts)
     rank = int(np.argmax([sum(p.values()) for p in parts]))
     gpu = job.system.gpu
     mem = MemoryEstimate(

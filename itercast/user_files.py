@@ -25,6 +25,8 @@ from itercast.errors import ConfigError
 
 def read_small_text(path: Path, what: str, max_bytes: int) -> str:
     """The text of a small input file; `what` names it in errors ("job file", "layer-times file")."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: a directory; expected a {what}")
     if not path.is_file():
         raise ConfigError(f"{path}: no such {what}")
     size = path.stat().st_size

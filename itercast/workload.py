@@ -28,8 +28,13 @@ from itercast.predict import DLRMPrediction, Forecast, Prediction, predict, pred
 from itercast.report import html_report as rep
 from itercast.sim.analysis import breakdown
 from itercast.stochastic.variability import StepGraph, build_transformer_step
-from itercast.workloads.dlrm import DLRMJob, Shard, Strategy, dlrm_notes, is_dlrm_model
+from itercast.workloads.dlrm import DLRMJob, IndexSample, Shard, Strategy, dlrm_notes, is_dlrm_model
 from itercast.workloads.transformer_ops import priced_notes
+
+#: MFU points between the model-FLOPs count and the causal one from which `predict` prints both (Prediction.mfu_causal):
+#: printed for Llama 3 8B at its 8,192 tokens (half its scores 11% of its FLOPs: 6 points at 55% MFU) and at 4,096
+#: (6.3%: 3 points at 50%), not for GPT-3 175B at 2,048 (1.4%: 0.7 points)
+CAUSAL_MFU_GAP = 0.02
 
 
 def seconds(value_s: float) -> str:
@@ -57,8 +62,9 @@ class Workload(Protocol):
 
     def predict(self, calibration: dict[str, Any] | None = None) -> Forecast: ...
 
-    def notes(self, calibration: dict[str, Any] | None = None) -> list[str]:
-        """What the forecast's price leaves out or rests on, said beside it by every command that prices the job."""
+    def notes(self, calibration: dict[str, Any] | None = None, forecast: Forecast | None = None) -> list[str]:
+        """What the forecast's price leaves out or rests on, said beside it by every command that prices the job
+        (`forecast`: the one priced, where the notes depend on what it chose)."""
         ...
 
     def throughput(self, forecast: Forecast) -> tuple[str, float]:
@@ -128,8 +134,8 @@ class TransformerWorkload:
     def predict(self, calibration: dict[str, Any] | None = None) -> Prediction:
         return predict(self.job, calibration)
 
-    def notes(self, calibration: dict[str, Any] | None = None) -> list[str]:
-        """transformer_ops.priced_notes of the job (the calibration changes none of them)."""
+    def notes(self, calibration: dict[str, Any] | None = None, forecast: Forecast | None = None) -> list[str]:
+        """transformer_ops.priced_notes of the job (the calibration and the forecast change none of them)."""
         return priced_notes(self.job.model, self.job.plan, self.job.system)
 
     def throughput(self, forecast: Forecast) -> tuple[str, float]:
@@ -146,6 +152,14 @@ class TransformerWorkload:
                 f"{r.tokens_per_s:,.0f} tokens/s, {r.model_tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {r.mfu:.1%}",
             ),
         ]
+        if r.mfu - r.mfu_causal >= CAUSAL_MFU_GAP:
+            rows.append(
+                (
+                    "",
+                    f"(attention counted over every key, as Megatron-LM and torchtitan count FLOPs; counting its "
+                    f"causal half alone: MFU {r.mfu_causal:.1%})",
+                )
+            )
         if r.hardware_flops_per_step > r.model_flops_per_step:
             counted = r.hardware_flops_per_step / r.step_time_s / self.num_gpus / 1e12
             rows.append(
@@ -169,10 +183,10 @@ class TransformerWorkload:
 
 @dataclass(frozen=True)
 class DLRMWorkload:
-    """A DLRM job; `index_counts`: row frequencies of real index samples per table (shard --indices)."""
+    """A DLRM job; `index_counts`: samples of real indices per table (shard --indices)."""
 
     job: DLRMJob
-    index_counts: dict[str, np.ndarray] | None = None
+    index_counts: dict[str, IndexSample] | None = None
     kind: str = "dlrm"
 
     @property
@@ -199,9 +213,12 @@ class DLRMWorkload:
     def predict(self, calibration: dict[str, Any] | None = None) -> DLRMPrediction:
         return predict_dlrm(self.job, calibration, self.index_counts)
 
-    def notes(self, calibration: dict[str, Any] | None = None) -> list[str]:
-        """dlrm_notes of the job under `calibration`'s operator models."""
-        return dlrm_notes(self.job.model, self.job.system, self.job.plan.batch_per_rank, calibration)
+    def notes(self, calibration: dict[str, Any] | None = None, forecast: Forecast | None = None) -> list[str]:
+        """dlrm_notes of the job under `calibration`'s operator models, of its sharding (the plan's, else the one
+        `forecast` priced)."""
+        j = self.job
+        plan = j.shards() or (forecast.sharding if isinstance(forecast, DLRMPrediction) else None)
+        return dlrm_notes(j.model, j.system, j.plan.batch_per_rank, calibration, plan, self.index_counts)
 
     def throughput(self, forecast: Forecast) -> tuple[str, float]:
         assert isinstance(forecast, DLRMPrediction)

@@ -493,6 +493,18 @@ def cases() -> list[Case]:
             ["slice", "--example", "--send-gbps", "1"],
             "--send-gbps is for --layer-times; a job's sends are priced on its system's links",
         ),
+        Case(  # user probe 11: the file that names an unknown preset is named
+            "a job file naming an unknown model preset",
+            {"j.yaml": b"model: llama3-70B\nsystem: dgx-h100\nplan: {}\n"},
+            ["predict", "{dir}/j.yaml"],
+            "j.yaml: model: unknown preset `llama3-70B`",
+        ),
+        Case(
+            "a directory given as a job file",
+            {},
+            ["predict", "{dir}"],
+            ": a directory; expected a job file",
+        ),
     ]
 
 

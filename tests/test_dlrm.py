@@ -295,6 +295,11 @@ def test_a_given_sharding_is_priced_and_checked(tmp_path):
         "table 't0': embedding_dim 16 not divisible by its 3 column-wise ranks"
     ]
     assert check_sharding(m, {"t0": Shard("row_wise", (0, 1))}, 4) == ["table 't0': row_wise spans every rank 0..3"]
+    # TorchRec's column_wise(ranks) may reuse a rank; priced one shard a rank, it is refused (user probe 12)
+    assert check_sharding(m, {"t0": Shard("column_wise", (0, 0, 1, 1))}, 4) == [
+        "table 't0': column_wise on ranks [0, 0, 1, 1] puts several shards on rank(s) [0, 1], which itercast does not "
+        "price (one column shard a rank): give each shard its own rank"
+    ]
 
 
 def linear_operators() -> OperatorCostModel:
@@ -426,28 +431,54 @@ def test_an_index_sample_sets_the_distinct_rows(tmp_path):
     sample = tmp_path / "t.txt"
     sample.write_text("7, 7, 7, 7\n9\n")  # one row drawn 4 times in 5, another once
     counts = load_index_sample(sample, TABLE)
-    assert sorted(counts.tolist()) == [1, 4]
+    assert (counts.rows.tolist(), counts.counts.tolist()) == ([7, 9], [4, 1])
     work = shard_work(TABLE, Shard("table_wise", (0,)), 0, 1, 8)  # 32 lookups
     distinct = 2 - 0.2**32 - 0.8**32  # each row's chance of being drawn at least once
     _, bwd = embedding_seconds(costs, TABLE, work, counts=counts)
     assert bwd == pytest.approx((8 * 16 * 4 + 32 * 16 * 4 + distinct * 2 * (16 * 4 + 4)) / HBM)
-    # a row-wise shard holds 1/4 of the rows and sees 1/4 of the distinct rows of all the lookups
-    rw = shard_work(TABLE, Shard("row_wise", (0, 1, 2, 3)), 0, 4, 2)  # 8 samples: 8 of 32 lookups
+    # row-wise over 4 ranks, blocks of 250 rows: rows 7 and 9 are both rank 0's (TorchRec sends each index to its
+    # row's block), so rank 0 serves all 32 lookups of 8 samples, with the same distinct rows (user probe 12)
+    rw = shard_work(TABLE, Shard("row_wise", (0, 1, 2, 3)), 0, 4, 2, counts)
+    assert rw is not None and rw.lookups == 32
     _, rw_bwd = embedding_seconds(costs, TABLE, rw, counts=counts)
-    assert rw_bwd == pytest.approx((8 * 16 * 4 + 8 * 16 * 4 + distinct / 4 * 2 * (16 * 4 + 4)) / HBM)
-    # the most frequent row takes 4/5 of the lookups; on the row-wise shard that holds it, of 1/4 of
-    # the lookups, all of them (capped at 1); with Zipf α = 1 over 1000 rows, p_1 = 1 / H_1000
+    assert rw_bwd == pytest.approx((8 * 16 * 4 + 32 * 16 * 4 + distinct * 2 * (16 * 4 + 4)) / HBM)
+    # rows 600 and 700 both in the third block (500-749): that rank serves all 32
+    third = tmp_path / "third.txt"
+    third.write_text("600 600 700")
+    late = shard_work(TABLE, Shard("row_wise", (0, 1, 2, 3)), 0, 4, 2, load_index_sample(third, TABLE))
+    assert late is not None and late.lookups == 32
+    # rows 7, 7, 7 and 300: the first block serves 3/4 (24 lookups), all of them to row 7: its own rows alone
+    mixed_file = tmp_path / "mixed.txt"
+    mixed_file.write_text("7 7 7 300")
+    mixed = load_index_sample(mixed_file, TABLE)
+    busy = shard_work(TABLE, Shard("row_wise", (0, 1, 2, 3)), 0, 4, 2, mixed)
+    assert busy is not None and busy.lookups == 24
+    assert index_stats(TABLE, busy, mixed).hot_fraction == 1.0
+    # and the busiest rank holds its 24 lookups' int64 indices, where uniform draws give it 8: 16 × 8 bytes more
+    rw_plan = {"t0": Shard("row_wise", (0, 1, 2, 3))}
+    one = model(1)
+    with_sample = memory_parts_per_rank(one, rw_plan, 4, 2, {"t0": mixed})[0]["activations"]
+    assert with_sample - memory_parts_per_rank(one, rw_plan, 4, 2)[0]["activations"] == 16 * 8
+    # rows 0, 250, 500 and 750 fall one in each block: 8 of the 32 lookups on each rank
+    spread = tmp_path / "s.txt"
+    spread.write_text("0 250 500 750")
+    one_each = shard_work(TABLE, Shard("row_wise", (0, 1, 2, 3)), 0, 4, 2, load_index_sample(spread, TABLE))
+    assert one_each is not None and one_each.lookups == 8
+    # the most frequent row takes 4/5 of the lookups, on the table and on rank 0's block alike; with Zipf α = 1
+    # over 1000 rows, p_1 = 1 / H_1000
     assert index_stats(TABLE, work, counts).hot_fraction == pytest.approx(0.8)
-    assert index_stats(TABLE, rw, counts).hot_fraction == 1.0
+    assert index_stats(TABLE, rw, counts).hot_fraction == pytest.approx(0.8)
     zipf = TABLE.model_copy(update={"zipf_alpha": 1.0})
+    rw_named = shard_work(TABLE, Shard("row_wise", (0, 1, 2, 3)), 0, 4, 2)  # uniform: 8 of the 32 lookups
+    assert rw_named is not None
     harmonic = sum(1 / r for r in range(1, 1001))
-    assert index_stats(zipf, rw).hot_fraction == pytest.approx(4 / harmonic)
+    assert index_stats(zipf, rw_named).hot_fraction == pytest.approx(4 / harmonic)
     assert index_stats(zipf, work).hot_fraction == pytest.approx(1 / harmonic)
     # and its distinct rows are 1/4 of the table's among all 32 lookups, the rows spread at random over
     # the shards: each row i drawn at least once with 1 - (1 - p_i)^32, p_i = (1/i) / H_1000
     p_i = np.array([1 / r for r in range(1, 1001)]) / harmonic
     table_distinct = float(np.sum(1 - (1 - p_i) ** 32))
-    assert index_stats(zipf, rw).unique_fraction * rw.lookups == pytest.approx(table_distinct / 4, rel=0.01)
+    assert index_stats(zipf, rw_named).unique_fraction * rw_named.lookups == pytest.approx(table_distinct / 4, rel=0.01)
     np.save(tmp_path / "big.npy", np.array([0, 999, 1000]))
     with pytest.raises(
         ValueError, match=r"indices 0\.\.1000; the table has rows 0\.\.999 \(the file of another table\?\)"
@@ -559,16 +590,22 @@ def test_a_shard_beyond_the_profiled_lookups_is_reported():
     cal = {"operators": {"models": {"itercast::rowwise_adagrad_update:embedding_bag_update": {"max_lookups": 1000.0}}}}
     assert beyond_profile(model(2), 2, 64, cal) == ""
     note = beyond_profile(model(2), 2, 512, cal)
-    assert "t0's owner looks up 4,096 rows per call, 4.1× the largest call" in note and "(1,000)" in note
+    assert "a table-wise owner of t0 looks up 4,096 rows per call, 4.1× the largest call" in note and "(1,000)" in note
+    # under a plan, its busiest shard's call: t0 row-wise over the 2 ranks serves half of them (uniform rows):
+    # 4 × 256 × 2 / 2 = 1,024 within 2 × 1,000; at 2,048 samples 8,192
+    rows = {t.name: Shard("row_wise", (0, 1)) for t in model(2).tables}
+    assert beyond_profile(model(2), 2, 256, cal, plan=rows) == ""
+    assert "t0's row-wise shard looks up 8,192 rows per call" in beyond_profile(model(2), 2, 2048, cal, plan=rows)
     assert beyond_profile(model(2), 2, 512, {"operators": {"models": {"aten::mm:gemm": {}}}}) == ""
     assert beyond_profile(model(2), 2, 512, None) == ""
 
 
 def test_predict_says_what_shard_says_of_lookups_beyond_the_profile():
-    """dlrm-dcnv2-criteo on one DGX H100 at 8,192 samples a rank: t20's owner (100 lookups a bag) looks up
-    100 × 8,192 × 8 = 6,553,600 rows a call, beyond twice the built-in H100 lookup model's largest call."""
+    """dlrm-dcnv2-criteo on one DGX H100 at 8,192 samples a rank: the planner's t20 (100 lookups a bag), split
+    column-wise, looks up 100 × 8,192 × 8 = 6,553,600 rows a call on each of its ranks, beyond twice the built-in H100
+    lookup model's largest call: the plan priced is named, in predict as in shard (user probe 12)."""
     args = ["--model", "dlrm-dcnv2-criteo", "--system", "dgx-h100"]
-    said = "t20's owner looks up 6,553,600 rows per call"
+    said = "t20's column-wise shard looks up 6,553,600 rows per call"
     shard = CliRunner().invoke(app, ["shard", *args, "--batch-per-rank", "8192"])
     predict = CliRunner().invoke(app, ["predict", *args, "--set", "plan.batch_per_rank=8192"])
     assert shard.exit_code == predict.exit_code == 0, predict.output

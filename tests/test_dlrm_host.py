@@ -115,8 +115,19 @@ def test_operators_per_task_by_hand():
     # dot and loss both ways, 2 layers, less the logit layer's ReLU and ReluBackward0
     assert ops["interaction_top_mlp_fwd_bwd"] == 2 * (4 + 1) + 2 * (2 + 4) - 2
     # both tables row-wise: one reduce-scatter forward, one all-gather backward, one update a shard
+    # both tables row-wise: one reduce-scatter forward, one all-gather backward; TorchRec batches a rank's tables of
+    # one sharding type into one lookup and one fused backward (embedding_sharding.py group_tables; user probe 12)
     rows = ops_per_task(model(2), dict.fromkeys(("t0", "t1"), Shard("row_wise", (0, 1))), 0, 2, True)
-    assert (rows["pooled_exchange"], rows["pooled_grad_exchange"], rows["embedding_bwd"]) == (1, 1, 2)
+    assert (rows["pooled_exchange"], rows["pooled_grad_exchange"], rows["embedding_fwd"], rows["embedding_bwd"]) == (
+        1,
+        1,
+        1,
+        1,
+    )
+    # both data-parallel: one dense table-batched lookup and backward, one dense gradient, one Adagrad chain
+    replicas = ops_per_task(model(2), dict.fromkeys(("t0", "t1"), Shard("data_parallel", (0, 1))), 0, 2, True)
+    assert (replicas["embedding_fwd"], replicas["replica_embedding_bwd"], replicas["optimizer"]) == (1, 1, 8 + 9)
+    assert replicas["ddp_to_buckets"] == 6 + 1
     # DDP: the 3 layers' (weight, bias) and the replica's gradient, 7 tensors, each copied into its
     # bucket (dividing), none back (TorchRec's DDP: gradient_as_bucket_view=True); (313 + 1000 × 16) × 4
     # = 65,252 bytes: one 25 MiB bucket
@@ -166,11 +177,12 @@ def test_operators_per_task_of_the_point_to_point_emulation_by_hand():
     assert ops_per_task(big, {"t0": Shard("data_parallel", (0, 1))}, 0, 2, True)["grad_all_reduce"] == 1
 
 
-@pytest.mark.parametrize(("exchange", "operators"), [("torchrec", 78), ("point_to_point", 80)])
+@pytest.mark.parametrize(("exchange", "operators"), [("torchrec", 76), ("point_to_point", 80)])
 def test_one_rank_on_a_cpu_adds_every_operators_host_time(exchange: str, operators: int):
-    """1 rank on a CPU, both tables table-wise: 2 lookups, 2 bottom fwd, 20 interaction and top, 4
-    bottom bwd, Adam on 6 tensors (48), and the 2 updates: FBGEMM's fused one each (torchrec: 78
-    operators) or a gather and an update each (point_to_point: 80), all on the compute thread. The
+    """1 rank on a CPU, both tables table-wise: their lookups (TorchRec's one table-batched lookup of the rank's
+    table-wise tables; the emulation's 2), 2 bottom fwd, 20 interaction and top, 4 bottom bwd, Adam on 6 tensors
+    (48), and the updates: FBGEMM's one fused backward of both (torchrec: 1 + 2 + 20 + 4 + 48 + 1 = 76 operators)
+    or a gather and an update each (point_to_point: 2 + 2 + 20 + 4 + 48 + 4 = 80), all on the compute thread. The
     step is the operators' own times (no_overheads) and, once for each operator, the gap before it
     (T1 2 µs) and its share of silent operators (0.5 × (T1 2 + no-call 1) = 1.5 µs): T2 and T3 are
     inside the operators' times, not added again."""

@@ -367,6 +367,9 @@ def test_a_profile_of_another_device_is_said():
     cpu = {"device": "cpu", "cpu": "AMD EPYC"}
     assert other_device_note(Path("p.db"), cpu, load_system("cpu-host")) is None
     assert "profiled a CPU (AMD EPYC)" in str(other_device_note(Path("p.db"), cpu, load_system("dgx-a100")))
+    # an imported table names its device its own way (OpenXLA's sm_90), not a CPU (user probe 11)
+    xla = {"source": "xla_collective_perf_table.csv", "device": "sm_90"}
+    assert str(other_device_note(Path("x.db"), xla, load_system("dgx-h100"))).startswith("x.db profiled sm_90;")
 
 
 def test_an_index_distribution_that_moves_no_price_is_said(tmp_path):

@@ -15,7 +15,7 @@ from itercast.cli import app
 from itercast.config.job import Job, parse_section
 from itercast.errors import ConfigError
 from itercast.memory import communicators, estimate_memory, reserve_bytes
-from itercast.search.frameworks import check_fixed, framework, runnable_plan
+from itercast.search.frameworks import check_fixed, framework, framework_fields, runnable_plan
 from itercast.search.launch_settings import launch_settings
 from itercast.search.plan_space import SpaceOptions, enumerate_plans
 
@@ -379,8 +379,21 @@ def test_the_search_prices_the_moe_host_wait_its_framework_runs(framework, dispa
     assert searched_top_plan(framework)["moe_token_dispatcher"] == dispatcher
 
 
+def test_framework_fields_fit_the_model():
+    """A sliding window runs Transformer Engine's context parallelism over all_gather, not its p2p ring (user
+    probe 10), where the framework's kernels are TE's; a dense model carries no grouped-expert switch."""
+    window = parse_section("model", {"preset": "gpt-oss-20b"})
+    full = parse_section("model", {"preset": "llama3-8b"})
+    assert framework_fields(framework("megatron-core"), window, {})["cp_comm"] == "all_gather"
+    assert framework_fields(framework("nemo"), window, {})["cp_comm"] == "all_gather"
+    assert framework_fields(framework("megatron-core"), full, {})["cp_comm"] == "p2p"
+    assert framework_fields(framework("torchtitan"), window, {})["cp_comm"] == "torch_allgather"
+    assert "moe_grouped_gemm" not in framework_fields(framework("nemo"), full, {})
+    assert framework_fields(framework("nemo"), window, {})["moe_grouped_gemm"] is True
+
+
 def test_default_reserve_and_margin_by_hand():
-    cols = {k: np.array([v]) for k, v in {"tp": 4, "cp": 1, "dp": 32, "pp": 8, "ep": 1, "shard": 0}.items()}
+    cols = {k: np.array([v]) for k, v in {"tp": 4, "cp": 1, "dp": 32, "pp": 8, "ep": 1, "etp": 1, "shard": 0}.items()}
     assert communicators(cols)[0] == 3  # tensor, data, pipeline groups
     # 0.75 GiB context + 3 × (4 MiB × 2 peers × 32 channels = 256 MiB)
     h100 = parse_section("system", {"preset": "dgx-h100"}).gpu
@@ -392,6 +405,16 @@ def test_default_reserve_and_margin_by_hand():
     assert communicators(cols, embedding=True)[0] == 4
     assert communicators({**cols, "shard": np.array([8])})[0] == 4
     assert communicators({**cols, "shard": np.array([32])})[0] == 3  # sharded over all of them: one group
+    # user probe 10: a stage with MoE layers at ep 8 × etp 1 of tp 4 × dp 32 joins the expert group, the experts'
+    # data-parallel group (4 × 32 / 8 = 16 ranks) and, under Megatron-Core's dispatchers, the tensor × expert group
+    # (8 ranks, a group of its own); etp 2 adds the expert-tensor group; ep 1 × etp 1 at tp 1 × dp 1: none
+    moe = {**cols, "ep": np.array([8])}
+    assert communicators(moe, moe=True)[0] == 3 + 1 + 1
+    assert communicators(moe, moe=True, megatron_moe=True)[0] == 3 + 1 + 1 + 1
+    assert communicators({**moe, "etp": np.array([2])}, moe=True, megatron_moe=True)[0] == 3 + 1 + 1 + 1 + 1
+    alone = {k: np.array([1]) for k in ("tp", "cp", "dp", "pp", "ep", "etp")} | {"shard": np.array([0])}
+    assert communicators(alone, moe=True, megatron_moe=True)[0] == 0
+    assert communicators(moe, moe=False, megatron_moe=True)[0] == 3 + 1  # a stage without MoE layers
 
 
 def test_the_tied_embedding_group_is_reserved_on_the_first_and_last_stage():

@@ -507,6 +507,14 @@ def test_hardware_flops_count_only_the_recompute_that_runs():
         assert r.hardware_flops_per_step - r.model_flops_per_step == 8_192 * 32
 
 
+def test_mfu_counted_with_the_causal_half_of_the_attention_scores():
+    # per token, forward: the layer's 106,496 (its scores 4·32·64 = 8,192 counted over all 32 keys) and the
+    # logits 2·64·128 = 16,384; 3× for training: 368,640, of which half the scores, 1.5 · 8,192, are not run
+    r = predict(job(), linear_calibration())
+    assert r.model_flops_per_step == 368_640 * 32
+    assert r.mfu_causal == pytest.approx(r.mfu * (1 - 1.5 * 8_192 / 368_640))
+
+
 def test_fp8_runs_only_transformer_engine_gemms_in_fp8():
     """fp8 at twice the bf16 peak, flat curves: the layer's projections and MLP at 2·PEAK; the output
     layer (Megatron's own linear), unfused attention's GEMMs and the MoE router at the bf16 PEAK."""

@@ -122,6 +122,32 @@ def test_window_needs_a_causal_family_and_global_layers_a_window():
         job({"family": "bert", "sliding_window": 4})
 
 
+def test_a_window_under_context_parallelism_runs_over_all_gather_not_transformer_engines_ring():
+    # TE's context_parallel.py: a sliding window needs cp_comm_type a2a or all_gather (user probe 10)
+    windowed = {"sliding_window": 4, "seq_length": 16}
+    with pytest.raises(ConfigError, match=r"plan\.cp_comm: Transformer Engine runs sliding-window attention .*got p2p"):
+        job(windowed, gpus=2, context_parallel=2)
+    assert job(windowed, gpus=2, context_parallel=2, cp_comm="all_gather").plan.cp_comm == "all_gather"
+    assert job({"seq_length": 16}, gpus=2, context_parallel=2).plan.cp_comm == "p2p"  # no window: the ring
+    assert job(windowed, gpus=2, data_parallel=2).plan.cp_comm == "p2p"  # no context parallelism
+
+
+def test_selective_recompute_of_fused_attention_says_it_saves_nothing():
+    # seq 1,024: scores 2·1024·4·(32 + 32) = 524,288 a layer and token, 2,097,152 over 4 layers; the rest of a
+    # layer's forward 32,768 + 16,384 + 49,152 = 98,304, ×4 = 393,216; logits 2·64·100 = 12,800: the scores are
+    # 2,097,152 / 2,503,168 = 28% of the model FLOPs (3× the forward on both sides)
+    said = "core_attn under fused attention: the kernel keeps no attention scores to drop"
+    fused = job({"seq_length": 1024}, recompute="selective", flash_attention=True)
+    note = ops.fused_core_attn_recompute_note(fused.model, fused.plan) or ""
+    assert said in note and "the attention forward, 28% of the model FLOPs, runs again" in note
+    unfused = job({"seq_length": 1024}, recompute="selective", flash_attention=False)
+    assert ops.fused_core_attn_recompute_note(unfused.model, unfused.plan) is None
+    assert (
+        estimate_memory(fused).activations_bytes
+        == estimate_memory(job({"seq_length": 1024}, flash_attention=True)).activations_bytes
+    )
+
+
 # -- recompute variants ------------------------------------------------------------------------
 def test_torchtitan_op_recompute_reruns_every_second_mm_and_memory_bound_ops():
     j = job(recompute="selective", selective_recompute="op")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from itercast.cli import app
 from itercast.config.job import Job
-from itercast.workloads.transformer_ops import dropped_tokens_note, moe_routing_note
+from itercast.workloads.transformer_ops import dropped_tokens_note, moe_routing_note, unused_fields_note
 
 SOURCE = "megatron_bridge_skills_cards_h100"
 JOB = ["--model", "qwen3-30b-a3b", "--system", "dgx-h100", "--set", "system.num_nodes=2"]
@@ -81,9 +81,31 @@ def test_a_capacity_below_the_load_says_the_tokens_it_drops_and_that_the_model_f
     assert "load (1.5 of an even share): it keeps 80% of its routed tokens" in (dropped_tokens_note(uneven.model) or "")
     assert dropped_tokens_note(_job(moe_capacity_factor=1.25).model) is None
     assert dropped_tokens_note(_job(moe_capacity_factor=1.0, moe_pad_to_capacity=True).model) is None
+    # padded to 2: the experts run twice the routed rows, which the FLOPs do not count (probe 10)
+    assert "every expert runs its capacity, 2 × an even share" in (
+        dropped_tokens_note(_job(moe_capacity_factor=2.0, moe_pad_to_capacity=True).model) or ""
+    )
     assert dropped_tokens_note(_job().model) is None
     out = CliRunner().invoke(
         app,
         ["predict", *JOB, "--set", "plan.expert_parallel=8", "--set", "model.moe_capacity_factor=0.5"],
     )
     assert out.exit_code == 0 and "it keeps 50% of its routed tokens" in " ".join(out.output.split())
+
+
+def test_switches_a_model_has_nothing_for_are_said_to_change_nothing():
+    # user probe 10: the shared-expert overlap on Qwen3 30B-A3B (no shared experts), the grouped GEMM on a dense model
+    qwen = _job()
+    assert unused_fields_note(qwen.model, qwen.plan) is None
+    plan = qwen.plan.model_copy(update={"moe_shared_expert_overlap": True})
+    assert unused_fields_note(qwen.model, plan) == (
+        "plan.moe_shared_expert_overlap (no shared experts): qwen3-30b-a3b has nothing it acts on; the forecast is "
+        "the same without it"
+    )
+    dense = Job.from_dicts({"preset": "llama3-8b"}, {"moe_grouped_gemm": True}, {"preset": "dgx-h100"})
+    assert "plan.moe_grouped_gemm (no routed experts): llama3-8b" in (unused_fields_note(dense.model, dense.plan) or "")
+    assert unused_fields_note(qwen.model, qwen.plan.model_copy(update={"moe_grouped_gemm": True})) is None
+    shared = Job.from_dicts(
+        {"preset": "qwen2-57b-a14b"}, {"expert_parallel": 8, "moe_shared_expert_overlap": True}, {"preset": "dgx-h100"}
+    )
+    assert unused_fields_note(shared.model, shared.plan) is None  # its shared experts: the overlap acts

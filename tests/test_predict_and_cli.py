@@ -130,3 +130,38 @@ def test_compare_gives_the_difference_per_breakdown_part(tmp_path):
     c.write_text("model: gpt3-2.7b\nsystem: dgx-a100\nplan: {tensor_parallel: 2}\n")
     said = " ".join(CliRunner().invoke(app, ["compare", str(a), str(c)]).output.split())
     assert "A and B are different models gpt3-1.3b and gpt3-2.7b and systems dgx-h100 and dgx-a100" in said
+
+
+def test_a_gpu_renamed_without_its_specs_is_said_to_be_priced_as_the_presets():
+    """User probe 11: `gpu: {name: B200}` over dgx-h100 prices H100 numbers under the B200 label; it is said."""
+    from itercast.config.job import parse_section
+    from itercast.config.system import renamed_gpu_note
+
+    renamed = parse_section("system", {"preset": "dgx-h100", "gpu": {"name": "B200"}})
+    assert renamed_gpu_note(renamed) == (
+        "system.gpu.name 'B200': a name only; every spec priced (peak FLOP/s, HBM, bandwidths, the fitted curves) is "
+        "still dgx-h100's H100-SXM5-80GB: set them (itercast fields system.gpu) for another GPU"
+    )
+    assert renamed_gpu_note(parse_section("system", {"preset": "dgx-h100"})) is None
+    # a GPU whose specs were changed too is the user's own: nothing to say
+    own = parse_section("system", {"preset": "dgx-h100", "gpu": {"name": "B200", "hbm_bytes": 192e9}})
+    assert renamed_gpu_note(own) is None
+
+
+def test_the_critical_path_line_sums_its_tasks_by_family():
+    """User probe 11: predict's text promised a critical path only --json had. gemm 0-2 s on rank 0, an all-reduce
+    2-3 s and gemm 3-4 s on rank 1: gemm 3 s, all_reduce 1 s, through ranks 0 then 1."""
+    from types import SimpleNamespace
+
+    from itercast.cli.predict_cmds import critical_path_line
+
+    runs = [
+        {"rank": 0, "family": "gemm", "start_s": 0.0, "end_s": 2.0},
+        {"rank": 1, "family": "all_reduce", "start_s": 2.0, "end_s": 3.0},
+        {"rank": 1, "family": "gemm", "start_s": 3.0, "end_s": 4.0},
+    ]
+    line = critical_path_line(SimpleNamespace(critical_path=runs), 1.0, "seconds")  # type: ignore[arg-type]
+    assert (
+        line
+        == "critical path (seconds of its tasks by family, longest first): gemm 3, all_reduce 1; through rank 0 → 1"
+    )

@@ -53,14 +53,19 @@ def world_of(traces: list[ExecutionTrace]) -> int:
 
 
 def other_device_note(db: Path, fingerprint: Any, system: SystemConfig) -> str | None:
-    """A warning when the profiling database's device (its fingerprint: `device` cuda or cpu, `gpu` the CUDA name)
+    """A warning when the profiling database's device (its fingerprint: `device` cuda or cpu, `gpu` the CUDA name; an
+    imported table's `device` the table's own name of it)
     is not the system's GPU, whose family name (H100 of H100-SXM5-80GB) its CUDA name does not hold: the operators
     its models cover keep the profiled device's times while the rest is priced on the system; None when they agree."""
     fp = fingerprint if isinstance(fingerprint, dict) else {}
-    on_gpu = fp.get("device") == "cuda"
-    if same_gpu_kind(str(fp.get("gpu", "")) if on_gpu else HOST_DEVICE_CPU, system):
+    kind = fp.get("device")
+    if kind == "cpu":
+        device, profiled = HOST_DEVICE_CPU, f"a CPU ({fp.get('cpu', 'unnamed')})"
+    else:  # a CUDA device by its name; an imported table's device as the table names it (OpenXLA's sm_90)
+        device = str(fp.get("gpu") or (kind if kind != "cuda" else "") or "")
+        profiled = device or "an unnamed device"
+    if same_gpu_kind(device, system):
         return None
-    profiled = str(fp.get("gpu")) if on_gpu else f"a CPU ({fp.get('cpu', 'unnamed')})"
     return (
         f"{db} profiled {profiled}; the system here is {system.name!r} ({system.gpu.name}): the operators its models "
         "cover keep that device's times, the rest is priced on the system"

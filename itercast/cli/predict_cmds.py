@@ -131,7 +131,7 @@ def predict_cmd(
         fail(str(exc).replace("\n", "\n  "))
     # what its prices rest on, said once they stand; a transformer's the published runs of its model too
     checked = checked_note(w.job) if isinstance(w, TransformerWorkload) else None
-    said = [*w.notes(cal), *([checked] if checked else [])]
+    said = [*w.notes(cal, result), *([checked] if checked else [])]
     for note in (*said, *result.extrapolated):  # DLRM's as `shard` says them
         warn(note)
     if as_json:
@@ -170,8 +170,27 @@ def different_jobs_note(a: dict[str, str], b: dict[str, str]) -> str | None:
 UNEVEN_STAGES = 1.05
 
 
+#: the families `predict` names on the critical path, longest first (all of them are in --json's critical_path)
+CRITICAL_FAMILIES = 5
+
+
+def critical_path_line(r: Forecast, scale: float, unit: str) -> str:
+    """One line of the step's critical path (predict.summarise_path's runs): its tasks' time by family, the
+    CRITICAL_FAMILIES longest, and the ranks it runs through, in order."""
+    by_family: dict[str, float] = {}
+    for run in r.critical_path:
+        by_family[run["family"]] = by_family.get(run["family"], 0.0) + run["end_s"] - run["start_s"]
+    top = sorted(by_family.items(), key=lambda kv: -kv[1])[:CRITICAL_FAMILIES]
+    ranks = [run["rank"] for run in r.critical_path]
+    through = [rank for i, rank in enumerate(ranks) if i == 0 or ranks[i - 1] != rank]
+    shown = " → ".join(str(x) for x in through[:8]) + (" → …" if len(through) > 8 else "")
+    families = ", ".join(f"{name} {seconds * scale:.4g}" for name, seconds in top)
+    return f"critical path ({unit} of its tasks by family, longest first): {families}; through rank {shown}"
+
+
 def print_forecast(w: TransformerWorkload | DLRMWorkload, r: Forecast, trace: Path | None) -> None:
-    """The headline, the summary, the breakdown of the rank that finishes last and memory per GPU."""
+    """The headline, the summary, the breakdown of the rank that finishes last, its critical path and memory per
+    GPU."""
     console.print(w.headline(), highlight=False, markup=False)
     head = Table(show_header=False, box=None)
     for name, value in w.summary_rows(r):
@@ -195,6 +214,7 @@ def print_forecast(w: TransformerWorkload | DLRMWorkload, r: Forecast, trace: Pa
             "for the slowest stage beside the pipeline's fill and drain (`itercast slice` balances the stages)",
             highlight=False,
         )
+    console.print(critical_path_line(r, scale, unit), highlight=False, markup=False)
     parts = [float(getattr(r.memory, k + "_bytes")) for k in MEMORY_PARTS]
     # in MiB where a part would read 0.00 GiB though it is not zero (a DLRM's gradients and activations)
     unit, scale_b = ("MiB", 2**20) if any(0 < b < 0.005 * 2**30 for b in parts) else ("GiB", 2**30)
@@ -254,7 +274,7 @@ def compare_cmd(
             for name, path, r in (("A", job_a, res_a), ("B", job_b, res_b)):
                 if r.memory.oom:
                     warn(oom_note(r.memory, f"{name} ({path})"))
-            notes_a, notes_b = ([*w.notes(c), *r.extrapolated] for w, c, r in ((a, cal_a, res_a), (b, cal_b, res_b)))
+            notes_a, notes_b = ([*w.notes(c, r), *r.extrapolated] for w, c, r in ((a, cal_a, res_a), (b, cal_b, res_b)))
             for note in dict.fromkeys([*notes_a, *notes_b]):  # each once, with the jobs it holds for
                 held = [name for name, notes in (("A", notes_a), ("B", notes_b)) if note in notes]
                 warn(f"{note} ({' and '.join(held)})")

@@ -99,7 +99,7 @@ def _job_sections(
 
     r = w.predict(calibration)
     dist = graph_distribution(w.step_graph(calibration), VariabilityModel(), samples, seed)
-    notes = [*w.notes(calibration), *r.extrapolated]  # and where a calibration's curves were not what priced it
+    notes = [*w.notes(calibration, r), *r.extrapolated]  # and where a calibration's curves were not what priced it
     sections = report_sections(w, r, dist.samples_s, dist.deterministic_s, within_s, notes)
     return f"{w.name}: predicted training step", w.headline(), sections
 

@@ -390,9 +390,14 @@ def _search_dlrm(
         }
         for r, dist, rank in shown
     ]
-    # what the prices of the plans shown rest on, as predict and shard say it (dlrm_notes), once each
-    shown_batches = dict.fromkeys(r.batch_per_rank for r, _, _ in shown)
-    notes = list(dict.fromkeys(n for b in shown_batches for n in dlrm_notes(w.job.model, w.job.system, b, calibration)))
+    # what the prices of the plans shown rest on, as predict and shard say it (dlrm_notes of each plan), once each
+    notes = list(
+        dict.fromkeys(
+            n
+            for r, _, _ in shown
+            for n in dlrm_notes(w.job.model, w.job.system, r.batch_per_rank, calibration, r.sharding)
+        )
+    )
     if sampling is not None:
         notes += [
             ranking,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, cast
 
-import numpy as np
 import typer
 from rich.table import Table
 
@@ -34,6 +33,7 @@ from itercast.workloads.dlrm import (
     DLRMConfig,
     DLRMJob,
     DLRMStep,
+    IndexSample,
     Shard,
     ShardingResult,
     check_sharding,
@@ -82,8 +82,9 @@ def shard_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Shard a DLRM's embedding tables over the GPUs (table-, column-, row-wise, data-parallel and
-    mixes) for the least step time: every combination when there are few, else greedily, each plan
-    priced by simulating its step on every rank; plans that fit first. A DLRM job file gives the model,
+    mixes) for the least step time: every combination when there are few, else greedily (each candidate
+    simulated on one rank of each load, the step being symmetric in the ranks), the plans listed priced on
+    every rank; plans that fit first, equally fast ones by memory. A DLRM job file gives the model,
     system, samples per GPU and (its plan.sharding) a sharding to price."""
     if job_file is not None:
         given = {"--model": model, "--system": system, "--nodes": nodes, "--batch-per-rank": batch_per_rank}
@@ -194,7 +195,8 @@ def _price(
     if cal is not None and calibration is not None:
         warn_other_system(calibration, cal, sys_cfg)
     # and the calibrated curves the chosen sharding's step priced beyond their rows
-    said = [*dlrm_notes(dlrm, sys_cfg, batch_per_rank, cal), *found.plans[0][1].extrapolated]
+    top = found.plans[0][0]
+    said = [*dlrm_notes(dlrm, sys_cfg, batch_per_rank, cal, top, counts), *found.plans[0][1].extrapolated]
     for note in said:
         warn(note)
     return found, said
@@ -217,8 +219,8 @@ def _plan_dict(plan: dict[str, Shard], step: DLRMStep, samples_per_step: int) ->
     }
 
 
-def _index_samples(items: list[str], dlrm: DLRMConfig) -> dict[str, np.ndarray]:
-    """`TABLE=FILE` options → each table's row frequencies (workloads/dlrm.load_index_sample)."""
+def _index_samples(items: list[str], dlrm: DLRMConfig) -> dict[str, IndexSample]:
+    """`TABLE=FILE` options → each table's sample of real indices (workloads/dlrm.load_index_sample)."""
     tables = {t.name: t for t in dlrm.tables}
     out = {}
     for item in items:

@@ -248,7 +248,10 @@ def _parse(section: str, raw: dict[str, Any], source: str) -> BaseModel:
     fields = dict(raw)
     name = fields.pop("preset", None)
     if name is not None:
-        base = preset(section, name)
+        try:
+            base = preset(section, name)
+        except ConfigError as exc:  # the file (or the command line) that names it
+            raise ConfigError(f"{source}: {exc}") from None
         if section == "system":
             _check_kept_ceiling(base.get("gpu", {}), fields.get("gpu"), f"{source}: `system", name)
         fields = merge_fields(base, fields)
@@ -402,6 +405,12 @@ def _cross_validate(model: ModelConfig, plan: PlanConfig, system: SystemConfig, 
         problems.append(  # transformer_config.py __post_init__
             "plan.recompute_modules: mla_up_proj recomputes multi-latent attention's up projections ('mla_up_proj in "
             f"recompute_modules is only supported with multi_latent_attention', Megatron-Core); {model.name} has none"
+        )
+    if p.context_parallel > 1 and model.sliding_window is not None and p.cp_comm == "p2p":
+        problems.append(  # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+            "plan.cp_comm: Transformer Engine runs sliding-window attention under context parallelism over all_gather "
+            "or a2a only (context_parallel.py: 'The context parallel running configs cannot support sliding window "
+            f"attention'); {model.name} attends within {model.sliding_window} tokens: expected all_gather; got p2p"
         )
     micro = gbs // max(p.micro_batch_size * dp, 1)
     passes = p.pipeline_parallel * p.virtual_pipeline * micro

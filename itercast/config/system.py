@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
+from itercast.config.presets import preset, preset_names
 from itercast.config.strict import STRICT, Ranks
 
 
@@ -45,7 +46,9 @@ class GPUSpec(BaseModel):
         description="Host time per operator that launches one kernel: PyTorch's dispatch and the CUDA driver's "
         "launch, 11.28 µs measured on an H100 host (`itercast calibrate data/measured/h100_profile.db --system "
         "dgx-h100`, NNLS over its 21 `host` program rows), the default for every GPU whose host was not measured. "
-        "Lin et al. HiPC'22's T_launch ≈ 4–6 µs is the runtime call alone; their T1–T3 around it are host time too.",
+        "Lin et al. HiPC'22's T_launch ≈ 4–6 µs is the runtime call alone; their T1–T3 around it are host time too. "
+        "A transformer's: a DLRM's host is priced from T1–T5 measured on traces (workloads/dlrm/host.py; "
+        "`calibrate --host-trace` for your own), which this field does not change.",
     )
     supports_flash_attention: bool = Field(
         True,
@@ -406,3 +409,17 @@ class SystemConfig(BaseModel):
         """Scale-out bandwidth one GPU can drive when all GPUs of a node send at once."""
         node_bw = self.network.nics_per_node * self.network.nic_bandwidth_bytes_per_s
         return node_bw / self.node.gpus_per_node
+
+
+def renamed_gpu_note(system: SystemConfig) -> str | None:
+    """That the system's GPU was given a name of its own while every spec it is priced on is still its preset's (a
+    user who writes `gpu: {name: B200}` over dgx-h100 gets H100 numbers under a B200 label); None otherwise."""
+    if system.name not in preset_names("system"):
+        return None
+    own = GPUSpec.model_validate(preset("system", system.name)["gpu"])
+    if system.gpu.name == own.name or system.gpu.model_copy(update={"name": own.name}) != own:
+        return None
+    return (
+        f"system.gpu.name {system.gpu.name!r}: a name only; every spec priced (peak FLOP/s, HBM, bandwidths, the "
+        f"fitted curves) is still {system.name}'s {own.name}: set them (itercast fields system.gpu) for another GPU"
+    )

@@ -18,12 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from itercast.search.distribution_rank import DistributionOptions, PlanProgress, ranking_note
 from itercast.search.objectives import DISTRIBUTION_OBJECTIVES
 from itercast.stochastic.variability import StepGraph, graph_distribution
-from itercast.workloads.dlrm import DLRMJob, DLRMStep, Shard, plan_sharding
+from itercast.workloads.dlrm import DLRMJob, DLRMStep, IndexSample, Shard, plan_sharding
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ def search_dlrm(
     job: DLRMJob,
     batches: Sequence[int],
     calibration: dict[str, Any] | None = None,
-    index_counts: dict[str, np.ndarray] | None = None,
+    index_counts: dict[str, IndexSample] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[DLRMPlanResult], int]:
     """Every batch's priced shardings, fastest in samples per second first (plans that fit before

@@ -403,13 +403,19 @@ def framework(name: str) -> Framework:
 
 
 def framework_fields(fw: Framework, model: ModelConfig, plan: dict[str, Any]) -> dict[str, Any]:
-    """The plan fields `fw` runs a job of `model` with, where the job's `plan` leaves them out: its plan_fields, an
-    MoE model's token dispatcher (its first moe_token_dispatchers), and Megatron-Core's shared-expert overlap
+    """The plan fields `fw` runs a job of `model` with, where the job's `plan` leaves them out: its plan_fields (a
+    sliding-window model's context parallelism over all_gather where the framework's is Transformer Engine's p2p ring,
+    which runs no window), an MoE model's token dispatcher (its first moe_token_dispatchers), and Megatron-Core's
+    shared-expert overlap
     (PlanConfig.moe_shared_expert_overlap) for a model with shared experts under the alltoall dispatcher without
     moe_a2a_overlap, which its launch settings turn on."""
     fields = dict(fw.plan_fields)
     if model.is_moe:
         fields.setdefault("moe_token_dispatcher", fw.moe_token_dispatchers[0])
+    else:  # its recipes' grouped experts: nothing to group in a dense model (transformer_ops.unused_fields_note)
+        fields.pop("moe_grouped_gemm", None)
+    if model.sliding_window is not None and fields.get("cp_comm") == "p2p" and "all_gather" in fw.cp_comms:
+        fields["cp_comm"] = "all_gather"  # Transformer Engine's ring runs no sliding window (config/job.py)
     given = fields | plan
     if (
         fw.moe_shared_expert_overlap

@@ -73,7 +73,7 @@ from dataclasses import dataclass, replace
 
 from itercast.config.model import ModelConfig, expert_hit_chance
 from itercast.config.plan import PlanConfig
-from itercast.config.system import SystemConfig
+from itercast.config.system import SystemConfig, renamed_gpu_note
 from itercast.costs.analytic import unmeasured_network_note
 from itercast.costs.attention import AttentionShape
 
@@ -2006,11 +2006,18 @@ def dropped_tokens_note(model: ModelConfig) -> str | None:
     keeps cf / imbalance of its rows, moe_load); padded, cf below 1 (at even routing every expert keeps cf of an
     even share); None otherwise. Megatron's throughput counts every routed token (training.py
     num_floating_point_operations: moe_router_topk, no capacity), and so do model_flops_per_step and MFU here: with
-    most tokens dropped they exceed what the GPUs run, MFU above 100% at a capacity factor of 0.1."""
+    most tokens dropped they exceed what the GPUs run, MFU above 100% at a capacity factor of 0.1. Padded to a
+    capacity above 1, the reverse is said: the experts run cf × the routed rows, the FLOPs count the routed ones."""
     cf = model.moe_capacity_factor
     if model.experts < 2 or cf is None:
         return None
     load = 1.0 if model.moe_pad_to_capacity else model.moe_token_imbalance
+    if model.moe_pad_to_capacity and cf > 1:
+        return (
+            f"model.moe_pad_to_capacity: every expert runs its capacity, {cf:g} × an even share of the routed tokens, "
+            f"and the step prices those rows; the model FLOPs (TFLOP/s per GPU, MFU) and hardware_flops_per_step "
+            "count the routed tokens alone, as Megatron's throughput does, not the padding the GPUs also run"
+        )
     if cf >= load:
         return None
     return (
@@ -2130,6 +2137,37 @@ def small_bucket_note(model: ModelConfig, plan: PlanConfig) -> str | None:
     )
 
 
+def unused_fields_note(model: ModelConfig, plan: PlanConfig) -> str | None:
+    """The plan's switches that act on parts this model lacks, so change nothing in the forecast, as they change
+    nothing in Megatron-Core (which accepts them: transformer_config.py checks the shared-expert overlap only where
+    moe_shared_expert_intermediate_size is set; the grouped GEMM builds only MoE layers' experts). None otherwise."""
+    unused = []
+    if plan.moe_grouped_gemm and not model.is_moe:
+        unused.append("plan.moe_grouped_gemm (no routed experts)")
+    if plan.moe_shared_expert_overlap and model.is_moe and not model.moe_shared_ffn_hidden_size:
+        unused.append("plan.moe_shared_expert_overlap (no shared experts)")
+    if not unused:
+        return None
+    return f"{' and '.join(unused)}: {model.name} has nothing it acts on; the forecast is the same without it"
+
+
+def fused_core_attn_recompute_note(model: ModelConfig, plan: PlanConfig) -> str | None:
+    """That Megatron-Core's selective recompute of core_attn saves next to nothing under fused attention: the kernel
+    keeps no scores (FlashAttention's O(s) memory: its log-sum-exp row per query), its inputs stay for the recompute
+    and its output for the projection after it, so the activations are the same, while the attention forward runs
+    again (transformer/attention.py _checkpointed_attention_forward), said with that share of the model FLOPs."""
+    if plan.recompute != "selective" or plan.selective_recompute != "modules" or not plan.flash_attention:
+        return None
+    if "core_attn" not in plan.recompute_modules:
+        return None
+    share = model.layers_attention_score_flops_per_token() / model.flops_per_token()
+    return (
+        "plan.recompute_modules core_attn under fused attention: the kernel keeps no attention scores to drop (its "
+        "inputs stay for the recompute, its output for the projection), so the activations are the same as without "
+        f"it, while the attention forward, {share:.0%} of the model FLOPs, runs again in the backward"
+    )
+
+
 def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> list[str]:
     """Every note above that holds for this model and plan, and the system's network's (costs/analytic.
     unmeasured_network_note), in one order for `predict` and `search`: what the forecast leaves out or rests
@@ -2145,8 +2183,11 @@ def priced_notes(model: ModelConfig, plan: PlanConfig, system: SystemConfig) -> 
         moe_a2a_overlap_note(plan),
         moe_routing_note(model, plan),
         dropped_tokens_note(model),
+        unused_fields_note(model, plan),
+        fused_core_attn_recompute_note(model, plan),
         gpt_oss_note(model, plan),
         rowwise_note(plan),
         unmeasured_network_note(system),
+        renamed_gpu_note(system),
     )
     return [note for note in notes if note]

@@ -22,6 +22,7 @@ from itercast.workloads.dlrm.config import (
     is_dlrm_model,
 )
 from itercast.workloads.dlrm.embedding import (
+    IndexSample,
     ShardWork,
     beyond_profile,
     dlrm_notes,
@@ -53,6 +54,7 @@ __all__ = [
     "DLRMStep",
     "EmbeddingTable",
     "HostModel",
+    "IndexSample",
     "Shard",
     "ShardSpec",
     "ShardWork",

@@ -136,6 +136,12 @@ def check_sharding(model: DLRMConfig, plan: dict[str, Shard], world: int) -> lis
             problems.append(f"table {name!r}: table_wise takes one rank; got {list(shard.ranks)}")
         elif shard.strategy in ("row_wise", "data_parallel") and shard.ranks != everyone:
             problems.append(f"table {name!r}: {shard.strategy} spans every rank 0..{world - 1}")
+        elif shard.strategy == "column_wise" and len(set(shard.ranks)) < len(shard.ranks):
+            repeated = sorted({r for r in shard.ranks if shard.ranks.count(r) > 1})
+            problems.append(  # TorchRec's column_wise(ranks) may reuse a rank; the step prices one shard a rank
+                f"table {name!r}: column_wise on ranks {list(shard.ranks)} puts several shards on rank(s) {repeated}, "
+                "which itercast does not price (one column shard a rank): give each shard its own rank"
+            )
         elif shard.strategy == "column_wise" and name in names and names[name].embedding_dim % len(shard.ranks):
             problems.append(
                 f"table {name!r}: embedding_dim {names[name].embedding_dim} not divisible by its "

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from itercast.config.system import SystemConfig
+from itercast.config.system import SystemConfig, renamed_gpu_note
 from itercast.costs.analytic import AnalyticCostModel, unmeasured_network_note
 from itercast.costs.aten_ops import EMBEDDING_UPDATE, lookup_features
 from itercast.costs.curves import curves
@@ -58,9 +58,29 @@ class ShardWork:
         return 0.0 if self.replica else self.bags * self.dim * F32
 
 
-def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch: int) -> ShardWork | None:
+@dataclass(frozen=True)
+class IndexSample:
+    """A sample of a table's real indices (load_index_sample): its distinct rows, ascending, and how often each
+    appears."""
+
+    rows: np.ndarray
+    counts: np.ndarray
+
+    def busiest_block(self, num_rows: int, k: int) -> IndexSample:
+        """The sample's lookups in the busiest of k row-wise blocks of ⌈num_rows / k⌉ consecutive rows: TorchRec's
+        row-wise sharding sends each index to the rank whose block holds its row (rw_sharding.py, block_size
+        ⌈N/k⌉, bucketize_kjt_before_all2all), so the rows' own ids set each rank's load."""
+        block = self.rows // -(-num_rows // k)
+        busiest = np.argmax(np.bincount(block, weights=self.counts, minlength=k))
+        on = block == busiest
+        return IndexSample(self.rows[on], self.counts[on])
+
+
+def shard_work(
+    table: EmbeddingTable, shard: Shard, rank: int, world: int, batch: int, sample: IndexSample | None = None
+) -> ShardWork | None:
     """The work of `table` on `rank` under `shard` (None if the rank holds none of it); `batch` is the
-    local batch b."""
+    local batch b; `sample`: the table's real indices, which set a row-wise shard's share of the lookups."""
     if rank not in shard.ranks:
         return None
     B = batch * world
@@ -71,11 +91,12 @@ def shard_work(table: EmbeddingTable, shard: Shard, rank: int, world: int, batch
         part = d // len(shard.ranks)
         return ShardWork(B * P, table.num_rows, part, B)
     if shard.strategy == "row_wise":
-        return ShardWork(B * P * row_wise_share(table, world, rank == shard.ranks[0]), table.num_rows / world, d, B)
+        share = row_wise_share(table, world, rank == shard.ranks[0], sample)
+        return ShardWork(B * P * share, table.num_rows / world, d, B)
     return ShardWork(batch * P, table.num_rows, d, batch, replica=True)  # data_parallel: the local batch only
 
 
-def row_wise_share(table: EmbeddingTable, k: int, holds_hot: bool) -> float:
+def row_wise_share(table: EmbeddingTable, k: int, holds_hot: bool, sample: IndexSample | None = None) -> float:
     """The share of a table's lookups one of its k row-wise shards serves. TorchRec's row-wise sharding gives each
     rank a block of about N/k consecutive rows (torchrec/distributed/sharding/rw_sharding.py, block_size ⌈N/k⌉)
     and routes every lookup to its row's block; with hashed ids the rows' popularity falls on the blocks at random,
@@ -83,8 +104,13 @@ def row_wise_share(table: EmbeddingTable, k: int, holds_hot: bool) -> float:
     r − 1 rows (r = N/k) are drawn from the other N − 1 at random: hot + (1 − hot)(r − 1)/(N − 1) on that shard
     (`holds_hot`: the shard's first rank, the one the step and the memory price), (1 − hot) r/(N − 1) on each
     other; uniform draws (hot 1/N) give 1/k on every shard. The next most frequent rows, each on a block at random,
-    are taken as spread (a lower bound on the busiest shard's share)."""
+    are taken as spread (a lower bound on the busiest shard's share). With a `sample` of real indices, their own
+    rows set it: the busiest block's share of them (IndexSample.busiest_block), the rest spread over the other
+    shards."""
     rows = table.num_rows
+    if sample is not None:
+        busiest = float(sample.busiest_block(rows, k).counts.sum() / sample.counts.sum())
+        return busiest if holds_hot else (1.0 - busiest) / max(k - 1, 1)
     if rows <= 1:
         return 1.0 if holds_hot else 0.0
     hot, per_shard = zipf_hot_fraction(rows, table.zipf_alpha), rows / k
@@ -93,10 +119,11 @@ def row_wise_share(table: EmbeddingTable, k: int, holds_hot: bool) -> float:
     return (1.0 - hot) * per_shard / (rows - 1)
 
 
-def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | IndexStats | None = None) -> IndexStats:
+def index_stats(table: EmbeddingTable, work: ShardWork, counts: IndexSample | IndexStats | None = None) -> IndexStats:
     """What the shard's lookups are: as given (an IndexStats, e.g. IndexStats.from_sequence of a real
-    sample in its order), from a sample of real indices (`counts`, load_index_sample),
-    else from the table's named distribution (uniform or Zipf). A row-wise shard of 1/k of the rows
+    sample in its order), from a sample of real indices (`counts`, load_index_sample; a row-wise shard, the busiest
+    block's rows of it: IndexSample.busiest_block), else from the table's named distribution (uniform or Zipf). Under
+    a named distribution a row-wise shard of 1/k of the rows
     (the rows' popularity spread over the shards at random, as hashed ids are) sees 1/k of the distinct
     rows of the table's k times its lookups (and between two lookups of one of its rows, 1/k of the
     table's distinct rows): the shard's rows are a random 1/k of the table's, not a Zipf law of their
@@ -111,11 +138,8 @@ def index_stats(table: EmbeddingTable, work: ShardWork, counts: np.ndarray | Ind
     total = work.bags * table.pooling_factor  # the table's lookups (a row-wise shard's bags are every sample's)
     share = work.lookups / total
     if counts is not None:
-        whole = IndexStats.sampled(counts, max(1, round(total)), row_bytes / k)
-        if k == 1:
-            return whole
-        spread = min(1.0, whole.unique_fraction / (k * share))
-        return IndexStats(spread, min(1.0, whole.hot_fraction / share), whole.reuse_beyond)
+        own = counts.busiest_block(table.num_rows, round(k)) if k > 1 else counts
+        return IndexStats.sampled(own.counts, lookups, row_bytes)
     if k == 1:
         return IndexStats.zipf(max(1, round(work.rows)), lookups, table.zipf_alpha, row_bytes)
     whole = IndexStats.zipf(table.num_rows, max(1, round(total)), table.zipf_alpha, row_bytes / k)
@@ -150,7 +174,7 @@ def embedding_seconds(
     table: EmbeddingTable,
     work: ShardWork,
     ops: OperatorCostModel | None = None,
-    counts: np.ndarray | IndexStats | None = None,
+    counts: IndexSample | IndexStats | None = None,
     eager_update: bool = False,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one shard.
@@ -171,7 +195,7 @@ def embedding_seconds(
     sorts the lookups by row and splits a row's run longer than max_segment_length_per_cta (1,024) across
     thread blocks (embedding_backward_split_template.cu; one block a run under deterministic algorithms,
     not priced), so a hot row is no serial chain; aten's _embedding_bag_backward is not this operator.
-    `counts`: the row frequencies of a sample of the table's real indices (load_index_sample).
+    `counts`: a sample of the table's real indices (load_index_sample).
     `eager_update`: the step runs the update as itercast::rowwise_adagrad_update in eager PyTorch (the
     point-to-point emulation, DLRMConfig.exchange): on a Hopper GPU without a calibration's update model,
     builtin_update_model prices it."""
@@ -207,13 +231,20 @@ def update_seconds(model: OperatorCostModel, work: ShardWork, index: IndexStats)
 
 
 def beyond_profile(
-    model: DLRMConfig, world: int, batch_per_rank: int, calibration: dict[str, Any] | None, gpu_name: str = ""
+    model: DLRMConfig,
+    world: int,
+    batch_per_rank: int,
+    calibration: dict[str, Any] | None,
+    gpu_name: str = "",
+    plan: dict[str, Shard] | None = None,
+    samples: dict[str, IndexSample] | None = None,
 ) -> str:
-    """A warning (or "") when a table-wise owner's lookups per call, its pooling factor × every
-    rank's samples, exceed EXTRAPOLATION_FACTOR × the largest call the calibration's embedding
-    operator models were profiled at: their linear models are then extrapolating (a calibration
-    fitted before the largest call was recorded is not checked). Without a calibration's lookup model,
-    `gpu_name`'s built-in one (builtin_lookup_model) is checked the same way."""
+    """A warning (or "") when the largest call of lookups exceeds EXTRAPOLATION_FACTOR × the largest call the
+    calibration's embedding operator models were profiled at: their linear models are then extrapolating (a
+    calibration fitted before the largest call was recorded is not checked). Under `plan`, the busiest shard's
+    call (shard_work, with the tables' index `samples`); without one, what a table-wise owner would look up, its
+    pooling factor × every rank's samples. Without a calibration's lookup model, `gpu_name`'s built-in one
+    (builtin_lookup_model) is checked the same way."""
     fits = dict((calibration or {}).get("operators", {}).get("models", {}))
     builtin = builtin_lookup_model(gpu_name)
     if builtin is not None and not any(k.startswith(LOOKUP_OP + ":") for k in fits):
@@ -222,12 +253,25 @@ def beyond_profile(
     profiled = [v for v in profiled if v]
     if not profiled:
         return ""
-    table = max(model.tables, key=lambda t: t.pooling_factor)
-    most = table.pooling_factor * batch_per_rank * world
+    if plan is None:
+        table = max(model.tables, key=lambda t: t.pooling_factor)
+        most, who = table.pooling_factor * batch_per_rank * world, f"a table-wise owner of {table.name}"
+    else:
+        calls = [
+            (work.lookups, f"{t.name}'s {plan[t.name].strategy.replace('_', '-')} shard")
+            for t in model.tables
+            if t.name in plan
+            and (
+                work := shard_work(
+                    t, plan[t.name], plan[t.name].ranks[0], world, batch_per_rank, (samples or {}).get(t.name)
+                )
+            )
+        ]
+        most, who = max(calls, key=lambda call: call[0], default=(0.0, ""))
     if most <= EXTRAPOLATION_FACTOR * min(profiled):
         return ""
     return (
-        f"{table.name}'s owner looks up {most:,.0f} rows per call, {most / min(profiled):.1f}× the largest call the "
+        f"{who} looks up {most:,.0f} rows per call, {most / min(profiled):.1f}× the largest call the "
         f"embedding models were profiled at ({min(profiled):,.0f}): their prices there are "
         "extrapolated (itercast profile run --families embedding --embedding-batches …, then itercast calibrate)"
     )
@@ -272,16 +316,22 @@ def unmeasured_embedding_ops(
 
 
 def dlrm_notes(
-    model: DLRMConfig, system: SystemConfig, batch_per_rank: int, calibration: dict[str, Any] | None
+    model: DLRMConfig,
+    system: SystemConfig,
+    batch_per_rank: int,
+    calibration: dict[str, Any] | None,
+    plan: dict[str, Shard] | None = None,
+    samples: dict[str, IndexSample] | None = None,
 ) -> list[str]:
     """What a DLRM step's price rests on, said beside it by `predict`, `shard` and `search`: lookups beyond the
-    profiled calls (beyond_profile), embedding operators no measurement prices (unmeasured_embedding_ops) and
-    the network's unmeasured collectives (costs/analytic.unmeasured_network_note)."""
+    profiled calls (beyond_profile, under `plan` where one is priced), embedding operators no measurement prices
+    (unmeasured_embedding_ops) and the network's unmeasured collectives (costs/analytic.unmeasured_network_note)."""
     gpu = system.gpu.name
     notes = (
-        beyond_profile(model, system.num_gpus, batch_per_rank, calibration, gpu),
+        beyond_profile(model, system.num_gpus, batch_per_rank, calibration, gpu, plan, samples),
         *unmeasured_embedding_ops(gpu, calibration, eager_update=model.eager_update),
         unmeasured_network_note(system),
+        renamed_gpu_note(system),
     )
     return [n for n in notes if n]
 
@@ -302,10 +352,9 @@ def replica_update_bytes(table: EmbeddingTable) -> float:
 MAX_INDEX_FILE_BYTES = 1 << 30  # a sample of 134M int64 indices; it is sorted in memory once
 
 
-def load_index_sample(path: Path, table: EmbeddingTable) -> np.ndarray:
-    """The row frequencies of a sample of `table`'s real indices (how often each distinct row
-    appears), read by read_index_sequence; also refused: indices outside the table's rows (the file
-    of another table)."""
+def load_index_sample(path: Path, table: EmbeddingTable) -> IndexSample:
+    """A sample of `table`'s real indices (each distinct row and how often it appears), read by
+    read_index_sequence; also refused: indices outside the table's rows (the file of another table)."""
     where = f"{path} (indices of table {table.name!r})"
     idx = read_index_sequence(path, where)
     low, high = int(idx.min()), int(idx.max())
@@ -313,7 +362,8 @@ def load_index_sample(path: Path, table: EmbeddingTable) -> np.ndarray:
         raise ConfigError(
             f"{where}: indices {low}..{high}; the table has rows 0..{table.num_rows - 1} (the file of another table?)"
         )
-    return np.unique(idx, return_counts=True)[1]
+    rows, counts = np.unique(idx, return_counts=True)
+    return IndexSample(rows, counts)
 
 
 #: a text index file is parsed this many bytes at a time: the tokens of one block, as Python strings,

@@ -26,9 +26,10 @@ Operators per task are counted from the model, one per launching PyTorch operato
 PyTorch issue them (each count cites its source below); the operators that launch nothing come on
 top in the measured ratio (`silent_per_launching`: the defaults' 2,730 no-call operators to 1,304
 launching ones). APPROXIMATIONS: every operator has the typical (pooled) T2/T3, not its own; one
-launch per operator (no T5); TorchRec's table-batched lookups fuse the tables of one sharding type
-into one operator, counted here one per table; the pooled exchanges, sharded updates and dense
-gradients as TorchRec, FBGEMM and DDP issue them, or, for a model whose `exchange` is point_to_point,
+launch per operator (no T5). TorchRec's table-batched lookups fuse a rank's tables of one sharding type
+into one operator (group_tables), counted so, its data-parallel tables one dense parameter updated once; the pooled
+exchanges, sharded updates and dense gradients as TorchRec, FBGEMM and DDP issue them, or, for a model whose
+`exchange` is point_to_point (one lookup and one update a table),
 as tools/measure_dlrm_sharding.py's emulation does (point-to-point sends and their concatenations, a
 gather of each lookup's gradient before the update, one flat gradient buffer: exchange_ops); the host
 never waits for the GPU (TorchRec's input distribution syncs for its splits: not modelled).
@@ -161,20 +162,28 @@ def ops_per_task(
         # one output dist per sharding type (torchrec/distributed/embeddingbag.py _output_dists)
         kinds = {s.strategy for s in plan.values()} & {*POOLED, "row_wise"}
         exchanges = len(kinds) * ddp
-        dense_tensors = mlp_tensors + replicas  # and each replica table's dense gradient
+        # TorchRec batches a rank's tables of one sharding type into one table-batched lookup (embedding_sharding.py
+        # group_tables: by data type, pooling, weighting and compute kernel, which every table here shares): one
+        # lookup and one backward per sharding type on the rank; its data-parallel tables one dense parameter
+        here = {s.strategy for s in mine}
+        replica_groups = int(replicas > 0)
+        dense_tensors = mlp_tensors + replica_groups  # and the replica tables' one dense gradient
         replicated = [t for t in model.tables if t.name in plan and plan[t.name].strategy == "data_parallel"]
         dense_bytes = (model.mlp_params() + sum(t.num_rows * t.embedding_dim for t in replicated)) * F32
+        adam = ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)
         return ops | {
+            "embedding_fwd": len(here),
+            "optimizer": adam + DENSE_ADAGRAD_OPS * replica_groups,
             # an all-to-all per table- and column-wise, a reduce-scatter for row-wise
             "pooled_exchange": exchanges,
-            "replica_embedding_bwd": replicas,  # FBGEMM's dense table-batched backward
+            "replica_embedding_bwd": replica_groups,  # FBGEMM's dense table-batched backward
             # DDP copies each gradient into its bucket dividing it (c10d reducer.cpp copy_grad_to_bucket,
             # at::mul_out) or divides its bucket view, all-reduces each bucket; TorchRec's DDP views the
             # buckets as the gradients (gradient_as_bucket_view=True): nothing copied back
             "ddp_to_buckets": dense_tensors if ddp else 0,
             "grad_all_reduce": math.ceil(dense_bytes / TORCH_DDP_BUCKET_BYTES) if ddp else 0,
             "pooled_grad_exchange": exchanges,
-            "embedding_bwd": sharded,  # FBGEMM's backward with its fused optimizer: one operator per shard
+            "embedding_bwd": len(here - {"data_parallel"}),  # FBGEMM's backward with its fused optimizer
             "ddp_from_buckets": 0,
         }
     owned_pooled = sum(s.strategy in POOLED for s in mine)

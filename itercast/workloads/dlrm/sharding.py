@@ -7,11 +7,10 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from itercast.config.system import SystemConfig
 from itercast.memory import describe_reserve
 from itercast.workloads.dlrm.config import DLRMConfig, EmbeddingTable, Shard
+from itercast.workloads.dlrm.embedding import IndexSample
 from itercast.workloads.dlrm.step import DLRMStep, dlrm_step, rank_loads
 
 
@@ -63,6 +62,13 @@ def same_step_key(plan: dict[str, Shard], world: int) -> tuple:
     return everyone, tuple(sorted(rank_loads(plan, world)))
 
 
+def _rank_key(step: DLRMStep) -> tuple[bool, float, float]:
+    """How the planner orders plans: those that fit first, then the faster, then, at equal step times (a host-bound
+    step, where a rank's table-batched lookups cost one operator however many tables it holds), the one that holds
+    less on its fullest GPU."""
+    return not step.fits, step.step_time_s, step.memory_per_gpu_bytes
+
+
 @dataclass(frozen=True)
 class ShardingResult:
     plans: list[tuple[dict[str, Shard], DLRMStep]]  # fastest first, plans that fit before those that do not
@@ -76,9 +82,9 @@ def plan_sharding(
     batch_per_rank: int,
     exhaustive_limit: int = 4096,
     calibration: dict[str, Any] | None = None,
-    index_counts: dict[str, np.ndarray] | None = None,
+    index_counts: dict[str, IndexSample] | None = None,
 ) -> ShardingResult:
-    """The fastest shardings, priced by dlrm_step: every combination when there are at most
+    """The fastest shardings (_rank_key), priced by dlrm_step: every combination when there are at most
     `exhaustive_limit` (one of each set a rank permutation makes the same step, same_step_key), else greedily
     (tables by lookup traffic, largest first, each given the
     candidate with the least step time of the plan so far among those that fit), and beside it
@@ -102,16 +108,16 @@ def plan_sharding(
         chosen: dict[str, Shard] = {}
         evaluated = 0
         for t in sorted(model.tables, key=lambda t: -t.pooling_factor * t.embedding_dim):
-            best: tuple[bool, float, Shard] | None = None
+            best: tuple[bool, float, float, Shard] | None = None
             for shard in distinct_candidates(options[t.name], chosen, world):
                 plan = {**chosen, t.name: shard}
                 step = dlrm_step(model, system, plan, batch_per_rank, calibration, index_counts, every_rank=False)
                 evaluated += 1
-                key = (not step.fits, step.step_time_s, shard)
-                if best is None or key[:2] < best[:2]:
+                key = (*_rank_key(step), shard)
+                if best is None or key[:3] < best[:3]:
                     best = key
             assert best is not None
-            chosen[t.name] = best[2]
+            chosen[t.name] = best[3]
         everyone = tuple(range(world))
         uniform = [
             {t.name: Shard("table_wise", (i % world,)) for i, t in enumerate(model.tables)},
@@ -122,7 +128,7 @@ def plan_sharding(
         plans = [chosen, *(u for u in uniform if u != chosen)]  # the greedy choice can be a uniform plan
         priced = [(p, dlrm_step(model, system, p, batch_per_rank, calibration, index_counts)) for p in plans]
         method, combos = "greedy", evaluated + len(plans)
-    priced.sort(key=lambda ps: (not ps[1].fits, ps[1].step_time_s))
+    priced.sort(key=lambda ps: _rank_key(ps[1]))
     if not priced[0][1].fits:
         least = min(step.memory_per_gpu_bytes for _, step in priced)
         raise ValueError(

@@ -87,6 +87,7 @@ from itercast.workloads.dlrm.config import DLRMConfig, Shard
 from itercast.workloads.dlrm.embedding import (
     ADAGRAD_ROW_BYTES,
     F32,
+    IndexSample,
     embedding_seconds,
     replica_update_bytes,
     shard_work,
@@ -128,21 +129,37 @@ class DLRMStep:
         return self.memory_per_gpu_bytes <= self.capacity_bytes
 
 
-def memory_per_rank(model: DLRMConfig, plan: dict[str, Shard], world: int, batch_per_rank: int) -> list[float]:
+def memory_per_rank(
+    model: DLRMConfig,
+    plan: dict[str, Shard],
+    world: int,
+    batch_per_rank: int,
+    index_counts: dict[str, IndexSample] | None = None,
+) -> list[float]:
     """Bytes each rank holds (memory_parts_per_rank summed)."""
-    parts = _memory_parts(model, plan, world, batch_per_rank)
+    parts = _memory_parts(model, plan, world, batch_per_rank, index_counts)
     return (parts["weights"] + parts["gradients"] + parts["optimizer"] + parts["activations"]).tolist()
 
 
 def memory_parts_per_rank(
-    model: DLRMConfig, plan: dict[str, Shard], world: int, batch_per_rank: int
+    model: DLRMConfig,
+    plan: dict[str, Shard],
+    world: int,
+    batch_per_rank: int,
+    index_counts: dict[str, IndexSample] | None = None,
 ) -> list[dict[str, float]]:
     """Each rank's bytes by part (_memory_parts)."""
-    parts = _memory_parts(model, plan, world, batch_per_rank)
+    parts = _memory_parts(model, plan, world, batch_per_rank, index_counts)
     return [{part: float(v[r]) for part, v in parts.items()} for r in range(world)]
 
 
-def _memory_parts(model: DLRMConfig, plan: dict[str, Shard], world: int, batch_per_rank: int) -> dict[str, np.ndarray]:
+def _memory_parts(
+    model: DLRMConfig,
+    plan: dict[str, Shard],
+    world: int,
+    batch_per_rank: int,
+    index_counts: dict[str, IndexSample] | None = None,
+) -> dict[str, np.ndarray]:
     """Bytes each rank holds as weights, gradients and optimizer state: its shards' rows (fp32) and
     row-wise Adagrad state (a replica also its dense fp32 gradient), and the MLPs with Adam (fp32
     weight and gradient, m and v); tables the plan does not name are left out. With more than one
@@ -162,7 +179,8 @@ def _memory_parts(model: DLRMConfig, plan: dict[str, Shard], world: int, batch_p
         shard = plan.get(t.name)
         if shard is None:
             continue
-        work = shard_work(t, shard, shard.ranks[0], world, batch_per_rank)  # the same on each of its ranks
+        sample = (index_counts or {}).get(t.name)
+        work = shard_work(t, shard, shard.ranks[0], world, batch_per_rank, sample)  # priced on each of its ranks
         assert work is not None
         on = np.asarray(shard.ranks)
         held["weights"][on] += work.rows * work.dim * F32
@@ -243,7 +261,7 @@ def dlrm_step(
     plan: dict[str, Shard],
     batch_per_rank: int,
     calibration: dict[str, Any] | None = None,
-    index_counts: dict[str, np.ndarray] | None = None,
+    index_counts: dict[str, IndexSample] | None = None,
     host_overheads: HostOverheads | None = None,
     co_running: dict[str, Any] | None = None,
     every_rank: bool = True,
@@ -252,7 +270,7 @@ def dlrm_step(
     it does not name are left out: the planner prices partial plans). `calibration`: a calibration
     document (profile/calibrate.py) for the GEMM, memory and collective curves and, with an
     `operators` section, the operator models of the lookups, updates and GEMMs; the built-in curves
-    when None. `index_counts`: per table, the row frequencies of a sample of its real indices
+    when None. `index_counts`: per table, a sample of its real indices
     (load_index_sample); tables without one use their named distribution. `host_overheads`: T1–T5
     for the host (host.no_overheads() for none); else the calibration's, else the TorchRec defaults.
     `co_running`: a calibration measured while another rank of the host ran the same operators; each
@@ -286,7 +304,7 @@ def dlrm_step(
     # default process group
     return DLRMStep(
         sim,
-        memory_per_rank(model, plan, system.num_gpus, batch_per_rank),
+        memory_per_rank(model, plan, system.num_gpus, batch_per_rank, index_counts),
         gpu.hbm_bytes,
         float(reserve_bytes(gpu, int(system.num_gpus > 1))),
         host.source,
@@ -310,7 +328,7 @@ def _step_graph(
     plan: dict[str, Shard],
     batch_per_rank: int,
     calibration: dict[str, Any] | None,
-    index_counts: dict[str, np.ndarray] | None,
+    index_counts: dict[str, IndexSample] | None,
     host: HostModel,
     ranks: Iterable[int],
 ) -> tuple[ExecGraph, tuple[str, ...]]:
@@ -345,9 +363,9 @@ def _step_graph(
         if shard.strategy == "data_parallel":
             dp_bytes += t.num_rows * t.embedding_dim * F32
             update_bytes += replica_update_bytes(t)
-        work = shard_work(t, shard, shard.ranks[0], world, b)  # the same on each of the shard's ranks
-        assert work is not None
         counts = (index_counts or {}).get(t.name)
+        work = shard_work(t, shard, shard.ranks[0], world, b, counts)  # priced on each of the shard's ranks
+        assert work is not None
         fwd, bwd = embedding_seconds(costs, t, work, ops, counts, eager_update=model.eager_update)
         on = np.asarray(shard.ranks)
         emb_fwd[on] += fwd
