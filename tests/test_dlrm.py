@@ -230,11 +230,35 @@ def test_the_greedy_planner_prices_one_rank_of_equals_and_chooses_as_if_it_price
     assert fast.method == full.method == "greedy"
     assert fast.plans[0][0] == full.plans[0][0]
     assert fast.plans[0][1].step_time_s == full.plans[0][1].step_time_s
-    # the full planner prices 17 candidates for each of the 6 tables, then its choice and the uniform plans it
-    # is not: here the choice is one table per rank (t0 on 0 … t5 on 5), the round-robin plan itself, so the
-    # row-wise and data-parallel plans are the 2 others: 6 × 17 + 1 + 2
+    # the full planner prices 17 candidates for each of the 6 tables, screens its 5 × 3 tail plans (the first 1 … 5
+    # tables as chosen, the rest table-wise round-robin, row-wise or data-parallel), then prices its choice, the
+    # fastest tail plan and the uniform plans it is not: here the choice is one table per rank (t0 on 0 … t5 on 5),
+    # the round-robin plan itself, so the row-wise and data-parallel plans are the 2 others: 6 × 17 + 15 + 1 + 1 + 2
     assert fast.plans[0][0] == {f"t{i}": Shard("table_wise", (i,)) for i in range(6)}
-    assert fast.evaluated < full.evaluated == 6 * len(candidate_shards(TABLE, 8)) + 3
+    assert len(full.plans) == 4
+    assert fast.evaluated < full.evaluated == 6 * len(candidate_shards(TABLE, 8)) + 15 + 4
+
+
+def test_the_greedy_planner_tries_the_small_tables_together():
+    """User probe 12: one 200M-row table and ten of 100 rows on 8 ranks. Placed one at a time, each small table is
+    cheaper row-wise than as the first table-wise one (a whole new pooled all-to-all); together table-wise they share
+    the exchange and the table-batched lookups. tail_plans keeps the huge table's choice and tries the ten together."""
+    from itercast.workloads.dlrm.sharding import tail_plans
+
+    tables = [EmbeddingTable(name="huge", num_rows=200_000_000, embedding_dim=128, pooling_factor=20)]
+    tables += [EmbeddingTable(name=f"s{i}", num_rows=100, embedding_dim=128, pooling_factor=1) for i in range(10)]
+    order = [tables[0], *tables[1:]]
+    chosen = {t.name: Shard("row_wise", tuple(range(8))) for t in tables}
+    tails = tail_plans(order, chosen, 8)
+    assert len(tails) == 10 * 3  # the first 1 … 10 tables kept, the rest three ways
+    assert {n: s.strategy for n, s in tails[0].items()} == {"huge": "row_wise"} | {
+        f"s{i}": "table_wise" for i in range(10)
+    }
+    assert [tails[0][f"s{i}"].ranks for i in range(10)] == [(i % 8,) for i in range(10)]
+    m = DLRMConfig(dense_features=13, bottom_mlp=(256, 128), top_mlp=(64, 1), tables=tuple(tables))
+    h100 = parse_section("system", {"preset": "dgx-h100"})
+    best = plan_sharding(m, h100, 4096).plans[0][0]
+    assert best["huge"].strategy == "row_wise" and all(best[f"s{i}"].strategy == "table_wise" for i in range(10))
 
 
 def test_the_planners_step_holds_one_rank_of_each_load_and_prices_the_same_step():

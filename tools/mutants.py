@@ -983,7 +983,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "the fast path's optimizer step at an elementwise pass's efficiency"),
     M(COST, '        self.memory.setdefault("optimizer", self.memory["elementwise"])\n', "",
       "curves without an optimizer curve cannot price the optimizer step", _t("step_by_hand")),
-    M(SHARDING, "plans = [chosen, *(u for u in uniform if u != chosen)]", "plans = [chosen, *uniform]",
+    M(SHARDING, "plans += [p for p in [*best_tail, *uniform] if p not in plans]", "plans += [*best_tail, *uniform]",
       "the greedy choice priced and listed again when it is a uniform plan", _t("dlrm")),
     M(TTT, "    last = rest_s + fm.checkpoint_s if rest_s > 0 else 0.0", "    last = 0.0",
       "the Monte Carlo drops the last, shorter segment of work"),
@@ -2607,6 +2607,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/et_ranks.py", 'device = str(fp.get("gpu") or (kind if kind != "cuda" else "") or "")',
       'device = str(fp.get("gpu") or "")',
       "an imported table's device left unnamed", _t("et_distributed")),
+    M("workloads/dlrm/sharding.py",
+      '    for i in range(1, len(order)):\n        head = {t.name: chosen[t.name] for t in order[:i]}',
+      '    for i in range(1, 1):\n        head = {t.name: chosen[t.name] for t in order[:i]}',
+      'the greedy planner never tries its small tables together', _t("dlrm")),
+    M("workloads/dlrm/sharding.py", 't.name: Shard("table_wise", (j % world,)) if kind == "table_wise"',
+      't.name: Shard("table_wise", (0,)) if kind == "table_wise"',
+      "the tail's tables stacked on rank 0", _t("dlrm")),
 )
 # fmt: on
 
