@@ -493,6 +493,7 @@ def cases() -> list[Case]:
             ["slice", "--example", "--send-gbps", "1"],
             "--send-gbps is for --layer-times; a job's sends are priced on its system's links",
         ),
+        Case("an empty job file", {"e.yaml": b"\n"}, ["predict", "{dir}/e.yaml"], "e.yaml: an empty file; expected"),
         Case(  # user probe 11: the file that names an unknown preset is named
             "a job file naming an unknown model preset",
             {"j.yaml": b"model: llama3-70B\nsystem: dgx-h100\nplan: {}\n"},

@@ -157,6 +157,8 @@ def read_yaml_file(path: Path, what: str, max_bytes: int) -> Any:
 def read_job_file(path: Path) -> dict[str, Any]:
     """Read a YAML job file with sections model / plan / system (safe loader, bounded size)."""
     data = read_yaml_file(path, "job file", MAX_JOB_FILE_BYTES)
+    if data is None:
+        raise ConfigError(f"{path}: an empty file; expected a mapping with sections model, plan, system")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping with sections model, plan, system; got {type(data).__name__}")
     unknown = [k for k in data if k not in _SCHEMAS]
