@@ -2614,6 +2614,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("workloads/dlrm/sharding.py", 't.name: Shard("table_wise", (j % world,)) if kind == "table_wise"',
       't.name: Shard("table_wise", (0,)) if kind == "table_wise"',
       "the tail's tables stacked on rank 0", _t("dlrm")),
+    M("cli/et_ranks.py", 'streamed = any(m == "analytic:embedding" for s in steps for m in s.calls_by_model)',
+      'streamed = False',
+      'predict --et silent on TBE lookups priced as streaming memory', _t("et_distributed")),
 )
 # fmt: on
 

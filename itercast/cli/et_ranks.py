@@ -27,6 +27,7 @@ from itercast.traces.et_step import RankStep
 from itercast.traces.execution_trace import ExecutionTrace, matched_link, other_process_note
 from itercast.traces.host_overheads import HostOverheads
 from itercast.traces.kineto import RankTrace
+from itercast.workloads.dlrm import unmeasured_lookups
 
 UNPRICED_WARN_SHARE = 0.01  # more than 1% of a rank's GPU time unpriced: the prediction misses it
 
@@ -153,6 +154,9 @@ def predict_ranks(
     for et, k in zip(traces, runs, strict=True) if runs else ():
         if note := other_process_note(et, k):
             warn(note)
+    streamed = any(m == "analytic:embedding" for s in steps for m in s.calls_by_model)
+    if streamed and (note := unmeasured_lookups(sys_cfg.gpu.name, None)):  # as shard and predict say it (probe 12)
+        warn(note)
     if db is not None and not any(m.startswith("db:") for s in steps for m in s.calls_by_model):
         warn(f"{db}: none of its operator models prices an operator of these traces: every price is {system}'s")
     if (sample is not None or alpha) and not any(p.moved_by_indices for p in made):
