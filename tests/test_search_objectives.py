@@ -311,6 +311,8 @@ def test_distribution_objective_on_the_command_line(tmp_path):
     table = CliRunner().invoke(app, [*args, "--distribution-top", "2"])
     assert table.exit_code == 0, table.output
     assert "p95 s" in table.output and "det #" in table.output and "variability " in table.output
+    # 2 of the 3 plans shown sampled: the title says so (user probe 11: it read "best by p95 3")
+    assert "best by p95 2, then 1 unsampled: graph simulation" in table.output
 
 
 @pytest.mark.parametrize(

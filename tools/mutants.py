@@ -2617,6 +2617,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/et_ranks.py", 'streamed = any(m == "analytic:embedding" for s in steps for m in s.calls_by_model)',
       'streamed = False',
       'predict --et silent on TBE lookups priced as streaming memory', _t("et_distributed")),
+    M("cli/search_cmds.py", 'ranked = f"{drawn}, then {shown - drawn} unsampled" if 0 < drawn < shown else str(shown)',
+      'ranked = str(shown)', "a sampled search's title counts its unsampled plans as ranked by the objective",
+      _t("search_objectives")),
 )
 # fmt: on
 

@@ -681,7 +681,10 @@ def _print(result: SearchResult, request: SearchRequest, notes: list[str]) -> No
         f"({result.seconds:.1f} s)",
         highlight=False,
     )
-    title = f"{ranked_as(request.objective)} {len(result.plans)}: graph simulation (fast path within "
+    shown, drawn = len(result.plans), sum(1 for r in result.plans if r.get("distribution"))
+    # a sampled objective ranks the plans it sampled; the rest follow unsampled, by their step (user probe 11)
+    ranked = f"{drawn}, then {shown - drawn} unsampled" if 0 < drawn < shown else str(shown)
+    title = f"{ranked_as(request.objective)} {ranked}: graph simulation (fast path within "
     title += f"{result.fast_vs_graph_max:.1%})"
     show_table(*plan_rows(result.plans, request.model.is_moe), "table", title)
     console.print(f"{result.framework}; {result.headroom}; priced with {result.priced_with}", highlight=False)
