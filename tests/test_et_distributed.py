@@ -225,6 +225,10 @@ def test_cli_prices_every_rank_without_a_database_and_lists_unpriced_ops(tmp_pat
     assert "GPU time is unknown without --kineto" in text
     # its TBE lookups priced as streaming memory on a V100, with no lookup measured there: said, as shard says it
     assert "embedding lookups on V100-SXM2-16GB are priced as streaming memory traffic" in text
+    # --gpu adds nothing to a --system step, which has its two clocks anyway: said, and the same price
+    code, gpu_text = run("--et", str(tmp_path), "--system", "v100-p3.16xlarge", "--json", "--gpu")
+    assert code == 0 and "--gpu changes nothing here" in gpu_text
+    assert json.loads(gpu_text[gpu_text.index("{") :])["ranks"] == out["ranks"]
 
 
 def test_an_operator_whose_own_kernel_goes_unpriced_is_listed(tmp_path):

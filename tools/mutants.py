@@ -2620,6 +2620,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("cli/search_cmds.py", 'ranked = f"{drawn}, then {shown - drawn} unsampled" if 0 < drawn < shown else str(shown)',
       'ranked = str(shown)', "a sampled search's title counts its unsampled plans as ranked by the objective",
       _t("search_objectives")),
+    M("cli/et_cmds.py", "    if gpu:  # user probe 12", "    if False:  # user probe 12",
+      "predict --et silent on a --gpu that changes nothing", _t("et_distributed")),
 )
 # fmt: on
 

@@ -110,6 +110,8 @@ def predict_et(
         fail(f"--kineto: {len(kfiles)} traces for {len(files)} execution traces; expected one per rank")
     from itercast.cli.et_ranks import predict_ranks
 
+    if gpu:  # user probe 12: it changed nothing here, without a word
+        warn("--gpu changes nothing here: a distributed or --system step prices its host and GPU on two clocks always")
     predict_ranks(files, traces, kfiles, db, device_id, system, calibration, alpha, sample, as_json, measured_starts)
 
 
