@@ -14,7 +14,7 @@ statistics of costs/index_stats.py (distinct rows, the most frequent row, reuse 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -65,15 +65,20 @@ class IndexSample:
 
     rows: np.ndarray
     counts: np.ndarray
+    #: busiest_block's answers by (rows, k): the planner asks the same for every plan it prices
+    _blocks: dict[tuple[int, int], IndexSample] = field(default_factory=dict, compare=False, repr=False)
 
     def busiest_block(self, num_rows: int, k: int) -> IndexSample:
         """The sample's lookups in the busiest of k row-wise blocks of ⌈num_rows / k⌉ consecutive rows: TorchRec's
         row-wise sharding sends each index to the rank whose block holds its row (rw_sharding.py, block_size
         ⌈N/k⌉, bucketize_kjt_before_all2all), so the rows' own ids set each rank's load."""
-        block = self.rows // -(-num_rows // k)
-        busiest = np.argmax(np.bincount(block, weights=self.counts, minlength=k))
-        on = block == busiest
-        return IndexSample(self.rows[on], self.counts[on])
+        found = self._blocks.get((num_rows, k))
+        if found is None:
+            block = self.rows // -(-num_rows // k)
+            busiest = np.argmax(np.bincount(block, weights=self.counts, minlength=k))
+            on = block == busiest
+            found = self._blocks[(num_rows, k)] = IndexSample(self.rows[on], self.counts[on])
+        return found
 
 
 def shard_work(

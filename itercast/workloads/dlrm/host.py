@@ -148,6 +148,7 @@ def ops_per_task(
     interaction = DOT_OPS if model.interaction == "dot" else CAT_OPS
     mlp_tensors = 2 * len(layers)  # a weight and a bias per layer
     ddp = world > 1  # one rank exchanges nothing
+    adam = ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)
     ops = {
         # TorchRec's KJT all-to-all: the lengths, then the indices (torchrec/distributed/dist_data.py)
         "index_exchange": 2 if model.input_distribution and ddp else 0,
@@ -156,7 +157,7 @@ def ops_per_task(
         # the top MLP's last layer, the logit, has no ReLU forward nor ReluBackward0 (mlp_seconds)
         "interaction_top_mlp_fwd_bwd": 2 * (interaction + LOSS_OPS) + (MLP_FWD_OPS + MLP_BWD_OPS) * top - 2,
         "bottom_mlp_bwd": MLP_BWD_OPS * bottom,
-        "optimizer": (ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)) + DENSE_ADAGRAD_OPS * replicas,
+        "optimizer": adam + DENSE_ADAGRAD_OPS * replicas,
     }
     if model.exchange == "torchrec":
         # one output dist per sharding type (torchrec/distributed/embeddingbag.py _output_dists)
@@ -170,7 +171,6 @@ def ops_per_task(
         dense_tensors = mlp_tensors + replica_groups  # and the replica tables' one dense gradient
         replicated = [t for t in model.tables if t.name in plan and plan[t.name].strategy == "data_parallel"]
         dense_bytes = (model.mlp_params() + sum(t.num_rows * t.embedding_dim for t in replicated)) * F32
-        adam = ADAM_OPS if foreach_optimizer else ADAM_OPS * 2 * len(layers)
         return ops | {
             "embedding_fwd": len(here),
             "optimizer": adam + DENSE_ADAGRAD_OPS * replica_groups,
